@@ -1,0 +1,118 @@
+"""Format detection and dispatch: one entry point that turns input paths into a Trace.
+
+Detection looks at content, not only extensions: gzip/JSON with ``traceEvents`` is Kineto
+(or Chrome JSON written by ``retime export``), a SQLite file with nsys tables is Nsight
+Systems, a folder with ``trace-*.parquet`` is an op-level timeline.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import sqlite3
+from pathlib import Path
+
+from .errors import TraceFormatError
+from .trace import Trace
+
+__all__ = ["FORMATS", "detect_format", "read", "expand_inputs"]
+
+FORMATS = ("auto", "kineto", "nsys", "oplevel")
+
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+_GZIP_MAGIC = b"\x1f\x8b"
+
+
+def _head(path: Path, n: int = 4096) -> bytes:
+    with open(path, "rb") as fh:
+        head = fh.read(n)
+    if head[:2] == _GZIP_MAGIC:
+        try:
+            with gzip.open(path, "rb") as fh:
+                return fh.read(n)
+        except (OSError, EOFError) as exc:
+            raise TraceFormatError(f"{path}: corrupt gzip ({exc}); re-copy or re-compress the file") from exc
+    return head
+
+
+def detect_format(path: str | os.PathLike[str]) -> str:
+    """Return ``kineto``, ``nsys``, ``oplevel`` or ``execution_trace`` for one path."""
+    p = Path(path)
+    if p.is_dir():
+        if any(p.glob("trace-*.parquet")) or any(p.glob("*.parquet")):
+            return "oplevel"
+        return "kineto"
+    if not p.exists():
+        raise TraceFormatError(f"{p}: no such file or directory")
+    if p.suffix == ".parquet":
+        return "oplevel"
+    with open(p, "rb") as fh:
+        magic = fh.read(16)
+    if magic == _SQLITE_MAGIC:
+        return "nsys"
+    if not magic:
+        raise TraceFormatError(f"{p}: empty file; it holds no trace (re-export it from the profiler)")
+    head = _head(p)
+    s = head.lstrip()
+    if s[:1] in (b"{", b"["):
+        if b'"schema"' in head and b'"nodes"' in head and b"traceEvents" not in head:
+            return "execution_trace"
+        return "kineto"
+    raise TraceFormatError(
+        f"{p}: not a known trace format (expected PyTorch profiler JSON[.gz], an nsys SQLite "
+        "export from `nsys export --type sqlite`, or an op-level Parquet folder); "
+        "pass --format to force one")
+
+
+def expand_inputs(paths: list[str | os.PathLike[str]]) -> list[Path]:
+    out: list[Path] = []
+    for p in paths:
+        p = Path(p)
+        if not p.exists():
+            raise TraceFormatError(f"{p}: no such file or directory")
+        out.append(p)
+    if not out:
+        raise TraceFormatError("no input paths given; pass trace files or a folder of them")
+    return out
+
+
+def read(paths: list[str | os.PathLike[str]] | str | os.PathLike[str], *, format: str = "auto",
+         jobs: int = 1, progress: bool | None = None) -> Trace:
+    """Read ``paths`` (files or folders) into one Trace, choosing the collector by content."""
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    ps = expand_inputs(list(paths))
+    if format not in FORMATS:
+        raise TraceFormatError(f"unknown format {format!r}; choose one of {', '.join(FORMATS)}")
+    fmt = format
+    if fmt == "auto":
+        found = {detect_format(p) for p in ps}
+        found.discard("execution_trace") if len(found) > 1 else None
+        if len(found) > 1:
+            raise TraceFormatError(
+                f"inputs mix formats {sorted(found)}; ingest each format separately")
+        fmt = found.pop()
+    if fmt == "execution_trace":
+        raise TraceFormatError(
+            f"{ps[0]}: is a PyTorch execution trace (ET, host op graph without timings); "
+            "ingest the matching Kineto profiler JSON instead (ET files in the same folder are "
+            "skipped and counted)")
+    if fmt == "kineto":
+        from .kineto import read_kineto
+        return read_kineto(ps, jobs=jobs, progress=progress)
+    if fmt == "nsys":
+        from .nsys import read_nsys
+        return read_nsys(ps, progress=progress)
+    if fmt == "oplevel":
+        from .oplevel import read_oplevel
+        return read_oplevel(ps)
+    raise TraceFormatError(f"unknown format {fmt!r}")  # pragma: no cover
+
+
+def _is_sqlite(path: Path) -> bool:  # used by collectors that accept sqlite
+    try:
+        with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as con:
+            con.execute("select 1 from sqlite_master limit 1")
+        return True
+    except sqlite3.Error:
+        return False

@@ -1,0 +1,471 @@
+"""The Trace: columnar tables of a (multi-rank) training run, and its on-disk store.
+
+A Trace is a small set of pandas DataFrames plus a metadata dict (DESIGN.md §2):
+
+``ops``     one row per timed activity on one lane (see :data:`OPS_SCHEMA`)
+``lanes``   one row per FIFO execution queue (CPU thread, GPU stream, op stream)
+``edges``   dependencies ``src -> dst`` with a kind (:class:`EdgeKind`) and minimum lag
+``ranges``  annotations (record_function / NVTX / ProfilerStep) used for attribution
+``groups``  process groups (``ranks`` is a list of ints)
+``memory``  allocator samples (``[memory]`` instant events), possibly empty
+``strings`` the symbol table ``name_id -> name``
+``meta``    ``schema_version``, sources, world size, devices, clock offsets, accounting
+
+Design decision: in memory the numeric columns are plain numpy dtypes (not Arrow-backed
+pandas extension dtypes) so that the replay kernels get contiguous arrays with zero copies;
+on disk every table is a Parquet file written by pyarrow.  A trace directory
+``NAME.retime/`` holds ``ops.parquet``, ``lanes.parquet``, ``edges.parquet``,
+``ranges.parquet``, ``groups.parquet``, ``memory.parquet``, ``strings.parquet`` and
+``meta.json``.  It is written to a temporary sibling directory and renamed into place, so
+an interrupted save never leaves a directory that looks complete.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .enums import CommOp, EdgeKind, LaneKind, OpKind, Phase
+from .errors import TraceFormatError, TraceValidationError
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "OPS_SCHEMA",
+    "LANES_SCHEMA",
+    "EDGES_SCHEMA",
+    "RANGES_SCHEMA",
+    "GROUPS_COLUMNS",
+    "MEMORY_SCHEMA",
+    "Trace",
+    "StringTable",
+    "read_trace",
+    "empty_accounting",
+]
+
+SCHEMA_VERSION = 1
+
+#: column -> (numpy dtype, default value used when a collector does not know it)
+OPS_SCHEMA: dict[str, tuple[str, Any]] = {
+    "op_id": ("int64", None),
+    "rank": ("int32", None),
+    "lane": ("int32", None),
+    "kind": ("int8", None),
+    "name_id": ("int32", None),
+    "start_ns": ("int64", None),
+    "dur_ns": ("int64", None),
+    "step": ("int32", -1),
+    "phase": ("int8", int(Phase.UNKNOWN)),
+    "layer": ("int32", -1),
+    "microbatch": ("int32", -1),
+    "stage": ("int16", -1),
+    "chunk": ("int16", -1),
+    "coll_id": ("int64", -1),
+    "comm_op": ("int8", int(CommOp.NONE)),
+    "bytes": ("int64", 0),
+    "group_id": ("int32", -1),
+    "peer": ("int32", -1),
+    "flops": ("float64", np.nan),
+    "correlation": ("int64", -1),
+    "external_id": ("int64", -1),
+}
+
+LANES_SCHEMA: dict[str, tuple[str, Any]] = {
+    "lane": ("int32", None),
+    "rank": ("int32", None),
+    "device": ("int32", -1),
+    "lane_kind": ("int8", None),
+    "native_id": ("int64", -1),
+    "name": ("object", ""),
+}
+
+EDGES_SCHEMA: dict[str, tuple[str, Any]] = {
+    "src": ("int64", None),
+    "dst": ("int64", None),
+    "kind": ("int8", None),
+    "lag_ns": ("int64", 0),
+}
+
+RANGES_SCHEMA: dict[str, tuple[str, Any]] = {
+    "rank": ("int32", None),
+    "lane": ("int32", None),
+    "name_id": ("int32", None),
+    "start_ns": ("int64", None),
+    "end_ns": ("int64", None),
+    "depth": ("int16", 0),
+}
+
+GROUPS_COLUMNS = ("group_id", "name", "ranks")
+
+MEMORY_SCHEMA: dict[str, tuple[str, Any]] = {
+    "rank": ("int32", None),
+    "device": ("int32", -1),
+    "ts_ns": ("int64", None),
+    "bytes_delta": ("int64", 0),
+    "allocated_bytes": ("int64", -1),
+    "reserved_bytes": ("int64", -1),
+}
+
+_TABLES = ("ops", "lanes", "edges", "ranges", "groups", "memory", "strings")
+
+
+def empty_accounting() -> dict[str, Any]:
+    """A fresh per-input accounting record: ``events_read == sum(kept) + sum(dropped)``."""
+    return {"events_read": 0, "kept": {}, "dropped": {}}
+
+
+class StringTable:
+    """Interns names to dense ``int32`` ids (the Trace's ``strings`` table)."""
+
+    __slots__ = ("_ids", "names")
+
+    def __init__(self, names: list[str] | None = None) -> None:
+        self.names: list[str] = []
+        self._ids: dict[str, int] = {}
+        for n in names or ():
+            self.intern(n)
+
+    def intern(self, name: str) -> int:
+        i = self._ids.get(name)
+        if i is None:
+            i = len(self.names)
+            self._ids[name] = i
+            self.names.append(name)
+        return i
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+
+def _frame(schema: dict[str, tuple[str, Any]], data: dict[str, Any] | pd.DataFrame | None,
+           table: str, n: int | None = None) -> pd.DataFrame:
+    """Build a DataFrame in ``schema`` order, casting dtypes and filling defaults.
+
+    Raises TraceValidationError naming every required column that is missing.
+    """
+    if data is None:
+        data = {}
+    if isinstance(data, pd.DataFrame):
+        cols = {c: data[c].to_numpy() for c in data.columns}
+    else:
+        cols = dict(data)
+    if n is None:
+        n = 0
+        for c in cols.values():
+            n = len(c)
+            break
+    missing = [c for c, (_, d) in schema.items() if d is None and c not in cols and n > 0]
+    if missing:
+        raise TraceValidationError(
+            f"{table}: missing required column(s) {', '.join(missing)}; "
+            f"provide them or use the defaults of collectors.trace.{table.upper()}_SCHEMA"
+        )
+    out: dict[str, Any] = {}
+    for c, (dt, default) in schema.items():
+        if c in cols:
+            v = cols[c]
+            if dt == "object":
+                out[c] = np.asarray(v, dtype=object)
+            else:
+                out[c] = np.ascontiguousarray(v, dtype=dt)
+        else:
+            if dt == "object":
+                out[c] = np.full(n, default if default is not None else "", dtype=object)
+            else:
+                out[c] = np.full(n, 0 if default is None else default, dtype=dt)
+    return pd.DataFrame(out, copy=False)
+
+
+@dataclass
+class Trace:
+    """Columnar tables of one run. Build with :meth:`Trace.build`, save with :meth:`save`."""
+
+    ops: pd.DataFrame
+    lanes: pd.DataFrame
+    edges: pd.DataFrame
+    ranges: pd.DataFrame
+    groups: pd.DataFrame
+    memory: pd.DataFrame
+    strings: list[str]
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def build(
+        cls,
+        *,
+        ops: dict[str, Any] | pd.DataFrame,
+        lanes: dict[str, Any] | pd.DataFrame,
+        strings: list[str] | StringTable,
+        edges: dict[str, Any] | pd.DataFrame | None = None,
+        ranges: dict[str, Any] | pd.DataFrame | None = None,
+        groups: pd.DataFrame | list[dict[str, Any]] | None = None,
+        memory: dict[str, Any] | pd.DataFrame | None = None,
+        meta: dict[str, Any] | None = None,
+        validate: bool = True,
+    ) -> Trace:
+        """Assemble a Trace from column dicts (missing optional columns get defaults).
+
+        ``op_id`` defaults to ``arange(N)``. Collectors call this once at the end.
+        """
+        if isinstance(ops, dict) and "op_id" not in ops:
+            n = len(next(iter(ops.values()))) if ops else 0
+            ops = {"op_id": np.arange(n, dtype=np.int64), **ops}
+        if isinstance(strings, StringTable):
+            strings = strings.names
+        if groups is None:
+            groups_df = pd.DataFrame({"group_id": np.zeros(0, np.int32),
+                                      "name": np.zeros(0, object),
+                                      "ranks": np.zeros(0, object)})
+        else:
+            groups_df = pd.DataFrame(groups) if not isinstance(groups, pd.DataFrame) else groups
+            groups_df = pd.DataFrame({
+                "group_id": np.asarray(groups_df["group_id"], dtype=np.int32),
+                "name": np.asarray(groups_df["name"], dtype=object),
+                "ranks": [list(map(int, r)) for r in groups_df["ranks"]],
+            })
+        m = {"schema_version": SCHEMA_VERSION}
+        m.update(meta or {})
+        t = cls(
+            ops=_frame(OPS_SCHEMA, ops, "ops"),
+            lanes=_frame(LANES_SCHEMA, lanes, "lanes"),
+            edges=_frame(EDGES_SCHEMA, edges, "edges"),
+            ranges=_frame(RANGES_SCHEMA, ranges, "ranges"),
+            groups=groups_df,
+            memory=_frame(MEMORY_SCHEMA, memory, "memory"),
+            strings=list(strings),
+            meta=m,
+        )
+        if validate:
+            t.validate()
+        return t
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def n_ops(self) -> int:
+        return len(self.ops)
+
+    @property
+    def ranks(self) -> np.ndarray:
+        """Sorted unique ranks that have at least one lane."""
+        return np.unique(self.lanes["rank"].to_numpy())
+
+    @property
+    def world_size(self) -> int:
+        ws = self.meta.get("world_size")
+        if ws:
+            return int(ws)
+        r = self.ranks
+        return int(r.max()) + 1 if len(r) else 0
+
+    def names(self) -> np.ndarray:
+        """Op names as an object array aligned with ``ops`` (decoded from ``strings``)."""
+        s = np.asarray(self.strings, dtype=object)
+        return s[self.ops["name_id"].to_numpy()] if len(s) else np.zeros(0, object)
+
+    def ops_frame(self) -> pd.DataFrame:
+        """The pandas view of ``ops`` for notebooks: adds a categorical ``name`` column and
+        readable ``kind``/``phase``/``comm_op`` categoricals. Codes stay as in the store."""
+        df = self.ops.copy()
+        cats = pd.Categorical.from_codes(df["name_id"].to_numpy(), categories=pd.Index(
+            _dedupe(self.strings))) if len(self.strings) else pd.Categorical([])
+        df.insert(4, "name", cats)
+        df["kind_name"] = pd.Categorical.from_codes(
+            df["kind"].to_numpy(), categories=[k.name for k in OpKind])
+        return df
+
+    def step_times_ns(self) -> pd.DataFrame:
+        """Measured span (first start to last end) of each rank's ops: rank, start, end, span."""
+        o = self.ops
+        if len(o) == 0:
+            return pd.DataFrame({"rank": [], "start_ns": [], "end_ns": [], "span_ns": []})
+        end = o["start_ns"].to_numpy() + o["dur_ns"].to_numpy()
+        g = pd.DataFrame({"rank": o["rank"].to_numpy(), "start_ns": o["start_ns"].to_numpy(),
+                          "end_ns": end}).groupby("rank", sort=True)
+        r = g.agg(start_ns=("start_ns", "min"), end_ns=("end_ns", "max")).reset_index()
+        r["span_ns"] = r["end_ns"] - r["start_ns"]
+        return r
+
+    # ------------------------------------------------------------------ validation
+    def validate(self) -> None:
+        """Check schema and references; raise one TraceValidationError naming every problem."""
+        problems: list[str] = []
+        for table, schema in (("ops", OPS_SCHEMA), ("lanes", LANES_SCHEMA),
+                              ("edges", EDGES_SCHEMA), ("ranges", RANGES_SCHEMA),
+                              ("memory", MEMORY_SCHEMA)):
+            df = getattr(self, table)
+            missing = [c for c in schema if c not in df.columns]
+            if missing:
+                problems.append(f"{table} lacks column(s) {', '.join(missing)}")
+            for c, (dt, _) in schema.items():
+                if c in df.columns and dt != "object" and str(df[c].dtype) != dt:
+                    problems.append(f"{table}.{c} has dtype {df[c].dtype}, expected {dt}")
+        for c in GROUPS_COLUMNS:
+            if c not in self.groups.columns:
+                problems.append(f"groups lacks column {c}")
+        if problems:
+            raise TraceValidationError("invalid trace: " + "; ".join(problems))
+        o = self.ops
+        n = len(o)
+        if n:
+            if not np.array_equal(o["op_id"].to_numpy(), np.arange(n)):
+                problems.append("ops.op_id is not dense 0..N-1 in row order")
+            if (o["dur_ns"].to_numpy() < 0).any():
+                bad = int(np.flatnonzero(o["dur_ns"].to_numpy() < 0)[0])
+                problems.append(f"ops.dur_ns is negative (first at op {bad})")
+            nid = o["name_id"].to_numpy()
+            if nid.min() < 0 or nid.max() >= len(self.strings):
+                problems.append(f"ops.name_id outside strings (0..{len(self.strings) - 1})")
+            lanes = self.lanes["lane"].to_numpy()
+            bad_lane = ~np.isin(o["lane"].to_numpy(), lanes)
+            if bad_lane.any():
+                problems.append(f"ops.lane refers to unknown lane(s) "
+                                f"{sorted(set(o['lane'].to_numpy()[bad_lane].tolist()))[:5]}")
+            kinds = o["kind"].to_numpy()
+            if kinds.min() < 0 or kinds.max() > max(OpKind):
+                problems.append("ops.kind outside OpKind")
+            # an op's rank must be its lane's rank
+            lane_rank = pd.Series(self.lanes["rank"].to_numpy(), index=lanes)
+            if not bad_lane.any():
+                lr = lane_rank.reindex(o["lane"].to_numpy()).to_numpy()
+                if (lr != o["rank"].to_numpy()).any():
+                    problems.append("ops.rank differs from the rank of its lane")
+        if len(self.lanes["lane"]) != len(np.unique(self.lanes["lane"].to_numpy())):
+            problems.append("lanes.lane has duplicates")
+        lk = self.lanes["lane_kind"].to_numpy()
+        if len(lk) and (lk.min() < 0 or lk.max() > max(LaneKind)):
+            problems.append("lanes.lane_kind outside LaneKind")
+        e = self.edges
+        if len(e):
+            s, d = e["src"].to_numpy(), e["dst"].to_numpy()
+            if s.min() < 0 or d.min() < 0 or s.max() >= n or d.max() >= n:
+                problems.append(f"edges refer to op ids outside 0..{n - 1} (dangling edges)")
+            k = e["kind"].to_numpy()
+            if k.min() < 0 or k.max() > max(EdgeKind):
+                problems.append("edges.kind outside EdgeKind")
+            if (s == d).any():
+                problems.append("edges contain self-loops")
+        r = self.ranges
+        if len(r) and (r["end_ns"].to_numpy() < r["start_ns"].to_numpy()).any():
+            problems.append("ranges with end_ns < start_ns")
+        if problems:
+            raise TraceValidationError("invalid trace: " + "; ".join(problems))
+
+    # ------------------------------------------------------------------ storage
+    def save(self, path: str | os.PathLike[str], *, overwrite: bool = True) -> Path:
+        """Write ``path`` (a ``NAME.retime`` directory) atomically; return the path."""
+        path = Path(path)
+        if path.exists() and not overwrite:
+            raise TraceFormatError(f"{path} exists; pass overwrite=True or choose another name")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+        try:
+            for name in _TABLES:
+                if name == "strings":
+                    tbl = pa.table({"name_id": pa.array(np.arange(len(self.strings), dtype=np.int32)),
+                                    "name": pa.array(self.strings, type=pa.string())})
+                elif name == "groups":
+                    g = self.groups
+                    tbl = pa.table({
+                        "group_id": pa.array(g["group_id"].to_numpy(dtype=np.int32)),
+                        "name": pa.array([str(x) for x in g["name"]], type=pa.string()),
+                        "ranks": pa.array([list(map(int, x)) for x in g["ranks"]],
+                                          type=pa.list_(pa.int32())),
+                    })
+                else:
+                    df = getattr(self, name)
+                    tbl = pa.Table.from_pandas(df, preserve_index=False)
+                pq.write_table(tbl, tmp / f"{name}.parquet", compression="zstd")
+            with open(tmp / "meta.json", "w", encoding="utf-8") as fh:
+                json.dump(_jsonable(self.meta), fh, indent=1, sort_keys=True)
+            if path.exists():
+                shutil.rmtree(path)
+            os.replace(tmp, path)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return path
+
+
+def read_trace(path: str | os.PathLike[str], *, columns: list[str] | None = None) -> Trace:
+    """Load a ``NAME.retime`` directory written by :meth:`Trace.save`.
+
+    ``columns`` restricts the ``ops`` columns read (missing ones get their defaults).
+    """
+    path = Path(path)
+    if not path.is_dir() or not (path / "meta.json").is_file():
+        raise TraceFormatError(
+            f"{path}: not a retime trace directory (expected NAME.retime/ with meta.json); "
+            "create one with `retime ingest FILES -o NAME.retime`")
+    try:
+        with open(path / "meta.json", encoding="utf-8") as fh:
+            meta = json.load(fh)
+    except (OSError, ValueError) as exc:
+        raise TraceFormatError(f"{path / 'meta.json'}: unreadable ({exc}); re-ingest the trace") from exc
+    ver = meta.get("schema_version")
+    if ver != SCHEMA_VERSION:
+        raise TraceFormatError(
+            f"{path}: schema_version {ver!r} is not supported (this retime reads "
+            f"{SCHEMA_VERSION}); re-ingest the source files with this version")
+    tables: dict[str, Any] = {}
+    for name in _TABLES:
+        f = path / f"{name}.parquet"
+        if not f.is_file():
+            raise TraceFormatError(f"{path}: missing {name}.parquet; re-ingest the trace")
+        try:
+            cols = columns if (name == "ops" and columns) else None
+            tables[name] = pq.read_table(f, columns=cols).to_pandas()
+        except (OSError, pa.ArrowException) as exc:
+            raise TraceFormatError(f"{f}: unreadable Parquet ({exc}); re-ingest the trace") from exc
+    strings = [str(s) for s in tables.pop("strings")["name"].tolist()]
+    g = tables["groups"]
+    g["ranks"] = [list(map(int, x)) for x in g["ranks"]]
+    return Trace(
+        ops=_frame(OPS_SCHEMA, tables["ops"], "ops", n=len(tables["ops"])),
+        lanes=_frame(LANES_SCHEMA, tables["lanes"], "lanes"),
+        edges=_frame(EDGES_SCHEMA, tables["edges"], "edges"),
+        ranges=_frame(RANGES_SCHEMA, tables["ranges"], "ranges"),
+        groups=g,
+        memory=_frame(MEMORY_SCHEMA, tables["memory"], "memory"),
+        strings=strings,
+        meta=meta,
+    )
+
+
+def _dedupe(names: list[str]) -> list[str]:
+    """Categories must be unique; the string table already is, but guard old stores."""
+    seen: dict[str, int] = {}
+    out = []
+    for n in names:
+        if n in seen:
+            seen[n] += 1
+            out.append(f"{n} #{seen[n]}")
+        else:
+            seen[n] = 0
+            out.append(n)
+    return out
+
+
+def _jsonable(x: Any) -> Any:
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, np.integer):
+        return int(x)
+    if isinstance(x, np.floating):
+        return float(x)
+    if isinstance(x, np.ndarray):
+        return x.tolist()
+    if isinstance(x, Path):
+        return str(x)
+    return x

@@ -1,0 +1,142 @@
+"""CLI: ``retime ingest``, ``retime info``, ``retime export``."""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+from typing import Annotated
+
+import numpy as np
+import typer
+
+from collectors.enums import LaneKind, OpKind
+from collectors.errors import RetimeError
+from collectors.ingest import read
+from collectors.trace import Trace, read_trace
+from retime.cli import app, emit_json, say
+
+
+class Format(str, Enum):
+    auto = "auto"
+    kineto = "kineto"
+    nsys = "nsys"
+    oplevel = "oplevel"
+
+
+def ingest_summary(trace: Trace) -> dict:
+    """The `retime ingest --json` object (DESIGN.md §6)."""
+    acc = trace.meta.get("accounting", {})
+    dropped: dict[str, int] = {}
+    events = 0
+    for rec in acc.values():
+        events += int(rec.get("events_read", 0))
+        for k, v in rec.get("dropped", {}).items():
+            dropped[k] = dropped.get(k, 0) + int(v)
+    colls = trace.meta.get("collectives", {})
+    return {
+        "ranks": [int(r) for r in trace.ranks],
+        "world_size": trace.world_size,
+        "events_read": events,
+        "ops": trace.n_ops,
+        "edges": len(trace.edges),
+        "ranges": len(trace.ranges),
+        "dropped": dropped,
+        "collectives": {"matched": int(colls.get("matched", 0)),
+                        "unmatched": int(colls.get("unmatched", 0)),
+                        "unmatched_reasons": colls.get("unmatched_reasons", {})},
+        "sources": [s.get("path") for s in trace.meta.get("sources", [])],
+        "skipped_files": trace.meta.get("skipped_files", {}),
+    }
+
+
+@app.command()
+def ingest(
+    paths: Annotated[list[Path], typer.Argument(help="Trace files or folders of them.",
+                                                exists=True)],
+    output: Annotated[Path, typer.Option("-o", "--output", help="Output NAME.retime directory.")],
+    format: Annotated[Format, typer.Option("--format", help="Input format; auto detects by content.")] = Format.auto,
+    jobs: Annotated[int, typer.Option("--jobs", "-j", min=1, help="Parse ranks in N processes.")] = 1,
+    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")] = False,
+) -> None:
+    """Read traces (Kineto JSON, nsys SQLite, op-level Parquet) into one NAME.retime store.
+
+    Every input event is accounted for: kept in a table or dropped with a counted reason
+    (see `retime info`). Collectives are matched across ranks into cross-rank instances.
+    """
+    if output.exists() and not output.is_dir():
+        raise RetimeError(f"{output}: exists and is not a directory; choose another -o path")
+    trace = read([str(p) for p in paths], format=format.value, jobs=jobs)
+    trace.save(output)
+    s = ingest_summary(trace)
+    s["output"] = str(output)
+    if json_out:
+        emit_json(s)
+    else:
+        say(f"wrote {output}: {s['ops']} ops on {len(s['ranks'])} rank(s), {s['edges']} edges, "
+            f"{s['events_read']} events read, dropped {sum(s['dropped'].values())} "
+            f"({', '.join(f'{k}: {v}' for k, v in s['dropped'].items()) or 'none'}); "
+            f"collectives matched {s['collectives']['matched']}, "
+            f"unmatched {s['collectives']['unmatched']}")
+
+
+def info_summary(trace: Trace) -> dict:
+    o = trace.ops
+    kinds = np.bincount(o["kind"].to_numpy(), minlength=len(OpKind)) if len(o) else np.zeros(len(OpKind), int)
+    lk = trace.lanes["lane_kind"].to_numpy()
+    st = trace.step_times_ns()
+    s = ingest_summary(trace)
+    s.update({
+        "schema_version": trace.meta.get("schema_version"),
+        "source_format": trace.meta.get("source_format"),
+        "ops_by_kind": {k.name: int(kinds[k]) for k in OpKind if kinds[k]},
+        "lanes": {k.name: int((lk == k).sum()) for k in LaneKind if (lk == k).any()},
+        "groups": len(trace.groups),
+        "steps": sorted({int(x) for x in np.unique(o["step"].to_numpy()) if x >= 0}) if len(o) else [],
+        "span_ns": [{"rank": int(r.rank), "span_ns": int(r.span_ns)} for r in st.itertuples()],
+        "devices": trace.meta.get("devices", {}),
+        "accounting": trace.meta.get("accounting", {}),
+    })
+    return s
+
+
+@app.command()
+def info(
+    trace_dir: Annotated[Path, typer.Argument(help="A NAME.retime directory.", exists=True,
+                                              file_okay=False)],
+    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")] = False,
+) -> None:
+    """Summarize a stored trace: ranks, ops by kind, lanes, steps, accounting."""
+    trace = read_trace(trace_dir)
+    s = info_summary(trace)
+    if json_out:
+        emit_json(s)
+        return
+    say(f"{trace_dir}: schema v{s['schema_version']}, format {s['source_format']}, "
+        f"world size {s['world_size']}, ranks {s['ranks'][:16]}{' ...' if len(s['ranks']) > 16 else ''}")
+    say(f"  ops {s['ops']} ({', '.join(f'{k}={v}' for k, v in s['ops_by_kind'].items())}); "
+        f"edges {s['edges']}; ranges {s['ranges']}; groups {s['groups']}")
+    say(f"  lanes: {', '.join(f'{k}={v}' for k, v in s['lanes'].items())}; steps: {s['steps'][:20]}")
+    say(f"  collectives matched {s['collectives']['matched']}, unmatched {s['collectives']['unmatched']}")
+    for r in s["span_ns"][:16]:
+        say(f"  rank {r['rank']}: span {r['span_ns'] / 1e6:.3f} ms")
+    say(f"  events read {s['events_read']}; dropped: "
+        f"{', '.join(f'{k}={v}' for k, v in s['dropped'].items()) or 'none'}")
+
+
+@app.command()
+def export(
+    trace_dir: Annotated[Path, typer.Argument(help="A NAME.retime directory.", exists=True,
+                                              file_okay=False)],
+    chrome: Annotated[Path, typer.Option("--chrome", help="Write a Chrome/Perfetto JSON here.",
+                                         dir_okay=False)],
+    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")] = False,
+) -> None:
+    """Export a trace (or a replayed trace) as Chrome trace JSON for Perfetto / chrome://tracing."""
+    from collectors.chrome import write_chrome
+
+    trace = read_trace(trace_dir)
+    n = write_chrome(trace, chrome)
+    if json_out:
+        emit_json({"output": str(chrome), "events": n})
+    else:
+        say(f"wrote {chrome}: {n} events (open in https://ui.perfetto.dev or chrome://tracing)")
