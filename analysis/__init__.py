@@ -1,0 +1,30 @@
+"""Analysis: breakdowns, kernel stats, critical path, communication, pipeline, memory,
+efficiency, comparisons, plots and reports (DESIGN.md §5).
+
+Every analysis function takes a Trace or a ReplayResult (see :func:`as_trace`) and returns a
+DataFrame; plot functions (``analysis.plots``) take those frames and return a Figure.
+"""
+
+from ._util import as_trace
+from .breakdown import PARTS, breakdown, summarize_breakdown
+from .comm import busbw_factor, collectives, comm_summary, rank_wait
+from .compare import compare, metrics
+from .critical_path import attribute_critical_path, critical_path, dependency_arcs
+from .efficiency import efficiency, peak_flops
+from .kernels import KERNEL_CLASSES, class_stats, classify_names, kernel_classes, kernel_stats
+from .memory import memory_timeline, peak_memory
+from .pipeline import bubbles, rank_stages, stage_bubbles
+from .report import build_report, render_html, write_html, write_pdf, write_report
+
+__all__ = [
+    "as_trace",
+    "PARTS", "breakdown", "summarize_breakdown",
+    "KERNEL_CLASSES", "class_stats", "classify_names", "kernel_classes", "kernel_stats",
+    "attribute_critical_path", "critical_path", "dependency_arcs",
+    "busbw_factor", "collectives", "comm_summary", "rank_wait",
+    "bubbles", "rank_stages", "stage_bubbles",
+    "memory_timeline", "peak_memory",
+    "efficiency", "peak_flops",
+    "compare", "metrics",
+    "build_report", "render_html", "write_html", "write_pdf", "write_report",
+]

@@ -1,0 +1,108 @@
+"""numba kernels of the analysis package (arrays in, arrays out; see CONVENTIONS.md §1)."""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+__all__: list[str] = []
+
+
+@njit(cache=True)
+def _union_len_grouped(group, start, end, n_groups):  # pragma: no cover - compiled
+    """Length of the union of intervals per group.
+
+    Parameters
+    ----------
+    group : int64[n]   group index 0..n_groups-1, sorted ascending
+    start, end : int64[n]  interval bounds in ns, sorted by start within each group
+    n_groups : int
+
+    Returns
+    -------
+    int64[n_groups]  total covered ns per group (overlaps counted once)
+    """
+    out = np.zeros(n_groups, np.int64)
+    n = group.shape[0]
+    i = 0
+    while i < n:
+        g = group[i]
+        cur_s = start[i]
+        cur_e = end[i]
+        total = 0
+        i += 1
+        while i < n and group[i] == g:
+            s = start[i]
+            e = end[i]
+            if s > cur_e:
+                total += cur_e - cur_s
+                cur_s = s
+                cur_e = e
+            elif e > cur_e:
+                cur_e = e
+            i += 1
+        total += cur_e - cur_s
+        out[g] = total
+    return out
+
+
+@njit(cache=True)
+def _longest_path(order, indptr, pred_src, pred_w, dur):  # pragma: no cover - compiled
+    """Longest path (node weight ``dur``, arc weight ``pred_w``) in topological ``order``.
+
+    Parameters
+    ----------
+    order : int64[n]  node ids in a topological order (every arc goes forward in it)
+    indptr : int64[n+1], pred_src : int64[m], pred_w : int64[m]
+        CSR of incoming arcs per node (source node, weight in ns)
+    dur : int64[n]  node durations in ns
+
+    Returns
+    -------
+    es : int64[n]  earliest start (longest path to the node's start) in ns
+    best : int64[n]  predecessor on the longest path, -1 for none
+    best_w : int64[n]  weight of the arc from ``best`` (0 when none)
+    """
+    n = order.shape[0]
+    es = np.zeros(n, np.int64)
+    best = np.full(n, -1, np.int64)
+    best_w = np.zeros(n, np.int64)
+    for k in range(n):
+        v = order[k]
+        b = -1
+        bw = 0
+        bv = 0
+        for j in range(indptr[v], indptr[v + 1]):
+            u = pred_src[j]
+            val = es[u] + dur[u] + pred_w[j]
+            if b == -1 or val > bv:
+                b = u
+                bv = val
+                bw = pred_w[j]
+        if b >= 0 and bv > 0:
+            es[v] = bv
+        elif b >= 0:
+            # a negative-lag chain never starts before time 0
+            es[v] = 0
+        best[v] = b
+        best_w[v] = bw
+    return es, best, best_w
+
+
+@njit(cache=True)
+def _backtrack(pred, last):  # pragma: no cover - compiled
+    """Follow ``pred`` links from ``last`` to a node without predecessor; path in order.
+
+    Stops after ``pred.shape[0]`` hops so a corrupt (cyclic) ``pred`` cannot hang.
+    """
+    buf = np.empty(pred.shape[0] + 1, np.int64)
+    k = 0
+    v = last
+    while v >= 0 and k <= pred.shape[0]:
+        buf[k] = v
+        k += 1
+        v = pred[v]
+    out = np.empty(k, np.int64)
+    for i in range(k):
+        out[i] = buf[k - 1 - i]
+    return out

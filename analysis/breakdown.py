@@ -1,0 +1,142 @@
+"""Step-time breakdown by interval unions: the parts add up to the step time exactly.
+
+For one rank and one step window ``W`` (the span of the step's ops, see
+:func:`analysis._util.step_windows`) let, on the rank's device lanes,
+
+``C`` = union of compute intervals (kernels, op-level compute),
+``M`` = union of communication intervals (collective and p2p kernels/ops),
+``Y`` = union of memcpy/memset intervals, and on its CPU threads
+``H`` = union of host ops and runtime calls.
+
+The parts, each a length in ns, are disjoint and cover ``W``::
+
+    compute_ns          |C \\ M|                       compute with no communication running
+    overlapped_comm_ns  |C ∩ M|                       communication hidden under compute
+    exposed_comm_ns     |M \\ C|                       communication nothing else hides
+    memcpy_ns           |Y \\ (C ∪ M)|                 copies/memsets alone on the device
+    host_bound_ns       |H \\ (C ∪ M ∪ Y)|             device idle while the host is busy
+                                                      (waiting for launches)
+    idle_ns             |W \\ (C ∪ M ∪ Y ∪ H)|         nothing runs anywhere on the rank
+
+so ``compute + overlapped + exposed + memcpy + host_bound + idle == step_ns`` holds exactly
+in integer nanoseconds. ``gpu_busy_frac = |C ∪ M ∪ Y| / step_ns``. A rank without device
+lanes (CPU-only) uses its CPU ops as the device; its ``host_bound_ns`` is then 0.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from collectors.enums import LaneKind
+
+from ._kernels import _union_len_grouped
+from ._util import (COMM_KINDS, COMPUTE_KINDS, HOST_KINDS, MEM_KINDS, _keep_step_mask,
+                    _lane_kind_of_ops,
+                    as_trace, device_mask, host_mask, op_ends_ns, step_windows)
+
+__all__ = ["breakdown", "summarize_breakdown", "PARTS"]
+
+#: the disjoint parts of a step, in display order
+PARTS = ("compute_ns", "overlapped_comm_ns", "exposed_comm_ns", "memcpy_ns",
+         "host_bound_ns", "idle_ns")
+
+
+def _union_len(gidx: np.ndarray, s: np.ndarray, e: np.ndarray, n_groups: int) -> np.ndarray:
+    if len(gidx) == 0:
+        return np.zeros(n_groups, np.int64)
+    order = np.lexsort((s, gidx))
+    return _union_len_grouped(np.ascontiguousarray(gidx[order], dtype=np.int64),
+                              np.ascontiguousarray(s[order], dtype=np.int64),
+                              np.ascontiguousarray(e[order], dtype=np.int64), n_groups)
+
+
+def breakdown(x: Any, *, by: str = "step") -> pd.DataFrame:
+    """Per rank (and step) breakdown of the step time into disjoint parts.
+
+    Parameters
+    ----------
+    x : Trace or ReplayResult
+    by : ``"step"`` (one row per rank and step) or ``"rank"`` (one row per rank, window =
+        span of all the rank's ops)
+
+    Returns
+    -------
+    DataFrame with ``rank``, ``step``, ``start_ns``, ``end_ns``, ``step_ns``, the
+    :data:`PARTS` columns (summing exactly to ``step_ns``), ``busy_ns`` and
+    ``gpu_busy_frac``.
+    """
+    if by not in ("step", "rank"):
+        from collectors.errors import RetimeError
+        raise RetimeError(f"breakdown(by={by!r}): choose 'step' or 'rank'")
+    t = as_trace(x)
+    o = t.ops
+    ranks = o["rank"].to_numpy().astype(np.int64)
+    steps = o["step"].to_numpy().astype(np.int64)
+    start = o["start_ns"].to_numpy()
+    end = op_ends_ns(t)
+    kind = o["kind"].to_numpy()
+    if by == "step":
+        w = step_windows(t)
+        keep = _keep_step_mask(ranks, steps)
+        key_ops = ranks * (1 << 32) + (steps + 1)
+        key_w = w["rank"].to_numpy().astype(np.int64) * (1 << 32) + (w["step"].to_numpy() + 1)
+    else:
+        g = pd.DataFrame({"rank": ranks, "start_ns": start, "end_ns": end}).groupby("rank")
+        w = g.agg(start_ns=("start_ns", "min"), end_ns=("end_ns", "max")).reset_index()
+        w.insert(1, "step", np.full(len(w), -1, np.int32))
+        keep = np.ones(len(o), bool)
+        key_ops = ranks
+        key_w = w["rank"].to_numpy().astype(np.int64)
+    n = len(w)
+    gidx = np.searchsorted(key_w, key_ops)
+    gidx = np.minimum(gidx, max(n - 1, 0))
+    keep &= (n > 0) & (key_w[gidx] == key_ops if n else False)
+    dev = device_mask(t) & keep
+    host = host_mask(t) & keep & np.isin(kind, HOST_KINDS)
+    # a CPU-only rank computes on its CPU threads
+    cpu_dev = dev & (_lane_kind_of_ops(t) == int(LaneKind.CPU_THREAD))
+    c = dev & (np.isin(kind, COMPUTE_KINDS) | (cpu_dev & np.isin(kind, HOST_KINDS)))
+    m = dev & np.isin(kind, COMM_KINDS)
+    y = dev & np.isin(kind, MEM_KINDS)
+
+    def ulen(mask: np.ndarray) -> np.ndarray:
+        return _union_len(gidx[mask], start[mask], end[mask], n)
+
+    u_c, u_m = ulen(c), ulen(m)
+    u_cm = ulen(c | m)
+    u_cmy = ulen(c | m | y)
+    u_all = ulen(c | m | y | host)
+    step_ns = (w["end_ns"].to_numpy() - w["start_ns"].to_numpy()).astype(np.int64)
+    out = pd.DataFrame({
+        "rank": w["rank"].to_numpy().astype(np.int32),
+        "step": w["step"].to_numpy().astype(np.int32),
+        "start_ns": w["start_ns"].to_numpy().astype(np.int64),
+        "end_ns": w["end_ns"].to_numpy().astype(np.int64),
+        "step_ns": step_ns,
+        "compute_ns": u_cm - u_m,
+        "overlapped_comm_ns": u_c + u_m - u_cm,
+        "exposed_comm_ns": u_cm - u_c,
+        "memcpy_ns": u_cmy - u_cm,
+        "host_bound_ns": u_all - u_cmy,
+        "idle_ns": step_ns - u_all,
+        "busy_ns": u_cmy,
+    })
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out["gpu_busy_frac"] = np.where(step_ns > 0, u_cmy / np.maximum(step_ns, 1), np.nan)
+    return out
+
+
+def summarize_breakdown(bd: pd.DataFrame) -> pd.DataFrame:
+    """Mean over steps per rank, plus each part as a fraction of the step (``*_frac``)."""
+    if len(bd) == 0:
+        return bd.copy()
+    cols = ["step_ns", *PARTS, "busy_ns"]
+    s = bd.groupby("rank", sort=True)[cols].mean().reset_index()
+    s.insert(1, "steps", bd.groupby("rank", sort=True).size().to_numpy())
+    for p in PARTS:
+        s[p.replace("_ns", "_frac")] = s[p] / s["step_ns"].where(s["step_ns"] > 0)
+    s["gpu_busy_frac"] = s["busy_ns"] / s["step_ns"].where(s["step_ns"] > 0)
+    return s

@@ -1,0 +1,156 @@
+"""Communication statistics: per collective instance and per process group.
+
+Bandwidths follow nccl-tests (PUBLISHED.md §3): ``algbw = S / time`` with ``S`` the op's
+``bytes`` (the collector records the nccl-tests message size), and
+``busbw = algbw * factor`` with factor ``2(n-1)/n`` for all-reduce, ``(n-1)/n`` for
+all-gather, reduce-scatter and all-to-all, and 1 for broadcast, reduce and point-to-point.
+A member's measured kernel time includes waiting for the last rank to arrive, so the transfer
+time of an instance is taken from the last arriver: ``transfer_ns = max(end) - max(start)``.
+``skew_ns = max(start) - min(start)`` is the arrival skew and ``wait_ns`` the time all
+members together spent waiting for the last one (``sum(max(start) - start_i)``).
+Ops without a cross-rank instance (single-rank traces, unmatched ones) are their own
+instance with one member: skew and wait are then 0 and their transfer time includes any
+waiting that the trace cannot show.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from collectors.enums import CommOp
+
+from ._util import COMM_KINDS, as_trace, op_ends_ns
+
+__all__ = ["busbw_factor", "collectives", "comm_summary", "rank_wait"]
+
+
+def busbw_factor(comm_op: np.ndarray | int, n_ranks: np.ndarray | int) -> np.ndarray:
+    """nccl-tests bus-bandwidth factor for each (comm_op, n_ranks)."""
+    op = np.asarray(comm_op, dtype=np.int64)
+    n = np.asarray(n_ranks, dtype=np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        frac = np.where(n > 0, (n - 1) / n, 0.0)
+    f = np.ones(np.broadcast(op, n).shape, np.float64)
+    f = np.where(op == int(CommOp.ALL_REDUCE), 2 * frac, f)
+    f = np.where(np.isin(op, [int(CommOp.ALL_GATHER), int(CommOp.REDUCE_SCATTER),
+                              int(CommOp.ALL_TO_ALL)]), frac, f)
+    return f
+
+
+def _group_sizes(trace) -> dict[int, int]:
+    g = trace.groups
+    return {int(gid): len(r) for gid, r in zip(g["group_id"], g["ranks"])} if len(g) else {}
+
+
+def collectives(x: Any) -> pd.DataFrame:
+    """One row per collective instance (cross-rank ``coll_id``, or a lone op).
+
+    Returns
+    -------
+    DataFrame: ``coll_id`` (-1 for lone ops), ``op_id`` (first member), ``comm_op`` (name),
+    ``group_id``, ``step``, ``n_ranks`` (group size when known, else members), ``members``,
+    ``bytes``, ``first_start_ns``, ``last_start_ns``, ``end_ns``, ``skew_ns``, ``wait_ns``,
+    ``mean_dur_ns``, ``transfer_ns``, ``algbw_gbps``, ``busbw_gbps``, ``last_rank`` (the last
+    arriver).
+    """
+    t = as_trace(x)
+    o = t.ops
+    m = np.isin(o["kind"].to_numpy(), COMM_KINDS)
+    idx = np.flatnonzero(m)
+    coll = o["coll_id"].to_numpy()[idx]
+    start = o["start_ns"].to_numpy()[idx]
+    end = op_ends_ns(t)[idx]
+    # lone ops get unique negative keys so they group alone
+    key = np.where(coll >= 0, coll, -1 - idx)
+    df = pd.DataFrame({"key": key, "coll_id": coll, "op_id": idx,
+                       "rank": o["rank"].to_numpy()[idx],
+                       "comm_op": o["comm_op"].to_numpy()[idx],
+                       "group_id": o["group_id"].to_numpy()[idx],
+                       "step": o["step"].to_numpy()[idx],
+                       "bytes": o["bytes"].to_numpy()[idx],
+                       "start_ns": start, "end_ns": end, "dur_ns": end - start})
+    if len(df) == 0:
+        cols = ["coll_id", "op_id", "comm_op", "group_id", "step", "n_ranks", "members",
+                "bytes", "first_start_ns", "last_start_ns", "end_ns", "skew_ns", "wait_ns",
+                "mean_dur_ns", "transfer_ns", "algbw_gbps", "busbw_gbps", "last_rank"]
+        return pd.DataFrame({c: [] for c in cols})
+    df["last_start"] = df.groupby("key")["start_ns"].transform("max")
+    df["waited"] = df["last_start"] - df["start_ns"]
+    # the last arriver: the member with the latest start (lowest rank on ties)
+    last_rank = (df.sort_values(["key", "start_ns", "rank"], ascending=[True, False, True])
+                 .groupby("key", sort=True)["rank"].first())
+    g = df.groupby("key", sort=True)
+    s = g.agg(coll_id=("coll_id", "first"), op_id=("op_id", "min"), comm_op=("comm_op", "first"),
+              group_id=("group_id", "first"), step=("step", "max"), members=("rank", "size"),
+              bytes=("bytes", "max"), first_start_ns=("start_ns", "min"),
+              last_start_ns=("start_ns", "max"), end_ns=("end_ns", "max"),
+              wait_ns=("waited", "sum"), mean_dur_ns=("dur_ns", "mean"))
+    s["last_rank"] = last_rank.reindex(s.index).to_numpy()
+    s = s.reset_index(drop=True)
+    sizes = _group_sizes(t)
+    gs = np.array([sizes.get(int(gid), 0) for gid in s["group_id"].to_numpy()], np.int64)
+    s.insert(5, "n_ranks", np.where(gs > 0, gs, s["members"].to_numpy()))
+    s["skew_ns"] = s["last_start_ns"] - s["first_start_ns"]
+    s["transfer_ns"] = s["end_ns"] - s["last_start_ns"]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        alg = np.where(s["transfer_ns"] > 0,
+                       s["bytes"].to_numpy() / np.maximum(s["transfer_ns"].to_numpy(), 1), np.nan)
+    alg = np.where(s["bytes"].to_numpy() > 0, alg, np.nan)  # bytes/ns == GB/s
+    s["algbw_gbps"] = alg
+    s["busbw_gbps"] = alg * busbw_factor(s["comm_op"].to_numpy(), s["n_ranks"].to_numpy())
+    s["comm_op"] = [CommOp(int(c)).name if int(c) in CommOp._value2member_map_ else "UNKNOWN"
+                    for c in s["comm_op"].to_numpy()]
+    order = ["coll_id", "op_id", "comm_op", "group_id", "step", "n_ranks", "members", "bytes",
+             "first_start_ns", "last_start_ns", "end_ns", "skew_ns", "wait_ns", "mean_dur_ns",
+             "transfer_ns", "algbw_gbps", "busbw_gbps", "last_rank"]
+    return s[order].sort_values(["first_start_ns", "op_id"], kind="mergesort").reset_index(drop=True)
+
+
+def comm_summary(x: Any | pd.DataFrame) -> pd.DataFrame:
+    """Per process group and primitive: instances, bytes, transfer time, skew, wait, bandwidth.
+
+    ``x`` is a Trace/ReplayResult or the frame of :func:`collectives`. Bandwidths are
+    byte-weighted (total bytes / total transfer time) and multiplied by the busbw factor.
+    """
+    c = x if isinstance(x, pd.DataFrame) else collectives(x)
+    if len(c) == 0:
+        return pd.DataFrame({k: [] for k in ["group_id", "comm_op", "n_ranks", "instances",
+                                             "total_bytes", "transfer_ns", "wait_ns",
+                                             "mean_skew_ns", "max_skew_ns", "algbw_gbps",
+                                             "busbw_gbps"]})
+    g = c.groupby(["group_id", "comm_op"], sort=True)
+    s = g.agg(n_ranks=("n_ranks", "max"), instances=("op_id", "size"),
+              total_bytes=("bytes", "sum"), transfer_ns=("transfer_ns", "sum"),
+              wait_ns=("wait_ns", "sum"), mean_skew_ns=("skew_ns", "mean"),
+              max_skew_ns=("skew_ns", "max")).reset_index()
+    with np.errstate(divide="ignore", invalid="ignore"):
+        alg = np.where((s["transfer_ns"] > 0) & (s["total_bytes"] > 0),
+                       s["total_bytes"] / s["transfer_ns"].where(s["transfer_ns"] > 0), np.nan)
+    s["algbw_gbps"] = alg
+    ops = np.array([CommOp[n].value if n in CommOp.__members__ else int(CommOp.UNKNOWN)
+                    for n in s["comm_op"]], np.int64)
+    s["busbw_gbps"] = alg * busbw_factor(ops, s["n_ranks"].to_numpy())
+    return s
+
+
+def rank_wait(x: Any) -> pd.DataFrame:
+    """Per rank: time spent waiting in collectives for later ranks, and how often the rank
+    was the last to arrive (the straggler signal). Columns ``rank``, ``collectives``,
+    ``wait_ns``, ``last_arrivals``."""
+    t = as_trace(x)
+    o = t.ops
+    m = np.isin(o["kind"].to_numpy(), COMM_KINDS) & (o["coll_id"].to_numpy() >= 0)
+    df = pd.DataFrame({"rank": o["rank"].to_numpy()[m], "coll_id": o["coll_id"].to_numpy()[m],
+                       "start_ns": o["start_ns"].to_numpy()[m]})
+    if len(df) == 0:
+        return pd.DataFrame({"rank": [], "collectives": [], "wait_ns": [], "last_arrivals": []})
+    last = df.groupby("coll_id")["start_ns"].transform("max")
+    df["wait_ns"] = last - df["start_ns"]
+    df["is_last"] = (df["start_ns"] == last)
+    r = df.groupby("rank", sort=True).agg(collectives=("coll_id", "size"),
+                                           wait_ns=("wait_ns", "sum"),
+                                           last_arrivals=("is_last", "sum")).reset_index()
+    return r

@@ -1,0 +1,72 @@
+"""Device memory: allocator timeline and peak per rank.
+
+From the trace's ``memory`` table (``[memory]`` events of the PyTorch profiler) when it has
+samples: ``allocated_bytes`` as recorded, or the running sum of ``bytes_delta`` per rank and
+device when the absolute value is missing (then relative to the first sample, so the peak is
+a lower bound and ``source`` says ``delta``). Otherwise from the model: a modeled trace
+(synth) may carry ``meta['peak_memory_bytes']`` (one number or ``{rank: bytes}``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ._util import as_trace
+
+__all__ = ["memory_timeline", "peak_memory"]
+
+
+def memory_timeline(x: Any) -> pd.DataFrame:
+    """Per rank and device, time-ordered: ``rank``, ``device``, ``ts_ns``,
+    ``allocated_bytes``, ``reserved_bytes`` (-1 unknown)."""
+    t = as_trace(x)
+    m = t.memory
+    if len(m) == 0:
+        return pd.DataFrame({"rank": np.zeros(0, np.int32), "device": np.zeros(0, np.int32),
+                             "ts_ns": np.zeros(0, np.int64),
+                             "allocated_bytes": np.zeros(0, np.int64),
+                             "reserved_bytes": np.zeros(0, np.int64)})
+    df = m.sort_values(["rank", "device", "ts_ns"], kind="mergesort").reset_index(drop=True)
+    alloc = df["allocated_bytes"].to_numpy().copy()
+    missing = alloc < 0
+    if missing.any():
+        run = df.groupby(["rank", "device"])["bytes_delta"].cumsum().to_numpy()
+        alloc = np.where(missing, run, alloc)
+    return pd.DataFrame({"rank": df["rank"].to_numpy(), "device": df["device"].to_numpy(),
+                         "ts_ns": df["ts_ns"].to_numpy(), "allocated_bytes": alloc,
+                         "reserved_bytes": df["reserved_bytes"].to_numpy()})
+
+
+def peak_memory(x: Any) -> pd.DataFrame:
+    """Peak per rank: ``rank``, ``peak_allocated_bytes``, ``peak_reserved_bytes``,
+    ``samples``, ``source`` (``trace``, ``delta`` or ``model``). Empty when unknown."""
+    t = as_trace(x)
+    tl = memory_timeline(t)
+    if len(tl):
+        # only device samples (device >= 0) when there are any; CPU allocations otherwise
+        dev = tl[tl["device"] >= 0] if (tl["device"] >= 0).any() else tl
+        src = "delta" if (t.memory["allocated_bytes"].to_numpy() < 0).all() else "trace"
+        per = dev.groupby(["rank", "device"]).agg(peak_allocated_bytes=("allocated_bytes", "max"),
+                                                  peak_reserved_bytes=("reserved_bytes", "max"),
+                                                  samples=("ts_ns", "size")).reset_index()
+        r = per.groupby("rank", sort=True).agg(
+            peak_allocated_bytes=("peak_allocated_bytes", "max"),
+            peak_reserved_bytes=("peak_reserved_bytes", "max"),
+            samples=("samples", "sum")).reset_index()
+        r["source"] = src
+        return r
+    pm = t.meta.get("peak_memory_bytes")
+    if pm is None:
+        return pd.DataFrame({"rank": [], "peak_allocated_bytes": [], "peak_reserved_bytes": [],
+                             "samples": [], "source": []})
+    ranks = [int(r) for r in t.ranks]
+    if isinstance(pm, dict):
+        vals = [int(pm.get(str(r), pm.get(r, -1))) for r in ranks]
+    else:
+        vals = [int(pm)] * len(ranks)
+    return pd.DataFrame({"rank": ranks, "peak_allocated_bytes": vals,
+                         "peak_reserved_bytes": [-1] * len(ranks), "samples": [0] * len(ranks),
+                         "source": ["model"] * len(ranks)})

@@ -1,0 +1,195 @@
+"""Plots: functions that take analysis frames and return matplotlib Figures (Agg backend).
+
+No plot computes analysis itself (CONVENTIONS.md §8): pass the frames of
+:mod:`analysis.breakdown`, :mod:`analysis.comm`, ... Figures are created with
+``matplotlib.figure.Figure`` directly, so nothing touches pyplot's global state or a GUI.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+
+from collectors.enums import OpKind
+
+from .breakdown import PARTS
+
+__all__ = ["plot_breakdown", "plot_timeline", "plot_collectives", "plot_bubbles",
+           "plot_memory", "plot_compare", "plot_kernel_classes"]
+
+_PART_COLORS = {"compute_ns": "#4C72B0", "overlapped_comm_ns": "#8172B2",
+                "exposed_comm_ns": "#C44E52", "memcpy_ns": "#CCB974",
+                "host_bound_ns": "#DD8452", "idle_ns": "#CFCFCF"}
+_KIND_COLORS = {int(OpKind.KERNEL): "#4C72B0", int(OpKind.COMPUTE): "#4C72B0",
+                int(OpKind.COLLECTIVE): "#C44E52", int(OpKind.P2P): "#C44E52",
+                int(OpKind.MEMCPY): "#CCB974", int(OpKind.MEMSET): "#CCB974",
+                int(OpKind.CPU_OP): "#55A868", int(OpKind.RUNTIME): "#DD8452",
+                int(OpKind.SYNC): "#937860"}
+
+
+def _empty(fig: Figure, ax, msg: str) -> Figure:
+    ax.text(0.5, 0.5, msg, ha="center", va="center", transform=ax.transAxes)
+    ax.set_axis_off()
+    return fig
+
+
+def plot_breakdown(summary: pd.DataFrame, *, title: str = "Step time breakdown per rank") -> Figure:
+    """Stacked bars per rank (ms) from :func:`analysis.breakdown.summarize_breakdown`."""
+    fig = Figure(figsize=(8, 3.6), layout="constrained")
+    ax = fig.add_subplot()
+    if len(summary) == 0:
+        return _empty(fig, ax, "no ops")
+    x = np.arange(len(summary))
+    bottom = np.zeros(len(summary))
+    for p in PARTS:
+        v = summary[p].to_numpy(dtype=float) / 1e6
+        ax.bar(x, v, bottom=bottom, color=_PART_COLORS[p], label=p.replace("_ns", ""), width=0.8)
+        bottom += v
+    ax.set_xticks(x, [str(r) for r in summary["rank"]])
+    ax.set_xlabel("rank")
+    ax.set_ylabel("mean step time (ms)")
+    ax.set_title(title)
+    ax.legend(fontsize=7, ncols=3, loc="lower right")
+    return fig
+
+
+def plot_timeline(ops: pd.DataFrame, lanes: pd.DataFrame, *, window_ns: tuple[int, int] | None
+                  = None, critical_op_ids: np.ndarray | None = None, max_lanes: int = 24,
+                  title: str = "Timeline (ranks x lanes)") -> Figure:
+    """Gantt chart of ops on (rank, lane) rows in a time window; critical-path ops outlined.
+
+    ``ops`` needs ``op_id``, ``rank``, ``lane``, ``kind``, ``start_ns``, ``dur_ns``
+    (``Trace.ops``); ``lanes`` is ``Trace.lanes``. The window defaults to the full span.
+    """
+    fig = Figure(figsize=(10, 4.2), layout="constrained")
+    ax = fig.add_subplot()
+    if len(ops) == 0:
+        return _empty(fig, ax, "no ops")
+    s = ops["start_ns"].to_numpy()
+    e = s + ops["dur_ns"].to_numpy()
+    lo, hi = window_ns if window_ns is not None else (int(s.min()), int(e.max()))
+    m = (e >= lo) & (s <= hi)
+    sub = ops.loc[m]
+    used = np.unique(sub["lane"].to_numpy())
+    lk = lanes.set_index("lane")
+    used = sorted(used, key=lambda ln: (int(lk.loc[ln, "rank"]), int(lk.loc[ln, "lane_kind"]), ln))
+    used = used[:max_lanes]
+    row = {ln: i for i, ln in enumerate(used)}
+    sub = sub[sub["lane"].isin(used)]
+    y = np.array([row[ln] for ln in sub["lane"].to_numpy()], float)
+    left = (np.maximum(sub["start_ns"].to_numpy(), lo) - lo) / 1e6
+    width = (np.minimum(sub["start_ns"].to_numpy() + sub["dur_ns"].to_numpy(), hi)
+             - np.maximum(sub["start_ns"].to_numpy(), lo)) / 1e6
+    colors = [_KIND_COLORS.get(int(k), "#999999") for k in sub["kind"].to_numpy()]
+    ax.barh(y, np.maximum(width, 1e-6), left=left, height=0.7, color=colors, linewidth=0)
+    if critical_op_ids is not None and len(critical_op_ids):
+        c = sub["op_id"].isin(np.asarray(critical_op_ids)).to_numpy()
+        if c.any():
+            ax.barh(y[c], np.maximum(width[c], 1e-6), left=left[c], height=0.9, fill=False,
+                    edgecolor="black", linewidth=1.2, label="critical path")
+            ax.legend(fontsize=7, loc="upper right")
+    labels = [f"r{int(lk.loc[ln, 'rank'])} {str(lk.loc[ln, 'name'])[:18] or ln}" for ln in used]
+    ax.set_yticks(np.arange(len(used)), labels, fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel(f"time (ms) from {lo / 1e6:.3f} ms")
+    ax.set_title(title)
+    return fig
+
+
+def plot_collectives(coll: pd.DataFrame, *, title: str = "Collectives: size vs bus bandwidth"
+                     ) -> Figure:
+    """Scatter of message size vs busbw per collective instance (:func:`analysis.comm.collectives`)."""
+    fig = Figure(figsize=(7, 3.6), layout="constrained")
+    ax = fig.add_subplot()
+    c = coll[(coll["bytes"] > 0) & coll["busbw_gbps"].notna()] if len(coll) else coll
+    if len(c) == 0:
+        return _empty(fig, ax, "no collectives with known size")
+    for op, g in c.groupby("comm_op", sort=True):
+        ax.scatter(g["bytes"].to_numpy(), g["busbw_gbps"].to_numpy(), s=10, alpha=0.7, label=op)
+    ax.set_xscale("log")
+    ax.set_xlabel("message size (bytes)")
+    ax.set_ylabel("bus bandwidth (GB/s)")
+    ax.set_title(title)
+    ax.legend(fontsize=7)
+    return fig
+
+
+def plot_bubbles(stage_bub: pd.DataFrame, *, title: str = "Pipeline bubble per stage") -> Figure:
+    """Bars of measured (and ideal GPipe/1F1B) bubble fraction per stage."""
+    fig = Figure(figsize=(6, 3.2), layout="constrained")
+    ax = fig.add_subplot()
+    if len(stage_bub) == 0:
+        return _empty(fig, ax, "no pipeline stages")
+    x = np.arange(len(stage_bub))
+    ax.bar(x - 0.2, stage_bub["bubble_frac"].to_numpy(float) * 100, width=0.4, label="measured")
+    ideal = stage_bub["ideal_bubble_frac"].to_numpy(float) * 100
+    if np.isfinite(ideal).any():
+        ax.bar(x + 0.2, np.nan_to_num(ideal), width=0.4, label="ideal (p-1)/(m+p-1)")
+    ax.set_xticks(x, [str(s) if s >= 0 else "n/a" for s in stage_bub["stage"]])
+    ax.set_xlabel("stage")
+    ax.set_ylabel("bubble (% of step)")
+    ax.set_title(title)
+    ax.legend(fontsize=7)
+    return fig
+
+
+def plot_memory(timeline: pd.DataFrame, peaks: pd.DataFrame | None = None, *,
+                title: str = "Device memory allocated") -> Figure:
+    """Allocated memory over time per rank (GiB); with no timeline, bars of the peaks."""
+    fig = Figure(figsize=(8, 3.4), layout="constrained")
+    ax = fig.add_subplot()
+    if len(timeline):
+        t0 = timeline["ts_ns"].min()
+        for r, g in timeline.groupby("rank", sort=True):
+            ax.step((g["ts_ns"].to_numpy() - t0) / 1e6, g["allocated_bytes"].to_numpy() / 2**30,
+                    where="post", label=f"rank {r}", linewidth=0.8)
+        ax.set_xlabel("time (ms)")
+        ax.set_ylabel("allocated (GiB)")
+        if timeline["rank"].nunique() <= 10:
+            ax.legend(fontsize=7)
+    elif peaks is not None and len(peaks):
+        ax.bar(np.arange(len(peaks)), peaks["peak_allocated_bytes"].to_numpy(float) / 2**30)
+        ax.set_xticks(np.arange(len(peaks)), [str(r) for r in peaks["rank"]])
+        ax.set_xlabel("rank")
+        ax.set_ylabel("peak allocated (GiB)")
+    else:
+        return _empty(fig, ax, "no memory samples in this trace")
+    ax.set_title(title)
+    return fig
+
+
+def plot_kernel_classes(cls: pd.DataFrame, *, title: str = "Device time by kernel class"
+                        ) -> Figure:
+    """Horizontal bars of total time (ms) per kernel class (:func:`analysis.kernels.class_stats`)."""
+    fig = Figure(figsize=(6, 2.8), layout="constrained")
+    ax = fig.add_subplot()
+    if len(cls) == 0 or cls["total_ns"].sum() == 0:
+        return _empty(fig, ax, "no device ops")
+    ax.barh(cls["kernel_class"].astype(str), cls["total_ns"].to_numpy(float) / 1e6,
+            color="#4C72B0")
+    ax.invert_yaxis()
+    ax.set_xlabel("total time (ms)")
+    ax.set_title(title)
+    return fig
+
+
+def plot_compare(cmp: pd.DataFrame, *, metrics: list[str] | None = None,
+                 title: str = "Baseline vs candidate") -> Figure:
+    """Grouped bars of selected time metrics (ms) from :func:`analysis.compare.compare`."""
+    fig = Figure(figsize=(8, 3.6), layout="constrained")
+    ax = fig.add_subplot()
+    if len(cmp) == 0:
+        return _empty(fig, ax, "nothing to compare")
+    a, b = cmp.columns[1], cmp.columns[2]
+    if metrics is None:
+        metrics = [m for m in ["step_ns", *PARTS, "critical_path_ns"] if m in set(cmp["metric"])]
+    sub = cmp.set_index("metric").reindex(metrics)
+    x = np.arange(len(metrics))
+    ax.bar(x - 0.2, sub[a].to_numpy(float) / 1e6, width=0.4, label=str(a))
+    ax.bar(x + 0.2, sub[b].to_numpy(float) / 1e6, width=0.4, label=str(b))
+    ax.set_xticks(x, [m.replace("_ns", "") for m in metrics], rotation=30, ha="right", fontsize=8)
+    ax.set_ylabel("ms")
+    ax.set_title(title)
+    ax.legend(fontsize=7)
+    return fig
