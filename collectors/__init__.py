@@ -1,8 +1,14 @@
 """Collectors: everything that produces a :class:`Trace` (model, store, readers, synth)."""
 
 from .enums import CommOp, EdgeKind, LaneKind, OpKind, Phase
-from .errors import (ConfigError, PolicyError, ReplayError, RetimeError, TraceFormatError,
-                     TraceValidationError)
+from .errors import (
+                     ConfigError,
+                     PolicyError,
+                     ReplayError,
+                     RetimeError,
+                     TraceFormatError,
+                     TraceValidationError,
+)
 from .trace import SCHEMA_VERSION, StringTable, Trace, read_trace
 
 __all__ = [

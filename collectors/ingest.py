@@ -41,6 +41,10 @@ def detect_format(path: str | os.PathLike[str]) -> str:
     if p.is_dir():
         if any(p.glob("trace-*.parquet")) or any(p.glob("*.parquet")):
             return "oplevel"
+        if any(p.glob("*.sqlite")) and not any(p.glob("*.json*")):
+            for f in sorted(p.glob("*.sqlite")):
+                detect_format(f)  # raises naming missing tables
+            return "nsys"
         return "kineto"
     if not p.exists():
         raise TraceFormatError(f"{p}: no such file or directory")
@@ -49,6 +53,7 @@ def detect_format(path: str | os.PathLike[str]) -> str:
     with open(p, "rb") as fh:
         magic = fh.read(16)
     if magic == _SQLITE_MAGIC:
+        _check_nsys_sqlite(p)
         return "nsys"
     if not magic:
         raise TraceFormatError(f"{p}: empty file; it holds no trace (re-export it from the profiler)")
@@ -107,6 +112,32 @@ def read(paths: list[str | os.PathLike[str]] | str | os.PathLike[str], *, format
         from .oplevel import read_oplevel
         return read_oplevel(ps)
     raise TraceFormatError(f"unknown format {fmt!r}")  # pragma: no cover
+
+
+# tables every nsys export has (any one of them marks a file as an nsys export)
+_NSYS_MARKERS = ("StringIds", "META_DATA_EXPORT", "TARGET_INFO_SESSION_START_TIME",
+                 "ENUM_NSYS_EVENT_TYPE", "ThreadNames", "PROCESSES")
+
+
+def _check_nsys_sqlite(path: Path) -> None:
+    """Raise TraceFormatError unless ``path`` is an nsys export holding the tables we need."""
+    from .nsys import EXPORT_COMMAND, REQUIRED_TABLES
+
+    try:
+        with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as con:
+            have = {r[0] for r in con.execute(
+                "select name from sqlite_master where type in ('table', 'view')")}
+    except sqlite3.Error as exc:
+        raise TraceFormatError(f"{path}: unreadable SQLite file ({exc}); re-export it with "
+                               f"`{EXPORT_COMMAND}`") from exc
+    missing = [t for t in REQUIRED_TABLES if t not in have]
+    if not missing:
+        return
+    what = ("an nsys SQLite export without GPU activity" if any(t in have for t in _NSYS_MARKERS)
+            else "a SQLite file that is not an Nsight Systems export")
+    raise TraceFormatError(
+        f"{path}: {what}: missing table(s) {', '.join(missing)}; profile with CUDA tracing "
+        f"and export with `{EXPORT_COMMAND}`")
 
 
 def _is_sqlite(path: Path) -> bool:  # used by collectors that accept sqlite

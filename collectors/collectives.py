@@ -1,0 +1,136 @@
+"""Collective communication: name parsing and cross-rank matching into instances.
+
+A collective *instance* is one call of a collective on every member rank of a process
+group (e.g. the 3rd all-reduce of the default group). All member ops of one instance share
+one ``coll_id``. Matching key, in order of preference:
+
+1. ``(group, seq)`` when the profiler recorded a sequence number for every member;
+2. otherwise ``(group, comm_op, size_key, k)`` where ``k`` is the op's issue index among
+   the rank's ops with the same ``(group, comm_op, size_key)``. ``size_key`` is the message
+   size for collectives whose size is equal on every rank (all-reduce, broadcast, reduce,
+   all-gather, reduce-scatter), which keeps two concurrent calls of different sizes (two
+   DDP buckets on two gloo threads, say) from being crossed; it is 0 for all-to-all and
+   unknown sizes.
+
+An instance whose member count differs from the group size is kept (its members still
+share a coll_id, so they start together in replay) but counted as unmatched with a reason.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pandas as pd
+
+from .enums import CommOp
+
+__all__ = ["comm_op_from_name", "match_collectives", "DTYPE_BYTES"]
+
+_NAME_RULES: list[tuple[re.Pattern[str], CommOp]] = [
+    (re.compile(r"all_?reduce", re.I), CommOp.ALL_REDUCE),
+    (re.compile(r"all_?gather|allgather", re.I), CommOp.ALL_GATHER),
+    (re.compile(r"reduce_?scatter", re.I), CommOp.REDUCE_SCATTER),
+    (re.compile(r"all_?to_?all|alltoall", re.I), CommOp.ALL_TO_ALL),
+    (re.compile(r"broadcast|bcast", re.I), CommOp.BROADCAST),
+    (re.compile(r"barrier", re.I), CommOp.BARRIER),
+    (re.compile(r"sendrecv|send_recv", re.I), CommOp.SEND_RECV),
+    (re.compile(r"(^|[^a-z])recv|irecv", re.I), CommOp.RECV),
+    (re.compile(r"(^|[^a-z])send|isend", re.I), CommOp.SEND),
+    (re.compile(r"gather", re.I), CommOp.GATHER),
+    (re.compile(r"scatter", re.I), CommOp.SCATTER),
+    (re.compile(r"reduce", re.I), CommOp.REDUCE),
+]
+
+#: bytes per element for the dtype spellings found in Kineto args
+DTYPE_BYTES = {
+    "float": 4, "float32": 4, "Float": 4, "double": 8, "float64": 8, "Double": 8,
+    "c10::Half": 2, "Half": 2, "half": 2, "float16": 2, "c10::BFloat16": 2, "BFloat16": 2,
+    "bfloat16": 2, "int": 4, "int32": 4, "Int": 4, "long int": 8, "int64": 8, "Long": 8,
+    "int8": 1, "Char": 1, "unsigned char": 1, "uint8": 1, "Byte": 1, "bool": 1, "Bool": 1,
+    "short int": 2, "int16": 2, "Short": 2, "c10::Float8_e4m3fn": 1, "c10::Float8_e5m2": 1,
+}
+
+_SIZE_KEYED = {int(CommOp.ALL_REDUCE), int(CommOp.BROADCAST), int(CommOp.REDUCE),
+               int(CommOp.ALL_GATHER), int(CommOp.REDUCE_SCATTER)}
+
+
+def comm_op_from_name(name: str) -> CommOp:
+    """Map a collective name (NCCL/RCCL kernel, c10d op, ``nccl:all_reduce``) to CommOp."""
+    n = name
+    if n.startswith(("ncclKernel_", "ncclDevKernel_", "rcclKernel_")):
+        n = n.split("_", 1)[1]
+    n = n.split("(", 1)[0]
+    if n.startswith("Generic"):
+        return CommOp.UNKNOWN
+    for pat, op in _NAME_RULES:
+        if pat.search(n):
+            return op
+    return CommOp.UNKNOWN
+
+
+def match_collectives(rank: np.ndarray, group: np.ndarray, group_size: np.ndarray,
+                      comm_op: np.ndarray, nbytes: np.ndarray, seq: np.ndarray,
+                      order: np.ndarray, ranks_present: dict[int, set[int]] | None = None,
+                      ) -> tuple[np.ndarray, dict]:
+    """Assign a cross-rank ``coll_id`` to each collective op.
+
+    Parameters
+    ----------
+    rank, group, group_size, comm_op, nbytes, seq, order : arrays of equal length n
+        One entry per collective op. ``group`` is an integer group id (global), ``seq`` the
+        recorded sequence number or -1, ``order`` the issue time (ns) used for issue order.
+    ranks_present : optional mapping group -> ranks of that group present in the trace
+
+    Returns
+    -------
+    coll_id : int64 array (n,), dense instance ids from 0
+    stats : dict with ``matched`` / ``unmatched`` instance counts, ``unmatched_reasons``
+        (reason -> instances) and ``ops`` (ops in matched instances)
+    """
+    n = len(rank)
+    if n == 0:
+        return np.zeros(0, np.int64), {"matched": 0, "unmatched": 0, "unmatched_reasons": {},
+                                       "ops_matched": 0, "ops_unmatched": 0}
+    df = pd.DataFrame({"rank": rank, "group": group, "op": comm_op.astype(np.int64),
+                       "size": np.where(np.isin(comm_op, list(_SIZE_KEYED)), nbytes, 0),
+                       "seq": seq, "order": order, "i": np.arange(n)})
+    use_seq = df.groupby("group")["seq"].transform(lambda s: bool((s >= 0).all()))
+    df = df.sort_values(["rank", "order", "i"], kind="stable")
+    df["k"] = df.groupby(["rank", "group", "op", "size"], sort=False).cumcount()
+    df["key_op"] = np.where(use_seq.loc[df.index], -1, df["op"])
+    df["key_size"] = np.where(use_seq.loc[df.index], -1, df["size"])
+    df["key_k"] = np.where(use_seq.loc[df.index], df["seq"], df["k"])
+    keys = df[["group", "key_op", "key_size", "key_k"]]
+    cid = keys.groupby(list(keys.columns), sort=False).ngroup().to_numpy()
+    out = np.empty(n, np.int64)
+    out[df["i"].to_numpy()] = cid
+    # statistics per instance
+    inst = pd.DataFrame({"cid": out, "rank": rank, "group": group, "gsize": group_size,
+                         "op": comm_op})
+    agg = inst.groupby("cid").agg(members=("rank", "size"), uranks=("rank", "nunique"),
+                                  gsize=("gsize", "max"), group=("group", "first"),
+                                  nops=("op", "nunique"))
+    reasons: dict[str, int] = {}
+    ok = np.ones(len(agg), bool)
+    for j, row in enumerate(agg.itertuples()):
+        why = None
+        if row.uranks != row.members:
+            why = "several ops of one rank in one instance (issue order differs across ranks)"
+        elif row.nops > 1:
+            why = "members disagree on the collective type"
+        elif row.gsize > 0 and row.members != row.gsize:
+            present = len(ranks_present.get(int(row.group), ())) if ranks_present else None
+            if present is not None and present < row.gsize:
+                why = f"ranks missing from trace ({present} of {row.gsize} group ranks ingested)"
+            else:
+                why = "member count differs from group size (a rank skipped or added a call)"
+        if why:
+            ok[j] = False
+            reasons[why] = reasons.get(why, 0) + 1
+    matched_ids = agg.index.to_numpy()[ok]
+    in_matched = np.isin(out, matched_ids)
+    stats = {"matched": int(ok.sum()), "unmatched": int((~ok).sum()),
+             "unmatched_reasons": reasons, "ops_matched": int(in_matched.sum()),
+             "ops_unmatched": int((~in_matched).sum())}
+    return out, stats

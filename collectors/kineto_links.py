@@ -1,0 +1,667 @@
+"""Kineto: one file's events -> columns of one rank, with dependency inference.
+
+Dependencies inferred here (DESIGN.md §3), all with ``dst.start >= src.end + lag_ns``:
+
+- LAUNCH: runtime call -> the GPU op with the same ``correlation``;
+  ``lag = min(0, gpu.start - call.end)`` (a kernel may start before its launch returns).
+- SYNC: ``cuda_sync`` events (Stream Wait Event: last op on the recording stream issued
+  before the ``cudaEventRecord`` -> first op on the waiting stream issued after the wait;
+  Event Sync / Stream Sync / Context Sync: the GPU op waited for -> the host op right after
+  the blocking call). Traces without ``cuda_sync`` events: blocking calls
+  (``cudaStreamSynchronize``, ``cudaDeviceSynchronize``, ``cudaEventSynchronize``,
+  ``cudaMemcpy``, and any launch call that returns after its GPU op ended) -> edge from the
+  latest GPU op issued before the call that ended before the call returned.
+  CUPTI correlation ids grow in issue order, which is what "issued before" uses.
+  ``lag = min(0, measured gap)``.
+- HOST_ORDER: consecutive leaf host ops on one thread, ``lag`` = the measured gap (>= 0).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from pathlib import Path
+
+import msgspec
+import numpy as np
+
+from ._kernels import nest_intervals
+from .collectives import DTYPE_BYTES, comm_op_from_name
+from .enums import CommOp, EdgeKind, LaneKind, OpKind, Phase
+from .errors import TraceFormatError
+from .kineto import (
+    _DROP_PH,
+    _GPU_CATS,
+    _HOST_CATS,
+    _KNOWN_PH,
+    _RUNTIME_CATS,
+    RankPart,
+    _rank_from_name,
+)
+from .trace import StringTable
+
+__all__ = ["build_rank_part"]
+
+# host event codes
+_H_RUNTIME, _H_CPU, _H_ANNOT, _H_GLOO = 0, 1, 2, 3
+_STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
+_COMM_RANGE = re.compile(r"^(nccl:|gloo:|c10d::|record_param_comms|rccl:)")
+_BLOCKING = {"cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
+             "cudaMemcpy", "hipStreamSynchronize", "hipDeviceSynchronize",
+             "hipEventSynchronize", "hipMemcpy", "cuStreamSynchronize", "cuCtxSynchronize"}
+
+
+def _ns(ts: float, base: int) -> int:
+    return base + int(round(ts * 1000.0))
+
+
+def build_rank_part(path: Path, doc) -> RankPart:  # noqa: C901 - one pass over events
+    evs = doc.traceEvents
+    base = int(doc.baseTimeNanoseconds or 0)
+    if doc.retimeExport is not None:
+        from .kineto_export import build_export_part
+        return build_export_part(path, doc)
+    strings = StringTable()
+    intern = strings.intern
+    kept: Counter = Counter()
+    dropped: Counter = Counter()
+    thread_names: dict = {}
+    # GPU ops
+    g_dev, g_stream, g_kind, g_name, g_start, g_dur, g_corr, g_ext, g_bytes, g_idx = ([] for _ in range(10))
+    # host events
+    h_pid, h_tid, h_code, h_name, h_start, h_end, h_corr, h_ext, h_idx = ([] for _ in range(9))
+    # gpu ranges
+    gr_dev, gr_stream, gr_name, gr_start, gr_end = ([] for _ in range(5))
+    syncs: list[int] = []
+    mem: list[tuple] = []
+    window = None
+    be_stack: dict = {}
+
+    for i, e in enumerate(evs):
+        ph = e.ph
+        if ph == "X":
+            ts, dur = e.ts, e.dur
+            if ts is None:
+                raise TraceFormatError(f"{path}: event {i} ('{e.name}'): missing 'ts'; "
+                                       "complete events need ts and dur in microseconds")
+            cat = (e.cat or "").lower()
+            if dur is None:
+                if cat == "trace":
+                    kept["markers"] += 1
+                    continue
+                raise TraceFormatError(f"{path}: event {i} ('{e.name}', cat {e.cat}): missing "
+                                       "'dur'; complete (ph X) events need a duration — fix "
+                                       "or remove the event")
+            if dur < 0:
+                raise TraceFormatError(f"{path}: event {i} ('{e.name}'): negative dur {dur}; "
+                                       "fix or remove the event")
+            name = e.name if isinstance(e.name, str) else str(e.name)
+            a = e.args
+            if cat in _GPU_CATS:
+                dev = a.device if a is not None and a.device is not None else e.pid
+                st = a.stream if a is not None and a.stream is not None else e.tid
+                if not isinstance(dev, int) or not isinstance(st, int):
+                    dropped["GPU event without integer device/stream"] += 1
+                    continue
+                k = _GPU_CATS[cat]
+                if k == OpKind.KERNEL and name[:4].lower() in ("nccl", "rccl"):
+                    k = OpKind.COLLECTIVE
+                g_dev.append(dev)
+                g_stream.append(st)
+                g_kind.append(int(k))
+                g_name.append(intern(name))
+                s = _ns(ts, base)
+                g_start.append(s)
+                g_dur.append(max(0, _ns(ts + dur, base) - s))
+                g_corr.append(a.correlation if a is not None and a.correlation is not None else -1)
+                g_ext.append(a.external_id if a is not None and a.external_id is not None else -1)
+                b = a.bytes if a is not None and a.bytes is not None else 0
+                if b.__class__ is str:
+                    b = int(b) if b.isdigit() else 0
+                g_bytes.append(int(b))
+                g_idx.append(i)
+                kept["ops"] += 1
+                continue
+            if cat in _RUNTIME_CATS or cat in _HOST_CATS:
+                code = (_H_RUNTIME if cat in _RUNTIME_CATS else
+                        _H_ANNOT if cat == "user_annotation" else _H_CPU)
+                if code == _H_ANNOT and name.startswith("gloo:"):
+                    code = _H_GLOO
+                h_pid.append(e.pid)
+                h_tid.append(e.tid)
+                h_code.append(code)
+                h_name.append(intern(name))
+                s = _ns(ts, base)
+                h_start.append(s)
+                h_end.append(max(s, _ns(ts + dur, base)))
+                h_corr.append(a.correlation if a is not None and a.correlation is not None else -1)
+                h_ext.append(a.external_id if a is not None and a.external_id is not None else -1)
+                h_idx.append(i)
+                continue
+            if cat == "cuda_sync":
+                syncs.append(i)
+                kept["sync_events"] += 1
+                continue
+            if cat == "gpu_user_annotation":
+                a = e.args
+                dev = a.device if a is not None and a.device is not None else e.pid
+                st = a.stream if a is not None and a.stream is not None else e.tid
+                gr_dev.append(dev if isinstance(dev, int) else -1)
+                gr_stream.append(st if isinstance(st, int) else -1)
+                gr_name.append(intern(name))
+                s = _ns(ts, base)
+                gr_start.append(s)
+                gr_end.append(max(s, _ns(ts + dur, base)))
+                kept["ranges"] += 1
+                continue
+            if cat == "trace":
+                window = (_ns(ts, base), _ns(ts + dur, base))
+                kept["markers"] += 1
+                continue
+            dropped[f"unsupported category '{e.cat}'"] += 1
+        elif ph == "M":
+            if e.name in ("thread_name", "process_name", "process_labels") and e.args is not None:
+                key = (e.pid, e.tid if e.name == "thread_name" else None)
+                val = e.args.name if e.args.name is not None else e.args.labels
+                if val is not None:
+                    thread_names[(e.name, key)] = val
+            kept["metadata"] += 1
+        elif ph in ("s", "f", "t"):
+            kept["flows"] += 1
+        elif ph in ("i", "I"):
+            a = e.args
+            if e.name == "[memory]" and a is not None and e.ts is not None:
+                dev = a.dev_id if (a.dev_type or 0) != 0 and a.dev_id is not None else -1
+                mem.append((dev, _ns(e.ts, base), int(a.mem_bytes or 0),
+                            -1 if a.total_alloc is None else int(a.total_alloc),
+                            -1 if a.total_reserved is None else int(a.total_reserved)))
+                kept["memory"] += 1
+            else:
+                kept["markers"] += 1
+        elif ph in ("B", "E"):
+            key = (e.pid, e.tid)
+            if e.ts is None:
+                raise TraceFormatError(f"{path}: event {i} ('{e.name}'): missing 'ts'")
+            if ph == "B":
+                be_stack.setdefault(key, []).append((i, e))
+            elif be_stack.get(key):
+                _, b = be_stack[key].pop()
+                h_pid.append(b.pid)
+                h_tid.append(b.tid)
+                h_code.append(_H_ANNOT)
+                h_name.append(intern(b.name if isinstance(b.name, str) else str(b.name)))
+                s = _ns(b.ts, base)
+                h_start.append(s)
+                h_end.append(max(s, _ns(e.ts, base)))
+                h_corr.append(-1)
+                h_ext.append(-1)
+                h_idx.append(i)
+                kept["metadata"] += 1  # the E event; the B event is counted with the range
+            else:
+                dropped["E event without matching B"] += 1
+        elif ph in _DROP_PH:
+            dropped[_DROP_PH[ph]] += 1
+        elif ph is None:
+            raise TraceFormatError(f"{path}: event {i} ('{e.name}'): missing 'ph'; every trace "
+                                   "event needs a phase (X for complete events)")
+        else:
+            if ph not in _KNOWN_PH:
+                raise TraceFormatError(
+                    f"{path}: event {i} ('{e.name}'): unknown ph {ph!r}; the Chrome trace format "
+                    "knows X B E i I s t f M C b e n O N D P R — fix or remove the event")
+            dropped[f"ph {ph} events are not used"] += 1
+    for stack in be_stack.values():
+        dropped["B event without matching E"] += len(stack)
+
+    dist = doc.distributedInfo
+    rank = dist.rank if dist is not None and dist.rank is not None else None
+    rank_source = "distributedInfo"
+    if rank is None:
+        rank = _rank_from_name(path)
+        rank_source = "file name"
+    if rank is None:
+        rank, rank_source = 0, "default (single file)"
+
+    return _assemble(path, doc, rank, rank_source, strings, kept, dropped, thread_names,
+                     dict(dev=g_dev, stream=g_stream, kind=g_kind, name=g_name, start=g_start,
+                          dur=g_dur, corr=g_corr, ext=g_ext, bytes=g_bytes, idx=g_idx),
+                     dict(pid=h_pid, tid=h_tid, code=h_code, name=h_name, start=h_start,
+                          end=h_end, corr=h_corr, ext=h_ext, idx=h_idx),
+                     dict(dev=gr_dev, stream=gr_stream, name=gr_name, start=gr_start, end=gr_end),
+                     syncs, mem, window)
+
+
+def _lane_key_ids(keys: list) -> tuple[np.ndarray, list]:
+    uniq: dict = {}
+    ids = np.fromiter((uniq.setdefault(k, len(uniq)) for k in keys), np.int64, len(keys))
+    return ids, list(uniq)
+
+
+def _assemble(path, doc, rank, rank_source, strings, kept, dropped, tnames, G, H, GR,
+              syncs, mem, window) -> RankPart:
+    evs = doc.traceEvents
+    # ---------------- lanes
+    lanes: list[tuple[int, int, int, int, str]] = []
+    g_keys = list(zip(G["dev"], G["stream"]))
+    g_lane_local, g_uniq = _lane_key_ids(g_keys)
+    for dev, st in g_uniq:
+        nm = tnames.get(("thread_name", (dev, st))) or f"stream {st}"
+        lanes.append((int(LaneKind.GPU_STREAM), int(dev), int(st), int(dev), str(nm).strip()))
+    n_g_lanes = len(lanes)
+    h_keys = list(zip(H["pid"], H["tid"]))
+    h_lane, h_uniq = _lane_key_ids(h_keys)
+    for pid, tid in h_uniq:
+        nm = tnames.get(("thread_name", (pid, tid))) or f"thread {tid}"
+        nid = tid if isinstance(tid, int) else -1
+        lanes.append((int(LaneKind.CPU_THREAD), -1, nid, pid if isinstance(pid, int) else -1,
+                      str(nm).strip()))
+    h_lane = h_lane + n_g_lanes
+
+    # ---------------- host nesting: leaves -> ops, containers/annotations -> ranges
+    hs = np.asarray(H["start"], np.int64)
+    he = np.asarray(H["end"], np.int64)
+    hc = np.asarray(H["code"], np.int8)
+    order = np.lexsort((hc, -he, hs, h_lane))  # lane, start, longer first, annot before op
+    depth_s, cont_s, parent_s = nest_intervals(h_lane[order], hs[order], he[order])
+    parent = np.full(len(hs), -1, np.int64)
+    has_p = parent_s >= 0
+    parent[order[has_p]] = order[parent_s[has_p]]
+    depth = np.empty_like(depth_s)
+    depth[order] = depth_s
+    container = np.empty_like(cont_s)
+    container[order] = cont_s
+    is_op = ((hc == _H_RUNTIME) | (hc == _H_GLOO) | ((hc == _H_CPU) & ~container))
+    is_range = ~is_op
+    kept["ops"] += int(is_op.sum())
+    kept["ranges"] += int(is_range.sum())
+
+    h_name = np.asarray(H["name"], np.int32)
+    op_h = np.flatnonzero(is_op)
+    op_h = op_h[np.lexsort((hs[op_h], h_lane[op_h]))]  # host ops in lane/time order
+    n_h = len(op_h)
+    n_gpu = len(G["start"])
+    n = n_h + n_gpu
+    kind = np.empty(n, np.int8)
+    hcode = hc[op_h]
+    kind[:n_h] = np.where(hcode == _H_RUNTIME, int(OpKind.RUNTIME),
+                          np.where(hcode == _H_GLOO, int(OpKind.COLLECTIVE), int(OpKind.CPU_OP)))
+    kind[n_h:] = np.asarray(G["kind"], np.int8)
+    lane = np.concatenate([h_lane[op_h], g_lane_local]).astype(np.int32)
+    start = np.concatenate([hs[op_h], np.asarray(G["start"], np.int64)])
+    dur = np.concatenate([he[op_h] - hs[op_h], np.asarray(G["dur"], np.int64)])
+    name_id = np.concatenate([h_name[op_h], np.asarray(G["name"], np.int32)])
+    corr = np.concatenate([np.asarray(H["corr"], np.int64)[op_h], np.asarray(G["corr"], np.int64)])
+    ext = np.concatenate([np.asarray(H["ext"], np.int64)[op_h], np.asarray(G["ext"], np.int64)])
+    nbytes = np.concatenate([np.zeros(n_h, np.int64), np.asarray(G["bytes"], np.int64)])
+    ev_idx = np.concatenate([np.asarray(H["idx"], np.int64)[op_h], np.asarray(G["idx"], np.int64)])
+    end = start + dur
+
+    # ranges table (host containers + annotations, gpu annotations)
+    rg = np.flatnonzero(is_range)
+    r_lane = np.concatenate([h_lane[rg], _gpu_range_lanes(GR, g_uniq, n_g_lanes)]).astype(np.int32)
+    r_name = np.concatenate([h_name[rg], np.asarray(GR["name"], np.int32)])
+    r_start = np.concatenate([hs[rg], np.asarray(GR["start"], np.int64)])
+    r_end = np.concatenate([he[rg], np.asarray(GR["end"], np.int64)])
+    r_depth = np.concatenate([depth[rg], np.zeros(len(GR["start"]), np.int16)])
+    valid_gr = r_lane >= 0
+    if not valid_gr.all():  # gpu annotation on a stream with no ops: attach to a new lane
+        for j in np.flatnonzero(~valid_gr):
+            gi = j - len(rg)
+            lanes.append((int(LaneKind.GPU_STREAM), int(GR["dev"][gi]), int(GR["stream"][gi]),
+                          int(GR["dev"][gi]), f"stream {GR['stream'][gi]}"))
+            r_lane[j] = len(lanes) - 1
+
+    # ---------------- edges
+    src_l, dst_l, kind_l, lag_l = [], [], [], []
+
+    def add(src, dst, k, lag):
+        src_l.append(np.asarray(src, np.int64))
+        dst_l.append(np.asarray(dst, np.int64))
+        kind_l.append(np.full(len(src), int(k), np.int8))
+        lag_l.append(np.asarray(lag, np.int64))
+
+    # HOST_ORDER: consecutive host ops on a lane (already sorted by lane, start)
+    if n_h > 1:
+        same = lane[1:n_h] == lane[: n_h - 1]
+        s_idx = np.flatnonzero(same)
+        gap = start[s_idx + 1] - end[s_idx]
+        add(s_idx, s_idx + 1, EdgeKind.HOST_ORDER, np.maximum(gap, 0))
+    # LAUNCH: runtime correlation -> gpu op
+    rt = np.flatnonzero((kind[:n_h] == OpKind.RUNTIME) & (corr[:n_h] >= 0))
+    rt_sorted = rt[np.argsort(corr[rt], kind="stable")]
+    rc = corr[rt_sorted]
+    gpu_ids = np.arange(n_h, n)
+    gc = corr[gpu_ids]
+    pos = np.searchsorted(rc, gc)
+    pos_c = np.minimum(pos, max(len(rc) - 1, 0))
+    has = (len(rc) > 0) & (gc >= 0)
+    has = has & (rc[pos_c] == gc) if len(rc) else np.zeros(len(gc), bool)
+    launch_of = np.full(n, -1, np.int64)  # gpu op -> runtime op
+    if has.any():
+        srcs = rt_sorted[pos_c[has]]
+        dsts = gpu_ids[has]
+        launch_of[dsts] = srcs
+        add(srcs, dsts, EdgeKind.LAUNCH, np.minimum(start[dsts] - end[srcs], 0))
+    n_unlaunched = int((~has).sum())
+    # SYNC edges
+    sync_src, sync_dst = _sync_edges(evs, syncs, kind, lane, corr, start, end, n_h, n, rt_sorted, rc,
+                                     strings, name_id, launch_of, G, g_lane_local)
+    if len(sync_src):
+        add(sync_src, sync_dst, EdgeKind.SYNC, np.minimum(start[sync_dst] - end[sync_src], 0))
+
+    # ---------------- attribution: step, phase
+    names_arr = np.asarray(strings.names, dtype=object)
+    step, phase = _attribute(names_arr, r_name[: len(rg)], r_start[: len(rg)], r_end[: len(rg)],
+                             start, launch_of, n_h)
+
+    # ---------------- collectives metadata
+    comm = _comm_info(evs, kind, start, name_id, names_arr, launch_of, H, parent, op_h,
+                      ev_idx, nbytes)
+    comm_op = np.zeros(n, np.int8)
+    comm_op[comm["op"]] = comm["comm_op"]
+    nbytes[comm["op"]] = comm["bytes"]
+    p2p = np.isin(comm_op, [int(CommOp.SEND), int(CommOp.RECV)])
+    kind[p2p & (kind == OpKind.COLLECTIVE)] = int(OpKind.P2P)
+
+    dist = doc.distributedInfo
+    pgs = []
+    if dist is not None and dist.pg_config:
+        for pg in dist.pg_config:
+            pgs.append({"name": str(pg.pg_name), "desc": pg.pg_desc, "size": pg.pg_size,
+                        "ranks": list(pg.ranks or [])})
+    devices = {}
+    for d in doc.deviceProperties or []:
+        if d.id is not None:
+            devices[int(d.id)] = {"name": d.name, "memory_bytes": d.totalGlobalMem,
+                                  "sms": d.numSms, "compute": f"{d.computeMajor}.{d.computeMinor}"}
+    used_devs = sorted({int(x) for x in G["dev"]})
+    devices = {k: v for k, v in devices.items() if k in used_devs} or devices
+    mem_arr = np.asarray(mem, dtype=np.int64).reshape(-1, 5)
+    acc = {"events_read": len(evs), "kept": dict(kept), "dropped": dict(dropped),
+           "rank": int(rank), "rank_source": rank_source,
+           "gpu_ops_without_launch": n_unlaunched}
+    return RankPart(
+        path=str(path), rank=int(rank), rank_source=rank_source,
+        world_size=dist.world_size if dist is not None else None,
+        backend=dist.backend if dist is not None else None, pg_config=pgs, devices=devices,
+        strings=strings.names, lanes=lanes,
+        ops=dict(lane=lane, kind=kind, name_id=name_id, start_ns=start, dur_ns=dur, step=step,
+                 phase=phase, comm_op=comm_op, bytes=nbytes, correlation=corr, external_id=ext),
+        edges=dict(src=np.concatenate(src_l) if src_l else np.zeros(0, np.int64),
+                   dst=np.concatenate(dst_l) if dst_l else np.zeros(0, np.int64),
+                   kind=np.concatenate(kind_l) if kind_l else np.zeros(0, np.int8),
+                   lag_ns=np.concatenate(lag_l) if lag_l else np.zeros(0, np.int64)),
+        ranges=dict(lane=r_lane, name_id=r_name, start_ns=r_start, end_ns=r_end, depth=r_depth),
+        memory=dict(device=mem_arr[:, 0], ts_ns=mem_arr[:, 1], bytes_delta=mem_arr[:, 2],
+                    allocated_bytes=mem_arr[:, 3], reserved_bytes=mem_arr[:, 4]),
+        comm=comm, accounting=acc, window_ns=window,
+    )
+
+
+def _gpu_range_lanes(GR, g_uniq, n_g_lanes) -> np.ndarray:
+    idx = {k: i for i, k in enumerate(g_uniq)}
+    return np.fromiter((idx.get((d, s), -1) for d, s in zip(GR["dev"], GR["stream"])), np.int64,
+                       len(GR["dev"]))
+
+
+def _next_host_op(i: int, lane: np.ndarray, n_h: int) -> int:
+    j = i + 1
+    return j if j < n_h and lane[j] == lane[i] else -1
+
+
+def _sync_edges(evs, syncs, kind, lane, corr, start, end, n_h, n, rt_sorted, rc, strings,
+                name_id, launch_of, G, g_lane_local):
+    """SYNC edges (see module docstring). Returns (src, dst) arrays."""
+    src, dst = [], []
+    gpu = np.arange(n_h, n)
+    gcorr = corr[gpu]
+    glane = lane[gpu]
+    by_lane: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    for ln in np.unique(glane):
+        ids = gpu[glane == ln]
+        o = np.argsort(corr[ids], kind="stable")
+        by_lane[int(ln)] = (ids[o], corr[ids][o])
+    stream_lane = {(int(d), int(s)): int(li) for (d, s), li in
+                   zip(zip(G["dev"], G["stream"]), g_lane_local)}
+
+    def rt_of(c):
+        if c is None or c < 0 or len(rc) == 0:
+            return -1
+        p = np.searchsorted(rc, c)
+        return int(rt_sorted[p]) if p < len(rc) and rc[p] == c else -1
+
+    def last_before(ln, c):
+        t = by_lane.get(ln)
+        if t is None:
+            return -1
+        p = np.searchsorted(t[1], c) - 1
+        return int(t[0][p]) if p >= 0 else -1
+
+    def first_after(ln, c):
+        t = by_lane.get(ln)
+        if t is None:
+            return -1
+        p = np.searchsorted(t[1], c, side="right")
+        return int(t[0][p]) if p < len(t[1]) else -1
+
+    def latest_done(c, t_end):
+        cand = gpu[(gcorr >= 0) & (gcorr < c) & (end[gpu] <= t_end + 1000)]
+        return int(cand[np.argmax(end[cand])]) if len(cand) else -1
+
+    covered = set()
+    for i in syncs:
+        a = evs[i].args
+        if a is None or a.correlation is None:
+            continue
+        kind_s = a.sync_kind or evs[i].name
+        call = rt_of(a.correlation)
+        covered.add(a.correlation)
+        dev = a.device if a.device is not None else evs[i].pid
+        if kind_s == "Stream Wait Event":
+            rec_ln = stream_lane.get((dev, a.wait_stream))
+            wait_ln = stream_lane.get((dev, a.stream))
+            if rec_ln is None or wait_ln is None or a.wait_corr is None:
+                continue
+            s = last_before(rec_ln, a.wait_corr)
+            d = first_after(wait_ln, a.correlation)
+        else:
+            if call < 0 or (kind_s == "Event Sync" and a.wait_corr in (None, -1)):
+                continue  # waiting on an event never recorded returns at once
+            d = _next_host_op(call, lane, n_h)
+            if kind_s == "Context Sync" or a.wait_stream in (None, -1):
+                s = latest_done(a.correlation, end[call])
+            else:
+                ln = stream_lane.get((dev, a.wait_stream if a.wait_stream not in (None, -1) else a.stream))
+                s = last_before(ln, a.wait_corr if a.wait_corr not in (None, -1) else a.correlation) if ln is not None else -1
+        if s >= 0 and d >= 0:
+            src.append(s)
+            dst.append(d)
+    # blocking host calls without cuda_sync events
+    names = strings.names
+    rts = np.flatnonzero(kind[:n_h] == OpKind.RUNTIME)
+    for r in rts:
+        c = int(corr[r])
+        if c in covered:
+            continue
+        nm = names[name_id[r]]
+        blocking = nm in _BLOCKING
+        if not blocking:
+            continue
+        d = _next_host_op(r, lane, n_h)
+        if d < 0:
+            continue
+        s = latest_done(c if c >= 0 else np.iinfo(np.int64).max, end[r])
+        if s >= 0:
+            src.append(s)
+            dst.append(d)
+    # launch calls that returned only after their GPU op finished (blocking memcpy)
+    launched = np.flatnonzero(launch_of >= 0)
+    blk = launched[(end[launch_of[launched]] >= end[launched]) & (kind[launched] == OpKind.MEMCPY)]
+    for g in blk:
+        r = int(launch_of[g])
+        if int(corr[r]) in covered:
+            continue
+        d = _next_host_op(r, lane, n_h)
+        if d >= 0:
+            src.append(int(g))
+            dst.append(d)
+    return np.asarray(src, np.int64), np.asarray(dst, np.int64)
+
+
+_FWD = re.compile(r"forward", re.I)
+_BWD = re.compile(r"backward|^autograd::engine::evaluate_function", re.I)
+_OPT = re.compile(r"^Optimizer\.|## optimizer ##|optimizer\.step|zero_grad", re.I)
+
+
+def _union(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    if len(starts) == 0:
+        return starts, ends
+    o = np.argsort(starts, kind="stable")
+    s, e = starts[o], ends[o]
+    run_end = np.maximum.accumulate(e)
+    new = np.ones(len(s), bool)
+    new[1:] = s[1:] > run_end[:-1]
+    grp = np.cumsum(new) - 1
+    us = s[new]
+    ue = np.zeros(len(us), np.int64)
+    np.maximum.at(ue, grp, e)
+    return us, ue
+
+
+def _inside(t: np.ndarray, us: np.ndarray, ue: np.ndarray) -> np.ndarray:
+    if len(us) == 0:
+        return np.zeros(len(t), bool)
+    p = np.searchsorted(us, t, side="right") - 1
+    ok = p >= 0
+    res = np.zeros(len(t), bool)
+    res[ok] = t[ok] < ue[p[ok]]
+    return res
+
+
+def _attribute(names_arr, r_name, r_start, r_end, start, launch_of, n_h):
+    """step from ProfilerStep#N ranges; phase from forward/backward/optimizer markers."""
+    n = len(start)
+    rn = names_arr[r_name] if len(r_name) else np.zeros(0, object)
+    t = start.copy()
+    has_launch = launch_of >= 0
+    t[has_launch] = start[launch_of[has_launch]]  # GPU ops: attribute by their launch time
+    step = np.full(n, -1, np.int32)
+    st_idx = [i for i, s in enumerate(rn) if s.startswith("ProfilerStep#")]
+    if st_idx:
+        st_idx = np.asarray(st_idx)
+        nums = np.asarray([int(_STEP_RE.match(rn[i]).group(1)) if _STEP_RE.match(rn[i]) else -1
+                           for i in st_idx])
+        o = np.argsort(r_start[st_idx])
+        ss, se, sn = r_start[st_idx][o], r_end[st_idx][o], nums[o]
+        p = np.searchsorted(ss, t, side="right") - 1
+        ok = (p >= 0)
+        ok[ok] = t[ok] < se[p[ok]]
+        step[ok] = sn[p[ok]]
+    phase = np.full(n, int(Phase.UNKNOWN), np.int8)
+    phase[step >= 0] = int(Phase.OTHER)
+    for pat, ph in ((_FWD, Phase.FWD), (_BWD, Phase.BWD), (_OPT, Phase.OPT)):
+        sel = np.asarray([bool(pat.search(s)) for s in rn], bool) if len(rn) else np.zeros(0, bool)
+        if pat is _FWD:  # "forward" inside a backward op name is not a forward marker
+            sel &= ~np.asarray([bool(_BWD.search(s)) for s in rn], bool) if len(rn) else sel
+        us, ue = _union(r_start[sel], r_end[sel])
+        phase[_inside(t, us, ue)] = int(ph)
+    return step, phase
+
+
+def _dims_bytes(raw_dims, raw_types) -> int:
+    try:
+        dims = msgspec.json.decode(raw_dims) if len(raw_dims) else None
+        types = msgspec.json.decode(raw_types) if len(raw_types) else None
+    except msgspec.DecodeError:
+        return 0
+    if not dims or not isinstance(dims, list):
+        return 0
+    d0 = dims[0]
+    if not isinstance(d0, list) or not d0:
+        return 0
+    ne = 1
+    for x in d0:
+        ne *= int(x) if isinstance(x, (int, float)) else 1
+    t0 = types[0] if isinstance(types, list) and types else "float"
+    return ne * DTYPE_BYTES.get(t0, 4)
+
+
+def _comm_info(evs, kind, start, name_id, names_arr, launch_of, H, parent, op_h, ev_idx,
+               nbytes) -> dict:
+    """Per collective op: comm_op, bytes, group name, group size, seq (from args/ranges).
+
+    Information comes from the kernel's own args (newer PyTorch), then from the enclosing
+    host ranges of its launch call (``record_param_comms``, ``nccl:*``, ``c10d::*``),
+    innermost first, found by walking the nesting parents.
+    """
+    ops = np.flatnonzero((kind == OpKind.COLLECTIVE) | (kind == OpKind.P2P))
+    n_h = len(op_h)
+    hn = np.asarray(H["name"], np.int32)
+    hidx = np.asarray(H["idx"], np.int64)
+    out_op, out_cop, out_bytes, out_group, out_gsize, out_seq, out_ranks = [], [], [], [], [], [], []
+    for o in ops:
+        a_k = evs[ev_idx[o]].args
+        host = launch_of[o] if launch_of[o] >= 0 else (o if o < n_h else -1)
+        enclosing = []
+        j = parent[op_h[host]] if host >= 0 else -1
+        while j >= 0:
+            if _COMM_RANGE.match(names_arr[hn[j]]):
+                enclosing.append(j)
+            j = parent[j]
+        infos = [a_k] + [evs[hidx[j]].args for j in enclosing]
+        cop = CommOp.NONE
+        for a in infos:
+            if a is not None and a.coll_name:
+                cop = comm_op_from_name(a.coll_name)
+                if cop != CommOp.UNKNOWN:
+                    break
+        if cop in (CommOp.NONE, CommOp.UNKNOWN):
+            for j in enclosing:
+                c = comm_op_from_name(names_arr[hn[j]].split(":", 1)[-1])
+                if c not in (CommOp.UNKNOWN,):
+                    cop = c
+                    break
+        if cop in (CommOp.NONE, CommOp.UNKNOWN):
+            cop = comm_op_from_name(names_arr[name_id[o]])
+        b = 0
+        group, gsize, seq, pranks = None, None, -1, None
+        for a in infos:
+            if a is None:
+                continue
+            if not b and (a.in_nelems or a.out_nelems):
+                b = max(a.in_nelems or 0, a.out_nelems or 0) * DTYPE_BYTES.get(a.dtype or "Float", 4)
+            if group is None and a.pg_name is not None:
+                group = str(a.pg_name)
+            if gsize is None and a.group_size:
+                gsize = int(a.group_size)
+            if seq < 0 and isinstance(a.seq, int):
+                seq = int(a.seq)
+            if pranks is None and a.pg_ranks:
+                pranks = a.pg_ranks if isinstance(a.pg_ranks, list) else _parse_ranks(a.pg_ranks)
+        if not b:
+            for a in infos[1:]:
+                if a is not None and len(a.input_dims):
+                    b = _dims_bytes(a.input_dims, a.input_type)
+                    if b:
+                        break
+        if not b:
+            b = int(nbytes[o])
+        out_op.append(o)
+        out_cop.append(int(cop))
+        out_bytes.append(int(b))
+        out_group.append(group if group is not None else "0")
+        out_gsize.append(gsize if gsize is not None else -1)
+        out_seq.append(seq)
+        out_ranks.append(pranks)
+    return {"op": np.asarray(out_op, np.int64), "comm_op": np.asarray(out_cop, np.int8),
+            "bytes": np.asarray(out_bytes, np.int64), "group": out_group,
+            "group_size": np.asarray(out_gsize, np.int64), "seq": np.asarray(out_seq, np.int64),
+            "pg_ranks": out_ranks}
+
+
+def _parse_ranks(s: str) -> list[int] | None:
+    try:
+        v = msgspec.json.decode(s.encode())
+        return [int(x) for x in v] if isinstance(v, list) else None
+    except (msgspec.DecodeError, ValueError, TypeError):
+        return None

@@ -1,0 +1,669 @@
+"""Nsight Systems SQLite exports (``nsys export --type sqlite``) -> :class:`Trace`.
+
+What is read (every row of every event table read is kept or dropped with a counted reason in
+``meta["accounting"][path]``; lookup tables such as ``StringIds``, ``ThreadNames``,
+``PROCESSES``, ``TARGET_INFO_*`` and ``ENUM_*`` are metadata, not events):
+
+``CUPTI_ACTIVITY_KIND_KERNEL``   GPU kernels -> ``KERNEL`` ops (``COLLECTIVE`` / ``P2P`` for NCCL)
+``CUPTI_ACTIVITY_KIND_MEMCPY``   -> ``MEMCPY`` ops (``bytes``)
+``CUPTI_ACTIVITY_KIND_MEMSET``   -> ``MEMSET`` ops (``bytes``)
+``CUPTI_ACTIVITY_KIND_RUNTIME``  CUDA runtime/driver calls -> ``RUNTIME`` ops on CPU_THREAD lanes
+``NVTX_EVENTS``                  push/pop and start/end ranges -> ``ranges`` (marks are dropped)
+``CUPTI_ACTIVITY_KIND_SYNCHRONIZATION``  blocking syncs -> ``SYNC`` edges
+``CUPTI_ACTIVITY_KIND_CUDA_EVENT``       (optional) event records, to resolve event syncs
+
+Tables nsys creates lazily (MEMSET, SYNCHRONIZATION, NVTX_EVENTS, CUDA_EVENT, TARGET_INFO_GPU,
+even RUNTIME) may be absent; they are treated as empty.  ``StringIds`` and
+``CUPTI_ACTIVITY_KIND_KERNEL`` are required (see :func:`missing_tables`).
+
+Ranks: one per (process, device) pair that has GPU activity, numbered by (device, pid) within
+a file, files concatenated in the order given.  A process's runtime calls and NVTX ranges
+belong to the rank of its busiest device.  Processes without GPU activity (launchers, shells)
+are dropped and counted.  ``globalTid``/``globalPid`` are nsys serialized ids: bits 24..47 hold
+the pid, bits 0..23 the tid; ``globalTid & ~0xFFFFFF`` is the owning ``globalPid``.
+
+Timestamps stay exact integer nanoseconds of the session clock; with several files each is
+shifted by its ``TARGET_INFO_SESSION_START_TIME.utcEpochNs`` relative to the earliest file
+(``meta["clock_offsets_ns"]``).
+
+Edges (conventions shared with the Kineto reader):
+
+- ``HOST_ORDER`` between consecutive runtime calls on one thread, ``lag_ns`` = measured gap
+  clamped at 0.
+- ``LAUNCH`` runtime call -> GPU op with the same ``correlationId`` in the same process,
+  ``lag_ns = min(0, gpu_start - launch_end)``.
+- ``SYNC`` for blocking synchronizations (stream / context / event synchronize; event *queries*
+  never block and are dropped): from the last GPU op that finished before the call returned
+  (on the synchronized stream; on the whole device for context syncs and for event syncs whose
+  event record is unknown) to the next runtime call on the same thread, ``lag_ns`` 0.
+  ``cudaStreamWaitEvent`` (GPU-side wait) becomes a SYNC edge from the last op launched on the
+  recording stream before ``cudaEventRecord`` to the first op launched on the waiting stream
+  after the wait, when ``CUPTI_ACTIVITY_KIND_CUDA_EVENT`` identifies the record; otherwise it
+  is dropped as ``stream_wait_event_record_unknown``.
+
+NCCL kernels (name starting ``nccl``) become ``COLLECTIVE`` ops (``P2P`` for send-only or
+recv-only kernels), ``comm_op`` from the name.  Without communicator ids in the export, every
+rank of the trace is one inferred group (``groups`` row 0); instance *k* of a ``comm_op`` on
+every rank (in GPU start order) forms one ``coll_id``.  ``meta["collectives"]`` counts matched
+and unmatched *ops* (``instances`` counts matched instances).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import re
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from .enums import CommOp, EdgeKind, LaneKind, OpKind
+from .errors import TraceFormatError
+from .progress import progress_bar
+from .trace import StringTable, Trace
+
+__all__ = ["read_nsys", "missing_tables", "REQUIRED_TABLES", "EXPORT_COMMAND"]
+
+REQUIRED_TABLES = ("StringIds", "CUPTI_ACTIVITY_KIND_KERNEL")
+EXPORT_COMMAND = ("nsys export --type sqlite --output REPORT.sqlite REPORT.nsys-rep "
+                  "(profile with `nsys profile --trace cuda,nvtx ...`)")
+
+_KERNEL = "CUPTI_ACTIVITY_KIND_KERNEL"
+_MEMCPY = "CUPTI_ACTIVITY_KIND_MEMCPY"
+_MEMSET = "CUPTI_ACTIVITY_KIND_MEMSET"
+_RUNTIME = "CUPTI_ACTIVITY_KIND_RUNTIME"
+_SYNC = "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION"
+_EVENT = "CUPTI_ACTIVITY_KIND_CUDA_EVENT"
+_NVTX = "NVTX_EVENTS"
+
+_TID_MASK = 0xFFFFFF
+_PUSHPOP, _STARTEND, _MARK = 59, 60, 34  # ENUM_NSYS_EVENT_TYPE ids
+_SYNC_EVENT, _SYNC_WAIT, _SYNC_STREAM, _SYNC_CONTEXT = 1, 2, 3, 4  # ENUM_CUPTI_SYNC_TYPE
+
+_COPY_KIND = {0: "Unknown", 1: "HtoD", 2: "DtoH", 3: "HtoA", 4: "AtoH", 5: "AtoA", 6: "AtoD",
+              7: "DtoA", 8: "DtoD", 9: "HtoH", 10: "PtoP", 11: "HtoD", 12: "DtoH", 13: "DtoD"}
+_MEM_KIND = {0: "Pageable", 1: "Pinned", 2: "Device", 3: "Array", 4: "Managed",
+             5: "Device Static", 6: "Managed Static", 7: "Unknown"}
+
+# order matters: ReduceScatter before Reduce, AllGather before Gather, SendRecv before Send/Recv
+_NCCL_OPS = [
+    ("allreduce", CommOp.ALL_REDUCE), ("reducescatter", CommOp.REDUCE_SCATTER),
+    ("allgather", CommOp.ALL_GATHER), ("alltoall", CommOp.ALL_TO_ALL),
+    ("broadcast", CommOp.BROADCAST), ("sendrecv", CommOp.SEND_RECV), ("reduce", CommOp.REDUCE),
+    ("gather", CommOp.GATHER), ("scatter", CommOp.SCATTER), ("send", CommOp.SEND),
+    ("recv", CommOp.RECV),
+]
+
+
+def missing_tables(path: str | os.PathLike[str]) -> list[str]:
+    """Tables of :data:`REQUIRED_TABLES` that the SQLite file ``path`` lacks."""
+    with _connect(Path(path)) as con:
+        have = _tables(con)
+    return [t for t in REQUIRED_TABLES if t not in have]
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    try:
+        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        con.execute("select 1 from sqlite_master limit 1")
+    except sqlite3.Error as exc:
+        raise TraceFormatError(f"{path}: not a readable SQLite file ({exc}); re-export it with "
+                               f"`{EXPORT_COMMAND}`") from exc
+    return con
+
+
+def _tables(con: sqlite3.Connection) -> set[str]:
+    return {r[0] for r in con.execute("select name from sqlite_master where type in ('table','view')")}
+
+
+def _columns(con: sqlite3.Connection, table: str) -> set[str]:
+    return {r[1] for r in con.execute(f'pragma table_info("{table}")')}
+
+
+def _ints(con: sqlite3.Connection, sql: str, ncols: int) -> np.ndarray:
+    """Run ``sql`` (integer columns only, no NULLs) into an (n, ncols) int64 array, fast."""
+    cur = con.execute(sql)
+    rows = cur.fetchall()
+    n = len(rows)
+    if n == 0:
+        return np.zeros((0, ncols), np.int64)
+    flat = np.fromiter(itertools.chain.from_iterable(rows), dtype=np.int64, count=n * ncols)
+    return flat.reshape(n, ncols)
+
+
+def _comm_op_of(names: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """(is_nccl, comm_op) for kernel names (small: one entry per distinct name)."""
+    is_nccl = np.zeros(len(names), bool)
+    comm = np.zeros(len(names), np.int8)
+    for i, n in enumerate(names):
+        low = n.lower()
+        if not (low.startswith("nccl") or low.startswith("void nccl") or low.startswith("rccl")):
+            continue
+        is_nccl[i] = True
+        m = re.match(r"(?:void\s+)?[rn]ccl(?:dev)?kernel_([a-z2]+)", low.replace(" ", ""))
+        key = m.group(1) if m else low
+        comm[i] = int(CommOp.UNKNOWN)
+        for pat, op in _NCCL_OPS:
+            if key.startswith(pat) or (not m and pat in key):
+                comm[i] = int(op)
+                break
+    return is_nccl, comm
+
+
+def _depth(lane: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """Nesting depth of ranges on their lane (0 = outermost), vectorized."""
+    n = len(lane)
+    if n == 0:
+        return np.zeros(0, np.int16)
+    t0 = int(min(start.min(), end.min()))
+    span = int(max(start.max(), end.max())) - t0 + 1
+    if (int(lane.max()) + 1) * span >= 2**62:  # pragma: no cover - absurd spans
+        return np.zeros(n, np.int16)
+    ks = lane.astype(np.int64) * span + (start - t0)
+    ke = np.sort(lane.astype(np.int64) * span + (end - t0))
+    order = np.lexsort((-end, start, lane))
+    # starts strictly before i in (lane, start, -end) order minus ends at or before start_i
+    rank_in_order = np.empty(n, np.int64)
+    rank_in_order[order] = np.arange(n)
+    lane_first = np.searchsorted(ks[order], lane.astype(np.int64) * span, side="left")
+    before = rank_in_order - lane_first
+    closed = np.searchsorted(ke, ks, side="right") - np.searchsorted(
+        ke, lane.astype(np.int64) * span, side="left")
+    return np.clip(before - closed, 0, 2**15 - 1).astype(np.int16)
+
+
+class _File:
+    """Everything read from one export, before ranks of all files are combined."""
+
+    def __init__(self, path: Path, rank0: int, strings: StringTable, bar) -> None:
+        self.path = path
+        self.acc: dict[str, Any] = {"events_read": 0, "kept": {}, "dropped": {}}
+        con = _connect(path)
+        try:
+            self._read(con, rank0, strings, bar)
+        except sqlite3.Error as exc:
+            raise TraceFormatError(f"{path}: SQLite error while reading the nsys export ({exc}); "
+                                   f"re-export it with `{EXPORT_COMMAND}`") from exc
+        finally:
+            con.close()
+
+    # -------------------------------------------------------------- accounting
+    def _read_n(self, n: int) -> None:
+        self.acc["events_read"] += int(n)
+
+    def _keep(self, table: str, n: int) -> None:
+        if n:
+            self.acc["kept"][table] = self.acc["kept"].get(table, 0) + int(n)
+
+    def _drop(self, reason: str, n: int) -> None:
+        if n:
+            self.acc["dropped"][reason] = self.acc["dropped"].get(reason, 0) + int(n)
+
+    # -------------------------------------------------------------- reading
+    def _read(self, con: sqlite3.Connection, rank0: int, strings: StringTable, bar) -> None:
+        have = _tables(con)
+        miss = [t for t in REQUIRED_TABLES if t not in have]
+        if miss:
+            raise TraceFormatError(
+                f"{self.path}: SQLite export lacks table(s) {', '.join(miss)} needed for GPU "
+                f"kernels; export with `{EXPORT_COMMAND}`")
+        self.session_utc_ns = None
+        if "TARGET_INFO_SESSION_START_TIME" in have:
+            r = con.execute("select utcEpochNs from TARGET_INFO_SESSION_START_TIME").fetchone()
+            self.session_utc_ns = int(r[0]) if r and r[0] is not None else None
+        sid = dict(con.execute("select id, value from StringIds"))
+
+        # ---- GPU activity: kind, start, end, device, stream, corr, gpid, name_sid/aux, bytes
+        parts = []
+        kcols = _columns(con, _KERNEL)
+        kname = "demangledName" if "demangledName" in kcols else "shortName"
+        k = _ints(con, f"select start, end, deviceId, streamId, coalesce(correlationId,-1), "
+                       f"coalesce(globalPid,-1), {kname} from {_KERNEL}", 7)
+        self._read_n(len(k))
+        parts.append((OpKind.KERNEL, k[:, :6], k[:, 6], np.zeros(len(k), np.int64), _KERNEL))
+        bar.advance()
+        if _MEMCPY in have:
+            m = _ints(con, f"select start, end, deviceId, streamId, coalesce(correlationId,-1), "
+                           f"coalesce(globalPid,-1), copyKind*64 + coalesce(srcKind,7)*8 + "
+                           f"coalesce(dstKind,7), bytes from {_MEMCPY}", 8)
+            self._read_n(len(m))
+            parts.append((OpKind.MEMCPY, m[:, :6], m[:, 6], m[:, 7], _MEMCPY))
+        if _MEMSET in have:
+            cols = _columns(con, _MEMSET)
+            mk = "coalesce(memKind,7)" if "memKind" in cols else "7"
+            s = _ints(con, f"select start, end, deviceId, streamId, coalesce(correlationId,-1), "
+                           f"coalesce(globalPid,-1), {mk}, bytes from {_MEMSET}", 8)
+            self._read_n(len(s))
+            parts.append((OpKind.MEMSET, s[:, :6], s[:, 6], s[:, 7], _MEMSET))
+        bar.advance()
+
+        # names: kernels by StringIds, memcpy/memset by kind codes
+        kinds, cols, names, nbytes, table = [], [], [], [], []
+        comm_all = []
+        for kind, arr, aux, b, tbl in parts:
+            u, inv = np.unique(aux, return_inverse=True)
+            if kind == OpKind.KERNEL:
+                txt = [str(sid.get(int(x), f"kernel#{int(x)}")) for x in u]
+                is_nccl, comm = _comm_op_of(txt)
+                kk = np.where(is_nccl, int(OpKind.COLLECTIVE), int(OpKind.KERNEL)).astype(np.int8)
+                p2p = np.isin(comm, [int(CommOp.SEND), int(CommOp.RECV)])
+                kk[p2p] = int(OpKind.P2P)
+                kinds.append(kk[inv])
+                comm_all.append(comm[inv])
+            elif kind == OpKind.MEMCPY:
+                txt = [f"Memcpy {_COPY_KIND.get(int(x) // 64, 'Unknown')} "
+                       f"({_MEM_KIND.get(int(x) // 8 % 8, 'Unknown')} -> "
+                       f"{_MEM_KIND.get(int(x) % 8, 'Unknown')})" for x in u]
+                kinds.append(np.full(len(arr), int(kind), np.int8))
+                comm_all.append(np.zeros(len(arr), np.int8))
+            else:
+                txt = [f"Memset ({_MEM_KIND.get(int(x), 'Unknown')})" for x in u]
+                kinds.append(np.full(len(arr), int(kind), np.int8))
+                comm_all.append(np.zeros(len(arr), np.int8))
+            ids = np.array([strings.intern(t) for t in txt], np.int32)
+            names.append(ids[inv] if len(u) else np.zeros(0, np.int32))
+            cols.append(arr)
+            nbytes.append(b)
+            table.append(np.full(len(arr), len(table), np.int8))
+        tables = [p[4] for p in parts]
+        g = np.concatenate(cols)
+        gkind = np.concatenate(kinds)
+        gname = np.concatenate(names)
+        gbytes = np.concatenate(nbytes)
+        gtable = np.concatenate(table)
+        gcomm = np.concatenate(comm_all)
+        bad = g[:, 1] < g[:, 0]
+        for i, tbl in enumerate(tables):
+            self._drop(f"{tbl.lower()}_end_before_start", int((bad & (gtable == i)).sum()))
+        ok = ~bad
+        g, gkind, gname, gbytes, gtable, gcomm = (x[ok] for x in (g, gkind, gname, gbytes, gtable, gcomm))
+        for i, tbl in enumerate(tables):
+            self._keep(tbl, int((gtable == i).sum()))
+
+        # ---- ranks: (process, device) pairs, by (device, pid)
+        pd_pairs = pd.DataFrame({"gpid": g[:, 5], "dev": g[:, 2]})
+        cnt = pd_pairs.groupby(["gpid", "dev"], sort=False).size().rename("n").reset_index()
+        cnt["pid"] = (cnt["gpid"].to_numpy() >> 24) & _TID_MASK
+        cnt = cnt.sort_values(["dev", "pid", "gpid"], kind="stable").reset_index(drop=True)
+        cnt["rank"] = np.arange(len(cnt), dtype=np.int64) + rank0
+        self.n_ranks = len(cnt)
+        self.pairs = cnt
+        key = pd.MultiIndex.from_frame(cnt[["gpid", "dev"]])
+        grank = cnt["rank"].to_numpy()[key.get_indexer(pd.MultiIndex.from_arrays([g[:, 5], g[:, 2]]))]
+        # process -> primary rank (busiest device)
+        prim = cnt.sort_values(["n", "rank"], ascending=[False, True]).drop_duplicates("gpid")
+        self.proc_rank = pd.Series(prim["rank"].to_numpy(), index=prim["gpid"].to_numpy())
+        self.gpu = pd.DataFrame({
+            "rank": grank, "device": g[:, 2], "stream": g[:, 3], "corr": g[:, 4], "gpid": g[:, 5],
+            "start": g[:, 0], "end": g[:, 1], "kind": gkind, "name_id": gname, "bytes": gbytes,
+            "comm_op": gcomm})
+
+        # ---- runtime calls
+        if _RUNTIME in have:
+            r = _ints(con, f"select start, end, coalesce(globalTid,-1), coalesce(correlationId,-1), "
+                           f"nameId from {_RUNTIME}", 5)
+        else:
+            r = np.zeros((0, 5), np.int64)
+        self._read_n(len(r))
+        rgpid = r[:, 2] & ~np.int64(_TID_MASK)
+        rrank = self.proc_rank.reindex(rgpid).to_numpy()
+        okr = ~np.isnan(rrank) & (r[:, 1] >= r[:, 0])
+        self._drop("runtime_process_without_gpu_activity", int(np.isnan(rrank).sum()))
+        self._drop("runtime_end_before_start", int((~np.isnan(rrank) & (r[:, 1] < r[:, 0])).sum()))
+        r, rgpid, rrank = r[okr], rgpid[okr], rrank[okr].astype(np.int64)
+        self._keep(_RUNTIME, len(r))
+        u, inv = np.unique(r[:, 4], return_inverse=True)
+        ids = np.array([strings.intern(re.sub(r"_v\d+$", "", str(sid.get(int(x), f"api#{int(x)}"))))
+                        for x in u], np.int32)
+        self.rt = pd.DataFrame({"rank": rrank, "tid": r[:, 2], "gpid": rgpid, "corr": r[:, 3],
+                                "start": r[:, 0], "end": r[:, 1],
+                                "name_id": ids[inv] if len(u) else np.zeros(0, np.int32)})
+        bar.advance()
+
+        # ---- NVTX ranges
+        self.nv = pd.DataFrame({"rank": [], "tid": [], "start": [], "end": [], "name_id": []})
+        if _NVTX in have:
+            rows = con.execute(f"select start, coalesce(end,-1), eventType, coalesce(globalTid,-1), "
+                               f"coalesce(textId,-1), text from {_NVTX}").fetchall()
+            self._read_n(len(rows))
+            if rows:
+                a = np.fromiter(itertools.chain.from_iterable(r_[:5] for r_ in rows),
+                                np.int64, count=5 * len(rows)).reshape(-1, 5)
+                text = pd.Series([r_[5] for r_ in rows], dtype=object)
+                is_range = np.isin(a[:, 2], [_PUSHPOP, _STARTEND])
+                self._drop("nvtx_mark", int((a[:, 2] == _MARK).sum()))
+                self._drop("nvtx_not_a_range", int((~is_range & (a[:, 2] != _MARK)).sum()))
+                unended = is_range & (a[:, 1] < a[:, 0])
+                self._drop("nvtx_unended_range", int(unended.sum()))
+                nrank = self.proc_rank.reindex(a[:, 3] & ~np.int64(_TID_MASK)).to_numpy()
+                noproc = is_range & ~unended & np.isnan(nrank)
+                self._drop("nvtx_process_without_gpu_activity", int(noproc.sum()))
+                keep = is_range & ~unended & ~noproc
+                a, text, nrank = a[keep], text[keep].reset_index(drop=True), nrank[keep]
+                self._keep(_NVTX, len(a))
+                tid_txt = pd.Series([sid.get(int(x)) for x in a[:, 4]], dtype=object)
+                text = text.where(text.notna(), tid_txt).fillna("(unnamed NVTX range)")
+                codes, uniq = pd.factorize(text)
+                ids = np.array([strings.intern(str(x)) for x in uniq], np.int32)
+                self.nv = pd.DataFrame({"rank": nrank.astype(np.int64), "tid": a[:, 3],
+                                        "start": a[:, 0], "end": a[:, 1],
+                                        "name_id": ids[codes] if len(uniq) else np.zeros(0, np.int32)})
+        bar.advance()
+
+        # ---- synchronization + optional event records
+        self.sync = np.zeros((0, 6), np.int64)
+        if _SYNC in have:
+            self.sync = _ints(con, f"select start, end, coalesce(correlationId,-1), "
+                                   f"coalesce(globalPid,-1), syncType, streamId from {_SYNC}", 6)
+            self._read_n(len(self.sync))
+            ecol = _columns(con, _SYNC)
+            self.sync_event = (_ints(con, f"select eventId from {_SYNC}", 1)[:, 0]
+                               if "eventId" in ecol else np.full(len(self.sync), -1, np.int64))
+        self.events = np.zeros((0, 4), np.int64)
+        if _EVENT in have:
+            self.events = _ints(con, f"select coalesce(correlationId,-1), coalesce(globalPid,-1), "
+                                     f"eventId, streamId from {_EVENT}", 4)
+            self._read_n(len(self.events))
+        bar.advance()
+
+        # ---- devices, threads
+        self.thread_names: dict[int, str] = {}
+        if "ThreadNames" in have:
+            for tid, nid in con.execute("select globalTid, nameId from ThreadNames"):
+                if tid is not None:
+                    self.thread_names[int(tid)] = str(sid.get(nid, ""))
+        self.gpu_info: dict[int, dict[str, Any]] = {}
+        if "TARGET_INFO_GPU" in have:
+            cur = con.execute("select * from TARGET_INFO_GPU")
+            cn = [d[0] for d in cur.description]
+            for row in cur.fetchall():
+                rec = dict(zip(cn, row))
+                dev = rec.get("id", rec.get("cuDevice"))
+                if dev is not None:
+                    self.gpu_info[int(dev)] = {k: v for k, v in rec.items()
+                                               if isinstance(v, (int, float, str))}
+        self.host = None
+        if "TARGET_INFO_SYSTEM_ENV" in have:
+            h = con.execute("select value from TARGET_INFO_SYSTEM_ENV where name='Hostname' "
+                            "limit 1").fetchone()
+            self.host = h[0] if h else None
+
+
+def read_nsys(paths: list[str | os.PathLike[str]] | str | os.PathLike[str],
+              progress: bool | None = None) -> Trace:
+    """Read Nsight Systems SQLite exports into one Trace.
+
+    Parameters
+    ----------
+    paths
+        One or more ``.sqlite`` files from ``nsys export --type sqlite``; ranks of later files
+        follow those of earlier ones.
+    progress
+        Show a progress bar on stderr (``None``: when stderr is a terminal).
+
+    Returns
+    -------
+    Trace
+        GPU ops on GPU_STREAM lanes, runtime calls on CPU_THREAD lanes, NVTX ranges, LAUNCH /
+        HOST_ORDER / SYNC edges, NCCL kernels matched into ``coll_id``; see the module docstring.
+    """
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    ps: list[Path] = []
+    for p in map(Path, paths):
+        ps.extend(sorted(p.glob("*.sqlite")) if p.is_dir() else [p])
+    if not ps:
+        raise TraceFormatError("no nsys SQLite files given")
+    strings = StringTable()
+    files: list[_File] = []
+    with progress_bar(5 * len(ps) + 2, "nsys", progress) as bar:
+        rank0 = 0
+        for p in ps:
+            if not p.is_file():
+                raise TraceFormatError(f"{p}: not a file; pass nsys SQLite exports")
+            f = _File(p, rank0, strings, bar)
+            rank0 += f.n_ranks
+            files.append(f)
+        if rank0 == 0:
+            raise TraceFormatError(
+                f"{ps[0]}: the export holds no GPU kernels, memcpys or memsets; profile with "
+                "`nsys profile --trace cuda,nvtx ...` and export again")
+        trace = _assemble(files, strings, ps)
+        bar.advance(2)
+    return trace
+
+
+def _assemble(files: list[_File], strings: StringTable, ps: list[Path]) -> Trace:
+    utc = [f.session_utc_ns for f in files]
+    base = min((u for u in utc if u is not None), default=None)
+    offsets = [0 if (u is None or base is None) else int(u - base) for u in utc]
+    gpu = pd.concat([f.gpu.assign(start=f.gpu["start"] + o, end=f.gpu["end"] + o, file=i)
+                     for i, (f, o) in enumerate(zip(files, offsets))], ignore_index=True)
+    rt = pd.concat([f.rt.assign(start=f.rt["start"] + o, end=f.rt["end"] + o, file=i)
+                    for i, (f, o) in enumerate(zip(files, offsets))], ignore_index=True)
+    nv = pd.concat([f.nv.assign(start=f.nv["start"] + o, end=f.nv["end"] + o, file=i)
+                    for i, (f, o) in enumerate(zip(files, offsets))], ignore_index=True)
+
+    # ---- lanes: GPU streams then CPU threads
+    gl = gpu[["rank", "device", "stream"]].drop_duplicates().sort_values(["rank", "device", "stream"])
+    threads = pd.concat([rt[["rank", "tid", "file"]], nv[["rank", "tid", "file"]]]).drop_duplicates(
+        ["rank", "tid"]).sort_values(["rank", "tid"])
+    n_gl = len(gl)
+    gl = gl.assign(lane=np.arange(n_gl, dtype=np.int32))
+    threads = threads.assign(lane=np.arange(n_gl, n_gl + len(threads), dtype=np.int32))
+    tnames = [files[int(fi)].thread_names.get(int(t), "") for t, fi in
+              zip(threads["tid"].to_numpy(), threads["file"].to_numpy())]
+    lanes = {
+        "lane": np.concatenate([gl["lane"].to_numpy(), threads["lane"].to_numpy()]),
+        "rank": np.concatenate([gl["rank"].to_numpy(), threads["rank"].to_numpy()]),
+        "device": np.concatenate([gl["device"].to_numpy(), np.full(len(threads), -1)]),
+        "lane_kind": np.concatenate([np.full(n_gl, int(LaneKind.GPU_STREAM)),
+                                     np.full(len(threads), int(LaneKind.CPU_THREAD))]),
+        "native_id": np.concatenate([gl["stream"].to_numpy(),
+                                     threads["tid"].to_numpy() & _TID_MASK]),
+        "name": [f"stream {s}" for s in gl["stream"].to_numpy()]
+        + [f"{n or 'thread'} {int(t) & _TID_MASK}" for n, t in zip(tnames, threads["tid"].to_numpy())],
+    }
+    gpu = gpu.merge(gl, on=["rank", "device", "stream"], how="left", sort=False)
+    rt = rt.merge(threads[["rank", "tid", "lane"]], on=["rank", "tid"], how="left", sort=False)
+    nv = nv.merge(threads[["rank", "tid", "lane"]], on=["rank", "tid"], how="left", sort=False)
+
+    # ---- ops: GPU then runtime, each sorted by (lane, start) so lane order is op order
+    gpu = gpu.sort_values(["lane", "start", "end"], kind="stable").reset_index(drop=True)
+    rt = rt.sort_values(["lane", "start", "end"], kind="stable").reset_index(drop=True)
+    ng, nr = len(gpu), len(rt)
+    gpu["op_id"] = np.arange(ng, dtype=np.int64)
+    rt["op_id"] = np.arange(ng, ng + nr, dtype=np.int64)
+
+    # ---- collectives: per (comm_op) issue order on each rank, one inferred world group
+    coll_id = np.full(ng, -1, np.int64)
+    all_ranks = sorted(int(r) for f in files for r in f.pairs["rank"])
+    cmask = np.isin(gpu["kind"].to_numpy(), [int(OpKind.COLLECTIVE), int(OpKind.P2P)])
+    colls: dict[str, Any] = {"matched": 0, "unmatched": 0, "unmatched_reasons": {}, "instances": 0}
+    group_ids = np.full(ng, -1, np.int32)
+    if cmask.any():
+        c = gpu.loc[cmask, ["rank", "comm_op", "start", "op_id"]].sort_values(
+            ["rank", "comm_op", "start"], kind="stable")
+        c["k"] = c.groupby(["rank", "comm_op"]).cumcount()
+        group_ids[c["op_id"].to_numpy()] = 0
+        size = c.groupby(["comm_op", "k"])["rank"].transform("size").to_numpy()
+        nr_world = len(all_ranks)
+        full = size == nr_world
+        if nr_world > 1:
+            key = c["comm_op"].to_numpy()[full].astype(np.int64) << 40 | c["k"].to_numpy()[full]
+            # number instances in time order of their first member
+            first = pd.Series(c["start"].to_numpy()[full]).groupby(key).transform("min").to_numpy()
+            inst = pd.Index(pd.unique(key[np.lexsort((key, first))])).get_indexer(key)
+            coll_id[c["op_id"].to_numpy()[full]] = inst
+            colls["instances"] = int(inst.max() + 1) if len(inst) else 0
+            colls["matched"] = int(full.sum())
+            bad = int((~full).sum())
+            if bad:
+                colls["unmatched_reasons"]["missing_on_some_ranks"] = bad
+        else:
+            colls["unmatched_reasons"]["single_rank_trace"] = int(len(c))
+        colls["unmatched"] = int(sum(colls["unmatched_reasons"].values()))
+
+    ops = {
+        "rank": np.concatenate([gpu["rank"].to_numpy(), rt["rank"].to_numpy()]),
+        "lane": np.concatenate([gpu["lane"].to_numpy(), rt["lane"].to_numpy()]),
+        "kind": np.concatenate([gpu["kind"].to_numpy(), np.full(nr, int(OpKind.RUNTIME))]),
+        "name_id": np.concatenate([gpu["name_id"].to_numpy(), rt["name_id"].to_numpy()]),
+        "start_ns": np.concatenate([gpu["start"].to_numpy(), rt["start"].to_numpy()]),
+        "dur_ns": np.concatenate([(gpu["end"] - gpu["start"]).to_numpy(),
+                                  (rt["end"] - rt["start"]).to_numpy()]),
+        "coll_id": np.concatenate([coll_id, np.full(nr, -1)]),
+        "comm_op": np.concatenate([gpu["comm_op"].to_numpy(), np.zeros(nr, np.int8)]),
+        "bytes": np.concatenate([gpu["bytes"].to_numpy(), np.zeros(nr, np.int64)]),
+        "group_id": np.concatenate([group_ids, np.full(nr, -1)]),
+        "correlation": np.concatenate([gpu["corr"].to_numpy(), rt["corr"].to_numpy()]),
+    }
+    edges = _edges(files, gpu, rt, strings)
+    ranges = {"rank": nv["rank"].to_numpy(), "lane": nv["lane"].to_numpy(),
+              "name_id": nv["name_id"].to_numpy(), "start_ns": nv["start"].to_numpy(),
+              "end_ns": nv["end"].to_numpy(),
+              "depth": _depth(nv["lane"].to_numpy(), nv["start"].to_numpy(), nv["end"].to_numpy())}
+    devices: dict[str, Any] = {}
+    for f in files:
+        for row in f.pairs.itertuples():
+            d = {"device": int(row.dev), "pid": int(row.pid), "host": f.host, "path": str(f.path)}
+            info = f.gpu_info.get(int(row.dev))
+            if info:
+                d.update({"name": info.get("name"), "memory_bytes": info.get("totalMemory"),
+                          "sm_count": info.get("smCount"), "clock_hz": info.get("clockRate"),
+                          "memory_bandwidth_bytes_per_s": info.get("memoryBandwidth"),
+                          "compute_capability": f"{info.get('computeMajor')}.{info.get('computeMinor')}"
+                          if info.get("computeMajor") is not None else None})
+            devices[str(int(row.rank))] = d
+    meta = {
+        "source_format": "nsys",
+        "sources": [{"path": str(p), "format": "nsys"} for p in ps],
+        "world_size": len(all_ranks),
+        "devices": devices,
+        "clock_offsets_ns": {str(p): o for p, o in zip(ps, offsets)},
+        "accounting": {str(f.path): f.acc for f in files},
+        "collectives": colls,
+    }
+    groups = ([{"group_id": 0, "name": "nccl:inferred-all-ranks", "ranks": all_ranks}]
+              if cmask.any() else None)
+    return Trace.build(ops=ops, lanes=lanes, strings=strings, edges=edges, ranges=ranges,
+                       groups=groups, meta=meta)
+
+
+def _edges(files: list[_File], gpu: pd.DataFrame, rt: pd.DataFrame,
+           strings: StringTable) -> dict[str, np.ndarray]:
+    srcs, dsts, kinds, lags = [], [], [], []
+
+    def add(s, d, k, lag):
+        srcs.append(np.asarray(s, np.int64))
+        dsts.append(np.asarray(d, np.int64))
+        kinds.append(np.full(len(srcs[-1]), int(k), np.int8))
+        lags.append(np.asarray(lag, np.int64))
+
+    # HOST_ORDER: consecutive runtime calls per thread lane (rt sorted by lane, start)
+    lane = rt["lane"].to_numpy()
+    same = lane[1:] == lane[:-1]
+    st, en, oid = rt["start"].to_numpy(), rt["end"].to_numpy(), rt["op_id"].to_numpy()
+    add(oid[:-1][same], oid[1:][same], EdgeKind.HOST_ORDER,
+        np.maximum(0, st[1:][same] - en[:-1][same]))
+
+    # LAUNCH: (file, process, correlation)
+    gk = gpu.loc[gpu["corr"] >= 0, ["file", "gpid", "corr", "op_id", "start"]]
+    rk = rt.loc[rt["corr"] >= 0, ["file", "gpid", "corr", "op_id", "end"]]
+    m = gk.merge(rk, on=["file", "gpid", "corr"], suffixes=("_g", "_r"))
+    add(m["op_id_r"], m["op_id_g"], EdgeKind.LAUNCH,
+        np.minimum(0, m["start"].to_numpy() - m["end"].to_numpy()))
+
+    # SYNC
+    is_query = np.array(["Query" in n for n in strings.names] + [False], bool)
+    next_op = np.full(len(rt), -1, np.int64)
+    next_op[:-1][same] = oid[1:][same]
+    rt_next = rt.assign(next_op=next_op)
+    gl = gpu[["file", "gpid", "rank", "stream", "corr", "end", "op_id"]]
+    for fi, f in enumerate(files):
+        if len(f.sync) == 0:
+            continue
+        s = pd.DataFrame({"corr": f.sync[:, 2], "gpid": f.sync[:, 3], "stype": f.sync[:, 4],
+                          "stream": f.sync[:, 5], "event": f.sync_event})
+        calls = rt_next.loc[rt_next["file"] == fi, ["gpid", "corr", "op_id", "end", "next_op",
+                                                    "rank", "name_id"]]
+        s = s.merge(calls, on=["gpid", "corr"], how="left")
+        no_call = s["op_id"].isna().to_numpy()
+        f._drop("sync_without_runtime_call", int(no_call.sum()))
+        s = s[~no_call].astype({"op_id": np.int64, "next_op": np.int64, "rank": np.int64,
+                                "end": np.int64, "name_id": np.int64})
+        stype = s["stype"].to_numpy()
+        nonblock = (stype == _SYNC_EVENT) & is_query[s["name_id"].to_numpy()]
+        f._drop("sync_nonblocking_event_query", int(nonblock.sum()))
+        other = ~np.isin(stype, [_SYNC_EVENT, _SYNC_WAIT, _SYNC_STREAM, _SYNC_CONTEXT])
+        f._drop("sync_unknown_type", int(other.sum()))
+        s = s[~nonblock & ~other]
+        fg = gl[gl["file"] == fi]
+        # event syncs and stream waits: the op launched last on the recording stream before
+        # the matching cudaEventRecord (needs CUPTI_ACTIVITY_KIND_CUDA_EVENT)
+        ev = s["stype"].isin([_SYNC_EVENT, _SYNC_WAIT]).to_numpy()
+        rec_src = np.full(len(s), -1, np.int64)
+        if ev.any() and len(f.events):
+            rec = pd.DataFrame({"rcorr": f.events[:, 0], "gpid": f.events[:, 1],
+                                "event": f.events[:, 2], "rstream": f.events[:, 3]})
+            q = s.loc[ev, ["gpid", "event", "corr"]].reset_index().sort_values("corr")
+            q = pd.merge_asof(q, rec.sort_values("rcorr"), left_on="corr", right_on="rcorr",
+                              by=["gpid", "event"], direction="backward",
+                              allow_exact_matches=False).dropna(subset=["rcorr"])
+            q = q.astype({"rcorr": np.int64, "rstream": np.int64}).sort_values("rcorr")
+            launched = fg[fg["corr"] >= 0].rename(columns={"stream": "rstream", "corr": "lcorr"})
+            q = pd.merge_asof(q, launched[["gpid", "rstream", "lcorr", "op_id"]].sort_values(
+                "lcorr"), left_on="rcorr", right_on="lcorr", by=["gpid", "rstream"],
+                direction="backward").dropna(subset=["op_id"])
+            pos = s.index.get_indexer(q["index"].to_numpy())
+            rec_src[pos] = q["op_id"].to_numpy(np.int64)
+        # GPU-side waits: recorded op -> first op launched on the waiting stream after the wait
+        wait = (s["stype"] == _SYNC_WAIT).to_numpy()
+        w = s[wait].assign(src=rec_src[wait])
+        unknown = (w["src"] < 0).to_numpy()
+        f._drop("stream_wait_event_record_unknown", int(unknown.sum()))
+        w = w[~unknown].sort_values("corr")
+        if len(w):
+            launched = fg[fg["corr"] >= 0].rename(columns={"corr": "lcorr", "op_id": "dst"})
+            w = pd.merge_asof(w[["gpid", "stream", "corr", "src"]], launched[
+                ["gpid", "stream", "lcorr", "dst"]].sort_values("lcorr"), left_on="corr",
+                right_on="lcorr", by=["gpid", "stream"], direction="forward",
+                allow_exact_matches=False)
+            nodst = w["dst"].isna().to_numpy()
+            f._drop("stream_wait_no_later_gpu_op", int(nodst.sum()))
+            w = w[~nodst]
+            add(w["src"].to_numpy(np.int64), w["dst"].to_numpy(np.int64), EdgeKind.SYNC,
+                np.zeros(len(w), np.int64))
+            f._keep(_SYNC, len(w))
+        # blocking host syncs: last GPU op finished before the call returned -> next call
+        blk = s[~wait].assign(src=rec_src[~wait])
+        no_next = (blk["next_op"] < 0).to_numpy()
+        f._drop("sync_no_following_runtime_call", int(no_next.sum()))
+        blk = blk[~no_next]
+        known = (blk["stype"] == _SYNC_EVENT).to_numpy() & (blk["src"] >= 0).to_numpy()
+        add(blk["src"].to_numpy()[known], blk["next_op"].to_numpy()[known], EdgeKind.SYNC,
+            np.zeros(int(known.sum()), np.int64))
+        f._keep(_SYNC, int(known.sum()))
+        blk = blk[~known]
+        by_stream = (blk["stype"] == _SYNC_STREAM).to_numpy()
+        g = fg[["rank", "stream", "end", "op_id"]].sort_values("end", kind="stable")
+        for mask, by in ((by_stream, ["rank", "stream"]), (~by_stream, ["rank"])):
+            q = blk[mask].sort_values("end", kind="stable")
+            if len(q) == 0:
+                continue
+            mm = pd.merge_asof(q[["end", "next_op", *by]], g[["end", "op_id", *by]].rename(
+                columns={"op_id": "gsrc"}), on="end", by=by, direction="backward")
+            miss = mm["gsrc"].isna().to_numpy()
+            f._drop("sync_no_prior_gpu_op", int(miss.sum()))
+            mm = mm[~miss]
+            add(mm["gsrc"].to_numpy(np.int64), mm["next_op"].to_numpy(np.int64), EdgeKind.SYNC,
+                np.zeros(len(mm), np.int64))
+            f._keep(_SYNC, len(mm))
+    if not srcs:
+        return {"src": np.zeros(0, np.int64), "dst": np.zeros(0, np.int64),
+                "kind": np.zeros(0, np.int8), "lag_ns": np.zeros(0, np.int64)}
+    return {"src": np.concatenate(srcs), "dst": np.concatenate(dsts),
+            "kind": np.concatenate(kinds), "lag_ns": np.concatenate(lags)}

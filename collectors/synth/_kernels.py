@@ -1,0 +1,82 @@
+"""numba kernels of the synthesizer (list scheduling of the representative ranks)."""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+__all__ = ["_list_schedule"]
+
+
+@njit(cache=True)
+def _list_schedule(dur, lane, n_lanes, src, dst, lag):  # pragma: no cover - compiled
+    """Earliest start times under data edges and FIFO lanes, in topological order.
+
+    Parameters
+    ----------
+    dur : int64[n]   op durations (ns)
+    lane : int32[n]  lane of each op; ops of a lane run in index order (FIFO)
+    n_lanes : int    number of lanes (max(lane) + 1)
+    src, dst, lag : int64[e]  edges ``src -> dst``: ``start[dst] >= end[src] + lag``
+
+    Returns
+    -------
+    start : int64[n]  start times (ns); ``done`` : int64 number of ops scheduled
+    (``done < n`` means the edges contain a cycle).
+    """
+    n = dur.shape[0]
+    e = src.shape[0]
+    # successor CSR over explicit edges + one implicit edge per lane (previous op -> op)
+    lane_prev = np.full(n, -1, np.int64)
+    last = np.full(n_lanes, -1, np.int64)
+    for i in range(n):
+        lp = last[lane[i]]
+        lane_prev[i] = lp
+        last[lane[i]] = i
+    deg = np.zeros(n + 1, np.int64)
+    indeg = np.zeros(n, np.int64)
+    for j in range(e):
+        deg[src[j] + 1] += 1
+        indeg[dst[j]] += 1
+    for i in range(n):
+        if lane_prev[i] >= 0:
+            deg[lane_prev[i] + 1] += 1
+            indeg[i] += 1
+    for i in range(n):
+        deg[i + 1] += deg[i]
+    succ = np.empty(deg[n], np.int64)
+    slag = np.empty(deg[n], np.int64)
+    fill = deg[:-1].copy()
+    for j in range(e):
+        s = src[j]
+        succ[fill[s]] = dst[j]
+        slag[fill[s]] = lag[j]
+        fill[s] += 1
+    for i in range(n):
+        p = lane_prev[i]
+        if p >= 0:
+            succ[fill[p]] = i
+            slag[fill[p]] = 0
+            fill[p] += 1
+    start = np.zeros(n, np.int64)
+    queue = np.empty(n, np.int64)
+    head = 0
+    tail = 0
+    for i in range(n):
+        if indeg[i] == 0:
+            queue[tail] = i
+            tail += 1
+    while head < tail:
+        u = queue[head]
+        head += 1
+        end = start[u] + dur[u]
+        for q in range(deg[u], deg[u + 1]):
+            v = succ[q]
+            t = end + slag[q]
+            if t > start[v]:
+                start[v] = t
+            indeg[v] -= 1
+            if indeg[v] == 0:
+                queue[tail] = v
+                tail += 1
+    return start, head

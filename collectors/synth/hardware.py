@@ -1,0 +1,209 @@
+"""Hardware profiles: a GPU server (compute, HBM, intra-node link) and its network.
+
+Profiles are plain TOML files (``hardware/*.toml``) that users copy and edit; see
+``hardware/a100-80gb.toml`` for every key with its unit. Built-in names: ``a100-40gb``,
+``a100-80gb``, ``h100-sxm``, ``h200``, ``b200``, ``mi300x``. Bandwidths are GB/s per GPU and
+per direction (1 GB = 1e9 bytes); ``bus_efficiency`` turns a link's peak into the bus
+bandwidth nccl-tests reports for large messages.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import tomllib
+
+from ..errors import ConfigError
+
+__all__ = ["LinkConfig", "HardwareConfig", "hardware_names", "load_hardware",
+           "read_hardware_file", "resolve_hardware"]
+
+_DIR = Path(__file__).with_name("hardware")
+
+
+@dataclass(frozen=True)
+class LinkConfig:
+    """One level of the network: bandwidth per GPU per direction and alpha-beta costs."""
+
+    link: str
+    gbps: float
+    bus_efficiency: float = 0.8
+    latency_us: float = 2.0  # per algorithm step
+    base_us: float = 5.0  # fixed per call
+
+    def __post_init__(self) -> None:
+        if not self.gbps > 0:
+            raise ConfigError(f"link {self.link!r}: gbps={self.gbps} must be > 0")
+        if not 0 < self.bus_efficiency <= 1:
+            raise ConfigError(f"link {self.link!r}: bus_efficiency={self.bus_efficiency} "
+                              "must be in (0, 1]")
+
+    @property
+    def bus_bytes_per_ns(self) -> float:
+        """Achievable bus bandwidth in bytes per ns (GB/s == bytes/ns)."""
+        return self.gbps * self.bus_efficiency
+
+
+@dataclass(frozen=True)
+class HardwareConfig:
+    """A GPU server model plus its network (see the module docstring for units)."""
+
+    name: str
+    gpu: str
+    memory_gib: float
+    hbm_gbps: float
+    gpus_per_node: int
+    peak_tflops: dict[str, float]
+    gemm_max: float
+    gemm_half_dim: float
+    memory_efficiency: float
+    kernel_overhead_us: float
+    framework_reserve_gib: float
+    intra: LinkConfig
+    inter: LinkConfig  # gbps here is per GPU: nics * nic_gbps / gpus_per_node
+    nics: int
+    nic_gbps: float
+    cross_dc: LinkConfig | None = None
+    dc_km: float = 0.0
+    nodes_per_dc: int = 0
+    source: str = field(default="", compare=False)
+
+    def __post_init__(self) -> None:
+        if self.gpus_per_node <= 0:
+            raise ConfigError(f"hardware {self.name!r}: gpus_per_node={self.gpus_per_node} "
+                              "must be > 0")
+        if not 0 < self.gemm_max <= 1 or not 0 < self.memory_efficiency <= 1:
+            raise ConfigError(f"hardware {self.name!r}: efficiencies must be in (0, 1] "
+                              f"(gemm_max={self.gemm_max}, memory={self.memory_efficiency})")
+        if self.memory_gib <= 0 or self.hbm_gbps <= 0:
+            raise ConfigError(f"hardware {self.name!r}: memory_gib and hbm_gbps must be > 0")
+
+    @property
+    def memory_bytes(self) -> int:
+        return int(self.memory_gib * 2**30)
+
+    def peak_flops(self, dtype: str) -> float:
+        """Dense peak FLOP/s for ``dtype`` (raises ConfigError when the GPU lacks it)."""
+        v = self.peak_tflops.get(dtype)
+        if not v:
+            raise ConfigError(f"hardware {self.name!r} ({self.gpu}) has no {dtype} peak; "
+                              f"available: {sorted(self.peak_tflops)}; pick another --dtype")
+        return float(v) * 1e12
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {k: getattr(self, k) for k in ("name", "gpu", "memory_gib", "hbm_gbps",
+                                           "gpus_per_node", "peak_tflops", "gemm_max",
+                                           "gemm_half_dim", "memory_efficiency",
+                                           "kernel_overhead_us", "framework_reserve_gib",
+                                           "nics", "nic_gbps", "dc_km", "nodes_per_dc")}
+        for k in ("intra", "inter", "cross_dc"):
+            link = getattr(self, k)
+            d[k] = None if link is None else dict(link.__dict__)
+        return d
+
+
+def _need(t: dict[str, Any], key: str, where: str) -> Any:
+    if key not in t:
+        raise ConfigError(f"{where}: missing key {key!r} (see collectors/synth/hardware/"
+                          "a100-80gb.toml for a complete profile)")
+    return t[key]
+
+
+def _parse(data: dict[str, Any], where: str) -> HardwareConfig:
+    try:
+        eff = data.get("efficiency", {})
+        intra_t = _need(data, "intra_node", where)
+        inter_t = _need(data, "inter_node", where)
+        gpn = int(_need(data, "gpus_per_node", where))
+        nics = int(inter_t.get("nics", gpn))
+        nic_gbps = float(_need(inter_t, "nic_gbps", where + " [inter_node]"))
+        intra = LinkConfig(link=str(intra_t.get("link", "intra-node")),
+                           gbps=float(_need(intra_t, "gbps", where + " [intra_node]")),
+                           bus_efficiency=float(intra_t.get("bus_efficiency", 0.8)),
+                           latency_us=float(intra_t.get("latency_us", 1.0)),
+                           base_us=float(intra_t.get("base_us", 8.0)))
+        inter = LinkConfig(link=str(inter_t.get("link", "inter-node")),
+                           gbps=nics * nic_gbps / gpn,
+                           bus_efficiency=float(inter_t.get("bus_efficiency", 0.9)),
+                           latency_us=float(inter_t.get("latency_us", 5.0)),
+                           base_us=float(inter_t.get("base_us", 12.0)))
+        dc_t = data.get("cross_dc", {})
+        nodes_per_dc = int(dc_t.get("nodes_per_dc", 0))
+        cross = None
+        if dc_t:
+            km = float(dc_t.get("km", 0.0))
+            cross = LinkConfig(link="cross-datacenter", gbps=float(dc_t.get("gbps", 12.5)),
+                               bus_efficiency=float(dc_t.get("bus_efficiency", 0.9)),
+                               latency_us=inter.latency_us
+                               + km * float(dc_t.get("latency_us_per_km", 5.0)),
+                               base_us=inter.base_us)
+        peaks = {str(k): float(v) for k, v in _need(data, "peak_tflops", where).items()}
+        return HardwareConfig(
+            name=str(data.get("name", Path(where).stem)),
+            gpu=str(data.get("gpu", data.get("name", "GPU"))),
+            memory_gib=float(_need(data, "memory_gib", where)),
+            hbm_gbps=float(_need(data, "hbm_gbps", where)),
+            gpus_per_node=gpn,
+            peak_tflops=peaks,
+            gemm_max=float(eff.get("gemm_max", 0.8)),
+            gemm_half_dim=float(eff.get("gemm_half_dim", 64)),
+            memory_efficiency=float(eff.get("memory", 0.85)),
+            kernel_overhead_us=float(data.get("kernel_overhead_us", 3.0)),
+            framework_reserve_gib=float(data.get("framework_reserve_gib", 2.0)),
+            intra=intra, inter=inter, nics=nics, nic_gbps=nic_gbps,
+            cross_dc=cross, dc_km=float(dc_t.get("km", 0.0)), nodes_per_dc=nodes_per_dc,
+            source=where,
+        )
+    except (TypeError, ValueError, AttributeError) as exc:
+        raise ConfigError(f"{where}: bad hardware profile value ({exc})") from exc
+
+
+@cache
+def _builtin() -> dict[str, HardwareConfig]:
+    out = {}
+    for f in sorted(_DIR.glob("*.toml")):
+        with open(f, "rb") as fh:
+            hw = _parse(tomllib.load(fh), str(f))
+        out[hw.name] = hw
+    return out
+
+
+def hardware_names() -> list[str]:
+    """Names of the built-in hardware profiles."""
+    return sorted(_builtin())
+
+
+def load_hardware(name: str) -> HardwareConfig:
+    """A built-in profile by name, e.g. ``"a100-80gb"`` or ``"h100-sxm"``."""
+    hw = _builtin().get(name.lower())
+    if hw is None:
+        raise ConfigError(f"unknown hardware {name!r}; built-in profiles: "
+                          f"{', '.join(hardware_names())}; or copy one of "
+                          "collectors/synth/hardware/*.toml and pass --hardware-file")
+    return hw
+
+
+def read_hardware_file(path: str | Path) -> HardwareConfig:
+    """Read a hardware profile TOML (same keys as the built-in files)."""
+    p = Path(path)
+    try:
+        with open(p, "rb") as fh:
+            data = tomllib.load(fh)
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read hardware file ({exc})") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{p}: not valid TOML ({exc})") from exc
+    return _parse(data, str(p))
+
+
+def resolve_hardware(hw: str | Path | HardwareConfig) -> HardwareConfig:
+    """A HardwareConfig from a built-in name, a TOML path or a HardwareConfig."""
+    if isinstance(hw, HardwareConfig):
+        return hw
+    s = str(hw)
+    if s.endswith(".toml") or Path(s).is_file():
+        return read_hardware_file(s)
+    return load_hardware(s)
