@@ -243,7 +243,7 @@ class _File:
         # names: kernels by StringIds, memcpy/memset by kind codes
         kinds, cols, names, nbytes, table = [], [], [], [], []
         comm_all = []
-        for kind, arr, aux, b, tbl in parts:
+        for kind, arr, aux, b, _tbl in parts:
             u, inv = np.unique(aux, return_inverse=True)
             if kind == OpKind.KERNEL:
                 txt = [str(sid.get(int(x), f"kernel#{int(x)}")) for x in u]
@@ -380,7 +380,7 @@ class _File:
             cur = con.execute("select * from TARGET_INFO_GPU")
             cn = [d[0] for d in cur.description]
             for row in cur.fetchall():
-                rec = dict(zip(cn, row))
+                rec = dict(zip(cn, row, strict=True))
                 dev = rec.get("id", rec.get("cuDevice"))
                 if dev is not None:
                     self.gpu_info[int(dev)] = {k: v for k, v in rec.items()
@@ -441,11 +441,11 @@ def _assemble(files: list[_File], strings: StringTable, ps: list[Path]) -> Trace
     base = min((u for u in utc if u is not None), default=None)
     offsets = [0 if (u is None or base is None) else int(u - base) for u in utc]
     gpu = pd.concat([f.gpu.assign(start=f.gpu["start"] + o, end=f.gpu["end"] + o, file=i)
-                     for i, (f, o) in enumerate(zip(files, offsets))], ignore_index=True)
+                     for i, (f, o) in enumerate(zip(files, offsets, strict=True))], ignore_index=True)
     rt = pd.concat([f.rt.assign(start=f.rt["start"] + o, end=f.rt["end"] + o, file=i)
-                    for i, (f, o) in enumerate(zip(files, offsets))], ignore_index=True)
+                    for i, (f, o) in enumerate(zip(files, offsets, strict=True))], ignore_index=True)
     nv = pd.concat([f.nv.assign(start=f.nv["start"] + o, end=f.nv["end"] + o, file=i)
-                    for i, (f, o) in enumerate(zip(files, offsets))], ignore_index=True)
+                    for i, (f, o) in enumerate(zip(files, offsets, strict=True))], ignore_index=True)
 
     # ---- lanes: GPU streams then CPU threads
     gl = gpu[["rank", "device", "stream"]].drop_duplicates().sort_values(["rank", "device", "stream"])
@@ -455,7 +455,7 @@ def _assemble(files: list[_File], strings: StringTable, ps: list[Path]) -> Trace
     gl = gl.assign(lane=np.arange(n_gl, dtype=np.int32))
     threads = threads.assign(lane=np.arange(n_gl, n_gl + len(threads), dtype=np.int32))
     tnames = [files[int(fi)].thread_names.get(int(t), "") for t, fi in
-              zip(threads["tid"].to_numpy(), threads["file"].to_numpy())]
+              zip(threads["tid"].to_numpy(), threads["file"].to_numpy(), strict=True)]
     lanes = {
         "lane": np.concatenate([gl["lane"].to_numpy(), threads["lane"].to_numpy()]),
         "rank": np.concatenate([gl["rank"].to_numpy(), threads["rank"].to_numpy()]),
@@ -465,7 +465,7 @@ def _assemble(files: list[_File], strings: StringTable, ps: list[Path]) -> Trace
         "native_id": np.concatenate([gl["stream"].to_numpy(),
                                      threads["tid"].to_numpy() & _TID_MASK]),
         "name": [f"stream {s}" for s in gl["stream"].to_numpy()]
-        + [f"{n or 'thread'} {int(t) & _TID_MASK}" for n, t in zip(tnames, threads["tid"].to_numpy())],
+        + [f"{n or 'thread'} {int(t) & _TID_MASK}" for n, t in zip(tnames, threads["tid"].to_numpy(), strict=True)],
     }
     gpu = gpu.merge(gl, on=["rank", "device", "stream"], how="left", sort=False)
     rt = rt.merge(threads[["rank", "tid", "lane"]], on=["rank", "tid"], how="left", sort=False)
@@ -543,7 +543,7 @@ def _assemble(files: list[_File], strings: StringTable, ps: list[Path]) -> Trace
         "sources": [{"path": str(p), "format": "nsys"} for p in ps],
         "world_size": len(all_ranks),
         "devices": devices,
-        "clock_offsets_ns": {str(p): o for p, o in zip(ps, offsets)},
+        "clock_offsets_ns": {str(p): o for p, o in zip(ps, offsets, strict=True)},
         "accounting": {str(f.path): f.acc for f in files},
         "collectives": colls,
     }
