@@ -324,7 +324,8 @@ class _File:
         bar.advance()
 
         # ---- NVTX ranges
-        self.nv = pd.DataFrame({"rank": [], "tid": [], "start": [], "end": [], "name_id": []})
+        self.nv = pd.DataFrame({c: np.zeros(0, np.int64) for c in ("rank", "tid", "start", "end")}
+                               | {"name_id": np.zeros(0, np.int32)})
         if _NVTX in have:
             rows = con.execute(f"select start, coalesce(end,-1), eventType, coalesce(globalTid,-1), "
                                f"coalesce(textId,-1), text from {_NVTX}").fetchall()
@@ -367,6 +368,7 @@ class _File:
             self.events = _ints(con, f"select coalesce(correlationId,-1), coalesce(globalPid,-1), "
                                      f"eventId, streamId from {_EVENT}", 4)
             self._read_n(len(self.events))
+            self._keep(_EVENT, len(self.events))  # used to resolve event syncs and waits
         bar.advance()
 
         # ---- devices, threads
