@@ -54,23 +54,23 @@ def _longest_path(order, indptr, pred_src, pred_w, dur):  # pragma: no cover - c
     ----------
     order : int64[n]  node ids in a topological order (every arc goes forward in it)
     indptr : int64[n+1], pred_src : int64[m], pred_w : int64[m]
-        CSR of incoming arcs per node (source node, weight in ns)
+        CSR of incoming arcs per node (source node, weight in ns), sorted by source id
     dur : int64[n]  node durations in ns
 
     Returns
     -------
-    es : int64[n]  earliest start (longest path to the node's start) in ns
-    best : int64[n]  predecessor on the longest path, -1 for none
-    best_w : int64[n]  weight of the arc from ``best`` (0 when none)
+    es : int64[n]  earliest start, ``max(0, max over arcs (es[u] + dur[u] + w))``, in ns
+    best : int64[n]  predecessor on the longest path, -1 for none (ties: lowest source id)
+    best_arc : int64[n]  CSR index of the arc from ``best`` (-1 when none)
     """
     n = order.shape[0]
     es = np.zeros(n, np.int64)
     best = np.full(n, -1, np.int64)
-    best_w = np.zeros(n, np.int64)
+    best_arc = np.full(n, -1, np.int64)
     for k in range(n):
         v = order[k]
         b = -1
-        bw = 0
+        bj = -1
         bv = 0
         for j in range(indptr[v], indptr[v + 1]):
             u = pred_src[j]
@@ -78,15 +78,12 @@ def _longest_path(order, indptr, pred_src, pred_w, dur):  # pragma: no cover - c
             if b == -1 or val > bv:
                 b = u
                 bv = val
-                bw = pred_w[j]
-        if b >= 0 and bv > 0:
-            es[v] = bv
-        elif b >= 0:
-            # a negative-lag chain never starts before time 0
-            es[v] = 0
+                bj = j
+        # a negative-lag chain never starts before time 0
+        es[v] = bv if bv > 0 else 0
         best[v] = b
-        best_w[v] = bw
-    return es, best, best_w
+        best_arc[v] = bj
+    return es, best, best_arc
 
 
 @njit(cache=True)

@@ -21,22 +21,34 @@ from __future__ import annotations
 
 from typing import Any
 
+import re
+
 import numpy as np
 import pandas as pd
 
-from collectors.enums import OpKind
+from collectors.enums import EdgeKind, OpKind
 from collectors.errors import RetimeError
 
 from ._kernels import _backtrack, _longest_path
 from ._util import as_trace, op_ends_ns
 
-__all__ = ["critical_path", "attribute_critical_path", "dependency_arcs"]
+__all__ = ["critical_path", "attribute_critical_path", "dependency_arcs", "path_weights"]
 
 
-def dependency_arcs(trace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+#: wait categories on the path: the kind of the arc an op waited on
+_LANE_ORDER = -1
+_SYNC_RE = re.compile(r"Synchronize", re.I)
+
+
+def _wait_label(k: int) -> str:
+    return "LANE_ORDER" if k == _LANE_ORDER else EdgeKind(int(k)).name
+
+
+def dependency_arcs(trace) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """All dependency arcs between ops: explicit edges plus implicit lane FIFO order.
 
-    Returns ``(src, dst, weight_ns)`` int64 arrays (collective membership not included).
+    Returns ``(src, dst, weight_ns, kind)`` int64 arrays; ``kind`` is the EdgeKind, or -1 for
+    lane order (collective membership is not included).
     """
     o = trace.ops
     n = len(o)
@@ -44,6 +56,7 @@ def dependency_arcs(trace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     src = [e["src"].to_numpy().astype(np.int64)]
     dst = [e["dst"].to_numpy().astype(np.int64)]
     w = [e["lag_ns"].to_numpy().astype(np.int64)]
+    k = [e["kind"].to_numpy().astype(np.int64)]
     if n > 1:
         lane = o["lane"].to_numpy()
         start = o["start_ns"].to_numpy()
@@ -53,25 +66,36 @@ def dependency_arcs(trace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         src.append(order[:-1][same].astype(np.int64))
         dst.append(order[1:][same].astype(np.int64))
         w.append(np.zeros(int(same.sum()), np.int64))
-    return np.concatenate(src), np.concatenate(dst), np.concatenate(w)
+        k.append(np.full(int(same.sum()), _LANE_ORDER, np.int64))
+    return np.concatenate(src), np.concatenate(dst), np.concatenate(w), np.concatenate(k)
 
 
-def _csr(n: int, src: np.ndarray, dst: np.ndarray, w: np.ndarray):
-    order = np.lexsort((src, dst))
-    src, dst, w = src[order], dst[order], w[order]
-    indptr = np.zeros(n + 1, np.int64)
-    np.cumsum(np.bincount(dst, minlength=n), out=indptr[1:])
-    return indptr, np.ascontiguousarray(src), np.ascontiguousarray(w)
+def path_weights(trace) -> np.ndarray:
+    """Node weight of every op on the longest path: its duration, except blocking host
+    synchronization calls (runtime ``*Synchronize``), whose measured time is waiting for the
+    device; the SYNC edge from the device op they waited for carries that dependency.
+    (Collective members additionally weigh only their time after the last arrival, see
+    :func:`critical_path`.)"""
+    o = trace.ops
+    dur = o["dur_ns"].to_numpy().astype(np.int64).copy()
+    if len(trace.strings) and len(o):
+        sync_name = np.array([bool(_SYNC_RE.search(s)) for s in trace.strings], bool)
+        blocking = sync_name[o["name_id"].to_numpy()] & (o["kind"].to_numpy() == int(OpKind.RUNTIME))
+        dur[blocking] = 0
+    return dur
 
 
-def _from_trace(t) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, int]:
-    """Longest path on measured timings; returns (path op ids, wait per path op, es, length,
-    dropped arcs)."""
+def _from_trace(t):
+    """Longest path on measured timings.
+
+    Returns (path op ids, node weight per path op, wait per path op, wait kind per path op,
+    length, dropped arcs).
+    """
     o = t.ops
     n = len(o)
     start = o["start_ns"].to_numpy().astype(np.int64)
-    dur = o["dur_ns"].to_numpy().astype(np.int64)
-    src, dst, w = dependency_arcs(t)
+    dur = path_weights(t)
+    src, dst, w, kd = dependency_arcs(t)
     # collective instances with >= 2 members become virtual nodes n..n+k-1
     coll = o["coll_id"].to_numpy()
     key = start.copy()
@@ -79,7 +103,7 @@ def _from_trace(t) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, int]:
     n_virt = 0
     if has.any():
         ids = np.flatnonzero(has)
-        uniq, inv, cnt = np.unique(coll[ids], return_inverse=True, return_counts=True)
+        _, inv, cnt = np.unique(coll[ids], return_inverse=True, return_counts=True)
         multi = cnt[inv] >= 2
         ids, inv = ids[multi], inv[multi]
         if len(ids):
@@ -92,18 +116,23 @@ def _from_trace(t) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, int]:
             # members run together from the last arrival on; clipping to the first member's
             # end keeps the order sane when rank clocks are skewed
             first_end = np.full(n_virt, np.iinfo(np.int64).max, np.int64)
-            np.minimum.at(first_end, inv, start[ids] + dur[ids])
+            np.minimum.at(first_end, inv, start[ids] + o["dur_ns"].to_numpy()[ids])
             last = np.minimum(last, first_end)
             key[ids] = np.maximum(start[ids], last[inv])
+            # a member's measured time includes waiting for the last arriver; on the path
+            # it weighs only the time after that arrival (the transfer)
+            mend = start[ids] + o["dur_ns"].to_numpy()[ids]
+            dur[ids] = np.maximum(mend - key[ids], 0)
             # redirect arcs into members to their virtual node (drop intra-instance arcs)
             vd = vnode[dst]
             intra = (vd >= 0) & (vnode[src] == vd)
-            src, dst, w = src[~intra], dst[~intra], w[~intra]
+            src, dst, w, kd = src[~intra], dst[~intra], w[~intra], kd[~intra]
             vd = vnode[dst]
             dst = np.where(vd >= 0, vd, dst)
             src = np.concatenate([src, n + inv])
             dst = np.concatenate([dst, ids])
             w = np.concatenate([w, np.zeros(len(ids), np.int64)])
+            kd = np.concatenate([kd, np.full(len(ids), int(EdgeKind.COLLECTIVE), np.int64)])
             key = np.concatenate([key, last])
     n_all = n + n_virt
     dur_all = np.concatenate([dur, np.zeros(n_virt, np.int64)])
@@ -114,25 +143,37 @@ def _from_trace(t) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, int]:
     pos[topo] = np.arange(n_all)
     fwd = pos[src] < pos[dst]
     dropped = int((~fwd).sum())
-    indptr, psrc, pw = _csr(n_all, src[fwd], dst[fwd], w[fwd])
-    es, best, best_w = _longest_path(topo, indptr, psrc, pw, dur_all)
-    ef = es + dur_all
+    src, dst, w, kd = src[fwd], dst[fwd], w[fwd], kd[fwd]
+    order = np.lexsort((src, dst))
+    src, dst, w, kd = src[order], dst[order], w[order], kd[order]
+    indptr = np.zeros(n_all + 1, np.int64)
+    np.cumsum(np.bincount(dst, minlength=n_all), out=indptr[1:])
+    es, best, best_arc = _longest_path(topo, indptr, np.ascontiguousarray(src),
+                                       np.ascontiguousarray(w), dur_all)
     if n == 0:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64), es, 0, dropped
+        z = np.zeros(0, np.int64)
+        return z, z, z, z, 0, dropped
+    ef = es + dur_all
     last_op = int(np.argmax(ef[:n]))
-    path = _backtrack(best, last_op)
-    path = path[path < n]  # virtual collective nodes are not ops
+    full = _backtrack(best, last_op)
+    arc = best_arc[full]
+    akind = np.where(arc >= 0, kd[np.maximum(arc, 0)], _LANE_ORDER)
+    # a member reached through its collective's virtual node waited on the arc into it
+    isv = full >= n
+    akind[1:][isv[:-1]] = akind[:-1][isv[:-1]]
+    keep = ~isv
+    path, akind = full[keep], akind[keep]
     length = int(ef[last_op] - es[path[0]])
     # the wait before an op is what its start on the path adds to its predecessor's end
     # (arc lag, a virtual node's incoming lag, or a clamped negative lag); it makes
-    # sum(dur) + sum(wait) equal the length exactly
+    # sum(weight) + sum(wait) equal the length exactly
     es_path = es[path]
     wait = np.zeros(len(path), np.int64)
     wait[1:] = es_path[1:] - (es_path[:-1] + dur[path[:-1]])
-    return path, wait, es, length, dropped
+    return path, dur[path], wait, akind, length, dropped
 
 
-def _from_replay(x, t) -> tuple[np.ndarray, np.ndarray, int]:
+def _from_replay(x, t) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
     pred = np.ascontiguousarray(np.asarray(x.crit_pred), dtype=np.int64)
     start = np.asarray(x.start_ns, dtype=np.int64)
     end = np.asarray(x.end_ns, dtype=np.int64)
@@ -141,17 +182,21 @@ def _from_replay(x, t) -> tuple[np.ndarray, np.ndarray, int]:
         raise RetimeError(f"ReplayResult.crit_pred has {len(pred)} entries for {n} ops; "
                           "the replay result is inconsistent (re-run the replay)")
     if n == 0:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64), 0
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64), 0
     bad = (pred >= n) | (pred < -1)
     if bad.any():
         raise RetimeError(f"ReplayResult.crit_pred[{int(np.flatnonzero(bad)[0])}] is outside "
                           f"-1..{n - 1}; re-run the replay")
     last = int(np.argmax(end))
     path = _backtrack(pred, last)
-    wait = np.zeros(len(path), np.int64)
-    if len(path) > 1:
-        wait[1:] = np.maximum(start[path[1:]] - end[path[:-1]], 0)
-    return path, wait, int(end[last] - start[path[0]])
+    # an op may start before its predecessor ends (negative launch lags): it then adds only
+    # its part after the latest end so far, so weights + waits add up to the length exactly
+    s, e = start[path], end[path]
+    prev_end = np.maximum.accumulate(e)
+    before = np.concatenate([[s[0]], prev_end[:-1]]) if len(path) else prev_end
+    wait = np.maximum(s - before, 0)
+    weight = np.maximum(e - np.maximum(s, before), 0)
+    return path, weight, wait, int(prev_end[-1] - s[0])
 
 
 def critical_path(x: Any) -> pd.DataFrame:
@@ -161,8 +206,12 @@ def critical_path(x: Any) -> pd.DataFrame:
     Returns
     -------
     DataFrame with ``op_id``, ``rank``, ``lane``, ``kind`` (OpKind name), ``name``,
-    ``start_ns``, ``dur_ns`` (the op's timing in ``x``), ``path_start_ns`` (its start on the
-    path, relative to the path start), ``wait_ns`` (dependency lag or waiting before it).
+    ``start_ns`` (the op's start in ``x``), ``dur_ns`` (the op's weight on the path: its
+    duration, 0 for blocking host synchronization calls on a measured trace; on a replay the
+    part of the op after its predecessor's end),
+    ``path_start_ns`` (its start on the path, relative to the path start), ``wait_ns`` (lag
+    or waiting before it) and ``wait_kind`` (EdgeKind name of the arc it waited on,
+    ``LANE_ORDER`` for FIFO order on a lane, ``GAP`` for a replay).
     ``attrs``: ``length_ns`` (== sum of dur_ns and wait_ns), ``span_ns`` (first start to
     last end of all ops), ``source`` (``"replay"`` or ``"longest_path"``), ``dropped_arcs``.
     """
@@ -170,18 +219,19 @@ def critical_path(x: Any) -> pd.DataFrame:
     o = t.ops
     dropped = 0
     if getattr(x, "crit_pred", None) is not None and not _is_trace(x):
-        path, wait, length = _from_replay(x, t)
+        path, d, wait, length = _from_replay(x, t)
         start = np.asarray(x.start_ns, dtype=np.int64)
-        dur = np.asarray(x.end_ns, dtype=np.int64) - start
+        wait_kind = np.where(wait > 0, "GAP", "")
         source = "replay"
     else:
-        path, wait, _es, length, dropped = _from_trace(t)
+        path, d, wait, akind, length, dropped = _from_trace(t)
         start = o["start_ns"].to_numpy()
-        dur = o["dur_ns"].to_numpy()
+        wait_kind = np.array([_wait_label(k) if w else "" for k, w in zip(akind, wait)],
+                             dtype=object)
         source = "longest_path"
     names = np.asarray(t.strings, dtype=object)
     kinds = o["kind"].to_numpy()[path]
-    d = dur[path].astype(np.int64)
+    d = d.astype(np.int64)
     pstart = np.cumsum(wait + d) - d
     df = pd.DataFrame({
         "op_id": path.astype(np.int64),
@@ -194,6 +244,7 @@ def critical_path(x: Any) -> pd.DataFrame:
         "dur_ns": d,
         "path_start_ns": pstart.astype(np.int64),
         "wait_ns": wait.astype(np.int64),
+        "wait_kind": np.asarray(wait_kind, dtype=object),
     })
     ends = op_ends_ns(t)
     df.attrs.update({
@@ -213,8 +264,8 @@ def _is_trace(x: Any) -> bool:
 def attribute_critical_path(cp: pd.DataFrame, *, by: str = "kind") -> pd.DataFrame:
     """Time on the critical path grouped ``by`` ``"kind"``, ``"lane"`` or ``"rank"``.
 
-    Waiting time (dependency lags, waiting for a collective's last member) is its own row,
-    ``WAIT`` (by kind) or attributed to the lane/rank of the op that waited. Columns:
+    Waiting time (dependency lags and gaps) gets rows ``WAIT:<arc kind>`` (by kind; ``ops``
+    counts the ops that waited) or goes to the lane/rank of the op that waited. Columns:
     the key, ``ops``, ``time_ns``, ``share`` (of the path length).
     """
     if by not in ("kind", "lane", "rank"):
@@ -224,10 +275,12 @@ def attribute_critical_path(cp: pd.DataFrame, *, by: str = "kind") -> pd.DataFra
         g = cp.groupby("kind", observed=True).agg(ops=("op_id", "size"),
                                                    time_ns=("dur_ns", "sum")).reset_index()
         g["kind"] = g["kind"].astype(str)
-        wait = int(cp["wait_ns"].sum())
-        if wait:
-            g = pd.concat([g, pd.DataFrame({"kind": ["WAIT"], "ops": [0], "time_ns": [wait]})],
-                          ignore_index=True)
+        wt = cp[cp["wait_ns"] != 0]
+        if len(wt):
+            wg = wt.groupby("wait_kind").agg(ops=("op_id", "size"),
+                                             time_ns=("wait_ns", "sum")).reset_index()
+            wg["kind"] = "WAIT:" + wg["wait_kind"].astype(str)
+            g = pd.concat([g, wg[["kind", "ops", "time_ns"]]], ignore_index=True)
     else:
         tmp = cp.assign(time_ns=cp["dur_ns"] + cp["wait_ns"])
         g = tmp.groupby(by).agg(ops=("op_id", "size"), time_ns=("time_ns", "sum")).reset_index()

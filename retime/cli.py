@@ -93,3 +93,4 @@ def run(argv: list[str] | None = None) -> int:
 # Command modules (each registers its commands on `app`). Keep one import per module.
 from retime import cmd_trace  # noqa: E402,F401  ingest, info, export
 from retime import cmd_capture  # noqa: E402,F401  capture
+from retime import cmd_report  # noqa: E402,F401  report
