@@ -1,0 +1,263 @@
+"""``simulate(graph) -> ReplayResult``: run the replay kernels and wrap their arrays.
+
+Two paths (DESIGN.md §4):
+
+* ``mode="fast"`` — longest-path list scheduling in topological order, O(N + E)
+  (:func:`replay._kernels._fast_replay`). Replaying an unmodified graph reproduces the
+  measured timeline exactly (identity), by construction of the graph (see
+  :mod:`replay.graph`).
+* ``mode="contention"`` — an event-driven fluid simulation in which ops running at the
+  same time share their device and links (:class:`ContentionModel`). With every sharing
+  switched off it gives the fast path's result (on graphs whose negative lags leave a CPU
+  op, as real traces' launch edges do; see :func:`replay._kernels._fluid_replay`).
+
+What-if policies pass modified durations (``durations_ns``), a modified graph
+(:meth:`ReplayGraph.with_edges`, :meth:`ReplayGraph.with_durations`) and/or a contention
+model; the engine itself knows no policy.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from collectors.errors import ReplayError
+from collectors.trace import Trace
+
+from ._kernels import _fast_replay, _fluid_replay
+from .graph import ReplayGraph, _check_durations, build_graph
+
+__all__ = ["ContentionModel", "ReplayResult", "simulate", "replay"]
+
+MODES = ("fast", "contention")
+
+
+@dataclass(frozen=True)
+class ContentionModel:
+    """How concurrent ops share resources on the contention path.
+
+    Parameters
+    ----------
+    interference : float
+        Compute/communication interference per device: while a device runs both compute
+        and communication, each progresses at ``1 / (1 + interference)`` of its rate
+        (0 = perfect overlap, 1 = each at half speed).
+    share_compute : bool
+        Concurrent compute ops on one device share it equally (processor sharing).
+    share_links : bool
+        Concurrent communication ops share links by max-min fairness (progressive filling
+        over the links of all their members; one link per rank, unit capacity).
+    """
+
+    interference: float = 0.0
+    share_compute: bool = False
+    share_links: bool = True
+
+    def __post_init__(self) -> None:
+        if not (np.isfinite(self.interference) and self.interference >= 0):
+            raise ReplayError(f"ContentionModel.interference={self.interference!r} must be "
+                              "a finite number >= 0 (0 = no interference)")
+
+
+@dataclass(frozen=True, eq=False)
+class ReplayResult:
+    """Replayed start/end of every op (int64 arrays aligned with ``trace.ops`` rows)."""
+
+    trace: Trace
+    graph: ReplayGraph
+    start_ns: np.ndarray
+    end_ns: np.ndarray
+    crit_pred: np.ndarray
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def dur_ns(self) -> np.ndarray:
+        return self.end_ns - self.start_ns
+
+    def step_times(self) -> pd.DataFrame:
+        """Per rank: ``rank``, ``measured_ns``, ``replayed_ns`` (span of the rank's ops)."""
+        rank = self.graph.rank
+        if len(rank) == 0:
+            return pd.DataFrame({"rank": np.zeros(0, np.int32), "measured_ns": np.zeros(0, np.int64),
+                                 "replayed_ns": np.zeros(0, np.int64)})
+        ur, inv = np.unique(rank, return_inverse=True)
+
+        def span(s, e):
+            lo = np.full(len(ur), np.iinfo(np.int64).max, np.int64)
+            hi = np.full(len(ur), np.iinfo(np.int64).min, np.int64)
+            np.minimum.at(lo, inv, s)
+            np.maximum.at(hi, inv, e)
+            return hi - lo
+
+        return pd.DataFrame({"rank": ur.astype(np.int32),
+                             "measured_ns": span(self.graph.meas_start_ns, self.graph.meas_end_ns),
+                             "replayed_ns": span(self.start_ns, self.end_ns)})
+
+    @property
+    def step_time_ns(self) -> int:
+        """Replayed step time: the longest rank span."""
+        st = self.step_times()
+        return int(st["replayed_ns"].max()) if len(st) else 0
+
+    def to_frame(self) -> pd.DataFrame:
+        """The trace's ops frame plus ``replay_start_ns``, ``replay_end_ns``,
+        ``replay_dur_ns`` and ``crit_pred``."""
+        df = self.trace.ops_frame()
+        df["replay_start_ns"] = self.start_ns
+        df["replay_end_ns"] = self.end_ns
+        df["replay_dur_ns"] = self.end_ns - self.start_ns
+        df["crit_pred"] = self.crit_pred
+        return df
+
+    def to_trace(self) -> Trace:
+        """A copy of the trace with the replayed times (``meta["replay"]`` describes the run).
+
+        Ranges (annotations) are moved with the ops they enclose: a range starts at the
+        replayed start of its first op and ends at the replayed end of its last op on the
+        same lane (by measured start); a range holding no op shifts with the op before it.
+        """
+        t = self.trace
+        ops = t.ops.copy()
+        ops["start_ns"] = self.start_ns
+        ops["dur_ns"] = self.end_ns - self.start_ns
+        meta = copy.deepcopy(t.meta)
+        meta["replay"] = {k: v for k, v in self.meta.items()}
+        return Trace(ops=ops, lanes=t.lanes.copy(), edges=t.edges.copy(),
+                     ranges=_move_ranges(t, self.start_ns, self.end_ns),
+                     groups=t.groups.copy(), memory=t.memory.copy(), strings=list(t.strings),
+                     meta=meta)
+
+    def summary(self) -> dict[str, Any]:
+        """The ``retime replay --json`` object (DESIGN.md §6)."""
+        st = self.step_times()
+        return {
+            "step_time_ns": {"measured": int(st["measured_ns"].max()) if len(st) else 0,
+                             "replayed": int(st["replayed_ns"].max()) if len(st) else 0},
+            "per_rank": [{"rank": int(r.rank), "measured_ns": int(r.measured_ns),
+                          "replayed_ns": int(r.replayed_ns)} for r in st.itertuples()],
+            "scenario": list(self.meta.get("scenario", [])),
+            "mode": self.meta["mode"],
+            "ideal": self.meta["ideal"],
+            "unexplained_delays": {"count": self.meta["unexplained_delay_count"],
+                                   "total_ns": self.meta["unexplained_delay_ns"],
+                                   "applied": not self.meta["ideal"]},
+            "graph": {k: self.meta[k] for k in ("ops", "edges", "wait_edges", "collectives",
+                                                 "edges_clamped", "lane_overlaps",
+                                                 "intra_collective_edges")},
+        }
+
+
+def simulate(graph: ReplayGraph, *, durations_ns: np.ndarray | None = None,
+             mode: str = "fast", contention: ContentionModel | None = None,
+             scenario: list | None = None) -> ReplayResult:
+    """Replay ``graph``; return the replayed start/end of every op.
+
+    Parameters
+    ----------
+    graph : ReplayGraph
+        From :func:`replay.graph.build_graph` (possibly modified by a policy).
+    durations_ns : int64[N], optional
+        Modeled durations replacing ``graph.dur_ns`` (same meaning: a collective member's
+        value is its transfer tail after the last member arrived).
+    mode : {"fast", "contention"}
+        ``"contention"`` shares devices/links among concurrent ops per ``contention``.
+    contention : ContentionModel, optional
+        Sharing rules of the contention path (default ``ContentionModel()``).
+    scenario : list, optional
+        Description of the policies applied (recorded in ``meta["scenario"]``).
+    """
+    if mode not in MODES:
+        raise ReplayError(f"mode={mode!r} is not a replay mode; choose one of {', '.join(MODES)}")
+    if graph.trace is None:
+        raise ReplayError("graph has no trace attached; build it with build_graph(trace)")
+    g = graph
+    dur = g.dur_ns if durations_ns is None else _check_durations(g, durations_ns)
+    meta: dict[str, Any] = {"mode": mode, "ideal": g.ideal, "scenario": list(scenario or []),
+                            "durations_modified": durations_ns is not None}
+    meta.update(g.stats)
+    if mode == "fast":
+        start, end, crit = _fast_replay(
+            g.order, g.coll_of, g.coll_ptr, g.coll_members, dur, g.delay_ns, g.origin_ns,
+            g.lane_prev, g.lane_lag_ns, g.pred_ptr, g.pred_src, g.pred_lag_ns, g.pred_s2s,
+            g.wait_ptr, g.wait_src, g.wait_lag_ns)
+    else:
+        cm = contention or ContentionModel()
+        start, end, crit, clamped = _fluid_replay(
+            g.coll_of, g.coll_ptr, g.coll_members, dur, g.delay_ns, g.origin_ns, g.lane_prev,
+            g.lane_lag_ns, g.pred_ptr, g.pred_src, g.pred_lag_ns, g.pred_s2s, g.wait_ptr,
+            g.wait_src,
+            g.wait_lag_ns, g.device.astype(np.int64), g.resource, g.link.astype(np.int64),
+            float(cm.interference), bool(cm.share_compute), bool(cm.share_links))
+        if clamped < 0:
+            raise ReplayError("contention replay could not schedule every op (a dependency "
+                              "cycle the graph check missed); rebuild the graph")
+        meta["contention"] = {"interference": cm.interference,
+                              "share_compute": cm.share_compute,
+                              "share_links": cm.share_links, "clamped_starts": int(clamped)}
+    return ReplayResult(trace=g.trace, graph=g, start_ns=start, end_ns=end, crit_pred=crit,
+                        meta=meta)
+
+
+def replay(trace: Trace, *, ideal: bool = False, mode: str = "fast",
+           contention: ContentionModel | None = None) -> ReplayResult:
+    """Convenience: ``simulate(build_graph(trace, ideal=ideal), ...)``."""
+    return simulate(build_graph(trace, ideal=ideal), mode=mode, contention=contention)
+
+
+def _move_ranges(t: Trace, start: np.ndarray, end: np.ndarray) -> pd.DataFrame:
+    r = t.ranges.copy()
+    if len(r) == 0 or len(start) == 0:
+        return r
+    o = t.ops
+    lane = o["lane"].to_numpy().astype(np.int64)
+    ms = o["start_ns"].to_numpy()
+    order = np.lexsort((np.arange(len(ms)), ms, lane))
+    key_l, key_s = lane[order], ms[order]
+    rl = r["lane"].to_numpy().astype(np.int64)
+    rs = r["start_ns"].to_numpy()
+    re_ = r["end_ns"].to_numpy()
+    # position in (lane, start) order: encode lane as the major key
+    lanes_u, lane_first = np.unique(key_l, return_index=True)
+    lane_last = np.append(lane_first[1:], len(key_l))
+    li = np.searchsorted(lanes_u, rl)
+    li_ok = (li < len(lanes_u)) & (lanes_u[np.minimum(li, len(lanes_u) - 1)] == rl)
+    li = np.minimum(li, len(lanes_u) - 1)
+    lo_b, hi_b = lane_first[li], lane_last[li]
+    first = np.empty(len(r), np.int64)
+    last = np.empty(len(r), np.int64)
+    for j, ln in enumerate(lanes_u.tolist()):  # one iteration per lane, not per op
+        sel = li_ok & (rl == ln)
+        if not sel.any():
+            continue
+        seg = key_s[lane_first[j]:lane_last[j]]
+        first[sel] = lane_first[j] + np.searchsorted(seg, rs[sel], side="left")
+        last[sel] = lane_first[j] + np.searchsorted(seg, re_[sel], side="right") - 1
+    new_s = rs.copy()
+    new_e = re_.copy()
+    if li_ok.any():
+        st_o, en_o = start[order], end[order]
+        has = li_ok & (first <= last) & (first < hi_b) & (last >= lo_b)
+        new_s[has] = st_o[first[has]]
+        cummax = _segment_cummax(en_o, lane_first, lane_last)
+        new_e[has] = np.maximum(cummax[last[has]], new_s[has])
+        # empty ranges: shift by the delta of the op just before (or after) them
+        emp = li_ok & ~has
+        if emp.any():
+            prev = np.clip(first[emp] - 1, lo_b[emp], hi_b[emp] - 1)
+            delta = st_o[prev] - key_s[prev]
+            new_s[emp] = rs[emp] + delta
+            new_e[emp] = re_[emp] + delta
+    r["start_ns"] = new_s
+    r["end_ns"] = np.maximum(new_e, new_s)
+    return r
+
+
+def _segment_cummax(x, first, last) -> np.ndarray:
+    out = x.copy()
+    for a, b in zip(first.tolist(), last.tolist(), strict=True):  # one per lane
+        np.maximum.accumulate(out[a:b], out=out[a:b])
+    return out

@@ -1,0 +1,446 @@
+"""Trace -> ReplayGraph: the contiguous arrays the replay kernels run on (DESIGN.md §4).
+
+Model (what one op waits for)
+-----------------------------
+* **Lane order.** Ops on one lane run FIFO in measured start order (ties by op id); an op
+  starts after the previous op of its lane ends, plus ``lane_lag_ns`` (``<= 0``: the measured
+  overlap when a profiler records two ops of one lane overlapping by a few ns).
+* **Edges** ``src -> dst``: ``dst.start >= src.end + lag``. A negative lag (a kernel that
+  starts before its launch call returns) is stored as a fixed offset from ``src``'s *start*
+  (``pred_s2s``), so a what-if that shortens the launch call does not pull the kernel ahead
+  of it; both forms give the same time on the measured trace. A lag is clamped to the measured
+  slack ``dst.start - src.end`` when the measurement contradicts it (counted in
+  ``stats["edges_clamped"]``), so that the measured timeline is always feasible.
+* **Release delay.** Every op's measured start minus its modeled ready time (computed from
+  the measured ends of its predecessors) is a gap no dependency explains. It is kept as
+  ``delay_ns`` (added to the ready time) unless ``ideal=True``; count and total are reported.
+  An op with no predecessor at all is ready at its rank's first measured start (``origin``).
+* **Collectives.** Ops sharing ``coll_id >= 0`` form one rendezvous. Each member starts at its
+  own ready time (its launch), the transfer begins when the last member has started (``A``),
+  and member ``m`` ends at ``max(start_m, A + dur_m)``. ``dur_ns`` of a member is therefore
+  its *transfer tail after the last arrival*, estimated from the measurement as
+  ``end_m - max(member starts)``: for the last arriver that is its whole kernel, for the
+  others their kernel minus the time they spent waiting for late ranks. (It can be negative
+  when rank clocks are skewed; the end is still never before the start.) A late rank in a
+  what-if thereby delays all members by the right amount. Edges between members of one
+  collective are dropped (the rendezvous subsumes them; ``stats["intra_collective_edges"]``).
+* **Blocking host calls.** A ``SYNC`` edge ``gpu op -> cpu op`` whose CPU op follows a
+  blocking call on its thread (``*Synchronize``, synchronous ``cudaMemcpy``) becomes a *wait
+  edge* on that call: it ends at ``max(start + own, gpu end + lag)`` where ``own`` is the part
+  of the call after the GPU work finished. What-ifs that speed up the GPU shorten the wait.
+* **Cycles** are reported with the ops on the cycle; dangling edges are refused.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from collectors.enums import EdgeKind, LaneKind, OpKind
+from collectors.errors import ReplayError
+from collectors.trace import Trace
+
+from ._kernels import _measured_ready, _topo_order
+
+__all__ = ["ReplayGraph", "build_graph", "graph_from_arrays", "BLOCKING_CALL_PATTERN"]
+
+#: Host calls whose measured duration includes waiting for the GPU.
+BLOCKING_CALL_PATTERN = re.compile(r"(Synchronize|^(cuda|hip)Memcpy$|^(cuda|hip)Memcpy2D$)")
+
+_I64 = np.int64
+
+# resource class of an op in the contention model
+RES_NONE, RES_COMPUTE, RES_COMM = 0, 1, 2
+
+
+@dataclass(frozen=True, eq=False)
+class ReplayGraph:
+    """Contiguous arrays of a replay graph (all ``int64`` unless noted; N ops).
+
+    Attributes
+    ----------
+    dur_ns : modeled duration (collective members: transfer tail after the last arrival;
+        blocking calls: the part not spent waiting)
+    delay_ns : unexplained release delay (zeros when ``ideal``); ``measured_delay_ns`` keeps it
+    origin_ns : ready time of ops without predecessors (their rank's first measured start)
+    lane_prev, lane_lag_ns : previous op on the same lane (-1) and the lag after its end
+    pred_ptr (N+1), pred_src, pred_lag_ns, pred_kind (int8), pred_s2s (bool) : CSR of start
+        edges by dst; ``pred_s2s`` edges count ``pred_lag_ns`` from the source's *start*
+    wait_ptr (N+1), wait_src, wait_lag_ns : CSR of end constraints (``end >= src end + lag``)
+    coll_of : dense collective index per op (-1); coll_ptr (C+1), coll_members : members
+    order : representatives (an op, or a collective's first member) in topological order
+    rank (int32), device (int32, dense, -1 on CPU lanes), resource (int8: 0 none,
+        1 compute, 2 communication), link (int32, -1 none) : for the contention path
+    meas_start_ns, meas_end_ns : the measured times (identity reference)
+    """
+
+    dur_ns: np.ndarray
+    delay_ns: np.ndarray
+    measured_delay_ns: np.ndarray
+    origin_ns: np.ndarray
+    lane_prev: np.ndarray
+    lane_lag_ns: np.ndarray
+    pred_ptr: np.ndarray
+    pred_src: np.ndarray
+    pred_lag_ns: np.ndarray
+    pred_kind: np.ndarray
+    pred_s2s: np.ndarray
+    wait_ptr: np.ndarray
+    wait_src: np.ndarray
+    wait_lag_ns: np.ndarray
+    coll_of: np.ndarray
+    coll_ptr: np.ndarray
+    coll_members: np.ndarray
+    order: np.ndarray
+    rank: np.ndarray
+    lane: np.ndarray
+    device: np.ndarray
+    resource: np.ndarray
+    link: np.ndarray
+    meas_start_ns: np.ndarray
+    meas_end_ns: np.ndarray
+    ideal: bool = False
+    stats: dict[str, Any] = field(default_factory=dict)
+    trace: Trace | None = field(default=None, repr=False)
+
+    @property
+    def n_ops(self) -> int:
+        return int(self.dur_ns.shape[0])
+
+    @property
+    def n_edges(self) -> int:
+        return int(self.pred_src.shape[0])
+
+    @property
+    def n_collectives(self) -> int:
+        return int(self.coll_ptr.shape[0] - 1)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the graph's own arrays (the measured times are views of the trace)."""
+        own = [v for k, v in self.__dict__.items()
+               if isinstance(v, np.ndarray) and k not in ("meas_start_ns", "meas_end_ns")]
+        return int(sum(a.nbytes for a in own))
+
+    def with_durations(self, dur_ns: np.ndarray) -> ReplayGraph:
+        """A copy with other modeled durations (same meaning as :attr:`dur_ns`)."""
+        return replace(self, dur_ns=_check_durations(self, dur_ns))
+
+    def with_edges(self, src, dst, lag_ns=0, kind: int = int(EdgeKind.DATA)) -> ReplayGraph:
+        """A copy with extra start edges ``src -> dst`` (re-sorted, re-checked for cycles)."""
+        src = np.ascontiguousarray(src, _I64)
+        dst = np.ascontiguousarray(dst, _I64)
+        lag = np.ascontiguousarray(np.broadcast_to(np.asarray(lag_ns, _I64), src.shape))
+        n = self.n_ops
+        if len(src) and (min(src.min(), dst.min()) < 0 or max(src.max(), dst.max()) >= n):
+            raise ReplayError(f"with_edges: op ids must lie in 0..{n - 1}; got src/dst "
+                              f"{int(min(src.min(), dst.min()))}..{int(max(src.max(), dst.max()))}")
+        old_dst = np.repeat(np.arange(n, dtype=_I64), np.diff(self.pred_ptr))
+        a_src = np.concatenate([self.pred_src, src])
+        a_dst = np.concatenate([old_dst, dst])
+        a_lag = np.concatenate([self.pred_lag_ns, lag])
+        a_kind = np.concatenate([self.pred_kind, np.full(len(src), kind, np.int8)])
+        a_s2s = np.concatenate([self.pred_s2s, np.zeros(len(src), bool)])
+        node_of = _node_of(n, self.coll_of, self.coll_ptr, self.coll_members)
+        keep = node_of[a_src] != node_of[a_dst]
+        ptr, s, lg, kd, s2 = _csr(n, a_dst[keep], a_src[keep], a_lag[keep], a_kind[keep],
+                                  a_s2s[keep])
+        wdst = np.repeat(np.arange(n, dtype=_I64), np.diff(self.wait_ptr))
+        order = _order_or_raise(n, node_of, self.lane_prev, s, ptr, self.wait_src, wdst,
+                                self.trace, self.meas_start_ns)
+        return replace(self, pred_ptr=ptr, pred_src=s, pred_lag_ns=lg, pred_kind=kd,
+                       pred_s2s=s2, order=order)
+
+
+def _check_durations(g: ReplayGraph, dur_ns) -> np.ndarray:
+    d = np.ascontiguousarray(dur_ns, dtype=_I64)
+    if d.shape != (g.n_ops,):
+        raise ReplayError(f"durations_ns has shape {d.shape}, expected ({g.n_ops},): one "
+                          "duration per op, aligned with trace.ops")
+    bad = (d < 0) & (g.coll_of < 0)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise ReplayError(f"durations_ns[{i}] = {int(d[i])} is negative (op {i}, rank "
+                          f"{int(g.rank[i])}); durations must be >= 0")
+    return d
+
+
+# ---------------------------------------------------------------------------- building
+def build_graph(trace: Trace, *, ideal: bool = False) -> ReplayGraph:
+    """Build the replay graph of ``trace`` (vectorized; see the module docstring for the model).
+
+    Parameters
+    ----------
+    trace : Trace
+        Any trace (ingested, synthesized, or a replayed one).
+    ideal : bool
+        Drop the unexplained release delays (they stay in ``measured_delay_ns``).
+
+    Raises
+    ------
+    ReplayError
+        Dangling edges, a collective with two members on one lane, or a dependency cycle
+        (the message lists the ops on the cycle: rank, lane, name, measured start).
+    """
+    o = trace.ops
+    e = trace.edges
+    lanes = trace.lanes
+    names = np.asarray(trace.strings, dtype=object)
+    blocking_name = np.fromiter((bool(BLOCKING_CALL_PATTERN.search(s)) for s in names),
+                                dtype=bool, count=len(names))
+    name_id = o["name_id"].to_numpy()
+    blocking = blocking_name[name_id] if len(names) else np.zeros(len(o), bool)
+    kind = o["kind"].to_numpy()
+    blocking &= (kind == OpKind.RUNTIME) | (kind == OpKind.CPU_OP)
+    lane = o["lane"].to_numpy()
+    # device lanes: GPU streams and op-level streams share their (rank, device)
+    lane_ids = lanes["lane"].to_numpy()
+    lk = lanes["lane_kind"].to_numpy()
+    lane_pos = np.searchsorted(lane_ids, lane, sorter=np.argsort(lane_ids, kind="stable"))
+    sorter = np.argsort(lane_ids, kind="stable")
+    lane_row = sorter[lane_pos] if len(lane_ids) else lane_pos
+    on_device = (lk[lane_row] != LaneKind.CPU_THREAD) if len(lane_ids) else np.zeros(len(o), bool)
+    dev_key = o["rank"].to_numpy().astype(_I64) * 65536 + lanes["device"].to_numpy()[lane_row].astype(_I64) if len(lane_ids) else np.zeros(len(o), _I64)
+    g = graph_from_arrays(
+        rank=o["rank"].to_numpy(), lane=lane, kind=kind,
+        start_ns=o["start_ns"].to_numpy(), dur_ns=o["dur_ns"].to_numpy(),
+        coll_id=o["coll_id"].to_numpy(),
+        edge_src=e["src"].to_numpy(), edge_dst=e["dst"].to_numpy(),
+        edge_kind=e["kind"].to_numpy(), edge_lag_ns=e["lag_ns"].to_numpy(),
+        blocking=blocking, on_device=on_device, device_key=dev_key, ideal=ideal, trace=trace)
+    return g
+
+
+def graph_from_arrays(*, rank, lane, kind, start_ns, dur_ns, coll_id=None, edge_src=None,
+                      edge_dst=None, edge_kind=None, edge_lag_ns=None, blocking=None,
+                      on_device=None, device_key=None, ideal: bool = False,
+                      trace: Trace | None = None) -> ReplayGraph:
+    """Build a :class:`ReplayGraph` from plain op/edge arrays (what :func:`build_graph` uses).
+
+    All per-op arrays have length N and are aligned with op ids ``0..N-1``; ``blocking``
+    marks blocking host calls, ``on_device`` ops on device (GPU/op-stream) lanes and
+    ``device_key`` any integer naming the device of an op (dense-coded here).
+    """
+    rank = np.ascontiguousarray(rank, np.int32)
+    lane = np.ascontiguousarray(lane, np.int32)
+    kind = np.ascontiguousarray(kind, np.int8)
+    s = np.ascontiguousarray(start_ns, _I64)
+    d = np.ascontiguousarray(dur_ns, _I64)
+    n = len(s)
+    end = s + d
+    coll = np.full(n, -1, _I64) if coll_id is None else np.ascontiguousarray(coll_id, _I64)
+    if edge_src is None:
+        edge_src = edge_dst = np.zeros(0, _I64)
+        edge_kind = np.zeros(0, np.int8)
+        edge_lag_ns = np.zeros(0, _I64)
+    es = np.ascontiguousarray(edge_src, _I64)
+    ed = np.ascontiguousarray(edge_dst, _I64)
+    ek = np.ascontiguousarray(edge_kind, np.int8)
+    el = np.ascontiguousarray(edge_lag_ns, _I64)
+    if len(es) and (min(es.min(), ed.min()) < 0 or max(es.max(), ed.max()) >= n):
+        bad = int(np.flatnonzero((es < 0) | (es >= n) | (ed < 0) | (ed >= n))[0])
+        raise ReplayError(f"edge {bad} ({int(es[bad])} -> {int(ed[bad])}) refers to an op "
+                          f"outside 0..{n - 1} (dangling edge); re-ingest the trace or drop it")
+    if len(es) and (es == ed).any():
+        bad = int(np.flatnonzero(es == ed)[0])
+        raise ReplayError(f"edge {bad} is a self-loop on op {int(es[bad])}; drop it")
+    stats: dict[str, Any] = {"ops": n, "edges_in": len(es)}
+
+    # ---- lane order (FIFO by measured start, ties by op id)
+    lo = np.lexsort((np.arange(n), s, lane))
+    lane_prev = np.full(n, -1, _I64)
+    same = lane[lo[1:]] == lane[lo[:-1]]
+    lane_prev[lo[1:][same]] = lo[:-1][same]
+    has_prev = lane_prev >= 0
+    lane_lag = np.zeros(n, _I64)
+    lane_lag[has_prev] = np.minimum(0, s[has_prev] - end[lane_prev[has_prev]])
+    stats["lane_overlaps"] = int((lane_lag < 0).sum())
+
+    # ---- collectives: dense index, members sorted by (collective, op id)
+    in_coll = coll >= 0
+    coll_of = np.full(n, -1, _I64)
+    if in_coll.any():
+        uniq, inv = np.unique(coll[in_coll], return_inverse=True)
+        coll_of[in_coll] = inv
+        members = np.flatnonzero(in_coll)[np.argsort(inv, kind="stable")]
+        counts = np.bincount(inv, minlength=len(uniq))
+    else:
+        members = np.zeros(0, _I64)
+        counts = np.zeros(0, _I64)
+    coll_ptr = np.zeros(len(counts) + 1, _I64)
+    np.cumsum(counts, out=coll_ptr[1:])
+    members = members.astype(_I64)
+    node_of = _node_of(n, coll_of, coll_ptr, members)
+    bad = has_prev & (node_of == node_of[np.maximum(lane_prev, 0)]) & in_coll
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise ReplayError(
+            f"collective coll_id={int(coll[i])} has two members on one lane (ops "
+            f"{int(lane_prev[i])} and {i}, rank {int(rank[i])}, lane {int(lane[i])}); a lane "
+            "cannot rendezvous with itself: fix the collective matching of the ingest")
+
+    # ---- edges: blocking-call waits, clamping, intra-collective drop
+    eff_lag = np.minimum(el, s[ed] - end[es])
+    stats["edges_clamped"] = int((eff_lag < el).sum())
+    blocking = np.zeros(n, bool) if blocking is None else np.asarray(blocking, bool)
+    wait_mask = np.zeros(len(es), bool)
+    if len(es):
+        y = lane_prev[ed]
+        wait_mask = (ek == EdgeKind.SYNC) & (y >= 0)
+        wait_mask[wait_mask] &= blocking[y[wait_mask]]
+    w_src = es[wait_mask]
+    w_dst = lane_prev[ed[wait_mask]]
+    dur = d.copy()
+    w_lag = np.zeros(len(w_src), _I64)
+    if len(w_src):
+        last_gpu_end = np.full(n, np.iinfo(_I64).min, _I64)
+        np.maximum.at(last_gpu_end, w_dst, end[w_src])
+        ys = np.unique(w_dst)
+        dur[ys] = np.maximum(0, end[ys] - np.maximum(s[ys], last_gpu_end[ys]))
+        w_lag = end[w_dst] - end[w_src]
+    stats["wait_edges"] = int(len(w_src))
+    intra = node_of[es] == node_of[ed]
+    stats["intra_collective_edges"] = int(intra.sum())
+    keep = ~intra
+    # a negative lag (a kernel starting before its launch call returned) is a fixed offset
+    # from the source's start: shortening the launch call must not pull the kernel earlier
+    s2s = eff_lag < 0
+    lag_store = np.where(s2s, d[es] + eff_lag, eff_lag)
+    stats["start_edges"] = int(s2s.sum())
+    pred_ptr, pred_src, pred_lag, pred_kind, pred_s2s = _csr(
+        n, ed[keep], es[keep], lag_store[keep], ek[keep], s2s[keep])
+    wkeep = node_of[w_src] != node_of[w_dst]
+    nw = int(wkeep.sum())
+    wait_ptr, wait_src, wait_lag, _, _ = _csr(n, w_dst[wkeep], w_src[wkeep], w_lag[wkeep],
+                                              np.zeros(nw, np.int8), np.zeros(nw, bool))
+
+    # ---- collective transfer tails
+    if len(members):
+        a_meas = np.maximum.reduceat(s[members], coll_ptr[:-1][counts > 0])
+        dur[members] = end[members] - np.repeat(a_meas, counts[counts > 0])
+        stats["collectives"] = int(len(counts))
+        stats["collective_wait_ns"] = int((d[members] - np.maximum(dur[members], 0)).clip(0).sum())
+    else:
+        stats["collectives"] = 0
+        stats["collective_wait_ns"] = 0
+
+    # ---- origin and measured release delays
+    origin = np.zeros(n, _I64)
+    if n:
+        ur, rinv = np.unique(rank, return_inverse=True)
+        rmin = np.full(len(ur), np.iinfo(_I64).max, _I64)
+        np.minimum.at(rmin, rinv, s)
+        origin = rmin[rinv]
+    ready = _measured_ready(s, end, origin, lane_prev, lane_lag, pred_ptr, pred_src, pred_lag,
+                            pred_s2s)
+    mdelay = np.maximum(s - ready, 0)
+    delayed = mdelay > 0
+    stats["unexplained_delay_count"] = int(delayed.sum())
+    stats["unexplained_delay_ns"] = int(mdelay.sum())
+
+    # ---- topological order of super-nodes (cycle check)
+    wdst_rep = np.repeat(np.arange(n, dtype=_I64), np.diff(wait_ptr))
+    order = _order_or_raise(n, node_of, lane_prev, pred_src, pred_ptr, wait_src, wdst_rep,
+                            trace, s)
+
+    # ---- contention resources
+    on_dev = np.zeros(n, bool) if on_device is None else np.asarray(on_device, bool)
+    device = np.full(n, -1, np.int32)
+    if on_dev.any():
+        key = np.asarray(device_key, _I64)[on_dev] if device_key is not None else rank[on_dev]
+        device[on_dev] = np.unique(key, return_inverse=True)[1].astype(np.int32)
+    is_comm = (kind == OpKind.COLLECTIVE) | (kind == OpKind.P2P)
+    resource = np.zeros(n, np.int8)
+    compute_kinds = (kind == OpKind.KERNEL) | (kind == OpKind.MEMSET) | (kind == OpKind.COMPUTE)
+    resource[on_dev & compute_kinds] = RES_COMPUTE
+    resource[is_comm] = RES_COMM
+    link = np.where(is_comm, np.unique(rank, return_inverse=True)[1] if n else 0, -1).astype(np.int32)
+
+    return ReplayGraph(
+        dur_ns=dur, delay_ns=np.zeros(n, _I64) if ideal else mdelay, measured_delay_ns=mdelay,
+        origin_ns=origin, lane_prev=lane_prev, lane_lag_ns=lane_lag, pred_ptr=pred_ptr,
+        pred_src=pred_src, pred_lag_ns=pred_lag, pred_kind=pred_kind, pred_s2s=pred_s2s,
+        wait_ptr=wait_ptr,
+        wait_src=wait_src, wait_lag_ns=wait_lag, coll_of=coll_of, coll_ptr=coll_ptr,
+        coll_members=members, order=order, rank=rank, lane=lane, device=device,
+        resource=resource, link=link, meas_start_ns=s, meas_end_ns=end, ideal=bool(ideal),
+        stats=stats, trace=trace)
+
+
+def _node_of(n, coll_of, coll_ptr, members) -> np.ndarray:
+    node_of = np.arange(n, dtype=_I64)
+    if len(members):
+        first = members[coll_ptr[:-1]]
+        node_of[members] = first[coll_of[members]]
+    return node_of
+
+
+def _csr(n, dst, src, lag, kind, s2s):
+    """CSR by ``dst``, edges of one dst sorted by src (then input order)."""
+    o = np.lexsort((src, dst))
+    ptr = np.zeros(n + 1, _I64)
+    np.cumsum(np.bincount(dst, minlength=n), out=ptr[1:])
+    return (ptr, np.ascontiguousarray(src[o], _I64), np.ascontiguousarray(lag[o], _I64),
+            np.ascontiguousarray(kind[o], np.int8), np.ascontiguousarray(s2s[o], bool))
+
+
+def _dep_pairs(node_of, lane_prev, pred_src, pred_ptr, wait_src, wait_dst):
+    """(src node, dst node) of every dependency between different super-nodes."""
+    n = len(node_of)
+    hp = lane_prev >= 0
+    pdst = np.repeat(np.arange(n, dtype=_I64), np.diff(pred_ptr))
+    a = np.concatenate([node_of[lane_prev[hp]], node_of[pred_src], node_of[wait_src]])
+    b = np.concatenate([node_of[np.flatnonzero(hp)], node_of[pdst], node_of[wait_dst]])
+    k = a != b
+    return a[k], b[k]
+
+
+def _order_or_raise(n, node_of, lane_prev, pred_src, pred_ptr, wait_src, wait_dst, trace,
+                    start_ns) -> np.ndarray:
+    a, b = _dep_pairs(node_of, lane_prev, pred_src, pred_ptr, wait_src, wait_dst)
+    o = np.argsort(a, kind="stable")
+    succ_dst = np.ascontiguousarray(b[o], _I64)
+    succ_ptr = np.zeros(n + 1, _I64)
+    np.cumsum(np.bincount(a, minlength=n), out=succ_ptr[1:])
+    indeg = np.bincount(b, minlength=n).astype(_I64)
+    order, count = _topo_order(node_of, succ_ptr, succ_dst, indeg)
+    n_nodes = int((node_of == np.arange(n)).sum())
+    if count < n_nodes:
+        raise ReplayError(_cycle_message(node_of, a, b, order, trace, start_ns))
+    return order
+
+
+def _cycle_message(node_of, a, b, order, trace, start_ns) -> str:
+    """Find one cycle among the nodes Kahn's algorithm could not order and describe it."""
+    n = len(node_of)
+    done = np.zeros(n, bool)
+    done[order] = True
+    left = ~done[b] & ~done[a]
+    pa, pb = a[left], b[left]
+    preds: dict[int, int] = {}
+    for x, y in zip(pa.tolist(), pb.tolist(), strict=True):  # error path only
+        preds.setdefault(y, x)
+    u = next(iter(preds))
+    seen: dict[int, int] = {}
+    path: list[int] = []
+    while u not in seen:
+        seen[u] = len(path)
+        path.append(u)
+        u = preds[u]
+    cyc = path[seen[u]:][::-1]
+    parts = []
+    for v in cyc[:12]:
+        if trace is not None:
+            row = trace.ops.iloc[v]
+            nm = trace.strings[int(row["name_id"])] if trace.strings else "?"
+            parts.append(f"op {v} (rank {int(row['rank'])}, lane {int(row['lane'])}, "
+                         f"{nm!r}, start {int(row['start_ns'])} ns)")
+        else:
+            parts.append(f"op {v} (start {int(start_ns[v])} ns)")
+    more = f" ... ({len(cyc)} ops in all)" if len(cyc) > 12 else ""
+    return ("dependency cycle, the replay cannot order these ops: " + " -> ".join(parts)
+            + more + "; a collective matched in a different order on two ranks or an edge "
+            "against lane order causes this: fix the ingest's matching or drop the edge")
