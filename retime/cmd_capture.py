@@ -27,6 +27,14 @@ def _existing_traces(out: Path) -> list[Path]:
     return sorted(found)
 
 
+def _stderr_target():
+    """Where the script's stdout goes with --json: our stderr's fd, or a pipe we copy."""
+    try:
+        return sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is a ValueError
+        return subprocess.PIPE
+
+
 def launch_command(script_args: list[str], nproc_per_node: int,
                    torchrun_args: list[str]) -> list[str]:
     """The torchrun command line that runs ``script_args`` with capture on every rank."""
@@ -111,8 +119,10 @@ def capture(
     cmd = launch_command(script_args, nproc_per_node, list(torchrun_arg or []))
     say(f"retime capture: {' '.join(cmd[1:])}", quiet=json_out)
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, env=env, stdin=subprocess.DEVNULL,
-                          stdout=sys.stderr if json_out else None)
+    child_out = _stderr_target() if json_out else None
+    proc = subprocess.run(cmd, env=env, stdin=subprocess.DEVNULL, stdout=child_out)
+    if child_out == subprocess.PIPE:  # stderr is not a real file (e.g. captured by a caller)
+        sys.stderr.write(proc.stdout.decode(errors="replace"))
     wall_s = time.perf_counter() - t0
     if proc.returncode != 0:
         raise RetimeError(f"{script} exited with code {proc.returncode} under torchrun (its "
