@@ -52,7 +52,19 @@ _BLOCKING = {"cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchro
 
 
 def _ns(ts: float, base: int) -> int:
-    return base + int(round(ts * 1000.0))
+    """Microseconds (float, maybe epoch-sized) -> integer ns without float rounding loss."""
+    ti = int(ts)
+    return base + ti * 1000 + int(round((ts - ti) * 1000.0))
+
+
+def _ns_arr(ts: list, base: int) -> np.ndarray:
+    t = np.asarray(ts, np.float64)
+    ti = np.floor(t)
+    return base + ti.astype(np.int64) * 1000 + np.rint((t - ti) * 1000.0).astype(np.int64)
+
+
+def _dur_arr(dur: list) -> np.ndarray:
+    return np.maximum(np.rint(np.asarray(dur, np.float64) * 1000.0).astype(np.int64), 0)
 
 
 def build_rank_part(path: Path, doc) -> RankPart:  # noqa: C901 - one pass over events
@@ -110,9 +122,8 @@ def build_rank_part(path: Path, doc) -> RankPart:  # noqa: C901 - one pass over 
                 g_stream.append(st)
                 g_kind.append(int(k))
                 g_name.append(intern(name))
-                s = _ns(ts, base)
-                g_start.append(s)
-                g_dur.append(max(0, _ns(ts + dur, base) - s))
+                g_start.append(ts)
+                g_dur.append(dur)
                 g_corr.append(a.correlation if a is not None and a.correlation is not None else -1)
                 g_ext.append(a.external_id if a is not None and a.external_id is not None else -1)
                 b = a.bytes if a is not None and a.bytes is not None else 0
@@ -131,9 +142,8 @@ def build_rank_part(path: Path, doc) -> RankPart:  # noqa: C901 - one pass over 
                 h_tid.append(e.tid)
                 h_code.append(code)
                 h_name.append(intern(name))
-                s = _ns(ts, base)
-                h_start.append(s)
-                h_end.append(max(s, _ns(ts + dur, base)))
+                h_start.append(ts)
+                h_end.append(dur)  # converted to end_ns after the loop
                 h_corr.append(a.correlation if a is not None and a.correlation is not None else -1)
                 h_ext.append(a.external_id if a is not None and a.external_id is not None else -1)
                 h_idx.append(i)
@@ -149,13 +159,12 @@ def build_rank_part(path: Path, doc) -> RankPart:  # noqa: C901 - one pass over 
                 gr_dev.append(dev if isinstance(dev, int) else -1)
                 gr_stream.append(st if isinstance(st, int) else -1)
                 gr_name.append(intern(name))
-                s = _ns(ts, base)
-                gr_start.append(s)
-                gr_end.append(max(s, _ns(ts + dur, base)))
+                gr_start.append(ts)
+                gr_end.append(dur)
                 kept["ranges"] += 1
                 continue
             if cat == "trace":
-                window = (_ns(ts, base), _ns(ts + dur, base))
+                window = (_ns(ts, base), _ns(ts, base) + int(round(dur * 1000.0)))
                 kept["markers"] += 1
                 continue
             dropped[f"unsupported category '{e.cat}'"] += 1
@@ -190,9 +199,8 @@ def build_rank_part(path: Path, doc) -> RankPart:  # noqa: C901 - one pass over 
                 h_tid.append(b.tid)
                 h_code.append(_H_ANNOT)
                 h_name.append(intern(b.name if isinstance(b.name, str) else str(b.name)))
-                s = _ns(b.ts, base)
-                h_start.append(s)
-                h_end.append(max(s, _ns(e.ts, base)))
+                h_start.append(b.ts)
+                h_end.append(max(0.0, e.ts - b.ts))
                 h_corr.append(-1)
                 h_ext.append(-1)
                 h_idx.append(i)
@@ -222,6 +230,13 @@ def build_rank_part(path: Path, doc) -> RankPart:  # noqa: C901 - one pass over 
     if rank is None:
         rank, rank_source = 0, "default (single file)"
 
+    # exact integer ns (vectorized): start from ts, end = start + dur
+    g_start = _ns_arr(g_start, base)
+    g_dur = _dur_arr(g_dur)
+    h_start = _ns_arr(h_start, base)
+    h_end = h_start + _dur_arr(h_end)
+    gr_start = _ns_arr(gr_start, base)
+    gr_end = gr_start + _dur_arr(gr_end)
     return _assemble(path, doc, rank, rank_source, strings, kept, dropped, thread_names,
                      dict(dev=g_dev, stream=g_stream, kind=g_kind, name=g_name, start=g_start,
                           dur=g_dur, corr=g_corr, ext=g_ext, bytes=g_bytes, idx=g_idx),
@@ -355,8 +370,11 @@ def _assemble(path, doc, rank, rank_source, strings, kept, dropped, tnames, G, H
                              start, launch_of, n_h)
 
     # ---------------- collectives metadata
+    ng = len(GR["start"])
     comm = _comm_info(evs, kind, start, name_id, names_arr, launch_of, H, parent, op_h,
-                      ev_idx, nbytes)
+                      ev_idx, nbytes, lane,
+                      (r_lane[len(rg):], r_name[len(rg):], r_start[len(rg):], r_end[len(rg):])
+                      if ng else None)
     comm_op = np.zeros(n, np.int8)
     comm_op[comm["op"]] = comm["comm_op"]
     nbytes[comm["op"]] = comm["bytes"]
@@ -587,7 +605,7 @@ def _dims_bytes(raw_dims, raw_types) -> int:
 
 
 def _comm_info(evs, kind, start, name_id, names_arr, launch_of, H, parent, op_h, ev_idx,
-               nbytes) -> dict:
+               nbytes, lane=None, gpu_ranges=None) -> dict:
     """Per collective op: comm_op, bytes, group name, group size, seq (from args/ranges).
 
     Information comes from the kernel's own args (newer PyTorch), then from the enclosing
@@ -623,6 +641,16 @@ def _comm_info(evs, kind, start, name_id, names_arr, launch_of, H, parent, op_h,
                     break
         if cop in (CommOp.NONE, CommOp.UNKNOWN):
             cop = comm_op_from_name(names_arr[name_id[o]])
+        if cop in (CommOp.NONE, CommOp.UNKNOWN) and gpu_ranges is not None:
+            # no launch call recorded (RCCL): a gpu_user_annotation around the kernel
+            gl, gn, gs, ge = gpu_ranges
+            t0 = start[o]
+            hit = np.flatnonzero((gl == lane[o]) & (gs <= t0) & (t0 < ge))
+            for j in hit[np.argsort(-gs[hit])]:
+                c = comm_op_from_name(names_arr[gn[j]].split(":", 1)[-1])
+                if c != CommOp.UNKNOWN:
+                    cop = c
+                    break
         b = 0
         group, gsize, seq, pranks = None, None, -1, None
         for a in infos:
@@ -639,7 +667,7 @@ def _comm_info(evs, kind, start, name_id, names_arr, launch_of, H, parent, op_h,
             if pranks is None and a.pg_ranks:
                 pranks = a.pg_ranks if isinstance(a.pg_ranks, list) else _parse_ranks(a.pg_ranks)
         if not b:
-            for a in infos[1:]:
+            for a in infos:
                 if a is not None and len(a.input_dims):
                     b = _dims_bytes(a.input_dims, a.input_type)
                     if b:

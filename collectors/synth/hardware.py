@@ -67,6 +67,7 @@ class HardwareConfig:
     nics: int
     nic_gbps: float
     cross_dc: LinkConfig | None = None
+    overlap_efficiency: float = 0.5
     dc_km: float = 0.0
     nodes_per_dc: int = 0
     source: str = field(default="", compare=False)
@@ -96,7 +97,7 @@ class HardwareConfig:
     def to_dict(self) -> dict[str, Any]:
         d = {k: getattr(self, k) for k in ("name", "gpu", "memory_gib", "hbm_gbps",
                                            "gpus_per_node", "peak_tflops", "gemm_max",
-                                           "gemm_half_dim", "memory_efficiency",
+                                           "gemm_half_dim", "memory_efficiency", "overlap_efficiency",
                                            "kernel_overhead_us", "framework_reserve_gib",
                                            "nics", "nic_gbps", "dc_km", "nodes_per_dc")}
         for k in ("intra", "inter", "cross_dc"):
@@ -151,6 +152,7 @@ def _parse(data: dict[str, Any], where: str) -> HardwareConfig:
             gemm_max=float(eff.get("gemm_max", 0.8)),
             gemm_half_dim=float(eff.get("gemm_half_dim", 64)),
             memory_efficiency=float(eff.get("memory", 0.85)),
+            overlap_efficiency=float(eff.get("overlap", 0.5)),
             kernel_overhead_us=float(data.get("kernel_overhead_us", 3.0)),
             framework_reserve_gib=float(data.get("framework_reserve_gib", 2.0)),
             intra=intra, inter=inter, nics=nics, nic_gbps=nic_gbps,

@@ -1,0 +1,5 @@
+"""``python -m retime`` runs the CLI."""
+
+from retime.cli import main
+
+main()

@@ -1,0 +1,50 @@
+"""Shared fixtures: paths of the real traces in ../shared/traces and cached ingests."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared" / "traces"
+KINETO = SHARED / "kineto"
+
+# Silence progress bars in tests (they go to stderr and would clutter captured output).
+os.environ.setdefault("RETIME_PROGRESS", "0")
+
+
+def kineto_trace_files() -> list[Path]:
+    """Every Kineto profiler file under ../shared/traces/kineto (ET files excluded)."""
+    out = []
+    for f in sorted(KINETO.rglob("*.json.gz")):
+        if "-et" in f.parent.name or ".et." in f.name:
+            continue
+        out.append(f)
+    return out
+
+
+@pytest.fixture(scope="session")
+def shared_traces() -> Path:
+    if not SHARED.is_dir():
+        pytest.fail(f"real traces not found at {SHARED}; the tests need ../shared/traces")
+    return SHARED
+
+
+_CACHE: dict = {}
+
+
+def ingest_cached(path: Path):
+    """Ingest once per session (ingest itself is tested separately)."""
+    from collectors.ingest import read
+
+    key = str(path)
+    if key not in _CACHE:
+        _CACHE[key] = read([path])
+    return _CACHE[key]
+
+
+@pytest.fixture(scope="session")
+def dlrm_trace(shared_traces):
+    return ingest_cached(shared_traces / "kineto" / "dlrm-v100-8rank")
