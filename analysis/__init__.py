@@ -10,7 +10,7 @@ from .breakdown import PARTS, breakdown, summarize_breakdown
 from .comm import busbw_factor, collectives, comm_summary, rank_wait
 from .compare import compare, metrics
 from .critical_path import attribute_critical_path, critical_path, dependency_arcs
-from .efficiency import efficiency, peak_flops
+from .efficiency import efficiency, job_efficiency, peak_flops
 from .kernels import KERNEL_CLASSES, class_stats, classify_names, kernel_classes, kernel_stats
 from .memory import memory_timeline, peak_memory
 from .pipeline import bubbles, rank_stages, stage_bubbles
@@ -24,7 +24,7 @@ __all__ = [
     "busbw_factor", "collectives", "comm_summary", "rank_wait",
     "bubbles", "rank_stages", "stage_bubbles",
     "memory_timeline", "peak_memory",
-    "efficiency", "peak_flops",
+    "efficiency", "job_efficiency", "peak_flops",
     "compare", "metrics",
     "build_report", "render_html", "write_html", "write_pdf", "write_report",
 ]

@@ -14,7 +14,7 @@ import pandas as pd
 from .breakdown import PARTS, breakdown
 from .comm import collectives
 from .critical_path import critical_path
-from .efficiency import efficiency
+from .efficiency import job_efficiency
 from .kernels import KERNEL_CLASSES, class_stats
 from .memory import peak_memory
 
@@ -48,9 +48,7 @@ def metrics(x: Any, *, with_critical_path: bool = True) -> dict[str, float]:
     out["comm_wait_ns"] = float(co["wait_ns"].sum()) if len(co) else 0.0
     out["busbw_gbps_median"] = float(np.nanmedian(co["busbw_gbps"])) if (
         len(co) and co["busbw_gbps"].notna().any()) else float("nan")
-    eff = efficiency(x)
-    out["mfu"] = float(eff["mfu"].mean()) if eff["mfu"].notna().any() else float("nan")
-    out["hfu"] = float(eff["hfu"].mean()) if eff["hfu"].notna().any() else float("nan")
+    out.update(job_efficiency(x))
     pm = peak_memory(x)
     out["peak_memory_bytes"] = float(pm["peak_allocated_bytes"].max()) if len(pm) else float("nan")
     if with_critical_path:

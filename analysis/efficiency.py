@@ -6,52 +6,48 @@
 number for every rank) when a collector knows them, otherwise the executed flops minus ops
 marked as recomputation (name containing ``recompute``); without recomputation MFU == HFU.
 Peak FLOP/s comes from ``meta['devices'][rank]`` (``peak_flops``, ``peak_flops_per_s`` or
-``peak_tflops``) or, failing that, from the device name with the dense fp16/bf16 tensor peak
-of well-known GPUs below. Unknown flops or peak give NaN, never a guess.
+``peak_tflops``; per rank and device, or one entry for all ranks) or, failing that, from the
+device name (:func:`collectors.devices.device_peaks`). A modeled run's
+``meta['synth']['model_flops_per_step']`` is the job's total and is split evenly over ranks.
+Unknown flops or peak give NaN, never a guess.
 """
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from collectors.devices import device_peaks
+
 from ._util import _keep_step_mask, as_trace, step_windows
 
-__all__ = ["PEAK_FLOPS", "peak_flops", "efficiency"]
+__all__ = ["peak_flops", "efficiency", "job_efficiency"]
 
-#: dense fp16/bf16 tensor-core peak FLOP/s by device-name pattern (vendor datasheets)
-PEAK_FLOPS: dict[str, float] = {
-    r"B200": 2.25e15,
-    r"H200": 989e12,
-    r"H100": 989e12,
-    r"MI300X": 1307e12,
-    r"A100": 312e12,
-    r"V100": 125e12,
-    r"A10G?\b": 125e12,
-    r"L4\b": 121e12,
-    r"T4\b": 65e12,
-}
+def _device_entry(trace, rank: int) -> dict | None:
+    devs = trace.meta.get("devices") or {}
+    if not isinstance(devs, dict):
+        return None
+    if "peak_flops" in devs or "name" in devs or "gpu" in devs:
+        return devs  # one description for every rank (modeled runs)
+    d = devs.get(str(rank), devs.get(rank))
+    if isinstance(d, dict) and d and all(isinstance(v, dict) for v in d.values()):
+        d = next(iter(d.values()))  # {rank: {device: {...}}}: the rank's (first) device
+    return d if isinstance(d, dict) else None
 
 
 def peak_flops(trace, rank: int) -> float:
     """Peak dense FLOP/s of ``rank``'s device (NaN when unknown)."""
-    devs = trace.meta.get("devices") or {}
-    d = devs.get(str(rank), devs.get(rank)) if isinstance(devs, dict) else None
-    if d is None and isinstance(devs, list) and rank < len(devs):
-        d = devs[rank]
-    if isinstance(d, dict):
-        for k, scale in (("peak_flops", 1.0), ("peak_flops_per_s", 1.0), ("peak_tflops", 1e12)):
-            v = d.get(k)
-            if isinstance(v, (int, float)) and v > 0:
-                return float(v) * scale
-        name = str(d.get("name", ""))
-        for pat, v in PEAK_FLOPS.items():
-            if re.search(pat, name, re.I):
-                return v
-    return float("nan")
+    d = _device_entry(trace, rank)
+    if d is None:
+        return float("nan")
+    for k, scale in (("peak_flops", 1.0), ("peak_flops_per_s", 1.0), ("peak_tflops", 1e12)):
+        v = d.get(k)
+        if isinstance(v, (int, float)) and v > 0:
+            return float(v) * scale
+    v = device_peaks(str(d.get("name") or d.get("gpu") or "")).get("peak_flops")
+    return float(v) if v else float("nan")
 
 
 def efficiency(x: Any) -> pd.DataFrame:
@@ -75,6 +71,10 @@ def efficiency(x: Any) -> pd.DataFrame:
     out["flops"] = g["flops"].reindex(idx).to_numpy()
     model = g["model"].reindex(idx).to_numpy()
     mf = t.meta.get("model_flops_per_step")
+    syn = t.meta.get("synth") or {}
+    if mf is None and isinstance(syn.get("model_flops_per_step"), (int, float)):
+        mf = float(syn["model_flops_per_step"]) / max(int(syn.get("world_size") or
+                                                          t.world_size or 1), 1)
     if isinstance(mf, (int, float)):
         model = np.full(len(out), float(mf))
     elif isinstance(mf, dict):
@@ -85,4 +85,22 @@ def efficiency(x: Any) -> pd.DataFrame:
     with np.errstate(divide="ignore", invalid="ignore"):
         out["hfu"] = out["flops"] / (sec * out["peak_flops"])
         out["mfu"] = out["model_flops"] / (sec * out["peak_flops"])
+    return out
+
+
+def job_efficiency(x: Any | pd.DataFrame) -> dict[str, float]:
+    """Job-level MFU/HFU: per step, all ranks' flops over (slowest rank's step time x the sum
+    of the ranks' peaks), averaged over steps. NaN when flops or peaks are unknown."""
+    e = x if isinstance(x, pd.DataFrame) else efficiency(x)
+    out = {"mfu": float("nan"), "hfu": float("nan")}
+    if len(e) == 0 or not e["peak_flops"].notna().any():
+        return out
+    g = e.groupby("step").agg(step_ns=("step_ns", "max"), flops=("flops", "sum"),
+                              model=("model_flops", "sum"), peak=("peak_flops", "sum"),
+                              known=("flops", "count"), known_m=("model_flops", "count"))
+    sec = g["step_ns"] / 1e9
+    if (g["known"] > 0).all():
+        out["hfu"] = float((g["flops"] / (sec * g["peak"])).mean())
+    if (g["known_m"] > 0).all():
+        out["mfu"] = float((g["model"] / (sec * g["peak"])).mean())
     return out

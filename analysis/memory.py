@@ -4,7 +4,9 @@ From the trace's ``memory`` table (``[memory]`` events of the PyTorch profiler) 
 samples: ``allocated_bytes`` as recorded, or the running sum of ``bytes_delta`` per rank and
 device when the absolute value is missing (then relative to the first sample, so the peak is
 a lower bound and ``source`` says ``delta``). Otherwise from the model: a modeled trace
-(synth) may carry ``meta['peak_memory_bytes']`` (one number or ``{rank: bytes}``).
+(synth) carries ``meta['synth']['memory']`` (per stage, ``total_bytes``) and
+``meta['synth']['peak_memory_bytes']``; ``meta['peak_memory_bytes']`` (one number or
+``{rank: bytes}``) is accepted too.
 """
 
 from __future__ import annotations
@@ -59,6 +61,20 @@ def peak_memory(x: Any) -> pd.DataFrame:
         r["source"] = src
         return r
     pm = t.meta.get("peak_memory_bytes")
+    syn = t.meta.get("synth") or {}
+    per_stage = syn.get("memory")
+    if pm is None and isinstance(per_stage, list) and per_stage:
+        from .pipeline import rank_stages
+
+        by_stage = {int(r.get("stage", i)): int(r.get("total_bytes", -1))
+                    for i, r in enumerate(per_stage) if isinstance(r, dict)}
+        rs = rank_stages(t)
+        vals = [by_stage.get(int(s), max(by_stage.values())) for s in rs["stage"]]
+        return pd.DataFrame({"rank": rs["rank"].to_numpy(), "peak_allocated_bytes": vals,
+                             "peak_reserved_bytes": [-1] * len(rs), "samples": [0] * len(rs),
+                             "source": ["model"] * len(rs)})
+    if pm is None:
+        pm = syn.get("peak_memory_bytes")
     if pm is None:
         return pd.DataFrame({"rank": [], "peak_allocated_bytes": [], "peak_reserved_bytes": [],
                              "samples": [], "source": []})

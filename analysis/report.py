@@ -32,7 +32,7 @@ from .breakdown import PARTS, breakdown, summarize_breakdown
 from .comm import collectives, comm_summary, rank_wait
 from .compare import compare
 from .critical_path import attribute_critical_path, critical_path
-from .efficiency import efficiency
+from .efficiency import efficiency, job_efficiency
 from .kernels import class_stats, kernel_stats
 from .memory import memory_timeline, peak_memory
 from .pipeline import bubbles, stage_bubbles
@@ -214,8 +214,8 @@ def build_report(x: Any, *, baseline: Any | None = None, title: str | None = Non
     sb = stage_bubbles(bub)
     mt = memory_timeline(x)
     pm = peak_memory(x)
-    mfu = float(eff["mfu"].mean()) if eff["mfu"].notna().any() else float("nan")
-    hfu = float(eff["hfu"].mean()) if eff["hfu"].notna().any() else float("nan")
+    je = job_efficiency(eff)
+    mfu, hfu = je["mfu"], je["hfu"]
     mean_parts = bd[list(PARTS)].mean() if len(bd) else pd.Series(dtype=float)
     dominant = max(PARTS, key=lambda p: mean_parts[p]) if len(bd) else "n/a"
     fnd = _findings(bsum, step_ns, ks, cls, rw, len(co), cp, cp_kind, len(per_step))
