@@ -10,6 +10,7 @@ from __future__ import annotations
 import gzip
 import os
 import sqlite3
+import zlib
 from pathlib import Path
 
 from .errors import TraceFormatError
@@ -30,7 +31,7 @@ def _head(path: Path, n: int = 4096) -> bytes:
         try:
             with gzip.open(path, "rb") as fh:
                 return fh.read(n)
-        except (OSError, EOFError) as exc:
+        except (OSError, EOFError, zlib.error) as exc:
             raise TraceFormatError(f"{path}: corrupt gzip ({exc}); re-copy or re-compress the file") from exc
     return head
 
