@@ -312,6 +312,7 @@ def graph_from_arrays(*, rank, lane, kind, start_ns, dur_ns, coll_id=None, edge_
     stats["start_edges"] = int(s2s.sum())
     pred_ptr, pred_src, pred_lag, pred_kind, pred_s2s = _csr(
         n, ed[keep], es[keep], lag_store[keep], ek[keep], s2s[keep])
+    stats["edges"] = int(keep.sum())
     wkeep = node_of[w_src] != node_of[w_dst]
     nw = int(wkeep.sum())
     wait_ptr, wait_src, wait_lag, _, _ = _csr(n, w_dst[wkeep], w_src[wkeep], w_lag[wkeep],
@@ -431,15 +432,22 @@ def _cycle_message(node_of, a, b, order, trace, start_ns) -> str:
         path.append(u)
         u = preds[u]
     cyc = path[seen[u]:][::-1]
-    parts = []
-    for v in cyc[:12]:
+    def describe(v: int) -> str:
         if trace is not None:
             row = trace.ops.iloc[v]
             nm = trace.strings[int(row["name_id"])] if trace.strings else "?"
-            parts.append(f"op {v} (rank {int(row['rank'])}, lane {int(row['lane'])}, "
-                         f"{nm!r}, start {int(row['start_ns'])} ns)")
+            return (f"op {v} (rank {int(row['rank'])}, lane {int(row['lane'])}, {nm!r}, "
+                    f"start {int(row['start_ns'])} ns)")
+        return f"op {v} (start {int(start_ns[v])} ns)"
+
+    parts = []
+    for v in cyc[:12]:
+        members = np.flatnonzero(node_of == v)
+        if len(members) > 1:  # a collective: every member is on the cycle
+            parts.append("collective [" + ", ".join(describe(int(m)) for m in members[:8])
+                         + (" ..." if len(members) > 8 else "") + "]")
         else:
-            parts.append(f"op {v} (start {int(start_ns[v])} ns)")
+            parts.append(describe(v))
     more = f" ... ({len(cyc)} ops in all)" if len(cyc) > 12 else ""
     return ("dependency cycle, the replay cannot order these ops: " + " -> ".join(parts)
             + more + "; a collective matched in a different order on two ranks or an edge "

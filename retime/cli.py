@@ -94,3 +94,4 @@ def run(argv: list[str] | None = None) -> int:
 from retime import cmd_trace  # noqa: E402,F401  ingest, info, export
 from retime import cmd_capture  # noqa: E402,F401  capture
 from retime import cmd_report  # noqa: E402,F401  report
+from retime import cmd_replay  # noqa: E402,F401  replay

@@ -1,0 +1,53 @@
+"""CLI: ``retime replay`` (identity replay today; what-if scenarios plug in here later)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from collectors.errors import RetimeError
+from collectors.trace import read_trace
+from replay import build_graph, simulate
+from retime.cli import app, emit_json, say
+
+
+@app.command("replay")
+def replay_cmd(
+    trace_dir: Annotated[Path, typer.Argument(help="A NAME.retime directory.", exists=True,
+                                              file_okay=False)],
+    ideal: Annotated[bool, typer.Option("--ideal", help="Drop unexplained delays (gaps no "
+                                        "dependency explains) instead of keeping them.")] = False,
+    output: Annotated[Path | None, typer.Option("-o", "--output", help="Write the replayed "
+                                                "trace here (NAME.retime).")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")] = False,
+) -> None:
+    """Replay a trace through the dependency model and compare step times per rank.
+
+    Without a scenario the replay reproduces the measured timeline (identity); --ideal
+    drops the delays no dependency explains. With -o the replayed trace is written, so
+    `retime export OUT.retime --chrome t.json` shows the replayed timeline.
+    """
+    if output is not None and output.exists() and not output.is_dir():
+        raise RetimeError(f"{output}: exists and is not a directory; choose another -o path")
+    trace = read_trace(trace_dir)
+    result = simulate(build_graph(trace, ideal=ideal))
+    s = result.summary()
+    if output is not None:
+        result.to_trace().save(output)
+        s["output"] = str(output)
+    if json_out:
+        emit_json(s)
+        return
+    st = s["step_time_ns"]
+    d = s["unexplained_delays"]
+    say(f"{trace_dir}: step time measured {st['measured'] / 1e6:.3f} ms, replayed "
+        f"{st['replayed'] / 1e6:.3f} ms ({'ideal: ' if ideal else ''}{d['count']} unexplained "
+        f"delays, {d['total_ns'] / 1e6:.3f} ms in all, {'dropped' if ideal else 'kept'})")
+    for r in s["per_rank"][:32]:
+        err = (r["replayed_ns"] - r["measured_ns"]) / r["measured_ns"] if r["measured_ns"] else 0.0
+        say(f"  rank {r['rank']}: measured {r['measured_ns'] / 1e6:.3f} ms, replayed "
+            f"{r['replayed_ns'] / 1e6:.3f} ms ({err:+.2%})")
+    if output is not None:
+        say(f"wrote {output} (view with `retime export {output} --chrome OUT.json`)")
