@@ -6,7 +6,8 @@ For one rank and one step window ``W`` (the span of the step's ops, see
 ``C`` = union of compute intervals (kernels, op-level compute),
 ``M`` = union of communication intervals (collective and p2p kernels/ops),
 ``Y`` = union of memcpy/memset intervals, and on its CPU threads
-``H`` = union of host ops and runtime calls.
+``H`` = union of host ops, runtime calls and enclosing host ranges (operator and python
+time between leaf ops; ``ProfilerStep#`` markers excluded), clipped to ``W``.
 
 The parts, each a length in ns, are disjoint and cover ``W``::
 
@@ -51,6 +52,37 @@ def _union_len(gidx: np.ndarray, s: np.ndarray, e: np.ndarray, n_groups: int) ->
     return _union_len_grouped(np.ascontiguousarray(gidx[order], dtype=np.int64),
                               np.ascontiguousarray(s[order], dtype=np.int64),
                               np.ascontiguousarray(e[order], dtype=np.int64), n_groups)
+
+
+_STEP_RANGE_RE = r"^ProfilerStep#"
+
+
+def _host_ranges_in_windows(t, w: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Host ranges (on CPU threads of ranks with a device; step markers excluded) clipped
+    to every window of their rank: (window index, start, end) arrays."""
+    r = t.ranges
+    z = np.zeros(0, np.int64)
+    if len(r) == 0 or len(w) == 0:
+        return z, z, z
+    lanes = t.lanes
+    cpu_lanes = lanes["lane"].to_numpy()[lanes["lane_kind"].to_numpy() == int(LaneKind.CPU_THREAD)]
+    names = np.asarray(t.strings, dtype=object)
+    is_step = pd.Series(names).str.contains(_STEP_RANGE_RE, regex=True).to_numpy()
+    keep = np.isin(r["lane"].to_numpy(), cpu_lanes) & ~is_step[r["name_id"].to_numpy()]
+    dev_ranks = np.unique(t.ops["rank"].to_numpy()[device_mask(t) & (
+        _lane_kind_of_ops(t) != int(LaneKind.CPU_THREAD))])
+    keep &= np.isin(r["rank"].to_numpy(), dev_ranks)
+    if not keep.any():
+        return z, z, z
+    rr = pd.DataFrame({"rank": r["rank"].to_numpy()[keep].astype(np.int64),
+                       "s": r["start_ns"].to_numpy()[keep], "e": r["end_ns"].to_numpy()[keep]})
+    ww = pd.DataFrame({"rank": w["rank"].to_numpy().astype(np.int64), "g": np.arange(len(w)),
+                       "ws": w["start_ns"].to_numpy(), "we": w["end_ns"].to_numpy()})
+    j = rr.merge(ww, on="rank", how="inner")
+    s = np.maximum(j["s"].to_numpy(), j["ws"].to_numpy())
+    e = np.minimum(j["e"].to_numpy(), j["we"].to_numpy())
+    ok = e > s
+    return j["g"].to_numpy()[ok].astype(np.int64), s[ok], e[ok]
 
 
 def breakdown(x: Any, *, by: str = "step") -> pd.DataFrame:
@@ -108,7 +140,12 @@ def breakdown(x: Any, *, by: str = "step") -> pd.DataFrame:
     u_c, u_m = ulen(c), ulen(m)
     u_cm = ulen(c | m)
     u_cmy = ulen(c | m | y)
-    u_all = ulen(c | m | y | host)
+    # host busy = leaf host ops plus enclosing host ranges (python/operator time between
+    # leaf ops), clipped to each window of the rank
+    hr_g, hr_s, hr_e = _host_ranges_in_windows(t, w)
+    mk = c | m | y | host
+    u_all = _union_len(np.concatenate([gidx[mk], hr_g]), np.concatenate([start[mk], hr_s]),
+                       np.concatenate([end[mk], hr_e]), n)
     step_ns = (w["end_ns"].to_numpy() - w["start_ns"].to_numpy()).astype(np.int64)
     out = pd.DataFrame({
         "rank": w["rank"].to_numpy().astype(np.int32),
