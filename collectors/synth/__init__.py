@@ -16,6 +16,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ..errors import ConfigError
 from ..trace import Trace
 from .builder import LANES, LayerTemplate, OpTemplate, StepTemplate, build_trace
@@ -149,8 +151,8 @@ def synthesize(model: str | Path | ModelConfig | dict[str, Any],
     peak_flops = hw.peak_flops(par.dtype) * par.world_size
     o = trace.ops
     stage_rank0 = (o["rank"].to_numpy() % (par.dp * par.cp * par.tp)) == 0
-    hw_flops = float(o["flops"].to_numpy()[stage_rank0 & (o["lane"].to_numpy() % len(LANES) == 0)]
-                     .sum()) if len(o) else 0.0
+    sel = stage_rank0 & (o["lane"].to_numpy() % len(LANES) == 0)
+    hw_flops = float(np.nansum(o["flops"].to_numpy()[sel])) if len(o) else 0.0
     hw_flops *= par.dp * par.cp * par.tp  # representative ranks stand for their stage
     syn.update({
         "model": mc.to_dict(),

@@ -261,21 +261,76 @@ def _grad_buckets(grad_ops: list[tuple[int, int]], bucket_params: float) -> list
     return out
 
 
-def _piece(arrs: dict[str, np.ndarray], mb: int, stage: int, chunk: int) -> dict[str, np.ndarray]:
-    n = len(arrs["dur_ns"])
-    out = {k: v for k, v in arrs.items() if k not in ("esrc", "edst")}
-    out["microbatch"] = np.full(n, mb, np.int32)
-    out["stage"] = np.full(n, stage, np.int16)
-    out["chunk"] = np.full(n, chunk, np.int16)
-    return out
+class _Pool:
+    """Unique op sequences (blocks) and the pieces (block instances) of the step.
+
+    Ops are materialized once per block; pieces are (block, microbatch, stage, chunk)
+    and expand to op columns by one gather at the end (no per-piece arrays)."""
+
+    def __init__(self, strings: StringTable) -> None:
+        self.strings = strings
+        self.blocks: list[dict[str, np.ndarray]] = []
+        self.p_block: list[int] = []
+        self.p_mb: list[int] = []
+        self.p_stage: list[int] = []
+        self.p_chunk: list[int] = []
+        self.n = 0
+
+    def add_block(self, blk: _Block) -> int:
+        self.blocks.append(blk.arrays(self.strings))
+        return len(self.blocks) - 1
+
+    def add_piece(self, b: int, mb: int, stage: int, chunk: int) -> int:
+        """Instantiate block ``b``; returns the op id of its first op."""
+        base = self.n
+        self.p_block.append(b)
+        self.p_mb.append(mb)
+        self.p_stage.append(stage)
+        self.p_chunk.append(chunk)
+        self.n += len(self.blocks[b]["dur_ns"])
+        return base
+
+    def add_ops(self, ops: list[tuple[OpTemplate, int]], stage: int) -> int:
+        blk = _Block()
+        for op, phase in ops:
+            blk.add(op, -1, phase, [])
+        return self.add_piece(self.add_block(blk), -1, stage, -1)
+
+    def materialize(self) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
+        """Op columns of all pieces in order, and the intra-block edges (src, dst)."""
+        lens = np.array([len(b["dur_ns"]) for b in self.blocks], np.int64)
+        elens = np.array([len(b["esrc"]) for b in self.blocks], np.int64)
+        offs = np.concatenate([[0], np.cumsum(lens)[:-1]])
+        eoffs = np.concatenate([[0], np.cumsum(elens)[:-1]])
+        pb = np.asarray(self.p_block, np.int64)
+        plen = lens[pb]
+        pstart = np.concatenate([[0], np.cumsum(plen)[:-1]])
+        idx = _ranges(offs[pb], plen)
+        cols = {k: np.concatenate([b[k] for b in self.blocks])[idx]
+                for k in self.blocks[0] if k not in ("esrc", "edst")}
+        cols["microbatch"] = np.repeat(np.asarray(self.p_mb, np.int32), plen)
+        cols["stage"] = np.repeat(np.asarray(self.p_stage, np.int16), plen)
+        cols["chunk"] = np.repeat(np.asarray(self.p_chunk, np.int16), plen)
+        pe = elens[pb]
+        eidx = _ranges(eoffs[pb], pe)
+        shift = np.repeat(pstart, pe)
+        src = np.concatenate([b["esrc"] for b in self.blocks])[eidx] + shift
+        dst = np.concatenate([b["edst"] for b in self.blocks])[eidx] + shift
+        return cols, src, dst
 
 
-def _small_piece(strings: StringTable, ops: list[tuple[OpTemplate, int]], stage: int) -> dict:
-    """A piece from (op, phase) pairs with no intra-piece edges (edges are added by caller)."""
-    blk = _Block()
-    for op, phase in ops:
-        blk.add(op, -1, phase, [])
-    return _piece(blk.arrays(strings), -1, stage, -1)
+def _ranges(starts: np.ndarray, lens: np.ndarray) -> np.ndarray:
+    """Concatenation of ``arange(s, s + l)`` for each (s, l), vectorized."""
+    total = int(lens.sum())
+    if total == 0:
+        return np.zeros(0, np.int64)
+    ends = np.cumsum(lens)
+    out = np.ones(total, np.int64)
+    nz = lens > 0
+    st, ln, en = starts[nz], lens[nz], ends[nz]
+    out[0] = st[0]
+    out[(en - ln)[1:]] = st[1:] - (st[:-1] + ln[:-1] - 1)
+    return np.cumsum(out)
 
 
 def _stage_params(tpl: StepTemplate, parallel: ParallelConfig, stage: int, per: int) -> int:
@@ -335,23 +390,22 @@ def build_trace(template: StepTemplate, parallel: ParallelConfig, comm: CommMode
     send_ns = comm.p2p_ns(template.p2p_bytes) if p2p_ns is None else int(p2p_ns)
     recv_ns = int(hw.kernel_overhead_us * 1e3) if recv_ns is None else int(recv_ns)
     strings = StringTable()
-    blocks: dict[tuple[int, bool], tuple[_Block, dict[str, np.ndarray]]] = {}
+    pool = _Pool(strings)
+    blocks: dict[tuple[int, bool], tuple[_Block, int]] = {}
     for vs in range(V):
         rng = range(vs * per, (vs + 1) * per)
         for bwd in (False, True):
             blk = _make_block(template, parallel, comm, vs, bwd, rng, recv_ns, send_ns)
-            blocks[(vs, bwd)] = (blk, blk.arrays(strings))
+            blocks[(vs, bwd)] = (blk, pool.add_block(blk))
     dp_group = parallel.dp * parallel.cp
     zero = parallel.zero_stage
     sync = dp_group > 1 and zero < 3
     bucket_params = parallel.bucket_mb * 1e6 / template.grad_bytes_per_param
-    pieces: list[dict[str, np.ndarray]] = []
     esrc: list[np.ndarray] = []
     edst: list[np.ndarray] = []
     ekind: list[np.ndarray] = []
     send_id: dict[tuple[bool, int, int], int] = {}
     recv_id: dict[tuple[bool, int, int], int] = {}
-    n = 0
 
     def add_edges(s, d, kind=EdgeKind.DATA):
         s = np.asarray(s, np.int64)
@@ -364,17 +418,14 @@ def build_trace(template: StepTemplate, parallel: ParallelConfig, comm: CommMode
         last_compute = -1
         for bwd, mb, c in stage_order(parallel.schedule, p, m, v, stage):
             vs = c * p + stage
-            blk, arrs = blocks[(vs, bwd)]
-            pieces.append(_piece(arrs, mb, stage, c))
-            add_edges(arrs["esrc"] + n, arrs["edst"] + n)
+            blk, bid = blocks[(vs, bwd)]
+            base = pool.add_piece(bid, mb, stage, c)
             if blk.entry >= 0:
-                recv_id[(bwd, mb, vs)] = n + blk.entry
+                recv_id[(bwd, mb, vs)] = base + blk.entry
             if (vs < V - 1 if not bwd else vs > 0):
-                send_id[(bwd, mb, vs)] = n + blk.n - 1
+                send_id[(bwd, mb, vs)] = base + blk.n - 1
             if blk.exit >= 0:
-                last_compute = n + blk.exit
-            base = n
-            n += blk.n
+                last_compute = base + blk.exit
             if bwd and mb == m - 1 and sync and blk.grad_ops:
                 op_kind = CommOp.ALL_REDUCE if zero == 0 else CommOp.REDUCE_SCATTER
                 ops, deps = [], []
@@ -386,11 +437,10 @@ def build_trace(template: StepTemplate, parallel: ParallelConfig, comm: CommMode
                                            kind=int(OpKind.COLLECTIVE), bytes=nbytes,
                                            comm_op=int(op_kind)), int(Phase.BWD)))
                     deps.append(base + ready)
-                pieces.append(_small_piece(strings, ops, stage))
-                ids = np.arange(n, n + len(ops))
+                first = pool.add_ops(ops, stage)
+                ids = np.arange(first, first + len(ops))
                 add_edges(deps, ids)
                 sync_ops.extend(ids.tolist())
-                n += len(ops)
         # optimizer step (sharded over data-parallel ranks with ZeRO >= 1)
         params = _stage_params(template, parallel, stage, per)
         shard = params / (dp_group if zero >= 1 else 1)
@@ -408,13 +458,12 @@ def build_trace(template: StepTemplate, parallel: ParallelConfig, comm: CommMode
                                    comm_op=int(CommOp.ALL_GATHER)), int(Phase.OPT)))
         if not ops:
             continue
-        pieces.append(_small_piece(strings, ops, stage))
+        n = pool.add_ops(ops, stage)
         deps = sync_ops + ([last_compute] if last_compute >= 0 else [])
         add_edges(deps, [n] * len(deps))
         add_edges(np.arange(n, n + n_opt - 1), np.arange(n + 1, n + n_opt))
         if len(ops) > n_opt:  # parameter all-gather after the (sharded) optimizer step
             add_edges([n + n_opt - 1], [n + n_opt])
-        n += len(ops)
     # pipeline p2p edges: send of (dir, mb, vs) feeds the receive of the next virtual stage
     ps, pd_ = [], []
     for (bwd, mb, vs), sid in send_id.items():
@@ -423,10 +472,11 @@ def build_trace(template: StepTemplate, parallel: ParallelConfig, comm: CommMode
             ps.append(sid)
             pd_.append(rid)
     add_edges(ps, pd_, EdgeKind.P2P)
-    rep = {k: np.concatenate([pc[k] for pc in pieces]) for k in pieces[0]}
-    src = np.concatenate(esrc)
-    dst = np.concatenate(edst)
-    kinds = np.concatenate(ekind)
+    rep, isrc, idst = pool.materialize()
+    n = pool.n
+    src = np.concatenate([isrc] + esrc)
+    dst = np.concatenate([idst] + edst)
+    kinds = np.concatenate([np.full(len(isrc), int(EdgeKind.DATA), np.int8)] + ekind)
     lag = np.zeros(len(src), np.int64)
     nl = len(LANES)
     rep_lane = rep["stage"].astype(np.int32) * nl + rep["lane"]
@@ -464,6 +514,11 @@ def _group_table(parallel: ParallelConfig) -> tuple[list[dict], dict[str, int]]:
     return rows, offsets
 
 
+def _bcast(rep_col: np.ndarray, K: int) -> np.ndarray:
+    """``np.tile(rep_col, K)`` as one block copy."""
+    return np.broadcast_to(rep_col, (K, len(rep_col))).reshape(-1)
+
+
 def _expand(rep: dict[str, np.ndarray], src: np.ndarray, dst: np.ndarray, kinds: np.ndarray,
             template: StepTemplate, parallel: ParallelConfig, strings: StringTable, step: int,
             expand: str, max_ops: int, meta: dict | None) -> Trace:
@@ -477,86 +532,84 @@ def _expand(rep: dict[str, np.ndarray], src: np.ndarray, dst: np.ndarray, kinds:
     K = len(ks)
     stage = rep["stage"].astype(np.int64)
     lane_local = rep["lane"].astype(np.int64)
-    kk = np.repeat(ks, N)
-    rank = np.tile(stage, K) * R + kk
-    t = kk % P.tp
-    c = (kk // P.tp) % P.cp
+    groups, goff = _group_table(P)
+    # replica index k = (d * cp + c) * tp + t; rank = stage * R + k
+    t_k = ks % P.tp
+    c_k = (ks // P.tp) % P.cp
+    d_k = ks // (P.tp * P.cp)
+    rank2 = (stage.astype(np.int32)[None, :] * np.int32(R)
+             + ks.astype(np.int32)[:, None])  # [K, N]
+    # lane class -> per-replica additive part of coll key and group id
+    cls = np.zeros(N, np.int64)  # 0 none, 1 tp, 2 cp, 3 dp
+    cls[lane_local == _LANE["tp"]] = 1
+    cls[lane_local == _LANE["cp"]] = 2
+    cls[lane_local == _LANE["dp"]] = 3
+    zero_k = np.zeros(K, np.int64)
+    key_k = np.stack([zero_k, ks - t_k, ks - c_k * P.tp, t_k], axis=1)  # [K, 4]
+    gid_k = np.stack([zero_k, ks // P.tp, d_k * P.tp + t_k, t_k], axis=1)
+    gid_base = np.select([cls == 1, cls == 2, cls == 3],
+                         [goff["tp"] + stage * (R // P.tp),
+                          goff["cp"] + stage * (P.dp * P.tp),
+                          goff["dp"] + stage * P.tp], -1)
     is_coll = rep["kind"] == int(OpKind.COLLECTIVE)
     j = np.cumsum(is_coll) - 1
-    groups, goff = _group_table(P)
-    lane_t = np.tile(lane_local, K)
-    coll_t = np.tile(is_coll, K)
-    coll_id = np.full(N * K, -1, np.int64)
-    group_id = np.full(N * K, -1, np.int32)
-    j_t = np.tile(j, K)
-    for name, li in (("tp", _LANE["tp"]), ("cp", _LANE["cp"]), ("dp", _LANE["dp"])):
-        sel = lane_t == li
-        if not sel.any():
-            continue
-        r = rank[sel]
-        if name == "tp":
-            key = r - t[sel]
-            gid = goff["tp"] + r // P.tp
-        elif name == "cp":
-            key = r - c[sel] * P.tp
-            s_ = r // R
-            d_ = (r % R) // (P.tp * P.cp)
-            gid = goff["cp"] + (s_ * P.dp + d_) * P.tp + t[sel]
-        else:
-            key = (r // R) * R + t[sel]
-            gid = goff["dp"] + (r // R) * P.tp + t[sel]
-        cs = coll_t[sel]
-        coll_id[np.flatnonzero(sel)[cs]] = (j_t[sel][cs] * W + key[cs])
-        group_id[sel] = gid
-    peer = np.full(N * K, -1, np.int32)
+    coll_base = np.where(is_coll & (cls > 0), j * W + stage * R, -1)
+    # only communication ops carry coll_id / group_id / peer: fill those columns sparsely
+    coll_id = np.full((K, N), -1, np.int64)
+    ci = np.flatnonzero(coll_base >= 0)
+    coll_id[:, ci] = coll_base[ci][None, :] + key_k[:, cls[ci]]
+    group_id = np.full((K, N), -1, np.int32)
+    gi = np.flatnonzero(gid_base >= 0)
+    group_id[:, gi] = gid_base[gi][None, :] + gid_k[:, cls[gi]]
     pdv = rep["peer_dv"].astype(np.int64)
-    is_p2p = pdv != 0
-    if is_p2p.any():
-        vs = rep["chunk"].astype(np.int64) * P.pp + stage
-        peer_stage = np.where(is_p2p, (vs + pdv) % P.pp, -1)
-        ps = np.tile(peer_stage, K)
-        m_ = np.tile(is_p2p, K)
-        peer[m_] = ps[m_] * R + kk[m_]
-        group_id[m_] = goff["pp"] + kk[m_]
+    pi = np.flatnonzero(pdv)
+    peer = np.full((K, N), -1, np.int32)
+    if len(pi):
+        vs = rep["chunk"][pi].astype(np.int64) * P.pp + stage[pi]
+        peer_stage = (vs + pdv[pi]) % P.pp
+        peer[:, pi] = peer_stage[None, :] * R + ks[:, None]
+        group_id[:, pi] = goff["pp"] + ks[:, None]
     ops = {
-        "rank": rank.astype(np.int32),
-        "lane": (rank * len(LANES) + lane_t).astype(np.int32),
-        "kind": np.tile(rep["kind"], K),
-        "name_id": np.tile(rep["name_id"], K),
-        "start_ns": np.tile(rep["start_ns"], K),
-        "dur_ns": np.tile(rep["dur_ns"], K),
+        "rank": rank2.reshape(-1),
+        "lane": (rank2 * np.int32(len(LANES)) + lane_local.astype(np.int32)[None, :]).reshape(-1),
+        "kind": _bcast(rep["kind"], K),
+        "name_id": _bcast(rep["name_id"], K),
+        "start_ns": _bcast(rep["start_ns"], K),
+        "dur_ns": _bcast(rep["dur_ns"], K),
         "step": np.full(N * K, step, np.int32),
-        "phase": np.tile(rep["phase"], K),
-        "layer": np.tile(rep["layer"], K),
-        "microbatch": np.tile(rep["microbatch"], K),
-        "stage": np.tile(rep["stage"], K),
-        "chunk": np.tile(rep["chunk"], K),
-        "coll_id": coll_id,
-        "comm_op": np.tile(rep["comm_op"], K),
-        "bytes": np.tile(rep["bytes"], K),
-        "group_id": group_id,
-        "peer": peer,
-        "flops": np.tile(rep["flops"], K),
+        "phase": _bcast(rep["phase"], K),
+        "layer": _bcast(rep["layer"], K),
+        "microbatch": _bcast(rep["microbatch"], K),
+        "stage": _bcast(rep["stage"], K),
+        "chunk": _bcast(rep["chunk"], K),
+        "coll_id": coll_id.reshape(-1),
+        "comm_op": _bcast(rep["comm_op"], K),
+        "bytes": _bcast(rep["bytes"], K),
+        "group_id": group_id.reshape(-1),
+        "peer": peer.reshape(-1),
+        "flops": _bcast(rep["flops"], K),
     }
-    off = np.repeat(np.arange(K, dtype=np.int64) * N, len(src))
-    edges = {"src": np.tile(src, K) + off, "dst": np.tile(dst, K) + off,
-             "kind": np.tile(kinds, K)}
+    off = (ks * N)[:, None]
+    edges = {"src": (src[None, :] + off).reshape(-1), "dst": (dst[None, :] + off).reshape(-1),
+             "kind": _bcast(kinds, K)}
     # lanes: every rank gets the lanes its stage uses
     used = np.zeros((P.pp, len(LANES)), bool)
     used[stage, lane_local] = True
-    lr, ll = [], []
-    ranks_emitted = np.unique(rank)
-    for r in ranks_emitted:
-        li = np.flatnonzero(used[r // R])
-        lr.append(np.full(len(li), r))
-        ll.append(li)
-    lr_a = np.concatenate(lr)
-    ll_a = np.concatenate(ll)
+    lane_rank = (np.arange(P.pp)[:, None] * R + ks[None, :])  # [pp, K]
+    lr_l, ll_l = [], []
+    for s_ in range(P.pp):
+        li = np.flatnonzero(used[s_])
+        lr_l.append(np.repeat(lane_rank[s_], len(li)))
+        ll_l.append(np.tile(li, K))
+    lr_a = np.concatenate(lr_l)
+    ll_a = np.concatenate(ll_l)
+    lane_names = np.asarray([f"{n} stream" for n in LANES], dtype=object)
     lanes = {"lane": (lr_a * len(LANES) + ll_a).astype(np.int32), "rank": lr_a.astype(np.int32),
              "device": lr_a.astype(np.int32),
              "lane_kind": np.full(len(lr_a), int(LaneKind.GPU_STREAM), np.int8),
              "native_id": ll_a.astype(np.int64),
-             "name": np.asarray([f"{LANES[i]} stream" for i in ll_a], dtype=object)}
+             "name": lane_names[ll_a]}
+    ranks_emitted = lane_rank.reshape(-1)
     # per-class busy time of each stage's representative rank
     end = rep["start_ns"] + rep["dur_ns"]
     step_ns = int(end.max() - rep["start_ns"].min()) if N else 0
@@ -583,12 +636,15 @@ def _expand(rep: dict[str, np.ndarray], src: np.ndarray, dst: np.ndarray, kinds:
                           "ranks": [s * R, (s + 1) * R - 1]} for s in range(P.pp)],
         "op_class_ns": classes,
         "op_name_ns_stage0": by_name,
-        "bubble_fraction": [1.0 - b / step_ns if step_ns else 0.0 for b in busy],
+        "compute_idle_fraction": [1.0 - b / step_ns if step_ns else 0.0 for b in busy],
         "ops_per_rank": np.bincount(stage, minlength=P.pp).tolist(),
     }
     synth.update(meta or {})
+    size_of_cls = np.array([1, P.tp, P.cp, P.dp * P.cp])
+    inst = (K // size_of_cls[cls[coll_base >= 0]]) if expand == "all" else np.ones(1)
+    n_coll = int(inst.sum()) if expand == "all" else int(np.count_nonzero(coll_base >= 0))
     m = {"source_format": "synth", "world_size": W, "synth": synth,
          "accounting": {"synth": {"events_read": 0, "kept": {"ops": int(N * K)}, "dropped": {}}},
-         "collectives": {"matched": int(len(np.unique(coll_id[coll_id >= 0]))), "unmatched": 0}}
+         "collectives": {"matched": n_coll, "unmatched": 0}}
     return Trace.build(ops=ops, lanes=lanes, strings=strings, edges=edges, groups=groups,
                        meta=m)
