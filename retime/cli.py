@@ -95,3 +95,4 @@ from retime import cmd_trace  # noqa: E402,F401  ingest, info, export
 from retime import cmd_capture  # noqa: E402,F401  capture
 from retime import cmd_report  # noqa: E402,F401  report
 from retime import cmd_replay  # noqa: E402,F401  replay
+from retime import cmd_synth  # noqa: E402,F401  synth
