@@ -50,16 +50,18 @@ def _topo_order(node_of, succ_ptr, succ_dst, indeg):
 
 
 @njit(cache=True)
-def _ready(i, start, end, origin, lane_prev, lane_lag, pred_ptr, pred_src, pred_lag, pred_s2s):
+def _ready(i, start, end, origin, lane_prev, lane_lag, lane_s2s, pred_ptr, pred_src, pred_lag,
+           pred_s2s):
     """Earliest start of op ``i`` allowed by its lane and its edges, and the binding op.
 
-    An edge with ``pred_s2s`` set counts from its source's start, the others from its end.
+    A lane link or an edge flagged ``*_s2s`` counts from its source's start, the others
+    from its end.
     """
     ready = _NEG
     crit = np.int64(-1)
     p = lane_prev[i]
     if p >= 0:
-        ready = end[p] + lane_lag[i]
+        ready = (start[p] if lane_s2s[i] else end[p]) + lane_lag[i]
         crit = p
     for k in range(pred_ptr[i], pred_ptr[i + 1]):
         if pred_s2s[k]:
@@ -76,7 +78,8 @@ def _ready(i, start, end, origin, lane_prev, lane_lag, pred_ptr, pred_src, pred_
 
 @njit(cache=True)
 def _fast_replay(order, coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev,
-                 lane_lag, pred_ptr, pred_src, pred_lag, pred_s2s, wait_ptr, wait_src, wait_lag):
+                 lane_lag, lane_s2s, pred_ptr, pred_src, pred_lag, pred_s2s, wait_ptr, wait_src,
+                 wait_lag):
     """Longest-path list scheduling in topological order, O(N + E).
 
     An op starts at ``max(lane predecessor end + lane_lag, pred end + lag) + delay`` (its
@@ -97,8 +100,8 @@ def _fast_replay(order, coll_of, coll_ptr, coll_members, dur, delay, origin, lan
         u = order[t]
         c = coll_of[u]
         if c < 0:
-            r, cp = _ready(u, start, end, origin, lane_prev, lane_lag, pred_ptr, pred_src, pred_lag,
-                           pred_s2s)
+            r, cp = _ready(u, start, end, origin, lane_prev, lane_lag, lane_s2s, pred_ptr, pred_src,
+                           pred_lag, pred_s2s)
             s = r + delay[u]
             e = s + dur[u]
             for k in range(wait_ptr[u], wait_ptr[u + 1]):
@@ -114,8 +117,8 @@ def _fast_replay(order, coll_of, coll_ptr, coll_members, dur, delay, origin, lan
             last = np.int64(-1)
             for k in range(coll_ptr[c], coll_ptr[c + 1]):
                 m = coll_members[k]
-                r, cp = _ready(m, start, end, origin, lane_prev, lane_lag, pred_ptr, pred_src,
-                               pred_lag, pred_s2s)
+                r, cp = _ready(m, start, end, origin, lane_prev, lane_lag, lane_s2s, pred_ptr,
+                               pred_src, pred_lag, pred_s2s)
                 s = r + delay[m]
                 start[m] = s
                 crit[m] = cp
@@ -140,14 +143,14 @@ def _fast_replay(order, coll_of, coll_ptr, coll_members, dur, delay, origin, lan
 
 
 @njit(cache=True)
-def _measured_ready(start, end, origin, lane_prev, lane_lag, pred_ptr, pred_src, pred_lag,
-                    pred_s2s):
+def _measured_ready(start, end, origin, lane_prev, lane_lag, lane_s2s, pred_ptr, pred_src,
+                    pred_lag, pred_s2s):
     """Ready time of every op computed from the measured times of its predecessors."""
     n = start.shape[0]
     out = np.empty(n, np.int64)
     for i in range(n):
-        r, _ = _ready(i, start, end, origin, lane_prev, lane_lag, pred_ptr, pred_src, pred_lag,
-                      pred_s2s)
+        r, _ = _ready(i, start, end, origin, lane_prev, lane_lag, lane_s2s, pred_ptr, pred_src,
+                      pred_lag, pred_s2s)
         out[i] = r
     return out
 
@@ -241,7 +244,7 @@ def _ixremove(heap, pos, size, t, q, j):
 
 @njit(cache=True)
 def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev, lane_lag,
-                  pred_ptr, pred_src, pred_lag, pred_s2s, wait_ptr, wait_src, wait_lag, device, resource,
+                  lane_s2s, pred_ptr, pred_src, pred_lag, pred_s2s, wait_ptr, wait_src, wait_lag, device, resource,
                   link, interference, share_compute, share_links):
     """Event-driven fluid replay with resource sharing (the contention path).
 
@@ -429,14 +432,22 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
             now = st_t[i]
             start[i] = now
             started += 1
+            q = lane_next[i]
+            if q >= 0 and lane_s2s[q]:
+                pending[q] -= 1
+                if pending[q] == 0:
+                    seq, ssize, clamped = _release(q, now, start, end, origin, base, delay,
+                                                   lane_prev, lane_lag, lane_s2s, pred_ptr,
+                                                   pred_src, pred_lag, pred_s2s, crit, st_t,
+                                                   st_q, sheap, ssize, seq, clamped)
             for k in range(succ_ptr[i], succ_ptr[i + 1]):  # edges counted from this start
                 if succ_s2s[k]:
                     q = succ[k]
                     pending[q] -= 1
                     if pending[q] == 0:
                         seq, ssize, clamped = _release(q, now, start, end, origin, base, delay,
-                                                       lane_prev, lane_lag, pred_ptr, pred_src,
-                                                       pred_lag, pred_s2s, crit, st_t, st_q,
+                                                       lane_prev, lane_lag, lane_s2s, pred_ptr,
+                                                       pred_src, pred_lag, pred_s2s, crit, st_t, st_q,
                                                        sheap, ssize, seq, clamped)
             c = coll_of[i]
             newjob = -1
@@ -524,12 +535,12 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
             end[i] = ev
             endi[i] = np.int64(np.rint(ev))
             q = lane_next[i]
-            if q >= 0:
+            if q >= 0 and not lane_s2s[q]:
                 pending[q] -= 1
                 if pending[q] == 0:
                     seq, ssize, clamped = _release(q, now, start, end, origin, base, delay,
-                                                   lane_prev, lane_lag, pred_ptr, pred_src,
-                                                   pred_lag, pred_s2s, crit, st_t, st_q, sheap, ssize, seq,
+                                                   lane_prev, lane_lag, lane_s2s, pred_ptr,
+                                                   pred_src, pred_lag, pred_s2s, crit, st_t, st_q, sheap, ssize, seq,
                                                    clamped)
             for k in range(succ_ptr[i], succ_ptr[i + 1]):
                 if succ_s2s[k]:
@@ -538,8 +549,8 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
                 pending[q] -= 1
                 if pending[q] == 0:
                     seq, ssize, clamped = _release(q, now, start, end, origin, base, delay,
-                                                   lane_prev, lane_lag, pred_ptr, pred_src,
-                                                   pred_lag, pred_s2s, crit, st_t, st_q, sheap, ssize, seq,
+                                                   lane_prev, lane_lag, lane_s2s, pred_ptr,
+                                                   pred_src, pred_lag, pred_s2s, crit, st_t, st_q, sheap, ssize, seq,
                                                    clamped)
             for k in range(wsucc_ptr[i], wsucc_ptr[i + 1]):
                 q = wsucc[k]
@@ -558,14 +569,14 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
 
 
 @njit(cache=True)
-def _release(q, now, start, end, origin, base, delay, lane_prev, lane_lag, pred_ptr, pred_src,
-             pred_lag, pred_s2s, crit, st_t, st_q, sheap, ssize, seq, clamped):
+def _release(q, now, start, end, origin, base, delay, lane_prev, lane_lag, lane_s2s, pred_ptr,
+             pred_src, pred_lag, pred_s2s, crit, st_t, st_q, sheap, ssize, seq, clamped):
     """All start constraints of ``q`` are resolved: compute its start, push the event."""
     ready = -np.inf
     cp = np.int64(-1)
     p = lane_prev[q]
     if p >= 0:
-        ready = end[p] + lane_lag[q]
+        ready = (start[p] if lane_s2s[q] else end[p]) + lane_lag[q]
         cp = p
     for k in range(pred_ptr[q], pred_ptr[q + 1]):
         if pred_s2s[k]:

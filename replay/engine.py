@@ -182,13 +182,14 @@ def simulate(graph: ReplayGraph, *, durations_ns: np.ndarray | None = None,
     if mode == "fast":
         start, end, crit = _fast_replay(
             g.order, g.coll_of, g.coll_ptr, g.coll_members, dur, g.delay_ns, g.origin_ns,
-            g.lane_prev, g.lane_lag_ns, g.pred_ptr, g.pred_src, g.pred_lag_ns, g.pred_s2s,
+            g.lane_prev, g.lane_lag_ns, g.lane_s2s, g.pred_ptr, g.pred_src, g.pred_lag_ns,
+            g.pred_s2s,
             g.wait_ptr, g.wait_src, g.wait_lag_ns)
     else:
         cm = contention or ContentionModel()
         start, end, crit, clamped = _fluid_replay(
             g.coll_of, g.coll_ptr, g.coll_members, dur, g.delay_ns, g.origin_ns, g.lane_prev,
-            g.lane_lag_ns, g.pred_ptr, g.pred_src, g.pred_lag_ns, g.pred_s2s, g.wait_ptr,
+            g.lane_lag_ns, g.lane_s2s, g.pred_ptr, g.pred_src, g.pred_lag_ns, g.pred_s2s, g.wait_ptr,
             g.wait_src,
             g.wait_lag_ns, g.device.astype(np.int64), g.resource, g.link.astype(np.int64),
             float(cm.interference), bool(cm.share_compute), bool(cm.share_links))

@@ -3,8 +3,9 @@
 Model (what one op waits for)
 -----------------------------
 * **Lane order.** Ops on one lane run FIFO in measured start order (ties by op id); an op
-  starts after the previous op of its lane ends, plus ``lane_lag_ns`` (``<= 0``: the measured
-  overlap when a profiler records two ops of one lane overlapping by a few ns).
+  starts after the previous op of its lane ends. Where the measurement shows the two
+  overlapping (profiler rounding, op-level streams), the op is instead tied to its
+  predecessor's start with the measured offset (``lane_s2s``).
 * **Edges** ``src -> dst``: ``dst.start >= src.end + lag``. A negative lag (a kernel that
   starts before its launch call returns) is stored as a fixed offset from ``src``'s *start*
   (``pred_s2s``), so a what-if that shortens the launch call does not pull the kernel ahead
@@ -66,7 +67,8 @@ class ReplayGraph:
         blocking calls: the part not spent waiting)
     delay_ns : unexplained release delay (zeros when ``ideal``); ``measured_delay_ns`` keeps it
     origin_ns : ready time of ops without predecessors (their rank's first measured start)
-    lane_prev, lane_lag_ns : previous op on the same lane (-1) and the lag after its end
+    lane_prev, lane_lag_ns, lane_s2s (bool) : previous op on the same lane (-1) and the lag
+        after its end (after its start where ``lane_s2s``: the two overlapped when measured)
     pred_ptr (N+1), pred_src, pred_lag_ns, pred_kind (int8), pred_s2s (bool) : CSR of start
         edges by dst; ``pred_s2s`` edges count ``pred_lag_ns`` from the source's *start*
     wait_ptr (N+1), wait_src, wait_lag_ns : CSR of end constraints (``end >= src end + lag``)
@@ -83,6 +85,7 @@ class ReplayGraph:
     origin_ns: np.ndarray
     lane_prev: np.ndarray
     lane_lag_ns: np.ndarray
+    lane_s2s: np.ndarray
     pred_ptr: np.ndarray
     pred_src: np.ndarray
     pred_lag_ns: np.ndarray
@@ -257,7 +260,11 @@ def graph_from_arrays(*, rank, lane, kind, start_ns, dur_ns, coll_id=None, edge_
     has_prev = lane_prev >= 0
     lane_lag = np.zeros(n, _I64)
     lane_lag[has_prev] = np.minimum(0, s[has_prev] - end[lane_prev[has_prev]])
-    stats["lane_overlaps"] = int((lane_lag < 0).sum())
+    # measured overlap on a lane: the op did not wait for its predecessor's end; keep the
+    # offset from the predecessor's start instead (same time on the measured trace)
+    lane_s2s = lane_lag < 0
+    lane_lag[lane_s2s] = s[lane_s2s] - s[lane_prev[lane_s2s]]
+    stats["lane_overlaps"] = int(lane_s2s.sum())
 
     # ---- collectives: dense index, members sorted by (collective, op id)
     in_coll = coll >= 0
@@ -335,8 +342,8 @@ def graph_from_arrays(*, rank, lane, kind, start_ns, dur_ns, coll_id=None, edge_
         rmin = np.full(len(ur), np.iinfo(_I64).max, _I64)
         np.minimum.at(rmin, rinv, s)
         origin = rmin[rinv]
-    ready = _measured_ready(s, end, origin, lane_prev, lane_lag, pred_ptr, pred_src, pred_lag,
-                            pred_s2s)
+    ready = _measured_ready(s, end, origin, lane_prev, lane_lag, lane_s2s, pred_ptr, pred_src,
+                            pred_lag, pred_s2s)
     mdelay = np.maximum(s - ready, 0)
     delayed = mdelay > 0
     stats["unexplained_delay_count"] = int(delayed.sum())
@@ -362,7 +369,8 @@ def graph_from_arrays(*, rank, lane, kind, start_ns, dur_ns, coll_id=None, edge_
 
     return ReplayGraph(
         dur_ns=dur, delay_ns=np.zeros(n, _I64) if ideal else mdelay, measured_delay_ns=mdelay,
-        origin_ns=origin, lane_prev=lane_prev, lane_lag_ns=lane_lag, pred_ptr=pred_ptr,
+        origin_ns=origin, lane_prev=lane_prev, lane_lag_ns=lane_lag, lane_s2s=lane_s2s,
+        pred_ptr=pred_ptr,
         pred_src=pred_src, pred_lag_ns=pred_lag, pred_kind=pred_kind, pred_s2s=pred_s2s,
         wait_ptr=wait_ptr,
         wait_src=wait_src, wait_lag_ns=wait_lag, coll_of=coll_of, coll_ptr=coll_ptr,

@@ -30,10 +30,11 @@ def _preds(g):
     return preds, waits, colls
 
 
-def _ready(i, start, end, lane_prev, lane_lag, preds, origin):
+def _ready(i, start, end, lane_prev, lane_lag, lane_s2s, preds, origin):
     best, cp = None, -1
-    if lane_prev[i] >= 0:
-        best, cp = end[lane_prev[i]] + lane_lag[i], lane_prev[i]
+    p = lane_prev[i]
+    if p >= 0:
+        best, cp = (start[p] if lane_s2s[i] else end[p]) + lane_lag[i], p
     for s, lag, from_start in preds[i]:
         v = (start[s] if from_start else end[s]) + lag
         if best is None or v > best:
@@ -50,6 +51,7 @@ def naive_fast(g, durations_ns=None):
     dur = (g.dur_ns if durations_ns is None else np.asarray(durations_ns)).tolist()
     delay, origin = g.delay_ns.tolist(), g.origin_ns.tolist()
     lane_prev, lane_lag = g.lane_prev.tolist(), g.lane_lag_ns.tolist()
+    lane_s2s = g.lane_s2s.tolist()
     coll_of = g.coll_of.tolist()
     preds, waits, colls = _preds(g)
     node = [colls[coll_of[i]][0] if coll_of[i] >= 0 else i for i in range(n)]
@@ -74,7 +76,7 @@ def naive_fast(g, durations_ns=None):
         ms = members[u]
         a, last = None, -1
         for m in ms:
-            r, cp = _ready(m, start, end, lane_prev, lane_lag, preds, origin)
+            r, cp = _ready(m, start, end, lane_prev, lane_lag, lane_s2s, preds, origin)
             start[m], crit[m] = r + delay[m], cp
             if a is None or start[m] > a:
                 a, last = start[m], m
@@ -114,6 +116,7 @@ def naive_fluid(g, durations_ns=None, interference=0.0, share_compute=False, sha
     base = int(g.origin_ns.min()) if n else 0
     origin = [float(x - base) for x in g.origin_ns.tolist()]
     lane_prev, lane_lag = g.lane_prev.tolist(), g.lane_lag_ns.tolist()
+    lane_s2s = g.lane_s2s.tolist()
     coll_of = g.coll_of.tolist()
     device, resource, link = g.device.tolist(), g.resource.tolist(), g.link.tolist()
     preds, waits, colls = _preds(g)
@@ -220,7 +223,7 @@ def naive_fluid(g, durations_ns=None, interference=0.0, share_compute=False, sha
 
     def release(q, now):
         nonlocal seq, clamped
-        r, cp = _ready(q, start, end, lane_prev, lane_lag, preds, origin)
+        r, cp = _ready(q, start, end, lane_prev, lane_lag, lane_s2s, preds, origin)
         s = r + delay[q]
         if s < now:
             s, clamped = now, clamped + 1
@@ -277,6 +280,11 @@ def naive_fluid(g, durations_ns=None, interference=0.0, share_compute=False, sha
             i = x
             start[i] = now
             started += 1
+            q = lane_next[i]
+            if q >= 0 and lane_s2s[q]:
+                pending[q] -= 1
+                if pending[q] == 0:
+                    release(q, now)
             for q, from_start in succs[i]:
                 if from_start:
                     pending[q] -= 1
@@ -341,7 +349,7 @@ def naive_fluid(g, durations_ns=None, interference=0.0, share_compute=False, sha
                     ev, crit[i] = end[s] + lag, s
             end[i] = ev
             q = lane_next[i]
-            if q >= 0:
+            if q >= 0 and not lane_s2s[q]:
                 pending[q] -= 1
                 if pending[q] == 0:
                     release(q, now)
@@ -425,6 +433,8 @@ def random_trace(seed: int, *, n_ranks: int = 3, steps: int = 6, gpu_lanes: int 
         lend = ops["start_ns"][li] + ops["dur_ns"][li]
         lo = ops["start_ns"][li] + int(rng.integers(500, 3000)) if negative_launch_lag else lend
         st = max(lo, lane_free[r, s], not_before)
+        if jitter and rng.random() < 0.05 and st == lane_free[r, s] and st - 40 > lo:
+            st -= int(rng.integers(1, 40))  # profiler rounding: overlaps its predecessor
         if jitter and rng.random() < 0.1:
             st += int(rng.integers(1, 20000))  # an unexplained delay
         gi = add_op(r, gpu_lane[r, s], kind, name, st, dur, coll)
