@@ -646,5 +646,5 @@ def _expand(rep: dict[str, np.ndarray], src: np.ndarray, dst: np.ndarray, kinds:
     m = {"source_format": "synth", "world_size": W, "synth": synth,
          "accounting": {"synth": {"events_read": 0, "kept": {"ops": int(N * K)}, "dropped": {}}},
          "collectives": {"matched": n_coll, "unmatched": 0}}
-    return Trace.build(ops=ops, lanes=lanes, strings=strings, edges=edges, groups=groups,
+    return Trace.build(ops=ops, lanes=lanes, strings=strings, edges=edges, groups=groups or None,
                        meta=m)

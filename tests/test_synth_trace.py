@@ -1,0 +1,215 @@
+"""Structure of synthesized traces: ranks, lanes, collectives, p2p, edges, timing, errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from collectors.enums import CommOp, EdgeKind, OpKind, Phase
+from collectors.errors import ConfigError
+from collectors.synth import (ParallelConfig, model_names, read_model_file, synthesize)
+from collectors.trace import read_trace
+
+SMALL = dict(hidden=1024, ffn=4096, heads=16, layers=8, seq=1024, vocab=32000,
+             attention="unfused")
+
+
+@pytest.fixture(scope="module")
+def tr3d():
+    """tp=2, pp=2, dp=2, 1F1B, 4 micro-batches per pipeline, selective + SP."""
+    return synthesize(SMALL, "a100-80gb", tp=2, pp=2, dp=2, global_batch=8, micro_batch=1,
+                      sequence_parallel=True, recompute="selective")
+
+
+def _end(o):
+    return o["start_ns"].to_numpy() + o["dur_ns"].to_numpy()
+
+
+def test_ranks_lanes_and_meta(tr3d):
+    o = tr3d.ops
+    assert sorted(np.unique(o["rank"]).tolist()) == list(range(8))
+    s = tr3d.meta["synth"]
+    assert s["world_size"] == 8 == tr3d.world_size
+    for k in ("step_time_ns", "tokens_per_s", "mfu", "peak_memory_bytes", "memory", "model",
+              "hardware", "parallel", "op_class_ns"):
+        assert k in s
+    # tokens/s is exactly tokens per step over the step time
+    assert s["tokens_per_s"] == pytest.approx(8 * 1024 / (s["step_time_ns"] / 1e9))
+    # every rank spans the step; identical ranks (same stage) have identical timelines
+    span = tr3d.step_times_ns()
+    assert span["span_ns"].max() == s["step_time_ns"]
+    for stage in (0, 1):
+        rs = [r for r in range(8) if r // 4 == stage]
+        ref = o[o["rank"] == rs[0]]["start_ns"].to_numpy()
+        for r in rs[1:]:
+            assert np.array_equal(o[o["rank"] == r]["start_ns"].to_numpy(), ref)
+    # lanes: compute + tp + dp on all; pp send/recv on both stages
+    names = set(tr3d.lanes["name"])
+    assert {"compute stream", "tp stream", "dp stream", "pp_send stream",
+            "pp_recv stream"} <= names
+
+
+def test_collectives_share_coll_id_across_group(tr3d):
+    o = tr3d.ops
+    groups = {int(g): set(r) for g, r in zip(tr3d.groups["group_id"], tr3d.groups["ranks"])}
+    c = o[o["kind"] == int(OpKind.COLLECTIVE)]
+    assert (c["coll_id"] >= 0).all() and (c["group_id"] >= 0).all()
+    for cid, g in c.groupby("coll_id"):
+        members = set(g["rank"].tolist())
+        assert len(members) == len(g)  # one member per rank
+        assert members == groups[int(g["group_id"].iloc[0])]
+        assert g["group_id"].nunique() == 1 and g["bytes"].nunique() == 1
+        assert g["comm_op"].nunique() == 1 and g["start_ns"].nunique() == 1
+    tp = c[c["lane"] % 6 == 1]
+    assert (tp.groupby("coll_id").size() == 2).all()
+    dp = c[c["lane"] % 6 == 3]
+    assert len(dp) and (dp.groupby("coll_id").size() == 2).all()
+    assert set(dp["comm_op"]) == {int(CommOp.ALL_REDUCE)}
+
+
+def test_p2p_pairs_and_edges(tr3d):
+    o = tr3d.ops
+    e = tr3d.edges
+    p2p = e[e["kind"] == int(EdgeKind.P2P)]
+    src = o.iloc[p2p["src"].to_numpy()]
+    dst = o.iloc[p2p["dst"].to_numpy()]
+    assert (src["comm_op"].to_numpy() == int(CommOp.SEND)).all()
+    assert (dst["comm_op"].to_numpy() == int(CommOp.RECV)).all()
+    assert np.array_equal(src["peer"].to_numpy(), dst["rank"].to_numpy())
+    assert np.array_equal(dst["peer"].to_numpy(), src["rank"].to_numpy())
+    assert np.array_equal(src["microbatch"].to_numpy(), dst["microbatch"].to_numpy())
+    # forward activations and backward gradients: 4 micro-batches x 2 directions x 4 replicas
+    assert len(p2p) == 4 * 2 * 4
+    # every edge is respected by the timing
+    end = _end(o)
+    assert (o["start_ns"].to_numpy()[e["dst"].to_numpy()]
+            >= end[e["src"].to_numpy()] + e["lag_ns"].to_numpy()).all()
+
+
+def test_lanes_are_fifo_without_overlap(tr3d):
+    o = tr3d.ops.sort_values(["lane", "op_id"])
+    same = o["lane"].to_numpy()[1:] == o["lane"].to_numpy()[:-1]
+    end = _end(o)
+    assert (o["start_ns"].to_numpy()[1:][same] >= end[:-1][same]).all()
+
+
+def test_tags_counts_and_flops(tr3d):
+    o = tr3d.ops
+    r0 = o[o["rank"] == 0]
+    # stage 0 holds layers 0-3; each runs one forward QKV GEMM per micro-batch
+    qkv = r0[tr3d.names()[r0.index] == "attn.qkv.fwd"]
+    assert sorted(qkv["layer"].unique().tolist()) == [0, 1, 2, 3]
+    assert len(qkv) == 4 * 4
+    assert (qkv["phase"] == int(Phase.FWD)).all()
+    # QKV flops on one TP rank: 2 * tokens * h * 3h / tp
+    assert qkv["flops"].iloc[0] == pytest.approx(2 * 1024 * 1024 * 3 * 1024 / 2)
+    assert (r0[r0["phase"] == int(Phase.OPT)]["lane"] % 6 == 0).all()
+    # selective recompute re-runs the attention scores once per layer and micro-batch
+    rec = r0[tr3d.names()[r0.index] == "recompute.attn.scores.fwd"]
+    assert len(rec) == 16 and (rec["phase"] == int(Phase.BWD)).all()
+
+
+def test_save_roundtrip(tr3d, tmp_path):
+    p = tr3d.save(tmp_path / "s.retime")
+    back = read_trace(p)
+    pd.testing.assert_frame_equal(back.ops, tr3d.ops)
+    assert back.meta["synth"]["step_time_ns"] == tr3d.meta["synth"]["step_time_ns"]
+
+
+@pytest.mark.parametrize("kw,expect", [
+    (dict(zero=3), {"zero3.allgather_params", "zero3.reduce_scatter_grads"}),
+    (dict(fsdp=True), {"zero3.allgather_params", "zero3.reduce_scatter_grads"}),
+    (dict(zero=1), {"dp.reduce_scatter_grads", "dp.allgather_params"}),
+    (dict(zero=2), {"dp.reduce_scatter_grads", "dp.allgather_params"}),
+    (dict(cp=2, dp=1), {"cp.allgather_kv", "cp.reduce_scatter_dkv"}),
+])
+def test_sharding_and_context_parallel(kw, expect):
+    args = dict(tp=2, pp=1, dp=2, global_batch=4, micro_batch=1)
+    args.update(kw)
+    tr = synthesize(SMALL, "h100-sxm", **args)
+    names = set(tr.names())
+    assert expect <= names
+    o = tr.ops
+    if "zero3.allgather_params" in expect:
+        r0 = (o["rank"] == 0).to_numpy()
+        # one gather per unit (8 layers, embedding, head) per micro-batch (2) in forward,
+        # and again in backward
+        assert ((tr.names() == "zero3.allgather_params") & r0).sum() == 10 * 2
+        assert ((tr.names() == "zero3.allgather_params.bwd") & r0).sum() == 10 * 2
+        mem = tr.meta["synth"]["memory"][0]
+        assert mem["weights_bytes"] == mem["params"]  # 2 bytes / param sharded over dp=2
+    assert tr.meta["synth"]["world_size"] == 4
+
+
+def test_zero_reduces_memory():
+    base = dict(tp=1, pp=1, dp=8, global_batch=8, micro_batch=1)
+    mem = [synthesize(SMALL, "a100-80gb", zero=z, **base).meta["synth"]["memory"][0]
+           for z in (0, 1, 2, 3)]
+    assert mem[0]["optimizer_bytes"] == 8 * mem[1]["optimizer_bytes"]
+    assert mem[1]["grads_bytes"] == 8 * mem[2]["grads_bytes"]
+    assert mem[2]["weights_bytes"] == 8 * mem[3]["weights_bytes"]
+
+
+def test_unique_expansion_matches_full():
+    kw = dict(tp=2, pp=2, dp=2, global_batch=8, micro_batch=1)
+    full = synthesize(SMALL, "a100-80gb", **kw)
+    uniq = synthesize(SMALL, "a100-80gb", expand="unique", **kw)
+    assert sorted(np.unique(uniq.ops["rank"]).tolist()) == [0, 4]
+    assert uniq.meta["synth"]["step_time_ns"] == full.meta["synth"]["step_time_ns"]
+    assert len(full.ops) == 4 * len(uniq.ops)
+    assert uniq.meta["synth"]["rank_classes"][1] == {"stage": 1, "representative": 4,
+                                                     "ranks": [4, 7]}
+
+
+def test_zoo_and_model_file(tmp_path):
+    names = model_names()
+    for n in ("gpt3-175b", "megatron-22b", "megatron-530b", "megatron-1t", "llama2-7b",
+              "llama2-70b", "llama3-8b", "llama3-405b"):
+        assert n in names
+    f = tmp_path / "m.toml"
+    f.write_text("hidden = 512\nffn = 2048\nheads = 8\nkv_heads = 2\nlayers = 4\n"
+                 "seq = 256\nvocab = 1000\n")
+    m = read_model_file(f)
+    assert (m.hidden, m.kv_heads, m.kv_dim) == (512, 2, 128)
+    tr = synthesize(f, "a100-40gb", tp=2, pp=2, dp=1, global_batch=4, micro_batch=2)
+    assert tr.meta["synth"]["model"]["name"] == "m"
+
+
+def test_llama_params():
+    from collectors.synth import load_model
+    # published sizes: 6.7B, 70.6B (Llama 2), 8.0B, 405B (Llama 3)
+    for name, expect in (("llama2-7b", 6.74e9), ("llama2-70b", 68.98e9),
+                         ("llama3-8b", 8.03e9), ("llama3-405b", 405.9e9)):
+        assert load_model(name).params() == pytest.approx(expect, rel=0.025)
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(tp=3, pp=1, dp=1, global_batch=4, micro_batch=1), r"tp=3 does not divide heads=16"),
+    (dict(tp=2, pp=1, dp=2, global_batch=6, micro_batch=2, world_size=4),
+     r"global_batch=6 is not divisible by micro_batch\*dp=2\*2=4"),
+    (dict(tp=2, pp=2, dp=2, global_batch=8, micro_batch=1, world_size=16),
+     r"dp\*tp\*pp\*cp = 2\*2\*2\*1 = 8 does not equal world_size=16"),
+    (dict(tp=1, pp=3, dp=1, global_batch=3, micro_batch=1), r"layers=8 .* pp\*chunks=3\*1=3"),
+    (dict(tp=1, pp=1, dp=1, global_batch=1, micro_batch=1, dtype="fp8"), r"no fp8 peak"),
+])
+def test_bad_configs(kw, match):
+    with pytest.raises(ConfigError, match=match):
+        synthesize(SMALL, "a100-80gb", **kw)
+
+
+def test_does_not_fit():
+    with pytest.raises(ConfigError, match=r"does not fit: stage 0 needs .* GiB .* a100-40gb "
+                                          r"has 40 GiB with tp=1 pp=1 dp=1"):
+        synthesize("gpt3-175b", "a100-40gb", tp=1, pp=1, dp=1, global_batch=1, micro_batch=1)
+    # with the check off, the trace comes back flagged
+    tr = synthesize("gpt3-13b", "a100-40gb", tp=1, pp=1, dp=1, global_batch=1, micro_batch=1,
+                    check_memory=False)
+    assert tr.meta["synth"]["oom"] is True
+
+
+def test_parallel_config_validation():
+    with pytest.raises(ConfigError, match="schedule='zigzag'"):
+        ParallelConfig(schedule="zigzag")
+    with pytest.raises(ConfigError, match="chunks=2 needs schedule interleaved or bfs"):
+        ParallelConfig(pp=2, chunks=2, global_batch=2)
