@@ -368,6 +368,9 @@ class Trace:
             raise TraceFormatError(f"{path} exists; pass overwrite=True or choose another name")
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+        um = os.umask(0)
+        os.umask(um)
+        os.chmod(tmp, 0o777 & ~um)  # mkdtemp makes 0700; a store is an ordinary directory
         try:
             for name in _TABLES:
                 if name == "strings":
