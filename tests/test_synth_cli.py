@@ -1,0 +1,78 @@
+"""`retime synth` command line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from collectors.trace import read_trace
+from retime.cli import run
+
+BASE = ["--tp", "2", "--pp", "2", "--dp", "2", "--global-batch", "8", "--micro-batch", "1"]
+
+
+def _model_file(tmp_path):
+    f = tmp_path / "tiny.toml"
+    f.write_text("hidden = 1024\nffn = 4096\nheads = 16\nlayers = 8\nseq = 1024\n"
+                 "vocab = 32000\n")
+    return f
+
+
+def test_json_and_output(tmp_path, capsys):
+    out = tmp_path / "run.retime"
+    rc = run(["synth", "--model-file", str(_model_file(tmp_path)), "--hardware", "h100-sxm",
+              *BASE, "--schedule", "interleaved", "--chunks", "2", "--recompute", "selective",
+              "--sequence-parallel", "--zero", "1", "-o", str(out), "--json"])
+    assert rc == 0
+    cap = capsys.readouterr()
+    obj = json.loads(cap.out)
+    for k in ("step_time_ns", "tokens_per_s", "mfu", "peak_memory_bytes", "world_size"):
+        assert k in obj
+    assert obj["world_size"] == 8
+    assert obj["parallel"]["schedule"] == "interleaved" and obj["parallel"]["chunks"] == 2
+    tr = read_trace(out)
+    assert tr.meta["synth"]["step_time_ns"] == obj["step_time_ns"]
+    assert obj["peak_memory_bytes"] == max(r["total_bytes"] for r in tr.meta["synth"]["memory"])
+    assert sorted(set(tr.ops["chunk"].tolist()) - {-1}) == [0, 1]
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["--model", "megatron-22b", "--hardware", "a100-80gb", "--tp", "5", "--pp", "1", "--dp",
+      "1", "--global-batch", "4", "--micro-batch", "4"], "tp=5 does not divide heads=64"),
+    (["--model", "nope", "--hardware", "a100-80gb", *BASE], "unknown model 'nope'"),
+    (["--model", "megatron-22b", "--hardware", "tpu", *BASE], "unknown hardware 'tpu'"),
+    (["--model", "gpt3-1.3b", "--hardware", "a100-80gb", "--tp", "2", "--pp", "1", "--dp", "2",
+      "--global-batch", "6", "--micro-batch", "2"], "global_batch=6 is not divisible"),
+    (["--model", "gpt3-175b", "--hardware", "a100-40gb", "--tp", "1", "--pp", "1", "--dp",
+      "1", "--global-batch", "1", "--micro-batch", "1"], "does not fit"),
+    (["--model", "gpt3-1.3b", "--hardware", "a100-80gb", *BASE, "--zero", "2", "--fsdp"],
+     "FSDP is ZeRO-3"),
+])
+def test_bad_input_exits_2_with_one_line(tmp_path, capsys, args, msg):
+    rc = run(["synth", *args, "-o", str(tmp_path / "x.retime")])
+    assert rc == 2
+    err = capsys.readouterr().err.strip()
+    assert msg in err and "\n" not in err and "Traceback" not in err
+
+
+def test_hardware_file_subprocess(tmp_path):
+    from collectors.synth.hardware import _DIR
+    hw = tmp_path / "slow-net.toml"
+    text = (_DIR / "a100-80gb.toml").read_text().replace('name = "a100-80gb"',
+                                                          'name = "slow-net"')
+    hw.write_text(text.replace("nic_gbps = 25.0", "nic_gbps = 2.5"))
+    outs = {}
+    for label, flag in (("base", ["--hardware", "a100-80gb"]),
+                        ("slow", ["--hardware-file", str(hw)])):
+        p = subprocess.run([sys.executable, "-m", "retime", "synth", "--model", "gpt3-1.3b",
+                            *flag, "--tp", "8", "--pp", "1", "--dp", "2", "--global-batch",
+                            "4", "--micro-batch", "2", "-o", str(tmp_path / f"{label}.retime"),
+                            "--json"], capture_output=True, text=True, timeout=300)
+        assert p.returncode == 0, p.stderr
+        outs[label] = json.loads(p.stdout)
+    # the data-parallel all-reduce crosses nodes: a 10x slower NIC makes the step slower
+    assert outs["slow"]["step_time_ns"] > outs["base"]["step_time_ns"]
+    assert outs["slow"]["hardware"] == "slow-net"
