@@ -557,30 +557,39 @@ def _inside(t: np.ndarray, us: np.ndarray, ue: np.ndarray) -> np.ndarray:
 
 
 def _attribute(names_arr, r_name, r_start, r_end, start, launch_of, n_h):
-    """step from ProfilerStep#N ranges; phase from forward/backward/optimizer markers."""
+    """step from ProfilerStep#N ranges; phase from forward/backward/optimizer markers.
+
+    Name patterns are matched once per distinct name (the string table), not per range.
+    """
     n = len(start)
-    rn = names_arr[r_name] if len(r_name) else np.zeros(0, object)
     t = start.copy()
     has_launch = launch_of >= 0
     t[has_launch] = start[launch_of[has_launch]]  # GPU ops: attribute by their launch time
     step = np.full(n, -1, np.int32)
-    st_idx = [i for i, s in enumerate(rn) if s.startswith("ProfilerStep#")]
-    if st_idx:
-        st_idx = np.asarray(st_idx)
-        nums = np.asarray([int(_STEP_RE.match(rn[i]).group(1)) if _STEP_RE.match(rn[i]) else -1
-                           for i in st_idx])
-        o = np.argsort(r_start[st_idx])
-        ss, se, sn = r_start[st_idx][o], r_end[st_idx][o], nums[o]
-        p = np.searchsorted(ss, t, side="right") - 1
-        ok = (p >= 0)
-        ok[ok] = t[ok] < se[p[ok]]
-        step[ok] = sn[p[ok]]
+    step_no = np.full(len(names_arr), -1, np.int64)
+    cls = np.zeros((3, len(names_arr)), bool)
+    for i, s in enumerate(names_arr):
+        m = _STEP_RE.match(s)
+        if m:
+            step_no[i] = int(m.group(1))
+        bwd = bool(_BWD.search(s))
+        cls[0, i] = bool(_FWD.search(s)) and not bwd
+        cls[1, i] = bwd
+        cls[2, i] = bool(_OPT.search(s))
+    if len(r_name):
+        rs = step_no[r_name]
+        sel = rs >= 0
+        if sel.any():
+            o = np.argsort(r_start[sel], kind="stable")
+            ss, se, sn = r_start[sel][o], r_end[sel][o], rs[sel][o]
+            p = np.searchsorted(ss, t, side="right") - 1
+            ok = p >= 0
+            ok[ok] = t[ok] < se[p[ok]]
+            step[ok] = sn[p[ok]]
     phase = np.full(n, int(Phase.UNKNOWN), np.int8)
     phase[step >= 0] = int(Phase.OTHER)
-    for pat, ph in ((_FWD, Phase.FWD), (_BWD, Phase.BWD), (_OPT, Phase.OPT)):
-        sel = np.asarray([bool(pat.search(s)) for s in rn], bool) if len(rn) else np.zeros(0, bool)
-        if pat is _FWD:  # "forward" inside a backward op name is not a forward marker
-            sel &= ~np.asarray([bool(_BWD.search(s)) for s in rn], bool) if len(rn) else sel
+    for k, ph in enumerate((Phase.FWD, Phase.BWD, Phase.OPT)):
+        sel = cls[k][r_name] if len(r_name) else np.zeros(0, bool)
         us, ue = _union(r_start[sel], r_end[sel])
         phase[_inside(t, us, ue)] = int(ph)
     return step, phase
