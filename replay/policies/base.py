@@ -1,0 +1,249 @@
+"""What-if machinery shared by every policy family: the working state and small validators.
+
+A what-if runs in two phases over one :class:`WhatIfState`:
+
+1. ``configure(state)`` — policies that change *how the step is laid out* (parallelism,
+   recompute, network/hardware of a synthesized run, topology, ideal mode) edit the state's
+   configuration. On a synthesized trace (``meta["synth"]`` carries the model, hardware and
+   parallel configs) a changed configuration is re-synthesized by the same builder synth
+   uses, so the new trace is exactly what ``retime synth`` would model.
+2. ``apply(state)`` — policies that *re-time a laid-out trace* edit per-op durations
+   (``state.dur``: a collective member's value is its transfer tail after the last member
+   arrived, as in :mod:`replay.graph`), add dependency edges (``state.add_edges``) or ask for
+   the contention path (``state.contention``).
+
+Then the engine replays the graph once. Every policy appends what it did to
+``state.applied`` (recorded in ``ReplayResult.meta["scenario"]``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+
+from collectors.enums import OpKind
+from collectors.errors import ConfigError, PolicyError
+from collectors.trace import Trace
+
+from ..engine import ContentionModel
+from ..graph import ReplayGraph, build_graph
+
+__all__ = ["Policy", "WhatIfState", "SynthSpec", "check_positive", "check_fraction",
+           "check_choice", "check_int", "ranks_per_node_of", "node_span"]
+
+
+# ---------------------------------------------------------------------------- validators
+def check_positive(where: str, name: str, v: Any, *, allow_none: bool = True,
+                   strict: bool = True) -> None:
+    """Raise PolicyError unless ``v`` is a finite number > 0 (>= 0 when not strict)."""
+    if v is None and allow_none:
+        return
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
+            or (v <= 0 if strict else v < 0):
+        raise PolicyError(f"{where}.{name}={v!r} must be a finite number "
+                          f"{'> 0' if strict else '>= 0'}")
+
+
+def check_fraction(where: str, name: str, v: Any) -> None:
+    if v is None:
+        return
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 <= v <= 1.0:
+        raise PolicyError(f"{where}.{name}={v!r} must be a number in [0, 1]")
+
+
+def check_int(where: str, name: str, v: Any, *, lo: int = 1) -> None:
+    if v is None:
+        return
+    if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+        raise PolicyError(f"{where}.{name}={v!r} must be an integer >= {lo}")
+
+
+def check_choice(where: str, name: str, v: Any, choices: tuple) -> None:
+    if v is None:
+        return
+    if v not in choices:
+        raise PolicyError(f"{where}.{name}={v!r}; choose one of "
+                          f"{', '.join(map(str, choices))}")
+
+
+# ---------------------------------------------------------------------------- policy base
+@dataclass(frozen=True)
+class Policy:
+    """Base of every what-if policy (frozen; validated in ``__post_init__``).
+
+    ``table`` is the scenario table (``[network]``) whose keys are the dataclass fields.
+    Fields left ``None`` mean "unchanged".
+    """
+
+    table: ClassVar[str] = ""
+
+    def configure(self, state: WhatIfState) -> None:  # phase 1 (optional)
+        return None
+
+    def apply(self, state: WhatIfState) -> None:  # phase 2 (optional)
+        return None
+
+    def fields(self) -> dict[str, Any]:
+        """The fields that are set (not None), for ``meta["scenario"]``."""
+        out = {}
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if v is None:
+                continue
+            out[f.name] = list(v) if isinstance(v, tuple) else v
+        return out
+
+    def describe(self) -> dict[str, Any]:
+        return {"policy": self.table, **self.fields()}
+
+
+# ---------------------------------------------------------------------------- synth spec
+@dataclass
+class SynthSpec:
+    """Mutable copies of a synthesized trace's configs (re-synthesized when ``changed``)."""
+
+    model: Any
+    hardware: Any
+    parallel: dict[str, Any]
+    changed: bool = False
+
+    @classmethod
+    def from_trace(cls, trace: Trace) -> SynthSpec | None:
+        syn = trace.meta.get("synth") if isinstance(trace.meta, dict) else None
+        if not syn or not all(k in syn for k in ("model", "hardware", "parallel")):
+            return None
+        from collectors.synth import resolve_model
+        from collectors.synth.hardware import HardwareConfig, LinkConfig
+        hd = dict(syn["hardware"])
+        for k in ("intra", "inter", "cross_dc"):
+            if hd.get(k) is not None:
+                hd[k] = LinkConfig(**hd[k])
+        hd.setdefault("cross_dc", None)
+        try:
+            hw = HardwareConfig(**hd)
+            model = resolve_model(dict(syn["model"]))
+        except (TypeError, ConfigError) as exc:  # a synth trace from another version
+            raise PolicyError(f"cannot rebuild the synthesized run's configs from "
+                              f"meta['synth'] ({exc}); re-synthesize the trace with this "
+                              "version of retime") from exc
+        par = {k: v for k, v in syn["parallel"].items()
+               if k not in ("world_size", "num_microbatches")}
+        return cls(model=model, hardware=hw, parallel=par)
+
+    def set_parallel(self, **kw: Any) -> None:
+        for k, v in kw.items():
+            if v is not None and self.parallel.get(k) != v:
+                self.parallel[k] = v
+                self.changed = True
+
+    def set_hardware(self, hw: Any) -> None:
+        if hw != self.hardware:
+            self.hardware = hw
+            self.changed = True
+
+    def synthesize(self, step: int = 0) -> Trace:
+        from collectors.synth import synthesize
+        try:
+            return synthesize(self.model, self.hardware, dict(self.parallel), step=step,
+                              check_memory=False)
+        except ConfigError as exc:
+            raise PolicyError(f"the scenario's layout is impossible: {exc}") from exc
+
+
+# ---------------------------------------------------------------------------- state
+@dataclass
+class WhatIfState:
+    """Everything a what-if accumulates before the one replay (see the module docstring)."""
+
+    trace: Trace
+    synth: SynthSpec | None = None
+    ranks_per_node: int | None = None
+    ideal: bool = False
+    mode: str = "fast"
+    contention: ContentionModel | None = None
+    graph: ReplayGraph | None = None
+    dur: np.ndarray | None = None  # float64 per op (phase 2)
+    applied: list[dict[str, Any]] = field(default_factory=list)
+    notes: dict[str, Any] = field(default_factory=dict)
+    memory_delta_bytes: int = 0
+    _esrc: list[np.ndarray] = field(default_factory=list)
+    _edst: list[np.ndarray] = field(default_factory=list)
+    phase: int = 1
+
+    @property
+    def is_synth(self) -> bool:
+        return self.synth is not None
+
+    def materialize(self) -> None:
+        """End of phase 1: re-synthesize a changed synthesized run, build the graph."""
+        if self.synth is not None and self.synth.changed:
+            step = int(self.trace.ops["step"].min()) if self.trace.n_ops else 0
+            self.trace = self.synth.synthesize(step=step)
+            self.notes["resynthesized"] = True
+        self.graph = build_graph(self.trace, ideal=self.ideal)
+        self.dur = self.graph.dur_ns.astype(np.float64)
+        self.phase = 2
+
+    def add_edges(self, src: np.ndarray, dst: np.ndarray) -> None:
+        """Extra start edges ``src -> dst`` (dst starts after src ends)."""
+        src = np.asarray(src, np.int64)
+        dst = np.asarray(dst, np.int64)
+        keep = src != dst
+        self._esrc.append(src[keep])
+        self._edst.append(dst[keep])
+
+    def final_graph(self) -> ReplayGraph:
+        g = self.graph
+        if self._esrc:
+            src = np.concatenate(self._esrc)
+            dst = np.concatenate(self._edst)
+            if len(src):
+                g = g.with_edges(src, dst)
+        return g
+
+    def final_durations(self) -> np.ndarray:
+        d = np.rint(self.dur).astype(np.int64)
+        # only collective members may carry a negative transfer tail (skewed clocks)
+        neg = (d < 0) & (self.graph.coll_of < 0)
+        d[neg] = 0
+        return d
+
+    def require_phase(self, policy: str, phase: int) -> None:
+        if self.phase != phase:  # programming error guard, not user input
+            raise RuntimeError(f"{policy} called in phase {self.phase}, expected {phase}")
+
+    # ---------------------------------------------------------------- op helpers
+    def kinds(self) -> np.ndarray:
+        return self.trace.ops["kind"].to_numpy()
+
+    def comm_mask(self) -> np.ndarray:
+        k = self.kinds()
+        return (k == OpKind.COLLECTIVE) | (k == OpKind.P2P)
+
+
+def ranks_per_node_of(trace: Trace, override: int | None = None) -> int:
+    """Ranks per node: the override, else ranks sharing a host name in ``meta``, else the
+    synthesized hardware's GPUs per node, else every rank on one node."""
+    if override:
+        return int(override)
+    m = trace.meta if isinstance(trace.meta, dict) else {}
+    hosts = m.get("hostnames") or m.get("hosts")
+    if isinstance(hosts, dict) and hosts:
+        from collections import Counter
+        return max(Counter(hosts.values()).values())
+    syn = m.get("synth")
+    if isinstance(syn, dict) and isinstance(syn.get("hardware"), dict):
+        return int(syn["hardware"].get("gpus_per_node", 8))
+    return max(int(m.get("world_size") or 0), int(trace.ops["rank"].max()) + 1 if trace.n_ops else 1)
+
+
+def node_span(ranks: np.ndarray | list[int], ranks_per_node: int) -> int:
+    """Number of nodes a set of ranks touches (rank r is on node ``r // ranks_per_node``)."""
+    r = np.asarray(ranks, np.int64)
+    if len(r) == 0:
+        return 1
+    return int(len(np.unique(r // max(1, ranks_per_node))))
