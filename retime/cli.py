@@ -58,6 +58,13 @@ def main(argv: list[str] | None = None) -> int:
     return code
 
 
+try:  # typer >= 0.20 raises its vendored click's exceptions (e.g. for exists=True)
+    from typer._click.exceptions import ClickException as _VendoredClickException
+    _CLICK_ERRORS: tuple = (click.ClickException, _VendoredClickException)
+except ImportError:  # pragma: no cover - older typer uses click itself
+    _CLICK_ERRORS = (click.ClickException,)
+
+
 def run(argv: list[str] | None = None) -> int:
     """Run the CLI with ``argv`` and return the exit code (used by tests)."""
     cmd = typer.main.get_command(app)
@@ -65,7 +72,7 @@ def run(argv: list[str] | None = None) -> int:
         cmd.main(args=argv, prog_name="retime", standalone_mode=False)
     except click.exceptions.Exit as exc:
         return int(exc.exit_code)
-    except click.ClickException as exc:  # usage errors: click prints its own message
+    except _CLICK_ERRORS as exc:  # usage errors: click prints its own message
         exc.show()
         return 2
     except click.exceptions.Abort:
