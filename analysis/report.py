@@ -41,7 +41,7 @@ __all__ = ["Report", "Section", "build_report", "render_html", "write_html", "wr
            "fmt_ns", "fmt_pct"]
 
 _TEMPLATE_DIR = Path(__file__).resolve().parent / "templates"
-_MAX_TIMELINE_OPS = 6000
+_MAX_TIMELINE_OPS = 20000
 
 
 def fmt_ns(ns: float) -> str:
