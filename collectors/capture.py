@@ -38,6 +38,7 @@ without it raises a :class:`RetimeError` naming the ``retime[torch]`` extra.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import gzip
 import os
 import socket
@@ -199,6 +200,15 @@ def _dist_state(torch) -> dict[str, Any]:
     return info
 
 
+@contextlib.contextmanager
+def _quiet_cycles():
+    """Silence torch's notice that events are cleared between cycles: we write each cycle
+    to its own file, so that is the behaviour we want (and not the user's concern)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"Warning: Profiler clears events at the end")
+        yield
+
+
 class Capture:
     """Profile chosen steps of a training loop; write one Kineto trace per rank.
 
@@ -263,7 +273,8 @@ class Capture:
             record_shapes=cfg.record_shapes, profile_memory=cfg.profile_memory,
             with_stack=cfg.with_stack, with_flops=cfg.with_flops)
         self._use_cuda = bool(use_cuda)
-        self._prof.start()
+        with _quiet_cycles():
+            self._prof.start()
         return self
 
     def step(self) -> None:
@@ -271,27 +282,32 @@ class Capture:
         if self._prof is None:
             return
         self.steps += 1
-        self._prof.step()
+        with _quiet_cycles():
+            self._prof.step()
 
     def stop(self) -> None:
         """Stop profiling; a cycle cut short by the end of the loop is written as it is."""
+        self._stop()
+
+    def _stop(self) -> None:
         if self._prof is None:
             return
         prof, self._prof = self._prof, None
-        prof.stop()
+        with _quiet_cycles():
+            prof.stop()
         if not self.paths and not self._discard:
             warnings.warn(
                 f"retime capture wrote no trace: the loop ran {self.steps} step(s) but the "
                 f"schedule records from step {self.config.steps_needed - self.config.active + 1} "
                 f"(skip_first={self.config.skip_first}, wait={self.config.wait}, "
                 f"warmup={self.config.warmup}); run more steps or lower wait/warmup, and call "
-                "cap.step() once per step", RuntimeWarning, stacklevel=2)
+                "cap.step() once per step", RuntimeWarning, stacklevel=3)
 
     def __enter__(self) -> Capture:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
-        self.stop()
+        self._stop()
 
     # -- writing -----------------------------------------------------------------------------
     def _on_trace_ready(self, prof) -> None:

@@ -196,3 +196,41 @@ def test_capture_cli_errors_are_one_line_exit_2(tmp_path, capsys):
     err = capsys.readouterr().err
     assert rc == 2 and "exited with code" in err
     assert not (tmp_path / "o" / "rank-0.pt.trace.json.gz").exists()
+
+
+@pytest.mark.torch
+@needs_torch
+def test_in_process_capture_cycles_and_too_few_steps(tmp_path):
+    import torch
+
+    from collectors.capture import Capture
+
+    model = torch.nn.Linear(16, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def train_step():
+        model(torch.randn(8, 16)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+
+    # repeat=2: each cycle (wait, warmup, active) gets its own folder, ingestable as one run
+    with Capture(tmp_path / "cyc", wait=1, warmup=1, active=1, repeat=2) as cap:
+        for _ in range(7):
+            train_step()
+            cap.step()
+    assert cap.paths == [tmp_path / "cyc" / f"cycle-{k}" / "rank-0.pt.trace.json.gz"
+                         for k in (0, 1)]
+    assert [_load(p)["retimeCapture"]["steps_recorded"] for p in cap.paths] == [[2], [5]]
+    assert all(_load(p)["distributedInfo"]["world_size"] == 1 for p in cap.paths)
+    # the loop ends before the active window: nothing is written, and the user is told why
+    with pytest.warns(RuntimeWarning, match="wrote no trace: the loop ran 2 step"):
+        with Capture(tmp_path / "short", wait=2, warmup=1, active=1) as cap:
+            for _ in range(2):
+                train_step()
+                cap.step()
+    assert cap.paths == [] and not list((tmp_path / "short").glob("*.json*"))
+    # disabled when neither out_dir nor RETIME_CAPTURE_OUT_DIR is given
+    os.environ.pop(ENV_PREFIX + "OUT_DIR", None)
+    with Capture() as cap:
+        cap.step()
+    assert not cap.enabled and cap.steps == 0
