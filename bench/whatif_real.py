@@ -107,8 +107,8 @@ def predict_ms(trace: Trace, target_mb: float) -> tuple[float, str]:
 def _bucket_policy(target_mb: float):
     """The overlap policy with ``bucket_mb``, or None when this checkout lacks it."""
     try:
-        from replay.policies import OverlapPolicy  # type: ignore[import-not-found]
         from replay import whatif  # type: ignore[attr-defined]  # noqa: F401
+        from replay.policies import OverlapPolicy  # type: ignore[import-not-found]
     except ImportError:
         return None
     return OverlapPolicy(mode="async", bucket_mb=target_mb)
