@@ -28,6 +28,7 @@ Timestamps: ``ts``/``dur`` are microseconds (fractional ns). Files with
 
 from __future__ import annotations
 
+import gc
 import gzip
 import os
 import re
@@ -48,7 +49,7 @@ __all__ = ["read_kineto", "parse_kineto_file", "RankPart", "kineto_files"]
 
 
 # ---------------------------------------------------------------- schema (msgspec)
-class _Args(msgspec.Struct, omit_defaults=True):
+class _Args(msgspec.Struct, omit_defaults=True, gc=False):
     correlation: int | None = None
     external_id: int | None = msgspec.field(default=None, name="External id")
     device: int | None = None
@@ -82,7 +83,7 @@ class _Args(msgspec.Struct, omit_defaults=True):
     native_id: int | None = None
 
 
-class _Ev(msgspec.Struct):
+class _Ev(msgspec.Struct, gc=False):
     ph: str | None = None
     cat: str | None = None
     name: str | int | float | None = None
@@ -93,14 +94,14 @@ class _Ev(msgspec.Struct):
     args: _Args | None = None
 
 
-class _PG(msgspec.Struct):
+class _PG(msgspec.Struct, gc=False):
     pg_name: str | int | None = None
     pg_desc: str | None = None
     pg_size: int | None = None
     ranks: list[int] | None = None
 
 
-class _Dist(msgspec.Struct):
+class _Dist(msgspec.Struct, gc=False):
     rank: int | None = None
     world_size: int | None = None
     backend: str | None = None
@@ -108,7 +109,7 @@ class _Dist(msgspec.Struct):
     nccl_version: str | None = None
 
 
-class _Dev(msgspec.Struct):
+class _Dev(msgspec.Struct, gc=False):
     id: int | None = None
     name: str | None = None
     totalGlobalMem: int | None = None
@@ -117,7 +118,7 @@ class _Dev(msgspec.Struct):
     computeMinor: int | None = None
 
 
-class _File(msgspec.Struct):
+class _File(msgspec.Struct, gc=False):
     traceEvents: list[_Ev] | None = None
     distributedInfo: _Dist | None = None
     deviceProperties: list[_Dev] | None = None
@@ -274,12 +275,24 @@ def _str(x: Any) -> str:
 
 def parse_kineto_file(path: str | os.PathLike[str]) -> RankPart:
     """Parse one Kineto JSON(.gz) file into a :class:`RankPart` (picklable, for workers)."""
-    from .kineto_links import build_rank_part  # dependency inference lives there
-
     path = Path(path)
     raw = _load_bytes(path)
-    doc = _decode(path, raw)
-    del raw
+    # Millions of small objects: the cyclic GC would rescan them again and again (and the
+    # structs hold no cycles), so it is paused while decoding and building columns.
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        doc = _decode(path, raw)
+        del raw
+        return _build(path, doc)
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _build(path: Path, doc: _File) -> RankPart:
+    from .kineto_links import build_rank_part  # dependency inference lives there
+
     if doc.traceEvents is None:
         if len(doc.nodes):
             raise TraceFormatError(
