@@ -273,10 +273,15 @@ def _str(x: Any) -> str:
     return x if isinstance(x, str) else ("" if x is None else str(x))
 
 
-def parse_kineto_file(path: str | os.PathLike[str]) -> RankPart:
-    """Parse one Kineto JSON(.gz) file into a :class:`RankPart` (picklable, for workers)."""
+def parse_kineto_file(path: str | os.PathLike[str], on_stage=None) -> RankPart:
+    """Parse one Kineto JSON(.gz) file into a :class:`RankPart` (picklable, for workers).
+
+    ``on_stage(name)`` is called as each stage (read, decode, build) finishes.
+    """
     path = Path(path)
     raw = _load_bytes(path)
+    if on_stage:
+        on_stage("read")
     # Millions of small objects: the cyclic GC would rescan them again and again (and the
     # structs hold no cycles), so it is paused while decoding and building columns.
     was_enabled = gc.isenabled()
@@ -284,7 +289,12 @@ def parse_kineto_file(path: str | os.PathLike[str]) -> RankPart:
     try:
         doc = _decode(path, raw)
         del raw
-        return _build(path, doc)
+        if on_stage:
+            on_stage("decode")
+        part = _build(path, doc)
+        if on_stage:
+            on_stage("build")
+        return part
     finally:
         if was_enabled:
             gc.enable()
@@ -319,6 +329,10 @@ def read_kineto(paths: list[str | os.PathLike[str]] | str | os.PathLike[str], *,
         paths = [paths]
     files, skipped = kineto_files([Path(p) for p in paths])
     parts: list[RankPart] = []
+    if len(files) == 1:  # one (possibly huge) file: show its stages
+        with progress_bar(3, f"ingesting {files[0].name}", progress) as bar:
+            parts.append(parse_kineto_file(files[0], on_stage=lambda _s: bar.advance()))
+        return merge_parts(parts, skipped)
     with progress_bar(len(files), "parsing traces", progress) as bar:
         if jobs > 1 and len(files) > 1:
             with ProcessPoolExecutor(max_workers=min(jobs, len(files))) as ex:
