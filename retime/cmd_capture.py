@@ -117,7 +117,7 @@ def capture(
     root = str(Path(collectors.__file__).resolve().parents[1])
     env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
     cmd = launch_command(script_args, nproc_per_node, list(torchrun_arg or []))
-    say(f"retime capture: {' '.join(cmd[1:])}", quiet=json_out)
+    say(f"retime capture: torchrun {' '.join(cmd[3:])}", quiet=json_out)
     t0 = time.perf_counter()
     child_out = _stderr_target() if json_out else None
     proc = subprocess.run(cmd, env=env, stdin=subprocess.DEVNULL, stdout=child_out)
