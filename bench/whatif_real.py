@@ -6,11 +6,10 @@ several times each, interleaved, then predicts the target's step time from each 
 with the replay engine and the overlap what-if policy (``overlap.bucket_mb`` =
 ``--target-mb``), and prints measured vs predicted with the error (issue target: within 10%).
 
-When the overlap/bucket policy is not available in this checkout the prediction falls back
-to the identity replay of the base trace (i.e. "nothing changes"), and the output says so:
-that prediction lacks the re-bucketing of the gradient all-reduce (more, smaller all-reduces
-issued during backward and overlapped with it) and the CPU contention between gloo threads
-and compute on a small machine.
+When the bucket policy cannot be applied (missing, or it refuses measured traces: today
+``overlap.bucket_mb`` re-buckets only synthesized runs, whose per-layer gradient sizes it
+knows) the prediction falls back to the identity replay of the base trace ("nothing
+changes") and the output says why and what that prediction lacks.
 
 Run-to-run noise is printed next to the error (the spread between repeats of one setting);
 on a 2-core machine shared with other work it can exceed the effect being predicted.
@@ -35,6 +34,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from collectors.errors import RetimeError  # noqa: E402
 from collectors.ingest import read  # noqa: E402
 from collectors.trace import Trace  # noqa: E402
 from replay.engine import replay  # noqa: E402
@@ -93,25 +93,23 @@ def allreduce_stats(trace: Trace) -> tuple[int, float]:
     return n, float(b.mean()) if len(b) else 0.0
 
 
-def predict_ms(trace: Trace, target_mb: float) -> tuple[float, str]:
-    """Predicted median step ms of the target setting from a base trace, and how."""
-    policy = _bucket_policy(target_mb)
-    if policy is None:
-        return per_step_ms(trace)[1], "identity replay (overlap.bucket_mb policy missing)"
-    from replay import whatif  # type: ignore[attr-defined]
+def predict_ms(trace: Trace, target_mb: float) -> tuple[float, str, str | None]:
+    """Predicted median step ms of the target setting from a base trace.
 
-    res = whatif(trace, [policy])
-    return step_ms(res.trace, res.start_ns, res.end_ns), f"whatif {policy!r}"
-
-
-def _bucket_policy(target_mb: float):
-    """The overlap policy with ``bucket_mb``, or None when this checkout lacks it."""
+    Returns (ms, how, refusal): ``refusal`` is the reason the bucket policy could not be
+    applied (then the prediction is the identity replay), else None.
+    """
     try:
-        from replay import whatif  # type: ignore[attr-defined]  # noqa: F401
-        from replay.policies import OverlapPolicy  # type: ignore[import-not-found]
-    except ImportError:
-        return None
-    return OverlapPolicy(mode="async", bucket_mb=target_mb)
+        from replay.whatif import whatif
+    except ImportError as exc:  # a checkout without the what-if layer
+        ms = per_step_ms(trace)[1]
+        return ms, "identity replay", f"replay.whatif is missing ({exc})"
+    try:
+        res = whatif(trace, {"overlap.mode": "async", "overlap.bucket_mb": target_mb})
+    except RetimeError as exc:
+        return per_step_ms(trace)[1], "identity replay", str(exc)
+    return (step_ms(res.trace, res.start_ns, res.end_ns),
+            f"whatif {res.meta.get('scenario')}", None)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -156,21 +154,26 @@ def main(argv: list[str] | None = None) -> int:
     print(f"measured target (bucket {args.target_mb:g} MB): {m_tgt:8.2f} ms/step "
           f"(runs {', '.join(f'{x:.2f}' for x in measured['target'])}; spread {noise['target']:.1%})")
     print(f"measured change target/base: {m_tgt / m_base:.3f}x")
-    errs = []
+    errs, refusals = [], set()
     for i, t in enumerate(traces["base"]):
-        pred, how = predict_ms(t, args.target_mb)
+        pred, how, refusal = predict_ms(t, args.target_mb)
+        if refusal:
+            refusals.add(refusal)
         err = (pred - m_tgt) / m_tgt
         errs.append(abs(err))
         print(f"predicted target from base run {i}: {pred:8.2f} ms/step, error {err:+.1%} vs "
               f"measured target mean  [{how}]")
     print(f"\nmean |error| {statistics.mean(errs):.1%} (target: within 10%); run-to-run spread "
           f"of the measurements {max(noise.values()):.1%}")
-    if _bucket_policy(args.target_mb) is None:
-        print("NOTE: the overlap/bucket what-if policy (replay.policies, overlap.bucket_mb) is "
-              "not in this checkout, so the prediction is the identity replay of the base "
-              "trace: it lacks the re-bucketing of the gradient all-reduce (smaller all-reduces "
-              "issued during backward and overlapped with it) and the CPU contention between "
-              "gloo threads and compute. The error above is the error of predicting 'no change'.")
+    for r in sorted(refusals):
+        print(f"NOTE: the bucket what-if was not applied: {r}")
+    if refusals:
+        print("So the prediction above is the identity replay of the base trace ('nothing "
+              "changes'). It lacks the re-bucketing of the gradient all-reduce on a measured "
+              "trace (per-bucket gradient sizes and the backward op after which each bucket "
+              "is ready, smaller all-reduces issued during backward and overlapped with it) "
+              "and the CPU contention between gloo threads and compute on a small machine. "
+              "The error above is the error of predicting 'no change'.")
     if args.keep is None:
         print(f"(traces in {work}; pass --keep DIR to choose where)")
     return 0
