@@ -2,13 +2,19 @@
 
 from .engine import ContentionModel, ReplayResult, replay, simulate
 from .graph import ReplayGraph, build_graph, graph_from_arrays
+from .policies.scenario import Scenario, load_scenario, parse_set
+from .whatif import whatif
 
 __all__ = [
     "ContentionModel",
     "ReplayGraph",
     "ReplayResult",
+    "Scenario",
     "build_graph",
     "graph_from_arrays",
+    "load_scenario",
+    "parse_set",
     "replay",
     "simulate",
+    "whatif",
 ]

@@ -9,7 +9,7 @@ import typer
 
 from collectors.errors import RetimeError
 from collectors.trace import read_trace
-from replay import build_graph, simulate
+from replay import build_graph, simulate, whatif
 from retime.cli import app, emit_json, say
 
 
@@ -22,6 +22,12 @@ def replay_cmd(
     output: Annotated[Path | None, typer.Option("-o", "--output", help="Write the replayed "
                                                 "trace here (NAME.retime).")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")] = False,
+    scenario: Annotated[Path | None, typer.Option("--scenario", help="What-if scenario TOML "
+                                                  "(one [table] per policy).", exists=True,
+                                                  dir_okay=False)] = None,
+    set_: Annotated[list[str] | None, typer.Option("--set", help="What-if key=value, e.g. "
+                                                   "network.inter_node_gbps=25 (repeatable; "
+                                                   "applied on top of --scenario).")] = None,
 ) -> None:
     """Replay a trace through the dependency model and compare step times per rank.
 
@@ -32,8 +38,14 @@ def replay_cmd(
     if output is not None and output.exists() and not output.is_dir():
         raise RetimeError(f"{output}: exists and is not a directory; choose another -o path")
     trace = read_trace(trace_dir)
-    result = simulate(build_graph(trace, ideal=ideal))
+    if scenario is not None or set_:
+        from replay.policies.scenario import scenario_from_cli
+        result = whatif(trace, scenario_from_cli(scenario, set_), ideal=ideal)
+    else:
+        result = simulate(build_graph(trace, ideal=ideal))
     s = result.summary()
+    if "whatif" in result.meta:
+        s["whatif"] = result.meta["whatif"]
     if output is not None:
         result.to_trace().save(output)
         s["output"] = str(output)

@@ -1,0 +1,132 @@
+"""Caching what-ifs: FCDP host cache, keep-gathered-parameters, activation recompute.
+
+* ``fcdp`` (fully cached data parallel, arXiv 2602.06499): ZeRO-3 gathers every layer's
+  parameters across nodes twice per step (forward and backward). FCDP keeps the
+  forward-gathered parameters in host memory and rebuilds them for backward with a
+  host-to-GPU copy of the node's share (``S / k`` bytes per GPU over PCIe, ``k`` data-parallel
+  ranks per node) plus an intra-node all-gather, so backward moves no parameter bytes across
+  nodes: inter-node all-gather traffic is exactly half of ZeRO-3's. GPU memory is unchanged;
+  host memory grows by the node's gathered parameters (reported in
+  ``meta["memory"]["host_cache_bytes"]``).
+* ``keep_params``: keep the forward-gathered parameters in GPU memory (no backward gather at
+  all); GPU memory grows by the unsharded parameters of the stage minus its shard.
+* ``recompute``: ``none`` | ``selective`` | ``full`` (re-synthesized: recompute kernels and
+  activation memory change together).
+
+All three need a synthesized run (the layer sizes and the ZeRO-3 gathers are known there);
+on a measured trace they raise PolicyError.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from collectors.enums import CommOp, OpKind
+from collectors.errors import PolicyError
+
+from .base import Policy, WhatIfState, check_choice, check_positive
+
+__all__ = ["Cache", "BWD_GATHER_NAME"]
+
+BWD_GATHER_NAME = "zero3.allgather_params.bwd"
+DEFAULT_PCIE_GBPS = 25.0  # PCIe Gen4 x16, per GPU per direction, achieved
+
+
+@dataclass(frozen=True)
+class Cache(Policy):
+    """Parameter caching and activation recompute (see the module docstring)."""
+
+    fcdp: bool | None = None
+    keep_params: bool | None = None
+    recompute: str | None = None
+    pcie_gbps: float | None = None
+    table: ClassVar[str] = "cache"
+
+    def __post_init__(self) -> None:
+        for f in ("fcdp", "keep_params"):
+            v = getattr(self, f)
+            if v is not None and not isinstance(v, bool):
+                raise PolicyError(f"cache.{f}={v!r} must be true or false")
+        if self.fcdp and self.keep_params:
+            raise PolicyError("cache.fcdp and cache.keep_params both true: FCDP caches the "
+                              "parameters in host memory, keep_params in GPU memory; pick one")
+        check_choice("cache", "recompute", self.recompute, ("none", "selective", "full"))
+        check_positive("cache", "pcie_gbps", self.pcie_gbps)
+
+    def _need_synth(self, state: WhatIfState, what: str) -> None:
+        if not state.is_synth:
+            raise PolicyError(f"cache.{what} needs a synthesized run (layer sizes and ZeRO-3 "
+                              "gathers); this trace is measured (no meta['synth']): "
+                              "synthesize the job with `retime synth` first")
+
+    def configure(self, state: WhatIfState) -> None:
+        if self.recompute is not None:
+            self._need_synth(state, "recompute")
+            state.synth.set_parallel(recompute=self.recompute)
+        if self.fcdp or self.keep_params:
+            what = "fcdp" if self.fcdp else "keep_params"
+            self._need_synth(state, what)
+            p = state.synth.parallel
+            if not (p.get("zero") == 3 or p.get("fsdp")):
+                raise PolicyError(f"cache.{what} caches ZeRO-3 gathered parameters but the run "
+                                  f"uses zero={p.get('zero')} fsdp={p.get('fsdp')}; add "
+                                  "parallel.zero=3 (or parallel.fsdp=true) to the scenario")
+            if p.get("dp", 1) * p.get("cp", 1) <= 1:
+                raise PolicyError(f"cache.{what}: the run has no data parallelism (dp=1), "
+                                  "so ZeRO-3 gathers nothing")
+
+    def apply(self, state: WhatIfState) -> None:
+        if self.fcdp or self.keep_params:
+            self._rebuild_backward_gathers(state)
+        state.applied.append(self.describe())
+
+    def _rebuild_backward_gathers(self, state: WhatIfState) -> None:
+        from collectors.synth import CommModel, resolve_parallel
+        from collectors.synth.costs import GroupGeometry
+        t = state.trace
+        o = t.ops
+        names = np.asarray(t.strings, dtype=object)
+        nid = np.flatnonzero(names == BWD_GATHER_NAME)
+        sel = np.isin(o["name_id"].to_numpy(), nid) & (o["kind"].to_numpy() == OpKind.COLLECTIVE)
+        if not sel.any():
+            raise PolicyError("cache: the synthesized run has no backward ZeRO-3 parameter "
+                              f"all-gathers ({BWD_GATHER_NAME!r}) to cache")
+        idx = np.flatnonzero(sel)
+        spec = state.synth
+        par = resolve_parallel(dict(spec.parallel))
+        comm = CommModel(spec.hardware, par)
+        geo = comm.geometry["dp"]
+        k = geo.per_node
+        nbytes = o["bytes"].to_numpy()[idx].astype(np.float64)
+        if self.keep_params:
+            new = np.zeros(len(idx))
+            # the stage's unsharded parameters stay resident instead of one layer at a time
+            stage_params = _stage_param_bytes(t, idx)
+            state.memory_delta_bytes += int(stage_params - stage_params / (par.dp * par.cp))
+        else:
+            pcie = float(self.pcie_gbps or DEFAULT_PCIE_GBPS)
+            h2d = nbytes / k / pcie + spec.hardware.kernel_overhead_us * 1e3
+            intra = np.asarray([comm.collective_ns(CommOp.ALL_GATHER, float(b),
+                                                   GroupGeometry(k, k, 1, 1)) for b in nbytes])
+            new = h2d + intra
+            state.notes["host_cache_bytes"] = int(_stage_param_bytes(t, idx))
+        state.dur[idx] = new
+        state.notes["intra_node_ops"] = np.union1d(
+            state.notes.get("intra_node_ops", np.zeros(0, np.int64)), idx)
+        state.notes["removed_ops" if self.keep_params else "fcdp_ops"] = idx
+
+
+def _stage_param_bytes(trace, idx: np.ndarray) -> float:
+    """Gathered parameter bytes of the (largest) stage: one backward gather per layer."""
+    o = trace.ops
+    r = o["rank"].to_numpy()[idx]
+    mb = o["microbatch"].to_numpy()[idx]
+    b = o["bytes"].to_numpy()[idx].astype(np.float64)
+    sel = mb == mb.min()
+    per_rank = {}
+    for rr, bb in zip(r[sel].tolist(), b[sel].tolist(), strict=True):
+        per_rank[rr] = per_rank.get(rr, 0.0) + bb
+    return max(per_rank.values()) if per_rank else 0.0

@@ -1,0 +1,155 @@
+"""Hardware what-ifs: speed kernel classes up or down, or swap the GPU through the roofline.
+
+Kernel classes (by op kind and name; see :func:`kernel_class`): ``gemm`` (matrix
+multiplies: cuBLAS/CUTLASS kernels, ``*gemm*``, linear layers), ``attention`` (attention
+scores/softmax/context, flash/fused attention), ``elementwise`` (every other compute
+kernel or op-level compute op), ``memcpy`` (memcpy/memset), ``comm`` (collectives and p2p;
+their *transfer* time is scaled, waiting for late ranks is re-derived by the replay).
+
+``gpu`` swaps the GPU profile: on a synthesized trace the run is re-synthesized on the new
+profile (roofline with its peaks, HBM bandwidth, links). On a measured trace each kernel is
+re-timed by the roofline ratio of the two GPUs: GEMM and attention kernels by the ratio of
+dense peak FLOP/s of the trace's dtype class (bf16/fp16 tensor cores), the other kernels by
+the ratio of HBM bandwidth; the measured GPU must be recognisable from ``meta["devices"]``
+(else PolicyError: give ``hardware.from_gpu``).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from collectors.enums import OpKind
+from collectors.errors import ConfigError, PolicyError
+from collectors.trace import Trace
+
+from .base import Policy, WhatIfState, check_positive
+
+__all__ = ["Hardware", "kernel_class", "CLASSES"]
+
+CLASSES = ("gemm", "attention", "elementwise", "memcpy", "comm", "other")
+
+_ATTN = re.compile(r"(attn\.scores|attn\.context|attn\.softmax|flash|fmha|attention|sdpa|"
+                   r"scaled_dot_product|softmax)", re.I)
+_GEMM = re.compile(r"(gemm|matmul|cutlass|xmma|cublas|\bmm\b|aten::mm|addmm|bmm|linear|"
+                   r"\.qkv\.|\.proj\.|\.fc1\.|\.fc2\.|\.logits\.|wgrad|dgrad|Cijk_|"
+                   r"sm\d\d_|volta_|turing_|ampere_|hopper_|conv|implicit_gemm|nchw|nhwc)",
+                   re.I)
+
+
+def kernel_class(trace: Trace) -> np.ndarray:
+    """Class index (into :data:`CLASSES`) of every op of ``trace``."""
+    names = np.asarray(trace.strings, dtype=object)
+    per_name = np.full(len(names), 2, np.int8)  # elementwise
+    for i, s in enumerate(names):  # one pass per distinct name, not per op
+        if _ATTN.search(s):
+            per_name[i] = 1
+        elif _GEMM.search(s):
+            per_name[i] = 0
+    o = trace.ops
+    kind = o["kind"].to_numpy()
+    cls = per_name[o["name_id"].to_numpy()] if len(names) else np.full(len(o), 2, np.int8)
+    cls = cls.copy()
+    cls[(kind == OpKind.MEMCPY) | (kind == OpKind.MEMSET)] = 3
+    cls[(kind == OpKind.COLLECTIVE) | (kind == OpKind.P2P)] = 4
+    cls[(kind == OpKind.CPU_OP) | (kind == OpKind.RUNTIME) | (kind == OpKind.SYNC)] = 5
+    return cls
+
+
+@dataclass(frozen=True)
+class Hardware(Policy):
+    """Kernel-class speedups (factors > 1 are faster) and GPU swap.
+
+    ``compute_speedup`` applies to every compute class (gemm, attention, elementwise) and
+    multiplies with the class-specific factors.
+    """
+
+    compute_speedup: float | None = None
+    gemm_speedup: float | None = None
+    attention_speedup: float | None = None
+    elementwise_speedup: float | None = None
+    memcpy_speedup: float | None = None
+    comm_speedup: float | None = None
+    gpu: str | None = None
+    from_gpu: str | None = None
+    table: ClassVar[str] = "hardware"
+
+    def __post_init__(self) -> None:
+        for f in ("compute_speedup", "gemm_speedup", "attention_speedup",
+                  "elementwise_speedup", "memcpy_speedup", "comm_speedup"):
+            check_positive("hardware", f, getattr(self, f))
+        for f in ("gpu", "from_gpu"):
+            v = getattr(self, f)
+            if v is not None:
+                if not isinstance(v, str):
+                    raise PolicyError(f"hardware.{f}={v!r} must be a profile name")
+                _profile(v, f)  # fail early on an unknown profile
+
+    def factors(self) -> np.ndarray:
+        """Duration multiplier per class (1 / speedup)."""
+        c = self.compute_speedup or 1.0
+        sp = [c * (self.gemm_speedup or 1.0), c * (self.attention_speedup or 1.0),
+              c * (self.elementwise_speedup or 1.0), self.memcpy_speedup or 1.0,
+              self.comm_speedup or 1.0, 1.0]
+        return 1.0 / np.asarray(sp)
+
+    def configure(self, state: WhatIfState) -> None:
+        if self.gpu is not None and state.is_synth:
+            new = _profile(self.gpu, "gpu")
+            # keep the run's network and node shape: only the GPU changes
+            old = state.synth.hardware
+            import dataclasses as dc
+            hw = dc.replace(new, intra=old.intra, inter=old.inter, cross_dc=old.cross_dc,
+                            gpus_per_node=old.gpus_per_node, nics=old.nics,
+                            nic_gbps=old.nic_gbps, nodes_per_dc=old.nodes_per_dc,
+                            dc_km=old.dc_km)
+            state.synth.set_hardware(hw)
+
+    def apply(self, state: WhatIfState) -> None:
+        cls = kernel_class(state.trace)
+        f = self.factors()
+        if self.gpu is not None and not state.is_synth:
+            f = f * _roofline_ratio(state.trace, self.gpu, self.from_gpu)
+        state.dur *= f[cls]
+        state.applied.append(self.describe())
+
+
+def _profile(name: str, field: str):
+    from collectors.synth import load_hardware
+    try:
+        return load_hardware(name)
+    except ConfigError as exc:
+        raise PolicyError(f"hardware.{field}: {exc}") from exc
+
+
+def _roofline_ratio(trace: Trace, gpu: str, from_gpu: str | None) -> np.ndarray:
+    """Duration multiplier per class when moving the measured kernels to ``gpu``."""
+    new = _profile(gpu, "gpu")
+    if from_gpu is not None:
+        old = _profile(from_gpu, "from_gpu")
+    else:
+        old = _match_profile(trace)
+        if old is None:
+            raise PolicyError(
+                "hardware.gpu on a measured trace needs the measured GPU: meta['devices'] "
+                "names none of the built-in profiles; set hardware.from_gpu (e.g. "
+                "'a100-80gb')")
+    dtype = "bf16" if "bf16" in old.peak_tflops and "bf16" in new.peak_tflops else "fp16"
+    flops = old.peak_flops(dtype) / new.peak_flops(dtype)
+    hbm = old.hbm_gbps / new.hbm_gbps
+    return np.asarray([flops, flops, hbm, hbm, 1.0, 1.0])
+
+
+def _match_profile(trace: Trace):
+    from collectors.synth import hardware_names, load_hardware
+    dev = trace.meta.get("devices")
+    text = str(dev).lower()
+    best = None
+    for n in hardware_names():
+        hw = load_hardware(n)
+        if hw.gpu.lower() in text or hw.name.replace("-", " ") in text:
+            best = hw
+    return best

@@ -1,0 +1,315 @@
+"""Network what-ifs: link bandwidth and latency per level, topology, algorithm, cross-DC.
+
+Levels: a collective whose group stays inside one node runs on the intra-node level
+(NVLink/NVSwitch), one that spans nodes on the inter-node level (InfiniBand/RoCE), one that
+spans datacenters on the cross-DC level. Rank ``r`` lives on node ``r // ranks_per_node``
+and node ``k`` in datacenter ``k // nodes_per_dc``.
+
+Synthesized traces are re-synthesized with the changed links (the synthesizer's alpha-beta
+model per level, nccl-tests bus-bandwidth semantics). Bandwidths are per GPU and per
+direction in GB/s, as in the hardware profiles; the achieved bus bandwidth is
+``gbps * bus_efficiency``.
+
+Measured traces: collectives are re-timed by an alpha-beta model calibrated on the trace's
+own collectives. For every collective instance the *last arriver's* transfer time (its whole
+kernel: it waited for nobody) is fitted per level as ``t = a + S * f / B`` (``S`` bytes,
+``f`` the nccl-tests bus factor of the primitive and group size: ``2(n-1)/n`` all-reduce,
+``(n-1)/n`` all-gather / reduce-scatter / all-to-all, 1 otherwise; ``B`` the calibrated bus
+bandwidth). A member's new transfer tail is its measured tail plus the model's change,
+``a' + S f / B' + steps * d_alpha - (a + S f / B)``, so noise in the measurement is kept and
+an unchanged network is the identity. ``B' = gbps * bus_efficiency`` for a level the
+scenario sets, else the calibrated ``B`` of that level. Waiting for late ranks is not
+re-timed here: the replay re-derives it from the new arrival times.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+
+from collectors.enums import CommOp, OpKind
+from collectors.errors import PolicyError
+from collectors.trace import Trace
+
+from .base import Policy, WhatIfState, check_choice, check_int, check_positive, ranks_per_node_of
+
+__all__ = ["Network", "Topology", "calibrate", "collective_table", "bus_factor", "LEVELS"]
+
+LEVELS = ("intra", "inter", "cross_dc")
+DEFAULT_BUS_EFFICIENCY = 0.8
+#: per-step latency assumed for measured traces when the scenario gives none (us)
+DEFAULT_ALPHA_US = {0: 1.0, 1: 5.0, 2: 5.0}
+
+
+def bus_factor(comm_op: np.ndarray, n: np.ndarray) -> np.ndarray:
+    """nccl-tests bus factor ``f`` (bus bytes = S * f) per op."""
+    comm_op = np.asarray(comm_op)
+    n = np.maximum(np.asarray(n, np.float64), 1.0)
+    f = np.ones(len(comm_op))
+    ar = comm_op == CommOp.ALL_REDUCE
+    f[ar] = 2 * (n[ar] - 1) / n[ar]
+    ag = np.isin(comm_op, [CommOp.ALL_GATHER, CommOp.REDUCE_SCATTER, CommOp.ALL_TO_ALL])
+    f[ag] = (n[ag] - 1) / n[ag]
+    return f
+
+
+def _steps(comm_op: np.ndarray, n: np.ndarray, algorithm: str) -> np.ndarray:
+    n = np.maximum(np.asarray(n, np.float64), 1.0)
+    ring_ar = 2 * (n - 1)
+    tree_ar = 2 * np.ceil(np.log2(np.maximum(n, 1)))
+    other = n - 1
+    ar = np.asarray(comm_op) == CommOp.ALL_REDUCE
+    if algorithm == "tree":
+        return np.where(ar, tree_ar, other)
+    return np.where(ar, ring_ar, other)
+
+
+@dataclass(frozen=True)
+class Topology(Policy):
+    """Cluster shape: ranks per node (Megatron rank order: consecutive ranks share a node)."""
+
+    ranks_per_node: int | None = None
+    table: ClassVar[str] = "topology"
+
+    def __post_init__(self) -> None:
+        check_int("topology", "ranks_per_node", self.ranks_per_node)
+
+    def configure(self, state: WhatIfState) -> None:
+        if self.ranks_per_node is None:
+            return
+        if state.is_synth:
+            hw = state.synth.hardware
+            # per-GPU NIC share stays the same: nics scale with the node size
+            state.synth.set_hardware(dataclasses.replace(
+                hw, gpus_per_node=self.ranks_per_node,
+                nics=max(1, round(hw.nics * self.ranks_per_node / hw.gpus_per_node))))
+        state.notes.setdefault("measured_ranks_per_node", ranks_per_node_of(state.trace))
+        state.ranks_per_node = self.ranks_per_node
+
+    def apply(self, state: WhatIfState) -> None:
+        state.applied.append(self.describe())
+
+
+@dataclass(frozen=True)
+class Network(Policy):
+    """Link bandwidths (GB/s per GPU per direction), latencies (us per algorithm step),
+    the all-reduce algorithm and cross-datacenter placement."""
+
+    intra_node_gbps: float | None = None
+    inter_node_gbps: float | None = None
+    latency_us: float | None = None
+    intra_latency_us: float | None = None
+    algorithm: str | None = None
+    bus_efficiency: float | None = None
+    cross_dc_gbps: float | None = None
+    cross_dc_km: float | None = None
+    nodes_per_dc: int | None = None
+    table: ClassVar[str] = "network"
+
+    def __post_init__(self) -> None:
+        for f in ("intra_node_gbps", "inter_node_gbps", "cross_dc_gbps", "bus_efficiency"):
+            check_positive("network", f, getattr(self, f))
+        for f in ("latency_us", "intra_latency_us", "cross_dc_km"):
+            check_positive("network", f, getattr(self, f), strict=False)
+        if self.bus_efficiency is not None and self.bus_efficiency > 1:
+            raise PolicyError(f"network.bus_efficiency={self.bus_efficiency} must be in (0, 1]")
+        check_choice("network", "algorithm", self.algorithm, ("ring", "tree"))
+        check_int("network", "nodes_per_dc", self.nodes_per_dc)
+
+    def configure(self, state: WhatIfState) -> None:
+        if not state.is_synth:
+            return
+        hw = state.synth.hardware
+        rep = dataclasses.replace
+        intra, inter, cross = hw.intra, hw.inter, hw.cross_dc
+        if self.intra_node_gbps is not None:
+            intra = rep(intra, gbps=float(self.intra_node_gbps))
+        if self.intra_latency_us is not None:
+            intra = rep(intra, latency_us=float(self.intra_latency_us))
+        if self.bus_efficiency is not None:
+            intra = rep(intra, bus_efficiency=float(self.bus_efficiency))
+            inter = rep(inter, bus_efficiency=float(self.bus_efficiency))
+        if self.inter_node_gbps is not None:
+            inter = rep(inter, gbps=float(self.inter_node_gbps))
+        if self.latency_us is not None:
+            inter = rep(inter, latency_us=float(self.latency_us))
+        nodes_per_dc = hw.nodes_per_dc
+        km = hw.dc_km
+        if self.nodes_per_dc is not None or self.cross_dc_gbps is not None \
+                or self.cross_dc_km is not None:
+            from collectors.synth.hardware import LinkConfig
+            km = float(self.cross_dc_km if self.cross_dc_km is not None else hw.dc_km)
+            gbps = float(self.cross_dc_gbps if self.cross_dc_gbps is not None
+                         else (cross.gbps if cross is not None else 12.5))
+            cross = LinkConfig(link="cross-datacenter", gbps=gbps,
+                               bus_efficiency=inter.bus_efficiency,
+                               latency_us=inter.latency_us + 5.0 * km, base_us=inter.base_us)
+            if self.nodes_per_dc is not None:
+                nodes_per_dc = int(self.nodes_per_dc)
+            if nodes_per_dc <= 0:
+                raise PolicyError("network.cross_dc_gbps / cross_dc_km need "
+                                  "network.nodes_per_dc (nodes per datacenter)")
+        state.synth.set_hardware(rep(hw, intra=intra, inter=inter, cross_dc=cross,
+                                     nodes_per_dc=nodes_per_dc, dc_km=km))
+
+    def _level_gbps(self) -> dict[int, float | None]:
+        return {0: self.intra_node_gbps, 1: self.inter_node_gbps, 2: self.cross_dc_gbps}
+
+    def apply(self, state: WhatIfState) -> None:
+        if state.is_synth and self.algorithm is None:
+            state.applied.append(self.describe())
+            return
+        tab = collective_table(state.trace, state.graph, state.ranks_per_node,
+                               self.nodes_per_dc)
+        if len(tab["op"]) == 0:
+            raise PolicyError("network policy: the trace has no collective or p2p ops to "
+                              "re-time")
+        if state.is_synth:  # only the algorithm: latency steps change
+            alpha = {0: state.synth.hardware.intra.latency_us,
+                     1: state.synth.hardware.inter.latency_us,
+                     2: (state.synth.hardware.cross_dc or state.synth.hardware.inter).latency_us}
+            old_steps = np.minimum(_steps(tab["comm_op"], tab["n"], "ring"),
+                                   _steps(tab["comm_op"], tab["n"], "tree"))
+            new_steps = _steps(tab["comm_op"], tab["n"], self.algorithm)
+            a = np.asarray([alpha[int(lv)] for lv in tab["level"]]) * 1e3
+            state.dur[tab["op"]] += (new_steps - old_steps) * a
+            state.applied.append(self.describe())
+            return
+        cal = calibrate(state.trace, state.graph, tab)
+        state.notes["network_calibration"] = {LEVELS[k]: v for k, v in cal.items()}
+        eff = self.bus_efficiency or DEFAULT_BUS_EFFICIENCY
+        new_bw = {}
+        for lv, gbps in self._level_gbps().items():
+            if gbps is not None:
+                new_bw[lv] = gbps * eff
+            elif lv in cal:
+                new_bw[lv] = cal[lv]["busbw_gbps"]
+        x = tab["bytes"] * tab["factor"]
+        old_lv, new_lv = tab["old_level"], tab["level"]
+        need = set(np.unique(new_lv[x > 0]).tolist()) - set(new_bw)
+        if need:
+            names = ", ".join(LEVELS[k] for k in sorted(need))
+            raise PolicyError(
+                f"network policy: collectives now cross the {names} level but the trace has "
+                f"no measured collectives there to calibrate on; set network."
+                f"{'inter_node_gbps' if 1 in need else 'cross_dc_gbps'}")
+        t_old = np.zeros(len(x))
+        t_new = np.zeros(len(x))
+        for i in range(len(x)):  # one entry per collective op (thousands at most)
+            c_old = cal.get(int(old_lv[i]))
+            if c_old is None or x[i] <= 0:
+                continue
+            t_old[i] = c_old["alpha_ns"] + x[i] / c_old["busbw_gbps"]
+            a_new = cal.get(int(new_lv[i]), c_old)["alpha_ns"]
+            t_new[i] = a_new + x[i] / new_bw[int(new_lv[i])]
+        # latency per algorithm step
+        lat = {0: self.intra_latency_us, 1: self.latency_us, 2: None}
+        if self.cross_dc_km is not None:
+            lat[2] = (self.latency_us if self.latency_us is not None else DEFAULT_ALPHA_US[1]) \
+                + 5.0 * self.cross_dc_km
+        elif self.latency_us is not None:
+            lat[2] = self.latency_us
+        steps_old = _steps(tab["comm_op"], tab["n"], "ring")
+        steps_new = _steps(tab["comm_op"], tab["n"], self.algorithm or "ring")
+        for i in range(len(x)):
+            lv = int(new_lv[i])
+            a_old = DEFAULT_ALPHA_US[int(old_lv[i])] * 1e3
+            a_new = (lat[lv] if lat[lv] is not None else DEFAULT_ALPHA_US[lv]) * 1e3
+            t_new[i] += steps_new[i] * a_new - steps_old[i] * a_old
+        state.dur[tab["op"]] += t_new - t_old
+        state.applied.append(self.describe())
+
+
+def collective_table(trace: Trace, graph, ranks_per_node: int | None = None,
+                     nodes_per_dc: int | None = None) -> dict[str, np.ndarray]:
+    """Per communication op: op id, comm op, bytes, group size ``n``, bus factor, level
+    under the new topology (``level``) and the measured one (``old_level``), last-arriver
+    flag."""
+    o = trace.ops
+    kind = o["kind"].to_numpy()
+    sel = np.flatnonzero((kind == OpKind.COLLECTIVE) | (kind == OpKind.P2P))
+    rank = o["rank"].to_numpy().astype(np.int64)
+    coll = o["coll_id"].to_numpy()
+    gid = o["group_id"].to_numpy()
+    peer = o["peer"].to_numpy()
+    comm_op = o["comm_op"].to_numpy()[sel]
+    nbytes = o["bytes"].to_numpy()[sel].astype(np.float64)
+    rpn_meas = ranks_per_node_of(trace)
+    rpn = ranks_per_node or rpn_meas
+    groups = {int(g): np.asarray(r, np.int64) for g, r in
+              zip(trace.groups["group_id"].to_numpy(), trace.groups["ranks"], strict=True)} \
+        if len(trace.groups) else {}
+    members: dict[int, list[int]] = {}
+    for i in sel[coll[sel] >= 0].tolist():
+        members.setdefault(int(coll[i]), []).append(int(rank[i]))
+    world = np.unique(rank)
+    n = np.ones(len(sel))
+    lv_new = np.zeros(len(sel), np.int8)
+    lv_old = np.zeros(len(sel), np.int8)
+    last = np.zeros(len(sel), bool)
+    gstart = graph.meas_start_ns
+    coll_max: dict[int, int] = {}
+    for i in sel[coll[sel] >= 0].tolist():
+        c = int(coll[i])
+        if c not in coll_max or gstart[i] > gstart[coll_max[c]]:
+            coll_max[c] = i
+    for j, i in enumerate(sel.tolist()):
+        c = int(coll[i])
+        if c >= 0:
+            rs = np.asarray(members[c])
+            last[j] = coll_max[c] == i
+            if kind[i] == OpKind.COLLECTIVE and int(gid[i]) in groups:
+                rs = np.union1d(rs, groups[int(gid[i])])
+        elif kind[i] == OpKind.P2P and peer[i] >= 0:
+            rs = np.asarray([rank[i], peer[i]])
+            last[j] = True
+        elif int(gid[i]) in groups:
+            rs = groups[int(gid[i])]
+            last[j] = True
+        else:
+            rs = world
+            last[j] = True
+        n[j] = len(np.unique(rs))
+        lv_new[j] = _level(rs, rpn, nodes_per_dc)
+        lv_old[j] = _level(rs, rpn_meas, None)
+    return {"op": sel, "comm_op": comm_op, "bytes": nbytes, "n": n,
+            "factor": bus_factor(comm_op, n), "level": lv_new, "old_level": lv_old,
+            "last": last}
+
+
+def _level(ranks: np.ndarray, rpn: int, nodes_per_dc: int | None) -> int:
+    nodes = np.unique(np.asarray(ranks) // max(1, rpn))
+    if len(nodes) <= 1:
+        return 0
+    if nodes_per_dc and len(np.unique(nodes // nodes_per_dc)) > 1:
+        return 2
+    return 1
+
+
+def calibrate(trace: Trace, graph, tab: dict[str, np.ndarray] | None = None) -> dict[int, dict[str, Any]]:
+    """Alpha-beta fit per measured level from the last arrivers' transfer times.
+
+    Returns ``{level: {"alpha_ns", "busbw_gbps", "points"}}`` (levels with data only).
+    """
+    tab = tab if tab is not None else collective_table(trace, graph)
+    x = tab["bytes"] * tab["factor"]
+    y = graph.dur_ns[tab["op"]].astype(np.float64)
+    out: dict[int, dict[str, Any]] = {}
+    for lv in np.unique(tab["old_level"]).tolist():
+        m = (tab["old_level"] == lv) & tab["last"] & (x > 0) & (y > 0)
+        if not m.any():
+            continue
+        xs, ys = x[m], y[m]
+        a, inv_b = 0.0, float(np.median(ys / xs))
+        if len(np.unique(xs)) >= 2:
+            A = np.stack([np.ones(len(xs)), xs], axis=1)
+            sol, *_ = np.linalg.lstsq(A, ys, rcond=None)
+            if sol[1] > 0:
+                a, inv_b = max(0.0, float(sol[0])), float(sol[1])
+        out[int(lv)] = {"alpha_ns": a, "busbw_gbps": 1.0 / inv_b if inv_b > 0 else math.inf,
+                        "points": int(m.sum())}
+    return out

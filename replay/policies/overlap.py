@@ -1,0 +1,152 @@
+"""Overlap what-ifs: serialize communication with compute, gradient bucketing (bucket size,
+per-layer WFBP, one bucket, MG-WFBP merging) and compute/communication interference.
+
+* ``mode = "serial"``: on every device a communication op starts after the compute ops that
+  started before it have ended (on each compute lane, the last one that started before it),
+  and the next compute op of each compute lane waits for it: no communication is hidden.
+  ``"async"`` keeps the trace's overlap (measured, or modeled by the synthesizer).
+* ``bucket_mb``: data-parallel gradient bucket size (synthesized runs are re-synthesized).
+* ``merge``: ``"wfbp"`` one all-reduce per layer (wait-free backprop), ``"single"`` one
+  all-reduce after backward, ``"mgwfbp"`` merged-gradient WFBP: the best merge of ``k``
+  adjacent layers' gradients per bucket, searched over every ``k`` from one layer to the
+  whole model with the synthesizer's alpha-beta costs (it contains both end points, so it is
+  never slower than per-layer WFBP or a single bucket; MG-WFBP's optimal merge, Shi et al.
+  INFOCOM 2019, restricted to uniform merges).
+* ``interference``: fraction of the ideal overlap achieved while compute and communication
+  run together on one device (C3: 0.21 naive, 0.42 with prioritization and CU partitioning,
+  0.72 with DMA-offloaded collectives; 1.0 = perfect overlap). The contention path runs both
+  at ``1 / (2 - f)`` of their rates while they overlap, which achieves exactly the fraction
+  ``f = (T_serial - T_overlap) / (T_serial - max(T_comp, T_comm))`` for any pair of lengths.
+  Durations are taken as isolated times: on a measured trace, whose kernels already ran
+  overlapped, it is an *additional* slowdown.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from collectors.errors import PolicyError
+
+from ..engine import ContentionModel
+from ..graph import RES_COMM, RES_COMPUTE
+from .base import Policy, WhatIfState, check_choice, check_fraction, check_positive
+
+__all__ = ["Overlap", "serialize_edges", "MERGES"]
+
+MERGES = ("wfbp", "single", "mgwfbp")
+_TINY_MB = 1e-9  # every layer its own bucket
+_HUGE_MB = 1e12  # one bucket
+
+
+@dataclass(frozen=True)
+class Overlap(Policy):
+    """Communication/compute overlap what-ifs (see the module docstring)."""
+
+    mode: str | None = None
+    bucket_mb: float | None = None
+    merge: str | None = None
+    interference: float | None = None
+    share_links: bool | None = None
+    table: ClassVar[str] = "overlap"
+
+    def __post_init__(self) -> None:
+        check_choice("overlap", "mode", self.mode, ("serial", "async"))
+        check_positive("overlap", "bucket_mb", self.bucket_mb)
+        check_choice("overlap", "merge", self.merge, MERGES)
+        check_fraction("overlap", "interference", self.interference)
+        if self.share_links is not None and not isinstance(self.share_links, bool):
+            raise PolicyError(f"overlap.share_links={self.share_links!r} must be true/false")
+        if self.bucket_mb is not None and self.merge is not None:
+            raise PolicyError("overlap.bucket_mb and overlap.merge both set: the merge rule "
+                              "chooses the buckets; give one of them")
+
+    def configure(self, state: WhatIfState) -> None:
+        if self.bucket_mb is None and self.merge is None:
+            return
+        if not state.is_synth:
+            raise PolicyError(
+                "overlap.bucket_mb / overlap.merge re-bucket data-parallel gradients, which "
+                "needs the per-layer gradient sizes of a synthesized run; this trace is "
+                "measured (no meta['synth']): synthesize the job (`retime synth`) or keep "
+                "the measured buckets")
+        if state.synth.parallel.get("dp", 1) * state.synth.parallel.get("cp", 1) <= 1:
+            raise PolicyError("overlap.bucket_mb / merge: the run has no data parallelism "
+                              "(dp*cp = 1): there is no gradient all-reduce to bucket")
+        if self.bucket_mb is not None:
+            state.synth.set_parallel(bucket_mb=float(self.bucket_mb))
+        elif self.merge == "wfbp":
+            state.synth.set_parallel(bucket_mb=_TINY_MB)
+        elif self.merge == "single":
+            state.synth.set_parallel(bucket_mb=_HUGE_MB)
+        else:
+            state.synth.set_parallel(bucket_mb=_best_merge(state))
+
+    def apply(self, state: WhatIfState) -> None:
+        if self.mode == "serial":
+            src, dst = serialize_edges(state.graph)
+            state.add_edges(src, dst)
+            state.notes["serialize_edges"] = int(len(src))
+        if self.interference is not None or self.share_links:
+            f = 1.0 if self.interference is None else float(self.interference)
+            state.mode = "contention"
+            state.contention = ContentionModel(interference=1.0 - f,
+                                               share_links=bool(self.share_links))
+        d = self.describe()
+        if self.merge == "mgwfbp" and state.is_synth:
+            d["chosen_bucket_mb"] = state.synth.parallel["bucket_mb"]
+        state.applied.append(d)
+
+
+def _best_merge(state: WhatIfState) -> float:
+    """Bucket size (MB) of the fastest uniform merge of k adjacent layers' gradients."""
+    spec = state.synth
+    from collectors.synth import CommModel, model_template, resolve_parallel
+    par = resolve_parallel(dict(spec.parallel))
+    tpl = model_template(spec.model, spec.hardware, par, CommModel(spec.hardware, par))
+    per_layer = max(lt.params for lt in tpl.layers) * tpl.grad_bytes_per_param / 1e6
+    n_layers = len(tpl.layers) + 2
+    ks = sorted(set([1, n_layers] + np.unique(np.geomspace(1, n_layers, 12).round()).astype(int).tolist()))
+    best, best_t = _TINY_MB, None
+    import copy
+    for k in ks:
+        mb = _TINY_MB if k == 1 else (_HUGE_MB if k >= n_layers else k * per_layer * 0.999)
+        trial = copy.copy(spec)
+        trial.parallel = dict(spec.parallel, bucket_mb=mb)
+        t = trial.synthesize().meta["synth"]["step_time_ns"]
+        if best_t is None or t < best_t:
+            best, best_t = mb, t
+    return float(best)
+
+
+def serialize_edges(g) -> tuple[np.ndarray, np.ndarray]:
+    """Edges that forbid communication from overlapping compute on its device."""
+    dev = g.device
+    res = g.resource
+    start = g.meas_start_ns
+    lane = g.lane
+    on = dev >= 0
+    comm = np.flatnonzero(on & (res == RES_COMM))
+    comp = np.flatnonzero(on & (res == RES_COMPUTE))
+    if len(comm) == 0 or len(comp) == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    src, dst = [], []
+    # one pass per compute lane (a handful per device)
+    for ln in np.unique(lane[comp]).tolist():
+        ops = comp[lane[comp] == ln]
+        ops = ops[np.lexsort((ops, start[ops]))]
+        d = int(dev[ops[0]])
+        cm = comm[dev[comm] == d]
+        if len(cm) == 0:
+            continue
+        pos = np.searchsorted(start[ops], start[cm], side="right")
+        before = pos > 0
+        src.append(ops[pos[before] - 1])
+        dst.append(cm[before])
+        after = pos < len(ops)
+        src.append(cm[after])
+        dst.append(ops[pos[after]])
+    return (np.concatenate(src).astype(np.int64) if src else np.zeros(0, np.int64),
+            np.concatenate(dst).astype(np.int64) if dst else np.zeros(0, np.int64))

@@ -1,0 +1,145 @@
+"""``whatif(trace, policies) -> ReplayResult``: re-time a trace under what-if policies.
+
+Policies come as a :class:`~replay.policies.Scenario`, a list of policy objects, a dict of
+dotted keys (``{"network.inter_node_gbps": 25, "overlap.mode": "serial"}``), or a TOML
+scenario path. See :mod:`replay.policies.base` for the two phases (configure, then re-time)
+and each family's module for its physics. ``result.meta["scenario"]`` lists every policy
+applied with its fields; ``result.meta["whatif"]`` holds derived figures (inter-node
+traffic, modeled memory, network calibration of measured traces).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from collectors.enums import CommOp, OpKind
+from collectors.errors import PolicyError
+from collectors.trace import Trace
+
+from .engine import ReplayResult, simulate
+from .policies.base import Policy, SynthSpec, WhatIfState, ranks_per_node_of
+from .policies.scenario import TABLES, Scenario, as_policies
+
+__all__ = ["whatif", "comm_traffic"]
+
+_CONFIG_ORDER = list(TABLES)
+# ideal durations replace all durations first; factors and deltas act on them afterwards
+_APPLY_ORDER = ["stragglers", "parallel", "cache", "hardware", "network", "overlap", "topology"]
+
+
+def whatif(trace: Trace, policies: Scenario | Policy | list | dict | str | Path | None = None,
+           *, ideal: bool = False, mode: str | None = None) -> ReplayResult:
+    """Replay ``trace`` under ``policies``.
+
+    Parameters
+    ----------
+    trace : Trace
+        Ingested (measured) or synthesized trace.
+    policies : Scenario, Policy, list, dict or path
+        What to change. A dict maps dotted keys (``"network.inter_node_gbps"``) or table
+        names (``{"network": {...}}``) to values.
+    ideal : bool
+        Drop unexplained delays (same as ``stragglers.ideal = true``).
+    mode : {"fast", "contention"}, optional
+        Force a replay path (default: contention only when a policy needs it).
+
+    Returns
+    -------
+    ReplayResult
+        Of the (possibly re-synthesized) trace; ``meta["scenario"]`` lists the policies.
+
+    Raises
+    ------
+    PolicyError
+        Unknown key, impossible value, or a policy the trace lacks the information for.
+    """
+    if not isinstance(trace, Trace):
+        raise PolicyError(f"whatif needs a Trace, got {type(trace).__name__}; load one with "
+                          "collectors.trace.read_trace(path)")
+    pols = as_policies(policies)
+    state = WhatIfState(trace=trace, synth=SynthSpec.from_trace(trace), ideal=bool(ideal))
+    for p in sorted(pols, key=lambda p: _CONFIG_ORDER.index(p.table)):
+        p.configure(state)
+    state.materialize()
+    for p in sorted(pols, key=lambda p: _APPLY_ORDER.index(p.table)):
+        p.apply(state)
+    if mode is not None:
+        state.mode = mode
+    g = state.final_graph()
+    dur = state.final_durations()
+    changed = not np.array_equal(dur, g.dur_ns)
+    res = simulate(g, durations_ns=dur if changed else None, mode=state.mode,
+                   contention=state.contention, scenario=state.applied)
+    res.meta["whatif"] = _derived(state)
+    res.meta["whatif"]["baseline_measured_step_time_ns"] = _measured_step_ns(trace)
+    return res
+
+
+def _measured_step_ns(trace: Trace) -> int:
+    """The input trace's measured step time (longest rank span), before any policy."""
+    o = trace.ops
+    if len(o) == 0:
+        return 0
+    end = o["start_ns"] + o["dur_ns"]
+    g = o.assign(end_ns=end).groupby("rank")
+    return int((g["end_ns"].max() - g["start_ns"].min()).max())
+
+
+def _derived(state: WhatIfState) -> dict[str, Any]:
+    out: dict[str, Any] = {"resynthesized": bool(state.notes.get("resynthesized", False)),
+                           "ranks_per_node": ranks_per_node_of(state.trace, state.ranks_per_node)}
+    if "network_calibration" in state.notes:
+        out["network_calibration"] = state.notes["network_calibration"]
+    if "serialize_edges" in state.notes:
+        out["serialize_edges"] = state.notes["serialize_edges"]
+    syn = state.trace.meta.get("synth") if isinstance(state.trace.meta, dict) else None
+    mem: dict[str, Any] = {}
+    if isinstance(syn, dict) and "peak_memory_bytes" in syn:
+        mem["peak_memory_bytes"] = int(syn["peak_memory_bytes"]) + int(state.memory_delta_bytes)
+    if "host_cache_bytes" in state.notes:
+        mem["host_cache_bytes"] = int(state.notes["host_cache_bytes"])
+    out["memory"] = mem
+    out["traffic"] = comm_traffic(state.trace, ranks_per_node_of(state.trace, state.ranks_per_node),
+                                  intra_ops=state.notes.get("intra_node_ops"),
+                                  removed_ops=state.notes.get("removed_ops"))
+    return out
+
+
+def comm_traffic(trace: Trace, ranks_per_node: int, *, intra_ops=None,
+                 removed_ops=None) -> dict[str, int]:
+    """Bytes one rank (the lowest) sends through collectives, split by level.
+
+    ``inter_node_allgather_bytes`` counts all-gathers whose group spans nodes (the figure
+    FCDP halves); ``intra_ops`` are ops rebuilt inside a node (FCDP's backward gathers),
+    ``removed_ops`` ops that no longer move data (kept parameters).
+    """
+    o = trace.ops
+    if len(o) == 0:
+        return {"inter_node_bytes": 0, "intra_node_bytes": 0, "inter_node_allgather_bytes": 0}
+    rank = o["rank"].to_numpy()
+    kind = o["kind"].to_numpy()
+    r0 = rank.min()
+    sel = (rank == r0) & ((kind == OpKind.COLLECTIVE) | (kind == OpKind.P2P))
+    if removed_ops is not None and len(removed_ops):
+        sel[np.asarray(removed_ops)] = False
+    idx = np.flatnonzero(sel)
+    gid = o["group_id"].to_numpy()[idx]
+    peer = o["peer"].to_numpy()[idx]
+    nbytes = o["bytes"].to_numpy()[idx].astype(np.int64)
+    cop = o["comm_op"].to_numpy()[idx]
+    groups = {int(g): np.asarray(r) for g, r in zip(trace.groups["group_id"].to_numpy(),
+                                                    trace.groups["ranks"], strict=True)} \
+        if len(trace.groups) else {}
+    span_of: dict[int, bool] = {g: len(np.unique(r // ranks_per_node)) > 1 for g, r in groups.items()}
+    inter = np.asarray([span_of.get(int(g), False) for g in gid], bool)
+    p2p = peer >= 0
+    inter[p2p] = (peer[p2p] // ranks_per_node) != (r0 // ranks_per_node)
+    if intra_ops is not None and len(intra_ops):
+        inter &= ~np.isin(idx, np.asarray(intra_ops))
+    ag = cop == CommOp.ALL_GATHER
+    return {"inter_node_bytes": int(nbytes[inter].sum()),
+            "intra_node_bytes": int(nbytes[~inter].sum()),
+            "inter_node_allgather_bytes": int(nbytes[inter & ag].sum())}
