@@ -25,7 +25,7 @@ def _small(**over):
 def test_defaults_and_dtypes():
     t = _small()
     assert list(t.ops.columns) == list(OPS_SCHEMA)
-    for c, (dt, default) in OPS_SCHEMA.items():
+    for c, (dt, _default) in OPS_SCHEMA.items():
         assert str(t.ops[c].dtype) == dt
     assert t.ops["op_id"].tolist() == [0, 1, 2]
     assert t.ops["step"].tolist() == [-1, -1, -1] and np.isnan(t.ops["flops"]).all()
