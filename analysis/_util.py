@@ -90,18 +90,26 @@ def step_windows(trace: Trace) -> pd.DataFrame:
     if len(o) == 0:
         return pd.DataFrame({"rank": np.zeros(0, np.int32), "step": np.zeros(0, np.int32),
                              "start_ns": np.zeros(0, np.int64), "end_ns": np.zeros(0, np.int64)})
-    df = pd.DataFrame({"rank": o["rank"].to_numpy(), "step": o["step"].to_numpy(),
-                       "start_ns": o["start_ns"].to_numpy(), "end_ns": op_ends_ns(trace)})
-    df = df[_keep_step_mask(df["rank"].to_numpy(), df["step"].to_numpy())]
-    w = df.groupby(["rank", "step"], sort=True).agg(start_ns=("start_ns", "min"),
-                                                   end_ns=("end_ns", "max")).reset_index()
-    return w
+    ranks = o["rank"].to_numpy().astype(np.int64)
+    steps = o["step"].to_numpy().astype(np.int64)
+    keep = _keep_step_mask(ranks, steps)
+    key = (ranks * (1 << 32) + (steps + 1))[keep]
+    order = np.argsort(key, kind="stable")
+    key = key[order]
+    first = np.flatnonzero(np.r_[True, key[1:] != key[:-1]]) if len(key) else np.zeros(0, int)
+    s = o["start_ns"].to_numpy()[keep][order]
+    e = op_ends_ns(trace)[keep][order]
+    uk = key[first]
+    return pd.DataFrame({
+        "rank": (uk >> 32).astype(np.int32),
+        "step": ((uk & 0xFFFFFFFF) - 1).astype(np.int32),
+        "start_ns": np.minimum.reduceat(s, first) if len(first) else s[:0],
+        "end_ns": np.maximum.reduceat(e, first) if len(first) else e[:0]})
 
 
 def _keep_step_mask(ranks: np.ndarray, steps: np.ndarray) -> np.ndarray:
     """True for ops that belong to a reported step window (see :func:`step_windows`)."""
     if len(ranks) == 0:
         return np.zeros(0, bool)
-    has = pd.Series(steps >= 0).groupby(ranks).any()
-    ranks_with_steps = has.index.to_numpy()[has.to_numpy()]
+    ranks_with_steps = np.unique(ranks[steps >= 0])
     return (steps >= 0) | ~np.isin(ranks, ranks_with_steps)
