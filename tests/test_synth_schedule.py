@@ -5,9 +5,18 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from collectors.synth import (CommModel, LayerTemplate, OpTemplate, ParallelConfig,
-                              StepTemplate, bubble_fraction, build_trace, load_hardware,
-                              max_in_flight, stage_order)
+from collectors.synth import (
+    CommModel,
+    LayerTemplate,
+    OpTemplate,
+    ParallelConfig,
+    StepTemplate,
+    bubble_fraction,
+    build_trace,
+    load_hardware,
+    max_in_flight,
+    stage_order,
+)
 
 HW = load_hardware("a100-80gb")
 

@@ -8,7 +8,7 @@ import pytest
 
 from collectors.enums import CommOp, EdgeKind, OpKind, Phase
 from collectors.errors import ConfigError
-from collectors.synth import (ParallelConfig, model_names, read_model_file, synthesize)
+from collectors.synth import ParallelConfig, model_names, read_model_file, synthesize
 from collectors.trace import read_trace
 
 SMALL = dict(hidden=1024, ffn=4096, heads=16, layers=8, seq=1024, vocab=32000,
@@ -55,7 +55,7 @@ def test_collectives_share_coll_id_across_group(tr3d):
     groups = {int(g): set(r) for g, r in zip(tr3d.groups["group_id"], tr3d.groups["ranks"])}
     c = o[o["kind"] == int(OpKind.COLLECTIVE)]
     assert (c["coll_id"] >= 0).all() and (c["group_id"] >= 0).all()
-    for cid, g in c.groupby("coll_id"):
+    for _, g in c.groupby("coll_id"):
         members = set(g["rank"].tolist())
         assert len(members) == len(g)  # one member per rank
         assert members == groups[int(g["group_id"].iloc[0])]

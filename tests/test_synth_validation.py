@@ -7,9 +7,16 @@ import math
 import pytest
 
 from collectors.enums import CommOp
-from collectors.synth import (CommModel, ParallelConfig, korthikanti_layer_bytes,
-                              layer_activation_bytes, load_hardware, load_model,
-                              model_flops_per_step, synthesize)
+from collectors.synth import (
+    CommModel,
+    ParallelConfig,
+    korthikanti_layer_bytes,
+    layer_activation_bytes,
+    load_hardware,
+    load_model,
+    model_flops_per_step,
+    synthesize,
+)
 
 
 @pytest.mark.parametrize("recompute,sp,published_s", [("full", False, 1.42),
@@ -54,8 +61,8 @@ def test_korthikanti_closed_forms_literal():
 def test_model_flops_equal_narayanan():
     """F = 72 B s l h^2 (1 + s/(6h) + V/(12 l h)) for a GPT model."""
     m = load_model("megatron-22b")
-    B, s, l, h, V = 4, m.seq, m.layers, m.hidden, m.vocab
-    want = 72 * B * s * l * h**2 * (1 + s / (6 * h) + V / (12 * l * h))
+    B, s, L, h, V = 4, m.seq, m.layers, m.hidden, m.vocab
+    want = 72 * B * s * L * h**2 * (1 + s / (6 * h) + V / (12 * L * h))
     assert model_flops_per_step(m, B) == pytest.approx(want, rel=1e-12)
 
 

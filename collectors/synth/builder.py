@@ -94,7 +94,8 @@ class StepTemplate:
     ``layers`` are the transformer layers in model order (split evenly over
     ``pp * chunks`` virtual stages); ``embed`` runs before the first layer (its backward after
     the last), ``head`` after the last layer (final norm, logits, loss). ``p2p_bytes`` is
-    the activation (and gradient) size sent between pipeline stages per micro-batch.
+    the activation (and gradient) size sent between pipeline stages per micro-batch, and
+    ``recv_ns`` the receiving rank's cost once it arrived (default: one kernel overhead).
     ``optimizer_kernels`` are the optimizer step's kernels as (name, HBM bytes moved per
     local parameter), run after the gradients are reduced. ``name`` labels the trace.
     """
@@ -106,6 +107,7 @@ class StepTemplate:
     grad_bytes_per_param: int = 2
     param_bytes_per_param: int = 2
     optimizer_kernels: tuple[tuple[str, float], ...] = MIXED_PRECISION_ADAM
+    recv_ns: int | None = None
     name: str = "synth"
     meta: dict = field(default_factory=dict, compare=False)
 
@@ -388,6 +390,8 @@ def build_trace(template: StepTemplate, parallel: ParallelConfig, comm: CommMode
     per = L // V
     hw = comm.hw
     send_ns = comm.p2p_ns(template.p2p_bytes) if p2p_ns is None else int(p2p_ns)
+    if recv_ns is None:
+        recv_ns = template.recv_ns
     recv_ns = int(hw.kernel_overhead_us * 1e3) if recv_ns is None else int(recv_ns)
     strings = StringTable()
     pool = _Pool(strings)

@@ -1,9 +1,10 @@
 """Kernel and communication cost models.
 
 Compute: a roofline with size-dependent efficiency. A GEMM ``m x n x k`` runs at
-``peak * gemm_max * d / (d + gemm_half_dim)`` with ``d = min(m, n, k)`` (small dimensions
-starve the tensor cores: tile quantization, fewer waves, a larger share of prologue /
-epilogue), or at the HBM roofline if that is slower; streaming (elementwise) kernels run at
+``peak * gemm_max * k / (k + gemm_k_half) * tile_utilization`` where the utilization counts
+partial edge tiles and the partly filled last wave of output tiles over the GPU's
+``sm_count`` multiprocessors (for the best of a few usual tile shapes), or at the HBM
+roofline if that is slower; streaming (elementwise) kernels run at
 ``hbm_gbps * memory_efficiency``. Every kernel also pays ``kernel_overhead_us`` (launch,
 ramp-up and tail on the GPU timeline).
 
@@ -37,9 +38,22 @@ class KernelCost:
     bytes: int
 
 
-def _gemm_efficiency(hw: HardwareConfig, m: float, n: float, k: float) -> float:
-    d = min(m, n, k)
-    return hw.gemm_max * d / (d + hw.gemm_half_dim)
+#: output tile shapes a GEMM library chooses from (m x n); the best one for a shape is used
+_TILES = ((256, 128), (128, 256), (128, 128), (64, 128), (128, 64), (64, 64))
+
+
+def _gemm_efficiency(hw: HardwareConfig, m: float, n: float, k: float, batch: int = 1) -> float:
+    """Fraction of peak reached by a GEMM: ``gemm_max`` x the reduction-depth factor
+    ``k / (k + gemm_k_half)`` (prologue/epilogue of each tile) x the best tile's utilization
+    (partial edge tiles and the last, partly filled wave of tiles over ``sm_count`` SMs)."""
+    best = 0.0
+    for tm, tn in _TILES:
+        mt, nt = math.ceil(m / tm), math.ceil(n / tn)
+        tiles = mt * nt * batch
+        waves = math.ceil(tiles / hw.sm_count)
+        util = (m * n * batch) / (mt * tm * nt * tn * batch) * tiles / (waves * hw.sm_count)
+        best = max(best, util)
+    return hw.gemm_max * k / (k + hw.gemm_k_half) * best
 
 
 def gemm(hw: HardwareConfig, dtype: str, m: int, n: int, k: int, batch: int = 1,
@@ -47,7 +61,7 @@ def gemm(hw: HardwareConfig, dtype: str, m: int, n: int, k: int, batch: int = 1,
     """A (batched) GEMM ``[m, k] x [k, n]``: roofline with size-dependent efficiency."""
     flops = 2.0 * m * n * k * batch
     nbytes = int(elem_bytes * batch * (m * k + k * n + m * n))
-    t_compute = flops / (hw.peak_flops(dtype) * _gemm_efficiency(hw, m, n, k))
+    t_compute = flops / (hw.peak_flops(dtype) * _gemm_efficiency(hw, m, n, k, batch))
     t_memory = nbytes / (hw.hbm_gbps * hw.memory_efficiency)  # GB/s == bytes/ns
     dur = max(t_compute * 1e9, t_memory) + hw.kernel_overhead_us * 1e3
     return KernelCost(int(round(dur)), flops, nbytes)

@@ -58,7 +58,7 @@ class HardwareConfig:
     gpus_per_node: int
     peak_tflops: dict[str, float]
     gemm_max: float
-    gemm_half_dim: float
+    gemm_k_half: float
     memory_efficiency: float
     kernel_overhead_us: float
     framework_reserve_gib: float
@@ -68,6 +68,7 @@ class HardwareConfig:
     nic_gbps: float
     cross_dc: LinkConfig | None = None
     overlap_efficiency: float = 0.5
+    sm_count: int = 108
     dc_km: float = 0.0
     nodes_per_dc: int = 0
     source: str = field(default="", compare=False)
@@ -97,7 +98,7 @@ class HardwareConfig:
     def to_dict(self) -> dict[str, Any]:
         d = {k: getattr(self, k) for k in ("name", "gpu", "memory_gib", "hbm_gbps",
                                            "gpus_per_node", "peak_tflops", "gemm_max",
-                                           "gemm_half_dim", "memory_efficiency", "overlap_efficiency",
+                                           "gemm_k_half", "sm_count", "memory_efficiency", "overlap_efficiency",
                                            "kernel_overhead_us", "framework_reserve_gib",
                                            "nics", "nic_gbps", "dc_km", "nodes_per_dc")}
         for k in ("intra", "inter", "cross_dc"):
@@ -150,7 +151,8 @@ def _parse(data: dict[str, Any], where: str) -> HardwareConfig:
             gpus_per_node=gpn,
             peak_tflops=peaks,
             gemm_max=float(eff.get("gemm_max", 0.8)),
-            gemm_half_dim=float(eff.get("gemm_half_dim", 64)),
+            gemm_k_half=float(eff.get("gemm_k_half", 64)),
+            sm_count=int(data.get("sm_count", 108)),
             memory_efficiency=float(eff.get("memory", 0.85)),
             overlap_efficiency=float(eff.get("overlap", 0.5)),
             kernel_overhead_us=float(data.get("kernel_overhead_us", 3.0)),

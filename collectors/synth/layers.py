@@ -295,7 +295,13 @@ def model_template(model: ModelConfig, hw: HardwareConfig, parallel: ParallelCon
     vocab_p = padded_vocab(model, parallel.tp)
     layer = LayerTemplate(tuple(_layer_fwd(x)), tuple(_layer_bwd(x)),
                           model.layer_params() // parallel.tp)
-    p2p = x.act * x.Tn * x.h
+    # pipeline messages use Megatron's scatter/gather optimization: each TP rank sends 1/t
+    # of the activation over its own NIC and the receiver all-gathers it over NVLink (with
+    # SP the activation is already sharded, nothing to gather)
+    p2p = x.act * x.T * x.h // x.t
+    recv = int(hw.kernel_overhead_us * 1e3)
+    if x.t > 1 and not x.sp:
+        recv += comm.collective_ns(CommOp.ALL_GATHER, x.act * x.T * x.h, "tp")
     return StepTemplate(layers=(layer,) * model.layers, embed=_embed(x, vocab_p),
-                        head=_head(x, vocab_p), p2p_bytes=int(p2p), name=model.name,
-                        meta={"padded_vocab": vocab_p})
+                        head=_head(x, vocab_p), p2p_bytes=int(p2p), recv_ns=recv,
+                        name=model.name, meta={"padded_vocab": vocab_p})
