@@ -1,0 +1,38 @@
+"""Imported by the forkserver of local sweep workers (:func:`replay.sweep._mp_context`).
+
+Importing this module is its purpose: it imports retime's replay stack and runs a two-op
+replay once, so the numba kernels are loaded from their cache in the forkserver, before it
+forks the workers. Each worker then starts hot instead of paying seconds of JIT-cache
+loading (the forkserver is single-threaded, so forking it is safe).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+
+from collectors.errors import RetimeError
+from collectors.trace import Trace
+
+from .engine import simulate
+from .graph import build_graph
+from .sweep import scenario_metrics
+
+
+def _warm() -> None:
+    t = Trace.build(
+        ops={"rank": np.zeros(2, np.int32), "lane": np.zeros(2, np.int32),
+             "kind": np.zeros(2, np.int8), "name_id": np.zeros(2, np.int32),
+             "start_ns": np.array([0, 10], np.int64), "dur_ns": np.array([5, 5], np.int64)},
+        lanes={"lane": np.zeros(1, np.int32), "rank": np.zeros(1, np.int32),
+               "lane_kind": np.ones(1, np.int8)},
+        strings=["warm-up"])
+    scenario_metrics(simulate(build_graph(t)))
+    with contextlib.suppress(ImportError, RetimeError):
+        from . import whatif  # the what-if policies and their kernels, when present
+
+        whatif(t, {})
+
+
+_warm()

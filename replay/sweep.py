@@ -1,0 +1,564 @@
+"""Sweeps: many what-if scenarios on one trace -> one tidy DataFrame (DESIGN.md §4, §6).
+
+Grid files
+----------
+A grid file is TOML. ``[grid]`` maps scenario keys (dotted ``policy.field`` names, written
+quoted, ``"network.inter_node_gbps" = [12.5, 25]``, or as nested tables,
+``[grid.network] inter_node_gbps = [12.5, 25]``) to lists of values; the cartesian product
+is swept, the first key varying slowest. A scalar stands for a one-value list. ``[[scenario]]``
+entries add scenarios one by one (key/value tables, same spellings). Both may be present:
+the grid's scenarios come first, then the listed ones. A scenario's ``name`` (optional)
+becomes a column and is not passed to the replay.
+
+Rows
+----
+One row per scenario, in scenario order: ``scenario_id`` (0-based position), one column per
+key (null where a listed scenario lacks it), then the metrics of :func:`scenario_metrics` and
+``error`` (null when the scenario ran; ``"ExceptionType: message"`` otherwise, with null
+metrics). A failing scenario never stops the sweep.
+
+Execution
+---------
+``sweep(trace, scenarios, workers=1)`` runs in this process; ``workers=N > 1`` on N local
+worker processes (forked from a clean forkserver, see :func:`_mp_context`); ``scheduler="tcp://host:8786"``
+(or a ``distributed.Client``) on a Dask cluster. The trace is shipped to each worker once:
+as the pool initializer's argument, or with ``Client.scatter(broadcast=True)``; a task only
+carries its scenario. A local worker that dies (OOM killer, segfault) is replaced and the
+scenarios it was running are retried once more; a scenario in flight during two deaths gets
+an error row. Dask reschedules the tasks of a lost worker itself. Ctrl-C (KeyboardInterrupt)
+cancels what is left and raises :class:`SweepInterrupted`, whose ``frame`` holds the rows
+finished so far.
+"""
+
+from __future__ import annotations
+
+import itertools
+import multiprocessing as mp
+import os
+import pickle
+import signal
+import uuid
+import weakref
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import tomllib
+
+from collectors.devices import device_peaks
+from collectors.errors import PolicyError
+from collectors.progress import progress_bar
+from collectors.trace import Trace, read_trace
+
+from .engine import ReplayResult
+from .graph import RES_COMM, RES_COMPUTE
+
+__all__ = ["METRICS", "SweepInterrupted", "default_workers", "grid_scenarios", "read_grid",
+           "scenario_metrics", "sweep"]
+
+#: metric columns of a sweep row, in order (``error`` follows them)
+METRICS = ("step_time_ns", "tokens_per_s", "mfu", "peak_memory_bytes", "exposed_comm_ns",
+           "bubble_fraction", "oom")
+_DTYPES = {"step_time_ns": "Int64", "tokens_per_s": "float64", "mfu": "float64",
+           "peak_memory_bytes": "Int64", "exposed_comm_ns": "Int64",
+           "bubble_fraction": "float64", "oom": "boolean"}
+
+ScenarioFn = Callable[[Trace, dict[str, Any]], ReplayResult]
+
+
+class SweepInterrupted(KeyboardInterrupt):
+    """Ctrl-C during :func:`sweep`; ``frame`` holds the rows finished before it."""
+
+    def __init__(self, frame: pd.DataFrame, total: int) -> None:
+        super().__init__(f"sweep interrupted after {len(frame)} of {total} scenarios")
+        self.frame = frame
+        self.total = total
+
+
+# ---------------------------------------------------------------------------- grid files
+def read_grid(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """Read a grid TOML file into a list of scenarios (flat ``{dotted key: value}`` dicts)."""
+    p = Path(path)
+    try:
+        doc = tomllib.loads(p.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise PolicyError(f"{p}: cannot read grid file ({exc.strerror}); check the path") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise PolicyError(f"{p}: invalid TOML ({exc}); fix the grid file") from exc
+    return grid_scenarios(doc, where=str(p))
+
+
+def grid_scenarios(doc: Mapping[str, Any], *, where: str = "grid") -> list[dict[str, Any]]:
+    """Expand a parsed grid document (``[grid]`` and/or ``[[scenario]]``) into scenarios."""
+    unknown = sorted(set(doc) - {"grid", "scenario"})
+    if unknown:
+        raise PolicyError(f"{where}: unknown table(s) {unknown}; a grid file holds [grid] "
+                          "(keys -> lists of values) and/or [[scenario]] entries")
+    out: list[dict[str, Any]] = []
+    grid = doc.get("grid")
+    if grid is not None:
+        if not isinstance(grid, Mapping):
+            raise PolicyError(f"{where}: 'grid' must be a table of key = [values]")
+        flat = _flatten(grid, where=f"{where} [grid]")
+        axes = []
+        for k, v in flat.items():
+            vals = list(v) if isinstance(v, list) else [v]
+            if not vals:
+                raise PolicyError(f"{where} [grid]: {k!r} has an empty list of values; give "
+                                  "at least one value or remove the key")
+            axes.append(vals)
+        keys = list(flat)
+        out.extend(dict(zip(keys, combo, strict=True)) for combo in itertools.product(*axes))
+    entries = doc.get("scenario", [])
+    if not isinstance(entries, list) or not all(isinstance(e, Mapping) for e in entries):
+        raise PolicyError(f"{where}: 'scenario' must be an array of tables ([[scenario]])")
+    for i, e in enumerate(entries):
+        flat = _flatten(e, where=f"{where} [[scenario]] #{i}")
+        for k, v in flat.items():
+            if isinstance(v, list):
+                raise PolicyError(f"{where} [[scenario]] #{i}: {k!r} = {v!r} is a list; a "
+                                  "listed scenario takes one value per key (use [grid] to sweep)")
+        out.append(flat)
+    if not out:
+        raise PolicyError(f"{where}: no scenarios; add a [grid] table or [[scenario]] entries")
+    return out
+
+
+def _flatten(tbl: Mapping[str, Any], *, where: str, prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for k, v in tbl.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, Mapping):
+            flat.update(_flatten(v, where=where, prefix=f"{key}."))
+            continue
+        if key != "name" and ("." not in key or "" in key.split(".")):
+            raise PolicyError(f"{where}: key {key!r} is not a dotted policy.field name "
+                              "(e.g. \"network.inter_node_gbps\"); see DESIGN.md §4")
+        if key in flat:
+            raise PolicyError(f"{where}: key {key!r} given twice")
+        flat[key] = v
+    return flat
+
+
+# ---------------------------------------------------------------------------- metrics
+_PREP: dict[int, tuple[Any, dict[str, Any]]] = {}  # id(meas_start_ns) -> (weakref, prep)
+
+
+def _prepared(g) -> dict[str, Any]:
+    """Per-graph constants (cached while the graph's arrays live): dense rank index, the
+    device ops ordered by (rank, measured start), step count."""
+    key = g.meas_start_ns
+    hit = _PREP.get(id(key))
+    if hit is not None and hit[0]() is key:
+        return hit[1]
+    rank = np.asarray(g.rank)
+    if len(rank) and rank.min() >= 0 and rank.max() < 4 * len(rank) + 65536:
+        present = np.zeros(int(rank.max()) + 1, bool)
+        present[rank] = True
+        dense_of = np.cumsum(present) - 1
+        ridx = dense_of[rank].astype(np.int64)
+        n_ranks = int(present.sum())
+    else:
+        _, inv = np.unique(rank, return_inverse=True)
+        ridx = inv.astype(np.int64)
+        n_ranks = int(ridx.max()) + 1 if len(ridx) else 0
+    res = np.asarray(g.resource)
+    dev = np.flatnonzero(res > 0)
+    dev = dev[np.lexsort((g.meas_start_ns[dev], ridx[dev]))]
+    steps = g.trace.ops["step"].to_numpy() if g.trace is not None else np.zeros(0)
+    n_steps = int(len(np.unique(steps[steps >= 0]))) if len(steps) else 0
+    p = {"ridx": ridx, "n_ranks": n_ranks, "dev": dev,
+         "dev_compute": res[dev] == RES_COMPUTE, "dev_comm": res[dev] == RES_COMM,
+         "n_steps": max(n_steps, 1)}
+    k = id(key)
+    _PREP[k] = (weakref.ref(key, lambda _r, k=k: _PREP.pop(k, None)), p)
+    return p
+
+
+def _union_len(g: np.ndarray, s: np.ndarray, e: np.ndarray, n: int) -> np.ndarray:
+    """Length of the union of intervals per group; ``s``/``e`` are offset so that group
+    ``k`` lies in ``[k*OFF, (k+1)*OFF)`` and sorted by start (one running max suffices)."""
+    if len(s) == 0:
+        return np.zeros(n, np.int64)
+    cm = np.maximum.accumulate(e)
+    prev = np.empty_like(cm)
+    prev[0] = s[0]
+    prev[1:] = cm[:-1]
+    contrib = np.maximum(e - np.maximum(s, prev), 0)
+    return np.bincount(g, weights=contrib, minlength=n).astype(np.int64)
+
+
+def _meta_get(result: ReplayResult, key: str) -> Any:
+    """``key`` from the result's meta (a policy's answer), else the trace meta, else synth."""
+    for m in (result.meta, result.trace.meta, result.trace.meta.get("synth") or {}):
+        if isinstance(m, Mapping) and m.get(key) is not None:
+            return m[key]
+    return None
+
+
+def _device_values(meta: Mapping[str, Any], keys: tuple[str, ...]) -> list[float]:
+    devs = meta.get("devices") or {}
+    if not isinstance(devs, Mapping):
+        return []
+    entries = [devs] if any(k in devs for k in ("peak_flops", "name", "gpu")) else []
+    if not entries:
+        for d in devs.values():
+            if isinstance(d, Mapping) and d and all(isinstance(v, Mapping) for v in d.values()):
+                entries.extend(d.values())
+            elif isinstance(d, Mapping):
+                entries.append(d)
+    out = []
+    for d in entries:
+        v = next((d[k] for k in keys if isinstance(d.get(k), (int, float)) and d[k] > 0), None)
+        if v is None and "peak_flops" in keys:
+            v = device_peaks(str(d.get("name") or d.get("gpu") or "")).get("peak_flops")
+        if v:
+            out.append(float(v))
+    return out
+
+
+def scenario_metrics(result: ReplayResult) -> dict[str, Any]:
+    """The metrics of one sweep row, from a replay (small, vectorized, no analysis import).
+
+    Definitions (``W`` = the replayed window: each rank's span of all its ops, first start to
+    last end; device ops = ops the replay graph marks compute or communication):
+
+    ``step_time_ns``
+        ``max`` over ranks of the rank's span (``ReplayResult.step_time_ns``).
+    ``tokens_per_s``
+        ``tokens_per_step * steps / step_time`` with ``tokens_per_step`` from the result or
+        trace meta (``meta["synth"]`` for modeled runs) and ``steps`` the distinct step ids in
+        the trace (at least 1); NaN when the trace does not know its tokens.
+    ``mfu``
+        ``model_flops_per_step * steps / (step_time * peak)``: a modeled run's job-level
+        model FLOPs over the sum of its ``world_size`` device peaks; a per-rank
+        ``meta["model_flops_per_step"]`` (number, or ``{rank: flops}``) over one device's
+        peak. NaN when flops or the peak are unknown.
+    ``peak_memory_bytes``
+        The result's or the model's ``peak_memory_bytes`` (largest rank), else the largest
+        ``allocated_bytes`` sample of the trace's memory table; null when unknown.
+    ``exposed_comm_ns``
+        ``max`` over ranks of ``|C ∪ X| - |X|``: the time the rank's communication ops run
+        while none of its compute ops does (``C``, ``X`` unions of intervals).
+    ``bubble_fraction``
+        Mean over ranks with device compute of ``1 - |X| / span``: the part of the rank's
+        window its device computes nothing (exposed communication, pipeline bubbles, idle),
+        as in :func:`analysis.pipeline.bubbles` for a one-step window. NaN without compute.
+    ``oom``
+        The result's or model's ``oom`` flag, else ``peak_memory_bytes`` above the device
+        capacity (``memory_bytes`` in ``meta["devices"]``); null when neither is known.
+    """
+    g = result.graph
+    p = _prepared(g)
+    s, e = result.start_ns, result.end_ns
+    n_r = p["n_ranks"]
+    row: dict[str, Any] = dict.fromkeys(METRICS)
+    if len(s) == 0:
+        return row
+    ridx = p["ridx"]
+    lo = np.full(n_r, np.iinfo(np.int64).max, np.int64)
+    hi = np.full(n_r, np.iinfo(np.int64).min, np.int64)
+    np.minimum.at(lo, ridx, s)
+    np.maximum.at(hi, ridx, e)
+    span = hi - lo
+    step_ns = int(span.max())
+    row["step_time_ns"] = step_ns
+    # interval unions per rank on the device ops, in offset coordinates (see _union_len)
+    dev = p["dev"]
+    if len(dev):
+        t0 = int(s[dev].min())
+        off = int(e[dev].max()) - t0 + 1
+        rd = ridx[dev]
+        if n_r * off < 2**62:
+            ds = rd * off + (s[dev] - t0)
+            de = rd * off + (e[dev] - t0)
+            order = np.argsort(ds, kind="stable")  # nearly sorted already: cheap
+        else:  # pragma: no cover - windows of months; keep exact with a two-key sort
+            ds, de = s[dev] - t0, e[dev] - t0
+            order = np.lexsort((ds, rd))
+            ds, de = ds + 0, de + 0
+        ds, de, rd = ds[order], de[order], rd[order]
+        comp = p["dev_compute"][order]
+        both = _union_len(rd, ds, de, n_r)
+        x = _union_len(rd[comp], ds[comp], de[comp], n_r)
+        row["exposed_comm_ns"] = int((both - x).max())
+        has_x = np.bincount(rd[comp], minlength=n_r) > 0
+        ok = has_x & (span > 0)
+        if ok.any():
+            row["bubble_fraction"] = float(np.mean(1.0 - x[ok] / span[ok]))
+    else:
+        row["exposed_comm_ns"] = 0
+    if row["bubble_fraction"] is None:
+        row["bubble_fraction"] = float("nan")
+    # throughput and efficiency from what the trace knows
+    step_s = step_ns / 1e9
+    steps = p["n_steps"]
+    tok = _meta_get(result, "tokens_per_step")
+    row["tokens_per_s"] = (float(tok) * steps / step_s if isinstance(tok, (int, float)) and step_s
+                           else float("nan"))
+    row["mfu"] = _mfu(result, step_s, steps)
+    peak = _peak_memory(result)
+    row["peak_memory_bytes"] = peak
+    oom = _meta_get(result, "oom")
+    if isinstance(oom, (bool, np.bool_)):
+        row["oom"] = bool(oom)
+    elif peak is not None:
+        cap = _device_values(result.trace.meta, ("memory_bytes", "total_memory_bytes",
+                                                 "totalGlobalMem"))
+        row["oom"] = bool(peak > min(cap)) if cap else None
+    return row
+
+
+def _mfu(result: ReplayResult, step_s: float, steps: int) -> float:
+    if not step_s:
+        return float("nan")
+    peaks = _device_values(result.trace.meta, ("peak_flops", "peak_flops_per_s"))
+    if not peaks:
+        return float("nan")
+    peak = float(np.mean(peaks))
+    syn = result.trace.meta.get("synth") or {}
+    job = result.meta.get("model_flops_per_step", syn.get("model_flops_per_step"))
+    if isinstance(job, (int, float)) and "model_flops_per_step" not in result.trace.meta:
+        world = int(syn.get("world_size") or result.trace.world_size or 1)
+        return float(job) * steps / (step_s * peak * world)
+    mf = result.trace.meta.get("model_flops_per_step")
+    if isinstance(mf, (int, float)):
+        return float(mf) * steps / (step_s * peak)
+    if isinstance(mf, Mapping) and mf:
+        return float(np.mean([float(v) for v in mf.values()])) * steps / (step_s * peak)
+    return float("nan")
+
+
+def _peak_memory(result: ReplayResult) -> int | None:
+    v = _meta_get(result, "peak_memory_bytes")
+    if isinstance(v, Mapping):
+        v = max((int(x) for x in v.values()), default=None)
+    if isinstance(v, (int, float, np.integer)):
+        return int(v)
+    m = result.trace.memory
+    if len(m):
+        a = m["allocated_bytes"].to_numpy()
+        if (a >= 0).any():
+            dev = m["device"].to_numpy() >= 0
+            sel = (a >= 0) & dev if ((a >= 0) & dev).any() else a >= 0
+            return int(a[sel].max())
+    return None
+
+
+# ---------------------------------------------------------------------------- evaluation
+def _default_run(trace: Trace, scenario: dict[str, Any]) -> ReplayResult:
+    from . import whatif  # the what-if policies (replay/policies); resolved on the worker
+
+    return whatif(trace, scenario)
+
+
+def _evaluate(trace: Trace, run: ScenarioFn | None, i: int,
+              scenario: Mapping[str, Any]) -> dict[str, Any]:
+    sc = {k: v for k, v in scenario.items() if k != "name"}
+    try:
+        res = (run or _default_run)(trace, sc)
+        row = scenario_metrics(res)
+        row["error"] = None
+    except Exception as exc:  # a failed scenario is a row, not a lost sweep
+        row = dict.fromkeys(METRICS)
+        row["error"] = f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+    row["scenario_id"] = i
+    return row
+
+
+_WORKER: dict[str, Any] = {}
+
+
+def _init_worker(payload: bytes, run: ScenarioFn | None) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    _WORKER["trace"] = pickle.loads(payload)
+    _WORKER["run"] = run
+
+
+def _run_in_worker(i: int, scenario: dict[str, Any]) -> dict[str, Any]:
+    return _evaluate(_WORKER["trace"], _WORKER["run"], i, scenario)
+
+
+def _run_on_dask(trace: Trace, run: ScenarioFn | None, i: int,
+                 scenario: dict[str, Any]) -> dict[str, Any]:
+    return _evaluate(trace, run, i, scenario)
+
+
+def default_workers() -> int:
+    """Cores this process may use (the CLI's default ``--workers``)."""
+    try:
+        return max(len(os.sched_getaffinity(0)), 1)
+    except AttributeError:  # pragma: no cover - not Linux
+        return max(os.cpu_count() or 1, 1)
+
+
+def sweep(trace: Trace | str | os.PathLike[str], scenarios: Iterable[Mapping[str, Any]], *,
+          run: ScenarioFn | None = None, workers: int | None = None,
+          scheduler: Any = None, progress: bool | None = None) -> pd.DataFrame:
+    """Replay every scenario on ``trace``; return one row per scenario (see module doc).
+
+    Parameters
+    ----------
+    trace : Trace or path of a ``NAME.retime`` directory
+    scenarios : iterable of ``{dotted key: value}`` dicts (e.g. from :func:`read_grid`)
+    run : callable ``(trace, scenario) -> ReplayResult``, optional
+        What one scenario means; default :func:`replay.whatif`. Must be picklable (a
+        module-level function) for workers.
+    workers : int, optional
+        Local processes; 1 runs in this process; default :func:`default_workers`.
+        Ignored when ``scheduler`` is given.
+    scheduler : str or distributed.Client, optional
+        A Dask scheduler address (``"tcp://host:8786"``) or a connected client.
+    progress : bool, optional
+        Progress bar on stderr (default: when stderr is a terminal).
+
+    Raises
+    ------
+    SweepInterrupted
+        On Ctrl-C, with the finished rows in ``.frame``.
+    """
+    tr = read_trace(trace) if isinstance(trace, (str, os.PathLike)) else trace
+    scs = [dict(s) for s in scenarios]
+    if not scs:
+        raise PolicyError("sweep: no scenarios given; pass at least one {key: value} dict")
+    rows: dict[int, dict[str, Any]] = {}
+    try:
+        with progress_bar(len(scs), "sweep", progress) as bar:
+            if scheduler is not None:
+                _sweep_dask(tr, scs, run, scheduler, rows, bar)
+            else:
+                n = min(default_workers() if workers is None else int(workers), len(scs))
+                if n < 1:
+                    raise PolicyError(f"sweep: workers={workers} must be >= 1")
+                if n == 1:
+                    for i, sc in enumerate(scs):
+                        rows[i] = _evaluate(tr, run, i, sc)
+                        bar.advance()
+                else:
+                    _sweep_local(tr, scs, run, n, rows, bar)
+    except KeyboardInterrupt as exc:
+        raise SweepInterrupted(_frame(scs, rows), len(scs)) from exc
+    return _frame(scs, rows)
+
+
+def _sweep_local(tr: Trace, scs: list[dict], run: ScenarioFn | None, n: int,
+                 rows: dict[int, dict], bar) -> None:
+    payload = pickle.dumps(tr, protocol=pickle.HIGHEST_PROTOCOL)
+    deaths: dict[int, int] = {}
+    todo = list(range(len(scs)))
+    ctx = _mp_context()
+    while todo:
+        ex = ProcessPoolExecutor(n, mp_context=ctx, initializer=_init_worker,
+                                 initargs=(payload, run))
+        inflight: dict[Any, int] = {}
+        broken = False
+        try:
+            queue = list(todo)
+            while queue or inflight:
+                while queue and len(inflight) < 2 * n:  # bounded: a death has few suspects
+                    i = queue.pop(0)
+                    inflight[ex.submit(_run_in_worker, i, scs[i])] = i
+                done, _ = wait(inflight, return_when=FIRST_COMPLETED)
+                for f in done:
+                    i = inflight.pop(f)
+                    try:
+                        rows[i] = f.result()
+                    except BrokenProcessPool:
+                        broken = True
+                        inflight[f] = i  # still a suspect
+                        continue
+                    bar.advance()
+                if broken:
+                    break
+        finally:
+            ex.shutdown(wait=not broken, cancel_futures=True)
+        if not broken:
+            return
+        for i in inflight.values():  # the scenarios running when a worker died
+            deaths[i] = deaths.get(i, 0) + 1
+            if deaths[i] >= 2:
+                rows[i] = {**dict.fromkeys(METRICS), "scenario_id": i,
+                           "error": "WorkerDied: the worker process died twice while running "
+                                    "this scenario (killed, out of memory or crashed)"}
+                bar.advance()
+        todo = [i for i in range(len(scs)) if i not in rows]
+
+
+def _mp_context():
+    """Workers are forked from a clean single-threaded forkserver that has imported retime
+    once (no fork-with-threads hazards, no per-worker import cost); spawn where there is no
+    forkserver (Windows, macOS default)."""
+    if "forkserver" in mp.get_all_start_methods():
+        ctx = mp.get_context("forkserver")
+        ctx.set_forkserver_preload(["replay._forkserver_preload"])
+        return ctx
+    return mp.get_context("spawn")  # pragma: no cover - platforms without forkserver
+
+
+def _sweep_dask(tr: Trace, scs: list[dict], run: ScenarioFn | None, scheduler: Any,
+                rows: dict[int, dict], bar) -> None:
+    try:
+        from distributed import Client, as_completed
+    except ImportError as exc:  # pragma: no cover - the [dask] extra
+        raise PolicyError("sweep on a Dask cluster needs dask.distributed: "
+                          "pip install 'retime[dask]'") from exc
+    own = not isinstance(scheduler, Client)
+    try:
+        client = Client(scheduler, set_as_default=False) if own else scheduler
+    except OSError as exc:
+        raise PolicyError(f"cannot reach the Dask scheduler {scheduler!r} ({exc}); start one "
+                          "with `dask scheduler` or check the address") from exc
+    futs: dict[Any, int] = {}
+    try:
+        [tfut] = client.scatter([tr], broadcast=True, hash=False)  # the trace, once per worker
+        tag = uuid.uuid4().hex[:8]
+        for i, sc in enumerate(scs):
+            f = client.submit(_run_on_dask, tfut, run, i, sc, key=f"retime-sweep-{tag}-{i}",
+                              pure=False)
+            futs[f] = i
+        for f in as_completed(list(futs)):
+            i = futs.pop(f)
+            try:
+                rows[i] = f.result()
+            except Exception as exc:  # KilledWorker after repeated deaths, lost data, ...
+                rows[i] = {**dict.fromkeys(METRICS), "scenario_id": i,
+                           "error": f"{type(exc).__name__}: {' '.join(str(exc).split())}"}
+            bar.advance()
+    finally:
+        if futs:
+            client.cancel(list(futs))
+        if own:
+            client.close()
+
+
+def _frame(scs: list[dict], rows: Mapping[int, dict]) -> pd.DataFrame:
+    ids = sorted(rows)
+    keys: list[str] = []
+    for sc in scs:
+        keys.extend(k for k in sc if k not in keys)
+    data: dict[str, Any] = {"scenario_id": np.asarray(ids, np.int64)}
+    for k in keys:
+        col = pd.Series([scs[i].get(k) for i in ids], dtype=object)
+        data[k] = _key_column(col)
+    for m in METRICS:
+        data[m] = pd.array([rows[i][m] for i in ids], dtype=_DTYPES[m])
+    data["error"] = pd.array([rows[i]["error"] for i in ids], dtype="string")
+    return pd.DataFrame(data)
+
+
+def _key_column(col: pd.Series) -> pd.Series:
+    """Key values as one Parquet-friendly dtype: numbers, bools or strings (mixed -> str)."""
+    vals = [v for v in col if v is not None]
+    if not vals:
+        return col.astype("float64")
+    if all(isinstance(v, bool) for v in vals):
+        return col.astype("boolean")
+    if all(isinstance(v, int) and not isinstance(v, bool) for v in vals):
+        return col.astype("Int64")
+    if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in vals):
+        return col.astype("float64")
+    return pd.Series([None if v is None else str(v) for v in col], dtype="string")
