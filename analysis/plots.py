@@ -57,7 +57,7 @@ def plot_breakdown(summary: pd.DataFrame, *, title: str = "Step time breakdown p
     ax.set_xlabel("rank")
     ax.set_ylabel("mean step time (ms)")
     ax.set_title(title)
-    ax.legend(fontsize=7, ncols=3, loc="lower right")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     return fig
 
 

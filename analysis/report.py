@@ -42,6 +42,7 @@ __all__ = ["Report", "Section", "build_report", "render_html", "write_html", "wr
 
 _TEMPLATE_DIR = Path(__file__).resolve().parent / "templates"
 _MAX_TIMELINE_OPS = 20000
+_MAX_NAME = 240  # long C++ template names are cut (with an ellipsis) in tables
 
 
 def fmt_ns(ns: float) -> str:
@@ -109,7 +110,8 @@ def _table(df: pd.DataFrame, fmts: dict[str, Any] | None = None, limit: int = 20
             elif isinstance(v, (int, np.integer)):
                 row.append(f"{int(v):,}")
             else:
-                row.append(str(v))
+                txt = str(v)
+                row.append(txt if len(txt) <= _MAX_NAME else txt[:_MAX_NAME - 1] + "\u2026")
         rows.append(row)
     return header, rows
 
@@ -301,7 +303,7 @@ def build_report(x: Any, *, baseline: Any | None = None, title: str | None = Non
                 f"{d.loc['step_ns', 'delta_pct']:+.1f}% ({fmt_ns(d.loc['step_ns', 'baseline'])}"
                 f" -> {fmt_ns(d.loc['step_ns', 'candidate'])})."]
     name = title or str(t.meta.get("name") or (t.meta.get("sources") or [{}])[0].get("path", "run"))
-    return Report(title=f"retime report: {name}", summary=summary, findings=findings,
+    return Report(title=title or f"retime report: {name}", summary=summary, findings=findings,
                   sections=secs,
                   generated=_dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"))
 

@@ -34,7 +34,7 @@ def report(
         raise RetimeError(f"-o {output}: the report must end in .html or .pdf")
     trace = read_trace(trace_dir)
     base = read_trace(baseline) if baseline is not None else None
-    rep = build_report(trace, baseline=base, title=title or trace_dir.name)
+    rep = build_report(trace, baseline=base, title=title or f"retime report: {trace_dir.name}")
     (write_pdf if suf == ".pdf" else write_html)(rep, output)
     summary = dict(rep.summary)
     if json_out:

@@ -96,3 +96,20 @@ def test_cli_report_bad_suffix_and_missing_input(stores, capsys):
     rc = run(["report", str(d / "nope.retime"), "-o", str(d / "x.html")])
     assert rc == 2
     assert not (d / "x.html").exists()
+
+
+def test_report_of_a_replay_against_its_trace(stores):
+    replay = pytest.importorskip("replay")
+    _, _, _, dlrm, _ = stores
+    r = replay.replay(dlrm)
+    from analysis import PARTS, breakdown, critical_path
+    bd = breakdown(r)
+    assert (bd[list(PARTS)].sum(axis=1) == bd["step_ns"]).all()
+    # identity replay: the same per-rank step times as measured
+    assert (bd["step_ns"].to_numpy() == breakdown(dlrm)["step_ns"].to_numpy()).all()
+    assert critical_path(r).attrs["source"] == "replay"
+    rep = build_report(r, baseline=dlrm)
+    assert rep.sections[-1].title == "Comparison with the baseline"
+    cmp = compare(dlrm, r).set_index("metric")
+    assert cmp.loc["step_ns", "delta"] == 0
+    assert "+0.0%" in rep.findings[-1]
