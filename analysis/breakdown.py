@@ -34,9 +34,19 @@ import pandas as pd
 from collectors.enums import LaneKind
 
 from ._kernels import _union_len_grouped
-from ._util import (COMM_KINDS, COMPUTE_KINDS, HOST_KINDS, MEM_KINDS, _keep_step_mask,
-                    _lane_kind_of_ops,
-                    as_trace, device_mask, host_mask, op_ends_ns, step_windows)
+from ._util import (
+    COMM_KINDS,
+    COMPUTE_KINDS,
+    HOST_KINDS,
+    MEM_KINDS,
+    _keep_step_mask,
+    _lane_kind_of_ops,
+    as_trace,
+    device_mask,
+    host_mask,
+    op_ends_ns,
+    step_windows,
+)
 
 __all__ = ["breakdown", "summarize_breakdown", "PARTS"]
 

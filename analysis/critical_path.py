@@ -19,9 +19,8 @@ The returned path frame satisfies ``sum(dur_ns) + sum(wait_ns) == attrs['length_
 
 from __future__ import annotations
 
-from typing import Any
-
 import re
+from typing import Any
 
 import numpy as np
 import pandas as pd

@@ -10,8 +10,16 @@ import numpy as np
 import pytest
 from conftest import KINETO, SHARED, ingest_cached, kineto_trace_files
 
-from analysis import (PARTS, breakdown, busbw_factor, class_stats, collectives, critical_path,
-                      kernel_stats, summarize_breakdown)
+from analysis import (
+    PARTS,
+    breakdown,
+    busbw_factor,
+    class_stats,
+    collectives,
+    critical_path,
+    kernel_stats,
+    summarize_breakdown,
+)
 from collectors.enums import CommOp, LaneKind, OpKind
 from collectors.errors import RetimeError
 

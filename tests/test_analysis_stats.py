@@ -7,10 +7,25 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis import (as_trace, breakdown, bubbles, busbw_factor, class_stats, classify_names,
-                      collectives, comm_summary, compare, efficiency, job_efficiency,
-                      kernel_stats, memory_timeline, metrics, peak_memory, rank_wait,
-                      stage_bubbles)
+from analysis import (
+    as_trace,
+    breakdown,
+    bubbles,
+    busbw_factor,
+    class_stats,
+    classify_names,
+    collectives,
+    comm_summary,
+    compare,
+    efficiency,
+    job_efficiency,
+    kernel_stats,
+    memory_timeline,
+    metrics,
+    peak_memory,
+    rank_wait,
+    stage_bubbles,
+)
 from collectors.enums import CommOp, LaneKind, OpKind
 from collectors.errors import RetimeError
 from collectors.trace import Trace
