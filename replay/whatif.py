@@ -21,6 +21,7 @@ from collectors.trace import Trace
 
 from .engine import ReplayResult, simulate
 from .policies.base import Policy, SynthSpec, WhatIfState, ranks_per_node_of
+from .policies.network import Network
 from .policies.scenario import TABLES, Scenario, as_policies
 
 __all__ = ["whatif", "comm_traffic"]
@@ -61,6 +62,9 @@ def whatif(trace: Trace, policies: Scenario | Policy | list | dict | str | Path 
                           "collectors.trace.read_trace(path)")
     pols = as_policies(policies)
     state = WhatIfState(trace=trace, synth=SynthSpec.from_trace(trace), ideal=bool(ideal))
+    tables = {p.table for p in pols}
+    if "topology" in tables and "network" not in tables and not state.is_synth:
+        pols.append(Network())  # a new node shape re-times the measured collectives
     for p in sorted(pols, key=lambda p: _CONFIG_ORDER.index(p.table)):
         p.configure(state)
     state.materialize()

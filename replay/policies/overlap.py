@@ -38,7 +38,6 @@ __all__ = ["Overlap", "serialize_edges", "MERGES"]
 
 MERGES = ("wfbp", "single", "mgwfbp")
 _TINY_MB = 1e-9  # every layer its own bucket
-_HUGE_MB = 1e12  # one bucket
 
 
 @dataclass(frozen=True)
@@ -80,7 +79,7 @@ class Overlap(Policy):
         elif self.merge == "wfbp":
             state.synth.set_parallel(bucket_mb=_TINY_MB)
         elif self.merge == "single":
-            state.synth.set_parallel(bucket_mb=_HUGE_MB)
+            state.synth.set_parallel(bucket_mb=_grad_mb(state)[1])
         else:
             state.synth.set_parallel(bucket_mb=_best_merge(state))
 
@@ -100,19 +99,27 @@ class Overlap(Policy):
         state.applied.append(d)
 
 
-def _best_merge(state: WhatIfState) -> float:
-    """Bucket size (MB) of the fastest uniform merge of k adjacent layers' gradients."""
+def _grad_mb(state: WhatIfState) -> tuple[float, float, int]:
+    """(largest layer's gradient MB, all gradients' MB (one bucket), number of pieces)."""
     spec = state.synth
     from collectors.synth import CommModel, model_template, resolve_parallel
     par = resolve_parallel(dict(spec.parallel))
     tpl = model_template(spec.model, spec.hardware, par, CommModel(spec.hardware, par))
+    pieces = [lt for lt in (tpl.embed, *tpl.layers, tpl.head) if lt is not None]
     per_layer = max(lt.params for lt in tpl.layers) * tpl.grad_bytes_per_param / 1e6
-    n_layers = len(tpl.layers) + 2
+    total = sum(lt.params for lt in pieces) * tpl.grad_bytes_per_param / 1e6
+    return per_layer, total * 1.001, len(pieces)
+
+
+def _best_merge(state: WhatIfState) -> float:
+    """Bucket size (MB) of the fastest uniform merge of k adjacent layers' gradients."""
+    spec = state.synth
+    per_layer, total, n_layers = _grad_mb(state)
     ks = sorted(set([1, n_layers] + np.unique(np.geomspace(1, n_layers, 12).round()).astype(int).tolist()))
     best, best_t = _TINY_MB, None
     import copy
     for k in ks:
-        mb = _TINY_MB if k == 1 else (_HUGE_MB if k >= n_layers else k * per_layer * 0.999)
+        mb = _TINY_MB if k == 1 else (total if k >= n_layers else k * per_layer * 0.999)
         trial = copy.copy(spec)
         trial.parallel = dict(spec.parallel, bucket_mb=mb)
         t = trial.synthesize().meta["synth"]["step_time_ns"]

@@ -1,0 +1,147 @@
+"""Network and hardware what-ifs: direction and amount against the alpha-beta closed form."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from collectors.enums import CommOp, OpKind
+from collectors.errors import PolicyError
+from collectors.ingest import read
+from collectors.synth import load_hardware, synthesize
+from collectors.trace import Trace
+from replay import build_graph, replay, whatif
+from replay.policies import Hardware, Network, calibrate, kernel_class
+from replay.policies.network import collective_table
+
+TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
+HW = load_hardware("a100-80gb")
+
+
+@pytest.fixture(scope="module")
+def dp_job():
+    """Comm-bound data parallelism over two DGX nodes: one gradient bucket after backward,
+    so the all-reduce is fully exposed."""
+    return synthesize("gpt3-125m", "a100-80gb", tp=1, pp=1, dp=16, global_batch=16,
+                      micro_batch=1, bucket_mb=300)
+
+
+@pytest.fixture(scope="module")
+def dlrm():
+    return read(sorted((TRACES / "kineto" / "dlrm-v100-8rank").glob("*")))
+
+
+def _as_measured(t: Trace) -> Trace:
+    meta = {k: v for k, v in t.meta.items() if k != "synth"}
+    meta["source_format"] = "kineto"
+    meta["hostnames"] = {str(r): f"node{r // 8}" for r in range(int(t.ops["rank"].max()) + 1)}
+    return Trace(ops=t.ops, lanes=t.lanes, edges=t.edges, ranges=t.ranges, groups=t.groups,
+                 memory=t.memory, strings=t.strings, meta=meta)
+
+
+def test_halving_inter_node_bandwidth_costs_the_alpha_beta_amount(dp_job):
+    o = dp_job.ops
+    ar = (o["kind"] == OpKind.COLLECTIVE) & (o["comm_op"] == CommOp.ALL_REDUCE) & (o["rank"] == 0)
+    assert ar.sum() == 1  # one bucket
+    S = float(o.loc[ar, "bytes"].iloc[0])
+    n, per_node = 16, 8
+    # closed form (PUBLISHED.md §3): bus bytes 2(n-1)/n * S over the slowest level; the
+    # inter-node level gives each of the node's 8 members its NIC share
+    inter_gbps = HW.nics * HW.nic_gbps / HW.gpus_per_node
+    bw = min(HW.intra.gbps * HW.intra.bus_efficiency,
+             inter_gbps * HW.inter.bus_efficiency * per_node)
+    bw_half = min(HW.intra.gbps * HW.intra.bus_efficiency,
+                  inter_gbps / 2 * HW.inter.bus_efficiency * per_node)
+    expected = S * 2 * (n - 1) / n * (1 / bw_half - 1 / bw)
+    base = whatif(dp_job)
+    half = whatif(dp_job, {"network.inter_node_gbps": inter_gbps / 2})
+    assert half.meta["whatif"]["resynthesized"]
+    assert base.step_time_ns == dp_job.meta["synth"]["step_time_ns"]
+    assert half.step_time_ns - base.step_time_ns == pytest.approx(expected, abs=2)
+    assert expected > 0.05 * base.step_time_ns  # the job really is comm-bound
+
+
+@pytest.mark.parametrize("kw", [dict(tp=2, pp=2, dp=4, global_batch=16, micro_batch=1),
+                                dict(tp=1, pp=1, dp=16, global_batch=32, micro_batch=2,
+                                     zero=3)])
+def test_less_bandwidth_or_more_latency_never_speeds_up(kw):
+    t = synthesize("gpt3-125m", "a100-80gb", **kw)
+    base = whatif(t).step_time_ns
+    for scen in ({"network.inter_node_gbps": 12.5}, {"network.intra_node_gbps": 150},
+                 {"network.latency_us": 50}, {"topology.ranks_per_node": 4}):
+        assert whatif(t, scen).step_time_ns >= base, scen
+
+
+def test_calibration_recovers_the_synthesized_bus_bandwidth(dp_job):
+    t = synthesize("gpt3-125m", "a100-80gb", tp=1, pp=1, dp=16, global_batch=16,
+                   micro_batch=1, bucket_mb=20)
+    m = _as_measured(t)
+    g = build_graph(m)
+    cal = calibrate(m, g, collective_table(m, g))
+    bw = min(HW.intra.gbps * HW.intra.bus_efficiency,
+             HW.nics * HW.nic_gbps / HW.gpus_per_node * HW.inter.bus_efficiency * 8)
+    assert cal[1]["busbw_gbps"] == pytest.approx(bw, rel=1e-3)
+    assert cal[1]["alpha_ns"] > 0
+
+
+def test_measured_trace_recalibrated_identity_and_halving(dlrm):
+    base = replay(dlrm)
+    g = build_graph(dlrm)
+    cal = calibrate(dlrm, g)
+    assert set(cal) == {0}  # one node: every collective is intra-node
+    bus = cal[0]["busbw_gbps"]
+    same = whatif(dlrm, {"network.intra_node_gbps": bus / 0.8})
+    np.testing.assert_array_equal(same.end_ns, base.end_ns)
+    half = whatif(dlrm, {"network.intra_node_gbps": bus / 0.8 / 2})
+    tab = collective_table(dlrm, g)
+    # every collective's transfer tail grows by exactly S * f / B
+    grow = tab["bytes"] * tab["factor"] / bus
+    st_b, st_h = base.step_times(), half.step_times()
+    assert (st_h["replayed_ns"].to_numpy() >= st_b["replayed_ns"].to_numpy()).all()
+    assert half.meta["whatif"]["network_calibration"]["intra"]["points"] == cal[0]["points"]
+    assert grow.max() > 0
+
+
+def test_measured_trace_needs_an_inter_node_bandwidth(dlrm):
+    with pytest.raises(PolicyError, match="inter_node_gbps"):
+        whatif(dlrm, {"topology.ranks_per_node": 4})
+    r = whatif(dlrm, {"topology.ranks_per_node": 4, "network.inter_node_gbps": 12.5})
+    assert r.step_time_ns >= replay(dlrm).step_time_ns
+
+
+def test_gemm_speedup_touches_only_gemms_and_compute_speedup_helps(dp_job):
+    cls = kernel_class(dp_job)
+    names = dp_job.names()
+    assert (cls[names == "attn.qkv.fwd"] == 0).all() and (cls[names == "attn.softmax.fwd"] == 1).all()
+    assert (cls[names == "mlp.act.fwd"] == 2).all() and (cls[names == "dp.allreduce_grads"] == 4).all()
+    base = whatif(dp_job)
+    r = whatif(dp_job, {"hardware.gemm_speedup": 2.0})
+    gemm = cls == 0
+    np.testing.assert_allclose(r.dur_ns[gemm], np.rint(base.dur_ns[gemm] / 2), atol=1)
+    np.testing.assert_array_equal(r.dur_ns[cls == 2], base.dur_ns[cls == 2])
+    assert r.step_time_ns < base.step_time_ns
+    c2 = whatif(dp_job, [Hardware(compute_speedup=2.0)])
+    assert c2.step_time_ns < r.step_time_ns
+    slow = whatif(dp_job, {"hardware.compute_speedup": 0.5})
+    assert slow.step_time_ns > base.step_time_ns
+
+
+def test_gpu_swap_resynthesizes_faster_and_measured_needs_its_gpu(dp_job, dlrm):
+    h100 = whatif(dp_job, {"hardware.gpu": "h100-sxm"})
+    assert h100.meta["whatif"]["resynthesized"]
+    assert h100.step_time_ns < whatif(dp_job).step_time_ns
+    with pytest.raises(PolicyError, match="from_gpu"):
+        whatif(dlrm, {"hardware.gpu": "h100-sxm"})  # a V100 run: no built-in V100 profile
+    r = whatif(dlrm, {"hardware.gpu": "h100-sxm", "hardware.from_gpu": "a100-40gb"})
+    assert r.step_time_ns <= replay(dlrm).step_time_ns
+
+
+def test_bad_values_name_the_key():
+    with pytest.raises(PolicyError, match="inter_node_gbps=-1"):
+        Network(inter_node_gbps=-1)
+    with pytest.raises(PolicyError, match="algorithm"):
+        Network(algorithm="butterfly")
+    with pytest.raises(PolicyError, match="unknown hardware"):
+        Hardware(gpu="tpu-v9")
