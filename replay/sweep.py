@@ -239,8 +239,9 @@ def scenario_metrics(result: ReplayResult) -> dict[str, Any]:
         ``meta["model_flops_per_step"]`` (number, or ``{rank: flops}``) over one device's
         peak. NaN when flops or the peak are unknown.
     ``peak_memory_bytes``
-        The result's or the model's ``peak_memory_bytes`` (largest rank), else the largest
-        ``allocated_bytes`` sample of the trace's memory table; null when unknown.
+        The what-if's modeled peak (``meta["whatif"]["memory"]``, which includes what
+        caching policies add), else the model's ``peak_memory_bytes`` (largest rank), else
+        the largest ``allocated_bytes`` sample of the trace's memory table; null if unknown.
     ``exposed_comm_ns``
         ``max`` over ranks of ``|C ∪ X| - |X|``: the time the rank's communication ops run
         while none of its compute ops does (``C``, ``X`` unions of intervals).
@@ -249,8 +250,9 @@ def scenario_metrics(result: ReplayResult) -> dict[str, Any]:
         window its device computes nothing (exposed communication, pipeline bubbles, idle),
         as in :func:`analysis.pipeline.bubbles` for a one-step window. NaN without compute.
     ``oom``
-        The result's or model's ``oom`` flag, else ``peak_memory_bytes`` above the device
-        capacity (``memory_bytes`` in ``meta["devices"]``); null when neither is known.
+        ``peak_memory_bytes`` above the device capacity (``memory_bytes`` in
+        ``meta["devices"]``, the rule synth uses), else the model's ``oom`` flag; null when
+        neither is known.
     """
     g = result.graph
     p = _prepared(g)
@@ -303,13 +305,13 @@ def scenario_metrics(result: ReplayResult) -> dict[str, Any]:
     row["mfu"] = _mfu(result, step_s, steps)
     peak = _peak_memory(result)
     row["peak_memory_bytes"] = peak
+    cap = _device_values(result.trace.meta, ("memory_bytes", "total_memory_bytes",
+                                             "totalGlobalMem"))
     oom = _meta_get(result, "oom")
-    if isinstance(oom, (bool, np.bool_)):
+    if peak is not None and cap:
+        row["oom"] = bool(peak > min(cap))
+    elif isinstance(oom, (bool, np.bool_)):
         row["oom"] = bool(oom)
-    elif peak is not None:
-        cap = _device_values(result.trace.meta, ("memory_bytes", "total_memory_bytes",
-                                                 "totalGlobalMem"))
-        row["oom"] = bool(peak > min(cap)) if cap else None
     return row
 
 
@@ -334,7 +336,10 @@ def _mfu(result: ReplayResult, step_s: float, steps: int) -> float:
 
 
 def _peak_memory(result: ReplayResult) -> int | None:
-    v = _meta_get(result, "peak_memory_bytes")
+    wi = result.meta.get("whatif") or {}
+    v = (wi.get("memory") or {}).get("peak_memory_bytes") if isinstance(wi, Mapping) else None
+    if v is None:
+        v = _meta_get(result, "peak_memory_bytes")
     if isinstance(v, Mapping):
         v = max((int(x) for x in v.values()), default=None)
     if isinstance(v, (int, float, np.integer)):

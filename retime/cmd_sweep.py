@@ -1,0 +1,117 @@
+"""CLI: ``retime sweep RUN.retime --grid GRID.toml -o SWEEP.parquet`` (DESIGN.md §6)."""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import typer
+
+from collectors.errors import RetimeError
+from collectors.trace import read_trace
+from replay.sweep import METRICS, SweepInterrupted, default_workers, read_grid, sweep
+from retime.cli import app, emit_json, say
+
+
+def write_sweep(df: pd.DataFrame, path: Path) -> None:
+    """Write the sweep frame to ``path`` (Parquet, via a temporary file and a rename)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        pq.write_table(pa.Table.from_pandas(df, preserve_index=False), tmp, compression="zstd")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _jsonable_row(row: pd.Series) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in row.items():
+        if v is None or v is pd.NA or (isinstance(v, float) and math.isnan(v)):
+            out[str(k)] = None
+        elif hasattr(v, "item"):
+            out[str(k)] = v.item()
+        else:
+            out[str(k)] = v
+    return out
+
+
+def sweep_summary(df: pd.DataFrame, total: int) -> dict[str, Any]:
+    """Counts and the best scenario (shortest step time among those that ran)."""
+    ok = df[df["error"].isna() & df["step_time_ns"].notna()]
+    best = _jsonable_row(ok.loc[ok["step_time_ns"].astype("int64").idxmin()]) if len(ok) else None
+    return {"scenarios": int(total), "completed": int(len(df)),
+            "failed": int(df["error"].notna().sum()), "best": best}
+
+
+@app.command(name="sweep")
+def sweep_cmd(
+    trace_dir: Annotated[Path, typer.Argument(help="A NAME.retime directory.", exists=True,
+                                              file_okay=False)],
+    grid: Annotated[Path, typer.Option("--grid", help="Grid TOML: [grid] keys -> value lists "
+                                       "and/or [[scenario]] entries.", exists=True,
+                                       dir_okay=False)],
+    output: Annotated[Path, typer.Option("-o", "--output", help="Output SWEEP.parquet.",
+                                         dir_okay=False)],
+    workers: Annotated[int | None, typer.Option("--workers", "-w", min=1, help="Local worker "
+                                                "processes (default: the cores).")] = None,
+    scheduler: Annotated[str | None, typer.Option("--scheduler", help="Dask scheduler address "
+                                                  "(tcp://host:8786) instead of local workers.")]
+    = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")]
+    = False,
+) -> None:
+    """Replay every scenario of a grid; write one Parquet row per scenario.
+
+    Rows hold the scenario's keys, step_time_ns, tokens_per_s, mfu, peak_memory_bytes,
+    exposed_comm_ns, bubble_fraction, oom and error (null when the scenario ran). A failed
+    scenario is a row with its error; Ctrl-C writes the rows finished so far (exit 130).
+    """
+    if workers is not None and scheduler is not None:
+        raise RetimeError("--workers and --scheduler exclude each other: give --workers N for "
+                          "local processes or --scheduler ADDR for a Dask cluster")
+    if output.is_dir():
+        raise RetimeError(f"{output}: is a directory; -o takes a file such as sweep.parquet")
+    scenarios = read_grid(grid)
+    trace = read_trace(trace_dir)
+    n_workers = None if scheduler else (workers or default_workers())
+    t0 = time.perf_counter()
+    interrupted = False
+    try:
+        df = sweep(trace, scenarios, workers=n_workers, scheduler=scheduler)
+    except SweepInterrupted as exc:
+        df, interrupted = exc.frame, True
+    elapsed = time.perf_counter() - t0
+    write_sweep(df, output)
+    s = sweep_summary(df, len(scenarios))
+    s.update({"output": str(output), "interrupted": interrupted, "elapsed_s": round(elapsed, 3),
+              "workers": n_workers, "scheduler": scheduler})
+    if interrupted:
+        typer.echo(f"retime: interrupted: wrote the {s['completed']} of {s['scenarios']} "
+                   f"scenarios finished to {output}", err=True)
+        if json_out:
+            emit_json(s)
+        raise typer.Exit(130)
+    if s["completed"] and s["failed"] == s["completed"]:
+        first = df["error"].dropna().iloc[0]
+        raise RetimeError(f"{grid}: every scenario failed (rows with errors written to "
+                          f"{output}); the first: {first}")
+    if json_out:
+        emit_json(s)
+        return
+    say(f"wrote {output}: {s['completed']} scenario(s), {s['failed']} failed, "
+        f"in {elapsed:.1f} s")
+    if s["best"]:
+        keys = {k: v for k, v in s["best"].items()
+                if k not in ("scenario_id", "error", *METRICS)}
+        say(f"  best step time {s['best']['step_time_ns'] / 1e6:.3f} ms (scenario "
+            f"{s['best']['scenario_id']}: "
+            f"{', '.join(f'{k}={v}' for k, v in keys.items() if v is not None) or 'baseline'})")
+    for e in df["error"].dropna().head(3):
+        say(f"  failed: {e}")
