@@ -246,7 +246,7 @@ class Capture:
         self._prof = None
         self._cycle = 0
         self._discard = False
-        self._recorded_from = 0
+        self._use_cuda = False
 
     @property
     def enabled(self) -> bool:
@@ -289,13 +289,13 @@ class Capture:
         """Stop profiling; a cycle cut short by the end of the loop is written as it is."""
         self._stop()
 
-    def _stop(self) -> None:
+    def _stop(self, warn: bool = True) -> None:
         if self._prof is None:
             return
         prof, self._prof = self._prof, None
         with _quiet_cycles():
             prof.stop()
-        if not self.paths and not self._discard:
+        if warn and not self.paths and not self._discard:
             warnings.warn(
                 f"retime capture wrote no trace: the loop ran {self.steps} step(s) but the "
                 f"schedule records from step {self.config.steps_needed - self.config.active + 1} "
@@ -306,8 +306,9 @@ class Capture:
     def __enter__(self) -> Capture:
         return self.start()
 
-    def __exit__(self, *exc: object) -> None:
-        self._stop()
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        # an exception from the loop is the news; don't bury it under "no trace written"
+        self._stop(warn=exc_type is None)
 
     # -- writing -----------------------------------------------------------------------------
     def _on_trace_ready(self, prof) -> None:
