@@ -12,6 +12,13 @@ What is read (every row of every event table read is kept or dropped with a coun
 ``CUPTI_ACTIVITY_KIND_SYNCHRONIZATION``  blocking syncs -> ``SYNC`` edges
 ``CUPTI_ACTIVITY_KIND_CUDA_EVENT``       (optional) event records, to resolve event syncs
 
+NVTX names: registered strings resolve through ``StringIds``; torch ``emit_nvtx`` labels
+(``"aten::mm, seq = 3, op_id = 7, sizes = [...]"``) keep only the op name, as Kineto names do.
+
+Speed: event tables are read into Arrow by the ADBC SQLite driver (``adbc-driver-sqlite``;
+the stdlib ``sqlite3`` path is used when it is missing), the NVTX table on a second connection
+in parallel; everything after that is vectorized numpy/pandas/Arrow (``bench/nsys_ingest.py``).
+
 Tables nsys creates lazily (MEMSET, SYNCHRONIZATION, NVTX_EVENTS, CUDA_EVENT, TARGET_INFO_GPU,
 even RUNTIME) may be absent; they are treated as empty.  ``StringIds`` and
 ``CUPTI_ACTIVITY_KIND_KERNEL`` are required (see :func:`missing_tables`).
@@ -54,6 +61,7 @@ import os
 import re
 import sqlite3
 import urllib.parse
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -86,6 +94,13 @@ _SYNC = "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION"
 _EVENT = "CUPTI_ACTIVITY_KIND_CUDA_EVENT"
 _NVTX = "NVTX_EVENTS"
 
+# torch.autograd.profiler.emit_nvtx labels ops "name, seq = N, op_id = M, sizes = [...]"; keep
+# the name (as Kineto's record_function names are) so ranges group by op, and so millions of
+# unique labels do not each become a string (done in SQLite: C speed, less data moved)
+_NVTX_NAME = ("case when instr(text, ', seq = ') > 0 then substr(text, 1, instr(text, ', seq = ') - 1) "
+              "when instr(text, ', op_id = ') > 0 then substr(text, 1, instr(text, ', op_id = ') - 1) "
+              "when instr(text, ', sizes = ') > 0 then substr(text, 1, instr(text, ', sizes = ') - 1) "
+              "else coalesce(text, '') end")
 _TID_MASK = 0xFFFFFF
 _PUSHPOP, _STARTEND, _MARK = 59, 60, 34  # ENUM_NSYS_EVENT_TYPE ids
 _SYNC_EVENT, _SYNC_WAIT, _SYNC_STREAM, _SYNC_CONTEXT = 1, 2, 3, 4  # ENUM_CUPTI_SYNC_TYPE
@@ -161,6 +176,15 @@ class _Conn:
         self.sql.close()
         if self._adbc is not None:
             self._adbc.close()
+
+
+def _fetch(path: Path, sql: str) -> pa.Table:
+    """``sql`` on a connection of its own (runs in a worker thread)."""
+    con = _Conn(path)
+    try:
+        return con.arrow(sql)
+    finally:
+        con.close()
 
 
 def _tables(con) -> set[str]:
@@ -262,6 +286,14 @@ class _File:
         if "TARGET_INFO_SESSION_START_TIME" in have:
             r = con.execute("select utcEpochNs from TARGET_INFO_SESSION_START_TIME").fetchone()
             self.session_utc_ns = int(r[0]) if r and r[0] is not None else None
+        # the NVTX table is usually the largest: fetch it on a second connection meanwhile
+        nvtx = None
+        if _NVTX in have:
+            pool = ThreadPoolExecutor(1)
+            nvtx = pool.submit(_fetch, self.path, f"select start, coalesce(end,-1), eventType, "
+                               f"coalesce(globalTid,-1), coalesce(textId,-1), {_NVTX_NAME} "
+                               f"from {_NVTX}")
+            pool.shutdown(wait=False)
         sid = dict(con.execute("select id, value from StringIds"))
 
         # ---- GPU activity: kind, start, end, device, stream, corr, gpid, name_sid/aux, bytes
@@ -375,9 +407,8 @@ class _File:
         self.nv = pd.DataFrame({c: np.zeros(0, np.int64) for c in ("rank", "tid", "start", "end",
                                                                    "ncode")})
         self.nv_names = pa.array([], pa.string())
-        if _NVTX in have:
-            t = con.arrow(f"select start, coalesce(end,-1), eventType, coalesce(globalTid,-1), "
-                          f"coalesce(textId,-1), coalesce(text,'') from {_NVTX}")
+        if nvtx is not None:
+            t = nvtx.result()
             n = t.num_rows
             self._read_n(n)
             if n:
@@ -496,16 +527,24 @@ def read_nsys(paths: list[str | os.PathLike[str]] | str | os.PathLike[str],
     return trace
 
 
+def _shifted(frames: list[pd.DataFrame], offsets: list[int]) -> pd.DataFrame:
+    """Concatenate per-file frames with clock offsets applied and a ``file`` column (no copy
+    for the common single-file case)."""
+    for i, (f, o) in enumerate(zip(frames, offsets, strict=True)):
+        f["file"] = np.full(len(f), i, np.int64)
+        if o:
+            f["start"] += o
+            f["end"] += o
+    return frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
+
+
 def _assemble(files: list[_File], strings: StringTable, ps: list[Path]) -> Trace:
     utc = [f.session_utc_ns for f in files]
     base = min((u for u in utc if u is not None), default=None)
     offsets = [0 if (u is None or base is None) else int(u - base) for u in utc]
-    gpu = pd.concat([f.gpu.assign(start=f.gpu["start"] + o, end=f.gpu["end"] + o, file=i)
-                     for i, (f, o) in enumerate(zip(files, offsets, strict=True))], ignore_index=True)
-    rt = pd.concat([f.rt.assign(start=f.rt["start"] + o, end=f.rt["end"] + o, file=i)
-                    for i, (f, o) in enumerate(zip(files, offsets, strict=True))], ignore_index=True)
-    nv = pd.concat([f.nv.assign(start=f.nv["start"] + o, end=f.nv["end"] + o, file=i)
-                    for i, (f, o) in enumerate(zip(files, offsets, strict=True))], ignore_index=True)
+    gpu = _shifted([f.gpu for f in files], offsets)
+    rt = _shifted([f.rt for f in files], offsets)
+    nv = _shifted([f.nv for f in files], offsets)
 
     # ---- lanes: GPU streams then CPU threads (integer keys, no merges: these are big)
     gkey = (gpu["rank"].to_numpy(np.int64) << 40) | (gpu["device"].to_numpy(np.int64) << 32) \
@@ -655,11 +694,25 @@ def _edges(files: list[_File], gpu: pd.DataFrame, rt: pd.DataFrame,
         np.maximum(0, st[1:][same] - en[:-1][same]))
 
     # LAUNCH: (file, process, correlation)
-    gk = gpu.loc[gpu["corr"] >= 0, ["file", "gpid", "corr", "op_id", "start"]]
-    rk = rt.loc[rt["corr"] >= 0, ["file", "gpid", "corr", "op_id", "end"]]
-    m = gk.merge(rk, on=["file", "gpid", "corr"], suffixes=("_g", "_r"))
-    add(m["op_id_r"], m["op_id_g"], EdgeKind.LAUNCH,
-        np.minimum(0, m["start"].to_numpy() - m["end"].to_numpy()))
+    # (process, correlation) as one int64: process index in the high bits, corr (uint32)
+    procs = pd.unique(np.concatenate([gpu["file"].to_numpy(np.int64) << 56 | gpu["gpid"].to_numpy(np.int64) >> 24,
+                                      rt["file"].to_numpy(np.int64) << 56 | rt["gpid"].to_numpy(np.int64) >> 24]))
+    pidx = pd.Index(procs)
+
+    def corr_key(df: pd.DataFrame) -> np.ndarray:
+        p = pidx.get_indexer(df["file"].to_numpy(np.int64) << 56 | df["gpid"].to_numpy(np.int64) >> 24)
+        c = df["corr"].to_numpy(np.int64)
+        return np.where(c >= 0, (p.astype(np.int64) << 32) | (c & 0xFFFFFFFF), -1)
+
+    gkey, rkey = corr_key(gpu), corr_key(rt)
+    ro = np.argsort(rkey, kind="stable")
+    rs = rkey[ro]
+    pos = np.clip(np.searchsorted(rs, gkey), 0, max(len(rs) - 1, 0))
+    hit = (gkey >= 0) & (len(rs) > 0) & (rs[pos] == gkey) if len(rs) else np.zeros(len(gkey), bool)
+    gi = np.flatnonzero(hit)
+    ri = ro[pos[hit]]
+    add(rt["op_id"].to_numpy()[ri], gpu["op_id"].to_numpy()[gi], EdgeKind.LAUNCH,
+        np.minimum(0, gpu["start"].to_numpy()[gi] - rt["end"].to_numpy()[ri]))
 
     # SYNC
     is_query = np.array(["Query" in n for n in strings.names] + [False], bool)

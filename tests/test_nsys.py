@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from collectors.enums import CommOp, EdgeKind, LaneKind, OpKind
@@ -69,6 +70,19 @@ def test_runtime_ranges_and_lanes(trace):
     # runtime names lose their _vNNNN suffix, like Kineto's
     names = set(trace.names()[trace.ops["kind"].to_numpy() == OpKind.RUNTIME])
     assert "cudaLaunchKernel" in names and not any(n.endswith("_v7000") for n in names)
+
+
+def test_nvtx_names(trace):
+    names = np.asarray(trace.strings, dtype=object)[trace.ranges["name_id"].to_numpy()]
+    # registered strings (textId) resolve through StringIds
+    (n_send,), = sql("select count(*) from NVTX_EVENTS e join StringIds s on s.id = e.textId "
+                     "where s.value = 'ncclSend'")
+    assert (names == "ncclSend").sum() == n_send == 132
+    # torch emit_nvtx labels "op, op_id = N" keep the op name, like Kineto's names
+    (n_a2a,), = sql("select count(*) from NVTX_EVENTS where text like 'nccl:all_to_all, op_id = %'")
+    assert (names == "nccl:all_to_all").sum() == n_a2a > 0
+    assert not any(", op_id = " in n for n in names)
+    assert len(set(trace.strings)) == len(trace.strings)
 
 
 def test_nvtx_depth_matches_a_stack_walk(trace):
