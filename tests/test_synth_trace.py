@@ -213,3 +213,58 @@ def test_parallel_config_validation():
         ParallelConfig(schedule="zigzag")
     with pytest.raises(ConfigError, match="chunks=2 needs schedule interleaved or bfs"):
         ParallelConfig(pp=2, chunks=2, global_batch=2)
+
+
+def test_random_configs_are_valid_traces():
+    """Seeded random mixes of every option: valid schema, edges respected by the timing,
+    collective members start together and match their group's size."""
+    import random
+    model = dict(hidden=512, ffn=2048, heads=8, kv_heads=4, layers=8, seq=512, vocab=1000,
+                 gated_mlp=True, dropout=False, tied_embeddings=False, positions="rotary",
+                 norm="rmsnorm")
+    rnd = random.Random(7)
+    for _ in range(25):
+        tp, pp, dp, cp = (rnd.choice([1, 2, 4]), rnd.choice([1, 2, 4]), rnd.choice([1, 2]),
+                          rnd.choice([1, 2]))
+        sched = rnd.choice(["gpipe", "1f1b", "interleaved", "bfs"])
+        v = 1 if sched in ("gpipe", "1f1b") else rnd.choice([1, 2])
+        fsdp = rnd.random() < 0.2
+        zero = 0 if fsdp else rnd.choice([0, 1, 2, 3])
+        mb = rnd.choice([1, 2])
+        m = pp * rnd.choice([1, 2]) if sched == "interleaved" else rnd.choice([1, 2, 4, 8])
+        tr = synthesize(dict(model, attention=rnd.choice(["flash", "unfused"])), "h100-sxm",
+                        tp=tp, pp=pp, dp=dp, cp=cp, schedule=sched, chunks=v, zero=zero,
+                        fsdp=fsdp, sequence_parallel=tp > 1 and rnd.random() < 0.5,
+                        recompute=rnd.choice(["none", "selective", "full"]),
+                        global_batch=m * mb * dp, micro_batch=mb)
+        tr.validate()
+        o, e = tr.ops, tr.edges
+        end = _end(o)
+        assert (o["start_ns"].to_numpy()[e["dst"].to_numpy()] >= end[e["src"].to_numpy()]).all()
+        c = o[o["coll_id"] >= 0].groupby("coll_id")
+        assert (c["start_ns"].nunique() == 1).all()
+        size = {int(g): len(r) for g, r in zip(tr.groups["group_id"], tr.groups["ranks"])}
+        assert np.array_equal(c.size().to_numpy(),
+                              np.array([size[int(g)] for g in c["group_id"].first()]))
+        assert tr.meta["synth"]["world_size"] == tp * pp * dp * cp
+
+
+def test_cross_datacenter_link(tmp_path):
+    from collectors.synth import CommModel, read_hardware_file
+    from collectors.synth.hardware import _DIR
+    text = (_DIR / "h100-sxm.toml").read_text()
+    f = tmp_path / "two-dc.toml"
+    f.write_text(text.replace("km = 0.0", "km = 1000.0").replace("nodes_per_dc = 0",
+                                                                   "nodes_per_dc = 2"))
+    hw = read_hardware_file(f)
+    assert hw.cross_dc.latency_us == pytest.approx(hw.inter.latency_us + 1000 * 5.0)
+    par = ParallelConfig(tp=8, dp=4, global_batch=4)
+    one_dc = CommModel(read_hardware_file(_DIR / "h100-sxm.toml"), par)
+    two_dc = CommModel(hw, par)
+    assert two_dc.geometry["dp"].datacenters == 2 and one_dc.geometry["dp"].datacenters == 1
+    S = 1 << 28
+    # 4 nodes, 2 per datacenter: the DP ring crosses the 1000 km link
+    assert two_dc.collective_ns(CommOp.ALL_REDUCE, S, "dp") > 1.5 * one_dc.collective_ns(
+        CommOp.ALL_REDUCE, S, "dp")
+    assert two_dc.collective_ns(CommOp.ALL_REDUCE, S, "tp") == one_dc.collective_ns(
+        CommOp.ALL_REDUCE, S, "tp")

@@ -27,7 +27,8 @@ from ..errors import ConfigError
 from ..trace import StringTable, Trace
 from ._kernels import _list_schedule
 from .costs import CommModel, streaming
-from .parallel import ParallelConfig
+from .hardware import HardwareConfig, resolve_hardware
+from .parallel import ParallelConfig, resolve_parallel
 from .schedule import stage_order
 
 __all__ = ["OpTemplate", "LayerTemplate", "StepTemplate", "LANES", "build_trace"]
@@ -348,7 +349,8 @@ def _stage_params(tpl: StepTemplate, parallel: ParallelConfig, stage: int, per: 
     return total
 
 
-def build_trace(template: StepTemplate, parallel: ParallelConfig, comm: CommModel, *,
+def build_trace(template: StepTemplate, parallel: ParallelConfig | dict,
+                comm: CommModel | HardwareConfig | str, *,
                 step: int = 0, expand: str = "auto", max_ops: int = 20_000_000,
                 p2p_ns: int | None = None, recv_ns: int | None = None,
                 meta: dict | None = None) -> Trace:
@@ -360,9 +362,9 @@ def build_trace(template: StepTemplate, parallel: ParallelConfig, comm: CommMode
         Per-layer op sequences of one rank and one micro-batch (durations in ns).
     parallel : ParallelConfig
         Degrees, schedule, micro-batching, ZeRO stage and bucket size.
-    comm : CommModel
+    comm : CommModel, HardwareConfig or str
         Times of data-parallel, ZeRO and pipeline communication (and the optimizer's HBM
-        bandwidth through ``comm.hw``).
+        bandwidth through ``comm.hw``); a hardware profile or its name builds one.
     step : int
         Value of the ``step`` column.
     expand : {"auto", "all", "unique"}
@@ -379,6 +381,9 @@ def build_trace(template: StepTemplate, parallel: ParallelConfig, comm: CommMode
         Ops with start/dur filled, DATA and P2P edges, groups, and ``meta["synth"]`` with
         ``step_time_ns``, ``world_size``, ``parallel``, ``op_class_ns`` and ``rank_classes``.
     """
+    parallel = resolve_parallel(parallel)
+    if not isinstance(comm, CommModel):
+        comm = CommModel(resolve_hardware(comm), parallel)
     if expand not in ("auto", "all", "unique"):
         raise ConfigError(f"expand={expand!r}; use auto, all or unique")
     p, v, m = parallel.pp, parallel.chunks, parallel.num_microbatches
