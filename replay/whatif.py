@@ -20,7 +20,7 @@ from collectors.errors import PolicyError
 from collectors.trace import Trace
 
 from .engine import ReplayResult, simulate
-from .policies.base import Policy, SynthSpec, WhatIfState, ranks_per_node_of
+from .policies.base import Policy, SynthSpec, WhatIfState, by_op, ranks_per_node_of
 from .policies.network import Network
 from .policies.scenario import TABLES, Scenario, as_policies
 
@@ -74,7 +74,7 @@ def whatif(trace: Trace, policies: Scenario | Policy | list | dict | str | Path 
         state.mode = mode
     g = state.final_graph()
     dur = state.final_durations()
-    changed = not np.array_equal(dur, g.dur_ns)
+    changed = not np.array_equal(dur, by_op(g, "dur_ns"))
     res = simulate(g, durations_ns=dur if changed else None, mode=state.mode,
                    contention=state.contention, scenario=state.applied)
     res.meta["whatif"] = _derived(state)

@@ -33,7 +33,23 @@ from ..engine import ContentionModel
 from ..graph import ReplayGraph, build_graph
 
 __all__ = ["Policy", "WhatIfState", "SynthSpec", "check_positive", "check_fraction",
-           "check_choice", "check_int", "ranks_per_node_of", "node_span"]
+           "check_choice", "check_int", "ranks_per_node_of", "node_span", "by_op", "layout_of"]
+
+
+# ---------------------------------------------------------------------------- graph order
+def by_op(g: ReplayGraph, name: str) -> np.ndarray:
+    """Graph array ``name`` (a per-op kernel array: ``dur_ns``, ``coll_of``, ``device``,
+    ``resource``, ...) in op-id order, whether or not the graph lays its ops out in another
+    order (``perm``/``pos``)."""
+    a = getattr(g, name)
+    pos = getattr(g, "pos", None)
+    return a if pos is None else a[pos]
+
+
+def layout_of(g: ReplayGraph, op_array: np.ndarray) -> np.ndarray:
+    """An op-id-ordered per-op array in the graph's layout order (identity without one)."""
+    perm = getattr(g, "perm", None)
+    return op_array if perm is None else np.asarray(op_array)[perm]
 
 
 # ---------------------------------------------------------------------------- validators
@@ -185,7 +201,7 @@ class WhatIfState:
             self.trace = self.synth.synthesize(step=step)
             self.notes["resynthesized"] = True
         self.graph = build_graph(self.trace, ideal=self.ideal)
-        self.dur = self.graph.dur_ns.astype(np.float64)
+        self.dur = by_op(self.graph, "dur_ns").astype(np.float64)
         self.phase = 2
 
     def add_edges(self, src: np.ndarray, dst: np.ndarray) -> None:
@@ -208,7 +224,7 @@ class WhatIfState:
     def final_durations(self) -> np.ndarray:
         d = np.rint(self.dur).astype(np.int64)
         # only collective members may carry a negative transfer tail (skewed clocks)
-        neg = (d < 0) & (self.graph.coll_of < 0)
+        neg = (d < 0) & (by_op(self.graph, "coll_of") < 0)
         d[neg] = 0
         return d
 

@@ -35,7 +35,8 @@ from collectors.enums import CommOp, OpKind
 from collectors.errors import PolicyError
 from collectors.trace import Trace
 
-from .base import Policy, WhatIfState, check_choice, check_int, check_positive, ranks_per_node_of
+from .base import (Policy, WhatIfState, by_op, check_choice, check_int, check_positive,
+                   ranks_per_node_of)
 
 __all__ = ["Network", "Topology", "calibrate", "collective_table", "bus_factor", "LEVELS"]
 
@@ -297,7 +298,7 @@ def calibrate(trace: Trace, graph, tab: dict[str, np.ndarray] | None = None) -> 
     """
     tab = tab if tab is not None else collective_table(trace, graph)
     x = tab["bytes"] * tab["factor"]
-    y = graph.dur_ns[tab["op"]].astype(np.float64)
+    y = by_op(graph, "dur_ns")[tab["op"]].astype(np.float64)
     out: dict[int, dict[str, Any]] = {}
     for lv in np.unique(tab["old_level"]).tolist():
         m = (tab["old_level"] == lv) & tab["last"] & (x > 0) & (y > 0)

@@ -32,7 +32,7 @@ from collectors.errors import PolicyError
 
 from ..engine import ContentionModel
 from ..graph import RES_COMM, RES_COMPUTE
-from .base import Policy, WhatIfState, check_choice, check_fraction, check_positive
+from .base import Policy, WhatIfState, by_op, check_choice, check_fraction, check_positive
 
 __all__ = ["Overlap", "serialize_edges", "MERGES"]
 
@@ -130,8 +130,8 @@ def _best_merge(state: WhatIfState) -> float:
 
 def serialize_edges(g) -> tuple[np.ndarray, np.ndarray]:
     """Edges that forbid communication from overlapping compute on its device."""
-    dev = g.device
-    res = g.resource
+    dev = by_op(g, "device")
+    res = by_op(g, "resource")
     start = g.meas_start_ns
     lane = g.lane
     on = dev >= 0

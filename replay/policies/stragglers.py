@@ -44,7 +44,7 @@ from collectors.trace import Trace
 
 from ..engine import simulate
 from ..graph import ReplayGraph, build_graph
-from .base import Policy, WhatIfState, check_int, check_positive
+from .base import Policy, WhatIfState, by_op, check_int, check_positive, layout_of
 
 __all__ = ["Stragglers", "straggler_analysis", "ideal_durations", "COMM_OPTYPES"]
 
@@ -125,8 +125,8 @@ class Stragglers(Policy):
 # ---------------------------------------------------------------------------- helpers
 def _transfer_ns(g: ReplayGraph) -> np.ndarray:
     """Measured duration; a collective member's transfer time (end - latest member start)."""
-    d = g.dur_ns.copy()
-    d[(g.coll_of >= 0) & (d <= -_NEG_TRANSFER_CLIP_NS)] = 0
+    d = by_op(g, "dur_ns").copy()
+    d[(by_op(g, "coll_of") >= 0) & (d <= -_NEG_TRANSFER_CLIP_NS)] = 0
     return d
 
 
@@ -205,9 +205,11 @@ def isolate_steps(g: ReplayGraph, sidx: np.ndarray, step_start: np.ndarray, *,
                   zero_lags: bool = False) -> ReplayGraph:
     """A copy of ``g`` in which each step replays on its own from its measured start (no
     lane order or edge across steps; ops without predecessors start at the step start; no
-    unexplained delays). ``zero_lags``: pure dependencies (an op starts when its lane
+    unexplained delays). ``sidx`` is per op id; the graph's own arrays may be laid out in
+    another order (``perm``), handled here. ``zero_lags``: pure dependencies (an op starts when its lane
     predecessor and its edge sources have ended, no measured lag or offset), the semantics
     of op-level timelines whose timers carry no launch latency."""
+    sidx = layout_of(g, sidx)
     lp = g.lane_prev.copy()
     cross = (lp >= 0) & (sidx[np.maximum(lp, 0)] != sidx)
     lp[cross] = -1
