@@ -35,8 +35,15 @@ from collectors.enums import CommOp, OpKind
 from collectors.errors import PolicyError
 from collectors.trace import Trace
 
-from .base import (Policy, WhatIfState, by_op, check_choice, check_int, check_positive,
-                   ranks_per_node_of)
+from .base import (
+    Policy,
+    WhatIfState,
+    by_op,
+    check_choice,
+    check_int,
+    check_positive,
+    ranks_per_node_of,
+)
 
 __all__ = ["Network", "Topology", "calibrate", "collective_table", "bus_factor", "LEVELS"]
 
