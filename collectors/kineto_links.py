@@ -10,7 +10,10 @@ Dependencies inferred here (DESIGN.md §3), all with ``dst.start >= src.end + la
   the blocking call). Traces without ``cuda_sync`` events: blocking calls
   (``cudaStreamSynchronize``, ``cudaDeviceSynchronize``, ``cudaEventSynchronize``,
   ``cudaMemcpy``, and any launch call that returns after its GPU op ended) -> edge from the
-  latest GPU op issued before the call that ended before the call returned.
+  latest GPU op issued before the call that ended before the call returned; a
+  ``cudaStreamWaitEvent`` -> the next op launched from that thread waits for the op most
+  recently issued to another stream of the same device (kept only when the measured times
+  agree: that op ended before the waiting op started).
   CUPTI correlation ids grow in issue order, which is what "issued before" uses.
   ``lag = min(0, measured gap)``.
 - HOST_ORDER: consecutive leaf host ops on one thread, ``lag`` = the measured gap (>= 0).
@@ -46,6 +49,7 @@ __all__ = ["build_rank_part"]
 _H_RUNTIME, _H_CPU, _H_ANNOT, _H_GLOO = 0, 1, 2, 3
 _STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
 _COMM_RANGE = re.compile(r"^(nccl:|gloo:|c10d::|record_param_comms|rccl:)")
+_STREAM_WAIT = {"cudaStreamWaitEvent", "hipStreamWaitEvent", "cuStreamWaitEvent"}
 _BLOCKING = {"cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
              "cudaMemcpy", "hipStreamSynchronize", "hipDeviceSynchronize",
              "hipEventSynchronize", "hipMemcpy", "cuStreamSynchronize", "cuCtxSynchronize"}
@@ -512,8 +516,38 @@ def _sync_edges(evs, syncs, kind, lane, corr, start, end, n_h, n, rt_sorted, rc,
         if s >= 0:
             src.append(s)
             dst.append(d)
-    # launch calls that returned only after their GPU op finished (blocking memcpy)
+    # cudaStreamWaitEvent without cuda_sync info (older traces): the next op launched from
+    # the same thread waits for the op most recently issued to another stream of the device
+    # (the work the recorded event covered, as in DDP's NCCL stream waiting on compute).
+    rt_gpu = np.full(n_h, -1, np.int64)
     launched = np.flatnonzero(launch_of >= 0)
+    rt_gpu[launch_of[launched]] = launched
+    lane_dev = {int(li): int(d) for (d, _s), li in zip(zip(G["dev"], G["stream"]), g_lane_local)}
+    for r in rts:
+        c = int(corr[r])
+        if c in covered or names[name_id[r]] not in _STREAM_WAIT:
+            continue
+        d = -1
+        j = r + 1
+        while j < n_h and lane[j] == lane[r] and j <= r + 64:
+            if rt_gpu[j] >= 0:
+                d = int(rt_gpu[j])
+                break
+            j += 1
+        if d < 0:
+            continue
+        dev = lane_dev.get(int(lane[d]))
+        best, best_c = -1, -1
+        for ln, (ids, cs) in by_lane.items():
+            if ln == lane[d] or lane_dev.get(ln) != dev:
+                continue
+            p = np.searchsorted(cs, c) - 1
+            if p >= 0 and cs[p] > best_c:
+                best, best_c = int(ids[p]), int(cs[p])
+        if best >= 0 and end[best] <= start[d] + 1000:
+            src.append(best)
+            dst.append(d)
+    # launch calls that returned only after their GPU op finished (blocking memcpy)
     blk = launched[(end[launch_of[launched]] >= end[launched]) & (kind[launched] == OpKind.MEMCPY)]
     for g in blk:
         r = int(launch_of[g])

@@ -223,3 +223,15 @@ def test_parallel_jobs_identical(dlrm_trace):
     pd.testing.assert_frame_equal(t2.ops, dlrm_trace.ops)
     pd.testing.assert_frame_equal(t2.edges, dlrm_trace.edges)
     assert t2.meta["collectives"] == dlrm_trace.meta["collectives"]
+
+
+def test_nccl_kernels_wait_on_compute_stream(dlrm_trace):
+    """Without cuda_sync events, cudaStreamWaitEvent still orders each NCCL kernel after the
+    compute-stream op issued before the wait (DDP's NCCL stream waits on compute)."""
+    o, e = dlrm_trace.ops, dlrm_trace.edges
+    coll = set(o.index[o["kind"] == OpKind.COLLECTIVE])
+    sync = e[(e["kind"] == EdgeKind.SYNC) & e["dst"].isin(coll)]
+    assert set(sync["dst"]) == coll
+    lanes = o["lane"].to_numpy()
+    assert (lanes[sync["src"]] != lanes[sync["dst"]]).all()
+    assert (o["kind"].to_numpy()[sync["src"]] == OpKind.KERNEL).all()
