@@ -283,3 +283,17 @@ def test_cli_ingest_json_and_subprocess(tmp_path, capsys):
     s2 = json.loads(r.stdout)
     assert s2["events_read"] == s["events_read"] == 32249
     assert s2["ops"] == 12765 and s2["dropped"] == s["dropped"]
+
+
+def test_stdlib_sqlite_path_gives_the_same_trace(trace, monkeypatch):
+    import collectors.nsys as nsys
+
+    monkeypatch.setattr(nsys, "_adbc", None)  # as on an install without adbc-driver-sqlite
+    t = read_nsys(NSYS, progress=False)
+    for table in ("ops", "lanes", "edges", "ranges"):
+        a, b = getattr(t, table), getattr(trace, table)
+        assert a.shape == b.shape
+        for c in a.columns:
+            assert np.array_equal(a[c].to_numpy(), b[c].to_numpy(),
+                                  equal_nan=a[c].dtype.kind == "f"), (table, c)
+    assert t.strings == trace.strings and t.meta["accounting"] == trace.meta["accounting"]
