@@ -14,42 +14,38 @@ _NEG = np.int64(-(2**62))  # "minus infinity" that survives adding a lag
 
 
 @njit(cache=True)
-def _topo_order(node_of, succ_ptr, succ_dst, indeg):
-    """Kahn's algorithm over super-nodes (an op, or all members of one collective).
+def _topo_order_by_time(node_of, succ_ptr, succ_dst, indeg, key):
+    """Kahn's algorithm over super-nodes (an op, or all members of one collective; ``node_of``
+    maps each op to its representative) taking, among the ready ones, the one with the smallest
+    ``(key, id)`` (``key``: measured start; a collective's: its last member's start).
 
-    Parameters
-    ----------
-    node_of : int64[N]   representative op id of each op's node (itself, or the first
-                         member of its collective)
-    succ_ptr : int64[N+1], succ_dst : int64[S]   CSR successors of each representative
-    indeg : int64[N]     in-degree of each representative (consumed)
-
-    Returns
-    -------
-    order : int64[K]     representatives in a topological order
-    count : int          how many were ordered (< number of nodes means a cycle)
+    The result is a valid topological order close to measured time order. The graph builder
+    lays the ops out in this order, so both replay paths walk memory almost sequentially.
+    Returns ``order`` (int64[K], representatives) and ``count`` (K; fewer than the number
+    of super-nodes means a cycle).
     """
     n = node_of.shape[0]
     order = np.empty(n, np.int64)
-    head = 0
-    tail = 0
+    heap = np.empty(n + 1, np.int64)
+    ids = np.arange(n)
+    size = 0
+    cnt = 0
     for i in range(n):
         if node_of[i] == i and indeg[i] == 0:
-            order[tail] = i
-            tail += 1
-    while head < tail:
-        u = order[head]
-        head += 1
+            size = _hpush(heap, size, key, ids, i)
+    while size > 0:
+        u, size = _hpop(heap, size, key, ids)
+        order[cnt] = u
+        cnt += 1
         for k in range(succ_ptr[u], succ_ptr[u + 1]):
             v = succ_dst[k]
             indeg[v] -= 1
             if indeg[v] == 0:
-                order[tail] = v
-                tail += 1
-    return order[:tail], tail
+                size = _hpush(heap, size, key, ids, v)
+    return order[:cnt], cnt
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _ready(i, start, end, origin, lane_prev, lane_lag, lane_s2s, pred_ptr, pred_src, pred_lag,
            pred_s2s):
     """Earliest start of op ``i`` allowed by its lane and its edges, and the binding op.

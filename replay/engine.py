@@ -175,7 +175,8 @@ def simulate(graph: ReplayGraph, *, durations_ns: np.ndarray | None = None,
     if graph.trace is None:
         raise ReplayError("graph has no trace attached; build it with build_graph(trace)")
     g = graph
-    dur = g.dur_ns if durations_ns is None else _check_durations(g, durations_ns)
+    dur = (g.dur_ns if durations_ns is None
+           else np.ascontiguousarray(_check_durations(g, durations_ns)[g.perm]))
     meta: dict[str, Any] = {"mode": mode, "ideal": g.ideal, "scenario": list(scenario or []),
                             "durations_modified": durations_ns is not None}
     meta.update(g.stats)
@@ -199,7 +200,15 @@ def simulate(graph: ReplayGraph, *, durations_ns: np.ndarray | None = None,
         meta["contention"] = {"interference": cm.interference,
                               "share_compute": cm.share_compute,
                               "share_links": cm.share_links, "clamped_starts": int(clamped)}
-    return ReplayResult(trace=g.trace, graph=g, start_ns=start, end_ns=end, crit_pred=crit,
+    # back from layout positions to op ids
+    n = g.n_ops
+    s_op = np.empty(n, np.int64)
+    e_op = np.empty(n, np.int64)
+    c_op = np.empty(n, np.int64)
+    s_op[g.perm] = start
+    e_op[g.perm] = end
+    c_op[g.perm] = np.where(crit >= 0, g.perm[np.maximum(crit, 0)], -1)
+    return ReplayResult(trace=g.trace, graph=g, start_ns=s_op, end_ns=e_op, crit_pred=c_op,
                         meta=meta)
 
 

@@ -44,7 +44,7 @@ from collectors.enums import EdgeKind, LaneKind, OpKind
 from collectors.errors import ReplayError
 from collectors.trace import Trace
 
-from ._kernels import _measured_ready, _topo_order
+from ._kernels import _measured_ready, _topo_order_by_time
 
 __all__ = ["ReplayGraph", "build_graph", "graph_from_arrays", "BLOCKING_CALL_PATTERN"]
 
@@ -61,6 +61,14 @@ RES_NONE, RES_COMPUTE, RES_COMM = 0, 1, 2
 class ReplayGraph:
     """Contiguous arrays of a replay graph (all ``int64`` unless noted; N ops).
 
+    **Layout.** The kernel arrays below are indexed by *layout position*, not op id: ops are
+    laid out in a topological order close to measured time (collective members adjacent),
+    so the kernels walk memory almost sequentially. ``perm[k]`` is the op id at position
+    ``k``, ``pos[op_id]`` its position; :meth:`by_op` turns a per-position array into op-id
+    order. Everything that crosses the API (``durations_ns``, :meth:`with_durations`,
+    :meth:`with_edges`, results) uses op ids; ``rank``, ``lane``, ``measured_delay_ns`` and
+    ``meas_*`` are in op-id order too.
+
     Attributes
     ----------
     dur_ns : modeled duration (collective members: transfer tail after the last arrival;
@@ -74,9 +82,10 @@ class ReplayGraph:
     wait_ptr (N+1), wait_src, wait_lag_ns : CSR of end constraints (``end >= src end + lag``)
     coll_of : dense collective index per op (-1); coll_ptr (C+1), coll_members : members
     order : representatives (an op, or a collective's first member) in topological order
-    rank (int32), device (int32, dense, -1 on CPU lanes), resource (int8: 0 none,
-        1 compute, 2 communication), link (int32, -1 none) : for the contention path
-    meas_start_ns, meas_end_ns : the measured times (identity reference)
+    device (int32, dense, -1 on CPU lanes), resource (int8: 0 none, 1 compute,
+        2 communication), link (int32, -1 none) : for the contention path
+    perm, pos : layout position -> op id, and op id -> layout position
+    rank (int32), lane (int32), measured_delay_ns, meas_start_ns, meas_end_ns : op-id order
     """
 
     dur_ns: np.ndarray
@@ -98,6 +107,8 @@ class ReplayGraph:
     coll_ptr: np.ndarray
     coll_members: np.ndarray
     order: np.ndarray
+    perm: np.ndarray
+    pos: np.ndarray
     rank: np.ndarray
     lane: np.ndarray
     device: np.ndarray
@@ -128,12 +139,21 @@ class ReplayGraph:
                if isinstance(v, np.ndarray) and k not in ("meas_start_ns", "meas_end_ns")]
         return int(sum(a.nbytes for a in own))
 
+    def by_op(self, layout_array: np.ndarray) -> np.ndarray:
+        """A per-position kernel array (``dur_ns``, ``delay_ns``, ...) in op-id order."""
+        return np.asarray(layout_array)[self.pos]
+
+    @property
+    def op_dur_ns(self) -> np.ndarray:
+        """Modeled durations in op-id order (what ``simulate(durations_ns=...)`` takes)."""
+        return self.dur_ns[self.pos]
+
     def with_durations(self, dur_ns: np.ndarray) -> ReplayGraph:
-        """A copy with other modeled durations (same meaning as :attr:`dur_ns`)."""
-        return replace(self, dur_ns=_check_durations(self, dur_ns))
+        """A copy with other modeled durations (op-id order; meaning of :attr:`dur_ns`)."""
+        return replace(self, dur_ns=np.ascontiguousarray(_check_durations(self, dur_ns)[self.perm]))
 
     def with_edges(self, src, dst, lag_ns=0, kind: int = int(EdgeKind.DATA)) -> ReplayGraph:
-        """A copy with extra start edges ``src -> dst`` (re-sorted, re-checked for cycles)."""
+        """A copy with extra start edges ``src -> dst`` (op ids; re-checked for cycles)."""
         src = np.ascontiguousarray(src, _I64)
         dst = np.ascontiguousarray(dst, _I64)
         lag = np.ascontiguousarray(np.broadcast_to(np.asarray(lag_ns, _I64), src.shape))
@@ -141,6 +161,7 @@ class ReplayGraph:
         if len(src) and (min(src.min(), dst.min()) < 0 or max(src.max(), dst.max()) >= n):
             raise ReplayError(f"with_edges: op ids must lie in 0..{n - 1}; got src/dst "
                               f"{int(min(src.min(), dst.min()))}..{int(max(src.max(), dst.max()))}")
+        src, dst = self.pos[src], self.pos[dst]
         old_dst = np.repeat(np.arange(n, dtype=_I64), np.diff(self.pred_ptr))
         a_src = np.concatenate([self.pred_src, src])
         a_dst = np.concatenate([old_dst, dst])
@@ -152,8 +173,9 @@ class ReplayGraph:
         ptr, s, lg, kd, s2 = _csr(n, a_dst[keep], a_src[keep], a_lag[keep], a_kind[keep],
                                   a_s2s[keep])
         wdst = np.repeat(np.arange(n, dtype=_I64), np.diff(self.wait_ptr))
+        key = self.meas_start_ns[self.perm]  # layout order; collectives keyed by first member
         order = _order_or_raise(n, node_of, self.lane_prev, s, ptr, self.wait_src, wdst,
-                                self.trace, self.meas_start_ns)
+                                self.trace, self.meas_start_ns, key=key, perm=self.perm)
         return replace(self, pred_ptr=ptr, pred_src=s, pred_lag_ns=lg, pred_kind=kd,
                        pred_s2s=s2, order=order)
 
@@ -163,7 +185,7 @@ def _check_durations(g: ReplayGraph, dur_ns) -> np.ndarray:
     if d.shape != (g.n_ops,):
         raise ReplayError(f"durations_ns has shape {d.shape}, expected ({g.n_ops},): one "
                           "duration per op, aligned with trace.ops")
-    bad = (d < 0) & (g.coll_of < 0)
+    bad = (d < 0) & (g.coll_of[g.pos] < 0)
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
         raise ReplayError(f"durations_ns[{i}] = {int(d[i])} is negative (op {i}, rank "
@@ -349,10 +371,13 @@ def graph_from_arrays(*, rank, lane, kind, start_ns, dur_ns, coll_id=None, edge_
     stats["unexplained_delay_count"] = int(delayed.sum())
     stats["unexplained_delay_ns"] = int(mdelay.sum())
 
-    # ---- topological order of super-nodes (cycle check)
+    # ---- topological order of super-nodes (cycle check), close to measured time
     wdst_rep = np.repeat(np.arange(n, dtype=_I64), np.diff(wait_ptr))
+    key = s.copy()
+    if len(members):
+        key[members[coll_ptr[:-1][counts > 0]]] = a_meas
     order = _order_or_raise(n, node_of, lane_prev, pred_src, pred_ptr, wait_src, wdst_rep,
-                            trace, s)
+                            trace, s, key=key)
 
     # ---- contention resources
     on_dev = np.zeros(n, bool) if on_device is None else np.asarray(on_device, bool)
@@ -367,16 +392,36 @@ def graph_from_arrays(*, rank, lane, kind, start_ns, dur_ns, coll_id=None, edge_
     resource[is_comm] = RES_COMM
     link = np.where(is_comm, np.unique(rank, return_inverse=True)[1] if n else 0, -1).astype(np.int32)
 
+    # ---- lay the kernel arrays out in execution order (see ReplayGraph)
+    pos_node = np.zeros(n, _I64)
+    pos_node[order] = np.arange(len(order), dtype=_I64)
+    perm = np.lexsort((np.arange(n), pos_node[node_of])).astype(_I64)
+    pos = np.empty(n, _I64)
+    pos[perm] = np.arange(n, dtype=_I64)
+
+    def lay(x):
+        return np.ascontiguousarray(x[perm])
+
+    def lay_csr(ptr, src, lag, kind, s2s):
+        dst = np.repeat(np.arange(n, dtype=_I64), np.diff(ptr))
+        return _csr(n, pos[dst], pos[src], lag, kind, s2s)
+
+    lp = np.where(lane_prev >= 0, pos[np.maximum(lane_prev, 0)], -1)
+    pred_ptr, pred_src, pred_lag, pred_kind, pred_s2s = lay_csr(pred_ptr, pred_src, pred_lag,
+                                                                pred_kind, pred_s2s)
+    wait_ptr, wait_src, wait_lag, _, _ = lay_csr(wait_ptr, wait_src, wait_lag,
+                                                 np.zeros(len(wait_src), np.int8),
+                                                 np.zeros(len(wait_src), bool))
+    delay = np.zeros(n, _I64) if ideal else lay(mdelay)
     return ReplayGraph(
-        dur_ns=dur, delay_ns=np.zeros(n, _I64) if ideal else mdelay, measured_delay_ns=mdelay,
-        origin_ns=origin, lane_prev=lane_prev, lane_lag_ns=lane_lag, lane_s2s=lane_s2s,
-        pred_ptr=pred_ptr,
-        pred_src=pred_src, pred_lag_ns=pred_lag, pred_kind=pred_kind, pred_s2s=pred_s2s,
-        wait_ptr=wait_ptr,
-        wait_src=wait_src, wait_lag_ns=wait_lag, coll_of=coll_of, coll_ptr=coll_ptr,
-        coll_members=members, order=order, rank=rank, lane=lane, device=device,
-        resource=resource, link=link, meas_start_ns=s, meas_end_ns=end, ideal=bool(ideal),
-        stats=stats, trace=trace)
+        dur_ns=lay(dur), delay_ns=delay, measured_delay_ns=mdelay, origin_ns=lay(origin),
+        lane_prev=lay(lp), lane_lag_ns=lay(lane_lag), lane_s2s=lay(lane_s2s),
+        pred_ptr=pred_ptr, pred_src=pred_src, pred_lag_ns=pred_lag, pred_kind=pred_kind,
+        pred_s2s=pred_s2s, wait_ptr=wait_ptr, wait_src=wait_src, wait_lag_ns=wait_lag,
+        coll_of=lay(coll_of), coll_ptr=coll_ptr, coll_members=np.ascontiguousarray(pos[members]),
+        order=np.ascontiguousarray(pos[order]), perm=perm, pos=pos, rank=rank, lane=lane,
+        device=lay(device), resource=lay(resource), link=lay(link), meas_start_ns=s,
+        meas_end_ns=end, ideal=bool(ideal), stats=stats, trace=trace)
 
 
 def _node_of(n, coll_of, coll_ptr, members) -> np.ndarray:
@@ -408,21 +453,22 @@ def _dep_pairs(node_of, lane_prev, pred_src, pred_ptr, wait_src, wait_dst):
 
 
 def _order_or_raise(n, node_of, lane_prev, pred_src, pred_ptr, wait_src, wait_dst, trace,
-                    start_ns) -> np.ndarray:
+                    start_ns, *, key, perm=None) -> np.ndarray:
     a, b = _dep_pairs(node_of, lane_prev, pred_src, pred_ptr, wait_src, wait_dst)
     o = np.argsort(a, kind="stable")
     succ_dst = np.ascontiguousarray(b[o], _I64)
     succ_ptr = np.zeros(n + 1, _I64)
     np.cumsum(np.bincount(a, minlength=n), out=succ_ptr[1:])
     indeg = np.bincount(b, minlength=n).astype(_I64)
-    order, count = _topo_order(node_of, succ_ptr, succ_dst, indeg)
+    order, count = _topo_order_by_time(node_of, succ_ptr, succ_dst, indeg,
+                                       np.ascontiguousarray(key, _I64))
     n_nodes = int((node_of == np.arange(n)).sum())
     if count < n_nodes:
-        raise ReplayError(_cycle_message(node_of, a, b, order, trace, start_ns))
+        raise ReplayError(_cycle_message(node_of, a, b, order, trace, start_ns, perm))
     return order
 
 
-def _cycle_message(node_of, a, b, order, trace, start_ns) -> str:
+def _cycle_message(node_of, a, b, order, trace, start_ns, perm=None) -> str:
     """Find one cycle among the nodes Kahn's algorithm could not order and describe it."""
     n = len(node_of)
     done = np.zeros(n, bool)
@@ -441,6 +487,8 @@ def _cycle_message(node_of, a, b, order, trace, start_ns) -> str:
         u = preds[u]
     cyc = path[seen[u]:][::-1]
     def describe(v: int) -> str:
+        if perm is not None:  # layout position -> op id
+            v = int(perm[v])
         if trace is not None:
             row = trace.ops.iloc[v]
             nm = trace.strings[int(row["name_id"])] if trace.strings else "?"

@@ -518,6 +518,7 @@ def _sweep_dask(tr: Trace, scs: list[dict], run: ScenarioFn | None, scheduler: A
         raise PolicyError(f"cannot reach the Dask scheduler {scheduler!r} ({exc}); start one "
                           "with `dask scheduler` or check the address") from exc
     futs: dict[Any, int] = {}
+    tfut = None
     try:
         [tfut] = client.scatter([tr], broadcast=True, hash=False)  # the trace, once per worker
         tag = uuid.uuid4().hex[:8]
@@ -525,7 +526,7 @@ def _sweep_dask(tr: Trace, scs: list[dict], run: ScenarioFn | None, scheduler: A
             f = client.submit(_run_on_dask, tfut, run, i, sc, key=f"retime-sweep-{tag}-{i}",
                               pure=False)
             futs[f] = i
-        for f in as_completed(list(futs)):
+        for f in as_completed(list(futs), loop=client.loop):
             i = futs.pop(f)
             try:
                 rows[i] = f.result()
@@ -536,6 +537,8 @@ def _sweep_dask(tr: Trace, scs: list[dict], run: ScenarioFn | None, scheduler: A
     finally:
         if futs:
             client.cancel(list(futs))
+        if tfut is not None:
+            tfut.release()  # the workers' copies of the trace go with the last reference
         if own:
             client.close()
 

@@ -17,6 +17,14 @@ from collectors.trace import Trace
 
 
 # ---------------------------------------------------------------------------- helpers
+def _layout_durations(g, durations_ns):
+    """Durations per layout position (``durations_ns`` is given in op-id order)."""
+    if durations_ns is None:
+        return g.dur_ns.tolist()
+    d = np.asarray(durations_ns).tolist()
+    return [d[i] for i in g.perm.tolist()]
+
+
 def _preds(g):
     """dst -> list of (src, lag) in CSR order; waits likewise; lane prev per op."""
     n = g.n_ops
@@ -48,7 +56,7 @@ def _ready(i, start, end, lane_prev, lane_lag, lane_s2s, preds, origin):
 def naive_fast(g, durations_ns=None):
     """Reference of the fast path: Kahn's algorithm (heapq by op id) over super-nodes."""
     n = g.n_ops
-    dur = (g.dur_ns if durations_ns is None else np.asarray(durations_ns)).tolist()
+    dur = _layout_durations(g, durations_ns)
     delay, origin = g.delay_ns.tolist(), g.origin_ns.tolist()
     lane_prev, lane_lag = g.lane_prev.tolist(), g.lane_lag_ns.tolist()
     lane_s2s = g.lane_s2s.tolist()
@@ -99,7 +107,18 @@ def naive_fast(g, durations_ns=None):
                 heapq.heappush(heap, v)
     if done < len(members):
         raise RuntimeError("cycle")
-    return np.array(start, np.int64), np.array(end, np.int64), np.array(crit, np.int64)
+    return _to_ops(g, start, end, crit)
+
+
+def _to_ops(g, start, end, crit):
+    """Graph layout positions -> op ids (the order results are reported in)."""
+    perm = g.perm.tolist()
+    n = len(perm)
+    s, e, c = [0] * n, [0] * n, [-1] * n
+    for k in range(n):
+        s[perm[k]], e[perm[k]] = start[k], end[k]
+        c[perm[k]] = perm[crit[k]] if crit[k] >= 0 else -1
+    return np.array(s, np.int64), np.array(e, np.int64), np.array(c, np.int64)
 
 
 # ---------------------------------------------------------------------------- contention path
@@ -111,7 +130,7 @@ def naive_fluid(g, durations_ns=None, interference=0.0, share_compute=False, sha
     kernel so that floating-point results agree to the last bit.
     """
     n = g.n_ops
-    dur = (g.dur_ns if durations_ns is None else np.asarray(durations_ns)).tolist()
+    dur = _layout_durations(g, durations_ns)
     delay = g.delay_ns.tolist()
     base = int(g.origin_ns.min()) if n else 0
     origin = [float(x - base) for x in g.origin_ns.tolist()]
@@ -365,9 +384,9 @@ def naive_fluid(g, durations_ns=None, interference=0.0, share_compute=False, sha
                     fin.append(q)
     if started < n:
         raise RuntimeError("cycle")
-    s = np.array([int(np.rint(x)) + base for x in start], np.int64)
-    e = np.array([int(np.rint(x)) + base for x in end], np.int64)
-    return s, e, np.array(crit, np.int64), clamped
+    s, e, c = _to_ops(g, [int(np.rint(x)) + base for x in start],
+                      [int(np.rint(x)) + base for x in end], crit)
+    return s, e, c, clamped
 
 
 # ---------------------------------------------------------------------------- generator

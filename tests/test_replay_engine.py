@@ -21,8 +21,8 @@ def _whatif_durations(g, seed):
     """Random per-op speedups/slowdowns (a what-if), transfer tails kept signed."""
     rng = np.random.default_rng(seed + 1000)
     scale = rng.uniform(0.2, 2.5, g.n_ops)
-    d = (g.dur_ns * scale).astype(np.int64)
-    return np.where(g.coll_of >= 0, d, np.maximum(d, 0))
+    d = (g.op_dur_ns * scale).astype(np.int64)
+    return np.where(g.by_op(g.coll_of) >= 0, d, np.maximum(d, 0))
 
 
 def _trace_kwargs(seed):
@@ -112,17 +112,17 @@ def test_collective_transfer_time_comes_from_last_arriver():
     tr = _two_rank_trace()
     g = build_graph(tr)
     # rank 0's member waited 40 us; its transfer tail is the last arriver's 20 us
-    assert g.dur_ns.tolist() == [10_000, 20_000, 50_000, 20_000]
+    assert g.op_dur_ns.tolist() == [10_000, 20_000, 50_000, 20_000]
     r = simulate(g)
     assert r.end_ns.tolist() == [10_000, 70_000, 50_000, 70_000]
     assert r.crit_pred.tolist() == [-1, 3, -1, 2]  # rank 0 waited on rank 1's member
     # what-if: rank 1's kernel twice as fast -> both members end 25 us earlier
-    d = g.dur_ns.copy()
+    d = g.op_dur_ns.copy()
     d[2] = 25_000
     r = simulate(g, durations_ns=d)
     assert r.end_ns.tolist() == [10_000, 45_000, 25_000, 45_000]
     # what-if: rank 0 becomes the late one
-    d = g.dur_ns.copy()
+    d = g.op_dur_ns.copy()
     d[0], d[2] = 80_000, 10_000
     r = simulate(g, durations_ns=d)
     assert r.end_ns[[1, 3]].tolist() == [100_000, 100_000]
@@ -147,11 +147,11 @@ def test_blocking_sync_call_waits_for_gpu_and_shrinks_in_whatif():
                      strings=["cudaLaunchKernel", "cudaStreamSynchronize", "aten::mul", "gemm"])
     g = build_graph(tr)
     assert g.stats["wait_edges"] == 1
-    assert g.dur_ns[1] == 1_000  # the call's own part: it returned 1 us after the kernel
+    assert g.op_dur_ns[1] == 1_000  # the call's own part: it returned 1 us after the kernel
     r = simulate(g)
     assert r.end_ns.tolist() == [5_000, 61_000, 65_000, 60_000]
     assert r.crit_pred[1] == 3
-    d = g.dur_ns.copy()
+    d = g.op_dur_ns.copy()
     d[3] = 10_000  # kernel 5x faster: the sync returns 40 us earlier, so does the host
     r = simulate(g, durations_ns=d)
     assert r.end_ns.tolist() == [5_000, 21_000, 25_000, 20_000]
@@ -263,8 +263,8 @@ def test_ideal_mode_drops_delays_and_never_slows_down():
 def test_result_frames_and_replayed_trace(tmp_path):
     tr = random_trace(11, n_ranks=4)
     g = build_graph(tr)
-    d = g.dur_ns.copy()
-    d[g.resource == 1] //= 2  # GPU kernels twice as fast
+    d = g.op_dur_ns.copy()
+    d[g.by_op(g.resource) == 1] //= 2  # GPU kernels twice as fast
     r = simulate(g, durations_ns=d)
     df = r.to_frame()
     assert len(df) == tr.n_ops

@@ -1,0 +1,194 @@
+"""Replay engine throughput on generated multi-rank graphs (DESIGN.md §4, issue 3 item 6).
+
+Prints, for graphs of 10^5, 10^6 and 10^7 ops (64 ranks, a host thread and two GPU streams
+per rank, launch/host-order/data edges, an all-rank collective every 8th slot):
+
+* graph build time (vectorized numpy + the numba topological sort),
+* fast path and contention path throughput in ops/s (best of 3, one core, JIT warm-up
+  excluded and reported separately),
+* bytes per op held by the graph and the result arrays, and the peak RSS growth,
+* the pure-Python reference engine (tests/naive_replay.py) on the 10^5 graph, timed in the
+  same run, and the speed ratio (the reference is too slow for the larger graphs).
+
+Run: ``python bench/replay.py [--sizes 1e5,1e6,1e7] [--no-reference]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+from collectors.enums import EdgeKind, OpKind  # noqa: E402
+from replay import ContentionModel, graph_from_arrays, simulate  # noqa: E402
+from replay.engine import ReplayResult  # noqa: E402, F401
+
+
+def generate(n_ops: int, *, n_ranks: int = 64, coll_every: int = 8, seed: int = 0) -> dict:
+    """Arrays of a training-like graph with about ``n_ops`` ops (vectorized, no per-op loop).
+
+    Every rank runs ``S`` slots; slot ``j`` is a host launch call (CPU lane) and the GPU op it
+    launches: a kernel on stream 0, or, every ``coll_every``-th slot, that rank's member of
+    collective ``j`` on stream 1 (which also waits for the previous kernel: a DATA edge).
+    GPU ops queue behind each other (start = max(launch + latency, previous end)).
+    """
+    rng = np.random.default_rng(seed)
+    S = max(2, n_ops // (2 * n_ranks))
+    R = n_ranks
+    j = np.arange(S)
+    is_coll = (j % coll_every) == coll_every - 1
+    cpu_dur = rng.integers(2_000, 6_000, (R, S))
+    gaps = rng.integers(500, 3_000, (R, S))
+    cpu_start = np.cumsum(cpu_dur + gaps, axis=1) - cpu_dur + rng.integers(0, 50_000, (R, 1))
+    gpu_dur = rng.integers(3_000, 12_000, (R, S))
+    ready = cpu_start + 1_500
+    # stream FIFO queueing per (rank, stream) via max-plus prefix: s_k = D_k + max_i(a_i - D_i)
+    gpu_start = np.empty((R, S), np.int64)
+    for stream in (False, True):  # two streams, a few vectorized passes
+        cols = np.flatnonzero(is_coll == stream)
+        a = ready[:, cols]
+        d = gpu_dur[:, cols]
+        D = np.cumsum(d, axis=1) - d
+        gpu_start[:, cols] = D + np.maximum.accumulate(a - D, axis=1)
+    # collectives: members wait for the last arriver; transfer 20 us
+    cs = gpu_start[:, is_coll]
+    gpu_dur[:, is_coll] = cs.max(axis=0, keepdims=True) + 20_000 - cs
+    cpu_id = np.arange(R * S).reshape(R, S) * 2
+    gpu_id = cpu_id + 1
+    n = 2 * R * S
+    rank = np.repeat(np.arange(R), 2 * S).astype(np.int32)
+    lane = np.empty((R, S, 2), np.int32)
+    lane[:, :, 0] = (np.arange(R) * 3)[:, None]
+    lane[:, :, 1] = (np.arange(R) * 3)[:, None] + 1 + is_coll[None, :]
+    kind = np.empty((R, S, 2), np.int8)
+    kind[:, :, 0] = OpKind.RUNTIME
+    kind[:, :, 1] = np.where(is_coll, OpKind.COLLECTIVE, OpKind.KERNEL)[None, :]
+    start = np.stack([cpu_start, gpu_start], axis=2)
+    dur = np.stack([cpu_dur, gpu_dur], axis=2)
+    coll = np.full((R, S, 2), -1, np.int64)
+    coll[:, :, 1] = np.where(is_coll, j, -1)[None, :]
+    on_device = np.zeros((R, S, 2), bool)
+    on_device[:, :, 1] = True
+    # edges: host order, launch, kernel -> next collective (data)
+    ho_s, ho_d = cpu_id[:, :-1].ravel(), cpu_id[:, 1:].ravel()
+    ho_lag = (cpu_start[:, 1:] - cpu_start[:, :-1] - cpu_dur[:, :-1]).ravel()
+    la_s, la_d = cpu_id.ravel(), gpu_id.ravel()
+    la_lag = np.minimum(0, (gpu_start - cpu_start - cpu_dur).ravel())
+    cj = np.flatnonzero(is_coll & (j > 0))
+    da_s, da_d = gpu_id[:, cj - 1].ravel(), gpu_id[:, cj].ravel()
+    src = np.concatenate([ho_s, la_s, da_s])
+    dst = np.concatenate([ho_d, la_d, da_d])
+    ekind = np.concatenate([np.full(len(ho_s), EdgeKind.HOST_ORDER), np.full(len(la_s), EdgeKind.LAUNCH),
+                            np.full(len(da_s), EdgeKind.DATA)]).astype(np.int8)
+    lag = np.concatenate([ho_lag, la_lag, np.zeros(len(da_s), np.int64)])
+    return dict(rank=rank, lane=lane.ravel(), kind=kind.ravel(), start_ns=start.ravel(),
+                dur_ns=dur.ravel(), coll_id=coll.ravel(), edge_src=src, edge_dst=dst,
+                edge_kind=ekind, edge_lag_ns=lag, on_device=on_device.ravel(),
+                device_key=rank.astype(np.int64)), n
+
+
+def _peak_rss_bytes() -> int:
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+class _FakeTrace:
+    """simulate() needs a trace to attach to the result; the kernels never look at it."""
+
+
+def _best(fn, reps=3):
+    best = float("inf")
+    out = None
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        out = fn()
+        best = min(best, time.perf_counter() - t0)
+    return best, out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--sizes", default="1e5,1e6,1e7")
+    ap.add_argument("--no-reference", action="store_true")
+    args = ap.parse_args()
+    sizes = [int(float(x)) for x in args.sizes.split(",")]
+    cm = ContentionModel(interference=0.2, share_compute=False, share_links=True)
+
+    # ---- JIT warm-up (compile, or load numba's on-disk cache), reported separately
+    t0 = time.perf_counter()
+    arrs, _ = generate(2_000, n_ranks=4)
+    g = graph_from_arrays(**arrs, trace=_FakeTrace())
+    t1 = time.perf_counter()
+    simulate(g)
+    t2 = time.perf_counter()
+    simulate(g, mode="contention", contention=cm)
+    t3 = time.perf_counter()
+    print(f"JIT warm-up (first calls on a 2k-op graph; compile or numba cache load): "
+          f"graph {t1 - t0:.2f} s, fast path {t2 - t1:.2f} s, contention path {t3 - t2:.2f} s")
+    print()
+    hdr = (f"{'ops':>10} {'edges':>10} {'colls':>7} {'build s':>8} {'fast s':>8} "
+           f"{'fast Mops/s':>11} {'cont s':>8} {'cont Mops/s':>11} {'graph B/op':>10} "
+           f"{'+result B/op':>12} {'peak RSS B/op':>13}")
+    print(hdr)
+    print("-" * len(hdr))
+    ref_rows = []
+    for size in sizes:
+        arrs, n = generate(size)
+        rss0 = _rss_bytes()
+        t0 = time.perf_counter()
+        g = graph_from_arrays(**arrs, trace=_FakeTrace())
+        build_s = time.perf_counter() - t0
+        del arrs
+        fast_s, rf = _best(lambda g=g: simulate(g))
+        cont_s, rc = _best(lambda g=g: simulate(g, mode="contention", contention=cm),
+                           reps=2 if n > 5_000_000 else 3)
+        peak = _peak_rss_bytes() - rss0
+        res_b = rf.start_ns.nbytes + rf.end_ns.nbytes + rf.crit_pred.nbytes
+        print(f"{n:>10,} {g.n_edges:>10,} {g.n_collectives:>7,} {build_s:>8.3f} {fast_s:>8.4f} "
+              f"{n / fast_s / 1e6:>11.1f} {cont_s:>8.3f} {n / cont_s / 1e6:>11.2f} "
+              f"{g.nbytes / n:>10.1f} {(g.nbytes + res_b) / n:>12.1f} {max(peak, 0) / n:>13.1f}")
+        if n <= 200_000 and not args.no_reference:
+            from naive_replay import naive_fast, naive_fluid
+            t0 = time.perf_counter()
+            s, e, _ = naive_fast(g)
+            nf_s = time.perf_counter() - t0
+            assert np.array_equal(s, rf.start_ns) and np.array_equal(e, rf.end_ns)
+            t0 = time.perf_counter()
+            s2, e2, _, _ = naive_fluid(g, None, cm.interference, cm.share_compute,
+                                       cm.share_links)
+            nc_s = time.perf_counter() - t0
+            assert np.array_equal(s2, rc.start_ns) and np.array_equal(e2, rc.end_ns)
+            ref_rows.append((n, nf_s, fast_s, nc_s, cont_s))
+        del g, rf, rc
+    if ref_rows:
+        print()
+        print("pure-Python reference (tests/naive_replay.py) on the same graph, same results "
+              "(checked); only on the smallest graph, the reference is too slow beyond it:")
+        for n, nf_s, fast_s, nc_s, cont_s in ref_rows:
+            print(f"  {n:,} ops: reference fast {nf_s:.2f} s ({n / nf_s / 1e3:.0f} kops/s) -> "
+                  f"numba {nf_s / fast_s:,.0f}x faster; reference contention {nc_s:.2f} s "
+                  f"({n / nc_s / 1e3:.0f} kops/s) -> numba {nc_s / cont_s:,.0f}x faster")
+    print()
+    print("targets: fast >= 10 Mops/s, contention >= 2 Mops/s, < 200 B/op (one core)")
+
+
+if __name__ == "__main__":
+    main()
