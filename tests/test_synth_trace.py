@@ -268,3 +268,23 @@ def test_cross_datacenter_link(tmp_path):
         CommOp.ALL_REDUCE, S, "dp")
     assert two_dc.collective_ns(CommOp.ALL_REDUCE, S, "tp") == one_dc.collective_ns(
         CommOp.ALL_REDUCE, S, "tp")
+
+
+def test_memory_timeline_peaks_at_in_flight_activations(tr3d):
+    from collectors.synth import layer_activation_bytes, resolve_model
+    s = tr3d.meta["synth"]
+    par = ParallelConfig(**{k: v for k, v in s["parallel"].items()
+                            if k not in ("world_size", "num_microbatches")})
+    chunk = 4 * layer_activation_bytes(resolve_model(SMALL), par)  # 4 layers per stage
+    mem = tr3d.memory
+    assert sorted(np.unique(mem["rank"]).tolist()) == list(range(8))
+    peak = mem.groupby("rank")["allocated_bytes"].max()
+    for r in range(8):
+        st = s["memory"][r // 4]
+        static = st["total_bytes"] - st["activation_bytes"]
+        assert peak[r] == static + st["in_flight_microbatches"] * chunk
+        assert peak[r] <= st["total_bytes"]
+    # every micro-batch's activations are freed by the end of the step
+    last = mem.sort_values("ts_ns").groupby("rank")["allocated_bytes"].last()
+    assert (last == peak - np.array([s["memory"][r // 4]["in_flight_microbatches"] * chunk
+                                     for r in range(8)])).all()

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError
-from ..trace import Trace
+from ..trace import MEMORY_SCHEMA, Trace, _frame
 from .builder import LANES, LayerTemplate, OpTemplate, StepTemplate, build_trace
 from .costs import CommModel, gemm, streaming
 from .hardware import (
@@ -30,7 +30,12 @@ from .hardware import (
     resolve_hardware,
 )
 from .layers import model_template, padded_vocab
-from .memory import korthikanti_layer_bytes, layer_activation_bytes, memory_per_stage
+from .memory import (
+    korthikanti_layer_bytes,
+    layer_activation_bytes,
+    memory_per_stage,
+    memory_timeline,
+)
 from .models import ModelConfig, load_model, model_names, read_model_file, resolve_model
 from .parallel import ParallelConfig, resolve_parallel
 from .schedule import bubble_fraction, max_in_flight, stage_order
@@ -168,6 +173,10 @@ def synthesize(model: str | Path | ModelConfig | dict[str, Any],
         "oom": bool(oom),
         "padded_vocab": padded_vocab(mc, par.tp),
     })
+    R = par.dp * par.cp * par.tp
+    chunk_act = (mc.layers // par.virtual_stages) * layer_activation_bytes(mc, par)
+    trace.memory = _frame(MEMORY_SCHEMA, memory_timeline(trace.ops, par, mem, chunk_act, R),
+                          "memory")
     trace.meta["devices"] = {"gpu": hw.gpu, "peak_flops": hw.peak_flops(par.dtype),
                              "memory_bandwidth_gbps": hw.hbm_gbps,
                              "memory_bytes": hw.memory_bytes}

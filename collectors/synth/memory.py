@@ -29,7 +29,8 @@ from .models import ModelConfig
 from .parallel import ParallelConfig
 from .schedule import max_in_flight, stage_order
 
-__all__ = ["layer_activation_bytes", "korthikanti_layer_bytes", "memory_per_stage"]
+__all__ = ["layer_activation_bytes", "korthikanti_layer_bytes", "memory_per_stage",
+           "memory_timeline"]
 
 
 def layer_activation_bytes(model: ModelConfig, parallel: ParallelConfig,
@@ -123,3 +124,65 @@ def memory_per_stage(model: ModelConfig, parallel: ParallelConfig, stage_params:
             "oom": bool(total > capacity_bytes),
         })
     return out
+
+
+def memory_timeline(ops, parallel: ParallelConfig, mem: list[dict], chunk_act_bytes: int,
+                    ranks_per_stage: int) -> dict:
+    """Allocator-like samples per emitted rank (``memory`` table columns).
+
+    Model states and buffers are allocated at the step start; each forward item allocates
+    ``chunk_act_bytes`` when its first compute op starts and its backward frees them when it
+    ends. ``ops`` is the trace's ops frame (representative ranks are ``stage * R``).
+    """
+    import numpy as np
+    import pandas as pd
+
+    rank = ops["rank"].to_numpy()
+    R = ranks_per_stage
+    rep = (rank % R == 0) & (ops["lane"].to_numpy() % 6 == 0) & (ops["microbatch"].to_numpy() >= 0)
+    ph = ops["phase"].to_numpy()
+    rep &= (ph == 0) | (ph == 1)
+    df = pd.DataFrame({"rank": rank[rep], "mb": ops["microbatch"].to_numpy()[rep],
+                       "chunk": ops["chunk"].to_numpy()[rep], "phase": ph[rep],
+                       "start": ops["start_ns"].to_numpy()[rep],
+                       "end": ops["start_ns"].to_numpy()[rep] + ops["dur_ns"].to_numpy()[rep]})
+    g = df.groupby(["rank", "mb", "chunk", "phase"], sort=False).agg(
+        start=("start", "min"), end=("end", "max")).reset_index()
+    fwd = g[g["phase"] == 0]
+    bwd = g[g["phase"] == 1]
+    t0 = int(ops["start_ns"].min()) if len(ops) else 0
+    stage_r = np.unique(np.concatenate([fwd["rank"].to_numpy(), bwd["rank"].to_numpy()])) \
+        if len(g) else np.zeros(0, np.int64)
+    static = {r: mem[r // R]["total_bytes"] - mem[r // R]["activation_bytes"] for r in stage_r}
+    ts = np.concatenate([np.full(len(stage_r), t0), fwd["start"].to_numpy(),
+                         bwd["end"].to_numpy()]).astype(np.int64)
+    rk = np.concatenate([stage_r, fwd["rank"].to_numpy(), bwd["rank"].to_numpy()])
+    delta = np.concatenate([[static[r] for r in stage_r],
+                            np.full(len(fwd), chunk_act_bytes),
+                            np.full(len(bwd), -chunk_act_bytes)]).astype(np.int64)
+    # at equal times frees first: a backward ends exactly when the next forward starts on
+    # the same stream, so its activations are released before the new ones are allocated
+    order = np.lexsort((delta, ts, rk))
+    rk, ts, delta = rk[order], ts[order], delta[order]
+    alloc = np.zeros(len(rk), np.int64)
+    for r in stage_r:
+        sel = rk == r
+        alloc[sel] = np.cumsum(delta[sel])
+    # replicate each representative's samples to the emitted ranks of its stage
+    emitted = np.unique(rank)
+    out_r, out_t, out_d, out_a = [], [], [], []
+    for r in stage_r:
+        sel = rk == r
+        peers = emitted[(emitted // R) == (r // R)]
+        n = int(sel.sum())
+        out_r.append(np.repeat(peers, n))
+        out_t.append(np.tile(ts[sel], len(peers)))
+        out_d.append(np.tile(delta[sel], len(peers)))
+        out_a.append(np.tile(alloc[sel], len(peers)))
+    if not out_r:
+        return {"rank": np.zeros(0, np.int32), "ts_ns": np.zeros(0, np.int64)}
+    rr = np.concatenate(out_r)
+    return {"rank": rr.astype(np.int32), "device": rr.astype(np.int32),
+            "ts_ns": np.concatenate(out_t), "bytes_delta": np.concatenate(out_d),
+            "allocated_bytes": np.concatenate(out_a),
+            "reserved_bytes": np.full(len(rr), -1, np.int64)}
