@@ -92,7 +92,7 @@ def plot_timeline(ops: pd.DataFrame, lanes: pd.DataFrame, *, window_ns: tuple[in
     # one PolyCollection for all boxes: per-patch bars are far too slow for 10k ops
     w = np.maximum(width, (hi - lo) / 1e6 * 1e-4)
     ax.add_collection(PolyCollection(_boxes(left, w, y, 0.35), facecolors=colors,
-                                     linewidths=0))
+                                     linewidths=0, rasterized=True))
     if critical_op_ids is not None and len(critical_op_ids):
         c = sub["op_id"].isin(np.asarray(critical_op_ids)).to_numpy()
         if c.any():

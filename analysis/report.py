@@ -359,12 +359,16 @@ def _table_page(section: str, caption: str, header: list[str], rows: list[list[s
     if not rows:
         ax.text(0.0, 0.9, "(no rows)", fontsize=9)
         return fig
-    cells = [[c[:48] for c in r] for r in rows[:30]]
-    tb = ax.table(cellText=cells, colLabels=[h[:20] for h in header], loc="upper left",
+    cells = [[c[:60] for c in r] for r in rows[:30]]
+    labels = [h[:20] for h in header]
+    # widths from character counts: measuring rendered text (auto_set_column_width) is slow
+    chars = np.array([max([len(labels[j])] + [len(r[j]) for r in cells]) for j in
+                      range(len(labels))], float)
+    widths = np.maximum(chars, 4) / max(np.maximum(chars, 4).sum(), 1.0)
+    tb = ax.table(cellText=cells, colLabels=labels, colWidths=list(widths), loc="upper left",
                   cellLoc="left")
     tb.auto_set_font_size(False)
     tb.set_fontsize(6.5)
-    tb.auto_set_column_width(list(range(len(header))))
     return fig
 
 

@@ -77,13 +77,14 @@ def test_cli_report_html_with_baseline_json(stores, capsys):
 
 
 def test_cli_report_pdf_subprocess(stores):
-    d, a, _, _, _ = stores
+    d, _, b, _, one = stores
     out = d / "run.pdf"
-    r = subprocess.run([sys.executable, "-m", "retime", "report", str(a), "-o", str(out),
+    r = subprocess.run([sys.executable, "-m", "retime", "report", str(b), "-o", str(out),
                         "--json"], capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert r.returncode == 0, r.stderr
     obj = json.loads(r.stdout)
     assert obj["format"] == "pdf"
+    assert obj["summary"]["Step time"] == fmt_ns(metrics(one)["step_ns"])
     assert out.read_bytes()[:5] == b"%PDF-"
     assert obj["bytes"] == out.stat().st_size
 

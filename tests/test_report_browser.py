@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from conftest import ingest_cached
 
-from analysis import kernel_stats, metrics, write_report
+from analysis import build_report, kernel_stats, metrics, write_html, write_pdf
 from analysis.report import fmt_ns
 
 pytestmark = pytest.mark.browser
@@ -54,13 +54,15 @@ def poisoned(tmp_path_factory):
         strings[strings.index(name)] = new
     t2 = dataclasses.replace(t, strings=strings)
     d = tmp_path_factory.mktemp("report")
-    html = write_report(t2, d / "dlrm.html")
-    pdf = write_report(t2, d / "dlrm.pdf")
-    return t2, html, pdf, d
+    rep = build_report(t2)  # analysed once, written both ways
+    html = write_html(rep, d / "dlrm.html")
+    n_pages = 1 + sum(len(s.tables) + len(s.figures) for s in rep.sections)
+    pdf = write_pdf(rep, d / "dlrm.pdf")
+    return t2, html, pdf, d, n_pages
 
 
 def test_html_report_in_chromium(poisoned):
-    t, html, _, d = poisoned
+    t, html, _, d, _ = poisoned
     raw = html.read_text(encoding="utf-8")
     # self-contained: no external resource of any kind
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:|//)""", raw)
@@ -90,7 +92,7 @@ def test_html_report_in_chromium(poisoned):
 
 def test_html_report_escaping_holds_without_csp(poisoned):
     """Even with the page's Content-Security-Policy removed, nothing injected runs."""
-    _, html, _, d = poisoned
+    _, html, _, d, _ = poisoned
     raw = html.read_text(encoding="utf-8")
     probe = ("<script>window.__errs=[];window.addEventListener('error',function(e){"
              "window.__errs.push(String(e.message))});"
@@ -115,7 +117,7 @@ def test_html_report_escaping_holds_without_csp(poisoned):
 
 
 def test_html_report_screenshot(poisoned):
-    _, html, _, d = poisoned
+    _, html, _, d, _ = poisoned
     shot = d / "shot.png"
     res = _chromium(d, "--window-size=1280,2000", f"--screenshot={shot}", html.as_uri())
     assert res.returncode == 0 and shot.is_file(), res.stderr[-2000:]
@@ -128,15 +130,12 @@ def test_html_report_screenshot(poisoned):
 
 
 def test_pdf_report_pages_render(poisoned):
-    _, _, pdf, d = poisoned
+    _, _, pdf, d, expected = poisoned
     info = subprocess.run([_tool("pdfinfo"), str(pdf)], capture_output=True, text=True,
                           timeout=60)
     assert info.returncode == 0, info.stderr
     pages = int(re.search(r"^Pages:\s+(\d+)", info.stdout, re.M).group(1))
     # summary page + one page per table and per figure of the report
-    from analysis import build_report
-    rep = build_report(poisoned[0])
-    expected = 1 + sum(len(s.tables) + len(s.figures) for s in rep.sections)
     assert pages == expected
     out = d / "pg"
     r = subprocess.run([_tool("pdftoppm"), "-r", "30", "-png", str(pdf), str(out)],
