@@ -21,7 +21,8 @@ Analysis"; our own implementation on the replay engine):
 
   On op-level traces the op type is the Megatron timer name (``optype``). On kernel traces
   (Kineto/nsys/synth) the op type is "the same op on another rank": the k-th op of a name on
-  a rank within a step, matched across ranks (mean for compute, median for communication).
+  a rank within a step, matched across ranks, and the ideal is the **median** over ranks for
+  compute too (with a handful of ranks a mean would keep a straggler's share).
 * ``slowdown`` = mean simulated / mean ideal step time.
 * **attribution**: for a group of ops (one stage, one DP rank, one op type; send and recv of
   a direction count as one ``forward-pp-comm`` / ``backward-pp-comm`` type), replay the ideal
@@ -139,6 +140,7 @@ def _optype_keys(trace: Trace) -> tuple[np.ndarray, np.ndarray, list[str]]:
     if trace.meta.get("source_format") == "oplevel":
         is_comm = np.isin(names, list(COMM_OPTYPES))[name_id] if len(names) else np.zeros(0, bool)
         return name_id, is_comm, [str(s) for s in names]
+    # (every op takes the median: see the module docstring)
     # kernel traces: the k-th op of a name on a rank within a step, across ranks
     rank = o["rank"].to_numpy().astype(np.int64)
     step = o["step"].to_numpy().astype(np.int64)
@@ -153,8 +155,7 @@ def _optype_keys(trace: Trace) -> tuple[np.ndarray, np.ndarray, list[str]]:
     occ[order] = occ_sorted
     key3 = np.stack([step, name_id, occ], axis=1)
     _, key = np.unique(key3, axis=0, return_inverse=True) if len(key3) else (None, np.zeros(0, np.int64))
-    is_comm = (kind == OpKind.COLLECTIVE) | (kind == OpKind.P2P)
-    return key.reshape(-1).astype(np.int64), is_comm, [str(s) for s in names]
+    return key.reshape(-1).astype(np.int64), np.ones(len(o), bool), [str(s) for s in names]
 
 
 def ideal_durations(trace: Trace, graph: ReplayGraph | None = None) -> np.ndarray:
