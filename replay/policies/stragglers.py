@@ -135,7 +135,6 @@ def _optype_keys(trace: Trace) -> tuple[np.ndarray, np.ndarray, list[str]]:
     """(group key per op, is-communication per op, key labels)."""
     o = trace.ops
     names = np.asarray(trace.strings, dtype=object)
-    kind = o["kind"].to_numpy()
     name_id = o["name_id"].to_numpy().astype(np.int64)
     if trace.meta.get("source_format") == "oplevel":
         is_comm = np.isin(names, list(COMM_OPTYPES))[name_id] if len(names) else np.zeros(0, bool)
