@@ -15,6 +15,7 @@ from .kernels import KERNEL_CLASSES, class_stats, classify_names, kernel_classes
 from .memory import memory_timeline, peak_memory
 from .pipeline import bubbles, rank_stages, stage_bubbles
 from .report import build_report, render_html, write_html, write_pdf, write_report
+from .stragglers import stragglers
 
 __all__ = [
     "as_trace",
@@ -26,5 +27,6 @@ __all__ = [
     "memory_timeline", "peak_memory",
     "efficiency", "job_efficiency", "peak_flops",
     "compare", "metrics",
+    "stragglers",
     "build_report", "render_html", "write_html", "write_pdf", "write_report",
 ]

@@ -289,6 +289,23 @@ def build_report(x: Any, *, baseline: Any | None = None, title: str | None = Non
     s5.figures.append(("Bubble per stage", plots.plot_bubbles(sb)))
     s5.figures.append(("Memory", plots.plot_memory(mt, pm)))
     secs.append(s5)
+    strag = _stragglers_or_none(x, t)
+    if strag is not None and len(strag):
+        s7 = Section("Stragglers (what-if)", "Each step replayed at ideal op durations, then "
+                     "with one group at a time back at its measured durations; cost = how much "
+                     "slower than ideal that group alone makes the step.")
+        s7.tables.append(("Slowdown by stage, DP rank and op type",
+                          *_table(strag, {"cost_pct": lambda v: f"{v:+.1f}%"}, limit=40)))
+        secs.append(s7)
+        grp = strag[strag["group"] != "overall"].sort_values("cost_pct", ascending=False)
+        overall = float(strag.loc[strag["group"] == "overall", "cost_pct"].iloc[0])
+        if len(grp) and overall > 1.0:
+            g0 = grp.iloc[0]
+            fnd.append((overall / 100.0,
+                        f"Stragglers and slow ops cost {overall:.1f}% over an ideal replay; "
+                        f"the largest single contributor is {g0['group']} {g0['key']} "
+                        f"({g0['cost_pct']:+.1f}%)."))
+            findings = [s for _, s in sorted(fnd, key=lambda z: -z[0])[:3]]
     if baseline is not None:
         cmp = compare(baseline, x)
         s6 = Section("Comparison with the baseline", "delta = this run - baseline.")
@@ -306,6 +323,23 @@ def build_report(x: Any, *, baseline: Any | None = None, title: str | None = Non
     return Report(title=title or f"retime report: {name}", summary=summary, findings=findings,
                   sections=secs,
                   generated=_dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"))
+
+
+_MAX_STRAGGLER_OPS = 200_000  # the attribution replays the trace once per group
+
+
+def _stragglers_or_none(x: Any, t) -> pd.DataFrame | None:
+    """The what-if straggler table of a measured trace, or None when it does not apply
+    (a replay, no replay package, a trace the analysis rejects, or a very large trace)."""
+    from collectors.trace import Trace
+
+    if not isinstance(x, Trace) or t.n_ops > _MAX_STRAGGLER_OPS:
+        return None
+    try:
+        from .stragglers import stragglers
+        return stragglers(t)
+    except (ImportError, RetimeError):
+        return None
 
 
 def _png_b64(fig: Figure) -> str:

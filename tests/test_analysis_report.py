@@ -55,7 +55,7 @@ def test_report_structure_summary_first(stores):
     assert html.index('id="summary"') < html.index('class="report-section"')
     titles = [s.title for s in rep.sections]
     assert titles == ["Step time breakdown", "Kernels", "Critical path", "Communication",
-                      "Pipeline, memory and efficiency"]
+                      "Pipeline, memory and efficiency", "Stragglers (what-if)"]
     assert html.count("data:image/png;base64,") == sum(len(s.figures) for s in rep.sections)
 
 
@@ -114,3 +114,16 @@ def test_report_of_a_replay_against_its_trace(stores):
     cmp = compare(dlrm, r).set_index("metric")
     assert cmp.loc["step_ns", "delta"] == 0
     assert "+0.0%" in rep.findings[-1]
+
+
+def test_stragglers_tidy_view_matches_the_replay_analysis(stores):
+    strag_mod = pytest.importorskip("replay.policies.stragglers")
+    from analysis import stragglers
+    _, _, _, dlrm, _ = stores
+    df = stragglers(dlrm)
+    ref = strag_mod.straggler_analysis(dlrm)
+    ov = df[df["group"] == "overall"].iloc[0]
+    assert ov["slowdown"] == pytest.approx(ref["slowdown"])
+    dp = df[df["group"] == "dp_rank"].set_index("key")["slowdown"].to_dict()
+    assert dp == pytest.approx({str(k): v for k, v in ref["by_dp_rank"].items()})
+    assert (df["cost_pct"] == 100 * (df["slowdown"] - 1)).all()
