@@ -1,0 +1,74 @@
+"""Plots take analysis frames and draw exactly what the frames say (no pyplot state)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from matplotlib.collections import PathCollection, PolyCollection
+from matplotlib.figure import Figure
+from test_analysis_stats import four_rank_allreduce, one_rank, two_stage_pipeline
+
+from analysis import (
+    PARTS,
+    breakdown,
+    collectives,
+    compare,
+    critical_path,
+    memory_timeline,
+    peak_memory,
+    stage_bubbles,
+    summarize_breakdown,
+)
+from analysis import plots as P
+
+
+def test_breakdown_bars_stack_the_parts():
+    s = summarize_breakdown(breakdown(one_rank()))
+    fig = P.plot_breakdown(s)
+    assert isinstance(fig, Figure)
+    ax = fig.axes[0]
+    heights = [p.get_height() for p in ax.patches]
+    assert len(heights) == len(PARTS) * len(s)
+    assert sum(heights) == pytest.approx(s["step_ns"].sum() / 1e6)
+    assert heights[0] == pytest.approx(s["compute_ns"].iloc[0] / 1e6)
+
+
+def test_timeline_draws_every_op_and_outlines_the_critical_path():
+    t = one_rank()
+    cp = critical_path(t)
+    fig = P.plot_timeline(t.ops, t.lanes, critical_op_ids=cp["op_id"].to_numpy())
+    cols = [c for c in fig.axes[0].collections if isinstance(c, PolyCollection)]
+    assert len(cols) == 2
+    assert len(cols[0].get_paths()) == t.n_ops
+    assert len(cols[1].get_paths()) == len(cp)
+    # a window keeps only the ops it overlaps
+    fig = P.plot_timeline(t.ops, t.lanes, window_ns=(100, 130))
+    boxes = [c for c in fig.axes[0].collections if isinstance(c, PolyCollection)][0]
+    assert len(boxes.get_paths()) == 2  # launch 100..110 and kernel 120..200
+
+
+def test_collective_scatter_and_stage_and_memory_plots():
+    co = collectives(four_rank_allreduce())
+    fig = P.plot_collectives(co)
+    pts = [c for c in fig.axes[0].collections if isinstance(c, PathCollection)]
+    assert sum(len(c.get_offsets()) for c in pts) == 1
+    assert np.asarray(pts[0].get_offsets())[0][1] == pytest.approx(co["busbw_gbps"].iloc[0])
+    sb = stage_bubbles(two_stage_pipeline())
+    fig = P.plot_bubbles(sb)
+    measured = [p.get_height() for p in fig.axes[0].patches][: len(sb)]
+    assert measured == pytest.approx(list(sb["bubble_frac"] * 100))
+    fig = P.plot_memory(memory_timeline(one_rank()), peak_memory(one_rank()))
+    assert "no memory samples" in fig.axes[0].texts[0].get_text()
+
+
+def test_compare_bars():
+    a, b = one_rank(), one_rank()
+    b.ops["dur_ns"] = b.ops["dur_ns"] * 2
+    cmp = compare(a, b)
+    fig = P.plot_compare(cmp, metrics=["step_ns", "compute_ns"])
+    h = [p.get_height() for p in fig.axes[0].patches]
+    c = cmp.set_index("metric")
+    assert h == pytest.approx([c.loc["step_ns", "baseline"] / 1e6,
+                               c.loc["compute_ns", "baseline"] / 1e6,
+                               c.loc["step_ns", "candidate"] / 1e6,
+                               c.loc["compute_ns", "candidate"] / 1e6])
