@@ -154,11 +154,7 @@ def synthesize(model: str | Path | ModelConfig | dict[str, Any],
     step_s = step_ns / 1e9
     mflops = model_flops_per_step(mc, par.global_batch)
     peak_flops = hw.peak_flops(par.dtype) * par.world_size
-    o = trace.ops
-    stage_rank0 = (o["rank"].to_numpy() % (par.dp * par.cp * par.tp)) == 0
-    sel = stage_rank0 & (o["lane"].to_numpy() % len(LANES) == 0)
-    hw_flops = float(np.nansum(o["flops"].to_numpy()[sel])) if len(o) else 0.0
-    hw_flops *= par.dp * par.cp * par.tp  # representative ranks stand for their stage
+    hw_flops = syn["flops_per_step"]
     syn.update({
         "model": mc.to_dict(),
         "hardware": hw.to_dict(),
@@ -175,8 +171,11 @@ def synthesize(model: str | Path | ModelConfig | dict[str, Any],
     })
     R = par.dp * par.cp * par.tp
     chunk_act = (mc.layers // par.virtual_stages) * layer_activation_bytes(mc, par)
-    trace.memory = _frame(MEMORY_SCHEMA, memory_timeline(trace.ops, par, mem, chunk_act, R),
-                          "memory")
+    rep_ops = trace.ops.iloc[:syn["ops_per_replica"]]
+    emitted = (np.arange(par.world_size) if syn["expand"] == "all"
+               else np.arange(par.pp) * R)
+    trace.memory = _frame(MEMORY_SCHEMA, memory_timeline(rep_ops, par, mem, chunk_act, R,
+                                                         emitted), "memory")
     trace.meta["devices"] = {"gpu": hw.gpu, "peak_flops": hw.peak_flops(par.dtype),
                              "memory_bandwidth_gbps": hw.hbm_gbps,
                              "memory_bytes": hw.memory_bytes}

@@ -649,6 +649,9 @@ def _expand(rep: dict[str, np.ndarray], src: np.ndarray, dst: np.ndarray, kinds:
         "op_name_ns_stage0": by_name,
         "compute_idle_fraction": [1.0 - b / step_ns if step_ns else 0.0 for b in busy],
         "ops_per_rank": np.bincount(stage, minlength=P.pp).tolist(),
+        # ops are replica-major: the first ``ops_per_replica`` rows are the representatives
+        "ops_per_replica": int(N),
+        "flops_per_step": float(np.nansum(rep["flops"][lane_local == _LANE["compute"]]) * R),
     }
     synth.update(meta or {})
     size_of_cls = np.array([1, P.tp, P.cp, P.dp * P.cp])

@@ -127,12 +127,13 @@ def memory_per_stage(model: ModelConfig, parallel: ParallelConfig, stage_params:
 
 
 def memory_timeline(ops, parallel: ParallelConfig, mem: list[dict], chunk_act_bytes: int,
-                    ranks_per_stage: int) -> dict:
+                    ranks_per_stage: int, emitted) -> dict:
     """Allocator-like samples per emitted rank (``memory`` table columns).
 
     Model states and buffers are allocated at the step start; each forward item allocates
     ``chunk_act_bytes`` when its first compute op starts and its backward frees them when it
-    ends. ``ops`` is the trace's ops frame (representative ranks are ``stage * R``).
+    ends. ``ops`` are the representative ranks' ops (rank ``stage * R``); ``emitted`` the
+    ranks of the trace, which get their representative's samples.
     """
     import numpy as np
     import pandas as pd
@@ -169,7 +170,7 @@ def memory_timeline(ops, parallel: ParallelConfig, mem: list[dict], chunk_act_by
         sel = rk == r
         alloc[sel] = np.cumsum(delta[sel])
     # replicate each representative's samples to the emitted ranks of its stage
-    emitted = np.unique(rank)
+    emitted = np.asarray(emitted, np.int64)
     out_r, out_t, out_d, out_a = [], [], [], []
     for r in stage_r:
         sel = rk == r
