@@ -50,8 +50,8 @@ __all__ = ["read_kineto", "parse_kineto_file", "RankPart", "kineto_files"]
 
 # ---------------------------------------------------------------- schema (msgspec)
 class _Args(msgspec.Struct, omit_defaults=True, gc=False):
-    correlation: int | None = None
-    external_id: int | None = msgspec.field(default=None, name="External id")
+    correlation: int = -1
+    external_id: int = msgspec.field(default=-1, name="External id")
     device: int | None = None
     stream: int | None = None
     bytes: int | float | str | None = None  # HIP traces write strings ('128')
@@ -129,6 +129,7 @@ class _File(msgspec.Struct, gc=False):
 
 
 _DEC_FILE = msgspec.json.Decoder(_File)
+NOARGS = _Args()  # shared stand-in for events without args
 _DEC_LIST = msgspec.json.Decoder(list[_Ev])
 
 _KNOWN_PH = set("XBEiIsftMCbenONDPRpa")

@@ -39,7 +39,7 @@ def build_export_part(path: Path, doc) -> RankPart:
             k = OpKind[a.kind] if a.kind in OpKind.__members__ else OpKind.KERNEL
             rows.setdefault(int(a.rank), []).append(
                 (int(a.lane), int(k), str(e.name), base + int(round(e.ts * 1000)),
-                 int(round(e.dur * 1000)), int(a.bytes or 0), int(a.correlation or -1)))
+                 int(round(e.dur * 1000)), int(a.bytes or 0), int(a.correlation)))
             kept["ops"] += 1
         else:
             dropped["event not written by retime export"] += 1

@@ -38,6 +38,7 @@ from .kineto import (
     _HOST_CATS,
     _KNOWN_PH,
     _RUNTIME_CATS,
+    NOARGS,
     RankPart,
     _rank_from_name,
 )
@@ -47,6 +48,13 @@ __all__ = ["build_rank_part"]
 
 # host event codes
 _H_RUNTIME, _H_CPU, _H_ANNOT, _H_GLOO = 0, 1, 2, 3
+# category codes of X events (GPU codes equal their OpKind)
+_C_KERNEL, _C_MEMCPY, _C_MEMSET = int(OpKind.KERNEL), int(OpKind.MEMCPY), int(OpKind.MEMSET)
+_C_RUNTIME, _C_CPU, _C_ANNOT, _C_TRACE, _C_OTHER = 10, 11, 12, 20, 30
+_CAT_CODE = {**{c: int(k) for c, k in _GPU_CATS.items()},
+             **{c: _C_RUNTIME for c in _RUNTIME_CATS},
+             **{c: _C_CPU for c in _HOST_CATS if c != "user_annotation"},
+             "user_annotation": _C_ANNOT, "trace": _C_TRACE}
 _STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
 _COMM_RANGE = re.compile(r"^(nccl:|gloo:|c10d::|record_param_comms|rccl:)")
 _STREAM_WAIT = {"cudaStreamWaitEvent", "hipStreamWaitEvent", "cuStreamWaitEvent"}
@@ -93,6 +101,12 @@ def build_rank_part(path: Path, doc) -> RankPart:  # noqa: C901 - one pass over 
     window = None
     be_stack: dict = {}
 
+    ids_get = strings._ids.get
+    cat_code = dict(_CAT_CODE)
+    g_append = (g_dev.append, g_stream.append, g_kind.append, g_name.append, g_start.append,
+                g_dur.append, g_corr.append, g_ext.append, g_bytes.append, g_idx.append)
+    h_append = (h_pid.append, h_tid.append, h_code.append, h_name.append, h_start.append,
+                h_end.append, h_corr.append, h_ext.append, h_idx.append)
     for i, e in enumerate(evs):
         ph = e.ph
         if ph == "X":
@@ -100,66 +114,71 @@ def build_rank_part(path: Path, doc) -> RankPart:  # noqa: C901 - one pass over 
             if ts is None:
                 raise TraceFormatError(f"{path}: event {i} ('{e.name}'): missing 'ts'; "
                                        "complete events need ts and dur in microseconds")
-            cat = (e.cat or "").lower()
-            if dur is None:
-                if cat == "trace":
+            code = cat_code.get(e.cat)
+            if code is None:
+                code = cat_code[e.cat] = _CAT_CODE.get((e.cat or "").lower(), _C_OTHER)
+            if dur is None or dur < 0:
+                if code == _C_TRACE and dur is None:
                     kept["markers"] += 1
                     continue
-                raise TraceFormatError(f"{path}: event {i} ('{e.name}', cat {e.cat}): missing "
-                                       "'dur'; complete (ph X) events need a duration — fix "
-                                       "or remove the event")
-            if dur < 0:
-                raise TraceFormatError(f"{path}: event {i} ('{e.name}'): negative dur {dur}; "
-                                       "fix or remove the event")
-            name = e.name if isinstance(e.name, str) else str(e.name)
-            a = e.args
-            if cat in _GPU_CATS:
-                dev = a.device if a is not None and a.device is not None else e.pid
-                st = a.stream if a is not None and a.stream is not None else e.tid
-                if not isinstance(dev, int) or not isinstance(st, int):
+                what = "missing 'dur'" if dur is None else f"negative dur {dur}"
+                raise TraceFormatError(f"{path}: event {i} ('{e.name}', cat {e.cat}): {what}; "
+                                       "complete (ph X) events need a duration >= 0 in "
+                                       "microseconds — fix or remove the event")
+            name = e.name
+            if name.__class__ is not str:
+                name = str(name)
+            nid = ids_get(name)
+            if nid is None:
+                nid = intern(name)
+            a = e.args or NOARGS
+            if code <= _C_MEMSET:  # GPU op
+                dev = a.device if a.device is not None else e.pid
+                st = a.stream if a.stream is not None else e.tid
+                if dev.__class__ is not int or st.__class__ is not int:
                     dropped["GPU event without integer device/stream"] += 1
                     continue
-                k = _GPU_CATS[cat]
-                if k == OpKind.KERNEL and name[:4].lower() in ("nccl", "rccl"):
-                    k = OpKind.COLLECTIVE
-                g_dev.append(dev)
-                g_stream.append(st)
-                g_kind.append(int(k))
-                g_name.append(intern(name))
-                g_start.append(ts)
-                g_dur.append(dur)
-                g_corr.append(a.correlation if a is not None and a.correlation is not None else -1)
-                g_ext.append(a.external_id if a is not None and a.external_id is not None else -1)
-                b = a.bytes if a is not None and a.bytes is not None else 0
-                if b.__class__ is str:
+                k = code
+                if k == _C_KERNEL and name[:4].lower() in ("nccl", "rccl"):
+                    k = int(OpKind.COLLECTIVE)
+                b = a.bytes
+                if b is None:
+                    b = 0
+                elif b.__class__ is str:
                     b = int(b) if b.isdigit() else 0
-                g_bytes.append(int(b))
-                g_idx.append(i)
-                kept["ops"] += 1
+                g_append[0](dev)
+                g_append[1](st)
+                g_append[2](k)
+                g_append[3](nid)
+                g_append[4](ts)
+                g_append[5](dur)
+                g_append[6](a.correlation)
+                g_append[7](a.external_id)
+                g_append[8](int(b))
+                g_append[9](i)
                 continue
-            if cat in _RUNTIME_CATS or cat in _HOST_CATS:
-                code = (_H_RUNTIME if cat in _RUNTIME_CATS else
-                        _H_ANNOT if cat == "user_annotation" else _H_CPU)
-                if code == _H_ANNOT and name.startswith("gloo:"):
-                    code = _H_GLOO
-                h_pid.append(e.pid)
-                h_tid.append(e.tid)
-                h_code.append(code)
-                h_name.append(intern(name))
-                h_start.append(ts)
-                h_end.append(dur)  # converted to end_ns after the loop
-                h_corr.append(a.correlation if a is not None and a.correlation is not None else -1)
-                h_ext.append(a.external_id if a is not None and a.external_id is not None else -1)
-                h_idx.append(i)
+            if code <= _C_ANNOT:  # host event
+                hc = code - _C_RUNTIME  # _H_RUNTIME, _H_CPU or _H_ANNOT
+                if hc == _H_ANNOT and name.startswith("gloo:"):
+                    hc = _H_GLOO
+                h_append[0](e.pid)
+                h_append[1](e.tid)
+                h_append[2](hc)
+                h_append[3](nid)
+                h_append[4](ts)
+                h_append[5](dur)  # converted to end_ns after the loop
+                h_append[6](a.correlation)
+                h_append[7](a.external_id)
+                h_append[8](i)
                 continue
+            cat = (e.cat or "").lower()
             if cat == "cuda_sync":
                 syncs.append(i)
                 kept["sync_events"] += 1
                 continue
             if cat == "gpu_user_annotation":
-                a = e.args
-                dev = a.device if a is not None and a.device is not None else e.pid
-                st = a.stream if a is not None and a.stream is not None else e.tid
+                dev = a.device if a.device is not None else e.pid
+                st = a.stream if a.stream is not None else e.tid
                 gr_dev.append(dev if isinstance(dev, int) else -1)
                 gr_stream.append(st if isinstance(st, int) else -1)
                 gr_name.append(intern(name))
@@ -224,6 +243,7 @@ def build_rank_part(path: Path, doc) -> RankPart:  # noqa: C901 - one pass over 
             dropped[f"ph {ph} events are not used"] += 1
     for stack in be_stack.values():
         dropped["B event without matching E"] += len(stack)
+    kept["ops"] += len(g_idx)  # GPU ops (host ops are counted after nesting)
 
     dist = doc.distributedInfo
     rank = dist.rank if dist is not None and dist.rank is not None else None
@@ -473,7 +493,7 @@ def _sync_edges(evs, syncs, kind, lane, corr, start, end, n_h, n, rt_sorted, rc,
     covered = set()
     for i in syncs:
         a = evs[i].args
-        if a is None or a.correlation is None:
+        if a is None or a.correlation < 0:
             continue
         kind_s = a.sync_kind or evs[i].name
         call = rt_of(a.correlation)
