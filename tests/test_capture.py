@@ -75,6 +75,14 @@ def ddp_capture(tmp_path_factory):
     return out, summary
 
 
+@pytest.fixture(scope="module")
+def ddp_trace(ddp_capture):
+    """The two captured traces ingested by retime's reader (collectors.ingest.read)."""
+    from collectors.ingest import read
+
+    return read(ddp_capture[0])
+
+
 @pytest.mark.torch
 @needs_torch
 def test_capture_writes_one_trace_per_rank_with_metadata(ddp_capture):
@@ -107,15 +115,13 @@ def _allreduce_counts(out: Path) -> dict[int, int]:
 
 @pytest.mark.torch
 @needs_torch
-def test_ingest_matches_gloo_allreduces_across_ranks(ddp_capture):
-    from collectors.ingest import read
-
+def test_ingest_matches_gloo_allreduces_across_ranks(ddp_capture, ddp_trace):
     out, _ = ddp_capture
     counts = _allreduce_counts(out)
     # 1 MB buckets over four 512x512 layers: several buckets per step, same on both ranks
     assert counts[0] == counts[1] and counts[0] % len(STEPS_RECORDED) == 0
     assert counts[0] >= 2 * len(STEPS_RECORDED)
-    trace = read(out)
+    trace = ddp_trace
     assert [int(r) for r in trace.ranks] == [0, 1]
     assert trace.world_size == 2
     colls = trace.meta["collectives"]
@@ -125,14 +131,13 @@ def test_ingest_matches_gloo_allreduces_across_ranks(ddp_capture):
 
 @pytest.mark.torch
 @needs_torch
-def test_identity_replay_reproduces_measured_step(ddp_capture):
+def test_identity_replay_reproduces_measured_step(ddp_capture, ddp_trace):
     if importlib.util.find_spec("replay.engine") is None:
         pytest.skip("replay engine (replay/engine.py) not available in this checkout")
-    from collectors.ingest import read
     from replay import engine
 
     out, _ = ddp_capture
-    trace = read(out)
+    trace = ddp_trace
     st = engine.replay(trace).step_times()
     assert sorted(st["rank"].tolist()) == [0, 1]
     for row in st.itertuples():
@@ -242,13 +247,10 @@ def test_in_process_capture_cycles_and_too_few_steps(tmp_path):
     "Kineto reader: no dependency yet from a training thread's c10d::allreduce_ to the "
     "gloo:all_reduce it enqueues on a gloo worker thread, so in a what-if the gloo lanes "
     "are not tied to the compute that issues their all-reduces"))
-def test_each_gloo_allreduce_depends_on_its_issuing_call(ddp_capture):
+def test_each_gloo_allreduce_depends_on_its_issuing_call(ddp_trace):
     import numpy as np
 
-    from collectors.ingest import read
-
-    out, _ = ddp_capture
-    trace = read(out)
+    trace = ddp_trace
     o = trace.ops_frame()
     names = o["name"].astype(str).to_numpy()
     lane = o["lane"].to_numpy()
