@@ -58,21 +58,21 @@ def test_bad_input_exits_2_with_one_line(tmp_path, capsys, args, msg):
     assert msg in err and "\n" not in err and "Traceback" not in err
 
 
-def test_hardware_file_subprocess(tmp_path):
+def test_hardware_file_subprocess(tmp_path, capsys):
     from collectors.synth.hardware import _DIR
     hw = tmp_path / "slow-net.toml"
     text = (_DIR / "a100-80gb.toml").read_text().replace('name = "a100-80gb"',
                                                           'name = "slow-net"')
     hw.write_text(text.replace("nic_gbps = 25.0", "nic_gbps = 2.5"))
-    outs = {}
-    for label, flag in (("base", ["--hardware", "a100-80gb"]),
-                        ("slow", ["--hardware-file", str(hw)])):
-        p = subprocess.run([sys.executable, "-m", "retime", "synth", "--model", "gpt3-1.3b",
-                            *flag, "--tp", "8", "--pp", "1", "--dp", "2", "--global-batch",
-                            "4", "--micro-batch", "2", "-o", str(tmp_path / f"{label}.retime"),
-                            "--json"], capture_output=True, text=True, timeout=300)
-        assert p.returncode == 0, p.stderr
-        outs[label] = json.loads(p.stdout)
+    common = ["synth", "--model", "gpt3-1.3b", "--tp", "8", "--pp", "1", "--dp", "2",
+              "--global-batch", "4", "--micro-batch", "2", "--json"]
+    assert run([*common, "--hardware", "a100-80gb", "-o", str(tmp_path / "base.retime")]) == 0
+    base = json.loads(capsys.readouterr().out)
+    p = subprocess.run([sys.executable, "-m", "retime", *common, "--hardware-file", str(hw),
+                        "-o", str(tmp_path / "slow.retime")],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    slow = json.loads(p.stdout)
     # the data-parallel all-reduce crosses nodes: a 10x slower NIC makes the step slower
-    assert outs["slow"]["step_time_ns"] > outs["base"]["step_time_ns"]
-    assert outs["slow"]["hardware"] == "slow-net"
+    assert slow["step_time_ns"] > base["step_time_ns"]
+    assert slow["hardware"] == "slow-net" and slow["world_size"] == 16
