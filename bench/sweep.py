@@ -1,0 +1,150 @@
+"""Sweep throughput: 1,000 scenarios on a 10^6-op trace, 1 vs 2 workers (issue 8 item 4).
+
+Prints, for a synthesized trace of about ``--ops`` ops (GPT-3 13B, TP8 x PP4, micro-batches
+chosen to reach the size):
+
+* the per-scenario cost in one process: the replay (``simulate`` with modified durations)
+  and the row metrics (:func:`replay.sweep.scenario_metrics`), best of a few,
+* the wall time of ``--scenarios`` scenarios with ``sweep(workers=1)`` (in-process) and with
+  ``workers=2`` local processes and a 2-worker Dask LocalCluster, start-up included, and the
+  speed-up over 1 worker (the target: under 60 s on 2 cores, near-linear speed-up),
+* the real ``replay.whatif`` on a few scenarios of the same trace (per-scenario cost), so the
+  distance between the engine-bound sweep and a policy-bound one is visible.
+
+The engine-bound scenarios scale compute and communication durations (``hardware.
+compute_speedup`` x ``network.comm_speedup``) on a graph built once per worker, which is
+what a what-if that only re-times ops costs. Run on 2 cores:
+``taskset -c 0,1 python bench/sweep.py [--ops 1e6] [--scenarios 1000] [--whatif 3]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from replay import build_graph, simulate  # noqa: E402
+from replay.graph import RES_COMM, RES_COMPUTE  # noqa: E402
+from replay.sweep import scenario_metrics, sweep  # noqa: E402
+
+_GRAPH: dict = {}
+
+
+def scaled_run(trace, scenario):
+    """Re-time compute / communication by the scenario's factors on a cached graph."""
+    g = _GRAPH.get(id(trace))
+    if g is None or g.trace is not trace:
+        g = _GRAPH[id(trace)] = build_graph(trace)
+    d = g.dur_ns.astype(np.float64)
+    d[g.resource == RES_COMPUTE] /= float(scenario.get("hardware.compute_speedup", 1.0))
+    d[g.resource == RES_COMM] /= float(scenario.get("network.comm_speedup", 1.0))
+    return simulate(g, durations_ns=d.astype(np.int64))
+
+
+def make_trace(n_ops: float):
+    from collectors.synth import synthesize
+
+    # 32 ranks (TP8 x PP4) of GPT-3 13B emit ~12.3k ops per micro-batch
+    gb = max(8, int(round(n_ops / 12_350)))
+    return synthesize("gpt3-13b", "h100-sxm", tp=8, pp=4, dp=1, global_batch=gb,
+                      micro_batch=1, expand="all", check_memory=False)
+
+
+def grid(n: int) -> list[dict]:
+    side = int(np.ceil(np.sqrt(n)))
+    c = np.linspace(0.5, 4.0, side)
+    m = np.linspace(0.25, 8.0, side)
+    out = [{"hardware.compute_speedup": float(a), "network.comm_speedup": float(b)}
+           for a in c for b in m]
+    return out[:n]
+
+
+def best_of(f, k=3):
+    ts = []
+    for _ in range(k):
+        t = time.perf_counter()
+        f()
+        ts.append(time.perf_counter() - t)
+    return min(ts)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ops", type=float, default=1e6)
+    ap.add_argument("--scenarios", type=int, default=1000)
+    ap.add_argument("--whatif", type=int, default=3, help="real whatif scenarios to time")
+    ap.add_argument("--no-dask", action="store_true")
+    a = ap.parse_args()
+    cores = len(os.sched_getaffinity(0))
+    print(f"cores available: {cores}")
+    t = time.perf_counter()
+    tr = make_trace(a.ops)
+    print(f"trace: {tr.n_ops:,} ops, {len(tr.edges):,} edges, {tr.world_size} ranks "
+          f"(synthesized in {time.perf_counter() - t:.1f} s)")
+    t = time.perf_counter()
+    res = scaled_run(tr, {})  # builds the graph, warms the kernels
+    print(f"graph build (once per worker): {time.perf_counter() - t:.2f} s")
+    scenario_metrics(res)
+    g = _GRAPH[id(tr)]
+    t_sim = best_of(lambda: scaled_run(tr, {"hardware.compute_speedup": 1.5}))
+    t_met = best_of(lambda: scenario_metrics(res))
+    print(f"per scenario, one process: replay {t_sim * 1e3:.1f} ms "
+          f"({g.dur_ns.size / t_sim / 1e6:.1f} M ops/s), metrics {t_met * 1e3:.1f} ms")
+
+    scs = grid(a.scenarios)
+    # workers must import scaled_run by name: a __main__ function would be pickled by value
+    # (cloudpickle), its graph cache with it, once per task
+    sys.path.insert(0, str(ROOT / "bench"))
+    import sweep as this  # noqa: PLC0415  this file, under an importable name
+
+    run = this.scaled_run
+    walls = {}
+    for w in (1, 2):
+        t = time.perf_counter()
+        df = sweep(tr, scs, run=run, workers=w)
+        walls[w] = time.perf_counter() - t
+        assert df["error"].isna().all(), df["error"].dropna().iloc[0]
+        print(f"sweep {len(scs)} scenarios, workers={w}: {walls[w]:.1f} s "
+              f"({len(scs) / walls[w]:.1f} scenarios/s)"
+              + (f", speed-up {walls[1] / walls[w]:.2f}x over 1 worker" if w > 1 else ""))
+        if w == 1:
+            base = df
+        else:
+            same = base.drop(columns=[]).equals(df)
+            print(f"  rows equal to workers=1: {same}")
+    if not a.no_dask:
+        from distributed import Client, LocalCluster
+
+        with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                          dashboard_address=None, silence_logs=50) as lc, \
+                Client(lc, set_as_default=False) as client:
+            t = time.perf_counter()
+            df = sweep(tr, scs, run=run, scheduler=client)
+            wd = time.perf_counter() - t
+            print(f"sweep {len(scs)} scenarios, Dask LocalCluster 2 workers: {wd:.1f} s, "
+                  f"speed-up {walls[1] / wd:.2f}x over 1 worker; rows equal: "
+                  f"{base.equals(df)}")
+    if a.whatif:
+        from replay import whatif
+
+        wscs = [{"network.inter_node_gbps": 25}, {"hardware.compute_speedup": 2.0},
+                {"overlap.mode": "serial"}][:a.whatif]
+        ts = []
+        for sc in wscs:
+            t = time.perf_counter()
+            scenario_metrics(whatif(tr, sc))
+            ts.append(time.perf_counter() - t)
+        print(f"real whatif, {len(wscs)} scenarios: {np.mean(ts):.2f} s per scenario "
+              f"(builds the replay graph each call: {len(scs)} would take "
+              f"~{np.mean(ts) * len(scs) / 2:.0f} s on 2 workers)")
+
+
+if __name__ == "__main__":
+    main()
