@@ -97,6 +97,8 @@ def _derived(state: WhatIfState) -> dict[str, Any]:
                            "ranks_per_node": ranks_per_node_of(state.trace, state.ranks_per_node)}
     if "network_calibration" in state.notes:
         out["network_calibration"] = state.notes["network_calibration"]
+    if "relayout" in state.notes:
+        out["relayout"] = state.notes["relayout"]
     if "serialize_edges" in state.notes:
         out["serialize_edges"] = state.notes["serialize_edges"]
     syn = state.trace.meta.get("synth") if isinstance(state.trace.meta, dict) else None

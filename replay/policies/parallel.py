@@ -3,10 +3,20 @@ stage / FSDP and sequence parallelism.
 
 A changed layout is re-assembled by the synthesizer's builder (:func:`collectors.synth.
 build_trace`) from per-layer op templates, so the new step has the right number of
-micro-batches, pipeline bubbles, collectives and memory. Today the templates come from the
-synthesizer's cost model, which needs the run's model/hardware/parallel configs: a
-synthesized trace (``meta["synth"]``). A measured trace raises PolicyError naming what is
-missing (building templates from a measured trace's per-layer ops is not implemented yet).
+micro-batches, pipeline bubbles, collectives and memory. The templates come from
+
+* the synthesizer's cost model when the trace is a ``synthesize`` output (``meta["synth"]``
+  holds the model, hardware and parallel configs): the run is re-synthesized;
+* the trace's own ops when they carry layer / phase / micro-batch attribution and the
+  trace says how it was laid out (``meta["synth"]["parallel"]``, e.g. a ``build_trace``
+  output or an annotated capture): for every layer, the forward and backward op sequence of
+  the lowest rank and micro-batch that ran it, with measured durations (see
+  :func:`templates_from_trace`). Pipeline sends/receives keep their measured (median)
+  durations; data-parallel and ZeRO communication is modeled by the alpha-beta model of the
+  hardware profile in ``meta["synth"]["hardware"]`` (``a100-80gb`` when absent); the
+  optimizer kernels keep their measured bandwidth, re-scaled to the new parameter shard.
+
+Other traces raise PolicyError naming what is missing.
 
 The global batch is kept unless ``global_batch`` is given: changing ``dp`` changes the number
 of micro-batches per pipeline (``global_batch / (micro_batch * dp)``), which must stay an
@@ -63,11 +73,8 @@ class Parallel(Policy):
         if not kw:
             return
         if not state.is_synth:
-            raise PolicyError(
-                f"parallel.{', parallel.'.join(kw)}: re-laying out a measured trace needs "
-                "per-layer op templates; this trace is measured and building templates "
-                "from its layer/phase/microbatch attribution is not supported yet: "
-                "synthesize the job (`retime synth`) and apply the scenario to that")
+            state.notes["relayout"] = self._relayout_measured(state, kw)
+            return
         if self.schedule in ("interleaved", "bfs") and self.chunks is None \
                 and state.synth.parallel.get("chunks", 1) == 1:
             kw["chunks"] = 2
@@ -85,6 +92,142 @@ class Parallel(Policy):
         except ConfigError as exc:
             raise PolicyError(f"parallel: {exc}") from exc
 
+    def _relayout_measured(self, state: WhatIfState, kw: dict) -> dict:
+        from collectors.synth import CommModel, build_trace, resolve_parallel
+        tpl, cur, info = templates_from_trace(state.trace)
+        new = dict(cur)
+        new.update(kw)
+        if self.schedule in ("interleaved", "bfs") and self.chunks is None and cur["chunks"] == 1:
+            new["chunks"] = 2
+        if self.schedule in ("gpipe", "1f1b") and self.chunks is None:
+            new["chunks"] = 1
+        try:
+            par = resolve_parallel(new)
+        except ConfigError as exc:
+            raise PolicyError(f"parallel: {exc}") from exc
+        if par.pp > 1 and info["p2p_ns"] is None:
+            raise PolicyError("parallel.pp > 1 on a trace without pipeline sends: their "
+                              "duration is unknown; re-lay out a pipelined trace instead")
+        if len(tpl.layers) % par.virtual_stages:
+            raise PolicyError(f"parallel: the trace has {len(tpl.layers)} layers, not "
+                              f"divisible by pp*chunks={par.pp}*{par.chunks}")
+        comm = CommModel(info["hardware"], par)
+        step = int(state.trace.ops["step"].min()) if state.trace.n_ops else 0
+        try:
+            state.trace = build_trace(tpl, par, comm, step=step, p2p_ns=info["p2p_ns"] or 0,
+                                      recv_ns=info["recv_ns"] or 0)
+        except ConfigError as exc:
+            raise PolicyError(f"parallel: {exc}") from exc
+        return {"layers": len(tpl.layers), "from": cur, "to": par.to_dict()}
+
     def apply(self, state: WhatIfState) -> None:
         if self.fields():
             state.applied.append(self.describe())
+
+
+def templates_from_trace(trace):
+    """Per-layer op templates measured from an annotated trace (see the module docstring).
+
+    Returns ``(StepTemplate, current parallel config dict, info)`` with ``info`` holding
+    ``p2p_ns``, ``recv_ns`` (median measured pipeline send / receive, None without a
+    pipeline) and ``hardware`` (the profile used for modeled communication).
+    """
+    import numpy as np
+
+    from collectors.enums import OpKind, Phase
+    from collectors.synth import LANES, LayerTemplate, OpTemplate, StepTemplate, load_hardware
+    from collectors.synth.hardware import HardwareConfig, LinkConfig
+
+    syn = trace.meta.get("synth") if isinstance(trace.meta, dict) else None
+    if not isinstance(syn, dict) or not isinstance(syn.get("parallel"), dict):
+        raise PolicyError(
+            "parallel: re-laying out a measured trace needs its current layout "
+            "(meta['synth']['parallel']: tp, pp, dp, micro-batches, schedule) and per-layer "
+            "attribution of its ops; this trace has no layout: synthesize the job with "
+            "`retime synth` and apply the scenario to that")
+    o = trace.ops
+    layer = o["layer"].to_numpy()
+    phase = o["phase"].to_numpy()
+    mb = o["microbatch"].to_numpy()
+    rank = o["rank"].to_numpy()
+    kind = o["kind"].to_numpy()
+    if not ((layer >= 0) & (mb >= 0)).any():
+        raise PolicyError("parallel: the trace's ops carry no layer / micro-batch attribution "
+                          "(ops.layer and ops.microbatch are -1): per-layer templates cannot "
+                          "be measured")
+    names = trace.names()
+    lane_name = dict(zip(trace.lanes["lane"].to_numpy().tolist(),
+                         [str(x).replace(" stream", "") for x in trace.lanes["name"]], strict=True))
+    lanes_of_ops = np.asarray([lane_name.get(int(x), "") for x in o["lane"].to_numpy()], object)
+    skip = np.isin(lanes_of_ops, ["dp", "pp_send", "pp_recv"]) | (kind == OpKind.P2P) \
+        | np.asarray([str(n).startswith("zero3.") for n in names])
+    start = o["start_ns"].to_numpy()
+    dur = o["dur_ns"].to_numpy()
+
+    def seq(sel: np.ndarray) -> tuple:
+        idx = np.flatnonzero(sel)
+        if len(idx) == 0:
+            return ()
+        r0 = rank[idx].min()
+        idx = idx[rank[idx] == r0]
+        m0 = mb[idx].min()
+        idx = idx[mb[idx] == m0]
+        idx = idx[np.lexsort((idx, start[idx]))]
+        out = []
+        for i in idx.tolist():
+            ln = lanes_of_ops[i] if lanes_of_ops[i] in LANES else (
+                "tp" if kind[i] == OpKind.COLLECTIVE else "compute")
+            out.append(OpTemplate(str(names[i]), ln, int(dur[i]), kind=int(kind[i]),
+                                  flops=float(o["flops"].iat[i]), bytes=int(o["bytes"].iat[i]),
+                                  comm_op=int(o["comm_op"].iat[i])))
+        return tuple(out)
+
+    body = ~skip & (mb >= 0)
+    # the builder tags the head (final norm, logits, loss) with layer = number of layers
+    is_head = np.asarray([str(n).startswith("head.") for n in names]) & body
+    body_l = body & ~is_head
+    L = int(layer[body_l & (layer >= 0)].max()) + 1 if (body_l & (layer >= 0)).any() else 0
+    par = {k: v for k, v in syn["parallel"].items() if k not in ("world_size", "num_microbatches")}
+    hwd = syn.get("hardware")
+    if isinstance(hwd, dict):
+        hd = dict(hwd)
+        for k in ("intra", "inter", "cross_dc"):
+            if hd.get(k) is not None:
+                hd[k] = LinkConfig(**hd[k])
+        hw = HardwareConfig(**hd)
+    else:
+        hw = load_hardware("a100-80gb")
+    # params per layer from the gradient reduction / ZeRO gathers of the lowest rank
+    r0 = rank.min()
+    grads = (kind == OpKind.COLLECTIVE) & (lanes_of_ops == "dp") & (rank == r0) \
+        & (phase == int(Phase.BWD))
+    total_params = float(o["bytes"].to_numpy()[grads].sum()) / 2.0
+    layers = []
+    for li in range(L):
+        f = seq(body_l & (layer == li) & (phase == int(Phase.FWD)))
+        b = seq(body_l & (layer == li) & (phase == int(Phase.BWD)))
+        layers.append(LayerTemplate(f, b, int(total_params / max(1, L))))
+    embed = None
+    if (body & (layer == -1)).any():
+        embed = LayerTemplate(seq(body & (layer == -1) & (phase == int(Phase.FWD))),
+                              seq(body & (layer == -1) & (phase == int(Phase.BWD))), 0)
+    send = (kind == OpKind.P2P) & (o["comm_op"].to_numpy() == 7)
+    recv = (kind == OpKind.P2P) & (o["comm_op"].to_numpy() == 8)
+    p2p_bytes = int(np.median(o["bytes"].to_numpy()[send])) if send.any() else 0
+    opt = (phase == int(Phase.OPT)) & (lanes_of_ops == "compute") & (rank == r0)
+    opt_kernels: tuple = ()
+    if opt.any() and total_params > 0:
+        shard = total_params / (par.get("dp", 1) * par.get("cp", 1) if par.get("zero", 0) else 1)
+        bw = hw.hbm_gbps * hw.memory_efficiency
+        opt_kernels = tuple((str(names[i]), max(0.0, (dur[i] - hw.kernel_overhead_us * 1e3) * bw
+                                                 / shard))
+                            for i in np.flatnonzero(opt)[np.argsort(start[opt], kind="stable")])
+    head = None
+    if is_head.any():
+        head = LayerTemplate(seq(is_head & (phase == int(Phase.FWD))),
+                             seq(is_head & (phase == int(Phase.BWD))), 0)
+    tpl = StepTemplate(layers=tuple(layers), embed=embed, head=head, p2p_bytes=p2p_bytes,
+                       optimizer_kernels=opt_kernels, name="measured")
+    info = {"p2p_ns": int(np.median(dur[send])) if send.any() else None,
+            "recv_ns": int(np.median(dur[recv])) if recv.any() else None, "hardware": hw}
+    return tpl, par, info
