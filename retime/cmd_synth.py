@@ -70,7 +70,7 @@ def synth(
                                               "megatron-22b, llama3-70b.")] = None,
     model_file: Annotated[Path | None, typer.Option(
         "--model-file", exists=True, dir_okay=False,
-        help="TOML with hidden, ffn, heads, [kv_heads], layers, seq, vocab.")] = None,
+        help="TOML with hidden, ffn, heads, kv_heads (optional), layers, seq, vocab.")] = None,
     hardware: Annotated[str | None, typer.Option(
         "--hardware", help="Built-in profile: a100-40gb, a100-80gb, h100-sxm, h200, b200, "
         "mi300x.")] = None,

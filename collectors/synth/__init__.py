@@ -47,7 +47,8 @@ __all__ = [
     "ParallelConfig", "CommModel", "gemm", "streaming",
     "OpTemplate", "LayerTemplate", "StepTemplate", "LANES", "build_trace", "model_template",
     "padded_vocab", "layer_activation_bytes", "korthikanti_layer_bytes", "memory_per_stage",
-    "stage_order", "bubble_fraction", "max_in_flight",
+    "stage_order", "bubble_fraction", "max_in_flight", "memory_timeline",
+    "resolve_model", "resolve_hardware", "resolve_parallel",
 ]
 
 
