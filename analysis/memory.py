@@ -43,9 +43,20 @@ def memory_timeline(x: Any) -> pd.DataFrame:
 
 
 def peak_memory(x: Any) -> pd.DataFrame:
-    """Peak per rank: ``rank``, ``peak_allocated_bytes``, ``peak_reserved_bytes``,
-    ``samples``, ``source`` (``trace``, ``delta`` or ``model``). Empty when unknown."""
+    """Peak per rank: ``rank``, ``stage`` (-1 unknown), ``peak_allocated_bytes``,
+    ``peak_reserved_bytes``, ``samples``, ``source`` (``trace``, ``delta`` or ``model``).
+    Empty when unknown."""
+    from .pipeline import rank_stages
+
     t = as_trace(x)
+    out = _peak_memory(t)
+    if len(out):
+        st = rank_stages(t).set_index("rank")["stage"]
+        out.insert(1, "stage", st.reindex(out["rank"].to_numpy(), fill_value=-1).to_numpy())
+    return out
+
+
+def _peak_memory(t) -> pd.DataFrame:
     tl = memory_timeline(t)
     if len(tl):
         # only device samples (device >= 0) when there are any; CPU allocations otherwise

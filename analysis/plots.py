@@ -162,9 +162,15 @@ def plot_memory(timeline: pd.DataFrame, peaks: pd.DataFrame | None = None, *,
         if timeline["rank"].nunique() <= 10:
             ax.legend(fontsize=7)
     elif peaks is not None and len(peaks):
-        ax.bar(np.arange(len(peaks)), peaks["peak_allocated_bytes"].to_numpy(float) / 2**30)
-        ax.set_xticks(np.arange(len(peaks)), [str(r) for r in peaks["rank"]])
-        ax.set_xlabel("rank")
+        if "stage" in peaks and (peaks["stage"] >= 0).any():  # per pipeline stage
+            g = peaks.groupby("stage", sort=True)["peak_allocated_bytes"].max()
+            ax.bar(np.arange(len(g)), g.to_numpy(float) / 2**30)
+            ax.set_xticks(np.arange(len(g)), [str(s) for s in g.index])
+            ax.set_xlabel("pipeline stage")
+        else:
+            ax.bar(np.arange(len(peaks)), peaks["peak_allocated_bytes"].to_numpy(float) / 2**30)
+            ax.set_xticks(np.arange(len(peaks)), [str(r) for r in peaks["rank"]])
+            ax.set_xlabel("rank")
         ax.set_ylabel("peak allocated (GiB)")
     else:
         return _empty(fig, ax, "no memory samples in this trace")

@@ -257,7 +257,11 @@ def build_report(x: Any, *, baseline: Any | None = None, title: str | None = Non
     s2.figures.append(("Device time by kernel class", plots.plot_kernel_classes(cls)))
     secs.append(s2)
     s3 = Section("Critical path", f"Source: {cp.attrs['source']}; length "
-                 f"{fmt_ns(cp.attrs['length_ns'])} vs span {fmt_ns(cp.attrs['span_ns'])}.")
+                 f"{fmt_ns(cp.attrs['length_ns'])} vs span {fmt_ns(cp.attrs['span_ns'])}. "
+                 "WAIT rows are time between ops on the path, by the dependency waited on: "
+                 "HOST_ORDER is host time between traced leaf ops (framework/Python overhead "
+                 "or untraced waits), LAUNCH/SYNC are launch and synchronization delays, GAP "
+                 "is idle time in a replay.")
     s3.tables.append(("Critical path by kind", *_table(cp_kind, fm)))
     s3.tables.append(("Critical path by rank", *_table(cp_rank, fm)))
     top_cp = cp.sort_values("dur_ns", ascending=False)[["op_id", "rank", "kind", "name",

@@ -72,3 +72,19 @@ def test_compare_bars():
                                c.loc["compute_ns", "baseline"] / 1e6,
                                c.loc["step_ns", "candidate"] / 1e6,
                                c.loc["compute_ns", "candidate"] / 1e6])
+
+
+def test_memory_per_stage_of_a_modeled_run():
+    synth = pytest.importorskip("collectors.synth")
+    t = synth.synthesize("gpt3-1.3b", "a100-80gb", tp=1, pp=2, dp=1, global_batch=4,
+                         micro_batch=1)
+    pm = peak_memory(t)
+    assert sorted(set(pm["stage"])) == [0, 1]
+    tl = memory_timeline(t)
+    fig = P.plot_memory(tl.iloc[:0], pm)  # peaks only: one bar per stage
+    h = [p.get_height() for p in fig.axes[0].patches]
+    per_stage = pm.groupby("stage")["peak_allocated_bytes"].max()
+    assert h == pytest.approx(list(per_stage / 2**30))
+    if len(tl):  # a timeline: one step line per rank
+        fig = P.plot_memory(tl, pm)
+        assert len(fig.axes[0].lines) == tl["rank"].nunique()

@@ -228,8 +228,14 @@ def test_modeled_run_mfu_and_memory_match_synth():
     je = job_efficiency(t)
     assert je["mfu"] == pytest.approx(t.meta["synth"]["mfu"], rel=1e-6)
     pm = peak_memory(t)
-    assert (pm["source"] == "model").all()
-    assert pm["peak_allocated_bytes"].max() == t.meta["synth"]["peak_memory_bytes"]
+    if len(t.memory):  # synth writes a modeled allocator timeline
+        assert (pm["source"] == "trace").all()
+        assert pm["peak_allocated_bytes"].max() == pytest.approx(
+            t.meta["synth"]["peak_memory_bytes"], rel=0.05)
+    else:  # otherwise the modeled per-stage totals
+        assert (pm["source"] == "model").all()
+        assert pm["peak_allocated_bytes"].max() == t.meta["synth"]["peak_memory_bytes"]
+    assert list(pm["stage"]) == [0, 0, 1, 1]
     sb = stage_bubbles(t)
     assert list(sb["stage"]) == [0, 1]
     assert ((sb["bubble_frac"] >= 0) & (sb["bubble_frac"] < 1)).all()
