@@ -274,6 +274,14 @@ class _File:
         if n:
             self.acc["dropped"][reason] = self.acc["dropped"].get(reason, 0) + int(n)
 
+    def _rank_of_process(self, gpid: np.ndarray) -> np.ndarray:
+        """Primary rank of each globalPid as float64 (NaN: a process without GPU activity)."""
+        k = self._proc_keys
+        if len(k) == 0:
+            return np.full(len(gpid), np.nan)
+        pos = np.clip(np.searchsorted(k, gpid), 0, len(k) - 1)
+        return np.where(k[pos] == gpid, self._proc_ranks[pos].astype(np.float64), np.nan)
+
     # -------------------------------------------------------------- reading
     def _read(self, con: _Conn, rank0: int, strings: StringTable, bar) -> None:
         have = _tables(con)
@@ -358,24 +366,31 @@ class _File:
         bad = g[:, 1] < g[:, 0]
         for i, tbl in enumerate(tables):
             self._drop(f"{tbl.lower()}_end_before_start", int((bad & (gtable == i)).sum()))
-        ok = ~bad
-        g, gkind, gname, gbytes, gtable, gcomm = (x[ok] for x in (g, gkind, gname, gbytes, gtable, gcomm))
+        if bad.any():
+            ok = ~bad
+            g, gkind, gname, gbytes, gtable, gcomm = (x[ok] for x in (g, gkind, gname, gbytes,
+                                                                     gtable, gcomm))
         for i, tbl in enumerate(tables):
             self._keep(tbl, int((gtable == i).sum()))
 
         # ---- ranks: (process, device) pairs, by (device, pid)
-        pd_pairs = pd.DataFrame({"gpid": g[:, 5], "dev": g[:, 2]})
-        cnt = pd_pairs.groupby(["gpid", "dev"], sort=False).size().rename("n").reset_index()
+        pkey = ((g[:, 5] >> 24) << 8) | (g[:, 2] & 0xFF)
+        pu, pinv, pn = np.unique(pkey, return_inverse=True, return_counts=True)
+        cnt = pd.DataFrame({"gpid": (pu >> 8) << 24, "dev": pu & 0xFF, "n": pn})
         cnt["pid"] = (cnt["gpid"].to_numpy() >> 24) & _TID_MASK
+        cnt["u"] = np.arange(len(cnt))
         cnt = cnt.sort_values(["dev", "pid", "gpid"], kind="stable").reset_index(drop=True)
         cnt["rank"] = np.arange(len(cnt), dtype=np.int64) + rank0
         self.n_ranks = len(cnt)
         self.pairs = cnt
-        key = pd.MultiIndex.from_frame(cnt[["gpid", "dev"]])
-        grank = cnt["rank"].to_numpy()[key.get_indexer(pd.MultiIndex.from_arrays([g[:, 5], g[:, 2]]))]
-        # process -> primary rank (busiest device)
+        rank_of_u = np.empty(len(cnt), np.int64)
+        rank_of_u[cnt["u"].to_numpy()] = cnt["rank"].to_numpy()
+        grank = rank_of_u[pinv]
+        # process -> primary rank (busiest device), looked up by sorted globalPid
         prim = cnt.sort_values(["n", "rank"], ascending=[False, True]).drop_duplicates("gpid")
-        self.proc_rank = pd.Series(prim["rank"].to_numpy(), index=prim["gpid"].to_numpy())
+        prim = prim.sort_values("gpid")
+        self._proc_keys = prim["gpid"].to_numpy(np.int64)
+        self._proc_ranks = prim["rank"].to_numpy(np.int64)
         self.gpu = pd.DataFrame({
             "rank": grank, "device": g[:, 2], "stream": g[:, 3], "corr": g[:, 4], "gpid": g[:, 5],
             "start": g[:, 0], "end": g[:, 1], "kind": gkind, "name_id": gname, "bytes": gbytes,
@@ -389,7 +404,7 @@ class _File:
             r = np.zeros((0, 5), np.int64)
         self._read_n(len(r))
         rgpid = r[:, 2] & ~np.int64(_TID_MASK)
-        rrank = self.proc_rank.reindex(rgpid).to_numpy()
+        rrank = self._rank_of_process(rgpid)
         okr = ~np.isnan(rrank) & (r[:, 1] >= r[:, 0])
         self._drop("runtime_process_without_gpu_activity", int(np.isnan(rrank).sum()))
         self._drop("runtime_end_before_start", int((~np.isnan(rrank) & (r[:, 1] < r[:, 0])).sum()))
@@ -420,7 +435,7 @@ class _File:
                 self._drop("nvtx_not_a_range", int((~is_range & (a[:, 2] != _MARK)).sum()))
                 unended = is_range & (a[:, 1] < a[:, 0])
                 self._drop("nvtx_unended_range", int(unended.sum()))
-                nrank = self.proc_rank.reindex(a[:, 3] & ~np.int64(_TID_MASK)).to_numpy()
+                nrank = self._rank_of_process(a[:, 3] & ~np.int64(_TID_MASK))
                 noproc = is_range & ~unended & np.isnan(nrank)
                 self._drop("nvtx_process_without_gpu_activity", int(noproc.sum()))
                 keep = is_range & ~unended & ~noproc
