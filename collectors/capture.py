@@ -407,13 +407,13 @@ def install_auto_capture(config: CaptureConfig) -> Capture:
     return cap
 
 
-def _finish_auto() -> None:
+def _finish_auto(warn: bool = True) -> None:
     cap = _AUTO.pop("capture", None)
     handle = _AUTO.pop("hook", None)
     if handle is not None:
         handle.remove()
     if cap is not None:
-        cap.stop()
+        cap._stop(warn=warn)
 
 
 def _main(argv: list[str] | None = None) -> int:
@@ -431,20 +431,30 @@ def _main(argv: list[str] | None = None) -> int:
     cfg = CaptureConfig.from_env()
     if cfg is None:
         raise ConfigError(f"{ENV_PREFIX}OUT_DIR is not set; run through `retime capture -o DIR -- SCRIPT`")
-    if _env_bool(ENV_PREFIX + "AUTO", os.environ.get(ENV_PREFIX + "AUTO", "1")):
-        install_auto_capture(cfg)
     if argv[0] == "-m":
         if len(argv) < 2:
             raise ConfigError("`-m` needs a module name")
-        sys.argv = [argv[1], *argv[2:]]
-        runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+        module, script = argv[1], None
+        sys.argv = [module, *argv[2:]]
     else:
-        script = Path(argv[0])
+        module, script = None, Path(argv[0])
         if not script.is_file():
             raise ConfigError(f"{script}: no such script; pass the training script's path")
         sys.argv = [str(script), *argv[1:]]
         sys.path.insert(0, str(script.resolve().parent))
-        runpy.run_path(str(script), run_name="__main__")
+    if _env_bool(ENV_PREFIX + "AUTO", os.environ.get(ENV_PREFIX + "AUTO", "1")):
+        install_auto_capture(cfg)
+    try:
+        if module is not None:
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
+        else:
+            runpy.run_path(str(script), run_name="__main__")
+    except SystemExit as exc:  # sys.exit() at the end of a script is a normal end
+        _finish_auto(warn=exc.code in (0, None))
+        raise
+    except BaseException:
+        _finish_auto(warn=False)  # the script's own error is the news
+        raise
     _finish_auto()
     return 0
 
