@@ -394,7 +394,7 @@ class _File:
         self.gpu = pd.DataFrame({
             "rank": grank, "device": g[:, 2], "stream": g[:, 3], "corr": g[:, 4], "gpid": g[:, 5],
             "start": g[:, 0], "end": g[:, 1], "kind": gkind, "name_id": gname, "bytes": gbytes,
-            "comm_op": gcomm})
+            "comm_op": gcomm}, copy=False)
 
         # ---- runtime calls
         if _RUNTIME in have:
@@ -408,14 +408,16 @@ class _File:
         okr = ~np.isnan(rrank) & (r[:, 1] >= r[:, 0])
         self._drop("runtime_process_without_gpu_activity", int(np.isnan(rrank).sum()))
         self._drop("runtime_end_before_start", int((~np.isnan(rrank) & (r[:, 1] < r[:, 0])).sum()))
-        r, rgpid, rrank = r[okr], rgpid[okr], rrank[okr].astype(np.int64)
+        if not okr.all():
+            r, rgpid, rrank = r[okr], rgpid[okr], rrank[okr]
+        rrank = rrank.astype(np.int64)
         self._keep(_RUNTIME, len(r))
         u, inv = np.unique(r[:, 4], return_inverse=True)
         ids = np.array([strings.intern(re.sub(r"_v\d+$", "", str(sid.get(int(x), f"api#{int(x)}"))))
                         for x in u], np.int32)
         self.rt = pd.DataFrame({"rank": rrank, "tid": r[:, 2], "gpid": rgpid, "corr": r[:, 3],
                                 "start": r[:, 0], "end": r[:, 1],
-                                "name_id": ids[inv] if len(u) else np.zeros(0, np.int32)})
+                                "name_id": ids[inv] if len(u) else np.zeros(0, np.int32)}, copy=False)
         bar.advance()
 
         # ---- NVTX ranges; names are kept as an Arrow dictionary and interned in bulk later
@@ -440,8 +442,10 @@ class _File:
                 self._drop("nvtx_process_without_gpu_activity", int(noproc.sum()))
                 keep = is_range & ~unended & ~noproc
                 self._keep(_NVTX, int(keep.sum()))
-                text = t.column(5).combine_chunks().cast(pa.string()).filter(pa.array(keep))
-                a, nrank = a[keep], nrank[keep]
+                text = t.column(5).combine_chunks().cast(pa.string())
+                if not keep.all():
+                    text = text.filter(pa.array(keep))
+                    a, nrank = a[keep], nrank[keep]
                 # registered strings (textId) where the text is empty
                 empty = pc.equal(text, "").to_numpy(zero_copy_only=False)
                 if empty.any():
@@ -454,7 +458,7 @@ class _File:
                 self.nv_names = text
                 self.nv = pd.DataFrame({"rank": nrank.astype(np.int64), "tid": a[:, 3],
                                         "start": a[:, 0], "end": a[:, 1],
-                                        "ncode": np.arange(len(a), dtype=np.int64)})
+                                        "ncode": np.arange(len(a), dtype=np.int64)}, copy=False)
         bar.advance()
 
         # ---- synchronization + optional event records
