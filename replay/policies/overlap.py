@@ -5,7 +5,8 @@ per-layer WFBP, one bucket, MG-WFBP merging) and compute/communication interfere
   started before it have ended (on each compute lane, the last one that started before it),
   and the next compute op of each compute lane waits for it: no communication is hidden.
   ``"async"`` keeps the trace's overlap (measured, or modeled by the synthesizer).
-* ``bucket_mb``: data-parallel gradient bucket size (synthesized runs are re-synthesized).
+* ``bucket_mb``: data-parallel gradient bucket size (synthesized runs are re-synthesized;
+  measured traces are re-bucketed by :func:`replay.policies.bucketing.rebucket`).
 * ``merge``: ``"wfbp"`` one all-reduce per layer (wait-free backprop), ``"single"`` one
   all-reduce after backward, ``"mgwfbp"`` merged-gradient WFBP: the best merge of ``k``
   adjacent layers' gradients per bucket, searched over every ``k`` from one layer to the
@@ -66,11 +67,16 @@ class Overlap(Policy):
         if self.bucket_mb is None and self.merge is None:
             return
         if not state.is_synth:
-            raise PolicyError(
-                "overlap.bucket_mb / overlap.merge re-bucket data-parallel gradients, which "
-                "needs the per-layer gradient sizes of a synthesized run; this trace is "
-                "measured (no meta['synth']): synthesize the job (`retime synth`) or keep "
-                "the measured buckets")
+            if self.merge is not None:
+                raise PolicyError(
+                    "overlap.merge needs the per-layer gradient sizes of a synthesized run; "
+                    "this trace is measured (no meta['synth']): give overlap.bucket_mb "
+                    "instead, or synthesize the job (`retime synth`)")
+            from .bucketing import rebucket
+            state.trace, ids, model_ns, info = rebucket(state.trace, self.bucket_mb,
+                                                        state.ranks_per_node)
+            state.notes["rebucket"] = (ids, model_ns, info)
+            return
         if state.synth.parallel.get("dp", 1) * state.synth.parallel.get("cp", 1) <= 1:
             raise PolicyError("overlap.bucket_mb / merge: the run has no data parallelism "
                               "(dp*cp = 1): there is no gradient all-reduce to bucket")
@@ -84,6 +90,11 @@ class Overlap(Policy):
             state.synth.set_parallel(bucket_mb=_best_merge(state))
 
     def apply(self, state: WhatIfState) -> None:
+        d = self.describe()
+        if "rebucket" in state.notes:
+            ids, model_ns, info = state.notes["rebucket"]
+            state.dur[ids] = model_ns
+            d.update({k: info[k] for k in ("buckets_before", "buckets_after")})
         if self.mode == "serial":
             src, dst = serialize_edges(state.graph)
             state.add_edges(src, dst)
@@ -93,7 +104,6 @@ class Overlap(Policy):
             state.mode = "contention"
             state.contention = ContentionModel(interference=1.0 - f,
                                                share_links=bool(self.share_links))
-        d = self.describe()
         if self.merge == "mgwfbp" and state.is_synth:
             d["chosen_bucket_mb"] = state.synth.parallel["bucket_mb"]
         state.applied.append(d)

@@ -1,0 +1,216 @@
+"""Re-bucket the data-parallel gradient all-reduces of a measured trace (``overlap.bucket_mb``).
+
+Model, per rank and step:
+
+* the gradient buckets are the step's all-reduces with bytes (backward phase when the trace
+  attributes phases), in issue order, with cumulative sizes ``C_k``;
+* gradients become ready along the backward pass: bucket ``k`` was ready when it was issued
+  (``R_k``: the end of its latest predecessor, or its measured start); in between, bytes
+  become ready at a constant rate from the start of backward (``(T0, 0), (R_1, C_1), ...``);
+* new buckets of ``bucket_mb`` close at cumulative sizes ``j * S`` (the last one holds the
+  remainder) and are issued when that many bytes are ready, after the op of the issuing lane
+  (the lane that fed the old buckets, else the rank's busiest lane) running at that time;
+* a new bucket's transfer takes ``kappa * (a + S f / B)`` with ``a`` and ``B`` the alpha-beta
+  fit of the trace's own all-reduces (:func:`replay.policies.network.calibrate`; with one
+  bucket size only, ``a`` is the ring latency of ``DEFAULT_ALPHA_US`` per step) and
+  ``kappa`` = measured / modeled time of the old buckets (the trace's own efficiency);
+* every op that waited for an old bucket waits for the new bucket that covers it; new
+  buckets rendezvous across ranks like the old ones (same index = same instance).
+
+The new ops get placeholder measured times inside the old buckets' span so that the replay
+graph keeps every measured constraint; their modeled durations come from the fit.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from collectors.enums import CommOp, OpKind, Phase
+from collectors.errors import PolicyError
+from collectors.trace import Trace
+
+from ..graph import build_graph
+from .base import by_op
+from .network import DEFAULT_ALPHA_US, bus_factor, calibrate, collective_table
+
+__all__ = ["rebucket"]
+
+
+def rebucket(trace: Trace, bucket_mb: float, ranks_per_node: int | None = None
+             ) -> tuple[Trace, np.ndarray, np.ndarray, dict]:
+    """A copy of ``trace`` with its gradient all-reduces re-bucketed.
+
+    Returns ``(new trace, new op ids, their modeled transfer durations ns, info)``.
+    """
+    o = trace.ops
+    kind = o["kind"].to_numpy()
+    cop = o["comm_op"].to_numpy()
+    nbytes = o["bytes"].to_numpy()
+    phase = o["phase"].to_numpy()
+    is_ar = (kind == OpKind.COLLECTIVE) & (cop == CommOp.ALL_REDUCE) & (nbytes > 0)
+    if (phase[is_ar] == Phase.BWD).any():
+        is_ar &= phase == Phase.BWD
+    if not is_ar.any():
+        raise PolicyError("overlap.bucket_mb: the trace has no gradient all-reduces with "
+                          "sizes (collective ops with comm_op all_reduce and bytes > 0) to "
+                          "re-bucket")
+    g = build_graph(trace)
+    tab = collective_table(trace, g, ranks_per_node)
+    cal = calibrate(trace, g, tab)
+    sel_tab = np.isin(tab["op"], np.flatnonzero(is_ar))
+    n_group = int(np.median(tab["n"][sel_tab]))
+    lv = int(np.median(tab["old_level"][sel_tab]))
+    c = cal.get(lv) or next(iter(cal.values()), None)
+    if c is None:
+        raise PolicyError("overlap.bucket_mb: no measured all-reduce has a positive size and "
+                          "duration to calibrate the transfer time on")
+    f = float(bus_factor(np.array([CommOp.ALL_REDUCE]), np.array([n_group]))[0])
+    alpha = c["alpha_ns"]
+    if alpha == 0.0:  # one bucket size: the fit has no intercept; use the ring's latency
+        alpha = 2 * (n_group - 1) * DEFAULT_ALPHA_US[lv] * 1e3
+
+    def model(b):
+        return alpha + np.asarray(b, np.float64) * f / c["busbw_gbps"]
+
+    dur_meas = by_op(g, "dur_ns")
+    last = tab["last"] & sel_tab
+    meas_ops = tab["op"][last]
+    kappa = float(dur_meas[meas_ops].clip(0).sum() / model(nbytes[meas_ops]).sum()) \
+        if len(meas_ops) else 1.0
+    S = float(bucket_mb) * 1e6
+    rank = o["rank"].to_numpy()
+    step = o["step"].to_numpy()
+    lane = o["lane"].to_numpy()
+    start = o["start_ns"].to_numpy()
+    end = start + o["dur_ns"].to_numpy()
+    e = trace.edges
+    esrc, edst = e["src"].to_numpy(), e["dst"].to_numpy()
+    pred_end = np.full(len(o), -1, np.int64)
+    if len(esrc):
+        np.maximum.at(pred_end, edst, end[esrc])
+    new_rows: list[dict] = []
+    redirect: dict[int, list[tuple[int, int]]] = {}  # old op -> [(new row, synthetic end)]
+    ready_edges: list[tuple[int, int]] = []  # (existing op, new row)
+    coll_base = int(o["coll_id"].max()) + 1 if len(o) else 0
+    name_id = int(o["name_id"].to_numpy()[np.flatnonzero(is_ar)[0]])
+    for (r, s), idx in pd.Series(np.flatnonzero(is_ar)).groupby(
+            [rank[is_ar], step[is_ar]]).groups.items():
+        ids = np.flatnonzero(is_ar)[np.asarray(idx)]
+        ids = ids[np.lexsort((ids, start[ids]))]
+        ready = np.where(pred_end[ids] >= 0, np.minimum(pred_end[ids], start[ids]), start[ids])
+        ready = np.maximum.accumulate(ready)
+        cum = np.cumsum(nbytes[ids].astype(np.float64))
+        own = (rank == r) & (step == s)
+        bwd = own & (phase == Phase.BWD)
+        t0 = int(start[bwd].min()) if bwd.any() else int(start[own].min())
+        t0 = min(t0, int(ready[0]))
+        xs = np.concatenate([[0.0], cum])
+        ts = np.concatenate([[float(t0)], ready.astype(np.float64)])
+        total = cum[-1]
+        k_new = max(1, int(np.ceil(total / S - 1e-9)))
+        bounds = np.minimum(np.arange(1, k_new + 1) * S, total)
+        sizes = np.diff(np.concatenate([[0.0], bounds]))
+        t_ready = np.interp(bounds, xs, ts)
+        # issuing lane: the lane of the old buckets' predecessors, else the rank's busiest
+        feed = esrc[np.isin(edst, ids)]
+        if len(feed):
+            il = int(np.bincount(lane[feed]).argmax())
+        else:
+            ol = lane[own & ~is_ar & (kind != OpKind.COLLECTIVE)]
+            il = int(np.bincount(ol).argmax()) if len(ol) else int(lane[ids[0]])
+        lane_ops = np.flatnonzero(own & (lane == il))
+        lane_ops = lane_ops[np.argsort(start[lane_ops], kind="stable")]
+        span_lo, span_hi = int(start[ids[0]]), int(end[ids].max())
+        sigma_prev = -(2**62)
+        syn: list[tuple[int, int, int]] = []  # (ready op or -1, synthetic start, row)
+        for j in range(k_new):
+            pos = np.searchsorted(start[lane_ops], t_ready[j], side="right") - 1
+            rop = int(lane_ops[pos]) if pos >= 0 else -1
+            sig = int(end[rop]) if rop >= 0 else int(t_ready[j])
+            sig = min(max(sig, sigma_prev, span_lo), span_hi)
+            sigma_prev = sig
+            syn.append((rop, sig, len(new_rows)))
+            new_rows.append({"rank": r, "lane": int(lane[ids[0]]), "step": s,
+                             "start_ns": sig, "bytes": int(round(sizes[j])),
+                             "coll_j": j, "group_id": int(o["group_id"].iat[ids[0]]),
+                             "model_ns": float(kappa * model(sizes[j]))})
+        for j, (rop, sig, row) in enumerate(syn):
+            nxt = syn[j + 1][1] if j + 1 < len(syn) else span_hi
+            new_rows[row]["dur_ns"] = max(0, nxt - sig)
+            if rop >= 0:
+                ready_edges.append((rop, row))
+        for i in ids.tolist():
+            redirect[i] = [(row, new_rows[row]["start_ns"] + new_rows[row]["dur_ns"])
+                           for _, _, row in syn]
+    # coll ids: same bucket index of the same step over the ranks of one group
+    keys = {}
+    for row in new_rows:
+        key = (row["step"], row["group_id"], row["coll_j"])
+        keys.setdefault(key, coll_base + len(keys))
+        row["coll_id"] = keys[key]
+    return _assemble(trace, is_ar, new_rows, redirect, ready_edges, name_id, esrc, edst, start,
+                     {"buckets_before": int(is_ar.sum()), "buckets_after": len(new_rows),
+                      "kappa": kappa, "alpha_ns": alpha, "busbw_gbps": c["busbw_gbps"],
+                      "bucket_mb": float(bucket_mb)})
+
+
+def _assemble(trace, is_ar, new_rows, redirect, ready_edges, name_id, esrc, edst, start, info):
+    o = trace.ops
+    keep = np.flatnonzero(~is_ar)
+    n_keep = len(keep)
+    new_id = np.full(len(o), -1, np.int64)
+    new_id[keep] = np.arange(n_keep)
+    add = pd.DataFrame({
+        "rank": np.asarray([r["rank"] for r in new_rows], np.int32),
+        "lane": np.asarray([r["lane"] for r in new_rows], np.int32),
+        "kind": np.full(len(new_rows), int(OpKind.COLLECTIVE), np.int8),
+        "name_id": np.full(len(new_rows), name_id, np.int32),
+        "start_ns": np.asarray([r["start_ns"] for r in new_rows], np.int64),
+        "dur_ns": np.asarray([r["dur_ns"] for r in new_rows], np.int64),
+        "step": np.asarray([r["step"] for r in new_rows], np.int32),
+        "phase": np.full(len(new_rows), int(Phase.BWD), np.int8),
+        "coll_id": np.asarray([r["coll_id"] for r in new_rows], np.int64),
+        "comm_op": np.full(len(new_rows), int(CommOp.ALL_REDUCE), np.int8),
+        "bytes": np.asarray([r["bytes"] for r in new_rows], np.int64),
+        "group_id": np.asarray([r["group_id"] for r in new_rows], np.int32),
+    })
+    defaults = {"layer": -1, "microbatch": -1, "stage": -1, "chunk": -1, "peer": -1,
+                "flops": np.nan, "correlation": -1, "external_id": -1}
+    for col in o.columns:
+        if col not in add.columns:
+            add[col] = defaults.get(col, 0)
+        add[col] = add[col].astype(o[col].dtype)
+    ops = pd.concat([o.iloc[keep], add[list(o.columns)]], ignore_index=True)
+    ops["op_id"] = np.arange(len(ops), dtype=np.int64)
+    # edges: drop those into old buckets, redirect those out of them
+    e = trace.edges
+    src_old_ar = is_ar[esrc]
+    dst_old_ar = is_ar[edst]
+    keep_e = ~src_old_ar & ~dst_old_ar
+    src = list(new_id[esrc[keep_e]])
+    dst = list(new_id[edst[keep_e]])
+    kinds = list(e["kind"].to_numpy()[keep_e])
+    lags = list(e["lag_ns"].to_numpy()[keep_e])
+    for k in np.flatnonzero(src_old_ar & ~dst_old_ar).tolist():
+        cands = redirect[int(esrc[k])]
+        t_dst = int(start[edst[k]])
+        ok = [row for row, syn_end in cands if syn_end <= t_dst]
+        row = ok[-1] if ok else cands[0][0]
+        src.append(n_keep + row)
+        dst.append(new_id[edst[k]])
+        kinds.append(int(e["kind"].iat[k]))
+        lags.append(0)
+    for rop, row in ready_edges:
+        if new_id[rop] >= 0:
+            src.append(new_id[rop])
+            dst.append(n_keep + row)
+            kinds.append(2)
+            lags.append(0)
+    edges = pd.DataFrame({"src": np.asarray(src, np.int64), "dst": np.asarray(dst, np.int64),
+                          "kind": np.asarray(kinds, np.int8), "lag_ns": np.asarray(lags, np.int64)})
+    t = Trace(ops=ops, lanes=trace.lanes, edges=edges, ranges=trace.ranges, groups=trace.groups,
+              memory=trace.memory, strings=trace.strings, meta=dict(trace.meta))
+    new_ids = np.arange(n_keep, len(ops), dtype=np.int64)
+    model_ns = np.asarray([r["model_ns"] for r in new_rows])
+    return t, new_ids, model_ns, info
