@@ -29,7 +29,7 @@ _COMM_RE = re.compile(r"nccl|rccl|c10d::|gloo|all_?reduce|all_?gather|reduce_?sc
 _MEM_RE = re.compile(r"^memcpy|^memset|\bmemcpy\b|\bmemset\b|Memcpy|Memset", re.I)
 _ATTN_RE = re.compile(r"flash|fmha|attention|attn|sdpa|\bmha\b|xformers|efficient_attention",
                       re.I)
-_GEMM_RE = re.compile(r"gemm|gemv|cutlass|cublas|hipblas|rocblas|matmul|\bmm\b|bmm|"
+_GEMM_RE = re.compile(r"gemm|gemv|cutlass|cublas|nvjet|hipblas|rocblas|matmul|\bmm\b|bmm|"
                       r"xmma|Cijk_|s884|s1688|h884|h1688|s16816|wgrad|dgrad|fprop|"
                       r"conv(?!ert)|winograd|implicit_?convolve|igemm|"
                       r"(volta|turing|ampere|hopper|sm\d\d)_\w*_(nn|nt|tn|tt)\b", re.I)

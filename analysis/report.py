@@ -169,8 +169,9 @@ def _findings(bsum: pd.DataFrame, step_ns: float, ks: pd.DataFrame, cls: pd.Data
                     f"of {ncoll} collective instances."))
     if len(cp_by_kind) and cp.attrs.get("length_ns"):
         parts = ", ".join(f"{row.kind} {fmt_pct(row.share)}" for row in cp_by_kind.head(3).itertuples())
-        out.append((0.3, f"The critical path is {fmt_ns(cp.attrs['length_ns'])} long "
-                         f"({len(cp):,} ops): {parts}."))
+        out.append((0.3, f"The critical path through the whole trace ({steps} step(s), span "
+                         f"{fmt_ns(cp.attrs['span_ns'])}) is {fmt_ns(cp.attrs['length_ns'])} "
+                         f"long ({len(cp):,} ops): {parts}."))
     return out
 
 

@@ -92,11 +92,12 @@ def test_kernel_classes_from_names():
              "Memcpy HtoD (Pageable -> Device)", "Memset (Device)",
              "void at::native::vectorized_elementwise_kernel<4, ...>",
              "void cudnn::bn_fw_tr_1C11_kernel_NCHW", "implicit_convolve_sgemm",
-             "void at::native::unrolled_elementwise_kernel<convert>"]
+             "void at::native::unrolled_elementwise_kernel<convert>",
+             "nvjet_tst_192x192_64x4_2x1_v_bz_coopB_bias_TNN"]
     got = classify_names(names).tolist()
     assert got == ["GEMM", "GEMM", "GEMM", "GEMM", "attention", "attention",
                    "communication", "communication", "memory", "memory", "elementwise",
-                   "elementwise", "GEMM", "elementwise"]
+                   "elementwise", "GEMM", "elementwise", "GEMM"]
 
 
 def test_kernel_stats_counts_and_shares():
