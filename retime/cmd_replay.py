@@ -46,6 +46,8 @@ def replay_cmd(
     s = result.summary()
     if "whatif" in result.meta:
         s["whatif"] = result.meta["whatif"]
+        # "measured" is the input trace as recorded (a re-laid-out what-if has new ops)
+        s["step_time_ns"]["measured"] = result.meta["whatif"]["baseline_measured_step_time_ns"]
     if output is not None:
         result.to_trace().save(output)
         s["output"] = str(output)
