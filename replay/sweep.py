@@ -55,7 +55,7 @@ from collectors.progress import progress_bar
 from collectors.trace import Trace, read_trace
 
 from .engine import ReplayResult
-from .graph import RES_COMM, RES_COMPUTE
+from .graph import RES_COMPUTE
 
 __all__ = ["METRICS", "SweepInterrupted", "default_workers", "grid_scenarios", "read_grid",
            "scenario_metrics", "sweep"]
@@ -169,27 +169,43 @@ def _prepared(g) -> dict[str, Any]:
     res = np.asarray(g.resource)
     dev = np.flatnonzero(res > 0)
     dev = dev[np.lexsort((g.meas_start_ns[dev], ridx[dev]))]
+    rd = ridx[dev]
+    comp = res[dev] == RES_COMPUTE
     steps = g.trace.ops["step"].to_numpy() if g.trace is not None else np.zeros(0)
     n_steps = int(len(np.unique(steps[steps >= 0]))) if len(steps) else 0
-    p = {"ridx": ridx, "n_ranks": n_ranks, "dev": dev,
-         "dev_compute": res[dev] == RES_COMPUTE, "dev_comm": res[dev] == RES_COMM,
-         "n_steps": max(n_steps, 1)}
+    # each rank's device ops form one block in this order, and keep it when a scenario's
+    # replayed starts re-sort them within the block (the sort key is rank-major)
+    p = {"ridx": ridx, "n_ranks": n_ranks, "dev": dev, "dev_rank": rd, "dev_compute": comp,
+         "blocks": _blocks(rd), "x_blocks": _blocks(rd[comp]), "n_steps": max(n_steps, 1)}
     k = id(key)
     _PREP[k] = (weakref.ref(key, lambda _r, k=k: _PREP.pop(k, None)), p)
     return p
 
 
-def _union_len(g: np.ndarray, s: np.ndarray, e: np.ndarray, n: int) -> np.ndarray:
-    """Length of the union of intervals per group; ``s``/``e`` are offset so that group
-    ``k`` lies in ``[k*OFF, (k+1)*OFF)`` and sorted by start (one running max suffices)."""
+def _blocks(rank_sorted: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(first position, rank) of each run of equal ranks in a rank-sorted array."""
+    if len(rank_sorted) == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    first = np.flatnonzero(np.r_[True, rank_sorted[1:] != rank_sorted[:-1]])
+    return first, rank_sorted[first]
+
+
+def _union_len(s: np.ndarray, e: np.ndarray, blocks: tuple[np.ndarray, np.ndarray],
+               n: int) -> np.ndarray:
+    """Length of the union of intervals per rank. ``s``/``e`` are in offset coordinates
+    (rank ``k``'s intervals lie in ``[k*OFF, (k+1)*OFF)``) and sorted by start, so one running
+    max of the ends over the whole array never leaks from one rank into the next."""
+    out = np.zeros(n, np.int64)
     if len(s) == 0:
-        return np.zeros(n, np.int64)
-    cm = np.maximum.accumulate(e)
-    prev = np.empty_like(cm)
+        return out
+    prev = np.empty_like(e)
     prev[0] = s[0]
-    prev[1:] = cm[:-1]
-    contrib = np.maximum(e - np.maximum(s, prev), 0)
-    return np.bincount(g, weights=contrib, minlength=n).astype(np.int64)
+    np.maximum.accumulate(e[:-1], out=prev[1:])
+    np.maximum(s, prev, out=prev)
+    np.subtract(e, prev, out=prev)
+    np.maximum(prev, 0, out=prev)
+    out[blocks[1]] = np.add.reduceat(prev, blocks[0])
+    return out
 
 
 def _meta_get(result: ReplayResult, key: str) -> Any:
@@ -272,23 +288,23 @@ def scenario_metrics(result: ReplayResult) -> dict[str, Any]:
     # interval unions per rank on the device ops, in offset coordinates (see _union_len)
     dev = p["dev"]
     if len(dev):
-        t0 = int(s[dev].min())
-        off = int(e[dev].max()) - t0 + 1
-        rd = ridx[dev]
-        if n_r * off < 2**62:
-            ds = rd * off + (s[dev] - t0)
-            de = rd * off + (e[dev] - t0)
-            order = np.argsort(ds, kind="stable")  # nearly sorted already: cheap
-        else:  # pragma: no cover - windows of months; keep exact with a two-key sort
-            ds, de = s[dev] - t0, e[dev] - t0
-            order = np.lexsort((ds, rd))
-            ds, de = ds + 0, de + 0
-        ds, de, rd = ds[order], de[order], rd[order]
+        sd, ed = s[dev], e[dev]
+        t0 = int(sd.min())
+        off = int(ed.max()) - t0 + 1
+        if n_r * off >= 2**62:  # pragma: no cover - a window of months at ns resolution
+            raise PolicyError(f"replayed window {off} ns x {n_r} ranks overflows the sweep "
+                              "metrics' int64 offsets; sweep a shorter trace window")
+        base = p["dev_rank"] * off - t0
+        ds = sd + base
+        order = np.argsort(ds, kind="stable")  # nearly sorted already: cheap
+        ds = ds[order]
+        de = (ed + base)[order]
         comp = p["dev_compute"][order]
-        both = _union_len(rd, ds, de, n_r)
-        x = _union_len(rd[comp], ds[comp], de[comp], n_r)
+        both = _union_len(ds, de, p["blocks"], n_r)
+        x = _union_len(ds[comp], de[comp], p["x_blocks"], n_r)
         row["exposed_comm_ns"] = int((both - x).max())
-        has_x = np.bincount(rd[comp], minlength=n_r) > 0
+        has_x = np.zeros(n_r, bool)
+        has_x[p["x_blocks"][1]] = True
         ok = has_x & (span > 0)
         if ok.any():
             row["bubble_fraction"] = float(np.mean(1.0 - x[ok] / span[ok]))
