@@ -22,6 +22,7 @@ from ..errors import ConfigError
 from ..trace import MEMORY_SCHEMA, Trace, _frame
 from .builder import LANES, LayerTemplate, OpTemplate, StepTemplate, build_trace
 from .costs import CommModel, gemm, streaming
+from .expand import no_hugepages
 from .hardware import (
     HardwareConfig,
     hardware_names,
@@ -175,8 +176,9 @@ def synthesize(model: str | Path | ModelConfig | dict[str, Any],
     rep_ops = trace.ops.iloc[:syn["ops_per_replica"]]
     emitted = (np.arange(par.world_size) if syn["expand"] == "all"
                else np.arange(par.pp) * R)
-    trace.memory = _frame(MEMORY_SCHEMA, memory_timeline(rep_ops, par, mem, chunk_act, R,
-                                                         emitted), "memory")
+    with no_hugepages():
+        trace.memory = _frame(MEMORY_SCHEMA, memory_timeline(rep_ops, par, mem, chunk_act, R,
+                                                             emitted), "memory")
     trace.meta["devices"] = {"gpu": hw.gpu, "peak_flops": hw.peak_flops(par.dtype),
                              "memory_bandwidth_gbps": hw.hbm_gbps,
                              "memory_bytes": hw.memory_bytes}

@@ -27,7 +27,7 @@ from ..errors import ConfigError
 from ..trace import StringTable, Trace
 from ._kernels import _list_schedule
 from .costs import CommModel, streaming
-from .expand import _LANE, LANES, expand_ranks
+from .expand import _LANE, LANES, expand_ranks, no_hugepages
 from .hardware import HardwareConfig, resolve_hardware
 from .parallel import ParallelConfig, resolve_parallel
 from .schedule import stage_order
@@ -492,4 +492,6 @@ def build_trace(template: StepTemplate, parallel: ParallelConfig | dict,
         raise RuntimeError(f"synth builder produced a dependency cycle ({n - done} ops "
                            "unscheduled); this is a bug")
     rep["start_ns"] = start
-    return expand_ranks(rep, src, dst, kinds, parallel, strings, step, expand, max_ops, meta)
+    with no_hugepages():
+        return expand_ranks(rep, src, dst, kinds, parallel, strings, step, expand, max_ops,
+                            meta)
