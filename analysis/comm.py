@@ -91,7 +91,9 @@ def collectives(x: Any) -> pd.DataFrame:
     s["last_rank"] = last_rank.reindex(s.index).to_numpy()
     s = s.reset_index(drop=True)
     sizes = _group_sizes(t)
-    gs = np.array([sizes.get(int(gid), 0) for gid in s["group_id"].to_numpy()], np.int64)
+    gid = s["group_id"].to_numpy().astype(np.int64)
+    gs = (pd.Series(sizes, dtype=np.int64).reindex(gid, fill_value=0).to_numpy()
+          if sizes else np.zeros(len(gid), np.int64))
     s.insert(5, "n_ranks", np.where(gs > 0, gs, s["members"].to_numpy()))
     s["skew_ns"] = s["last_start_ns"] - s["first_start_ns"]
     s["transfer_ns"] = s["end_ns"] - s["last_start_ns"]
@@ -101,8 +103,10 @@ def collectives(x: Any) -> pd.DataFrame:
     alg = np.where(s["bytes"].to_numpy() > 0, alg, np.nan)  # bytes/ns == GB/s
     s["algbw_gbps"] = alg
     s["busbw_gbps"] = alg * busbw_factor(s["comm_op"].to_numpy(), s["n_ranks"].to_numpy())
-    s["comm_op"] = [CommOp(int(c)).name if int(c) in CommOp._value2member_map_ else "UNKNOWN"
-                    for c in s["comm_op"].to_numpy()]
+    names = np.array([CommOp(i).name for i in range(max(CommOp) + 1)], dtype=object)
+    code = s["comm_op"].to_numpy().astype(np.int64)
+    s["comm_op"] = np.where((code >= 0) & (code < len(names)),
+                            names[np.clip(code, 0, len(names) - 1)], "UNKNOWN")
     order = ["coll_id", "op_id", "comm_op", "group_id", "step", "n_ranks", "members", "bytes",
              "first_start_ns", "last_start_ns", "end_ns", "skew_ns", "wait_ns", "mean_dur_ns",
              "transfer_ns", "algbw_gbps", "busbw_gbps", "last_rank"]

@@ -39,10 +39,6 @@ _LANE_ORDER = -1
 _SYNC_RE = re.compile(r"Synchronize", re.I)
 
 
-def _wait_label(k: int) -> str:
-    return "LANE_ORDER" if k == _LANE_ORDER else EdgeKind(int(k)).name
-
-
 def dependency_arcs(trace) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """All dependency arcs between ops: explicit edges plus implicit lane FIFO order.
 
@@ -225,8 +221,10 @@ def critical_path(x: Any) -> pd.DataFrame:
     else:
         path, d, wait, akind, length, dropped = _from_trace(t)
         start = o["start_ns"].to_numpy()
-        wait_kind = np.array([_wait_label(k) if w else "" for k, w in zip(akind, wait)],
-                             dtype=object)
+        # EdgeKind names by value; index -1 (lane order) picks the last entry
+        labels = np.array([EdgeKind(i).name for i in range(len(EdgeKind))] + ["LANE_ORDER"],
+                          dtype=object)
+        wait_kind = np.where(wait != 0, labels[akind], "").astype(object)
         source = "longest_path"
     names = np.asarray(t.strings, dtype=object)
     kinds = o["kind"].to_numpy()[path]
@@ -236,8 +234,8 @@ def critical_path(x: Any) -> pd.DataFrame:
         "op_id": path.astype(np.int64),
         "rank": o["rank"].to_numpy()[path],
         "lane": o["lane"].to_numpy()[path],
-        "kind": pd.Categorical([OpKind(int(k)).name for k in kinds],
-                               categories=[k.name for k in OpKind]),
+        "kind": pd.Categorical.from_codes(kinds.astype(np.int64),
+                                          categories=[OpKind(i).name for i in range(len(OpKind))]),
         "name": names[o["name_id"].to_numpy()[path]] if len(path) else np.zeros(0, object),
         "start_ns": start[path].astype(np.int64),
         "dur_ns": d,
