@@ -234,16 +234,21 @@ def _depth(lane: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
     span = int(max(start.max(), end.max())) - t0 + 1
     if (int(lane.max()) + 1) * span >= 2**62:  # pragma: no cover - absurd spans
         return np.zeros(n, np.int16)
-    ks = lane.astype(np.int64) * span + (start - t0)
-    ke = np.sort(lane.astype(np.int64) * span + (end - t0))
-    order = np.lexsort((-end, ks))
-    # starts strictly before i in (lane, start, -end) order minus ends at or before start_i
+    ln = lane.astype(np.int64)
+    ks = ln * span + (start - t0)
+    ke = np.sort(ln * span + (end - t0))
+    order = np.argsort(ks, kind="stable")
+    sk = ks[order]
+    if (sk[1:] == sk[:-1]).any():  # equal starts on a lane: the longer range is the parent
+        order = np.lexsort((start - end, ks))
+    # (ranges started before i on its lane, in (lane, start, -end) order) minus (ranges on
+    # its lane that ended at or before start_i); both sorts are lane-major, so the offset of a
+    # lane in either is the number of ranges on lower lanes
     rank_in_order = np.empty(n, np.int64)
     rank_in_order[order] = np.arange(n)
-    lane_first = np.searchsorted(ks[order], lane.astype(np.int64) * span, side="left")
+    lane_first = np.concatenate([[0], np.cumsum(np.bincount(ln))])[ln]
     before = rank_in_order - lane_first
-    closed = np.searchsorted(ke, ks, side="right") - np.searchsorted(
-        ke, lane.astype(np.int64) * span, side="left")
+    closed = np.searchsorted(ke, ks, side="right") - lane_first
     return np.clip(before - closed, 0, 2**15 - 1).astype(np.int16)
 
 
