@@ -67,7 +67,7 @@ def whatif(trace: Trace, policies: Scenario | Policy | list | dict | str | Path 
         pols.append(Network())  # a new node shape re-times the measured collectives
     for p in sorted(pols, key=lambda p: _CONFIG_ORDER.index(p.table)):
         p.configure(state)
-    state.materialize()
+    state.materialize(pols)
     for p in sorted(pols, key=lambda p: _APPLY_ORDER.index(p.table)):
         p.apply(state)
     if mode is not None:

@@ -145,3 +145,16 @@ def test_bad_values_name_the_key():
         Network(algorithm="butterfly")
     with pytest.raises(PolicyError, match="unknown hardware"):
         Hardware(gpu="tpu-v9")
+
+
+def test_pipeline_stages_across_datacenters_slow_the_pipeline():
+    t = synthesize("gpt3-1.3b", "a100-80gb", tp=8, pp=2, dp=1, global_batch=8, micro_batch=1)
+    base = whatif(t)
+    near = whatif(t, {"network.nodes_per_dc": 1, "network.cross_dc_gbps": 12.5,
+                      "network.cross_dc_km": 0.0})
+    far = whatif(t, {"network.nodes_per_dc": 1, "network.cross_dc_gbps": 12.5,
+                     "network.cross_dc_km": 1000.0})
+    assert base.step_time_ns <= near.step_time_ns < far.step_time_ns
+    # two nodes in one DC (nodes_per_dc=2) is the single-site job
+    same = whatif(t, {"network.nodes_per_dc": 2, "network.cross_dc_gbps": 12.5})
+    assert same.step_time_ns == base.step_time_ns

@@ -129,3 +129,34 @@ def test_caching_and_bucketing_refuse_what_they_cannot_do(dp_job):
         Overlap(bucket_mb=10.0, merge="wfbp")
     with pytest.raises(PolicyError, match="interference"):
         Overlap(interference=1.5)
+
+
+def test_fsdp_prefetch_depth(zero3_job):
+    base = whatif(zero3_job)
+    d1 = whatif(zero3_job, {"overlap.prefetch": 1})  # the synthesizer's own depth
+    assert d1.step_time_ns == base.step_time_ns
+    d0 = whatif(zero3_job, {"overlap.prefetch": 0})
+    o = zero3_job.ops
+    g = (zero3_job.names() == "zero3.allgather_params") & (o["rank"] == 0).to_numpy() \
+        & (o["layer"] >= 0).to_numpy()
+    # without prefetch every layer's gather is exposed once per micro-batch (1 here)
+    exposed = int(o.loc[g, "dur_ns"].sum())
+    assert d0.step_time_ns - base.step_time_ns == pytest.approx(exposed, rel=0.15)
+    d3 = whatif(zero3_job, {"overlap.prefetch": 3})
+    assert d3.step_time_ns <= base.step_time_ns
+    mem = lambda r: r.meta["whatif"]["memory"]["peak_memory_bytes"]  # noqa: E731
+    assert mem(d3) - mem(base) == 2 * int(np.median(o.loc[g, "bytes"]))
+
+
+def test_tp_comm_overlap_by_slicing():
+    t = synthesize("gpt3-2.7b", "a100-80gb", tp=8, pp=1, dp=1, global_batch=4, micro_batch=4)
+    base = whatif(t)
+    s2 = whatif(t, {"overlap.tp_slices": 2})
+    s4 = whatif(t, {"overlap.tp_slices": 4})
+    assert s4.step_time_ns < s2.step_time_ns < base.step_time_ns
+    # the TP time saved is bounded by the TP communication there was
+    tp = (t.ops["lane"].to_numpy() % 6 == 1) & (t.ops["rank"].to_numpy() == 0)
+    assert base.step_time_ns - s4.step_time_ns < int(t.ops.loc[tp, "dur_ns"].sum())
+    with pytest.raises(PolicyError, match="no tensor-parallel"):
+        whatif(synthesize("gpt3-125m", "a100-80gb", dp=2, global_batch=2),
+               {"overlap.tp_slices": 2})

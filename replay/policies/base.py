@@ -100,6 +100,9 @@ class Policy:
     def configure(self, state: WhatIfState) -> None:  # phase 1 (optional)
         return None
 
+    def edit(self, state: WhatIfState) -> None:  # between phases: rewrite trace tables
+        return None
+
     def apply(self, state: WhatIfState) -> None:  # phase 2 (optional)
         return None
 
@@ -186,6 +189,7 @@ class WhatIfState:
     applied: list[dict[str, Any]] = field(default_factory=list)
     notes: dict[str, Any] = field(default_factory=dict)
     memory_delta_bytes: int = 0
+    pure: bool = False  # edited synthesized tables: every dependency has lag 0 (see edit)
     _esrc: list[np.ndarray] = field(default_factory=list)
     _edst: list[np.ndarray] = field(default_factory=list)
     phase: int = 1
@@ -194,13 +198,25 @@ class WhatIfState:
     def is_synth(self) -> bool:
         return self.synth is not None
 
-    def materialize(self) -> None:
-        """End of phase 1: re-synthesize a changed synthesized run, build the graph."""
+    def materialize(self, policies: list | None = None) -> None:
+        """End of phase 1: re-synthesize a changed synthesized run, let policies edit the
+        trace's tables (``Policy.edit``), build the graph."""
         if self.synth is not None and self.synth.changed:
             step = int(self.trace.ops["step"].min()) if self.trace.n_ops else 0
             self.trace = self.synth.synthesize(step=step)
             self.notes["resynthesized"] = True
+        for p in policies or []:
+            p.edit(self)
         self.graph = build_graph(self.trace, ideal=self.ideal)
+        if self.pure:
+            # edited edges contradict the tables' scheduled times (which the graph would
+            # clamp them to); a synthesized run's dependencies all have lag 0, so use them as
+            # pure dependencies instead
+            g = self.graph
+            z = np.zeros_like
+            self.graph = dataclasses.replace(
+                g, lane_lag_ns=z(g.lane_lag_ns), lane_s2s=z(g.lane_s2s),
+                pred_lag_ns=z(g.pred_lag_ns), pred_s2s=z(g.pred_s2s), delay_ns=z(g.delay_ns))
         self.dur = by_op(self.graph, "dur_ns").astype(np.float64)
         self.phase = 2
 

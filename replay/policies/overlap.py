@@ -20,6 +20,16 @@ per-layer WFBP, one bucket, MG-WFBP merging) and compute/communication interfere
   ``f = (T_serial - T_overlap) / (T_serial - max(T_comp, T_comm))`` for any pair of lengths.
   Durations are taken as isolated times: on a measured trace, whose kernels already ran
   overlapped, it is an *additional* slowdown.
+* ``tp_slices``: tensor-parallel communication overlapped with the GEMM that produces it by
+  slicing both into ``k`` chunks (Megatron's TP comm overlap): chunk ``i``'s collective runs
+  while the GEMM computes chunk ``i+1``, so only the last chunk's collective stays exposed:
+  ``t' = max(t / k, t - T_gemm (k-1) / k) + (k-1) c`` (``c`` the fixed cost of one call:
+  the intra-node link's ``base_us``, 8 us when unknown). Applies to collectives on
+  tensor-parallel lanes (named ``tp``).
+* ``prefetch``: FSDP / ZeRO-3 forward prefetch depth of a synthesized run (the gather of
+  layer ``j`` is issued when layer ``j - prefetch`` starts; 0 = when layer ``j - 1`` ends,
+  no overlap; the synthesizer's default is 1). Each extra layer in flight keeps one more
+  layer of gathered parameters in GPU memory.
 """
 
 from __future__ import annotations
@@ -29,11 +39,20 @@ from typing import ClassVar
 
 import numpy as np
 
+from collectors.enums import OpKind
 from collectors.errors import PolicyError
 
 from ..engine import ContentionModel
 from ..graph import RES_COMM, RES_COMPUTE
-from .base import Policy, WhatIfState, by_op, check_choice, check_fraction, check_positive
+from .base import (
+    Policy,
+    WhatIfState,
+    by_op,
+    check_choice,
+    check_fraction,
+    check_int,
+    check_positive,
+)
 
 __all__ = ["Overlap", "serialize_edges", "MERGES"]
 
@@ -50,6 +69,8 @@ class Overlap(Policy):
     merge: str | None = None
     interference: float | None = None
     share_links: bool | None = None
+    tp_slices: int | None = None
+    prefetch: int | None = None
     table: ClassVar[str] = "overlap"
 
     def __post_init__(self) -> None:
@@ -57,6 +78,8 @@ class Overlap(Policy):
         check_positive("overlap", "bucket_mb", self.bucket_mb)
         check_choice("overlap", "merge", self.merge, MERGES)
         check_fraction("overlap", "interference", self.interference)
+        check_int("overlap", "tp_slices", self.tp_slices)
+        check_int("overlap", "prefetch", self.prefetch, lo=0)
         if self.share_links is not None and not isinstance(self.share_links, bool):
             raise PolicyError(f"overlap.share_links={self.share_links!r} must be true/false")
         if self.bucket_mb is not None and self.merge is not None:
@@ -89,8 +112,20 @@ class Overlap(Policy):
         else:
             state.synth.set_parallel(bucket_mb=_best_merge(state))
 
+    def edit(self, state: WhatIfState) -> None:
+        if self.prefetch is None:
+            return
+        if not state.is_synth:
+            raise PolicyError("overlap.prefetch re-wires ZeRO-3/FSDP parameter gathers of a "
+                              "synthesized run; this trace is measured (no meta['synth'])")
+        state.trace, extra = _rewire_prefetch(state.trace, int(self.prefetch))
+        state.memory_delta_bytes += extra
+        state.pure = True
+
     def apply(self, state: WhatIfState) -> None:
         d = self.describe()
+        if self.tp_slices is not None and self.tp_slices > 1:
+            d["tp_ops"] = _slice_tp(state, int(self.tp_slices))
         if "rebucket" in state.notes:
             ids, model_ns, info = state.notes["rebucket"]
             state.dur[ids] = model_ns
@@ -167,3 +202,76 @@ def serialize_edges(g) -> tuple[np.ndarray, np.ndarray]:
         dst.append(ops[pos[after]])
     return (np.concatenate(src).astype(np.int64) if src else np.zeros(0, np.int64),
             np.concatenate(dst).astype(np.int64) if dst else np.zeros(0, np.int64))
+
+
+def _tp_ops(trace) -> np.ndarray:
+    lanes = trace.lanes
+    tp_lanes = lanes["lane"].to_numpy()[np.asarray(
+        [str(n).split(" ")[0] == "tp" for n in lanes["name"]], bool)]
+    o = trace.ops
+    k = o["kind"].to_numpy()
+    return np.flatnonzero(np.isin(o["lane"].to_numpy(), tp_lanes)
+                          & ((k == OpKind.COLLECTIVE) | (k == OpKind.P2P)))
+
+
+def _slice_tp(state: WhatIfState, k: int) -> int:
+    idx = _tp_ops(state.trace)
+    if len(idx) == 0:
+        raise PolicyError("overlap.tp_slices: the trace has no tensor-parallel collectives "
+                          "(no lane named 'tp'); nothing to overlap")
+    t = state.trace
+    e = t.edges
+    src, dst = e["src"].to_numpy(), e["dst"].to_numpy()
+    dur_meas = t.ops["dur_ns"].to_numpy().astype(np.float64)
+    # the GEMM that produces the data: the edge predecessor that ends last
+    prod = np.zeros(len(dur_meas))
+    end = t.ops["start_ns"].to_numpy() + t.ops["dur_ns"].to_numpy()
+    m = np.isin(dst, idx)
+    best = {}
+    for s_, d_ in zip(src[m].tolist(), dst[m].tolist(), strict=True):
+        if d_ not in best or end[s_] > end[best[d_]]:
+            best[d_] = s_
+    for d_, s_ in best.items():
+        prod[d_] = dur_meas[s_]
+    c = (state.synth.hardware.intra.base_us if state.is_synth else 8.0) * 1e3
+    tt = state.dur[idx]
+    state.dur[idx] = np.maximum(tt / k, tt - prod[idx] * (k - 1) / k) + (k - 1) * c
+    return int(len(idx))
+
+
+def _rewire_prefetch(trace, depth: int):
+    """Re-wire forward ZeRO-3 gathers to prefetch ``depth`` layers ahead."""
+    import pandas as pd
+
+    from collectors.trace import Trace
+    o = trace.ops
+    names = trace.names()
+    gat = np.flatnonzero(names == "zero3.allgather_params")
+    if len(gat) == 0:
+        raise PolicyError("overlap.prefetch: the run has no ZeRO-3/FSDP forward parameter "
+                          "gathers; add parallel.zero=3 (or parallel.fsdp=true)")
+    lane_name = dict(zip(trace.lanes["lane"].to_numpy().tolist(),
+                         [str(x).split(" ")[0] for x in trace.lanes["name"]], strict=True))
+    lane = o["lane"].to_numpy()
+    comp = np.asarray([lane_name.get(int(x)) == "compute" for x in lane]) \
+        & (o["phase"].to_numpy() == 0)
+    key_cols = ["rank", "microbatch", "chunk", "layer"]
+    c = o.loc[comp, key_cols + ["start_ns"]].assign(op=np.flatnonzero(comp))
+    first = c.sort_values("start_ns").groupby(key_cols)["op"].first()
+    last = c.sort_values("start_ns").groupby(key_cols)["op"].last()
+    g = o.iloc[gat][key_cols].assign(op=gat)
+    table = (first if depth >= 1 else last).rename("op_src").reset_index()
+    want = g.assign(layer=g["layer"] - max(depth, 1))
+    srcs = want.merge(table, on=key_cols, how="left")["op_src"]
+    e = trace.edges
+    # drop the gathers' edges from compute ops, add the re-wired ones
+    drop = np.isin(e["dst"].to_numpy(), gat) & comp[e["src"].to_numpy()]
+    ok = srcs.notna().to_numpy()
+    add = pd.DataFrame({"src": srcs.to_numpy()[ok].astype(np.int64), "dst": gat[ok],
+                        "kind": np.full(int(ok.sum()), 2, np.int8),
+                        "lag_ns": np.zeros(int(ok.sum()), np.int64)})
+    edges = pd.concat([e[~drop], add], ignore_index=True)
+    t = Trace(ops=o, lanes=trace.lanes, edges=edges, ranges=trace.ranges, groups=trace.groups,
+              memory=trace.memory, strings=trace.strings, meta=trace.meta)
+    per_layer = float(np.median(o["bytes"].to_numpy()[gat]))
+    return t, int(max(0, depth - 1) * per_layer)
