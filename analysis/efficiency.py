@@ -63,8 +63,8 @@ def efficiency(x: Any) -> pd.DataFrame:
     keep = _keep_step_mask(o["rank"].to_numpy(), o["step"].to_numpy()) & known
     df = pd.DataFrame({"rank": o["rank"].to_numpy()[keep], "step": o["step"].to_numpy()[keep],
                        "flops": fl[keep]})
-    names = t.names()[keep] if keep.any() else np.zeros(0, object)
-    rec = np.array(["recompute" in str(n).lower() for n in names], bool)
+    rec_name = np.array(["recompute" in n.lower() for n in t.strings], bool)
+    rec = rec_name[o["name_id"].to_numpy()[keep]] if len(rec_name) else np.zeros(0, bool)
     df["model"] = np.where(rec, 0.0, df["flops"].to_numpy())
     g = df.groupby(["rank", "step"]).agg(flops=("flops", "sum"), model=("model", "sum"))
     idx = pd.MultiIndex.from_frame(out[["rank", "step"]])
