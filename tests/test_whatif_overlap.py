@@ -160,3 +160,15 @@ def test_tp_comm_overlap_by_slicing():
     with pytest.raises(PolicyError, match="no tensor-parallel"):
         whatif(synthesize("gpt3-125m", "a100-80gb", dp=2, global_batch=2),
                {"overlap.tp_slices": 2})
+
+
+def test_optimizer_offload_moves_state_to_the_host(dp_job):
+    base = whatif(dp_job)
+    off = whatif(dp_job, {"cache.offload_optimizer": True})
+    mem = lambda r: r.meta["whatif"]["memory"]["peak_memory_bytes"]  # noqa: E731
+    opt_bytes = dp_job.meta["synth"]["memory"][0]["optimizer_bytes"]
+    assert mem(base) - mem(off) == opt_bytes
+    P = opt_bytes / 12
+    adam = dp_job.names() == "optimizer.adam_step"
+    assert off.dur_ns[adam][0] == pytest.approx(4 * P / 25.0 + 28 * P / 100.0, abs=2)
+    assert off.step_time_ns > base.step_time_ns  # PCIe + host memory are slower than HBM

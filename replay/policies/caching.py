@@ -12,6 +12,12 @@
   all); GPU memory grows by the unsharded parameters of the stage minus its shard.
 * ``recompute``: ``none`` | ``selective`` | ``full`` (re-synthesized: recompute kernels and
   activation memory change together).
+* ``offload_optimizer``: ZeRO-Offload style: fp32 master weights and Adam moments live in
+  host memory and the Adam step runs on the CPU. Per step each GPU sends its gradient shard
+  to the host and receives updated 16-bit parameters (``2 + 2`` bytes per parameter over
+  PCIe) and the CPU streams Adam's 28 bytes per parameter through host memory
+  (``cache.host_gbps``, default 100 GB/s); the GPU's copy-grads / Adam / copy-params kernels
+  are replaced by that time, and GPU memory drops by the optimizer state.
 
 All three need a synthesized run (the layer sizes and the ZeRO-3 gathers are known there);
 on a measured trace they raise PolicyError.
@@ -33,6 +39,7 @@ __all__ = ["Cache", "BWD_GATHER_NAME"]
 
 BWD_GATHER_NAME = "zero3.allgather_params.bwd"
 DEFAULT_PCIE_GBPS = 25.0  # PCIe Gen4 x16, per GPU per direction, achieved
+DEFAULT_HOST_GBPS = 100.0  # host DRAM bandwidth a CPU Adam step streams at
 
 
 @dataclass(frozen=True)
@@ -42,11 +49,13 @@ class Cache(Policy):
     fcdp: bool | None = None
     keep_params: bool | None = None
     recompute: str | None = None
+    offload_optimizer: bool | None = None
     pcie_gbps: float | None = None
+    host_gbps: float | None = None
     table: ClassVar[str] = "cache"
 
     def __post_init__(self) -> None:
-        for f in ("fcdp", "keep_params"):
+        for f in ("fcdp", "keep_params", "offload_optimizer"):
             v = getattr(self, f)
             if v is not None and not isinstance(v, bool):
                 raise PolicyError(f"cache.{f}={v!r} must be true or false")
@@ -55,6 +64,7 @@ class Cache(Policy):
                               "parameters in host memory, keep_params in GPU memory; pick one")
         check_choice("cache", "recompute", self.recompute, ("none", "selective", "full"))
         check_positive("cache", "pcie_gbps", self.pcie_gbps)
+        check_positive("cache", "host_gbps", self.host_gbps)
 
     def _need_synth(self, state: WhatIfState, what: str) -> None:
         if not state.is_synth:
@@ -66,6 +76,8 @@ class Cache(Policy):
         if self.recompute is not None:
             self._need_synth(state, "recompute")
             state.synth.set_parallel(recompute=self.recompute)
+        if self.offload_optimizer:
+            self._need_synth(state, "offload_optimizer")
         if self.fcdp or self.keep_params:
             what = "fcdp" if self.fcdp else "keep_params"
             self._need_synth(state, what)
@@ -81,7 +93,26 @@ class Cache(Policy):
     def apply(self, state: WhatIfState) -> None:
         if self.fcdp or self.keep_params:
             self._rebuild_backward_gathers(state)
+        if self.offload_optimizer:
+            self._offload_optimizer(state)
         state.applied.append(self.describe())
+
+    def _offload_optimizer(self, state: WhatIfState) -> None:
+        t = state.trace
+        names = t.names()
+        mem = t.meta["synth"]["memory"]
+        stage_of_rank = _stages(t)
+        ranks = t.ops["rank"].to_numpy()
+        pcie = float(self.pcie_gbps or DEFAULT_PCIE_GBPS)
+        host = float(self.host_gbps or DEFAULT_HOST_GBPS)
+        for row in mem:
+            shard = row["optimizer_bytes"] / 12.0  # fp32 master weights, m and v
+            on = np.isin(ranks, np.flatnonzero(stage_of_rank == row["stage"]))
+            adam = on & (names == "optimizer.adam_step")
+            gone = on & np.isin(names, ["optimizer.copy_grads", "optimizer.copy_params"])
+            state.dur[adam] = 4.0 * shard / pcie + 28.0 * shard / host
+            state.dur[gone] = 0.0
+        state.memory_delta_bytes -= int(max(r["optimizer_bytes"] for r in mem))
 
     def _rebuild_backward_gathers(self, state: WhatIfState) -> None:
         from collectors.synth import CommModel, resolve_parallel
@@ -130,3 +161,10 @@ def _stage_param_bytes(trace, idx: np.ndarray) -> float:
     for rr, bb in zip(r[sel].tolist(), b[sel].tolist(), strict=True):
         per_rank[rr] = per_rank.get(rr, 0.0) + bb
     return max(per_rank.values()) if per_rank else 0.0
+
+
+def _stages(trace) -> np.ndarray:
+    """Pipeline stage of every rank of a synthesized trace (Megatron rank order)."""
+    p = trace.meta["synth"]["parallel"]
+    per_stage = int(p["tp"]) * int(p["cp"]) * int(p["dp"])
+    return np.arange(int(trace.ops["rank"].max()) + 1) // per_stage
