@@ -142,3 +142,14 @@ def test_list_schedule_reports_cycles():
     dst = np.array([1, 2, 0], np.int64)
     _, done = _list_schedule(dur, lane, 3, src, dst, np.zeros(3, np.int64))
     assert done == 0
+
+
+@pytest.mark.parametrize("p,v,m", [(4, 2, 8), (8, 3, 16), (4, 4, 12)])
+def test_interleaved_first_stage_memory_matches_korthikanti(p, v, m):
+    """First pipeline rank under interleaving holds L * (1 + (p-1)/(p v)) layers' activations
+    (Korthikanti et al. 2022, section 4.2.3), L = layers of the whole model; chunks hold
+    L/(p v) layers each."""
+    L = p * v * 6
+    chunks_alive = max_in_flight(stage_order("interleaved", p, m, v, 0))
+    layers_alive = chunks_alive * L // (p * v)
+    assert layers_alive == pytest.approx(L * (1 + (p - 1) / (p * v)))
