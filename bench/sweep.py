@@ -42,9 +42,10 @@ def scaled_run(trace, scenario):
     g = _GRAPH.get(id(trace))
     if g is None or g.trace is not trace:
         g = _GRAPH[id(trace)] = build_graph(trace)
-    d = g.dur_ns.astype(np.float64)
-    d[g.resource == RES_COMPUTE] /= float(scenario.get("hardware.compute_speedup", 1.0))
-    d[g.resource == RES_COMM] /= float(scenario.get("network.comm_speedup", 1.0))
+    d = g.op_dur_ns.astype(np.float64)  # op-id order, as simulate takes them
+    res = g.by_op(g.resource)
+    d[res == RES_COMPUTE] /= float(scenario.get("hardware.compute_speedup", 1.0))
+    d[res == RES_COMM] /= float(scenario.get("network.comm_speedup", 1.0))
     return simulate(g, durations_ns=d.astype(np.int64))
 
 

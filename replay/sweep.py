@@ -166,7 +166,7 @@ def _prepared(g) -> dict[str, Any]:
         _, inv = np.unique(rank, return_inverse=True)
         ridx = inv.astype(np.int64)
         n_ranks = int(ridx.max()) + 1 if len(ridx) else 0
-    res = np.asarray(g.resource)
+    res = g.by_op(g.resource)  # kernel arrays are in layout order; results in op ids
     dev = np.flatnonzero(res > 0)
     dev = dev[np.lexsort((g.meas_start_ns[dev], ridx[dev]))]
     rd = ridx[dev]

@@ -54,9 +54,10 @@ def scale_run(trace, scenario):
     g = _GRAPHS.get(id(trace))
     if g is None or g.trace is not trace:
         g = _GRAPHS[id(trace)] = build_graph(trace)
-    d = g.dur_ns.astype(np.float64)
-    d[g.resource == RES_COMPUTE] /= float(scenario.get("hardware.compute_speedup", 1.0))
-    d[g.resource == RES_COMM] /= float(scenario.get("network.comm_speedup", 1.0))
+    d = g.op_dur_ns.astype(np.float64)  # op-id order, as simulate takes them
+    res = g.by_op(g.resource)
+    d[res == RES_COMPUTE] /= float(scenario.get("hardware.compute_speedup", 1.0))
+    d[res == RES_COMM] /= float(scenario.get("network.comm_speedup", 1.0))
     return simulate(g, durations_ns=np.round(d).astype(np.int64),
                     scenario=[dict(scenario)])
 
@@ -137,13 +138,14 @@ def test_metrics_match_plain_python(dlrm, sc):
     m = scenario_metrics(res)
     g = res.graph
     s, e = res.start_ns.tolist(), res.end_ns.tolist()
+    resource = g.by_op(g.resource).tolist()
     per_rank = {}
     for i, r in enumerate(g.rank.tolist()):
         d = per_rank.setdefault(r, {"lo": s[i], "hi": e[i], "x": [], "cx": []})
         d["lo"], d["hi"] = min(d["lo"], s[i]), max(d["hi"], e[i])
-        if g.resource[i] == RES_COMPUTE:
+        if resource[i] == RES_COMPUTE:
             d["x"].append((s[i], e[i]))
-        if g.resource[i] in (RES_COMPUTE, RES_COMM):
+        if resource[i] in (RES_COMPUTE, RES_COMM):
             d["cx"].append((s[i], e[i]))
     assert m["step_time_ns"] == max(d["hi"] - d["lo"] for d in per_rank.values())
     assert m["step_time_ns"] == res.step_time_ns
