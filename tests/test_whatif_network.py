@@ -158,3 +158,12 @@ def test_pipeline_stages_across_datacenters_slow_the_pipeline():
     # two nodes in one DC (nodes_per_dc=2) is the single-site job
     same = whatif(t, {"network.nodes_per_dc": 2, "network.cross_dc_gbps": 12.5})
     assert same.step_time_ns == base.step_time_ns
+
+
+def test_fewer_nics_per_node_is_less_inter_node_bandwidth(dp_job):
+    base = whatif(dp_job)
+    four = whatif(dp_job, {"topology.nics": 4})
+    half = whatif(dp_job, {"network.inter_node_gbps": HW.nics * HW.nic_gbps / HW.gpus_per_node / 2})
+    assert four.step_time_ns == half.step_time_ns > base.step_time_ns
+    with pytest.raises(PolicyError, match="NICs"):
+        whatif(read(sorted((TRACES / "kineto" / "a100-ddp-nccl").glob("*"))), {"topology.nics": 2})

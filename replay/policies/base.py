@@ -136,14 +136,8 @@ class SynthSpec:
         if not syn or not all(k in syn for k in ("model", "hardware", "parallel")):
             return None
         from collectors.synth import resolve_model
-        from collectors.synth.hardware import HardwareConfig, LinkConfig
-        hd = dict(syn["hardware"])
-        for k in ("intra", "inter", "cross_dc"):
-            if hd.get(k) is not None:
-                hd[k] = LinkConfig(**hd[k])
-        hd.setdefault("cross_dc", None)
         try:
-            hw = HardwareConfig(**hd)
+            hw = hardware_from_dict(syn["hardware"])
             model = resolve_model(dict(syn["model"]))
         except (TypeError, ConfigError) as exc:  # a synth trace from another version
             raise PolicyError(f"cannot rebuild the synthesized run's configs from "
@@ -171,6 +165,19 @@ class SynthSpec:
                               check_memory=False)
         except ConfigError as exc:
             raise PolicyError(f"the scenario's layout is impossible: {exc}") from exc
+
+
+def hardware_from_dict(d: dict[str, Any]):
+    """A HardwareConfig from ``HardwareConfig.to_dict()`` output (unknown keys ignored)."""
+    from collectors.synth.hardware import HardwareConfig, LinkConfig
+    hf = {f.name for f in dataclasses.fields(HardwareConfig)}
+    lf = {f.name for f in dataclasses.fields(LinkConfig)}
+    hd = {k: v for k, v in d.items() if k in hf}
+    for k in ("intra", "inter", "cross_dc"):
+        if isinstance(hd.get(k), dict):
+            hd[k] = LinkConfig(**{a: b for a, b in hd[k].items() if a in lf})
+    hd.setdefault("cross_dc", None)
+    return HardwareConfig(**hd)
 
 
 # ---------------------------------------------------------------------------- state

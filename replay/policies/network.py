@@ -78,23 +78,36 @@ def _steps(comm_op: np.ndarray, n: np.ndarray, algorithm: str) -> np.ndarray:
 
 @dataclass(frozen=True)
 class Topology(Policy):
-    """Cluster shape: ranks per node (Megatron rank order: consecutive ranks share a node)."""
+    """Cluster shape: ranks per node (Megatron rank order: consecutive ranks share a node)
+    and NICs per node (synthesized runs: each GPU's inter-node share is
+    ``nics * nic_gbps / ranks_per_node``)."""
 
     ranks_per_node: int | None = None
+    nics: int | None = None
     table: ClassVar[str] = "topology"
 
     def __post_init__(self) -> None:
         check_int("topology", "ranks_per_node", self.ranks_per_node)
+        check_int("topology", "nics", self.nics)
 
     def configure(self, state: WhatIfState) -> None:
+        if self.nics is not None:
+            if not state.is_synth:
+                raise PolicyError("topology.nics: a measured trace does not say how many NICs "
+                                  "its nodes had; set network.inter_node_gbps (per GPU) instead")
+            hw = state.synth.hardware
+            gpn = self.ranks_per_node or hw.gpus_per_node
+            state.synth.set_hardware(dataclasses.replace(
+                hw, nics=self.nics, inter=dataclasses.replace(
+                    hw.inter, gbps=self.nics * hw.nic_gbps / gpn)))
         if self.ranks_per_node is None:
             return
         if state.is_synth:
             hw = state.synth.hardware
-            # per-GPU NIC share stays the same: nics scale with the node size
+            # per-GPU NIC share stays the same (unless topology.nics says otherwise)
             state.synth.set_hardware(dataclasses.replace(
                 hw, gpus_per_node=self.ranks_per_node,
-                nics=max(1, round(hw.nics * self.ranks_per_node / hw.gpus_per_node))))
+                nics=self.nics or max(1, round(hw.nics * self.ranks_per_node / hw.gpus_per_node))))
         state.notes.setdefault("measured_ranks_per_node", ranks_per_node_of(state.trace))
         state.ranks_per_node = self.ranks_per_node
 

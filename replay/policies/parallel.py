@@ -136,7 +136,6 @@ def templates_from_trace(trace):
 
     from collectors.enums import OpKind, Phase
     from collectors.synth import LANES, LayerTemplate, OpTemplate, StepTemplate, load_hardware
-    from collectors.synth.hardware import HardwareConfig, LinkConfig
 
     syn = trace.meta.get("synth") if isinstance(trace.meta, dict) else None
     if not isinstance(syn, dict) or not isinstance(syn.get("parallel"), dict):
@@ -190,11 +189,8 @@ def templates_from_trace(trace):
     par = {k: v for k, v in syn["parallel"].items() if k not in ("world_size", "num_microbatches")}
     hwd = syn.get("hardware")
     if isinstance(hwd, dict):
-        hd = dict(hwd)
-        for k in ("intra", "inter", "cross_dc"):
-            if hd.get(k) is not None:
-                hd[k] = LinkConfig(**hd[k])
-        hw = HardwareConfig(**hd)
+        from .base import hardware_from_dict
+        hw = hardware_from_dict(hwd)
     else:
         hw = load_hardware("a100-80gb")
     # params per layer from the gradient reduction / ZeRO gathers of the lowest rank
