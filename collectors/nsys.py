@@ -225,6 +225,17 @@ def _comm_op_of(names: list[str]) -> tuple[np.ndarray, np.ndarray]:
     return is_nccl, comm
 
 
+def _uinv(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(x, return_inverse=True)`` by hashing: O(n) for the few distinct values
+    (lanes, names, ranks) of millions of events, instead of sorting them all."""
+    codes, uniq = pd.factorize(x, sort=False)
+    uniq = np.asarray(uniq)
+    order = np.argsort(uniq, kind="stable")
+    remap = np.empty(len(uniq), np.int64)
+    remap[order] = np.arange(len(uniq))
+    return uniq[order], remap[codes]
+
+
 def _depth(lane: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
     """Nesting depth of ranges on their lane (0 = outermost), vectorized."""
     n = len(lane)
@@ -337,7 +348,7 @@ class _File:
         kinds, cols, names, nbytes, table = [], [], [], [], []
         comm_all = []
         for kind, arr, aux, b, _tbl in parts:
-            u, inv = np.unique(aux, return_inverse=True)
+            u, inv = _uinv(aux)
             if kind == OpKind.KERNEL:
                 txt = [str(sid.get(int(x), f"kernel#{int(x)}")) for x in u]
                 is_nccl, comm = _comm_op_of(txt)
@@ -380,7 +391,8 @@ class _File:
 
         # ---- ranks: (process, device) pairs, by (device, pid)
         pkey = ((g[:, 5] >> 24) << 8) | (g[:, 2] & 0xFF)
-        pu, pinv, pn = np.unique(pkey, return_inverse=True, return_counts=True)
+        pu, pinv = _uinv(pkey)
+        pn = np.bincount(pinv, minlength=len(pu))
         cnt = pd.DataFrame({"gpid": (pu >> 8) << 24, "dev": pu & 0xFF, "n": pn})
         cnt["pid"] = (cnt["gpid"].to_numpy() >> 24) & _TID_MASK
         cnt["u"] = np.arange(len(cnt))
@@ -417,7 +429,7 @@ class _File:
             r, rgpid, rrank = r[okr], rgpid[okr], rrank[okr]
         rrank = rrank.astype(np.int64)
         self._keep(_RUNTIME, len(r))
-        u, inv = np.unique(r[:, 4], return_inverse=True)
+        u, inv = _uinv(r[:, 4])
         ids = np.array([strings.intern(re.sub(r"_v\d+$", "", str(sid.get(int(x), f"api#{int(x)}"))))
                         for x in u], np.int32)
         self.rt = pd.DataFrame({"rank": rrank, "tid": r[:, 2], "gpid": rgpid, "corr": r[:, 3],
@@ -573,11 +585,11 @@ def _assemble(files: list[_File], strings: StringTable, ps: list[Path]) -> Trace
     # ---- lanes: GPU streams then CPU threads (integer keys, no merges: these are big)
     gkey = (gpu["rank"].to_numpy(np.int64) << 40) | (gpu["device"].to_numpy(np.int64) << 32) \
         | (gpu["stream"].to_numpy(np.int64) & 0xFFFFFFFF)
-    gu, glane = np.unique(gkey, return_inverse=True)
+    gu, glane = _uinv(gkey)
     mask48 = np.int64((1 << 48) - 1)
     rkey = (rt["rank"].to_numpy(np.int64) << 48) | (rt["tid"].to_numpy(np.int64) & mask48)
     nkey = (nv["rank"].to_numpy(np.int64) << 48) | (nv["tid"].to_numpy(np.int64) & mask48)
-    tu, tinv = np.unique(np.concatenate([rkey, nkey]), return_inverse=True)
+    tu, tinv = _uinv(np.concatenate([rkey, nkey]))
     n_gl = len(gu)
     rank_file = {int(r): i for i, f in enumerate(files) for r in f.pairs["rank"]}
     t_rank = tu >> 48
