@@ -9,6 +9,16 @@ and bytes, collectives with a ``coll_id`` shared across ranks, pipeline sends/re
 The layout machinery is reusable: :func:`build_trace` takes a :class:`StepTemplate` of
 per-layer op sequences (modeled by :func:`model_template`, or measured) plus a
 :class:`ParallelConfig` and a :class:`CommModel`.
+
+Calibration uses physical parameters only (hardware profiles: peak FLOP/s, GEMM tile
+efficiency, HBM bandwidth, link bandwidths and latencies, kernel overheads, the fraction of
+ideal comm/compute overlap); ``bench/synth_validation.py`` compares with published figures.
+
+Not modeled (yet): the tied-embedding gradient all-reduce between the first and last
+pipeline stage, uneven pipeline stages, mixture-of-experts layers, a CPU launch thread
+(kernels are assumed to be launched ahead of the GPU), slow-down of compute by overlapping
+data-parallel communication (only tensor-parallel overlap pays the ``overlap`` factor; the
+replay engine's contention mode covers the rest), and more than one step per trace.
 """
 
 from __future__ import annotations
