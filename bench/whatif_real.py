@@ -22,6 +22,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import shutil
 import statistics
 import subprocess
 import sys
@@ -93,11 +94,12 @@ def allreduce_stats(trace: Trace) -> tuple[int, float]:
     return n, float(b.mean()) if len(b) else 0.0
 
 
-def predict_ms(trace: Trace, target_mb: float) -> tuple[float, str, str | None]:
-    """Predicted median step ms of the target setting from a base trace.
+def predict_ms(trace: Trace, bucket_mib: float) -> tuple[float, str, str | None]:
+    """Predicted median step ms with DDP buckets of ``bucket_mib`` MiB, from ``trace``.
 
-    Returns (ms, how, refusal): ``refusal`` is the reason the bucket policy could not be
-    applied (then the prediction is the identity replay), else None.
+    DDP's ``bucket_cap_mb`` counts MiB; the policy's ``overlap.bucket_mb`` counts 10^6
+    bytes, so the size is converted. Returns (ms, how, refusal): ``refusal`` is the reason
+    the bucket policy could not be applied (then the prediction is the identity replay).
     """
     try:
         from replay.whatif import whatif
@@ -105,23 +107,42 @@ def predict_ms(trace: Trace, target_mb: float) -> tuple[float, str, str | None]:
         ms = per_step_ms(trace)[1]
         return ms, "identity replay", f"replay.whatif is missing ({exc})"
     try:
-        res = whatif(trace, {"overlap.mode": "async", "overlap.bucket_mb": target_mb})
+        res = whatif(trace, {"overlap.mode": "async",
+                             "overlap.bucket_mb": bucket_mib * 2**20 / 1e6})
     except RetimeError as exc:
         return per_step_ms(trace)[1], "identity replay", str(exc)
-    return (step_ms(res.trace, res.start_ns, res.end_ns),
-            f"whatif {res.meta.get('scenario')}", None)
+    sc = res.meta.get("scenario") or [{}]
+    info = ", ".join(f"{k} {v}" for k, v in sc[-1].items() if k.startswith("buckets_"))
+    return step_ms(res.trace, res.start_ns, res.end_ns), f"whatif overlap.bucket_mb; {info}", None
+
+
+def _predictions(label: str, traces: list[Trace], bucket_mib: float, truth_ms: float,
+                 refusals: set[str]) -> list[float]:
+    errs = []
+    for i, t in enumerate(traces):
+        pred, how, refusal = predict_ms(t, bucket_mib)
+        ident = per_step_ms(t)[1]
+        if refusal:
+            refusals.add(refusal)
+        err = (pred - truth_ms) / truth_ms
+        errs.append(abs(err))
+        print(f"  {label} run {i}: predicted {pred:8.2f} ms/step (identity {ident:8.2f}), "
+              f"error {err:+.1%} vs measured mean {truth_ms:.2f}  [{how}]")
+    return errs
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--base-mb", type=float, default=100.0, help="base DDP bucket size (MB)")
-    p.add_argument("--target-mb", type=float, default=1.0, help="target DDP bucket size (MB)")
+    p.add_argument("--base-mb", type=float, default=100.0, help="base DDP bucket_cap_mb (MiB)")
+    p.add_argument("--target-mb", type=float, default=1.0, help="target DDP bucket_cap_mb (MiB)")
     p.add_argument("--repeats", type=int, default=2, help="captures per setting (interleaved)")
     p.add_argument("--active", type=int, default=5, help="recorded steps per capture")
     p.add_argument("--hidden", type=int, default=1024)
     p.add_argument("--layers", type=int, default=6)
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--keep", type=Path, default=None, help="keep the traces in this folder")
+    p.add_argument("--reuse", action="store_true",
+                   help="with --keep: analyse traces already there instead of capturing again")
     args = p.parse_args(argv)
 
     work = args.keep or Path(tempfile.mkdtemp(prefix="retime-whatif-"))
@@ -135,13 +156,18 @@ def main(argv: list[str] | None = None) -> int:
     for rep in range(args.repeats):
         for name, mb in settings.items():
             out = work / f"{name}-{rep}"
-            wall = capture(out, mb, args)
+            if args.reuse and out.is_dir():
+                wall = float("nan")
+            else:
+                if out.exists():
+                    shutil.rmtree(out)
+                wall = capture(out, mb, args)
             t = read(out)
             meas, ident = per_step_ms(t)
             n_ar, mean_b = allreduce_stats(t)
             measured[name].append(meas)
             traces[name].append(t)
-            print(f"  captured {name:6s} bucket {mb:g} MB, run {rep}: {meas:8.2f} ms/step "
+            print(f"  captured {name:6s} bucket {mb:g} MiB, run {rep}: {meas:8.2f} ms/step "
                   f"(identity replay {ident:8.2f}; median of steps), {n_ar} all-reduces of {mean_b / 2**20:.2f} "
                   f"MiB mean in the window, capture wall {wall:.1f} s")
 
@@ -149,31 +175,30 @@ def main(argv: list[str] | None = None) -> int:
     m_tgt = statistics.mean(measured["target"])
     noise = {k: (max(v) - min(v)) / statistics.mean(v) if len(v) > 1 else float("nan")
              for k, v in measured.items()}
-    print(f"\nmeasured base   (bucket {args.base_mb:g} MB): {m_base:8.2f} ms/step "
+    print(f"\nmeasured base   (bucket {args.base_mb:g} MiB): {m_base:8.2f} ms/step "
           f"(runs {', '.join(f'{x:.2f}' for x in measured['base'])}; spread {noise['base']:.1%})")
-    print(f"measured target (bucket {args.target_mb:g} MB): {m_tgt:8.2f} ms/step "
+    print(f"measured target (bucket {args.target_mb:g} MiB): {m_tgt:8.2f} ms/step "
           f"(runs {', '.join(f'{x:.2f}' for x in measured['target'])}; spread {noise['target']:.1%})")
     print(f"measured change target/base: {m_tgt / m_base:.3f}x")
-    errs, refusals = [], set()
-    for i, t in enumerate(traces["base"]):
-        pred, how, refusal = predict_ms(t, args.target_mb)
-        if refusal:
-            refusals.add(refusal)
-        err = (pred - m_tgt) / m_tgt
-        errs.append(abs(err))
-        print(f"predicted target from base run {i}: {pred:8.2f} ms/step, error {err:+.1%} vs "
-              f"measured target mean  [{how}]")
-    print(f"\nmean |error| {statistics.mean(errs):.1%} (target: within 10%); run-to-run spread "
-          f"of the measurements {max(noise.values()):.1%}")
+    refusals: set[str] = set()
+    print(f"\npredict target (bucket {args.target_mb:g} MiB) from each base trace:")
+    errs = _predictions("base", traces["base"], args.target_mb, m_tgt, refusals)
+    print(f"predict base (bucket {args.base_mb:g} MiB) from each target trace (reverse check):")
+    rev = _predictions("target", traces["target"], args.base_mb, m_base, refusals)
+    print(f"\nmean |error| target from base {statistics.mean(errs):.1%}, base from target "
+          f"{statistics.mean(rev):.1%} (target: within 10%); run-to-run spread of the "
+          f"measurements {max(noise.values()):.1%}")
     for r in sorted(refusals):
         print(f"NOTE: the bucket what-if was not applied: {r}")
     if refusals:
-        print("So the prediction above is the identity replay of the base trace ('nothing "
-              "changes'). It lacks the re-bucketing of the gradient all-reduce on a measured "
-              "trace (per-bucket gradient sizes and the backward op after which each bucket "
-              "is ready, smaller all-reduces issued during backward and overlapped with it) "
-              "and the CPU contention between gloo threads and compute on a small machine. "
-              "The error above is the error of predicting 'no change'.")
+        print("So those predictions are the identity replay of the input trace ('nothing "
+              "changes'): they lack the re-bucketing of the gradient all-reduce.")
+    print("NOTE: on CPU/gloo captures the Kineto reader links no training-thread op to the "
+          "gloo:all_reduce it issues (c10d::allreduce_ -> gloo worker thread) nor back from "
+          "its end to the op that waited for it (DDP's copy_bucket_to_grad), so re-bucketed "
+          "all-reduces cannot delay or release the training thread; the replay keeps the "
+          "measured wait as a fixed gap. CPU contention between gloo threads and compute on "
+          "a small machine is not modeled either.")
     if args.keep is None:
         print(f"(traces in {work}; pass --keep DIR to choose where)")
     return 0
