@@ -167,3 +167,12 @@ def test_fewer_nics_per_node_is_less_inter_node_bandwidth(dp_job):
     assert four.step_time_ns == half.step_time_ns > base.step_time_ns
     with pytest.raises(PolicyError, match="NICs"):
         whatif(read(sorted((TRACES / "kineto" / "a100-ddp-nccl").glob("*"))), {"topology.nics": 2})
+
+
+def test_hardware_rank_slowdown_equals_the_straggler_injection(dp_job):
+    a = whatif(dp_job, {"hardware.slow_ranks": [5], "hardware.rank_slowdown": 1.3})
+    b = whatif(dp_job, {"stragglers.slow_ranks": [5], "stragglers.slowdown": 1.3})
+    np.testing.assert_array_equal(a.end_ns, b.end_ns)
+    assert a.step_time_ns > whatif(dp_job).step_time_ns
+    with pytest.raises(PolicyError, match="go together"):
+        Hardware(slow_ranks=(1,))

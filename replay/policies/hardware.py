@@ -64,7 +64,9 @@ class Hardware(Policy):
     """Kernel-class speedups (factors > 1 are faster) and GPU swap.
 
     ``compute_speedup`` applies to every compute class (gemm, attention, elementwise) and
-    multiplies with the class-specific factors.
+    multiplies with the class-specific factors. ``slow_ranks`` with ``rank_slowdown``
+    injects a slower GPU: those ranks' compute and memcpy take ``rank_slowdown`` times as
+    long (the same as ``stragglers.slow_ranks`` / ``stragglers.slowdown``).
     """
 
     compute_speedup: float | None = None
@@ -75,6 +77,8 @@ class Hardware(Policy):
     comm_speedup: float | None = None
     gpu: str | None = None
     from_gpu: str | None = None
+    slow_ranks: tuple[int, ...] | None = None
+    rank_slowdown: float | None = None
     table: ClassVar[str] = "hardware"
 
     def __post_init__(self) -> None:
@@ -87,6 +91,10 @@ class Hardware(Policy):
                 if not isinstance(v, str):
                     raise PolicyError(f"hardware.{f}={v!r} must be a profile name")
                 _profile(v, f)  # fail early on an unknown profile
+        if self.slow_ranks is not None or self.rank_slowdown is not None:
+            from .stragglers import Stragglers
+            s = Stragglers(slow_ranks=self.slow_ranks, slowdown=self.rank_slowdown)
+            object.__setattr__(self, "slow_ranks", s.slow_ranks)
 
     def factors(self) -> np.ndarray:
         """Duration multiplier per class (1 / speedup)."""
@@ -114,6 +122,9 @@ class Hardware(Policy):
         if self.gpu is not None and not state.is_synth:
             f = f * _roofline_ratio(state.trace, self.gpu, self.from_gpu)
         state.dur *= f[cls]
+        if self.slow_ranks:
+            from .stragglers import inject_slowdown
+            inject_slowdown(state, self.slow_ranks, self.rank_slowdown)
         state.applied.append(self.describe())
 
 

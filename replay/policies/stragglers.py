@@ -109,18 +109,22 @@ class Stragglers(Policy):
         if self.ideal_durations:
             state.dur = ideal_durations(state.trace, g).astype(np.float64)
         if self.slow_ranks:
-            rank = g.rank
-            present = set(np.unique(rank).tolist())
-            missing = [r for r in self.slow_ranks if r not in present]
-            if missing:
-                raise PolicyError(f"stragglers.slow_ranks: rank(s) {missing} are not in the "
-                                  f"trace (ranks {min(present)}..{max(present)})")
-            k = state.kinds()
-            work = (k == OpKind.KERNEL) | (k == OpKind.COMPUTE) | (k == OpKind.MEMCPY) \
-                | (k == OpKind.MEMSET)
-            sel = work & np.isin(rank, np.asarray(self.slow_ranks))
-            state.dur[sel] *= self.slowdown
+            inject_slowdown(state, self.slow_ranks, self.slowdown)
         state.applied.append(self.describe())
+
+
+def inject_slowdown(state: WhatIfState, ranks: tuple[int, ...], factor: float) -> None:
+    """Multiply the compute and memcpy durations of ``ranks`` by ``factor``."""
+    rank = state.trace.ops["rank"].to_numpy()
+    present = set(np.unique(rank).tolist())
+    missing = [r for r in ranks if r not in present]
+    if missing:
+        raise PolicyError(f"slow_ranks: rank(s) {missing} are not in the trace (ranks "
+                          f"{min(present)}..{max(present)})")
+    k = state.kinds()
+    work = (k == OpKind.KERNEL) | (k == OpKind.COMPUTE) | (k == OpKind.MEMCPY) \
+        | (k == OpKind.MEMSET)
+    state.dur[work & np.isin(rank, np.asarray(ranks))] *= factor
 
 
 # ---------------------------------------------------------------------------- helpers
