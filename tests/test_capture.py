@@ -205,7 +205,7 @@ def test_capture_cli_errors_are_one_line_exit_2(tmp_path, capsys):
 
 @pytest.mark.torch
 @needs_torch
-def test_in_process_capture_cycles_and_too_few_steps(tmp_path):
+def test_in_process_capture_cycles_and_too_few_steps(tmp_path, monkeypatch):
     import torch
 
     from collectors.capture import Capture
@@ -235,7 +235,7 @@ def test_in_process_capture_cycles_and_too_few_steps(tmp_path):
                 cap.step()
     assert cap.paths == [] and not list((tmp_path / "short").glob("*.json*"))
     # disabled when neither out_dir nor RETIME_CAPTURE_OUT_DIR is given
-    os.environ.pop(ENV_PREFIX + "OUT_DIR", None)
+    monkeypatch.delenv(ENV_PREFIX + "OUT_DIR", raising=False)
     with Capture() as cap:
         cap.step()
     assert not cap.enabled and cap.steps == 0
