@@ -8,8 +8,9 @@ Two paths (DESIGN.md §4):
   :mod:`replay.graph`).
 * ``mode="contention"`` — an event-driven fluid simulation in which ops running at the
   same time share their device and links (:class:`ContentionModel`). With every sharing
-  switched off it gives the fast path's result (on graphs whose negative lags leave a CPU
-  op, as real traces' launch edges do; see :func:`replay._kernels._fluid_replay`).
+  switched off it gives the fast path's result whenever no start had to be clamped
+  (``meta["contention"]["clamped_starts"] == 0``; true on every shared trace; see
+  :func:`replay._fluid._fluid_replay`).
 
 What-if policies pass modified durations (``durations_ns``), a modified graph
 (:meth:`ReplayGraph.with_edges`, :meth:`ReplayGraph.with_durations`) and/or a contention
@@ -28,7 +29,8 @@ import pandas as pd
 from collectors.errors import ReplayError
 from collectors.trace import Trace
 
-from ._kernels import _fast_replay, _fluid_replay
+from ._fluid import _fluid_replay
+from ._kernels import _fast_replay
 from .graph import ReplayGraph, _check_durations, build_graph
 
 __all__ = ["ContentionModel", "ReplayResult", "simulate", "replay"]

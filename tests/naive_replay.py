@@ -125,9 +125,10 @@ def _to_ops(g, start, end, crit):
 def naive_fluid(g, durations_ns=None, interference=0.0, share_compute=False, share_links=True):
     """Reference of the contention path: heapq event simulation with lazy deletion.
 
-    Same model as ``replay._kernels._fluid_replay`` (see its docstring); the order in which
-    running jobs are visited (a list with swap-removal) and the sequence numbers follow the
-    kernel so that floating-point results agree to the last bit.
+    Same model as ``replay._fluid._fluid_replay`` (see its docstring), but it re-evaluates
+    every running job at every change (the kernel only those a change can affect). Rates
+    are updated in job-id order and released ops are started at the end of each event, in
+    order, as the kernel does, so that floating-point results agree to the last bit.
     """
     n = g.n_ops
     dur = _layout_durations(g, durations_ns)
@@ -189,7 +190,7 @@ def naive_fluid(g, durations_ns=None, interference=0.0, share_compute=False, sha
         if share_links:
             cnt: dict = {}
             cap: dict = {}
-            flows = [j for j in active if is_flow(j)]
+            flows = sorted(j for j in active if is_flow(j))
             for j in flows:
                 for m in members(j):
                     if link[m] >= 0:
@@ -219,7 +220,7 @@ def naive_fluid(g, durations_ns=None, interference=0.0, share_compute=False, sha
                                 cap[link[m]] -= share[j]
                 if not progressed:
                     break
-        for j in active:
+        for j in sorted(active):  # the kernel updates in job-id order
             if not is_flow(j):
                 d = device[j]
                 r = 1.0
@@ -240,7 +241,18 @@ def naive_fluid(g, durations_ns=None, interference=0.0, share_compute=False, sha
                 jb["rate"] = r
                 push_job(j, now + max(jb["thr"] - jb["done"], 0.0) / r)
 
+    rel: list = []  # released in this event; started in FIFO order at its end (as the kernel)
+
     def release(q, now):
+        rel.append(q)
+
+    def flush(now):
+        nonlocal seq, clamped
+        for q in rel:
+            start_op(q, now)
+        rel.clear()
+
+    def start_op(q, now):
         nonlocal seq, clamped
         r, cp = _ready(q, start, end, lane_prev, lane_lag, lane_s2s, preds, origin)
         s = r + delay[q]
@@ -382,6 +394,7 @@ def naive_fluid(g, durations_ns=None, interference=0.0, share_compute=False, sha
                 wpending[q] -= 1
                 if wpending[q] == 0 and own[q] is not None:
                     fin.append(q)
+        flush(now)
     if started < n:
         raise RuntimeError("cycle")
     s, e, c = _to_ops(g, [int(np.rint(x)) + base for x in start],
