@@ -56,6 +56,7 @@ def ingest(
     output: Annotated[Path, typer.Option("-o", "--output", help="Output NAME.retime directory.")],
     format: Annotated[Format, typer.Option("--format", help="Input format; auto detects by content.")] = Format.auto,
     jobs: Annotated[int, typer.Option("--jobs", "-j", min=1, help="Parse ranks in N processes.")] = 1,
+    scheduler: Annotated[str | None, typer.Option("--scheduler", help="Parse Kineto ranks on a Dask cluster (tcp://host:8786); the workers must see the files at the same paths.")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")] = False,
 ) -> None:
     """Read traces (Kineto JSON, nsys SQLite, op-level Parquet) into one NAME.retime store.
@@ -65,7 +66,11 @@ def ingest(
     """
     if output.exists() and not output.is_dir():
         raise RetimeError(f"{output}: exists and is not a directory; choose another -o path")
-    trace = read([str(p) for p in paths], format=format.value, jobs=jobs)
+    if scheduler is not None:
+        from collectors.distributed import read_distributed
+        trace = read_distributed([str(p) for p in paths], scheduler, format=format.value)
+    else:
+        trace = read([str(p) for p in paths], format=format.value, jobs=jobs)
     trace.save(output)
     s = ingest_summary(trace)
     s["output"] = str(output)

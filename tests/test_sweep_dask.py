@@ -140,3 +140,29 @@ def test_cli_sweep_on_scheduler(cluster, tmp_path, capsys):
                 "1", "--json"]) == 0
     capsys.readouterr()
     pd.testing.assert_frame_equal(pd.read_parquet(out1), df)
+
+
+def test_ingest_on_dask_equals_local_ingest(cluster, dlrm, tmp_path, capsys):
+    from collectors.distributed import read_distributed
+    from retime.cli import run
+
+    lc, client = cluster
+    t = read_distributed(DLRM, client)
+    for name in ("ops", "lanes", "edges", "ranges", "memory"):
+        pd.testing.assert_frame_equal(getattr(t, name), getattr(dlrm, name))
+    assert t.strings == dlrm.strings
+    assert t.meta["collectives"] == dlrm.meta["collectives"]
+    out = tmp_path / "d.retime"
+    rc = run(["ingest", str(DLRM), "-o", str(out), "--scheduler", lc.scheduler_address,
+              "--json"])
+    cap = capsys.readouterr()
+    assert rc == 0, cap.err
+    s = json.loads(cap.out)
+    assert s["ops"] == dlrm.n_ops and s["ranks"] == list(range(8))
+    assert s["collectives"]["matched"] == dlrm.meta["collectives"]["matched"]
+    # other formats are refused with one line, exit 2
+    nsys = DLRM.parents[1] / "nsys" / "h100-2gpu-fastvideo.sqlite"
+    rc = run(["ingest", str(nsys), "-o", str(tmp_path / "n.retime"), "--scheduler",
+              lc.scheduler_address])
+    err = capsys.readouterr().err
+    assert rc == 2 and "Kineto traces" in err and len(err.strip().splitlines()) == 1
