@@ -48,11 +48,15 @@ Edges (conventions shared with the Kineto reader):
   after the wait, when ``CUPTI_ACTIVITY_KIND_CUDA_EVENT`` identifies the record; otherwise it
   is dropped as ``stream_wait_event_record_unknown``.
 
-NCCL kernels (name starting ``nccl``) become ``COLLECTIVE`` ops (``P2P`` for send-only or
-recv-only kernels), ``comm_op`` from the name.  Without communicator ids in the export, every
-rank of the trace is one inferred group (``groups`` row 0); instance *k* of a ``comm_op`` on
-every rank (in GPU start order) forms one ``coll_id``.  ``meta["collectives"]`` counts matched
-and unmatched *ops* (``instances`` counts matched instances).
+NCCL/RCCL kernels (name starting ``nccl``/``rccl``) become ``COLLECTIVE`` ops (``P2P`` for
+send-only or recv-only kernels), ``comm_op`` from the name
+(:func:`collectors.collectives.comm_op_from_name`).  Exports carry no communicator ids, so
+every rank of the trace is one inferred group (``groups`` row 0) and
+:func:`collectors.collectives.match_collectives` pairs the k-th op of each ``comm_op`` on every
+rank (GPU start order) into one ``coll_id``; ``meta["collectives"]`` counts instances
+(``matched``/``unmatched`` with reasons) and their ops, as for Kineto traces.
+``meta["devices"]`` is ``{rank: {device: {...}}}`` with ``TARGET_INFO_GPU`` properties and
+peak rates when the GPU is known.
 """
 
 from __future__ import annotations
@@ -70,6 +74,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from .collectives import comm_op_from_name, match_collectives
+from .devices import device_peaks
 from .enums import CommOp, EdgeKind, LaneKind, OpKind
 from .errors import TraceFormatError
 from .progress import progress_bar
@@ -109,16 +115,6 @@ _COPY_KIND = {0: "Unknown", 1: "HtoD", 2: "DtoH", 3: "HtoA", 4: "AtoH", 5: "AtoA
               7: "DtoA", 8: "DtoD", 9: "HtoH", 10: "PtoP", 11: "HtoD", 12: "DtoH", 13: "DtoD"}
 _MEM_KIND = {0: "Pageable", 1: "Pinned", 2: "Device", 3: "Array", 4: "Managed",
              5: "Device Static", 6: "Managed Static", 7: "Unknown"}
-
-# order matters: ReduceScatter before Reduce, AllGather before Gather, SendRecv before Send/Recv
-_NCCL_OPS = [
-    ("allreduce", CommOp.ALL_REDUCE), ("reducescatter", CommOp.REDUCE_SCATTER),
-    ("allgather", CommOp.ALL_GATHER), ("alltoall", CommOp.ALL_TO_ALL),
-    ("broadcast", CommOp.BROADCAST), ("sendrecv", CommOp.SEND_RECV), ("reduce", CommOp.REDUCE),
-    ("gather", CommOp.GATHER), ("scatter", CommOp.SCATTER), ("send", CommOp.SEND),
-    ("recv", CommOp.RECV),
-]
-
 
 def missing_tables(path: str | os.PathLike[str]) -> list[str]:
     """Tables of :data:`REQUIRED_TABLES` that the SQLite file ``path`` lacks."""
@@ -208,20 +204,10 @@ def _ints(con: _Conn, sql: str, ncols: int) -> np.ndarray:
 
 def _comm_op_of(names: list[str]) -> tuple[np.ndarray, np.ndarray]:
     """(is_nccl, comm_op) for kernel names (small: one entry per distinct name)."""
-    is_nccl = np.zeros(len(names), bool)
-    comm = np.zeros(len(names), np.int8)
-    for i, n in enumerate(names):
-        low = n.lower()
-        if not (low.startswith("nccl") or low.startswith("void nccl") or low.startswith("rccl")):
-            continue
-        is_nccl[i] = True
-        m = re.match(r"(?:void\s+)?[rn]ccl(?:dev)?kernel_([a-z2]+)", low.replace(" ", ""))
-        key = m.group(1) if m else low
-        comm[i] = int(CommOp.UNKNOWN)
-        for pat, op in _NCCL_OPS:
-            if key.startswith(pat) or (not m and pat in key):
-                comm[i] = int(op)
-                break
+    is_nccl = np.array([n.removeprefix("void ").lower().startswith(("nccl", "rccl"))
+                        for n in names], bool)
+    comm = np.array([int(comm_op_from_name(n.removeprefix("void ")) if c else CommOp.NONE)
+                     for n, c in zip(names, is_nccl, strict=True)], np.int8)
     return is_nccl, comm
 
 
@@ -617,34 +603,23 @@ def _assemble(files: list[_File], strings: StringTable, ps: list[Path]) -> Trace
     gpu["op_id"] = np.arange(ng, dtype=np.int64)
     rt["op_id"] = np.arange(ng, ng + nr, dtype=np.int64)
 
-    # ---- collectives: per (comm_op) issue order on each rank, one inferred world group
+    # ---- collectives: one inferred group of all ranks, matched by per-(comm_op) issue order
+    # (the shared matcher of collectors.collectives, as for Kineto traces without Seq)
     coll_id = np.full(ng, -1, np.int64)
     all_ranks = sorted(int(r) for f in files for r in f.pairs["rank"])
     cmask = np.isin(gpu["kind"].to_numpy(), [int(OpKind.COLLECTIVE), int(OpKind.P2P)])
-    colls: dict[str, Any] = {"matched": 0, "unmatched": 0, "unmatched_reasons": {}, "instances": 0}
+    colls: dict[str, Any] = {"matched": 0, "unmatched": 0, "unmatched_reasons": {},
+                             "ops_matched": 0, "ops_unmatched": 0}
     group_ids = np.full(ng, -1, np.int32)
     if cmask.any():
-        c = gpu.loc[cmask, ["rank", "comm_op", "start", "op_id"]].sort_values(
-            ["rank", "comm_op", "start"], kind="stable")
-        c["k"] = c.groupby(["rank", "comm_op"]).cumcount()
-        group_ids[c["op_id"].to_numpy()] = 0
-        size = c.groupby(["comm_op", "k"])["rank"].transform("size").to_numpy()
-        nr_world = len(all_ranks)
-        full = size == nr_world
-        if nr_world > 1:
-            key = c["comm_op"].to_numpy()[full].astype(np.int64) << 40 | c["k"].to_numpy()[full]
-            # number instances in time order of their first member
-            first = pd.Series(c["start"].to_numpy()[full]).groupby(key).transform("min").to_numpy()
-            inst = pd.Index(pd.unique(key[np.lexsort((key, first))])).get_indexer(key)
-            coll_id[c["op_id"].to_numpy()[full]] = inst
-            colls["instances"] = int(inst.max() + 1) if len(inst) else 0
-            colls["matched"] = int(full.sum())
-            bad = int((~full).sum())
-            if bad:
-                colls["unmatched_reasons"]["missing_on_some_ranks"] = bad
-        else:
-            colls["unmatched_reasons"]["single_rank_trace"] = int(len(c))
-        colls["unmatched"] = int(sum(colls["unmatched_reasons"].values()))
+        ci = np.flatnonzero(cmask)
+        n = len(ci)
+        cid, colls = match_collectives(
+            gpu["rank"].to_numpy()[ci], np.zeros(n, np.int64), np.full(n, len(all_ranks)),
+            gpu["comm_op"].to_numpy()[ci], np.zeros(n, np.int64), np.full(n, -1, np.int64),
+            gpu["start"].to_numpy()[ci], {0: set(all_ranks)})
+        coll_id[ci] = cid
+        group_ids[ci] = 0
 
     ops = {
         "rank": np.concatenate([gpu["rank"].to_numpy(), rt["rank"].to_numpy()]),
@@ -668,10 +643,10 @@ def _assemble(files: list[_File], strings: StringTable, ps: list[Path]) -> Trace
               "name_id": nv_name, "start_ns": nv["start"].to_numpy(),
               "end_ns": nv["end"].to_numpy(),
               "depth": _depth(nv["lane"].to_numpy(), nv["start"].to_numpy(), nv["end"].to_numpy())}
-    devices: dict[str, Any] = {}
+    devices: dict[str, Any] = {}  # {rank: {device: {...}}}, as the Kineto reader writes
     for f in files:
         for row in f.pairs.itertuples():
-            d = {"device": int(row.dev), "pid": int(row.pid), "host": f.host, "path": str(f.path)}
+            d: dict[str, Any] = {"pid": int(row.pid), "host": f.host}
             info = f.gpu_info.get(int(row.dev))
             if info:
                 d.update({"name": info.get("name"), "memory_bytes": info.get("totalMemory"),
@@ -679,7 +654,8 @@ def _assemble(files: list[_File], strings: StringTable, ps: list[Path]) -> Trace
                           "memory_bandwidth_bytes_per_s": info.get("memoryBandwidth"),
                           "compute_capability": f"{info.get('computeMajor')}.{info.get('computeMinor')}"
                           if info.get("computeMajor") is not None else None})
-            devices[str(int(row.rank))] = d
+                d.update(device_peaks(info.get("name")))
+            devices[str(int(row.rank))] = {str(int(row.dev)): d}
     meta = {
         "source_format": "nsys",
         "sources": [{"path": str(p), "format": "nsys"} for p in ps],

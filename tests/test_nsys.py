@@ -40,8 +40,8 @@ def test_ranks_are_process_device_pairs(trace):
     assert list(trace.ranks) == list(range(len(pairs))) == [0, 1]
     assert trace.meta["world_size"] == 2
     for rank, (gpid, dev) in enumerate(pairs):
-        d = trace.meta["devices"][str(rank)]
-        assert d["device"] == dev and d["pid"] == (gpid >> 24) & 0xFFFFFF
+        d = trace.meta["devices"][str(rank)][str(dev)]
+        assert d["pid"] == (gpid >> 24) & 0xFFFFFF
         for t, kinds in (("CUPTI_ACTIVITY_KIND_KERNEL", (OpKind.KERNEL, OpKind.COLLECTIVE)),
                          ("CUPTI_ACTIVITY_KIND_MEMCPY", (OpKind.MEMCPY,)),
                          ("CUPTI_ACTIVITY_KIND_MEMSET", (OpKind.MEMSET,))):
@@ -140,8 +140,8 @@ def test_nccl_collectives_matched(trace):
     assert len(c) == 66 and (c["comm_op"] == CommOp.SEND_RECV).all()
     per = c.groupby("coll_id")["rank"].agg(sorted)
     assert len(per) == 33 and all(r == [0, 1] for r in per)
-    assert trace.meta["collectives"] == {"matched": 66, "unmatched": 0, "unmatched_reasons": {},
-                                         "instances": 33}
+    assert trace.meta["collectives"] == {"matched": 33, "unmatched": 0, "unmatched_reasons": {},
+                                         "ops_matched": 66, "ops_unmatched": 0}
     assert list(trace.groups["ranks"].iloc[0]) == [0, 1]
     # instance k is the k-th SendRecv on each rank
     for cid in (0, 17, 32):
@@ -259,9 +259,9 @@ def test_event_wait_stream_sync_and_gpu_info(tmp_path):
     assert sum(k == EdgeKind.SYNC for k in e.values()) == 2
     assert sum(k == EdgeKind.LAUNCH for k in e.values()) == 3
     assert sum(k == EdgeKind.HOST_ORDER for k in e.values()) == 5
-    dev = t.meta["devices"]["0"]
+    dev = t.meta["devices"]["0"]["3"]
     assert dev["name"] == "NVIDIA H100 80GB HBM3" and dev["sm_count"] == 132
-    assert dev["compute_capability"] == "9.0" and dev["device"] == 3
+    assert dev["compute_capability"] == "9.0" and dev["peak_flops"] == 989e12
     acc = t.meta["accounting"][str(tmp_path / "crafted.sqlite")]
     assert acc == {"events_read": 12, "dropped": {},
                    "kept": {"CUPTI_ACTIVITY_KIND_KERNEL": 3, "CUPTI_ACTIVITY_KIND_RUNTIME": 6,
@@ -273,7 +273,7 @@ def test_cli_ingest_json_and_subprocess(tmp_path, capsys):
     out = tmp_path / "run.retime"
     assert run(["ingest", str(NSYS), "-o", str(out), "--json"]) == 0
     s = json.loads(capsys.readouterr().out)
-    assert s["ranks"] == [0, 1] and s["collectives"]["matched"] == 66
+    assert s["ranks"] == [0, 1] and s["collectives"]["matched"] == 33
     t = read_trace(out)
     assert t.meta["source_format"] == "nsys" and t.n_ops == 12765
     out2 = tmp_path / "run2.retime"
