@@ -68,6 +68,8 @@ member's ready time; a member's pure transfer time is its end minus the latest m
 - optimizer-clip-main-grad: every rank of the step (group ``world``);
 - layernorm-grads-all-reduce: a one-member instance per rank (TP is folded into a rank here).
 
+``meta["collectives"]`` counts instances (``matched``/``unmatched`` with reasons) and their
+ops (``ops_matched``/``ops_unmatched``), as the Kineto reader does, plus ``p2p_noops``.
 ``dp_rank`` and ``stage`` of each rank are in ``meta["oplevel"]["ranks"]`` and in the groups.
 """
 
@@ -478,22 +480,30 @@ def _collectives(df: pd.DataFrame, job: dict[str, Any],
     grp = np.full(len(df), -1, np.int32)
     peer = np.full(len(df), -1, np.int32)
     colls: dict[str, Any] = {"matched": 0, "unmatched": 0, "unmatched_reasons": {},
-                             "instances": 0, "p2p_noops": 0}
+                             "ops_matched": 0, "ops_unmatched": 0, "p2p_noops": 0}
     next_id = 0
 
-    def assign(members: pd.DataFrame, by: list[str], expected: np.ndarray | int, reason: str):
+    def count(ok_inst: np.ndarray, ops_ok: int, ops_bad: int, reason: str) -> None:
+        colls["matched"] += int(ok_inst.sum())
+        bad = int((~ok_inst).sum())
+        colls["unmatched"] += bad
+        if bad:
+            colls["unmatched_reasons"][reason] = colls["unmatched_reasons"].get(reason, 0) + bad
+        colls["ops_matched"] += ops_ok
+        colls["ops_unmatched"] += ops_bad
+
+    def assign(members: pd.DataFrame, by: list[str], expected: int, reason: str) -> None:
+        # like the Kineto matcher, an incomplete instance keeps its coll_id (its members still
+        # start together) and is counted as unmatched
         nonlocal next_id
         if members.empty:
             return
         inst = members.groupby(by, sort=True).ngroup().to_numpy()
-        size = np.bincount(inst)[inst]
-        ok = size == expected
-        ids = pd.factorize(inst[ok])[0] + next_id
-        coll[members["op_id"].to_numpy()[ok]] = ids
-        next_id += int(ids.max() + 1 - next_id) if len(ids) else 0
-        colls["matched"] += int(ok.sum())
-        if (~ok).any():
-            colls["unmatched_reasons"][reason] = colls["unmatched_reasons"].get(reason, 0) + int((~ok).sum())
+        ok_inst = np.bincount(inst) == expected
+        coll[members["op_id"].to_numpy()] = inst + next_id
+        next_id += len(ok_inst)
+        ok = ok_inst[inst]
+        count(ok_inst, int(ok.sum()), int((~ok).sum()), reason)
 
     ot = df["optype"]
     # DP collectives over the DP ranks of a stage
@@ -535,12 +545,11 @@ def _collectives(df: pd.DataFrame, job: dict[str, Any],
         coll[sends["op_id"].to_numpy()] = ids
         coll[sends["peer_op"].to_numpy()] = ids
         peer[m["op_id"].to_numpy()] = m["peer_rank"].to_numpy()
-        colls["matched"] += 2 * len(sends)
         unpaired = len(v) - 2 * len(sends)
-        if unpaired:
-            colls["unmatched_reasons"]["p2p_partner_missing"] = int(unpaired)
-    colls["unmatched"] = int(sum(colls["unmatched_reasons"].values()))
-    colls["instances"] = int(next_id)
+        count(np.ones(len(sends), bool), 2 * len(sends), unpaired, "p2p_partner_missing")
+        if unpaired:  # one-member instances without coll_id
+            colls["unmatched"] += unpaired
+            colls["unmatched_reasons"]["p2p_partner_missing"] = unpaired
     df["coll_id"] = coll
     df["group_id"] = grp
     df["peer"] = peer

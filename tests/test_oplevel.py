@@ -79,7 +79,8 @@ def test_collective_instances(trace, raw):
     n = trace.names()
     c = trace.meta["collectives"]
     assert c["unmatched"] == 0 and c["p2p_noops"] == 0
-    assert c["matched"] == int((o["coll_id"] >= 0).sum())
+    assert c["ops_matched"] == int((o["coll_id"] >= 0).sum()) and c["ops_unmatched"] == 0
+    assert c["matched"] == o.loc[o["coll_id"] >= 0, "coll_id"].nunique()
     size = o[o["coll_id"] >= 0].groupby("coll_id").size()
     steps = raw["step"].nunique()
     # params-all-gather: one instance per (step, stage) over the 2 DP ranks
