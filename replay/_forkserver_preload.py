@@ -21,6 +21,15 @@ from .sweep import scenario_metrics
 
 
 def _warm() -> None:
+    """Best effort: a failure here must never take the forkserver down (workers would then
+    only start slower), so every error is swallowed."""
+    try:
+        _run_once()
+    except Exception:  # noqa: BLE001 - warm-up is an optimization, not a requirement
+        pass
+
+
+def _run_once() -> None:
     t = Trace.build(
         ops={"rank": np.zeros(2, np.int32), "lane": np.zeros(2, np.int32),
              "kind": np.zeros(2, np.int8), "name_id": np.zeros(2, np.int32),
@@ -30,7 +39,7 @@ def _warm() -> None:
         strings=["warm-up"])
     scenario_metrics(simulate(build_graph(t)))
     with contextlib.suppress(ImportError, RetimeError):
-        from . import whatif  # the what-if policies and their kernels, when present
+        from . import whatif  # the what-if policies and their kernels
 
         whatif(t, {})
 
