@@ -301,3 +301,22 @@ def test_replay_reproduces_synthesized_step():
     st = res.step_times()
     assert (st["replayed_ns"] == st["measured_ns"]).all()
     assert st["replayed_ns"].max() == tr.meta["synth"]["step_time_ns"]
+
+
+def test_tied_embedding_allreduce_between_first_and_last_stage():
+    tr = synthesize(SMALL, "a100-80gb", tp=2, pp=4, dp=2, global_batch=8, micro_batch=1)
+    o = tr.ops
+    e = o[tr.names() == "pp.allreduce_embedding_grads"]
+    R = 4  # dp * tp
+    assert sorted(e["rank"].tolist()) == sorted(list(range(R)) + list(range(3 * R, 4 * R)))
+    groups = {int(g): r for g, r, n in zip(tr.groups["group_id"], tr.groups["ranks"],
+                                           tr.groups["name"]) if n.startswith("emb")}
+    for _, g in e.groupby("coll_id"):
+        assert len(g) == 2 and g["start_ns"].nunique() == 1
+        assert sorted(g["rank"].tolist()) == sorted(groups[int(g["group_id"].iloc[0])])
+    # vocabulary (32000, already a multiple of 128 * tp) x hidden / tp, 2-byte gradients
+    assert (e["bytes"] == 32000 * 1024 // 2 * 2).all()
+    # untied models have no such all-reduce
+    untied = synthesize(dict(SMALL, tied_embeddings=False), "a100-80gb", tp=2, pp=4, dp=2,
+                        global_batch=8, micro_batch=1)
+    assert "pp.allreduce_embedding_grads" not in set(untied.names())

@@ -14,8 +14,7 @@ Calibration uses physical parameters only (hardware profiles: peak FLOP/s, GEMM 
 efficiency, HBM bandwidth, link bandwidths and latencies, kernel overheads, the fraction of
 ideal comm/compute overlap); ``bench/synth_validation.py`` compares with published figures.
 
-Not modeled (yet): the tied-embedding gradient all-reduce between the first and last
-pipeline stage, uneven pipeline stages, mixture-of-experts layers, a CPU launch thread
+Not modeled (yet): uneven pipeline stages, mixture-of-experts layers, a CPU launch thread
 (kernels are assumed to be launched ahead of the GPU), slow-down of compute by overlapping
 data-parallel communication (only tensor-parallel overlap pays the ``overlap`` factor; the
 replay engine's contention mode covers the rest), and more than one step per trace.

@@ -27,7 +27,7 @@ from ..errors import ConfigError
 from ..trace import StringTable, Trace
 from ._kernels import _list_schedule
 from .costs import CommModel, streaming
-from .expand import _LANE, LANES, expand_ranks, no_hugepages
+from .expand import _EMB, _LANE, LANES, expand_ranks, no_hugepages
 from .hardware import HardwareConfig, resolve_hardware
 from .parallel import ParallelConfig, resolve_parallel
 from .schedule import stage_order
@@ -94,6 +94,8 @@ class StepTemplate:
     the last), ``head`` after the last layer (final norm, logits, loss). ``p2p_bytes`` is
     the activation (and gradient) size sent between pipeline stages per micro-batch, and
     ``recv_ns`` the receiving rank's cost once it arrived (default: one kernel overhead).
+    ``tied_embedding_params`` (per rank) > 0 adds Megatron's all-reduce of the word-embedding
+    gradients between the first and the last pipeline stage, which both hold a copy.
     ``optimizer_kernels`` are the optimizer step's kernels as (name, HBM bytes moved per
     local parameter), run after the gradients are reduced. ``name`` labels the trace.
     """
@@ -106,6 +108,7 @@ class StepTemplate:
     param_bytes_per_param: int = 2
     optimizer_kernels: tuple[tuple[str, float], ...] = MIXED_PRECISION_ADAM
     recv_ns: int | None = None
+    tied_embedding_params: int = 0
     name: str = "synth"
     meta: dict = field(default_factory=dict, compare=False)
 
@@ -118,14 +121,15 @@ class _Block:
     def __init__(self) -> None:
         self.cols: dict[str, list] = {k: [] for k in ("name", "lane", "kind", "dur", "flops",
                                                        "bytes", "comm", "layer", "phase",
-                                                       "peer_dv")}
+                                                       "peer_dv", "gkind")}
         self.edges: list[tuple[int, int]] = []
         self.entry = -1  # op that waits for the received input (first op), -1 none
         self.exit = -1  # op whose output is sent (last compute op)
         self.grad_ops: list[tuple[int, int]] = []  # (op index, params) layer grads ready
         self.n = 0
 
-    def add(self, op: OpTemplate, layer: int, phase: int, deps: list[int], peer_dv: int = 0) -> int:
+    def add(self, op: OpTemplate, layer: int, phase: int, deps: list[int], peer_dv: int = 0,
+            gkind: int = 0) -> int:
         i = self.n
         c = self.cols
         c["name"].append(op.name)
@@ -138,6 +142,7 @@ class _Block:
         c["layer"].append(layer)
         c["phase"].append(phase)
         c["peer_dv"].append(peer_dv)
+        c["gkind"].append(gkind)
         for d in deps:
             if 0 <= d < i:
                 self.edges.append((d, i))
@@ -165,6 +170,7 @@ class _Block:
             "bytes": np.array(c["bytes"], np.int64), "comm_op": np.array(c["comm"], np.int8),
             "layer": np.array(c["layer"], np.int32), "phase": np.array(c["phase"], np.int8),
             "peer_dv": np.array(c["peer_dv"], np.int32),
+            "gkind": np.array(c["gkind"], np.int8),
             "esrc": np.array([a for a, _ in self.edges], np.int64),
             "edst": np.array([b for _, b in self.edges], np.int64),
         }
@@ -290,10 +296,10 @@ class _Pool:
         self.n += len(self.blocks[b]["dur_ns"])
         return base
 
-    def add_ops(self, ops: list[tuple[OpTemplate, int]], stage: int) -> int:
+    def add_ops(self, ops: list[tuple[OpTemplate, int]], stage: int, gkind: int = 0) -> int:
         blk = _Block()
         for op, phase in ops:
-            blk.add(op, -1, phase, [])
+            blk.add(op, -1, phase, [], gkind=gkind)
         return self.add_piece(self.add_block(blk), -1, stage, -1)
 
     def materialize(self) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
@@ -419,6 +425,7 @@ def build_trace(template: StepTemplate, parallel: ParallelConfig | dict,
         edst.append(np.asarray(d, np.int64))
         ekind.append(np.full(len(s), int(kind), np.int8))
 
+    emb_ops: list[int] = []
     for stage in range(p):
         sync_ops: list[int] = []
         last_compute = -1
@@ -447,6 +454,18 @@ def build_trace(template: StepTemplate, parallel: ParallelConfig | dict,
                 ids = np.arange(first, first + len(ops))
                 add_edges(deps, ids)
                 sync_ops.extend(ids.tolist())
+        if p > 1 and template.tied_embedding_params and stage in (0, p - 1):
+            nbytes = int(template.tied_embedding_params * template.grad_bytes_per_param)
+            geo = comm.geometry_of(2, (p - 1) * parallel.dp * parallel.cp * parallel.tp)
+            emb = pool.add_ops([(OpTemplate("pp.allreduce_embedding_grads", "dp",
+                                            comm.collective_ns(CommOp.ALL_REDUCE, nbytes, geo),
+                                            kind=int(OpKind.COLLECTIVE), bytes=nbytes,
+                                            comm_op=int(CommOp.ALL_REDUCE)), int(Phase.BWD))],
+                               stage, gkind=_EMB)
+            add_edges(sync_ops + ([last_compute] if last_compute >= 0 else []),
+                      [emb] * (len(sync_ops) + (last_compute >= 0)))
+            emb_ops.append(emb)
+            sync_ops.append(emb)
         # optimizer step (sharded over data-parallel ranks with ZeRO >= 1)
         params = _stage_params(template, parallel, stage, per)
         shard = params / (dp_group if zero >= 1 else 1)
@@ -486,8 +505,10 @@ def build_trace(template: StepTemplate, parallel: ParallelConfig | dict,
     lag = np.zeros(len(src), np.int64)
     nl = len(LANES)
     rep_lane = rep["stage"].astype(np.int32) * nl + rep["lane"]
+    group = np.full(n, -1, np.int64)
+    group[emb_ops] = 0  # the one cross-stage collective among representatives
     start, done = _list_schedule(np.ascontiguousarray(rep["dur_ns"]), rep_lane, p * nl,
-                                 src, dst, lag)
+                                 src, dst, lag, group)
     if done != n:
         raise RuntimeError(f"synth builder produced a dependency cycle ({n - done} ops "
                            "unscheduled); this is a bug")

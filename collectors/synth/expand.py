@@ -17,6 +17,9 @@ __all__ = ["LANES", "expand_ranks", "group_table", "no_hugepages"]
 #: local lanes of every rank, in lane-id order (lane id = rank * len(LANES) + index)
 LANES = ("compute", "tp", "cp", "dp", "pp_send", "pp_recv")
 _LANE = {n: i for i, n in enumerate(LANES)}
+#: ``gkind`` of ops whose group is not implied by their lane: the tied-embedding group
+#: (first and last pipeline stage of one replica)
+_EMB = 4
 
 
 @contextmanager
@@ -46,7 +49,8 @@ _CLASS_OF_LANE = {0: "compute", 1: "tp_comm", 2: "cp_comm", 3: "dp_comm", 4: "pp
                   5: "pp_recv"}
 
 
-def group_table(parallel: ParallelConfig) -> tuple[list[dict], dict[str, int]]:
+def group_table(parallel: ParallelConfig, embedding: bool = False
+                ) -> tuple[list[dict], dict[str, int]]:
     """Process groups of the layout and the group-id offset of each kind."""
     P = parallel
     W = P.world_size
@@ -57,6 +61,9 @@ def group_table(parallel: ParallelConfig) -> tuple[list[dict], dict[str, int]]:
              ("cp", ranks.transpose(0, 1, 3, 2).reshape(-1, P.cp)),
              ("dp", ranks.transpose(0, 3, 1, 2).reshape(-1, P.dp * P.cp)),
              ("pp", ranks.transpose(1, 2, 3, 0).reshape(-1, P.pp)))
+    if embedding and P.pp > 1:  # first and last stage of each replica
+        pp_mat = ranks.transpose(1, 2, 3, 0).reshape(-1, P.pp)
+        kinds += (("emb", pp_mat[:, [0, P.pp - 1]]),)
     for kind, mat in kinds:
         offsets[kind] = len(rows)
         if mat.shape[1] <= 1:
@@ -92,7 +99,8 @@ def expand_ranks(rep: dict[str, np.ndarray], src: np.ndarray, dst: np.ndarray,
     K = len(ks)
     stage = rep["stage"].astype(np.int64)
     lane_local = rep["lane"].astype(np.int64)
-    groups, goff = group_table(P)
+    emb = rep["gkind"] == _EMB
+    groups, goff = group_table(P, embedding=bool(emb.any()))
     # replica index k = (d * cp + c) * tp + t; rank = stage * R + k
     t_k = ks % P.tp
     c_k = (ks // P.tp) % P.cp
@@ -104,16 +112,21 @@ def expand_ranks(rep: dict[str, np.ndarray], src: np.ndarray, dst: np.ndarray,
     cls[lane_local == _LANE["tp"]] = 1
     cls[lane_local == _LANE["cp"]] = 2
     cls[lane_local == _LANE["dp"]] = 3
+    cls[emb] = _EMB
     zero_k = np.zeros(K, np.int64)
-    key_k = np.stack([zero_k, ks - t_k, ks - c_k * P.tp, t_k], axis=1)  # [K, 4]
-    gid_k = np.stack([zero_k, ks // P.tp, d_k * P.tp + t_k, t_k], axis=1)
-    gid_base = np.select([cls == 1, cls == 2, cls == 3],
+    key_k = np.stack([zero_k, ks - t_k, ks - c_k * P.tp, t_k, ks], axis=1)  # [K, 5]
+    gid_k = np.stack([zero_k, ks // P.tp, d_k * P.tp + t_k, t_k, ks], axis=1)
+    gid_base = np.select([cls == 1, cls == 2, cls == 3, cls == _EMB],
                          [goff["tp"] + stage * (R // P.tp),
                           goff["cp"] + stage * (P.dp * P.tp),
-                          goff["dp"] + stage * P.tp], -1)
+                          goff["dp"] + stage * P.tp,
+                          np.full(N, goff.get("emb", 0))], -1)
     is_coll = rep["kind"] == int(OpKind.COLLECTIVE)
     j = np.cumsum(is_coll) - 1
     coll_base = np.where(is_coll & (cls > 0), j * W + stage * R, -1)
+    if emb.any():  # both stages' members share the first stage's instance number
+        ei = np.flatnonzero(emb)
+        coll_base[ei] = j[ei[0]] * W
     # only communication ops carry coll_id / group_id / peer: fill those columns sparsely
     coll_id = np.full((K, N), -1, np.int64)
     ci = np.flatnonzero(coll_base >= 0)
@@ -205,7 +218,7 @@ def expand_ranks(rep: dict[str, np.ndarray], src: np.ndarray, dst: np.ndarray,
         "flops_per_step": float(np.nansum(rep["flops"][lane_local == _LANE["compute"]]) * R),
     }
     synth.update(meta or {})
-    size_of_cls = np.array([1, P.tp, P.cp, P.dp * P.cp])
+    size_of_cls = np.array([1, P.tp, P.cp, P.dp * P.cp, 2])
     inst = (K // size_of_cls[cls[coll_base >= 0]]) if expand == "all" else np.ones(1)
     n_coll = int(inst.sum()) if expand == "all" else int(np.count_nonzero(coll_base >= 0))
     m = {"source_format": "synth", "world_size": W, "synth": synth,

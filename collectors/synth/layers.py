@@ -304,4 +304,7 @@ def model_template(model: ModelConfig, hw: HardwareConfig, parallel: ParallelCon
         recv += comm.collective_ns(CommOp.ALL_GATHER, x.act * x.T * x.h, "tp")
     return StepTemplate(layers=(layer,) * model.layers, embed=_embed(x, vocab_p),
                         head=_head(x, vocab_p), p2p_bytes=int(p2p), recv_ns=recv,
+                        tied_embedding_params=(vocab_p * x.h // x.t
+                                               if model.tied_embeddings and parallel.pp > 1
+                                               else 0),
                         name=model.name, meta={"padded_vocab": vocab_p})
