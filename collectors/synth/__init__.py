@@ -103,7 +103,7 @@ def synthesize(model: str | Path | ModelConfig | dict[str, Any],
                hardware: str | Path | HardwareConfig,
                parallel: ParallelConfig | dict[str, Any] | None = None, *,
                world_size: int | None = None, expand: str = "auto",
-               max_ops: int = 20_000_000, check_memory: bool = True, step: int = 0,
+               max_ops: int = 12_000_000, check_memory: bool = True, step: int = 0,
                **parallel_kw: Any) -> Trace:
     """Synthesize one training step of a modeled run as a Trace.
 

@@ -354,7 +354,7 @@ def _stage_params(tpl: StepTemplate, parallel: ParallelConfig, stage: int, per: 
 
 def build_trace(template: StepTemplate, parallel: ParallelConfig | dict,
                 comm: CommModel | HardwareConfig | str, *,
-                step: int = 0, expand: str = "auto", max_ops: int = 20_000_000,
+                step: int = 0, expand: str = "auto", max_ops: int = 12_000_000,
                 p2p_ns: int | None = None, recv_ns: int | None = None,
                 meta: dict | None = None) -> Trace:
     """Lay one training step out on ``parallel.world_size`` ranks and schedule it.
