@@ -63,3 +63,15 @@ def test_rebucketing_refusals():
         whatif(tr, {"overlap.merge": "mgwfbp"})
     r = whatif(tr, {"overlap.bucket_mb": 5})
     assert r.meta["scenario"][0]["buckets_after"] >= 1
+
+
+@pytest.mark.parametrize("mb", [0.5, 1, 25])
+def test_rebucketing_a_real_nccl_trace_keeps_its_gradient_bytes(mb):
+    """DLRM on 8 V100s: all-reduces interleaved with all-to-alls on the NCCL stream and
+    compute streams waiting on them (no cycle may appear)."""
+    tr = read(sorted((TRACES / "kineto" / "dlrm-v100-8rank").glob("*")))
+    r = whatif(tr, {"overlap.bucket_mb": mb})
+    ar = lambda t: t.ops[(t.ops["comm_op"] == 1) & (t.ops["kind"] == 3)  # noqa: E731
+                         & (t.ops["bytes"] > 0)]
+    assert ar(r.trace)["bytes"].sum() == ar(tr)["bytes"].sum()
+    assert r.step_time_ns > 0.5 * replay(tr).step_time_ns

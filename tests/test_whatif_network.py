@@ -176,3 +176,10 @@ def test_hardware_rank_slowdown_equals_the_straggler_injection(dp_job):
     assert a.step_time_ns > whatif(dp_job).step_time_ns
     with pytest.raises(PolicyError, match="go together"):
         Hardware(slow_ranks=(1,))
+
+
+def test_collectives_without_sizes_cannot_be_retimed_by_bandwidth():
+    tr = read(sorted((TRACES / "kineto" / "v100-ddp-sgd").glob("*")))
+    with pytest.raises(PolicyError, match="carry no sizes"):
+        whatif(tr, {"network.intra_node_gbps": 50})
+    assert whatif(tr, {"hardware.comm_speedup": 2}).step_time_ns <= replay(tr).step_time_ns

@@ -90,7 +90,7 @@ def rebucket(trace: Trace, bucket_mb: float, ranks_per_node: int | None = None
     if len(esrc):
         np.maximum.at(pred_end, edst, end[esrc])
     new_rows: list[dict] = []
-    redirect: dict[int, list[tuple[int, int]]] = {}  # old op -> [(new row, synthetic end)]
+    redirect: dict[int, list] = {}  # old bucket -> [(new row, synthetic start)] up to its bytes
     ready_edges: list[tuple[int, int]] = []  # (existing op, new row)
     coll_base = int(o["coll_id"].max()) + 1 if len(o) else 0
     name_id = int(o["name_id"].to_numpy()[np.flatnonzero(is_ar)[0]])
@@ -140,9 +140,11 @@ def rebucket(trace: Trace, bucket_mb: float, ranks_per_node: int | None = None
             new_rows[row]["dur_ns"] = max(0, nxt - sig)
             if rop >= 0:
                 ready_edges.append((rop, row))
-        for i in ids.tolist():
-            redirect[i] = [(row, new_rows[row]["start_ns"] + new_rows[row]["dur_ns"])
-                           for _, _, row in syn]
+        # a consumer of old bucket k needs the new bucket that completes its bytes (but
+        # not one issued after the consumer ran: that wait was not for these gradients)
+        for k_old, i in enumerate(ids.tolist()):
+            j = int(np.searchsorted(bounds, cum[k_old] - 0.5))
+            redirect[i] = [(row, sig) for _, sig, row in syn[:min(j, len(syn) - 1) + 1]]
     # coll ids: same bucket index of the same step over the ranks of one group
     keys = {}
     for row in new_rows:
@@ -193,10 +195,10 @@ def _assemble(trace, is_ar, new_rows, redirect, ready_edges, name_id, esrc, edst
     kinds = list(e["kind"].to_numpy()[keep_e])
     lags = list(e["lag_ns"].to_numpy()[keep_e])
     for k in np.flatnonzero(src_old_ar & ~dst_old_ar).tolist():
-        cands = redirect[int(esrc[k])]
-        t_dst = int(start[edst[k]])
-        ok = [row for row, syn_end in cands if syn_end <= t_dst]
-        row = ok[-1] if ok else cands[0][0]
+        cands = [row for row, sig in redirect[int(esrc[k])] if sig <= start[edst[k]]]
+        if not cands:
+            continue
+        row = cands[-1]
         src.append(n_keep + row)
         dst.append(new_id[edst[k]])
         kinds.append(int(e["kind"].iat[k]))

@@ -210,6 +210,11 @@ class Network(Policy):
             elif lv in cal:
                 new_bw[lv] = cal[lv]["busbw_gbps"]
         x = tab["bytes"] * tab["factor"]
+        if not (x > 0).any():
+            raise PolicyError("network policy: the trace's collectives carry no sizes "
+                              "(ops.bytes is 0), so their transfer time cannot be re-timed by "
+                              "bandwidth; re-ingest with collective sizes (NCCL kernel args) "
+                              "or scale them with hardware.comm_speedup")
         old_lv, new_lv = tab["old_level"], tab["level"]
         need = set(np.unique(new_lv[x > 0]).tolist()) - set(new_bw)
         if need:
