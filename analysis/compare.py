@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ._util import as_trace
 from .breakdown import PARTS, breakdown
 from .comm import collectives
 from .critical_path import critical_path
@@ -27,7 +28,8 @@ def metrics(x: Any, *, with_critical_path: bool = True) -> dict[str, float]:
     ``step_ns`` is the mean over steps of the slowest rank's step (the time a step takes for
     the job); breakdown parts are means over ranks and steps.
     """
-    bd = breakdown(x)
+    t = as_trace(x)  # converted once; only the critical path needs a replay's crit_pred
+    bd = breakdown(t)
     out: dict[str, float] = {}
     if len(bd):
         per_step = bd.groupby("step")["step_ns"].max()
@@ -39,17 +41,17 @@ def metrics(x: Any, *, with_critical_path: bool = True) -> dict[str, float]:
         out["gpu_busy_frac"] = float(bd["busy_ns"].sum() / max(bd["step_ns"].sum(), 1))
     else:
         out["step_ns"] = float("nan")
-    cs = class_stats(x)
+    cs = class_stats(t)
     for c in KERNEL_CLASSES:
         out[f"{c}_ns"] = float(cs.loc[cs["kernel_class"] == c, "total_ns"].sum())
-    co = collectives(x)
+    co = collectives(t)
     out["collectives"] = float(len(co))
     out["comm_bytes"] = float(co["bytes"].sum()) if len(co) else 0.0
     out["comm_wait_ns"] = float(co["wait_ns"].sum()) if len(co) else 0.0
     out["busbw_gbps_median"] = float(np.nanmedian(co["busbw_gbps"])) if (
         len(co) and co["busbw_gbps"].notna().any()) else float("nan")
-    out.update(job_efficiency(x))
-    pm = peak_memory(x)
+    out.update(job_efficiency(t))
+    pm = peak_memory(t)
     out["peak_memory_bytes"] = float(pm["peak_allocated_bytes"].max()) if len(pm) else float("nan")
     if with_critical_path:
         cp = critical_path(x)
