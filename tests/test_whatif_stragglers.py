@@ -107,3 +107,13 @@ def test_bad_straggler_values():
     with pytest.raises(PolicyError, match=r"rank\(s\) \[99\]"):
         whatif(synthesize("gpt3-125m", "a100-80gb", dp=2, global_batch=2),
                {"stragglers.slow_ranks": [99], "stragglers.slowdown": 2.0})
+
+
+def test_attribution_finds_an_injected_straggler_on_a_kernel_trace(pp_job):
+    slow = whatif(pp_job, {"stragglers.slow_ranks": [5], "stragglers.slowdown": 1.5}).to_trace()
+    a = straggler_analysis(slow)
+    # rank 5 is stage 1, data-parallel index 1 (Megatron order: rank = stage*dp + d)
+    assert list(a["by_stage"])[0] == "1" and list(a["by_dp_rank"])[0] == "1"
+    assert a["by_dp_rank"]["1"] == pytest.approx(a["slowdown"], rel=1e-9)
+    assert a["slowdown"] > 1.2
+    assert a["by_dp_rank"]["0"] < 1.01

@@ -300,11 +300,15 @@ def straggler_analysis(trace: Trace) -> dict[str, Any]:
         np.maximum.at(hi, sidx[sel], end[sel])
         return hi - s0
 
+    # ops outside any step (step -1: set-up before the first profiled step) are replayed
+    # but not reported as a step when real steps exist
+    valid = steps >= 0 if (steps >= 0).any() else np.ones(ns, bool)
+
     def run(dur: np.ndarray) -> np.ndarray:
         r = simulate(g, durations_ns=np.rint(dur).astype(np.int64))
-        return step_times(r.end_ns)
+        return step_times(r.end_ns)[valid]
 
-    measured = step_times(end_meas)
+    measured = step_times(end_meas)[valid]
     meas_dur = _transfer_ns(g0).astype(np.float64)
     sim = run(meas_dur)
     ideal_d = ideal_durations(trace, g0)
@@ -333,7 +337,8 @@ def straggler_analysis(trace: Trace) -> dict[str, Any]:
     return {
         "step_time_s": {int(s): {"measured": float(measured[i]) / 1e9,
                                  "simulated": float(sim[i]) / 1e9,
-                                 "ideal": float(ideal[i]) / 1e9} for i, s in enumerate(steps)},
+                                 "ideal": float(ideal[i]) / 1e9}
+                        for i, s in enumerate(steps[valid])},
         "slowdown": float(sim.mean() / mean_ideal) if mean_ideal else float("nan"),
         "by_stage": attribute(stage),
         "by_dp_rank": attribute(dp_rank),
