@@ -196,9 +196,20 @@ def _ints(con: _Conn, sql: str, ncols: int) -> np.ndarray:
     t = con.arrow(sql)
     if t.num_rows == 0:
         return np.zeros((0, ncols), np.int64)
+    return _int_columns(t, ncols)
+
+
+def _int_columns(t: pa.Table, ncols: int) -> np.ndarray:
+    """The first ``ncols`` columns of ``t`` as an (n, ncols) int64 array, one copy each."""
     out = np.empty((t.num_rows, ncols), np.int64)
     for i in range(ncols):
-        out[:, i] = pc.fill_null(t.column(i), -1).to_numpy()
+        col = t.column(i)
+        if col.null_count or col.type != pa.int64():
+            col = pc.fill_null(col, -1).cast(pa.int64())
+        pos = 0
+        for ch in col.chunks:  # zero-copy views of each chunk, copied once into place
+            out[pos:pos + len(ch), i] = ch.to_numpy()
+            pos += len(ch)
     return out
 
 
@@ -432,9 +443,7 @@ class _File:
             n = t.num_rows
             self._read_n(n)
             if n:
-                a = np.empty((n, 5), np.int64)
-                for i in range(5):
-                    a[:, i] = pc.fill_null(t.column(i), -1).to_numpy()
+                a = _int_columns(t, 5)
                 is_range = np.isin(a[:, 2], [_PUSHPOP, _STARTEND])
                 self._drop("nvtx_mark", int((a[:, 2] == _MARK).sum()))
                 self._drop("nvtx_not_a_range", int((~is_range & (a[:, 2] != _MARK)).sum()))
