@@ -194,21 +194,19 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
                     _ixsift(jheap, jpos, jsize, job_t, job_q, jpos[j])
             if members_done:
                 jsize = _ixremove(jheap, jpos, jsize, job_t, job_q, j)
-                is_flow = not (j < n and resource[j] == 1)
-                ncand = _job_leave(j, n, coll_ptr, coll_members, device, resource, n_compute,
-                                   n_comm, dhead, dnext, dprev, flows, fpos, n_flows, cand,
-                                   cmark, share_compute, share_links, interference)
-                if is_flow:
-                    n_flows -= 1
-                if sharing:
+                if sharing:  # without sharing every rate stays 1: no bookkeeping at all
+                    is_flow = not (j < n and resource[j] == 1)
+                    ncand = _job_leave(j, n, coll_ptr, coll_members, device, resource,
+                                       n_compute, n_comm, dhead, dnext, dprev, flows, fpos,
+                                       n_flows, cand, cmark, share_compute, share_links,
+                                       interference)
+                    if is_flow:
+                        n_flows -= 1
                     seq = _rerate(now, cand, ncand, cmark, is_flow, flows, n_flows, n, coll_ptr,
                                   coll_members, device, resource, link, n_compute, n_comm,
                                   share_compute, share_links, interference, inv, link_cap,
                                   link_cnt, frozen, share, job_done, job_rate, job_last,
                                   job_thr, job_t, job_q, jheap, jpos, jsize, seq)
-                else:
-                    for x in range(ncand):
-                        cmark[cand[x]] = False
         else:
             i, ssize = _hpop(sheap, ssize, st_t, st_q)
             now = st_t[i]
@@ -269,12 +267,6 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
                 job_done[j] = 0.0
                 job_last[j] = now
                 job_rate[j] = 1.0
-                is_flow = not (j < n and resource[j] == 1)
-                ncand = _job_enter(j, n, coll_ptr, coll_members, device, resource, n_compute,
-                                   n_comm, dhead, dnext, dprev, flows, fpos, n_flows, cand,
-                                   cmark, dev_was, share_compute, share_links, interference)
-                if is_flow:
-                    n_flows += 1
                 job_t[j] = now + job_thr[j]
                 job_q[j] = seq
                 seq += 1
@@ -283,15 +275,19 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
                 jsize += 1
                 _ixsift(jheap, jpos, jsize, job_t, job_q, jsize - 1)
                 if sharing:
+                    is_flow = not (j < n and resource[j] == 1)
+                    ncand = _job_enter(j, n, coll_ptr, coll_members, device, resource,
+                                       n_compute, n_comm, dhead, dnext, dprev, flows, fpos,
+                                       n_flows, cand, cmark, dev_was, share_compute,
+                                       share_links, interference)
+                    if is_flow:
+                        n_flows += 1
                     job_rate[j] = -1.0  # force (re)scheduling at the computed rate
                     seq = _rerate(now, cand, ncand, cmark, is_flow, flows, n_flows, n, coll_ptr,
                                   coll_members, device, resource, link, n_compute, n_comm,
                                   share_compute, share_links, interference, inv, link_cap,
                                   link_cnt, frozen, share, job_done, job_rate, job_last,
                                   job_thr, job_t, job_q, jheap, jpos, jsize, seq)
-                else:
-                    for x in range(ncand):
-                        cmark[cand[x]] = False
         # ---- finalize ops whose end is known; resolve their successors
         while nf > 0:
             nf -= 1
