@@ -285,3 +285,12 @@ def test_result_frames_and_replayed_trace(tmp_path):
     r3 = simulate(build_graph(t3))
     np.testing.assert_array_equal(r3.start_ns, r.start_ns)
     np.testing.assert_array_equal(r3.end_ns, r.end_ns)
+
+
+@pytest.mark.slow
+def test_many_more_random_graphs_match_reference():
+    """The same checks on 400 more seeds (run with ``pytest -m slow``)."""
+    for seed in range(1000, 1400):
+        test_fast_path_matches_reference(seed)
+        if seed % 2 == 0:
+            test_contention_path_matches_reference(seed)
