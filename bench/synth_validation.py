@@ -8,10 +8,11 @@ Korthikanti et al. 2022 Table 5. The same paper's per-layer forward/backward tim
 model (Table 4) were also looked at while choosing the A100 profile's GEMM parameters, so
 they are printed as calibration points. Held-out points (not used for calibration): the
 other Table 5 rows (175B on 64 GPUs, 530B and 1T on 280 and 512 GPUs: TP 8, micro-batch 1,
-one sequence per GPU per step; values as printed in the paper's table; the paper's runs may
-add data parallelism, so these rows are approximate) and the MFU the paper's abstract reports
-for 530B on 2240 A100s (54.2% with selective recompute + SP, 42.1% with full recompute;
-TP 8, PP 35, DP 8, global batch 2240 assumed). Hardware parameters are the built-in
+one sequence per GPU per step) and the MFU the paper's abstract reports for 530B on 2240
+A100s (54.2% with selective recompute + SP, 42.1% with full recompute; TP 8, PP 35, DP 8,
+global batch 2240 assumed). Caveat: only the 22B rows are in PUBLISHED.md; the Table 4/5
+values and configurations for the other rows were written down from memory of the paper and
+are not verified against it (the abstract's MFU figures are from the MLSys abstract page). Hardware parameters are the built-in
 profile; nothing is fitted per data point.
 """
 
