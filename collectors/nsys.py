@@ -290,8 +290,11 @@ class _File:
     def _rank_of_process(self, gpid: np.ndarray) -> np.ndarray:
         """Primary rank of each globalPid as float64 (NaN: a process without GPU activity)."""
         k = self._proc_keys
-        if len(k) == 0:
-            return np.full(len(gpid), np.nan)
+        if len(k) <= 16:  # the usual case: a few processes, a few vector compares
+            out = np.full(len(gpid), np.nan)
+            for key, r in zip(k, self._proc_ranks, strict=True):
+                out[gpid == key] = r
+            return out
         pos = np.clip(np.searchsorted(k, gpid), 0, len(k) - 1)
         return np.where(k[pos] == gpid, self._proc_ranks[pos].astype(np.float64), np.nan)
 
