@@ -79,14 +79,30 @@ def _dur_arr(dur: list) -> np.ndarray:
     return np.maximum(np.rint(np.asarray(dur, np.float64) * 1000.0).astype(np.int64), 0)
 
 
-def build_rank_part(path: Path, doc) -> RankPart:  # noqa: C901 - one pass over events
-    evs = doc.traceEvents
+def build_rank_part(path: Path, doc, chunks=None) -> RankPart:  # noqa: C901 - one pass
+    """Columns of one rank from ``doc`` (a decoded file) or from ``chunks``.
+
+    ``chunks`` is an iterable of ``(index of first event, list of events)`` (large files are
+    decoded piece by piece so that only one piece of event objects is alive at a time);
+    ``None`` means ``doc.traceEvents`` in one piece. Events needed after the pass (sync
+    events, collectives, communication annotations) are kept by index in ``keep``.
+    """
     base = int(doc.baseTimeNanoseconds or 0)
     if doc.retimeExport is not None:
         from .kineto_export import build_export_part
         return build_export_part(path, doc)
+    if chunks is None:
+        chunks = [(0, doc.traceEvents)]
     strings = StringTable()
-    intern = strings.intern
+    comm_flag: list[bool] = []  # per name id: a communication annotation (kept for _comm_info)
+
+    def intern(name: str) -> int:
+        nid = strings.intern(name)
+        if nid == len(comm_flag):
+            comm_flag.append(bool(_COMM_RANGE.match(name)))
+        return nid
+    keep: dict[int, object] = {}
+    n_events = 0
     kept: Counter = Counter()
     dropped: Counter = Counter()
     thread_names: dict = {}
@@ -107,143 +123,158 @@ def build_rank_part(path: Path, doc) -> RankPart:  # noqa: C901 - one pass over 
                 g_dur.append, g_corr.append, g_ext.append, g_bytes.append, g_idx.append)
     h_append = (h_pid.append, h_tid.append, h_code.append, h_name.append, h_start.append,
                 h_end.append, h_corr.append, h_ext.append, h_idx.append)
-    for i, e in enumerate(evs):
-        ph = e.ph
-        if ph == "X":
-            ts, dur = e.ts, e.dur
-            if ts is None:
-                raise TraceFormatError(f"{path}: event {i} ('{e.name}'): missing 'ts'; "
-                                       "complete events need ts and dur in microseconds")
-            code = cat_code.get(e.cat)
-            if code is None:
-                code = cat_code[e.cat] = _CAT_CODE.get((e.cat or "").lower(), _C_OTHER)
-            if dur is None or dur < 0:
-                if code == _C_TRACE and dur is None:
+    parts: list[tuple[dict, dict, dict]] = []
+    for off, evs in chunks:
+        n_events += len(evs)
+        for i, e in enumerate(evs, off):
+            ph = e.ph
+            if ph == "X":
+                ts, dur = e.ts, e.dur
+                if ts is None:
+                    raise TraceFormatError(f"{path}: event {i} ('{e.name}'): missing 'ts'; "
+                                           "complete events need ts and dur in microseconds")
+                code = cat_code.get(e.cat)
+                if code is None:
+                    code = cat_code[e.cat] = _CAT_CODE.get((e.cat or "").lower(), _C_OTHER)
+                if dur is None or dur < 0:
+                    if code == _C_TRACE and dur is None:
+                        kept["markers"] += 1
+                        continue
+                    what = "missing 'dur'" if dur is None else f"negative dur {dur}"
+                    raise TraceFormatError(f"{path}: event {i} ('{e.name}', cat {e.cat}): {what}; "
+                                           "complete (ph X) events need a duration >= 0 in "
+                                           "microseconds — fix or remove the event")
+                name = e.name
+                if name.__class__ is not str:
+                    name = str(name)
+                nid = ids_get(name)
+                if nid is None:
+                    nid = intern(name)
+                a = e.args or NOARGS
+                if code <= _C_MEMSET:  # GPU op
+                    dev = a.device if a.device is not None else e.pid
+                    st = a.stream if a.stream is not None else e.tid
+                    if dev.__class__ is not int or st.__class__ is not int:
+                        dropped["GPU event without integer device/stream"] += 1
+                        continue
+                    k = code
+                    if k == _C_KERNEL and name[:4].lower() in ("nccl", "rccl"):
+                        k = int(OpKind.COLLECTIVE)
+                        keep[i] = e
+                    b = a.bytes
+                    if b is None:
+                        b = 0
+                    elif b.__class__ is str:
+                        b = int(b) if b.isdigit() else 0
+                    g_append[0](dev)
+                    g_append[1](st)
+                    g_append[2](k)
+                    g_append[3](nid)
+                    g_append[4](ts)
+                    g_append[5](dur)
+                    g_append[6](a.correlation)
+                    g_append[7](a.external_id)
+                    g_append[8](int(b))
+                    g_append[9](i)
+                    continue
+                if code <= _C_ANNOT:  # host event
+                    hc = code - _C_RUNTIME  # _H_RUNTIME, _H_CPU or _H_ANNOT
+                    if hc == _H_ANNOT and name.startswith("gloo:"):
+                        hc = _H_GLOO
+                    if hc == _H_GLOO or comm_flag[nid]:
+                        keep[i] = e
+                    h_append[0](e.pid)
+                    h_append[1](e.tid)
+                    h_append[2](hc)
+                    h_append[3](nid)
+                    h_append[4](ts)
+                    h_append[5](dur)  # converted to end_ns after the loop
+                    h_append[6](a.correlation)
+                    h_append[7](a.external_id)
+                    h_append[8](i)
+                    continue
+                cat = (e.cat or "").lower()
+                if cat == "cuda_sync":
+                    syncs.append(i)
+                    keep[i] = e
+                    kept["sync_events"] += 1
+                    continue
+                if cat == "gpu_user_annotation":
+                    dev = a.device if a.device is not None else e.pid
+                    st = a.stream if a.stream is not None else e.tid
+                    gr_dev.append(dev if isinstance(dev, int) else -1)
+                    gr_stream.append(st if isinstance(st, int) else -1)
+                    gr_name.append(intern(name))
+                    gr_start.append(ts)
+                    gr_end.append(dur)
+                    kept["ranges"] += 1
+                    continue
+                if cat == "trace":
+                    window = (_ns(ts, base), _ns(ts, base) + int(round(dur * 1000.0)))
                     kept["markers"] += 1
                     continue
-                what = "missing 'dur'" if dur is None else f"negative dur {dur}"
-                raise TraceFormatError(f"{path}: event {i} ('{e.name}', cat {e.cat}): {what}; "
-                                       "complete (ph X) events need a duration >= 0 in "
-                                       "microseconds — fix or remove the event")
-            name = e.name
-            if name.__class__ is not str:
-                name = str(name)
-            nid = ids_get(name)
-            if nid is None:
-                nid = intern(name)
-            a = e.args or NOARGS
-            if code <= _C_MEMSET:  # GPU op
-                dev = a.device if a.device is not None else e.pid
-                st = a.stream if a.stream is not None else e.tid
-                if dev.__class__ is not int or st.__class__ is not int:
-                    dropped["GPU event without integer device/stream"] += 1
-                    continue
-                k = code
-                if k == _C_KERNEL and name[:4].lower() in ("nccl", "rccl"):
-                    k = int(OpKind.COLLECTIVE)
-                b = a.bytes
-                if b is None:
-                    b = 0
-                elif b.__class__ is str:
-                    b = int(b) if b.isdigit() else 0
-                g_append[0](dev)
-                g_append[1](st)
-                g_append[2](k)
-                g_append[3](nid)
-                g_append[4](ts)
-                g_append[5](dur)
-                g_append[6](a.correlation)
-                g_append[7](a.external_id)
-                g_append[8](int(b))
-                g_append[9](i)
-                continue
-            if code <= _C_ANNOT:  # host event
-                hc = code - _C_RUNTIME  # _H_RUNTIME, _H_CPU or _H_ANNOT
-                if hc == _H_ANNOT and name.startswith("gloo:"):
-                    hc = _H_GLOO
-                h_append[0](e.pid)
-                h_append[1](e.tid)
-                h_append[2](hc)
-                h_append[3](nid)
-                h_append[4](ts)
-                h_append[5](dur)  # converted to end_ns after the loop
-                h_append[6](a.correlation)
-                h_append[7](a.external_id)
-                h_append[8](i)
-                continue
-            cat = (e.cat or "").lower()
-            if cat == "cuda_sync":
-                syncs.append(i)
-                kept["sync_events"] += 1
-                continue
-            if cat == "gpu_user_annotation":
-                dev = a.device if a.device is not None else e.pid
-                st = a.stream if a.stream is not None else e.tid
-                gr_dev.append(dev if isinstance(dev, int) else -1)
-                gr_stream.append(st if isinstance(st, int) else -1)
-                gr_name.append(intern(name))
-                gr_start.append(ts)
-                gr_end.append(dur)
-                kept["ranges"] += 1
-                continue
-            if cat == "trace":
-                window = (_ns(ts, base), _ns(ts, base) + int(round(dur * 1000.0)))
-                kept["markers"] += 1
-                continue
-            dropped[f"unsupported category '{e.cat}'"] += 1
-        elif ph == "M":
-            if e.name in ("thread_name", "process_name", "process_labels") and e.args is not None:
-                key = (e.pid, e.tid if e.name == "thread_name" else None)
-                val = e.args.name if e.args.name is not None else e.args.labels
-                if val is not None:
-                    thread_names[(e.name, key)] = val
-            kept["metadata"] += 1
-        elif ph in ("s", "f", "t"):
-            kept["flows"] += 1
-        elif ph in ("i", "I"):
-            a = e.args
-            if e.name == "[memory]" and a is not None and e.ts is not None:
-                dev = a.dev_id if (a.dev_type or 0) != 0 and a.dev_id is not None else -1
-                mem.append((dev, _ns(e.ts, base), int(a.mem_bytes or 0),
-                            -1 if a.total_alloc is None else int(a.total_alloc),
-                            -1 if a.total_reserved is None else int(a.total_reserved)))
-                kept["memory"] += 1
+                dropped[f"unsupported category '{e.cat}'"] += 1
+            elif ph == "M":
+                if e.name in ("thread_name", "process_name", "process_labels") and e.args is not None:
+                    key = (e.pid, e.tid if e.name == "thread_name" else None)
+                    val = e.args.name if e.args.name is not None else e.args.labels
+                    if val is not None:
+                        thread_names[(e.name, key)] = val
+                kept["metadata"] += 1
+            elif ph in ("s", "f", "t"):
+                kept["flows"] += 1
+            elif ph in ("i", "I"):
+                a = e.args
+                if e.name == "[memory]" and a is not None and e.ts is not None:
+                    dev = a.dev_id if (a.dev_type or 0) != 0 and a.dev_id is not None else -1
+                    mem.append((dev, _ns(e.ts, base), int(a.mem_bytes or 0),
+                                -1 if a.total_alloc is None else int(a.total_alloc),
+                                -1 if a.total_reserved is None else int(a.total_reserved)))
+                    kept["memory"] += 1
+                else:
+                    kept["markers"] += 1
+            elif ph in ("B", "E"):
+                key = (e.pid, e.tid)
+                if e.ts is None:
+                    raise TraceFormatError(f"{path}: event {i} ('{e.name}'): missing 'ts'")
+                if ph == "B":
+                    be_stack.setdefault(key, []).append((i, e))
+                elif be_stack.get(key):
+                    _, b = be_stack[key].pop()
+                    h_pid.append(b.pid)
+                    h_tid.append(b.tid)
+                    h_code.append(_H_ANNOT)
+                    bn = intern(b.name if isinstance(b.name, str) else str(b.name))
+                    h_name.append(bn)
+                    if comm_flag[bn]:
+                        keep[i] = b
+                    h_start.append(b.ts)
+                    h_end.append(max(0.0, e.ts - b.ts))
+                    h_corr.append(-1)
+                    h_ext.append(-1)
+                    h_idx.append(i)
+                    kept["metadata"] += 1  # the E event; the B event is counted with the range
+                else:
+                    dropped["E event without matching B"] += 1
+            elif ph in _DROP_PH:
+                dropped[_DROP_PH[ph]] += 1
+            elif ph is None:
+                raise TraceFormatError(f"{path}: event {i} ('{e.name}'): missing 'ph'; every trace "
+                                       "event needs a phase (X for complete events)")
             else:
-                kept["markers"] += 1
-        elif ph in ("B", "E"):
-            key = (e.pid, e.tid)
-            if e.ts is None:
-                raise TraceFormatError(f"{path}: event {i} ('{e.name}'): missing 'ts'")
-            if ph == "B":
-                be_stack.setdefault(key, []).append((i, e))
-            elif be_stack.get(key):
-                _, b = be_stack[key].pop()
-                h_pid.append(b.pid)
-                h_tid.append(b.tid)
-                h_code.append(_H_ANNOT)
-                h_name.append(intern(b.name if isinstance(b.name, str) else str(b.name)))
-                h_start.append(b.ts)
-                h_end.append(max(0.0, e.ts - b.ts))
-                h_corr.append(-1)
-                h_ext.append(-1)
-                h_idx.append(i)
-                kept["metadata"] += 1  # the E event; the B event is counted with the range
-            else:
-                dropped["E event without matching B"] += 1
-        elif ph in _DROP_PH:
-            dropped[_DROP_PH[ph]] += 1
-        elif ph is None:
-            raise TraceFormatError(f"{path}: event {i} ('{e.name}'): missing 'ph'; every trace "
-                                   "event needs a phase (X for complete events)")
-        else:
-            if ph not in _KNOWN_PH:
-                raise TraceFormatError(
-                    f"{path}: event {i} ('{e.name}'): unknown ph {ph!r}; the Chrome trace format "
-                    "knows X B E i I s t f M C b e n O N D P R — fix or remove the event")
-            dropped[f"ph {ph} events are not used"] += 1
+                if ph not in _KNOWN_PH:
+                    raise TraceFormatError(
+                        f"{path}: event {i} ('{e.name}'): unknown ph {ph!r}; the Chrome trace format "
+                        "knows X B E i I s t f M C b e n O N D P R — fix or remove the event")
+                dropped[f"ph {ph} events are not used"] += 1
+        parts.append(_flush(base, g_dev, g_stream, g_kind, g_name, g_start, g_dur, g_corr, g_ext,
+                              g_bytes, g_idx, h_pid, h_tid, h_code, h_name, h_start, h_end, h_corr,
+                              h_ext, h_idx, gr_dev, gr_stream, gr_name, gr_start, gr_end))
     for stack in be_stack.values():
         dropped["B event without matching E"] += len(stack)
-    kept["ops"] += len(g_idx)  # GPU ops (host ops are counted after nesting)
+    G, H, GR = ({k: np.concatenate([p[j][k] for p in parts]) for k in parts[0][j]}
+                for j in range(3)) if parts else ({}, {}, {})
+    kept["ops"] += len(G["idx"])  # GPU ops (host ops are counted after nesting)
 
     dist = doc.distributedInfo
     rank = dist.rank if dist is not None and dist.rank is not None else None
@@ -254,20 +285,35 @@ def build_rank_part(path: Path, doc) -> RankPart:  # noqa: C901 - one pass over 
     if rank is None:
         rank, rank_source = 0, "default (single file)"
 
-    # exact integer ns (vectorized): start from ts, end = start + dur
-    g_start = _ns_arr(g_start, base)
-    g_dur = _dur_arr(g_dur)
-    h_start = _ns_arr(h_start, base)
-    h_end = h_start + _dur_arr(h_end)
-    gr_start = _ns_arr(gr_start, base)
-    gr_end = gr_start + _dur_arr(gr_end)
     return _assemble(path, doc, rank, rank_source, strings, kept, dropped, thread_names,
-                     dict(dev=g_dev, stream=g_stream, kind=g_kind, name=g_name, start=g_start,
-                          dur=g_dur, corr=g_corr, ext=g_ext, bytes=g_bytes, idx=g_idx),
-                     dict(pid=h_pid, tid=h_tid, code=h_code, name=h_name, start=h_start,
-                          end=h_end, corr=h_corr, ext=h_ext, idx=h_idx),
-                     dict(dev=gr_dev, stream=gr_stream, name=gr_name, start=gr_start, end=gr_end),
-                     syncs, mem, window)
+                     G, H, GR, syncs, mem, window, keep, n_events)
+
+
+def _flush(base, g_dev, g_stream, g_kind, g_name, g_start, g_dur, g_corr, g_ext, g_bytes, g_idx,
+           h_pid, h_tid, h_code, h_name, h_start, h_end, h_corr, h_ext, h_idx,
+           gr_dev, gr_stream, gr_name, gr_start, gr_end) -> tuple[dict, dict, dict]:
+    """Turn one piece's column lists into arrays (exact integer ns) and empty the lists."""
+    hs = _ns_arr(h_start, base)
+    grs = _ns_arr(gr_start, base)
+    G = dict(dev=np.asarray(g_dev, np.int64), stream=np.asarray(g_stream, np.int64),
+             kind=np.asarray(g_kind, np.int8), name=np.asarray(g_name, np.int32),
+             start=_ns_arr(g_start, base), dur=_dur_arr(g_dur), corr=np.asarray(g_corr, np.int64),
+             ext=np.asarray(g_ext, np.int64), bytes=np.asarray(g_bytes, np.int64),
+             idx=np.asarray(g_idx, np.int64))
+    pid = np.empty(len(h_pid), object)
+    pid[:] = h_pid
+    tid = np.empty(len(h_tid), object)
+    tid[:] = h_tid
+    H = dict(pid=pid, tid=tid, code=np.asarray(h_code, np.int8), name=np.asarray(h_name, np.int32),
+             start=hs, end=hs + _dur_arr(h_end), corr=np.asarray(h_corr, np.int64),
+             ext=np.asarray(h_ext, np.int64), idx=np.asarray(h_idx, np.int64))
+    GR = dict(dev=np.asarray(gr_dev, np.int64), stream=np.asarray(gr_stream, np.int64),
+              name=np.asarray(gr_name, np.int32), start=grs, end=grs + _dur_arr(gr_end))
+    for lst in (g_dev, g_stream, g_kind, g_name, g_start, g_dur, g_corr, g_ext, g_bytes, g_idx,
+                h_pid, h_tid, h_code, h_name, h_start, h_end, h_corr, h_ext, h_idx,
+                gr_dev, gr_stream, gr_name, gr_start, gr_end):
+        lst.clear()
+    return G, H, GR
 
 
 def _lane_key_ids(keys: list) -> tuple[np.ndarray, list]:
@@ -277,8 +323,7 @@ def _lane_key_ids(keys: list) -> tuple[np.ndarray, list]:
 
 
 def _assemble(path, doc, rank, rank_source, strings, kept, dropped, tnames, G, H, GR,
-              syncs, mem, window) -> RankPart:
-    evs = doc.traceEvents
+              syncs, mem, window, evs, n_events) -> RankPart:
     # ---------------- lanes
     lanes: list[tuple[int, int, int, int, str]] = []
     g_keys = list(zip(G["dev"], G["stream"]))
@@ -419,7 +464,7 @@ def _assemble(path, doc, rank, rank_source, strings, kept, dropped, tnames, G, H
     used_devs = sorted({int(x) for x in G["dev"]})
     devices = {k: v for k, v in devices.items() if k in used_devs} or devices
     mem_arr = np.asarray(mem, dtype=np.int64).reshape(-1, 5)
-    acc = {"events_read": len(evs), "kept": dict(kept), "dropped": dict(dropped),
+    acc = {"events_read": n_events, "kept": dict(kept), "dropped": dict(dropped),
            "rank": int(rank), "rank_source": rank_source,
            "gpu_ops_without_launch": n_unlaunched}
     return RankPart(
