@@ -69,7 +69,13 @@ def run(argv: list[str] | None = None) -> int:
     """Run the CLI with ``argv`` and return the exit code (used by tests)."""
     cmd = typer.main.get_command(app)
     try:
-        cmd.main(args=argv, prog_name="retime", standalone_mode=False)
+        rv = cmd.main(args=argv, prog_name="retime", standalone_mode=False)
+        if isinstance(rv, int) and not isinstance(rv, bool) and rv:
+            # typer.Exit(n) (and typer's Ctrl-C -> Exit(130)) comes back as a return value
+            # when standalone_mode=False
+            if rv == 130:
+                typer.echo("retime: interrupted", err=True)
+            return rv
     except click.exceptions.Exit as exc:
         return int(exc.exit_code)
     except _CLICK_ERRORS as exc:  # usage errors: click prints its own message

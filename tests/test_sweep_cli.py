@@ -81,3 +81,29 @@ def test_every_scenario_failed_is_an_error_with_rows(run_dir, tmp_path, capsys):
     assert rc == 2 and "every scenario failed" in err and "nosuch" in err
     df = pd.read_parquet(out)
     assert len(df) == 2 and df["error"].notna().all()
+
+
+def test_ctrl_c_writes_the_finished_rows(run_dir, tmp_path, capsys):
+    import _thread
+    import threading
+
+    d, _ = run_dir
+    grid = tmp_path / "g.toml"
+    grid.write_text('[grid]\n"hardware.compute_speedup" = '
+                    f'{[round(1 + i / 100, 2) for i in range(300)]}\n')
+    out = tmp_path / "s.parquet"
+    timer = threading.Timer(4.0, _thread.interrupt_main)  # what Ctrl-C does
+    timer.start()
+    try:
+        rc = run(["sweep", str(d), "--grid", str(grid), "-o", str(out), "--workers", "1",
+                  "--json"])
+    finally:
+        timer.cancel()
+    cap = capsys.readouterr()
+    assert rc == 130, (cap.out, cap.err)
+    assert "interrupted: wrote the" in cap.err
+    s = json.loads(cap.out)
+    df = pd.read_parquet(out)
+    assert s["interrupted"] and s["completed"] == len(df) < 300
+    assert df["scenario_id"].tolist() == list(range(len(df)))  # serial: a prefix
+    assert df["error"].isna().all() and df["step_time_ns"].notna().all()
