@@ -62,14 +62,15 @@ def plot_breakdown(summary: pd.DataFrame, *, title: str = "Step time breakdown p
 
 
 def plot_timeline(ops: pd.DataFrame, lanes: pd.DataFrame, *, window_ns: tuple[int, int] | None
-                  = None, critical_op_ids: np.ndarray | None = None, max_lanes: int = 24,
+                  = None, critical_op_ids: np.ndarray | None = None, max_lanes: int = 48,
                   title: str = "Timeline (ranks x lanes)") -> Figure:
     """Gantt chart of ops on (rank, lane) rows in a time window; critical-path ops outlined.
 
     ``ops`` needs ``op_id``, ``rank``, ``lane``, ``kind``, ``start_ns``, ``dur_ns``
     (``Trace.ops``); ``lanes`` is ``Trace.lanes``. The window defaults to the full span.
     """
-    fig = Figure(figsize=(10, 4.2), layout="constrained")
+    n_rows = min(int(ops["lane"].nunique()), max_lanes) if len(ops) else 1
+    fig = Figure(figsize=(10, max(3.0, 1.2 + 0.16 * n_rows)), layout="constrained")
     ax = fig.add_subplot()
     if len(ops) == 0:
         return _empty(fig, ax, "no ops")
@@ -103,7 +104,7 @@ def plot_timeline(ops: pd.DataFrame, lanes: pd.DataFrame, *, window_ns: tuple[in
     ax.set_xlim(0, (hi - lo) / 1e6)
     ax.set_ylim(-0.6, max(len(used), 1) - 0.4)
     labels = [f"r{int(lk.loc[ln, 'rank'])} {str(lk.loc[ln, 'name'])[:18] or ln}" for ln in used]
-    ax.set_yticks(np.arange(len(used)), labels, fontsize=7)
+    ax.set_yticks(np.arange(len(used)), labels, fontsize=6 if len(used) > 24 else 7)
     ax.invert_yaxis()
     ax.set_xlabel(f"time (ms) from {lo / 1e6:.3f} ms")
     ax.set_title(title)
