@@ -288,17 +288,74 @@ def parse_kineto_file(path: str | os.PathLike[str], on_stage=None) -> RankPart:
     was_enabled = gc.isenabled()
     gc.disable()
     try:
-        doc = _decode(path, raw)
-        del raw
-        if on_stage:
-            on_stage("decode")
-        part = _build(path, doc)
+        chunked = _decode_pieces(path, raw) if len(raw) >= CHUNKED_MIN_BYTES else None
+        if chunked is None:
+            doc = _decode(path, raw)
+            del raw
+            if on_stage:
+                on_stage("decode")
+            part = _build(path, doc)
+        else:
+            doc, pieces = chunked
+            if on_stage:
+                on_stage("decode")
+            from .kineto_links import build_rank_part
+            part = build_rank_part(path, doc, pieces)
         if on_stage:
             on_stage("build")
         return part
     finally:
         if was_enabled:
             gc.enable()
+
+
+#: files at least this large (decompressed) are decoded piece by piece
+CHUNKED_MIN_BYTES = 8 << 20
+_PIECE_BYTES = 4 << 20
+_DEC_PIECE = msgspec.json.Decoder(list[_Ev])
+_PIECE_IDX = re.compile(r"^\$\[(\d+)\](?:\.(\w+))?")
+
+
+def _decode_pieces(path: Path, raw: bytes):
+    """Large files: decode the metadata, then yield the events in pieces of ~4 MB.
+
+    Only one piece of event objects is alive at a time, which bounds memory by the columns
+    rather than by millions of Python objects. Returns None when the text is not a JSON
+    object with a balanced top-level ``traceEvents`` array (the whole-file decoder then
+    reports what is wrong).
+    """
+    from ._kernels import scan_json_array
+
+    if raw.lstrip()[:1] != b"{":
+        return None
+    a, b, cuts = scan_json_array(np.frombuffer(raw, np.uint8), b"traceEvents", _PIECE_BYTES)
+    if a < 0 or b < 0:
+        return None
+    doc = _decode(path, raw[:a] + b"[]" + raw[b + 1:])
+    if doc.retimeExport is not None:
+        return None
+
+    def pieces():
+        start, off = a + 1, 0
+        for cut in [*cuts.tolist(), b]:
+            try:
+                evs = _DEC_PIECE.decode(b"[" + raw[start:cut] + b"]")
+            except msgspec.ValidationError as exc:
+                m = _PATH_RE.search(str(exc)) or None
+                m2 = _PIECE_IDX.search(str(exc).split(" - at `")[-1].rstrip("`"))
+                idx = off + int(m2.group(1)) if m2 else off
+                fld = (m2.group(2) if m2 else None) or (m.group(2) if m else "?")
+                raise TraceFormatError(
+                    f"{path}: event {idx}: field '{fld}' is invalid ({str(exc).split(' - at ')[0]}); "
+                    "fix or remove that event (ts and dur must be numbers in microseconds)") from exc
+            except msgspec.DecodeError as exc:
+                raise TraceFormatError(f"{path}: invalid JSON after event {off} ({exc}); the "
+                                       "file is damaged — re-export it") from exc
+            yield off, evs
+            off += len(evs)
+            start = cut + 1
+
+    return doc, pieces()
 
 
 def _build(path: Path, doc: _File) -> RankPart:

@@ -235,3 +235,35 @@ def test_nccl_kernels_wait_on_compute_stream(dlrm_trace):
     lanes = o["lane"].to_numpy()
     assert (lanes[sync["src"]] != lanes[sync["dst"]]).all()
     assert np.isin(o["kind"].to_numpy()[sync["src"]], [OpKind.KERNEL, OpKind.MEMCPY]).all()
+
+
+def test_piecewise_decoding_is_identical(monkeypatch):
+    """Large files are decoded in pieces; the Trace must not depend on the piece size."""
+    import collectors.kineto as kin
+
+    paths = [KINETO / "v100-ddp-sgd" / "df_index_resolver.json.gz", KINETO / "dlrm-v100-8rank"]
+    for p in paths:
+        monkeypatch.setattr(kin, "CHUNKED_MIN_BYTES", 1 << 62)
+        whole = read_kineto([p])
+        monkeypatch.setattr(kin, "CHUNKED_MIN_BYTES", 1)
+        monkeypatch.setattr(kin, "_PIECE_BYTES", 1 << 16)
+        pieces = read_kineto([p])
+        for name in ("ops", "edges", "ranges", "memory"):
+            pd.testing.assert_frame_equal(getattr(whole, name), getattr(pieces, name))
+        assert whole.strings == pieces.strings
+        assert whole.meta["accounting"] == pieces.meta["accounting"]
+        assert whole.meta["collectives"] == pieces.meta["collectives"]
+
+
+def test_piecewise_error_names_the_global_event_index(monkeypatch, tmp_path):
+    import collectors.kineto as kin
+
+    evs = [{"ph": "X", "cat": "cpu_op", "name": f"op{i}", "pid": 1, "tid": 1, "ts": float(i), "dur": 0.5}
+           for i in range(3000)]
+    evs[2500]["ts"] = "later"
+    f = tmp_path / "big.json"
+    f.write_text(json.dumps({"distributedInfo": {"rank": 0}, "traceEvents": evs}))
+    monkeypatch.setattr(kin, "CHUNKED_MIN_BYTES", 1)
+    monkeypatch.setattr(kin, "_PIECE_BYTES", 4096)
+    with pytest.raises(TraceFormatError, match=r"event 2500: field 'ts'"):
+        read_kineto([f])
