@@ -161,3 +161,19 @@ def test_critical_path_of_replay_uses_crit_pred(shared_traces):
     assert ids[-1] == int(np.argmax(r.end_ns))
     assert (pred[ids[1:]] == ids[:-1]).all() and pred[ids[0]] == -1
     assert cp.attrs["length_ns"] == int(r.end_ns.max() - r.start_ns[ids[0]])
+
+
+@pytest.mark.parametrize("rel", ["kineto/a100-ddp-nccl",
+                                 "kineto/dlrm-v100-8rank/worker0_step_12.1694128201545.pt.trace.json.gz",
+                                 "kineto/h100-vgg13"])
+def test_longest_path_matches_reference_on_real_single_rank_traces(shared_traces, rel):
+    t = ingest_cached(shared_traces / rel)
+    assert len(t.ranks) == 1
+    cp = critical_path(t)
+    assert cp.attrs["dropped_arcs"] == 0
+    # single rank: no cross-rank collective instance, so the reference needs no virtual nodes
+    coll = t.ops["coll_id"].to_numpy()
+    assert not (np.unique(coll[coll >= 0], return_counts=True)[1] >= 2).any()
+    length, path = naive_longest_path(t)
+    assert cp.attrs["length_ns"] == length
+    assert cp["op_id"].tolist() == path
