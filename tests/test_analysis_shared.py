@@ -25,8 +25,11 @@ from collectors.errors import RetimeError
 
 
 def _inputs() -> list[Path]:
-    out = list(kineto_trace_files())
-    out.append(KINETO / "dlrm-v100-8rank")  # all 8 ranks together
+    # every Kineto file on its own (folders such as a100-event-sync hold unrelated runs),
+    # except the 8 DLRM ranks: worker0 alone plus the folder with all 8 ranks together
+    out = [f for f in kineto_trace_files()
+           if f.parent.name != "dlrm-v100-8rank" or f.name.startswith("worker0")]
+    out.append(KINETO / "dlrm-v100-8rank")
     out.append(SHARED / "nsys" / "h100-2gpu-fastvideo.sqlite")
     out.append(SHARED / "oplevel" / "megatron-ST-8rank")
     return out
