@@ -289,8 +289,8 @@ def test_result_frames_and_replayed_trace(tmp_path):
 
 @pytest.mark.slow
 def test_many_more_random_graphs_match_reference():
-    """The same checks on 400 more seeds (run with ``pytest -m slow``)."""
-    for seed in range(1000, 1400):
+    """The same checks on 200 more seeds."""
+    for seed in range(1000, 1200):
         test_fast_path_matches_reference(seed)
         if seed % 2 == 0:
             test_contention_path_matches_reference(seed)
