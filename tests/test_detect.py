@@ -94,3 +94,10 @@ def test_cli_reports_missing_tables_in_one_line(tmp_path, capsys):
                         str(tmp_path / "o.retime")], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "nsys export --type sqlite" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_a_retime_store_is_not_reingested(tmp_path):
+    out = tmp_path / "st.retime"
+    read(OPLEVEL).save(out)
+    with pytest.raises(TraceFormatError, match="already a retime trace"):
+        detect_format(out)
