@@ -124,6 +124,7 @@ class _File(msgspec.Struct, gc=False):
     deviceProperties: list[_Dev] | None = None
     baseTimeNanoseconds: int | None = None
     retimeExport: dict[str, Any] | None = None
+    host_name: str | None = None  # written by newer torch.profiler and by collectors.capture
     schema: Any = None
     nodes: msgspec.Raw = msgspec.Raw(b"")
 
@@ -169,6 +170,7 @@ class RankPart:
     comm: dict[str, Any]  # per collective op: local op index, group name, seq, ...
     accounting: dict[str, Any]
     window_ns: tuple[int, int] | None = None
+    hostname: str | None = None
     export_rank_parts: list[RankPart] = field(default_factory=list)
 
 

@@ -218,8 +218,8 @@ def build_rank_part(path: Path, doc, chunks=None) -> RankPart:  # noqa: C901 - o
                 if e.name in ("thread_name", "process_name", "process_labels") and e.args is not None:
                     key = (e.pid, e.tid if e.name == "thread_name" else None)
                     val = e.args.name if e.args.name is not None else e.args.labels
-                    if val is not None:
-                        thread_names[(e.name, key)] = val
+                    if val is not None:  # the first name wins (Kineto may repeat a tid
+                        thread_names.setdefault((e.name, key), val)  # later as "python")
                 kept["metadata"] += 1
             elif ph in ("s", "f", "t"):
                 kept["flows"] += 1
@@ -433,6 +433,14 @@ def _assemble(path, doc, rank, rank_source, strings, kept, dropped, tnames, G, H
     if len(sync_src):
         add(sync_src, sync_dst, EdgeKind.SYNC, np.minimum(start[sync_dst] - end[sync_src], 0))
 
+    # CPU collectives (gloo): issuing call -> execution on a gloo thread -> the waiting op
+    gsrc, gdst, gkind = _gloo_edges(np.asarray(strings.names, dtype=object), kind, lane, start,
+                                    end, name_id, n_h, hs, he, hc, h_name, h_lane, is_op, op_h)
+    for k_ in (EdgeKind.LAUNCH, EdgeKind.SYNC):
+        m_ = gkind == k_
+        if m_.any():
+            add(gsrc[m_], gdst[m_], k_, np.minimum(start[gdst[m_]] - end[gsrc[m_]], 0))
+
     # ---------------- attribution: step, phase
     names_arr = np.asarray(strings.names, dtype=object)
     step, phase = _attribute(names_arr, r_name[: len(rg)], r_start[: len(rg)], r_end[: len(rg)],
@@ -481,7 +489,7 @@ def _assemble(path, doc, rank, rank_source, strings, kept, dropped, tnames, G, H
         ranges=dict(lane=r_lane, name_id=r_name, start_ns=r_start, end_ns=r_end, depth=r_depth),
         memory=dict(device=mem_arr[:, 0], ts_ns=mem_arr[:, 1], bytes_delta=mem_arr[:, 2],
                     allocated_bytes=mem_arr[:, 3], reserved_bytes=mem_arr[:, 4]),
-        comm=comm, accounting=acc, window_ns=window,
+        comm=comm, accounting=acc, window_ns=window, hostname=doc.host_name,
     )
 
 
@@ -489,6 +497,67 @@ def _gpu_range_lanes(GR, g_uniq, n_g_lanes) -> np.ndarray:
     idx = {k: i for i, k in enumerate(g_uniq)}
     return np.fromiter((idx.get((d, s), -1) for d, s in zip(GR["dev"], GR["stream"])), np.int64,
                        len(GR["dev"]))
+
+
+#: how soon after a CPU collective ends an idle thread's next op must start to count as
+#: having waited for it
+GLOO_WAIT_WINDOW_NS = 100_000
+
+
+def _gloo_edges(names_arr, kind, lane, start, end, name_id, n_h, hs, he, hc, h_name, h_lane,
+                is_op, op_h):
+    """Edges of CPU collectives (gloo), which run on gloo worker threads.
+
+    Issue: the k-th ``c10d::*`` call of a rank (on a non-gloo thread) enqueues the k-th
+    ``gloo:*`` execution (FIFO in issue order) -> LAUNCH edge from the call (or, when the call
+    encloses other ops, its last inner op) to the execution. Completion: when the issuing
+    thread had been idle for at least :data:`GLOO_WAIT_WINDOW_NS` as the execution ended and
+    resumed within :data:`GLOO_WAIT_WINDOW_NS` after it, it was waiting for it ->
+    SYNC edge from the execution to that op. Returns (src, dst, kind) arrays of op ids.
+    """
+    z = np.zeros(0, np.int64)
+    gl = np.flatnonzero(kind[:n_h] == OpKind.COLLECTIVE)
+    if len(gl) == 0:
+        return z, z, np.zeros(0, np.int8)
+    gl_lanes = set(lane[gl].tolist())
+    is_c10d = np.asarray([n.startswith("c10d::") and "barrier" not in n for n in names_arr], bool)
+    issue_h = np.flatnonzero(is_c10d[h_name] & ~np.isin(h_lane, list(gl_lanes)))
+    if len(issue_h) == 0:
+        return z, z, np.zeros(0, np.int8)
+    issue_h = issue_h[np.argsort(hs[issue_h], kind="stable")]
+    op_of_h = np.full(len(hs), -1, np.int64)
+    op_of_h[op_h] = np.arange(n_h)
+    gl = gl[np.argsort(start[gl], kind="stable")]
+    src, dst, kd = [], [], []
+    k = 0
+    for g in gl:
+        while k < len(issue_h) and hs[issue_h[k]] > start[g]:
+            break
+        if k >= len(issue_h) or hs[issue_h[k]] > start[g]:
+            continue
+        h = issue_h[k]
+        k += 1
+        o = op_of_h[h]
+        if o < 0:  # the call encloses other ops: its last inner op on that lane
+            ln = h_lane[h]
+            inner = np.flatnonzero((lane[:n_h] == ln) & (start[:n_h] >= hs[h]) & (end[:n_h] <= he[h]))
+            if len(inner) == 0:
+                continue
+            o = int(inner[-1])
+        src.append(o)
+        dst.append(int(g))
+        kd.append(int(EdgeKind.LAUNCH))
+        # completion: the issuing thread idle across the end, resuming right after
+        ln = lane[o]
+        lo = np.searchsorted(lane[:n_h], ln, side="left")
+        hi = np.searchsorted(lane[:n_h], ln, side="right")
+        j = lo + np.searchsorted(start[lo:hi], end[g], side="left")
+        if (lo < j < hi and end[g] - end[j - 1] >= GLOO_WAIT_WINDOW_NS
+                and start[j] - end[g] <= GLOO_WAIT_WINDOW_NS):
+            src.append(int(g))
+            dst.append(int(j))
+            kd.append(int(EdgeKind.SYNC))
+    return np.asarray(src, np.int64), np.asarray(dst, np.int64), np.asarray(kd, np.int8)
 
 
 def _next_host_op(i: int, lane: np.ndarray, n_h: int) -> int:

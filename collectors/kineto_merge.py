@@ -151,6 +151,9 @@ def merge_parts(parts: list[RankPart], skipped: dict[str, str] | None = None) ->
         "windows_ns": {str(p.rank): list(p.window_ns) for p in flat if p.window_ns},
         "skipped_files": dict(skipped or {}),
     }
+    hosts = {str(p.rank): p.hostname for p in flat if p.hostname}
+    if hosts:
+        meta["hostnames"] = hosts  # ranks sharing a host are one node (topology policies)
     cat = lambda d: {k: np.concatenate(v) if v else np.zeros(0) for k, v in d.items()}  # noqa: E731
     return Trace.build(ops=ops, lanes=lanes, strings=strings, edges=cat(edges),
                        ranges=cat(ranges), memory=cat(memory),

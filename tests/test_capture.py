@@ -243,10 +243,6 @@ def test_in_process_capture_cycles_and_too_few_steps(tmp_path, monkeypatch):
 
 @pytest.mark.torch
 @needs_torch
-@pytest.mark.xfail(strict=True, reason=(
-    "Kineto reader: no dependency yet from a training thread's c10d::allreduce_ to the "
-    "gloo:all_reduce it enqueues on a gloo worker thread, so in a what-if the gloo lanes "
-    "are not tied to the compute that issues their all-reduces"))
 def test_each_gloo_allreduce_depends_on_its_issuing_call(ddp_trace):
     import numpy as np
 
