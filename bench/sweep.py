@@ -137,7 +137,7 @@ def main() -> None:
         from distributed import Client, LocalCluster
 
         with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                          dashboard_address=None, silence_logs=50) as lc, \
+                          dashboard_address=":0", silence_logs=50) as lc, \
                 Client(lc, set_as_default=False) as client:
             t = time.perf_counter()
             df = sweep(tr, scs, run=run, scheduler=client)
