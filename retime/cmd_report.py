@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from collectors.errors import RetimeError
+from collectors.progress import progress_bar
 from collectors.trace import read_trace
 from retime.cli import app, emit_json, say
 
@@ -32,10 +33,15 @@ def report(
     suf = output.suffix.lower()
     if suf not in (".html", ".htm", ".pdf"):
         raise RetimeError(f"-o {output}: the report must end in .html or .pdf")
-    trace = read_trace(trace_dir)
-    base = read_trace(baseline) if baseline is not None else None
-    rep = build_report(trace, baseline=base, title=title or f"retime report: {trace_dir.name}")
-    (write_pdf if suf == ".pdf" else write_html)(rep, output)
+    with progress_bar(3, "report", enabled=None if not json_out else False) as bar:
+        trace = read_trace(trace_dir)
+        base = read_trace(baseline) if baseline is not None else None
+        bar.advance()
+        rep = build_report(trace, baseline=base,
+                           title=title or f"retime report: {trace_dir.name}")
+        bar.advance()
+        (write_pdf if suf == ".pdf" else write_html)(rep, output)
+        bar.advance()
     summary = dict(rep.summary)
     if json_out:
         emit_json({"output": str(output), "format": "pdf" if suf == ".pdf" else "html",
