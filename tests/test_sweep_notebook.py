@@ -68,6 +68,7 @@ def test_plots_return_figures():
     assert not empty.axes[0].axison
 
 
+@pytest.mark.slow  # a kernel start and a small sweep: ~25 s on 2 idle cores
 def test_notebook_runs_top_to_bottom():
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")
