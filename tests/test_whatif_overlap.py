@@ -172,3 +172,13 @@ def test_optimizer_offload_moves_state_to_the_host(dp_job):
     adam = dp_job.names() == "optimizer.adam_step"
     assert off.dur_ns[adam][0] == pytest.approx(4 * P / 25.0 + 28 * P / 100.0, abs=2)
     assert off.step_time_ns > base.step_time_ns  # PCIe + host memory are slower than HBM
+
+
+def test_activation_offload_frees_memory_and_costs_pcie_time(dp_job):
+    base = whatif(dp_job)
+    off = whatif(dp_job, {"cache.offload_activations": True})
+    slow_pcie = whatif(dp_job, {"cache.offload_activations": True, "cache.pcie_gbps": 2.0})
+    mem = lambda r: r.meta["whatif"]["memory"]["peak_memory_bytes"]  # noqa: E731
+    m = dp_job.meta["synth"]["memory"][0]
+    assert mem(base) - mem(off) == m["activation_bytes"] - 2 * m["activation_bytes_per_layer"]
+    assert base.step_time_ns <= off.step_time_ns < slow_pcie.step_time_ns

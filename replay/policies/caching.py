@@ -18,6 +18,11 @@
   PCIe) and the CPU streams Adam's 28 bytes per parameter through host memory
   (``cache.host_gbps``, default 100 GB/s); the GPU's copy-grads / Adam / copy-params kernels
   are replaced by that time, and GPU memory drops by the optimizer state.
+* ``offload_activations``: each layer's saved activations go to host memory after its
+  forward and come back before its backward, over PCIe on a copy engine that overlaps the
+  next layer's compute: a layer takes ``max(T_compute, A / pcie_gbps)`` (``A`` its
+  activation bytes per micro-batch) in forward and in backward, and GPU memory keeps two
+  layers' activations instead of all in-flight ones.
 
 All three need a synthesized run (the layer sizes and the ZeRO-3 gathers are known there);
 on a measured trace they raise PolicyError.
@@ -50,12 +55,13 @@ class Cache(Policy):
     keep_params: bool | None = None
     recompute: str | None = None
     offload_optimizer: bool | None = None
+    offload_activations: bool | None = None
     pcie_gbps: float | None = None
     host_gbps: float | None = None
     table: ClassVar[str] = "cache"
 
     def __post_init__(self) -> None:
-        for f in ("fcdp", "keep_params", "offload_optimizer"):
+        for f in ("fcdp", "keep_params", "offload_optimizer", "offload_activations"):
             v = getattr(self, f)
             if v is not None and not isinstance(v, bool):
                 raise PolicyError(f"cache.{f}={v!r} must be true or false")
@@ -78,6 +84,8 @@ class Cache(Policy):
             state.synth.set_parallel(recompute=self.recompute)
         if self.offload_optimizer:
             self._need_synth(state, "offload_optimizer")
+        if self.offload_activations:
+            self._need_synth(state, "offload_activations")
         if self.fcdp or self.keep_params:
             what = "fcdp" if self.fcdp else "keep_params"
             self._need_synth(state, what)
@@ -95,7 +103,39 @@ class Cache(Policy):
             self._rebuild_backward_gathers(state)
         if self.offload_optimizer:
             self._offload_optimizer(state)
+        if self.offload_activations:
+            self._offload_activations(state)
         state.applied.append(self.describe())
+
+    def _offload_activations(self, state: WhatIfState) -> None:
+        import pandas as pd
+        t = state.trace
+        o = t.ops
+        mem = t.meta["synth"]["memory"]
+        pcie = float(self.pcie_gbps or DEFAULT_PCIE_GBPS)
+        per_layer = {r["stage"]: float(r["activation_bytes_per_layer"]) for r in mem}
+        stage_of_rank = _stages(t)
+        lane_name = dict(zip(t.lanes["lane"].to_numpy().tolist(),
+                             [str(x).split(" ")[0] for x in t.lanes["name"]], strict=True))
+        comp = np.asarray([lane_name.get(int(x)) == "compute" for x in o["lane"].to_numpy()])
+        sel = comp & (o["layer"].to_numpy() >= 0) & np.isin(o["phase"].to_numpy(), [0, 1])
+        idx = np.flatnonzero(sel)
+        if len(idx) == 0:
+            raise PolicyError("cache.offload_activations: no per-layer compute ops to offload")
+        f = pd.DataFrame({"op": idx, "rank": o["rank"].to_numpy()[idx],
+                          "mb": o["microbatch"].to_numpy()[idx],
+                          "chunk": o["chunk"].to_numpy()[idx],
+                          "layer": o["layer"].to_numpy()[idx],
+                          "phase": o["phase"].to_numpy()[idx],
+                          "start": o["start_ns"].to_numpy()[idx], "dur": state.dur[idx]})
+        g = f.sort_values("start").groupby(["rank", "mb", "chunk", "layer", "phase"])
+        agg = g.agg(total=("dur", "sum"), last=("op", "last"), rank=("rank", "first"))
+        tau = np.asarray([per_layer[int(s)] for s in stage_of_rank[agg["rank"].to_numpy()]]) / pcie
+        extra = np.maximum(0.0, tau - agg["total"].to_numpy())
+        state.dur[agg["last"].to_numpy()] += extra
+        worst = max(mem, key=lambda r: r["activation_bytes"])
+        state.memory_delta_bytes -= int(max(0.0, worst["activation_bytes"]
+                                            - 2 * worst["activation_bytes_per_layer"]))
 
     def _offload_optimizer(self, state: WhatIfState) -> None:
         t = state.trace
