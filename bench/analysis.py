@@ -9,7 +9,7 @@ Prints (never asserts):
 2. critical path on the same single-rank trace: retime (numba longest path over all steps)
    and HolisticTraceAnalysis' ``critical_path_analysis`` (networkx) over all ProfilerStep
    instances, side by side in this run: wall time, ops/nodes on the path, path length, and
-   the speed ratio. HTA is optional (``pip install holistictraceanalysis``); if it cannot
+   the speed ratio. HTA is optional (``pip install -e ".[bench]"``); if it cannot
    be imported or fails, the reason is printed. HTA 0.5 calls ``DataFrame.drop(axis=1,
    columns=...)``, which pandas 3 rejects; this script drops the redundant ``axis`` for it
    (a shim for the peer only, installed after retime's timings are taken).
