@@ -183,3 +183,11 @@ def test_collectives_without_sizes_cannot_be_retimed_by_bandwidth():
     with pytest.raises(PolicyError, match="carry no sizes"):
         whatif(tr, {"network.intra_node_gbps": 50})
     assert whatif(tr, {"hardware.comm_speedup": 2}).step_time_ns <= replay(tr).step_time_ns
+
+
+@pytest.mark.parametrize("rpn", [2, 4])
+def test_measured_step_is_monotone_in_inter_node_bandwidth(dlrm, rpn):
+    steps = [whatif(dlrm, {"topology.ranks_per_node": rpn, "network.inter_node_gbps": bw}).step_time_ns
+             for bw in (100.0, 50.0, 25.0, 12.5, 6.25)]
+    assert steps == sorted(steps)
+    assert steps[-1] > steps[0]
