@@ -521,9 +521,16 @@ def _rerate(now, cand, ncand, cmark, flows_changed, flows, n_flows, n, coll_ptr,
                 break
         for a in range(n_flows):
             _links_reset(fl[a], n, coll_ptr, coll_members, link, link_cnt, link_cap)
-    cs = np.sort(cand[:ncand])
+    # insertion sort in place: the candidate list is short, and this avoids an allocation
+    for a in range(1, ncand):
+        x = cand[a]
+        b = a - 1
+        while b >= 0 and cand[b] > x:
+            cand[b + 1] = cand[b]
+            b -= 1
+        cand[b + 1] = x
     for a in range(ncand):
-        j = cs[a]
+        j = cand[a]
         cmark[j] = False
         if jpos[j] < 0:
             continue
