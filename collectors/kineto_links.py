@@ -57,6 +57,8 @@ _CAT_CODE = {**{c: int(k) for c, k in _GPU_CATS.items()},
              "user_annotation": _C_ANNOT, "trace": _C_TRACE}
 _STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
 _COMM_RANGE = re.compile(r"^(nccl:|gloo:|c10d::|record_param_comms|rccl:)")
+_PY_WAIT = re.compile(r"^(threading|queue|selectors|multiprocessing/connection)\.py\(\d+\): "
+                      r"(wait|_wait_for_tstate_lock|join|get|select|poll|_poll|recv_bytes)$")
 _STREAM_WAIT = {"cudaStreamWaitEvent", "hipStreamWaitEvent", "cuStreamWaitEvent"}
 _BLOCKING = {"cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
              "cudaMemcpy", "hipStreamSynchronize", "hipDeviceSynchronize",
@@ -354,7 +356,11 @@ def _assemble(path, doc, rank, rank_source, strings, kept, dropped, tnames, G, H
     depth[order] = depth_s
     container = np.empty_like(cont_s)
     container[order] = cont_s
-    is_op = ((hc == _H_RUNTIME) | (hc == _H_GLOO) | ((hc == _H_CPU) & ~container))
+    # a Python frame blocked in a wait (a background thread idling through the whole window)
+    # is not work: it is kept as a range, not as an op that would stretch the rank's span
+    waiting = np.asarray([bool(_PY_WAIT.match(n)) for n in strings.names], bool)
+    is_wait = waiting[np.asarray(H["name"], np.int64)] if len(waiting) else np.zeros(len(hc), bool)
+    is_op = ((hc == _H_RUNTIME) | (hc == _H_GLOO) | ((hc == _H_CPU) & ~container & ~is_wait))
     is_range = ~is_op
     kept["ops"] += int(is_op.sum())
     kept["ranges"] += int(is_range.sum())
