@@ -193,12 +193,12 @@ def main(argv: list[str] | None = None) -> int:
     if refusals:
         print("So those predictions are the identity replay of the input trace ('nothing "
               "changes'): they lack the re-bucketing of the gradient all-reduce.")
-    print("NOTE: on CPU/gloo captures the Kineto reader links no training-thread op to the "
-          "gloo:all_reduce it issues (c10d::allreduce_ -> gloo worker thread) nor back from "
-          "its end to the op that waited for it (DDP's copy_bucket_to_grad), so re-bucketed "
-          "all-reduces cannot delay or release the training thread; the replay keeps the "
-          "measured wait as a fixed gap. CPU contention between gloo threads and compute on "
-          "a small machine is not modeled either.")
+    print("NOTE: what the prediction models: each gloo:all_reduce is tied to the c10d call "
+          "that issued it and to the training-thread op that waited for it (when the thread "
+          "was visibly idle until it ended); re-bucketing re-sizes and re-times the all-reduces "
+          "on the trace's own alpha-beta fit. Not modeled: CPU contention between gloo threads "
+          "and compute on a small machine (the run-to-run spread above bounds what any "
+          "prediction can match on a loaded machine).")
     if args.keep is None:
         print(f"(traces in {work}; pass --keep DIR to choose where)")
     return 0
