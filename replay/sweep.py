@@ -176,6 +176,7 @@ def _prepared(g) -> dict[str, Any]:
     # each rank's device ops form one block in this order, and keep it when a scenario's
     # replayed starts re-sort them within the block (the sort key is rank-major)
     p = {"ridx": ridx, "n_ranks": n_ranks, "dev": dev, "dev_rank": rd, "dev_compute": comp,
+         "other": np.flatnonzero(res <= 0),
          "blocks": _blocks(rd), "x_blocks": _blocks(rd[comp]), "n_steps": max(n_steps, 1)}
     k = id(key)
     _PREP[k] = (weakref.ref(key, lambda _r, k=k: _PREP.pop(k, None)), p)
@@ -278,15 +279,16 @@ def scenario_metrics(result: ReplayResult) -> dict[str, Any]:
     if len(s) == 0:
         return row
     ridx = p["ridx"]
+    # rank spans: the ops off the device with ufunc.at, the device ops from their blocks below
     lo = np.full(n_r, np.iinfo(np.int64).max, np.int64)
     hi = np.full(n_r, np.iinfo(np.int64).min, np.int64)
-    np.minimum.at(lo, ridx, s)
-    np.maximum.at(hi, ridx, e)
-    span = hi - lo
-    step_ns = int(span.max())
-    row["step_time_ns"] = step_ns
+    other = p["other"]
+    if len(other):
+        np.minimum.at(lo, ridx[other], s[other])
+        np.maximum.at(hi, ridx[other], e[other])
     # interval unions per rank on the device ops, in offset coordinates (see _union_len)
     dev = p["dev"]
+    x = both = None
     if len(dev):
         sd, ed = s[dev], e[dev]
         t0 = int(sd.min())
@@ -300,8 +302,16 @@ def scenario_metrics(result: ReplayResult) -> dict[str, Any]:
         ds = ds[order]
         de = (ed + base)[order]
         comp = p["dev_compute"][order]
+        first, brank = p["blocks"]
+        shift = brank * off - t0  # offset coordinates -> ns, per block
+        np.minimum.at(lo, brank, ds[first] - shift)  # sorted: a block's first start is its min
+        np.maximum.at(hi, brank, np.maximum.reduceat(de, first) - shift)
         both = _union_len(ds, de, p["blocks"], n_r)
         x = _union_len(ds[comp], de[comp], p["x_blocks"], n_r)
+    span = hi - lo
+    step_ns = int(span.max())
+    row["step_time_ns"] = step_ns
+    if x is not None:
         row["exposed_comm_ns"] = int((both - x).max())
         has_x = np.zeros(n_r, bool)
         has_x[p["x_blocks"][1]] = True
