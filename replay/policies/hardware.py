@@ -16,17 +16,18 @@ the ratio of HBM bandwidth; the measured GPU must be recognisable from ``meta["d
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
 
-from collectors.enums import OpKind
+from collectors.enums import EdgeKind, OpKind
 from collectors.errors import ConfigError, PolicyError
 from collectors.trace import Trace
 
-from .base import Policy, WhatIfState, check_positive
+from .base import Policy, WhatIfState, check_positive, layout_of
 
 __all__ = ["Hardware", "kernel_class", "CLASSES"]
 
@@ -66,7 +67,9 @@ class Hardware(Policy):
     ``compute_speedup`` applies to every compute class (gemm, attention, elementwise) and
     multiplies with the class-specific factors. ``slow_ranks`` with ``rank_slowdown``
     injects a slower GPU: those ranks' compute and memcpy take ``rank_slowdown`` times as
-    long (the same as ``stragglers.slow_ranks`` / ``stragglers.slowdown``).
+    long (the same as ``stragglers.slow_ranks`` / ``stragglers.slowdown``). ``host_speedup``
+    makes the host (CPU) faster: host ops, the gaps between them and their unexplained
+    delays shrink by that factor (for host-bound traces).
     """
 
     compute_speedup: float | None = None
@@ -79,11 +82,12 @@ class Hardware(Policy):
     from_gpu: str | None = None
     slow_ranks: tuple[int, ...] | None = None
     rank_slowdown: float | None = None
+    host_speedup: float | None = None
     table: ClassVar[str] = "hardware"
 
     def __post_init__(self) -> None:
         for f in ("compute_speedup", "gemm_speedup", "attention_speedup",
-                  "elementwise_speedup", "memcpy_speedup", "comm_speedup"):
+                  "elementwise_speedup", "memcpy_speedup", "comm_speedup", "host_speedup"):
             check_positive("hardware", f, getattr(self, f))
         for f in ("gpu", "from_gpu"):
             v = getattr(self, f)
@@ -122,10 +126,31 @@ class Hardware(Policy):
         if self.gpu is not None and not state.is_synth:
             f = f * _roofline_ratio(state.trace, self.gpu, self.from_gpu)
         state.dur *= f[cls]
+        if self.host_speedup:
+            _speed_up_host(state, self.host_speedup)
         if self.slow_ranks:
             from .stragglers import inject_slowdown
             inject_slowdown(state, self.slow_ranks, self.rank_slowdown)
         state.applied.append(self.describe())
+
+
+def _speed_up_host(state: WhatIfState, speedup: float) -> None:
+    """A faster host (CPU): host ops (operators, runtime calls) take ``1/speedup`` as long,
+    and so do the measured gaps between consecutive host ops (HOST_ORDER lags: framework and
+    Python time between traced ops) and the unexplained delays of host ops. Blocking calls
+    keep waiting for the GPU (only their own part shrinks). GPU work is unchanged."""
+    f = 1.0 / speedup
+    kind = state.kinds()
+    host = (kind == OpKind.CPU_OP) | (kind == OpKind.RUNTIME)
+    state.dur[host] *= f
+    g = state.graph
+    lag = g.pred_lag_ns.copy()
+    ho = (g.pred_kind == EdgeKind.HOST_ORDER) & (lag > 0)
+    lag[ho] = np.rint(lag[ho] * f).astype(lag.dtype)
+    delay = g.delay_ns.copy()
+    hpos = layout_of(g, host)
+    delay[hpos] = np.rint(delay[hpos] * f).astype(delay.dtype)
+    state.graph = dataclasses.replace(g, pred_lag_ns=lag, delay_ns=delay)
 
 
 def _profile(name: str, field: str):
