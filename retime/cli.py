@@ -78,8 +78,11 @@ def run(argv: list[str] | None = None) -> int:
             return rv
     except click.exceptions.Exit as exc:
         return int(exc.exit_code)
-    except _CLICK_ERRORS as exc:  # usage errors: click prints its own message
-        exc.show()
+    except _CLICK_ERRORS as exc:  # usage errors: one line, like every other bad input
+        msg = " ".join(exc.format_message().split())
+        ctx = getattr(exc, "ctx", None)
+        where = ctx.command_path if ctx is not None else "retime"
+        typer.echo(f"retime: error: {msg} (see '{where} --help')", err=True)
         return 2
     except click.exceptions.Abort:
         typer.echo("retime: aborted", err=True)

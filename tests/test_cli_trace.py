@@ -138,3 +138,11 @@ def test_subprocess_error_and_help(tmp_path):
     assert len(p.stderr.strip().splitlines()) == 1 and "truncated" in p.stderr
     h = subprocess.run([sys.executable, "-m", "retime", "--help"], capture_output=True, text=True)
     assert h.returncode == 0 and "ingest" in h.stdout
+
+
+@pytest.mark.parametrize("argv", [["info", "/nonexistent/x.retime"], ["ingest"], ["bogus-command"],
+                                  ["ingest", str(DLRM), "-o", "x.retime", "--format", "pdf"]])
+def test_usage_errors_are_one_line_exit_2(argv, capsys):
+    assert run(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("retime: error:") and "--help" in err
