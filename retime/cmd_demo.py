@@ -1,8 +1,9 @@
 """CLI: ``retime demo`` — the whole job on the bundled real sample, with no download.
 
 Ingest the bundled 8-rank DLRM Kineto trace (traces/dlrm-v100-8rank, real V100 data),
-replay it unchanged (identity: per-rank error vs the measured step), run one what-if
-(compute 2x faster), and write HTML + PDF reports to ``reports/example/``.
+replay it unchanged (identity: per-rank error vs the measured step), run two what-ifs
+(GPU compute 2x faster; host CPU 2x faster), and write HTML + PDF reports of the better
+what-if against the measured trace to ``reports/example/``.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ def demo(
                                              help="Where the store and reports go.")] = ROOT / "reports" / "example",
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")] = False,
 ) -> None:
-    """Run ingest -> identity replay -> what-if -> HTML/PDF report on the bundled sample."""
+    """Run ingest -> identity replay -> two what-ifs -> HTML/PDF report on the bundled sample."""
     from analysis import write_report
     from collectors.ingest import read
     from replay import replay
@@ -52,21 +53,20 @@ def demo(
         say(f"  rank {r.rank}: measured {r.measured_ns / 1e6:8.3f} ms  replayed "
             f"{r.replayed_ns / 1e6:8.3f} ms  error {r.error_pct:+.3f}%", quiet=quiet)
 
-    whatif_summary = None
-    try:
-        from replay import whatif  # the what-if policies
-    except ImportError:
-        whatif = None
-    if whatif is not None:
-        w = whatif(trace, {"hardware.compute_speedup": 2.0})
-        whatif_summary = {"scenario": {"hardware.compute_speedup": 2.0},
-                          "step_time_ns": int(w.step_time_ns),
-                          "speedup": float(ident.step_time_ns / max(w.step_time_ns, 1))}
-        say(f"what-if compute 2x faster: step {ident.step_time_ns / 1e6:.3f} ms -> "
-            f"{w.step_time_ns / 1e6:.3f} ms ({whatif_summary['speedup']:.2f}x)", quiet=quiet)
-        target = w
-    else:
-        target = ident
+    from replay import whatif
+
+    whatifs = []
+    best = None
+    for key in ("hardware.compute_speedup", "hardware.host_speedup"):
+        w = whatif(trace, {key: 2.0})
+        sp = float(ident.step_time_ns / max(w.step_time_ns, 1))
+        whatifs.append({"scenario": {key: 2.0}, "step_time_ns": int(w.step_time_ns),
+                        "speedup": sp})
+        say(f"what-if {key}=2: step {ident.step_time_ns / 1e6:.3f} ms -> "
+            f"{w.step_time_ns / 1e6:.3f} ms ({sp:.2f}x)", quiet=quiet)
+        if best is None or w.step_time_ns < best.step_time_ns:
+            best = w
+    target = best
     html = write_report(target, output_dir / "dlrm-v100-8rank.html", baseline=trace,
                         title="retime demo: DLRM, 8x V100 (real trace)")
     pdf = write_report(target, output_dir / "dlrm-v100-8rank.pdf", baseline=trace,
@@ -79,5 +79,5 @@ def demo(
             "identity": [{"rank": int(r.rank), "measured_ns": int(r.measured_ns),
                           "replayed_ns": int(r.replayed_ns), "error_pct": float(r.error_pct)}
                          for r in st.itertuples()],
-            "whatif": whatif_summary, "reports": [str(html), str(pdf)],
+            "whatif": whatifs, "reports": [str(html), str(pdf)],
         })
