@@ -25,12 +25,10 @@ import re
 from collections import Counter
 from pathlib import Path
 
-import msgspec
 import numpy as np
 
 from ._kernels import nest_intervals
-from .collectives import DTYPE_BYTES, comm_op_from_name
-from .enums import CommOp, EdgeKind, LaneKind, OpKind, Phase
+from .enums import CommOp, EdgeKind, LaneKind, OpKind
 from .errors import TraceFormatError
 from .kineto import (
     _DROP_PH,
@@ -42,6 +40,7 @@ from .kineto import (
     RankPart,
     _rank_from_name,
 )
+from .kineto_deps import _COMM_RANGE, attribute, comm_info, gloo_edges, sync_edges
 from .trace import StringTable
 
 __all__ = ["build_rank_part"]
@@ -55,14 +54,8 @@ _CAT_CODE = {**{c: int(k) for c, k in _GPU_CATS.items()},
              **{c: _C_RUNTIME for c in _RUNTIME_CATS},
              **{c: _C_CPU for c in _HOST_CATS if c != "user_annotation"},
              "user_annotation": _C_ANNOT, "trace": _C_TRACE}
-_STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
-_COMM_RANGE = re.compile(r"^(nccl:|gloo:|c10d::|record_param_comms|rccl:)")
 _PY_WAIT = re.compile(r"^(threading|queue|selectors|multiprocessing/connection)\.py\(\d+\): "
                       r"(wait|_wait_for_tstate_lock|join|get|select|poll|_poll|recv_bytes)$")
-_STREAM_WAIT = {"cudaStreamWaitEvent", "hipStreamWaitEvent", "cuStreamWaitEvent"}
-_BLOCKING = {"cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
-             "cudaMemcpy", "hipStreamSynchronize", "hipDeviceSynchronize",
-             "hipEventSynchronize", "hipMemcpy", "cuStreamSynchronize", "cuCtxSynchronize"}
 
 
 def _ns(ts: float, base: int) -> int:
@@ -434,13 +427,13 @@ def _assemble(path, doc, rank, rank_source, strings, kept, dropped, tnames, G, H
         add(srcs, dsts, EdgeKind.LAUNCH, np.minimum(start[dsts] - end[srcs], 0))
     n_unlaunched = int((~has).sum())
     # SYNC edges
-    sync_src, sync_dst = _sync_edges(evs, syncs, kind, lane, corr, start, end, n_h, n, rt_sorted, rc,
+    sync_src, sync_dst = sync_edges(evs, syncs, kind, lane, corr, start, end, n_h, n, rt_sorted, rc,
                                      strings, name_id, launch_of, G, g_lane_local)
     if len(sync_src):
         add(sync_src, sync_dst, EdgeKind.SYNC, np.minimum(start[sync_dst] - end[sync_src], 0))
 
     # CPU collectives (gloo): issuing call -> execution on a gloo thread -> the waiting op
-    gsrc, gdst, gkind = _gloo_edges(np.asarray(strings.names, dtype=object), kind, lane, start,
+    gsrc, gdst, gkind = gloo_edges(np.asarray(strings.names, dtype=object), kind, lane, start,
                                     end, name_id, n_h, hs, he, hc, h_name, h_lane, is_op, op_h)
     for k_ in (EdgeKind.LAUNCH, EdgeKind.SYNC):
         m_ = gkind == k_
@@ -449,12 +442,12 @@ def _assemble(path, doc, rank, rank_source, strings, kept, dropped, tnames, G, H
 
     # ---------------- attribution: step, phase
     names_arr = np.asarray(strings.names, dtype=object)
-    step, phase = _attribute(names_arr, r_name[: len(rg)], r_start[: len(rg)], r_end[: len(rg)],
+    step, phase = attribute(names_arr, r_name[: len(rg)], r_start[: len(rg)], r_end[: len(rg)],
                              start, launch_of, n_h)
 
     # ---------------- collectives metadata
     ng = len(GR["start"])
-    comm = _comm_info(evs, kind, start, name_id, names_arr, launch_of, H, parent, op_h,
+    comm = comm_info(evs, kind, start, name_id, names_arr, launch_of, H, parent, op_h,
                       ev_idx, nbytes, lane,
                       (r_lane[len(rg):], r_name[len(rg):], r_start[len(rg):], r_end[len(rg):])
                       if ng else None)
@@ -503,376 +496,3 @@ def _gpu_range_lanes(GR, g_uniq, n_g_lanes) -> np.ndarray:
     idx = {k: i for i, k in enumerate(g_uniq)}
     return np.fromiter((idx.get((d, s), -1) for d, s in zip(GR["dev"], GR["stream"])), np.int64,
                        len(GR["dev"]))
-
-
-#: how soon after a CPU collective ends an idle thread's next op must start to count as
-#: having waited for it
-GLOO_WAIT_WINDOW_NS = 100_000
-
-
-def _gloo_edges(names_arr, kind, lane, start, end, name_id, n_h, hs, he, hc, h_name, h_lane,
-                is_op, op_h):
-    """Edges of CPU collectives (gloo), which run on gloo worker threads.
-
-    Issue: the k-th ``c10d::*`` call of a rank (on a non-gloo thread) enqueues the k-th
-    ``gloo:*`` execution (FIFO in issue order) -> LAUNCH edge from the call (or, when the call
-    encloses other ops, its last inner op) to the execution. Completion: when the issuing
-    thread had been idle for at least :data:`GLOO_WAIT_WINDOW_NS` as the execution ended and
-    resumed within :data:`GLOO_WAIT_WINDOW_NS` after it, it was waiting for it ->
-    SYNC edge from the execution to that op. Returns (src, dst, kind) arrays of op ids.
-    """
-    z = np.zeros(0, np.int64)
-    gl = np.flatnonzero(kind[:n_h] == OpKind.COLLECTIVE)
-    if len(gl) == 0:
-        return z, z, np.zeros(0, np.int8)
-    gl_lanes = set(lane[gl].tolist())
-    is_c10d = np.asarray([n.startswith("c10d::") and "barrier" not in n for n in names_arr], bool)
-    issue_h = np.flatnonzero(is_c10d[h_name] & ~np.isin(h_lane, list(gl_lanes)))
-    if len(issue_h) == 0:
-        return z, z, np.zeros(0, np.int8)
-    issue_h = issue_h[np.argsort(hs[issue_h], kind="stable")]
-    op_of_h = np.full(len(hs), -1, np.int64)
-    op_of_h[op_h] = np.arange(n_h)
-    gl = gl[np.argsort(start[gl], kind="stable")]
-    src, dst, kd = [], [], []
-    k = 0
-    for g in gl:
-        while k < len(issue_h) and hs[issue_h[k]] > start[g]:
-            break
-        if k >= len(issue_h) or hs[issue_h[k]] > start[g]:
-            continue
-        h = issue_h[k]
-        k += 1
-        o = op_of_h[h]
-        if o < 0:  # the call encloses other ops: its last inner op on that lane
-            ln = h_lane[h]
-            inner = np.flatnonzero((lane[:n_h] == ln) & (start[:n_h] >= hs[h]) & (end[:n_h] <= he[h]))
-            if len(inner) == 0:
-                continue
-            o = int(inner[-1])
-        src.append(o)
-        dst.append(int(g))
-        kd.append(int(EdgeKind.LAUNCH))
-        # completion: the issuing thread idle across the end, resuming right after
-        ln = lane[o]
-        lo = np.searchsorted(lane[:n_h], ln, side="left")
-        hi = np.searchsorted(lane[:n_h], ln, side="right")
-        j = lo + np.searchsorted(start[lo:hi], end[g], side="left")
-        if (lo < j < hi and end[g] - end[j - 1] >= GLOO_WAIT_WINDOW_NS
-                and start[j] - end[g] <= GLOO_WAIT_WINDOW_NS):
-            src.append(int(g))
-            dst.append(int(j))
-            kd.append(int(EdgeKind.SYNC))
-    return np.asarray(src, np.int64), np.asarray(dst, np.int64), np.asarray(kd, np.int8)
-
-
-def _next_host_op(i: int, lane: np.ndarray, n_h: int) -> int:
-    j = i + 1
-    return j if j < n_h and lane[j] == lane[i] else -1
-
-
-def _sync_edges(evs, syncs, kind, lane, corr, start, end, n_h, n, rt_sorted, rc, strings,
-                name_id, launch_of, G, g_lane_local):
-    """SYNC edges (see module docstring). Returns (src, dst) arrays."""
-    src, dst = [], []
-    gpu = np.arange(n_h, n)
-    gcorr = corr[gpu]
-    glane = lane[gpu]
-    by_lane: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-    for ln in np.unique(glane):
-        ids = gpu[glane == ln]
-        o = np.argsort(corr[ids], kind="stable")
-        by_lane[int(ln)] = (ids[o], corr[ids][o])
-    stream_lane = {(int(d), int(s)): int(li) for (d, s), li in
-                   zip(zip(G["dev"], G["stream"]), g_lane_local)}
-
-    def rt_of(c):
-        if c is None or c < 0 or len(rc) == 0:
-            return -1
-        p = np.searchsorted(rc, c)
-        return int(rt_sorted[p]) if p < len(rc) and rc[p] == c else -1
-
-    def last_before(ln, c):
-        t = by_lane.get(ln)
-        if t is None:
-            return -1
-        p = np.searchsorted(t[1], c) - 1
-        return int(t[0][p]) if p >= 0 else -1
-
-    def first_after(ln, c):
-        t = by_lane.get(ln)
-        if t is None:
-            return -1
-        p = np.searchsorted(t[1], c, side="right")
-        return int(t[0][p]) if p < len(t[1]) else -1
-
-    def latest_done(c, t_end):
-        cand = gpu[(gcorr >= 0) & (gcorr < c) & (end[gpu] <= t_end + 1000)]
-        return int(cand[np.argmax(end[cand])]) if len(cand) else -1
-
-    covered = set()
-    for i in syncs:
-        a = evs[i].args
-        if a is None or a.correlation < 0:
-            continue
-        kind_s = a.sync_kind or evs[i].name
-        call = rt_of(a.correlation)
-        covered.add(a.correlation)
-        dev = a.device if a.device is not None else evs[i].pid
-        if kind_s == "Stream Wait Event":
-            rec_ln = stream_lane.get((dev, a.wait_stream))
-            wait_ln = stream_lane.get((dev, a.stream))
-            if rec_ln is None or wait_ln is None or a.wait_corr is None:
-                continue
-            s = last_before(rec_ln, a.wait_corr)
-            d = first_after(wait_ln, a.correlation)
-        else:
-            if call < 0 or (kind_s == "Event Sync" and a.wait_corr in (None, -1)):
-                continue  # waiting on an event never recorded returns at once
-            d = _next_host_op(call, lane, n_h)
-            if kind_s == "Context Sync" or a.wait_stream in (None, -1):
-                s = latest_done(a.correlation, end[call])
-            else:
-                ln = stream_lane.get((dev, a.wait_stream if a.wait_stream not in (None, -1) else a.stream))
-                s = last_before(ln, a.wait_corr if a.wait_corr not in (None, -1) else a.correlation) if ln is not None else -1
-        if s >= 0 and d >= 0:
-            src.append(s)
-            dst.append(d)
-    # blocking host calls without cuda_sync events
-    names = strings.names
-    rts = np.flatnonzero(kind[:n_h] == OpKind.RUNTIME)
-    for r in rts:
-        c = int(corr[r])
-        if c in covered:
-            continue
-        nm = names[name_id[r]]
-        blocking = nm in _BLOCKING
-        if not blocking:
-            continue
-        d = _next_host_op(r, lane, n_h)
-        if d < 0:
-            continue
-        s = latest_done(c if c >= 0 else np.iinfo(np.int64).max, end[r])
-        if s >= 0:
-            src.append(s)
-            dst.append(d)
-    # cudaStreamWaitEvent without cuda_sync info (older traces): the next op launched from
-    # the same thread waits for the op most recently issued to another stream of the device
-    # (the work the recorded event covered, as in DDP's NCCL stream waiting on compute).
-    rt_gpu = np.full(n_h, -1, np.int64)
-    launched = np.flatnonzero(launch_of >= 0)
-    rt_gpu[launch_of[launched]] = launched
-    lane_dev = {int(li): int(d) for (d, _s), li in zip(zip(G["dev"], G["stream"]), g_lane_local)}
-    for r in rts:
-        c = int(corr[r])
-        if c in covered or names[name_id[r]] not in _STREAM_WAIT:
-            continue
-        d = -1
-        j = r + 1
-        while j < n_h and lane[j] == lane[r] and j <= r + 64:
-            if rt_gpu[j] >= 0:
-                d = int(rt_gpu[j])
-                break
-            j += 1
-        if d < 0:
-            continue
-        dev = lane_dev.get(int(lane[d]))
-        best, best_c = -1, -1
-        for ln, (ids, cs) in by_lane.items():
-            if ln == lane[d] or lane_dev.get(ln) != dev:
-                continue
-            p = np.searchsorted(cs, c) - 1
-            if p >= 0 and cs[p] > best_c:
-                best, best_c = int(ids[p]), int(cs[p])
-        if best >= 0 and end[best] <= start[d] + 1000:
-            src.append(best)
-            dst.append(d)
-    # launch calls that returned only after their GPU op finished (blocking memcpy)
-    blk = launched[(end[launch_of[launched]] >= end[launched]) & (kind[launched] == OpKind.MEMCPY)]
-    for g in blk:
-        r = int(launch_of[g])
-        if int(corr[r]) in covered:
-            continue
-        d = _next_host_op(r, lane, n_h)
-        if d >= 0:
-            src.append(int(g))
-            dst.append(d)
-    return np.asarray(src, np.int64), np.asarray(dst, np.int64)
-
-
-_FWD = re.compile(r"forward", re.I)
-_BWD = re.compile(r"backward|^autograd::engine::evaluate_function", re.I)
-_OPT = re.compile(r"^Optimizer\.|## optimizer ##|optimizer\.step|zero_grad", re.I)
-
-
-def _union(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    if len(starts) == 0:
-        return starts, ends
-    o = np.argsort(starts, kind="stable")
-    s, e = starts[o], ends[o]
-    run_end = np.maximum.accumulate(e)
-    new = np.ones(len(s), bool)
-    new[1:] = s[1:] > run_end[:-1]
-    grp = np.cumsum(new) - 1
-    us = s[new]
-    ue = np.zeros(len(us), np.int64)
-    np.maximum.at(ue, grp, e)
-    return us, ue
-
-
-def _inside(t: np.ndarray, us: np.ndarray, ue: np.ndarray) -> np.ndarray:
-    if len(us) == 0:
-        return np.zeros(len(t), bool)
-    p = np.searchsorted(us, t, side="right") - 1
-    ok = p >= 0
-    res = np.zeros(len(t), bool)
-    res[ok] = t[ok] < ue[p[ok]]
-    return res
-
-
-def _attribute(names_arr, r_name, r_start, r_end, start, launch_of, n_h):
-    """step from ProfilerStep#N ranges; phase from forward/backward/optimizer markers.
-
-    Name patterns are matched once per distinct name (the string table), not per range.
-    """
-    n = len(start)
-    t = start.copy()
-    has_launch = launch_of >= 0
-    t[has_launch] = start[launch_of[has_launch]]  # GPU ops: attribute by their launch time
-    step = np.full(n, -1, np.int32)
-    step_no = np.full(len(names_arr), -1, np.int64)
-    cls = np.zeros((3, len(names_arr)), bool)
-    for i, s in enumerate(names_arr):
-        m = _STEP_RE.match(s)
-        if m:
-            step_no[i] = int(m.group(1))
-        bwd = bool(_BWD.search(s))
-        cls[0, i] = bool(_FWD.search(s)) and not bwd
-        cls[1, i] = bwd
-        cls[2, i] = bool(_OPT.search(s))
-    if len(r_name):
-        rs = step_no[r_name]
-        sel = rs >= 0
-        if sel.any():
-            o = np.argsort(r_start[sel], kind="stable")
-            ss, se, sn = r_start[sel][o], r_end[sel][o], rs[sel][o]
-            p = np.searchsorted(ss, t, side="right") - 1
-            ok = p >= 0
-            ok[ok] = t[ok] < se[p[ok]]
-            step[ok] = sn[p[ok]]
-    phase = np.full(n, int(Phase.UNKNOWN), np.int8)
-    phase[step >= 0] = int(Phase.OTHER)
-    for k, ph in enumerate((Phase.FWD, Phase.BWD, Phase.OPT)):
-        sel = cls[k][r_name] if len(r_name) else np.zeros(0, bool)
-        us, ue = _union(r_start[sel], r_end[sel])
-        phase[_inside(t, us, ue)] = int(ph)
-    return step, phase
-
-
-def _dims_bytes(raw_dims, raw_types) -> int:
-    try:
-        dims = msgspec.json.decode(raw_dims) if len(raw_dims) else None
-        types = msgspec.json.decode(raw_types) if len(raw_types) else None
-    except msgspec.DecodeError:
-        return 0
-    if not dims or not isinstance(dims, list):
-        return 0
-    d0 = dims[0]
-    if not isinstance(d0, list) or not d0:
-        return 0
-    ne = 1
-    for x in d0:
-        ne *= int(x) if isinstance(x, (int, float)) else 1
-    t0 = types[0] if isinstance(types, list) and types else "float"
-    return ne * DTYPE_BYTES.get(t0, 4)
-
-
-def _comm_info(evs, kind, start, name_id, names_arr, launch_of, H, parent, op_h, ev_idx,
-               nbytes, lane=None, gpu_ranges=None) -> dict:
-    """Per collective op: comm_op, bytes, group name, group size, seq (from args/ranges).
-
-    Information comes from the kernel's own args (newer PyTorch), then from the enclosing
-    host ranges of its launch call (``record_param_comms``, ``nccl:*``, ``c10d::*``),
-    innermost first, found by walking the nesting parents.
-    """
-    ops = np.flatnonzero((kind == OpKind.COLLECTIVE) | (kind == OpKind.P2P))
-    n_h = len(op_h)
-    hn = np.asarray(H["name"], np.int32)
-    hidx = np.asarray(H["idx"], np.int64)
-    out_op, out_cop, out_bytes, out_group, out_gsize, out_seq, out_ranks = [], [], [], [], [], [], []
-    for o in ops:
-        a_k = evs[ev_idx[o]].args
-        host = launch_of[o] if launch_of[o] >= 0 else (o if o < n_h else -1)
-        enclosing = []
-        j = parent[op_h[host]] if host >= 0 else -1
-        while j >= 0:
-            if _COMM_RANGE.match(names_arr[hn[j]]):
-                enclosing.append(j)
-            j = parent[j]
-        infos = [a_k] + [evs[hidx[j]].args for j in enclosing]
-        cop = CommOp.NONE
-        for a in infos:
-            if a is not None and a.coll_name:
-                cop = comm_op_from_name(a.coll_name)
-                if cop != CommOp.UNKNOWN:
-                    break
-        if cop in (CommOp.NONE, CommOp.UNKNOWN):
-            for j in enclosing:
-                c = comm_op_from_name(names_arr[hn[j]].split(":", 1)[-1])
-                if c not in (CommOp.UNKNOWN,):
-                    cop = c
-                    break
-        if cop in (CommOp.NONE, CommOp.UNKNOWN):
-            cop = comm_op_from_name(names_arr[name_id[o]])
-        if cop in (CommOp.NONE, CommOp.UNKNOWN) and gpu_ranges is not None:
-            # no launch call recorded (RCCL): a gpu_user_annotation around the kernel
-            gl, gn, gs, ge = gpu_ranges
-            t0 = start[o]
-            hit = np.flatnonzero((gl == lane[o]) & (gs <= t0) & (t0 < ge))
-            for j in hit[np.argsort(-gs[hit])]:
-                c = comm_op_from_name(names_arr[gn[j]].split(":", 1)[-1])
-                if c != CommOp.UNKNOWN:
-                    cop = c
-                    break
-        b = 0
-        group, gsize, seq, pranks = None, None, -1, None
-        for a in infos:
-            if a is None:
-                continue
-            if not b and (a.in_nelems or a.out_nelems):
-                b = max(a.in_nelems or 0, a.out_nelems or 0) * DTYPE_BYTES.get(a.dtype or "Float", 4)
-            if group is None and a.pg_name is not None:
-                group = str(a.pg_name)
-            if gsize is None and a.group_size:
-                gsize = int(a.group_size)
-            if seq < 0 and isinstance(a.seq, int):
-                seq = int(a.seq)
-            if pranks is None and a.pg_ranks:
-                pranks = a.pg_ranks if isinstance(a.pg_ranks, list) else _parse_ranks(a.pg_ranks)
-        if not b:
-            for a in infos:
-                if a is not None and len(a.input_dims):
-                    b = _dims_bytes(a.input_dims, a.input_type)
-                    if b:
-                        break
-        if not b:
-            b = int(nbytes[o])
-        out_op.append(o)
-        out_cop.append(int(cop))
-        out_bytes.append(int(b))
-        out_group.append(group if group is not None else "0")
-        out_gsize.append(gsize if gsize is not None else -1)
-        out_seq.append(seq)
-        out_ranks.append(pranks)
-    return {"op": np.asarray(out_op, np.int64), "comm_op": np.asarray(out_cop, np.int8),
-            "bytes": np.asarray(out_bytes, np.int64), "group": out_group,
-            "group_size": np.asarray(out_gsize, np.int64), "seq": np.asarray(out_seq, np.int64),
-            "pg_ranks": out_ranks}
-
-
-def _parse_ranks(s: str) -> list[int] | None:
-    try:
-        v = msgspec.json.decode(s.encode())
-        return [int(x) for x in v] if isinstance(v, list) else None
-    except (msgspec.DecodeError, ValueError, TypeError):
-        return None
