@@ -25,7 +25,8 @@ worker processes (forked from a clean forkserver, see :func:`_mp_context`); ``sc
 as the pool initializer's argument, or with ``Client.scatter(broadcast=True)``; a task only
 carries its scenario. A local worker that dies (OOM killer, segfault) is replaced and the
 scenarios it was running are retried once more; a scenario in flight during two deaths gets
-an error row. Dask reschedules the tasks of a lost worker itself. Ctrl-C (KeyboardInterrupt)
+an error row. Dask reschedules the tasks of a lost worker itself. A script that sweeps on
+local workers needs the usual ``if __name__ == "__main__":`` guard of multiprocessing. Ctrl-C (KeyboardInterrupt)
 cancels what is left and raises :class:`SweepInterrupted`, whose ``frame`` holds the rows
 finished so far.
 """
