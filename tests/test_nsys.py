@@ -286,9 +286,9 @@ def test_cli_ingest_json_and_subprocess(tmp_path, capsys):
 
 
 def test_stdlib_sqlite_path_gives_the_same_trace(trace, monkeypatch):
-    import collectors.nsys as nsys
+    import collectors.nsys_sql as nsys_sql
 
-    monkeypatch.setattr(nsys, "_adbc", None)  # as on an install without adbc-driver-sqlite
+    monkeypatch.setattr(nsys_sql, "_adbc", None)  # as on an install without adbc-driver-sqlite
     t = read_nsys(NSYS, progress=False)
     for table in ("ops", "lanes", "edges", "ranges"):
         a, b = getattr(t, table), getattr(trace, table)
