@@ -549,17 +549,18 @@ def _sweep_dask(tr: Trace, scs: list[dict], run: ScenarioFn | None, scheduler: A
     try:
         [tfut] = client.scatter([tr], broadcast=True, hash=False)  # the trace, once per worker
         tag = uuid.uuid4().hex[:8]
-        for i, sc in enumerate(scs):
-            f = client.submit(_run_on_dask, tfut, run, i, sc, key=f"retime-sweep-{tag}-{i}",
-                              pure=False)
-            futs[f] = i
-        for f in as_completed(list(futs), loop=client.loop):
+        n = len(scs)
+        fl = client.map(_run_on_dask, [tfut] * n, [run] * n, range(n), scs, pure=False,
+                        key=[f"retime-sweep-{tag}-{i}" for i in range(n)])  # one submission
+        futs.update(zip(fl, range(n), strict=True))
+        # results come back in batches (one round trip per batch, not per scenario)
+        for f, res in as_completed(list(futs), loop=client.loop, with_results=True,
+                                   raise_errors=False):
             i = futs.pop(f)
-            try:
-                rows[i] = f.result()
-            except Exception as exc:  # KilledWorker after repeated deaths, lost data, ...
-                rows[i] = {**dict.fromkeys(METRICS), "scenario_id": i,
-                           "error": f"{type(exc).__name__}: {' '.join(str(exc).split())}"}
+            if isinstance(res, BaseException):  # KilledWorker after repeated deaths, ...
+                res = {**dict.fromkeys(METRICS), "scenario_id": i,
+                       "error": f"{type(res).__name__}: {' '.join(str(res).split())}"}
+            rows[i] = res
             bar.advance()
     finally:
         if futs:
