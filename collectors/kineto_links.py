@@ -26,6 +26,7 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
 from ._kernels import nest_intervals
 from .enums import CommOp, EdgeKind, LaneKind, OpKind
@@ -101,10 +102,11 @@ def build_rank_part(path: Path, doc, chunks=None) -> RankPart:  # noqa: C901 - o
     kept: Counter = Counter()
     dropped: Counter = Counter()
     thread_names: dict = {}
-    # GPU ops
-    g_dev, g_stream, g_kind, g_name, g_start, g_dur, g_corr, g_ext, g_bytes, g_idx = ([] for _ in range(10))
-    # host events
-    h_pid, h_tid, h_code, h_name, h_start, h_end, h_corr, h_ext, h_idx = ([] for _ in range(9))
+    # one tuple per event (one append), columns made per piece in _flush
+    g_rows: list[tuple] = []  # GPU ops: dev, stream, kind, name, ts, dur, corr, ext, bytes, idx
+    h_rows: list[tuple] = []  # host events: pid, tid, code, name, ts, dur, corr, ext, idx
+    g_add = g_rows.append
+    h_add = h_rows.append
     # gpu ranges
     gr_dev, gr_stream, gr_name, gr_start, gr_end = ([] for _ in range(5))
     syncs: list[int] = []
@@ -114,10 +116,6 @@ def build_rank_part(path: Path, doc, chunks=None) -> RankPart:  # noqa: C901 - o
 
     ids_get = strings._ids.get
     cat_code = dict(_CAT_CODE)
-    g_append = (g_dev.append, g_stream.append, g_kind.append, g_name.append, g_start.append,
-                g_dur.append, g_corr.append, g_ext.append, g_bytes.append, g_idx.append)
-    h_append = (h_pid.append, h_tid.append, h_code.append, h_name.append, h_start.append,
-                h_end.append, h_corr.append, h_ext.append, h_idx.append)
     parts: list[tuple[dict, dict, dict]] = []
     for off, evs in chunks:
         n_events += len(evs)
@@ -161,16 +159,7 @@ def build_rank_part(path: Path, doc, chunks=None) -> RankPart:  # noqa: C901 - o
                         b = 0
                     elif b.__class__ is str:
                         b = int(b) if b.isdigit() else 0
-                    g_append[0](dev)
-                    g_append[1](st)
-                    g_append[2](k)
-                    g_append[3](nid)
-                    g_append[4](ts)
-                    g_append[5](dur)
-                    g_append[6](a.correlation)
-                    g_append[7](a.external_id)
-                    g_append[8](int(b))
-                    g_append[9](i)
+                    g_add((dev, st, k, nid, ts, dur, a.correlation, a.external_id, int(b), i))
                     continue
                 if code <= _C_ANNOT:  # host event
                     hc = code - _C_RUNTIME  # _H_RUNTIME, _H_CPU or _H_ANNOT
@@ -178,15 +167,7 @@ def build_rank_part(path: Path, doc, chunks=None) -> RankPart:  # noqa: C901 - o
                         hc = _H_GLOO
                     if hc == _H_GLOO or comm_flag[nid]:
                         keep[i] = e
-                    h_append[0](e.pid)
-                    h_append[1](e.tid)
-                    h_append[2](hc)
-                    h_append[3](nid)
-                    h_append[4](ts)
-                    h_append[5](dur)  # converted to end_ns after the loop
-                    h_append[6](a.correlation)
-                    h_append[7](a.external_id)
-                    h_append[8](i)
+                    h_add((e.pid, e.tid, hc, nid, ts, dur, a.correlation, a.external_id, i))
                     continue
                 cat = (e.cat or "").lower()
                 if cat == "cuda_sync":
@@ -236,18 +217,10 @@ def build_rank_part(path: Path, doc, chunks=None) -> RankPart:  # noqa: C901 - o
                     be_stack.setdefault(key, []).append((i, e))
                 elif be_stack.get(key):
                     _, b = be_stack[key].pop()
-                    h_pid.append(b.pid)
-                    h_tid.append(b.tid)
-                    h_code.append(_H_ANNOT)
                     bn = intern(b.name if isinstance(b.name, str) else str(b.name))
-                    h_name.append(bn)
                     if comm_flag[bn]:
                         keep[i] = b
-                    h_start.append(b.ts)
-                    h_end.append(max(0.0, e.ts - b.ts))
-                    h_corr.append(-1)
-                    h_ext.append(-1)
-                    h_idx.append(i)
+                    h_add((b.pid, b.tid, _H_ANNOT, bn, b.ts, max(0.0, e.ts - b.ts), -1, -1, i))
                     kept["metadata"] += 1  # the E event; the B event is counted with the range
                 else:
                     dropped["E event without matching B"] += 1
@@ -262,9 +235,7 @@ def build_rank_part(path: Path, doc, chunks=None) -> RankPart:  # noqa: C901 - o
                         f"{path}: event {i} ('{e.name}'): unknown ph {ph!r}; the Chrome trace format "
                         "knows X B E i I s t f M C b e n O N D P R — fix or remove the event")
                 dropped[f"ph {ph} events are not used"] += 1
-        parts.append(_flush(base, g_dev, g_stream, g_kind, g_name, g_start, g_dur, g_corr, g_ext,
-                              g_bytes, g_idx, h_pid, h_tid, h_code, h_name, h_start, h_end, h_corr,
-                              h_ext, h_idx, gr_dev, gr_stream, gr_name, gr_start, gr_end))
+        parts.append(_flush(base, g_rows, h_rows, gr_dev, gr_stream, gr_name, gr_start, gr_end))
     for stack in be_stack.values():
         dropped["B event without matching E"] += len(stack)
     G, H, GR = ({k: np.concatenate([p[j][k] for p in parts]) for k in parts[0][j]}
@@ -284,51 +255,59 @@ def build_rank_part(path: Path, doc, chunks=None) -> RankPart:  # noqa: C901 - o
                      G, H, GR, syncs, mem, window, keep, n_events)
 
 
-def _flush(base, g_dev, g_stream, g_kind, g_name, g_start, g_dur, g_corr, g_ext, g_bytes, g_idx,
-           h_pid, h_tid, h_code, h_name, h_start, h_end, h_corr, h_ext, h_idx,
-           gr_dev, gr_stream, gr_name, gr_start, gr_end) -> tuple[dict, dict, dict]:
-    """Turn one piece's column lists into arrays (exact integer ns) and empty the lists."""
-    hs = _ns_arr(h_start, base)
+def _flush(base, g_rows, h_rows, gr_dev, gr_stream, gr_name, gr_start, gr_end
+           ) -> tuple[dict, dict, dict]:
+    """Turn one piece's rows into column arrays (exact integer ns) and empty the lists."""
+    gc_ = list(zip(*g_rows)) if g_rows else [()] * 10
+    G = dict(dev=np.asarray(gc_[0], np.int64), stream=np.asarray(gc_[1], np.int64),
+             kind=np.asarray(gc_[2], np.int8), name=np.asarray(gc_[3], np.int32),
+             start=_ns_arr(gc_[4], base), dur=_dur_arr(gc_[5]), corr=np.asarray(gc_[6], np.int64),
+             ext=np.asarray(gc_[7], np.int64), bytes=np.asarray(gc_[8], np.int64),
+             idx=np.asarray(gc_[9], np.int64))
+    hc_ = list(zip(*h_rows)) if h_rows else [()] * 9
+    pid = np.empty(len(h_rows), object)
+    pid[:] = hc_[0]
+    tid = np.empty(len(h_rows), object)
+    tid[:] = hc_[1]
+    hs = _ns_arr(hc_[4], base)
+    H = dict(pid=pid, tid=tid, code=np.asarray(hc_[2], np.int8), name=np.asarray(hc_[3], np.int32),
+             start=hs, end=hs + _dur_arr(hc_[5]), corr=np.asarray(hc_[6], np.int64),
+             ext=np.asarray(hc_[7], np.int64), idx=np.asarray(hc_[8], np.int64))
     grs = _ns_arr(gr_start, base)
-    G = dict(dev=np.asarray(g_dev, np.int64), stream=np.asarray(g_stream, np.int64),
-             kind=np.asarray(g_kind, np.int8), name=np.asarray(g_name, np.int32),
-             start=_ns_arr(g_start, base), dur=_dur_arr(g_dur), corr=np.asarray(g_corr, np.int64),
-             ext=np.asarray(g_ext, np.int64), bytes=np.asarray(g_bytes, np.int64),
-             idx=np.asarray(g_idx, np.int64))
-    pid = np.empty(len(h_pid), object)
-    pid[:] = h_pid
-    tid = np.empty(len(h_tid), object)
-    tid[:] = h_tid
-    H = dict(pid=pid, tid=tid, code=np.asarray(h_code, np.int8), name=np.asarray(h_name, np.int32),
-             start=hs, end=hs + _dur_arr(h_end), corr=np.asarray(h_corr, np.int64),
-             ext=np.asarray(h_ext, np.int64), idx=np.asarray(h_idx, np.int64))
     GR = dict(dev=np.asarray(gr_dev, np.int64), stream=np.asarray(gr_stream, np.int64),
               name=np.asarray(gr_name, np.int32), start=grs, end=grs + _dur_arr(gr_end))
-    for lst in (g_dev, g_stream, g_kind, g_name, g_start, g_dur, g_corr, g_ext, g_bytes, g_idx,
-                h_pid, h_tid, h_code, h_name, h_start, h_end, h_corr, h_ext, h_idx,
-                gr_dev, gr_stream, gr_name, gr_start, gr_end):
+    for lst in (g_rows, h_rows, gr_dev, gr_stream, gr_name, gr_start, gr_end):
         lst.clear()
     return G, H, GR
 
 
-def _lane_key_ids(keys: list) -> tuple[np.ndarray, list]:
-    uniq: dict = {}
-    ids = np.fromiter((uniq.setdefault(k, len(uniq)) for k in keys), np.int64, len(keys))
-    return ids, list(uniq)
+def _lane_key_ids(a, b) -> tuple[np.ndarray, list]:
+    """Dense ids (in order of first appearance) of the pairs ``(a[i], b[i])``."""
+    n = len(a)
+    try:
+        ai = np.asarray(a).astype(np.int64)
+        bi = np.asarray(b).astype(np.int64)
+        if n and (ai.min() < -(1 << 30) or ai.max() >= 1 << 30 or bi.min() < -(1 << 31)
+                  or bi.max() >= 1 << 31):
+            raise ValueError("ids too wide to pack")  # e.g. pthread ids: hash the pairs
+        codes, uniq = pd.factorize((ai << 32) + bi)
+    except (TypeError, ValueError, OverflowError):  # string pids/tids: hash the pairs
+        codes, uniq = pd.factorize(pd.Series(list(zip(a, b)), dtype=object))
+    first = np.empty(len(uniq), np.int64)
+    first[codes[::-1]] = np.arange(n - 1, -1, -1)
+    return codes.astype(np.int64), [(a[f], b[f]) for f in first]
 
 
 def _assemble(path, doc, rank, rank_source, strings, kept, dropped, tnames, G, H, GR,
               syncs, mem, window, evs, n_events) -> RankPart:
     # ---------------- lanes
     lanes: list[tuple[int, int, int, int, str]] = []
-    g_keys = list(zip(G["dev"], G["stream"]))
-    g_lane_local, g_uniq = _lane_key_ids(g_keys)
+    g_lane_local, g_uniq = _lane_key_ids(G["dev"], G["stream"])
     for dev, st in g_uniq:
         nm = tnames.get(("thread_name", (dev, st))) or f"stream {st}"
         lanes.append((int(LaneKind.GPU_STREAM), int(dev), int(st), int(dev), str(nm).strip()))
     n_g_lanes = len(lanes)
-    h_keys = list(zip(H["pid"], H["tid"]))
-    h_lane, h_uniq = _lane_key_ids(h_keys)
+    h_lane, h_uniq = _lane_key_ids(H["pid"], H["tid"])
     for pid, tid in h_uniq:
         nm = tnames.get(("thread_name", (pid, tid))) or f"thread {tid}"
         nid = tid if isinstance(tid, int) else -1
