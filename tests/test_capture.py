@@ -141,11 +141,15 @@ def test_identity_replay_reproduces_measured_step(ddp_capture, ddp_trace):
     st = engine.replay(trace).step_times()
     assert sorted(st["rank"].tolist()) == [0, 1]
     for row in st.itertuples():
-        # measured independently: the span of the rank's ProfilerStep ranges in the raw JSON
+        # bounds derived independently from the raw JSON: the rank's ops cover its
+        # ProfilerStep ranges (an async gloo all-reduce may finish after the last one ends)
+        # and lie within the span of all its complete events
         doc = _load(out / f"rank-{row.rank}.pt.trace.json.gz")
         ps = [e for e in doc["traceEvents"] if str(e.get("name", "")).startswith("ProfilerStep#")]
-        span_ns = (max(e["ts"] + e["dur"] for e in ps) - min(e["ts"] for e in ps)) * 1e3
-        assert abs(row.measured_ns - span_ns) <= 0.03 * span_ns, (row, span_ns)
+        steps_ns = (max(e["ts"] + e["dur"] for e in ps) - min(e["ts"] for e in ps)) * 1e3
+        xs = [e for e in doc["traceEvents"] if e.get("ph") == "X" and e.get("cat") != "Trace"]
+        all_ns = (max(e["ts"] + e["dur"] for e in xs) - min(e["ts"] for e in xs)) * 1e3
+        assert 0.97 * steps_ns <= row.measured_ns <= all_ns + 1e3, (row, steps_ns, all_ns)
         assert abs(row.replayed_ns - row.measured_ns) <= 0.03 * row.measured_ns, row
 
 
