@@ -46,3 +46,16 @@ def test_host_speedup_on_a_host_bound_real_trace():
 def test_host_speedup_rejects_nonsense():
     with pytest.raises(PolicyError, match="host_speedup"):
         whatif(_host_then_gpu(), {"hardware.host_speedup": 0})
+
+
+def test_graph_cache_reused_and_invalidated_by_in_place_edits():
+    from replay.policies.base import cached_graph
+
+    t = _host_then_gpu()
+    g1 = cached_graph(t)
+    assert cached_graph(t) is g1  # a sweep's what-ifs share one graph
+    assert cached_graph(t, ideal=True) is not g1
+    base = whatif(t, {"hardware.host_speedup": 1.0}).step_time_ns
+    t.ops.loc[3, "dur_ns"] = 200  # edit the table in place: the graph must be rebuilt
+    assert cached_graph(t) is not g1
+    assert whatif(t, {"hardware.host_speedup": 1.0}).step_time_ns == base + 100

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -37,6 +38,34 @@ __all__ = ["Policy", "WhatIfState", "SynthSpec", "check_positive", "check_fracti
 
 
 # ---------------------------------------------------------------------------- graph order
+# The graph of the last few traces replayed: a sweep asks many what-ifs of one trace, and
+# building the graph costs far more than a replay. Policies never modify a graph in place
+# (they derive new ones), and the key includes a fingerprint of the tables, so a trace
+# edited in place after a what-if gets a fresh graph.
+_GRAPH_CACHE: dict[tuple, tuple[weakref.ref, ReplayGraph]] = {}
+_GRAPH_CACHE_SIZE = 4
+
+
+def _fingerprint(trace: Trace) -> tuple:
+    o, e = trace.ops, trace.edges
+    return (len(o), len(e), int(o["start_ns"].sum()), int(o["dur_ns"].sum()),
+            int(o["lane"].sum()), int(e["src"].sum()), int(e["dst"].sum()),
+            int(e["lag_ns"].sum()))
+
+
+def cached_graph(trace: Trace, *, ideal: bool = False) -> ReplayGraph:
+    """``build_graph(trace, ideal=ideal)``, reused while the same unchanged Trace is asked."""
+    key = (id(trace), bool(ideal), _fingerprint(trace))
+    hit = _GRAPH_CACHE.get(key)
+    if hit is not None and hit[0]() is trace:
+        return hit[1]
+    g = build_graph(trace, ideal=ideal)
+    while len(_GRAPH_CACHE) >= _GRAPH_CACHE_SIZE:
+        _GRAPH_CACHE.pop(next(iter(_GRAPH_CACHE)))
+    _GRAPH_CACHE[key] = (weakref.ref(trace), g)
+    return g
+
+
 def by_op(g: ReplayGraph, name: str) -> np.ndarray:
     """Graph array ``name`` (a per-op kernel array: ``dur_ns``, ``coll_of``, ``device``,
     ``resource``, ...) in op-id order, whether or not the graph lays its ops out in another
@@ -214,7 +243,7 @@ class WhatIfState:
             self.notes["resynthesized"] = True
         for p in policies or []:
             p.edit(self)
-        self.graph = build_graph(self.trace, ideal=self.ideal)
+        self.graph = cached_graph(self.trace, ideal=self.ideal)
         if self.pure:
             # edited edges contradict the tables' scheduled times (which the graph would
             # clamp them to); a synthesized run's dependencies all have lag 0, so use them as
