@@ -9,7 +9,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ._kernels import _hpop, _hpush, _ixremove, _ixsift
+from ._kernels import _hpop, _hpush, _ixremove, _ixsift, _ready
+from ._links import _flow_share, _links_add, _links_freeze, _links_reset
 
 __all__: list[str] = []
 
@@ -42,6 +43,7 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
     nc = coll_ptr.shape[0] - 1
     nj = n + nc
     base = origin.min() if n else np.int64(0)
+    origin_rel = (origin - base).astype(np.float64)
     # ---- successor lists (lane next, start edges, wait edges)
     lane_next = np.full(n, -1, np.int64)
     for i in range(n):
@@ -332,20 +334,8 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
         # ---- release the ops whose start constraints all resolved in this event (FIFO)
         for x in range(nrel):
             q = rel[x]
-            ready = -np.inf
-            cp = -1
-            p = lane_prev[q]
-            if p >= 0:
-                ready = (start[p] if lane_s2s[q] else end[p]) + lane_lag[q]
-                cp = p
-            for k in range(pred_ptr[q], pred_ptr[q + 1]):
-                sp = pred_src[k]
-                v = (start[sp] if pred_s2s[k] else end[sp]) + pred_lag[k]
-                if v > ready:
-                    ready = v
-                    cp = sp
-            if cp < 0:
-                ready = float(origin[q] - base)
+            ready, cp = _ready(q, start, end, origin_rel, lane_prev, lane_lag, lane_s2s,
+                               pred_ptr, pred_src, pred_lag, pred_s2s)
             st = ready + delay[q]
             if st < now:
                 st = now
@@ -571,68 +561,3 @@ def _touches_compute(j, n, coll_ptr, coll_members, device, n_compute):
         if d >= 0 and n_compute[d] > 0:
             return True
     return False
-
-
-@njit(cache=True)
-def _links_add(j, n, coll_ptr, coll_members, link, link_cnt, link_cap, delta):
-    if j < n:
-        if link[j] >= 0:
-            link_cnt[link[j]] += delta
-            link_cap[link[j]] = 1.0
-        return
-    c = j - n
-    for k in range(coll_ptr[c], coll_ptr[c + 1]):
-        lk = link[coll_members[k]]
-        if lk >= 0:
-            link_cnt[lk] += delta
-            link_cap[lk] = 1.0
-
-
-@njit(cache=True)
-def _flow_share(j, n, coll_ptr, coll_members, link, link_cnt, link_cap):
-    """Bottleneck fair share of flow ``j``: min over its links of capacity left / flows."""
-    best = np.inf
-    if j < n:
-        lk = link[j]
-        if lk >= 0 and link_cnt[lk] > 0:
-            best = link_cap[lk] / link_cnt[lk]
-        return best
-    c = j - n
-    for k in range(coll_ptr[c], coll_ptr[c + 1]):
-        lk = link[coll_members[k]]
-        if lk >= 0 and link_cnt[lk] > 0:
-            v = link_cap[lk] / link_cnt[lk]
-            if v < best:
-                best = v
-    return best
-
-
-@njit(cache=True)
-def _links_freeze(j, n, coll_ptr, coll_members, link, link_cnt, link_cap, rate):
-    if j < n:
-        lk = link[j]
-        if lk >= 0:
-            link_cnt[lk] -= 1
-            link_cap[lk] -= rate
-        return
-    c = j - n
-    for k in range(coll_ptr[c], coll_ptr[c + 1]):
-        lk = link[coll_members[k]]
-        if lk >= 0:
-            link_cnt[lk] -= 1
-            link_cap[lk] -= rate
-
-
-@njit(cache=True)
-def _links_reset(j, n, coll_ptr, coll_members, link, link_cnt, link_cap):
-    if j < n:
-        if link[j] >= 0:
-            link_cnt[link[j]] = 0
-            link_cap[link[j]] = 0.0
-        return
-    c = j - n
-    for k in range(coll_ptr[c], coll_ptr[c + 1]):
-        lk = link[coll_members[k]]
-        if lk >= 0:
-            link_cnt[lk] = 0
-            link_cap[lk] = 0.0
