@@ -143,12 +143,3 @@ def _check_nsys_sqlite(path: Path) -> None:
     raise TraceFormatError(
         f"{path}: {what}: missing table(s) {', '.join(missing)}; profile with CUDA tracing "
         f"and export with `{EXPORT_COMMAND}`")
-
-
-def _is_sqlite(path: Path) -> bool:  # used by collectors that accept sqlite
-    try:
-        with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as con:
-            con.execute("select 1 from sqlite_master limit 1")
-        return True
-    except sqlite3.Error:
-        return False

@@ -41,7 +41,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from .enums import LaneKind, OpKind
+from .enums import OpKind
 from .errors import TraceFormatError
 from .progress import progress_bar
 
@@ -343,10 +343,9 @@ def _decode_pieces(path: Path, raw: bytes):
             try:
                 evs = _DEC_PIECE.decode(b"[" + raw[start:cut] + b"]")
             except msgspec.ValidationError as exc:
-                m = _PATH_RE.search(str(exc)) or None
-                m2 = _PIECE_IDX.search(str(exc).split(" - at `")[-1].rstrip("`"))
-                idx = off + int(m2.group(1)) if m2 else off
-                fld = (m2.group(2) if m2 else None) or (m.group(2) if m else "?")
+                m = _PIECE_IDX.search(str(exc).split(" - at `")[-1].rstrip("`"))
+                idx = off + int(m.group(1)) if m else off
+                fld = (m.group(2) if m else None) or "?"
                 raise TraceFormatError(
                     f"{path}: event {idx}: field '{fld}' is invalid ({str(exc).split(' - at ')[0]}); "
                     "fix or remove that event (ts and dur must be numbers in microseconds)") from exc
@@ -404,14 +403,3 @@ def read_kineto(paths: list[str | os.PathLike[str]] | str | os.PathLike[str], *,
                 parts.append(parse_kineto_file(f))
                 bar.advance()
     return merge_parts(parts, skipped)
-
-
-# helpers shared with kineto_links
-def lane_name(kind: int, pid: Any, tid: Any, names: dict) -> str:
-    n = names.get((pid, tid))
-    if n:
-        return str(n).strip()
-    if kind == LaneKind.GPU_STREAM:
-        return f"stream {tid}"
-    return f"thread {tid}"
-
