@@ -75,51 +75,91 @@ def _dur_arr(dur: list) -> np.ndarray:
     return np.maximum(np.rint(np.asarray(dur, np.float64) * 1000.0).astype(np.int64), 0)
 
 
-def build_rank_part(path: Path, doc, chunks=None) -> RankPart:  # noqa: C901 - one pass
+def build_rank_part(path: Path, doc, chunks=None) -> RankPart:
     """Columns of one rank from ``doc`` (a decoded file) or from ``chunks``.
 
     ``chunks`` is an iterable of ``(index of first event, list of events)`` (large files are
     decoded piece by piece so that only one piece of event objects is alive at a time);
     ``None`` means ``doc.traceEvents`` in one piece. Events needed after the pass (sync
-    events, collectives, communication annotations) are kept by index in ``keep``.
+    events, collectives, communication annotations) are kept by index in ``loop.keep``.
     """
-    base = int(doc.baseTimeNanoseconds or 0)
     if doc.retimeExport is not None:
         from .kineto_export import build_export_part
         return build_export_part(path, doc)
     if chunks is None:
         chunks = [(0, doc.traceEvents)]
-    strings = StringTable()
-    comm_flag: list[bool] = []  # per name id: a communication annotation (kept for _comm_info)
-
-    def intern(name: str) -> int:
-        nid = strings.intern(name)
-        if nid == len(comm_flag):
-            comm_flag.append(bool(_COMM_RANGE.match(name)))
-        return nid
-    keep: dict[int, object] = {}
-    n_events = 0
-    kept: Counter = Counter()
-    dropped: Counter = Counter()
-    thread_names: dict = {}
-    # one tuple per event (one append), columns made per piece in _flush
-    g_rows: list[tuple] = []  # GPU ops: dev, stream, kind, name, ts, dur, corr, ext, bytes, idx
-    h_rows: list[tuple] = []  # host events: pid, tid, code, name, ts, dur, corr, ext, idx
-    g_add = g_rows.append
-    h_add = h_rows.append
-    # gpu ranges
-    gr_dev, gr_stream, gr_name, gr_start, gr_end = ([] for _ in range(5))
-    syncs: list[int] = []
-    mem: list[tuple] = []
-    window = None
-    be_stack: dict = {}
-
-    ids_get = strings._ids.get
-    cat_code = dict(_CAT_CODE)
-    parts: list[tuple[dict, dict, dict]] = []
+    loop = EventLoop(path)
     for off, evs in chunks:
-        n_events += len(evs)
-        for i, e in enumerate(evs, off):
+        loop.n_events += len(evs)
+        loop.feed(enumerate(evs, off))
+        loop.flush()
+    return finish_part(path, doc, loop)
+
+
+def finish_part(path: Path, doc, loop: EventLoop) -> RankPart:
+    """The rank's RankPart once every event went through ``loop`` (or into its parts)."""
+    base = int(doc.baseTimeNanoseconds or 0)
+    G, H, GR, syncs, mem, window = loop.finish(base)
+    loop.kept["ops"] += len(G["idx"])  # GPU ops (host ops are counted after nesting)
+    dist = doc.distributedInfo
+    rank = dist.rank if dist is not None and dist.rank is not None else None
+    rank_source = "distributedInfo"
+    if rank is None:
+        rank = _rank_from_name(path)
+        rank_source = "file name"
+    if rank is None:
+        rank, rank_source = 0, "default (single file)"
+
+    return _assemble(path, doc, rank, rank_source, loop.strings, loop.kept, loop.dropped,
+                     loop.thread_names, G, H, GR, syncs, mem, window, loop.keep, loop.n_events)
+
+
+class EventLoop:
+    """The general per-event path: decoded (msgspec) events -> rows, flushed to columns.
+
+    Timestamps are kept relative to the file's ``baseTimeNanoseconds`` until
+    :meth:`finish` (a file may give the base after its events). The fast scanner of
+    :mod:`collectors.kineto_fast` adds its column parts to :attr:`parts` and feeds only the
+    events it does not model itself, so the two paths share every rule.
+    """
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.strings = StringTable()
+        self.comm_flag: list[bool] = []  # per name id: a communication annotation
+        self.keep: dict[int, object] = {}
+        self.n_events = 0
+        self.kept: Counter = Counter()
+        self.dropped: Counter = Counter()
+        self.thread_names: dict = {}
+        # one tuple per event (one append), columns made per piece in flush()
+        self.g_rows: list[tuple] = []  # GPU ops: dev, stream, kind, name, ts, dur, corr, ext, bytes, idx
+        self.h_rows: list[tuple] = []  # host events: pid, tid, code, name, ts, dur, corr, ext, idx
+        self.gr_rows: list[tuple] = []  # gpu ranges: dev, stream, name, ts, dur, idx
+        self.syncs: list[int] = []
+        self.mem: list[tuple] = []  # dev, ts_ns, bytes, allocated, reserved, idx
+        self.mem_parts: list[np.ndarray] = []  # the same as (n, 6) int64 blocks
+        self.window: tuple | None = None  # (idx, start_ns, end_ns) of the last Trace event
+        self.be_stack: dict = {}
+        self.cat_code = dict(_CAT_CODE)
+        self.parts: list[tuple[dict, dict, dict]] = []
+        self.sorted = True  # False once parts may interleave (fast + general paths)
+
+    def intern(self, name: str) -> int:
+        nid = self.strings.intern(name)
+        if nid == len(self.comm_flag):
+            self.comm_flag.append(bool(_COMM_RANGE.match(name)))
+        return nid
+
+    def feed(self, pairs) -> None:  # noqa: C901 - one pass over the events
+        """Consume ``(event index, event)`` pairs."""
+        path = self.path
+        keep, kept, dropped = self.keep, self.kept, self.dropped
+        g_add, h_add, gr_add = self.g_rows.append, self.h_rows.append, self.gr_rows.append
+        ids_get = self.strings._ids.get
+        intern, comm_flag, cat_code = self.intern, self.comm_flag, self.cat_code
+        be_stack = self.be_stack
+        for i, e in pairs:
             ph = e.ph
             if ph == "X":
                 ts, dur = e.ts, e.dur
@@ -171,22 +211,21 @@ def build_rank_part(path: Path, doc, chunks=None) -> RankPart:  # noqa: C901 - o
                     continue
                 cat = (e.cat or "").lower()
                 if cat == "cuda_sync":
-                    syncs.append(i)
+                    self.syncs.append(i)
                     keep[i] = e
                     kept["sync_events"] += 1
                     continue
                 if cat == "gpu_user_annotation":
                     dev = a.device if a.device is not None else e.pid
                     st = a.stream if a.stream is not None else e.tid
-                    gr_dev.append(dev if isinstance(dev, int) else -1)
-                    gr_stream.append(st if isinstance(st, int) else -1)
-                    gr_name.append(intern(name))
-                    gr_start.append(ts)
-                    gr_end.append(dur)
+                    gr_add((dev if isinstance(dev, int) else -1, st if isinstance(st, int) else -1,
+                            intern(name), ts, dur, i))
                     kept["ranges"] += 1
                     continue
                 if cat == "trace":
-                    window = (_ns(ts, base), _ns(ts, base) + int(round(dur * 1000.0)))
+                    t0 = _ns(ts, 0)
+                    if self.window is None or i > self.window[0]:
+                        self.window = (i, t0, t0 + int(round(dur * 1000.0)))
                     kept["markers"] += 1
                     continue
                 dropped[f"unsupported category '{e.cat}'"] += 1
@@ -195,7 +234,7 @@ def build_rank_part(path: Path, doc, chunks=None) -> RankPart:  # noqa: C901 - o
                     key = (e.pid, e.tid if e.name == "thread_name" else None)
                     val = e.args.name if e.args.name is not None else e.args.labels
                     if val is not None:  # the first name wins (Kineto may repeat a tid
-                        thread_names.setdefault((e.name, key), val)  # later as "python")
+                        self.thread_names.setdefault((e.name, key), val)  # later as "python")
                 kept["metadata"] += 1
             elif ph in ("s", "f", "t"):
                 kept["flows"] += 1
@@ -203,9 +242,9 @@ def build_rank_part(path: Path, doc, chunks=None) -> RankPart:  # noqa: C901 - o
                 a = e.args
                 if e.name == "[memory]" and a is not None and e.ts is not None:
                     dev = a.dev_id if (a.dev_type or 0) != 0 and a.dev_id is not None else -1
-                    mem.append((dev, _ns(e.ts, base), int(a.mem_bytes or 0),
-                                -1 if a.total_alloc is None else int(a.total_alloc),
-                                -1 if a.total_reserved is None else int(a.total_reserved)))
+                    self.mem.append((dev, _ns(e.ts, 0), int(a.mem_bytes or 0),
+                                     -1 if a.total_alloc is None else int(a.total_alloc),
+                                     -1 if a.total_reserved is None else int(a.total_reserved), i))
                     kept["memory"] += 1
                 else:
                     kept["markers"] += 1
@@ -235,33 +274,46 @@ def build_rank_part(path: Path, doc, chunks=None) -> RankPart:  # noqa: C901 - o
                         f"{path}: event {i} ('{e.name}'): unknown ph {ph!r}; the Chrome trace format "
                         "knows X B E i I s t f M C b e n O N D P R — fix or remove the event")
                 dropped[f"ph {ph} events are not used"] += 1
-        parts.append(_flush(base, g_rows, h_rows, gr_dev, gr_stream, gr_name, gr_start, gr_end))
-    for stack in be_stack.values():
-        dropped["B event without matching E"] += len(stack)
-    G, H, GR = ({k: np.concatenate([p[j][k] for p in parts]) for k in parts[0][j]}
-                for j in range(3)) if parts else ({}, {}, {})
-    kept["ops"] += len(G["idx"])  # GPU ops (host ops are counted after nesting)
 
-    dist = doc.distributedInfo
-    rank = dist.rank if dist is not None and dist.rank is not None else None
-    rank_source = "distributedInfo"
-    if rank is None:
-        rank = _rank_from_name(path)
-        rank_source = "file name"
-    if rank is None:
-        rank, rank_source = 0, "default (single file)"
+    def flush(self) -> None:
+        """Turn the rows fed so far into a column part (exact integer ns, relative to base)."""
+        if self.g_rows or self.h_rows or self.gr_rows or not self.parts:
+            self.parts.append(_flush(self.g_rows, self.h_rows, self.gr_rows))
 
-    return _assemble(path, doc, rank, rank_source, strings, kept, dropped, thread_names,
-                     G, H, GR, syncs, mem, window, keep, n_events)
+    def finish(self, base: int):
+        """Concatenated columns (absolute ns) and the other per-event results."""
+        for stack in self.be_stack.values():
+            self.dropped["B event without matching E"] += len(stack)
+        self.be_stack = {}
+        if not self.parts:
+            self.flush()
+        G, H, GR = ({k: np.concatenate([p[j][k] for p in self.parts]) for k in self.parts[0][j]}
+                    for j in range(3))
+        self.parts = []
+        if not self.sorted:  # restore event order (what the general path alone produces)
+            for d in (G, H, GR):
+                o = np.argsort(d["idx"], kind="stable")
+                for k in d:
+                    d[k] = d[k][o]
+        for d, cols in ((G, ("start",)), (H, ("start", "end")), (GR, ("start", "end"))):
+            for c in cols:
+                d[c] = d[c] + base
+        mem = np.asarray(self.mem, dtype=np.int64).reshape(-1, 6)
+        if self.mem_parts:
+            mem = np.concatenate([mem, *self.mem_parts])
+        mem = mem[np.argsort(mem[:, 5], kind="stable")]
+        mem[:, 1] += base
+        syncs = sorted(self.syncs)
+        window = None if self.window is None else (self.window[1] + base, self.window[2] + base)
+        return G, H, GR, syncs, mem[:, :5], window
 
 
-def _flush(base, g_rows, h_rows, gr_dev, gr_stream, gr_name, gr_start, gr_end
-           ) -> tuple[dict, dict, dict]:
+def _flush(g_rows, h_rows, gr_rows) -> tuple[dict, dict, dict]:
     """Turn one piece's rows into column arrays (exact integer ns) and empty the lists."""
     gc_ = list(zip(*g_rows)) if g_rows else [()] * 10
     G = dict(dev=np.asarray(gc_[0], np.int64), stream=np.asarray(gc_[1], np.int64),
              kind=np.asarray(gc_[2], np.int8), name=np.asarray(gc_[3], np.int32),
-             start=_ns_arr(gc_[4], base), dur=_dur_arr(gc_[5]), corr=np.asarray(gc_[6], np.int64),
+             start=_ns_arr(gc_[4], 0), dur=_dur_arr(gc_[5]), corr=np.asarray(gc_[6], np.int64),
              ext=np.asarray(gc_[7], np.int64), bytes=np.asarray(gc_[8], np.int64),
              idx=np.asarray(gc_[9], np.int64))
     hc_ = list(zip(*h_rows)) if h_rows else [()] * 9
@@ -269,14 +321,16 @@ def _flush(base, g_rows, h_rows, gr_dev, gr_stream, gr_name, gr_start, gr_end
     pid[:] = hc_[0]
     tid = np.empty(len(h_rows), object)
     tid[:] = hc_[1]
-    hs = _ns_arr(hc_[4], base)
+    hs = _ns_arr(hc_[4], 0)
     H = dict(pid=pid, tid=tid, code=np.asarray(hc_[2], np.int8), name=np.asarray(hc_[3], np.int32),
              start=hs, end=hs + _dur_arr(hc_[5]), corr=np.asarray(hc_[6], np.int64),
              ext=np.asarray(hc_[7], np.int64), idx=np.asarray(hc_[8], np.int64))
-    grs = _ns_arr(gr_start, base)
-    GR = dict(dev=np.asarray(gr_dev, np.int64), stream=np.asarray(gr_stream, np.int64),
-              name=np.asarray(gr_name, np.int32), start=grs, end=grs + _dur_arr(gr_end))
-    for lst in (g_rows, h_rows, gr_dev, gr_stream, gr_name, gr_start, gr_end):
+    rc_ = list(zip(*gr_rows)) if gr_rows else [()] * 6
+    grs = _ns_arr(rc_[3], 0)
+    GR = dict(dev=np.asarray(rc_[0], np.int64), stream=np.asarray(rc_[1], np.int64),
+              name=np.asarray(rc_[2], np.int32), start=grs, end=grs + _dur_arr(rc_[4]),
+              idx=np.asarray(rc_[5], np.int64))
+    for lst in (g_rows, h_rows, gr_rows):
         lst.clear()
     return G, H, GR
 
