@@ -3,19 +3,23 @@
 Prints, for graphs of 10^5, 10^6 and 10^7 ops (64 ranks, a host thread and two GPU streams
 per rank, launch/host-order/data edges, an all-rank collective every 8th slot):
 
-* graph build time (vectorized numpy + the numba topological sort),
-* fast path and contention path throughput in ops/s (best of 3, one core, JIT warm-up
-  excluded and reported separately),
-* bytes per op held by the graph and the result arrays, and the peak RSS growth,
-* the pure-Python reference engine (tests/naive_replay.py) on the 10^5 graph, timed in the
-  same run, and the speed ratio (the reference is too slow for the larger graphs).
+* graph build time,
+* fast path and contention path throughput in ops/s (best of ``--reps``, one core, JIT
+  warm-up excluded and reported separately), as CPU time of the process (what to read on a
+  shared machine) and wall time,
+* bytes per op held by the graph and the result arrays, and the peak RSS growth per op of
+  graph build + one replay (peak mark reset before the build, so temporaries count),
+* the pure-Python reference engine (tests/naive_replay.py) on the graphs up to 2e5 ops,
+  timed in the same run on the same graph, and the speed ratio (the reference is too slow
+  for the larger graphs).
 
-Run: ``python bench/replay.py [--sizes 1e5,1e6,1e7] [--no-reference]``.
+Run: ``python bench/replay.py [--sizes 1e5,1e6,1e7] [--reps 3] [--no-reference]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 import time
 from pathlib import Path
@@ -94,20 +98,23 @@ def generate(n_ops: int, *, n_ranks: int = 64, coll_every: int = 8, seed: int = 
                 device_key=rank.astype(np.int64)), n
 
 
-def _peak_rss_bytes() -> int:
+def _status_kib(field: str) -> int:
     with open("/proc/self/status") as fh:
         for line in fh:
-            if line.startswith("VmHWM:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) * 1024
     return 0
 
 
-def _rss_bytes() -> int:
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    return 0
+def _reset_peak() -> bool:
+    """Reset the kernel's peak-RSS mark (VmHWM) so that it measures the next phase only."""
+    gc.collect()
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+        return True
+    except OSError:
+        return False
 
 
 class _FakeTrace:
@@ -115,22 +122,55 @@ class _FakeTrace:
 
 
 def _best(fn, reps=3):
-    best = float("inf")
+    """Best of ``reps`` runs: (CPU seconds of this process, wall seconds, last result).
+
+    CPU time is the figure to read on a shared machine (other processes do not inflate it);
+    the kernels are single-threaded, so it is also the one-core time."""
+    best_cpu = best_wall = float("inf")
     out = None
     for _ in range(reps):
-        t0 = time.perf_counter()
+        out = None  # drop the previous result first: do not hold two at once
+        c0, w0 = time.process_time(), time.perf_counter()
         out = fn()
-        best = min(best, time.perf_counter() - t0)
-    return best, out
+        best_cpu = min(best_cpu, time.process_time() - c0)
+        best_wall = min(best_wall, time.perf_counter() - w0)
+    return best_cpu, best_wall, out
+
+
+def _peak_per_op(n, sizes_fn) -> tuple[float, float, float]:
+    """Peak RSS growth per op of (build), (build + fast simulate), (build + contention).
+
+    Measured from the RSS before the graph is built (the generated input arrays, which
+    play the trace's part, already exist), with the peak mark reset first: everything the
+    build and the replay allocate counts, temporaries included, as long as the graph and
+    the result it returns are alive."""
+    ok = _reset_peak()
+    rss0 = _status_kib("VmRSS")
+    g = sizes_fn()
+    build = _status_kib("VmHWM") - rss0
+    r = simulate(g)
+    fast = _status_kib("VmHWM") - rss0
+    del r
+    _reset_peak()
+    r = simulate(g, mode="contention", contention=CM)
+    cont = _status_kib("VmHWM") - rss0
+    del r, g
+    if not ok:
+        return float("nan"), float("nan"), float("nan")
+    return build / n, fast / n, cont / n
+
+
+CM = ContentionModel(interference=0.2, share_compute=False, share_links=True)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sizes", default="1e5,1e6,1e7")
+    ap.add_argument("--reps", type=int, default=3, help="best of this many timed runs")
     ap.add_argument("--no-reference", action="store_true")
     args = ap.parse_args()
     sizes = [int(float(x)) for x in args.sizes.split(",")]
-    cm = ContentionModel(interference=0.2, share_compute=False, share_links=True)
+    cm = CM
 
     # ---- JIT warm-up (compile, or load numba's on-disk cache), reported separately
     t0 = time.perf_counter()
@@ -143,50 +183,62 @@ def main() -> None:
     t3 = time.perf_counter()
     print(f"JIT warm-up (first calls on a 2k-op graph; compile or numba cache load): "
           f"graph {t1 - t0:.2f} s, fast path {t2 - t1:.2f} s, contention path {t3 - t2:.2f} s")
+    print(f"timings: best of {args.reps}, CPU time of this process (wall time in brackets); "
+          f"contention model {cm}")
     print()
-    hdr = (f"{'ops':>10} {'edges':>10} {'colls':>7} {'build s':>8} {'fast s':>8} "
-           f"{'fast Mops/s':>11} {'cont s':>8} {'cont Mops/s':>11} {'graph B/op':>10} "
-           f"{'+result B/op':>12} {'peak RSS B/op':>13}")
+    hdr = (f"{'ops':>10} {'edges':>10} {'colls':>6} {'build s':>13} {'fast Mops/s':>16} "
+           f"{'cont Mops/s':>15} {'graph':>6} {'+res':>6} {'peak build':>10} "
+           f"{'peak +fast':>10} {'peak +cont':>10}")
     print(hdr)
+    print(f"{'':>85}{'---------------- bytes per op ----------------':>47}")
     print("-" * len(hdr))
     ref_rows = []
     for size in sizes:
         arrs, n = generate(size)
-        rss0 = _rss_bytes()
-        t0 = time.perf_counter()
-        g = graph_from_arrays(**arrs, trace=_FakeTrace())
-        build_s = time.perf_counter() - t0
-        del arrs
-        fast_s, rf = _best(lambda g=g: simulate(g))
-        cont_s, rc = _best(lambda g=g: simulate(g, mode="contention", contention=cm),
-                           reps=2 if n > 5_000_000 else 3)
-        peak = _peak_rss_bytes() - rss0
+        def build(a=arrs):
+            return graph_from_arrays(**a, trace=_FakeTrace())
+
+        pb, pf, pc = _peak_per_op(n, build)
+        build_c, build_w, g = _best(build, reps=1)
+        fast_c, fast_w, rf = _best(lambda g=g: simulate(g), reps=args.reps)
         res_b = rf.start_ns.nbytes + rf.end_ns.nbytes + rf.crit_pred.nbytes
-        print(f"{n:>10,} {g.n_edges:>10,} {g.n_collectives:>7,} {build_s:>8.3f} {fast_s:>8.4f} "
-              f"{n / fast_s / 1e6:>11.1f} {cont_s:>8.3f} {n / cont_s / 1e6:>11.2f} "
-              f"{g.nbytes / n:>10.1f} {(g.nbytes + res_b) / n:>12.1f} {max(peak, 0) / n:>13.1f}")
+        fast_s = (fast_c, fast_w)
+        rf_keep = rf if n <= 200_000 else None
+        del rf
+        cont_c, cont_w, rc = _best(lambda g=g: simulate(g, mode="contention", contention=cm),
+                                   reps=args.reps)
+        print(f"{n:>10,} {g.n_edges:>10,} {g.n_collectives:>6,} "
+              f"{build_c:>5.2f} ({build_w:>5.2f}) "
+              f"{n / fast_c / 1e6:>7.1f} ({n / fast_w / 1e6:>5.1f}) "
+              f"{n / cont_c / 1e6:>6.2f} ({n / cont_w / 1e6:>5.2f}) "
+              f"{g.nbytes / n:>6.1f} {(g.nbytes + res_b) / n:>6.1f} {pb:>10.1f} {pf:>10.1f} "
+              f"{pc:>10.1f}", flush=True)
         if n <= 200_000 and not args.no_reference:
             from naive_replay import naive_fast, naive_fluid
-            t0 = time.perf_counter()
+            c0 = time.process_time()
             s, e, _ = naive_fast(g)
-            nf_s = time.perf_counter() - t0
-            assert np.array_equal(s, rf.start_ns) and np.array_equal(e, rf.end_ns)
-            t0 = time.perf_counter()
+            nf_s = time.process_time() - c0
+            assert np.array_equal(s, rf_keep.start_ns) and np.array_equal(e, rf_keep.end_ns)
+            c0 = time.process_time()
             s2, e2, _, _ = naive_fluid(g, None, cm.interference, cm.share_compute,
                                        cm.share_links)
-            nc_s = time.perf_counter() - t0
+            nc_s = time.process_time() - c0
             assert np.array_equal(s2, rc.start_ns) and np.array_equal(e2, rc.end_ns)
-            ref_rows.append((n, nf_s, fast_s, nc_s, cont_s))
-        del g, rf, rc
+            ref_rows.append((n, nf_s, fast_s[0], nc_s, cont_c))
+        del g, rf_keep, rc, arrs
     if ref_rows:
         print()
         print("pure-Python reference (tests/naive_replay.py) on the same graph, same results "
-              "(checked); only on the smallest graph, the reference is too slow beyond it:")
+              "(checked), CPU time; only on graphs up to 2e5 ops, the reference is too slow "
+              "beyond:")
         for n, nf_s, fast_s, nc_s, cont_s in ref_rows:
             print(f"  {n:,} ops: reference fast {nf_s:.2f} s ({n / nf_s / 1e3:.0f} kops/s) -> "
                   f"numba {nf_s / fast_s:,.0f}x faster; reference contention {nc_s:.2f} s "
                   f"({n / nc_s / 1e3:.0f} kops/s) -> numba {nc_s / cont_s:,.0f}x faster")
     print()
+    print("graph, +res: bytes/op held by the graph's arrays, and with the fast result's arrays;")
+    print("peak: peak RSS growth/op from before the build (HWM reset), through the build, and "
+          "then one fast / one contention replay")
     print("targets: fast >= 10 Mops/s, contention >= 2 Mops/s, < 200 B/op (one core)")
 
 
