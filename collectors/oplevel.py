@@ -85,10 +85,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .enums import CommOp, EdgeKind, LaneKind, OpKind, Phase
-from .errors import TraceFormatError
+from .errors import ConfigError, TraceFormatError
 from .trace import StringTable, Trace
 
-__all__ = ["read_oplevel", "REQUIRED_COLUMNS", "OPTYPES"]
+__all__ = ["read_oplevel", "REQUIRED_COLUMNS", "OPTYPES", "LANE_NAMES", "pipeline_layout"]
 
 REQUIRED_COLUMNS = ("dp_rank", "stage", "rank", "step", "optype", "start_ts", "duration",
                     "seq_id", "mc", "mb_id", "gmc")
@@ -98,6 +98,8 @@ _EPS_NS = 50_000  # StragglerAnalysis' 5e-5 s tolerance for no-op p2p detection
 _COMPUTE, _FS, _FR, _BS, _BR, _DP, _OTHER = range(7)
 _LANE_NAMES = ("compute", "pp-fwd-send", "pp-fwd-recv", "pp-bwd-send", "pp-bwd-recv",
                "dp-comm", "other")
+#: lane names of a rank, in lane-role order (what-if re-layouts build the same lanes)
+LANE_NAMES = _LANE_NAMES
 
 #: optype -> (OpKind, CommOp, Phase, lane)
 OPTYPES: dict[str, tuple[OpKind, CommOp, Phase, int]] = {
@@ -308,6 +310,10 @@ def read_oplevel(paths: list[str | os.PathLike[str]] | str | os.PathLike[str]) -
             "negative_slack_edges": int((slack < 0).sum()),
             "max_negative_slack_ns": int(max(0, -slack.min())) if len(slack) else 0,
             "unknown_optypes": unknown,
+            "layout": pipeline_layout(
+                df["rank"].to_numpy(), df["step"].to_numpy(), df["stage"].to_numpy(),
+                df["mc"].to_numpy(), df["mb_id"].to_numpy(), df["optype"].to_numpy(),
+                df["start"].to_numpy(), job),
         },
     }
     lanes = {"lane": lk["lane"].to_numpy(), "rank": lk["rank"].to_numpy(),
@@ -554,3 +560,57 @@ def _collectives(df: pd.DataFrame, job: dict[str, Any],
     df["group_id"] = grp
     df["peer"] = peer
     return groups, colls
+
+
+def pipeline_layout(rank: np.ndarray, step: np.ndarray, stage: np.ndarray, chunk: np.ndarray,
+                    microbatch: np.ndarray, optype: np.ndarray, start_ns: np.ndarray,
+                    job: dict[str, Any]) -> dict[str, Any]:
+    """The job's parallel layout as measured: degrees, micro-batches and pipeline schedule.
+
+    ``dp``, ``pp``, ``tp``, ``cp`` (``dsp_size``) and ``chunks`` (``vpp_size``) come from the
+    job metadata; ``microbatches`` is the most common number of ``forward-compute`` ops of a
+    rank in a step divided by ``chunks``; ``schedule`` is the one of GPipe / 1F1B (one chunk)
+    or interleaved / breadth-first (several) whose program order
+    (:func:`collectors.synth.schedule.stage_order`) matches the most (rank, step) sequences of
+    forward/backward computes, ``schedule_match`` the fraction matched (1.0: every rank of
+    every step ran exactly that order), ``"unknown"`` when none matches.
+    """
+    from .synth.schedule import stage_order
+
+    p, v = int(job["pp_size"]), int(job["vpp_size"])
+    out: dict[str, Any] = {"dp": int(job["dp_size"]), "pp": p, "tp": int(job["tp_size"]),
+                           "cp": int(job["dsp_size"]), "chunks": v, "microbatches": 0,
+                           "schedule": "unknown", "schedule_match": 0.0}
+    comp = (optype == "forward-compute") | (optype == "backward-compute")
+    if not comp.any():
+        return out
+    idx = np.flatnonzero(comp)
+    idx = idx[np.lexsort((start_ns[idx], step[idx], rank[idx]))]
+    key = np.stack([rank[idx], step[idx]], axis=1)
+    cut = np.flatnonzero(np.any(key[1:] != key[:-1], axis=1)) + 1
+    groups = np.split(idx, cut)
+    n_fwd = np.array([(optype[g] == "forward-compute").sum() for g in groups])
+    vals, cnt = np.unique(n_fwd, return_counts=True)
+    m = int(vals[np.argmax(cnt)]) // max(v, 1)
+    out["microbatches"] = m
+    if m == 0:
+        return out
+    cands = ("1f1b", "gpipe") if v == 1 else ("interleaved", "bfs")
+    score = dict.fromkeys(cands, 0)
+    for sched in cands:
+        ref: dict[int, list[tuple[bool, int, int]]] = {}
+        for g in groups:
+            s = int(stage[g[0]])
+            if s not in ref:
+                try:
+                    ref[s] = stage_order(sched, p, m, v, s)
+                except ConfigError:  # a schedule impossible for this m (interleaved)
+                    ref[s] = []
+            got = list(zip((optype[g] == "backward-compute").tolist(),
+                           microbatch[g].tolist(), np.maximum(chunk[g], 0).tolist(), strict=True))
+            score[sched] += got == ref[s]
+    best = max(cands, key=lambda c: score[c])
+    if score[best]:
+        out["schedule"] = best
+        out["schedule_match"] = score[best] / len(groups)
+    return out

@@ -16,11 +16,18 @@ micro-batches, pipeline bubbles, collectives and memory. The templates come from
   hardware profile in ``meta["synth"]["hardware"]`` (``a100-80gb`` when absent); the
   optimizer kernels keep their measured bandwidth, re-scaled to the new parameter shard.
 
+* op-level traces (Megatron timers, ``meta["source_format"] == "oplevel"``): per-stage
+  templates of the measured forward / backward compute, pipeline transfers, DP collectives
+  and once-per-step ops, re-assembled in the op-level reader's dependency structure (see
+  :mod:`replay.policies.parallel_oplevel`; ``durations`` picks the per-stage medians or the
+  straggler-ideal durations).
+
 Other traces raise PolicyError naming what is missing.
 
 The global batch is kept unless ``global_batch`` is given: changing ``dp`` changes the number
 of micro-batches per pipeline (``global_batch / (micro_batch * dp)``), which must stay an
-integer (PolicyError otherwise).
+integer (PolicyError otherwise). ``microbatches`` sets the number of micro-batches per pipeline
+directly (``global_batch = microbatches * micro_batch * dp``).
 """
 
 from __future__ import annotations
@@ -54,15 +61,19 @@ class Parallel(Policy):
     zero: int | None = None
     fsdp: bool | None = None
     sequence_parallel: bool | None = None
+    microbatches: int | None = None
+    durations: str | None = None
     table: ClassVar[str] = "parallel"
 
     def __post_init__(self) -> None:
-        for f in ("dp", "tp", "pp", "cp", "chunks", "micro_batch", "global_batch"):
+        for f in ("dp", "tp", "pp", "cp", "chunks", "micro_batch", "global_batch",
+                  "microbatches"):
             check_int("parallel", f, getattr(self, f))
         if self.schedule is not None:
             object.__setattr__(self, "schedule", _ALIASES.get(self.schedule, self.schedule))
         check_choice("parallel", "schedule", self.schedule, SCHEDULES)
         check_choice("parallel", "zero", self.zero, (0, 1, 2, 3))
+        check_choice("parallel", "durations", self.durations, ("stage", "ideal"))
         for f in ("fsdp", "sequence_parallel"):
             v = getattr(self, f)
             if v is not None and not isinstance(v, bool):
@@ -72,6 +83,24 @@ class Parallel(Policy):
         kw = self.fields()
         if not kw:
             return
+        if state.trace.meta.get("source_format") == "oplevel" and not state.is_synth:
+            from .parallel_oplevel import relayout_oplevel
+            durations = kw.pop("durations", "stage")
+            state.trace, state.notes["relayout"] = relayout_oplevel(state.trace, kw, durations)
+            return
+        if kw.pop("durations", None) is not None:
+            raise PolicyError("parallel.durations applies to op-level traces only (the "
+                              "template of this trace is per layer)")
+        if "microbatches" in kw:
+            cur = state.synth.parallel if state.is_synth else self._current_layout(state)
+            mb = kw.get("micro_batch", cur.get("micro_batch", 1))
+            dp = kw.get("dp", cur.get("dp", 1))
+            gb = kw.pop("microbatches") * mb * dp
+            if self.global_batch is not None and self.global_batch != gb:
+                raise PolicyError(f"parallel.microbatches={self.microbatches} means "
+                                  f"global_batch={gb} (micro_batch={mb}, dp={dp}), but "
+                                  f"parallel.global_batch={self.global_batch}; give one")
+            kw["global_batch"] = gb
         if not state.is_synth:
             state.notes["relayout"] = self._relayout_measured(state, kw)
             return
@@ -91,6 +120,12 @@ class Parallel(Policy):
             check_config(state.synth.model, par)
         except ConfigError as exc:
             raise PolicyError(f"parallel: {exc}") from exc
+
+    @staticmethod
+    def _current_layout(state: WhatIfState) -> dict:
+        syn = state.trace.meta.get("synth") if isinstance(state.trace.meta, dict) else None
+        return dict(syn["parallel"]) if isinstance(syn, dict) and isinstance(
+            syn.get("parallel"), dict) else {}
 
     def _relayout_measured(self, state: WhatIfState, kw: dict) -> dict:
         from collectors.synth import CommModel, build_trace, resolve_parallel

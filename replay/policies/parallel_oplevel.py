@@ -1,0 +1,606 @@
+"""Parallelism what-ifs on op-level traces (Megatron timers read by :mod:`collectors.oplevel`).
+
+An op-level trace has one ``forward-compute`` / ``backward-compute`` op per micro-batch and
+model chunk, the pipeline sends / receives, the data-parallel parameter all-gather and
+gradient reduce-scatter, and the once-per-step ops (gc, layernorm / embedding / grad-norm
+all-reduces, optimizer). It has no layers and no kernels, so the template is per *virtual
+stage* (model chunk ``vs = chunk * pp + stage``) and per stage:
+
+Template (:func:`oplevel_template`), from every step of every rank:
+
+* ``durations="stage"`` (default): each compute op type of a virtual stage at the **median**
+  of its measured durations (over micro-batches, DP ranks and steps), each communication op
+  type of a stage at the median of its measured *transfer time* (end minus the latest member
+  start: waiting for a late peer is not part of it), the once-per-step ops likewise per stage;
+* ``durations="ideal"``: every op at the ideal duration of ``retime stragglers`` (compute:
+  mean of its op type over the whole job; communication: median transfer time of its op
+  type), so that the same layout reproduces the straggler analysis' ideal step.
+
+Layout (``meta["oplevel"]["layout"]``, else detected by :func:`collectors.oplevel.
+pipeline_layout`): dp, pp, chunks and the number of micro-batches from the job metadata and
+the trace, the schedule from the program order of each rank's computes. The micro-batch
+size is not in the trace: ``global_batch`` counts micro-batches of the trace's size (the
+trace's global batch is ``microbatches * dp``).
+
+Re-assembly (:func:`relayout_oplevel`): one step, laid out with the program order of
+:func:`collectors.synth.schedule.stage_order` (the synthesizer's GPipe / 1F1B / interleaved /
+breadth-first orders) and the dependency rules the op-level reader infers from a measured
+timeline (see :mod:`collectors.oplevel`: recv -> compute, compute -> send, a recv posted
+after the rank's previous compute of its direction, the first backward send/recv after the
+second forward before the first backward, params all-gather -> first forward of its chunk,
+the post-compute chain gc -> layernorm -> embedding -> reduce-scatter -> grad-norm ->
+optimizer), with pipeline pairs and DP / embedding / world all-reduces as collective
+instances (members start together). Times come from the synthesizer's list scheduler; the
+result is an ordinary op-level trace (``retime stragglers`` and the analysis modules read
+it), so re-laying out the same configuration replays to the same step as the measured
+timeline's graph with the template durations.
+
+What changes with the layout (physics, stated):
+
+* pipeline degree or chunks (``pp * chunks`` virtual stages ``V -> V'``): a stage's compute
+  is its share of the layers plus, on the first / last virtual stage, the embedding / loss
+  work. With ``V >= 3`` the extra of the first and last stage is measured against the median
+  of the middle stages, the rest (the layers) is spread evenly over ``V'`` (the trace has no
+  layer count: the layers are assumed to split evenly). Parameter-proportional times
+  (reduce-scatter, all-gather, optimizer) are re-split the same way.
+* data-parallel degree: ring collectives, time ``(n-1)/n * bytes / bandwidth`` with the
+  measured per-rank bandwidth (the trace has no topology); the distributed optimizer's step
+  shrinks as ``1/dp``; no DP communication at ``dp=1``. The global batch is kept, so the
+  micro-batches per pipeline become ``global_batch / dp``.
+* pipeline sends / receives keep their measured transfer time (activations of one
+  micro-batch do not depend on the layout); the embedding all-reduce joins the first and
+  last stage (none at ``pp=1``); gc, layernorm and grad-norm all-reduces keep their times.
+
+Refused (PolicyError): tensor / context / sequence parallelism and ZeRO-3 / FSDP (no per-layer
+GEMMs, TP collectives or per-layer parameter sizes in an op-level trace), another micro-batch
+size (its compute time is not measured), and DP communication on a trace that has none.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+import numpy as np
+
+from collectors.enums import EdgeKind, LaneKind
+from collectors.errors import ConfigError, PolicyError
+from collectors.oplevel import LANE_NAMES, OPTYPES, pipeline_layout
+from collectors.trace import StringTable, Trace
+
+__all__ = ["oplevel_layout", "oplevel_template", "relayout_oplevel", "DURATIONS"]
+
+DURATIONS = ("stage", "ideal")
+_COMPUTE_T = ("forward-compute", "backward-compute")
+_P2P_T = ("forward-send", "forward-recv", "backward-send", "backward-recv")
+_STEP_T = ("gc", "layernorm-grads-all-reduce", "embedding-grads-all-reduce",
+           "optimizer-clip-main-grad", "optimizer")
+_DP_T = ("params-all-gather", "grads-reduce-scatter", "separate-grads-all-reduce")
+_ROLE = {name: spec[3] for name, spec in OPTYPES.items()}
+
+
+def oplevel_layout(trace: Trace) -> dict[str, Any]:
+    """The measured layout of an op-level trace (see the module docstring)."""
+    ol = trace.meta.get("oplevel") if isinstance(trace.meta, dict) else None
+    if isinstance(ol, dict) and isinstance(ol.get("layout"), dict):
+        lay = dict(ol["layout"])
+    else:  # ingested before the reader recorded it
+        job = trace.meta.get("job", {})
+        o = trace.ops
+        st = o["stage"].to_numpy()
+        ch = o["chunk"].to_numpy()
+        lay = pipeline_layout(
+            o["rank"].to_numpy(), o["step"].to_numpy(), st, ch, o["microbatch"].to_numpy(),
+            trace.names(), o["start_ns"].to_numpy(),
+            {"dp_size": int(job.get("dp_size", 1)), "pp_size": int(job.get("pp_size",
+                                                                           st.max() + 1)),
+             "tp_size": int(job.get("tp_size", 1)), "dsp_size": int(job.get("dsp_size", 1)),
+             "vpp_size": int(job.get("vpp_size", max(int(ch.max()) + 1, 1)))})
+    lay["micro_batch"] = 1
+    lay["global_batch"] = lay["microbatches"] * lay["dp"]
+    return lay
+
+
+def _op_durations(trace: Trace, durations: str) -> np.ndarray:
+    """Per op: measured transfer time (``stage``) or straggler-ideal duration (``ideal``)."""
+    from .base import cached_graph
+    from .stragglers import _transfer_ns, ideal_durations
+
+    g = cached_graph(trace, ideal=True)
+    if durations == "ideal":
+        return np.asarray(ideal_durations(trace, g), np.float64)
+    return _transfer_ns(g).astype(np.float64)
+
+
+def oplevel_template(trace: Trace, durations: str = "stage") -> dict[str, Any]:
+    """Per-virtual-stage and per-stage durations of an op-level trace (module docstring).
+
+    Returns
+    -------
+    dict
+        ``layout`` (:func:`oplevel_layout`); ``compute`` {optype: float64[V] ns per
+        micro-batch}; ``p2p``, ``step``, ``dp`` {optype: float64[pp] ns, NaN where the stage
+        has none; DP ops are the total per step}; ``dp_count`` {optype: instances per rank
+        and step}; ``dropped`` {optype: ops of types a re-layout does not rebuild}.
+    """
+    if durations not in DURATIONS:
+        raise PolicyError(f"parallel.durations={durations!r}; choose one of "
+                          f"{', '.join(DURATIONS)}")
+    lay = oplevel_layout(trace)
+    p, v = int(lay["pp"]), int(lay["chunks"])
+    if lay["microbatches"] < 1:
+        raise PolicyError("parallel: the op-level trace has no forward-compute ops: the "
+                          "per-stage compute of a micro-batch is unknown")
+    d = _op_durations(trace, durations)
+    o = trace.ops
+    names = trace.names().astype(str)
+    stage = o["stage"].to_numpy().astype(np.int64)
+    vs = np.maximum(o["chunk"].to_numpy().astype(np.int64), 0) * p + stage
+    rank = o["rank"].to_numpy().astype(np.int64)
+    step = o["step"].to_numpy().astype(np.int64)
+
+    def med(sel: np.ndarray, key: np.ndarray, n: int) -> np.ndarray:
+        out = np.full(n, np.nan)
+        for k in np.unique(key[sel]):
+            out[int(k)] = float(np.median(d[sel & (key == k)]))
+        return out
+
+    tpl: dict[str, Any] = {"layout": lay, "durations": durations, "compute": {}, "p2p": {},
+                           "step": {}, "dp": {}, "dp_count": {}, "dropped": {}}
+    for t in _COMPUTE_T:
+        c = med(names == t, vs, p * v)
+        if np.isnan(c).any():
+            raise PolicyError(f"parallel: virtual stage(s) {np.flatnonzero(np.isnan(c)).tolist()}"
+                              f" have no {t} op: their compute per micro-batch is unknown")
+        tpl["compute"][t] = c
+    for t in _P2P_T + _STEP_T:
+        sel = names == t
+        if sel.any():
+            tpl["p2p" if t in _P2P_T else "step"][t] = med(sel, stage, p)
+    for t in _DP_T:
+        sel = names == t
+        if sel.any():
+            per = np.unique(np.stack([rank[sel], step[sel]]), axis=1, return_counts=True)[1]
+            n = int(np.bincount(per).argmax())
+            tpl["dp"][t] = med(sel, stage, p) * n
+            tpl["dp_count"][t] = n
+    known = set(_COMPUTE_T + _P2P_T + _STEP_T + _DP_T)
+    for t, n in zip(*np.unique(names, return_counts=True), strict=True):
+        if t not in known:
+            tpl["dropped"][str(t)] = int(n)
+    return tpl
+
+
+def _resplit(x: np.ndarray, n_new: int) -> np.ndarray:
+    """Values per virtual stage (additive over layers) for ``n_new`` virtual stages: the
+    first / last stage's extra over the middle stages' median stays on the first / last
+    stage, the rest is spread evenly (module docstring)."""
+    x = np.asarray(x, np.float64)
+    n = len(x)
+    if n_new == n:
+        return x.copy()
+    if n >= 3:
+        mid = float(np.median(x[1:-1]))
+        e0, e1 = x[0] - mid, x[-1] - mid
+    else:  # the extras cannot be told from the layers: uniform
+        e0 = e1 = 0.0
+    body = float(x.sum()) - e0 - e1
+    out = np.full(n_new, body / n_new)
+    out[0] += e0
+    out[-1] += e1
+    return np.maximum(out, 0.0)
+
+
+def _per_stage(x: np.ndarray, p_new: int, what: str) -> np.ndarray:
+    """Per-stage values for ``p_new`` stages: the measured ones when the stage count is
+    unchanged (missing stages: the median of the others), else the median over stages."""
+    x = np.asarray(x, np.float64)
+    if np.isnan(x).all():
+        raise PolicyError(f"parallel: the trace has no {what} op: its duration is unknown")
+    fill = float(np.nanmedian(x))
+    if len(x) == p_new:
+        return np.where(np.isnan(x), fill, x)
+    return np.full(p_new, fill)
+
+
+def _span(t: Trace) -> int:
+    """First start to last end of a one-step trace (ns)."""
+    o = t.ops
+    return int((o["start_ns"] + o["dur_ns"]).max() - o["start_ns"].min()) if len(o) else 0
+
+
+def _mean_step(trace: Trace) -> int:
+    """Mean over steps of the step's span over all ranks (ns), as measured."""
+    o = trace.ops
+    if not len(o):
+        return 0
+    g = o.assign(end=o["start_ns"] + o["dur_ns"]).groupby("step")
+    return int(round(float((g["end"].max() - g["start_ns"].min()).mean())))
+
+
+def _ring(n: int) -> float:
+    return (n - 1) / n
+
+
+def relayout_oplevel(trace: Trace, new: dict[str, Any], durations: str = "stage") -> tuple[Trace, dict]:
+    """Re-lay out an op-level trace (module docstring).
+
+    Parameters
+    ----------
+    trace : Trace
+        An op-level trace (``meta["source_format"] == "oplevel"``).
+    new : dict
+        Changed fields of :class:`~replay.policies.parallel.Parallel` (``dp``, ``pp``,
+        ``chunks``, ``schedule``, ``global_batch``, ``microbatches``, ...).
+    durations : {"stage", "ideal"}
+
+    Returns
+    -------
+    (Trace, dict)
+        The re-laid-out one-step trace and the ``relayout`` note (``from``, ``to``,
+        ``durations``, ``assumptions``).
+    """
+    for f, why in (("tp", "tensor parallelism re-shards each layer's GEMMs and adds TP "
+                    "collectives, but the trace has one compute op per micro-batch and stage "
+                    "(no per-layer GEMMs or TP all-reduces)"),
+                   ("cp", "context parallelism needs per-layer attention kernels and their "
+                    "all-gathers, which the trace does not have"),
+                   ("sequence_parallel", "sequence parallelism needs per-layer TP "
+                    "collectives, which the trace does not have"),
+                   ("fsdp", "FSDP gathers parameters per layer, but the trace has no "
+                    "per-layer parameter sizes")):
+        if new.get(f) not in (None, False, 1):
+            raise PolicyError(f"parallel.{f}={new[f]!r} on an op-level trace: {why}; "
+                              "ingest a kernel-level (Kineto/nsys) trace of the job or "
+                              "synthesize it with `retime synth`")
+    tpl = oplevel_template(trace, durations)
+    lay = tpl["layout"]
+    sharded = "params-all-gather" in tpl["dp"] or "grads-reduce-scatter" in tpl["dp"]
+    cur_zero = 1 if sharded else 0
+    if new.get("zero") not in (None, cur_zero):
+        raise PolicyError(f"parallel.zero={new['zero']} on an op-level trace that runs "
+                          f"ZeRO-{cur_zero} ({'distributed optimizer' if sharded else 'plain DP'}"
+                          "): another stage needs per-layer parameter sizes and gathers the "
+                          "trace does not have")
+    if new.get("micro_batch") not in (None, lay["micro_batch"]):
+        raise PolicyError(f"parallel.micro_batch={new['micro_batch']} on an op-level trace: "
+                          "the trace measures one micro-batch size (its size is not recorded) "
+                          "and the compute time of another size is not in it; change the "
+                          "number of micro-batches with parallel.microbatches or "
+                          "parallel.global_batch (counted in the trace's micro-batches)")
+    p = int(new.get("pp") or lay["pp"])
+    dp = int(new.get("dp") or lay["dp"])
+    sched = new.get("schedule") or (lay["schedule"] if lay["schedule"] != "unknown" else None)
+    if sched is None:
+        raise PolicyError("parallel: the trace's pipeline schedule was not recognized "
+                          f"(schedule_match={lay['schedule_match']}); name one with "
+                          "parallel.schedule")
+    v = new.get("chunks")
+    if v is None:
+        v = 1 if sched in ("gpipe", "1f1b") else (lay["chunks"] if lay["chunks"] > 1 else 2)
+    gb = new.get("global_batch")
+    if new.get("microbatches") is not None:
+        gb_m = int(new["microbatches"]) * dp
+        if gb is not None and gb != gb_m:
+            raise PolicyError(f"parallel.microbatches={new['microbatches']} with dp={dp} means "
+                              f"global_batch={gb_m}, but parallel.global_batch={gb}; give one")
+        gb = gb_m
+    gb = int(gb or lay["global_batch"])
+    if gb % dp:
+        raise PolicyError(f"parallel: global_batch={gb} micro-batches (the trace's "
+                          f"{lay['microbatches']} x dp={lay['dp']}) is not divisible by dp={dp}; "
+                          "choose dp dividing it or set parallel.global_batch")
+    m = gb // dp
+    from collectors.synth.schedule import stage_order
+    try:
+        orders = [stage_order(sched, p, m, v, s) for s in range(p)]
+    except ConfigError as exc:
+        raise PolicyError(f"parallel: {exc}") from exc
+    if dp > 1 and lay["dp"] == 1:
+        raise PolicyError(f"parallel.dp={dp} on an op-level trace without data parallelism: "
+                          "the trace has no gradient reduce-scatter / parameter all-gather "
+                          "to calibrate their time")
+    to = {"dp": dp, "pp": p, "tp": 1, "cp": 1, "chunks": int(v), "schedule": sched,
+          "microbatches": m, "global_batch": gb, "micro_batch": 1}
+    frm = {k: lay[k] for k in ("dp", "pp", "tp", "cp", "chunks", "schedule", "microbatches",
+                               "global_batch", "micro_batch")}
+    step = int(trace.ops["step"].min())
+    t, assumptions = _assemble(tpl, to, orders, step)
+    t.meta["job"] = dict(trace.meta.get("job", {}), dp_size=dp, pp_size=p, vpp_size=int(v),
+                         world_size=dp * p)
+    note = {"from": frm, "to": to, "durations": durations, "assumptions": assumptions,
+            "dropped_optypes": tpl["dropped"], "step_time_ns": _span(t),
+            "baseline_step_time_ns": None, "measured_mean_step_time_ns": _mean_step(trace)}
+    if to == frm:
+        note["baseline_step_time_ns"] = note["step_time_ns"]
+    elif frm["schedule"] in ("gpipe", "1f1b", "interleaved", "bfs"):
+        # the same layout from the same template: the step this what-if compares with
+        base = [stage_order(frm["schedule"], frm["pp"], frm["microbatches"], frm["chunks"], s)
+                for s in range(frm["pp"])]
+        note["baseline_step_time_ns"] = _span(_assemble(tpl, frm, base, step)[0])
+    t.meta["relayout"] = note
+    return t, note
+
+
+class _Rep:
+    """Ops of one pipeline replica (one DP index), in creation order."""
+
+    def __init__(self) -> None:
+        self.cols: dict[str, list] = {k: [] for k in ("stage", "role", "optype", "dur", "mb",
+                                                       "chunk", "ckey", "scope", "peer")}
+        self.edges: list[tuple[int, int]] = []
+
+    def add(self, stage: int, optype: str, dur: float, mb: int = -1, chunk: int = -1,
+            ckey: tuple | None = None, scope: int = 0, peer: int = -1) -> int:
+        c = self.cols
+        for k, val in (("stage", stage), ("role", _ROLE[optype]), ("optype", optype),
+                       ("dur", dur), ("mb", mb), ("chunk", chunk), ("ckey", ckey),
+                       ("scope", scope), ("peer", peer)):
+            c[k].append(val)
+        return len(c["stage"]) - 1
+
+    def chain(self, ids: list[int | None]) -> None:
+        ids = [i for i in ids if i is not None]
+        self.edges.extend(zip(ids[:-1], ids[1:], strict=True))
+
+
+# collective scopes: 0 none, 1 per replica (p2p, embedding, layernorm), 2 over DP (one stage),
+# 3 the whole job (grad-norm all-reduce)
+_NONE, _REPLICA, _DPG, _WORLD = range(4)
+
+
+def _assemble(tpl: dict, to: dict, orders: list, step: int) -> tuple[Trace, list[str]]:
+    lay = tpl["layout"]
+    p, v, dp = to["pp"], to["chunks"], to["dp"]
+    V, V0 = p * v, int(lay["pp"]) * int(lay["chunks"])
+    notes: list[str] = []
+    if V != V0:
+        notes.append(f"{V0} -> {V} virtual stages: the layers split evenly; the first / last "
+                     "stage keep their measured extra (embedding / loss)"
+                     + ("" if V0 >= 3 else " (not separable with < 3 stages: uniform)"))
+    F = _resplit(tpl["compute"]["forward-compute"], V)
+    B = _resplit(tpl["compute"]["backward-compute"], V)
+    p2p = {t: _per_stage(x, p, t) for t, x in tpl["p2p"].items()} if p > 1 else {}
+    if p > 1:
+        for t in _P2P_T:
+            if t not in p2p:
+                raise PolicyError(f"parallel.pp={p} on an op-level trace without {t} ops: "
+                                  "the pipeline transfer time is unknown")
+    stp = {t: _per_stage(x, p, t) for t, x in tpl["step"].items()
+           if t not in ("optimizer", "embedding-grads-all-reduce")}
+    emb = tpl["step"].get("embedding-grads-all-reduce")
+    # parameter-proportional times, per measured virtual stage (a stage's chunks alike)
+    d0, v0 = int(lay["dp"]), int(lay["chunks"])
+
+    def per_vs(x: np.ndarray) -> np.ndarray:
+        x = np.where(np.isnan(x), np.nanmedian(x), x)
+        return np.tile(x / v0, v0)
+
+    dpt: dict[str, np.ndarray] = {}
+    if dp > 1:
+        ratio = _ring(dp) / _ring(d0)
+        for t, x in tpl["dp"].items():
+            dpt[t] = _resplit(per_vs(x), V) * ratio  # per new virtual stage (= per chunk)
+        if dp != d0:
+            notes.append(f"dp {d0} -> {dp}: ring collectives scale by (n-1)/n "
+                         f"(x{ratio:.3f}) at the measured per-rank bandwidth")
+    opt = tpl["step"].get("optimizer")
+    opt_new = None
+    if opt is not None:
+        sharded = bool(tpl["dp"])
+        shrink = d0 / dp if sharded else 1.0
+        if V == V0 and p == int(lay["pp"]):
+            opt_new = _per_stage(opt, p, "optimizer") * shrink
+        else:
+            w = per_vs(tpl["dp"].get("grads-reduce-scatter", tpl["dp"].get(
+                "params-all-gather", np.ones(int(lay["pp"])))))
+            wn = _resplit(w, V)
+            ws0 = w.reshape(v0, -1).sum(axis=0)
+            rate = float(np.nanmedian(opt / ws0))
+            opt_new = rate * wn.reshape(v, p).sum(axis=0) * shrink
+        if sharded and dp != d0:
+            notes.append(f"distributed optimizer: its step scales by dp {d0}/{dp}")
+    ovlp = "separate-grads-all-reduce" in tpl["dp"]
+    rep = _Rep()
+    for s in range(p):
+        ags = {}
+        if "params-all-gather" in dpt:
+            for c in range(v):
+                ags[c] = rep.add(s, "params-all-gather", dpt["params-all-gather"][c * p + s],
+                                 chunk=c, ckey=("ag", s, c), scope=_DPG)
+        prev = {False: None, True: None}
+        comps: list[int] = []
+        first_fwd: dict[int, int] = {}
+        last_bwd: dict[int, int] = {}
+        first_brecv = first_bsend = None
+        for bwd, mb, c in orders[s]:
+            vs = c * p + s
+            t = "backward-compute" if bwd else "forward-compute"
+            comp = rep.add(s, t, (B if bwd else F)[vs], mb, c)
+            comps.append(comp)
+            if bwd:
+                last_bwd[c] = comp
+            else:
+                first_fwd.setdefault(c, comp)
+            has_recv = vs > 0 if not bwd else vs < V - 1
+            has_send = vs < V - 1 if not bwd else vs > 0
+            d = "backward" if bwd else "forward"
+            if has_recv:
+                src_vs = vs + 1 if bwd else vs - 1
+                r = rep.add(s, f"{d}-recv", p2p[f"{d}-recv"][s], mb, c,
+                            ckey=("p2p", bwd, mb, src_vs), scope=_REPLICA, peer=src_vs % p)
+                rep.edges.append((r, comp))
+                if prev[bwd] is not None:
+                    rep.edges.append((prev[bwd], r))
+                if bwd and first_brecv is None:
+                    first_brecv = r
+            if has_send:
+                sn = rep.add(s, f"{d}-send", p2p[f"{d}-send"][s], mb, c,
+                             ckey=("p2p", bwd, mb, vs), scope=_REPLICA,
+                             peer=(vs - 1 if bwd else vs + 1) % p)
+                rep.edges.append((comp, sn))
+                if bwd and first_bsend is None:
+                    first_bsend = sn
+            prev[bwd] = comp
+        for c, a in ags.items():
+            rep.edges.append((a, first_fwd[c]))
+        # the first backward send/recv wait for the second forward before the first backward
+        kb = next((i for i, (b, _, _) in enumerate(orders[s]) if b), -1)
+        if kb >= 2 and not orders[s][kb - 2][0]:
+            for x in (first_brecv, first_bsend):
+                if x is not None:
+                    rep.edges.append((comps[kb - 2], x))
+        # post-compute chain: last compute -> gc -> (layernorm -> embedding -> [separate
+        # all-reduce] or reduce-scatters -> grad-norm -> optimizer); overlapped DP: each
+        # reduce-scatter follows its chunk's last backward, the last one feeds layernorm
+        head = [comps[-1]]
+        if "gc" in stp:
+            head.append(rep.add(s, "gc", stp["gc"][s]))
+        post: list[int] = []
+        if "layernorm-grads-all-reduce" in stp:
+            post.append(rep.add(s, "layernorm-grads-all-reduce",
+                                stp["layernorm-grads-all-reduce"][s], ckey=("ln", s),
+                                scope=_REPLICA))
+        if emb is not None and p > 1 and s in (0, p - 1):
+            e = emb[0 if s == 0 else -1]
+            post.append(rep.add(s, "embedding-grads-all-reduce",
+                                float(np.nanmedian(emb)) if np.isnan(e) else e, ckey=("emb",),
+                                scope=_REPLICA))
+        rs = [rep.add(s, "grads-reduce-scatter", dpt["grads-reduce-scatter"][c * p + s],
+                      chunk=c, ckey=("rs", s, c), scope=_DPG)
+              for c in range(v)] if "grads-reduce-scatter" in dpt else []
+        if ovlp and dp > 1:
+            for c, r in enumerate(rs):
+                rep.edges.append((last_bwd[c], r))
+            if rs and post:
+                rep.edges.append((rs[-1], post[0]))
+            post.append(rep.add(s, "separate-grads-all-reduce",
+                                dpt["separate-grads-all-reduce"].reshape(v, p)[:, s].sum(),
+                                ckey=("sar", s),
+                                scope=_DPG))
+        else:
+            post.extend(rs)
+        if "optimizer-clip-main-grad" in stp:
+            post.append(rep.add(s, "optimizer-clip-main-grad",
+                                stp["optimizer-clip-main-grad"][s], ckey=("clip",),
+                                scope=_WORLD))
+        if opt_new is not None:
+            post.append(rep.add(s, "optimizer", opt_new[s]))
+        rep.chain(head + post)
+    return _to_trace(rep, to, step), notes
+
+
+def _to_trace(rep: _Rep, to: dict, step: int) -> Trace:
+    from collectors.synth._kernels import _list_schedule
+
+    p, dp = to["pp"], to["dp"]
+    c = rep.cols
+    n1 = len(c["stage"])
+    st1 = np.asarray(c["stage"], np.int64)
+    role1 = np.asarray(c["role"], np.int64)
+    order = np.lexsort((np.arange(n1), role1, st1))  # (stage, lane, program order)
+    pos = np.empty(n1, np.int64)
+    pos[order] = np.arange(n1)
+    cols = {k: [c[k][i] for i in order] for k in c}
+    e = np.asarray(rep.edges, np.int64).reshape(-1, 2)
+    esrc1, edst1 = pos[e[:, 0]], pos[e[:, 1]]
+    # collective instances: per-replica keys get one id per DP index, the others are shared
+    keys: dict[tuple, int] = {}
+    kid = np.full(n1, -1, np.int64)
+    scope = np.asarray(cols["scope"], np.int64)
+    for i, k in enumerate(cols["ckey"]):
+        if k is not None:
+            kid[i] = keys.setdefault(k, len(keys))
+    nk = len(keys)
+    d_idx = np.repeat(np.arange(dp), n1)
+    # rank = stage * dp + d (Megatron's order: data-parallel ranks of a stage adjacent)
+    rank = np.tile(np.asarray(cols["stage"], np.int64) * dp, dp) + d_idx
+    kidt = np.tile(kid, dp)
+    coll = np.where(np.tile(scope, dp) == _REPLICA, kidt + nk * d_idx, kidt + nk * dp)
+    coll[kidt < 0] = -1
+    peer_st = np.tile(np.asarray(cols["peer"], np.int64), dp)
+    peer = np.where(peer_st >= 0, peer_st * dp + d_idx, -1)
+    # groups (as the op-level reader names them)
+    groups: list[dict] = [{"group_id": 0, "name": "world", "ranks": list(range(p * dp))}]
+    gid = {"world": 0}
+
+    def group(name: str, ranks: list[int]) -> int:
+        if name not in gid:
+            gid[name] = len(groups)
+            groups.append({"group_id": gid[name], "name": name, "ranks": sorted(ranks)})
+        return gid[name]
+
+    optype = np.asarray(cols["optype"], object)
+    stage_t = np.tile(np.asarray(cols["stage"], np.int64), dp)
+    optype_t = np.tile(optype, dp)
+    grp = np.full(len(rank), -1, np.int32)
+    for i in np.flatnonzero(coll >= 0):
+        t, s, d, r = optype_t[i], int(stage_t[i]), int(d_idx[i]), int(rank[i])
+        if t in _DP_T:
+            grp[i] = group(f"dp:stage{s}", [s * dp + x for x in range(dp)])
+        elif t == "embedding-grads-all-reduce":
+            grp[i] = group(f"embedding:dp{d}", [d, (p - 1) * dp + d])
+        elif t == "optimizer-clip-main-grad":
+            grp[i] = 0
+        elif t == "layernorm-grads-all-reduce":
+            grp[i] = group(f"tp:rank{r}", [r])
+        else:
+            grp[i] = group(f"pp:dp{d}", [x * dp + d for x in range(p)])
+    # lanes (rank, role) in op order; ops are already sorted by (rank, lane, program order)
+    role = np.tile(np.asarray(cols["role"], np.int64), dp)
+    lane_key = rank * 16 + role
+    o = np.lexsort((np.arange(len(rank)), role, rank))
+    rank, role, lane_key, coll, peer, grp = (a[o] for a in (rank, role, lane_key, coll, peer,
+                                                             grp))
+    inv = np.empty(len(o), np.int64)
+    inv[o] = np.arange(len(o))
+    ukeys, lane = np.unique(lane_key, return_inverse=True)
+    shift = np.repeat(np.arange(dp, dtype=np.int64) * n1, len(esrc1))
+    src = inv[np.tile(esrc1, dp) + shift]
+    dst = inv[np.tile(edst1, dp) + shift]
+    dur = np.rint(np.tile(np.asarray(cols["dur"], np.float64), dp)[o]).astype(np.int64)
+    start, done = _list_schedule(np.ascontiguousarray(dur), lane.astype(np.int32), len(ukeys),
+                                 src, dst, np.zeros(len(src), np.int64), coll)
+    if done != len(dur):
+        raise PolicyError(f"parallel: the re-laid-out schedule {to['schedule']} has a "
+                          f"dependency cycle ({len(dur) - done} ops unscheduled); this layout "
+                          "cannot run with Megatron's blocking pipeline transfers")
+    strings = StringTable()
+    names = sorted(set(optype.tolist()))
+    ids = {n: strings.intern(n) for n in names}
+    ot = optype_t[o]
+    spec = [OPTYPES[t] for t in ot]
+    mb = np.tile(np.asarray(cols["mb"], np.int64), dp)[o]
+    ch = np.tile(np.asarray(cols["chunk"], np.int64), dp)[o]
+    kind = np.array([int(x[0]) for x in spec], np.int8)
+    ops = {"op_id": np.arange(len(o), dtype=np.int64), "rank": rank.astype(np.int32),
+           "lane": lane.astype(np.int32), "kind": kind,
+           "name_id": np.array([ids[t] for t in ot], np.int32), "start_ns": start,
+           "dur_ns": dur, "step": np.full(len(o), step, np.int32),
+           "phase": np.array([int(x[2]) for x in spec], np.int8),
+           "microbatch": mb.astype(np.int32), "stage": stage_t[o].astype(np.int16),
+           "chunk": ch.astype(np.int16), "coll_id": coll, "comm_op":
+           np.array([int(x[1]) for x in spec], np.int8), "group_id": grp, "peer":
+           peer.astype(np.int32)}
+    lrank, lrole = ukeys // 16, ukeys % 16
+    lanes = {"lane": np.arange(len(ukeys), dtype=np.int32), "rank": lrank.astype(np.int32),
+             "device": lrank.astype(np.int32),
+             "lane_kind": np.full(len(ukeys), int(LaneKind.OP_STREAM)),
+             "native_id": lrole, "name": [LANE_NAMES[r] for r in lrole]}
+    counts: dict[str, int] = defaultdict(int)
+    for t in ot:
+        counts[str(t)] += 1
+    meta = {"source_format": "oplevel", "sources": [], "world_size": p * dp, "devices": {},
+            "accounting": {"relayout": {"events_read": 0, "kept": dict(counts),
+                                        "dropped": {}}},
+            "oplevel": {"ranks": [{"rank": s * dp + d, "dp_rank": d, "stage": s}
+                                  for s in range(p) for d in range(dp)],
+                        "steps": [step], "step_offsets_ns": {str(step): 0},
+                        "layout": {k: to[k] for k in ("dp", "pp", "tp", "cp", "chunks",
+                                                      "microbatches", "schedule")}
+                        | {"schedule_match": 1.0}}}
+    return Trace.build(ops=ops, lanes=lanes, strings=strings,
+                       edges={"src": src, "dst": dst,
+                              "kind": np.full(len(src), int(EdgeKind.DATA), np.int8),
+                              "lag_ns": np.zeros(len(src), np.int64)},
+                       groups=groups, meta=meta)
