@@ -58,7 +58,6 @@ size (its compute time is not measured), and DP communication on a trace that ha
 
 from __future__ import annotations
 
-from collections import defaultdict
 from typing import Any
 
 import numpy as np
@@ -249,7 +248,8 @@ def relayout_oplevel(trace: Trace, new: dict[str, Any], durations: str = "stage"
                     "collectives, which the trace does not have"),
                    ("fsdp", "FSDP gathers parameters per layer, but the trace has no "
                     "per-layer parameter sizes")):
-        if new.get(f) not in (None, False, 1):
+        val = new.get(f)
+        if val is True or (val is not None and val is not False and val != 1):
             raise PolicyError(f"parallel.{f}={new[f]!r} on an op-level trace: {why}; "
                               "ingest a kernel-level (Kineto/nsys) trace of the job or "
                               "synthesize it with `retime synth`")
@@ -566,32 +566,25 @@ def _to_trace(rep: _Rep, to: dict, step: int) -> Trace:
                           f"dependency cycle ({len(dur) - done} ops unscheduled); this layout "
                           "cannot run with Megatron's blocking pipeline transfers")
     strings = StringTable()
-    names = sorted(set(optype.tolist()))
-    ids = {n: strings.intern(n) for n in names}
-    ot = optype_t[o]
-    spec = [OPTYPES[t] for t in ot]
-    mb = np.tile(np.asarray(cols["mb"], np.int64), dp)[o]
-    ch = np.tile(np.asarray(cols["chunk"], np.int64), dp)[o]
-    kind = np.array([int(x[0]) for x in spec], np.int8)
+    u, ui = np.unique(optype_t[o].astype(str), return_inverse=True)
+    spec = np.array([[int(x) for x in OPTYPES[n][:3]] for n in u], np.int64)[ui]
+    tile = {k: np.tile(np.asarray(cols[k], np.int64), dp)[o] for k in ("mb", "chunk")}
     ops = {"op_id": np.arange(len(o), dtype=np.int64), "rank": rank.astype(np.int32),
-           "lane": lane.astype(np.int32), "kind": kind,
-           "name_id": np.array([ids[t] for t in ot], np.int32), "start_ns": start,
-           "dur_ns": dur, "step": np.full(len(o), step, np.int32),
-           "phase": np.array([int(x[2]) for x in spec], np.int8),
-           "microbatch": mb.astype(np.int32), "stage": stage_t[o].astype(np.int16),
-           "chunk": ch.astype(np.int16), "coll_id": coll, "comm_op":
-           np.array([int(x[1]) for x in spec], np.int8), "group_id": grp, "peer":
-           peer.astype(np.int32)}
+           "lane": lane.astype(np.int32), "kind": spec[:, 0].astype(np.int8),
+           "name_id": np.array([strings.intern(n) for n in u], np.int32)[ui],
+           "start_ns": start, "dur_ns": dur, "step": np.full(len(o), step, np.int32),
+           "phase": spec[:, 2].astype(np.int8), "microbatch": tile["mb"].astype(np.int32),
+           "stage": stage_t[o].astype(np.int16), "chunk": tile["chunk"].astype(np.int16),
+           "coll_id": coll, "comm_op": spec[:, 1].astype(np.int8), "group_id": grp,
+           "peer": peer.astype(np.int32)}
     lrank, lrole = ukeys // 16, ukeys % 16
     lanes = {"lane": np.arange(len(ukeys), dtype=np.int32), "rank": lrank.astype(np.int32),
              "device": lrank.astype(np.int32),
              "lane_kind": np.full(len(ukeys), int(LaneKind.OP_STREAM)),
              "native_id": lrole, "name": [LANE_NAMES[r] for r in lrole]}
-    counts: dict[str, int] = defaultdict(int)
-    for t in ot:
-        counts[str(t)] += 1
+    counts = {str(n): int(k) for n, k in zip(u, np.bincount(ui, minlength=len(u)), strict=True)}
     meta = {"source_format": "oplevel", "sources": [], "world_size": p * dp, "devices": {},
-            "accounting": {"relayout": {"events_read": 0, "kept": dict(counts),
+            "accounting": {"relayout": {"events_read": 0, "kept": counts,
                                         "dropped": {}}},
             "oplevel": {"ranks": [{"rank": s * dp + d, "dp_rank": d, "stage": s}
                                   for s in range(p) for d in range(dp)],
