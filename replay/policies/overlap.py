@@ -52,7 +52,13 @@ from .base import (
     check_fraction,
     check_int,
     check_positive,
+    layout_of,
 )
+
+#: interference of communication with compute on a rank's CPU (gloo): the training thread
+#: keeps the rank's core busy, so the communication thread time-shares it and both progress
+#: at ``1 / (1 + 1)`` of their rate while they overlap (``overlap.interference`` = 0)
+CPU_INTERFERENCE = 1.0
 
 __all__ = ["Overlap", "serialize_edges", "MERGES"]
 
@@ -95,9 +101,14 @@ class Overlap(Policy):
                     "overlap.merge needs the per-layer gradient sizes of a synthesized run; "
                     "this trace is measured (no meta['synth']): give overlap.bucket_mb "
                     "instead, or synthesize the job (`retime synth`)")
-            from .bucketing import rebucket
-            state.trace, ids, model_ns, info = rebucket(state.trace, self.bucket_mb,
-                                                        state.ranks_per_node)
+            from .bucketing import rebucket, rebucket_cpu
+            i = CPU_INTERFERENCE if self.interference is None else 1.0 - self.interference
+            cpu = rebucket_cpu(state.trace, self.bucket_mb, i, state.ranks_per_node)
+            if cpu is not None:
+                state.trace, ids, model_ns, info, state.notes["cpu_model"] = cpu
+            else:
+                state.trace, ids, model_ns, info = rebucket(state.trace, self.bucket_mb,
+                                                            state.ranks_per_node)
             state.notes["rebucket"] = (ids, model_ns, info)
             return
         if state.synth.parallel.get("dp", 1) * state.synth.parallel.get("cp", 1) <= 1:
@@ -130,11 +141,14 @@ class Overlap(Policy):
             ids, model_ns, info = state.notes["rebucket"]
             state.dur[ids] = model_ns
             d.update({k: info[k] for k in ("buckets_before", "buckets_after")})
+        if "cpu_model" in state.notes:
+            _cpu_contention(state, state.notes["cpu_model"])
+            d["interference"] = 1.0 - state.contention.interference
         if self.mode == "serial":
             src, dst = serialize_edges(state.graph)
             state.add_edges(src, dst)
             state.notes["serialize_edges"] = int(len(src))
-        if self.interference is not None or self.share_links:
+        if (self.interference is not None or self.share_links) and "cpu_model" not in state.notes:
             f = 1.0 if self.interference is None else float(self.interference)
             state.mode = "contention"
             state.contention = ContentionModel(interference=1.0 - f,
@@ -142,6 +156,33 @@ class Overlap(Policy):
         if self.merge == "mgwfbp" and state.is_synth:
             d["chosen_bucket_mb"] = state.synth.parallel["bucket_mb"]
         state.applied.append(d)
+
+
+def _cpu_contention(state: WhatIfState, cpu) -> None:
+    """Replay re-bucketed CPU ranks on the contention path: each rank's CPU is one device
+    whose training-thread ops (isolated work) and collectives share it (module docstring)."""
+    import dataclasses
+
+    g = state.graph
+    have = cpu.compute & np.isfinite(cpu.work_ns)
+    state.dur[have] = np.maximum(cpu.work_ns[have], 0.0)
+    dev = by_op(g, "device").copy()
+    res = by_op(g, "resource").copy()
+    delay = by_op(g, "delay_ns").copy()
+    rank = by_op(g, "rank")
+    base = int(dev.max()) + 1 if len(dev) else 0
+    on = cpu.cpu_rank
+    dev[on] = base + np.unique(rank[on], return_inverse=True)[1]
+    res[on & cpu.compute] = RES_COMPUTE
+    # what is left of a training thread's measured gaps is waiting, re-derived by the replay
+    delay[on] = 0
+    state.graph = dataclasses.replace(
+        g, device=np.ascontiguousarray(layout_of(g, dev).astype(g.device.dtype)),
+        resource=np.ascontiguousarray(layout_of(g, res).astype(g.resource.dtype)),
+        delay_ns=np.ascontiguousarray(layout_of(g, delay).astype(g.delay_ns.dtype)))
+    state.mode = "contention"
+    state.contention = ContentionModel(interference=cpu.interference, share_compute=False,
+                                       share_links=False)
 
 
 def _grad_mb(state: WhatIfState) -> tuple[float, float, int]:
