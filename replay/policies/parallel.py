@@ -48,7 +48,13 @@ _ALIASES = {"breadth-first": "bfs", "breadth_first": "bfs", "looped": "bfs",
 
 @dataclass(frozen=True)
 class Parallel(Policy):
-    """Degrees and schedule of the re-laid-out step (``None`` = unchanged)."""
+    """Degrees and schedule of the re-laid-out step (``None`` = unchanged).
+
+    ``microbatches`` is the number of micro-batches per pipeline (sets ``global_batch``);
+    ``durations`` (op-level traces only) picks the template: ``"stage"`` (per-stage medians
+    of the measured durations / transfer times, the default) or ``"ideal"`` (the straggler
+    analysis' ideal durations; the unchanged layout then replays to its ideal step).
+    """
 
     dp: int | None = None
     tp: int | None = None

@@ -302,8 +302,7 @@ def relayout_oplevel(trace: Trace, new: dict[str, Any], durations: str = "stage"
                           "to calibrate their time")
     to = {"dp": dp, "pp": p, "tp": 1, "cp": 1, "chunks": int(v), "schedule": sched,
           "microbatches": m, "global_batch": gb, "micro_batch": 1}
-    frm = {k: lay[k] for k in ("dp", "pp", "tp", "cp", "chunks", "schedule", "microbatches",
-                               "global_batch", "micro_batch")}
+    frm = {k: lay[k] for k in to}
     step = int(trace.ops["step"].min())
     t, assumptions = _assemble(tpl, to, orders, step)
     t.meta["job"] = dict(trace.meta.get("job", {}), dp_size=dp, pp_size=p, vpp_size=int(v),
@@ -339,8 +338,7 @@ class _Rep:
             c[k].append(val)
         return len(c["stage"]) - 1
 
-    def chain(self, ids: list[int | None]) -> None:
-        ids = [i for i in ids if i is not None]
+    def chain(self, ids: list[int]) -> None:
         self.edges.extend(zip(ids[:-1], ids[1:], strict=True))
 
 
@@ -520,32 +518,32 @@ def _to_trace(rep: _Rep, to: dict, step: int) -> Trace:
     coll[kidt < 0] = -1
     peer_st = np.tile(np.asarray(cols["peer"], np.int64), dp)
     peer = np.where(peer_st >= 0, peer_st * dp + d_idx, -1)
-    # groups (as the op-level reader names them)
-    groups: list[dict] = [{"group_id": 0, "name": "world", "ranks": list(range(p * dp))}]
-    gid = {"world": 0}
-
-    def group(name: str, ranks: list[int]) -> int:
-        if name not in gid:
-            gid[name] = len(groups)
-            groups.append({"group_id": gid[name], "name": name, "ranks": sorted(ranks)})
-        return gid[name]
-
+    # groups (as the op-level reader names them): world, dp:stageS, pp:dpD, embedding:dpD,
+    # tp:rankR (layernorm), numbered in that order
     optype = np.asarray(cols["optype"], object)
     stage_t = np.tile(np.asarray(cols["stage"], np.int64), dp)
     optype_t = np.tile(optype, dp)
-    grp = np.full(len(rank), -1, np.int32)
-    for i in np.flatnonzero(coll >= 0):
-        t, s, d, r = optype_t[i], int(stage_t[i]), int(d_idx[i]), int(rank[i])
-        if t in _DP_T:
-            grp[i] = group(f"dp:stage{s}", [s * dp + x for x in range(dp)])
-        elif t == "embedding-grads-all-reduce":
-            grp[i] = group(f"embedding:dp{d}", [d, (p - 1) * dp + d])
-        elif t == "optimizer-clip-main-grad":
-            grp[i] = 0
-        elif t == "layernorm-grads-all-reduce":
-            grp[i] = group(f"tp:rank{r}", [r])
-        else:
-            grp[i] = group(f"pp:dp{d}", [x * dp + d for x in range(p)])
+    cls1 = np.full(n1, -1, np.int64)
+    for c_, names_ in enumerate((("optimizer-clip-main-grad",), _DP_T, _P2P_T,
+                                 ("embedding-grads-all-reduce",),
+                                 ("layernorm-grads-all-reduce",))):
+        cls1[np.isin(optype, names_) & (kid >= 0)] = c_
+    cls = np.tile(cls1, dp)
+    W = p * dp
+    base = np.cumsum([0, 1, p, dp, dp])  # first id of world, dp, pp, embedding, tp groups
+    sub = np.select([cls == 1, cls == 2, cls == 3, cls == 4], [stage_t, d_idx, d_idx, rank], 0)
+    grp = np.where(cls >= 0, base[np.maximum(cls, 0)] + sub, -1).astype(np.int32)
+    members = ([list(range(W))] + [[s * dp + x for x in range(dp)] for s in range(p)]
+               + [[x * dp + d for x in range(p)] for d in range(dp)]
+               + [sorted({d, (p - 1) * dp + d}) for d in range(dp)] + [[r] for r in range(W)])
+    gnames = (["world"] + [f"dp:stage{s}" for s in range(p)] + [f"pp:dp{d}" for d in range(dp)]
+              + [f"embedding:dp{d}" for d in range(dp)] + [f"tp:rank{r}" for r in range(W)])
+    used = np.zeros(len(gnames), bool)
+    used[np.unique(grp[grp >= 0])] = True
+    dense = np.cumsum(used) - 1  # group ids 0..G-1 in that order
+    grp = np.where(grp >= 0, dense[np.maximum(grp, 0)], -1).astype(np.int32)
+    groups = [{"group_id": int(dense[i]), "name": gnames[i], "ranks": members[i]}
+              for i in np.flatnonzero(used)]
     # lanes (rank, role) in op order; ops are already sorted by (rank, lane, program order)
     role = np.tile(np.asarray(cols["role"], np.int64), dp)
     lane_key = rank * 16 + role
@@ -583,7 +581,11 @@ def _to_trace(rep: _Rep, to: dict, step: int) -> Trace:
              "lane_kind": np.full(len(ukeys), int(LaneKind.OP_STREAM)),
              "native_id": lrole, "name": [LANE_NAMES[r] for r in lrole]}
     counts = {str(n): int(k) for n, k in zip(u, np.bincount(ui, minlength=len(u)), strict=True)}
+    n_coll = len(np.unique(coll[coll >= 0]))
+    colls = {"matched": n_coll, "unmatched": 0, "unmatched_reasons": {},
+             "ops_matched": int((coll >= 0).sum()), "ops_unmatched": 0, "p2p_noops": 0}
     meta = {"source_format": "oplevel", "sources": [], "world_size": p * dp, "devices": {},
+            "collectives": colls,
             "accounting": {"relayout": {"events_read": 0, "kept": counts,
                                         "dropped": {}}},
             "oplevel": {"ranks": [{"rank": s * dp + d, "dp_rank": d, "stage": s}
