@@ -1,27 +1,40 @@
 """A real what-if check: predict a DDP run with other gradient buckets from a captured one.
 
-Captures a small 2-process CPU DDP job (examples/capture_ddp.py, gloo) with two settings —
-the base (one large bucket, ``--base-mb``) and the target (small buckets, ``--target-mb``) —
-several times each, interleaved, then predicts the target's step time from each base trace
-with the replay engine and the overlap what-if policy (``overlap.bucket_mb`` =
-``--target-mb``), and prints measured vs predicted with the error (issue target: within 10%).
+Captures a small 2-process CPU DDP job (examples/capture_ddp.py, gloo) with two bucket sizes
+(``--base-mb`` and ``--target-mb``, DDP's ``bucket_cap_mb`` in MiB), ``--repeats`` times each,
+interleaved (base, target, base, target, ...) so that a change in the machine's load hits
+both settings alike. Then, in both directions, it predicts one setting's step time from each
+trace of the other with ``replay.whatif`` and the overlap policy (``overlap.bucket_mb``),
+and prints one table (issue #5 item 9, target: within 10%):
 
-When the bucket policy cannot be applied (missing, or it refuses measured traces: today
-``overlap.bucket_mb`` re-buckets only synthesized runs, whose per-layer gradient sizes it
-knows) the prediction falls back to the identity replay of the base trace ("nothing
-changes") and the output says why and what that prediction lacks.
+    direction   measured from  measured to  predicted to  error  spread to  spread pred
 
-Run-to-run noise is printed next to the error (the spread between repeats of one setting);
-on a 2-core machine shared with other work it can exceed the effect being predicted.
+* a capture's step time is the median over its recorded steps of the slowest rank's step
+  span; a setting's measured figure is the median over its captures;
+* ``predicted to`` is the median of the predictions from every capture of the other
+  setting; ``error`` = predicted / measured - 1;
+* ``spread`` = (max - min) / median over the captures of one setting (measured) or over the
+  predictions (pred): run-to-run noise. An error smaller than the spread cannot be told
+  apart from noise.
+
+The model (replay/policies/bucketing.py, CPU path): parameters are re-bucketed one by one
+with DDP's size rule in the order their gradients became ready (the reducer's ``mul_out``
+ranges), each new bucket is issued when its last gradient is ready and waited for before
+its first parameter is copied back; transfer times come from an alpha-beta fit of the
+trace's own all-reduces with the CPU interference removed; the replay shares each rank's
+CPU between its training thread and the gloo thread (the engine's contention path). The
+interference is derived from the capture machine: ``--threads`` compute threads plus one
+gloo thread on ``cores / 2`` cores per rank (``overlap.interference``; printed).
 
 Usage::
 
-    python bench/whatif_real.py [--repeats 2] [--hidden 1024] [--layers 6] [--keep DIR]
+    python bench/whatif_real.py [--repeats 3] [--base-mb 100] [--target-mb 1] [--keep DIR]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import statistics
 import subprocess
@@ -39,18 +52,22 @@ from collectors.errors import RetimeError  # noqa: E402
 from collectors.ingest import read  # noqa: E402
 from collectors.trace import Trace  # noqa: E402
 from replay.engine import replay  # noqa: E402
+from replay.whatif import whatif  # noqa: E402
 
 EXAMPLE = ROOT / "examples" / "capture_ddp.py"
+NPROCS = 2
 
 
-def capture(out: Path, bucket_mb: float, args: argparse.Namespace) -> float:
+def capture(out: Path, bucket_mib: float, args: argparse.Namespace) -> float:
     """Run the DDP example once with capture; return its wall time in seconds."""
     cmd = [sys.executable, str(EXAMPLE), "--trace-dir", str(out), "--steps",
-           str(args.active + 3), "--wait", "1", "--warmup", "1", "--active", str(args.active),
+           str(args.active + 3), "--wait", "1", "--warmup", "2", "--active", str(args.active),
            "--hidden", str(args.hidden), "--layers", str(args.layers), "--batch",
-           str(args.batch), "--bucket-cap-mb", str(bucket_mb)]
+           str(args.batch), "--bucket-cap-mb", str(bucket_mib), "--threads", str(args.threads)]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env)
     if proc.returncode != 0:
         raise SystemExit(f"capture failed ({' '.join(cmd)}):\n{proc.stderr[-3000:]}")
     return time.perf_counter() - t0
@@ -77,128 +94,123 @@ def step_ms(trace: Trace, start_ns: np.ndarray, end_ns: np.ndarray) -> float:
     return float(np.median(spans)) / 1e6 if spans else float("nan")
 
 
-def per_step_ms(trace: Trace) -> tuple[float, float]:
-    """(measured, identity-replayed) median step time in ms."""
-    res = replay(trace)
+def measured_ms(trace: Trace) -> float:
     o = trace.ops
     s = o["start_ns"].to_numpy()
-    return step_ms(trace, s, s + o["dur_ns"].to_numpy()), step_ms(trace, res.start_ns, res.end_ns)
+    return step_ms(trace, s, s + o["dur_ns"].to_numpy())
 
 
-def allreduce_stats(trace: Trace) -> tuple[int, float]:
-    """(all-reduce instances, mean bytes) from the matched collectives of rank 0."""
+def buckets_per_step(trace: Trace) -> float:
+    """Gradient all-reduces per rank and step."""
     o = trace.ops
-    sel = (o["coll_id"].to_numpy() >= 0) & (o["rank"].to_numpy() == 0)
-    n = int(np.unique(o["coll_id"].to_numpy()[sel]).size)
-    b = o["bytes"].to_numpy()[sel]
-    return n, float(b.mean()) if len(b) else 0.0
+    ar = (o["kind"].to_numpy() == 3) & (o["bytes"].to_numpy() > 0)
+    keys = o.loc[ar, ["rank", "step"]].drop_duplicates()
+    return float(ar.sum() / max(len(keys), 1))
 
 
-def predict_ms(trace: Trace, bucket_mib: float) -> tuple[float, str, str | None]:
-    """Predicted median step ms with DDP buckets of ``bucket_mib`` MiB, from ``trace``.
+def cpu_interference(threads: int) -> float:
+    """``overlap.interference`` (fraction of ideal overlap) of the capture machine.
 
-    DDP's ``bucket_cap_mb`` counts MiB; the policy's ``overlap.bucket_mb`` counts 10^6
-    bytes, so the size is converted. Returns (ms, how, refusal): ``refusal`` is the reason
-    the bucket policy could not be applied (then the prediction is the identity replay).
+    Each rank keeps ``threads`` compute threads busy; a gloo all-reduce adds one more
+    thread. With ``c`` cores per rank (``cores / ranks``), while both run every thread
+    gets ``c / (threads + 1)`` of a core (fair sharing), so compute and communication each
+    progress at ``min(1, c / (threads + 1))``; the engine's interference ``i`` with
+    ``1 / (1 + i)`` equal to that rate is ``overlap.interference = 1 - i``.
     """
-    try:
-        from replay.whatif import whatif
-    except ImportError as exc:  # a checkout without the what-if layer
-        ms = per_step_ms(trace)[1]
-        return ms, "identity replay", f"replay.whatif is missing ({exc})"
-    try:
-        res = whatif(trace, {"overlap.mode": "async",
-                             "overlap.bucket_mb": bucket_mib * 2**20 / 1e6})
-    except RetimeError as exc:
-        return per_step_ms(trace)[1], "identity replay", str(exc)
-    sc = res.meta.get("scenario") or [{}]
-    info = ", ".join(f"{k} {v}" for k, v in sc[-1].items() if k.startswith("buckets_"))
-    return step_ms(res.trace, res.start_ns, res.end_ns), f"whatif overlap.bucket_mb; {info}", None
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    c = max(cores or 1, 1) / NPROCS
+    rate = min(1.0, c / (threads + 1))
+    return float(min(1.0, max(0.0, 2.0 - 1.0 / rate)))
 
 
-def _predictions(label: str, traces: list[Trace], bucket_mib: float, truth_ms: float,
-                 refusals: set[str]) -> list[float]:
-    errs = []
-    for i, t in enumerate(traces):
-        pred, how, refusal = predict_ms(t, bucket_mib)
-        ident = per_step_ms(t)[1]
-        if refusal:
-            refusals.add(refusal)
-        err = (pred - truth_ms) / truth_ms
-        errs.append(abs(err))
-        print(f"  {label} run {i}: predicted {pred:8.2f} ms/step (identity {ident:8.2f}), "
-              f"error {err:+.1%} vs measured mean {truth_ms:.2f}  [{how}]")
-    return errs
+def predict_ms(trace: Trace, bucket_mib: float, interference: float) -> tuple[float, dict]:
+    """Predicted step ms with DDP buckets of ``bucket_mib`` MiB (``bucket_cap_mb`` counts
+    MiB; ``overlap.bucket_mb`` counts 10^6 bytes)."""
+    res = whatif(trace, {"overlap.mode": "async", "overlap.bucket_mb": bucket_mib * 2**20 / 1e6,
+                         "overlap.interference": interference})
+    sc = (res.meta.get("scenario") or [{}])[-1]
+    return step_ms(res.trace, res.start_ns, res.end_ns), sc
+
+
+def _spread(v: list[float]) -> float:
+    return (max(v) - min(v)) / statistics.median(v) if len(v) > 1 else float("nan")
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--base-mb", type=float, default=100.0, help="base DDP bucket_cap_mb (MiB)")
-    p.add_argument("--target-mb", type=float, default=1.0, help="target DDP bucket_cap_mb (MiB)")
-    p.add_argument("--repeats", type=int, default=2, help="captures per setting (interleaved)")
-    p.add_argument("--active", type=int, default=5, help="recorded steps per capture")
+    p.add_argument("--base-mb", type=float, default=100.0, help="first DDP bucket_cap_mb (MiB)")
+    p.add_argument("--target-mb", type=float, default=1.0, help="second DDP bucket_cap_mb (MiB)")
+    p.add_argument("--repeats", type=int, default=3, help="captures per setting (interleaved)")
+    p.add_argument("--active", type=int, default=6, help="recorded steps per capture")
     p.add_argument("--hidden", type=int, default=1024)
     p.add_argument("--layers", type=int, default=6)
     p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--threads", type=int, default=1, help="intra-op threads per rank")
+    p.add_argument("--interference", type=float, default=None,
+                   help="overlap.interference to predict with (default: from the machine's "
+                        "cores, see cpu_interference)")
     p.add_argument("--keep", type=Path, default=None, help="keep the traces in this folder")
     p.add_argument("--reuse", action="store_true",
                    help="with --keep: analyse traces already there instead of capturing again")
     args = p.parse_args(argv)
 
     work = args.keep or Path(tempfile.mkdtemp(prefix="retime-whatif-"))
-    settings = {"base": args.base_mb, "target": args.target_mb}
-    measured: dict[str, list[float]] = {k: [] for k in settings}
+    settings = {"A": args.base_mb, "B": args.target_mb}
+    meas: dict[str, list[float]] = {k: [] for k in settings}
     traces: dict[str, list[Trace]] = {k: [] for k in settings}
     n_params = args.layers * (args.hidden * args.hidden + args.hidden) + args.hidden + 1
+    f = args.interference if args.interference is not None else cpu_interference(args.threads)
     print(f"model: {args.layers} x Linear({args.hidden}, {args.hidden}) + head, "
-          f"{n_params * 4 / 2**20:.1f} MiB of fp32 gradients; 2 ranks, gloo, CPU; "
-          f"{args.active} recorded steps per capture")
+          f"{n_params * 4 / 2**20:.1f} MiB of fp32 gradients; {NPROCS} ranks, gloo, CPU, "
+          f"{args.threads} intra-op thread(s) per rank, {os.cpu_count()} cores; "
+          f"{args.active} recorded steps per capture; overlap.interference = {f:g}")
     for rep in range(args.repeats):
         for name, mb in settings.items():
-            out = work / f"{name}-{rep}"
-            if args.reuse and out.is_dir():
-                wall = float("nan")
-            else:
+            out = work / f"{name}-{mb:g}MiB-{rep}"
+            wall = float("nan")
+            if not (args.reuse and out.is_dir()):
                 if out.exists():
                     shutil.rmtree(out)
                 wall = capture(out, mb, args)
             t = read(out)
-            meas, ident = per_step_ms(t)
-            n_ar, mean_b = allreduce_stats(t)
-            measured[name].append(meas)
+            replay(t)  # the identity replay must run (graph check) before predicting
+            meas[name].append(measured_ms(t))
             traces[name].append(t)
-            print(f"  captured {name:6s} bucket {mb:g} MiB, run {rep}: {meas:8.2f} ms/step "
-                  f"(identity replay {ident:8.2f}; median of steps), {n_ar} all-reduces of {mean_b / 2**20:.2f} "
-                  f"MiB mean in the window, capture wall {wall:.1f} s")
+            load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+            print(f"  captured bucket {mb:g} MiB, run {rep}: {meas[name][-1]:8.2f} ms/step, "
+                  f"{buckets_per_step(t):.0f} buckets per step, wall {wall:.1f} s, "
+                  f"load {load:.1f}", flush=True)
 
-    m_base = statistics.mean(measured["base"])
-    m_tgt = statistics.mean(measured["target"])
-    noise = {k: (max(v) - min(v)) / statistics.mean(v) if len(v) > 1 else float("nan")
-             for k, v in measured.items()}
-    print(f"\nmeasured base   (bucket {args.base_mb:g} MiB): {m_base:8.2f} ms/step "
-          f"(runs {', '.join(f'{x:.2f}' for x in measured['base'])}; spread {noise['base']:.1%})")
-    print(f"measured target (bucket {args.target_mb:g} MiB): {m_tgt:8.2f} ms/step "
-          f"(runs {', '.join(f'{x:.2f}' for x in measured['target'])}; spread {noise['target']:.1%})")
-    print(f"measured change target/base: {m_tgt / m_base:.3f}x")
-    refusals: set[str] = set()
-    print(f"\npredict target (bucket {args.target_mb:g} MiB) from each base trace:")
-    errs = _predictions("base", traces["base"], args.target_mb, m_tgt, refusals)
-    print(f"predict base (bucket {args.base_mb:g} MiB) from each target trace (reverse check):")
-    rev = _predictions("target", traces["target"], args.base_mb, m_base, refusals)
-    print(f"\nmean |error| target from base {statistics.mean(errs):.1%}, base from target "
-          f"{statistics.mean(rev):.1%} (target: within 10%); run-to-run spread of the "
-          f"measurements {max(noise.values()):.1%}")
-    for r in sorted(refusals):
-        print(f"NOTE: the bucket what-if was not applied: {r}")
-    if refusals:
-        print("So those predictions are the identity replay of the input trace ('nothing "
-              "changes'): they lack the re-bucketing of the gradient all-reduce.")
-    print("NOTE: what the prediction models: each gloo:all_reduce is tied to the c10d call "
-          "that issued it and to the training-thread op that waited for it (when the thread "
-          "was visibly idle until it ended); re-bucketing re-sizes and re-times the all-reduces "
-          "on the trace's own alpha-beta fit. Not modeled: CPU contention between gloo threads "
-          "and compute on a small machine (the run-to-run spread above bounds what any "
-          "prediction can match on a loaded machine).")
+    rows = []
+    for src, dst in (("A", "B"), ("B", "A")):
+        preds, info = [], {}
+        for t in traces[src]:
+            try:
+                ms, info = predict_ms(t, settings[dst], f)
+            except RetimeError as exc:
+                raise SystemExit(f"the what-if refused a trace: {exc}") from exc
+            preds.append(ms)
+        m_src, m_dst = statistics.median(meas[src]), statistics.median(meas[dst])
+        pred = statistics.median(preds)
+        rows.append((f"{settings[src]:g} -> {settings[dst]:g} MiB", m_src, m_dst, pred,
+                     pred / m_dst - 1, _spread(meas[dst]), _spread(preds), info))
+    print(f"\nstep time (ms, medians of {args.repeats} captures each; spread = "
+          "(max - min) / median)")
+    hdr = (f"{'direction':>18} {'measured from':>13} {'measured to':>11} {'predicted to':>12} "
+           f"{'error':>7} {'spread to':>9} {'spread pred':>11}  model")
+    print(hdr)
+    print("-" * len(hdr))
+    for d, a, b, pr, err, sp, spp, info in rows:
+        desc = (f"buckets {info.get('buckets_before')} -> {info.get('buckets_after')} "
+                f"(all ranks, steps)")
+        print(f"{d:>18} {a:13.2f} {b:11.2f} {pr:12.2f} {err:+7.1%} {sp:9.1%} {spp:11.1%}  "
+              f"{desc}")
+    change = statistics.median(meas["B"]) / statistics.median(meas["A"])
+    print(f"\nmeasured change {settings['B']:g} MiB / {settings['A']:g} MiB: {change:.3f}x; "
+          f"spread of the measurements: {settings['A']:g} MiB {_spread(meas['A']):.1%}, "
+          f"{settings['B']:g} MiB {_spread(meas['B']):.1%}")
+    print("target: |error| within 10% in both directions (meaningful only where the "
+          "spread is smaller than that)")
     if args.keep is None:
         print(f"(traces in {work}; pass --keep DIR to choose where)")
     return 0

@@ -3,8 +3,14 @@ synthesizer's ground truth (the same job synthesized with that bucket size)."""
 
 from __future__ import annotations
 
+import importlib.util
+import os
+import subprocess
+import sys
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
 import pytest
 
 from collectors.errors import PolicyError
@@ -75,3 +81,71 @@ def test_rebucketing_a_real_nccl_trace_keeps_its_gradient_bytes(mb):
                          & (t.ops["bytes"] > 0)]
     assert ar(r.trace)["bytes"].sum() == ar(tr)["bytes"].sum()
     assert r.step_time_ns > 0.5 * replay(tr).step_time_ns
+
+
+# -- a real captured gloo DDP trace (CPU): the parameter-level model -----------------------
+HAS_TORCH = importlib.util.find_spec("torch") is not None
+ROOT = Path(__file__).resolve().parents[1]
+W_BYTES = 512 * 512 * 4 + 512 * 4  # one Linear(512, 512): weight + bias, fp32
+
+
+@pytest.fixture(scope="module")
+def gloo_ddp(tmp_path_factory):
+    """4 x Linear(512, 512) + head trained with DDP on gloo, buckets of 0.5 MiB (so one
+    bucket per layer: 4 per step), captured for 3 steps."""
+    out = tmp_path_factory.mktemp("gloo") / "ddp"
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    cmd = [sys.executable, str(ROOT / "examples" / "capture_ddp.py"), "--trace-dir", str(out),
+           "--steps", "5", "--wait", "1", "--warmup", "1", "--active", "3", "--hidden", "512",
+           "--layers", "4", "--batch", "32", "--bucket-cap-mb", "0.5"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return read(out)
+
+
+def _buckets(t: Trace) -> pd.Series:
+    o = t.ops
+    ar = o[(o["kind"] == 3) & (o["comm_op"] == 1) & (o["bytes"] > 0)]
+    return ar.sort_values("start_ns").groupby(["rank", "step"])["bytes"].apply(list)
+
+
+def _mib(x: float) -> float:  # DDP's bucket_cap_mb (MiB) as overlap.bucket_mb (10^6 B)
+    return x * 2**20 / 1e6
+
+
+@pytest.mark.torch
+@pytest.mark.skipif(not HAS_TORCH, reason="needs torch (retime[torch])")
+def test_gloo_ddp_rebucketing_follows_ddps_rule_parameter_by_parameter(gloo_ddp):
+    measured = _buckets(gloo_ddp)
+    total = 4 * W_BYTES + 512 * 4 + 4
+    assert all(sum(b) == total and len(b) == 4 for b in measured)
+    # the capture's own cap gives back its buckets (sizes from the copy times: within 2%)
+    same = whatif(gloo_ddp, {"overlap.bucket_mb": _mib(0.5)})
+    assert same.meta["scenario"][0]["buckets_after"] == 4 * len(measured)
+    for got, want in zip(_buckets(same.trace), measured, strict=True):
+        assert sum(got) == total
+        assert np.allclose(sorted(got), sorted(want), rtol=0.02)
+    # 1.5 MiB: a bucket closes at the second layer (2.1 MB >= 1.57 MB): 2 per step
+    two = _buckets(whatif(gloo_ddp, {"overlap.bucket_mb": _mib(1.5)}).trace)
+    assert all(len(b) == 2 and np.allclose(b, [total / 2] * 2, rtol=0.02) for b in two)
+    one = whatif(gloo_ddp, {"overlap.bucket_mb": _mib(100)})
+    assert all(b == [total] for b in _buckets(one.trace))
+    sc = one.meta["scenario"][0]
+    assert sc["interference"] == 0.0  # one core per rank: the CPU is time-shared
+
+
+@pytest.mark.torch
+@pytest.mark.skipif(not HAS_TORCH, reason="needs torch (retime[torch])")
+def test_gloo_ddp_contention_model_is_consistent_with_the_measurement(gloo_ddp):
+    """Removing the measured interference and replaying with it reproduces the step."""
+    ident = replay(gloo_ddp).step_time_ns
+    same = whatif(gloo_ddp, {"overlap.bucket_mb": _mib(0.5)})
+    assert same.step_time_ns == pytest.approx(ident, rel=0.1)
+    assert same.meta["contention"]["interference"] == 1.0
+    free = whatif(gloo_ddp, {"overlap.bucket_mb": _mib(0.5), "overlap.interference": 1.0})
+    assert free.meta["contention"]["interference"] == 0.0
+    from replay.policies.bucketing import rebucket_cpu
+    *_, info, cpu = rebucket_cpu(gloo_ddp, _mib(0.5), 1.0)
+    assert info["busbw_gbps"] > 0 and info["alpha_ns"] >= 0
+    # training-thread work never exceeds what was measured (the interference only adds)
+    assert np.all(cpu.work_ns[cpu.compute] >= 0)
