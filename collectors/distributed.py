@@ -1,38 +1,142 @@
-"""Multi-rank ingest on a Dask cluster: one task per rank file, merged here.
+"""Multi-rank ingest on a Dask cluster: one task per rank file.
 
-``read_distributed(paths, scheduler)`` expands the inputs like ``retime ingest`` does, parses
-each Kineto file on a Dask worker (:func:`collectors.kineto.parse_kineto_file`; a
-``RankPart`` of numpy arrays comes back, far smaller than the JSON), and merges the parts in
-this process with :func:`collectors.kineto_merge.merge_parts` (global ids, process groups,
-cross-rank collective matching need every rank at once). The result is the same Trace a
-local ``read(paths)`` gives.
+Two entry points:
 
-The workers open the files by the paths given here, made absolute: on a multi-machine
-cluster the traces must sit on a filesystem every worker mounts at the same path.
-Only Kineto inputs (one file per rank) are parsed remotely; nsys exports and op-level
-folders are read locally (``retime ingest`` without ``--scheduler``).
+``ingest_distributed(paths, scheduler, output)`` (what ``retime ingest --scheduler`` runs)
+    writes a rank-partitioned store (:mod:`collectors.store`) without gathering the trace:
+
+    1. each worker parses its file (:func:`collectors.kineto.parse_kineto_file`) and keeps
+       the ``RankPart``; only a *skeleton* comes back here: the part's collective and p2p
+       ops (the ones cross-rank matching needs), its lanes, names and metadata;
+    2. this process merges the skeletons with :func:`collectors.kineto_merge.merge_parts`
+       (process groups, collective matching, string table, lanes, meta exactly as a local
+       ingest computes them: they depend on those ops only) and derives each rank's plan:
+       global op and lane offsets, name-id map, the ``coll_id``/``group_id`` of its
+       collective ops;
+    3. each worker writes its own ranks' ``ops``/``edges``/``ranges``/``memory`` files into
+       the store's temporary directory; this process writes the small tables and
+       ``meta.json`` and renames the directory into place once every rank is written (an
+       error or Ctrl-C leaves no store behind).
+
+    ``read_trace`` of the result equals the Trace a local ingest gives.
+
+``read_distributed(paths, scheduler)``
+    parses on the workers and merges the full parts here into one in-memory Trace.
+
+The workers open and write files by the paths given here, made absolute: on a
+multi-machine cluster the traces and the output must sit on a filesystem every worker
+mounts at the same path. Only Kineto inputs (one file per rank) are parsed remotely; nsys
+exports and op-level folders are read locally (``retime ingest`` without ``--scheduler``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import pyarrow as pa
+
 from .errors import TraceFormatError
 from .ingest import detect_format, expand_inputs
-from .kineto import kineto_files, parse_kineto_file
+from .kineto import RankPart, kineto_files, parse_kineto_file
 from .kineto_merge import merge_parts
 from .progress import progress_bar
-from .trace import Trace
+from .store import commit_store, new_store_dir, write_rank_tables
+from .trace import (
+    EDGES_SCHEMA,
+    MEMORY_SCHEMA,
+    OPS_SCHEMA,
+    RANGES_SCHEMA,
+    SCHEMA_VERSION,
+    Trace,
+    _frame,
+    groups_table,
+    strings_table,
+    write_meta,
+    write_parquet,
+)
 
-__all__ = ["read_distributed"]
+__all__ = ["read_distributed", "ingest_distributed"]
+
+
+def _kineto_inputs(paths: Any, format: str) -> tuple[list[str], dict[str, str]]:
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    ps = expand_inputs(list(paths))
+    if format not in ("auto", "kineto"):
+        raise TraceFormatError(f"--scheduler parses Kineto traces only, not {format!r}; "
+                               "ingest other formats without --scheduler")
+    if format == "auto":
+        found = {detect_format(p) for p in ps} - {"execution_trace"}
+        if found - {"kineto"}:
+            raise TraceFormatError(
+                f"--scheduler parses Kineto traces (one file per rank) only; these inputs are "
+                f"{sorted(found)}: ingest them without --scheduler")
+    files, skipped = kineto_files([Path(p).resolve() for p in ps])
+    return [str(f) for f in files], skipped
+
+
+@contextmanager
+def _client(scheduler: Any) -> Iterator[Any]:
+    try:
+        from distributed import Client
+    except ImportError as exc:  # pragma: no cover - the [dask] extra
+        raise TraceFormatError("ingest on a Dask cluster needs dask.distributed: "
+                               "pip install 'retime[dask]'") from exc
+    own = not isinstance(scheduler, Client)
+    try:
+        client = Client(scheduler, set_as_default=False) if own else scheduler
+    except OSError as exc:
+        raise TraceFormatError(f"cannot reach the Dask scheduler {scheduler!r} ({exc}); start "
+                               "one with `dask scheduler` or check the address") from exc
+    try:
+        yield client
+    finally:
+        if own:
+            client.close()
+
+
+def _gather(client: Any, futs: list[Any], what: str, progress: bool | None) -> list[Any]:
+    """Results of ``futs`` in order, with a progress bar; worker read errors get the
+    shared-filesystem hint; unfinished futures are cancelled on any exit."""
+    from distributed import as_completed
+
+    index = {f.key: i for i, f in enumerate(futs)}
+    out: list[Any] = [None] * len(futs)
+    try:
+        with progress_bar(len(futs), what, progress) as bar:
+            for f in as_completed(futs, loop=client.loop):
+                try:
+                    out[index[f.key]] = f.result()
+                except TraceFormatError as exc:
+                    if "cannot read" in str(exc):
+                        raise TraceFormatError(
+                            f"{exc} (on a Dask worker: the workers open the files by this "
+                            "path; put the traces on a filesystem every worker mounts at the "
+                            "same path)") from exc
+                    raise
+                bar.advance()
+    finally:
+        client.cancel([f for f in futs if not f.done()])
+    return out
+
+
+def _parse(client: Any, names: list[str]) -> list[Any]:
+    return client.map(parse_kineto_file, names, pure=False,
+                      key=[f"retime-parse-{i}-{os.getpid()}-{id(names)}"
+                           for i in range(len(names))])
 
 
 def read_distributed(paths: list[str | os.PathLike[str]] | str | os.PathLike[str],
                      scheduler: Any, *, format: str = "auto",
                      progress: bool | None = None) -> Trace:
-    """Parse rank files on a Dask cluster and merge them into one Trace.
+    """Parse rank files on a Dask cluster and merge them here into one Trace.
 
     Parameters
     ----------
@@ -47,51 +151,158 @@ def read_distributed(paths: list[str | os.PathLike[str]] | str | os.PathLike[str
         Bad inputs (as a local ingest would), a format other than Kineto, or a file a
         worker cannot read (with the shared-filesystem hint).
     """
-    if isinstance(paths, (str, os.PathLike)):
-        paths = [paths]
-    ps = expand_inputs(list(paths))
-    if format not in ("auto", "kineto"):
-        raise TraceFormatError(f"--scheduler parses Kineto traces only, not {format!r}; "
-                               "ingest other formats without --scheduler")
-    if format == "auto":
-        found = {detect_format(p) for p in ps} - {"execution_trace"}
-        if found - {"kineto"}:
-            raise TraceFormatError(
-                f"--scheduler parses Kineto traces (one file per rank) only; these inputs are "
-                f"{sorted(found)}: ingest them without --scheduler")
-    files, skipped = kineto_files([Path(p).resolve() for p in ps])
-    try:
-        from distributed import Client, as_completed
-    except ImportError as exc:  # pragma: no cover - the [dask] extra
-        raise TraceFormatError("ingest on a Dask cluster needs dask.distributed: "
-                               "pip install 'retime[dask]'") from exc
-    own = not isinstance(scheduler, Client)
-    try:
-        client = Client(scheduler, set_as_default=False) if own else scheduler
-    except OSError as exc:
-        raise TraceFormatError(f"cannot reach the Dask scheduler {scheduler!r} ({exc}); start "
-                               "one with `dask scheduler` or check the address") from exc
-    names = [str(f) for f in files]
-    futs = client.map(parse_kineto_file, names, pure=False,
-                      key=[f"retime-parse-{i}-{os.getpid()}" for i in range(len(names))])
-    index = {f.key: i for i, f in enumerate(futs)}
-    parts: list[Any] = [None] * len(futs)
-    try:
-        with progress_bar(len(futs), "parsing traces on the cluster", progress) as bar:
-            for f in as_completed(futs, loop=client.loop):
-                i = index[f.key]
-                try:
-                    parts[i] = f.result()
-                except TraceFormatError as exc:
-                    if "cannot read" in str(exc):
-                        raise TraceFormatError(
-                            f"{exc} (on a Dask worker: the workers open the files by this "
-                            "path; put the traces on a filesystem every worker mounts at the "
-                            "same path)") from exc
-                    raise
-                bar.advance()
-    finally:
-        client.cancel([f for f in futs if not f.done()])
-        if own:
-            client.close()
+    names, skipped = _kineto_inputs(paths, format)
+    with _client(scheduler) as client:
+        parts = _gather(client, _parse(client, names), "parsing traces on the cluster",
+                        progress)
     return merge_parts(parts, skipped)
+
+
+# ---------------------------------------------------------------- partitioned ingest
+def _flat(part: RankPart) -> list[RankPart]:
+    return part.export_rank_parts or [part]
+
+
+def _skeleton_one(p: RankPart) -> tuple[RankPart, int, np.ndarray]:
+    comm_op = np.asarray(p.comm["op"], dtype=np.int64)
+    ops = {k: np.asarray(v)[comm_op] for k, v in p.ops.items()}
+    comm = dict(p.comm)
+    comm["op"] = np.arange(len(comm_op), dtype=np.int64)
+    empty = lambda d: {k: np.asarray(v)[:0] for k, v in d.items()}  # noqa: E731
+    sk = dataclasses.replace(p, ops=ops, comm=comm, edges=empty(p.edges),
+                             ranges=empty(p.ranges), memory=empty(p.memory),
+                             export_rank_parts=[])
+    return sk, len(p.ops["start_ns"]), comm_op
+
+
+def _skeleton(part: RankPart) -> tuple[RankPart, list[int]]:
+    """On a worker: the part with only its collective/p2p ops (and each flat sub-part's op
+    count), enough for :func:`merge_parts` to match collectives and build the small tables."""
+    subs = [_skeleton_one(p) for p in _flat(part)]
+    if part.export_rank_parts:
+        sk = dataclasses.replace(part, export_rank_parts=[s[0] for s in subs])
+    else:
+        sk = subs[0][0]
+    return sk, [s[1] for s in subs]
+
+
+def _write_rank(part: RankPart, sub: int, plan: dict[str, Any], root: str) -> dict[str, int]:
+    """On a worker: write flat sub-part ``sub`` of ``part`` with global ids (``plan``) into
+    the store directory ``root``; the same columns :func:`merge_parts` builds."""
+    p = _flat(part)[sub]
+    op_off, lane_off, gmap = plan["op_off"], plan["lane_off"], plan["gmap"]
+    n = len(p.ops["start_ns"])
+    ops: dict[str, Any] = {"op_id": np.arange(op_off, op_off + n, dtype=np.int64)}
+    for k, v in p.ops.items():
+        if k == "lane":
+            v = v + lane_off
+        elif k == "name_id":
+            v = gmap[v] if len(v) else v
+        ops[k] = v
+    ops["rank"] = np.full(n, p.rank, np.int32)
+    comm_op = np.asarray(p.comm["op"], dtype=np.int64)
+    coll_id = np.full(n, -1, np.int64)
+    group_id = np.full(n, -1, np.int32)
+    coll_id[comm_op] = plan["coll_id"]
+    group_id[comm_op] = plan["group_id"]
+    ops["coll_id"], ops["group_id"] = coll_id, group_id
+    edges = {k: (v + op_off if k in ("src", "dst") else v) for k, v in p.edges.items()}
+    nr = len(p.ranges["start_ns"])
+    ranges = {"rank": np.full(nr, p.rank, np.int32), "lane": p.ranges["lane"] + lane_off,
+              "name_id": gmap[p.ranges["name_id"]] if nr else p.ranges["name_id"],
+              **{k: p.ranges[k] for k in ("start_ns", "end_ns", "depth")}}
+    nm = len(p.memory["ts_ns"])
+    memory = {"rank": np.full(nm, p.rank, np.int32),
+              **{k: p.memory[k] for k in ("device", "ts_ns", "bytes_delta", "allocated_bytes",
+                                          "reserved_bytes")}}
+    return write_rank_tables(root, p.rank, {
+        "ops": _frame(OPS_SCHEMA, ops, "ops", n=n), "edges": _frame(EDGES_SCHEMA, edges, "edges"),
+        "ranges": _frame(RANGES_SCHEMA, ranges, "ranges"),
+        "memory": _frame(MEMORY_SCHEMA, memory, "memory")})
+
+
+def _plans(skel: Trace, skeletons: list[tuple[RankPart, list[int]]]) -> list[tuple[int, int, dict]]:
+    """Per flat sub-part (part index, sub index, plan), from the merged skeleton trace."""
+    subs = []
+    for i, (sk, counts) in enumerate(skeletons):
+        for j, (p, n) in enumerate(zip(_flat(sk), counts, strict=True)):
+            subs.append((p.rank, i, j, p, n))
+    subs.sort(key=lambda x: x[0])  # merge_parts orders ranks the same way
+    sid = {s: k for k, s in enumerate(skel.strings)}
+    coll = skel.ops["coll_id"].to_numpy()
+    grp = skel.ops["group_id"].to_numpy()
+    out = []
+    op_off = lane_off = sk_off = 0
+    for _rank, i, j, p, n in subs:
+        k = len(p.comm["op"])
+        out.append((i, j, {"op_off": op_off, "lane_off": lane_off,
+                           "gmap": np.array([sid[s] for s in p.strings], dtype=np.int32),
+                           "coll_id": coll[sk_off:sk_off + k].copy(),
+                           "group_id": grp[sk_off:sk_off + k].copy()}))
+        op_off += n
+        lane_off += len(p.lanes)
+        sk_off += k
+    return out
+
+
+def ingest_distributed(paths: list[str | os.PathLike[str]] | str | os.PathLike[str],
+                       scheduler: Any, output: str | os.PathLike[str], *,
+                       format: str = "auto", progress: bool | None = None) -> dict[str, Any]:
+    """Parse rank files on a Dask cluster; each worker writes its ranks' partitions of a
+    rank-partitioned store at ``output`` (see the module docstring).
+
+    Parameters
+    ----------
+    paths : Kineto file(s) and/or folder(s) of them (one file per rank)
+    scheduler : a Dask scheduler address (``"tcp://host:8786"``) or a ``distributed.Client``
+    output : the ``NAME.retime`` directory (replaced if it exists); it must be on a
+        filesystem the workers see at the same path
+    format : ``"auto"`` or ``"kineto"``
+    progress : progress bars on stderr (default: when stderr is a terminal)
+
+    Returns
+    -------
+    dict with ``meta`` (as :func:`read_trace` returns it), ``ranks``, ``world_size``,
+    ``ops``, ``edges``, ``ranges`` (row counts) and ``output``.
+    """
+    names, skipped = _kineto_inputs(paths, format)
+    output = Path(output).resolve()
+    with _client(scheduler) as client:
+        parts = _parse(client, names)
+        try:
+            skels = _gather(client, client.map(_skeleton, parts, pure=False),
+                            "parsing traces on the cluster", progress)
+            skel = merge_parts([s[0] for s in skels], skipped)
+            tmp = new_store_dir(output)
+            try:
+                plans = _plans(skel, skels)
+                futs = [client.submit(_write_rank, parts[i], j, plan, str(tmp), pure=False)
+                        for i, j, plan in plans]
+                rows = _gather(client, futs, "writing ranks on the cluster", progress)
+                partitions: dict[str, dict[str, int]] = {}
+                ranks = [_flat_rank(skels, i, j) for i, j, _ in plans]
+                for r, rw in zip(ranks, rows, strict=True):
+                    for name, nrow in rw.items():
+                        if nrow:
+                            partitions.setdefault(name, {})[str(r)] = int(nrow)
+                write_parquet(pa.Table.from_pandas(skel.lanes, preserve_index=False),
+                              tmp / "lanes.parquet")
+                write_parquet(groups_table(skel.groups), tmp / "groups.parquet")
+                write_parquet(strings_table(skel.strings), tmp / "strings.parquet")
+                meta = {**skel.meta, "schema_version": SCHEMA_VERSION, "layout": "rank",
+                        "partitions": partitions}
+                write_meta(tmp, meta)
+                commit_store(tmp, output)
+            except BaseException:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
+        finally:
+            client.cancel(parts)
+    tot = {name: sum(partitions.get(name, {}).values()) for name in ("ops", "edges", "ranges")}
+    out_meta = {k: v for k, v in meta.items() if k not in ("layout", "partitions")}
+    return {"meta": out_meta, "ranks": [int(r) for r in skel.ranks],
+            "world_size": skel.world_size, **tot, "output": str(output)}
+
+
+def _flat_rank(skels: list[tuple[RankPart, list[int]]], i: int, j: int) -> int:
+    return _flat(skels[i][0])[j].rank

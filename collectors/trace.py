@@ -16,8 +16,11 @@ pandas extension dtypes) so that the replay kernels get contiguous arrays with z
 on disk every table is a Parquet file written by pyarrow.  A trace directory
 ``NAME.retime/`` holds ``ops.parquet``, ``lanes.parquet``, ``edges.parquet``,
 ``ranges.parquet``, ``groups.parquet``, ``memory.parquet``, ``strings.parquet`` and
-``meta.json``.  It is written to a temporary sibling directory and renamed into place, so
-an interrupted save never leaves a directory that looks complete.
+``meta.json`` (``layout: "single"``).  A store of many ranks can instead be partitioned by
+rank (``layout: "rank"``, :mod:`collectors.store`): the per-rank tables become one file per
+rank, so workers write their own ranks and scans read only the ranks they need.  Either way
+it is written to a temporary sibling directory and renamed into place, so an interrupted
+save never leaves a directory that looks complete.
 """
 
 from __future__ import annotations
@@ -25,7 +28,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,10 +51,14 @@ __all__ = [
     "Trace",
     "StringTable",
     "read_trace",
+    "read_meta",
     "empty_accounting",
 ]
 
-SCHEMA_VERSION = 1
+#: version 2 adds ``layout`` ("single" or "rank") to ``meta.json``; version-1 stores are
+#: single-file stores and still read
+SCHEMA_VERSION = 2
+READ_VERSIONS = (1, 2)
 
 #: column -> (numpy dtype, default value used when a collector does not know it)
 OPS_SCHEMA: dict[str, tuple[str, Any]] = {
@@ -116,6 +122,8 @@ MEMORY_SCHEMA: dict[str, tuple[str, Any]] = {
 }
 
 _TABLES = ("ops", "lanes", "edges", "ranges", "groups", "memory", "strings")
+#: tables a rank-partitioned store keeps whole (small: one row per lane, group, name)
+_WHOLE_TABLES = ("lanes", "groups", "strings")
 
 
 def empty_accounting() -> dict[str, Any]:
@@ -361,50 +369,76 @@ class Trace:
             raise TraceValidationError("invalid trace: " + "; ".join(problems))
 
     # ------------------------------------------------------------------ storage
-    def save(self, path: str | os.PathLike[str], *, overwrite: bool = True) -> Path:
-        """Write ``path`` (a ``NAME.retime`` directory) atomically; return the path."""
+    def save(self, path: str | os.PathLike[str], *, overwrite: bool = True,
+             layout: str = "single") -> Path:
+        """Write ``path`` (a ``NAME.retime`` directory) atomically; return the path.
+
+        ``layout="single"`` writes one Parquet file per table; ``layout="rank"`` writes the
+        per-rank tables (ops, edges, ranges, memory) as one file per rank under
+        ``TABLE/rank=N/part-0.parquet`` (see :mod:`collectors.store`), which
+        :func:`read_trace` reads back into the same Trace and the scans of
+        :mod:`collectors.store` read rank by rank.
+        """
+        from .store import LAYOUTS, commit_store, new_store_dir, write_partitions
+
+        if layout not in LAYOUTS:
+            raise TraceFormatError(f"layout {layout!r} is not known; choose one of {LAYOUTS}")
         path = Path(path)
         if path.exists() and not overwrite:
             raise TraceFormatError(f"{path} exists; pass overwrite=True or choose another name")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
-        um = os.umask(0)
-        os.umask(um)
-        os.chmod(tmp, 0o777 & ~um)  # mkdtemp makes 0700; a store is an ordinary directory
+        tmp = new_store_dir(path)
         try:
-            for name in _TABLES:
-                if name == "strings":
-                    tbl = pa.table({"name_id": pa.array(np.arange(len(self.strings), dtype=np.int32)),
-                                    "name": pa.array(self.strings, type=pa.string())})
-                elif name == "groups":
-                    g = self.groups
-                    tbl = pa.table({
-                        "group_id": pa.array(g["group_id"].to_numpy(dtype=np.int32)),
-                        "name": pa.array([str(x) for x in g["name"]], type=pa.string()),
-                        "ranks": pa.array([list(map(int, x)) for x in g["ranks"]],
-                                          type=pa.list_(pa.int32())),
-                    })
-                else:
-                    df = getattr(self, name)
-                    tbl = pa.Table.from_pandas(df, preserve_index=False)
-                pq.write_table(tbl, tmp / f"{name}.parquet", compression="zstd")
-            with open(tmp / "meta.json", "w", encoding="utf-8") as fh:
-                json.dump(_jsonable(self.meta), fh, indent=1, sort_keys=True)
-            if path.exists():
-                shutil.rmtree(path)
-            os.replace(tmp, path)
+            meta = dict(self.meta)
+            meta["schema_version"] = SCHEMA_VERSION
+            meta["layout"] = layout
+            whole = _TABLES if layout == "single" else _WHOLE_TABLES
+            for name in whole:
+                write_parquet(_arrow_table(self, name), tmp / f"{name}.parquet")
+            if layout == "rank":
+                meta["partitions"] = write_partitions(tmp, self)
+            write_meta(tmp, meta)
+            commit_store(tmp, path)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         return path
 
 
-def read_trace(path: str | os.PathLike[str], *, columns: list[str] | None = None) -> Trace:
-    """Load a ``NAME.retime`` directory written by :meth:`Trace.save`.
+def _arrow_table(trace: Trace, name: str) -> pa.Table:
+    """One table of ``trace`` as the Arrow table stored for it."""
+    if name == "strings":
+        return strings_table(trace.strings)
+    if name == "groups":
+        return groups_table(trace.groups)
+    return pa.Table.from_pandas(getattr(trace, name), preserve_index=False)
 
-    ``columns`` restricts the ``ops`` columns read (missing ones get their defaults).
-    """
-    path = Path(path)
+
+def strings_table(strings: list[str]) -> pa.Table:
+    return pa.table({"name_id": pa.array(np.arange(len(strings), dtype=np.int32)),
+                     "name": pa.array(strings, type=pa.string())})
+
+
+def groups_table(g: pd.DataFrame) -> pa.Table:
+    return pa.table({
+        "group_id": pa.array(g["group_id"].to_numpy(dtype=np.int32)),
+        "name": pa.array([str(x) for x in g["name"]], type=pa.string()),
+        "ranks": pa.array([list(map(int, x)) for x in g["ranks"]], type=pa.list_(pa.int32())),
+    })
+
+
+def write_parquet(tbl: pa.Table, f: Path) -> None:
+    """Write one table of a store (zstd, the store's one compression)."""
+    f.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(tbl, f, compression="zstd")
+
+
+def write_meta(root: Path, meta: dict[str, Any]) -> None:
+    with open(root / "meta.json", "w", encoding="utf-8") as fh:
+        json.dump(_jsonable(meta), fh, indent=1, sort_keys=True)
+
+
+def read_meta(path: Path) -> dict[str, Any]:
+    """``meta.json`` of a store, its schema version checked (1 and 2 are read)."""
     if not path.is_dir() or not (path / "meta.json").is_file():
         raise TraceFormatError(
             f"{path}: not a retime trace directory (expected NAME.retime/ with meta.json); "
@@ -415,17 +449,39 @@ def read_trace(path: str | os.PathLike[str], *, columns: list[str] | None = None
     except (OSError, ValueError) as exc:
         raise TraceFormatError(f"{path / 'meta.json'}: unreadable ({exc}); re-ingest the trace") from exc
     ver = meta.get("schema_version")
-    if ver != SCHEMA_VERSION:
+    if ver not in READ_VERSIONS:
         raise TraceFormatError(
             f"{path}: schema_version {ver!r} is not supported (this retime reads "
-            f"{SCHEMA_VERSION}); re-ingest the source files with this version")
+            f"{', '.join(map(str, READ_VERSIONS))}); re-ingest the source files with this version")
+    return meta
+
+
+def read_trace(path: str | os.PathLike[str], *, columns: list[str] | None = None) -> Trace:
+    """Load a ``NAME.retime`` directory written by :meth:`Trace.save` (either layout, and
+    version-1 stores).
+
+    ``columns`` restricts the ``ops`` columns read (missing ones get their defaults). The
+    returned ``meta`` is the in-memory one: ``schema_version`` is :data:`SCHEMA_VERSION`
+    and the storage keys (``layout``, ``partitions``) are left out, so both layouts of one
+    trace read back equal.
+    """
+    from .store import read_partitioned
+
+    path = Path(path)
+    meta = read_meta(path)
+    layout = meta.pop("layout", "single")
+    parts = meta.pop("partitions", None)
+    meta["schema_version"] = SCHEMA_VERSION
     tables: dict[str, Any] = {}
     for name in _TABLES:
+        cols = columns if (name == "ops" and columns) else None
+        if layout == "rank" and name not in _WHOLE_TABLES:
+            tables[name] = read_partitioned(path, name, parts, cols)
+            continue
         f = path / f"{name}.parquet"
         if not f.is_file():
             raise TraceFormatError(f"{path}: missing {name}.parquet; re-ingest the trace")
         try:
-            cols = columns if (name == "ops" and columns) else None
             tables[name] = pq.read_table(f, columns=cols).to_pandas()
         except (OSError, pa.ArrowException) as exc:
             raise TraceFormatError(f"{f}: unreadable Parquet ({exc}); re-ingest the trace") from exc

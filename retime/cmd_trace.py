@@ -25,28 +25,39 @@ class Format(str, Enum):
 
 def ingest_summary(trace: Trace) -> dict:
     """The `retime ingest --json` object (DESIGN.md §6)."""
-    acc = trace.meta.get("accounting", {})
+    return _summary(trace.meta, [int(r) for r in trace.ranks], trace.world_size, trace.n_ops,
+                    len(trace.edges), len(trace.ranges))
+
+
+def _summary(meta: dict, ranks: list[int], world_size: int, n_ops: int, n_edges: int,
+             n_ranges: int) -> dict:
+    acc = meta.get("accounting", {})
     dropped: dict[str, int] = {}
     events = 0
     for rec in acc.values():
         events += int(rec.get("events_read", 0))
         for k, v in rec.get("dropped", {}).items():
             dropped[k] = dropped.get(k, 0) + int(v)
-    colls = trace.meta.get("collectives", {})
+    colls = meta.get("collectives", {})
     return {
-        "ranks": [int(r) for r in trace.ranks],
-        "world_size": trace.world_size,
+        "ranks": ranks,
+        "world_size": world_size,
         "events_read": events,
-        "ops": trace.n_ops,
-        "edges": len(trace.edges),
-        "ranges": len(trace.ranges),
+        "ops": n_ops,
+        "edges": n_edges,
+        "ranges": n_ranges,
         "dropped": dropped,
         "collectives": {"matched": int(colls.get("matched", 0)),
                         "unmatched": int(colls.get("unmatched", 0)),
                         "unmatched_reasons": colls.get("unmatched_reasons", {})},
-        "sources": [s.get("path") for s in trace.meta.get("sources", [])],
-        "skipped_files": trace.meta.get("skipped_files", {}),
+        "sources": [s.get("path") for s in meta.get("sources", [])],
+        "skipped_files": meta.get("skipped_files", {}),
     }
+
+
+class Layout(str, Enum):
+    single = "single"
+    rank = "rank"
 
 
 @app.command()
@@ -57,22 +68,33 @@ def ingest(
     format: Annotated[Format, typer.Option("--format", help="Input format; auto detects by content.")] = Format.auto,
     jobs: Annotated[int, typer.Option("--jobs", "-j", min=1, help="Parse ranks in N processes.")] = 1,
     scheduler: Annotated[str | None, typer.Option("--scheduler", help="Parse Kineto ranks on a Dask cluster (tcp://host:8786); the workers must see the files at the same paths.")] = None,
+    layout: Annotated[Layout | None, typer.Option("--layout", help="Store layout: one file per table (single) or per rank (rank; thousands of ranks, streamed analysis). Default: rank with --scheduler, else single.")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")] = False,
 ) -> None:
     """Read traces (Kineto JSON, nsys SQLite, op-level Parquet) into one NAME.retime store.
 
     Every input event is accounted for: kept in a table or dropped with a counted reason
     (see `retime info`). Collectives are matched across ranks into cross-rank instances.
+    With --scheduler the Dask workers parse the rank files and write their ranks' parts of
+    a rank-partitioned store themselves (the trace is never gathered here).
     """
     if output.exists() and not output.is_dir():
         raise RetimeError(f"{output}: exists and is not a directory; choose another -o path")
-    if scheduler is not None:
-        from collectors.distributed import read_distributed
-        trace = read_distributed([str(p) for p in paths], scheduler, format=format.value)
+    lay = (layout or (Layout.rank if scheduler is not None else Layout.single)).value
+    if scheduler is not None and lay == "rank":
+        from collectors.distributed import ingest_distributed
+        r = ingest_distributed([str(p) for p in paths], scheduler, output,
+                               format=format.value)
+        s = _summary(r["meta"], r["ranks"], r["world_size"], r["ops"], r["edges"], r["ranges"])
     else:
-        trace = read([str(p) for p in paths], format=format.value, jobs=jobs)
-    trace.save(output)
-    s = ingest_summary(trace)
+        if scheduler is not None:
+            from collectors.distributed import read_distributed
+            trace = read_distributed([str(p) for p in paths], scheduler, format=format.value)
+        else:
+            trace = read([str(p) for p in paths], format=format.value, jobs=jobs)
+        trace.save(output, layout=lay)
+        s = ingest_summary(trace)
+    s["layout"] = lay
     s["output"] = str(output)
     if json_out:
         emit_json(s)
