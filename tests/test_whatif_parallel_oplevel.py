@@ -203,6 +203,30 @@ def test_pipeline_degree_keeps_the_model(st):
                        ["forward-send", "backward-recv", "embedding-grads-all-reduce"]).any()
 
 
+def test_distributed_optimizer_off_and_back(st):
+    # ZeRO-0: one gradient all-reduce = the measured reduce-scatter + all-gather (ring), and
+    # the optimizer updates all parameters instead of 1/dp of them
+    tpl = oplevel_template(st, "stage")
+    off = whatif(st, {"parallel.zero": 0})
+    names = off.trace.names().astype(str)
+    stage = off.trace.ops["stage"].to_numpy()
+    assert not np.isin(names, ["grads-reduce-scatter", "params-all-gather"]).any()
+    ar = names == "separate-grads-all-reduce"
+    assert ar.sum() == 8
+    want = tpl["dp"]["grads-reduce-scatter"] + tpl["dp"]["params-all-gather"]
+    np.testing.assert_allclose(off.dur_ns[ar], want[stage[ar]], atol=2)
+    opt = names == "optimizer"
+    np.testing.assert_allclose(off.dur_ns[opt], 2 * tpl["step"]["optimizer"][stage[opt]], atol=1)
+    rl = off.meta["whatif"]["relayout"]
+    assert (rl["from"]["zero"], rl["to"]["zero"]) == (1, 0)
+    # the all-gather moves from the step start to the end; the step grows by the optimizer
+    extra = off.step_time_ns - rl["baseline_step_time_ns"]
+    assert extra == pytest.approx(tpl["step"]["optimizer"][0], rel=0.01)
+    # and back: the ZeRO-0 trace's own template re-laid out with ZeRO-1 is the original
+    back = whatif(off.to_trace(), {"parallel.zero": 1})
+    assert abs(back.step_time_ns - rl["baseline_step_time_ns"]) <= 1_000
+
+
 def test_relayout_round_trip(st):
     # 1F1B -> interleaved (8 virtual stages) -> 1F1B again, from the re-laid-out trace's own
     # template: the first / last stage extras survive the re-split, the middle stages come

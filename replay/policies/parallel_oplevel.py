@@ -47,13 +47,19 @@ What changes with the layout (physics, stated):
   measured per-rank bandwidth (the trace has no topology); the distributed optimizer's step
   shrinks as ``1/dp``; no DP communication at ``dp=1``. The global batch is kept, so the
   micro-batches per pipeline become ``global_batch / dp``.
+* ZeRO stage (the trace runs ZeRO-1 when it has the distributed optimizer's parameter
+  all-gather / gradient reduce-scatter, else ZeRO-0): ZeRO-0 replaces them by one gradient
+  all-reduce (``separate-grads-all-reduce`` in the post-compute chain) taking their summed
+  time (a ring all-reduce moves what a reduce-scatter plus an all-gather move) and runs the
+  optimizer unsharded; ZeRO-1/2 split an all-reduce into halves. ZeRO-2 times as ZeRO-1.
 * pipeline sends / receives keep their measured transfer time (activations of one
   micro-batch do not depend on the layout); the embedding all-reduce joins the first and
   last stage (none at ``pp=1``); gc, layernorm and grad-norm all-reduces keep their times.
 
 Refused (PolicyError): tensor / context / sequence parallelism and ZeRO-3 / FSDP (no per-layer
 GEMMs, TP collectives or per-layer parameter sizes in an op-level trace), another micro-batch
-size (its compute time is not measured), and DP communication on a trace that has none.
+size (its compute time is not measured), DP communication on a trace that has none, and a
+ZeRO change on a trace whose DP communication overlaps the backward pass.
 """
 
 from __future__ import annotations
@@ -161,6 +167,8 @@ def oplevel_template(trace: Trace, durations: str = "stage") -> dict[str, Any]:
             n = int(np.bincount(per).argmax())
             tpl["dp"][t] = med(sel, stage, p) * n
             tpl["dp_count"][t] = n
+    # distributed optimizer (ZeRO-1): parameter all-gather / gradient reduce-scatter
+    lay["zero"] = int("params-all-gather" in tpl["dp"] or "grads-reduce-scatter" in tpl["dp"])
     known = set(_COMPUTE_T + _P2P_T + _STEP_T + _DP_T)
     for t, n in zip(*np.unique(names, return_counts=True), strict=True):
         if t not in known:
@@ -253,13 +261,16 @@ def relayout_oplevel(trace: Trace, new: dict[str, Any], durations: str = "stage"
                               "synthesize it with `retime synth`")
     tpl = oplevel_template(trace, durations)
     lay = tpl["layout"]
-    sharded = "params-all-gather" in tpl["dp"] or "grads-reduce-scatter" in tpl["dp"]
-    cur_zero = 1 if sharded else 0
-    if new.get("zero") not in (None, cur_zero):
-        raise PolicyError(f"parallel.zero={new['zero']} on an op-level trace that runs "
-                          f"ZeRO-{cur_zero} ({'distributed optimizer' if sharded else 'plain DP'}"
-                          "): another stage needs per-layer parameter sizes and gathers the "
-                          "trace does not have")
+    zero = lay["zero"] if new.get("zero") is None else int(new["zero"])
+    if zero == 3 or (zero != lay["zero"] and "separate-grads-all-reduce" in tpl["dp"]
+                     and "grads-reduce-scatter" in tpl["dp"]):
+        raise PolicyError(f"parallel.zero={zero} on an op-level trace that runs ZeRO-"
+                          f"{lay['zero']}: " + ("ZeRO-3 gathers parameters per layer, but the "
+                                                "trace has no per-layer parameter sizes" if
+                                                zero == 3 else "its DP communication "
+                                                "overlaps the backward pass (reduce-scatter + "
+                                                "separate all-reduce); only a non-overlapped "
+                                                "trace can switch the distributed optimizer"))
     if new.get("micro_batch") not in (None, lay["micro_batch"]):
         raise PolicyError(f"parallel.micro_batch={new['micro_batch']} on an op-level trace: "
                           "the trace measures one micro-batch size (its size is not recorded) "
@@ -299,7 +310,7 @@ def relayout_oplevel(trace: Trace, new: dict[str, Any], durations: str = "stage"
                           "the trace has no gradient reduce-scatter / parameter all-gather "
                           "to calibrate their time")
     to = {"dp": dp, "pp": p, "tp": 1, "cp": 1, "chunks": int(v), "schedule": sched,
-          "microbatches": m, "global_batch": gb, "micro_batch": 1}
+          "microbatches": m, "global_batch": gb, "micro_batch": 1, "zero": zero}
     frm = {k: lay[k] for k in to}
     step = int(trace.ops["step"].min())
     t, assumptions = _assemble(tpl, to, orders, step)
@@ -346,31 +357,48 @@ def _assemble(tpl: dict, to: dict, orders: list, step: int) -> tuple[Trace, list
         x = np.where(np.isnan(x), np.nanmedian(x), x)
         return np.tile(x / v0, v0)
 
+    z0, z = int(lay["zero"]), int(to["zero"])
     dpt: dict[str, np.ndarray] = {}
     if dp > 1:
         ratio = _ring(dp) / _ring(d0)
-        for t, x in tpl["dp"].items():
-            dpt[t] = _resplit(per_vs(x), V) * ratio  # per new virtual stage (= per chunk)
+        # per new virtual stage (= per chunk instance)
+        src = {t: _resplit(per_vs(x), V) * ratio for t, x in tpl["dp"].items()}
         if dp != d0:
             notes.append(f"dp {d0} -> {dp}: ring collectives scale by (n-1)/n "
                          f"(x{ratio:.3f}) at the measured per-rank bandwidth")
+        rs_t, ag_t, ar_t = _DP_T[1], _DP_T[0], _DP_T[2]
+        if (z0 >= 1) == (z >= 1):
+            dpt = src
+        elif z == 0:  # ring all-reduce = reduce-scatter + all-gather of the same bytes
+            rs = src.get(rs_t, src.get(ag_t))
+            dpt = {ar_t: rs + src.get(ag_t, rs)}
+            notes.append("ZeRO-0: the gradient all-reduce takes the measured reduce-scatter "
+                         "+ all-gather time, the optimizer runs unsharded")
+        else:
+            dpt = {rs_t: src[ar_t] / 2, ag_t: src[ar_t] / 2}
+            notes.append(f"ZeRO-{z}: the measured all-reduce splits into a reduce-scatter and "
+                         "an all-gather of half its time each; the optimizer runs sharded")
+        if z == 2:
+            notes.append("ZeRO-2 shards gradients too: same communication as ZeRO-1 here "
+                         "(memory is not modeled on op-level traces)")
     opt = tpl["step"].get("optimizer")
     opt_new = None
     if opt is not None:
-        sharded = bool(tpl["dp"])
-        shrink = d0 / dp if sharded else 1.0
+        # the step's optimizer runs on 1/dp of the parameters with a distributed optimizer
+        shrink = (1.0 / dp if z >= 1 else 1.0) / (1.0 / d0 if z0 >= 1 else 1.0)
         if V == V0 and p == int(lay["pp"]):
             opt_new = _per_stage(opt, p, "optimizer") * shrink
         else:
-            w = per_vs(tpl["dp"].get("grads-reduce-scatter", tpl["dp"].get(
-                "params-all-gather", np.ones(int(lay["pp"])))))
+            w = per_vs(next((tpl["dp"][t] for t in (_DP_T[1], _DP_T[0], _DP_T[2])
+                             if t in tpl["dp"]), np.ones(int(lay["pp"]))))
             wn = _resplit(w, V)
             ws0 = w.reshape(v0, -1).sum(axis=0)
             rate = float(np.nanmedian(opt / ws0))
             opt_new = rate * wn.reshape(v, p).sum(axis=0) * shrink
-        if sharded and dp != d0:
-            notes.append(f"distributed optimizer: its step scales by dp {d0}/{dp}")
-    ovlp = "separate-grads-all-reduce" in tpl["dp"]
+        if shrink != 1.0:
+            notes.append(f"optimizer step x{shrink:g} (ZeRO-{z0} -> ZeRO-{z}, dp {d0} -> {dp}: "
+                         "a distributed optimizer updates 1/dp of the parameters)")
+    ovlp = all(t in dpt for t in _DP_T[1:])  # reduce-scatters overlap the backward pass
     rep = _Rep()
     for s in range(p):
         ags = {}
@@ -439,17 +467,15 @@ def _assemble(tpl: dict, to: dict, orders: list, step: int) -> tuple[Trace, list
         rs = [rep.add(s, "grads-reduce-scatter", dpt["grads-reduce-scatter"][c * p + s],
                       chunk=c, ckey=("rs", s, c), scope=_DPG)
               for c in range(v)] if "grads-reduce-scatter" in dpt else []
-        if ovlp and dp > 1:
+        if not ovlp:
+            post.extend(rs)
+        if _DP_T[2] in dpt:
+            post.append(rep.add(s, _DP_T[2], dpt[_DP_T[2]].reshape(v, p)[:, s].sum(),
+                                ckey=("sar", s), scope=_DPG))
+        if ovlp:
             for c, r in enumerate(rs):
                 rep.edges.append((last_bwd[c], r))
-            if rs and post:
-                rep.edges.append((rs[-1], post[0]))
-            post.append(rep.add(s, "separate-grads-all-reduce",
-                                dpt["separate-grads-all-reduce"].reshape(v, p)[:, s].sum(),
-                                ckey=("sar", s),
-                                scope=_DPG))
-        else:
-            post.extend(rs)
+            rep.edges.append((rs[-1], post[0]))
         if "optimizer-clip-main-grad" in stp:
             post.append(rep.add(s, "optimizer-clip-main-grad",
                                 stp["optimizer-clip-main-grad"][s], ckey=("clip",),
