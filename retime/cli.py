@@ -115,3 +115,4 @@ from retime import cmd_synth  # noqa: E402,F401  synth
 from retime import cmd_demo  # noqa: E402,F401  demo
 from retime import cmd_stragglers  # noqa: E402,F401  stragglers
 from retime import cmd_sweep  # noqa: E402,F401  sweep
+from retime import cmd_analyze  # noqa: E402,F401  analyze

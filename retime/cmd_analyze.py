@@ -1,0 +1,92 @@
+"""CLI: ``retime analyze RUN.retime [--stream/--no-stream] [--by step|rank] [--top N]``."""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Any
+
+import numpy as np
+import pandas as pd
+import typer
+
+from analysis.breakdown import PARTS
+from analysis.stream import store_analysis
+from retime.cli import app, emit_json, say
+
+
+class By(str, Enum):
+    step = "step"
+    rank = "rank"
+
+
+def _records(df: pd.DataFrame) -> list[dict[str, Any]]:
+    return [{k: (None if isinstance(v, float) and np.isnan(v) else v) for k, v in r.items()}
+            for r in df.to_dict("records")]
+
+
+def analysis_summary(res: dict[str, Any]) -> dict[str, Any]:
+    """The ``retime analyze --json`` object, from :func:`analysis.stream.store_analysis`."""
+    st = res["step_times"]
+    per_rank = st.groupby("rank", sort=True)["step_ns"].agg(["size", "mean", "max"])
+    bd = res["breakdown"]
+    tot = int(bd["step_ns"].sum()) if len(bd) else 0
+    return {
+        "mode": res["mode"],
+        "ranks": int(st["rank"].nunique()),
+        "step_time_ns": {"mean": float(st["step_ns"].mean()) if len(st) else None,
+                         "max": int(st["step_ns"].max()) if len(st) else None},
+        "per_rank": [{"rank": int(r), "steps": int(n), "mean_step_ns": float(m),
+                      "max_step_ns": int(x)} for r, n, m, x in per_rank.itertuples()],
+        "breakdown": {
+            "total_ns": {p: int(bd[p].sum()) for p in PARTS} | {"step_ns": tot},
+            "total_frac": {p.replace("_ns", "_frac"): (bd[p].sum() / tot if tot else None)
+                           for p in PARTS},
+            "per_rank": _records(res["breakdown_summary"]),
+        },
+        "top_ops": _records(res["top_ops"]),
+        "comm": _records(res["comm"]),
+        "rank_wait": _records(res["rank_wait"]),
+    }
+
+
+@app.command("analyze")
+def analyze_cmd(
+    trace_dir: Annotated[Path, typer.Argument(help="A NAME.retime directory.", exists=True,
+                                              file_okay=False)],
+    stream: Annotated[bool | None, typer.Option(
+        "--stream/--no-stream",
+        help="Read a batch of ranks at a time (memory bounded by the batch) or load the "
+             "trace; default: stream rank-partitioned and very large stores.")] = None,
+    by: Annotated[By, typer.Option("--by", help="Breakdown per step or per rank.")] = By.step,
+    top: Annotated[int, typer.Option("--top", min=1, help="Top ops by total device time.")] = 10,
+    batch_rows: Annotated[int, typer.Option("--batch-rows", min=1,
+                                            help="Ops per batch of ranks when streaming.")] = 1 << 21,
+    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")] = False,
+) -> None:
+    """Step times, time breakdown (compute / overlapped and exposed communication / memcpy /
+    host-bound / idle), top ops and communication statistics of a stored trace.
+
+    A store of thousands of ranks (e.g. from `retime ingest --scheduler`) is analyzed a
+    batch of ranks at a time, without loading it whole; the figures equal the in-memory ones.
+    """
+    res = store_analysis(trace_dir, stream=stream, by=by.value, top=top, batch_rows=batch_rows)
+    s = analysis_summary(res)
+    if json_out:
+        emit_json(s)
+        return
+    st = s["step_time_ns"]
+    say(f"{trace_dir}: {s['ranks']} rank(s), analyzed {'streamed' if s['mode'] == 'stream' else 'in memory'}; "
+        f"step time mean {(st['mean'] or 0) / 1e6:.3f} ms, max {(st['max'] or 0) / 1e6:.3f} ms")
+    fr = s["breakdown"]["total_frac"]
+    say("  breakdown: " + ", ".join(f"{k.removesuffix('_frac')} {100 * v:.1f}%"
+                                    for k, v in fr.items() if v is not None))
+    say(f"  top {len(s['top_ops'])} ops by total device time:")
+    for r in s["top_ops"]:
+        say(f"    {r['total_ns'] / 1e6:10.3f} ms  {100 * r['share']:5.1f}%  x{r['count']:<7d} "
+            f"{r['kernel_class']:<13s} {str(r['name'])[:80]}")
+    for r in s["comm"][:10]:
+        bw = r["busbw_gbps"]
+        say(f"  comm group {r['group_id']} {r['comm_op']}: {r['instances']} instance(s), "
+            f"{r['total_bytes'] / 1e6:.1f} MB, busbw {'n/a' if bw is None else f'{bw:.1f} GB/s'}, "
+            f"wait {r['wait_ns'] / 1e6:.3f} ms")
