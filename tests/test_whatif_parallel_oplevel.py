@@ -227,6 +227,28 @@ def test_distributed_optimizer_off_and_back(st):
     assert abs(back.step_time_ns - rl["baseline_step_time_ns"]) <= 1_000
 
 
+def test_relaid_out_trace_is_a_consistent_oplevel_trace(st):
+    res = whatif(st, {"parallel.schedule": "interleaved", "parallel.microbatches": 8})
+    assert res.meta["unexplained_delay_count"] == 0 and res.meta["edges_clamped"] == 0
+    new = res.trace
+    assert new.meta["source_format"] == "oplevel"
+    assert new.meta["collectives"]["unmatched"] == 0
+    # pipeline pairs, DP pairs per stage and chunk, embedding pairs, one world all-reduce,
+    # one-member layernorm all-reduces
+    n_p2p = (_n(res, "forward-send").sum() + _n(res, "backward-send").sum())
+    assert new.meta["collectives"]["matched"] == n_p2p + 2 * 4 * 2 + 2 + 1 + 8
+    assert whatif(new).step_time_ns == res.step_time_ns == whatif(new, ideal=True).step_time_ns
+    an = straggler_analysis(new)["step_time_s"][23]
+    assert an["measured"] == pytest.approx(an["simulated"], abs=1e-9)
+    # straggler-ideal durations on top of a re-layout: close to the ideal template's layout
+    # (the ideal of one step of per-stage medians is not the ideal of 32 measured steps)
+    both = whatif(st, {"parallel.schedule": "interleaved", "parallel.microbatches": 8,
+                       "stragglers.ideal_durations": True})
+    ideal = whatif(st, {"parallel.schedule": "interleaved", "parallel.microbatches": 8,
+                        "parallel.durations": "ideal"})
+    assert both.step_time_ns == pytest.approx(ideal.step_time_ns, rel=0.01)
+
+
 def test_relayout_round_trip(st):
     # 1F1B -> interleaved (8 virtual stages) -> 1F1B again, from the re-laid-out trace's own
     # template: the first / last stage extras survive the re-split, the middle stages come

@@ -121,6 +121,17 @@ def _to_trace(rep: _Rep, to: dict, step: int) -> Trace:
         raise PolicyError(f"parallel: the re-laid-out schedule {to['schedule']} has a "
                           f"dependency cycle ({len(dur) - done} ops unscheduled); this layout "
                           "cannot run with Megatron's blocking pipeline transfers")
+    # as measured: a collective member starts when it is ready (its own launch) and waits in
+    # it for the last member, so the replay model (transfer tail after the last arrival, see
+    # replay.graph) finds no unexplained delay in the table
+    end = start + dur
+    ready = np.zeros(len(dur), np.int64)
+    np.maximum.at(ready, dst, end[src])
+    same = np.flatnonzero(lane[1:] == lane[:-1]) + 1
+    ready[same] = np.maximum(ready[same], end[same - 1])
+    mem = coll >= 0
+    start[mem] = ready[mem]
+    dur[mem] = end[mem] - start[mem]
     strings = StringTable()
     u, ui = np.unique(optype_t[o].astype(str), return_inverse=True)
     spec = np.array([[int(x) for x in OPTYPES[n][:3]] for n in u], np.int64)[ui]
