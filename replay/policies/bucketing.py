@@ -19,6 +19,35 @@ Model, per rank and step:
 
 The new ops get placeholder measured times inside the old buckets' span so that the replay
 graph keeps every measured constraint; their modeled durations come from the fit.
+
+CPU (gloo) DDP traces (:func:`rebucket_cpu`; the all-reduces run on CPU threads and the
+trace has the DDP reducer's per-parameter ranges) get a parameter-level model instead:
+
+* parameters: the reducer's ``mul_out`` ranges of a step, in order (the copy of a gradient
+  into its bucket: the gradient's ready time), each matched to its ``copy_bucket_to_grad``
+  range after backward; a parameter belongs to the old bucket whose issue call follows it;
+  its size is the old bucket's bytes split in proportion to the median (over ranks and
+  steps) of its two copy times less the smallest (memory-bound copies: time ~ bytes);
+* new buckets by DDP's rule (``compute_bucket_assignment_by_size``, as in the rebuilt
+  buckets after the first iteration): parameters in ready order join the open bucket, which
+  closes once it holds ``>= bucket_mb`` bytes; no separate first-bucket cap (DDP applies
+  its 1 MiB first bucket only when ``bucket_cap_mb`` is left at its default);
+* a new bucket is issued when its last gradient is ready (after the training-thread op
+  running then) and the training thread waits for it before copying its first parameter
+  back; the old issue calls stay, costing the fastest measured issue call; the buckets of
+  a rank run in order on one gloo thread;
+* the rank's CPU is one shared device: the training thread keeps a core busy, so while a
+  gloo all-reduce runs both progress at ``1 / (1 + i)`` of their rate (``i = 1``: the two
+  threads time-share one core; ``overlap.interference = f`` gives ``i = 1 - f``). The
+  measured durations already carry that slowdown where they overlapped, so the isolated work
+  of every training-thread op and the isolated transfer of every old bucket are the
+  measured ones less ``i / (1 + i)`` of their overlap with the other kind; the replay runs
+  on the contention path and puts the slowdown back wherever the new buckets overlap;
+* the gaps between consecutive training-thread ops are the CPU time of their parent ops
+  (the Kineto reader keeps leaf ops): each is folded into the op after it, so it is shared
+  too; only a gap spent waiting for an old bucket (up to that bucket's end) is not;
+* transfer time ``a + S f / B`` fitted on the isolated transfers (the intercept only when
+  the sizes differ by 1.5x or more, else ``a`` is ``GLOO_STEP_US`` per ring step).
 """
 
 from __future__ import annotations
@@ -390,6 +419,7 @@ def _build_cpu(trace, bucket_mb, interference, ranks_per_node, per, weight, issu
         ls = start[lops]
         mo_end = rdy["end_ns"].to_numpy()
         cb_start = back["start_ns"].to_numpy()
+        cb_end = back["end_ns"].to_numpy()
         istart = np.asarray([start[issue_of[int(i)]] for i in ids])
         k_of = np.minimum(np.searchsorted(istart, mo_end, side="left"), len(ids) - 1)
         size = np.zeros(len(mo_end))
@@ -398,13 +428,19 @@ def _build_cpu(trace, bucket_mb, interference, ranks_per_node, per, weight, issu
             if not m.any():
                 return None
             size[m] = nbytes[i] * weight[m] / weight[m].sum()
-            # the consumer of old bucket k: the first op copying its first parameter back
+            # where the thread waited for old bucket k: the longest gap on the training
+            # thread after backward (after the previous bucket's copies back) up to the
+            # first op copying this bucket's first parameter back
             p0 = int(np.flatnonzero(m)[0])
-            pos = int(np.searchsorted(ls, cb_start[p0], side="left"))
-            if 0 < pos < len(lops):
-                t, prev = int(lops[pos]), int(lops[pos - 1])
-                gap = start[t] - end[prev]
-                wait_gap[t] = int(np.clip(end[i] - end[prev], 0, max(gap, 0)))
+            lo_t = cb_end[p0 - 1] if p0 > 0 and k > 0 else mo_end[-1]
+            a = int(np.searchsorted(ls, lo_t, side="left"))
+            b = int(np.searchsorted(ls, cb_start[p0], side="left"))
+            if 0 < a <= b < len(lops):
+                win = lops[a:b + 1]
+                gaps = start[win] - end[lops[a - 1:b]]
+                j = int(np.argmax(gaps))
+                t, prev = int(win[j]), int(lops[a - 1 + j])
+                wait_gap[t] = int(np.clip(end[i] - end[prev], 0, max(int(gaps[j]), 0)))
         # DDP's rule (reducer.cpp compute_bucket_assignment_by_size): parameters in ready
         # order join the open bucket, which closes once it holds >= bucket_cap bytes
         groups, cur, acc = [], [], 0.0
