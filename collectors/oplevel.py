@@ -573,7 +573,8 @@ def pipeline_layout(rank: np.ndarray, step: np.ndarray, stage: np.ndarray, chunk
     or interleaved / breadth-first (several) whose program order
     (:func:`collectors.synth.schedule.stage_order`) matches the most (rank, step) sequences of
     forward/backward computes, ``schedule_match`` the fraction matched (1.0: every rank of
-    every step ran exactly that order), ``"unknown"`` when none matches.
+    every step ran exactly that order; over an even sample of 4096 sequences in larger
+    traces), ``"unknown"`` when none matches.
     """
     from .synth.schedule import stage_order
 
@@ -595,6 +596,8 @@ def pipeline_layout(rank: np.ndarray, step: np.ndarray, stage: np.ndarray, chunk
     out["microbatches"] = m
     if m == 0:
         return out
+    if len(groups) > 4096:  # bounded ingest time: an even sample of (rank, step) sequences
+        groups = groups[::-(-len(groups) // 4096)]
     cands = ("1f1b", "gpipe") if v == 1 else ("interleaved", "bfs")
     score = dict.fromkeys(cands, 0)
     for sched in cands:

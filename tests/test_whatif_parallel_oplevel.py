@@ -65,6 +65,14 @@ def test_layout_is_read_from_the_trace(st):
     del st2.meta["oplevel"]["layout"]
     got = oplevel_layout(st2)
     assert got["schedule"] == "1f1b" and got["microbatches"] == 4 and got["global_batch"] == 8
+    # the program order tells the schedules apart (re-laid-out traces, layout forgotten)
+    for sched, v, m in (("gpipe", 1, 4), ("interleaved", 2, 8), ("bfs", 2, 8)):
+        t = whatif(st, {"parallel.schedule": sched, "parallel.chunks": v,
+                        "parallel.microbatches": m}).trace
+        del t.meta["oplevel"]["layout"]
+        got = oplevel_layout(t)
+        assert (got["schedule"], got["chunks"], got["microbatches"]) == (sched, v, m)
+        assert got["schedule_match"] == 1.0
 
 
 def test_same_layout_reproduces_the_ideal_step(st, ideal_ref):
