@@ -1,7 +1,9 @@
 """Op tables of a re-laid-out op-level step (:mod:`replay.policies.parallel_oplevel`):
 one pipeline replica built op by op, then tiled over the data-parallel ranks, scheduled by the
 synthesizer's list scheduler and returned as an op-level Trace (the lanes, optypes, groups and
-``meta["oplevel"]`` that :mod:`collectors.oplevel` writes)."""
+``meta["oplevel"]`` that :mod:`collectors.oplevel` writes). As in a measured timeline, a
+collective member starts at its own ready time and waits inside for the last member, so the
+replay graph of the result has no unexplained delay."""
 
 from __future__ import annotations
 
