@@ -85,7 +85,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .enums import CommOp, EdgeKind, LaneKind, OpKind, Phase
-from .errors import ConfigError, TraceFormatError
+from .errors import TraceFormatError
 from .trace import StringTable, Trace
 
 __all__ = ["read_oplevel", "REQUIRED_COLUMNS", "OPTYPES", "LANE_NAMES", "pipeline_layout"]
@@ -565,18 +565,12 @@ def _collectives(df: pd.DataFrame, job: dict[str, Any],
 def pipeline_layout(rank: np.ndarray, step: np.ndarray, stage: np.ndarray, chunk: np.ndarray,
                     microbatch: np.ndarray, optype: np.ndarray, start_ns: np.ndarray,
                     job: dict[str, Any]) -> dict[str, Any]:
-    """The job's parallel layout as measured: degrees, micro-batches and pipeline schedule.
-
-    ``dp``, ``pp``, ``tp``, ``cp`` (``dsp_size``) and ``chunks`` (``vpp_size``) come from the
-    job metadata; ``microbatches`` is the most common number of ``forward-compute`` ops of a
-    rank in a step divided by ``chunks``; ``schedule`` is the one of GPipe / 1F1B (one chunk)
-    or interleaved / breadth-first (several) whose program order
-    (:func:`collectors.synth.schedule.stage_order`) matches the most (rank, step) sequences of
-    forward/backward computes, ``schedule_match`` the fraction matched (1.0: every rank of
-    every step ran exactly that order; over an even sample of 4096 sequences in larger
-    traces), ``"unknown"`` when none matches.
-    """
-    from .synth.schedule import stage_order
+    """The job's layout as measured: ``dp, pp, tp, cp, chunks`` from the job metadata,
+    ``microbatches`` (the most common count of a rank's forward computes in a step, over
+    ``chunks``), and ``schedule`` / ``schedule_match`` from the program order of the computes
+    of each (rank, step), at most 4096 of them (:func:`collectors.synth.schedule.
+    match_schedule`; 1.0: every one ran exactly that order)."""
+    from .synth.schedule import match_schedule
 
     p, v = int(job["pp_size"]), int(job["vpp_size"])
     out: dict[str, Any] = {"dp": int(job["dp_size"]), "pp": p, "tp": int(job["tp_size"]),
@@ -598,22 +592,8 @@ def pipeline_layout(rank: np.ndarray, step: np.ndarray, stage: np.ndarray, chunk
         return out
     if len(groups) > 4096:  # bounded ingest time: an even sample of (rank, step) sequences
         groups = groups[::-(-len(groups) // 4096)]
-    cands = ("1f1b", "gpipe") if v == 1 else ("interleaved", "bfs")
-    score = dict.fromkeys(cands, 0)
-    for sched in cands:
-        ref: dict[int, list[tuple[bool, int, int]]] = {}
-        for g in groups:
-            s = int(stage[g[0]])
-            if s not in ref:
-                try:
-                    ref[s] = stage_order(sched, p, m, v, s)
-                except ConfigError:  # a schedule impossible for this m (interleaved)
-                    ref[s] = []
-            got = list(zip((optype[g] == "backward-compute").tolist(),
-                           microbatch[g].tolist(), np.maximum(chunk[g], 0).tolist(), strict=True))
-            score[sched] += got == ref[s]
-    best = max(cands, key=lambda c: score[c])
-    if score[best]:
-        out["schedule"] = best
-        out["schedule_match"] = score[best] / len(groups)
+    seqs = [(int(stage[g[0]]), list(zip((optype[g] == "backward-compute").tolist(),
+                                        microbatch[g].tolist(), np.maximum(chunk[g], 0).tolist(),
+                                        strict=True))) for g in groups]
+    out["schedule"], out["schedule_match"] = match_schedule(seqs, p, m, v)
     return out

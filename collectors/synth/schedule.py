@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from ..errors import ConfigError
 
-__all__ = ["stage_order", "bubble_fraction", "max_in_flight", "Item"]
+__all__ = ["stage_order", "bubble_fraction", "max_in_flight", "match_schedule", "Item"]
 
 Item = tuple[bool, int, int]
 
@@ -82,6 +82,34 @@ def stage_order(schedule: str, p: int, m: int, v: int, stage: int) -> list[Item]
             out.extend((True, i, c) for i in range(m))
         return out
     raise ConfigError(f"unknown schedule {schedule!r}; use gpipe, 1f1b, interleaved or bfs")
+
+
+def match_schedule(sequences: list[tuple[int, list[Item]]], p: int, m: int,
+                   v: int) -> tuple[str, float]:
+    """The schedule whose program order matches the most measured item sequences.
+
+    ``sequences`` holds ``(stage, items in program order)`` of pipeline ranks (one per rank
+    and step, say). Candidates: GPipe and 1F1B with one chunk, interleaved and breadth-first
+    with several. Returns the best one and the fraction of sequences it matches exactly, or
+    ``("unknown", 0.0)`` when none matches any.
+    """
+    if not sequences:
+        return "unknown", 0.0
+    cands = ("1f1b", "gpipe") if v == 1 else ("interleaved", "bfs")
+    score = dict.fromkeys(cands, 0)
+    for sched in cands:
+        ref: dict[int, list[Item]] = {}
+        for stage, items in sequences:
+            if stage not in ref:
+                try:
+                    ref[stage] = stage_order(sched, p, m, v, stage)
+                except ConfigError:  # impossible for this m (interleaved needs m % p == 0)
+                    ref[stage] = []
+            score[sched] += items == ref[stage]
+    best = max(cands, key=lambda c: score[c])
+    if not score[best]:
+        return "unknown", 0.0
+    return best, score[best] / len(sequences)
 
 
 def max_in_flight(order: list[Item]) -> int:
