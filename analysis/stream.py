@@ -136,25 +136,22 @@ def stream_breakdown(path: str | os.PathLike[str], *, by: str = "step",
     return pd.concat(parts, ignore_index=True)
 
 
-def stream_kernel_stats(path: str | os.PathLike[str], *, top: int | None = None,
-                        batch_rows: int = _BATCH_ROWS) -> pd.DataFrame:
-    """:func:`analysis.kernels.kernel_stats` (device ops by name, all ranks together) of a
-    stored trace: counts, sums, minima and maxima combined over batches of ranks.
-
-    ``mean_ns`` is ``total_ns / count`` (the in-memory function's pandas mean may differ in
-    the last bit).
-    """
+def _kernel_partial(t: Trace) -> pd.DataFrame:
+    """Per name id of one batch's device ops: count, total, min, max, first kind."""
     from .kernels import _device_ops
 
-    parts = []
-    for t in iter_rank_traces(path, columns=_KERNEL_COLS, batch_rows=batch_rows):
-        m = _device_ops(t)
-        df = pd.DataFrame({"name_id": t.ops["name_id"].to_numpy()[m],
-                           "kind": t.ops["kind"].to_numpy()[m],
-                           "dur_ns": t.ops["dur_ns"].to_numpy()[m]})
-        parts.append(df.groupby("name_id", sort=False).agg(
-            count=("dur_ns", "size"), total_ns=("dur_ns", "sum"), min_ns=("dur_ns", "min"),
-            max_ns=("dur_ns", "max"), kind=("kind", "first")))
+    m = _device_ops(t)
+    df = pd.DataFrame({"name_id": t.ops["name_id"].to_numpy()[m],
+                       "kind": t.ops["kind"].to_numpy()[m],
+                       "dur_ns": t.ops["dur_ns"].to_numpy()[m]})
+    return df.groupby("name_id", sort=False).agg(
+        count=("dur_ns", "size"), total_ns=("dur_ns", "sum"), min_ns=("dur_ns", "min"),
+        max_ns=("dur_ns", "max"), kind=("kind", "first"))
+
+
+def _kernel_final(parts: list[pd.DataFrame], strings: list[str],
+                  top: int | None) -> pd.DataFrame:
+    """Combine the batches' partials into :func:`analysis.kernels.kernel_stats`' frame."""
     cols = ["name", "kernel_class", "kind", "count", "total_ns", "mean_ns", "min_ns",
             "max_ns", "share", "cum_share"]
     parts = [p for p in parts if len(p)]
@@ -163,7 +160,6 @@ def stream_kernel_stats(path: str | os.PathLike[str], *, top: int | None = None,
     s = pd.concat(parts).groupby(level=0, sort=False).agg(
         count=("count", "sum"), total_ns=("total_ns", "sum"), min_ns=("min_ns", "min"),
         max_ns=("max_ns", "max"), kind=("kind", "first")).reset_index()
-    strings = _Small(Path(path)).strings
     names = np.asarray(strings, dtype=object)
     nid = s["name_id"].to_numpy()
     kind = s["kind"].to_numpy()
@@ -182,6 +178,19 @@ def stream_kernel_stats(path: str | os.PathLike[str], *, top: int | None = None,
     return s[cols].reset_index(drop=True)
 
 
+def stream_kernel_stats(path: str | os.PathLike[str], *, top: int | None = None,
+                        batch_rows: int = _BATCH_ROWS) -> pd.DataFrame:
+    """:func:`analysis.kernels.kernel_stats` (device ops by name, all ranks together) of a
+    stored trace: counts, sums, minima and maxima combined over batches of ranks.
+
+    ``mean_ns`` is ``total_ns / count`` (the in-memory function's pandas mean may differ in
+    the last bit).
+    """
+    parts = [_kernel_partial(t) for t in iter_rank_traces(path, columns=_KERNEL_COLS,
+                                                          batch_rows=batch_rows)]
+    return _kernel_final(parts, _Small(Path(path)).strings, top)
+
+
 def _comm_trace(path: str | os.PathLike[str]) -> tuple[Trace, np.ndarray]:
     p = Path(path)
     ops = scan_table(p, "ops", columns=_COMM_COLS, kinds=COMM_KINDS)
@@ -194,7 +203,10 @@ def _comm_trace(path: str | os.PathLike[str]) -> tuple[Trace, np.ndarray]:
 def stream_collectives(path: str | os.PathLike[str]) -> pd.DataFrame:
     """:func:`analysis.comm.collectives` of a stored trace from its communication ops only
     (``op_id`` is the store's op id, as in the in-memory result)."""
-    t, oid = _comm_trace(path)
+    return _collectives(*_comm_trace(path))
+
+
+def _collectives(t: Trace, oid: np.ndarray) -> pd.DataFrame:
     c = collectives(t)
     if len(c):
         c["op_id"] = oid[c["op_id"].to_numpy().astype(np.int64)]
@@ -252,12 +264,21 @@ def store_analysis(path: str | os.PathLike[str], *, stream: bool | None = None,
     if stream is None:
         stream = should_stream(path)
     if stream:
-        out = {"step_times": stream_step_times(path, batch_rows=batch_rows),
-               "breakdown": stream_breakdown(path, by=by, batch_rows=batch_rows),
-               "top_ops": stream_kernel_stats(path, top=top, batch_rows=batch_rows)}
-        c = stream_collectives(path)
-        out["comm"] = comm_summary(c)
-        out["rank_wait"] = stream_rank_wait(path)
+        # one pass over the rank batches for everything that is per rank
+        sw, bd, kp = [], [], []
+        cols = list(dict.fromkeys(_BREAKDOWN_COLS + _KERNEL_COLS))
+        for t in iter_rank_traces(path, columns=cols, ranges=True, batch_rows=batch_rows):
+            sw.append(step_windows(t))
+            bd.append(breakdown(t, by=by))
+            kp.append(_kernel_partial(t))
+        w = pd.concat(sw, ignore_index=True) if sw else stream_step_times(path)
+        w["step_ns"] = w["end_ns"] - w["start_ns"]
+        out = {"step_times": w,
+               "breakdown": pd.concat(bd, ignore_index=True) if bd else stream_breakdown(path),
+               "top_ops": _kernel_final(kp, _Small(Path(path)).strings, top)}
+        ct, oid = _comm_trace(path)  # one scan of the communication ops for both
+        out["comm"] = comm_summary(_collectives(ct, oid))
+        out["rank_wait"] = rank_wait(ct)
     else:
         t = read_trace(path)
         w = step_windows(t)
