@@ -293,6 +293,22 @@ def _overlap_ns(lo: np.ndarray, hi: np.ndarray, ilo: np.ndarray, ihi: np.ndarray
     return np.maximum(covered(hi.astype(np.float64)) - covered(lo.astype(np.float64)), 0.0)
 
 
+def _isolated_transfer(lo, hi, blo, bhi, interference) -> np.ndarray:
+    """Isolated transfer time of each of a rank's all-reduces ``[lo, hi)``: at every instant
+    the ``k`` running ones share the communication thread's rate, which is ``1 / (1 + i)``
+    while the training thread is busy (``blo/bhi``) and 1 otherwise."""
+    cuts = np.unique(np.concatenate([lo, hi, blo, bhi]))
+    if len(cuts) < 2:
+        return np.zeros(len(lo))
+    a, b = cuts[:-1], cuts[1:]
+    mid = (a + b) / 2.0
+    busy = _overlap_ns(a, b, blo, bhi) > 0
+    on = (lo[:, None] <= mid[None, :]) & (mid[None, :] < hi[:, None])  # ops x segments
+    k = np.maximum(on.sum(axis=0), 1)
+    rate = np.where(busy, 1.0 / (1.0 + interference), 1.0) / k
+    return (on * ((b - a) * rate)[None, :]).sum(axis=1)
+
+
 def _union(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     if len(lo) == 0:
         return lo, hi
@@ -496,7 +512,7 @@ def _build_cpu(trace, bucket_mb, interference, ranks_per_node, per, weight, issu
         blo, bhi = _union(new_start[lops], np.maximum(busy_hi[lops], new_start[lops]))
         ov = _overlap_ns(new_start[lops], busy_hi[lops], tlo, thi)
         work[lops] = (busy_hi[lops] - new_start[lops]) - keep_frac * ov
-        y[tr] = (end[tr] - a_start[tr]) - keep_frac * _overlap_ns(a_start[tr], end[tr], blo, bhi)
+        y[tr] = _isolated_transfer(a_start[tr], end[tr], blo, bhi, interference)
     alpha, inv_b, f = _fit_cpu(trace, is_ar, nbytes, y, ranks_per_node)
     model_ns = np.asarray([alpha + row["bytes"] * f * inv_b for row in new_rows])
     t, new_ids, keep = _assemble_cpu(trace, is_ar, new_rows, ready_edges, wait_edges,
@@ -528,7 +544,7 @@ def _fit_cpu(trace, is_ar, nbytes, y, ranks_per_node):
         sol, *_ = np.linalg.lstsq(np.stack([np.ones(len(x)), x], axis=1), ys, rcond=None)
         if sol[0] >= 0 and sol[1] > 0:
             return float(sol[0]), float(sol[1]), f
-    inv_b = float(np.median(np.maximum(ys - alpha, 0.0) / x))
+    inv_b = float(np.maximum(ys - alpha, 0.0).sum() / x.sum())  # the total, not a median
     return alpha, inv_b, f
 
 
