@@ -9,12 +9,20 @@ chosen to reach the size):
   ``workers=2`` local processes and a 2-worker Dask LocalCluster, start-up included, and the
   speed-up over 1 worker (the target: under 60 s on 2 cores, near-linear speed-up),
 * the real ``replay.whatif`` on a few scenarios of the same trace (per-scenario cost), so the
-  distance between the engine-bound sweep and a policy-bound one is visible.
+  distance between the engine-bound sweep and a policy-bound one is visible,
+* with ``--real N``: N real policy scenarios (:func:`policy_grid`, a 10 x 10 x 10 grid of
+  ``hardware.compute_speedup`` x ``network.inter_node_gbps`` x overlap keys, run by the
+  default ``replay.whatif``): first the CPU cost per scenario of each kind (best of a few,
+  ``process_time``, in this process), then the wall time of the whole sweep on
+  ``--real-workers`` local processes (skip with ``--real-sample-only``). A network change on a
+  synthesized run re-synthesizes the trace (the network policy lives in
+  replay/policies/network.py), which dominates that sweep.
 
 The engine-bound scenarios scale compute and communication durations (``hardware.
 compute_speedup`` x ``network.comm_speedup``) on a graph built once per worker, which is
 what a what-if that only re-times ops costs. Run on 2 cores:
-``taskset -c 0,1 python bench/sweep.py [--ops 1e6] [--scenarios 1000] [--whatif 3]``.
+``taskset -c 0,1 python bench/sweep.py [--ops 1e6] [--scenarios 1000] [--whatif 3]``;
+real policies: ``python bench/sweep.py --only-real --real 1000 [--real-sample-only]``.
 """
 
 from __future__ import annotations
@@ -67,6 +75,68 @@ def grid(n: int) -> list[dict]:
     return out[:n]
 
 
+#: inter-node bandwidths swept (GB/s per GPU and direction); 50 is the h100-sxm profile's
+#: own value (its NIC), so that column re-times nothing and re-synthesizes nothing
+NETWORK_GBPS = (50.0, 12.5, 25.0, 37.5, 62.5, 75.0, 100.0, 200.0, 400.0, 800.0)
+OVERLAP = ({}, {"overlap.mode": "serial"},
+           *({"overlap.interference": f} for f in (0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2)))
+
+
+def policy_grid(n: int = 1000) -> list[dict]:
+    """``n`` real what-if scenarios: compute speed-up (10 values) x inter-node bandwidth (10)
+    x overlap (async as traced, serial, 8 interference fractions), in that nesting."""
+    out = [{"hardware.compute_speedup": float(c), "network.inter_node_gbps": b, **o}
+           for c in np.round(np.linspace(0.8, 2.6, 10), 2) for b in NETWORK_GBPS
+           for o in OVERLAP]
+    return out[:n]
+
+
+def real_sweep(tr, n: int, workers: int, sample_only: bool) -> None:
+    """Per-kind cost of real scenarios, then the sweep of ``n`` of them."""
+    from replay import whatif
+
+    kinds = {
+        "compute only": {"hardware.compute_speedup": 1.4},
+        "overlap serial": {"overlap.mode": "serial"},
+        "overlap interference": {"overlap.interference": 0.5},
+        "network (re-synthesizes)": {"network.inter_node_gbps": 25.0},
+        "all three": {"hardware.compute_speedup": 1.4, "network.inter_node_gbps": 25.0,
+                      "overlap.interference": 0.5},
+    }
+    cost = {}
+    for name, sc in kinds.items():
+        c = best_of(lambda sc=sc: scenario_metrics(whatif(tr, sc)), k=2,
+                    clock=time.process_time)
+        cost[name] = c
+        print(f"  real whatif, {name}: {c:.2f} s CPU per scenario (best of 2)")
+    scs = policy_grid(n)
+    net = sum(s["network.inter_node_gbps"] != NETWORK_GBPS[0] for s in scs)
+    ov = sum(("overlap.mode" in s) or ("overlap.interference" in s) for s in scs)
+    proj = net * cost["all three"] + (len(scs) - net) * max(cost["overlap interference"],
+                                                           cost["compute only"])
+    print(f"  grid of {len(scs)}: {net} change the network (re-synthesize), {ov} change "
+          f"overlap; projected CPU ~{proj:.0f} s, ~{proj / 2:.0f} s wall on 2 workers")
+    if sample_only:
+        return
+    from replay.sweep import SweepInterrupted
+
+    t, c = time.perf_counter(), time.process_time()
+    try:
+        df = sweep(tr, scs, workers=workers)
+        done = len(df)
+    except SweepInterrupted as exc:  # Ctrl-C / timeout -s INT: report the finished rows
+        df, done = exc.frame, len(exc.frame)
+    wall = time.perf_counter() - t
+    errs = int(df["error"].notna().sum())
+    print(f"sweep of {done}/{len(scs)} real scenarios, workers={workers}: {wall:.0f} s wall "
+          f"({done / wall:.2f} scenarios/s; parent CPU {time.process_time() - c:.0f} s), "
+          f"{errs} error row(s)")
+    if done:
+        ok = df[df["error"].isna()]
+        print(f"  step time over the grid: {ok['step_time_ns'].min() / 1e9:.3f} .. "
+              f"{ok['step_time_ns'].max() / 1e9:.3f} s")
+
+
 def best_of(f, k=3, clock=time.perf_counter):
     ts = []
     for _ in range(k):
@@ -82,6 +152,13 @@ def main() -> None:
     ap.add_argument("--scenarios", type=int, default=1000)
     ap.add_argument("--whatif", type=int, default=3, help="real whatif scenarios to time")
     ap.add_argument("--no-dask", action="store_true")
+    ap.add_argument("--real", type=int, default=0,
+                    help="also time N real policy scenarios (policy_grid)")
+    ap.add_argument("--real-workers", type=int, default=2)
+    ap.add_argument("--real-sample-only", action="store_true",
+                    help="time each kind of real scenario, do not run the whole sweep")
+    ap.add_argument("--only-real", action="store_true",
+                    help="skip the engine-bound sweeps")
     a = ap.parse_args()
     cores = len(os.sched_getaffinity(0))
     print(f"cores available: {cores}")
@@ -89,6 +166,9 @@ def main() -> None:
     tr = make_trace(a.ops)
     print(f"trace: {tr.n_ops:,} ops, {len(tr.edges):,} edges, {tr.world_size} ranks "
           f"(synthesized in {time.perf_counter() - t:.1f} s)")
+    if a.only_real:
+        real_sweep(tr, a.real or 1000, a.real_workers, a.real_sample_only)
+        return
     t = time.perf_counter()
     res = scaled_run(tr, {})  # builds the graph, warms the kernels
     t_build_s = time.perf_counter() - t
@@ -158,6 +238,8 @@ def main() -> None:
         print(f"real whatif, {len(wscs)} scenarios: {np.mean(ts):.2f} s per scenario "
               f"(builds the replay graph each call: {len(scs)} would take "
               f"~{np.mean(ts) * len(scs) / 2:.0f} s on 2 workers)")
+    if a.real:
+        real_sweep(tr, a.real, a.real_workers, a.real_sample_only)
 
 
 if __name__ == "__main__":
