@@ -126,15 +126,55 @@ def info_summary(trace: Trace) -> dict:
     return s
 
 
+def info_summary_streamed(path: Path) -> dict:
+    """:func:`info_summary` of a stored trace without loading its per-rank tables (ops by
+    kind and step and rank spans streamed, counts from the partition metadata)."""
+    from collectors.store import op_totals, rank_spans, read_small_tables
+    from collectors.trace import SCHEMA_VERSION
+
+    small = read_small_tables(path)
+    meta = {k: v for k, v in small["meta"].items() if k not in ("layout", "partitions")}
+    meta["schema_version"] = SCHEMA_VERSION
+    parts = small["meta"].get("partitions", {})
+    ranks = sorted({int(r) for r in small["lanes"]["rank"].to_numpy()})
+    ws = int(meta.get("world_size") or (max(ranks) + 1 if ranks else 0))
+    n = {t: sum(int(v) for v in parts.get(t, {}).values()) for t in ("ops", "edges", "ranges")}
+    s = _summary(meta, ranks, ws, n["ops"], n["edges"], n["ranges"])
+    kinds = op_totals(path, by=["kind"])
+    steps = op_totals(path, by=["step"])
+    lk = small["lanes"]["lane_kind"].to_numpy()
+    s.update({
+        "schema_version": SCHEMA_VERSION,
+        "source_format": meta.get("source_format"),
+        "ops_by_kind": {OpKind(int(k)).name: int(c) for k, c in
+                        zip(kinds["kind"], kinds["ops"], strict=True) if c},
+        "lanes": {k.name: int((lk == k).sum()) for k in LaneKind if (lk == k).any()},
+        "groups": len(small["groups"]),
+        "steps": sorted(int(x) for x in steps["step"] if x >= 0),
+        "span_ns": [{"rank": int(r.rank), "span_ns": int(r.span_ns)}
+                    for r in rank_spans(path).itertuples()],
+        "devices": meta.get("devices", {}),
+        "accounting": meta.get("accounting", {}),
+    })
+    return s
+
+
 @app.command()
 def info(
     trace_dir: Annotated[Path, typer.Argument(help="A NAME.retime directory.", exists=True,
                                               file_okay=False)],
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")] = False,
 ) -> None:
-    """Summarize a stored trace: ranks, ops by kind, lanes, steps, accounting."""
-    trace = read_trace(trace_dir)
-    s = info_summary(trace)
+    """Summarize a stored trace: ranks, ops by kind, lanes, steps, accounting.
+
+    A rank-partitioned store is summarized from its metadata and streamed scans (it is not
+    loaded whole)."""
+    from collectors.store import store_layout
+
+    if store_layout(trace_dir) == "rank":
+        s = info_summary_streamed(trace_dir)
+    else:
+        s = info_summary(read_trace(trace_dir))
     if json_out:
         emit_json(s)
         return

@@ -240,3 +240,16 @@ def test_cli_ingest_layout_locally(dlrm, tmp_path, capsys):
     assert s["layout"] == "rank" and s["ops"] == dlrm.n_ops
     assert store_layout(out) == "rank"
     assert_same_trace(read_trace(out), dlrm)
+
+
+def test_info_of_a_partitioned_store_is_streamed_and_equal(dlrm_stores, capsys):
+    """`retime info` of a rank-partitioned store (summarized from metadata and scans)
+    prints the same JSON as of the single-file store."""
+    from retime.cli import run
+
+    out = []
+    for p in dlrm_stores:
+        assert run(["info", str(p), "--json"]) == 0
+        out.append(json.loads(capsys.readouterr().out))
+    assert out[0] == out[1]
+    assert out[1]["ops"] == sum(out[1]["ops_by_kind"].values()) and len(out[1]["span_ns"]) == 8
