@@ -7,7 +7,7 @@ both settings alike. Then, in both directions, it predicts one setting's step ti
 trace of the other with ``replay.whatif`` and the overlap policy (``overlap.bucket_mb``),
 and prints one table (issue #5 item 9, target: within 10%):
 
-    direction   measured from  measured to  predicted to  error  spread to  spread pred
+    direction  measured from  measured to  predicted to  error  spread to  spread pred  se
 
 * a capture's step time is the median over its recorded steps of the slowest rank's step
   span; a setting's measured figure is the median over its captures;
@@ -136,6 +136,13 @@ def _spread(v: list[float]) -> float:
     return (max(v) - min(v)) / statistics.median(v) if len(v) > 1 else float("nan")
 
 
+def _se(v: list[float]) -> float:
+    """Standard error of the median relative to it (1.2533 s / sqrt(n) / median)."""
+    if len(v) < 2:
+        return float("nan")
+    return 1.2533 * statistics.stdev(v) / len(v) ** 0.5 / statistics.median(v)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--base-mb", type=float, default=100.0, help="first DDP bucket_cap_mb (MiB)")
@@ -183,28 +190,41 @@ def main(argv: list[str] | None = None) -> int:
 
     rows = []
     for src, dst in (("A", "B"), ("B", "A")):
-        preds, info = [], {}
-        for t in traces[src]:
+        preds, ratios, info = [], [], {}
+        for t, m in zip(traces[src], meas[src], strict=True):
             try:
                 ms, info = predict_ms(t, settings[dst], f)
             except RetimeError as exc:
                 raise SystemExit(f"the what-if refused a trace: {exc}") from exc
             preds.append(ms)
+            ratios.append(ms / m)
         m_src, m_dst = statistics.median(meas[src]), statistics.median(meas[dst])
         pred = statistics.median(preds)
+        noise = (_se(meas[dst]) ** 2 + _se(preds) ** 2) ** 0.5
         rows.append((f"{settings[src]:g} -> {settings[dst]:g} MiB", m_src, m_dst, pred,
-                     pred / m_dst - 1, _spread(meas[dst]), _spread(preds), info))
+                     pred / m_dst - 1, _spread(meas[dst]), _spread(preds), noise,
+                     statistics.median(ratios), m_dst / m_src, info))
     print(f"\nstep time (ms, medians of {args.repeats} captures each; spread = "
           "(max - min) / median)")
-    hdr = (f"{'direction':>18} {'measured from':>13} {'measured to':>11} {'predicted to':>12} "
-           f"{'error':>7} {'spread to':>9} {'spread pred':>11}  model")
+    hdr = (f"{'direction':>16} {'measured from':>13} {'measured to':>11} {'predicted to':>12} "
+           f"{'error':>7} {'spread to':>9} {'spread pred':>11} {'+-1 se':>7} "
+           f"{'change pred':>11} {'change meas':>11}")
     print(hdr)
     print("-" * len(hdr))
-    for d, a, b, pr, err, sp, spp, info in rows:
-        desc = (f"buckets {info.get('buckets_before')} -> {info.get('buckets_after')} "
-                f"(all ranks, steps)")
-        print(f"{d:>18} {a:13.2f} {b:11.2f} {pr:12.2f} {err:+7.1%} {sp:9.1%} {spp:11.1%}  "
-              f"{desc}")
+    for d, a, b, pr, err, sp, spp, se, cp, cm, _ in rows:
+        print(f"{d:>16} {a:13.2f} {b:11.2f} {pr:12.2f} {err:+7.1%} {sp:9.1%} {spp:11.1%} "
+              f"{se:7.1%} {cp:11.3f} {cm:11.3f}")
+    print("+-1 se: standard error of (predicted to - measured to) / measured to from the "
+          "spread of both medians; change pred: median over the 'from' captures of predicted "
+          "/ that capture's own measured step (insensitive to the load of each capture); "
+          "change meas: measured to / measured from")
+    for row in rows:
+        info = row[-1]
+        print(f"model {row[0]}: {info.get('buckets_before')} -> {info.get('buckets_after')} "
+              f"buckets (all ranks and steps of one capture), transfer fit alpha "
+              f"{info.get('alpha_ns', float('nan')) / 1e3:.0f} us, isolated bus bandwidth "
+              f"{info.get('busbw_gbps', float('nan')):.2f} GB/s (last capture), "
+              f"{info.get('model', 'generic')} model")
     change = statistics.median(meas["B"]) / statistics.median(meas["A"])
     print(f"\nmeasured change {settings['B']:g} MiB / {settings['A']:g} MiB: {change:.3f}x; "
           f"spread of the measurements: {settings['A']:g} MiB {_spread(meas['A']):.1%}, "

@@ -185,7 +185,7 @@ def rebucket(trace: Trace, bucket_mb: float, ranks_per_node: int | None = None
     return _assemble(trace, is_ar, new_rows, redirect, ready_edges, name_id, esrc, edst, start,
                      {"buckets_before": int(is_ar.sum()), "buckets_after": len(new_rows),
                       "kappa": kappa, "alpha_ns": alpha, "busbw_gbps": c["busbw_gbps"],
-                      "bucket_mb": float(bucket_mb)})
+                      "bucket_mb": float(bucket_mb), "model": "generic"})
 
 
 def _assemble(trace, is_ar, new_rows, redirect, ready_edges, name_id, esrc, edst, start, info):
@@ -352,6 +352,9 @@ def rebucket_cpu(trace: Trace, bucket_mb: float, interference: float,
     cop = o["comm_op"].to_numpy()
     nbytes = o["bytes"].to_numpy()
     is_ar = (kind == OpKind.COLLECTIVE) & (cop == CommOp.ALL_REDUCE) & (nbytes > 0)
+    phase = o["phase"].to_numpy()
+    if (phase[is_ar] == Phase.BWD).any():
+        is_ar &= phase == Phase.BWD
     ar_ids = np.flatnonzero(is_ar)
     rr = ddp_ranges(trace)
     if len(ar_ids) == 0 or rr is None or not _cpu_lanes_only(trace, ar_ids):

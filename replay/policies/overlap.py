@@ -6,7 +6,10 @@ per-layer WFBP, one bucket, MG-WFBP merging) and compute/communication interfere
   and the next compute op of each compute lane waits for it: no communication is hidden.
   ``"async"`` keeps the trace's overlap (measured, or modeled by the synthesizer).
 * ``bucket_mb``: data-parallel gradient bucket size (synthesized runs are re-synthesized;
-  measured traces are re-bucketed by :func:`replay.policies.bucketing.rebucket`).
+  measured traces are re-bucketed by :func:`replay.policies.bucketing.rebucket`; CPU (gloo)
+  DDP traces parameter by parameter with the rank's CPU shared by compute and gloo, by
+  :func:`replay.policies.bucketing.rebucket_cpu`, whose interference is
+  ``1 - overlap.interference``, default ``CPU_INTERFERENCE``).
 * ``merge``: ``"wfbp"`` one all-reduce per layer (wait-free backprop), ``"single"`` one
   all-reduce after backward, ``"mgwfbp"`` merged-gradient WFBP: the best merge of ``k``
   adjacent layers' gradients per bucket, searched over every ``k`` from one layer to the
@@ -140,7 +143,8 @@ class Overlap(Policy):
         if "rebucket" in state.notes:
             ids, model_ns, info = state.notes["rebucket"]
             state.dur[ids] = model_ns
-            d.update({k: info[k] for k in ("buckets_before", "buckets_after")})
+            d.update({k: info[k] for k in ("buckets_before", "buckets_after", "model",
+                                           "alpha_ns", "busbw_gbps") if k in info})
         if "cpu_model" in state.notes:
             _cpu_contention(state, state.notes["cpu_model"])
             d["interference"] = 1.0 - state.contention.interference
