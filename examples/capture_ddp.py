@@ -22,6 +22,8 @@ from __future__ import annotations
 import argparse
 import os
 import socket
+import sys
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -29,7 +31,11 @@ import torch.multiprocessing as mp
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from collectors.capture import Capture
+try:
+    from collectors.capture import Capture
+except ImportError:  # run from a checkout without retime installed: use the checkout
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from collectors.capture import Capture
 
 
 def build_model(hidden: int, layers: int) -> nn.Module:
