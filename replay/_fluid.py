@@ -2,6 +2,12 @@
 
 Split from :mod:`replay._kernels` (the fast path, the topological sort and the heaps) to keep
 modules short. Same conventions: arrays in, arrays out, times in ns, ``-1`` for "none".
+
+Memory: per op the simulation keeps only its start and end (float64, converted in place to
+the int64 results), the critical predecessor, a pending-constraint counter, a state byte and
+a successor list built from the predecessor CSR (~34 bytes per op plus 4 per edge). Running
+jobs live in *slots* (reused, so only a few are ever touched), not in per-op arrays: at any
+time only a few ops run.
 """
 
 from __future__ import annotations
@@ -9,96 +15,170 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ._kernels import _hpop, _hpush, _ixremove, _ixsift, _ready
 from ._links import _flow_share, _links_add, _links_freeze, _links_reset
 
 __all__: list[str] = []
 
+# op state bits
+_STARTED, _OWN, _FIN, _HASW = 1, 2, 4, 8
+# float columns of a job slot
+_F_DONE, _F_RATE, _F_LAST, _F_THR, _F_T, _F_SHARE = 0, 1, 2, 3, 4, 5
+_NF = 6
+# int columns of a job slot (and the per-index lists that share the pool's capacity)
+_I_JOB, _I_Q, _I_POS, _I_DN, _I_DP, _I_FPOS, _I_MARK, _I_FROZEN = 0, 1, 2, 3, 4, 5, 6, 7
+_L_HEAP, _L_FLOWS, _L_CAND, _L_FREE = 8, 9, 10, 11
+_NI = 12
+
+
+# ---------------------------------------------------------------------------- start heap
+# (time float64, sequence int64, op int64) stored inline, ordered by (time, sequence)
+@njit(cache=True, inline="always")
+def _spush(ht, hq, hi, size, t, q, x):
+    i = size
+    while i > 0:
+        p = (i - 1) >> 1
+        if t < ht[p] or (t == ht[p] and q < hq[p]):
+            ht[i] = ht[p]
+            hq[i] = hq[p]
+            hi[i] = hi[p]
+            i = p
+        else:
+            break
+    ht[i] = t
+    hq[i] = q
+    hi[i] = x
+    return size + 1
+
+
+# ---------------------------------------------------------------------------- job heap
+# indexed heap of slots keyed by (sf[s, _F_T], si[s, _I_Q]); si[s, _I_POS] is s's position.
+# Helpers that take arrays never call other helpers with arrays: numba would refcount the
+# arrays at every nested inlined call (~30% of the run time).
+@njit(cache=True, inline="always")
+def _jsift(sf, si, size, i):
+    """Restore the heap around position ``i`` (its key changed, or it was just placed)."""
+    x = si[i, _L_HEAP]
+    tx = sf[x, _F_T]
+    qx = si[x, _I_Q]
+    moved = False
+    while i > 0:  # up
+        p = (i - 1) >> 1
+        y = si[p, _L_HEAP]
+        ty = sf[y, _F_T]
+        if tx < ty or (tx == ty and qx < si[y, _I_Q]):
+            si[i, _L_HEAP] = y
+            si[y, _I_POS] = i
+            i = p
+            moved = True
+        else:
+            break
+    if not moved:
+        while True:  # down
+            c = 2 * i + 1
+            if c >= size:
+                break
+            y = si[c, _L_HEAP]
+            if c + 1 < size:
+                z = si[c + 1, _L_HEAP]
+                tz = sf[z, _F_T]
+                ty = sf[y, _F_T]
+                if tz < ty or (tz == ty and si[z, _I_Q] < si[y, _I_Q]):
+                    c += 1
+                    y = z
+            ty = sf[y, _F_T]
+            if ty < tx or (ty == tx and si[y, _I_Q] < qx):
+                si[i, _L_HEAP] = y
+                si[y, _I_POS] = i
+                i = c
+            else:
+                break
+    si[i, _L_HEAP] = x
+    si[x, _I_POS] = i
+
 
 @njit(cache=True)
 def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev, lane_lag,
-                  lane_s2s, pred_ptr, pred_src, pred_lag, pred_s2s, wait_ptr, wait_src, wait_lag, device, resource,
-                  link, interference, share_compute, share_links):
+                  lane_s2s, pred_ptr, pred_src, pred_lag, pred_s2s, wait_ptr, wait_src,
+                  wait_lag, device, resource, link, interference, share_compute, share_links):
     """Event-driven fluid replay with resource sharing (the contention path).
 
-    Same constraints as :func:`_fast_replay`. Ops with a resource (``resource`` 1 = compute
-    on ``device``, 2 = communication over ``link``) run as *jobs* whose progress rate is set
-    by the ops running at the same time: compute jobs share their device equally when
-    ``share_compute``; communication jobs (a whole collective is one job over the links of
-    its members) get max-min fair shares of unit-capacity links when ``share_links``; while a
-    device runs both compute and communication, both progress at ``1 / (1 + interference)``.
-    A collective's job starts when its last member has started and member ``m`` completes
-    once the job's progress reaches ``dur[m]``. Ops without a resource take exactly
-    ``dur`` (their end is known when they start), and start-to-start links (``*_s2s``:
-    launch edges, measured lane overlaps) resolve when their source starts, so the usual
-    negative lags are exact. A start that would still fall before the current event time
-    (a negative lag after a job's end) is clamped to it and counted.
+    Same constraints as :func:`replay._kernels._fast_replay`. Ops with a resource
+    (``resource`` 1 = compute on ``device``, 2 = communication over ``link``) run as *jobs*
+    whose progress rate is set by the ops running at the same time: compute jobs share their
+    device equally when ``share_compute``; communication jobs (a whole collective is one job
+    over the links of its members) get max-min fair shares of unit-capacity links when
+    ``share_links``; while a device runs both compute and communication, both progress at
+    ``1 / (1 + interference)``. A collective's job starts when its last member has started
+    and member ``m`` completes once the job's progress reaches ``dur[m]``. Ops without a
+    resource take exactly ``dur`` (their end is known when they start), and start-to-start
+    links (``*_s2s``: launch edges, measured lane overlaps) resolve when their source starts,
+    so the usual negative lags are exact. A start that would still fall before the current
+    event time (a negative lag after a job's end) is clamped to it and counted.
 
-    Times are float64 internally relative to ``origin.min()``.
+    Events are ordered by (time, job events before starts, sequence number). A change only
+    re-evaluates the rates it can affect: the jobs of a device whose compute/communication
+    count changed, and the flows when a flow starts or ends (max-min shares) or when the
+    compute on one of their devices switches on or off (interference).
 
-    Returns ``start``, ``end``, ``crit`` (int64[N], rounded) and the number of clamped
-    starts (``-1`` if some op could never start: a cycle).
+    Times are float64 internally relative to ``origin.min()``. Arrays: layout positions,
+    indices ``int32`` (``n + edges < 2**30``), times ``int64`` ns.
+
+    Returns ``start``, ``end`` (int64[N], rounded), ``crit`` (int32[N]) and the number of
+    clamped starts (``-1`` if some op could never start: a cycle).
     """
     n = dur.shape[0]
     nc = coll_ptr.shape[0] - 1
-    nj = n + nc
     base = origin.min() if n else np.int64(0)
-    origin_rel = (origin - base).astype(np.float64)
-    # ---- successor lists (lane next, start edges, wait edges)
-    lane_next = np.full(n, -1, np.int64)
+    # ---- successors by source: lane successor first, then start edges by dst;
+    # entry = 2 * dst + (counted from the source's start)
+    sptr = np.zeros(n + 1, np.int32)
     for i in range(n):
-        if lane_prev[i] >= 0:
-            lane_next[lane_prev[i]] = i
-    e = pred_src.shape[0]
-    succ_ptr = np.zeros(n + 1, np.int64)
-    for k in range(e):
-        succ_ptr[pred_src[k] + 1] += 1
+        p = lane_prev[i]
+        if p >= 0:
+            sptr[p + 1] += 1
+        for k in range(pred_ptr[i], pred_ptr[i + 1]):
+            sptr[pred_src[k] + 1] += 1
     for i in range(n):
-        succ_ptr[i + 1] += succ_ptr[i]
-    succ = np.empty(e, np.int64)
-    succ_s2s = np.empty(e, np.bool_)
-    fill = succ_ptr[:-1].copy()
+        sptr[i + 1] += sptr[i]
+    succ = np.empty(sptr[n], np.int32)
+    for i in range(n):  # sptr[x] is x's fill cursor; shifted back below
+        p = lane_prev[i]
+        if p >= 0:
+            succ[sptr[p]] = 2 * i + (1 if lane_s2s[i] else 0)
+            sptr[p] += 1
     for i in range(n):
         for k in range(pred_ptr[i], pred_ptr[i + 1]):
             s = pred_src[k]
-            succ[fill[s]] = i
-            succ_s2s[fill[s]] = pred_s2s[k]
-            fill[s] += 1
-    w = wait_src.shape[0]
-    wsucc_ptr = np.zeros(n + 1, np.int64)
-    for k in range(w):
-        wsucc_ptr[wait_src[k] + 1] += 1
-    for i in range(n):
-        wsucc_ptr[i + 1] += wsucc_ptr[i]
-    wsucc = np.empty(w, np.int64)
-    fill = wsucc_ptr[:-1].copy()
-    for i in range(n):
-        for k in range(wait_ptr[i], wait_ptr[i + 1]):
-            s = wait_src[k]
-            wsucc[fill[s]] = i
-            fill[s] += 1
+            succ[sptr[s]] = 2 * i + (1 if pred_s2s[k] else 0)
+            sptr[s] += 1
+    for i in range(n, 0, -1):
+        sptr[i] = sptr[i - 1]
+    if n:
+        sptr[0] = 0
     # ---- per-op state
-    pending = np.zeros(n, np.int64)
-    wpending = np.zeros(n, np.int64)
+    cnt = np.empty(n, np.int32)  # unresolved start constraints; once started: unfinished waits
+    state = np.zeros(n, np.uint8)
     for i in range(n):
-        pending[i] = (1 if lane_prev[i] >= 0 else 0) + pred_ptr[i + 1] - pred_ptr[i]
-        wpending[i] = wait_ptr[i + 1] - wait_ptr[i]
+        cnt[i] = (1 if lane_prev[i] >= 0 else 0) + pred_ptr[i + 1] - pred_ptr[i]
     start = np.zeros(n, np.float64)
-    end = np.zeros(n, np.float64)
-    own = np.full(n, np.nan)  # own completion time (before waits)
-    crit = np.full(n, -1, np.int64)
-    # ---- jobs
-    job_done = np.zeros(nj, np.float64)
-    job_rate = np.zeros(nj, np.float64)
-    job_last = np.zeros(nj, np.float64)
-    job_thr = np.zeros(nj, np.float64)
-    job_k = np.zeros(nj, np.int64)  # next member (flows)
-    job_t = np.zeros(nj, np.float64)
-    job_q = np.zeros(nj, np.int64)
-    arrived = np.zeros(max(nc, 1), np.int64)
-    coll_a = np.zeros(max(nc, 1), np.float64)
-    coll_last = np.full(max(nc, 1), -1, np.int64)
-    # collective members by threshold (max(dur, 0)), ties by op id
+    end = np.zeros(n, np.float64)  # own completion until the op is finalized
+    crit = np.full(n, -1, np.int32)
+    # wait successors (rare): (src, dst) pairs sorted by src then dst
+    nw = wait_src.shape[0]
+    wkey = np.empty(nw, np.int64)
+    k = 0
+    for i in range(n):
+        for kk in range(wait_ptr[i], wait_ptr[i + 1]):
+            wkey[k] = np.int64(wait_src[kk]) * n + i
+            k += 1
+    wkey = np.sort(wkey)
+    for k in range(nw):
+        state[wkey[k] // n] |= _HASW
+    # ---- collectives: members by threshold (max(dur, 0)), ties in member order
+    ncm = max(nc, 1)
+    arrived = np.zeros(ncm, np.int32)
+    coll_last = np.full(ncm, -1, np.int64)
+    coll_k = np.zeros(ncm, np.int32)  # members completed so far (in csorted order)
     csorted = coll_members.copy()
     for c in range(nc):
         a0, a1 = coll_ptr[c], coll_ptr[c + 1]
@@ -108,16 +188,7 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
             keys[k] = float(max(dur[seg[k]], 0))
         idx = np.argsort(keys, kind="mergesort")
         csorted[a0:a1] = seg[idx]
-    # running jobs: communication jobs ("flows") in a list, compute jobs in one doubly
-    # linked list per device; a change re-evaluates only the rates it can affect
-    flows = np.empty(nj, np.int64)
-    fpos = np.full(nj, -1, np.int64)
-    n_flows = 0
-    dnext = np.full(nj, -1, np.int64)
-    dprev = np.full(nj, -1, np.int64)
-    cand = np.empty(nj + 1, np.int64)
-    cmark = np.zeros(nj, np.bool_)
-    ncand = 0
+    # ---- devices and links
     ndev = 1
     nlink = 1
     for i in range(n):
@@ -125,114 +196,141 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
             ndev = device[i] + 1
         if link[i] + 1 > nlink:
             nlink = link[i] + 1
-    n_compute = np.zeros(ndev, np.int64)
-    n_comm = np.zeros(ndev, np.int64)
-    dhead = np.full(ndev, -1, np.int64)
-    dev_was = np.zeros(ndev, np.int64)
-    sharing = share_compute or share_links or interference > 0.0
-    inv = 1.0 / (1.0 + interference)
+    n_compute = np.zeros(ndev, np.int32)
+    n_comm = np.zeros(ndev, np.int32)
+    dhead = np.full(ndev, -1, np.int64)  # compute slots of a device (linked list)
+    dev_was = np.zeros(ndev, np.int32)
     link_cap = np.zeros(nlink, np.float64)
     link_cnt = np.zeros(nlink, np.int64)
-    frozen = np.zeros(nj, np.bool_)
-    share = np.ones(nj, np.float64)
-    # ---- heaps
-    st_t = np.zeros(n, np.float64)
-    st_q = np.zeros(n, np.int64)
-    sheap = np.empty(n + 1, np.int64)
-    ssize = 0
-    jheap = np.empty(nj + 1, np.int64)
-    jpos = np.full(nj, -1, np.int64)
+    sharing = share_compute or share_links or interference > 0.0
+    inv = 1.0 / (1.0 + interference)
+    # ---- job slots and event lists. Their capacity is the worst case (every job running,
+    # every op released at once), but np.empty only reserves address space: pages are
+    # committed when first touched, and slots are reused LIFO, so the resident part is the
+    # few slots and entries actually used. (Growing them on demand would reassign arrays in
+    # the event loop, and numba then refcounts them at every iteration: ~40% slower.)
+    n_jobs = nc
+    for i in range(n):
+        if coll_of[i] < 0 and resource[i] > 0 and dur[i] > 0:
+            n_jobs += 1
+    sf = np.empty((n_jobs + 1, _NF), np.float64)
+    si = np.empty((n_jobs + 1, _NI), np.int64)
+    nfree = 0  # free stack of released slots (si[:, _L_FREE]) ...
+    nused = 0  # ... and slots never used so far
     jsize = 0
+    n_flows = 0
+    ht = np.empty(n + 1, np.float64)  # start heap: time, sequence, op
+    hq = np.empty(n + 1, np.int64)
+    hi = np.empty(n + 1, np.int32)
+    ssize = 0
+    fstack = np.empty(n + 1, np.int32)  # ops whose end is known: finalize, resolve successors
+    rel = np.empty(n + 1, np.int32)  # ops whose start constraints all resolved in this event
     seq = np.int64(0)
     clamped = 0
     started = 0
-    # roots
-    for i in range(n):
-        if pending[i] == 0:
-            st_t[i] = float(origin[i] - base + delay[i])
-            st_q[i] = seq
+    for i in range(n):  # roots
+        if cnt[i] == 0:
+            ssize = _spush(ht, hq, hi, ssize, float(origin[i] - base + delay[i]), seq, i)
             seq += 1
-            ssize = _hpush(sheap, ssize, st_t, st_q, i)
-    # finalize stack: ops whose end is known and whose successors must be resolved
-    fstack = np.empty(n + 1, np.int64)
-    rel = np.empty(n + 1, np.int64)  # ops whose start constraints all resolved
     now = 0.0
     while ssize > 0 or jsize > 0:
-        take_job = jsize > 0 and (ssize == 0 or job_t[jheap[0]] <= st_t[sheap[0]])
+        take_job = jsize > 0 and (ssize == 0 or sf[si[0, _L_HEAP], _F_T] <= ht[0])
         nf = 0
         nrel = 0
+        sift_at = -1  # job heap position to restore
+        left = -1  # slot of a job that just ended
+        entered = -1  # slot of a job that just started
         if take_job:
-            j = jheap[0]
-            now = job_t[j]
-            job_done[j] = job_thr[j]  # exact: the event fires when the threshold is reached
-            job_last[j] = now
+            sl = si[0, _L_HEAP]
+            j = si[sl, _I_JOB]
+            now = sf[sl, _F_T]
+            sf[sl, _F_DONE] = sf[sl, _F_THR]  # exact: the event fires at the threshold
+            sf[sl, _F_LAST] = now
             if j < n:
-                own[j] = now
+                end[j] = now
+                state[j] |= _OWN
                 members_done = True
-                m = j
-                if wpending[m] == 0:
-                    fstack[nf] = m
+                if cnt[j] == 0:
+                    fstack[nf] = j
                     nf += 1
             else:
                 c = j - n
                 a0, a1 = coll_ptr[c], coll_ptr[c + 1]
-                while job_k[j] < a1 - a0:
-                    m = csorted[a0 + job_k[j]]
+                while coll_k[c] < a1 - a0:
+                    m = csorted[a0 + coll_k[c]]
                     thr = max(dur[m], 0) * 1.0
-                    if thr > job_done[j]:
+                    if thr > sf[sl, _F_DONE]:
                         break
-                    own[m] = now
-                    job_k[j] += 1
-                    if wpending[m] == 0:
+                    end[m] = now
+                    state[m] |= _OWN
+                    coll_k[c] += 1
+                    if cnt[m] == 0:
                         fstack[nf] = m
                         nf += 1
-                members_done = job_k[j] == a1 - a0
+                members_done = coll_k[c] == a1 - a0
                 if not members_done:
-                    m = csorted[a0 + job_k[j]]
-                    job_thr[j] = max(dur[m], 0) * 1.0
-                    job_t[j] = now + (job_thr[j] - job_done[j]) / job_rate[j]
-                    job_q[j] = seq
+                    m = csorted[a0 + coll_k[c]]
+                    sf[sl, _F_THR] = max(dur[m], 0) * 1.0
+                    sf[sl, _F_T] = now + (sf[sl, _F_THR] - sf[sl, _F_DONE]) / sf[sl, _F_RATE]
+                    si[sl, _I_Q] = seq
                     seq += 1
-                    _ixsift(jheap, jpos, jsize, job_t, job_q, jpos[j])
+                    sift_at = si[sl, _I_POS]
             if members_done:
-                jsize = _ixremove(jheap, jpos, jsize, job_t, job_q, j)
-                if sharing:  # without sharing every rate stays 1: no bookkeeping at all
-                    is_flow = not (j < n and resource[j] == 1)
-                    ncand = _job_leave(j, n, coll_ptr, coll_members, device, resource,
-                                       n_compute, n_comm, dhead, dnext, dprev, flows, fpos,
-                                       n_flows, cand, cmark, share_compute, share_links,
-                                       interference)
-                    if is_flow:
-                        n_flows -= 1
-                    seq = _rerate(now, cand, ncand, cmark, is_flow, flows, n_flows, n, coll_ptr,
-                                  coll_members, device, resource, link, n_compute, n_comm,
-                                  share_compute, share_links, interference, inv, link_cap,
-                                  link_cnt, frozen, share, job_done, job_rate, job_last,
-                                  job_thr, job_t, job_q, jheap, jpos, jsize, seq)
+                hole = si[sl, _I_POS]  # remove sl from the job heap
+                si[sl, _I_POS] = -1
+                jsize -= 1
+                if hole != jsize:
+                    si[hole, _L_HEAP] = si[jsize, _L_HEAP]
+                    sift_at = hole
+                left = sl
         else:
-            i, ssize = _hpop(sheap, ssize, st_t, st_q)
-            now = st_t[i]
+            i = hi[0]
+            now = ht[0]
+            # pop the start heap (written out: numba refcounts arrays passed to helpers)
+            ssize -= 1
+            tx = ht[ssize]
+            qx = hq[ssize]
+            x = hi[ssize]
+            h = 0
+            while True:
+                c = 2 * h + 1
+                if c >= ssize:
+                    break
+                if c + 1 < ssize and (ht[c + 1] < ht[c] or (ht[c + 1] == ht[c]
+                                                              and hq[c + 1] < hq[c])):
+                    c += 1
+                if ht[c] < tx or (ht[c] == tx and hq[c] < qx):
+                    ht[h] = ht[c]
+                    hq[h] = hq[c]
+                    hi[h] = hi[c]
+                    h = c
+                else:
+                    break
+            ht[h] = tx
+            hq[h] = qx
+            hi[h] = x
             start[i] = now
+            state[i] |= _STARTED
             started += 1
-            q = lane_next[i]
-            if q >= 0 and lane_s2s[q]:
-                pending[q] -= 1
-                if pending[q] == 0:
-                    rel[nrel] = q
-                    nrel += 1
-            for k in range(succ_ptr[i], succ_ptr[i + 1]):  # edges counted from this start
-                if succ_s2s[k]:
-                    q = succ[k]
-                    pending[q] -= 1
-                    if pending[q] == 0:
+            for k in range(sptr[i], sptr[i + 1]):  # links counted from this start
+                x = succ[k]
+                if x & 1:
+                    q = x >> 1
+                    cnt[q] -= 1
+                    if cnt[q] == 0:
                         rel[nrel] = q
                         nrel += 1
+            # from now on cnt[i] counts the wait sources not finalized yet
+            w = 0
+            for k in range(wait_ptr[i], wait_ptr[i + 1]):
+                if not (state[wait_src[k]] & _FIN):
+                    w += 1
+            cnt[i] = w
             c = coll_of[i]
             newjob = -1
+            thr0 = 0.0
             if c >= 0:
                 arrived[c] += 1
-                if start[i] > coll_a[c] or coll_last[c] < 0:
-                    coll_a[c] = start[i]
                 if arrived[c] == coll_ptr[c + 1] - coll_ptr[c]:
                     # the last member sets A; `last` = first member (op order) at max start
                     a = -np.inf
@@ -241,142 +339,273 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
                         if start[m] > a:
                             a = start[m]
                             coll_last[c] = m
-                    coll_a[c] = a
-                    j = n + c
                     a0, a1 = coll_ptr[c], coll_ptr[c + 1]
-                    while job_k[j] < a1 - a0:  # members with no transfer tail end at once
-                        m = csorted[a0 + job_k[j]]
+                    while coll_k[c] < a1 - a0:  # members with no transfer tail end at once
+                        m = csorted[a0 + coll_k[c]]
                         if dur[m] > 0:
                             break
-                        own[m] = a + dur[m]
-                        job_k[j] += 1
-                        if wpending[m] == 0:
+                        end[m] = a + dur[m]
+                        state[m] |= _OWN
+                        coll_k[c] += 1
+                        if cnt[m] == 0:
                             fstack[nf] = m
                             nf += 1
-                    if job_k[j] < a1 - a0:
-                        newjob = j
-                        job_thr[j] = max(dur[csorted[a0 + job_k[j]]], 0) * 1.0
+                    if coll_k[c] < a1 - a0:
+                        newjob = n + c
+                        thr0 = max(dur[csorted[a0 + coll_k[c]]], 0) * 1.0
             elif resource[i] > 0 and dur[i] > 0:
                 newjob = i
-                job_thr[i] = dur[i] * 1.0
+                thr0 = dur[i] * 1.0
             else:
-                own[i] = now + dur[i]
-                if wpending[i] == 0:
+                end[i] = now + dur[i]
+                state[i] |= _OWN
+                if cnt[i] == 0:
                     fstack[nf] = i
                     nf += 1
             if newjob >= 0:
                 j = newjob
-                job_done[j] = 0.0
-                job_last[j] = now
-                job_rate[j] = 1.0
-                job_t[j] = now + job_thr[j]
-                job_q[j] = seq
+                if nfree > 0:
+                    nfree -= 1
+                    sl = si[nfree, _L_FREE]
+                else:
+                    sl = nused
+                    nused += 1
+                    si[sl, _I_DN] = -1
+                    si[sl, _I_DP] = -1
+                    si[sl, _I_FPOS] = -1
+                    si[sl, _I_MARK] = 0
+                si[sl, _I_JOB] = j
+                sf[sl, _F_THR] = thr0
+                sf[sl, _F_DONE] = 0.0
+                sf[sl, _F_LAST] = now
+                sf[sl, _F_RATE] = 1.0
+                sf[sl, _F_T] = now + thr0
+                si[sl, _I_Q] = seq
                 seq += 1
-                jpos[j] = jsize
-                jheap[jsize] = j
+                si[sl, _I_POS] = jsize
+                si[jsize, _L_HEAP] = sl
                 jsize += 1
-                _ixsift(jheap, jpos, jsize, job_t, job_q, jsize - 1)
-                if sharing:
-                    is_flow = not (j < n and resource[j] == 1)
-                    ncand = _job_enter(j, n, coll_ptr, coll_members, device, resource,
-                                       n_compute, n_comm, dhead, dnext, dprev, flows, fpos,
-                                       n_flows, cand, cmark, dev_was, share_compute,
-                                       share_links, interference)
-                    if is_flow:
-                        n_flows += 1
-                    job_rate[j] = -1.0  # force (re)scheduling at the computed rate
-                    seq = _rerate(now, cand, ncand, cmark, is_flow, flows, n_flows, n, coll_ptr,
-                                  coll_members, device, resource, link, n_compute, n_comm,
-                                  share_compute, share_links, interference, inv, link_cap,
-                                  link_cnt, frozen, share, job_done, job_rate, job_last,
-                                  job_thr, job_t, job_q, jheap, jpos, jsize, seq)
+                sift_at = jsize - 1
+                entered = sl
+        fast_enter = False
+        if sharing and entered >= 0:
+            j = si[entered, _I_JOB]
+            if j < n and resource[j] == 1:
+                d = device[j]
+                # common case, written out: only the new job's own rate to set
+                fast_enter = not share_compute and not (
+                    interference > 0.0 and n_compute[d] == 0 and n_comm[d] > 0)
+                if fast_enter:
+                    sl = entered
+                    si[sl, _I_DN] = dhead[d]
+                    si[sl, _I_DP] = -1
+                    if dhead[d] >= 0:
+                        si[dhead[d], _I_DP] = sl
+                    dhead[d] = sl
+                    n_compute[d] += 1
+                    r = inv if interference > 0.0 and n_comm[d] > 0 else 1.0
+                    # as _rerate would: the rate changes from "unset" to r, a new sequence;
+                    # the job heap is restored below
+                    sf[sl, _F_RATE] = r
+                    sf[sl, _F_T] = now + sf[sl, _F_THR] / r
+                    si[sl, _I_Q] = seq
+                    seq += 1
+        if sift_at >= 0:  # restore the job heap (written out, see above)
+            h = sift_at
+            x = si[h, _L_HEAP]
+            tx = sf[x, _F_T]
+            qx = si[x, _I_Q]
+            moved = False
+            while h > 0:  # up
+                p = (h - 1) >> 1
+                y = si[p, _L_HEAP]
+                ty = sf[y, _F_T]
+                if tx < ty or (tx == ty and qx < si[y, _I_Q]):
+                    si[h, _L_HEAP] = y
+                    si[y, _I_POS] = h
+                    h = p
+                    moved = True
+                else:
+                    break
+            if not moved:
+                while True:  # down
+                    c = 2 * h + 1
+                    if c >= jsize:
+                        break
+                    y = si[c, _L_HEAP]
+                    if c + 1 < jsize:
+                        z = si[c + 1, _L_HEAP]
+                        tz = sf[z, _F_T]
+                        ty = sf[y, _F_T]
+                        if tz < ty or (tz == ty and si[z, _I_Q] < si[y, _I_Q]):
+                            c += 1
+                            y = z
+                    ty = sf[y, _F_T]
+                    if ty < tx or (ty == tx and si[y, _I_Q] < qx):
+                        si[h, _L_HEAP] = y
+                        si[y, _I_POS] = h
+                        h = c
+                    else:
+                        break
+            si[h, _L_HEAP] = x
+            si[x, _I_POS] = h
+        fast = False
+        if sharing and left >= 0:
+            j = si[left, _I_JOB]
+            if j < n and resource[j] == 1:
+                d = device[j]
+                # common case, written out: no other job's rate changes
+                fast = not share_compute and not (interference > 0.0 and n_compute[d] == 1
+                                                  and n_comm[d] > 0)
+                if fast:
+                    dp = si[left, _I_DP]
+                    dn = si[left, _I_DN]
+                    if dp >= 0:
+                        si[dp, _I_DN] = dn
+                    else:
+                        dhead[d] = dn
+                    if dn >= 0:
+                        si[dn, _I_DP] = dp
+                    si[left, _I_DN] = -1
+                    si[left, _I_DP] = -1
+                    n_compute[d] -= 1
+        if sharing and left >= 0 and not fast:  # no sharing: every rate stays 1
+            j = si[left, _I_JOB]
+            is_flow = not (j < n and resource[j] == 1)
+            ncand = _job_leave(left, j, n, coll_ptr, coll_members, device, resource, n_compute,
+                               n_comm, dhead, si, n_flows, share_compute, share_links,
+                               interference)
+            if is_flow:
+                n_flows -= 1
+            seq = _rerate(now, ncand, is_flow, n_flows, n, coll_ptr, coll_members, device,
+                          resource, link, n_compute, n_comm, share_compute, share_links,
+                          interference, inv, link_cap, link_cnt, sf, si, jsize, seq)
+        if left >= 0:
+            si[nfree, _L_FREE] = left
+            nfree += 1
+        if sharing and entered >= 0 and not fast_enter:
+            j = si[entered, _I_JOB]
+            is_flow = not (j < n and resource[j] == 1)
+            ncand = _job_enter(entered, j, n, coll_ptr, coll_members, device, resource,
+                               n_compute, n_comm, dhead, si, n_flows, dev_was, share_compute,
+                               share_links, interference)
+            if is_flow:
+                n_flows += 1
+            sf[entered, _F_RATE] = -1.0  # force (re)scheduling at the computed rate
+            seq = _rerate(now, ncand, is_flow, n_flows, n, coll_ptr, coll_members, device,
+                          resource, link, n_compute, n_comm, share_compute, share_links,
+                          interference, inv, link_cap, link_cnt, sf, si, jsize, seq)
         # ---- finalize ops whose end is known; resolve their successors
         while nf > 0:
             nf -= 1
             i = fstack[nf]
             # end: own completion (collective members: max(start, A + tail)), then waits
             cc = coll_of[i]
+            ev = end[i]
             if cc >= 0:
-                ev = start[i]
-                v = own[i]
-                if v > ev:
-                    ev = v
+                if ev > start[i]:
                     if i != coll_last[cc]:
                         crit[i] = coll_last[cc]
-            else:
-                ev = own[i]
+                else:
+                    ev = start[i]
             for k in range(wait_ptr[i], wait_ptr[i + 1]):
                 v = end[wait_src[k]] + wait_lag[k]
                 if v > ev:
                     ev = v
                     crit[i] = wait_src[k]
             end[i] = ev
-            q = lane_next[i]
-            if q >= 0 and not lane_s2s[q]:
-                pending[q] -= 1
-                if pending[q] == 0:
-                    rel[nrel] = q
-                    nrel += 1
-            for k in range(succ_ptr[i], succ_ptr[i + 1]):
-                if succ_s2s[k]:
+            state[i] |= _FIN
+            for k in range(sptr[i], sptr[i + 1]):
+                x = succ[k]
+                if x & 1:
                     continue
-                q = succ[k]
-                pending[q] -= 1
-                if pending[q] == 0:
+                q = x >> 1
+                cnt[q] -= 1
+                if cnt[q] == 0:
                     rel[nrel] = q
                     nrel += 1
-            for k in range(wsucc_ptr[i], wsucc_ptr[i + 1]):
-                q = wsucc[k]
-                wpending[q] -= 1
-                if wpending[q] == 0 and not np.isnan(own[q]):
-                    fstack[nf] = q
-                    nf += 1
+            if state[i] & _HASW:
+                lo = np.searchsorted(wkey, np.int64(i) * n)
+                for k in range(lo, nw):
+                    if wkey[k] // n != i:
+                        break
+                    q = wkey[k] - np.int64(i) * n
+                    if state[q] & _STARTED:
+                        cnt[q] -= 1
+                        if cnt[q] == 0 and state[q] & _OWN:
+                            fstack[nf] = q
+                            nf += 1
         # ---- release the ops whose start constraints all resolved in this event (FIFO)
         for x in range(nrel):
             q = rel[x]
-            ready, cp = _ready(q, start, end, origin_rel, lane_prev, lane_lag, lane_s2s,
-                               pred_ptr, pred_src, pred_lag, pred_s2s)
+            # ready time (replay._kernels._ready on relative float times; written out)
+            ready = -4.611686018427388e18  # float(-(2**62)), the fast path's "-infinity"
+            cp = -1
+            p = lane_prev[q]
+            if p >= 0:
+                ready = (start[p] if lane_s2s[q] else end[p]) + lane_lag[q]
+                cp = p
+            for k in range(pred_ptr[q], pred_ptr[q + 1]):
+                sp = pred_src[k]
+                v = (start[sp] if pred_s2s[k] else end[sp]) + pred_lag[k]
+                if v > ready:
+                    ready = v
+                    cp = sp
+            if cp < 0:
+                ready = float(origin[q] - base)
             st = ready + delay[q]
             if st < now:
                 st = now
                 clamped += 1
             crit[q] = cp
-            st_t[q] = st
-            st_q[q] = seq
+            h = ssize  # push onto the start heap
+            while h > 0:
+                p = (h - 1) >> 1
+                if st < ht[p] or (st == ht[p] and seq < hq[p]):
+                    ht[h] = ht[p]
+                    hq[h] = hq[p]
+                    hi[h] = hi[p]
+                    h = p
+                else:
+                    break
+            ht[h] = st
+            hq[h] = seq
+            hi[h] = q
+            ssize += 1
             seq += 1
-            ssize = _hpush(sheap, ssize, st_t, st_q, q)
     if started < n:
-        return (np.zeros(n, np.int64), np.zeros(n, np.int64), crit, -1)
-    s_out = np.empty(n, np.int64)
-    e_out = np.empty(n, np.int64)
+        return start.view(np.int64), end.view(np.int64), crit, -1
+    s_out = start.view(np.int64)  # in place: float64 -> int64 ns
+    e_out = end.view(np.int64)
     for i in range(n):
         s_out[i] = np.int64(np.rint(start[i])) + base
         e_out[i] = np.int64(np.rint(end[i])) + base
     return s_out, e_out, crit, clamped
 
 
+# ---------------------------------------------------------------------------- sharing
 @njit(cache=True)
-def _add_cand(j, cand, ncand, cmark):
-    if not cmark[j]:
-        cmark[j] = True
-        cand[ncand] = j
+def _add_cand(s, si, ncand):
+    if si[s, _I_MARK] == 0:
+        si[s, _I_MARK] = 1
+        si[ncand, _L_CAND] = s
         ncand += 1
     return ncand
 
 
 @njit(cache=True)
-def _add_device_jobs(d, dhead, dnext, cand, ncand, cmark):
-    j = dhead[d]
-    while j >= 0:
-        ncand = _add_cand(j, cand, ncand, cmark)
-        j = dnext[j]
+def _add_device_jobs(d, dhead, si, ncand):
+    s = dhead[d]
+    while s >= 0:
+        ncand = _add_cand(s, si, ncand)
+        s = si[s, _I_DN]
     return ncand
 
 
 @njit(cache=True)
-def _add_flows(flows, n_flows, cand, ncand, cmark):
+def _add_flows(si, n_flows, ncand):
     for a in range(n_flows):
-        ncand = _add_cand(flows[a], cand, ncand, cmark)
+        ncand = _add_cand(si[a, _L_FLOWS], si, ncand)
     return ncand
 
 
@@ -386,26 +615,26 @@ def _member_device(j, n, k, coll_members, device):
 
 
 @njit(cache=True)
-def _job_enter(j, n, coll_ptr, coll_members, device, resource, n_compute, n_comm, dhead,
-               dnext, dprev, flows, fpos, n_flows, cand, cmark, dev_was, share_compute,
-               share_links, interference):
-    """Register running job ``j``; collect the jobs whose rate may change in ``cand``."""
-    ncand = _add_cand(j, cand, 0, cmark)
+def _job_enter(sl, j, n, coll_ptr, coll_members, device, resource, n_compute, n_comm, dhead,
+               si, n_flows, dev_was, share_compute, share_links, interference):
+    """Register running job ``j`` (slot ``sl``); collect the slots whose rate may change."""
+    ncand = _add_cand(sl, si, 0)
     if j < n and resource[j] == 1:
         d = device[j]
-        dnext[j] = dhead[d]
-        dprev[j] = -1
+        si[sl, _I_DN] = dhead[d]
+        si[sl, _I_DP] = -1
         if dhead[d] >= 0:
-            dprev[dhead[d]] = j
-        dhead[d] = j
+            si[dhead[d], _I_DP] = sl
+        dhead[d] = sl
         n_compute[d] += 1
         if share_compute:
-            ncand = _add_device_jobs(d, dhead, dnext, cand, ncand, cmark)
-        if interference > 0.0 and n_compute[d] == 1:
-            ncand = _add_flows(flows, n_flows, cand, ncand, cmark)
+            ncand = _add_device_jobs(d, dhead, si, ncand)
+        # flows see interference switch on only if one of them runs on this device
+        if interference > 0.0 and n_compute[d] == 1 and n_comm[d] > 0:
+            ncand = _add_flows(si, n_flows, ncand)
     else:
-        flows[n_flows] = j
-        fpos[j] = n_flows
+        si[n_flows, _L_FLOWS] = sl
+        si[sl, _I_FPOS] = n_flows
         n_flows += 1
         a0 = j if j < n else coll_ptr[j - n]
         a1 = j + 1 if j < n else coll_ptr[j - n + 1]
@@ -417,42 +646,44 @@ def _job_enter(j, n, coll_ptr, coll_members, device, resource, n_compute, n_comm
             d = _member_device(j, n, k, coll_members, device)
             if d >= 0:
                 n_comm[d] += 1
-        if share_links or interference > 0.0:
-            ncand = _add_flows(flows, n_flows, cand, ncand, cmark)
+        if share_links:
+            ncand = _add_flows(si, n_flows, ncand)
         if interference > 0.0:
             for k in range(a0, a1):
                 d = _member_device(j, n, k, coll_members, device)
                 if d >= 0 and dev_was[d] == 0:
-                    ncand = _add_device_jobs(d, dhead, dnext, cand, ncand, cmark)
+                    ncand = _add_device_jobs(d, dhead, si, ncand)
     return ncand
 
 
 @njit(cache=True)
-def _job_leave(j, n, coll_ptr, coll_members, device, resource, n_compute, n_comm, dhead,
-               dnext, dprev, flows, fpos, n_flows, cand, cmark, share_compute, share_links,
-               interference):
-    """Unregister finished job ``j``; collect the jobs whose rate may change in ``cand``."""
+def _job_leave(sl, j, n, coll_ptr, coll_members, device, resource, n_compute, n_comm, dhead,
+               si, n_flows, share_compute, share_links, interference):
+    """Unregister finished job ``j`` (slot ``sl``); collect the slots whose rate may change."""
     ncand = 0
     if j < n and resource[j] == 1:
         d = device[j]
-        if dprev[j] >= 0:
-            dnext[dprev[j]] = dnext[j]
+        dp = si[sl, _I_DP]
+        dn = si[sl, _I_DN]
+        if dp >= 0:
+            si[dp, _I_DN] = dn
         else:
-            dhead[d] = dnext[j]
-        if dnext[j] >= 0:
-            dprev[dnext[j]] = dprev[j]
-        dnext[j] = -1
-        dprev[j] = -1
+            dhead[d] = dn
+        if dn >= 0:
+            si[dn, _I_DP] = dp
+        si[sl, _I_DN] = -1
+        si[sl, _I_DP] = -1
         n_compute[d] -= 1
         if share_compute:
-            ncand = _add_device_jobs(d, dhead, dnext, cand, ncand, cmark)
-        if interference > 0.0 and n_compute[d] == 0:
-            ncand = _add_flows(flows, n_flows, cand, ncand, cmark)
+            ncand = _add_device_jobs(d, dhead, si, ncand)
+        if interference > 0.0 and n_compute[d] == 0 and n_comm[d] > 0:
+            ncand = _add_flows(si, n_flows, ncand)
     else:
-        p = fpos[j]
-        flows[p] = flows[n_flows - 1]
-        fpos[flows[p]] = p
-        fpos[j] = -1
+        p = si[sl, _I_FPOS]
+        last = si[n_flows - 1, _L_FLOWS]
+        si[p, _L_FLOWS] = last
+        si[last, _I_FPOS] = p
+        si[sl, _I_FPOS] = -1
         n_flows -= 1
         a0 = j if j < n else coll_ptr[j - n]
         a1 = j + 1 if j < n else coll_ptr[j - n + 1]
@@ -460,70 +691,83 @@ def _job_leave(j, n, coll_ptr, coll_members, device, resource, n_compute, n_comm
             d = _member_device(j, n, k, coll_members, device)
             if d >= 0:
                 n_comm[d] -= 1
-        if share_links or interference > 0.0:
-            ncand = _add_flows(flows, n_flows, cand, ncand, cmark)
+        if share_links:
+            ncand = _add_flows(si, n_flows, ncand)
         if interference > 0.0:
             for k in range(a0, a1):
                 d = _member_device(j, n, k, coll_members, device)
                 if d >= 0 and n_comm[d] == 0:
-                    ncand = _add_device_jobs(d, dhead, dnext, cand, ncand, cmark)
+                    ncand = _add_device_jobs(d, dhead, si, ncand)
     return ncand
 
 
 @njit(cache=True)
-def _rerate(now, cand, ncand, cmark, flows_changed, flows, n_flows, n, coll_ptr, coll_members,
-            device, resource, link, n_compute, n_comm, share_compute, share_links,
-            interference, inv, link_cap, link_cnt, frozen, share, job_done, job_rate,
-            job_last, job_thr, job_t, job_q, jheap, jpos, jsize, seq):
-    """Re-evaluate the rates of the candidate jobs, in job-id order (so that sequence
-    numbers do not depend on bookkeeping order); reschedule those whose rate changed."""
-    # max-min fair link shares by progressive filling over all running flows (id order);
-    # they change only when a flow starts or ends
+def _rerate(now, ncand, flows_changed, n_flows, n, coll_ptr, coll_members, device, resource,
+            link, n_compute, n_comm, share_compute, share_links, interference, inv, link_cap,
+            link_cnt, sf, si, jsize, seq):
+    """Re-evaluate the rates of the candidate slots, in job-id order (so that sequence
+    numbers do not depend on bookkeeping order); reschedule those whose rate changed.
+
+    Candidates whose rate does not change have no effect, so the candidate sets may be
+    supersets of the jobs a change affects."""
+    # max-min fair link shares by progressive filling over all running flows (job-id
+    # order); they change only when a flow starts or ends
     if share_links and flows_changed and n_flows > 0:
-        fl = np.sort(flows[:n_flows])
+        ids = np.empty(n_flows, np.int64)
         for a in range(n_flows):
-            j = fl[a]
-            frozen[j] = False
-            share[j] = 1.0
-            _links_add(j, n, coll_ptr, coll_members, link, link_cnt, link_cap, 1)
+            ids[a] = si[si[a, _L_FLOWS], _I_JOB]
+        o = np.argsort(ids)
+        fl = np.empty(n_flows, np.int64)
+        for a in range(n_flows):
+            fl[a] = si[o[a], _L_FLOWS]
+        for a in range(n_flows):
+            s = fl[a]
+            si[s, _I_FROZEN] = 0
+            sf[s, _F_SHARE] = 1.0
+            _links_add(si[s, _I_JOB], n, coll_ptr, coll_members, link, link_cnt, link_cap, 1)
         left = n_flows
         while left > 0:
             best = np.inf
             for a in range(n_flows):
-                j = fl[a]
-                if not frozen[j]:
-                    v = _flow_share(j, n, coll_ptr, coll_members, link, link_cnt, link_cap)
+                s = fl[a]
+                if si[s, _I_FROZEN] == 0:
+                    v = _flow_share(si[s, _I_JOB], n, coll_ptr, coll_members, link, link_cnt,
+                                    link_cap)
                     if v < best:
                         best = v
             progressed = False
             for a in range(n_flows):
-                j = fl[a]
-                if not frozen[j]:
-                    v = _flow_share(j, n, coll_ptr, coll_members, link, link_cnt, link_cap)
+                s = fl[a]
+                if si[s, _I_FROZEN] == 0:
+                    v = _flow_share(si[s, _I_JOB], n, coll_ptr, coll_members, link, link_cnt,
+                                    link_cap)
                     if v <= best:
-                        frozen[j] = True
-                        share[j] = min(best, 1.0)
+                        si[s, _I_FROZEN] = 1
+                        sf[s, _F_SHARE] = min(best, 1.0)
                         left -= 1
                         progressed = True
-                        _links_freeze(j, n, coll_ptr, coll_members, link, link_cnt, link_cap,
-                                      share[j])
+                        _links_freeze(si[s, _I_JOB], n, coll_ptr, coll_members, link,
+                                      link_cnt, link_cap, sf[s, _F_SHARE])
             if not progressed:
                 break
         for a in range(n_flows):
-            _links_reset(fl[a], n, coll_ptr, coll_members, link, link_cnt, link_cap)
-    # insertion sort in place: the candidate list is short, and this avoids an allocation
+            _links_reset(si[fl[a], _I_JOB], n, coll_ptr, coll_members, link, link_cnt,
+                         link_cap)
+    # insertion sort by job id in place: the candidate list is short
     for a in range(1, ncand):
-        x = cand[a]
+        x = si[a, _L_CAND]
+        xj = si[x, _I_JOB]
         b = a - 1
-        while b >= 0 and cand[b] > x:
-            cand[b + 1] = cand[b]
+        while b >= 0 and si[si[b, _L_CAND], _I_JOB] > xj:
+            si[b + 1, _L_CAND] = si[b, _L_CAND]
             b -= 1
-        cand[b + 1] = x
+        si[b + 1, _L_CAND] = x
     for a in range(ncand):
-        j = cand[a]
-        cmark[j] = False
-        if jpos[j] < 0:
+        s = si[a, _L_CAND]
+        si[s, _I_MARK] = 0
+        if si[s, _I_POS] < 0:
             continue
+        j = si[s, _I_JOB]
         if j < n and resource[j] == 1:
             d = device[j]
             r = 1.0
@@ -532,22 +776,22 @@ def _rerate(now, cand, ncand, cmark, flows_changed, flows, n_flows, n, coll_ptr,
             if interference > 0.0 and n_comm[d] > 0:
                 r = r * inv
         else:
-            r = share[j] if share_links else 1.0
+            r = sf[s, _F_SHARE] if share_links else 1.0
             if interference > 0.0 and _touches_compute(j, n, coll_ptr, coll_members, device,
                                                        n_compute):
                 r = r * inv
-        if r != job_rate[j]:
-            if job_rate[j] > 0.0:
-                job_done[j] += (now - job_last[j]) * job_rate[j]
-            job_last[j] = now
-            job_rate[j] = r
-            rem = job_thr[j] - job_done[j]
+        if r != sf[s, _F_RATE]:
+            if sf[s, _F_RATE] > 0.0:
+                sf[s, _F_DONE] += (now - sf[s, _F_LAST]) * sf[s, _F_RATE]
+            sf[s, _F_LAST] = now
+            sf[s, _F_RATE] = r
+            rem = sf[s, _F_THR] - sf[s, _F_DONE]
             if rem < 0.0:
                 rem = 0.0
-            job_t[j] = now + rem / r
-            job_q[j] = seq
+            sf[s, _F_T] = now + rem / r
+            si[s, _I_Q] = seq
             seq += 1
-            _ixsift(jheap, jpos, jsize, job_t, job_q, jpos[j])
+            _jsift(sf, si, jsize, si[s, _I_POS])
     return seq
 
 
