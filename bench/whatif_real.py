@@ -190,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
 
     rows = []
     for src, dst in (("A", "B"), ("B", "A")):
-        preds, ratios, info = [], [], {}
+        preds, ratios, info, fits = [], [], {}, []
         for t, m in zip(traces[src], meas[src], strict=True):
             try:
                 ms, info = predict_ms(t, settings[dst], f)
@@ -198,6 +198,9 @@ def main(argv: list[str] | None = None) -> int:
                 raise SystemExit(f"the what-if refused a trace: {exc}") from exc
             preds.append(ms)
             ratios.append(ms / m)
+            if info.get("interference_fit") is not None:
+                fits.append(info["interference_fit"])
+        info = dict(info, fits=fits, src=src)
         m_src, m_dst = statistics.median(meas[src]), statistics.median(meas[dst])
         pred = statistics.median(preds)
         noise = (_se(meas[dst]) ** 2 + _se(preds) ** 2) ** 0.5
@@ -225,6 +228,13 @@ def main(argv: list[str] | None = None) -> int:
               f"{info.get('alpha_ns', float('nan')) / 1e3:.0f} us, isolated bus bandwidth "
               f"{info.get('busbw_gbps', float('nan')):.2f} GB/s (last capture), "
               f"{info.get('model', 'generic')} model")
+        if info["fits"]:
+            fi = info["fits"]
+            print(f"  interference i the {settings[info['src']]:g} MiB "
+                  f"captures show (all-reduces alone on their gloo thread, slowed by "
+                  f"1 / (1 + i) while the training thread runs): median "
+                  f"{statistics.median(fi):.2f} over {len(fi)} captures (range "
+                  f"{min(fi):.2f}-{max(fi):.2f}); the prediction used i = {1 - f:g}")
     change = statistics.median(meas["B"]) / statistics.median(meas["A"])
     print(f"\nmeasured change {settings['B']:g} MiB / {settings['A']:g} MiB: {change:.3f}x; "
           f"spread of the measurements: {settings['A']:g} MiB {_spread(meas['A']):.1%}, "

@@ -309,19 +309,44 @@ def _isolated_transfer(lo, hi, blo, bhi, interference) -> np.ndarray:
     return (on * ((b - a) * rate)[None, :]).sum(axis=1)
 
 
-def _union(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    if len(lo) == 0:
-        return lo, hi
+def _alone(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """Mask of the intervals that overlap no other one."""
     o = np.argsort(lo, kind="stable")
-    lo, hi = lo[o], hi[o]
-    out_lo, out_hi = [int(lo[0])], [int(hi[0])]
-    for a, b in zip(lo[1:].tolist(), hi[1:].tolist(), strict=True):
-        if a <= out_hi[-1]:
-            out_hi[-1] = max(out_hi[-1], b)
-        else:
-            out_lo.append(a)
-            out_hi.append(b)
-    return np.asarray(out_lo, np.int64), np.asarray(out_hi, np.int64)
+    a, b = lo[o], hi[o]
+    prev_hi = np.concatenate([[np.iinfo(np.int64).min], np.maximum.accumulate(b)[:-1]])
+    next_lo = np.concatenate([a[1:], [np.iinfo(np.int64).max]])
+    ok = (a >= prev_hi) & (b <= next_lo)
+    out = np.zeros(len(lo), bool)
+    out[o] = ok
+    return out
+
+
+def _fit_interference(pts: np.ndarray) -> float | None:
+    """The interference ``i`` the trace itself shows, for checking the model's value: an
+    all-reduce running alone on its rank's gloo thread lasts ``a + S b`` less ``i / (1 + i)``
+    of its overlap ``O`` with training-thread work (it progresses at ``1 / (1 + i)`` then),
+    so its non-overlapped time is ``a + S b - O / (1 + i)``: a least-squares fit over the
+    trace's all-reduces. None without enough of them (8) or of a spread in ``O``."""
+    if len(pts) < 8:
+        return None
+    nb, ov, dur = pts.T
+    if ov.max() - ov.min() < 0.25 * np.median(dur):
+        return None
+    cols = [np.ones(len(nb)), ov]
+    if nb.max() >= 1.5 * nb.min():
+        cols.append(nb)
+    sol, *_ = np.linalg.lstsq(np.stack(cols, axis=1), dur - ov, rcond=None)
+    slope = -float(sol[1])  # = 1 / (1 + i)
+    return float(1.0 / slope - 1.0) if slope > 0 else None
+
+
+def _union(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The union of intervals ``[lo, hi)`` as disjoint sorted intervals."""
+    o = np.argsort(lo, kind="stable")
+    lo, reach = np.asarray(lo, np.int64)[o], np.maximum.accumulate(np.asarray(hi, np.int64)[o])
+    new = np.concatenate([[True], lo[1:] > reach[:-1]]) if len(lo) else np.zeros(0, bool)
+    last = np.concatenate([np.flatnonzero(new)[1:] - 1, [len(lo) - 1]]) if len(lo) else new
+    return lo[new], reach[last]
 
 
 def ddp_ranges(trace: Trace) -> dict[str, pd.DataFrame] | None:
@@ -509,6 +534,7 @@ def _build_cpu(trace, bucket_mb, interference, ranks_per_node, per, weight, issu
     busy_hi = np.where(issue, start + int(floor_ns), end)
     work = np.full(len(o), np.nan)
     y = np.zeros(len(o))
+    over_pts: list[np.ndarray] = []
     for r, lops in lane_ops.items():
         tr = np.flatnonzero(is_ar & (rank == r))
         tlo, thi = _union(a_start[tr], end[tr])
@@ -516,6 +542,10 @@ def _build_cpu(trace, bucket_mb, interference, ranks_per_node, per, weight, issu
         ov = _overlap_ns(new_start[lops], busy_hi[lops], tlo, thi)
         work[lops] = (busy_hi[lops] - new_start[lops]) - keep_frac * ov
         y[tr] = _isolated_transfer(a_start[tr], end[tr], blo, bhi, interference)
+        solo = _alone(a_start[tr], end[tr])
+        over_pts.append(np.stack([nbytes[tr][solo].astype(np.float64),
+                                  _overlap_ns(a_start[tr][solo], end[tr][solo], blo, bhi),
+                                  (end[tr] - a_start[tr])[solo].astype(np.float64)], axis=1))
     alpha, inv_b, f = _fit_cpu(trace, is_ar, nbytes, y, ranks_per_node)
     model_ns = np.asarray([alpha + row["bytes"] * f * inv_b for row in new_rows])
     t, new_ids, keep = _assemble_cpu(trace, is_ar, new_rows, ready_edges, wait_edges,
@@ -527,6 +557,7 @@ def _build_cpu(trace, bucket_mb, interference, ranks_per_node, per, weight, issu
     info = {"buckets_before": int(is_ar.sum()), "buckets_after": n_new, "alpha_ns": alpha,
             "busbw_gbps": 1.0 / inv_b if inv_b > 0 else float("inf"),
             "bucket_mb": float(bucket_mb), "interference": float(interference),
+            "interference_fit": _fit_interference(np.concatenate(over_pts)),
             "model": "cpu-ddp"}
     return t, new_ids, model_ns, info, cpu
 

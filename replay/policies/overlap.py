@@ -144,7 +144,8 @@ class Overlap(Policy):
             ids, model_ns, info = state.notes["rebucket"]
             state.dur[ids] = model_ns
             d.update({k: info[k] for k in ("buckets_before", "buckets_after", "model",
-                                           "alpha_ns", "busbw_gbps") if k in info})
+                                           "alpha_ns", "busbw_gbps", "interference_fit")
+                      if k in info})
         if "cpu_model" in state.notes:
             _cpu_contention(state, state.notes["cpu_model"])
             d["interference"] = 1.0 - state.contention.interference
