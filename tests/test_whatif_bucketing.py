@@ -1,5 +1,6 @@
 """overlap.bucket_mb on measured traces: re-bucketed gradient all-reduces against the
-synthesizer's ground truth (the same job synthesized with that bucket size)."""
+synthesizer's ground truth (the same job synthesized with that bucket size), and the
+parameter-level CPU model on a real gloo DDP capture (DDP's bucket rule, identity)."""
 
 from __future__ import annotations
 
