@@ -282,6 +282,19 @@ def parse_kineto_file(path: str | os.PathLike[str], on_stage=None) -> RankPart:
     ``on_stage(name)`` is called as each stage (read, decode, build) finishes.
     """
     path = Path(path)
+    if STREAMING:
+        from .kineto_fast import parse_fast
+        was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            part = parse_fast(path, on_stage)
+        finally:
+            if was_enabled:
+                gc.enable()
+        if part is not None:
+            if on_stage:
+                on_stage("build")
+            return part
     raw = _load_bytes(path)
     if on_stage:
         on_stage("read")
@@ -311,6 +324,9 @@ def parse_kineto_file(path: str | os.PathLike[str], on_stage=None) -> RankPart:
             gc.enable()
 
 
+#: read with the streaming numba scanner (collectors.kineto_fast); files it cannot read
+#: exactly (and every damaged file, so that the error is worded here) take the path below
+STREAMING = True
 #: files at least this large (decompressed) are decoded piece by piece
 CHUNKED_MIN_BYTES = 8 << 20
 _PIECE_BYTES = 4 << 20

@@ -349,7 +349,12 @@ def _lane_key_ids(a, b) -> tuple[np.ndarray, list]:
         codes, uniq = pd.factorize(pd.Series(list(zip(a, b)), dtype=object))
     first = np.empty(len(uniq), np.int64)
     first[codes[::-1]] = np.arange(n - 1, -1, -1)
-    return codes.astype(np.int64), [(a[f], b[f]) for f in first]
+    return codes.astype(np.int64), [(_py(a[f]), _py(b[f])) for f in first]
+
+
+def _py(x):
+    """numpy scalars -> Python ones (lane keys are tested with isinstance(x, int))."""
+    return x.item() if isinstance(x, np.generic) else x
 
 
 def _assemble(path, doc, rank, rank_source, strings, kept, dropped, tnames, G, H, GR,

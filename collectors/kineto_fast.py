@@ -1,0 +1,409 @@
+"""Streaming Kineto reader: the file is decompressed block by block and its events are
+scanned by numba straight into columns (:func:`collectors._kernels.scan_events`).
+
+No Python object is made per event: the scanner writes one int64 row per event (spans of
+``name`` / ``cat``, their hashes, ``pid``/``tid``, ``ts``/``dur`` as exact integer ns, and the
+``args`` fields the reader uses), and numpy turns the rows of a block into the same column
+parts that :class:`collectors.kineto_links.EventLoop` makes. Events that need more than
+columns — collective kernels, sync events, communication annotations — are decoded one by
+one from their bytes with msgspec and kept, exactly as the general path keeps them. Events
+the scanner does not model (metadata, B/E pairs, unusual value types, duplicate or escaped
+keys) are decoded the same way and fed to the general loop, so every rule lives in one place.
+
+Only one block of text (``BLOCK_BYTES``) and one block of rows are alive at a time: peak
+memory is the columns, not the file.
+
+Anything unexpected in the document's structure (truncation, a syntax error, invalid UTF-8,
+no ``traceEvents`` array, a ``retime export`` file) makes :func:`parse_fast` return None, and
+the caller reads the file the general way, which reports the problem in its own words.
+Names are interned by a 64-bit hash of their raw bytes; every occurrence is compared byte by
+byte with the first one, so a hash collision can never merge two names (it falls back too).
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import msgspec
+import numpy as np
+
+from . import _kernels as K
+from .enums import OpKind
+from .errors import TraceFormatError
+from .kineto import _DEC_FILE, _Ev, _File
+from .kineto_links import (
+    _C_ANNOT,
+    _C_KERNEL,
+    _C_MEMSET,
+    _C_OTHER,
+    _C_RUNTIME,
+    _CAT_CODE,
+    _H_ANNOT,
+    _H_GLOO,
+    EventLoop,
+    finish_part,
+)
+
+__all__ = ["parse_fast", "BLOCK_BYTES"]
+
+#: decompressed bytes per block
+BLOCK_BYTES = 16 << 20
+#: rows per scanner call
+ROWS = 1 << 16
+_DEC_EV = msgspec.json.Decoder(_Ev)
+_TABLES: tuple | None = None
+_NONE = K.NONE
+
+
+class _Fallback(Exception):
+    """The streaming reader cannot read this file exactly; use the general path."""
+
+
+def _tables():
+    global _TABLES
+    if _TABLES is None:
+        _TABLES = (*K.key_table(K.TOP_KEYS), *K.key_table(K.ARG_KEYS))
+    return _TABLES
+
+
+def _blocks(path: Path) -> Iterator[bytes]:
+    """Decompressed blocks of the file (gzip or plain). Any gzip problem -> _Fallback."""
+    try:
+        fh = open(path, "rb")
+    except OSError as exc:
+        raise _Fallback from exc
+    with fh:
+        head = fh.read(2)
+        fh.seek(0)
+        if head != b"\x1f\x8b":
+            while True:
+                b = fh.read(BLOCK_BYTES)
+                if not b:
+                    return
+                yield b
+        d = zlib.decompressobj(wbits=31)
+        pending = b""
+        while True:
+            raw = pending or fh.read(1 << 20)
+            pending = b""
+            if not raw:
+                break
+            try:
+                out = d.decompress(raw, BLOCK_BYTES)
+                while d.unconsumed_tail and not d.eof:
+                    yield out
+                    out = d.decompress(d.unconsumed_tail, BLOCK_BYTES)
+            except zlib.error as exc:
+                raise _Fallback from exc
+            if out:
+                yield out
+            if d.eof:  # multi-member gzip: the next member starts in unused_data
+                pending = d.unused_data
+                if not pending and not fh.peek(1)[:1]:
+                    return
+                d = zlib.decompressobj(wbits=31)
+        if not d.eof:
+            raise _Fallback  # truncated gzip
+
+
+class _Names:
+    """Hash -> string id for names (or categories), checked against the raw bytes."""
+
+    def __init__(self, intern):
+        self.intern = intern
+        self.by_hash: dict[int, tuple[int, bytes]] = {}
+
+    def ids(self, data: bytes, buf: np.ndarray, s0: np.ndarray, ln: np.ndarray, h: np.ndarray):
+        if not len(h):
+            return np.zeros(0, np.int64)
+        uh, first, inv = np.unique(h, return_index=True, return_inverse=True)
+        rep = first[inv]
+        if K.same_bytes(buf, s0, ln, s0[rep], ln[rep]):
+            raise _Fallback  # a 64-bit hash collision inside the block
+        out = np.empty(len(uh), np.int64)
+        for j in np.argsort(first, kind="stable"):  # intern in order of first appearance
+            hv = int(uh[j])
+            a = int(s0[first[j]])
+            raw = data[a: a + int(ln[first[j]])]
+            got = self.by_hash.get(hv)
+            if got is not None:
+                if got[1] != raw:
+                    raise _Fallback  # a collision across blocks
+                out[j] = got[0]
+                continue
+            try:
+                s = msgspec.json.decode(b'"' + raw + b'"', type=str)
+            except msgspec.DecodeError as exc:
+                raise _Fallback from exc  # bad escape / encoding: the general path says so
+            sid = self.intern(s)
+            self.by_hash[hv] = (sid, raw)
+            out[j] = sid
+        return out[inv]
+
+
+def _decode_event(path: Path, data: bytes, a: int, b: int, idx: int) -> _Ev:
+    try:
+        return _DEC_EV.decode(data[a:b])
+    except msgspec.ValidationError as exc:
+        msg = str(exc)
+        fld = msg.split("$.")[-1].split(".")[0].split("`")[0] if "$." in msg else "?"
+        raise TraceFormatError(
+            f"{path}: event {idx}: field '{fld}' is invalid ({msg.split(' - at ')[0]}); fix or "
+            "remove that event (ts and dur must be numbers in microseconds)") from exc
+    except msgspec.DecodeError as exc:
+        raise _Fallback from exc
+
+
+class _Reader:
+    def __init__(self, path: Path):
+        self.path = path
+        self.loop = loop = EventLoop(path)
+        loop.sorted = False
+        self.names = _Names(loop.intern)
+        self.cats: list[str] = []
+        self.cat_ids = _Names(self._cat_intern)
+        self.window_idx = -1
+        # per name id flags, grown as names are interned
+        self.nccl = np.zeros(0, bool)
+        self.gloo = np.zeros(0, bool)
+        self.commf = np.zeros(0, bool)
+        self.memory = np.zeros(0, bool)
+
+    def _cat_intern(self, s: str) -> int:
+        self.cats.append(s)
+        return len(self.cats) - 1
+
+    def _name_flags(self) -> None:
+        names = self.loop.strings.names
+        n0 = len(self.nccl)
+        if n0 == len(names):
+            return
+        new = names[n0:]
+        self.nccl = np.concatenate([self.nccl, [x[:4].lower() in ("nccl", "rccl") for x in new]])
+        self.gloo = np.concatenate([self.gloo, [x.startswith("gloo:") for x in new]])
+        self.commf = np.asarray(self.loop.comm_flag, bool)
+        self.memory = np.concatenate([self.memory, [x == "[memory]" for x in new]])
+
+    def block(self, data: bytes, buf: np.ndarray, rows: np.ndarray, first_idx: int) -> None:  # noqa: C901
+        """Turn one scanner call's rows (events ``first_idx``...) into column parts."""
+        loop, path = self.loop, self.path
+        k = len(rows)
+        idx = np.arange(first_idx, first_idx + k, dtype=np.int64)
+        flags = rows[:, K.EV_FLAGS]
+        ph = rows[:, K.EV_PH]
+        slow = (flags & K.F_SLOW) != 0
+        need = K.F_TS | K.F_DUR | K.F_NAME | K.F_CAT | K.F_PID | K.F_TID
+        is_x = ph == 88
+        slow |= is_x & ((flags & need) != need)  # missing fields: the general path words it
+        fast = ~slow
+        is_x &= fast
+        is_i = fast & ((ph == 105) | (ph == 73))
+        n_flow = int((fast & ((ph == 115) | (ph == 102) | (ph == 116))).sum())
+        if n_flow:
+            loop.kept["flows"] += n_flow
+        named = np.flatnonzero((is_x | is_i) & ((flags & K.F_NAME) != 0))
+        nid = np.full(k, -1, np.int64)
+        nid[named] = self.names.ids(data, buf, rows[named, K.EV_NAME0], rows[named, K.EV_NAMEN],
+                                    rows[named, K.EV_NAMEH])
+        xi = np.flatnonzero(is_x)
+        if len(xi):
+            cid = self.cat_ids.ids(data, buf, rows[xi, K.EV_CAT0], rows[xi, K.EV_CATN],
+                                   rows[xi, K.EV_CATH])
+        self._name_flags()
+        keep: list[np.ndarray] = []
+        if len(xi):
+            codes = np.asarray([loop.cat_code.get(c) if c in loop.cat_code else
+                                _CAT_CODE.get(c.lower(), _C_OTHER) for c in self.cats], np.int64)
+            code = codes[cid]
+            r = rows[xi]
+            xn = nid[xi]
+            # GPU ops
+            g = code <= _C_MEMSET
+            if g.any():
+                rg, gi = r[g], xi[g]
+                kind = code[g].astype(np.int8)
+                coll = (kind == _C_KERNEL) & self.nccl[xn[g]]
+                kind[coll] = int(OpKind.COLLECTIVE)
+                keep.append(gi[coll])
+                dev = np.where(rg[:, K.EV_DEV] != _NONE, rg[:, K.EV_DEV], rg[:, K.EV_PID])
+                st = np.where(rg[:, K.EV_STREAM] != _NONE, rg[:, K.EV_STREAM], rg[:, K.EV_TID])
+                G = dict(dev=dev, stream=st, kind=kind, name=xn[g].astype(np.int32),
+                         start=rg[:, K.EV_TS].copy(), dur=rg[:, K.EV_DUR].copy(),
+                         corr=rg[:, K.EV_CORR].copy(), ext=rg[:, K.EV_EXT].copy(),
+                         bytes=np.where(rg[:, K.EV_BYTES] != _NONE, rg[:, K.EV_BYTES], 0),
+                         idx=idx[gi])
+            else:
+                G = _empty_g()
+            # host events
+            h = (code >= _C_RUNTIME) & (code <= _C_ANNOT)
+            if h.any():
+                rh, hi = r[h], xi[h]
+                hn = xn[h]
+                hc = (code[h] - _C_RUNTIME).astype(np.int8)
+                gl = (hc == _H_ANNOT) & self.gloo[hn]
+                hc[gl] = _H_GLOO
+                keep.append(hi[gl | self.commf[hn]])
+                H = dict(pid=rh[:, K.EV_PID].copy(), tid=rh[:, K.EV_TID].copy(), code=hc,
+                         name=hn.astype(np.int32), start=rh[:, K.EV_TS].copy(),
+                         end=rh[:, K.EV_TS] + rh[:, K.EV_DUR], corr=rh[:, K.EV_CORR].copy(),
+                         ext=rh[:, K.EV_EXT].copy(), idx=idx[hi])
+            else:
+                H = _empty_h()
+            # other categories
+            o = ~(g | h)
+            GR = _empty_gr()
+            if o.any():
+                lower = np.asarray([c.lower() for c in self.cats], object)
+                ocid = cid[o]
+                oi = xi[o]
+                ro = r[o]
+                lo = lower[ocid]
+                sy = lo == "cuda_sync"
+                if sy.any():
+                    loop.syncs.extend(idx[oi[sy]].tolist())
+                    keep.append(oi[sy])
+                    loop.kept["sync_events"] += int(sy.sum())
+                ga = lo == "gpu_user_annotation"
+                if ga.any():
+                    rr = ro[ga]
+                    GR = dict(dev=np.where(rr[:, K.EV_DEV] != _NONE, rr[:, K.EV_DEV], rr[:, K.EV_PID]),
+                              stream=np.where(rr[:, K.EV_STREAM] != _NONE, rr[:, K.EV_STREAM],
+                                              rr[:, K.EV_TID]),
+                              name=nid[oi[ga]].astype(np.int32), start=rr[:, K.EV_TS].copy(),
+                              end=rr[:, K.EV_TS] + rr[:, K.EV_DUR], idx=idx[oi[ga]])
+                    loop.kept["ranges"] += int(ga.sum())
+                tr = lo == "trace"
+                if tr.any():
+                    last = np.flatnonzero(tr)[-1]
+                    i_last = int(idx[oi[last]])
+                    if loop.window is None or i_last > loop.window[0]:
+                        t0 = int(ro[last, K.EV_TS])
+                        loop.window = (i_last, t0, t0 + int(ro[last, K.EV_DUR]))
+                    loop.kept["markers"] += int(tr.sum())
+                other = ~(sy | ga | tr)
+                if other.any():
+                    u, cnt = np.unique(ocid[other], return_counts=True)
+                    for c, m in zip(u.tolist(), cnt.tolist(), strict=True):
+                        loop.dropped[f"unsupported category '{self.cats[c]}'"] += m
+            loop.parts.append((G, H, GR))
+        # instant events: memory samples or markers
+        ii = np.flatnonzero(is_i)
+        if len(ii):
+            ri = rows[ii]
+            fi = ri[:, K.EV_FLAGS]
+            nm = nid[ii]
+            mem = ((fi & (K.F_ARGS | K.F_TS)) == (K.F_ARGS | K.F_TS)) & (nm >= 0)
+            mem[mem] = self.memory[nm[mem]]
+            if mem.any():
+                rm = ri[mem]
+                dt, di = rm[:, K.EV_DEVTYPE], rm[:, K.EV_DEVID]
+                dev = np.where((dt != _NONE) & (dt != 0) & (di != _NONE), di, -1)
+                mb = rm[:, K.EV_MEMBYTES]
+                ta, tr_ = rm[:, K.EV_TALLOC], rm[:, K.EV_TRES]
+                loop.mem_parts.append(np.stack([
+                    dev, rm[:, K.EV_TS], np.where(mb != _NONE, mb, 0), np.where(ta != _NONE, ta, -1),
+                    np.where(tr_ != _NONE, tr_, -1), idx[ii[mem]]], axis=1))
+                loop.kept["memory"] += int(mem.sum())
+            n_mark = int((~mem).sum())
+            if n_mark:
+                loop.kept["markers"] += n_mark
+        # events kept whole (collectives, syncs, communication annotations)
+        if keep:
+            for j in np.sort(np.concatenate(keep)).tolist():
+                loop.keep[int(idx[j])] = _decode_event(path, data, int(rows[j, K.EV_SPAN0]),
+                                                      int(rows[j, K.EV_SPAN1]), int(idx[j]))
+        # events the scanner does not model: the general loop
+        si = np.flatnonzero(slow)
+        if len(si):
+            loop.feed((int(idx[j]), _decode_event(path, data, int(rows[j, K.EV_SPAN0]),
+                                                  int(rows[j, K.EV_SPAN1]), int(idx[j])))
+                      for j in si.tolist())
+            loop.flush()
+            self._name_flags()
+
+
+def _empty_g() -> dict:
+    z = np.zeros(0, np.int64)
+    return dict(dev=z, stream=z, kind=z.astype(np.int8), name=z.astype(np.int32), start=z,
+                dur=z, corr=z, ext=z, bytes=z, idx=z)
+
+
+def _empty_h() -> dict:
+    z = np.zeros(0, np.int64)
+    return dict(pid=z, tid=z, code=z.astype(np.int8), name=z.astype(np.int32), start=z, end=z,
+                corr=z, ext=z, idx=z)
+
+
+def _empty_gr() -> dict:
+    z = np.zeros(0, np.int64)
+    return dict(dev=z, stream=z, name=z.astype(np.int32), start=z, end=z, idx=z)
+
+
+def parse_fast(path: Path, on_stage=None):
+    """Read one Kineto file with the streaming scanner; None when it must be read the
+    general way (see the module docstring). Raises TraceFormatError for bad events."""
+    try:
+        return _parse(Path(path), on_stage)
+    except _Fallback:
+        return None
+
+
+def _parse(path: Path, on_stage):  # noqa: C901 - one streaming state machine
+    tables = _tables()
+    reader = _Reader(path)
+    out = np.empty((ROWS, K.EV_FIELDS), np.int64)
+    carry = b""
+    phase = 0  # 0: before the array, 1: in it, 2: after it
+    prefix = suffix = b""
+    pos = state = 0
+    n_ev = 0
+    for blk in _blocks(path):
+        if phase == 2:
+            suffix += blk
+            continue
+        data = carry + blk if carry else blk
+        buf = np.frombuffer(data, np.uint8)
+        if phase == 0:
+            a = K.find_array(buf, b"traceEvents")
+            if a == -1:
+                if len(data) > (256 << 20):
+                    raise _Fallback  # a huge document head: let the general path decide
+                carry = data
+                continue
+            if a < 0:
+                raise _Fallback
+            prefix, pos, state, phase = data[:a], a + 1, 0, 1
+        while True:
+            st, pos, state, k = K.scan_events(buf, pos, state, out, tables)
+            if k:
+                reader.block(data, buf, out[:k], n_ev)
+                n_ev += k
+            if st == K.S_FULL:
+                continue
+            break
+        if st == K.S_ERROR:
+            raise _Fallback
+        if st == K.S_END:
+            suffix, phase, carry = data[pos + 1:], 2, b""
+        else:
+            carry, pos = data[pos:], 0
+    if phase != 2:
+        raise _Fallback  # truncated, empty, or no events array
+    if prefix.strip():
+        try:
+            doc = _DEC_FILE.decode(prefix + b"[]" + suffix)
+        except msgspec.MsgspecError as exc:
+            raise _Fallback from exc
+        if doc.retimeExport is not None:
+            raise _Fallback
+    else:  # a bare list of events
+        if suffix.strip():
+            raise _Fallback
+        doc = _File(traceEvents=[])
+    reader.loop.n_events = n_ev
+    if on_stage:
+        on_stage("read")
+        on_stage("decode")
+    return finish_part(path, doc, reader.loop)
