@@ -14,6 +14,57 @@ _NEG = np.int64(-(2**62))  # "minus infinity" that survives adding a lag
 
 
 @njit(cache=True)
+def _node_succ(node_of, lane_prev, pred_ptr, pred_src, wait_ptr, wait_src):
+    """Successor lists between super-nodes (``node_of``: each op's representative) over
+    lane links, start edges and wait edges; links inside one super-node are dropped.
+
+    Returns ``succ_ptr`` (int32[N+1]), ``succ_dst`` (int32) and ``indeg`` (int32[N]). The
+    order inside one list is arbitrary (Kahn's algorithm below does not depend on it)."""
+    n = node_of.shape[0]
+    ptr = np.zeros(n + 1, np.int32)
+    indeg = np.zeros(n, np.int32)
+    for rnd in range(2):
+        if rnd == 1:
+            for i in range(n):
+                ptr[i + 1] += ptr[i]
+            dst = np.empty(ptr[n], np.int32)
+        for i in range(n):
+            b = node_of[i]
+            p = lane_prev[i]
+            if p >= 0:
+                a = node_of[p]
+                if a != b:
+                    if rnd == 0:
+                        ptr[a + 1] += 1
+                        indeg[b] += 1
+                    else:
+                        dst[ptr[a]] = b
+                        ptr[a] += 1
+            for k in range(pred_ptr[i], pred_ptr[i + 1]):
+                a = node_of[pred_src[k]]
+                if a != b:
+                    if rnd == 0:
+                        ptr[a + 1] += 1
+                        indeg[b] += 1
+                    else:
+                        dst[ptr[a]] = b
+                        ptr[a] += 1
+            for k in range(wait_ptr[i], wait_ptr[i + 1]):
+                a = node_of[wait_src[k]]
+                if a != b:
+                    if rnd == 0:
+                        ptr[a + 1] += 1
+                        indeg[b] += 1
+                    else:
+                        dst[ptr[a]] = b
+                        ptr[a] += 1
+    for i in range(n, 0, -1):  # the fill cursors ran to the next list's start
+        ptr[i] = ptr[i - 1]
+    ptr[0] = 0
+    return ptr, dst, indeg
+
+
+@njit(cache=True)
 def _topo_order_by_time(node_of, succ_ptr, succ_dst, indeg, key):
     """Kahn's algorithm over super-nodes (an op, or all members of one collective; ``node_of``
     maps each op to its representative) taking, among the ready ones, the one with the smallest
@@ -21,28 +72,135 @@ def _topo_order_by_time(node_of, succ_ptr, succ_dst, indeg, key):
 
     The result is a valid topological order close to measured time order. The graph builder
     lays the ops out in this order, so both replay paths walk memory almost sequentially.
-    Returns ``order`` (int64[K], representatives) and ``count`` (K; fewer than the number
-    of super-nodes means a cycle).
+    Returns ``order`` (int32[K], representatives) and ``count`` (K; fewer than the number
+    of super-nodes means a cycle). ``indeg`` is consumed.
     """
     n = node_of.shape[0]
-    order = np.empty(n, np.int64)
-    heap = np.empty(n + 1, np.int64)
-    ids = np.arange(n)
+    order = np.empty(n, np.int32)
+    heap = np.empty(n + 1, np.int32)
     size = 0
     cnt = 0
     for i in range(n):
         if node_of[i] == i and indeg[i] == 0:
-            size = _hpush(heap, size, key, ids, i)
+            size = _tpush(heap, size, key, i)
     while size > 0:
-        u, size = _hpop(heap, size, key, ids)
+        u = heap[0]
+        size = _tpop(heap, size, key)
         order[cnt] = u
         cnt += 1
         for k in range(succ_ptr[u], succ_ptr[u + 1]):
             v = succ_dst[k]
             indeg[v] -= 1
             if indeg[v] == 0:
-                size = _hpush(heap, size, key, ids, v)
+                size = _tpush(heap, size, key, v)
     return order[:cnt], cnt
+
+
+@njit(cache=True)
+def _tpush(heap, size, key, x):
+    kx = key[x]
+    i = size
+    while i > 0:
+        p = (i - 1) >> 1
+        y = heap[p]
+        if kx < key[y] or (kx == key[y] and x < y):
+            heap[i] = y
+            i = p
+        else:
+            break
+    heap[i] = x
+    return size + 1
+
+
+@njit(cache=True)
+def _tpop(heap, size, key):
+    size -= 1
+    x = heap[size]
+    kx = key[x]
+    i = 0
+    while True:
+        c = 2 * i + 1
+        if c >= size:
+            break
+        y = heap[c]
+        if c + 1 < size:
+            z = heap[c + 1]
+            if key[z] < key[y] or (key[z] == key[y] and z < y):
+                c += 1
+                y = z
+        if key[y] < kx or (key[y] == kx and y < x):
+            heap[i] = y
+            i = c
+        else:
+            break
+    heap[i] = x
+    return size
+
+
+@njit(cache=True)
+def _layout_perm(order, coll_of, coll_ptr, members):
+    """Layout position -> op id: the super-nodes in ``order``, a collective's members
+    together in op-id order (``members`` sorted by collective, then op id)."""
+    n = coll_of.shape[0]
+    perm = np.empty(n, np.int32)
+    k = 0
+    for t in range(order.shape[0]):
+        u = order[t]
+        c = coll_of[u]
+        if c < 0:
+            perm[k] = u
+            k += 1
+        else:
+            for j in range(coll_ptr[c], coll_ptr[c + 1]):
+                perm[k] = members[j]
+                k += 1
+    pos = np.empty(n, np.int32)
+    for i in range(n):
+        pos[perm[i]] = i
+    return perm, pos
+
+
+@njit(cache=True)
+def _csr_by_dst(n, dst, src, keep, lag, kind, s2s, pos):
+    """CSR of the kept edges by ``dst``, each row sorted by ``src`` (ties in input order).
+
+    With ``pos`` (an op id -> layout position map; empty for none) rows and sources are
+    mapped through it first. Returns ``ptr`` (int32[n+1]), ``src`` (int32), ``lag``
+    (int64), ``kind`` (int8), ``s2s`` (bool)."""
+    m = dst.shape[0]
+    ptr = np.zeros(n + 1, np.int32)
+    mapped = pos.shape[0] > 0
+    for k in range(m):
+        if keep[k]:
+            r = pos[dst[k]] if mapped else dst[k]
+            ptr[r + 1] += 1
+    for i in range(n):
+        ptr[i + 1] += ptr[i]
+    e = ptr[n]
+    o_src = np.empty(e, np.int32)
+    o_lag = np.empty(e, np.int64)
+    o_kind = np.empty(e, np.int8)
+    o_s2s = np.empty(e, np.bool_)
+    cur = ptr[:n].copy()  # fill cursor of each row
+    for k in range(m):  # in input order, insertion-sorting each row by src (stable)
+        if not keep[k]:
+            continue
+        r = pos[dst[k]] if mapped else dst[k]
+        v = pos[src[k]] if mapped else src[k]
+        lo = ptr[r]
+        j = cur[r]
+        cur[r] += 1
+        while j > lo and o_src[j - 1] > v:
+            o_src[j] = o_src[j - 1]
+            o_lag[j] = o_lag[j - 1]
+            o_kind[j] = o_kind[j - 1]
+            o_s2s[j] = o_s2s[j - 1]
+            j -= 1
+        o_src[j] = v
+        o_lag[j] = lag[k]
+        o_kind[j] = kind[k]
+        o_s2s[j] = s2s[k]
+    return ptr, o_src, o_lag, o_kind, o_s2s
 
 
 @njit(cache=True, inline="always")
@@ -85,13 +243,13 @@ def _fast_replay(order, coll_of, coll_ptr, coll_members, dur, delay, origin, lan
     started (time ``A``) and member ``m`` ends at ``max(start_m, A + dur_m)`` (``dur_m`` is its
     transfer tail after the last arrival).
 
-    Returns ``start``, ``end``, ``crit`` (int64[N]): ``crit[i]`` is the op whose end bound
-    ``i``'s end (through its start or a wait), ``-1`` for roots.
+    Returns ``start``, ``end`` (int64[N]) and ``crit`` (int32[N]): ``crit[i]`` is the op
+    whose end bound ``i``'s end (through its start or a wait), ``-1`` for roots.
     """
     n = dur.shape[0]
     start = np.empty(n, np.int64)
     end = np.empty(n, np.int64)
-    crit = np.full(n, -1, np.int64)
+    crit = np.full(n, -1, np.int32)
     for t in range(order.shape[0]):
         u = order[t]
         c = coll_of[u]
@@ -167,88 +325,16 @@ def _measured_ready(start, end, origin, lane_prev, lane_lag, lane_s2s, pred_ptr,
     return out
 
 
-# ============================================================================ heaps
-# Used by the topological sort here and the contention path (replay/_fluid.py): two binary heaps of (time float64, seq int64): one of op start events (each op once), one
-# indexed heap of job progress events (one live entry per running job, updated in place when
-# its rate changes). Ties: job events before start events, then by sequence number.
-
-
 @njit(cache=True)
-def _less(t, q, a, b):
-    return t[a] < t[b] or (t[a] == t[b] and q[a] < q[b])
-
-
-@njit(cache=True)
-def _hpush(heap, size, t, q, x):
-    """Plain heap of ids ``x`` keyed by ``(t[x], q[x])``; returns the new size."""
-    i = size
-    heap[i] = x
-    while i > 0:
-        p = (i - 1) >> 1
-        if _less(t, q, heap[i], heap[p]):
-            heap[i], heap[p] = heap[p], heap[i]
-            i = p
-        else:
-            break
-    return size + 1
-
-
-@njit(cache=True)
-def _hpop(heap, size, t, q):
-    top = heap[0]
-    size -= 1
-    heap[0] = heap[size]
-    i = 0
-    while True:
-        lc = 2 * i + 1
-        if lc >= size:
-            break
-        c = lc
-        if lc + 1 < size and _less(t, q, heap[lc + 1], heap[lc]):
-            c = lc + 1
-        if _less(t, q, heap[c], heap[i]):
-            heap[i], heap[c] = heap[c], heap[i]
-            i = c
-        else:
-            break
-    return top, size
-
-
-@njit(cache=True)
-def _ixsift(heap, pos, size, t, q, i):
-    """Restore the indexed heap around slot ``i`` (after its key changed)."""
-    while i > 0:
-        p = (i - 1) >> 1
-        if _less(t, q, heap[i], heap[p]):
-            heap[i], heap[p] = heap[p], heap[i]
-            pos[heap[i]] = i
-            pos[heap[p]] = p
-            i = p
-        else:
-            break
-    while True:
-        lc = 2 * i + 1
-        if lc >= size:
-            break
-        c = lc
-        if lc + 1 < size and _less(t, q, heap[lc + 1], heap[lc]):
-            c = lc + 1
-        if _less(t, q, heap[c], heap[i]):
-            heap[i], heap[c] = heap[c], heap[i]
-            pos[heap[i]] = i
-            pos[heap[c]] = c
-            i = c
-        else:
-            break
-
-
-@njit(cache=True)
-def _ixremove(heap, pos, size, t, q, j):
-    i = pos[j]
-    size -= 1
-    pos[j] = -1
-    if i != size:
-        heap[i] = heap[size]
-        pos[heap[i]] = i
-        _ixsift(heap, pos, size, t, q, i)
-    return size
+def _to_op_order(perm, start, end, crit):
+    """Per-position results -> op-id order (``crit`` values mapped to op ids too)."""
+    n = perm.shape[0]
+    s = np.empty(n, np.int64)
+    e = np.empty(n, np.int64)
+    c = np.empty(n, np.int64)
+    for k in range(n):
+        p = perm[k]
+        s[p] = start[k]
+        e[p] = end[k]
+        c[p] = perm[crit[k]] if crit[k] >= 0 else -1
+    return s, e, c

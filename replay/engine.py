@@ -30,7 +30,7 @@ from collectors.errors import ReplayError
 from collectors.trace import Trace
 
 from ._fluid import _fluid_replay
-from ._kernels import _fast_replay
+from ._kernels import _fast_replay, _to_op_order
 from .graph import ReplayGraph, _check_durations, build_graph
 
 __all__ = ["ContentionModel", "ReplayResult", "simulate", "replay"]
@@ -182,19 +182,24 @@ def simulate(graph: ReplayGraph, *, durations_ns: np.ndarray | None = None,
     meta: dict[str, Any] = {"mode": mode, "ideal": g.ideal, "scenario": list(scenario or []),
                             "durations_modified": durations_ns is not None}
     meta.update(g.stats)
+    # one dtype per kernel argument (numba compiles one specialization; no copy when a
+    # graph comes from build_graph, a copy of just the arrays a policy replaced otherwise)
+    i32, i64 = np.int32, np.int64
+
+    def a(x, dt):
+        return np.ascontiguousarray(x, dt)
+
+    common = (a(g.coll_of, i32), a(g.coll_ptr, i32), a(g.coll_members, i32), a(dur, i64),
+              a(g.delay_ns, i64), a(g.origin_ns, i64), a(g.lane_prev, i32),
+              a(g.lane_lag_ns, i64), a(g.lane_s2s, np.bool_), a(g.pred_ptr, i32),
+              a(g.pred_src, i32), a(g.pred_lag_ns, i64), a(g.pred_s2s, np.bool_),
+              a(g.wait_ptr, i32), a(g.wait_src, i32), a(g.wait_lag_ns, i64))
     if mode == "fast":
-        start, end, crit = _fast_replay(
-            g.order, g.coll_of, g.coll_ptr, g.coll_members, dur, g.delay_ns, g.origin_ns,
-            g.lane_prev, g.lane_lag_ns, g.lane_s2s, g.pred_ptr, g.pred_src, g.pred_lag_ns,
-            g.pred_s2s,
-            g.wait_ptr, g.wait_src, g.wait_lag_ns)
+        start, end, crit = _fast_replay(a(g.order, i32), *common)
     else:
         cm = contention or ContentionModel()
         start, end, crit, clamped = _fluid_replay(
-            g.coll_of, g.coll_ptr, g.coll_members, dur, g.delay_ns, g.origin_ns, g.lane_prev,
-            g.lane_lag_ns, g.lane_s2s, g.pred_ptr, g.pred_src, g.pred_lag_ns, g.pred_s2s, g.wait_ptr,
-            g.wait_src,
-            g.wait_lag_ns, g.device.astype(np.int64), g.resource, g.link.astype(np.int64),
+            *common, a(g.device, i32), a(g.resource, np.int8), a(g.link, i32),
             float(cm.interference), bool(cm.share_compute), bool(cm.share_links))
         if clamped < 0:
             raise ReplayError("contention replay could not schedule every op (a dependency "
@@ -202,14 +207,10 @@ def simulate(graph: ReplayGraph, *, durations_ns: np.ndarray | None = None,
         meta["contention"] = {"interference": cm.interference,
                               "share_compute": cm.share_compute,
                               "share_links": cm.share_links, "clamped_starts": int(clamped)}
+    del common
     # back from layout positions to op ids
-    n = g.n_ops
-    s_op = np.empty(n, np.int64)
-    e_op = np.empty(n, np.int64)
-    c_op = np.empty(n, np.int64)
-    s_op[g.perm] = start
-    e_op[g.perm] = end
-    c_op[g.perm] = np.where(crit >= 0, g.perm[np.maximum(crit, 0)], -1)
+    s_op, e_op, c_op = _to_op_order(a(g.perm, i32), start, end, crit)
+    del start, end, crit
     return ReplayResult(trace=g.trace, graph=g, start_ns=s_op, end_ns=e_op, crit_pred=c_op,
                         meta=meta)
 

@@ -44,7 +44,7 @@ from collectors.enums import EdgeKind, LaneKind, OpKind
 from collectors.errors import ReplayError
 from collectors.trace import Trace
 
-from ._kernels import _measured_ready, _topo_order_by_time
+from ._kernels import _csr_by_dst, _layout_perm, _measured_ready, _node_succ, _topo_order_by_time
 
 __all__ = ["ReplayGraph", "build_graph", "graph_from_arrays", "BLOCKING_CALL_PATTERN"]
 
@@ -52,6 +52,9 @@ __all__ = ["ReplayGraph", "build_graph", "graph_from_arrays", "BLOCKING_CALL_PAT
 BLOCKING_CALL_PATTERN = re.compile(r"(Synchronize|^(cuda|hip)Memcpy$|^(cuda|hip)Memcpy2D$)")
 
 _I64 = np.int64
+_I32 = np.int32
+#: index arrays are int32; the contention path packs ``2 * op + flag`` into one
+_MAX_OPS = 2**30 - 1
 
 # resource class of an op in the contention model
 RES_NONE, RES_COMPUTE, RES_COMM = 0, 1, 2
@@ -73,24 +76,32 @@ class ReplayGraph:
     ----------
     dur_ns : modeled duration (collective members: transfer tail after the last arrival;
         blocking calls: the part not spent waiting)
-    delay_ns : unexplained release delay (zeros when ``ideal``); ``measured_delay_ns`` keeps it
+    delay_ns : unexplained release delay (zeros when ``ideal``); ``measured_delay_layout_ns``
+        keeps it (the same array when not ``ideal``; :attr:`measured_delay_ns` in op-id order)
     origin_ns : ready time of ops without predecessors (their rank's first measured start)
-    lane_prev, lane_lag_ns, lane_s2s (bool) : previous op on the same lane (-1) and the lag
+    lane_prev (int32), lane_lag_ns, lane_s2s (bool) : previous op on the same lane (-1), the lag
         after its end (after its start where ``lane_s2s``: the two overlapped when measured)
-    pred_ptr (N+1), pred_src, pred_lag_ns, pred_kind (int8), pred_s2s (bool) : CSR of start
+    pred_ptr (int32, N+1), pred_src (int32), pred_lag_ns, pred_kind (int8), pred_s2s (bool) : CSR of start
         edges by dst; ``pred_s2s`` edges count ``pred_lag_ns`` from the source's *start*
-    wait_ptr (N+1), wait_src, wait_lag_ns : CSR of end constraints (``end >= src end + lag``)
-    coll_of : dense collective index per op (-1); coll_ptr (C+1), coll_members : members
-    order : representatives (an op, or a collective's first member) in topological order
+    wait_ptr (int32, N+1), wait_src (int32), wait_lag_ns : CSR of end constraints
+        (``end >= src end + lag``)
+    coll_of (int32) : dense collective index per op (-1); coll_ptr (int32, C+1), coll_members
+        (int32) : members
+    order (int32) : representatives (an op, or a collective's first member) in topological
+        order
     device (int32, dense, -1 on CPU lanes), resource (int8: 0 none, 1 compute,
         2 communication), link (int32, -1 none) : for the contention path
-    perm, pos : layout position -> op id, and op id -> layout position
-    rank (int32), lane (int32), measured_delay_ns, meas_start_ns, meas_end_ns : op-id order
+    perm, pos (int32) : layout position -> op id, and op id -> layout position
+    rank (int32), lane (int32), meas_start_ns, meas_dur_ns : op-id order (the measured times
+        are the trace's own arrays; :attr:`meas_end_ns` is computed on demand)
+
+    Index arrays are int32 (graphs up to 2**30 - 1 ops and edges); the engine converts arrays
+    a policy replaced with other integer types.
     """
 
     dur_ns: np.ndarray
     delay_ns: np.ndarray
-    measured_delay_ns: np.ndarray
+    measured_delay_layout_ns: np.ndarray
     origin_ns: np.ndarray
     lane_prev: np.ndarray
     lane_lag_ns: np.ndarray
@@ -115,7 +126,7 @@ class ReplayGraph:
     resource: np.ndarray
     link: np.ndarray
     meas_start_ns: np.ndarray
-    meas_end_ns: np.ndarray
+    meas_dur_ns: np.ndarray
     ideal: bool = False
     stats: dict[str, Any] = field(default_factory=dict)
     trace: Trace | None = field(default=None, repr=False)
@@ -134,10 +145,22 @@ class ReplayGraph:
 
     @property
     def nbytes(self) -> int:
-        """Bytes held by the graph's own arrays (the measured times are views of the trace)."""
-        own = [v for k, v in self.__dict__.items()
-               if isinstance(v, np.ndarray) and k not in ("meas_start_ns", "meas_end_ns")]
-        return int(sum(a.nbytes for a in own))
+        """Bytes held by the graph's own arrays (the measured times are views of the trace;
+        an array held by two fields counts once)."""
+        own = {id(v): v for k, v in self.__dict__.items()
+               if isinstance(v, np.ndarray) and k not in ("meas_start_ns", "meas_dur_ns")}
+        return int(sum(a.nbytes for a in own.values()))
+
+    @property
+    def meas_end_ns(self) -> np.ndarray:
+        """Measured end of every op (op-id order; computed on demand, not stored)."""
+        return self.meas_start_ns + self.meas_dur_ns
+
+    @property
+    def measured_delay_ns(self) -> np.ndarray:
+        """Unexplained release delay of every op as measured (op-id order; kept even when
+        ``ideal`` or a policy changed :attr:`delay_ns`)."""
+        return self.measured_delay_layout_ns[self.pos]
 
     def by_op(self, layout_array: np.ndarray) -> np.ndarray:
         """A per-position kernel array (``dur_ns``, ``delay_ns``, ...) in op-id order."""
@@ -157,6 +180,8 @@ class ReplayGraph:
         src = np.ascontiguousarray(src, _I64)
         dst = np.ascontiguousarray(dst, _I64)
         lag = np.ascontiguousarray(np.broadcast_to(np.asarray(lag_ns, _I64), src.shape))
+        src = src.astype(_I32)
+        dst = dst.astype(_I32)
         n = self.n_ops
         if len(src) and (min(src.min(), dst.min()) < 0 or max(src.max(), dst.max()) >= n):
             raise ReplayError(f"with_edges: op ids must lie in 0..{n - 1}; got src/dst "
@@ -172,9 +197,8 @@ class ReplayGraph:
         keep = node_of[a_src] != node_of[a_dst]
         ptr, s, lg, kd, s2 = _csr(n, a_dst[keep], a_src[keep], a_lag[keep], a_kind[keep],
                                   a_s2s[keep])
-        wdst = np.repeat(np.arange(n, dtype=_I64), np.diff(self.wait_ptr))
         key = self.meas_start_ns[self.perm]  # layout order; collectives keyed by first member
-        order = _order_or_raise(n, node_of, self.lane_prev, s, ptr, self.wait_src, wdst,
+        order = _order_or_raise(node_of, self.lane_prev, ptr, s, self.wait_ptr, self.wait_src,
                                 self.trace, self.meas_start_ns, key=key, perm=self.perm)
         return replace(self, pred_ptr=ptr, pred_src=s, pred_lag_ns=lg, pred_kind=kd,
                        pred_s2s=s2, order=order)
@@ -274,11 +298,18 @@ def graph_from_arrays(*, rank, lane, kind, start_ns, dur_ns, coll_id=None, edge_
         raise ReplayError(f"edge {bad} is a self-loop on op {int(es[bad])}; drop it")
     stats: dict[str, Any] = {"ops": n, "edges_in": len(es)}
 
+    if n > _MAX_OPS or len(es) > _MAX_OPS:
+        raise ReplayError(f"graph of {n} ops and {len(es)} edges is too large: the replay "
+                          f"handles up to {_MAX_OPS} of each; split the trace by steps")
+    # Memory: the builder keeps only what the graph will hold plus a few per-op temporaries
+    # at a time (numba kernels build the CSRs and orders; no E-sized index temporaries).
+
     # ---- lane order (FIFO by measured start, ties by op id)
     lo = np.lexsort((np.arange(n), s, lane))
-    lane_prev = np.full(n, -1, _I64)
+    lane_prev = np.full(n, -1, _I32)
     same = lane[lo[1:]] == lane[lo[:-1]]
     lane_prev[lo[1:][same]] = lo[:-1][same]
+    del lo, same
     has_prev = lane_prev >= 0
     lane_lag = np.zeros(n, _I64)
     lane_lag[has_prev] = np.minimum(0, s[has_prev] - end[lane_prev[has_prev]])
@@ -290,18 +321,18 @@ def graph_from_arrays(*, rank, lane, kind, start_ns, dur_ns, coll_id=None, edge_
 
     # ---- collectives: dense index, members sorted by (collective, op id)
     in_coll = coll >= 0
-    coll_of = np.full(n, -1, _I64)
+    coll_of = np.full(n, -1, _I32)
     if in_coll.any():
         uniq, inv = np.unique(coll[in_coll], return_inverse=True)
         coll_of[in_coll] = inv
-        members = np.flatnonzero(in_coll)[np.argsort(inv, kind="stable")]
+        members = np.flatnonzero(in_coll)[np.argsort(inv, kind="stable")].astype(_I32)
         counts = np.bincount(inv, minlength=len(uniq))
+        del uniq, inv
     else:
-        members = np.zeros(0, _I64)
+        members = np.zeros(0, _I32)
         counts = np.zeros(0, _I64)
-    coll_ptr = np.zeros(len(counts) + 1, _I64)
+    coll_ptr = np.zeros(len(counts) + 1, _I32)
     np.cumsum(counts, out=coll_ptr[1:])
-    members = members.astype(_I64)
     node_of = _node_of(n, coll_of, coll_ptr, members)
     bad = has_prev & (node_of == node_of[np.maximum(lane_prev, 0)]) & in_coll
     if bad.any():
@@ -310,9 +341,11 @@ def graph_from_arrays(*, rank, lane, kind, start_ns, dur_ns, coll_id=None, edge_
             f"collective coll_id={int(coll[i])} has two members on one lane (ops "
             f"{int(lane_prev[i])} and {i}, rank {int(rank[i])}, lane {int(lane[i])}); a lane "
             "cannot rendezvous with itself: fix the collective matching of the ingest")
+    del bad, in_coll, has_prev
 
     # ---- edges: blocking-call waits, clamping, intra-collective drop
-    eff_lag = np.minimum(el, s[ed] - end[es])
+    eff_lag = s[ed] - end[es]
+    np.minimum(el, eff_lag, out=eff_lag)
     stats["edges_clamped"] = int((eff_lag < el).sum())
     blocking = np.zeros(n, bool) if blocking is None else np.asarray(blocking, bool)
     wait_mask = np.zeros(len(es), bool)
@@ -320,8 +353,10 @@ def graph_from_arrays(*, rank, lane, kind, start_ns, dur_ns, coll_id=None, edge_
         y = lane_prev[ed]
         wait_mask = (ek == EdgeKind.SYNC) & (y >= 0)
         wait_mask[wait_mask] &= blocking[y[wait_mask]]
+        del y
     w_src = es[wait_mask]
-    w_dst = lane_prev[ed[wait_mask]]
+    w_dst = lane_prev[ed[wait_mask]].astype(_I64)
+    del wait_mask
     dur = d.copy()
     w_lag = np.zeros(len(w_src), _I64)
     if len(w_src):
@@ -330,22 +365,28 @@ def graph_from_arrays(*, rank, lane, kind, start_ns, dur_ns, coll_id=None, edge_
         ys = np.unique(w_dst)
         dur[ys] = np.maximum(0, end[ys] - np.maximum(s[ys], last_gpu_end[ys]))
         w_lag = end[w_dst] - end[w_src]
+        del last_gpu_end, ys
     stats["wait_edges"] = int(len(w_src))
-    intra = node_of[es] == node_of[ed]
-    stats["intra_collective_edges"] = int(intra.sum())
-    keep = ~intra
+    keep = node_of[es] != node_of[ed]
+    stats["intra_collective_edges"] = int(len(es) - keep.sum())
     # a negative lag (a kernel starting before its launch call returned) is a fixed offset
     # from the source's start: shortening the launch call must not pull the kernel earlier
     s2s = eff_lag < 0
-    lag_store = np.where(s2s, d[es] + eff_lag, eff_lag)
+    lag_store = eff_lag  # in place: d[es] + lag where counted from the source's start
+    lag_store[s2s] += d[es[s2s]]
+    del eff_lag
     stats["start_edges"] = int(s2s.sum())
-    pred_ptr, pred_src, pred_lag, pred_kind, pred_s2s = _csr(
-        n, ed[keep], es[keep], lag_store[keep], ek[keep], s2s[keep])
-    stats["edges"] = int(keep.sum())
+    none = np.zeros(0, _I32)
+    pred_ptr, pred_src, pred_lag, pred_kind, pred_s2s = _csr_by_dst(
+        n, ed, es, keep, lag_store, ek, s2s, none)
+    del keep, lag_store, s2s
+    stats["edges"] = int(len(pred_src))
     wkeep = node_of[w_src] != node_of[w_dst]
-    nw = int(wkeep.sum())
-    wait_ptr, wait_src, wait_lag, _, _ = _csr(n, w_dst[wkeep], w_src[wkeep], w_lag[wkeep],
-                                              np.zeros(nw, np.int8), np.zeros(nw, bool))
+    nw = len(w_src)
+    wait_ptr, wait_src, wait_lag, _, _ = _csr_by_dst(n, w_dst, w_src, wkeep, w_lag,
+                                                     np.zeros(nw, np.int8),
+                                                     np.zeros(nw, bool), none)
+    del w_src, w_dst, w_lag, wkeep
 
     # ---- collective transfer tails
     if len(members):
@@ -364,20 +405,22 @@ def graph_from_arrays(*, rank, lane, kind, start_ns, dur_ns, coll_id=None, edge_
         rmin = np.full(len(ur), np.iinfo(_I64).max, _I64)
         np.minimum.at(rmin, rinv, s)
         origin = rmin[rinv]
-    ready = _measured_ready(s, end, origin, lane_prev, lane_lag, lane_s2s, pred_ptr, pred_src,
-                            pred_lag, pred_s2s)
-    mdelay = np.maximum(s - ready, 0)
-    delayed = mdelay > 0
-    stats["unexplained_delay_count"] = int(delayed.sum())
+        del rinv
+    mdelay = _measured_ready(s, end, origin, lane_prev, lane_lag, lane_s2s, pred_ptr, pred_src,
+                             pred_lag, pred_s2s)
+    np.subtract(s, mdelay, out=mdelay)  # in place: measured start - ready, clipped at 0
+    np.maximum(mdelay, 0, out=mdelay)
+    stats["unexplained_delay_count"] = int(np.count_nonzero(mdelay))
     stats["unexplained_delay_ns"] = int(mdelay.sum())
+    del end
 
     # ---- topological order of super-nodes (cycle check), close to measured time
-    wdst_rep = np.repeat(np.arange(n, dtype=_I64), np.diff(wait_ptr))
     key = s.copy()
     if len(members):
         key[members[coll_ptr[:-1][counts > 0]]] = a_meas
-    order = _order_or_raise(n, node_of, lane_prev, pred_src, pred_ptr, wait_src, wdst_rep,
+    order = _order_or_raise(node_of, lane_prev, pred_ptr, pred_src, wait_ptr, wait_src,
                             trace, s, key=key)
+    del key, node_of
 
     # ---- contention resources
     on_dev = np.zeros(n, bool) if on_device is None else np.asarray(on_device, bool)
@@ -385,47 +428,65 @@ def graph_from_arrays(*, rank, lane, kind, start_ns, dur_ns, coll_id=None, edge_
     if on_dev.any():
         key = np.asarray(device_key, _I64)[on_dev] if device_key is not None else rank[on_dev]
         device[on_dev] = np.unique(key, return_inverse=True)[1].astype(np.int32)
+        del key
     is_comm = (kind == OpKind.COLLECTIVE) | (kind == OpKind.P2P)
     resource = np.zeros(n, np.int8)
     compute_kinds = (kind == OpKind.KERNEL) | (kind == OpKind.MEMSET) | (kind == OpKind.COMPUTE)
     resource[on_dev & compute_kinds] = RES_COMPUTE
     resource[is_comm] = RES_COMM
-    link = np.where(is_comm, np.unique(rank, return_inverse=True)[1] if n else 0, -1).astype(np.int32)
+    del compute_kinds, on_dev
+    link = np.full(n, -1, np.int32)
+    if n:
+        link[is_comm] = np.unique(rank, return_inverse=True)[1][is_comm]
+    del is_comm
 
-    # ---- lay the kernel arrays out in execution order (see ReplayGraph)
-    pos_node = np.zeros(n, _I64)
-    pos_node[order] = np.arange(len(order), dtype=_I64)
-    perm = np.lexsort((np.arange(n), pos_node[node_of])).astype(_I64)
-    pos = np.empty(n, _I64)
-    pos[perm] = np.arange(n, dtype=_I64)
+    # ---- lay the kernel arrays out in execution order (see ReplayGraph); each per-op
+    # array is replaced by its laid-out copy at once, so one extra copy lives at a time
+    perm, pos = _layout_perm(order, coll_of, coll_ptr, members)
+    order = pos[order]
+    coll_members = pos[members]
+    del members
 
     def lay(x):
         return np.ascontiguousarray(x[perm])
 
-    def lay_csr(ptr, src, lag, kind, s2s):
-        dst = np.repeat(np.arange(n, dtype=_I64), np.diff(ptr))
-        return _csr(n, pos[dst], pos[src], lag, kind, s2s)
-
-    lp = np.where(lane_prev >= 0, pos[np.maximum(lane_prev, 0)], -1)
-    pred_ptr, pred_src, pred_lag, pred_kind, pred_s2s = lay_csr(pred_ptr, pred_src, pred_lag,
-                                                                pred_kind, pred_s2s)
-    wait_ptr, wait_src, wait_lag, _, _ = lay_csr(wait_ptr, wait_src, wait_lag,
-                                                 np.zeros(len(wait_src), np.int8),
-                                                 np.zeros(len(wait_src), bool))
-    delay = np.zeros(n, _I64) if ideal else lay(mdelay)
+    lp = lay(lane_prev)
+    del lane_prev
+    has = lp >= 0
+    lp[has] = pos[lp[has]]
+    del has
+    pdst = np.repeat(np.arange(n, dtype=_I32), np.diff(pred_ptr))
+    pred_ptr, pred_src, pred_lag, pred_kind, pred_s2s = _csr_by_dst(
+        n, pdst, pred_src, np.ones(len(pdst), bool), pred_lag, pred_kind, pred_s2s, pos)
+    del pdst
+    wdst = np.repeat(np.arange(n, dtype=_I32), np.diff(wait_ptr))
+    wait_ptr, wait_src, wait_lag, _, _ = _csr_by_dst(
+        n, wdst, wait_src, np.ones(len(wdst), bool), wait_lag, np.zeros(len(wdst), np.int8),
+        np.zeros(len(wdst), bool), pos)
+    del wdst
+    mdelay = lay(mdelay)
+    delay = np.zeros(n, _I64) if ideal else mdelay
+    dur = lay(dur)
+    origin = lay(origin)
+    lane_lag = lay(lane_lag)
+    lane_s2s = lay(lane_s2s)
+    coll_of = lay(coll_of)
+    device = lay(device)
+    resource = lay(resource)
+    link = lay(link)
     return ReplayGraph(
-        dur_ns=lay(dur), delay_ns=delay, measured_delay_ns=mdelay, origin_ns=lay(origin),
-        lane_prev=lay(lp), lane_lag_ns=lay(lane_lag), lane_s2s=lay(lane_s2s),
+        dur_ns=dur, delay_ns=delay, measured_delay_layout_ns=mdelay, origin_ns=origin,
+        lane_prev=lp, lane_lag_ns=lane_lag, lane_s2s=lane_s2s,
         pred_ptr=pred_ptr, pred_src=pred_src, pred_lag_ns=pred_lag, pred_kind=pred_kind,
         pred_s2s=pred_s2s, wait_ptr=wait_ptr, wait_src=wait_src, wait_lag_ns=wait_lag,
-        coll_of=lay(coll_of), coll_ptr=coll_ptr, coll_members=np.ascontiguousarray(pos[members]),
-        order=np.ascontiguousarray(pos[order]), perm=perm, pos=pos, rank=rank, lane=lane,
-        device=lay(device), resource=lay(resource), link=lay(link), meas_start_ns=s,
-        meas_end_ns=end, ideal=bool(ideal), stats=stats, trace=trace)
+        coll_of=coll_of, coll_ptr=coll_ptr, coll_members=coll_members,
+        order=order, perm=perm, pos=pos, rank=rank, lane=lane,
+        device=device, resource=resource, link=link, meas_start_ns=s,
+        meas_dur_ns=d, ideal=bool(ideal), stats=stats, trace=trace)
 
 
 def _node_of(n, coll_of, coll_ptr, members) -> np.ndarray:
-    node_of = np.arange(n, dtype=_I64)
+    node_of = np.arange(n, dtype=_I32)
     if len(members):
         first = members[coll_ptr[:-1]]
         node_of[members] = first[coll_of[members]]
@@ -434,36 +495,37 @@ def _node_of(n, coll_of, coll_ptr, members) -> np.ndarray:
 
 def _csr(n, dst, src, lag, kind, s2s):
     """CSR by ``dst``, edges of one dst sorted by src (then input order)."""
-    o = np.lexsort((src, dst))
-    ptr = np.zeros(n + 1, _I64)
-    np.cumsum(np.bincount(dst, minlength=n), out=ptr[1:])
-    return (ptr, np.ascontiguousarray(src[o], _I64), np.ascontiguousarray(lag[o], _I64),
-            np.ascontiguousarray(kind[o], np.int8), np.ascontiguousarray(s2s[o], bool))
+    return _csr_by_dst(n, np.ascontiguousarray(dst, _I64), np.ascontiguousarray(src, _I64),
+                       np.ones(len(dst), bool), np.ascontiguousarray(lag, _I64),
+                       np.ascontiguousarray(kind, np.int8), np.ascontiguousarray(s2s, bool),
+                       np.zeros(0, _I32))
 
 
-def _dep_pairs(node_of, lane_prev, pred_src, pred_ptr, wait_src, wait_dst):
+def _dep_pairs(node_of, lane_prev, pred_src, pred_ptr, wait_src, wait_ptr):
     """(src node, dst node) of every dependency between different super-nodes."""
     n = len(node_of)
     hp = lane_prev >= 0
     pdst = np.repeat(np.arange(n, dtype=_I64), np.diff(pred_ptr))
+    wdst = np.repeat(np.arange(n, dtype=_I64), np.diff(wait_ptr))
     a = np.concatenate([node_of[lane_prev[hp]], node_of[pred_src], node_of[wait_src]])
-    b = np.concatenate([node_of[np.flatnonzero(hp)], node_of[pdst], node_of[wait_dst]])
+    b = np.concatenate([node_of[np.flatnonzero(hp)], node_of[pdst], node_of[wdst]])
     k = a != b
     return a[k], b[k]
 
 
-def _order_or_raise(n, node_of, lane_prev, pred_src, pred_ptr, wait_src, wait_dst, trace,
+def _order_or_raise(node_of, lane_prev, pred_ptr, pred_src, wait_ptr, wait_src, trace,
                     start_ns, *, key, perm=None) -> np.ndarray:
-    a, b = _dep_pairs(node_of, lane_prev, pred_src, pred_ptr, wait_src, wait_dst)
-    o = np.argsort(a, kind="stable")
-    succ_dst = np.ascontiguousarray(b[o], _I64)
-    succ_ptr = np.zeros(n + 1, _I64)
-    np.cumsum(np.bincount(a, minlength=n), out=succ_ptr[1:])
-    indeg = np.bincount(b, minlength=n).astype(_I64)
+    i32 = np.int32
+    succ_ptr, succ_dst, indeg = _node_succ(
+        node_of, np.ascontiguousarray(lane_prev, i32), np.ascontiguousarray(pred_ptr, i32),
+        np.ascontiguousarray(pred_src, i32), np.ascontiguousarray(wait_ptr, i32),
+        np.ascontiguousarray(wait_src, i32))
     order, count = _topo_order_by_time(node_of, succ_ptr, succ_dst, indeg,
                                        np.ascontiguousarray(key, _I64))
-    n_nodes = int((node_of == np.arange(n)).sum())
-    if count < n_nodes:
+    del succ_ptr, succ_dst, indeg
+    n_nodes = int((node_of == np.arange(len(node_of))).sum())
+    if count < n_nodes:  # error path: the pairs again, to find and describe a cycle
+        a, b = _dep_pairs(node_of, lane_prev, pred_src, pred_ptr, wait_src, wait_ptr)
         raise ReplayError(_cycle_message(node_of, a, b, order, trace, start_ns, perm))
     return order
 
