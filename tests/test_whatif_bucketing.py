@@ -93,11 +93,11 @@ W_BYTES = 512 * 512 * 4 + 512 * 4  # one Linear(512, 512): weight + bias, fp32
 @pytest.fixture(scope="module")
 def gloo_ddp(tmp_path_factory):
     """4 x Linear(512, 512) + head trained with DDP on gloo, buckets of 0.5 MiB (so one
-    bucket per layer: 4 per step), captured for 3 steps."""
+    bucket per layer: 4 per step), captured for 5 steps."""
     out = tmp_path_factory.mktemp("gloo") / "ddp"
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     cmd = [sys.executable, str(ROOT / "examples" / "capture_ddp.py"), "--trace-dir", str(out),
-           "--steps", "5", "--wait", "1", "--warmup", "1", "--active", "3", "--hidden", "512",
+           "--steps", "7", "--wait", "1", "--warmup", "1", "--active", "5", "--hidden", "512",
            "--layers", "4", "--batch", "32", "--bucket-cap-mb", "0.5"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -108,6 +108,15 @@ def _buckets(t: Trace) -> pd.Series:
     o = t.ops
     ar = o[(o["kind"] == 3) & (o["comm_op"] == 1) & (o["bytes"] > 0)]
     return ar.sort_values("start_ns").groupby(["rank", "step"])["bytes"].apply(list)
+
+
+def _median_step(res) -> float:
+    """Median over steps of the slowest rank's span (one disturbed step does not count)."""
+    o = res.trace.ops
+    df = pd.DataFrame({"rank": o["rank"].to_numpy(), "step": o["step"].to_numpy(),
+                       "s": res.start_ns, "e": res.end_ns})
+    g = df[df["step"] >= 0].groupby(["step", "rank"])
+    return float((g["e"].max() - g["s"].min()).groupby(level="step").max().median())
 
 
 def _mib(x: float) -> float:  # DDP's bucket_cap_mb (MiB) as overlap.bucket_mb (10^6 B)
@@ -139,11 +148,11 @@ def test_gloo_ddp_rebucketing_follows_ddps_rule_parameter_by_parameter(gloo_ddp)
 @pytest.mark.skipif(not HAS_TORCH, reason="needs torch (retime[torch])")
 def test_gloo_ddp_contention_model_is_consistent_with_the_measurement(gloo_ddp):
     """Removing the measured interference and replaying with it reproduces the step (within
-    what a 3-step capture on a shared 2-core machine allows: the model is fluid processor
+    what a 5-step capture on a shared 2-core machine allows: the model is fluid processor
     sharing, the measurement has scheduler slices and other people's processes in it)."""
-    ident = replay(gloo_ddp).step_time_ns
+    ident = replay(gloo_ddp)
     same = whatif(gloo_ddp, {"overlap.bucket_mb": _mib(0.5)})
-    assert same.step_time_ns == pytest.approx(ident, rel=0.2)
+    assert _median_step(same) == pytest.approx(_median_step(ident), rel=0.2)
     assert same.meta["contention"]["interference"] == 1.0
     free = whatif(gloo_ddp, {"overlap.bucket_mb": _mib(0.5), "overlap.interference": 1.0})
     assert free.meta["contention"]["interference"] == 0.0

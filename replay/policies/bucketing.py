@@ -412,13 +412,13 @@ def rebucket_cpu(trace: Trace, bucket_mb: float, interference: float,
         ids = ar_ids[np.asarray(idx)]
         ids = ids[np.lexsort((ids, start[ids]))]
         main = int(lane[issue_of[int(ids[0])]])
-        own = np.flatnonzero((rank == r) & (step == s))
+        own = np.flatnonzero((rank == r) & (step == s) & (lane == main))
         lo, hi = int(start[own].min()), int(end[own].max())
         tabs = []
         for key in ("ready", "back"):
             x = rr[key]
-            x = x[(x["rank"].to_numpy() == r) & (x["start_ns"].to_numpy() >= lo)
-                  & (x["start_ns"].to_numpy() < hi)]
+            x = x[(x["rank"].to_numpy() == r) & (x["lane"].to_numpy() == main)
+                  & (x["start_ns"].to_numpy() >= lo) & (x["start_ns"].to_numpy() < hi)]
             tabs.append(x)
         if len(tabs[0]) == 0 or len(tabs[0]) != len(tabs[1]):
             return None
