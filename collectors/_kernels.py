@@ -180,6 +180,41 @@ def _ws(buf, i, n):  # pragma: no cover - compiled
 
 
 @njit(cache=True)
+def _utf8(buf, i, n):  # pragma: no cover - compiled
+    """Length of the UTF-8 sequence led by ``buf[i]`` (>= 0x80); -1 past the end, -2 invalid."""
+    c = buf[i]
+    need = 0
+    lo = 128
+    hi = 191
+    if 0xC2 <= c <= 0xDF:
+        need = 1
+    elif 0xE0 <= c <= 0xEF:
+        need = 2
+        if c == 0xE0:
+            lo = 0xA0
+        elif c == 0xED:
+            hi = 0x9F
+    elif 0xF0 <= c <= 0xF4:
+        need = 3
+        if c == 0xF0:
+            lo = 0x90
+        elif c == 0xF4:
+            hi = 0x8F
+    else:
+        return -2
+    if i + need >= n:
+        return -1
+    for k in range(1, need + 1):
+        d = buf[i + k]
+        if k == 1:
+            if d < lo or d > hi:
+                return -2
+        elif d < 128 or d > 191:
+            return -2
+    return need + 1
+
+
+@njit(cache=True)
 def _str_end(buf, i, n):  # pragma: no cover - compiled
     """``i`` at an opening quote -> (index after the closing quote, FNV hash of the raw
     bytes, escaped?); index -1 when the buffer ends first, -2 on invalid UTF-8."""
@@ -199,37 +234,12 @@ def _str_end(buf, i, n):  # pragma: no cover - compiled
             i += 2
             continue
         if c >= 128:
-            need = 0
-            lo = 128
-            hi = 191
-            if 0xC2 <= c <= 0xDF:
-                need = 1
-            elif 0xE0 <= c <= 0xEF:
-                need = 2
-                if c == 0xE0:
-                    lo = 0xA0
-                elif c == 0xED:
-                    hi = 0x9F
-            elif 0xF0 <= c <= 0xF4:
-                need = 3
-                if c == 0xF0:
-                    lo = 0x90
-                elif c == 0xF4:
-                    hi = 0x8F
-            else:
-                return -2, h, esc
-            if i + need >= n:
-                return -1, h, esc
-            for k in range(1, need + 1):
-                d = buf[i + k]
-                if k == 1:
-                    if d < lo or d > hi:
-                        return -2, h, esc
-                elif d < 128 or d > 191:
-                    return -2, h, esc
-            for k in range(need + 1):
+            m = _utf8(buf, i, n)
+            if m < 0:
+                return m, h, esc
+            for k in range(m):
                 h = (h ^ buf[i + k]) * _FNV_P
-            i += need + 1
+            i += m
             continue
         h = (h ^ c) * _FNV_P
         i += 1
@@ -237,11 +247,34 @@ def _str_end(buf, i, n):  # pragma: no cover - compiled
 
 
 @njit(cache=True)
+def _str_skip(buf, i, n):  # pragma: no cover - compiled
+    """As :func:`_str_end` without the hash: -> (index after the closing quote, escaped?)."""
+    esc = False
+    i += 1
+    while i < n:
+        c = buf[i]
+        if c == 34:
+            return i + 1, esc
+        if c == 92:
+            esc = True
+            i += 2
+            continue
+        if c >= 128:
+            m = _utf8(buf, i, n)
+            if m < 0:
+                return m, esc
+            i += m
+            continue
+        i += 1
+    return -1, esc
+
+
+@njit(cache=True)
 def _skip(buf, i, n):  # pragma: no cover - compiled
     """Index after the JSON value at ``i``; -1 when the buffer ends first, -2 when invalid."""
     c = buf[i]
     if c == 34:
-        e, _, _ = _str_end(buf, i, n)
+        e, _ = _str_skip(buf, i, n)
         return e
     if c == 123 or c == 91:
         stack = np.int64(0)  # bit per level: 1 object, 0 array
@@ -249,7 +282,7 @@ def _skip(buf, i, n):  # pragma: no cover - compiled
         while i < n:
             c = buf[i]
             if c == 34:
-                e, _, _ = _str_end(buf, i, n)
+                e, _ = _str_skip(buf, i, n)
                 if e < 0:
                     return e
                 i = e
@@ -349,8 +382,8 @@ def _key_id(buf, s, e, kb, ko):  # pragma: no cover - compiled
 
 
 @njit(cache=True)
-def _args(buf, i, n, row, kb, ko):  # pragma: no cover - compiled
-    """Parse the args object at ``i`` into ``row``; -> (end, slow) with end -1/-2 as _skip."""
+def _args(buf, i, n, out, r, kb, ko):  # pragma: no cover - compiled
+    """Parse the args object at ``i`` into column ``r`` of ``out``; -> (end, slow) with end -1/-2 as _skip."""
     slow = False
     j = _ws(buf, i + 1, n)
     if j >= n:
@@ -363,7 +396,7 @@ def _args(buf, i, n, row, kb, ko):  # pragma: no cover - compiled
             return -1, slow
         if buf[j] != 34:
             return -2, slow
-        ke, _, kesc = _str_end(buf, j, n)
+        ke, kesc = _str_skip(buf, j, n)
         if ke < 0:
             return ke, slow
         kid = 0 if kesc else _key_id(buf, j + 1, ke - 1, kb, ko)
@@ -383,7 +416,7 @@ def _args(buf, i, n, row, kb, ko):  # pragma: no cover - compiled
             seen |= 1 << kid
             v, e, ok = _int(buf, j, n)
             if ok:
-                row[EV_CORR + kid - 1] = v
+                out[EV_CORR + kid - 1, r] = v
                 j = e
             else:
                 isnull = (buf[j] == 110 and j + 3 < n and buf[j + 1] == 117
@@ -414,29 +447,29 @@ def _args(buf, i, n, row, kb, ko):  # pragma: no cover - compiled
 
 
 @njit(cache=True)
-def _event(buf, i, n, row, tk, to, ak, ao):  # pragma: no cover - compiled
-    """Parse the event object at ``i`` into ``row``; -> end (-1 more data, -2 invalid)."""
-    row[EV_SPAN0] = i
-    row[EV_PH] = 0
-    row[EV_CORR] = -1
-    row[EV_EXT] = -1
+def _event(buf, i, n, out, r, tk, to, ak, ao):  # pragma: no cover - compiled
+    """Parse the event object at ``i`` into column ``r`` of ``out``; -> end (-1 more data, -2 invalid)."""
+    out[EV_SPAN0, r] = i
+    out[EV_PH, r] = 0
+    out[EV_CORR, r] = -1
+    out[EV_EXT, r] = -1
     for f in range(EV_DEV, EV_FIELDS):
-        row[f] = NONE
+        out[f, r] = NONE
     flags = 0
     seen = 0
     j = _ws(buf, i + 1, n)
     if j >= n:
         return -1
     if buf[j] == 125:
-        row[EV_FLAGS] = F_SLOW
-        row[EV_SPAN1] = j + 1
+        out[EV_FLAGS, r] = F_SLOW
+        out[EV_SPAN1, r] = j + 1
         return j + 1
     while True:
         if j >= n:
             return -1
         if buf[j] != 34:
             return -2
-        ke, _, kesc = _str_end(buf, j, n)
+        ke, kesc = _str_skip(buf, j, n)
         if ke < 0:
             return ke
         kid = 0 if kesc else _key_id(buf, j + 1, ke - 1, tk, to)
@@ -462,18 +495,18 @@ def _event(buf, i, n, row, tk, to, ak, ao):  # pragma: no cover - compiled
                     return e
                 if kid == 1:
                     if e - j == 3 and not esc:
-                        row[EV_PH] = buf[j + 1]
+                        out[EV_PH, r] = buf[j + 1]
                     else:
                         flags |= F_SLOW
                 elif kid == 2:
-                    row[EV_CAT0] = j + 1
-                    row[EV_CATN] = e - j - 2
-                    row[EV_CATH] = h
+                    out[EV_CAT0, r] = j + 1
+                    out[EV_CATN, r] = e - j - 2
+                    out[EV_CATH, r] = h
                     flags |= F_CAT
                 else:
-                    row[EV_NAME0] = j + 1
-                    row[EV_NAMEN] = e - j - 2
-                    row[EV_NAMEH] = h
+                    out[EV_NAME0, r] = j + 1
+                    out[EV_NAMEN, r] = e - j - 2
+                    out[EV_NAMEH, r] = h
                     flags |= F_NAME
                 j = e
             else:
@@ -485,7 +518,7 @@ def _event(buf, i, n, row, tk, to, ak, ao):  # pragma: no cover - compiled
         elif kid == 4 or kid == 5:  # pid, tid
             v, e, ok = _int(buf, j, n)
             if ok:
-                row[EV_PID + kid - 4] = v
+                out[EV_PID + kid - 4, r] = v
                 flags |= F_PID if kid == 4 else F_TID
                 j = e
             else:
@@ -497,7 +530,7 @@ def _event(buf, i, n, row, tk, to, ak, ao):  # pragma: no cover - compiled
         elif kid == 6 or kid == 7:  # ts, dur
             v, e, ok = _ns(buf, j, n)
             if ok:
-                row[EV_TS + kid - 6] = v
+                out[EV_TS + kid - 6, r] = v
                 flags |= F_TS if kid == 6 else F_DUR
                 j = e
             else:
@@ -507,7 +540,7 @@ def _event(buf, i, n, row, tk, to, ak, ao):  # pragma: no cover - compiled
                     return e
                 j = e
         elif kid == 8 and c == 123:  # args object
-            e, slow = _args(buf, j, n, row, ak, ao)
+            e, slow = _args(buf, j, n, out, r, ak, ao)
             if e < 0:
                 return e
             if slow:
@@ -529,8 +562,8 @@ def _event(buf, i, n, row, tk, to, ak, ao):  # pragma: no cover - compiled
             j = _ws(buf, j + 1, n)
             continue
         if c == 125:
-            row[EV_FLAGS] = flags
-            row[EV_SPAN1] = j + 1
+            out[EV_FLAGS, r] = flags
+            out[EV_SPAN1, r] = j + 1
             return j + 1
         return -2
 
@@ -538,7 +571,7 @@ def _event(buf, i, n, row, tk, to, ak, ao):  # pragma: no cover - compiled
 @njit(cache=True)
 def _scan_events(buf, pos, state, out, tk, to, ak, ao):  # pragma: no cover - compiled
     n = buf.shape[0]
-    cap = out.shape[0]
+    cap = out.shape[1]
     k = 0
     while True:
         j = _ws(buf, pos, n)
@@ -559,21 +592,21 @@ def _scan_events(buf, pos, state, out, tk, to, ak, ao):  # pragma: no cover - co
             return S_ERROR, j, state, k
         if k == cap:
             return S_FULL, j, state, k
-        e = _event(buf, j, n, out[k], tk, to, ak, ao)
+        e = _event(buf, j, n, out, k, tk, to, ak, ao)
         if e == -1:
             return S_MORE, j, state, k
         if e < 0:
             return S_ERROR, j, state, k
-        ph = out[k, EV_PH]
+        ph = out[EV_PH, k]
         if not (ph == 88 or ph == 115 or ph == 102 or ph == 116 or ph == 105 or ph == 73):
-            out[k, EV_FLAGS] |= F_SLOW  # X s f t i I are read here; others the general way
+            out[EV_FLAGS, k] |= F_SLOW  # X s f t i I are read here; others the general way
         k += 1
         pos = e
         state = 2
 
 
 def scan_events(buf: np.ndarray, pos: int, state: int, out: np.ndarray, tables):
-    """Scan trace events from ``buf[pos:]`` into the rows of ``out`` (int64, (cap, EV_FIELDS)).
+    """Scan trace events from ``buf[pos:]`` into the columns of ``out`` (int64, (EV_FIELDS, cap)).
 
     ``state`` is 0 right after the array's ``[``, 1 after a comma, 2 after an element.
     Returns ``(status, pos, state, rows)``: S_MORE (the buffer ends inside an event or
@@ -623,7 +656,7 @@ def _find_array(buf, key):  # pragma: no cover - compiled
             return -1
         if buf[i] != 34:
             return -2
-        ke, _, esc = _str_end(buf, i, n)
+        ke, esc = _str_skip(buf, i, n)
         if ke < 0:
             return ke
         match = not esc and ke - i - 2 == key.shape[0]

@@ -104,8 +104,10 @@ def sync_edges(evs, syncs, kind, lane, corr, start, end, n_h, n, rt_sorted, rc, 
         ids = gpu[glane == ln]
         o = np.argsort(corr[ids], kind="stable")
         by_lane[int(ln)] = (ids[o], corr[ids][o])
-    stream_lane = {(int(d), int(s)): int(li) for (d, s), li in
-                   zip(zip(G["dev"], G["stream"]), g_lane_local)}
+    ul, fi = np.unique(np.asarray(g_lane_local, np.int64), return_index=True)
+    stream_lane = {(int(G["dev"][f]), int(G["stream"][f])): int(li) for li, f in
+                   zip(ul.tolist(), fi.tolist(), strict=True)}
+    lane_dev = {int(li): int(G["dev"][f]) for li, f in zip(ul.tolist(), fi.tolist(), strict=True)}
 
     def rt_of(c):
         if c is None or c < 0 or len(rc) == 0:
@@ -162,14 +164,12 @@ def sync_edges(evs, syncs, kind, lane, corr, start, end, n_h, n, rt_sorted, rc, 
     # blocking host calls without cuda_sync events
     names = strings.names
     rts = np.flatnonzero(kind[:n_h] == OpKind.RUNTIME)
-    for r in rts:
+    rts = rts[~np.isin(corr[rts], np.fromiter(covered, np.int64, len(covered)))]
+    rt_names = name_id[rts]
+    is_blocking = np.fromiter((nm in _BLOCKING for nm in names), bool, len(names))
+    is_wait = np.fromiter((nm in _STREAM_WAIT for nm in names), bool, len(names))
+    for r in rts[is_blocking[rt_names]].tolist():
         c = int(corr[r])
-        if c in covered:
-            continue
-        nm = names[name_id[r]]
-        blocking = nm in _BLOCKING
-        if not blocking:
-            continue
         d = _next_host_op(r, lane, n_h)
         if d < 0:
             continue
@@ -183,11 +183,8 @@ def sync_edges(evs, syncs, kind, lane, corr, start, end, n_h, n, rt_sorted, rc, 
     rt_gpu = np.full(n_h, -1, np.int64)
     launched = np.flatnonzero(launch_of >= 0)
     rt_gpu[launch_of[launched]] = launched
-    lane_dev = {int(li): int(d) for (d, _s), li in zip(zip(G["dev"], G["stream"]), g_lane_local)}
-    for r in rts:
+    for r in rts[is_wait[rt_names]].tolist():
         c = int(corr[r])
-        if c in covered or names[name_id[r]] not in _STREAM_WAIT:
-            continue
         d = -1
         j = r + 1
         while j < n_h and lane[j] == lane[r] and j <= r + 64:

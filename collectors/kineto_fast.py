@@ -189,10 +189,10 @@ class _Reader:
     def block(self, data: bytes, buf: np.ndarray, rows: np.ndarray, first_idx: int) -> None:  # noqa: C901
         """Turn one scanner call's rows (events ``first_idx``...) into column parts."""
         loop, path = self.loop, self.path
-        k = len(rows)
+        k = rows.shape[1]
         idx = np.arange(first_idx, first_idx + k, dtype=np.int64)
-        flags = rows[:, K.EV_FLAGS]
-        ph = rows[:, K.EV_PH]
+        flags = rows[K.EV_FLAGS]
+        ph = rows[K.EV_PH]
         slow = (flags & K.F_SLOW) != 0
         need = K.F_TS | K.F_DUR | K.F_NAME | K.F_CAT | K.F_PID | K.F_TID
         is_x = ph == 88
@@ -205,50 +205,49 @@ class _Reader:
             loop.kept["flows"] += n_flow
         named = np.flatnonzero((is_x | is_i) & ((flags & K.F_NAME) != 0))
         nid = np.full(k, -1, np.int64)
-        nid[named] = self.names.ids(data, buf, rows[named, K.EV_NAME0], rows[named, K.EV_NAMEN],
-                                    rows[named, K.EV_NAMEH])
+        nid[named] = self.names.ids(data, buf, rows[K.EV_NAME0, named], rows[K.EV_NAMEN, named],
+                                    rows[K.EV_NAMEH, named])
         xi = np.flatnonzero(is_x)
         if len(xi):
-            cid = self.cat_ids.ids(data, buf, rows[xi, K.EV_CAT0], rows[xi, K.EV_CATN],
-                                   rows[xi, K.EV_CATH])
+            cid = self.cat_ids.ids(data, buf, rows[K.EV_CAT0, xi], rows[K.EV_CATN, xi],
+                                   rows[K.EV_CATH, xi])
         self._name_flags()
         keep: list[np.ndarray] = []
         if len(xi):
             codes = np.asarray([loop.cat_code.get(c) if c in loop.cat_code else
                                 _CAT_CODE.get(c.lower(), _C_OTHER) for c in self.cats], np.int64)
             code = codes[cid]
-            r = rows[xi]
             xn = nid[xi]
             # GPU ops
             g = code <= _C_MEMSET
             if g.any():
-                rg, gi = r[g], xi[g]
+                gi = xi[g]
                 kind = code[g].astype(np.int8)
                 coll = (kind == _C_KERNEL) & self.nccl[xn[g]]
                 kind[coll] = int(OpKind.COLLECTIVE)
                 keep.append(gi[coll])
-                dev = np.where(rg[:, K.EV_DEV] != _NONE, rg[:, K.EV_DEV], rg[:, K.EV_PID])
-                st = np.where(rg[:, K.EV_STREAM] != _NONE, rg[:, K.EV_STREAM], rg[:, K.EV_TID])
+                dev = np.where(rows[K.EV_DEV, gi] != _NONE, rows[K.EV_DEV, gi], rows[K.EV_PID, gi])
+                st = np.where(rows[K.EV_STREAM, gi] != _NONE, rows[K.EV_STREAM, gi], rows[K.EV_TID, gi])
                 G = dict(dev=dev, stream=st, kind=kind, name=xn[g].astype(np.int32),
-                         start=rg[:, K.EV_TS].copy(), dur=rg[:, K.EV_DUR].copy(),
-                         corr=rg[:, K.EV_CORR].copy(), ext=rg[:, K.EV_EXT].copy(),
-                         bytes=np.where(rg[:, K.EV_BYTES] != _NONE, rg[:, K.EV_BYTES], 0),
+                         start=rows[K.EV_TS, gi], dur=rows[K.EV_DUR, gi],
+                         corr=rows[K.EV_CORR, gi], ext=rows[K.EV_EXT, gi],
+                         bytes=np.where(rows[K.EV_BYTES, gi] != _NONE, rows[K.EV_BYTES, gi], 0),
                          idx=idx[gi])
             else:
                 G = _empty_g()
             # host events
             h = (code >= _C_RUNTIME) & (code <= _C_ANNOT)
             if h.any():
-                rh, hi = r[h], xi[h]
+                hi = xi[h]
                 hn = xn[h]
                 hc = (code[h] - _C_RUNTIME).astype(np.int8)
                 gl = (hc == _H_ANNOT) & self.gloo[hn]
                 hc[gl] = _H_GLOO
                 keep.append(hi[gl | self.commf[hn]])
-                H = dict(pid=rh[:, K.EV_PID].copy(), tid=rh[:, K.EV_TID].copy(), code=hc,
-                         name=hn.astype(np.int32), start=rh[:, K.EV_TS].copy(),
-                         end=rh[:, K.EV_TS] + rh[:, K.EV_DUR], corr=rh[:, K.EV_CORR].copy(),
-                         ext=rh[:, K.EV_EXT].copy(), idx=idx[hi])
+                H = dict(pid=rows[K.EV_PID, hi], tid=rows[K.EV_TID, hi], code=hc,
+                         name=hn.astype(np.int32), start=rows[K.EV_TS, hi],
+                         end=rows[K.EV_TS, hi] + rows[K.EV_DUR, hi], corr=rows[K.EV_CORR, hi],
+                         ext=rows[K.EV_EXT, hi], idx=idx[hi])
             else:
                 H = _empty_h()
             # other categories
@@ -258,7 +257,6 @@ class _Reader:
                 lower = np.asarray([c.lower() for c in self.cats], object)
                 ocid = cid[o]
                 oi = xi[o]
-                ro = r[o]
                 lo = lower[ocid]
                 sy = lo == "cuda_sync"
                 if sy.any():
@@ -267,20 +265,20 @@ class _Reader:
                     loop.kept["sync_events"] += int(sy.sum())
                 ga = lo == "gpu_user_annotation"
                 if ga.any():
-                    rr = ro[ga]
-                    GR = dict(dev=np.where(rr[:, K.EV_DEV] != _NONE, rr[:, K.EV_DEV], rr[:, K.EV_PID]),
-                              stream=np.where(rr[:, K.EV_STREAM] != _NONE, rr[:, K.EV_STREAM],
-                                              rr[:, K.EV_TID]),
-                              name=nid[oi[ga]].astype(np.int32), start=rr[:, K.EV_TS].copy(),
-                              end=rr[:, K.EV_TS] + rr[:, K.EV_DUR], idx=idx[oi[ga]])
+                    gai = oi[ga]
+                    GR = dict(dev=np.where(rows[K.EV_DEV, gai] != _NONE, rows[K.EV_DEV, gai], rows[K.EV_PID, gai]),
+                              stream=np.where(rows[K.EV_STREAM, gai] != _NONE, rows[K.EV_STREAM, gai],
+                                              rows[K.EV_TID, gai]),
+                              name=nid[oi[ga]].astype(np.int32), start=rows[K.EV_TS, gai],
+                              end=rows[K.EV_TS, gai] + rows[K.EV_DUR, gai], idx=idx[oi[ga]])
                     loop.kept["ranges"] += int(ga.sum())
                 tr = lo == "trace"
                 if tr.any():
                     last = np.flatnonzero(tr)[-1]
                     i_last = int(idx[oi[last]])
                     if loop.window is None or i_last > loop.window[0]:
-                        t0 = int(ro[last, K.EV_TS])
-                        loop.window = (i_last, t0, t0 + int(ro[last, K.EV_DUR]))
+                        t0 = int(rows[K.EV_TS, oi[last]])
+                        loop.window = (i_last, t0, t0 + int(rows[K.EV_DUR, oi[last]]))
                     loop.kept["markers"] += int(tr.sum())
                 other = ~(sy | ga | tr)
                 if other.any():
@@ -291,19 +289,18 @@ class _Reader:
         # instant events: memory samples or markers
         ii = np.flatnonzero(is_i)
         if len(ii):
-            ri = rows[ii]
-            fi = ri[:, K.EV_FLAGS]
+            fi = rows[K.EV_FLAGS, ii]
             nm = nid[ii]
             mem = ((fi & (K.F_ARGS | K.F_TS)) == (K.F_ARGS | K.F_TS)) & (nm >= 0)
             mem[mem] = self.memory[nm[mem]]
             if mem.any():
-                rm = ri[mem]
-                dt, di = rm[:, K.EV_DEVTYPE], rm[:, K.EV_DEVID]
+                mi = ii[mem]
+                dt, di = rows[K.EV_DEVTYPE, mi], rows[K.EV_DEVID, mi]
                 dev = np.where((dt != _NONE) & (dt != 0) & (di != _NONE), di, -1)
-                mb = rm[:, K.EV_MEMBYTES]
-                ta, tr_ = rm[:, K.EV_TALLOC], rm[:, K.EV_TRES]
+                mb = rows[K.EV_MEMBYTES, mi]
+                ta, tr_ = rows[K.EV_TALLOC, mi], rows[K.EV_TRES, mi]
                 loop.mem_parts.append(np.stack([
-                    dev, rm[:, K.EV_TS], np.where(mb != _NONE, mb, 0), np.where(ta != _NONE, ta, -1),
+                    dev, rows[K.EV_TS, mi], np.where(mb != _NONE, mb, 0), np.where(ta != _NONE, ta, -1),
                     np.where(tr_ != _NONE, tr_, -1), idx[ii[mem]]], axis=1))
                 loop.kept["memory"] += int(mem.sum())
             n_mark = int((~mem).sum())
@@ -312,13 +309,13 @@ class _Reader:
         # events kept whole (collectives, syncs, communication annotations)
         if keep:
             for j in np.sort(np.concatenate(keep)).tolist():
-                loop.keep[int(idx[j])] = _decode_event(path, data, int(rows[j, K.EV_SPAN0]),
-                                                      int(rows[j, K.EV_SPAN1]), int(idx[j]))
+                loop.keep[int(idx[j])] = _decode_event(path, data, int(rows[K.EV_SPAN0, j]),
+                                                      int(rows[K.EV_SPAN1, j]), int(idx[j]))
         # events the scanner does not model: the general loop
         si = np.flatnonzero(slow)
         if len(si):
-            loop.feed((int(idx[j]), _decode_event(path, data, int(rows[j, K.EV_SPAN0]),
-                                                  int(rows[j, K.EV_SPAN1]), int(idx[j])))
+            loop.feed((int(idx[j]), _decode_event(path, data, int(rows[K.EV_SPAN0, j]),
+                                                  int(rows[K.EV_SPAN1, j]), int(idx[j])))
                       for j in si.tolist())
             loop.flush()
             self._name_flags()
@@ -353,7 +350,7 @@ def parse_fast(path: Path, on_stage=None):
 def _parse(path: Path, on_stage):  # noqa: C901 - one streaming state machine
     tables = _tables()
     reader = _Reader(path)
-    out = np.empty((ROWS, K.EV_FIELDS), np.int64)
+    out = np.empty((K.EV_FIELDS, ROWS), np.int64)
     carry = b""
     phase = 0  # 0: before the array, 1: in it, 2: after it
     prefix = suffix = b""
@@ -378,7 +375,7 @@ def _parse(path: Path, on_stage):  # noqa: C901 - one streaming state machine
         while True:
             st, pos, state, k = K.scan_events(buf, pos, state, out, tables)
             if k:
-                reader.block(data, buf, out[:k], n_ev)
+                reader.block(data, buf, out[:, :k], n_ev)
                 n_ev += k
             if st == K.S_FULL:
                 continue

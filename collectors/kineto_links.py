@@ -506,7 +506,7 @@ def _assemble(path, doc, rank, rank_source, strings, kept, dropped, tnames, G, H
         if d.id is not None:
             devices[int(d.id)] = {"name": d.name, "memory_bytes": d.totalGlobalMem,
                                   "sms": d.numSms, "compute": f"{d.computeMajor}.{d.computeMinor}"}
-    used_devs = sorted({int(x) for x in G["dev"]})
+    used_devs = np.unique(np.asarray(G["dev"], np.int64)).tolist()
     devices = {k: v for k, v in devices.items() if k in used_devs} or devices
     mem_arr = np.asarray(mem, dtype=np.int64).reshape(-1, 5)
     acc = {"events_read": n_events, "kept": dict(kept), "dropped": dict(dropped),
