@@ -295,6 +295,9 @@ def test_cli_replay_gpipe_json(st, tmp_path, capsys):
     assert d["step_time_ns"]["replayed"] == rl["step_time_ns"]
     assert rl["step_time_ns"] == pytest.approx(rl["baseline_step_time_ns"], rel=0.005)
     assert len(d["per_rank"]) == 8
+    # "measured" is the input's mean step (2.214 s over 32 steps), not the 32-step span
+    assert d["step_time_ns"]["measured"] == rl["measured_mean_step_time_ns"]
+    assert 2.0e9 < d["step_time_ns"]["measured"] < 2.5e9
     p = subprocess.run([sys.executable, "-m", "retime", "replay", str(out), "--set",
                         "parallel.tp=2", "--json"], capture_output=True, text=True, timeout=300)
     assert p.returncode == 2 and p.stdout == ""
