@@ -141,6 +141,7 @@ def test_gloo_ddp_rebucketing_follows_ddps_rule_parameter_by_parameter(gloo_ddp)
     one = whatif(gloo_ddp, {"overlap.bucket_mb": _mib(100)})
     assert all(b == [total] for b in _buckets(one.trace))
     sc = one.meta["scenario"][0]
+    assert sc["model"] == "cpu-ddp"
     assert sc["interference"] == 0.0  # one core per rank: the CPU is time-shared
 
 
