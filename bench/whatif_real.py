@@ -190,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
 
     rows = []
     for src, dst in (("A", "B"), ("B", "A")):
-        preds, ratios, info, fits = [], [], {}, []
+        preds, ratios, info, fits, models = [], [], {}, [], []
         for t, m in zip(traces[src], meas[src], strict=True):
             try:
                 ms, info = predict_ms(t, settings[dst], f)
@@ -200,7 +200,8 @@ def main(argv: list[str] | None = None) -> int:
             ratios.append(ms / m)
             if info.get("interference_fit") is not None:
                 fits.append(info["interference_fit"])
-        info = dict(info, fits=fits, src=src)
+            models.append(info.get("model", "generic"))
+        info = dict(info, fits=fits, src=src, models=models)
         m_src, m_dst = statistics.median(meas[src]), statistics.median(meas[dst])
         pred = statistics.median(preds)
         noise = (_se(meas[dst]) ** 2 + _se(preds) ** 2) ** 0.5
@@ -227,7 +228,8 @@ def main(argv: list[str] | None = None) -> int:
               f"buckets (all ranks and steps of one capture), transfer fit alpha "
               f"{info.get('alpha_ns', float('nan')) / 1e3:.0f} us, isolated bus bandwidth "
               f"{info.get('busbw_gbps', float('nan')):.2f} GB/s (last capture), "
-              f"{info.get('model', 'generic')} model")
+              f"models used: " + ", ".join(f"{m} x{info['models'].count(m)}"
+                                           for m in sorted(set(info["models"]))))
         if info["fits"]:
             fi = info["fits"]
             print(f"  interference i the {settings[info['src']]:g} MiB "
