@@ -3,8 +3,8 @@
 Split from :mod:`replay._kernels` (the fast path, the topological sort and the heaps) to keep
 modules short. Same conventions: arrays in, arrays out, times in ns, ``-1`` for "none".
 
-Memory: per op the simulation keeps only its start and end (float64, converted in place to
-the int64 results), the critical predecessor, a pending-constraint counter, a state byte and
+Memory: per op the simulation keeps only its start and end (float64, converted to the
+int64 results in op-id order at the end), the critical predecessor, a pending-constraint counter, a state byte and
 a successor list built from the predecessor CSR (~34 bytes per op plus 4 per edge). Running
 jobs live in *slots* (reused, so only a few are ever touched), not in per-op arrays: at any
 time only a few ops run.
@@ -120,11 +120,12 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
     count changed, and the flows when a flow starts or ends (max-min shares) or when the
     compute on one of their devices switches on or off (interference).
 
-    Times are float64 internally relative to ``origin.min()``. Arrays: layout positions,
-    indices ``int32`` (``n + edges < 2**30``), times ``int64`` ns.
+    Times are float64 internally relative to ``base = origin.min()``. Arrays: layout
+    positions, indices ``int32`` (``n + edges < 2**30``), times ``int64`` ns.
 
-    Returns ``start``, ``end`` (int64[N], rounded), ``crit`` (int32[N]) and the number of
-    clamped starts (``-1`` if some op could never start: a cycle).
+    Returns ``start``, ``end`` (float64[N], relative to ``base``), ``crit`` (int32[N]),
+    ``base`` and the number of clamped starts (``-1`` if some op could never start: a cycle);
+    :func:`replay._kernels._to_op_order` turns them into int64 ns in op-id order.
     """
     n = dur.shape[0]
     nc = coll_ptr.shape[0] - 1
@@ -573,14 +574,7 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
             hi[h] = q
             ssize += 1
             seq += 1
-    if started < n:
-        return start.view(np.int64), end.view(np.int64), crit, -1
-    s_out = start.view(np.int64)  # in place: float64 -> int64 ns
-    e_out = end.view(np.int64)
-    for i in range(n):
-        s_out[i] = np.int64(np.rint(start[i])) + base
-        e_out[i] = np.int64(np.rint(end[i])) + base
-    return s_out, e_out, crit, clamped
+    return start, end, crit, base, (clamped if started == n else -1)
 
 
 # ---------------------------------------------------------------------------- sharing

@@ -231,7 +231,7 @@ def _ready(i, start, end, origin, lane_prev, lane_lag, lane_s2s, pred_ptr, pred_
 
 
 @njit(cache=True)
-def _fast_replay(order, coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev,
+def _fast_replay(perm, order, coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev,
                  lane_lag, lane_s2s, pred_ptr, pred_src, pred_lag, pred_s2s, wait_ptr, wait_src,
                  wait_lag):
     """Longest-path list scheduling in topological order, O(N + E).
@@ -243,13 +243,17 @@ def _fast_replay(order, coll_of, coll_ptr, coll_members, dur, delay, origin, lan
     started (time ``A``) and member ``m`` ends at ``max(start_m, A + dur_m)`` (``dur_m`` is its
     transfer tail after the last arrival).
 
-    Returns ``start``, ``end`` (int64[N]) and ``crit`` (int32[N]): ``crit[i]`` is the op
-    whose end bound ``i``'s end (through its start or a wait), ``-1`` for roots.
+    Inputs are per layout position (``perm``: position -> op id). Returns ``start``, ``end``
+    and ``crit`` (int64[N]) in op-id order, written as the ops are scheduled (no separate
+    permutation pass): ``crit[i]`` is the op whose end bound ``i``'s end (through its start
+    or a wait), ``-1`` for roots.
     """
     n = dur.shape[0]
-    start = np.empty(n, np.int64)
+    start = np.empty(n, np.int64)  # per position, read by the successors
     end = np.empty(n, np.int64)
-    crit = np.full(n, -1, np.int32)
+    s_op = np.empty(n, np.int64)  # results, per op id
+    e_op = np.empty(n, np.int64)
+    c_op = np.empty(n, np.int64)
     for t in range(order.shape[0]):
         u = order[t]
         c = coll_of[u]
@@ -281,7 +285,10 @@ def _fast_replay(order, coll_of, coll_ptr, coll_members, dur, delay, origin, lan
                         cp = wait_src[k]
             start[u] = s
             end[u] = e
-            crit[u] = cp
+            pu = perm[u]
+            s_op[pu] = s
+            e_op[pu] = e
+            c_op[pu] = perm[cp] if cp >= 0 else -1
         else:
             a = _NEG
             last = np.int64(-1)
@@ -291,25 +298,30 @@ def _fast_replay(order, coll_of, coll_ptr, coll_members, dur, delay, origin, lan
                                pred_src, pred_lag, pred_s2s)
                 s = r + delay[m]
                 start[m] = s
-                crit[m] = cp
+                c_op[perm[m]] = cp  # a position for now, mapped below
                 if s > a:
                     a = s
                     last = m
             for k in range(coll_ptr[c], coll_ptr[c + 1]):
                 m = coll_members[k]
+                pm = perm[m]
+                cp = c_op[pm]
                 e = start[m]
                 v = a + dur[m]
                 if v > e:
                     e = v
                     if m != last:
-                        crit[m] = last
+                        cp = last
                 for j in range(wait_ptr[m], wait_ptr[m + 1]):
                     v = end[wait_src[j]] + wait_lag[j]
                     if v > e:
                         e = v
-                        crit[m] = wait_src[j]
+                        cp = wait_src[j]
                 end[m] = e
-    return start, end, crit
+                s_op[pm] = start[m]
+                e_op[pm] = e
+                c_op[pm] = perm[cp] if cp >= 0 else -1
+    return s_op, e_op, c_op
 
 
 @njit(cache=True)
@@ -326,15 +338,16 @@ def _measured_ready(start, end, origin, lane_prev, lane_lag, lane_s2s, pred_ptr,
 
 
 @njit(cache=True)
-def _to_op_order(perm, start, end, crit):
-    """Per-position results -> op-id order (``crit`` values mapped to op ids too)."""
+def _to_op_order(perm, start, end, crit, base):
+    """Per-position float results (relative to ``base``) -> int64 ns in op-id order, rounded
+    (``crit`` values mapped to op ids too)."""
     n = perm.shape[0]
     s = np.empty(n, np.int64)
     e = np.empty(n, np.int64)
     c = np.empty(n, np.int64)
     for k in range(n):
         p = perm[k]
-        s[p] = start[k]
-        e[p] = end[k]
+        s[p] = np.int64(np.rint(start[k])) + base
+        e[p] = np.int64(np.rint(end[k])) + base
         c[p] = perm[crit[k]] if crit[k] >= 0 else -1
     return s, e, c

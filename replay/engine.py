@@ -194,23 +194,24 @@ def simulate(graph: ReplayGraph, *, durations_ns: np.ndarray | None = None,
               a(g.lane_lag_ns, i64), a(g.lane_s2s, np.bool_), a(g.pred_ptr, i32),
               a(g.pred_src, i32), a(g.pred_lag_ns, i64), a(g.pred_s2s, np.bool_),
               a(g.wait_ptr, i32), a(g.wait_src, i32), a(g.wait_lag_ns, i64))
-    if mode == "fast":
-        start, end, crit = _fast_replay(a(g.order, i32), *common)
+    perm = a(g.perm, i32)
+    if mode == "fast":  # results come back in op-id order
+        s_op, e_op, c_op = _fast_replay(perm, a(g.order, i32), *common)
     else:
         cm = contention or ContentionModel()
-        start, end, crit, clamped = _fluid_replay(
+        start, end, crit, base, clamped = _fluid_replay(
             *common, a(g.device, i32), a(g.resource, np.int8), a(g.link, i32),
             float(cm.interference), bool(cm.share_compute), bool(cm.share_links))
         if clamped < 0:
             raise ReplayError("contention replay could not schedule every op (a dependency "
                               "cycle the graph check missed); rebuild the graph")
+        del common
+        # back from layout positions to op ids, rounded to int64 ns
+        s_op, e_op, c_op = _to_op_order(perm, start, end, crit, base)
+        del start, end, crit
         meta["contention"] = {"interference": cm.interference,
                               "share_compute": cm.share_compute,
                               "share_links": cm.share_links, "clamped_starts": int(clamped)}
-    del common
-    # back from layout positions to op ids
-    s_op, e_op, c_op = _to_op_order(a(g.perm, i32), start, end, crit)
-    del start, end, crit
     return ReplayResult(trace=g.trace, graph=g, start_ns=s_op, end_ns=e_op, crit_pred=c_op,
                         meta=meta)
 
