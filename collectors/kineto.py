@@ -276,10 +276,11 @@ def _str(x: Any) -> str:
     return x if isinstance(x, str) else ("" if x is None else str(x))
 
 
-def parse_kineto_file(path: str | os.PathLike[str], on_stage=None) -> RankPart:
+def parse_kineto_file(path: str | os.PathLike[str], on_stage=None, on_bytes=None) -> RankPart:
     """Parse one Kineto JSON(.gz) file into a :class:`RankPart` (picklable, for workers).
 
-    ``on_stage(name)`` is called as each stage (read, decode, build) finishes.
+    ``on_stage(name)`` is called as each stage (read, decode, build) finishes;
+    ``on_bytes(n)`` as the streaming reader reads ``n`` more bytes of the file.
     """
     path = Path(path)
     if STREAMING:
@@ -287,7 +288,7 @@ def parse_kineto_file(path: str | os.PathLike[str], on_stage=None) -> RankPart:
         was_enabled = gc.isenabled()
         gc.disable()
         try:
-            part = parse_fast(path, on_stage)
+            part = parse_fast(path, on_stage, on_bytes)
         finally:
             if was_enabled:
                 gc.enable()
@@ -404,9 +405,15 @@ def read_kineto(paths: list[str | os.PathLike[str]] | str | os.PathLike[str], *,
         paths = [paths]
     files, skipped = kineto_files([Path(p) for p in paths])
     parts: list[RankPart] = []
-    if len(files) == 1:  # one (possibly huge) file: show its stages
-        with progress_bar(3, f"ingesting {files[0].name}", progress) as bar:
-            parts.append(parse_kineto_file(files[0], on_stage=lambda _s: bar.advance()))
+    if len(files) == 1:  # one (possibly huge) file: MB read, then the build stages
+        try:
+            size_mb = files[0].stat().st_size / 1e6
+        except OSError:
+            size_mb = 0.0
+        with progress_bar(round(size_mb + 3, 1), f"ingesting {files[0].name} (MB)",
+                          progress) as bar:
+            parts.append(parse_kineto_file(files[0], on_stage=lambda _s: bar.advance(),
+                                           on_bytes=lambda n: bar.advance(n / 1e6)))
         return merge_parts(parts, skipped)
     with progress_bar(len(files), "parsing traces", progress) as bar:
         if jobs > 1 and len(files) > 1:

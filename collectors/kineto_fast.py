@@ -68,8 +68,11 @@ def _tables():
     return _TABLES
 
 
-def _blocks(path: Path) -> Iterator[bytes]:
-    """Decompressed blocks of the file (gzip or plain). Any gzip problem -> _Fallback."""
+def _blocks(path: Path, on_bytes=None) -> Iterator[bytes]:
+    """Decompressed blocks of the file (gzip or plain). Any gzip problem -> _Fallback.
+
+    ``on_bytes(n)`` is called with the number of bytes read from disk after each read.
+    """
     try:
         fh = open(path, "rb")
     except OSError as exc:
@@ -82,11 +85,15 @@ def _blocks(path: Path) -> Iterator[bytes]:
                 b = fh.read(BLOCK_BYTES)
                 if not b:
                     return
+                if on_bytes:
+                    on_bytes(len(b))
                 yield b
         d = zlib.decompressobj(wbits=31)
         pending = b""
         while True:
             raw = pending or fh.read(1 << 20)
+            if not pending and on_bytes:
+                on_bytes(len(raw))
             pending = b""
             if not raw:
                 break
@@ -338,16 +345,20 @@ def _empty_gr() -> dict:
     return dict(dev=z, stream=z, name=z.astype(np.int32), start=z, end=z, idx=z)
 
 
-def parse_fast(path: Path, on_stage=None):
+def parse_fast(path: Path, on_stage=None, on_bytes=None):
     """Read one Kineto file with the streaming scanner; None when it must be read the
-    general way (see the module docstring). Raises TraceFormatError for bad events."""
+    general way (see the module docstring). Raises TraceFormatError for bad events.
+
+    ``on_stage(name)`` is called after reading ("read", "decode"); ``on_bytes(n)`` after
+    each read of ``n`` bytes from disk (for a progress bar).
+    """
     try:
-        return _parse(Path(path), on_stage)
+        return _parse(Path(path), on_stage, on_bytes)
     except _Fallback:
         return None
 
 
-def _parse(path: Path, on_stage):  # noqa: C901 - one streaming state machine
+def _parse(path: Path, on_stage, on_bytes):  # noqa: C901 - one streaming state machine
     tables = _tables()
     reader = _Reader(path)
     out = np.empty((K.EV_FIELDS, ROWS), np.int64)
@@ -356,7 +367,7 @@ def _parse(path: Path, on_stage):  # noqa: C901 - one streaming state machine
     prefix = suffix = b""
     pos = state = 0
     n_ev = 0
-    for blk in _blocks(path):
+    for blk in _blocks(path, on_bytes):
         if phase == 2:
             suffix += blk
             continue
