@@ -191,9 +191,16 @@ def stream_kernel_stats(path: str | os.PathLike[str], *, top: int | None = None,
     return _kernel_final(parts, _Small(Path(path)).strings, top)
 
 
-def _comm_trace(path: str | os.PathLike[str]) -> tuple[Trace, np.ndarray]:
+def _comm_trace(path: str | os.PathLike[str],
+                batch_rows: int = _BATCH_ROWS) -> tuple[Trace, np.ndarray]:
     p = Path(path)
-    ops = scan_table(p, "ops", columns=_COMM_COLS, kinds=COMM_KINDS)
+    # rank batch by rank batch: one scan over thousands of files at once buffers far more
+    # than the communication ops it keeps
+    parts = [scan_table(p, "ops", ranks=b, columns=_COMM_COLS, kinds=COMM_KINDS)
+             for b in rank_batches(p, batch_rows=batch_rows)]
+    parts = [x for x in parts if len(x)]
+    ops = (pd.concat(parts, ignore_index=True) if parts else
+           scan_table(p, "ops", ranks=[], columns=_COMM_COLS))
     oid = ops["op_id"].to_numpy()
     if len(oid) > 1 and (oid[1:] < oid[:-1]).any():
         ops = ops.take(np.argsort(oid, kind="stable")).reset_index(drop=True)
@@ -276,7 +283,7 @@ def store_analysis(path: str | os.PathLike[str], *, stream: bool | None = None,
         out = {"step_times": w,
                "breakdown": pd.concat(bd, ignore_index=True) if bd else stream_breakdown(path),
                "top_ops": _kernel_final(kp, _Small(Path(path)).strings, top)}
-        ct, oid = _comm_trace(path)  # one scan of the communication ops for both
+        ct, oid = _comm_trace(path, batch_rows)  # one scan of the comm ops for both
         out["comm"] = comm_summary(_collectives(ct, oid))
         out["rank_wait"] = rank_wait(ct)
     else:
