@@ -99,7 +99,8 @@ def _jsift(sf, si, size, i):
 @njit(cache=True)
 def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev, lane_lag,
                   lane_s2s, pred_ptr, pred_src, pred_lag, pred_s2s, wait_ptr, wait_src,
-                  wait_lag, device, resource, link, interference, share_compute, share_links):
+                  wait_lag, device, resource, link, interference, share_compute, share_links,
+                  start, end, crit):
     """Event-driven fluid replay with resource sharing (the contention path).
 
     Same constraints as :func:`replay._kernels._fast_replay`. Ops with a resource
@@ -123,9 +124,10 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
     Times are float64 internally relative to ``base = origin.min()``. Arrays: layout
     positions, indices ``int32`` (``n + edges < 2**30``), times ``int64`` ns.
 
-    Returns ``start``, ``end`` (float64[N], relative to ``base``), ``crit`` (int32[N]),
-    ``base`` and the number of clamped starts (``-1`` if some op could never start: a cycle);
-    :func:`replay._kernels._to_op_order` turns them into int64 ns in op-id order.
+    Fills ``start``, ``end`` (float64[N], relative to ``base``) and ``crit`` (int32[N], -1
+    filled; passed in, allocated by numpy, which asks for huge pages: fewer page faults);
+    returns ``base`` and the number of clamped starts (``-1`` if some op could never start:
+    a cycle). :func:`replay._kernels._to_op_order` turns them into int64 ns in op-id order.
     """
     n = dur.shape[0]
     nc = coll_ptr.shape[0] - 1
@@ -161,9 +163,7 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
     state = np.zeros(n, np.uint8)
     for i in range(n):
         cnt[i] = (1 if lane_prev[i] >= 0 else 0) + pred_ptr[i + 1] - pred_ptr[i]
-    start = np.zeros(n, np.float64)
-    end = np.zeros(n, np.float64)  # own completion until the op is finalized
-    crit = np.full(n, -1, np.int32)
+    # start, end (end holds the own completion until the op is finalized), crit: passed in
     # wait successors (rare): (src, dst) pairs sorted by src then dst
     nw = wait_src.shape[0]
     wkey = np.empty(nw, np.int64)
@@ -574,7 +574,7 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
             hi[h] = q
             ssize += 1
             seq += 1
-    return start, end, crit, base, (clamped if started == n else -1)
+    return base, (clamped if started == n else -1)
 
 
 # ---------------------------------------------------------------------------- sharing

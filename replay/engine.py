@@ -195,19 +195,25 @@ def simulate(graph: ReplayGraph, *, durations_ns: np.ndarray | None = None,
               a(g.pred_src, i32), a(g.pred_lag_ns, i64), a(g.pred_s2s, np.bool_),
               a(g.wait_ptr, i32), a(g.wait_src, i32), a(g.wait_lag_ns, i64))
     perm = a(g.perm, i32)
+    n = g.n_ops
+    # outputs allocated here: numpy asks for huge pages (fewer page faults than numba's NRT)
+    s_op, e_op, c_op = np.empty(n, i64), np.empty(n, i64), np.empty(n, i64)
     if mode == "fast":  # results come back in op-id order
-        s_op, e_op, c_op = _fast_replay(perm, a(g.order, i32), *common)
+        _fast_replay(perm, a(g.order, i32), *common, np.empty(n, i64), np.empty(n, i64), s_op,
+                     e_op, c_op)
     else:
         cm = contention or ContentionModel()
-        start, end, crit, base, clamped = _fluid_replay(
+        start, end, crit = np.zeros(n), np.zeros(n), np.full(n, -1, i32)
+        base, clamped = _fluid_replay(
             *common, a(g.device, i32), a(g.resource, np.int8), a(g.link, i32),
-            float(cm.interference), bool(cm.share_compute), bool(cm.share_links))
+            float(cm.interference), bool(cm.share_compute), bool(cm.share_links), start, end,
+            crit)
         if clamped < 0:
             raise ReplayError("contention replay could not schedule every op (a dependency "
                               "cycle the graph check missed); rebuild the graph")
         del common
         # back from layout positions to op ids, rounded to int64 ns
-        s_op, e_op, c_op = _to_op_order(perm, start, end, crit, base)
+        _to_op_order(perm, start, end, crit, base, s_op, e_op, c_op)
         del start, end, crit
         meta["contention"] = {"interference": cm.interference,
                               "share_compute": cm.share_compute,
