@@ -73,6 +73,87 @@ def test_contention_path_matches_reference(seed):
         assert r.step_time_ns >= free.step_time_ns - 1
 
 
+# models whose common compute-job changes the kernel handles without its general rate
+# update (interference without compute sharing, links shared or not)
+MODELS_FAST_CASES = [ContentionModel(interference=0.5, share_links=True),
+                     ContentionModel(interference=0.25, share_links=False),
+                     ContentionModel(interference=1.0, share_compute=True, share_links=False)]
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_contention_fast_cases_match_reference(seed):
+    tr = random_trace(seed + 500, **_trace_kwargs(seed + 500))
+    g = build_graph(tr, ideal=bool(seed % 2))
+    d = _whatif_durations(g, seed)
+    cm = MODELS_FAST_CASES[seed % len(MODELS_FAST_CASES)]
+    for dd in (None, d):
+        r = simulate(g, durations_ns=dd, mode="contention", contention=cm)
+        s, e, c, clamped = naive_fluid(g, dd, cm.interference, cm.share_compute,
+                                       cm.share_links)
+        np.testing.assert_array_equal(r.start_ns, s)
+        np.testing.assert_array_equal(r.end_ns, e)
+        np.testing.assert_array_equal(r.crit_pred, c)
+        assert r.meta["contention"]["clamped_starts"] == clamped
+
+
+def test_graph_index_dtypes_and_policy_replaced_arrays():
+    """Index arrays are int32 (memory); arrays a policy replaces with int64 ones (as
+    dataclasses.replace with numpy defaults does) replay to the same result."""
+    import dataclasses
+
+    tr = random_trace(7, n_ranks=4, p_sync=0.3)
+    g = build_graph(tr)
+    for name in ("lane_prev", "pred_ptr", "pred_src", "wait_ptr", "wait_src", "coll_of",
+                 "coll_ptr", "coll_members", "order", "perm", "pos", "device", "link"):
+        assert getattr(g, name).dtype == np.int32, name
+    assert g.meas_end_ns.tolist() == (tr.ops["start_ns"] + tr.ops["dur_ns"]).tolist()
+    g64 = dataclasses.replace(g, **{k: getattr(g, k).astype(np.int64) for k in (
+        "lane_prev", "pred_ptr", "pred_src", "wait_ptr", "wait_src", "coll_of", "coll_ptr",
+        "coll_members", "order", "perm", "device", "link")})
+    for mode in ("fast", "contention"):
+        a = simulate(g, mode=mode)
+        b = simulate(g64, mode=mode)
+        np.testing.assert_array_equal(a.start_ns, b.start_ns)
+        np.testing.assert_array_equal(a.end_ns, b.end_ns)
+        np.testing.assert_array_equal(a.crit_pred, b.crit_pred)
+    # measured delays survive ideal mode and policy edits of delay_ns
+    gi = build_graph(tr, ideal=True)
+    np.testing.assert_array_equal(gi.measured_delay_ns, g.measured_delay_ns)
+    assert (gi.delay_ns == 0).all() and g.measured_delay_ns.shape == (tr.n_ops,)
+
+
+def test_contention_many_concurrent_jobs_and_releases():
+    """Hundreds of ops ready at once and running together (slot pool, heaps and event
+    lists well beyond their usual few entries) against the reference."""
+    n = 600
+    lanes = {"lane": list(range(n)), "rank": [i % 8 for i in range(n)],
+             "device": [0] * n, "lane_kind": [int(LaneKind.GPU_STREAM)] * n}
+    # one launch op fans out to n-1 kernels on their own lanes; all end at once, then a
+    # final op waits for all of them (a fan-in of n-1 edges)
+    ops = {"rank": [i % 8 for i in range(n)], "lane": list(range(n)),
+           "kind": [OpKind.KERNEL] * n, "name_id": [0] * n,
+           "start_ns": [0] + [100] * (n - 2) + [1_100],
+           "dur_ns": [100] + [1_000] * (n - 2) + [10]}
+    src = [0] * (n - 2) + list(range(1, n - 1))
+    dst = list(range(1, n - 1)) + [n - 1] * (n - 2)
+    edges = {"src": src, "dst": dst, "kind": [int(EdgeKind.DATA)] * len(src),
+             "lag_ns": [0] * len(src)}
+    g = build_graph(Trace.build(ops=ops, lanes=lanes, edges=edges, strings=["k"]))
+    for cm in (ContentionModel(share_compute=True), ContentionModel(interference=0.5)):
+        r = simulate(g, mode="contention", contention=cm)
+        s, e, c, _ = naive_fluid(g, None, cm.interference, cm.share_compute, cm.share_links)
+        np.testing.assert_array_equal(r.start_ns, s)
+        np.testing.assert_array_equal(r.end_ns, e)
+        np.testing.assert_array_equal(r.crit_pred, c)
+    r = simulate(g, mode="contention", contention=ContentionModel(share_compute=True))
+    # the 598 kernels share their rank's GPU (8 ranks): the kernels of one GPU run at
+    # 1/k of their speed (k = 75 or 74 of them) and end together
+    k = np.bincount(np.arange(1, n - 1) % 8, minlength=8)
+    assert k.tolist() == [74, 75, 75, 75, 75, 75, 75, 74]
+    assert r.end_ns[1:n - 1].tolist() == [100 + int(k[i % 8]) * 1_000 for i in range(1, n - 1)]
+    assert r.start_ns[n - 1] == 100 + 75 * 1_000
+
+
 @pytest.mark.parametrize("seed", range(40))
 def test_contention_without_sharing_equals_fast_path(seed):
     tr = random_trace(seed, **_trace_kwargs(seed))
