@@ -40,7 +40,8 @@ def detect_format(path: str | os.PathLike[str]) -> str:
     """Return ``kineto``, ``nsys``, ``oplevel`` or ``execution_trace`` for one path."""
     p = Path(path)
     if p.is_dir():
-        if (p / "meta.json").is_file() and (p / "ops.parquet").is_file():
+        if (p / "meta.json").is_file() and ((p / "ops.parquet").is_file()
+                                             or (p / "ops").is_dir()):  # rank-partitioned
             raise TraceFormatError(
                 f"{p}: is already a retime trace directory; open it with `retime info {p}` or "
                 "retime.load(), there is nothing to ingest")

@@ -101,3 +101,11 @@ def test_a_retime_store_is_not_reingested(tmp_path):
     read(OPLEVEL).save(out)
     with pytest.raises(TraceFormatError, match="already a retime trace"):
         detect_format(out)
+
+
+def test_a_rank_partitioned_store_is_not_reingested(tmp_path):
+    out = tmp_path / "st.retime"
+    read(OPLEVEL).save(out, layout="rank")
+    assert (out / "ops").is_dir() and not (out / "ops.parquet").exists()
+    with pytest.raises(TraceFormatError, match="already a retime trace"):
+        detect_format(out)
