@@ -1,13 +1,18 @@
 """numba kernels of the contention path: an event-driven fluid simulation.
 
-Split from :mod:`replay._kernels` (the fast path, the topological sort and the heaps) to keep
-modules short. Same conventions: arrays in, arrays out, times in ns, ``-1`` for "none".
+Split from :mod:`replay._kernels` (the fast path and the topological sort); the job slots,
+heaps and sharing helpers are in :mod:`replay._links`. Same conventions: arrays in, arrays
+out, times in ns, ``-1`` for "none".
 
 Memory: per op the simulation keeps only its start and end (float64, converted to the
-int64 results in op-id order at the end), the critical predecessor, a pending-constraint counter, a state byte and
-a successor list built from the predecessor CSR (~34 bytes per op plus 4 per edge). Running
-jobs live in *slots* (reused, so only a few are ever touched), not in per-op arrays: at any
-time only a few ops run.
+int64 results in op-id order at the end), the critical predecessor, a pending-constraint
+counter, a state byte and a successor list built from the predecessor CSR (~34 bytes per op
+plus 4 per edge). Running jobs live in *slots* (reused, so only a few are ever touched), not
+in per-op arrays: at any time only a few ops run.
+
+Speed: the event loop calls no helper that takes arrays (heap operations and the common
+rate changes are written out): numba refcounts the arrays passed to an inlined helper at
+every call, which cost ~30% of the run time.
 """
 
 from __future__ import annotations
@@ -15,86 +20,33 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ._links import _flow_share, _links_add, _links_freeze, _links_reset
+from ._links import (
+    _F_DONE,
+    _F_LAST,
+    _F_RATE,
+    _F_T,
+    _F_THR,
+    _I_DN,
+    _I_DP,
+    _I_FPOS,
+    _I_JOB,
+    _I_MARK,
+    _I_POS,
+    _I_Q,
+    _L_FREE,
+    _L_HEAP,
+    _NF,
+    _NI,
+    _job_enter,
+    _job_leave,
+    _rerate,
+    _spush,
+)
 
 __all__: list[str] = []
 
 # op state bits
 _STARTED, _OWN, _FIN, _HASW = 1, 2, 4, 8
-# float columns of a job slot
-_F_DONE, _F_RATE, _F_LAST, _F_THR, _F_T, _F_SHARE = 0, 1, 2, 3, 4, 5
-_NF = 6
-# int columns of a job slot (and the per-index lists that share the pool's capacity)
-_I_JOB, _I_Q, _I_POS, _I_DN, _I_DP, _I_FPOS, _I_MARK, _I_FROZEN = 0, 1, 2, 3, 4, 5, 6, 7
-_L_HEAP, _L_FLOWS, _L_CAND, _L_FREE = 8, 9, 10, 11
-_NI = 12
-
-
-# ---------------------------------------------------------------------------- start heap
-# (time float64, sequence int64, op int64) stored inline, ordered by (time, sequence)
-@njit(cache=True, inline="always")
-def _spush(ht, hq, hi, size, t, q, x):
-    i = size
-    while i > 0:
-        p = (i - 1) >> 1
-        if t < ht[p] or (t == ht[p] and q < hq[p]):
-            ht[i] = ht[p]
-            hq[i] = hq[p]
-            hi[i] = hi[p]
-            i = p
-        else:
-            break
-    ht[i] = t
-    hq[i] = q
-    hi[i] = x
-    return size + 1
-
-
-# ---------------------------------------------------------------------------- job heap
-# indexed heap of slots keyed by (sf[s, _F_T], si[s, _I_Q]); si[s, _I_POS] is s's position.
-# Helpers that take arrays never call other helpers with arrays: numba would refcount the
-# arrays at every nested inlined call (~30% of the run time).
-@njit(cache=True, inline="always")
-def _jsift(sf, si, size, i):
-    """Restore the heap around position ``i`` (its key changed, or it was just placed)."""
-    x = si[i, _L_HEAP]
-    tx = sf[x, _F_T]
-    qx = si[x, _I_Q]
-    moved = False
-    while i > 0:  # up
-        p = (i - 1) >> 1
-        y = si[p, _L_HEAP]
-        ty = sf[y, _F_T]
-        if tx < ty or (tx == ty and qx < si[y, _I_Q]):
-            si[i, _L_HEAP] = y
-            si[y, _I_POS] = i
-            i = p
-            moved = True
-        else:
-            break
-    if not moved:
-        while True:  # down
-            c = 2 * i + 1
-            if c >= size:
-                break
-            y = si[c, _L_HEAP]
-            if c + 1 < size:
-                z = si[c + 1, _L_HEAP]
-                tz = sf[z, _F_T]
-                ty = sf[y, _F_T]
-                if tz < ty or (tz == ty and si[z, _I_Q] < si[y, _I_Q]):
-                    c += 1
-                    y = z
-            ty = sf[y, _F_T]
-            if ty < tx or (ty == tx and si[y, _I_Q] < qx):
-                si[i, _L_HEAP] = y
-                si[y, _I_POS] = i
-                i = c
-            else:
-                break
-    si[i, _L_HEAP] = x
-    si[x, _I_POS] = i
-
 
 @njit(cache=True)
 def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev, lane_lag,
@@ -575,227 +527,3 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
             ssize += 1
             seq += 1
     return base, (clamped if started == n else -1)
-
-
-# ---------------------------------------------------------------------------- sharing
-@njit(cache=True)
-def _add_cand(s, si, ncand):
-    if si[s, _I_MARK] == 0:
-        si[s, _I_MARK] = 1
-        si[ncand, _L_CAND] = s
-        ncand += 1
-    return ncand
-
-
-@njit(cache=True)
-def _add_device_jobs(d, dhead, si, ncand):
-    s = dhead[d]
-    while s >= 0:
-        ncand = _add_cand(s, si, ncand)
-        s = si[s, _I_DN]
-    return ncand
-
-
-@njit(cache=True)
-def _add_flows(si, n_flows, ncand):
-    for a in range(n_flows):
-        ncand = _add_cand(si[a, _L_FLOWS], si, ncand)
-    return ncand
-
-
-@njit(cache=True)
-def _member_device(j, n, k, coll_members, device):
-    return device[j] if j < n else device[coll_members[k]]
-
-
-@njit(cache=True)
-def _job_enter(sl, j, n, coll_ptr, coll_members, device, resource, n_compute, n_comm, dhead,
-               si, n_flows, dev_was, share_compute, share_links, interference):
-    """Register running job ``j`` (slot ``sl``); collect the slots whose rate may change."""
-    ncand = _add_cand(sl, si, 0)
-    if j < n and resource[j] == 1:
-        d = device[j]
-        si[sl, _I_DN] = dhead[d]
-        si[sl, _I_DP] = -1
-        if dhead[d] >= 0:
-            si[dhead[d], _I_DP] = sl
-        dhead[d] = sl
-        n_compute[d] += 1
-        if share_compute:
-            ncand = _add_device_jobs(d, dhead, si, ncand)
-        # flows see interference switch on only if one of them runs on this device
-        if interference > 0.0 and n_compute[d] == 1 and n_comm[d] > 0:
-            ncand = _add_flows(si, n_flows, ncand)
-    else:
-        si[n_flows, _L_FLOWS] = sl
-        si[sl, _I_FPOS] = n_flows
-        n_flows += 1
-        a0 = j if j < n else coll_ptr[j - n]
-        a1 = j + 1 if j < n else coll_ptr[j - n + 1]
-        for k in range(a0, a1):
-            d = _member_device(j, n, k, coll_members, device)
-            if d >= 0:
-                dev_was[d] = n_comm[d]
-        for k in range(a0, a1):
-            d = _member_device(j, n, k, coll_members, device)
-            if d >= 0:
-                n_comm[d] += 1
-        if share_links:
-            ncand = _add_flows(si, n_flows, ncand)
-        if interference > 0.0:
-            for k in range(a0, a1):
-                d = _member_device(j, n, k, coll_members, device)
-                if d >= 0 and dev_was[d] == 0:
-                    ncand = _add_device_jobs(d, dhead, si, ncand)
-    return ncand
-
-
-@njit(cache=True)
-def _job_leave(sl, j, n, coll_ptr, coll_members, device, resource, n_compute, n_comm, dhead,
-               si, n_flows, share_compute, share_links, interference):
-    """Unregister finished job ``j`` (slot ``sl``); collect the slots whose rate may change."""
-    ncand = 0
-    if j < n and resource[j] == 1:
-        d = device[j]
-        dp = si[sl, _I_DP]
-        dn = si[sl, _I_DN]
-        if dp >= 0:
-            si[dp, _I_DN] = dn
-        else:
-            dhead[d] = dn
-        if dn >= 0:
-            si[dn, _I_DP] = dp
-        si[sl, _I_DN] = -1
-        si[sl, _I_DP] = -1
-        n_compute[d] -= 1
-        if share_compute:
-            ncand = _add_device_jobs(d, dhead, si, ncand)
-        if interference > 0.0 and n_compute[d] == 0 and n_comm[d] > 0:
-            ncand = _add_flows(si, n_flows, ncand)
-    else:
-        p = si[sl, _I_FPOS]
-        last = si[n_flows - 1, _L_FLOWS]
-        si[p, _L_FLOWS] = last
-        si[last, _I_FPOS] = p
-        si[sl, _I_FPOS] = -1
-        n_flows -= 1
-        a0 = j if j < n else coll_ptr[j - n]
-        a1 = j + 1 if j < n else coll_ptr[j - n + 1]
-        for k in range(a0, a1):
-            d = _member_device(j, n, k, coll_members, device)
-            if d >= 0:
-                n_comm[d] -= 1
-        if share_links:
-            ncand = _add_flows(si, n_flows, ncand)
-        if interference > 0.0:
-            for k in range(a0, a1):
-                d = _member_device(j, n, k, coll_members, device)
-                if d >= 0 and n_comm[d] == 0:
-                    ncand = _add_device_jobs(d, dhead, si, ncand)
-    return ncand
-
-
-@njit(cache=True)
-def _rerate(now, ncand, flows_changed, n_flows, n, coll_ptr, coll_members, device, resource,
-            link, n_compute, n_comm, share_compute, share_links, interference, inv, link_cap,
-            link_cnt, sf, si, jsize, seq):
-    """Re-evaluate the rates of the candidate slots, in job-id order (so that sequence
-    numbers do not depend on bookkeeping order); reschedule those whose rate changed.
-
-    Candidates whose rate does not change have no effect, so the candidate sets may be
-    supersets of the jobs a change affects."""
-    # max-min fair link shares by progressive filling over all running flows (job-id
-    # order); they change only when a flow starts or ends
-    if share_links and flows_changed and n_flows > 0:
-        ids = np.empty(n_flows, np.int64)
-        for a in range(n_flows):
-            ids[a] = si[si[a, _L_FLOWS], _I_JOB]
-        o = np.argsort(ids)
-        fl = np.empty(n_flows, np.int64)
-        for a in range(n_flows):
-            fl[a] = si[o[a], _L_FLOWS]
-        for a in range(n_flows):
-            s = fl[a]
-            si[s, _I_FROZEN] = 0
-            sf[s, _F_SHARE] = 1.0
-            _links_add(si[s, _I_JOB], n, coll_ptr, coll_members, link, link_cnt, link_cap, 1)
-        left = n_flows
-        while left > 0:
-            best = np.inf
-            for a in range(n_flows):
-                s = fl[a]
-                if si[s, _I_FROZEN] == 0:
-                    v = _flow_share(si[s, _I_JOB], n, coll_ptr, coll_members, link, link_cnt,
-                                    link_cap)
-                    if v < best:
-                        best = v
-            progressed = False
-            for a in range(n_flows):
-                s = fl[a]
-                if si[s, _I_FROZEN] == 0:
-                    v = _flow_share(si[s, _I_JOB], n, coll_ptr, coll_members, link, link_cnt,
-                                    link_cap)
-                    if v <= best:
-                        si[s, _I_FROZEN] = 1
-                        sf[s, _F_SHARE] = min(best, 1.0)
-                        left -= 1
-                        progressed = True
-                        _links_freeze(si[s, _I_JOB], n, coll_ptr, coll_members, link,
-                                      link_cnt, link_cap, sf[s, _F_SHARE])
-            if not progressed:
-                break
-        for a in range(n_flows):
-            _links_reset(si[fl[a], _I_JOB], n, coll_ptr, coll_members, link, link_cnt,
-                         link_cap)
-    # insertion sort by job id in place: the candidate list is short
-    for a in range(1, ncand):
-        x = si[a, _L_CAND]
-        xj = si[x, _I_JOB]
-        b = a - 1
-        while b >= 0 and si[si[b, _L_CAND], _I_JOB] > xj:
-            si[b + 1, _L_CAND] = si[b, _L_CAND]
-            b -= 1
-        si[b + 1, _L_CAND] = x
-    for a in range(ncand):
-        s = si[a, _L_CAND]
-        si[s, _I_MARK] = 0
-        if si[s, _I_POS] < 0:
-            continue
-        j = si[s, _I_JOB]
-        if j < n and resource[j] == 1:
-            d = device[j]
-            r = 1.0
-            if share_compute and n_compute[d] > 1:
-                r = 1.0 / n_compute[d]
-            if interference > 0.0 and n_comm[d] > 0:
-                r = r * inv
-        else:
-            r = sf[s, _F_SHARE] if share_links else 1.0
-            if interference > 0.0 and _touches_compute(j, n, coll_ptr, coll_members, device,
-                                                       n_compute):
-                r = r * inv
-        if r != sf[s, _F_RATE]:
-            if sf[s, _F_RATE] > 0.0:
-                sf[s, _F_DONE] += (now - sf[s, _F_LAST]) * sf[s, _F_RATE]
-            sf[s, _F_LAST] = now
-            sf[s, _F_RATE] = r
-            rem = sf[s, _F_THR] - sf[s, _F_DONE]
-            if rem < 0.0:
-                rem = 0.0
-            sf[s, _F_T] = now + rem / r
-            si[s, _I_Q] = seq
-            seq += 1
-            _jsift(sf, si, jsize, si[s, _I_POS])
-    return seq
-
-
-@njit(cache=True)
-def _touches_compute(j, n, coll_ptr, coll_members, device, n_compute):
-    if j < n:
-        return device[j] >= 0 and n_compute[device[j]] > 0
-    c = j - n
-    for k in range(coll_ptr[c], coll_ptr[c + 1]):
-        d = device[coll_members[k]]
-        if d >= 0 and n_compute[d] > 0:
-            return True
-    return False
