@@ -19,6 +19,7 @@ Then the engine replays the graph once. Every policy appends what it did to
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import weakref
 from dataclasses import dataclass, field
@@ -188,12 +189,35 @@ class SynthSpec:
             self.changed = True
 
     def synthesize(self, step: int = 0) -> Trace:
+        """The synthesized run of these configs, reused while the same configs are asked
+        again and the trace it returned was not edited in place (sweeps re-synthesize the
+        same network or layout for many scenarios)."""
         from collectors.synth import synthesize
+        key = self._key(step)
+        hit = _SYNTH_CACHE.get(key)
+        if hit is not None and _fingerprint(hit[0]) == hit[1]:
+            _SYNTH_CACHE[key] = _SYNTH_CACHE.pop(key)  # most recently used last
+            return hit[0]
         try:
-            return synthesize(self.model, self.hardware, dict(self.parallel), step=step,
-                              check_memory=False)
+            t = synthesize(self.model, self.hardware, dict(self.parallel), step=step,
+                           check_memory=False)
         except ConfigError as exc:
             raise PolicyError(f"the scenario's layout is impossible: {exc}") from exc
+        _SYNTH_CACHE.pop(key, None)
+        while len(_SYNTH_CACHE) >= _SYNTH_CACHE_SIZE:
+            _SYNTH_CACHE.pop(next(iter(_SYNTH_CACHE)))
+        _SYNTH_CACHE[key] = (t, _fingerprint(t))
+        return t
+
+    def _key(self, step: int) -> str:
+        def plain(x):
+            return dataclasses.asdict(x) if dataclasses.is_dataclass(x) else x
+        return json.dumps([plain(self.model), plain(self.hardware), self.parallel, int(step)],
+                          sort_keys=True, default=repr)
+
+
+_SYNTH_CACHE: dict[str, tuple[Trace, tuple]] = {}
+_SYNTH_CACHE_SIZE = 2
 
 
 def hardware_from_dict(d: dict[str, Any]):
