@@ -488,57 +488,42 @@ def _event(buf, i, n, out, r, tk, to, ak, ao):  # pragma: no cover - compiled
         if j >= n:
             return -1
         c = buf[j]
-        if kid == 1 or kid == 2 or kid == 3:  # ph, cat, name
-            if c == 34:
-                e, h, esc = _str_end(buf, j, n)
-                if e < 0:
-                    return e
-                if kid == 1:
-                    if e - j == 3 and not esc:
-                        out[EV_PH, r] = buf[j + 1]
-                    else:
-                        flags |= F_SLOW
-                elif kid == 2:
-                    out[EV_CAT0, r] = j + 1
-                    out[EV_CATN, r] = e - j - 2
-                    out[EV_CATH, r] = h
-                    flags |= F_CAT
+        done = False  # the value was read into the row
+        if (kid == 1 or kid == 2 or kid == 3) and c == 34:  # ph, cat, name: strings
+            e, h, esc = _str_end(buf, j, n)
+            if e < 0:
+                return e
+            if kid == 1:
+                if e - j == 3 and not esc:
+                    out[EV_PH, r] = buf[j + 1]
                 else:
-                    out[EV_NAME0, r] = j + 1
-                    out[EV_NAMEN, r] = e - j - 2
-                    out[EV_NAMEH, r] = h
-                    flags |= F_NAME
-                j = e
+                    flags |= F_SLOW
+            elif kid == 2:
+                out[EV_CAT0, r] = j + 1
+                out[EV_CATN, r] = e - j - 2
+                out[EV_CATH, r] = h
+                flags |= F_CAT
             else:
-                flags |= F_SLOW
-                e = _skip(buf, j, n)
-                if e < 0:
-                    return e
-                j = e
-        elif kid == 4 or kid == 5:  # pid, tid
+                out[EV_NAME0, r] = j + 1
+                out[EV_NAMEN, r] = e - j - 2
+                out[EV_NAMEH, r] = h
+                flags |= F_NAME
+            j = e
+            done = True
+        elif kid == 4 or kid == 5:  # pid, tid: integers
             v, e, ok = _int(buf, j, n)
             if ok:
                 out[EV_PID + kid - 4, r] = v
                 flags |= F_PID if kid == 4 else F_TID
                 j = e
-            else:
-                flags |= F_SLOW
-                e = _skip(buf, j, n)
-                if e < 0:
-                    return e
-                j = e
-        elif kid == 6 or kid == 7:  # ts, dur
+                done = True
+        elif kid == 6 or kid == 7:  # ts, dur: microseconds
             v, e, ok = _ns(buf, j, n)
             if ok:
                 out[EV_TS + kid - 6, r] = v
                 flags |= F_TS if kid == 6 else F_DUR
                 j = e
-            else:
-                flags |= F_SLOW
-                e = _skip(buf, j, n)
-                if e < 0:
-                    return e
-                j = e
+                done = True
         elif kid == 8 and c == 123:  # args object
             e, slow = _args(buf, j, n, out, r, ak, ao)
             if e < 0:
@@ -547,8 +532,11 @@ def _event(buf, i, n, out, r, tk, to, ak, ao):  # pragma: no cover - compiled
                 flags |= F_SLOW
             flags |= F_ARGS
             j = e
-        else:  # other keys; args that are not an object (null: no args)
-            if kid == 8 and c != 110:
+            done = True
+        if not done:
+            # other keys are skipped; a known key with another value type (args: null is
+            # "no args") goes the general way
+            if kid != 0 and not (kid == 8 and c == 110):
                 flags |= F_SLOW
             e = _skip(buf, j, n)
             if e < 0:
