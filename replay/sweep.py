@@ -467,8 +467,8 @@ def sweep(trace: Trace | str | os.PathLike[str], scenarios: Iterable[Mapping[str
                 if n < 1:
                     raise PolicyError(f"sweep: workers={workers} must be >= 1")
                 if n == 1:
-                    for i, sc in enumerate(scs):
-                        rows[i] = _evaluate(tr, run, i, sc)
+                    for i in _work_order(scs):
+                        rows[i] = _evaluate(tr, run, i, scs[i])
                         bar.advance()
                 else:
                     _sweep_local(tr, scs, run, n, rows, bar)
@@ -481,7 +481,7 @@ def _sweep_local(tr: Trace, scs: list[dict], run: ScenarioFn | None, n: int,
                  rows: dict[int, dict], bar) -> None:
     payload = pickle.dumps(tr, protocol=pickle.HIGHEST_PROTOCOL)
     deaths: dict[int, int] = {}
-    todo = list(range(len(scs)))
+    todo = _work_order(scs)
     ctx = _mp_context()
     while todo:
         ex = ProcessPoolExecutor(n, mp_context=ctx, initializer=_init_worker,
@@ -517,7 +517,21 @@ def _sweep_local(tr: Trace, scs: list[dict], run: ScenarioFn | None, n: int,
                            "error": "WorkerDied: the worker process died twice while running "
                                     "this scenario (killed, out of memory or crashed)"}
                 bar.advance()
-        todo = [i for i in range(len(scs)) if i not in rows]
+        todo = [i for i in _work_order(scs) if i not in rows]
+
+
+#: tables whose keys re-synthesize a synthesized run (what-ifs of one setting share it)
+_RESYNTH_TABLES = ("parallel", "network", "topology", "cache")
+
+
+def _work_order(scs: list[dict]) -> list[int]:
+    """Scenario indices grouped by their re-synthesizing settings (stable otherwise), so a
+    worker re-synthesizes each network / layout once and reuses it for the scenarios that
+    differ only in cheaper keys (see SynthSpec.synthesize). Rows keep the input order."""
+    def key(i: int) -> str:
+        return repr(sorted((k, repr(v)) for k, v in scs[i].items()
+                           if str(k).split(".")[0] in _RESYNTH_TABLES))
+    return sorted(range(len(scs)), key=key)
 
 
 def _mp_context():
@@ -550,9 +564,10 @@ def _sweep_dask(tr: Trace, scs: list[dict], run: ScenarioFn | None, scheduler: A
         [tfut] = client.scatter([tr], broadcast=True, hash=False)  # the trace, once per worker
         tag = uuid.uuid4().hex[:8]
         n = len(scs)
-        fl = client.map(_run_on_dask, [tfut] * n, [run] * n, range(n), scs, pure=False,
-                        key=[f"retime-sweep-{tag}-{i}" for i in range(n)])  # one submission
-        futs.update(zip(fl, range(n), strict=True))
+        order = _work_order(scs)
+        fl = client.map(_run_on_dask, [tfut] * n, [run] * n, order, [scs[i] for i in order],
+                        pure=False, key=[f"retime-sweep-{tag}-{i}" for i in order])
+        futs.update(zip(fl, order, strict=True))  # one submission
         # results come back in batches (one round trip per batch, not per scenario)
         for f, res in as_completed(list(futs), loop=client.loop, with_results=True,
                                    raise_errors=False):

@@ -253,3 +253,15 @@ def test_ctrl_c_keeps_finished_rows(dlrm, workers, tmp_path):
     assert df["scenario_id"].is_unique
     assert df["error"].isna().all() and df["step_time_ns"].notna().all()
     assert ei.value.total == len(scs)
+
+
+def test_work_order_groups_resynthesizing_settings_and_rows_keep_input_order():
+    from replay.sweep import _work_order
+    scs = [{"hardware.compute_speedup": c, "network.inter_node_gbps": b}
+           for c in (1.0, 2.0, 3.0) for b in (10.0, 20.0)]
+    order = _work_order(scs)
+    assert sorted(order) == list(range(len(scs)))
+    nets = [scs[i]["network.inter_node_gbps"] for i in order]
+    assert nets == [10.0, 10.0, 10.0, 20.0, 20.0, 20.0]  # each network once, consecutively
+    # within a group the input order is kept
+    assert [scs[i]["hardware.compute_speedup"] for i in order[:3]] == [1.0, 2.0, 3.0]
