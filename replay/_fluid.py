@@ -41,6 +41,7 @@ from ._links import (
     _job_leave,
     _rerate,
     _spush,
+    _toggle_flows,
 )
 
 __all__: list[str] = []
@@ -341,21 +342,24 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
                 sift_at = jsize - 1
                 entered = sl
         fast_enter = False
+        toggled = -1  # device whose compute switched on next to running flows
         if sharing and entered >= 0:
             j = si[entered, _I_JOB]
-            if j < n and resource[j] == 1:
+            if j < n and resource[j] == 1 and not share_compute:
+                # without compute sharing, written out: the new job's own rate, and (when
+                # its device's compute switches on next to flows) the flows' (below)
+                fast_enter = True
                 d = device[j]
-                # common case, written out: only the new job's own rate to set
-                fast_enter = not share_compute and not (
-                    interference > 0.0 and n_compute[d] == 0 and n_comm[d] > 0)
-                if fast_enter:
-                    sl = entered
-                    si[sl, _I_DN] = dhead[d]
-                    si[sl, _I_DP] = -1
-                    if dhead[d] >= 0:
-                        si[dhead[d], _I_DP] = sl
-                    dhead[d] = sl
-                    n_compute[d] += 1
+                sl = entered
+                if interference > 0.0 and n_compute[d] == 0 and n_comm[d] > 0:
+                    toggled = d
+                si[sl, _I_DN] = dhead[d]
+                si[sl, _I_DP] = -1
+                if dhead[d] >= 0:
+                    si[dhead[d], _I_DP] = sl
+                dhead[d] = sl
+                n_compute[d] += 1
+                if toggled < 0:
                     r = inv if interference > 0.0 and n_comm[d] > 0 else 1.0
                     # as _rerate would: the rate changes from "unset" to r, a new sequence;
                     # the job heap is restored below
@@ -407,9 +411,9 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
             j = si[left, _I_JOB]
             if j < n and resource[j] == 1:
                 d = device[j]
-                # common case, written out: no other job's rate changes
-                fast = not share_compute and not (interference > 0.0 and n_compute[d] == 1
-                                                  and n_comm[d] > 0)
+                # without compute sharing, written out: only flows on this device can
+                # change rate, when its compute switches off (interference)
+                fast = not share_compute
                 if fast:
                     dp = si[left, _I_DP]
                     dn = si[left, _I_DN]
@@ -422,6 +426,10 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
                     si[left, _I_DN] = -1
                     si[left, _I_DP] = -1
                     n_compute[d] -= 1
+                    if interference > 0.0 and n_compute[d] == 0 and n_comm[d] > 0:
+                        seq = _toggle_flows(d, -1, now, n, coll_ptr, coll_members, device,
+                                            n_compute, share_links, inv, sf, si, n_flows, jsize,
+                                            seq)
         if sharing and left >= 0 and not fast:  # no sharing: every rate stays 1
             j = si[left, _I_JOB]
             is_flow = not (j < n and resource[j] == 1)
@@ -436,6 +444,9 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
         if left >= 0:
             si[nfree, _L_FREE] = left
             nfree += 1
+        if toggled >= 0:
+            seq = _toggle_flows(toggled, entered, now, n, coll_ptr, coll_members, device,
+                                n_compute, share_links, inv, sf, si, n_flows, jsize, seq)
         if sharing and entered >= 0 and not fast_enter:
             j = si[entered, _I_JOB]
             is_flow = not (j < n and resource[j] == 1)

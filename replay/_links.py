@@ -379,3 +379,66 @@ def _touches_compute(j, n, coll_ptr, coll_members, device, n_compute):
         if d >= 0 and n_compute[d] > 0:
             return True
     return False
+
+
+@njit(cache=True)
+def _toggle_flows(d, entered, now, n, coll_ptr, coll_members, device, n_compute, share_links,
+                  inv, sf, si, n_flows, jsize, seq):
+    """Device ``d``'s compute just switched on or off (``n_compute[d]`` already updated)
+    while flows run on it, without compute sharing: rescale the flows whose interference
+    status flipped (a member on ``d`` and none on another computing device), and set the
+    rate of the compute job that just started (slot ``entered``; -1 for none), in job-id
+    order: what :func:`_rerate` does for this change, without its general candidate sets."""
+    on = n_compute[d] > 0
+    ncand = 0
+    if entered >= 0:
+        si[0, _L_CAND] = entered
+        ncand = 1
+    for a in range(n_flows):
+        f = si[a, _L_FLOWS]
+        j = si[f, _I_JOB]
+        a0 = j if j < n else coll_ptr[j - n]
+        a1 = j + 1 if j < n else coll_ptr[j - n + 1]
+        hasd = False
+        other = False
+        for k in range(a0, a1):
+            dd = device[j] if j < n else device[coll_members[k]]
+            if dd == d:
+                hasd = True
+            elif dd >= 0 and n_compute[dd] > 0:
+                other = True  # touches compute elsewhere: no change
+                break
+        if hasd and not other:
+            si[ncand, _L_CAND] = f
+            ncand += 1
+    for a in range(1, ncand):  # job-id order
+        x = si[a, _L_CAND]
+        xj = si[x, _I_JOB]
+        b = a - 1
+        while b >= 0 and si[si[b, _L_CAND], _I_JOB] > xj:
+            si[b + 1, _L_CAND] = si[b, _L_CAND]
+            b -= 1
+        si[b + 1, _L_CAND] = x
+    for a in range(ncand):
+        s = si[a, _L_CAND]
+        if s == entered:
+            r = 1.0 * inv  # a compute job next to communication
+            old = -1.0  # forced: its rate is being set
+        else:
+            r = sf[s, _F_SHARE] if share_links else 1.0
+            if on:
+                r = r * inv
+            old = sf[s, _F_RATE]
+        if r != old:
+            if old > 0.0:
+                sf[s, _F_DONE] += (now - sf[s, _F_LAST]) * old
+            sf[s, _F_LAST] = now
+            sf[s, _F_RATE] = r
+            rem = sf[s, _F_THR] - sf[s, _F_DONE]
+            if rem < 0.0:
+                rem = 0.0
+            sf[s, _F_T] = now + rem / r
+            si[s, _I_Q] = seq
+            seq += 1
+            _jsift(sf, si, jsize, si[s, _I_POS])
+    return seq
