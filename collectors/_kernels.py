@@ -169,7 +169,7 @@ def key_table(keys) -> tuple[np.ndarray, np.ndarray]:
     return np.frombuffer(b"".join(keys), np.uint8).copy(), off
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _ws(buf, i, n):  # pragma: no cover - compiled
     while i < n:
         c = buf[i]
@@ -214,7 +214,7 @@ def _utf8(buf, i, n):  # pragma: no cover - compiled
     return need + 1
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _str_end(buf, i, n):  # pragma: no cover - compiled
     """``i`` at an opening quote -> (index after the closing quote, FNV hash of the raw
     bytes, escaped?); index -1 when the buffer ends first, -2 on invalid UTF-8."""
@@ -246,7 +246,7 @@ def _str_end(buf, i, n):  # pragma: no cover - compiled
     return -1, h, esc
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _str_skip(buf, i, n):  # pragma: no cover - compiled
     """As :func:`_str_end` without the hash: -> (index after the closing quote, escaped?)."""
     esc = False
@@ -311,7 +311,7 @@ def _skip(buf, i, n):  # pragma: no cover - compiled
     return -1
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _int(buf, i, n):  # pragma: no cover - compiled
     """A JSON integer at ``i`` -> (value, end, ok); ok is False for floats, null, strings."""
     neg = False
@@ -333,7 +333,7 @@ def _int(buf, i, n):  # pragma: no cover - compiled
     return (-v if neg else v), j, True
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _ns(buf, i, n):  # pragma: no cover - compiled
     """A non-negative JSON number of microseconds at ``i`` -> (integer ns, end, ok), exact:
     three decimals are ns, the fourth rounds (half up). Negative or exponent: not ok."""
@@ -366,11 +366,14 @@ def _ns(buf, i, n):  # pragma: no cover - compiled
     return v, j, True
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _key_id(buf, s, e, kb, ko):  # pragma: no cover - compiled
     ln = e - s
+    if ln <= 0:
+        return 0
+    c0 = buf[s]
     for k in range(ko.shape[0] - 1):
-        if ko[k + 1] - ko[k] == ln:
+        if ko[k + 1] - ko[k] == ln and kb[ko[k]] == c0:
             ok = True
             for j in range(ln):
                 if buf[s + j] != kb[ko[k] + j]:

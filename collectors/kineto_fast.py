@@ -49,7 +49,7 @@ from .kineto_links import (
 __all__ = ["parse_fast", "BLOCK_BYTES"]
 
 #: decompressed bytes per block
-BLOCK_BYTES = 16 << 20
+BLOCK_BYTES = 4 << 20
 #: rows per scanner call
 ROWS = 1 << 16
 _DEC_EV = msgspec.json.Decoder(_Ev)

@@ -292,9 +292,11 @@ class EventLoop:
         self.parts = []
         if not self.sorted:  # restore event order (what the general path alone produces)
             for d in (G, H, GR):
-                o = np.argsort(d["idx"], kind="stable")
-                for k in d:
-                    d[k] = d[k][o]
+                idx = d["idx"]
+                if len(idx) > 1 and not (idx[1:] > idx[:-1]).all():
+                    o = np.argsort(idx, kind="stable")
+                    for k in d:
+                        d[k] = d[k][o]
         for d, cols in ((G, ("start",)), (H, ("start", "end")), (GR, ("start", "end"))):
             for c in cols:
                 d[c] = d[c] + base
@@ -317,10 +319,7 @@ def _flush(g_rows, h_rows, gr_rows) -> tuple[dict, dict, dict]:
              ext=np.asarray(gc_[7], np.int64), bytes=np.asarray(gc_[8], np.int64),
              idx=np.asarray(gc_[9], np.int64))
     hc_ = list(zip(*h_rows)) if h_rows else [()] * 9
-    pid = np.empty(len(h_rows), object)
-    pid[:] = hc_[0]
-    tid = np.empty(len(h_rows), object)
-    tid[:] = hc_[1]
+    pid, tid = _ids(hc_[0], len(h_rows)), _ids(hc_[1], len(h_rows))
     hs = _ns_arr(hc_[4], 0)
     H = dict(pid=pid, tid=tid, code=np.asarray(hc_[2], np.int8), name=np.asarray(hc_[3], np.int32),
              start=hs, end=hs + _dur_arr(hc_[5]), corr=np.asarray(hc_[6], np.int64),
@@ -333,6 +332,18 @@ def _flush(g_rows, h_rows, gr_rows) -> tuple[dict, dict, dict]:
     for lst in (g_rows, h_rows, gr_rows):
         lst.clear()
     return G, H, GR
+
+
+def _ids(vals, n: int) -> np.ndarray:
+    """pid / tid values: int64 when all are integers, else objects (names like "Spans")."""
+    if all(v.__class__ is int for v in vals):
+        try:
+            return np.asarray(vals, np.int64).reshape(n)
+        except OverflowError:  # ids beyond int64: keep them as Python ints
+            pass
+    out = np.empty(n, object)
+    out[:] = vals
+    return out
 
 
 def _lane_key_ids(a, b) -> tuple[np.ndarray, list]:
