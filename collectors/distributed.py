@@ -78,7 +78,9 @@ def _kineto_inputs(paths: Any, format: str) -> tuple[list[str], dict[str, str]]:
             raise TraceFormatError(
                 f"--scheduler parses Kineto traces (one file per rank) only; these inputs are "
                 f"{sorted(found)}: ingest them without --scheduler")
-    files, skipped = kineto_files([Path(p).resolve() for p in ps])
+    # absolute (workers may run elsewhere) but not resolved: the accounting names the files
+    # as given, as a local ingest does (a symlinked folder stays as named)
+    files, skipped = kineto_files([Path(os.path.abspath(p)) for p in ps])
     return [str(f) for f in files], skipped
 
 
