@@ -1,5 +1,5 @@
 """Streaming Kineto reader: the file is decompressed block by block and its events are
-scanned by numba straight into columns (:func:`collectors._kernels.scan_events`).
+scanned by numba straight into columns (:func:`collectors._kineto_kernels.scan_events`).
 
 No Python object is made per event: the scanner writes one int64 row per event (spans of
 ``name`` / ``cat``, their hashes, ``pid``/``tid``, ``ts``/``dur`` as exact integer ns, and the
@@ -29,7 +29,7 @@ from pathlib import Path
 import msgspec
 import numpy as np
 
-from . import _kernels as K
+from . import _kineto_kernels as K
 from .enums import OpKind
 from .errors import TraceFormatError
 from .kineto import _DEC_FILE, _Ev, _File

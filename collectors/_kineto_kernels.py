@@ -1,0 +1,561 @@
+"""numba kernels of the streaming Kineto reader (collectors/kineto_fast.py).
+
+Arrays in, arrays out (CONVENTIONS.md §1): the JSON text of a block is a uint8 array, the
+result one int64 column per field.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+__all__ = ["scan_events", "find_array", "same_bytes", "key_table"]
+
+
+# ---------------------------------------------------------------- Kineto event scanner
+# Reads the objects of a ``traceEvents`` array straight into one int64 row per event (no
+# Python object per event). Anything it does not model exactly (an unusual value type, a
+# duplicate or escaped key, a phase other than X/s/f/t/i/I) is flagged SLOW: the caller
+# decodes that event's bytes with msgspec and handles it the general way. Structural
+# problems (truncation, bad syntax, invalid UTF-8) stop the scan with an error status; the
+# caller then falls back to the whole-document decoder, which words the error.
+
+#: columns of the scanner's output rows
+EV_SPAN0, EV_SPAN1, EV_PH, EV_FLAGS, EV_CAT0, EV_CATN, EV_CATH, EV_NAME0, EV_NAMEN, EV_NAMEH, \
+    EV_PID, EV_TID, EV_TS, EV_DUR, EV_CORR, EV_EXT, EV_DEV, EV_STREAM, EV_BYTES, EV_DEVTYPE, \
+    EV_DEVID, EV_MEMBYTES, EV_TALLOC, EV_TRES = range(24)
+EV_FIELDS = 24
+#: flag bits
+F_SLOW, F_TS, F_DUR, F_ARGS, F_NAME, F_CAT, F_PID, F_TID = 1, 2, 4, 8, 16, 32, 64, 128
+#: value of an absent optional field
+NONE = np.int64(-(1 << 63))
+#: scan status
+S_MORE, S_END, S_FULL, S_ERROR = 0, 1, 2, -1
+TOP_KEYS = (b"ph", b"cat", b"name", b"pid", b"tid", b"ts", b"dur", b"args")
+ARG_KEYS = (b"correlation", b"External id", b"device", b"stream", b"bytes", b"Device Type",
+            b"Device Id", b"Bytes", b"Total Allocated", b"Total Reserved")
+_FNV0 = -3750763034362895579  # FNV-1a offset basis as int64
+_FNV_P = 1099511628211
+
+
+def key_table(keys) -> tuple[np.ndarray, np.ndarray]:
+    """Concatenated bytes and offsets of ``keys`` (the scanner's key tables)."""
+    off = np.zeros(len(keys) + 1, np.int64)
+    off[1:] = np.cumsum([len(k) for k in keys])
+    return np.frombuffer(b"".join(keys), np.uint8).copy(), off
+
+
+@njit(cache=True, inline="always")
+def _ws(buf, i, n):  # pragma: no cover - compiled
+    while i < n:
+        c = buf[i]
+        if c != 32 and c != 10 and c != 13 and c != 9:
+            return i
+        i += 1
+    return i
+
+
+@njit(cache=True)
+def _utf8(buf, i, n):  # pragma: no cover - compiled
+    """Length of the UTF-8 sequence led by ``buf[i]`` (>= 0x80); -1 past the end, -2 invalid."""
+    c = buf[i]
+    need = 0
+    lo = 128
+    hi = 191
+    if 0xC2 <= c <= 0xDF:
+        need = 1
+    elif 0xE0 <= c <= 0xEF:
+        need = 2
+        if c == 0xE0:
+            lo = 0xA0
+        elif c == 0xED:
+            hi = 0x9F
+    elif 0xF0 <= c <= 0xF4:
+        need = 3
+        if c == 0xF0:
+            lo = 0x90
+        elif c == 0xF4:
+            hi = 0x8F
+    else:
+        return -2
+    if i + need >= n:
+        return -1
+    for k in range(1, need + 1):
+        d = buf[i + k]
+        if k == 1:
+            if d < lo or d > hi:
+                return -2
+        elif d < 128 or d > 191:
+            return -2
+    return need + 1
+
+
+@njit(cache=True, inline="always")
+def _str_end(buf, i, n):  # pragma: no cover - compiled
+    """``i`` at an opening quote -> (index after the closing quote, FNV hash of the raw
+    bytes, escaped?); index -1 when the buffer ends first, -2 on invalid UTF-8."""
+    h = _FNV0
+    esc = False
+    i += 1
+    while i < n:
+        c = buf[i]
+        if c == 34:
+            return i + 1, h, esc
+        if c == 92:
+            esc = True
+            if i + 1 >= n:
+                return -1, h, esc
+            h = (h ^ c) * _FNV_P
+            h = (h ^ buf[i + 1]) * _FNV_P
+            i += 2
+            continue
+        if c >= 128:
+            m = _utf8(buf, i, n)
+            if m < 0:
+                return m, h, esc
+            for k in range(m):
+                h = (h ^ buf[i + k]) * _FNV_P
+            i += m
+            continue
+        h = (h ^ c) * _FNV_P
+        i += 1
+    return -1, h, esc
+
+
+@njit(cache=True, inline="always")
+def _str_skip(buf, i, n):  # pragma: no cover - compiled
+    """As :func:`_str_end` without the hash: -> (index after the closing quote, escaped?)."""
+    esc = False
+    i += 1
+    while i < n:
+        c = buf[i]
+        if c == 34:
+            return i + 1, esc
+        if c == 92:
+            esc = True
+            i += 2
+            continue
+        if c >= 128:
+            m = _utf8(buf, i, n)
+            if m < 0:
+                return m, esc
+            i += m
+            continue
+        i += 1
+    return -1, esc
+
+
+@njit(cache=True)
+def _skip(buf, i, n):  # pragma: no cover - compiled
+    """Index after the JSON value at ``i``; -1 when the buffer ends first, -2 when invalid."""
+    c = buf[i]
+    if c == 34:
+        e, _ = _str_skip(buf, i, n)
+        return e
+    if c == 123 or c == 91:
+        stack = np.int64(0)  # bit per level: 1 object, 0 array
+        depth = 0
+        while i < n:
+            c = buf[i]
+            if c == 34:
+                e, _ = _str_skip(buf, i, n)
+                if e < 0:
+                    return e
+                i = e
+                continue
+            if c == 123 or c == 91:
+                if depth >= 62:
+                    return -2
+                stack = (stack << 1) | (1 if c == 123 else 0)
+                depth += 1
+            elif c == 125 or c == 93:
+                if depth == 0 or (stack & 1) != (1 if c == 125 else 0):
+                    return -2
+                stack >>= 1
+                depth -= 1
+                if depth == 0:
+                    return i + 1
+            i += 1
+        return -1
+    if not (c == 45 or 48 <= c <= 57 or c == 116 or c == 102 or c == 110):
+        return -2
+    while i < n:
+        c = buf[i]
+        if c == 44 or c == 125 or c == 93 or c == 32 or c == 10 or c == 13 or c == 9:
+            return i
+        i += 1
+    return -1
+
+
+@njit(cache=True, inline="always")
+def _int(buf, i, n):  # pragma: no cover - compiled
+    """A JSON integer at ``i`` -> (value, end, ok); ok is False for floats, null, strings."""
+    neg = False
+    j = i
+    if j < n and buf[j] == 45:
+        neg = True
+        j += 1
+    v = np.int64(0)
+    d0 = j
+    while j < n and 48 <= buf[j] <= 57:
+        v = v * 10 + (buf[j] - 48)
+        j += 1
+    nd = j - d0
+    if nd == 0 or nd > 18 or j >= n:
+        return v, j, False
+    c = buf[j]
+    if c == 46 or c == 101 or c == 69:
+        return v, j, False
+    return (-v if neg else v), j, True
+
+
+@njit(cache=True, inline="always")
+def _ns(buf, i, n):  # pragma: no cover - compiled
+    """A non-negative JSON number of microseconds at ``i`` -> (integer ns, end, ok), exact:
+    three decimals are ns, the fourth rounds (half up). Negative or exponent: not ok."""
+    j = i
+    v = np.int64(0)
+    d0 = j
+    while j < n and 48 <= buf[j] <= 57:
+        v = v * 10 + (buf[j] - 48)
+        j += 1
+    if j - d0 == 0 or j - d0 > 16 or v > 9_000_000_000_000_000 or j >= n:
+        return v, j, False
+    v *= 1000
+    if buf[j] == 46:
+        j += 1
+        f0 = j
+        scale = 100
+        while j < n and 48 <= buf[j] <= 57:
+            k = j - f0
+            if k < 3:
+                v += (buf[j] - 48) * scale
+                scale //= 10
+            elif k == 3 and buf[j] >= 53:
+                v += 1
+            j += 1
+        if j == f0 or j >= n:
+            return v, j, False
+    c = buf[j]
+    if c == 101 or c == 69:
+        return v, j, False
+    return v, j, True
+
+
+@njit(cache=True, inline="always")
+def _key_id(buf, s, e, kb, ko):  # pragma: no cover - compiled
+    ln = e - s
+    if ln <= 0:
+        return 0
+    c0 = buf[s]
+    for k in range(ko.shape[0] - 1):
+        if ko[k + 1] - ko[k] == ln and kb[ko[k]] == c0:
+            ok = True
+            for j in range(ln):
+                if buf[s + j] != kb[ko[k] + j]:
+                    ok = False
+                    break
+            if ok:
+                return k + 1
+    return 0
+
+
+@njit(cache=True)
+def _args(buf, i, n, out, r, kb, ko):  # pragma: no cover - compiled
+    """Parse the args object at ``i`` into column ``r`` of ``out``; -> (end, slow) with end -1/-2 as _skip."""
+    slow = False
+    j = _ws(buf, i + 1, n)
+    if j >= n:
+        return -1, slow
+    if buf[j] == 125:
+        return j + 1, slow
+    seen = 0
+    while True:
+        if j >= n:
+            return -1, slow
+        if buf[j] != 34:
+            return -2, slow
+        ke, kesc = _str_skip(buf, j, n)
+        if ke < 0:
+            return ke, slow
+        kid = 0 if kesc else _key_id(buf, j + 1, ke - 1, kb, ko)
+        if kesc:
+            slow = True
+        j = _ws(buf, ke, n)
+        if j >= n:
+            return -1, slow
+        if buf[j] != 58:
+            return -2, slow
+        j = _ws(buf, j + 1, n)
+        if j >= n:
+            return -1, slow
+        if kid > 0:
+            if seen & (1 << kid):
+                slow = True
+            seen |= 1 << kid
+            v, e, ok = _int(buf, j, n)
+            if ok:
+                out[EV_CORR + kid - 1, r] = v
+                j = e
+            else:
+                isnull = (buf[j] == 110 and j + 3 < n and buf[j + 1] == 117
+                          and buf[j + 2] == 108 and buf[j + 3] == 108)
+                # null is "absent" for the optional fields; correlation / External id
+                # must be integers (the general path reports it)
+                if not isnull or kid <= 2:
+                    slow = True
+                e = _skip(buf, j, n)
+                if e < 0:
+                    return e, slow
+                j = e
+        else:
+            e = _skip(buf, j, n)
+            if e < 0:
+                return e, slow
+            j = e
+        j = _ws(buf, j, n)
+        if j >= n:
+            return -1, slow
+        c = buf[j]
+        if c == 44:
+            j = _ws(buf, j + 1, n)
+            continue
+        if c == 125:
+            return j + 1, slow
+        return -2, slow
+
+
+@njit(cache=True)
+def _event(buf, i, n, out, r, tk, to, ak, ao):  # pragma: no cover - compiled
+    """Parse the event object at ``i`` into column ``r`` of ``out``; -> end (-1 more data, -2 invalid)."""
+    out[EV_SPAN0, r] = i
+    out[EV_PH, r] = 0
+    out[EV_CORR, r] = -1
+    out[EV_EXT, r] = -1
+    for f in range(EV_DEV, EV_FIELDS):
+        out[f, r] = NONE
+    flags = 0
+    seen = 0
+    j = _ws(buf, i + 1, n)
+    if j >= n:
+        return -1
+    if buf[j] == 125:
+        out[EV_FLAGS, r] = F_SLOW
+        out[EV_SPAN1, r] = j + 1
+        return j + 1
+    while True:
+        if j >= n:
+            return -1
+        if buf[j] != 34:
+            return -2
+        ke, kesc = _str_skip(buf, j, n)
+        if ke < 0:
+            return ke
+        kid = 0 if kesc else _key_id(buf, j + 1, ke - 1, tk, to)
+        if kesc:
+            flags |= F_SLOW
+        if kid > 0:
+            if seen & (1 << kid):
+                flags |= F_SLOW
+            seen |= 1 << kid
+        j = _ws(buf, ke, n)
+        if j >= n:
+            return -1
+        if buf[j] != 58:
+            return -2
+        j = _ws(buf, j + 1, n)
+        if j >= n:
+            return -1
+        c = buf[j]
+        done = False  # the value was read into the row
+        if (kid == 1 or kid == 2 or kid == 3) and c == 34:  # ph, cat, name: strings
+            e, h, esc = _str_end(buf, j, n)
+            if e < 0:
+                return e
+            if kid == 1:
+                if e - j == 3 and not esc:
+                    out[EV_PH, r] = buf[j + 1]
+                else:
+                    flags |= F_SLOW
+            elif kid == 2:
+                out[EV_CAT0, r] = j + 1
+                out[EV_CATN, r] = e - j - 2
+                out[EV_CATH, r] = h
+                flags |= F_CAT
+            else:
+                out[EV_NAME0, r] = j + 1
+                out[EV_NAMEN, r] = e - j - 2
+                out[EV_NAMEH, r] = h
+                flags |= F_NAME
+            j = e
+            done = True
+        elif kid == 4 or kid == 5:  # pid, tid: integers
+            v, e, ok = _int(buf, j, n)
+            if ok:
+                out[EV_PID + kid - 4, r] = v
+                flags |= F_PID if kid == 4 else F_TID
+                j = e
+                done = True
+        elif kid == 6 or kid == 7:  # ts, dur: microseconds
+            v, e, ok = _ns(buf, j, n)
+            if ok:
+                out[EV_TS + kid - 6, r] = v
+                flags |= F_TS if kid == 6 else F_DUR
+                j = e
+                done = True
+        elif kid == 8 and c == 123:  # args object
+            e, slow = _args(buf, j, n, out, r, ak, ao)
+            if e < 0:
+                return e
+            if slow:
+                flags |= F_SLOW
+            flags |= F_ARGS
+            j = e
+            done = True
+        if not done:
+            # other keys are skipped; a known key with another value type (args: null is
+            # "no args") goes the general way
+            if kid != 0 and not (kid == 8 and c == 110):
+                flags |= F_SLOW
+            e = _skip(buf, j, n)
+            if e < 0:
+                return e
+            j = e
+        j = _ws(buf, j, n)
+        if j >= n:
+            return -1
+        c = buf[j]
+        if c == 44:
+            j = _ws(buf, j + 1, n)
+            continue
+        if c == 125:
+            out[EV_FLAGS, r] = flags
+            out[EV_SPAN1, r] = j + 1
+            return j + 1
+        return -2
+
+
+@njit(cache=True)
+def _scan_events(buf, pos, state, out, tk, to, ak, ao):  # pragma: no cover - compiled
+    n = buf.shape[0]
+    cap = out.shape[1]
+    k = 0
+    while True:
+        j = _ws(buf, pos, n)
+        if j >= n:
+            return S_MORE, pos, state, k
+        c = buf[j]
+        if state == 2:  # after an element: , or ]
+            if c == 44:
+                pos = j + 1
+                state = 1
+                continue
+            if c == 93:
+                return S_END, j, state, k
+            return S_ERROR, j, state, k
+        if c == 93 and state == 0:  # empty array
+            return S_END, j, state, k
+        if c != 123:
+            return S_ERROR, j, state, k
+        if k == cap:
+            return S_FULL, j, state, k
+        e = _event(buf, j, n, out, k, tk, to, ak, ao)
+        if e == -1:
+            return S_MORE, j, state, k
+        if e < 0:
+            return S_ERROR, j, state, k
+        ph = out[EV_PH, k]
+        if not (ph == 88 or ph == 115 or ph == 102 or ph == 116 or ph == 105 or ph == 73):
+            out[EV_FLAGS, k] |= F_SLOW  # X s f t i I are read here; others the general way
+        k += 1
+        pos = e
+        state = 2
+
+
+def scan_events(buf: np.ndarray, pos: int, state: int, out: np.ndarray, tables):
+    """Scan trace events from ``buf[pos:]`` into the columns of ``out`` (int64, (EV_FIELDS, cap)).
+
+    ``state`` is 0 right after the array's ``[``, 1 after a comma, 2 after an element.
+    Returns ``(status, pos, state, rows)``: S_MORE (the buffer ends inside an event or
+    between events: continue at ``pos`` with more bytes appended), S_END (``pos`` is the
+    array's ``]``), S_FULL (``out`` is full: call again from ``pos``), S_ERROR (invalid at
+    ``pos``).
+    """
+    return _scan_events(buf, pos, state, out, *tables)
+
+
+@njit(cache=True)
+def _same_bytes(buf, s, ln, rep_s, rep_n):  # pragma: no cover - compiled
+    bad = 0
+    for i in range(s.shape[0]):
+        a = s[i]
+        b = rep_s[i]
+        if ln[i] != rep_n[i]:
+            bad += 1
+            continue
+        for k in range(ln[i]):
+            if buf[a + k] != buf[b + k]:
+                bad += 1
+                break
+    return bad
+
+
+def same_bytes(buf, s, ln, rep_s, rep_n) -> int:
+    """Number of spans ``buf[s:s+ln]`` that differ from their ``buf[rep_s:rep_s+rep_n]``."""
+    return int(_same_bytes(buf, np.ascontiguousarray(s, np.int64), np.ascontiguousarray(ln, np.int64),
+                           np.ascontiguousarray(rep_s, np.int64),
+                           np.ascontiguousarray(rep_n, np.int64)))
+
+
+@njit(cache=True)
+def _find_array(buf, key):  # pragma: no cover - compiled
+    n = buf.shape[0]
+    i = _ws(buf, 0, n)
+    if i >= n:
+        return -1
+    if buf[i] == 91:
+        return i
+    if buf[i] != 123:
+        return -2
+    i = _ws(buf, i + 1, n)
+    while True:
+        if i >= n:
+            return -1
+        if buf[i] != 34:
+            return -2
+        ke, esc = _str_skip(buf, i, n)
+        if ke < 0:
+            return ke
+        match = not esc and ke - i - 2 == key.shape[0]
+        if match:
+            for k in range(key.shape[0]):
+                if buf[i + 1 + k] != key[k]:
+                    match = False
+                    break
+        i = _ws(buf, ke, n)
+        if i >= n:
+            return -1
+        if buf[i] != 58:
+            return -2
+        i = _ws(buf, i + 1, n)
+        if i >= n:
+            return -1
+        if match and buf[i] == 91:
+            return i
+        e = _skip(buf, i, n)
+        if e < 0:
+            return e
+        i = _ws(buf, e, n)
+        if i >= n:
+            return -1
+        if buf[i] != 44:
+            return -2
+        i = _ws(buf, i + 1, n)
+
+
+def find_array(buf: np.ndarray, key: bytes) -> int:
+    """Position of the ``[`` of the array under top-level ``key`` (or of a top-level array).
+
+    -1: the text ends first (read more); -2: there is no such array or the text is invalid.
+    """
+    return int(_find_array(buf, np.frombuffer(key, np.uint8).copy()))
