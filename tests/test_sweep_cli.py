@@ -85,6 +85,7 @@ def test_every_scenario_failed_is_an_error_with_rows(run_dir, tmp_path, capsys):
 
 def test_ctrl_c_writes_the_finished_rows(run_dir, tmp_path, capsys):
     import _thread
+    import signal
     import threading
 
     d, _ = run_dir
@@ -93,6 +94,10 @@ def test_ctrl_c_writes_the_finished_rows(run_dir, tmp_path, capsys):
     grid.write_text('[grid]\n"hardware.compute_speedup" = '
                     f'{[round(1 + i / 1000, 3) for i in range(n)]}\n')
     out = tmp_path / "s.parquet"
+    # interrupt_main does nothing while SIGINT is ignored or left to the OS; a terminal's
+    # Python has its default handler, so make sure this process has it too (whatever an
+    # earlier test or library left installed)
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
     timer = threading.Timer(4.0, _thread.interrupt_main)  # what Ctrl-C does
     timer.start()
     try:
@@ -100,8 +105,9 @@ def test_ctrl_c_writes_the_finished_rows(run_dir, tmp_path, capsys):
                   "--json"])
     finally:
         timer.cancel()
+        signal.signal(signal.SIGINT, before)
     cap = capsys.readouterr()
-    assert rc == 130, (cap.out, cap.err)
+    assert rc == 130, (before, cap.out, cap.err)
     assert "interrupted: wrote the" in cap.err
     s = json.loads(cap.out)
     df = pd.read_parquet(out)
