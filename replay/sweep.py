@@ -39,7 +39,6 @@ import os
 import pickle
 import signal
 import uuid
-import weakref
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
@@ -50,23 +49,16 @@ import numpy as np
 import pandas as pd
 import tomllib
 
-from collectors.devices import device_peaks
 from collectors.errors import PolicyError
 from collectors.progress import progress_bar
 from collectors.trace import Trace, read_trace
 
 from .engine import ReplayResult
-from .graph import RES_COMPUTE
+from .sweep_metrics import DTYPES as _DTYPES
+from .sweep_metrics import METRICS, scenario_metrics
 
 __all__ = ["METRICS", "SweepInterrupted", "default_workers", "grid_scenarios", "read_grid",
            "scenario_metrics", "sweep"]
-
-#: metric columns of a sweep row, in order (``error`` follows them)
-METRICS = ("step_time_ns", "tokens_per_s", "mfu", "peak_memory_bytes", "exposed_comm_ns",
-           "bubble_fraction", "oom")
-_DTYPES = {"step_time_ns": "Int64", "tokens_per_s": "float64", "mfu": "float64",
-           "peak_memory_bytes": "Int64", "exposed_comm_ns": "Int64",
-           "bubble_fraction": "float64", "oom": "boolean"}
 
 ScenarioFn = Callable[[Trace, dict[str, Any]], ReplayResult]
 
@@ -143,242 +135,6 @@ def _flatten(tbl: Mapping[str, Any], *, where: str, prefix: str = "") -> dict[st
             raise PolicyError(f"{where}: key {key!r} given twice")
         flat[key] = v
     return flat
-
-
-# ---------------------------------------------------------------------------- metrics
-_PREP: dict[int, tuple[Any, dict[str, Any]]] = {}  # id(meas_start_ns) -> (weakref, prep)
-
-
-def _prepared(g) -> dict[str, Any]:
-    """Per-graph constants (cached while the graph's arrays live): dense rank index, the
-    device ops ordered by (rank, measured start), step count."""
-    key = g.meas_start_ns
-    hit = _PREP.get(id(key))
-    if hit is not None and hit[0]() is key:
-        return hit[1]
-    rank = np.asarray(g.rank)
-    if len(rank) and rank.min() >= 0 and rank.max() < 4 * len(rank) + 65536:
-        present = np.zeros(int(rank.max()) + 1, bool)
-        present[rank] = True
-        dense_of = np.cumsum(present) - 1
-        ridx = dense_of[rank].astype(np.int64)
-        n_ranks = int(present.sum())
-    else:
-        _, inv = np.unique(rank, return_inverse=True)
-        ridx = inv.astype(np.int64)
-        n_ranks = int(ridx.max()) + 1 if len(ridx) else 0
-    res = g.by_op(g.resource)  # kernel arrays are in layout order; results in op ids
-    dev = np.flatnonzero(res > 0)
-    dev = dev[np.lexsort((g.meas_start_ns[dev], ridx[dev]))]
-    rd = ridx[dev]
-    comp = res[dev] == RES_COMPUTE
-    steps = g.trace.ops["step"].to_numpy() if g.trace is not None else np.zeros(0)
-    n_steps = int(len(np.unique(steps[steps >= 0]))) if len(steps) else 0
-    # each rank's device ops form one block in this order, and keep it when a scenario's
-    # replayed starts re-sort them within the block (the sort key is rank-major)
-    p = {"ridx": ridx, "n_ranks": n_ranks, "dev": dev, "dev_rank": rd, "dev_compute": comp,
-         "other": np.flatnonzero(res <= 0),
-         "blocks": _blocks(rd), "x_blocks": _blocks(rd[comp]), "n_steps": max(n_steps, 1)}
-    k = id(key)
-    _PREP[k] = (weakref.ref(key, lambda _r, k=k: _PREP.pop(k, None)), p)
-    return p
-
-
-def _blocks(rank_sorted: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(first position, rank) of each run of equal ranks in a rank-sorted array."""
-    if len(rank_sorted) == 0:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    first = np.flatnonzero(np.r_[True, rank_sorted[1:] != rank_sorted[:-1]])
-    return first, rank_sorted[first]
-
-
-def _union_len(s: np.ndarray, e: np.ndarray, blocks: tuple[np.ndarray, np.ndarray],
-               n: int) -> np.ndarray:
-    """Length of the union of intervals per rank. ``s``/``e`` are in offset coordinates
-    (rank ``k``'s intervals lie in ``[k*OFF, (k+1)*OFF)``) and sorted by start, so one running
-    max of the ends over the whole array never leaks from one rank into the next."""
-    out = np.zeros(n, np.int64)
-    if len(s) == 0:
-        return out
-    prev = np.empty_like(e)
-    prev[0] = s[0]
-    np.maximum.accumulate(e[:-1], out=prev[1:])
-    np.maximum(s, prev, out=prev)
-    np.subtract(e, prev, out=prev)
-    np.maximum(prev, 0, out=prev)
-    out[blocks[1]] = np.add.reduceat(prev, blocks[0])
-    return out
-
-
-def _meta_get(result: ReplayResult, key: str) -> Any:
-    """``key`` from the result's meta (a policy's answer), else the trace meta, else synth."""
-    for m in (result.meta, result.trace.meta, result.trace.meta.get("synth") or {}):
-        if isinstance(m, Mapping) and m.get(key) is not None:
-            return m[key]
-    return None
-
-
-def _device_values(meta: Mapping[str, Any], keys: tuple[str, ...]) -> list[float]:
-    devs = meta.get("devices") or {}
-    if not isinstance(devs, Mapping):
-        return []
-    entries = [devs] if any(k in devs for k in ("peak_flops", "name", "gpu")) else []
-    if not entries:
-        for d in devs.values():
-            if isinstance(d, Mapping) and d and all(isinstance(v, Mapping) for v in d.values()):
-                entries.extend(d.values())
-            elif isinstance(d, Mapping):
-                entries.append(d)
-    out = []
-    for d in entries:
-        v = next((d[k] for k in keys if isinstance(d.get(k), (int, float)) and d[k] > 0), None)
-        if v is None and "peak_flops" in keys:
-            v = device_peaks(str(d.get("name") or d.get("gpu") or "")).get("peak_flops")
-        if v:
-            out.append(float(v))
-    return out
-
-
-def scenario_metrics(result: ReplayResult) -> dict[str, Any]:
-    """The metrics of one sweep row, from a replay (small, vectorized, no analysis import).
-
-    Definitions (``W`` = the replayed window: each rank's span of all its ops, first start to
-    last end; device ops = ops the replay graph marks compute or communication):
-
-    ``step_time_ns``
-        ``max`` over ranks of the rank's span (``ReplayResult.step_time_ns``).
-    ``tokens_per_s``
-        ``tokens_per_step * steps / step_time`` with ``tokens_per_step`` from the result or
-        trace meta (``meta["synth"]`` for modeled runs) and ``steps`` the distinct step ids in
-        the trace (at least 1); NaN when the trace does not know its tokens.
-    ``mfu``
-        ``model_flops_per_step * steps / (step_time * peak)``: a modeled run's job-level
-        model FLOPs over the sum of its ``world_size`` device peaks; a per-rank
-        ``meta["model_flops_per_step"]`` (number, or ``{rank: flops}``) over one device's
-        peak. NaN when flops or the peak are unknown.
-    ``peak_memory_bytes``
-        The what-if's modeled peak (``meta["whatif"]["memory"]``, which includes what
-        caching policies add), else the model's ``peak_memory_bytes`` (largest rank), else
-        the largest ``allocated_bytes`` sample of the trace's memory table; null if unknown.
-    ``exposed_comm_ns``
-        ``max`` over ranks of ``|C ∪ X| - |X|``: the time the rank's communication ops run
-        while none of its compute ops does (``C``, ``X`` unions of intervals).
-    ``bubble_fraction``
-        Mean over ranks with device compute of ``1 - |X| / span``: the part of the rank's
-        window its device computes nothing (exposed communication, pipeline bubbles, idle),
-        as in :func:`analysis.pipeline.bubbles` for a one-step window. NaN without compute.
-    ``oom``
-        ``peak_memory_bytes`` above the device capacity (``memory_bytes`` in
-        ``meta["devices"]``, the rule synth uses), else the model's ``oom`` flag; null when
-        neither is known.
-    """
-    g = result.graph
-    p = _prepared(g)
-    s, e = result.start_ns, result.end_ns
-    n_r = p["n_ranks"]
-    row: dict[str, Any] = dict.fromkeys(METRICS)
-    if len(s) == 0:
-        return row
-    ridx = p["ridx"]
-    # rank spans: the ops off the device with ufunc.at, the device ops from their blocks below
-    lo = np.full(n_r, np.iinfo(np.int64).max, np.int64)
-    hi = np.full(n_r, np.iinfo(np.int64).min, np.int64)
-    other = p["other"]
-    if len(other):
-        np.minimum.at(lo, ridx[other], s[other])
-        np.maximum.at(hi, ridx[other], e[other])
-    # interval unions per rank on the device ops, in offset coordinates (see _union_len)
-    dev = p["dev"]
-    x = both = None
-    if len(dev):
-        sd, ed = s[dev], e[dev]
-        t0 = int(sd.min())
-        off = int(ed.max()) - t0 + 1
-        if n_r * off >= 2**62:  # pragma: no cover - a window of months at ns resolution
-            raise PolicyError(f"replayed window {off} ns x {n_r} ranks overflows the sweep "
-                              "metrics' int64 offsets; sweep a shorter trace window")
-        base = p["dev_rank"] * off - t0
-        ds = sd + base
-        order = np.argsort(ds, kind="stable")  # nearly sorted already: cheap
-        ds = ds[order]
-        de = (ed + base)[order]
-        comp = p["dev_compute"][order]
-        first, brank = p["blocks"]
-        shift = brank * off - t0  # offset coordinates -> ns, per block
-        np.minimum.at(lo, brank, ds[first] - shift)  # sorted: a block's first start is its min
-        np.maximum.at(hi, brank, np.maximum.reduceat(de, first) - shift)
-        both = _union_len(ds, de, p["blocks"], n_r)
-        x = _union_len(ds[comp], de[comp], p["x_blocks"], n_r)
-    span = hi - lo
-    step_ns = int(span.max())
-    row["step_time_ns"] = step_ns
-    if x is not None:
-        row["exposed_comm_ns"] = int((both - x).max())
-        has_x = np.zeros(n_r, bool)
-        has_x[p["x_blocks"][1]] = True
-        ok = has_x & (span > 0)
-        if ok.any():
-            row["bubble_fraction"] = float(np.mean(1.0 - x[ok] / span[ok]))
-    else:
-        row["exposed_comm_ns"] = 0
-    if row["bubble_fraction"] is None:
-        row["bubble_fraction"] = float("nan")
-    # throughput and efficiency from what the trace knows
-    step_s = step_ns / 1e9
-    steps = p["n_steps"]
-    tok = _meta_get(result, "tokens_per_step")
-    row["tokens_per_s"] = (float(tok) * steps / step_s if isinstance(tok, (int, float)) and step_s
-                           else float("nan"))
-    row["mfu"] = _mfu(result, step_s, steps)
-    peak = _peak_memory(result)
-    row["peak_memory_bytes"] = peak
-    cap = _device_values(result.trace.meta, ("memory_bytes", "total_memory_bytes",
-                                             "totalGlobalMem"))
-    oom = _meta_get(result, "oom")
-    if peak is not None and cap:
-        row["oom"] = bool(peak > min(cap))
-    elif isinstance(oom, (bool, np.bool_)):
-        row["oom"] = bool(oom)
-    return row
-
-
-def _mfu(result: ReplayResult, step_s: float, steps: int) -> float:
-    if not step_s:
-        return float("nan")
-    peaks = _device_values(result.trace.meta, ("peak_flops", "peak_flops_per_s"))
-    if not peaks:
-        return float("nan")
-    peak = float(np.mean(peaks))
-    syn = result.trace.meta.get("synth") or {}
-    job = result.meta.get("model_flops_per_step", syn.get("model_flops_per_step"))
-    if isinstance(job, (int, float)) and "model_flops_per_step" not in result.trace.meta:
-        world = int(syn.get("world_size") or result.trace.world_size or 1)
-        return float(job) * steps / (step_s * peak * world)
-    mf = result.trace.meta.get("model_flops_per_step")
-    if isinstance(mf, (int, float)):
-        return float(mf) * steps / (step_s * peak)
-    if isinstance(mf, Mapping) and mf:
-        return float(np.mean([float(v) for v in mf.values()])) * steps / (step_s * peak)
-    return float("nan")
-
-
-def _peak_memory(result: ReplayResult) -> int | None:
-    wi = result.meta.get("whatif") or {}
-    v = (wi.get("memory") or {}).get("peak_memory_bytes") if isinstance(wi, Mapping) else None
-    if v is None:
-        v = _meta_get(result, "peak_memory_bytes")
-    if isinstance(v, Mapping):
-        v = max((int(x) for x in v.values()), default=None)
-    if isinstance(v, (int, float, np.integer)):
-        return int(v)
-    m = result.trace.memory
-    if len(m):
-        a = m["allocated_bytes"].to_numpy()
-        if (a >= 0).any():
-            dev = m["device"].to_numpy() >= 0
-            sel = (a >= 0) & dev if ((a >= 0) & dev).any() else a >= 0
-            return int(a[sel].max())
-    return None
 
 
 # ---------------------------------------------------------------------------- evaluation
