@@ -1,0 +1,429 @@
+"""Gradient re-bucketing of a CPU (gloo) DDP trace (used by ``overlap.bucket_mb``).
+
+The all-reduces run on CPU threads and the trace has the DDP reducer's per-parameter ranges,
+so :func:`rebucket_cpu` models parameters, not buckets:
+
+* parameters: the reducer's ``mul_out`` ranges of a step, in order (the copy of a gradient
+  into its bucket: the gradient's ready time), each matched to its ``copy_bucket_to_grad``
+  range after backward; a parameter belongs to the old bucket whose issue call follows it;
+  its size is the old bucket's bytes split in proportion to the median (over ranks and
+  steps) of its two copy times less the smallest (memory-bound copies: time ~ bytes);
+* new buckets by DDP's rule (``compute_bucket_assignment_by_size``, as in the rebuilt
+  buckets after the first iteration): parameters in ready order join the open bucket, which
+  closes once it holds ``>= bucket_mb`` bytes; no separate first-bucket cap (DDP applies
+  its 1 MiB first bucket only when ``bucket_cap_mb`` is left at its default);
+* a new bucket is issued when its last gradient is ready (after the training-thread op
+  running then) and the training thread waits for it before copying its first parameter
+  back; the old issue calls stay, costing the fastest measured issue call; the buckets of
+  a rank run in order on one gloo thread;
+* the rank's CPU is one shared device: the training thread keeps a core busy, so while a
+  gloo all-reduce runs both progress at ``1 / (1 + i)`` of their rate (``i = 1``: the two
+  threads time-share one core; ``overlap.interference = f`` gives ``i = 1 - f``). The
+  measured durations already carry that slowdown where they overlapped, so the isolated work
+  of every training-thread op and the isolated transfer of every old bucket are the
+  measured ones less ``i / (1 + i)`` of their overlap with the other kind; the replay runs
+  on the contention path and puts the slowdown back wherever the new buckets overlap;
+* the gaps between consecutive training-thread ops are the CPU time of their parent ops
+  (the Kineto reader keeps leaf ops): each is folded into the op after it, so it is shared
+  too; only a gap spent waiting for an old bucket (up to that bucket's end) is not;
+* transfer time ``a + S f / B`` fitted on the isolated transfers (the intercept only when
+  the sizes differ by 1.5x or more, else ``a`` is ``GLOO_STEP_US`` per ring step).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from collectors.enums import CommOp, EdgeKind, LaneKind, OpKind, Phase
+from collectors.errors import PolicyError
+from collectors.trace import Trace
+
+from .network import bus_factor
+
+__all__ = ["rebucket_cpu", "CpuModel", "GLOO_STEP_US"]
+
+
+# ---------------------------------------------------------------------------- CPU (gloo) DDP
+#: name of the DDP reducer's per-parameter copy into its bucket (gradient ready)
+_MUL_OUT = "torch::distributed::reducer::mul_out"
+#: name of the DDP reducer's per-parameter copy back from its all-reduced bucket
+_COPY_BACK = "torch.distributed.ddp.reducer::copy_bucket_to_grad"
+#: fixed cost of one gloo ring step over TCP on one host (us): a socket round trip and a
+#: worker-thread wake-up. Used only when the trace's bucket sizes are too alike to fit the
+#: intercept (2-rank all-reduces of 4 KB take 0.3-0.6 ms on a 2-core VM: 2 ring steps).
+GLOO_STEP_US = 100.0
+
+
+@dataclass
+class CpuModel:
+    """What :class:`~replay.policies.overlap.Overlap` needs to replay re-bucketed CPU ranks
+    on the contention path (op-id order of the new trace)."""
+
+    work_ns: np.ndarray  # isolated work of the ranks' training-thread ops (NaN: unchanged)
+    compute: np.ndarray  # bool: training-thread ops (compute resource of their rank's CPU)
+    cpu_rank: np.ndarray  # bool: ops of ranks modeled as one shared CPU
+    interference: float  # the interference the isolated work was derived with
+
+
+def _cpu_lanes_only(trace: Trace, ids: np.ndarray) -> bool:
+    lanes = trace.lanes
+    lk = dict(zip(lanes["lane"].to_numpy().tolist(), lanes["lane_kind"].to_numpy().tolist(),
+                  strict=True))
+    return all(lk.get(int(x)) == LaneKind.CPU_THREAD
+               for x in np.unique(trace.ops["lane"].to_numpy()[ids]))
+
+
+def _overlap_ns(lo: np.ndarray, hi: np.ndarray, ilo: np.ndarray, ihi: np.ndarray) -> np.ndarray:
+    """Per interval ``[lo, hi)``: total overlap with the disjoint sorted intervals ``ilo/ihi``."""
+    if len(ilo) == 0:
+        return np.zeros(len(lo))
+    cum = np.concatenate([[0.0], np.cumsum((ihi - ilo).astype(np.float64))])
+
+    def covered(t):  # measure of the union below t
+        k = np.searchsorted(ilo, t, side="right")
+        part = np.clip(t - ilo[np.maximum(k - 1, 0)], 0, (ihi - ilo)[np.maximum(k - 1, 0)])
+        return np.where(k > 0, cum[np.maximum(k - 1, 0)] + part, 0.0)
+
+    return np.maximum(covered(hi.astype(np.float64)) - covered(lo.astype(np.float64)), 0.0)
+
+
+def _isolated_transfer(lo, hi, blo, bhi, interference) -> np.ndarray:
+    """Isolated transfer time of each of a rank's all-reduces ``[lo, hi)``: at every instant
+    the ``k`` running ones share the communication thread's rate, which is ``1 / (1 + i)``
+    while the training thread is busy (``blo/bhi``) and 1 otherwise."""
+    cuts = np.unique(np.concatenate([lo, hi, blo, bhi]))
+    if len(cuts) < 2:
+        return np.zeros(len(lo))
+    a, b = cuts[:-1], cuts[1:]
+    mid = (a + b) / 2.0
+    busy = _overlap_ns(a, b, blo, bhi) > 0
+    on = (lo[:, None] <= mid[None, :]) & (mid[None, :] < hi[:, None])  # ops x segments
+    k = np.maximum(on.sum(axis=0), 1)
+    rate = np.where(busy, 1.0 / (1.0 + interference), 1.0) / k
+    return (on * ((b - a) * rate)[None, :]).sum(axis=1)
+
+
+def _alone(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """Mask of the intervals that overlap no other one."""
+    o = np.argsort(lo, kind="stable")
+    a, b = lo[o], hi[o]
+    prev_hi = np.concatenate([[np.iinfo(np.int64).min], np.maximum.accumulate(b)[:-1]])
+    next_lo = np.concatenate([a[1:], [np.iinfo(np.int64).max]])
+    ok = (a >= prev_hi) & (b <= next_lo)
+    out = np.zeros(len(lo), bool)
+    out[o] = ok
+    return out
+
+
+def _fit_interference(pts: np.ndarray) -> float | None:
+    """The interference ``i`` the trace itself shows, for checking the model's value: an
+    all-reduce running alone on its rank's gloo thread lasts ``a + S b`` less ``i / (1 + i)``
+    of its overlap ``O`` with training-thread work (it progresses at ``1 / (1 + i)`` then),
+    so its non-overlapped time is ``a + S b - O / (1 + i)``: a least-squares fit over the
+    trace's all-reduces. None without enough of them (8) or of a spread in ``O``."""
+    if len(pts) < 8:
+        return None
+    nb, ov, dur = pts.T
+    if ov.max() - ov.min() < 0.25 * np.median(dur):
+        return None
+    cols = [np.ones(len(nb)), ov]
+    if nb.max() >= 1.5 * nb.min():
+        cols.append(nb)
+    sol, *_ = np.linalg.lstsq(np.stack(cols, axis=1), dur - ov, rcond=None)
+    slope = -float(sol[1])  # = 1 / (1 + i)
+    return float(1.0 / slope - 1.0) if slope > 0 else None
+
+
+def _union(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The union of intervals ``[lo, hi)`` as disjoint sorted intervals."""
+    o = np.argsort(lo, kind="stable")
+    lo, reach = np.asarray(lo, np.int64)[o], np.maximum.accumulate(np.asarray(hi, np.int64)[o])
+    new = np.concatenate([[True], lo[1:] > reach[:-1]]) if len(lo) else np.zeros(0, bool)
+    last = np.concatenate([np.flatnonzero(new)[1:] - 1, [len(lo) - 1]]) if len(lo) else new
+    return lo[new], reach[last]
+
+
+def ddp_ranges(trace: Trace) -> dict[str, pd.DataFrame] | None:
+    """The DDP reducer's per-parameter ranges (``mul_out``, ``copy_bucket_to_grad``), or None."""
+    r = trace.ranges
+    if len(r) == 0:
+        return None
+    names = np.asarray(trace.strings, dtype=object)[r["name_id"].to_numpy()]
+    out = {}
+    for key, nm in (("ready", _MUL_OUT), ("back", _COPY_BACK)):
+        sel = r[names == nm]
+        if len(sel) == 0:
+            return None
+        out[key] = sel.sort_values(["rank", "start_ns"], kind="stable")
+    return out
+
+
+def rebucket_cpu(trace: Trace, bucket_mb: float, interference: float,
+                 ranks_per_node: int | None = None):
+    """Re-bucket a CPU (gloo) DDP trace parameter by parameter (module docstring).
+
+    Returns ``(new trace, new op ids, modeled transfer ns, info, CpuModel)`` or None when the
+    trace lacks what the model needs (collectives off CPU threads, no DDP reducer ranges,
+    parameter counts that do not match between steps).
+    """
+    o = trace.ops
+    kind = o["kind"].to_numpy()
+    cop = o["comm_op"].to_numpy()
+    nbytes = o["bytes"].to_numpy()
+    is_ar = (kind == OpKind.COLLECTIVE) & (cop == CommOp.ALL_REDUCE) & (nbytes > 0)
+    phase = o["phase"].to_numpy()
+    if (phase[is_ar] == Phase.BWD).any():
+        is_ar &= phase == Phase.BWD
+    ar_ids = np.flatnonzero(is_ar)
+    rr = ddp_ranges(trace)
+    if len(ar_ids) == 0 or rr is None or not _cpu_lanes_only(trace, ar_ids):
+        return None
+    rank = o["rank"].to_numpy()
+    step = o["step"].to_numpy()
+    lane = o["lane"].to_numpy()
+    start = o["start_ns"].to_numpy().astype(np.int64)
+    dur = o["dur_ns"].to_numpy().astype(np.int64)
+    end = start + dur
+    coll = o["coll_id"].to_numpy()
+    e = trace.edges
+    esrc, edst = e["src"].to_numpy(), e["dst"].to_numpy()
+    # transfer start of each old bucket: its last member's start
+    a_start = start.copy()
+    cs = pd.Series(start[ar_ids]).groupby(coll[ar_ids]).transform("max").to_numpy()
+    a_start[ar_ids] = np.where(coll[ar_ids] >= 0, cs, start[ar_ids])
+    # issue ops: the non-collective predecessors of the old buckets
+    feed = np.isin(edst, ar_ids) & ~is_ar[esrc] & (kind[esrc] != OpKind.COLLECTIVE)
+    issue_of = dict(zip(edst[feed].tolist(), esrc[feed].tolist(), strict=True))
+    if len(issue_of) < len(ar_ids):
+        return None
+    issue = np.zeros(len(o), bool)
+    issue[list(issue_of.values())] = True
+    floor_ns = float(np.min(dur[issue]))
+    keys = pd.Series(ar_ids).groupby([rank[ar_ids], step[ar_ids]]).groups
+    # per (rank, step): its parameters in ready order
+    per = {}
+    for (r, s), idx in keys.items():
+        ids = ar_ids[np.asarray(idx)]
+        ids = ids[np.lexsort((ids, start[ids]))]
+        main = int(lane[issue_of[int(ids[0])]])
+        own = np.flatnonzero((rank == r) & (step == s) & (lane == main))
+        lo, hi = int(start[own].min()), int(end[own].max())
+        tabs = []
+        for key in ("ready", "back"):
+            x = rr[key]
+            x = x[(x["rank"].to_numpy() == r) & (x["lane"].to_numpy() == main)
+                  & (x["start_ns"].to_numpy() >= lo) & (x["start_ns"].to_numpy() < hi)]
+            tabs.append(x)
+        if len(tabs[0]) == 0 or len(tabs[0]) != len(tabs[1]):
+            return None
+        per[(r, s)] = (ids, main, tabs[0], tabs[1])
+    n_par = {len(v[2]) for v in per.values()}
+    if len(n_par) != 1:
+        return None
+    # parameter size weights: median copy time per parameter index over ranks and steps
+    # (memory-bound copies: time ~ bytes), less the smallest one (the fixed cost)
+    cost = np.median(np.stack([
+        (v[2]["end_ns"].to_numpy() - v[2]["start_ns"].to_numpy())
+        + (v[3]["end_ns"].to_numpy() - v[3]["start_ns"].to_numpy()) for v in per.values()]),
+        axis=0).astype(np.float64)
+    weight = np.maximum(cost - cost.min(), 1e-3 * max(cost.max(), 1.0))
+    return _build_cpu(trace, bucket_mb, interference, ranks_per_node, per, weight, issue,
+                      issue_of, floor_ns, a_start, is_ar)
+
+
+def _build_cpu(trace, bucket_mb, interference, ranks_per_node, per, weight, issue, issue_of,
+               floor_ns, a_start, is_ar):
+    o = trace.ops
+    rank = o["rank"].to_numpy()
+    lane = o["lane"].to_numpy()
+    nbytes = o["bytes"].to_numpy()
+    start = o["start_ns"].to_numpy().astype(np.int64)
+    end = start + o["dur_ns"].to_numpy().astype(np.int64)
+    S = float(bucket_mb) * 1e6
+    keep_frac = interference / (1.0 + interference)  # wall time lost per overlapped ns
+    main_of = {}
+    for (r, _s), v in per.items():
+        main_of.setdefault(int(r), v[1])
+    lane_ops = {}
+    for r, m in main_of.items():
+        x = np.flatnonzero((rank == r) & (lane == m))
+        lane_ops[r] = x[np.lexsort((x, start[x]))]
+    new_rows: list[dict] = []
+    ready_edges, wait_edges = [], []
+    wait_gap = {}  # old wait target -> ns of its measured gap spent waiting
+    for (r, s), (ids, _main, rdy, back) in per.items():
+        r = int(r)
+        lops = lane_ops[r]
+        ls = start[lops]
+        mo_end = rdy["end_ns"].to_numpy()
+        cb_start = back["start_ns"].to_numpy()
+        cb_end = back["end_ns"].to_numpy()
+        istart = np.asarray([start[issue_of[int(i)]] for i in ids])
+        k_of = np.minimum(np.searchsorted(istart, mo_end, side="left"), len(ids) - 1)
+        size = np.zeros(len(mo_end))
+        for k, i in enumerate(ids.tolist()):
+            m = k_of == k
+            if not m.any():
+                return None
+            size[m] = nbytes[i] * weight[m] / weight[m].sum()
+            # where the thread waited for old bucket k: the longest gap on the training
+            # thread after backward (after the previous bucket's copies back) up to the
+            # first op copying this bucket's first parameter back
+            p0 = int(np.flatnonzero(m)[0])
+            lo_t = cb_end[p0 - 1] if p0 > 0 and k > 0 else mo_end[-1]
+            a = int(np.searchsorted(ls, lo_t, side="left"))
+            b = int(np.searchsorted(ls, cb_start[p0], side="left"))
+            if 0 < a <= b < len(lops):
+                win = lops[a:b + 1]
+                gaps = start[win] - end[lops[a - 1:b]]
+                j = int(np.argmax(gaps))
+                t, prev = int(win[j]), int(lops[a - 1 + j])
+                wait_gap[t] = int(np.clip(end[i] - end[prev], 0, max(int(gaps[j]), 0)))
+        # DDP's rule (reducer.cpp compute_bucket_assignment_by_size): parameters in ready
+        # order join the open bucket, which closes once it holds >= bucket_cap bytes
+        groups, cur, acc = [], [], 0.0
+        for p in range(len(size)):
+            cur.append(p)
+            acc += size[p]
+            if acc >= S:
+                groups.append(cur)
+                cur, acc = [], 0.0
+        if cur:
+            groups.append(cur)
+        cum = np.rint(np.cumsum([size[g].sum() for g in groups])).astype(np.int64)
+        cum[-1] = int(nbytes[ids].sum())
+        b_new = np.diff(np.concatenate([[0], cum]))
+        prev_sig = -(2**62)
+        for j, g in enumerate(groups):
+            pos = int(np.searchsorted(ls, mo_end[g[-1]], side="left")) - 1
+            rop = int(lops[max(pos, 0)])
+            sig = max(int(end[rop]), prev_sig)
+            prev_sig = sig
+            row = len(new_rows)
+            new_rows.append({"rank": r, "lane": int(lane[ids[0]]), "step": int(s),
+                             "start_ns": sig, "dur_ns": 0, "bytes": int(b_new[j]),
+                             "coll_j": j, "group_id": int(o["group_id"].iat[ids[0]])})
+            ready_edges.append((rop, row))
+            wpos = int(np.searchsorted(ls, cb_start[g[0]], side="left"))
+            if wpos < len(lops):
+                wait_edges.append((row, int(lops[wpos])))
+    keys: dict = {}
+    coll_base = int(o["coll_id"].max()) + 1
+    for row in new_rows:
+        key = (row["step"], row["group_id"], row["coll_j"])
+        keys.setdefault(key, coll_base + len(keys))
+        row["coll_id"] = keys[key]
+    # training threads: fold the CPU time between consecutive ops into the later op
+    new_start = start.copy()
+    fold = np.zeros(len(o), np.int64)
+    compute = np.zeros(len(o), bool)
+    for lops in lane_ops.values():
+        compute[lops] = True
+        gap = start[lops[1:]] - end[lops[:-1]]
+        wg = np.asarray([wait_gap.get(int(t), 0) for t in lops[1:]], np.int64)
+        fold[lops[1:]] = np.maximum(gap - wg, 0)
+    new_start -= fold
+    # isolated work (see the module docstring): undo the measured interference
+    cpu_rank = np.isin(rank, list(lane_ops))
+    busy_hi = np.where(issue, start + int(floor_ns), end)
+    work = np.full(len(o), np.nan)
+    y = np.zeros(len(o))
+    over_pts: list[np.ndarray] = []
+    for r, lops in lane_ops.items():
+        tr = np.flatnonzero(is_ar & (rank == r))
+        tlo, thi = _union(a_start[tr], end[tr])
+        blo, bhi = _union(new_start[lops], np.maximum(busy_hi[lops], new_start[lops]))
+        ov = _overlap_ns(new_start[lops], busy_hi[lops], tlo, thi)
+        work[lops] = (busy_hi[lops] - new_start[lops]) - keep_frac * ov
+        y[tr] = _isolated_transfer(a_start[tr], end[tr], blo, bhi, interference)
+        solo = _alone(a_start[tr], end[tr])
+        over_pts.append(np.stack([nbytes[tr][solo].astype(np.float64),
+                                  _overlap_ns(a_start[tr][solo], end[tr][solo], blo, bhi),
+                                  (end[tr] - a_start[tr])[solo].astype(np.float64)], axis=1))
+    alpha, inv_b, f = _fit_cpu(trace, is_ar, nbytes, y, ranks_per_node)
+    model_ns = np.asarray([alpha + row["bytes"] * f * inv_b for row in new_rows])
+    t, new_ids, keep = _assemble_cpu(trace, is_ar, new_rows, ready_edges, wait_edges,
+                                     new_start, fold, compute)
+    n_new = len(new_rows)
+    pad = lambda a, v: np.concatenate([a[keep], np.full(n_new, v, a.dtype)])  # noqa: E731
+    cpu = CpuModel(work_ns=pad(work, np.nan), compute=pad(compute, False),
+                   cpu_rank=pad(cpu_rank, True), interference=float(interference))
+    info = {"buckets_before": int(is_ar.sum()), "buckets_after": n_new, "alpha_ns": alpha,
+            "busbw_gbps": 1.0 / inv_b if inv_b > 0 else float("inf"),
+            "bucket_mb": float(bucket_mb), "interference": float(interference),
+            "interference_fit": _fit_interference(np.concatenate(over_pts)),
+            "model": "cpu-ddp"}
+    return t, new_ids, model_ns, info, cpu
+
+
+def _fit_cpu(trace, is_ar, nbytes, y, ranks_per_node):
+    """Alpha-beta fit ``t = a + S f / B`` of the old buckets' isolated transfer times."""
+    idx = np.flatnonzero(is_ar & (y > 0))
+    if len(idx) == 0:
+        raise PolicyError("overlap.bucket_mb: no measured all-reduce has a positive transfer "
+                          "time to calibrate the re-bucketed transfers on")
+    coll = trace.ops["coll_id"].to_numpy()
+    n = max(2, int(np.median(pd.Series(coll[idx]).map(pd.Series(coll[idx]).value_counts()))))
+    f = float(bus_factor(np.array([CommOp.ALL_REDUCE]), np.array([n]))[0])
+    x = nbytes[idx].astype(np.float64) * f
+    ys = y[idx]
+    alpha = 2 * (n - 1) * GLOO_STEP_US * 1e3
+    if len(np.unique(x)) >= 3 and x.max() >= 1.5 * x.min():
+        sol, *_ = np.linalg.lstsq(np.stack([np.ones(len(x)), x], axis=1), ys, rcond=None)
+        if sol[0] >= 0 and sol[1] > 0:
+            return float(sol[0]), float(sol[1]), f
+    inv_b = float(np.maximum(ys - alpha, 0.0).sum() / x.sum())  # the total, not a median
+    return alpha, inv_b, f
+
+
+def _assemble_cpu(trace, is_ar, new_rows, ready_edges, wait_edges, new_start, fold, compute):
+    o = trace.ops
+    keep = np.flatnonzero(~is_ar)
+    n_keep = len(keep)
+    new_id = np.full(len(o), -1, np.int64)
+    new_id[keep] = np.arange(n_keep)
+    kept = o.iloc[keep].copy()
+    kept["start_ns"] = new_start[keep]
+    kept["dur_ns"] = o["dur_ns"].to_numpy()[keep] + fold[keep]
+    first_ar = int(np.flatnonzero(is_ar)[0])
+    add = pd.DataFrame({c: np.repeat(o[c].to_numpy()[first_ar:first_ar + 1], len(new_rows))
+                        for c in o.columns})
+    for c in ("rank", "lane", "start_ns", "dur_ns", "step", "bytes", "group_id", "coll_id"):
+        add[c] = np.asarray([row[c] for row in new_rows]).astype(o[c].dtype)
+    add["phase"] = np.int8(Phase.BWD)
+    ops = pd.concat([kept, add[list(o.columns)]], ignore_index=True)
+    ops["op_id"] = np.arange(len(ops), dtype=np.int64)
+    e = trace.edges
+    esrc, edst = e["src"].to_numpy(), e["dst"].to_numpy()
+    ok = ~is_ar[esrc] & ~is_ar[edst]
+    lag = e["lag_ns"].to_numpy().copy()
+    # a training-thread gap is now inside the later op (compute) or a wait on a new bucket
+    lane = o["lane"].to_numpy()
+    same = compute[edst] & (lane[esrc] == lane[edst])
+    lag[same] = 0
+    src = [new_id[esrc[ok]]]
+    dst = [new_id[edst[ok]]]
+    kinds = [e["kind"].to_numpy()[ok]]
+    lags = [lag[ok]]
+    if ready_edges:
+        rs, rd = np.asarray(ready_edges, np.int64).T
+        src.append(new_id[rs])
+        dst.append(n_keep + rd)
+        kinds.append(np.full(len(rs), int(EdgeKind.DATA), np.int8))
+        lags.append(np.zeros(len(rs), np.int64))
+    if wait_edges:
+        ws, wd = np.asarray(wait_edges, np.int64).T
+        src.append(n_keep + ws)
+        dst.append(new_id[wd])
+        kinds.append(np.full(len(ws), int(EdgeKind.SYNC), np.int8))
+        lags.append(np.zeros(len(ws), np.int64))
+    edges = pd.DataFrame({"src": np.concatenate(src).astype(np.int64),
+                          "dst": np.concatenate(dst).astype(np.int64),
+                          "kind": np.concatenate(kinds).astype(np.int8),
+                          "lag_ns": np.concatenate(lags).astype(np.int64)})
+    t = Trace(ops=ops, lanes=trace.lanes, edges=edges, ranges=trace.ranges, groups=trace.groups,
+              memory=trace.memory, strings=trace.strings, meta=dict(trace.meta))
+    return t, np.arange(n_keep, len(ops), dtype=np.int64), keep
