@@ -22,8 +22,9 @@ The engine-bound scenarios scale compute and communication durations (``hardware
 compute_speedup`` x ``network.comm_speedup``) on a graph built once per worker, which is
 what a what-if that only re-times ops costs. Run on 2 cores:
 ``taskset -c 0,1 python bench/sweep.py [--ops 1e6] [--scenarios 1000] [--whatif 3]``;
-real policies: ``python bench/sweep.py --only-real --real 1000 [--real-sample-only]
-[--network-cached]``.
+real policies: ``python bench/sweep.py --only-real --real 1000 [--real-sample-only]``
+(each worker re-synthesizes a network setting once: replay.sweep groups the scenarios by
+it and SynthSpec.synthesize reuses the run).
 """
 
 from __future__ import annotations
@@ -92,30 +93,7 @@ def policy_grid(n: int = 1000) -> list[dict]:
     return out[:n]
 
 
-_RESYNTH: dict = {}
-
-
-def network_cached_run(trace, scenario):
-    """``replay.whatif`` with the network part of the scenario applied once per distinct
-    network setting (per worker): the re-synthesized trace of ``whatif(trace, network
-    keys).to_trace()`` is kept (one at a time) and the other keys are applied to it.
-    Valid where a network change re-synthesizes (synthesized runs); :func:`real_sweep`
-    checks rows against plain ``whatif`` on a sample before timing it."""
-    from replay import whatif
-
-    net = {k: v for k, v in scenario.items() if k.startswith("network.")}
-    rest = {k: v for k, v in scenario.items() if k not in net}
-    if not net:
-        return whatif(trace, scenario)
-    key = (id(trace), tuple(sorted(net.items())))
-    t2 = _RESYNTH.get(key)
-    if t2 is None:
-        _RESYNTH.clear()  # one re-synthesized trace per worker at a time
-        t2 = _RESYNTH[key] = whatif(trace, net).to_trace()
-    return whatif(t2, rest)
-
-
-def real_sweep(tr, n: int, workers: int, sample_only: bool, cached: bool = False) -> None:
+def real_sweep(tr, n: int, workers: int, sample_only: bool) -> None:
     """Per-kind cost of real scenarios, then the sweep of ``n`` of them."""
     from replay import whatif
 
@@ -123,7 +101,8 @@ def real_sweep(tr, n: int, workers: int, sample_only: bool, cached: bool = False
         "compute only": {"hardware.compute_speedup": 1.4},
         "overlap serial": {"overlap.mode": "serial"},
         "overlap interference": {"overlap.interference": 0.5},
-        "network (re-synthesizes)": {"network.inter_node_gbps": 25.0},
+        # best of 2: the second call reuses the re-synthesized run (SynthSpec.synthesize)
+        "network (re-synthesized run reused)": {"network.inter_node_gbps": 25.0},
         "all three": {"hardware.compute_speedup": 1.4, "network.inter_node_gbps": 25.0,
                       "overlap.interference": 0.5},
     }
@@ -144,28 +123,15 @@ def real_sweep(tr, n: int, workers: int, sample_only: bool, cached: bool = False
         return
     from replay.sweep import SweepInterrupted
 
-    run = None
-    if cached:
-        # network outermost, so each worker meets one network setting after another
-        scs = sorted(scs, key=lambda s: NETWORK_GBPS.index(s["network.inter_node_gbps"]))
-        sample = [s for i, s in enumerate(scs) if i % 97 == 5][:10]
-        a = sweep(tr, sample, workers=1)
-        b = sweep(tr, sample, run=network_cached_run, workers=1)
-        print(f"  network-cached run vs plain whatif on {len(sample)} sampled scenarios: rows "
-              f"equal: {a.equals(b)}")
-        sys.path.insert(0, str(ROOT / "bench"))
-        import sweep as this  # noqa: PLC0415  importable by name on the workers
-
-        run = this.network_cached_run
     t, c = time.perf_counter(), time.process_time()
     try:
-        df = sweep(tr, scs, run=run, workers=workers)
+        df = sweep(tr, scs, workers=workers)
         done = len(df)
     except SweepInterrupted as exc:  # Ctrl-C / timeout -s INT: report the finished rows
         df, done = exc.frame, len(exc.frame)
     wall = time.perf_counter() - t
     errs = int(df["error"].notna().sum())
-    print(f"sweep of {done}/{len(scs)} real scenarios{' (network-cached)' if cached else ''}, "
+    print(f"sweep of {done}/{len(scs)} real scenarios, "
           f"workers={workers}: {wall:.0f} s wall "
           f"({done / wall:.2f} scenarios/s; parent CPU {time.process_time() - c:.0f} s), "
           f"{errs} error row(s)")
@@ -197,9 +163,6 @@ def main() -> None:
                     help="time each kind of real scenario, do not run the whole sweep")
     ap.add_argument("--only-real", action="store_true",
                     help="skip the engine-bound sweeps")
-    ap.add_argument("--network-cached", action="store_true",
-                    help="real sweep with network_cached_run (one re-synthesis per network "
-                         "setting and worker)")
     a = ap.parse_args()
     cores = len(os.sched_getaffinity(0))
     print(f"cores available: {cores}")
@@ -208,7 +171,7 @@ def main() -> None:
     print(f"trace: {tr.n_ops:,} ops, {len(tr.edges):,} edges, {tr.world_size} ranks "
           f"(synthesized in {time.perf_counter() - t:.1f} s)")
     if a.only_real:
-        real_sweep(tr, a.real or 1000, a.real_workers, a.real_sample_only, a.network_cached)
+        real_sweep(tr, a.real or 1000, a.real_workers, a.real_sample_only)
         return
     t = time.perf_counter()
     res = scaled_run(tr, {})  # builds the graph, warms the kernels
@@ -280,7 +243,7 @@ def main() -> None:
               f"(builds the replay graph each call: {len(scs)} would take "
               f"~{np.mean(ts) * len(scs) / 2:.0f} s on 2 workers)")
     if a.real:
-        real_sweep(tr, a.real, a.real_workers, a.real_sample_only, a.network_cached)
+        real_sweep(tr, a.real, a.real_workers, a.real_sample_only)
 
 
 if __name__ == "__main__":
