@@ -1,4 +1,4 @@
-"""Caching what-ifs: FCDP host cache, keep-gathered-parameters, activation recompute.
+"""Caching what-ifs: FCDP host cache, keep-gathered-parameters, activation recompute, offload.
 
 * ``fcdp`` (fully cached data parallel, arXiv 2602.06499): ZeRO-3 gathers every layer's
   parameters across nodes twice per step (forward and backward). FCDP keeps the
@@ -10,8 +10,8 @@
   ``meta["memory"]["host_cache_bytes"]``).
 * ``keep_params``: keep the forward-gathered parameters in GPU memory (no backward gather at
   all); GPU memory grows by the unsharded parameters of the stage minus its shard.
-* ``recompute``: ``none`` | ``selective`` | ``full`` (re-synthesized: recompute kernels and
-  activation memory change together).
+* ``recompute``: ``none`` | ``selective`` | ``full`` (on a synthesized run: re-synthesized,
+  recompute kernels and activation memory change together).
 * ``offload_optimizer``: ZeRO-Offload style: fp32 master weights and Adam moments live in
   host memory and the Adam step runs on the CPU. Per step each GPU sends its gradient shard
   to the host and receives updated 16-bit parameters (``2 + 2`` bytes per parameter over
@@ -24,8 +24,27 @@
   activation bytes per micro-batch) in forward and in backward, and GPU memory keeps two
   layers' activations instead of all in-flight ones.
 
-All three need a synthesized run (the layer sizes and the ZeRO-3 gathers are known there);
-on a measured trace they raise PolicyError.
+Which keys work on which traces, and why:
+
+* **Synthesized runs** (``meta["synth"]``): every key above. The layer sizes, the ZeRO-3
+  gathers and the optimizer / activation bytes are known there.
+* **Measured traces** (:mod:`replay.policies.caching_real`):
+
+  - op-level Megatron timelines (measured, or re-laid out by ``parallel.*``):
+    ``recompute=full`` re-runs each backward's own measured forward before it (the engine
+    propagates it through the pipeline schedule); ``recompute=none`` undoes that on a trace
+    whose backward/forward ratio shows it already recomputes; ``selective`` is refused (the
+    attention core's share of a forward is not in the trace). Memory: unknown (no tensor
+    sizes).
+  - Kineto traces of a model with non-reentrant ``torch.utils.checkpoint``, recorded with
+    Python stacks: ``recompute=none`` removes the checkpoint frames' host time (the
+    ``recompute_fn`` re-running each segment's forward, the saved-tensor hooks) and the
+    kernels they launched; memory from ``[memory]`` events when present, else unknown.
+    ``full`` / ``selective`` are refused (which forward ops to re-run is not in a trace).
+  - ``fcdp`` / ``keep_params``: refused, no shared real trace has ZeRO-3/FSDP per-layer
+    parameter all-gathers (the error says so); ``offload_activations`` /
+    ``offload_optimizer``: refused, a measured trace has no per-layer activation bytes /
+    optimizer state sizes (the error names them).
 """
 
 from __future__ import annotations
@@ -72,23 +91,15 @@ class Cache(Policy):
         check_positive("cache", "pcie_gbps", self.pcie_gbps)
         check_positive("cache", "host_gbps", self.host_gbps)
 
-    def _need_synth(self, state: WhatIfState, what: str) -> None:
-        if not state.is_synth:
-            raise PolicyError(f"cache.{what} needs a synthesized run (layer sizes and ZeRO-3 "
-                              "gathers); this trace is measured (no meta['synth']): "
-                              "synthesize the job with `retime synth` first")
-
     def configure(self, state: WhatIfState) -> None:
+        if not state.is_synth:
+            from .caching_real import configure_measured
+            configure_measured(self, state)
+            return
         if self.recompute is not None:
-            self._need_synth(state, "recompute")
             state.synth.set_parallel(recompute=self.recompute)
-        if self.offload_optimizer:
-            self._need_synth(state, "offload_optimizer")
-        if self.offload_activations:
-            self._need_synth(state, "offload_activations")
         if self.fcdp or self.keep_params:
             what = "fcdp" if self.fcdp else "keep_params"
-            self._need_synth(state, what)
             p = state.synth.parallel
             if not (p.get("zero") == 3 or p.get("fsdp")):
                 raise PolicyError(f"cache.{what} caches ZeRO-3 gathered parameters but the run "
@@ -99,6 +110,10 @@ class Cache(Policy):
                                   "so ZeRO-3 gathers nothing")
 
     def apply(self, state: WhatIfState) -> None:
+        if not state.is_synth:
+            from .caching_real import apply_measured
+            state.applied.append(self.describe() | apply_measured(self, state))
+            return
         if self.fcdp or self.keep_params:
             self._rebuild_backward_gathers(state)
         if self.offload_optimizer:

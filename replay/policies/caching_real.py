@@ -1,0 +1,390 @@
+"""Caching what-ifs on measured (ingested) traces: what each trace format can support.
+
+:class:`~replay.policies.caching.Cache` calls :func:`configure_measured` /
+:func:`apply_measured` when the trace is not synthesized. What is modeled, per format:
+
+* **Op-level timelines** (Megatron timers, ``meta["source_format"] == "oplevel"``, measured
+  or re-laid out by ``parallel.*``): one ``forward-compute`` / ``backward-compute`` op per
+  (rank, step, micro-batch, model chunk). ``cache.recompute=full`` precedes every
+  backward-compute by a re-run of *its own* forward (the forward op of the same rank, step,
+  micro-batch and chunk, at its measured — or policy-modified — duration): Megatron times
+  the recompute inside its backward timer, so the backward op grows by that forward. The
+  engine replays the pipeline's dependencies, so the extra time propagates through the
+  schedule (with uniform ``F`` per virtual stage, a 1F1B / GPipe step grows by
+  ``(m + p - 1) * F``, an interleaved one by ``(m * v + p - 1) * F`` per chunk).
+  Whether the trace already recomputes is not recorded; it is inferred from the median
+  backward / forward ratio of the matched pairs (about 2 without recompute: a backward does
+  twice a forward's FLOPs; about 3 with full recompute), threshold 2.5. ``full`` on a trace
+  that already recomputes and ``none`` on one that does not change nothing (said in the
+  result); ``none`` on a recomputing trace subtracts the forward from each backward.
+  ``selective`` needs the attention-core share of a forward, which an op-level trace does
+  not have (PolicyError). Memory: the trace has no tensor sizes, so the activation memory
+  change is reported as unknown.
+* **Kineto traces** of a model with non-reentrant activation checkpointing
+  (``torch.utils.checkpoint``, recorded with ``with_stack=True``, so the Python frames
+  ``torch/utils/checkpoint.py(N): recompute_fn`` / ``pack_hook`` / ``unpack_hook`` are in
+  the trace's ranges): ``cache.recompute=none`` removes what checkpointing added: the host
+  time inside the checkpoint's saved-tensor hooks (``unpack_hook`` spans, which hold the
+  ``recompute_fn`` re-running the segment's forward, and the forward ``pack_hook`` spans),
+  and the GPU kernels / copies launched from them. Removed ops keep their dependencies with
+  zero duration, lag and delay, and the measured gaps between host ops lose the part that
+  lay inside a removed span, so the rest of the thread runs that much earlier where the host
+  bounds the step; the engine replays the GPU streams and collectives, so the step shrinks
+  by at most the removed host span plus the removed GPU time. Memory: the activations that
+  checkpointing freed are estimated from ``[memory]`` events when the trace has them;
+  otherwise (e.g. the shared MI300X ResNet trace) the change is reported as unknown.
+  ``full`` / ``selective`` on a Kineto trace: which forward ops a recompute would re-run,
+  and where in the backward, is not in a trace without checkpointing (PolicyError).
+* Everything else on a measured trace raises PolicyError naming what is missing:
+  ``fcdp`` / ``keep_params`` need ZeRO-3 / FSDP per-layer parameter all-gathers (none of
+  the shared real traces has them; an op-level ``params-all-gather`` is the distributed
+  optimizer's once-per-step gather), ``offload_activations`` needs each layer's saved
+  activation bytes, ``offload_optimizer`` the optimizer state's bytes per rank.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from collectors.enums import CommOp, EdgeKind, OpKind, Phase
+from collectors.errors import PolicyError
+
+from .base import WhatIfState, by_op, layout_of
+
+if TYPE_CHECKING:
+    from .caching import Cache
+
+__all__ = ["configure_measured", "apply_measured", "checkpoint_spans", "RECOMPUTE_RATIO"]
+
+#: backward / forward ratio above which an op-level trace is taken to recompute already
+RECOMPUTE_RATIO = 2.5
+_CKPT_HOOK = re.compile(r"torch/utils/checkpoint\.py\(\d+\): (unpack_hook|pack_hook)$")
+#: lag of a voided edge: the constraint ``dst.start >= src.end + lag`` never binds
+_VOID_LAG_NS = -(1 << 62)
+_CKPT_RECOMPUTE = re.compile(r"torch/utils/checkpoint\.py\(\d+\): recompute_fn$")
+
+
+def _fmt(state: WhatIfState) -> str:
+    m = state.trace.meta if isinstance(state.trace.meta, dict) else {}
+    return str(m.get("source_format") or "unknown")
+
+
+def configure_measured(cache: Cache, state: WhatIfState) -> None:
+    """Phase 1 on a measured trace: refuse what the trace lacks the information for."""
+    fmt = _fmt(state)
+    if cache.fcdp or cache.keep_params:
+        what = "fcdp" if cache.fcdp else "keep_params"
+        raise PolicyError(f"cache.{what} on a measured ({fmt}) trace: " + _gather_gap(state)
+                          + "; FCDP / keep_params re-time ZeRO-3 gathers: synthesize the job "
+                          "with `retime synth --zero 3` (or --fsdp) and apply it there")
+    if cache.offload_activations:
+        raise PolicyError(
+            f"cache.offload_activations on a measured ({fmt}) trace: the offload time is each "
+            "layer's saved activation bytes over PCIe, but the trace has no per-layer "
+            "activation sizes (" + ("an op-level trace has no tensor sizes" if fmt == "oplevel"
+                                    else "no layer attribution of [memory] allocations")
+            + "); synthesize the job with `retime synth` and apply it there")
+    if cache.offload_optimizer:
+        raise PolicyError(
+            f"cache.offload_optimizer on a measured ({fmt}) trace: the host Adam step and the "
+            "PCIe traffic scale with the optimizer state's bytes per rank, which the trace "
+            "does not record (no parameter count or optimizer state sizes); synthesize the "
+            "job with `retime synth` and apply it there")
+    if cache.recompute is None:
+        return
+    if fmt == "oplevel":
+        if cache.recompute == "selective":
+            raise PolicyError(
+                "cache.recompute=selective on an op-level trace: selective recompute re-runs "
+                "only the attention core (QK^T, softmax, dropout, AV), but the trace has one "
+                "forward-compute op per micro-batch and chunk, without the attention core's "
+                "share of it; use cache.recompute=full, or a kernel-level trace / `retime synth`")
+        return
+    if fmt in ("kineto", "nsys"):
+        if cache.recompute != "none":
+            raise PolicyError(
+                f"cache.recompute={cache.recompute} on a measured {fmt} trace: which forward "
+                "ops a recompute re-runs, and where in the backward, is not in a trace; only "
+                "cache.recompute=none is supported (it removes the trace's own activation-"
+                "checkpoint recompute); synthesize the job with `retime synth` for "
+                f"{cache.recompute} recompute")
+        return
+    raise PolicyError(f"cache.recompute on a {fmt} trace: neither op-level forward/backward "
+                      "compute ops nor Kineto checkpoint frames to work from")
+
+
+def _gather_gap(state: WhatIfState) -> str:
+    """Why a measured trace has nothing for FCDP / keep_params to cache."""
+    t = state.trace
+    if _fmt(state) == "oplevel":
+        return ("the trace has no ZeRO-3/FSDP parameter all-gathers (its params-all-gather "
+                "is the distributed optimizer's once-per-step gather of updated parameters, "
+                "not a per-layer gather in forward and backward)")
+    o = t.ops
+    ag = (o["comm_op"].to_numpy() == CommOp.ALL_GATHER) & np.isin(
+        o["kind"].to_numpy(), [OpKind.COLLECTIVE, OpKind.KERNEL])
+    ph = o["phase"].to_numpy()
+    if not (ag & (ph == Phase.FWD)).any() or not (ag & (ph == Phase.BWD)).any():
+        return ("the trace has no ZeRO-3/FSDP parameter all-gathers (no all-gather in both "
+                "the forward and the backward phase)")
+    return ("the trace has all-gathers in forward and backward, but their per-layer parameter "
+            "bytes and node placement are not modeled on measured traces yet")
+
+
+def apply_measured(cache: Cache, state: WhatIfState) -> dict[str, Any]:
+    """Phase 2 on a measured trace; returns the effect recorded in the scenario entry."""
+    if cache.recompute is None:
+        return {}
+    if _fmt(state) == "oplevel":
+        return _recompute_oplevel(state, cache.recompute)
+    return _uncheckpoint_kineto(state)
+
+
+# ---------------------------------------------------------------------------- op-level
+def forward_of_backward(trace) -> tuple[np.ndarray, np.ndarray]:
+    """(backward-compute op ids, the forward-compute op id of each): the forward of the same
+    rank, step, micro-batch and model chunk. PolicyError when one has no forward."""
+    o = trace.ops
+    names = trace.names().astype(str)
+    key = np.stack([o[c].to_numpy().astype(np.int64) for c in
+                    ("rank", "step", "microbatch", "chunk")], axis=1)
+    fw = np.flatnonzero(names == "forward-compute")
+    bw = np.flatnonzero(names == "backward-compute")
+    if len(bw) == 0 or len(fw) == 0:
+        raise PolicyError("cache.recompute on an op-level trace without forward-compute / "
+                          "backward-compute ops: nothing to recompute")
+    kf = {tuple(k): int(i) for k, i in zip(key[fw].tolist(), fw.tolist(), strict=True)}
+    match = np.asarray([kf.get(tuple(k), -1) for k in key[bw].tolist()], np.int64)
+    if (match < 0).any():
+        i = int(bw[np.flatnonzero(match < 0)[0]])
+        r, s, mb, c = key[i].tolist()
+        raise PolicyError(f"cache.recompute: backward-compute op {i} (rank {r}, step {s}, "
+                          f"micro-batch {mb}, chunk {c}) has no forward-compute op of the same "
+                          "rank, step, micro-batch and chunk; its recompute time is unknown")
+    return bw, match
+
+
+def _recompute_oplevel(state: WhatIfState, mode: str) -> dict[str, Any]:
+    bw, fw = forward_of_backward(state.trace)
+    meas = state.trace.ops["dur_ns"].to_numpy().astype(np.float64)
+    pos = (meas[fw] > 0) & (meas[bw] > 0)
+    ratio = float(np.median(meas[bw][pos] / meas[fw][pos])) if pos.any() else float("nan")
+    already = bool(ratio >= RECOMPUTE_RATIO)
+    eff: dict[str, Any] = {
+        "trace": "oplevel", "backward_ops": int(len(bw)),
+        "backward_forward_ratio": round(ratio, 3),
+        "trace_recompute": "full" if already else "none",
+        "memory": "unknown: an op-level trace has no tensor sizes (activation memory not "
+                  "modeled)"}
+    add = state.dur[fw].copy()
+    if mode == "full" and not already:
+        state.dur[bw] += add
+        eff["added_ns"] = int(round(add.sum()))
+    elif mode == "none" and already:
+        cut = np.minimum(add, state.dur[bw])
+        state.dur[bw] -= cut
+        eff["removed_ns"] = int(round(cut.sum()))
+    else:
+        eff["unchanged"] = (f"the trace already runs recompute={mode} (median backward / "
+                            f"forward = {ratio:.2f}; threshold {RECOMPUTE_RATIO})")
+    return eff
+
+
+# ---------------------------------------------------------------------------- Kineto
+def checkpoint_spans(trace) -> dict[str, Any]:
+    """Host spans of activation checkpointing in a Kineto trace (non-reentrant
+    ``torch.utils.checkpoint`` with Python stacks).
+
+    Returns
+    -------
+    dict
+        ``spans``: {(rank, lane): (start_ns int64[k], end_ns int64[k])}, the merged
+        ``pack_hook`` / ``unpack_hook`` / ``recompute_fn`` frames per host thread;
+        ``recompute``: the same for ``recompute_fn`` frames only; ``n_recompute``: number of
+        ``recompute_fn`` frames.
+    """
+    names = np.asarray(trace.strings, dtype=object)
+    hook = np.asarray([bool(_CKPT_HOOK.search(str(s))) for s in names])
+    rec = np.asarray([bool(_CKPT_RECOMPUTE.search(str(s))) for s in names])
+    r = trace.ranges
+    o = trace.ops
+    parts = []
+    for frame, e_col in ((r, "end_ns"), (o, None)):
+        nid = frame["name_id"].to_numpy()
+        s = frame["start_ns"].to_numpy().astype(np.int64)
+        e = frame[e_col].to_numpy().astype(np.int64) if e_col else \
+            s + frame["dur_ns"].to_numpy().astype(np.int64)
+        parts.append((frame["rank"].to_numpy(), frame["lane"].to_numpy(), s, e, hook[nid] | rec[nid],
+                      rec[nid]))
+    out: dict[str, Any] = {"spans": {}, "recompute": {}, "n_recompute": 0}
+    for which, col in (("spans", 4), ("recompute", 5)):
+        rk = np.concatenate([p[0][p[col]] for p in parts])
+        ln = np.concatenate([p[1][p[col]] for p in parts])
+        s = np.concatenate([p[2][p[col]] for p in parts])
+        e = np.concatenate([p[3][p[col]] for p in parts])
+        if which == "recompute":
+            out["n_recompute"] = int(len(s))
+        for key in sorted({(int(a), int(b)) for a, b in zip(rk, ln, strict=True)}):
+            m = (rk == key[0]) & (ln == key[1])
+            out[which][key] = _merge(s[m], e[m])
+    return out
+
+
+def _merge(s: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Union of intervals [s, e) as sorted disjoint arrays."""
+    o = np.argsort(s, kind="stable")
+    s, e = s[o], e[o]
+    if len(s) == 0:
+        return s, e
+    run_end = np.maximum.accumulate(e)
+    new = np.ones(len(s), bool)
+    new[1:] = s[1:] > run_end[:-1]
+    grp = np.cumsum(new) - 1
+    ms = s[new]
+    me = np.zeros(len(ms), np.int64)
+    np.maximum.at(me, grp, e)
+    return ms, me
+
+
+def _covered(starts: np.ndarray, ends: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """Measure of the union of disjoint sorted [starts, ends) up to each time ``t``."""
+    if len(starts) == 0:
+        return np.zeros(len(t), np.int64)
+    cum = np.concatenate([[0], np.cumsum(ends - starts)])
+    k = np.searchsorted(starts, t, side="right")  # spans starting at or before t
+    full = cum[np.maximum(k - 1, 0)]
+    last = np.where(k > 0, np.minimum(t, ends[np.maximum(k - 1, 0)]) - starts[np.maximum(k - 1, 0)], 0)
+    return np.where(k > 0, full + np.maximum(last, 0), 0)
+
+
+def _uncheckpoint_kineto(state: WhatIfState) -> dict[str, Any]:
+    t = state.trace
+    cs = checkpoint_spans(t)
+    if cs["n_recompute"] == 0:
+        raise PolicyError(
+            "cache.recompute=none: the trace shows no activation-checkpoint recompute (no "
+            "'torch/utils/checkpoint.py(N): recompute_fn' Python frame); it needs a trace of a "
+            "model using torch.utils.checkpoint (non-reentrant), recorded with "
+            "torch.profiler.profile(with_stack=True)")
+    o = t.ops
+    n = len(o)
+    rank = o["rank"].to_numpy()
+    lane = o["lane"].to_numpy()
+    kind = o["kind"].to_numpy()
+    s = o["start_ns"].to_numpy().astype(np.int64)
+    e = s + o["dur_ns"].to_numpy().astype(np.int64)
+    host = np.isin(kind, [OpKind.CPU_OP, OpKind.RUNTIME])
+    gone = np.zeros(n, bool)
+    in_rec = np.zeros(n, bool)
+    host_span_ns = rec_span_ns = 0
+    for (r, ln), (ss, se) in cs["spans"].items():
+        on = np.flatnonzero(host & (rank == r) & (lane == ln))
+        k = np.searchsorted(ss, s[on], side="right") - 1
+        ok = k >= 0
+        ok[ok] = e[on][ok] <= se[k[ok]]
+        gone[on[ok]] = True
+        host_span_ns += int((se - ss).sum())
+        rs, re_ = cs["recompute"].get((r, ln), (np.zeros(0, np.int64),) * 2)
+        rec_span_ns += int((re_ - rs).sum())
+        k = np.searchsorted(rs, s[on], side="right") - 1
+        ok = k >= 0
+        ok[ok] = e[on][ok] <= re_[k[ok]]
+        in_rec[on[ok]] = True
+    ed = t.edges
+    src = ed["src"].to_numpy()
+    dst = ed["dst"].to_numpy()
+    launch = (ed["kind"].to_numpy() == EdgeKind.LAUNCH) & gone[src] & ~host[dst]
+    coll = o["coll_id"].to_numpy() >= 0
+    gpu = np.zeros(n, bool)
+    gpu[dst[launch]] = True
+    kept_coll = int((gpu & coll).sum())
+    gpu &= ~coll  # a collective member cannot leave its rendezvous
+    gpu_rec = np.zeros(n, bool)
+    gpu_rec[dst[launch & in_rec[src]]] = True
+    gpu_rec &= gpu
+    gone |= gpu
+    _drop_ops(state, gone, cs["spans"], host, rank, lane, s, e)
+    gdur = o["dur_ns"].to_numpy()
+    eff: dict[str, Any] = {
+        "trace": "kineto", "checkpoint_segments": cs["n_recompute"],
+        "removed_host_ops": int((gone & host).sum()), "removed_gpu_ops": int(gpu.sum()),
+        "removed_host_span_ns": host_span_ns, "recompute_host_span_ns": rec_span_ns,
+        "removed_gpu_ns": int(gdur[gpu].sum()), "recompute_gpu_ops": int(gpu_rec.sum()),
+        "recompute_gpu_ns": int(gdur[gpu_rec].sum())}
+    if kept_coll:
+        eff["kept_collectives"] = kept_coll
+    eff.update(_checkpoint_memory(t, cs))
+    return eff
+
+
+def _drop_ops(state: WhatIfState, gone: np.ndarray, spans: dict, host: np.ndarray,
+              rank: np.ndarray, lane: np.ndarray, s: np.ndarray, e: np.ndarray) -> None:
+    """Removed ops stay in the graph as zero-time pass-throughs (their dependencies kept, so
+    stream and thread order hold); the measured host gaps (HOST_ORDER lags after an op's end)
+    and release delays of every host op on a thread with removed spans lose exactly the part
+    that lay inside a removed span; GPU ops removed lose their delay and launch lag; a removed
+    host op no longer waits for another lane (such edges are voided)."""
+    import dataclasses
+    g = state.graph
+    state.dur[gone] = 0.0
+    lay_gone = layout_of(g, gone)
+    lag = g.pred_lag_ns.copy()
+    dst_l = np.repeat(np.arange(g.n_ops), np.diff(g.pred_ptr))
+    perm = g.perm.astype(np.int64)
+    s_op, d_op = perm[g.pred_src.astype(np.int64)], perm[dst_l]
+    same = host[s_op] & host[d_op] & (rank[s_op] == rank[d_op]) & (lane[s_op] == lane[d_op])
+    into = gone[d_op] & ~same
+    lag[into & ~host[d_op]] = 0  # launch lag of a removed kernel / copy
+    void = into & host[d_op]
+    lag[void] = _VOID_LAG_NS
+    g_pred_s2s = g.pred_s2s.copy()
+    g_pred_s2s[void] = False
+    cand = np.flatnonzero(same & ~g.pred_s2s & (lag > 0))
+    delay = g.delay_ns.copy()
+    delay[lay_gone & ~layout_of(g, host)] = 0
+    dly = by_op(g, "delay_ns")
+    for (r, ln), (ss, se) in spans.items():
+        c = cand[(rank[s_op[cand]] == r) & (lane[s_op[cand]] == ln)]
+        a = e[s_op[c]]
+        lag[c] -= _covered(ss, se, a + lag[c]) - _covered(ss, se, a)
+        on = np.flatnonzero(host & (rank == r) & (lane == ln) & (dly > 0))
+        cut = _covered(ss, se, s[on]) - _covered(ss, se, s[on] - dly[on])
+        delay[g.pos[on]] -= cut
+    ll = g.lane_lag_ns.copy()
+    ll[lay_gone & ~layout_of(g, host)] = 0
+    state.notes["cache_voided_edges"] = int(void.sum())
+    state.graph = dataclasses.replace(g, pred_lag_ns=lag, pred_s2s=g_pred_s2s,
+                                      delay_ns=np.maximum(delay, 0), lane_lag_ns=ll)
+
+
+def _checkpoint_memory(trace, cs: dict) -> dict[str, Any]:
+    """Activation memory checkpointing saved, from ``[memory]`` events: per recompute frame,
+    the bytes allocated inside it and still held at its end (the segment's activations a
+    non-checkpointed run keeps from forward to backward), summed over the frames of one step
+    (all segments' activations are alive at the start of the backward)."""
+    mem = trace.memory
+    if len(mem) == 0:
+        return {"memory": "unknown: the trace has no [memory] allocator events (record with "
+                          "torch.profiler.profile(profile_memory=True)); the activation memory "
+                          "checkpointing saved is not estimated",
+                "memory_delta_bytes": None}
+    ts = mem["ts_ns"].to_numpy()
+    dlt = mem["bytes_delta"].to_numpy()
+    mr = mem["rank"].to_numpy()
+    per_rank: dict[int, float] = {}
+    o = trace.ops
+    st = o["step"].to_numpy()
+    for (r, _ln), (ss, se) in cs["recompute"].items():
+        on = mr == r
+        cum = np.concatenate([[0], np.cumsum(dlt[on][np.argsort(ts[on], kind="stable")])])
+        tt = np.sort(ts[on])
+        held = cum[np.searchsorted(tt, se, side="right")] - cum[np.searchsorted(tt, ss, side="left")]
+        n_steps = max(1, len(np.unique(st[(o["rank"].to_numpy() == r) & (st >= 0)])))
+        per_rank[r] = per_rank.get(r, 0.0) + float(np.maximum(held, 0).sum()) / n_steps
+    worst = int(max(per_rank.values())) if per_rank else 0
+    return {"memory": "estimated from [memory] events: bytes allocated inside each recompute "
+                      "frame and still held at its end, summed over a step's segments",
+            "memory_delta_bytes": worst}
