@@ -162,3 +162,53 @@ def test_gloo_ddp_contention_model_is_consistent_with_the_measurement(gloo_ddp):
     assert info["busbw_gbps"] > 0 and info["alpha_ns"] >= 0
     # training-thread work never exceeds what was measured (the interference only adds)
     assert np.all(cpu.work_ns[cpu.compute] >= 0)
+
+
+def _with_sizes(t: Trace, sizes) -> Trace:
+    return Trace(ops=t.ops, lanes=t.lanes, edges=t.edges, ranges=t.ranges, groups=t.groups,
+                 memory=t.memory, strings=t.strings, meta=dict(t.meta, ddp_param_bytes=sizes))
+
+
+#: gradient bytes of 4 x Linear(512, 512) + Linear(512, 1) in model.parameters() order
+PARAM_BYTES = [512 * 512 * 4, 512 * 4] * 4 + [512 * 4, 4]
+
+
+@pytest.mark.torch
+@pytest.mark.skipif(not HAS_TORCH, reason="needs torch (retime[torch])")
+@pytest.mark.parametrize("cap_mib, want", [
+    # DDP's rule on the exact sizes in ready order (head bias 4 B, head weight 2 KiB, then
+    # each layer's bias 2 KiB and weight 1 MiB from the last layer back): a bucket closes
+    # once it holds >= the cap
+    (0.5, [4 + 2048 + 2048 + 2**20] + [2048 + 2**20] * 3),
+    (1.5, [4 + 2048 + 2 * (2048 + 2**20), 2 * (2048 + 2**20)]),
+    (3.0, [4 + 2048 + 3 * (2048 + 2**20), 2048 + 2**20]),
+    (100, [4 + 2048 + 4 * (2048 + 2**20)]),
+])
+def test_gloo_ddp_rebucketing_with_exact_parameter_sizes(gloo_ddp, cap_mib, want):
+    t = _with_sizes(gloo_ddp, PARAM_BYTES)
+    r = whatif(t, {"overlap.bucket_mb": _mib(cap_mib)})
+    got = _buckets(r.trace)
+    assert len(got) == len(_buckets(gloo_ddp))  # every (rank, step)
+    assert all(b == want for b in got)  # exact bytes, in issue order
+    from replay.policies.bucketing import rebucket_cpu
+    info = rebucket_cpu(t, _mib(cap_mib), 1.0)[3]
+    assert info["param_sizes"] == "exact sizes (reverse registration order)"
+    assert rebucket_cpu(gloo_ddp, _mib(cap_mib), 1.0)[3]["param_sizes"] == "copy times"
+
+
+@pytest.mark.torch
+@pytest.mark.skipif(not HAS_TORCH, reason="needs torch (retime[torch])")
+def test_gloo_ddp_exact_parameter_sizes_are_checked(gloo_ddp):
+    with pytest.raises(PolicyError, match="lists 9 parameter sizes but the trace's DDP "
+                                          "reducer copies 10"):
+        whatif(_with_sizes(gloo_ddp, PARAM_BYTES[:-1]), {"overlap.bucket_mb": 1})
+    bad = list(PARAM_BYTES)
+    bad[0] += 4  # the old 0.5 MiB buckets no longer add up
+    with pytest.raises(PolicyError, match="does not add up to the trace's gradient buckets"):
+        whatif(_with_sizes(gloo_ddp, bad), {"overlap.bucket_mb": 1})
+    with pytest.raises(PolicyError, match="must list integers"):
+        whatif(_with_sizes(gloo_ddp, ["a"] * 10), {"overlap.bucket_mb": 1})
+    # the order of the list does not matter where the copy times tell the sizes apart
+    mixed = _with_sizes(gloo_ddp, PARAM_BYTES[::-1])
+    r = whatif(mixed, {"overlap.bucket_mb": _mib(0.5)})
+    assert all(b == [4 + 2048 + 2048 + 2**20] + [2048 + 2**20] * 3 for b in _buckets(r.trace))

@@ -6,8 +6,16 @@ so :func:`rebucket_cpu` models parameters, not buckets:
 * parameters: the reducer's ``mul_out`` ranges of a step, in order (the copy of a gradient
   into its bucket: the gradient's ready time), each matched to its ``copy_bucket_to_grad``
   range after backward; a parameter belongs to the old bucket whose issue call follows it;
-  its size is the old bucket's bytes split in proportion to the median (over ranks and
-  steps) of its two copy times less the smallest (memory-bound copies: time ~ bytes);
+* parameter sizes: exact when the trace's ``meta["ddp_param_bytes"]`` lists the gradient
+  bytes of the model's parameters (``[p.numel() * p.element_size() for p in
+  model.parameters()]``: whoever captured the run has the model; the Kineto trace does not
+  keep the shapes of the reducer's ranges). They are matched to the ready order as DDP's
+  initial buckets are (reverse registration order), else by the rank of their copy times,
+  and accepted only if every old bucket's bytes are exactly the sum of its parameters';
+  otherwise a :class:`PolicyError` says so. Without the list, a parameter's size is its
+  old bucket's bytes split in proportion to the median (over ranks and steps) of its two
+  copy times less the smallest (memory-bound copies: time ~ bytes; a few-KB parameter
+  comes out tens of KB: the copies' fixed cost is not all removed);
 * new buckets by DDP's rule (``compute_bucket_assignment_by_size``, as in the rebuilt
   buckets after the first iteration): parameters in ready order join the open bucket, which
   closes once it holds ``>= bucket_mb`` bytes; no separate first-bucket cap (DDP applies
@@ -230,12 +238,58 @@ def rebucket_cpu(trace: Trace, bucket_mb: float, interference: float,
         + (v[3]["end_ns"].to_numpy() - v[3]["start_ns"].to_numpy()) for v in per.values()]),
         axis=0).astype(np.float64)
     weight = np.maximum(cost - cost.min(), 1e-3 * max(cost.max(), 1.0))
+    exact, source = _exact_sizes(trace, per, weight, issue_of, start, nbytes)
     return _build_cpu(trace, bucket_mb, interference, ranks_per_node, per, weight, issue,
-                      issue_of, floor_ns, a_start, is_ar)
+                      issue_of, floor_ns, a_start, is_ar, exact, source)
+
+
+def _bucket_of(ids: np.ndarray, rdy: pd.DataFrame, issue_of: dict, start: np.ndarray
+               ) -> np.ndarray:
+    """Old bucket index of each parameter of a (rank, step): the bucket whose issue call is
+    the first to start after the parameter's gradient was copied in."""
+    istart = np.asarray([start[issue_of[int(i)]] for i in ids])
+    return np.minimum(np.searchsorted(istart, rdy["end_ns"].to_numpy(), side="left"),
+                      len(ids) - 1)
+
+
+def _exact_sizes(trace: Trace, per: dict, weight: np.ndarray, issue_of: dict,
+                 start: np.ndarray, nbytes: np.ndarray) -> tuple[np.ndarray | None, str]:
+    """The parameters' exact bytes in ready order from ``meta["ddp_param_bytes"]``
+    (module docstring), or ``(None, "copy times")`` without that key."""
+    given = trace.meta.get("ddp_param_bytes")
+    if given is None:
+        return None, "copy times"
+    try:
+        sizes = np.asarray([int(x) for x in given], np.int64)
+    except (TypeError, ValueError) as exc:
+        raise PolicyError(f"overlap.bucket_mb: meta['ddp_param_bytes'] must list integers "
+                          f"(the gradient bytes of each parameter), got {given!r:.80}") from exc
+    n = len(weight)
+    if len(sizes) != n or (sizes < 0).any():
+        raise PolicyError(
+            f"overlap.bucket_mb: meta['ddp_param_bytes'] lists {len(sizes)} parameter sizes "
+            f"but the trace's DDP reducer copies {n} gradients per step; give the bytes of "
+            "every parameter DDP reduces ([p.numel() * p.element_size() for p in "
+            "model.parameters() if p.requires_grad]) or drop the key")
+    rank_order = np.empty(n, np.int64)
+    rank_order[np.argsort(weight, kind="stable")] = np.arange(n)
+    candidates = (("exact sizes (reverse registration order)", sizes[::-1]),
+                  ("exact sizes (matched by copy time)", np.sort(sizes)[rank_order]))
+    for source, cand in candidates:
+        if all(np.array_equal(np.bincount(_bucket_of(ids, rdy, issue_of, start), weights=cand,
+                                          minlength=len(ids)), nbytes[ids].astype(np.float64))
+               for ids, _m, rdy, _b in per.values()):
+            return cand.astype(np.float64), source
+    raise PolicyError(
+        "overlap.bucket_mb: meta['ddp_param_bytes'] does not add up to the trace's gradient "
+        "buckets (matched to the gradients in reverse registration order or by copy time, "
+        "some old bucket's bytes differ from the sum of its parameters'); check that the "
+        "list is the model's parameters that DDP reduces, or drop the key to estimate the "
+        "sizes from copy times")
 
 
 def _build_cpu(trace, bucket_mb, interference, ranks_per_node, per, weight, issue, issue_of,
-               floor_ns, a_start, is_ar):
+               floor_ns, a_start, is_ar, exact=None, source="copy times"):
     o = trace.ops
     rank = o["rank"].to_numpy()
     lane = o["lane"].to_numpy()
@@ -261,14 +315,14 @@ def _build_cpu(trace, bucket_mb, interference, ranks_per_node, per, weight, issu
         mo_end = rdy["end_ns"].to_numpy()
         cb_start = back["start_ns"].to_numpy()
         cb_end = back["end_ns"].to_numpy()
-        istart = np.asarray([start[issue_of[int(i)]] for i in ids])
-        k_of = np.minimum(np.searchsorted(istart, mo_end, side="left"), len(ids) - 1)
-        size = np.zeros(len(mo_end))
+        k_of = _bucket_of(ids, rdy, issue_of, start)
+        size = np.zeros(len(mo_end)) if exact is None else exact
         for k, i in enumerate(ids.tolist()):
             m = k_of == k
             if not m.any():
                 return None
-            size[m] = nbytes[i] * weight[m] / weight[m].sum()
+            if exact is None:
+                size[m] = nbytes[i] * weight[m] / weight[m].sum()
             # where the thread waited for old bucket k: the longest gap on the training
             # thread after backward (after the previous bucket's copies back) up to the
             # first op copying this bucket's first parameter back
@@ -355,7 +409,7 @@ def _build_cpu(trace, bucket_mb, interference, ranks_per_node, per, weight, issu
             "busbw_gbps": 1.0 / inv_b if inv_b > 0 else float("inf"),
             "bucket_mb": float(bucket_mb), "interference": float(interference),
             "interference_fit": _fit_interference(np.concatenate(over_pts)),
-            "model": "cpu-ddp"}
+            "param_sizes": source, "model": "cpu-ddp"}
     return t, new_ids, model_ns, info, cpu
 
 
