@@ -7,6 +7,9 @@
   removes exactly the checkpoint frames' host time and the kernels they launched (counted
   independently from the raw JSON), the backward thread runs earlier by exactly the removed
   span, the step shrinks by no more than what was removed;
+* H100 VGG13 (Kineto with [memory] events): ``cache.offload_activations`` adds exactly the
+  copy time its forward / backward GPU work cannot hide (activation bytes checked against
+  the raw JSON);
 * what a measured trace lacks is refused with the missing information named.
 """
 
@@ -147,7 +150,7 @@ def test_oplevel_refusals_name_what_is_missing(st):
         whatif(st, {"cache.fcdp": True})
     with pytest.raises(PolicyError, match="no ZeRO-3/FSDP parameter all-gathers"):
         whatif(st, {"cache.keep_params": True})
-    with pytest.raises(PolicyError, match="activation sizes"):
+    with pytest.raises(PolicyError, match="no tensor sizes"):
         whatif(st, {"cache.offload_activations": True})
     with pytest.raises(PolicyError, match="optimizer state"):
         whatif(st, {"cache.offload_optimizer": True})
@@ -240,11 +243,63 @@ def test_kineto_refusals_name_what_is_missing(mi):
         whatif(mi, {"cache.recompute": "full"})
     with pytest.raises(PolicyError, match="no ZeRO-3/FSDP parameter all-gathers"):
         whatif(mi, {"cache.fcdp": True})
-    with pytest.raises(PolicyError, match="activation"):
-        whatif(mi, {"cache.offload_activations": True})
     plain = read(sorted((TRACES / "kineto" / "a100-ddp-nccl").glob("*")))
     with pytest.raises(PolicyError, match="no activation-checkpoint recompute"):
         whatif(plain, {"cache.recompute": "none"})
+
+
+# ---------------------------------------------------------------------------- offload
+VGG = TRACES / "kineto" / "h100-vgg13" / "profiler_vgg13-iter41.json.gz"
+
+
+def _raw_forward_activations() -> tuple[int, int]:
+    """From the raw JSON: GPU bytes allocated between the first and the last host event named
+    *forward* (Total Allocated of the GPU [memory] samples), and the largest allocation."""
+    with gzip.open(VGG) as f:
+        ev = json.load(f)["traceEvents"]
+    fw = [e for e in ev if e.get("ph") == "X" and e.get("cat") in ("cpu_op", "user_annotation",
+                                                                     "python_function")
+          and re.search("forward", e["name"], re.I) and not re.search("backward", e["name"], re.I)]
+    hs, he = min(e["ts"] for e in fw), max(e["ts"] + e["dur"] for e in fw)
+    gm = sorted((e for e in ev if e.get("name") == "[memory]"
+                 and e["args"].get("Device Id", -1) >= 0), key=lambda e: e["ts"])
+    at = lambda t: [e for e in gm if e["ts"] <= t][-1]["args"]["Total Allocated"]  # noqa: E731
+    return at(he) - at(hs), max(e["args"]["Bytes"] for e in gm if hs <= e["ts"] <= he)
+
+
+def test_offload_activations_on_a_kineto_trace_with_memory_events():
+    t = read([VGG])
+    act, biggest = _raw_forward_activations()
+    assert act == 34_569_012_224  # VGG13 at a large batch: 34.6 GB of saved activations
+    base = whatif(t)
+    ph = t.ops["phase"].to_numpy()
+    gpu = t.ops["kind"].to_numpy() <= 2  # kernels, copies, memsets
+    dur = t.ops["dur_ns"].to_numpy()
+    t_f, t_b = int(dur[gpu & (ph == 0)].sum()), int(dur[gpu & (ph == 1)].sum())
+    steps = []
+    for gbps in (25.0, 64.0, 400.0):
+        res = whatif(t, {"cache.offload_activations": True, "cache.pcie_gbps": gbps})
+        eff = res.meta["scenario"][0]["offload"]
+        assert eff["activation_bytes"] == act and eff["largest_allocation_bytes"] == biggest
+        assert (eff["forward_gpu_ns"], eff["backward_gpu_ns"]) == (t_f, t_b)
+        copy = act / gbps
+        added = max(0.0, copy - t_f) + max(0.0, copy - t_b)
+        assert eff["added_ns"] == round(added)
+        # one GPU stream bounds this single-GPU step: it grows by exactly the unhidden copies
+        assert abs(res.step_time_ns - base.step_time_ns - added) <= 2
+        assert eff["memory_delta_bytes"] == -(act - 2 * biggest)
+        steps.append(res.step_time_ns)
+    assert steps[0] > steps[1] > steps[2] == base.step_time_ns  # 400 GB/s: fully hidden
+
+
+def test_offload_refusals_name_what_is_missing(mi):
+    with pytest.raises(PolicyError, match=r"no GPU \[memory\] allocator events"):
+        whatif(mi, {"cache.offload_activations": True})
+    v100 = read([TRACES / "kineto" / "v100-ddp-sgd"])  # memory events, but no forward phase
+    with pytest.raises(PolicyError, match="not attributed to a forward and a backward phase"):
+        whatif(v100, {"cache.offload_activations": True})
+    with pytest.raises(PolicyError, match="optimizer state"):
+        whatif(v100, {"cache.offload_optimizer": True})
 
 
 # ---------------------------------------------------------------------------- CLI

@@ -41,10 +41,13 @@ Which keys work on which traces, and why:
     ``recompute_fn`` re-running each segment's forward, the saved-tensor hooks) and the
     kernels they launched; memory from ``[memory]`` events when present, else unknown.
     ``full`` / ``selective`` are refused (which forward ops to re-run is not in a trace).
+  - Kineto traces with GPU ``[memory]`` events and forward / backward phases:
+    ``offload_activations`` (the bytes the forward leaves for the backward, over PCIe,
+    hidden behind each phase's GPU work; a lower bound without layers in the trace).
   - ``fcdp`` / ``keep_params``: refused, no shared real trace has ZeRO-3/FSDP per-layer
-    parameter all-gathers (the error says so); ``offload_activations`` /
-    ``offload_optimizer``: refused, a measured trace has no per-layer activation bytes /
-    optimizer state sizes (the error names them).
+    parameter all-gathers (the error says so); ``offload_optimizer``: refused, no trace
+    records the optimizer state's bytes; ``offload_activations`` without ``[memory]``
+    events or phases: refused (the error names which).
 """
 
 from __future__ import annotations

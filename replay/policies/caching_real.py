@@ -35,11 +35,20 @@
   otherwise (e.g. the shared MI300X ResNet trace) the change is reported as unknown.
   ``full`` / ``selective`` on a Kineto trace: which forward ops a recompute would re-run,
   and where in the backward, is not in a trace without checkpointing (PolicyError).
+* **Kineto traces with GPU ``[memory]`` events and forward / backward phases** (e.g. the
+  shared H100 VGG13 trace): ``cache.offload_activations`` sends what the forward leaves
+  allocated for the backward to host memory and back over PCIe, hidden behind each phase's
+  GPU work where it can be (:func:`_offload_activations_kineto` states the model; without
+  layers in the trace it is a lower bound on the time). Without those events or phases:
+  PolicyError naming which is missing.
 * Everything else on a measured trace raises PolicyError naming what is missing:
   ``fcdp`` / ``keep_params`` need ZeRO-3 / FSDP per-layer parameter all-gathers (none of
   the shared real traces has them; an op-level ``params-all-gather`` is the distributed
-  optimizer's once-per-step gather), ``offload_activations`` needs each layer's saved
-  activation bytes, ``offload_optimizer`` the optimizer state's bytes per rank.
+  optimizer's once-per-step gather), ``offload_optimizer`` the optimizer state's bytes per
+  rank (not recorded by any trace format).
+
+The effect of each what-if (what was added or removed, the memory estimate or why there is
+none) is recorded in the policy's entry of ``ReplayResult.meta["scenario"]``.
 """
 
 from __future__ import annotations
@@ -81,12 +90,12 @@ def configure_measured(cache: Cache, state: WhatIfState) -> None:
                           + "; FCDP / keep_params re-time ZeRO-3 gathers: synthesize the job "
                           "with `retime synth --zero 3` (or --fsdp) and apply it there")
     if cache.offload_activations:
-        raise PolicyError(
-            f"cache.offload_activations on a measured ({fmt}) trace: the offload time is each "
-            "layer's saved activation bytes over PCIe, but the trace has no per-layer "
-            "activation sizes (" + ("an op-level trace has no tensor sizes" if fmt == "oplevel"
-                                    else "no layer attribution of [memory] allocations")
-            + "); synthesize the job with `retime synth` and apply it there")
+        missing = _offload_gap(state)
+        if missing:
+            raise PolicyError(
+                f"cache.offload_activations on a measured ({fmt}) trace: the offload time is "
+                "the activation bytes the forward leaves for the backward, over PCIe, but "
+                f"{missing}; synthesize the job with `retime synth` and apply it there")
     if cache.offload_optimizer:
         raise PolicyError(
             f"cache.offload_optimizer on a measured ({fmt}) trace: the host Adam step and the "
@@ -136,11 +145,35 @@ def _gather_gap(state: WhatIfState) -> str:
 
 def apply_measured(cache: Cache, state: WhatIfState) -> dict[str, Any]:
     """Phase 2 on a measured trace; returns the effect recorded in the scenario entry."""
-    if cache.recompute is None:
-        return {}
+    eff: dict[str, Any] = {}
+    if cache.recompute is not None:
+        eff = (_recompute_oplevel(state, cache.recompute) if _fmt(state) == "oplevel"
+               else _uncheckpoint_kineto(state))
+    if cache.offload_activations:
+        from .caching import DEFAULT_PCIE_GBPS
+        eff["offload"] = _offload_activations_kineto(
+            state, float(cache.pcie_gbps or DEFAULT_PCIE_GBPS))
+    return eff
+
+
+def _offload_gap(state: WhatIfState) -> str:
+    """What a measured trace lacks for ``offload_activations`` ('' when nothing)."""
+    t = state.trace
     if _fmt(state) == "oplevel":
-        return _recompute_oplevel(state, cache.recompute)
-    return _uncheckpoint_kineto(state)
+        return "an op-level trace has no tensor sizes (no activation bytes)"
+    mem = t.memory
+    if len(mem) == 0 or not ((mem["device"].to_numpy() >= 0)
+                             & (mem["allocated_bytes"].to_numpy() >= 0)).any():
+        return ("the trace has no GPU [memory] allocator events (record with "
+                "torch.profiler.profile(profile_memory=True)), so the activation bytes are "
+                "unknown")
+    ph = t.ops["phase"].to_numpy()
+    gpu = np.isin(t.ops["kind"].to_numpy(), [OpKind.KERNEL, OpKind.MEMCPY, OpKind.MEMSET])
+    if not (gpu & (ph == Phase.FWD)).any() or not (gpu & (ph == Phase.BWD)).any():
+        return ("the trace's GPU ops are not attributed to a forward and a backward phase (no "
+                "*forward* / *backward* ranges), so what the forward leaves for the backward "
+                "is unknown")
+    return ""
 
 
 # ---------------------------------------------------------------------------- op-level
@@ -388,3 +421,74 @@ def _checkpoint_memory(trace, cs: dict) -> dict[str, Any]:
     return {"memory": "estimated from [memory] events: bytes allocated inside each recompute "
                       "frame and still held at its end, summed over a step's segments",
             "memory_delta_bytes": worst}
+
+
+# ---------------------------------------------------------------------------- offload
+def _offload_activations_kineto(state: WhatIfState, pcie_gbps: float) -> dict[str, Any]:
+    """Activation offload on a Kineto trace with ``[memory]`` events, per (rank, step).
+
+    ``A`` = GPU bytes allocated over the forward's host span (allocated at its last host
+    op's end minus at its first op's start: what the forward leaves for the backward). The
+    copies run on a copy engine alongside compute: the forward's GPU work ``T_f`` and the
+    backward's ``T_b`` (summed kernel / copy time of each phase) hide ``A / pcie_gbps`` each
+    way, so the last forward GPU op grows by ``max(0, A / pcie - T_f)`` (offload tail) and
+    the first backward GPU op by ``max(0, A / pcie - T_b)`` (prefetch not hidden). That is
+    the per-layer model of the synthesized case summed over one phase; with no layers in the
+    trace it cannot see a layer whose copy outlasts its own compute while others hide
+    theirs, so it is a lower bound. GPU memory keeps two "layers" in flight instead of
+    ``A``: the largest single allocation of the forward stands in for one layer.
+    """
+    t = state.trace
+    o = t.ops
+    rank = o["rank"].to_numpy()
+    step = o["step"].to_numpy()
+    ph = o["phase"].to_numpy()
+    kind = o["kind"].to_numpy()
+    s = o["start_ns"].to_numpy().astype(np.int64)
+    e = s + o["dur_ns"].to_numpy().astype(np.int64)
+    gpu = np.isin(kind, [OpKind.KERNEL, OpKind.MEMCPY, OpKind.MEMSET])
+    host = np.isin(kind, [OpKind.CPU_OP, OpKind.RUNTIME])
+    mem = t.memory
+    mem = mem[(mem["device"].to_numpy() >= 0) & (mem["allocated_bytes"].to_numpy() >= 0)]
+    mem = mem.sort_values("ts_ns", kind="stable")
+    rows = []
+    for r, st in sorted({(int(a), int(b)) for a, b in zip(rank[gpu & (ph == Phase.FWD)],
+                                                          step[gpu & (ph == Phase.FWD)],
+                                                          strict=True)}):
+        on = (rank == r) & (step == st)
+        hf = np.flatnonzero(on & host & (ph == Phase.FWD))
+        gf = np.flatnonzero(on & gpu & (ph == Phase.FWD))
+        gb = np.flatnonzero(on & gpu & (ph == Phase.BWD))
+        if len(hf) == 0 or len(gb) == 0:
+            continue
+        m = mem[mem["rank"].to_numpy() == r]
+        ts = m["ts_ns"].to_numpy()
+        al = m["allocated_bytes"].to_numpy()
+        hs, he = int(s[hf].min()), int(e[hf].max())
+        i0 = np.searchsorted(ts, hs, side="right") - 1
+        i1 = np.searchsorted(ts, he, side="right") - 1
+        if i1 < 0:
+            continue
+        act = int(al[i1] - (al[i0] if i0 >= 0 else 0))
+        inside = (ts >= hs) & (ts <= he)
+        biggest = int(max(0, m["bytes_delta"].to_numpy()[inside].max())) if inside.any() else 0
+        copy_ns = max(act, 0) / pcie_gbps  # bytes / (GB/s) = ns
+        t_f = float(state.dur[gf].sum())
+        t_b = float(state.dur[gb].sum())
+        x_f, x_b = max(0.0, copy_ns - t_f), max(0.0, copy_ns - t_b)
+        state.dur[gf[np.argmax(e[gf])]] += x_f
+        state.dur[gb[np.argmin(s[gb])]] += x_b
+        rows.append((r, st, act, biggest, copy_ns, t_f, t_b, x_f + x_b))
+    if not rows:
+        raise PolicyError("cache.offload_activations: no (rank, step) has forward host ops, "
+                          "forward and backward GPU ops and [memory] samples together")
+    a = np.asarray(rows, np.float64)
+    worst = int(np.argmax(a[:, 2]))
+    saved = max(0.0, a[worst, 2] - 2 * a[worst, 3])
+    return {"activation_bytes": int(a[worst, 2]), "largest_allocation_bytes": int(a[worst, 3]),
+            "copy_ns": int(round(a[worst, 4])), "forward_gpu_ns": int(round(a[worst, 5])),
+            "backward_gpu_ns": int(round(a[worst, 6])),
+            "added_ns": int(round(a[:, 7].sum())), "steps": int(len(rows)),
+            "pcie_gbps": pcie_gbps, "memory_delta_bytes": -int(saved),
+            "memory": "activation bytes from [memory] events over the forward; two of the "
+                      "forward's largest allocations stay resident"}
