@@ -339,7 +339,7 @@ def _uncheckpoint_kineto(state: WhatIfState) -> dict[str, Any]:
     gpu_rec[dst[launch & in_rec[src]]] = True
     gpu_rec &= gpu
     gone |= gpu
-    _drop_ops(state, gone, cs["spans"], host, rank, lane, s, e)
+    voided = _drop_ops(state, gone, cs["spans"], host, rank, lane, s, e)
     gdur = o["dur_ns"].to_numpy()
     eff: dict[str, Any] = {
         "trace": "kineto", "checkpoint_segments": cs["n_recompute"],
@@ -349,17 +349,20 @@ def _uncheckpoint_kineto(state: WhatIfState) -> dict[str, Any]:
         "recompute_gpu_ns": int(gdur[gpu_rec].sum())}
     if kept_coll:
         eff["kept_collectives"] = kept_coll
+    if voided:
+        eff["voided_edges"] = voided
     eff.update(_checkpoint_memory(t, cs))
     return eff
 
 
 def _drop_ops(state: WhatIfState, gone: np.ndarray, spans: dict, host: np.ndarray,
-              rank: np.ndarray, lane: np.ndarray, s: np.ndarray, e: np.ndarray) -> None:
+              rank: np.ndarray, lane: np.ndarray, s: np.ndarray, e: np.ndarray) -> int:
     """Removed ops stay in the graph as zero-time pass-throughs (their dependencies kept, so
     stream and thread order hold); the measured host gaps (HOST_ORDER lags after an op's end)
     and release delays of every host op on a thread with removed spans lose exactly the part
     that lay inside a removed span; GPU ops removed lose their delay and launch lag; a removed
-    host op no longer waits for another lane (such edges are voided)."""
+    host op no longer waits for another lane (such edges are voided; their count is
+    returned)."""
     import dataclasses
     g = state.graph
     state.dur[gone] = 0.0
@@ -388,9 +391,9 @@ def _drop_ops(state: WhatIfState, gone: np.ndarray, spans: dict, host: np.ndarra
         delay[g.pos[on]] -= cut
     ll = g.lane_lag_ns.copy()
     ll[lay_gone & ~layout_of(g, host)] = 0
-    state.notes["cache_voided_edges"] = int(void.sum())
     state.graph = dataclasses.replace(g, pred_lag_ns=lag, pred_s2s=g_pred_s2s,
                                       delay_ns=np.maximum(delay, 0), lane_lag_ns=ll)
+    return int(void.sum())
 
 
 def _checkpoint_memory(trace, cs: dict) -> dict[str, Any]:
