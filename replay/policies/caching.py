@@ -44,10 +44,13 @@ Which keys work on which traces, and why:
   - Kineto traces with GPU ``[memory]`` events and forward / backward phases:
     ``offload_activations`` (the bytes the forward leaves for the backward, over PCIe,
     hidden behind each phase's GPU work; a lower bound without layers in the trace).
+  - Kineto DDP traces with sized gradient all-reduces and an ``Optimizer.step#NAME.step``
+    range (SGD / Adam family): ``offload_optimizer`` (parameter bytes = the step's gradient
+    all-reduce bytes; states per parameter from the optimizer).
   - ``fcdp`` / ``keep_params``: refused, no shared real trace has ZeRO-3/FSDP per-layer
-    parameter all-gathers (the error says so); ``offload_optimizer``: refused, no trace
-    records the optimizer state's bytes; ``offload_activations`` without ``[memory]``
-    events or phases: refused (the error names which).
+    parameter all-gathers (the error says so); ``offload_*`` where the bytes are not in the
+    trace (op-level traces; no ``[memory]`` events, phases or sized all-reduces): refused,
+    the error names what is missing.
 """
 
 from __future__ import annotations

@@ -41,11 +41,16 @@
   GPU work where it can be (:func:`_offload_activations_kineto` states the model; without
   layers in the trace it is a lower bound on the time). Without those events or phases:
   PolicyError naming which is missing.
+* **Kineto DDP traces with sized gradient all-reduces and an ``Optimizer.step#NAME.step``
+  range** (the shared A100 and MI300X DDP traces): ``cache.offload_optimizer`` replaces the
+  optimizer's GPU kernels by the PCIe and host-memory time of the parameter bytes (the
+  step's gradient all-reduce bytes) and the optimizer's states
+  (:func:`_offload_optimizer_kineto`); GPU memory drops by the states.
 * Everything else on a measured trace raises PolicyError naming what is missing:
   ``fcdp`` / ``keep_params`` need ZeRO-3 / FSDP per-layer parameter all-gathers (none of
   the shared real traces has them; an op-level ``params-all-gather`` is the distributed
-  optimizer's once-per-step gather), ``offload_optimizer`` the optimizer state's bytes per
-  rank (not recorded by any trace format).
+  optimizer's once-per-step gather); ``offload_optimizer`` without sized all-reduces (the
+  parameter bytes) or a known optimizer, and on op-level traces.
 
 The effect of each what-if (what was added or removed, the memory estimate or why there is
 none) is recorded in the policy's entry of ``ReplayResult.meta["scenario"]``.
@@ -97,11 +102,14 @@ def configure_measured(cache: Cache, state: WhatIfState) -> None:
                 "the activation bytes the forward leaves for the backward, over PCIe, but "
                 f"{missing}; synthesize the job with `retime synth` and apply it there")
     if cache.offload_optimizer:
-        raise PolicyError(
-            f"cache.offload_optimizer on a measured ({fmt}) trace: the host Adam step and the "
-            "PCIe traffic scale with the optimizer state's bytes per rank, which the trace "
-            "does not record (no parameter count or optimizer state sizes); synthesize the "
-            "job with `retime synth` and apply it there")
+        missing = "an op-level trace has no parameter or optimizer state sizes" \
+            if fmt == "oplevel" else _optimizer_gap(state)
+        if missing:
+            raise PolicyError(
+                f"cache.offload_optimizer on a measured ({fmt}) trace: the host step and the "
+                "PCIe traffic scale with the parameter bytes and the optimizer state per "
+                f"parameter, but {missing}; synthesize the job with `retime synth` and apply "
+                "it there")
     if cache.recompute is None:
         return
     if fmt == "oplevel":
@@ -149,10 +157,13 @@ def apply_measured(cache: Cache, state: WhatIfState) -> dict[str, Any]:
     if cache.recompute is not None:
         eff = (_recompute_oplevel(state, cache.recompute) if _fmt(state) == "oplevel"
                else _uncheckpoint_kineto(state))
+    from .caching import DEFAULT_HOST_GBPS, DEFAULT_PCIE_GBPS
+    pcie = float(cache.pcie_gbps or DEFAULT_PCIE_GBPS)
     if cache.offload_activations:
-        from .caching import DEFAULT_PCIE_GBPS
-        eff["offload"] = _offload_activations_kineto(
-            state, float(cache.pcie_gbps or DEFAULT_PCIE_GBPS))
+        eff["offload"] = _offload_activations_kineto(state, pcie)
+    if cache.offload_optimizer:
+        eff["offload_optimizer_effect"] = _offload_optimizer_kineto(
+            state, pcie, float(cache.host_gbps or DEFAULT_HOST_GBPS))
     return eff
 
 
@@ -495,3 +506,109 @@ def _offload_activations_kineto(state: WhatIfState, pcie_gbps: float) -> dict[st
             "pcie_gbps": pcie_gbps, "memory_delta_bytes": -int(saved),
             "memory": "activation bytes from [memory] events over the forward; two of the "
                       "forward's largest allocations stay resident"}
+
+
+# ---------------------------------------------------------------------------- optimizer
+_OPT_STEP = re.compile(r"^Optimizer\.step#(\w+)\.step$")
+#: optimizer states per parameter (in the parameters' dtype)
+_STATES = {"adam": 2, "adamw": 2, "nadam": 2, "radam": 2, "adamax": 2, "sgd": None}
+_MOMENTUM = re.compile(r"^aten::(_foreach_mul_|mul_)$")
+
+
+def _optimizer_steps(trace) -> list[dict[str, Any]]:
+    """The ``Optimizer.step#NAME.step`` host ranges (rank, lane, span, family, states/param)."""
+    names = np.asarray(trace.strings, dtype=object).astype(str)
+    r = trace.ranges
+    rn = names[r["name_id"].to_numpy()]
+    rl, rs, re_ = (r[c].to_numpy() for c in ("lane", "start_ns", "end_ns"))
+    rr = r["rank"].to_numpy()
+    out = []
+    for i in np.flatnonzero([bool(_OPT_STEP.match(x)) for x in rn]):
+        if int(rl[i]) < 0:
+            continue
+        fam = _OPT_STEP.match(rn[i]).group(1)
+        k = _STATES.get(fam.lower(), -1)
+        if k is None:  # SGD: one momentum buffer when the step scales it
+            inside = (rl == rl[i]) & (rr == rr[i]) & (rs >= rs[i]) & (re_ <= re_[i])
+            k = int(any(_MOMENTUM.match(x) for x in rn[inside]))
+        out.append({"rank": int(rr[i]), "lane": int(rl[i]), "start": int(rs[i]),
+                    "end": int(re_[i]), "optimizer": fam, "states": int(k)})
+    return out
+
+
+def _optimizer_gap(state: WhatIfState) -> str:
+    t = state.trace
+    steps = _optimizer_steps(t)
+    if not steps:
+        return "the trace has no 'Optimizer.step#NAME.step' range (the optimizer is unknown)"
+    bad = sorted({s["optimizer"] for s in steps if s["states"] < 0})
+    if bad:
+        return (f"the state per parameter of optimizer {', '.join(bad)} is not known (known: "
+                "SGD with or without momentum, Adam, AdamW, NAdam, RAdam, Adamax)")
+    o = t.ops
+    ar = (o["kind"].to_numpy() == OpKind.COLLECTIVE) & (o["comm_op"].to_numpy()
+                                                         == CommOp.ALL_REDUCE)
+    if not (ar & (o["phase"].to_numpy() == Phase.BWD) & (o["bytes"].to_numpy() > 0)).any():
+        return ("the trace has no sized gradient all-reduce in the backward phase, so the "
+                "parameter bytes are unknown (a DDP trace whose NCCL kernels carry their "
+                "message sizes has them)")
+    return ""
+
+
+def _offload_optimizer_kineto(state: WhatIfState, pcie_gbps: float,
+                              host_gbps: float) -> dict[str, Any]:
+    """ZeRO-Offload style optimizer offload on a Kineto DDP trace, per (rank, step).
+
+    ``P`` = the bytes of the step's backward gradient all-reduces on that rank (DDP
+    all-reduces every gradient once: the parameter bytes, in the gradients' dtype). The
+    optimizer family comes from the ``Optimizer.step#NAME.step`` range and its state count
+    ``k`` per parameter (Adam-type 2; SGD 1 when the step scales a momentum buffer
+    (``_foreach_mul_`` / ``mul_``), else 0). Offloaded, the step sends the gradients to the
+    host and the updated parameters back (``2 P`` over PCIe) and the CPU streams parameters,
+    gradients and states (read ``2 + k``, write ``1 + k`` arrays: ``(3 + 2k) P`` bytes at
+    ``host_gbps``; Adam: 28 bytes per fp32 parameter, as in the synthesized model). The GPU
+    kernels launched inside the optimizer step take that time together (on the last of
+    them: the next forward waits for the parameters on the same stream); GPU memory drops by
+    the states, ``k P``.
+    """
+    t = state.trace
+    o = t.ops
+    kind = o["kind"].to_numpy()
+    rank = o["rank"].to_numpy()
+    lane = o["lane"].to_numpy()
+    step = o["step"].to_numpy()
+    s = o["start_ns"].to_numpy()
+    host = np.isin(kind, [OpKind.CPU_OP, OpKind.RUNTIME])
+    ar = (kind == OpKind.COLLECTIVE) & (o["comm_op"].to_numpy() == CommOp.ALL_REDUCE) \
+        & (o["phase"].to_numpy() == Phase.BWD)
+    nbytes = o["bytes"].to_numpy()
+    ed = t.edges
+    src, dst = ed["src"].to_numpy(), ed["dst"].to_numpy()
+    launch = (ed["kind"].to_numpy() == EdgeKind.LAUNCH) & host[src] & ~host[dst]
+    rows = []
+    for x in _optimizer_steps(t):
+        inside = host & (rank == x["rank"]) & (lane == x["lane"]) & (s >= x["start"]) \
+            & (s < x["end"])
+        gpu = np.unique(dst[launch & inside[src]])
+        if len(gpu) == 0:
+            continue
+        st = int(np.bincount(np.maximum(step[gpu], 0)).argmax()) if (step[gpu] >= 0).any() else -1
+        p_bytes = float(nbytes[ar & (rank == x["rank"]) & (step == st)].sum())
+        if p_bytes <= 0:
+            continue
+        k = x["states"]
+        new = 2.0 * p_bytes / pcie_gbps + (3 + 2 * k) * p_bytes / host_gbps
+        old = float(state.dur[gpu].sum())
+        state.dur[gpu] = 0.0
+        state.dur[gpu[np.argmax(s[gpu])]] = new
+        rows.append((x["rank"], st, p_bytes, k, old, new, x["optimizer"]))
+    if not rows:
+        raise PolicyError("cache.offload_optimizer: no optimizer step launches GPU work in a "
+                          "step with a sized gradient all-reduce; nothing to offload")
+    worst = max(rows, key=lambda r: r[2])
+    return {"optimizer": worst[6], "states_per_param": worst[3], "param_bytes": int(worst[2]),
+            "gpu_optimizer_ns": int(round(worst[4])), "offloaded_ns": int(round(worst[5])),
+            "added_ns": int(round(sum(r[5] - r[4] for r in rows))), "steps": len(rows),
+            "pcie_gbps": pcie_gbps, "host_gbps": host_gbps,
+            "memory_delta_bytes": -int(worst[3] * worst[2]),
+            "memory": "optimizer states (k x the gradient all-reduce bytes) leave the GPU"}
