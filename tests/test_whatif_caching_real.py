@@ -286,7 +286,7 @@ def test_offload_activations_on_a_kineto_trace_with_memory_events():
     steps = []
     for gbps in (25.0, 64.0, 400.0):
         res = whatif(t, {"cache.offload_activations": True, "cache.pcie_gbps": gbps})
-        eff = res.meta["scenario"][0]["offload"]
+        eff = res.meta["scenario"][0]["offload_activations_effect"]
         assert eff["activation_bytes"] == act and eff["largest_allocation_bytes"] == biggest
         assert (eff["forward_gpu_ns"], eff["backward_gpu_ns"]) == (t_f, t_b)
         copy = act / gbps

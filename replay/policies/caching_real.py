@@ -71,7 +71,8 @@ from .base import WhatIfState, by_op, layout_of
 if TYPE_CHECKING:
     from .caching import Cache
 
-__all__ = ["configure_measured", "apply_measured", "checkpoint_spans", "RECOMPUTE_RATIO"]
+__all__ = ["configure_measured", "apply_measured", "checkpoint_spans", "forward_of_backward",
+           "RECOMPUTE_RATIO"]
 
 #: backward / forward ratio above which an op-level trace is taken to recompute already
 RECOMPUTE_RATIO = 2.5
@@ -160,7 +161,7 @@ def apply_measured(cache: Cache, state: WhatIfState) -> dict[str, Any]:
     from .caching import DEFAULT_HOST_GBPS, DEFAULT_PCIE_GBPS
     pcie = float(cache.pcie_gbps or DEFAULT_PCIE_GBPS)
     if cache.offload_activations:
-        eff["offload"] = _offload_activations_kineto(state, pcie)
+        eff["offload_activations_effect"] = _offload_activations_kineto(state, pcie)
     if cache.offload_optimizer:
         eff["offload_optimizer_effect"] = _offload_optimizer_kineto(
             state, pcie, float(cache.host_gbps or DEFAULT_HOST_GBPS))
