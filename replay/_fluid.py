@@ -53,7 +53,7 @@ _STARTED, _OWN, _FIN, _HASW = 1, 2, 4, 8
 def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev, lane_lag,
                   lane_s2s, pred_ptr, pred_src, pred_lag, pred_s2s, wait_ptr, wait_src,
                   wait_lag, device, resource, link, interference, share_compute, share_links,
-                  start, end, crit):
+                  sptr, succ, cnt0, start, end, crit):
     """Event-driven fluid replay with resource sharing (the contention path).
 
     Same constraints as :func:`replay._kernels._fast_replay`. Ops with a resource
@@ -77,6 +77,9 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
     Times are float64 internally relative to ``base = origin.min()``. Arrays: layout
     positions, indices ``int32`` (``n + edges < 2**30``), times ``int64`` ns.
 
+    ``sptr``, ``succ``, ``cnt0``: the graph's successor lists and start-constraint counts
+    (:func:`replay._links._succ_lists`, built once per graph).
+
     Fills ``start``, ``end`` (float64[N], relative to ``base``) and ``crit`` (int32[N], -1
     filled; passed in, allocated by numpy, which asks for huge pages: fewer page faults);
     returns ``base`` and the number of clamped starts (``-1`` if some op could never start:
@@ -85,47 +88,21 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
     n = dur.shape[0]
     nc = coll_ptr.shape[0] - 1
     base = origin.min() if n else np.int64(0)
-    # ---- successors by source: lane successor first, then start edges by dst;
-    # entry = 2 * dst + (counted from the source's start)
-    sptr = np.zeros(n + 1, np.int32)
-    for i in range(n):
-        p = lane_prev[i]
-        if p >= 0:
-            sptr[p + 1] += 1
-        for k in range(pred_ptr[i], pred_ptr[i + 1]):
-            sptr[pred_src[k] + 1] += 1
-    for i in range(n):
-        sptr[i + 1] += sptr[i]
-    succ = np.empty(sptr[n], np.int32)
-    for i in range(n):  # sptr[x] is x's fill cursor; shifted back below
-        p = lane_prev[i]
-        if p >= 0:
-            succ[sptr[p]] = 2 * i + (1 if lane_s2s[i] else 0)
-            sptr[p] += 1
-    for i in range(n):
-        for k in range(pred_ptr[i], pred_ptr[i + 1]):
-            s = pred_src[k]
-            succ[sptr[s]] = 2 * i + (1 if pred_s2s[k] else 0)
-            sptr[s] += 1
-    for i in range(n, 0, -1):
-        sptr[i] = sptr[i - 1]
-    if n:
-        sptr[0] = 0
-    # ---- per-op state
-    cnt = np.empty(n, np.int32)  # unresolved start constraints; once started: unfinished waits
+    # ---- successors by source (sptr/succ, see _links._succ_lists: per-graph constants
+    # built once per graph) and the per-op state
+    cnt = cnt0.copy()  # unresolved start constraints; once started: unfinished waits
     state = np.zeros(n, np.uint8)
-    for i in range(n):
-        cnt[i] = (1 if lane_prev[i] >= 0 else 0) + pred_ptr[i + 1] - pred_ptr[i]
     # start, end (end holds the own completion until the op is finalized), crit: passed in
     # wait successors (rare): (src, dst) pairs sorted by src then dst
     nw = wait_src.shape[0]
     wkey = np.empty(nw, np.int64)
-    k = 0
-    for i in range(n):
-        for kk in range(wait_ptr[i], wait_ptr[i + 1]):
-            wkey[k] = np.int64(wait_src[kk]) * n + i
-            k += 1
-    wkey = np.sort(wkey)
+    if nw > 0:
+        k = 0
+        for i in range(n):
+            for kk in range(wait_ptr[i], wait_ptr[i + 1]):
+                wkey[k] = np.int64(wait_src[kk]) * n + i
+                k += 1
+        wkey = np.sort(wkey)
     for k in range(nw):
         state[wkey[k] // n] |= _HASW
     # ---- collectives: members by threshold (max(dur, 0)), ties in member order

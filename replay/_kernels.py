@@ -342,3 +342,77 @@ def _to_op_order(perm, start, end, crit, base, s, e, c):
         s[p] = np.int64(np.rint(start[k])) + base
         e[p] = np.int64(np.rint(end[k])) + base
         c[p] = perm[crit[k]] if crit[k] >= 0 else -1
+
+
+# ---------------------------------------------------------------------------- sweep metrics
+@njit(cache=True)
+def _metric_keys(s, e, dev, dev_rank, n_ranks, keys):
+    """Sort keys of the device ops ``dev`` for :func:`_metric_unions`: replayed start in
+    offset coordinates (rank ``r``'s ops in ``[r * off, (r + 1) * off)``), into ``keys``.
+    Returns ``off`` (``-1`` when ``n_ranks * off`` would overflow: keys left unset)."""
+    n = dev.shape[0]
+    t0 = np.iinfo(np.int64).max
+    t1 = np.iinfo(np.int64).min
+    for k in range(n):
+        i = dev[k]
+        if s[i] < t0:
+            t0 = s[i]
+        if e[i] > t1:
+            t1 = e[i]
+    off = t1 - t0 + 1
+    if n == 0 or off >= (2**62) // max(n_ranks, 1):
+        return np.int64(-1)
+    for k in range(n):
+        keys[k] = dev_rank[k] * off + (s[dev[k]] - t0)
+    return off
+
+
+@njit(cache=True)
+def _metric_unions(order, s, e, dev, dev_rank, dev_compute, other, ridx, lo, hi, both, x,
+                   has_x):
+    """Per rank (dense index): first start ``lo`` and last end ``hi`` of all its ops, and the
+    union lengths of its device ops' intervals (``both``) and of its compute ops' (``x``;
+    ``has_x`` marks ranks with compute). ``order`` sorts ``dev`` by (rank, replayed start)
+    (keys of :func:`_metric_keys`); one running maximum of the ends per rank gives the union
+    length of start-sorted intervals. ``lo``/``hi``/``both``/``x``/``has_x`` come filled with
+    their neutral values."""
+    for k in range(other.shape[0]):
+        i = other[k]
+        r = ridx[i]
+        if s[i] < lo[r]:
+            lo[r] = s[i]
+        if e[i] > hi[r]:
+            hi[r] = e[i]
+    cur = -1
+    run = np.int64(0)
+    run_x = np.int64(0)
+    first_x = True
+    for k in range(order.shape[0]):
+        j = order[k]
+        i = dev[j]
+        r = dev_rank[j]
+        a = s[i]
+        b = e[i]
+        if r != cur:
+            cur = r
+            run = a
+            first_x = True
+        if a < lo[r]:
+            lo[r] = a
+        if b > hi[r]:
+            hi[r] = b
+        p = a if a > run else run
+        if b > p:
+            both[r] += b - p
+        if b > run:
+            run = b
+        if dev_compute[j]:
+            if first_x:
+                run_x = a
+                first_x = False
+                has_x[r] = True
+            p = a if a > run_x else run_x
+            if b > p:
+                x[r] += b - p
+            if b > run_x:
+                run_x = b

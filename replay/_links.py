@@ -442,3 +442,41 @@ def _toggle_flows(d, entered, now, n, coll_ptr, coll_members, device, n_compute,
             seq += 1
             _jsift(sf, si, jsize, si[s, _I_POS])
     return seq
+
+
+# ---------------------------------------------------------------------------- successors
+@njit(cache=True)
+def _succ_lists(lane_prev, lane_s2s, pred_ptr, pred_src, pred_s2s):
+    """Successors by source for the contention path (per-graph constants, built once per
+    graph): CSR ``sptr`` (int32[N+1]) / ``succ`` (int32) with entries ``2 * dst + s2s``
+    (1 when the link counts from the source's start), the lane successor first, then start
+    edges by dst; and ``cnt0`` (int32[N]), each op's number of start constraints."""
+    n = lane_prev.shape[0]
+    sptr = np.zeros(n + 1, np.int32)
+    for i in range(n):
+        p = lane_prev[i]
+        if p >= 0:
+            sptr[p + 1] += 1
+        for k in range(pred_ptr[i], pred_ptr[i + 1]):
+            sptr[pred_src[k] + 1] += 1
+    for i in range(n):
+        sptr[i + 1] += sptr[i]
+    succ = np.empty(sptr[n], np.int32)
+    for i in range(n):  # sptr[x] is x's fill cursor; shifted back below
+        p = lane_prev[i]
+        if p >= 0:
+            succ[sptr[p]] = 2 * i + (1 if lane_s2s[i] else 0)
+            sptr[p] += 1
+    for i in range(n):
+        for k in range(pred_ptr[i], pred_ptr[i + 1]):
+            s = pred_src[k]
+            succ[sptr[s]] = 2 * i + (1 if pred_s2s[k] else 0)
+            sptr[s] += 1
+    for i in range(n, 0, -1):
+        sptr[i] = sptr[i - 1]
+    if n:
+        sptr[0] = 0
+    cnt0 = np.empty(n, np.int32)
+    for i in range(n):
+        cnt0[i] = (1 if lane_prev[i] >= 0 else 0) + pred_ptr[i + 1] - pred_ptr[i]
+    return sptr, succ, cnt0

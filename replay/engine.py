@@ -31,6 +31,7 @@ from collectors.trace import Trace
 
 from ._fluid import _fluid_replay
 from ._kernels import _fast_replay, _to_op_order
+from ._links import _succ_lists
 from .graph import ReplayGraph, _check_durations, build_graph
 
 __all__ = ["ContentionModel", "ReplayResult", "simulate", "replay"]
@@ -206,8 +207,8 @@ def simulate(graph: ReplayGraph, *, durations_ns: np.ndarray | None = None,
         start, end, crit = np.zeros(n), np.zeros(n), np.full(n, -1, i32)
         base, clamped = _fluid_replay(
             *common, a(g.device, i32), a(g.resource, np.int8), a(g.link, i32),
-            float(cm.interference), bool(cm.share_compute), bool(cm.share_links), start, end,
-            crit)
+            float(cm.interference), bool(cm.share_compute), bool(cm.share_links),
+            *_succ_of(g, common), start, end, crit)
         if clamped < 0:
             raise ReplayError("contention replay could not schedule every op (a dependency "
                               "cycle the graph check missed); rebuild the graph")
@@ -220,6 +221,19 @@ def simulate(graph: ReplayGraph, *, durations_ns: np.ndarray | None = None,
                               "share_links": cm.share_links, "clamped_starts": int(clamped)}
     return ReplayResult(trace=g.trace, graph=g, start_ns=s_op, end_ns=e_op, crit_pred=c_op,
                         meta=meta)
+
+
+def _succ_of(g: ReplayGraph, common: tuple) -> tuple:
+    """The contention path's successor lists of ``g`` (built once per graph; ``common`` holds
+    its kernel arrays as passed to the kernels)."""
+    m = g.memo()
+    v = m.get("fluid_succ")
+    if v is None:
+        lane_prev, lane_s2s, pred_ptr, pred_src, pred_s2s = (common[i] for i in (6, 8, 9, 10, 12))
+        v = m["fluid_succ"] = _succ_lists(lane_prev, lane_s2s, pred_ptr, pred_src, pred_s2s)
+        for x in v:
+            x.flags.writeable = False
+    return v
 
 
 def replay(trace: Trace, *, ideal: bool = False, mode: str = "fast",

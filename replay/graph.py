@@ -166,6 +166,29 @@ class ReplayGraph:
         """A per-position kernel array (``dur_ns``, ``delay_ns``, ...) in op-id order."""
         return np.asarray(layout_array)[self.pos]
 
+    def memo(self) -> dict[Any, Any]:
+        """Values derived from this graph alone (op-order arrays, the contention path's
+        successor lists, ...), kept with the graph. Graphs are never modified in place
+        (policies derive new ones with ``dataclasses.replace``, which starts a new memo);
+        cached arrays are read-only."""
+        d = self.__dict__.get("_memo")
+        if d is None:
+            d = {}
+            object.__setattr__(self, "_memo", d)
+        return d
+
+    def op_order(self, name: str) -> np.ndarray:
+        """Kernel array ``name`` in op-id order (``by_op(getattr(self, name))``), cached and
+        read-only."""
+        m = self.memo()
+        key = ("op_order", name)
+        a = m.get(key)
+        if a is None:
+            a = np.asarray(getattr(self, name))[self.pos]
+            a.flags.writeable = False
+            m[key] = a
+        return a
+
     @property
     def op_dur_ns(self) -> np.ndarray:
         """Modeled durations in op-id order (what ``simulate(durations_ns=...)`` takes)."""
@@ -209,7 +232,10 @@ def _check_durations(g: ReplayGraph, dur_ns) -> np.ndarray:
     if d.shape != (g.n_ops,):
         raise ReplayError(f"durations_ns has shape {d.shape}, expected ({g.n_ops},): one "
                           "duration per op, aligned with trace.ops")
-    bad = (d < 0) & (g.coll_of[g.pos] < 0)
+    neg = d < 0
+    if not neg.any():
+        return d
+    bad = neg & (g.op_order("coll_of") < 0)
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
         raise ReplayError(f"durations_ns[{i}] = {int(d[i])} is negative (op {i}, rank "

@@ -23,9 +23,11 @@ Execution
 worker processes (forked from a clean forkserver, see :func:`_mp_context`); ``scheduler="tcp://host:8786"``
 (or a ``distributed.Client``) on a Dask cluster. The trace is shipped to each worker once:
 as the pool initializer's argument, or with ``Client.scatter(broadcast=True)``; a task only
-carries its scenario. A local worker that dies (OOM killer, segfault) is replaced and the
-scenarios it was running are retried once more; a scenario in flight during two deaths gets
-an error row. Dask reschedules the tasks of a lost worker itself. A script that sweeps on
+carries its scenario. Local workers each take whole groups of scenarios that share a
+re-synthesized run (same network / layout settings), so each setting is re-synthesized by one
+worker; an idle worker steals the back half of the longest queue. A local worker that dies
+(OOM killer, segfault) is replaced and the scenarios it was running are retried once more,
+one at a time; a scenario in flight during two deaths gets an error row. Dask reschedules the tasks of a lost worker itself. A script that sweeps on
 local workers needs the usual ``if __name__ == "__main__":`` guard of multiprocessing. Ctrl-C (KeyboardInterrupt)
 cancels what is left and raises :class:`SweepInterrupted`, whose ``frame`` holds the rows
 finished so far.
@@ -39,6 +41,7 @@ import os
 import pickle
 import signal
 import uuid
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
@@ -163,8 +166,23 @@ _WORKER: dict[str, Any] = {}
 
 def _init_worker(payload: bytes, run: ScenarioFn | None) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    _keep_freed_memory()
     _WORKER["trace"] = pickle.loads(payload)
     _WORKER["run"] = run
+
+
+def _keep_freed_memory() -> None:
+    """In a worker process: let glibc keep freed memory mapped for reuse (no mmap per large
+    array, no trimming). A what-if allocates and frees tens of per-op arrays of the same
+    sizes, and fresh pages cost a page fault each; the worker's footprint stays its peak."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(-3, 1 << 30)  # M_MMAP_THRESHOLD
+        libc.mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD
+    except (OSError, AttributeError):  # pragma: no cover - not glibc
+        pass
 
 
 def _run_in_worker(i: int, scenario: dict[str, Any]) -> dict[str, Any]:
@@ -235,59 +253,125 @@ def sweep(trace: Trace | str | os.PathLike[str], scenarios: Iterable[Mapping[str
 
 def _sweep_local(tr: Trace, scs: list[dict], run: ScenarioFn | None, n: int,
                  rows: dict[int, dict], bar) -> None:
+    """Run the scenarios on ``n`` worker processes, each with its own queue of whole
+    re-synthesizing groups (:func:`_work_order`), so that a worker re-synthesizes a network /
+    layout setting once and the other workers never do; an idle worker steals the back half
+    of the longest queue. Two scenarios are in flight per worker (no idle gap between them).
+    A worker that dies is replaced; the scenarios it was running are retried one at a time,
+    and one that was running during two deaths gets an error row."""
     payload = pickle.dumps(tr, protocol=pickle.HIGHEST_PROTOCOL)
-    deaths: dict[int, int] = {}
-    todo = _work_order(scs)
     ctx = _mp_context()
-    while todo:
-        ex = ProcessPoolExecutor(n, mp_context=ctx, initializer=_init_worker,
-                                 initargs=(payload, run))
-        inflight: dict[Any, int] = {}
-        broken = False
-        try:
-            queue = list(todo)
-            while queue or inflight:
-                while queue and len(inflight) < 2 * n:  # bounded: a death has few suspects
-                    i = queue.pop(0)
-                    inflight[ex.submit(_run_in_worker, i, scs[i])] = i
-                done, _ = wait(inflight, return_when=FIRST_COMPLETED)
-                for f in done:
-                    i = inflight.pop(f)
-                    try:
-                        rows[i] = f.result()
-                    except BrokenProcessPool:
-                        broken = True
-                        inflight[f] = i  # still a suspect
-                        continue
-                    bar.advance()
-                if broken:
-                    break
-        finally:
-            ex.shutdown(wait=not broken, cancel_futures=True)
-        if not broken:
-            return
-        for i in inflight.values():  # the scenarios running when a worker died
-            deaths[i] = deaths.get(i, 0) + 1
-            if deaths[i] >= 2:
-                rows[i] = {**dict.fromkeys(METRICS), "scenario_id": i,
-                           "error": "WorkerDied: the worker process died twice while running "
-                                    "this scenario (killed, out of memory or crashed)"}
+    queues = _split_groups(scs, n)
+    pools: list[ProcessPoolExecutor | None] = [None] * n
+    inflight: dict[Any, tuple[int, int]] = {}  # future -> (worker, scenario)
+    busy = [0] * n
+    alone = [False] * n  # the worker runs a scenario that was running when a worker died
+    deaths: dict[int, int] = {}
+    try:
+        while True:
+            for w in range(n):
+                _feed(w, queues, pools, inflight, busy, alone, deaths, scs, ctx, payload, run)
+            if not inflight:
+                return
+            done, _ = wait(inflight, return_when=FIRST_COMPLETED)
+            for f in done:
+                if f not in inflight:  # already handled with its dead worker's other tasks
+                    continue
+                w, i = inflight.pop(f)
+                busy[w] -= 1
+                alone[w] = False
+                try:
+                    rows[i] = f.result()
+                except BrokenProcessPool:
+                    _worker_died(w, i, queues, pools, inflight, busy, deaths, rows, bar)
+                    continue
                 bar.advance()
-        todo = [i for i in _work_order(scs) if i not in rows]
+    finally:
+        for p in pools:  # (a dead worker's pool was shut down already)
+            if p is not None:
+                p.shutdown(wait=True, cancel_futures=True)
+
+
+def _feed(w, queues, pools, inflight, busy, alone, deaths, scs, ctx, payload, run) -> None:
+    """Keep worker ``w`` supplied: two scenarios in flight, or one retried suspect alone."""
+    while busy[w] < 2 and not alone[w]:
+        if not queues[w]:
+            _steal(w, queues)
+            if not queues[w]:
+                return
+        i = queues[w][0]
+        suspect = deaths.get(i, 0) > 0
+        if suspect and busy[w]:
+            return  # a suspect runs alone: a second death then names it
+        queues[w].popleft()
+        if pools[w] is None:
+            pools[w] = ProcessPoolExecutor(1, mp_context=ctx, initializer=_init_worker,
+                                           initargs=(payload, run))
+        inflight[pools[w].submit(_run_in_worker, i, scs[i])] = (w, i)
+        busy[w] += 1
+        alone[w] = suspect
+
+
+def _steal(w: int, queues: list) -> None:
+    """Move the back half (at least one) of the longest other queue to worker ``w``."""
+    v = max(range(len(queues)), key=lambda k: len(queues[k]))
+    k = (len(queues[v]) + 1) // 2
+    if v == w or k == 0:
+        return
+    taken = [queues[v].pop() for _ in range(k)]
+    queues[w].extend(reversed(taken))
+
+
+def _worker_died(w, i, queues, pools, inflight, busy, deaths, rows, bar) -> None:
+    """Worker ``w``'s process died while running ``i`` (and maybe another): retry them
+    (alone, at the front of its queue) on a fresh process, or give an error row to one that
+    was running during its second death."""
+    suspects = [i]
+    for f, (ww, j) in list(inflight.items()):
+        if ww == w:  # its other task dies with it
+            del inflight[f]
+            busy[w] -= 1
+            suspects.append(j)
+    if pools[w] is not None:
+        pools[w].shutdown(wait=False, cancel_futures=True)
+        pools[w] = None
+    retry = []
+    for j in sorted(suspects):
+        deaths[j] = deaths.get(j, 0) + 1
+        if deaths[j] >= 2:
+            rows[j] = {**dict.fromkeys(METRICS), "scenario_id": j,
+                       "error": "WorkerDied: the worker process died twice while running "
+                                "this scenario (killed, out of memory or crashed)"}
+            bar.advance()
+        else:
+            retry.append(j)
+    queues[w].extendleft(reversed(retry))
+
+
+def _split_groups(scs: list[dict], n: int) -> list[deque]:
+    """The work order (:func:`_work_order`) cut into its re-synthesizing groups, dealt to
+    ``n`` queues whole (each group to the queue with the fewest scenarios so far)."""
+    queues: list[deque] = [deque() for _ in range(n)]
+    for _, grp in itertools.groupby(_work_order(scs), key=lambda i: _resynth_key(scs[i])):
+        w = min(range(n), key=lambda k: len(queues[k]))
+        queues[w].extend(grp)
+    return queues
 
 
 #: tables whose keys re-synthesize a synthesized run (what-ifs of one setting share it)
 _RESYNTH_TABLES = ("parallel", "network", "topology", "cache")
 
 
+def _resynth_key(sc: Mapping[str, Any]) -> str:
+    return repr(sorted((k, repr(v)) for k, v in sc.items()
+                       if str(k).split(".")[0] in _RESYNTH_TABLES))
+
+
 def _work_order(scs: list[dict]) -> list[int]:
     """Scenario indices grouped by their re-synthesizing settings (stable otherwise), so a
     worker re-synthesizes each network / layout once and reuses it for the scenarios that
     differ only in cheaper keys (see SynthSpec.synthesize). Rows keep the input order."""
-    def key(i: int) -> str:
-        return repr(sorted((k, repr(v)) for k, v in scs[i].items()
-                           if str(k).split(".")[0] in _RESYNTH_TABLES))
-    return sorted(range(len(scs)), key=key)
+    return sorted(range(len(scs)), key=lambda i: _resynth_key(scs[i]))
 
 
 def _mp_context():

@@ -16,6 +16,7 @@ import numpy as np
 from collectors.devices import device_peaks
 from collectors.errors import PolicyError
 
+from ._kernels import _metric_keys, _metric_unions
 from .engine import ReplayResult
 from .graph import RES_COMPUTE
 
@@ -30,7 +31,7 @@ DTYPES = {"step_time_ns": "Int64", "tokens_per_s": "float64", "mfu": "float64",
 
 
 # ---------------------------------------------------------------------------- metrics
-_PREP: dict[int, tuple[Any, dict[str, Any]]] = {}  # id(meas_start_ns) -> (weakref, prep)
+_PREP: dict[int, tuple[Any, dict[str, Any], Any]] = {}  # id(meas_start_ns) -> (ref, prep, ref)
 
 
 def _prepared(g) -> dict[str, Any]:
@@ -38,7 +39,7 @@ def _prepared(g) -> dict[str, Any]:
     device ops ordered by (rank, measured start), step count."""
     key = g.meas_start_ns
     hit = _PREP.get(id(key))
-    if hit is not None and hit[0]() is key:
+    if hit is not None and hit[0]() is key and hit[2]() is g.resource:
         return hit[1]
     rank = np.asarray(g.rank)
     if len(rank) and rank.min() >= 0 and rank.max() < 4 * len(rank) + 65536:
@@ -59,39 +60,21 @@ def _prepared(g) -> dict[str, Any]:
     steps = g.trace.ops["step"].to_numpy() if g.trace is not None else np.zeros(0)
     n_steps = int(len(np.unique(steps[steps >= 0]))) if len(steps) else 0
     # each rank's device ops form one block in this order, and keep it when a scenario's
-    # replayed starts re-sort them within the block (the sort key is rank-major)
-    p = {"ridx": ridx, "n_ranks": n_ranks, "dev": dev, "dev_rank": rd, "dev_compute": comp,
-         "other": np.flatnonzero(res <= 0),
-         "blocks": _blocks(rd), "x_blocks": _blocks(rd[comp]), "n_steps": max(n_steps, 1)}
+    # replayed starts re-sort them within the block (the sort key is rank-major: nearly
+    # sorted already, so the scenario's stable sort is cheap)
+    p = {"ridx": ridx, "n_ranks": n_ranks, "dev": np.ascontiguousarray(dev, np.int64),
+         "dev_rank": np.ascontiguousarray(rd, np.int64), "dev_compute": comp,
+         "other": np.flatnonzero(res <= 0).astype(np.int64), "n_steps": max(n_steps, 1)}
     k = id(key)
-    _PREP[k] = (weakref.ref(key, lambda _r, k=k: _PREP.pop(k, None)), p)
+
+    def gone(ref, k=k):
+        cur = _PREP.get(k)
+        if cur is not None and cur[0] is ref:
+            del _PREP[k]
+    # keyed by the measured times (shared by the graphs policies derive from one trace) and
+    # the resource classes (which a policy may replace)
+    _PREP[k] = (weakref.ref(key, gone), p, weakref.ref(g.resource))
     return p
-
-
-def _blocks(rank_sorted: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(first position, rank) of each run of equal ranks in a rank-sorted array."""
-    if len(rank_sorted) == 0:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    first = np.flatnonzero(np.r_[True, rank_sorted[1:] != rank_sorted[:-1]])
-    return first, rank_sorted[first]
-
-
-def _union_len(s: np.ndarray, e: np.ndarray, blocks: tuple[np.ndarray, np.ndarray],
-               n: int) -> np.ndarray:
-    """Length of the union of intervals per rank. ``s``/``e`` are in offset coordinates
-    (rank ``k``'s intervals lie in ``[k*OFF, (k+1)*OFF)``) and sorted by start, so one running
-    max of the ends over the whole array never leaks from one rank into the next."""
-    out = np.zeros(n, np.int64)
-    if len(s) == 0:
-        return out
-    prev = np.empty_like(e)
-    prev[0] = s[0]
-    np.maximum.accumulate(e[:-1], out=prev[1:])
-    np.maximum(s, prev, out=prev)
-    np.subtract(e, prev, out=prev)
-    np.maximum(prev, 0, out=prev)
-    out[blocks[1]] = np.add.reduceat(prev, blocks[0])
-    return out
 
 
 def _meta_get(result: ReplayResult, key: str) -> Any:
@@ -163,43 +146,35 @@ def scenario_metrics(result: ReplayResult) -> dict[str, Any]:
     row: dict[str, Any] = dict.fromkeys(METRICS)
     if len(s) == 0:
         return row
-    ridx = p["ridx"]
-    # rank spans: the ops off the device with ufunc.at, the device ops from their blocks below
+    # rank spans and interval unions per rank, in one pass over the device ops sorted by
+    # (rank, replayed start) (replay._kernels._metric_unions)
     lo = np.full(n_r, np.iinfo(np.int64).max, np.int64)
     hi = np.full(n_r, np.iinfo(np.int64).min, np.int64)
-    other = p["other"]
-    if len(other):
-        np.minimum.at(lo, ridx[other], s[other])
-        np.maximum.at(hi, ridx[other], e[other])
-    # interval unions per rank on the device ops, in offset coordinates (see _union_len)
     dev = p["dev"]
     x = both = None
+    s = np.ascontiguousarray(s, np.int64)
+    e = np.ascontiguousarray(e, np.int64)
     if len(dev):
-        sd, ed = s[dev], e[dev]
-        t0 = int(sd.min())
-        off = int(ed.max()) - t0 + 1
-        if n_r * off >= 2**62:  # pragma: no cover - a window of months at ns resolution
-            raise PolicyError(f"replayed window {off} ns x {n_r} ranks overflows the sweep "
-                              "metrics' int64 offsets; sweep a shorter trace window")
-        base = p["dev_rank"] * off - t0
-        ds = sd + base
-        order = np.argsort(ds, kind="stable")  # nearly sorted already: cheap
-        ds = ds[order]
-        de = (ed + base)[order]
-        comp = p["dev_compute"][order]
-        first, brank = p["blocks"]
-        shift = brank * off - t0  # offset coordinates -> ns, per block
-        np.minimum.at(lo, brank, ds[first] - shift)  # sorted: a block's first start is its min
-        np.maximum.at(hi, brank, np.maximum.reduceat(de, first) - shift)
-        both = _union_len(ds, de, p["blocks"], n_r)
-        x = _union_len(ds[comp], de[comp], p["x_blocks"], n_r)
+        keys = np.empty(len(dev), np.int64)
+        if _metric_keys(s, e, dev, p["dev_rank"], n_r, keys) < 0:  # pragma: no cover
+            raise PolicyError(f"replayed window x {n_r} ranks overflows the sweep metrics' "
+                              "int64 offsets (months at ns resolution); sweep a shorter "
+                              "trace window")
+        order = np.argsort(keys, kind="stable")  # nearly sorted already: cheap
+        both = np.zeros(n_r, np.int64)
+        x = np.zeros(n_r, np.int64)
+        has_x = np.zeros(n_r, np.bool_)
+        _metric_unions(order, s, e, dev, p["dev_rank"], p["dev_compute"], p["other"],
+                       p["ridx"], lo, hi, both, x, has_x)
+    else:
+        other = p["other"]
+        np.minimum.at(lo, p["ridx"][other], s[other])
+        np.maximum.at(hi, p["ridx"][other], e[other])
     span = hi - lo
     step_ns = int(span.max())
     row["step_time_ns"] = step_ns
     if x is not None:
         row["exposed_comm_ns"] = int((both - x).max())
-        has_x = np.zeros(n_r, bool)
-        has_x[p["x_blocks"][1]] = True
         ok = has_x & (span > 0)
         if ok.any():
             row["bubble_fraction"] = float(np.mean(1.0 - x[ok] / span[ok]))

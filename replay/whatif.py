@@ -20,7 +20,15 @@ from collectors.errors import PolicyError
 from collectors.trace import Trace
 
 from .engine import ReplayResult, simulate
-from .policies.base import Policy, SynthSpec, WhatIfState, by_op, ranks_per_node_of
+from .policies.base import (
+    Policy,
+    SynthSpec,
+    WhatIfState,
+    by_op,
+    fingerprint_scope,
+    ranks_per_node_of,
+    trace_memo,
+)
 from .policies.network import Network
 from .policies.scenario import TABLES, Scenario, as_policies
 
@@ -61,6 +69,11 @@ def whatif(trace: Trace, policies: Scenario | Policy | list | dict | str | Path 
         raise PolicyError(f"whatif needs a Trace, got {type(trace).__name__}; load one with "
                           "collectors.trace.read_trace(path)")
     pols = as_policies(policies)
+    with fingerprint_scope():  # each trace's fingerprint (cache key) computed once
+        return _whatif(trace, pols, ideal=ideal, mode=mode)
+
+
+def _whatif(trace: Trace, pols: list, *, ideal: bool, mode: str | None) -> ReplayResult:
     state = WhatIfState(trace=trace, synth=SynthSpec.from_trace(trace), ideal=bool(ideal))
     tables = {p.table for p in pols}
     if "topology" in tables and "network" not in tables and not state.is_synth:
@@ -88,13 +101,27 @@ def whatif(trace: Trace, policies: Scenario | Policy | list | dict | str | Path 
 
 
 def _measured_step_ns(trace: Trace) -> int:
-    """The input trace's measured step time (longest rank span), before any policy."""
+    """The input trace's measured step time (longest rank span), before any policy
+    (computed once per trace: :func:`~replay.policies.base.trace_memo`)."""
+    memo = trace_memo(trace)
+    v = memo.get("measured_step_ns")
+    if v is None:
+        v = memo["measured_step_ns"] = _rank_span_max(trace)
+    return v
+
+
+def _rank_span_max(trace: Trace) -> int:
     o = trace.ops
     if len(o) == 0:
         return 0
-    end = o["start_ns"] + o["dur_ns"]
-    g = o.assign(end_ns=end).groupby("rank")
-    return int((g["end_ns"].max() - g["start_ns"].min()).max())
+    s = o["start_ns"].to_numpy()
+    e = s + o["dur_ns"].to_numpy()
+    _, r = np.unique(o["rank"].to_numpy(), return_inverse=True)
+    lo = np.full(int(r.max()) + 1, np.iinfo(np.int64).max, np.int64)
+    hi = np.full(len(lo), np.iinfo(np.int64).min, np.int64)
+    np.minimum.at(lo, r, s)
+    np.maximum.at(hi, r, e)
+    return int((hi - lo).max())
 
 
 def _derived(state: WhatIfState) -> dict[str, Any]:
@@ -113,9 +140,16 @@ def _derived(state: WhatIfState) -> dict[str, Any]:
     if "host_cache_bytes" in state.notes:
         mem["host_cache_bytes"] = int(state.notes["host_cache_bytes"])
     out["memory"] = mem
-    out["traffic"] = comm_traffic(state.trace, ranks_per_node_of(state.trace, state.ranks_per_node),
-                                  intra_ops=state.notes.get("intra_node_ops"),
-                                  removed_ops=state.notes.get("removed_ops"))
+    rpn = ranks_per_node_of(state.trace, state.ranks_per_node)
+    intra, removed = state.notes.get("intra_node_ops"), state.notes.get("removed_ops")
+    if intra is None and removed is None:  # a per-trace constant: computed once
+        memo = trace_memo(state.trace)
+        key = ("traffic", rpn)
+        if key not in memo:
+            memo[key] = comm_traffic(state.trace, rpn)
+        out["traffic"] = dict(memo[key])
+    else:
+        out["traffic"] = comm_traffic(state.trace, rpn, intra_ops=intra, removed_ops=removed)
     return out
 
 

@@ -22,6 +22,7 @@ import dataclasses
 import json
 import math
 import weakref
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -35,7 +36,8 @@ from ..engine import ContentionModel
 from ..graph import ReplayGraph, build_graph
 
 __all__ = ["Policy", "WhatIfState", "SynthSpec", "check_positive", "check_fraction",
-           "check_choice", "check_int", "ranks_per_node_of", "node_span", "by_op", "layout_of"]
+           "check_choice", "check_int", "ranks_per_node_of", "node_span", "by_op", "layout_of",
+           "trace_memo", "fingerprint_scope", "frozen"]
 
 
 # ---------------------------------------------------------------------------- graph order
@@ -48,10 +50,67 @@ _GRAPH_CACHE_SIZE = 4
 
 
 def _fingerprint(trace: Trace) -> tuple:
+    """Cheap content summary of the tables caches derive from (op times, lanes, kinds,
+    names, edges): a trace edited in place after a what-if gets a new one. Inside one
+    :func:`fingerprint_scope` (one what-if) a trace's fingerprint is computed once."""
+    if _FP_SCOPE:
+        hit = _FP_SCOPE[-1].get(id(trace))
+        if hit is not None and hit[0] is trace:
+            return hit[1]
     o, e = trace.ops, trace.edges
-    return (len(o), len(e), int(o["start_ns"].sum()), int(o["dur_ns"].sum()),
-            int(o["lane"].sum()), int(e["src"].sum()), int(e["dst"].sum()),
-            int(e["lag_ns"].sum()))
+
+    def tot(df, col):
+        return int(df[col].to_numpy().sum())
+    fp = (len(o), len(e), tot(o, "start_ns"), tot(o, "dur_ns"), tot(o, "lane"),
+          tot(o, "kind"), tot(o, "name_id"), tot(e, "src"), tot(e, "dst"), tot(e, "lag_ns"))
+    if _FP_SCOPE:
+        _FP_SCOPE[-1][id(trace)] = (trace, fp)
+    return fp
+
+
+_FP_SCOPE: list[dict[int, tuple[Trace, tuple]]] = []
+
+
+@contextmanager
+def fingerprint_scope():
+    """Fingerprint each trace at most once until the block ends (one what-if: nothing edits
+    a trace's tables in place while it runs)."""
+    _FP_SCOPE.append({})
+    try:
+        yield
+    finally:
+        _FP_SCOPE.pop()
+
+
+# per-trace derived constants (measured step time, kernel classes, traffic, ...), valid while
+# the trace object lives and its fingerprint is unchanged
+_MEMO: dict[int, tuple[weakref.ref, tuple, dict[Any, Any]]] = {}
+
+
+def trace_memo(trace: Trace) -> dict[Any, Any]:
+    """A dict of values derived from ``trace`` alone, emptied when the trace is edited in
+    place (its fingerprint changes) and dropped with the trace. Callers store arrays
+    read-only (``arr.flags.writeable = False``) so that nobody edits a shared value."""
+    fp = _fingerprint(trace)
+    k = id(trace)
+    hit = _MEMO.get(k)
+    if hit is not None and hit[0]() is trace:
+        if hit[1] == fp:
+            return hit[2]
+    d: dict[Any, Any] = {}
+
+    def gone(ref, k=k):
+        cur = _MEMO.get(k)
+        if cur is not None and cur[0] is ref:
+            del _MEMO[k]
+    _MEMO[k] = (weakref.ref(trace, gone), fp, d)
+    return d
+
+
+def frozen(a: np.ndarray) -> np.ndarray:
+    """``a`` marked read-only (a cached array shared by what-ifs)."""
+    a.flags.writeable = False
+    return a
 
 
 def cached_graph(trace: Trace, *, ideal: bool = False) -> ReplayGraph:
@@ -71,6 +130,8 @@ def by_op(g: ReplayGraph, name: str) -> np.ndarray:
     """Graph array ``name`` (a per-op kernel array: ``dur_ns``, ``coll_of``, ``device``,
     ``resource``, ...) in op-id order, whether or not the graph lays its ops out in another
     order (``perm``/``pos``)."""
+    if isinstance(g, ReplayGraph):
+        return g.op_order(name)
     a = getattr(g, name)
     pos = getattr(g, "pos", None)
     return a if pos is None else a[pos]
@@ -294,7 +355,15 @@ class WhatIfState:
             src = np.concatenate(self._esrc)
             dst = np.concatenate(self._edst)
             if len(src):
-                g = g.with_edges(src, dst)
+                # the same extra edges on the same graph (a sweep's serial scenarios): the
+                # derived graph is reused (graphs are never modified in place)
+                m = g.memo()
+                hit = m.get("with_edges")
+                if hit is not None and np.array_equal(hit[0], src) and np.array_equal(hit[1], dst):
+                    return hit[2]
+                g2 = g.with_edges(src, dst)
+                m["with_edges"] = (frozen(src), frozen(dst), g2)
+                g = g2
         return g
 
     def final_durations(self) -> np.ndarray:

@@ -27,7 +27,7 @@ from collectors.enums import EdgeKind, OpKind
 from collectors.errors import ConfigError, PolicyError
 from collectors.trace import Trace
 
-from .base import Policy, WhatIfState, check_positive, layout_of
+from .base import Policy, WhatIfState, check_positive, frozen, layout_of, trace_memo
 
 __all__ = ["Hardware", "kernel_class", "CLASSES"]
 
@@ -121,7 +121,10 @@ class Hardware(Policy):
             state.synth.set_hardware(hw)
 
     def apply(self, state: WhatIfState) -> None:
-        cls = kernel_class(state.trace)
+        memo = trace_memo(state.trace)
+        cls = memo.get("kernel_class")
+        if cls is None:  # a per-trace constant: computed once per trace
+            cls = memo["kernel_class"] = frozen(kernel_class(state.trace))
         f = self.factors()
         if self.gpu is not None and not state.is_synth:
             f = f * _roofline_ratio(state.trace, self.gpu, self.from_gpu)

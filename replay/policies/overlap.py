@@ -55,6 +55,7 @@ from .base import (
     check_fraction,
     check_int,
     check_positive,
+    frozen,
     layout_of,
 )
 
@@ -150,7 +151,10 @@ class Overlap(Policy):
             _cpu_contention(state, state.notes["cpu_model"])
             d["interference"] = 1.0 - state.contention.interference
         if self.mode == "serial":
-            src, dst = serialize_edges(state.graph)
+            m = state.graph.memo()
+            if "serialize_edges" not in m:  # a per-graph constant: computed once per graph
+                m["serialize_edges"] = tuple(frozen(x) for x in serialize_edges(state.graph))
+            src, dst = m["serialize_edges"]
             state.add_edges(src, dst)
             state.notes["serialize_edges"] = int(len(src))
         if (self.interference is not None or self.share_links) and "cpu_model" not in state.notes:
