@@ -208,7 +208,11 @@ def test_gloo_ddp_exact_parameter_sizes_are_checked(gloo_ddp):
         whatif(_with_sizes(gloo_ddp, bad), {"overlap.bucket_mb": 1})
     with pytest.raises(PolicyError, match="must list integers"):
         whatif(_with_sizes(gloo_ddp, ["a"] * 10), {"overlap.bucket_mb": 1})
-    # the order of the list does not matter where the copy times tell the sizes apart
-    mixed = _with_sizes(gloo_ddp, PARAM_BYTES[::-1])
-    r = whatif(mixed, {"overlap.bucket_mb": _mib(0.5)})
-    assert all(b == [4 + 2048 + 2048 + 2**20] + [2048 + 2**20] * 3 for b in _buckets(r.trace))
+    # a list already in ready order (reverse registration order) is taken as listed
+    from replay.policies.bucketing import rebucket_cpu
+    ready = _with_sizes(gloo_ddp, PARAM_BYTES[::-1])
+    t, ids, _, info, _ = rebucket_cpu(ready, _mib(0.5), 1.0)
+    assert info["param_sizes"] == "exact sizes (in the order given)"
+    got = t.ops.loc[ids].sort_values(["rank", "step", "start_ns"])
+    assert got.groupby(["rank", "step"])["bytes"].apply(list).tolist() == \
+        [[4 + 2048 + 2048 + 2**20] + [2048 + 2**20] * 3] * len(_buckets(gloo_ddp))

@@ -10,8 +10,10 @@ so :func:`rebucket_cpu` models parameters, not buckets:
   bytes of the model's parameters (``[p.numel() * p.element_size() for p in
   model.parameters()]``: whoever captured the run has the model; the Kineto trace does not
   keep the shapes of the reducer's ranges). They are matched to the ready order as DDP's
-  initial buckets are (reverse registration order), else by the rank of their copy times,
-  and accepted only if every old bucket's bytes are exactly the sum of its parameters';
+  initial buckets are (reverse registration order), else taken as listed (a list in ready
+  order), else by the rank of their copy times (the first copy of a step is slow: a few-byte
+  parameter can swap with a few-KB one), and accepted only if every old bucket's bytes are
+  exactly the sum of its parameters';
   otherwise a :class:`PolicyError` says so. Without the list, a parameter's size is its
   old bucket's bytes split in proportion to the median (over ranks and steps) of its two
   copy times less the smallest (memory-bound copies: time ~ bytes; a few-KB parameter
@@ -274,6 +276,7 @@ def _exact_sizes(trace: Trace, per: dict, weight: np.ndarray, issue_of: dict,
     rank_order = np.empty(n, np.int64)
     rank_order[np.argsort(weight, kind="stable")] = np.arange(n)
     candidates = (("exact sizes (reverse registration order)", sizes[::-1]),
+                  ("exact sizes (in the order given)", sizes),
                   ("exact sizes (matched by copy time)", np.sort(sizes)[rank_order]))
     for source, cand in candidates:
         if all(np.array_equal(np.bincount(_bucket_of(ids, rdy, issue_of, start), weights=cand,
@@ -282,7 +285,8 @@ def _exact_sizes(trace: Trace, per: dict, weight: np.ndarray, issue_of: dict,
             return cand.astype(np.float64), source
     raise PolicyError(
         "overlap.bucket_mb: meta['ddp_param_bytes'] does not add up to the trace's gradient "
-        "buckets (matched to the gradients in reverse registration order or by copy time, "
+        "buckets (matched to the gradients in reverse registration order, as listed or by "
+        "copy time, "
         "some old bucket's bytes differ from the sum of its parameters'); check that the "
         "list is the model's parameters that DDP reduces, or drop the key to estimate the "
         "sizes from copy times")
