@@ -471,11 +471,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"\n{label}: none")
             continue
         print(f"\nerrors, {label}: {len(ks)} (paired: each prediction against the capture of "
-              "the same pair, mean +- standard error; pooled: median prediction / median "
-              "measurement - 1)")
+              "the same pair, mean +- standard error, and median; pooled: median prediction / "
+              "median measurement - 1)")
         hdr = (f"{'direction':>16} {'measured':>9} {'predicted':>9} {'paired err':>10} "
-               f"{'+-se':>6} {'pooled err':>10} {'pred spread':>11} {'change meas':>11} "
-               f"{'change pred':>11}")
+               f"{'+-se':>6} {'median':>7} {'pooled err':>10} {'pred spread':>11} "
+               f"{'change meas':>11} {'change pred':>11}")
         print(hdr)
         print("-" * len(hdr))
         for src, dst in (("A", "B"), ("B", "A"), ("A", "A"), ("B", "B")):
@@ -491,7 +491,8 @@ def main(argv: list[str] | None = None) -> int:
                 summary[(label, src)] = (statistics.mean(errs), se)
             print(f"{settings[src]:>6g} -> {settings[dst]:<5g}MiB {statistics.median(m):9.2f} "
                   f"{statistics.median(pr):9.2f} {statistics.mean(errs):+10.1%} {se:6.1%} "
-                  f"{pooled:+10.1%} {_spread(pr):11.1%} {cm:11.3f} {cp:11.3f}")
+                  f"{statistics.median(errs):+7.1%} {pooled:+10.1%} {_spread(pr):11.1%} "
+                  f"{cm:11.3f} {cp:11.3f}")
     print("change: median over the pairs of (measured or predicted 'to') / measured 'from' of "
           "the same pair; A -> A and B -> B: each capture re-bucketed to its own size (the "
           "model's own bias, no what-if)")

@@ -32,7 +32,13 @@ so :func:`rebucket_cpu` models parameters, not buckets:
   measured durations already carry that slowdown where they overlapped, so the isolated work
   of every training-thread op and the isolated transfer of every old bucket are the
   measured ones less ``i / (1 + i)`` of their overlap with the other kind; the replay runs
-  on the contention path and puts the slowdown back wherever the new buckets overlap;
+  on the contention path and puts the slowdown back wherever the new buckets overlap.
+  Which ``i``: a gloo transfer that alone keeps ``rho`` of a core busy (it waits on the
+  peer's socket the rest of the time) overlapped with a training thread that keeps one core
+  busy, on ``c`` cores per rank, ends ``i T`` late with ``i = min(1, max(0, 1 + rho - c))``
+  (the engine's ``T_c + i T_m``); bench/whatif_real.py probes ``rho`` (0.95 with the
+  ranks undisturbed on a 2-core machine: ``i`` ~ 1, the default; 0.5-0.8 when other
+  processes take the core while the transfer waits);
 * the gaps between consecutive training-thread ops are the CPU time of their parent ops
   (the Kineto reader keeps leaf ops): each is folded into the op after it, so it is shared
   too; only a gap spent waiting for an old bucket (up to that bucket's end) is not;
