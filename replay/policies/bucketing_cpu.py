@@ -43,7 +43,10 @@ so :func:`rebucket_cpu` models parameters, not buckets:
   (the Kineto reader keeps leaf ops): each is folded into the op after it, so it is shared
   too; only a gap spent waiting for an old bucket (up to that bucket's end) is not;
 * transfer time ``a + S f / B`` fitted on the isolated transfers (the intercept only when
-  the sizes differ by 1.5x or more, else ``a`` is ``GLOO_STEP_US`` per ring step).
+  the sizes differ by 1.5x or more, else ``a`` is ``GLOO_STEP_US`` per ring step and ``B``
+  the total bytes over the total time of the transfers, less the (rank, step)s whose
+  transfers took over ``DISTURBED_X`` times the median time per byte: descheduled on a
+  shared machine).
 """
 
 from __future__ import annotations
@@ -71,6 +74,9 @@ _COPY_BACK = "torch.distributed.ddp.reducer::copy_bucket_to_grad"
 #: worker-thread wake-up. Used only when the trace's bucket sizes are too alike to fit the
 #: intercept (2-rank all-reduces of 4 KB take 0.3-0.6 ms on a 2-core VM: 2 ring steps).
 GLOO_STEP_US = 100.0
+#: a rank's step whose transfers took over this many times the median time per byte was
+#: disturbed (its threads descheduled) and is left out of the bandwidth fit
+DISTURBED_X = 2.0
 
 
 @dataclass
@@ -439,7 +445,16 @@ def _fit_cpu(trace, is_ar, nbytes, y, ranks_per_node):
         sol, *_ = np.linalg.lstsq(np.stack([np.ones(len(x)), x], axis=1), ys, rcond=None)
         if sol[0] >= 0 and sol[1] > 0:
             return float(sol[0]), float(sol[1]), f
-    inv_b = float(np.maximum(ys - alpha, 0.0).sum() / x.sum())  # the total, not a median
+    # the total, not a median (isolated times of overlapped transfers are noisy but not
+    # biased), less the disturbed steps of a rank: over DISTURBED_X times the median time
+    # per byte of a (rank, step) (descheduled on a shared machine: not the link)
+    o = trace.ops
+    key = pd.MultiIndex.from_arrays([o["rank"].to_numpy()[idx], o["step"].to_numpy()[idx]])
+    t_ns = pd.Series(np.maximum(ys - alpha, 0.0), index=key).groupby(level=[0, 1]).sum()
+    b = pd.Series(x, index=key).groupby(level=[0, 1]).sum()
+    per = t_ns / b
+    ok = per <= DISTURBED_X * float(np.median(per))
+    inv_b = float(t_ns[ok].sum() / b[ok].sum())
     return alpha, inv_b, f
 
 
