@@ -216,3 +216,26 @@ def test_gloo_ddp_exact_parameter_sizes_are_checked(gloo_ddp):
     got = t.ops.loc[ids].sort_values(["rank", "step", "start_ns"])
     assert got.groupby(["rank", "step"])["bytes"].apply(list).tolist() == \
         [[4 + 2048 + 2048 + 2**20] + [2048 + 2**20] * 3] * len(_buckets(gloo_ddp))
+
+
+@pytest.mark.torch
+@pytest.mark.skipif(not HAS_TORCH, reason="needs torch (retime[torch])")
+def test_gloo_bandwidth_fit_leaves_out_disturbed_steps(gloo_ddp):
+    """Transfers of exactly ``a + S / B`` (2 ranks: bus factor 2 (n - 1) / n = 1) give back
+    ``B``, also when one rank's step was descheduled (its transfers 5x as long): that step
+    is left out, where the plain total would be 40% off (one of 10 rank-steps, 4 extra)."""
+    from replay.policies.bucketing_cpu import GLOO_STEP_US, _fit_cpu
+    o = gloo_ddp.ops
+    nbytes = o["bytes"].to_numpy()
+    is_ar = ((o["kind"] == 3) & (o["comm_op"] == 1) & (o["bytes"] > 0)).to_numpy()
+    alpha = 2 * GLOO_STEP_US * 1e3  # 2 ring steps of a 2-rank all-reduce
+    inv_b = 1.0 / 0.8  # ns per byte: 0.8 GB/s
+    y = np.where(is_ar, alpha + nbytes * inv_b, 0.0)
+    a, got, f = _fit_cpu(gloo_ddp, is_ar, nbytes, y, None)
+    assert (a, f) == (alpha, 1.0) and got == pytest.approx(inv_b, rel=1e-12)
+    hit = is_ar & (o["rank"].to_numpy() == 1) & (o["step"].to_numpy() == o["step"].max())
+    assert hit.sum() == 4
+    y_bad = np.where(hit, alpha + 5 * nbytes * inv_b, y)
+    assert _fit_cpu(gloo_ddp, is_ar, nbytes, y_bad, None)[1] == pytest.approx(inv_b, rel=1e-12)
+    plain = float((y_bad[is_ar] - alpha).sum() / nbytes[is_ar].sum())
+    assert plain == pytest.approx(1.4 * inv_b, rel=1e-9)  # what the total alone would give
