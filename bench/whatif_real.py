@@ -196,10 +196,11 @@ def _rank_main(local_rank: int, port: int, cfg: dict) -> None:
 
 @contextlib.contextmanager
 def _raised_priority(nice: int, realtime: bool = False):
-    """Run the ranks (spawned: they inherit it) at ``nice`` ahead of other processes on a
-    shared machine: the process's nice value and, where the kernel groups processes by
-    session (``/proc/self/autogroup``: fair shares between sessions, not threads), its
-    session's. Restored afterwards; without the permission they run as equals (printed)."""
+    """Run the ranks (spawned: they inherit it) ahead of other processes on a shared
+    machine: at ``nice`` (the process's nice value and, where the kernel groups processes
+    by session, ``/proc/self/autogroup``, its session's) and with ``realtime`` under
+    round-robin real-time scheduling with ``RR_SLICE_MS`` slices. Everything is restored
+    afterwards; what is not permitted is skipped (printed)."""
     ag = Path("/proc/self/autogroup")
     nice0 = os.getpriority(os.PRIO_PROCESS, 0)
     ag0 = None
@@ -215,14 +216,16 @@ def _raised_priority(nice: int, realtime: bool = False):
     rr = Path("/proc/sys/kernel/sched_rr_timeslice_ms")
     if realtime:
         try:
-            pol0 = os.sched_getscheduler(0), os.sched_getparam(0)
-            os.sched_setscheduler(0, os.SCHED_RR, os.sched_param(1))
             # round-robin slices as short as the fair scheduler's, so that the ranks' own
             # threads (training and gloo) still share a core finely, as on an idle machine
             slice0 = int(rr.read_text())
             rr.write_text(str(RR_SLICE_MS))
+            pol0 = os.sched_getscheduler(0), os.sched_getparam(0)
+            os.sched_setscheduler(0, os.SCHED_RR, os.sched_param(1))
         except (OSError, AttributeError, ValueError):
-            print("  (could not use real-time scheduling with short slices: not permitted)")
+            pol0 = None
+            print("  (could not use real-time scheduling with short slices: not permitted; "
+                  f"the ranks run under the normal scheduler at nice {nice})")
     try:
         yield
     finally:
