@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-__all__ = ["scan_events", "find_array", "same_bytes", "key_table"]
+__all__ = ["scan_events", "find_array", "key_table", "intern_table", "grow_table", "table_bytes"]
 
 
 # ---------------------------------------------------------------- Kineto event scanner
@@ -21,21 +21,34 @@ __all__ = ["scan_events", "find_array", "same_bytes", "key_table"]
 # caller then falls back to the whole-document decoder, which words the error.
 
 #: columns of the scanner's output rows
-EV_SPAN0, EV_SPAN1, EV_PH, EV_FLAGS, EV_CAT0, EV_CATN, EV_CATH, EV_NAME0, EV_NAMEN, EV_NAMEH, \
-    EV_PID, EV_TID, EV_TS, EV_DUR, EV_CORR, EV_EXT, EV_DEV, EV_STREAM, EV_BYTES, EV_DEVTYPE, \
-    EV_DEVID, EV_MEMBYTES, EV_TALLOC, EV_TRES = range(24)
-EV_FIELDS = 24
+#: (EV_CAT / EV_NAME: ids in the reader's intern tables, see :func:`intern_table`)
+EV_SPAN0, EV_SPAN1, EV_PH, EV_FLAGS, EV_CAT, EV_NAME, EV_PID, EV_TID, EV_TS, EV_DUR, EV_CORR, \
+    EV_EXT, EV_DEV, EV_STREAM, EV_BYTES, EV_DEVTYPE, EV_DEVID, EV_MEMBYTES, EV_TALLOC, \
+    EV_TRES = range(20)
+EV_FIELDS = 20
 #: flag bits
 F_SLOW, F_TS, F_DUR, F_ARGS, F_NAME, F_CAT, F_PID, F_TID = 1, 2, 4, 8, 16, 32, 64, 128
 #: value of an absent optional field
 NONE = np.int64(-(1 << 63))
 #: scan status
-S_MORE, S_END, S_FULL, S_ERROR = 0, 1, 2, -1
+S_MORE, S_END, S_FULL, S_GROW, S_ERROR = 0, 1, 2, 3, -1
 TOP_KEYS = (b"ph", b"cat", b"name", b"pid", b"tid", b"ts", b"dur", b"args")
 ARG_KEYS = (b"correlation", b"External id", b"device", b"stream", b"bytes", b"Device Type",
             b"Device Id", b"Bytes", b"Total Allocated", b"Total Reserved")
 _FNV0 = -3750763034362895579  # FNV-1a offset basis as int64
 _FNV_P = 1099511628211
+
+
+_CC = np.zeros(256, np.uint8)  # byte classes: 1 space, 2 string special, 4 structural, 8 ends a number
+for _c in b" \n\r\t":
+    _CC[_c] |= 1 | 8
+for _c in b",]}":
+    _CC[_c] |= 8
+for _c in b'"{}[]':
+    _CC[_c] |= 4
+_CC[34] |= 2
+_CC[92] |= 2
+_CC[128:] |= 2
 
 
 def key_table(keys) -> tuple[np.ndarray, np.ndarray]:
@@ -49,7 +62,7 @@ def key_table(keys) -> tuple[np.ndarray, np.ndarray]:
 def _ws(buf, i, n):  # pragma: no cover - compiled
     while i < n:
         c = buf[i]
-        if c != 32 and c != 10 and c != 13 and c != 9:
+        if c > 32 or (_CC[c] & 1) == 0:
             return i
         i += 1
     return i
@@ -92,21 +105,26 @@ def _utf8(buf, i, n):  # pragma: no cover - compiled
 
 @njit(cache=True, inline="always")
 def _str_end(buf, i, n):  # pragma: no cover - compiled
-    """``i`` at an opening quote -> (index after the closing quote, FNV hash of the raw
-    bytes, escaped?); index -1 when the buffer ends first, -2 on invalid UTF-8."""
+    """``i`` at an opening quote -> (index after the closing quote, hash of the raw bytes,
+    escaped?); index -1 when the buffer ends first, -2 on invalid UTF-8. The hash only
+    spreads strings over the intern table (equal strings are confirmed byte by byte)."""
     h = _FNV0
     esc = False
     i += 1
     while i < n:
         c = buf[i]
+        if (_CC[c] & 2) == 0:
+            h = ((h << 5) | ((h >> 59) & 31)) ^ c
+            i += 1
+            continue
         if c == 34:
-            return i + 1, h, esc
+            return i + 1, (h ^ (h >> 31)) * _FNV_P, esc
         if c == 92:
             esc = True
             if i + 1 >= n:
                 return -1, h, esc
-            h = (h ^ c) * _FNV_P
-            h = (h ^ buf[i + 1]) * _FNV_P
+            h = ((h << 5) | ((h >> 59) & 31)) ^ c
+            h = ((h << 5) | ((h >> 59) & 31)) ^ buf[i + 1]
             i += 2
             continue
         if c >= 128:
@@ -114,11 +132,10 @@ def _str_end(buf, i, n):  # pragma: no cover - compiled
             if m < 0:
                 return m, h, esc
             for k in range(m):
-                h = (h ^ buf[i + k]) * _FNV_P
+                h = ((h << 5) | ((h >> 59) & 31)) ^ buf[i + k]
             i += m
             continue
-        h = (h ^ c) * _FNV_P
-        i += 1
+        return -2, h, esc  # not reached: every other byte is plain
     return -1, h, esc
 
 
@@ -129,6 +146,9 @@ def _str_skip(buf, i, n):  # pragma: no cover - compiled
     i += 1
     while i < n:
         c = buf[i]
+        if (_CC[c] & 2) == 0:
+            i += 1
+            continue
         if c == 34:
             return i + 1, esc
         if c == 92:
@@ -157,6 +177,9 @@ def _skip(buf, i, n):  # pragma: no cover - compiled
         depth = 0
         while i < n:
             c = buf[i]
+            if (_CC[c] & 4) == 0:
+                i += 1
+                continue
             if c == 34:
                 e, _ = _str_skip(buf, i, n)
                 if e < 0:
@@ -180,8 +203,7 @@ def _skip(buf, i, n):  # pragma: no cover - compiled
     if not (c == 45 or 48 <= c <= 57 or c == 116 or c == 102 or c == 110):
         return -2
     while i < n:
-        c = buf[i]
-        if c == 44 or c == 125 or c == 93 or c == 32 or c == 10 or c == 13 or c == 9:
+        if _CC[buf[i]] & 8:
             return i
         i += 1
     return -1
@@ -325,8 +347,8 @@ def _args(buf, i, n, out, r, kb, ko):  # pragma: no cover - compiled
         return -2, slow
 
 
-@njit(cache=True)
-def _event(buf, i, n, out, r, tk, to, ak, ao):  # pragma: no cover - compiled
+@njit(cache=True, inline="always")
+def _event(buf, i, n, out, r, tk, to, ak, ao, nt, ct):  # pragma: no cover - compiled
     """Parse the event object at ``i`` into column ``r`` of ``out``; -> end (-1 more data, -2 invalid)."""
     out[EV_SPAN0, r] = i
     out[EV_PH, r] = 0
@@ -378,14 +400,10 @@ def _event(buf, i, n, out, r, tk, to, ak, ao):  # pragma: no cover - compiled
                 else:
                     flags |= F_SLOW
             elif kid == 2:
-                out[EV_CAT0, r] = j + 1
-                out[EV_CATN, r] = e - j - 2
-                out[EV_CATH, r] = h
+                out[EV_CAT, r] = _intern(ct, buf, j + 1, e - 1, h)
                 flags |= F_CAT
             else:
-                out[EV_NAME0, r] = j + 1
-                out[EV_NAMEN, r] = e - j - 2
-                out[EV_NAMEH, r] = h
+                out[EV_NAME, r] = _intern(nt, buf, j + 1, e - 1, h)
                 flags |= F_NAME
             j = e
             done = True
@@ -436,7 +454,7 @@ def _event(buf, i, n, out, r, tk, to, ak, ao):  # pragma: no cover - compiled
 
 
 @njit(cache=True)
-def _scan_events(buf, pos, state, out, tk, to, ak, ao):  # pragma: no cover - compiled
+def _scan_events(buf, pos, state, out, tk, to, ak, ao, nt, ct):  # pragma: no cover - compiled
     n = buf.shape[0]
     cap = out.shape[1]
     k = 0
@@ -459,7 +477,9 @@ def _scan_events(buf, pos, state, out, tk, to, ak, ao):  # pragma: no cover - co
             return S_ERROR, j, state, k
         if k == cap:
             return S_FULL, j, state, k
-        e = _event(buf, j, n, out, k, tk, to, ak, ao)
+        if nt[5][0] >= nt[5][2] or ct[5][0] >= ct[5][2]:
+            return S_GROW, j, state, k  # an intern table is half full: grow it, call again
+        e = _event(buf, j, n, out, k, tk, to, ak, ao, nt, ct)
         if e == -1:
             return S_MORE, j, state, k
         if e < 0:
@@ -472,8 +492,14 @@ def _scan_events(buf, pos, state, out, tk, to, ak, ao):  # pragma: no cover - co
         state = 2
 
 
-def scan_events(buf: np.ndarray, pos: int, state: int, out: np.ndarray, tables):
+def scan_events(buf: np.ndarray, pos: int, state: int, out: np.ndarray, tables, names,
+                cats):
     """Scan trace events from ``buf[pos:]`` into the columns of ``out`` (int64, (EV_FIELDS, cap)).
+
+    ``names`` and ``cats`` are intern tables (:func:`intern_table`): the ``name`` and ``cat``
+    strings of the events get ids in them (columns EV_NAME, EV_CAT), compared byte by byte
+    with the stored copy, so two different strings never share an id. S_GROW: a table must
+    grow (:func:`grow_table`) before the call is repeated from ``pos``.
 
     ``state`` is 0 right after the array's ``[``, 1 after a comma, 2 after an element.
     Returns ``(status, pos, state, rows)``: S_MORE (the buffer ends inside an event or
@@ -481,30 +507,93 @@ def scan_events(buf: np.ndarray, pos: int, state: int, out: np.ndarray, tables):
     array's ``]``), S_FULL (``out`` is full: call again from ``pos``), S_ERROR (invalid at
     ``pos``).
     """
-    return _scan_events(buf, pos, state, out, *tables)
+    for t in (names, cats):
+        if len(t[2]) - t[5][1] < len(buf) - pos:  # room for every string of this buffer
+            grow_table(t, len(buf) - pos)
+    return _scan_events(buf, pos, state, out, *tables, tuple(names), tuple(cats))
+
+
+# ---------------------------------------------------------------- intern tables
+# (hashes, ids, pool, offsets, lengths, meta): open addressing on the 64-bit hash of the raw
+# bytes (ids -1: empty slot); a string's bytes are kept in ``pool`` at ``offsets[id]``;
+# meta = [strings, pool bytes used, most strings before growing]. A slot matches only when
+# hash, length and every byte agree: a hash collision costs a probe, never a wrong id.
+
+
+def intern_table(slots: int = 1 << 12, pool_bytes: int = 1 << 16) -> list:
+    """An empty intern table for :func:`scan_events` (``slots`` a power of two)."""
+    return [np.zeros(slots, np.int64), np.full(slots, -1, np.int64), np.empty(pool_bytes, np.uint8),
+            np.empty(slots // 2, np.int64), np.empty(slots // 2, np.int64),
+            np.array([0, 0, slots // 2 - 1], np.int64)]
+
+
+def grow_table(t: list, pool_free: int = 0) -> None:
+    """Grow the intern table ``t`` in place: twice the slots when half full, a pool with at
+    least ``pool_free`` free bytes."""
+    hs, ids, pool, off, ln, meta = t
+    if meta[0] >= meta[2]:
+        slots = 2 * len(hs)
+        nh, ni = np.zeros(slots, np.int64), np.full(slots, -1, np.int64)
+        _rehash(hs, ids, nh, ni)
+        t[0], t[1] = nh, ni
+        t[3] = np.concatenate([off, np.empty(slots // 2 - len(off), np.int64)])
+        t[4] = np.concatenate([ln, np.empty(slots // 2 - len(ln), np.int64)])
+        meta[2] = slots // 2 - 1
+    if len(pool) - meta[1] < pool_free:
+        grown = np.empty(max(2 * len(pool), int(meta[1]) + pool_free), np.uint8)
+        grown[: meta[1]] = pool[: meta[1]]
+        t[2] = grown
+
+
+def table_bytes(t, i: int) -> bytes:
+    """The raw bytes of string ``i`` of the intern table ``t``."""
+    a = int(t[3][i])
+    return t[2][a: a + int(t[4][i])].tobytes()
 
 
 @njit(cache=True)
-def _same_bytes(buf, s, ln, rep_s, rep_n):  # pragma: no cover - compiled
-    bad = 0
-    for i in range(s.shape[0]):
-        a = s[i]
-        b = rep_s[i]
-        if ln[i] != rep_n[i]:
-            bad += 1
-            continue
-        for k in range(ln[i]):
-            if buf[a + k] != buf[b + k]:
-                bad += 1
-                break
-    return bad
+def _rehash(hs, ids, nh, ni):  # pragma: no cover - compiled
+    mask = nh.shape[0] - 1
+    for s in range(hs.shape[0]):
+        if ids[s] >= 0:
+            i = (hs[s] ^ (hs[s] >> 29)) & mask
+            while ni[i] >= 0:
+                i = (i + 1) & mask
+            nh[i] = hs[s]
+            ni[i] = ids[s]
 
 
-def same_bytes(buf, s, ln, rep_s, rep_n) -> int:
-    """Number of spans ``buf[s:s+ln]`` that differ from their ``buf[rep_s:rep_s+rep_n]``."""
-    return int(_same_bytes(buf, np.ascontiguousarray(s, np.int64), np.ascontiguousarray(ln, np.int64),
-                           np.ascontiguousarray(rep_s, np.int64),
-                           np.ascontiguousarray(rep_n, np.int64)))
+@njit(cache=True, inline="always")
+def _intern(t, buf, s, e, h):  # pragma: no cover - compiled
+    """Id of the string ``buf[s:e]`` (hash ``h``) in the intern table ``t``; added if new."""
+    hs, ids, pool, off, ln, meta = t
+    mask = hs.shape[0] - 1
+    m = e - s
+    i = (h ^ (h >> 29)) & mask
+    while True:
+        d = ids[i]
+        if d < 0:
+            d = meta[0]
+            hs[i] = h
+            ids[i] = d
+            p = meta[1]
+            off[d] = p
+            ln[d] = m
+            for k in range(m):
+                pool[p + k] = buf[s + k]
+            meta[0] = d + 1
+            meta[1] = p + m
+            return d
+        if hs[i] == h and ln[d] == m:
+            p = off[d]
+            same = True
+            for k in range(m):
+                if pool[p + k] != buf[s + k]:
+                    same = False
+                    break
+            if same:
+                return d
+        i = (i + 1) & mask
 
 
 @njit(cache=True)

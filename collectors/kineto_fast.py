@@ -68,8 +68,9 @@ def _tables():
     return _TABLES
 
 
-def _blocks(path: Path, on_bytes=None) -> Iterator[bytes]:
-    """Decompressed blocks of the file (gzip or plain). Any gzip problem -> _Fallback.
+def _blocks(path: Path, on_bytes=None) -> Iterator:
+    """Decompressed blocks of a gzip file; for a plain file, its open file object once.
+    Any gzip problem -> _Fallback.
 
     ``on_bytes(n)`` is called with the number of bytes read from disk after each read.
     """
@@ -81,13 +82,8 @@ def _blocks(path: Path, on_bytes=None) -> Iterator[bytes]:
         head = fh.read(2)
         fh.seek(0)
         if head != b"\x1f\x8b":
-            while True:
-                b = fh.read(BLOCK_BYTES)
-                if not b:
-                    return
-                if on_bytes:
-                    on_bytes(len(b))
-                yield b
+            yield fh
+            return
         d = zlib.decompressobj(wbits=31)
         pending = b""
         while True:
@@ -115,39 +111,65 @@ def _blocks(path: Path, on_bytes=None) -> Iterator[bytes]:
             raise _Fallback  # truncated gzip
 
 
+class _Source:
+    """``carry`` + the next block of the file, block by block (set ``carry`` in between).
+
+    A plain file is read into one reused buffer (no fresh 4 MB string per block); what
+    is yielded is then a view that the next block overwrites: keep copies only.
+    """
+
+    def __init__(self, path: Path, on_bytes):
+        self.path, self.on_bytes = path, on_bytes
+        self.carry = b""
+
+    def __iter__(self) -> Iterator:
+        ba = bytearray(0)
+        for blk in _blocks(self.path, self.on_bytes):
+            if isinstance(blk, bytes):
+                c = self.carry
+                yield c + blk if c else blk
+                continue
+            while True:  # a plain file
+                c = self.carry
+                n = len(c)
+                if n + BLOCK_BYTES > len(ba):
+                    ba = bytearray(n + BLOCK_BYTES)
+                mv = memoryview(ba)
+                mv[:n] = c
+                got = blk.readinto(mv[n: n + BLOCK_BYTES])
+                if not got:
+                    return
+                if self.on_bytes:
+                    self.on_bytes(got)
+                yield mv[: n + got]
+
+
 class _Names:
-    """Hash -> string id for names (or categories), checked against the raw bytes."""
+    """Ids of the scanner's intern table (raw strings) -> string ids, made on first use."""
 
     def __init__(self, intern):
         self.intern = intern
-        self.by_hash: dict[int, tuple[int, bytes]] = {}
+        self.table = K.intern_table()
+        self.sid = np.zeros(0, np.int64)  # table id -> string id (-1: not decoded yet)
 
-    def ids(self, data: bytes, buf: np.ndarray, s0: np.ndarray, ln: np.ndarray, h: np.ndarray):
-        if not len(h):
-            return np.zeros(0, np.int64)
-        uh, first, inv = np.unique(h, return_index=True, return_inverse=True)
-        rep = first[inv]
-        if K.same_bytes(buf, s0, ln, s0[rep], ln[rep]):
-            raise _Fallback  # a 64-bit hash collision inside the block
-        out = np.empty(len(uh), np.int64)
-        for j in np.argsort(first, kind="stable"):  # intern in order of first appearance
-            hv = int(uh[j])
-            a = int(s0[first[j]])
-            raw = data[a: a + int(ln[first[j]])]
-            got = self.by_hash.get(hv)
-            if got is not None:
-                if got[1] != raw:
-                    raise _Fallback  # a collision across blocks
-                out[j] = got[0]
-                continue
-            try:
-                s = msgspec.json.decode(b'"' + raw + b'"', type=str)
-            except msgspec.DecodeError as exc:
-                raise _Fallback from exc  # bad escape / encoding: the general path says so
-            sid = self.intern(s)
-            self.by_hash[hv] = (sid, raw)
-            out[j] = sid
-        return out[inv]
+    def ids(self, tids: np.ndarray) -> np.ndarray:
+        n = int(self.table[5][0])
+        if len(self.sid) < n:
+            self.sid = np.concatenate([self.sid, np.full(max(n, 2 * len(self.sid)) - len(self.sid), -1,
+                                                         np.int64)])
+        out = self.sid[tids]
+        miss = out < 0
+        if miss.any():
+            new, first = np.unique(tids[miss], return_index=True)
+            for t in new[np.argsort(first)].tolist():  # in order of first appearance
+                raw = K.table_bytes(self.table, t)
+                try:
+                    s = msgspec.json.decode(b'"' + raw + b'"', type=str)
+                except msgspec.DecodeError as exc:
+                    raise _Fallback from exc  # bad escape / encoding: the general path says so
+                self.sid[t] = self.intern(s)
+            out = self.sid[tids]
+        return out
 
 
 def _decode_event(path: Path, data: bytes, a: int, b: int, idx: int) -> _Ev:
@@ -212,12 +234,10 @@ class _Reader:
             loop.kept["flows"] += n_flow
         named = np.flatnonzero((is_x | is_i) & ((flags & K.F_NAME) != 0))
         nid = np.full(k, -1, np.int64)
-        nid[named] = self.names.ids(data, buf, rows[K.EV_NAME0, named], rows[K.EV_NAMEN, named],
-                                    rows[K.EV_NAMEH, named])
+        nid[named] = self.names.ids(rows[K.EV_NAME, named])
         xi = np.flatnonzero(is_x)
         if len(xi):
-            cid = self.cat_ids.ids(data, buf, rows[K.EV_CAT0, xi], rows[K.EV_CATN, xi],
-                                   rows[K.EV_CATH, xi])
+            cid = self.cat_ids.ids(rows[K.EV_CAT, xi])
         self._name_flags()
         keep: list[np.ndarray] = []
         if len(xi):
@@ -362,41 +382,45 @@ def _parse(path: Path, on_stage, on_bytes):  # noqa: C901 - one streaming state 
     tables = _tables()
     reader = _Reader(path)
     out = np.empty((K.EV_FIELDS, ROWS), np.int64)
-    carry = b""
+    src = _Source(path, on_bytes)
     phase = 0  # 0: before the array, 1: in it, 2: after it
     prefix = suffix = b""
     pos = state = 0
     n_ev = 0
-    for blk in _blocks(path, on_bytes):
+    for data in src:
         if phase == 2:
-            suffix += blk
+            suffix += data
             continue
-        data = carry + blk if carry else blk
         buf = np.frombuffer(data, np.uint8)
         if phase == 0:
             a = K.find_array(buf, b"traceEvents")
             if a == -1:
                 if len(data) > (256 << 20):
                     raise _Fallback  # a huge document head: let the general path decide
-                carry = data
+                src.carry = bytes(data)
                 continue
             if a < 0:
                 raise _Fallback
-            prefix, pos, state, phase = data[:a], a + 1, 0, 1
+            prefix, pos, state, phase = bytes(data[:a]), a + 1, 0, 1
         while True:
-            st, pos, state, k = K.scan_events(buf, pos, state, out, tables)
+            st, pos, state, k = K.scan_events(buf, pos, state, out, tables, reader.names.table,
+                                              reader.cat_ids.table)
             if k:
                 reader.block(data, buf, out[:, :k], n_ev)
                 n_ev += k
+            if st == K.S_GROW:
+                K.grow_table(reader.names.table)
+                K.grow_table(reader.cat_ids.table)
+                continue
             if st == K.S_FULL:
                 continue
             break
         if st == K.S_ERROR:
             raise _Fallback
         if st == K.S_END:
-            suffix, phase, carry = data[pos + 1:], 2, b""
+            suffix, phase, src.carry = bytes(data[pos + 1:]), 2, b""
         else:
-            carry, pos = data[pos:], 0
+            src.carry, pos = bytes(data[pos:]), 0
     if phase != 2:
         raise _Fallback  # truncated, empty, or no events array
     if prefix.strip():
