@@ -30,6 +30,11 @@ import msgspec
 import numpy as np
 
 from . import _kineto_kernels as K
+
+try:  # ISA-L inflates gzip ~2.4x faster than zlib, with the same interface
+    from isal import isal_zlib as _zlib
+except ImportError:  # pragma: no cover - isal is a dependency; zlib is the stand-in
+    _zlib = zlib
 from .enums import OpKind
 from .errors import TraceFormatError
 from .kineto import _DEC_FILE, _Ev, _File
@@ -84,7 +89,7 @@ def _blocks(path: Path, on_bytes=None) -> Iterator:
         if head != b"\x1f\x8b":
             yield fh
             return
-        d = zlib.decompressobj(wbits=31)
+        d = _zlib.decompressobj(wbits=31)
         pending = b""
         while True:
             raw = pending or fh.read(1 << 20)
@@ -98,7 +103,7 @@ def _blocks(path: Path, on_bytes=None) -> Iterator:
                 while d.unconsumed_tail and not d.eof:
                     yield out
                     out = d.decompress(d.unconsumed_tail, BLOCK_BYTES)
-            except zlib.error as exc:
+            except (zlib.error, _zlib.error) as exc:
                 raise _Fallback from exc
             if out:
                 yield out
@@ -106,7 +111,7 @@ def _blocks(path: Path, on_bytes=None) -> Iterator:
                 pending = d.unused_data
                 if not pending and not fh.peek(1)[:1]:
                     return
-                d = zlib.decompressobj(wbits=31)
+                d = _zlib.decompressobj(wbits=31)
         if not d.eof:
             raise _Fallback  # truncated gzip
 
