@@ -97,48 +97,120 @@ def real_sweep(tr, n: int, workers: int, sample_only: bool) -> None:
     """Per-kind cost of real scenarios, then the sweep of ``n`` of them."""
     from replay import whatif
 
-    kinds = {
-        "compute only": {"hardware.compute_speedup": 1.4},
-        "overlap serial": {"overlap.mode": "serial"},
-        "overlap interference": {"overlap.interference": 0.5},
-        # best of 2: the second call reuses the re-synthesized run (SynthSpec.synthesize)
-        "network (re-synthesized run reused)": {"network.inter_node_gbps": 25.0},
-        "all three": {"hardware.compute_speedup": 1.4, "network.inter_node_gbps": 25.0,
-                      "overlap.interference": 0.5},
+    net = {"hardware.compute_speedup": 1.4, "network.inter_node_gbps": 25.0}
+    kinds = {  # one per overlap kind of the grid (the bandwidth changes the trace, not the cost)
+        "async (compute + network)": net,
+        "serial overlap (+ compute + network)": {**net, "overlap.mode": "serial"},
+        "interference (+ compute + network)": {**net, "overlap.interference": 0.5},
     }
+    # a network setting's first what-if re-synthesizes the run and builds its graph; each
+    # worker does that once per setting it is dealt (replay.sweep deals whole settings)
+    t = time.process_time()
+    scenario_metrics(whatif(tr, {"network.inter_node_gbps": 25.0}))
+    first = time.process_time() - t
     cost = {}
     for name, sc in kinds.items():
-        c = best_of(lambda sc=sc: scenario_metrics(whatif(tr, sc)), k=2,
+        c = best_of(lambda sc=sc: scenario_metrics(whatif(tr, sc)), k=3,
                     clock=time.process_time)
         cost[name] = c
-        print(f"  real whatif, {name}: {c:.2f} s CPU per scenario (best of 2)")
+        print(f"  real whatif + row metrics, {name}: {c:.3f} s CPU per scenario (best of 3, "
+              "caches warm)")
+    resynth = max(first - cost["async (compute + network)"], 0.0)
+    print(f"  re-synthesis of a network setting + its graph and per-trace caches (first "
+          f"what-if of it): {resynth:.2f} s CPU")
     scs = policy_grid(n)
-    net = sum(s["network.inter_node_gbps"] != NETWORK_GBPS[0] for s in scs)
-    ov = sum(("overlap.mode" in s) or ("overlap.interference" in s) for s in scs)
-    proj = net * cost["all three"] + (len(scs) - net) * max(cost["overlap interference"],
-                                                           cost["compute only"])
-    print(f"  grid of {len(scs)}: {net} change the network (re-synthesize), {ov} change "
-          f"overlap; projected CPU ~{proj:.0f} s, ~{proj / 2:.0f} s wall on 2 workers")
+    n_ser = sum(s.get("overlap.mode") == "serial" for s in scs)
+    n_int = sum("overlap.interference" in s for s in scs)
+    n_asy = len(scs) - n_ser - n_int
+    n_net = len({s["network.inter_node_gbps"] for s in scs} - {NETWORK_GBPS[0]})
+    proj = (n_asy * cost["async (compute + network)"]
+            + n_ser * cost["serial overlap (+ compute + network)"]
+            + n_int * cost["interference (+ compute + network)"] + n_net * resynth)
+    print(f"  grid of {len(scs)}: {n_asy} async, {n_ser} serial, {n_int} interference "
+          f"(contention path); {n_net} network settings to re-synthesize. Projected CPU "
+          f"~{proj:.0f} s = ~{proj / workers:.0f} s wall on {workers} idle cores (+ pool "
+          f"start-up); the interference scenarios alone: "
+          f"~{n_int * cost['interference (+ compute + network)'] / workers:.0f} s")
     if sample_only:
         return
     from replay.sweep import SweepInterrupted
 
+    load0 = os.getloadavg()[0]
     t, c = time.perf_counter(), time.process_time()
-    try:
-        df = sweep(tr, scs, workers=workers)
-        done = len(df)
-    except SweepInterrupted as exc:  # Ctrl-C / timeout -s INT: report the finished rows
-        df, done = exc.frame, len(exc.frame)
+    with ChildCPU() as kids:
+        try:
+            df = sweep(tr, scs, workers=workers)
+            done = len(df)
+        except SweepInterrupted as exc:  # Ctrl-C / timeout -s INT: report the finished rows
+            df, done = exc.frame, len(exc.frame)
     wall = time.perf_counter() - t
     errs = int(df["error"].notna().sum())
     print(f"sweep of {done}/{len(scs)} real scenarios, "
           f"workers={workers}: {wall:.0f} s wall "
           f"({done / wall:.2f} scenarios/s; parent CPU {time.process_time() - c:.0f} s), "
           f"{errs} error row(s)")
+    cpu = kids.cpu_s
+    print(f"  worker processes' CPU: {cpu:.0f} s ({cpu / max(done, 1) * 1e3:.0f} ms per "
+          f"scenario, start-up and re-synthesis included); CPU-bound wall on {workers} idle "
+          f"cores ~{cpu / workers:.0f} s; the sweep kept {cpu / wall:.2f} cores busy "
+          f"(1-min load average {load0:.1f} before, {os.getloadavg()[0]:.1f} after: other "
+          f"processes' load stretches the wall time)")
     if done:
         ok = df[df["error"].isna()]
         print(f"  step time over the grid: {ok['step_time_ns'].min() / 1e9:.3f} .. "
               f"{ok['step_time_ns'].max() / 1e9:.3f} s")
+
+
+class ChildCPU:
+    """CPU seconds (user + system) of this process's descendants (the sweep's forkserver and
+    workers, which are not our direct children, so ``RUSAGE_CHILDREN`` misses them),
+    sampled from /proc every 0.2 s: a worker's last sample counts (up to 0.2 s early)."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self._seen: dict[int, float] = {}
+        self._stop = threading.Event()
+        self._th = threading.Thread(target=self._run, daemon=True)
+        self._tick = os.sysconf("SC_CLK_TCK")
+
+    def __enter__(self):
+        self._th.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._sample()
+        self._stop.set()
+        self._th.join()
+
+    @property
+    def cpu_s(self) -> float:
+        return sum(self._seen.values())
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.2):
+            self._sample()
+
+    def _sample(self) -> None:
+        parent: dict[int, int] = {}
+        cpu: dict[int, float] = {}
+        for d in os.listdir("/proc"):
+            if not d.isdigit():
+                continue
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    st = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            parent[int(d)] = int(st[1])
+            cpu[int(d)] = (int(st[11]) + int(st[12])) / self._tick
+        me = os.getpid()
+        for pid in cpu:
+            p, hops = parent.get(pid), 0
+            while p is not None and p != me and hops < 8:
+                p, hops = parent.get(p), hops + 1
+            if p == me and pid != me:
+                self._seen[pid] = max(self._seen.get(pid, 0.0), cpu[pid])
 
 
 def best_of(f, k=3, clock=time.perf_counter):

@@ -37,9 +37,10 @@ from ._links import (
     _L_HEAP,
     _NF,
     _NI,
+    _fill_shares,
     _job_enter,
     _job_leave,
-    _rerate,
+    _rerate_cands,
     _spush,
     _toggle_flows,
 )
@@ -415,9 +416,12 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
                                interference)
             if is_flow:
                 n_flows -= 1
-            seq = _rerate(now, ncand, is_flow, n_flows, n, coll_ptr, coll_members, device,
-                          resource, link, n_compute, n_comm, share_compute, share_links,
-                          interference, inv, link_cap, link_cnt, sf, si, jsize, seq)
+            if share_links and is_flow and n_flows > 0:  # (_rerate, in two calls)
+                _fill_shares(n_flows, n, coll_ptr, coll_members, link, link_cnt, link_cap,
+                             sf, si)
+            seq = _rerate_cands(now, ncand, n, coll_ptr, coll_members, device, resource,
+                                n_compute, n_comm, share_compute, share_links, interference,
+                                inv, sf, si, jsize, seq)
         if left >= 0:
             si[nfree, _L_FREE] = left
             nfree += 1
@@ -433,9 +437,12 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
             if is_flow:
                 n_flows += 1
             sf[entered, _F_RATE] = -1.0  # force (re)scheduling at the computed rate
-            seq = _rerate(now, ncand, is_flow, n_flows, n, coll_ptr, coll_members, device,
-                          resource, link, n_compute, n_comm, share_compute, share_links,
-                          interference, inv, link_cap, link_cnt, sf, si, jsize, seq)
+            if share_links and is_flow and n_flows > 0:  # (_rerate, in two calls)
+                _fill_shares(n_flows, n, coll_ptr, coll_members, link, link_cnt, link_cap,
+                             sf, si)
+            seq = _rerate_cands(now, ncand, n, coll_ptr, coll_members, device, resource,
+                                n_compute, n_comm, share_compute, share_links, interference,
+                                inv, sf, si, jsize, seq)
         # ---- finalize ops whose end is known; resolve their successors
         while nf > 0:
             nf -= 1

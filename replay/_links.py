@@ -18,6 +18,9 @@ __all__: list[str] = []
 # float columns of a job slot
 _F_DONE, _F_RATE, _F_LAST, _F_THR, _F_T, _F_SHARE = 0, 1, 2, 3, 4, 5
 _NF = 6
+# Helpers that allocate nothing are compiled without reference counting (``_nrt=False``):
+# numba otherwise increfs/decrefs every array argument at each call, which made the ~10^5
+# rate updates of a 10^6-op replay with interference cost a third of its run time.
 # int columns of a job slot (and the per-index lists that share the pool's capacity)
 _I_JOB, _I_Q, _I_POS, _I_DN, _I_DP, _I_FPOS, _I_MARK, _I_FROZEN = 0, 1, 2, 3, 4, 5, 6, 7
 _L_HEAP, _L_FLOWS, _L_CAND, _L_FREE = 8, 9, 10, 11
@@ -92,7 +95,7 @@ def _jsift(sf, si, size, i):
 
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _links_add(j, n, coll_ptr, coll_members, link, link_cnt, link_cap, delta):
     if j < n:
         if link[j] >= 0:
@@ -107,7 +110,7 @@ def _links_add(j, n, coll_ptr, coll_members, link, link_cnt, link_cap, delta):
             link_cap[lk] = 1.0
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _flow_share(j, n, coll_ptr, coll_members, link, link_cnt, link_cap):
     """Bottleneck fair share of flow ``j``: min over its links of capacity left / flows."""
     best = np.inf
@@ -126,7 +129,7 @@ def _flow_share(j, n, coll_ptr, coll_members, link, link_cnt, link_cap):
     return best
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _links_freeze(j, n, coll_ptr, coll_members, link, link_cnt, link_cap, rate):
     if j < n:
         lk = link[j]
@@ -142,7 +145,7 @@ def _links_freeze(j, n, coll_ptr, coll_members, link, link_cnt, link_cap, rate):
             link_cap[lk] -= rate
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _links_reset(j, n, coll_ptr, coll_members, link, link_cnt, link_cap):
     if j < n:
         if link[j] >= 0:
@@ -158,7 +161,7 @@ def _links_reset(j, n, coll_ptr, coll_members, link, link_cnt, link_cap):
 
 
 # ---------------------------------------------------------------------------- sharing
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _add_cand(s, si, ncand):
     if si[s, _I_MARK] == 0:
         si[s, _I_MARK] = 1
@@ -167,7 +170,7 @@ def _add_cand(s, si, ncand):
     return ncand
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _add_device_jobs(d, dhead, si, ncand):
     s = dhead[d]
     while s >= 0:
@@ -176,19 +179,19 @@ def _add_device_jobs(d, dhead, si, ncand):
     return ncand
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _add_flows(si, n_flows, ncand):
     for a in range(n_flows):
         ncand = _add_cand(si[a, _L_FLOWS], si, ncand)
     return ncand
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _member_device(j, n, k, coll_members, device):
     return device[j] if j < n else device[coll_members[k]]
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _job_enter(sl, j, n, coll_ptr, coll_members, device, resource, n_compute, n_comm, dhead,
                si, n_flows, dev_was, share_compute, share_links, interference):
     """Register running job ``j`` (slot ``sl``); collect the slots whose rate may change."""
@@ -230,7 +233,7 @@ def _job_enter(sl, j, n, coll_ptr, coll_members, device, resource, n_compute, n_
     return ncand
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _job_leave(sl, j, n, coll_ptr, coll_members, device, resource, n_compute, n_comm, dhead,
                si, n_flows, share_compute, share_links, interference):
     """Unregister finished job ``j`` (slot ``sl``); collect the slots whose rate may change."""
@@ -283,50 +286,64 @@ def _rerate(now, ncand, flows_changed, n_flows, n, coll_ptr, coll_members, devic
     numbers do not depend on bookkeeping order); reschedule those whose rate changed.
 
     Candidates whose rate does not change have no effect, so the candidate sets may be
-    supersets of the jobs a change affects."""
-    # max-min fair link shares by progressive filling over all running flows (job-id
-    # order); they change only when a flow starts or ends
+    supersets of the jobs a change affects. (The event loop calls the two halves,
+    :func:`_fill_shares` and :func:`_rerate_cands`, itself.)"""
     if share_links and flows_changed and n_flows > 0:
-        ids = np.empty(n_flows, np.int64)
-        for a in range(n_flows):
-            ids[a] = si[si[a, _L_FLOWS], _I_JOB]
-        o = np.argsort(ids)
-        fl = np.empty(n_flows, np.int64)
-        for a in range(n_flows):
-            fl[a] = si[o[a], _L_FLOWS]
+        _fill_shares(n_flows, n, coll_ptr, coll_members, link, link_cnt, link_cap, sf, si)
+    return _rerate_cands(now, ncand, n, coll_ptr, coll_members, device, resource, n_compute,
+                         n_comm, share_compute, share_links, interference, inv, sf, si, jsize,
+                         seq)
+
+
+@njit(cache=True)
+def _fill_shares(n_flows, n, coll_ptr, coll_members, link, link_cnt, link_cap, sf, si):
+    """Max-min fair link shares (``sf[:, _F_SHARE]``) by progressive filling over all running
+    flows (job-id order); they change only when a flow starts or ends."""
+    ids = np.empty(n_flows, np.int64)
+    for a in range(n_flows):
+        ids[a] = si[si[a, _L_FLOWS], _I_JOB]
+    o = np.argsort(ids)
+    fl = np.empty(n_flows, np.int64)
+    for a in range(n_flows):
+        fl[a] = si[o[a], _L_FLOWS]
+    for a in range(n_flows):
+        s = fl[a]
+        si[s, _I_FROZEN] = 0
+        sf[s, _F_SHARE] = 1.0
+        _links_add(si[s, _I_JOB], n, coll_ptr, coll_members, link, link_cnt, link_cap, 1)
+    left = n_flows
+    while left > 0:
+        best = np.inf
         for a in range(n_flows):
             s = fl[a]
-            si[s, _I_FROZEN] = 0
-            sf[s, _F_SHARE] = 1.0
-            _links_add(si[s, _I_JOB], n, coll_ptr, coll_members, link, link_cnt, link_cap, 1)
-        left = n_flows
-        while left > 0:
-            best = np.inf
-            for a in range(n_flows):
-                s = fl[a]
-                if si[s, _I_FROZEN] == 0:
-                    v = _flow_share(si[s, _I_JOB], n, coll_ptr, coll_members, link, link_cnt,
-                                    link_cap)
-                    if v < best:
-                        best = v
-            progressed = False
-            for a in range(n_flows):
-                s = fl[a]
-                if si[s, _I_FROZEN] == 0:
-                    v = _flow_share(si[s, _I_JOB], n, coll_ptr, coll_members, link, link_cnt,
-                                    link_cap)
-                    if v <= best:
-                        si[s, _I_FROZEN] = 1
-                        sf[s, _F_SHARE] = min(best, 1.0)
-                        left -= 1
-                        progressed = True
-                        _links_freeze(si[s, _I_JOB], n, coll_ptr, coll_members, link,
-                                      link_cnt, link_cap, sf[s, _F_SHARE])
-            if not progressed:
-                break
+            if si[s, _I_FROZEN] == 0:
+                v = _flow_share(si[s, _I_JOB], n, coll_ptr, coll_members, link, link_cnt,
+                                link_cap)
+                if v < best:
+                    best = v
+        progressed = False
         for a in range(n_flows):
-            _links_reset(si[fl[a], _I_JOB], n, coll_ptr, coll_members, link, link_cnt,
-                         link_cap)
+            s = fl[a]
+            if si[s, _I_FROZEN] == 0:
+                v = _flow_share(si[s, _I_JOB], n, coll_ptr, coll_members, link, link_cnt,
+                                link_cap)
+                if v <= best:
+                    si[s, _I_FROZEN] = 1
+                    sf[s, _F_SHARE] = min(best, 1.0)
+                    left -= 1
+                    progressed = True
+                    _links_freeze(si[s, _I_JOB], n, coll_ptr, coll_members, link,
+                                  link_cnt, link_cap, sf[s, _F_SHARE])
+        if not progressed:
+            break
+    for a in range(n_flows):
+        _links_reset(si[fl[a], _I_JOB], n, coll_ptr, coll_members, link, link_cnt, link_cap)
+
+
+@njit(cache=True, _nrt=False)
+def _rerate_cands(now, ncand, n, coll_ptr, coll_members, device, resource, n_compute, n_comm,
+                  share_compute, share_links, interference, inv, sf, si, jsize, seq):
+    """The rate update of :func:`_rerate` for the candidate slots (shares already set)."""
     # insertion sort by job id in place: the candidate list is short
     for a in range(1, ncand):
         x = si[a, _L_CAND]
@@ -369,7 +386,7 @@ def _rerate(now, ncand, flows_changed, n_flows, n, coll_ptr, coll_members, devic
     return seq
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _touches_compute(j, n, coll_ptr, coll_members, device, n_compute):
     if j < n:
         return device[j] >= 0 and n_compute[device[j]] > 0
@@ -381,7 +398,7 @@ def _touches_compute(j, n, coll_ptr, coll_members, device, n_compute):
     return False
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _toggle_flows(d, entered, now, n, coll_ptr, coll_members, device, n_compute, share_links,
                   inv, sf, si, n_flows, jsize, seq):
     """Device ``d``'s compute just switched on or off (``n_compute[d]`` already updated)
