@@ -177,6 +177,12 @@ class ReplayGraph:
             object.__setattr__(self, "_memo", d)
         return d
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickles and copies leave the memo behind (rebuilt on demand)."""
+        d = dict(self.__dict__)
+        d.pop("_memo", None)
+        return d
+
     def op_order(self, name: str) -> np.ndarray:
         """Kernel array ``name`` in op-id order (``by_op(getattr(self, name))``), cached and
         read-only."""

@@ -10,6 +10,7 @@ sweep's rows.
 from __future__ import annotations
 
 import copy
+import pickle
 from collections import Counter
 
 import numpy as np
@@ -120,6 +121,10 @@ def test_contention_successor_lists_are_per_graph(job):
     d = simulate(g2, mode="contention", contention=cm)
     assert g2.memo()["fluid_succ"][1].shape[0] == g.memo()["fluid_succ"][1].shape[0] + 1
     assert d.end_ns.max() >= a.end_ns.max()
+    # a pickled graph leaves its memo behind and replays the same
+    g3 = pickle.loads(pickle.dumps(g))
+    assert "_memo" not in g3.__dict__
+    _same(a, simulate(g3, mode="contention", contention=cm))
 
 
 def _naive_metrics(res):
