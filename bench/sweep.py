@@ -12,11 +12,15 @@ chosen to reach the size):
   distance between the engine-bound sweep and a policy-bound one is visible,
 * with ``--real N``: N real policy scenarios (:func:`policy_grid`, a 10 x 10 x 10 grid of
   ``hardware.compute_speedup`` x ``network.inter_node_gbps`` x overlap keys, run by the
-  default ``replay.whatif``): first the CPU cost per scenario of each kind (best of a few,
-  ``process_time``, in this process), then the wall time of the whole sweep on
-  ``--real-workers`` local processes (skip with ``--real-sample-only``). A network change on a
+  default ``replay.whatif``): first the CPU cost per scenario of each overlap kind (async,
+  serial, interference: best of 3, ``process_time``, in this process, caches warm) and of a
+  network setting's re-synthesis, the projected CPU of the grid, then the wall time of the
+  whole sweep on ``--real-workers`` local processes (skip with ``--real-sample-only``) with
+  the CPU its worker processes used (sampled from /proc: the wall time on a loaded machine
+  says little, the CPU / workers is the wall time on idle cores). A network change on a
   synthesized run re-synthesizes the trace (the network policy lives in
-  replay/policies/network.py), which dominates that sweep.
+  replay/policies/network.py); each setting is re-synthesized by one worker. The 800
+  interference scenarios run the contention path (replay/_fluid.py) and dominate.
 
 The engine-bound scenarios scale compute and communication durations (``hardware.
 compute_speedup`` x ``network.comm_speedup``) on a graph built once per worker, which is
