@@ -282,7 +282,7 @@ def _key_id(buf, s, e, kb, ko):  # pragma: no cover - compiled
     return 0
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _args(buf, i, n, out, r, kb, ko):  # pragma: no cover - compiled
     """Parse the args object at ``i`` into column ``r`` of ``out``; -> (end, slow) with end -1/-2 as _skip."""
     slow = False

@@ -363,6 +363,28 @@ def _lane_key_ids(a, b) -> tuple[np.ndarray, list]:
     return codes.astype(np.int64), [(_py(a[f]), _py(b[f])) for f in first]
 
 
+def _host_order(lane, hs, he, hc) -> np.ndarray:
+    """``np.lexsort((hc, -he, hs, lane))``, faster: one stable sort of (lane, start) packed in
+    an int64, then the few runs of equal (lane, start) ordered by (-end, code)."""
+    n = len(hs)
+    if n < 2:
+        return np.arange(n)
+    t0 = int(hs.min())
+    if int(lane.min()) < 0 or int(lane.max()) >= 1 << 18 or int(hs.max()) - t0 >= 1 << 44:
+        return np.lexsort((hc, -he, hs, lane))
+    key = (lane.astype(np.int64) << 44) | (hs - t0)
+    o = np.argsort(key, kind="stable")
+    ks = key[o]
+    tie = ks[1:] == ks[:-1]
+    if tie.any():
+        t = np.flatnonzero(tie)
+        m = np.union1d(t, t + 1)  # positions (in o) inside runs of equal keys
+        run = np.cumsum(np.concatenate([[True], ~tie[m[:-1]] | (np.diff(m) != 1)]))
+        om = o[m]
+        o[m] = om[np.lexsort((hc[om], -he[om], run))]
+    return o
+
+
 def _py(x):
     """numpy scalars -> Python ones (lane keys are tested with isinstance(x, int))."""
     return x.item() if isinstance(x, np.generic) else x
@@ -389,7 +411,7 @@ def _assemble(path, doc, rank, rank_source, strings, kept, dropped, tnames, G, H
     hs = np.asarray(H["start"], np.int64)
     he = np.asarray(H["end"], np.int64)
     hc = np.asarray(H["code"], np.int8)
-    order = np.lexsort((hc, -he, hs, h_lane))  # lane, start, longer first, annot before op
+    order = _host_order(h_lane, hs, he, hc)  # lane, start, longer first, annot before op
     depth_s, cont_s, parent_s = nest_intervals(h_lane[order], hs[order], he[order])
     parent = np.full(len(hs), -1, np.int64)
     has_p = parent_s >= 0

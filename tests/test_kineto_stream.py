@@ -189,3 +189,17 @@ def test_intern_tables_grow_while_reading(tmp_path, monkeypatch):
     assert_same(path, monkeypatch)
     fast = kf.parse_fast(path)
     assert len(set(fast.strings) & {f"op_{i}_\u00e9" for i in range(3000)}) == 3000
+
+
+def test_host_order_equals_lexsort():
+    from collectors.kineto_links import _host_order
+
+    rng = np.random.default_rng(7)
+    for n in (0, 1, 2, 50, 5000):
+        lane = rng.integers(0, 4, n)
+        hs = 1_700_000_000_000_000_000 + rng.integers(0, 40, n) * 1000  # many equal starts
+        he = hs + rng.integers(0, 3, n) * 500
+        hc = rng.integers(0, 4, n).astype(np.int8)
+        assert np.array_equal(_host_order(lane, hs, he, hc), np.lexsort((hc, -he, hs, lane)))
+    big = np.array([0, 1 << 50], np.int64)  # too wide to pack: plain lexsort
+    assert _host_order(np.zeros(2, np.int64), big, big, np.zeros(2, np.int8)).tolist() == [0, 1]
