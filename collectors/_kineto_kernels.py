@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-__all__ = ["scan_events", "find_array", "key_table", "intern_table", "grow_table", "table_bytes"]
+__all__ = ["scan_events", "find_array", "rehash"]
 
 
 # ---------------------------------------------------------------- Kineto event scanner
@@ -21,7 +21,7 @@ __all__ = ["scan_events", "find_array", "key_table", "intern_table", "grow_table
 # caller then falls back to the whole-document decoder, which words the error.
 
 #: columns of the scanner's output rows
-#: (EV_CAT / EV_NAME: ids in the reader's intern tables, see :func:`intern_table`)
+#: (EV_CAT / EV_NAME: ids in the reader's intern tables)
 EV_SPAN0, EV_SPAN1, EV_PH, EV_FLAGS, EV_CAT, EV_NAME, EV_PID, EV_TID, EV_TS, EV_DUR, EV_CORR, \
     EV_EXT, EV_DEV, EV_STREAM, EV_BYTES, EV_DEVTYPE, EV_DEVID, EV_MEMBYTES, EV_TALLOC, \
     EV_TRES = range(20)
@@ -49,13 +49,6 @@ for _c in b'"{}[]':
 _CC[34] |= 2
 _CC[92] |= 2
 _CC[128:] |= 2
-
-
-def key_table(keys) -> tuple[np.ndarray, np.ndarray]:
-    """Concatenated bytes and offsets of ``keys`` (the scanner's key tables)."""
-    off = np.zeros(len(keys) + 1, np.int64)
-    off[1:] = np.cumsum([len(k) for k in keys])
-    return np.frombuffer(b"".join(keys), np.uint8).copy(), off
 
 
 @njit(cache=True, inline="always")
@@ -496,10 +489,11 @@ def scan_events(buf: np.ndarray, pos: int, state: int, out: np.ndarray, tables, 
                 cats):
     """Scan trace events from ``buf[pos:]`` into the columns of ``out`` (int64, (EV_FIELDS, cap)).
 
-    ``names`` and ``cats`` are intern tables (:func:`intern_table`): the ``name`` and ``cat``
-    strings of the events get ids in them (columns EV_NAME, EV_CAT), compared byte by byte
-    with the stored copy, so two different strings never share an id. S_GROW: a table must
-    grow (:func:`grow_table`) before the call is repeated from ``pos``.
+    ``names`` and ``cats`` are intern tables (tuples, see below; made and grown by
+    collectors.kineto_fast): the ``name`` and ``cat`` strings of the events get ids in them
+    (columns EV_NAME, EV_CAT), compared byte by byte with the stored copy, so two different
+    strings never share an id. The pools must have room for every string of ``buf[pos:]``.
+    S_GROW: a table must grow before the call is repeated from ``pos``.
 
     ``state`` is 0 right after the array's ``[``, 1 after a comma, 2 after an element.
     Returns ``(status, pos, state, rows)``: S_MORE (the buffer ends inside an event or
@@ -507,10 +501,7 @@ def scan_events(buf: np.ndarray, pos: int, state: int, out: np.ndarray, tables, 
     array's ``]``), S_FULL (``out`` is full: call again from ``pos``), S_ERROR (invalid at
     ``pos``).
     """
-    for t in (names, cats):
-        if len(t[2]) - t[5][1] < len(buf) - pos:  # room for every string of this buffer
-            grow_table(t, len(buf) - pos)
-    return _scan_events(buf, pos, state, out, *tables, tuple(names), tuple(cats))
+    return _scan_events(buf, pos, state, out, *tables, names, cats)
 
 
 # ---------------------------------------------------------------- intern tables
@@ -520,35 +511,9 @@ def scan_events(buf: np.ndarray, pos: int, state: int, out: np.ndarray, tables, 
 # hash, length and every byte agree: a hash collision costs a probe, never a wrong id.
 
 
-def intern_table(slots: int = 1 << 12, pool_bytes: int = 1 << 16) -> list:
-    """An empty intern table for :func:`scan_events` (``slots`` a power of two)."""
-    return [np.zeros(slots, np.int64), np.full(slots, -1, np.int64), np.empty(pool_bytes, np.uint8),
-            np.empty(slots // 2, np.int64), np.empty(slots // 2, np.int64),
-            np.array([0, 0, slots // 2 - 1], np.int64)]
-
-
-def grow_table(t: list, pool_free: int = 0) -> None:
-    """Grow the intern table ``t`` in place: twice the slots when half full, a pool with at
-    least ``pool_free`` free bytes."""
-    hs, ids, pool, off, ln, meta = t
-    if meta[0] >= meta[2]:
-        slots = 2 * len(hs)
-        nh, ni = np.zeros(slots, np.int64), np.full(slots, -1, np.int64)
-        _rehash(hs, ids, nh, ni)
-        t[0], t[1] = nh, ni
-        t[3] = np.concatenate([off, np.empty(slots // 2 - len(off), np.int64)])
-        t[4] = np.concatenate([ln, np.empty(slots // 2 - len(ln), np.int64)])
-        meta[2] = slots // 2 - 1
-    if len(pool) - meta[1] < pool_free:
-        grown = np.empty(max(2 * len(pool), int(meta[1]) + pool_free), np.uint8)
-        grown[: meta[1]] = pool[: meta[1]]
-        t[2] = grown
-
-
-def table_bytes(t, i: int) -> bytes:
-    """The raw bytes of string ``i`` of the intern table ``t``."""
-    a = int(t[3][i])
-    return t[2][a: a + int(t[4][i])].tobytes()
+def rehash(hs, ids, nh, ni) -> None:
+    """Insert the strings of table slots ``hs``/``ids`` into the empty slots ``nh``/``ni``."""
+    _rehash(hs, ids, nh, ni)
 
 
 @njit(cache=True)

@@ -69,8 +69,15 @@ class _Fallback(Exception):
 def _tables():
     global _TABLES
     if _TABLES is None:
-        _TABLES = (*K.key_table(K.TOP_KEYS), *K.key_table(K.ARG_KEYS))
+        _TABLES = (*key_table(K.TOP_KEYS), *key_table(K.ARG_KEYS))
     return _TABLES
+
+
+def key_table(keys) -> tuple[np.ndarray, np.ndarray]:
+    """Concatenated bytes and offsets of ``keys`` (the scanner's key tables)."""
+    off = np.zeros(len(keys) + 1, np.int64)
+    off[1:] = np.cumsum([len(k) for k in keys])
+    return np.frombuffer(b"".join(keys), np.uint8).copy(), off
 
 
 def _blocks(path: Path, on_bytes=None) -> Iterator:
@@ -116,6 +123,37 @@ def _blocks(path: Path, on_bytes=None) -> Iterator:
             raise _Fallback  # truncated gzip
 
 
+def intern_table(slots: int = 1 << 12, pool_bytes: int = 1 << 16) -> list:
+    """An empty intern table for :func:`scan_events` (``slots`` a power of two)."""
+    return [np.zeros(slots, np.int64), np.full(slots, -1, np.int64), np.empty(pool_bytes, np.uint8),
+            np.empty(slots // 2, np.int64), np.empty(slots // 2, np.int64),
+            np.array([0, 0, slots // 2 - 1], np.int64)]
+
+
+def grow_table(t: list, pool_free: int = 0) -> None:
+    """Grow the intern table ``t`` in place: twice the slots when half full, a pool with at
+    least ``pool_free`` free bytes."""
+    hs, ids, pool, off, ln, meta = t
+    if meta[0] >= meta[2]:
+        slots = 2 * len(hs)
+        nh, ni = np.zeros(slots, np.int64), np.full(slots, -1, np.int64)
+        K.rehash(hs, ids, nh, ni)
+        t[0], t[1] = nh, ni
+        t[3] = np.concatenate([off, np.empty(slots // 2 - len(off), np.int64)])
+        t[4] = np.concatenate([ln, np.empty(slots // 2 - len(ln), np.int64)])
+        meta[2] = slots // 2 - 1
+    if len(pool) - meta[1] < pool_free:
+        grown = np.empty(max(2 * len(pool), int(meta[1]) + pool_free), np.uint8)
+        grown[: meta[1]] = pool[: meta[1]]
+        t[2] = grown
+
+
+def table_bytes(t, i: int) -> bytes:
+    """The raw bytes of string ``i`` of the intern table ``t``."""
+    a = int(t[3][i])
+    return t[2][a: a + int(t[4][i])].tobytes()
+
+
 class _Source:
     """``carry`` + the next block of the file, block by block (set ``carry`` in between).
 
@@ -154,7 +192,7 @@ class _Names:
 
     def __init__(self, intern):
         self.intern = intern
-        self.table = K.intern_table()
+        self.table = intern_table()
         self.sid = np.zeros(0, np.int64)  # table id -> string id (-1: not decoded yet)
 
     def ids(self, tids: np.ndarray) -> np.ndarray:
@@ -167,7 +205,7 @@ class _Names:
         if miss.any():
             new, first = np.unique(tids[miss], return_index=True)
             for t in new[np.argsort(first)].tolist():  # in order of first appearance
-                raw = K.table_bytes(self.table, t)
+                raw = table_bytes(self.table, t)
                 try:
                     s = msgspec.json.decode(b'"' + raw + b'"', type=str)
                 except msgspec.DecodeError as exc:
@@ -408,14 +446,17 @@ def _parse(path: Path, on_stage, on_bytes):  # noqa: C901 - one streaming state 
                 raise _Fallback
             prefix, pos, state, phase = bytes(data[:a]), a + 1, 0, 1
         while True:
-            st, pos, state, k = K.scan_events(buf, pos, state, out, tables, reader.names.table,
-                                              reader.cat_ids.table)
+            nt, ct = reader.names.table, reader.cat_ids.table
+            for t in (nt, ct):
+                if len(t[2]) - t[5][1] < len(buf) - pos:  # room for every string of the block
+                    grow_table(t, len(buf) - pos)
+            st, pos, state, k = K.scan_events(buf, pos, state, out, tables, tuple(nt), tuple(ct))
             if k:
                 reader.block(data, buf, out[:, :k], n_ev)
                 n_ev += k
             if st == K.S_GROW:
-                K.grow_table(reader.names.table)
-                K.grow_table(reader.cat_ids.table)
+                grow_table(reader.names.table)
+                grow_table(reader.cat_ids.table)
                 continue
             if st == K.S_FULL:
                 continue

@@ -167,24 +167,22 @@ def test_bad_event_field_names_event_and_field(tmp_path):
 def test_intern_table_keeps_colliding_strings_apart():
     from collectors import _kineto_kernels as K
 
-    t = tuple(K.intern_table(8, 64))
+    t = tuple(kf.intern_table(8, 64))
     buf = np.frombuffer(b"abcabdabcab", np.uint8)
     # the same hash for different bytes (a forced collision): different ids, each found again
     got = [K._intern(t, buf, s, e, 42) for s, e in ((0, 3), (3, 6), (6, 9), (3, 6), (9, 11))]
     assert got == [0, 1, 0, 1, 2]
-    assert [K.table_bytes(list(t), i) for i in range(3)] == [b"abc", b"abd", b"ab"]
+    assert [kf.table_bytes(list(t), i) for i in range(3)] == [b"abc", b"abd", b"ab"]
 
 
 def test_intern_tables_grow_while_reading(tmp_path, monkeypatch):
-    from collectors import _kineto_kernels as K
-
     # thousands of distinct names through tables that start with 4 slots and an 8-byte pool
     ev = [{"ph": "X", "cat": f"cpu_op{i % 3}" if i % 5 else "cpu_op", "name": f"op_{i}_\u00e9",
            "pid": 1, "tid": 1, "ts": i, "dur": 0.5} for i in range(3000)]
     path = tmp_path / "names.json"
     path.write_text(json.dumps({"traceEvents": ev}))
-    small = K.intern_table
-    monkeypatch.setattr(K, "intern_table", lambda: small(4, 8))
+    small = kf.intern_table
+    monkeypatch.setattr(kf, "intern_table", lambda: small(4, 8))
     monkeypatch.setattr(kf, "ROWS", 100)
     assert_same(path, monkeypatch)
     fast = kf.parse_fast(path)
