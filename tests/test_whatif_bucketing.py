@@ -19,7 +19,7 @@ from collectors.ingest import read
 from collectors.oplevel import read_oplevel
 from collectors.synth import synthesize
 from collectors.trace import Trace
-from replay import replay, whatif
+from replay import build_graph, replay, whatif
 
 TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
 KW = dict(tp=1, pp=1, dp=16, global_batch=16, micro_batch=1)
@@ -239,3 +239,20 @@ def test_gloo_bandwidth_fit_leaves_out_disturbed_steps(gloo_ddp):
     assert _fit_cpu(gloo_ddp, is_ar, nbytes, y_bad, None)[1] == pytest.approx(inv_b, rel=1e-12)
     plain = float((y_bad[is_ar] - alpha).sum() / nbytes[is_ar].sum())
     assert plain == pytest.approx(1.4 * inv_b, rel=1e-9)  # what the total alone would give
+
+
+@pytest.mark.torch
+def test_gloo_ddp_cpu_devices_are_one_per_rank(gloo_ddp):
+    """Each rank's CPU is one shared device: every op the CPU model places on a CPU device
+    belongs to that device's rank (the graph lays ops out in its own order, so the rank of an
+    op must be taken in op-id order; a permuted rank mixed both ranks on both devices)."""
+    res = whatif(gloo_ddp, {"overlap.bucket_mb": _mib(0.5)})
+    g = res.graph
+    dev = g.device[g.pos]  # op-id order
+    rank = np.asarray(g.rank)
+    base = int(build_graph(gloo_ddp).device.max()) + 1
+    cpu = dev >= base
+    assert cpu.sum() > 0
+    per_dev = pd.Series(rank[cpu]).groupby(dev[cpu]).nunique()
+    assert (per_dev == 1).all(), per_dev.to_dict()
+    assert sorted(pd.Series(rank[cpu]).groupby(dev[cpu]).first()) == sorted(set(rank[cpu]))

@@ -178,7 +178,7 @@ def _cpu_contention(state: WhatIfState, cpu) -> None:
     dev = by_op(g, "device").copy()
     res = by_op(g, "resource").copy()
     delay = by_op(g, "delay_ns").copy()
-    rank = by_op(g, "rank")
+    rank = np.asarray(g.rank)  # already in op-id order (graph.py), unlike the kernel arrays
     base = int(dev.max()) + 1 if len(dev) else 0
     on = cpu.cpu_rank
     dev[on] = base + np.unique(rank[on], return_inverse=True)[1]
