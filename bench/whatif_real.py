@@ -15,13 +15,13 @@ Measurement protocol (the "truth" must be steadier than the error we want to see
   caches, DDP's rebuilt buckets in place) and the ranks time a few lone all-reduces of all
   the gradients (their CPU-busy share, below); then the profiler runs one warm-up step and
   records ``--active`` steps;
-* other processes must not take the cores from the ranks: by default (as root) the ranks
-  run under round-robin real-time scheduling with 3 ms slices (the kernel's round-robin
-  slice is set to that during the captures and restored), so other processes only get the
-  cores while the ranks wait and the ranks' own threads still share a core finely, as on an
-  idle machine; ``--no-realtime`` (or without the permission) they run under the normal
-  scheduler at a raised priority (``--nice``, also their session's where the kernel shares
-  the CPU between sessions). On a busy machine the normal scheduler's numbers are not those
+* other processes must not take the cores from the ranks: by default the ranks run under
+  the normal scheduler at a raised priority (``--nice``, also their session's where the
+  kernel shares the CPU between sessions); on a shared, busy machine ``--realtime`` (root)
+  runs them under round-robin real-time scheduling with 3 ms slices (the kernel's
+  round-robin slice, a system-wide setting, is set to that during the captures and
+  restored), so other processes only get the cores while the ranks wait and the ranks' own
+  threads still share a core finely, as on an idle machine. On a busy machine the normal scheduler's numbers are not those
   of an idle one: a rank's core goes to another process whenever its gloo thread waits on
   the socket, and comes back late, which slows one large bucket far more than small buckets
   overlapped with backward (seen on a shared 2-core machine: 1 MiB buckets 26% faster than
@@ -50,7 +50,7 @@ overrides it.
 Usage::
 
     python bench/whatif_real.py [--pairs 12] [--active 15] [--base-mb 100] [--target-mb 1]
-                                [--no-realtime] [--interference F] [--keep DIR [--reuse]]
+                                [--realtime] [--interference F] [--keep DIR [--reuse]]
 """
 
 from __future__ import annotations
@@ -361,11 +361,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--nice", type=int, default=-10,
                    help="nice value of the ranks while capturing (negative needs root or "
                         "CAP_SYS_NICE; not permitted: they run at the default priority)")
-    p.add_argument("--realtime", action=argparse.BooleanOptionalAction, default=True,
+    p.add_argument("--realtime", action=argparse.BooleanOptionalAction, default=False,
                    help="capture with real-time round-robin scheduling, 3 ms slices (SCHED_RR, "
                         "needs root, else the ranks run at --nice): other processes then run "
                         "only while the ranks wait, an idle machine on a shared one (the "
-                        "kernel keeps 5%% for others); --no-realtime: the normal scheduler")
+                        "kernel keeps 5%% for others; it changes the system-wide round-robin slice while "
+                        "capturing); default: the normal scheduler at --nice")
     p.add_argument("--quiet", type=float, default=0.1,
                    help="a pair is quiet when other processes used less than this share of "
                         "the cores during both of its captures")
@@ -382,9 +383,9 @@ def main(argv: list[str] | None = None) -> int:
           f"{n_params * 4 / 2**20:.1f} MiB of fp32 gradients, batch {args.batch}; {NPROCS} "
           f"ranks, gloo, CPU, 1 intra-op thread per rank, {os.cpu_count()} cores; "
           f"{args.pairs} pairs of captures (+1 discarded), {args.active} recorded steps each; "
-          + ("scheduling: real-time round-robin, 3 ms slices (--no-realtime: normal); "
+          + ("scheduling: real-time round-robin, 3 ms slices; "
              if args.realtime and not args.reuse else
-             f"scheduling: normal, nice {args.nice}; " if not args.reuse else "")
+             f"scheduling: normal, nice {args.nice} (--realtime on a busy machine); " if not args.reuse else "")
           + "overlap.interference: "
           + (f"{args.interference:g} (given)" if args.interference is not None else
              "from the cores per rank and the CPU share of a lone all-reduce (probed before "
