@@ -15,6 +15,7 @@ import numpy as np
 
 from .collectives import DTYPE_BYTES, comm_op_from_name
 from .enums import CommOp, EdgeKind, OpKind, Phase
+from .intervals import interval_union
 
 __all__ = ["GLOO_WAIT_WINDOW_NS", "gloo_edges", "sync_edges", "attribute", "comm_info"]
 
@@ -223,21 +224,6 @@ _BWD = re.compile(r"backward|^autograd::engine::evaluate_function", re.I)
 _OPT = re.compile(r"^Optimizer\.|## optimizer ##|optimizer\.step|zero_grad", re.I)
 
 
-def _union(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    if len(starts) == 0:
-        return starts, ends
-    o = np.argsort(starts, kind="stable")
-    s, e = starts[o], ends[o]
-    run_end = np.maximum.accumulate(e)
-    new = np.ones(len(s), bool)
-    new[1:] = s[1:] > run_end[:-1]
-    grp = np.cumsum(new) - 1
-    us = s[new]
-    ue = np.zeros(len(us), np.int64)
-    np.maximum.at(ue, grp, e)
-    return us, ue
-
-
 def _inside(t: np.ndarray, us: np.ndarray, ue: np.ndarray) -> np.ndarray:
     if len(us) == 0:
         return np.zeros(len(t), bool)
@@ -282,7 +268,7 @@ def attribute(names_arr, r_name, r_start, r_end, start, launch_of, n_h):
     phase[step >= 0] = int(Phase.OTHER)
     for k, ph in enumerate((Phase.FWD, Phase.BWD, Phase.OPT)):
         sel = cls[k][r_name] if len(r_name) else np.zeros(0, bool)
-        us, ue = _union(r_start[sel], r_end[sel])
+        us, ue = interval_union(r_start[sel], r_end[sel])
         phase[_inside(t, us, ue)] = int(ph)
     return step, phase
 

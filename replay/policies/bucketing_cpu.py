@@ -58,6 +58,7 @@ import pandas as pd
 
 from collectors.enums import CommOp, EdgeKind, LaneKind, OpKind, Phase
 from collectors.errors import PolicyError
+from collectors.intervals import interval_union
 from collectors.trace import Trace
 
 from .network import bus_factor
@@ -157,15 +158,6 @@ def _fit_interference(pts: np.ndarray) -> float | None:
     sol, *_ = np.linalg.lstsq(np.stack(cols, axis=1), dur - ov, rcond=None)
     slope = -float(sol[1])  # = 1 / (1 + i)
     return float(1.0 / slope - 1.0) if slope > 0 else None
-
-
-def _union(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The union of intervals ``[lo, hi)`` as disjoint sorted intervals."""
-    o = np.argsort(lo, kind="stable")
-    lo, reach = np.asarray(lo, np.int64)[o], np.maximum.accumulate(np.asarray(hi, np.int64)[o])
-    new = np.concatenate([[True], lo[1:] > reach[:-1]]) if len(lo) else np.zeros(0, bool)
-    last = np.concatenate([np.flatnonzero(new)[1:] - 1, [len(lo) - 1]]) if len(lo) else new
-    return lo[new], reach[last]
 
 
 def ddp_ranges(trace: Trace) -> dict[str, pd.DataFrame] | None:
@@ -404,8 +396,8 @@ def _build_cpu(trace, bucket_mb, interference, ranks_per_node, per, weight, issu
     over_pts: list[np.ndarray] = []
     for r, lops in lane_ops.items():
         tr = np.flatnonzero(is_ar & (rank == r))
-        tlo, thi = _union(a_start[tr], end[tr])
-        blo, bhi = _union(new_start[lops], np.maximum(busy_hi[lops], new_start[lops]))
+        tlo, thi = interval_union(a_start[tr], end[tr])
+        blo, bhi = interval_union(new_start[lops], np.maximum(busy_hi[lops], new_start[lops]))
         ov = _overlap_ns(new_start[lops], busy_hi[lops], tlo, thi)
         work[lops] = (busy_hi[lops] - new_start[lops]) - keep_frac * ov
         y[tr] = _isolated_transfer(a_start[tr], end[tr], blo, bhi, interference)

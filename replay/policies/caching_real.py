@@ -65,6 +65,7 @@ import numpy as np
 
 from collectors.enums import CommOp, EdgeKind, OpKind, Phase
 from collectors.errors import PolicyError
+from collectors.intervals import interval_union
 
 from .base import WhatIfState, by_op, layout_of
 
@@ -274,24 +275,8 @@ def checkpoint_spans(trace) -> dict[str, Any]:
             out["n_recompute"] = int(len(s))
         for key in sorted({(int(a), int(b)) for a, b in zip(rk, ln, strict=True)}):
             m = (rk == key[0]) & (ln == key[1])
-            out[which][key] = _merge(s[m], e[m])
+            out[which][key] = interval_union(s[m], e[m])
     return out
-
-
-def _merge(s: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Union of intervals [s, e) as sorted disjoint arrays."""
-    o = np.argsort(s, kind="stable")
-    s, e = s[o], e[o]
-    if len(s) == 0:
-        return s, e
-    run_end = np.maximum.accumulate(e)
-    new = np.ones(len(s), bool)
-    new[1:] = s[1:] > run_end[:-1]
-    grp = np.cumsum(new) - 1
-    ms = s[new]
-    me = np.zeros(len(ms), np.int64)
-    np.maximum.at(me, grp, e)
-    return ms, me
 
 
 def _covered(starts: np.ndarray, ends: np.ndarray, t: np.ndarray) -> np.ndarray:
