@@ -184,28 +184,10 @@ def sync_edges(evs, syncs, kind, lane, corr, start, end, n_h, n, rt_sorted, rc, 
     rt_gpu = np.full(n_h, -1, np.int64)
     launched = np.flatnonzero(launch_of >= 0)
     rt_gpu[launch_of[launched]] = launched
-    for r in rts[is_wait[rt_names]].tolist():
-        c = int(corr[r])
-        d = -1
-        j = r + 1
-        while j < n_h and lane[j] == lane[r] and j <= r + 64:
-            if rt_gpu[j] >= 0:
-                d = int(rt_gpu[j])
-                break
-            j += 1
-        if d < 0:
-            continue
-        dev = lane_dev.get(int(lane[d]))
-        best, best_c = -1, -1
-        for ln, (ids, cs) in by_lane.items():
-            if ln == lane[d] or lane_dev.get(ln) != dev:
-                continue
-            p = np.searchsorted(cs, c) - 1
-            if p >= 0 and cs[p] > best_c:
-                best, best_c = int(ids[p]), int(cs[p])
-        if best >= 0 and end[best] <= start[d] + 1000:
-            src.append(best)
-            dst.append(d)
+    ws, wd = _stream_wait_edges(rts[is_wait[rt_names]], corr, lane, start, end, n_h, rt_gpu,
+                                by_lane, lane_dev)
+    src.extend(ws.tolist())
+    dst.extend(wd.tolist())
     # launch calls that returned only after their GPU op finished (blocking memcpy)
     blk = launched[(end[launch_of[launched]] >= end[launched]) & (kind[launched] == OpKind.MEMCPY)]
     for g in blk:
@@ -217,6 +199,51 @@ def sync_edges(evs, syncs, kind, lane, corr, start, end, n_h, n, rt_sorted, rc, 
             src.append(int(g))
             dst.append(d)
     return np.asarray(src, np.int64), np.asarray(dst, np.int64)
+
+
+def _stream_wait_edges(wr, corr, lane, start, end, n_h, rt_gpu, by_lane, lane_dev):
+    """cudaStreamWaitEvent calls ``wr`` without cuda_sync info -> (src, dst) SYNC edges.
+
+    For each call r: d is the GPU op launched by the first runtime call in (r, r + 64] on r's
+    thread (no thread change in between); src is, over the other streams of d's device, the
+    op with the greatest correlation below r's (first stream on ties), if it ended by
+    start[d] + 1 us. Vectorized over the calls, one pass per stream.
+    """
+    z = np.zeros(0, np.int64)
+    if len(wr) == 0 or n_h == 0:
+        return z, z
+    lh = lane[:n_h]
+    run = np.concatenate([[0], np.cumsum(lh[1:] != lh[:-1])])  # thread-run id per host op
+    pos = np.where(rt_gpu >= 0, np.arange(n_h), n_h)
+    nxt = np.append(np.minimum.accumulate(pos[::-1])[::-1], n_h)  # next launching call >= j
+    j = nxt[wr + 1]
+    jc = np.minimum(j, n_h - 1)
+    ok = (j < n_h) & (j <= wr + 64) & (run[jc] == run[wr])
+    wr, j = wr[ok], j[ok]
+    d = rt_gpu[j]
+    c = corr[wr]
+    ld = lane[d].astype(np.int64)
+    n_l = max(max(lane_dev) if lane_dev else 0, int(ld.max()) if len(ld) else 0) + 1
+    ldev = np.zeros(n_l, np.int64)
+    has_dev = np.zeros(n_l, bool)
+    for k_, v_ in lane_dev.items():
+        ldev[k_], has_dev[k_] = v_, True
+    dev = ldev[ld]
+    dev_ok = has_dev[ld]
+    best = np.full(len(d), -1, np.int64)
+    best_c = np.full(len(d), -1, np.int64)
+    for ln, (ids, cs) in by_lane.items():
+        if ln not in lane_dev:
+            continue
+        m = dev_ok & (ld != ln) & (dev == lane_dev[ln])
+        p = np.searchsorted(cs, c) - 1
+        pc = np.maximum(p, 0)
+        upd = m & (p >= 0) & (cs[pc] > best_c)
+        best[upd] = ids[pc[upd]]
+        best_c[upd] = cs[pc[upd]]
+    keep = best >= 0
+    keep[keep] = end[best[keep]] <= start[d[keep]] + 1000
+    return best[keep], d[keep]
 
 
 _FWD = re.compile(r"forward", re.I)
