@@ -21,7 +21,6 @@ from __future__ import annotations
 import re
 
 import numpy as np
-import pandas as pd
 
 from .enums import CommOp
 
@@ -92,45 +91,88 @@ def match_collectives(rank: np.ndarray, group: np.ndarray, group_size: np.ndarra
     if n == 0:
         return np.zeros(0, np.int64), {"matched": 0, "unmatched": 0, "unmatched_reasons": {},
                                        "ops_matched": 0, "ops_unmatched": 0}
-    df = pd.DataFrame({"rank": rank, "group": group, "op": comm_op.astype(np.int64),
-                       "size": np.where(np.isin(comm_op, list(_SIZE_KEYED)), nbytes, 0),
-                       "seq": seq, "order": order, "i": np.arange(n)})
-    use_seq = df.groupby("group")["seq"].transform(lambda s: bool((s >= 0).all()))
-    df = df.sort_values(["rank", "order", "i"], kind="stable")
-    df["k"] = df.groupby(["rank", "group", "op", "size"], sort=False).cumcount()
-    df["key_op"] = np.where(use_seq.loc[df.index], -1, df["op"])
-    df["key_size"] = np.where(use_seq.loc[df.index], -1, df["size"])
-    df["key_k"] = np.where(use_seq.loc[df.index], df["seq"], df["k"])
-    keys = df[["group", "key_op", "key_size", "key_k"]]
-    cid = keys.groupby(list(keys.columns), sort=False).ngroup().to_numpy()
+    rank = np.asarray(rank, np.int64)
+    group = np.asarray(group, np.int64)
+    op = np.asarray(comm_op, np.int64)
+    size = np.where(np.isin(comm_op, list(_SIZE_KEYED)), np.asarray(nbytes, np.int64), 0)
+    seq = np.asarray(seq, np.int64)
+    # a group matches by seq when every one of its ops has one
+    ug, g_inv = np.unique(group, return_inverse=True)
+    use_seq = (np.bincount(g_inv.reshape(-1), weights=seq < 0, minlength=len(ug)) == 0)[
+        g_inv.reshape(-1)]
+    srt = np.lexsort((np.arange(n), np.asarray(order), rank))  # issue order per rank
+    # k: issue index among the rank's ops with the same (group, op, size)
+    gid, first, st = _group_ids([rank[srt], group[srt], op[srt], size[srt]])
+    k_s = np.empty(n, np.int64)
+    k_s[first] = np.arange(n) - st
+    us = use_seq[srt]
+    keys = [group[srt], np.where(us, -1, op[srt]), np.where(us, -1, size[srt]),
+            np.where(us, seq[srt], k_s)]
+    kid, _, _ = _group_ids(keys)
+    firsts = np.full(kid.max() + 1, n, np.int64)
+    np.minimum.at(firsts, kid, np.arange(n))
+    appear = np.empty(len(firsts), np.int64)  # instance ids in order of first appearance
+    appear[np.argsort(firsts, kind="stable")] = np.arange(len(firsts))
     out = np.empty(n, np.int64)
-    out[df["i"].to_numpy()] = cid
+    out[srt] = appear[kid]
     # statistics per instance
-    inst = pd.DataFrame({"cid": out, "rank": rank, "group": group, "gsize": group_size,
-                         "op": comm_op})
-    agg = inst.groupby("cid").agg(members=("rank", "size"), uranks=("rank", "nunique"),
-                                  gsize=("gsize", "max"), group=("group", "first"),
-                                  nops=("op", "nunique"))
+    n_inst = len(firsts)
+    members = np.bincount(out, minlength=n_inst)
+    uranks = _count_distinct(out, rank, n_inst)
+    nops = _count_distinct(out, op, n_inst)
+    gsize = np.full(n_inst, np.iinfo(np.int64).min, np.int64)
+    np.maximum.at(gsize, out, np.asarray(group_size, np.int64))
+    first_row = np.full(n_inst, n, np.int64)
+    np.minimum.at(first_row, out, np.arange(n))
+    inst_group = group[first_row]
     reasons: dict[str, int] = {}
-    ok = np.ones(len(agg), bool)
-    for j, row in enumerate(agg.itertuples()):
+    ok = np.ones(n_inst, bool)
+    odd = (uranks != members) | (nops > 1) | ((gsize > 0) & (members != gsize))
+    for j in np.flatnonzero(odd).tolist():
         why = None
-        if row.uranks != row.members:
+        if uranks[j] != members[j]:
             why = "several ops of one rank in one instance (issue order differs across ranks)"
-        elif row.nops > 1:
+        elif nops[j] > 1:
             why = "members disagree on the collective type"
-        elif row.gsize > 0 and row.members != row.gsize:
-            present = len(ranks_present.get(int(row.group), ())) if ranks_present else None
-            if present is not None and present < row.gsize:
-                why = f"ranks missing from trace ({present} of {row.gsize} group ranks ingested)"
+        else:
+            gs = int(gsize[j])
+            present = (len(ranks_present.get(int(inst_group[j]), ())) if ranks_present
+                       else None)
+            if present is not None and present < gs:
+                why = f"ranks missing from trace ({present} of {gs} group ranks ingested)"
             else:
                 why = "member count differs from group size (a rank skipped or added a call)"
-        if why:
-            ok[j] = False
-            reasons[why] = reasons.get(why, 0) + 1
-    matched_ids = agg.index.to_numpy()[ok]
-    in_matched = np.isin(out, matched_ids)
+        ok[j] = False
+        reasons[why] = reasons.get(why, 0) + 1
+    in_matched = ok[out]
     stats = {"matched": int(ok.sum()), "unmatched": int((~ok).sum()),
              "unmatched_reasons": reasons, "ops_matched": int(in_matched.sum()),
              "ops_unmatched": int((~in_matched).sum())}
     return out, stats
+
+
+def _group_ids(cols: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Rows grouped by equal values in ``cols`` (equal-length int arrays, at least one row).
+
+    Returns (gid, order, start): gid per row (groups numbered in key order), the rows in
+    (key, row) order, and per position of that order the position where its group begins.
+    """
+    o = np.lexsort(cols[::-1])
+    new = np.zeros(len(o), bool)
+    new[0] = True
+    for c in cols:
+        sc = c[o]
+        new[1:] |= sc[1:] != sc[:-1]
+    g_sorted = np.cumsum(new) - 1
+    gid = np.empty(len(o), np.int64)
+    gid[o] = g_sorted
+    return gid, o, np.flatnonzero(new)[g_sorted]
+
+
+def _count_distinct(cid: np.ndarray, val: np.ndarray, n_inst: int) -> np.ndarray:
+    """Number of distinct ``val`` per instance id ``cid``."""
+    o = np.lexsort((val, cid))
+    c, v = cid[o], val[o]
+    new = np.ones(len(o), bool)
+    new[1:] = (c[1:] != c[:-1]) | (v[1:] != v[:-1])
+    return np.bincount(c[new], minlength=n_inst)

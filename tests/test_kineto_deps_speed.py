@@ -1,0 +1,131 @@
+"""The vectorized collective matcher and stream-wait SYNC edges against straightforward
+references (the previous pandas / per-call loop implementations), on random inputs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from collectors.collectives import _SIZE_KEYED, match_collectives
+from collectors.kineto_deps import _stream_wait_edges
+
+
+def _match_reference(rank, group, group_size, comm_op, nbytes, seq, order, ranks_present=None):
+    n = len(rank)
+    df = pd.DataFrame({"rank": rank, "group": group, "op": comm_op.astype(np.int64),
+                       "size": np.where(np.isin(comm_op, list(_SIZE_KEYED)), nbytes, 0),
+                       "seq": seq, "order": order, "i": np.arange(n)})
+    use_seq = df.groupby("group")["seq"].transform(lambda s: bool((s >= 0).all()))
+    df = df.sort_values(["rank", "order", "i"], kind="stable")
+    df["k"] = df.groupby(["rank", "group", "op", "size"], sort=False).cumcount()
+    df["key_op"] = np.where(use_seq.loc[df.index], -1, df["op"])
+    df["key_size"] = np.where(use_seq.loc[df.index], -1, df["size"])
+    df["key_k"] = np.where(use_seq.loc[df.index], df["seq"], df["k"])
+    keys = df[["group", "key_op", "key_size", "key_k"]]
+    cid = keys.groupby(list(keys.columns), sort=False).ngroup().to_numpy()
+    out = np.empty(n, np.int64)
+    out[df["i"].to_numpy()] = cid
+    inst = pd.DataFrame({"cid": out, "rank": rank, "group": group, "gsize": group_size,
+                         "op": comm_op})
+    agg = inst.groupby("cid").agg(members=("rank", "size"), uranks=("rank", "nunique"),
+                                  gsize=("gsize", "max"), group=("group", "first"),
+                                  nops=("op", "nunique"))
+    reasons: dict[str, int] = {}
+    ok = np.ones(len(agg), bool)
+    for j, row in enumerate(agg.itertuples()):
+        why = None
+        if row.uranks != row.members:
+            why = "several ops of one rank in one instance (issue order differs across ranks)"
+        elif row.nops > 1:
+            why = "members disagree on the collective type"
+        elif row.gsize > 0 and row.members != row.gsize:
+            present = len(ranks_present.get(int(row.group), ())) if ranks_present else None
+            if present is not None and present < row.gsize:
+                why = f"ranks missing from trace ({present} of {row.gsize} group ranks ingested)"
+            else:
+                why = "member count differs from group size (a rank skipped or added a call)"
+        if why:
+            ok[j] = False
+            reasons[why] = reasons.get(why, 0) + 1
+    in_matched = np.isin(out, agg.index.to_numpy()[ok])
+    return out, {"matched": int(ok.sum()), "unmatched": int((~ok).sum()),
+                 "unmatched_reasons": reasons, "ops_matched": int(in_matched.sum()),
+                 "ops_unmatched": int((~in_matched).sum())}
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_match_collectives_equals_reference(seed):
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 300))
+    n_ranks = int(rng.integers(1, 5))
+    rank = rng.integers(0, n_ranks, n).astype(np.int64)
+    group = rng.integers(0, 3, n).astype(np.int64)
+    gsize = np.where(rng.random(n) < 0.9, n_ranks, rng.integers(-1, 6, n)).astype(np.int64)
+    comm_op = rng.integers(0, 12, n).astype(np.int8)
+    nbytes = rng.choice([0, 1024, 4096], n).astype(np.int64)
+    seq = np.where(group == 1, rng.integers(0, 20, n), np.where(rng.random(n) < 0.5, -1, 3))
+    seq = seq.astype(np.int64)
+    order = rng.integers(0, 50, n).astype(np.int64)  # many ties in issue time
+    present = ({g: set(range(int(rng.integers(0, n_ranks + 1)))) for g in range(3)}
+               if seed % 3 else None)
+    got = match_collectives(rank, group, gsize, comm_op, nbytes, seq, order, present)
+    want = _match_reference(rank, group, gsize, comm_op, nbytes, seq, order, present)
+    np.testing.assert_array_equal(got[0], want[0])
+    assert got[1] == want[1]
+    assert list(got[1]["unmatched_reasons"]) == list(want[1]["unmatched_reasons"])
+
+
+def _wait_reference(wr, corr, lane, start, end, n_h, rt_gpu, by_lane, lane_dev):
+    src, dst = [], []
+    for r in wr.tolist():
+        c = int(corr[r])
+        d = -1
+        j = r + 1
+        while j < n_h and lane[j] == lane[r] and j <= r + 64:
+            if rt_gpu[j] >= 0:
+                d = int(rt_gpu[j])
+                break
+            j += 1
+        if d < 0:
+            continue
+        dev = lane_dev.get(int(lane[d]))
+        best, best_c = -1, -1
+        for ln, (ids, cs) in by_lane.items():
+            if ln == lane[d] or lane_dev.get(ln) != dev:
+                continue
+            p = np.searchsorted(cs, c) - 1
+            if p >= 0 and cs[p] > best_c:
+                best, best_c = int(ids[p]), int(cs[p])
+        if best >= 0 and end[best] <= start[d] + 1000:
+            src.append(best)
+            dst.append(d)
+    return src, dst
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_stream_wait_edges_equal_reference(seed):
+    rng = np.random.default_rng(seed)
+    n_h = int(rng.integers(1, 400))
+    n_g = int(rng.integers(1, 300))
+    n_gl = int(rng.integers(1, 5))
+    n = n_h + n_g
+    lane = np.concatenate([np.sort(rng.integers(n_gl, n_gl + 3, n_h)),
+                           rng.integers(0, n_gl, n_g)]).astype(np.int32)
+    corr = rng.integers(-1, 200, n).astype(np.int64)  # duplicates and missing (-1) included
+    start = rng.integers(0, 10_000, n).astype(np.int64)
+    end = start + rng.integers(0, 3000, n)
+    rt_gpu = np.full(n_h, -1, np.int64)
+    launched = rng.choice(n_h, min(n_h, n_g, int(rng.integers(0, n_h + 1))), replace=False)
+    rt_gpu[launched] = n_h + rng.choice(n_g, len(launched), replace=False)
+    gpu = np.arange(n_h, n)
+    by_lane = {}
+    for ln in np.unique(lane[gpu]):
+        ids = gpu[lane[gpu] == ln]
+        o = np.argsort(corr[ids], kind="stable")
+        by_lane[int(ln)] = (ids[o], corr[ids][o])
+    lane_dev = {ln: int(rng.integers(0, 2)) for ln in by_lane}
+    wr = np.sort(rng.choice(n_h, int(rng.integers(0, n_h + 1)), replace=False)).astype(np.int64)
+    s, d = _stream_wait_edges(wr, corr, lane, start, end, n_h, rt_gpu, by_lane, lane_dev)
+    rs, rd = _wait_reference(wr, corr, lane, start, end, n_h, rt_gpu, by_lane, lane_dev)
+    assert s.tolist() == rs and d.tolist() == rd
