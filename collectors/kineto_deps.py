@@ -9,6 +9,7 @@ semantics of each edge kind.
 from __future__ import annotations
 
 import re
+from operator import attrgetter
 
 import msgspec
 import numpy as np
@@ -331,40 +332,92 @@ def comm_info(evs, kind, start, name_id, names_arr, launch_of, H, parent, op_h, 
     hn = np.asarray(H["name"], np.int32)
     hidx = np.asarray(H["idx"], np.int64)
     out_op, out_cop, out_bytes, out_group, out_gsize, out_seq, out_ranks = [], [], [], [], [], [], []
-    for o in ops:
-        a_k = evs[ev_idx[o]].args
-        host = launch_of[o] if launch_of[o] >= 0 else (o if o < n_h else -1)
-        enclosing = []
-        j = parent[op_h[host]] if host >= 0 else -1
-        while j >= 0:
-            if _COMM_RANGE.match(names_arr[hn[j]]):
-                enclosing.append(j)
-            j = parent[j]
-        infos = [a_k] + [evs[hidx[j]].args for j in enclosing]
+    # enclosing comm ranges of each op's launch call, innermost first (vectorized parent walk)
+    host = np.where(launch_of[ops] >= 0, launch_of[ops], np.where(ops < n_h, ops, -1))
+    cur = np.full(len(ops), -1, np.int64)
+    has = host >= 0
+    cur[has] = parent[op_h[host[has]]]
+    lv_op, lv_j = [], []
+    while True:
+        live = np.flatnonzero(cur >= 0)
+        if len(live) == 0:
+            break
+        lv_op.append(live)
+        lv_j.append(cur[live])
+        cur[live] = parent[cur[live]]
+    if lv_op:
+        anc_op = np.concatenate(lv_op)  # level by level; a stable sort by op keeps that order
+        anc_j = np.concatenate(lv_j)
+        srt = np.argsort(anc_op, kind="stable")
+        anc_op, anc_j = anc_op[srt], anc_j[srt]
+        u_nm, inv = np.unique(hn[anc_j], return_inverse=True)
+        is_comm = np.asarray([bool(_COMM_RANGE.match(names_arr[x])) for x in u_nm.tolist()], bool)
+        keep = is_comm[inv.reshape(-1)]
+        anc_op, anc_j = anc_op[keep], anc_j[keep]
+    else:
+        anc_op = anc_j = np.zeros(0, np.int64)
+    bounds = np.searchsorted(anc_op, np.arange(len(ops) + 1)).tolist()
+    enc_args = [evs[x].args for x in hidx[anc_j].tolist()]
+    f_, none_ = _INFO_FIELDS, _NO_INFO  # _informative, inlined (one call per range is slow)
+    enc_inf = np.cumsum([0] + [x is not None and (f_(x) != none_ or len(x.input_dims) > 0)
+                               for x in enc_args]).tolist()
+    cop_of: dict[str, CommOp] = {}
+
+    def cop_name(nm: str) -> CommOp:
+        c = cop_of.get(nm)
+        if c is None:
+            c = cop_of[nm] = comm_op_from_name(nm)
+        return c
+
+    # CommOp of each distinct enclosing range name (after its ':') and kernel name
+    u_enc, enc_inv = np.unique(hn[anc_j], return_inverse=True)
+    enc_cop_u = [cop_name(names_arr[x].split(":", 1)[-1]) for x in u_enc.tolist()]
+    enc_cops = [enc_cop_u[i] for i in enc_inv.reshape(-1).tolist()]
+    u_k, k_inv = np.unique(name_id[ops], return_inverse=True)
+    k_cop_u = [cop_name(names_arr[x]) for x in u_k.tolist()]
+    k_cops = [k_cop_u[i] for i in k_inv.reshape(-1).tolist()]
+    no_op = (CommOp.NONE, CommOp.UNKNOWN)
+    unknown = CommOp.UNKNOWN
+    ev_o = ev_idx[ops].tolist()
+    nb_o = nbytes[ops].tolist()
+    for q, o in enumerate(ops.tolist()):
+        a_k = evs[ev_o[q]].args
+        b0, b1 = bounds[q], bounds[q + 1]
+        if enc_inf[b1] == enc_inf[b0] and not _informative(a_k):
+            # no args carry collective info (older PyTorch): names and the kernel's size only
+            cop = CommOp.NONE
+            for c in enc_cops[b0:b1]:
+                if c != unknown:
+                    cop = c
+                    break
+            if cop in no_op:
+                cop = k_cops[q]
+            if cop in no_op and gpu_ranges is not None:
+                cop = _annotation_cop(gpu_ranges, names_arr, start[o], lane[o], cop)
+            out_op.append(o)
+            out_cop.append(int(cop))
+            out_bytes.append(int(nb_o[q]))
+            out_group.append("0")
+            out_gsize.append(-1)
+            out_seq.append(-1)
+            out_ranks.append(None)
+            continue
+        infos = [a_k] + enc_args[b0:b1]
         cop = CommOp.NONE
         for a in infos:
             if a is not None and a.coll_name:
-                cop = comm_op_from_name(a.coll_name)
-                if cop != CommOp.UNKNOWN:
+                cop = cop_name(a.coll_name)
+                if cop != unknown:
                     break
-        if cop in (CommOp.NONE, CommOp.UNKNOWN):
-            for j in enclosing:
-                c = comm_op_from_name(names_arr[hn[j]].split(":", 1)[-1])
-                if c not in (CommOp.UNKNOWN,):
+        if cop in no_op:
+            for c in enc_cops[b0:b1]:
+                if c != unknown:
                     cop = c
                     break
-        if cop in (CommOp.NONE, CommOp.UNKNOWN):
-            cop = comm_op_from_name(names_arr[name_id[o]])
-        if cop in (CommOp.NONE, CommOp.UNKNOWN) and gpu_ranges is not None:
-            # no launch call recorded (RCCL): a gpu_user_annotation around the kernel
-            gl, gn, gs, ge = gpu_ranges
-            t0 = start[o]
-            hit = np.flatnonzero((gl == lane[o]) & (gs <= t0) & (t0 < ge))
-            for j in hit[np.argsort(-gs[hit])]:
-                c = comm_op_from_name(names_arr[gn[j]].split(":", 1)[-1])
-                if c != CommOp.UNKNOWN:
-                    cop = c
-                    break
+        if cop in no_op:
+            cop = k_cops[q]
+        if cop in no_op and gpu_ranges is not None:
+            cop = _annotation_cop(gpu_ranges, names_arr, start[o], lane[o], cop)
         b = 0
         group, gsize, seq, pranks = None, None, -1, None
         for a in infos:
@@ -387,7 +440,7 @@ def comm_info(evs, kind, start, name_id, names_arr, launch_of, H, parent, op_h, 
                     if b:
                         break
         if not b:
-            b = int(nbytes[o])
+            b = nb_o[q]
         out_op.append(o)
         out_cop.append(int(cop))
         out_bytes.append(int(b))
@@ -399,6 +452,28 @@ def comm_info(evs, kind, start, name_id, names_arr, launch_of, H, parent, op_h, 
             "bytes": np.asarray(out_bytes, np.int64), "group": out_group,
             "group_size": np.asarray(out_gsize, np.int64), "seq": np.asarray(out_seq, np.int64),
             "pg_ranks": out_ranks}
+
+
+_INFO_FIELDS = attrgetter("coll_name", "in_nelems", "out_nelems", "pg_name", "group_size", "seq",
+                          "pg_ranks")
+_NO_INFO = (None,) * 7
+
+
+def _informative(a) -> bool:
+    """False when args ``a`` carry nothing comm_info reads (a no-op in all its loops)."""
+    return a is not None and (_INFO_FIELDS(a) != _NO_INFO or len(a.input_dims) > 0)
+
+
+def _annotation_cop(gpu_ranges, names_arr, t0, ln, cop):
+    """No launch call recorded (RCCL): the CommOp of a gpu_user_annotation around the kernel
+    (innermost first), else ``cop``."""
+    gl, gn, gs, ge = gpu_ranges
+    hit = np.flatnonzero((gl == ln) & (gs <= t0) & (t0 < ge))
+    for j in hit[np.argsort(-gs[hit])]:
+        c = comm_op_from_name(names_arr[gn[j]].split(":", 1)[-1])
+        if c != CommOp.UNKNOWN:
+            return c
+    return cop
 
 
 def _parse_ranks(s: str) -> list[int] | None:
