@@ -8,7 +8,17 @@ import pandas as pd
 import pytest
 
 from collectors.collectives import _SIZE_KEYED, match_collectives
-from collectors.kineto_deps import _stream_wait_edges
+from collectors.enums import Phase
+from collectors.intervals import interval_union
+from collectors.kineto_deps import (
+    _BWD,
+    _FWD,
+    _OPT,
+    _STEP_RE,
+    _inside,
+    _stream_wait_edges,
+    attribute,
+)
 
 
 def _match_reference(rank, group, group_size, comm_op, nbytes, seq, order, ranks_present=None):
@@ -129,3 +139,62 @@ def test_stream_wait_edges_equal_reference(seed):
     s, d = _stream_wait_edges(wr, corr, lane, start, end, n_h, rt_gpu, by_lane, lane_dev)
     rs, rd = _wait_reference(wr, corr, lane, start, end, n_h, rt_gpu, by_lane, lane_dev)
     assert s.tolist() == rs and d.tolist() == rd
+
+
+def _attribute_reference(names_arr, r_name, r_start, r_end, start, launch_of, n_h):
+
+    n = len(start)
+    t = start.copy()
+    has_launch = launch_of >= 0
+    t[has_launch] = start[launch_of[has_launch]]  # GPU ops: attribute by their launch time
+    step = np.full(n, -1, np.int32)
+    step_no = np.full(len(names_arr), -1, np.int64)
+    cls = np.zeros((3, len(names_arr)), bool)
+    for i, s in enumerate(names_arr):
+        m = _STEP_RE.match(s)
+        if m:
+            step_no[i] = int(m.group(1))
+        bwd = bool(_BWD.search(s))
+        cls[0, i] = bool(_FWD.search(s)) and not bwd
+        cls[1, i] = bwd
+        cls[2, i] = bool(_OPT.search(s))
+    if len(r_name):
+        rs = step_no[r_name]
+        sel = rs >= 0
+        if sel.any():
+            o = np.argsort(r_start[sel], kind="stable")
+            ss, se, sn = r_start[sel][o], r_end[sel][o], rs[sel][o]
+            p = np.searchsorted(ss, t, side="right") - 1
+            ok = p >= 0
+            ok[ok] = t[ok] < se[p[ok]]
+            step[ok] = sn[p[ok]]
+    phase = np.full(n, int(Phase.UNKNOWN), np.int8)
+    phase[step >= 0] = int(Phase.OTHER)
+    for k, ph in enumerate((Phase.FWD, Phase.BWD, Phase.OPT)):
+        sel = cls[k][r_name] if len(r_name) else np.zeros(0, bool)
+        us, ue = interval_union(r_start[sel], r_end[sel])
+        phase[_inside(t, us, ue)] = int(ph)
+    return step, phase
+
+
+
+def test_attribute_prefilter_equals_regexes():
+    """Names for the ASCII lower-case prefilter: mixed case, patterns mid-name, non-ASCII
+    letters that re.I folds onto ASCII ones (long s, Kelvin sign)."""
+    names = ["ProfilerStep#3", "profilerstep#4", "ProfilerStep#5x", "aten::mm", "Forward",
+             "DDP.FORWARD", "nn.Module: Linear_0 backward", "autograd::engine::evaluate_function: X",
+             "x autograd::engine::evaluate_function", "Optimizer.step#SGD.step", "a Optimizer.x",
+             "## optimizer ##", "OPTIMIZER.STEP", "Zero_Grad", "backward\u017f", "bac\u212award", "Bac\u212aWard",
+             "Optimizer.\u017ftep", "for\u017fward", "f\u00f6rward", "", "forwar", "ProfilerStep#"]
+    n_nm = len(names)
+    names_arr = np.asarray(names, dtype=object)
+    r_name = np.concatenate([[0, 1], np.arange(n_nm)]).astype(np.int32)
+    r_start = np.concatenate([[0, 10_000], np.arange(n_nm) * 100]).astype(np.int64)
+    r_end = np.concatenate([[10_000, 20_000], np.arange(n_nm) * 100 + 50]).astype(np.int64)
+    start = np.arange(0, n_nm * 100, 25).astype(np.int64)
+    launch_of = np.full(len(start), -1, np.int64)
+    got = attribute(names_arr, r_name, r_start, r_end, start, launch_of, len(start))
+    want = _attribute_reference(names_arr, r_name, r_start, r_end, start, launch_of, len(start))
+    np.testing.assert_array_equal(got[0], want[0])
+    np.testing.assert_array_equal(got[1], want[1])
+    assert set(np.unique(want[1]).tolist()) >= {int(Phase.FWD), int(Phase.BWD), int(Phase.OPT)}
