@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-__all__ = ["nest_intervals", "scan_json_array"]
+__all__ = ["latest_done", "nest_intervals", "scan_json_array"]
 
 
 @njit(cache=True)
@@ -134,3 +134,56 @@ def scan_json_array(buf: np.ndarray, key: bytes, chunk_bytes: int):
     """
     return _scan_json_array(np.ascontiguousarray(buf, np.uint8),
                             np.frombuffer(key, np.uint8).copy(), int(chunk_bytes))
+
+
+@njit(cache=True)
+def _latest_done(op_corr, op_end, q_corr, q_t):  # pragma: no cover - compiled
+    n = op_corr.shape[0]
+    # rank: ops by end ascending, ties by position descending (the first op wins a tie)
+    by_end = np.argsort(-np.arange(n), kind="mergesort")
+    by_end = by_end[np.argsort(op_end[by_end], kind="mergesort")]
+    rank = np.empty(n, np.int64)
+    ends = np.empty(n, np.int64)
+    for r in range(n):
+        rank[by_end[r]] = r
+        ends[r] = op_end[by_end[r]]
+    by_corr = np.argsort(op_corr, kind="mergesort")
+    tree = np.full(n + 1, -1, np.int64)  # Fenwick tree of prefix maxima of inserted ranks
+    out = np.full(q_corr.shape[0], -1, np.int64)
+    j = 0
+    for q in np.argsort(q_corr, kind="mergesort"):
+        while j < n and op_corr[by_corr[j]] < q_corr[q]:
+            r = rank[by_corr[j]]
+            i = r + 1
+            while i <= n:
+                if tree[i] < r:
+                    tree[i] = r
+                i += i & -i
+            j += 1
+        k = np.searchsorted(ends, q_t[q], side="right")  # ranks 0..k-1 end by then
+        best = -1
+        i = k
+        while i > 0:
+            if tree[i] > best:
+                best = tree[i]
+            i -= i & -i
+        if best >= 0:
+            out[q] = by_end[best]
+    return out
+
+
+def latest_done(op_corr: np.ndarray, op_end: np.ndarray, q_corr: np.ndarray,
+                q_t: np.ndarray) -> np.ndarray:
+    """For each query ``q``: the position of the op that ends last among those with
+    ``0 <= op_corr < q_corr[q]`` and ``op_end <= q_t[q]`` (the first such op on a tie), or -1.
+
+    Offline in O((n + m) log n): queries by correlation, ops inserted into a Fenwick tree of
+    prefix maxima over their end ranks.
+    """
+    ok = np.flatnonzero(np.asarray(op_corr) >= 0)
+    pos = _latest_done(np.ascontiguousarray(np.asarray(op_corr, np.int64)[ok]),
+                       np.ascontiguousarray(np.asarray(op_end, np.int64)[ok]),
+                       np.ascontiguousarray(q_corr, np.int64), np.ascontiguousarray(q_t, np.int64))
+    out = np.full(len(pos), -1, np.int64)
+    out[pos >= 0] = ok[pos[pos >= 0]]
+    return out

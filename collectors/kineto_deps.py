@@ -14,6 +14,7 @@ from operator import attrgetter
 import msgspec
 import numpy as np
 
+from ._kernels import latest_done as latest_done_ops
 from .collectives import DTYPE_BYTES, comm_op_from_name
 from .enums import CommOp, EdgeKind, OpKind, Phase
 from .intervals import interval_union
@@ -131,9 +132,13 @@ def sync_edges(evs, syncs, kind, lane, corr, start, end, n_h, n, rt_sorted, rc, 
         p = np.searchsorted(t[1], c, side="right")
         return int(t[0][p]) if p < len(t[1]) else -1
 
+    queries: list[tuple[int, int]] = []
+
     def latest_done(c, t_end):
-        cand = gpu[(gcorr >= 0) & (gcorr < c) & (end[gpu] <= t_end + 1000)]
-        return int(cand[np.argmax(end[cand])]) if len(cand) else -1
+        """A placeholder (<= -2) for the GPU op that ended last, among those launched before
+        correlation ``c``, by ``t_end`` (+1 us); answered for all calls at once below."""
+        queries.append((int(c), int(t_end) + 1000))
+        return -1 - len(queries)
 
     covered = set()
     for i in syncs:
@@ -160,7 +165,7 @@ def sync_edges(evs, syncs, kind, lane, corr, start, end, n_h, n, rt_sorted, rc, 
             else:
                 ln = stream_lane.get((dev, a.wait_stream if a.wait_stream not in (None, -1) else a.stream))
                 s = last_before(ln, a.wait_corr if a.wait_corr not in (None, -1) else a.correlation) if ln is not None else -1
-        if s >= 0 and d >= 0:
+        if s != -1 and d >= 0:
             src.append(s)
             dst.append(d)
     # blocking host calls without cuda_sync events
@@ -175,10 +180,18 @@ def sync_edges(evs, syncs, kind, lane, corr, start, end, n_h, n, rt_sorted, rc, 
         d = _next_host_op(r, lane, n_h)
         if d < 0:
             continue
-        s = latest_done(c if c >= 0 else np.iinfo(np.int64).max, end[r])
-        if s >= 0:
-            src.append(s)
-            dst.append(d)
+        src.append(latest_done(c if c >= 0 else np.iinfo(np.int64).max, end[r]))
+        dst.append(d)
+    if queries:  # answer the placeholders; a call with no such GPU op gets no edge
+        q = np.asarray(queries, np.int64)
+        pos = latest_done_ops(gcorr, end[gpu], q[:, 0], q[:, 1])
+        got = np.where(pos >= 0, pos + n_h, -1)
+        s_arr = np.asarray(src, np.int64)
+        ph = s_arr <= -2
+        s_arr[ph] = got[-s_arr[ph] - 2]
+        keep = s_arr >= 0
+        src = s_arr[keep].tolist()
+        dst = np.asarray(dst, np.int64)[keep].tolist()
     # cudaStreamWaitEvent without cuda_sync info (older traces): the next op launched from
     # the same thread waits for the op most recently issued to another stream of the device
     # (the work the recorded event covered, as in DDP's NCCL stream waiting on compute).

@@ -198,3 +198,24 @@ def test_attribute_prefilter_equals_regexes():
     np.testing.assert_array_equal(got[0], want[0])
     np.testing.assert_array_equal(got[1], want[1])
     assert set(np.unique(want[1]).tolist()) >= {int(Phase.FWD), int(Phase.BWD), int(Phase.OPT)}
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_latest_done_matches_the_per_call_scan(seed):
+    """The offline Fenwick answer equals the former per-call scan: among GPU ops launched
+    before the call (0 <= corr < c) that ended by its end (+1 us), the one that ends last,
+    the first such op on a tie; -1 if none."""
+    from collectors._kernels import latest_done
+
+    rng = np.random.default_rng(seed)
+    n, m = int(rng.integers(0, 60)), int(rng.integers(0, 30))
+    corr = rng.integers(-2, 40, n)
+    end = rng.integers(0, 30, n) * 1000  # many ties
+    qc = rng.integers(-1, 45, m)
+    qc[: m // 4] = np.iinfo(np.int64).max  # blocking calls without a correlation
+    qt = rng.integers(-5, 35, m) * 1000
+    got = latest_done(corr, end, qc, qt)
+    ids = np.arange(n)
+    for q in range(m):
+        cand = ids[(corr >= 0) & (corr < qc[q]) & (end <= qt[q])]
+        assert got[q] == (int(cand[np.argmax(end[cand])]) if len(cand) else -1)
