@@ -401,20 +401,27 @@ def comm_info(evs, kind, start, name_id, names_arr, launch_of, H, parent, op_h, 
     unknown = CommOp.UNKNOWN
     ev_o = ev_idx[ops].tolist()
     nb_o = nbytes[ops].tolist()
+
+    def by_names(cop, q, o, b0, b1):
+        """Unless ``cop`` is known: the first enclosing range's, the kernel's, then the GPU
+        annotation's collective."""
+        if cop in no_op:
+            for c in enc_cops[b0:b1]:
+                if c != unknown:
+                    cop = c
+                    break
+        if cop in no_op:
+            cop = k_cops[q]
+        if cop in no_op and gpu_ranges is not None:
+            cop = _annotation_cop(gpu_ranges, names_arr, start[o], lane[o], cop)
+        return cop
+
     for q, o in enumerate(ops.tolist()):
         a_k = evs[ev_o[q]].args
         b0, b1 = bounds[q], bounds[q + 1]
         if enc_inf[b1] == enc_inf[b0] and not _informative(a_k):
             # no args carry collective info (older PyTorch): names and the kernel's size only
-            cop = CommOp.NONE
-            for c in enc_cops[b0:b1]:
-                if c != unknown:
-                    cop = c
-                    break
-            if cop in no_op:
-                cop = k_cops[q]
-            if cop in no_op and gpu_ranges is not None:
-                cop = _annotation_cop(gpu_ranges, names_arr, start[o], lane[o], cop)
+            cop = by_names(CommOp.NONE, q, o, b0, b1)
             out_op.append(o)
             out_cop.append(int(cop))
             out_bytes.append(int(nb_o[q]))
@@ -430,15 +437,7 @@ def comm_info(evs, kind, start, name_id, names_arr, launch_of, H, parent, op_h, 
                 cop = cop_name(a.coll_name)
                 if cop != unknown:
                     break
-        if cop in no_op:
-            for c in enc_cops[b0:b1]:
-                if c != unknown:
-                    cop = c
-                    break
-        if cop in no_op:
-            cop = k_cops[q]
-        if cop in no_op and gpu_ranges is not None:
-            cop = _annotation_cop(gpu_ranges, names_arr, start[o], lane[o], cop)
+        cop = by_names(cop, q, o, b0, b1)
         b = 0
         group, gsize, seq, pranks = None, None, -1, None
         for a in infos:
