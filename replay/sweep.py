@@ -151,7 +151,15 @@ def _evaluate(trace: Trace, run: ScenarioFn | None, i: int,
               scenario: Mapping[str, Any]) -> dict[str, Any]:
     sc = {k: v for k, v in scenario.items() if k != "name"}
     try:
-        res = (run or _default_run)(trace, sc)
+        if run is None:
+            from .policies.base import fingerprint_scope
+
+            # the default what-if never edits a trace in place: fingerprint each trace once
+            # per sweep, not once per scenario (a pass over every op's columns)
+            with fingerprint_scope(_FP_MEMO):
+                res = _default_run(trace, sc)
+        else:
+            res = run(trace, sc)
         row = scenario_metrics(res)
         row["error"] = None
     except Exception as exc:  # a failed scenario is a row, not a lost sweep
@@ -162,11 +170,14 @@ def _evaluate(trace: Trace, run: ScenarioFn | None, i: int,
 
 
 _WORKER: dict[str, Any] = {}
+#: trace fingerprints of this process's sweep (emptied when a sweep or a worker starts)
+_FP_MEMO: dict[int, Any] = {}
 
 
 def _init_worker(payload: bytes, run: ScenarioFn | None) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     _keep_freed_memory()
+    _FP_MEMO.clear()
     _WORKER["trace"] = pickle.loads(payload)
     _WORKER["run"] = run
 
@@ -232,6 +243,7 @@ def sweep(trace: Trace | str | os.PathLike[str], scenarios: Iterable[Mapping[str
     if not scs:
         raise PolicyError("sweep: no scenarios given; pass at least one {key: value} dict")
     rows: dict[int, dict[str, Any]] = {}
+    _FP_MEMO.clear()  # the caller may have edited the trace in place since the last sweep
     try:
         with progress_bar(len(scs), "sweep", progress) as bar:
             if scheduler is not None:

@@ -85,6 +85,30 @@ def test_trace_edited_in_place_gets_fresh_derived_values():
     assert not np.array_equal(after.end_ns, before.end_ns)
 
 
+def test_sweep_fingerprints_each_trace_once_and_a_new_sweep_sees_edits(monkeypatch):
+    t = _job()
+    scs = [{"hardware.compute_speedup": f} for f in (1.0, 1.5, 2.0)]
+    calls = Counter()
+    real = base._fingerprint
+
+    def counted(trace):
+        before = len(base._FP_SCOPE[-1]) if base._FP_SCOPE else -1
+        fp = real(trace)
+        if base._FP_SCOPE and len(base._FP_SCOPE[-1]) > before:
+            calls[id(trace)] += 1  # computed, not answered from the scope
+        return fp
+    monkeypatch.setattr(base, "_fingerprint", counted)
+    first = sweep(t, scs, workers=1, progress=False)
+    assert calls[id(t)] == 1  # once for the three scenarios
+    # an edit between two sweeps is seen: rows equal those of a fresh copy
+    t.ops["dur_ns"] = t.ops["dur_ns"] * 2
+    second = sweep(t, scs, workers=1, progress=False)
+    ref = sweep(_fresh(t), scs, workers=1, progress=False)
+    assert calls[id(t)] == 2
+    assert second["step_time_ns"].tolist() == ref["step_time_ns"].tolist()
+    assert (second["step_time_ns"] > first["step_time_ns"]).all()
+
+
 def test_cached_arrays_are_read_only(job):
     whatif(job, {"hardware.compute_speedup": 1.5, "overlap.mode": "serial"})
     g = base.cached_graph(job)

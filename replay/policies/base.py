@@ -55,7 +55,7 @@ def _fingerprint(trace: Trace) -> tuple:
     :func:`fingerprint_scope` (one what-if) a trace's fingerprint is computed once."""
     if _FP_SCOPE:
         hit = _FP_SCOPE[-1].get(id(trace))
-        if hit is not None and hit[0] is trace:
+        if hit is not None and hit[0]() is trace:
             return hit[1]
     o, e = trace.ops, trace.edges
 
@@ -64,18 +64,22 @@ def _fingerprint(trace: Trace) -> tuple:
     fp = (len(o), len(e), tot(o, "start_ns"), tot(o, "dur_ns"), tot(o, "lane"),
           tot(o, "kind"), tot(o, "name_id"), tot(e, "src"), tot(e, "dst"), tot(e, "lag_ns"))
     if _FP_SCOPE:
-        _FP_SCOPE[-1][id(trace)] = (trace, fp)
+        _FP_SCOPE[-1][id(trace)] = (weakref.ref(trace), fp)
     return fp
 
 
-_FP_SCOPE: list[dict[int, tuple[Trace, tuple]]] = []
+_FP_SCOPE: list[dict[int, tuple[weakref.ref, tuple]]] = []
 
 
 @contextmanager
-def fingerprint_scope():
-    """Fingerprint each trace at most once until the block ends (one what-if: nothing edits
-    a trace's tables in place while it runs)."""
-    _FP_SCOPE.append({})
+def fingerprint_scope(memo: dict | None = None):
+    """Fingerprint each trace at most once until the block ends (one what-if, or a sweep's
+    scenarios: nothing edits a trace's tables in place while it runs). ``memo`` (a dict the
+    caller keeps) carries the fingerprints from one block to the next; a scope opened inside
+    another shares the outer one's. Entries hold their traces weakly."""
+    if memo is None:
+        memo = _FP_SCOPE[-1] if _FP_SCOPE else {}
+    _FP_SCOPE.append(memo)
     try:
         yield
     finally:
