@@ -344,6 +344,23 @@ def _to_op_order(perm, start, end, crit, base, s, e, c):
         c[p] = perm[crit[k]] if crit[k] >= 0 else -1
 
 
+@njit(cache=True)
+def _layout_durations(dur, perm, coll_of, ref, out):
+    """A what-if's float durations (op-id order) -> int64 ns in layout order, into ``out``:
+    rounded half to even (as ``np.rint``), negative values set to 0 except on collective
+    members (``coll_of``, layout order: a skewed clock's negative transfer tail). Returns
+    whether ``out`` differs from ``ref`` (the graph's own layout durations)."""
+    changed = False
+    for k in range(perm.shape[0]):
+        v = np.int64(np.rint(dur[perm[k]]))
+        if v < 0 and coll_of[k] < 0:
+            v = np.int64(0)
+        out[k] = v
+        if v != ref[k]:
+            changed = True
+    return changed
+
+
 # ---------------------------------------------------------------------------- sweep metrics
 @njit(cache=True)
 def _metric_keys(s, e, dev, dev_rank, n_ranks, keys):

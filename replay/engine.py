@@ -173,15 +173,25 @@ def simulate(graph: ReplayGraph, *, durations_ns: np.ndarray | None = None,
     scenario : list, optional
         Description of the policies applied (recorded in ``meta["scenario"]``).
     """
+    g = graph
+    dur = (g.dur_ns if durations_ns is None
+           else np.ascontiguousarray(_check_durations(g, durations_ns)[g.perm]))
+    return _simulate_layout(g, dur, durations_ns is not None, mode=mode, contention=contention,
+                            scenario=scenario)
+
+
+def _simulate_layout(graph: ReplayGraph, dur: np.ndarray, modified: bool, *, mode: str,
+                     contention: ContentionModel | None, scenario: list | None
+                     ) -> ReplayResult:
+    """:func:`simulate` with the durations already in layout order and checked (``dur``:
+    int64, ``graph.dur_ns`` itself when ``modified`` is false)."""
     if mode not in MODES:
         raise ReplayError(f"mode={mode!r} is not a replay mode; choose one of {', '.join(MODES)}")
     if graph.trace is None:
         raise ReplayError("graph has no trace attached; build it with build_graph(trace)")
     g = graph
-    dur = (g.dur_ns if durations_ns is None
-           else np.ascontiguousarray(_check_durations(g, durations_ns)[g.perm]))
     meta: dict[str, Any] = {"mode": mode, "ideal": g.ideal, "scenario": list(scenario or []),
-                            "durations_modified": durations_ns is not None}
+                            "durations_modified": bool(modified)}
     meta.update(g.stats)
     # one dtype per kernel argument (numba compiles one specialization; no copy when a
     # graph comes from build_graph, a copy of just the arrays a policy replaced otherwise)

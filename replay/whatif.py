@@ -19,12 +19,11 @@ from collectors.enums import CommOp, OpKind
 from collectors.errors import PolicyError
 from collectors.trace import Trace
 
-from .engine import ReplayResult, simulate
+from .engine import ReplayResult, _simulate_layout
 from .policies.base import (
     Policy,
     SynthSpec,
     WhatIfState,
-    by_op,
     fingerprint_scope,
     ranks_per_node_of,
     trace_memo,
@@ -86,10 +85,9 @@ def _whatif(trace: Trace, pols: list, *, ideal: bool, mode: str | None) -> Repla
     if mode is not None:
         state.mode = mode
     g = state.final_graph()
-    dur = state.final_durations()
-    changed = not np.array_equal(dur, by_op(g, "dur_ns"))
-    res = simulate(g, durations_ns=dur if changed else None, mode=state.mode,
-                   contention=state.contention, scenario=state.applied)
+    dur, changed = state.layout_durations(g)  # rounded, in the kernels' layout order
+    res = _simulate_layout(g, dur, changed, mode=state.mode, contention=state.contention,
+                           scenario=state.applied)
     res.meta["whatif"] = _derived(state)
     base = _measured_step_ns(trace)
     rl = res.meta["whatif"].get("relayout")

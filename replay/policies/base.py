@@ -32,6 +32,7 @@ from collectors.enums import OpKind
 from collectors.errors import ConfigError, PolicyError
 from collectors.trace import Trace
 
+from .._kernels import _layout_durations
 from ..engine import ContentionModel
 from ..graph import ReplayGraph, build_graph
 
@@ -371,11 +372,20 @@ class WhatIfState:
         return g
 
     def final_durations(self) -> np.ndarray:
-        d = np.rint(self.dur).astype(np.int64)
-        # only collective members may carry a negative transfer tail (skewed clocks)
-        neg = (d < 0) & (by_op(self.graph, "coll_of") < 0)
-        d[neg] = 0
-        return d
+        """The durations to replay, int64 ns in op-id order (see :meth:`layout_durations`)."""
+        g = self.graph
+        return g.by_op(self.layout_durations(g)[0])
+
+    def layout_durations(self, g: ReplayGraph) -> tuple[np.ndarray, bool]:
+        """``state.dur`` rounded to int64 ns in ``g``'s layout order (what the kernels take),
+        with negative values set to 0 except on collective members (a skewed clock's
+        negative transfer tail), and whether they differ from the graph's own (``g.dur_ns``
+        itself is returned when they do not)."""
+        out = np.empty(g.n_ops, np.int64)
+        changed = _layout_durations(np.ascontiguousarray(self.dur, np.float64),
+                                    np.ascontiguousarray(g.perm, np.int32),
+                                    np.ascontiguousarray(g.coll_of, np.int32), g.dur_ns, out)
+        return (out, True) if changed else (g.dur_ns, False)
 
     def require_phase(self, policy: str, phase: int) -> None:
         if self.phase != phase:  # programming error guard, not user input
