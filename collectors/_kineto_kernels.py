@@ -1,13 +1,17 @@
 """numba kernels of the streaming Kineto reader (collectors/kineto_fast.py).
 
 Arrays in, arrays out (CONVENTIONS.md §1): the JSON text of a block is a uint8 array, the
-result one int64 column per field.
+result one int64 column per field. Inside, the hot helpers work on base addresses and
+offsets (collectors/_kineto_scan_mem.py says why).
 """
 
 from __future__ import annotations
 
 import numpy as np
 from numba import njit
+from numba.cpython.unsafe.numbers import trailing_zeros
+
+from ._kineto_scan_mem import addr, ld8, ldb, ldq, stb, stq
 
 __all__ = ["scan_events", "find_array", "rehash"]
 
@@ -19,6 +23,11 @@ __all__ = ["scan_events", "find_array", "rehash"]
 # decodes that event's bytes with msgspec and handles it the general way. Structural
 # problems (truncation, bad syntax, invalid UTF-8) stop the scan with an error status; the
 # caller then falls back to the whole-document decoder, which words the error.
+#
+# Speed: string bodies are skipped eight bytes at a time (SWAR: the first '"', '\\' or byte
+# >= 0x80 of a word); the known keys are recognized from one or two 8-byte words (the key
+# with its closing quote, so "phase" is never "ph"); numbers are parsed in place; every
+# other value is skipped without being looked at twice.
 
 #: columns of the scanner's output rows
 #: (EV_CAT / EV_NAME: ids in the reader's intern tables)
@@ -32,11 +41,20 @@ F_SLOW, F_TS, F_DUR, F_ARGS, F_NAME, F_CAT, F_PID, F_TID = 1, 2, 4, 8, 16, 32, 6
 NONE = np.int64(-(1 << 63))
 #: scan status
 S_MORE, S_END, S_FULL, S_GROW, S_ERROR = 0, 1, 2, 3, -1
+#: the event keys read into the row (id = 1 + index) ...
 TOP_KEYS = (b"ph", b"cat", b"name", b"pid", b"tid", b"ts", b"dur", b"args")
+#: ... and the args keys (id = 1 + index; column EV_CORR + index)
 ARG_KEYS = (b"correlation", b"External id", b"device", b"stream", b"bytes", b"Device Type",
             b"Device Id", b"Bytes", b"Total Allocated", b"Total Reserved")
-_FNV0 = -3750763034362895579  # FNV-1a offset basis as int64
-_FNV_P = 1099511628211
+
+
+def _u64(s: bytes) -> np.uint64:
+    """Up to 8 bytes as the little-endian word an 8-byte load reads."""
+    return np.uint64(int.from_bytes(s, "little"))
+
+
+def _mask(k: int) -> np.uint64:
+    return np.uint64((1 << (8 * k)) - 1)
 
 
 _CC = np.zeros(256, np.uint8)  # byte classes: 1 space, 2 string special, 4 structural, 8 ends a number
@@ -50,21 +68,41 @@ _CC[34] |= 2
 _CC[92] |= 2
 _CC[128:] |= 2
 
+_LO8, _HI8 = _u64(b"\x01" * 8), _u64(b"\x80" * 8)
+_QQ8, _BS8 = _u64(b'"' * 8), _u64(b"\\" * 8)
+_Z64, _U1, _U3, _U8, _U29, _U32 = (np.uint64(x) for x in (0, 1, 3, 8, 29, 32))
+_FF = np.uint64(255)
+_M2, _M4, _M5, _M6, _M7 = _mask(2), _mask(4), _mask(5), _mask(6), _mask(7)
+_HSEED, _HMUL, _HMUL2 = (np.uint64(x) for x in (0xCBF29CE484222325, 0x9E3779B97F4A7C15,
+                                                0xFF51AFD7ED558CCD))
+# top keys with their quotes (from the opening quote)
+_K_PH, _K_TS, _K_CAT, _K_PID, _K_TID, _K_DUR, _K_NAME, _K_ARGS = (_u64(b'"%s"' % k) for k in (
+    b"ph", b"ts", b"cat", b"pid", b"tid", b"dur", b"name", b"args"))
+# args keys: the first 8 characters, then the rest with the closing quote
+_A_CORR, _A_CORR2 = _u64(b"correlat"), _u64(b'ion"')
+_A_EXT, _A_EXT2 = _u64(b"External"), _u64(b' id"')
+_A_DEV, _A_STREAM, _A_BYTES, _A_BYTES_C = (_u64(x) for x in (b'device"', b'stream"', b'bytes"',
+                                                               b'Bytes"'))
+_A_DEVICE, _A_TYPE, _A_ID = _u64(b"Device T"), _u64(b'ype"'), _u64(b'd"')
+_A_DEVICE_I = _u64(b"Device I")
+_A_TOTAL_A, _A_ALLOC = _u64(b"Total Al"), _u64(b'located"')
+_A_TOTAL_R, _A_RES = _u64(b"Total Re"), _u64(b'served"')
+
 
 @njit(cache=True, inline="always")
-def _ws(buf, i, n):  # pragma: no cover - compiled
+def _ws(b, i, n):  # pragma: no cover - compiled
     while i < n:
-        c = buf[i]
-        if c > 32 or (_CC[c] & 1) == 0:
+        c = ldb(b + i)
+        if c > 32 or (c != 32 and c != 10 and c != 13 and c != 9):
             return i
         i += 1
     return i
 
 
 @njit(cache=True)
-def _utf8(buf, i, n):  # pragma: no cover - compiled
-    """Length of the UTF-8 sequence led by ``buf[i]`` (>= 0x80); -1 past the end, -2 invalid."""
-    c = buf[i]
+def _utf8(b, i, n):  # pragma: no cover - compiled
+    """Length of the UTF-8 sequence led by the byte at ``i`` (>= 0x80); -1 past the end, -2 invalid."""
+    c = ldb(b + i)
     need = 0
     lo = 128
     hi = 191
@@ -87,7 +125,7 @@ def _utf8(buf, i, n):  # pragma: no cover - compiled
     if i + need >= n:
         return -1
     for k in range(1, need + 1):
-        d = buf[i + k]
+        d = ldb(b + i + k)
         if k == 1:
             if d < lo or d > hi:
                 return -2
@@ -97,243 +135,323 @@ def _utf8(buf, i, n):  # pragma: no cover - compiled
 
 
 @njit(cache=True, inline="always")
-def _str_end(buf, i, n):  # pragma: no cover - compiled
-    """``i`` at an opening quote -> (index after the closing quote, hash of the raw bytes,
-    escaped?); index -1 when the buffer ends first, -2 on invalid UTF-8. The hash only
-    spreads strings over the intern table (equal strings are confirmed byte by byte)."""
-    h = _FNV0
-    esc = False
-    i += 1
-    while i < n:
-        c = buf[i]
-        if (_CC[c] & 2) == 0:
-            h = ((h << 5) | ((h >> 59) & 31)) ^ c
-            i += 1
-            continue
-        if c == 34:
-            return i + 1, (h ^ (h >> 31)) * _FNV_P, esc
-        if c == 92:
-            esc = True
-            if i + 1 >= n:
-                return -1, h, esc
-            h = ((h << 5) | ((h >> 59) & 31)) ^ c
-            h = ((h << 5) | ((h >> 59) & 31)) ^ buf[i + 1]
-            i += 2
-            continue
-        if c >= 128:
-            m = _utf8(buf, i, n)
-            if m < 0:
-                return m, h, esc
-            for k in range(m):
-                h = ((h << 5) | ((h >> 59) & 31)) ^ buf[i + k]
-            i += m
-            continue
-        return -2, h, esc  # not reached: every other byte is plain
-    return -1, h, esc
+def _word(b, i, n):  # pragma: no cover - compiled
+    """The 8 bytes at ``i`` as a word; past ``n`` they read as zero bytes."""
+    if i + 8 <= n:
+        return ld8(b + i)
+    w = _Z64
+    for k in range(max(n - i, 0)):
+        w |= np.uint64(ldb(b + i + k)) << (np.uint64(k) * _U8)
+    return w
 
 
 @njit(cache=True, inline="always")
-def _str_skip(buf, i, n):  # pragma: no cover - compiled
-    """As :func:`_str_end` without the hash: -> (index after the closing quote, escaped?)."""
+def _special(b, i, n):  # pragma: no cover - compiled
+    """Offset of the first '"', '\\' or byte >= 0x80 at or after ``i`` (``n`` if none)."""
+    while i + 8 <= n:
+        w = ld8(b + i)
+        q = w ^ _QQ8
+        s = w ^ _BS8
+        m = (((q - _LO8) & ~q) | ((s - _LO8) & ~s) | w) & _HI8
+        if m != _Z64:
+            return i + np.int64(trailing_zeros(m) >> _U3)
+        i += 8
+    while i < n:
+        c = ldb(b + i)
+        if c == 34 or c == 92 or c >= 128:
+            return i
+        i += 1
+    return n
+
+
+@njit(cache=True, inline="always")
+def _str_skip(b, i, n):  # pragma: no cover - compiled
+    """``i`` at an opening quote -> (offset after the closing quote, escaped?); -1 when the
+    buffer ends first, -2 on invalid UTF-8."""
     esc = False
     i += 1
-    while i < n:
-        c = buf[i]
-        if (_CC[c] & 2) == 0:
-            i += 1
-            continue
+    while True:
+        i = _special(b, i, n)
+        if i >= n:
+            return -1, esc
+        c = ldb(b + i)
         if c == 34:
             return i + 1, esc
         if c == 92:
             esc = True
             i += 2
             continue
-        if c >= 128:
-            m = _utf8(buf, i, n)
-            if m < 0:
-                return m, esc
-            i += m
-            continue
-        i += 1
-    return -1, esc
+        m = _utf8(b, i, n)
+        if m < 0:
+            return m, esc
+        i += m
 
 
 @njit(cache=True)
-def _skip(buf, i, n):  # pragma: no cover - compiled
-    """Index after the JSON value at ``i``; -1 when the buffer ends first, -2 when invalid."""
-    c = buf[i]
+def _skip_nested(b, i, n):  # pragma: no cover - compiled
+    """Offset after the object or array at ``i``; -1 when the buffer ends first, -2 when invalid."""
+    stack = np.int64(0)  # bit per level: 1 object, 0 array
+    depth = 0
+    while i < n:
+        c = ldb(b + i)
+        if (_CC[c] & 4) == 0:
+            i += 1
+            continue
+        if c == 34:
+            e, _ = _str_skip(b, i, n)
+            if e < 0:
+                return e
+            i = e
+            continue
+        if c == 123 or c == 91:
+            if depth >= 62:
+                return -2
+            stack = (stack << 1) | (1 if c == 123 else 0)
+            depth += 1
+        else:
+            if depth == 0 or (stack & 1) != (1 if c == 125 else 0):
+                return -2
+            stack >>= 1
+            depth -= 1
+            if depth == 0:
+                return i + 1
+        i += 1
+    return -1
+
+
+@njit(cache=True, inline="always")
+def _skip(b, i, n):  # pragma: no cover - compiled
+    """Offset after the JSON value at ``i``; -1 when the buffer ends first, -2 when invalid."""
+    c = ldb(b + i)
     if c == 34:
-        e, _ = _str_skip(buf, i, n)
+        e, _ = _str_skip(b, i, n)
         return e
     if c == 123 or c == 91:
-        stack = np.int64(0)  # bit per level: 1 object, 0 array
-        depth = 0
-        while i < n:
-            c = buf[i]
-            if (_CC[c] & 4) == 0:
-                i += 1
-                continue
-            if c == 34:
-                e, _ = _str_skip(buf, i, n)
-                if e < 0:
-                    return e
-                i = e
-                continue
-            if c == 123 or c == 91:
-                if depth >= 62:
-                    return -2
-                stack = (stack << 1) | (1 if c == 123 else 0)
-                depth += 1
-            elif c == 125 or c == 93:
-                if depth == 0 or (stack & 1) != (1 if c == 125 else 0):
-                    return -2
-                stack >>= 1
-                depth -= 1
-                if depth == 0:
-                    return i + 1
-            i += 1
-        return -1
+        return _skip_nested(b, i, n)
     if not (c == 45 or 48 <= c <= 57 or c == 116 or c == 102 or c == 110):
         return -2
     while i < n:
-        if _CC[buf[i]] & 8:
+        if _CC[ldb(b + i)] & 8:
             return i
         i += 1
     return -1
 
 
 @njit(cache=True, inline="always")
-def _int(buf, i, n):  # pragma: no cover - compiled
+def _int(b, i, n):  # pragma: no cover - compiled
     """A JSON integer at ``i`` -> (value, end, ok); ok is False for floats, null, strings."""
     neg = False
     j = i
-    if j < n and buf[j] == 45:
+    if j < n and ldb(b + j) == 45:
         neg = True
         j += 1
     v = np.int64(0)
     d0 = j
-    while j < n and 48 <= buf[j] <= 57:
-        v = v * 10 + (buf[j] - 48)
+    while j < n:
+        d = ldb(b + j) - 48
+        if d < 0 or d > 9:
+            break
+        v = v * 10 + d
         j += 1
     nd = j - d0
     if nd == 0 or nd > 18 or j >= n:
         return v, j, False
-    c = buf[j]
+    c = ldb(b + j)
     if c == 46 or c == 101 or c == 69:
         return v, j, False
     return (-v if neg else v), j, True
 
 
 @njit(cache=True, inline="always")
-def _ns(buf, i, n):  # pragma: no cover - compiled
+def _ns(b, i, n):  # pragma: no cover - compiled
     """A non-negative JSON number of microseconds at ``i`` -> (integer ns, end, ok), exact:
     three decimals are ns, the fourth rounds (half up). Negative or exponent: not ok."""
     j = i
     v = np.int64(0)
-    d0 = j
-    while j < n and 48 <= buf[j] <= 57:
-        v = v * 10 + (buf[j] - 48)
+    while j < n:
+        d = ldb(b + j) - 48
+        if d < 0 or d > 9:
+            break
+        v = v * 10 + d
         j += 1
-    if j - d0 == 0 or j - d0 > 16 or v > 9_000_000_000_000_000 or j >= n:
+    if j == i or j - i > 16 or v > 9_000_000_000_000_000 or j >= n:
         return v, j, False
     v *= 1000
-    if buf[j] == 46:
+    if ldb(b + j) == 46:
         j += 1
         f0 = j
         scale = 100
-        while j < n and 48 <= buf[j] <= 57:
+        while j < n:
+            d = ldb(b + j) - 48
+            if d < 0 or d > 9:
+                break
             k = j - f0
             if k < 3:
-                v += (buf[j] - 48) * scale
+                v += d * scale
                 scale //= 10
-            elif k == 3 and buf[j] >= 53:
+            elif k == 3 and d >= 5:
                 v += 1
             j += 1
         if j == f0 or j >= n:
             return v, j, False
-    c = buf[j]
+    c = ldb(b + j)
     if c == 101 or c == 69:
         return v, j, False
     return v, j, True
 
 
 @njit(cache=True, inline="always")
-def _key_id(buf, s, e, kb, ko):  # pragma: no cover - compiled
-    ln = e - s
-    if ln <= 0:
-        return 0
-    c0 = buf[s]
-    for k in range(ko.shape[0] - 1):
-        if ko[k + 1] - ko[k] == ln and kb[ko[k]] == c0:
-            ok = True
-            for j in range(ln):
-                if buf[s + j] != kb[ko[k] + j]:
-                    ok = False
-                    break
-            if ok:
-                return k + 1
-    return 0
+def _top_key(w):  # pragma: no cover - compiled
+    """(id, length with quotes) of the event key whose opening quote starts the word ``w``;
+    (0, 0) for any other key."""
+    c = np.int64((w >> _U8) & _FF)
+    if c == 112:  # p
+        if (w & _M4) == _K_PH:
+            return 1, 4
+        if (w & _M5) == _K_PID:
+            return 4, 5
+    elif c == 99:  # c
+        if (w & _M5) == _K_CAT:
+            return 2, 5
+    elif c == 110:  # n
+        if (w & _M6) == _K_NAME:
+            return 3, 6
+    elif c == 116:  # t
+        if (w & _M4) == _K_TS:
+            return 6, 4
+        if (w & _M5) == _K_TID:
+            return 5, 5
+    elif c == 100:  # d
+        if (w & _M5) == _K_DUR:
+            return 7, 5
+    elif c == 97:  # a
+        if (w & _M6) == _K_ARGS:
+            return 8, 6
+    return 0, 0
 
 
 @njit(cache=True, inline="always")
-def _args(buf, i, n, out, r, kb, ko):  # pragma: no cover - compiled
-    """Parse the args object at ``i`` into column ``r`` of ``out``; -> (end, slow) with end -1/-2 as _skip."""
+def _arg_key(w, w2):  # pragma: no cover - compiled
+    """(id, length with quotes) of the args key whose first 8 characters are ``w`` (the next
+    8 bytes: ``w2``); (0, 0) for any other key."""
+    c = np.int64(w & _FF)
+    if c == 99:  # c
+        if w == _A_CORR and (w2 & _M4) == _A_CORR2:
+            return 1, 13
+    elif c == 69:  # E
+        if w == _A_EXT and (w2 & _M4) == _A_EXT2:
+            return 2, 13
+    elif c == 100:  # d
+        if (w & _M7) == _A_DEV:
+            return 3, 8
+    elif c == 115:  # s
+        if (w & _M7) == _A_STREAM:
+            return 4, 8
+    elif c == 98:  # b
+        if (w & _M6) == _A_BYTES:
+            return 5, 7
+    elif c == 68:  # D
+        if w == _A_DEVICE:
+            if (w2 & _M4) == _A_TYPE:
+                return 6, 13
+        elif w == _A_DEVICE_I and (w2 & _M2) == _A_ID:
+            return 7, 11
+    elif c == 66:  # B
+        if (w & _M6) == _A_BYTES_C:
+            return 8, 7
+    elif c == 84:  # T
+        if w == _A_TOTAL_A:
+            if w2 == _A_ALLOC:
+                return 9, 17
+        elif w == _A_TOTAL_R and (w2 & _M7) == _A_RES:
+            return 10, 16
+    return 0, 0
+
+
+@njit(cache=True, inline="always")
+def _after(b, j, n):  # pragma: no cover - compiled
+    """After a value: (offset of the next non-space byte, that byte); (-1, 0) at the end."""
+    if j < n:
+        c = ldb(b + j)
+        if c > 32:
+            return j, c
+    j = _ws(b, j, n)
+    if j >= n:
+        return -1, 0
+    return j, ldb(b + j)
+
+
+@njit(cache=True, inline="always")
+def _colon(b, j, n):  # pragma: no cover - compiled
+    """After a key: offset of its value (-1 at the end, -2 without a colon)."""
+    if j < n and ldb(b + j) != 58:
+        j = _ws(b, j, n)
+    if j >= n:
+        return -1
+    if ldb(b + j) != 58:
+        return -2
+    j = _ws(b, j + 1, n)
+    if j >= n:
+        return -1
+    return j
+
+
+@njit(cache=True, inline="always")
+def _args(b, i, n, ro, fs):  # pragma: no cover - compiled
+    """Parse the args object at ``i`` into the row at ``ro`` (field stride ``fs``) ->
+    (end, slow) with end -1/-2 as _skip."""
     slow = False
-    j = _ws(buf, i + 1, n)
+    j = _ws(b, i + 1, n)
     if j >= n:
         return -1, slow
-    if buf[j] == 125:
+    if ldb(b + j) == 125:
         return j + 1, slow
     seen = 0
     while True:
         if j >= n:
             return -1, slow
-        if buf[j] != 34:
+        if ldb(b + j) != 34:
             return -2, slow
-        ke, kesc = _str_skip(buf, j, n)
-        if ke < 0:
-            return ke, slow
-        kid = 0 if kesc else _key_id(buf, j + 1, ke - 1, kb, ko)
-        if kesc:
-            slow = True
-        j = _ws(buf, ke, n)
-        if j >= n:
-            return -1, slow
-        if buf[j] != 58:
-            return -2, slow
-        j = _ws(buf, j + 1, n)
-        if j >= n:
-            return -1, slow
+        kid, kl = _arg_key(_word(b, j + 1, n), _word(b, j + 9, n))
+        if kid > 0:
+            j += kl
+        else:
+            ke, kesc = _str_skip(b, j, n)
+            if ke < 0:
+                return ke, slow
+            if kesc:
+                slow = True
+            j = ke
+        j = _colon(b, j, n)
+        if j < 0:
+            return j, slow
         if kid > 0:
             if seen & (1 << kid):
                 slow = True
             seen |= 1 << kid
-            v, e, ok = _int(buf, j, n)
+            v, e, ok = _int(b, j, n)
             if ok:
-                out[EV_CORR + kid - 1, r] = v
+                stq(ro + (EV_CORR + kid - 1) * fs, v)
                 j = e
             else:
-                isnull = (buf[j] == 110 and j + 3 < n and buf[j + 1] == 117
-                          and buf[j + 2] == 108 and buf[j + 3] == 108)
+                isnull = (j + 3 < n and ldb(b + j) == 110 and ldb(b + j + 1) == 117
+                          and ldb(b + j + 2) == 108 and ldb(b + j + 3) == 108)
                 # null is "absent" for the optional fields; correlation / External id
                 # must be integers (the general path reports it)
                 if not isnull or kid <= 2:
                     slow = True
-                e = _skip(buf, j, n)
-                if e < 0:
-                    return e, slow
-                j = e
+                j = _skip(b, j, n)
+                if j < 0:
+                    return j, slow
         else:
-            e = _skip(buf, j, n)
-            if e < 0:
-                return e, slow
-            j = e
-        j = _ws(buf, j, n)
-        if j >= n:
+            j = _skip(b, j, n)
+            if j < 0:
+                return j, slow
+        j, c = _after(b, j, n)
+        if j < 0:
             return -1, slow
-        c = buf[j]
         if c == 44:
-            j = _ws(buf, j + 1, n)
+            j = _ws(b, j + 1, n)
             continue
         if c == 125:
             return j + 1, slow
@@ -341,81 +459,90 @@ def _args(buf, i, n, out, r, kb, ko):  # pragma: no cover - compiled
 
 
 @njit(cache=True, inline="always")
-def _event(buf, i, n, out, r, tk, to, ak, ao, nt, ct):  # pragma: no cover - compiled
-    """Parse the event object at ``i`` into column ``r`` of ``out``; -> end (-1 more data, -2 invalid)."""
-    out[EV_SPAN0, r] = i
-    out[EV_PH, r] = 0
-    out[EV_CORR, r] = -1
-    out[EV_EXT, r] = -1
+def _event(b, i, n, ro, fs, nt, ct):  # pragma: no cover - compiled
+    """Parse the event object at ``i`` into the row at ``ro`` (field stride ``fs``); ``nt`` /
+    ``ct``: the name and category intern tables as addresses; -> end (-1 more data, -2 invalid)."""
+    stq(ro + EV_SPAN0 * fs, i)
+    stq(ro + EV_PH * fs, 0)
+    stq(ro + EV_CORR * fs, -1)
+    stq(ro + EV_EXT * fs, -1)
     for f in range(EV_DEV, EV_FIELDS):
-        out[f, r] = NONE
+        stq(ro + f * fs, NONE)
     flags = 0
     seen = 0
-    j = _ws(buf, i + 1, n)
+    j = _ws(b, i + 1, n)
     if j >= n:
         return -1
-    if buf[j] == 125:
-        out[EV_FLAGS, r] = F_SLOW
-        out[EV_SPAN1, r] = j + 1
+    if ldb(b + j) == 125:
+        stq(ro + EV_FLAGS * fs, F_SLOW)
+        stq(ro + EV_SPAN1 * fs, j + 1)
         return j + 1
     while True:
         if j >= n:
             return -1
-        if buf[j] != 34:
+        if ldb(b + j) != 34:
             return -2
-        ke, kesc = _str_skip(buf, j, n)
-        if ke < 0:
-            return ke
-        kid = 0 if kesc else _key_id(buf, j + 1, ke - 1, tk, to)
-        if kesc:
-            flags |= F_SLOW
+        kid, kl = _top_key(_word(b, j, n))
         if kid > 0:
             if seen & (1 << kid):
                 flags |= F_SLOW
             seen |= 1 << kid
-        j = _ws(buf, ke, n)
-        if j >= n:
-            return -1
-        if buf[j] != 58:
-            return -2
-        j = _ws(buf, j + 1, n)
-        if j >= n:
-            return -1
-        c = buf[j]
+            j += kl
+        else:
+            ke, kesc = _str_skip(b, j, n)
+            if ke < 0:
+                return ke
+            if kesc:
+                flags |= F_SLOW
+            j = ke
+        j = _colon(b, j, n)
+        if j < 0:
+            return j
+        c = ldb(b + j)
         done = False  # the value was read into the row
-        if (kid == 1 or kid == 2 or kid == 3) and c == 34:  # ph, cat, name: strings
-            e, h, esc = _str_end(buf, j, n)
-            if e < 0:
-                return e
-            if kid == 1:
-                if e - j == 3 and not esc:
-                    out[EV_PH, r] = buf[j + 1]
+        if kid == 0:
+            pass
+        elif kid <= 3:  # ph, cat, name: strings
+            if c == 34:
+                if kid == 1:
+                    c1 = ldb(b + j + 1) if j + 1 < n else 34
+                    if c1 != 34 and c1 != 92 and c1 < 128 and j + 2 < n and ldb(b + j + 2) == 34:
+                        stq(ro + EV_PH * fs, c1)  # one plain character
+                        e = j + 3
+                    else:
+                        e, _ = _str_skip(b, j, n)
+                        if e < 0:
+                            return e
+                        flags |= F_SLOW
                 else:
-                    flags |= F_SLOW
-            elif kid == 2:
-                out[EV_CAT, r] = _intern(ct, buf, j + 1, e - 1, h)
-                flags |= F_CAT
-            else:
-                out[EV_NAME, r] = _intern(nt, buf, j + 1, e - 1, h)
-                flags |= F_NAME
-            j = e
-            done = True
-        elif kid == 4 or kid == 5:  # pid, tid: integers
-            v, e, ok = _int(buf, j, n)
+                    e, _ = _str_skip(b, j, n)
+                    if e < 0:
+                        return e
+                    h = _hash(b, j + 1, e - 1, n)
+                    if kid == 2:
+                        stq(ro + EV_CAT * fs, _intern_at(ct, b, j + 1, e - 1, h))
+                        flags |= F_CAT
+                    else:
+                        stq(ro + EV_NAME * fs, _intern_at(nt, b, j + 1, e - 1, h))
+                        flags |= F_NAME
+                j = e
+                done = True
+        elif kid <= 5:  # pid, tid: integers
+            v, e, ok = _int(b, j, n)
             if ok:
-                out[EV_PID + kid - 4, r] = v
+                stq(ro + (EV_PID + kid - 4) * fs, v)
                 flags |= F_PID if kid == 4 else F_TID
                 j = e
                 done = True
-        elif kid == 6 or kid == 7:  # ts, dur: microseconds
-            v, e, ok = _ns(buf, j, n)
+        elif kid <= 7:  # ts, dur: microseconds
+            v, e, ok = _ns(b, j, n)
             if ok:
-                out[EV_TS + kid - 6, r] = v
+                stq(ro + (EV_TS + kid - 6) * fs, v)
                 flags |= F_TS if kid == 6 else F_DUR
                 j = e
                 done = True
-        elif kid == 8 and c == 123:  # args object
-            e, slow = _args(buf, j, n, out, r, ak, ao)
+        elif c == 123:  # args object
+            e, slow = _args(b, j, n, ro, fs)
             if e < 0:
                 return e
             if slow:
@@ -428,34 +555,37 @@ def _event(buf, i, n, out, r, tk, to, ak, ao, nt, ct):  # pragma: no cover - com
             # "no args") goes the general way
             if kid != 0 and not (kid == 8 and c == 110):
                 flags |= F_SLOW
-            e = _skip(buf, j, n)
-            if e < 0:
-                return e
-            j = e
-        j = _ws(buf, j, n)
-        if j >= n:
+            j = _skip(b, j, n)
+            if j < 0:
+                return j
+        j, c = _after(b, j, n)
+        if j < 0:
             return -1
-        c = buf[j]
         if c == 44:
-            j = _ws(buf, j + 1, n)
+            j = _ws(b, j + 1, n)
             continue
         if c == 125:
-            out[EV_FLAGS, r] = flags
-            out[EV_SPAN1, r] = j + 1
+            stq(ro + EV_FLAGS * fs, flags)
+            stq(ro + EV_SPAN1 * fs, j + 1)
             return j + 1
         return -2
 
 
 @njit(cache=True)
-def _scan_events(buf, pos, state, out, tk, to, ak, ao, nt, ct):  # pragma: no cover - compiled
+def _scan_events(buf, pos, state, out, nt, ct):  # pragma: no cover - compiled
     n = buf.shape[0]
     cap = out.shape[1]
+    b = addr(buf)
+    op = addr(out)
+    fs = 8 * cap
+    na = _table_at(nt)
+    ca = _table_at(ct)
     k = 0
     while True:
-        j = _ws(buf, pos, n)
+        j = _ws(b, pos, n)
         if j >= n:
             return S_MORE, pos, state, k
-        c = buf[j]
+        c = ldb(b + j)
         if state == 2:  # after an element: , or ]
             if c == 44:
                 pos = j + 1
@@ -470,23 +600,23 @@ def _scan_events(buf, pos, state, out, tk, to, ak, ao, nt, ct):  # pragma: no co
             return S_ERROR, j, state, k
         if k == cap:
             return S_FULL, j, state, k
-        if nt[5][0] >= nt[5][2] or ct[5][0] >= ct[5][2]:
+        if ldq(na[5]) >= ldq(na[5] + 16) or ldq(ca[5]) >= ldq(ca[5] + 16):
             return S_GROW, j, state, k  # an intern table is half full: grow it, call again
-        e = _event(buf, j, n, out, k, tk, to, ak, ao, nt, ct)
+        ro = op + 8 * k
+        e = _event(b, j, n, ro, fs, na, ca)
         if e == -1:
             return S_MORE, j, state, k
         if e < 0:
             return S_ERROR, j, state, k
-        ph = out[EV_PH, k]
+        ph = ldq(ro + EV_PH * fs)
         if not (ph == 88 or ph == 115 or ph == 102 or ph == 116 or ph == 105 or ph == 73):
-            out[EV_FLAGS, k] |= F_SLOW  # X s f t i I are read here; others the general way
+            stq(ro + EV_FLAGS * fs, ldq(ro + EV_FLAGS * fs) | F_SLOW)  # X s f t i I are read here
         k += 1
         pos = e
         state = 2
 
 
-def scan_events(buf: np.ndarray, pos: int, state: int, out: np.ndarray, tables, names,
-                cats):
+def scan_events(buf: np.ndarray, pos: int, state: int, out: np.ndarray, names, cats):
     """Scan trace events from ``buf[pos:]`` into the columns of ``out`` (int64, (EV_FIELDS, cap)).
 
     ``names`` and ``cats`` are intern tables (tuples, see below; made and grown by
@@ -501,7 +631,10 @@ def scan_events(buf: np.ndarray, pos: int, state: int, out: np.ndarray, tables, 
     array's ``]``), S_FULL (``out`` is full: call again from ``pos``), S_ERROR (invalid at
     ``pos``).
     """
-    return _scan_events(buf, pos, state, out, *tables, names, cats)
+    if not (buf.flags.c_contiguous and out.flags.c_contiguous and out.dtype == np.int64
+            and out.shape[0] == EV_FIELDS):
+        raise ValueError("scan_events: buf and out must be C-contiguous; out int64 (EV_FIELDS, cap)")
+    return _scan_events(buf, pos, state, out, names, cats)
 
 
 # ---------------------------------------------------------------- intern tables
@@ -529,55 +662,91 @@ def _rehash(hs, ids, nh, ni):  # pragma: no cover - compiled
 
 
 @njit(cache=True, inline="always")
-def _intern(t, buf, s, e, h):  # pragma: no cover - compiled
-    """Id of the string ``buf[s:e]`` (hash ``h``) in the intern table ``t``; added if new."""
-    hs, ids, pool, off, ln, meta = t
-    mask = hs.shape[0] - 1
+def _table_at(t):  # pragma: no cover - compiled
+    """An intern table as (addresses of its six arrays..., slot mask)."""
+    return (addr(t[0]), addr(t[1]), addr(t[2]), addr(t[3]), addr(t[4]), addr(t[5]),
+            t[0].shape[0] - 1)
+
+
+@njit(cache=True, inline="always")
+def _hash(b, s, e, n):  # pragma: no cover - compiled
+    """64-bit hash of the raw bytes at ``s:e`` (``e <= n``), eight at a time."""
+    h = _HSEED
+    while s + 8 <= e:
+        h = (h ^ ld8(b + s)) * _HMUL
+        s += 8
+    if s < e:
+        w = _word(b, s, n) & ((_U1 << (np.uint64(e - s) * _U8)) - _U1)
+        h = (h ^ w) * _HMUL
+    h ^= h >> _U32
+    h *= _HMUL2
+    h ^= h >> _U29
+    return np.int64(h)
+
+
+@njit(cache=True, inline="always")
+def _intern_at(ta, b, s, e, h):  # pragma: no cover - compiled
+    """Id of the string at ``s:e`` of the text at ``b`` (hash ``h``) in the intern table
+    whose addresses are ``ta`` (see _table_at); added if new."""
+    hs, ids, pool, off, ln, meta, mask = ta
     m = e - s
     i = (h ^ (h >> 29)) & mask
     while True:
-        d = ids[i]
+        d = ldq(ids + 8 * i)
         if d < 0:
-            d = meta[0]
-            hs[i] = h
-            ids[i] = d
-            p = meta[1]
-            off[d] = p
-            ln[d] = m
+            d = ldq(meta)
+            stq(hs + 8 * i, h)
+            stq(ids + 8 * i, d)
+            p = ldq(meta + 8)
+            stq(off + 8 * d, p)
+            stq(ln + 8 * d, m)
             for k in range(m):
-                pool[p + k] = buf[s + k]
-            meta[0] = d + 1
-            meta[1] = p + m
+                stb(pool + p + k, ldb(b + s + k))
+            stq(meta, d + 1)
+            stq(meta + 8, p + m)
             return d
-        if hs[i] == h and ln[d] == m:
-            p = off[d]
+        if ldq(hs + 8 * i) == h and ldq(ln + 8 * d) == m:
+            p = pool + ldq(off + 8 * d)
             same = True
-            for k in range(m):
-                if pool[p + k] != buf[s + k]:
+            k = 0
+            while k + 8 <= m:
+                if ld8(p + k) != ld8(b + s + k):
                     same = False
                     break
+                k += 8
+            while same and k < m:
+                if ldb(p + k) != ldb(b + s + k):
+                    same = False
+                k += 1
             if same:
                 return d
         i = (i + 1) & mask
 
 
 @njit(cache=True)
+def _intern(t, buf, s, e, h):  # pragma: no cover - compiled
+    """Id of the string ``buf[s:e]`` (hash ``h``) in the intern table ``t``; added if new."""
+    return _intern_at(_table_at(t), addr(buf), s, e, h)
+
+
+@njit(cache=True)
 def _find_array(buf, key):  # pragma: no cover - compiled
     n = buf.shape[0]
-    i = _ws(buf, 0, n)
+    b = addr(buf)
+    i = _ws(b, 0, n)
     if i >= n:
         return -1
     if buf[i] == 91:
         return i
     if buf[i] != 123:
         return -2
-    i = _ws(buf, i + 1, n)
+    i = _ws(b, i + 1, n)
     while True:
         if i >= n:
             return -1
         if buf[i] != 34:
             return -2
-        ke, esc = _str_skip(buf, i, n)
+        ke, esc = _str_skip(b, i, n)
         if ke < 0:
             return ke
         match = not esc and ke - i - 2 == key.shape[0]
@@ -586,25 +755,25 @@ def _find_array(buf, key):  # pragma: no cover - compiled
                 if buf[i + 1 + k] != key[k]:
                     match = False
                     break
-        i = _ws(buf, ke, n)
+        i = _ws(b, ke, n)
         if i >= n:
             return -1
         if buf[i] != 58:
             return -2
-        i = _ws(buf, i + 1, n)
+        i = _ws(b, i + 1, n)
         if i >= n:
             return -1
         if match and buf[i] == 91:
             return i
-        e = _skip(buf, i, n)
+        e = _skip(b, i, n)
         if e < 0:
             return e
-        i = _ws(buf, e, n)
+        i = _ws(b, e, n)
         if i >= n:
             return -1
         if buf[i] != 44:
             return -2
-        i = _ws(buf, i + 1, n)
+        i = _ws(b, i + 1, n)
 
 
 def find_array(buf: np.ndarray, key: bytes) -> int:
@@ -612,4 +781,4 @@ def find_array(buf: np.ndarray, key: bytes) -> int:
 
     -1: the text ends first (read more); -2: there is no such array or the text is invalid.
     """
-    return int(_find_array(buf, np.frombuffer(key, np.uint8).copy()))
+    return int(_find_array(np.ascontiguousarray(buf), np.frombuffer(key, np.uint8).copy()))

@@ -60,26 +60,11 @@ BLOCK_BYTES = 4 << 20
 #: rows per scanner call
 ROWS = 1 << 16
 _DEC_EV = msgspec.json.Decoder(_Ev)
-_TABLES: tuple | None = None
 _NONE = K.NONE
 
 
 class _Fallback(Exception):
     """The streaming reader cannot read this file exactly; use the general path."""
-
-
-def _tables():
-    global _TABLES
-    if _TABLES is None:
-        _TABLES = (*key_table(K.TOP_KEYS), *key_table(K.ARG_KEYS))
-    return _TABLES
-
-
-def key_table(keys) -> tuple[np.ndarray, np.ndarray]:
-    """Concatenated bytes and offsets of ``keys`` (the scanner's key tables)."""
-    off = np.zeros(len(keys) + 1, np.int64)
-    off[1:] = np.cumsum([len(k) for k in keys])
-    return np.frombuffer(b"".join(keys), np.uint8).copy(), off
 
 
 def _blocks(path: Path, on_bytes=None) -> Iterator:
@@ -424,7 +409,6 @@ def parse_fast(path: Path, on_stage=None, on_bytes=None):
 
 
 def _parse(path: Path, on_stage, on_bytes):  # noqa: C901 - one streaming state machine
-    tables = _tables()
     reader = _Reader(path)
     out = np.empty((K.EV_FIELDS, ROWS), np.int64)
     src = _Source(path, on_bytes)
@@ -452,7 +436,7 @@ def _parse(path: Path, on_stage, on_bytes):  # noqa: C901 - one streaming state 
             for t in (nt, ct):
                 if len(t[2]) - t[5][1] < len(buf) - pos:  # room for every string of the block
                     grow_table(t, len(buf) - pos)
-            st, pos, state, k = K.scan_events(buf, pos, state, out, tables, tuple(nt), tuple(ct))
+            st, pos, state, k = K.scan_events(buf, pos, state, out, tuple(nt), tuple(ct))
             if k:
                 reader.block(data, buf, out[:, :k], n_ev)
                 n_ev += k
