@@ -60,6 +60,7 @@ BLOCK_BYTES = 4 << 20
 #: rows per scanner call
 ROWS = 1 << 16
 _DEC_EV = msgspec.json.Decoder(_Ev)
+_DEC_EVS = msgspec.json.Decoder(list[_Ev])
 _NONE = K.NONE
 
 
@@ -200,6 +201,16 @@ class _Names:
                 self.sid[t] = self.intern(s)
             out = self.sid[tids]
         return out
+
+
+def _decode_events(path: Path, data, rows: np.ndarray, js: np.ndarray, idx: np.ndarray) -> list:
+    """The events of rows ``js`` decoded by msgspec, all in one call (one JSON array of their
+    bytes); if that fails, one by one, so the first bad event is reported as it would be alone."""
+    spans = list(zip(rows[K.EV_SPAN0, js].tolist(), rows[K.EV_SPAN1, js].tolist()))
+    try:
+        return _DEC_EVS.decode(b"[" + b",".join([data[a:b] for a, b in spans]) + b"]")
+    except msgspec.MsgspecError:
+        return [_decode_event(path, data, a, b, i) for (a, b), i in zip(spans, idx[js].tolist())]
 
 
 def _decode_event(path: Path, data: bytes, a: int, b: int, idx: int) -> _Ev:
@@ -365,15 +376,12 @@ class _Reader:
                 loop.kept["markers"] += n_mark
         # events kept whole (collectives, syncs, communication annotations)
         if keep:
-            for j in np.sort(np.concatenate(keep)).tolist():
-                loop.keep[int(idx[j])] = _decode_event(path, data, int(rows[K.EV_SPAN0, j]),
-                                                      int(rows[K.EV_SPAN1, j]), int(idx[j]))
+            kj = np.sort(np.concatenate(keep))
+            loop.keep.update(zip(idx[kj].tolist(), _decode_events(path, data, rows, kj, idx)))
         # events the scanner does not model: the general loop
         si = np.flatnonzero(slow)
         if len(si):
-            loop.feed((int(idx[j]), _decode_event(path, data, int(rows[K.EV_SPAN0, j]),
-                                                  int(rows[K.EV_SPAN1, j]), int(idx[j])))
-                      for j in si.tolist())
+            loop.feed(zip(idx[si].tolist(), _decode_events(path, data, rows, si, idx)))
             loop.flush()
             self._name_flags()
 
