@@ -145,8 +145,10 @@ def table_bytes(t, i: int) -> bytes:
 class _Source:
     """``carry`` + the next block of the file, block by block (set ``carry`` in between).
 
-    A plain file is read into one reused buffer (no fresh 4 MB string per block); what
-    is yielded is then a view that the next block overwrites: keep copies only.
+    A plain file is read into one reused buffer (no fresh 4 MB string per block), and a
+    gzip block is joined to the carry there; what is yielded may then be a view that the
+    next block overwrites: keep copies only. Views are read-only, as ``bytes`` blocks are,
+    so the scanner is compiled (and loaded from numba's cache) for one buffer type only.
     """
 
     def __init__(self, path: Path, on_bytes):
@@ -156,9 +158,18 @@ class _Source:
     def __iter__(self) -> Iterator:
         ba = bytearray(0)
         for blk in _blocks(self.path, self.on_bytes):
-            if isinstance(blk, bytes):
+            if isinstance(blk, bytes):  # gzip: carry + block in the reused buffer too
                 c = self.carry
-                yield c + blk if c else blk
+                if not c:
+                    yield blk
+                    continue
+                n, m = len(c), len(blk)
+                if n + m > len(ba):
+                    ba = bytearray(n + m)
+                mv = memoryview(ba)
+                mv[:n] = c
+                mv[n: n + m] = blk
+                yield mv[: n + m].toreadonly()
                 continue
             while True:  # a plain file
                 c = self.carry
@@ -172,7 +183,7 @@ class _Source:
                     return
                 if self.on_bytes:
                     self.on_bytes(got)
-                yield mv[: n + got]
+                yield mv[: n + got].toreadonly()
 
 
 class _Names:
