@@ -724,6 +724,12 @@ def _intern_at(ta, b, s, e, h):  # pragma: no cover - compiled
 
 
 @njit(cache=True)
+def _hash_of(buf, s, e):  # pragma: no cover - compiled
+    """The intern hash of ``buf[s:e]`` (for tests)."""
+    return _hash(addr(buf), s, e, buf.shape[0])
+
+
+@njit(cache=True)
 def _intern(t, buf, s, e, h):  # pragma: no cover - compiled
     """Id of the string ``buf[s:e]`` (hash ``h``) in the intern table ``t``; added if new."""
     return _intern_at(_table_at(t), addr(buf), s, e, h)

@@ -1,0 +1,152 @@
+"""Corners of the word-at-a-time Kineto scanner (collectors/_kineto_kernels.py) and of the
+streaming reader's block handling (collectors/kineto_fast.py), each checked against the
+general msgspec path, event for event.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import collectors.kineto as kin
+import collectors.kineto_fast as kf
+from collectors import _kineto_kernels as K
+from collectors.errors import TraceFormatError
+from collectors.kineto import parse_kineto_file
+
+SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "kineto"
+
+
+def _norm(p) -> dict:
+    names = np.asarray(p.strings, object)
+    d: dict = {}
+    for t in ("ops", "ranges"):
+        for k, v in getattr(p, t).items():
+            d[f"{t}.{k}"] = names[v] if k == "name_id" else v
+    for t in ("edges", "memory"):
+        for k, v in getattr(p, t).items():
+            d[f"{t}.{k}"] = v
+    for k, v in p.comm.items():
+        d[f"comm.{k}"] = v
+    d.update(lanes=p.lanes, acc=p.accounting, window=p.window_ns, rank=p.rank)
+    return d
+
+
+def _same_as_general(path: Path, monkeypatch):
+    fast = kf.parse_fast(path)
+    assert fast is not None, f"{path.name}: the streaming reader fell back"
+    with monkeypatch.context() as m:
+        m.setattr(kin, "STREAMING", False)
+        gen = parse_kineto_file(path)
+    a, b = _norm(fast), _norm(gen)
+    assert a.keys() == b.keys()
+    for k in b:
+        x, y = a[k], b[k]
+        if isinstance(y, np.ndarray):
+            assert len(x) == len(y) and np.array_equal(np.asarray(x), np.asarray(y)), k
+        else:
+            assert x == y, k
+    return fast
+
+
+def _x(name: str, ts: float, **kw) -> dict:
+    ev = {"ph": "X", "cat": "cpu_op", "name": name, "pid": 1, "tid": 2, "ts": ts, "dur": 1.5}
+    ev.update(kw)
+    return ev
+
+
+def test_keys_near_the_known_ones(tmp_path, monkeypatch):
+    # keys that start like, end like or extend the keys the scanner reads by their words
+    ev = [
+        _x("a", 1, phase="Y", names="n", argsx={"correlation": 5}, pid_=3, ts2=9.5, durx=1,
+           args={"correlation_id": 1, "Device Idx": 2, "Total Allocatedx": 3, "Total Reserve": 4,
+                 "bytes ": 5, "External": 6, "External id ": 7, "Device Typ": 8, "stream": 3}),
+        {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 2, "dur": 1,
+         "args": {"correlation": 11, "External id": 12, "device": 0, "stream": 7, "bytes": 64,
+                  "Device Type": 1, "Device Id": 0, "Bytes": 8, "Total Allocated": 1,
+                  "Total Reserved": 2}},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 2,
+         "ts": 1.9, "dur": 0.5, "args": {"correlation": 11, "External id": 12}},
+        {"ph": "i", "s": "t", "name": "[memory]", "pid": 1, "tid": 2, "ts": 3,
+         "args": {"Device Type": 1, "Device Id": 0, "Bytes": 64, "Total Allocated": 128,
+                  "Total Reserved": 256}},
+    ]
+    path = tmp_path / "keys.json"
+    text = json.dumps({"traceEvents": ev}).encode()
+    # escaped spellings of known keys: read the general way
+    text = text.replace(b'"phase"', b'"ph\\u0061se"').replace(b'"durx"', b'"d\\u0075r"')
+    path.write_bytes(text)
+    fast = _same_as_general(path, monkeypatch)
+    assert fast.accounting["events_read"] == len(ev)
+
+
+@pytest.mark.parametrize("ph", ['"X"', '"\\u0058"', '"XX"', '""', '"x"'])
+def test_phase_spellings(tmp_path, monkeypatch, ph):
+    body = json.dumps([_x("a", 1), _x("b", 2), _x("c", 3)]).encode()
+    body = body.replace(b'"ph": "X", "cat": "cpu_op", "name": "b"',
+                        b'"ph": ' + ph.encode() + b', "cat": "cpu_op", "name": "b"')
+    path = tmp_path / "ph.json"
+    path.write_bytes(b'{"traceEvents": ' + body + b"}")
+    try:
+        parse_kineto_file(path)
+    except TraceFormatError as exc:  # an unknown phase: both paths say the same
+        with monkeypatch.context() as m:
+            m.setattr(kin, "STREAMING", False)
+            with pytest.raises(TraceFormatError) as gen:
+                parse_kineto_file(path)
+        assert str(gen.value) == str(exc)
+        assert ph not in ('"X"', '"\\u0058"')
+        return
+    _same_as_general(path, monkeypatch)
+
+
+def test_compact_and_pretty_whitespace(tmp_path, monkeypatch):
+    ev = [_x(f"op{i}", i + 0.0004 * (i % 7), args={"External id": i}) for i in range(300)]
+    for indent, seps in ((None, (",", ":")), (4, (", ", ": ")), ("\t", (" ,", " :  "))):
+        path = tmp_path / "w.json"
+        path.write_text(json.dumps({"traceEvents": ev}, indent=indent, separators=seps))
+        _same_as_general(path, monkeypatch)
+
+
+def test_gzip_carry_split_and_huge_events(tmp_path, monkeypatch):
+    # the carry is joined to a short head of the next gzip block, the scan goes on in the
+    # block itself; an event longer than the head takes the whole-join way
+    ev = [_x(f"op{i}", i, args={"External id": i, "Input Dims": [[i] * (2000 if i % 97 == 5 else 3)]})
+          for i in range(2000)]
+    path = tmp_path / "big.json.gz"
+    path.write_bytes(gzip.compress(json.dumps({"traceEvents": ev}).encode()))
+    monkeypatch.setattr(kf, "BLOCK_BYTES", 4096)
+    monkeypatch.setattr(kf, "_HEAD_BYTES", 256)
+    fast = _same_as_general(path, monkeypatch)
+    assert fast.accounting["events_read"] == len(ev)
+    for p in (SHARED / "dlrm-v100-8rank").glob("worker0*"):
+        _same_as_general(p, monkeypatch)
+
+
+def test_bad_kept_event_is_named_as_alone(tmp_path):
+    # NCCL kernels are decoded together per block; a bad one is still reported by index
+    ev = [{"ph": "X", "cat": "kernel", "name": "ncclKernel_AllReduce", "pid": 0, "tid": 7,
+           "ts": i, "dur": 1, "args": {"correlation": i, "device": 0, "stream": 7, "Seq": i}}
+          for i in range(20)]
+    ev[13]["args"]["Seq"] = [1]
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps({"traceEvents": ev}))
+    with pytest.raises(TraceFormatError, match=r"bad.json: event 13: field 'args'"):
+        parse_kineto_file(path)
+
+
+def test_hash_reads_the_same_bytes_wherever_the_string_is():
+    # the word-at-a-time hash masks the tail: equal strings hash equally at any offset and
+    # next to any neighbour bytes, up to the end of the buffer
+    s = b"aten::linear_backward"
+    for pad in range(0, 9):
+        for tail in (b"", b"x", b"\"}]xxxxxxxxx"):
+            buf = np.frombuffer(b"#" * pad + s + tail, np.uint8)
+            t = tuple(kf.intern_table(8, 256))
+            h0 = K._hash_of(np.frombuffer(s, np.uint8), 0, len(s))
+            assert K._hash_of(buf, pad, pad + len(s)) == h0
+            assert K._intern(t, buf, pad, pad + len(s), h0) == 0
