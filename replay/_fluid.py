@@ -54,7 +54,7 @@ _STARTED, _OWN, _FIN, _HASW = 1, 2, 4, 8
 def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev, lane_lag,
                   lane_s2s, pred_ptr, pred_src, pred_lag, pred_s2s, wait_ptr, wait_src,
                   wait_lag, device, resource, link, interference, share_compute, share_links,
-                  sptr, succ, cnt0, start, end, crit):
+                  sptr, succ, cnt0, smid, start, end, crit):
     """Event-driven fluid replay with resource sharing (the contention path).
 
     Same constraints as :func:`replay._kernels._fast_replay`. Ops with a resource
@@ -78,8 +78,14 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
     Times are float64 internally relative to ``base = origin.min()``. Arrays: layout
     positions, indices ``int32`` (``n + edges < 2**30``), times ``int64`` ns.
 
-    ``sptr``, ``succ``, ``cnt0``: the graph's successor lists and start-constraint counts
-    (:func:`replay._links._succ_lists`, built once per graph).
+    ``sptr``, ``succ``, ``cnt0``, ``smid``: the graph's successor lists (start-to-start
+    links first) and start-constraint counts (:func:`replay._links._succ_lists`, built once
+    per graph).
+
+    Starts ordered by (time, sequence number) wait in a heap, except those released at the
+    current event time (nearly all: zero lags, clamped starts): they wait in a FIFO behind
+    the heap's starts at that time (which all have smaller sequence numbers), so the order
+    is the same without heap operations.
 
     Fills ``start``, ``end`` (float64[N], relative to ``base``) and ``crit`` (int32[N], -1
     filled; passed in, allocated by numpy, which asks for huge pages: fewer page faults);
@@ -147,6 +153,12 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
             n_jobs += 1
     sf = np.empty((n_jobs + 1, _NF), np.float64)
     si = np.empty((n_jobs + 1, _NI), np.int64)
+    # the job heap: keys (event time, sequence) and slots inline by heap position, ordered
+    # by key; si[slot, _I_POS] is a slot's position (-1: not running). One spare entry for
+    # the +inf sentinel that makes the child choice branch-free.
+    jt = np.empty(n_jobs + 2, np.float64)
+    jq = np.empty(n_jobs + 2, np.int64)
+    js = np.empty(n_jobs + 2, np.int64)
     nfree = 0  # free stack of released slots (si[:, _L_FREE]) ...
     nused = 0  # ... and slots never used so far
     jsize = 0
@@ -155,6 +167,9 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
     hq = np.empty(n + 1, np.int64)
     hi = np.empty(n + 1, np.int32)
     ssize = 0
+    fifo = np.empty(n + 1, np.int32)  # starts at the current time, after the heap's
+    fhead = 0
+    ftail = 0
     fstack = np.empty(n + 1, np.int32)  # ops whose end is known: finalize, resolve successors
     rel = np.empty(n + 1, np.int32)  # ops whose start constraints all resolved in this event
     seq = np.int64(0)
@@ -165,17 +180,26 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
             ssize = _spush(ht, hq, hi, ssize, float(origin[i] - base + delay[i]), seq, i)
             seq += 1
     now = 0.0
-    while ssize > 0 or jsize > 0:
-        take_job = jsize > 0 and (ssize == 0 or sf[si[0, _L_HEAP], _F_T] <= ht[0])
+    while ssize > 0 or jsize > 0 or fhead < ftail:
+        # next start: the heap's top if it is due now (smaller sequence numbers than the
+        # FIFO's), else the FIFO's head (at the current time), else the heap's top
+        from_heap = ssize > 0 and (fhead == ftail or ht[0] <= now)
+        if from_heap:
+            take_job = jsize > 0 and jt[0] <= ht[0]
+        elif fhead < ftail:
+            take_job = jsize > 0 and jt[0] <= now
+        else:
+            take_job = True
         nf = 0
         nrel = 0
-        sift_at = -1  # job heap position to restore
+        sift_at = -1  # job heap position to restore: the root (re-keyed later or
+        sift_root = False  # removed: sift down) or a new entry (sift up)
         left = -1  # slot of a job that just ended
         entered = -1  # slot of a job that just started
         if take_job:
-            sl = si[0, _L_HEAP]
+            sl = js[0]
             j = si[sl, _I_JOB]
-            now = sf[sl, _F_T]
+            now = jt[0]
             sf[sl, _F_DONE] = sf[sl, _F_THR]  # exact: the event fires at the threshold
             sf[sl, _F_LAST] = now
             if j < n:
@@ -203,18 +227,25 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
                 if not members_done:
                     m = csorted[a0 + coll_k[c]]
                     sf[sl, _F_THR] = max(dur[m], 0) * 1.0
-                    sf[sl, _F_T] = now + (sf[sl, _F_THR] - sf[sl, _F_DONE]) / sf[sl, _F_RATE]
-                    si[sl, _I_Q] = seq
+                    jt[0] = now + (sf[sl, _F_THR] - sf[sl, _F_DONE]) / sf[sl, _F_RATE]
+                    jq[0] = seq
                     seq += 1
-                    sift_at = si[sl, _I_POS]
-            if members_done:
-                hole = si[sl, _I_POS]  # remove sl from the job heap
+                    sift_root = True
+            if members_done:  # remove sl (the root) from the job heap
                 si[sl, _I_POS] = -1
                 jsize -= 1
-                if hole != jsize:
-                    si[hole, _L_HEAP] = si[jsize, _L_HEAP]
-                    sift_at = hole
+                if jsize > 0:  # the last entry goes to the root
+                    jt[0] = jt[jsize]
+                    jq[0] = jq[jsize]
+                    js[0] = js[jsize]
+                    sift_root = True
                 left = sl
+        elif not from_heap:
+            i = fifo[fhead]
+            fhead += 1
+            if fhead == ftail:
+                fhead = 0
+                ftail = 0
         else:
             i = hi[0]
             now = ht[0]
@@ -241,17 +272,16 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
             ht[h] = tx
             hq[h] = qx
             hi[h] = x
+        if not take_job:
             start[i] = now
             state[i] |= _STARTED
             started += 1
-            for k in range(sptr[i], sptr[i + 1]):  # links counted from this start
-                x = succ[k]
-                if x & 1:
-                    q = x >> 1
-                    cnt[q] -= 1
-                    if cnt[q] == 0:
-                        rel[nrel] = q
-                        nrel += 1
+            for k in range(sptr[i], smid[i]):  # links counted from this start
+                q = succ[k]
+                cnt[q] -= 1
+                if cnt[q] == 0:
+                    rel[nrel] = q
+                    nrel += 1
             # from now on cnt[i] counts the wait sources not finalized yet
             w = 0
             for k in range(wait_ptr[i], wait_ptr[i + 1]):
@@ -311,11 +341,11 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
                 sf[sl, _F_DONE] = 0.0
                 sf[sl, _F_LAST] = now
                 sf[sl, _F_RATE] = 1.0
-                sf[sl, _F_T] = now + thr0
-                si[sl, _I_Q] = seq
+                jt[jsize] = now + thr0
+                jq[jsize] = seq
                 seq += 1
                 si[sl, _I_POS] = jsize
-                si[jsize, _L_HEAP] = sl
+                js[jsize] = sl
                 jsize += 1
                 sift_at = jsize - 1
                 entered = sl
@@ -342,47 +372,50 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
                     # as _rerate would: the rate changes from "unset" to r, a new sequence;
                     # the job heap is restored below
                     sf[sl, _F_RATE] = r
-                    sf[sl, _F_T] = now + sf[sl, _F_THR] / r
-                    si[sl, _I_Q] = seq
+                    jt[jsize - 1] = now + sf[sl, _F_THR] / r
+                    jq[jsize - 1] = seq
                     seq += 1
-        if sift_at >= 0:  # restore the job heap (written out, see above)
-            h = sift_at
-            x = si[h, _L_HEAP]
-            tx = sf[x, _F_T]
-            qx = si[x, _I_Q]
-            moved = False
-            while h > 0:  # up
+        if sift_root or sift_at >= 0:  # restore the job heap (written out, see above)
+            if sift_root:  # the root's key grew: its hole goes down to a leaf (the smaller
+                # child moves up, chosen without branches: a +inf sentinel past the end)
+                h = 0
+                tx = jt[0]
+                qx = jq[0]
+                x = js[0]
+                jt[jsize] = np.inf
+                c = 1
+                while c < jsize:
+                    t0 = jt[c]
+                    t1 = jt[c + 1]
+                    if (t1 < t0) | ((t1 == t0) & (jq[c + 1] < jq[c])):
+                        c += 1
+                    jt[h] = jt[c]
+                    jq[h] = jq[c]
+                    y = js[c]
+                    js[h] = y
+                    si[y, _I_POS] = h
+                    h = c
+                    c = 2 * h + 1
+            else:  # a new entry at the end
+                h = sift_at
+                tx = jt[h]
+                qx = jq[h]
+                x = js[h]
+            while h > 0:  # then up
                 p = (h - 1) >> 1
-                y = si[p, _L_HEAP]
-                ty = sf[y, _F_T]
-                if tx < ty or (tx == ty and qx < si[y, _I_Q]):
-                    si[h, _L_HEAP] = y
+                ty = jt[p]
+                if (tx < ty) | ((tx == ty) & (qx < jq[p])):
+                    jt[h] = ty
+                    jq[h] = jq[p]
+                    y = js[p]
+                    js[h] = y
                     si[y, _I_POS] = h
                     h = p
-                    moved = True
                 else:
                     break
-            if not moved:
-                while True:  # down
-                    c = 2 * h + 1
-                    if c >= jsize:
-                        break
-                    y = si[c, _L_HEAP]
-                    if c + 1 < jsize:
-                        z = si[c + 1, _L_HEAP]
-                        tz = sf[z, _F_T]
-                        ty = sf[y, _F_T]
-                        if tz < ty or (tz == ty and si[z, _I_Q] < si[y, _I_Q]):
-                            c += 1
-                            y = z
-                    ty = sf[y, _F_T]
-                    if ty < tx or (ty == tx and si[y, _I_Q] < qx):
-                        si[h, _L_HEAP] = y
-                        si[y, _I_POS] = h
-                        h = c
-                    else:
-                        break
-            si[h, _L_HEAP] = x
+            jt[h] = tx
+            jq[h] = qx
+            js[h] = x
             si[x, _I_POS] = h
         fast = False
         if sharing and left >= 0:
@@ -406,7 +439,7 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
                     n_compute[d] -= 1
                     if interference > 0.0 and n_compute[d] == 0 and n_comm[d] > 0:
                         seq = _toggle_flows(d, -1, now, n, coll_ptr, coll_members, device,
-                                            n_compute, share_links, inv, sf, si, n_flows, jsize,
+                                            n_compute, share_links, inv, sf, si, jt, jq, js, n_flows, jsize,
                                             seq)
         if sharing and left >= 0 and not fast:  # no sharing: every rate stays 1
             j = si[left, _I_JOB]
@@ -421,13 +454,13 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
                              sf, si)
             seq = _rerate_cands(now, ncand, n, coll_ptr, coll_members, device, resource,
                                 n_compute, n_comm, share_compute, share_links, interference,
-                                inv, sf, si, jsize, seq)
+                                inv, sf, si, jt, jq, js, jsize, seq)
         if left >= 0:
             si[nfree, _L_FREE] = left
             nfree += 1
         if toggled >= 0:
             seq = _toggle_flows(toggled, entered, now, n, coll_ptr, coll_members, device,
-                                n_compute, share_links, inv, sf, si, n_flows, jsize, seq)
+                                n_compute, share_links, inv, sf, si, jt, jq, js, n_flows, jsize, seq)
         if sharing and entered >= 0 and not fast_enter:
             j = si[entered, _I_JOB]
             is_flow = not (j < n and resource[j] == 1)
@@ -442,7 +475,7 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
                              sf, si)
             seq = _rerate_cands(now, ncand, n, coll_ptr, coll_members, device, resource,
                                 n_compute, n_comm, share_compute, share_links, interference,
-                                inv, sf, si, jsize, seq)
+                                inv, sf, si, jt, jq, js, jsize, seq)
         # ---- finalize ops whose end is known; resolve their successors
         while nf > 0:
             nf -= 1
@@ -463,11 +496,8 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
                     crit[i] = wait_src[k]
             end[i] = ev
             state[i] |= _FIN
-            for k in range(sptr[i], sptr[i + 1]):
-                x = succ[k]
-                if x & 1:
-                    continue
-                q = x >> 1
+            for k in range(smid[i], sptr[i + 1]):
+                q = succ[k]
                 cnt[q] -= 1
                 if cnt[q] == 0:
                     rel[nrel] = q
@@ -506,6 +536,11 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
                 st = now
                 clamped += 1
             crit[q] = cp
+            if st == now:  # due now: behind the heap's starts at this time
+                fifo[ftail] = q
+                ftail += 1
+                seq += 1
+                continue
             h = ssize  # push onto the start heap
             while h > 0:
                 p = (h - 1) >> 1

@@ -48,22 +48,25 @@ def _spush(ht, hq, hi, size, t, q, x):
 
 
 # ---------------------------------------------------------------------------- job heap
-# indexed heap of slots keyed by (sf[s, _F_T], si[s, _I_Q]); si[s, _I_POS] is s's position.
-# Helpers that take arrays never call other helpers with arrays: numba would refcount the
-# arrays at every nested inlined call (~30% of the run time).
+# entries (key time ``jt``, key sequence ``jq``, slot ``js``) inline by heap position, ordered
+# by (time, sequence); si[s, _I_POS] is slot s's position. Helpers that take arrays never
+# call other helpers with arrays: numba would refcount the arrays at every nested inlined
+# call (~30% of the run time).
 @njit(cache=True, inline="always")
-def _jsift(sf, si, size, i):
-    """Restore the heap around position ``i`` (its key changed, or it was just placed)."""
-    x = si[i, _L_HEAP]
-    tx = sf[x, _F_T]
-    qx = si[x, _I_Q]
+def _jsift(jt, jq, js, si, size, i):
+    """Restore the heap around position ``i`` (its key changed)."""
+    tx = jt[i]
+    qx = jq[i]
+    x = js[i]
     moved = False
     while i > 0:  # up
         p = (i - 1) >> 1
-        y = si[p, _L_HEAP]
-        ty = sf[y, _F_T]
-        if tx < ty or (tx == ty and qx < si[y, _I_Q]):
-            si[i, _L_HEAP] = y
+        ty = jt[p]
+        if tx < ty or (tx == ty and qx < jq[p]):
+            jt[i] = ty
+            jq[i] = jq[p]
+            y = js[p]
+            js[i] = y
             si[y, _I_POS] = i
             i = p
             moved = True
@@ -74,25 +77,23 @@ def _jsift(sf, si, size, i):
             c = 2 * i + 1
             if c >= size:
                 break
-            y = si[c, _L_HEAP]
-            if c + 1 < size:
-                z = si[c + 1, _L_HEAP]
-                tz = sf[z, _F_T]
-                ty = sf[y, _F_T]
-                if tz < ty or (tz == ty and si[z, _I_Q] < si[y, _I_Q]):
-                    c += 1
-                    y = z
-            ty = sf[y, _F_T]
-            if ty < tx or (ty == tx and si[y, _I_Q] < qx):
-                si[i, _L_HEAP] = y
+            if c + 1 < size and (jt[c + 1] < jt[c] or (jt[c + 1] == jt[c]
+                                                        and jq[c + 1] < jq[c])):
+                c += 1
+            ty = jt[c]
+            if ty < tx or (ty == tx and jq[c] < qx):
+                jt[i] = ty
+                jq[i] = jq[c]
+                y = js[c]
+                js[i] = y
                 si[y, _I_POS] = i
                 i = c
             else:
                 break
-    si[i, _L_HEAP] = x
+    jt[i] = tx
+    jq[i] = qx
+    js[i] = x
     si[x, _I_POS] = i
-
-
 
 
 @njit(cache=True, _nrt=False)
@@ -279,23 +280,6 @@ def _job_leave(sl, j, n, coll_ptr, coll_members, device, resource, n_compute, n_
 
 
 @njit(cache=True)
-def _rerate(now, ncand, flows_changed, n_flows, n, coll_ptr, coll_members, device, resource,
-            link, n_compute, n_comm, share_compute, share_links, interference, inv, link_cap,
-            link_cnt, sf, si, jsize, seq):
-    """Re-evaluate the rates of the candidate slots, in job-id order (so that sequence
-    numbers do not depend on bookkeeping order); reschedule those whose rate changed.
-
-    Candidates whose rate does not change have no effect, so the candidate sets may be
-    supersets of the jobs a change affects. (The event loop calls the two halves,
-    :func:`_fill_shares` and :func:`_rerate_cands`, itself.)"""
-    if share_links and flows_changed and n_flows > 0:
-        _fill_shares(n_flows, n, coll_ptr, coll_members, link, link_cnt, link_cap, sf, si)
-    return _rerate_cands(now, ncand, n, coll_ptr, coll_members, device, resource, n_compute,
-                         n_comm, share_compute, share_links, interference, inv, sf, si, jsize,
-                         seq)
-
-
-@njit(cache=True)
 def _fill_shares(n_flows, n, coll_ptr, coll_members, link, link_cnt, link_cap, sf, si):
     """Max-min fair link shares (``sf[:, _F_SHARE]``) by progressive filling over all running
     flows (job-id order); they change only when a flow starts or ends."""
@@ -342,8 +326,14 @@ def _fill_shares(n_flows, n, coll_ptr, coll_members, link, link_cnt, link_cap, s
 
 @njit(cache=True, _nrt=False)
 def _rerate_cands(now, ncand, n, coll_ptr, coll_members, device, resource, n_compute, n_comm,
-                  share_compute, share_links, interference, inv, sf, si, jsize, seq):
-    """The rate update of :func:`_rerate` for the candidate slots (shares already set)."""
+                  share_compute, share_links, interference, inv, sf, si, jt, jq, js, jsize,
+                  seq):
+    """Re-evaluate the rates of the candidate slots (link shares already set by
+    :func:`_fill_shares`), in job-id order (so that sequence numbers do not depend on
+    bookkeeping order); reschedule those whose rate changed.
+
+    Candidates whose rate does not change have no effect, so the candidate sets may be
+    supersets of the jobs a change affects."""
     # insertion sort by job id in place: the candidate list is short
     for a in range(1, ncand):
         x = si[a, _L_CAND]
@@ -379,10 +369,11 @@ def _rerate_cands(now, ncand, n, coll_ptr, coll_members, device, resource, n_com
             rem = sf[s, _F_THR] - sf[s, _F_DONE]
             if rem < 0.0:
                 rem = 0.0
-            sf[s, _F_T] = now + rem / r
-            si[s, _I_Q] = seq
+            h = si[s, _I_POS]
+            jt[h] = now + rem / r
+            jq[h] = seq
             seq += 1
-            _jsift(sf, si, jsize, si[s, _I_POS])
+            _jsift(jt, jq, js, si, jsize, h)
     return seq
 
 
@@ -400,12 +391,12 @@ def _touches_compute(j, n, coll_ptr, coll_members, device, n_compute):
 
 @njit(cache=True, _nrt=False)
 def _toggle_flows(d, entered, now, n, coll_ptr, coll_members, device, n_compute, share_links,
-                  inv, sf, si, n_flows, jsize, seq):
+                  inv, sf, si, jt, jq, js, n_flows, jsize, seq):
     """Device ``d``'s compute just switched on or off (``n_compute[d]`` already updated)
     while flows run on it, without compute sharing: rescale the flows whose interference
     status flipped (a member on ``d`` and none on another computing device), and set the
     rate of the compute job that just started (slot ``entered``; -1 for none), in job-id
-    order: what :func:`_rerate` does for this change, without its general candidate sets."""
+    order: what :func:`_rerate_cands` does for this change, without its general candidate sets."""
     on = n_compute[d] > 0
     ncand = 0
     if entered >= 0:
@@ -454,10 +445,11 @@ def _toggle_flows(d, entered, now, n, coll_ptr, coll_members, device, n_compute,
             rem = sf[s, _F_THR] - sf[s, _F_DONE]
             if rem < 0.0:
                 rem = 0.0
-            sf[s, _F_T] = now + rem / r
-            si[s, _I_Q] = seq
+            h = si[s, _I_POS]
+            jt[h] = now + rem / r
+            jq[h] = seq
             seq += 1
-            _jsift(sf, si, jsize, si[s, _I_POS])
+            _jsift(jt, jq, js, si, jsize, h)
     return seq
 
 
@@ -465,35 +457,53 @@ def _toggle_flows(d, entered, now, n, coll_ptr, coll_members, device, n_compute,
 @njit(cache=True)
 def _succ_lists(lane_prev, lane_s2s, pred_ptr, pred_src, pred_s2s):
     """Successors by source for the contention path (per-graph constants, built once per
-    graph): CSR ``sptr`` (int32[N+1]) / ``succ`` (int32) with entries ``2 * dst + s2s``
-    (1 when the link counts from the source's start), the lane successor first, then start
-    edges by dst; and ``cnt0`` (int32[N]), each op's number of start constraints."""
+    graph): CSR ``sptr`` (int32[N+1]) / ``succ`` (int32, destination ops), each source's
+    start-to-start successors first (``sptr[i]:smid[i]``, resolved when ``i`` starts), then
+    the others (``smid[i]:sptr[i + 1]``, resolved when ``i`` is finalized), each part in the
+    order lane successor, then edges by destination; ``cnt0`` (int32[N]), each op's number
+    of start constraints; ``smid`` (int32[N])."""
     n = lane_prev.shape[0]
     sptr = np.zeros(n + 1, np.int32)
+    nss = np.zeros(n + 1, np.int32)  # start-to-start successors per source
     for i in range(n):
         p = lane_prev[i]
         if p >= 0:
             sptr[p + 1] += 1
+            if lane_s2s[i]:
+                nss[p] += 1
         for k in range(pred_ptr[i], pred_ptr[i + 1]):
             sptr[pred_src[k] + 1] += 1
+            if pred_s2s[k]:
+                nss[pred_src[k]] += 1
     for i in range(n):
         sptr[i + 1] += sptr[i]
+    fs = np.empty(n, np.int32)  # fill cursors: start-to-start part, then the rest
+    fe = np.empty(n, np.int32)
+    smid = np.empty(n, np.int32)
+    for i in range(n):
+        fs[i] = sptr[i]
+        smid[i] = sptr[i] + nss[i]
+        fe[i] = smid[i]
     succ = np.empty(sptr[n], np.int32)
-    for i in range(n):  # sptr[x] is x's fill cursor; shifted back below
+    for i in range(n):
         p = lane_prev[i]
         if p >= 0:
-            succ[sptr[p]] = 2 * i + (1 if lane_s2s[i] else 0)
-            sptr[p] += 1
+            if lane_s2s[i]:
+                succ[fs[p]] = i
+                fs[p] += 1
+            else:
+                succ[fe[p]] = i
+                fe[p] += 1
     for i in range(n):
         for k in range(pred_ptr[i], pred_ptr[i + 1]):
             s = pred_src[k]
-            succ[sptr[s]] = 2 * i + (1 if pred_s2s[k] else 0)
-            sptr[s] += 1
-    for i in range(n, 0, -1):
-        sptr[i] = sptr[i - 1]
-    if n:
-        sptr[0] = 0
+            if pred_s2s[k]:
+                succ[fs[s]] = i
+                fs[s] += 1
+            else:
+                succ[fe[s]] = i
+                fe[s] += 1
     cnt0 = np.empty(n, np.int32)
     for i in range(n):
         cnt0[i] = (1 if lane_prev[i] >= 0 else 0) + pred_ptr[i + 1] - pred_ptr[i]
-    return sptr, succ, cnt0
+    return sptr, succ, cnt0, smid
