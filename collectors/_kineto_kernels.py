@@ -503,9 +503,11 @@ def _event(b, i, n, ro, fs, nt, ct):  # pragma: no cover - compiled
         if ldb(b + j) != 34:
             return -2
         kid, kl = _top_key(_word(b, j, n))
+        dup = False
         if kid > 0:
             if seen & (1 << kid):
-                flags |= F_SLOW
+                flags |= F_SLOW  # read the general way; its name is not interned twice
+                dup = True
             seen |= 1 << kid
             j += kl
         else:
@@ -538,6 +540,7 @@ def _event(b, i, n, ro, fs, nt, ct):  # pragma: no cover - compiled
                     e, _ = _str_skip(b, j, n)
                     if e < 0:
                         return e
+                if kid > 1 and not dup:  # at most one new string per table and event
                     h = _hash(b, j + 1, e - 1, n)
                     if kid == 2:
                         stq(ro + EV_CAT * fs, _intern_at(ct, b, j + 1, e - 1, h))

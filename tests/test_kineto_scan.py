@@ -150,3 +150,18 @@ def test_hash_reads_the_same_bytes_wherever_the_string_is():
             h0 = K._hash_of(np.frombuffer(s, np.uint8), 0, len(s))
             assert K._hash_of(buf, pad, pad + len(s)) == h0
             assert K._intern(t, buf, pad, pad + len(s), h0) == 0
+
+
+def test_many_duplicate_names_in_one_event(tmp_path, monkeypatch):
+    # duplicate keys send an event the general way (the last one wins there); the scanner
+    # interns at most one name per event, so tiny intern tables never overflow
+    dups = ", ".join(f'"name": "n{i}"' for i in range(3000))
+    text = ('{"traceEvents": [' + json.dumps(_x("a", 1))[:-1] + ", " + dups + "}, " +
+            json.dumps(_x("b", 2)) + "]}")
+    path = tmp_path / "dups.json"
+    path.write_text(text)
+    small = kf.intern_table
+    monkeypatch.setattr(kf, "intern_table", lambda: small(4, 8))
+    fast = _same_as_general(path, monkeypatch)
+    nid = np.concatenate([fast.ops["name_id"], fast.ranges["name_id"]])
+    assert set(np.asarray(fast.strings, object)[nid]) == {"n2999", "b"}
