@@ -47,8 +47,9 @@ from ._links import (
 
 __all__: list[str] = []
 
-# op state bits
-_STARTED, _OWN, _FIN, _HASW = 1, 2, 4, 8
+# op state bits: started, own completion known, finalized; and (set up front) is a wait
+# source, has wait sources, has start-to-start successors, collective member, other job
+_STARTED, _OWN, _FIN, _HASW, _WAITS, _S2S, _COLL, _JOB = 1, 2, 4, 8, 16, 32, 64, 128
 
 @njit(cache=True)
 def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev, lane_lag,
@@ -149,8 +150,17 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
     # the event loop, and numba then refcounts them at every iteration: ~40% slower.)
     n_jobs = nc
     for i in range(n):
-        if coll_of[i] < 0 and resource[i] > 0 and dur[i] > 0:
+        b = state[i]
+        if wait_ptr[i + 1] > wait_ptr[i]:
+            b |= _WAITS
+        if smid[i] > sptr[i]:
+            b |= _S2S
+        if coll_of[i] >= 0:
+            b |= _COLL
+        elif resource[i] > 0 and dur[i] > 0:
+            b |= _JOB
             n_jobs += 1
+        state[i] = b
     sf = np.empty((n_jobs + 1, _NF), np.float64)
     si = np.empty((n_jobs + 1, _NI), np.int64)
     # the job heap: keys (event time, sequence) and slots inline by heap position, ordered
@@ -158,7 +168,7 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
     # the +inf sentinel that makes the child choice branch-free.
     jt = np.empty(n_jobs + 2, np.float64)
     jq = np.empty(n_jobs + 2, np.int64)
-    js = np.empty(n_jobs + 2, np.int64)
+    js = np.empty(n_jobs + 2, np.uint64)
     nfree = 0  # free stack of released slots (si[:, _L_FREE]) ...
     nused = 0  # ... and slots never used so far
     jsize = 0
@@ -180,22 +190,35 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
             ssize = _spush(ht, hq, hi, ssize, float(origin[i] - base + delay[i]), seq, i)
             seq += 1
     now = 0.0
-    while ssize > 0 or jsize > 0 or fhead < ftail:
+    # hot-loop indices are unsigned (np.uint64): numba then skips the negative-index
+    # wrap-around, which otherwise costs instructions and registers at every access
+    U0 = np.uint64(0)
+    U1 = np.uint64(1)
+    un = np.uint64(n)
+    fhead = U0
+    ftail = U0
+    nf = U0
+    nrel = U0
+    ujsize = U0  # == jsize
+    while ssize > 0 or ujsize > U0 or fhead < ftail:
         # next start: the heap's top if it is due now (smaller sequence numbers than the
         # FIFO's), else the FIFO's head (at the current time), else the heap's top
         from_heap = ssize > 0 and (fhead == ftail or ht[0] <= now)
         if from_heap:
-            take_job = jsize > 0 and jt[0] <= ht[0]
+            take_job = ujsize > U0 and jt[0] <= ht[0]
         elif fhead < ftail:
-            take_job = jsize > 0 and jt[0] <= now
+            take_job = ujsize > U0 and jt[0] <= now
         else:
             take_job = True
-        nf = 0
-        nrel = 0
-        sift_at = -1  # job heap position to restore: the root (re-keyed later or
-        sift_root = False  # removed: sift down) or a new entry (sift up)
-        left = -1  # slot of a job that just ended
-        entered = -1  # slot of a job that just started
+        nf = U0
+        nrel = U0
+        sift_root = False  # restore the job heap: the root re-keyed or removed (down) ...
+        sift_new = False  # ... or a new entry at the end (up)
+        has_left = False  # a job ended (slot `left`) / started (slot `entered`)
+        has_entered = False
+        left = U0
+        entered = U0
+        i = U0
         if take_job:
             sl = js[0]
             j = si[sl, _I_JOB]
@@ -203,12 +226,13 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
             sf[sl, _F_DONE] = sf[sl, _F_THR]  # exact: the event fires at the threshold
             sf[sl, _F_LAST] = now
             if j < n:
-                end[j] = now
-                state[j] |= _OWN
+                uj = np.uint64(j)
+                end[uj] = now
+                state[uj] |= _OWN
                 members_done = True
-                if cnt[j] == 0:
+                if cnt[uj] == 0:
                     fstack[nf] = j
-                    nf += 1
+                    nf += U1
             else:
                 c = j - n
                 a0, a1 = coll_ptr[c], coll_ptr[c + 1]
@@ -222,7 +246,7 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
                     coll_k[c] += 1
                     if cnt[m] == 0:
                         fstack[nf] = m
-                        nf += 1
+                        nf += U1
                 members_done = coll_k[c] == a1 - a0
                 if not members_done:
                     m = csorted[a0 + coll_k[c]]
@@ -233,21 +257,22 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
                     sift_root = True
             if members_done:  # remove sl (the root) from the job heap
                 si[sl, _I_POS] = -1
-                jsize -= 1
-                if jsize > 0:  # the last entry goes to the root
-                    jt[0] = jt[jsize]
-                    jq[0] = jq[jsize]
-                    js[0] = js[jsize]
+                ujsize -= U1
+                if ujsize > U0:  # the last entry goes to the root
+                    jt[0] = jt[ujsize]
+                    jq[0] = jq[ujsize]
+                    js[0] = js[ujsize]
                     sift_root = True
                 left = sl
+                has_left = True
         elif not from_heap:
-            i = fifo[fhead]
-            fhead += 1
+            i = np.uint64(fifo[fhead])
+            fhead += U1
             if fhead == ftail:
-                fhead = 0
-                ftail = 0
+                fhead = U0
+                ftail = U0
         else:
-            i = hi[0]
+            i = np.uint64(hi[0])
             now = ht[0]
             # pop the start heap (written out: numba refcounts arrays passed to helpers)
             ssize -= 1
@@ -274,24 +299,27 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
             hi[h] = x
         if not take_job:
             start[i] = now
-            state[i] |= _STARTED
+            sti = state[i] | _STARTED
+            state[i] = sti
             started += 1
-            for k in range(sptr[i], smid[i]):  # links counted from this start
-                q = succ[k]
-                cnt[q] -= 1
-                if cnt[q] == 0:
-                    rel[nrel] = q
-                    nrel += 1
+            if sti & _S2S:
+                for k in range(np.uint64(sptr[i]), np.uint64(smid[i])):  # from this start
+                    q = np.uint64(succ[k])
+                    cq = cnt[q] - 1
+                    cnt[q] = cq
+                    if cq == 0:
+                        rel[nrel] = q
+                        nrel += U1
             # from now on cnt[i] counts the wait sources not finalized yet
             w = 0
-            for k in range(wait_ptr[i], wait_ptr[i + 1]):
-                if not (state[wait_src[k]] & _FIN):
-                    w += 1
+            if sti & _WAITS:
+                for k in range(wait_ptr[i], wait_ptr[i + U1]):
+                    if not (state[wait_src[k]] & _FIN):
+                        w += 1
             cnt[i] = w
-            c = coll_of[i]
-            newjob = -1
-            thr0 = 0.0
-            if c >= 0:
+            newjob = False
+            if sti & _COLL:
+                c = coll_of[i]
                 arrived[c] += 1
                 if arrived[c] == coll_ptr[c + 1] - coll_ptr[c]:
                     # the last member sets A; `last` = first member (op order) at max start
@@ -311,26 +339,27 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
                         coll_k[c] += 1
                         if cnt[m] == 0:
                             fstack[nf] = m
-                            nf += 1
+                            nf += U1
                     if coll_k[c] < a1 - a0:
-                        newjob = n + c
+                        newjob = True
+                        j = n + c
                         thr0 = max(dur[csorted[a0 + coll_k[c]]], 0) * 1.0
-            elif resource[i] > 0 and dur[i] > 0:
-                newjob = i
+            elif sti & _JOB:
+                newjob = True
+                j = np.int64(i)
                 thr0 = dur[i] * 1.0
             else:
                 end[i] = now + dur[i]
-                state[i] |= _OWN
-                if cnt[i] == 0:
+                state[i] = sti | _OWN
+                if w == 0:
                     fstack[nf] = i
-                    nf += 1
-            if newjob >= 0:
-                j = newjob
+                    nf += U1
+            if newjob:
                 if nfree > 0:
                     nfree -= 1
-                    sl = si[nfree, _L_FREE]
+                    sl = np.uint64(si[nfree, _L_FREE])
                 else:
-                    sl = nused
+                    sl = np.uint64(nused)
                     nused += 1
                     si[sl, _I_DN] = -1
                     si[sl, _I_DP] = -1
@@ -341,68 +370,68 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
                 sf[sl, _F_DONE] = 0.0
                 sf[sl, _F_LAST] = now
                 sf[sl, _F_RATE] = 1.0
-                jt[jsize] = now + thr0
-                jq[jsize] = seq
+                jt[ujsize] = now + thr0
+                jq[ujsize] = seq
                 seq += 1
-                si[sl, _I_POS] = jsize
-                js[jsize] = sl
-                jsize += 1
-                sift_at = jsize - 1
+                si[sl, _I_POS] = ujsize
+                js[ujsize] = sl
+                ujsize += U1
+                sift_new = True
                 entered = sl
+                has_entered = True
         fast_enter = False
         toggled = -1  # device whose compute switched on next to running flows
-        if sharing and entered >= 0:
+        if sharing and has_entered:
             j = si[entered, _I_JOB]
-            if j < n and resource[j] == 1 and not share_compute:
+            if j < n and resource[np.uint64(j)] == 1 and not share_compute:
                 # without compute sharing, written out: the new job's own rate, and (when
                 # its device's compute switches on next to flows) the flows' (below)
                 fast_enter = True
-                d = device[j]
+                d = np.uint64(device[np.uint64(j)])
                 sl = entered
                 if interference > 0.0 and n_compute[d] == 0 and n_comm[d] > 0:
-                    toggled = d
-                si[sl, _I_DN] = dhead[d]
+                    toggled = np.int64(d)
+                dh = dhead[d]
+                si[sl, _I_DN] = dh
                 si[sl, _I_DP] = -1
-                if dhead[d] >= 0:
-                    si[dhead[d], _I_DP] = sl
+                if dh >= 0:
+                    si[np.uint64(dh), _I_DP] = sl
                 dhead[d] = sl
                 n_compute[d] += 1
                 if toggled < 0:
                     r = inv if interference > 0.0 and n_comm[d] > 0 else 1.0
-                    # as _rerate would: the rate changes from "unset" to r, a new sequence;
-                    # the job heap is restored below
+                    # as _rerate_cands would: the rate changes from "unset" to r; the job
+                    # heap is restored below
                     sf[sl, _F_RATE] = r
-                    jt[jsize - 1] = now + sf[sl, _F_THR] / r
-                    jq[jsize - 1] = seq
-                    seq += 1
-        if sift_root or sift_at >= 0:  # restore the job heap (written out, see above)
+                    jt[ujsize - U1] = now + sf[sl, _F_THR] / r
+        if sift_root or sift_new:  # restore the job heap (written out, see above)
             if sift_root:  # the root's key grew: its hole goes down to a leaf (the smaller
                 # child moves up, chosen without branches: a +inf sentinel past the end)
-                h = 0
+                h = U0
                 tx = jt[0]
                 qx = jq[0]
                 x = js[0]
-                jt[jsize] = np.inf
-                c = 1
-                while c < jsize:
+                jt[ujsize] = np.inf
+                c = U1
+                while c < ujsize:
                     t0 = jt[c]
-                    t1 = jt[c + 1]
-                    if (t1 < t0) | ((t1 == t0) & (jq[c + 1] < jq[c])):
-                        c += 1
+                    t1 = jt[c + U1]
+                    if (t1 < t0) | ((t1 == t0) & (jq[c + U1] < jq[c])):
+                        c += U1
                     jt[h] = jt[c]
                     jq[h] = jq[c]
                     y = js[c]
                     js[h] = y
                     si[y, _I_POS] = h
                     h = c
-                    c = 2 * h + 1
+                    c = h + h + U1
             else:  # a new entry at the end
-                h = sift_at
+                h = ujsize - U1
                 tx = jt[h]
                 qx = jq[h]
                 x = js[h]
-            while h > 0:  # then up
-                p = (h - 1) >> 1
+            while h > U0:  # then up
+                p = (h - U1) >> U1
                 ty = jt[p]
                 if (tx < ty) | ((tx == ty) & (qx < jq[p])):
                     jt[h] = ty
@@ -417,11 +446,12 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
             jq[h] = qx
             js[h] = x
             si[x, _I_POS] = h
+        jsize = np.int64(ujsize)
         fast = False
-        if sharing and left >= 0:
+        if sharing and has_left:
             j = si[left, _I_JOB]
-            if j < n and resource[j] == 1:
-                d = device[j]
+            if j < n and resource[np.uint64(j)] == 1:
+                d = np.uint64(device[np.uint64(j)])
                 # without compute sharing, written out: only flows on this device can
                 # change rate, when its compute switches off (interference)
                 fast = not share_compute
@@ -429,103 +459,113 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
                     dp = si[left, _I_DP]
                     dn = si[left, _I_DN]
                     if dp >= 0:
-                        si[dp, _I_DN] = dn
+                        si[np.uint64(dp), _I_DN] = dn
                     else:
                         dhead[d] = dn
                     if dn >= 0:
-                        si[dn, _I_DP] = dp
+                        si[np.uint64(dn), _I_DP] = dp
                     si[left, _I_DN] = -1
                     si[left, _I_DP] = -1
-                    n_compute[d] -= 1
-                    if interference > 0.0 and n_compute[d] == 0 and n_comm[d] > 0:
-                        seq = _toggle_flows(d, -1, now, n, coll_ptr, coll_members, device,
-                                            n_compute, share_links, inv, sf, si, jt, jq, js, n_flows, jsize,
-                                            seq)
-        if sharing and left >= 0 and not fast:  # no sharing: every rate stays 1
+                    nc_d = n_compute[d] - 1
+                    n_compute[d] = nc_d
+                    if interference > 0.0 and nc_d == 0 and n_comm[d] > 0:
+                        seq = _toggle_flows(np.int64(d), -1, now, n, coll_ptr, coll_members,
+                                            device, n_compute, share_links, inv, sf, si, jt,
+                                            jq, js, n_flows, jsize, seq)
+        if sharing and has_left and not fast:  # no sharing: every rate stays 1
+            lf = np.int64(left)
             j = si[left, _I_JOB]
             is_flow = not (j < n and resource[j] == 1)
-            ncand = _job_leave(left, j, n, coll_ptr, coll_members, device, resource, n_compute,
+            ncand = _job_leave(lf, j, n, coll_ptr, coll_members, device, resource, n_compute,
                                n_comm, dhead, si, n_flows, share_compute, share_links,
                                interference)
             if is_flow:
                 n_flows -= 1
-            if share_links and is_flow and n_flows > 0:  # (_rerate, in two calls)
+            if share_links and is_flow and n_flows > 0:
                 _fill_shares(n_flows, n, coll_ptr, coll_members, link, link_cnt, link_cap,
                              sf, si)
             seq = _rerate_cands(now, ncand, n, coll_ptr, coll_members, device, resource,
                                 n_compute, n_comm, share_compute, share_links, interference,
                                 inv, sf, si, jt, jq, js, jsize, seq)
-        if left >= 0:
+        if has_left:
             si[nfree, _L_FREE] = left
             nfree += 1
         if toggled >= 0:
-            seq = _toggle_flows(toggled, entered, now, n, coll_ptr, coll_members, device,
-                                n_compute, share_links, inv, sf, si, jt, jq, js, n_flows, jsize, seq)
-        if sharing and entered >= 0 and not fast_enter:
+            seq = _toggle_flows(toggled, np.int64(entered), now, n, coll_ptr, coll_members,
+                                device, n_compute, share_links, inv, sf, si, jt, jq, js,
+                                n_flows, jsize, seq)
+        if sharing and has_entered and not fast_enter:
+            en = np.int64(entered)
             j = si[entered, _I_JOB]
             is_flow = not (j < n and resource[j] == 1)
-            ncand = _job_enter(entered, j, n, coll_ptr, coll_members, device, resource,
+            ncand = _job_enter(en, j, n, coll_ptr, coll_members, device, resource,
                                n_compute, n_comm, dhead, si, n_flows, dev_was, share_compute,
                                share_links, interference)
             if is_flow:
                 n_flows += 1
             sf[entered, _F_RATE] = -1.0  # force (re)scheduling at the computed rate
-            if share_links and is_flow and n_flows > 0:  # (_rerate, in two calls)
+            if share_links and is_flow and n_flows > 0:
                 _fill_shares(n_flows, n, coll_ptr, coll_members, link, link_cnt, link_cap,
                              sf, si)
             seq = _rerate_cands(now, ncand, n, coll_ptr, coll_members, device, resource,
                                 n_compute, n_comm, share_compute, share_links, interference,
                                 inv, sf, si, jt, jq, js, jsize, seq)
         # ---- finalize ops whose end is known; resolve their successors
-        while nf > 0:
-            nf -= 1
-            i = fstack[nf]
+        while nf > U0:
+            nf -= U1
+            i = np.uint64(fstack[nf])
+            sti = state[i]
             # end: own completion (collective members: max(start, A + tail)), then waits
-            cc = coll_of[i]
             ev = end[i]
-            if cc >= 0:
+            if sti & _COLL:
+                cc = coll_of[i]
                 if ev > start[i]:
-                    if i != coll_last[cc]:
+                    if np.int64(i) != coll_last[cc]:
                         crit[i] = coll_last[cc]
                 else:
                     ev = start[i]
-            for k in range(wait_ptr[i], wait_ptr[i + 1]):
-                v = end[wait_src[k]] + wait_lag[k]
-                if v > ev:
-                    ev = v
-                    crit[i] = wait_src[k]
+            if sti & _WAITS:
+                for k in range(wait_ptr[i], wait_ptr[i + U1]):
+                    v = end[wait_src[k]] + wait_lag[k]
+                    if v > ev:
+                        ev = v
+                        crit[i] = wait_src[k]
             end[i] = ev
-            state[i] |= _FIN
-            for k in range(smid[i], sptr[i + 1]):
-                q = succ[k]
-                cnt[q] -= 1
-                if cnt[q] == 0:
+            state[i] = sti | _FIN
+            for k in range(np.uint64(smid[i]), np.uint64(sptr[i + U1])):
+                q = np.uint64(succ[k])
+                cq = cnt[q] - 1
+                cnt[q] = cq
+                if cq == 0:
                     rel[nrel] = q
-                    nrel += 1
-            if state[i] & _HASW:
-                lo = np.searchsorted(wkey, np.int64(i) * n)
+                    nrel += U1
+            if sti & _HASW:
+                ii = np.int64(i)
+                lo = np.searchsorted(wkey, ii * n)
                 for k in range(lo, nw):
-                    if wkey[k] // n != i:
+                    if wkey[k] // n != ii:
                         break
-                    q = wkey[k] - np.int64(i) * n
+                    q = wkey[k] - ii * n
                     if state[q] & _STARTED:
                         cnt[q] -= 1
                         if cnt[q] == 0 and state[q] & _OWN:
                             fstack[nf] = q
-                            nf += 1
+                            nf += U1
         # ---- release the ops whose start constraints all resolved in this event (FIFO)
         for x in range(nrel):
-            q = rel[x]
+            q = np.uint64(rel[x])
             # ready time (replay._kernels._ready on relative float times; written out)
             ready = -4.611686018427388e18  # float(-(2**62)), the fast path's "-infinity"
             cp = -1
             p = lane_prev[q]
             if p >= 0:
-                ready = (start[p] if lane_s2s[q] else end[p]) + lane_lag[q]
+                up = np.uint64(p)
+                ready = (start[up] if lane_s2s[q] else end[up]) + lane_lag[q]
                 cp = p
-            for k in range(pred_ptr[q], pred_ptr[q + 1]):
+            for k in range(np.uint64(pred_ptr[q]), np.uint64(pred_ptr[q + U1])):
                 sp = pred_src[k]
-                v = (start[sp] if pred_s2s[k] else end[sp]) + pred_lag[k]
+                usp = np.uint64(sp)
+                v = (start[usp] if pred_s2s[k] else end[usp]) + pred_lag[k]
                 if v > ready:
                     ready = v
                     cp = sp
@@ -538,7 +578,7 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
             crit[q] = cp
             if st == now:  # due now: behind the heap's starts at this time
                 fifo[ftail] = q
-                ftail += 1
+                ftail += U1
                 seq += 1
                 continue
             h = ssize  # push onto the start heap
