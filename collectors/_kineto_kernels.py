@@ -11,9 +11,9 @@ import numpy as np
 from numba import njit
 from numba.cpython.unsafe.numbers import trailing_zeros
 
-from ._kineto_scan_mem import addr, ld8, ldb, ldq, stb, stq
+from ._kineto_scan_mem import addr, ld8, ldb, ldq, stb, stq, utf8_len
 
-__all__ = ["scan_events", "find_array", "rehash"]
+__all__ = ["scan_events"]
 
 
 # ---------------------------------------------------------------- Kineto event scanner
@@ -105,41 +105,6 @@ def _ws(b, i, n):  # pragma: no cover - compiled
     return i
 
 
-@njit(cache=True)
-def _utf8(b, i, n):  # pragma: no cover - compiled
-    """Length of the UTF-8 sequence led by the byte at ``i`` (>= 0x80); -1 past the end, -2 invalid."""
-    c = ldb(b + i)
-    need = 0
-    lo = 128
-    hi = 191
-    if 0xC2 <= c <= 0xDF:
-        need = 1
-    elif 0xE0 <= c <= 0xEF:
-        need = 2
-        if c == 0xE0:
-            lo = 0xA0
-        elif c == 0xED:
-            hi = 0x9F
-    elif 0xF0 <= c <= 0xF4:
-        need = 3
-        if c == 0xF0:
-            lo = 0x90
-        elif c == 0xF4:
-            hi = 0x8F
-    else:
-        return -2
-    if i + need >= n:
-        return -1
-    for k in range(1, need + 1):
-        d = ldb(b + i + k)
-        if k == 1:
-            if d < lo or d > hi:
-                return -2
-        elif d < 128 or d > 191:
-            return -2
-    return need + 1
-
-
 @njit(cache=True, inline="always")
 def _word(b, i, n):  # pragma: no cover - compiled
     """The 8 bytes at ``i`` as a word; past ``n`` they read as zero bytes."""
@@ -187,7 +152,7 @@ def _str_skip(b, i, n):  # pragma: no cover - compiled
             esc = True
             i += 2
             continue
-        m = _utf8(b, i, n)
+        m = utf8_len(b, i, n)
         if m < 0:
             return m, esc
         i += m
@@ -667,23 +632,6 @@ def scan_events(buf: np.ndarray, pos: int, state: int, out: np.ndarray, names, c
 # hash, length and every byte agree: a hash collision costs a probe, never a wrong id.
 
 
-def rehash(hs, ids, nh, ni) -> None:
-    """Insert the strings of table slots ``hs``/``ids`` into the empty slots ``nh``/``ni``."""
-    _rehash(hs, ids, nh, ni)
-
-
-@njit(cache=True)
-def _rehash(hs, ids, nh, ni):  # pragma: no cover - compiled
-    mask = nh.shape[0] - 1
-    for s in range(hs.shape[0]):
-        if ids[s] >= 0:
-            i = (hs[s] ^ (hs[s] >> 29)) & mask
-            while ni[i] >= 0:
-                i = (i + 1) & mask
-            nh[i] = hs[s]
-            ni[i] = ids[s]
-
-
 @njit(cache=True, inline="always")
 def _table_at(t):  # pragma: no cover - compiled
     """An intern table as (addresses of its six arrays..., slot mask)."""
@@ -756,58 +704,3 @@ def _hash_of(buf, s, e):  # pragma: no cover - compiled
 def _intern(t, buf, s, e, h):  # pragma: no cover - compiled
     """Id of the string ``buf[s:e]`` (hash ``h``) in the intern table ``t``; added if new."""
     return _intern_at(_table_at(t), addr(buf), s, e, h)
-
-
-@njit(cache=True)
-def _find_array(buf, key):  # pragma: no cover - compiled
-    n = buf.shape[0]
-    b = addr(buf)
-    i = _ws(b, 0, n)
-    if i >= n:
-        return -1
-    if buf[i] == 91:
-        return i
-    if buf[i] != 123:
-        return -2
-    i = _ws(b, i + 1, n)
-    while True:
-        if i >= n:
-            return -1
-        if buf[i] != 34:
-            return -2
-        ke, esc = _str_skip(b, i, n)
-        if ke < 0:
-            return ke
-        match = not esc and ke - i - 2 == key.shape[0]
-        if match:
-            for k in range(key.shape[0]):
-                if buf[i + 1 + k] != key[k]:
-                    match = False
-                    break
-        i = _ws(b, ke, n)
-        if i >= n:
-            return -1
-        if buf[i] != 58:
-            return -2
-        i = _ws(b, i + 1, n)
-        if i >= n:
-            return -1
-        if match and buf[i] == 91:
-            return i
-        e = _skip(b, i, n)
-        if e < 0:
-            return e
-        i = _ws(b, e, n)
-        if i >= n:
-            return -1
-        if buf[i] != 44:
-            return -2
-        i = _ws(b, i + 1, n)
-
-
-def find_array(buf: np.ndarray, key: bytes) -> int:
-    """Position of the ``[`` of the array under top-level ``key`` (or of a top-level array).
-
-    -1: the text ends first (read more); -2: there is no such array or the text is invalid.
-    """
-    return int(_find_array(np.ascontiguousarray(buf), np.frombuffer(key, np.uint8).copy()))

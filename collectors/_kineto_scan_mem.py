@@ -5,15 +5,17 @@ and decrement per call, ~30% of the scanner's time when the helpers took arrays)
 helpers therefore take an array's base address (an integer, from :func:`addr`) and read and
 write through these intrinsics, which compile to single machine loads and stores. No bounds
 checks: callers keep every address inside an array that is alive for the whole call.
+:func:`utf8_len` validates one UTF-8 sequence at an address (the scanner's cold path for
+bytes >= 0x80 in strings).
 """
 
 from __future__ import annotations
 
 from llvmlite import ir
-from numba import types
+from numba import njit, types
 from numba.extending import intrinsic
 
-__all__ = ["addr", "ldb", "ld8", "ldq", "stq", "stb"]
+__all__ = ["addr", "ldb", "ld8", "ldq", "stq", "stb", "utf8_len"]
 
 _I8, _I64 = ir.IntType(8), ir.IntType(64)
 
@@ -85,3 +87,38 @@ def stb(typingctx, a, v):  # pragma: no cover - compiled
         return context.get_dummy_value()
 
     return sig, codegen
+
+
+@njit(cache=True)
+def utf8_len(b, i, n):  # pragma: no cover - compiled
+    """Length of the UTF-8 sequence led by the byte at ``i`` (>= 0x80); -1 past the end, -2 invalid."""
+    c = ldb(b + i)
+    need = 0
+    lo = 128
+    hi = 191
+    if 0xC2 <= c <= 0xDF:
+        need = 1
+    elif 0xE0 <= c <= 0xEF:
+        need = 2
+        if c == 0xE0:
+            lo = 0xA0
+        elif c == 0xED:
+            hi = 0x9F
+    elif 0xF0 <= c <= 0xF4:
+        need = 3
+        if c == 0xF0:
+            lo = 0x90
+        elif c == 0xF4:
+            hi = 0x8F
+    else:
+        return -2
+    if i + need >= n:
+        return -1
+    for k in range(1, need + 1):
+        d = ldb(b + i + k)
+        if k == 1:
+            if d < lo or d > hi:
+                return -2
+        elif d < 128 or d > 191:
+            return -2
+    return need + 1

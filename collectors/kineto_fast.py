@@ -32,6 +32,7 @@ import msgspec
 import numpy as np
 
 from . import _kineto_kernels as K
+from ._kineto_scan_cold import find_array, rehash
 
 try:  # ISA-L inflates gzip ~2.4x faster than zlib, with the same interface
     from isal import isal_zlib as _zlib
@@ -125,7 +126,7 @@ def grow_table(t: list, pool_free: int = 0) -> None:
     if meta[0] >= meta[2]:
         slots = 2 * len(hs)
         nh, ni = np.zeros(slots, np.int64), np.full(slots, -1, np.int64)
-        K.rehash(hs, ids, nh, ni)
+        rehash(hs, ids, nh, ni)
         t[0], t[1] = nh, ni
         t[3] = np.concatenate([off, np.empty(slots // 2 - len(off), np.int64)])
         t[4] = np.concatenate([ln, np.empty(slots // 2 - len(ln), np.int64)])
@@ -463,7 +464,7 @@ def _parse(path: Path, on_stage, on_bytes):  # noqa: C901 - one streaming state 
             continue
         buf = np.frombuffer(data, np.uint8)
         if phase == 0:
-            a = K.find_array(buf, b"traceEvents")
+            a = find_array(buf, b"traceEvents")
             if a == -1:
                 if len(data) > (256 << 20):
                     raise _Fallback  # a huge document head: let the general path decide
