@@ -55,7 +55,7 @@ _STARTED, _OWN, _FIN, _HASW, _WAITS, _S2S, _COLL, _JOB = 1, 2, 4, 8, 16, 32, 64,
 def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev, lane_lag,
                   lane_s2s, pred_ptr, pred_src, pred_lag, pred_s2s, wait_ptr, wait_src,
                   wait_lag, device, resource, link, interference, share_compute, share_links,
-                  sptr, succ, cnt0, smid, start, end, crit):
+                  sptr, succ, cnt0, smid, pptr, pent, start, end, crit):
     """Event-driven fluid replay with resource sharing (the contention path).
 
     Same constraints as :func:`replay._kernels._fast_replay`. Ops with a resource
@@ -79,9 +79,10 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
     Times are float64 internally relative to ``base = origin.min()``. Arrays: layout
     positions, indices ``int32`` (``n + edges < 2**30``), times ``int64`` ns.
 
-    ``sptr``, ``succ``, ``cnt0``, ``smid``: the graph's successor lists (start-to-start
-    links first) and start-constraint counts (:func:`replay._links._succ_lists`, built once
-    per graph).
+    ``sptr``, ``succ``, ``cnt0``, ``smid``, ``pptr``, ``pent``: the graph's successor lists
+    (start-to-start links first), start-constraint counts and ready-time terms, repeated
+    links left out (:func:`replay._links._succ_lists`, built once per graph; the kernel
+    reads them instead of ``lane_prev`` ... ``pred_s2s``).
 
     Starts ordered by (time, sequence number) wait in a heap, except those released at the
     current event time (nearly all: zero lags, clamped starts): they wait in a FIFO behind
@@ -119,14 +120,16 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
     coll_last = np.full(ncm, -1, np.int64)
     coll_k = np.zeros(ncm, np.int32)  # members completed so far (in csorted order)
     csorted = coll_members.copy()
-    for c in range(nc):
+    for c in range(nc):  # stable insertion sort in place (a few members; no allocations)
         a0, a1 = coll_ptr[c], coll_ptr[c + 1]
-        seg = csorted[a0:a1]
-        keys = np.empty(a1 - a0, np.float64)
-        for k in range(a1 - a0):
-            keys[k] = float(max(dur[seg[k]], 0))
-        idx = np.argsort(keys, kind="mergesort")
-        csorted[a0:a1] = seg[idx]
+        for k in range(a0 + 1, a1):
+            m = csorted[k]
+            key = max(dur[m], 0)
+            b = k - 1
+            while b >= a0 and max(dur[csorted[b]], 0) > key:
+                csorted[b + 1] = csorted[b]
+                b -= 1
+            csorted[b + 1] = m
     # ---- devices and links
     ndev = 1
     nlink = 1
@@ -137,8 +140,10 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
             nlink = link[i] + 1
     n_compute = np.zeros(ndev, np.int32)
     n_comm = np.zeros(ndev, np.int32)
-    dhead = np.full(ndev, -1, np.int64)  # compute slots of a device (linked list)
+    dhead = np.full(ndev, -1, np.int64)  # compute slots of a device (linked list; only
+    # with compute sharing: otherwise the rare flow changes scan the running jobs)
     dev_was = np.zeros(ndev, np.int32)
+    dev_flag = np.zeros(ndev, np.uint8)
     link_cap = np.zeros(nlink, np.float64)
     link_cnt = np.zeros(nlink, np.int64)
     sharing = share_compute or share_links or interference > 0.0
@@ -223,8 +228,6 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
             sl = js[0]
             j = si[sl, _I_JOB]
             now = jt[0]
-            sf[sl, _F_DONE] = sf[sl, _F_THR]  # exact: the event fires at the threshold
-            sf[sl, _F_LAST] = now
             if j < n:
                 uj = np.uint64(j)
                 end[uj] = now
@@ -234,6 +237,8 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
                     fstack[nf] = j
                     nf += U1
             else:
+                sf[sl, _F_DONE] = sf[sl, _F_THR]  # exact: the event fires at the threshold
+                sf[sl, _F_LAST] = now
                 c = j - n
                 a0, a1 = coll_ptr[c], coll_ptr[c + 1]
                 while coll_k[c] < a1 - a0:
@@ -391,12 +396,6 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
                 sl = entered
                 if interference > 0.0 and n_compute[d] == 0 and n_comm[d] > 0:
                     toggled = np.int64(d)
-                dh = dhead[d]
-                si[sl, _I_DN] = dh
-                si[sl, _I_DP] = -1
-                if dh >= 0:
-                    si[np.uint64(dh), _I_DP] = sl
-                dhead[d] = sl
                 n_compute[d] += 1
                 if toggled < 0:
                     r = inv if interference > 0.0 and n_comm[d] > 0 else 1.0
@@ -456,16 +455,6 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
                 # change rate, when its compute switches off (interference)
                 fast = not share_compute
                 if fast:
-                    dp = si[left, _I_DP]
-                    dn = si[left, _I_DN]
-                    if dp >= 0:
-                        si[np.uint64(dp), _I_DN] = dn
-                    else:
-                        dhead[d] = dn
-                    if dn >= 0:
-                        si[np.uint64(dn), _I_DP] = dp
-                    si[left, _I_DN] = -1
-                    si[left, _I_DP] = -1
                     nc_d = n_compute[d] - 1
                     n_compute[d] = nc_d
                     if interference > 0.0 and nc_d == 0 and n_comm[d] > 0:
@@ -477,8 +466,8 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
             j = si[left, _I_JOB]
             is_flow = not (j < n and resource[j] == 1)
             ncand = _job_leave(lf, j, n, coll_ptr, coll_members, device, resource, n_compute,
-                               n_comm, dhead, si, n_flows, share_compute, share_links,
-                               interference)
+                               n_comm, dhead, si, n_flows, dev_flag, js, jsize, share_compute,
+                               share_links, interference)
             if is_flow:
                 n_flows -= 1
             if share_links and is_flow and n_flows > 0:
@@ -499,8 +488,8 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
             j = si[entered, _I_JOB]
             is_flow = not (j < n and resource[j] == 1)
             ncand = _job_enter(en, j, n, coll_ptr, coll_members, device, resource,
-                               n_compute, n_comm, dhead, si, n_flows, dev_was, share_compute,
-                               share_links, interference)
+                               n_compute, n_comm, dhead, si, n_flows, dev_was, dev_flag, js,
+                               jsize, share_compute, share_links, interference)
             if is_flow:
                 n_flows += 1
             sf[entered, _F_RATE] = -1.0  # force (re)scheduling at the computed rate
@@ -555,20 +544,17 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
         for x in range(nrel):
             q = np.uint64(rel[x])
             # ready time (replay._kernels._ready on relative float times; written out)
-            ready = -4.611686018427388e18  # float(-(2**62)), the fast path's "-infinity"
+            # (the lane term first: any finite term beats -inf, as the lane term is taken
+            # unconditionally there; later terms must exceed the running maximum)
+            ready = -np.inf
             cp = -1
-            p = lane_prev[q]
-            if p >= 0:
-                up = np.uint64(p)
-                ready = (start[up] if lane_s2s[q] else end[up]) + lane_lag[q]
-                cp = p
-            for k in range(np.uint64(pred_ptr[q]), np.uint64(pred_ptr[q + U1])):
-                sp = pred_src[k]
-                usp = np.uint64(sp)
-                v = (start[usp] if pred_s2s[k] else end[usp]) + pred_lag[k]
+            for k in range(np.uint64(pptr[q]), np.uint64(pptr[q + U1])):
+                code = pent[k + k]
+                usp = np.uint64(code >> 1)
+                v = (start[usp] if code & 1 else end[usp]) + pent[k + k + U1]
                 if v > ready:
                     ready = v
-                    cp = sp
+                    cp = np.int64(usp)
             if cp < 0:
                 ready = float(origin[q] - base)
             st = ready + delay[q]

@@ -181,6 +181,18 @@ def _add_device_jobs(d, dhead, si, ncand):
 
 
 @njit(cache=True, _nrt=False)
+def _add_flagged_compute(n, device, resource, dev_flag, si, js, jsize, ncand):
+    """Without compute sharing the compute jobs are in no per-device list: add the running
+    compute jobs of the devices flagged in ``dev_flag`` (a scan of the few running jobs)."""
+    for a in range(jsize):
+        s = js[a]
+        j = si[s, _I_JOB]
+        if j < n and resource[j] == 1 and dev_flag[device[j]]:
+            ncand = _add_cand(s, si, ncand)
+    return ncand
+
+
+@njit(cache=True, _nrt=False)
 def _add_flows(si, n_flows, ncand):
     for a in range(n_flows):
         ncand = _add_cand(si[a, _L_FLOWS], si, ncand)
@@ -194,8 +206,11 @@ def _member_device(j, n, k, coll_members, device):
 
 @njit(cache=True, _nrt=False)
 def _job_enter(sl, j, n, coll_ptr, coll_members, device, resource, n_compute, n_comm, dhead,
-               si, n_flows, dev_was, share_compute, share_links, interference):
-    """Register running job ``j`` (slot ``sl``); collect the slots whose rate may change."""
+               si, n_flows, dev_was, dev_flag, js, jsize, share_compute, share_links,
+               interference):
+    """Register running job ``j`` (slot ``sl``); collect the slots whose rate may change.
+    Without compute sharing the event loop keeps compute jobs out of the per-device lists:
+    they are found by a scan of the running jobs (``js[:jsize]``)."""
     ncand = _add_cand(sl, si, 0)
     if j < n and resource[j] == 1:
         d = device[j]
@@ -227,17 +242,30 @@ def _job_enter(sl, j, n, coll_ptr, coll_members, device, resource, n_compute, n_
         if share_links:
             ncand = _add_flows(si, n_flows, ncand)
         if interference > 0.0:
+            flagged = False
             for k in range(a0, a1):
                 d = _member_device(j, n, k, coll_members, device)
                 if d >= 0 and dev_was[d] == 0:
-                    ncand = _add_device_jobs(d, dhead, si, ncand)
+                    if share_compute:
+                        ncand = _add_device_jobs(d, dhead, si, ncand)
+                    else:
+                        dev_flag[d] = 1
+                        flagged = True
+            if flagged:
+                ncand = _add_flagged_compute(n, device, resource, dev_flag, si, js, jsize,
+                                             ncand)
+                for k in range(a0, a1):
+                    d = _member_device(j, n, k, coll_members, device)
+                    if d >= 0:
+                        dev_flag[d] = 0
     return ncand
 
 
 @njit(cache=True, _nrt=False)
 def _job_leave(sl, j, n, coll_ptr, coll_members, device, resource, n_compute, n_comm, dhead,
-               si, n_flows, share_compute, share_links, interference):
-    """Unregister finished job ``j`` (slot ``sl``); collect the slots whose rate may change."""
+               si, n_flows, dev_flag, js, jsize, share_compute, share_links, interference):
+    """Unregister finished job ``j`` (slot ``sl``); collect the slots whose rate may change
+    (compute jobs without compute sharing: see :func:`_job_enter`)."""
     ncand = 0
     if j < n and resource[j] == 1:
         d = device[j]
@@ -272,10 +300,22 @@ def _job_leave(sl, j, n, coll_ptr, coll_members, device, resource, n_compute, n_
         if share_links:
             ncand = _add_flows(si, n_flows, ncand)
         if interference > 0.0:
+            flagged = False
             for k in range(a0, a1):
                 d = _member_device(j, n, k, coll_members, device)
                 if d >= 0 and n_comm[d] == 0:
-                    ncand = _add_device_jobs(d, dhead, si, ncand)
+                    if share_compute:
+                        ncand = _add_device_jobs(d, dhead, si, ncand)
+                    else:
+                        dev_flag[d] = 1
+                        flagged = True
+            if flagged:
+                ncand = _add_flagged_compute(n, device, resource, dev_flag, si, js, jsize,
+                                             ncand)
+                for k in range(a0, a1):
+                    d = _member_device(j, n, k, coll_members, device)
+                    if d >= 0:
+                        dev_flag[d] = 0
     return ncand
 
 
@@ -455,19 +495,42 @@ def _toggle_flows(d, entered, now, n, coll_ptr, coll_members, device, n_compute,
 
 # ---------------------------------------------------------------------------- successors
 @njit(cache=True)
-def _succ_lists(lane_prev, lane_s2s, pred_ptr, pred_src, pred_s2s):
-    """Successors by source for the contention path (per-graph constants, built once per
-    graph): CSR ``sptr`` (int32[N+1]) / ``succ`` (int32, destination ops), each source's
-    start-to-start successors first (``sptr[i]:smid[i]``, resolved when ``i`` starts), then
-    the others (``smid[i]:sptr[i + 1]``, resolved when ``i`` is finalized), each part in the
-    order lane successor, then edges by destination; ``cnt0`` (int32[N]), each op's number
-    of start constraints; ``smid`` (int32[N])."""
+def _succ_lists(lane_prev, lane_lag, lane_s2s, pred_ptr, pred_src, pred_lag, pred_s2s):
+    """Constraint lists of the contention path (per-graph constants, built once per graph).
+
+    Returns ``sptr``, ``succ``, ``cnt0``, ``smid``, ``pptr``, ``pent``:
+
+    * successors by source, CSR ``sptr`` (int32[N+1]) / ``succ`` (int32, destination ops):
+      each source's start-to-start successors first (``sptr[i]:smid[i]``, resolved when
+      ``i`` starts), then the others (``smid[i]:sptr[i + 1]``, resolved when ``i`` is
+      finalized), each part in the order lane successor, then edges by destination; ``cnt0``
+      (int32[N]) counts each op's entries. A lane link that an edge from the same source
+      and of the same kind repeats (most lane links of a synthesized trace) is left out:
+      both resolve in the same pass over the source's list, and the edge's entry comes later
+      in it, so the op is released at the same point as with both;
+    * the ready-time terms by destination, CSR ``pptr`` (int32[N+1]) / ``pent`` (int64
+      pairs ``2 * src + s2s``, ``lag``): the lane link first, then the edges, leaving out
+      an edge with the lane link's source and kind and a lag no larger than its (its term
+      can never exceed the lane term, and a later term must exceed the running maximum to
+      count).
+    """
     n = lane_prev.shape[0]
+    lane_dup = np.zeros(n, np.bool_)  # lane link repeated by an edge of the same kind
+    ndrop = 0  # edges left out of the ready terms
+    for i in range(n):
+        p = lane_prev[i]
+        if p < 0:
+            continue
+        for k in range(pred_ptr[i], pred_ptr[i + 1]):
+            if pred_src[k] == p and pred_s2s[k] == lane_s2s[i]:
+                lane_dup[i] = True
+                if pred_lag[k] <= lane_lag[i]:
+                    ndrop += 1
     sptr = np.zeros(n + 1, np.int32)
     nss = np.zeros(n + 1, np.int32)  # start-to-start successors per source
     for i in range(n):
         p = lane_prev[i]
-        if p >= 0:
+        if p >= 0 and not lane_dup[i]:
             sptr[p + 1] += 1
             if lane_s2s[i]:
                 nss[p] += 1
@@ -487,7 +550,7 @@ def _succ_lists(lane_prev, lane_s2s, pred_ptr, pred_src, pred_s2s):
     succ = np.empty(sptr[n], np.int32)
     for i in range(n):
         p = lane_prev[i]
-        if p >= 0:
+        if p >= 0 and not lane_dup[i]:
             if lane_s2s[i]:
                 succ[fs[p]] = i
                 fs[p] += 1
@@ -505,5 +568,25 @@ def _succ_lists(lane_prev, lane_s2s, pred_ptr, pred_src, pred_s2s):
                 fe[s] += 1
     cnt0 = np.empty(n, np.int32)
     for i in range(n):
-        cnt0[i] = (1 if lane_prev[i] >= 0 else 0) + pred_ptr[i + 1] - pred_ptr[i]
-    return sptr, succ, cnt0, smid
+        cnt0[i] = (1 if lane_prev[i] >= 0 and not lane_dup[i] else 0) + (pred_ptr[i + 1]
+                                                                           - pred_ptr[i])
+    # ready-time terms
+    pptr = np.empty(n + 1, np.int32)
+    pent = np.empty(2 * (n + pred_src.shape[0] - ndrop), np.int64)
+    e = 0
+    for i in range(n):
+        pptr[i] = e
+        p = lane_prev[i]
+        if p >= 0:
+            pent[2 * e] = 2 * np.int64(p) + (1 if lane_s2s[i] else 0)
+            pent[2 * e + 1] = lane_lag[i]
+            e += 1
+        for k in range(pred_ptr[i], pred_ptr[i + 1]):
+            if (p >= 0 and pred_src[k] == p and pred_s2s[k] == lane_s2s[i]
+                    and pred_lag[k] <= lane_lag[i]):
+                continue
+            pent[2 * e] = 2 * np.int64(pred_src[k]) + (1 if pred_s2s[k] else 0)
+            pent[2 * e + 1] = pred_lag[k]
+            e += 1
+    pptr[n] = e
+    return sptr, succ, cnt0, smid, pptr, pent[:2 * e]

@@ -239,8 +239,8 @@ def _succ_of(g: ReplayGraph, common: tuple) -> tuple:
     m = g.memo()
     v = m.get("fluid_succ")
     if v is None:
-        lane_prev, lane_s2s, pred_ptr, pred_src, pred_s2s = (common[i] for i in (6, 8, 9, 10, 12))
-        v = m["fluid_succ"] = _succ_lists(lane_prev, lane_s2s, pred_ptr, pred_src, pred_s2s)
+        # lane_prev, lane_lag, lane_s2s, pred_ptr, pred_src, pred_lag, pred_s2s
+        v = m["fluid_succ"] = _succ_lists(*common[6:13])
         for x in v:
             x.flags.writeable = False
     return v
