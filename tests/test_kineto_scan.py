@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gzip
 import json
+from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 
 import numpy as np
@@ -165,3 +166,25 @@ def test_many_duplicate_names_in_one_event(tmp_path, monkeypatch):
     fast = _same_as_general(path, monkeypatch)
     nid = np.concatenate([fast.ops["name_id"], fast.ranges["name_id"]])
     assert set(np.asarray(fast.strings, object)[nid]) == {"n2999", "b"}
+
+
+def test_long_timestamps(tmp_path, monkeypatch):
+    # integer digits are read eight at a time: 16-digit epochs with and without fractions
+    # agree with the general path where its float is exact, and are exact decimal -> ns
+    # (the fourth decimal rounds half up) where it is not
+    exact = ["1669783687464181", "1700000000000015.0", "1669783687464181.5", "12345678",
+             "123456789", "9000000000000000", "8999999999999999", "99999999.125"]
+    tricky = ["1234567812345678.125", "0.0005", "1669783687.4641815", "99999999.99949"]
+    for ts, same in ((exact, True), (tricky, False)):
+        ev = [_x(f"op{i}", 1, tid=i) for i in range(len(ts))]  # one lane each: all ops
+        text = json.dumps({"traceEvents": ev}, separators=(",", ":"))
+        for t in ts:
+            text = text.replace('"ts":1,', '"ts":' + t + ",", 1)
+        path = tmp_path / "ts.json"
+        path.write_text(text)
+        fast = _same_as_general(path, monkeypatch) if same else kf.parse_fast(path)
+        names = np.asarray(fast.strings, object)[fast.ops["name_id"]]
+        got = dict(zip(names.tolist(), fast.ops["start_ns"].tolist()))
+        want = {f"op{i}": int((Decimal(t) * 1000).quantize(Decimal(1), ROUND_HALF_UP))
+                for i, t in enumerate(ts)}
+        assert got == want
