@@ -1,0 +1,89 @@
+"""The contention path's kernel (replay/_fluid.py, replay/_links.py) against the pure-Python
+reference on the cases its speed-ups rely on: many events at the same time (the start FIFO
+behind the start heap, heap ties broken by sequence), interference switching on and off at
+once on several devices, and lane links repeated by edges (left out of the constraint
+lists)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from naive_replay import naive_fluid, random_trace
+
+from collectors.synth import synthesize
+from replay import ContentionModel, build_graph, simulate
+from replay._links import _succ_lists
+
+MODELS = [ContentionModel(interference=f, share_compute=sc, share_links=sl)
+          for f in (0.5, 1.0) for sc in (False, True) for sl in (False, True)]
+
+
+def _same_as_reference(g, d, cm):
+    r = simulate(g, durations_ns=d, mode="contention", contention=cm)
+    s, e, c, clamped = naive_fluid(g, d, cm.interference, cm.share_compute, cm.share_links)
+    np.testing.assert_array_equal(r.start_ns, s)
+    np.testing.assert_array_equal(r.end_ns, e)
+    np.testing.assert_array_equal(r.crit_pred, c)
+    assert r.meta["contention"]["clamped_starts"] == clamped
+    return r
+
+
+def _coarse(g, unit):
+    """Durations rounded to a coarse unit: many ops end (and start) at the same time."""
+    d = (np.round(g.op_dur_ns / unit) * unit).astype(np.int64)
+    return np.where(g.by_op(g.coll_of) >= 0, d, np.maximum(d, 0))
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_ties_and_concurrent_flows_match_reference(seed):
+    tr = random_trace(seed, n_ranks=4, steps=6, gpu_lanes=3, p_coll=0.7, p_p2p=0.3,
+                      p_sync=0.2)
+    g = build_graph(tr, ideal=bool(seed % 2))
+    d = _coarse(g, 5_000)
+    # the rounding makes equal event times common: the check below is about ties
+    r = simulate(g, durations_ns=d, mode="contention", contention=MODELS[0])
+    ends = np.concatenate([r.start_ns, r.end_ns])
+    assert ends.size - np.unique(ends).size > 0.15 * ends.size
+    for cm in MODELS:
+        _same_as_reference(g, d, cm)
+
+
+def test_synthesized_run_with_repeated_lane_links_matches_reference():
+    tr = synthesize("gpt3-125m", "a100-80gb", tp=2, pp=2, dp=2, global_batch=4, micro_batch=2)
+    g = build_graph(tr)
+    lists = _succ_lists(g.lane_prev, g.lane_lag_ns, g.lane_s2s, g.pred_ptr, g.pred_src,
+                        g.pred_lag_ns, g.pred_s2s)
+    n_lane = int((g.lane_prev >= 0).sum())
+    # the synthesized run repeats most lane links with an edge: they are left out
+    assert lists[1].size < n_lane + g.pred_src.size
+    rng = np.random.default_rng(5)
+    d = np.maximum((g.op_dur_ns * rng.uniform(0.5, 1.5, g.n_ops)).astype(np.int64), 0)
+    for cm in MODELS[:4]:
+        _same_as_reference(g, None, cm)
+        _same_as_reference(g, d, cm)
+
+
+def test_constraint_lists_leave_out_only_repeated_lane_links():
+    # ops 0..5; lanes: 0 -> 1 -> 2 -> 3 -> 4 -> 5 (op 3's lane link counts from the start)
+    lane_prev = np.array([-1, 0, 1, 2, 3, 4], np.int32)
+    lane_lag = np.array([0, 0, 5, 0, 0, 0], np.int64)
+    lane_s2s = np.array([False, False, False, True, False, False])
+    # edges by destination: 1 <- 0 (repeats the lane link), 2 <- 1 (lag 7 > lane lag 5:
+    # its term may win, kept), 3 <- 2 end-to-start (another kind than the lane link),
+    # 4 <- 3 lag -2 and 4 <- 0, 5 <- 4 twice
+    pred_ptr = np.array([0, 0, 1, 2, 3, 5, 7], np.int32)
+    pred_src = np.array([0, 1, 2, 3, 0, 4, 4], np.int32)
+    pred_lag = np.array([0, 7, 0, -2, 0, 0, 0], np.int64)
+    pred_s2s = np.zeros(7, np.bool_)
+    sptr, succ, cnt0, smid, pptr, pent = _succ_lists(lane_prev, lane_lag, lane_s2s, pred_ptr,
+                                                     pred_src, pred_lag, pred_s2s)
+    # lane links of 1, 2, 4, 5 are repeated by an edge of the same kind: left out
+    assert cnt0.tolist() == [0, 1, 1, 2, 2, 2]
+    lists = [(succ[sptr[i]:smid[i]].tolist(), succ[smid[i]:sptr[i + 1]].tolist())
+             for i in range(6)]
+    assert lists == [([], [1, 4]), ([], [2]), ([3], [3]), ([], [4]), ([], [5, 5]), ([], [])]
+    terms = [[(int(pent[2 * k] >> 1), bool(pent[2 * k] & 1), int(pent[2 * k + 1]))
+              for k in range(pptr[i], pptr[i + 1])] for i in range(6)]
+    assert terms == [[], [(0, False, 0)], [(1, False, 5), (1, False, 7)],
+                     [(2, True, 0), (2, False, 0)], [(3, False, 0), (0, False, 0)],
+                     [(4, False, 0)]]
