@@ -1,14 +1,15 @@
 """Streaming Kineto reader: the file is decompressed block by block and its events are
 scanned by numba straight into columns (:func:`collectors._kineto_kernels.scan_events`).
 
-No Python object is made per event: the scanner writes one int64 row per event (spans of
-``name`` / ``cat``, their hashes, ``pid``/``tid``, ``ts``/``dur`` as exact integer ns, and the
-``args`` fields the reader uses), and numpy turns the rows of a block into the same column
-parts that :class:`collectors.kineto_links.EventLoop` makes. Events that need more than
-columns — collective kernels, sync events, communication annotations — are decoded one by
-one from their bytes with msgspec and kept, exactly as the general path keeps them. Events
-the scanner does not model (metadata, B/E pairs, unusual value types, duplicate or escaped
-keys) are decoded the same way and fed to the general loop, so every rule lives in one place.
+No Python object is made per event: the scanner writes one int64 row per event (the
+event's byte span, ids of its ``name`` / ``cat``, ``pid``/``tid``, ``ts``/``dur`` as exact
+integer ns, and the ``args`` fields the reader uses), and numpy turns the rows of a block
+into the same column parts that :class:`collectors.kineto_links.EventLoop` makes. Events
+that need more than columns — collective kernels, sync events, communication annotations —
+are decoded from their bytes with msgspec (one call per block for all of them) and kept,
+exactly as the general path keeps them. Events the scanner does not model (metadata, B/E
+pairs, unusual value types, duplicate or escaped keys) are decoded the same way and fed to
+the general loop, so every rule lives in one place.
 
 Only one block of text (``BLOCK_BYTES``) and one block of rows are alive at a time: peak
 memory is the columns, not the file.
