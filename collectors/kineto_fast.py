@@ -144,29 +144,12 @@ def table_bytes(t, i: int) -> bytes:
     return t[2][a: a + int(t[4][i])].tobytes()
 
 
-#: bytes of a gzip block joined to the carry before the scan goes on in the block itself
-_HEAD_BYTES = 1 << 16
-
-
-def _join(ba: bytearray, c, blk, m: int) -> bytearray:
-    """``c + blk[:m]`` at the start of ``ba`` (grown if needed, and returned)."""
-    n = len(c)
-    if n + m > len(ba):
-        ba = bytearray(n + m)
-    mv = memoryview(ba)
-    mv[:n] = c
-    mv[n: n + m] = memoryview(blk)[:m]
-    return ba
-
-
 class _Source:
     """``carry`` + the next block of the file, block by block (set ``carry`` in between).
 
-    A plain file is read into one reused buffer (no fresh 4 MB string per block). A gzip
-    block is not copied: the carry is joined to its first ``_HEAD_BYTES`` only (in the
-    reused buffer), and the rest of the block follows as a view, from where the head's
-    scan stopped. What is yielded may be a view that the next block overwrites: keep
-    copies only. Views are read-only, as ``bytes`` blocks are,
+    A plain file is read into one reused buffer (no fresh 4 MB string per block), and a
+    gzip block is joined to the carry there; what is yielded may then be a view that the
+    next block overwrites: keep copies only. Views are read-only, as ``bytes`` blocks are,
     so the scanner is compiled (and loaded from numba's cache) for one buffer type only.
     """
 
@@ -177,23 +160,18 @@ class _Source:
     def __iter__(self) -> Iterator:
         ba = bytearray(0)
         for blk in _blocks(self.path, self.on_bytes):
-            if isinstance(blk, bytes):  # gzip
+            if isinstance(blk, bytes):  # gzip: carry + block in the reused buffer too
                 c = self.carry
                 if not c:
                     yield blk
                     continue
-                h = len(blk) if len(blk) <= 2 * _HEAD_BYTES else _HEAD_BYTES
-                ba = _join(ba, c, blk, h)
-                yield memoryview(ba)[: len(c) + h].toreadonly()
-                if h == len(blk):
-                    continue
-                c = self.carry  # what the head left: a slice of blk unless one event is huge
-                if len(c) <= h:
-                    self.carry = b""
-                    yield memoryview(blk)[h - len(c):]
-                else:
-                    ba = _join(ba, c, blk[h:], len(blk) - h)
-                    yield memoryview(ba)[: len(c) + len(blk) - h].toreadonly()
+                n, m = len(c), len(blk)
+                if n + m > len(ba):
+                    ba = bytearray(n + m)
+                mv = memoryview(ba)
+                mv[:n] = c
+                mv[n: n + m] = blk
+                yield mv[: n + m].toreadonly()
                 continue
             while True:  # a plain file
                 c = self.carry
