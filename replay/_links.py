@@ -16,15 +16,16 @@ from numba import njit
 __all__: list[str] = []
 
 # float columns of a job slot
-_F_DONE, _F_RATE, _F_LAST, _F_THR, _F_T, _F_SHARE = 0, 1, 2, 3, 4, 5
-_NF = 6
+_F_DONE, _F_RATE, _F_LAST, _F_THR, _F_SHARE = 0, 1, 2, 3, 4
+_NF = 5
 # Helpers that allocate nothing are compiled without reference counting (``_nrt=False``):
 # numba otherwise increfs/decrefs every array argument at each call, which made the ~10^5
 # rate updates of a 10^6-op replay with interference cost a third of its run time.
 # int columns of a job slot (and the per-index lists that share the pool's capacity)
-_I_JOB, _I_Q, _I_POS, _I_DN, _I_DP, _I_FPOS, _I_MARK, _I_FROZEN = 0, 1, 2, 3, 4, 5, 6, 7
-_L_HEAP, _L_FLOWS, _L_CAND, _L_FREE = 8, 9, 10, 11
-_NI = 12
+# (_I_DMASK: a flow's member devices as bits ``d % 64``, a prefilter for _toggle_flows)
+_I_JOB, _I_DMASK, _I_POS, _I_DN, _I_DP, _I_FPOS, _I_MARK, _I_FROZEN = 0, 1, 2, 3, 4, 5, 6, 7
+_L_FLOWS, _L_CAND, _L_FREE = 8, 9, 10
+_NI = 11
 
 
 # ---------------------------------------------------------------------------- start heap
@@ -231,10 +232,13 @@ def _job_enter(sl, j, n, coll_ptr, coll_members, device, resource, n_compute, n_
         n_flows += 1
         a0 = j if j < n else coll_ptr[j - n]
         a1 = j + 1 if j < n else coll_ptr[j - n + 1]
+        mask = np.uint64(0)
         for k in range(a0, a1):
             d = _member_device(j, n, k, coll_members, device)
             if d >= 0:
                 dev_was[d] = n_comm[d]
+                mask |= np.uint64(1) << np.uint64(d & 63)
+        si[sl, _I_DMASK] = np.int64(mask)
         for k in range(a0, a1):
             d = _member_device(j, n, k, coll_members, device)
             if d >= 0:
@@ -442,8 +446,11 @@ def _toggle_flows(d, entered, now, n, coll_ptr, coll_members, device, n_compute,
     if entered >= 0:
         si[0, _L_CAND] = entered
         ncand = 1
+    bit = np.int64(np.uint64(1) << np.uint64(d & 63))
     for a in range(n_flows):
         f = si[a, _L_FLOWS]
+        if not (si[f, _I_DMASK] & bit):  # no member on d
+            continue
         j = si[f, _I_JOB]
         a0 = j if j < n else coll_ptr[j - n]
         a1 = j + 1 if j < n else coll_ptr[j - n + 1]
