@@ -2,10 +2,10 @@
 
 Split from :mod:`replay._fluid` (the event loop) to keep modules short. Running jobs live in
 *slots*: a float row (``sf``) and an int row (``si``) each; the int array's extra columns
-hold per-index lists (job heap, running flows, rate-update candidates, free slots) that
-share the pool's capacity. Link sharing (max-min fair bandwidth): a job's flows load the
-links of its member devices; ``link_cnt`` counts active flows per link and ``link_cap`` is
-each link's capacity share.
+hold per-index lists (running flows, rate-update candidates, free slots) that share the
+pool's capacity. The job heap keeps its keys and slots inline (``jt``, ``jq``, ``js``).
+Link sharing (max-min fair bandwidth): a job's flows load the links of its member devices;
+``link_cnt`` counts active flows per link and ``link_cap`` is each link's capacity share.
 """
 
 from __future__ import annotations
