@@ -175,6 +175,7 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
     jt = np.empty(n_jobs + 2, np.float64)
     jq = np.empty(n_jobs + 2, np.int64)
     js = np.empty(n_jobs + 2, np.uint64)
+    fscr = np.empty(n_jobs + 1, np.int64)  # scratch of _fill_shares
     nfree = 0  # free stack of released slots (si[:, _L_FREE]) ...
     nused = 0  # ... and slots never used so far
     jsize = 0
@@ -472,7 +473,7 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
                 n_flows -= 1
             if share_links and is_flow and n_flows > 0:
                 _fill_shares(n_flows, n, coll_ptr, coll_members, link, link_cnt, link_cap,
-                             sf, si)
+                             sf, si, fscr)
             seq = _rerate_cands(now, ncand, n, coll_ptr, coll_members, device, resource,
                                 n_compute, n_comm, share_compute, share_links, interference,
                                 inv, sf, si, jt, jq, js, jsize, seq)
@@ -495,7 +496,7 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
             sf[entered, _F_RATE] = -1.0  # force (re)scheduling at the computed rate
             if share_links and is_flow and n_flows > 0:
                 _fill_shares(n_flows, n, coll_ptr, coll_members, link, link_cnt, link_cap,
-                             sf, si)
+                             sf, si, fscr)
             seq = _rerate_cands(now, ncand, n, coll_ptr, coll_members, device, resource,
                                 n_compute, n_comm, share_compute, share_links, interference,
                                 inv, sf, si, jt, jq, js, jsize, seq)

@@ -323,17 +323,26 @@ def _job_leave(sl, j, n, coll_ptr, coll_members, device, resource, n_compute, n_
     return ncand
 
 
-@njit(cache=True)
-def _fill_shares(n_flows, n, coll_ptr, coll_members, link, link_cnt, link_cap, sf, si):
+@njit(cache=True, _nrt=False)
+def _fill_shares(n_flows, n, coll_ptr, coll_members, link, link_cnt, link_cap, sf, si, fl):
     """Max-min fair link shares (``sf[:, _F_SHARE]``) by progressive filling over all running
-    flows (job-id order); they change only when a flow starts or ends."""
-    ids = np.empty(n_flows, np.int64)
+    flows (job-id order); they change only when a flow starts or ends. ``fl``: scratch for
+    the flows' slots (capacity: the slot pool)."""
     for a in range(n_flows):
-        ids[a] = si[si[a, _L_FLOWS], _I_JOB]
-    o = np.argsort(ids)
-    fl = np.empty(n_flows, np.int64)
-    for a in range(n_flows):
-        fl[a] = si[o[a], _L_FLOWS]
+        fl[a] = si[a, _L_FLOWS]
+    h = 1  # by job id (unique): Shell sort in place, no allocation
+    while h < n_flows // 3:
+        h = 3 * h + 1
+    while h >= 1:
+        for a in range(h, n_flows):
+            x = fl[a]
+            xj = si[x, _I_JOB]
+            b = a
+            while b >= h and si[fl[b - h], _I_JOB] > xj:
+                fl[b] = fl[b - h]
+                b -= h
+            fl[b] = x
+        h //= 3
     for a in range(n_flows):
         s = fl[a]
         si[s, _I_FROZEN] = 0
