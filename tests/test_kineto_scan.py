@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_kineto_stream import _norm  # the same field-by-field view of a parse
 
 import collectors.kineto as kin
 import collectors.kineto_fast as kf
@@ -20,21 +21,6 @@ from collectors.errors import TraceFormatError
 from collectors.kineto import parse_kineto_file
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "kineto"
-
-
-def _norm(p) -> dict:
-    names = np.asarray(p.strings, object)
-    d: dict = {}
-    for t in ("ops", "ranges"):
-        for k, v in getattr(p, t).items():
-            d[f"{t}.{k}"] = names[v] if k == "name_id" else v
-    for t in ("edges", "memory"):
-        for k, v in getattr(p, t).items():
-            d[f"{t}.{k}"] = v
-    for k, v in p.comm.items():
-        d[f"comm.{k}"] = v
-    d.update(lanes=p.lanes, acc=p.accounting, window=p.window_ns, rank=p.rank)
-    return d
 
 
 def _same_as_general(path: Path, monkeypatch):
