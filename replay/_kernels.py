@@ -138,6 +138,43 @@ def _tpop(heap, size, key):
 
 
 @njit(cache=True)
+def _group_order(major, lo, n_groups, minor):
+    """The order of ``np.lexsort((minor, major))`` (stable: ties by index) for small
+    integer ``major`` values (``lo <= major < lo + n_groups``): a counting sort by ``major``,
+    then each group sorted by ``minor`` (a stable merge sort, skipped for a group already in
+    order, the common case: a lane's ops in op-id order are in time order)."""
+    n = major.shape[0]
+    ptr = np.zeros(n_groups + 1, np.int64)
+    for i in range(n):
+        ptr[major[i] - lo + 1] += 1
+    for g in range(n_groups):
+        ptr[g + 1] += ptr[g]
+    out = np.empty(n, np.int64)
+    cur = ptr[:n_groups].copy()
+    for i in range(n):
+        g = major[i] - lo
+        out[cur[g]] = i
+        cur[g] += 1
+    for g in range(n_groups):
+        a = ptr[g]
+        b = ptr[g + 1]
+        srt = True
+        for k in range(a + 1, b):
+            if minor[out[k]] < minor[out[k - 1]]:
+                srt = False
+                break
+        if not srt:
+            seg = out[a:b].copy()
+            key = np.empty(b - a, minor.dtype)
+            for k in range(b - a):
+                key[k] = minor[seg[k]]
+            idx = np.argsort(key, kind="mergesort")
+            for k in range(b - a):
+                out[a + k] = seg[idx[k]]
+    return out
+
+
+@njit(cache=True)
 def _layout_perm(order, coll_of, coll_ptr, members):
     """Layout position -> op id: the super-nodes in ``order``, a collective's members
     together in op-id order (``members`` sorted by collective, then op id)."""
@@ -345,6 +382,13 @@ def _to_op_order(perm, start, end, crit, base, s, e, c):
 
 
 @njit(cache=True)
+def _scale_by_class(dur, cls, factor):
+    """``dur *= factor[cls]`` in place, without the temporary per-op factor array."""
+    for i in range(dur.shape[0]):
+        dur[i] *= factor[cls[i]]
+
+
+@njit(cache=True)
 def _layout_durations(dur, perm, coll_of, ref, out):
     """A what-if's float durations (op-id order) -> int64 ns in layout order, into ``out``:
     rounded half to even (as ``np.rint``), negative values set to 0 except on collective
@@ -363,36 +407,19 @@ def _layout_durations(dur, perm, coll_of, ref, out):
 
 # ---------------------------------------------------------------------------- sweep metrics
 @njit(cache=True)
-def _metric_keys(s, e, dev, dev_rank, n_ranks, keys):
-    """Sort keys of the device ops ``dev`` for :func:`_metric_unions`: replayed start in
-    offset coordinates (rank ``r``'s ops in ``[r * off, (r + 1) * off)``), into ``keys``.
-    Returns ``off`` (``-1`` when ``n_ranks * off`` would overflow: keys left unset)."""
-    n = dev.shape[0]
-    t0 = np.iinfo(np.int64).max
-    t1 = np.iinfo(np.int64).min
-    for k in range(n):
-        i = dev[k]
-        if s[i] < t0:
-            t0 = s[i]
-        if e[i] > t1:
-            t1 = e[i]
-    off = t1 - t0 + 1
-    if n == 0 or off >= (2**62) // max(n_ranks, 1):
-        return np.int64(-1)
-    for k in range(n):
-        keys[k] = dev_rank[k] * off + (s[dev[k]] - t0)
-    return off
-
-
-@njit(cache=True)
-def _metric_unions(order, s, e, dev, dev_rank, dev_compute, other, ridx, lo, hi, both, x,
-                   has_x):
+def _metric_spans(s, e, dev, dev_ptr, dev_compute, other, ridx, lo, hi, both, x, has_x,
+                  buf_a, buf_b, buf_c):
     """Per rank (dense index): first start ``lo`` and last end ``hi`` of all its ops, and the
     union lengths of its device ops' intervals (``both``) and of its compute ops' (``x``;
-    ``has_x`` marks ranks with compute). ``order`` sorts ``dev`` by (rank, replayed start)
-    (keys of :func:`_metric_keys`); one running maximum of the ends per rank gives the union
-    length of start-sorted intervals. ``lo``/``hi``/``both``/``x``/``has_x`` come filled with
-    their neutral values."""
+    ``has_x`` marks ranks with compute), in one pass.
+
+    ``dev`` holds the device ops by rank (rank ``r``'s in ``dev[dev_ptr[r]:dev_ptr[r + 1]]``,
+    by measured start); ``s``/``e`` are the replayed times in op-id order. Each rank's block
+    is gathered into the scratch buffers (``buf_*``, at least the largest block long) and
+    sorted by replayed start: insertion sort, as a replay keeps nearly every op's place
+    (a merge sort once the moves exceed a budget); then one running maximum of the ends
+    gives the union length of start-sorted intervals (which ties' order does not change).
+    ``lo``/``hi``/``both``/``x``/``has_x`` come filled with their neutral values."""
     for k in range(other.shape[0]):
         i = other[k]
         r = ridx[i]
@@ -400,36 +427,84 @@ def _metric_unions(order, s, e, dev, dev_rank, dev_compute, other, ridx, lo, hi,
             lo[r] = s[i]
         if e[i] > hi[r]:
             hi[r] = e[i]
-    cur = -1
-    run = np.int64(0)
-    run_x = np.int64(0)
-    first_x = True
-    for k in range(order.shape[0]):
-        j = order[k]
-        i = dev[j]
-        r = dev_rank[j]
-        a = s[i]
-        b = e[i]
-        if r != cur:
-            cur = r
-            run = a
-            first_x = True
-        if a < lo[r]:
-            lo[r] = a
-        if b > hi[r]:
-            hi[r] = b
-        p = a if a > run else run
-        if b > p:
-            both[r] += b - p
-        if b > run:
-            run = b
-        if dev_compute[j]:
-            if first_x:
-                run_x = a
-                first_x = False
-                has_x[r] = True
-            p = a if a > run_x else run_x
+    for r in range(dev_ptr.shape[0] - 1):
+        k0 = dev_ptr[r]
+        m = dev_ptr[r + 1] - k0
+        if m == 0:
+            continue
+        srt = True
+        prev = np.iinfo(np.int64).min
+        l0 = lo[r]
+        h0 = hi[r]
+        for j in range(m):
+            i = dev[k0 + j]
+            a = s[i]
+            b = e[i]
+            buf_a[j] = a
+            buf_b[j] = b
+            buf_c[j] = dev_compute[k0 + j]
+            if a < prev:
+                srt = False
+            prev = a
+            if a < l0:
+                l0 = a
+            if b > h0:
+                h0 = b
+        lo[r] = l0
+        hi[r] = h0
+        if not srt:
+            budget = 32 * m + 4096
+            moves = 0
+            for j in range(1, m):
+                a = buf_a[j]
+                if a >= buf_a[j - 1]:
+                    continue
+                b = buf_b[j]
+                c = buf_c[j]
+                t = j
+                while t > 0 and buf_a[t - 1] > a:
+                    buf_a[t] = buf_a[t - 1]
+                    buf_b[t] = buf_b[t - 1]
+                    buf_c[t] = buf_c[t - 1]
+                    t -= 1
+                buf_a[t] = a
+                buf_b[t] = b
+                buf_c[t] = c
+                moves += j - t
+                if moves > budget:  # far from sorted: sort the (permuted) block outright
+                    srt = True
+                    break
+            if srt:
+                idx = np.argsort(buf_a[:m], kind="mergesort")
+                ta = buf_a[:m].copy()
+                tb = buf_b[:m].copy()
+                tc = buf_c[:m].copy()
+                for j in range(m):
+                    buf_a[j] = ta[idx[j]]
+                    buf_b[j] = tb[idx[j]]
+                    buf_c[j] = tc[idx[j]]
+        run = buf_a[0]
+        run_x = np.int64(0)
+        first_x = True
+        tot = np.int64(0)
+        tot_x = np.int64(0)
+        for j in range(m):
+            a = buf_a[j]
+            b = buf_b[j]
+            p = a if a > run else run
             if b > p:
-                x[r] += b - p
-            if b > run_x:
-                run_x = b
+                tot += b - p
+            if b > run:
+                run = b
+            if buf_c[j]:
+                if first_x:
+                    run_x = a
+                    first_x = False
+                    has_x[r] = True
+                p = a if a > run_x else run_x
+                if b > p:
+                    tot_x += b - p
+                if b > run_x:
+                    run_x = b
+        both[r] += tot
+        x[r] += tot_x

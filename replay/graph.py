@@ -44,7 +44,14 @@ from collectors.enums import EdgeKind, LaneKind, OpKind
 from collectors.errors import ReplayError
 from collectors.trace import Trace
 
-from ._kernels import _csr_by_dst, _layout_perm, _measured_ready, _node_succ, _topo_order_by_time
+from ._kernels import (
+    _csr_by_dst,
+    _group_order,
+    _layout_perm,
+    _measured_ready,
+    _node_succ,
+    _topo_order_by_time,
+)
 
 __all__ = ["ReplayGraph", "build_graph", "graph_from_arrays", "BLOCKING_CALL_PATTERN"]
 
@@ -337,7 +344,7 @@ def graph_from_arrays(*, rank, lane, kind, start_ns, dur_ns, coll_id=None, edge_
     # at a time (numba kernels build the CSRs and orders; no E-sized index temporaries).
 
     # ---- lane order (FIFO by measured start, ties by op id)
-    lo = np.lexsort((np.arange(n), s, lane))
+    lo = _lexsort_small((s, lane))
     lane_prev = np.full(n, -1, _I32)
     same = lane[lo[1:]] == lane[lo[:-1]]
     lane_prev[lo[1:][same]] = lo[:-1][same]
@@ -433,8 +440,8 @@ def graph_from_arrays(*, rank, lane, kind, start_ns, dur_ns, coll_id=None, edge_
     # ---- origin and measured release delays
     origin = np.zeros(n, _I64)
     if n:
-        ur, rinv = np.unique(rank, return_inverse=True)
-        rmin = np.full(len(ur), np.iinfo(_I64).max, _I64)
+        n_ur, rinv = _dense_inverse(rank)
+        rmin = np.full(n_ur, np.iinfo(_I64).max, _I64)
         np.minimum.at(rmin, rinv, s)
         origin = rmin[rinv]
         del rinv
@@ -459,7 +466,7 @@ def graph_from_arrays(*, rank, lane, kind, start_ns, dur_ns, coll_id=None, edge_
     device = np.full(n, -1, np.int32)
     if on_dev.any():
         key = np.asarray(device_key, _I64)[on_dev] if device_key is not None else rank[on_dev]
-        device[on_dev] = np.unique(key, return_inverse=True)[1].astype(np.int32)
+        device[on_dev] = _dense_inverse(key)[1].astype(np.int32)
         del key
     is_comm = (kind == OpKind.COLLECTIVE) | (kind == OpKind.P2P)
     resource = np.zeros(n, np.int8)
@@ -469,7 +476,7 @@ def graph_from_arrays(*, rank, lane, kind, start_ns, dur_ns, coll_id=None, edge_
     del compute_kinds, on_dev
     link = np.full(n, -1, np.int32)
     if n:
-        link[is_comm] = np.unique(rank, return_inverse=True)[1][is_comm]
+        link[is_comm] = _dense_inverse(rank)[1][is_comm]
     del is_comm
 
     # ---- lay the kernel arrays out in execution order (see ReplayGraph); each per-op
@@ -515,6 +522,38 @@ def graph_from_arrays(*, rank, lane, kind, start_ns, dur_ns, coll_id=None, edge_
         order=order, perm=perm, pos=pos, rank=rank, lane=lane,
         device=device, resource=resource, link=link, meas_start_ns=s,
         meas_dur_ns=d, ideal=bool(ideal), stats=stats, trace=trace)
+
+
+def _dense_inverse(x: np.ndarray) -> tuple[int, np.ndarray]:
+    """``len(u), inv`` of ``u, inv = np.unique(x, return_inverse=True)`` (``inv`` int64),
+    without sorting when the values span a small range (ranks, devices)."""
+    x = np.asarray(x)
+    if len(x) == 0:
+        return 0, np.zeros(0, _I64)
+    lo, hi = int(x.min()), int(x.max())
+    if hi - lo >= 4 * len(x) + 65536:
+        u, inv = np.unique(x, return_inverse=True)
+        return len(u), inv.astype(_I64, copy=False)
+    present = np.zeros(hi - lo + 1, bool)
+    off = x.astype(_I64) - lo
+    present[off] = True
+    dense = np.cumsum(present, dtype=_I64) - 1
+    return int(dense[-1]) + 1, dense[off]
+
+
+def _lexsort_small(keys: tuple) -> np.ndarray:
+    """``np.lexsort(keys)`` (int64 order) when the last (major) key holds small integers
+    (lanes, ranks): a counting sort plus per-group sorts (:func:`_group_order`)."""
+    minor, major = keys
+    major = np.asarray(major)
+    n = len(major)
+    if n == 0:
+        return np.zeros(0, _I64)
+    lo, hi = int(major.min()), int(major.max())
+    if hi - lo >= 4 * n + 65536 or major.dtype.kind not in "iu":
+        return np.lexsort(keys)
+    return _group_order(np.ascontiguousarray(major, _I64), lo, hi - lo + 1,
+                        np.ascontiguousarray(minor))
 
 
 def _node_of(n, coll_of, coll_ptr, members) -> np.ndarray:

@@ -14,11 +14,10 @@ from typing import Any
 import numpy as np
 
 from collectors.devices import device_peaks
-from collectors.errors import PolicyError
 
-from ._kernels import _metric_keys, _metric_unions
+from ._kernels import _metric_spans
 from .engine import ReplayResult
-from .graph import RES_COMPUTE
+from .graph import RES_COMPUTE, _dense_inverse, _lexsort_small
 
 __all__ = ["METRICS", "scenario_metrics"]
 
@@ -54,16 +53,17 @@ def _prepared(g) -> dict[str, Any]:
         n_ranks = int(ridx.max()) + 1 if len(ridx) else 0
     res = g.by_op(g.resource)  # kernel arrays are in layout order; results in op ids
     dev = np.flatnonzero(res > 0)
-    dev = dev[np.lexsort((g.meas_start_ns[dev], ridx[dev]))]
+    dev = dev[_lexsort_small((g.meas_start_ns[dev], ridx[dev]))]
     rd = ridx[dev]
     comp = res[dev] == RES_COMPUTE
     steps = g.trace.ops["step"].to_numpy() if g.trace is not None else np.zeros(0)
-    n_steps = int(len(np.unique(steps[steps >= 0]))) if len(steps) else 0
-    # each rank's device ops form one block in this order, and keep it when a scenario's
-    # replayed starts re-sort them within the block (the sort key is rank-major: nearly
-    # sorted already, so the scenario's stable sort is cheap)
+    n_steps = _dense_inverse(steps[steps >= 0])[0] if len(steps) else 0
+    # each rank's device ops form one block in this order (dev_ptr); a scenario's replayed
+    # starts re-sort them within the block, nearly sorted already (cheap insertion sort)
+    dev_ptr = np.searchsorted(rd, np.arange(n_ranks + 1)).astype(np.int64)
     p = {"ridx": ridx, "n_ranks": n_ranks, "dev": np.ascontiguousarray(dev, np.int64),
-         "dev_rank": np.ascontiguousarray(rd, np.int64), "dev_compute": comp,
+         "dev_ptr": dev_ptr, "max_block": int(np.diff(dev_ptr).max()) if n_ranks else 0,
+         "dev_compute": np.ascontiguousarray(comp),
          "other": np.flatnonzero(res <= 0).astype(np.int64), "n_steps": max(n_steps, 1)}
     k = id(key)
 
@@ -146,8 +146,8 @@ def scenario_metrics(result: ReplayResult) -> dict[str, Any]:
     row: dict[str, Any] = dict.fromkeys(METRICS)
     if len(s) == 0:
         return row
-    # rank spans and interval unions per rank, in one pass over the device ops sorted by
-    # (rank, replayed start) (replay._kernels._metric_unions)
+    # rank spans and interval unions per rank, in one pass over each rank's device ops
+    # (replay._kernels._metric_spans)
     lo = np.full(n_r, np.iinfo(np.int64).max, np.int64)
     hi = np.full(n_r, np.iinfo(np.int64).min, np.int64)
     dev = p["dev"]
@@ -155,17 +155,13 @@ def scenario_metrics(result: ReplayResult) -> dict[str, Any]:
     s = np.ascontiguousarray(s, np.int64)
     e = np.ascontiguousarray(e, np.int64)
     if len(dev):
-        keys = np.empty(len(dev), np.int64)
-        if _metric_keys(s, e, dev, p["dev_rank"], n_r, keys) < 0:  # pragma: no cover
-            raise PolicyError(f"replayed window x {n_r} ranks overflows the sweep metrics' "
-                              "int64 offsets (months at ns resolution); sweep a shorter "
-                              "trace window")
-        order = np.argsort(keys, kind="stable")  # nearly sorted already: cheap
         both = np.zeros(n_r, np.int64)
         x = np.zeros(n_r, np.int64)
         has_x = np.zeros(n_r, np.bool_)
-        _metric_unions(order, s, e, dev, p["dev_rank"], p["dev_compute"], p["other"],
-                       p["ridx"], lo, hi, both, x, has_x)
+        mb = p["max_block"]  # scratch per call: Dask workers may run scenarios in threads
+        _metric_spans(s, e, dev, p["dev_ptr"], p["dev_compute"], p["other"], p["ridx"], lo,
+                      hi, both, x, has_x, np.empty(mb, np.int64), np.empty(mb, np.int64),
+                      np.empty(mb, np.bool_))
     else:
         other = p["other"]
         np.minimum.at(lo, p["ridx"][other], s[other])

@@ -343,7 +343,11 @@ class WhatIfState:
             self.graph = dataclasses.replace(
                 g, lane_lag_ns=z(g.lane_lag_ns), lane_s2s=z(g.lane_s2s),
                 pred_lag_ns=z(g.pred_lag_ns), pred_s2s=z(g.pred_s2s), delay_ns=z(g.delay_ns))
-        self.dur = by_op(self.graph, "dur_ns").astype(np.float64)
+        m = self.graph.memo()  # the graph's durations as float64, op-id order (read-only)
+        d = m.get("op_dur_f64")
+        if d is None:
+            d = m["op_dur_f64"] = frozen(by_op(self.graph, "dur_ns").astype(np.float64))
+        self.dur = d.copy()
         self.phase = 2
 
     def add_edges(self, src: np.ndarray, dst: np.ndarray) -> None:
