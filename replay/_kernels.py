@@ -78,63 +78,89 @@ def _topo_order_by_time(node_of, succ_ptr, succ_dst, indeg, key):
     n = node_of.shape[0]
     order = np.empty(n, np.int32)
     heap = np.empty(n + 1, np.int32)
+    hkey = np.empty(n + 1, np.int64)  # the heap entries' keys, beside them: no indirection
     size = 0
     cnt = 0
     for i in range(n):
         if node_of[i] == i and indeg[i] == 0:
-            size = _tpush(heap, size, key, i)
+            size = _tpush(heap, hkey, size, key[i], i)
     while size > 0:
         u = heap[0]
-        size = _tpop(heap, size, key)
+        size = _tpop(heap, hkey, size)
         order[cnt] = u
         cnt += 1
         for k in range(succ_ptr[u], succ_ptr[u + 1]):
             v = succ_dst[k]
             indeg[v] -= 1
             if indeg[v] == 0:
-                size = _tpush(heap, size, key, v)
+                size = _tpush(heap, hkey, size, key[v], v)
     return order[:cnt], cnt
 
 
 @njit(cache=True)
-def _tpush(heap, size, key, x):
-    kx = key[x]
+def _tpush(heap, hkey, size, kx, x):
     i = size
     while i > 0:
         p = (i - 1) >> 1
         y = heap[p]
-        if kx < key[y] or (kx == key[y] and x < y):
+        ky = hkey[p]
+        if kx < ky or (kx == ky and x < y):
             heap[i] = y
+            hkey[i] = ky
             i = p
         else:
             break
     heap[i] = x
+    hkey[i] = kx
     return size + 1
 
 
 @njit(cache=True)
-def _tpop(heap, size, key):
+def _tpop(heap, hkey, size):
     size -= 1
     x = heap[size]
-    kx = key[x]
+    kx = hkey[size]
     i = 0
     while True:
         c = 2 * i + 1
         if c >= size:
             break
         y = heap[c]
+        ky = hkey[c]
         if c + 1 < size:
             z = heap[c + 1]
-            if key[z] < key[y] or (key[z] == key[y] and z < y):
+            kz = hkey[c + 1]
+            if kz < ky or (kz == ky and z < y):
                 c += 1
                 y = z
-        if key[y] < kx or (key[y] == kx and y < x):
+                ky = kz
+        if ky < kx or (ky == kx and y < x):
             heap[i] = y
+            hkey[i] = ky
             i = c
         else:
             break
     heap[i] = x
+    hkey[i] = kx
     return size
+
+
+@njit(cache=True)
+def _dense_codes(x, lo, span):
+    """``len(u), inv`` of ``u, inv = np.unique(x, return_inverse=True)`` for integers in
+    ``lo .. lo + span - 1``: a presence table and its running count, no sort."""
+    code = np.zeros(span, np.int64)
+    for i in range(x.shape[0]):
+        code[x[i] - lo] = 1
+    k = 0
+    for v in range(span):
+        if code[v]:
+            code[v] = k
+            k += 1
+    inv = np.empty(x.shape[0], np.int64)
+    for i in range(x.shape[0]):
+        inv[i] = code[x[i] - lo]
+    return k, inv
 
 
 @njit(cache=True)
@@ -483,28 +509,25 @@ def _metric_spans(s, e, dev, dev_ptr, dev_compute, other, ridx, lo, hi, both, x,
                     buf_a[j] = ta[idx[j]]
                     buf_b[j] = tb[idx[j]]
                     buf_c[j] = tc[idx[j]]
+        # branch-free: compute and communication ops interleave unpredictably
         run = buf_a[0]
-        run_x = np.int64(0)
-        first_x = True
+        run_x = _NEG  # no compute op yet: the first one adds its whole length
         tot = np.int64(0)
         tot_x = np.int64(0)
+        any_x = False
         for j in range(m):
             a = buf_a[j]
             b = buf_b[j]
-            p = a if a > run else run
-            if b > p:
-                tot += b - p
-            if b > run:
-                run = b
-            if buf_c[j]:
-                if first_x:
-                    run_x = a
-                    first_x = False
-                    has_x[r] = True
-                p = a if a > run_x else run_x
-                if b > p:
-                    tot_x += b - p
-                if b > run_x:
-                    run_x = b
+            p = max(a, run)
+            tot += max(b - p, 0)
+            run = max(run, b)
+            cx = buf_c[j]
+            bx = b if cx else _NEG
+            px = max(a, run_x)
+            tot_x += max(bx - px, 0)
+            run_x = max(run_x, bx)
+            any_x |= cx
+        if any_x:
+            has_x[r] = True
         both[r] += tot
         x[r] += tot_x

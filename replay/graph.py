@@ -46,6 +46,7 @@ from collectors.trace import Trace
 
 from ._kernels import (
     _csr_by_dst,
+    _dense_codes,
     _group_order,
     _layout_perm,
     _measured_ready,
@@ -534,11 +535,11 @@ def _dense_inverse(x: np.ndarray) -> tuple[int, np.ndarray]:
     if hi - lo >= 4 * len(x) + 65536:
         u, inv = np.unique(x, return_inverse=True)
         return len(u), inv.astype(_I64, copy=False)
-    present = np.zeros(hi - lo + 1, bool)
-    off = x.astype(_I64) - lo
-    present[off] = True
-    dense = np.cumsum(present, dtype=_I64) - 1
-    return int(dense[-1]) + 1, dense[off]
+    if x.dtype.kind not in "iu" or x.dtype == np.uint64:
+        u, inv = np.unique(x, return_inverse=True)
+        return len(u), inv.astype(_I64, copy=False)
+    k, inv = _dense_codes(np.ascontiguousarray(x), lo, hi - lo + 1)
+    return int(k), inv
 
 
 def _lexsort_small(keys: tuple) -> np.ndarray:

@@ -81,3 +81,36 @@ def test_scale_by_class_equals_numpy():
     ref = d * f[cls]
     _scale_by_class(d, cls, f)
     np.testing.assert_array_equal(d, ref)  # bit for bit: the same products
+
+
+@pytest.mark.parametrize("dtype", [np.int8, np.int32, np.int64, np.uint16, np.uint64])
+def test_dense_inverse_equals_np_unique(dtype):
+    from replay.graph import _dense_inverse
+
+    rng = np.random.default_rng(5)
+    for x in (np.zeros(0, dtype), rng.integers(0, 100, 2000).astype(dtype),
+              np.repeat(np.arange(7, dtype=dtype), 3)[::-1].copy()):
+        k, inv = _dense_inverse(x)
+        u, ref = np.unique(x, return_inverse=True)
+        assert k == len(u) and inv.dtype == np.int64
+        np.testing.assert_array_equal(inv, ref)
+    wide = np.asarray([-5, 3, -5, 10**12], np.int64)  # a sparse range: np.unique itself
+    assert _dense_inverse(wide)[0] == 3
+    np.testing.assert_array_equal(_dense_inverse(wide)[1], [0, 1, 0, 2])
+
+
+def test_lexsort_small_equals_np_lexsort():
+    from replay.graph import _lexsort_small
+
+    rng = np.random.default_rng(9)
+    for n, n_major, sort_minor in ((0, 1, False), (5000, 40, False), (5000, 40, True),
+                                   (3000, 3, False)):
+        major = rng.integers(3, 3 + n_major, n).astype(np.int32)
+        minor = rng.integers(0, 50, n).astype(np.int64)  # many ties: order by index
+        if sort_minor:
+            minor = np.sort(minor)
+        got = _lexsort_small((minor, major))
+        np.testing.assert_array_equal(got, np.lexsort((minor, major)))
+    far = np.asarray([10**12, 0, 10**12, 5])  # a sparse major key: np.lexsort itself
+    np.testing.assert_array_equal(_lexsort_small((np.zeros(4), far)),
+                                  np.lexsort((np.zeros(4), far)))
