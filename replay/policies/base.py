@@ -18,6 +18,7 @@ Then the engine replays the graph once. Every policy appends what it did to
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import math
@@ -231,6 +232,21 @@ class SynthSpec:
         syn = trace.meta.get("synth") if isinstance(trace.meta, dict) else None
         if not syn or not all(k in syn for k in ("model", "hardware", "parallel")):
             return None
+        # the configs parsed once per trace (frozen dataclasses, shared); each what-if gets
+        # its own parallel dict. Keyed by the meta dict too: meta edited in place re-parses.
+        memo = trace_memo(trace)
+        src = (syn["model"], syn["hardware"], syn["parallel"])
+        hit = memo.get("synth_spec")
+        if hit is not None and hit[0] == src:
+            model, hw, par = hit[1]
+            return cls(model=model, hardware=hw, parallel=dict(par))
+        spec = cls._parse(syn)
+        memo["synth_spec"] = (copy.deepcopy(src), (spec.model, spec.hardware,
+                                                   dict(spec.parallel)))
+        return spec
+
+    @classmethod
+    def _parse(cls, syn: dict[str, Any]) -> SynthSpec:
         from collectors.synth import resolve_model
         try:
             hw = hardware_from_dict(syn["hardware"])
@@ -276,12 +292,30 @@ class SynthSpec:
         return t
 
     def _key(self, step: int) -> str:
-        def plain(x):
-            return dataclasses.asdict(x) if dataclasses.is_dataclass(x) else x
-        return json.dumps([plain(self.model), plain(self.hardware), self.parallel, int(step)],
-                          sort_keys=True, default=repr)
+        # json.dumps of [model, hardware, parallel, step], the configs' parts reused while
+        # the same (frozen) config objects come back: a sweep's what-ifs share the model
+        parts = [_config_json(self.model), _config_json(self.hardware),
+                 json.dumps(self.parallel, sort_keys=True, default=repr), str(int(step))]
+        return "[" + ", ".join(parts) + "]"
 
 
+def _config_json(x: Any) -> str:
+    """``json.dumps(asdict(x))`` of a frozen config dataclass, cached for the last few
+    objects (held, so that their ids stay theirs)."""
+    hit = _CONFIG_JSON.get(id(x))
+    if hit is not None and hit[0] is x:
+        return hit[1]
+    plain = dataclasses.asdict(x) if dataclasses.is_dataclass(x) else x
+    js = json.dumps(plain, sort_keys=True, default=repr)
+    frozen_dc = dataclasses.is_dataclass(x) and x.__dataclass_params__.frozen
+    if frozen_dc:
+        while len(_CONFIG_JSON) >= 8:
+            _CONFIG_JSON.pop(next(iter(_CONFIG_JSON)))
+        _CONFIG_JSON[id(x)] = (x, js)
+    return js
+
+
+_CONFIG_JSON: dict[int, tuple[Any, str]] = {}
 _SYNTH_CACHE: dict[str, tuple[Trace, tuple]] = {}
 _SYNTH_CACHE_SIZE = 2
 
@@ -328,7 +362,11 @@ class WhatIfState:
         """End of phase 1: re-synthesize a changed synthesized run, let policies edit the
         trace's tables (``Policy.edit``), build the graph."""
         if self.synth is not None and self.synth.changed:
-            step = int(self.trace.ops["step"].min()) if self.trace.n_ops else 0
+            memo = trace_memo(self.trace)
+            step = memo.get("first_step")
+            if step is None:
+                step = memo["first_step"] = (int(self.trace.ops["step"].min())
+                                             if self.trace.n_ops else 0)
             self.trace = self.synth.synthesize(step=step)
             self.notes["resynthesized"] = True
         for p in policies or []:
