@@ -167,8 +167,9 @@ def _dense_codes(x, lo, span):
 def _group_order(major, lo, n_groups, minor):
     """The order of ``np.lexsort((minor, major))`` (stable: ties by index) for small
     integer ``major`` values (``lo <= major < lo + n_groups``): a counting sort by ``major``,
-    then each group sorted by ``minor`` (a stable merge sort, skipped for a group already in
-    order, the common case: a lane's ops in op-id order are in time order)."""
+    then each group sorted by ``minor``: skipped for a group already in order, the common
+    case (a lane's ops in op-id order are in time order), an insertion sort for a nearly
+    sorted one, a merge sort otherwise (all stable)."""
     n = major.shape[0]
     ptr = np.zeros(n_groups + 1, np.int64)
     for i in range(n):
@@ -190,14 +191,82 @@ def _group_order(major, lo, n_groups, minor):
                 srt = False
                 break
         if not srt:
-            seg = out[a:b].copy()
-            key = np.empty(b - a, minor.dtype)
-            for k in range(b - a):
-                key[k] = minor[seg[k]]
-            idx = np.argsort(key, kind="mergesort")
-            for k in range(b - a):
-                out[a + k] = seg[idx[k]]
+            m = b - a
+            key = np.empty(m, minor.dtype)
+            for k in range(m):
+                key[k] = minor[out[a + k]]
+            # nearly sorted (a few ops out of place): a stable insertion sort, until its
+            # moves exceed a budget; then a stable merge sort of what it left
+            budget = 16 * m + 1024
+            moves = 0
+            for j in range(1, m):
+                kj = key[j]
+                if kj >= key[j - 1]:
+                    continue
+                oj = out[a + j]
+                t = j
+                while t > 0 and key[t - 1] > kj:
+                    key[t] = key[t - 1]
+                    out[a + t] = out[a + t - 1]
+                    t -= 1
+                key[t] = kj
+                out[a + t] = oj
+                moves += j - t
+                if moves > budget:
+                    seg = out[a:b].copy()
+                    idx = np.argsort(key, kind="mergesort")
+                    for k in range(m):
+                        out[a + k] = seg[idx[k]]
+                    break
     return out
+
+
+@njit(cache=True)
+def _lane_links(lo, lane, start, end):
+    """Lane predecessors from ``lo`` (op ids by lane, then measured start): ``lane_prev``
+    (int32, -1 for a lane's first op), ``lane_lag`` (int64: ``min(0, start - prev end)``, or
+    ``start - prev start`` where that is negative) and ``lane_s2s`` (bool: the op overlapped
+    its predecessor, so it counts from the predecessor's start)."""
+    n = lo.shape[0]
+    prev = np.full(n, -1, np.int32)
+    lag = np.zeros(n, np.int64)
+    s2s = np.zeros(n, np.bool_)
+    for j in range(1, n):
+        i = lo[j]
+        p = lo[j - 1]
+        if lane[i] != lane[p]:
+            continue
+        prev[i] = p
+        v = start[i] - end[p]
+        if v < 0:
+            s2s[i] = True
+            lag[i] = start[i] - start[p]
+    return prev, lag, s2s
+
+
+@njit(cache=True)
+def _edge_lags(src, dst, lag, start, end, dur, node_of):
+    """Per edge: its lag clamped to the measured gap (``min(lag, start[dst] - end[src])``),
+    counted from the source's start where negative (``+ dur[src]``; ``s2s``), whether it
+    joins two super-nodes (``keep``), and how many lags the clamp lowered."""
+    m = src.shape[0]
+    out = np.empty(m, np.int64)
+    s2s = np.empty(m, np.bool_)
+    keep = np.empty(m, np.bool_)
+    clamped = 0
+    for k in range(m):
+        a = src[k]
+        b = dst[k]
+        v = start[b] - end[a]
+        if lag[k] <= v:
+            v = lag[k]
+        else:
+            clamped += 1
+        neg = v < 0
+        s2s[k] = neg
+        out[k] = v + dur[a] if neg else v
+        keep[k] = node_of[a] != node_of[b]
+    return out, s2s, keep, clamped
 
 
 @njit(cache=True)

@@ -47,7 +47,9 @@ from collectors.trace import Trace
 from ._kernels import (
     _csr_by_dst,
     _dense_codes,
+    _edge_lags,
     _group_order,
+    _lane_links,
     _layout_perm,
     _measured_ready,
     _node_succ,
@@ -345,18 +347,10 @@ def graph_from_arrays(*, rank, lane, kind, start_ns, dur_ns, coll_id=None, edge_
     # at a time (numba kernels build the CSRs and orders; no E-sized index temporaries).
 
     # ---- lane order (FIFO by measured start, ties by op id)
-    lo = _lexsort_small((s, lane))
-    lane_prev = np.full(n, -1, _I32)
-    same = lane[lo[1:]] == lane[lo[:-1]]
-    lane_prev[lo[1:][same]] = lo[:-1][same]
-    del lo, same
+    # (a measured overlap on a lane: the op did not wait for its predecessor's end; it keeps
+    # the offset from the predecessor's start instead, the same time on the measured trace)
+    lane_prev, lane_lag, lane_s2s = _lane_links(_lexsort_small((s, lane)), lane, s, end)
     has_prev = lane_prev >= 0
-    lane_lag = np.zeros(n, _I64)
-    lane_lag[has_prev] = np.minimum(0, s[has_prev] - end[lane_prev[has_prev]])
-    # measured overlap on a lane: the op did not wait for its predecessor's end; keep the
-    # offset from the predecessor's start instead (same time on the measured trace)
-    lane_s2s = lane_lag < 0
-    lane_lag[lane_s2s] = s[lane_s2s] - s[lane_prev[lane_s2s]]
     stats["lane_overlaps"] = int(lane_s2s.sum())
 
     # ---- collectives: dense index, members sorted by (collective, op id)
@@ -384,9 +378,11 @@ def graph_from_arrays(*, rank, lane, kind, start_ns, dur_ns, coll_id=None, edge_
     del bad, in_coll, has_prev
 
     # ---- edges: blocking-call waits, clamping, intra-collective drop
-    eff_lag = s[ed] - end[es]
-    np.minimum(el, eff_lag, out=eff_lag)
-    stats["edges_clamped"] = int((eff_lag < el).sum())
+    # lags clamped to the measured gap; a negative one (a kernel starting before its launch
+    # call returned) is a fixed offset from the source's start (s2s: shortening the launch
+    # call must not pull the kernel earlier); edges inside one collective are dropped (keep)
+    lag_store, s2s, keep, n_clamped = _edge_lags(es, ed, el, s, end, d, node_of)
+    stats["edges_clamped"] = int(n_clamped)
     blocking = np.zeros(n, bool) if blocking is None else np.asarray(blocking, bool)
     wait_mask = np.zeros(len(es), bool)
     if len(es):
@@ -407,14 +403,7 @@ def graph_from_arrays(*, rank, lane, kind, start_ns, dur_ns, coll_id=None, edge_
         w_lag = end[w_dst] - end[w_src]
         del last_gpu_end, ys
     stats["wait_edges"] = int(len(w_src))
-    keep = node_of[es] != node_of[ed]
     stats["intra_collective_edges"] = int(len(es) - keep.sum())
-    # a negative lag (a kernel starting before its launch call returned) is a fixed offset
-    # from the source's start: shortening the launch call must not pull the kernel earlier
-    s2s = eff_lag < 0
-    lag_store = eff_lag  # in place: d[es] + lag where counted from the source's start
-    lag_store[s2s] += d[es[s2s]]
-    del eff_lag
     stats["start_edges"] = int(s2s.sum())
     none = np.zeros(0, _I32)
     pred_ptr, pred_src, pred_lag, pred_kind, pred_s2s = _csr_by_dst(

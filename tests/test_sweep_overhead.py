@@ -104,11 +104,12 @@ def test_lexsort_small_equals_np_lexsort():
 
     rng = np.random.default_rng(9)
     for n, n_major, sort_minor in ((0, 1, False), (5000, 40, False), (5000, 40, True),
-                                   (3000, 3, False)):
+                                   (3000, 3, False), (3000, 1, True)):
         major = rng.integers(3, 3 + n_major, n).astype(np.int32)
         minor = rng.integers(0, 50, n).astype(np.int64)  # many ties: order by index
-        if sort_minor:
+        if sort_minor:  # sorted, then a few out of place: the insertion sort's case
             minor = np.sort(minor)
+            minor[rng.integers(0, n, 20)] = rng.integers(0, 50, 20)
         got = _lexsort_small((minor, major))
         np.testing.assert_array_equal(got, np.lexsort((minor, major)))
     far = np.asarray([10**12, 0, 10**12, 5])  # a sparse major key: np.lexsort itself
