@@ -17,6 +17,12 @@ every call, which cost ~30% of the run time. Its indices are unsigned (no negati
 wrap-around code), the starts due at the current time (nearly all) skip the start heap,
 and the job heap keeps its keys inline. On the 10^6-op benchmark trace (bench/sweep.py)
 with interference the kernel takes ~0.11-0.17 s CPU (was ~0.17-0.21 s).
+
+Memory traffic: the replayed order follows the layout only roughly (with interference it
+drifts by hundreds of positions on the benchmark trace), which defeats the hardware
+prefetcher: every first touch of a line of a per-op array missed, ~40% of the run time at
+10^6 ops. The release loop prefetches the per-op arrays ``_PF`` positions ahead of the ops
+it releases (:func:`replay._links._prefetch`, one line per array every 64 bytes).
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ from ._links import (
     _fill_shares,
     _job_enter,
     _job_leave,
+    _prefetch,
     _rerate_cands,
     _spush,
     _toggle_flows,
@@ -51,6 +58,8 @@ __all__: list[str] = []
 # op state bits: started, own completion known, finalized; and (set up front) is a wait
 # source, has wait sources, has start-to-start successors, collective member, other job
 _STARTED, _OWN, _FIN, _HASW, _WAITS, _S2S, _COLL, _JOB = 1, 2, 4, 8, 16, 32, 64, 128
+# prefetch distance (layout positions) ahead of the released ops
+_PF = np.uint64(1024)
 
 @njit(cache=True)
 def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev, lane_lag,
@@ -206,6 +215,8 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
     nf = U0
     nrel = U0
     ujsize = U0  # == jsize
+    un = np.uint64(n)
+    pf = U0  # per-op arrays are prefetched up to here (see the release loop)
     while ssize > 0 or ujsize > U0 or fhead < ftail:
         # next start: the heap's top if it is due now (smaller sequence numbers than the
         # FIFO's), else the FIFO's head (at the current time), else the heap's top
@@ -544,6 +555,35 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
         # ---- release the ops whose start constraints all resolved in this event (FIFO)
         for x in range(nrel):
             q = np.uint64(rel[x])
+            # prefetch the per-op arrays _PF positions ahead of the released ops (the
+            # replayed order drifts from the layout by up to hundreds of positions, which
+            # defeats the hardware prefetcher): one line per array every 64 bytes
+            top = q + _PF
+            if top > un:
+                top = un
+            while pf < top:
+                _prefetch(start, pf)
+                _prefetch(end, pf)
+                _prefetch(dur, pf)
+                _prefetch(delay, pf)
+                if not (pf & np.uint64(15)):
+                    _prefetch(cnt, pf)
+                    _prefetch(crit, pf)
+                    _prefetch(smid, pf)
+                    _prefetch(device, pf)
+                    _prefetch(coll_of, pf)
+                    _prefetch(sptr, pf + _PF)
+                    _prefetch(pptr, pf + _PF)
+                    if not (pf & np.uint64(63)):
+                        _prefetch(state, pf)
+                        _prefetch(resource, pf)
+                _prefetch(succ, np.uint64(sptr[pf]))
+                k = np.uint64(2 * pptr[pf])
+                k1 = np.uint64(2 * pptr[min(pf + np.uint64(8), un)])
+                while k < k1:
+                    _prefetch(pent, k)
+                    k += np.uint64(8)
+                pf += np.uint64(8)
             # ready time (replay._kernels._ready on relative float times; written out)
             # (the lane term first: any finite term beats -inf, as the lane term is taken
             # unconditionally there; later terms must exceed the running maximum)

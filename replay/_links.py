@@ -11,7 +11,10 @@ Link sharing (max-min fair bandwidth): a job's flows load the links of its membe
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from llvmlite import ir
+from numba import njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 __all__: list[str] = []
 
@@ -26,6 +29,34 @@ _NF = 5
 _I_JOB, _I_DMASK, _I_POS, _I_DN, _I_DP, _I_FPOS, _I_MARK, _I_FROZEN = 0, 1, 2, 3, 4, 5, 6, 7
 _L_FLOWS, _L_CAND, _L_FREE = 8, 9, 10
 _NI = 11
+
+
+# ---------------------------------------------------------------------------- prefetch
+@intrinsic
+def _prefetch(typingctx, arr, idx):
+    """Hint the CPU to load the cache line of ``arr[idx]`` (``llvm.prefetch``: no fault, no
+    result, retires at once; ``idx`` is not bounds-checked). The event loop's per-op arrays
+    are walked in layout order only roughly (the replayed order drifts from the measured
+    one by hundreds of positions), which defeats the hardware prefetcher: without this
+    every first touch of a cache line missed (~1 miss per op on 10^6 ops)."""
+    if not isinstance(arr, types.Array) or not isinstance(idx, types.Integer):
+        return None
+
+    def codegen(context, builder, signature, args):
+        aryty = signature.args[0]
+        ary = context.make_array(aryty)(context, builder, args[0])
+        ptr = cgutils.get_item_pointer(context, builder, aryty, ary, [args[1]],
+                                       wraparound=False)
+        i8p = ir.IntType(8).as_pointer()
+        i32 = ir.IntType(32)
+        fn = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]),
+            "llvm.prefetch.p0")
+        # read, high temporal locality, data cache
+        builder.call(fn, [builder.bitcast(ptr, i8p), i32(0), i32(3), i32(1)])
+        return context.get_dummy_value()
+
+    return types.void(arr, idx), codegen
 
 
 # ---------------------------------------------------------------------------- start heap
