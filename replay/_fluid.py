@@ -582,8 +582,11 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
                     _prefetch(smid, pf)
                     _prefetch(device, pf)
                     _prefetch(coll_of, pf)
-                    _prefetch(sptr, pf + _PF)
-                    _prefetch(pptr, pf + _PF)
+                    far = pf + _PF  # the lists' offsets further ahead (N + 1 entries)
+                    if far > un:
+                        far = un
+                    _prefetch(sptr, far)
+                    _prefetch(pptr, far)
                     if not (pf & np.uint64(63)):
                         _prefetch(state, pf)
                         _prefetch(resource, pf)
