@@ -36,6 +36,7 @@ from ._links import (
     _F_RATE,
     _F_THR,
     _I_DN,
+    _I_DEV,
     _I_DP,
     _I_FPOS,
     _I_JOB,
@@ -245,6 +246,7 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
         has_entered = False
         left = U0
         entered = U0
+        dv = np.int64(-1)  # device of a compute job that started (with sharing)
         i = U0
         if take_job:
             sl = js[0]
@@ -371,10 +373,14 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
                         newjob = True
                         j = n + c
                         thr0 = max(dur[csorted[a0 + coll_k[c]]], 0) * 1.0
+                        dv = -1
             elif sti & _JOB:
                 newjob = True
                 j = np.int64(i)
                 thr0 = dur[i] * 1.0
+                dv = -1
+                if sharing and resource[i] == 1:
+                    dv = np.int64(device[i])
             else:
                 end[i] = now + dur[i]
                 state[i] = sti | _OWN
@@ -393,6 +399,7 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
                     si[sl, _I_FPOS] = -1
                     si[sl, _I_MARK] = 0
                 si[sl, _I_JOB] = j
+                si[sl, _I_DEV] = dv
                 sf[sl, _F_THR] = thr0
                 sf[sl, _F_DONE] = 0.0
                 sf[sl, _F_LAST] = now
@@ -409,12 +416,11 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
         fast_enter = False
         toggled = -1  # device whose compute switched on next to running flows
         if sharing and has_entered:
-            j = si[entered, _I_JOB]
-            if j < n and resource[np.uint64(j)] == 1 and not share_compute:
+            if dv >= 0 and not share_compute:  # a compute job (dv: its device)
                 # without compute sharing, written out: the new job's own rate, and (when
                 # its device's compute switches on next to flows) the flows' (below)
                 fast_enter = True
-                d = np.uint64(device[np.uint64(j)])
+                d = np.uint64(dv)
                 sl = entered
                 if interference > 0.0 and n_compute[d] == 0 and n_comm[d] > 0:
                     toggled = np.int64(d)
@@ -470,9 +476,9 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
         jsize = np.int64(ujsize)
         fast = False
         if sharing and has_left:
-            j = si[left, _I_JOB]
-            if j < n and resource[np.uint64(j)] == 1:
-                d = np.uint64(device[np.uint64(j)])
+            dv = si[left, _I_DEV]
+            if dv >= 0:  # a compute job on device dv
+                d = np.uint64(dv)
                 # without compute sharing, written out: only flows on this device can
                 # change rate, when its compute switches off (interference)
                 fast = not share_compute

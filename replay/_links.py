@@ -25,10 +25,12 @@ _NF = 5
 # numba otherwise increfs/decrefs every array argument at each call, which made the ~10^5
 # rate updates of a 10^6-op replay with interference cost a third of its run time.
 # int columns of a job slot (and the per-index lists that share the pool's capacity)
-# (_I_DMASK: a flow's member devices as bits ``d % 64``, a prefilter for _toggle_flows)
+# (_I_DMASK: a flow's member devices as bits ``d % 64``, a prefilter for _toggle_flows;
+# _I_DEV: a compute job's device, -1 for other jobs, set when rates are shared: the event
+# loop and the scans of the running jobs read it instead of the job's op's device/resource)
 _I_JOB, _I_DMASK, _I_POS, _I_DN, _I_DP, _I_FPOS, _I_MARK, _I_FROZEN = 0, 1, 2, 3, 4, 5, 6, 7
-_L_FLOWS, _L_CAND, _L_FREE = 8, 9, 10
-_NI = 11
+_L_FLOWS, _L_CAND, _L_FREE, _I_DEV = 8, 9, 10, 11
+_NI = 12
 
 
 # ---------------------------------------------------------------------------- prefetch
@@ -218,8 +220,8 @@ def _add_flagged_compute(n, device, resource, dev_flag, si, js, jsize, ncand):
     compute jobs of the devices flagged in ``dev_flag`` (a scan of the few running jobs)."""
     for a in range(jsize):
         s = js[a]
-        j = si[s, _I_JOB]
-        if j < n and resource[j] == 1 and dev_flag[device[j]]:
+        d = si[s, _I_DEV]
+        if d >= 0 and dev_flag[d]:
             ncand = _add_cand(s, si, ncand)
     return ncand
 
