@@ -217,7 +217,8 @@ def _add_device_jobs(d, dhead, si, ncand):
 @njit(cache=True, _nrt=False)
 def _add_flagged_compute(n, device, resource, dev_flag, si, js, jsize, ncand):
     """Without compute sharing the compute jobs are in no per-device list: add the running
-    compute jobs of the devices flagged in ``dev_flag`` (a scan of the few running jobs)."""
+    compute jobs of the devices flagged in ``dev_flag`` (a scan of the few running jobs, by
+    their slots' ``_I_DEV``, set whenever rates are shared)."""
     for a in range(jsize):
         s = js[a]
         d = si[s, _I_DEV]
