@@ -141,15 +141,16 @@ def test_identity_replay_reproduces_measured_step(ddp_capture, ddp_trace):
     st = engine.replay(trace).step_times()
     assert sorted(st["rank"].tolist()) == [0, 1]
     for row in st.itertuples():
-        # bounds derived independently from the raw JSON: the rank's ops cover its
-        # ProfilerStep ranges (an async gloo all-reduce may finish after the last one ends)
-        # and lie within the span of all its complete events
+        # bounds derived independently from the raw JSON: the rank's ops span the raw
+        # operator events (cpu_op: nested ones become ranges, so a few us may differ at the
+        # edges) and lie within the span of all its complete events. (Not the ProfilerStep
+        # span: the first step can open with milliseconds of Python before its first op.)
         doc = _load(out / f"rank-{row.rank}.pt.trace.json.gz")
-        ps = [e for e in doc["traceEvents"] if str(e.get("name", "")).startswith("ProfilerStep#")]
-        steps_ns = (max(e["ts"] + e["dur"] for e in ps) - min(e["ts"] for e in ps)) * 1e3
         xs = [e for e in doc["traceEvents"] if e.get("ph") == "X" and e.get("cat") != "Trace"]
         all_ns = (max(e["ts"] + e["dur"] for e in xs) - min(e["ts"] for e in xs)) * 1e3
-        assert 0.97 * steps_ns <= row.measured_ns <= all_ns + 1e3, (row, steps_ns, all_ns)
+        cs = [e for e in xs if e.get("cat") == "cpu_op"]
+        op_ns = (max(e["ts"] + e["dur"] for e in cs) - min(e["ts"] for e in cs)) * 1e3
+        assert 0.99 * op_ns <= row.measured_ns <= all_ns + 1e3, (row, op_ns, all_ns)
         assert abs(row.replayed_ns - row.measured_ns) <= 0.03 * row.measured_ns, row
 
 
