@@ -15,6 +15,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
+from test_sweep_overhead import _union
 
 from collectors.synth import synthesize
 from replay import build_graph, simulate, whatif
@@ -165,15 +166,7 @@ def _naive_metrics(res):
         if resource[i] in (RES_COMPUTE, RES_COMM):
             d["cx"].append((s[i], e[i]))
 
-    def union(iv):
-        tot, cs, ce = 0, None, None
-        for a, b in sorted(iv):
-            if ce is None or a > ce:
-                tot += 0 if ce is None else ce - cs
-                cs, ce = a, b
-            else:
-                ce = max(ce, b)
-        return tot + (0 if ce is None else ce - cs)
+    union = _union  # the plain-Python interval union of test_sweep_overhead
 
     step = max(d["hi"] - d["lo"] for d in per.values())
     exposed = max(union(d["cx"]) - union(d["x"]) for d in per.values())
