@@ -94,7 +94,7 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
 
     ``sptr``, ``succ``, ``cnt0``, ``smid``, ``pptr``, ``pent``: the graph's successor lists
     (start-to-start links first), start-constraint counts and ready-time terms, repeated
-    links left out (:func:`replay._links._succ_lists`, built once per graph; the kernel
+    links left out (:func:`replay._succ._succ_lists`, built once per graph; the kernel
     reads them instead of ``lane_prev`` ... ``pred_s2s``).
 
     Starts ordered by (time, sequence number) wait in a heap, except those released at the
@@ -111,7 +111,7 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
     nc = coll_ptr.shape[0] - 1
     # ---- one pass over the ops (fused: each pass over 10^6 ops costs ~1-2 ns/op): the
     # per-op state flags, start-constraint counts (successors by source: sptr/succ, see
-    # _links._succ_lists, per-graph constants built once per graph), jobs, devices, links,
+    # _succ._succ_lists, per-graph constants built once per graph), jobs, devices, links,
     # roots and base
     cnt = np.empty(n, np.int32)  # unresolved start constraints; once started: unfinished waits
     state = np.empty(n, np.uint8)

@@ -31,7 +31,7 @@ from collectors.trace import Trace
 
 from ._fluid import _fluid_replay
 from ._kernels import _fast_replay, _to_op_order
-from ._links import _succ_lists
+from ._succ import _succ_lists
 from .graph import ReplayGraph, _check_durations, build_graph
 
 __all__ = ["ContentionModel", "ReplayResult", "simulate", "replay"]

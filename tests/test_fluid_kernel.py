@@ -12,7 +12,7 @@ from naive_replay import naive_fluid, random_trace
 
 from collectors.synth import synthesize
 from replay import ContentionModel, build_graph, simulate
-from replay._links import _succ_lists
+from replay._succ import _succ_lists
 
 MODELS = [ContentionModel(interference=f, share_compute=sc, share_links=sl)
           for f in (0.5, 1.0) for sc in (False, True) for sl in (False, True)]
