@@ -363,9 +363,9 @@ def _ready(i, start, end, origin, lane_prev, lane_lag, lane_s2s, pred_ptr, pred_
 
 
 @njit(cache=True)
-def _fast_replay(perm, order, coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev,
+def _fast_replay(order, coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev,
                  lane_lag, lane_s2s, pred_ptr, pred_src, pred_lag, pred_s2s, wait_ptr, wait_src,
-                 wait_lag, start, end, s_op, e_op, c_op):
+                 wait_lag, start, end, crit):
     """Longest-path list scheduling in topological order, O(N + E).
 
     An op starts at ``max(lane predecessor end + lane_lag, pred end + lag) + delay`` (its
@@ -375,12 +375,13 @@ def _fast_replay(perm, order, coll_of, coll_ptr, coll_members, dur, delay, origi
     started (time ``A``) and member ``m`` ends at ``max(start_m, A + dur_m)`` (``dur_m`` is its
     transfer tail after the last arrival).
 
-    Inputs are per layout position (``perm``: position -> op id). Fills ``s_op``, ``e_op``
-    and ``c_op`` (int64[N]) in op-id order as the ops are scheduled (no separate permutation
-    pass): start, end, and the op whose end bound the op's end (through its start or a
-    wait), ``-1`` for roots. ``start`` and ``end`` (int64[N]) are per-position scratch
-    arrays. All five are passed in, allocated by numpy: it asks the kernel for huge pages,
-    which halves the page-fault cost of a 10^7-op replay compared with numba's allocator.
+    Inputs and outputs are per layout position: fills ``start``, ``end`` (int64[N], ns) and
+    ``crit`` (int64[N]: the position of the op whose end bound the op's end, through its
+    start or a wait; ``-1`` for roots). :func:`_to_op_order_i64` maps them to op ids (the
+    engine does so only when a result's op-order arrays are first read: a sweep's row
+    metrics read the layout order directly). The outputs are passed in, allocated by numpy:
+    it asks for huge pages, which halves the page-fault cost of a 10^7-op replay compared
+    with numba's allocator.
     """
     for t in range(order.shape[0]):
         u = order[t]
@@ -413,10 +414,7 @@ def _fast_replay(perm, order, coll_of, coll_ptr, coll_members, dur, delay, origi
                         cp = wait_src[k]
             start[u] = s
             end[u] = e
-            pu = perm[u]
-            s_op[pu] = s
-            e_op[pu] = e
-            c_op[pu] = perm[cp] if cp >= 0 else -1
+            crit[u] = cp
         else:
             a = _NEG
             last = np.int64(-1)
@@ -426,14 +424,13 @@ def _fast_replay(perm, order, coll_of, coll_ptr, coll_members, dur, delay, origi
                                pred_src, pred_lag, pred_s2s)
                 s = r + delay[m]
                 start[m] = s
-                c_op[perm[m]] = cp  # a position for now, mapped below
+                crit[m] = cp  # the start's binding op, for now
                 if s > a:
                     a = s
                     last = m
             for k in range(coll_ptr[c], coll_ptr[c + 1]):
                 m = coll_members[k]
-                pm = perm[m]
-                cp = c_op[pm]
+                cp = crit[m]
                 e = start[m]
                 v = a + dur[m]
                 if v > e:
@@ -446,9 +443,7 @@ def _fast_replay(perm, order, coll_of, coll_ptr, coll_members, dur, delay, origi
                         e = v
                         cp = wait_src[j]
                 end[m] = e
-                s_op[pm] = start[m]
-                e_op[pm] = e
-                c_op[pm] = perm[cp] if cp >= 0 else -1
+                crit[m] = cp
 
 
 @njit(cache=True)
@@ -477,6 +472,17 @@ def _to_op_order(perm, start, end, crit, base, s, e, c):
 
 
 @njit(cache=True)
+def _to_op_order_i64(perm, start, end, crit, s, e, c):
+    """The fast path's per-position results (int64 ns, ``crit`` positions) in op-id order,
+    into ``s``, ``e`` and ``c``."""
+    for k in range(perm.shape[0]):
+        p = perm[k]
+        s[p] = start[k]
+        e[p] = end[k]
+        c[p] = perm[crit[k]] if crit[k] >= 0 else -1
+
+
+@njit(cache=True)
 def _scale_by_class(dur, cls, factor):
     """``dur *= factor[cls]`` in place, without the temporary per-op factor array."""
     for i in range(dur.shape[0]):
@@ -500,103 +506,24 @@ def _layout_durations(dur, perm, coll_of, ref, out):
     return changed
 
 
-# ---------------------------------------------------------------------------- sweep metrics
 @njit(cache=True)
-def _metric_spans(s, e, dev, dev_ptr, dev_compute, other, ridx, lo, hi, both, x, has_x,
-                  buf_a, buf_b, buf_c):
-    """Per rank (dense index): first start ``lo`` and last end ``hi`` of all its ops, and the
-    union lengths of its device ops' intervals (``both``) and of its compute ops' (``x``;
-    ``has_x`` marks ranks with compute), in one pass.
+def _layout_durations_scaled(ref, cls, factor, coll_of, out):
+    """:func:`_layout_durations` of the graph's own durations scaled per class, all in
+    layout order: ``out[k] = rint(float(ref[k]) * factor[cls[k]])`` (the product
+    :func:`_scale_by_class` forms in op-id order), negative values set to 0 except on
+    collective members. Returns whether ``out`` differs from ``ref``."""
+    changed = False
+    for k in range(ref.shape[0]):
+        d = np.float64(ref[k])
+        d *= factor[cls[k]]
+        v = np.int64(np.rint(d))
+        if v < 0 and coll_of[k] < 0:
+            v = np.int64(0)
+        out[k] = v
+        if v != ref[k]:
+            changed = True
+    return changed
 
-    ``dev`` holds the device ops by rank (rank ``r``'s in ``dev[dev_ptr[r]:dev_ptr[r + 1]]``,
-    by measured start); ``s``/``e`` are the replayed times in op-id order. Each rank's block
-    is gathered into the scratch buffers (``buf_*``, at least the largest block long) and
-    sorted by replayed start: insertion sort, as a replay keeps nearly every op's place
-    (a merge sort once the moves exceed a budget); then one running maximum of the ends
-    gives the union length of start-sorted intervals (which ties' order does not change).
-    ``lo``/``hi``/``both``/``x``/``has_x`` come filled with their neutral values."""
-    for k in range(other.shape[0]):
-        i = other[k]
-        r = ridx[i]
-        if s[i] < lo[r]:
-            lo[r] = s[i]
-        if e[i] > hi[r]:
-            hi[r] = e[i]
-    for r in range(dev_ptr.shape[0] - 1):
-        k0 = dev_ptr[r]
-        m = dev_ptr[r + 1] - k0
-        if m == 0:
-            continue
-        srt = True
-        prev = np.iinfo(np.int64).min
-        l0 = lo[r]
-        h0 = hi[r]
-        for j in range(m):
-            i = dev[k0 + j]
-            a = s[i]
-            b = e[i]
-            buf_a[j] = a
-            buf_b[j] = b
-            buf_c[j] = dev_compute[k0 + j]
-            if a < prev:
-                srt = False
-            prev = a
-            if a < l0:
-                l0 = a
-            if b > h0:
-                h0 = b
-        lo[r] = l0
-        hi[r] = h0
-        if not srt:
-            budget = 32 * m + 4096
-            moves = 0
-            for j in range(1, m):
-                a = buf_a[j]
-                if a >= buf_a[j - 1]:
-                    continue
-                b = buf_b[j]
-                c = buf_c[j]
-                t = j
-                while t > 0 and buf_a[t - 1] > a:
-                    buf_a[t] = buf_a[t - 1]
-                    buf_b[t] = buf_b[t - 1]
-                    buf_c[t] = buf_c[t - 1]
-                    t -= 1
-                buf_a[t] = a
-                buf_b[t] = b
-                buf_c[t] = c
-                moves += j - t
-                if moves > budget:  # far from sorted: sort the (permuted) block outright
-                    srt = True
-                    break
-            if srt:
-                idx = np.argsort(buf_a[:m], kind="mergesort")
-                ta = buf_a[:m].copy()
-                tb = buf_b[:m].copy()
-                tc = buf_c[:m].copy()
-                for j in range(m):
-                    buf_a[j] = ta[idx[j]]
-                    buf_b[j] = tb[idx[j]]
-                    buf_c[j] = tc[idx[j]]
-        # branch-free: compute and communication ops interleave unpredictably
-        run = buf_a[0]
-        run_x = _NEG  # no compute op yet: the first one adds its whole length
-        tot = np.int64(0)
-        tot_x = np.int64(0)
-        any_x = False
-        for j in range(m):
-            a = buf_a[j]
-            b = buf_b[j]
-            p = max(a, run)
-            tot += max(b - p, 0)
-            run = max(run, b)
-            cx = buf_c[j]
-            bx = b if cx else _NEG
-            px = max(a, run_x)
-            tot_x += max(bx - px, 0)
-            run_x = max(run_x, bx)
-            any_x |= cx
-        if any_x:
-            has_x[r] = True
-        both[r] += tot
-        x[r] += tot_x
+
+# sweep metrics kernels: replay._metric_kernels (re-exported for existing imports)
+from ._metric_kernels import _metric_spans, _metric_spans_layout  # noqa: E402, F401

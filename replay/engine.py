@@ -20,7 +20,7 @@ model; the engine itself knows no policy.
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -30,7 +30,7 @@ from collectors.errors import ReplayError
 from collectors.trace import Trace
 
 from ._fluid import _fluid_replay
-from ._kernels import _fast_replay, _to_op_order
+from ._kernels import _fast_replay, _to_op_order, _to_op_order_i64
 from ._succ import _succ_lists
 from .graph import ReplayGraph, _check_durations, build_graph
 
@@ -66,16 +66,87 @@ class ContentionModel:
                               "a finite number >= 0 (0 = no interference)")
 
 
-@dataclass(frozen=True, eq=False)
 class ReplayResult:
-    """Replayed start/end of every op (int64 arrays aligned with ``trace.ops`` rows)."""
+    """Replayed start/end of every op (int64 arrays aligned with ``trace.ops`` rows).
 
-    trace: Trace
-    graph: ReplayGraph
-    start_ns: np.ndarray
-    end_ns: np.ndarray
-    crit_pred: np.ndarray
-    meta: dict[str, Any] = field(default_factory=dict)
+    ``start_ns``, ``end_ns`` (int64 ns) and ``crit_pred`` (the op whose end bound the op's
+    end, ``-1`` for roots) are in op-id order. The kernels produce them per layout position;
+    they are mapped to op ids when first read (:func:`replay.sweep.scenario_metrics` reads
+    the layout order and never pays for the mapping). Read-only once built; pickles (to Dask
+    workers and back) keep whichever form the result holds.
+    """
+
+    __slots__ = ("trace", "graph", "meta", "_s", "_e", "_c", "_layout")
+
+    def __init__(self, trace: Trace, graph: ReplayGraph, start_ns: np.ndarray | None = None,
+                 end_ns: np.ndarray | None = None, crit_pred: np.ndarray | None = None,
+                 meta: dict[str, Any] | None = None, *, layout: tuple | None = None) -> None:
+        if layout is None and (start_ns is None or end_ns is None or crit_pred is None):
+            raise TypeError("ReplayResult needs start_ns, end_ns and crit_pred")
+        st = object.__setattr__
+        st(self, "trace", trace)
+        st(self, "graph", graph)
+        st(self, "meta", {} if meta is None else meta)
+        st(self, "_s", start_ns)
+        st(self, "_e", end_ns)
+        st(self, "_c", crit_pred)
+        # ("f", start f64, end f64, crit i32 positions, base ns) from the contention path,
+        # ("i", start i64, end i64, crit i64 positions, 0) from the fast path
+        st(self, "_layout", layout if start_ns is None else None)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"ReplayResult is read-only (cannot set {name!r})")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"ReplayResult is read-only (cannot delete {name!r})")
+
+    def __getstate__(self) -> tuple:
+        return (self.trace, self.graph, self.meta, self._s, self._e, self._c, self._layout)
+
+    def __setstate__(self, state: tuple) -> None:
+        for k, v in zip(self.__slots__, state, strict=True):
+            object.__setattr__(self, k, v)
+
+    def __repr__(self) -> str:
+        return (f"ReplayResult(ops={self.graph.n_ops}, mode={self.meta.get('mode')!r}, "
+                f"scenario={self.meta.get('scenario')!r})")
+
+    def _op_order(self) -> None:
+        """Map the kernels' per-position results to op ids (once)."""
+        lay = self._layout
+        if lay is None:
+            return
+        kind, start, end, crit, base = lay
+        perm = np.ascontiguousarray(self.graph.perm, np.int32)
+        n = len(perm)
+        s, e, c = np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, np.int64)
+        if kind == "f":  # rounded to int64 ns
+            _to_op_order(perm, start, end, crit, base, s, e, c)
+        else:
+            _to_op_order_i64(perm, start, end, crit, s, e, c)
+        st = object.__setattr__
+        st(self, "_s", s)
+        st(self, "_e", e)
+        st(self, "_c", c)
+        st(self, "_layout", None)
+
+    @property
+    def start_ns(self) -> np.ndarray:
+        if self._s is None:
+            self._op_order()
+        return self._s
+
+    @property
+    def end_ns(self) -> np.ndarray:
+        if self._e is None:
+            self._op_order()
+        return self._e
+
+    @property
+    def crit_pred(self) -> np.ndarray:
+        if self._c is None:
+            self._op_order()
+        return self._c
 
     @property
     def dur_ns(self) -> np.ndarray:
@@ -205,13 +276,13 @@ def _simulate_layout(graph: ReplayGraph, dur: np.ndarray, modified: bool, *, mod
               a(g.lane_lag_ns, i64), a(g.lane_s2s, np.bool_), a(g.pred_ptr, i32),
               a(g.pred_src, i32), a(g.pred_lag_ns, i64), a(g.pred_s2s, np.bool_),
               a(g.wait_ptr, i32), a(g.wait_src, i32), a(g.wait_lag_ns, i64))
-    perm = a(g.perm, i32)
     n = g.n_ops
-    # outputs allocated here: numpy asks for huge pages (fewer page faults than numba's NRT)
-    s_op, e_op, c_op = np.empty(n, i64), np.empty(n, i64), np.empty(n, i64)
-    if mode == "fast":  # results come back in op-id order
-        _fast_replay(perm, a(g.order, i32), *common, np.empty(n, i64), np.empty(n, i64), s_op,
-                     e_op, c_op)
+    # outputs allocated here: numpy asks for huge pages (fewer page faults than numba's NRT);
+    # they stay in layout order until the result's op-order arrays are read
+    if mode == "fast":
+        start, end, crit = np.empty(n, i64), np.empty(n, i64), np.empty(n, i64)
+        _fast_replay(a(g.order, i32), *common, start, end, crit)
+        layout = ("i", start, end, crit, 0)
     else:
         cm = contention or ContentionModel()
         start, end, crit = np.zeros(n), np.zeros(n), np.full(n, -1, i32)
@@ -223,14 +294,12 @@ def _simulate_layout(graph: ReplayGraph, dur: np.ndarray, modified: bool, *, mod
             raise ReplayError("contention replay could not schedule every op (a dependency "
                               "cycle the graph check missed); rebuild the graph")
         del common
-        # back from layout positions to op ids, rounded to int64 ns
-        _to_op_order(perm, start, end, crit, base, s_op, e_op, c_op)
-        del start, end, crit
+        # per-position floats relative to base: rounded to int64 ns when read
+        layout = ("f", start, end, crit, int(base))
         meta["contention"] = {"interference": cm.interference,
                               "share_compute": cm.share_compute,
                               "share_links": cm.share_links, "clamped_starts": int(clamped)}
-    return ReplayResult(trace=g.trace, graph=g, start_ns=s_op, end_ns=e_op, crit_pred=c_op,
-                        meta=meta)
+    return ReplayResult(g.trace, g, meta=meta, layout=layout)
 
 
 def _succ_of(g: ReplayGraph, common: tuple) -> tuple:

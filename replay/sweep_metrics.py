@@ -15,7 +15,7 @@ import numpy as np
 
 from collectors.devices import device_peaks
 
-from ._kernels import _metric_spans
+from ._metric_kernels import _metric_spans, _metric_spans_layout
 from .engine import ReplayResult
 from .graph import RES_COMPUTE, _dense_inverse, _lexsort_small
 
@@ -75,6 +75,27 @@ def _prepared(g) -> dict[str, Any]:
     # the resource classes (which a policy may replace)
     _PREP[k] = (weakref.ref(key, gone), p, weakref.ref(g.resource))
     return p
+
+
+def _layout_index(p: dict[str, Any], g) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per layout position of ``g``: the device op's slot in the rank blocks of the row
+    metrics (``p["dev_ptr"]``; the ops of a block in layout order; ``-1`` for ops that are
+    not device ops), the op's kind (2 device compute, 1 device communication, 0 other) and
+    its dense rank (cached in ``p`` per layout: graphs a policy derives keep their
+    ``perm``)."""
+    perm = g.perm
+    hit = p.get("layout")
+    if hit is not None and hit[0]() is perm:
+        return hit[1]
+    res = np.asarray(g.resource)
+    kind = np.where(res > 0, np.where(res == RES_COMPUTE, 2, 1), 0).astype(np.int8)
+    ridx_l = np.ascontiguousarray(p["ridx"][np.asarray(perm)], np.int64)
+    pos = np.flatnonzero(kind > 0)
+    slot = np.full(len(kind), -1, np.int32)
+    slot[pos[np.argsort(ridx_l[pos], kind="stable")]] = np.arange(len(pos), dtype=np.int32)
+    ix = (slot, kind, ridx_l)
+    p["layout"] = (weakref.ref(perm), ix)
+    return ix
 
 
 def _meta_get(result: ReplayResult, key: str) -> Any:
@@ -141,31 +162,41 @@ def scenario_metrics(result: ReplayResult) -> dict[str, Any]:
     """
     g = result.graph
     p = _prepared(g)
-    s, e = result.start_ns, result.end_ns
+    lay = result._layout
     n_r = p["n_ranks"]
     row: dict[str, Any] = dict.fromkeys(METRICS)
-    if len(s) == 0:
+    if result.graph.n_ops == 0:
         return row
-    # rank spans and interval unions per rank, in one pass over each rank's device ops
-    # (replay._kernels._metric_spans)
     lo = np.full(n_r, np.iinfo(np.int64).max, np.int64)
     hi = np.full(n_r, np.iinfo(np.int64).min, np.int64)
-    dev = p["dev"]
     x = both = None
-    s = np.ascontiguousarray(s, np.int64)
-    e = np.ascontiguousarray(e, np.int64)
-    if len(dev):
+    if len(p["dev"]):
         both = np.zeros(n_r, np.int64)
         x = np.zeros(n_r, np.int64)
         has_x = np.zeros(n_r, np.bool_)
-        mb = p["max_block"]  # scratch per call: Dask workers may run scenarios in threads
-        _metric_spans(s, e, dev, p["dev_ptr"], p["dev_compute"], p["other"], p["ridx"], lo,
-                      hi, both, x, has_x, np.empty(mb, np.int64), np.empty(mb, np.int64),
-                      np.empty(mb, np.bool_))
+    if lay is not None and len(p["dev"]):
+        # the kernels' per-position results, read in one sequential pass (never mapped to
+        # op ids; replay._metric_kernels._metric_spans_layout)
+        _, start, end, _, base = lay
+        slot, kind, ridx_l = _layout_index(p, g)
+        nd = len(p["dev"])  # scratch per call: Dask workers may run scenarios in threads
+        _metric_spans_layout(start, end, np.int64(base), slot, kind, ridx_l, p["dev_ptr"], lo,
+                             hi, both, x, has_x, np.empty(nd, np.int64),
+                             np.empty(nd, np.int64), np.empty(nd, np.bool_))
     else:
-        other = p["other"]
-        np.minimum.at(lo, p["ridx"][other], s[other])
-        np.maximum.at(hi, p["ridx"][other], e[other])
+        s = np.ascontiguousarray(result.start_ns, np.int64)
+        e = np.ascontiguousarray(result.end_ns, np.int64)
+        if x is not None:
+            # rank spans and interval unions per rank, in one pass over each rank's device
+            # ops (replay._metric_kernels._metric_spans)
+            mb = p["max_block"]
+            _metric_spans(s, e, p["dev"], p["dev_ptr"], p["dev_compute"], p["other"],
+                          p["ridx"], lo, hi, both, x, has_x, np.empty(mb, np.int64),
+                          np.empty(mb, np.int64), np.empty(mb, np.bool_))
+        else:
+            other = p["other"]
+            np.minimum.at(lo, p["ridx"][other], s[other])
+            np.maximum.at(hi, p["ridx"][other], e[other])
     span = hi - lo
     step_ns = int(span.max())
     row["step_time_ns"] = step_ns

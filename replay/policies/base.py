@@ -33,7 +33,7 @@ from collectors.enums import OpKind
 from collectors.errors import ConfigError, PolicyError
 from collectors.trace import Trace
 
-from .._kernels import _layout_durations
+from .._kernels import _layout_durations, _layout_durations_scaled, _scale_by_class
 from ..engine import ContentionModel
 from ..graph import ReplayGraph, build_graph
 
@@ -345,7 +345,10 @@ class WhatIfState:
     mode: str = "fast"
     contention: ContentionModel | None = None
     graph: ReplayGraph | None = None
-    dur: np.ndarray | None = None  # float64 per op (phase 2)
+    _dur: np.ndarray | None = None  # float64 per op (phase 2): see the ``dur`` property
+    _scale: tuple[np.ndarray, np.ndarray] | None = None  # pending (class per op, factors)
+    _base_dur: np.ndarray | None = None  # the graph's float durations (op-id order, frozen)
+    _base_of: tuple | None = None  # (perm, dur_ns) of the graph _base_dur comes from
     applied: list[dict[str, Any]] = field(default_factory=list)
     notes: dict[str, Any] = field(default_factory=dict)
     memory_delta_bytes: int = 0
@@ -385,8 +388,42 @@ class WhatIfState:
         d = m.get("op_dur_f64")
         if d is None:
             d = m["op_dur_f64"] = frozen(by_op(self.graph, "dur_ns").astype(np.float64))
-        self.dur = d.copy()
+        self._base_dur = d  # copied when a policy first reads or writes state.dur
+        self._base_of = (self.graph.perm, self.graph.dur_ns)  # the layout d comes from
+        self._dur = None
+        self._scale = None
         self.phase = 2
+
+    @property
+    def dur(self) -> np.ndarray | None:
+        """The modeled durations, float64 ns per op (op-id order; phase 2), for policies to
+        read and edit in place. Made on first use: until then the what-if's durations are
+        the graph's own, scaled per class by :meth:`scale_by_class` if asked, and
+        :meth:`layout_durations` computes them in one pass in layout order (no op-order
+        copy: what most sweep scenarios need)."""
+        if self._dur is None and self._base_dur is not None:
+            d = self._base_dur.copy()
+            if self._scale is not None:
+                cls, f = self._scale
+                _scale_by_class(d, cls, f)
+                self._scale = None
+            self._dur = d
+        return self._dur
+
+    @dur.setter
+    def dur(self, value: np.ndarray | None) -> None:
+        self._dur = value
+        self._scale = None
+
+    def scale_by_class(self, cls: np.ndarray, factor: np.ndarray) -> None:
+        """``dur *= factor[cls]`` (``cls``: a class per op, op-id order; ``factor``: float64
+        per class), deferred while nothing else has touched the durations."""
+        cls = np.ascontiguousarray(cls)
+        factor = np.ascontiguousarray(factor, np.float64)
+        if self._dur is None and self._scale is None and self._base_dur is not None:
+            self._scale = (cls, factor)
+        else:
+            _scale_by_class(self.dur, cls, factor)
 
     def add_edges(self, src: np.ndarray, dst: np.ndarray) -> None:
         """Extra start edges ``src -> dst`` (dst starts after src ends)."""
@@ -424,9 +461,23 @@ class WhatIfState:
         negative transfer tail), and whether they differ from the graph's own (``g.dur_ns``
         itself is returned when they do not)."""
         out = np.empty(g.n_ops, np.int64)
-        changed = _layout_durations(np.ascontiguousarray(self.dur, np.float64),
-                                    np.ascontiguousarray(g.perm, np.int32),
-                                    np.ascontiguousarray(g.coll_of, np.int32), g.dur_ns, out)
+        if self._dur is None and self._scale is not None and self._base_of is not None \
+                and g.perm is self._base_of[0] and g.dur_ns is self._base_of[1]:
+            # durations not materialized: the graph's own, scaled per class, computed in
+            # layout order in one pass (same float products, same rounding)
+            cls, f = self._scale
+            m = g.memo()
+            hit = m.get("class_layout")
+            if hit is None or hit[0] is not cls:
+                hit = m["class_layout"] = (cls, frozen(np.ascontiguousarray(cls[g.perm])))
+            changed = _layout_durations_scaled(g.dur_ns, hit[1], f,
+                                               np.ascontiguousarray(g.coll_of, np.int32),
+                                               out)
+        else:
+            changed = _layout_durations(np.ascontiguousarray(self.dur, np.float64),
+                                        np.ascontiguousarray(g.perm, np.int32),
+                                        np.ascontiguousarray(g.coll_of, np.int32), g.dur_ns,
+                                        out)
         return (out, True) if changed else (g.dur_ns, False)
 
     def require_phase(self, policy: str, phase: int) -> None:

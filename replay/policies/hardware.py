@@ -27,7 +27,6 @@ from collectors.enums import EdgeKind, OpKind
 from collectors.errors import ConfigError, PolicyError
 from collectors.trace import Trace
 
-from .._kernels import _scale_by_class
 from .base import Policy, WhatIfState, check_positive, frozen, layout_of, trace_memo
 
 __all__ = ["Hardware", "kernel_class", "CLASSES"]
@@ -129,11 +128,7 @@ class Hardware(Policy):
         f = self.factors()
         if self.gpu is not None and not state.is_synth:
             f = f * _roofline_ratio(state.trace, self.gpu, self.from_gpu)
-        if state.dur.flags.c_contiguous and state.dur.dtype == np.float64:
-            _scale_by_class(state.dur, np.ascontiguousarray(cls),
-                            np.ascontiguousarray(f, np.float64))
-        else:  # pragma: no cover - state.dur is always a contiguous float64 array
-            state.dur *= f[cls]
+        state.scale_by_class(cls, f)  # deferred: fused into the layout durations
         if self.host_speedup:
             _speed_up_host(state, self.host_speedup)
         if self.slow_ranks:
