@@ -93,6 +93,30 @@ def _metric_spans_layout(start, end, base, slot, kind, ridx, dev_ptr, lo, hi, bo
         x[r] += tot_x
 
 
+@njit(cache=True)
+def _block_slots(kind, ridx, dev_ptr, slot):
+    """``slot`` per layout position for :func:`_metric_spans_layout`: the device ops of rank
+    ``r`` numbered from ``dev_ptr[r]`` in layout order, ``-1`` for the other ops."""
+    fill = dev_ptr[:-1].copy()
+    for k in range(kind.shape[0]):
+        if kind[k] != 0:
+            r = ridx[k]
+            slot[k] = fill[r]
+            fill[r] += 1
+        else:
+            slot[k] = -1
+
+
+@njit(cache=True)
+def _group_spans(code, start, end, lo, hi):
+    """Per dense code (rank): first start ``lo`` and last end ``hi`` (filled with neutral
+    values by the caller)."""
+    for i in range(code.shape[0]):
+        c = code[i]
+        lo[c] = min(lo[c], start[i])
+        hi[c] = max(hi[c], end[i])
+
+
 def _ns(v, base):  # pragma: no cover - replaced by the overload below inside kernels
     return v
 

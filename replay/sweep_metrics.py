@@ -15,7 +15,7 @@ import numpy as np
 
 from collectors.devices import device_peaks
 
-from ._metric_kernels import _metric_spans, _metric_spans_layout
+from ._metric_kernels import _block_slots, _metric_spans, _metric_spans_layout
 from .engine import ReplayResult
 from .graph import RES_COMPUTE, _dense_inverse, _lexsort_small
 
@@ -90,9 +90,8 @@ def _layout_index(p: dict[str, Any], g) -> tuple[np.ndarray, np.ndarray, np.ndar
     res = np.asarray(g.resource)
     kind = np.where(res > 0, np.where(res == RES_COMPUTE, 2, 1), 0).astype(np.int8)
     ridx_l = np.ascontiguousarray(p["ridx"][np.asarray(perm)], np.int64)
-    pos = np.flatnonzero(kind > 0)
-    slot = np.full(len(kind), -1, np.int32)
-    slot[pos[np.argsort(ridx_l[pos], kind="stable")]] = np.arange(len(pos), dtype=np.int32)
+    slot = np.empty(len(kind), np.int32)
+    _block_slots(kind, ridx_l, p["dev_ptr"], slot)
     ix = (slot, kind, ridx_l)
     p["layout"] = (weakref.ref(perm), ix)
     return ix

@@ -19,7 +19,9 @@ from collectors.enums import CommOp, OpKind
 from collectors.errors import PolicyError
 from collectors.trace import Trace
 
+from ._metric_kernels import _group_spans
 from .engine import ReplayResult, _simulate_layout
+from .graph import _dense_inverse
 from .policies.base import (
     Policy,
     SynthSpec,
@@ -112,13 +114,12 @@ def _rank_span_max(trace: Trace) -> int:
     o = trace.ops
     if len(o) == 0:
         return 0
-    s = o["start_ns"].to_numpy()
-    e = s + o["dur_ns"].to_numpy()
-    _, r = np.unique(o["rank"].to_numpy(), return_inverse=True)
-    lo = np.full(int(r.max()) + 1, np.iinfo(np.int64).max, np.int64)
-    hi = np.full(len(lo), np.iinfo(np.int64).min, np.int64)
-    np.minimum.at(lo, r, s)
-    np.maximum.at(hi, r, e)
+    s = np.ascontiguousarray(o["start_ns"].to_numpy(), np.int64)
+    e = s + o["dur_ns"].to_numpy().astype(np.int64)
+    k, r = _dense_inverse(o["rank"].to_numpy())  # no sort: ranks span a small range
+    lo = np.full(k, np.iinfo(np.int64).max, np.int64)
+    hi = np.full(k, np.iinfo(np.int64).min, np.int64)
+    _group_spans(r, s, e, lo, hi)
     return int((hi - lo).max())
 
 

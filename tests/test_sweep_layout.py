@@ -12,7 +12,7 @@ import pytest
 
 from collectors.synth import synthesize
 from replay import whatif
-from replay._metric_kernels import _metric_spans_layout
+from replay._metric_kernels import _block_slots, _group_spans, _metric_spans_layout
 from replay.engine import ReplayResult
 from replay.policies.base import SynthSpec, WhatIfState
 from replay.policies.hardware import Hardware, kernel_class
@@ -152,3 +152,24 @@ def test_metric_spans_layout_matches_plain_python(disorder):
         assert x[r] == union(mine & (kind == 2))
         assert has_x[r] == bool((mine & (kind == 2)).any())
     assert both[2] == 0 and not has_x[2]
+
+
+def test_block_slots_and_group_spans_equal_numpy():
+    rng = np.random.default_rng(5)
+    n, n_r = 20_000, 6
+    ridx = rng.integers(0, n_r, n).astype(np.int64)
+    kind = rng.integers(0, 3, n).astype(np.int8)
+    pos = np.flatnonzero(kind > 0)
+    dev_ptr = np.searchsorted(np.sort(ridx[pos]), np.arange(n_r + 1)).astype(np.int64)
+    slot = np.empty(n, np.int32)
+    _block_slots(kind, ridx, dev_ptr, slot)
+    want = np.full(n, -1, np.int32)
+    want[pos[np.argsort(ridx[pos], kind="stable")]] = np.arange(len(pos))
+    np.testing.assert_array_equal(slot, want)
+    s = rng.integers(-10**12, 10**12, n)
+    e = s + rng.integers(0, 10**6, n)
+    lo = np.full(n_r, np.iinfo(np.int64).max, np.int64)
+    hi = np.full(n_r, np.iinfo(np.int64).min, np.int64)
+    _group_spans(ridx, s, e, lo, hi)
+    for r in range(n_r):
+        assert lo[r] == s[ridx == r].min() and hi[r] == e[ridx == r].max()
