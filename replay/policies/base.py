@@ -430,20 +430,28 @@ class WhatIfState:
         src = np.asarray(src, np.int64)
         dst = np.asarray(dst, np.int64)
         keep = src != dst
+        if keep.all() and not (src.flags.writeable or dst.flags.writeable):
+            # read-only (a per-graph memo, as overlap.mode = "serial" passes): kept as is, so
+            # that final_graph recognizes the edges it derived a graph from by identity
+            self._esrc.append(src)
+            self._edst.append(dst)
+            return
         self._esrc.append(src[keep])
         self._edst.append(dst[keep])
 
     def final_graph(self) -> ReplayGraph:
         g = self.graph
         if self._esrc:
-            src = np.concatenate(self._esrc)
-            dst = np.concatenate(self._edst)
+            one = len(self._esrc) == 1 and not self._esrc[0].flags.writeable
+            src = self._esrc[0] if one else np.concatenate(self._esrc)
+            dst = self._edst[0] if one else np.concatenate(self._edst)
             if len(src):
                 # the same extra edges on the same graph (a sweep's serial scenarios): the
                 # derived graph is reused (graphs are never modified in place)
                 m = g.memo()
                 hit = m.get("with_edges")
-                if hit is not None and np.array_equal(hit[0], src) and np.array_equal(hit[1], dst):
+                if hit is not None and ((hit[0] is src and hit[1] is dst) or (
+                        np.array_equal(hit[0], src) and np.array_equal(hit[1], dst))):
                     return hit[2]
                 g2 = g.with_edges(src, dst)
                 m["with_edges"] = (frozen(src), frozen(dst), g2)
