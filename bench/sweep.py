@@ -13,8 +13,11 @@ chosen to reach the size):
 * with ``--real N``: N real policy scenarios (:func:`policy_grid`, a 10 x 10 x 10 grid of
   ``hardware.compute_speedup`` x ``network.inter_node_gbps`` x overlap keys, run by the
   default ``replay.whatif``): first the CPU cost per scenario of each overlap kind (async,
-  serial, interference: best of 3, ``process_time``, in this process, caches warm) and of a
-  network setting's re-synthesis, the projected CPU of the grid, then the wall time of the
+  serial, interference: best of 3, ``process_time``, in this process, caches warm), the
+  one-off costs of a network setting (its re-synthesis and graph, its first serial
+  scenario's graph with the serializing edges, its first interference scenario's successor
+  lists; the shipped trace's own setting builds its graph), the projected CPU of the grid
+  (these one-off costs included: ~16 s of it), then the wall time of the
   whole sweep on ``--real-workers`` local processes (skip with ``--real-sample-only``) with
   the CPU its worker processes used (sampled from /proc: the wall time on a loaded machine
   says little, the CPU / workers is the wall time on idle cores). A network change on a
@@ -29,12 +32,19 @@ what a what-if that only re-times ops costs. Run on 2 cores:
 real policies: ``python bench/sweep.py --only-real --real 1000 [--real-sample-only]``
 (each worker re-synthesizes a network setting once: replay.sweep groups the scenarios by
 it and SynthSpec.synthesize reuses the run).
+
+Measured with ``--only-real --real 1000`` on 2 shared cores, the same contention kernel:
+84 s wall / 159 s worker CPU before the work around the kernel (op-order results and their
+row metrics, per-scenario duration copies), 72 s / 135 s after (results kept in layout
+order, row metrics in one sequential pass, deferred scaling). The rest is the kernel:
+~0.13 s of the ~0.14 s CPU of an interference scenario.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import pickle
 import sys
 import time
 from pathlib import Path
@@ -108,10 +118,22 @@ def real_sweep(tr, n: int, workers: int, sample_only: bool) -> None:
         "interference (+ compute + network)": {**net, "overlap.interference": 0.5},
     }
     # a network setting's first what-if re-synthesizes the run and builds its graph; each
-    # worker does that once per setting it is dealt (replay.sweep deals whole settings)
+    # worker does that once per setting it is dealt (replay.sweep deals whole settings), and
+    # the setting's first serial scenario derives a graph with the serializing edges, its
+    # first interference scenario the contention path's successor lists
     t = time.process_time()
     scenario_metrics(whatif(tr, {"network.inter_node_gbps": 25.0}))
     first = time.process_time() - t
+    firsts = {}
+    for name, sc in (("serial", {"overlap.mode": "serial"}),
+                     ("interference", {"overlap.interference": 0.5})):
+        t = time.process_time()
+        scenario_metrics(whatif(tr, {"network.inter_node_gbps": 25.0, **sc}))
+        firsts[name] = time.process_time() - t
+    # the shipped trace's own graph (the grid's 50 GB/s column: its worker builds it)
+    t = time.process_time()
+    scenario_metrics(whatif(pickle.loads(pickle.dumps(tr)), {}))
+    own = time.process_time() - t
     cost = {}
     for name, sc in kinds.items():
         c = best_of(lambda sc=sc: scenario_metrics(whatif(tr, sc)), k=3,
@@ -132,20 +154,28 @@ def real_sweep(tr, n: int, workers: int, sample_only: bool) -> None:
     cost["interference (+ compute + network)"] = float(np.mean(
         [*cs, cost["interference (+ compute + network)"]]))
     resynth = max(first - cost["async (compute + network)"], 0.0)
-    print(f"  re-synthesis of a network setting + its graph and per-trace caches (first "
-          f"what-if of it): {resynth:.2f} s CPU")
+    ser1 = max(firsts["serial"] - cost["serial overlap (+ compute + network)"], 0.0)
+    int1 = max(firsts["interference"] - cost["interference (+ compute + network)"], 0.0)
+    own = max(own - cost["async (compute + network)"], 0.0)
+    print(f"  first what-if of a network setting: re-synthesis + graph + per-trace caches "
+          f"{resynth:.2f} s CPU; first serial (graph with the serializing edges) +{ser1:.2f} s; "
+          f"first interference (successor lists) +{int1:.2f} s; the shipped trace's own setting "
+          f"(its graph, no re-synthesis) {own:.2f} s")
     scs = policy_grid(n)
     n_ser = sum(s.get("overlap.mode") == "serial" for s in scs)
     n_int = sum("overlap.interference" in s for s in scs)
     n_asy = len(scs) - n_ser - n_int
     n_net = len({s["network.inter_node_gbps"] for s in scs} - {NETWORK_GBPS[0]})
+    per_setting = resynth + ser1 + int1
     proj = (n_asy * cost["async (compute + network)"]
             + n_ser * cost["serial overlap (+ compute + network)"]
-            + n_int * cost["interference (+ compute + network)"] + n_net * resynth)
+            + n_int * cost["interference (+ compute + network)"]
+            + n_net * per_setting + own + ser1 + int1)
     print(f"  grid of {len(scs)}: {n_asy} async, {n_ser} serial, {n_int} interference "
-          f"(contention path); {n_net} network settings to re-synthesize. Projected CPU "
-          f"~{proj:.0f} s = ~{proj / workers:.0f} s wall on {workers} idle cores (+ pool "
-          f"start-up); the interference scenarios alone: "
+          f"(contention path); {n_net} network settings to re-synthesize "
+          f"({n_net * per_setting:.0f} s CPU with their first serial / interference set-up). "
+          f"Projected CPU ~{proj:.0f} s = ~{proj / workers:.0f} s wall on {workers} idle cores "
+          f"(+ pool start-up); the interference scenarios alone: "
           f"~{n_int * cost['interference (+ compute + network)'] / workers:.0f} s")
     if sample_only:
         return
