@@ -138,42 +138,37 @@ def _block_unions(buf_a, buf_b, buf_c):
     maximum of the ends gives the union length of start-sorted intervals (which ties' order
     does not change)."""
     m = buf_a.shape[0]
-    srt = True
-    for j in range(1, m):
-        if buf_a[j] < buf_a[j - 1]:
-            srt = False
+    budget = 32 * m + 4096
+    moves = 0
+    far = False
+    for j in range(1, m):  # a sorted block costs one comparison per op
+        a = buf_a[j]
+        if a >= buf_a[j - 1]:
+            continue
+        b = buf_b[j]
+        c = buf_c[j]
+        t = j
+        while t > 0 and buf_a[t - 1] > a:
+            buf_a[t] = buf_a[t - 1]
+            buf_b[t] = buf_b[t - 1]
+            buf_c[t] = buf_c[t - 1]
+            t -= 1
+        buf_a[t] = a
+        buf_b[t] = b
+        buf_c[t] = c
+        moves += j - t
+        if moves > budget:  # far from sorted: sort the (permuted) block outright
+            far = True
             break
-    if not srt:
-        budget = 32 * m + 4096
-        moves = 0
-        for j in range(1, m):
-            a = buf_a[j]
-            if a >= buf_a[j - 1]:
-                continue
-            b = buf_b[j]
-            c = buf_c[j]
-            t = j
-            while t > 0 and buf_a[t - 1] > a:
-                buf_a[t] = buf_a[t - 1]
-                buf_b[t] = buf_b[t - 1]
-                buf_c[t] = buf_c[t - 1]
-                t -= 1
-            buf_a[t] = a
-            buf_b[t] = b
-            buf_c[t] = c
-            moves += j - t
-            if moves > budget:  # far from sorted: sort the (permuted) block outright
-                srt = True
-                break
-        if srt:
-            idx = np.argsort(buf_a, kind="mergesort")
-            ta = buf_a.copy()
-            tb = buf_b.copy()
-            tc = buf_c.copy()
-            for j in range(m):
-                buf_a[j] = ta[idx[j]]
-                buf_b[j] = tb[idx[j]]
-                buf_c[j] = tc[idx[j]]
+    if far:
+        idx = np.argsort(buf_a, kind="mergesort")
+        ta = buf_a.copy()
+        tb = buf_b.copy()
+        tc = buf_c.copy()
+        for j in range(m):
+            buf_a[j] = ta[idx[j]]
+            buf_b[j] = tb[idx[j]]
+            buf_c[j] = tc[idx[j]]
     # branch-free: compute and communication ops interleave unpredictably
     run = buf_a[0]
     run_x = _NEG  # no compute op yet: the first one adds its whole length
