@@ -36,7 +36,8 @@ it and SynthSpec.synthesize reuses the run).
 Measured with ``--only-real --real 1000`` on 2 shared cores, the same contention kernel:
 84 s wall / 159 s worker CPU before the work around the kernel (op-order results and their
 row metrics, per-scenario duration copies), 72 s / 135 s after (results kept in layout
-order, row metrics in one sequential pass, deferred scaling). The rest is the kernel:
+order, row metrics in one sequential pass, deferred scaling); on a loaded machine 122 s /
+163 s before, 114 s / 143 s after. The rest is the kernel:
 ~0.13 s of the ~0.14 s CPU of an interference scenario.
 """
 
