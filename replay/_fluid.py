@@ -11,20 +11,23 @@ ready-time terms: ~12 bytes per op plus ~20 per edge) are built once per graph. 
 jobs live in *slots* (reused, so only a few are ever touched), not in per-op arrays: at any
 time only a few ops run.
 
-Speed: the event loop calls no helper that takes arrays (heap operations and the common
-rate changes are written out): numba refcounts the arrays passed to an inlined helper at
-every call, which cost ~30% of the run time. Its indices are unsigned (no negative-index
-wrap-around code), the starts due at the current time (nearly all) skip the start heap,
-and the job heap keeps its keys inline.
+Speed: the event loop calls no helper that takes arrays (the job list, the start heap and
+the common rate changes are written out): numba refcounts the arrays passed to an inlined
+helper at every call, which cost ~30% of the run time. Its indices are unsigned (no
+negative-index wrap-around code), and the starts due at the current time (nearly all) skip
+the start heap. The running jobs (~45 on the benchmark trace) are a list sorted by event
+time, the next last (:func:`replay._links._jins`): a new job's end lands behind ~10 of
+them on average, and a scan of those beat a binary heap's sifts by ~1/6 of the run time.
 
 Memory traffic: the replayed order follows the layout only roughly (with interference it
 drifts by up to ~450 positions on the benchmark trace; without, not at all), which
 defeats the hardware prefetcher: every first touch of a line of a per-op array missed,
 ~1/3 of the run time at 10^6 ops. The release loop prefetches the per-op arrays ``_PF``
 positions ahead of the ops it releases (:func:`replay._links._prefetch`, one line per
-array every 64 bytes). On the 10^6-op benchmark trace (bench/sweep.py) the kernel takes
-~100-110 ns per op with interference 0.5 (was ~150) and ~75-80 without; of the rest, the
-job heap is ~1/6, the successor counters and ready times ~1/6, the rate helpers ~1/10.
+array every 64 bytes). On the 10^6-op benchmark trace (bench/sweep.py, grid scenarios with
+interference) the kernel takes ~90 ns per op (binary heap: ~105-110; before prefetching
+~150); by perf samples the job list is ~1/6 of it, starting jobs ~1/7, finalizing and
+releasing ops ~1/5, the rate helpers ~1/6.
 """
 
 from __future__ import annotations
@@ -192,12 +195,12 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
     # the event loop, and numba then refcounts them at every iteration: ~40% slower.)
     sf = np.empty((n_jobs + 1, _NF), np.float64)
     si = np.empty((n_jobs + 1, _NI), np.int64)
-    # the job heap: keys (event time, sequence) and slots inline by heap position, ordered
-    # by key; si[slot, _I_POS] is a slot's position (-1: not running). One spare entry for
-    # the +inf sentinel that makes the child choice branch-free.
+    # the running jobs by event key (time, sequence), decreasing, the next event last
+    # (replay._links._jins): times `jt` and slots `js` (a key's sequence number is the
+    # newest when it is inserted: the list's order among equal times is theirs);
+    # si[slot, _I_POS] >= 0 while the slot runs a job
     jt = np.empty(n_jobs + 2, np.float64)
-    jq = np.empty(n_jobs + 2, np.int64)
-    js = np.empty(n_jobs + 2, np.uint64)
+    js = np.empty(n_jobs + 2, np.int64)
     fscr = np.empty(n_jobs + 1, np.int64)  # scratch of _fill_shares
     nfree = 0  # free stack of released slots (si[:, _L_FREE]) ...
     nused = 0  # ... and slots never used so far
@@ -235,15 +238,16 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
         # FIFO's), else the FIFO's head (at the current time), else the heap's top
         from_heap = ssize > 0 and (fhead == ftail or ht[0] <= now)
         if from_heap:
-            take_job = ujsize > U0 and jt[0] <= ht[0]
+            take_job = ujsize > U0 and jt[ujsize - U1] <= ht[0]
         elif fhead < ftail:
-            take_job = ujsize > U0 and jt[0] <= now
+            take_job = ujsize > U0 and jt[ujsize - U1] <= now
         else:
             take_job = True
         nf = U0
         nrel = U0
-        sift_root = False  # restore the job heap: the root re-keyed or removed (down) ...
-        sift_new = False  # ... or a new entry at the end (up)
+        ins = False  # insert slot `us` with event time `ut` into the job list
+        us = np.int64(0)
+        ut = 0.0
         has_left = False  # a job ended (slot `left`) / started (slot `entered`)
         has_entered = False
         left = U0
@@ -251,9 +255,10 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
         dv = np.int64(-1)  # device of a compute job that started (with sharing)
         i = U0
         if take_job:
-            sl = js[0]
+            ujsize -= U1  # the next job event leaves the list (put back if it goes on)
+            sl = np.uint64(js[ujsize])
             j = si[sl, _I_JOB]
-            now = jt[0]
+            now = jt[ujsize]
             if j < n:
                 uj = np.uint64(j)
                 end[uj] = now
@@ -282,18 +287,12 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
                 if not members_done:
                     m = csorted[a0 + coll_k[c]]
                     sf[sl, _F_THR] = max(dur[m], 0) * 1.0
-                    jt[0] = now + (sf[sl, _F_THR] - sf[sl, _F_DONE]) / sf[sl, _F_RATE]
-                    jq[0] = seq
+                    ut = now + (sf[sl, _F_THR] - sf[sl, _F_DONE]) / sf[sl, _F_RATE]
                     seq += 1
-                    sift_root = True
-            if members_done:  # remove sl (the root) from the job heap
+                    ins = True
+                    us = np.int64(sl)
+            if members_done:  # the slot stops
                 si[sl, _I_POS] = -1
-                ujsize -= U1
-                if ujsize > U0:  # the last entry goes to the root
-                    jt[0] = jt[ujsize]
-                    jq[0] = jq[ujsize]
-                    js[0] = js[ujsize]
-                    sift_root = True
                 left = sl
                 has_left = True
         elif not from_heap:
@@ -406,13 +405,11 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
                 sf[sl, _F_DONE] = 0.0
                 sf[sl, _F_LAST] = now
                 sf[sl, _F_RATE] = 1.0
-                jt[ujsize] = now + thr0
-                jq[ujsize] = seq
+                ut = now + thr0
                 seq += 1
-                si[sl, _I_POS] = ujsize
-                js[ujsize] = sl
-                ujsize += U1
-                sift_new = True
+                si[sl, _I_POS] = 0
+                ins = True
+                us = np.int64(sl)
                 entered = sl
                 has_entered = True
         fast_enter = False
@@ -430,51 +427,20 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
                 if toggled < 0:
                     r = inv if interference > 0.0 and n_comm[d] > 0 else 1.0
                     # as _rerate_cands would: the rate changes from "unset" to r; the job
-                    # heap is restored below
+                    # list entry is placed below
                     sf[sl, _F_RATE] = r
-                    jt[ujsize - U1] = now + sf[sl, _F_THR] / r
-        if sift_root or sift_new:  # restore the job heap (written out, see above)
-            if sift_root:  # the root's key grew: its hole goes down to a leaf (the smaller
-                # child moves up, chosen without branches: a +inf sentinel past the end)
-                h = U0
-                tx = jt[0]
-                qx = jq[0]
-                x = js[0]
-                jt[ujsize] = np.inf
-                c = U1
-                while c < ujsize:
-                    t0 = jt[c]
-                    t1 = jt[c + U1]
-                    if (t1 < t0) | ((t1 == t0) & (jq[c + U1] < jq[c])):
-                        c += U1
-                    jt[h] = jt[c]
-                    jq[h] = jq[c]
-                    y = js[c]
-                    js[h] = y
-                    si[y, _I_POS] = h
-                    h = c
-                    c = h + h + U1
-            else:  # a new entry at the end
-                h = ujsize - U1
-                tx = jt[h]
-                qx = jq[h]
-                x = js[h]
-            while h > U0:  # then up
-                p = (h - U1) >> U1
-                ty = jt[p]
-                if (tx < ty) | ((tx == ty) & (qx < jq[p])):
-                    jt[h] = ty
-                    jq[h] = jq[p]
-                    y = js[p]
-                    js[h] = y
-                    si[y, _I_POS] = h
-                    h = p
-                else:
-                    break
-            jt[h] = tx
-            jq[h] = qx
-            js[h] = x
-            si[x, _I_POS] = h
+                    ut = now + sf[sl, _F_THR] / r
+        if ins:  # place the key by a scan from the end (the next events): _links._jins,
+            # written out (numba refcounts the arrays passed to an inlined helper per call);
+            # its sequence number is the newest, so it goes before every equal time
+            jj = ujsize
+            while jj > U0 and jt[jj - U1] <= ut:
+                jt[jj] = jt[jj - U1]
+                js[jj] = js[jj - U1]
+                jj -= U1
+            jt[jj] = ut
+            js[jj] = us
+            ujsize += U1
         jsize = np.int64(ujsize)
         fast = False
         if sharing and has_left:
@@ -490,14 +456,14 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
                     if interference > 0.0 and nc_d == 0 and n_comm[d] > 0:
                         seq = _toggle_flows(np.int64(d), -1, now, n, coll_ptr, coll_members,
                                             device, n_compute, share_links, inv, sf, si, jt,
-                                            jq, js, n_flows, jsize, seq)
+                                            js, n_flows, jsize, seq)
         if sharing and has_left and not fast:  # no sharing: every rate stays 1
             lf = np.int64(left)
             j = si[left, _I_JOB]
             is_flow = not (j < n and resource[j] == 1)
             ncand = _job_leave(lf, j, n, coll_ptr, coll_members, device, resource, n_compute,
-                               n_comm, dhead, si, n_flows, dev_flag, js, jsize, share_compute,
-                               share_links, interference)
+                               n_comm, dhead, si, n_flows, dev_flag, js, jsize,
+                               share_compute, share_links, interference)
             if is_flow:
                 n_flows -= 1
             if share_links and is_flow and n_flows > 0:
@@ -505,13 +471,13 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
                              sf, si, fscr)
             seq = _rerate_cands(now, ncand, n, coll_ptr, coll_members, device, resource,
                                 n_compute, n_comm, share_compute, share_links, interference,
-                                inv, sf, si, jt, jq, js, jsize, seq)
+                                inv, sf, si, jt, js, jsize, seq)
         if has_left:
             si[nfree, _L_FREE] = left
             nfree += 1
         if toggled >= 0:
             seq = _toggle_flows(toggled, np.int64(entered), now, n, coll_ptr, coll_members,
-                                device, n_compute, share_links, inv, sf, si, jt, jq, js,
+                                device, n_compute, share_links, inv, sf, si, jt, js,
                                 n_flows, jsize, seq)
         if sharing and has_entered and not fast_enter:
             en = np.int64(entered)
@@ -528,7 +494,7 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
                              sf, si, fscr)
             seq = _rerate_cands(now, ncand, n, coll_ptr, coll_members, device, resource,
                                 n_compute, n_comm, share_compute, share_links, interference,
-                                inv, sf, si, jt, jq, js, jsize, seq)
+                                inv, sf, si, jt, js, jsize, seq)
         # ---- finalize ops whose end is known; resolve their successors
         while nf > U0:
             nf -= U1

@@ -3,7 +3,8 @@
 Split from :mod:`replay._fluid` (the event loop) to keep modules short. Running jobs live in
 *slots*: a float row (``sf``) and an int row (``si``) each; the int array's extra columns
 hold per-index lists (running flows, rate-update candidates, free slots) that share the
-pool's capacity. The job heap keeps its keys and slots inline (``jt``, ``jq``, ``js``).
+pool's capacity. The running jobs are in a list sorted by event key (``jt``, ``js``,
+see :func:`_jins`).
 Link sharing (max-min fair bandwidth): a job's flows load the links of its member devices;
 ``link_cnt`` counts active flows per link and ``link_cap`` is each link's capacity share.
 """
@@ -23,9 +24,13 @@ _F_DONE, _F_RATE, _F_LAST, _F_THR, _F_SHARE = 0, 1, 2, 3, 4
 _NF = 5
 # Helpers that allocate nothing are compiled without reference counting (``_nrt=False``):
 # numba otherwise increfs/decrefs every array argument at each call, which made the ~10^5
-# rate updates of a 10^6-op replay with interference cost a third of its run time.
+# rate updates of a 10^6-op replay with interference cost a third of its run time. The
+# small ones they call are inlined (``inline="always"``; only ever called from helpers
+# without reference counting): a call passes each array as ~7 values, which cost more
+# than their bodies.
 # int columns of a job slot (and the per-index lists that share the pool's capacity)
-# (_I_DMASK: a flow's member devices as bits ``d % 64``, a prefilter for _toggle_flows;
+# (_I_POS: >= 0 while the slot runs a job, -1 otherwise;
+# _I_DMASK: a flow's member devices as bits ``d % 64``, a prefilter for _toggle_flows;
 # _I_DEV: a compute job's device, -1 for other jobs, set when rates are shared: the event
 # loop and the scans of the running jobs read it instead of the job's op's device/resource)
 _I_JOB, _I_DMASK, _I_POS, _I_DN, _I_DP, _I_FPOS, _I_MARK, _I_FROZEN = 0, 1, 2, 3, 4, 5, 6, 7
@@ -81,56 +86,44 @@ def _spush(ht, hq, hi, size, t, q, x):
     return size + 1
 
 
-# ---------------------------------------------------------------------------- job heap
-# entries (key time ``jt``, key sequence ``jq``, slot ``js``) inline by heap position, ordered
-# by (time, sequence); si[s, _I_POS] is slot s's position. Helpers that take arrays never
-# call other helpers with arrays: numba would refcount the arrays at every nested inlined
-# call (~30% of the run time).
+# ---------------------------------------------------------------------------- job list
+# The running jobs, sorted by event key (time, sequence) in decreasing order, the next event
+# last: times ``jt`` and slots ``js``. A key's sequence number is the newest when it is
+# inserted (every key is made then), so the list's order among equal times is the
+# sequence order and only times are compared. A new key is placed by a scan from the end: on the benchmark trace ~10 of the ~45 running jobs end
+# before a new one, so a few moves beat a binary heap's sifts, which mispredict at most
+# levels (pop + push: ~35 vs ~60 ns in isolation) and must track each slot's position.
+# Taking the next event is dropping the last entry. Rate changes (rare) find their slot by
+# a scan. Helpers that take arrays never call other helpers with arrays: numba would
+# refcount the arrays at every nested inlined call (~30% of the run time).
 @njit(cache=True, inline="always")
-def _jsift(jt, jq, js, si, size, i):
-    """Restore the heap around position ``i`` (its key changed)."""
-    tx = jt[i]
-    qx = jq[i]
-    x = js[i]
-    moved = False
-    while i > 0:  # up
-        p = (i - 1) >> 1
-        ty = jt[p]
-        if tx < ty or (tx == ty and qx < jq[p]):
-            jt[i] = ty
-            jq[i] = jq[p]
-            y = js[p]
-            js[i] = y
-            si[y, _I_POS] = i
-            i = p
-            moved = True
-        else:
-            break
-    if not moved:
-        while True:  # down
-            c = 2 * i + 1
-            if c >= size:
-                break
-            if c + 1 < size and (jt[c + 1] < jt[c] or (jt[c + 1] == jt[c]
-                                                        and jq[c + 1] < jq[c])):
-                c += 1
-            ty = jt[c]
-            if ty < tx or (ty == tx and jq[c] < qx):
-                jt[i] = ty
-                jq[i] = jq[c]
-                y = js[c]
-                js[i] = y
-                si[y, _I_POS] = i
-                i = c
-            else:
-                break
-    jt[i] = tx
-    jq[i] = qx
-    js[i] = x
-    si[x, _I_POS] = i
+def _jins(jt, js, size, t, s):
+    """Insert slot ``s`` with event time ``t`` (and the newest sequence number) into
+    ``jt/js[:size]``: before every entry of time ``t``. Returns the new size."""
+    j = size
+    while j > 0 and jt[j - 1] <= t:
+        jt[j] = jt[j - 1]
+        js[j] = js[j - 1]
+        j -= 1
+    jt[j] = t
+    js[j] = s
+    return size + 1
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, inline="always")
+def _jrekey(jt, js, size, s, t):
+    """Give running slot ``s`` the event time ``t`` (and the newest sequence number): find
+    it, close its gap, re-insert."""
+    p = size - 1
+    while js[p] != s:
+        p -= 1
+    for i in range(p, size - 1):
+        jt[i] = jt[i + 1]
+        js[i] = js[i + 1]
+    _jins(jt, js, size - 1, t, s)
+
+
+@njit(cache=True, inline="always")
 def _links_add(j, n, coll_ptr, coll_members, link, link_cnt, link_cap, delta):
     if j < n:
         if link[j] >= 0:
@@ -145,7 +138,7 @@ def _links_add(j, n, coll_ptr, coll_members, link, link_cnt, link_cap, delta):
             link_cap[lk] = 1.0
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, inline="always")
 def _flow_share(j, n, coll_ptr, coll_members, link, link_cnt, link_cap):
     """Bottleneck fair share of flow ``j``: min over its links of capacity left / flows."""
     best = np.inf
@@ -164,7 +157,7 @@ def _flow_share(j, n, coll_ptr, coll_members, link, link_cnt, link_cap):
     return best
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, inline="always")
 def _links_freeze(j, n, coll_ptr, coll_members, link, link_cnt, link_cap, rate):
     if j < n:
         lk = link[j]
@@ -180,7 +173,7 @@ def _links_freeze(j, n, coll_ptr, coll_members, link, link_cnt, link_cap, rate):
             link_cap[lk] -= rate
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, inline="always")
 def _links_reset(j, n, coll_ptr, coll_members, link, link_cnt, link_cap):
     if j < n:
         if link[j] >= 0:
@@ -196,7 +189,7 @@ def _links_reset(j, n, coll_ptr, coll_members, link, link_cnt, link_cap):
 
 
 # ---------------------------------------------------------------------------- sharing
-@njit(cache=True, _nrt=False)
+@njit(cache=True, inline="always")
 def _add_cand(s, si, ncand):
     if si[s, _I_MARK] == 0:
         si[s, _I_MARK] = 1
@@ -205,7 +198,7 @@ def _add_cand(s, si, ncand):
     return ncand
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, inline="always")
 def _add_device_jobs(d, dhead, si, ncand):
     s = dhead[d]
     while s >= 0:
@@ -214,7 +207,7 @@ def _add_device_jobs(d, dhead, si, ncand):
     return ncand
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, inline="always")
 def _add_flagged_compute(n, device, resource, dev_flag, si, js, jsize, ncand):
     """Without compute sharing the compute jobs are in no per-device list: add the running
     compute jobs of the devices flagged in ``dev_flag`` (a scan of the few running jobs, by
@@ -227,14 +220,14 @@ def _add_flagged_compute(n, device, resource, dev_flag, si, js, jsize, ncand):
     return ncand
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, inline="always")
 def _add_flows(si, n_flows, ncand):
     for a in range(n_flows):
         ncand = _add_cand(si[a, _L_FLOWS], si, ncand)
     return ncand
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, inline="always")
 def _member_device(j, n, k, coll_members, device):
     return device[j] if j < n else device[coll_members[k]]
 
@@ -301,7 +294,8 @@ def _job_enter(sl, j, n, coll_ptr, coll_members, device, resource, n_compute, n_
 
 @njit(cache=True, _nrt=False)
 def _job_leave(sl, j, n, coll_ptr, coll_members, device, resource, n_compute, n_comm, dhead,
-               si, n_flows, dev_flag, js, jsize, share_compute, share_links, interference):
+               si, n_flows, dev_flag, js, jsize, share_compute, share_links,
+               interference):
     """Unregister finished job ``j`` (slot ``sl``); collect the slots whose rate may change
     (compute jobs without compute sharing: see :func:`_job_enter`)."""
     ncand = 0
@@ -413,8 +407,7 @@ def _fill_shares(n_flows, n, coll_ptr, coll_members, link, link_cnt, link_cap, s
 
 @njit(cache=True, _nrt=False)
 def _rerate_cands(now, ncand, n, coll_ptr, coll_members, device, resource, n_compute, n_comm,
-                  share_compute, share_links, interference, inv, sf, si, jt, jq, js, jsize,
-                  seq):
+                  share_compute, share_links, interference, inv, sf, si, jt, js, jsize, seq):
     """Re-evaluate the rates of the candidate slots (link shares already set by
     :func:`_fill_shares`), in job-id order (so that sequence numbers do not depend on
     bookkeeping order); reschedule those whose rate changed.
@@ -456,15 +449,12 @@ def _rerate_cands(now, ncand, n, coll_ptr, coll_members, device, resource, n_com
             rem = sf[s, _F_THR] - sf[s, _F_DONE]
             if rem < 0.0:
                 rem = 0.0
-            h = si[s, _I_POS]
-            jt[h] = now + rem / r
-            jq[h] = seq
+            _jrekey(jt, js, jsize, s, now + rem / r)
             seq += 1
-            _jsift(jt, jq, js, si, jsize, h)
     return seq
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, inline="always")
 def _touches_compute(j, n, coll_ptr, coll_members, device, n_compute):
     if j < n:
         return device[j] >= 0 and n_compute[device[j]] > 0
@@ -478,7 +468,7 @@ def _touches_compute(j, n, coll_ptr, coll_members, device, n_compute):
 
 @njit(cache=True, _nrt=False)
 def _toggle_flows(d, entered, now, n, coll_ptr, coll_members, device, n_compute, share_links,
-                  inv, sf, si, jt, jq, js, n_flows, jsize, seq):
+                  inv, sf, si, jt, js, n_flows, jsize, seq):
     """Device ``d``'s compute just switched on or off (``n_compute[d]`` already updated)
     while flows run on it, without compute sharing: rescale the flows whose interference
     status flipped (a member on ``d`` and none on another computing device), and set the
@@ -535,9 +525,6 @@ def _toggle_flows(d, entered, now, n, coll_ptr, coll_members, device, n_compute,
             rem = sf[s, _F_THR] - sf[s, _F_DONE]
             if rem < 0.0:
                 rem = 0.0
-            h = si[s, _I_POS]
-            jt[h] = now + rem / r
-            jq[h] = seq
+            _jrekey(jt, js, jsize, s, now + rem / r)
             seq += 1
-            _jsift(jt, jq, js, si, jsize, h)
     return seq
