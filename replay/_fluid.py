@@ -15,9 +15,10 @@ Speed: the event loop calls no helper that takes arrays (the job list, the start
 the common rate changes are written out): numba refcounts the arrays passed to an inlined
 helper at every call, which cost ~30% of the run time. Its indices are unsigned (no
 negative-index wrap-around code), and the starts due at the current time (nearly all) skip
-the start heap. The running jobs (~45 on the benchmark trace) are a list sorted by event
-time, the next last (:func:`replay._links._jins`): a new job's end lands behind ~10 of
-them on average, and a scan of those beat a binary heap's sifts by ~1/6 of the run time.
+the start heap. The running jobs are a list sorted by event time, the next last, while
+few run and rates are not shared (on the benchmark trace ~20, at most 35: a new job's end
+lands behind ~10 of them, and a scan of those beat a binary heap's sifts by ~1/6 of the
+run time), else a binary heap (replay._links, "job queue").
 
 Memory traffic: the replayed order follows the layout only roughly (with interference it
 drifts by up to ~450 positions on the benchmark trace; without, not at all), which
@@ -48,11 +49,13 @@ from ._links import (
     _I_MARK,
     _I_POS,
     _L_FREE,
+    _LMAX,
     _NF,
     _NI,
     _fill_shares,
     _job_enter,
     _job_leave,
+    _jto_heap,
     _prefetch,
     _rerate_cands,
     _spush,
@@ -195,12 +198,15 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
     # the event loop, and numba then refcounts them at every iteration: ~40% slower.)
     sf = np.empty((n_jobs + 1, _NF), np.float64)
     si = np.empty((n_jobs + 1, _NI), np.int64)
-    # the running jobs by event key (time, sequence), decreasing, the next event last
-    # (replay._links._jins): times `jt` and slots `js` (a key's sequence number is the
-    # newest when it is inserted: the list's order among equal times is theirs);
-    # si[slot, _I_POS] >= 0 while the slot runs a job
+    # the running jobs by event key (time, sequence) (replay._links, "job queue"): a list in
+    # decreasing order, the next event last (times `jt`, slots `js`), or, when rates are
+    # shared or more than _LMAX jobs run, a heap (`jq`: sequence numbers; si[slot, _I_POS]
+    # a slot's position). si[slot, _I_POS] >= 0 while the slot runs a job. One spare entry
+    # for the heap's +inf sentinel that makes its child choice branch-free.
     jt = np.empty(n_jobs + 2, np.float64)
+    jq = np.empty(n_jobs + 2, np.int64)
     js = np.empty(n_jobs + 2, np.int64)
+    hmode = share_compute or share_links
     fscr = np.empty(n_jobs + 1, np.int64)  # scratch of _fill_shares
     nfree = 0  # free stack of released slots (si[:, _L_FREE]) ...
     nused = 0  # ... and slots never used so far
@@ -237,17 +243,20 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
         # next start: the heap's top if it is due now (smaller sequence numbers than the
         # FIFO's), else the FIFO's head (at the current time), else the heap's top
         from_heap = ssize > 0 and (fhead == ftail or ht[0] <= now)
+        if ujsize > U0:
+            tnext = jt[0] if hmode else jt[ujsize - U1]  # the next job event
         if from_heap:
-            take_job = ujsize > U0 and jt[ujsize - U1] <= ht[0]
+            take_job = ujsize > U0 and tnext <= ht[0]
         elif fhead < ftail:
-            take_job = ujsize > U0 and jt[ujsize - U1] <= now
+            take_job = ujsize > U0 and tnext <= now
         else:
             take_job = True
         nf = U0
         nrel = U0
-        ins = False  # insert slot `us` with event time `ut` into the job list
+        ins = False  # (re)insert slot `us` with key (`ut`, `uq`) into the job queue
         us = np.int64(0)
         ut = 0.0
+        uq = np.int64(0)
         has_left = False  # a job ended (slot `left`) / started (slot `entered`)
         has_entered = False
         left = U0
@@ -255,10 +264,13 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
         dv = np.int64(-1)  # device of a compute job that started (with sharing)
         i = U0
         if take_job:
-            ujsize -= U1  # the next job event leaves the list (put back if it goes on)
-            sl = np.uint64(js[ujsize])
+            if hmode:  # the root (removed or re-keyed below)
+                sl = np.uint64(js[0])
+            else:  # the last entry leaves the list (put back if the job goes on)
+                ujsize -= U1
+                sl = np.uint64(js[ujsize])
             j = si[sl, _I_JOB]
-            now = jt[ujsize]
+            now = tnext
             if j < n:
                 uj = np.uint64(j)
                 end[uj] = now
@@ -288,6 +300,7 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
                     m = csorted[a0 + coll_k[c]]
                     sf[sl, _F_THR] = max(dur[m], 0) * 1.0
                     ut = now + (sf[sl, _F_THR] - sf[sl, _F_DONE]) / sf[sl, _F_RATE]
+                    uq = seq
                     seq += 1
                     ins = True
                     us = np.int64(sl)
@@ -406,6 +419,7 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
                 sf[sl, _F_LAST] = now
                 sf[sl, _F_RATE] = 1.0
                 ut = now + thr0
+                uq = seq
                 seq += 1
                 si[sl, _I_POS] = 0
                 ins = True
@@ -430,7 +444,70 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
                     # list entry is placed below
                     sf[sl, _F_RATE] = r
                     ut = now + sf[sl, _F_THR] / r
-        if ins:  # place the key by a scan from the end (the next events): _links._jins,
+        if hmode:  # restore the heap (written out, see above)
+            sift_root = False  # the root re-keyed or removed (down) ...
+            sift_new = False  # ... or a new entry at the end (up)
+            if take_job:
+                if ins:
+                    jt[0] = ut
+                    jq[0] = uq
+                    sift_root = True
+                else:  # the root's job ended: the last entry goes to the root
+                    ujsize -= U1
+                    if ujsize > U0:
+                        jt[0] = jt[ujsize]
+                        jq[0] = jq[ujsize]
+                        js[0] = js[ujsize]
+                        sift_root = True
+            elif ins:
+                jt[ujsize] = ut
+                jq[ujsize] = uq
+                js[ujsize] = us
+                ujsize += U1
+                sift_new = True
+            if sift_root or sift_new:
+                if sift_root:  # the root's key grew: its hole goes down to a leaf (the
+                    # smaller child moves up, chosen without branches: a +inf sentinel)
+                    h = U0
+                    tx = jt[0]
+                    qx = jq[0]
+                    x = js[0]
+                    jt[ujsize] = np.inf
+                    c = U1
+                    while c < ujsize:
+                        t0 = jt[c]
+                        t1 = jt[c + U1]
+                        if (t1 < t0) | ((t1 == t0) & (jq[c + U1] < jq[c])):
+                            c += U1
+                        jt[h] = jt[c]
+                        jq[h] = jq[c]
+                        y = js[c]
+                        js[h] = y
+                        si[y, _I_POS] = h
+                        h = c
+                        c = h + h + U1
+                else:  # a new entry at the end
+                    h = ujsize - U1
+                    tx = jt[h]
+                    qx = jq[h]
+                    x = js[h]
+                while h > U0:  # then up
+                    p = (h - U1) >> U1
+                    ty = jt[p]
+                    if (tx < ty) | ((tx == ty) & (qx < jq[p])):
+                        jt[h] = ty
+                        jq[h] = jq[p]
+                        y = js[p]
+                        js[h] = y
+                        si[y, _I_POS] = h
+                        h = p
+                    else:
+                        break
+                jt[h] = tx
+                jq[h] = qx
+                js[h] = x
+                si[x, _I_POS] = h
+        elif ins:  # place the key by a scan from the end (the next events): _links._jins,
             # written out (numba refcounts the arrays passed to an inlined helper per call);
             # its sequence number is the newest, so it goes before every equal time
             jj = ujsize
@@ -441,6 +518,9 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
             jt[jj] = ut
             js[jj] = us
             ujsize += U1
+            if ujsize > _LMAX:  # too many running jobs for a list: a heap from now on
+                _jto_heap(jt, jq, js, si, np.int64(ujsize), seq)
+                hmode = True
         jsize = np.int64(ujsize)
         fast = False
         if sharing and has_left:
@@ -456,7 +536,7 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
                     if interference > 0.0 and nc_d == 0 and n_comm[d] > 0:
                         seq = _toggle_flows(np.int64(d), -1, now, n, coll_ptr, coll_members,
                                             device, n_compute, share_links, inv, sf, si, jt,
-                                            js, n_flows, jsize, seq)
+                                            jq, js, n_flows, jsize, hmode, seq)
         if sharing and has_left and not fast:  # no sharing: every rate stays 1
             lf = np.int64(left)
             j = si[left, _I_JOB]
@@ -471,14 +551,14 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
                              sf, si, fscr)
             seq = _rerate_cands(now, ncand, n, coll_ptr, coll_members, device, resource,
                                 n_compute, n_comm, share_compute, share_links, interference,
-                                inv, sf, si, jt, js, jsize, seq)
+                                inv, sf, si, jt, jq, js, jsize, hmode, seq)
         if has_left:
             si[nfree, _L_FREE] = left
             nfree += 1
         if toggled >= 0:
             seq = _toggle_flows(toggled, np.int64(entered), now, n, coll_ptr, coll_members,
-                                device, n_compute, share_links, inv, sf, si, jt, js,
-                                n_flows, jsize, seq)
+                                device, n_compute, share_links, inv, sf, si, jt, jq, js,
+                                n_flows, jsize, hmode, seq)
         if sharing and has_entered and not fast_enter:
             en = np.int64(entered)
             j = si[entered, _I_JOB]
@@ -494,7 +574,7 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
                              sf, si, fscr)
             seq = _rerate_cands(now, ncand, n, coll_ptr, coll_members, device, resource,
                                 n_compute, n_comm, share_compute, share_links, interference,
-                                inv, sf, si, jt, js, jsize, seq)
+                                inv, sf, si, jt, jq, js, jsize, hmode, seq)
         # ---- finalize ops whose end is known; resolve their successors
         while nf > U0:
             nf -= U1

@@ -86,16 +86,100 @@ def _spush(ht, hq, hi, size, t, q, x):
     return size + 1
 
 
-# ---------------------------------------------------------------------------- job list
-# The running jobs, sorted by event key (time, sequence) in decreasing order, the next event
-# last: times ``jt`` and slots ``js``. A key's sequence number is the newest when it is
-# inserted (every key is made then), so the list's order among equal times is the
-# sequence order and only times are compared. A new key is placed by a scan from the end: on the benchmark trace ~10 of the ~45 running jobs end
-# before a new one, so a few moves beat a binary heap's sifts, which mispredict at most
-# levels (pop + push: ~35 vs ~60 ns in isolation) and must track each slot's position.
-# Taking the next event is dropping the last entry. Rate changes (rare) find their slot by
-# a scan. Helpers that take arrays never call other helpers with arrays: numba would
-# refcount the arrays at every nested inlined call (~30% of the run time).
+# ---------------------------------------------------------------------------- job queue
+# The running jobs ordered by event key (time, sequence), in one of two forms (the kernel's
+# ``hmode``):
+# * a list sorted in decreasing order, the next event last: times ``jt`` and slots ``js``.
+#   A key's sequence number is the newest when it is inserted (every key is made then), so
+#   the list's order among equal times is the sequence order and only times are compared.
+#   A new key is placed by a scan from the end: on the benchmark trace (~20 running jobs,
+#   at most 35) a new end lands behind ~10 of them, and these few moves beat a binary
+#   heap's sifts, which mispredict at most levels (kernel ~105 -> ~88 ns per op). Its cost
+#   grows with the number of running jobs, and a rate change finds its slot by a scan.
+# * a binary heap (``jt``, ``jq`` the sequence numbers, ``js``), si[s, _I_POS] slot s's
+#   position: from the start when rates are shared (every flow start/end re-keys all
+#   flows), and once more than ``_LMAX`` jobs run (:func:`_jto_heap`).
+# The inlined helpers that take arrays are only called from helpers compiled without
+# reference counting: numba would refcount the arrays at every inlined call (~30% of the
+# run time); the event loop has them written out.
+_LMAX = 64
+
+
+@njit(cache=True, inline="always")
+def _jsift(jt, jq, js, si, size, i):
+    """Restore the heap around position ``i`` (its key changed)."""
+    tx = jt[i]
+    qx = jq[i]
+    x = js[i]
+    moved = False
+    while i > 0:  # up
+        p = (i - 1) >> 1
+        ty = jt[p]
+        if tx < ty or (tx == ty and qx < jq[p]):
+            jt[i] = ty
+            jq[i] = jq[p]
+            y = js[p]
+            js[i] = y
+            si[y, _I_POS] = i
+            i = p
+            moved = True
+        else:
+            break
+    if not moved:
+        while True:  # down
+            c = 2 * i + 1
+            if c >= size:
+                break
+            if c + 1 < size and (jt[c + 1] < jt[c] or (jt[c + 1] == jt[c]
+                                                        and jq[c + 1] < jq[c])):
+                c += 1
+            ty = jt[c]
+            if ty < tx or (ty == tx and jq[c] < qx):
+                jt[i] = ty
+                jq[i] = jq[c]
+                y = js[c]
+                js[i] = y
+                si[y, _I_POS] = i
+                i = c
+            else:
+                break
+    jt[i] = tx
+    jq[i] = qx
+    js[i] = x
+    si[x, _I_POS] = i
+
+
+@njit(cache=True, _nrt=False)
+def _jto_heap(jt, jq, js, si, size, seq):
+    """Turn the sorted list into the heap: reversed, it is in increasing order, which is a
+    heap; the sequence numbers keep the list's order below ``seq`` (later keys get larger
+    ones)."""
+    for a in range(size // 2):
+        b = size - 1 - a
+        t = jt[a]
+        jt[a] = jt[b]
+        jt[b] = t
+        x = js[a]
+        js[a] = js[b]
+        js[b] = x
+    for a in range(size):
+        jq[a] = seq - size + a
+        si[js[a], _I_POS] = a
+
+
+@njit(cache=True, inline="always")
+def _jkey(jt, jq, js, si, size, hmode, s, t, q):
+    """Give running slot ``s`` the key ``(t, q)`` (``q`` the newest sequence number) in
+    either form of the queue."""
+    if hmode:
+        h = si[s, _I_POS]
+        jt[h] = t
+        jq[h] = q
+        _jsift(jt, jq, js, si, size, h)
+    else:
+        _jrekey(jt, js, size, s, t)
+
+
 @njit(cache=True, inline="always")
 def _jins(jt, js, size, t, s):
     """Insert slot ``s`` with event time ``t`` (and the newest sequence number) into
@@ -407,7 +491,8 @@ def _fill_shares(n_flows, n, coll_ptr, coll_members, link, link_cnt, link_cap, s
 
 @njit(cache=True, _nrt=False)
 def _rerate_cands(now, ncand, n, coll_ptr, coll_members, device, resource, n_compute, n_comm,
-                  share_compute, share_links, interference, inv, sf, si, jt, js, jsize, seq):
+                  share_compute, share_links, interference, inv, sf, si, jt, jq, js, jsize,
+                  hmode, seq):
     """Re-evaluate the rates of the candidate slots (link shares already set by
     :func:`_fill_shares`), in job-id order (so that sequence numbers do not depend on
     bookkeeping order); reschedule those whose rate changed.
@@ -449,7 +534,7 @@ def _rerate_cands(now, ncand, n, coll_ptr, coll_members, device, resource, n_com
             rem = sf[s, _F_THR] - sf[s, _F_DONE]
             if rem < 0.0:
                 rem = 0.0
-            _jrekey(jt, js, jsize, s, now + rem / r)
+            _jkey(jt, jq, js, si, jsize, hmode, s, now + rem / r, seq)
             seq += 1
     return seq
 
@@ -468,7 +553,7 @@ def _touches_compute(j, n, coll_ptr, coll_members, device, n_compute):
 
 @njit(cache=True, _nrt=False)
 def _toggle_flows(d, entered, now, n, coll_ptr, coll_members, device, n_compute, share_links,
-                  inv, sf, si, jt, js, n_flows, jsize, seq):
+                  inv, sf, si, jt, jq, js, n_flows, jsize, hmode, seq):
     """Device ``d``'s compute just switched on or off (``n_compute[d]`` already updated)
     while flows run on it, without compute sharing: rescale the flows whose interference
     status flipped (a member on ``d`` and none on another computing device), and set the
@@ -525,6 +610,6 @@ def _toggle_flows(d, entered, now, n, coll_ptr, coll_members, device, n_compute,
             rem = sf[s, _F_THR] - sf[s, _F_DONE]
             if rem < 0.0:
                 rem = 0.0
-            _jrekey(jt, js, jsize, s, now + rem / r)
+            _jkey(jt, jq, js, si, jsize, hmode, s, now + rem / r, seq)
             seq += 1
     return seq

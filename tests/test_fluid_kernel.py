@@ -87,3 +87,46 @@ def test_constraint_lists_leave_out_only_repeated_lane_links():
     assert terms == [[], [(0, False, 0)], [(1, False, 5), (1, False, 7)],
                      [(2, True, 0), (2, False, 0)], [(3, False, 0), (0, False, 0)],
                      [(4, False, 0)]]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_job_list_turns_into_a_heap_past_its_limit(seed):
+    """Without rate sharing the running jobs start as a sorted list and become a heap once
+    more than _LMAX of them run (replay._links, "job queue"): the switch keeps the order
+    (ties included) and the heap form matches the reference too."""
+    from replay._links import _LMAX
+
+    tr = random_trace(100 + seed, n_ranks=32, steps=3, gpu_lanes=3, p_coll=0.5, p_p2p=0.3,
+                      p_sync=0.1)
+    g = build_graph(tr)
+    d = _coarse(g, 5_000)
+    for cm in (MODELS[0], MODELS[4]):  # interference 0.5 / 1.0, no sharing: list first
+        r = _same_as_reference(g, d, cm)
+    # the switch happened: more than _LMAX single-op jobs ran at once
+    res = g.by_op(g.resource)
+    job = (res > 0) & (g.by_op(g.coll_of) < 0) & (r.end_ns > r.start_ns)
+    t = np.concatenate([r.start_ns[job], r.end_ns[job]])
+    step = np.concatenate([np.ones(job.sum(), np.int64), -np.ones(job.sum(), np.int64)])
+    o = np.lexsort((step, t))  # ends before starts at equal times
+    assert np.cumsum(step[o]).max() > _LMAX
+
+
+def test_job_list_to_heap_keeps_the_event_order():
+    """The list -> heap switch (replay._links._jto_heap): positions, heap order and the
+    order of equal times (the list's: the oldest key next) are kept, below the sequence
+    numbers keys get later."""
+    from replay._links import _I_POS, _NI, _jto_heap
+
+    rng = np.random.default_rng(3)
+    size, seq = 101, 5_000
+    t = np.sort(rng.integers(0, 12, size).astype(np.float64))[::-1].copy()  # many ties
+    js = rng.permutation(size).astype(np.int64)
+    next_first = js[::-1].copy()  # the list's events, next first: from its end
+    jt, jq, si = t.copy(), np.empty(size + 2, np.int64), np.full((size, _NI), -7, np.int64)
+    _jto_heap(jt, jq, js, si, size, seq)
+    assert (jq[:size] < seq).all() and np.unique(jq[:size]).size == size
+    np.testing.assert_array_equal(si[js, _I_POS], np.arange(size))
+    for c in range(1, size):  # (time, sequence) heap order
+        p = (c - 1) // 2
+        assert (jt[p], jq[p]) < (jt[c], jq[c])
+    np.testing.assert_array_equal(js[np.lexsort((jq[:size], jt))], next_first)
