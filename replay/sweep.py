@@ -202,6 +202,11 @@ def _run_in_worker(i: int, scenario: dict[str, Any]) -> dict[str, Any]:
 
 def _run_on_dask(trace: Trace, run: ScenarioFn | None, i: int,
                  scenario: dict[str, Any]) -> dict[str, Any]:
+    if not _WORKER.get("dask_malloc"):  # once per worker process (as the local pool does):
+        # a Dask nanny starts its workers with MALLOC_TRIM_THRESHOLD_=65536, so every freed
+        # per-op array went back to the OS and the next scenario page-faulted it in again
+        _keep_freed_memory()
+        _WORKER["dask_malloc"] = True
     return _evaluate(trace, run, i, scenario)
 
 
