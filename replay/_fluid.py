@@ -70,7 +70,7 @@ _STARTED, _OWN, _FIN, _HASW, _WAITS, _S2S, _COLL, _JOB = 1, 2, 4, 8, 16, 32, 64,
 # prefetch distance (layout positions) ahead of the released ops
 _PF = np.uint64(1024)
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev, lane_lag,
                   lane_s2s, pred_ptr, pred_src, pred_lag, pred_s2s, wait_ptr, wait_src,
                   wait_lag, device, resource, link, interference, share_compute, share_links,

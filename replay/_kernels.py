@@ -362,7 +362,7 @@ def _ready(i, start, end, origin, lane_prev, lane_lag, lane_s2s, pred_ptr, pred_
     return ready, crit
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _fast_replay(order, coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev,
                  lane_lag, lane_s2s, pred_ptr, pred_src, pred_lag, pred_s2s, wait_ptr, wait_src,
                  wait_lag, start, end, crit):
@@ -459,7 +459,7 @@ def _measured_ready(start, end, origin, lane_prev, lane_lag, lane_s2s, pred_ptr,
     return out
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _to_op_order(perm, start, end, crit, base, s, e, c):
     """Per-position float results (relative to ``base``) -> int64 ns in op-id order, rounded,
     into ``s``, ``e`` and ``c`` (``crit`` values mapped to op ids too)."""
@@ -471,7 +471,7 @@ def _to_op_order(perm, start, end, crit, base, s, e, c):
         c[p] = perm[crit[k]] if crit[k] >= 0 else -1
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _to_op_order_i64(perm, start, end, crit, s, e, c):
     """The fast path's per-position results (int64 ns, ``crit`` positions) in op-id order,
     into ``s``, ``e`` and ``c``."""
@@ -506,7 +506,7 @@ def _layout_durations(dur, perm, coll_of, ref, out):
     return changed
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _layout_durations_scaled(ref, cls, factor, coll_of, out):
     """:func:`_layout_durations` of the graph's own durations scaled per class, all in
     layout order: ``out[k] = rint(float(ref[k]) * factor[cls[k]])`` (the product

@@ -56,7 +56,7 @@ def _metric_spans(s, e, dev, dev_ptr, dev_compute, other, ridx, lo, hi, both, x,
         x[r] += tot_x
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _metric_spans_layout(start, end, base, slot, kind, ridx, dev_ptr, lo, hi, both, x, has_x,
                          buf_a, buf_b, buf_c):
     """:func:`_metric_spans` on a replay's per-position results, in one sequential pass over
