@@ -42,12 +42,14 @@ from ._links import (
     _F_RATE,
     _F_THR,
     _I_DEV,
+    _I_DMASK,
     _I_DN,
     _I_DP,
     _I_FPOS,
     _I_JOB,
     _I_MARK,
     _I_POS,
+    _L_FLOWS,
     _L_FREE,
     _LMAX,
     _NF,
@@ -190,6 +192,8 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
     link_cap = np.zeros(nlink, np.float64)
     link_cnt = np.zeros(nlink, np.int64)
     sharing = share_compute or share_links or interference > 0.0
+    # devices computing (bit d, d < 64; kept without compute sharing), for the toggle test
+    cmask = np.int64(0)
     inv = 1.0 / (1.0 + interference)
     # ---- job slots and event lists. Their capacity is the worst case (every job running,
     # every op released at once), but np.empty only reserves address space: pages are
@@ -238,6 +242,7 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
     nrel = U0
     ujsize = U0  # == jsize
     un = np.uint64(n)
+    U64 = np.uint64(64)
     pf = U0  # per-op arrays are prefetched up to here (see the release loop)
     while ssize > 0 or ujsize > U0 or fhead < ftail:
         # next start: the heap's top if it is due now (smaller sequence numbers than the
@@ -435,8 +440,11 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
                 fast_enter = True
                 d = np.uint64(dv)
                 sl = entered
-                if interference > 0.0 and n_compute[d] == 0 and n_comm[d] > 0:
-                    toggled = np.int64(d)
+                if n_compute[d] == 0:
+                    if interference > 0.0 and n_comm[d] > 0:
+                        toggled = np.int64(d)
+                    if d < U64:
+                        cmask |= np.int64(1) << np.int64(d)
                 n_compute[d] += 1
                 if toggled < 0:
                     r = inv if interference > 0.0 and n_comm[d] > 0 else 1.0
@@ -533,10 +541,26 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
                 if fast:
                     nc_d = n_compute[d] - 1
                     n_compute[d] = nc_d
+                    if nc_d == 0 and d < U64:
+                        cmask &= ~(np.int64(1) << np.int64(d))
                     if interference > 0.0 and nc_d == 0 and n_comm[d] > 0:
-                        seq = _toggle_flows(np.int64(d), -1, now, n, coll_ptr, coll_members,
-                                            device, n_compute, share_links, inv, sf, si, jt,
-                                            jq, js, n_flows, jsize, hmode, seq)
+                        # a flow on d speeds up only if no other member device computes
+                        # (_toggle_flows' test; exact by the member masks with <= 64
+                        # devices): most often another one does (symmetric TP ranks), and
+                        # the call (each array passed as ~7 values) is skipped
+                        flip = ndev > 64
+                        if not flip:
+                            bit = np.int64(1) << np.int64(d)
+                            for a in range(n_flows):
+                                mf = si[si[a, _L_FLOWS], _I_DMASK]
+                                if (mf & bit) != 0 and (mf & cmask) == 0:
+                                    flip = True
+                                    break
+                        if flip:
+                            seq = _toggle_flows(np.int64(d), -1, now, n, coll_ptr,
+                                                coll_members, device, n_compute, share_links,
+                                                inv, sf, si, jt, jq, js, n_flows, jsize,
+                                                hmode, seq)
         if sharing and has_left and not fast:  # no sharing: every rate stays 1
             lf = np.int64(left)
             j = si[left, _I_JOB]
