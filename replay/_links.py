@@ -3,10 +3,15 @@
 Split from :mod:`replay._fluid` (the event loop) to keep modules short. Running jobs live in
 *slots*: a float row (``sf``) and an int row (``si``) each; the int array's extra columns
 hold per-index lists (running flows, rate-update candidates, free slots) that share the
-pool's capacity. The running jobs are in a list sorted by event key (``jt``, ``js``,
-see :func:`_jins`).
+pool's capacity. The running jobs are ordered by event key in a sorted list or a heap
+(see "job queue" below).
 Link sharing (max-min fair bandwidth): a job's flows load the links of its member devices;
 ``link_cnt`` counts active flows per link and ``link_cap`` is each link's capacity share.
+
+Editing this module: numba's on-disk cache of :func:`replay._fluid._fluid_replay` holds the
+compiled code of the helpers it calls from here, but its cache is keyed by ``_fluid.py``
+alone. After a change here, touch ``replay/_fluid.py`` (or delete ``replay/__pycache__/
+_fluid*.nb*``), or the kernel keeps running the old helpers. (A fresh install writes both.)
 """
 
 from __future__ import annotations
