@@ -38,7 +38,9 @@ Measured with ``--only-real --real 1000`` on 2 shared cores, the same contention
 row metrics, per-scenario duration copies), 72 s / 135 s after (results kept in layout
 order, row metrics in one sequential pass, deferred scaling); on a loaded machine 122 s /
 163 s before, 114 s / 143 s after. The rest is the kernel:
-~0.13 s of the ~0.14 s CPU of an interference scenario.
+~0.13 s of the ~0.14 s CPU of an interference scenario. With the contention kernel's
+sorted job list and in-loop toggle test (replay/_fluid.py) as well: 69-73 s / 132-139 s
+(three runs, 05:23-05:40 UTC, 2026-12-01).
 """
 
 from __future__ import annotations
