@@ -9,6 +9,7 @@ import pickle
 
 import numpy as np
 import pytest
+from test_sweep_overhead import _union
 
 from collectors.synth import synthesize
 from replay import whatif
@@ -136,14 +137,7 @@ def test_metric_spans_layout_matches_plain_python(disorder):
     e = np.rint(en).astype(np.int64) + base
 
     def union(sel):
-        tot, ce, cs = 0, None, None
-        for a, b in sorted(zip(s[sel].tolist(), e[sel].tolist(), strict=True)):
-            if ce is None or a > ce:
-                tot += 0 if ce is None else ce - cs
-                cs, ce = a, b
-            else:
-                ce = max(ce, b)
-        return tot + (0 if ce is None else ce - cs)
+        return _union(zip(s[sel].tolist(), e[sel].tolist(), strict=True))
 
     for r in range(n_r):
         mine = rank == r
