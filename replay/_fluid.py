@@ -1,8 +1,8 @@
 """numba kernels of the contention path: an event-driven fluid simulation.
 
-Split from :mod:`replay._kernels` (the fast path and the topological sort); the job slots,
-heaps and sharing helpers are in :mod:`replay._links`. Same conventions: arrays in, arrays
-out, times in ns, ``-1`` for "none".
+Split from :mod:`replay._kernels` (the fast path and the topological sort); the job slots
+and sharing helpers are in :mod:`replay._links`, the event queues in :mod:`replay._queues`.
+Same conventions: arrays in, arrays out, times in ns, ``-1`` for "none".
 
 Memory: per op the simulation keeps only its start and end (float64, converted to the
 int64 results in op-id order at the end), the critical predecessor, a pending-constraint
@@ -18,7 +18,7 @@ negative-index wrap-around code), and the starts due at the current time (nearly
 the start heap. The running jobs are a list sorted by event time, the next last, while
 few run and rates are not shared (on the benchmark trace ~20, at most 35: a new job's end
 lands behind ~10 of them, and a scan of those beat a binary heap's sifts by ~1/6 of the
-run time), else a binary heap (replay._links, "job queue").
+run time), else a binary heap (replay._queues).
 
 Memory traffic: the replayed order follows the layout only roughly (with interference it
 drifts by up to ~450 positions on the benchmark trace; without, not at all), which
@@ -51,18 +51,16 @@ from ._links import (
     _I_POS,
     _L_FLOWS,
     _L_FREE,
-    _LMAX,
     _NF,
     _NI,
     _fill_shares,
     _job_enter,
     _job_leave,
-    _jto_heap,
     _prefetch,
     _rerate_cands,
-    _spush,
     _toggle_flows,
 )
+from ._queues import _LMAX, _jto_heap, _spush
 
 __all__: list[str] = []
 
@@ -202,7 +200,7 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
     # the event loop, and numba then refcounts them at every iteration: ~40% slower.)
     sf = np.empty((n_jobs + 1, _NF), np.float64)
     si = np.empty((n_jobs + 1, _NI), np.int64)
-    # the running jobs by event key (time, sequence) (replay._links, "job queue"): a list in
+    # the running jobs by event key (time, sequence) (replay._queues): a list in
     # decreasing order, the next event last (times `jt`, slots `js`), or, when rates are
     # shared or more than _LMAX jobs run, a heap (`jq`: sequence numbers; si[slot, _I_POS]
     # a slot's position). si[slot, _I_POS] >= 0 while the slot runs a job. One spare entry
@@ -515,7 +513,7 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
                 jq[h] = qx
                 js[h] = x
                 si[x, _I_POS] = h
-        elif ins:  # place the key by a scan from the end (the next events): _links._jins,
+        elif ins:  # place the key by a scan from the end (the next events): _queues._jins,
             # written out (numba refcounts the arrays passed to an inlined helper per call);
             # its sequence number is the newest, so it goes before every equal time
             jj = ujsize

@@ -1,16 +1,16 @@
-"""numba helpers of the contention path: job slots, heaps and resource sharing.
+"""numba helpers of the contention path: job slots and resource sharing.
 
 Split from :mod:`replay._fluid` (the event loop) to keep modules short. Running jobs live in
 *slots*: a float row (``sf``) and an int row (``si``) each; the int array's extra columns
 hold per-index lists (running flows, rate-update candidates, free slots) that share the
 pool's capacity. The running jobs are ordered by event key in a sorted list or a heap
-(see "job queue" below).
+(:mod:`replay._queues`).
 Link sharing (max-min fair bandwidth): a job's flows load the links of its member devices;
 ``link_cnt`` counts active flows per link and ``link_cap`` is each link's capacity share.
 
-Editing this module: numba's on-disk cache of :func:`replay._fluid._fluid_replay` holds the
-compiled code of the helpers it calls from here, but its cache is keyed by ``_fluid.py``
-alone. After a change here, touch ``replay/_fluid.py`` (or delete ``replay/__pycache__/
+Editing this module (or :mod:`replay._queues`): numba's on-disk cache of
+:func:`replay._fluid._fluid_replay` holds the compiled code of the helpers it calls from
+here, but its cache is keyed by ``_fluid.py`` alone. After a change here, touch ``replay/_fluid.py`` (or delete ``replay/__pycache__/
 _fluid*.nb*``), or the kernel keeps running the old helpers. (A fresh install writes both.)
 """
 
@@ -21,6 +21,8 @@ from llvmlite import ir
 from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
+
+from ._queues import _I_POS, _jkey
 
 __all__: list[str] = []
 
@@ -38,7 +40,7 @@ _NF = 5
 # _I_DMASK: a flow's member devices as bits ``d % 64``, a prefilter for _toggle_flows;
 # _I_DEV: a compute job's device, -1 for other jobs, set when rates are shared: the event
 # loop and the scans of the running jobs read it instead of the job's op's device/resource)
-_I_JOB, _I_DMASK, _I_POS, _I_DN, _I_DP, _I_FPOS, _I_MARK, _I_FROZEN = 0, 1, 2, 3, 4, 5, 6, 7
+_I_JOB, _I_DMASK, _I_DN, _I_DP, _I_FPOS, _I_MARK, _I_FROZEN = 0, 1, 3, 4, 5, 6, 7  # _I_POS = 2
 _L_FLOWS, _L_CAND, _L_FREE, _I_DEV = 8, 9, 10, 11
 _NI = 12
 
@@ -69,147 +71,6 @@ def _prefetch(typingctx, arr, idx):
         return context.get_dummy_value()
 
     return types.void(arr, idx), codegen
-
-
-# ---------------------------------------------------------------------------- start heap
-# (time float64, sequence int64, op int64) stored inline, ordered by (time, sequence)
-@njit(cache=True, inline="always")
-def _spush(ht, hq, hi, size, t, q, x):
-    i = size
-    while i > 0:
-        p = (i - 1) >> 1
-        if t < ht[p] or (t == ht[p] and q < hq[p]):
-            ht[i] = ht[p]
-            hq[i] = hq[p]
-            hi[i] = hi[p]
-            i = p
-        else:
-            break
-    ht[i] = t
-    hq[i] = q
-    hi[i] = x
-    return size + 1
-
-
-# ---------------------------------------------------------------------------- job queue
-# The running jobs ordered by event key (time, sequence), in one of two forms (the kernel's
-# ``hmode``):
-# * a list sorted in decreasing order, the next event last: times ``jt`` and slots ``js``.
-#   A key's sequence number is the newest when it is inserted (every key is made then), so
-#   the list's order among equal times is the sequence order and only times are compared.
-#   A new key is placed by a scan from the end: on the benchmark trace (~20 running jobs,
-#   at most 35) a new end lands behind ~10 of them, and these few moves beat a binary
-#   heap's sifts, which mispredict at most levels (kernel ~105 -> ~88 ns per op). Its cost
-#   grows with the number of running jobs, and a rate change finds its slot by a scan.
-# * a binary heap (``jt``, ``jq`` the sequence numbers, ``js``), si[s, _I_POS] slot s's
-#   position: from the start when rates are shared (every flow start/end re-keys all
-#   flows), and once more than ``_LMAX`` jobs run (:func:`_jto_heap`).
-# The inlined helpers that take arrays are only called from helpers compiled without
-# reference counting: numba would refcount the arrays at every inlined call (~30% of the
-# run time); the event loop has them written out.
-_LMAX = 64
-
-
-@njit(cache=True, inline="always")
-def _jsift(jt, jq, js, si, size, i):
-    """Restore the heap around position ``i`` (its key changed)."""
-    tx = jt[i]
-    qx = jq[i]
-    x = js[i]
-    moved = False
-    while i > 0:  # up
-        p = (i - 1) >> 1
-        ty = jt[p]
-        if tx < ty or (tx == ty and qx < jq[p]):
-            jt[i] = ty
-            jq[i] = jq[p]
-            y = js[p]
-            js[i] = y
-            si[y, _I_POS] = i
-            i = p
-            moved = True
-        else:
-            break
-    if not moved:
-        while True:  # down
-            c = 2 * i + 1
-            if c >= size:
-                break
-            if c + 1 < size and (jt[c + 1] < jt[c] or (jt[c + 1] == jt[c]
-                                                        and jq[c + 1] < jq[c])):
-                c += 1
-            ty = jt[c]
-            if ty < tx or (ty == tx and jq[c] < qx):
-                jt[i] = ty
-                jq[i] = jq[c]
-                y = js[c]
-                js[i] = y
-                si[y, _I_POS] = i
-                i = c
-            else:
-                break
-    jt[i] = tx
-    jq[i] = qx
-    js[i] = x
-    si[x, _I_POS] = i
-
-
-@njit(cache=True, _nrt=False)
-def _jto_heap(jt, jq, js, si, size, seq):
-    """Turn the sorted list into the heap: reversed, it is in increasing order, which is a
-    heap; the sequence numbers keep the list's order below ``seq`` (later keys get larger
-    ones)."""
-    for a in range(size // 2):
-        b = size - 1 - a
-        t = jt[a]
-        jt[a] = jt[b]
-        jt[b] = t
-        x = js[a]
-        js[a] = js[b]
-        js[b] = x
-    for a in range(size):
-        jq[a] = seq - size + a
-        si[js[a], _I_POS] = a
-
-
-@njit(cache=True, inline="always")
-def _jkey(jt, jq, js, si, size, hmode, s, t, q):
-    """Give running slot ``s`` the key ``(t, q)`` (``q`` the newest sequence number) in
-    either form of the queue."""
-    if hmode:
-        h = si[s, _I_POS]
-        jt[h] = t
-        jq[h] = q
-        _jsift(jt, jq, js, si, size, h)
-    else:
-        _jrekey(jt, js, size, s, t)
-
-
-@njit(cache=True, inline="always")
-def _jins(jt, js, size, t, s):
-    """Insert slot ``s`` with event time ``t`` (and the newest sequence number) into
-    ``jt/js[:size]``: before every entry of time ``t``. Returns the new size."""
-    j = size
-    while j > 0 and jt[j - 1] <= t:
-        jt[j] = jt[j - 1]
-        js[j] = js[j - 1]
-        j -= 1
-    jt[j] = t
-    js[j] = s
-    return size + 1
-
-
-@njit(cache=True, inline="always")
-def _jrekey(jt, js, size, s, t):
-    """Give running slot ``s`` the event time ``t`` (and the newest sequence number): find
-    it, close its gap, re-insert."""
-    p = size - 1
-    while js[p] != s:
-        p -= 1
-    for i in range(p, size - 1):
-        jt[i] = jt[i + 1]
-        js[i] = js[i + 1]
-    _jins(jt, js, size - 1, t, s)
 
 
 @njit(cache=True, inline="always")

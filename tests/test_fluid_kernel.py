@@ -1,4 +1,4 @@
-"""The contention path's kernel (replay/_fluid.py, replay/_links.py) against the pure-Python
+"""The contention path's kernel (replay/_fluid.py, _links.py, _queues.py) against the pure-Python
 reference on the cases its speed-ups rely on: many events at the same time (the start FIFO
 behind the start heap, heap ties broken by sequence), interference switching on and off at
 once on several devices, and lane links repeated by edges (left out of the constraint
@@ -92,9 +92,9 @@ def test_constraint_lists_leave_out_only_repeated_lane_links():
 @pytest.mark.parametrize("seed", range(3))
 def test_job_list_turns_into_a_heap_past_its_limit(seed):
     """Without rate sharing the running jobs start as a sorted list and become a heap once
-    more than _LMAX of them run (replay._links, "job queue"): the switch keeps the order
+    more than _LMAX of them run (replay._queues): the switch keeps the order
     (ties included) and the heap form matches the reference too."""
-    from replay._links import _LMAX
+    from replay._queues import _LMAX
 
     tr = random_trace(100 + seed, n_ranks=32, steps=3, gpu_lanes=3, p_coll=0.5, p_p2p=0.3,
                       p_sync=0.1)
@@ -112,10 +112,11 @@ def test_job_list_turns_into_a_heap_past_its_limit(seed):
 
 
 def test_job_list_to_heap_keeps_the_event_order():
-    """The list -> heap switch (replay._links._jto_heap): positions, heap order and the
+    """The list -> heap switch (replay._queues._jto_heap): positions, heap order and the
     order of equal times (the list's: the oldest key next) are kept, below the sequence
     numbers keys get later."""
-    from replay._links import _I_POS, _NI, _jto_heap
+    from replay._links import _NI
+    from replay._queues import _I_POS, _jto_heap
 
     rng = np.random.default_rng(3)
     size, seq = 101, 5_000
