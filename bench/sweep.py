@@ -341,13 +341,17 @@ def main() -> None:
     if not a.no_dask:
         from distributed import Client, LocalCluster
 
+        # the workers' stack-sampling profiler costs ~10% CPU on this grid (README: Dask
+        # sweeps); spawned workers read their config from the environment
+        os.environ.setdefault("DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED", "False")
         with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
                           dashboard_address=":0", silence_logs=50) as lc, \
                 Client(lc, set_as_default=False) as client:
             t = time.perf_counter()
             df = sweep(tr, scs, run=run, scheduler=client)
             wd = time.perf_counter() - t
-            print(f"sweep {len(scs)} scenarios, Dask LocalCluster 2 workers: {wd:.1f} s, "
+            print(f"sweep {len(scs)} scenarios, Dask LocalCluster 2 workers (worker profiler enabled: "
+                  f"{os.environ['DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED']}): {wd:.1f} s, "
                   f"speed-up {walls[1] / wd:.2f}x over 1 worker; rows equal: "
                   f"{base.equals(df)}")
     if a.whatif:
