@@ -39,8 +39,9 @@ row metrics, per-scenario duration copies), 72 s / 135 s after (results kept in 
 order, row metrics in one sequential pass, deferred scaling); on a loaded machine 122 s /
 163 s before, 114 s / 143 s after. The rest is the kernel:
 ~0.13 s of the ~0.14 s CPU of an interference scenario. With the contention kernel's
-sorted job list and in-loop toggle test (replay/_fluid.py) as well: 69-73 s / 132-139 s
-(three runs, 05:23-05:40 UTC, 2026-12-01).
+sorted job list and in-loop toggle test (replay/_fluid.py) as well: 56-75 s / 107-139 s
+over 9 runs (median ~70 s), the code before this session's changes interleaved with them
+73-85 s (median 82 s); the host's speed drifts by ~25% within minutes (2026-12-01).
 """
 
 from __future__ import annotations
