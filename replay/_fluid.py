@@ -54,6 +54,7 @@ from ._links import (
     _NF,
     _NI,
     _fill_shares,
+    _flow_change,
     _job_enter,
     _job_leave,
     _prefetch,
@@ -61,12 +62,14 @@ from ._links import (
     _toggle_flows,
 )
 from ._queues import _LMAX, _jto_heap, _spush
+from ._succ import _COLL, _HASW, _S2S, _WAITS
 
 __all__: list[str] = []
 
-# op state bits: started, own completion known, finalized; and (set up front) is a wait
-# source, has wait sources, has start-to-start successors, collective member, other job
-_STARTED, _OWN, _FIN, _HASW, _WAITS, _S2S, _COLL, _JOB = 1, 2, 4, 8, 16, 32, 64, 128
+# op state bits: started, own completion known, finalized; and (per graph, from
+# replay._succ._fluid_consts) is a wait source, has wait sources, has start-to-start
+# successors, collective member
+_STARTED, _OWN, _FIN = 1, 2, 4
 # prefetch distance (layout positions) ahead of the released ops
 _PF = np.uint64(1024)
 
@@ -74,7 +77,8 @@ _PF = np.uint64(1024)
 def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev, lane_lag,
                   lane_s2s, pred_ptr, pred_src, pred_lag, pred_s2s, wait_ptr, wait_src,
                   wait_lag, device, resource, link, interference, share_compute, share_links,
-                  sptr, succ, cnt0, smid, pptr, pent, start, end, crit):
+                  sptr, succ, cnt0, smid, pptr, pent, state0, roots, wkey, dims, start, end,
+                  crit):
     """Event-driven fluid replay with resource sharing (the contention path).
 
     Same constraints as :func:`replay._kernels._fast_replay`. Ops with a resource
@@ -101,7 +105,8 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
     ``sptr``, ``succ``, ``cnt0``, ``smid``, ``pptr``, ``pent``: the graph's successor lists
     (start-to-start links first), start-constraint counts and ready-time terms, repeated
     links left out (:func:`replay._succ._succ_lists`, built once per graph; the kernel
-    reads them instead of ``lane_prev`` ... ``pred_s2s``).
+    reads them instead of ``lane_prev`` ... ``pred_s2s``); ``state0``, ``roots``, ``wkey``,
+    ``dims``: the rest of the per-graph set-up (:func:`replay._succ._fluid_consts`).
 
     Starts ordered by (time, sequence number) wait in a heap, except those released at the
     current event time (nearly all: zero lags, clamped starts): they wait in a FIFO behind
@@ -115,55 +120,18 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
     """
     n = dur.shape[0]
     nc = coll_ptr.shape[0] - 1
-    # ---- one pass over the ops (fused: each pass over 10^6 ops costs ~1-2 ns/op): the
-    # per-op state flags, start-constraint counts (successors by source: sptr/succ, see
-    # _succ._succ_lists, per-graph constants built once per graph), jobs, devices, links,
-    # roots and base
-    cnt = np.empty(n, np.int32)  # unresolved start constraints; once started: unfinished waits
-    state = np.empty(n, np.uint8)
-    rel = np.empty(n + 1, np.int32)  # ops whose start constraints all resolved in this
-    # event (first: the roots)
-    base = origin[0] if n else np.int64(0)
-    ndev = 1
-    nlink = 1
-    n_jobs = nc
-    nroots = 0
-    for i in range(n):
-        c0 = cnt0[i]
-        cnt[i] = c0
-        if c0 == 0:
-            rel[nroots] = i
-            nroots += 1
-        if origin[i] < base:
-            base = origin[i]
-        if device[i] + 1 > ndev:
-            ndev = device[i] + 1
-        if link[i] + 1 > nlink:
-            nlink = link[i] + 1
-        b = np.uint8(0)
-        if wait_ptr[i + 1] > wait_ptr[i]:
-            b |= _WAITS
-        if smid[i] > sptr[i]:
-            b |= _S2S
-        if coll_of[i] >= 0:
-            b |= _COLL
-        elif resource[i] > 0 and dur[i] > 0:
-            b |= _JOB
-            n_jobs += 1
-        state[i] = b
+    # ---- per-graph constants (replay._succ: state bits, roots, wait links, sizes): the
+    # start-constraint counts and states are copies
+    cnt = cnt0.copy()  # unresolved start constraints; once started: unfinished waits
+    state = state0.copy()
+    rel = np.empty(n + 1, np.int32)  # ops whose start constraints all resolved in this event
+    base = dims[0]
+    ndev = dims[1]
+    nlink = dims[2]
+    n_jobs = dims[3]  # a bound: ops with a resource and a zero duration run no job
+    nroots = roots.shape[0]
+    nw = wkey.shape[0]
     # start, end (end holds the own completion until the op is finalized), crit: passed in
-    # wait successors (rare): (src, dst) pairs sorted by src then dst
-    nw = wait_src.shape[0]
-    wkey = np.empty(nw, np.int64)
-    if nw > 0:
-        k = 0
-        for i in range(n):
-            for kk in range(wait_ptr[i], wait_ptr[i + 1]):
-                wkey[k] = np.int64(wait_src[kk]) * n + i
-                k += 1
-        wkey = np.sort(wkey)
-    for k in range(nw):
-        state[wkey[k] // n] |= _HASW
     # ---- collectives: members by threshold (max(dur, 0)), ties in member order
     ncm = max(nc, 1)
     arrived = np.zeros(ncm, np.int32)
@@ -226,7 +194,7 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
     clamped = 0
     started = 0
     for x in range(nroots):  # roots, in op order
-        i = rel[x]
+        i = roots[x]
         ssize = _spush(ht, hq, hi, ssize, float(origin[i] - base + delay[i]), seq, i)
         seq += 1
     now = 0.0
@@ -391,7 +359,7 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
                         j = n + c
                         thr0 = max(dur[csorted[a0 + coll_k[c]]], 0) * 1.0
                         dv = -1
-            elif sti & _JOB:
+            elif resource[i] > 0 and dur[i] > 0:  # a job
                 newjob = True
                 j = np.int64(i)
                 thr0 = dur[i] * 1.0
@@ -440,7 +408,19 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
                 sl = entered
                 if n_compute[d] == 0:
                     if interference > 0.0 and n_comm[d] > 0:
-                        toggled = np.int64(d)
+                        # a flow on d slows down only if no other member device computes
+                        # (the switch-off test below, before d's bit is set); else only
+                        # the new job's rate is set, here
+                        flip = ndev > 64
+                        if not flip:
+                            bit = np.int64(1) << np.int64(d)
+                            for a in range(n_flows):
+                                mf = si[si[a, _L_FLOWS], _I_DMASK]
+                                if (mf & bit) != 0 and (mf & cmask) == 0:
+                                    flip = True
+                                    break
+                        if flip:
+                            toggled = np.int64(d)
                     if d < U64:
                         cmask |= np.int64(1) << np.int64(d)
                 n_compute[d] += 1
@@ -559,7 +539,13 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
                                                 coll_members, device, n_compute, share_links,
                                                 inv, sf, si, jt, jq, js, n_flows, jsize,
                                                 hmode, seq)
-        if sharing and has_left and not fast:  # no sharing: every rate stays 1
+        flow_list = sharing and not share_compute and not share_links and not hmode
+        if flow_list and has_left and not fast:  # a flow ends (interference only, a list)
+            seq = _flow_change(np.int64(left), si[left, _I_JOB], False, now, n, coll_ptr,
+                               coll_members, device, n_comm, n_compute, inv, sf, si, jt, js,
+                               jsize, n_flows, dev_flag, seq)
+            n_flows -= 1
+        elif sharing and has_left and not fast:  # no sharing: every rate stays 1
             lf = np.int64(left)
             j = si[left, _I_JOB]
             is_flow = not (j < n and resource[j] == 1)
@@ -581,7 +567,12 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
             seq = _toggle_flows(toggled, np.int64(entered), now, n, coll_ptr, coll_members,
                                 device, n_compute, share_links, inv, sf, si, jt, jq, js,
                                 n_flows, jsize, hmode, seq)
-        if sharing and has_entered and not fast_enter:
+        if flow_list and has_entered and not fast_enter:  # a flow starts (as above)
+            seq = _flow_change(np.int64(entered), si[entered, _I_JOB], True, now, n,
+                               coll_ptr, coll_members, device, n_comm, n_compute, inv, sf,
+                               si, jt, js, jsize, n_flows, dev_flag, seq)
+            n_flows += 1
+        elif sharing and has_entered and not fast_enter:
             en = np.int64(entered)
             j = si[entered, _I_JOB]
             is_flow = not (j < n and resource[j] == 1)

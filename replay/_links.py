@@ -22,7 +22,7 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from ._queues import _I_POS, _jkey
+from ._queues import _I_POS, _jins, _jkey
 
 __all__: list[str] = []
 
@@ -299,6 +299,100 @@ def _job_leave(sl, j, n, coll_ptr, coll_members, device, resource, n_compute, n_
                     if d >= 0:
                         dev_flag[d] = 0
     return ncand
+
+
+@njit(cache=True, _nrt=False)
+def _flow_change(sl, j, entering, now, n, coll_ptr, coll_members, device, n_comm, n_compute,
+                 inv, sf, si, jt, js, jsize, n_flows, dev_flag, seq):
+    """Flow ``j`` (slot ``sl``) starts (``entering``: already in the job list, at rate 1) or
+    ends (already out of it), with interference but neither rate sharing, the job queue a
+    sorted list: what :func:`_job_enter` / :func:`_job_leave` and :func:`_rerate_cands` do
+    for it, in one pass over the list. A flow's start or end changes the rates of the
+    compute jobs on the member devices whose communication switches on or off (up to a
+    collective's size) and the new flow's own: they leave the list in that pass and go back
+    in job-id order with their new event times (_queues._jins), the order the re-keys of
+    :func:`_rerate_cands` leave, without a search and a gap closed per re-key."""
+    a0 = j if j < n else coll_ptr[j - n]
+    a1 = j + 1 if j < n else coll_ptr[j - n + 1]
+    flagged = False
+    if entering:
+        si[n_flows, _L_FLOWS] = sl
+        si[sl, _I_FPOS] = n_flows
+        mask = np.uint64(0)
+        for k in range(a0, a1):
+            d = _member_device(j, n, k, coll_members, device)
+            if d >= 0:
+                mask |= np.uint64(1) << np.uint64(d & 63)
+                if n_comm[d] == 0:
+                    dev_flag[d] = 1
+                    flagged = True
+                n_comm[d] += 1
+        si[sl, _I_DMASK] = np.int64(mask)
+    else:
+        p = si[sl, _I_FPOS]
+        last = si[n_flows - 1, _L_FLOWS]
+        si[p, _L_FLOWS] = last
+        si[last, _I_FPOS] = p
+        si[sl, _I_FPOS] = -1
+        for k in range(a0, a1):
+            d = _member_device(j, n, k, coll_members, device)
+            if d >= 0:
+                n_comm[d] -= 1
+        for k in range(a0, a1):
+            d = _member_device(j, n, k, coll_members, device)
+            if d >= 0 and n_comm[d] == 0:
+                dev_flag[d] = 1
+                flagged = True
+    # the list without the slots whose rate changes (kept in order); those in si[:, _L_CAND]
+    m = 0
+    ncand = 0
+    for a in range(jsize):
+        s = js[a]
+        cand = entering and s == sl
+        if flagged and not cand:
+            d = si[s, _I_DEV]
+            if d >= 0 and dev_flag[d] != 0:
+                r = inv if n_comm[d] > 0 else 1.0
+                cand = r != sf[s, _F_RATE]
+        if cand:
+            si[ncand, _L_CAND] = s
+            ncand += 1
+        else:
+            jt[m] = jt[a]
+            js[m] = s
+            m += 1
+    if flagged:
+        for k in range(a0, a1):
+            d = _member_device(j, n, k, coll_members, device)
+            if d >= 0:
+                dev_flag[d] = 0
+    for a in range(1, ncand):  # job-id order
+        x = si[a, _L_CAND]
+        xj = si[x, _I_JOB]
+        b = a - 1
+        while b >= 0 and si[si[b, _L_CAND], _I_JOB] > xj:
+            si[b + 1, _L_CAND] = si[b, _L_CAND]
+            b -= 1
+        si[b + 1, _L_CAND] = x
+    for a in range(ncand):
+        s = si[a, _L_CAND]
+        if entering and s == sl:
+            r = inv if _touches_compute(j, n, coll_ptr, coll_members, device,
+                                        n_compute) else 1.0
+            old = -1.0  # forced: its rate is being set
+        else:
+            r = inv if n_comm[si[s, _I_DEV]] > 0 else 1.0
+            old = sf[s, _F_RATE]
+        if old > 0.0:
+            sf[s, _F_DONE] += (now - sf[s, _F_LAST]) * old
+        sf[s, _F_LAST] = now
+        sf[s, _F_RATE] = r
+        rem = sf[s, _F_THR] - sf[s, _F_DONE]
+        if rem < 0.0:
+            rem = 0.0
+        m = _jins(jt, js, m, now + rem / r, s)
+        seq += 1
+    return seq
 
 
 @njit(cache=True, _nrt=False)

@@ -11,6 +11,10 @@ from numba import njit
 
 __all__: list[str] = []
 
+# op state bits of the contention kernel (replay._fluid) that depend on the graph alone: is a
+# wait source, has wait sources, has start-to-start successors, collective member
+_HASW, _WAITS, _S2S, _COLL = 8, 16, 32, 64
+
 
 @njit(cache=True)
 def _succ_lists(lane_prev, lane_lag, lane_s2s, pred_ptr, pred_src, pred_lag, pred_s2s):
@@ -108,3 +112,62 @@ def _succ_lists(lane_prev, lane_lag, lane_s2s, pred_ptr, pred_src, pred_lag, pre
             e += 1
     pptr[n] = e
     return sptr, succ, cnt0, smid, pptr, pent[:2 * e]
+
+
+@njit(cache=True)
+def _fluid_consts(coll_of, coll_ptr, origin, device, link, resource, wait_ptr, wait_src,
+                  sptr, smid, cnt0):
+    """The contention kernel's per-graph set-up (built once per graph, like
+    :func:`_succ_lists`, whose ``sptr``, ``smid``, ``cnt0`` it reads): each scenario then
+    copies two arrays instead of a pass over ten (~5 ns per op of the ~80).
+
+    Returns ``state0`` (uint8[N]: the graph's state bits ``_HASW``, ``_WAITS``, ``_S2S``,
+    ``_COLL``), ``roots`` (int32: the ops without start constraints, in layout order),
+    ``wkey`` (int64: the wait links as ``src * N + dst``, sorted) and ``dims`` (int64[4]:
+    the earliest origin, the number of devices and of links (at least 1), and a bound on
+    the number of jobs: collectives and the other ops with a resource).
+    """
+    n = coll_of.shape[0]
+    state0 = np.empty(n, np.uint8)
+    roots = np.empty(n, np.int32)
+    nroots = 0
+    base = origin[0] if n else np.int64(0)
+    ndev = 1
+    nlink = 1
+    njobs = coll_ptr.shape[0] - 1
+    for i in range(n):
+        if cnt0[i] == 0:
+            roots[nroots] = i
+            nroots += 1
+        if origin[i] < base:
+            base = origin[i]
+        if device[i] + 1 > ndev:
+            ndev = device[i] + 1
+        if link[i] + 1 > nlink:
+            nlink = link[i] + 1
+        b = np.uint8(0)
+        if wait_ptr[i + 1] > wait_ptr[i]:
+            b |= _WAITS
+        if smid[i] > sptr[i]:
+            b |= _S2S
+        if coll_of[i] >= 0:
+            b |= _COLL
+        elif resource[i] > 0:
+            njobs += 1
+        state0[i] = b
+    nw = wait_src.shape[0]  # wait links: (src, dst) pairs sorted by src then dst
+    wkey = np.empty(nw, np.int64)
+    k = 0
+    for i in range(n):
+        for kk in range(wait_ptr[i], wait_ptr[i + 1]):
+            wkey[k] = np.int64(wait_src[kk]) * n + i
+            k += 1
+    wkey = np.sort(wkey)
+    for k in range(nw):
+        state0[wkey[k] // n] |= _HASW
+    dims = np.empty(4, np.int64)
+    dims[0] = base
+    dims[1] = ndev
+    dims[2] = nlink
+    dims[3] = njobs
+    return state0, roots[:nroots].copy(), wkey, dims

@@ -31,7 +31,7 @@ from collectors.trace import Trace
 
 from ._fluid import _fluid_replay
 from ._kernels import _fast_replay, _to_op_order, _to_op_order_i64
-from ._succ import _succ_lists
+from ._succ import _fluid_consts, _succ_lists
 from .graph import ReplayGraph, _check_durations, build_graph
 
 __all__ = ["ContentionModel", "ReplayResult", "simulate", "replay"]
@@ -286,10 +286,10 @@ def _simulate_layout(graph: ReplayGraph, dur: np.ndarray, modified: bool, *, mod
     else:
         cm = contention or ContentionModel()
         start, end, crit = np.zeros(n), np.zeros(n), np.full(n, -1, i32)
+        dev, res, lnk = a(g.device, i32), a(g.resource, np.int8), a(g.link, i32)
         base, clamped = _fluid_replay(
-            *common, a(g.device, i32), a(g.resource, np.int8), a(g.link, i32),
-            float(cm.interference), bool(cm.share_compute), bool(cm.share_links),
-            *_succ_of(g, common), start, end, crit)
+            *common, dev, res, lnk, float(cm.interference), bool(cm.share_compute),
+            bool(cm.share_links), *_succ_of(g, common, dev, lnk, res), start, end, crit)
         if clamped < 0:
             raise ReplayError("contention replay could not schedule every op (a dependency "
                               "cycle the graph check missed); rebuild the graph")
@@ -302,14 +302,19 @@ def _simulate_layout(graph: ReplayGraph, dur: np.ndarray, modified: bool, *, mod
     return ReplayResult(g.trace, g, meta=meta, layout=layout)
 
 
-def _succ_of(g: ReplayGraph, common: tuple) -> tuple:
-    """The contention path's successor lists of ``g`` (built once per graph; ``common`` holds
-    its kernel arrays as passed to the kernels)."""
+def _succ_of(g: ReplayGraph, common: tuple, device: np.ndarray, link: np.ndarray,
+             resource: np.ndarray) -> tuple:
+    """The contention path's per-graph arrays of ``g``: successor lists and set-up constants
+    (built once per graph; ``common`` holds its kernel arrays as passed to the kernels)."""
     m = g.memo()
     v = m.get("fluid_succ")
     if v is None:
         # lane_prev, lane_lag, lane_s2s, pred_ptr, pred_src, pred_lag, pred_s2s
-        v = m["fluid_succ"] = _succ_lists(*common[6:13])
+        sptr, succ, cnt0, smid, pptr, pent = _succ_lists(*common[6:13])
+        # coll_of, coll_ptr, origin, ..., wait_ptr, wait_src
+        consts = _fluid_consts(common[0], common[1], common[5], device, link, resource,
+                               common[13], common[14], sptr, smid, cnt0)
+        v = m["fluid_succ"] = (sptr, succ, cnt0, smid, pptr, pent, *consts)
         for x in v:
             x.flags.writeable = False
     return v
