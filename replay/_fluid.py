@@ -113,8 +113,9 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
     the heap's starts at that time (which all have smaller sequence numbers), so the order
     is the same without heap operations.
 
-    Fills ``start``, ``end`` (float64[N], relative to ``base``) and ``crit`` (int32[N], -1
-    filled; passed in, allocated by numpy, which asks for huge pages: fewer page faults);
+    Fills ``start``, ``end`` (float64[N], relative to ``base``) and ``crit`` (int32[N]; passed
+    in uninitialized, every entry is written when every op starts, allocated by numpy,
+    which asks for huge pages: fewer page faults);
     returns ``base`` and the number of clamped starts (``-1`` if some op could never start:
     a cycle). :func:`replay._kernels._to_op_order` turns them into int64 ns in op-id order.
     """
@@ -195,6 +196,7 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
     started = 0
     for x in range(nroots):  # roots, in op order
         i = roots[x]
+        crit[i] = -1  # (the other ops' are set when they are released)
         ssize = _spush(ht, hq, hi, ssize, float(origin[i] - base + delay[i]), seq, i)
         seq += 1
     now = 0.0
