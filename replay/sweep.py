@@ -40,6 +40,7 @@ import multiprocessing as mp
 import os
 import pickle
 import signal
+import tempfile
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
@@ -174,12 +175,32 @@ _WORKER: dict[str, Any] = {}
 _FP_MEMO: dict[int, Any] = {}
 
 
-def _init_worker(payload: bytes, run: ScenarioFn | None) -> None:
+def _init_worker(payload: str, run: ScenarioFn | None) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     _keep_freed_memory()
     _FP_MEMO.clear()
-    _WORKER["trace"] = pickle.loads(payload)
+    _WORKER["trace"] = pickle.loads(Path(payload).read_bytes())
     _WORKER["run"] = run
+
+
+def _write_payload(tr: Trace) -> str:
+    """The pickled trace in a private temporary file (in RAM under /dev/shm where it fits),
+    its path for the workers to read. Passed as the pool's initializer argument instead,
+    the bytes went through the forkserver's pipe: ~1 s per worker for a 10^6-op trace
+    (130 MB), one worker after the other, while the parent waited."""
+    data = pickle.dumps(tr, protocol=pickle.HIGHEST_PROTOCOL)
+    dirs = [d for d in ("/dev/shm",) if os.access(d, os.W_OK)] + [tempfile.gettempdir()]
+    for k, d in enumerate(dirs):
+        fd, path = tempfile.mkstemp(prefix="retime-sweep-", suffix=".pkl", dir=d)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            return path
+        except OSError:  # /dev/shm too small (64 MB in a default container): the next
+            Path(path).unlink(missing_ok=True)
+            if k == len(dirs) - 1:
+                raise
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 def _keep_freed_memory() -> None:
@@ -276,8 +297,8 @@ def _sweep_local(tr: Trace, scs: list[dict], run: ScenarioFn | None, n: int,
     of the longest queue. Two scenarios are in flight per worker (no idle gap between them).
     A worker that dies is replaced; the scenarios it was running are retried one at a time,
     and one that was running during two deaths gets an error row."""
-    payload = pickle.dumps(tr, protocol=pickle.HIGHEST_PROTOCOL)
     ctx = _mp_context()
+    payload = _write_payload(tr)
     queues = _split_groups(scs, n)
     pools: list[ProcessPoolExecutor | None] = [None] * n
     inflight: dict[Any, tuple[int, int]] = {}  # future -> (worker, scenario)
@@ -307,6 +328,7 @@ def _sweep_local(tr: Trace, scs: list[dict], run: ScenarioFn | None, n: int,
         for p in pools:  # (a dead worker's pool was shut down already)
             if p is not None:
                 p.shutdown(wait=True, cancel_futures=True)
+        Path(payload).unlink(missing_ok=True)
 
 
 def _feed(w, queues, pools, inflight, busy, alone, deaths, scs, ctx, payload, run) -> None:

@@ -212,12 +212,21 @@ def test_local_workers_equal_serial(dlrm, serial, tmp_path):
     pd.testing.assert_frame_equal(par, serial)
 
 
+def _payload_files() -> set[Path]:
+    """The pickled traces local sweeps hand their workers (replay.sweep._write_payload)."""
+    import tempfile
+    return {p for d in ("/dev/shm", tempfile.gettempdir()) if os.path.isdir(d)
+            for p in Path(d).glob("retime-sweep-*.pkl")}
+
+
 def test_local_worker_killed_mid_sweep(dlrm, serial, tmp_path):
     marker = tmp_path / "killed"
     scs = [dict(s) for s in GRID]
     scs[3]["test.kill_once"] = str(marker)
     scs.append({"test.kill_always": True})
+    before = _payload_files()
     df = sweep(dlrm, scs, run=scale_run, workers=2)
+    assert _payload_files() == before  # the replacement worker read it; then removed
     assert marker.exists()  # a worker really died
     assert df["scenario_id"].tolist() == list(range(len(scs)))  # none lost, none twice
     pd.testing.assert_frame_equal(
@@ -241,6 +250,7 @@ def test_ctrl_c_keeps_finished_rows(dlrm, workers, tmp_path):
             time.sleep(0.02)
 
     th = threading.Thread(target=ctrl_c_after_three_rows, daemon=True)
+    before = _payload_files()
     th.start()
     try:
         with pytest.raises(SweepInterrupted) as ei:
@@ -248,6 +258,7 @@ def test_ctrl_c_keeps_finished_rows(dlrm, workers, tmp_path):
     finally:
         stop.set()
         th.join()
+    assert _payload_files() == before
     df = ei.value.frame
     assert 0 < len(df) < len(scs)
     assert df["scenario_id"].is_unique
