@@ -205,6 +205,8 @@ def real_sweep(tr, n: int, workers: int, sample_only: bool) -> None:
           f"cores ~{cpu / workers:.0f} s; the sweep kept {cpu / wall:.2f} cores busy "
           f"(1-min load average {load0:.1f} before, {os.getloadavg()[0]:.1f} after: other "
           f"processes' load stretches the wall time)")
+    print(f"  worker page faults: {kids.minor_faults / 1e3:.0f}k (first touches of fresh "
+          f"pages, {kids.minor_faults * 4096 / 1e9:.1f} GB: the OS zeroes each)")
     if done:
         ok = df[df["error"].isna()]
         print(f"  step time over the grid: {ok['step_time_ns'].min() / 1e9:.3f} .. "
@@ -220,6 +222,7 @@ class ChildCPU:
         import threading
 
         self._seen: dict[int, float] = {}
+        self._faults: dict[int, int] = {}
         self._stop = threading.Event()
         self._th = threading.Thread(target=self._run, daemon=True)
         self._tick = os.sysconf("SC_CLK_TCK")
@@ -237,6 +240,11 @@ class ChildCPU:
     def cpu_s(self) -> float:
         return sum(self._seen.values())
 
+    @property
+    def minor_faults(self) -> int:
+        """Page faults of the descendants (first touches of fresh pages)."""
+        return sum(self._faults.values())
+
     def _run(self) -> None:
         while not self._stop.wait(0.2):
             self._sample()
@@ -244,6 +252,7 @@ class ChildCPU:
     def _sample(self) -> None:
         parent: dict[int, int] = {}
         cpu: dict[int, float] = {}
+        flt: dict[int, int] = {}
         for d in os.listdir("/proc"):
             if not d.isdigit():
                 continue
@@ -254,6 +263,7 @@ class ChildCPU:
                 continue
             parent[int(d)] = int(st[1])
             cpu[int(d)] = (int(st[11]) + int(st[12])) / self._tick
+            flt[int(d)] = int(st[7])
         me = os.getpid()
         for pid in cpu:
             p, hops = parent.get(pid), 0
@@ -261,6 +271,7 @@ class ChildCPU:
                 p, hops = parent.get(p), hops + 1
             if p == me and pid != me:
                 self._seen[pid] = max(self._seen.get(pid, 0.0), cpu[pid])
+                self._faults[pid] = max(self._faults.get(pid, 0), flt[pid])
 
 
 def best_of(f, k=3, clock=time.perf_counter):

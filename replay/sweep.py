@@ -218,6 +218,12 @@ def _keep_freed_memory() -> None:
 
 
 def _run_in_worker(i: int, scenario: dict[str, Any]) -> dict[str, Any]:
+    key = _resynth_key(scenario)
+    if _WORKER.get("group", key) != key:  # a new group: the last one's runs are done with
+        from .policies.base import drop_run_caches
+
+        drop_run_caches()
+    _WORKER["group"] = key
     return _evaluate(_WORKER["trace"], _WORKER["run"], i, scenario)
 
 

@@ -45,3 +45,29 @@ def test_a_cached_run_edited_in_place_is_not_reused():
     cached.ops["dur_ns"] = cached.ops["dur_ns"] * 2  # somebody edits the returned trace
     b = whatif(t, {"network.inter_node_gbps": 12.5})
     assert np.array_equal(a.end_ns, b.end_ns)  # re-synthesized, not the edited copy
+
+
+def test_sweep_worker_drops_the_last_groups_runs_when_it_moves_on():
+    import weakref
+
+    from replay import sweep as sw
+    t = _job()
+    base._SYNTH_CACHE.clear()
+    base._GRAPH_CACHE.clear()
+    sw._WORKER.clear()
+    sw._WORKER.update(trace=t, run=None)
+    try:
+        rows = [sw._run_in_worker(0, {"network.inter_node_gbps": 12.5}),
+                sw._run_in_worker(1, {"network.inter_node_gbps": 12.5,
+                                      "hardware.compute_speedup": 2.0})]
+        (run_a, _fp), = base._SYNTH_CACHE.values()  # one re-synthesis for the group
+        gone = weakref.ref(run_a)
+        del run_a, _fp
+        assert any(ref() is gone() for ref, _g in base._GRAPH_CACHE.values())  # its graph
+        rows.append(sw._run_in_worker(2, {"network.inter_node_gbps": 6.25}))
+        assert gone() is None  # the first group's run (and its graph) are freed
+        assert len(base._SYNTH_CACHE) == 1
+        assert all(r["error"] is None for r in rows)
+        assert rows[1]["step_time_ns"] < rows[0]["step_time_ns"]
+    finally:
+        sw._WORKER.clear()
