@@ -40,8 +40,13 @@ order, row metrics in one sequential pass, deferred scaling); on a loaded machin
 163 s before, 114 s / 143 s after. The rest is the kernel:
 ~0.13 s of the ~0.14 s CPU of an interference scenario. With the contention kernel's
 sorted job list and in-loop toggle test (replay/_fluid.py) as well: 56-75 s / 107-139 s
-over 9 runs (median ~70 s), the code before this session's changes interleaved with them
-73-85 s (median 82 s); the host's speed drifts by ~25% within minutes (2026-12-01).
+over 9 runs (median ~70 s), the code before those changes interleaved with them 73-85 s
+(median 82 s); the host's speed drifts by ~25% within minutes (2026-12-01, morning).
+With a flow's re-rates in one pass over the job list, the kernel's per-graph set-up, the
+trace handed to the workers in a file and each worker dropping a finished group's runs
+(2026-12-01, later): 56, 49, 50, 57 s wall / 93-109 s worker CPU over 4 runs, the
+morning's code interleaved with the last three 58, 61, 62 s / 111-117 s; worker page
+faults 774k -> 297k.
 """
 
 from __future__ import annotations

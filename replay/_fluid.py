@@ -26,9 +26,15 @@ defeats the hardware prefetcher: every first touch of a line of a per-op array m
 ~1/3 of the run time at 10^6 ops. The release loop prefetches the per-op arrays ``_PF``
 positions ahead of the ops it releases (:func:`replay._links._prefetch`, one line per
 array every 64 bytes). On the 10^6-op benchmark trace (bench/sweep.py, grid scenarios with
-interference) the kernel takes ~90 ns per op (binary heap: ~105-110; before prefetching
-~150); by perf samples the job list is ~1/6 of it, starting jobs ~1/7, finalizing and
-releasing ops ~1/5, the rate helpers ~1/6.
+interference) the kernel takes ~70-95 ns per op, the spread run to run on a shared host
+(binary heap: ~105-110; before prefetching ~150); by perf samples placing new jobs in the
+list is ~1/10 of it, releasing ops (their ready times) ~1/5, the rate changes (a flow's
+start or end, compute switching on or off next to flows) ~1/9.
+
+Set-up: what depends on the graph alone (state bits, roots, wait links, sizes) comes in
+precomputed (replay._succ._fluid_consts, once per graph); a scenario copies two arrays
+(the pass it replaced cost ~5 ns per op). The result arrays come in uninitialized: every
+entry is written.
 """
 
 from __future__ import annotations
