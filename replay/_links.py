@@ -149,6 +149,21 @@ def _add_cand(s, si, ncand):
 
 
 @njit(cache=True, inline="always")
+def _cands_by_job(si, ncand):
+    """Sort the candidate slots ``si[:ncand, _L_CAND]`` by job id in place (an insertion
+    sort: the list is short). Rates change in job-id order, so that the sequence numbers
+    do not depend on the order the bookkeeping found the slots in."""
+    for a in range(1, ncand):
+        x = si[a, _L_CAND]
+        xj = si[x, _I_JOB]
+        b = a - 1
+        while b >= 0 and si[si[b, _L_CAND], _I_JOB] > xj:
+            si[b + 1, _L_CAND] = si[b, _L_CAND]
+            b -= 1
+        si[b + 1, _L_CAND] = x
+
+
+@njit(cache=True, inline="always")
 def _add_device_jobs(d, dhead, si, ncand):
     s = dhead[d]
     while s >= 0:
@@ -366,14 +381,7 @@ def _flow_change(sl, j, entering, now, n, coll_ptr, coll_members, device, n_comm
             d = _member_device(j, n, k, coll_members, device)
             if d >= 0:
                 dev_flag[d] = 0
-    for a in range(1, ncand):  # job-id order
-        x = si[a, _L_CAND]
-        xj = si[x, _I_JOB]
-        b = a - 1
-        while b >= 0 and si[si[b, _L_CAND], _I_JOB] > xj:
-            si[b + 1, _L_CAND] = si[b, _L_CAND]
-            b -= 1
-        si[b + 1, _L_CAND] = x
+    _cands_by_job(si, ncand)
     for a in range(ncand):
         s = si[a, _L_CAND]
         if entering and s == sl:
@@ -459,15 +467,7 @@ def _rerate_cands(now, ncand, n, coll_ptr, coll_members, device, resource, n_com
 
     Candidates whose rate does not change have no effect, so the candidate sets may be
     supersets of the jobs a change affects."""
-    # insertion sort by job id in place: the candidate list is short
-    for a in range(1, ncand):
-        x = si[a, _L_CAND]
-        xj = si[x, _I_JOB]
-        b = a - 1
-        while b >= 0 and si[si[b, _L_CAND], _I_JOB] > xj:
-            si[b + 1, _L_CAND] = si[b, _L_CAND]
-            b -= 1
-        si[b + 1, _L_CAND] = x
+    _cands_by_job(si, ncand)
     for a in range(ncand):
         s = si[a, _L_CAND]
         si[s, _I_MARK] = 0
@@ -544,14 +544,7 @@ def _toggle_flows(d, entered, now, n, coll_ptr, coll_members, device, n_compute,
         if hasd and not other:
             si[ncand, _L_CAND] = f
             ncand += 1
-    for a in range(1, ncand):  # job-id order
-        x = si[a, _L_CAND]
-        xj = si[x, _I_JOB]
-        b = a - 1
-        while b >= 0 and si[si[b, _L_CAND], _I_JOB] > xj:
-            si[b + 1, _L_CAND] = si[b, _L_CAND]
-            b -= 1
-        si[b + 1, _L_CAND] = x
+    _cands_by_job(si, ncand)
     for a in range(ncand):
         s = si[a, _L_CAND]
         if s == entered:
