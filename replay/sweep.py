@@ -222,7 +222,7 @@ def _run_in_worker(i: int, scenario: dict[str, Any]) -> dict[str, Any]:
     if _WORKER.get("group", key) != key:  # a new group: the last one's runs are done with
         from .policies.base import drop_run_caches
 
-        drop_run_caches()
+        drop_run_caches(keep=_WORKER["trace"])
     _WORKER["group"] = key
     return _evaluate(_WORKER["trace"], _WORKER["run"], i, scenario)
 

@@ -57,6 +57,7 @@ def test_sweep_worker_drops_the_last_groups_runs_when_it_moves_on():
     sw._WORKER.clear()
     sw._WORKER.update(trace=t, run=None)
     try:
+        sw._run_in_worker(3, {"hardware.compute_speedup": 1.5})  # the shipped trace's graph
         rows = [sw._run_in_worker(0, {"network.inter_node_gbps": 12.5}),
                 sw._run_in_worker(1, {"network.inter_node_gbps": 12.5,
                                       "hardware.compute_speedup": 2.0})]
@@ -67,6 +68,8 @@ def test_sweep_worker_drops_the_last_groups_runs_when_it_moves_on():
         rows.append(sw._run_in_worker(2, {"network.inter_node_gbps": 6.25}))
         assert gone() is None  # the first group's run (and its graph) are freed
         assert len(base._SYNTH_CACHE) == 1
+        # the shipped trace's graph stays (a measured trace's scenarios all use it)
+        assert any(ref() is t for ref, _g in base._GRAPH_CACHE.values())
         assert all(r["error"] is None for r in rows)
         assert rows[1]["step_time_ns"] < rows[0]["step_time_ns"]
     finally:

@@ -132,13 +132,16 @@ def cached_graph(trace: Trace, *, ideal: bool = False) -> ReplayGraph:
     return g
 
 
-def drop_run_caches() -> None:
-    """Forget the re-synthesized runs and the graphs cached so far. A sweep worker calls
-    this when it moves on to another re-synthesizing group (replay.sweep deals whole
-    groups): the next group's runs and graphs then reuse their memory instead of the
-    process growing by ~340 MB per group at 10^6 ops, each fresh page a page fault."""
+def drop_run_caches(keep: Trace | None = None) -> None:
+    """Forget the re-synthesized runs and the cached graphs of traces other than ``keep``.
+    A sweep worker calls this when it moves on to another re-synthesizing group
+    (replay.sweep deals whole groups), keeping its shipped trace's graph (a measured trace
+    is never re-synthesized: all its scenarios use that graph): the next group's runs and
+    graphs then reuse the memory instead of the process growing by ~340 MB per group at
+    10^6 ops, each fresh page a page fault."""
     _SYNTH_CACHE.clear()
-    _GRAPH_CACHE.clear()
+    for k in [k for k, (ref, _g) in _GRAPH_CACHE.items() if keep is None or ref() is not keep]:
+        del _GRAPH_CACHE[k]
 
 
 def by_op(g: ReplayGraph, name: str) -> np.ndarray:
