@@ -44,9 +44,9 @@ over 9 runs (median ~70 s), the code before those changes interleaved with them 
 (median 82 s); the host's speed drifts by ~25% within minutes (2026-12-01, morning).
 With a flow's re-rates in one pass over the job list, the kernel's per-graph set-up, the
 trace handed to the workers in a file and each worker dropping a finished group's runs
-(2026-12-01, later): 56, 49, 50, 57 s wall / 93-109 s worker CPU over 4 runs, the
-morning's code interleaved with the last three 58, 61, 62 s / 111-117 s; worker page
-faults 774k -> 297k.
+(2026-12-01, later): 56, 49, 50, 57, 54 s wall / 93-109 s worker CPU over 5 runs, the
+morning's code interleaved with three of them 58, 61, 62 s / 111-117 s; worker page
+faults 774k -> ~300k.
 """
 
 from __future__ import annotations
