@@ -457,9 +457,12 @@ def _sweep_dask(tr: Trace, scs: list[dict], run: ScenarioFn | None, scheduler: A
         for f, res in as_completed(list(futs), loop=client.loop, with_results=True,
                                    raise_errors=False):
             i = futs.pop(f)
-            if isinstance(res, BaseException):  # KilledWorker after repeated deaths, ...
+            if f.status != "finished":  # KilledWorker after repeated deaths, ...
+                # an error comes as (type, exception, traceback), a cancellation (its
+                # trace lost with every worker that held it) as the exception
+                exc = res[1] if isinstance(res, tuple) else res
                 res = {**dict.fromkeys(METRICS), "scenario_id": i,
-                       "error": f"{type(res).__name__}: {' '.join(str(res).split())}"}
+                       "error": f"{type(exc).__name__}: {' '.join(str(exc).split())}"}
             rows[i] = res
             bar.advance()
     finally:

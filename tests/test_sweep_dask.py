@@ -36,6 +36,8 @@ def scale_run(trace, scenario):
         if not marker.exists():
             marker.write_text(str(os.getpid()))
             os.kill(os.getpid(), signal.SIGKILL)
+    if scenario.get("test.kill_always"):
+        os.kill(os.getpid(), signal.SIGKILL)
     if scenario.get("test.sleep_s"):
         time.sleep(float(scenario["test.sleep_s"]))
     _CALLS.append(id(trace))
@@ -106,6 +108,22 @@ def test_dask_worker_killed_mid_sweep(cluster, dlrm, serial, tmp_path):
     assert df["error"].isna().all()
     cols = [c for c in serial.columns]
     pd.testing.assert_frame_equal(df[cols], serial)
+
+
+def test_dask_scenario_that_kills_its_worker_is_an_error_row(dlrm):
+    """Dask gives up on a task whose workers keep dying (KilledWorker; no retries on this
+    cluster): the scenario is a row with that error, not a lost or broken sweep."""
+    import dask
+    from distributed import Client, LocalCluster
+
+    with dask.config.set({"distributed.scheduler.allowed-failures": 0}), \
+            LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
+                         dashboard_address=":0", silence_logs=50) as lc, \
+            Client(lc, set_as_default=False) as client:
+        df = sweep(dlrm, [{"test.kill_always": True}], run=scale_run, scheduler=client)
+    assert df["scenario_id"].tolist() == [0]
+    assert df.loc[0, "error"].startswith("KilledWorker: ")
+    assert df["step_time_ns"].isna().all()
 
 
 def test_cli_sweep_on_scheduler(cluster, tmp_path, capsys):
