@@ -149,6 +149,20 @@ def _add_cand(s, si, ncand):
 
 
 @njit(cache=True, inline="always")
+def _rerate(sf, s, now, old, r):
+    """Slot ``s`` changes its rate from ``old`` (unset if not positive) to ``r`` at ``now``:
+    its progress so far counted at the old rate, returns its new event time."""
+    if old > 0.0:
+        sf[s, _F_DONE] += (now - sf[s, _F_LAST]) * old
+    sf[s, _F_LAST] = now
+    sf[s, _F_RATE] = r
+    rem = sf[s, _F_THR] - sf[s, _F_DONE]
+    if rem < 0.0:
+        rem = 0.0
+    return now + rem / r
+
+
+@njit(cache=True, inline="always")
 def _cands_by_job(si, ncand):
     """Sort the candidate slots ``si[:ncand, _L_CAND]`` by job id in place (an insertion
     sort: the list is short). Rates change in job-id order, so that the sequence numbers
@@ -391,14 +405,7 @@ def _flow_change(sl, j, entering, now, n, coll_ptr, coll_members, device, n_comm
         else:
             r = inv if n_comm[si[s, _I_DEV]] > 0 else 1.0
             old = sf[s, _F_RATE]
-        if old > 0.0:
-            sf[s, _F_DONE] += (now - sf[s, _F_LAST]) * old
-        sf[s, _F_LAST] = now
-        sf[s, _F_RATE] = r
-        rem = sf[s, _F_THR] - sf[s, _F_DONE]
-        if rem < 0.0:
-            rem = 0.0
-        m = _jins(jt, js, m, now + rem / r, s)
+        m = _jins(jt, js, m, _rerate(sf, s, now, old, r), s)
         seq += 1
     return seq
 
@@ -487,14 +494,8 @@ def _rerate_cands(now, ncand, n, coll_ptr, coll_members, device, resource, n_com
                                                        n_compute):
                 r = r * inv
         if r != sf[s, _F_RATE]:
-            if sf[s, _F_RATE] > 0.0:
-                sf[s, _F_DONE] += (now - sf[s, _F_LAST]) * sf[s, _F_RATE]
-            sf[s, _F_LAST] = now
-            sf[s, _F_RATE] = r
-            rem = sf[s, _F_THR] - sf[s, _F_DONE]
-            if rem < 0.0:
-                rem = 0.0
-            _jkey(jt, jq, js, si, jsize, hmode, s, now + rem / r, seq)
+            _jkey(jt, jq, js, si, jsize, hmode, s, _rerate(sf, s, now, sf[s, _F_RATE], r),
+                  seq)
             seq += 1
     return seq
 
@@ -556,13 +557,6 @@ def _toggle_flows(d, entered, now, n, coll_ptr, coll_members, device, n_compute,
                 r = r * inv
             old = sf[s, _F_RATE]
         if r != old:
-            if old > 0.0:
-                sf[s, _F_DONE] += (now - sf[s, _F_LAST]) * old
-            sf[s, _F_LAST] = now
-            sf[s, _F_RATE] = r
-            rem = sf[s, _F_THR] - sf[s, _F_DONE]
-            if rem < 0.0:
-                rem = 0.0
-            _jkey(jt, jq, js, si, jsize, hmode, s, now + rem / r, seq)
+            _jkey(jt, jq, js, si, jsize, hmode, s, _rerate(sf, s, now, old, r), seq)
             seq += 1
     return seq
