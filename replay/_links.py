@@ -149,6 +149,23 @@ def _add_cand(s, si, ncand):
 
 
 @njit(cache=True, inline="always")
+def _flows_add(si, sl, n_flows):
+    """Slot ``sl`` joins the running flows ``si[:n_flows, _L_FLOWS]`` (the caller counts)."""
+    si[n_flows, _L_FLOWS] = sl
+    si[sl, _I_FPOS] = n_flows
+
+
+@njit(cache=True, inline="always")
+def _flows_remove(si, sl, n_flows):
+    """Slot ``sl`` leaves the running flows: the last one takes its place."""
+    p = si[sl, _I_FPOS]
+    last = si[n_flows - 1, _L_FLOWS]
+    si[p, _L_FLOWS] = last
+    si[last, _I_FPOS] = p
+    si[sl, _I_FPOS] = -1
+
+
+@njit(cache=True, inline="always")
 def _rerate(sf, s, now, old, r):
     """Slot ``s`` changes its rate from ``old`` (unset if not positive) to ``r`` at ``now``:
     its progress so far counted at the old rate, returns its new event time."""
@@ -233,8 +250,7 @@ def _job_enter(sl, j, n, coll_ptr, coll_members, device, resource, n_compute, n_
         if interference > 0.0 and n_compute[d] == 1 and n_comm[d] > 0:
             ncand = _add_flows(si, n_flows, ncand)
     else:
-        si[n_flows, _L_FLOWS] = sl
-        si[sl, _I_FPOS] = n_flows
+        _flows_add(si, sl, n_flows)
         n_flows += 1
         a0 = j if j < n else coll_ptr[j - n]
         a1 = j + 1 if j < n else coll_ptr[j - n + 1]
@@ -296,11 +312,7 @@ def _job_leave(sl, j, n, coll_ptr, coll_members, device, resource, n_compute, n_
         if interference > 0.0 and n_compute[d] == 0 and n_comm[d] > 0:
             ncand = _add_flows(si, n_flows, ncand)
     else:
-        p = si[sl, _I_FPOS]
-        last = si[n_flows - 1, _L_FLOWS]
-        si[p, _L_FLOWS] = last
-        si[last, _I_FPOS] = p
-        si[sl, _I_FPOS] = -1
+        _flows_remove(si, sl, n_flows)
         n_flows -= 1
         a0 = j if j < n else coll_ptr[j - n]
         a1 = j + 1 if j < n else coll_ptr[j - n + 1]
@@ -345,8 +357,7 @@ def _flow_change(sl, j, entering, now, n, coll_ptr, coll_members, device, n_comm
     a1 = j + 1 if j < n else coll_ptr[j - n + 1]
     flagged = False
     if entering:
-        si[n_flows, _L_FLOWS] = sl
-        si[sl, _I_FPOS] = n_flows
+        _flows_add(si, sl, n_flows)
         mask = np.uint64(0)
         for k in range(a0, a1):
             d = _member_device(j, n, k, coll_members, device)
@@ -358,11 +369,7 @@ def _flow_change(sl, j, entering, now, n, coll_ptr, coll_members, device, n_comm
                 n_comm[d] += 1
         si[sl, _I_DMASK] = np.int64(mask)
     else:
-        p = si[sl, _I_FPOS]
-        last = si[n_flows - 1, _L_FLOWS]
-        si[p, _L_FLOWS] = last
-        si[last, _I_FPOS] = p
-        si[sl, _I_FPOS] = -1
+        _flows_remove(si, sl, n_flows)
         for k in range(a0, a1):
             d = _member_device(j, n, k, coll_members, device)
             if d >= 0:
