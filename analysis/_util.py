@@ -7,9 +7,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from collectors.enums import LaneKind, OpKind
-from collectors.errors import RetimeError
-from collectors.trace import Trace
+from retime.collectors.enums import LaneKind, OpKind
+from retime.collectors.errors import RetimeError
+from retime.collectors.trace import Trace
 
 __all__ = ["as_trace", "device_mask", "host_mask", "op_ends_ns", "step_windows",
            "COMPUTE_KINDS", "COMM_KINDS", "MEM_KINDS", "HOST_KINDS"]

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from collectors.enums import LaneKind
+from retime.collectors.enums import LaneKind
 
 from ._kernels import _union_len_grouped
 from ._util import (
@@ -111,7 +111,7 @@ def breakdown(x: Any, *, by: str = "step") -> pd.DataFrame:
     ``gpu_busy_frac``.
     """
     if by not in ("step", "rank"):
-        from collectors.errors import RetimeError
+        from retime.collectors.errors import RetimeError
         raise RetimeError(f"breakdown(by={by!r}): choose 'step' or 'rank'")
     t = as_trace(x)
     o = t.ops

@@ -25,8 +25,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from collectors.enums import EdgeKind, OpKind
-from collectors.errors import RetimeError
+from retime.collectors.enums import EdgeKind, OpKind
+from retime.collectors.errors import RetimeError
 
 from ._kernels import _backtrack, _longest_path
 from ._util import as_trace, op_ends_ns
@@ -254,7 +254,7 @@ def critical_path(x: Any) -> pd.DataFrame:
 
 
 def _is_trace(x: Any) -> bool:
-    from collectors.trace import Trace
+    from retime.collectors.trace import Trace
     return isinstance(x, Trace)
 
 

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from collectors.devices import device_peaks
+from retime.collectors.devices import device_peaks
 
 from ._util import _keep_step_mask, as_trace, step_windows
 

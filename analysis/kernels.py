@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from collectors.enums import OpKind
+from retime.collectors.enums import OpKind
 
 from ._util import COMM_KINDS, COMPUTE_KINDS, MEM_KINDS, as_trace, device_mask
 

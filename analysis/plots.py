@@ -12,7 +12,7 @@ import pandas as pd
 from matplotlib.collections import PolyCollection
 from matplotlib.figure import Figure
 
-from collectors.enums import OpKind
+from retime.collectors.enums import OpKind
 
 from .breakdown import PARTS
 

@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from collectors.errors import RetimeError
+from retime.collectors.errors import RetimeError
 
 from . import plots
 from ._util import as_trace
@@ -337,7 +337,7 @@ _MAX_STRAGGLER_OPS = 200_000  # the attribution replays the trace once per group
 def _stragglers_or_none(x: Any, t) -> pd.DataFrame | None:
     """The what-if straggler table of a measured trace, or None when it does not apply
     (a replay, no replay package, a trace the analysis rejects, or a very large trace)."""
-    from collectors.trace import Trace
+    from retime.collectors.trace import Trace
 
     if not isinstance(x, Trace) or t.n_ops > _MAX_STRAGGLER_OPS:
         return None

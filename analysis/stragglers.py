@@ -22,7 +22,7 @@ def stragglers(x: Any) -> pd.DataFrame:
     """Tidy straggler attribution: ``group`` (``overall``, ``stage``, ``dp_rank``,
     ``optype``), ``key``, ``slowdown``, ``cost_pct``; sorted by cost within each group.
     ``attrs['step_time_s']`` keeps the per-step measured/simulated/ideal times."""
-    from replay.policies.stragglers import straggler_analysis
+    from retime.replay.policies.stragglers import straggler_analysis
 
     res = straggler_analysis(as_trace(x))
     rows = [("overall", "all", float(res["slowdown"]))]

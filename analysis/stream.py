@@ -31,10 +31,10 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 
-from collectors.enums import OpKind
-from collectors.errors import RetimeError
-from collectors.store import rank_rows, read_small_tables, scan_table, store_layout
-from collectors.trace import RANGES_SCHEMA, Trace, _frame, read_trace
+from retime.collectors.enums import OpKind
+from retime.collectors.errors import RetimeError
+from retime.collectors.store import rank_rows, read_small_tables, scan_table, store_layout
+from retime.collectors.trace import RANGES_SCHEMA, Trace, _frame, read_trace
 
 from ._util import COMM_KINDS, step_windows
 from .breakdown import breakdown

@@ -40,7 +40,7 @@ def _best(fn, repeat: int) -> tuple[float, float, object]:
 
 
 def bench_analysis(trace, repeat: int) -> dict:
-    import analysis as A
+    import retime.analysis as A
 
     suite = {
         "breakdown(step)": lambda: A.breakdown(trace),
@@ -126,8 +126,8 @@ def main() -> None:
 
     import numpy as np
 
-    import analysis as A
-    from collectors.ingest import read
+    import retime.analysis as A
+    from retime.collectors.ingest import read
 
     t0 = time.perf_counter()
     trace = read([args.trace])

@@ -26,8 +26,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from collectors.ingest import read  # noqa: E402
-from replay import ContentionModel, build_graph, simulate  # noqa: E402
+from retime.collectors.ingest import read  # noqa: E402
+from retime.replay import ContentionModel, build_graph, simulate  # noqa: E402
 
 TRACES = ROOT.parent / "shared" / "traces"
 

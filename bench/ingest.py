@@ -19,7 +19,7 @@ is missing or fails, its column says why. Never asserts timings. Per parser it p
   imports; for retime also after the warm-up), so the parsers' own memory is compared
   without their interpreters.
 
-retime reads with its streaming scanner (collectors/kineto_fast.py): the file is decompressed
+retime reads with its streaming scanner (collectors/kineto/scan.py): the file is decompressed
 in 4 MB blocks and scanned by numba into columns, so peak memory follows the kept columns,
 not the file size. Before the first byte, retime's process holds ~180 MB after its imports
 (numpy, numba/llvmlite, pandas and pyarrow, which collectors.trace imports) and ~240 MB once
@@ -49,8 +49,8 @@ import json, resource, sys, time
 def rss_mb():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 sys.path.insert(0, {root!r})
-from collectors.kineto import read_kineto
-import collectors.kineto_fast, collectors.kineto_links, collectors.kineto_merge  # noqa: F401
+from retime.collectors.kineto import read_kineto
+import retime.collectors.kineto.scan, retime.collectors.kineto.links, retime.collectors.kineto.merge  # noqa: F401
 import_rss_mb = rss_mb()
 if {warm!r}:
     # warm-up outside the timing: numba's LLVM start and the loading of its cached kernels
@@ -226,7 +226,7 @@ def main() -> None:
     print(f"cores: {os.cpu_count()}, python {sys.version.split()[0]}; each parser in a fresh process")
     # warm numba's on-disk cache outside the timed runs
     subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {str(ROOT)!r}); "
-                    "from collectors.kineto import read_kineto; "
+                    "from retime.collectors.kineto import read_kineto; "
                     f"read_kineto([{str(SHARED / 'a100-event-sync' / 'single_stream.json.gz')!r}])"],
                    check=True)
     compare("largest shared trace", SHARED / "v100-ddp-sgd" / "df_index_resolver.json.gz", None,

@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from collectors.nsys import read_nsys  # noqa: E402
+from retime.collectors.nsys import read_nsys  # noqa: E402
 
 REAL = ROOT.parent / "shared" / "traces" / "nsys" / "h100-2gpu-fastvideo.sqlite"
 OUT = ROOT / "bench" / "out"

@@ -33,9 +33,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from collectors.enums import EdgeKind, OpKind  # noqa: E402
-from replay import ContentionModel, graph_from_arrays, simulate  # noqa: E402
-from replay.engine import ReplayResult  # noqa: E402, F401
+from retime.collectors.enums import EdgeKind, OpKind  # noqa: E402
+from retime.replay import ContentionModel, graph_from_arrays, simulate  # noqa: E402
+from retime.replay.engine import ReplayResult  # noqa: E402, F401
 
 
 def generate(n_ops: int, *, n_ranks: int = 64, coll_every: int = 8, seed: int = 0) -> dict:

@@ -82,8 +82,8 @@ def replicated_ranks(trace, base_rank: int, n_ranks: int, skew_ns: int = 3_000
 
 def build_store(out: Path, n_ranks: int, base_rank: int = 0) -> dict:
     """Write the replicated store; return its size figures."""
-    from collectors.ingest import read
-    from collectors.store import write_store_by_rank
+    from retime.collectors.ingest import read
+    from retime.collectors.store import write_store_by_rank
 
     t = read(DLRM)
     gen, lanes = replicated_ranks(t, base_rank, n_ranks)
@@ -105,8 +105,8 @@ _CHILD = r"""
 import json, resource, sys, time, warnings
 warnings.simplefilter("ignore")
 sys.path.insert(0, {root!r})
-from analysis.stream import store_analysis
-from collectors.ingest import read
+from retime.analysis.stream import store_analysis
+from retime.collectors.ingest import read
 import tempfile, pathlib
 # warm-up (imports, numba kernels from cache) on the real 8-rank trace
 with tempfile.TemporaryDirectory() as d:

@@ -63,9 +63,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from replay import build_graph, simulate  # noqa: E402
-from replay.graph import RES_COMM, RES_COMPUTE  # noqa: E402
-from replay.sweep import scenario_metrics, sweep  # noqa: E402
+from retime.replay import build_graph, simulate  # noqa: E402
+from retime.replay.graph import RES_COMM, RES_COMPUTE  # noqa: E402
+from retime.replay.sweep import scenario_metrics, sweep  # noqa: E402
 
 _GRAPH: dict = {}
 
@@ -83,7 +83,7 @@ def scaled_run(trace, scenario):
 
 
 def make_trace(n_ops: float):
-    from collectors.synth import synthesize
+    from retime.collectors.synth import synthesize
 
     # 32 ranks (TP8 x PP4) of GPT-3 13B emit ~12.3k ops per micro-batch
     gb = max(8, int(round(n_ops / 12_350)))
@@ -118,7 +118,7 @@ def policy_grid(n: int = 1000) -> list[dict]:
 
 def real_sweep(tr, n: int, workers: int, sample_only: bool) -> None:
     """Per-kind cost of real scenarios, then the sweep of ``n`` of them."""
-    from replay import whatif
+    from retime.replay import whatif
 
     net = {"hardware.compute_speedup": 1.4, "network.inter_node_gbps": 25.0}
     kinds = {  # one per overlap kind of the grid (the bandwidth changes the trace, not the cost)
@@ -188,7 +188,7 @@ def real_sweep(tr, n: int, workers: int, sample_only: bool) -> None:
           f"~{n_int * cost['interference (+ compute + network)'] / workers:.0f} s")
     if sample_only:
         return
-    from replay.sweep import SweepInterrupted
+    from retime.replay.sweep import SweepInterrupted
 
     load0 = os.getloadavg()[0]
     t, c = time.perf_counter(), time.process_time()
@@ -372,7 +372,7 @@ def main() -> None:
                   f"speed-up {walls[1] / wd:.2f}x over 1 worker; rows equal: "
                   f"{base.equals(df)}")
     if a.whatif:
-        from replay import whatif
+        from retime.replay import whatif
 
         wscs = [{"network.inter_node_gbps": 25}, {"hardware.compute_speedup": 2.0},
                 {"overlap.mode": "serial"}][:a.whatif]

@@ -32,7 +32,7 @@ CASES = [
 
 
 def _one(i: int) -> dict:
-    from collectors.synth import synthesize
+    from retime.collectors.synth import synthesize
 
     label, model, tp, pp, dp, gb, mb, sched, v, expand = CASES[i]
     synthesize("gpt3-125m", "h100-sxm", tp=1, pp=2, dp=1, global_batch=2, micro_batch=1)

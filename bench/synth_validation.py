@@ -23,7 +23,7 @@ import time
 
 import numpy as np
 
-from collectors.synth import synthesize
+from retime.collectors.synth import synthesize
 
 # (label, model, tp, pp, dp, global batch, micro-batch, recompute, sp, published s, dev?)
 ITERATION = [

@@ -72,11 +72,11 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from collectors.errors import RetimeError  # noqa: E402
-from collectors.ingest import read  # noqa: E402
-from collectors.trace import Trace  # noqa: E402
-from replay.policies.bucketing import rebucket_cpu  # noqa: E402
-from replay.whatif import whatif  # noqa: E402
+from retime.collectors.errors import RetimeError  # noqa: E402
+from retime.collectors.ingest import read  # noqa: E402
+from retime.collectors.trace import Trace  # noqa: E402
+from retime.replay.policies.bucketing import rebucket_cpu  # noqa: E402
+from retime.replay.whatif import whatif  # noqa: E402
 
 NPROCS = 2
 #: round-robin time slice (ms) of the real-time ranks (the kernel's default,
@@ -132,7 +132,7 @@ def _rank_main(local_rank: int, port: int, cfg: dict) -> None:
     from torch import nn
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from collectors.capture import Capture
+    from retime.collectors.capture import Capture
 
     os.environ.update(RANK=str(local_rank), LOCAL_RANK=str(local_rank),
                       WORLD_SIZE=str(NPROCS), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))

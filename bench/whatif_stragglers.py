@@ -20,8 +20,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from collectors.oplevel import read_oplevel  # noqa: E402
-from replay.policies import straggler_analysis  # noqa: E402
+from retime.collectors.oplevel import read_oplevel  # noqa: E402
+from retime.replay.policies import straggler_analysis  # noqa: E402
 
 ST = ROOT.parent / "shared" / "traces" / "oplevel" / "megatron-ST-8rank"
 

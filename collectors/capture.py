@@ -4,7 +4,7 @@ Two ways to use it:
 
 1. In your own training loop (explicit)::
 
-       from collectors.capture import Capture
+       from retime.collectors.capture import Capture
 
        with Capture("traces/run1", wait=1, warmup=1, active=3) as cap:
            for batch in loader:
@@ -417,7 +417,7 @@ def _finish_auto(warn: bool = True) -> None:
 
 
 def _main(argv: list[str] | None = None) -> int:
-    """``python -m collectors.capture [-m MODULE | SCRIPT] ARGS``: run a script with capture.
+    """``python -m retime.collectors.capture [-m MODULE | SCRIPT] ARGS``: run a script with capture.
 
     The child entry point of ``retime capture`` (run by torchrun once per rank). Capture is
     configured by ``RETIME_CAPTURE_*``; ``RETIME_CAPTURE_AUTO=0`` leaves step marking to an
@@ -427,7 +427,7 @@ def _main(argv: list[str] | None = None) -> int:
 
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv:
-        raise ConfigError("usage: python -m collectors.capture [-m MODULE | SCRIPT] [ARGS...]")
+        raise ConfigError("usage: python -m retime.collectors.capture [-m MODULE | SCRIPT] [ARGS...]")
     cfg = CaptureConfig.from_env()
     if cfg is None:
         raise ConfigError(f"{ENV_PREFIX}OUT_DIR is not set; run through `retime capture -o DIR -- SCRIPT`")
@@ -460,9 +460,9 @@ def _main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    # Run through the imported module so that state is shared with `import collectors.capture`
+    # Run through the imported module so that state is shared with `import retime.collectors.capture`
     # inside the user's script (runpy would otherwise make a second copy of this module).
-    from collectors.capture import _main as _real_main
+    from retime.collectors.capture import _main as _real_main
 
     try:
         sys.exit(_real_main())

@@ -8,7 +8,7 @@ Two entry points:
     1. each worker parses its file (:func:`collectors.kineto.parse_kineto_file`) and keeps
        the ``RankPart``; only a *skeleton* comes back here: the part's collective and p2p
        ops (the ones cross-rank matching needs), its lanes, names and metadata;
-    2. this process merges the skeletons with :func:`collectors.kineto_merge.merge_parts`
+    2. this process merges the skeletons with :func:`collectors.kineto.merge.merge_parts`
        (process groups, collective matching, string table, lanes, meta exactly as a local
        ingest computes them: they depend on those ops only) and derives each rank's plan:
        global op and lane offsets, name-id map, the ``coll_id``/``group_id`` of its
@@ -45,7 +45,7 @@ import pyarrow as pa
 from .errors import TraceFormatError
 from .ingest import detect_format, expand_inputs
 from .kineto import RankPart, kineto_files, parse_kineto_file
-from .kineto_merge import merge_parts
+from .kineto import merge_parts
 from .progress import progress_bar
 from .store import commit_store, new_store_dir, write_rank_tables
 from .trace import (

@@ -32,10 +32,10 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 try:
-    from collectors.capture import Capture
+    from retime.collectors.capture import Capture
 except ImportError:  # run from a checkout without retime installed: use the checkout
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from collectors.capture import Capture
+    from retime.collectors.capture import Capture
 
 
 def build_model(hidden: int, layers: int) -> nn.Module:

@@ -13,8 +13,8 @@ import contextlib
 
 import numpy as np
 
-from collectors.errors import RetimeError
-from collectors.trace import Trace
+from retime.collectors.errors import RetimeError
+from retime.collectors.trace import Trace
 
 from .engine import simulate
 from .graph import build_graph

@@ -26,8 +26,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from collectors.errors import ReplayError
-from collectors.trace import Trace
+from retime.collectors.errors import ReplayError
+from retime.collectors.trace import Trace
 
 from ._fluid import _fluid_replay
 from ._kernels import _fast_replay, _to_op_order, _to_op_order_i64

@@ -40,9 +40,9 @@ from typing import Any
 
 import numpy as np
 
-from collectors.enums import EdgeKind, LaneKind, OpKind
-from collectors.errors import ReplayError
-from collectors.trace import Trace
+from retime.collectors.enums import EdgeKind, LaneKind, OpKind
+from retime.collectors.errors import ReplayError
+from retime.collectors.trace import Trace
 
 from ._kernels import (
     _csr_by_dst,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from collectors.errors import ReplayError
+from retime.collectors.errors import ReplayError
 
 from ._kernels import _node_succ, _topo_order_by_time
 

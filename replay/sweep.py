@@ -53,9 +53,9 @@ import numpy as np
 import pandas as pd
 import tomllib
 
-from collectors.errors import PolicyError
-from collectors.progress import progress_bar
-from collectors.trace import Trace, read_trace
+from retime.collectors.errors import PolicyError
+from retime.collectors.progress import progress_bar
+from retime.collectors.trace import Trace, read_trace
 
 from .engine import ReplayResult
 from .sweep_metrics import DTYPES as _DTYPES
@@ -425,7 +425,7 @@ def _mp_context():
     forkserver (Windows, macOS default)."""
     if "forkserver" in mp.get_all_start_methods():
         ctx = mp.get_context("forkserver")
-        ctx.set_forkserver_preload(["replay._forkserver_preload"])
+        ctx.set_forkserver_preload(["retime.replay._forkserver_preload"])
         return ctx
     return mp.get_context("spawn")  # pragma: no cover - platforms without forkserver
 

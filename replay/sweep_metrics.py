@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from collectors.devices import device_peaks
+from retime.collectors.devices import device_peaks
 
 from ._metric_kernels import _block_slots, _metric_spans, _metric_spans_layout
 from .engine import ReplayResult

@@ -15,9 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from collectors.enums import CommOp, OpKind
-from collectors.errors import PolicyError
-from collectors.trace import Trace
+from retime.collectors.enums import CommOp, OpKind
+from retime.collectors.errors import PolicyError
+from retime.collectors.trace import Trace
 
 from ._metric_kernels import _group_spans
 from .engine import ReplayResult, _simulate_layout

@@ -19,7 +19,7 @@ import click
 import orjson
 import typer
 
-from collectors.errors import RetimeError
+from retime.collectors.errors import RetimeError
 
 __all__ = ["app", "main", "emit_json", "say"]
 

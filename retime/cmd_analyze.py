@@ -10,8 +10,8 @@ import numpy as np
 import pandas as pd
 import typer
 
-from analysis.breakdown import PARTS
-from analysis.stream import store_analysis
+from retime.analysis.breakdown import PARTS
+from retime.analysis.stream import store_analysis
 from retime.cli import app, emit_json, say
 
 

@@ -13,9 +13,9 @@ from typing import Annotated
 
 import typer
 
-import collectors
-from collectors.capture import ENV_PREFIX, CaptureConfig
-from collectors.errors import RetimeError
+import retime
+from retime.collectors.capture import ENV_PREFIX, CaptureConfig
+from retime.collectors.errors import RetimeError
 from retime.cli import app, emit_json, say
 
 _TRACE_GLOBS = ("rank-*.pt.trace.json", "rank-*.pt.trace.json.gz")
@@ -44,7 +44,7 @@ def launch_command(script_args: list[str], nproc_per_node: int,
     cmd = [sys.executable, "-m", "torch.distributed.run"]
     if not multi_node:
         cmd.append("--standalone")  # single node: torchrun picks a free port itself
-    cmd += [f"--nproc-per-node={nproc_per_node}", *torchrun_args, "-m", "collectors.capture",
+    cmd += [f"--nproc-per-node={nproc_per_node}", *torchrun_args, "-m", "retime.collectors.capture",
             *script_args]
     return cmd
 
@@ -70,7 +70,7 @@ def capture(
     auto: Annotated[bool, typer.Option(
         "--auto/--no-auto",
         help="Count a step at every optimizer.step(). --no-auto: the script marks steps "
-             "itself with collectors.capture.Capture.")] = True,
+             "itself with retime.collectors.capture.Capture.")] = True,
     torchrun_arg: Annotated[list[str] | None, typer.Option(
         "--torchrun-arg", help="Extra torchrun argument, repeatable (e.g. "
                                "--torchrun-arg=--nnodes=2 --torchrun-arg=--node-rank=0).")] = None,
@@ -84,7 +84,7 @@ def capture(
 
     Example: `retime capture -n 2 -o traces/run1 -- train.py --epochs 1`, then `retime ingest traces/run1 -o run1.retime`.
 
-    Every rank runs SCRIPT with torch.profiler on. A step ends at each optimizer.step(); with the default schedule (--wait 1 --warmup 1 --active 3) the 3rd to 5th steps are recorded. A script that opens `collectors.capture.Capture(...)` itself keeps control: its own cap.step() marks win, and the arguments it leaves unset come from these options.
+    Every rank runs SCRIPT with torch.profiler on. A step ends at each optimizer.step(); with the default schedule (--wait 1 --warmup 1 --active 3) the 3rd to 5th steps are recorded. A script that opens `retime.collectors.capture.Capture(...)` itself keeps control: its own cap.step() marks win, and the arguments it leaves unset come from these options.
 
     Traces go to OUTPUT/rank-R.pt.trace.json.gz (OUTPUT/cycle-K/ when --repeat is not 1) with rank, world size and process groups (distributedInfo) and input shapes recorded. Works on CPU (gloo) and GPU (NCCL); needs the torch extra (`pip install "retime\\[torch]"`). The script's own output is passed through (to stderr with --json).
     """
@@ -113,8 +113,8 @@ def capture(
     env = dict(os.environ)
     env.update(cfg.to_env())
     env[ENV_PREFIX + "AUTO"] = "1" if auto else "0"
-    # Make `collectors` importable in the children even from an uninstalled checkout.
-    root = str(Path(collectors.__file__).resolve().parents[1])
+    # Make `retime` importable in the children even from an uninstalled checkout.
+    root = str(Path(retime.__file__).resolve().parents[1])
     env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
     cmd = launch_command(script_args, nproc_per_node, list(torchrun_arg or []))
     say(f"retime capture: torchrun {' '.join(cmd[3:])}", quiet=json_out)
@@ -139,7 +139,7 @@ def capture(
                     "schedule": {"skip_first": skip_first, "wait": wait, "warmup": warmup,
                                  "active": active, "repeat": repeat}}
     if ingest_to is not None:
-        from collectors.ingest import read
+        from retime.collectors.ingest import read
         from retime.cmd_trace import ingest_summary
 
         trace = read([str(output)])

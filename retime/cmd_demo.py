@@ -14,7 +14,7 @@ from typing import Annotated
 
 import typer
 
-from collectors.errors import RetimeError
+from retime.collectors.errors import RetimeError
 from retime.cli import app, emit_json, say
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,9 +28,9 @@ def demo(
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")] = False,
 ) -> None:
     """Run ingest -> identity replay -> two what-ifs -> HTML/PDF report on the bundled sample."""
-    from analysis import write_report
-    from collectors.ingest import read
-    from replay import replay
+    from retime.analysis import write_report
+    from retime.collectors.ingest import read
+    from retime.replay import replay
 
     if not SAMPLE.is_dir():
         raise RetimeError(f"{SAMPLE}: bundled sample missing; run from a checkout of retime "
@@ -53,7 +53,7 @@ def demo(
         say(f"  rank {r.rank}: measured {r.measured_ns / 1e6:8.3f} ms  replayed "
             f"{r.replayed_ns / 1e6:8.3f} ms  error {r.error_pct:+.3f}%", quiet=quiet)
 
-    from replay import whatif
+    from retime.replay import whatif
 
     whatifs = []
     best = None

@@ -7,9 +7,9 @@ from typing import Annotated
 
 import typer
 
-from collectors.errors import RetimeError
-from collectors.trace import read_trace
-from replay import build_graph, simulate, whatif
+from retime.collectors.errors import RetimeError
+from retime.collectors.trace import read_trace
+from retime.replay import build_graph, simulate, whatif
 from retime.cli import app, emit_json, say
 
 
@@ -39,7 +39,7 @@ def replay_cmd(
         raise RetimeError(f"{output}: exists and is not a directory; choose another -o path")
     trace = read_trace(trace_dir)
     if scenario is not None or set_:
-        from replay.policies.scenario import scenario_from_cli
+        from retime.replay.policies.scenario import scenario_from_cli
         result = whatif(trace, scenario_from_cli(scenario, set_), ideal=ideal)
     else:
         result = simulate(build_graph(trace, ideal=ideal))

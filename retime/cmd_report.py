@@ -7,9 +7,9 @@ from typing import Annotated
 
 import typer
 
-from collectors.errors import RetimeError
-from collectors.progress import progress_bar
-from collectors.trace import read_trace
+from retime.collectors.errors import RetimeError
+from retime.collectors.progress import progress_bar
+from retime.collectors.trace import read_trace
 from retime.cli import app, emit_json, say
 
 
@@ -28,7 +28,7 @@ def report(
     """Write a self-contained HTML report (or a PDF with the same content) of a run:
     summary and top findings, breakdown, kernels, critical path, communication, pipeline,
     memory and efficiency, and a comparison when --baseline is given."""
-    from analysis.report import build_report, write_html, write_pdf
+    from retime.analysis.report import build_report, write_html, write_pdf
 
     suf = output.suffix.lower()
     if suf not in (".html", ".htm", ".pdf"):

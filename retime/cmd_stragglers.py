@@ -7,8 +7,8 @@ from typing import Annotated
 
 import typer
 
-from collectors.trace import read_trace
-from replay.policies.stragglers import straggler_analysis
+from retime.collectors.trace import read_trace
+from retime.replay.policies.stragglers import straggler_analysis
 from retime.cli import app, emit_json, say
 
 

@@ -13,9 +13,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import typer
 
-from collectors.errors import RetimeError
-from collectors.trace import read_trace
-from replay.sweep import METRICS, SweepInterrupted, default_workers, read_grid, sweep
+from retime.collectors.errors import RetimeError
+from retime.collectors.trace import read_trace
+from retime.replay.sweep import METRICS, SweepInterrupted, default_workers, read_grid, sweep
 from retime.cli import app, emit_json, say
 
 

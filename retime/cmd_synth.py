@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from collectors.errors import ConfigError, RetimeError
+from retime.collectors.errors import ConfigError, RetimeError
 from retime.cli import app, emit_json, say
 
 
@@ -95,7 +95,7 @@ def synth(
     alpha-beta model per link level; the trace has every rank's compute and communication
     streams, collectives with cross-rank ids and pipeline sends/receives.
     """
-    from collectors.synth import synthesize
+    from retime.collectors.synth import synthesize
 
     if (model is None) == (model_file is None):
         raise ConfigError("give exactly one of --model NAME or --model-file F.toml")

@@ -9,10 +9,10 @@ from typing import Annotated
 import numpy as np
 import typer
 
-from collectors.enums import LaneKind, OpKind
-from collectors.errors import RetimeError
-from collectors.ingest import read
-from collectors.trace import Trace, read_trace
+from retime.collectors.enums import LaneKind, OpKind
+from retime.collectors.errors import RetimeError
+from retime.collectors.ingest import read
+from retime.collectors.trace import Trace, read_trace
 from retime.cli import app, emit_json, say
 
 
@@ -82,13 +82,13 @@ def ingest(
         raise RetimeError(f"{output}: exists and is not a directory; choose another -o path")
     lay = (layout or (Layout.rank if scheduler is not None else Layout.single)).value
     if scheduler is not None and lay == "rank":
-        from collectors.distributed import ingest_distributed
+        from retime.collectors.distributed import ingest_distributed
         r = ingest_distributed([str(p) for p in paths], scheduler, output,
                                format=format.value)
         s = _summary(r["meta"], r["ranks"], r["world_size"], r["ops"], r["edges"], r["ranges"])
     else:
         if scheduler is not None:
-            from collectors.distributed import read_distributed
+            from retime.collectors.distributed import read_distributed
             trace = read_distributed([str(p) for p in paths], scheduler, format=format.value)
         else:
             trace = read([str(p) for p in paths], format=format.value, jobs=jobs)
@@ -129,8 +129,8 @@ def info_summary(trace: Trace) -> dict:
 def info_summary_streamed(path: Path) -> dict:
     """:func:`info_summary` of a stored trace without loading its per-rank tables (ops by
     kind and step and rank spans streamed, counts from the partition metadata)."""
-    from collectors.store import op_totals, rank_spans, read_small_tables
-    from collectors.trace import SCHEMA_VERSION
+    from retime.collectors.store import op_totals, rank_spans, read_small_tables
+    from retime.collectors.trace import SCHEMA_VERSION
 
     small = read_small_tables(path)
     meta = {k: v for k, v in small["meta"].items() if k not in ("layout", "partitions")}
@@ -169,7 +169,7 @@ def info(
 
     A rank-partitioned store is summarized from its metadata and streamed scans (it is not
     loaded whole)."""
-    from collectors.store import store_layout
+    from retime.collectors.store import store_layout
 
     if store_layout(trace_dir) == "rank":
         s = info_summary_streamed(trace_dir)
@@ -199,7 +199,7 @@ def export(
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")] = False,
 ) -> None:
     """Export a trace (or a replayed trace) as Chrome trace JSON for Perfetto / chrome://tracing."""
-    from collectors.chrome import write_chrome
+    from retime.collectors.chrome import write_chrome
 
     trace = read_trace(trace_dir)
     n = write_chrome(trace, chrome)

@@ -37,7 +37,7 @@ _CACHE: dict = {}
 
 def ingest_cached(path: Path):
     """Ingest once per session (ingest itself is tested separately)."""
-    from collectors.ingest import read
+    from retime.collectors.ingest import read
 
     key = str(path)
     if key not in _CACHE:

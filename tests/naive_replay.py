@@ -12,8 +12,8 @@ import math
 
 import numpy as np
 
-from collectors.enums import EdgeKind, LaneKind, OpKind
-from collectors.trace import Trace
+from retime.collectors.enums import EdgeKind, LaneKind, OpKind
+from retime.collectors.trace import Trace
 
 
 # ---------------------------------------------------------------------------- helpers

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from conftest import ingest_cached
 
-from analysis import attribute_critical_path, critical_path
-from analysis.critical_path import dependency_arcs, path_weights
-from collectors.enums import EdgeKind, LaneKind, OpKind
-from collectors.trace import Trace
+from retime.analysis import attribute_critical_path, critical_path
+from retime.analysis.critical_path import dependency_arcs, path_weights
+from retime.collectors.enums import EdgeKind, LaneKind, OpKind
+from retime.collectors.trace import Trace
 
 
 def random_single_rank(seed: int, n: int = 60) -> Trace:
@@ -146,7 +146,7 @@ def test_critical_path_on_shared_multirank_trace(shared_traces):
 
 
 def test_critical_path_of_replay_uses_crit_pred(shared_traces):
-    engine = pytest.importorskip("replay.engine")
+    import retime.replay.engine as engine
     t = ingest_cached(shared_traces / "kineto" / "dlrm-v100-8rank")
     try:
         r = engine.replay(t)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from conftest import KINETO, SHARED, ingest_cached, kineto_trace_files
 
-from analysis import (
+from retime.analysis import (
     PARTS,
     breakdown,
     busbw_factor,
@@ -20,8 +20,8 @@ from analysis import (
     kernel_stats,
     summarize_breakdown,
 )
-from collectors.enums import CommOp, LaneKind, OpKind
-from collectors.errors import RetimeError
+from retime.collectors.enums import CommOp, LaneKind, OpKind
+from retime.collectors.errors import RetimeError
 
 
 def _inputs() -> list[Path]:

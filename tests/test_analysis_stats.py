@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis import (
+from retime.analysis import (
     as_trace,
     breakdown,
     bubbles,
@@ -26,9 +26,9 @@ from analysis import (
     rank_wait,
     stage_bubbles,
 )
-from collectors.enums import CommOp, LaneKind, OpKind
-from collectors.errors import RetimeError
-from collectors.trace import Trace
+from retime.collectors.enums import CommOp, LaneKind, OpKind
+from retime.collectors.errors import RetimeError
+from retime.collectors.trace import Trace
 
 K, C, M, R, CPU = (int(OpKind.KERNEL), int(OpKind.COLLECTIVE), int(OpKind.MEMCPY),
                    int(OpKind.RUNTIME), int(OpKind.CPU_OP))
@@ -223,7 +223,7 @@ def test_compare_deltas():
 
 
 def test_modeled_run_mfu_and_memory_match_synth():
-    synth = pytest.importorskip("collectors.synth")
+    import retime.collectors.synth as synth
     t = synth.synthesize("gpt3-1.3b", "a100-80gb", tp=2, pp=2, dp=1, global_batch=8,
                          micro_batch=1)
     je = job_efficiency(t)

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from collectors.capture import ENV_PREFIX, CaptureConfig, trace_path
-from collectors.errors import ConfigError
+from retime.collectors.capture import ENV_PREFIX, CaptureConfig, trace_path
+from retime.collectors.errors import ConfigError
 from retime.cli import run
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -78,7 +78,7 @@ def ddp_capture(tmp_path_factory):
 @pytest.fixture(scope="module")
 def ddp_trace(ddp_capture):
     """The two captured traces ingested by retime's reader (collectors.ingest.read)."""
-    from collectors.ingest import read
+    from retime.collectors.ingest import read
 
     return read(ddp_capture[0])
 
@@ -132,9 +132,9 @@ def test_ingest_matches_gloo_allreduces_across_ranks(ddp_capture, ddp_trace):
 @pytest.mark.torch
 @needs_torch
 def test_identity_replay_reproduces_measured_step(ddp_capture, ddp_trace):
-    if importlib.util.find_spec("replay.engine") is None:
+    if importlib.util.find_spec("retime.replay.engine") is None:
         pytest.skip("replay engine (replay/engine.py) not available in this checkout")
-    from replay import engine
+    from retime.replay import engine
 
     out, _ = ddp_capture
     trace = ddp_trace
@@ -213,7 +213,7 @@ def test_capture_cli_errors_are_one_line_exit_2(tmp_path, capsys):
 def test_in_process_capture_cycles_and_too_few_steps(tmp_path, monkeypatch):
     import torch
 
-    from collectors.capture import Capture
+    from retime.collectors.capture import Capture
 
     model = torch.nn.Linear(16, 4)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)

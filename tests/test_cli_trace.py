@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from conftest import KINETO, ROOT
 
-from collectors import read_trace
-from collectors.ingest import read
+from retime.collectors import read_trace
+from retime.collectors.ingest import read
 from retime.cli import run
 
 DLRM = KINETO / "dlrm-v100-8rank"

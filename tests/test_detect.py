@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from collectors.errors import TraceFormatError
-from collectors.ingest import detect_format, read
+from retime.collectors.errors import TraceFormatError
+from retime.collectors.ingest import detect_format, read
 from retime.cli import run
 
 TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from naive_replay import naive_fluid, random_trace
 
-from collectors.synth import synthesize
-from replay import ContentionModel, build_graph, simulate
-from replay._succ import _succ_lists
+from retime.collectors.synth import synthesize
+from retime.replay import ContentionModel, build_graph, simulate
+from retime.replay._succ import _succ_lists
 
 MODELS = [ContentionModel(interference=f, share_compute=sc, share_links=sl)
           for f in (0.5, 1.0) for sc in (False, True) for sl in (False, True)]
@@ -94,7 +94,7 @@ def test_job_list_turns_into_a_heap_past_its_limit(seed):
     """Without rate sharing the running jobs start as a sorted list and become a heap once
     more than _LMAX of them run (replay._queues): the switch keeps the order
     (ties included) and the heap form matches the reference too."""
-    from replay._queues import _LMAX
+    from retime.replay._queues import _LMAX
 
     tr = random_trace(100 + seed, n_ranks=32, steps=3, gpu_lanes=3, p_coll=0.5, p_p2p=0.3,
                       p_sync=0.1)
@@ -115,8 +115,8 @@ def test_job_list_to_heap_keeps_the_event_order():
     """The list -> heap switch (replay._queues._jto_heap): positions, heap order and the
     order of equal times (the list's: the oldest key next) are kept, below the sequence
     numbers keys get later."""
-    from replay._links import _NI
-    from replay._queues import _I_POS, _jto_heap
+    from retime.replay._links import _NI
+    from retime.replay._queues import _I_POS, _jto_heap
 
     rng = np.random.default_rng(3)
     size, seq = 101, 5_000

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from collectors.intervals import interval_union
+from retime.collectors.intervals import interval_union
 
 
 def test_interval_union_matches_the_covered_points():

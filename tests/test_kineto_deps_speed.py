@@ -7,10 +7,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from collectors.collectives import _SIZE_KEYED, match_collectives
-from collectors.enums import Phase
-from collectors.intervals import interval_union
-from collectors.kineto_deps import (
+from retime.collectors.collectives import _SIZE_KEYED, match_collectives
+from retime.collectors.enums import Phase
+from retime.collectors.intervals import interval_union
+from retime.collectors.kineto.deps import (
     _BWD,
     _FWD,
     _OPT,
@@ -205,7 +205,7 @@ def test_latest_done_matches_the_per_call_scan(seed):
     """The offline Fenwick answer equals the former per-call scan: among GPU ops launched
     before the call (0 <= corr < c) that ended by its end (+1 us), the one that ends last,
     the first such op on a tie; -1 if none."""
-    from collectors._kernels import latest_done
+    from retime.collectors._kernels import latest_done
 
     rng = np.random.default_rng(seed)
     n, m = int(rng.integers(0, 60)), int(rng.integers(0, 30))

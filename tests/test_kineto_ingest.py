@@ -15,9 +15,9 @@ import pandas as pd
 import pytest
 from conftest import KINETO, ingest_cached, kineto_trace_files
 
-from collectors import CommOp, EdgeKind, LaneKind, OpKind, Phase, TraceFormatError, read_trace
-from collectors.ingest import read
-from collectors.kineto import read_kineto
+from retime.collectors import CommOp, EdgeKind, LaneKind, OpKind, Phase, TraceFormatError, read_trace
+from retime.collectors.ingest import read
+from retime.collectors.kineto import read_kineto
 
 GPU_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}
 
@@ -239,14 +239,15 @@ def test_nccl_kernels_wait_on_compute_stream(dlrm_trace):
 
 def test_piecewise_decoding_is_identical(monkeypatch):
     """Large files are decoded in pieces; the Trace must not depend on the piece size."""
-    import collectors.kineto as kin
+    import retime.collectors.kineto.events as kev
+    import retime.collectors.kineto.reader as kin
 
     paths = [KINETO / "v100-ddp-sgd" / "df_index_resolver.json.gz", KINETO / "dlrm-v100-8rank"]
     for p in paths:
         monkeypatch.setattr(kin, "CHUNKED_MIN_BYTES", 1 << 62)
         whole = read_kineto([p])
         monkeypatch.setattr(kin, "CHUNKED_MIN_BYTES", 1)
-        monkeypatch.setattr(kin, "_PIECE_BYTES", 1 << 16)
+        monkeypatch.setattr(kev, "PIECE_BYTES", 1 << 16)
         pieces = read_kineto([p])
         for name in ("ops", "edges", "ranges", "memory"):
             pd.testing.assert_frame_equal(getattr(whole, name), getattr(pieces, name))
@@ -256,7 +257,8 @@ def test_piecewise_decoding_is_identical(monkeypatch):
 
 
 def test_piecewise_error_names_the_global_event_index(monkeypatch, tmp_path):
-    import collectors.kineto as kin
+    import retime.collectors.kineto.events as kev
+    import retime.collectors.kineto.reader as kin
 
     evs = [{"ph": "X", "cat": "cpu_op", "name": f"op{i}", "pid": 1, "tid": 1, "ts": float(i), "dur": 0.5}
            for i in range(3000)]
@@ -264,6 +266,6 @@ def test_piecewise_error_names_the_global_event_index(monkeypatch, tmp_path):
     f = tmp_path / "big.json"
     f.write_text(json.dumps({"distributedInfo": {"rank": 0}, "traceEvents": evs}))
     monkeypatch.setattr(kin, "CHUNKED_MIN_BYTES", 1)
-    monkeypatch.setattr(kin, "_PIECE_BYTES", 4096)
+    monkeypatch.setattr(kev, "PIECE_BYTES", 4096)
     with pytest.raises(TraceFormatError, match=r"event 2500: field 'ts'"):
         read_kineto([f])

@@ -1,5 +1,5 @@
-"""Corners of the word-at-a-time Kineto scanner (collectors/_kineto_kernels.py) and of the
-streaming reader's block handling (collectors/kineto_fast.py), each checked against the
+"""Corners of the word-at-a-time Kineto scanner (collectors/kineto/_scan_kernels.py) and of the
+streaming reader's block handling (collectors/kineto/scan.py), each checked against the
 general msgspec path, event for event.
 """
 
@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 from test_kineto_stream import _norm  # the same field-by-field view of a parse
 
-import collectors.kineto as kin
-import collectors.kineto_fast as kf
-from collectors import _kineto_kernels as K
-from collectors.errors import TraceFormatError
-from collectors.kineto import parse_kineto_file
+import retime.collectors.kineto.reader as kin
+import retime.collectors.kineto.scan as kf
+from retime.collectors.kineto import _scan_kernels as K
+from retime.collectors.errors import TraceFormatError
+from retime.collectors.kineto import parse_kineto_file
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "kineto"
 

@@ -1,4 +1,4 @@
-"""The streaming numba reader (collectors.kineto_fast) against the general msgspec path.
+"""The streaming numba reader (collectors.kineto.scan) against the general msgspec path.
 
 Both must give the same rank part, event for event, on every shared trace and on files
 written here to hit the scanner's corners (escapes, UTF-8, field order, null args, duplicate
@@ -15,10 +15,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import collectors.kineto as kin
-import collectors.kineto_fast as kf
-from collectors.errors import TraceFormatError
-from collectors.kineto import parse_kineto_file
+import retime.collectors.kineto.reader as kin
+import retime.collectors.kineto.scan as kf
+from retime.collectors.errors import TraceFormatError
+from retime.collectors.kineto import parse_kineto_file
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "kineto"
 FILES = sorted(p for p in SHARED.rglob("*.json*") if "-et" not in p.parent.name
@@ -165,7 +165,7 @@ def test_bad_event_field_names_event_and_field(tmp_path):
 
 
 def test_intern_table_keeps_colliding_strings_apart():
-    from collectors import _kineto_kernels as K
+    from retime.collectors.kineto import _scan_kernels as K
 
     t = tuple(kf.intern_table(8, 64))
     buf = np.frombuffer(b"abcabdabcab", np.uint8)
@@ -190,7 +190,7 @@ def test_intern_tables_grow_while_reading(tmp_path, monkeypatch):
 
 
 def test_host_order_equals_lexsort():
-    from collectors.kineto_links import _host_order
+    from retime.collectors.kineto.links import _host_order
 
     rng = np.random.default_rng(7)
     for n in (0, 1, 2, 50, 5000):

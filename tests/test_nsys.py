@@ -12,10 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from collectors.enums import CommOp, EdgeKind, LaneKind, OpKind
-from collectors.errors import TraceFormatError
-from collectors.nsys import read_nsys
-from collectors.trace import read_trace
+from retime.collectors.enums import CommOp, EdgeKind, LaneKind, OpKind
+from retime.collectors.errors import TraceFormatError
+from retime.collectors.nsys import read_nsys
+from retime.collectors.trace import read_trace
 from retime.cli import run
 
 TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
@@ -286,7 +286,7 @@ def test_cli_ingest_json_and_subprocess(tmp_path, capsys):
 
 
 def test_stdlib_sqlite_path_gives_the_same_trace(trace, monkeypatch):
-    import collectors.nsys_sql as nsys_sql
+    import retime.collectors.nsys_sql as nsys_sql
 
     monkeypatch.setattr(nsys_sql, "_adbc", None)  # as on an install without adbc-driver-sqlite
     t = read_nsys(NSYS, progress=False)

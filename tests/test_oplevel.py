@@ -14,10 +14,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from collectors.enums import CommOp, EdgeKind, LaneKind, OpKind, Phase
-from collectors.errors import TraceFormatError
-from collectors.oplevel import read_oplevel
-from collectors.trace import read_trace
+from retime.collectors.enums import CommOp, EdgeKind, LaneKind, OpKind, Phase
+from retime.collectors.errors import TraceFormatError
+from retime.collectors.oplevel import read_oplevel
+from retime.collectors.trace import read_trace
 from retime.cli import run
 
 TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"

@@ -11,7 +11,7 @@ import numpy as np
 from conftest import SHARED, ingest_cached
 from naive_replay import random_trace
 
-from collectors.trace import read_trace
+from retime.collectors.trace import read_trace
 from retime.cli import run
 
 

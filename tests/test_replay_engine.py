@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 from naive_replay import naive_fast, naive_fluid, random_trace
 
-from collectors.enums import EdgeKind, LaneKind, OpKind
-from collectors.errors import ReplayError
-from collectors.trace import Trace, read_trace
-from replay import ContentionModel, build_graph, graph_from_arrays, simulate
+from retime.collectors.enums import EdgeKind, LaneKind, OpKind
+from retime.collectors.errors import ReplayError
+from retime.collectors.trace import Trace, read_trace
+from retime.replay import ContentionModel, build_graph, graph_from_arrays, simulate
 
 MODELS = [ContentionModel(share_links=False), ContentionModel(),
           ContentionModel(interference=0.5, share_compute=True),

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from conftest import SHARED, ingest_cached
 
-from collectors.enums import EdgeKind
-from replay import ContentionModel, build_graph, simulate
+from retime.collectors.enums import EdgeKind
+from retime.replay import ContentionModel, build_graph, simulate
 
 K = SHARED / "kineto"
 CASES = {

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 from conftest import ingest_cached
 
-from analysis import build_report, kernel_stats, metrics, write_html, write_pdf
-from analysis.report import fmt_ns
+from retime.analysis import build_report, kernel_stats, metrics, write_html, write_pdf
+from retime.analysis.report import fmt_ns
 
 pytestmark = pytest.mark.browser
 

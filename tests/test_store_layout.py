@@ -16,9 +16,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from collectors.errors import TraceFormatError
-from collectors.ingest import read
-from collectors.store import (
+from retime.collectors.errors import TraceFormatError
+from retime.collectors.ingest import read
+from retime.collectors.store import (
     part_file,
     rank_rows,
     scan_ops,
@@ -27,7 +27,7 @@ from collectors.store import (
     store_ranks,
     write_store_by_rank,
 )
-from collectors.trace import SCHEMA_VERSION, read_trace
+from retime.collectors.trace import SCHEMA_VERSION, read_trace
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACES = ROOT.parent / "shared" / "traces"
@@ -102,7 +102,7 @@ def test_scans_of_a_partitioned_store(dlrm, dlrm_stores):
 def test_unsorted_tables_keep_their_order(tmp_path):
     """A synthesized trace's ops and edges are not rank-ordered (ranks interleave in op id
     order, edges cross ranks): the partitioned store restores both orders."""
-    from collectors.synth import synthesize
+    from retime.collectors.synth import synthesize
 
     t = synthesize("gpt3-1.3b", "a100-80gb", tp=2, pp=2, dp=1, global_batch=4,
                    micro_batch=1, expand="all", check_memory=False)
@@ -147,7 +147,7 @@ def test_incomplete_or_bad_partitioned_store_is_refused(dlrm_stores, tmp_path):
 def test_partitioned_save_is_atomic(dlrm, tmp_path, monkeypatch):
     """A save that fails half-way (here: the disk fills up at the 5th rank file) leaves
     neither a store nor a temporary directory; the old store stays."""
-    import collectors.store as store
+    import retime.collectors.store as store
 
     p = dlrm.save(tmp_path / "a.retime", layout="rank")
     real = store.write_parquet
@@ -194,7 +194,7 @@ def cluster():
 
 def test_ingest_on_dask_writes_a_partitioned_store_equal_to_local_ingest(
         cluster, dlrm, tmp_path):
-    from collectors.distributed import ingest_distributed
+    from retime.collectors.distributed import ingest_distributed
 
     lc, client = cluster
     out = tmp_path / "d.retime"

@@ -9,10 +9,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from collectors.errors import TraceFormatError
-from collectors.ingest import read
-from collectors.store import iter_ops, op_totals, rank_spans, scan_ops
-from collectors.trace import Trace, read_trace
+from retime.collectors.errors import TraceFormatError
+from retime.collectors.ingest import read
+from retime.collectors.store import iter_ops, op_totals, rank_spans, scan_ops
+from retime.collectors.trace import Trace, read_trace
 
 ROOT = Path(__file__).resolve().parents[1]
 DLRM = ROOT.parent / "shared" / "traces" / "kineto" / "dlrm-v100-8rank"

@@ -15,9 +15,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis import breakdown, collectives, comm_summary, kernel_stats, rank_wait
-from analysis._util import step_windows
-from analysis.stream import (
+from retime.analysis import breakdown, collectives, comm_summary, kernel_stats, rank_wait
+from retime.analysis._util import step_windows
+from retime.analysis.stream import (
     rank_batches,
     should_stream,
     store_analysis,
@@ -28,10 +28,10 @@ from analysis.stream import (
     stream_rank_wait,
     stream_step_times,
 )
-from collectors.enums import LaneKind, OpKind
-from collectors.ingest import read
-from collectors.store import write_store_by_rank
-from collectors.trace import read_trace
+from retime.collectors.enums import LaneKind, OpKind
+from retime.collectors.ingest import read
+from retime.collectors.store import write_store_by_rank
+from retime.collectors.trace import read_trace
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACES = ROOT.parent / "shared" / "traces"
@@ -178,7 +178,7 @@ def test_scale_store_streamed_with_bounded_memory(scale_store):
 import gc, json, sys, tracemalloc
 import pyarrow as pa
 sys.path.insert(0, {str(ROOT)!r})
-from analysis.stream import store_analysis, stream_step_times
+from retime.analysis.stream import store_analysis, stream_step_times
 stream_step_times({str(p)!r}, batch_rows={B})  # warm-up: numba kernels, lazy imports
 pool = pa.default_memory_pool()
 before = pool.max_memory()  # Arrow's high-water mark is checked over both analyses

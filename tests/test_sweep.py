@@ -14,11 +14,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from collectors.errors import PolicyError
-from collectors.ingest import read
-from replay import build_graph, simulate
-from replay.graph import RES_COMM, RES_COMPUTE
-from replay.sweep import (
+from retime.collectors.errors import PolicyError
+from retime.collectors.ingest import read
+from retime.replay import build_graph, simulate
+from retime.replay.graph import RES_COMM, RES_COMPUTE
+from retime.replay.sweep import (
     METRICS,
     SweepInterrupted,
     grid_scenarios,
@@ -161,7 +161,7 @@ def test_metrics_match_plain_python(dlrm, sc):
 
 
 def test_metrics_of_a_modeled_run_reproduce_synth():
-    from collectors.synth import synthesize
+    from retime.collectors.synth import synthesize
 
     t = synthesize("gpt3-125m", "a100-80gb", tp=2, pp=2, dp=2, global_batch=16,
                    micro_batch=2)
@@ -267,7 +267,7 @@ def test_ctrl_c_keeps_finished_rows(dlrm, workers, tmp_path):
 
 
 def test_work_order_groups_resynthesizing_settings_and_rows_keep_input_order():
-    from replay.sweep import _work_order
+    from retime.replay.sweep import _work_order
     scs = [{"hardware.compute_speedup": c, "network.inter_node_gbps": b}
            for c in (1.0, 2.0, 3.0) for b in (10.0, 20.0)]
     order = _work_order(scs)

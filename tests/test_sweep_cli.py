@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from collectors.synth import synthesize
+from retime.collectors.synth import synthesize
 from retime.cli import run
 
 ROOT = Path(__file__).resolve().parents[1]

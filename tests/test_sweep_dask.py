@@ -16,10 +16,10 @@ import pytest
 
 distributed = pytest.importorskip("distributed")
 
-from collectors.ingest import read  # noqa: E402
-from replay import build_graph, simulate  # noqa: E402
-from replay.graph import RES_COMM, RES_COMPUTE  # noqa: E402
-from replay.sweep import sweep  # noqa: E402
+from retime.collectors.ingest import read  # noqa: E402
+from retime.replay import build_graph, simulate  # noqa: E402
+from retime.replay.graph import RES_COMM, RES_COMPUTE  # noqa: E402
+from retime.replay.sweep import sweep  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DLRM = ROOT.parent / "shared" / "traces" / "kineto" / "dlrm-v100-8rank"
@@ -127,7 +127,7 @@ def test_dask_scenario_that_kills_its_worker_is_an_error_row(dlrm):
 
 
 def test_cli_sweep_on_scheduler(cluster, tmp_path, capsys):
-    from collectors.synth import synthesize
+    from retime.collectors.synth import synthesize
     from retime.cli import run
 
     lc, _ = cluster
@@ -162,7 +162,7 @@ def test_cli_sweep_on_scheduler(cluster, tmp_path, capsys):
 
 
 def test_ingest_on_dask_equals_local_ingest(cluster, dlrm, tmp_path, capsys):
-    from collectors.distributed import read_distributed
+    from retime.collectors.distributed import read_distributed
     from retime.cli import run
 
     lc, client = cluster

@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 from test_sweep_overhead import _union
 
-from collectors.synth import synthesize
-from replay import whatif
-from replay._metric_kernels import _block_slots, _group_spans, _metric_spans_layout
-from replay.engine import ReplayResult
-from replay.policies.base import SynthSpec, WhatIfState
-from replay.policies.hardware import Hardware, kernel_class
-from replay.sweep import scenario_metrics
+from retime.collectors.synth import synthesize
+from retime.replay import whatif
+from retime.replay._metric_kernels import _block_slots, _group_spans, _metric_spans_layout
+from retime.replay.engine import ReplayResult
+from retime.replay.policies.base import SynthSpec, WhatIfState
+from retime.replay.policies.hardware import Hardware, kernel_class
+from retime.replay.sweep import scenario_metrics
 
 SCENARIOS = [
     ({}, None),

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 from matplotlib.figure import Figure
 
-from analysis.sweep_plots import pareto_front, plot_pareto, plot_sweep
+from retime.analysis.sweep_plots import pareto_front, plot_pareto, plot_sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "examples" / "whatif.ipynb"
@@ -72,7 +72,7 @@ def test_plots_return_figures():
 def test_notebook_runs_top_to_bottom():
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")
-    from collectors.ingest import read
+    from retime.collectors.ingest import read
 
     nb = nbformat.read(NOTEBOOK, as_version=4)
     client = nbclient.NotebookClient(nb, timeout=300, kernel_name="python3",

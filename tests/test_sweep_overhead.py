@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from replay._kernels import _metric_spans, _scale_by_class
+from retime.replay._kernels import _metric_spans, _scale_by_class
 
 
 def _union(iv):
@@ -85,7 +85,7 @@ def test_scale_by_class_equals_numpy():
 
 @pytest.mark.parametrize("dtype", [np.int8, np.int32, np.int64, np.uint16, np.uint64])
 def test_dense_inverse_equals_np_unique(dtype):
-    from replay.graph import _dense_inverse
+    from retime.replay.graph import _dense_inverse
 
     rng = np.random.default_rng(5)
     for x in (np.zeros(0, dtype), rng.integers(0, 100, 2000).astype(dtype),
@@ -100,7 +100,7 @@ def test_dense_inverse_equals_np_unique(dtype):
 
 
 def test_lexsort_small_equals_np_lexsort():
-    from replay.graph import _lexsort_small
+    from retime.replay.graph import _lexsort_small
 
     rng = np.random.default_rng(9)
     for n, n_major, sort_minor in ((0, 1, False), (5000, 40, False), (5000, 40, True),

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from collectors.trace import read_trace
+from retime.collectors.trace import read_trace
 from retime.cli import run
 
 BASE = ["--tp", "2", "--pp", "2", "--dp", "2", "--global-batch", "8", "--micro-batch", "1"]
@@ -59,7 +59,7 @@ def test_bad_input_exits_2_with_one_line(tmp_path, capsys, args, msg):
 
 
 def test_hardware_file_subprocess(tmp_path, capsys):
-    from collectors.synth.hardware import _DIR
+    from retime.collectors.synth.hardware import _DIR
     hw = tmp_path / "slow-net.toml"
     text = (_DIR / "a100-80gb.toml").read_text().replace('name = "a100-80gb"',
                                                           'name = "slow-net"')

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from collectors.synth import (
+from retime.collectors.synth import (
     CommModel,
     LayerTemplate,
     OpTemplate,
@@ -86,7 +86,7 @@ def test_every_item_once_and_causal():
 
 
 def test_interleaved_needs_multiple_of_p():
-    from collectors.errors import ConfigError
+    from retime.collectors.errors import ConfigError
     with pytest.raises(ConfigError, match="multiple of pp=4"):
         ParallelConfig(pp=4, global_batch=6, schedule="interleaved", chunks=2)
 
@@ -121,7 +121,7 @@ def _naive_schedule(dur, lane, src, dst, lag, group=None):
 
 @pytest.mark.parametrize("seed", range(20))
 def test_list_schedule_matches_reference(seed):
-    from collectors.synth._kernels import _list_schedule
+    from retime.collectors.synth._kernels import _list_schedule
     rng = np.random.default_rng(seed)
     n = int(rng.integers(1, 120))
     dur = rng.integers(0, 1000, n).astype(np.int64)
@@ -158,7 +158,7 @@ def test_list_schedule_matches_reference(seed):
 
 
 def test_list_schedule_reports_cycles():
-    from collectors.synth._kernels import _list_schedule
+    from retime.collectors.synth._kernels import _list_schedule
     dur = np.ones(3, np.int64)
     lane = np.arange(3, dtype=np.int32)
     src = np.array([0, 1, 2], np.int64)
@@ -169,7 +169,7 @@ def test_list_schedule_reports_cycles():
 
 
 def test_collective_members_start_together():
-    from collectors.synth._kernels import _list_schedule
+    from retime.collectors.synth._kernels import _list_schedule
     # op 0 (lane 0, 5 ns) -> op 1 (lane 0, member); op 2 (lane 1, member) has no preds;
     # op 3 follows op 2 on lane 1
     dur = np.array([5, 3, 2, 4], np.int64)

@@ -6,10 +6,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from collectors.enums import CommOp, EdgeKind, OpKind, Phase
-from collectors.errors import ConfigError
-from collectors.synth import ParallelConfig, model_names, read_model_file, synthesize
-from collectors.trace import read_trace
+from retime.collectors.enums import CommOp, EdgeKind, OpKind, Phase
+from retime.collectors.errors import ConfigError
+from retime.collectors.synth import ParallelConfig, model_names, read_model_file, synthesize
+from retime.collectors.trace import read_trace
 
 SMALL = dict(hidden=1024, ffn=4096, heads=16, layers=8, seq=1024, vocab=32000,
              attention="unfused")
@@ -177,7 +177,7 @@ def test_zoo_and_model_file(tmp_path):
 
 
 def test_llama_params():
-    from collectors.synth import load_model
+    from retime.collectors.synth import load_model
     # published sizes: 6.7B, 70.6B (Llama 2), 8.0B, 405B (Llama 3)
     for name, expect in (("llama2-7b", 6.74e9), ("llama2-70b", 68.98e9),
                          ("llama3-8b", 8.03e9), ("llama3-405b", 405.9e9)):
@@ -250,8 +250,8 @@ def test_random_configs_are_valid_traces():
 
 
 def test_cross_datacenter_link(tmp_path):
-    from collectors.synth import CommModel, read_hardware_file
-    from collectors.synth.hardware import _DIR
+    from retime.collectors.synth import CommModel, read_hardware_file
+    from retime.collectors.synth.hardware import _DIR
     text = (_DIR / "h100-sxm.toml").read_text()
     f = tmp_path / "two-dc.toml"
     f.write_text(text.replace("km = 0.0", "km = 1000.0").replace("nodes_per_dc = 0",
@@ -271,7 +271,7 @@ def test_cross_datacenter_link(tmp_path):
 
 
 def test_memory_timeline_peaks_at_in_flight_activations(tr3d):
-    from collectors.synth import layer_activation_bytes, resolve_model
+    from retime.collectors.synth import layer_activation_bytes, resolve_model
     s = tr3d.meta["synth"]
     par = ParallelConfig(**{k: v for k, v in s["parallel"].items()
                             if k not in ("world_size", "num_microbatches")})
@@ -293,7 +293,7 @@ def test_memory_timeline_peaks_at_in_flight_activations(tr3d):
 def test_replay_reproduces_synthesized_step():
     """The replay engine (its own graph builder and kernel) re-times a synthesized trace to
     exactly its own start times: the synth scheduler and the trace's edges agree."""
-    from replay.engine import replay
+    from retime.replay.engine import replay
     tr = synthesize(SMALL, "a100-80gb", tp=2, pp=2, dp=2, global_batch=16, micro_batch=2,
                     schedule="interleaved", chunks=2, zero=1, sequence_parallel=True)
     res = replay(tr)

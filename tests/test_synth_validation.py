@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from collectors.enums import CommOp
-from collectors.synth import (
+from retime.collectors.enums import CommOp
+from retime.collectors.synth import (
     CommModel,
     ParallelConfig,
     korthikanti_layer_bytes,

@@ -7,8 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from collectors import EdgeKind, Trace, TraceFormatError, TraceValidationError, read_trace
-from collectors.trace import OPS_SCHEMA, SCHEMA_VERSION
+from retime.collectors import EdgeKind, Trace, TraceFormatError, TraceValidationError, read_trace
+from retime.collectors.trace import OPS_SCHEMA, SCHEMA_VERSION
 
 
 def _small(**over):

@@ -14,12 +14,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from collectors.errors import PolicyError
-from collectors.ingest import read
-from collectors.oplevel import read_oplevel
-from collectors.synth import synthesize
-from collectors.trace import Trace
-from replay import build_graph, replay, whatif
+from retime.collectors.errors import PolicyError
+from retime.collectors.ingest import read
+from retime.collectors.oplevel import read_oplevel
+from retime.collectors.synth import synthesize
+from retime.collectors.trace import Trace
+from retime.replay import build_graph, replay, whatif
 
 TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
 KW = dict(tp=1, pp=1, dp=16, global_batch=16, micro_batch=1)
@@ -157,7 +157,7 @@ def test_gloo_ddp_contention_model_is_consistent_with_the_measurement(gloo_ddp):
     assert same.meta["contention"]["interference"] == 1.0
     free = whatif(gloo_ddp, {"overlap.bucket_mb": _mib(0.5), "overlap.interference": 1.0})
     assert free.meta["contention"]["interference"] == 0.0
-    from replay.policies.bucketing import rebucket_cpu
+    from retime.replay.policies.bucketing import rebucket_cpu
     *_, info, cpu = rebucket_cpu(gloo_ddp, _mib(0.5), 1.0)
     assert info["busbw_gbps"] > 0 and info["alpha_ns"] >= 0
     # training-thread work never exceeds what was measured (the interference only adds)
@@ -190,7 +190,7 @@ def test_gloo_ddp_rebucketing_with_exact_parameter_sizes(gloo_ddp, cap_mib, want
     got = _buckets(r.trace)
     assert len(got) == len(_buckets(gloo_ddp))  # every (rank, step)
     assert all(b == want for b in got)  # exact bytes, in issue order
-    from replay.policies.bucketing import rebucket_cpu
+    from retime.replay.policies.bucketing import rebucket_cpu
     info = rebucket_cpu(t, _mib(cap_mib), 1.0)[3]
     assert info["param_sizes"] == "exact sizes (reverse registration order)"
     assert rebucket_cpu(gloo_ddp, _mib(cap_mib), 1.0)[3]["param_sizes"] == "copy times"
@@ -209,7 +209,7 @@ def test_gloo_ddp_exact_parameter_sizes_are_checked(gloo_ddp):
     with pytest.raises(PolicyError, match="must list integers"):
         whatif(_with_sizes(gloo_ddp, ["a"] * 10), {"overlap.bucket_mb": 1})
     # a list already in ready order (reverse registration order) is taken as listed
-    from replay.policies.bucketing import rebucket_cpu
+    from retime.replay.policies.bucketing import rebucket_cpu
     ready = _with_sizes(gloo_ddp, PARAM_BYTES[::-1])
     t, ids, _, info, _ = rebucket_cpu(ready, _mib(0.5), 1.0)
     assert info["param_sizes"] == "exact sizes (in the order given)"
@@ -224,7 +224,7 @@ def test_gloo_bandwidth_fit_leaves_out_disturbed_steps(gloo_ddp):
     """Transfers of exactly ``a + S / B`` (2 ranks: bus factor 2 (n - 1) / n = 1) give back
     ``B``, also when one rank's step was descheduled (its transfers 5x as long): that step
     is left out, where the plain total would be 40% off (one of 10 rank-steps, 4 extra)."""
-    from replay.policies.bucketing_cpu import GLOO_STEP_US, _fit_cpu
+    from retime.replay.policies.bucketing_cpu import GLOO_STEP_US, _fit_cpu
     o = gloo_ddp.ops
     nbytes = o["bytes"].to_numpy()
     is_ar = ((o["kind"] == 3) & (o["comm_op"] == 1) & (o["bytes"] > 0)).to_numpy()

@@ -29,15 +29,15 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from collectors.errors import PolicyError
-from collectors.ingest import read
-from collectors.oplevel import read_oplevel
-from collectors.synth.schedule import stage_order
-from replay import whatif
-from replay.graph import BLOCKING_CALL_PATTERN
-from replay.policies._oplevel_build import _P2P_T
-from replay.policies.caching_real import _covered, checkpoint_spans, forward_of_backward
-from replay.policies.parallel_oplevel import _assemble
+from retime.collectors.errors import PolicyError
+from retime.collectors.ingest import read
+from retime.collectors.oplevel import read_oplevel
+from retime.collectors.synth.schedule import stage_order
+from retime.replay import whatif
+from retime.replay.graph import BLOCKING_CALL_PATTERN
+from retime.replay.policies._oplevel_build import _P2P_T
+from retime.replay.policies.caching_real import _covered, checkpoint_spans, forward_of_backward
+from retime.replay.policies.parallel_oplevel import _assemble
 from retime.cli import run
 
 ROOT = Path(__file__).resolve().parents[1]

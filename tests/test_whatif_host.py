@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from conftest import ingest_cached
 
-from collectors import EdgeKind, LaneKind, OpKind, PolicyError, Trace
-from replay import replay, whatif
+from retime.collectors import EdgeKind, LaneKind, OpKind, PolicyError, Trace
+from retime.replay import replay, whatif
 
 
 def _host_then_gpu() -> Trace:
@@ -49,7 +49,7 @@ def test_host_speedup_rejects_nonsense():
 
 
 def test_graph_cache_reused_and_invalidated_by_in_place_edits():
-    from replay.policies.base import cached_graph
+    from retime.replay.policies.base import cached_graph
 
     t = _host_then_gpu()
     g1 = cached_graph(t)

@@ -7,14 +7,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from collectors.enums import CommOp, OpKind
-from collectors.errors import PolicyError
-from collectors.ingest import read
-from collectors.synth import load_hardware, synthesize
-from collectors.trace import Trace
-from replay import build_graph, replay, whatif
-from replay.policies import Hardware, Network, calibrate, kernel_class
-from replay.policies.network import collective_table
+from retime.collectors.enums import CommOp, OpKind
+from retime.collectors.errors import PolicyError
+from retime.collectors.ingest import read
+from retime.collectors.synth import load_hardware, synthesize
+from retime.collectors.trace import Trace
+from retime.replay import build_graph, replay, whatif
+from retime.replay.policies import Hardware, Network, calibrate, kernel_class
+from retime.replay.policies.network import collective_table
 
 TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
 HW = load_hardware("a100-80gb")

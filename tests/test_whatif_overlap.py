@@ -8,14 +8,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from analysis.breakdown import breakdown
-from collectors.enums import CommOp, LaneKind, OpKind
-from collectors.errors import PolicyError
-from collectors.ingest import read
-from collectors.synth import synthesize
-from collectors.trace import Trace
-from replay import replay, whatif
-from replay.policies import Cache, Overlap
+from retime.analysis.breakdown import breakdown
+from retime.collectors.enums import CommOp, LaneKind, OpKind
+from retime.collectors.errors import PolicyError
+from retime.collectors.ingest import read
+from retime.collectors.synth import synthesize
+from retime.collectors.trace import Trace
+from retime.replay import replay, whatif
+from retime.replay.policies import Cache, Overlap
 
 TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
 

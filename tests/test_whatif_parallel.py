@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from collectors.errors import PolicyError
-from collectors.ingest import read
-from collectors.synth import (
+from retime.collectors.errors import PolicyError
+from retime.collectors.ingest import read
+from retime.collectors.synth import (
     CommModel,
     LayerTemplate,
     OpTemplate,
@@ -20,8 +20,8 @@ from collectors.synth import (
     load_hardware,
     synthesize,
 )
-from replay import whatif
-from replay.policies.parallel import templates_from_trace
+from retime.replay import whatif
+from retime.replay.policies.parallel import templates_from_trace
 
 TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
 HW = load_hardware("a100-80gb")

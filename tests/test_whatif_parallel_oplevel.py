@@ -13,14 +13,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from collectors.errors import PolicyError
-from collectors.oplevel import read_oplevel
-from replay import whatif
-from replay.engine import simulate
-from replay.graph import build_graph
-from replay.policies import straggler_analysis
-from replay.policies.parallel_oplevel import oplevel_layout, oplevel_template
-from replay.policies.stragglers import _step_info, isolate_steps
+from retime.collectors.errors import PolicyError
+from retime.collectors.oplevel import read_oplevel
+from retime.replay import whatif
+from retime.replay.engine import simulate
+from retime.replay.graph import build_graph
+from retime.replay.policies import straggler_analysis
+from retime.replay.policies.parallel_oplevel import oplevel_layout, oplevel_template
+from retime.replay.policies.stragglers import _step_info, isolate_steps
 from retime.cli import run
 
 ST = Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "oplevel" / \

@@ -8,10 +8,10 @@ import sys
 
 import pytest
 
-from collectors.errors import PolicyError
-from collectors.synth import synthesize
-from replay import Scenario, load_scenario, parse_set, whatif
-from replay.policies import Network, Overlap, vocabulary
+from retime.collectors.errors import PolicyError
+from retime.collectors.synth import synthesize
+from retime.replay import Scenario, load_scenario, parse_set, whatif
+from retime.replay.policies import Network, Overlap, vocabulary
 from retime.cli import run
 
 DESIGN_KEYS = ["hardware.compute_speedup", "hardware.gemm_speedup", "hardware.gpu",
@@ -84,7 +84,7 @@ def synth_dir(tmp_path_factory):
 
 
 def test_whatif_meta_lists_every_policy(synth_dir):
-    from collectors.trace import read_trace
+    from retime.collectors.trace import read_trace
     t = read_trace(synth_dir)
     r = whatif(t, [Network(inter_node_gbps=12.5), Overlap(mode="serial")])
     assert r.meta["scenario"] == [{"policy": "network", "inter_node_gbps": 12.5},

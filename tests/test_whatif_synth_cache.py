@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from collectors.synth import synthesize
-from replay import whatif
-from replay.policies import base
+from retime.collectors.synth import synthesize
+from retime.replay import whatif
+from retime.replay.policies import base
 
 
 def _job():
@@ -15,7 +15,7 @@ def _job():
 
 
 def test_same_network_change_is_synthesized_once_and_gives_the_same_result(monkeypatch):
-    import collectors.synth as cs
+    import retime.collectors.synth as cs
     calls = []
     real = cs.synthesize
 
@@ -50,7 +50,7 @@ def test_a_cached_run_edited_in_place_is_not_reused():
 def test_sweep_worker_drops_the_last_groups_runs_when_it_moves_on():
     import weakref
 
-    from replay import sweep as sw
+    from retime.replay import sweep as sw
     t = _job()
     base._SYNTH_CACHE.clear()
     base._GRAPH_CACHE.clear()

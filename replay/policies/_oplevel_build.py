@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from collectors.enums import EdgeKind, LaneKind
-from collectors.errors import PolicyError
-from collectors.oplevel import LANE_NAMES, OPTYPES
-from collectors.trace import StringTable, Trace
+from retime.collectors.enums import EdgeKind, LaneKind
+from retime.collectors.errors import PolicyError
+from retime.collectors.oplevel import LANE_NAMES, OPTYPES
+from retime.collectors.trace import StringTable, Trace
 
 __all__: list[str] = []
 
@@ -49,7 +49,7 @@ _NONE, _REPLICA, _DPG, _WORLD = range(4)
 
 
 def _to_trace(rep: _Rep, to: dict, step: int) -> Trace:
-    from collectors.synth._kernels import _list_schedule
+    from retime.collectors.synth._kernels import _list_schedule
 
     p, dp = to["pp"], to["dp"]
     c = rep.cols

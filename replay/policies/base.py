@@ -29,9 +29,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from collectors.enums import OpKind
-from collectors.errors import ConfigError, PolicyError
-from collectors.trace import Trace
+from retime.collectors.enums import OpKind
+from retime.collectors.errors import ConfigError, PolicyError
+from retime.collectors.trace import Trace
 
 from .._kernels import _layout_durations, _layout_durations_scaled, _scale_by_class
 from ..engine import ContentionModel
@@ -259,7 +259,7 @@ class SynthSpec:
 
     @classmethod
     def _parse(cls, syn: dict[str, Any]) -> SynthSpec:
-        from collectors.synth import resolve_model
+        from retime.collectors.synth import resolve_model
         try:
             hw = hardware_from_dict(syn["hardware"])
             model = resolve_model(dict(syn["model"]))
@@ -286,7 +286,7 @@ class SynthSpec:
         """The synthesized run of these configs, reused while the same configs are asked
         again and the trace it returned was not edited in place (sweeps re-synthesize the
         same network or layout for many scenarios)."""
-        from collectors.synth import synthesize
+        from retime.collectors.synth import synthesize
         key = self._key(step)
         hit = _SYNTH_CACHE.get(key)
         if hit is not None and _fingerprint(hit[0]) == hit[1]:
@@ -334,7 +334,7 @@ _SYNTH_CACHE_SIZE = 2
 
 def hardware_from_dict(d: dict[str, Any]):
     """A HardwareConfig from ``HardwareConfig.to_dict()`` output (unknown keys ignored)."""
-    from collectors.synth.hardware import HardwareConfig, LinkConfig
+    from retime.collectors.synth.hardware import HardwareConfig, LinkConfig
     hf = {f.name for f in dataclasses.fields(HardwareConfig)}
     lf = {f.name for f in dataclasses.fields(LinkConfig)}
     hd = {k: v for k, v in d.items() if k in hf}

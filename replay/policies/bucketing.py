@@ -28,9 +28,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from collectors.enums import CommOp, OpKind, Phase
-from collectors.errors import PolicyError
-from collectors.trace import Trace
+from retime.collectors.enums import CommOp, OpKind, Phase
+from retime.collectors.errors import PolicyError
+from retime.collectors.trace import Trace
 
 from ..graph import build_graph
 from .base import by_op

@@ -56,10 +56,10 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from collectors.enums import CommOp, EdgeKind, LaneKind, OpKind, Phase
-from collectors.errors import PolicyError
-from collectors.intervals import interval_union
-from collectors.trace import Trace
+from retime.collectors.enums import CommOp, EdgeKind, LaneKind, OpKind, Phase
+from retime.collectors.errors import PolicyError
+from retime.collectors.intervals import interval_union
+from retime.collectors.trace import Trace
 
 from .network import bus_factor
 

@@ -60,8 +60,8 @@ from typing import ClassVar
 
 import numpy as np
 
-from collectors.enums import CommOp, OpKind
-from collectors.errors import PolicyError
+from retime.collectors.enums import CommOp, OpKind
+from retime.collectors.errors import PolicyError
 
 from .base import Policy, WhatIfState, check_choice, check_positive
 
@@ -176,8 +176,8 @@ class Cache(Policy):
         state.memory_delta_bytes -= int(max(r["optimizer_bytes"] for r in mem))
 
     def _rebuild_backward_gathers(self, state: WhatIfState) -> None:
-        from collectors.synth import CommModel, resolve_parallel
-        from collectors.synth.costs import GroupGeometry
+        from retime.collectors.synth import CommModel, resolve_parallel
+        from retime.collectors.synth.costs import GroupGeometry
         t = state.trace
         o = t.ops
         names = np.asarray(t.strings, dtype=object)

@@ -63,9 +63,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from collectors.enums import CommOp, EdgeKind, OpKind, Phase
-from collectors.errors import PolicyError
-from collectors.intervals import interval_union
+from retime.collectors.enums import CommOp, EdgeKind, OpKind, Phase
+from retime.collectors.errors import PolicyError
+from retime.collectors.intervals import interval_union
 
 from .base import WhatIfState, by_op, layout_of
 

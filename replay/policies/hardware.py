@@ -23,9 +23,9 @@ from typing import ClassVar
 
 import numpy as np
 
-from collectors.enums import EdgeKind, OpKind
-from collectors.errors import ConfigError, PolicyError
-from collectors.trace import Trace
+from retime.collectors.enums import EdgeKind, OpKind
+from retime.collectors.errors import ConfigError, PolicyError
+from retime.collectors.trace import Trace
 
 from .base import Policy, WhatIfState, check_positive, frozen, layout_of, trace_memo
 
@@ -157,7 +157,7 @@ def _speed_up_host(state: WhatIfState, speedup: float) -> None:
 
 
 def _profile(name: str, field: str):
-    from collectors.synth import load_hardware
+    from retime.collectors.synth import load_hardware
     try:
         return load_hardware(name)
     except ConfigError as exc:
@@ -183,7 +183,7 @@ def _roofline_ratio(trace: Trace, gpu: str, from_gpu: str | None) -> np.ndarray:
 
 
 def _match_profile(trace: Trace):
-    from collectors.synth import hardware_names, load_hardware
+    from retime.collectors.synth import hardware_names, load_hardware
     dev = trace.meta.get("devices")
     text = str(dev).lower()
     best = None

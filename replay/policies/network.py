@@ -31,9 +31,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from collectors.enums import CommOp, OpKind
-from collectors.errors import PolicyError
-from collectors.trace import Trace
+from retime.collectors.enums import CommOp, OpKind
+from retime.collectors.errors import PolicyError
+from retime.collectors.trace import Trace
 
 from .base import (
     Policy,
@@ -162,7 +162,7 @@ class Network(Policy):
         km = hw.dc_km
         if self.nodes_per_dc is not None or self.cross_dc_gbps is not None \
                 or self.cross_dc_km is not None:
-            from collectors.synth.hardware import LinkConfig
+            from retime.collectors.synth.hardware import LinkConfig
             km = float(self.cross_dc_km if self.cross_dc_km is not None else hw.dc_km)
             gbps = float(self.cross_dc_gbps if self.cross_dc_gbps is not None
                          else (cross.gbps if cross is not None else 12.5))

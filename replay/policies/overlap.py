@@ -42,8 +42,8 @@ from typing import ClassVar
 
 import numpy as np
 
-from collectors.enums import OpKind
-from collectors.errors import PolicyError
+from retime.collectors.enums import OpKind
+from retime.collectors.errors import PolicyError
 
 from ..engine import ContentionModel
 from ..graph import RES_COMM, RES_COMPUTE
@@ -197,7 +197,7 @@ def _cpu_contention(state: WhatIfState, cpu) -> None:
 def _grad_mb(state: WhatIfState) -> tuple[float, float, int]:
     """(largest layer's gradient MB, all gradients' MB (one bucket), number of pieces)."""
     spec = state.synth
-    from collectors.synth import CommModel, model_template, resolve_parallel
+    from retime.collectors.synth import CommModel, model_template, resolve_parallel
     par = resolve_parallel(dict(spec.parallel))
     tpl = model_template(spec.model, spec.hardware, par, CommModel(spec.hardware, par))
     pieces = [lt for lt in (tpl.embed, *tpl.layers, tpl.head) if lt is not None]
@@ -293,7 +293,7 @@ def _rewire_prefetch(trace, depth: int):
     """Re-wire forward ZeRO-3 gathers to prefetch ``depth`` layers ahead."""
     import pandas as pd
 
-    from collectors.trace import Trace
+    from retime.collectors.trace import Trace
     o = trace.ops
     names = trace.names()
     gat = np.flatnonzero(names == "zero3.allgather_params")

@@ -35,7 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from collectors.errors import ConfigError, PolicyError
+from retime.collectors.errors import ConfigError, PolicyError
 
 from .base import Policy, WhatIfState, check_choice, check_int
 
@@ -120,7 +120,7 @@ class Parallel(Policy):
         if self.zero is not None and self.zero != 3 and self.fsdp is None:
             kw["fsdp"] = False
         state.synth.set_parallel(**kw)
-        from collectors.synth import check_config, resolve_parallel
+        from retime.collectors.synth import check_config, resolve_parallel
         try:
             par = resolve_parallel(dict(state.synth.parallel))
             check_config(state.synth.model, par)
@@ -134,7 +134,7 @@ class Parallel(Policy):
             syn.get("parallel"), dict) else {}
 
     def _relayout_measured(self, state: WhatIfState, kw: dict) -> dict:
-        from collectors.synth import CommModel, build_trace, resolve_parallel
+        from retime.collectors.synth import CommModel, build_trace, resolve_parallel
         tpl, cur, info = templates_from_trace(state.trace)
         new = dict(cur)
         new.update(kw)
@@ -175,8 +175,8 @@ def templates_from_trace(trace):
     """
     import numpy as np
 
-    from collectors.enums import OpKind, Phase
-    from collectors.synth import LANES, LayerTemplate, OpTemplate, StepTemplate, load_hardware
+    from retime.collectors.enums import OpKind, Phase
+    from retime.collectors.synth import LANES, LayerTemplate, OpTemplate, StepTemplate, load_hardware
 
     syn = trace.meta.get("synth") if isinstance(trace.meta, dict) else None
     if not isinstance(syn, dict) or not isinstance(syn.get("parallel"), dict):

@@ -68,9 +68,9 @@ from typing import Any
 
 import numpy as np
 
-from collectors.errors import ConfigError, PolicyError
-from collectors.oplevel import pipeline_layout
-from collectors.trace import Trace
+from retime.collectors.errors import ConfigError, PolicyError
+from retime.collectors.oplevel import pipeline_layout
+from retime.collectors.trace import Trace
 
 from ._oplevel_build import _DP_T, _DPG, _P2P_T, _REPLICA, _WORLD, _Rep, _to_trace
 
@@ -300,7 +300,7 @@ def relayout_oplevel(trace: Trace, new: dict[str, Any], durations: str = "stage"
                           f"{lay['microbatches']} x dp={lay['dp']}) is not divisible by dp={dp}; "
                           "choose dp dividing it or set parallel.global_batch")
     m = gb // dp
-    from collectors.synth.schedule import stage_order
+    from retime.collectors.synth.schedule import stage_order
     try:
         orders = [stage_order(sched, p, m, v, s) for s in range(p)]
     except ConfigError as exc:

@@ -23,7 +23,7 @@ from typing import Any
 
 import tomllib
 
-from collectors.errors import PolicyError
+from retime.collectors.errors import PolicyError
 
 from .base import Policy
 from .caching import Cache

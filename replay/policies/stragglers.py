@@ -39,9 +39,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from collectors.enums import OpKind
-from collectors.errors import PolicyError
-from collectors.trace import Trace
+from retime.collectors.enums import OpKind
+from retime.collectors.errors import PolicyError
+from retime.collectors.trace import Trace
 
 from ..engine import simulate
 from ..graph import ReplayGraph, build_graph

@@ -1,8 +1,8 @@
-"""numba kernels of the streaming Kineto reader (collectors/kineto_fast.py).
+"""numba kernels of the streaming Kineto reader (collectors/kineto/scan.py).
 
 Arrays in, arrays out (CONVENTIONS.md §1): the JSON text of a block is a uint8 array, the
 result one int64 column per field. Inside, the hot helpers work on base addresses and
-offsets (collectors/_kineto_scan_mem.py says why).
+offsets (collectors/kineto/_scan_mem.py says why).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import numpy as np
 from numba import njit
 from numba.cpython.unsafe.numbers import trailing_zeros
 
-from ._kineto_scan_mem import addr, ld8, ldb, ldq, stb, stq, utf8_len
+from ._scan_mem import addr, ld8, ldb, ldq, stb, stq, utf8_len
 
 __all__ = ["scan_events"]
 
@@ -608,7 +608,7 @@ def scan_events(buf: np.ndarray, pos: int, state: int, out: np.ndarray, names, c
     """Scan trace events from ``buf[pos:]`` into the columns of ``out`` (int64, (EV_FIELDS, cap)).
 
     ``names`` and ``cats`` are intern tables (tuples, see below; made and grown by
-    collectors.kineto_fast): the ``name`` and ``cat`` strings of the events get ids in them
+    collectors.kineto.scan): the ``name`` and ``cat`` strings of the events get ids in them
     (columns EV_NAME, EV_CAT), compared byte by byte with the stored copy, so two different
     strings never share an id. The pools must have room for every string of ``buf[pos:]``.
     S_GROW: a table must grow before the call is repeated from ``pos``.

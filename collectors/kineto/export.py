@@ -13,9 +13,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .enums import LaneKind, OpKind
-from .kineto import RankPart
-from .trace import StringTable
+from ..enums import LaneKind, OpKind
+from ..trace import StringTable
+from .schema import RankPart
 
 __all__ = ["build_export_part"]
 

@@ -28,33 +28,32 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ._kernels import nest_intervals
-from .enums import CommOp, EdgeKind, LaneKind, OpKind
-from .errors import TraceFormatError
-from .kineto import (
-    _DROP_PH,
-    _GPU_CATS,
-    _HOST_CATS,
-    _KNOWN_PH,
-    _RUNTIME_CATS,
+from .._kernels import nest_intervals
+from ..enums import CommOp, EdgeKind, LaneKind, OpKind
+from ..errors import TraceFormatError
+from ..trace import StringTable
+from .deps import COMM_RANGE, attribute, comm_info, gloo_edges, sync_edges
+from .schema import (
+    C_ANNOT,
+    C_KERNEL,
+    C_MEMSET,
+    C_OTHER,
+    C_RUNTIME,
+    C_TRACE,
+    CAT_CODE,
+    DROP_PH,
+    H_ANNOT,
+    H_CPU,
+    H_GLOO,
+    H_RUNTIME,
+    KNOWN_PH,
     NOARGS,
     RankPart,
-    _rank_from_name,
+    rank_from_name,
 )
-from .kineto_deps import _COMM_RANGE, attribute, comm_info, gloo_edges, sync_edges
-from .trace import StringTable
 
 __all__ = ["build_rank_part"]
 
-# host event codes
-_H_RUNTIME, _H_CPU, _H_ANNOT, _H_GLOO = 0, 1, 2, 3
-# category codes of X events (GPU codes equal their OpKind)
-_C_KERNEL, _C_MEMCPY, _C_MEMSET = int(OpKind.KERNEL), int(OpKind.MEMCPY), int(OpKind.MEMSET)
-_C_RUNTIME, _C_CPU, _C_ANNOT, _C_TRACE, _C_OTHER = 10, 11, 12, 20, 30
-_CAT_CODE = {**{c: int(k) for c, k in _GPU_CATS.items()},
-             **{c: _C_RUNTIME for c in _RUNTIME_CATS},
-             **{c: _C_CPU for c in _HOST_CATS if c != "user_annotation"},
-             "user_annotation": _C_ANNOT, "trace": _C_TRACE}
 _PY_WAIT = re.compile(r"^(threading|queue|selectors|multiprocessing/connection)\.py\(\d+\): "
                       r"(wait|_wait_for_tstate_lock|join|get|select|poll|_poll|recv_bytes)$")
 
@@ -84,7 +83,7 @@ def build_rank_part(path: Path, doc, chunks=None) -> RankPart:
     events, collectives, communication annotations) are kept by index in ``loop.keep``.
     """
     if doc.retimeExport is not None:
-        from .kineto_export import build_export_part
+        from .export import build_export_part
         return build_export_part(path, doc)
     if chunks is None:
         chunks = [(0, doc.traceEvents)]
@@ -105,7 +104,7 @@ def finish_part(path: Path, doc, loop: EventLoop) -> RankPart:
     rank = dist.rank if dist is not None and dist.rank is not None else None
     rank_source = "distributedInfo"
     if rank is None:
-        rank = _rank_from_name(path)
+        rank = rank_from_name(path)
         rank_source = "file name"
     if rank is None:
         rank, rank_source = 0, "default (single file)"
@@ -119,7 +118,7 @@ class EventLoop:
 
     Timestamps are kept relative to the file's ``baseTimeNanoseconds`` until
     :meth:`finish` (a file may give the base after its events). The fast scanner of
-    :mod:`collectors.kineto_fast` adds its column parts to :attr:`parts` and feeds only the
+    :mod:`collectors.kineto.scan` adds its column parts to :attr:`parts` and feeds only the
     events it does not model itself, so the two paths share every rule.
     """
 
@@ -141,14 +140,14 @@ class EventLoop:
         self.mem_parts: list[np.ndarray] = []  # the same as (n, 6) int64 blocks
         self.window: tuple | None = None  # (idx, start_ns, end_ns) of the last Trace event
         self.be_stack: dict = {}
-        self.cat_code = dict(_CAT_CODE)
+        self.cat_code = dict(CAT_CODE)
         self.parts: list[tuple[dict, dict, dict]] = []
         self.sorted = True  # False once parts may interleave (fast + general paths)
 
     def intern(self, name: str) -> int:
         nid = self.strings.intern(name)
         if nid == len(self.comm_flag):
-            self.comm_flag.append(bool(_COMM_RANGE.match(name)))
+            self.comm_flag.append(bool(COMM_RANGE.match(name)))
         return nid
 
     def feed(self, pairs) -> None:  # noqa: C901 - one pass over the events
@@ -168,9 +167,9 @@ class EventLoop:
                                            "complete events need ts and dur in microseconds")
                 code = cat_code.get(e.cat)
                 if code is None:
-                    code = cat_code[e.cat] = _CAT_CODE.get((e.cat or "").lower(), _C_OTHER)
+                    code = cat_code[e.cat] = CAT_CODE.get((e.cat or "").lower(), C_OTHER)
                 if dur is None or dur < 0:
-                    if code == _C_TRACE and dur is None:
+                    if code == C_TRACE and dur is None:
                         kept["markers"] += 1
                         continue
                     what = "missing 'dur'" if dur is None else f"negative dur {dur}"
@@ -184,14 +183,14 @@ class EventLoop:
                 if nid is None:
                     nid = intern(name)
                 a = e.args or NOARGS
-                if code <= _C_MEMSET:  # GPU op
+                if code <= C_MEMSET:  # GPU op
                     dev = a.device if a.device is not None else e.pid
                     st = a.stream if a.stream is not None else e.tid
                     if dev.__class__ is not int or st.__class__ is not int:
                         dropped["GPU event without integer device/stream"] += 1
                         continue
                     k = code
-                    if k == _C_KERNEL and name[:4].lower() in ("nccl", "rccl"):
+                    if k == C_KERNEL and name[:4].lower() in ("nccl", "rccl"):
                         k = int(OpKind.COLLECTIVE)
                         keep[i] = e
                     b = a.bytes
@@ -201,11 +200,11 @@ class EventLoop:
                         b = int(b) if b.isdigit() else 0
                     g_add((dev, st, k, nid, ts, dur, a.correlation, a.external_id, int(b), i))
                     continue
-                if code <= _C_ANNOT:  # host event
-                    hc = code - _C_RUNTIME  # _H_RUNTIME, _H_CPU or _H_ANNOT
-                    if hc == _H_ANNOT and name.startswith("gloo:"):
-                        hc = _H_GLOO
-                    if hc == _H_GLOO or comm_flag[nid]:
+                if code <= C_ANNOT:  # host event
+                    hc = code - C_RUNTIME  # H_RUNTIME, H_CPU or H_ANNOT
+                    if hc == H_ANNOT and name.startswith("gloo:"):
+                        hc = H_GLOO
+                    if hc == H_GLOO or comm_flag[nid]:
                         keep[i] = e
                     h_add((e.pid, e.tid, hc, nid, ts, dur, a.correlation, a.external_id, i))
                     continue
@@ -259,17 +258,17 @@ class EventLoop:
                     bn = intern(b.name if isinstance(b.name, str) else str(b.name))
                     if comm_flag[bn]:
                         keep[i] = b
-                    h_add((b.pid, b.tid, _H_ANNOT, bn, b.ts, max(0.0, e.ts - b.ts), -1, -1, i))
+                    h_add((b.pid, b.tid, H_ANNOT, bn, b.ts, max(0.0, e.ts - b.ts), -1, -1, i))
                     kept["metadata"] += 1  # the E event; the B event is counted with the range
                 else:
                     dropped["E event without matching B"] += 1
-            elif ph in _DROP_PH:
-                dropped[_DROP_PH[ph]] += 1
+            elif ph in DROP_PH:
+                dropped[DROP_PH[ph]] += 1
             elif ph is None:
                 raise TraceFormatError(f"{path}: event {i} ('{e.name}'): missing 'ph'; every trace "
                                        "event needs a phase (X for complete events)")
             else:
-                if ph not in _KNOWN_PH:
+                if ph not in KNOWN_PH:
                     raise TraceFormatError(
                         f"{path}: event {i} ('{e.name}'): unknown ph {ph!r}; the Chrome trace format "
                         "knows X B E i I s t f M C b e n O N D P R — fix or remove the event")
@@ -424,7 +423,7 @@ def _assemble(path, doc, rank, rank_source, strings, kept, dropped, tnames, G, H
     # is not work: it is kept as a range, not as an op that would stretch the rank's span
     waiting = np.asarray([bool(_PY_WAIT.match(n)) for n in strings.names], bool)
     is_wait = waiting[np.asarray(H["name"], np.int64)] if len(waiting) else np.zeros(len(hc), bool)
-    is_op = ((hc == _H_RUNTIME) | (hc == _H_GLOO) | ((hc == _H_CPU) & ~container & ~is_wait))
+    is_op = ((hc == H_RUNTIME) | (hc == H_GLOO) | ((hc == H_CPU) & ~container & ~is_wait))
     is_range = ~is_op
     kept["ops"] += int(is_op.sum())
     kept["ranges"] += int(is_range.sum())
@@ -437,8 +436,8 @@ def _assemble(path, doc, rank, rank_source, strings, kept, dropped, tnames, G, H
     n = n_h + n_gpu
     kind = np.empty(n, np.int8)
     hcode = hc[op_h]
-    kind[:n_h] = np.where(hcode == _H_RUNTIME, int(OpKind.RUNTIME),
-                          np.where(hcode == _H_GLOO, int(OpKind.COLLECTIVE), int(OpKind.CPU_OP)))
+    kind[:n_h] = np.where(hcode == H_RUNTIME, int(OpKind.RUNTIME),
+                          np.where(hcode == H_GLOO, int(OpKind.COLLECTIVE), int(OpKind.CPU_OP)))
     kind[n_h:] = np.asarray(G["kind"], np.int8)
     lane = np.concatenate([h_lane[op_h], g_lane_local]).astype(np.int32)
     start = np.concatenate([hs[op_h], np.asarray(G["start"], np.int64)])

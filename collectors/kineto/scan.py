@@ -1,10 +1,10 @@
 """Streaming Kineto reader: the file is decompressed block by block and its events are
-scanned by numba straight into columns (:func:`collectors._kineto_kernels.scan_events`).
+scanned by numba straight into columns (:func:`collectors.kineto._scan_kernels.scan_events`).
 
 No Python object is made per event: the scanner writes one int64 row per event (the
 event's byte span, ids of its ``name`` / ``cat``, ``pid``/``tid``, ``ts``/``dur`` as exact
 integer ns, and the ``args`` fields the reader uses), and numpy turns the rows of a block
-into the same column parts that :class:`collectors.kineto_links.EventLoop` makes. Events
+into the same column parts that :class:`collectors.kineto.links.EventLoop` makes. Events
 that need more than columns — collective kernels, sync events, communication annotations —
 are decoded from their bytes with msgspec (one call per block for all of them) and kept,
 exactly as the general path keeps them. Events the scanner does not model (metadata, B/E
@@ -32,27 +32,28 @@ from pathlib import Path
 import msgspec
 import numpy as np
 
-from . import _kineto_kernels as K
-from ._kineto_scan_cold import find_array, rehash
+from . import _scan_kernels as K
+from ._scan_cold import find_array, rehash
 
 try:  # ISA-L inflates gzip ~2.4x faster than zlib, with the same interface
     from isal import isal_zlib as _zlib
 except ImportError:  # pragma: no cover - isal is a dependency; zlib is the stand-in
     _zlib = zlib
-from .enums import OpKind
-from .errors import TraceFormatError
-from .kineto import _DEC_FILE, _Ev, _File
-from .kineto_links import (
-    _C_ANNOT,
-    _C_KERNEL,
-    _C_MEMSET,
-    _C_OTHER,
-    _C_RUNTIME,
-    _CAT_CODE,
-    _H_ANNOT,
-    _H_GLOO,
-    EventLoop,
-    finish_part,
+from ..enums import OpKind
+from ..errors import TraceFormatError
+from .links import EventLoop, finish_part
+from .schema import (
+    C_ANNOT,
+    C_KERNEL,
+    C_MEMSET,
+    C_OTHER,
+    C_RUNTIME,
+    CAT_CODE,
+    FILE_DECODER,
+    H_ANNOT,
+    H_GLOO,
+    Event,
+    TraceFile,
 )
 
 __all__ = ["parse_fast", "BLOCK_BYTES"]
@@ -61,8 +62,8 @@ __all__ = ["parse_fast", "BLOCK_BYTES"]
 BLOCK_BYTES = 4 << 20
 #: rows per scanner call
 ROWS = 1 << 16
-_DEC_EV = msgspec.json.Decoder(_Ev)
-_DEC_EVS = msgspec.json.Decoder(list[_Ev])
+_DEC_EV = msgspec.json.Decoder(Event)
+_DEC_EVS = msgspec.json.Decoder(list[Event])
 _NONE = K.NONE
 
 
@@ -226,7 +227,7 @@ def _decode_events(path: Path, data, rows: np.ndarray, js: np.ndarray, idx: np.n
         return [_decode_event(path, data, a, b, i) for (a, b), i in zip(spans, idx[js].tolist())]
 
 
-def _decode_event(path: Path, data: bytes, a: int, b: int, idx: int) -> _Ev:
+def _decode_event(path: Path, data: bytes, a: int, b: int, idx: int) -> Event:
     try:
         return _DEC_EV.decode(data[a:b])
     except msgspec.ValidationError as exc:
@@ -296,15 +297,15 @@ class _Reader:
         keep: list[np.ndarray] = []
         if len(xi):
             codes = np.asarray([loop.cat_code.get(c) if c in loop.cat_code else
-                                _CAT_CODE.get(c.lower(), _C_OTHER) for c in self.cats], np.int64)
+                                CAT_CODE.get(c.lower(), C_OTHER) for c in self.cats], np.int64)
             code = codes[cid]
             xn = nid[xi]
             # GPU ops
-            g = code <= _C_MEMSET
+            g = code <= C_MEMSET
             if g.any():
                 gi = xi[g]
                 kind = code[g].astype(np.int8)
-                coll = (kind == _C_KERNEL) & self.nccl[xn[g]]
+                coll = (kind == C_KERNEL) & self.nccl[xn[g]]
                 kind[coll] = int(OpKind.COLLECTIVE)
                 keep.append(gi[coll])
                 dev = np.where(rows[K.EV_DEV, gi] != _NONE, rows[K.EV_DEV, gi], rows[K.EV_PID, gi])
@@ -317,13 +318,13 @@ class _Reader:
             else:
                 G = _empty_g()
             # host events
-            h = (code >= _C_RUNTIME) & (code <= _C_ANNOT)
+            h = (code >= C_RUNTIME) & (code <= C_ANNOT)
             if h.any():
                 hi = xi[h]
                 hn = xn[h]
-                hc = (code[h] - _C_RUNTIME).astype(np.int8)
-                gl = (hc == _H_ANNOT) & self.gloo[hn]
-                hc[gl] = _H_GLOO
+                hc = (code[h] - C_RUNTIME).astype(np.int8)
+                gl = (hc == H_ANNOT) & self.gloo[hn]
+                hc[gl] = H_GLOO
                 keep.append(hi[gl | self.commf[hn]])
                 H = dict(pid=rows[K.EV_PID, hi], tid=rows[K.EV_TID, hi], code=hc,
                          name=hn.astype(np.int32), start=rows[K.EV_TS, hi],
@@ -478,7 +479,7 @@ def _parse(path: Path, on_stage, on_bytes):  # noqa: C901 - one streaming state 
         raise _Fallback  # truncated, empty, or no events array
     if prefix.strip():
         try:
-            doc = _DEC_FILE.decode(prefix + b"[]" + suffix)
+            doc = FILE_DECODER.decode(prefix + b"[]" + suffix)
         except msgspec.MsgspecError as exc:
             raise _Fallback from exc
         if doc.retimeExport is not None:
@@ -486,7 +487,7 @@ def _parse(path: Path, on_stage, on_bytes):  # noqa: C901 - one streaming state 
     else:  # a bare list of events
         if suffix.strip():
             raise _Fallback
-        doc = _File(traceEvents=[])
+        doc = TraceFile(traceEvents=[])
     reader.loop.n_events = n_ev
     if on_stage:
         on_stage("read")

@@ -6,12 +6,12 @@ from typing import Any
 
 import numpy as np
 
-from .collectives import match_collectives
-from .devices import device_peaks
-from .enums import OpKind
-from .errors import TraceFormatError
-from .kineto import RankPart
-from .trace import StringTable, Trace
+from ..collectives import match_collectives
+from ..devices import device_peaks
+from ..enums import OpKind
+from ..errors import TraceFormatError
+from ..trace import StringTable, Trace
+from .schema import RankPart
 
 __all__ = ["merge_parts"]
 

@@ -1,8 +1,8 @@
 """Kineto: dependency inference and attribution on one rank's columns.
 
-Called by :mod:`collectors.kineto_links` once the events are columns. SYNC edges (cuda_sync
+Called by :mod:`collectors.kineto.links` once the events are columns. SYNC edges (cuda_sync
 events, blocking calls, stream waits), CPU-collective (gloo) edges, step/phase attribution and
-collective metadata (type, size, group, sequence number). See kineto_links' docstring for the
+collective metadata (type, size, group, sequence number). See links' docstring for the
 semantics of each edge kind.
 """
 
@@ -14,15 +14,15 @@ from operator import attrgetter
 import msgspec
 import numpy as np
 
-from ._kernels import latest_done as latest_done_ops
-from .collectives import DTYPE_BYTES, comm_op_from_name
-from .enums import CommOp, EdgeKind, OpKind, Phase
-from .intervals import interval_union
+from .._kernels import latest_done as latest_done_ops
+from ..collectives import DTYPE_BYTES, comm_op_from_name
+from ..enums import CommOp, EdgeKind, OpKind, Phase
+from ..intervals import interval_union
 
 __all__ = ["GLOO_WAIT_WINDOW_NS", "gloo_edges", "sync_edges", "attribute", "comm_info"]
 
 _STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
-_COMM_RANGE = re.compile(r"^(nccl:|gloo:|c10d::|record_param_comms|rccl:)")
+COMM_RANGE = re.compile(r"^(nccl:|gloo:|c10d::|record_param_comms|rccl:)")
 _STREAM_WAIT = {"cudaStreamWaitEvent", "hipStreamWaitEvent", "cuStreamWaitEvent"}
 _BLOCKING = {"cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
              "cudaMemcpy", "hipStreamSynchronize", "hipDeviceSynchronize",
@@ -372,7 +372,7 @@ def comm_info(evs, kind, start, name_id, names_arr, launch_of, H, parent, op_h, 
         srt = np.argsort(anc_op, kind="stable")
         anc_op, anc_j = anc_op[srt], anc_j[srt]
         u_nm, inv = np.unique(hn[anc_j], return_inverse=True)
-        is_comm = np.asarray([bool(_COMM_RANGE.match(names_arr[x])) for x in u_nm.tolist()], bool)
+        is_comm = np.asarray([bool(COMM_RANGE.match(names_arr[x])) for x in u_nm.tolist()], bool)
         keep = is_comm[inv.reshape(-1)]
         anc_op, anc_j = anc_op[keep], anc_j[keep]
     else:

@@ -1,4 +1,4 @@
-"""Raw memory access for the numba Kineto scanner (collectors/_kineto_kernels.py).
+"""Raw memory access for the numba Kineto scanner (collectors/kineto/_scan_kernels.py).
 
 numba reference-counts every array that is handed to an inlined helper (an atomic increment
 and decrement per call, ~30% of the scanner's time when the helpers took arrays). The hot

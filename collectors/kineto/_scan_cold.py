@@ -1,6 +1,6 @@
-"""Cold kernels of the streaming Kineto reader (collectors/kineto_fast.py): finding the
+"""Cold kernels of the streaming Kineto reader (collectors/kineto/scan.py): finding the
 ``traceEvents`` array and growing an intern table. The hot scanner is in
-collectors/_kineto_kernels.py.
+collectors/kineto/_scan_kernels.py.
 """
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ._kineto_kernels import _skip, _str_skip, _ws
-from ._kineto_scan_mem import addr
+from ._scan_kernels import _skip, _str_skip, _ws
+from ._scan_mem import addr
 
 __all__ = ["find_array", "rehash"]
 

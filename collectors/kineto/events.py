@@ -1,0 +1,154 @@
+"""Kineto files -> decoded events (the general msgspec path).
+
+Lists the trace files of the inputs, reads and inflates them, and decodes them whole or, for
+large files, piece by piece; every decode error is worded here (file, event index, field).
+"""
+
+from __future__ import annotations
+
+import gzip
+import re
+import zlib
+from pathlib import Path
+
+import msgspec
+import numpy as np
+
+from ..errors import TraceFormatError
+from .schema import FILE_DECODER, LIST_DECODER, Event, TraceFile
+
+
+def kineto_files(paths: list[Path]) -> tuple[list[Path], dict[str, str]]:
+    """Expand folders into Kineto files; return (files, skipped {path: reason})."""
+    files: list[Path] = []
+    skipped: dict[str, str] = {}
+    for p in paths:
+        if p.is_dir():
+            cand = sorted(q for q in p.rglob("*") if q.is_file() and
+                          (q.name.endswith((".json", ".json.gz"))))
+            for q in cand:
+                if is_execution_trace(q):
+                    skipped[str(q)] = "PyTorch execution trace (ET), not a profiler trace"
+                else:
+                    files.append(q)
+        else:
+            files.append(p)
+    if not files:
+        where = ", ".join(str(p) for p in paths)
+        if skipped:
+            raise TraceFormatError(
+                f"{where}: holds only PyTorch execution traces (ET: host op graphs without GPU "
+                f"timings, {len(skipped)} file(s)); ingest the matching Kineto profiler JSON "
+                "(torch.profiler output) instead")
+        raise TraceFormatError(
+            f"{where}: no PyTorch profiler traces found (*.json / *.json.gz with traceEvents); "
+            "point at the files written by torch.profiler or a folder holding them")
+    return files, skipped
+
+
+def is_execution_trace(path: Path) -> bool:
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(2)
+        opener = gzip.open if head == b"\x1f\x8b" else open
+        with opener(path, "rb") as fh:
+            h = fh.read(2048)
+    except (OSError, EOFError):
+        return False
+    return b'"nodes"' in h and b'"schema"' in h and b"traceEvents" not in h
+
+
+def load_bytes(path: Path) -> bytes:
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise TraceFormatError(f"{path}: cannot read ({exc.strerror}); check the path and permissions") from exc
+    if not raw.strip():
+        raise TraceFormatError(f"{path}: empty file; it holds no trace events (re-export the trace)")
+    if raw[:2] == b"\x1f\x8b":
+        try:
+            raw = gzip.decompress(raw)
+        except (OSError, EOFError, zlib.error) as exc:
+            raise TraceFormatError(
+                f"{path}: corrupt or truncated gzip ({exc}); re-copy the file or decompress it "
+                "with `gzip -t` to check") from exc
+        if not raw.strip():
+            raise TraceFormatError(f"{path}: empty file inside gzip; re-export the trace")
+    return raw
+
+
+_PATH_RE = re.compile(r"\$\.traceEvents\[(\d+)\](?:\.(\w+))?")
+
+
+def decode(path: Path, raw: bytes) -> TraceFile:
+    try:
+        if raw.lstrip()[:1] == b"[":
+            return TraceFile(traceEvents=LIST_DECODER.decode(raw))
+        return FILE_DECODER.decode(raw)
+    except msgspec.ValidationError as exc:
+        msg = str(exc)
+        m = _PATH_RE.search(msg)
+        if m:
+            idx, fld = m.group(1), m.group(2)
+            what = msg.split(" - at ")[0]
+            raise TraceFormatError(
+                f"{path}: event {idx}: field '{fld}' is invalid ({what}); fix or remove that "
+                "event (ts and dur must be numbers in microseconds)") from exc
+        raise TraceFormatError(f"{path}: unexpected structure ({msg}); is this a PyTorch "
+                               "profiler trace?") from exc
+    except msgspec.DecodeError as exc:
+        msg = str(exc)
+        if "UTF-8" in msg or "utf-8" in msg:
+            raise TraceFormatError(f"{path}: invalid UTF-8 in JSON ({msg}); re-export the trace "
+                                   "or fix the encoding") from exc
+        if "truncated" in msg.lower():
+            raise TraceFormatError(
+                f"{path}: truncated JSON ({msg}); the file was cut off while writing — "
+                "re-copy it or re-run the profiler export") from exc
+        raise TraceFormatError(f"{path}: invalid JSON ({msg}); the file is damaged — re-export it") from exc
+
+
+PIECE_BYTES = 4 << 20
+_DEC_PIECE = msgspec.json.Decoder(list[Event])
+_PIECE_IDX = re.compile(r"^\$\[(\d+)\](?:\.(\w+))?")
+
+
+def decode_pieces(path: Path, raw: bytes):
+    """Large files: decode the metadata, then yield the events in pieces of ~4 MB.
+
+    Only one piece of event objects is alive at a time, which bounds memory by the columns
+    rather than by millions of Python objects. Returns None when the text is not a JSON
+    object with a balanced top-level ``traceEvents`` array (the whole-file decoder then
+    reports what is wrong).
+    """
+    from .._kernels import scan_json_array
+
+    if raw.lstrip()[:1] != b"{":
+        return None
+    a, b, cuts = scan_json_array(np.frombuffer(raw, np.uint8), b"traceEvents", PIECE_BYTES)
+    if a < 0 or b < 0:
+        return None
+    doc = decode(path, raw[:a] + b"[]" + raw[b + 1:])
+    if doc.retimeExport is not None:
+        return None
+
+    def pieces():
+        start, off = a + 1, 0
+        for cut in [*cuts.tolist(), b]:
+            try:
+                evs = _DEC_PIECE.decode(b"[" + raw[start:cut] + b"]")
+            except msgspec.ValidationError as exc:
+                m = _PIECE_IDX.search(str(exc).split(" - at `")[-1].rstrip("`"))
+                idx = off + int(m.group(1)) if m else off
+                fld = (m.group(2) if m else None) or "?"
+                raise TraceFormatError(
+                    f"{path}: event {idx}: field '{fld}' is invalid ({str(exc).split(' - at ')[0]}); "
+                    "fix or remove that event (ts and dur must be numbers in microseconds)") from exc
+            except msgspec.DecodeError as exc:
+                raise TraceFormatError(f"{path}: invalid JSON after event {off} ({exc}); the "
+                                       "file is damaged — re-export it") from exc
+            yield off, evs
+            off += len(evs)
+            start = cut + 1
+
+    return doc, pieces()

@@ -1,0 +1,127 @@
+"""Kineto reader: files -> per-rank :class:`RankPart` -> one Trace.
+
+:func:`parse_kineto_file` turns one file into a RankPart (the streaming scanner,
+:mod:`.scan`, or the general path, :mod:`.events` + :mod:`.links`); :func:`read_kineto`
+parses every rank (in worker processes with ``jobs > 1``) and merges them (:mod:`.merge`).
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+from ..errors import TraceFormatError
+from ..progress import progress_bar
+from .events import decode, decode_pieces, kineto_files, load_bytes
+from .schema import RankPart, TraceFile
+
+__all__ = ["read_kineto", "parse_kineto_file"]
+
+#: read with the streaming numba scanner (collectors.kineto.scan); files it cannot read
+#: exactly (and every damaged file, so that the error is worded here) take the path below
+STREAMING = True
+#: files at least this large (decompressed) are decoded piece by piece
+CHUNKED_MIN_BYTES = 8 << 20
+
+
+def parse_kineto_file(path: str | os.PathLike[str], on_stage=None, on_bytes=None) -> RankPart:
+    """Parse one Kineto JSON(.gz) file into a :class:`RankPart` (picklable, for workers).
+
+    ``on_stage(name)`` is called as each stage (read, decode, build) finishes;
+    ``on_bytes(n)`` as the streaming reader reads ``n`` more bytes of the file.
+    """
+    path = Path(path)
+    if STREAMING:
+        from .scan import parse_fast
+        was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            part = parse_fast(path, on_stage, on_bytes)
+        finally:
+            if was_enabled:
+                gc.enable()
+        if part is not None:
+            if on_stage:
+                on_stage("build")
+            return part
+    raw = load_bytes(path)
+    if on_stage:
+        on_stage("read")
+    # Millions of small objects: the cyclic GC would rescan them again and again (and the
+    # structs hold no cycles), so it is paused while decoding and building columns.
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        chunked = decode_pieces(path, raw) if len(raw) >= CHUNKED_MIN_BYTES else None
+        if chunked is None:
+            doc = decode(path, raw)
+            del raw
+            if on_stage:
+                on_stage("decode")
+            part = _build(path, doc)
+        else:
+            doc, pieces = chunked
+            if on_stage:
+                on_stage("decode")
+            from .links import build_rank_part
+            part = build_rank_part(path, doc, pieces)
+        if on_stage:
+            on_stage("build")
+        return part
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _build(path: Path, doc: TraceFile) -> RankPart:
+    from .links import build_rank_part  # dependency inference lives there
+
+    if doc.traceEvents is None:
+        if len(doc.nodes):
+            raise TraceFormatError(
+                f"{path}: is a PyTorch execution trace (ET), not a profiler trace; ingest the "
+                "matching Kineto file (torch.profiler output) instead")
+        raise TraceFormatError(f"{path}: no 'traceEvents' array; is this a PyTorch profiler "
+                               "trace (torch.profiler export_chrome_trace)?")
+    return build_rank_part(path, doc)
+
+
+def read_kineto(paths: list[str | os.PathLike[str]] | str | os.PathLike[str], *, jobs: int = 1,
+                progress: bool | None = None):
+    """Read Kineto traces (files and/or folders, one file per rank) into one Trace.
+
+    Parameters
+    ----------
+    paths : file(s) or folder(s); folders are searched for ``*.json`` / ``*.json.gz``
+    jobs : parse files in this many worker processes
+    progress : show a progress bar on stderr (default: when stderr is a terminal)
+    """
+    from .merge import merge_parts
+
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    files, skipped = kineto_files([Path(p) for p in paths])
+    parts: list[RankPart] = []
+    if len(files) == 1:  # one (possibly huge) file: MB read, then the build stages
+        try:
+            size_mb = files[0].stat().st_size / 1e6
+        except OSError:
+            size_mb = 0.0
+        with progress_bar(round(size_mb + 3, 1), f"ingesting {files[0].name} (MB)",
+                          progress) as bar:
+            parts.append(parse_kineto_file(files[0], on_stage=lambda _s: bar.advance(),
+                                           on_bytes=lambda n: bar.advance(n / 1e6)))
+        return merge_parts(parts, skipped)
+    with progress_bar(len(files), "parsing traces", progress) as bar:
+        if jobs > 1 and len(files) > 1:
+            with ProcessPoolExecutor(max_workers=min(jobs, len(files))) as ex:
+                for part in ex.map(parse_kineto_file, [str(f) for f in files]):
+                    parts.append(part)
+                    bar.advance()
+        else:
+            for f in files:
+                parts.append(parse_kineto_file(f))
+                bar.advance()
+    return merge_parts(parts, skipped)

@@ -1,0 +1,1 @@
+"""Bundled sample traces (package data of ``retime.traces``; see README.md here)."""
