@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import numpy as np
 from numba import njit
+from retime.collectors.progress import watch_compiles
 
 from ._links import (
     _F_DONE,
@@ -712,3 +713,5 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
             ssize += 1
             seq += 1
     return base, (clamped if started == n else -1)
+
+watch_compiles()  # say so on stderr when these kernels compile on first use

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 from numba import njit
+from retime.collectors.progress import watch_compiles
 
 _NEG = np.int64(-(2**62))  # "minus infinity" that survives adding a lag
 
@@ -527,3 +528,5 @@ def _layout_durations_scaled(ref, cls, factor, coll_of, out):
 
 # sweep metrics kernels: replay._metric_kernels (re-exported for existing imports)
 from ._metric_kernels import _metric_spans, _metric_spans_layout  # noqa: E402, F401
+
+watch_compiles()  # say so on stderr when these kernels compile on first use

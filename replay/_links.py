@@ -21,6 +21,7 @@ from llvmlite import ir
 from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
+from retime.collectors.progress import watch_compiles
 
 from ._queues import _I_POS, _jins, _jkey
 
@@ -567,3 +568,5 @@ def _toggle_flows(d, entered, now, n, coll_ptr, coll_members, device, n_compute,
             _jkey(jt, jq, js, si, jsize, hmode, s, _rerate(sf, s, now, old, r), seq)
             seq += 1
     return seq
+
+watch_compiles()  # say so on stderr when these kernels compile on first use

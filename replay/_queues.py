@@ -9,6 +9,7 @@ compiled code of these helpers is inside it.
 from __future__ import annotations
 
 from numba import njit
+from retime.collectors.progress import watch_compiles
 
 __all__: list[str] = []
 
@@ -155,3 +156,5 @@ def _jrekey(jt, js, size, s, t):
         jt[i] = jt[i + 1]
         js[i] = js[i + 1]
     _jins(jt, js, size - 1, t, s)
+
+watch_compiles()  # say so on stderr when these kernels compile on first use

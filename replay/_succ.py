@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 from numba import njit
+from retime.collectors.progress import watch_compiles
 
 __all__: list[str] = []
 
@@ -171,3 +172,5 @@ def _fluid_consts(coll_of, coll_ptr, origin, device, link, resource, wait_ptr, w
     dims[2] = nlink
     dims[3] = njobs
     return state0, roots[:nroots].copy(), wkey, dims
+
+watch_compiles()  # say so on stderr when these kernels compile on first use

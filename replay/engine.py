@@ -25,7 +25,6 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-
 from retime.collectors.errors import ReplayError
 from retime.collectors.trace import Trace
 

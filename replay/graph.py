@@ -39,7 +39,6 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
-
 from retime.collectors.enums import EdgeKind, LaneKind, OpKind
 from retime.collectors.errors import ReplayError
 from retime.collectors.trace import Trace

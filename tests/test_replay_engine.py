@@ -6,7 +6,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from naive_replay import naive_fast, naive_fluid, random_trace
-
 from retime.collectors.enums import EdgeKind, LaneKind, OpKind
 from retime.collectors.errors import ReplayError
 from retime.collectors.trace import Trace, read_trace

@@ -10,7 +10,6 @@ import numpy as np
 import pandas as pd
 import pytest
 from matplotlib.figure import Figure
-
 from retime.analysis.sweep_plots import pareto_front, plot_pareto, plot_sweep
 
 ROOT = Path(__file__).resolve().parents[1]

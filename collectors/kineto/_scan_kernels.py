@@ -11,6 +11,7 @@ import numpy as np
 from numba import njit
 from numba.cpython.unsafe.numbers import trailing_zeros
 
+from ..progress import watch_compiles
 from ._scan_mem import addr, ld8, ldb, ldq, stb, stq, utf8_len
 
 __all__ = ["scan_events"]
@@ -704,3 +705,5 @@ def _hash_of(buf, s, e):  # pragma: no cover - compiled
 def _intern(t, buf, s, e, h):  # pragma: no cover - compiled
     """Id of the string ``buf[s:e]`` (hash ``h``) in the intern table ``t``; added if new."""
     return _intern_at(_table_at(t), addr(buf), s, e, h)
+
+watch_compiles()  # say so on stderr when these kernels compile on first use
