@@ -20,13 +20,13 @@ from .schema import RankPart, TraceFile
 __all__ = ["read_kineto", "parse_kineto_file"]
 
 #: read with the streaming numba scanner (collectors.kineto.scan): True always, False never,
-#: None (default) when it pays: its kernel is compiled and cached already, or the inputs are
-#: large enough that compiling it once (~15-25 s of CPU) costs less than the general path's
-#: extra time (~10 ms per MB of JSON). Files it cannot read exactly (and every damaged file,
+#: None (default) when it pays: its kernel is compiled and cached already, or a file is large
+#: enough that compiling it once (~5 s of CPU, announced) soon pays back the general path's
+#: extra time (~10 ms per MB of JSON, every ingest). Files it cannot read exactly (and every damaged file,
 #: so that the error is worded here) take the general path below either way.
 STREAMING: bool | None = None
 #: decompressed JSON bytes from which compiling the scanner on first use pays off
-SCANNER_MIN_BYTES = 1 << 30
+SCANNER_MIN_BYTES = 32 << 20
 #: files at least this large (decompressed) are decoded piece by piece
 CHUNKED_MIN_BYTES = 8 << 20
 
