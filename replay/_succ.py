@@ -1,6 +1,6 @@
 """The contention path's per-graph constraint lists: successors by source and ready-time terms.
 
-Split from :mod:`replay._links` (the hot helpers of the event loop): this is cold set-up,
+Split from :mod:`replay._fluid_jobs` (the hot helpers of the event loop): this is cold set-up,
 built once per graph by :func:`replay.engine._succ_of` and memoized there.
 """
 

@@ -5,6 +5,7 @@ built wheel installs the one top-level name `retime` with its data files."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -143,7 +144,12 @@ def test_demo_refuses_a_folder_it_did_not_write(tmp_path, capsys):
 
 
 def test_wheel_installs_one_top_level_name_with_its_data(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "pip", "wheel", str(ROOT), "--no-deps",
+    # build from a copy: an in-tree build leaves build/ and egg-info in the checkout
+    src = tmp_path / "src"
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(
+        ".git", "build", "*.egg-info", "__pycache__", "*.retime", "retime-demo", "reports",
+        "bench", "tests", "examples", ".venv"))
+    r = subprocess.run([sys.executable, "-m", "pip", "wheel", str(src), "--no-deps",
                         "--no-build-isolation", "-q", "-w", str(tmp_path)],
                        capture_output=True, text=True, cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
