@@ -31,6 +31,7 @@ from retime.collectors.trace import Trace
 from ._fluid import _fluid_replay
 from ._kernels import _fast_replay, _to_op_order, _to_op_order_i64
 from ._succ import _fluid_consts, _succ_lists
+from .gaps import gap_shares
 from .graph import ReplayGraph, _check_durations, build_graph
 
 __all__ = ["ContentionModel", "ReplayResult", "simulate", "replay"]
@@ -299,6 +300,8 @@ class ReplayResult:
             "graph": {k: self.meta[k] for k in ("ops", "edges", "wait_edges", "collectives",
                                                  "edges_clamped", "lane_overlaps",
                                                  "intra_collective_edges")},
+            # what the measured gaps were (replay/gaps.py): host work, waits, unexplained
+            "gaps": gap_shares(self.graph),
         }
 
 
