@@ -233,7 +233,8 @@ class Capture:
                  record_shapes: bool | None = None, profile_memory: bool | None = None,
                  with_stack: bool | None = None, with_flops: bool | None = None,
                  cuda: bool | None = None, compress: bool | None = None,
-                 config: CaptureConfig | None = None) -> None:
+                 config: CaptureConfig | None = None,
+                 metadata: dict[str, Any] | None = None) -> None:
         if config is None:
             config = CaptureConfig.from_env(
                 out_dir=None if out_dir is None else str(out_dir), wait=wait, warmup=warmup,
@@ -241,6 +242,9 @@ class Capture:
                 profile_memory=profile_memory, with_stack=with_stack, with_flops=with_flops,
                 cuda=cuda, compress=compress)
         self.config = config
+        # written into every trace's retimeCapture block; what-ifs read "ddp_param_bytes"
+        # ([p.numel() * p.element_size() for p in model.parameters()]) for re-bucketing
+        self.metadata: dict[str, Any] = dict(metadata or {})
         self.paths: list[Path] = []
         self.steps = 0
         self._prof = None
@@ -359,6 +363,11 @@ class Capture:
             "local_rank": int(os.environ.get("LOCAL_RANK", state["rank"])),
             "hostname": socket.gethostname(),
             "pid": os.getpid(),
+            # the CPUs this rank could run on: ranks of one host whose sets overlap share
+            # those cores (what-ifs that add ranks to a host use it)
+            "cpu_affinity": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+            else list(range(os.cpu_count() or 1)),
+            "metadata": dict(self.metadata),
             "cycle": self._cycle,
             "steps_recorded": steps,
             "schedule": {k: getattr(cfg, k) for k in _INT_FIELDS},

@@ -80,6 +80,8 @@ def _whatif(trace: Trace, pols: list, *, ideal: bool, mode: str | None) -> Repla
         pols.append(Network())  # a new node shape re-times the measured collectives
     for p in sorted(pols, key=lambda p: _CONFIG_ORDER.index(p.table)):
         p.configure(state)
+    if "template" in state.notes and not any(isinstance(p, Network) for p in pols):
+        pols.append(Network())  # a re-laid-out measured job: its collectives are re-timed
     state.materialize(pols)
     for p in sorted(pols, key=lambda p: _APPLY_ORDER.index(p.table)):
         p.apply(state)

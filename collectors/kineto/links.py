@@ -558,7 +558,9 @@ def _assemble(path, doc, rank, rank_source, strings, kept, dropped, tnames, G, H
         ranges=dict(lane=r_lane, name_id=r_name, start_ns=r_start, end_ns=r_end, depth=r_depth),
         memory=dict(device=mem_arr[:, 0], ts_ns=mem_arr[:, 1], bytes_delta=mem_arr[:, 2],
                     allocated_bytes=mem_arr[:, 3], reserved_bytes=mem_arr[:, 4]),
-        comm=comm, accounting=acc, window_ns=window, hostname=doc.host_name,
+        comm=comm, accounting=acc, window_ns=window,
+        hostname=doc.host_name or (doc.retimeCapture or {}).get("hostname"),
+        capture=doc.retimeCapture,
     )
 
 

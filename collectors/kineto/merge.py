@@ -16,6 +16,28 @@ from .schema import RankPart
 __all__ = ["merge_parts"]
 
 
+def capture_meta(parts) -> dict[str, Any]:
+    """What :mod:`collectors.capture` recorded per rank (``retimeCapture`` blocks), for the
+    what-ifs: ``cpu_affinity`` (rank -> the CPUs it could run on: ranks of a host whose sets
+    overlap share those cores) and ``ddp_param_bytes`` (gradient bytes per parameter, when
+    the capture was given them), plus the blocks themselves under ``capture``."""
+    out: dict[str, Any] = {}
+    blocks = {str(p.rank): p.capture for p in parts if isinstance(p.capture, dict)}
+    if not blocks:
+        return out
+    out["capture"] = blocks
+    aff = {r: [int(c) for c in b["cpu_affinity"]] for r, b in blocks.items()
+           if isinstance(b.get("cpu_affinity"), list)}
+    if aff:
+        out["cpu_affinity"] = aff
+    for b in blocks.values():
+        for src in (b, b.get("job"), b.get("metadata")):
+            if isinstance(src, dict) and isinstance(src.get("ddp_param_bytes"), list):
+                out["ddp_param_bytes"] = [int(x) for x in src["ddp_param_bytes"]]
+                return out
+    return out
+
+
 def merge_parts(parts: list[RankPart], skipped: dict[str, str] | None = None) -> Trace:
     """Merge rank parts (one per file, or several from an exported file) into a Trace."""
     flat: list[RankPart] = []
@@ -154,6 +176,7 @@ def merge_parts(parts: list[RankPart], skipped: dict[str, str] | None = None) ->
     hosts = {str(p.rank): p.hostname for p in flat if p.hostname}
     if hosts:
         meta["hostnames"] = hosts  # ranks sharing a host are one node (topology policies)
+    meta.update(capture_meta(flat))
     cat = lambda d: {k: np.concatenate(v) if v else np.zeros(0) for k, v in d.items()}  # noqa: E731
     return Trace.build(ops=ops, lanes=lanes, strings=strings, edges=cat(edges),
                        ranges=cat(ranges), memory=cat(memory),

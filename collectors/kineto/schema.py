@@ -94,6 +94,7 @@ class TraceFile(msgspec.Struct, gc=False):
     deviceProperties: list[DeviceInfo] | None = None
     baseTimeNanoseconds: int | None = None
     retimeExport: dict[str, Any] | None = None
+    retimeCapture: dict[str, Any] | None = None  # written by collectors.capture (see there)
     host_name: str | None = None  # written by newer torch.profiler and by collectors.capture
     schema: Any = None
     nodes: msgspec.Raw = msgspec.Raw(b"")
@@ -141,6 +142,7 @@ class RankPart:
     accounting: dict[str, Any]
     window_ns: tuple[int, int] | None = None
     hostname: str | None = None
+    capture: dict[str, Any] | None = None  # the file's ``retimeCapture`` block
     export_rank_parts: list[RankPart] = field(default_factory=list)
 
 

@@ -129,29 +129,33 @@ class Hardware(Policy):
             f = f * _roofline_ratio(state.trace, self.gpu, self.from_gpu)
         state.scale_by_class(cls, f)  # deferred: fused into the layout durations
         if self.host_speedup:
-            _speed_up_host(state, self.host_speedup)
+            scale_host_work(state, 1.0 / self.host_speedup)
         if self.slow_ranks:
             from .stragglers import inject_slowdown
             inject_slowdown(state, self.slow_ranks, self.rank_slowdown)
         state.applied.append(self.describe())
 
 
-def _speed_up_host(state: WhatIfState, speedup: float) -> None:
-    """A faster host (CPU): host ops (operators, runtime calls) take ``1/speedup`` as long,
-    and so do the measured gaps between consecutive host ops (HOST_ORDER lags: framework and
-    Python time between traced ops) and the unexplained delays of host ops. Blocking calls
-    keep waiting for the GPU (only their own part shrinks). GPU work is unchanged."""
-    f = 1.0 / speedup
+def scale_host_work(state: WhatIfState, factor) -> None:
+    """Host (CPU) work takes ``factor`` times as long (a scalar, or one factor per op in
+    op-id order: per rank): host ops (operators, runtime calls), the measured gaps before
+    them (HOST_ORDER lags: framework and Python time between traced ops; gaps classified as
+    waiting are 0 already, replay/gaps.py) and their unexplained delays. Blocking calls keep
+    waiting for the GPU (only their own part changes); GPU work and CPU collectives (gloo:
+    mostly waiting on the link) are unchanged. ``hardware.host_speedup = s`` is ``1 / s``."""
     kind = state.kinds()
     host = (kind == OpKind.CPU_OP) | (kind == OpKind.RUNTIME)
-    state.dur[host] *= f
+    f_op = np.broadcast_to(np.asarray(factor, np.float64), host.shape)
+    state.dur[host] *= f_op[host]
     g = state.graph
+    f_pos = layout_of(g, f_op)
     lag = g.pred_lag_ns.copy()
     ho = (g.pred_kind == EdgeKind.HOST_ORDER) & (lag > 0)
-    lag[ho] = np.rint(lag[ho] * f).astype(lag.dtype)
+    dst = np.repeat(np.arange(g.n_ops), np.diff(g.pred_ptr))
+    lag[ho] = np.rint(lag[ho] * f_pos[dst[ho]]).astype(lag.dtype)
     delay = g.delay_ns.copy()
     hpos = layout_of(g, host)
-    delay[hpos] = np.rint(delay[hpos] * f).astype(delay.dtype)
+    delay[hpos] = np.rint(delay[hpos] * f_pos[hpos]).astype(delay.dtype)
     state.graph = dataclasses.replace(g, pred_lag_ns=lag, delay_ns=delay)
 
 

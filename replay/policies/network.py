@@ -205,7 +205,13 @@ class Network(Policy):
             state.dur[tab["op"]] += (new_steps - old_steps) * a
             state.applied.append(self.describe())
             return
-        cal = calibrate(state.trace, state.graph, tab)
+        old = _template_table(state, tab)
+        if old is None:
+            cal = calibrate(state.trace, state.graph, tab)
+            x_old, old_lv, n_old, cop_old = (tab["bytes"] * tab["factor"], tab["old_level"],
+                                             tab["n"], tab["comm_op"])
+        else:  # a re-laid-out measured job: the model at the template ops' measured shape
+            cal, x_old, old_lv, n_old, cop_old = old
         state.notes["network_calibration"] = {LEVELS[k]: v for k, v in cal.items()}
         eff = self.bus_efficiency or (TCP_GOODPUT if _cpu_collectives(state.trace, tab)
                                       else DEFAULT_BUS_EFFICIENCY)
@@ -221,7 +227,7 @@ class Network(Policy):
                               "(ops.bytes is 0), so their transfer time cannot be re-timed by "
                               "bandwidth; re-ingest with collective sizes (NCCL kernel args) "
                               "or scale them with hardware.comm_speedup")
-        old_lv, new_lv = tab["old_level"], tab["level"]
+        new_lv = tab["level"]
         need = set(np.unique(new_lv[x > 0]).tolist()) - set(new_bw)
         if need:
             names = ", ".join(LEVELS[k] for k in sorted(need))
@@ -235,7 +241,7 @@ class Network(Policy):
             c_old = cal.get(int(old_lv[i]))
             if c_old is None or x[i] <= 0:
                 continue
-            t_old[i] = c_old["alpha_ns"] + x[i] / c_old["busbw_gbps"]
+            t_old[i] = c_old["alpha_ns"] + x_old[i] / c_old["busbw_gbps"]
             a_new = cal.get(int(new_lv[i]), c_old)["alpha_ns"]
             t_new[i] = a_new + x[i] / new_bw[int(new_lv[i])]
         # latency per algorithm step
@@ -245,7 +251,7 @@ class Network(Policy):
                 + 5.0 * self.cross_dc_km
         elif self.latency_us is not None:
             lat[2] = self.latency_us
-        steps_old = _steps(tab["comm_op"], tab["n"], "ring")
+        steps_old = _steps(cop_old, n_old, "ring")
         steps_new = _steps(tab["comm_op"], tab["n"], self.algorithm or "ring")
         for i in range(len(x)):
             lv = int(new_lv[i])
@@ -254,6 +260,32 @@ class Network(Policy):
             t_new[i] += steps_new[i] * a_new - steps_old[i] * a_old
         state.dur[tab["op"]] += t_new - t_old
         state.applied.append(self.describe())
+
+
+def _template_table(state: WhatIfState, tab: dict[str, np.ndarray]):
+    """For a re-laid-out measured job (``state.notes["template"]``: the measured trace and,
+    per new op, the measured op it copies): the calibration on the measured trace and, per
+    row of ``tab``, its template's bus bytes, level, group size and primitive as measured."""
+    tpl = state.notes.get("template")
+    if tpl is None:
+        return None
+    orig, template_of = tpl
+    from ..graph import build_graph
+    from .base import trace_memo
+
+    memo = trace_memo(orig)
+    g = memo.get("graph")
+    if g is None:
+        g = memo["graph"] = build_graph(orig)
+    otab = collective_table(orig, g)
+    cal = calibrate(orig, g, otab)
+    row = np.full(orig.n_ops, -1, np.int64)
+    row[otab["op"]] = np.arange(len(otab["op"]))
+    r = row[template_of[tab["op"]]]
+    if (r < 0).any():  # pragma: no cover - templates of collectives are collectives
+        raise PolicyError("network policy: a re-laid-out collective has no measured template")
+    return (cal, (otab["bytes"] * otab["factor"])[r], otab["old_level"][r], otab["n"][r],
+            otab["comm_op"][r])
 
 
 def _cpu_collectives(trace: Trace, tab: dict[str, np.ndarray]) -> bool:

@@ -107,6 +107,14 @@ class Parallel(Policy):
                                   f"global_batch={gb} (micro_batch={mb}, dp={dp}), but "
                                   f"parallel.global_batch={self.global_batch}; give one")
             kw["global_batch"] = gb
+        if not state.is_synth and set(kw) <= {"dp"}:
+            # a measured data-parallel job with more or fewer ranks (parallel_dp.py)
+            from .parallel_dp import relayout_dp
+            orig = state.trace
+            state.trace, state.notes["relayout"], tmpl = relayout_dp(
+                orig, kw["dp"], state.ranks_per_node)
+            state.notes["template"] = (orig, tmpl)
+            return
         if not state.is_synth:
             state.notes["relayout"] = self._relayout_measured(state, kw)
             return
@@ -162,6 +170,13 @@ class Parallel(Policy):
         return {"layers": len(tpl.layers), "from": cur, "to": par.to_dict()}
 
     def apply(self, state: WhatIfState) -> None:
+        tpl = state.notes.get("template")
+        if tpl is not None:
+            from .hardware import scale_host_work
+            from .parallel_dp import shared_core_factor
+            f = shared_core_factor(tpl[0], state.trace, tpl[1])
+            if f is not None:
+                scale_host_work(state, f)
         if self.fields():
             state.applied.append(self.describe())
 
