@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 class By(str, Enum):
     step = "step"
     rank = "rank"
+    hierarchy = "hierarchy"
 
 
 def _records(df: pd.DataFrame) -> list[dict[str, Any]]:
@@ -60,7 +61,8 @@ def analyze_cmd(
         "--stream/--no-stream",
         help="Read a batch of ranks at a time (memory bounded by the batch) or load the "
              "trace; default: stream rank-partitioned and very large stores.")] = None,
-    by: Annotated[By, typer.Option("--by", help="Breakdown per step or per rank.")] = By.step,
+    by: Annotated[By, typer.Option("--by", help="Breakdown per step or per rank, or the "
+                                   "step/phase/module/operator/kernel attribution tree.")] = By.step,
     top: Annotated[int, typer.Option("--top", min=1, help="Top ops by total device time.")] = 10,
     batch_rows: Annotated[int, typer.Option("--batch-rows", min=1,
                                             help="Ops per batch of ranks when streaming.")] = 1 << 21,
@@ -72,6 +74,10 @@ def analyze_cmd(
     A store of thousands of ranks (e.g. from `retime ingest --scheduler`) is analyzed a
     batch of ranks at a time, without loading it whole; the figures equal the in-memory ones.
     """
+    if by == By.hierarchy:
+        from retime.cmd_hierarchy import analyze_hierarchy
+        analyze_hierarchy(trace_dir, top=top, json_out=json_out)
+        return
     from retime.analysis.stream import store_analysis
 
     res = store_analysis(trace_dir, stream=stream, by=by.value, top=top, batch_rows=batch_rows)
