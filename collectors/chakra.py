@@ -343,7 +343,8 @@ def _rank_streams(trace: Trace, msgs, prefix: str):
         s2s: dict[int, list[int]] = {}  # op -> ops it starts a fixed offset after
         end = start + dur
 
-        def dep(d_: int, s_: int, is_data: bool) -> None:
+        def dep(d_: int, s_: int, is_data: bool, end=end, s2s=s2s, data=data,
+                ctrl=ctrl) -> None:
             if start[d_] < end[s_]:  # measured overlap: counts from the source's start
                 s2s.setdefault(d_, []).append(s_)
             else:

@@ -185,7 +185,6 @@ def capture_plan(trace, mode: str) -> dict[str, Any]:
         region[fb] = (step[fb] + 1) * 4 + phase[fb]
         regions_of = "forward and backward phase of each step"
     # ranges: data loading (never captured) and host-compute operator ranges
-    r_name = names[r["name_id"].to_numpy()] if len(r) else np.zeros(0, object)
     rs = r["start_ns"].to_numpy().astype(np.int64)
     re_ = r["end_ns"].to_numpy().astype(np.int64)
     u_names = np.unique(r["name_id"].to_numpy()) if len(r) else np.zeros(0, np.int64)
