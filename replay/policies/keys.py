@@ -163,6 +163,21 @@ KEYS: dict[str, KeyInfo] = {
                                  "tensor-parallel communication overlapped in slices"),
     "overlap.prefetch": KeyInfo("layers", "integer >= 0", "1",
                                 "synth with ZeRO-3/FSDP", "FSDP parameter prefetch depth"),
+    # compression (replay/policies/compression.py)
+    "compression.dp": KeyInfo("ratio", ">= 1 (4 = a quarter of the bytes)", "1",
+                              "synth (dp / emb groups); kineto/nsys with sized all-reduce / "
+                              "reduce-scatter / all-gather collectives", "compress data-"
+                              "parallel (gradient / parameter) collectives"),
+    "compression.tp": KeyInfo("ratio", ">= 1", "1", "synth with tp > 1; measured traces "
+                              "whose process group names say tp / tensor",
+                              "compress tensor-parallel collectives"),
+    "compression.pp": KeyInfo("ratio", ">= 1", "1", "synth with pp > 1; measured traces with "
+                              "sized send / recv (or groups named pp / pipe)",
+                              "compress pipeline send / receive"),
+    "compression.codec_gbps": KeyInfo("GB/s per GPU", "> 0", "none (an ideal codec)",
+                                      "with compression.dp / tp / pp",
+                                      "codec throughput: compressor and decompressor run on "
+                                      "the compute stream around each compressed message"),
     # stragglers
     "stragglers.ideal": KeyInfo("flag", "true | false", "false", _ALL,
                                 "drop unexplained delays"),
