@@ -163,6 +163,15 @@ KEYS: dict[str, KeyInfo] = {
                                  "tensor-parallel communication overlapped in slices"),
     "overlap.prefetch": KeyInfo("layers", "integer >= 0", "1",
                                 "synth with ZeRO-3/FSDP", "FSDP parameter prefetch depth"),
+    # stragglers
+    "stragglers.ideal": KeyInfo("flag", "true | false", "false", _ALL,
+                                "drop unexplained delays"),
+    "stragglers.ideal_durations": KeyInfo("flag", "true | false", "false", _ALL,
+                                          "every op at its ideal duration"),
+    "stragglers.slow_ranks": KeyInfo("ranks", "list of rank numbers in the trace", "none",
+                                     _ALL, "ranks to slow down"),
+    "stragglers.slowdown": KeyInfo("factor", "> 0", "none", "with stragglers.slow_ranks",
+                                   "their slowdown"),
     # compression (replay/policies/compression.py)
     "compression.dp": KeyInfo("ratio", ">= 1 (4 = a quarter of the bytes)", "1",
                               "synth (dp / emb groups); kineto/nsys with sized all-reduce / "
@@ -178,15 +187,6 @@ KEYS: dict[str, KeyInfo] = {
                                       "with compression.dp / tp / pp",
                                       "codec throughput: compressor and decompressor run on "
                                       "the compute stream around each compressed message"),
-    # stragglers
-    "stragglers.ideal": KeyInfo("flag", "true | false", "false", _ALL,
-                                "drop unexplained delays"),
-    "stragglers.ideal_durations": KeyInfo("flag", "true | false", "false", _ALL,
-                                          "every op at its ideal duration"),
-    "stragglers.slow_ranks": KeyInfo("ranks", "list of rank numbers in the trace", "none",
-                                     _ALL, "ranks to slow down"),
-    "stragglers.slowdown": KeyInfo("factor", "> 0", "none", "with stragglers.slow_ranks",
-                                   "their slowdown"),
 }
 
 
