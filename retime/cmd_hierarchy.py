@@ -1,4 +1,5 @@
-"""``retime analyze RUN --by hierarchy``: the attribution tree (analysis.hierarchy)."""
+"""``retime analyze RUN --by hierarchy | roofline``: the attribution tree
+(analysis.hierarchy) and the roofline per operator (analysis.roofline)."""
 
 from __future__ import annotations
 
@@ -36,3 +37,37 @@ def analyze_hierarchy(trace_dir: Path, *, top: int, json_out: bool) -> None:
         shown[r.parent_id] = n + 1
         say(f"{r.device_incl_ns / 1e6:10.3f} ms {r.host_incl_ns / 1e6:10.3f} ms "
             f"{r.launches:7d}  {'  ' * r.depth}{str(r.name)[:90]} [{r.level}]")
+
+
+def analyze_roofline(trace_dir: Path, *, top: int, hardware: str | None,
+                     json_out: bool) -> None:
+    """The ``top`` operator groups losing the most device time to the roofline."""
+    import math
+
+    from retime.analysis.roofline import roofline
+    from retime.collectors.synth.hardware import load_hardware, read_hardware_file
+    from retime.collectors.trace import read_trace
+
+    hw = None
+    if hardware is not None:  # a profile name or a profile file
+        hw = read_hardware_file(hardware) if hardware.endswith(".toml") else \
+            load_hardware(hardware)
+    r = roofline(read_trace(trace_dir), hardware=hw)
+    pk = r.attrs["peaks"]
+    head = r.head(top)
+    if json_out:
+        cols = ["op", "shapes", "dtype", "count", "device_ns", "flops", "bytes", "intensity",
+                "achieved_tflops", "achieved_gbps", "peak_tflops", "roof_ns", "gap_ns",
+                "efficiency", "bound", "step_share"]
+        recs = [{k: (None if isinstance(v, float) and math.isnan(v) else v)
+                 for k, v in rec.items()} for rec in head[cols].to_dict("records")]
+        emit_json({"peaks": pk, "operators": len(r), "device_ns": r.attrs["device_ns"],
+                   "modeled_device_ns": float(r["device_ns"].sum()), "top": recs})
+        return
+    say(f"{trace_dir}: {len(r)} operator groups, peaks of {pk['name']} ({pk['source']}); "
+        f"{r['device_ns'].sum() / 1e6:.3f} of {r.attrs['device_ns'] / 1e6:.3f} ms device time "
+        "modeled; most time above the roof first:")
+    for x in head.itertuples(index=False):
+        say(f"  {x.gap_ns / 1e6:9.3f} ms above roof  {100 * x.efficiency:5.1f}% of roof  "
+            f"{x.achieved_tflops:8.2f} TFLOP/s {x.achieved_gbps:8.1f} GB/s  {x.bound:7s} "
+            f"{x.op} {x.shapes[:60]}")
