@@ -21,9 +21,9 @@ What :func:`write_chakra` writes per rank (``DIR/PREFIX.RANK.et``):
   (streams and threads run in order), as ``ctrl_deps``. Cross-rank edges (collective
   membership, p2p pairs) are carried by the comm attributes, as Chakra expects;
 * host time the edges carry (a ``HOST_ORDER`` gap: Python / framework time between traced
-  ops) and unexplained release delays become ``COMP_NODE``\\s named ``retime:host_gap`` /
-  ``retime:delay`` (``is_cpu_op`` true, ids after the ops) between the two ops, so that a
-  simulator replaying the file keeps them (Chakra's own PyTorch converter drops them). A
+  ops) and the time an op waited beyond all its dependencies (a wait on something
+  unrecorded) become ``COMP_NODE``\\s named ``retime:host_gap`` / ``retime:delay``
+  (``is_cpu_op`` true, ids after the ops) between the two ops, so that a simulator replaying the file keeps them (Chakra's own PyTorch converter drops them). A
   dependency the measurement shows overlapping (a kernel starting before its launch call
   returned, ops overlapping on a lane) cannot be an end-to-start edge: it becomes a
   ``retime:start_offset`` node that waits for what the source waited for and lasts the
@@ -277,8 +277,6 @@ def write_chakra(trace: Trace, out_dir: str | os.PathLike[str], *, prefix: str =
 
 
 def _rank_streams(trace: Trace, msgs, prefix: str):
-    from retime.replay.graph import build_graph  # delays: the replay graph's measured ones
-
     o = trace.ops
     n = len(o)
     names = trace.names()  # per op
@@ -299,8 +297,6 @@ def _rank_streams(trace: Trace, msgs, prefix: str):
     groups = {int(g): (str(nm), list(map(int, rs))) for g, nm, rs in
               zip(trace.groups["group_id"], trace.groups["name"], trace.groups["ranks"],
                   strict=True)} if len(trace.groups) else {}
-    g = build_graph(trace)
-    delay = g.measured_delay_ns
     # lane predecessors (FIFO order by measured start, ties by op id, as the replay)
     lo = np.lexsort((np.arange(n), start, lane))
     same = np.r_[False, lane[lo][1:] == lane[lo][:-1]]
@@ -354,6 +350,7 @@ def _rank_streams(trace: Trace, msgs, prefix: str):
                 dep(i, p, False)
         sel = np.flatnonzero(local & (rank[es] == r))
         extra = []
+        node_end: dict[int, int] = {}  # measured end of the gap / offset nodes
         for s_, d_, k_, lag in zip(es[sel].tolist(), ed[sel].tolist(), ek[sel].tolist(),
                                    el[sel].tolist(), strict=True):
             if k_ == EdgeKind.COLLECTIVE:
@@ -363,13 +360,17 @@ def _rank_streams(trace: Trace, msgs, prefix: str):
                 gid_ = next_id
                 next_id += 1
                 extra.append((gid_, "retime:host_gap", int(end[s_]), gap, [s_]))
+                node_end[gid_] = int(end[s_]) + gap
                 ctrl[d_].add(gid_)
             else:
                 dep(d_, s_, k_ in (EdgeKind.SYNC, EdgeKind.DATA, EdgeKind.P2P))
         # in measured start order: an op's start offsets and release delay become nodes
         # (the offset node waits for what its source waited for; the delay node for all of
-        # the op's dependencies), so list-scheduling the file gives the measured starts
+        # the op's dependencies: the measured start minus the latest measured end among
+        # them, or minus the rank's first start without any), so list-scheduling the file
+        # gives the measured starts
         final: dict[int, list[int]] = {}
+        r0 = int(start[ids].min())
         for i in ids[np.lexsort((ids, start[ids]))].tolist():
             for s_ in s2s.get(i, ()):
                 on = next_id
@@ -377,12 +378,14 @@ def _rank_streams(trace: Trace, msgs, prefix: str):
                 off = max(0, int(start[i] - start[s_]))
                 extra.append((on, "retime:start_offset", int(start[s_]), off,
                               final.get(s_, sorted(ctrl[s_] | data[s_]))))
+                node_end[on] = int(start[s_]) + off
                 ctrl[i].add(on)
-            if delay[i] > 0:
+            deps = ctrl[i] | data[i]
+            ready = max((node_end[d] if d >= n else int(end[d]) for d in deps), default=r0)
+            if start[i] > ready:
                 dn = next_id
                 next_id += 1
-                extra.append((dn, "retime:delay", int(start[i] - delay[i]), int(delay[i]),
-                              sorted(ctrl[i] | data[i])))
+                extra.append((dn, "retime:delay", ready, int(start[i] - ready), sorted(deps)))
                 ctrl[i].add(dn)
             final[i] = sorted(ctrl[i] | data[i])
         for i in ids.tolist():
