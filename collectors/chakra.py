@@ -24,8 +24,9 @@ What :func:`write_chakra` writes per rank (``DIR/PREFIX.RANK.et``):
   ops) and the time an op waited beyond all its dependencies (a wait on something
   unrecorded) become ``COMP_NODE``\\s named ``retime:host_gap`` / ``retime:delay``
   (``is_cpu_op`` true, ids after the ops) between the two ops, so that a simulator
-  replaying the file keeps them (Chakra's own PyTorch converter drops them). A dependency the measurement shows overlapping (a kernel starting before its launch call
-  returned, ops overlapping on a lane) cannot be an end-to-start edge: it becomes a
+  replaying the file keeps them (Chakra's own PyTorch converter drops them). A dependency
+  the measurement shows overlapping (a kernel starting before its launch call returned,
+  ops overlapping on a lane) cannot be an end-to-start edge: it becomes a
   ``retime:start_offset`` node that waits for what the source waited for and lasts the
   measured start offset. List-scheduling a rank's file (each node starts when all its
   dependencies have ended) gives back every op's measured start, collectives aside (they
