@@ -117,6 +117,14 @@ def test_refusals_name_what_is_missing():
     nsys = ingest_cached(SHARED / "nsys" / "h100-2gpu-fastvideo.sqlite")
     with pytest.raises(PolicyError, match="forward/backward phases"):
         whatif(nsys, {"hardware.cuda_graphs": "forward_backward"})
+    # nsys with NVTX operator ranges and no step marks: the whole trace is one region,
+    # cut at its 33 cudaStreamSynchronize calls; every launch is captured
+    w = whatif(nsys, {"hardware.cuda_graphs": "step"})
+    eff = w.meta["scenario"][0]["cuda_graphs_effect"]
+    assert eff["regions"] == "the whole trace (no step marks)"
+    assert eff["captured_launches"] == eff["launches"] == len(launch_latency(nsys))
+    assert eff["sync_breaks"] == int((nsys.names() == "cudaStreamSynchronize").sum())
+    assert w.step_time_ns < replay(nsys).step_time_ns
     with pytest.raises(PolicyError, match="choose"):
         whatif(bare, {"hardware.cuda_graphs": "always"})
     with pytest.raises(PolicyError, match="need"):
