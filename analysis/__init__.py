@@ -11,10 +11,13 @@ from .comm import busbw_factor, collectives, comm_summary, rank_wait
 from .compare import compare, metrics
 from .critical_path import attribute_critical_path, critical_path, dependency_arcs
 from .efficiency import efficiency, job_efficiency, peak_flops
+from .hierarchy import hierarchy
+from .host import host_ops, host_overhead, launch_latency
 from .kernels import KERNEL_CLASSES, class_stats, classify_names, kernel_classes, kernel_stats
 from .memory import memory_timeline, peak_memory
 from .pipeline import bubbles, rank_stages, stage_bubbles
 from .report import build_report, render_html, write_html, write_pdf, write_report
+from .roofline import roofline, roofline_peaks
 from .stragglers import stragglers
 
 __all__ = [
@@ -28,5 +31,6 @@ __all__ = [
     "efficiency", "job_efficiency", "peak_flops",
     "compare", "metrics",
     "stragglers",
+    "host_overhead", "host_ops", "launch_latency", "hierarchy", "roofline", "roofline_peaks",
     "build_report", "render_html", "write_html", "write_pdf", "write_report",
 ]

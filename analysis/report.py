@@ -311,6 +311,9 @@ def build_report(x: Any, *, baseline: Any | None = None, title: str | None = Non
                         f"the largest single contributor is {g0['group']} {g0['key']} "
                         f"({g0['cost_pct']:+.1f}%)."))
             findings = [s for _, s in sorted(fnd, key=lambda z: -z[0])[:3]]
+    # drill-down sections: host overhead / CUDA graphs, attribution tree, roofline
+    from .report_drilldown import drilldown_sections
+    secs.extend(drilldown_sections(x, fm))
     if baseline is not None:
         cmp = compare(baseline, x)
         s6 = Section("Comparison with the baseline", "delta = this run - baseline.")

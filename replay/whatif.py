@@ -36,7 +36,8 @@ __all__ = ["whatif", "comm_traffic"]
 
 _CONFIG_ORDER = list(TABLES)
 # ideal durations replace all durations first; factors and deltas act on them afterwards
-_APPLY_ORDER = ["stragglers", "parallel", "cache", "hardware", "network", "overlap", "topology"]
+_APPLY_ORDER = ["stragglers", "parallel", "cache", "hardware", "network", "compression",
+                "overlap", "topology"]
 
 
 def whatif(trace: Trace, policies: Scenario | Policy | list | dict | str | Path | None = None,

@@ -18,6 +18,8 @@ if TYPE_CHECKING:
 class By(str, Enum):
     step = "step"
     rank = "rank"
+    hierarchy = "hierarchy"
+    roofline = "roofline"
 
 
 def _records(df: pd.DataFrame) -> list[dict[str, Any]]:
@@ -60,10 +62,15 @@ def analyze_cmd(
         "--stream/--no-stream",
         help="Read a batch of ranks at a time (memory bounded by the batch) or load the "
              "trace; default: stream rank-partitioned and very large stores.")] = None,
-    by: Annotated[By, typer.Option("--by", help="Breakdown per step or per rank.")] = By.step,
+    by: Annotated[By, typer.Option("--by", help="Breakdown per step or per rank, the "
+                                   "step/phase/module/operator/kernel attribution tree, or the "
+                                   "roofline per operator.")] = By.step,
     top: Annotated[int, typer.Option("--top", min=1, help="Top ops by total device time.")] = 10,
     batch_rows: Annotated[int, typer.Option("--batch-rows", min=1,
                                             help="Ops per batch of ranks when streaming.")] = 1 << 21,
+    hardware: Annotated[str | None, typer.Option(
+        "--hardware", help="With --by roofline: the GPU profile whose peaks to compare with "
+                           "(default: the one the trace names).")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")] = False,
 ) -> None:
     """Step times, time breakdown (compute / overlapped and exposed communication / memcpy /
@@ -72,6 +79,13 @@ def analyze_cmd(
     A store of thousands of ranks (e.g. from `retime ingest --scheduler`) is analyzed a
     batch of ranks at a time, without loading it whole; the figures equal the in-memory ones.
     """
+    if by in (By.hierarchy, By.roofline):
+        from retime.cmd_hierarchy import analyze_hierarchy, analyze_roofline
+        if by == By.hierarchy:
+            analyze_hierarchy(trace_dir, top=top, json_out=json_out)
+        else:
+            analyze_roofline(trace_dir, top=top, hardware=hardware, json_out=json_out)
+        return
     from retime.analysis.stream import store_analysis
 
     res = store_analysis(trace_dir, stream=stream, by=by.value, top=top, batch_rows=batch_rows)

@@ -197,12 +197,20 @@ def info(
 def export(
     trace_dir: Annotated[Path, typer.Argument(help="A NAME.retime directory.", exists=True,
                                               file_okay=False)],
-    chrome: Annotated[Path, typer.Option("--chrome", help="Write a Chrome/Perfetto JSON here.",
-                                         dir_okay=False)],
+    chrome: Annotated[Path | None, typer.Option("--chrome", help="Write a Chrome/Perfetto "
+                                                "JSON here.", dir_okay=False)] = None,
+    chakra: Annotated[Path | None, typer.Option(
+        "--chakra", help="Write one MLCommons Chakra ET file per rank into this folder.",
+        file_okay=False)] = None,
     force: Annotated[bool, typer.Option("--force", help=FORCE_HELP)] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")] = False,
 ) -> None:
-    """Export a trace (or a replayed trace) as Chrome trace JSON for Perfetto / chrome://tracing."""
+    """Export a trace (or a replayed trace) as Chrome trace JSON for Perfetto / chrome://tracing,
+    or as Chakra execution traces (one protobuf .et file per rank) for ASTRA-sim."""
+    if chakra is not None or chrome is None:
+        from retime.cmd_chakra import export_chakra
+        export_chakra(trace_dir, chakra, chrome, force=force, json_out=json_out)
+        return
     from retime.collectors.chrome import write_chrome
     from retime.collectors.trace import read_trace
 

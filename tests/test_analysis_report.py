@@ -55,7 +55,9 @@ def test_report_structure_summary_first(stores):
     assert html.index('id="summary"') < html.index('class="report-section"')
     titles = [s.title for s in rep.sections]
     assert titles == ["Step time breakdown", "Kernels", "Critical path", "Communication",
-                      "Pipeline, memory and efficiency", "Stragglers (what-if)"]
+                      "Pipeline, memory and efficiency", "Stragglers (what-if)",
+                      "Host overhead and CUDA graphs", "Attribution tree",
+                      "Roofline per operator"]
     assert html.count("data:image/png;base64,") == sum(len(s.figures) for s in rep.sections)
 
 

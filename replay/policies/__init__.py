@@ -6,7 +6,8 @@ One module per family, one scenario table per policy class (``vocabulary()`` lis
 ==============  ===============  ==========================================================
 table           module           what it changes
 ==============  ===============  ==========================================================
-``hardware``    hardware         kernel-class speedups, GPU swap (roofline), slow ranks
+``hardware``    hardware         kernel-class speedups, GPU swap (roofline), slow ranks,
+                / graphs         CUDA graphs (captured regions lose launch-only host work)
 ``network``     network          per-level bandwidth / latency, ring vs tree, cross-DC
 ``topology``    network          ranks per node, NICs per node
 ``overlap``     overlap          serial vs async, bucket size / MG-WFBP merge (measured
@@ -17,6 +18,7 @@ table           module           what it changes
                                  offload
 ``stragglers``  stragglers       ideal replay, ideal durations, slow ranks; attribution
                                  (:func:`straggler_analysis`, ``retime stragglers``)
+``compression`` compression      per-dimension message compression ratios, codec speed
 ==============  ===============  ==========================================================
 
 :func:`replay.whatif` runs them (see :mod:`replay.policies.base` for the two phases).
@@ -24,6 +26,7 @@ table           module           what it changes
 
 from .base import Policy, WhatIfState
 from .caching import Cache
+from .compression import Compression
 from .hardware import Hardware, kernel_class
 from .network import Network, Topology, calibrate
 from .overlap import Overlap, serialize_edges
@@ -32,7 +35,7 @@ from .scenario import TABLES, Scenario, as_policies, load_scenario, parse_set, v
 from .stragglers import Stragglers, ideal_durations, straggler_analysis
 
 __all__ = [
-    "Policy", "WhatIfState", "Cache", "Hardware", "Network", "Topology", "Overlap",
+    "Policy", "WhatIfState", "Cache", "Compression", "Hardware", "Network", "Topology", "Overlap",
     "Parallel", "Stragglers", "Scenario", "TABLES", "as_policies", "load_scenario",
     "parse_set", "vocabulary", "kernel_class", "calibrate", "serialize_edges",
     "ideal_durations", "straggler_analysis",

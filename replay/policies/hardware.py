@@ -82,6 +82,10 @@ class Hardware(Policy):
     slow_ranks: tuple[int, ...] | None = None
     rank_slowdown: float | None = None
     host_speedup: float | None = None
+    # CUDA graphs (replay/policies/graphs.py)
+    cuda_graphs: str | bool | None = None
+    graph_launch_us: float | None = None
+    graph_node_us: float | None = None
     table: ClassVar[str] = "hardware"
 
     def __post_init__(self) -> None:
@@ -98,6 +102,7 @@ class Hardware(Policy):
             from .stragglers import Stragglers
             s = Stragglers(slow_ranks=self.slow_ranks, slowdown=self.rank_slowdown)
             object.__setattr__(self, "slow_ranks", s.slow_ranks)
+        _check_graphs(self)
 
     def factors(self) -> np.ndarray:
         """Duration multiplier per class (1 / speedup)."""
@@ -133,7 +138,31 @@ class Hardware(Policy):
         if self.slow_ranks:
             from .stragglers import inject_slowdown
             inject_slowdown(state, self.slow_ranks, self.rank_slowdown)
-        state.applied.append(self.describe())
+        d = self.describe()
+        if self.cuda_graphs:
+            d["cuda_graphs_effect"] = _apply_graphs(self, state)
+        state.applied.append(d)
+
+
+# ---------------------------------------------------------------------------- CUDA graphs
+def _check_graphs(h: Hardware) -> None:
+    from .graphs import check_graph_mode
+    mode = check_graph_mode(h.cuda_graphs)
+    given = h.cuda_graphs is not None
+    # an explicit false stays False (a sweep's "off" row; graph_*_us then have no effect)
+    object.__setattr__(h, "cuda_graphs", mode if mode is not None or not given else False)
+    check_positive("hardware", "graph_launch_us", h.graph_launch_us, strict=False)
+    check_positive("hardware", "graph_node_us", h.graph_node_us, strict=False)
+    if not given and (h.graph_launch_us is not None or h.graph_node_us is not None):
+        raise PolicyError("hardware.graph_launch_us / graph_node_us need "
+                          "hardware.cuda_graphs (\"step\" or \"forward_backward\")")
+
+
+def _apply_graphs(h: Hardware, state: WhatIfState) -> dict:
+    from .graphs import DEFAULT_GRAPH_LAUNCH_US, DEFAULT_GRAPH_NODE_US, apply_cuda_graphs
+    launch = DEFAULT_GRAPH_LAUNCH_US if h.graph_launch_us is None else h.graph_launch_us
+    node = DEFAULT_GRAPH_NODE_US if h.graph_node_us is None else h.graph_node_us
+    return apply_cuda_graphs(state, h.cuda_graphs, launch, node)
 
 
 def scale_host_work(state: WhatIfState, factor) -> None:

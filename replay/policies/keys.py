@@ -117,6 +117,17 @@ KEYS: dict[str, KeyInfo] = {
                                       "with hardware.slow_ranks", "their slowdown"),
     "hardware.host_speedup": KeyInfo("factor", "> 0", "1", _ALL,
                                      "host (CPU) work, its gaps and unexplained delays"),
+    "hardware.cuda_graphs": KeyInfo(
+        "mode", "step | forward_backward | false", "false (eager launches as measured)",
+        "synth; kineto/nsys with launch calls correlated to GPU ops and operator events or "
+        "ranges on the launching threads (forward_backward: forward/backward phases)",
+        "capture regions as CUDA graphs: launches and launch-only host work become one "
+        "graph launch"),
+    "hardware.graph_launch_us": KeyInfo("us", ">= 0", "10", "with hardware.cuda_graphs",
+                                        "host cost of one graph launch (cudaGraphLaunch + "
+                                        "the framework's replay call)"),
+    "hardware.graph_node_us": KeyInfo("us", ">= 0", "1", "with hardware.cuda_graphs",
+                                      "GPU front-end cost per kernel of a replayed graph"),
     # network
     "network.intra_node_gbps": KeyInfo("GB/s per GPU per direction", "> 0", "calibrated / "
                                        "hardware profile", _NET, "intra-node bandwidth"),
@@ -161,6 +172,21 @@ KEYS: dict[str, KeyInfo] = {
                                      _ALL, "ranks to slow down"),
     "stragglers.slowdown": KeyInfo("factor", "> 0", "none", "with stragglers.slow_ranks",
                                    "their slowdown"),
+    # compression (replay/policies/compression.py)
+    "compression.dp": KeyInfo("ratio", ">= 1 (4 = a quarter of the bytes)", "1",
+                              "synth (dp / emb groups); kineto/nsys with sized all-reduce / "
+                              "reduce-scatter / all-gather collectives", "compress data-"
+                              "parallel (gradient / parameter) collectives"),
+    "compression.tp": KeyInfo("ratio", ">= 1", "1", "synth with tp > 1; measured traces "
+                              "whose process group names say tp / tensor",
+                              "compress tensor-parallel collectives"),
+    "compression.pp": KeyInfo("ratio", ">= 1", "1", "synth with pp > 1; measured traces with "
+                              "sized send / recv (or groups named pp / pipe)",
+                              "compress pipeline send / receive"),
+    "compression.codec_gbps": KeyInfo("GB/s per GPU", "> 0", "none (an ideal codec)",
+                                      "with compression.dp / tp / pp",
+                                      "codec throughput: compressor and decompressor run on "
+                                      "the compute stream around each compressed message"),
 }
 
 

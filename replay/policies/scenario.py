@@ -26,6 +26,7 @@ from retime.collectors.errors import PolicyError
 
 from .base import Policy
 from .caching import Cache
+from .compression import Compression
 from .hardware import Hardware
 from .network import Network, Topology
 from .overlap import Overlap
@@ -38,7 +39,8 @@ __all__ = ["Scenario", "load_scenario", "parse_set", "TABLES", "vocabulary", "as
 #: scenario table -> policy class, in the order policies configure a what-if
 TABLES: dict[str, type[Policy]] = {
     "topology": Topology, "parallel": Parallel, "cache": Cache, "hardware": Hardware,
-    "network": Network, "overlap": Overlap, "stragglers": Stragglers}
+    "network": Network, "overlap": Overlap, "stragglers": Stragglers,
+    "compression": Compression}
 
 
 def vocabulary() -> list[str]:

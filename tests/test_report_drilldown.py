@@ -1,0 +1,30 @@
+"""Report sections of the drill-down analyses (analysis/report_drilldown.py)."""
+
+from __future__ import annotations
+
+from conftest import KINETO, ingest_cached
+from retime.analysis import breakdown
+from retime.analysis.report_drilldown import cuda_graph_whatif, drilldown_sections
+
+
+def test_cuda_graph_whatif_table_on_dlrm():
+    t = ingest_cached(KINETO / "dlrm-v100-8rank")
+    df = cuda_graph_whatif(t)
+    assert df["scenario"].tolist() == ["measured", "cuda_graphs=forward_backward",
+                                       "cuda_graphs=step"]
+    assert df.loc[0, "host_bound_ns"] == breakdown(t)["host_bound_ns"].sum()
+    fb, st = df.loc[1, "host_bound_removed_frac"], df.loc[2, "host_bound_removed_frac"]
+    assert 0.3 < fb < st < 0.9  # capturing the whole step removes most, never all
+
+
+def test_sections_say_why_when_an_analysis_cannot_run():
+    dl = drilldown_sections(ingest_cached(KINETO / "dlrm-v100-8rank"))
+    assert [s.title for s in dl] == ["Host overhead and CUDA graphs", "Attribution tree",
+                                     "Roofline per operator"]
+    assert len(dl[0].tables) == 3 and len(dl[0].figures) == 1
+    assert "Not available" in dl[2].text and "V100" in dl[2].text  # no V100 profile
+    vgg = drilldown_sections(ingest_cached(KINETO / "h100-vgg13" /
+                                           "profiler_vgg13-iter41.json.gz"))
+    assert "h100-sxm" in vgg[2].text and len(vgg[2].tables) == 1 and len(vgg[2].figures) == 1
+    gloo = drilldown_sections(ingest_cached(KINETO / "cpu-gloo-rank34"))
+    assert gloo[0].tables == [] and "no launch calls" in gloo[0].text
