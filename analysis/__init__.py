@@ -8,13 +8,21 @@ DataFrame; plot functions (``analysis.plots``) take those frames and return a Fi
 from ._util import as_trace
 from .breakdown import PARTS, breakdown, summarize_breakdown
 from .comm import busbw_factor, collectives, comm_summary, rank_wait
-from .compare import compare, metrics
+from .compare import compare, metrics, verdict
 from .critical_path import attribute_critical_path, critical_path, dependency_arcs
 from .efficiency import efficiency, job_efficiency, peak_flops
 from .kernels import KERNEL_CLASSES, class_stats, classify_names, kernel_classes, kernel_stats
 from .memory import memory_timeline, peak_memory
 from .pipeline import bubbles, rank_stages, stage_bubbles
-from .report import build_report, render_html, write_html, write_pdf, write_report
+from .report import (
+    build_report,
+    build_sweep_report,
+    read_sweep,
+    render_html,
+    write_html,
+    write_pdf,
+    write_report,
+)
 from .stragglers import stragglers
 
 __all__ = [
@@ -26,7 +34,8 @@ __all__ = [
     "bubbles", "rank_stages", "stage_bubbles",
     "memory_timeline", "peak_memory",
     "efficiency", "job_efficiency", "peak_flops",
-    "compare", "metrics",
+    "compare", "metrics", "verdict",
     "stragglers",
-    "build_report", "render_html", "write_html", "write_pdf", "write_report",
+    "build_report", "build_sweep_report", "read_sweep", "render_html", "write_html", "write_pdf",
+    "write_report",
 ]
