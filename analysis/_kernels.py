@@ -107,8 +107,8 @@ def _backtrack(pred, last):  # pragma: no cover - compiled
 
 
 @njit(cache=True)
-def _add_cover(out, g, s, e, t0, bin_ns, n_bins):  # pragma: no cover - compiled
-    """Add the interval [s, e) (ns) to row ``g`` of ``out`` (covered ns per time bin)."""
+def _add_cover(out, row, s, e, t0, bin_ns, n_bins):  # pragma: no cover - compiled
+    """Add the interval [s, e) (ns) to ``row`` of ``out`` (covered ns per time bin)."""
     a = (s - t0) / bin_ns
     b = (e - t0) / bin_ns
     if a < 0.0:
@@ -120,38 +120,40 @@ def _add_cover(out, g, s, e, t0, bin_ns, n_bins):  # pragma: no cover - compiled
     ia = int(a)
     ib = int(b)
     if ia == ib:
-        out[g, ia] += (b - a) * bin_ns
+        out[row, ia] += (b - a) * bin_ns
         return
-    out[g, ia] += (ia + 1 - a) * bin_ns
+    out[row, ia] += (ia + 1 - a) * bin_ns
     for k in range(ia + 1, min(ib, n_bins)):
-        out[g, k] += bin_ns
+        out[row, k] += bin_ns
     if ib < n_bins:
-        out[g, ib] += (b - ib) * bin_ns
+        out[row, ib] += (b - ib) * bin_ns
 
 
 @njit(cache=True)
-def _binned_union(group, start, end, n_groups, t0, bin_ns, n_bins):  # pragma: no cover
-    """Covered time of the union of intervals per group and time bin.
+def _binned_union(group, start, end, row_of_group, n_rows, t0, bin_ns, n_bins):  # pragma: no cover
+    """Covered time of the union of each group's intervals, per time bin, summed into rows.
 
     Parameters
     ----------
-    group : int64[n]  group index 0..n_groups-1, sorted ascending
+    group : int64[n]  group index (e.g. a rank), sorted ascending
     start, end : int64[n]  interval bounds in ns, sorted by start within each group
-    n_groups : int
+    row_of_group : int64[n_groups]  output row of each group (several groups may share one)
+    n_rows : int
     t0 : int64  start of bin 0 in ns
     bin_ns : float64  bin width in ns
     n_bins : int
 
     Returns
     -------
-    float64[n_groups, n_bins]  covered ns per group and bin (overlaps counted once;
-    parts outside [t0, t0 + n_bins * bin_ns) are ignored)
+    float64[n_rows, n_bins]  per row and bin, the sum over its groups of each group's covered
+    ns (overlaps within a group counted once; time outside the bins ignored)
     """
-    out = np.zeros((n_groups, n_bins), np.float64)
+    out = np.zeros((n_rows, n_bins), np.float64)
     n = group.shape[0]
     i = 0
     while i < n:
         g = group[i]
+        row = row_of_group[g]
         cs = start[i]
         ce = end[i]
         i += 1
@@ -159,13 +161,13 @@ def _binned_union(group, start, end, n_groups, t0, bin_ns, n_bins):  # pragma: n
             s = start[i]
             e = end[i]
             if s > ce:
-                _add_cover(out, g, cs, ce, t0, bin_ns, n_bins)
+                _add_cover(out, row, cs, ce, t0, bin_ns, n_bins)
                 cs = s
                 ce = e
             elif e > ce:
                 ce = e
             i += 1
-        _add_cover(out, g, cs, ce, t0, bin_ns, n_bins)
+        _add_cover(out, row, cs, ce, t0, bin_ns, n_bins)
     return out
 
 

@@ -47,9 +47,13 @@ def plot_breakdown(summary: pd.DataFrame, *, labels: list[str] | None = None,
     mean step's parts (ms), from :func:`analysis.breakdown.summarize_breakdown`."""
     from .plots_timeline import PART_COLORS, PART_LABELS, fixed_margins
 
-    fig = Figure(figsize=(10, 3.3))
+    names = labels if labels is not None else [str(r) for r in summary["rank"]]
+    long = max((len(n) for n in names), default=1) > 3 or len(names) > 16
+    fig = Figure(figsize=(10, 3.3 + (0.45 if long else 0)))
     ax = fig.add_subplot()
-    fixed_margins(fig, left_in=0.7, right_in=2.3, top_in=0.35, bottom_in=0.75)
+    # rotated labels need room: about 0.04 in per character at 7 pt, times sin(30 deg)
+    bottom = 0.6 + (0.035 * max((len(n) for n in names), default=1) if long else 0)
+    fixed_margins(fig, left_in=0.7, right_in=2.3, top_in=0.35, bottom_in=bottom)
     if len(summary) == 0:
         return _empty(fig, ax, "no ops")
     x = np.arange(len(summary))
@@ -58,8 +62,6 @@ def plot_breakdown(summary: pd.DataFrame, *, labels: list[str] | None = None,
         v = summary[p].to_numpy(dtype=float) / 1e6
         ax.bar(x, v, bottom=bottom, color=PART_COLORS[p], label=PART_LABELS[p], width=0.75)
         bottom += v
-    names = labels if labels is not None else [str(r) for r in summary["rank"]]
-    long = max((len(n) for n in names), default=1) > 3 or len(names) > 16
     ax.set_xticks(x, names, fontsize=7, rotation=30 if long else 0, ha="right" if long else
                   "center")
     ax.set_xlabel("rank" if labels is None else "rank (identical ranks drawn once)", fontsize=8)
@@ -134,7 +136,8 @@ def plot_collectives(coll: pd.DataFrame, *, title: str = "Collectives: size vs b
     if len(c) == 0:
         return _empty(fig, ax, "no collectives with known size")
     for op, g in c.groupby("comm_op", sort=True):
-        ax.scatter(g["bytes"].to_numpy(), g["busbw_gbps"].to_numpy(), s=10, alpha=0.7, label=op)
+        ax.scatter(g["bytes"].to_numpy(), g["busbw_gbps"].to_numpy(), s=10, alpha=0.7,
+                   label=str(op).lower().replace("_", "-"))
     ax.set_xscale("log")
     ax.set_xlabel("message size (bytes)", fontsize=8)
     ax.set_ylabel("bus bandwidth (GB/s)", fontsize=8)
@@ -165,21 +168,33 @@ def plot_bubbles(stage_bub: pd.DataFrame, *, title: str = "Pipeline bubble per s
 
 def plot_memory(timeline: pd.DataFrame, peaks: pd.DataFrame | None = None, *,
                 title: str = "Device memory allocated") -> Figure:
-    """Allocated memory over time per rank (GiB); with no timeline, bars of the peaks."""
+    """Allocated memory over time (GiB): one line per rank up to 10 ranks; beyond, the rank
+    with the highest peak of each pipeline stage (or the four highest ranks), named in the
+    legend. With no timeline, bars of the peaks."""
     from .plots_timeline import fixed_margins
 
     fig = Figure(figsize=(10, 3.0))
     ax = fig.add_subplot()
-    fixed_margins(fig, left_in=0.7, right_in=1.2, top_in=0.35, bottom_in=0.55)
+    fixed_margins(fig, left_in=0.7, right_in=1.6, top_in=0.35, bottom_in=0.55)
     if len(timeline):
         t0 = timeline["ts_ns"].min()
-        for r, g in timeline.groupby("rank", sort=True):
+        peak = timeline.groupby("rank")["allocated_bytes"].max()
+        ranks = list(peak.index)
+        label = {int(r): f"rank {r}" for r in ranks}
+        if len(ranks) > 10:
+            if peaks is not None and "stage" in peaks and (peaks["stage"] >= 0).any():
+                st = peaks.set_index("rank")["stage"].reindex(peak.index)
+                top = peak.groupby(st.to_numpy()).idxmax()
+                ranks = [int(top[s]) for s in sorted(top.index)][:10]
+                label = {int(top[s]): f"stage {s} (rank {int(top[s])})" for s in top.index}
+            else:
+                ranks = list(peak.sort_values(ascending=False).index[:4])
+        for r, g in timeline[timeline["rank"].isin(ranks)].groupby("rank", sort=True):
             ax.step((g["ts_ns"].to_numpy() - t0) / 1e6, g["allocated_bytes"].to_numpy() / 2**30,
-                    where="post", label=f"rank {r}", linewidth=0.8)
+                    where="post", label=label[int(r)], linewidth=0.8)
         ax.set_xlabel("time from the first sample (ms)", fontsize=8)
         ax.set_ylabel("allocated (GiB)", fontsize=8)
-        if timeline["rank"].nunique() <= 10:
-            ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     elif peaks is not None and len(peaks):
         if "stage" in peaks and (peaks["stage"] >= 0).any():  # per pipeline stage
             g = peaks.groupby("stage", sort=True)["peak_allocated_bytes"].max()

@@ -153,7 +153,7 @@ def plot_pipeline_gantt(blocks: pd.DataFrame, stage_labels: dict[int, str], *, s
     ax.tick_params(axis="x", labelsize=7)
     ax.set_xlabel(f"time from the step start ({unit}); numbers are micro-batches", fontsize=8)
     names = {"forward": "forward", "backward": "backward", "recompute": "recompute",
-             "other": "other (optimizer, no micro-batch)"}
+             "other": "other (optimizer, GC, ...)"}
     handles = [Patch(facecolor=_PHASE_COLORS[p], label=names[p]) for p in phases]
     if handles:
         fig.legend(handles=handles, loc="upper right", ncol=len(handles), fontsize=7,
@@ -176,30 +176,31 @@ def _pool_rows(a: np.ndarray, max_rows: int) -> tuple[np.ndarray, int]:
     return a.reshape(-1, k, *a.shape[1:]).sum(axis=1), k
 
 
-def plot_rank_time_heatmap(ranks: np.ndarray, edges_ns: np.ndarray, parts: np.ndarray, *,
-                           title: str = "", max_rows: int = 512) -> Figure:
-    """Rank x time: each cell coloured by what the rank mostly does in that time bin
-    (:data:`analysis.timeline.ACTIVITY_PARTS`). Beyond ``max_rows`` ranks, consecutive
-    ranks are pooled into one row (said on the axis)."""
+def plot_rank_time_heatmap(first_rank: np.ndarray, per_row: np.ndarray, edges_ns: np.ndarray,
+                           parts: np.ndarray, *, title: str = "") -> Figure:
+    """Rank x time: each cell coloured by what the rank (or the row's ranks together) mostly
+    does in that time bin (:data:`analysis.timeline.ACTIVITY_PARTS`); the frames of
+    :func:`analysis.timeline.rank_activity`. Rows holding several ranks are said on the
+    axis."""
     span = float(edges_ns[-1]) if len(edges_ns) else 1.0
     unit, scale = time_axis(span)
-    fig = Figure(figsize=(10, 3.4 if len(ranks) > 16 else 2.4))
+    fig = Figure(figsize=(10, 3.4 if len(first_rank) > 16 else 2.4))
     ax = fig.add_subplot()
     fixed_margins(fig, left_in=0.75, bottom_in=0.5, top_in=0.62)
-    pooled, k = _pool_rows(parts, max_rows)
-    tot = pooled.sum(axis=-1)
-    dom = np.argmax(pooled, axis=-1).astype(float)
+    tot = parts.sum(axis=-1)
+    dom = np.argmax(parts, axis=-1).astype(float)
     dom[tot <= 0] = np.nan  # outside every rank's step window
     cmap = ListedColormap([PART_COLORS[p] for p in ("compute_ns", "exposed_comm_ns",
-                                                     "memcpy_ns", "host_bound_ns", "idle_ns")])
-    cmap.set_bad("white")
-    r0, r1 = (int(ranks[0]), int(ranks[-1])) if len(ranks) else (0, 0)
+                                                     "memcpy_ns", "host_bound_ns", "idle_ns")]
+                          ).with_extremes(bad="white")
+    k = int(per_row.max()) if len(per_row) else 1
+    r0 = int(first_rank[0]) if len(first_rank) else 0
+    r1 = int(first_rank[-1] + per_row[-1] - 1) if len(first_rank) else 0
     ax.imshow(dom, aspect="auto", interpolation="nearest", cmap=cmap, vmin=-0.5,
               vmax=len(ACTIVITY_PARTS) - 0.5,
-              extent=(0, span / scale, dom.shape[0] * k - 0.5 + r0, r0 - 0.5))
+              extent=(0, span / scale, r1 + 0.5, r0 - 0.5))
     ax.set_xlabel(f"time from the step start ({unit})", fontsize=8)
     ax.set_ylabel("rank" + (f" ({k} ranks per row)" if k > 1 else ""), fontsize=8)
-    ax.set_ylim(r1 + 0.5, r0 - 0.5)
     ax.tick_params(labelsize=7)
     present = [i for i in range(len(ACTIVITY_PARTS)) if (dom == i).any()]
     labels = {"compute": "compute", "exposed_comm": "communication (exposed)",

@@ -71,23 +71,23 @@ def _dominant(run: RunAnalysis) -> tuple[float, str]:
     top = max(PARTS, key=lambda p: parts[p])
     share = parts[top] / st if st else 0.0
     r = run.slowest_rank
-    who = f"on the slowest rank ({r})" if run.n_ranks > 1 else "of the step"
+    amount = (f"{fmt_pct(share)} of the slowest rank's step (rank {r}, {fmt_ns(parts[top])} "
+              "per step)" if run.n_ranks > 1 else
+              f"{fmt_pct(share)} of the step ({fmt_ns(parts[top])})")
     if top == "host_bound_ns":
-        txt = (f"The job is host-bound: for {fmt_pct(share)} {who} ({fmt_ns(parts[top])} per "
-               "step) the GPU waits while the CPU works (Python, framework, kernel launches); "
-               "a faster host or fewer, larger kernels help more than a faster GPU.")
+        txt = (f"The job is host-bound: for {amount} the GPU waits while the CPU works (Python, "
+               "framework, kernel launches); a faster host or fewer, larger kernels help more "
+               "than a faster GPU.")
     elif top == "exposed_comm_ns":
-        txt = (f"Communication that nothing hides takes {fmt_pct(share)} {who} "
-               f"({fmt_ns(parts[top])} per step): overlap it with compute or make it smaller.")
+        txt = (f"Communication that nothing hides takes {amount}: overlap it with compute or "
+               "make it smaller.")
     elif top == "idle_ns":
-        txt = (f"Nothing runs for {fmt_pct(share)} {who} ({fmt_ns(parts[top])} per step): the "
-               "rank waits on other ranks or on work the trace does not show.")
+        txt = (f"Nothing runs for {amount}: the rank waits on other ranks (pipeline bubbles, "
+               "late collectives) or on work the trace does not show.")
     elif top == "compute_ns":
-        txt = (f"The step is compute-bound: GPU compute with no communication running fills "
-               f"{fmt_pct(share)} {who} ({fmt_ns(parts[top])} per step).")
+        txt = f"The step is compute-bound: GPU compute with no communication running fills {amount}."
     else:
-        txt = (f"{PART_WORDS[top].capitalize()} take {fmt_pct(share)} {who} "
-               f"({fmt_ns(parts[top])} per step).")
+        txt = f"{PART_WORDS[top].capitalize()} take {amount}."
     return share + 0.5, txt
 
 

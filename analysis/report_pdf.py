@@ -160,7 +160,11 @@ class _Layout:
         self.y += 6
 
     # ------------------------------------------------------------------ figures
-    def figure(self, f: Fig) -> None:
+    def text_height(self, text: str, size: float = _BODY, gap: float = 4.0) -> float:
+        return len(_wrap(text, self.width, "F1", size)) * size * 1.32 + gap
+
+    def figure_size(self, f: Fig) -> tuple[float, float, list[str]]:
+        """(width, height, caption lines) of a figure at the text width, fitting a page."""
         r = f.rendered()
         w_pt = r.width_px * 72.0 / f.dpi
         h_pt = r.height_px * 72.0 / f.dpi
@@ -170,6 +174,11 @@ class _Layout:
         full = self.bottom - _M_T - len(cap) * 10 - 6
         if h > full:
             w, h = w * full / h, full
+        return w, h, cap
+
+    def figure(self, f: Fig) -> None:
+        r = f.rendered()
+        w, h, cap = self.figure_size(f)
         self.need(h + len(cap) * 10 + 6)
         self.doc.image(self.page, id(r), r.idat, r.width_px, r.height_px, _M_L, self.y, w, h)
         self.y += h + 2
@@ -235,11 +244,23 @@ def layout_pdf(report: Report, *, paper: str = "a4", tables_dir: str | None = No
     for i, s in enumerate(report.sections):
         if i == 0:
             lay.new_page()
-        lay.heading(s.title, 13, keep=90, rule=True)
-        starts.append((lay.page, lay.y - 30))
-        doc.bookmark(s.title, lay.page, max(lay.y - 30, 0))
+        # a heading stays with what follows it: the first paragraphs and the first figure
+        # or the start of the first table
+        keep = 0.0
         for b in s.blocks:
             if isinstance(b, str):
+                keep += lay.text_height(b)
+                continue
+            keep += lay.figure_size(b)[1] + 20 if isinstance(b, Fig) else 60
+            break
+        lay.heading(s.title, 13, keep=min(keep, lay.bottom - _M_T - 40), rule=True)
+        starts.append((lay.page, lay.y - 30))
+        doc.bookmark(s.title, lay.page, max(lay.y - 30, 0))
+        for j, b in enumerate(s.blocks):
+            if isinstance(b, str):
+                nxt = s.blocks[j + 1] if j + 1 < len(s.blocks) else None
+                if isinstance(nxt, Fig):  # a paragraph stays with the figure it introduces
+                    lay.need(lay.text_height(b) + lay.figure_size(nxt)[1] + 20)
                 lay.text_block(b)
             elif isinstance(b, Table):
                 lay.table(b, tables_dir)

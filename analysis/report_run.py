@@ -106,6 +106,20 @@ class RunAnalysis:
         return int(len(self.t.ranks))
 
     @cached_property
+    def stands_for(self) -> dict[int, tuple[str, int]]:
+        """Representative rank -> (label of the ranks it stands for, how many), for modeled
+        runs that emit one rank per class of identical ranks (empty otherwise)."""
+        syn = self.t.meta.get("synth") or {}
+        out: dict[int, tuple[str, int]] = {}
+        emitted = set(int(r) for r in self.t.ranks)
+        for c in syn.get("rank_classes") or []:
+            rep = int(c.get("representative", -1))
+            lo, hi = (c.get("ranks") or [rep, rep])[:2]
+            if rep in emitted and hi > lo and len(emitted) < int(syn.get("world_size") or 0):
+                out[rep] = (f"{int(lo)}-{int(hi)}", int(hi) - int(lo) + 1)
+        return out
+
+    @cached_property
     def ks(self) -> pd.DataFrame:
         from .kernels import kernel_stats
         return kernel_stats(self.t)

@@ -60,6 +60,12 @@ def section_breakdown(run: RunAnalysis, *, top: int) -> Section:
     s = Section("breakdown", "Where the step goes")
     b = run.bsum
     folded = fold_summary(b)
+    stands = run.stands_for
+    if stands:  # a modeled run emitting one rank per class of identical ranks
+        folded["ranks"] = [stands.get(int(r), (lab, 1))[0] for r, lab in
+                           zip(folded["rank"], folded["ranks"])]
+        folded["n"] = [stands.get(int(r), ("", int(k)))[1] for r, k in
+                       zip(folded["rank"], folded["n"])]
     s.blocks.append(
         "Each rank's step splits into disjoint parts that add up to its step time: compute "
         "with no communication running, communication hidden under compute, communication "
@@ -67,11 +73,16 @@ def section_breakdown(run: RunAnalysis, *, top: int) -> Section:
         "idle while the CPU works), and idle time (nothing runs on the rank). Means over "
         f"{run.steps} step(s).")
     n = len(folded)
-    if n < len(b):
+    total = int(folded["n"].sum())
+    if stands:
+        s.blocks.append(f"The modeled run has {run.t.world_size:,} ranks; identical ranks share "
+                        f"one timeline, so {len(b)} representative ranks stand for all of them "
+                        "(each row names the ranks it stands for).")
+    elif n < len(b):
         s.blocks.append(f"{len(b):,} ranks fall into {n} group(s) with identical breakdowns; "
                         "each group is shown once.")
     if n <= MANY_RANKS:
-        labels = None if n == len(b) else [f"{r} ({k})" if k > 1 else r for r, k in
+        labels = None if total == n else [f"{r} ({k})" if k > 1 else r for r, k in
                                           zip(folded["ranks"], folded["n"])]
         s.blocks.append(Fig("breakdown", "Mean step per rank, split into its parts (ms).",
                             plots.plot_breakdown(folded, labels=labels, title="")))
@@ -82,7 +93,7 @@ def section_breakdown(run: RunAnalysis, *, top: int) -> Section:
                             plot_rank_part_heatmap(b)))
     rows = folded.sort_values("step_ns", ascending=False, kind="mergesort")
     cols = [Column("ranks", "Rank(s)", "text")]
-    if n < len(b):
+    if total > n:
         cols.append(Column("n", "Ranks", "count"))
     cols += [Column("step_ns", "Step", "time"), *_PART_COLS,
              Column("gpu_busy_frac", "GPU busy", "pct")]
@@ -97,6 +108,14 @@ def _timeline_rows(run: RunAnalysis) -> tuple[pd.DataFrame, list[str], str]:
     """(rows: rank, row_group, label; group names; note) of the step timeline."""
     f = run.folds
     groups = f.drop_duplicates("group").sort_values("group")
+    stands = run.stands_for
+    if stands:  # representatives of a modeled run's classes of identical ranks
+        groups = groups.assign(
+            label=[stands[int(r)][0] if int(r) in stands and sz == 1 else lab
+                   for r, lab, sz in zip(groups["representative"], groups["label"],
+                                         groups["size"])],
+            size=[stands[int(r)][1] if int(r) in stands and sz == 1 else sz
+                  for r, sz in zip(groups["representative"], groups["size"])])
     if len(groups) <= MANY_RANKS:
         rows = groups[["representative", "group"]].rename(
             columns={"representative": "rank", "group": "row_group"})
@@ -104,7 +123,8 @@ def _timeline_rows(run: RunAnalysis) -> tuple[pd.DataFrame, list[str], str]:
         folded = groups[groups["size"] > 1]
         note = ""
         if len(folded):
-            note = (f"Identical ranks are drawn once: {len(f):,} ranks fall into "
+            n_all = int(groups["size"].sum())
+            note = (f"Identical ranks are drawn once: {n_all:,} ranks fall into "
                     f"{len(groups)} group(s) whose ops, durations and offsets in this step "
                     f"are the same ({', '.join(names[:6])}{', …' if len(names) > 6 else ''}).")
         return rows.reset_index(drop=True), names, note
@@ -159,11 +179,13 @@ def section_timeline(run: RunAnalysis) -> Section:
                                                              for a, b in reps},
                                                     span_ns=w.dur_ns)))
     if run.n_ranks > MANY_RANKS:
-        ranks, edges, parts = rank_activity(run.t, w)
+        first, per_row, edges, parts = rank_activity(run.t, w)
+        pooled = (f" Rows of {int(per_row.max())} consecutive ranks show what they mostly do "
+                  "together." if per_row.max() > 1 else "")
         s.blocks.append(Fig("rank_time", "Rank x time: what each rank mostly does in each "
                             f"{fmt_ns(w.dur_ns / max(len(edges) - 1, 1))} slice of the step "
-                            "(white: outside the rank's step).",
-                            plot_rank_time_heatmap(ranks, edges, parts)))
+                            f"(white: outside the rank's step).{pooled}",
+                            plot_rank_time_heatmap(first, per_row, edges, parts)))
     return s
 
 

@@ -48,7 +48,7 @@ def fmt_num(v: float, sig: int = 4) -> str:
 def time_unit(values_ns: Any) -> tuple[str, float]:
     """(unit name, ns per unit) that shows ``values_ns`` best: the largest unit in which the
     median of the non-zero magnitudes is at least 1, one larger when the largest value
-    would need five digits or more."""
+    would need four digits or more before the point."""
     a = np.abs(np.asarray(values_ns, dtype=float))
     a = a[np.isfinite(a) & (a > 0)]
     if len(a) == 0:
@@ -56,8 +56,8 @@ def time_unit(values_ns: Any) -> tuple[str, float]:
     med = float(np.median(a))
     for i, (name, scale) in enumerate(_UNITS):
         if med >= scale:
-            # the largest value should not need more than 4 digits before the point
-            if i > 0 and a.max() >= 1e4 * scale:
+            # the largest value should not need more than 3 digits before the point
+            if i > 0 and a.max() >= 1e3 * scale:
                 return _UNITS[i - 1]
             return name, scale
     return "ns", 1.0

@@ -267,14 +267,17 @@ def pipeline_blocks(trace, step: StepWindow, stage_ranks: pd.DataFrame) -> pd.Da
     return df[cols]
 
 
-def rank_activity(trace, step: StepWindow, *, bins: int = 240) -> tuple[np.ndarray, np.ndarray,
-                                                                       np.ndarray]:
-    """Rank x time: per rank and bin, the covered ns of each part of
-    :data:`ACTIVITY_PARTS` (disjoint, adding up to the bin inside the rank's own step
-    window; outside it nothing is counted).
+def rank_activity(trace, step: StepWindow, *, bins: int = 240, max_rows: int = 512
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Rank x time: per row of ranks and time bin, the covered ns of each part of
+    :data:`ACTIVITY_PARTS` (disjoint per rank, adding up to the bin inside the rank's own
+    step window; outside it nothing is counted). Up to ``max_rows`` ranks each rank is a
+    row; beyond, consecutive ranks share a row (their times summed), so memory stays
+    bounded at any scale (16,384 ranks: 512 rows of 32).
 
-    Returns ``(ranks, edges_ns, parts)``: ranks int64[R], bin edges int64[bins + 1] (from
-    the step start), parts float64[R, bins, len(ACTIVITY_PARTS)].
+    Returns ``(first_rank, ranks_per_row, edges_ns, parts)``: the first rank of each row
+    int64[R], ranks per row int64[R], bin edges int64[bins + 1] (from the step start), and
+    parts float64[R, bins, len(ACTIVITY_PARTS)].
     """
     o = trace.ops
     m = _step_ops(trace, step.step)
@@ -284,7 +287,11 @@ def rank_activity(trace, step: StepWindow, *, bins: int = 240) -> tuple[np.ndarr
     bin_ns = width / bins
     edges = np.round(np.arange(bins + 1) * bin_ns).astype(np.int64)
     if n_r == 0:
-        return ranks, edges, np.zeros((0, bins, len(ACTIVITY_PARTS)))
+        z = np.zeros(0, np.int64)
+        return z, z, edges, np.zeros((0, bins, len(ACTIVITY_PARTS)))
+    per_row = int(np.ceil(n_r / max_rows)) if n_r > max_rows else 1
+    row_of = (np.arange(n_r) // per_row).astype(np.int64)
+    n_rows = int(row_of[-1]) + 1
     kind = o["kind"].to_numpy()
     dev = device_mask(trace)
     cpu_dev = dev & (_lane_kind_of_ops(trace) == int(LaneKind.CPU_THREAD))
@@ -292,19 +299,19 @@ def rank_activity(trace, step: StepWindow, *, bins: int = 240) -> tuple[np.ndarr
     cm = m & dev & np.isin(kind, COMM_KINDS)
     y = m & dev & np.isin(kind, MEM_KINDS)
     h = m & host_mask(trace) & np.isin(kind, HOST_KINDS)
-    g_all = np.searchsorted(ranks, o["rank"].to_numpy().astype(np.int64))
-    g_all = np.minimum(g_all, n_r - 1)
+    g_all = np.minimum(np.searchsorted(ranks, o["rank"].to_numpy().astype(np.int64)), n_r - 1)
     start = o["start_ns"].to_numpy()
     end = op_ends_ns(trace)
     sel = np.flatnonzero(c | cm | y | h)
     order = sel[np.lexsort((start[sel], g_all[sel]))]
+    g_s = np.ascontiguousarray(g_all[order], np.int64)
+    s_s = np.ascontiguousarray(start[order], np.int64)
+    e_s = np.ascontiguousarray(end[order], np.int64)
 
     def cover(mask: np.ndarray) -> np.ndarray:
-        ix = order[mask[order]]
-        return _binned_union(np.ascontiguousarray(g_all[ix], np.int64),
-                             np.ascontiguousarray(start[ix], np.int64),
-                             np.ascontiguousarray(end[ix], np.int64), n_r,
-                             np.int64(step.start_ns), float(bin_ns), int(bins))
+        k = mask[order]
+        return _binned_union(g_s[k], s_s[k], e_s[k], row_of, n_rows, np.int64(step.start_ns),
+                             float(bin_ns), int(bins))
 
     u_c = cover(c)
     u_cm = cover(c | cm)
@@ -313,11 +320,17 @@ def rank_activity(trace, step: StepWindow, *, bins: int = 240) -> tuple[np.ndarr
     # each rank's own step window bounds its idle time
     w = step_windows(trace)
     w = w[w["step"] == step.step].set_index("rank").reindex(ranks)
-    ws = (w["start_ns"].to_numpy(dtype=float) - step.start_ns)
-    we = (w["end_ns"].to_numpy(dtype=float) - step.start_ns)
-    lo = np.clip(ws[:, None], edges[None, :-1], edges[None, 1:])
-    hi = np.clip(we[:, None], edges[None, :-1], edges[None, 1:])
-    inside = np.maximum(hi - lo, 0.0)
+    ws = w["start_ns"].to_numpy(dtype=float) - step.start_ns
+    we = w["end_ns"].to_numpy(dtype=float) - step.start_ns
+    inside = np.zeros((n_rows, bins))
+    lo_e, hi_e = edges[:-1].astype(float), edges[1:].astype(float)
+    for r0 in range(0, n_r, 4096):  # bounded temporaries at any rank count
+        sl = slice(r0, min(r0 + 4096, n_r))
+        lo = np.clip(ws[sl, None], lo_e, hi_e)
+        hi = np.clip(we[sl, None], lo_e, hi_e)
+        np.add.at(inside, row_of[sl], np.maximum(hi - lo, 0.0))
     parts = np.stack([u_c, u_cm - u_c, u_cmy - u_cm, u_all - u_cmy,
                       np.maximum(inside - u_all, 0.0)], axis=-1)
-    return ranks, edges, parts
+    first = ranks[np.flatnonzero(np.r_[True, row_of[1:] != row_of[:-1]])]
+    counts = np.bincount(row_of, minlength=n_rows).astype(np.int64)
+    return first, counts, edges, parts

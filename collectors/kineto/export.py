@@ -36,7 +36,7 @@ def build_export_part(path: Path, doc) -> RankPart:
         if e.ph in ("s", "f", "t"):
             dropped["flow events (arrows for viewing; not re-ingested)"] += 1
         elif e.ph == "X" and a is not None and a.timeline == "replayed":
-            dropped["replayed timeline (a copy of the ops for viewing)"] += 1
+            dropped["replayed timeline (a copy of the ops and ranges for viewing)"] += 1
         elif e.ph == "X" and a is not None and a.path_op_id is not None:
             dropped["critical-path track (a copy of the ops for viewing)"] += 1
         elif (e.ph == "X" and a is not None and a.range_depth is not None and a.rank is not None
