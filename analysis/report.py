@@ -113,8 +113,10 @@ def _build_report(x: Any, *, baseline: Any | None, title: str | None, top: int) 
             f"; step-to-step spread {fmt_pct(spread)}" if spread == spread else "")))
     else:
         a = base.step_ns if base is not None else base_step
-        headline.append((f"{la.capitalize()} step", fmt_ns(a) if a else "n/a",
-                         "as recorded" if la == "measured" else "baseline run"))
+        note = ("as recorded" if base is not None and la == "measured" else "baseline run"
+                if base is not None else "the replay's record of the measured step (pass "
+                "--baseline MEASURED.retime for the full comparison)")
+        headline.append((f"{la.capitalize()} step", fmt_ns(a) if a else "n/a", note))
         headline.append((f"{lb.capitalize()} step", fmt_ns(st), "; ".join(
             f"{k} = {v}" for k, v, _ in scenario) or steps_note))
         if a:
