@@ -121,8 +121,9 @@ def _build_report(x: Any, *, baseline: Any | None, title: str | None, top: int) 
             f"{k} = {v}" for k, v, _ in scenario) or steps_note))
         if a:
             d = (st - a) / a
-            headline.append(("Change", f"{d:+.1%}", f"{a / st:.2f}x {'faster' if st < a else 'slower'}"
-                             if st != a else "unchanged"))
+            ratio = (f"{a / st:.2f}x faster" if st < a else f"{st / a:.2f}x slower"
+                     if st > a else "unchanged")
+            headline.append(("Change", f"{d:+.1%}", ratio))
     je = run.je
     if je["mfu"] == je["mfu"] or je["hfu"] == je["hfu"]:
         headline.append(("MFU / HFU", f"{fmt_pct(je['mfu'])} / {fmt_pct(je['hfu'])}",

@@ -50,8 +50,9 @@ def comparison_finding(base: RunAnalysis, cand: RunAnalysis, what: str) -> str:
     verb = "shortens" if d < 0 else "lengthens"
     if d == 0:
         return f"{what} leaves the step unchanged at {fmt_ns(a)}."
+    ratio = f"{a / b:.2f}x faster" if b < a else f"{b / a:.2f}x slower"
     return (f"{what} {verb} the step from {fmt_ns(a)} to {fmt_ns(b)} ({pct:+.1%}, "
-            f"{a / b:.2f}x); the largest change is {big['part']} "
+            f"{ratio}); the largest change is {big['part']} "
             f"({'+' if big['delta_ns'] > 0 else '-'}{fmt_ns(abs(big['delta_ns']))}).")
 
 
@@ -101,13 +102,17 @@ def _change(kind: str, a: float, b: float) -> str:
     return f"{d:+,.0f}"
 
 
+def _the(label: str) -> str:
+    return "this run's" if label == "this run" else f"the {label}"
+
+
 def section_comparison(base: RunAnalysis, cand: RunAnalysis, *, labels: tuple[str, str],
                        top: int) -> Section:
     """Waterfall of what changed, per-rank deltas and the metrics side by side."""
     la, lb = labels
     s = Section("comparison", f"{lb.capitalize()} against {la}")
-    s.blocks.append(f"The waterfall starts at the {la} step, adds how each part changed, and "
-                    f"ends at the {lb} step. Parts are those of each step's slowest rank (the "
+    s.blocks.append(f"The waterfall starts at {_the(la)} step, adds how each part changed, and "
+                    f"ends at {_the(lb)} step. Parts are those of each step's slowest rank (the "
                     "rank that sets the step time), so they add up exactly.")
     wf = waterfall_frame(base, cand, pipeline=cand.n_stages > 1)
     s.blocks.append(Fig("waterfall", f"What changed in the step, {la} to {lb} (ms).",
@@ -150,7 +155,7 @@ def section_comparison(base: RunAnalysis, cand: RunAnalysis, *, labels: tuple[st
         s.blocks.append(people_table(order, [Column("rank", "Rank", "count"),
                                              Column("a_ns", la.capitalize(), "time"),
                                              Column("b_ns", lb.capitalize(), "time"),
-                                             Column("delta_ns", "Change", "time"),
+                                             Column("delta_ns", "Change", "dtime"),
                                              Column("rel", "Change (%)",
                                                     lambda v: f"{100 * v:+.1f}%"
                                                     if v == v else "n/a"),

@@ -184,7 +184,8 @@ def short_name(name: str, limit: int = 64) -> str:
 class Column:
     """One table column: ``key`` in the frame, ``header`` in words; ``kind`` picks the
     formatting: ``time`` (ns values; unit chosen per column and added to the header),
-    ``pct`` (fractions), ``bytes``, ``count``, ``num``, ``gbps``, ``name`` (shortened, full
+    ``dtime`` (a signed change of time), ``pct`` (fractions), ``bytes``, ``count``, ``num``,
+    ``gbps``, ``name`` (shortened, full
     text on hover), ``text``, or a callable value -> str."""
 
     key: str
@@ -216,10 +217,13 @@ def _fmt_col(kind: Any, values: pd.Series, unit: tuple[str, float] | None = None
     vals = values.tolist()
     if callable(kind):
         return [kind(v) for v in vals], "", None
-    if kind == "time":
+    if kind in ("time", "dtime"):
         arr = values.to_numpy(dtype=float, na_value=np.nan)
         unit, scale = unit or time_unit(arr)
-        return _fixed(arr / scale), f" ({unit})", None
+        cells = _fixed(arr / scale)
+        if kind == "dtime":  # a change: signed
+            cells = [("+" + c if v > 0 else c) for c, v in zip(cells, arr)]
+        return cells, f" ({unit})", None
     if kind == "pct":
         return [fmt_pct(v) for v in vals], "", None
     if kind == "bytes":
@@ -270,12 +274,12 @@ def people_table(df: pd.DataFrame, columns: list[Column], *, caption: str, top: 
     unit = None
     if same_unit and len(shown):
         tcols = [shown[c.key].to_numpy(dtype=float, na_value=np.nan) for c in columns
-                 if c.kind == "time"]
+                 if c.kind in ("time", "dtime")]
         unit = time_unit([np.nanmax(np.abs(np.concatenate(tcols)))]) if tcols else None
     for c in columns:
         cells, suffix, hov = (_fmt_col(c.kind, shown[c.key], unit) if len(shown)
                               else ([], "", None))
-        if c.kind == "time" and not len(shown):
+        if c.kind in ("time", "dtime") and not len(shown):
             suffix = " (ms)"
         header.append(c.header + suffix)
         cols.append(cells)
