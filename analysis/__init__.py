@@ -8,7 +8,7 @@ DataFrame; plot functions (``analysis.plots``) take those frames and return a Fi
 from ._util import as_trace
 from .breakdown import PARTS, breakdown, summarize_breakdown
 from .comm import busbw_factor, collectives, comm_summary, rank_wait
-from .compare import compare, metrics
+from .compare import compare, metrics, verdict
 from .critical_path import attribute_critical_path, critical_path, dependency_arcs
 from .efficiency import efficiency, job_efficiency, peak_flops
 from .hierarchy import hierarchy
@@ -16,7 +16,15 @@ from .host import host_ops, host_overhead, launch_latency
 from .kernels import KERNEL_CLASSES, class_stats, classify_names, kernel_classes, kernel_stats
 from .memory import memory_timeline, peak_memory
 from .pipeline import bubbles, rank_stages, stage_bubbles
-from .report import build_report, render_html, write_html, write_pdf, write_report
+from .report import (
+    build_report,
+    build_sweep_report,
+    read_sweep,
+    render_html,
+    write_html,
+    write_pdf,
+    write_report,
+)
 from .roofline import roofline, roofline_peaks
 from .stragglers import stragglers
 
@@ -29,8 +37,9 @@ __all__ = [
     "bubbles", "rank_stages", "stage_bubbles",
     "memory_timeline", "peak_memory",
     "efficiency", "job_efficiency", "peak_flops",
-    "compare", "metrics",
+    "compare", "metrics", "verdict",
     "stragglers",
     "host_overhead", "host_ops", "launch_latency", "hierarchy", "roofline", "roofline_peaks",
-    "build_report", "render_html", "write_html", "write_pdf", "write_report",
+    "build_report", "build_sweep_report", "read_sweep", "render_html", "write_html", "write_pdf",
+    "write_report",
 ]

@@ -105,4 +105,103 @@ def _backtrack(pred, last):  # pragma: no cover - compiled
         out[i] = buf[k - 1 - i]
     return out
 
+
+@njit(cache=True)
+def _add_cover(out, row, s, e, t0, bin_ns, n_bins):  # pragma: no cover - compiled
+    """Add the interval [s, e) (ns) to ``row`` of ``out`` (covered ns per time bin)."""
+    a = (s - t0) / bin_ns
+    b = (e - t0) / bin_ns
+    if a < 0.0:
+        a = 0.0
+    if b > n_bins:
+        b = float(n_bins)
+    if b <= a:
+        return
+    ia = int(a)
+    ib = int(b)
+    if ia == ib:
+        out[row, ia] += (b - a) * bin_ns
+        return
+    out[row, ia] += (ia + 1 - a) * bin_ns
+    for k in range(ia + 1, min(ib, n_bins)):
+        out[row, k] += bin_ns
+    if ib < n_bins:
+        out[row, ib] += (b - ib) * bin_ns
+
+
+@njit(cache=True)
+def _binned_union(group, start, end, row_of_group, n_rows, t0, bin_ns, n_bins):  # pragma: no cover
+    """Covered time of the union of each group's intervals, per time bin, summed into rows.
+
+    Parameters
+    ----------
+    group : int64[n]  group index (e.g. a rank), sorted ascending
+    start, end : int64[n]  interval bounds in ns, sorted by start within each group
+    row_of_group : int64[n_groups]  output row of each group (several groups may share one)
+    n_rows : int
+    t0 : int64  start of bin 0 in ns
+    bin_ns : float64  bin width in ns
+    n_bins : int
+
+    Returns
+    -------
+    float64[n_rows, n_bins]  per row and bin, the sum over its groups of each group's covered
+    ns (overlaps within a group counted once; time outside the bins ignored)
+    """
+    out = np.zeros((n_rows, n_bins), np.float64)
+    n = group.shape[0]
+    i = 0
+    while i < n:
+        g = group[i]
+        row = row_of_group[g]
+        cs = start[i]
+        ce = end[i]
+        i += 1
+        while i < n and group[i] == g:
+            s = start[i]
+            e = end[i]
+            if s > ce:
+                _add_cover(out, row, cs, ce, t0, bin_ns, n_bins)
+                cs = s
+                ce = e
+            elif e > ce:
+                ce = e
+            i += 1
+        _add_cover(out, row, cs, ce, t0, bin_ns, n_bins)
+    return out
+
+
+@njit(cache=True)
+def _merge_close(group, start, end, gap):  # pragma: no cover - compiled
+    """Merge intervals of a group that overlap or lie less than ``gap`` ns apart.
+
+    Parameters
+    ----------
+    group : int64[n]  sorted ascending; start, end : int64[n] sorted by start per group
+    gap : int64  largest gap (ns) closed by merging
+
+    Returns
+    -------
+    (index of each merged interval's first input row, start, end), int64[m] each
+    """
+    n = group.shape[0]
+    first = np.empty(n, np.int64)
+    ms = np.empty(n, np.int64)
+    me = np.empty(n, np.int64)
+    m = 0
+    i = 0
+    while i < n:
+        g = group[i]
+        first[m] = i
+        ms[m] = start[i]
+        me[m] = end[i]
+        i += 1
+        while i < n and group[i] == g and start[i] - me[m] <= gap:
+            if end[i] > me[m]:
+                me[m] = end[i]
+            i += 1
+        m += 1
+    return first[:m].copy(), ms[:m].copy(), me[:m].copy()
+
+
 watch_compiles()  # say so on stderr when these kernels compile on first use

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -11,13 +13,44 @@ from retime.collectors.errors import RetimeError
 from retime.collectors.trace import Trace
 
 __all__ = ["as_trace", "device_mask", "host_mask", "op_ends_ns", "step_windows",
-           "COMPUTE_KINDS", "COMM_KINDS", "MEM_KINDS", "HOST_KINDS"]
+           "COMPUTE_KINDS", "COMM_KINDS", "MEM_KINDS", "HOST_KINDS", "memo_scope"]
 
 #: op kinds counted as device compute, communication, memory traffic and host work
 COMPUTE_KINDS = (int(OpKind.KERNEL), int(OpKind.COMPUTE))
 COMM_KINDS = (int(OpKind.COLLECTIVE), int(OpKind.P2P))
 MEM_KINDS = (int(OpKind.MEMCPY), int(OpKind.MEMSET))
 HOST_KINDS = (int(OpKind.CPU_OP), int(OpKind.RUNTIME))
+
+
+# Per-trace values several analyses need (step windows, masks), shared while a scope is open:
+# a report runs a dozen analyses on one trace that nothing edits meanwhile. Outside a scope
+# nothing is cached (a notebook may edit a trace's columns between calls).
+_SCOPES: list[dict[tuple[int, str], tuple[Trace, Any]]] = []
+
+
+@contextlib.contextmanager
+def memo_scope() -> Iterator[None]:
+    """Compute each trace's step windows and op masks once until the block ends (nothing may
+    edit the traces' tables in place meanwhile). Nested scopes share the outer one."""
+    _SCOPES.append(_SCOPES[-1] if _SCOPES else {})
+    try:
+        yield
+    finally:
+        _SCOPES.pop()
+
+
+def _memo(trace: Trace, key: str, fn: Callable[[], Any]) -> Any:
+    if not _SCOPES:
+        return fn()
+    m = _SCOPES[-1]
+    hit = m.get((id(trace), key))
+    if hit is not None and hit[0] is trace:
+        return hit[1]
+    v = fn()
+    if isinstance(v, np.ndarray):
+        v.flags.writeable = False
+    m[(id(trace), key)] = (trace, v)  # holds the trace: its id cannot be reused meanwhile
+    return v
 
 
 def as_trace(x: Any) -> Trace:
@@ -44,6 +77,10 @@ def op_ends_ns(trace: Trace) -> np.ndarray:
 
 
 def _lane_kind_of_ops(trace: Trace) -> np.ndarray:
+    return _memo(trace, "lane_kind", lambda: _lane_kind_of_ops_(trace))
+
+
+def _lane_kind_of_ops_(trace: Trace) -> np.ndarray:
     lanes = trace.lanes
     if len(lanes) == 0 or len(trace.ops) == 0:
         return np.zeros(len(trace.ops), np.int8)
@@ -60,16 +97,20 @@ def device_mask(trace: Trace) -> np.ndarray:
     A rank without any device lane (CPU-only training, e.g. gloo) uses its CPU-thread leaf
     ops as its "device": that is where its compute and communication run.
     """
+    return _memo(trace, "device", lambda: _device_mask(trace))
+
+
+def _device_mask(trace: Trace) -> np.ndarray:
     o = trace.ops
     lk = _lane_kind_of_ops(trace)
     dev = (lk == int(LaneKind.GPU_STREAM)) | (lk == int(LaneKind.OP_STREAM))
     if len(o) == 0:
         return dev
-    ranks = o["rank"].to_numpy()
-    has_dev = pd.Series(dev).groupby(ranks).any()
-    cpu_only = has_dev.index.to_numpy()[~has_dev.to_numpy()]
-    if len(cpu_only):
-        dev = dev | np.isin(ranks, cpu_only)
+    ranks = o["rank"].to_numpy().astype(np.int64)
+    has_dev = np.bincount(ranks[dev], minlength=int(ranks.max()) + 1) > 0
+    present = np.bincount(ranks, minlength=len(has_dev)) > 0
+    if (present & ~has_dev).any():
+        dev = dev | ~has_dev[ranks]
     return dev
 
 
@@ -85,6 +126,10 @@ def step_windows(trace: Trace) -> pd.DataFrame:
     Ops with ``step == -1`` are left out when the rank has step attribution; a rank without
     any step attribution has one window (step -1) spanning all its ops.
     """
+    return _memo(trace, "windows", lambda: _step_windows(trace))
+
+
+def _step_windows(trace: Trace) -> pd.DataFrame:
     o = trace.ops
     if len(o) == 0:
         return pd.DataFrame({"rank": np.zeros(0, np.int32), "step": np.zeros(0, np.int32),
@@ -110,5 +155,9 @@ def _keep_step_mask(ranks: np.ndarray, steps: np.ndarray) -> np.ndarray:
     """True for ops that belong to a reported step window (see :func:`step_windows`)."""
     if len(ranks) == 0:
         return np.zeros(0, bool)
-    ranks_with_steps = np.unique(ranks[steps >= 0])
-    return (steps >= 0) | ~np.isin(ranks, ranks_with_steps)
+    r = np.asarray(ranks).astype(np.int64, copy=False)
+    st = np.asarray(steps) >= 0
+    if r.min() < 0:  # not a rank number: the general (sorting) way
+        return st | ~np.isin(r, np.unique(r[st]))
+    has = np.bincount(r[st], minlength=int(r.max()) + 1) > 0
+    return st | ~has[r]

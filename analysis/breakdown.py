@@ -143,8 +143,19 @@ def breakdown(x: Any, *, by: str = "step") -> pd.DataFrame:
     m = dev & np.isin(kind, COMM_KINDS)
     y = dev & np.isin(kind, MEM_KINDS)
 
+    # one sort by (window, start) of every op a part needs; each part takes its subset in
+    # that order (a subset of a sorted sequence is sorted)
+    sel = np.flatnonzero(c | m | y | host)
+    order = sel[np.lexsort((start[sel], gidx[sel]))] if len(sel) else sel
+    g_s = np.ascontiguousarray(gidx[order], dtype=np.int64)
+    s_s = np.ascontiguousarray(start[order], dtype=np.int64)
+    e_s = np.ascontiguousarray(end[order], dtype=np.int64)
+
     def ulen(mask: np.ndarray) -> np.ndarray:
-        return _union_len(gidx[mask], start[mask], end[mask], n)
+        k = mask[order]
+        if not k.any():
+            return np.zeros(n, np.int64)
+        return _union_len_grouped(g_s[k], s_s[k], e_s[k], n)
 
     u_c, u_m = ulen(c), ulen(m)
     u_cm = ulen(c | m)

@@ -1,11 +1,15 @@
-"""Baseline vs candidate: one table of headline metrics with absolute and relative deltas.
+"""Baseline vs candidate: one table of headline metrics with absolute and relative deltas,
+and a verdict for CI.
 
 Works on any two of Trace / ReplayResult (two traces, or a trace and its replay). Every
-metric is computed the same way on both sides by :func:`metrics`.
+metric is computed the same way on both sides by :func:`metrics`. :func:`verdict` says
+whether the candidate's step time regressed beyond a threshold, with a confidence taken
+from the step-to-step spread of the two runs (``retime compare A B --threshold 5%``).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -19,7 +23,7 @@ from .efficiency import job_efficiency
 from .kernels import KERNEL_CLASSES, class_stats
 from .memory import peak_memory
 
-__all__ = ["metrics", "compare"]
+__all__ = ["metrics", "compare", "verdict", "step_times"]
 
 
 def metrics(x: Any, *, with_critical_path: bool = True) -> dict[str, float]:
@@ -77,3 +81,86 @@ def compare(a: Any, b: Any, *, labels: tuple[str, str] = ("baseline", "candidate
         pct = np.where(va != 0, 100.0 * (vb - va) / np.abs(va), np.nan)
     return pd.DataFrame({"metric": keys, labels[0]: va, labels[1]: vb, "delta": vb - va,
                          "delta_pct": pct})
+
+
+def step_times(x: Any) -> np.ndarray:
+    """Per step, the slowest rank's step time (ns): the job's step times."""
+    bd = breakdown(as_trace(x))
+    return bd.groupby("step")["step_ns"].max().to_numpy(dtype=float) if len(bd) else \
+        np.zeros(0)
+
+
+def _phi(z: float) -> float:
+    return 0.5 * (1.0 + math.erf(z / math.sqrt(2.0)))
+
+
+def verdict(a: Any, b: Any, *, threshold: float = 0.05) -> dict[str, Any]:
+    """Did ``b`` (candidate) regress against ``a`` (baseline)?
+
+    The change is the relative difference of the mean step times (per step, the slowest
+    rank). ``status`` is ``regression`` when ``b`` is slower by more than ``threshold``
+    (a fraction: 0.05 for 5%), ``improvement`` when faster by more, else ``unchanged``.
+
+    ``confidence`` is the probability, under a normal model of step-to-step noise, that the
+    true change lies on the side of the threshold the status claims (beyond it for a
+    regression or improvement, within it for unchanged). The noise is the standard error of
+    the difference of the two means, from each run's spread of step times (a run with one
+    step borrows the other's relative spread); with no spread known at all (one step in
+    each run) it is None. Runs without step-to-step variation (modeled runs) give 0 or 1.
+
+    Returns a dict: ``status``, ``change`` (fraction), ``baseline_ns``, ``candidate_ns``,
+    ``threshold``, ``confidence`` (None when unknown), ``spread`` (relative step-to-step
+    standard deviation used), ``steps`` ([baseline, candidate]), ``line`` (one sentence).
+    """
+    if not (threshold >= 0):
+        from retime.collectors.errors import RetimeError
+        raise RetimeError(f"threshold={threshold!r}: must be a fraction >= 0 (0.05 for 5%)")
+    sa, sb = step_times(a), step_times(b)
+    if len(sa) == 0 or len(sb) == 0:
+        from retime.collectors.errors import RetimeError
+        raise RetimeError("compare: a run has no ops with step times; check `retime info`")
+    ma, mb = float(sa.mean()), float(sb.mean())
+    change = (mb - ma) / ma if ma else float("nan")
+    rel = [float(np.std(s, ddof=1) / s.mean()) for s in (sa, sb) if len(s) > 1 and s.mean() > 0]
+    if len(rel) == 2:
+        va, vb = float(np.var(sa, ddof=1)), float(np.var(sb, ddof=1))
+        spread = float(np.sqrt((rel[0] ** 2 + rel[1] ** 2) / 2))
+    elif len(rel) == 1:
+        spread = rel[0]
+        va, vb = (spread * ma) ** 2, (spread * mb) ** 2
+    else:
+        spread, va, vb = float("nan"), float("nan"), float("nan")
+    se = math.sqrt(va / len(sa) + vb / len(sb)) if va == va else float("nan")
+    d = mb - ma
+    thr = threshold * ma
+    if change > threshold:
+        status = "regression"
+    elif change < -threshold:
+        status = "improvement"
+    else:
+        status = "unchanged"
+    if se != se:
+        conf = None
+    elif se == 0:
+        conf = 1.0 if (status == "regression" and d > thr) or (status == "improvement" and -d > thr)\
+            or (status == "unchanged" and abs(d) <= thr) else 0.0
+    elif status == "regression":
+        conf = _phi((d - thr) / se)
+    elif status == "improvement":
+        conf = _phi((-d - thr) / se)
+    else:
+        conf = _phi((thr - d) / se) - _phi((-thr - d) / se)
+    what = {"regression": "REGRESSION", "improvement": "IMPROVEMENT",
+            "unchanged": "NO SIGNIFICANT CHANGE"}[status]
+    side = "over" if status != "unchanged" else "within"
+    from .tables import fmt_ns
+    if conf is None:
+        c = "confidence unknown (one step in each run: no step-to-step spread to judge noise)"
+    else:
+        c = (f"confidence {100 * conf:.0f}% (step-to-step spread {100 * spread:.1f}%, "
+             f"{len(sa)} and {len(sb)} steps)")
+    line = (f"{what}: step time {100 * change:+.1f}% ({fmt_ns(ma)} -> {fmt_ns(mb)}), {side} the "
+            f"{100 * threshold:g}% threshold; {c}")
+    return {"status": status, "change": change, "baseline_ns": ma, "candidate_ns": mb,
+            "threshold": threshold, "confidence": conf, "spread": spread,
+            "steps": [int(len(sa)), int(len(sb))], "line": line}

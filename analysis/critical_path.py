@@ -157,14 +157,27 @@ def _from_trace(t):
     akind[1:][isv[:-1]] = akind[:-1][isv[:-1]]
     keep = ~isv
     path, akind = full[keep], akind[keep]
-    length = int(ef[last_op] - es[path[0]])
-    # the wait before an op is what its start on the path adds to its predecessor's end
-    # (arc lag, a virtual node's incoming lag, or a clamped negative lag); it makes
-    # sum(weight) + sum(wait) equal the length exactly
+    # An op may start before its predecessor on the path ends (a negative arc lag: a kernel
+    # launch measured to start before its launch call returned). It then adds only its
+    # part after the latest end so far, and waits 0: waits are never negative, and
+    # sum(weight) + sum(wait) equals the length exactly (a telescoping sum of path ends).
     es_path = es[path]
-    wait = np.zeros(len(path), np.int64)
-    wait[1:] = es_path[1:] - (es_path[:-1] + dur[path[:-1]])
-    return path, dur[path], wait, akind, length, dropped
+    weight, wait, end = _path_parts(es_path, es_path + dur[path])
+    length = int(end - es_path[0])
+    return path, weight, wait, akind, length, dropped
+
+
+def _path_parts(s: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+    """(weight, wait, path end) of path ops with starts ``s`` and ends ``e`` in path order:
+    ``wait`` = time from the latest end before the op to its start (>= 0), ``weight`` = the
+    op's time after that latest end (>= 0); their sum over the path is end - s[0]."""
+    if len(s) == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), 0
+    prev_end = np.maximum.accumulate(e)
+    before = np.concatenate([s[:1], prev_end[:-1]])
+    wait = np.maximum(s - before, 0).astype(np.int64)
+    weight = np.maximum(e - np.maximum(s, before), 0).astype(np.int64)
+    return weight, wait, int(prev_end[-1])
 
 
 def _from_replay(x, t) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
@@ -185,12 +198,9 @@ def _from_replay(x, t) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
     path = _backtrack(pred, last)
     # an op may start before its predecessor ends (negative launch lags): it then adds only
     # its part after the latest end so far, so weights + waits add up to the length exactly
-    s, e = start[path], end[path]
-    prev_end = np.maximum.accumulate(e)
-    before = np.concatenate([[s[0]], prev_end[:-1]]) if len(path) else prev_end
-    wait = np.maximum(s - before, 0)
-    weight = np.maximum(e - np.maximum(s, before), 0)
-    return path, weight, wait, int(prev_end[-1] - s[0])
+    s = start[path]
+    weight, wait, path_end = _path_parts(s, end[path])
+    return path, weight, wait, int(path_end - s[0])
 
 
 def critical_path(x: Any) -> pd.DataFrame:
@@ -201,10 +211,10 @@ def critical_path(x: Any) -> pd.DataFrame:
     -------
     DataFrame with ``op_id``, ``rank``, ``lane``, ``kind`` (OpKind name), ``name``,
     ``start_ns`` (the op's start in ``x``), ``dur_ns`` (the op's weight on the path: its
-    duration, 0 for blocking host synchronization calls on a measured trace; on a replay the
-    part of the op after its predecessor's end),
+    duration, 0 for blocking host synchronization calls on a measured trace; for an op that
+    starts before its predecessor on the path ends, only its part after that end),
     ``path_start_ns`` (its start on the path, relative to the path start), ``wait_ns`` (lag
-    or waiting before it) and ``wait_kind`` (EdgeKind name of the arc it waited on,
+    or waiting before it; never negative) and ``wait_kind`` (EdgeKind name of the arc it waited on,
     ``LANE_ORDER`` for FIFO order on a lane, ``GAP`` for a replay).
     ``attrs``: ``length_ns`` (== sum of dur_ns and wait_ns), ``span_ns`` (first start to
     last end of all ops), ``source`` (``"replay"`` or ``"longest_path"``), ``dropped_arcs``.

@@ -1,15 +1,29 @@
 """Model and hardware FLOPs utilization (MFU / HFU) where flops are known.
 
-``HFU = executed flops / (step time * peak)`` with executed flops the sum of the ops'
-``flops`` in the step (recomputed forward passes included: that is what the hardware ran).
-``MFU`` uses the model flops of a step: ``meta['model_flops_per_step']`` (per rank, or one
-number for every rank) when a collector knows them, otherwise the executed flops minus ops
-marked as recomputation (name containing ``recompute``); without recomputation MFU == HFU.
+Definitions (Chowdhery et al., PaLM, appendix B; Korthikanti et al.): ``MFU`` counts the
+flops the *model* needs for a step, ``HFU`` the flops the *hardware* executed, which are the
+model's plus any work done again (activation recomputation). Both are divided by
+``step time * peak``. The hardware never runs fewer flops than the model needs, so
+``HFU >= MFU`` holds by construction, never by clamping:
+
+* model flops ``M`` of a rank and step: ``meta['model_flops_per_step']`` (per rank, or one
+  number for every rank) when a collector knows them; a modeled run's
+  ``meta['synth']['model_flops_per_step']`` is the job's total and is shared among the ranks
+  in proportion to the model work their ops carry (their non-recomputed op flops; evenly when
+  the ops carry none); otherwise the executed op flops minus the recomputed ones.
+* executed op flops ``E`` (sum of the ops' ``flops``) and recomputed op flops ``R`` (ops
+  whose name contains ``recompute``) of the rank and step.
+* hardware flops ``H = M * E / (E - R)``: the recomputed share of the executed work added to
+  the model flops *in the model's own units*. An analytic model formula and a sum of op
+  flops can count differently (causal attention halved or not, the padded vocabulary, small
+  ops without flops), so adding raw op flops to a formula, or using the raw op sum as ``H``
+  while ``M`` comes from the formula, can put HFU below MFU; scaling by the same ratio
+  cannot. With no recomputation ``H == M`` and HFU == MFU.
+
 Peak FLOP/s comes from ``meta['devices'][rank]`` (``peak_flops``, ``peak_flops_per_s`` or
 ``peak_tflops``; per rank and device, or one entry for all ranks) or, failing that, from the
-device name (:func:`collectors.devices.device_peaks`). A modeled run's
-``meta['synth']['model_flops_per_step']`` is the job's total and is split evenly over ranks.
-Unknown flops or peak give NaN, never a guess.
+device name (:func:`collectors.devices.device_peaks`). Unknown flops or peak give NaN, never
+a guess (HFU is NaN when the ops carry no flops, even if the model flops are known).
 """
 
 from __future__ import annotations
@@ -50,8 +64,9 @@ def peak_flops(trace, rank: int) -> float:
 
 
 def efficiency(x: Any) -> pd.DataFrame:
-    """Per rank and step: ``step_ns``, ``flops`` (executed), ``model_flops``,
-    ``peak_flops``, ``hfu``, ``mfu`` (NaN where unknown)."""
+    """Per rank and step: ``step_ns``, ``flops`` (executed op flops), ``recompute_flops``,
+    ``model_flops``, ``hardware_flops``, ``peak_flops``, ``hfu``, ``mfu`` (NaN where
+    unknown; see the module docstring for the definitions)."""
     t = as_trace(x)
     o = t.ops
     w = step_windows(t)
@@ -64,42 +79,72 @@ def efficiency(x: Any) -> pd.DataFrame:
                        "flops": fl[keep]})
     rec_name = np.array(["recompute" in n.lower() for n in t.strings], bool)
     rec = rec_name[o["name_id"].to_numpy()[keep]] if len(rec_name) else np.zeros(0, bool)
-    df["model"] = np.where(rec, 0.0, df["flops"].to_numpy())
-    g = df.groupby(["rank", "step"]).agg(flops=("flops", "sum"), model=("model", "sum"))
+    df["rec"] = np.where(rec, df["flops"].to_numpy(), 0.0)
+    g = df.groupby(["rank", "step"]).agg(flops=("flops", "sum"), rec=("rec", "sum"))
     idx = pd.MultiIndex.from_frame(out[["rank", "step"]])
-    out["flops"] = g["flops"].reindex(idx).to_numpy()
-    model = g["model"].reindex(idx).to_numpy()
+    executed = g["flops"].reindex(idx).to_numpy()
+    recomputed = g["rec"].reindex(idx).to_numpy()
+    model_ops = executed - recomputed  # NaN where the rank's ops carry no flops
     mf = t.meta.get("model_flops_per_step")
     syn = t.meta.get("synth") or {}
-    if mf is None and isinstance(syn.get("model_flops_per_step"), (int, float)):
-        mf = float(syn["model_flops_per_step"]) / max(int(syn.get("world_size") or
-                                                          t.world_size or 1), 1)
     if isinstance(mf, (int, float)):
         model = np.full(len(out), float(mf))
     elif isinstance(mf, dict):
         model = np.array([float(mf.get(str(r), mf.get(r, np.nan))) for r in out["rank"]])
+    elif isinstance(syn.get("model_flops_per_step"), (int, float)):
+        model = _share_job_flops(out, model_ops, float(syn["model_flops_per_step"]),
+                                 int(syn.get("world_size") or t.world_size or 1))
+    else:
+        model = model_ops
+    with np.errstate(divide="ignore", invalid="ignore"):
+        # H = M * E / (E - R): the recomputed share in the model's units (module docstring)
+        ratio = np.where(model_ops > 0, executed / model_ops,
+                         np.where(executed == 0, 1.0, np.nan))  # NaN: no op flops known
+    out["flops"] = executed
+    out["recompute_flops"] = recomputed
     out["model_flops"] = model
+    out["hardware_flops"] = model * ratio
     out["peak_flops"] = [peak_flops(t, int(r)) for r in out["rank"]]
     sec = out["step_ns"].to_numpy() / 1e9
     with np.errstate(divide="ignore", invalid="ignore"):
-        out["hfu"] = out["flops"] / (sec * out["peak_flops"])
+        out["hfu"] = out["hardware_flops"] / (sec * out["peak_flops"])
         out["mfu"] = out["model_flops"] / (sec * out["peak_flops"])
     return out
 
 
+def _share_job_flops(out: pd.DataFrame, model_ops: np.ndarray, total: float,
+                     world_size: int) -> np.ndarray:
+    """A job's model flops per step shared among (rank, step) rows: in proportion to each
+    rank's model work in its ops within the step, evenly (total / world size) where the
+    step's ops carry no flops."""
+    even = np.full(len(out), total / max(world_size, 1))
+    if not np.isfinite(model_ops).any():
+        return even
+    w = np.nan_to_num(model_ops, nan=0.0)
+    step_sum = pd.Series(w).groupby(out["step"].to_numpy()).transform("sum").to_numpy()
+    # the ranks present may be a subset (representatives of identical ranks): scale to them
+    ranks_present = out.groupby("step")["rank"].transform("nunique").to_numpy()
+    share = total * ranks_present / max(world_size, 1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        prop = share * w / step_sum
+    return np.where(step_sum > 0, prop, even)
+
+
 def job_efficiency(x: Any | pd.DataFrame) -> dict[str, float]:
-    """Job-level MFU/HFU: per step, all ranks' flops over (slowest rank's step time x the sum
-    of the ranks' peaks), averaged over steps. NaN when flops or peaks are unknown."""
+    """Job-level MFU/HFU: per step, all ranks' model (hardware) flops over (slowest rank's
+    step time x the sum of the ranks' peaks), averaged over steps. NaN when flops or peaks
+    are unknown. HFU >= MFU whenever both are known (module docstring)."""
     e = x if isinstance(x, pd.DataFrame) else efficiency(x)
     out = {"mfu": float("nan"), "hfu": float("nan")}
     if len(e) == 0 or not e["peak_flops"].notna().any():
         return out
-    g = e.groupby("step").agg(step_ns=("step_ns", "max"), flops=("flops", "sum"),
-                              model=("model_flops", "sum"), peak=("peak_flops", "sum"),
-                              known=("flops", "count"), known_m=("model_flops", "count"))
+    hw = e["hardware_flops"] if "hardware_flops" in e else e["flops"]
+    g = e.assign(hw=hw).groupby("step").agg(
+        step_ns=("step_ns", "max"), hw=("hw", "sum"), model=("model_flops", "sum"),
+        peak=("peak_flops", "sum"), known=("hw", "count"), known_m=("model_flops", "count"))
     sec = g["step_ns"] / 1e9
     if (g["known"] > 0).all():
-        out["hfu"] = float((g["flops"] / (sec * g["peak"])).mean())
+        out["hfu"] = float((g["hw"] / (sec * g["peak"])).mean())
     if (g["known_m"] > 0).all():
         out["mfu"] = float((g["model"] / (sec * g["peak"])).mean())
     return out

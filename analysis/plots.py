@@ -16,7 +16,8 @@ from retime.collectors.enums import OpKind
 from .breakdown import PARTS
 
 __all__ = ["plot_breakdown", "plot_timeline", "plot_collectives", "plot_bubbles",
-           "plot_memory", "plot_compare", "plot_kernel_classes"]
+           "plot_memory", "plot_compare", "plot_kernel_classes", "plot_waterfall",
+           "plot_rank_deltas"]
 
 _PART_COLORS = {"compute_ns": "#4C72B0", "overlapped_comm_ns": "#8172B2",
                 "exposed_comm_ns": "#C44E52", "memcpy_ns": "#CCB974",
@@ -40,23 +41,36 @@ def _boxes(left: np.ndarray, width: np.ndarray, y: np.ndarray, half: float) -> n
                      np.column_stack([x1, y + half]), np.column_stack([x0, y + half])], axis=1)
 
 
-def plot_breakdown(summary: pd.DataFrame, *, title: str = "Step time breakdown per rank") -> Figure:
-    """Stacked bars per rank (ms) from :func:`analysis.breakdown.summarize_breakdown`."""
-    fig = Figure(figsize=(8, 3.6), layout="constrained")
+def plot_breakdown(summary: pd.DataFrame, *, labels: list[str] | None = None,
+                   title: str = "Step time breakdown per rank") -> Figure:
+    """Stacked bars per rank (or per group of identical ranks, named by ``labels``) of the
+    mean step's parts (ms), from :func:`analysis.breakdown.summarize_breakdown`."""
+    from .plots_timeline import PART_COLORS, PART_LABELS, fixed_margins
+
+    names = labels if labels is not None else [str(r) for r in summary["rank"]]
+    long = max((len(n) for n in names), default=1) > 3 or len(names) > 16
+    fig = Figure(figsize=(10, 3.3 + (0.45 if long else 0)))
     ax = fig.add_subplot()
+    # rotated labels need room: about 0.04 in per character at 7 pt, times sin(30 deg)
+    bottom = 0.6 + (0.035 * max((len(n) for n in names), default=1) if long else 0)
+    fixed_margins(fig, left_in=0.7, right_in=2.3, top_in=0.35, bottom_in=bottom)
     if len(summary) == 0:
         return _empty(fig, ax, "no ops")
     x = np.arange(len(summary))
     bottom = np.zeros(len(summary))
     for p in PARTS:
         v = summary[p].to_numpy(dtype=float) / 1e6
-        ax.bar(x, v, bottom=bottom, color=_PART_COLORS[p], label=p.replace("_ns", ""), width=0.8)
+        ax.bar(x, v, bottom=bottom, color=PART_COLORS[p], label=PART_LABELS[p], width=0.75)
         bottom += v
-    ax.set_xticks(x, [str(r) for r in summary["rank"]])
-    ax.set_xlabel("rank")
-    ax.set_ylabel("mean step time (ms)")
-    ax.set_title(title)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    ax.set_xticks(x, names, fontsize=7, rotation=30 if long else 0, ha="right" if long else
+                  "center")
+    ax.set_xlabel("rank" if labels is None else "rank (identical ranks drawn once)", fontsize=8)
+    ax.set_ylabel("mean step time (ms)", fontsize=8)
+    ax.tick_params(axis="y", labelsize=7)
+    ax.set_title(title, fontsize=9, loc="left")
+    handles, labs = ax.get_legend_handles_labels()
+    ax.legend(handles[::-1], labs[::-1], fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0),
+              frameon=False)
     return fig
 
 
@@ -113,18 +127,23 @@ def plot_timeline(ops: pd.DataFrame, lanes: pd.DataFrame, *, window_ns: tuple[in
 def plot_collectives(coll: pd.DataFrame, *, title: str = "Collectives: size vs bus bandwidth"
                      ) -> Figure:
     """Scatter of message size vs busbw per collective instance (:func:`analysis.comm.collectives`)."""
-    fig = Figure(figsize=(7, 3.6), layout="constrained")
+    from .plots_timeline import fixed_margins
+
+    fig = Figure(figsize=(8, 3.2))
     ax = fig.add_subplot()
+    fixed_margins(fig, left_in=0.7, right_in=0.2, top_in=0.35, bottom_in=0.55)
     c = coll[(coll["bytes"] > 0) & coll["busbw_gbps"].notna()] if len(coll) else coll
     if len(c) == 0:
         return _empty(fig, ax, "no collectives with known size")
     for op, g in c.groupby("comm_op", sort=True):
-        ax.scatter(g["bytes"].to_numpy(), g["busbw_gbps"].to_numpy(), s=10, alpha=0.7, label=op)
+        ax.scatter(g["bytes"].to_numpy(), g["busbw_gbps"].to_numpy(), s=10, alpha=0.7,
+                   label=str(op).lower().replace("_", "-"))
     ax.set_xscale("log")
-    ax.set_xlabel("message size (bytes)")
-    ax.set_ylabel("bus bandwidth (GB/s)")
-    ax.set_title(title)
-    ax.legend(fontsize=7)
+    ax.set_xlabel("message size (bytes)", fontsize=8)
+    ax.set_ylabel("bus bandwidth (GB/s)", fontsize=8)
+    ax.tick_params(labelsize=7)
+    ax.set_title(title, fontsize=9, loc="left")
+    ax.legend(fontsize=7, title="primitive", title_fontsize=7, frameon=False)
     return fig
 
 
@@ -149,18 +168,33 @@ def plot_bubbles(stage_bub: pd.DataFrame, *, title: str = "Pipeline bubble per s
 
 def plot_memory(timeline: pd.DataFrame, peaks: pd.DataFrame | None = None, *,
                 title: str = "Device memory allocated") -> Figure:
-    """Allocated memory over time per rank (GiB); with no timeline, bars of the peaks."""
-    fig = Figure(figsize=(8, 3.4), layout="constrained")
+    """Allocated memory over time (GiB): one line per rank up to 10 ranks; beyond, the rank
+    with the highest peak of each pipeline stage (or the four highest ranks), named in the
+    legend. With no timeline, bars of the peaks."""
+    from .plots_timeline import fixed_margins
+
+    fig = Figure(figsize=(10, 3.0))
     ax = fig.add_subplot()
+    fixed_margins(fig, left_in=0.7, right_in=1.6, top_in=0.35, bottom_in=0.55)
     if len(timeline):
         t0 = timeline["ts_ns"].min()
-        for r, g in timeline.groupby("rank", sort=True):
+        peak = timeline.groupby("rank")["allocated_bytes"].max()
+        ranks = list(peak.index)
+        label = {int(r): f"rank {r}" for r in ranks}
+        if len(ranks) > 10:
+            if peaks is not None and "stage" in peaks and (peaks["stage"] >= 0).any():
+                st = peaks.set_index("rank")["stage"].reindex(peak.index)
+                top = peak.groupby(st.to_numpy()).idxmax()
+                ranks = [int(top[s]) for s in sorted(top.index)][:10]
+                label = {int(top[s]): f"stage {s} (rank {int(top[s])})" for s in top.index}
+            else:
+                ranks = list(peak.sort_values(ascending=False).index[:4])
+        for r, g in timeline[timeline["rank"].isin(ranks)].groupby("rank", sort=True):
             ax.step((g["ts_ns"].to_numpy() - t0) / 1e6, g["allocated_bytes"].to_numpy() / 2**30,
-                    where="post", label=f"rank {r}", linewidth=0.8)
-        ax.set_xlabel("time (ms)")
-        ax.set_ylabel("allocated (GiB)")
-        if timeline["rank"].nunique() <= 10:
-            ax.legend(fontsize=7)
+                    where="post", label=label[int(r)], linewidth=0.8)
+        ax.set_xlabel("time from the first sample (ms)", fontsize=8)
+        ax.set_ylabel("allocated (GiB)", fontsize=8)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     elif peaks is not None and len(peaks):
         if "stage" in peaks and (peaks["stage"] >= 0).any():  # per pipeline stage
             g = peaks.groupby("stage", sort=True)["peak_allocated_bytes"].max()
@@ -171,10 +205,11 @@ def plot_memory(timeline: pd.DataFrame, peaks: pd.DataFrame | None = None, *,
             ax.bar(np.arange(len(peaks)), peaks["peak_allocated_bytes"].to_numpy(float) / 2**30)
             ax.set_xticks(np.arange(len(peaks)), [str(r) for r in peaks["rank"]])
             ax.set_xlabel("rank")
-        ax.set_ylabel("peak allocated (GiB)")
+        ax.set_ylabel("peak allocated (GiB)", fontsize=8)
     else:
         return _empty(fig, ax, "no memory samples in this trace")
-    ax.set_title(title)
+    ax.tick_params(labelsize=7)
+    ax.set_title(title, fontsize=9, loc="left")
     return fig
 
 
@@ -211,4 +246,81 @@ def plot_compare(cmp: pd.DataFrame, *, metrics: list[str] | None = None,
     ax.set_ylabel("ms")
     ax.set_title(title)
     ax.legend(fontsize=7)
+    return fig
+
+
+def plot_waterfall(steps: pd.DataFrame, *, labels: tuple[str, str] = ("baseline", "this run"),
+                   title: str = "What changed in the step") -> Figure:
+    """Step-time waterfall: the first bar is the baseline step, then one floating bar per
+    part (``steps`` has ``part`` in words, ``delta_ns``, ``color``), then this run's step.
+    Bars go up for parts that grew and down for parts that shrank (ms)."""
+    from .plots_timeline import fixed_margins
+
+    fig = Figure(figsize=(10, 3.3))
+    ax = fig.add_subplot()
+    fixed_margins(fig, left_in=0.75, right_in=0.25, top_in=0.45, bottom_in=0.65)
+    if len(steps) == 0:
+        return _empty(fig, ax, "nothing to compare")
+    base = float(steps.attrs["baseline_ns"]) / 1e6
+    cand = float(steps.attrs["candidate_ns"]) / 1e6
+    d = steps["delta_ns"].to_numpy(dtype=float) / 1e6
+    level = base + np.concatenate([[0.0], np.cumsum(d)[:-1]])
+    x = np.arange(len(d) + 2)
+    ax.bar(0, base, color="#7F7F7F", width=0.6)
+    ax.bar(x[1:-1], d, bottom=level, width=0.6,
+           color=["#C44E52" if v > 0 else "#55A868" for v in d])
+    ax.bar(x[-1], cand, color="#4C72B0", width=0.6)
+    span = max(abs(base), abs(cand), 1e-9)
+    for xi, lv, v in zip(x[1:-1], level, d):
+        ax.text(xi, max(lv, lv + v) + span * 0.015, f"{v:+.3g}", ha="center", va="bottom",
+                fontsize=6.5)
+    ax.text(0, base + span * 0.015, f"{base:.4g}", ha="center", va="bottom", fontsize=6.5)
+    ax.text(x[-1], cand + span * 0.015, f"{cand:.4g}", ha="center", va="bottom", fontsize=6.5)
+    names = [labels[0], *steps["part"].tolist(), labels[1]]
+    ax.set_xticks(x, names, fontsize=7)
+    ax.set_ylabel("step time (ms)", fontsize=8)
+    ax.tick_params(axis="y", labelsize=7)
+    ax.set_ylim(0, span * 1.12)
+    ax.set_title(title, fontsize=9, loc="left")
+    from matplotlib.patches import Patch
+    fig.legend(handles=[Patch(color="#7F7F7F", label=f"{labels[0]} step"),
+                        Patch(color="#C44E52", label="part grew"),
+                        Patch(color="#55A868", label="part shrank"),
+                        Patch(color="#4C72B0", label=f"{labels[1]} step")],
+               fontsize=7, frameon=False, loc="upper right", ncol=4)
+    return fig
+
+
+def plot_rank_deltas(deltas: pd.DataFrame, *, title: str = "Step time change per rank"
+                     ) -> Figure:
+    """Per rank, the change of its mean step time (ms; ``deltas`` has ``rank`` and
+    ``delta_ns``): bars up to 64 ranks, a line beyond."""
+    from .plots_timeline import fixed_margins
+
+    fig = Figure(figsize=(10, 2.6))
+    ax = fig.add_subplot()
+    fixed_margins(fig, left_in=0.75, right_in=0.25, top_in=0.4, bottom_in=0.5)
+    if len(deltas) == 0:
+        return _empty(fig, ax, "no rank in both runs")
+    r = deltas["rank"].to_numpy()
+    d = deltas["delta_ns"].to_numpy(dtype=float) / 1e6
+    if len(r) <= 64:
+        ax.bar(np.arange(len(r)), d, color=["#C44E52" if v > 0 else "#55A868" for v in d],
+               width=0.7)
+        step = max(1, len(r) // 32)
+        ax.set_xticks(np.arange(len(r))[::step], [str(v) for v in r[::step]], fontsize=7)
+    else:
+        ax.plot(r, d, color="#4C72B0", lw=0.8)
+        ax.fill_between(r, d, 0, where=d > 0, color="#C44E52", alpha=0.4, lw=0)
+        ax.fill_between(r, d, 0, where=d <= 0, color="#55A868", alpha=0.4, lw=0)
+        ax.tick_params(axis="x", labelsize=7)
+    ax.axhline(0, color="black", lw=0.6)
+    ax.set_xlabel("rank", fontsize=8)
+    ax.set_ylabel("change (ms)", fontsize=8)
+    ax.tick_params(axis="y", labelsize=7)
+    ax.set_title(title, fontsize=9, loc="left")
+    from matplotlib.patches import Patch
+    fig.legend(handles=[Patch(color="#C44E52", label="slower"), Patch(color="#55A868",
+                                                                      label="faster")],
+               fontsize=7, frameon=False, loc="upper right", ncol=2)
     return fig

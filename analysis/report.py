@@ -1,448 +1,344 @@
-"""Reports: one self-contained HTML file (or a PDF with the same content) per run.
+"""Reports a performance engineer reads: one self-contained HTML file or a PDF document.
 
-:func:`build_report` computes every analysis once and keeps plain data: a summary, the top
-findings in words, and sections of tables (lists of strings) and figures. :func:`write_html`
-renders it with Jinja2 (autoescaping on: every name from a trace is untrusted text, so
-``void cutlass::Kernel<...>`` shows literally and ``<script>`` in a kernel name is inert),
-with inline CSS and figures embedded as base64 PNG, so the file needs no network.
-:func:`write_pdf` writes the same summary, findings, tables and figures through
-matplotlib's ``PdfPages``.
+:func:`build_report` analyses a run once and keeps what the report says
+(:class:`~analysis.report_model.Report`):
+
+* a headline that tells the truth: for a what-if, the measured and the replayed step side
+  by side with the change, the scenario's keys and values named (a GPU swap said so); for a
+  comparison, the baseline and this run; the source, hardware and ranks of the trace; the
+  top findings in plain words;
+* sections of paragraphs, tables for people (:mod:`analysis.tables`) and figures that scale
+  from 1 to 16,384 ranks (:mod:`analysis.plots_timeline`); sections that do not apply
+  (no pipeline, no collectives, no memory samples, no flops) are left out.
+
+:func:`build_sweep_report` does the same for a sweep's table (Pareto front, sensitivity).
+:func:`write_html` renders with Jinja2 (autoescaping on: every name from a trace is untrusted
+text) and embeds the figures as PNG, so the file needs no network; :func:`write_pdf` lays the
+same content out as a document (one page size, tables flowing over pages, page numbers, a
+linked table of contents). Figures are drawn once and shared by both. Tables cut to their top
+rows are written whole as CSV files in ``NAME-tables/`` beside the report.
 """
 
 from __future__ import annotations
 
-import base64
-import datetime as _dt
-import io
-import math
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
-from matplotlib.figure import Figure
 from retime.collectors.errors import RetimeError
+from retime.collectors.trace import Trace
 
-from . import plots
-from ._util import as_trace
-from .breakdown import PARTS, breakdown, summarize_breakdown
-from .comm import collectives, comm_summary, rank_wait
-from .compare import compare
-from .critical_path import attribute_critical_path, critical_path
-from .efficiency import efficiency, job_efficiency
-from .kernels import class_stats, kernel_stats
-from .memory import memory_timeline, peak_memory
-from .pipeline import bubbles, stage_bubbles
+from ._util import as_trace, memo_scope
+from .breakdown import PARTS
+from .report_compare import build_sweep_sections, comparison_finding, section_comparison
+from .report_findings import findings as run_findings
+from .report_model import Fig, Report, Section, now_utc
+from .report_run import RunAnalysis, gpu_swap, is_replay, scenario_of, source_facts
+from .report_sections import (
+    section_breakdown,
+    section_comm,
+    section_critical_path,
+    section_efficiency,
+    section_kernels,
+    section_memory,
+    section_pipeline,
+    section_stragglers,
+    section_timeline,
+)
+from .tables import fmt_ns, fmt_pct
 
-__all__ = ["Report", "Section", "build_report", "render_html", "write_html", "write_pdf", "write_report",
-           "fmt_ns", "fmt_pct"]
+__all__ = ["Report", "Section", "Fig", "build_report", "build_sweep_report", "read_sweep",
+           "render_html", "write_html", "write_pdf", "write_report", "fmt_ns", "fmt_pct",
+           "PAPERS"]
 
-_TEMPLATE_DIR = Path(__file__).resolve().parent / "templates"
-_MAX_TIMELINE_OPS = 20000
-_MAX_NAME = 240  # long C++ template names are cut (with an ellipsis) in tables
-
-
-def fmt_ns(ns: float) -> str:
-    """Human duration: ``12.346 ms``, ``45.6 us``, ``1.234 s``."""
-    if ns is None or (isinstance(ns, float) and math.isnan(ns)):
-        return "n/a"
-    a = abs(ns)
-    if a >= 1e9:
-        return f"{ns / 1e9:.3f} s"
-    if a >= 1e6:
-        return f"{ns / 1e6:.3f} ms"
-    if a >= 1e3:
-        return f"{ns / 1e3:.1f} us"
-    return f"{ns:.0f} ns"
+PAPERS = ("a4", "letter")
+_SHORT_PART = {"compute_ns": "Compute", "overlapped_comm_ns": "Hidden comm.",
+               "exposed_comm_ns": "Exposed comm.", "memcpy_ns": "Copies",
+               "host_bound_ns": "Host-bound", "idle_ns": "Idle"}
+TOP = 15  # rows of a long table shown in the report (the CSV beside it has them all)
 
 
-def fmt_pct(frac: float) -> str:
-    if frac is None or (isinstance(frac, float) and math.isnan(frac)):
-        return "n/a"
-    return f"{100 * frac:.1f}%"
+def _measured_of(x: Any, t: Trace, baseline: Any | None) -> tuple[Any | None, float | None]:
+    """(the measured run to compare a replay with, or None; its step time when only the
+    number is known)."""
+    if baseline is not None:
+        return baseline, None
+    if not isinstance(x, Trace):
+        meta = getattr(x, "meta", {}) or {}
+        resynth = (meta.get("whatif") or {}).get("resynthesized", False)
+        inner = getattr(x, "trace", None)
+        if isinstance(inner, Trace) and not resynth:
+            return inner, None
+        v = (meta.get("whatif") or {}).get("baseline_measured_step_time_ns")
+        return None, float(v) if v else None
+    v = ((t.meta.get("replay") or {}).get("whatif") or {}).get("baseline_measured_step_time_ns")
+    return None, float(v) if v else None
 
 
-def _fmt_bytes(b: float) -> str:
-    if b is None or (isinstance(b, float) and math.isnan(b)) or b < 0:
-        return "n/a"
-    for unit, s in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if b >= s:
-            return f"{b / s:.2f} {unit}"
-    return f"{b:.0f} B"
+def build_report(x: Any, *, baseline: Any | None = None, title: str | None = None,
+                 top: int = TOP) -> Report:
+    """Analyse ``x`` (a Trace or ReplayResult; against ``baseline`` when given) and assemble
+    the report. A ReplayResult without a baseline is compared with the trace it replayed."""
+    with memo_scope():  # step windows and op masks computed once per trace
+        return _build_report(x, baseline=baseline, title=title, top=top)
 
 
-@dataclass
-class Section:
-    """One report section: tables as (caption, header, rows of strings) and figures."""
-
-    title: str
-    text: str = ""
-    tables: list[tuple[str, list[str], list[list[str]]]] = field(default_factory=list)
-    figures: list[tuple[str, Figure]] = field(default_factory=list)
-
-
-@dataclass
-class Report:
-    title: str
-    summary: list[tuple[str, str]]
-    findings: list[str]
-    sections: list[Section]
-    generated: str = ""
-
-
-def _table(df: pd.DataFrame, fmts: dict[str, Any] | None = None, limit: int = 20
-           ) -> tuple[list[str], list[list[str]]]:
-    fmts = fmts or {}
-    df = df.head(limit)
-    header = [str(c) for c in df.columns]
-    rows = []
-    for rec in df.itertuples(index=False):
-        row = []
-        for c, v in zip(df.columns, rec):
-            f = fmts.get(c)
-            if f is not None:
-                row.append(f(v))
-            elif isinstance(v, (float, np.floating)):
-                row.append("n/a" if math.isnan(v) else f"{v:,.3g}")
-            elif isinstance(v, (int, np.integer)):
-                row.append(f"{int(v):,}")
-            else:
-                txt = str(v)
-                row.append(txt if len(txt) <= _MAX_NAME else txt[:_MAX_NAME - 1] + "\u2026")
-        rows.append(row)
-    return header, rows
-
-
-def _findings(bsum: pd.DataFrame, step_ns: float, ks: pd.DataFrame, cls: pd.DataFrame,
-              rw: pd.DataFrame, ncoll: int, cp: pd.DataFrame, cp_by_kind: pd.DataFrame,
-              steps: int) -> list[tuple[float, str]]:
-    """Candidate findings as (weight = fraction of the step it concerns, sentence)."""
-    out: list[tuple[float, str]] = []
-    if len(bsum):
-        mean = bsum[[*PARTS, "step_ns"]].mean()
-        st = float(mean["step_ns"]) or 1.0
-        label = {"compute_ns": "Compute (with no communication running)",
-                 "overlapped_comm_ns": "Communication overlapped with compute",
-                 "exposed_comm_ns": "Exposed communication (nothing hides it)",
-                 "memcpy_ns": "Memory copies alone on the device",
-                 "host_bound_ns": "Host-bound time (device idle while the CPU works)",
-                 "idle_ns": "Idle time (nothing runs on the rank)"}
-        top = max(PARTS, key=lambda p: mean[p])
-        out.append((float(mean[top]) / st + 1.0,
-                    f"{label[top]} dominates: {fmt_pct(mean[top] / st)} of the mean per-rank "
-                    f"step ({fmt_ns(mean[top])} of {fmt_ns(st)})."))
-        for p in ("exposed_comm_ns", "host_bound_ns", "idle_ns", "memcpy_ns"):
-            if p != top and mean[p] / st > 0.05:
-                extra = ""
-                if p == "exposed_comm_ns":
-                    tot = mean["exposed_comm_ns"] + mean["overlapped_comm_ns"]
-                    extra = (f"; only {fmt_pct(mean['overlapped_comm_ns'] / tot)} of the "
-                             f"{fmt_ns(tot)} of communication is overlapped") if tot else ""
-                out.append((float(mean[p]) / st,
-                            f"{label[p]} costs {fmt_ns(mean[p])} per step "
-                            f"({fmt_pct(mean[p] / st)}){extra}."))
-        if len(bsum) > 1:
-            hi, lo = bsum["step_ns"].max(), bsum["step_ns"].min()
-            if hi > 0 and (hi - lo) / hi > 0.03:
-                r = int(bsum.loc[bsum["step_ns"].idxmax(), "rank"])
-                out.append(((hi - lo) / hi,
-                            f"Ranks are imbalanced: rank {r} is slowest at {fmt_ns(hi)} per "
-                            f"step, {fmt_pct((hi - lo) / hi)} above the fastest ({fmt_ns(lo)})."))
-    if len(ks):
-        k = ks.iloc[0]
-        gem = cls.set_index("kernel_class")["share"]
-        out.append((float(k["share"]) * 0.5,
-                    f"The top kernel \u201c{str(k['name'])[:120]}\u201d ({k['kernel_class']}) "
-                    f"takes {fmt_pct(k['share'])} of device time ({int(k['count']):,} calls, "
-                    f"mean {fmt_ns(k['mean_ns'])}); by class, GEMM is {fmt_pct(gem.get('GEMM', 0))}"
-                    f", communication {fmt_pct(gem.get('communication', 0))}, elementwise "
-                    f"{fmt_pct(gem.get('elementwise', 0))}."))
-    if len(rw) and rw["wait_ns"].sum() > 0 and step_ns:
-        per_step = rw["wait_ns"].sum() / max(steps, 1) / max(len(rw), 1)
-        r = rw.sort_values("last_arrivals", ascending=False).iloc[0]
-        out.append((per_step / step_ns,
-                    f"Ranks wait {fmt_ns(per_step)} per step on average in collectives for late "
-                    f"arrivals; rank {int(r['rank'])} arrives last in {int(r['last_arrivals'])} "
-                    f"of {ncoll} collective instances."))
-    if len(cp_by_kind) and cp.attrs.get("length_ns"):
-        parts = ", ".join(f"{row.kind} {fmt_pct(row.share)}" for row in cp_by_kind.head(3).itertuples())
-        out.append((0.3, f"The critical path through the whole trace ({steps} step(s), span "
-                         f"{fmt_ns(cp.attrs['span_ns'])}) is {fmt_ns(cp.attrs['length_ns'])} "
-                         f"long ({len(cp):,} ops): {parts}."))
-    return out
-
-
-def _timeline_window(t, cp: pd.DataFrame) -> tuple[int, int]:
-    o = t.ops
-    s = o["start_ns"].to_numpy()
-    e = s + o["dur_ns"].to_numpy()
-    lo, hi = int(s.min()), int(e.max())
-    if len(o) > _MAX_TIMELINE_OPS:
-        # centre a window on the critical path's last part, shrunk until few ops remain
-        end = int(cp["start_ns"].iloc[-1] + cp["dur_ns"].iloc[-1]) if len(cp) else hi
-        srt = np.sort(s)
-        width = hi - lo
-        while width > 1000:
-            a = end - width
-            cnt = np.searchsorted(srt, end) - np.searchsorted(srt, a)
-            if cnt <= _MAX_TIMELINE_OPS:
-                break
-            width //= 2
-        lo, hi = max(lo, end - width), end
-    return lo, hi
-
-
-def build_report(x: Any, *, baseline: Any | None = None, title: str | None = None) -> Report:
-    """Run every analysis on ``x`` (and ``baseline``) and assemble the report content."""
+def _build_report(x: Any, *, baseline: Any | None, title: str | None, top: int) -> Report:
     t = as_trace(x)
     if len(t.ops) == 0:
         raise RetimeError("the trace has no ops; nothing to report (check `retime info`)")
-    # a ReplayResult is converted once; only the critical path needs its crit_pred
-    bd = breakdown(t)
-    bsum = summarize_breakdown(bd)
-    per_step = bd.groupby("step")["step_ns"].max()
-    step_ns = float(per_step.mean())
-    ks = kernel_stats(t, top=15)
-    cls = class_stats(t)
-    co = collectives(t)
-    cs = comm_summary(co)
-    rw = rank_wait(t)
-    cp = critical_path(x)
-    cp_kind = attribute_critical_path(cp, by="kind")
-    cp_rank = attribute_critical_path(cp, by="rank")
-    eff = efficiency(t)
-    bub = bubbles(t)
-    sb = stage_bubbles(bub)
-    mt = memory_timeline(t)
-    pm = peak_memory(t)
-    je = job_efficiency(eff)
-    mfu, hfu = je["mfu"], je["hfu"]
-    mean_parts = bd[list(PARTS)].mean() if len(bd) else pd.Series(dtype=float)
-    dominant = max(PARTS, key=lambda p: mean_parts[p]) if len(bd) else "n/a"
-    fnd = _findings(bsum, step_ns, ks, cls, rw, len(co), cp, cp_kind, len(per_step))
-    findings = [s for _, s in sorted(fnd, key=lambda z: -z[0])[:3]]
-    src = t.meta.get("source_format") or "trace"
-    summary = [
-        ("Step time", fmt_ns(step_ns)),
-        ("MFU", fmt_pct(mfu) if not math.isnan(mfu) else "unknown (no flops in trace)"),
-        ("HFU", fmt_pct(hfu) if not math.isnan(hfu) else "unknown"),
-        ("Dominant part", f"{dominant.replace('_ns', '').replace('_', ' ')} "
-                          f"({fmt_pct(mean_parts[dominant] / bd['step_ns'].mean())})"
-         if len(bd) else "n/a"),
-        ("GPU busy", fmt_pct(bd["busy_ns"].sum() / max(bd["step_ns"].sum(), 1))),
-        ("Ranks / steps", f"{bd['rank'].nunique()} / {len(per_step)}"),
-        ("Critical path", fmt_ns(cp.attrs["length_ns"])),
-        ("Ops", f"{len(t.ops):,} ({src})"),
-    ]
-    pct = {p.replace("_ns", "_frac"): fmt_pct for p in PARTS}
-    nsf = {c: fmt_ns for c in ["step_ns", *PARTS, "busy_ns", "total_ns", "mean_ns", "min_ns",
-                               "max_ns", "time_ns", "transfer_ns", "wait_ns", "skew_ns",
-                               "mean_skew_ns", "max_skew_ns", "bubble_ns", "dur_ns",
-                               "mean_dur_ns", "compute_ns", "wait_ns"]}
-    fm = {**nsf, **pct, "share": fmt_pct, "cum_share": fmt_pct, "gpu_busy_frac": fmt_pct,
-          "bubble_frac": fmt_pct, "ideal_bubble_frac": fmt_pct, "mfu": fmt_pct, "hfu": fmt_pct,
-          "bytes": _fmt_bytes, "total_bytes": _fmt_bytes, "peak_allocated_bytes": _fmt_bytes,
-          "peak_reserved_bytes": _fmt_bytes}
+    run = RunAnalysis(x, t)
+    scenario = scenario_of(x, t)
+    replay = is_replay(x, t)
+    base_x, base_step = _measured_of(x, t, baseline)
+    base = RunAnalysis(base_x) if base_x is not None else None
+    if replay:
+        kind = "whatif"
+        la = "baseline" if base is not None and is_replay(base.x, base.t) else "measured"
+        lb = "what-if" if scenario else "replayed"
+    elif base is not None:
+        kind, la, lb = "comparison", "baseline", "this run"
+    else:
+        kind, la, lb = "run", "", ""
+    name = title or f"retime report: {t.meta.get('name') or _default_name(t)}"
+    # headline
+    st = run.step_ns
+    headline: list[tuple[str, str, str]] = []
+    steps_note = (f"mean of {run.steps} steps, slowest rank each" if run.steps > 1 else
+                  f"slowest rank ({run.slowest_rank})" if run.n_ranks > 1 else "one step")
+    if kind == "run":
+        spread = run.step_spread
+        headline.append(("Step time", fmt_ns(st), steps_note + (
+            f"; step-to-step spread {fmt_pct(spread)}" if spread == spread else "")))
+    else:
+        a = base.step_ns if base is not None else base_step
+        note = ("as recorded" if base is not None and la == "measured" else "baseline run"
+                if base is not None else "the replay's record of the measured step (pass "
+                "--baseline MEASURED.retime for the full comparison)")
+        headline.append((f"{la.capitalize()} step", fmt_ns(a) if a else "n/a", note))
+        headline.append((f"{lb.capitalize()} step", fmt_ns(st), "; ".join(
+            f"{k} = {v}" for k, v, _ in scenario) or steps_note))
+        if a:
+            d = (st - a) / a
+            ratio = (f"{a / st:.2f}x faster" if st < a else f"{st / a:.2f}x slower"
+                     if st > a else "unchanged")
+            headline.append(("Change", f"{d:+.1%}", ratio))
+    je = run.je
+    if je["mfu"] == je["mfu"] or je["hfu"] == je["hfu"]:
+        headline.append(("MFU / HFU", f"{fmt_pct(je['mfu'])} / {fmt_pct(je['hfu'])}",
+                         "model / hardware FLOPs utilization"))
+    else:
+        busy = float(run.bd["busy_ns"].sum() / max(run.bd["step_ns"].sum(), 1))
+        headline.append(("GPU busy", fmt_pct(busy), "share of the step with any GPU op running"))
+    if kind == "run" and len(run.bd):
+        parts = run.slow_parts
+        top_part = max(PARTS, key=lambda q: parts[q])
+        headline.append(("Largest part", _SHORT_PART[top_part],
+                         f"{fmt_pct(parts[top_part] / st)} of the slowest rank's step"))
+    facts = source_facts(base.t if (base is not None and kind == "whatif") else t,
+                         world_size=t.world_size)
+    steps_fact = (f"{run.steps} ({run.window.why} drawn)" if run.steps > 1 else
+                  "1" if run.steps == 1 else "none marked")
+    facts.append(("Steps", steps_fact))
+    facts.append(("Ops", f"{t.n_ops:,}" + (f" ({base.t.n_ops:,} in the {la} run)"
+                                          if base is not None and base.t.n_ops != t.n_ops
+                                          else "")))
+    swap = gpu_swap(scenario, base.t if base is not None else None)
+    if swap:
+        facts.append(("GPU swapped", swap))
+    facts.append(("Critical path", f"{fmt_ns(run.cp.attrs['length_ns'])} "
+                                   f"({len(run.cp):,} ops)"))
+    # sections
     secs: list[Section] = []
-    s1 = Section("Step time breakdown", "Parts are disjoint interval unions; per rank they add "
-                 "up to the step time exactly (mean over steps).")
-    cols = ["rank", "steps", "step_ns", *PARTS, "gpu_busy_frac"]
-    s1.tables.append(("Mean per-rank step breakdown", *_table(bsum[cols], fm, limit=64)))
-    s1.figures.append(("Per-rank stacked breakdown", plots.plot_breakdown(bsum)))
-    secs.append(s1)
-    s2 = Section("Kernels", "Top device ops by total time; classes from kind and name.")
-    s2.tables.append(("Top kernels", *_table(ks, fm, limit=15)))
-    s2.tables.append(("Kernel classes", *_table(cls, fm)))
-    s2.figures.append(("Device time by kernel class", plots.plot_kernel_classes(cls)))
-    secs.append(s2)
-    s3 = Section("Critical path", f"Source: {cp.attrs['source']}; length "
-                 f"{fmt_ns(cp.attrs['length_ns'])} vs span {fmt_ns(cp.attrs['span_ns'])}. "
-                 "WAIT rows are time between ops on the path, by the dependency waited on: "
-                 "HOST_ORDER is host time between traced leaf ops (framework/Python overhead "
-                 "or untraced waits), LAUNCH/SYNC are launch and synchronization delays, GAP "
-                 "is idle time in a replay.")
-    s3.tables.append(("Critical path by kind", *_table(cp_kind, fm)))
-    s3.tables.append(("Critical path by rank", *_table(cp_rank, fm)))
-    top_cp = cp.sort_values("dur_ns", ascending=False)[["op_id", "rank", "kind", "name",
-                                                        "dur_ns", "wait_ns"]]
-    s3.tables.append(("Longest ops on the critical path", *_table(top_cp, fm, limit=10)))
-    lo, hi = _timeline_window(t, cp)
-    s3.figures.append(("Timeline with the critical path outlined",
-                       plots.plot_timeline(t.ops, t.lanes, window_ns=(lo, hi),
-                                           critical_op_ids=cp["op_id"].to_numpy())))
-    secs.append(s3)
-    s4 = Section("Communication", "algbw = bytes / transfer time of the last arriver; busbw "
-                 "per nccl-tests. Skew = arrival spread, wait = time members waited.")
-    s4.tables.append(("Per process group and primitive", *_table(cs, fm)))
-    if len(co):
-        worst = co.sort_values("wait_ns", ascending=False)
-        s4.tables.append(("Collectives with the most waiting", *_table(
-            worst[["coll_id", "comm_op", "n_ranks", "bytes", "skew_ns", "wait_ns",
-                   "transfer_ns", "busbw_gbps", "last_rank"]], fm, limit=10)))
-    if len(rw):
-        s4.tables.append(("Waiting per rank", *_table(rw, fm)))
-    s4.figures.append(("Collective size vs bus bandwidth", plots.plot_collectives(co)))
-    secs.append(s4)
-    s5 = Section("Pipeline, memory and efficiency")
-    s5.tables.append(("Bubble per stage", *_table(sb, fm)))
-    if len(pm):
-        s5.tables.append(("Peak memory per rank", *_table(pm, fm)))
-    eff_r = eff.groupby("rank")[["step_ns", "hfu", "mfu"]].mean().reset_index()
-    s5.tables.append(("Utilization per rank", *_table(eff_r, fm, limit=64)))
-    s5.figures.append(("Bubble per stage", plots.plot_bubbles(sb)))
-    s5.figures.append(("Memory", plots.plot_memory(mt, pm)))
-    secs.append(s5)
-    strag = _stragglers_or_none(x, t)
+    if base is not None:
+        secs.append(section_comparison(base, run, labels=(la, lb), top=top))
+    secs.append(section_breakdown(run, top=top))
+    secs.append(section_timeline(run))
+    secs.append(section_critical_path(run, top=top))
+    for sec in (section_kernels(run, top=top), section_comm(run, top=top),
+                section_pipeline(run), section_memory(run, top=top),
+                section_efficiency(run), section_stragglers(run, top=top)):
+        if sec is not None:
+            secs.append(sec)
+    # drill-downs: host overhead / CUDA graphs, attribution tree, roofline (when they apply)
+    from .report_drilldown import drilldown_sections
+    secs.extend(drilldown_sections(x))
+    # findings
+    fnd = run_findings(run)
+    strag = getattr(run, "stragglers", None)
     if strag is not None and len(strag):
-        s7 = Section("Stragglers (what-if)", "Each step replayed at ideal op durations, then "
-                     "with one group at a time back at its measured durations; cost = how much "
-                     "slower than ideal that group alone makes the step.")
-        s7.tables.append(("Slowdown by stage, DP rank and op type",
-                          *_table(strag, {"cost_pct": lambda v: f"{v:+.1f}%"}, limit=40)))
-        secs.append(s7)
         grp = strag[strag["group"] != "overall"].sort_values("cost_pct", ascending=False)
         overall = float(strag.loc[strag["group"] == "overall", "cost_pct"].iloc[0])
         if len(grp) and overall > 1.0:
             g0 = grp.iloc[0]
-            fnd.append((overall / 100.0,
-                        f"Stragglers and slow ops cost {overall:.1f}% over an ideal replay; "
-                        f"the largest single contributor is {g0['group']} {g0['key']} "
-                        f"({g0['cost_pct']:+.1f}%)."))
-            findings = [s for _, s in sorted(fnd, key=lambda z: -z[0])[:3]]
-    # drill-down sections: host overhead / CUDA graphs, attribution tree, roofline
-    from .report_drilldown import drilldown_sections
-    secs.extend(drilldown_sections(x, fm))
-    if baseline is not None:
-        cmp = compare(baseline, x)
-        s6 = Section("Comparison with the baseline", "delta = this run - baseline.")
-        s6.tables.append(("Metrics", *_table(cmp, {"delta_pct": lambda v: "n/a" if math.isnan(v)
-                                                   else f"{v:+.1f}%"}, limit=64)))
-        s6.figures.append(("Baseline vs this run", plots.plot_compare(cmp)))
-        secs.append(s6)
-        d = cmp.set_index("metric")
-        if "step_ns" in d.index and not math.isnan(d.loc["step_ns", "delta_pct"]):
-            findings = findings[:2] + [
-                f"Against the baseline the step time changes by "
-                f"{d.loc['step_ns', 'delta_pct']:+.1f}% ({fmt_ns(d.loc['step_ns', 'baseline'])}"
-                f" -> {fmt_ns(d.loc['step_ns', 'candidate'])})."]
-    name = title or str(t.meta.get("name") or (t.meta.get("sources") or [{}])[0].get("path", "run"))
-    return Report(title=title or f"retime report: {name}", summary=summary, findings=findings,
-                  sections=secs,
-                  generated=_dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"))
+            fnd.append((overall / 100.0, f"Stragglers and slow ops cost {overall:.1f}% over an "
+                                         f"ideal replay; the largest single contributor is "
+                                         f"{g0['group'].replace('_', ' ')} {g0['key']} "
+                                         f"({g0['cost_pct']:+.1f}%)."))
+    ranked = [s for _, s in sorted(fnd, key=lambda z: -z[0])]
+    if base is not None:
+        what = ("The what-if " + ", ".join(f"{k} = {v}" for k, v, _ in scenario)
+                if scenario else "The replay" if kind == "whatif" else "This run")
+        if kind == "comparison":
+            what = "Against the baseline, this run"
+        ranked = [comparison_finding(base, run, what), *ranked]
+    summary = [("Step time", fmt_ns(st)), ("MFU", fmt_pct(je["mfu"]) if je["mfu"] == je["mfu"]
+                                           else "unknown (no flops in trace)"),
+               ("HFU", fmt_pct(je["hfu"]) if je["hfu"] == je["hfu"] else "unknown"),
+               ("Critical path", fmt_ns(run.cp.attrs["length_ns"])),
+               ("Ranks / steps", f"{run.n_ranks} / {run.steps}"), ("Ops", f"{t.n_ops:,}")]
+    if base is not None or base_step:
+        a = base.step_ns if base is not None else base_step
+        summary.insert(0, (f"{la.capitalize()} step time", fmt_ns(a)))
+    return Report(title=name, kind=kind, headline=headline, facts=facts,
+                  findings=ranked[:4 if base is not None else 3], sections=secs,
+                  scenario=scenario, summary=summary, generated=now_utc())
 
 
-_MAX_STRAGGLER_OPS = 200_000  # the attribution replays the trace once per group
+def _default_name(t: Trace) -> str:
+    """The run's name: the folder of its trace files when there are several, else the
+    file's name without its suffixes."""
+    srcs = [s for s in t.meta.get("sources") or [] if isinstance(s, dict) and s.get("path")]
+    if not srcs:
+        return "synthesized run" if t.meta.get("source_format") == "synth" else "run"
+    p = Path(str(srcs[0]["path"]))
+    if len(srcs) > 1 or t.meta.get("source_format") == "oplevel":
+        return p.parent.name or p.name
+    return p.name.split(".")[0] or p.name
 
 
-def _stragglers_or_none(x: Any, t) -> pd.DataFrame | None:
-    """The what-if straggler table of a measured trace, or None when it does not apply
-    (a replay, no replay package, a trace the analysis rejects, or a very large trace)."""
-    from retime.collectors.trace import Trace
+# ------------------------------------------------------------------ sweeps
+def read_sweep(path: str | os.PathLike[str]) -> pd.DataFrame:
+    """A sweep's table (``retime sweep`` Parquet), checked for the columns a report needs."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
 
-    if not isinstance(x, Trace) or t.n_ops > _MAX_STRAGGLER_OPS:
-        return None
+    p = Path(path)
     try:
-        from .stragglers import stragglers
-        return stragglers(t)
-    except (ImportError, RetimeError):
-        return None
+        df = pq.read_table(p).to_pandas()
+    except (OSError, pa.ArrowInvalid) as exc:
+        raise RetimeError(f"{p}: not a readable Parquet file ({exc}); pass a SWEEP.parquet "
+                          "written by `retime sweep`") from exc
+    missing = [c for c in ("scenario_id", "step_time_ns", "error") if c not in df.columns]
+    if missing:
+        raise RetimeError(f"{p}: not a sweep table (no column {', '.join(missing)}); pass a "
+                          "SWEEP.parquet written by `retime sweep`")
+    return df
 
 
-def _png_b64(fig: Figure) -> str:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=100)
-    return base64.b64encode(buf.getvalue()).decode("ascii")
+def build_sweep_report(df: pd.DataFrame, *, title: str = "retime sweep report",
+                       top: int = TOP) -> Report:
+    """The report of a sweep: the fastest scenarios, sensitivity per key, the Pareto front of
+    step time and memory, and the scenarios that failed."""
+    secs, info = build_sweep_sections(df, top=top)
+    ok = info["ok"]
+    keys = info["keys"]
+    headline = [("Scenarios", f"{len(df):,}", f"{info['failed']} failed, {info['oom']} out of "
+                                              "memory")]
+    findings = []
+    if len(ok):
+        best = ok.loc[ok["step_time_ns"].astype("int64").idxmin()]
+        worst = ok.loc[ok["step_time_ns"].astype("int64").idxmax()]
+        desc = ", ".join(f"{k} = {best[k]}" for k in keys if pd.notna(best[k])) or "baseline"
+        headline.append(("Fastest step", fmt_ns(best["step_time_ns"]),
+                         f"scenario {int(best['scenario_id'])}: {desc}"))
+        headline.append(("Slowest step", fmt_ns(worst["step_time_ns"]),
+                         f"scenario {int(worst['scenario_id'])}"))
+        findings.append(f"The fastest scenario ({desc}) takes {fmt_ns(best['step_time_ns'])} per "
+                        f"step, {float(worst['step_time_ns']) / float(best['step_time_ns']):.2f}x "
+                        f"faster than the slowest ({fmt_ns(worst['step_time_ns'])}).")
+        from .sweep_plots import sensitivity
+        sens = sensitivity(ok, keys)
+        if len(sens):
+            s0 = sens.iloc[0]
+            findings.append(f"{s0['key']} matters most: its median step time runs from "
+                            f"{fmt_ns(s0['best_ns'])} ({s0['key']} = {s0['best']}) to "
+                            f"{fmt_ns(s0['worst_ns'])} ({s0['worst']}), "
+                            f"{fmt_pct(s0['range_frac'])} apart.")
+            if len(sens) > 1:
+                s1 = sens.iloc[-1]
+                findings.append(f"{s1['key']} matters least ({fmt_pct(s1['range_frac'])} "
+                                "between its best and worst value).")
+    if info["failed"]:
+        findings.append(f"{info['failed']} scenario(s) failed; see the last section.")
+    facts = [("Keys", ", ".join(keys) or "none"),
+             ("Metrics", ", ".join(c for c in ("step_time_ns", "tokens_per_s", "mfu",
+                                               "peak_memory_bytes") if c in df
+                                   and df[c].notna().any()))]
+    summary = [("Scenarios", str(len(df))), ("Failed", str(info["failed"]))]
+    if len(ok):
+        summary.append(("Fastest step", fmt_ns(ok["step_time_ns"].min())))
+    return Report(title=title, kind="sweep", headline=headline, facts=facts,
+                  findings=findings[:3], sections=secs, summary=summary, generated=now_utc())
 
 
-def render_html(report: Report) -> str:
+# ------------------------------------------------------------------ writing
+def render_html(report: Report, *, tables_dir: str | None = None) -> str:
     """The report as one self-contained HTML string (autoescaped)."""
-    import jinja2
+    from .report_html import render_html as _render
+    return _render(report, tables_dir=tables_dir)
 
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(_TEMPLATE_DIR)),
-                             autoescape=True, undefined=jinja2.StrictUndefined)
-    tpl = env.get_template("report.html.j2")
-    sections = [{"title": s.title, "text": s.text,
-                 "tables": [{"caption": c, "header": h, "rows": r} for c, h, r in s.tables],
-                 "figures": [{"caption": c, "png_b64": _png_b64(f)} for c, f in s.figures]}
-                for s in report.sections]
-    return tpl.render(title=report.title, summary=report.summary, findings=report.findings,
-                      sections=sections, generated=report.generated)
+
+def _tables_dir(path: Path) -> Path:
+    return path.with_name(path.stem + "-tables")
+
+
+def _write_csvs(report: Report, path: Path) -> str | None:
+    """Write the cut tables whole beside the report; returns the folder's name (or None)."""
+    from retime.collectors.fsutil import atomic_output
+
+    cut = [t for t in report.tables() if t.csv_name and t.csv_frame is not None]
+    if not cut:
+        return None
+    d = _tables_dir(path)
+    d.mkdir(parents=True, exist_ok=True)
+    for tb in cut:
+        f = d / f"{tb.csv_name}.csv"
+        with atomic_output(f) as tmp:
+            tb.csv_frame.to_csv(tmp, index=False)
+    return d.name
 
 
 def write_html(report: Report, path: str | os.PathLike[str]) -> Path:
+    """Write the HTML report (and the CSVs of cut tables beside it)."""
     from retime.collectors.fsutil import atomic_output
 
     p = Path(path)
-    html = render_html(report)
+    d = _write_csvs(report, p)
+    html = render_html(report, tables_dir=d)
     with atomic_output(p) as tmp:
         tmp.write_text(html, encoding="utf-8")
     return p
 
 
-def _text_page(title: str, lines: list[str]) -> Figure:
-    import textwrap
-
-    fig = Figure(figsize=(8.27, 11.69))
-    fig.text(0.07, 0.95, title, fontsize=15, weight="bold", va="top")
-    y = 0.9
-    for ln in lines:
-        for w in (textwrap.wrap(ln, 95) or [""]):
-            fig.text(0.07, y, w, fontsize=9, va="top", family="DejaVu Sans")
-            y -= 0.018
-            if y < 0.05:
-                return fig
-    return fig
-
-
-def _table_page(section: str, caption: str, header: list[str], rows: list[list[str]]) -> Figure:
-    fig = Figure(figsize=(11.69, 8.27))
-    fig.text(0.04, 0.95, f"{section}: {caption}", fontsize=12, weight="bold", va="top")
-    ax = fig.add_axes((0.03, 0.05, 0.94, 0.85))
-    ax.set_axis_off()
-    if not rows:
-        ax.text(0.0, 0.9, "(no rows)", fontsize=9)
-        return fig
-    cells = [[c[:60] for c in r] for r in rows[:30]]
-    labels = [h[:20] for h in header]
-    # widths from character counts: measuring rendered text (auto_set_column_width) is slow
-    chars = np.array([max([len(labels[j])] + [len(r[j]) for r in cells]) for j in
-                      range(len(labels))], float)
-    widths = np.maximum(chars, 4) / max(np.maximum(chars, 4).sum(), 1.0)
-    tb = ax.table(cellText=cells, colLabels=labels, colWidths=list(widths), loc="upper left",
-                  cellLoc="left")
-    tb.auto_set_font_size(False)
-    tb.set_fontsize(6.5)
-    return fig
-
-
-def write_pdf(report: Report, path: str | os.PathLike[str]) -> Path:
-    """The report as a PDF: summary + findings page, then each section's tables and figures."""
-    from matplotlib.backends.backend_pdf import PdfPages
+def write_pdf(report: Report, path: str | os.PathLike[str], *, paper: str = "a4") -> Path:
+    """Write the PDF report (A4 or Letter) and the CSVs of cut tables beside it."""
     from retime.collectors.fsutil import atomic_output
 
+    from .report_pdf import layout_pdf
+
+    if paper not in PAPERS:
+        raise RetimeError(f"paper={paper!r}: choose a4 or letter")
     p = Path(path)
-    lines = [f"{k}: {v}" for k, v in report.summary] + ["", "Top findings:"]
-    lines += [f"{i + 1}. {f}" for i, f in enumerate(report.findings)]
-    lines += ["", f"Generated {report.generated} by retime."]
-    with atomic_output(p) as tmp, PdfPages(tmp) as pdf:
-        pdf.savefig(_text_page(report.title, lines))
-        for s in report.sections:
-            for cap, h, r in s.tables:
-                pdf.savefig(_table_page(s.title, cap, h, r))
-            for cap, f in s.figures:
-                f.suptitle(f"{s.title}: {cap}", fontsize=9)
-                pdf.savefig(f)
+    d = _write_csvs(report, p)
+    data = layout_pdf(report, paper=paper, tables_dir=d)
+    with atomic_output(p) as tmp:
+        tmp.write_bytes(data)
     return p
 
 
 def write_report(x: Any, path: str | os.PathLike[str], *, baseline: Any | None = None,
-                 title: str | None = None) -> Path:
-    """Build and write the report of ``x``; the format follows the suffix (.html or .pdf)."""
+                 title: str | None = None, paper: str = "a4") -> Path:
+    """Build and write the report of ``x``; the format follows the suffix (.html or .pdf).
+    ``x`` may also be a sweep's DataFrame."""
     p = Path(path)
     suf = p.suffix.lower()
     if suf not in (".html", ".htm", ".pdf"):
         raise RetimeError(f"{p}: report must end in .html or .pdf (got {suf or 'no suffix'!r})")
-    rep = build_report(x, baseline=baseline, title=title)
-    return write_pdf(rep, p) if suf == ".pdf" else write_html(rep, p)
+    if isinstance(x, pd.DataFrame):
+        rep = build_sweep_report(x, title=title or "retime sweep report")
+    else:
+        rep = build_report(x, baseline=baseline, title=title)
+    return write_pdf(rep, p, paper=paper) if suf == ".pdf" else write_html(rep, p)
+

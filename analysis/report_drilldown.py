@@ -19,7 +19,8 @@ from ._util import as_trace
 from .breakdown import breakdown
 from .hierarchy import hierarchy
 from .host import host_ops, host_overhead, launch_latency
-from .report import Section, _table, fmt_ns, fmt_pct
+from .report_model import Fig, Section
+from .tables import Column, people_table
 from .roofline import roofline
 
 __all__ = ["drilldown_sections", "cuda_graph_whatif"]
@@ -57,83 +58,109 @@ def cuda_graph_whatif(x: Any) -> pd.DataFrame:
     return df
 
 
-def drilldown_sections(x: Any, fm: dict[str, Any] | None = None) -> list[Section]:
-    """Host overhead (+ CUDA-graph what-if), attribution tree and roofline sections."""
+def drilldown_sections(x: Any) -> list[Section]:
+    """Host overhead (+ CUDA-graph what-if), attribution tree and roofline sections; a
+    section the trace cannot support (no launches, no annotations, no shapes) is left out."""
     t = as_trace(x)
-    fm = dict(fm or {})
-    fm.update({k: fmt_ns for k in ("launch_call_ns", "cpu_ns_per_launch", "host_busy_ns",
-                                   "host_ns_per_launch", "latency_p50_ns", "latency_p90_ns",
-                                   "latency_p99_ns", "queue_p50_ns", "host_bound_ns",
-                                   "device_incl_ns", "host_incl_ns", "launch_ns", "total_ns",
-                                   "mean_ns", "ns_per_launch", "device_ns", "roof_ns",
-                                   "gap_ns", "step_ns")})
-    fm.update({k: fmt_pct for k in ("launch_bound_frac", "host_bound_frac", "share",
-                                    "efficiency", "step_share", "host_bound_removed_frac")})
-    return [_host_section(x, t, fm), _tree_section(t, fm), _roofline_section(t, fm)]
+    return [s for s in (_host_section(x, t), _tree_section(t), _roofline_section(t))
+            if s is not None]
 
 
-def _host_section(x, t, fm) -> Section:
-    s = Section("Host overhead and CUDA graphs",
-                "Launches are runtime calls linked to GPU ops; latency = GPU op start - "
-                "launch call start; launch-bound ops started after the device had gone "
-                "idle waiting for them. The what-if captures regions as CUDA graphs "
-                "(hardware.cuda_graphs): their launch-only host work becomes one graph "
-                "launch, host syncs and CPU math stay.")
+def _host_section(x, t) -> Section | None:
     try:
         h = host_overhead(t)
         lat = launch_latency(t)
-    except RetimeError as exc:
-        s.text += f" Not available: {exc}"
-        return s
+    except RetimeError:
+        return None
     if h["launches"].sum() == 0:
-        s.text += " The trace records no launch calls linked to GPU ops."
-        return s
-    s.tables.append(("Launch overhead per rank and step", *_table(h, fm, limit=32)))
-    s.tables.append(("Costliest host operators (inclusive, all ranks)",
-                     *_table(host_ops(t, top=12), fm)))
+        return None
+    s = Section("host", "Host overhead and CUDA graphs", [
+        "Launches are runtime calls linked to GPU ops; latency = GPU op start - launch call "
+        "start; launch-bound ops started after the device had gone idle waiting for them. "
+        "The what-if captures regions as CUDA graphs (hardware.cuda_graphs): their "
+        "launch-only host work becomes one graph launch, host syncs and CPU math stay."])
+    s.blocks.append(people_table(h, [
+        Column("rank", "Rank", "count"), Column("step", "Step", "count"),
+        Column("launches", "Launches", "count"),
+        Column("cpu_ns_per_launch", "CPU time per launch", "time"),
+        Column("latency_p50_ns", "Launch-to-start latency, median", "time"),
+        Column("launch_bound_frac", "GPU ops waiting on the host", "pct"),
+        Column("host_bound_frac", "Step host-bound", "pct")],
+        caption="Launch overhead per rank and step", top=16, what="rank-steps",
+        csv_name="launch_overhead"))
+    ho = host_ops(t, top=12)
+    if len(ho):
+        cols = [Column(c, c.replace("_ns", "").replace("_", " ").capitalize(),
+                       "time" if c.endswith("_ns") else "name" if c in ("name", "op") else
+                       "count" if c in ("count", "launches") else "num")
+                for c in ho.columns if c != "rank"]
+        s.blocks.append(people_table(ho, cols, caption="Costliest host operators (inclusive, "
+                                                        "all ranks)"))
     if len(t.ops) <= _MAX_WHATIF_OPS:
-        s.tables.append(("CUDA-graph what-if (summed over ranks and steps)",
-                         *_table(cuda_graph_whatif(x), fm)))
-    s.figures.append(("Launch-to-start latency", dp.plot_launch_latency(lat)))
+        cg = cuda_graph_whatif(x)
+        s.blocks.append(people_table(cg, [
+            Column("scenario", "Scenario", "text"), Column("step_ns", "Step time, summed", "time"),
+            Column("host_bound_ns", "Host-bound time, summed", "time"),
+            Column("host_bound_removed_frac", "Host-bound time removed", "pct"),
+            Column("note", "Note", "text")],
+            caption="CUDA-graph what-if (summed over ranks and steps)"))
+    s.blocks.append(Fig("launch_latency", "Launch-to-start latency of the GPU ops.",
+                        dp.plot_launch_latency(lat)))
     return s
 
 
-def _tree_section(t, fm) -> Section:
-    s = Section("Attribution tree",
-                "step -> phase -> module / annotation -> operator -> kernel, from the trace's "
-                "own annotations; device time adds up exactly to the GPU op totals, host "
-                "time to the outermost host events.")
+def _tree_section(t) -> Section | None:
     try:
         h = hierarchy(t)
-    except RetimeError as exc:
-        s.text += f" Not available: {exc}"
-        return s
+    except RetimeError:
+        return None
+    if not len(h) or h["device_incl_ns"].iloc[0] <= 0:
+        return None
+    s = Section("tree", "Attribution tree", [
+        "step -> phase -> module / annotation -> operator -> kernel, from the trace's own "
+        "annotations; device time adds up exactly to the GPU op totals, host time to the "
+        "outermost host events."])
     top = h[(h["depth"] <= 4) & (h["device_incl_ns"] >= 0.02 * max(h["device_incl_ns"].iloc[0], 1))]
-    s.tables.append(("Largest nodes (depth <= 4, >= 2% of device time)", *_table(
-        top[["depth", "level", "path", "count", "device_incl_ns", "host_incl_ns", "launches",
-             "launch_ns"]], fm, limit=30)))
-    s.figures.append(("Icicle by device time", dp.plot_hierarchy(h)))
+    s.blocks.append(people_table(top, [
+        Column("depth", "Depth", "count"), Column("level", "Level", "text"),
+        Column("path", "Path", "name"), Column("count", "Count", "count"),
+        Column("device_incl_ns", "Device time, inclusive", "time"),
+        Column("host_incl_ns", "Host time, inclusive", "time"),
+        Column("launches", "Launches", "count"), Column("launch_ns", "Launch time", "time")],
+        caption="Largest nodes (depth <= 4, >= 2% of device time)", top=30, what="nodes",
+        csv_name="attribution_tree", csv_frame=h))
+    s.blocks.append(Fig("icicle", "Icicle of the attribution tree by device time.",
+                        dp.plot_hierarchy(h)))
     return s
 
 
-def _roofline_section(t, fm) -> Section:
-    s = Section("Roofline per operator",
-                "FLOPs and bytes from recorded shapes (or the synthesized run's kernels); gap "
-                "= device time above the roof, the most a faster kernel could win.")
+def _roofline_section(t) -> Section | None:
     try:
         r = roofline(t)
-    except RetimeError as exc:
-        s.text += f" Not available: {exc}"
-        return s
+    except RetimeError:
+        return None
+    if not len(r):
+        return None
     pk = r.attrs["peaks"]
-    s.text += (f" Peaks: {pk['name']} ({pk['source']}), HBM {pk['hbm_tbps']:.2f} TB/s.")
-    cols = ["op", "shapes", "dtype", "count", "device_ns", "achieved_tflops", "achieved_gbps",
-            "roof_ns", "gap_ns", "efficiency", "bound", "step_share"]
-    s.tables.append(("Operators losing the most time to the roof", *_table(r[cols], fm,
-                                                                             limit=15)))
+    s = Section("roofline", "Roofline per operator", [
+        "FLOPs and bytes from recorded shapes (or the synthesized run's kernels); gap = device "
+        "time above the roof, the most a faster kernel could win. "
+        f"Peaks: {pk['name']} ({pk['source']}), HBM {pk['hbm_tbps']:.2f} TB/s."])
+    s.blocks.append(people_table(r, [
+        Column("op", "Operator", "name"), Column("shapes", "Shapes", "text"),
+        Column("dtype", "Type", "text"), Column("count", "Count", "count"),
+        Column("device_ns", "Device time", "time"),
+        Column("achieved_tflops", "Achieved TFLOP/s", "num"),
+        Column("achieved_gbps", "Achieved GB/s", "gbps"),
+        Column("roof_ns", "Time at the roof", "time"), Column("gap_ns", "Gap to the roof", "time"),
+        Column("efficiency", "Efficiency", "pct"), Column("bound", "Bound by", "text"),
+        Column("step_share", "Share of the step", "pct")],
+        caption="Operators losing the most time to the roof", top=15, what="operators",
+        csv_name="roofline"))
     main_dt = r.groupby("dtype")["device_ns"].sum().idxmax()
     peaks = {"name": f"{pk['name']} {main_dt}", "peak_tflops": r.loc[r["dtype"] == main_dt,
                                                                     "peak_tflops"].iloc[0],
              "hbm_tbps": pk["hbm_tbps"]}
-    s.figures.append(("Roofline", dp.plot_roofline(r, peaks)))
+    s.blocks.append(Fig("roofline", "Achieved rate against arithmetic intensity, one point per "
+                        "operator; lines: the roofs.", dp.plot_roofline(r, peaks)))
     return s

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-__all__ = ["pareto_front", "plot_sweep", "plot_pareto"]
+__all__ = ["pareto_front", "plot_sweep", "plot_pareto", "sensitivity", "plot_sensitivity"]
 
 _SCALE = {"step_time_ns": (1e6, "step time (ms)"),
           "exposed_comm_ns": (1e6, "exposed communication (ms)"),
@@ -95,7 +95,8 @@ def plot_pareto(df: pd.DataFrame, x: str = "peak_memory_bytes", y: str = "step_t
 
     ``label`` names a column whose values annotate the front's points.
     """
-    fig = Figure(figsize=(6.4, 4.2), layout="constrained")
+    fig = Figure(figsize=(8, 3.6))
+    fig.subplots_adjust(left=0.09, right=0.98, top=0.9, bottom=0.15)
     ax = fig.add_subplot()
     d = _ok(df, [x, y])
     if len(d) == 0:
@@ -119,9 +120,77 @@ def plot_pareto(df: pd.DataFrame, x: str = "peak_memory_bytes", y: str = "step_t
             for a, b, t in zip(fx, fy, front[label].tolist(), strict=True):
                 ax.annotate(str(t), (a, b), fontsize=7, xytext=(4, 4),
                             textcoords="offset points")
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.set_title(title or f"{ylabel} vs {xlabel}")
+    ax.set_xlabel(xlabel, fontsize=8)
+    ax.set_ylabel(ylabel, fontsize=8)
+    ax.tick_params(labelsize=7)
+    ax.set_title(f"{ylabel} vs {xlabel}" if title is None else title, fontsize=9, loc="left")
     ax.legend(fontsize=7, frameon=False)
     ax.grid(alpha=0.3)
+    return fig
+
+
+def _by_value(d: pd.DataFrame, key: str, y: str) -> pd.DataFrame:
+    """Median, min and max of ``y`` per value of ``key`` (values in sorted order when
+    numeric, first-seen order otherwise)."""
+    g = d.groupby(key, sort=False, dropna=False)[y].agg(["median", "min", "max"])
+    numeric = pd.api.types.is_numeric_dtype(d[key]) and not pd.api.types.is_bool_dtype(d[key])
+    return g.sort_index() if numeric else g
+
+
+def sensitivity(df: pd.DataFrame, keys: list[str], y: str = "step_time_ns") -> pd.DataFrame:
+    """How much each key moves ``y``: per key, the value with the lowest and the highest
+    median ``y`` over the scenarios holding it (``best``, ``worst``, ``best_ns``,
+    ``worst_ns``) and ``range_frac = (worst - best) / best``; sorted by range, largest
+    first. Keys with a single value are left out."""
+    d = _ok(df, [y])
+    rows = []
+    for k in keys:
+        if k not in d or d[k].nunique(dropna=False) < 2:
+            continue
+        g = _by_value(d, k, y)["median"].astype(float)
+        b, w = g.idxmin(), g.idxmax()
+        rows.append((k, str(b), str(w), float(g[b]), float(g[w]),
+                     float((g[w] - g[b]) / g[b]) if g[b] else np.nan))
+    out = pd.DataFrame(rows, columns=["key", "best", "worst", "best_ns", "worst_ns",
+                                      "range_frac"])
+    return out.sort_values("range_frac", ascending=False, kind="mergesort").reset_index(drop=True)
+
+
+def plot_sensitivity(df: pd.DataFrame, keys: list[str], y: str = "step_time_ns", *,
+                     title: str = "") -> Figure:
+    """One small panel per key: the median of ``y`` over the scenarios holding each value,
+    with a band from their minimum to their maximum."""
+    keys = [k for k in keys if k in df.columns][:6] or ["(none)"]
+    n = len(keys)
+    cols = min(n, 3)
+    rows = int(np.ceil(n / cols))
+    fig = Figure(figsize=(10, 0.5 + 2.3 * rows))
+    fig.subplots_adjust(left=0.08, right=0.98, top=1 - 0.35 / (0.5 + 2.3 * rows),
+                        bottom=0.55 / (0.5 + 2.3 * rows) + 0.05 * (rows > 1), wspace=0.3,
+                        hspace=0.75)
+    d = _ok(df, [y])
+    scale, ylabel = _SCALE.get(y, (1.0, y))
+    for i, k in enumerate(keys):
+        ax = fig.add_subplot(rows, cols, i + 1)
+        if k not in d or len(d) == 0:
+            ax.set_axis_off()
+            continue
+        g = _by_value(d, k, y)
+        numeric = pd.api.types.is_numeric_dtype(d[k]) and not pd.api.types.is_bool_dtype(d[k])
+        xv = g.index.to_numpy(dtype=float) if numeric else np.arange(len(g))
+        ax.fill_between(xv, g["min"].to_numpy(float) / scale, g["max"].to_numpy(float) / scale,
+                        color="#4C72B0", alpha=0.2, lw=0, label="fastest to slowest")
+        ax.plot(xv, g["median"].to_numpy(float) / scale, marker="o", ms=3.5, color="#4C72B0",
+                label="median")
+        if not numeric:
+            ax.set_xticks(xv, [str(v) for v in g.index], fontsize=7)
+        ax.set_xlabel(k, fontsize=8)
+        ax.set_ylabel(ylabel if i % cols == 0 else "", fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.grid(alpha=0.3)
+        if i == 0:
+            fig.legend(*ax.get_legend_handles_labels(), loc="upper right", ncol=2, fontsize=7,
+                       frameon=False)
+    if title:
+        fig.suptitle(title, fontsize=9, x=0.01, ha="left")
     return fig

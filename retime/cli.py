@@ -37,7 +37,7 @@ app = typer.Typer(
         "`retime replay run.retime --set network.inter_node_gbps=25`, "
         "`retime report run.retime -o reports/run.html`. `retime keys` lists every what-if "
         "key. Every command takes --json (one JSON object on stdout, errors included); exit "
-        "codes: 0 ok, 2 bad input, 1 internal error."
+        "codes: 0 ok, 2 bad input, 1 internal error, 3 regression (`retime compare`)."
     ),
 )
 
@@ -204,7 +204,7 @@ def run(argv: list[str] | None = None) -> int:
 # Command modules (each registers its commands on `app`). Keep one import per module.
 from retime import cmd_trace  # noqa: E402,F401  ingest, info, export
 from retime import cmd_capture  # noqa: E402,F401  capture
-from retime import cmd_report  # noqa: E402,F401  report
+from retime import cmd_report  # noqa: E402,F401  report, compare
 from retime import cmd_replay  # noqa: E402,F401  replay
 from retime import cmd_synth  # noqa: E402,F401  synth
 from retime import cmd_demo  # noqa: E402,F401  demo

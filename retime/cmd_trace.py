@@ -10,6 +10,7 @@ import typer
 
 from retime.cli import FORCE_HELP, app, check_output, emit_json, say
 from retime.collectors.enums import LaneKind, OpKind
+from retime.collectors.errors import RetimeError
 
 if TYPE_CHECKING:
     from retime.collectors.trace import Trace
@@ -193,31 +194,86 @@ def info(
         f"{', '.join(f'{k}={v}' for k, v in s['dropped'].items()) or 'none'}")
 
 
+class Timelines(str, Enum):
+    both = "both"
+    measured = "measured"
+    replayed = "replayed"
+
+
 @app.command()
 def export(
     trace_dir: Annotated[Path, typer.Argument(help="A NAME.retime directory.", exists=True,
                                               file_okay=False)],
-    chrome: Annotated[Path | None, typer.Option("--chrome", help="Write a Chrome/Perfetto "
-                                                "JSON here.", dir_okay=False)] = None,
+    chrome: Annotated[Path | None, typer.Option("--chrome", help="Write a Chrome/Perfetto JSON "
+                                                "here (.json or .json.gz).",
+                                                dir_okay=False)] = None,
     chakra: Annotated[Path | None, typer.Option(
         "--chakra", help="Write one MLCommons Chakra ET file per rank into this folder.",
         file_okay=False)] = None,
+    scenario: Annotated[Path | None, typer.Option("--scenario", help="What-if scenario TOML: "
+                                                  "export its replayed timeline too.",
+                                                  exists=True, dir_okay=False)] = None,
+    set_: Annotated[list[str] | None, typer.Option("--set", help="What-if key=value (repeatable; "
+                                                   "on top of --scenario).")] = None,
+    ideal: Annotated[bool, typer.Option("--ideal", help="Replay without unexplained delays "
+                                        "and export that timeline too.")] = False,
+    timelines: Annotated[Timelines, typer.Option("--timelines", help="With a what-if: which "
+                                                 "timelines to write.")] = Timelines.both,
+    flows: Annotated[bool, typer.Option("--flows/--no-flows", help="Dependency and collective "
+                                        "arrows (flow events).")] = True,
     force: Annotated[bool, typer.Option("--force", help=FORCE_HELP)] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")] = False,
 ) -> None:
-    """Export a trace (or a replayed trace) as Chrome trace JSON for Perfetto / chrome://tracing,
-    or as Chakra execution traces (one protobuf .et file per rank) for ASTRA-sim."""
+    """Export a trace as Chrome trace JSON for Perfetto / chrome://tracing (--chrome), or as
+    Chakra execution traces (--chakra: one protobuf .et file per rank) for ASTRA-sim.
+
+    Ops on one track per lane and rank, annotation ranges as slices on their threads,
+    launches, synchronizations, data and point-to-point dependencies and collective waits as
+    arrows, the critical path marked (its ops tagged, and a "critical path" track on top).
+    With --scenario/--set/--ideal the what-if's replayed timeline is written beside the
+    measured one (ranks named "rank R (replayed: ...)"), so either can be pinned or hidden.
+    """
     if chakra is not None or chrome is None:
         from retime.cmd_chakra import export_chakra
         export_chakra(trace_dir, chakra, chrome, force=force, json_out=json_out)
         return
-    from retime.collectors.chrome import write_chrome
+    from retime.analysis.critical_path import critical_path
+    from retime.collectors.chrome import Timeline, write_chrome
     from retime.collectors.trace import read_trace
 
     check_output(chrome, force)
     trace = read_trace(trace_dir)
-    n = write_chrome(trace, chrome)
+    whatif_given = scenario is not None or bool(set_) or ideal
+    if not whatif_given and timelines != Timelines.both:
+        raise RetimeError("--timelines needs a what-if (--scenario, --set or --ideal); without "
+                          "one only the trace's own timeline is written")
+    also: tuple = ()
+    main = trace
+    main_crit = None
+    label = ""
+    if whatif_given:
+        from retime.replay import whatif
+        from retime.replay.policies.scenario import scenario_from_cli
+        sc = scenario_from_cli(scenario, set_) if (scenario is not None or set_) else {}
+        result = whatif(trace, sc, ideal=ideal)
+        pols = result.meta.get("scenario") or []
+        label = "replayed: " + (", ".join(f"{p.get('policy')}.{k}={v}" for p in pols
+                                          for k, v in p.items() if k != "policy")
+                                or ("ideal" if ideal else "identity"))
+        replayed = Timeline(result.to_trace(), label=label,
+                            critical_op_ids=critical_path(result)["op_id"].to_numpy(),
+                            replayed=True)
+        if timelines == Timelines.replayed:
+            main, main_crit = replayed.trace, replayed.critical_op_ids
+        else:
+            main_crit = critical_path(trace)["op_id"].to_numpy()
+            also = (replayed,) if timelines == Timelines.both else ()
+    else:
+        main_crit = critical_path(trace)["op_id"].to_numpy()
+    n = write_chrome(main, chrome, critical_op_ids=main_crit, flows=flows, also=also)
     if json_out:
-        emit_json({"output": str(chrome), "events": n})
+        emit_json({"output": str(chrome), "events": n,
+                   "timelines": ["measured"] * (main is trace) + [label] * (bool(also) or
+                                                                       main is not trace)})
     else:
         say(f"wrote {chrome}: {n} events (open in https://ui.perfetto.dev or chrome://tracing)")

@@ -112,7 +112,7 @@ def test_export_roundtrip_keeps_ops(tmp_path, capsys):
     assert run(["export", str(src), "--chrome", str(chrome), "--json"]) == 0
     capsys.readouterr()
     doc = json.load(gzip.open(chrome))
-    assert {e["ph"] for e in doc["traceEvents"]} == {"M", "X"}
+    assert {e["ph"] for e in doc["traceEvents"]} == {"M", "X", "s", "f"}  # slices and arrows
     back = tmp_path / "back.retime"
     assert run(["ingest", str(chrome), "-o", str(back)]) == 0
     a, b = read_trace(src), read_trace(back)

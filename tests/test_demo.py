@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 from retime.cli import run
 
@@ -17,4 +18,11 @@ def test_demo_end_to_end(tmp_path, capsys):
     assert sp["hardware.host_speedup"] > 1.2 > sp["hardware.compute_speedup"] >= 1.0
     html, pdf = (tmp_path / "dlrm-v100-8rank.html"), (tmp_path / "dlrm-v100-8rank.pdf")
     assert html.stat().st_size > 50_000 and pdf.read_bytes()[:4] == b"%PDF"
-    assert "DLRM" in html.read_text()
+    text = html.read_text()
+    # the headline tells the truth: measured and what-if side by side, the scenario named
+    assert "what-if hardware.host_speedup = 2" in text.split("</title>")[0]
+    labels = re.findall(r'<div class="kpi-label">([^<]*)</div>', text)
+    assert labels[:3] == ["Measured step", "What-if step", "Change"]
+    scen = text.split('id="scenario"', 1)[1].split("</table>", 1)[0]
+    assert "hardware.host_speedup" in scen
+    assert s["reports"] == [str(html), str(pdf)]

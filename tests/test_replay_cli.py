@@ -48,7 +48,7 @@ def test_replay_output_trace_and_chrome_export(tmp_path, capsys):
     assert run(["export", str(out_dir), "--chrome", str(chrome), "--json"]) == 0
     capsys.readouterr()
     doc = json.loads(chrome.read_text())
-    x = [e for e in doc["traceEvents"] if e["ph"] == "X"]
+    x = [e for e in doc["traceEvents"] if e["ph"] == "X" and "op_id" in e.get("args", {})]
     assert len(x) == rt.n_ops
     # the exported timeline is the replayed one (microseconds from baseTimeNanoseconds)
     by_id = {e["args"]["op_id"]: e for e in x}

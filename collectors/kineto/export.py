@@ -2,8 +2,10 @@
 
 Such a file holds every rank; each X event's ``args`` carry ``rank``, ``lane`` and ``kind``
 and each ``thread_name`` M event describes one lane, so ops come back on the same rank and
-lane with the same name, start and duration. Dependencies are not exported (Chrome JSON has
-no faithful way to carry them all), so the re-ingested trace has no edges.
+lane with the same name, start and duration, and annotation ranges (X events with
+``range_depth``) come back as ranges. What the export adds for viewing is counted and left
+out: a replayed timeline's copy of the ops, the critical-path track, and the flow events
+(arrows: the export draws only some dependencies, so the re-ingested trace has no edges).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..chrome import REPLAYED_PID
 from ..enums import LaneKind, OpKind
 from ..trace import StringTable
 from .schema import RankPart
@@ -27,11 +30,29 @@ def build_export_part(path: Path, doc) -> RankPart:
     dropped: Counter = Counter()
     lane_info: dict[int, tuple] = {}
     rows: dict[int, list] = {}
+    ranges: dict[int, list] = {}
     for e in evs:
         a = e.args
-        if e.ph == "M":
+        if e.ph in ("s", "f", "t"):
+            dropped["flow events (arrows for viewing; not re-ingested)"] += 1
+        elif e.ph == "X" and a is not None and a.timeline == "replayed":
+            dropped["replayed timeline (a copy of the ops and ranges for viewing)"] += 1
+        elif e.ph == "X" and a is not None and a.path_op_id is not None:
+            dropped["critical-path track (a copy of the ops for viewing)"] += 1
+        elif (e.ph == "X" and a is not None and a.range_depth is not None and a.rank is not None
+              and a.lane is not None):
+            ranges.setdefault(int(a.rank), []).append(
+                (int(a.lane), str(e.name), base + int(round(e.ts * 1000)),
+                 base + int(round(e.ts * 1000)) + int(round(e.dur * 1000)),
+                 int(a.range_depth)))
+            kept["ranges"] += 1
+        elif e.ph == "M":
             kept["metadata"] += 1
-            if e.name == "thread_name" and a is not None and isinstance(e.tid, int):
+            # lanes of the measured ranks only (not the replayed copies, the critical-path
+            # track or the extra tracks of overlapping slices)
+            if (e.name == "thread_name" and a is not None and isinstance(e.tid, int)
+                    and a.lane_kind is not None and isinstance(e.pid, int)
+                    and e.pid < REPLAYED_PID):
                 lk = LaneKind[a.lane_kind] if a.lane_kind in LaneKind.__members__ else LaneKind.GPU_STREAM
                 lane_info[e.tid] = (int(e.pid), int(lk), int(a.device if a.device is not None else -1),
                                     int(a.native_id if a.native_id is not None else -1), a.name or "")
@@ -47,7 +68,9 @@ def build_export_part(path: Path, doc) -> RankPart:
     for rank in sorted(rows):
         r = rows[rank]
         st = StringTable()
-        lanes_of_rank = sorted({x[0] for x in r} | {ln for ln, v in lane_info.items() if v[0] == rank})
+        rr = ranges.get(rank, [])
+        lanes_of_rank = sorted({x[0] for x in r} | {x[0] for x in rr}
+                               | {ln for ln, v in lane_info.items() if v[0] == rank})
         lmap = {ln: j for j, ln in enumerate(lanes_of_rank)}
         lanes = [(lane_info.get(ln, (rank, int(LaneKind.GPU_STREAM), -1, -1, ""))[1],
                   lane_info.get(ln, (0, 0, -1, -1, ""))[2], lane_info.get(ln, (0, 0, -1, -1, ""))[3],
@@ -69,8 +92,11 @@ def build_export_part(path: Path, doc) -> RankPart:
             path=str(path), rank=rank, rank_source="retime export", world_size=None, backend=None,
             pg_config=[], devices={}, strings=st.names, lanes=lanes, ops=ops,
             edges=dict(src=z, dst=z, kind=np.zeros(0, np.int8), lag_ns=z),
-            ranges=dict(lane=np.zeros(0, np.int32), name_id=np.zeros(0, np.int32), start_ns=z,
-                        end_ns=z, depth=np.zeros(0, np.int16)),
+            ranges=dict(lane=np.asarray([lmap[x[0]] for x in rr], np.int32),
+                        name_id=np.asarray([st.intern(x[1]) for x in rr], np.int32),
+                        start_ns=np.asarray([x[2] for x in rr], np.int64),
+                        end_ns=np.asarray([x[3] for x in rr], np.int64),
+                        depth=np.asarray([x[4] for x in rr], np.int16)),
             memory=dict(device=z, ts_ns=z, bytes_delta=z, allocated_bytes=z, reserved_bytes=z),
             comm={"op": z, "comm_op": np.zeros(0, np.int8), "bytes": z, "group": [],
                   "group_size": z, "seq": z, "pg_ranks": []},

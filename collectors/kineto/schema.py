@@ -51,6 +51,9 @@ class Args(msgspec.Struct, omit_defaults=True, gc=False):
     kind: str | None = None
     lane_kind: str | None = None
     native_id: int | None = None
+    range_depth: int | None = None  # an annotation range, not an op
+    timeline: str | None = None  # "replayed": a what-if's copy of the ops
+    path_op_id: int | None = None  # the critical-path track's copy of an op
 
 
 class Event(msgspec.Struct, gc=False):
