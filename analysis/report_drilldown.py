@@ -20,8 +20,8 @@ from .breakdown import breakdown
 from .hierarchy import hierarchy
 from .host import host_ops, host_overhead, launch_latency
 from .report_model import Fig, Section
-from .tables import Column, people_table
 from .roofline import roofline
+from .tables import Column, people_table
 
 __all__ = ["drilldown_sections", "cuda_graph_whatif"]
 
