@@ -195,7 +195,6 @@ def build_trace(template: StepTemplate, parallel: ParallelConfig | dict,
     p, v, m = parallel.pp, parallel.chunks, parallel.num_microbatches
     sched = parallel.schedule
     layout = pipeline_layout(parallel, len(template.layers), stage_layers)
-    V = len(layout.vstages)
     hw = comm.hw
     send_ns = comm.p2p_ns(template.p2p_bytes) if p2p_ns is None else int(p2p_ns)
     if recv_ns is None:
@@ -265,7 +264,7 @@ def build_trace(template: StepTemplate, parallel: ParallelConfig | dict,
         pairs = set(overlapped_pairs(sched, p, m, stage))
         # the last item of each virtual stage that completes gradients
         last_grad: dict[int, int] = {}
-        for k, (ph, mb, c) in enumerate(order):
+        for k, (ph, _mb, c) in enumerate(order):
             vs = layout.vs_of(sched, p, c, stage)
             if blocks[(vs, ph)][0].grad_ops:
                 last_grad[vs] = k

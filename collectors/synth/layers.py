@@ -171,6 +171,24 @@ def _mla_fwd(x: _Ctx, prefix: str) -> list[OpTemplate]:
     return ops
 
 
+def _mla_recompute(x: _Ctx) -> list[OpTemplate]:
+    """DeepSeek-V3's selective recompute for latent attention: the attention norm, the latent
+    norms and the up-projections (and the rotary embedding) rerun before the attention
+    backward, from the kept input and latents."""
+    m, T = x.m, x.T
+    a = m.heads // x.t
+    ops = [_norm(x, "recompute.attn.norm.fwd")]
+    if m.q_lora_rank:
+        r = m.q_lora_rank
+        ops += [_k("recompute.attn.q_norm.fwd", x.st(2 * x.act * T * r, 8.0 * T * r)),
+                _k("recompute.attn.q_up.fwd", x.g(T, a * m.qk_head_dim, r))]
+    r = m.kv_lora_rank
+    ops += [_k("recompute.attn.kv_norm.fwd", x.st(2 * x.act * T * r, 8.0 * T * r)),
+            _k("recompute.attn.kv_up.fwd", x.g(T, a * (m.head_dim + m.v_head_dim), r)),
+            _k("recompute.attn.rotary.fwd", x.st(2 * x.act * T * (a + 1) * m.qk_rope_dim))]
+    return ops
+
+
 def _mla_bwd(x: _Ctx) -> list[OpTemplate]:
     """Backward of :func:`_mla_fwd`: the up projections' and down projections' input and
     weight gradients, then the TP reduction of the input gradient (beside the weight
@@ -361,6 +379,8 @@ def _layer_bwd(x: _Ctx, layer: int) -> list[OpTemplate]:
     x.wgrad(ops, _k("attn.proj.bwd_wgrad", x.g(proj_k, h, T)))
     if x.par.recompute == "selective" and m.attention == "unfused":
         ops += _attention_fwd(x, prefix="recompute.")
+    if x.par.recompute == "selective" and m.mla:  # DeepSeek: norms and up-projections redone
+        ops += _mla_recompute(x)
     att = _attention_bwd(x)
     if x.par.cp > 1:  # ring attention backward: K/V circulate again (beside the kernel),
         # then dK/dV are reduce-scattered back to their owners

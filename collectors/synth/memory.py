@@ -18,6 +18,12 @@ plus one layer's full activations while it is recomputed. A pipeline rank holds 
 every micro-batch it has forwarded but not yet backwarded (from the schedule's order: 1F1B
 keeps ``min(p - i, m)``, GPipe ``m``).
 
+FP8 runs keep the inputs of their linear layers (norm outputs, projection and FC2 inputs,
+dispatched tokens) in one byte, as their quantized copies are what the backward GEMMs read.
+With latent attention, ``selective`` recompute is DeepSeek-V3's: the norms and the MLA
+up-projections are recomputed in the backward, so their outputs (norm outputs, per-head Q,
+K, V) are not kept.
+
 Model states use mixed-precision Adam: 2-byte weights, 2-byte gradients, 12 bytes of fp32
 master weights and moments per parameter (16 bytes; ZeRO-1 shards the 12, ZeRO-2 also the
 gradients, ZeRO-3/FSDP also the weights over the data-parallel ranks). Routed experts are
@@ -55,20 +61,25 @@ def layer_activation_bytes(model: ModelConfig, parallel: ParallelConfig,
     if rc == "full":
         return int(2 * sbh * rep)
     drop = 1 if model.dropout else 0
-    replicated = (4 + 2 + 2 + 2 * drop) * sbh
+    # FP8 training keeps the (quantized) inputs of its linear layers in one byte
+    lin = 1 if parallel.dtype == "fp8" else 2
+    mla_rc = model.mla and rc == "selective"  # DeepSeek: norms and MLA up-projections redone
+    norm_out = 0 if mla_rc else lin + lin  # QKV (down-projection) input, FC1 / router input
+    replicated = (4 + norm_out + 2 * drop) * sbh
     gate = 2 if model.gated_mlp else 1
     a = model.heads
     if model.mla:  # Q, K (qk width), V per head, and the latents (replicated over TP)
-        qkv = a * (2 * model.qk_head_dim + model.v_head_dim)
-        replicated += 2 * s * b * (model.q_lora_rank + model.kv_lora_rank + model.qk_rope_dim)
+        qkv = 0 if mla_rc else a * (2 * model.qk_head_dim + model.v_head_dim)
+        replicated += lin * s * b * (model.q_lora_rank + model.kv_lora_rank
+                                     + model.qk_rope_dim)
     else:
         qkv = a * model.head_dim + 2 * model.kv_dim
-    sharded = 2 * s * b * qkv + 2 * s * b * a * model.v_head_dim
+    sharded = 2 * s * b * qkv + lin * s * b * a * model.v_head_dim
     if model.is_moe_layer(layer):
         from .moe import moe_activation_bytes
         sharded += moe_activation_bytes(model, parallel) * t
     else:
-        sharded += 2 * s * b * model.ffn * gate + 2 * s * b * model.ffn
+        sharded += 2 * s * b * model.ffn * gate + lin * s * b * model.ffn
     if model.attention == "unfused" and rc != "selective":
         sharded += (4 + drop) * model.heads * s * S * b
     elif model.attention == "flash":

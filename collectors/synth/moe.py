@@ -252,9 +252,10 @@ def moe_activation_bytes(model, parallel) -> float:
     gate = 2 if model.gated_mlp else 1
     f = model.expert_ffn / P.tp
     T = P.micro_batch * model.seq / P.cp
+    lin = 1.0 if P.dtype == "fp8" else 2.0  # FP8 keeps the GEMM inputs in one byte
     out = 8.0 * ld["tokens"] * model.experts  # router logits + probabilities (fp32)
-    out += 2.0 * M * model.hidden + 2.0 * M * f * gate + 2.0 * M * f
+    out += lin * M * model.hidden + 2.0 * M * f * gate + lin * M * f
     if model.shared_experts:
         fs = model.shared_experts * model.expert_ffn / P.tp
-        out += 2.0 * T * fs * gate + 2.0 * T * fs
+        out += 2.0 * T * fs * gate + lin * T * fs
     return out

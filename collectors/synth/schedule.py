@@ -18,15 +18,18 @@ times of one stage's forward, input-gradient and weight-gradient passes; :func:`
 * GPipe / 1F1B: each stage idles ``(p-1)(F+B+W)``: the fraction ``(p-1)/(m+p-1)``.
 * interleaved / breadth-first (``v`` chunks of ``1/v`` of the stage each):
   ``(p-1)(F+B+W)/v``, the fraction ``(p-1)/(vm+p-1)``.
-* ZB-H1 (1F1B's order and activation memory, but the backward split: the input gradient
-  ``B`` is sent upstream as soon as it is computed and the weight gradient ``W`` runs right
-  after it): the backward wave crosses a stage in ``B`` instead of ``B+W``. The last stage
-  starts after ``(p-1)F`` and then never waits; the first stage, after its ``p`` warm-up
-  forwards, waits ``(p-1)B`` for the first gradient and then never waits. Idle time
-  ``(p-1) max(F, B)``; for the paper's ``F = B = W`` that is ``(p-1)F``, its
-  ``(p-1)(F+B-W)``, one third of 1F1B's ``(p-1)(F+B+W)``.
-* DualPipe: ``(p/2-1)(F&B + B - 3W)`` per the DeepSeek-V3 report (``B`` the whole backward
-  there, ``F&B`` a forward and a backward chunk run overlapped); it keeps two copies of the
+* ZB-H1 (the backward split: the input gradient ``B`` is sent upstream as soon as it is
+  computed, the weight gradient ``W`` deferred to fill waits; 1F1B's ``p - i`` in-flight
+  micro-batches on stage ``i``): the backward wave crosses a stage in ``B`` instead of
+  ``B+W``. The last stage starts after ``(p-1)F`` and never waits again; the first stage
+  waits ``(p-1)B`` for its first gradient and fills the cool-down's waits with deferred
+  ``W``. With the paper's ``F = B = W`` the idle time is ``(p-1)(F+B-W) = (p-1)F``, one
+  third of 1F1B's ``(p-1)(F+B+W)``; the order is built for those unit costs
+  (:func:`_zb_h1_all`) and run with the real ones.
+* DualPipe: the DeepSeek-V3 report gives ``(p/2-1)(F&B + B - 3W)`` (``B`` the whole
+  backward there, ``F&B`` a forward and a backward chunk run overlapped); with free
+  communication (``F&B = F + B``) and equal ``F = B_in = W`` this order idles
+  ``(p/2-1)(F + B_in - W)``, below the report's bound. It keeps two copies of the
   parameters and ``p+1`` micro-batches of activations.
 
 GPipe keeps ``m`` micro-batches of activations alive, 1F1B and ZB-H1 ``min(p-i, m)`` on stage
@@ -34,6 +37,8 @@ GPipe keeps ``m`` micro-batches of activations alive, 1F1B and ZB-H1 ``min(p-i, 
 """
 
 from __future__ import annotations
+
+from functools import lru_cache
 
 from ..errors import ConfigError
 
@@ -64,16 +69,55 @@ def _one_f_one_b(p: int, m: int, stage: int) -> list[Item]:
     return out
 
 
-def _zb_h1(p: int, m: int, stage: int) -> list[Item]:
-    """1F1B's order with the backward split: ``min(p - i, m)`` warm-up forwards, then
-    ``BI_j, W_j, F_next`` (the same activation memory as 1F1B)."""
-    warm = min(p - stage, m)
-    out: list[Item] = [(F, i, 0) for i in range(warm)]
-    for j in range(m):
-        out += [(BI, j, 0), (W, j, 0)]
-        if warm + j < m:
-            out.append((F, warm + j, 0))
-    return out
+@lru_cache(maxsize=64)
+def _zb_h1_all(p: int, m: int) -> tuple[tuple[Item, ...], ...]:
+    """ZB-H1 orders of all ``p`` stages: a greedy list schedule with the paper's unit costs
+    (``F = B = W``): each stage runs, among what it can start earliest, an input-gradient
+    pass first, then a forward, then a deferred weight-gradient pass, with at most ``p - i``
+    micro-batches forwarded but not yet through their input-gradient pass on stage ``i``
+    (1F1B's activation memory). Weight gradients thus fill the time a stage would wait for
+    the next gradient, mostly in the cool-down."""
+    t = [0.0] * p
+    f_end = [[-1.0] * m for _ in range(p)]
+    b_end = [[-1.0] * m for _ in range(p)]
+    nf, nb = [0] * p, [0] * p
+    pend: list[list[int]] = [[] for _ in range(p)]
+    orders: list[list[Item]] = [[] for _ in range(p)]
+    for _ in range(3 * m * p):
+        best = None
+        for s in range(p):
+            cands = []
+            j = nb[s]
+            if j < nf[s]:
+                rdy = b_end[s + 1][j] if s < p - 1 else f_end[s][j]
+                if rdy >= 0:
+                    cands.append((max(t[s], rdy), 0))
+            if nf[s] < m and nf[s] - nb[s] < p - s:
+                rdy = f_end[s - 1][nf[s]] if s > 0 else 0.0
+                if rdy >= 0:
+                    cands.append((max(t[s], rdy), 1))
+            if pend[s]:
+                cands.append((t[s], 2))
+            if cands:
+                c = min(cands)
+                if best is None or (c[0], s) < (best[0][0], best[1]):
+                    best = (c, s)
+        (start, kind), s = best
+        if kind == 0:
+            j = nb[s]
+            nb[s] += 1
+            b_end[s][j] = start + 1
+            pend[s].append(j)
+            orders[s].append((BI, j, 0))
+        elif kind == 1:
+            i = nf[s]
+            nf[s] += 1
+            f_end[s][i] = start + 1
+            orders[s].append((F, i, 0))
+        else:
+            orders[s].append((W, pend[s].pop(0), 0))
+        t[s] = start + 1
+    return tuple(tuple(o) for o in orders)
 
 
 def _interleaved(p: int, m: int, v: int, stage: int) -> list[Item]:
@@ -207,7 +251,7 @@ def stage_order(schedule: str, p: int, m: int, v: int, stage: int) -> list[Item]
     if schedule == "1f1b":
         return _one_f_one_b(p, m, stage)
     if schedule == "zb-h1":
-        return _zb_h1(p, m, stage)
+        return list(_zb_h1_all(p, m)[stage])
     if schedule == "dualpipe":
         _check_dualpipe(p, m)
         return _dualpipe(p, m, stage)[0]
@@ -305,14 +349,14 @@ def bubble_time(schedule: str, p: int, m: int, v: int = 1, f: float = 1.0, b: fl
     ``f``, ``b``, ``w`` are one stage's forward, input-gradient and weight-gradient times per
     micro-batch (whole stage: ``v`` chunks together); for schedules that do not split the
     backward only ``b + w`` matters. DualPipe's is the report's formula with ``F&B = f+b+w``
-    (no communication to hide).
+    (no communication to hide), an upper bound of the order's idle time.
     """
     if schedule in ("gpipe", "1f1b"):
         return (p - 1) * (f + b + w)
     if schedule in ("interleaved", "bfs"):
         return (p - 1) * (f + b + w) / v
     if schedule == "zb-h1":
-        return (p - 1) * max(f, b)
+        return (p - 1) * (f + b - w)
     if schedule == "dualpipe":
         return (p / 2 - 1) * ((f + b + w) + (b + w) - 3 * w)
     raise ConfigError(f"unknown schedule {schedule!r}; use one of {', '.join(SCHEDULES)}")
