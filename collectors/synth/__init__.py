@@ -36,7 +36,7 @@ import numpy as np
 from ..errors import ConfigError
 from ..trace import MEMORY_SCHEMA, Trace, _frame
 from .builder import LANES, LayerTemplate, OpTemplate, StepTemplate, build_trace, stage_params
-from .costs import CommModel, gemm, streaming
+from .costs import CommModel, gemm, grouped_gemm, streaming
 from .expand import no_hugepages
 from .hardware import (
     HardwareConfig,
@@ -62,7 +62,7 @@ __all__ = [
     "synthesize", "check_config", "model_flops_per_step",
     "ModelConfig", "model_names", "load_model", "read_model_file",
     "HardwareConfig", "hardware_names", "load_hardware", "read_hardware_file",
-    "ParallelConfig", "CommModel", "gemm", "streaming",
+    "ParallelConfig", "CommModel", "gemm", "grouped_gemm", "streaming", "imbalance_scale",
     "OpTemplate", "LayerTemplate", "StepTemplate", "LANES", "build_trace", "model_template",
     "padded_vocab", "layer_activation_bytes", "korthikanti_layer_bytes", "memory_per_stage",
     "stage_order", "bubble_fraction", "bubble_time", "max_in_flight", "memory_timeline",
