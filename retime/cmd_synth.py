@@ -139,6 +139,9 @@ def synth(
     seq_imbalance: Annotated[float, typer.Option(
         "--seq-imbalance", min=1.0, help="Most loaded data-parallel rank's work over the mean "
         "(varying sequence lengths).")] = 1.0,
+    grad_overlap: Annotated[bool, typer.Option(
+        "--grad-overlap", help="Reduce gradient buckets during the last backward (DDP); "
+        "default: after it, as Megatron-LM does.")] = False,
     check_memory: Annotated[bool, typer.Option(
         "--check-memory", help="Fail (exit 2) when a rank's modeled memory exceeds the GPU's "
         "instead of reporting oom.")] = False,
@@ -168,7 +171,8 @@ def synth(
         micro_batch=micro_batch, recompute=recompute.value, dtype=dtype.value, ep=ep,
         moe_imbalance=moe_imbalance, capacity_factor=capacity_factor,
         stage_layers=parse_stage_layers(stage_layers), stage_slack=stage_slack,
-        p2p=p2p.value, odc=odc, seq_imbalance=seq_imbalance, check_memory=check_memory)
+        p2p=p2p.value, odc=odc, seq_imbalance=seq_imbalance, grad_overlap=grad_overlap,
+        check_memory=check_memory)
     trace.save(output)
     s = synth_summary(trace)
     s["output"] = str(output)

@@ -269,3 +269,26 @@ def test_odc_pays_under_balance_and_wins_under_imbalance(dp, mb):
     assert o2["step_time_ns"] < f2["step_time_ns"]
     assert f2["imbalance_scale"] == 1.6 and o2["imbalance_scale"] == pytest.approx(
         (8 + 0.6) / 8)
+
+
+def test_gradient_reduction_after_the_backward_by_default():
+    """Megatron-LM reduces data-parallel gradients after the last backward: the step is the
+    compute, then every bucket's all-reduce back to back, then the optimizer; overlapping
+    them with the backward (DDP) hides part of it."""
+    kw = dict(tp=1, pp=1, dp=16, global_batch=16, micro_batch=1, bucket_mb=40.0)
+    after = synthesize("gpt3-125m", "a100-80gb", **kw)
+    during = synthesize("gpt3-125m", "a100-80gb", grad_overlap=True, **kw)
+    assert during.meta["synth"]["step_time_ns"] < after.meta["synth"]["step_time_ns"]
+    o = after.ops
+    r0 = o[o["rank"] == 0]
+    names = after.names()[r0.index.to_numpy()]
+    end = (r0["start_ns"] + r0["dur_ns"]).to_numpy()
+    comp = (r0["lane"] % 7 == 0).to_numpy() & (r0["phase"] == 1).to_numpy()
+    ar = names == "dp.allreduce_grads"
+    starts = np.sort(r0["start_ns"].to_numpy()[ar])
+    ends = np.sort(end[ar])
+    # the first bucket starts when the backward ends; the buckets run back to back
+    assert starts[0] == end[comp].max()
+    assert (starts[1:] == ends[:-1]).all()
+    opt = (r0["phase"] == 2).to_numpy() & (r0["lane"] % 7 == 0).to_numpy()
+    assert r0["start_ns"].to_numpy()[opt].min() == ends[-1]

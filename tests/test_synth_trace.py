@@ -196,7 +196,8 @@ def test_llama_params():
      r"global_batch=6 is not divisible by micro_batch\*dp=2\*2=4"),
     (dict(tp=2, pp=2, dp=2, global_batch=8, micro_batch=1, world_size=16),
      r"dp\*tp\*pp\*cp = 2\*2\*2\*1 = 8 does not equal world_size=16"),
-    (dict(tp=1, pp=3, dp=1, global_batch=3, micro_batch=1), r"layers=8 .* pp\*chunks=3\*1=3"),
+    (dict(tp=1, pp=9, dp=1, global_batch=9, micro_batch=1),
+     r"layers=8 .* cannot fill pp\*chunks=9\*1=9"),
     (dict(tp=1, pp=1, dp=1, global_batch=1, micro_batch=1, dtype="fp8"), r"no fp8 peak"),
 ])
 def test_bad_configs(kw, match):

@@ -27,7 +27,7 @@ from ..errors import ConfigError
 from ..trace import StringTable, Trace
 from ._kernels import _list_schedule
 from .costs import CommModel, streaming
-from .expand import _EDP, _EMB, _LANE, LANES, expand_ranks, no_hugepages
+from .expand import _EDP, _EMB, _LANE, _MP, LANES, expand_ranks, no_hugepages
 from .hardware import HardwareConfig, resolve_hardware
 from .parallel import ParallelConfig, resolve_parallel
 from .blocks import Block, Pool, grad_buckets, make_block, merge_blocks
@@ -232,10 +232,11 @@ def build_trace(template: StepTemplate, parallel: ParallelConfig | dict,
         edst.append(np.asarray(d, np.int64))
         ekind.append(np.full(len(s), int(kind), np.int8))
 
-    def reduce_ops(grad_ops, base, stage):
+    def reduce_ops(grad_ops, base, stage, after=-1):
         """Bucketed gradient reductions of one virtual stage after its last backward:
         dense gradients over the data-parallel group, expert gradients over the
-        expert-data-parallel group."""
+        expert-data-parallel group. Each bucket waits for its gradients, and for ``after``
+        (the stage's last compute op) when the reduction is not overlapped."""
         ids = []
         op_kind = CommOp.ALL_REDUCE if zero == 0 else CommOp.REDUCE_SCATTER
         cname = "dp.allreduce_grads" if zero == 0 else "dp.reduce_scatter_grads"
@@ -255,10 +256,13 @@ def build_trace(template: StepTemplate, parallel: ParallelConfig | dict,
             first = pool.add_ops(ops, stage, gkind=gk)
             new = np.arange(first, first + len(ops))
             add_edges(deps, new)
+            if after >= 0:
+                add_edges([after] * len(new), new)
             ids.extend(new.tolist())
         return ids
 
     emb_ops: list[int] = []
+    mp_ops: list[int] = []
     for stage in range(p):
         order = stage_order(sched, p, m, v, stage)
         pairs = set(overlapped_pairs(sched, p, m, stage))
@@ -269,6 +273,7 @@ def build_trace(template: StepTemplate, parallel: ParallelConfig | dict,
             if blocks[(vs, ph)][0].grad_ops:
                 last_grad[vs] = k
         sync_ops: list[int] = []
+        deferred: list[tuple[list, int]] = []  # reductions waiting for the last backward
         last_compute = -1
         # per item: (recv, send, exit, first compute) op ids, -1 none
         item_ids: list[tuple[int, int, int, int]] = []
@@ -316,8 +321,13 @@ def build_trace(template: StepTemplate, parallel: ParallelConfig | dict,
                         continue
                     gops = [((int(mp[i]) if mp is not None else i), dn, ex)
                             for i, dn, ex in blk.grad_ops]
-                    sync_ops.extend(reduce_ops(gops, gbase, stage))
+                    if parallel.grad_overlap:
+                        sync_ops.extend(reduce_ops(gops, gbase, stage))
+                    else:
+                        deferred.append((gops, gbase))
             k = k_next
+        for gops, gbase in deferred:  # Megatron-LM: after the stage's last backward
+            sync_ops.extend(reduce_ops(gops, gbase, stage, after=last_compute))
         if sync_p2p:
             _sync_edges(order, item_ids, call_after(sched, order, p, m, v, stage), layout, sched, p, stage,
                         add_edges, recv_post)
@@ -334,6 +344,21 @@ def build_trace(template: StepTemplate, parallel: ParallelConfig | dict,
                       [emb] * (len(sync_ops) + (last_compute >= 0)))
             emb_ops.append(emb)
             sync_ops.append(emb)
+        if p > 1:
+            # Megatron's optimizer first all-reduces the squared gradient norm (and the
+            # fp16 inf check) over the replica's model-parallel ranks: every stage's step
+            # waits for the last backward of the whole pipeline
+            geo = comm.geometry_of_ranks([s_ * parallel.dp * parallel.cp * parallel.tp + t
+                                          for s_ in range(p) for t in range(parallel.tp)])
+            gn = pool.add_ops([(OpTemplate("optimizer.grad_norm_allreduce", "dp",
+                                           comm.collective_ns(CommOp.ALL_REDUCE, 8, geo),
+                                           kind=int(OpKind.COLLECTIVE), bytes=8,
+                                           comm_op=int(CommOp.ALL_REDUCE)), int(Phase.OPT))],
+                              stage, gkind=_MP)
+            add_edges(sync_ops + ([last_compute] if last_compute >= 0 else []),
+                      [gn] * (len(sync_ops) + (last_compute >= 0)))
+            mp_ops.append(gn)
+            sync_ops.append(gn)
         # optimizer step (sharded over data-parallel ranks with ZeRO >= 1; experts over the
         # expert-data-parallel ranks)
         dense, expert = stage_params(template, layout, stage)
@@ -392,7 +417,8 @@ def build_trace(template: StepTemplate, parallel: ParallelConfig | dict,
     nl = len(LANES)
     rep_lane = rep["stage"].astype(np.int32) * nl + rep["lane"]
     group = np.full(n, -1, np.int64)
-    group[emb_ops] = 0  # the one cross-stage collective among representatives
+    group[emb_ops] = 0  # the cross-stage collectives among representatives
+    group[mp_ops] = 1 if emb_ops else 0
     start, done = _list_schedule(np.ascontiguousarray(rep["dur_ns"]), rep_lane, p * nl,
                                  src, dst, lag, group)
     if done != n:

@@ -22,6 +22,9 @@ _LANE = {n: i for i, n in enumerate(LANES)}
 #: holding the same experts: expert gradients, expert ZeRO gathers)
 _EMB = 4
 _EDP = 6
+#: the model-parallel group of one replica (every stage and tensor rank): the optimizer's
+#: global gradient-norm all-reduce
+_MP = 7
 
 
 @contextmanager
@@ -51,7 +54,7 @@ _CLASS_OF_LANE = {0: "compute", 1: "tp_comm", 2: "cp_comm", 3: "dp_comm", 4: "pp
                   5: "pp_recv", 6: "ep_comm"}
 
 
-def group_table(parallel: ParallelConfig, embedding: bool = False
+def group_table(parallel: ParallelConfig, embedding: bool = False, model_parallel: bool = False
                 ) -> tuple[list[dict], dict[str, int]]:
     """Process groups of the layout and the group-id offset of each kind."""
     P = parallel
@@ -70,6 +73,8 @@ def group_table(parallel: ParallelConfig, embedding: bool = False
     if embedding and P.pp > 1:  # first and last stage of each replica
         pp_mat = ranks.transpose(1, 2, 3, 0).reshape(-1, P.pp)
         kinds += (("emb", pp_mat[:, [0, P.pp - 1]]),)
+    if model_parallel:  # every stage and tensor rank of each replica
+        kinds += (("mp", ranks.transpose(1, 2, 0, 3).reshape(-1, P.pp * P.tp)),)
     for kind, mat in kinds:
         offsets[kind] = len(rows)
         if mat.shape[1] <= 1:
@@ -106,7 +111,8 @@ def expand_ranks(rep: dict[str, np.ndarray], src: np.ndarray, dst: np.ndarray,
     stage = rep["stage"].astype(np.int64)
     lane_local = rep["lane"].astype(np.int64)
     emb = rep["gkind"] == _EMB
-    groups, goff = group_table(P, embedding=bool(emb.any()))
+    mp = rep["gkind"] == _MP
+    groups, goff = group_table(P, embedding=bool(emb.any()), model_parallel=bool(mp.any()))
     # replica index k = (d * cp + c) * tp + t; rank = stage * R + k
     t_k = ks % P.tp
     c_k = (ks // P.tp) % P.cp
@@ -121,27 +127,31 @@ def expand_ranks(rep: dict[str, np.ndarray], src: np.ndarray, dst: np.ndarray,
     cls[lane_local == _LANE["ep"]] = 5
     cls[emb] = _EMB
     cls[rep["gkind"] == _EDP] = _EDP
+    cls[mp] = _MP
     G = P.dp // P.ep
     e_k = d_k % P.ep
     g_k = d_k // P.ep
     zero_k = np.zeros(K, np.int64)
     key_k = np.stack([zero_k, ks - t_k, ks - c_k * P.tp, t_k, ks,
-                      ks - e_k * P.cp * P.tp, e_k * P.tp + t_k], axis=1)  # [K, 7]
+                      ks - e_k * P.cp * P.tp, e_k * P.tp + t_k, ks - t_k], axis=1)  # [K, 8]
     gid_k = np.stack([zero_k, ks // P.tp, d_k * P.tp + t_k, t_k, ks,
-                      (g_k * P.cp + c_k) * P.tp + t_k, e_k * P.tp + t_k], axis=1)
-    gid_base = np.select([cls == 1, cls == 2, cls == 3, cls == _EMB, cls == 5, cls == _EDP],
+                      (g_k * P.cp + c_k) * P.tp + t_k, e_k * P.tp + t_k, ks // P.tp], axis=1)
+    gid_base = np.select([cls == 1, cls == 2, cls == 3, cls == _EMB, cls == 5, cls == _EDP,
+                          cls == _MP],
                          [goff["tp"] + stage * (R // P.tp),
                           goff["cp"] + stage * (P.dp * P.tp),
                           goff["dp"] + stage * P.tp,
                           np.full(N, goff.get("emb", 0)),
                           goff["ep"] + stage * (G * P.cp * P.tp),
-                          goff["edp"] + stage * (P.ep * P.tp)], -1)
+                          goff["edp"] + stage * (P.ep * P.tp),
+                          np.full(N, goff.get("mp", 0))], -1)
     is_coll = rep["kind"] == int(OpKind.COLLECTIVE)
     j = np.cumsum(is_coll) - 1
     coll_base = np.where(is_coll & (cls > 0), j * W + stage * R, -1)
-    if emb.any():  # both stages' members share the first stage's instance number
-        ei = np.flatnonzero(emb)
-        coll_base[ei] = j[ei[0]] * W
+    for cross in (emb, mp):  # members on several stages share the first one's instance
+        if cross.any():
+            ei = np.flatnonzero(cross)
+            coll_base[ei] = j[ei[0]] * W
     # only communication ops carry coll_id / group_id / peer: fill those columns sparsely
     coll_id = np.full((K, N), -1, np.int64)
     ci = np.flatnonzero(coll_base >= 0)
@@ -200,7 +210,16 @@ def expand_ranks(rep: dict[str, np.ndarray], src: np.ndarray, dst: np.ndarray,
     ranks_emitted = lane_rank.reshape(-1)
     # per-class busy time of each stage's representative rank
     end = rep["start_ns"] + rep["dur_ns"]
-    step_ns = int(end.max() - rep["start_ns"].min()) if N else 0
+    # the step: the longest rank's span (first start to last end), as the replay engine
+    # counts it: in steady state each rank starts its next step when it ends this one
+    step_ns = 0
+    if N:
+        lo = np.full(P.pp, np.iinfo(np.int64).max, np.int64)
+        hi = np.full(P.pp, np.iinfo(np.int64).min, np.int64)
+        np.minimum.at(lo, stage, rep["start_ns"])
+        np.maximum.at(hi, stage, end)
+        used = hi >= lo
+        step_ns = int((hi[used] - lo[used]).max())
     classes: dict[str, list[int]] = {}
     for li, cname in _CLASS_OF_LANE.items():
         sel = rep["lane"] == li
@@ -231,7 +250,7 @@ def expand_ranks(rep: dict[str, np.ndarray], src: np.ndarray, dst: np.ndarray,
         "flops_per_step": float(np.nansum(rep["flops"][lane_local == _LANE["compute"]]) * R),
     }
     synth.update(meta or {})
-    size_of_cls = np.array([1, P.tp, P.cp, P.dp * P.cp, 2, P.ep, G * P.cp])
+    size_of_cls = np.array([1, P.tp, P.cp, P.dp * P.cp, 2, P.ep, G * P.cp, P.pp * P.tp])
     inst = (K // size_of_cls[cls[coll_base >= 0]]) if expand == "all" else np.ones(1)
     n_coll = int(inst.sum()) if expand == "all" else int(np.count_nonzero(coll_base >= 0))
     m = {"source_format": "synth", "world_size": W, "synth": synth,

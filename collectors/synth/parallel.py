@@ -56,6 +56,13 @@ class ParallelConfig:
     (balanced time; smallest largest-stage memory within ``stage_slack`` of the fastest
     split's step time).
 
+    ``grad_overlap``: ``False`` is Megatron-LM's default (``overlap_grad_reduce`` off): the
+    data-parallel gradient reduction (ZeRO-0/1/2) starts after the stage's last backward,
+    bucket after bucket. ``True`` reduces each bucket as soon as its gradients are complete
+    in the last micro-batch's backward (PyTorch DDP, Megatron-Core's overlapped reduction;
+    what ``overlap.bucket_mb`` / ``overlap.merge`` tune). ZeRO-3 / FSDP reduce-scatters
+    always follow each layer's backward.
+
     ``odc``: on ZeRO-3 / FSDP runs, parameter gathers and gradient reductions are on-demand
     point-to-point transfers (Wan et al. 2026) with one synchronization per step instead of
     one per layer. ``seq_imbalance`` is the most loaded data-parallel rank's work over the
@@ -86,6 +93,7 @@ class ParallelConfig:
     stage_slack: float = 0.05
     odc: bool = False
     seq_imbalance: float = 1.0
+    grad_overlap: bool = False
 
     def __post_init__(self) -> None:
         for f in ("tp", "pp", "dp", "cp", "chunks", "global_batch", "micro_batch", "ep"):
@@ -140,6 +148,10 @@ class ParallelConfig:
                 isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in sl):
             raise ConfigError(f"parallel config: stage_layers={sl!r} must be a list of layer "
                               "counts >= 0, one per pipeline stage (or per model chunk)")
+        for f in ("odc", "grad_overlap", "sequence_parallel", "fsdp"):
+            if not isinstance(getattr(self, f), bool):
+                raise ConfigError(f"parallel config: {f}={getattr(self, f)!r} must be true or "
+                                  "false")
         if self.odc and self.zero_stage != 3:
             raise ConfigError("parallel config: odc (on-demand point-to-point parameter and "
                               f"gradient transfers) needs ZeRO-3 / FSDP (got zero={self.zero}); "

@@ -27,8 +27,10 @@ Other traces raise PolicyError naming what is missing.
 Synthesized runs also take the synthesizer's newer layout keys: ``ep`` (expert parallelism),
 ``moe_imbalance``, ``capacity_factor``, ``p2p`` (``sync`` / ``async`` pipeline transfers),
 ``stage_layers`` (a list of layers per stage, ``"even"``, ``"time"`` or ``"memory"``),
-``stage_slack``, ``odc`` (on-demand ZeRO-3 transfers), ``seq_imbalance`` and ``dtype``
-(``bf16`` / ``fp16`` / ``fp8``); schedules ``zb-h1`` and ``dualpipe`` too. Measured traces
+``stage_slack``, ``odc`` (on-demand ZeRO-3 transfers), ``seq_imbalance``, ``dtype``
+(``bf16`` / ``fp16`` / ``fp8``) and ``grad_overlap`` (data-parallel gradient reduction
+overlapped with the last backward, or after it as Megatron-LM does by default); schedules
+``zb-h1`` and ``dualpipe`` too. Measured traces
 refuse them (their per-layer templates carry no expert, split-backward or FP8 costs).
 
 The global batch is kept unless ``global_batch`` is given: changing ``dp`` changes the number
@@ -54,7 +56,7 @@ _ALIASES = {"breadth-first": "bfs", "breadth_first": "bfs", "looped": "bfs",
             "zb1p": "zb-h1", "zero-bubble": "zb-h1"}
 #: keys only a synthesized run can re-lay out (the synthesizer models their costs)
 _SYNTH_ONLY = ("ep", "moe_imbalance", "capacity_factor", "p2p", "stage_layers",
-               "stage_slack", "odc", "seq_imbalance", "dtype")
+               "stage_slack", "odc", "seq_imbalance", "dtype", "grad_overlap")
 
 
 @dataclass(frozen=True)
@@ -89,6 +91,7 @@ class Parallel(Policy):
     odc: bool | None = None
     seq_imbalance: float | None = None
     dtype: str | None = None
+    grad_overlap: bool | None = None
     table: ClassVar[str] = "parallel"
 
     def __post_init__(self) -> None:
@@ -120,7 +123,7 @@ class Parallel(Policy):
         check_choice("parallel", "schedule", self.schedule, SCHEDULES)
         check_choice("parallel", "zero", self.zero, (0, 1, 2, 3))
         check_choice("parallel", "durations", self.durations, ("stage", "ideal"))
-        for f in ("fsdp", "sequence_parallel", "odc"):
+        for f in ("fsdp", "sequence_parallel", "odc", "grad_overlap"):
             v = getattr(self, f)
             if v is not None and not isinstance(v, bool):
                 raise PolicyError(f"parallel.{f}={v!r} must be true or false")
