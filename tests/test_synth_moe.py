@@ -137,7 +137,7 @@ def test_all_to_alls_per_layer_and_groups(moe_run):
     groups = {int(g): set(r) for g, r in zip(t.groups["group_id"], t.groups["ranks"],
                                              strict=True)}
     par = ParallelConfig(tp=2, pp=2, dp=4, ep=2, global_batch=16)
-    for cid, g in o[a2a].groupby("coll_id"):
+    for _cid, g in o[a2a].groupby("coll_id"):
         ranks = sorted(g["rank"].tolist())
         assert len(ranks) == 2 and set(ranks) == groups[int(g["group_id"].iloc[0])]
         # members differ in the data index only, by one (consecutive d of the same block)

@@ -69,9 +69,17 @@ def test_collectives_share_coll_id_across_group(tr3d):
         assert g["comm_op"].nunique() == 1 and g["start_ns"].nunique() == 1
     tp = c[c["lane"] % len(LANES) == 1]
     assert (tp.groupby("coll_id").size() == 2).all()
-    dp = c[c["lane"] % len(LANES) == 3]
+    norm = tr3d.names()[c.index] == "optimizer.grad_norm_allreduce"
+    dp = c[(c["lane"] % len(LANES) == 3).to_numpy() & ~norm]
     assert len(dp) and (dp.groupby("coll_id").size() == 2).all()
     assert set(dp["comm_op"]) == {int(CommOp.ALL_REDUCE)}
+    # the optimizer's gradient-norm all-reduce: one per replica, over its 2 stages x 2
+    # tensor ranks (rank = (stage * dp + d) * tp + t)
+    gn = c[norm]
+    assert len(gn) == 8 and gn["coll_id"].nunique() == 2
+    for _, g in gn.groupby("coll_id"):
+        d = {(r // 2) % 2 for r in g["rank"]}
+        assert len(g) == 4 and len(d) == 1
 
 
 def test_p2p_pairs_and_edges(tr3d):
@@ -110,7 +118,10 @@ def test_tags_counts_and_flops(tr3d):
     assert (qkv["phase"] == int(Phase.FWD)).all()
     # QKV flops on one TP rank: 2 * tokens * h * 3h / tp
     assert qkv["flops"].iloc[0] == pytest.approx(2 * 1024 * 1024 * 3 * 1024 / 2)
-    assert (r0[r0["phase"] == int(Phase.OPT)]["lane"] % len(LANES) == 0).all()
+    opt = r0[r0["phase"] == int(Phase.OPT)]
+    on_compute = (opt["lane"] % len(LANES) == 0).to_numpy()
+    # optimizer kernels on the compute stream, after one gradient-norm all-reduce
+    assert list(tr3d.names()[opt.index[~on_compute]]) == ["optimizer.grad_norm_allreduce"]
     # selective recompute re-runs the attention scores once per layer and micro-batch
     rec = r0[tr3d.names()[r0.index] == "recompute.attn.scores.fwd"]
     assert len(rec) == 16 and (rec["phase"] == int(Phase.BWD)).all()

@@ -344,7 +344,7 @@ def build_trace(template: StepTemplate, parallel: ParallelConfig | dict,
                       [emb] * (len(sync_ops) + (last_compute >= 0)))
             emb_ops.append(emb)
             sync_ops.append(emb)
-        if p > 1:
+        if p > 1 and template.optimizer_kernels:
             # Megatron's optimizer first all-reduces the squared gradient norm (and the
             # fp16 inf check) over the replica's model-parallel ranks: every stage's step
             # waits for the last backward of the whole pipeline
