@@ -6,13 +6,13 @@ from __future__ import annotations
 import json
 
 import pytest
-
-from retime.cli import run
 from retime.collectors.errors import PolicyError
 from retime.collectors.synth import synthesize
 from retime.replay import whatif
 from retime.replay.policies import vocabulary
 from retime.replay.sweep import read_grid, sweep
+
+from retime.cli import run
 
 MOE = dict(name="tiny-moe", hidden=1024, ffn=4096, heads=16, layers=8, seq=1024, vocab=32000,
            experts=8, top_k=2, expert_ffn=1024, gated_mlp=True, norm="rmsnorm",
@@ -100,3 +100,33 @@ def test_done_when_command_deepseek_v3(tmp_path, capsys):
     assert obj["moe"]["ep_nodes"] == 8 and obj["moe"]["local_experts"] == 4
     # without recompute and ZeRO this layout needs more than 80 GB: reported, not fatal
     assert obj["oom"] is True and "warning: modeled memory exceeds" in cap.err
+
+
+def test_ranking_bench_spearman_and_regret(tmp_path):
+    """bench/synth_ranking.py on a 3-run cluster whose measured order is the reverse of the
+    model's (the model ranks the 22B layer with the least recompute fastest): Spearman -1,
+    and picking the predicted best costs measured(best predicted) / min(measured) - 1."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    head = ("cluster,source,model,hidden,heads,layers,hardware,tp,pp,dp,micro_batch,"
+            "global_batch,schedule,chunks,recompute,sequence_parallel,measured_s\n")
+    rows = [("none", "true", 3.0), ("selective", "true", 2.0), ("full", "false", 1.0)]
+    csv = tmp_path / "runs.csv"
+    csv.write_text("# a test cluster\n" + head + "".join(
+        f"c,test,megatron-22b,,,,a100-80gb,8,1,1,4,4,1f1b,1,{rc},{sp},{t}\n"
+        for rc, sp, t in rows))
+    p = subprocess.run([sys.executable, str(root / "bench" / "synth_ranking.py"), str(csv),
+                        "--json"], capture_output=True, text=True, timeout=600,
+                       env={**__import__("os").environ, "PYTHONPATH": str(root)})
+    assert p.returncode == 0, p.stderr
+    res = json.loads(p.stdout)
+    pred = [r["predicted_s"] for r in res["rows"]]
+    assert pred[0] < pred[1] < pred[2]  # less recompute is faster in the model
+    c = res["clusters"]["c"]
+    assert c["spearman"] == pytest.approx(-1.0)
+    assert c["regret"] == pytest.approx(3.0 / 1.0 - 1)
+    errs = [abs(r["predicted_s"] / t - 1) for r, (_, _, t) in zip(res["rows"], rows,
+                                                                    strict=True)]
+    assert res["summary"]["mean_abs_error"] == pytest.approx(sum(errs) / 3)

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from retime.analysis.breakdown import breakdown
 from retime.collectors.enums import CommOp, LaneKind, OpKind
 from retime.collectors.errors import PolicyError

@@ -53,8 +53,8 @@ from .memory import (
     memory_timeline,
 )
 from .models import ModelConfig, load_model, model_names, read_model_file, resolve_model
-from .parallel import ParallelConfig, resolve_parallel
 from .moe import moe_load
+from .parallel import ParallelConfig, resolve_parallel
 from .schedule import SCHEDULES, bubble_fraction, bubble_time, max_in_flight, stage_order
 from .stages import balanced_splits, pipeline_layout
 

@@ -26,17 +26,17 @@ from ..enums import CommOp, EdgeKind, OpKind, Phase
 from ..errors import ConfigError
 from ..trace import StringTable, Trace
 from ._kernels import _list_schedule
+from .blocks import Block, Pool, grad_buckets, make_block, merge_blocks
 from .costs import CommModel, streaming
 from .expand import _EDP, _EMB, _LANE, _MP, LANES, expand_ranks, no_hugepages
 from .hardware import HardwareConfig, resolve_hardware
 from .parallel import ParallelConfig, resolve_parallel
-from .blocks import Block, Pool, grad_buckets, make_block, merge_blocks
 from .schedule import (
-    B,
     BI,
-    F,
     SPLIT_BACKWARD,
     SYNC_SCHEDULES,
+    B,
+    F,
     W,
     call_after,
     overlapped_pairs,

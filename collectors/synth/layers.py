@@ -31,10 +31,10 @@ import math
 from ..enums import CommOp, OpKind
 from .builder import LayerTemplate, OpTemplate, StepTemplate
 from .costs import CommModel, KernelCost, gemm, streaming
-from .schedule import SPLIT_BACKWARD
 from .hardware import HardwareConfig
 from .models import ModelConfig
 from .parallel import ParallelConfig
+from .schedule import SPLIT_BACKWARD
 
 __all__ = ["padded_vocab", "model_template"]
 

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from .models import ModelConfig
 from .parallel import ParallelConfig
-from .schedule import B, BI, F, stage_order
+from .schedule import BI, B, F, stage_order
 
 __all__ = ["layer_activation_bytes", "korthikanti_layer_bytes", "memory_per_stage",
            "memory_timeline"]

@@ -42,7 +42,6 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
-
 from retime.collectors.enums import OpKind
 from retime.collectors.errors import PolicyError
 
@@ -295,7 +294,6 @@ def _slice_tp(state: WhatIfState, k: int) -> int:
 def _rewire_prefetch(trace, depth: int):
     """Re-wire forward ZeRO-3 gathers to prefetch ``depth`` layers ahead."""
     import pandas as pd
-
     from retime.collectors.trace import Trace
     o = trace.ops
     names = trace.names()
