@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 from numba import njit
+from retime.collectors.progress import watch_compiles
 
 __all__: list[str] = []
 
@@ -103,3 +104,5 @@ def _backtrack(pred, last):  # pragma: no cover - compiled
     for i in range(k):
         out[i] = buf[k - 1 - i]
     return out
+
+watch_compiles()  # say so on stderr when these kernels compile on first use

@@ -6,7 +6,6 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-
 from retime.collectors.enums import LaneKind, OpKind
 from retime.collectors.errors import RetimeError
 from retime.collectors.trace import Trace

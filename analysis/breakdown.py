@@ -30,7 +30,6 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-
 from retime.collectors.enums import LaneKind
 
 from ._kernels import _union_len_grouped

@@ -24,7 +24,6 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-
 from retime.collectors.enums import EdgeKind, OpKind
 from retime.collectors.errors import RetimeError
 

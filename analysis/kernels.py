@@ -14,7 +14,6 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-
 from retime.collectors.enums import OpKind
 
 from ._util import COMM_KINDS, COMPUTE_KINDS, MEM_KINDS, as_trace, device_mask

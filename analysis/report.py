@@ -23,7 +23,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
-
 from retime.collectors.errors import RetimeError
 
 from . import plots
@@ -370,9 +369,12 @@ def render_html(report: Report) -> str:
 
 
 def write_html(report: Report, path: str | os.PathLike[str]) -> Path:
+    from retime.collectors.fsutil import atomic_output
+
     p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(render_html(report), encoding="utf-8")
+    html = render_html(report)
+    with atomic_output(p) as tmp:
+        tmp.write_text(html, encoding="utf-8")
     return p
 
 
@@ -415,13 +417,13 @@ def _table_page(section: str, caption: str, header: list[str], rows: list[list[s
 def write_pdf(report: Report, path: str | os.PathLike[str]) -> Path:
     """The report as a PDF: summary + findings page, then each section's tables and figures."""
     from matplotlib.backends.backend_pdf import PdfPages
+    from retime.collectors.fsutil import atomic_output
 
     p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
     lines = [f"{k}: {v}" for k, v in report.summary] + ["", "Top findings:"]
     lines += [f"{i + 1}. {f}" for i, f in enumerate(report.findings)]
     lines += ["", f"Generated {report.generated} by retime."]
-    with PdfPages(p) as pdf:
+    with atomic_output(p) as tmp, PdfPages(tmp) as pdf:
         pdf.savefig(_text_page(report.title, lines))
         for s in report.sections:
             for cap, h, r in s.tables:

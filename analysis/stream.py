@@ -30,7 +30,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
-
 from retime.collectors.enums import OpKind
 from retime.collectors.errors import RetimeError
 from retime.collectors.store import rank_rows, read_small_tables, scan_table, store_layout

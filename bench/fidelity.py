@@ -28,6 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 from retime.collectors.ingest import read  # noqa: E402
 from retime.replay import ContentionModel, build_graph, simulate  # noqa: E402
+from retime.replay.gaps import gap_shares  # noqa: E402
 
 TRACES = ROOT.parent / "shared" / "traces"
 
@@ -80,6 +81,10 @@ def measure(name: str, paths: list[Path]) -> dict:
         "delays": g.stats["unexplained_delay_count"],
         "delay_ms": g.stats["unexplained_delay_ns"] / 1e6,
         "delay_share_pct": 100 * g.stats["unexplained_delay_ns"] / spans if spans else 0.0,
+        "unexplained_max_rank_pct": 100 * max(
+            r["unexplained_share"] for r in gap_shares(g)["per_rank"]),
+        "wait_gap_ms": g.stats.get("wait_gap_ns", 0) / 1e6,
+        "handoffs": g.stats.get("handoff_edges", 0),
         "clamped": g.stats["edges_clamped"], "waits": g.stats["wait_edges"],
         "ingest_s": t1 - t0, "replay_s": t2 - t1,
     }
@@ -90,7 +95,10 @@ COLUMNS = [("trace", "trace", "{}"), ("ranks", "ranks", "{}"), ("ops", "ops", "{
            ("id_max_pct", "id max %", "{:.4f}"), ("exact", "exact", "{}"),
            ("cont_max_pct", "cont max %", "{:.4f}"), ("ideal_median_pct", "ideal med %", "{:+.2f}"),
            ("ideal_min_pct", "ideal min %", "{:+.2f}"), ("delays", "delays", "{:,}"),
-           ("delay_share_pct", "delay/span %", "{:.1f}"), ("clamped", "clamped", "{}"),
+           ("delay_share_pct", "unexpl. %", "{:.1f}"),
+           ("unexplained_max_rank_pct", "unexpl. max rank %", "{:.1f}"),
+           ("wait_gap_ms", "wait gaps ms", "{:.1f}"), ("handoffs", "handoffs", "{}"),
+           ("clamped", "clamped", "{}"),
            ("waits", "waits", "{}"), ("replay_s", "build+replay s", "{:.2f}")]
 
 
@@ -121,8 +129,10 @@ def main() -> None:
     print(f"identity target (median < 1%, every rank < 3%): "
           f"{'met on all ' + str(len(rows)) + ' traces' if ok else 'NOT met'}")
     print("id = default replay (unexplained delays kept); cont = contention path, sharing off; "
-          "ideal = delays dropped (negative: faster than measured); delay/span = total "
-          "unexplained delay over the summed rank spans; clamped = edges the measurement "
+          "ideal = delays dropped (negative: faster than measured); unexpl. = total "
+          "unexplained delay over the summed rank spans (max rank: the worst rank's share); "
+          "wait gaps = host gaps classified as waiting on a dependency (replay/gaps.py); "
+          "handoffs = inferred thread hand-offs; clamped = edges the measurement "
           "contradicts (lag clamped to the measured slack)")
 
 

@@ -186,7 +186,7 @@ def _peak_per_op(size: int) -> tuple[float, float, float]:
     return tuple(float("nan") if v is None else v for v in vals)
 
 
-CM = ContentionModel(interference=0.2, share_compute=False, share_links=True)
+CM = ContentionModel(slowdown=0.2, share_compute=False, share_links=True)
 
 
 def main() -> None:
@@ -250,7 +250,7 @@ def main() -> None:
             nf_s = time.process_time() - c0
             assert np.array_equal(s, rf_keep.start_ns) and np.array_equal(e, rf_keep.end_ns)
             c0 = time.process_time()
-            s2, e2, _, _ = naive_fluid(g, None, cm.interference, cm.share_compute,
+            s2, e2, _, _ = naive_fluid(g, None, cm.slowdown, cm.share_compute,
                                        cm.share_links)
             nc_s = time.process_time() - c0
             assert np.array_equal(s2, rc.start_ns) and np.array_equal(e2, rc.end_ns)

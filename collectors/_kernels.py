@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from .progress import watch_compiles
+
 __all__ = ["latest_done", "nest_intervals", "scan_json_array"]
 
 
@@ -187,3 +189,5 @@ def latest_done(op_corr: np.ndarray, op_end: np.ndarray, q_corr: np.ndarray,
     out = np.full(len(pos), -1, np.int64)
     out[pos >= 0] = ok[pos[pos >= 0]]
     return out
+
+watch_compiles()  # say so on stderr when these kernels compile on first use

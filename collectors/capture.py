@@ -53,7 +53,7 @@ import orjson
 
 from .errors import ConfigError, RetimeError
 
-__all__ = ["CaptureConfig", "Capture", "capture", "trace_path", "ENV_PREFIX"]
+__all__ = ["CaptureConfig", "Capture", "capture", "trace_path", "end_process", "ENV_PREFIX"]
 
 #: prefix of the environment variables that ``retime capture`` sets for the child processes
 ENV_PREFIX = "RETIME_CAPTURE_"
@@ -416,6 +416,31 @@ def _finish_auto(warn: bool = True) -> None:
         cap._stop(warn=warn)
 
 
+def end_process(code: int = 0) -> None:
+    """End a training process cleanly once its traces are written: destroy the process
+    group, flush output, and leave without running C++ static destructors.
+
+    gloo workers on torch 2.x sometimes abort at interpreter exit after a complete run
+    ("terminate called without an active exception", SIGABRT) while torch's globals are torn
+    down; leaving through ``os._exit`` after an orderly shutdown avoids it. Call it last in
+    a rank's process (the traces are already on disk: :class:`Capture` writes them when its
+    profiling cycle ends or its ``with`` block closes).
+    """
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+    except Exception:  # noqa: BLE001 - leaving anyway; nothing to clean up beyond this
+        pass
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
+
+
 def _main(argv: list[str] | None = None) -> int:
     """``python -m retime.collectors.capture [-m MODULE | SCRIPT] ARGS``: run a script with capture.
 
@@ -463,10 +488,14 @@ if __name__ == "__main__":
     # Run through the imported module so that state is shared with `import retime.collectors.capture`
     # inside the user's script (runpy would otherwise make a second copy of this module).
     from retime.collectors.capture import _main as _real_main
+    from retime.collectors.capture import end_process as _end
 
     try:
-        sys.exit(_real_main())
+        _code = _real_main()
     except RetimeError as _exc:
         print(f"retime capture: error: {_exc}", file=sys.stderr)
-        sys.exit(2)
+        _code = 2
+    except SystemExit as _exc:  # the script's own sys.exit(): keep its code
+        _code = _exc.code if isinstance(_exc.code, int) else (0 if _exc.code is None else 1)
+    _end(_code)
 

@@ -32,10 +32,10 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 try:
-    from retime.collectors.capture import Capture
+    from retime.collectors.capture import Capture, end_process
 except ImportError:  # run from a checkout without retime installed: use the checkout
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from retime.collectors.capture import Capture
+    from retime.collectors.capture import Capture, end_process
 
 
 def build_model(hidden: int, layers: int) -> nn.Module:
@@ -83,6 +83,7 @@ def _spawned(local_rank: int, world_size: int, port: int, args: argparse.Namespa
     os.environ.update(RANK=str(local_rank), LOCAL_RANK=str(local_rank),
                       WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     train(args)
+    end_process(0)  # traces are written; leave without torch's static destructors
 
 
 def _free_port() -> int:
@@ -114,6 +115,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if "RANK" in os.environ:  # launched by torchrun / retime capture
         train(args)
+        end_process(0)  # traces are written; leave without torch's static destructors
     else:
         mp.spawn(_spawned, args=(args.nprocs, _free_port(), args), nprocs=args.nprocs)
 

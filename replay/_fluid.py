@@ -1,7 +1,7 @@
 """numba kernels of the contention path: an event-driven fluid simulation.
 
 Split from :mod:`replay._kernels` (the fast path and the topological sort); the job slots
-and sharing helpers are in :mod:`replay._links`, the event queues in :mod:`replay._queues`.
+and sharing helpers are in :mod:`replay._fluid_jobs`, the event queues in :mod:`replay._fluid_queues`.
 Same conventions: arrays in, arrays out, times in ns, ``-1`` for "none".
 
 Memory: per op the simulation keeps only its start and end (float64, converted to the
@@ -18,15 +18,15 @@ negative-index wrap-around code), and the starts due at the current time (nearly
 the start heap. The running jobs are a list sorted by event time, the next last, while
 few run and rates are not shared (on the benchmark trace ~20, at most 35: a new job's end
 lands behind ~10 of them, and a scan of those beat a binary heap's sifts by ~1/6 of the
-run time), else a binary heap (replay._queues).
+run time), else a binary heap (replay._fluid_queues).
 
 Memory traffic: the replayed order follows the layout only roughly (with interference it
 drifts by up to ~450 positions on the benchmark trace; without, not at all), which
 defeats the hardware prefetcher: every first touch of a line of a per-op array missed,
 ~1/3 of the run time at 10^6 ops. The release loop prefetches the per-op arrays ``_PF``
-positions ahead of the ops it releases (:func:`replay._links._prefetch`, one line per
+positions ahead of the ops it releases (:func:`replay._fluid_jobs._prefetch`, one line per
 array every 64 bytes). On the 10^6-op benchmark trace (bench/sweep.py, grid scenarios with
-interference) the kernel takes ~70-95 ns per op, the spread run to run on a shared host
+slowdown) the kernel takes ~70-95 ns per op, the spread run to run on a shared host
 (binary heap: ~105-110; before prefetching ~150); by perf samples placing new jobs in the
 list is ~1/10 of it, releasing ops (their ready times) ~1/5, the rate changes (a flow's
 start or end, compute switching on or off next to flows) ~1/9.
@@ -41,8 +41,9 @@ from __future__ import annotations
 
 import numpy as np
 from numba import njit
+from retime.collectors.progress import watch_compiles
 
-from ._links import (
+from ._fluid_jobs import (
     _F_DONE,
     _F_LAST,
     _F_RATE,
@@ -67,7 +68,7 @@ from ._links import (
     _rerate_cands,
     _toggle_flows,
 )
-from ._queues import _LMAX, _jto_heap, _spush
+from ._fluid_queues import _LMAX, _jto_heap, _spush
 from ._succ import _COLL, _HASW, _S2S, _WAITS
 
 __all__: list[str] = []
@@ -82,7 +83,7 @@ _PF = np.uint64(1024)
 @njit(cache=True, nogil=True)
 def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev, lane_lag,
                   lane_s2s, pred_ptr, pred_src, pred_lag, pred_s2s, wait_ptr, wait_src,
-                  wait_lag, device, resource, link, interference, share_compute, share_links,
+                  wait_lag, device, resource, link, slowdown, share_compute, share_links,
                   sptr, succ, cnt0, smid, pptr, pent, state0, roots, wkey, dims, start, end,
                   crit):
     """Event-driven fluid replay with resource sharing (the contention path).
@@ -93,7 +94,7 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
     device equally when ``share_compute``; communication jobs (a whole collective is one job
     over the links of its members) get max-min fair shares of unit-capacity links when
     ``share_links``; while a device runs both compute and communication, both progress at
-    ``1 / (1 + interference)``. A collective's job starts when its last member has started
+    ``1 / (1 + slowdown)``. A collective's job starts when its last member has started
     and member ``m`` completes once the job's progress reaches ``dur[m]``. Ops without a
     resource take exactly ``dur`` (their end is known when they start), and start-to-start
     links (``*_s2s``: launch edges, measured lane overlaps) resolve when their source starts,
@@ -103,7 +104,7 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
     Events are ordered by (time, job events before starts, sequence number). A change only
     re-evaluates the rates it can affect: the jobs of a device whose compute/communication
     count changed, and the flows when a flow starts or ends (max-min shares) or when the
-    compute on one of their devices switches on or off (interference).
+    compute on one of their devices switches on or off (slowdown).
 
     Times are float64 internally relative to ``base = origin.min()``. Arrays: layout
     positions, indices ``int32`` (``n + edges < 2**30``), times ``int64`` ns.
@@ -164,10 +165,10 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
     dev_flag = np.zeros(ndev, np.uint8)
     link_cap = np.zeros(nlink, np.float64)
     link_cnt = np.zeros(nlink, np.int64)
-    sharing = share_compute or share_links or interference > 0.0
+    sharing = share_compute or share_links or slowdown > 0.0
     # devices computing (bit d, d < 64; kept without compute sharing), for the toggle test
     cmask = np.int64(0)
-    inv = 1.0 / (1.0 + interference)
+    inv = 1.0 / (1.0 + slowdown)
     # ---- job slots and event lists. Their capacity is the worst case (every job running,
     # every op released at once), but np.empty only reserves address space: pages are
     # committed when first touched, and slots are reused LIFO, so the resident part is the
@@ -175,7 +176,7 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
     # the event loop, and numba then refcounts them at every iteration: ~40% slower.)
     sf = np.empty((n_jobs + 1, _NF), np.float64)
     si = np.empty((n_jobs + 1, _NI), np.int64)
-    # the running jobs by event key (time, sequence) (replay._queues): a list in
+    # the running jobs by event key (time, sequence) (replay._fluid_queues): a list in
     # decreasing order, the next event last (times `jt`, slots `js`), or, when rates are
     # shared or more than _LMAX jobs run, a heap (`jq`: sequence numbers; si[slot, _I_POS]
     # a slot's position). si[slot, _I_POS] >= 0 while the slot runs a job. One spare entry
@@ -415,7 +416,7 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
                 d = np.uint64(dv)
                 sl = entered
                 if n_compute[d] == 0:
-                    if interference > 0.0 and n_comm[d] > 0:
+                    if slowdown > 0.0 and n_comm[d] > 0:
                         # a flow on d slows down only if no other member device computes
                         # (the switch-off test below, before d's bit is set); else only
                         # the new job's rate is set, here
@@ -433,7 +434,7 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
                         cmask |= np.int64(1) << np.int64(d)
                 n_compute[d] += 1
                 if toggled < 0:
-                    r = inv if interference > 0.0 and n_comm[d] > 0 else 1.0
+                    r = inv if slowdown > 0.0 and n_comm[d] > 0 else 1.0
                     # as _rerate_cands would: the rate changes from "unset" to r; the job
                     # list entry is placed below
                     sf[sl, _F_RATE] = r
@@ -529,7 +530,7 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
                     n_compute[d] = nc_d
                     if nc_d == 0 and d < U64:
                         cmask &= ~(np.int64(1) << np.int64(d))
-                    if interference > 0.0 and nc_d == 0 and n_comm[d] > 0:
+                    if slowdown > 0.0 and nc_d == 0 and n_comm[d] > 0:
                         # a flow on d speeds up only if no other member device computes
                         # (_toggle_flows' test; exact by the member masks with <= 64
                         # devices): most often another one does (symmetric TP ranks), and
@@ -559,14 +560,14 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
             is_flow = not (j < n and resource[j] == 1)
             ncand = _job_leave(lf, j, n, coll_ptr, coll_members, device, resource, n_compute,
                                n_comm, dhead, si, n_flows, dev_flag, js, jsize,
-                               share_compute, share_links, interference)
+                               share_compute, share_links, slowdown)
             if is_flow:
                 n_flows -= 1
             if share_links and is_flow and n_flows > 0:
                 _fill_shares(n_flows, n, coll_ptr, coll_members, link, link_cnt, link_cap,
                              sf, si, fscr)
             seq = _rerate_cands(now, ncand, n, coll_ptr, coll_members, device, resource,
-                                n_compute, n_comm, share_compute, share_links, interference,
+                                n_compute, n_comm, share_compute, share_links, slowdown,
                                 inv, sf, si, jt, jq, js, jsize, hmode, seq)
         if has_left:
             si[nfree, _L_FREE] = left
@@ -586,7 +587,7 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
             is_flow = not (j < n and resource[j] == 1)
             ncand = _job_enter(en, j, n, coll_ptr, coll_members, device, resource,
                                n_compute, n_comm, dhead, si, n_flows, dev_was, dev_flag, js,
-                               jsize, share_compute, share_links, interference)
+                               jsize, share_compute, share_links, slowdown)
             if is_flow:
                 n_flows += 1
             sf[entered, _F_RATE] = -1.0  # force (re)scheduling at the computed rate
@@ -594,7 +595,7 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
                 _fill_shares(n_flows, n, coll_ptr, coll_members, link, link_cnt, link_cap,
                              sf, si, fscr)
             seq = _rerate_cands(now, ncand, n, coll_ptr, coll_members, device, resource,
-                                n_compute, n_comm, share_compute, share_links, interference,
+                                n_compute, n_comm, share_compute, share_links, slowdown,
                                 inv, sf, si, jt, jq, js, jsize, hmode, seq)
         # ---- finalize ops whose end is known; resolve their successors
         while nf > U0:
@@ -712,3 +713,5 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
             ssize += 1
             seq += 1
     return base, (clamped if started == n else -1)
+
+watch_compiles()  # say so on stderr when these kernels compile on first use

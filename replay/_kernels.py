@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 from numba import njit
+from retime.collectors.progress import watch_compiles
 
 _NEG = np.int64(-(2**62))  # "minus infinity" that survives adding a lag
 
@@ -245,10 +246,14 @@ def _lane_links(lo, lane, start, end):
 
 
 @njit(cache=True)
-def _edge_lags(src, dst, lag, start, end, dur, node_of):
+def _edge_lags(src, dst, lag, kind, sync, start, end, dur, node_of):
     """Per edge: its lag clamped to the measured gap (``min(lag, start[dst] - end[src])``),
-    counted from the source's start where negative (``+ dur[src]``; ``s2s``), whether it
-    joins two super-nodes (``keep``), and how many lags the clamp lowered."""
+    whether it joins two super-nodes (``keep``), and how many lags the clamp lowered. A
+    negative lag (a kernel that starts before its launch call returns, skewed clocks across
+    ranks) is counted from the source's start (``+ dur[src]``; ``s2s``), so shortening the
+    source does not pull the destination ahead of it; except on SYNC edges (``kind ==
+    sync``: a thread that resumes a little before the collective it waited for closes its
+    range), which stay counted from the source's end and move with it."""
     m = src.shape[0]
     out = np.empty(m, np.int64)
     s2s = np.empty(m, np.bool_)
@@ -262,7 +267,7 @@ def _edge_lags(src, dst, lag, start, end, dur, node_of):
             v = lag[k]
         else:
             clamped += 1
-        neg = v < 0
+        neg = v < 0 and kind[k] != sync
         s2s[k] = neg
         out[k] = v + dur[a] if neg else v
         keep[k] = node_of[a] != node_of[b]
@@ -527,3 +532,5 @@ def _layout_durations_scaled(ref, cls, factor, coll_of, out):
 
 # sweep metrics kernels: replay._metric_kernels (re-exported for existing imports)
 from ._metric_kernels import _metric_spans, _metric_spans_layout  # noqa: E402, F401
+
+watch_compiles()  # say so on stderr when these kernels compile on first use

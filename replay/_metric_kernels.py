@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, types
 from numba.extending import overload
+from retime.collectors.progress import watch_compiles
 
 _NEG = np.int64(-(2**62))  # "minus infinity" (as in replay._kernels)
 
@@ -190,3 +191,5 @@ def _block_unions(buf_a, buf_b, buf_c):
         run_x = max(run_x, bx)
         any_x |= cx
     return tot, tot_x, any_x, b_max
+
+watch_compiles()  # say so on stderr when these kernels compile on first use

@@ -1,6 +1,6 @@
 """The contention path's per-graph constraint lists: successors by source and ready-time terms.
 
-Split from :mod:`replay._links` (the hot helpers of the event loop): this is cold set-up,
+Split from :mod:`replay._fluid_jobs` (the hot helpers of the event loop): this is cold set-up,
 built once per graph by :func:`replay.engine._succ_of` and memoized there.
 """
 
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 from numba import njit
+from retime.collectors.progress import watch_compiles
 
 __all__: list[str] = []
 
@@ -171,3 +172,5 @@ def _fluid_consts(coll_of, coll_ptr, origin, device, link, resource, wait_ptr, w
     dims[2] = nlink
     dims[3] = njobs
     return state0, roots[:nroots].copy(), wkey, dims
+
+watch_compiles()  # say so on stderr when these kernels compile on first use

@@ -20,18 +20,18 @@ model; the engine itself knows no policy.
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
 import pandas as pd
-
 from retime.collectors.errors import ReplayError
 from retime.collectors.trace import Trace
 
 from ._fluid import _fluid_replay
 from ._kernels import _fast_replay, _to_op_order, _to_op_order_i64
 from ._succ import _fluid_consts, _succ_lists
+from .gaps import gap_shares
 from .graph import ReplayGraph, _check_durations, build_graph
 
 __all__ = ["ContentionModel", "ReplayResult", "simulate", "replay"]
@@ -45,10 +45,12 @@ class ContentionModel:
 
     Parameters
     ----------
-    interference : float
-        Compute/communication interference per device: while a device runs both compute
-        and communication, each progresses at ``1 / (1 + interference)`` of its rate
-        (0 = perfect overlap, 1 = each at half speed).
+    slowdown : float
+        Compute/communication interference per device, as a slowdown: while a device runs
+        both compute and communication, each progresses at ``1 / (1 + slowdown)`` of its
+        rate (0 = perfect overlap, 1 = each at half speed). Not the same quantity as the
+        scenario key ``overlap.interference`` (the fraction of ideal overlap achieved, 0..1),
+        which the overlap policy converts to this.
     share_compute : bool
         Concurrent compute ops on one device share it equally (processor sharing).
     share_links : bool
@@ -56,14 +58,90 @@ class ContentionModel:
         over the links of all their members; one link per rank, unit capacity).
     """
 
-    interference: float = 0.0
+    slowdown: float = 0.0
     share_compute: bool = False
     share_links: bool = True
 
     def __post_init__(self) -> None:
-        if not (np.isfinite(self.interference) and self.interference >= 0):
-            raise ReplayError(f"ContentionModel.interference={self.interference!r} must be "
+        if not (np.isfinite(self.slowdown) and self.slowdown >= 0):
+            raise ReplayError(f"ContentionModel.slowdown={self.slowdown!r} must be "
                               "a finite number >= 0 (0 = no interference)")
+
+
+def _arrays(self) -> tuple:
+    """A kernel bundle's arrays in field order (= the kernels' parameter order)."""
+    return tuple(getattr(self, f.name) for f in fields(self))
+
+
+@dataclass(frozen=True)
+class KernelGraph:
+    """The graph arrays both replay kernels take, in one dtype each (numba compiles one
+    specialization; no copy when the graph comes from ``build_graph``, a copy of just the
+    arrays a policy replaced otherwise). Field order is the kernels' parameter order."""
+
+    coll_of: np.ndarray        # int32[N]: collective of each op (-1 none)
+    coll_ptr: np.ndarray       # int32[C+1]: CSR of collective members
+    coll_members: np.ndarray   # int32[M]
+    dur: np.ndarray            # int64[N] ns
+    delay: np.ndarray          # int64[N] ns: release delays kept from the trace
+    origin: np.ndarray         # int64[N] ns: measured starts (time origin per op)
+    lane_prev: np.ndarray      # int32[N]: previous op on the lane (-1 none)
+    lane_lag: np.ndarray       # int64[N] ns
+    lane_s2s: np.ndarray       # bool[N]: lane link is start-to-start
+    pred_ptr: np.ndarray       # int32[N+1]: CSR of dependency predecessors
+    pred_src: np.ndarray       # int32[E]
+    pred_lag: np.ndarray       # int64[E] ns
+    pred_s2s: np.ndarray       # bool[E]
+    wait_ptr: np.ndarray       # int32[N+1]: CSR of blocking waits
+    wait_src: np.ndarray       # int32[W]
+    wait_lag: np.ndarray       # int64[W] ns
+
+    args = _arrays
+
+    @classmethod
+    def of(cls, g: ReplayGraph, dur: np.ndarray) -> KernelGraph:
+        i32, i64, b = np.int32, np.int64, np.bool_
+        a = np.ascontiguousarray
+        return cls(a(g.coll_of, i32), a(g.coll_ptr, i32), a(g.coll_members, i32), a(dur, i64),
+                   a(g.delay_ns, i64), a(g.origin_ns, i64), a(g.lane_prev, i32),
+                   a(g.lane_lag_ns, i64), a(g.lane_s2s, b), a(g.pred_ptr, i32),
+                   a(g.pred_src, i32), a(g.pred_lag_ns, i64), a(g.pred_s2s, b),
+                   a(g.wait_ptr, i32), a(g.wait_src, i32), a(g.wait_lag_ns, i64))
+
+
+@dataclass(frozen=True)
+class FluidResources:
+    """What each op uses on the contention path (kernel parameter order)."""
+
+    device: np.ndarray    # int32[N]: the op's device
+    resource: np.ndarray  # int8[N]: 0 none, 1 compute on ``device``, 2 communication on ``link``
+    link: np.ndarray      # int32[N]: the op's link
+
+    args = _arrays
+
+    @classmethod
+    def of(cls, g: ReplayGraph) -> FluidResources:
+        a = np.ascontiguousarray
+        return cls(a(g.device, np.int32), a(g.resource, np.int8), a(g.link, np.int32))
+
+
+@dataclass(frozen=True)
+class FluidSetup:
+    """The contention path's per-graph set-up (:func:`replay._succ._succ_lists` and
+    :func:`replay._succ._fluid_consts`), built once per graph; kernel parameter order."""
+
+    sptr: np.ndarray
+    succ: np.ndarray
+    cnt0: np.ndarray
+    smid: np.ndarray
+    pptr: np.ndarray
+    pent: np.ndarray
+    state0: np.ndarray
+    roots: np.ndarray
+    wkey: np.ndarray
+    dims: np.ndarray
+
+    args = _arrays
 
 
 class ReplayResult:
@@ -222,6 +300,8 @@ class ReplayResult:
             "graph": {k: self.meta[k] for k in ("ops", "edges", "wait_edges", "collectives",
                                                  "edges_clamped", "lane_overlaps",
                                                  "intra_collective_edges")},
+            # what the measured gaps were (replay/gaps.py): host work, waits, unexplained
+            "gaps": gap_shares(self.graph),
         }
 
 
@@ -264,60 +344,50 @@ def _simulate_layout(graph: ReplayGraph, dur: np.ndarray, modified: bool, *, mod
     meta: dict[str, Any] = {"mode": mode, "ideal": g.ideal, "scenario": list(scenario or []),
                             "durations_modified": bool(modified)}
     meta.update(g.stats)
-    # one dtype per kernel argument (numba compiles one specialization; no copy when a
-    # graph comes from build_graph, a copy of just the arrays a policy replaced otherwise)
-    i32, i64 = np.int32, np.int64
-
-    def a(x, dt):
-        return np.ascontiguousarray(x, dt)
-
-    common = (a(g.coll_of, i32), a(g.coll_ptr, i32), a(g.coll_members, i32), a(dur, i64),
-              a(g.delay_ns, i64), a(g.origin_ns, i64), a(g.lane_prev, i32),
-              a(g.lane_lag_ns, i64), a(g.lane_s2s, np.bool_), a(g.pred_ptr, i32),
-              a(g.pred_src, i32), a(g.pred_lag_ns, i64), a(g.pred_s2s, np.bool_),
-              a(g.wait_ptr, i32), a(g.wait_src, i32), a(g.wait_lag_ns, i64))
+    kg = KernelGraph.of(g, dur)
     n = g.n_ops
     # outputs allocated here: numpy asks for huge pages (fewer page faults than numba's NRT);
     # they stay in layout order until the result's op-order arrays are read
     if mode == "fast":
-        start, end, crit = np.empty(n, i64), np.empty(n, i64), np.empty(n, i64)
-        _fast_replay(a(g.order, i32), *common, start, end, crit)
+        start, end, crit = (np.empty(n, np.int64) for _ in range(3))
+        _fast_replay(np.ascontiguousarray(g.order, np.int32), *kg.args(), start, end, crit)
         layout = ("i", start, end, crit, 0)
     else:
         cm = contention or ContentionModel()
         # uninitialized: the kernel writes every entry when every op starts (else it
         # reports a cycle, below), and a zero fill costs ~3% of a scenario at 10^6 ops
-        start, end, crit = np.empty(n), np.empty(n), np.empty(n, i32)
-        dev, res, lnk = a(g.device, i32), a(g.resource, np.int8), a(g.link, i32)
+        start, end, crit = np.empty(n), np.empty(n), np.empty(n, np.int32)
+        res = FluidResources.of(g)
         base, clamped = _fluid_replay(
-            *common, dev, res, lnk, float(cm.interference), bool(cm.share_compute),
-            bool(cm.share_links), *_succ_of(g, common, dev, lnk, res), start, end, crit)
+            *kg.args(), *res.args(), float(cm.slowdown), bool(cm.share_compute),
+            bool(cm.share_links), *_fluid_setup(g, kg, res).args(), start, end, crit)
         if clamped < 0:
             raise ReplayError("contention replay could not schedule every op (a dependency "
                               "cycle the graph check missed); rebuild the graph")
-        del common
+        del kg
         # per-position floats relative to base: rounded to int64 ns when read
         layout = ("f", start, end, crit, int(base))
-        meta["contention"] = {"interference": cm.interference,
+        meta["contention"] = {"slowdown": cm.slowdown,
                               "share_compute": cm.share_compute,
                               "share_links": cm.share_links, "clamped_starts": int(clamped)}
     return ReplayResult(g.trace, g, meta=meta, layout=layout)
 
 
-def _succ_of(g: ReplayGraph, common: tuple, device: np.ndarray, link: np.ndarray,
-             resource: np.ndarray) -> tuple:
+def _fluid_setup(g: ReplayGraph, kg: KernelGraph, res: FluidResources) -> FluidSetup:
     """The contention path's per-graph arrays of ``g``: successor lists and set-up constants
-    (built once per graph; ``common`` holds its kernel arrays as passed to the kernels)."""
+    (built once per graph and memoized on it)."""
     m = g.memo()
     v = m.get("fluid_succ")
     if v is None:
-        # lane_prev, lane_lag, lane_s2s, pred_ptr, pred_src, pred_lag, pred_s2s
-        sptr, succ, cnt0, smid, pptr, pent = _succ_lists(*common[6:13])
-        # coll_of, coll_ptr, origin, ..., wait_ptr, wait_src
-        consts = _fluid_consts(common[0], common[1], common[5], device, link, resource,
-                               common[13], common[14], sptr, smid, cnt0)
-        v = m["fluid_succ"] = (sptr, succ, cnt0, smid, pptr, pent, *consts)
-        for x in v:
+        sptr, succ, cnt0, smid, pptr, pent = _succ_lists(
+            kg.lane_prev, kg.lane_lag, kg.lane_s2s, kg.pred_ptr, kg.pred_src, kg.pred_lag,
+            kg.pred_s2s)
+        state0, roots, wkey, dims = _fluid_consts(
+            kg.coll_of, kg.coll_ptr, kg.origin, res.device, res.link, res.resource,
+            kg.wait_ptr, kg.wait_src, sptr, smid, cnt0)
+        v = m["fluid_succ"] = FluidSetup(sptr, succ, cnt0, smid, pptr, pent, state0, roots,
+                                         wkey, dims)
+        for x in v.args():
             x.flags.writeable = False
     return v
 

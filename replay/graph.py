@@ -6,10 +6,12 @@ Model (what one op waits for)
   starts after the previous op of its lane ends. Where the measurement shows the two
   overlapping (profiler rounding, op-level streams), the op is instead tied to its
   predecessor's start with the measured offset (``lane_s2s``).
-* **Edges** ``src -> dst``: ``dst.start >= src.end + lag``. A negative lag (a kernel that
-  starts before its launch call returns) is stored as a fixed offset from ``src``'s *start*
-  (``pred_s2s``), so a what-if that shortens the launch call does not pull the kernel ahead
-  of it; both forms give the same time on the measured trace. A lag is clamped to the measured
+* **Edges** ``src -> dst``: ``dst.start >= src.end + lag``. A negative lag (a kernel
+  that starts before its launch call returns, skewed clocks) is stored as a fixed offset from ``src``'s
+  *start* (``pred_s2s``), so a what-if that shortens the launch call does not pull the kernel
+  ahead of it; both forms give the same time on the measured trace. Negative SYNC lags (a thread
+  that resumes a little before the collective it waited for closes its range) stay counted
+  from the source's end, so they move with it. A lag is clamped to the measured
   slack ``dst.start - src.end`` when the measurement contradicts it (counted in
   ``stats["edges_clamped"]``), so that the measured timeline is always feasible.
 * **Release delay.** Every op's measured start minus its modeled ready time (computed from
@@ -39,7 +41,6 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
-
 from retime.collectors.enums import EdgeKind, LaneKind, OpKind
 from retime.collectors.errors import ReplayError
 from retime.collectors.trace import Trace
@@ -53,6 +54,7 @@ from ._kernels import (
     _layout_perm,
     _measured_ready,
 )
+from .gaps import classify_wait_gaps, handoff_edges
 from .graph_order import _node_of, _order_or_raise
 
 __all__ = ["ReplayGraph", "build_graph", "graph_from_arrays", "BLOCKING_CALL_PATTERN"]
@@ -352,6 +354,25 @@ def graph_from_arrays(*, rank, lane, kind, start_ns, dur_ns, coll_id=None, edge_
     has_prev = lane_prev >= 0
     stats["lane_overlaps"] = int(lane_s2s.sum())
 
+    # ---- inferred thread hand-offs (replay/gaps.py): an idle host thread resuming right
+    # after another thread of its rank finished and went idle waited for it
+    host = np.zeros(n, bool) if on_device is None else ~np.asarray(on_device, bool)
+    if on_device is not None and n:
+        n_ur, rinv = _dense_inverse(rank)
+        rmin = np.full(n_ur, np.iinfo(_I64).max, _I64)
+        np.minimum.at(rmin, rinv, s)
+        has_pred = np.zeros(n, bool)
+        has_pred[ed] = True
+        hsrc, hdst, hlag = handoff_edges(rank, lane, s, end, host, lane_prev, rmin[rinv],
+                                         has_pred)
+        del rinv, rmin, has_pred
+        if len(hsrc):
+            es = np.concatenate([es, hsrc])
+            ed = np.concatenate([ed, hdst])
+            ek = np.concatenate([ek, np.full(len(hsrc), int(EdgeKind.SYNC), np.int8)])
+            el = np.concatenate([el, hlag])
+        stats["handoff_edges"] = int(len(hsrc))
+
     # ---- collectives: dense index, members sorted by (collective, op id)
     in_coll = coll >= 0
     coll_of = np.full(n, -1, _I32)
@@ -380,8 +401,10 @@ def graph_from_arrays(*, rank, lane, kind, start_ns, dur_ns, coll_id=None, edge_
     # lags clamped to the measured gap; a negative one (a kernel starting before its launch
     # call returned) is a fixed offset from the source's start (s2s: shortening the launch
     # call must not pull the kernel earlier); edges inside one collective are dropped (keep)
-    lag_store, s2s, keep, n_clamped = _edge_lags(es, ed, el, s, end, d, node_of)
+    lag_store, s2s, keep, n_clamped = _edge_lags(es, ed, el, ek, np.int8(EdgeKind.SYNC), s,
+                                                 end, d, node_of)
     stats["edges_clamped"] = int(n_clamped)
+    classify_wait_gaps(es, ed, ek, lag_store, s2s, keep, s, end, lane, stats)
     blocking = np.zeros(n, bool) if blocking is None else np.asarray(blocking, bool)
     wait_mask = np.zeros(len(es), bool)
     if len(es):

@@ -9,7 +9,6 @@ be ordered :func:`_cycle_message` finds one cycle and describes its ops.
 from __future__ import annotations
 
 import numpy as np
-
 from retime.collectors.errors import ReplayError
 
 from ._kernels import _node_succ, _topo_order_by_time

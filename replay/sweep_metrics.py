@@ -12,7 +12,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-
 from retime.collectors.devices import device_peaks
 
 from ._metric_kernels import _block_slots, _metric_spans, _metric_spans_layout

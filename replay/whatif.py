@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
 from retime.collectors.enums import CommOp, OpKind
 from retime.collectors.errors import PolicyError
 from retime.collectors.trace import Trace

@@ -13,32 +13,69 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
-import click
-import orjson
 import typer
 
 from retime.collectors.errors import RetimeError
 
-__all__ = ["app", "main", "emit_json", "say"]
+__all__ = ["app", "main", "emit_json", "say", "check_output", "FORCE_HELP"]
 
+# Start-up budget: `retime --help` imports typer and this package's light modules only (no
+# numpy, pandas or numba); every command imports what it needs when it runs. Help text is
+# plain (rich_markup_mode=None): brackets such as [grid] or [[scenario]] print as written.
 app = typer.Typer(
     name="retime",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,
     help=(
         "retime: trace-driven profiler and replay analyzer for distributed GPU training.\n\n"
         "Typical flow: `retime ingest TRACES -o run.retime`, `retime info run.retime`, "
         "`retime replay run.retime --set network.inter_node_gbps=25`, "
-        "`retime report run.retime -o reports/run.html`. Every command takes --json."
+        "`retime report run.retime -o reports/run.html`. `retime keys` lists every what-if "
+        "key. Every command takes --json (one JSON object on stdout, errors included); exit "
+        "codes: 0 ok, 2 bad input, 1 internal error."
     ),
 )
+
+FORCE_HELP = "Replace the output if it exists (a store is replaced only by another store)."
+
+
+def check_output(path: Path, force: bool, *, store: bool = False) -> None:
+    """Refuse to write over an existing output unless ``force`` (a user's own directory is
+    never replaced: only a retime store, holding ``meta.json``, can stand in for a store),
+    and fail before any work when the output cannot be written at all."""
+    if not os.path.lexists(path):
+        parent = Path(os.path.abspath(path)).parent
+        while not parent.exists() and parent != parent.parent:
+            parent = parent.parent
+        if not parent.is_dir():
+            raise RetimeError(f"{path}: {parent} is not a folder; choose another -o path")
+        if not os.access(parent, os.W_OK | os.X_OK):
+            raise RetimeError(f"{path}: cannot create it (no write permission in {parent}); "
+                              "choose a path you can write")
+        return
+    if store:
+        if not path.is_dir():
+            raise RetimeError(f"{path}: exists and is not a NAME.retime directory; choose "
+                              "another -o path")
+        if not (path / "meta.json").is_file():
+            raise RetimeError(f"{path}: exists and is not a retime store (no meta.json); retime "
+                              "replaces only its own stores, so choose another -o path")
+    elif path.is_dir():
+        raise RetimeError(f"{path}: is a directory; -o takes a file path")
+    if not force:
+        raise RetimeError(f"{path}: already exists; pass --force to replace it, or choose "
+                          "another -o path")
 
 
 def emit_json(obj: Any) -> None:
     """Print exactly one JSON object on stdout (numpy scalars/arrays allowed)."""
+    import orjson
+
     sys.stdout.write(orjson.dumps(obj, option=orjson.OPT_SERIALIZE_NUMPY
                                   | orjson.OPT_NON_STR_KEYS).decode() + "\n")
     sys.stdout.flush()
@@ -58,15 +95,70 @@ def main(argv: list[str] | None = None) -> int:
     return code
 
 
-try:  # typer >= 0.20 raises its vendored click's exceptions (e.g. for exists=True)
-    from typer._click.exceptions import ClickException as _VendoredClickException
-    _CLICK_ERRORS: tuple = (click.ClickException, _VendoredClickException)
-except ImportError:  # pragma: no cover - older typer uses click itself
-    _CLICK_ERRORS = (click.ClickException,)
+def _click_errors() -> tuple[tuple, tuple, tuple]:
+    """(usage-error, exit, abort) exception classes of the click that typer runs on: its
+    vendored copy (typer >= 0.20: typer.Exit / typer.Abort) and click itself where installed
+    (older typer)."""
+    usage: list[type] = []
+    exits: list[type] = [typer.Exit]
+    aborts: list[type] = [typer.Abort]
+    try:
+        from typer._click.exceptions import ClickException
+        usage.append(ClickException)
+    except ImportError:  # pragma: no cover - typer before 0.20
+        pass
+    try:
+        from click.exceptions import Abort, ClickException, Exit
+        usage.append(ClickException)
+        exits.append(Exit)
+        aborts.append(Abort)
+    except ImportError:  # pragma: no cover - a vendoring typer without click installed
+        pass
+    return tuple(usage), tuple(exits), tuple(aborts)
+
+
+def _wants_json(argv: list[str]) -> bool:
+    """``--json`` among the options (not among a wrapped script's arguments after ``--``)."""
+    args = argv[:argv.index("--")] if "--" in argv else argv
+    return "--json" in args
+
+
+def _fail(msg: str, code: int, as_json: bool) -> int:
+    """Report an error: one line on stderr, and with --json one JSON object on stdout
+    (``{"error": what and where, "hint": how to fix}``)."""
+    msg = " ".join(msg.split())
+    typer.echo(f"retime: {'internal ' if code == 1 else ''}error: {msg}", err=True)
+    if as_json:
+        what, sep, hint = msg.rpartition("; ")
+        if not sep or code == 1:
+            what, hint = msg, ("rerun with RETIME_DEBUG=1 for a traceback and report it"
+                               if code == 1 else "see `retime --help`")
+        emit_json({"error": what, "hint": hint, "exit_code": code})
+    return code
+
+
+def _os_error(exc: OSError) -> str:
+    """An operating-system error (missing folder, permission, disk full) as one line."""
+    where = exc.filename if exc.filename is not None else "the output"
+    what = exc.strerror or type(exc).__name__
+    fix = {"ENOSPC": "free disk space or write elsewhere",
+           "EACCES": "choose a path you can write, or fix its permissions",
+           "EPERM": "choose a path you can write, or fix its permissions",
+           "EROFS": "the file system is read-only; write elsewhere",
+           "ENOENT": "check that the path and its folder exist"}
+    import errno
+    code = errno.errorcode.get(exc.errno or 0, "")
+    return f"{where}: {what}; {fix.get(code, 'check the path and try again')}"
 
 
 def run(argv: list[str] | None = None) -> int:
     """Run the CLI with ``argv`` and return the exit code (used by tests)."""
+    from retime.collectors.progress import announce_compiles
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    as_json = _wants_json(argv)
+    announce_compiles()
+    usage_errors, click_exit, click_abort = _click_errors()
     cmd = typer.main.get_command(app)
     try:
         rv = cmd.main(args=argv, prog_name="retime", standalone_mode=False)
@@ -76,33 +168,36 @@ def run(argv: list[str] | None = None) -> int:
             if rv == 130:
                 typer.echo("retime: interrupted", err=True)
             return rv
-    except click.exceptions.Exit as exc:
-        return int(exc.exit_code)
-    except _CLICK_ERRORS as exc:  # usage errors: one line, like every other bad input
-        msg = " ".join(exc.format_message().split())
+    except click_exit as exc:
+        return int(getattr(exc, "exit_code", 0) or 0)
+    except usage_errors as exc:  # usage errors: one line, like every other bad input
         ctx = getattr(exc, "ctx", None)
+        if type(exc).__name__ == "NoArgsIsHelpError":  # `retime` alone: the help, exit 0
+            typer.echo(exc.format_message())
+            return 0
         where = ctx.command_path if ctx is not None else "retime"
-        typer.echo(f"retime: error: {msg} (see '{where} --help')", err=True)
-        return 2
-    except click.exceptions.Abort:
+        return _fail(f"{exc.format_message().rstrip('.')}; see '{where} --help'", 2, as_json)
+    except click_abort:
         typer.echo("retime: aborted", err=True)
         return 130
     except KeyboardInterrupt:
         typer.echo("retime: interrupted", err=True)
         return 130
     except RetimeError as exc:
-        msg = " ".join(str(exc).split("\n"))
-        typer.echo(f"retime: error: {msg}", err=True)
-        return 2
+        return _fail(str(exc), 2, as_json)
     except BrokenPipeError:
         return 0
+    except OSError as exc:  # the file system said no: a user's path, permission or disk
+        if os.environ.get("RETIME_DEBUG"):
+            raise
+        if exc.filename is None and exc.errno is None:
+            return _fail(f"{type(exc).__name__}: {exc}", 1, as_json)
+        return _fail(_os_error(exc), 2, as_json)
     except Exception as exc:  # internal error: one line unless debugging
         if os.environ.get("RETIME_DEBUG"):
             raise
-        typer.echo(f"retime: internal error: {type(exc).__name__}: {exc} "
-                   "(this is a bug; rerun with RETIME_DEBUG=1 for a traceback and report it)",
-                   err=True)
-        return 1
+        return _fail(f"{type(exc).__name__}: {exc} (this is a bug; rerun with RETIME_DEBUG=1 "
+                     "for a traceback and report it)", 1, as_json)
     return 0
 
 
@@ -116,3 +211,4 @@ from retime import cmd_demo  # noqa: E402,F401  demo
 from retime import cmd_stragglers  # noqa: E402,F401  stragglers
 from retime import cmd_sweep  # noqa: E402,F401  sweep
 from retime import cmd_analyze  # noqa: E402,F401  analyze
+from retime import cmd_keys  # noqa: E402,F401  keys

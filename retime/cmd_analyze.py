@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
+import math
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-import numpy as np
-import pandas as pd
 import typer
 
-from retime.analysis.breakdown import PARTS
-from retime.analysis.stream import store_analysis
 from retime.cli import app, emit_json, say
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 class By(str, Enum):
@@ -21,12 +21,14 @@ class By(str, Enum):
 
 
 def _records(df: pd.DataFrame) -> list[dict[str, Any]]:
-    return [{k: (None if isinstance(v, float) and np.isnan(v) else v) for k, v in r.items()}
+    return [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()}
             for r in df.to_dict("records")]
 
 
 def analysis_summary(res: dict[str, Any]) -> dict[str, Any]:
     """The ``retime analyze --json`` object, from :func:`analysis.stream.store_analysis`."""
+    from retime.analysis.breakdown import PARTS
+
     st = res["step_times"]
     per_rank = st.groupby("rank", sort=True)["step_ns"].agg(["size", "mean", "max"])
     bd = res["breakdown"]
@@ -70,6 +72,8 @@ def analyze_cmd(
     A store of thousands of ranks (e.g. from `retime ingest --scheduler`) is analyzed a
     batch of ranks at a time, without loading it whole; the figures equal the in-memory ones.
     """
+    from retime.analysis.stream import store_analysis
+
     res = store_analysis(trace_dir, stream=stream, by=by.value, top=top, batch_rows=batch_rows)
     s = analysis_summary(res)
     if json_out:

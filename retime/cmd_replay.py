@@ -7,10 +7,7 @@ from typing import Annotated
 
 import typer
 
-from retime.collectors.errors import RetimeError
-from retime.collectors.trace import read_trace
-from retime.replay import build_graph, simulate, whatif
-from retime.cli import app, emit_json, say
+from retime.cli import FORCE_HELP, app, check_output, emit_json, say
 
 
 @app.command("replay")
@@ -21,6 +18,7 @@ def replay_cmd(
                                         "dependency explains) instead of keeping them.")] = False,
     output: Annotated[Path | None, typer.Option("-o", "--output", help="Write the replayed "
                                                 "trace here (NAME.retime).")] = None,
+    force: Annotated[bool, typer.Option("--force", help=FORCE_HELP)] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")] = False,
     scenario: Annotated[Path | None, typer.Option("--scenario", help="What-if scenario TOML "
                                                   "(one [table] per policy).", exists=True,
@@ -35,8 +33,11 @@ def replay_cmd(
     drops the delays no dependency explains. With -o the replayed trace is written, so
     `retime export OUT.retime --chrome t.json` shows the replayed timeline.
     """
-    if output is not None and output.exists() and not output.is_dir():
-        raise RetimeError(f"{output}: exists and is not a directory; choose another -o path")
+    from retime.collectors.trace import read_trace
+    from retime.replay import build_graph, simulate, whatif
+
+    if output is not None:
+        check_output(output, force, store=True)
     trace = read_trace(trace_dir)
     if scenario is not None or set_:
         from retime.replay.policies.scenario import scenario_from_cli

@@ -7,10 +7,8 @@ from typing import Annotated
 
 import typer
 
+from retime.cli import FORCE_HELP, app, check_output, emit_json, say
 from retime.collectors.errors import RetimeError
-from retime.collectors.progress import progress_bar
-from retime.collectors.trace import read_trace
-from retime.cli import app, emit_json, say
 
 
 @app.command()
@@ -23,16 +21,19 @@ def report(
         "--baseline", exists=True, file_okay=False,
         help="Another NAME.retime to compare against (deltas = this run - baseline).")] = None,
     title: Annotated[str | None, typer.Option("--title", help="Report title.")] = None,
+    force: Annotated[bool, typer.Option("--force", help=FORCE_HELP)] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")] = False,
 ) -> None:
     """Write a self-contained HTML report (or a PDF with the same content) of a run:
     summary and top findings, breakdown, kernels, critical path, communication, pipeline,
     memory and efficiency, and a comparison when --baseline is given."""
-    from retime.analysis.report import build_report, write_html, write_pdf
-
     suf = output.suffix.lower()
     if suf not in (".html", ".htm", ".pdf"):
         raise RetimeError(f"-o {output}: the report must end in .html or .pdf")
+    check_output(output, force)
+    from retime.analysis.report import build_report, write_html, write_pdf
+    from retime.collectors.progress import progress_bar
+    from retime.collectors.trace import read_trace
     with progress_bar(3, "report", enabled=None if not json_out else False) as bar:
         trace = read_trace(trace_dir)
         base = read_trace(baseline) if baseline is not None else None

@@ -7,8 +7,6 @@ from typing import Annotated
 
 import typer
 
-from retime.collectors.trace import read_trace
-from retime.replay.policies.stragglers import straggler_analysis
 from retime.cli import app, emit_json, say
 
 
@@ -25,6 +23,9 @@ def stragglers_cmd(
     transfer time). slowdown = mean simulated / mean ideal; each group's figure is the mean
     step time when only that group keeps its measured durations, over the mean ideal.
     """
+    from retime.collectors.trace import read_trace
+    from retime.replay.policies.stragglers import straggler_analysis
+
     res = straggler_analysis(read_trace(trace_dir))
     if json_out:
         emit_json({**res, "step_time_s": {str(k): v for k, v in res["step_time_s"].items()}})

@@ -3,34 +3,33 @@
 from __future__ import annotations
 
 import math
-import os
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-import pandas as pd
-import pyarrow as pa
-import pyarrow.parquet as pq
 import typer
 
+from retime.cli import FORCE_HELP, app, check_output, emit_json, say
 from retime.collectors.errors import RetimeError
-from retime.collectors.trace import read_trace
-from retime.replay.sweep import METRICS, SweepInterrupted, default_workers, read_grid, sweep
-from retime.cli import app, emit_json, say
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 def write_sweep(df: pd.DataFrame, path: Path) -> None:
     """Write the sweep frame to ``path`` (Parquet, via a temporary file and a rename)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from retime.collectors.fsutil import atomic_output
+
+    with atomic_output(path) as tmp:
         pq.write_table(pa.Table.from_pandas(df, preserve_index=False), tmp, compression="zstd")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def _jsonable_row(row: pd.Series) -> dict[str, Any]:
+    import pandas as pd
+
     out: dict[str, Any] = {}
     for k, v in row.items():
         if v is None or v is pd.NA or (isinstance(v, float) and math.isnan(v)):
@@ -64,6 +63,7 @@ def sweep_cmd(
     scheduler: Annotated[str | None, typer.Option("--scheduler", help="Dask scheduler address "
                                                   "(tcp://host:8786) instead of local workers.")]
     = None,
+    force: Annotated[bool, typer.Option("--force", help=FORCE_HELP)] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")]
     = False,
 ) -> None:
@@ -76,8 +76,10 @@ def sweep_cmd(
     if workers is not None and scheduler is not None:
         raise RetimeError("--workers and --scheduler exclude each other: give --workers N for "
                           "local processes or --scheduler ADDR for a Dask cluster")
-    if output.is_dir():
-        raise RetimeError(f"{output}: is a directory; -o takes a file such as sweep.parquet")
+    check_output(output, force)
+    from retime.collectors.trace import read_trace
+    from retime.replay.sweep import METRICS, SweepInterrupted, default_workers, read_grid, sweep
+
     scenarios = read_grid(grid)
     trace = read_trace(trace_dir)
     n_workers = None if scheduler else (workers or default_workers())

@@ -8,8 +8,8 @@ from typing import Annotated
 
 import typer
 
-from retime.cli import app, emit_json, say
-from retime.collectors.errors import ConfigError, RetimeError
+from retime.cli import FORCE_HELP, app, check_output, emit_json, say
+from retime.collectors.errors import ConfigError
 
 
 class Schedule(str, Enum):
@@ -90,13 +90,13 @@ def parse_stage_layers(text: str | None):
 @app.command()
 def synth(
     output: Annotated[Path, typer.Option("-o", "--output", help="Output NAME.retime directory.")],
-    tp: Annotated[int, typer.Option("--tp", min=1, help="Tensor-parallel size.")],
-    pp: Annotated[int, typer.Option("--pp", min=1, help="Pipeline-parallel size.")],
-    dp: Annotated[int, typer.Option("--dp", min=1, help="Data-parallel size.")],
-    global_batch: Annotated[int, typer.Option("--global-batch", min=1,
-                                              help="Sequences per optimizer step.")],
-    micro_batch: Annotated[int, typer.Option("--micro-batch", min=1,
-                                             help="Sequences per micro-batch.")],
+    tp: Annotated[int | None, typer.Option("--tp", min=1, help="Tensor-parallel size (required).")] = None,
+    pp: Annotated[int | None, typer.Option("--pp", min=1, help="Pipeline-parallel size (required).")] = None,
+    dp: Annotated[int | None, typer.Option("--dp", min=1, help="Data-parallel size (required).")] = None,
+    global_batch: Annotated[int | None, typer.Option(
+        "--global-batch", min=1, help="Sequences per optimizer step (required).")] = None,
+    micro_batch: Annotated[int | None, typer.Option(
+        "--micro-batch", min=1, help="Sequences per micro-batch (required).")] = None,
     model: Annotated[str | None, typer.Option("--model", help="Built-in model, e.g. gpt3-175b, "
                                               "megatron-22b, llama3-70b.")] = None,
     model_file: Annotated[Path | None, typer.Option(
@@ -145,6 +145,7 @@ def synth(
     check_memory: Annotated[bool, typer.Option(
         "--check-memory", help="Fail (exit 2) when a rank's modeled memory exceeds the GPU's "
         "instead of reporting oom.")] = False,
+    force: Annotated[bool, typer.Option("--force", help=FORCE_HELP)] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")] = False,
 ) -> None:
     """Synthesize one training step of a modeled transformer run as a trace.
@@ -153,16 +154,22 @@ def synth(
     alpha-beta model per link level; the trace has every rank's compute and communication
     streams, collectives with cross-rank ids and pipeline sends/receives.
     """
+    # every missing or conflicting option in one message (click would stop at the first)
+    missing = [f"--{n.replace('_', '-')}" for n, v in (
+        ("tp", tp), ("pp", pp), ("dp", dp), ("global_batch", global_batch),
+        ("micro_batch", micro_batch)) if v is None]
+    problems = [f"missing {', '.join(missing)}"] if missing else []
+    if (model is None) == (model_file is None):
+        problems.append("give exactly one of --model NAME or --model-file F.toml")
+    if (hardware is None) == (hardware_file is None):
+        problems.append("give exactly one of --hardware NAME or --hardware-file F.toml")
+    if fsdp and zero:
+        problems.append(f"--fsdp with --zero {zero}: FSDP is ZeRO-3, give one of them")
+    if problems:
+        raise ConfigError("; ".join(problems))
+    check_output(output, force, store=True)
     from retime.collectors.synth import synthesize
 
-    if (model is None) == (model_file is None):
-        raise ConfigError("give exactly one of --model NAME or --model-file F.toml")
-    if (hardware is None) == (hardware_file is None):
-        raise ConfigError("give exactly one of --hardware NAME or --hardware-file F.toml")
-    if fsdp and zero:
-        raise ConfigError(f"--fsdp with --zero {zero}: FSDP is ZeRO-3; give one of them")
-    if output.exists() and not output.is_dir():
-        raise RetimeError(f"{output}: exists and is not a directory; choose another -o path")
     trace = synthesize(
         model if model is not None else model_file,
         hardware if hardware is not None else hardware_file,

@@ -4,16 +4,15 @@ from __future__ import annotations
 
 from enum import Enum
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
-import numpy as np
 import typer
 
+from retime.cli import FORCE_HELP, app, check_output, emit_json, say
 from retime.collectors.enums import LaneKind, OpKind
-from retime.collectors.errors import RetimeError
-from retime.collectors.ingest import read
-from retime.collectors.trace import Trace, read_trace
-from retime.cli import app, emit_json, say
+
+if TYPE_CHECKING:
+    from retime.collectors.trace import Trace
 
 
 class Format(str, Enum):
@@ -69,6 +68,7 @@ def ingest(
     jobs: Annotated[int, typer.Option("--jobs", "-j", min=1, help="Parse ranks in N processes.")] = 1,
     scheduler: Annotated[str | None, typer.Option("--scheduler", help="Parse Kineto ranks on a Dask cluster (tcp://host:8786); the workers must see the files at the same paths.")] = None,
     layout: Annotated[Layout | None, typer.Option("--layout", help="Store layout: one file per table (single) or per rank (rank; thousands of ranks, streamed analysis). Default: rank with --scheduler, else single.")] = None,
+    force: Annotated[bool, typer.Option("--force", help=FORCE_HELP)] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")] = False,
 ) -> None:
     """Read traces (Kineto JSON, nsys SQLite, op-level Parquet) into one NAME.retime store.
@@ -78,8 +78,7 @@ def ingest(
     With --scheduler the Dask workers parse the rank files and write their ranks' parts of
     a rank-partitioned store themselves (the trace is never gathered here).
     """
-    if output.exists() and not output.is_dir():
-        raise RetimeError(f"{output}: exists and is not a directory; choose another -o path")
+    check_output(output, force, store=True)
     lay = (layout or (Layout.rank if scheduler is not None else Layout.single)).value
     if scheduler is not None and lay == "rank":
         from retime.collectors.distributed import ingest_distributed
@@ -91,6 +90,7 @@ def ingest(
             from retime.collectors.distributed import read_distributed
             trace = read_distributed([str(p) for p in paths], scheduler, format=format.value)
         else:
+            from retime.collectors.ingest import read
             trace = read([str(p) for p in paths], format=format.value, jobs=jobs)
         trace.save(output, layout=lay)
         s = ingest_summary(trace)
@@ -107,6 +107,8 @@ def ingest(
 
 
 def info_summary(trace: Trace) -> dict:
+    import numpy as np
+
     o = trace.ops
     kinds = np.bincount(o["kind"].to_numpy(), minlength=len(OpKind)) if len(o) else np.zeros(len(OpKind), int)
     lk = trace.lanes["lane_kind"].to_numpy()
@@ -174,6 +176,7 @@ def info(
     if store_layout(trace_dir) == "rank":
         s = info_summary_streamed(trace_dir)
     else:
+        from retime.collectors.trace import read_trace
         s = info_summary(read_trace(trace_dir))
     if json_out:
         emit_json(s)
@@ -196,11 +199,14 @@ def export(
                                               file_okay=False)],
     chrome: Annotated[Path, typer.Option("--chrome", help="Write a Chrome/Perfetto JSON here.",
                                          dir_okay=False)],
+    force: Annotated[bool, typer.Option("--force", help=FORCE_HELP)] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")] = False,
 ) -> None:
     """Export a trace (or a replayed trace) as Chrome trace JSON for Perfetto / chrome://tracing."""
     from retime.collectors.chrome import write_chrome
+    from retime.collectors.trace import read_trace
 
+    check_output(chrome, force)
     trace = read_trace(trace_dir)
     n = write_chrome(trace, chrome)
     if json_out:

@@ -11,7 +11,6 @@ import heapq
 import math
 
 import numpy as np
-
 from retime.collectors.enums import EdgeKind, LaneKind, OpKind
 from retime.collectors.trace import Trace
 

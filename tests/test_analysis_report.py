@@ -9,9 +9,9 @@ import sys
 
 import pytest
 from conftest import ROOT, SHARED, ingest_cached
-
 from retime.analysis import build_report, compare, metrics, render_html
 from retime.analysis.report import fmt_ns
+
 from retime.cli import run
 
 

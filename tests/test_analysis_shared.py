@@ -9,7 +9,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import KINETO, SHARED, ingest_cached, kineto_trace_files
-
 from retime.analysis import (
     PARTS,
     breakdown,

@@ -6,7 +6,6 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
-
 from retime.analysis import (
     as_trace,
     breakdown,

@@ -10,9 +10,9 @@ import sys
 import numpy as np
 import pytest
 from conftest import KINETO, ROOT
-
 from retime.collectors import read_trace
 from retime.collectors.ingest import read
+
 from retime.cli import run
 
 DLRM = KINETO / "dlrm-v100-8rank"

@@ -9,9 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from retime.collectors.errors import TraceFormatError
 from retime.collectors.ingest import detect_format, read
+
 from retime.cli import run
 
 TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"

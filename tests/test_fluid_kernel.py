@@ -1,4 +1,4 @@
-"""The contention path's kernel (replay/_fluid.py, _links.py, _queues.py) against the pure-Python
+"""The contention path's kernel (replay/_fluid.py, _fluid_jobs.py, _fluid_queues.py) against the pure-Python
 reference on the cases its speed-ups rely on: many events at the same time (the start FIFO
 behind the start heap, heap ties broken by sequence), interference switching on and off at
 once on several devices, and lane links repeated by edges (left out of the constraint
@@ -9,18 +9,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from naive_replay import naive_fluid, random_trace
-
 from retime.collectors.synth import synthesize
 from retime.replay import ContentionModel, build_graph, simulate
 from retime.replay._succ import _succ_lists
 
-MODELS = [ContentionModel(interference=f, share_compute=sc, share_links=sl)
+MODELS = [ContentionModel(slowdown=f, share_compute=sc, share_links=sl)
           for f in (0.5, 1.0) for sc in (False, True) for sl in (False, True)]
 
 
 def _same_as_reference(g, d, cm):
     r = simulate(g, durations_ns=d, mode="contention", contention=cm)
-    s, e, c, clamped = naive_fluid(g, d, cm.interference, cm.share_compute, cm.share_links)
+    s, e, c, clamped = naive_fluid(g, d, cm.slowdown, cm.share_compute, cm.share_links)
     np.testing.assert_array_equal(r.start_ns, s)
     np.testing.assert_array_equal(r.end_ns, e)
     np.testing.assert_array_equal(r.crit_pred, c)
@@ -92,9 +91,9 @@ def test_constraint_lists_leave_out_only_repeated_lane_links():
 @pytest.mark.parametrize("seed", range(3))
 def test_job_list_turns_into_a_heap_past_its_limit(seed):
     """Without rate sharing the running jobs start as a sorted list and become a heap once
-    more than _LMAX of them run (replay._queues): the switch keeps the order
+    more than _LMAX of them run (replay._fluid_queues): the switch keeps the order
     (ties included) and the heap form matches the reference too."""
-    from retime.replay._queues import _LMAX
+    from retime.replay._fluid_queues import _LMAX
 
     tr = random_trace(100 + seed, n_ranks=32, steps=3, gpu_lanes=3, p_coll=0.5, p_p2p=0.3,
                       p_sync=0.1)
@@ -112,11 +111,11 @@ def test_job_list_turns_into_a_heap_past_its_limit(seed):
 
 
 def test_job_list_to_heap_keeps_the_event_order():
-    """The list -> heap switch (replay._queues._jto_heap): positions, heap order and the
+    """The list -> heap switch (replay._fluid_queues._jto_heap): positions, heap order and the
     order of equal times (the list's: the oldest key next) are kept, below the sequence
     numbers keys get later."""
-    from retime.replay._links import _NI
-    from retime.replay._queues import _I_POS, _jto_heap
+    from retime.replay._fluid_jobs import _NI
+    from retime.replay._fluid_queues import _I_POS, _jto_heap
 
     rng = np.random.default_rng(3)
     size, seq = 101, 5_000

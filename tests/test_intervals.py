@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import numpy as np
-
 from retime.collectors.intervals import interval_union
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
-
 from retime.collectors.collectives import _SIZE_KEYED, match_collectives
 from retime.collectors.enums import Phase
 from retime.collectors.intervals import interval_union

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 import retime.collectors.kineto.reader as kin
 import retime.collectors.kineto.scan as kf
 from retime.collectors.errors import TraceFormatError

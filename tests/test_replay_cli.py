@@ -10,8 +10,8 @@ import sys
 import numpy as np
 from conftest import SHARED, ingest_cached
 from naive_replay import random_trace
-
 from retime.collectors.trace import read_trace
+
 from retime.cli import run
 
 

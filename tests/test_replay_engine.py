@@ -6,15 +6,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from naive_replay import naive_fast, naive_fluid, random_trace
-
 from retime.collectors.enums import EdgeKind, LaneKind, OpKind
 from retime.collectors.errors import ReplayError
 from retime.collectors.trace import Trace, read_trace
 from retime.replay import ContentionModel, build_graph, graph_from_arrays, simulate
 
 MODELS = [ContentionModel(share_links=False), ContentionModel(),
-          ContentionModel(interference=0.5, share_compute=True),
-          ContentionModel(interference=2.0, share_compute=True, share_links=True)]
+          ContentionModel(slowdown=0.5, share_compute=True),
+          ContentionModel(slowdown=2.0, share_compute=True, share_links=True)]
 
 
 def _whatif_durations(g, seed):
@@ -61,7 +60,7 @@ def test_contention_path_matches_reference(seed):
     d = _whatif_durations(g, seed)
     cm = MODELS[seed % len(MODELS)]
     r = simulate(g, durations_ns=d, mode="contention", contention=cm)
-    s, e, c, clamped = naive_fluid(g, d, cm.interference, cm.share_compute, cm.share_links)
+    s, e, c, clamped = naive_fluid(g, d, cm.slowdown, cm.share_compute, cm.share_links)
     np.testing.assert_array_equal(r.start_ns, s)
     np.testing.assert_array_equal(r.end_ns, e)
     np.testing.assert_array_equal(r.crit_pred, c)
@@ -75,9 +74,9 @@ def test_contention_path_matches_reference(seed):
 
 # models whose common compute-job changes the kernel handles without its general rate
 # update (interference without compute sharing, links shared or not)
-MODELS_FAST_CASES = [ContentionModel(interference=0.5, share_links=True),
-                     ContentionModel(interference=0.25, share_links=False),
-                     ContentionModel(interference=1.0, share_compute=True, share_links=False)]
+MODELS_FAST_CASES = [ContentionModel(slowdown=0.5, share_links=True),
+                     ContentionModel(slowdown=0.25, share_links=False),
+                     ContentionModel(slowdown=1.0, share_compute=True, share_links=False)]
 
 
 @pytest.mark.parametrize("seed", range(60))
@@ -88,7 +87,7 @@ def test_contention_fast_cases_match_reference(seed):
     cm = MODELS_FAST_CASES[seed % len(MODELS_FAST_CASES)]
     for dd in (None, d):
         r = simulate(g, durations_ns=dd, mode="contention", contention=cm)
-        s, e, c, clamped = naive_fluid(g, dd, cm.interference, cm.share_compute,
+        s, e, c, clamped = naive_fluid(g, dd, cm.slowdown, cm.share_compute,
                                        cm.share_links)
         np.testing.assert_array_equal(r.start_ns, s)
         np.testing.assert_array_equal(r.end_ns, e)
@@ -139,9 +138,9 @@ def test_contention_many_concurrent_jobs_and_releases():
     edges = {"src": src, "dst": dst, "kind": [int(EdgeKind.DATA)] * len(src),
              "lag_ns": [0] * len(src)}
     g = build_graph(Trace.build(ops=ops, lanes=lanes, edges=edges, strings=["k"]))
-    for cm in (ContentionModel(share_compute=True), ContentionModel(interference=0.5)):
+    for cm in (ContentionModel(share_compute=True), ContentionModel(slowdown=0.5)):
         r = simulate(g, mode="contention", contention=cm)
-        s, e, c, _ = naive_fluid(g, None, cm.interference, cm.share_compute, cm.share_links)
+        s, e, c, _ = naive_fluid(g, None, cm.slowdown, cm.share_compute, cm.share_links)
         np.testing.assert_array_equal(r.start_ns, s)
         np.testing.assert_array_equal(r.end_ns, e)
         np.testing.assert_array_equal(r.crit_pred, c)
@@ -263,7 +262,7 @@ def test_contention_semantics_by_hand():
     r = simulate(g, mode="contention", contention=ContentionModel(share_compute=True))
     assert r.end_ns.tolist() == [200, 200, 100]  # the kernels share the GPU
     r = simulate(g, mode="contention",
-                 contention=ContentionModel(share_compute=True, interference=1.0))
+                 contention=ContentionModel(share_compute=True, slowdown=1.0))
     # kernels at 1/2 * 1/2 while the comm op (at 1/2) runs: comm ends at 200; by then each
     # kernel did 50 ns; the remaining 50 ns at 1/2 take 100 ns more
     assert r.end_ns.tolist() == [300, 300, 200]
@@ -310,7 +309,7 @@ def test_dangling_edges_and_bad_durations_are_refused():
     with pytest.raises(ReplayError, match="mode"):
         simulate(g, mode="slow")
     with pytest.raises(ReplayError, match="interference"):
-        ContentionModel(interference=-1)
+        ContentionModel(slowdown=-1)
 
 
 def test_with_edges_and_cycles_from_policies():

@@ -8,7 +8,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import SHARED, ingest_cached
-
 from retime.collectors.enums import EdgeKind
 from retime.replay import ContentionModel, build_graph, simulate
 

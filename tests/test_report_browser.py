@@ -15,7 +15,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import ingest_cached
-
 from retime.analysis import build_report, kernel_stats, metrics, write_html, write_pdf
 from retime.analysis.report import fmt_ns
 

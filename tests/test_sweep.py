@@ -13,7 +13,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-
 from retime.collectors.errors import PolicyError
 from retime.collectors.ingest import read
 from retime.replay import build_graph, simulate

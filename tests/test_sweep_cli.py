@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-
 from retime.collectors.synth import synthesize
+
 from retime.cli import run
 
 ROOT = Path(__file__).resolve().parents[1]

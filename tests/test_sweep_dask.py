@@ -128,6 +128,7 @@ def test_dask_scenario_that_kills_its_worker_is_an_error_row(dlrm):
 
 def test_cli_sweep_on_scheduler(cluster, tmp_path, capsys):
     from retime.collectors.synth import synthesize
+
     from retime.cli import run
 
     lc, _ = cluster
@@ -163,6 +164,7 @@ def test_cli_sweep_on_scheduler(cluster, tmp_path, capsys):
 
 def test_ingest_on_dask_equals_local_ingest(cluster, dlrm, tmp_path, capsys):
     from retime.collectors.distributed import read_distributed
+
     from retime.cli import run
 
     lc, client = cluster

@@ -9,8 +9,6 @@ import pickle
 
 import numpy as np
 import pytest
-from test_sweep_overhead import _union
-
 from retime.collectors.synth import synthesize
 from retime.replay import whatif
 from retime.replay._metric_kernels import _block_slots, _group_spans, _metric_spans_layout
@@ -18,6 +16,7 @@ from retime.replay.engine import ReplayResult
 from retime.replay.policies.base import SynthSpec, WhatIfState
 from retime.replay.policies.hardware import Hardware, kernel_class
 from retime.replay.sweep import scenario_metrics
+from test_sweep_overhead import _union
 
 SCENARIOS = [
     ({}, None),

@@ -10,7 +10,6 @@ import numpy as np
 import pandas as pd
 import pytest
 from matplotlib.figure import Figure
-
 from retime.analysis.sweep_plots import pareto_front, plot_pareto, plot_sweep
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -93,3 +92,23 @@ def test_notebook_runs_top_to_bottom():
     assert rec["pareto_ids"] and rec["sweep_best_step_time_ns"] > 0
     # the fastest scenario (2x compute, no recompute, async) is on the front
     assert 4 in rec["pareto_ids"]
+
+
+def test_notebook_is_saved_with_its_outputs():
+    """Opened on the web the notebook shows its outputs (python examples/run_notebook.py
+    regenerates them); they are current: the record matches the bundled trace."""
+    import nbformat
+
+    import retime
+
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert all(c.outputs for c in code)
+    outputs = [o for c in code for o in c.outputs]
+    assert not [o for o in outputs if o.output_type == "error"]
+    assert len([o for o in outputs if "data" in o and "image/png" in o["data"]]) >= 3
+    rec = json.loads(code[-1].outputs[-1]["text"])
+    t = retime.load(retime.sample_trace_path())
+    assert rec["ops"] == t.n_ops
+    assert rec["identity_step_time_ns"] == int(t.step_times_ns()["span_ns"].max())
+    assert "2x faster host CPU" in rec["whatif_step_time_ms"]

@@ -13,7 +13,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-
 from retime.collectors.errors import PolicyError
 from retime.collectors.ingest import read
 from retime.collectors.oplevel import read_oplevel
@@ -154,9 +153,9 @@ def test_gloo_ddp_contention_model_is_consistent_with_the_measurement(gloo_ddp):
     ident = replay(gloo_ddp)
     same = whatif(gloo_ddp, {"overlap.bucket_mb": _mib(0.5)})
     assert _median_step(same) == pytest.approx(_median_step(ident), rel=0.2)
-    assert same.meta["contention"]["interference"] == 1.0
+    assert same.meta["contention"]["slowdown"] == 1.0
     free = whatif(gloo_ddp, {"overlap.bucket_mb": _mib(0.5), "overlap.interference": 1.0})
-    assert free.meta["contention"]["interference"] == 0.0
+    assert free.meta["contention"]["slowdown"] == 0.0
     from retime.replay.policies.bucketing import rebucket_cpu
     *_, info, cpu = rebucket_cpu(gloo_ddp, _mib(0.5), 1.0)
     assert info["busbw_gbps"] > 0 and info["alpha_ns"] >= 0

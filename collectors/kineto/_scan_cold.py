@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from ..progress import watch_compiles
 from ._scan_kernels import _skip, _str_skip, _ws
 from ._scan_mem import addr
 
@@ -84,3 +85,5 @@ def find_array(buf: np.ndarray, key: bytes) -> int:
     -1: the text ends first (read more); -2: there is no such array or the text is invalid.
     """
     return int(_find_array(np.ascontiguousarray(buf), np.frombuffer(key, np.uint8).copy()))
+
+watch_compiles()  # say so on stderr when these kernels compile on first use

@@ -11,6 +11,7 @@ import numpy as np
 from numba import njit
 from numba.cpython.unsafe.numbers import trailing_zeros
 
+from ..progress import watch_compiles
 from ._scan_mem import addr, ld8, ldb, ldq, stb, stq, utf8_len
 
 __all__ = ["scan_events"]
@@ -95,7 +96,7 @@ _A_TOTAL_A, _A_ALLOC = _u64(b"Total Al"), _u64(b'located"')
 _A_TOTAL_R, _A_RES = _u64(b"Total Re"), _u64(b'served"')
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _ws(b, i, n):  # pragma: no cover - compiled
     while i < n:
         c = ldb(b + i)
@@ -105,7 +106,7 @@ def _ws(b, i, n):  # pragma: no cover - compiled
     return i
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _word(b, i, n):  # pragma: no cover - compiled
     """The 8 bytes at ``i`` as a word; past ``n`` they read as zero bytes."""
     if i + 8 <= n:
@@ -116,7 +117,7 @@ def _word(b, i, n):  # pragma: no cover - compiled
     return w
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _special(b, i, n):  # pragma: no cover - compiled
     """Offset of the first '"', '\\' or byte >= 0x80 at or after ``i`` (``n`` if none)."""
     while i + 8 <= n:
@@ -135,7 +136,7 @@ def _special(b, i, n):  # pragma: no cover - compiled
     return n
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _str_skip(b, i, n):  # pragma: no cover - compiled
     """``i`` at an opening quote -> (offset after the closing quote, escaped?); -1 when the
     buffer ends first, -2 on invalid UTF-8."""
@@ -190,7 +191,7 @@ def _skip_nested(b, i, n):  # pragma: no cover - compiled
     return -1
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _skip(b, i, n):  # pragma: no cover - compiled
     """Offset after the JSON value at ``i``; -1 when the buffer ends first, -2 when invalid."""
     c = ldb(b + i)
@@ -208,7 +209,7 @@ def _skip(b, i, n):  # pragma: no cover - compiled
     return -1
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _int(b, i, n):  # pragma: no cover - compiled
     """A JSON integer at ``i`` -> (value, end, ok); ok is False for floats, null, strings."""
     neg = False
@@ -233,7 +234,7 @@ def _int(b, i, n):  # pragma: no cover - compiled
     return (-v if neg else v), j, True
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _digits8(t):  # pragma: no cover - compiled
     """The number written by the 8 digit values (0..9, first digit in the low byte) of ``t``."""
     t = (t * _U10) + (t >> _U8)
@@ -241,7 +242,7 @@ def _digits8(t):  # pragma: no cover - compiled
     return np.int64(t)
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _ns(b, i, n):  # pragma: no cover - compiled
     """A non-negative JSON number of microseconds at ``i`` -> (integer ns, end, ok), exact:
     three decimals are ns, the fourth rounds (half up). Negative or exponent: not ok."""
@@ -285,7 +286,7 @@ def _ns(b, i, n):  # pragma: no cover - compiled
     return v, j, True
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _top_key(w):  # pragma: no cover - compiled
     """(id, length with quotes) of the event key whose opening quote starts the word ``w``;
     (0, 0) for any other key."""
@@ -315,7 +316,7 @@ def _top_key(w):  # pragma: no cover - compiled
     return 0, 0
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _arg_key(w, w2):  # pragma: no cover - compiled
     """(id, length with quotes) of the args key whose first 8 characters are ``w`` (the next
     8 bytes: ``w2``); (0, 0) for any other key."""
@@ -353,7 +354,7 @@ def _arg_key(w, w2):  # pragma: no cover - compiled
     return 0, 0
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _after(b, j, n):  # pragma: no cover - compiled
     """After a value: (offset of the next non-space byte, that byte); (-1, 0) at the end."""
     if j < n:
@@ -366,7 +367,7 @@ def _after(b, j, n):  # pragma: no cover - compiled
     return j, ldb(b + j)
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _colon(b, j, n):  # pragma: no cover - compiled
     """After a key: offset of its value (-1 at the end, -2 without a colon)."""
     if j < n and ldb(b + j) != 58:
@@ -381,7 +382,7 @@ def _colon(b, j, n):  # pragma: no cover - compiled
     return j
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _args(b, i, n, ro, fs):  # pragma: no cover - compiled
     """Parse the args object at ``i`` into the row at ``ro`` (field stride ``fs``) ->
     (end, slow) with end -1/-2 as _skip."""
@@ -443,7 +444,7 @@ def _args(b, i, n, ro, fs):  # pragma: no cover - compiled
         return -2, slow
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _event(b, i, n, ro, fs, nt, ct):  # pragma: no cover - compiled
     """Parse the event object at ``i`` into the row at ``ro`` (field stride ``fs``); ``nt`` /
     ``ct``: the name and category intern tables as addresses; -> end (-1 more data, -2 invalid)."""
@@ -632,14 +633,14 @@ def scan_events(buf: np.ndarray, pos: int, state: int, out: np.ndarray, names, c
 # hash, length and every byte agree: a hash collision costs a probe, never a wrong id.
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _table_at(t):  # pragma: no cover - compiled
     """An intern table as (addresses of its six arrays..., slot mask)."""
     return (addr(t[0]), addr(t[1]), addr(t[2]), addr(t[3]), addr(t[4]), addr(t[5]),
             t[0].shape[0] - 1)
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _hash(b, s, e, n):  # pragma: no cover - compiled
     """64-bit hash of the raw bytes at ``s:e`` (``e <= n``), eight at a time."""
     h = _HSEED
@@ -655,7 +656,7 @@ def _hash(b, s, e, n):  # pragma: no cover - compiled
     return np.int64(h)
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _intern_at(ta, b, s, e, h):  # pragma: no cover - compiled
     """Id of the string at ``s:e`` of the text at ``b`` (hash ``h``) in the intern table
     whose addresses are ``ta`` (see _table_at); added if new."""
@@ -704,3 +705,5 @@ def _hash_of(buf, s, e):  # pragma: no cover - compiled
 def _intern(t, buf, s, e, h):  # pragma: no cover - compiled
     """Id of the string ``buf[s:e]`` (hash ``h``) in the intern table ``t``; added if new."""
     return _intern_at(_table_at(t), addr(buf), s, e, h)
+
+watch_compiles()  # say so on stderr when these kernels compile on first use

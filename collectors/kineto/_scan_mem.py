@@ -15,6 +15,8 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
+from ..progress import watch_compiles
+
 __all__ = ["addr", "ldb", "ld8", "ldq", "stq", "stb", "utf8_len"]
 
 _I8, _I64 = ir.IntType(8), ir.IntType(64)
@@ -122,3 +124,5 @@ def utf8_len(b, i, n):  # pragma: no cover - compiled
         elif d < 128 or d > 191:
             return -2
     return need + 1
+
+watch_compiles()  # say so on stderr when these kernels compile on first use

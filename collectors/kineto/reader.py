@@ -19,9 +19,14 @@ from .schema import RankPart, TraceFile
 
 __all__ = ["read_kineto", "parse_kineto_file"]
 
-#: read with the streaming numba scanner (collectors.kineto.scan); files it cannot read
-#: exactly (and every damaged file, so that the error is worded here) take the path below
-STREAMING = True
+#: read with the streaming numba scanner (collectors.kineto.scan): True always, False never,
+#: None (default) when it pays: its kernel is compiled and cached already, or a file is large
+#: enough that compiling it once (~5 s of CPU, announced) soon pays back the general path's
+#: extra time (~10 ms per MB of JSON, every ingest). Files it cannot read exactly (and every damaged file,
+#: so that the error is worded here) take the general path below either way.
+STREAMING: bool | None = None
+#: decompressed JSON bytes from which compiling the scanner on first use pays off
+SCANNER_MIN_BYTES = 32 << 20
 #: files at least this large (decompressed) are decoded piece by piece
 CHUNKED_MIN_BYTES = 8 << 20
 
@@ -33,7 +38,7 @@ def parse_kineto_file(path: str | os.PathLike[str], on_stage=None, on_bytes=None
     ``on_bytes(n)`` as the streaming reader reads ``n`` more bytes of the file.
     """
     path = Path(path)
-    if STREAMING:
+    if STREAMING or (STREAMING is None and use_scanner(path)):
         from .scan import parse_fast
         was_enabled = gc.isenabled()
         gc.disable()
@@ -86,6 +91,30 @@ def _build(path: Path, doc: TraceFile) -> RankPart:
         raise TraceFormatError(f"{path}: no 'traceEvents' array; is this a PyTorch profiler "
                                "trace (torch.profiler export_chrome_trace)?")
     return build_rank_part(path, doc)
+
+
+def _json_bytes(path: Path) -> int:
+    """Decompressed size of a JSON(.gz) file (a gzip member's ISIZE trailer: mod 2**32, so a
+    larger ratio can only under-state it; such files are rare and still read correctly)."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as fh:
+            if fh.read(2) != b"\x1f\x8b":
+                return size
+            fh.seek(-4, os.SEEK_END)
+            isize = int.from_bytes(fh.read(4), "little")
+        return max(isize, size)
+    except OSError:
+        return 0
+
+
+def use_scanner(path: Path, total_bytes: int | None = None) -> bool:
+    """Whether the numba scanner pays for ``path`` (see :data:`STREAMING`)."""
+    from .scan import scanner_cached
+
+    if scanner_cached():
+        return True
+    return (total_bytes if total_bytes is not None else _json_bytes(path)) >= SCANNER_MIN_BYTES
 
 
 def read_kineto(paths: list[str | os.PathLike[str]] | str | os.PathLike[str], *, jobs: int = 1,

@@ -56,7 +56,7 @@ from .schema import (
     TraceFile,
 )
 
-__all__ = ["parse_fast", "BLOCK_BYTES"]
+__all__ = ["parse_fast", "BLOCK_BYTES", "scanner_cached"]
 
 #: decompressed bytes per block
 BLOCK_BYTES = 4 << 20
@@ -415,6 +415,18 @@ def _empty_h() -> dict:
 def _empty_gr() -> dict:
     z = np.zeros(0, np.int64)
     return dict(dev=z, stream=z, name=z.astype(np.int32), start=z, end=z, idx=z)
+
+
+def scanner_cached() -> bool:
+    """Whether the scanner's kernel is compiled already (in this process or in numba's disk
+    cache for this source), so that using it costs no compilation."""
+    disp = K._scan_events
+    if disp.signatures:
+        return True
+    try:  # numba's cache index (internal API); an empty index means "not cached"
+        return bool(disp._cache._cache_file._load_index())
+    except Exception:  # pragma: no cover - another numba layout: assume not cached
+        return False
 
 
 def parse_fast(path: Path, on_stage=None, on_bytes=None):

@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from ..progress import watch_compiles
+
 __all__ = ["_list_schedule", "_release"]
 
 
@@ -127,3 +129,5 @@ def _release(g, gptr, members, start, queue, tail):  # pragma: no cover - compil
         queue[tail] = members[q]
         tail += 1
     return tail
+
+watch_compiles()  # say so on stderr when these kernels compile on first use

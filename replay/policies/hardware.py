@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
-
 from retime.collectors.enums import EdgeKind, OpKind
 from retime.collectors.errors import ConfigError, PolicyError
 from retime.collectors.trace import Trace

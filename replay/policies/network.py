@@ -30,7 +30,6 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
-
 from retime.collectors.enums import CommOp, OpKind
 from retime.collectors.errors import PolicyError
 from retime.collectors.trace import Trace
@@ -48,7 +47,13 @@ from .base import (
 __all__ = ["Network", "Topology", "calibrate", "collective_table", "bus_factor", "LEVELS"]
 
 LEVELS = ("intra", "inter", "cross_dc")
+#: achieved fraction of a GPU link's bandwidth (NCCL over NVLink / InfiniBand), when the
+#: scenario gives none
 DEFAULT_BUS_EFFICIENCY = 0.8
+#: achieved fraction of an Ethernet link's rate for a CPU collective over TCP (gloo): the
+#: payload of a full frame, 1448 of 1514 bytes at MTU 1500 (14 Ethernet + 20 IP + 32 TCP
+#: header bytes with timestamps). ``network.*_gbps`` of such a trace is the link rate.
+TCP_GOODPUT = 1448 / 1514
 #: per-step latency assumed for measured traces when the scenario gives none (us)
 DEFAULT_ALPHA_US = {0: 1.0, 1: 5.0, 2: 5.0}
 
@@ -202,7 +207,8 @@ class Network(Policy):
             return
         cal = calibrate(state.trace, state.graph, tab)
         state.notes["network_calibration"] = {LEVELS[k]: v for k, v in cal.items()}
-        eff = self.bus_efficiency or DEFAULT_BUS_EFFICIENCY
+        eff = self.bus_efficiency or (TCP_GOODPUT if _cpu_collectives(state.trace, tab)
+                                      else DEFAULT_BUS_EFFICIENCY)
         new_bw = {}
         for lv, gbps in self._level_gbps().items():
             if gbps is not None:
@@ -248,6 +254,17 @@ class Network(Policy):
             t_new[i] += steps_new[i] * a_new - steps_old[i] * a_old
         state.dur[tab["op"]] += t_new - t_old
         state.applied.append(self.describe())
+
+
+def _cpu_collectives(trace: Trace, tab: dict[str, np.ndarray]) -> bool:
+    """Whether the trace's collectives run on host threads (gloo over TCP), not on GPUs."""
+    from retime.collectors.enums import LaneKind
+
+    if not len(tab["op"]):
+        return False
+    lanes = trace.lanes.set_index("lane")["lane_kind"]
+    kinds = lanes.reindex(trace.ops["lane"].to_numpy()[tab["op"]]).to_numpy()
+    return bool((kinds == LaneKind.CPU_THREAD).all())
 
 
 def collective_table(trace: Trace, graph, ranks_per_node: int | None = None,

@@ -151,7 +151,7 @@ class Overlap(Policy):
                       if k in info})
         if "cpu_model" in state.notes:
             _cpu_contention(state, state.notes["cpu_model"])
-            d["interference"] = 1.0 - state.contention.interference
+            d["interference"] = 1.0 - state.contention.slowdown
         if self.mode == "serial":
             m = state.graph.memo()
             if "serialize_edges" not in m:  # a per-graph constant: computed once per graph
@@ -162,7 +162,7 @@ class Overlap(Policy):
         if (self.interference is not None or self.share_links) and "cpu_model" not in state.notes:
             f = 1.0 if self.interference is None else float(self.interference)
             state.mode = "contention"
-            state.contention = ContentionModel(interference=1.0 - f,
+            state.contention = ContentionModel(slowdown=1.0 - f,
                                                share_links=bool(self.share_links))
         if self.merge == "mgwfbp" and state.is_synth:
             d["chosen_bucket_mb"] = state.synth.parallel["bucket_mb"]
@@ -192,7 +192,7 @@ def _cpu_contention(state: WhatIfState, cpu) -> None:
         resource=np.ascontiguousarray(layout_of(g, res).astype(g.resource.dtype)),
         delay_ns=np.ascontiguousarray(layout_of(g, delay).astype(g.delay_ns.dtype)))
     state.mode = "contention"
-    state.contention = ContentionModel(interference=cpu.interference, share_compute=False,
+    state.contention = ContentionModel(slowdown=cpu.interference, share_compute=False,
                                        share_links=False)
 
 

@@ -67,7 +67,6 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-
 from retime.collectors.errors import ConfigError, PolicyError
 from retime.collectors.oplevel import pipeline_layout
 from retime.collectors.trace import Trace

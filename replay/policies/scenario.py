@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import tomllib
-
 from retime.collectors.errors import PolicyError
 
 from .base import Policy

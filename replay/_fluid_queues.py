@@ -1,7 +1,7 @@
 """numba event queues of the contention path (:mod:`replay._fluid`): the start heap and the
 running jobs' queue (a sorted list or a binary heap).
 
-Split from :mod:`replay._links` (job slots and resource sharing). After editing this module
+Split from :mod:`replay._fluid_jobs` (job slots and resource sharing). After editing this module
 touch ``replay/_fluid.py``: numba keys the kernel's on-disk cache by that file alone, and the
 compiled code of these helpers is inside it.
 """
@@ -9,10 +9,11 @@ compiled code of these helpers is inside it.
 from __future__ import annotations
 
 from numba import njit
+from retime.collectors.progress import watch_compiles
 
 __all__: list[str] = []
 
-# the job-slot column (``si``, replay._links) holding a running slot's heap position
+# the job-slot column (``si``, replay._fluid_jobs) holding a running slot's heap position
 _I_POS = 2
 
 
@@ -155,3 +156,5 @@ def _jrekey(jt, js, size, s, t):
         jt[i] = jt[i + 1]
         js[i] = js[i + 1]
     _jins(jt, js, size - 1, t, s)
+
+watch_compiles()  # say so on stderr when these kernels compile on first use

@@ -4,11 +4,11 @@ Split from :mod:`replay._fluid` (the event loop) to keep modules short. Running 
 *slots*: a float row (``sf``) and an int row (``si``) each; the int array's extra columns
 hold per-index lists (running flows, rate-update candidates, free slots) that share the
 pool's capacity. The running jobs are ordered by event key in a sorted list or a heap
-(:mod:`replay._queues`).
+(:mod:`replay._fluid_queues`).
 Link sharing (max-min fair bandwidth): a job's flows load the links of its member devices;
 ``link_cnt`` counts active flows per link and ``link_cap`` is each link's capacity share.
 
-Editing this module (or :mod:`replay._queues`): numba's on-disk cache of
+Editing this module (or :mod:`replay._fluid_queues`): numba's on-disk cache of
 :func:`replay._fluid._fluid_replay` holds the compiled code of the helpers it calls from
 here, but its cache is keyed by ``_fluid.py`` alone. After a change here, touch ``replay/_fluid.py`` (or delete ``replay/__pycache__/
 _fluid*.nb*``), or the kernel keeps running the old helpers. (A fresh install writes both.)
@@ -21,8 +21,9 @@ from llvmlite import ir
 from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
+from retime.collectors.progress import watch_compiles
 
-from ._queues import _I_POS, _jins, _jkey
+from ._fluid_queues import _I_POS, _jins, _jkey
 
 __all__: list[str] = []
 
@@ -231,7 +232,7 @@ def _member_device(j, n, k, coll_members, device):
 @njit(cache=True, _nrt=False)
 def _job_enter(sl, j, n, coll_ptr, coll_members, device, resource, n_compute, n_comm, dhead,
                si, n_flows, dev_was, dev_flag, js, jsize, share_compute, share_links,
-               interference):
+               slowdown):
     """Register running job ``j`` (slot ``sl``); collect the slots whose rate may change.
     Without compute sharing the event loop keeps compute jobs out of the per-device lists:
     they are found by a scan of the running jobs (``js[:jsize]``)."""
@@ -247,7 +248,7 @@ def _job_enter(sl, j, n, coll_ptr, coll_members, device, resource, n_compute, n_
         if share_compute:
             ncand = _add_device_jobs(d, dhead, si, ncand)
         # flows see interference switch on only if one of them runs on this device
-        if interference > 0.0 and n_compute[d] == 1 and n_comm[d] > 0:
+        if slowdown > 0.0 and n_compute[d] == 1 and n_comm[d] > 0:
             ncand = _add_flows(si, n_flows, ncand)
     else:
         _flows_add(si, sl, n_flows)
@@ -267,7 +268,7 @@ def _job_enter(sl, j, n, coll_ptr, coll_members, device, resource, n_compute, n_
                 n_comm[d] += 1
         if share_links:
             ncand = _add_flows(si, n_flows, ncand)
-        if interference > 0.0:
+        if slowdown > 0.0:
             flagged = False
             for k in range(a0, a1):
                 d = _member_device(j, n, k, coll_members, device)
@@ -290,7 +291,7 @@ def _job_enter(sl, j, n, coll_ptr, coll_members, device, resource, n_compute, n_
 @njit(cache=True, _nrt=False)
 def _job_leave(sl, j, n, coll_ptr, coll_members, device, resource, n_compute, n_comm, dhead,
                si, n_flows, dev_flag, js, jsize, share_compute, share_links,
-               interference):
+               slowdown):
     """Unregister finished job ``j`` (slot ``sl``); collect the slots whose rate may change
     (compute jobs without compute sharing: see :func:`_job_enter`)."""
     ncand = 0
@@ -309,7 +310,7 @@ def _job_leave(sl, j, n, coll_ptr, coll_members, device, resource, n_compute, n_
         n_compute[d] -= 1
         if share_compute:
             ncand = _add_device_jobs(d, dhead, si, ncand)
-        if interference > 0.0 and n_compute[d] == 0 and n_comm[d] > 0:
+        if slowdown > 0.0 and n_compute[d] == 0 and n_comm[d] > 0:
             ncand = _add_flows(si, n_flows, ncand)
     else:
         _flows_remove(si, sl, n_flows)
@@ -322,7 +323,7 @@ def _job_leave(sl, j, n, coll_ptr, coll_members, device, resource, n_compute, n_
                 n_comm[d] -= 1
         if share_links:
             ncand = _add_flows(si, n_flows, ncand)
-        if interference > 0.0:
+        if slowdown > 0.0:
             flagged = False
             for k in range(a0, a1):
                 d = _member_device(j, n, k, coll_members, device)
@@ -473,7 +474,7 @@ def _fill_shares(n_flows, n, coll_ptr, coll_members, link, link_cnt, link_cap, s
 
 @njit(cache=True, _nrt=False)
 def _rerate_cands(now, ncand, n, coll_ptr, coll_members, device, resource, n_compute, n_comm,
-                  share_compute, share_links, interference, inv, sf, si, jt, jq, js, jsize,
+                  share_compute, share_links, slowdown, inv, sf, si, jt, jq, js, jsize,
                   hmode, seq):
     """Re-evaluate the rates of the candidate slots (link shares already set by
     :func:`_fill_shares`), in job-id order (so that sequence numbers do not depend on
@@ -493,11 +494,11 @@ def _rerate_cands(now, ncand, n, coll_ptr, coll_members, device, resource, n_com
             r = 1.0
             if share_compute and n_compute[d] > 1:
                 r = 1.0 / n_compute[d]
-            if interference > 0.0 and n_comm[d] > 0:
+            if slowdown > 0.0 and n_comm[d] > 0:
                 r = r * inv
         else:
             r = sf[s, _F_SHARE] if share_links else 1.0
-            if interference > 0.0 and _touches_compute(j, n, coll_ptr, coll_members, device,
+            if slowdown > 0.0 and _touches_compute(j, n, coll_ptr, coll_members, device,
                                                        n_compute):
                 r = r * inv
         if r != sf[s, _F_RATE]:
@@ -523,7 +524,7 @@ def _touches_compute(j, n, coll_ptr, coll_members, device, n_compute):
 def _toggle_flows(d, entered, now, n, coll_ptr, coll_members, device, n_compute, share_links,
                   inv, sf, si, jt, jq, js, n_flows, jsize, hmode, seq):
     """Device ``d``'s compute just switched on or off (``n_compute[d]`` already updated)
-    while flows run on it, without compute sharing: rescale the flows whose interference
+    while flows run on it, without compute sharing: rescale the flows whose slowdown
     status flipped (a member on ``d`` and none on another computing device), and set the
     rate of the compute job that just started (slot ``entered``; -1 for none), in job-id
     order: what :func:`_rerate_cands` does for this change, without its general candidate sets."""
@@ -567,3 +568,5 @@ def _toggle_flows(d, entered, now, n, coll_ptr, coll_members, device, n_compute,
             _jkey(jt, jq, js, si, jsize, hmode, s, _rerate(sf, s, now, old, r), seq)
             seq += 1
     return seq
+
+watch_compiles()  # say so on stderr when these kernels compile on first use

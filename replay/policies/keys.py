@@ -1,0 +1,199 @@
+"""The catalogue of what-if keys: unit, values, default and the traces that support each.
+
+``retime keys`` prints it; :func:`retime.replay.policies.scenario.vocabulary` is the list
+of keys the scenario parser accepts, and a test keeps the two equal (a new policy field
+without an entry here fails it). "Supports" names the trace kinds where the key works and
+what those traces must hold; elsewhere the key is refused with a message naming what is
+missing. Kinds: ``synth`` (``retime synth`` runs, re-synthesized), ``kineto`` / ``nsys``
+(measured kernel-level traces, re-timed), ``oplevel`` (measured Megatron-timer traces,
+re-laid out from per-stage templates).
+
+The module is plain data (no numpy, no policies imported), so ``retime keys`` starts fast.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["KeyInfo", "KEYS", "key_rows"]
+
+
+@dataclass(frozen=True)
+class KeyInfo:
+    """One what-if key as ``retime keys`` shows it."""
+
+    unit: str       # unit or type of the value
+    values: str     # allowed values
+    default: str    # what happens when the key is not given
+    supports: str   # trace kinds (and what they must hold)
+    help: str       # one line: what the key changes
+
+
+_ALL = "all traces"
+_NET = ("synth; kineto/nsys with sized collectives (calibrated alpha-beta model per level); "
+        "not oplevel")
+_LAYOUT_M = "synth; oplevel (per-stage templates)"
+_SYNTH = "synth only"
+
+KEYS: dict[str, KeyInfo] = {
+    # topology
+    "topology.ranks_per_node": KeyInfo(
+        "ranks", "integer >= 1", "ranks sharing a host name in the trace, else the hardware "
+        "profile's GPUs per node", "synth; kineto/nsys with sized collectives (crossing levels "
+        "need a calibrated or given inter_node_gbps)", "GPUs per node: which collectives "
+        "cross the inter-node network"),
+    "topology.nics": KeyInfo("NICs", "integer >= 1", "hardware profile", _SYNTH,
+                             "network interfaces per node (inter-node bandwidth per GPU)"),
+    # parallel
+    "parallel.dp": KeyInfo("ranks", "integer >= 1", "unchanged", _LAYOUT_M,
+                           "data-parallel degree (fixed per-rank batch)"),
+    "parallel.tp": KeyInfo("ranks", "integer >= 1", "unchanged", _SYNTH,
+                           "tensor-parallel degree"),
+    "parallel.pp": KeyInfo("stages", "integer >= 1", "unchanged", _LAYOUT_M,
+                           "pipeline-parallel degree"),
+    "parallel.cp": KeyInfo("ranks", "integer >= 1", "unchanged", _SYNTH,
+                           "context-parallel degree"),
+    "parallel.schedule": KeyInfo("name", "gpipe | 1f1b | interleaved | bfs | zb-h1 | dualpipe",
+                                 "unchanged", "synth; oplevel (gpipe, 1f1b, interleaved, bfs)",
+                                 "pipeline schedule"),
+    "parallel.chunks": KeyInfo("chunks", "integer >= 1 (> 1 needs interleaved or bfs)",
+                               "unchanged", _LAYOUT_M, "model chunks per pipeline rank"),
+    "parallel.micro_batch": KeyInfo("sequences", "integer >= 1", "unchanged", _SYNTH,
+                                    "sequences per micro-batch"),
+    "parallel.global_batch": KeyInfo("sequences", "integer >= 1", "unchanged", _LAYOUT_M,
+                                     "sequences per optimizer step"),
+    "parallel.zero": KeyInfo("stage", "0 | 1 | 2 | 3", "unchanged", _LAYOUT_M,
+                             "ZeRO stage (optimizer / gradient / parameter sharding)"),
+    "parallel.fsdp": KeyInfo("flag", "true | false", "unchanged", _SYNTH,
+                             "FSDP (ZeRO-3 with per-layer units)"),
+    "parallel.sequence_parallel": KeyInfo("flag", "true | false", "unchanged", _SYNTH,
+                                          "Megatron sequence parallelism"),
+    "parallel.microbatches": KeyInfo("micro-batches", "integer >= 1", "unchanged", _LAYOUT_M,
+                                     "micro-batches per pipeline (sets global_batch)"),
+    "parallel.durations": KeyInfo("name", "stage | ideal", "stage", "oplevel only",
+                                  "template durations: per-stage medians or the ideal ones"),
+    "parallel.ep": KeyInfo("ranks", "integer >= 1 dividing dp and the model's experts",
+                           "unchanged", _SYNTH + " (mixture-of-experts models)",
+                           "expert-parallel degree (dispatch / combine all-to-alls)"),
+    "parallel.moe_imbalance": KeyInfo("ratio", "number >= 1", "unchanged (1.0: balanced)",
+                                      _SYNTH + " (mixture-of-experts models)",
+                                      "most loaded expert's tokens over the mean"),
+    "parallel.capacity_factor": KeyInfo("ratio", "0 (dropless) or number >= 1", "unchanged",
+                                        _SYNTH + " (mixture-of-experts models)",
+                                        "expert capacity over the mean load (pad and drop)"),
+    "parallel.p2p": KeyInfo("name", "sync | async", "unchanged (sync: Megatron's blocking "
+                            "send/receive)", _SYNTH, "pipeline transfers blocking or overlapped"),
+    "parallel.stage_layers": KeyInfo("layers", "list of layers per stage | even | time | "
+                                     "memory", "unchanged", _SYNTH,
+                                     "uneven pipeline stages (or the time / memory split)"),
+    "parallel.stage_slack": KeyInfo("fraction", "number >= 0", "unchanged (0.05)", _SYNTH,
+                                    "step-time slack of stage_layers = memory"),
+    "parallel.odc": KeyInfo("flag", "true | false (needs ZeRO-3 / FSDP)", "unchanged",
+                            _SYNTH, "on-demand point-to-point ZeRO-3 transfers, one sync "
+                            "per step"),
+    "parallel.seq_imbalance": KeyInfo("ratio", "number >= 1", "unchanged (1.0: balanced)",
+                                      _SYNTH, "most loaded data-parallel rank's work over the "
+                                      "mean, per micro-batch"),
+    "parallel.dtype": KeyInfo("name", "bf16 | fp16 | fp8 (fp8 needs an FP8 peak)",
+                              "unchanged", _SYNTH, "compute dtype of the GEMMs"),
+    "parallel.grad_overlap": KeyInfo("flag", "true | false", "unchanged (false: after the "
+                                     "last backward, as Megatron-LM)", _SYNTH,
+                                     "data-parallel gradient reduction during the backward"),
+    # cache
+    "cache.fcdp": KeyInfo("flag", "true | false", "false", "synth with ZeRO-3/FSDP and dp > 1; "
+                          "measured traces with ZeRO-3/FSDP gathers in forward and backward",
+                          "cache gathered parameters in host memory (FCDP)"),
+    "cache.keep_params": KeyInfo("flag", "true | false", "false", "as cache.fcdp",
+                                 "keep gathered parameters in GPU memory"),
+    "cache.recompute": KeyInfo("mode", "none | selective | full", "unchanged",
+                               "synth; oplevel (full); kineto torch.utils.checkpoint traces "
+                               "recorded with Python stacks (none)",
+                               "activation recomputation"),
+    "cache.offload_optimizer": KeyInfo("flag", "true | false", "false",
+                                       "synth; kineto DDP traces with sized gradient "
+                                       "all-reduces and an Optimizer.step range",
+                                       "optimizer state and step on the host (ZeRO-Offload)"),
+    "cache.offload_activations": KeyInfo("flag", "true | false", "false",
+                                         "synth; kineto traces with GPU [memory] events and "
+                                         "forward/backward phases",
+                                         "activations offloaded to host memory"),
+    "cache.pcie_gbps": KeyInfo("GB/s", "> 0", "hardware profile (measured traces: 25)",
+                               "with cache.offload_*", "host<->GPU bandwidth for offloading"),
+    "cache.host_gbps": KeyInfo("GB/s", "> 0", "hardware profile (measured traces: 100)",
+                               "with cache.offload_optimizer",
+                               "host memory bandwidth of the offloaded optimizer step"),
+    # hardware
+    "hardware.compute_speedup": KeyInfo("factor", "> 0 (2 = twice as fast)", "1", _ALL,
+                                        "every compute kernel class"),
+    "hardware.gemm_speedup": KeyInfo("factor", "> 0", "1", _ALL, "GEMM / conv kernels"),
+    "hardware.attention_speedup": KeyInfo("factor", "> 0", "1", _ALL, "attention kernels"),
+    "hardware.elementwise_speedup": KeyInfo("factor", "> 0", "1", _ALL,
+                                            "memory-bound (elementwise, norm, reduce) kernels"),
+    "hardware.memcpy_speedup": KeyInfo("factor", "> 0", "1", _ALL, "memcpy / memset"),
+    "hardware.comm_speedup": KeyInfo("factor", "> 0", "1", _ALL,
+                                     "communication transfer time"),
+    "hardware.gpu": KeyInfo("profile", "a100-40gb | a100-80gb | h100-sxm | h200 | b200 | "
+                            "mi300x", "unchanged", "synth; measured traces whose GPU is a "
+                            "known profile (or with hardware.from_gpu)",
+                            "swap the GPU (roofline per kernel class)"),
+    "hardware.from_gpu": KeyInfo("profile", "as hardware.gpu", "from the trace's devices",
+                                 "with hardware.gpu", "the measured GPU, when the trace does "
+                                 "not name a known one"),
+    "hardware.slow_ranks": KeyInfo("ranks", "list of rank numbers in the trace", "none",
+                                   _ALL, "ranks whose compute and memcpy are slowed"),
+    "hardware.rank_slowdown": KeyInfo("factor", "> 0 (1.5 = 50% slower)", "none",
+                                      "with hardware.slow_ranks", "their slowdown"),
+    "hardware.host_speedup": KeyInfo("factor", "> 0", "1", _ALL,
+                                     "host (CPU) work, its gaps and unexplained delays"),
+    # network
+    "network.intra_node_gbps": KeyInfo("GB/s per GPU per direction", "> 0", "calibrated / "
+                                       "hardware profile", _NET, "intra-node bandwidth"),
+    "network.inter_node_gbps": KeyInfo("GB/s per GPU per direction", "> 0", "calibrated / "
+                                       "hardware profile", _NET, "inter-node bandwidth"),
+    "network.latency_us": KeyInfo("us per algorithm step", ">= 0", "calibrated / hardware "
+                                  "profile", _NET, "inter-node latency"),
+    "network.intra_latency_us": KeyInfo("us per algorithm step", ">= 0", "calibrated / "
+                                        "hardware profile", _NET, "intra-node latency"),
+    "network.algorithm": KeyInfo("name", "ring | tree", "ring", _NET,
+                                 "all-reduce algorithm"),
+    "network.bus_efficiency": KeyInfo("fraction", "(0, 1]", "hardware profile", _NET,
+                                      "achieved fraction of link bandwidth"),
+    "network.cross_dc_gbps": KeyInfo("GB/s per GPU per direction", "> 0", "12.5", _NET,
+                                     "bandwidth between datacenters (with nodes_per_dc)"),
+    "network.cross_dc_km": KeyInfo("km", ">= 0", "hardware profile", _NET,
+                                   "distance between datacenters (5 us per km)"),
+    "network.nodes_per_dc": KeyInfo("nodes", "integer >= 1", "all nodes in one datacenter",
+                                    _NET, "nodes per datacenter"),
+    # overlap
+    "overlap.mode": KeyInfo("name", "serial | async", "unchanged", _ALL,
+                            "communication serialized after compute, or overlapped"),
+    "overlap.bucket_mb": KeyInfo("MB", "> 0", "unchanged", "synth; kineto/nsys with sized "
+                                 "gradient all-reduces", "DDP gradient bucket size"),
+    "overlap.merge": KeyInfo("name", "wfbp | single | mgwfbp", "unchanged", _SYNTH,
+                             "gradient merge rule"),
+    "overlap.interference": KeyInfo("fraction", "[0, 1]", "1 (no interference)", _ALL,
+                                    "fraction of ideal compute/communication overlap "
+                                    "achieved (C3); runs the contention path"),
+    "overlap.share_links": KeyInfo("flag", "true | false", "false", _ALL,
+                                   "concurrent transfers share links (max-min fair)"),
+    "overlap.tp_slices": KeyInfo("slices", "integer >= 1", "1", "synth with tp > 1",
+                                 "tensor-parallel communication overlapped in slices"),
+    "overlap.prefetch": KeyInfo("layers", "integer >= 0", "1",
+                                "synth with ZeRO-3/FSDP", "FSDP parameter prefetch depth"),
+    # stragglers
+    "stragglers.ideal": KeyInfo("flag", "true | false", "false", _ALL,
+                                "drop unexplained delays"),
+    "stragglers.ideal_durations": KeyInfo("flag", "true | false", "false", _ALL,
+                                          "every op at its ideal duration"),
+    "stragglers.slow_ranks": KeyInfo("ranks", "list of rank numbers in the trace", "none",
+                                     _ALL, "ranks to slow down"),
+    "stragglers.slowdown": KeyInfo("factor", "> 0", "none", "with stragglers.slow_ranks",
+                                   "their slowdown"),
+}
+
+
+def key_rows(prefix: str | None = None) -> list[dict[str, str]]:
+    """The catalogue as rows (``retime keys --json``), optionally only one table."""
+    return [{"key": k, "unit": v.unit, "values": v.values, "default": v.default,
+             "supports": v.supports, "help": v.help}
+            for k, v in KEYS.items() if prefix is None or k.startswith(prefix)]
