@@ -28,6 +28,11 @@ CASES = [
      "unique"),
     ("Llama-3 405B, 131040 GPUs, m=18", "llama3-405b", 8, 9, 1820, 32760, 1, "interleaved",
      2, "unique"),
+    # mixture of experts: the DeepSeek-V3 layout (EP 64, FP8)
+    ("DeepSeek-V3, 2048 GPUs, EP 64, m=120", "deepseek-v3", 1, 16, 128, 15360, 1, "1f1b", 1,
+     "auto"),
+    ("DeepSeek-V3, 2048 GPUs, EP 64, DualPipe", "deepseek-v3", 1, 16, 128, 15360, 1,
+     "dualpipe", 1, "auto"),
 ]
 
 
@@ -37,9 +42,12 @@ def _one(i: int) -> dict:
     label, model, tp, pp, dp, gb, mb, sched, v, expand = CASES[i]
     synthesize("gpt3-125m", "h100-sxm", tp=1, pp=2, dp=1, global_batch=2, micro_batch=1)
     t0 = time.perf_counter()
+    moe = model == "deepseek-v3"
+    extra = dict(ep=64, dtype="fp8") if moe else dict(sequence_parallel=True)
     tr = synthesize(model, "h100-sxm", tp=tp, pp=pp, dp=dp, global_batch=gb, micro_batch=mb,
-                    schedule=sched, chunks=v, recompute="selective", sequence_parallel=True,
-                    expand=expand, max_ops=10**9, check_memory=False)
+                    schedule=sched, chunks=v, recompute="selective", expand=expand,
+                    max_ops=12_000_000 if expand == "auto" else 10**9, check_memory=False,
+                    **extra)
     dt = time.perf_counter() - t0
     s = tr.meta["synth"]
     return {"label": label, "seconds": dt, "ops": tr.n_ops, "edges": len(tr.edges),

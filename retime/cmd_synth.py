@@ -17,6 +17,13 @@ class Schedule(str, Enum):
     one_f_one_b = "1f1b"
     interleaved = "interleaved"
     bfs = "bfs"
+    zb_h1 = "zb-h1"
+    dualpipe = "dualpipe"
+
+
+class P2p(str, Enum):
+    sync = "sync"
+    async_ = "async"
 
 
 class Recompute(str, Enum):
@@ -34,9 +41,10 @@ class Dtype(str, Enum):
 def synth_summary(trace) -> dict:
     """The `retime synth --json` object (DESIGN.md §6)."""
     s = trace.meta["synth"]
-    return {
+    out = {
         "step_time_ns": int(s["step_time_ns"]),
         "tokens_per_s": float(s["tokens_per_s"]),
+        "tokens_per_s_per_gpu": float(s["tokens_per_s"]) / int(s["world_size"]),
         "mfu": float(s["mfu"]),
         "hfu": float(s["hfu"]),
         "peak_memory_bytes": int(s["peak_memory_bytes"]),
@@ -53,7 +61,30 @@ def synth_summary(trace) -> dict:
         "ops": trace.n_ops,
         "ranks_emitted": int(s["ranks_emitted"]),
         "expand": s["expand"],
+        "stage_layers": s.get("stage_layers"),
+        "params": int(s.get("params", 0)),
+        "active_params": int(s.get("active_params", 0)),
     }
+    for k in ("moe", "stage_split"):
+        if k in s:
+            out[k] = s[k]
+    return out
+
+
+def parse_stage_layers(text: str | None):
+    """``--stage-layers``: ``10,12,12,10`` (layers per stage) or ``even`` / ``time`` /
+    ``memory``."""
+    if text is None:
+        return ()
+    t = text.strip()
+    if t in ("even", "time", "memory"):
+        return t
+    try:
+        vals = tuple(int(x) for x in t.split(","))
+    except ValueError:
+        raise ConfigError(f"--stage-layers {text!r}: give layer counts per stage separated by "
+                          "commas (e.g. 10,12,12,10) or one of even, time, memory") from None
+    return vals
 
 
 @app.command()
@@ -86,7 +117,34 @@ def synth(
     chunks: Annotated[int, typer.Option("--chunks", min=1,
                                         help="Model chunks per pipeline rank (interleaved, bfs).")] = 1,
     recompute: Annotated[Recompute, typer.Option("--recompute", help="Activation recompute.")] = Recompute.none,
-    dtype: Annotated[Dtype, typer.Option("--dtype", help="Compute dtype.")] = Dtype.bf16,
+    dtype: Annotated[Dtype, typer.Option("--dtype", help="Compute dtype (fp8: FP8 GEMMs where "
+                                         "the GPU has an FP8 peak).")] = Dtype.bf16,
+    ep: Annotated[int, typer.Option("--ep", min=1, help="Expert-parallel size (MoE models; "
+                                    "divides dp).")] = 1,
+    moe_imbalance: Annotated[float, typer.Option(
+        "--moe-imbalance", min=1.0, help="Most loaded expert's tokens over the mean.")] = 1.0,
+    capacity_factor: Annotated[float, typer.Option(
+        "--capacity-factor", min=0.0, help="Expert capacity over the mean load, padded and "
+        "dropped beyond (0 = dropless).")] = 0.0,
+    stage_layers: Annotated[str | None, typer.Option(
+        "--stage-layers", help="Layers per pipeline stage, e.g. 10,12,12,10, or even / time "
+        "/ memory (balanced time; least peak memory within --stage-slack of the fastest).")
+    ] = None,
+    stage_slack: Annotated[float, typer.Option(
+        "--stage-slack", min=0.0, help="Step-time slack of --stage-layers memory.")] = 0.05,
+    p2p: Annotated[P2p, typer.Option("--p2p", help="Pipeline send/receive: sync (blocking, "
+                                     "Megatron default) or async (overlapped).")] = P2p.sync,
+    odc: Annotated[bool, typer.Option("--odc", help="ZeRO-3/FSDP with on-demand point-to-point "
+                                      "transfers, one sync per step.")] = False,
+    seq_imbalance: Annotated[float, typer.Option(
+        "--seq-imbalance", min=1.0, help="Most loaded data-parallel rank's work over the mean "
+        "(varying sequence lengths).")] = 1.0,
+    grad_overlap: Annotated[bool, typer.Option(
+        "--grad-overlap", help="Reduce gradient buckets during the last backward (DDP); "
+        "default: after it, as Megatron-LM does.")] = False,
+    check_memory: Annotated[bool, typer.Option(
+        "--check-memory", help="Fail (exit 2) when a rank's modeled memory exceeds the GPU's "
+        "instead of reporting oom.")] = False,
     force: Annotated[bool, typer.Option("--force", help=FORCE_HELP)] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")] = False,
 ) -> None:
@@ -117,10 +175,19 @@ def synth(
         hardware if hardware is not None else hardware_file,
         tp=tp, pp=pp, dp=dp, cp=cp, sequence_parallel=sequence_parallel, zero=zero, fsdp=fsdp,
         schedule=schedule.value, chunks=chunks, global_batch=global_batch,
-        micro_batch=micro_batch, recompute=recompute.value, dtype=dtype.value)
+        micro_batch=micro_batch, recompute=recompute.value, dtype=dtype.value, ep=ep,
+        moe_imbalance=moe_imbalance, capacity_factor=capacity_factor,
+        stage_layers=parse_stage_layers(stage_layers), stage_slack=stage_slack,
+        p2p=p2p.value, odc=odc, seq_imbalance=seq_imbalance, grad_overlap=grad_overlap,
+        check_memory=check_memory)
     trace.save(output)
     s = synth_summary(trace)
     s["output"] = str(output)
+    if s["oom"]:
+        worst = max(s["memory"], key=lambda r: r["total_bytes"])
+        typer.echo(f"warning: modeled memory exceeds the GPU: stage {worst['stage']} needs "
+                   f"{worst['total_bytes'] / 2**30:.1f} GiB (oom: true; --check-memory makes "
+                   "this an error)", err=True)
     if json_out:
         emit_json(s)
         return

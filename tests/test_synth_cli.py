@@ -47,7 +47,7 @@ def test_json_and_output(tmp_path, capsys):
     (["--model", "gpt3-1.3b", "--hardware", "a100-80gb", "--tp", "2", "--pp", "1", "--dp", "2",
       "--global-batch", "6", "--micro-batch", "2"], "global_batch=6 is not divisible"),
     (["--model", "gpt3-175b", "--hardware", "a100-40gb", "--tp", "1", "--pp", "1", "--dp",
-      "1", "--global-batch", "1", "--micro-batch", "1"], "does not fit"),
+      "1", "--global-batch", "1", "--micro-batch", "1", "--check-memory"], "does not fit"),
     (["--model", "gpt3-1.3b", "--hardware", "a100-80gb", *BASE, "--zero", "2", "--fsdp"],
      "FSDP is ZeRO-3"),
 ])

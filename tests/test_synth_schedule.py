@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from retime.collectors.synth import (
+    LANES,
     CommModel,
     LayerTemplate,
     OpTemplate,
@@ -60,7 +61,7 @@ def test_in_flight_from_scheduled_trace():
     o = tr.ops
     for i in range(p):
         # compute ops only: a received input may arrive early and wait in its buffer
-        s = o[(o["stage"] == i) & (o["rank"] == i) & (o["lane"] % 6 == 0)]
+        s = o[(o["stage"] == i) & (o["rank"] == i) & (o["lane"] % len(LANES) == 0)]
         first_f = s[s["phase"] == 0].groupby("microbatch")["start_ns"].min()
         last_b = (s[s["phase"] == 1].assign(end=lambda d: d["start_ns"] + d["dur_ns"])
                   .groupby("microbatch")["end"].max())

@@ -7,7 +7,13 @@ import pandas as pd
 import pytest
 from retime.collectors.enums import CommOp, EdgeKind, OpKind, Phase
 from retime.collectors.errors import ConfigError
-from retime.collectors.synth import ParallelConfig, model_names, read_model_file, synthesize
+from retime.collectors.synth import (
+    LANES,
+    ParallelConfig,
+    model_names,
+    read_model_file,
+    synthesize,
+)
 from retime.collectors.trace import read_trace
 
 SMALL = dict(hidden=1024, ffn=4096, heads=16, layers=8, seq=1024, vocab=32000,
@@ -60,11 +66,19 @@ def test_collectives_share_coll_id_across_group(tr3d):
         assert members == groups[int(g["group_id"].iloc[0])]
         assert g["group_id"].nunique() == 1 and g["bytes"].nunique() == 1
         assert g["comm_op"].nunique() == 1 and g["start_ns"].nunique() == 1
-    tp = c[c["lane"] % 6 == 1]
+    tp = c[c["lane"] % len(LANES) == 1]
     assert (tp.groupby("coll_id").size() == 2).all()
-    dp = c[c["lane"] % 6 == 3]
+    norm = tr3d.names()[c.index] == "optimizer.grad_norm_allreduce"
+    dp = c[(c["lane"] % len(LANES) == 3).to_numpy() & ~norm]
     assert len(dp) and (dp.groupby("coll_id").size() == 2).all()
     assert set(dp["comm_op"]) == {int(CommOp.ALL_REDUCE)}
+    # the optimizer's gradient-norm all-reduce: one per replica, over its 2 stages x 2
+    # tensor ranks (rank = (stage * dp + d) * tp + t)
+    gn = c[norm]
+    assert len(gn) == 8 and gn["coll_id"].nunique() == 2
+    for _, g in gn.groupby("coll_id"):
+        d = {(r // 2) % 2 for r in g["rank"]}
+        assert len(g) == 4 and len(d) == 1
 
 
 def test_p2p_pairs_and_edges(tr3d):
@@ -103,7 +117,10 @@ def test_tags_counts_and_flops(tr3d):
     assert (qkv["phase"] == int(Phase.FWD)).all()
     # QKV flops on one TP rank: 2 * tokens * h * 3h / tp
     assert qkv["flops"].iloc[0] == pytest.approx(2 * 1024 * 1024 * 3 * 1024 / 2)
-    assert (r0[r0["phase"] == int(Phase.OPT)]["lane"] % 6 == 0).all()
+    opt = r0[r0["phase"] == int(Phase.OPT)]
+    on_compute = (opt["lane"] % len(LANES) == 0).to_numpy()
+    # optimizer kernels on the compute stream, after one gradient-norm all-reduce
+    assert list(tr3d.names()[opt.index[~on_compute]]) == ["optimizer.grad_norm_allreduce"]
     # selective recompute re-runs the attention scores once per layer and micro-batch
     rec = r0[tr3d.names()[r0.index] == "recompute.attn.scores.fwd"]
     assert len(rec) == 16 and (rec["phase"] == int(Phase.BWD)).all()
@@ -189,7 +206,8 @@ def test_llama_params():
      r"global_batch=6 is not divisible by micro_batch\*dp=2\*2=4"),
     (dict(tp=2, pp=2, dp=2, global_batch=8, micro_batch=1, world_size=16),
      r"dp\*tp\*pp\*cp = 2\*2\*2\*1 = 8 does not equal world_size=16"),
-    (dict(tp=1, pp=3, dp=1, global_batch=3, micro_batch=1), r"layers=8 .* pp\*chunks=3\*1=3"),
+    (dict(tp=1, pp=9, dp=1, global_batch=9, micro_batch=1),
+     r"layers=8 .* cannot fill pp\*chunks=9\*1=9"),
     (dict(tp=1, pp=1, dp=1, global_batch=1, micro_batch=1, dtype="fp8"), r"no fp8 peak"),
 ])
 def test_bad_configs(kw, match):
@@ -274,18 +292,24 @@ def test_memory_timeline_peaks_at_in_flight_activations(tr3d):
     s = tr3d.meta["synth"]
     par = ParallelConfig(**{k: v for k, v in s["parallel"].items()
                             if k not in ("world_size", "num_microbatches")})
-    chunk = 4 * layer_activation_bytes(resolve_model(SMALL), par)  # 4 layers per stage
+    m = resolve_model(SMALL)
+    chunk = 4 * layer_activation_bytes(m, par)  # 4 layers per stage
+    # the first stage also keeps each in-flight micro-batch's embedding output + dropout mask
+    emb = 1 * 1024 * m.hidden * 3 // 2  # micro-batch 1, seq 1024, sharded over tp=2 (SP)
     mem = tr3d.memory
     assert sorted(np.unique(mem["rank"]).tolist()) == list(range(8))
     peak = mem.groupby("rank")["allocated_bytes"].max()
     for r in range(8):
         st = s["memory"][r // 4]
-        static = st["total_bytes"] - st["activation_bytes"]
-        assert peak[r] == static + st["in_flight_microbatches"] * chunk
-        assert peak[r] <= st["total_bytes"]
+        per_mb = chunk + (emb if r // 4 == 0 else 0)
+        # 1F1B: stage i keeps p - i = 2, 1 micro-batches alive
+        assert st["in_flight_microbatches"] == 2 - r // 4
+        assert st["dynamic_activation_bytes"] == st["in_flight_microbatches"] * per_mb
+        # the timeline reaches exactly the modeled peak
+        assert peak[r] == st["total_bytes"]
     # every micro-batch's activations are freed by the end of the step
     last = mem.sort_values("ts_ns").groupby("rank")["allocated_bytes"].last()
-    assert (last == peak - np.array([s["memory"][r // 4]["in_flight_microbatches"] * chunk
+    assert (last == peak - np.array([s["memory"][r // 4]["dynamic_activation_bytes"]
                                      for r in range(8)])).all()
 
 

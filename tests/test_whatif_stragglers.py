@@ -73,7 +73,7 @@ def test_cli_stragglers_json(tmp_path, ref):
 @pytest.fixture(scope="module")
 def pp_job():
     return synthesize("gpt3-125m", "a100-80gb", tp=1, pp=2, dp=4, global_batch=8,
-                      micro_batch=1)
+                      micro_batch=1, grad_overlap=True)
 
 
 def test_injected_straggler_slows_the_job_and_ideal_durations_remove_it(pp_job):

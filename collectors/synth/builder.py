@@ -26,14 +26,26 @@ from ..enums import CommOp, EdgeKind, OpKind, Phase
 from ..errors import ConfigError
 from ..trace import StringTable, Trace
 from ._kernels import _list_schedule
+from .blocks import Block, Pool, grad_buckets, make_block, merge_blocks
 from .costs import CommModel, streaming
-from .expand import _EMB, _LANE, LANES, expand_ranks, no_hugepages
+from .expand import _EDP, _EMB, _LANE, _MP, LANES, expand_ranks, no_hugepages
 from .hardware import HardwareConfig, resolve_hardware
 from .parallel import ParallelConfig, resolve_parallel
-from .schedule import stage_order
+from .schedule import (
+    BI,
+    SPLIT_BACKWARD,
+    SYNC_SCHEDULES,
+    B,
+    F,
+    W,
+    call_after,
+    overlapped_pairs,
+    stage_order,
+)
+from .stages import pipeline_layout
 
-__all__ = ["OpTemplate", "LayerTemplate", "StepTemplate", "LANES", "build_trace"]
-
+__all__ = ["OpTemplate", "LayerTemplate", "StepTemplate", "LANES", "build_trace",
+           "stage_params"]
 
 
 #: Megatron-LM's mixed-precision Adam step (fp32 main grads, master weights and moments),
@@ -76,13 +88,18 @@ class OpTemplate:
 class LayerTemplate:
     """Forward and backward op sequences of one layer (one micro-batch, one rank).
 
-    ``params`` is the layer's parameter count on one rank (after tensor-parallel sharding);
-    it sizes data-parallel gradient reduction, ZeRO-3 gathers and the optimizer.
+    ``params`` is the layer's dense parameter count on one rank (after tensor-parallel
+    sharding); it sizes data-parallel gradient reduction, ZeRO-3 gathers and the optimizer.
+    ``expert_params`` are its routed experts' parameters on one rank (reduced over the
+    expert-data-parallel group). ``wgrad`` holds the weight-gradient ops when the backward is
+    split (zero-bubble schedules): ``bwd`` then computes only input gradients.
     """
 
     fwd: tuple[OpTemplate, ...]
     bwd: tuple[OpTemplate, ...]
     params: int = 0
+    wgrad: tuple[OpTemplate, ...] = ()
+    expert_params: int = 0
 
 
 @dataclass(frozen=True)
@@ -113,250 +130,30 @@ class StepTemplate:
     meta: dict = field(default_factory=dict, compare=False)
 
 
-class _Block:
-    """Column arrays of one instantiable op sequence (a forward or backward item)."""
-
-    __slots__ = ("cols", "edges", "entry", "exit", "grad_ops", "n")
-
-    def __init__(self) -> None:
-        self.cols: dict[str, list] = {k: [] for k in ("name", "lane", "kind", "dur", "flops",
-                                                       "bytes", "comm", "layer", "phase",
-                                                       "peer_dv", "gkind")}
-        self.edges: list[tuple[int, int]] = []
-        self.entry = -1  # op that waits for the received input (first op), -1 none
-        self.exit = -1  # op whose output is sent (last compute op)
-        self.grad_ops: list[tuple[int, int]] = []  # (op index, params) layer grads ready
-        self.n = 0
-
-    def add(self, op: OpTemplate, layer: int, phase: int, deps: list[int], peer_dv: int = 0,
-            gkind: int = 0) -> int:
-        i = self.n
-        c = self.cols
-        c["name"].append(op.name)
-        c["lane"].append(_LANE[op.lane])
-        c["kind"].append(op.kind)
-        c["dur"].append(op.dur_ns)
-        c["flops"].append(op.flops)
-        c["bytes"].append(op.bytes)
-        c["comm"].append(op.comm_op)
-        c["layer"].append(layer)
-        c["phase"].append(phase)
-        c["peer_dv"].append(peer_dv)
-        c["gkind"].append(gkind)
-        for d in deps:
-            if 0 <= d < i:
-                self.edges.append((d, i))
-        self.n += 1
-        return i
-
-    def add_seq(self, ops: tuple[OpTemplate, ...], layer: int, phase: int, base: int) -> tuple[int, int]:
-        """Append a layer's sequence; relative deps resolve inside the block. Returns
-        (first, last) op indices."""
-        first = self.n
-        for op in ops:
-            i = self.n
-            deps = [i + d for d in op.deps]
-            if i == first and op.deps == (-1,) and base >= 0:
-                deps = [base]
-            self.add(op, layer, phase, deps)
-        return first, self.n - 1
-
-    def arrays(self, strings: StringTable) -> dict[str, np.ndarray]:
-        c = self.cols
-        return {
-            "name_id": np.array([strings.intern(s) for s in c["name"]], np.int32),
-            "lane": np.array(c["lane"], np.int32), "kind": np.array(c["kind"], np.int8),
-            "dur_ns": np.array(c["dur"], np.int64), "flops": np.array(c["flops"], np.float64),
-            "bytes": np.array(c["bytes"], np.int64), "comm_op": np.array(c["comm"], np.int8),
-            "layer": np.array(c["layer"], np.int32), "phase": np.array(c["phase"], np.int8),
-            "peer_dv": np.array(c["peer_dv"], np.int32),
-            "gkind": np.array(c["gkind"], np.int8),
-            "esrc": np.array([a for a, _ in self.edges], np.int64),
-            "edst": np.array([b for _, b in self.edges], np.int64),
-        }
-
-
-def _zero3_gather(blk: _Block, params: int, tpl: StepTemplate, comm: CommModel,
-                  prev_first: int, name: str) -> int:
-    nbytes = params * tpl.param_bytes_per_param
-    op = OpTemplate(name, "dp", comm.collective_ns(CommOp.ALL_GATHER, nbytes, "dp"),
-                    kind=int(OpKind.COLLECTIVE), bytes=nbytes, comm_op=int(CommOp.ALL_GATHER))
-    # prefetch depth 1: the gather of layer j is issued when layer j-1 starts
-    return blk.add(op, -1, int(Phase.FWD), [prev_first] if prev_first >= 0 else [])
-
-
-def _make_block(tpl: StepTemplate, parallel: ParallelConfig, comm: CommModel, vs: int,
-                backward: bool, layer_range: range, recv_ns: int, send_ns: int) -> _Block:
-    """Ops of one (forward or backward) item of virtual stage ``vs``."""
-    V = parallel.virtual_stages
-    blk = _Block()
-    zero3 = parallel.zero_stage == 3 and parallel.dp * parallel.cp > 1
-    phase = int(Phase.BWD if backward else Phase.FWD)
-    prev = -1
-    has_recv = (vs > 0) if not backward else (vs < V - 1)
-    if has_recv:
-        peer_dv = -1 if not backward else 1
-        prev = blk.add(OpTemplate("pp.recv", "pp_recv", recv_ns, kind=int(OpKind.P2P),
-                                  bytes=tpl.p2p_bytes, comm_op=int(CommOp.RECV)),
-                       -1, phase, [], peer_dv)
-        blk.entry = prev
-    pieces: list[tuple[LayerTemplate, int]] = []
-    if not backward:
-        if vs == 0 and tpl.embed is not None:
-            pieces.append((tpl.embed, -1))
-        pieces += [(tpl.layers[i], i) for i in layer_range]
-        if vs == V - 1 and tpl.head is not None:
-            pieces.append((tpl.head, len(tpl.layers)))
-    else:
-        if vs == V - 1 and tpl.head is not None:
-            pieces.append((tpl.head, len(tpl.layers)))
-        pieces += [(tpl.layers[i], i) for i in reversed(layer_range)]
-        if vs == 0 and tpl.embed is not None:
-            pieces.append((tpl.embed, -1))
-    prev_first = -1
-    for lt, layer in pieces:
-        ops = lt.bwd if backward else lt.fwd
-        if not ops:
+def stage_params(tpl: StepTemplate, layout, stage: int) -> tuple[int, int]:
+    """(dense, expert) parameters held by one rank of pipeline rank ``stage`` (all its
+    virtual stages: chunks, or DualPipe's two copies)."""
+    dense = expert = 0
+    for vs, vst in enumerate(layout.vstages):
+        if layout.rank_of[vs] != stage:
             continue
-        base = prev
-        if zero3 and lt.params:
-            g = _zero3_gather(blk, lt.params, tpl, comm, prev_first,
-                              "zero3.allgather_params" + (".bwd" if backward else ""))
-            blk.cols["layer"][g] = layer
-            blk.cols["phase"][g] = phase
-            first, last = blk.add_seq(ops, layer, phase, base)
-            blk.edges.append((g, first))
-        else:
-            first, last = blk.add_seq(ops, layer, phase, base)
-        prev_first = first
-        if base >= 0 and ops[0].deps != (-1,):
-            blk.edges.append((base, first))
-        prev = last
-        if backward and lt.params:
-            blk.grad_ops.append((last, lt.params))
-            if zero3:
-                nbytes = lt.params * tpl.grad_bytes_per_param
-                rs = OpTemplate("zero3.reduce_scatter_grads", "dp",
-                                comm.collective_ns(CommOp.REDUCE_SCATTER, nbytes, "dp"),
-                                kind=int(OpKind.COLLECTIVE), bytes=nbytes,
-                                comm_op=int(CommOp.REDUCE_SCATTER))
-                blk.add(rs, layer, phase, [last])
-    # the op whose output leaves the stage: last op that is not on the dp lane
-    lanes = blk.cols["lane"]
-    ex = prev
-    while ex >= 0 and lanes[ex] == _LANE["dp"]:
-        ex -= 1
-    blk.exit = ex
-    has_send = (vs < V - 1) if not backward else (vs > 0)
-    if has_send:
-        peer_dv = 1 if not backward else -1
-        blk.add(OpTemplate("pp.send", "pp_send", send_ns, kind=int(OpKind.P2P),
-                           bytes=tpl.p2p_bytes, comm_op=int(CommOp.SEND)),
-                -1, phase, [ex] if ex >= 0 else [], peer_dv)
-    return blk
-
-
-def _grad_buckets(grad_ops: list[tuple[int, int]], bucket_params: float) -> list[tuple[int, int]]:
-    """Group layer gradients (in backward order) into buckets: (ready op, params)."""
-    out, acc = [], 0
-    for i, (op, params) in enumerate(grad_ops):
-        acc += params
-        if acc >= bucket_params or i == len(grad_ops) - 1:
-            out.append((op, acc))
-            acc = 0
-    return out
-
-
-class _Pool:
-    """Unique op sequences (blocks) and the pieces (block instances) of the step.
-
-    Ops are materialized once per block; pieces are (block, microbatch, stage, chunk)
-    and expand to op columns by one gather at the end (no per-piece arrays)."""
-
-    def __init__(self, strings: StringTable) -> None:
-        self.strings = strings
-        self.blocks: list[dict[str, np.ndarray]] = []
-        self.p_block: list[int] = []
-        self.p_mb: list[int] = []
-        self.p_stage: list[int] = []
-        self.p_chunk: list[int] = []
-        self.n = 0
-
-    def add_block(self, blk: _Block) -> int:
-        self.blocks.append(blk.arrays(self.strings))
-        return len(self.blocks) - 1
-
-    def add_piece(self, b: int, mb: int, stage: int, chunk: int) -> int:
-        """Instantiate block ``b``; returns the op id of its first op."""
-        base = self.n
-        self.p_block.append(b)
-        self.p_mb.append(mb)
-        self.p_stage.append(stage)
-        self.p_chunk.append(chunk)
-        self.n += len(self.blocks[b]["dur_ns"])
-        return base
-
-    def add_ops(self, ops: list[tuple[OpTemplate, int]], stage: int, gkind: int = 0) -> int:
-        blk = _Block()
-        for op, phase in ops:
-            blk.add(op, -1, phase, [], gkind=gkind)
-        return self.add_piece(self.add_block(blk), -1, stage, -1)
-
-    def materialize(self) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
-        """Op columns of all pieces in order, and the intra-block edges (src, dst)."""
-        lens = np.array([len(b["dur_ns"]) for b in self.blocks], np.int64)
-        elens = np.array([len(b["esrc"]) for b in self.blocks], np.int64)
-        offs = np.concatenate([[0], np.cumsum(lens)[:-1]])
-        eoffs = np.concatenate([[0], np.cumsum(elens)[:-1]])
-        pb = np.asarray(self.p_block, np.int64)
-        plen = lens[pb]
-        pstart = np.concatenate([[0], np.cumsum(plen)[:-1]])
-        idx = _ranges(offs[pb], plen)
-        cols = {k: np.concatenate([b[k] for b in self.blocks])[idx]
-                for k in self.blocks[0] if k not in ("esrc", "edst")}
-        cols["microbatch"] = np.repeat(np.asarray(self.p_mb, np.int32), plen)
-        cols["stage"] = np.repeat(np.asarray(self.p_stage, np.int16), plen)
-        cols["chunk"] = np.repeat(np.asarray(self.p_chunk, np.int16), plen)
-        pe = elens[pb]
-        eidx = _ranges(eoffs[pb], pe)
-        shift = np.repeat(pstart, pe)
-        src = np.concatenate([b["esrc"] for b in self.blocks])[eidx] + shift
-        dst = np.concatenate([b["edst"] for b in self.blocks])[eidx] + shift
-        return cols, src, dst
-
-
-def _ranges(starts: np.ndarray, lens: np.ndarray) -> np.ndarray:
-    """Concatenation of ``arange(s, s + l)`` for each (s, l), vectorized."""
-    total = int(lens.sum())
-    if total == 0:
-        return np.zeros(0, np.int64)
-    ends = np.cumsum(lens)
-    out = np.ones(total, np.int64)
-    nz = lens > 0
-    st, ln, en = starts[nz], lens[nz], ends[nz]
-    out[0] = st[0]
-    out[(en - ln)[1:]] = st[1:] - (st[:-1] + ln[:-1] - 1)
-    return np.cumsum(out)
-
-
-def _stage_params(tpl: StepTemplate, parallel: ParallelConfig, stage: int, per: int) -> int:
-    p, V = parallel.pp, parallel.virtual_stages
-    total = 0
-    for c in range(parallel.chunks):
-        vs = c * p + stage
-        total += sum(lt.params for lt in tpl.layers[vs * per:(vs + 1) * per])
-        if vs == 0 and tpl.embed is not None:
-            total += tpl.embed.params
-        if vs == V - 1 and tpl.head is not None:
-            total += tpl.head.params
-    return total
+        for i in vst.layers:
+            dense += tpl.layers[i].params
+            expert += tpl.layers[i].expert_params
+        if vst.first and tpl.embed is not None:
+            dense += tpl.embed.params
+        if vst.last and tpl.head is not None:
+            dense += tpl.head.params
+            expert += tpl.head.expert_params
+    return dense, expert
 
 
 def build_trace(template: StepTemplate, parallel: ParallelConfig | dict,
                 comm: CommModel | HardwareConfig | str, *,
                 step: int = 0, expand: str = "auto", max_ops: int = 12_000_000,
                 p2p_ns: int | None = None, recv_ns: int | None = None,
-                meta: dict | None = None) -> Trace:
+                meta: dict | None = None, stage_layers: tuple[int, ...] | None = None,
+                scale: float = 1.0) -> Trace:
     """Lay one training step out on ``parallel.world_size`` ranks and schedule it.
 
     Parameters
@@ -377,6 +174,12 @@ def build_trace(template: StepTemplate, parallel: ParallelConfig | dict,
         Override the modeled pipeline send duration and the receive op's duration.
     meta : dict, optional
         Extra entries for ``meta["synth"]``.
+    stage_layers : tuple of int, optional
+        Layers per stage of one pipeline chain (default: ``parallel.stage_layers`` when it
+        is a list, else an even split).
+    scale : float
+        Multiplies every compute kernel of the forward / backward passes (the slowest
+        data-parallel rank's share under sequence-length imbalance).
 
     Returns
     -------
@@ -390,34 +193,38 @@ def build_trace(template: StepTemplate, parallel: ParallelConfig | dict,
     if expand not in ("auto", "all", "unique"):
         raise ConfigError(f"expand={expand!r}; use auto, all or unique")
     p, v, m = parallel.pp, parallel.chunks, parallel.num_microbatches
-    V = p * v
-    L = len(template.layers)
-    if L % V:
-        raise ConfigError(f"layers={L} is not divisible by pp*chunks={p}*{v}={V}; choose pp "
-                          "and chunks whose product divides the number of layers")
-    per = L // V
+    sched = parallel.schedule
+    layout = pipeline_layout(parallel, len(template.layers), stage_layers)
     hw = comm.hw
     send_ns = comm.p2p_ns(template.p2p_bytes) if p2p_ns is None else int(p2p_ns)
     if recv_ns is None:
         recv_ns = template.recv_ns
     recv_ns = int(hw.kernel_overhead_us * 1e3) if recv_ns is None else int(recv_ns)
     strings = StringTable()
-    pool = _Pool(strings)
-    blocks: dict[tuple[int, bool], tuple[_Block, int]] = {}
-    for vs in range(V):
-        rng = range(vs * per, (vs + 1) * per)
-        for bwd in (False, True):
-            blk = _make_block(template, parallel, comm, vs, bwd, rng, recv_ns, send_ns)
-            blocks[(vs, bwd)] = (blk, pool.add_block(blk))
+    pool = Pool(strings)
+    split = sched in SPLIT_BACKWARD
+    phases = (F, BI, W, B) if split else (F, B)
+    blocks: dict[tuple[int, int], tuple[Block, int]] = {}
+    for vs, vst in enumerate(layout.vstages):
+        pv, nv = layout.prev_vs(vs), layout.next_vs(vs)
+        for ph in phases:
+            blk = make_block(template, parallel, comm, vst, ph, recv_ns, send_ns,
+                             layout.rank_of[pv] if pv >= 0 else -1,
+                             layout.rank_of[nv] if nv >= 0 else -1, scale)
+            blocks[(vs, ph)] = (blk, pool.add_block(blk) if blk.n else -1)
+    merged: dict[tuple[int, int], tuple[Block, int, np.ndarray, np.ndarray]] = {}
     dp_group = parallel.dp * parallel.cp
     zero = parallel.zero_stage
-    sync = dp_group > 1 and zero < 3
+    reduce_grads = zero < 3
     bucket_params = parallel.bucket_mb * 1e6 / template.grad_bytes_per_param
+    sync_p2p = parallel.p2p == "sync" and sched in SYNC_SCHEDULES and p > 1
     esrc: list[np.ndarray] = []
     edst: list[np.ndarray] = []
     ekind: list[np.ndarray] = []
-    send_id: dict[tuple[bool, int, int], int] = {}
-    recv_id: dict[tuple[bool, int, int], int] = {}
+    # (direction, mb, vs) -> op id; direction 0 forward (activations), 1 backward (grads)
+    send_id: dict[tuple[int, int, int], int] = {}
+    recv_id: dict[tuple[int, int, int], int] = {}
+    recv_post: dict[tuple[int, int, int], int] = {}  # sync: the receiver's call point
 
     def add_edges(s, d, kind=EdgeKind.DATA):
         s = np.asarray(s, np.int64)
@@ -425,36 +232,107 @@ def build_trace(template: StepTemplate, parallel: ParallelConfig | dict,
         edst.append(np.asarray(d, np.int64))
         ekind.append(np.full(len(s), int(kind), np.int8))
 
+    def reduce_ops(grad_ops, base, stage, after=-1):
+        """Bucketed gradient reductions of one virtual stage after its last backward:
+        dense gradients over the data-parallel group, expert gradients over the
+        expert-data-parallel group. Each bucket waits for its gradients, and for ``after``
+        (the stage's last compute op) when the reduction is not overlapped."""
+        ids = []
+        op_kind = CommOp.ALL_REDUCE if zero == 0 else CommOp.REDUCE_SCATTER
+        cname = "dp.allreduce_grads" if zero == 0 else "dp.reduce_scatter_grads"
+        for col, group, gk, name in ((1, "dp", 0, cname), (2, "edp", _EDP, cname + ".experts")):
+            if comm.geometry[group].size <= 1:
+                continue
+            gops = [(g[0], g[col]) for g in grad_ops if g[col]]
+            if not gops:
+                continue
+            ops, deps = [], []
+            for ready, params in grad_buckets(gops, bucket_params):
+                nbytes = int(params * template.grad_bytes_per_param)
+                ops.append((OpTemplate(name, "dp", comm.collective_ns(op_kind, nbytes, group),
+                                       kind=int(OpKind.COLLECTIVE), bytes=nbytes,
+                                       comm_op=int(op_kind)), int(Phase.BWD)))
+                deps.append(base + ready)
+            first = pool.add_ops(ops, stage, gkind=gk)
+            new = np.arange(first, first + len(ops))
+            add_edges(deps, new)
+            if after >= 0:
+                add_edges([after] * len(new), new)
+            ids.extend(new.tolist())
+        return ids
+
     emb_ops: list[int] = []
+    mp_ops: list[int] = []
     for stage in range(p):
+        order = stage_order(sched, p, m, v, stage)
+        pairs = set(overlapped_pairs(sched, p, m, stage))
+        # the last item of each virtual stage that completes gradients
+        last_grad: dict[int, int] = {}
+        for k, (ph, _mb, c) in enumerate(order):
+            vs = layout.vs_of(sched, p, c, stage)
+            if blocks[(vs, ph)][0].grad_ops:
+                last_grad[vs] = k
         sync_ops: list[int] = []
+        deferred: list[tuple[list, int]] = []  # reductions waiting for the last backward
         last_compute = -1
-        for bwd, mb, c in stage_order(parallel.schedule, p, m, v, stage):
-            vs = c * p + stage
-            blk, bid = blocks[(vs, bwd)]
-            base = pool.add_piece(bid, mb, stage, c)
-            if blk.entry >= 0:
-                recv_id[(bwd, mb, vs)] = base + blk.entry
-            if (vs < V - 1 if not bwd else vs > 0):
-                send_id[(bwd, mb, vs)] = base + blk.n - 1
-            if blk.exit >= 0:
-                last_compute = base + blk.exit
-            if bwd and mb == m - 1 and sync and blk.grad_ops:
-                op_kind = CommOp.ALL_REDUCE if zero == 0 else CommOp.REDUCE_SCATTER
-                ops, deps = [], []
-                for ready, params in _grad_buckets(blk.grad_ops, bucket_params):
-                    nbytes = int(params * template.grad_bytes_per_param)
-                    ops.append((OpTemplate("dp.allreduce_grads" if zero == 0 else
-                                           "dp.reduce_scatter_grads", "dp",
-                                           comm.collective_ns(op_kind, nbytes, "dp"),
-                                           kind=int(OpKind.COLLECTIVE), bytes=nbytes,
-                                           comm_op=int(op_kind)), int(Phase.BWD)))
-                    deps.append(base + ready)
-                first = pool.add_ops(ops, stage)
-                ids = np.arange(first, first + len(ops))
-                add_edges(deps, ids)
-                sync_ops.extend(ids.tolist())
-        if p > 1 and template.tied_embedding_params and stage in (0, p - 1):
+        # per item: (recv, send, exit, first compute) op ids, -1 none
+        item_ids: list[tuple[int, int, int, int]] = []
+        k = 0
+        while k < len(order):
+            ph, mb, c = order[k]
+            vs = layout.vs_of(sched, p, c, stage)
+            if k in pairs:  # DualPipe: a forward and a backward chunk overlapped
+                ph2, mb2, c2 = order[k + 1]
+                vs2 = layout.vs_of(sched, p, c2, stage)
+                key = (vs, vs2, ph2)
+                if key not in merged:
+                    mblk, ma, mbm = merge_blocks(blocks[(vs, ph)][0], blocks[(vs2, ph2)][0])
+                    merged[key] = (mblk, pool.add_block(mblk), ma, mbm)
+                mblk, bid, ma, mbm = merged[key]
+                base = pool.add_piece(bid, mb, stage, c, mb2, c2)
+                parts = [(order[k], vs, blocks[(vs, ph)][0], ma),
+                         (order[k + 1], vs2, blocks[(vs2, ph2)][0], mbm)]
+                grad_blk = (mblk, base)
+                k_next = k + 2
+            else:
+                blk, bid = blocks[(vs, ph)]
+                base = pool.add_piece(bid, mb, stage, c) if bid >= 0 else pool.n
+                parts = [(order[k], vs, blk, None)]
+                grad_blk = (blk, base)
+                k_next = k + 1
+            for (iph, imb, _ic), ivs, blk, mp in parts:
+                def at(i, mp=mp, base=base):
+                    return -1 if i < 0 else base + (int(mp[i]) if mp is not None else i)
+                d = 0 if iph == F else 1
+                if blk.entry >= 0:
+                    recv_id[(d, imb, ivs)] = at(blk.entry)
+                if blk.send >= 0:
+                    send_id[(d, imb, ivs)] = at(blk.send)
+                if blk.exit >= 0:
+                    last_compute = at(blk.exit)
+                item_ids.append((at(blk.entry), at(blk.send), at(blk.exit),
+                                 at(blk.first_compute)))
+            gblk, gbase = grad_blk
+            if reduce_grads and dp_group > 1 and gblk.grad_ops and any(
+                    last_grad.get(ivs) == kk for kk, (_, ivs, _, _) in
+                    zip(range(k, k_next), parts, strict=True)):
+                for kk, (_, ivs, blk, mp) in zip(range(k, k_next), parts, strict=True):
+                    if last_grad.get(ivs) != kk or not blk.grad_ops:
+                        continue
+                    gops = [((int(mp[i]) if mp is not None else i), dn, ex)
+                            for i, dn, ex in blk.grad_ops]
+                    if parallel.grad_overlap:
+                        sync_ops.extend(reduce_ops(gops, gbase, stage))
+                    else:
+                        deferred.append((gops, gbase))
+            k = k_next
+        for gops, gbase in deferred:  # Megatron-LM: after the stage's last backward
+            sync_ops.extend(reduce_ops(gops, gbase, stage, after=last_compute))
+        if sync_p2p:
+            _sync_edges(order, item_ids, call_after(sched, order, p, m, v, stage), layout, sched, p, stage,
+                        add_edges, recv_post)
+        if p > 1 and template.tied_embedding_params and stage in (0, p - 1) \
+                and layout.chains == 1:
             nbytes = int(template.tied_embedding_params * template.grad_bytes_per_param)
             geo = comm.geometry_of(2, (p - 1) * parallel.dp * parallel.cp * parallel.tp)
             emb = pool.add_ops([(OpTemplate("pp.allreduce_embedding_grads", "dp",
@@ -466,37 +344,70 @@ def build_trace(template: StepTemplate, parallel: ParallelConfig | dict,
                       [emb] * (len(sync_ops) + (last_compute >= 0)))
             emb_ops.append(emb)
             sync_ops.append(emb)
-        # optimizer step (sharded over data-parallel ranks with ZeRO >= 1)
-        params = _stage_params(template, parallel, stage, per)
-        shard = params / (dp_group if zero >= 1 else 1)
+        if p > 1 and template.optimizer_kernels:
+            # Megatron's optimizer first all-reduces the squared gradient norm (and the
+            # fp16 inf check) over the replica's model-parallel ranks: every stage's step
+            # waits for the last backward of the whole pipeline
+            geo = comm.geometry_of_ranks([s_ * parallel.dp * parallel.cp * parallel.tp + t
+                                          for s_ in range(p) for t in range(parallel.tp)])
+            gn = pool.add_ops([(OpTemplate("optimizer.grad_norm_allreduce", "dp",
+                                           comm.collective_ns(CommOp.ALL_REDUCE, 8, geo),
+                                           kind=int(OpKind.COLLECTIVE), bytes=8,
+                                           comm_op=int(CommOp.ALL_REDUCE)), int(Phase.OPT))],
+                              stage, gkind=_MP)
+            add_edges(sync_ops + ([last_compute] if last_compute >= 0 else []),
+                      [gn] * (len(sync_ops) + (last_compute >= 0)))
+            mp_ops.append(gn)
+            sync_ops.append(gn)
+        # optimizer step (sharded over data-parallel ranks with ZeRO >= 1; experts over the
+        # expert-data-parallel ranks)
+        dense, expert = stage_params(template, layout, stage)
+        shard = dense / (dp_group if zero >= 1 else 1) \
+            + expert / (parallel.edp if zero >= 1 else 1)
         ops = []
         for kname, bpp in template.optimizer_kernels:
             kc = streaming(hw, bpp * shard)
             ops.append((OpTemplate(kname, "compute", kc.dur_ns, bytes=kc.bytes,
                                    kind=int(OpKind.KERNEL)), int(Phase.OPT)))
         n_opt = len(ops)
-        if dp_group > 1 and zero in (1, 2):
-            nbytes = int(params * template.param_bytes_per_param)
-            ops.append((OpTemplate("dp.allgather_params", "dp",
-                                   comm.collective_ns(CommOp.ALL_GATHER, nbytes, "dp"),
-                                   kind=int(OpKind.COLLECTIVE), bytes=nbytes,
-                                   comm_op=int(CommOp.ALL_GATHER)), int(Phase.OPT)))
-        if not ops:
+        gathers = []
+        if zero in (1, 2):
+            for params, group, gk in ((dense, "dp", 0), (expert, "edp", _EDP)):
+                if params and comm.geometry[group].size > 1:
+                    nbytes = int(params * template.param_bytes_per_param)
+                    gathers.append((OpTemplate("dp.allgather_params", "dp",
+                                               comm.collective_ns(CommOp.ALL_GATHER, nbytes,
+                                                                  group),
+                                               kind=int(OpKind.COLLECTIVE), bytes=nbytes,
+                                               comm_op=int(CommOp.ALL_GATHER)), gk))
+        if not ops and not gathers:
             continue
-        n = pool.add_ops(ops, stage)
         deps = sync_ops + ([last_compute] if last_compute >= 0 else [])
-        add_edges(deps, [n] * len(deps))
-        add_edges(np.arange(n, n + n_opt - 1), np.arange(n + 1, n + n_opt))
-        if len(ops) > n_opt:  # parameter all-gather after the (sharded) optimizer step
-            add_edges([n + n_opt - 1], [n + n_opt])
-    # pipeline p2p edges: send of (dir, mb, vs) feeds the receive of the next virtual stage
-    ps, pd_ = [], []
-    for (bwd, mb, vs), sid in send_id.items():
-        rid = recv_id.get((bwd, mb, vs - 1 if bwd else vs + 1))
+        prev_last = -1
+        if ops:
+            n = pool.add_ops(ops, stage)
+            add_edges(deps, [n] * len(deps))
+            add_edges(np.arange(n, n + n_opt - 1), np.arange(n + 1, n + n_opt))
+            prev_last = n + n_opt - 1
+        for op, gk in gathers:  # parameter all-gathers after the (sharded) optimizer step
+            g = pool.add_ops([(op, int(Phase.OPT))], stage, gkind=gk)
+            add_edges([prev_last] if prev_last >= 0 else deps,
+                      [g] * (1 if prev_last >= 0 else len(deps)))
+    # pipeline p2p edges: the send of (dir, mb, vs) feeds the receive of the next virtual
+    # stage (forward) or the previous one (backward)
+    ps, pd_, rs, rd = [], [], [], []
+    for (d, mb, vs), sid in send_id.items():
+        peer_vs = layout.next_vs(vs) if d == 0 else layout.prev_vs(vs)
+        rid = recv_id.get((d, mb, peer_vs))
         if rid is not None:
             ps.append(sid)
             pd_.append(rid)
+            post = recv_post.get((d, mb, peer_vs), -1)
+            if post >= 0:  # blocking p2p: the transfer starts when the receiver calls
+                rs.append(post)
+                rd.append(sid)
     add_edges(ps, pd_, EdgeKind.P2P)
+    add_edges(rs, rd)
     rep, isrc, idst = pool.materialize()
     n = pool.n
     src = np.concatenate([isrc] + esrc)
@@ -506,13 +417,64 @@ def build_trace(template: StepTemplate, parallel: ParallelConfig | dict,
     nl = len(LANES)
     rep_lane = rep["stage"].astype(np.int32) * nl + rep["lane"]
     group = np.full(n, -1, np.int64)
-    group[emb_ops] = 0  # the one cross-stage collective among representatives
+    group[emb_ops] = 0  # the cross-stage collectives among representatives
+    group[mp_ops] = 1 if emb_ops else 0
     start, done = _list_schedule(np.ascontiguousarray(rep["dur_ns"]), rep_lane, p * nl,
                                  src, dst, lag, group)
     if done != n:
         raise RuntimeError(f"synth builder produced a dependency cycle ({n - done} ops "
                            "unscheduled); this is a bug")
     rep["start_ns"] = start
+    meta = dict(meta or {})
+    meta.setdefault("stage_layers", list(layout.counts))
     with no_hugepages():
         return expand_ranks(rep, src, dst, kinds, parallel, strings, step, expand, max_ops,
                             meta)
+
+
+def _sync_edges(order, item_ids, calls, layout, sched, p, stage, add_edges, recv_post) -> None:
+    """Blocking pipeline communication (``p2p = "sync"``, see ParallelConfig): a send waits
+    for the end of the item before its call (a deferred send), the item after a call waits
+    for every send and receive of that call, and each receive records its call point (the
+    exit of the item before the call) for the rendezvous edge to the matching send."""
+    n = len(order)
+    src, dst = [], []
+    # call index of each item's send: first call at or after it
+    nxt_call = [-1] * n
+    j = -1
+    for k in range(n - 1, -1, -1):
+        if calls[k]:
+            j = k
+        nxt_call[k] = j
+    prv_call = [-1] * n  # last call before item k
+    j = -1
+    for k in range(n):
+        prv_call[k] = j
+        if calls[k]:
+            j = k
+    members: dict[int, list[int]] = {}
+    for k, (ph, mb, c) in enumerate(order):
+        recv, send, _exit, _first = item_ids[k]
+        if send >= 0:
+            cj = nxt_call[k]
+            if cj > k and item_ids[cj][2] >= 0:
+                src.append(item_ids[cj][2])
+                dst.append(send)
+            if cj >= 0:
+                members.setdefault(cj, []).append(send)
+        if recv >= 0:
+            cj = prv_call[k]
+            vs = layout.vs_of(sched, p, c, stage)
+            d = 0 if ph == F else 1
+            recv_post[(d, mb, vs)] = item_ids[cj][2] if cj >= 0 else -1
+            if cj >= 0:
+                members.setdefault(cj, []).append(recv)
+    for cj, ops in members.items():
+        if cj + 1 < n and item_ids[cj + 1][3] >= 0:
+            first = item_ids[cj + 1][3]
+            for o in ops:
+                if o != item_ids[cj + 1][0]:
+                    src.append(o)
+                    dst.append(first)
+    if src:
+        add_edges(src, dst)

@@ -15,6 +15,14 @@ collective over ``n`` ranks moving a buffer of ``S`` bytes takes
 ring's ``2(n-1)`` or ``n-1`` (or a tree's ``2 log2 n`` for all-reduce, whichever is faster).
 ``busbw`` is the slowest level the group crosses: intra-node (NVLink/NVSwitch), inter-node
 (``k`` members per node each drive their own NIC share) or a cross-datacenter link.
+
+All-to-all (mixture-of-experts dispatch and combine): every member sends its buffer split
+over the group at once; the part for members on its own node crosses NVLink, the rest the
+GPU's own NIC share, concurrently: ``base + alpha(s) + max(intra / nvlink, inter / nic)``.
+On-demand point-to-point transfers (ODC): the same split, but a point-to-point fetch cannot
+spread one GPU's off-node bytes over the node's other NICs as a ring collective's channels
+do, so off-node bytes go through the GPU's own NIC share only; a gradient push also pays
+the owner's accumulation into its fp32 shard (an HBM pass).
 """
 
 from __future__ import annotations
@@ -26,7 +34,7 @@ from ..enums import CommOp
 from .hardware import HardwareConfig, LinkConfig
 from .parallel import ParallelConfig
 
-__all__ = ["KernelCost", "gemm", "streaming", "GroupGeometry", "CommModel"]
+__all__ = ["KernelCost", "gemm", "grouped_gemm", "streaming", "GroupGeometry", "CommModel"]
 
 
 @dataclass(frozen=True)
@@ -42,28 +50,63 @@ class KernelCost:
 _TILES = ((256, 128), (128, 256), (128, 128), (64, 128), (128, 64), (64, 64))
 
 
-def _gemm_efficiency(hw: HardwareConfig, m: float, n: float, k: float, batch: int = 1) -> float:
-    """Fraction of peak reached by a GEMM: ``gemm_max`` x the reduction-depth factor
-    ``k / (k + gemm_k_half)`` (prologue/epilogue of each tile) x the best tile's utilization
-    (partial edge tiles and the last, partly filled wave of tiles over ``sm_count`` SMs)."""
+def _tile_utilization(hw: HardwareConfig, ms: list[float], n: float) -> float:
+    """Best tile shape's utilization for groups of ``m_i x n`` outputs in one launch: partial
+    edge tiles and the last, partly filled wave of tiles over ``sm_count`` SMs."""
     best = 0.0
+    useful = sum(ms) * n
+    if useful <= 0:
+        return 1.0
     for tm, tn in _TILES:
-        mt, nt = math.ceil(m / tm), math.ceil(n / tn)
-        tiles = mt * nt * batch
+        nt = math.ceil(n / tn)
+        tiles = sum(math.ceil(m / tm) for m in ms) * nt
         waves = math.ceil(tiles / hw.sm_count)
-        util = (m * n * batch) / (mt * tm * nt * tn * batch) * tiles / (waves * hw.sm_count)
+        util = useful / (tiles * tm * tn) * tiles / (waves * hw.sm_count)
         best = max(best, util)
-    return hw.gemm_max * k / (k + hw.gemm_k_half) * best
+    return best
+
+
+def _gemm_efficiency(hw: HardwareConfig, m: float, n: float, k: float, batch: int = 1,
+                     dtype: str = "bf16") -> float:
+    """Fraction of peak reached by a GEMM: ``gemm_max`` (``gemm_max_fp8`` for FP8) x the
+    reduction-depth factor ``k / (k + gemm_k_half)`` (prologue/epilogue of each tile) x the
+    best tile's utilization (partial edge tiles and the last, partly filled wave of tiles
+    over ``sm_count`` SMs)."""
+    return hw.gemm_max_of(dtype) * k / (k + hw.gemm_k_half) * _tile_utilization(
+        hw, [m] * batch, n)
 
 
 def gemm(hw: HardwareConfig, dtype: str, m: int, n: int, k: int, batch: int = 1,
-         elem_bytes: int = 2) -> KernelCost:
-    """A (batched) GEMM ``[m, k] x [k, n]``: roofline with size-dependent efficiency."""
+         elem_bytes: int | None = None) -> KernelCost:
+    """A (batched) GEMM ``[m, k] x [k, n]``: roofline with size-dependent efficiency.
+    FP8 GEMMs read 1-byte inputs and also pay the quantization of their activation input
+    (one HBM pass over it, fused into the kernel)."""
+    eb = (1 if dtype == "fp8" else 2) if elem_bytes is None else elem_bytes
     flops = 2.0 * m * n * k * batch
-    nbytes = int(elem_bytes * batch * (m * k + k * n + m * n))
-    t_compute = flops / (hw.peak_flops(dtype) * _gemm_efficiency(hw, m, n, k, batch))
-    t_memory = nbytes / (hw.hbm_gbps * hw.memory_efficiency)  # GB/s == bytes/ns
-    dur = max(t_compute * 1e9, t_memory) + hw.kernel_overhead_us * 1e3
+    nbytes = int(batch * (eb * (m * k + k * n) + 2 * m * n))
+    t_compute = flops / (hw.peak_flops(dtype) * _gemm_efficiency(hw, m, n, k, batch, dtype))
+    bw = hw.hbm_gbps * hw.memory_efficiency  # GB/s == bytes/ns
+    t_memory = nbytes / bw
+    quant = 3.0 * batch * m * k / bw if dtype == "fp8" else 0.0
+    dur = max(t_compute * 1e9, t_memory) + quant + hw.kernel_overhead_us * 1e3
+    return KernelCost(int(round(dur)), flops, nbytes)
+
+
+def grouped_gemm(hw: HardwareConfig, dtype: str, ms: list[int], n: int, k: int) -> KernelCost:
+    """One grouped GEMM launch over experts: group ``i`` is ``[m_i, k] x [k, n]`` (its own
+    weight). Tiles of all groups share the waves over the SMs, so a group of few tokens
+    wastes its partial tiles and a hot expert's extra tiles lengthen the kernel."""
+    eb = 1 if dtype == "fp8" else 2
+    M = float(sum(ms))
+    flops = 2.0 * M * n * k
+    nbytes = int(eb * (M * k + len(ms) * k * n) + 2 * M * n)
+    if M <= 0:
+        return KernelCost(int(hw.kernel_overhead_us * 1e3), 0.0, nbytes)
+    eff = hw.gemm_max_of(dtype) * k / (k + hw.gemm_k_half) * _tile_utilization(hw, ms, n)
+    bw = hw.hbm_gbps * hw.memory_efficiency
+    quant = 3.0 * M * k / bw if dtype == "fp8" else 0.0
+    dur = max(flops / (hw.peak_flops(dtype) * eff) * 1e9, nbytes / bw) + quant \
+        + hw.kernel_overhead_us * 1e3
     return KernelCost(int(round(dur)), flops, nbytes)
 
 
@@ -105,6 +148,23 @@ class CommModel:
             "dp": self.geometry_of(dp_size, p.tp),
             "pp": self.geometry_of(p.pp, p.tp * p.cp * p.dp),
         }
+        # expert groups of the first replica block: ep consecutive data ranks, and the
+        # ranks holding the same experts (d % ep equal, every context index)
+        self.geometry["ep"] = self.geometry_of_ranks(
+            [d * p.cp * p.tp for d in range(p.ep)])
+        self.geometry["edp"] = self.geometry_of_ranks(
+            [(d * p.cp + c) * p.tp for d in range(0, p.dp, p.ep) for c in range(p.cp)])
+
+    def geometry_of_ranks(self, ranks: list[int]) -> GroupGeometry:
+        """Geometry of an explicit set of global ranks (rank r is on node r // gpus_per_node)."""
+        g = self.hw.gpus_per_node
+        nodes: dict[int, int] = {}
+        for r in ranks:
+            nodes[r // g] = nodes.get(r // g, 0) + 1
+        dcs = 1
+        if self.hw.nodes_per_dc > 0 and self.hw.cross_dc is not None:
+            dcs = len({nd // self.hw.nodes_per_dc for nd in nodes})
+        return GroupGeometry(len(ranks), max(nodes.values()), len(nodes), dcs)
 
     def geometry_of(self, size: int, stride: int) -> GroupGeometry:
         """Geometry of ``size`` ranks spaced ``stride`` apart (Megatron layout)."""
@@ -150,6 +210,36 @@ class CommModel:
         else:
             t = (n - 1) * alpha
         return int(round(link.base_us * 1e3 + t))
+
+    def all_to_all_ns(self, intra_bytes: float, inter_bytes: float,
+                      group: str | GroupGeometry = "ep") -> int:
+        """An all-to-all in which each member sends ``intra_bytes`` to members on its own
+        node (NVLink) and ``inter_bytes`` to other nodes (its NIC share), concurrently."""
+        geo = self.geometry[group] if isinstance(group, str) else group
+        if geo.size <= 1 or intra_bytes + inter_bytes <= 0:
+            return 0
+        hw = self.hw
+        t = hw.intra.base_us * 1e3 + hw.intra.latency_us * 1e3 + intra_bytes / hw.intra.bus_bytes_per_ns
+        if geo.nodes > 1:
+            link = hw.cross_dc if geo.datacenters > 1 and hw.cross_dc is not None else hw.inter
+            t = max(t, (link.base_us + link.latency_us + hw.intra.latency_us) * 1e3
+                    + inter_bytes / link.bus_bytes_per_ns)
+        return int(round(t))
+
+    def odc_ns(self, nbytes: float, group: str = "dp", accumulate: bool = False) -> int:
+        """On-demand point-to-point gather (or, ``accumulate``, gradient push) of a buffer of
+        ``nbytes`` (full size) sharded over a group: ``(k-1)/n`` of it over NVLink and
+        ``(n-k)/n`` through the GPU's own NIC share (``k`` members per node), concurrently;
+        a push adds the owner's accumulation of ``n-1`` incoming shards into fp32."""
+        geo = self.geometry[group]
+        n, k = geo.size, geo.per_node
+        if n <= 1 or nbytes <= 0:
+            return 0
+        t = self.all_to_all_ns(nbytes * (k - 1) / n, nbytes * (n - k) / n, geo)
+        if accumulate:  # read each incoming 16-bit shard, read-modify-write the fp32 shard
+            t += int(nbytes * (n - 1) / n / 2 * (2 + 8)
+                     / (self.hw.hbm_gbps * self.hw.memory_efficiency))
+        return t
 
     def p2p_ns(self, nbytes: float, group: str = "pp") -> int:
         """Point-to-point transfer between neighbouring ranks of a group kind."""

@@ -15,11 +15,16 @@ from .parallel import ParallelConfig
 __all__ = ["LANES", "expand_ranks", "group_table", "no_hugepages"]
 
 #: local lanes of every rank, in lane-id order (lane id = rank * len(LANES) + index)
-LANES = ("compute", "tp", "cp", "dp", "pp_send", "pp_recv")
+LANES = ("compute", "tp", "cp", "dp", "pp_send", "pp_recv", "ep")
 _LANE = {n: i for i, n in enumerate(LANES)}
 #: ``gkind`` of ops whose group is not implied by their lane: the tied-embedding group
-#: (first and last pipeline stage of one replica)
+#: (first and last pipeline stage of one replica) and the expert-data-parallel group (ranks
+#: holding the same experts: expert gradients, expert ZeRO gathers)
 _EMB = 4
+_EDP = 6
+#: the model-parallel group of one replica (every stage and tensor rank): the optimizer's
+#: global gradient-norm all-reduce
+_MP = 7
 
 
 @contextmanager
@@ -46,24 +51,30 @@ def no_hugepages() -> Iterator[None]:
         _set_madvise_hugepage(prev)
 
 _CLASS_OF_LANE = {0: "compute", 1: "tp_comm", 2: "cp_comm", 3: "dp_comm", 4: "pp_send",
-                  5: "pp_recv"}
+                  5: "pp_recv", 6: "ep_comm"}
 
 
-def group_table(parallel: ParallelConfig, embedding: bool = False
+def group_table(parallel: ParallelConfig, embedding: bool = False, model_parallel: bool = False
                 ) -> tuple[list[dict], dict[str, int]]:
     """Process groups of the layout and the group-id offset of each kind."""
     P = parallel
     W = P.world_size
     ranks = np.arange(W).reshape(P.pp, P.dp, P.cp, P.tp)
+    G = P.dp // P.ep
+    r5 = ranks.reshape(P.pp, G, P.ep, P.cp, P.tp)
     rows: list[dict] = []
     offsets: dict[str, int] = {}
     kinds = (("tp", ranks.reshape(-1, P.tp)),
              ("cp", ranks.transpose(0, 1, 3, 2).reshape(-1, P.cp)),
              ("dp", ranks.transpose(0, 3, 1, 2).reshape(-1, P.dp * P.cp)),
-             ("pp", ranks.transpose(1, 2, 3, 0).reshape(-1, P.pp)))
+             ("pp", ranks.transpose(1, 2, 3, 0).reshape(-1, P.pp)),
+             ("ep", r5.transpose(0, 1, 3, 4, 2).reshape(-1, P.ep)),
+             ("edp", r5.transpose(0, 2, 4, 1, 3).reshape(-1, G * P.cp)))
     if embedding and P.pp > 1:  # first and last stage of each replica
         pp_mat = ranks.transpose(1, 2, 3, 0).reshape(-1, P.pp)
         kinds += (("emb", pp_mat[:, [0, P.pp - 1]]),)
+    if model_parallel:  # every stage and tensor rank of each replica
+        kinds += (("mp", ranks.transpose(1, 2, 0, 3).reshape(-1, P.pp * P.tp)),)
     for kind, mat in kinds:
         offsets[kind] = len(rows)
         if mat.shape[1] <= 1:
@@ -100,7 +111,8 @@ def expand_ranks(rep: dict[str, np.ndarray], src: np.ndarray, dst: np.ndarray,
     stage = rep["stage"].astype(np.int64)
     lane_local = rep["lane"].astype(np.int64)
     emb = rep["gkind"] == _EMB
-    groups, goff = group_table(P, embedding=bool(emb.any()))
+    mp = rep["gkind"] == _MP
+    groups, goff = group_table(P, embedding=bool(emb.any()), model_parallel=bool(mp.any()))
     # replica index k = (d * cp + c) * tp + t; rank = stage * R + k
     t_k = ks % P.tp
     c_k = (ks // P.tp) % P.cp
@@ -108,25 +120,38 @@ def expand_ranks(rep: dict[str, np.ndarray], src: np.ndarray, dst: np.ndarray,
     rank2 = (stage.astype(np.int32)[None, :] * np.int32(R)
              + ks.astype(np.int32)[:, None])  # [K, N]
     # lane class -> per-replica additive part of coll key and group id
-    cls = np.zeros(N, np.int64)  # 0 none, 1 tp, 2 cp, 3 dp
+    cls = np.zeros(N, np.int64)  # 0 none, 1 tp, 2 cp, 3 dp, 4 emb, 5 ep, 6 edp
     cls[lane_local == _LANE["tp"]] = 1
     cls[lane_local == _LANE["cp"]] = 2
     cls[lane_local == _LANE["dp"]] = 3
+    cls[lane_local == _LANE["ep"]] = 5
     cls[emb] = _EMB
+    cls[rep["gkind"] == _EDP] = _EDP
+    cls[mp] = _MP
+    G = P.dp // P.ep
+    e_k = d_k % P.ep
+    g_k = d_k // P.ep
     zero_k = np.zeros(K, np.int64)
-    key_k = np.stack([zero_k, ks - t_k, ks - c_k * P.tp, t_k, ks], axis=1)  # [K, 5]
-    gid_k = np.stack([zero_k, ks // P.tp, d_k * P.tp + t_k, t_k, ks], axis=1)
-    gid_base = np.select([cls == 1, cls == 2, cls == 3, cls == _EMB],
+    key_k = np.stack([zero_k, ks - t_k, ks - c_k * P.tp, t_k, ks,
+                      ks - e_k * P.cp * P.tp, e_k * P.tp + t_k, ks - t_k], axis=1)  # [K, 8]
+    gid_k = np.stack([zero_k, ks // P.tp, d_k * P.tp + t_k, t_k, ks,
+                      (g_k * P.cp + c_k) * P.tp + t_k, e_k * P.tp + t_k, ks // P.tp], axis=1)
+    gid_base = np.select([cls == 1, cls == 2, cls == 3, cls == _EMB, cls == 5, cls == _EDP,
+                          cls == _MP],
                          [goff["tp"] + stage * (R // P.tp),
                           goff["cp"] + stage * (P.dp * P.tp),
                           goff["dp"] + stage * P.tp,
-                          np.full(N, goff.get("emb", 0))], -1)
+                          np.full(N, goff.get("emb", 0)),
+                          goff["ep"] + stage * (G * P.cp * P.tp),
+                          goff["edp"] + stage * (P.ep * P.tp),
+                          np.full(N, goff.get("mp", 0))], -1)
     is_coll = rep["kind"] == int(OpKind.COLLECTIVE)
     j = np.cumsum(is_coll) - 1
     coll_base = np.where(is_coll & (cls > 0), j * W + stage * R, -1)
-    if emb.any():  # both stages' members share the first stage's instance number
-        ei = np.flatnonzero(emb)
-        coll_base[ei] = j[ei[0]] * W
+    for cross in (emb, mp):  # members on several stages share the first one's instance
+        if cross.any():
+            ei = np.flatnonzero(cross)
+            coll_base[ei] = j[ei[0]] * W
     # only communication ops carry coll_id / group_id / peer: fill those columns sparsely
     coll_id = np.full((K, N), -1, np.int64)
     ci = np.flatnonzero(coll_base >= 0)
@@ -134,13 +159,11 @@ def expand_ranks(rep: dict[str, np.ndarray], src: np.ndarray, dst: np.ndarray,
     group_id = np.full((K, N), -1, np.int32)
     gi = np.flatnonzero(gid_base >= 0)
     group_id[:, gi] = gid_base[gi][None, :] + gid_k[:, cls[gi]]
-    pdv = rep["peer_dv"].astype(np.int64)
-    pi = np.flatnonzero(pdv)
+    pst = rep["peer_stage"].astype(np.int64)
+    pi = np.flatnonzero(pst >= 0)
     peer = np.full((K, N), -1, np.int32)
     if len(pi):
-        vs = rep["chunk"][pi].astype(np.int64) * P.pp + stage[pi]
-        peer_stage = (vs + pdv[pi]) % P.pp
-        peer[:, pi] = peer_stage[None, :] * R + ks[:, None]
+        peer[:, pi] = pst[pi][None, :] * R + ks[:, None]
         group_id[:, pi] = goff["pp"] + ks[:, None]
     lane2 = rank2 * np.int32(len(LANES))
     lane2 += lane_local.astype(np.int32)[None, :]
@@ -187,7 +210,16 @@ def expand_ranks(rep: dict[str, np.ndarray], src: np.ndarray, dst: np.ndarray,
     ranks_emitted = lane_rank.reshape(-1)
     # per-class busy time of each stage's representative rank
     end = rep["start_ns"] + rep["dur_ns"]
-    step_ns = int(end.max() - rep["start_ns"].min()) if N else 0
+    # the step: the longest rank's span (first start to last end), as the replay engine
+    # counts it: in steady state each rank starts its next step when it ends this one
+    step_ns = 0
+    if N:
+        lo = np.full(P.pp, np.iinfo(np.int64).max, np.int64)
+        hi = np.full(P.pp, np.iinfo(np.int64).min, np.int64)
+        np.minimum.at(lo, stage, rep["start_ns"])
+        np.maximum.at(hi, stage, end)
+        used = hi >= lo
+        step_ns = int((hi[used] - lo[used]).max())
     classes: dict[str, list[int]] = {}
     for li, cname in _CLASS_OF_LANE.items():
         sel = rep["lane"] == li
@@ -218,7 +250,7 @@ def expand_ranks(rep: dict[str, np.ndarray], src: np.ndarray, dst: np.ndarray,
         "flops_per_step": float(np.nansum(rep["flops"][lane_local == _LANE["compute"]]) * R),
     }
     synth.update(meta or {})
-    size_of_cls = np.array([1, P.tp, P.cp, P.dp * P.cp, 2])
+    size_of_cls = np.array([1, P.tp, P.cp, P.dp * P.cp, 2, P.ep, G * P.cp, P.pp * P.tp])
     inst = (K // size_of_cls[cls[coll_base >= 0]]) if expand == "all" else np.ones(1)
     n_coll = int(inst.sum()) if expand == "all" else int(np.count_nonzero(coll_base >= 0))
     m = {"source_format": "synth", "world_size": W, "synth": synth,

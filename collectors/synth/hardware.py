@@ -71,6 +71,7 @@ class HardwareConfig:
     sm_count: int = 108
     dc_km: float = 0.0
     nodes_per_dc: int = 0
+    gemm_max_fp8: float = 0.0  # 0: same fraction of peak as gemm_max
     source: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
@@ -82,6 +83,12 @@ class HardwareConfig:
                               f"(gemm_max={self.gemm_max}, memory={self.memory_efficiency})")
         if self.memory_gib <= 0 or self.hbm_gbps <= 0:
             raise ConfigError(f"hardware {self.name!r}: memory_gib and hbm_gbps must be > 0")
+
+    def gemm_max_of(self, dtype: str) -> float:
+        """Fraction of the dtype's peak that large GEMM tiles sustain."""
+        if dtype == "fp8" and self.gemm_max_fp8 > 0:
+            return self.gemm_max_fp8
+        return self.gemm_max
 
     @property
     def memory_bytes(self) -> int:
@@ -100,7 +107,8 @@ class HardwareConfig:
                                            "gpus_per_node", "peak_tflops", "gemm_max",
                                            "gemm_k_half", "sm_count", "memory_efficiency", "overlap_efficiency",
                                            "kernel_overhead_us", "framework_reserve_gib",
-                                           "nics", "nic_gbps", "dc_km", "nodes_per_dc")}
+                                           "nics", "nic_gbps", "dc_km", "nodes_per_dc",
+                                           "gemm_max_fp8")}
         for k in ("intra", "inter", "cross_dc"):
             link = getattr(self, k)
             d[k] = None if link is None else dict(link.__dict__)
@@ -151,6 +159,7 @@ def _parse(data: dict[str, Any], where: str) -> HardwareConfig:
             gpus_per_node=gpn,
             peak_tflops=peaks,
             gemm_max=float(eff.get("gemm_max", 0.8)),
+            gemm_max_fp8=float(eff.get("gemm_max_fp8", 0.0)),
             gemm_k_half=float(eff.get("gemm_k_half", 64)),
             sm_count=int(data.get("sm_count", 108)),
             memory_efficiency=float(eff.get("memory", 0.85)),

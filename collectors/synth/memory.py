@@ -18,24 +18,37 @@ plus one layer's full activations while it is recomputed. A pipeline rank holds 
 every micro-batch it has forwarded but not yet backwarded (from the schedule's order: 1F1B
 keeps ``min(p - i, m)``, GPipe ``m``).
 
+FP8 runs keep the inputs of their linear layers (norm outputs, projection and FC2 inputs,
+dispatched tokens) in one byte, as their quantized copies are what the backward GEMMs read.
+With latent attention, ``selective`` recompute is DeepSeek-V3's: the norms and the MLA
+up-projections are recomputed in the backward, so their outputs (norm outputs, per-head Q,
+K, V) are not kept.
+
 Model states use mixed-precision Adam: 2-byte weights, 2-byte gradients, 12 bytes of fp32
 master weights and moments per parameter (16 bytes; ZeRO-1 shards the 12, ZeRO-2 also the
-gradients, ZeRO-3/FSDP also the weights over the data-parallel ranks).
+gradients, ZeRO-3/FSDP also the weights over the data-parallel ranks). Routed experts are
+held by ``1/ep`` of the ranks and their states shard over the expert-data-parallel group
+(``dp/ep * cp`` ranks). A MoE layer's MLP activations are those of its dispatched tokens on
+the most loaded rank (:func:`collectors.synth.moe.moe_activation_bytes`); all-to-all send and
+receive buffers of one dispatch count as buffers. Latent attention (MLA) keeps its Q, K, V
+(per-head widths) and its two latents. With ODC the owners also keep an fp32 accumulation
+shard of the gradients pushed to them.
 """
 
 from __future__ import annotations
 
 from .models import ModelConfig
 from .parallel import ParallelConfig
-from .schedule import max_in_flight, stage_order
+from .schedule import BI, B, F, stage_order
 
 __all__ = ["layer_activation_bytes", "korthikanti_layer_bytes", "memory_per_stage",
            "memory_timeline"]
 
 
 def layer_activation_bytes(model: ModelConfig, parallel: ParallelConfig,
-                           recompute: str | None = None) -> int:
-    """Activation bytes one layer keeps for its backward pass, per micro-batch, per rank."""
+                           recompute: str | None = None, layer: int = 0) -> int:
+    """Activation bytes layer ``layer`` keeps for its backward pass, per micro-batch, per
+    rank."""
     rc = parallel.recompute if recompute is None else recompute
     t = parallel.tp
     sp = parallel.sequence_parallel
@@ -48,11 +61,25 @@ def layer_activation_bytes(model: ModelConfig, parallel: ParallelConfig,
     if rc == "full":
         return int(2 * sbh * rep)
     drop = 1 if model.dropout else 0
-    replicated = (4 + 2 + 2 + 2 * drop) * sbh
+    # FP8 training keeps the (quantized) inputs of its linear layers in one byte
+    lin = 1 if parallel.dtype == "fp8" else 2
+    mla_rc = model.mla and rc == "selective"  # DeepSeek: norms and MLA up-projections redone
+    norm_out = 0 if mla_rc else lin + lin  # QKV (down-projection) input, FC1 / router input
+    replicated = (4 + norm_out + 2 * drop) * sbh
     gate = 2 if model.gated_mlp else 1
-    kv = model.kv_dim
-    sharded = (2 * s * b * (h + 2 * kv) + 2 * sbh + 2 * s * b * model.ffn * gate
-               + 2 * s * b * model.ffn)
+    a = model.heads
+    if model.mla:  # Q, K (qk width), V per head, and the latents (replicated over TP)
+        qkv = 0 if mla_rc else a * (2 * model.qk_head_dim + model.v_head_dim)
+        replicated += lin * s * b * (model.q_lora_rank + model.kv_lora_rank
+                                     + model.qk_rope_dim)
+    else:
+        qkv = a * model.head_dim + 2 * model.kv_dim
+    sharded = 2 * s * b * qkv + lin * s * b * a * model.v_head_dim
+    if model.is_moe_layer(layer):
+        from .moe import moe_activation_bytes
+        sharded += moe_activation_bytes(model, parallel) * t
+    else:
+        sharded += 2 * s * b * model.ffn * gate + lin * s * b * model.ffn
     if model.attention == "unfused" and rc != "selective":
         sharded += (4 + drop) * model.heads * s * S * b
     elif model.attention == "flash":
@@ -72,52 +99,81 @@ def korthikanti_layer_bytes(s: int, b: int, h: int, a: int, t: int, sp: bool,
     return s * b * h * (10 + 24 / t + 5 * a * s / (h * t))
 
 
-def memory_per_stage(model: ModelConfig, parallel: ParallelConfig, stage_params: list[int],
-                     capacity_bytes: int, reserve_bytes: int, padded_vocab: int,
-                     layer_params_rank: int) -> list[dict]:
+def memory_per_stage(model: ModelConfig, parallel: ParallelConfig,
+                     stage_params: list[tuple[int, int]], capacity_bytes: int,
+                     reserve_bytes: int, padded_vocab: int, layer_params_rank: tuple[int, int],
+                     layout=None, comm=None) -> list[dict]:
     """Peak memory of the representative rank of each pipeline stage (bytes).
 
-    ``stage_params`` are the parameters held by one rank of each stage (after TP sharding).
+    ``stage_params`` are the (dense, expert) parameters held by one rank of each stage
+    (after TP / EP sharding), ``layer_params_rank`` those of the largest layer (ZeRO-3
+    gather buffers), ``layout`` the :class:`~collectors.synth.stages.PipelineLayout` (which
+    layers each of the rank's chunks holds; even split when None). The activations alive at
+    once follow the schedule's order: each forward item adds its chunk's bytes, each
+    (input-gradient) backward frees them (:func:`chunk_activation_bytes`).
     """
+    from .stages import pipeline_layout
     P = parallel
     dpg = P.dp * P.cp
+    edp = P.edp
     z = P.zero_stage
-    per_chunk_layers = model.layers // P.virtual_stages
-    act_layer = layer_activation_bytes(model, P)
-    full_layer = layer_activation_bytes(model, P, "none")
+    if layout is None:
+        layout = pipeline_layout(P, model.layers)
+    weights_by_vs = chunk_activation_bytes(model, P, layout)
+    act_layer = layer_activation_bytes(model, P, layer=model.layers - 1)
+    full_layer = max(layer_activation_bytes(model, P, "none", layer=i)
+                     for i in {0, model.layers - 1})
     s = model.seq // P.cp
     b = P.micro_batch
+    dispatch = 0.0
+    if model.moe and P.ep > 1 and comm is not None:
+        from .moe import dispatch_bytes
+        dispatch = 2 * dispatch_bytes(model, P, comm, 2)[2]  # send + receive buffers
     out = []
-    for stage, params in enumerate(stage_params):
+    for stage, (dense, expert) in enumerate(stage_params):
         order = stage_order(P.schedule, P.pp, P.num_microbatches, P.chunks, stage)
-        inflight = max_in_flight(order)
-        weights = 2 * params / (dpg if z >= 3 else 1)
-        grads = 2 * params / (dpg if z >= 2 else 1)
-        optim = 12 * params / (dpg if z >= 1 else 1)
-        acts = inflight * per_chunk_layers * act_layer
+        live = peak = 0
+        n_live = n_peak = 0
+        for ph, _, c in order:
+            vs = layout.vs_of(P.schedule, P.pp, c, stage)
+            if ph == F:
+                live += weights_by_vs[vs]
+                n_live += 1
+            elif ph in (B, BI):
+                live -= weights_by_vs[vs]
+                n_live -= 1
+            peak = max(peak, live)
+            n_peak = max(n_peak, n_live)
+        weights = 2 * (dense / (dpg if z >= 3 else 1) + expert / (edp if z >= 3 else 1))
+        grads = 2 * (dense / (dpg if z >= 2 else 1) + expert / (edp if z >= 2 else 1))
+        optim = 12 * (dense / (dpg if z >= 1 else 1) + expert / (edp if z >= 1 else 1))
+        fixed = 0.0
         if P.recompute != "none":
-            acts += full_layer  # the layer being recomputed holds its full activations
-        extra = 0
-        if stage == 0:  # embedding output (+ dropout mask) of each in-flight micro-batch
-            extra += inflight * s * b * model.hidden * (3 if model.dropout else 2) / (
-                P.tp if P.sequence_parallel else 1) / P.chunks
-        if stage == P.pp - 1:  # fp32 logits of one micro-batch for the loss
-            extra += 4 * s * b * padded_vocab / P.tp
-        buffers = reserve_bytes
-        if z >= 3 and dpg > 1:  # current + prefetched gathered layer
-            buffers += 2 * 2 * layer_params_rank
+            fixed += full_layer  # the layer being recomputed holds its full activations
+        holds_last = any(layout.rank_of[vs] == stage and vst.last
+                         for vs, vst in enumerate(layout.vstages))
+        if holds_last:  # fp32 logits of one micro-batch for the loss
+            fixed += 4 * s * b * padded_vocab / P.tp
+        buffers = reserve_bytes + dispatch
+        lp_dense, lp_expert = layer_params_rank
+        if z >= 3 and (dpg > 1 or edp > 1):  # current + prefetched gathered layer
+            buffers += 2 * 2 * (lp_dense + lp_expert)
+            if P.odc:  # fp32 accumulation shard of the gradients pushed to this owner
+                buffers += 4 * (dense / dpg + expert / edp)
         elif dpg > 1:
             buffers += int(P.bucket_mb * 1e6)
-        total = weights + grads + optim + acts + extra + buffers
+        total = weights + grads + optim + peak + fixed + buffers
         out.append({
             "stage": stage,
-            "params": int(params),
+            "params": int(dense + expert),
+            "expert_params": int(expert),
             "weights_bytes": int(weights),
             "grads_bytes": int(grads),
             "optimizer_bytes": int(optim),
-            "activation_bytes": int(acts + extra),
+            "activation_bytes": int(peak + fixed),
+            "dynamic_activation_bytes": int(peak),
             "activation_bytes_per_layer": int(act_layer),
-            "in_flight_microbatches": int(inflight),
+            "in_flight_microbatches": int(n_peak),
             "buffer_bytes": int(buffers),
             "total_bytes": int(total),
             "capacity_bytes": int(capacity_bytes),
@@ -126,23 +182,42 @@ def memory_per_stage(model: ModelConfig, parallel: ParallelConfig, stage_params:
     return out
 
 
-def memory_timeline(ops, parallel: ParallelConfig, mem: list[dict], chunk_act_bytes: int,
-                    ranks_per_stage: int, emitted) -> dict:
+def chunk_activation_bytes(model: ModelConfig, parallel: ParallelConfig, layout) -> list[int]:
+    """Activation bytes (int) one micro-batch leaves on each virtual stage until its
+    backward: its layers' (:func:`layer_activation_bytes`) plus, on the first one, the
+    embedding output (and its dropout mask)."""
+    P = parallel
+    per_layer = [layer_activation_bytes(model, P, layer=i) for i in range(model.layers)]
+    s = model.seq // P.cp
+    emb = P.micro_batch * s * model.hidden * (3 if model.dropout else 2) / (
+        P.tp if P.sequence_parallel else 1)
+    return [int(sum(per_layer[i] for i in vst.layers) + (emb if vst.first else 0))
+            for vst in layout.vstages]
+
+
+def memory_timeline(ops, parallel: ParallelConfig, mem: list[dict], chunk_act,
+                    ranks_per_stage: int, emitted, wgrad=None) -> dict:
     """Allocator-like samples per emitted rank (``memory`` table columns).
 
     Model states and buffers are allocated at the step start; each forward item allocates
-    ``chunk_act_bytes`` when its first compute op starts and its backward frees them when it
-    ends. ``ops`` are the representative ranks' ops (rank ``stage * R``); ``emitted`` the
-    ranks of the trace, which get their representative's samples.
+    ``chunk_act[stage][chunk]`` bytes when its first compute op starts and its backward frees
+    them when its last compute op (not counting weight-gradient GEMMs, ``wgrad`` mask) ends.
+    ``ops`` are the representative ranks' ops (rank ``stage * R``); ``emitted`` the ranks of
+    the trace, which get their representative's samples.
     """
     import numpy as np
     import pandas as pd
 
+    from .expand import LANES
+
     rank = ops["rank"].to_numpy()
     R = ranks_per_stage
-    rep = (rank % R == 0) & (ops["lane"].to_numpy() % 6 == 0) & (ops["microbatch"].to_numpy() >= 0)
+    rep = (rank % R == 0) & (ops["lane"].to_numpy() % len(LANES) == 0) \
+        & (ops["microbatch"].to_numpy() >= 0)
     ph = ops["phase"].to_numpy()
     rep &= (ph == 0) | (ph == 1)
+    if wgrad is not None:
+        rep &= ~np.asarray(wgrad, bool)
     df = pd.DataFrame({"rank": rank[rep], "mb": ops["microbatch"].to_numpy()[rep],
                        "chunk": ops["chunk"].to_numpy()[rep], "phase": ph[rep],
                        "start": ops["start_ns"].to_numpy()[rep],
@@ -154,13 +229,17 @@ def memory_timeline(ops, parallel: ParallelConfig, mem: list[dict], chunk_act_by
     t0 = int(ops["start_ns"].min()) if len(ops) else 0
     stage_r = np.unique(np.concatenate([fwd["rank"].to_numpy(), bwd["rank"].to_numpy()])) \
         if len(g) else np.zeros(0, np.int64)
-    static = {r: mem[r // R]["total_bytes"] - mem[r // R]["activation_bytes"] for r in stage_r}
+    static = {r: mem[r // R]["total_bytes"] - mem[r // R]["dynamic_activation_bytes"]
+              for r in stage_r}
     ts = np.concatenate([np.full(len(stage_r), t0), fwd["start"].to_numpy(),
                          bwd["end"].to_numpy()]).astype(np.int64)
     rk = np.concatenate([stage_r, fwd["rank"].to_numpy(), bwd["rank"].to_numpy()])
-    delta = np.concatenate([[static[r] for r in stage_r],
-                            np.full(len(fwd), chunk_act_bytes),
-                            np.full(len(bwd), -chunk_act_bytes)]).astype(np.int64)
+    wf = [chunk_act[r // R][c] for r, c in zip(fwd["rank"].to_numpy(),
+                                                fwd["chunk"].to_numpy(), strict=True)]
+    wb = [chunk_act[r // R][c] for r, c in zip(bwd["rank"].to_numpy(),
+                                                bwd["chunk"].to_numpy(), strict=True)]
+    delta = np.concatenate([np.asarray([static[r] for r in stage_r], np.int64),
+                            np.asarray(wf, np.int64), -np.asarray(wb, np.int64)])
     # at equal times frees first: a backward ends exactly when the next forward starts on
     # the same stream, so its activations are released before the new ones are allocated
     order = np.lexsort((delta, ts, rk))

@@ -3,7 +3,11 @@
 Rank layout follows Megatron-LM's default order (tensor fastest, then context, then data,
 then pipeline): ``rank = ((stage * dp + d) * cp + c) * tp + t``. Tensor-parallel groups are
 therefore contiguous ranks (inside one server when ``tp <= gpus_per_node``), and pipeline
-neighbours are ``tp * cp * dp`` ranks apart.
+neighbours are ``tp * cp * dp`` ranks apart. Expert parallelism is carved out of data
+parallelism (Megatron-Core): an expert-parallel group is ``ep`` consecutive data-parallel
+ranks (same stage, context and tensor index; ``tp * cp`` ranks apart), and the ranks that
+hold the same experts (``d % ep`` equal) form the expert-data-parallel group that reduces
+the experts' gradients (``dp / ep * cp`` ranks).
 """
 
 from __future__ import annotations
@@ -13,9 +17,12 @@ from typing import Any
 
 from ..errors import ConfigError
 
-__all__ = ["ParallelConfig", "SCHEDULES", "RECOMPUTE", "DTYPES", "resolve_parallel"]
+__all__ = ["ParallelConfig", "SCHEDULES", "RECOMPUTE", "DTYPES", "P2P", "STAGE_POLICIES",
+           "resolve_parallel"]
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved", "bfs")
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "bfs", "zb-h1", "dualpipe")
+P2P = ("sync", "async")
+STAGE_POLICIES = ("even", "time", "memory")
 RECOMPUTE = ("none", "selective", "full")
 DTYPES = ("bf16", "fp16", "fp8")
 
@@ -29,6 +36,39 @@ class ParallelConfig:
     chunks per pipeline rank (``v``) for the interleaved and breadth-first schedules.
     ``zero`` is the ZeRO stage (0-3); ``fsdp`` is ZeRO-3 semantics with per-layer units and
     prefetch. ``bucket_mb`` is the gradient bucket size of data-parallel reduction.
+
+    Mixture of experts: ``ep`` expert-parallel ranks (dividing ``dp``) share a layer's
+    routed experts; ``moe_imbalance`` is the most loaded expert's tokens over the mean (the
+    rank holding it sets the pace of every all-to-all and expert GEMM); ``capacity_factor``
+    > 0 caps every expert at ``capacity_factor`` times the mean load and pads to it (GShard /
+    Switch semantics: tokens above it are dropped, every buffer has the capacity's size), 0
+    is dropless.
+
+    ``p2p``: ``"sync"`` is Megatron-LM's default pipeline communication: one batched, blocking
+    send/receive call between items (the compute stream waits for it, and a transfer starts
+    only when both peers have reached their call); in the interleaved schedule's steady state
+    a forward's output leaves only after the following backward. ``"async"`` overlaps sends
+    and receives with compute (Megatron-Core's ``overlap_p2p_comm``). Breadth-first,
+    zero-bubble and DualPipe schedules always overlap (blocking calls would deadlock the
+    first, the others are built around overlapped transfers). ``stage_layers``: ``()`` or ``"even"`` split the layers
+    evenly, a tuple gives the layers of each virtual stage (pipeline ranks, or ``pp * chunks``
+    model chunks in chain order), ``"time"`` / ``"memory"`` let :func:`synthesize` choose
+    (balanced time; smallest largest-stage memory within ``stage_slack`` of the fastest
+    split's step time).
+
+    ``grad_overlap``: ``False`` is Megatron-LM's default (``overlap_grad_reduce`` off): the
+    data-parallel gradient reduction (ZeRO-0/1/2) starts after the stage's last backward,
+    bucket after bucket. ``True`` reduces each bucket as soon as its gradients are complete
+    in the last micro-batch's backward (PyTorch DDP, Megatron-Core's overlapped reduction;
+    what ``overlap.bucket_mb`` / ``overlap.merge`` tune). ZeRO-3 / FSDP reduce-scatters
+    always follow each layer's backward.
+
+    ``odc``: on ZeRO-3 / FSDP runs, parameter gathers and gradient reductions are on-demand
+    point-to-point transfers (Wan et al. 2026) with one synchronization per step instead of
+    one per layer. ``seq_imbalance`` is the most loaded data-parallel rank's work over the
+    mean, per micro-batch (varying sequence lengths): per-layer collectives make every rank
+    wait for it in every micro-batch; with one synchronization per step only the leftover
+    of a minibatch-level balance remains (``(m + r - 1) / m``).
     """
 
     tp: int = 1
@@ -45,9 +85,18 @@ class ParallelConfig:
     recompute: str = "none"
     dtype: str = "bf16"
     bucket_mb: float = 40.0
+    ep: int = 1
+    moe_imbalance: float = 1.0
+    capacity_factor: float = 0.0
+    p2p: str = "sync"
+    stage_layers: tuple[int, ...] | str = ()
+    stage_slack: float = 0.05
+    odc: bool = False
+    seq_imbalance: float = 1.0
+    grad_overlap: bool = False
 
     def __post_init__(self) -> None:
-        for f in ("tp", "pp", "dp", "cp", "chunks", "global_batch", "micro_batch"):
+        for f in ("tp", "pp", "dp", "cp", "chunks", "global_batch", "micro_batch", "ep"):
             v = getattr(self, f)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ConfigError(f"parallel config: {f}={v!r} must be an integer >= 1")
@@ -67,9 +116,46 @@ class ParallelConfig:
                               "give either --fsdp or --zero N")
         if self.bucket_mb <= 0:
             raise ConfigError(f"parallel config: bucket_mb={self.bucket_mb} must be > 0")
-        if self.schedule in ("gpipe", "1f1b") and self.chunks != 1:
+        if self.schedule in ("gpipe", "1f1b", "zb-h1", "dualpipe") and self.chunks != 1:
             raise ConfigError(f"parallel config: chunks={self.chunks} needs schedule "
                               f"interleaved or bfs (got {self.schedule})")
+        if self.dp % self.ep:
+            raise ConfigError(f"parallel config: ep={self.ep} must divide dp={self.dp} "
+                              "(expert parallelism is carved out of data parallelism)")
+        for f in ("moe_imbalance", "seq_imbalance"):
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 1.0:
+                raise ConfigError(f"parallel config: {f}={v!r} must be a number >= 1 (the "
+                                  "most loaded one's work over the mean)")
+        cf = self.capacity_factor
+        if isinstance(cf, bool) or not isinstance(cf, (int, float)) or cf < 0 or 0 < cf < 1:
+            raise ConfigError(f"parallel config: capacity_factor={cf!r} must be 0 (dropless) "
+                              "or >= 1")
+        if self.p2p not in P2P:
+            raise ConfigError(f"parallel config: p2p={self.p2p!r}; use one of {', '.join(P2P)}")
+        if not 0 <= self.stage_slack < 10:
+            raise ConfigError(f"parallel config: stage_slack={self.stage_slack!r} must be a "
+                              "fraction >= 0 (0.05 = within 5% of the fastest split)")
+        sl = self.stage_layers
+        if isinstance(sl, list):
+            object.__setattr__(self, "stage_layers", tuple(sl))
+            sl = self.stage_layers
+        if isinstance(sl, str):
+            if sl not in STAGE_POLICIES:
+                raise ConfigError(f"parallel config: stage_layers={sl!r}; give layers per stage "
+                                  f"(e.g. [10, 12, 12, 10]) or one of {', '.join(STAGE_POLICIES)}")
+        elif not isinstance(sl, tuple) or not all(
+                isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in sl):
+            raise ConfigError(f"parallel config: stage_layers={sl!r} must be a list of layer "
+                              "counts >= 0, one per pipeline stage (or per model chunk)")
+        for f in ("odc", "grad_overlap", "sequence_parallel", "fsdp"):
+            if not isinstance(getattr(self, f), bool):
+                raise ConfigError(f"parallel config: {f}={getattr(self, f)!r} must be true or "
+                                  "false")
+        if self.odc and self.zero_stage != 3:
+            raise ConfigError("parallel config: odc (on-demand point-to-point parameter and "
+                              f"gradient transfers) needs ZeRO-3 / FSDP (got zero={self.zero}); "
+                              "add --fsdp or --zero 3")
         if self.sequence_parallel and self.tp == 1:
             raise ConfigError("parallel config: sequence_parallel needs tp > 1 (got tp=1)")
         per_replica = self.micro_batch * self.dp
@@ -83,6 +169,10 @@ class ParallelConfig:
             raise ConfigError(
                 f"parallel config: interleaved schedule needs the number of micro-batches "
                 f"(global_batch/(micro_batch*dp) = {m}) to be a multiple of pp={self.pp}")
+        if self.schedule == "dualpipe" and (self.pp % 2 or m % 2 or m < 2 * self.pp):
+            raise ConfigError(
+                f"parallel config: dualpipe needs an even pp (got {self.pp}) and an even number "
+                f"of micro-batches >= 2*pp (global_batch/(micro_batch*dp) = {m})")
 
     @property
     def world_size(self) -> int:
@@ -99,13 +189,21 @@ class ParallelConfig:
 
     @property
     def virtual_stages(self) -> int:
+        """Model chunks of one pipeline chain (``pp * chunks``)."""
         return self.pp * self.chunks
+
+    @property
+    def edp(self) -> int:
+        """Expert-data-parallel size: ranks holding the same experts (``dp / ep * cp``)."""
+        return self.dp // self.ep * self.cp
 
     def rank(self, stage: int, d: int, c: int, t: int) -> int:
         return ((stage * self.dp + d) * self.cp + c) * self.tp + t
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
+        if isinstance(d["stage_layers"], tuple):
+            d["stage_layers"] = list(d["stage_layers"])
         d["world_size"] = self.world_size
         d["num_microbatches"] = self.num_microbatches
         return d

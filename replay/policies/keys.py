@@ -53,8 +53,9 @@ KEYS: dict[str, KeyInfo] = {
                            "pipeline-parallel degree"),
     "parallel.cp": KeyInfo("ranks", "integer >= 1", "unchanged", _SYNTH,
                            "context-parallel degree"),
-    "parallel.schedule": KeyInfo("name", "gpipe | 1f1b | interleaved | bfs", "unchanged",
-                                 _LAYOUT_M, "pipeline schedule"),
+    "parallel.schedule": KeyInfo("name", "gpipe | 1f1b | interleaved | bfs | zb-h1 | dualpipe",
+                                 "unchanged", "synth; oplevel (gpipe, 1f1b, interleaved, bfs)",
+                                 "pipeline schedule"),
     "parallel.chunks": KeyInfo("chunks", "integer >= 1 (> 1 needs interleaved or bfs)",
                                "unchanged", _LAYOUT_M, "model chunks per pipeline rank"),
     "parallel.micro_batch": KeyInfo("sequences", "integer >= 1", "unchanged", _SYNTH,
@@ -71,6 +72,33 @@ KEYS: dict[str, KeyInfo] = {
                                      "micro-batches per pipeline (sets global_batch)"),
     "parallel.durations": KeyInfo("name", "stage | ideal", "stage", "oplevel only",
                                   "template durations: per-stage medians or the ideal ones"),
+    "parallel.ep": KeyInfo("ranks", "integer >= 1 dividing dp and the model's experts",
+                           "unchanged", _SYNTH + " (mixture-of-experts models)",
+                           "expert-parallel degree (dispatch / combine all-to-alls)"),
+    "parallel.moe_imbalance": KeyInfo("ratio", "number >= 1", "unchanged (1.0: balanced)",
+                                      _SYNTH + " (mixture-of-experts models)",
+                                      "most loaded expert's tokens over the mean"),
+    "parallel.capacity_factor": KeyInfo("ratio", "0 (dropless) or number >= 1", "unchanged",
+                                        _SYNTH + " (mixture-of-experts models)",
+                                        "expert capacity over the mean load (pad and drop)"),
+    "parallel.p2p": KeyInfo("name", "sync | async", "unchanged (sync: Megatron's blocking "
+                            "send/receive)", _SYNTH, "pipeline transfers blocking or overlapped"),
+    "parallel.stage_layers": KeyInfo("layers", "list of layers per stage | even | time | "
+                                     "memory", "unchanged", _SYNTH,
+                                     "uneven pipeline stages (or the time / memory split)"),
+    "parallel.stage_slack": KeyInfo("fraction", "number >= 0", "unchanged (0.05)", _SYNTH,
+                                    "step-time slack of stage_layers = memory"),
+    "parallel.odc": KeyInfo("flag", "true | false (needs ZeRO-3 / FSDP)", "unchanged",
+                            _SYNTH, "on-demand point-to-point ZeRO-3 transfers, one sync "
+                            "per step"),
+    "parallel.seq_imbalance": KeyInfo("ratio", "number >= 1", "unchanged (1.0: balanced)",
+                                      _SYNTH, "most loaded data-parallel rank's work over the "
+                                      "mean, per micro-batch"),
+    "parallel.dtype": KeyInfo("name", "bf16 | fp16 | fp8 (fp8 needs an FP8 peak)",
+                              "unchanged", _SYNTH, "compute dtype of the GEMMs"),
+    "parallel.grad_overlap": KeyInfo("flag", "true | false", "unchanged (false: after the "
+                                     "last backward, as Megatron-LM)", _SYNTH,
+                                     "data-parallel gradient reduction during the backward"),
     # cache
     "cache.fcdp": KeyInfo("flag", "true | false", "false", "synth with ZeRO-3/FSDP and dp > 1; "
                           "measured traces with ZeRO-3/FSDP gathers in forward and backward",

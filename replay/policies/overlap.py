@@ -5,7 +5,8 @@ per-layer WFBP, one bucket, MG-WFBP merging) and compute/communication interfere
   started before it have ended (on each compute lane, the last one that started before it),
   and the next compute op of each compute lane waits for it: no communication is hidden.
   ``"async"`` keeps the trace's overlap (measured, or modeled by the synthesizer).
-* ``bucket_mb``: data-parallel gradient bucket size (synthesized runs are re-synthesized;
+* ``bucket_mb``: data-parallel gradient bucket size (synthesized runs are re-synthesized
+  with each bucket reduced as soon as its gradients are ready, ``grad_overlap``;
   measured traces are re-bucketed by :func:`replay.policies.bucketing.rebucket`; CPU (gloo)
   DDP traces parameter by parameter with the rank's CPU shared by compute and gloo, by
   :func:`replay.policies.bucketing.rebucket_cpu`, whose interference is
@@ -117,6 +118,8 @@ class Overlap(Policy):
         if state.synth.parallel.get("dp", 1) * state.synth.parallel.get("cp", 1) <= 1:
             raise PolicyError("overlap.bucket_mb / merge: the run has no data parallelism "
                               "(dp*cp = 1): there is no gradient all-reduce to bucket")
+        # buckets and merges are the overlapped (wait-free) reduction's knobs
+        state.synth.set_parallel(grad_overlap=True)
         if self.bucket_mb is not None:
             state.synth.set_parallel(bucket_mb=float(self.bucket_mb))
         elif self.merge == "wfbp":

@@ -24,6 +24,15 @@ micro-batches, pipeline bubbles, collectives and memory. The templates come from
 
 Other traces raise PolicyError naming what is missing.
 
+Synthesized runs also take the synthesizer's newer layout keys: ``ep`` (expert parallelism),
+``moe_imbalance``, ``capacity_factor``, ``p2p`` (``sync`` / ``async`` pipeline transfers),
+``stage_layers`` (a list of layers per stage, ``"even"``, ``"time"`` or ``"memory"``),
+``stage_slack``, ``odc`` (on-demand ZeRO-3 transfers), ``seq_imbalance``, ``dtype``
+(``bf16`` / ``fp16`` / ``fp8``) and ``grad_overlap`` (data-parallel gradient reduction
+overlapped with the last backward, or after it as Megatron-LM does by default); schedules
+``zb-h1`` and ``dualpipe`` too. Measured traces
+refuse them (their per-layer templates carry no expert, split-backward or FP8 costs).
+
 The global batch is kept unless ``global_batch`` is given: changing ``dp`` changes the number
 of micro-batches per pipeline (``global_batch / (micro_batch * dp)``), which must stay an
 integer (PolicyError otherwise). ``microbatches`` sets the number of micro-batches per pipeline
@@ -37,13 +46,17 @@ from typing import ClassVar
 
 from retime.collectors.errors import ConfigError, PolicyError
 
-from .base import Policy, WhatIfState, check_choice, check_int
+from .base import Policy, WhatIfState, check_choice, check_int, check_positive
 
 __all__ = ["Parallel", "SCHEDULES"]
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved", "bfs")
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "bfs", "zb-h1", "dualpipe")
 _ALIASES = {"breadth-first": "bfs", "breadth_first": "bfs", "looped": "bfs",
-            "interleaved-1f1b": "interleaved", "pipedream-flush": "1f1b"}
+            "interleaved-1f1b": "interleaved", "pipedream-flush": "1f1b", "zbh1": "zb-h1",
+            "zb1p": "zb-h1", "zero-bubble": "zb-h1"}
+#: keys only a synthesized run can re-lay out (the synthesizer models their costs)
+_SYNTH_ONLY = ("ep", "moe_imbalance", "capacity_factor", "p2p", "stage_layers",
+               "stage_slack", "odc", "seq_imbalance", "dtype", "grad_overlap")
 
 
 @dataclass(frozen=True)
@@ -69,18 +82,48 @@ class Parallel(Policy):
     sequence_parallel: bool | None = None
     microbatches: int | None = None
     durations: str | None = None
+    ep: int | None = None
+    moe_imbalance: float | None = None
+    capacity_factor: float | None = None
+    p2p: str | None = None
+    stage_layers: tuple[int, ...] | str | None = None
+    stage_slack: float | None = None
+    odc: bool | None = None
+    seq_imbalance: float | None = None
+    dtype: str | None = None
+    grad_overlap: bool | None = None
     table: ClassVar[str] = "parallel"
 
     def __post_init__(self) -> None:
         for f in ("dp", "tp", "pp", "cp", "chunks", "micro_batch", "global_batch",
-                  "microbatches"):
+                  "microbatches", "ep"):
             check_int("parallel", f, getattr(self, f))
+        for f in ("moe_imbalance", "seq_imbalance"):
+            v = getattr(self, f)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))
+                                  or not v >= 1):
+                raise PolicyError(f"parallel.{f}={v!r} must be a number >= 1 (the most "
+                                  "loaded one's work over the mean)")
+        check_positive("parallel", "capacity_factor", self.capacity_factor, strict=False)
+        check_positive("parallel", "stage_slack", self.stage_slack, strict=False)
+        check_choice("parallel", "p2p", self.p2p, ("sync", "async"))
+        check_choice("parallel", "dtype", self.dtype, ("bf16", "fp16", "fp8"))
+        sl = self.stage_layers
+        if isinstance(sl, list):
+            object.__setattr__(self, "stage_layers", tuple(sl))
+            sl = self.stage_layers
+        if sl is not None and not (
+                (isinstance(sl, str) and sl in ("even", "time", "memory"))
+                or (isinstance(sl, tuple) and sl and all(
+                    isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in sl))):
+            raise PolicyError(f"parallel.stage_layers={sl!r}: give layers per stage "
+                              "([10, 12, 12, 10]) or one of even, time, memory")
         if self.schedule is not None:
             object.__setattr__(self, "schedule", _ALIASES.get(self.schedule, self.schedule))
         check_choice("parallel", "schedule", self.schedule, SCHEDULES)
         check_choice("parallel", "zero", self.zero, (0, 1, 2, 3))
         check_choice("parallel", "durations", self.durations, ("stage", "ideal"))
-        for f in ("fsdp", "sequence_parallel"):
+        for f in ("fsdp", "sequence_parallel", "odc", "grad_overlap"):
             v = getattr(self, f)
             if v is not None and not isinstance(v, bool):
                 raise PolicyError(f"parallel.{f}={v!r} must be true or false")
@@ -89,6 +132,16 @@ class Parallel(Policy):
         kw = self.fields()
         if not kw:
             return
+        if not state.is_synth:
+            bad = [f for f in _SYNTH_ONLY if kw.get(f) is not None] + (
+                [f"schedule={self.schedule}"] if self.schedule in ("zb-h1", "dualpipe") else [])
+            if bad:
+                raise PolicyError(f"parallel: {', '.join(bad)} on a measured trace: the "
+                                  "synthesizer models these (expert all-to-alls, split "
+                                  "backward passes, FP8 GEMMs, stage splits, on-demand "
+                                  "transfers), measured templates do not carry their costs; "
+                                  "synthesize the job with `retime synth` and apply the "
+                                  "scenario to that")
         if state.trace.meta.get("source_format") == "oplevel" and not state.is_synth:
             from .parallel_oplevel import relayout_oplevel
             durations = kw.pop("durations", "stage")
@@ -121,8 +174,13 @@ class Parallel(Policy):
         if self.schedule in ("interleaved", "bfs") and self.chunks is None \
                 and state.synth.parallel.get("chunks", 1) == 1:
             kw["chunks"] = 2
-        if self.schedule in ("gpipe", "1f1b") and self.chunks is None:
+        if self.schedule in ("gpipe", "1f1b", "zb-h1", "dualpipe") and self.chunks is None:
             kw["chunks"] = 1
+        if "stage_layers" in kw and kw["stage_layers"] == "even":
+            kw["stage_layers"] = ()
+        if kw.get("stage_layers") is not None:
+            kw["stage_layers"] = (list(kw["stage_layers"]) if isinstance(kw["stage_layers"], tuple)
+                                  else kw["stage_layers"])
         if kw.get("fsdp"):
             kw["zero"] = 0 if self.zero is None else self.zero
         if self.zero is not None and self.zero != 3 and self.fsdp is None:
