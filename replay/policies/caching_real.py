@@ -122,6 +122,8 @@ def configure_measured(cache: Cache, state: WhatIfState) -> None:
                 "share of it; use cache.recompute=full, or a kernel-level trace / `retime synth`")
         return
     if fmt in ("kineto", "nsys"):
+        if cache.recompute == "full":  # recompute_measured.py (module ranges needed)
+            return
         if cache.recompute != "none":
             raise PolicyError(
                 f"cache.recompute={cache.recompute} on a measured {fmt} trace: which forward "
@@ -156,8 +158,16 @@ def apply_measured(cache: Cache, state: WhatIfState) -> dict[str, Any]:
     """Phase 2 on a measured trace; returns the effect recorded in the scenario entry."""
     eff: dict[str, Any] = {}
     if cache.recompute is not None:
-        eff = (_recompute_oplevel(state, cache.recompute) if _fmt(state) == "oplevel"
-               else _uncheckpoint_kineto(state))
+        if _fmt(state) == "oplevel":
+            eff = _recompute_oplevel(state, cache.recompute)
+        elif cache.recompute == "full":
+            if checkpoint_spans(state.trace)["n_recompute"]:
+                eff = {"unchanged": "the trace already recomputes (torch.utils.checkpoint)"}
+            else:
+                from .recompute_measured import recompute_full_kineto
+                eff = recompute_full_kineto(state)
+        else:
+            eff = _uncheckpoint_kineto(state)
     from .caching import DEFAULT_HOST_GBPS, DEFAULT_PCIE_GBPS
     pcie = float(cache.pcie_gbps or DEFAULT_PCIE_GBPS)
     if cache.offload_activations:

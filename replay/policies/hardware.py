@@ -165,23 +165,31 @@ def _apply_graphs(h: Hardware, state: WhatIfState) -> dict:
     return apply_cuda_graphs(state, h.cuda_graphs, launch, node)
 
 
-def scale_host_work(state: WhatIfState, factor) -> None:
+def scale_host_work(state: WhatIfState, factor, fixed_ns=0.0) -> None:
     """Host (CPU) work takes ``factor`` times as long (a scalar, or one factor per op in
     op-id order: per rank): host ops (operators, runtime calls), the measured gaps before
     them (HOST_ORDER lags: framework and Python time between traced ops; gaps classified as
     waiting are 0 already, replay/gaps.py) and their unexplained delays. Blocking calls keep
     waiting for the GPU (only their own part changes); GPU work and CPU collectives (gloo:
-    mostly waiting on the link) are unchanged. ``hardware.host_speedup = s`` is ``1 / s``."""
+    mostly waiting on the link) are unchanged. ``hardware.host_speedup = s`` is ``1 / s``.
+    ``fixed_ns`` (scalar or per op): a part of each op and gap that does not scale (a
+    framework's per-op dispatch): ``t -> fixed + (t - fixed) * factor`` where ``t > fixed``."""
     kind = state.kinds()
     host = (kind == OpKind.CPU_OP) | (kind == OpKind.RUNTIME)
     f_op = np.broadcast_to(np.asarray(factor, np.float64), host.shape)
-    state.dur[host] *= f_op[host]
+    x_op = np.broadcast_to(np.asarray(fixed_ns, np.float64), host.shape)
+
+    def sc(v, f, x):
+        return np.where(v > x, x + (v - x) * f, v)
+
+    d = state.dur
+    d[host] = sc(d[host], f_op[host], x_op[host])
     g = state.graph
-    f_pos = layout_of(g, f_op)
+    f_pos, x_pos = layout_of(g, f_op), layout_of(g, x_op)
     lag = g.pred_lag_ns.copy()
     ho = (g.pred_kind == EdgeKind.HOST_ORDER) & (lag > 0)
     dst = np.repeat(np.arange(g.n_ops), np.diff(g.pred_ptr))
-    lag[ho] = np.rint(lag[ho] * f_pos[dst[ho]]).astype(lag.dtype)
+    lag[ho] = np.rint(sc(lag[ho], f_pos[dst[ho]], x_pos[dst[ho]])).astype(lag.dtype)
     delay = g.delay_ns.copy()
     hpos = layout_of(g, host)
     delay[hpos] = np.rint(delay[hpos] * f_pos[hpos]).astype(delay.dtype)

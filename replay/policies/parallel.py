@@ -160,13 +160,19 @@ class Parallel(Policy):
                                   f"global_batch={gb} (micro_batch={mb}, dp={dp}), but "
                                   f"parallel.global_batch={self.global_batch}; give one")
             kw["global_batch"] = gb
-        if not state.is_synth and set(kw) <= {"dp"}:
-            # a measured data-parallel job with more or fewer ranks (parallel_dp.py)
-            from .parallel_dp import relayout_dp
-            orig = state.trace
-            state.trace, state.notes["relayout"], tmpl = relayout_dp(
-                orig, kw["dp"], state.ranks_per_node)
-            state.notes["template"] = (orig, tmpl)
+        if not state.is_synth and kw and set(kw) <= {"dp", "micro_batch"}:
+            # a measured data-parallel job with more or fewer ranks (parallel_dp.py) and/or
+            # another per-rank batch (batch_measured.py, applied in phase 2)
+            if "micro_batch" in kw:
+                from .batch_measured import measured_batch
+                measured_batch(state.trace)  # refuse early, naming what is missing
+                state.notes["micro_batch"] = int(kw["micro_batch"])
+            if "dp" in kw:
+                from .parallel_dp import relayout_dp
+                orig = state.trace
+                state.trace, state.notes["relayout"], tmpl = relayout_dp(
+                    orig, kw["dp"], state.ranks_per_node)
+                state.notes["template"] = (orig, tmpl)
             return
         if not state.is_synth:
             state.notes["relayout"] = self._relayout_measured(state, kw)
@@ -235,8 +241,12 @@ class Parallel(Policy):
             f = shared_core_factor(tpl[0], state.trace, tpl[1])
             if f is not None:
                 scale_host_work(state, f)
+        d = self.describe()
+        if "micro_batch" in state.notes:
+            from .batch_measured import scale_batch
+            d["batch_effect"] = scale_batch(state, state.notes["micro_batch"])
         if self.fields():
-            state.applied.append(self.describe())
+            state.applied.append(d)
 
 
 def templates_from_trace(trace):

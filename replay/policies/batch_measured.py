@@ -1,0 +1,145 @@
+"""``parallel.micro_batch`` (the per-rank batch) on a measured trace.
+
+A rank's forward and backward do work in proportion to the samples it processes (every GEMM,
+convolution, attention and elementwise op runs over the batch; the weight gradients reduce
+over it), plus a fixed cost per op: the framework's dispatch of the op, which does not depend
+on the tensor sizes. What does not scale with the batch: the gradient all-reduces and the
+DDP reducer's copies (they move the parameters' gradients), the optimizer step, and GPU
+launch latency.
+
+So, with ``b`` the measured per-rank batch and ``b'`` the new one, every host op and host
+gap (the time the profiler did not cover between two ops of a thread: on a CPU job, the
+compute of the enclosing operator) of the forward and backward phases takes
+``d + (t - d) b'/b`` where ``d`` is the rank's dispatch cost (the median duration of its
+trivial ops: views, strides, detach; a few microseconds), and every GPU op of those phases
+``t b'/b``. Ops inside the DDP reducer's ranges and every collective keep their times.
+
+The measured batch ``b``: ``meta["capture"]`` metadata (``batch`` / ``micro_batch``, recorded
+by the capture), else the most common leading dimension of the inputs of the forward's
+``aten::linear`` / ``aten::conv*`` / ``aten::embedding`` ops, read from the trace's Kineto
+files (``record_shapes``); refused without either.
+"""
+
+from __future__ import annotations
+
+import gzip
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+from retime.collectors.enums import OpKind, Phase
+from retime.collectors.errors import PolicyError
+
+from .base import WhatIfState
+
+__all__ = ["measured_batch", "scale_batch"]
+
+_TRIVIAL = {"aten::as_strided", "aten::view", "aten::t", "aten::transpose", "aten::reshape",
+            "aten::expand", "aten::detach", "detach", "aten::resolve_conj", "aten::permute",
+            "aten::unsqueeze", "aten::squeeze", "aten::slice", "aten::select", "aten::alias",
+            "aten::_reshape_alias", "aten::empty", "aten::empty_strided"}
+_BATCHED = ("aten::linear", "aten::conv1d", "aten::conv2d", "aten::conv3d", "aten::embedding",
+            "aten::_convolution")
+
+
+def _from_capture(meta: dict) -> int | None:
+    for block in (meta.get("capture") or {}).values():
+        if not isinstance(block, dict):
+            continue
+        for src in (block.get("metadata"), block.get("job"), block):
+            if isinstance(src, dict):
+                for k in ("micro_batch", "batch", "per_rank_batch"):
+                    v = src.get(k)
+                    if isinstance(v, int) and v > 0:
+                        return v
+    return None
+
+
+def _from_shapes(meta: dict) -> int | None:
+    lead: Counter = Counter()
+    for s in meta.get("sources") or []:
+        p = Path(str(s.get("path", ""))) if isinstance(s, dict) else None
+        if p is None or not p.is_file() or s.get("format") != "kineto":
+            continue
+        try:
+            raw = p.read_bytes()
+            doc = orjson.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)
+        except (OSError, orjson.JSONDecodeError, EOFError):
+            continue
+        ev = doc.get("traceEvents", []) if isinstance(doc, dict) else []
+        for e in ev:
+            if isinstance(e, dict) and e.get("cat") == "cpu_op" and \
+                    str(e.get("name", "")).startswith(_BATCHED):
+                dims = (e.get("args") or {}).get("Input Dims") or []
+                if dims and isinstance(dims[0], list) and len(dims[0]) >= 2:
+                    lead[int(dims[0][0])] += 1
+    return lead.most_common(1)[0][0] if lead else None
+
+
+def measured_batch(trace) -> int:
+    """The per-rank batch the trace was recorded with (module docstring)."""
+    meta = trace.meta if isinstance(trace.meta, dict) else {}
+    b = _from_capture(meta) or _from_shapes(meta)
+    if not b:
+        raise PolicyError("parallel.micro_batch on a measured trace needs the measured per-rank "
+                          "batch: record it in the capture (Capture(metadata={'batch': B})) or "
+                          "record shapes (record_shapes=True) so the forward's linear / conv "
+                          "inputs tell it")
+    return int(b)
+
+
+def _in_ranges(trace, rank, lane, start, pattern: str) -> np.ndarray:
+    """Whether each op starts inside a range whose name contains ``pattern`` on its lane."""
+    names = np.asarray(trace.strings, dtype=object)
+    r = trace.ranges
+    hit = np.asarray([pattern in str(s) for s in names], bool)
+    sel = hit[r["name_id"].to_numpy()] if len(r) else np.zeros(0, bool)
+    out = np.zeros(len(start), bool)
+    if not sel.any():
+        return out
+    key_r = r["rank"].to_numpy()[sel].astype(np.int64) * (1 << 20) + r["lane"].to_numpy()[sel]
+    rs, re_ = r["start_ns"].to_numpy()[sel], r["end_ns"].to_numpy()[sel]
+    key_o = rank.astype(np.int64) * (1 << 20) + lane
+    for k in np.unique(key_r).tolist():
+        m = key_r == k
+        s, e = rs[m], re_[m]
+        o = np.sort(s)
+        ends = np.maximum.accumulate(e[np.argsort(s)])
+        ids = np.flatnonzero(key_o == k)
+        j = np.searchsorted(o, start[ids], side="right") - 1
+        out[ids] = (j >= 0) & (start[ids] < ends[np.maximum(j, 0)])
+    return out
+
+
+def scale_batch(state: WhatIfState, new_batch: int) -> dict[str, Any]:
+    """Phase 2: the forward and backward work at ``new_batch`` samples per rank."""
+    from .hardware import scale_host_work
+
+    t = state.trace
+    b = measured_batch(t)
+    f = float(new_batch) / b
+    o = t.ops
+    kind, phase = o["kind"].to_numpy(), o["phase"].to_numpy()
+    rank, lane = o["rank"].to_numpy(), o["lane"].to_numpy()
+    start = o["start_ns"].to_numpy()
+    if not ((phase == Phase.FWD) | (phase == Phase.BWD)).any():
+        raise PolicyError("parallel.micro_batch on a measured trace needs forward and backward "
+                          "phases (record_function('forward') / 'backward' ranges, or "
+                          "autograd's) to tell batch-sized work from the rest")
+    work = ((phase == Phase.FWD) | (phase == Phase.BWD)) & (kind != OpKind.COLLECTIVE) \
+        & (kind != OpKind.P2P) & ~_in_ranges(t, rank, lane, start, "reducer")
+    names = np.asarray(t.strings, dtype=object)[o["name_id"].to_numpy()]
+    trivial = np.asarray([n in _TRIVIAL for n in names], bool)
+    dur = o["dur_ns"].to_numpy().astype(np.float64)
+    d_rank = {int(r): float(np.median(dur[trivial & (rank == r)]))
+              if (trivial & (rank == r)).any() else 0.0 for r in np.unique(rank)}
+    fixed = np.asarray([d_rank[int(r)] for r in rank])
+    host = (kind == OpKind.CPU_OP) | (kind == OpKind.RUNTIME)
+    gpu = work & ~host
+    state.dur[gpu] *= f
+    factor = np.where(work & host, f, 1.0)
+    scale_host_work(state, factor, fixed_ns=np.where(work & host, fixed, 0.0))
+    return {"micro_batch": int(new_batch), "measured_batch": b, "work_ops": int(work.sum()),
+            "dispatch_ns": {str(k): round(v) for k, v in d_rank.items()}}
