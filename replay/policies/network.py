@@ -47,6 +47,7 @@ from .base import (
 __all__ = ["Network", "Topology", "calibrate", "collective_table", "bus_factor", "LEVELS"]
 
 LEVELS = ("intra", "inter", "cross_dc")
+_LEVEL_KEY = {0: "intra_node_gbps", 1: "inter_node_gbps", 2: "cross_dc_gbps"}
 #: achieved fraction of a GPU link's bandwidth (NCCL over NVLink / InfiniBand), when the
 #: scenario gives none
 DEFAULT_BUS_EFFICIENCY = 0.8
@@ -233,8 +234,8 @@ class Network(Policy):
             names = ", ".join(LEVELS[k] for k in sorted(need))
             raise PolicyError(
                 f"network policy: collectives now cross the {names} level but the trace has "
-                f"no measured collectives there to calibrate on; set network."
-                f"{'inter_node_gbps' if 1 in need else 'cross_dc_gbps'}")
+                f"no measured collectives there to calibrate on; set "
+                + ", ".join(f"network.{_LEVEL_KEY[k]}" for k in sorted(need)))
         t_old = np.zeros(len(x))
         t_new = np.zeros(len(x))
         for i in range(len(x)):  # one entry per collective op (thousands at most)
