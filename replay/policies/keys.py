@@ -45,7 +45,8 @@ KEYS: dict[str, KeyInfo] = {
     "topology.nics": KeyInfo("NICs", "integer >= 1", "hardware profile", _SYNTH,
                              "network interfaces per node (inter-node bandwidth per GPU)"),
     # parallel
-    "parallel.dp": KeyInfo("ranks", "integer >= 1", "unchanged", _LAYOUT_M,
+    "parallel.dp": KeyInfo("ranks", "integer >= 1", "unchanged", _LAYOUT_M + "; kineto/nsys "
+                           "pure data-parallel traces with every rank traced",
                            "data-parallel degree (fixed per-rank batch)"),
     "parallel.tp": KeyInfo("ranks", "integer >= 1", "unchanged", _SYNTH,
                            "tensor-parallel degree"),
@@ -58,8 +59,10 @@ KEYS: dict[str, KeyInfo] = {
                                  "pipeline schedule"),
     "parallel.chunks": KeyInfo("chunks", "integer >= 1 (> 1 needs interleaved or bfs)",
                                "unchanged", _LAYOUT_M, "model chunks per pipeline rank"),
-    "parallel.micro_batch": KeyInfo("sequences", "integer >= 1", "unchanged", _SYNTH,
-                                    "sequences per micro-batch"),
+    "parallel.micro_batch": KeyInfo("sequences", "integer >= 1", "unchanged",
+                                    "synth; kineto traces with forward/backward phases and the "
+                                    "measured batch (capture metadata or recorded shapes)",
+                                    "sequences per micro-batch (per-rank batch)"),
     "parallel.global_batch": KeyInfo("sequences", "integer >= 1", "unchanged", _LAYOUT_M,
                                      "sequences per optimizer step"),
     "parallel.zero": KeyInfo("stage", "0 | 1 | 2 | 3", "unchanged", _LAYOUT_M,
@@ -106,8 +109,9 @@ KEYS: dict[str, KeyInfo] = {
     "cache.keep_params": KeyInfo("flag", "true | false", "false", "as cache.fcdp",
                                  "keep gathered parameters in GPU memory"),
     "cache.recompute": KeyInfo("mode", "none | selective | full", "unchanged",
-                               "synth; oplevel (full); kineto torch.utils.checkpoint traces "
-                               "recorded with Python stacks (none)",
+                               "synth; oplevel (full); kineto traces with module ranges "
+                               "(full) or torch.utils.checkpoint frames (none), recorded "
+                               "with Python stacks",
                                "activation recomputation"),
     "cache.offload_optimizer": KeyInfo("flag", "true | false", "false",
                                        "synth; kineto DDP traces with sized gradient "
