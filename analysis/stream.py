@@ -108,11 +108,13 @@ def iter_rank_traces(path: str | os.PathLike[str], *, columns: list[str] | None 
 
 def stream_step_times(path: str | os.PathLike[str], *,
                       batch_rows: int = _BATCH_ROWS) -> pd.DataFrame:
-    """Per (rank, step): ``start_ns``, ``end_ns`` and ``step_ns`` of the step's ops (a rank
-    without step attribution has one row, step -1, spanning all its ops); equals
+    """Per (rank, step): ``start_ns``, ``end_ns`` and ``step_ns`` of the step's window
+    (:mod:`collectors.steps`; a rank without step attribution has one row, step -1,
+    spanning all its ops); equals
     ``analysis._util.step_windows(read_trace(path))`` with ``step_ns`` added."""
     parts = [step_windows(t) for t in iter_rank_traces(
-        path, columns=["rank", "step", "start_ns", "dur_ns"], batch_rows=batch_rows)]
+        path, columns=["rank", "lane", "step", "start_ns", "dur_ns"], ranges=True,
+        batch_rows=batch_rows)]
     out = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(
         {"rank": np.zeros(0, np.int32), "step": np.zeros(0, np.int32),
          "start_ns": np.zeros(0, np.int64), "end_ns": np.zeros(0, np.int64)})

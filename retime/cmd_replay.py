@@ -61,7 +61,10 @@ def replay_cmd(
         f"delays, {d['total_ns'] / 1e6:.3f} ms in all, {'dropped' if ideal else 'kept'})")
     for r in s["per_rank"][:32]:
         err = (r["replayed_ns"] - r["measured_ns"]) / r["measured_ns"] if r["measured_ns"] else 0.0
+        per = (f"; per step {r['measured_step_ns'] / 1e6:.3f} -> "
+               f"{r['replayed_step_ns'] / 1e6:.3f} ms over {r['steps']} steps"
+               if r["steps"] > 1 else "")
         say(f"  rank {r['rank']}: measured {r['measured_ns'] / 1e6:.3f} ms, replayed "
-            f"{r['replayed_ns'] / 1e6:.3f} ms ({err:+.2%})")
+            f"{r['replayed_ns'] / 1e6:.3f} ms ({err:+.2%}{per})")
     if output is not None:
         say(f"wrote {output} (view with `retime export {output} --chrome OUT.json`)")

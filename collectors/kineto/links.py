@@ -513,7 +513,7 @@ def _assemble(path, doc, rank, rank_source, strings, kept, dropped, tnames, G, H
     # ---------------- attribution: step, phase
     names_arr = np.asarray(strings.names, dtype=object)
     step, phase = attribute(names_arr, r_name[: len(rg)], r_start[: len(rg)], r_end[: len(rg)],
-                             start, launch_of, n_h)
+                             start, launch_of, n_h, lane)
 
     # ---------------- collectives metadata
     ng = len(GR["start"])

@@ -41,6 +41,7 @@ import numpy as np
 
 from retime.collectors.enums import OpKind
 from retime.collectors.errors import PolicyError
+from retime.collectors.steps import job_step_windows, step_windows
 from retime.collectors.trace import Trace
 
 from ..engine import simulate
@@ -294,21 +295,32 @@ def straggler_analysis(trace: Trace) -> dict[str, Any]:
     end_meas = g.meas_end_ns
     ns = len(steps)
 
+    # each step's measured window: the job-level tiling of collectors.steps (the latest
+    # rank's end of the step; the next step starts there)
+    jw = job_step_windows(step_windows(trace)).set_index("step")
+    w0 = s0.copy()
+    if len(jw):
+        have = np.isin(steps, jw.index.to_numpy())
+        w0[have] = jw["start_ns"].reindex(steps[have]).to_numpy()
+
     def step_times(end: np.ndarray) -> np.ndarray:
         sel = is_opt if is_opt.any() else np.ones(len(end), bool)
         hi = np.full(ns, np.iinfo(np.int64).min, np.int64)
         np.maximum.at(hi, sidx[sel], end[sel])
-        return hi - s0
+        return hi - w0
 
     # ops outside any step (step -1: set-up before the first profiled step) are replayed
     # but not reported as a step when real steps exist
     valid = steps >= 0 if (steps >= 0).any() else np.ones(ns, bool)
+    if len(jw):
+        ends = jw["end_ns"].reindex(steps, fill_value=0).to_numpy().astype(np.int64)
+        meas_win = ends - w0
 
     def run(dur: np.ndarray) -> np.ndarray:
         r = simulate(g, durations_ns=np.rint(dur).astype(np.int64))
         return step_times(r.end_ns)[valid]
 
-    measured = step_times(end_meas)[valid]
+    measured = (meas_win if len(jw) else step_times(end_meas))[valid]
     meas_dur = _transfer_ns(g0).astype(np.float64)
     sim = run(meas_dur)
     ideal_d = ideal_durations(trace, g0)
