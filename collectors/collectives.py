@@ -39,6 +39,8 @@ _NAME_RULES: list[tuple[re.Pattern[str], CommOp]] = [
     (re.compile(r"gather", re.I), CommOp.GATHER),
     (re.compile(r"scatter", re.I), CommOp.SCATTER),
     (re.compile(r"reduce", re.I), CommOp.REDUCE),
+    # expert-parallel libraries (DeepEP, pplx): token dispatch / combine are all-to-alls
+    (re.compile(r"(^|::|_)(dispatch|combine)", re.I), CommOp.ALL_TO_ALL),
 ]
 
 #: bytes per element for the dtype spellings found in Kineto args
@@ -56,7 +58,7 @@ _SIZE_KEYED = {int(CommOp.ALL_REDUCE), int(CommOp.BROADCAST), int(CommOp.REDUCE)
 
 def comm_op_from_name(name: str) -> CommOp:
     """Map a collective name (NCCL/RCCL kernel, c10d op, ``nccl:all_reduce``) to CommOp."""
-    n = name
+    n = name.removeprefix("void ")
     if n.startswith(("ncclKernel_", "ncclDevKernel_", "rcclKernel_")):
         n = n.split("_", 1)[1]
     n = n.split("(", 1)[0]

@@ -44,8 +44,7 @@ import pyarrow as pa
 
 from .errors import TraceFormatError
 from .ingest import detect_format, expand_inputs
-from .kineto import RankPart, kineto_files, parse_kineto_file
-from .kineto import merge_parts
+from .kineto import RankPart, kineto_files, merge_parts, parse_kineto_file
 from .progress import progress_bar
 from .store import commit_store, new_store_dir, write_rank_tables
 from .trace import (

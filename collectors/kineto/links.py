@@ -31,6 +31,7 @@ import pandas as pd
 from .._kernels import nest_intervals
 from ..enums import CommOp, EdgeKind, LaneKind, OpKind
 from ..errors import TraceFormatError
+from ..kernel_classes import is_comm_kernel
 from ..trace import StringTable
 from .deps import COMM_RANGE, attribute, comm_info, gloo_edges, sync_edges
 from .schema import (
@@ -126,6 +127,7 @@ class EventLoop:
         self.path = path
         self.strings = StringTable()
         self.comm_flag: list[bool] = []  # per name id: a communication annotation
+        self.comm_kernel: list[bool] = []  # per name id: a communication kernel name
         self.keep: dict[int, object] = {}
         self.n_events = 0
         self.kept: Counter = Counter()
@@ -148,6 +150,7 @@ class EventLoop:
         nid = self.strings.intern(name)
         if nid == len(self.comm_flag):
             self.comm_flag.append(bool(COMM_RANGE.match(name)))
+            self.comm_kernel.append(is_comm_kernel(name))
         return nid
 
     def feed(self, pairs) -> None:  # noqa: C901 - one pass over the events
@@ -190,7 +193,7 @@ class EventLoop:
                         dropped["GPU event without integer device/stream"] += 1
                         continue
                     k = code
-                    if k == C_KERNEL and name[:4].lower() in ("nccl", "rccl"):
+                    if k == C_KERNEL and self.comm_kernel[nid]:
                         k = int(OpKind.COLLECTIVE)
                         keep[i] = e
                     b = a.bytes

@@ -265,7 +265,7 @@ class _Reader:
         if n0 == len(names):
             return
         new = names[n0:]
-        self.nccl = np.concatenate([self.nccl, [x[:4].lower() in ("nccl", "rccl") for x in new]])
+        self.nccl = np.asarray(self.loop.comm_kernel, bool)  # communication kernel names
         self.gloo = np.concatenate([self.gloo, [x.startswith("gloo:") for x in new]])
         self.commf = np.asarray(self.loop.comm_flag, bool)
         self.memory = np.concatenate([self.memory, [x == "[memory]" for x in new]])

@@ -114,7 +114,6 @@ GPU_CATS = {"kernel": OpKind.KERNEL, "gpu_memcpy": OpKind.MEMCPY, "gpu_memset": 
              "memcpy": OpKind.MEMCPY, "memset": OpKind.MEMSET, "concurrent kernel": OpKind.KERNEL}
 RUNTIME_CATS = {"cuda_runtime", "cuda_driver", "runtime", "driver", "hip_runtime"}
 HOST_CATS = {"cpu_op", "operator", "python_function", "user_annotation", "cpu_instant_event"}
-COMM_KERNEL = re.compile(r"^(nccl|rccl|ncclDev|ncclKernel)", re.I)
 FILE_RANK = [re.compile(p) for p in (r"rank[-_]?(\d+)", r"worker[-_]?(\d+)", r"_r(\d+)[._]",
                                       r"(?:^|[^\d])(\d+)\.(?:pt\.)?trace\.json")]
 
