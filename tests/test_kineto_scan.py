@@ -120,7 +120,7 @@ def test_bad_kept_event_is_named_as_alone(tmp_path):
     ev[13]["args"]["Seq"] = [1]
     path = tmp_path / "bad.json"
     path.write_text(json.dumps({"traceEvents": ev}))
-    with pytest.raises(TraceFormatError, match=r"bad.json: event 13: field 'args'"):
+    with pytest.raises(TraceFormatError, match=r"bad.json: event 13: field 'args.Seq' is invalid"):
         parse_kineto_file(path)
 
 
