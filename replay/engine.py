@@ -272,6 +272,9 @@ class ReplayResult:
             "graph": {k: self.meta[k] for k in ("ops", "edges", "wait_edges", "collectives",
                                                  "edges_clamped", "lane_overlaps",
                                                  "intra_collective_edges")},
+            # cross-rank links relaxed to break dependency cycles (build_graph, not strict)
+            "relaxed": self.meta.get("relaxed") or {"count": 0, "collectives": [],
+                                                    "edges": []},
         }
 
 

@@ -275,7 +275,7 @@ def _rank_roles(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
     return stage_of[rank], dp_of[rank]
 
 
-def straggler_analysis(trace: Trace) -> dict[str, Any]:
+def straggler_analysis(trace: Trace, *, strict: bool = False) -> dict[str, Any]:
     """What-if attribution of a run's slowdown (``retime stragglers --json``).
 
     Returns
@@ -287,7 +287,7 @@ def straggler_analysis(trace: Trace) -> dict[str, Any]:
     """
     if trace.n_ops == 0:
         raise PolicyError("stragglers: the trace has no ops; ingest a trace with ops first")
-    g0 = build_graph(trace, ideal=True)
+    g0 = build_graph(trace, ideal=True, strict=strict)
     sidx, steps, s0 = _step_info(trace)
     g = isolate_steps(g0, sidx, s0, zero_lags=trace.meta.get("source_format") == "oplevel")
     names = trace.names() if trace.strings else np.asarray([""] * trace.n_ops, dtype=object)
@@ -355,6 +355,7 @@ def straggler_analysis(trace: Trace) -> dict[str, Any]:
         "by_stage": attribute(stage),
         "by_dp_rank": attribute(dp_rank),
         "by_optype": attribute(optype),
+        "relaxed": g0.stats.get("relaxed") or {"count": 0, "collectives": [], "edges": []},
         "method": ("each step replayed from its measured start without unexplained delays; "
                    "ideal: compute ops at the mean, communication at the median transfer "
                    "time of their op type; groups: only that group at measured durations"),
