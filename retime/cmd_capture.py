@@ -14,9 +14,9 @@ from typing import Annotated
 import typer
 
 import retime
+from retime.cli import app, emit_json, say
 from retime.collectors.capture import ENV_PREFIX, CaptureConfig
 from retime.collectors.errors import RetimeError
-from retime.cli import app, emit_json, say
 
 _TRACE_GLOBS = ("rank-*.pt.trace.json", "rank-*.pt.trace.json.gz")
 
@@ -139,8 +139,8 @@ def capture(
                     "schedule": {"skip_first": skip_first, "wait": wait, "warmup": warmup,
                                  "active": active, "repeat": repeat}}
     if ingest_to is not None:
-        from retime.collectors.ingest import read
         from retime.cmd_trace import ingest_summary
+        from retime.collectors.ingest import read
 
         trace = read([str(output)])
         trace.save(ingest_to)

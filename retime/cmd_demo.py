@@ -14,8 +14,8 @@ from typing import Annotated
 
 import typer
 
-from retime.collectors.errors import RetimeError
 from retime.cli import app, emit_json, say
+from retime.collectors.errors import RetimeError
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "traces" / "dlrm-v100-8rank"

@@ -7,10 +7,10 @@ from typing import Annotated
 
 import typer
 
+from retime.cli import app, emit_json, say
 from retime.collectors.errors import RetimeError
 from retime.collectors.trace import read_trace
 from retime.replay import build_graph, simulate, whatif
-from retime.cli import app, emit_json, say
 
 
 @app.command("replay")

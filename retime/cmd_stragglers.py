@@ -7,9 +7,9 @@ from typing import Annotated
 
 import typer
 
+from retime.cli import app, emit_json, say
 from retime.collectors.trace import read_trace
 from retime.replay.policies.stragglers import straggler_analysis
-from retime.cli import app, emit_json, say
 
 
 @app.command("stragglers")

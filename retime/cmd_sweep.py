@@ -13,10 +13,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import typer
 
+from retime.cli import app, emit_json, say
 from retime.collectors.errors import RetimeError
 from retime.collectors.trace import read_trace
 from retime.replay.sweep import METRICS, SweepInterrupted, default_workers, read_grid, sweep
-from retime.cli import app, emit_json, say
 
 
 def write_sweep(df: pd.DataFrame, path: Path) -> None:

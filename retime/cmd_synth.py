@@ -8,8 +8,8 @@ from typing import Annotated
 
 import typer
 
-from retime.collectors.errors import ConfigError, RetimeError
 from retime.cli import app, emit_json, say
+from retime.collectors.errors import ConfigError, RetimeError
 
 
 class Schedule(str, Enum):

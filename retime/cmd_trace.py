@@ -9,11 +9,11 @@ from typing import Annotated
 import numpy as np
 import typer
 
+from retime.cli import app, emit_json, say
 from retime.collectors.enums import LaneKind, OpKind
 from retime.collectors.errors import RetimeError
 from retime.collectors.ingest import read
 from retime.collectors.trace import Trace, read_trace
-from retime.cli import app, emit_json, say
 
 
 class Format(str, Enum):

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
+from retime.cli import run
 from retime.collectors.capture import ENV_PREFIX, CaptureConfig, trace_path
 from retime.collectors.errors import ConfigError
-from retime.cli import run
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "capture_ddp.py"

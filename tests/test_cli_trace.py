@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from conftest import KINETO, ROOT
 
+from retime.cli import run
 from retime.collectors import read_trace
 from retime.collectors.ingest import read
-from retime.cli import run
 
 DLRM = KINETO / "dlrm-v100-8rank"
 

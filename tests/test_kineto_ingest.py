@@ -15,7 +15,15 @@ import pandas as pd
 import pytest
 from conftest import KINETO, ingest_cached, kineto_trace_files
 
-from retime.collectors import CommOp, EdgeKind, LaneKind, OpKind, Phase, TraceFormatError, read_trace
+from retime.collectors import (
+    CommOp,
+    EdgeKind,
+    LaneKind,
+    OpKind,
+    Phase,
+    TraceFormatError,
+    read_trace,
+)
 from retime.collectors.ingest import read
 from retime.collectors.kineto import read_kineto
 

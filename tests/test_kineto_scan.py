@@ -16,8 +16,8 @@ from test_kineto_stream import _norm  # the same field-by-field view of a parse
 
 import retime.collectors.kineto.reader as kin
 import retime.collectors.kineto.scan as kf
-from retime.collectors.kineto import _scan_kernels as K
 from retime.collectors.errors import TraceFormatError
+from retime.collectors.kineto import _scan_kernels as K
 from retime.collectors.kineto import parse_kineto_file
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "kineto"

@@ -12,8 +12,8 @@ from conftest import SHARED, ingest_cached
 from naive_replay import random_trace
 from naive_steps import naive_rank_totals
 
-from retime.collectors.trace import read_trace
 from retime.cli import run
+from retime.collectors.trace import read_trace
 
 
 def test_replay_json_identity_and_ideal(tmp_path, capsys):

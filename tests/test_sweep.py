@@ -13,7 +13,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-
 from naive_steps import naive_rank_totals
 
 from retime.collectors.errors import PolicyError

@@ -11,8 +11,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from retime.collectors.synth import synthesize
 from retime.cli import run
+from retime.collectors.synth import synthesize
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -29,6 +29,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from retime.cli import run
 from retime.collectors.errors import PolicyError
 from retime.collectors.ingest import read
 from retime.collectors.oplevel import read_oplevel
@@ -38,7 +39,6 @@ from retime.replay.graph import BLOCKING_CALL_PATTERN
 from retime.replay.policies._oplevel_build import _P2P_T
 from retime.replay.policies.caching_real import _covered, checkpoint_spans, forward_of_backward
 from retime.replay.policies.parallel_oplevel import _assemble
-from retime.cli import run
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACES = ROOT.parent / "shared" / "traces"

@@ -176,7 +176,13 @@ def templates_from_trace(trace):
     import numpy as np
 
     from retime.collectors.enums import OpKind, Phase
-    from retime.collectors.synth import LANES, LayerTemplate, OpTemplate, StepTemplate, load_hardware
+    from retime.collectors.synth import (
+        LANES,
+        LayerTemplate,
+        OpTemplate,
+        StepTemplate,
+        load_hardware,
+    )
 
     syn = trace.meta.get("synth") if isinstance(trace.meta, dict) else None
     if not isinstance(syn, dict) or not isinstance(syn.get("parallel"), dict):
