@@ -9,13 +9,14 @@ import pandas as pd
 
 from retime.collectors.enums import LaneKind, OpKind
 from retime.collectors.errors import RetimeError
+from retime.collectors.kernel_classes import is_comm_kernel
 from retime.collectors.steps import step_windows as _step_windows
 from retime.collectors.trace import Trace
 
 from ._kernels import _clip_to_windows
 
 __all__ = ["as_trace", "device_mask", "host_mask", "op_ends_ns", "step_windows",
-           "clip_to_windows", "rank_windows",
+           "clip_to_windows", "rank_windows", "comm_mask",
            "COMPUTE_KINDS", "COMM_KINDS", "MEM_KINDS", "HOST_KINDS"]
 
 #: op kinds counted as device compute, communication, memory traffic and host work
@@ -41,6 +42,20 @@ def as_trace(x: Any) -> Trace:
     raise RetimeError(
         f"expected a Trace or a ReplayResult, got {type(x).__name__}; load one with "
         "collectors.read_trace(path) or replay.simulate(...)")
+
+
+def comm_mask(trace: Trace) -> np.ndarray:
+    """Communication ops: collective/p2p kinds, and kernels whose name the kernel-class table
+    calls communication (a store ingested before the table knew a name: NVLS, DeepEP ...),
+    so that the breakdown counts as communication what kernel stats call communication."""
+    o = trace.ops
+    kind = o["kind"].to_numpy()
+    m = np.isin(kind, COMM_KINDS)
+    if len(o) and len(trace.strings) and "name_id" in o.columns:
+        by_name = np.fromiter((is_comm_kernel(str(x)) for x in trace.strings), bool,
+                              len(trace.strings))
+        m |= (kind == int(OpKind.KERNEL)) & by_name[o["name_id"].to_numpy()]
+    return m
 
 
 def op_ends_ns(trace: Trace) -> np.ndarray:

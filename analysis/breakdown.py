@@ -36,13 +36,13 @@ from retime.collectors.enums import LaneKind
 
 from ._kernels import _clip_to_windows, _union_len_grouped
 from ._util import (
-    COMM_KINDS,
     COMPUTE_KINDS,
     HOST_KINDS,
     MEM_KINDS,
     _lane_kind_of_ops,
     as_trace,
     clip_to_windows,
+    comm_mask,
     device_mask,
     host_mask,
     rank_windows,
@@ -125,8 +125,9 @@ def breakdown(x: Any, *, by: str = "step") -> pd.DataFrame:
     host = host_mask(t) & np.isin(kind, HOST_KINDS)
     # a CPU-only rank computes on its CPU threads
     cpu_dev = dev & (_lane_kind_of_ops(t) == int(LaneKind.CPU_THREAD))
-    c = dev & (np.isin(kind, COMPUTE_KINDS) | (cpu_dev & np.isin(kind, HOST_KINDS)))
-    m = dev & np.isin(kind, COMM_KINDS)
+    is_comm = comm_mask(t)
+    c = dev & ~is_comm & (np.isin(kind, COMPUTE_KINDS) | (cpu_dev & np.isin(kind, HOST_KINDS)))
+    m = dev & is_comm
     y = dev & np.isin(kind, MEM_KINDS)
     # every op of interest cut at the windows it overlaps (once: the masks select pieces)
     idx, gidx, start, end = clip_to_windows(t, c | m | y | host, w)

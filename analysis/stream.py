@@ -47,7 +47,7 @@ __all__ = ["rank_batches", "iter_rank_traces", "stream_step_times", "stream_brea
 
 _BATCH_ROWS = 1 << 21
 #: ops columns each streamed analysis reads
-_BREAKDOWN_COLS = ["rank", "lane", "kind", "step", "start_ns", "dur_ns"]
+_BREAKDOWN_COLS = ["rank", "lane", "kind", "name_id", "step", "start_ns", "dur_ns"]
 _KERNEL_COLS = ["rank", "lane", "kind", "name_id", "dur_ns"]
 _COMM_COLS = ["op_id", "rank", "kind", "coll_id", "comm_op", "group_id", "step", "bytes",
               "start_ns", "dur_ns"]

@@ -42,8 +42,8 @@ import pandas as pd
 
 from .enums import LaneKind
 
-__all__ = ["step_windows", "windows_from_arrays", "job_step_windows", "rank_step_times",
-           "device_lane_mask", "profiler_steps"]
+__all__ = ["step_windows", "windows_from_arrays", "job_step_windows", "device_lane_mask",
+           "profiler_steps", "times_checksum"]
 
 _STEP_RE = r"^ProfilerStep#(\d+)$"
 
@@ -94,6 +94,16 @@ def profiler_steps(trace) -> pd.DataFrame:
         start_ns=("start_ns", "min"), end_ns=("end_ns", "max")).reset_index()
 
 
+def times_checksum(start_ns: np.ndarray, end_ns: np.ndarray) -> int:
+    """A fingerprint of op times (recorded with a replay's windows: they are reused only for
+    ops at exactly these times)."""
+    with np.errstate(over="ignore"):
+        a = np.asarray(start_ns, np.int64)
+        b = np.asarray(end_ns, np.int64)
+        w = np.arange(1, len(a) + 1, dtype=np.int64)
+        return int(((a * w).sum() ^ (b * (w + 7)).sum()) & 0x7FFFFFFFFFFFFFFF)
+
+
 def step_windows(trace, start_ns: np.ndarray | None = None,
                  end_ns: np.ndarray | None = None) -> pd.DataFrame:
     """Per (rank, step): the step's window ``[start_ns, end_ns)`` (module docstring).
@@ -122,7 +132,8 @@ def step_windows(trace, start_ns: np.ndarray | None = None,
         ps = None
     if start_ns is None and end_ns is None:
         rec = trace.meta.get("step_windows") if isinstance(trace.meta, dict) else None
-        if isinstance(rec, dict) and rec.get("ops") == len(o):  # a replay's own windows
+        if isinstance(rec, dict) and rec.get("ops") == len(o) and \
+                rec.get("times") == times_checksum(ms, me):  # a replay's own windows
             return pd.DataFrame({"rank": np.asarray(rec["rank"], np.int32),
                                  "step": np.asarray(rec["step"], np.int32),
                                  "start_ns": np.asarray(rec["start_ns"], np.int64),
@@ -261,17 +272,3 @@ def job_step_windows(windows: pd.DataFrame) -> pd.DataFrame:
     starts = np.r_[min(int(g["s"].iloc[0]), int(ends[0])), ends[:-1]].astype(np.int64)
     return pd.DataFrame({"step": g.index.to_numpy().astype(np.int32), "start_ns": starts,
                          "end_ns": ends.astype(np.int64)})
-
-
-def rank_step_times(windows: pd.DataFrame) -> pd.DataFrame:
-    """Per rank: ``steps``, ``total_ns`` (sum of its windows: last end - first start) and
-    ``step_ns`` (mean window, the rank's step time)."""
-    if len(windows) == 0:
-        return pd.DataFrame({"rank": np.zeros(0, np.int32), "steps": _Z64, "total_ns": _Z64,
-                             "step_ns": np.zeros(0, np.float64)})
-    d = windows.assign(ns=windows["end_ns"] - windows["start_ns"])
-    g = d.groupby("rank", sort=True)["ns"].agg(["size", "sum"])
-    return pd.DataFrame({"rank": g.index.to_numpy().astype(np.int32),
-                         "steps": g["size"].to_numpy().astype(np.int64),
-                         "total_ns": g["sum"].to_numpy().astype(np.int64),
-                         "step_ns": (g["sum"] / g["size"]).to_numpy(np.float64)})

@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 
 from retime.collectors.errors import ReplayError
-from retime.collectors.steps import step_windows, windows_from_arrays
+from retime.collectors.steps import step_windows, times_checksum, windows_from_arrays
 from retime.collectors.trace import Trace
 
 from ._fluid import _fluid_replay
@@ -243,7 +243,9 @@ class ReplayResult:
         # the replay's step windows travel with the replayed trace, so that analysis of it
         # (breakdown, report, analyze) uses the very windows step_times() reports
         w = self.step_windows()
-        meta["step_windows"] = {"ops": int(len(ops)), "rank": w["rank"].tolist(),
+        meta["step_windows"] = {"ops": int(len(ops)),
+                                "times": times_checksum(self.start_ns, self.end_ns),
+                                "rank": w["rank"].tolist(),
                                 "step": w["step"].tolist(),
                                 "start_ns": w["replayed_start_ns"].tolist(),
                                 "end_ns": w["replayed_end_ns"].tolist()}

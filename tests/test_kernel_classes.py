@@ -173,3 +173,20 @@ def test_analyze_lists_the_unclassified_kernels(tmp_path, capsys):
     assert spin["count"] == int(sel.sum()) and spin["total_ns"] == int(o["dur_ns"][sel].sum())
     assert run(["analyze", str(src)]) == 0
     assert "unclassified kernels" in capsys.readouterr().out
+
+
+def test_a_store_ingested_before_the_table_knew_a_name_still_agrees(tmp_path):
+    """A trace whose NVLS / DeepEP kernels were stored as plain kernels (an older ingest):
+    the breakdown counts them as communication, as kernel stats do."""
+    f = tmp_path / "rank0.json"
+    f.write_text(json.dumps(_kineto_doc(_MIXED)))
+    t = read([f])
+    o = t.ops.copy()
+    o.loc[o["kind"] == int(OpKind.COLLECTIVE), "kind"] = int(OpKind.KERNEL)
+    old = type(t)(ops=o, lanes=t.lanes, edges=t.edges, ranges=t.ranges, groups=t.groups,
+                  memory=t.memory, strings=t.strings, meta=t.meta)
+    a, b = breakdown(t).iloc[0], breakdown(old).iloc[0]
+    for part in ("compute_ns", "exposed_comm_ns", "overlapped_comm_ns", "idle_ns"):
+        assert a[part] == b[part]
+    ks = kernel_stats(old).set_index("name")["kernel_class"]
+    assert [ks[k] for k in _MIXED[:4]] == ["communication"] * 4
