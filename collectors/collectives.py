@@ -218,18 +218,19 @@ def _break_order_conflicts(rank: np.ndarray, label: np.ndarray, t: np.ndarray, n
         done = acyclic_nodes(len(uniq), src, dst)
         if done.all():
             return label, split
-        # one cycle among the nodes left, then split its worst instance
+        # one cycle among the nodes left (each has a predecessor left: walk back), then
+        # split its worst instance
         left = ~done[src] & ~done[dst]
-        nxt_of: dict[int, int] = {}
+        pred_of: dict[int, int] = {}
         for x, y in zip(src[left].tolist(), dst[left].tolist()):
-            nxt_of.setdefault(x, y)
-        v = next(iter(nxt_of))
+            pred_of.setdefault(y, x)
+        v = next(iter(pred_of))
         seen: dict[int, int] = {}
         path: list[int] = []
         while v not in seen:
             seen[v] = len(path)
             path.append(v)
-            v = nxt_of[v]
+            v = pred_of[v]
         cyc = path[seen[v]:]
         lo = np.full(len(uniq), np.iinfo(np.int64).max, np.int64)
         hi = np.full(len(uniq), np.iinfo(np.int64).min, np.int64)
