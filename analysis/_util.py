@@ -52,9 +52,12 @@ def comm_mask(trace: Trace) -> np.ndarray:
     kind = o["kind"].to_numpy()
     m = np.isin(kind, COMM_KINDS)
     if len(o) and len(trace.strings) and "name_id" in o.columns:
-        by_name = np.fromiter((is_comm_kernel(str(x)) for x in trace.strings), bool,
-                              len(trace.strings))
-        m |= (kind == int(OpKind.KERNEL)) & by_name[o["name_id"].to_numpy()]
+        k = kind == int(OpKind.KERNEL)
+        nid = o["name_id"].to_numpy()
+        used = np.unique(nid[k])
+        by_name = np.zeros(len(trace.strings), bool)
+        by_name[used] = [is_comm_kernel(str(trace.strings[i])) for i in used.tolist()]
+        m |= k & by_name[nid]
     return m
 
 

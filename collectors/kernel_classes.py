@@ -42,6 +42,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from enum import IntEnum
+from functools import lru_cache
 
 import numpy as np
 
@@ -138,8 +139,15 @@ RULES: tuple[tuple[re.Pattern[str], KernelClass], ...] = (
 )
 
 _COMM_RULES = tuple(p for p, c in RULES if c == _C.COMMUNICATION)
+# every communication rule needs one of these words (lower case): a quick pre-check, as
+# kernel names are long (templates) and most are not communication
+_COMM_WORDS = ("nccl", "rccl", "msccl", "multimem", "symmetric_memory", "nvls", "nvshmem",
+               "userbuffers", "deep_ep", "deepep", "dpsk", "pplx", "cross_device", "reduce",
+               "gather", "scatter", "to_all", "toall", "to-all", "c10d", "gloo", "send",
+               "recv", "lamport")
 
 
+@lru_cache(maxsize=1 << 16)
 def classify_name(name: str) -> KernelClass:
     """The class of one kernel (or op) name; :attr:`KernelClass.OTHER` when no rule knows
     it."""
@@ -158,6 +166,9 @@ def is_comm_kernel(name: str) -> bool:
     """Whether a GPU kernel of this name is communication (ingest makes it a collective).
 
     Only the communication rules are tried, so a synth-style name never counts."""
+    low = name.lower()
+    if not any(w in low for w in _COMM_WORDS):
+        return False
     return any(p.search(name) for p in _COMM_RULES)
 
 
@@ -166,9 +177,12 @@ def op_classes(kind: np.ndarray, name_id: np.ndarray, strings: list[str] | np.nd
     """Class of every op (int8 :class:`KernelClass`): collective/p2p ops are communication
     and memcpy/memset memory whatever their name; other ops take their name's class
     (``by_name``: :func:`classify_names` of ``strings`` when already known)."""
-    if by_name is None:
-        by_name = classify_names(strings) if len(strings) else np.zeros(0, np.int8)
-    cls = (by_name[np.asarray(name_id)] if len(name_id) else np.zeros(0, np.int8)).copy()
+    name_id = np.asarray(name_id)
+    if by_name is None:  # only the names the ops use
+        by_name = np.full(len(strings), int(_C.OTHER), np.int8)
+        used = np.unique(name_id) if len(name_id) else np.zeros(0, np.int64)
+        by_name[used] = classify_names([strings[i] for i in used.tolist()])
+    cls = (by_name[name_id] if len(name_id) else np.zeros(0, np.int8)).copy()
     kind = np.asarray(kind)
     cls[(kind == OpKind.COLLECTIVE) | (kind == OpKind.P2P)] = int(_C.COMMUNICATION)
     cls[(kind == OpKind.MEMCPY) | (kind == OpKind.MEMSET)] = int(_C.MEMORY)
