@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 from numba import njit
+
 from retime.collectors.progress import watch_compiles
 
 __all__: list[str] = []
@@ -202,6 +203,70 @@ def _merge_close(group, start, end, gap):  # pragma: no cover - compiled
             i += 1
         m += 1
     return first[:m].copy(), ms[:m].copy(), me[:m].copy()
+
+
+
+@njit(cache=True)
+def _clip_pass(op_r, s, e, wptr, ws, we, fill, idx, win, cs, ce):  # pragma: no cover
+    """One pass of :func:`_clip_to_windows`: count the pieces, or (``fill``) write them."""
+    m = 0
+    for i in range(s.shape[0]):
+        r = op_r[i]
+        if r < 0:
+            continue
+        a = s[i]
+        b = e[i]
+        if b <= a:
+            continue
+        lo = wptr[r]
+        end = wptr[r + 1]
+        hi = end
+        while lo < hi:  # first window ending after a
+            mid = (lo + hi) // 2
+            if we[mid] <= a:
+                lo = mid + 1
+            else:
+                hi = mid
+        j = lo
+        while j < end and ws[j] < b:
+            p = max(a, ws[j])
+            q = min(b, we[j])
+            if q > p:
+                if fill:
+                    idx[m] = i
+                    win[m] = j
+                    cs[m] = p
+                    ce[m] = q
+                m += 1
+            j += 1
+    return m
+
+
+@njit(cache=True)
+def _clip_to_windows(op_r, s, e, wptr, ws, we):  # pragma: no cover - compiled
+    """Cut intervals at the windows of their group (rank).
+
+    Parameters
+    ----------
+    op_r : int64[n]  dense group (rank) of each interval, ``-1`` for none
+    s, e : int64[n]  interval bounds in ns
+    wptr : int64[R+1]  group ``r``'s windows are ``ws/we[wptr[r]:wptr[r+1]]``, sorted by
+        start and not overlapping
+    ws, we : int64[W]  window bounds in ns
+
+    Returns
+    -------
+    idx, win, cs, ce : int64[m]  one row per non-empty piece: the interval, its window, the
+        piece's bounds (``max(s, ws)``, ``min(e, we)``), in interval order
+    """
+    z = np.empty(0, np.int64)
+    m = _clip_pass(op_r, s, e, wptr, ws, we, False, z, z, z, z)
+    idx = np.empty(m, np.int64)
+    win = np.empty(m, np.int64)
+    cs = np.empty(m, np.int64)
+    ce = np.empty(m, np.int64)
+    _clip_pass(op_r, s, e, wptr, ws, we, True, idx, win, cs, ce)
+    return idx, win, cs, ce
 
 
 watch_compiles()  # say so on stderr when these kernels compile on first use

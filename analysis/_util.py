@@ -8,11 +8,17 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+
 from retime.collectors.enums import LaneKind, OpKind
 from retime.collectors.errors import RetimeError
+from retime.collectors.kernel_classes import is_comm_kernel
+from retime.collectors.steps import step_windows as _step_windows
 from retime.collectors.trace import Trace
 
+from ._kernels import _clip_to_windows
+
 __all__ = ["as_trace", "device_mask", "host_mask", "op_ends_ns", "step_windows",
+           "clip_to_windows", "rank_windows", "comm_mask",
            "COMPUTE_KINDS", "COMM_KINDS", "MEM_KINDS", "HOST_KINDS", "memo_scope"]
 
 #: op kinds counted as device compute, communication, memory traffic and host work
@@ -71,6 +77,23 @@ def as_trace(x: Any) -> Trace:
         "collectors.read_trace(path) or replay.simulate(...)")
 
 
+def comm_mask(trace: Trace) -> np.ndarray:
+    """Communication ops: collective/p2p kinds, and kernels whose name the kernel-class table
+    calls communication (a store ingested before the table knew a name: NVLS, DeepEP ...),
+    so that the breakdown counts as communication what kernel stats call communication."""
+    o = trace.ops
+    kind = o["kind"].to_numpy()
+    m = np.isin(kind, COMM_KINDS)
+    if len(o) and len(trace.strings) and "name_id" in o.columns:
+        k = kind == int(OpKind.KERNEL)
+        nid = o["name_id"].to_numpy()
+        used = np.unique(nid[k])
+        by_name = np.zeros(len(trace.strings), bool)
+        by_name[used] = [is_comm_kernel(str(trace.strings[i])) for i in used.tolist()]
+        m |= k & by_name[nid]
+    return m
+
+
 def op_ends_ns(trace: Trace) -> np.ndarray:
     o = trace.ops
     return o["start_ns"].to_numpy() + o["dur_ns"].to_numpy()
@@ -121,38 +144,52 @@ def host_mask(trace: Trace) -> np.ndarray:
 
 
 def step_windows(trace: Trace) -> pd.DataFrame:
-    """Per (rank, step): the step window ``[start_ns, end_ns)`` spanned by the step's ops.
-
-    Ops with ``step == -1`` are left out when the rank has step attribution; a rank without
-    any step attribution has one window (step -1) spanning all its ops.
-    """
+    """Per (rank, step): the step window ``[start_ns, end_ns)``; the one definition of
+    :mod:`collectors.steps` (windows tile each rank's timeline; a rank without step
+    attribution has one window, step -1, spanning all its ops). Shared inside a
+    :func:`memo_scope` (a report asks for them a dozen times)."""
     return _memo(trace, "windows", lambda: _step_windows(trace))
 
 
-def _step_windows(trace: Trace) -> pd.DataFrame:
+def clip_to_windows(trace: Trace, mask: np.ndarray, w: pd.DataFrame,
+                    start_ns: np.ndarray | None = None, end_ns: np.ndarray | None = None
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The ops in ``mask`` cut at the windows ``w`` of their rank (rows of ``w`` sorted by
+    rank, then start): ``(op index, window row, start, end)`` of every non-empty piece. An
+    op counts in every window it overlaps, for the part inside it, whichever step issued
+    it: the windows tile the timeline, so time is never counted twice."""
     o = trace.ops
-    if len(o) == 0:
-        return pd.DataFrame({"rank": np.zeros(0, np.int32), "step": np.zeros(0, np.int32),
-                             "start_ns": np.zeros(0, np.int64), "end_ns": np.zeros(0, np.int64)})
+    z = np.zeros(0, np.int64)
+    if len(o) == 0 or len(w) == 0 or not mask.any():
+        return z, z, z, z
+    s = o["start_ns"].to_numpy() if start_ns is None else start_ns
+    e = (s + o["dur_ns"].to_numpy()) if end_ns is None else end_ns
+    wr = w["rank"].to_numpy().astype(np.int64)
+    ur = np.unique(wr)
+    wptr = np.searchsorted(wr, np.r_[ur, ur[-1] + 1]).astype(np.int64)
     ranks = o["rank"].to_numpy().astype(np.int64)
-    steps = o["step"].to_numpy().astype(np.int64)
-    keep = _keep_step_mask(ranks, steps)
-    key = (ranks * (1 << 32) + (steps + 1))[keep]
-    order = np.argsort(key, kind="stable")
-    key = key[order]
-    first = np.flatnonzero(np.r_[True, key[1:] != key[:-1]]) if len(key) else np.zeros(0, int)
-    s = o["start_ns"].to_numpy()[keep][order]
-    e = op_ends_ns(trace)[keep][order]
-    uk = key[first]
-    return pd.DataFrame({
-        "rank": (uk >> 32).astype(np.int32),
-        "step": ((uk & 0xFFFFFFFF) - 1).astype(np.int32),
-        "start_ns": np.minimum.reduceat(s, first) if len(first) else s[:0],
-        "end_ns": np.maximum.reduceat(e, first) if len(first) else e[:0]})
+    pos = np.minimum(np.searchsorted(ur, ranks), len(ur) - 1)
+    op_r = np.where(mask & (ur[pos] == ranks), pos, -1).astype(np.int64)
+    return _clip_to_windows(op_r, np.ascontiguousarray(s, np.int64),
+                            np.ascontiguousarray(e, np.int64), wptr,
+                            np.ascontiguousarray(w["start_ns"].to_numpy(), np.int64),
+                            np.ascontiguousarray(w["end_ns"].to_numpy(), np.int64))
+
+
+def rank_windows(trace: Trace) -> pd.DataFrame:
+    """Per rank: one window from its first step's start to its last step's end (the union
+    of its :func:`step_windows`), step -1."""
+    w = step_windows(trace)
+    g = w.groupby("rank", sort=True).agg(start_ns=("start_ns", "min"), end_ns=("end_ns", "max"))
+    return pd.DataFrame({"rank": g.index.to_numpy().astype(np.int32),
+                         "step": np.full(len(g), -1, np.int32),
+                         "start_ns": g["start_ns"].to_numpy().astype(np.int64),
+                         "end_ns": g["end_ns"].to_numpy().astype(np.int64)})
 
 
 def _keep_step_mask(ranks: np.ndarray, steps: np.ndarray) -> np.ndarray:
-    """True for ops that belong to a reported step window (see :func:`step_windows`)."""
+    """True for ops issued by a reported step (step >= 0), or by any op of a rank without
+    step attribution (its one window, step -1)."""
     if len(ranks) == 0:
         return np.zeros(0, bool)
     r = np.asarray(ranks).astype(np.int64, copy=False)

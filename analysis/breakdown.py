@@ -1,13 +1,14 @@
 """Step-time breakdown by interval unions: the parts add up to the step time exactly.
 
-For one rank and one step window ``W`` (the span of the step's ops, see
-:func:`analysis._util.step_windows`) let, on the rank's device lanes,
+For one rank and one step window ``W`` (:mod:`collectors.steps`: windows tile the rank's
+timeline, so no time is counted in two steps) let, on the rank's device lanes,
 
 ``C`` = union of compute intervals (kernels, op-level compute),
 ``M`` = union of communication intervals (collective and p2p kernels/ops),
 ``Y`` = union of memcpy/memset intervals, and on its CPU threads
 ``H`` = union of host ops, runtime calls and enclosing host ranges (operator and python
-time between leaf ops; ``ProfilerStep#`` markers excluded), clipped to ``W``.
+time between leaf ops; ``ProfilerStep#`` markers excluded), every op clipped to ``W``
+(the part of an op inside the window counts, whichever step launched it).
 
 The parts, each a length in ns, are disjoint and cover ``W``::
 
@@ -30,20 +31,21 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+
 from retime.collectors.enums import LaneKind
 
-from ._kernels import _union_len_grouped
+from ._kernels import _clip_to_windows, _union_len_grouped
 from ._util import (
-    COMM_KINDS,
     COMPUTE_KINDS,
     HOST_KINDS,
     MEM_KINDS,
-    _keep_step_mask,
     _lane_kind_of_ops,
     as_trace,
+    clip_to_windows,
+    comm_mask,
     device_mask,
     host_mask,
-    op_ends_ns,
+    rank_windows,
     step_windows,
 )
 
@@ -83,15 +85,17 @@ def _host_ranges_in_windows(t, w: pd.DataFrame) -> tuple[np.ndarray, np.ndarray,
     keep &= np.isin(r["rank"].to_numpy(), dev_ranks)
     if not keep.any():
         return z, z, z
-    rr = pd.DataFrame({"rank": r["rank"].to_numpy()[keep].astype(np.int64),
-                       "s": r["start_ns"].to_numpy()[keep], "e": r["end_ns"].to_numpy()[keep]})
-    ww = pd.DataFrame({"rank": w["rank"].to_numpy().astype(np.int64), "g": np.arange(len(w)),
-                       "ws": w["start_ns"].to_numpy(), "we": w["end_ns"].to_numpy()})
-    j = rr.merge(ww, on="rank", how="inner")
-    s = np.maximum(j["s"].to_numpy(), j["ws"].to_numpy())
-    e = np.minimum(j["e"].to_numpy(), j["we"].to_numpy())
-    ok = e > s
-    return j["g"].to_numpy()[ok].astype(np.int64), s[ok], e[ok]
+    wr = w["rank"].to_numpy().astype(np.int64)
+    ur = np.unique(wr)
+    wptr = np.searchsorted(wr, np.r_[ur, ur[-1] + 1]).astype(np.int64)
+    rk = r["rank"].to_numpy().astype(np.int64)
+    pos = np.minimum(np.searchsorted(ur, rk), len(ur) - 1)
+    op_r = np.where(keep & (ur[pos] == rk), pos, -1).astype(np.int64)
+    _, g, s, e = _clip_to_windows(op_r, np.ascontiguousarray(r["start_ns"].to_numpy(), np.int64),
+                                  np.ascontiguousarray(r["end_ns"].to_numpy(), np.int64), wptr,
+                                  np.ascontiguousarray(w["start_ns"].to_numpy(), np.int64),
+                                  np.ascontiguousarray(w["end_ns"].to_numpy(), np.int64))
+    return g, s, e
 
 
 def breakdown(x: Any, *, by: str = "step") -> pd.DataFrame:
@@ -101,7 +105,7 @@ def breakdown(x: Any, *, by: str = "step") -> pd.DataFrame:
     ----------
     x : Trace or ReplayResult
     by : ``"step"`` (one row per rank and step) or ``"rank"`` (one row per rank, window =
-        span of all the rank's ops)
+        the union of its step windows, from its first step's start to its last step's end)
 
     Returns
     -------
@@ -114,34 +118,20 @@ def breakdown(x: Any, *, by: str = "step") -> pd.DataFrame:
         raise RetimeError(f"breakdown(by={by!r}): choose 'step' or 'rank'")
     t = as_trace(x)
     o = t.ops
-    ranks = o["rank"].to_numpy().astype(np.int64)
-    steps = o["step"].to_numpy().astype(np.int64)
-    start = o["start_ns"].to_numpy()
-    end = op_ends_ns(t)
     kind = o["kind"].to_numpy()
-    if by == "step":
-        w = step_windows(t)
-        keep = _keep_step_mask(ranks, steps)
-        key_ops = ranks * (1 << 32) + (steps + 1)
-        key_w = w["rank"].to_numpy().astype(np.int64) * (1 << 32) + (w["step"].to_numpy() + 1)
-    else:
-        g = pd.DataFrame({"rank": ranks, "start_ns": start, "end_ns": end}).groupby("rank")
-        w = g.agg(start_ns=("start_ns", "min"), end_ns=("end_ns", "max")).reset_index()
-        w.insert(1, "step", np.full(len(w), -1, np.int32))
-        keep = np.ones(len(o), bool)
-        key_ops = ranks
-        key_w = w["rank"].to_numpy().astype(np.int64)
+    w = step_windows(t) if by == "step" else rank_windows(t)
     n = len(w)
-    gidx = np.searchsorted(key_w, key_ops)
-    gidx = np.minimum(gidx, max(n - 1, 0))
-    keep &= (n > 0) & (key_w[gidx] == key_ops if n else False)
-    dev = device_mask(t) & keep
-    host = host_mask(t) & keep & np.isin(kind, HOST_KINDS)
+    dev = device_mask(t)
+    host = host_mask(t) & np.isin(kind, HOST_KINDS)
     # a CPU-only rank computes on its CPU threads
     cpu_dev = dev & (_lane_kind_of_ops(t) == int(LaneKind.CPU_THREAD))
-    c = dev & (np.isin(kind, COMPUTE_KINDS) | (cpu_dev & np.isin(kind, HOST_KINDS)))
-    m = dev & np.isin(kind, COMM_KINDS)
+    is_comm = comm_mask(t)
+    c = dev & ~is_comm & (np.isin(kind, COMPUTE_KINDS) | (cpu_dev & np.isin(kind, HOST_KINDS)))
+    m = dev & is_comm
     y = dev & np.isin(kind, MEM_KINDS)
+    # every op of interest cut at the windows it overlaps (once: the masks select pieces)
+    idx, gidx, start, end = clip_to_windows(t, c | m | y | host, w)
+    c, m, y, host = c[idx], m[idx], y[idx], host[idx]
 
     # one sort by (window, start) of every op a part needs; each part takes its subset in
     # that order (a subset of a sorted sequence is sorted)

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+
 from retime.collectors.enums import CommOp
 
 from ._util import COMM_KINDS, as_trace, op_ends_ns

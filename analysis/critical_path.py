@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+
 from retime.collectors.enums import EdgeKind, OpKind
 from retime.collectors.errors import RetimeError
 

@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+
 from retime.collectors.devices import device_peaks
 
 from ._util import _keep_step_mask, as_trace, step_windows

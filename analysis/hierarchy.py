@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+
 from retime.collectors.enums import EdgeKind, LaneKind, OpKind, Phase
 
 from ._util import as_trace

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+
 from retime.collectors.enums import EdgeKind, LaneKind, OpKind
 
 from ._util import as_trace, op_ends_ns, step_windows

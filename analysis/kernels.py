@@ -1,68 +1,46 @@
-"""Kernel statistics and kernel classes (GEMM, attention, elementwise, communication, memory).
+"""Kernel statistics and kernel classes (GEMM, conv, attention, memory-bound classes,
+communication, memory, other).
 
-Classes come from the op kind first (collective/p2p ops are ``communication``, memcpy/memset
-are ``memory``) and from the kernel name otherwise. cuDNN/MIOpen convolutions are implicit
-GEMMs and are classed as ``GEMM``; reductions, norms, optimizers and everything else that
-is not matched fall into ``elementwise`` (memory-bound kernels, the usual roofline split).
+Classes come from the one table of :mod:`collectors.kernel_classes` (ingest, breakdown and
+the hardware what-ifs use the same): the op kind first (collective/p2p ops are
+``communication``, memcpy/memset are ``memory``), then the kernel name. A name no rule knows
+is ``other`` (never a guess); :func:`unclassified` lists the top ones.
 Names are classified once per distinct name (the string table), never per op.
 """
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import numpy as np
 import pandas as pd
+
 from retime.collectors.enums import OpKind
+from retime.collectors.kernel_classes import CLASS_NAMES, KernelClass, op_classes
+from retime.collectors.kernel_classes import classify_names as _classify_ids
 
 from ._util import COMM_KINDS, COMPUTE_KINDS, MEM_KINDS, as_trace, device_mask
 
 __all__ = ["KERNEL_CLASSES", "classify_names", "kernel_classes", "kernel_stats",
-           "class_stats"]
+           "class_stats", "unclassified"]
 
-KERNEL_CLASSES = ("GEMM", "attention", "elementwise", "communication", "memory")
+#: every class, in the table's order (``other``: names no rule knows)
+KERNEL_CLASSES = CLASS_NAMES
 
-_COMM_RE = re.compile(r"nccl|rccl|c10d::|gloo|all_?reduce|all_?gather|reduce_?scatter|"
-                      r"sendrecv|all_?to_?all|broadcast", re.I)
-_MEM_RE = re.compile(r"^memcpy|^memset|\bmemcpy\b|\bmemset\b|Memcpy|Memset", re.I)
-_ATTN_RE = re.compile(r"flash|fmha|attention|attn|sdpa|\bmha\b|xformers|efficient_attention",
-                      re.I)
-_GEMM_RE = re.compile(r"gemm|gemv|cutlass|cublas|nvjet|hipblas|rocblas|matmul|\bmm\b|bmm|"
-                      r"xmma|Cijk_|s884|s1688|h884|h1688|s16816|wgrad|dgrad|fprop|"
-                      r"conv(?!ert)|winograd|implicit_?convolve|igemm|"
-                      r"(volta|turing|ampere|hopper|sm\d\d)_\w*_(nn|nt|tn|tt)\b", re.I)
+_NAMES = np.asarray(CLASS_NAMES, dtype=object)
 
 
 def classify_names(names: list[str] | np.ndarray) -> np.ndarray:
-    """Class of each name by pattern (``communication`` > ``memory`` > ``attention`` >
-    ``GEMM`` > ``elementwise``); returns an object array of class strings."""
-    out = np.empty(len(names), dtype=object)
-    for i, n in enumerate(names):
-        n = str(n)
-        if _COMM_RE.search(n):
-            out[i] = "communication"
-        elif _MEM_RE.search(n):
-            out[i] = "memory"
-        elif _ATTN_RE.search(n):
-            out[i] = "attention"
-        elif _GEMM_RE.search(n):
-            out[i] = "GEMM"
-        else:
-            out[i] = "elementwise"
-    return out
+    """Class of each name (:mod:`collectors.kernel_classes`); an object array of class
+    names."""
+    return _NAMES[_classify_ids(names)] if len(names) else np.zeros(0, object)
 
 
 def kernel_classes(x: Any) -> np.ndarray:
     """Class of every op of ``x`` (aligned with ``ops``), from its kind and name."""
     t = as_trace(x)
     o = t.ops
-    by_name = classify_names(t.strings) if len(t.strings) else np.zeros(0, object)
-    cls = by_name[o["name_id"].to_numpy()] if len(o) else np.zeros(0, object)
-    kind = o["kind"].to_numpy()
-    cls = np.where(np.isin(kind, COMM_KINDS), "communication", cls)
-    cls = np.where(np.isin(kind, MEM_KINDS), "memory", cls)
-    return cls.astype(object)
+    return _NAMES[op_classes(o["kind"].to_numpy(), o["name_id"].to_numpy(), t.strings)]
 
 
 def _device_ops(t) -> np.ndarray:
@@ -128,7 +106,7 @@ def kernel_stats(x: Any, *, top: int | None = None, by_rank: bool = False) -> pd
 def class_stats(x: Any) -> pd.DataFrame:
     """Device op time per kernel class: ``kernel_class``, ``count``, ``total_ns``, ``share``.
 
-    All five classes are listed (zero rows included), in :data:`KERNEL_CLASSES` order.
+    Every class is listed (zero rows included), in :data:`KERNEL_CLASSES` order.
     """
     t = as_trace(x)
     m = _device_ops(t)
@@ -142,3 +120,13 @@ def class_stats(x: Any) -> pd.DataFrame:
     tot = g["total_ns"].sum()
     g["share"] = g["total_ns"] / tot if tot > 0 else 0.0
     return g
+
+
+def unclassified(x: Any, *, top: int | None = 10) -> pd.DataFrame:
+    """The device ops whose name no rule of the kernel-class table knows (class ``other``),
+    by name: ``name``, ``kind``, ``count``, ``total_ns``, ``share`` (of all device time),
+    the ``top`` names by total time."""
+    ks = kernel_stats(x)
+    u = ks[ks["kernel_class"] == CLASS_NAMES[KernelClass.OTHER]]
+    u = u[["name", "kind", "count", "total_ns", "share"]].reset_index(drop=True)
+    return u.head(top) if top is not None else u

@@ -16,7 +16,14 @@ import numpy as np
 import pandas as pd
 
 from ._kernels import _union_len_grouped
-from ._util import COMPUTE_KINDS, _keep_step_mask, as_trace, device_mask, op_ends_ns, step_windows
+from ._util import (
+    COMPUTE_KINDS,
+    as_trace,
+    clip_to_windows,
+    comm_mask,
+    device_mask,
+    step_windows,
+)
 
 __all__ = ["rank_stages", "bubbles", "stage_bubbles"]
 
@@ -50,9 +57,8 @@ def bubbles(x: Any) -> pd.DataFrame:
     key_w = w["rank"].to_numpy().astype(np.int64) * (1 << 32) + (w["step"].to_numpy() + 1)
     gidx = np.minimum(np.searchsorted(key_w, key_ops), max(n - 1, 0))
     ok = (key_w[gidx] == key_ops) if n else np.zeros(len(o), bool)
-    m = ok & _keep_step_mask(ranks, steps) & device_mask(t) & np.isin(o["kind"].to_numpy(),
-                                                                     COMPUTE_KINDS)
-    s, e, g = o["start_ns"].to_numpy()[m], op_ends_ns(t)[m], gidx[m]
+    m = device_mask(t) & np.isin(o["kind"].to_numpy(), COMPUTE_KINDS) & ~comm_mask(t)
+    _, g, s, e = clip_to_windows(t, m, w)  # compute inside each window (windows tile)
     order = np.lexsort((s, g))
     comp = (_union_len_grouped(np.ascontiguousarray(g[order], np.int64),
                                np.ascontiguousarray(s[order], np.int64),

@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.collections import PolyCollection
 from matplotlib.figure import Figure
+
 from retime.collectors.enums import OpKind
 
 from .breakdown import PARTS

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+
 from retime.collectors.errors import RetimeError
 from retime.collectors.trace import Trace
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 import pandas as pd
+
 from retime.collectors.errors import RetimeError
 
 from . import drilldown_plots as dp

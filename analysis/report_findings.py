@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+
 from retime.collectors.enums import CommOp, LaneKind
 
 from ._util import COMM_KINDS

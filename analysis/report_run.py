@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+
 from retime.collectors.trace import Trace
 
 from ._util import as_trace

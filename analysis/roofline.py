@@ -41,6 +41,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+
 from retime.collectors.enums import OpKind
 from retime.collectors.errors import RetimeError
 

@@ -30,15 +30,16 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
+
 from retime.collectors.enums import OpKind
 from retime.collectors.errors import RetimeError
+from retime.collectors.kernel_classes import CLASS_NAMES, op_classes
 from retime.collectors.store import rank_rows, read_small_tables, scan_table, store_layout
 from retime.collectors.trace import RANGES_SCHEMA, Trace, _frame, read_trace
 
 from ._util import COMM_KINDS, step_windows
 from .breakdown import breakdown
 from .comm import collectives, comm_summary, rank_wait
-from .kernels import classify_names
 
 __all__ = ["rank_batches", "iter_rank_traces", "stream_step_times", "stream_breakdown",
            "stream_kernel_stats", "stream_collectives", "stream_comm_summary",
@@ -46,7 +47,7 @@ __all__ = ["rank_batches", "iter_rank_traces", "stream_step_times", "stream_brea
 
 _BATCH_ROWS = 1 << 21
 #: ops columns each streamed analysis reads
-_BREAKDOWN_COLS = ["rank", "lane", "kind", "step", "start_ns", "dur_ns"]
+_BREAKDOWN_COLS = ["rank", "lane", "kind", "name_id", "step", "start_ns", "dur_ns"]
 _KERNEL_COLS = ["rank", "lane", "kind", "name_id", "dur_ns"]
 _COMM_COLS = ["op_id", "rank", "kind", "coll_id", "comm_op", "group_id", "step", "bytes",
               "start_ns", "dur_ns"]
@@ -107,11 +108,13 @@ def iter_rank_traces(path: str | os.PathLike[str], *, columns: list[str] | None 
 
 def stream_step_times(path: str | os.PathLike[str], *,
                       batch_rows: int = _BATCH_ROWS) -> pd.DataFrame:
-    """Per (rank, step): ``start_ns``, ``end_ns`` and ``step_ns`` of the step's ops (a rank
-    without step attribution has one row, step -1, spanning all its ops); equals
+    """Per (rank, step): ``start_ns``, ``end_ns`` and ``step_ns`` of the step's window
+    (:mod:`collectors.steps`; a rank without step attribution has one row, step -1,
+    spanning all its ops); equals
     ``analysis._util.step_windows(read_trace(path))`` with ``step_ns`` added."""
     parts = [step_windows(t) for t in iter_rank_traces(
-        path, columns=["rank", "step", "start_ns", "dur_ns"], batch_rows=batch_rows)]
+        path, columns=["rank", "lane", "step", "start_ns", "dur_ns"], ranges=True,
+        batch_rows=batch_rows)]
     out = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(
         {"rank": np.zeros(0, np.int32), "step": np.zeros(0, np.int32),
          "start_ns": np.zeros(0, np.int64), "end_ns": np.zeros(0, np.int64)})
@@ -162,9 +165,7 @@ def _kernel_final(parts: list[pd.DataFrame], strings: list[str],
     names = np.asarray(strings, dtype=object)
     nid = s["name_id"].to_numpy()
     kind = s["kind"].to_numpy()
-    cls = classify_names(list(names[nid]))
-    cls = np.where(np.isin(kind, COMM_KINDS), "communication", cls)
-    cls = np.where(np.isin(kind, (int(OpKind.MEMCPY), int(OpKind.MEMSET))), "memory", cls)
+    cls = np.asarray(CLASS_NAMES, dtype=object)[op_classes(kind, nid, list(names))]
     s["name"] = names[nid]
     s["kernel_class"] = cls.astype(object)
     s["kind"] = [OpKind(int(k)).name for k in kind]
@@ -259,8 +260,10 @@ def store_analysis(path: str | os.PathLike[str], *, stream: bool | None = None,
     -------
     dict of DataFrames: ``step_times`` (per rank and step), ``breakdown``,
     ``breakdown_summary`` (:func:`analysis.breakdown.summarize_breakdown`), ``top_ops``
-    (:func:`analysis.kernels.kernel_stats`), ``comm`` (:func:`analysis.comm.comm_summary`),
-    ``rank_wait``; and ``mode`` (``"stream"`` or ``"memory"``) under ``"mode"``.
+    (:func:`analysis.kernels.kernel_stats`), ``unclassified`` (the top device-op names of
+    class ``other``: no rule of :mod:`collectors.kernel_classes` knows them), ``comm``
+    (:func:`analysis.comm.comm_summary`), ``rank_wait``; and ``mode`` (``"stream"`` or
+    ``"memory"``) under ``"mode"``.
     """
     from .breakdown import summarize_breakdown
     from .kernels import kernel_stats
@@ -279,9 +282,10 @@ def store_analysis(path: str | os.PathLike[str], *, stream: bool | None = None,
             kp.append(_kernel_partial(t))
         w = pd.concat(sw, ignore_index=True) if sw else stream_step_times(path)
         w["step_ns"] = w["end_ns"] - w["start_ns"]
+        ks = _kernel_final(kp, _Small(Path(path)).strings, None)
         out = {"step_times": w,
                "breakdown": pd.concat(bd, ignore_index=True) if bd else stream_breakdown(path),
-               "top_ops": _kernel_final(kp, _Small(Path(path)).strings, top)}
+               "top_ops": ks.head(top).reset_index(drop=True)}
         ct, oid = _comm_trace(path, batch_rows)  # one scan of the comm ops for both
         out["comm"] = comm_summary(_collectives(ct, oid))
         out["rank_wait"] = rank_wait(ct)
@@ -289,9 +293,15 @@ def store_analysis(path: str | os.PathLike[str], *, stream: bool | None = None,
         t = read_trace(path)
         w = step_windows(t)
         w["step_ns"] = w["end_ns"] - w["start_ns"]
+        ks = kernel_stats(t)
         out = {"step_times": w, "breakdown": breakdown(t, by=by),
-               "top_ops": kernel_stats(t, top=top), "comm": comm_summary(t),
+               "top_ops": ks.head(top).reset_index(drop=True), "comm": comm_summary(t),
                "rank_wait": rank_wait(t)}
+    # names the kernel-class table does not know (class "other"), so a user sees them
+    u = ks[ks["kernel_class"] == "other"] if len(ks) else ks
+    out["unclassified"] = u[["name", "kind", "count", "total_ns", "share"]].head(
+        top).reset_index(drop=True) if len(u) else pd.DataFrame(
+        {c: [] for c in ["name", "kind", "count", "total_ns", "share"]})
     out["breakdown_summary"] = summarize_breakdown(out["breakdown"])
     out["mode"] = "stream" if stream else "memory"  # type: ignore[assignment]
     return out

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+
 from retime.collectors.enums import LaneKind, Phase
 
 from ._kernels import _binned_union, _merge_close

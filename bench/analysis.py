@@ -125,6 +125,7 @@ def main() -> None:
     args = ap.parse_args()
 
     import numpy as np
+
     import retime.analysis as A
     from retime.collectors.ingest import read
 

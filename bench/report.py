@@ -41,11 +41,10 @@ def _children_cpu() -> float:
 
 
 def demo_reports(repeat: int, out: Path) -> None:
+    import retime
     from retime.analysis.report import build_report, write_html, write_pdf
     from retime.collectors.ingest import read
     from retime.replay import whatif
-
-    import retime
 
     trace = read([Path(str(retime.sample_trace_path()))])
     w = whatif(trace, {"hardware.host_speedup": 2.0})

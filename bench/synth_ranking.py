@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+
 from retime.collectors.synth import synthesize
 
 DEFAULT = Path(__file__).with_name("data") / "megatron_a100_runs.csv"

@@ -34,6 +34,7 @@ import argparse
 import time
 
 import numpy as np
+
 from retime.collectors.synth import synthesize
 
 # (label, model, tp, pp, dp, global batch, micro-batch, recompute, sp, chunks, published s,

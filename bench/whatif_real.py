@@ -129,9 +129,10 @@ def _rank_main(local_rank: int, port: int, cfg: dict) -> None:
     """One rank: both DDP models, alternated; one capture folder per (setting, pair)."""
     import torch
     import torch.distributed as dist
-    from retime.collectors.capture import Capture
     from torch import nn
     from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from retime.collectors.capture import Capture
 
     os.environ.update(RANK=str(local_rank), LOCAL_RANK=str(local_rank),
                       WORLD_SIZE=str(NPROCS), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))

@@ -8,6 +8,8 @@ from numba import njit
 from .progress import watch_compiles
 
 __all__ = ["latest_done", "nest_intervals", "scan_json_array"]
+__all__ = ["latest_done", "nest_intervals", "scan_json_array", "align_sequences",
+           "ALIGN_MAX_CELLS", "acyclic_nodes"]
 
 
 @njit(cache=True)
@@ -189,5 +191,139 @@ def latest_done(op_corr: np.ndarray, op_end: np.ndarray, q_corr: np.ndarray,
     out = np.full(len(pos), -1, np.int64)
     out[pos >= 0] = ok[pos[pos >= 0]]
     return out
+
+
+@njit(cache=True)
+def _align(sa, ta, sb, tb):  # pragma: no cover - compiled
+    """Order-preserving alignment of two symbol sequences (longest common subsequence).
+
+    Maximizes the number of matched pairs (``sa[i] == sb[j]``, each index used once, pairs
+    in increasing ``i`` and ``j``); among alignments with as many pairs, the smallest sum of
+    ``|ta[i] - tb[j]|`` over them (the time tie-break that picks the right period of a
+    periodic sequence). O(n m) time and memory.
+
+    Parameters
+    ----------
+    sa, sb : int64[n], int64[m]  symbols
+    ta, tb : int64[n], int64[m]  times (ns) of the elements
+
+    Returns
+    -------
+    ia, ib : int64[k]  matched index pairs, increasing
+    """
+    n = sa.shape[0]
+    m = sb.shape[0]
+    cnt = np.zeros((n + 1, m + 1), np.int32)
+    cost = np.zeros((n + 1, m + 1), np.int64)
+    move = np.zeros((n + 1, m + 1), np.int8)  # 0 match, 1 skip a[i-1], 2 skip b[j-1]
+    cap = np.int64(1) << 50
+    for i in range(1, n + 1):
+        move[i, 0] = 1
+    for j in range(1, m + 1):
+        move[0, j] = 2
+    for i in range(1, n + 1):
+        for j in range(1, m + 1):
+            bc = cnt[i - 1, j]
+            bx = cost[i - 1, j]
+            bm = 1
+            c2 = cnt[i, j - 1]
+            x2 = cost[i, j - 1]
+            if c2 > bc or (c2 == bc and x2 < bx):
+                bc = c2
+                bx = x2
+                bm = 2
+            if sa[i - 1] == sb[j - 1]:
+                d = ta[i - 1] - tb[j - 1]
+                if d < 0:
+                    d = -d
+                if d > cap:
+                    d = cap
+                c3 = cnt[i - 1, j - 1] + 1
+                x3 = cost[i - 1, j - 1] + d
+                if c3 > bc or (c3 == bc and x3 < bx):
+                    bc = c3
+                    bx = x3
+                    bm = 0
+            cnt[i, j] = bc
+            cost[i, j] = bx
+            move[i, j] = bm
+    k = cnt[n, m]
+    ia = np.empty(k, np.int64)
+    ib = np.empty(k, np.int64)
+    i = n
+    j = m
+    while i > 0 or j > 0:
+        mv = move[i, j]
+        if mv == 0:
+            k -= 1
+            ia[k] = i - 1
+            ib[k] = j - 1
+            i -= 1
+            j -= 1
+        elif mv == 1:
+            i -= 1
+        else:
+            j -= 1
+    return ia, ib
+
+
+#: the largest alignment table (cells) :func:`align_sequences` builds
+ALIGN_MAX_CELLS = 40_000_000
+
+
+def align_sequences(sa: np.ndarray, ta: np.ndarray, sb: np.ndarray, tb: np.ndarray
+                    ) -> tuple[np.ndarray, np.ndarray] | None:
+    """Matched index pairs of the order-preserving alignment of ``sa`` and ``sb`` (see
+    :func:`_align`); None when the table would exceed :data:`ALIGN_MAX_CELLS` cells."""
+    if (len(sa) + 1) * (len(sb) + 1) > ALIGN_MAX_CELLS:
+        return None
+    i64 = np.int64
+    return _align(np.ascontiguousarray(sa, i64), np.ascontiguousarray(ta, i64),
+                  np.ascontiguousarray(sb, i64), np.ascontiguousarray(tb, i64))
+
+
+@njit(cache=True)
+def _kahn_done(n_nodes, src, dst):  # pragma: no cover - compiled
+    """Nodes Kahn's algorithm orders in the directed graph ``src -> dst`` (int64 arrays of
+    node ids < n_nodes): a bool per node, False for nodes on or behind a cycle."""
+    indeg = np.zeros(n_nodes, np.int64)
+    for k in range(src.shape[0]):
+        indeg[dst[k]] += 1
+    ptr = np.zeros(n_nodes + 1, np.int64)
+    for k in range(src.shape[0]):
+        ptr[src[k] + 1] += 1
+    for v in range(n_nodes):
+        ptr[v + 1] += ptr[v]
+    fill = ptr[:-1].copy()
+    succ = np.empty(src.shape[0], np.int64)
+    for k in range(src.shape[0]):
+        succ[fill[src[k]]] = dst[k]
+        fill[src[k]] += 1
+    stack = np.empty(n_nodes, np.int64)
+    top = 0
+    for v in range(n_nodes):
+        if indeg[v] == 0:
+            stack[top] = v
+            top += 1
+    done = np.zeros(n_nodes, np.bool_)
+    while top > 0:
+        top -= 1
+        v = stack[top]
+        done[v] = True
+        for k in range(ptr[v], ptr[v + 1]):
+            w = succ[k]
+            indeg[w] -= 1
+            if indeg[w] == 0:
+                stack[top] = w
+                top += 1
+    return done
+
+
+def acyclic_nodes(n_nodes: int, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+    """Bool per node: ordered by a topological sort of ``src -> dst`` (False: on a cycle or
+    reachable only through one)."""
+    return _kahn_done(int(n_nodes), np.ascontiguousarray(src, np.int64),
+                      np.ascontiguousarray(dst, np.int64))
+
 
 watch_compiles()  # say so on stderr when these kernels compile on first use

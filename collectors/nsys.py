@@ -484,7 +484,7 @@ def _assemble(files: list[_File], strings: StringTable, ps: list[Path]) -> Trace
         cid, colls = match_collectives(
             gpu["rank"].to_numpy()[ci], np.zeros(n, np.int64), np.full(n, len(all_ranks)),
             gpu["comm_op"].to_numpy()[ci], np.zeros(n, np.int64), np.full(n, -1, np.int64),
-            gpu["start"].to_numpy()[ci], {0: set(all_ranks)})
+            gpu["start"].to_numpy()[ci], {0: set(all_ranks)}, end=gpu["end"].to_numpy()[ci])
         coll_id[ci] = cid
         group_ids[ci] = 0
 

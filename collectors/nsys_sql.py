@@ -17,6 +17,7 @@ import pyarrow.compute as pc
 from .collectives import comm_op_from_name
 from .enums import CommOp
 from .errors import TraceFormatError
+from .kernel_classes import is_comm_kernel
 
 try:  # Arrow-native SQLite reader (C): 5-10x faster than building Python row tuples
     from adbc_driver_sqlite import dbapi as _adbc
@@ -150,9 +151,9 @@ def _int_columns(t: pa.Table, ncols: int) -> np.ndarray:
 
 
 def _comm_op_of(names: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    """(is_nccl, comm_op) for kernel names (small: one entry per distinct name)."""
-    is_nccl = np.array([n.removeprefix("void ").lower().startswith(("nccl", "rccl"))
-                        for n in names], bool)
+    """(is_comm, comm_op) for kernel names (small: one entry per distinct name); what is
+    communication: :func:`collectors.kernel_classes.is_comm_kernel`."""
+    is_nccl = np.array([is_comm_kernel(n) for n in names], bool)
     comm = np.array([int(comm_op_from_name(n.removeprefix("void ")) if c else CommOp.NONE)
                      for n, c in zip(names, is_nccl, strict=True)], np.int8)
     return is_nccl, comm

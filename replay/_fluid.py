@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import numpy as np
 from numba import njit
+
 from retime.collectors.progress import watch_compiles
 
 from ._fluid_jobs import (

@@ -21,6 +21,7 @@ from llvmlite import ir
 from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
+
 from retime.collectors.progress import watch_compiles
 
 from ._fluid_queues import _I_POS, _jins, _jkey

@@ -9,6 +9,7 @@ compiled code of these helpers is inside it.
 from __future__ import annotations
 
 from numba import njit
+
 from retime.collectors.progress import watch_compiles
 
 __all__: list[str] = []

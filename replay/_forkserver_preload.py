@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 
 import numpy as np
+
 from retime.collectors.errors import RetimeError
 from retime.collectors.trace import Trace
 

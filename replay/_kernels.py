@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 from numba import njit
+
 from retime.collectors.progress import watch_compiles
 
 _NEG = np.int64(-(2**62))  # "minus infinity" that survives adding a lag

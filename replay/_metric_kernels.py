@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, types
 from numba.extending import overload
+
 from retime.collectors.progress import watch_compiles
 
 _NEG = np.int64(-(2**62))  # "minus infinity" (as in replay._kernels)

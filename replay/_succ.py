@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 from numba import njit
+
 from retime.collectors.progress import watch_compiles
 
 __all__: list[str] = []

@@ -25,7 +25,9 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+
 from retime.collectors.errors import ReplayError
+from retime.collectors.steps import step_windows, times_checksum, windows_from_arrays
 from retime.collectors.trace import Trace
 
 from ._fluid import _fluid_replay
@@ -154,7 +156,7 @@ class ReplayResult:
     workers and back) keep whichever form the result holds.
     """
 
-    __slots__ = ("trace", "graph", "meta", "_s", "_e", "_c", "_layout")
+    __slots__ = ("trace", "graph", "meta", "_s", "_e", "_c", "_layout", "_w")
 
     def __init__(self, trace: Trace, graph: ReplayGraph, start_ns: np.ndarray | None = None,
                  end_ns: np.ndarray | None = None, crit_pred: np.ndarray | None = None,
@@ -171,6 +173,7 @@ class ReplayResult:
         # ("f", start f64, end f64, crit i32 positions, base ns) from the contention path,
         # ("i", start i64, end i64, crit i64 positions, 0) from the fast path
         st(self, "_layout", layout if start_ns is None else None)
+        st(self, "_w", None)
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError(f"ReplayResult is read-only (cannot set {name!r})")
@@ -182,8 +185,9 @@ class ReplayResult:
         return (self.trace, self.graph, self.meta, self._s, self._e, self._c, self._layout)
 
     def __setstate__(self, state: tuple) -> None:
-        for k, v in zip(self.__slots__, state, strict=True):
+        for k, v in zip(self.__slots__[:-1], state, strict=True):
             object.__setattr__(self, k, v)
+        object.__setattr__(self, "_w", None)  # step windows: recomputed when asked
 
     def __repr__(self) -> str:
         return (f"ReplayResult(ops={self.graph.n_ops}, mode={self.meta.get('mode')!r}, "
@@ -230,28 +234,63 @@ class ReplayResult:
     def dur_ns(self) -> np.ndarray:
         return self.end_ns - self.start_ns
 
+    def step_windows(self) -> pd.DataFrame:
+        """Per (rank, step): the step's window measured and replayed (one definition for
+        every command: :mod:`collectors.steps`): ``rank``, ``step``, ``measured_start_ns``,
+        ``measured_end_ns``, ``replayed_start_ns``, ``replayed_end_ns``, ``measured_ns``,
+        ``replayed_ns``."""
+        hit = getattr(self, "_w", None)
+        if hit is not None:
+            return hit
+        g = self.graph
+        t = self.trace
+        if t is not None and len(t.ops) == g.n_ops:
+            memo = g.memo()
+            mw = memo.get("measured_step_windows")
+            if mw is None:
+                mw = memo["measured_step_windows"] = step_windows(t, g.meas_start_ns,
+                                                                  g.meas_end_ns)
+            rw = step_windows(t, self.start_ns, self.end_ns)
+        else:  # a bare graph: one window per rank, the span of its ops
+            z = np.full(g.n_ops, -1, np.int64)
+            mw = windows_from_arrays(g.rank, z, g.meas_start_ns, g.meas_end_ns)
+            rw = windows_from_arrays(g.rank, z, self.start_ns, self.end_ns)
+        out = pd.DataFrame({
+            "rank": mw["rank"].to_numpy(), "step": mw["step"].to_numpy(),
+            "measured_start_ns": mw["start_ns"].to_numpy(),
+            "measured_end_ns": mw["end_ns"].to_numpy(),
+            "replayed_start_ns": rw["start_ns"].to_numpy(),
+            "replayed_end_ns": rw["end_ns"].to_numpy()})
+        out["measured_ns"] = out["measured_end_ns"] - out["measured_start_ns"]
+        out["replayed_ns"] = out["replayed_end_ns"] - out["replayed_start_ns"]
+        object.__setattr__(self, "_w", out)
+        return out
+
     def step_times(self) -> pd.DataFrame:
-        """Per rank: ``rank``, ``measured_ns``, ``replayed_ns`` (span of the rank's ops)."""
-        rank = self.graph.rank
-        if len(rank) == 0:
-            return pd.DataFrame({"rank": np.zeros(0, np.int32), "measured_ns": np.zeros(0, np.int64),
-                                 "replayed_ns": np.zeros(0, np.int64)})
-        ur, inv = np.unique(rank, return_inverse=True)
-
-        def span(s, e):
-            lo = np.full(len(ur), np.iinfo(np.int64).max, np.int64)
-            hi = np.full(len(ur), np.iinfo(np.int64).min, np.int64)
-            np.minimum.at(lo, inv, s)
-            np.maximum.at(hi, inv, e)
-            return hi - lo
-
-        return pd.DataFrame({"rank": ur.astype(np.int32),
-                             "measured_ns": span(self.graph.meas_start_ns, self.graph.meas_end_ns),
-                             "replayed_ns": span(self.start_ns, self.end_ns)})
+        """Per rank: ``rank``, ``steps``, ``measured_ns`` and ``replayed_ns`` (the rank's
+        step windows end to end: its first step's start to its last step's end, see
+        :mod:`collectors.steps`), ``measured_step_ns`` and ``replayed_step_ns`` (the mean
+        window: the rank's step time, the figure ``retime analyze`` and ``retime report``
+        show for it)."""
+        w = self.step_windows()
+        if len(w) == 0:
+            z = np.zeros(0, np.int64)
+            return pd.DataFrame({"rank": np.zeros(0, np.int32), "steps": z, "measured_ns": z,
+                                 "replayed_ns": z, "measured_step_ns": np.zeros(0),
+                                 "replayed_step_ns": np.zeros(0)})
+        g = w.groupby("rank", sort=True)
+        r = g.agg(steps=("step", "size"), measured_ns=("measured_ns", "sum"),
+                  replayed_ns=("replayed_ns", "sum")).reset_index()
+        r["rank"] = r["rank"].astype(np.int32)
+        r["steps"] = r["steps"].astype(np.int64)
+        r["measured_step_ns"] = r["measured_ns"] / r["steps"]
+        r["replayed_step_ns"] = r["replayed_ns"] / r["steps"]
+        return r
 
     @property
     def step_time_ns(self) -> int:
-        """Replayed step time: the longest rank span."""
+        """Replayed time of the longest rank: its step windows end to end
+        (:meth:`step_times`)."""
         st = self.step_times()
         return int(st["replayed_ns"].max()) if len(st) else 0
 
@@ -271,6 +310,8 @@ class ReplayResult:
         Ranges (annotations) are moved with the ops they enclose: a range starts at the
         replayed start of its first op and ends at the replayed end of its last op on the
         same lane (by measured start); a range holding no op shifts with the op before it.
+        ``meta["step_windows"]`` holds the replayed step windows (:meth:`step_windows`),
+        which the analysis of the returned trace uses.
         """
         t = self.trace
         ops = t.ops.copy()
@@ -278,6 +319,15 @@ class ReplayResult:
         ops["dur_ns"] = self.end_ns - self.start_ns
         meta = copy.deepcopy(t.meta)
         meta["replay"] = {k: v for k, v in self.meta.items()}
+        # the replay's step windows travel with the replayed trace, so that analysis of it
+        # (breakdown, report, analyze) uses the very windows step_times() reports
+        w = self.step_windows()
+        meta["step_windows"] = {"ops": int(len(ops)),
+                                "times": times_checksum(self.start_ns, self.end_ns),
+                                "rank": w["rank"].tolist(),
+                                "step": w["step"].tolist(),
+                                "start_ns": w["replayed_start_ns"].tolist(),
+                                "end_ns": w["replayed_end_ns"].tolist()}
         return Trace(ops=ops, lanes=t.lanes.copy(), edges=t.edges.copy(),
                      ranges=_move_ranges(t, self.start_ns, self.end_ns),
                      groups=t.groups.copy(), memory=t.memory.copy(), strings=list(t.strings),
@@ -289,8 +339,11 @@ class ReplayResult:
         return {
             "step_time_ns": {"measured": int(st["measured_ns"].max()) if len(st) else 0,
                              "replayed": int(st["replayed_ns"].max()) if len(st) else 0},
-            "per_rank": [{"rank": int(r.rank), "measured_ns": int(r.measured_ns),
-                          "replayed_ns": int(r.replayed_ns)} for r in st.itertuples()],
+            "per_rank": [{"rank": int(r.rank), "steps": int(r.steps),
+                          "measured_ns": int(r.measured_ns), "replayed_ns": int(r.replayed_ns),
+                          "measured_step_ns": float(r.measured_step_ns),
+                          "replayed_step_ns": float(r.replayed_step_ns)}
+                         for r in st.itertuples()],
             "scenario": list(self.meta.get("scenario", [])),
             "mode": self.meta["mode"],
             "ideal": self.meta["ideal"],
@@ -302,6 +355,9 @@ class ReplayResult:
                                                  "intra_collective_edges")},
             # what the measured gaps were (replay/gaps.py): host work, waits, unexplained
             "gaps": gap_shares(self.graph),
+            # cross-rank links relaxed to break dependency cycles (build_graph, not strict)
+            "relaxed": self.meta.get("relaxed") or {"count": 0, "collectives": [],
+                                                    "edges": []},
         }
 
 

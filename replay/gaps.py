@@ -23,6 +23,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+
 from retime.collectors.enums import EdgeKind
 
 __all__ = ["WAKE_UP_NS", "HANDOFF_MIN_GAP_NS", "HANDOFF_WINDOW_NS", "handoff_edges", "classify_wait_gaps",

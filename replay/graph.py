@@ -41,6 +41,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
+
 from retime.collectors.enums import EdgeKind, LaneKind, OpKind
 from retime.collectors.errors import ReplayError
 from retime.collectors.trace import Trace
@@ -55,7 +56,7 @@ from ._kernels import (
     _measured_ready,
 )
 from .gaps import classify_wait_gaps, handoff_edges
-from .graph_order import _node_of, _order_or_raise
+from .graph_order import CycleError, _node_of, _order_or_raise, choose_relaxations
 
 __all__ = ["ReplayGraph", "build_graph", "graph_from_arrays", "BLOCKING_CALL_PATTERN"]
 
@@ -261,7 +262,7 @@ def _check_durations(g: ReplayGraph, dur_ns) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------------- building
-def build_graph(trace: Trace, *, ideal: bool = False) -> ReplayGraph:
+def build_graph(trace: Trace, *, ideal: bool = False, strict: bool = False) -> ReplayGraph:
     """Build the replay graph of ``trace`` (vectorized; see the module docstring for the model).
 
     Parameters
@@ -270,12 +271,19 @@ def build_graph(trace: Trace, *, ideal: bool = False) -> ReplayGraph:
         Any trace (ingested, synthesized, or a replayed one).
     ideal : bool
         Drop the unexplained release delays (they stay in ``measured_delay_ns``).
+    strict : bool
+        Refuse a graph with a dependency cycle. By default a cycle through cross-rank links
+        (collectives matched in opposite orders, cross-rank edges) is broken by relaxing the
+        fewest such links, chosen where the measurement contradicts them most
+        (:func:`replay.graph_order.choose_relaxations`): a relaxed collective's members
+        replay as separate ops, a relaxed edge is dropped. ``stats["relaxed"]`` says which
+        and how many.
 
     Raises
     ------
     ReplayError
         Dangling edges, a collective with two members on one lane, or a dependency cycle
-        (the message lists the ops on the cycle: rank, lane, name, measured start).
+        (``strict``, or a cycle without cross-rank links; one line naming its ops).
     """
     o = trace.ops
     e = trace.edges
@@ -296,13 +304,42 @@ def build_graph(trace: Trace, *, ideal: bool = False) -> ReplayGraph:
     lane_row = sorter[lane_pos] if len(lane_ids) else lane_pos
     on_device = (lk[lane_row] != LaneKind.CPU_THREAD) if len(lane_ids) else np.zeros(len(o), bool)
     dev_key = o["rank"].to_numpy().astype(_I64) * 65536 + lanes["device"].to_numpy()[lane_row].astype(_I64) if len(lane_ids) else np.zeros(len(o), _I64)
-    g = graph_from_arrays(
-        rank=o["rank"].to_numpy(), lane=lane, kind=kind,
-        start_ns=o["start_ns"].to_numpy(), dur_ns=o["dur_ns"].to_numpy(),
-        coll_id=o["coll_id"].to_numpy(),
-        edge_src=e["src"].to_numpy(), edge_dst=e["dst"].to_numpy(),
-        edge_kind=e["kind"].to_numpy(), edge_lag_ns=e["lag_ns"].to_numpy(),
-        blocking=blocking, on_device=on_device, device_key=dev_key, ideal=ideal, trace=trace)
+    coll = o["coll_id"].to_numpy()
+    es, ed = e["src"].to_numpy(), e["dst"].to_numpy()
+    keep_e = np.ones(len(es), bool)
+    relaxed: dict[str, Any] = {"count": 0, "collectives": [], "edges": []}
+    while True:
+        try:
+            g = graph_from_arrays(
+                rank=o["rank"].to_numpy(), lane=lane, kind=kind,
+                start_ns=o["start_ns"].to_numpy(), dur_ns=o["dur_ns"].to_numpy(),
+                coll_id=coll, edge_src=es[keep_e], edge_dst=ed[keep_e],
+                edge_kind=e["kind"].to_numpy()[keep_e], edge_lag_ns=e["lag_ns"].to_numpy()[keep_e],
+                blocking=blocking, on_device=on_device, device_key=dev_key, ideal=ideal,
+                trace=trace)
+            break
+        except CycleError as exc:
+            if strict:
+                raise ReplayError(str(exc).split("; replay without")[0] + "; --strict "
+                                  "refuses it (without, the cross-rank links on it are "
+                                  "relaxed)") from None
+            s0 = o["start_ns"].to_numpy()
+            pick = choose_relaxations(exc, o["rank"].to_numpy(), s0,
+                                      s0 + o["dur_ns"].to_numpy(), coll, es[keep_e], ed[keep_e])
+            if pick is None or (not pick[0] and not pick[1].any()):
+                raise ReplayError(str(exc).split("; replay without")[0] + "; no cross-rank "
+                                  "link is on it to relax: fix or drop the edge") from None
+            cids, drop = pick
+            if cids:
+                coll = np.where(np.isin(coll, cids), -1, coll)
+                relaxed["collectives"] += cids
+            if drop.any():
+                idx = np.flatnonzero(keep_e)[drop]
+                relaxed["edges"] += [[int(es[i]), int(ed[i])] for i in idx]
+                keep_e[idx] = False
+            relaxed["count"] = len(relaxed["collectives"]) + len(relaxed["edges"])
+    if relaxed["count"]:
+        g.stats["relaxed"] = relaxed
     return g
 
 

@@ -52,6 +52,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import tomllib
+
 from retime.collectors.errors import PolicyError
 from retime.collectors.progress import progress_bar
 from retime.collectors.trace import Trace, read_trace

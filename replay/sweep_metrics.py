@@ -12,7 +12,9 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+
 from retime.collectors.devices import device_peaks
+from retime.collectors.steps import profiler_steps
 
 from ._metric_kernels import _block_slots, _metric_spans, _metric_spans_layout
 from .engine import ReplayResult
@@ -57,13 +59,27 @@ def _prepared(g) -> dict[str, Any]:
     comp = res[dev] == RES_COMPUTE
     steps = g.trace.ops["step"].to_numpy() if g.trace is not None else np.zeros(0)
     n_steps = _dense_inverse(steps[steps >= 0])[0] if len(steps) else 0
+    # the step windows (collectors.steps) are each rank's span of ops when every rank's ops
+    # are all in steps or all outside and no profiler step range widens them; otherwise
+    # the step time is computed from the windows themselves
+    plain = True
+    if g.trace is not None and len(steps):
+        t = g.trace
+        if len(t.ranges) and len(profiler_steps(t)):
+            plain = False
+        else:
+            stepped = np.zeros(n_ranks, np.int64)
+            np.add.at(stepped, ridx, (steps >= 0).astype(np.int64))
+            cnt = np.bincount(ridx, minlength=n_ranks)
+            plain = bool(((stepped == 0) | (stepped == cnt)).all())
     # each rank's device ops form one block in this order (dev_ptr); a scenario's replayed
     # starts re-sort them within the block, nearly sorted already (cheap insertion sort)
     dev_ptr = np.searchsorted(rd, np.arange(n_ranks + 1)).astype(np.int64)
     p = {"ridx": ridx, "n_ranks": n_ranks, "dev": np.ascontiguousarray(dev, np.int64),
          "dev_ptr": dev_ptr, "max_block": int(np.diff(dev_ptr).max()) if n_ranks else 0,
          "dev_compute": np.ascontiguousarray(comp),
-         "other": np.flatnonzero(res <= 0).astype(np.int64), "n_steps": max(n_steps, 1)}
+         "other": np.flatnonzero(res <= 0).astype(np.int64), "n_steps": max(n_steps, 1),
+         "plain_span": plain}
     k = id(key)
 
     def gone(ref, k=k):
@@ -132,7 +148,8 @@ def scenario_metrics(result: ReplayResult) -> dict[str, Any]:
     last end; device ops = ops the replay graph marks compute or communication):
 
     ``step_time_ns``
-        ``max`` over ranks of the rank's span (``ReplayResult.step_time_ns``).
+        ``max`` over ranks of the rank's step windows end to end (``ReplayResult.step_time_ns``,
+        :mod:`collectors.steps`): the rank's span when all its ops are in steps.
     ``tokens_per_s``
         ``tokens_per_step * steps / step_time`` with ``tokens_per_step`` from the result or
         trace meta (``meta["synth"]`` for modeled runs) and ``steps`` the distinct step ids in
@@ -196,7 +213,7 @@ def scenario_metrics(result: ReplayResult) -> dict[str, Any]:
             np.minimum.at(lo, p["ridx"][other], s[other])
             np.maximum.at(hi, p["ridx"][other], e[other])
     span = hi - lo
-    step_ns = int(span.max())
+    step_ns = int(span.max()) if p["plain_span"] else result.step_time_ns
     row["step_time_ns"] = step_ns
     if x is not None:
         row["exposed_comm_ns"] = int((both - x).max())

@@ -14,13 +14,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from retime.collectors.enums import CommOp, OpKind
 from retime.collectors.errors import PolicyError
+from retime.collectors.steps import step_windows
 from retime.collectors.trace import Trace
 
-from ._metric_kernels import _group_spans
 from .engine import ReplayResult, _simulate_layout
-from .graph import _dense_inverse
 from .policies.base import (
     Policy,
     SynthSpec,
@@ -103,26 +103,21 @@ def _whatif(trace: Trace, pols: list, *, ideal: bool, mode: str | None) -> Repla
 
 
 def _measured_step_ns(trace: Trace) -> int:
-    """The input trace's measured step time (longest rank span), before any policy
-    (computed once per trace: :func:`~replay.policies.base.trace_memo`)."""
+    """The input trace's measured time of its longest rank (its step windows end to end,
+    :mod:`collectors.steps`), before any policy (computed once per trace:
+    :func:`~replay.policies.base.trace_memo`)."""
     memo = trace_memo(trace)
     v = memo.get("measured_step_ns")
     if v is None:
-        v = memo["measured_step_ns"] = _rank_span_max(trace)
+        v = memo["measured_step_ns"] = _rank_window_max(trace)
     return v
 
 
-def _rank_span_max(trace: Trace) -> int:
-    o = trace.ops
-    if len(o) == 0:
+def _rank_window_max(trace: Trace) -> int:
+    if len(trace.ops) == 0:
         return 0
-    s = np.ascontiguousarray(o["start_ns"].to_numpy(), np.int64)
-    e = s + o["dur_ns"].to_numpy().astype(np.int64)
-    k, r = _dense_inverse(o["rank"].to_numpy())  # no sort: ranks span a small range
-    lo = np.full(k, np.iinfo(np.int64).max, np.int64)
-    hi = np.full(k, np.iinfo(np.int64).min, np.int64)
-    _group_spans(r, s, e, lo, hi)
-    return int((hi - lo).max())
+    w = step_windows(trace)
+    return int((w["end_ns"] - w["start_ns"]).groupby(w["rank"]).sum().max())
 
 
 def _derived(state: WhatIfState) -> dict[str, Any]:

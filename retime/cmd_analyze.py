@@ -49,6 +49,7 @@ def analysis_summary(res: dict[str, Any]) -> dict[str, Any]:
             "per_rank": _records(res["breakdown_summary"]),
         },
         "top_ops": _records(res["top_ops"]),
+        "unclassified": _records(res["unclassified"]),
         "comm": _records(res["comm"]),
         "rank_wait": _records(res["rank_wait"]),
     }
@@ -103,6 +104,12 @@ def analyze_cmd(
     for r in s["top_ops"]:
         say(f"    {r['total_ns'] / 1e6:10.3f} ms  {100 * r['share']:5.1f}%  x{r['count']:<7d} "
             f"{r['kernel_class']:<13s} {str(r['name'])[:80]}")
+    if s["unclassified"]:
+        say(f"  unclassified kernels (no rule of the kernel-class table knows them; "
+            f"class 'other'): {len(s['unclassified'])} shown")
+        for r in s["unclassified"]:
+            say(f"    {r['total_ns'] / 1e6:10.3f} ms  {100 * r['share']:5.1f}%  x{r['count']:<7d} "
+                f"{str(r['name'])[:100]}")
     for r in s["comm"][:10]:
         bw = r["busbw_gbps"]
         say(f"  comm group {r['group_id']} {r['comm_op']}: {r['instances']} instance(s), "

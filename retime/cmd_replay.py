@@ -8,6 +8,8 @@ from typing import Annotated
 import typer
 
 from retime.cli import FORCE_HELP, app, check_output, emit_json, say
+from retime.collectors.trace import read_trace
+from retime.replay import build_graph, simulate, whatif
 
 
 @app.command("replay")
@@ -26,6 +28,9 @@ def replay_cmd(
     set_: Annotated[list[str] | None, typer.Option("--set", help="What-if key=value, e.g. "
                                                    "network.inter_node_gbps=25 (repeatable; "
                                                    "applied on top of --scenario).")] = None,
+    strict: Annotated[bool, typer.Option("--strict", help="Refuse a trace whose dependency "
+                                         "graph has a cycle instead of relaxing the fewest "
+                                         "cross-rank links on it.")] = False,
 ) -> None:
     """Replay a trace through the dependency model and compare step times per rank.
 
@@ -33,8 +38,6 @@ def replay_cmd(
     drops the delays no dependency explains. With -o the replayed trace is written, so
     `retime export OUT.retime --chrome t.json` shows the replayed timeline.
     """
-    from retime.collectors.trace import read_trace
-    from retime.replay import build_graph, simulate, whatif
 
     if output is not None:
         check_output(output, force, store=True)
@@ -43,7 +46,7 @@ def replay_cmd(
         from retime.replay.policies.scenario import scenario_from_cli
         result = whatif(trace, scenario_from_cli(scenario, set_), ideal=ideal)
     else:
-        result = simulate(build_graph(trace, ideal=ideal))
+        result = simulate(build_graph(trace, ideal=ideal, strict=strict))
     s = result.summary()
     if "whatif" in result.meta:
         s["whatif"] = result.meta["whatif"]
@@ -57,12 +60,21 @@ def replay_cmd(
         return
     st = s["step_time_ns"]
     d = s["unexplained_delays"]
+    rl = s["relaxed"]
+    if rl["count"]:
+        say(f"{trace_dir}: dependency cycle(s) broken by relaxing {rl['count']} cross-rank "
+            f"link(s): collectives {rl['collectives'][:8]}"
+            f"{' ...' if len(rl['collectives']) > 8 else ''}, edges {rl['edges'][:4]}"
+            f"{' ...' if len(rl['edges']) > 4 else ''} (--strict refuses instead)")
     say(f"{trace_dir}: step time measured {st['measured'] / 1e6:.3f} ms, replayed "
         f"{st['replayed'] / 1e6:.3f} ms ({'ideal: ' if ideal else ''}{d['count']} unexplained "
         f"delays, {d['total_ns'] / 1e6:.3f} ms in all, {'dropped' if ideal else 'kept'})")
     for r in s["per_rank"][:32]:
         err = (r["replayed_ns"] - r["measured_ns"]) / r["measured_ns"] if r["measured_ns"] else 0.0
+        per = (f"; per step {r['measured_step_ns'] / 1e6:.3f} -> "
+               f"{r['replayed_step_ns'] / 1e6:.3f} ms over {r['steps']} steps"
+               if r["steps"] > 1 else "")
         say(f"  rank {r['rank']}: measured {r['measured_ns'] / 1e6:.3f} ms, replayed "
-            f"{r['replayed_ns'] / 1e6:.3f} ms ({err:+.2%})")
+            f"{r['replayed_ns'] / 1e6:.3f} ms ({err:+.2%}{per})")
     if output is not None:
         say(f"wrote {output} (view with `retime export {output} --chrome OUT.json`)")

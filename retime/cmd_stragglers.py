@@ -15,6 +15,9 @@ def stragglers_cmd(
     trace_dir: Annotated[Path, typer.Argument(help="A NAME.retime directory.", exists=True,
                                               file_okay=False)],
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")] = False,
+    strict: Annotated[bool, typer.Option("--strict", help="Refuse a trace whose dependency "
+                                         "graph has a cycle instead of relaxing the fewest "
+                                         "cross-rank links on it.")] = False,
 ) -> None:
     """Attribute the run's slowdown to stages, DP ranks and op types by what-if replays.
 
@@ -26,11 +29,14 @@ def stragglers_cmd(
     from retime.collectors.trace import read_trace
     from retime.replay.policies.stragglers import straggler_analysis
 
-    res = straggler_analysis(read_trace(trace_dir))
+    res = straggler_analysis(read_trace(trace_dir), strict=strict)
     if json_out:
         emit_json({**res, "step_time_s": {str(k): v for k, v in res["step_time_s"].items()}})
         return
     st = res["step_time_s"]
+    if res["relaxed"]["count"]:
+        say(f"{trace_dir}: dependency cycle(s) broken by relaxing {res['relaxed']['count']} "
+            "cross-rank link(s) (see --json 'relaxed'; --strict refuses instead)")
     mean = {k: sum(v[k] for v in st.values()) / len(st) for k in ("measured", "simulated", "ideal")}
     say(f"{trace_dir}: {len(st)} step(s); mean step time measured {mean['measured']:.4f} s, "
         f"simulated {mean['simulated']:.4f} s, ideal {mean['ideal']:.4f} s; slowdown "

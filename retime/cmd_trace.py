@@ -33,11 +33,14 @@ def _summary(meta: dict, ranks: list[int], world_size: int, n_ops: int, n_edges:
              n_ranges: int) -> dict:
     acc = meta.get("accounting", {})
     dropped: dict[str, int] = {}
+    coerced: dict[str, int] = {}
     events = 0
     for rec in acc.values():
         events += int(rec.get("events_read", 0))
         for k, v in rec.get("dropped", {}).items():
             dropped[k] = dropped.get(k, 0) + int(v)
+        for k, v in (rec.get("coerced") or {}).items():  # known format drift, decoded
+            coerced[k] = coerced.get(k, 0) + int(v)
     colls = meta.get("collectives", {})
     return {
         "ranks": ranks,
@@ -47,6 +50,7 @@ def _summary(meta: dict, ranks: list[int], world_size: int, n_ops: int, n_edges:
         "edges": n_edges,
         "ranges": n_ranges,
         "dropped": dropped,
+        "coerced": coerced,
         "collectives": {"matched": int(colls.get("matched", 0)),
                         "unmatched": int(colls.get("unmatched", 0)),
                         "unmatched_reasons": colls.get("unmatched_reasons", {})},
@@ -105,6 +109,13 @@ def ingest(
             f"({', '.join(f'{k}: {v}' for k, v in s['dropped'].items()) or 'none'}); "
             f"collectives matched {s['collectives']['matched']}, "
             f"unmatched {s['collectives']['unmatched']}")
+        if s["coerced"]:
+            say("  decoded from known format drift: "
+                + ", ".join(f"{k}: {v}" for k, v in s["coerced"].items()))
+        if s["skipped_files"]:
+            say(f"  skipped {len(s['skipped_files'])} file(s): "
+                + "; ".join(f"{Path(k).name} ({v})" for k, v in
+                            list(s["skipped_files"].items())[:5]))
 
 
 def info_summary(trace: Trace) -> dict:

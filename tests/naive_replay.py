@@ -11,6 +11,7 @@ import heapq
 import math
 
 import numpy as np
+
 from retime.collectors.enums import EdgeKind, LaneKind, OpKind
 from retime.collectors.trace import Trace
 

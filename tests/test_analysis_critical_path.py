@@ -8,6 +8,7 @@ from collections import defaultdict
 import numpy as np
 import pytest
 from conftest import ingest_cached
+
 from retime.analysis import attribute_critical_path, critical_path
 from retime.analysis.critical_path import dependency_arcs, path_weights
 from retime.collectors.enums import EdgeKind, LaneKind, OpKind

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from conftest import KINETO, ROOT, SHARED, ingest_cached
 from matplotlib.figure import Figure
+
 from retime.analysis.drilldown_plots import plot_hierarchy
 from retime.analysis.hierarchy import hierarchy
 from retime.collectors import OpKind

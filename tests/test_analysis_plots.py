@@ -6,6 +6,8 @@ import numpy as np
 import pytest
 from matplotlib.collections import PathCollection, PolyCollection
 from matplotlib.figure import Figure
+from test_analysis_stats import four_rank_allreduce, one_rank, two_stage_pipeline
+
 from retime.analysis import (
     PARTS,
     breakdown,
@@ -18,7 +20,6 @@ from retime.analysis import (
     summarize_breakdown,
 )
 from retime.analysis import plots as P
-from test_analysis_stats import four_rank_allreduce, one_rank, two_stage_pipeline
 
 
 def test_breakdown_bars_stack_the_parts():

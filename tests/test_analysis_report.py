@@ -15,11 +15,11 @@ import numpy as np
 import pandas as pd
 import pytest
 from conftest import ROOT, SHARED, ingest_cached
+
 from retime.analysis import PARTS, breakdown, build_report, metrics, render_html
 from retime.analysis.report_compare import waterfall_frame
 from retime.analysis.report_run import RunAnalysis
 from retime.analysis.tables import Column, fmt_ns, people_table, short_name, time_unit
-
 from retime.cli import run
 
 
@@ -382,9 +382,8 @@ def test_cli_compare_exit_codes(tmp_path, megatron, capsys):
 # ------------------------------------------------------------------ sweeps
 def test_sweep_report_pareto_and_sensitivity(tmp_path, capsys):
     import retime.collectors.synth as synth
-    from retime.replay.sweep import sweep
-
     from retime.cmd_sweep import write_sweep
+    from retime.replay.sweep import sweep
     t = synth.synthesize("gpt3-1.3b", "a100-80gb", tp=1, pp=2, dp=2, global_batch=8,
                          micro_batch=1)
     grid = [{"cache.recompute": r, "network.inter_node_gbps": g}

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from conftest import KINETO, ROOT, ingest_cached
 from matplotlib.figure import Figure
+
 from retime.analysis.drilldown_plots import plot_roofline
 from retime.analysis.roofline import op_cost, roofline
 from retime.collectors import OpKind, RetimeError

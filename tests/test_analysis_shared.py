@@ -9,6 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import KINETO, SHARED, ingest_cached, kineto_trace_files
+from naive_steps import naive_rank_totals, naive_windows
+
 from retime.analysis import (
     PARTS,
     breakdown,
@@ -67,10 +69,16 @@ def test_breakdown_parts_sum_to_step_time(path):
         assert (parts >= 0).all(), f"negative part in {by} breakdown"
         assert (parts.sum(axis=1) == bd["step_ns"].to_numpy()).all()
         assert ((bd["gpu_busy_frac"] >= 0) & (bd["gpu_busy_frac"] <= 1)).all()
-    # the per-rank window is the rank's measured span
-    st = t.step_times_ns().set_index("rank")["span_ns"]
+    # the windows are the step definition's (tests/naive_steps.py); the per-rank window is
+    # the rank's windows end to end
+    ref = naive_windows(t)
+    bd = breakdown(t, by="step")
+    got = {(int(r), int(k)): (int(a), int(b)) for r, k, a, b in
+           zip(bd["rank"], bd["step"], bd["start_ns"], bd["end_ns"])}
+    assert got == ref
+    tot = naive_rank_totals(t)
     bd = breakdown(t, by="rank").set_index("rank")
-    assert (bd["step_ns"] == st.reindex(bd.index)).all()
+    assert bd["step_ns"].to_dict() == tot
     s = summarize_breakdown(breakdown(t))
     fr = s[[p.replace("_ns", "_frac") for p in PARTS]].sum(axis=1)
     assert np.allclose(fr[s["step_ns"] > 0], 1.0)
@@ -83,13 +91,17 @@ def test_breakdown_matches_plain_python_unions(path):
     lk = dict(zip(t.lanes["lane"].tolist(), t.lanes["lane_kind"].tolist()))
     lane_rank = dict(zip(t.lanes["lane"].tolist(), t.lanes["rank"].tolist()))
     bd = breakdown(t, by="rank").set_index("rank")
+    win = naive_windows(t)
     start = o["start_ns"].to_numpy()
     end = start + o["dur_ns"].to_numpy()
     for rank in bd.index[:4]:
         m = o["rank"].to_numpy() == rank
         lanes_k = np.array([lk[ln] for ln in o["lane"].to_numpy()[m]])
         kind = o["kind"].to_numpy()[m]
-        iv = list(zip(start[m].tolist(), end[m].tolist()))
+        w0 = min(a for (r, _), (a, b) in win.items() if r == rank)
+        w1 = max(b for (r, _), (a, b) in win.items() if r == rank)
+        iv = [(max(a, w0), min(b, w1)) for a, b in zip(start[m].tolist(), end[m].tolist())]
+        iv = [(a, b) if b > a else (w0, w0) for a, b in iv]  # outside: an empty interval
         dev = lanes_k != int(LaneKind.CPU_THREAD)
         cpu_only = not dev.any()
         if cpu_only:
@@ -102,7 +114,6 @@ def test_breakdown_matches_plain_python_unions(path):
         Y = [iv[i] for i in range(len(iv)) if dev[i] and kind[i] in (1, 2)]
         H = [iv[i] for i in range(len(iv)) if not dev[i] and kind[i] in (5, 6)]
         if not cpu_only:  # enclosing host ranges count as host time (step markers do not)
-            w0, w1 = int(start[m].min()), int(end[m].max())
             rg = t.ranges
             for ln, nid, s, e in zip(rg["lane"].tolist(), rg["name_id"].tolist(),
                                      rg["start_ns"].tolist(), rg["end_ns"].tolist()):

@@ -17,10 +17,10 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from retime.collectors.capture import ENV_PREFIX, CaptureConfig, trace_path
-from retime.collectors.errors import ConfigError
 
 from retime.cli import run
+from retime.collectors.capture import ENV_PREFIX, CaptureConfig, trace_path
+from retime.collectors.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "capture_ddp.py"
@@ -212,6 +212,7 @@ def test_capture_cli_errors_are_one_line_exit_2(tmp_path, capsys):
 @needs_torch
 def test_in_process_capture_cycles_and_too_few_steps(tmp_path, monkeypatch):
     import torch
+
     from retime.collectors.capture import Capture
 
     model = torch.nn.Linear(16, 4)

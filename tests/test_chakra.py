@@ -11,6 +11,7 @@ from collections import Counter
 import numpy as np
 import pytest
 from conftest import KINETO, ROOT, ingest_cached
+
 from retime.collectors import EdgeKind, OpKind, TraceFormatError
 from retime.collectors.chakra import (
     COLL_TYPES,

@@ -11,12 +11,12 @@ from collections import Counter, defaultdict
 import numpy as np
 import pytest
 from conftest import SHARED, ingest_cached
+
 from retime.analysis import critical_path
+from retime.cli import run
 from retime.collectors.chrome import CRITICAL_PID, REPLAYED_PID, write_chrome
 from retime.collectors.enums import EdgeKind
 from retime.collectors.trace import read_trace
-
-from retime.cli import run
 
 
 def _ns(x: float) -> int:

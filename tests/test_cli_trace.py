@@ -10,10 +10,10 @@ import sys
 import numpy as np
 import pytest
 from conftest import KINETO, ROOT
-from retime.collectors import read_trace
-from retime.collectors.ingest import read
 
 from retime.cli import run
+from retime.collectors import read_trace
+from retime.collectors.ingest import read
 
 DLRM = KINETO / "dlrm-v100-8rank"
 

@@ -9,10 +9,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from retime.collectors.errors import TraceFormatError
-from retime.collectors.ingest import detect_format, read
 
 from retime.cli import run
+from retime.collectors.errors import TraceFormatError
+from retime.collectors.ingest import detect_format, read
 
 TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
 NSYS = TRACES / "nsys" / "h100-2gpu-fastvideo.sqlite"

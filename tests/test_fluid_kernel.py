@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from naive_replay import naive_fluid, random_trace
+
 from retime.collectors.synth import synthesize
 from retime.replay import ContentionModel, build_graph, simulate
 from retime.replay._succ import _succ_lists

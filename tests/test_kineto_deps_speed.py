@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
+
 from retime.collectors.collectives import _SIZE_KEYED, match_collectives
 from retime.collectors.enums import Phase
 from retime.collectors.intervals import interval_union
@@ -64,25 +65,98 @@ def _match_reference(rank, group, group_size, comm_op, nbytes, seq, order, ranks
 
 
 @pytest.mark.parametrize("seed", range(40))
-def test_match_collectives_equals_reference(seed):
+def test_match_collectives_equals_reference_when_ranks_issue_the_same_calls(seed):
+    """Every rank issues the same calls in the same order (a whole trace): the k-th call with
+    the k-th, as the per-(op, size) issue counters of the reference pair them."""
     rng = np.random.default_rng(seed)
-    n = int(rng.integers(1, 300))
     n_ranks = int(rng.integers(1, 5))
-    rank = rng.integers(0, n_ranks, n).astype(np.int64)
-    group = rng.integers(0, 3, n).astype(np.int64)
-    gsize = np.where(rng.random(n) < 0.9, n_ranks, rng.integers(-1, 6, n)).astype(np.int64)
-    comm_op = rng.integers(0, 12, n).astype(np.int8)
-    nbytes = rng.choice([0, 1024, 4096], n).astype(np.int64)
-    seq = np.where(group == 1, rng.integers(0, 20, n), np.where(rng.random(n) < 0.5, -1, 3))
-    seq = seq.astype(np.int64)
-    order = rng.integers(0, 50, n).astype(np.int64)  # many ties in issue time
+    per = int(rng.integers(1, 60))
+    g1 = rng.integers(0, 3, per).astype(np.int64)
+    op1 = rng.integers(0, 12, per).astype(np.int8)
+    b1 = rng.choice([0, 1024, 4096], per).astype(np.int64)
+    s1 = np.where(g1 == 1, np.arange(per), -1).astype(np.int64)  # group 1 records Seq
+    rank = np.repeat(np.arange(n_ranks), per).astype(np.int64)
+    group, comm_op, nbytes, seq = (np.tile(x, n_ranks) for x in (g1, op1, b1, s1))
+    order = np.concatenate([np.sort(rng.choice(10 * per, per, replace=False))
+                            for _ in range(n_ranks)]).astype(np.int64)
+    gsize = np.where(rng.random(len(rank)) < 0.9, n_ranks, rng.integers(-1, 6, len(rank)))
     present = ({g: set(range(int(rng.integers(0, n_ranks + 1)))) for g in range(3)}
                if seed % 3 else None)
-    got = match_collectives(rank, group, gsize, comm_op, nbytes, seq, order, present)
-    want = _match_reference(rank, group, gsize, comm_op, nbytes, seq, order, present)
+    perm = rng.permutation(len(rank))  # the input order does not matter
+    args = [x[perm] for x in (rank, group, gsize.astype(np.int64), comm_op, nbytes, seq,
+                              order)]
+    got = match_collectives(*args, present)
+    want = _match_reference(*args, present)
     np.testing.assert_array_equal(got[0], want[0])
     assert got[1] == want[1]
     assert list(got[1]["unmatched_reasons"]) == list(want[1]["unmatched_reasons"])
+
+
+def _lcs(a: list, b: list) -> int:
+    """Length of the longest common subsequence (plain DP)."""
+    prev = [0] * (len(b) + 1)
+    for x in a:
+        cur = [0]
+        for j, y in enumerate(b):
+            cur.append(prev[j] + 1 if x == y else max(prev[j + 1], cur[j]))
+        prev = cur
+    return prev[-1]
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_match_collectives_keeps_every_ranks_issue_order(seed):
+    """Ranks that issued different calls (partial traces, dropped calls, random orders):
+    members of an instance are one call per rank with one (op, size); one order of the
+    instances agrees with every rank's issue order; two ranks of one group match as many
+    calls as their longest common subsequence when nothing crosses groups."""
+    rng = np.random.default_rng(1000 + seed)
+    n = int(rng.integers(1, 200))
+    n_ranks = int(rng.integers(1, 4))
+    one_group = seed % 2 == 0
+    rank = rng.integers(0, n_ranks, n).astype(np.int64)
+    group = np.zeros(n, np.int64) if one_group else rng.integers(0, 3, n).astype(np.int64)
+    comm_op = rng.choice([1, 2, 4], n).astype(np.int8)
+    nbytes = rng.choice([1024, 4096], n).astype(np.int64)
+    seq = np.full(n, -1, np.int64)
+    order = rng.integers(0, 400, n).astype(np.int64)
+    cid, st = match_collectives(rank, group, np.full(n, n_ranks), comm_op, nbytes, seq, order)
+    size = np.where(np.isin(comm_op, list(_SIZE_KEYED)), nbytes, 0)
+    for c in np.unique(cid):
+        m = cid == c
+        assert len(set(rank[m].tolist())) == int(m.sum())  # one call per rank
+        assert len({(int(g), int(o), int(z)) for g, o, z in zip(group[m], comm_op[m], size[m])}) == 1
+    # one instance order for all ranks: the graph of consecutive calls is acyclic
+    succ: dict[int, set[int]] = {}
+    for r in range(n_ranks):
+        idx = np.flatnonzero(rank == r)
+        idx = idx[np.lexsort((idx, order[idx]))]
+        for a, b in zip(cid[idx][:-1].tolist(), cid[idx][1:].tolist()):
+            if a != b:
+                succ.setdefault(a, set()).add(b)
+    indeg: dict[int, int] = {c: 0 for c in np.unique(cid).tolist()}
+    for vs in succ.values():
+        for v in vs:
+            indeg[v] += 1
+    todo = [c for c, d in indeg.items() if d == 0]
+    seen = 0
+    while todo:
+        c = todo.pop()
+        seen += 1
+        for v in succ.get(c, ()):
+            indeg[v] -= 1
+            if indeg[v] == 0:
+                todo.append(v)
+    assert seen == len(indeg)
+    assert st["matched"] + st["unmatched"] == len(indeg)
+    assert st["ops_matched"] + st["ops_unmatched"] == n
+    if one_group and n_ranks == 2:
+        seqs = []
+        for r in range(2):
+            idx = np.flatnonzero(rank == r)
+            idx = idx[np.lexsort((idx, order[idx]))]
+            seqs.append([(int(comm_op[i]), int(size[i])) for i in idx])
+        pairs = sum(1 for c in np.unique(cid) if int((cid == c).sum()) == 2)
+        assert pairs == _lcs(*seqs)
 
 
 def _wait_reference(wr, corr, lane, start, end, n_h, rt_gpu, by_lane, lane_dev):

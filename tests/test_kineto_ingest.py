@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from conftest import KINETO, ingest_cached, kineto_trace_files
+
 from retime.collectors import (
     CommOp,
     EdgeKind,

@@ -12,12 +12,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_kineto_stream import _norm  # the same field-by-field view of a parse
+
 import retime.collectors.kineto.reader as kin
 import retime.collectors.kineto.scan as kf
 from retime.collectors.errors import TraceFormatError
 from retime.collectors.kineto import _scan_kernels as K
 from retime.collectors.kineto import parse_kineto_file
-from test_kineto_stream import _norm  # the same field-by-field view of a parse
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "kineto"
 
@@ -119,7 +120,7 @@ def test_bad_kept_event_is_named_as_alone(tmp_path):
     ev[13]["args"]["Seq"] = [1]
     path = tmp_path / "bad.json"
     path.write_text(json.dumps({"traceEvents": ev}))
-    with pytest.raises(TraceFormatError, match=r"bad.json: event 13: field 'args'"):
+    with pytest.raises(TraceFormatError, match=r"bad.json: event 13: field 'args.Seq' is invalid"):
         parse_kineto_file(path)
 
 

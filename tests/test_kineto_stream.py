@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 import retime.collectors.kineto.reader as kin
 import retime.collectors.kineto.scan as kf
 from retime.collectors.errors import TraceFormatError

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
+from retime.cli import run
 from retime.collectors.enums import CommOp, EdgeKind, LaneKind, OpKind
 from retime.collectors.errors import TraceFormatError
 from retime.collectors.nsys import read_nsys
 from retime.collectors.trace import read_trace
-
-from retime.cli import run
 
 TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
 NSYS = TRACES / "nsys" / "h100-2gpu-fastvideo.sqlite"

@@ -13,12 +13,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+
+from retime.cli import run
 from retime.collectors.enums import CommOp, EdgeKind, LaneKind, OpKind, Phase
 from retime.collectors.errors import TraceFormatError
 from retime.collectors.oplevel import read_oplevel
 from retime.collectors.trace import read_trace
-
-from retime.cli import run
 
 TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
 DIR = TRACES / "oplevel" / "megatron-ST-8rank"

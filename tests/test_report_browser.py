@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from conftest import SHARED, ingest_cached
+
 from retime.analysis import build_report, kernel_stats, write_html, write_pdf
 from retime.analysis.report_run import RunAnalysis
 from retime.analysis.tables import fmt_ns

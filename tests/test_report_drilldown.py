@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from conftest import KINETO, ingest_cached
+
 from retime.analysis import breakdown
 from retime.analysis.report_drilldown import cuda_graph_whatif, drilldown_sections
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+
 from retime.collectors.errors import TraceFormatError
 from retime.collectors.ingest import read
 from retime.collectors.store import (

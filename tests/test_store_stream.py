@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+
 from retime.analysis import breakdown, collectives, comm_summary, kernel_stats, rank_wait
 from retime.analysis._util import step_windows
 from retime.analysis.stream import (

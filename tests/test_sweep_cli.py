@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from retime.collectors.synth import synthesize
 
 from retime.cli import run
+from retime.collectors.synth import synthesize
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -127,9 +127,8 @@ def test_dask_scenario_that_kills_its_worker_is_an_error_row(dlrm):
 
 
 def test_cli_sweep_on_scheduler(cluster, tmp_path, capsys):
-    from retime.collectors.synth import synthesize
-
     from retime.cli import run
+    from retime.collectors.synth import synthesize
 
     lc, _ = cluster
     run_dir = tmp_path / "run.retime"
@@ -163,9 +162,8 @@ def test_cli_sweep_on_scheduler(cluster, tmp_path, capsys):
 
 
 def test_ingest_on_dask_equals_local_ingest(cluster, dlrm, tmp_path, capsys):
-    from retime.collectors.distributed import read_distributed
-
     from retime.cli import run
+    from retime.collectors.distributed import read_distributed
 
     lc, client = cluster
     t = read_distributed(DLRM, client)

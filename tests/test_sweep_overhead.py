@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from retime.replay._kernels import _metric_spans, _scale_by_class
 
 

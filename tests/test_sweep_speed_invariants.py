@@ -15,13 +15,14 @@ from collections import Counter
 
 import numpy as np
 import pytest
+from test_sweep_overhead import _union
+
 from retime.collectors.synth import synthesize
 from retime.replay import build_graph, simulate, whatif
 from retime.replay.engine import ContentionModel
 from retime.replay.graph import RES_COMM, RES_COMPUTE
 from retime.replay.policies import base
 from retime.replay.sweep import _split_groups, _steal, _work_order, scenario_metrics, sweep
-from test_sweep_overhead import _union
 
 
 def _job():

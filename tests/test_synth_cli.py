@@ -7,9 +7,9 @@ import subprocess
 import sys
 
 import pytest
-from retime.collectors.trace import read_trace
 
 from retime.cli import run
+from retime.collectors.trace import read_trace
 
 BASE = ["--tp", "2", "--pp", "2", "--dp", "2", "--global-batch", "8", "--micro-batch", "1"]
 

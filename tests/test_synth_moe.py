@@ -8,6 +8,7 @@ import math
 
 import numpy as np
 import pytest
+
 from retime.collectors.enums import CommOp, OpKind, Phase
 from retime.collectors.errors import ConfigError
 from retime.collectors.synth import (

@@ -6,13 +6,13 @@ from __future__ import annotations
 import json
 
 import pytest
+
+from retime.cli import run
 from retime.collectors.errors import PolicyError
 from retime.collectors.synth import synthesize
 from retime.replay import whatif
 from retime.replay.policies import vocabulary
 from retime.replay.sweep import read_grid, sweep
-
-from retime.cli import run
 
 MOE = dict(name="tiny-moe", hidden=1024, ffn=4096, heads=16, layers=8, seq=1024, vocab=32000,
            experts=8, top_k=2, expert_ffn=1024, gated_mlp=True, norm="rmsnorm",

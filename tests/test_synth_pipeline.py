@@ -7,6 +7,7 @@ import itertools
 
 import numpy as np
 import pytest
+
 from retime.collectors.errors import ConfigError
 from retime.collectors.synth import (
     CommModel,

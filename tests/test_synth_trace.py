@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
+
 from retime.collectors.enums import CommOp, EdgeKind, OpKind, Phase
 from retime.collectors.errors import ConfigError
 from retime.collectors.synth import (

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
+
 from retime.collectors.enums import CommOp
 from retime.collectors.synth import (
     CommModel,

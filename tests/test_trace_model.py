@@ -6,6 +6,7 @@ import json
 
 import numpy as np
 import pytest
+
 from retime.collectors import EdgeKind, Trace, TraceFormatError, TraceValidationError, read_trace
 from retime.collectors.trace import OPS_SCHEMA, SCHEMA_VERSION
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+
 from retime.collectors.errors import PolicyError
 from retime.collectors.ingest import read
 from retime.collectors.oplevel import read_oplevel

@@ -7,6 +7,7 @@ import json
 
 import pytest
 from conftest import KINETO, ingest_cached
+
 from retime.collectors import CommOp, EdgeKind, LaneKind, OpKind, PolicyError, Trace
 from retime.replay import replay, whatif
 

@@ -8,6 +8,7 @@ import json
 import numpy as np
 import pytest
 from conftest import KINETO, SHARED, ingest_cached
+
 from retime.analysis import breakdown
 from retime.analysis.host import host_ops, host_overhead, launch_latency
 from retime.collectors import EdgeKind, LaneKind, OpKind, PolicyError, Trace

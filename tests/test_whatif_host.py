@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 from conftest import ingest_cached
+
 from retime.collectors import EdgeKind, LaneKind, OpKind, PolicyError, Trace
 from retime.replay import replay, whatif
 

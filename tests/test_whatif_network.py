@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from retime.collectors.enums import CommOp, OpKind
 from retime.collectors.errors import PolicyError
 from retime.collectors.ingest import read

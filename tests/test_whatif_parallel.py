@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from retime.collectors.errors import PolicyError
 from retime.collectors.ingest import read
 from retime.collectors.synth import (

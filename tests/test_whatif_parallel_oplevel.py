@@ -12,6 +12,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
+from retime.cli import run
 from retime.collectors.errors import PolicyError
 from retime.collectors.oplevel import read_oplevel
 from retime.replay import whatif
@@ -20,8 +22,6 @@ from retime.replay.graph import build_graph
 from retime.replay.policies import straggler_analysis
 from retime.replay.policies.parallel_oplevel import oplevel_layout, oplevel_template
 from retime.replay.policies.stragglers import _step_info, isolate_steps
-
-from retime.cli import run
 
 ST = Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "oplevel" / \
     "megatron-ST-8rank"

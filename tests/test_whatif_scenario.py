@@ -7,12 +7,12 @@ import subprocess
 import sys
 
 import pytest
+
+from retime.cli import run
 from retime.collectors.errors import PolicyError
 from retime.collectors.synth import synthesize
 from retime.replay import Scenario, load_scenario, parse_set, whatif
 from retime.replay.policies import Network, Overlap, vocabulary
-
-from retime.cli import run
 
 DESIGN_KEYS = ["hardware.compute_speedup", "hardware.gemm_speedup", "hardware.gpu",
                "network.intra_node_gbps", "network.inter_node_gbps", "network.latency_us",

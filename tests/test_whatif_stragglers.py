@@ -9,13 +9,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
+from retime.cli import run
 from retime.collectors.errors import PolicyError
 from retime.collectors.oplevel import read_oplevel
 from retime.collectors.synth import synthesize
 from retime.replay import replay, whatif
 from retime.replay.policies import Stragglers, straggler_analysis
-
-from retime.cli import run
 
 TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
 ST = TRACES / "oplevel" / "megatron-ST-8rank"

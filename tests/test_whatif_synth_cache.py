@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+
 from retime.collectors.synth import synthesize
 from retime.replay import whatif
 from retime.replay.policies import base

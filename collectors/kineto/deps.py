@@ -334,10 +334,13 @@ def _inside(t: np.ndarray, us: np.ndarray, ue: np.ndarray) -> np.ndarray:
     return res
 
 
-def attribute(names_arr, r_name, r_start, r_end, start, launch_of, n_h):
+def attribute(names_arr, r_name, r_start, r_end, start, launch_of, n_h, lane=None):
     """step from ProfilerStep#N ranges; phase from forward/backward/optimizer markers.
 
-    Name patterns are matched once per distinct name (the string table), not per range.
+    Host ops take the step they run in, GPU ops the step of the call that launched them
+    (:mod:`collectors.steps`). A GPU op without a recorded launch takes its place in its
+    stream's FIFO order (:func:`_unlaunched_steps`). Name patterns are matched once per
+    distinct name (the string table), not per range.
     """
     n = len(start)
     t = start.copy()
@@ -372,6 +375,9 @@ def attribute(names_arr, r_name, r_start, r_end, start, launch_of, n_h):
             ok = p >= 0
             ok[ok] = t[ok] < se[p[ok]]
             step[ok] = sn[p[ok]]
+    if lane is not None and n > n_h:
+        step[n_h:] = _unlaunched_steps(step[n_h:], launch_of[n_h:] >= 0, lane[n_h:],
+                                       start[n_h:])
     phase = np.full(n, int(Phase.UNKNOWN), np.int8)
     phase[step >= 0] = int(Phase.OTHER)
     for k, ph in enumerate((Phase.FWD, Phase.BWD, Phase.OPT)):
@@ -379,6 +385,51 @@ def attribute(names_arr, r_name, r_start, r_end, start, launch_of, n_h):
         us, ue = interval_union(r_start[sel], r_end[sel])
         phase[_inside(t, us, ue)] = int(ph)
     return step, phase
+
+
+def _unlaunched_steps(step, launched, lane, start) -> np.ndarray:
+    """Steps of GPU ops whose launch call is not in the trace, from their stream's FIFO order.
+
+    A stream runs its ops in launch order, so an op between two launched ops of step ``k``
+    was launched in step ``k``; one before the stream's first launched op was queued before
+    the profiled steps (the GPU's backlog when it runs behind the host: step -1, not the host
+    step it happens to run in); one between steps ``p < q`` keeps the step its start time
+    falls in, clamped to ``[p, q]``; one after the last launched op keeps its time's step
+    (at least ``p``). Streams without any launched op keep the time-based steps.
+    """
+    step = step.copy()
+    un = ~launched
+    if not un.any() or not launched.any():
+        return step
+    o = np.lexsort((start, lane))
+    ln, st, la = lane[o], step[o], launched[o]
+    pos = np.arange(len(o))
+    new_lane = np.r_[True, ln[1:] != ln[:-1]]
+    seg = np.cumsum(new_lane) - 1
+    seg_start = np.flatnonzero(new_lane)[seg]
+    # index of the previous / next launched op on the same lane (-1 when none)
+    prev = np.where(la, pos, -1)
+    prev = np.maximum.accumulate(prev)
+    prev = np.where(prev >= seg_start, prev, -1)
+    nxt = np.where(la, pos, len(o))
+    nxt = np.minimum.accumulate(nxt[::-1])[::-1]
+    seg_end = np.r_[np.flatnonzero(new_lane)[1:], len(o)][seg]
+    nxt = np.where(nxt < seg_end, nxt, -1)
+    lane_has = np.zeros(int(seg.max()) + 1, bool)
+    lane_has[seg[la]] = True
+    fix = ~la & lane_has[seg]
+    p_st = np.where(prev >= 0, st[np.maximum(prev, 0)], -1)
+    q_st = np.where(nxt >= 0, st[np.maximum(nxt, 0)], -1)
+    out = st.copy()
+    before = fix & (prev < 0)
+    out[before] = -1
+    mid = fix & (prev >= 0) & (nxt >= 0)
+    lo_, hi_ = p_st[mid], np.maximum(q_st[mid], p_st[mid])
+    out[mid] = np.where(st[mid] >= 0, np.clip(st[mid], lo_, hi_), lo_)
+    after = fix & (prev >= 0) & (nxt < 0) & (st >= 0)
+    out[after] = np.maximum(st[after], p_st[after])
+    step[o] = out
+    return step
 
 
 def _dims_bytes(raw_dims, raw_types) -> int:

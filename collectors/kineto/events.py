@@ -15,6 +15,7 @@ import msgspec
 import numpy as np
 
 from ..errors import TraceFormatError
+from .drift import invalid_field
 from .schema import FILE_DECODER, LIST_DECODER, Event, TraceFile
 
 
@@ -29,21 +30,63 @@ def kineto_files(paths: list[Path]) -> tuple[list[Path], dict[str, str]]:
             for q in cand:
                 if is_execution_trace(q):
                     skipped[str(q)] = "PyTorch execution trace (ET), not a profiler trace"
+                elif not has_trace_events(q):
+                    skipped[str(q)] = ("JSON without trace events (a run's config or other "
+                                       "data), not a profiler trace")
                 else:
                     files.append(q)
         else:
             files.append(p)
     if not files:
         where = ", ".join(str(p) for p in paths)
-        if skipped:
+        if skipped and all("(ET)" in why for why in skipped.values()):
             raise TraceFormatError(
                 f"{where}: holds only PyTorch execution traces (ET: host op graphs without GPU "
                 f"timings, {len(skipped)} file(s)); ingest the matching Kineto profiler JSON "
                 "(torch.profiler output) instead")
+        if skipped:
+            raise TraceFormatError(
+                f"{where}: no PyTorch profiler traces among its {len(skipped)} JSON file(s) "
+                f"(e.g. {Path(next(iter(skipped))).name}: {next(iter(skipped.values()))}); "
+                "point at the files written by torch.profiler")
         raise TraceFormatError(
             f"{where}: no PyTorch profiler traces found (*.json / *.json.gz with traceEvents); "
             "point at the files written by torch.profiler or a folder holding them")
     return files, skipped
+
+
+#: how much decompressed text :func:`has_trace_events` reads at most
+SNIFF_BYTES = 64 << 20
+
+
+def has_trace_events(path: Path) -> bool:
+    """Whether a JSON(.gz) file found in a folder is a profiler trace: an object with a
+    ``traceEvents`` key or an array of events (``ph``). Reads until the key shows up (the
+    first kilobytes of a real trace), at most :data:`SNIFF_BYTES`; an unreadable file counts
+    as a trace, so that reading it words the error."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(2)
+        opener = gzip.open if head == b"\x1f\x8b" else open
+        with opener(path, "rb") as fh:
+            tail, n, first = b"", 0, True
+            while n < SNIFF_BYTES:
+                chunk = fh.read(1 << 16)
+                if not chunk:
+                    return False
+                if first:
+                    s = chunk.lstrip()
+                    if s[:1] == b"[":
+                        return b'"ph"' in chunk or len(s.strip()) <= 2
+                    if s[:1] != b"{":
+                        return True  # not JSON at all: the reader says so
+                    first = False
+                if b'"traceEvents"' in tail + chunk:
+                    return True
+                tail, n = chunk[-16:], n + len(chunk)
+    except (OSError, EOFError, zlib.error):
+        return True
+    return True
 
 
 def is_execution_trace(path: Path) -> bool:
@@ -77,7 +120,7 @@ def load_bytes(path: Path) -> bytes:
     return raw
 
 
-_PATH_RE = re.compile(r"\$\.traceEvents\[(\d+)\](?:\.(\w+))?")
+_PATH_RE = re.compile(r"\$\.traceEvents\[(\d+)\]((?:\.[\w ]+|\[\d+\])*)")
 
 
 def decode(path: Path, raw: bytes) -> TraceFile:
@@ -89,11 +132,7 @@ def decode(path: Path, raw: bytes) -> TraceFile:
         msg = str(exc)
         m = _PATH_RE.search(msg)
         if m:
-            idx, fld = m.group(1), m.group(2)
-            what = msg.split(" - at ")[0]
-            raise TraceFormatError(
-                f"{path}: event {idx}: field '{fld}' is invalid ({what}); fix or remove that "
-                "event (ts and dur must be numbers in microseconds)") from exc
+            raise invalid_field(path, m.group(1), m.group(2), msg.split(" - at ")[0]) from exc
         raise TraceFormatError(f"{path}: unexpected structure ({msg}); is this a PyTorch "
                                "profiler trace?") from exc
     except msgspec.DecodeError as exc:
@@ -110,7 +149,7 @@ def decode(path: Path, raw: bytes) -> TraceFile:
 
 PIECE_BYTES = 4 << 20
 _DEC_PIECE = msgspec.json.Decoder(list[Event])
-_PIECE_IDX = re.compile(r"^\$\[(\d+)\](?:\.(\w+))?")
+_PIECE_IDX = re.compile(r"^\$\[(\d+)\]((?:\.[\w ]+|\[\d+\])*)")
 
 
 def decode_pieces(path: Path, raw: bytes):
@@ -140,10 +179,8 @@ def decode_pieces(path: Path, raw: bytes):
             except msgspec.ValidationError as exc:
                 m = _PIECE_IDX.search(str(exc).split(" - at `")[-1].rstrip("`"))
                 idx = off + int(m.group(1)) if m else off
-                fld = (m.group(2) if m else None) or "?"
-                raise TraceFormatError(
-                    f"{path}: event {idx}: field '{fld}' is invalid ({str(exc).split(' - at ')[0]}); "
-                    "fix or remove that event (ts and dur must be numbers in microseconds)") from exc
+                raise invalid_field(path, idx, (m.group(2) if m else None) or "?",
+                               str(exc).split(" - at ")[0]) from exc
             except msgspec.DecodeError as exc:
                 raise TraceFormatError(f"{path}: invalid JSON after event {off} ({exc}); the "
                                        "file is damaged — re-export it") from exc

@@ -31,8 +31,10 @@ import pandas as pd
 from .._kernels import nest_intervals
 from ..enums import CommOp, EdgeKind, LaneKind, OpKind
 from ..errors import TraceFormatError
+from ..kernel_classes import is_comm_kernel
 from ..trace import StringTable
 from .deps import COMM_RANGE, attribute, comm_info, gloo_edges, sync_edges
+from .drift import coerce_args, coerce_time
 from .schema import (
     C_ANNOT,
     C_KERNEL,
@@ -109,8 +111,11 @@ def finish_part(path: Path, doc, loop: EventLoop) -> RankPart:
     if rank is None:
         rank, rank_source = 0, "default (single file)"
 
-    return _assemble(path, doc, rank, rank_source, loop.strings, loop.kept, loop.dropped,
+    part = _assemble(path, doc, rank, rank_source, loop.strings, loop.kept, loop.dropped,
                      loop.thread_names, G, H, GR, syncs, mem, window, loop.keep, loop.n_events)
+    if loop.coerced:  # values decoded from known format drift, by field (.drift)
+        part.accounting["coerced"] = dict(sorted(loop.coerced.items()))
+    return part
 
 
 class EventLoop:
@@ -126,10 +131,12 @@ class EventLoop:
         self.path = path
         self.strings = StringTable()
         self.comm_flag: list[bool] = []  # per name id: a communication annotation
+        self.comm_kernel: list[bool] = []  # per name id: a communication kernel name
         self.keep: dict[int, object] = {}
         self.n_events = 0
         self.kept: Counter = Counter()
         self.dropped: Counter = Counter()
+        self.coerced: Counter = Counter()  # values decoded from known drift (.drift)
         self.thread_names: dict = {}
         # one tuple per event (one append), columns made per piece in flush()
         self.g_rows: list[tuple] = []  # GPU ops: dev, stream, kind, name, ts, dur, corr, ext, bytes, idx
@@ -148,6 +155,7 @@ class EventLoop:
         nid = self.strings.intern(name)
         if nid == len(self.comm_flag):
             self.comm_flag.append(bool(COMM_RANGE.match(name)))
+            self.comm_kernel.append(is_comm_kernel(name))
         return nid
 
     def feed(self, pairs) -> None:  # noqa: C901 - one pass over the events
@@ -158,10 +166,13 @@ class EventLoop:
         ids_get = self.strings._ids.get
         intern, comm_flag, cat_code = self.intern, self.comm_flag, self.cat_code
         be_stack = self.be_stack
+        coerced = self.coerced
         for i, e in pairs:
             ph = e.ph
             if ph == "X":
                 ts, dur = e.ts, e.dur
+                if ts.__class__ is str or dur.__class__ is str:
+                    ts, dur = self._times(e, i)
                 if ts is None:
                     raise TraceFormatError(f"{path}: event {i} ('{e.name}'): missing 'ts'; "
                                            "complete events need ts and dur in microseconds")
@@ -183,6 +194,9 @@ class EventLoop:
                 if nid is None:
                     nid = intern(name)
                 a = e.args or NOARGS
+                if (a.correlation.__class__ is str or a.stream.__class__ is str
+                        or a.device.__class__ is str or a.external_id.__class__ is str):
+                    coerce_args(a, coerced, path, i)
                 if code <= C_MEMSET:  # GPU op
                     dev = a.device if a.device is not None else e.pid
                     st = a.stream if a.stream is not None else e.tid
@@ -190,8 +204,9 @@ class EventLoop:
                         dropped["GPU event without integer device/stream"] += 1
                         continue
                     k = code
-                    if k == C_KERNEL and name[:4].lower() in ("nccl", "rccl"):
+                    if k == C_KERNEL and self.comm_kernel[nid]:
                         k = int(OpKind.COLLECTIVE)
+                        coerce_args(a, coerced, path, i)
                         keep[i] = e
                     b = a.bytes
                     if b is None:
@@ -205,11 +220,13 @@ class EventLoop:
                     if hc == H_ANNOT and name.startswith("gloo:"):
                         hc = H_GLOO
                     if hc == H_GLOO or comm_flag[nid]:
+                        coerce_args(a, coerced, path, i)
                         keep[i] = e
                     h_add((e.pid, e.tid, hc, nid, ts, dur, a.correlation, a.external_id, i))
                     continue
                 cat = (e.cat or "").lower()
                 if cat == "cuda_sync":
+                    coerce_args(a, coerced, path, i)
                     self.syncs.append(i)
                     keep[i] = e
                     kept["sync_events"] += 1
@@ -240,6 +257,9 @@ class EventLoop:
             elif ph in ("i", "I"):
                 a = e.args
                 if e.name == "[memory]" and a is not None and e.ts is not None:
+                    coerce_args(a, coerced, path, i)
+                    if e.ts.__class__ is str:
+                        e.ts = coerce_time(e.ts, "ts", coerced, path, i, e.name)
                     dev = a.dev_id if (a.dev_type or 0) != 0 and a.dev_id is not None else -1
                     self.mem.append((dev, _ns(e.ts, 0), int(a.mem_bytes or 0),
                                      -1 if a.total_alloc is None else int(a.total_alloc),
@@ -249,6 +269,8 @@ class EventLoop:
                     kept["markers"] += 1
             elif ph in ("B", "E"):
                 key = (e.pid, e.tid)
+                if e.ts.__class__ is str:
+                    e.ts = coerce_time(e.ts, "ts", coerced, path, i, e.name)
                 if e.ts is None:
                     raise TraceFormatError(f"{path}: event {i} ('{e.name}'): missing 'ts'")
                 if ph == "B":
@@ -273,6 +295,14 @@ class EventLoop:
                         f"{path}: event {i} ('{e.name}'): unknown ph {ph!r}; the Chrome trace format "
                         "knows X B E i I s t f M C b e n O N D P R — fix or remove the event")
                 dropped[f"ph {ph} events are not used"] += 1
+
+    def _times(self, e, i: int) -> tuple:
+        """``ts``/``dur`` of an event that writes them as strings (coerced, counted)."""
+        if e.ts.__class__ is str:
+            e.ts = coerce_time(e.ts, "ts", self.coerced, self.path, i, e.name)
+        if e.dur.__class__ is str:
+            e.dur = coerce_time(e.dur, "dur", self.coerced, self.path, i, e.name)
+        return e.ts, e.dur
 
     def flush(self) -> None:
         """Turn the rows fed so far into a column part (exact integer ns, relative to base)."""
@@ -513,7 +543,7 @@ def _assemble(path, doc, rank, rank_source, strings, kept, dropped, tnames, G, H
     # ---------------- attribution: step, phase
     names_arr = np.asarray(strings.names, dtype=object)
     step, phase = attribute(names_arr, r_name[: len(rg)], r_start[: len(rg)], r_end[: len(rg)],
-                             start, launch_of, n_h)
+                             start, launch_of, n_h, lane)
 
     # ---------------- collectives metadata
     ng = len(GR["start"])

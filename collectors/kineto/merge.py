@@ -147,7 +147,8 @@ def merge_parts(parts: list[RankPart], skipped: dict[str, str] | None = None) ->
         present_by_group = {gi: set(rk) & set(present) for gi, rk in enumerate(g_ranks)}
         cid, stats = match_collectives(r[is_coll], g[is_coll], gs[is_coll],
                                        ops["comm_op"][o][is_coll], ops["bytes"][o][is_coll],
-                                       sq[is_coll], ops["start_ns"][o][is_coll], present_by_group)
+                                       sq[is_coll], ops["start_ns"][o][is_coll], present_by_group,
+                                       end=(ops["start_ns"] + ops["dur_ns"])[o][is_coll])
         coll_id[o[is_coll]] = cid
         n_p2p = int((~is_coll).sum())
         if n_p2p:

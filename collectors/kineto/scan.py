@@ -40,7 +40,7 @@ try:  # ISA-L inflates gzip ~2.4x faster than zlib, with the same interface
 except ImportError:  # pragma: no cover - isal is a dependency; zlib is the stand-in
     _zlib = zlib
 from ..enums import OpKind
-from ..errors import TraceFormatError
+from .drift import invalid_field
 from .links import EventLoop, finish_part
 from .schema import (
     C_ANNOT,
@@ -232,10 +232,8 @@ def _decode_event(path: Path, data: bytes, a: int, b: int, idx: int) -> Event:
         return _DEC_EV.decode(data[a:b])
     except msgspec.ValidationError as exc:
         msg = str(exc)
-        fld = msg.split("$.")[-1].split(".")[0].split("`")[0] if "$." in msg else "?"
-        raise TraceFormatError(
-            f"{path}: event {idx}: field '{fld}' is invalid ({msg.split(' - at ')[0]}); fix or "
-            "remove that event (ts and dur must be numbers in microseconds)") from exc
+        fld = msg.split("$")[-1].split("`")[0] if "$" in msg else "?"
+        raise invalid_field(path, idx, fld, msg.split(" - at ")[0]) from exc
     except msgspec.DecodeError as exc:
         raise _Fallback from exc
 
@@ -265,7 +263,7 @@ class _Reader:
         if n0 == len(names):
             return
         new = names[n0:]
-        self.nccl = np.concatenate([self.nccl, [x[:4].lower() in ("nccl", "rccl") for x in new]])
+        self.nccl = np.asarray(self.loop.comm_kernel, bool)  # communication kernel names
         self.gloo = np.concatenate([self.gloo, [x.startswith("gloo:") for x in new]])
         self.commf = np.asarray(self.loop.comm_flag, bool)
         self.memory = np.concatenate([self.memory, [x == "[memory]" for x in new]])

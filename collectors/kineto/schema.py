@@ -20,15 +20,17 @@ from ..enums import OpKind
 
 # ---------------------------------------------------------------- schema (msgspec)
 class Args(msgspec.Struct, omit_defaults=True, gc=False):
-    correlation: int = -1
-    external_id: int = msgspec.field(default=-1, name="External id")
-    device: int | None = None
-    stream: int | None = None
+    # integer fields also accept strings ("0x0", "2560": ROCm/HIP runtime events write
+    # them so); links.coerce_args turns them into ints and counts each coercion
+    correlation: int | str = -1
+    external_id: int | str = msgspec.field(default=-1, name="External id")
+    device: int | str | None = None
+    stream: int | str | None = None
     bytes: int | float | str | None = None  # HIP traces write strings ('128')
     coll_name: str | None = msgspec.field(default=None, name="Collective name")
-    in_nelems: int | None = msgspec.field(default=None, name="In msg nelems")
-    out_nelems: int | None = msgspec.field(default=None, name="Out msg nelems")
-    group_size: int | None = msgspec.field(default=None, name="Group size")
+    in_nelems: int | str | None = msgspec.field(default=None, name="In msg nelems")
+    out_nelems: int | str | None = msgspec.field(default=None, name="Out msg nelems")
+    group_size: int | str | None = msgspec.field(default=None, name="Group size")
     pg_name: str | int | None = msgspec.field(default=None, name="Process Group Name")
     pg_ranks: str | list[int] | None = msgspec.field(default=None, name="Process Group Ranks")
     seq: int | str | None = msgspec.field(default=None, name="Seq")
@@ -36,13 +38,14 @@ class Args(msgspec.Struct, omit_defaults=True, gc=False):
     input_dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="Input Dims")
     input_type: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="Input type")
     sync_kind: str | None = msgspec.field(default=None, name="cuda_sync_kind")
-    wait_corr: int | None = msgspec.field(default=None, name="wait_on_cuda_event_record_corr_id")
-    wait_stream: int | None = msgspec.field(default=None, name="wait_on_stream")
-    mem_bytes: int | None = msgspec.field(default=None, name="Bytes")
-    total_alloc: int | None = msgspec.field(default=None, name="Total Allocated")
-    total_reserved: int | None = msgspec.field(default=None, name="Total Reserved")
-    dev_id: int | None = msgspec.field(default=None, name="Device Id")
-    dev_type: int | None = msgspec.field(default=None, name="Device Type")
+    wait_corr: int | str | None = msgspec.field(default=None,
+                                                name="wait_on_cuda_event_record_corr_id")
+    wait_stream: int | str | None = msgspec.field(default=None, name="wait_on_stream")
+    mem_bytes: int | str | None = msgspec.field(default=None, name="Bytes")
+    total_alloc: int | str | None = msgspec.field(default=None, name="Total Allocated")
+    total_reserved: int | str | None = msgspec.field(default=None, name="Total Reserved")
+    dev_id: int | str | None = msgspec.field(default=None, name="Device Id")
+    dev_type: int | str | None = msgspec.field(default=None, name="Device Type")
     name: str | None = None
     labels: str | None = None
     # written by `retime export --chrome`
@@ -56,14 +59,23 @@ class Args(msgspec.Struct, omit_defaults=True, gc=False):
     path_op_id: int | None = None  # the critical-path track's copy of an op
 
 
+#: Args fields that hold integers (a string there is coerced), with their JSON names
+INT_ARGS = {"correlation": "correlation", "external_id": "External id", "device": "device",
+            "stream": "stream", "in_nelems": "In msg nelems", "out_nelems": "Out msg nelems",
+            "group_size": "Group size", "wait_corr": "wait_on_cuda_event_record_corr_id",
+            "wait_stream": "wait_on_stream", "mem_bytes": "Bytes",
+            "total_alloc": "Total Allocated", "total_reserved": "Total Reserved",
+            "dev_id": "Device Id", "dev_type": "Device Type"}
+
+
 class Event(msgspec.Struct, gc=False):
     ph: str | None = None
     cat: str | None = None
     name: str | int | float | None = None
     pid: int | str | None = None
     tid: int | str | None = None
-    ts: float | None = None
-    dur: float | None = None
+    ts: float | str | None = None  # strings ("12.5") are coerced and counted
+    dur: float | str | None = None
     args: Args | None = None
 
 
@@ -118,7 +130,6 @@ GPU_CATS = {"kernel": OpKind.KERNEL, "gpu_memcpy": OpKind.MEMCPY, "gpu_memset": 
              "memcpy": OpKind.MEMCPY, "memset": OpKind.MEMSET, "concurrent kernel": OpKind.KERNEL}
 RUNTIME_CATS = {"cuda_runtime", "cuda_driver", "runtime", "driver", "hip_runtime"}
 HOST_CATS = {"cpu_op", "operator", "python_function", "user_annotation", "cpu_instant_event"}
-COMM_KERNEL = re.compile(r"^(nccl|rccl|ncclDev|ncclKernel)", re.I)
 FILE_RANK = [re.compile(p) for p in (r"rank[-_]?(\d+)", r"worker[-_]?(\d+)", r"_r(\d+)[._]",
                                       r"(?:^|[^\d])(\d+)\.(?:pt\.)?trace\.json")]
 

@@ -8,6 +8,7 @@ replay graph of the result has no unexplained delay."""
 from __future__ import annotations
 
 import numpy as np
+
 from retime.collectors.enums import EdgeKind, LaneKind
 from retime.collectors.errors import PolicyError
 from retime.collectors.oplevel import LANE_NAMES, OPTYPES

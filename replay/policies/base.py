@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
+
 from retime.collectors.enums import OpKind
 from retime.collectors.errors import ConfigError, PolicyError
 from retime.collectors.trace import Trace

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 import orjson
+
 from retime.collectors.enums import OpKind, Phase
 from retime.collectors.errors import PolicyError
 

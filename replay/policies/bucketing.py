@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+
 from retime.collectors.enums import CommOp, OpKind, Phase
 from retime.collectors.errors import PolicyError
 from retime.collectors.trace import Trace

@@ -55,6 +55,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+
 from retime.collectors.enums import CommOp, EdgeKind, LaneKind, OpKind, Phase
 from retime.collectors.errors import PolicyError
 from retime.collectors.intervals import interval_union

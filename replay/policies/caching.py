@@ -59,6 +59,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
+
 from retime.collectors.enums import CommOp, OpKind
 from retime.collectors.errors import PolicyError
 

@@ -62,6 +62,7 @@ import re
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
 from retime.collectors.enums import CommOp, EdgeKind, OpKind, Phase
 from retime.collectors.errors import PolicyError
 from retime.collectors.intervals import interval_union

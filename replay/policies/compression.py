@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
+
 from retime.collectors.enums import CommOp, LaneKind, OpKind
 from retime.collectors.errors import PolicyError
 

@@ -60,6 +60,7 @@ import re
 from typing import Any
 
 import numpy as np
+
 from retime.collectors.enums import EdgeKind, LaneKind, OpKind, Phase
 from retime.collectors.errors import PolicyError
 

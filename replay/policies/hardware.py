@@ -1,10 +1,15 @@
 """Hardware what-ifs: speed kernel classes up or down, or swap the GPU through the roofline.
 
-Kernel classes (by op kind and name; see :func:`kernel_class`): ``gemm`` (matrix
-multiplies: cuBLAS/CUTLASS kernels, ``*gemm*``, linear layers), ``attention`` (attention
-scores/softmax/context, flash/fused attention), ``elementwise`` (every other compute
-kernel or op-level compute op), ``memcpy`` (memcpy/memset), ``comm`` (collectives and p2p;
-their *transfer* time is scaled, waiting for late ranks is re-derived by the replay).
+Kernel classes (see :func:`kernel_class`), from the one table of
+:mod:`collectors.kernel_classes` that analysis uses too: ``gemm`` (matrix multiplies and
+convolutions: cuBLAS/CUTLASS/hipBLASLt/Triton GEMMs, implicit-GEMM convs, linear layers),
+``attention`` (flash/fused attention, attention scores/softmax/context), ``elementwise``
+(every memory-bound class: pointwise, norms, reductions, layout changes, pooling,
+embeddings, optimizer steps), ``memcpy`` (memcpy/memset), ``comm`` (collectives and p2p;
+their *transfer* time is scaled, waiting for late ranks is re-derived by the replay),
+``other`` (host ops) and ``unclassified`` (device ops whose name the table does not know:
+``compute_speedup`` applies to them, no class-specific factor; the GPU swap re-times them
+by the HBM ratio, the usual bound of an unrecognised fused kernel).
 
 ``gpu`` swaps the GPU profile: on a synthesized trace the run is re-synthesized on the new
 profile (roofline with its peaks, HBM bandwidth, links). On a measured trace each kernel is
@@ -17,44 +22,39 @@ the ratio of HBM bandwidth; the measured GPU must be recognisable from ``meta["d
 from __future__ import annotations
 
 import dataclasses
-import re
 from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
+
 from retime.collectors.enums import EdgeKind, OpKind
 from retime.collectors.errors import ConfigError, PolicyError
+from retime.collectors.kernel_classes import KernelClass, op_classes
 from retime.collectors.trace import Trace
 
 from .base import Policy, WhatIfState, check_positive, frozen, layout_of, trace_memo
 
 __all__ = ["Hardware", "kernel_class", "CLASSES"]
 
-CLASSES = ("gemm", "attention", "elementwise", "memcpy", "comm", "other")
+CLASSES = ("gemm", "attention", "elementwise", "memcpy", "comm", "other", "unclassified")
 
-_ATTN = re.compile(r"(attn\.scores|attn\.context|attn\.softmax|flash|fmha|attention|sdpa|"
-                   r"scaled_dot_product|softmax)", re.I)
-_GEMM = re.compile(r"(gemm|matmul|cutlass|xmma|cublas|\bmm\b|aten::mm|addmm|bmm|linear|"
-                   r"\.qkv\.|\.proj\.|\.fc1\.|\.fc2\.|\.logits\.|wgrad|dgrad|Cijk_|"
-                   r"sm\d\d_|volta_|turing_|ampere_|hopper_|conv|implicit_gemm|nchw|nhwc)",
-                   re.I)
+# the what-if class of each class of the one kernel table (collectors.kernel_classes):
+# convolutions are implicit GEMMs (tensor cores, FLOP-bound); every memory-bound class is
+# "elementwise" (re-timed by HBM bandwidth); names no rule knows stay "unclassified"
+_OF_TABLE = np.full(len(KernelClass), 2, np.int8)
+_OF_TABLE[KernelClass.GEMM] = _OF_TABLE[KernelClass.CONV] = 0
+_OF_TABLE[KernelClass.ATTENTION] = 1
+_OF_TABLE[KernelClass.MEMORY] = 3
+_OF_TABLE[KernelClass.COMMUNICATION] = 4
+_OF_TABLE[KernelClass.OTHER] = 6
 
 
 def kernel_class(trace: Trace) -> np.ndarray:
-    """Class index (into :data:`CLASSES`) of every op of ``trace``."""
-    names = np.asarray(trace.strings, dtype=object)
-    per_name = np.full(len(names), 2, np.int8)  # elementwise
-    for i, s in enumerate(names):  # one pass per distinct name, not per op
-        if _ATTN.search(s):
-            per_name[i] = 1
-        elif _GEMM.search(s):
-            per_name[i] = 0
+    """Class index (into :data:`CLASSES`) of every op of ``trace``, from the kernel-class
+    table of :mod:`collectors.kernel_classes` (host ops: ``other``)."""
     o = trace.ops
     kind = o["kind"].to_numpy()
-    cls = per_name[o["name_id"].to_numpy()] if len(names) else np.full(len(o), 2, np.int8)
-    cls = cls.copy()
-    cls[(kind == OpKind.MEMCPY) | (kind == OpKind.MEMSET)] = 3
-    cls[(kind == OpKind.COLLECTIVE) | (kind == OpKind.P2P)] = 4
+    cls = _OF_TABLE[op_classes(kind, o["name_id"].to_numpy(), trace.strings)]
     cls[(kind == OpKind.CPU_OP) | (kind == OpKind.RUNTIME) | (kind == OpKind.SYNC)] = 5
     return cls
 
@@ -109,7 +109,7 @@ class Hardware(Policy):
         c = self.compute_speedup or 1.0
         sp = [c * (self.gemm_speedup or 1.0), c * (self.attention_speedup or 1.0),
               c * (self.elementwise_speedup or 1.0), self.memcpy_speedup or 1.0,
-              self.comm_speedup or 1.0, 1.0]
+              self.comm_speedup or 1.0, 1.0, c]
         return 1.0 / np.asarray(sp)
 
     def configure(self, state: WhatIfState) -> None:
@@ -219,7 +219,7 @@ def _roofline_ratio(trace: Trace, gpu: str, from_gpu: str | None) -> np.ndarray:
     dtype = "bf16" if "bf16" in old.peak_tflops and "bf16" in new.peak_tflops else "fp16"
     flops = old.peak_flops(dtype) / new.peak_flops(dtype)
     hbm = old.hbm_gbps / new.hbm_gbps
-    return np.asarray([flops, flops, hbm, hbm, 1.0, 1.0])
+    return np.asarray([flops, flops, hbm, hbm, 1.0, 1.0, hbm])
 
 
 def _match_profile(trace: Trace):

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
+
 from retime.collectors.enums import CommOp, OpKind
 from retime.collectors.errors import PolicyError
 from retime.collectors.trace import Trace

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
+
 from retime.collectors.enums import OpKind
 from retime.collectors.errors import PolicyError
 
@@ -294,6 +295,7 @@ def _slice_tp(state: WhatIfState, k: int) -> int:
 def _rewire_prefetch(trace, depth: int):
     """Re-wire forward ZeRO-3 gathers to prefetch ``depth`` layers ahead."""
     import pandas as pd
+
     from retime.collectors.trace import Trace
     o = trace.ops
     names = trace.names()

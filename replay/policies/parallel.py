@@ -257,6 +257,7 @@ def templates_from_trace(trace):
     pipeline) and ``hardware`` (the profile used for modeled communication).
     """
     import numpy as np
+
     from retime.collectors.enums import OpKind, Phase
     from retime.collectors.synth import (
         LANES,

@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+
 from retime.collectors.enums import LaneKind, OpKind
 from retime.collectors.errors import PolicyError
 from retime.collectors.trace import Trace

@@ -67,6 +67,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+
 from retime.collectors.errors import ConfigError, PolicyError
 from retime.collectors.oplevel import pipeline_layout
 from retime.collectors.trace import Trace

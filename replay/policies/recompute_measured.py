@@ -27,6 +27,7 @@ import re
 from typing import Any
 
 import numpy as np
+
 from retime.collectors.enums import EdgeKind, OpKind, Phase
 from retime.collectors.errors import PolicyError
 

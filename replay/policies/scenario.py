@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import tomllib
+
 from retime.collectors.errors import PolicyError
 
 from .base import Policy

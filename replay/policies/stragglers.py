@@ -38,8 +38,10 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
+
 from retime.collectors.enums import OpKind
 from retime.collectors.errors import PolicyError
+from retime.collectors.steps import job_step_windows, step_windows
 from retime.collectors.trace import Trace
 
 from ..engine import simulate
@@ -273,7 +275,7 @@ def _rank_roles(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
     return stage_of[rank], dp_of[rank]
 
 
-def straggler_analysis(trace: Trace) -> dict[str, Any]:
+def straggler_analysis(trace: Trace, *, strict: bool = False) -> dict[str, Any]:
     """What-if attribution of a run's slowdown (``retime stragglers --json``).
 
     Returns
@@ -285,7 +287,7 @@ def straggler_analysis(trace: Trace) -> dict[str, Any]:
     """
     if trace.n_ops == 0:
         raise PolicyError("stragglers: the trace has no ops; ingest a trace with ops first")
-    g0 = build_graph(trace, ideal=True)
+    g0 = build_graph(trace, ideal=True, strict=strict)
     sidx, steps, s0 = _step_info(trace)
     g = isolate_steps(g0, sidx, s0, zero_lags=trace.meta.get("source_format") == "oplevel")
     names = trace.names() if trace.strings else np.asarray([""] * trace.n_ops, dtype=object)
@@ -293,21 +295,32 @@ def straggler_analysis(trace: Trace) -> dict[str, Any]:
     end_meas = g.meas_end_ns
     ns = len(steps)
 
+    # each step's measured window: the job-level tiling of collectors.steps (the latest
+    # rank's end of the step; the next step starts there)
+    jw = job_step_windows(step_windows(trace)).set_index("step")
+    w0 = s0.copy()
+    if len(jw):
+        have = np.isin(steps, jw.index.to_numpy())
+        w0[have] = jw["start_ns"].reindex(steps[have]).to_numpy()
+
     def step_times(end: np.ndarray) -> np.ndarray:
         sel = is_opt if is_opt.any() else np.ones(len(end), bool)
         hi = np.full(ns, np.iinfo(np.int64).min, np.int64)
         np.maximum.at(hi, sidx[sel], end[sel])
-        return hi - s0
+        return hi - w0
 
     # ops outside any step (step -1: set-up before the first profiled step) are replayed
     # but not reported as a step when real steps exist
     valid = steps >= 0 if (steps >= 0).any() else np.ones(ns, bool)
+    if len(jw):
+        ends = jw["end_ns"].reindex(steps, fill_value=0).to_numpy().astype(np.int64)
+        meas_win = ends - w0
 
     def run(dur: np.ndarray) -> np.ndarray:
         r = simulate(g, durations_ns=np.rint(dur).astype(np.int64))
         return step_times(r.end_ns)[valid]
 
-    measured = step_times(end_meas)[valid]
+    measured = (meas_win if len(jw) else step_times(end_meas))[valid]
     meas_dur = _transfer_ns(g0).astype(np.float64)
     sim = run(meas_dur)
     ideal_d = ideal_durations(trace, g0)
@@ -342,6 +355,7 @@ def straggler_analysis(trace: Trace) -> dict[str, Any]:
         "by_stage": attribute(stage),
         "by_dp_rank": attribute(dp_rank),
         "by_optype": attribute(optype),
+        "relaxed": g0.stats.get("relaxed") or {"count": 0, "collectives": [], "edges": []},
         "method": ("each step replayed from its measured start without unexplained delays; "
                    "ideal: compute ops at the mean, communication at the median transfer "
                    "time of their op type; groups: only that group at measured durations"),
