@@ -175,7 +175,7 @@ def ddp_ranges(trace: Trace) -> dict[str, pd.DataFrame] | None:
     return out
 
 
-def rebucket_cpu(trace: Trace, bucket_mb: float, interference: float,
+def rebucket_cpu(trace: Trace, bucket_mb: float, interference: float | None,
                  ranks_per_node: int | None = None):
     """Re-bucket a CPU (gloo) DDP trace parameter by parameter (module docstring).
 
@@ -245,8 +245,50 @@ def rebucket_cpu(trace: Trace, bucket_mb: float, interference: float,
         axis=0).astype(np.float64)
     weight = np.maximum(cost - cost.min(), 1e-3 * max(cost.max(), 1.0))
     exact, source = _exact_sizes(trace, per, weight, issue_of, start, nbytes)
+    if interference is None:
+        interference = cpu_interference_of(trace, per, exact, a_start, end, nbytes, ar_ids)
     return _build_cpu(trace, bucket_mb, interference, ranks_per_node, per, weight, issue,
                       issue_of, floor_ns, a_start, is_ar, exact, source)
+
+
+#: memory passes of one bus byte of a gloo ring all-reduce over TCP, in memcpy equivalents:
+#: the sender's copy into the socket (1 read + 1 write), the receiver's copy out of it (1 + 1)
+#: and the reduction (2 reads + 1 write): 7 passes, a memcpy being 2
+TCP_COPIES_PER_BYTE = 3.5
+
+
+def cpu_interference_of(trace: Trace, per: dict, exact, a_start, end, nbytes, ar_ids) -> float:
+    """The interference ``i`` of a gloo transfer with the training thread, from the trace.
+
+    A transfer keeps ``rho`` of a core busy (the rest of the time it waits on its socket for
+    the link): ``rho`` = CPU time per bus byte (``TCP_COPIES_PER_BYTE`` memcpy-equivalents at
+    the host's memcpy rate, measured on the DDP reducer's own copies of the parameters'
+    gradients: exact bytes from ``meta["ddp_param_bytes"]``, their ``mul_out`` and
+    ``copy_bucket_to_grad`` times) over the measured transfer time per bus byte. With ``c``
+    cores per rank (``meta["cpu_affinity"]``, else 1) and the training thread keeping one
+    busy, an overlapped transfer ends ``i T`` late with ``i = min(1, max(0, 1 + rho - c))``.
+    Without exact sizes the rate is unknown and ``i = 1`` (full time-sharing), the
+    conservative value."""
+    if exact is None:
+        return 1.0
+    copy_ns = np.median(np.stack([
+        (v[2]["end_ns"].to_numpy() - v[2]["start_ns"].to_numpy())
+        + (v[3]["end_ns"].to_numpy() - v[3]["start_ns"].to_numpy()) for v in per.values()]),
+        axis=0).astype(np.float64)
+    big = np.asarray(exact) >= 64 * 1024  # the fixed cost of a copy dominates small ones
+    if not big.any() or copy_ns[big].sum() <= 0:
+        return 1.0
+    copy_bpns = 2.0 * float(np.sum(np.asarray(exact)[big])) / float(copy_ns[big].sum())
+    n = max(2, len({int(r) for r, _s in per}))
+    f = 2.0 * (n - 1) / n
+    t_per_byte = float(np.median((end[ar_ids] - a_start[ar_ids])
+                                 / np.maximum(nbytes[ar_ids] * f, 1.0)))
+    if t_per_byte <= 0:
+        return 1.0
+    rho = min(1.0, TCP_COPIES_PER_BYTE / copy_bpns / t_per_byte)
+    aff = trace.meta.get("cpu_affinity") if isinstance(trace.meta, dict) else None
+    c = min(len(v) for v in aff.values()) if isinstance(aff, dict) and aff else 1
+    return float(min(1.0, max(0.0, 1.0 + rho - c)))
 
 
 def _bucket_of(ids: np.ndarray, rdy: pd.DataFrame, issue_of: dict, start: np.ndarray

@@ -10,7 +10,9 @@ per-layer WFBP, one bucket, MG-WFBP merging) and compute/communication interfere
   measured traces are re-bucketed by :func:`replay.policies.bucketing.rebucket`; CPU (gloo)
   DDP traces parameter by parameter with the rank's CPU shared by compute and gloo, by
   :func:`replay.policies.bucketing.rebucket_cpu`, whose interference is
-  ``1 - overlap.interference``, default ``CPU_INTERFERENCE``).
+  ``1 - overlap.interference``, by default the trace's own: the gloo transfer's CPU-busy
+  share from the host's measured copy rate (:func:`bucketing_cpu.cpu_interference_of`), or
+  ``CPU_INTERFERENCE`` when the trace cannot tell).
 * ``merge``: ``"wfbp"`` one all-reduce per layer (wait-free backprop), ``"single"`` one
   all-reduce after backward, ``"mgwfbp"`` merged-gradient WFBP: the best merge of ``k``
   adjacent layers' gradients per bucket, searched over every ``k`` from one layer to the
@@ -107,7 +109,8 @@ class Overlap(Policy):
                     "this trace is measured (no meta['synth']): give overlap.bucket_mb "
                     "instead, or synthesize the job (`retime synth`)")
             from .bucketing import rebucket, rebucket_cpu
-            i = CPU_INTERFERENCE if self.interference is None else 1.0 - self.interference
+            # without a given overlap.interference the trace's own (bucketing_cpu)
+            i = None if self.interference is None else 1.0 - self.interference
             cpu = rebucket_cpu(state.trace, self.bucket_mb, i, state.ranks_per_node)
             if cpu is not None:
                 state.trace, ids, model_ns, info, state.notes["cpu_model"] = cpu
