@@ -54,6 +54,15 @@ except ImportError:  # a checkout without retime installed
     from retime.collectors.capture import Capture, end_process
 
 WAIT, WARMUP = 1, 1
+#: glibc malloc of the ranks: every allocation from the main heap (no per-chunk mmaps, one
+#: arena), never given back to the kernel. With --pretouch-mb the heap is grown and touched
+#: once before training, so the profiled steps (where the profiler's buffers grow the
+#: process by 50-130 MB) reuse resident pages. Why: on this VM (virtio-balloon with free page
+#: reporting) memory the guest freed goes back to the host, and a process's first touch of
+#: such a page costs ~25 us (measured: 1 GiB touched fresh 6.4 s, again 0.18 s), enough to
+#: move a 70 ms step by tens of ms depending on where the allocator lands.
+GLIBC_TUNABLES = ("glibc.malloc.mmap_max=0:glibc.malloc.arena_max=1:"
+                  f"glibc.malloc.trim_threshold={1 << 40}")
 
 
 class Blocks(nn.Module):
@@ -97,6 +106,7 @@ def knobs(a: argparse.Namespace) -> dict:
          "batch": a.batch, "threads": a.threads, "checkpoint": a.checkpoint,
          "nhosts": a.nhosts, "nproc_per_host": a.nproc_per_host,
          "world_size": a.nhosts * a.nproc_per_host, "settle": a.settle, "active": a.active,
+         "pretouch_mb": a.pretouch_mb, "glibc_tunables": GLIBC_TUNABLES,
          "schedule": {"wait": WAIT, "warmup": WARMUP, "active": a.active}}
     k.update({"hidden": a.hidden} if a.model == "mlp" else {"d_model": a.d_model, "seq": a.seq})
     k.update(json.loads(a.extra))  # what the launcher set outside the job (link rate, quota)
@@ -121,6 +131,13 @@ def _load(t0: tuple, t1: tuple) -> dict:
             "ours": round(ours, 4), "wall_s": round(t1[0] - t0[0], 3)}
 
 
+def _rss_mb() -> list[float]:
+    """This process's resident and peak resident memory (MB)."""
+    st = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines()
+              if ":" in line)
+    return [round(int(st[k].split()[0]) / 1024, 1) for k in ("VmRSS", "VmHWM")]
+
+
 def _add_job(path: Path, job: dict) -> None:
     """Write ``job`` into the trace's ``retimeCapture`` block (rewrites the file)."""
     doc = orjson.loads(gzip.decompress(path.read_bytes()))
@@ -129,6 +146,23 @@ def _add_job(path: Path, job: dict) -> None:
     with gzip.open(tmp, "wb", compresslevel=6) as fh:
         fh.write(orjson.dumps(doc))
     os.replace(tmp, path)
+
+
+def pretouch(mb: int) -> None:
+    """Grow the (never trimmed, see GLIBC_TUNABLES) heap by ``mb`` MB of touched pages."""
+    if mb <= 0:
+        return
+    import ctypes
+
+    libc = ctypes.CDLL("libc.so.6")
+    libc.malloc.restype = ctypes.c_void_p
+    libc.malloc.argtypes = [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    n = mb * 2**20
+    ptr = libc.malloc(n)
+    if ptr:
+        ctypes.memset(ptr, 1, n)
+        libc.free(ptr)
 
 
 def rank_main(local_rank: int, a: argparse.Namespace) -> None:
@@ -140,6 +174,7 @@ def rank_main(local_rank: int, a: argparse.Namespace) -> None:
     if a.cpus:
         cpus = [int(c) for c in a.cpus.split(",")]
         os.sched_setaffinity(0, {cpus[local_rank % len(cpus)]})
+    pretouch(a.pretouch_mb)
     torch.set_num_threads(a.threads)
     torch.set_num_interop_threads(1)
     import datetime
@@ -172,6 +207,7 @@ def rank_main(local_rank: int, a: argparse.Namespace) -> None:
     job = knobs(a)
     job["ddp_param_bytes"] = [p.numel() * p.element_size() for p in model.parameters()]
     job["hosts"] = hosts
+    rss_before = _rss_mb()
     dist.barrier()
     t0 = _ticks(pids) if rank == 0 else None
     n = WAIT + WARMUP + a.active
@@ -182,15 +218,17 @@ def rank_main(local_rank: int, a: argparse.Namespace) -> None:
             if i == n - 1 and rank == 0:
                 t1 = _ticks(pids)  # before the last step() call writes the trace
             cap.step()
-    dist.barrier()
+    rss: list = [None] * world
+    dist.all_gather_object(rss, rss_before + _rss_mb())
     if rank == 0:
+        job["rss_mb"] = rss  # per rank: [rss, peak] before the capture, [rss, peak] after
         job["load"] = _load(t0, t1)
         job["load_run"] = _load(t_run, t1)
         job["settle_ms"] = [round(v, 2) for v in settle_ms]
         Path(a.record or f"{a.out.rstrip('/')}.job.json").write_text(
             json.dumps(job, indent=1) + "\n")
     for p in cap.paths:
-        _add_job(p, {k: v for k, v in job.items() if k not in ("load", "load_run", "settle_ms")})
+        _add_job(p, {k: v for k, v in job.items() if k not in ("load", "load_run", "settle_ms", "rss_mb")})
     dist.barrier()
     end_process(0)
 
@@ -209,6 +247,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--checkpoint", action="store_true", help="activation checkpointing per block")
     p.add_argument("--settle", type=int, default=3, help="unprofiled steps first")
     p.add_argument("--active", type=int, default=3, help="recorded steps")
+    p.add_argument("--pretouch-mb", type=int, default=256,
+                   help="heap grown and touched by each rank before training (MB; see "
+                        "GLIBC_TUNABLES; 0: off)")
     p.add_argument("--nhosts", type=int, default=1)
     p.add_argument("--nproc-per-host", type=int, default=1)
     p.add_argument("--host-rank", type=int, default=0)
@@ -227,6 +268,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     a = parse_args(argv)
     Path(a.out).mkdir(parents=True, exist_ok=True)
+    os.environ["GLIBC_TUNABLES"] = GLIBC_TUNABLES  # the spawned ranks start with it
     mp.start_processes(rank_main, args=(a,), nprocs=a.nproc_per_host, start_method="spawn")
 
 
