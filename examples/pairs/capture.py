@@ -94,6 +94,11 @@ def _pairs() -> dict[str, tuple[str, Pair]]:
             {"bucket_cap_mb": 1.0}, {"bucket_cap_mb": 50.0},
             {"overlap.bucket_mb": round(50 * MIB_MB, 6)},
             {"overlap.bucket_mb": round(1 * MIB_MB, 6)}),
+        "bucket-400mbit": lambda m: Pair(
+            "DDP bucket_cap_mb (MiB; the key counts 10^6 bytes) on the 400 Mbit/s link",
+            {"bucket_cap_mb": 1.0, "rate_mbit": lo}, {"bucket_cap_mb": 50.0, "rate_mbit": lo},
+            {"overlap.bucket_mb": round(50 * MIB_MB, 6)},
+            {"overlap.bucket_mb": round(1 * MIB_MB, 6)}),
         "dp": lambda m: Pair(
             "data-parallel ranks: 2 hosts x 1 rank vs 2 hosts x 2 ranks (a host's ranks share "
             "its core; per-rank batch fixed)",
@@ -218,6 +223,12 @@ def run_pair(name: str, hosts: Hosts, args: argparse.Namespace) -> dict:
         before = machine_load()
     print(f"[{name}] machine before: busy {before['busy']:.0%} of the cores, loadavg "
           f"{before['loadavg']} (waited {waited:.0f} s)", flush=True)
+    # the link's achieved TCP rate at each rate the pair uses (a socket test, both directions)
+    achieved = {}
+    for rate in sorted({settings[lab]["rate_mbit"] for lab in ("A", "B")}):
+        hosts.shape(rate)
+        achieved[rate] = hosts.measure_mbit()
+        print(f"[{name}] link at {rate:g} Mbit/s: achieved TCP {achieved[rate]}", flush=True)
     work = args.work / name
     shutil.rmtree(work, ignore_errors=True)
     order = ["A"]  # discarded warm-up
@@ -252,6 +263,9 @@ def run_pair(name: str, hosts: Hosts, args: argparse.Namespace) -> dict:
                       "changed": {k: [settings["A"][k], settings["B"][k]] for k in settings["A"]
                                   if settings["A"][k] != settings["B"][k]},
                       "whatif": {"A->B": pair.a_to_b, "B->A": pair.b_to_a},
+                      "achieved_mbit": {lab: min(achieved[settings[lab]["rate_mbit"]].values())
+                                        for lab in ("A", "B")},
+                      "achieved_mbit_by_direction": {f"{r:g}": v for r, v in achieved.items()},
                       "machine_before": before, "machine_after": after, "reps": reps,
                       "median_ns": {}, "spread": {}, "kept": {}}
     for label in ("A", "B"):

@@ -5,7 +5,7 @@ A host is:
 * a network namespace (``rtp0``, ``rtp1``); the two are joined by a veth pair
   (``rtpv0`` 10.89.0.1 <-> ``rtpv1`` 10.89.0.2) and each end's egress is shaped with
   ``tc qdisc add dev X root tbf rate R burst B latency L``: R is the inter-host bandwidth per
-  direction. This kernel has no ``netem`` (``CONFIG_NET_SCH_NETEM`` is not set), so **latency
+  direction, B two timer ticks of R (at least 64 KiB; tbf needs one tick's worth to reach R). This kernel has no ``netem`` (``CONFIG_NET_SCH_NETEM`` is not set), so **latency
   is not shaped**: the link's latency is the veth's own (microseconds); tbf's ``latency`` is
   only the longest a packet may queue in tbf before it is dropped, not a delay. Ranks on the
   same host reach each other over the namespace's loopback (not shaped).
@@ -53,6 +53,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,9 +72,18 @@ RR_SLICE_MS = 3
 RR_SLICE = Path("/proc/sys/kernel/sched_rr_timeslice_ms")
 #: the slice in force before ``up`` (restored by ``down``, also from another process)
 RR_SAVED = Path("/run/retime-pairs-rr-slice-ms")
-#: tbf bucket: 64 KiB lets ~44 full-size packets through at line speed (TCP keeps the pipe
-#: full at these rates; small against the MB transfers of a step)
-BURST_BYTES = 65536
+#: the kernel's timer tick (CONFIG_HZ): tbf releases tokens per tick, so its bucket must hold
+#: at least one tick of the shaped rate or the link cannot reach its rate (measured by the
+#: lead with a TCP socket at "1600 Mbit/s": burst 64 KiB -> ~200 Mbit/s, 1 MB -> ~880)
+HZ = 250
+#: smallest tbf bucket (bytes); the bucket is max(MIN_BURST_BYTES, 2 ticks of the rate)
+MIN_BURST_BYTES = 65536
+
+
+def burst_bytes(rate_mbit: float) -> int:
+    """tbf bucket for ``rate_mbit``: two timer ticks of tokens, at least 64 KiB."""
+    return max(MIN_BURST_BYTES, int(2 * rate_mbit * 1e6 / 8 / HZ))
+
 #: tbf queue limit expressed as the longest wait in the queue (a drop threshold, not a delay)
 TBF_LATENCY_MS = 200
 
@@ -124,7 +134,8 @@ class Hosts:
         self.rate_mbit = float(rate_mbit)
         for ns, dev in zip(NETNS, VETH):
             _run("ip", "netns", "exec", ns, "tc", "qdisc", "add" if add else "replace", "dev",
-                 dev, "root", "tbf", "rate", f"{rate_mbit:g}mbit", "burst", str(BURST_BYTES),
+                 dev, "root", "tbf", "rate", f"{rate_mbit:g}mbit", "burst",
+                 str(burst_bytes(rate_mbit)),
                  "latency", f"{TBF_LATENCY_MS}ms")
 
     def speed(self, percent: float) -> None:
@@ -142,7 +153,26 @@ class Hosts:
         return {"rate_mbit": self.rate_mbit,
                 "rt_runtime_us": int((CGROUP / "cpu.rt_runtime_us").read_text()),
                 "rt_period_us": int((CGROUP / "cpu.rt_period_us").read_text()),
-                "rr_slice_ms": int(RR_SLICE.read_text()), "tbf_burst_bytes": BURST_BYTES}
+                "rr_slice_ms": int(RR_SLICE.read_text()),
+                "tbf_burst_bytes": burst_bytes(self.rate_mbit)}
+
+    def measure_mbit(self, nbytes: int = 64 << 20, skip: int = 8 << 20) -> dict:
+        """The link's achieved TCP rate, host0 -> host1 and host1 -> host0 (Mbit/s): one
+        socket sends ``nbytes``; the receiver times the bytes after the first ``skip``
+        (TCP's slow start and tbf's full bucket left out). Both ends run as host processes
+        (real-time, pinned), one direction at a time."""
+        out = {}
+        for src, dst in ((0, 1), (1, 0)):
+            port = 29400 + src
+            sink = subprocess.Popen(self.command(dst, [sys.executable, __file__, "_sink",
+                                                       str(port), str(nbytes), str(skip)]),
+                                    stdout=subprocess.PIPE, text=True)
+            time.sleep(1.0)  # the sink listens
+            subprocess.run(self.command(src, [sys.executable, __file__, "_source", ADDR[dst],
+                                              str(port), str(nbytes)]), check=True, timeout=120)
+            res, _ = sink.communicate(timeout=120)
+            out[f"host{src}->host{dst}"] = round(float(res.split()[-1]), 1)
+        return out
 
     def down(self, quiet: bool = False) -> None:
         for ns in NETNS:  # deleting a namespace deletes its veth end (and the peer)
@@ -177,10 +207,40 @@ def _enter(host: int, cpus: str, argv: list[str]) -> None:
     os.execv(shutil.which(argv[0]) or argv[0], argv)
 
 
+def _sink(port: int, nbytes: int, skip: int) -> None:
+    """Receive ``nbytes`` on ``port``; print the Mbit/s of the bytes after ``skip``."""
+    with socket.create_server(("0.0.0.0", port)) as srv:
+        conn, _ = srv.accept()
+        got, t0 = 0, None
+        with conn:
+            while got < nbytes:
+                b = conn.recv(1 << 20)
+                if not b:
+                    break
+                got += len(b)
+                if t0 is None and got >= skip:
+                    t0, mark = time.perf_counter(), got
+        dt = time.perf_counter() - t0
+    print(f"{(got - mark) * 8 / dt / 1e6:.1f}")
+
+
+def _source(addr: str, port: int, nbytes: int) -> None:
+    buf = b"x" * (1 << 20)
+    with socket.create_connection((addr, port)) as s:
+        for _ in range(nbytes // len(buf)):
+            s.sendall(buf)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["_enter"]:
         _enter(int(argv[1]), argv[2], argv[argv.index("--") + 1:])
+    if argv[:1] == ["_sink"]:
+        _sink(*(int(x) for x in argv[1:4]))
+        return 0
+    if argv[:1] == ["_source"]:
+        _source(argv[1], int(argv[2]), int(argv[3]))
+        return 0
     cmd: list[str] = []
     if "--" in argv:
         argv, cmd = argv[:argv.index("--")], argv[argv.index("--") + 1:]
@@ -189,6 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     u = sub.add_parser("up", help="create the two hosts (left in place until `down`)")
     u.add_argument("--rate-mbit", type=float, default=400.0)
     sub.add_parser("down", help="remove the hosts, restore the round-robin slice")
+    sub.add_parser("measure", help="print the link's achieved TCP rate (Mbit/s)")
     s = sub.add_parser("shape", help="change the link rate (Mbit/s)")
     s.add_argument("rate_mbit", type=float)
     q = sub.add_parser("speed", help="every host's CPU speed, percent of full speed")
@@ -205,6 +266,8 @@ def main(argv: list[str] | None = None) -> int:
         h.down()
     elif a.action == "shape":
         h.shape(a.rate_mbit)
+    elif a.action == "measure":
+        print(h.measure_mbit())
     elif a.action == "speed":
         h.speed(a.percent)
     else:
