@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps({"rows": rows, "summary": s}, indent=1))
         return 0
-    hdr = (f"{'pair':<26} {'dir':<5} {'keys':<46} {'source':>8} {'measured':>8} "
+    hdr = (f"{'pair':<26} {'dir':<5} {'keys':<58} {'source':>8} {'measured':>8} "
            f"{'change':>7} {'predicted':>9} {'error':>7} {'no-change':>9} {'identity':>8}")
     print("step times in ms (median over recorded steps of the slowest rank; measured = "
           "median of the target's captures)")
@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         keys = ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
                          for k, v in r["keys"].items())
         pred = "refused" if r["predicted_ms"] is None else f"{r['predicted_ms']:.1f}"
-        print(f"{r['pair']:<26} {r['direction']:<5} {keys:<46} {r['source_ms']:8.1f} "
+        print(f"{r['pair']:<26} {r['direction']:<5} {keys:<58} {r['source_ms']:8.1f} "
               f"{r['measured_ms']:8.1f} {r['change']:+7.1%} {pred:>9} {_pct(r['err']):>7} "
               f"{r['no_change_err']:+9.1%} {_pct(r['identity_err']):>8}")
         if "refused" in r:

@@ -267,13 +267,14 @@ def run_pair(name: str, hosts: Hosts, args: argparse.Namespace) -> dict:
                                         for lab in ("A", "B")},
                       "achieved_mbit_by_direction": {f"{r:g}": v for r, v in achieved.items()},
                       "machine_before": before, "machine_after": after, "reps": reps,
-                      "median_ns": {}, "spread": {}, "kept": {}}
+                      "median_ns": {}, "spread": {}, "mad": {}, "kept": {}}
     for label in ("A", "B"):
         steps = [r["step_ns"] for r in reps[label]]
         med = statistics.median(steps)
         keep = min(reps[label], key=lambda r: (abs(r["step_ns"] - med), r["order"]))
         rec_pair["median_ns"][label] = int(med)
         rec_pair["spread"][label] = round((max(steps) - min(steps)) / med, 4)
+        rec_pair["mad"][label] = round(statistics.median(abs(x - med) for x in steps) / med, 4)
         rec_pair["kept"][label] = {"rep": keep["rep"], "step_ns": keep["step_ns"]}
         dst = OUT / name / label
         shutil.rmtree(dst, ignore_errors=True)
@@ -302,19 +303,21 @@ TABLE_START, TABLE_END = "<!-- pairs-table -->", "<!-- /pairs-table -->"
 def write_table(pairs: dict) -> None:
     """The measured table of traces/pairs/README.md (between its markers)."""
     lines = [TABLE_START, "",
-             "| pair | A | B | A median ms (spread) | B median ms (spread) | B/A | "
-             "foreign load A / B (max) | machine busy before |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| pair | A | B | captures | A median ms (spread, MAD) | B median ms (spread, MAD) "
+             "| B/A | foreign load A / B (max) | loadavg before |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for n, r in pairs.items():
         ch = r["changed"]
         a = ", ".join(f"{k}={v[0]}" for k, v in ch.items())
         b = ", ".join(f"{k}={v[1]}" for k, v in ch.items())
         fo = {lab: max(x["load"]["foreign"] for x in r["reps"][lab]) for lab in ("A", "B")}
+        mad = r.get("mad") or {"A": float("nan"), "B": float("nan")}
+        med = {lab: f"{r['median_ns'][lab] / 1e6:.1f} ({r['spread'][lab]:.1%}, {mad[lab]:.1%})"
+               for lab in ("A", "B")}
         lines.append(
-            f"| {n} | {a} | {b} | {r['median_ns']['A'] / 1e6:.1f} ({r['spread']['A']:.1%}) | "
-            f"{r['median_ns']['B'] / 1e6:.1f} ({r['spread']['B']:.1%}) | "
-            f"{r['median_ns']['B'] / r['median_ns']['A']:.2f} | {fo['A']:.2f} / {fo['B']:.2f} | "
-            f"{r['machine_before']['busy']:.0%} |")
+            f"| {n} | {a} | {b} | {len(r['reps']['A'])} + {len(r['reps']['B'])} | {med['A']} | "
+            f"{med['B']} | {r['median_ns']['B'] / r['median_ns']['A']:.2f} | "
+            f"{fo['A']:.2f} / {fo['B']:.2f} | {r['machine_before']['loadavg'][0]:.1f} |")
     lines += ["", TABLE_END]
     readme = OUT / "README.md"
     text = readme.read_text() if readme.is_file() else f"# Paired captures\n\n{TABLE_START}\n{TABLE_END}\n"
