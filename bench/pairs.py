@@ -94,7 +94,25 @@ def load_capture(folder: Path) -> Trace:
     if "ddp_param_bytes" in job:
         trace.meta["ddp_param_bytes"] = list(job["ddp_param_bytes"])
     trace.meta["job"] = {k: v for k, v in job.items() if k != "ddp_param_bytes"}
+    if "cpu_affinity" not in trace.meta and "hostnames" in trace.meta:
+        trace.meta["cpu_affinity"] = kit_affinity(job, trace.meta["hostnames"])
     return trace
+
+
+def kit_affinity(job: dict, hostnames: dict) -> dict[str, list[int]]:
+    """The CPUs each rank of a kit capture ran on, from the kit's placement rule
+    (examples/pairs/hosts.py: host k's processes on CPU k; a single host gets both CPUs, one
+    rank per CPU). Captures made with the current ``Capture`` record it themselves
+    (``cpu_affinity``); the committed pairs predate that."""
+    if int(job.get("nhosts", 2)) == 1:
+        local: dict[str, int] = {}
+        out = {}
+        for r in sorted(hostnames, key=int):
+            h = hostnames[r]
+            out[r] = [local.get(h, 0)]
+            local[h] = local.get(h, 0) + 1
+        return out
+    return {r: [int(str(h).lstrip("host") or 0)] for r, h in hostnames.items()}
 
 
 def predict(trace: Trace, keys: dict) -> float:

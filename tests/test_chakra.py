@@ -193,7 +193,7 @@ def test_synthesized_pipeline_send_recv_pairs(tmp_path):
             elif x.type == RECV:
                 recvs[(a["comm_src"], r, a["comm_tag"])] = a["comm_size"]
             elif x.type == COLL:
-                assert a["pg_name"][:2] in ("tp", "dp", "pp", "em")
+                assert a["pg_name"][:2] in ("tp", "dp", "pp", "em", "mp")
         assert sum(x.type == COLL for x in nodes) == int(
             ((t.ops["rank"] == r) & (t.ops["kind"] == OpKind.COLLECTIVE)).sum())
     assert sends and sends == recvs  # every send meets its receive, same size

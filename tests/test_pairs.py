@@ -155,6 +155,7 @@ def test_measured_step_closed_form():
     """A hand-made two-rank trace: steps 1..3 with known starts; the last step ends at the
     rank's last op."""
     import numpy as np
+
     from retime.collectors.trace import Trace
 
     ms = 1_000_000

@@ -329,13 +329,11 @@ def _exact_sizes(trace: Trace, per: dict, weight: np.ndarray, issue_of: dict,
                                           minlength=len(ids)), nbytes[ids].astype(np.float64))
                for ids, _m, rdy, _b in per.values()):
             return cand.astype(np.float64), source
-    raise PolicyError(
-        "overlap.bucket_mb: meta['ddp_param_bytes'] does not add up to the trace's gradient "
-        "buckets (matched to the gradients in reverse registration order, as listed or by "
-        "copy time, "
-        "some old bucket's bytes differ from the sum of its parameters'); check that the "
-        "list is the model's parameters that DDP reduces, or drop the key to estimate the "
-        "sizes from copy times")
+    # the list is not DDP's ready order in any of these forms (a model whose gradients become
+    # ready out of reverse registration order, e.g. post-norm transformer layers): estimate
+    # the sizes from the copy times instead of refusing, and say so
+    return None, ("copy times (meta['ddp_param_bytes'] matched no ready order: the old "
+                  "buckets' bytes differ from the sums of their parameters')")
 
 
 def _build_cpu(trace, bucket_mb, interference, ranks_per_node, per, weight, issue, issue_of,

@@ -151,7 +151,7 @@ class Overlap(Policy):
             ids, model_ns, info = state.notes["rebucket"]
             state.dur[ids] = model_ns
             d.update({k: info[k] for k in ("buckets_before", "buckets_after", "model",
-                                           "alpha_ns", "busbw_gbps", "interference_fit")
+                                           "alpha_ns", "busbw_gbps", "interference_fit", "param_sizes")
                       if k in info})
         if "cpu_model" in state.notes:
             _cpu_contention(state, state.notes["cpu_model"])

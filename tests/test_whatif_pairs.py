@@ -1,0 +1,122 @@
+"""What-ifs against real paired captures (issue 17; traces/pairs, examples/pairs made them).
+
+Each pair is one real gloo DDP job captured twice, differing in one knob. A what-if applied to
+one capture must predict the other capture's measured step, in both directions, where the
+model covers the knob; and the gap classification that makes it possible is checked on its
+own (the gloo completion edges, the thread hand-offs, what stays unexplained).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from retime.collectors.enums import EdgeKind, OpKind
+from retime.replay import build_graph, whatif
+from retime.replay.gaps import gap_shares
+
+ROOT = Path(__file__).resolve().parents[1]
+PAIRS = ROOT / "traces" / "pairs"
+sys.path.insert(0, str(ROOT / "bench"))
+from pairs import load_capture, measured_step_ns  # noqa: E402
+
+INDEX = json.loads((PAIRS / "pairs.json").read_text())
+SPECS = INDEX.get("pairs", INDEX)
+
+#: pairs whose knob the model covers on measured CPU traces, both directions within 10%
+COVERED = ["mlp-bandwidth", "transformer-bandwidth", "mlp-dp", "transformer-dp",
+           "mlp-batch", "transformer-batch", "mlp-checkpoint", "transformer-checkpoint",
+           "mlp-host-speed", "transformer-host-speed"]
+
+
+#: known misses, each with its cause (strict: the test fails when one starts passing)
+KNOWN = {("mlp-bandwidth", "A", "B"):
+         "tbf's burst allowance (2 x rate / HZ = 1.6 MB at 1600 Mbit/s) lets 38% of the 4.2 MB "
+         "all-reduce through at veth speed (measured 14 ms where the link needs 22 ms); the "
+         "model has no burst allowance, so it predicts +16%"}
+
+
+def _cases():
+    for name in COVERED:
+        for src, dst in (("A", "B"), ("B", "A")):
+            why = KNOWN.get((name, src, dst))
+            marks = [pytest.mark.xfail(reason=why, strict=True)] if why else []
+            yield pytest.param(name, src, dst, marks=marks, id=f"{name}-{src}{dst}")
+
+
+@pytest.mark.parametrize("name,src,dst", list(_cases()))
+def test_prediction_of_the_other_capture(name, src, dst):
+    spec = SPECS[name]
+    trace = load_capture(PAIRS / name / src)
+    keys = spec["whatif"][f"{src}->{dst}"]
+    pred = measured_step_ns(whatif(trace, dict(keys)).to_trace())
+    target = spec["median_ns"][dst]
+    source = spec["median_ns"][src]
+    err = pred / target - 1
+    assert abs(err) <= 0.10, f"{name} {src}->{dst}: predicted {pred / 1e6:.1f} ms, measured " \
+                             f"{target / 1e6:.1f} ms ({err:+.1%})"
+    if abs(target / source - 1) > 0.10:  # a real change: better than answering "no change"
+        assert abs(err) < abs(source / target - 1)
+
+
+def test_gloo_waits_are_dependencies_not_constants():
+    """Every gloo all-reduce feeds a SYNC edge to the op its issuing thread resumed with
+    (after DDP's wait), and the gap before that op is classified as waiting: a faster link
+    moves it (a constant lag would pin it: the no-change bias)."""
+    t = load_capture(PAIRS / "mlp-bandwidth" / "A")
+    o = t.ops
+    names = np.asarray(t.strings, object)[o["name_id"].to_numpy()]
+    gl = np.flatnonzero(names == "gloo:all_reduce")
+    e = t.edges
+    src, dst, kind = e["src"].to_numpy(), e["dst"].to_numpy(), e["kind"].to_numpy()
+    lane = o["lane"].to_numpy()
+    start = o["start_ns"].to_numpy()
+    for g in gl.tolist():
+        issue = src[(dst == g) & (kind == EdgeKind.LAUNCH)]
+        done = dst[(src == g) & (kind == EdgeKind.SYNC)]
+        assert len(issue) == 1 and len(done) == 1
+        assert lane[done[0]] == lane[issue[0]] and start[done[0]] > start[g]
+    g = build_graph(t)
+    assert g.stats["wait_gaps"] >= len(gl)
+    # the waits hold nearly all of the gloo time: almost nothing is left unexplained
+    sh = gap_shares(g)["total"]
+    assert sh["unexplained_share"] < 0.01 and g.stats["wait_gap_ns"] > 0.5 * sh["span_ns"]
+
+
+def test_dp_relayout_copies_ranks_and_widens_every_all_reduce():
+    from retime.replay.policies.parallel_dp import relayout_dp
+
+    t = load_capture(PAIRS / "mlp-dp" / "A")
+    new, info, tmpl = relayout_dp(t, 4, 2)
+    assert new.n_ops == 2 * t.n_ops and info["to"] == {"dp": 4, "ranks_per_node": 2}
+    o = new.ops
+    coll = o["coll_id"].to_numpy()[o["kind"].to_numpy() == OpKind.COLLECTIVE]
+    assert (np.bincount(coll) == 4).all()  # every all-reduce spans the 4 ranks
+    assert np.array_equal(o["dur_ns"].to_numpy(), t.ops["dur_ns"].to_numpy()[tmpl])
+    assert new.meta["hostnames"] == {"0": "node0", "1": "node0", "2": "node1", "3": "node1"}
+
+
+def test_dlrm_handoffs_leave_little_unexplained():
+    """The autograd threads' first ops start right after the main thread hands over: with
+    the inferred hand-offs the unexplained share of the DLRM rank spans is under 10% (it
+    was 69.7% when they were pinned to their measured offsets)."""
+    from conftest import KINETO, ingest_cached
+
+    t = ingest_cached(KINETO / "dlrm-v100-8rank")
+    g = build_graph(t)
+    assert g.stats["handoff_edges"] >= 8
+    assert gap_shares(g)["total"]["unexplained_share"] < 0.10
+
+
+def test_partial_traces_are_refused_for_dp():
+    from conftest import KINETO, ingest_cached
+
+    from retime.collectors.errors import PolicyError
+
+    t = ingest_cached(KINETO / "cpu-gloo-rank34")
+    with pytest.raises(PolicyError, match="every rank of the job traced"):
+        whatif(t, {"parallel.dp": 4})
