@@ -18,14 +18,14 @@ def test_cuda_graph_whatif_table_on_dlrm():
     assert 0.3 < fb < st < 0.9  # capturing the whole step removes most, never all
 
 
-def test_sections_say_why_when_an_analysis_cannot_run():
+def test_sections_are_left_out_where_an_analysis_cannot_run():
     dl = drilldown_sections(ingest_cached(KINETO / "dlrm-v100-8rank"))
-    assert [s.title for s in dl] == ["Host overhead and CUDA graphs", "Attribution tree",
-                                     "Roofline per operator"]
+    # no V100 profile for the roofline: that section is left out, not drawn empty
+    assert [s.title for s in dl] == ["Host overhead and CUDA graphs", "Attribution tree"]
     assert len(dl[0].tables) == 3 and len(dl[0].figures) == 1
-    assert "Not available" in dl[2].text and "V100" in dl[2].text  # no V100 profile
     vgg = drilldown_sections(ingest_cached(KINETO / "h100-vgg13" /
                                            "profiler_vgg13-iter41.json.gz"))
-    assert "h100-sxm" in vgg[2].text and len(vgg[2].tables) == 1 and len(vgg[2].figures) == 1
+    roof = next(s for s in vgg if s.title == "Roofline per operator")
+    assert "h100-sxm" in roof.blocks[0] and len(roof.tables) == 1 and len(roof.figures) == 1
     gloo = drilldown_sections(ingest_cached(KINETO / "cpu-gloo-rank34"))
-    assert gloo[0].tables == [] and "no launch calls" in gloo[0].text
+    assert "Host overhead and CUDA graphs" not in [s.title for s in gloo]  # no launches

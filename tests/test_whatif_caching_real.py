@@ -247,7 +247,10 @@ def test_uncheckpoint_memory_from_allocator_events(mi):
 
 def test_kineto_refusals_name_what_is_missing(mi):
     with pytest.raises(PolicyError, match="only cache.recompute=none"):
-        whatif(mi, {"cache.recompute": "full"})
+        whatif(mi, {"cache.recompute": "selective"})
+    # full on a trace that already checkpoints every block: nothing to add
+    eff = whatif(mi, {"cache.recompute": "full"}).meta["scenario"][0]
+    assert "already recomputes" in eff["unchanged"]
     with pytest.raises(PolicyError, match="no ZeRO-3/FSDP parameter all-gathers"):
         whatif(mi, {"cache.fcdp": True})
     plain = read(sorted((TRACES / "kineto" / "a100-ddp-nccl").glob("*")))

@@ -127,11 +127,11 @@ def configure_measured(cache: Cache, state: WhatIfState) -> None:
             return
         if cache.recompute != "none":
             raise PolicyError(
-                f"cache.recompute={cache.recompute} on a measured {fmt} trace: which forward "
-                "ops a recompute re-runs, and where in the backward, is not in a trace; only "
-                "cache.recompute=none is supported (it removes the trace's own activation-"
-                "checkpoint recompute); synthesize the job with `retime synth` for "
-                f"{cache.recompute} recompute")
+                f"cache.recompute={cache.recompute} on a measured {fmt} trace: which ops a "
+                "selective recompute re-runs (the attention core) is not in a kernel trace; "
+                "only cache.recompute=none (removes the trace's own checkpoint recompute) "
+                "and full (re-runs each layer's forward, from the module ranges) are "
+                "supported; synthesize the job with `retime synth` for selective recompute")
         return
     raise PolicyError(f"cache.recompute on a {fmt} trace: neither op-level forward/backward "
                       "compute ops nor Kineto checkpoint frames to work from")
