@@ -91,10 +91,12 @@ def _host_section(x, t) -> Section | None:
         csv_name="launch_overhead"))
     ho = host_ops(t, top=12)
     if len(ho):
-        cols = [Column(c, c.replace("_ns", "").replace("_", " ").capitalize(),
-                       "time" if c.endswith("_ns") else "name" if c in ("name", "op") else
-                       "count" if c in ("count", "launches") else "num")
-                for c in ho.columns if c != "rank"]
+        cols = [Column("name", "Operator", "name"), Column("count", "Calls", "count"),
+                Column("total_ns", "Host time, inclusive", "time"),
+                Column("mean_ns", "Mean per call", "time"),
+                Column("launches", "Launches", "count"),
+                Column("ns_per_launch", "Host time per launch", "time"),
+                Column("share", "Share of host time", "pct")]
         s.blocks.append(people_table(ho, cols, caption="Costliest host operators (inclusive, "
                                                         "all ranks)"))
     if len(t.ops) <= _MAX_WHATIF_OPS:
