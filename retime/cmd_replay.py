@@ -8,8 +8,6 @@ from typing import Annotated
 import typer
 
 from retime.cli import FORCE_HELP, app, check_output, emit_json, say
-from retime.collectors.trace import read_trace
-from retime.replay import build_graph, simulate, whatif
 
 
 @app.command("replay")
@@ -38,6 +36,8 @@ def replay_cmd(
     drops the delays no dependency explains. With -o the replayed trace is written, so
     `retime export OUT.retime --chrome t.json` shows the replayed timeline.
     """
+    from retime.collectors.trace import read_trace
+    from retime.replay import build_graph, simulate, whatif
 
     if output is not None:
         check_output(output, force, store=True)

@@ -165,3 +165,14 @@ def test_wheel_installs_one_top_level_name_with_its_data(tmp_path):
         assert n in names, n
     sample = [n for n in names if n.startswith("retime/traces/dlrm-v100-8rank/")]
     assert len(sample) == len(list((ROOT / "traces" / "dlrm-v100-8rank").glob("*.json.gz")))
+
+
+def test_help_imports_no_heavy_library():
+    """`retime --help` (and every command's registration) stays light: no pandas, numpy,
+    pyarrow or numba until a command runs (start-up budget, bench/startup.py)."""
+    code = ("import sys, retime.cli; "
+            "print(sorted(m for m in ('pandas', 'numpy', 'pyarrow', 'numba', 'matplotlib') "
+            "if m in sys.modules))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]"
