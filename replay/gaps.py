@@ -26,7 +26,8 @@ import numpy as np
 
 from retime.collectors.enums import EdgeKind
 
-__all__ = ["WAKE_UP_NS", "HANDOFF_MIN_GAP_NS", "HANDOFF_WINDOW_NS", "handoff_edges", "classify_wait_gaps",
+__all__ = ["WAKE_UP_NS", "HANDOFF_MIN_GAP_NS", "HANDOFF_WINDOW_NS", "handoff_edges",
+           "with_handoff_edges", "classify_wait_gaps",
            "gap_shares"]
 
 #: how soon after what it waited for a thread resumes (a wake-up, scheduling): a gap that
@@ -88,6 +89,29 @@ def handoff_edges(rank, lane, start, end, host, lane_prev, origin, has_pred) -> 
                 break
     return (np.asarray(out_s, np.int64), np.asarray(out_d, np.int64),
             np.asarray(out_l, np.int64))
+
+
+def with_handoff_edges(rank, lane, start, end, on_device, lane_prev, es, ed, ek, el, stats):
+    """The edge arrays with the inferred hand-offs (:func:`handoff_edges`, as SYNC edges)
+    appended; ``stats["handoff_edges"]`` counts them. Host lanes are those not
+    ``on_device`` (without that information nothing is inferred)."""
+    n = len(start)
+    if on_device is None or n == 0:
+        stats["handoff_edges"] = 0
+        return es, ed, ek, el
+    host = ~np.asarray(on_device, bool)
+    ur, rinv = np.unique(rank, return_inverse=True)
+    rmin = np.full(len(ur), np.iinfo(np.int64).max, np.int64)
+    np.minimum.at(rmin, rinv, start)
+    has_pred = np.zeros(n, bool)
+    has_pred[ed] = True
+    hs, hd, hl = handoff_edges(rank, lane, start, end, host, lane_prev, rmin[rinv], has_pred)
+    stats["handoff_edges"] = int(len(hs))
+    if not len(hs):
+        return es, ed, ek, el
+    return (np.concatenate([es, hs]), np.concatenate([ed, hd]),
+            np.concatenate([ek, np.full(len(hs), int(EdgeKind.SYNC), np.int8)]),
+            np.concatenate([el, hl]))
 
 
 def classify_wait_gaps(es, ed, ek, lag, s2s, keep, start, end, lane, stats) -> None:

@@ -55,7 +55,7 @@ from ._kernels import (
     _layout_perm,
     _measured_ready,
 )
-from .gaps import classify_wait_gaps, handoff_edges
+from .gaps import classify_wait_gaps, with_handoff_edges
 from .graph_order import CycleError, _node_of, _order_or_raise, choose_relaxations
 
 __all__ = ["ReplayGraph", "build_graph", "graph_from_arrays", "BLOCKING_CALL_PATTERN"]
@@ -391,24 +391,9 @@ def graph_from_arrays(*, rank, lane, kind, start_ns, dur_ns, coll_id=None, edge_
     has_prev = lane_prev >= 0
     stats["lane_overlaps"] = int(lane_s2s.sum())
 
-    # ---- inferred thread hand-offs (replay/gaps.py): an idle host thread resuming right
-    # after another thread of its rank finished and went idle waited for it
-    host = np.zeros(n, bool) if on_device is None else ~np.asarray(on_device, bool)
-    if on_device is not None and n:
-        n_ur, rinv = _dense_inverse(rank)
-        rmin = np.full(n_ur, np.iinfo(_I64).max, _I64)
-        np.minimum.at(rmin, rinv, s)
-        has_pred = np.zeros(n, bool)
-        has_pred[ed] = True
-        hsrc, hdst, hlag = handoff_edges(rank, lane, s, end, host, lane_prev, rmin[rinv],
-                                         has_pred)
-        del rinv, rmin, has_pred
-        if len(hsrc):
-            es = np.concatenate([es, hsrc])
-            ed = np.concatenate([ed, hdst])
-            ek = np.concatenate([ek, np.full(len(hsrc), int(EdgeKind.SYNC), np.int8)])
-            el = np.concatenate([el, hlag])
-        stats["handoff_edges"] = int(len(hsrc))
+    # ---- inferred thread hand-offs (replay/gaps.py)
+    es, ed, ek, el = with_handoff_edges(rank, lane, s, end, on_device, lane_prev, es, ed, ek,
+                                        el, stats)
 
     # ---- collectives: dense index, members sorted by (collective, op id)
     in_coll = coll >= 0

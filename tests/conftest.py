@@ -11,6 +11,23 @@ ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "traces"
 KINETO = SHARED / "kineto"
 
+#: every shared trace as one ingest input each (name -> path)
+SHARED_CASES = {
+    "dlrm-v100-8rank": KINETO / "dlrm-v100-8rank",
+    "a100-ddp-nccl": KINETO / "a100-ddp-nccl",
+    "v100-ddp-sgd": KINETO / "v100-ddp-sgd",
+    "mi300x-resnet-ddp": KINETO / "mi300x-resnet-ddp",
+    "cpu-gloo-rank34": KINETO / "cpu-gloo-rank34",
+    "h100-vgg13": KINETO / "h100-vgg13" / "profiler_vgg13-iter41.json.gz",
+    "event-sync-multi": KINETO / "a100-event-sync" / "multi_stream.json.gz",
+    "event-sync-single": KINETO / "a100-event-sync" / "single_stream.json.gz",
+    "edge-rank-non-gpu": KINETO / "edge-cases" / "rank_non_gpu.json.gz",
+    "edge-rank-not-found": KINETO / "edge-cases" / "rank_not_found.json.gz",
+    "edge-dist-info": KINETO / "edge-cases" / "distributed_info_not_found.json.gz",
+    "megatron-oplevel": SHARED / "oplevel" / "megatron-ST-8rank",
+    "nsys-h100-2gpu": SHARED / "nsys" / "h100-2gpu-fastvideo.sqlite",
+}
+
 # Silence progress bars in tests (they go to stderr and would clutter captured output).
 os.environ.setdefault("RETIME_PROGRESS", "0")
 

@@ -7,26 +7,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import SHARED, ingest_cached
+from conftest import KINETO, SHARED_CASES, ingest_cached
 from naive_steps import naive_rank_totals
 
 from retime.collectors.enums import EdgeKind
 from retime.replay import ContentionModel, build_graph, simulate
 
-K = SHARED / "kineto"
-CASES = {
-    "dlrm-v100-8rank": K / "dlrm-v100-8rank",
-    "a100-ddp-nccl": K / "a100-ddp-nccl",
-    "v100-ddp-sgd": K / "v100-ddp-sgd",
-    "mi300x-resnet-ddp": K / "mi300x-resnet-ddp",
-    "cpu-gloo-rank34": K / "cpu-gloo-rank34",
-    "h100-vgg13": K / "h100-vgg13" / "profiler_vgg13-iter41.json.gz",
-    "event-sync-multi": K / "a100-event-sync" / "multi_stream.json.gz",
-    "event-sync-single": K / "a100-event-sync" / "single_stream.json.gz",
-    "edge-rank-non-gpu": K / "edge-cases" / "rank_non_gpu.json.gz",
-    "megatron-oplevel": SHARED / "oplevel" / "megatron-ST-8rank",
-    "nsys-h100-2gpu": SHARED / "nsys" / "h100-2gpu-fastvideo.sqlite",
-}
+CASES = SHARED_CASES
 
 
 def _errors(result) -> np.ndarray:
@@ -66,7 +53,7 @@ def test_identity_replay_reproduces_measured_step_times(name):
 
 
 def test_dlrm_collectives_and_waits_are_modeled():
-    trace = ingest_cached(K / "dlrm-v100-8rank")
+    trace = ingest_cached(KINETO / "dlrm-v100-8rank")
     g = build_graph(trace)
     o = trace.ops
     n_coll = len(np.unique(o["coll_id"].to_numpy()[o["coll_id"].to_numpy() >= 0]))

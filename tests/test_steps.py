@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import SHARED, ingest_cached
+from conftest import KINETO, SHARED, SHARED_CASES, ingest_cached
 from naive_steps import naive_windows
 
 from retime.analysis import breakdown, summarize_breakdown
@@ -22,22 +22,7 @@ from retime.collectors.steps import job_step_windows, step_windows
 from retime.replay import build_graph, simulate
 from retime.replay.policies.stragglers import straggler_analysis
 
-K = SHARED / "kineto"
-CASES = {
-    "dlrm-v100-8rank": K / "dlrm-v100-8rank",
-    "a100-ddp-nccl": K / "a100-ddp-nccl",
-    "v100-ddp-sgd": K / "v100-ddp-sgd",
-    "mi300x-resnet-ddp": K / "mi300x-resnet-ddp",
-    "cpu-gloo-rank34": K / "cpu-gloo-rank34",
-    "h100-vgg13": K / "h100-vgg13" / "profiler_vgg13-iter41.json.gz",
-    "event-sync-multi": K / "a100-event-sync" / "multi_stream.json.gz",
-    "event-sync-single": K / "a100-event-sync" / "single_stream.json.gz",
-    "edge-rank-non-gpu": K / "edge-cases" / "rank_non_gpu.json.gz",
-    "edge-rank-not-found": K / "edge-cases" / "rank_not_found.json.gz",
-    "edge-dist-info": K / "edge-cases" / "distributed_info_not_found.json.gz",
-    "megatron-oplevel": SHARED / "oplevel" / "megatron-ST-8rank",
-    "nsys-h100-2gpu": SHARED / "nsys" / "h100-2gpu-fastvideo.sqlite",
-}
+CASES = SHARED_CASES
 
 
 def _step_ranges(t) -> pd.DataFrame:
@@ -112,7 +97,7 @@ def test_a_gpu_behind_the_host_steps_at_its_own_period():
     step and starts them 30 ms late, after 968 ops queued before the first profiled step
     (their launches are not in the trace). Those ops belong to no step; each step's window is
     the GPU's step period, not the 49-54 ms from host start to GPU end it used to be."""
-    t = ingest_cached(K / "mi300x-resnet-ddp")
+    t = ingest_cached(KINETO / "mi300x-resnet-ddp")
     o = t.ops
     lk = t.lanes.set_index("lane")["lane_kind"]
     gpu = (lk.reindex(o["lane"]).to_numpy() == int(LaneKind.GPU_STREAM))
@@ -136,7 +121,7 @@ def test_a_gpu_behind_the_host_steps_at_its_own_period():
 def test_one_step_time_per_rank_in_every_command(tmp_path, capsys):
     """Bundled DLRM rank 1: 18.584 ms everywhere (report and replay used to say 19.876 ms,
     analyze 19.712: the rank's span vs its step's ops)."""
-    t = ingest_cached(K / "dlrm-v100-8rank")
+    t = ingest_cached(KINETO / "dlrm-v100-8rank")
     src = t.save(tmp_path / "dlrm.retime")
     ref = naive_windows(t)
     want = {r: b - a for (r, _), (a, b) in ref.items()}
@@ -185,7 +170,7 @@ def test_stragglers_measured_steps_are_the_job_windows_on_megatron():
 def test_replay_windows_move_with_the_replay():
     """A what-if that slows one rank's GPU lengthens that rank's windows; the first window
     keeps its measured offset from its step's start (the backlog is earlier steps' work)."""
-    t = ingest_cached(K / "mi300x-resnet-ddp")
+    t = ingest_cached(KINETO / "mi300x-resnet-ddp")
     g = build_graph(t)
     base = simulate(g)
     d = g.op_dur_ns.copy()

@@ -37,8 +37,9 @@ from retime.collectors.synth.schedule import stage_order
 from retime.replay import whatif
 from retime.replay.graph import BLOCKING_CALL_PATTERN
 from retime.replay.policies._oplevel_build import _P2P_T
-from retime.replay.policies.caching_real import _covered, checkpoint_spans, forward_of_backward
+from retime.replay.policies.caching_real import forward_of_backward
 from retime.replay.policies.parallel_oplevel import _assemble
+from retime.replay.policies.recompute_measured import _covered, checkpoint_spans
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACES = ROOT.parent / "shared" / "traces"

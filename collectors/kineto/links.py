@@ -33,8 +33,9 @@ from ..enums import CommOp, EdgeKind, LaneKind, OpKind
 from ..errors import TraceFormatError
 from ..kernel_classes import is_comm_kernel
 from ..trace import StringTable
-from .deps import COMM_RANGE, attribute, comm_info, gloo_edges, sync_edges
+from .deps import COMM_RANGE, attribute, comm_info, sync_edges
 from .drift import coerce_args, coerce_time
+from .gloo import gloo_edges
 from .schema import (
     C_ANNOT,
     C_KERNEL,

@@ -65,9 +65,9 @@ import numpy as np
 
 from retime.collectors.enums import CommOp, EdgeKind, OpKind, Phase
 from retime.collectors.errors import PolicyError
-from retime.collectors.intervals import interval_union
 
-from .base import WhatIfState, by_op, layout_of
+from .base import WhatIfState
+from .recompute_measured import checkpoint_spans, recompute_full_kineto, uncheckpoint_kineto
 
 if TYPE_CHECKING:
     from .caching import Cache
@@ -77,10 +77,6 @@ __all__ = ["configure_measured", "apply_measured", "checkpoint_spans", "forward_
 
 #: backward / forward ratio above which an op-level trace is taken to recompute already
 RECOMPUTE_RATIO = 2.5
-_CKPT_HOOK = re.compile(r"torch/utils/checkpoint\.py\(\d+\): (unpack_hook|pack_hook)$")
-#: lag of a voided edge: the constraint ``dst.start >= src.end + lag`` never binds
-_VOID_LAG_NS = -(1 << 62)
-_CKPT_RECOMPUTE = re.compile(r"torch/utils/checkpoint\.py\(\d+\): recompute_fn$")
 
 
 def _fmt(state: WhatIfState) -> str:
@@ -162,13 +158,9 @@ def apply_measured(cache: Cache, state: WhatIfState) -> dict[str, Any]:
         if _fmt(state) == "oplevel":
             eff = _recompute_oplevel(state, cache.recompute)
         elif cache.recompute == "full":
-            if checkpoint_spans(state.trace)["n_recompute"]:
-                eff = {"unchanged": "the trace already recomputes (torch.utils.checkpoint)"}
-            else:
-                from .recompute_measured import recompute_full_kineto
-                eff = recompute_full_kineto(state)
+            eff = recompute_full_kineto(state)
         else:
-            eff = _uncheckpoint_kineto(state)
+            eff = uncheckpoint_kineto(state)
     from .caching import DEFAULT_HOST_GBPS, DEFAULT_PCIE_GBPS
     pcie = float(cache.pcie_gbps or DEFAULT_PCIE_GBPS)
     if cache.offload_activations:
@@ -250,190 +242,6 @@ def _recompute_oplevel(state: WhatIfState, mode: str) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------- Kineto
-def checkpoint_spans(trace) -> dict[str, Any]:
-    """Host spans of activation checkpointing in a Kineto trace (non-reentrant
-    ``torch.utils.checkpoint`` with Python stacks).
-
-    Returns
-    -------
-    dict
-        ``spans``: {(rank, lane): (start_ns int64[k], end_ns int64[k])}, the merged
-        ``pack_hook`` / ``unpack_hook`` / ``recompute_fn`` frames per host thread;
-        ``recompute``: the same for ``recompute_fn`` frames only; ``n_recompute``: number of
-        ``recompute_fn`` frames.
-    """
-    names = np.asarray(trace.strings, dtype=object)
-    hook = np.asarray([bool(_CKPT_HOOK.search(str(s))) for s in names])
-    rec = np.asarray([bool(_CKPT_RECOMPUTE.search(str(s))) for s in names])
-    r = trace.ranges
-    o = trace.ops
-    parts = []
-    for frame, e_col in ((r, "end_ns"), (o, None)):
-        nid = frame["name_id"].to_numpy()
-        s = frame["start_ns"].to_numpy().astype(np.int64)
-        e = frame[e_col].to_numpy().astype(np.int64) if e_col else \
-            s + frame["dur_ns"].to_numpy().astype(np.int64)
-        parts.append((frame["rank"].to_numpy(), frame["lane"].to_numpy(), s, e, hook[nid] | rec[nid],
-                      rec[nid]))
-    out: dict[str, Any] = {"spans": {}, "recompute": {}, "n_recompute": 0}
-    for which, col in (("spans", 4), ("recompute", 5)):
-        rk = np.concatenate([p[0][p[col]] for p in parts])
-        ln = np.concatenate([p[1][p[col]] for p in parts])
-        s = np.concatenate([p[2][p[col]] for p in parts])
-        e = np.concatenate([p[3][p[col]] for p in parts])
-        if which == "recompute":
-            out["n_recompute"] = int(len(s))
-        for key in sorted({(int(a), int(b)) for a, b in zip(rk, ln, strict=True)}):
-            m = (rk == key[0]) & (ln == key[1])
-            out[which][key] = interval_union(s[m], e[m])
-    return out
-
-
-def _covered(starts: np.ndarray, ends: np.ndarray, t: np.ndarray) -> np.ndarray:
-    """Measure of the union of disjoint sorted [starts, ends) up to each time ``t``."""
-    if len(starts) == 0:
-        return np.zeros(len(t), np.int64)
-    cum = np.concatenate([[0], np.cumsum(ends - starts)])
-    k = np.searchsorted(starts, t, side="right")  # spans starting at or before t
-    full = cum[np.maximum(k - 1, 0)]
-    last = np.where(k > 0, np.minimum(t, ends[np.maximum(k - 1, 0)]) - starts[np.maximum(k - 1, 0)], 0)
-    return np.where(k > 0, full + np.maximum(last, 0), 0)
-
-
-def _uncheckpoint_kineto(state: WhatIfState) -> dict[str, Any]:
-    t = state.trace
-    cs = checkpoint_spans(t)
-    if cs["n_recompute"] == 0:
-        raise PolicyError(
-            "cache.recompute=none: the trace shows no activation-checkpoint recompute (no "
-            "'torch/utils/checkpoint.py(N): recompute_fn' Python frame); it needs a trace of a "
-            "model using torch.utils.checkpoint (non-reentrant), recorded with "
-            "torch.profiler.profile(with_stack=True)")
-    o = t.ops
-    n = len(o)
-    rank = o["rank"].to_numpy()
-    lane = o["lane"].to_numpy()
-    kind = o["kind"].to_numpy()
-    s = o["start_ns"].to_numpy().astype(np.int64)
-    e = s + o["dur_ns"].to_numpy().astype(np.int64)
-    host = np.isin(kind, [OpKind.CPU_OP, OpKind.RUNTIME])
-    gone = np.zeros(n, bool)
-    in_rec = np.zeros(n, bool)
-    host_span_ns = rec_span_ns = 0
-    for (r, ln), (ss, se) in cs["spans"].items():
-        on = np.flatnonzero(host & (rank == r) & (lane == ln))
-        k = np.searchsorted(ss, s[on], side="right") - 1
-        ok = k >= 0
-        ok[ok] = e[on][ok] <= se[k[ok]]
-        gone[on[ok]] = True
-        host_span_ns += int((se - ss).sum())
-        rs, re_ = cs["recompute"].get((r, ln), (np.zeros(0, np.int64),) * 2)
-        rec_span_ns += int((re_ - rs).sum())
-        k = np.searchsorted(rs, s[on], side="right") - 1
-        ok = k >= 0
-        ok[ok] = e[on][ok] <= re_[k[ok]]
-        in_rec[on[ok]] = True
-    ed = t.edges
-    src = ed["src"].to_numpy()
-    dst = ed["dst"].to_numpy()
-    launch = (ed["kind"].to_numpy() == EdgeKind.LAUNCH) & gone[src] & ~host[dst]
-    coll = o["coll_id"].to_numpy() >= 0
-    gpu = np.zeros(n, bool)
-    gpu[dst[launch]] = True
-    kept_coll = int((gpu & coll).sum())
-    gpu &= ~coll  # a collective member cannot leave its rendezvous
-    gpu_rec = np.zeros(n, bool)
-    gpu_rec[dst[launch & in_rec[src]]] = True
-    gpu_rec &= gpu
-    gone |= gpu
-    voided = _drop_ops(state, gone, cs["spans"], host, rank, lane, s, e)
-    gdur = o["dur_ns"].to_numpy()
-    eff: dict[str, Any] = {
-        "trace": "kineto", "checkpoint_segments": cs["n_recompute"],
-        "removed_host_ops": int((gone & host).sum()), "removed_gpu_ops": int(gpu.sum()),
-        "removed_host_span_ns": host_span_ns, "recompute_host_span_ns": rec_span_ns,
-        "removed_gpu_ns": int(gdur[gpu].sum()), "recompute_gpu_ops": int(gpu_rec.sum()),
-        "recompute_gpu_ns": int(gdur[gpu_rec].sum())}
-    if kept_coll:
-        eff["kept_collectives"] = kept_coll
-    if voided:
-        eff["voided_edges"] = voided
-    eff.update(_checkpoint_memory(t, cs))
-    return eff
-
-
-def _drop_ops(state: WhatIfState, gone: np.ndarray, spans: dict, host: np.ndarray,
-              rank: np.ndarray, lane: np.ndarray, s: np.ndarray, e: np.ndarray) -> int:
-    """Removed ops stay in the graph as zero-time pass-throughs (their dependencies kept, so
-    stream and thread order hold); the measured host gaps (HOST_ORDER lags after an op's end)
-    and release delays of every host op on a thread with removed spans lose exactly the part
-    that lay inside a removed span; GPU ops removed lose their delay and launch lag; a removed
-    host op no longer waits for another lane (such edges are voided; their count is
-    returned)."""
-    import dataclasses
-    g = state.graph
-    state.dur[gone] = 0.0
-    lay_gone = layout_of(g, gone)
-    lag = g.pred_lag_ns.copy()
-    dst_l = np.repeat(np.arange(g.n_ops), np.diff(g.pred_ptr))
-    perm = g.perm.astype(np.int64)
-    s_op, d_op = perm[g.pred_src.astype(np.int64)], perm[dst_l]
-    same = host[s_op] & host[d_op] & (rank[s_op] == rank[d_op]) & (lane[s_op] == lane[d_op])
-    into = gone[d_op] & ~same
-    lag[into & ~host[d_op]] = 0  # launch lag of a removed kernel / copy
-    void = into & host[d_op]
-    lag[void] = _VOID_LAG_NS
-    g_pred_s2s = g.pred_s2s.copy()
-    g_pred_s2s[void] = False
-    cand = np.flatnonzero(same & ~g.pred_s2s & (lag > 0))
-    delay = g.delay_ns.copy()
-    delay[lay_gone & ~layout_of(g, host)] = 0
-    dly = by_op(g, "delay_ns")
-    for (r, ln), (ss, se) in spans.items():
-        c = cand[(rank[s_op[cand]] == r) & (lane[s_op[cand]] == ln)]
-        a = e[s_op[c]]
-        lag[c] -= _covered(ss, se, a + lag[c]) - _covered(ss, se, a)
-        on = np.flatnonzero(host & (rank == r) & (lane == ln) & (dly > 0))
-        cut = _covered(ss, se, s[on]) - _covered(ss, se, s[on] - dly[on])
-        delay[g.pos[on]] -= cut
-    ll = g.lane_lag_ns.copy()
-    ll[lay_gone & ~layout_of(g, host)] = 0
-    state.graph = dataclasses.replace(g, pred_lag_ns=lag, pred_s2s=g_pred_s2s,
-                                      delay_ns=np.maximum(delay, 0), lane_lag_ns=ll)
-    return int(void.sum())
-
-
-def _checkpoint_memory(trace, cs: dict) -> dict[str, Any]:
-    """Activation memory checkpointing saved, from ``[memory]`` events: per recompute frame,
-    the bytes allocated inside it and still held at its end (the segment's activations a
-    non-checkpointed run keeps from forward to backward), summed over the frames of one step
-    (all segments' activations are alive at the start of the backward)."""
-    mem = trace.memory
-    if len(mem) == 0:
-        return {"memory": "unknown: the trace has no [memory] allocator events (record with "
-                          "torch.profiler.profile(profile_memory=True)); the activation memory "
-                          "checkpointing saved is not estimated",
-                "memory_delta_bytes": None}
-    ts = mem["ts_ns"].to_numpy()
-    dlt = mem["bytes_delta"].to_numpy()
-    mr = mem["rank"].to_numpy()
-    per_rank: dict[int, float] = {}
-    o = trace.ops
-    st = o["step"].to_numpy()
-    for (r, _ln), (ss, se) in cs["recompute"].items():
-        on = mr == r
-        cum = np.concatenate([[0], np.cumsum(dlt[on][np.argsort(ts[on], kind="stable")])])
-        tt = np.sort(ts[on])
-        held = cum[np.searchsorted(tt, se, side="right")] - cum[np.searchsorted(tt, ss, side="left")]
-        n_steps = max(1, len(np.unique(st[(o["rank"].to_numpy() == r) & (st >= 0)])))
-        per_rank[r] = per_rank.get(r, 0.0) + float(np.maximum(held, 0).sum()) / n_steps
-    worst = int(max(per_rank.values())) if per_rank else 0
-    return {"memory": "estimated from [memory] events: bytes allocated inside each recompute "
-                      "frame and still held at its end, summed over a step's segments",
-            "memory_delta_bytes": worst}
-
-
-# ---------------------------------------------------------------------------- offload
 def _offload_activations_kineto(state: WhatIfState, pcie_gbps: float) -> dict[str, Any]:
     """Activation offload on a Kineto trace with ``[memory]`` events, per (rank, step).
 
