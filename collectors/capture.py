@@ -327,10 +327,22 @@ class Capture:
         tmp_json = out.parent / f".{out.name}.{os.getpid()}.tmp.json"
         prof.export_chrome_trace(str(tmp_json))
         try:
-            doc = orjson.loads(tmp_json.read_bytes())
+            raw = tmp_json.read_bytes()
         finally:
             tmp_json.unlink(missing_ok=True)
+        try:
+            doc, repaired = orjson.loads(raw), 0
+        except orjson.JSONDecodeError as exc:
+            if "control character" not in str(exc):
+                raise
+            # Kineto leaves control characters in some names unescaped (seen with torch
+            # 2.13 on loopback gloo jobs); escape them and say how many in the capture record
+            from .kineto.events import escape_control_chars
+            fixed, repaired = escape_control_chars(raw)
+            doc = orjson.loads(fixed)
         self._annotate(doc, state, torch)
+        if repaired:
+            doc["retimeCapture"]["escaped_control_chars"] = repaired
         tmp = out.parent / f".{out.name}.{os.getpid()}.tmp"
         data = orjson.dumps(doc)
         if cfg.compress:

@@ -185,3 +185,40 @@ def test_a_folder_with_a_run_config_ingests_the_traces_and_lists_the_rest(tmp_pa
     err = capsys.readouterr().err
     assert "no PyTorch profiler traces among its 2 JSON file(s)" in err
     assert err.count("\n") == 1 and not (tmp_path / "s.retime").exists()
+
+
+def test_raw_control_characters_in_names_are_escaped_and_counted(tmp_path, monkeypatch):
+    """Kineto writes some names without escaping them (a tab or a stray control byte in a
+    Python frame or thread name): invalid JSON, but the meaning is clear. Both readers read
+    the names with the characters in them and count them; the capture writer repairs them."""
+    from retime.collectors.kineto.events import escape_control_chars
+
+    doc = _doc()
+    names = ["linear\tfwd", "step\x01one", 'quoted "name"\x1f']
+    for j, name in enumerate(names):
+        doc["traceEvents"].append(_x_cpu(name, 1300.0 + 10 * j))
+    clean = json.dumps(doc).encode()
+    raw = clean
+    for name in names:  # the writer's bug: the characters go out raw
+        raw = raw.replace(json.dumps(name).encode(), b'"' + name.replace('"', '\\"').encode()
+                          + b'"')
+    assert raw != clean
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(raw)
+    fixed, n = escape_control_chars(raw)
+    assert n == 3 and json.loads(fixed) == json.loads(clean)
+    assert escape_control_chars(clean) == (clean, 0)  # whitespace between tokens untouched
+    f = tmp_path / "raw.json"
+    f.write_bytes(raw)
+    with monkeypatch.context() as m:
+        m.setattr(kin, "STREAMING", False)
+        part = kin.parse_kineto_file(f)
+    assert part.accounting["coerced"]["raw control characters in strings (escaped)"] == 3
+    assert set(names) <= set(part.strings)
+    t = read([f])
+    assert set(names) <= set(t.strings)
+
+
+def _x_cpu(name: str, ts: float) -> dict:
+    return {"ph": "X", "cat": "cpu_op", "name": name, "pid": 10, "tid": 11, "ts": ts,
+            "dur": 2.0, "args": {"External id": 900 + int(ts) % 97}}

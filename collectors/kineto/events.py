@@ -120,6 +120,55 @@ def load_bytes(path: Path) -> bytes:
     return raw
 
 
+#: one JSON string token; used only to repair raw control characters inside strings
+_STRING_RE = re.compile(rb'"(?:[^"\\]|\\.)*"', re.S)
+_CONTROL_RE = re.compile(rb"[\x00-\x1f]")
+
+
+class RawControlCharacters(TraceFormatError):
+    """The JSON holds raw control characters (U+0000..U+001F) inside strings.
+
+    Kineto writes some names (Python frames, thread names, user annotations) without
+    escaping them; the text is otherwise clear, so readers repair it with
+    :func:`escape_control_chars` and count what they escaped.
+    """
+
+
+def escape_control_chars(raw: bytes) -> tuple[bytes, int]:
+    """Escape raw control characters inside JSON strings as ``\\u00XX``.
+
+    Returns the repaired text and how many characters were escaped. Whitespace between
+    tokens is untouched, so the document means exactly what its writer meant.
+    """
+    count = 0
+
+    def fix(m: re.Match) -> bytes:
+        nonlocal count
+        tok = m.group(0)
+        if not _CONTROL_RE.search(tok):
+            return tok
+        out, n = _CONTROL_RE.subn(lambda c: b"\\u%04x" % c.group(0)[0], tok)
+        count += n
+        return out
+
+    fixed = _STRING_RE.sub(fix, raw)
+    return fixed, count
+
+
+_BYTE_RE = re.compile(r"\(byte (\d+)\)")
+
+
+def _is_control_error(msg: str, raw: bytes, base: int = 0) -> bool:
+    """Whether a decoder's complaint is a raw control character (msgspec names the byte)."""
+    if "control character" in msg.lower():
+        return True
+    m = _BYTE_RE.search(msg)
+    if m is None:
+        return False
+    at = int(m.group(1)) - base
+    return 0 <= at < len(raw) and raw[at] < 0x20
+
+
 _PATH_RE = re.compile(r"\$\.traceEvents\[(\d+)\]((?:\.[\w ]+|\[\d+\])*)")
 
 
@@ -137,6 +186,9 @@ def decode(path: Path, raw: bytes) -> TraceFile:
                                "profiler trace?") from exc
     except msgspec.DecodeError as exc:
         msg = str(exc)
+        if _is_control_error(msg, raw):
+            raise RawControlCharacters(f"{path}: raw control character in a JSON string "
+                                       f"({msg})") from exc
         if "UTF-8" in msg or "utf-8" in msg:
             raise TraceFormatError(f"{path}: invalid UTF-8 in JSON ({msg}); re-export the trace "
                                    "or fix the encoding") from exc
@@ -182,6 +234,9 @@ def decode_pieces(path: Path, raw: bytes):
                 raise invalid_field(path, idx, (m.group(2) if m else None) or "?",
                                str(exc).split(" - at ")[0]) from exc
             except msgspec.DecodeError as exc:
+                if _is_control_error(str(exc), raw[start:cut], 1):
+                    raise RawControlCharacters(f"{path}: raw control character in a JSON "
+                                               f"string after event {off}") from exc
                 raise TraceFormatError(f"{path}: invalid JSON after event {off} ({exc}); the "
                                        "file is damaged — re-export it") from exc
             yield off, evs

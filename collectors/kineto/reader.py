@@ -14,7 +14,14 @@ from pathlib import Path
 
 from ..errors import TraceFormatError
 from ..progress import progress_bar
-from .events import decode, decode_pieces, kineto_files, load_bytes
+from .events import (
+    RawControlCharacters,
+    decode,
+    decode_pieces,
+    escape_control_chars,
+    kineto_files,
+    load_bytes,
+)
 from .schema import RankPart, TraceFile
 
 __all__ = ["read_kineto", "parse_kineto_file"]
@@ -54,6 +61,19 @@ def parse_kineto_file(path: str | os.PathLike[str], on_stage=None, on_bytes=None
     raw = load_bytes(path)
     if on_stage:
         on_stage("read")
+    try:
+        return _parse_general(path, raw, on_stage)
+    except RawControlCharacters:
+        # Kineto left control characters unescaped in some names: the text is clear, so
+        # escape them, read it again, and count what was repaired.
+        raw, n = escape_control_chars(raw)
+        part = _parse_general(path, raw, on_stage)
+        coerced = part.accounting.setdefault("coerced", {})
+        coerced["raw control characters in strings (escaped)"] = n
+        return part
+
+
+def _parse_general(path: Path, raw: bytes, on_stage) -> RankPart:
     # Millions of small objects: the cyclic GC would rescan them again and again (and the
     # structs hold no cycles), so it is paused while decoding and building columns.
     was_enabled = gc.isenabled()
