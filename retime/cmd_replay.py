@@ -76,5 +76,7 @@ def replay_cmd(
                if r["steps"] > 1 else "")
         say(f"  rank {r['rank']}: measured {r['measured_ns'] / 1e6:.3f} ms, replayed "
             f"{r['replayed_ns'] / 1e6:.3f} ms ({err:+.2%}{per})")
+    for note in s.get("whatif", {}).get("assumed", []):
+        say(f"  assumed: {note}")
     if output is not None:
         say(f"wrote {output} (view with `retime export {output} --chrome OUT.json`)")

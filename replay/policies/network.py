@@ -231,6 +231,20 @@ class Network(Policy):
                               "or scale them with hardware.comm_speedup")
         new_lv = tab["level"]
         need = set(np.unique(new_lv[x > 0]).tolist()) - set(new_bw)
+        if 0 in need and _cpu_collectives(state.trace, tab):
+            # gloo on one host: loopback TCP, bound by the host's copies (bucketing_cpu)
+            from .bucketing_cpu import loopback_busbw
+            lo = loopback_busbw(state.trace)
+            if lo is not None:
+                new_bw[0] = lo
+                need.discard(0)
+                state.notes.setdefault("assumed", []).append(
+                    f"intra-node (loopback) bus bandwidth {lo:.2f} GB/s estimated from the "
+                    "host's copy rate in the trace (an upper bound); set "
+                    "network.intra_node_gbps if known")
+                state.notes["network_calibration"]["intra"] = {
+                    "alpha_ns": 0.0, "busbw_gbps": lo, "points": 0,
+                    "source": "host copy rate (DDP reducer copies) / TCP passes per byte"}
         if need:
             names = ", ".join(LEVELS[k] for k in sorted(need))
             raise PolicyError(
