@@ -87,8 +87,33 @@ def say(msg: str, *, quiet: bool = False) -> None:
         typer.echo(msg)
 
 
+class _NoBlasForNumba:
+    """Import hook of the console script: numba's CPU target, when it loads its first
+    kernel, imports ``scipy.linalg`` (~0.2 s of CPU) only to find BLAS for ``np.dot`` and
+    ``np.linalg`` in jitted code, which retime's kernels never use. A command-line process
+    runs no one else's jitted code, so there that probe is answered "no BLAS". Only imports
+    made from numba's own BLAS/LAPACK probe are refused; library users (notebooks) never
+    get this hook."""
+
+    _PROBES = frozenset({"ensure_blas", "ensure_lapack"})
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "scipy" and not name.startswith("scipy."):
+            return None
+        f = sys._getframe(1)
+        while f is not None:
+            if f.f_code.co_name in self._PROBES and \
+                    f.f_globals.get("__name__") == "numba.np.linalg":
+                raise ModuleNotFoundError(f"{name}: not loaded for numba's BLAS probe in the "
+                                          "retime command line", name=name)
+            f = f.f_back
+        return None
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the console script; returns (and exits with) the exit code."""
+    if not any(isinstance(f, _NoBlasForNumba) for f in sys.meta_path):
+        sys.meta_path.insert(0, _NoBlasForNumba())
     code = run(argv)
     if argv is None:
         sys.exit(code)

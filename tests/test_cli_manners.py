@@ -176,3 +176,24 @@ def test_help_imports_no_heavy_library():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "[]"
+
+
+def test_cli_skips_numbas_blas_probe_only():
+    """The console script answers numba's BLAS probe (scipy.linalg, ~0.2 s of CPU on first
+    kernel load) with "not available" (retime's kernels use no BLAS); every other import of
+    scipy, the user's own included, still works in that process."""
+    code = (
+        "import sys, importlib.util\n"
+        "from retime.cli import _NoBlasForNumba\n"
+        "sys.meta_path.insert(0, _NoBlasForNumba())\n"
+        "import numba.np.arraymath as am\n"
+        "print('blas', am._HAVE_BLAS, 'scipy.linalg' in sys.modules)\n"
+        "if importlib.util.find_spec('scipy') is not None:\n"
+        "    import scipy.linalg\n"
+        "    print('user import ok', scipy.linalg.__name__)\n"
+        "else:\n"
+        "    print('user import ok (no scipy)')\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == "blas False False" and lines[1].startswith("user import ok")
