@@ -129,6 +129,8 @@ def _derived(state: WhatIfState) -> dict[str, Any]:
         out["relayout"] = state.notes["relayout"]
     if "serialize_edges" in state.notes:
         out["serialize_edges"] = state.notes["serialize_edges"]
+    if "shaped_link" in state.notes:
+        out["shaped_link"] = state.notes["shaped_link"]
     if state.notes.get("assumed"):
         out["assumed"] = list(state.notes["assumed"])
     syn = state.trace.meta.get("synth") if isinstance(state.trace.meta, dict) else None

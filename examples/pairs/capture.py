@@ -43,7 +43,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "bench"), str(HERE)]
 
-from hosts import ADDR, VETH, Hosts  # noqa: E402
+from hosts import ADDR, VETH, Hosts, burst_bytes  # noqa: E402
 from pairs import load_capture, measured_step_ns  # noqa: E402
 
 OUT = ROOT / "traces" / "pairs"  # --out changes it (a trial run)
@@ -160,7 +160,9 @@ def job_argv(s: dict, host: int, out: Path, port: int) -> list[str]:
             "--nhosts", str(s["nhosts"]), "--nproc-per-host", str(s["nproc_per_host"]),
             "--host-rank", str(host), "--master-addr", ADDR[0], "--master-port", str(port),
             "--ifname", VETH[host], "--settle", str(s["settle"]), "--active", str(s["active"]),
-            "--extra", json.dumps({"rate_mbit": s["rate_mbit"], "speed_pct": s["speed_pct"]})]
+            "--extra", json.dumps({"rate_mbit": s["rate_mbit"], "speed_pct": s["speed_pct"],
+                                   # the link's shaper, for retime's link model
+                                   "tbf_burst_bytes": burst_bytes(s["rate_mbit"])})]
     if s["model"] == "mlp":
         argv += ["--hidden", str(s["hidden"])]
     else:

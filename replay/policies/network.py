@@ -207,16 +207,26 @@ class Network(Policy):
             state.dur[tab["op"]] += (new_steps - old_steps) * a
             state.applied.append(self.describe())
             return
+        cpu = _cpu_collectives(state.trace, tab)
+        shaper = shaped_link(state.trace) if cpu else None
         old = _template_table(state, tab)
         if old is None:
-            cal = calibrate(state.trace, state.graph, tab)
+            cr_old = (link_credits(state.graph, tab, tab["old_level"] == 1, *shaper)
+                      if shaper else np.zeros(len(tab["op"])))
+            cal = calibrate(state.trace, state.graph, tab, credit=cr_old)
             x_old, old_lv, n_old, cop_old = (tab["bytes"] * tab["factor"], tab["old_level"],
                                              tab["n"], tab["comm_op"])
         else:  # a re-laid-out measured job: the model at the template ops' measured shape
-            cal, x_old, old_lv, n_old, cop_old = old
+            cal, x_old, old_lv, n_old, cop_old, cr_old = old
+        c_new = np.zeros(len(tab["op"]))
+        if shaper:  # the link's bucket, at the new rate (its time tau kept)
+            rate = float(self.inter_node_gbps) if self.inter_node_gbps is not None \
+                else shaper[0]
+            c_new = link_credits(state.graph, tab, tab["level"] == 1, rate, shaper[1])
+            state.notes["shaped_link"] = {"measured_rate_gbps": shaper[0],
+                                          "rate_gbps": rate, "burst_ms": shaper[1] / 1e6}
         state.notes["network_calibration"] = {LEVELS[k]: v for k, v in cal.items()}
-        eff = self.bus_efficiency or (TCP_GOODPUT if _cpu_collectives(state.trace, tab)
-                                      else DEFAULT_BUS_EFFICIENCY)
+        eff = self.bus_efficiency or (TCP_GOODPUT if cpu else DEFAULT_BUS_EFFICIENCY)
         new_bw = {}
         for lv, gbps in self._level_gbps().items():
             if gbps is not None:
@@ -231,7 +241,7 @@ class Network(Policy):
                               "or scale them with hardware.comm_speedup")
         new_lv = tab["level"]
         need = set(np.unique(new_lv[x > 0]).tolist()) - set(new_bw)
-        if 0 in need and _cpu_collectives(state.trace, tab):
+        if 0 in need and cpu:
             # gloo on one host: loopback TCP, bound by the host's copies (bucketing_cpu)
             from .bucketing_cpu import loopback_busbw
             lo = loopback_busbw(state.trace)
@@ -257,9 +267,10 @@ class Network(Policy):
             c_old = cal.get(int(old_lv[i]))
             if c_old is None or x[i] <= 0:
                 continue
-            t_old[i] = c_old["alpha_ns"] + x_old[i] / c_old["busbw_gbps"]
+            t_old[i] = c_old["alpha_ns"] + max(x_old[i] - cr_old[i], 0.0) \
+                / c_old["busbw_gbps"]
             a_new = cal.get(int(new_lv[i]), c_old)["alpha_ns"]
-            t_new[i] = a_new + x[i] / new_bw[int(new_lv[i])]
+            t_new[i] = a_new + max(x[i] - c_new[i], 0.0) / new_bw[int(new_lv[i])]
         # latency per algorithm step
         lat = {0: self.intra_latency_us, 1: self.latency_us, 2: None}
         if self.cross_dc_km is not None:
@@ -294,14 +305,17 @@ def _template_table(state: WhatIfState, tab: dict[str, np.ndarray]):
     if g is None:
         g = memo["graph"] = build_graph(orig)
     otab = collective_table(orig, g)
-    cal = calibrate(orig, g, otab)
+    shaper = shaped_link(orig) if _cpu_collectives(orig, otab) else None
+    ocredit = (link_credits(g, otab, otab["old_level"] == 1, *shaper) if shaper
+               else np.zeros(len(otab["op"])))
+    cal = calibrate(orig, g, otab, credit=ocredit)
     row = np.full(orig.n_ops, -1, np.int64)
     row[otab["op"]] = np.arange(len(otab["op"]))
     r = row[template_of[tab["op"]]]
     if (r < 0).any():  # pragma: no cover - templates of collectives are collectives
         raise PolicyError("network policy: a re-laid-out collective has no measured template")
     return (cal, (otab["bytes"] * otab["factor"])[r], otab["old_level"][r], otab["n"][r],
-            otab["comm_op"][r])
+            otab["comm_op"][r], ocredit[r])
 
 
 def _cpu_collectives(trace: Trace, tab: dict[str, np.ndarray]) -> bool:
@@ -313,6 +327,63 @@ def _cpu_collectives(trace: Trace, tab: dict[str, np.ndarray]) -> bool:
     lanes = trace.lanes.set_index("lane")["lane_kind"]
     kinds = lanes.reindex(trace.ops["lane"].to_numpy()[tab["op"]]).to_numpy()
     return bool((kinds == LaneKind.CPU_THREAD).all())
+
+
+def shaped_link(trace: Trace) -> tuple[float, float] | None:
+    """The token-bucket shaper of the inter-host link a capture declares, as ``(rate, tau)``:
+    the rate in wire bytes per ns and the bucket in ns of that rate, or None.
+
+    A link shaped with ``tc ... tbf rate R burst B`` (``examples/pairs``: the capture's
+    ``meta["job"]`` holds ``rate_mbit`` and ``tbf_burst_bytes``) lets a transfer that starts
+    with a full bucket send its first ``B`` bytes at the device's own speed, the rest at
+    ``R``; the bucket refills at ``R`` while the link is idle. On a kernel whose tbf releases
+    tokens per timer tick the bucket must hold at least one tick of ``R`` to reach ``R`` at
+    all, so it is set as a time of the rate (``tau = B / R``: 8 ms, two ticks at 250 Hz) and
+    a link at another rate keeps that ``tau``. Real links have no such allowance: a trace
+    without the declaration gets none."""
+    job = trace.meta.get("job") if isinstance(trace.meta, dict) else None
+    if not isinstance(job, dict):
+        return None
+    try:
+        rate = float(job["rate_mbit"]) / 8000.0  # Mbit/s -> bytes per ns
+        burst = float(job["tbf_burst_bytes"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    if not (rate > 0 and burst > 0):
+        return None
+    return rate, burst / rate
+
+
+def link_credits(graph, tab: dict[str, np.ndarray], on_link: np.ndarray, rate: float,
+                 tau: float, durations: np.ndarray | None = None) -> np.ndarray:
+    """Per row of ``tab``: the payload bytes its transfer sends on tokens saved in the
+    shaper's bucket (:func:`shaped_link`), rows on the shaped link (``on_link``) only.
+
+    Each rank's transfers in start order: a transfer starts when issued or when the one
+    before it ends, whichever is later; the bucket (``rate * tau`` wire bytes, full before
+    the first) refills at ``rate`` from the previous transfer's end to that start; the
+    transfer spends ``min(bucket, its wire bytes)`` of it. ``durations`` (ns, op-id order)
+    default to the measured ones."""
+    out = np.zeros(len(tab["op"]))
+    ops = tab["op"]
+    x = tab["bytes"] * tab["factor"] / TCP_GOODPUT  # wire bytes of each row's stream
+    start = np.asarray(graph.meas_start_ns, np.float64)[ops]
+    dur = np.asarray(graph.meas_dur_ns if durations is None else durations, np.float64)[ops]
+    rank = np.asarray(graph.rank)[ops] if hasattr(graph, "rank") else np.zeros(len(ops))
+    cap = rate * tau
+    for r in np.unique(rank[on_link]).tolist():
+        rows = np.flatnonzero(on_link & (rank == r) & (x > 0))
+        rows = rows[np.argsort(start[rows], kind="stable")]
+        tokens, prev_end = cap, -math.inf
+        for j in rows.tolist():
+            t0 = max(start[j], prev_end)
+            if prev_end > -math.inf:
+                tokens = min(cap, tokens + rate * (t0 - prev_end))
+            used = min(tokens, x[j])
+            out[j] = used * TCP_GOODPUT
+            tokens -= used
+            prev_end = max(prev_end, start[j] + dur[j])
+    return out
 
 
 def collective_table(trace: Trace, graph, ranks_per_node: int | None = None,
@@ -381,13 +452,18 @@ def _level(ranks: np.ndarray, rpn: int, nodes_per_dc: int | None) -> int:
     return 1
 
 
-def calibrate(trace: Trace, graph, tab: dict[str, np.ndarray] | None = None) -> dict[int, dict[str, Any]]:
+def calibrate(trace: Trace, graph, tab: dict[str, np.ndarray] | None = None,
+              credit: np.ndarray | None = None) -> dict[int, dict[str, Any]]:
     """Alpha-beta fit per measured level from the last arrivers' transfer times.
 
+    ``credit`` (bus bytes per row of ``tab``) is what a shaped link let through on saved
+    tokens (:func:`link_credits`): only the rest was paced by the link.
     Returns ``{level: {"alpha_ns", "busbw_gbps", "points"}}`` (levels with data only).
     """
     tab = tab if tab is not None else collective_table(trace, graph)
     x = tab["bytes"] * tab["factor"]
+    if credit is not None:
+        x = np.maximum(x - credit, 0.0)
     y = by_op(graph, "dur_ns")[tab["op"]].astype(np.float64)
     out: dict[int, dict[str, Any]] = {}
     for lv in np.unique(tab["old_level"]).tolist():
