@@ -31,11 +31,23 @@ SPECS = INDEX.get("pairs", INDEX)
 COVERED = ["mlp-bandwidth", "transformer-bandwidth", "mlp-dp", "transformer-dp",
            "mlp-batch", "transformer-batch", "mlp-checkpoint", "transformer-checkpoint",
            "mlp-host-speed", "transformer-host-speed", "mlp-ranks-per-host",
-           "transformer-ranks-per-host"]
+           "transformer-ranks-per-host", "mlp-bucket", "transformer-bucket",
+           "mlp-bucket-400mbit", "transformer-bucket-400mbit"]
 
 
 #: known misses, each with its cause (strict: the test fails when one starts passing)
-KNOWN: dict[tuple[str, str, str], str] = {}
+_STARVED = ("at 1600 Mbit/s the transfers that overlap the backward pass move at ~1/3 of the "
+            "link rate (65 MB/s of 190: the gloo threads get the core only between the "
+            "training thread's SCHED_RR slices); the one-bucket capture never overlapped, so "
+            "it cannot show that, and the 1 MB buckets are predicted to keep up")
+KNOWN: dict[tuple[str, str, str], str] = {
+    ("mlp-bucket", "B", "A"): _STARVED + " (-15%)",
+    ("transformer-bucket", "B", "A"): _STARVED + " (-16%)",
+    ("transformer-bucket", "A", "B"):
+    "rank 1's backward runs 20 ms (25%) slower while its 1 MB buckets transfer, rank 0's "
+    "not at all (not explained yet; the kernel's TCP work landing on one core would do it), "
+    "and the model keeps that measured compute for the one-bucket run, where it is not "
+    "slowed: +10.3%"}
 
 
 def _cases():

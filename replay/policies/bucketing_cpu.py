@@ -61,7 +61,8 @@ from retime.collectors.errors import PolicyError
 from retime.collectors.intervals import interval_union
 from retime.collectors.trace import Trace
 
-from .network import bus_factor
+from .base import ranks_per_node_of
+from .network import TCP_GOODPUT, bus_factor, shaped_link
 
 __all__ = ["rebucket_cpu", "CpuModel", "GLOO_STEP_US", "host_copy_rate", "loopback_busbw"]
 
@@ -270,15 +271,20 @@ def cpu_interference_of(trace: Trace, per: dict, exact, a_start, end, nbytes, ar
     Without exact sizes the rate is unknown and ``i = 1`` (full time-sharing), the
     conservative value."""
     if exact is None:
-        return 1.0
-    copy_ns = np.median(np.stack([
-        (v[2]["end_ns"].to_numpy() - v[2]["start_ns"].to_numpy())
-        + (v[3]["end_ns"].to_numpy() - v[3]["start_ns"].to_numpy()) for v in per.values()]),
-        axis=0).astype(np.float64)
-    big = np.asarray(exact) >= 64 * 1024  # the fixed cost of a copy dominates small ones
-    if not big.any() or copy_ns[big].sum() <= 0:
-        return 1.0
-    copy_bpns = 2.0 * float(np.sum(np.asarray(exact)[big])) / float(copy_ns[big].sum())
+        # sizes known but not in a ready order DDP would use: the copy rate by rank of
+        # size and time (host_copy_rate); no sizes at all: full time-sharing
+        copy_bpns = host_copy_rate(trace)
+        if copy_bpns is None:
+            return 1.0
+    else:
+        copy_ns = np.median(np.stack([
+            (v[2]["end_ns"].to_numpy() - v[2]["start_ns"].to_numpy())
+            + (v[3]["end_ns"].to_numpy() - v[3]["start_ns"].to_numpy())
+            for v in per.values()]), axis=0).astype(np.float64)
+        big = np.asarray(exact) >= 64 * 1024  # the fixed cost of a copy dominates small ones
+        if not big.any() or copy_ns[big].sum() <= 0:
+            return 1.0
+        copy_bpns = 2.0 * float(np.sum(np.asarray(exact)[big])) / float(copy_ns[big].sum())
     n = max(2, len({int(r) for r, _s in per}))
     f = 2.0 * (n - 1) / n
     t_per_byte = float(np.median((end[ar_ids] - a_start[ar_ids])
@@ -488,7 +494,16 @@ def _build_cpu(trace, bucket_mb, interference, ranks_per_node, per, weight, issu
                                   _overlap_ns(a_start[tr][solo], end[tr][solo], blo, bhi),
                                   (end[tr] - a_start[tr])[solo].astype(np.float64)], axis=1))
     alpha, inv_b, f = _fit_cpu(trace, is_ar, nbytes, y, ranks_per_node)
-    model_ns = np.asarray([alpha + row["bytes"] * f * inv_b for row in new_rows])
+    shaper = shaped_link(trace) if _crosses_hosts(trace) else None
+    credit = np.zeros(len(new_rows))
+    if shaper is not None:
+        # a declared shaped link (network.shaped_link): its own rate paces the transfers,
+        # not a fit on transfers that shared the core with the backward pass; each new
+        # bucket spends the tokens saved since the one before
+        inv_b = 1.0 / (shaper[0] * TCP_GOODPUT)
+        credit = _new_credits(new_rows, alpha, inv_b, f, shaper)
+    model_ns = np.asarray([alpha + max(row["bytes"] * f - c, 0.0) * inv_b
+                           for row, c in zip(new_rows, credit, strict=True)])
     t, new_ids, keep = _assemble_cpu(trace, is_ar, new_rows, ready_edges, wait_edges,
                                      new_start, fold, compute)
     n_new = len(new_rows)
@@ -501,6 +516,38 @@ def _build_cpu(trace, bucket_mb, interference, ranks_per_node, per, weight, issu
             "interference_fit": _fit_interference(np.concatenate(over_pts)),
             "param_sizes": source, "model": "cpu-ddp"}
     return t, new_ids, model_ns, info, cpu
+
+
+def _crosses_hosts(trace: Trace) -> bool:
+    """Whether the trace's ranks sit on more than one host (its all-reduces cross a link)."""
+    return ranks_per_node_of(trace) < len(np.unique(trace.ops["rank"].to_numpy()))
+
+
+def _new_credits(new_rows: list[dict], alpha: float, inv_b: float, f: float,
+                 shaper: tuple[float, float]) -> np.ndarray:
+    """Payload bytes each new bucket's transfer sends on tokens the shaped link saved
+    (``network.link_credits``' rule): each rank's new buckets in order, issued at their
+    ready times, one after the other, lasting ``a + (S f - c) / B``; the bucket (``rate *
+    tau`` wire bytes) is full before a step's first one and refills at ``rate`` between."""
+    rate, tau = shaper
+    cap = rate * tau
+    out = np.zeros(len(new_rows))
+    by_rank: dict[int, list[int]] = {}
+    for i, row in enumerate(new_rows):
+        by_rank.setdefault(int(row["rank"]), []).append(i)
+    for rows in by_rank.values():
+        rows.sort(key=lambda i: (new_rows[i]["step"], new_rows[i]["coll_j"]))
+        tokens, prev_end = cap, -np.inf
+        for i in rows:
+            row = new_rows[i]
+            t0 = max(float(row["start_ns"]), prev_end)
+            tokens = cap if row["coll_j"] == 0 else min(cap, tokens + rate * (t0 - prev_end))
+            x = row["bytes"] * f
+            used = min(tokens, x / TCP_GOODPUT)
+            tokens -= used
+            out[i] = used * TCP_GOODPUT
+            prev_end = t0 + alpha + max(x - out[i], 0.0) * inv_b
+    return out
 
 
 def _fit_cpu(trace, is_ar, nbytes, y, ranks_per_node):
