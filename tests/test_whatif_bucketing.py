@@ -51,6 +51,23 @@ def test_rebucketing_a_measured_ddp_step_predicts_the_synthesized_truth(base, mb
     assert sc["buckets_after"] == 16 * -(-total_mb // mb)
 
 
+def test_smaller_buckets_can_start_before_the_first_old_one(base):
+    """A 5 MB bucket is ready long before the first 40 MB one was issued: its placeholder
+    start is bounded by the communication stream's previous op, not by that old bucket, so
+    the prediction follows the truth (+3.7%; +6.4% when pinned behind the old bucket)."""
+    from retime.replay.policies.bucketing import rebucket
+
+    t, ids, _m, _info = rebucket(base, 5)
+    o = base.ops
+    ar_old = o[(o["comm_op"] == 1) & (o["kind"] == 3) & (o["rank"] == 0)]
+    new = t.ops.iloc[ids]
+    first_new = new[new["rank"] == 0].groupby("step")["start_ns"].min()
+    first_old = ar_old.groupby("step")["start_ns"].min()
+    assert (first_new < first_old.reindex(first_new.index)).all()
+    truth = synthesize("gpt3-125m", "a100-80gb", bucket_mb=5, **KW).meta["synth"]["step_time_ns"]
+    assert whatif(base, {"overlap.bucket_mb": 5}).step_time_ns == pytest.approx(truth, rel=0.05)
+
+
 def test_rebucketing_keeps_bytes_and_the_identity(base):
     same = whatif(base, {"overlap.bucket_mb": 40})
     assert same.step_time_ns == pytest.approx(replay(base).step_time_ns, rel=0.02)

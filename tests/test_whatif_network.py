@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import KINETO, ingest_cached
 
 from retime.collectors.enums import CommOp, OpKind
 from retime.collectors.errors import PolicyError
@@ -191,3 +192,29 @@ def test_measured_step_is_monotone_in_inter_node_bandwidth(dlrm, rpn):
              for bw in (100.0, 50.0, 25.0, 12.5, 6.25)]
     assert steps == sorted(steps)
     assert steps[-1] > steps[0]
+
+
+def test_partially_traced_collectives_are_not_last_arrivers(dlrm):
+    """A collective whose group has untraced ranks has no known last arriver (its traced
+    members may have waited for the others): the fit uses fully traced collectives, and
+    only where a level has none does it rest on such points, flagged, with a note saying
+    the bandwidth is a lower bound."""
+    g = build_graph(dlrm)
+    tab = collective_table(dlrm, g)
+    assert not tab["partial"].any()  # all 8 DLRM ranks are traced
+    marked = dict(tab)
+    marked["partial"] = tab["partial"].copy()
+    marked["partial"][::2] = True
+    # the partial rows are left out: the same fit as on the fully traced rows alone
+    kept = {k: (v[1::2] if isinstance(v, np.ndarray) and len(v) == len(tab["op"]) else v)
+            for k, v in tab.items()}
+    assert calibrate(dlrm, g, marked) == calibrate(dlrm, g, kept)
+    # one traced rank of a DDP job: every all-reduce is partial, the fit is flagged
+    one = ingest_cached(KINETO / "a100-ddp-nccl")
+    g1 = build_graph(one)
+    t1 = collective_table(one, g1)
+    assert t1["partial"].all()
+    cal = calibrate(one, g1, t1)
+    assert all(v.get("partial") for v in cal.values())
+    w = whatif(one, {"network.intra_node_gbps": 100}).meta["whatif"]
+    assert any("untraced members" in a and "lower bound" in a for a in w["assumed"])

@@ -17,8 +17,10 @@ Model, per rank and step:
 * every op that waited for an old bucket waits for the new bucket that covers it; new
   buckets rendezvous across ranks like the old ones (same index = same instance).
 
-The new ops get placeholder measured times inside the old buckets' span so that the replay
-graph keeps every measured constraint; their modeled durations come from the fit.
+The new ops get placeholder measured times between their ready time and the old buckets'
+end, no earlier than the communication lane's previous op (so the replay graph keeps the
+stream's order and smaller buckets can start before the first old one did); their modeled
+durations come from the fit.
 
 CPU (gloo) DDP traces get a parameter-level model instead: :mod:`.bucketing_cpu`.
 """
@@ -124,7 +126,14 @@ def rebucket(trace: Trace, bucket_mb: float, ranks_per_node: int | None = None
             il = int(np.bincount(ol).argmax()) if len(ol) else int(lane[ids[0]])
         lane_ops = np.flatnonzero(own & (lane == il))
         lane_ops = lane_ops[np.argsort(start[lane_ops], kind="stable")]
-        span_lo, span_hi = int(start[ids[0]]), int(end[ids].max())
+        span_hi = int(end[ids].max())
+        # a new bucket may be issued as soon as its gradients are ready: bounded below by
+        # the communication lane's previous op (the stream is FIFO), not by the first old
+        # bucket's start (which would keep smaller buckets from ever starting earlier)
+        cl = int(lane[ids[0]])
+        before = np.flatnonzero((rank == r) & (lane == cl) & ~is_ar & (start < start[ids[0]]))
+        span_lo = max(int(end[before].max()) if len(before) else t0, t0)
+        span_lo = min(span_lo, int(start[ids[0]]))
         sigma_prev = -(2**62)
         syn: list[tuple[int, int, int]] = []  # (ready op or -1, synthetic start, row)
         for j in range(k_new):

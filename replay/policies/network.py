@@ -226,6 +226,13 @@ class Network(Policy):
             state.notes["shaped_link"] = {"measured_rate_gbps": shaper[0],
                                           "rate_gbps": rate, "burst_ms": shaper[1] / 1e6}
         state.notes["network_calibration"] = {LEVELS[k]: v for k, v in cal.items()}
+        for k, v in cal.items():
+            if v.get("partial"):
+                state.notes.setdefault("assumed", []).append(
+                    f"{LEVELS[k]} bandwidth fitted on collectives with untraced members "
+                    f"({v['points']}): their time may include waiting for those ranks, so "
+                    f"{v['busbw_gbps']:.3g} GB/s is a lower bound; trace every rank, or set "
+                    f"network.{_LEVEL_KEY[k]}")
         eff = self.bus_efficiency or (TCP_GOODPUT if cpu else DEFAULT_BUS_EFFICIENCY)
         new_bw = {}
         for lv, gbps in self._level_gbps().items():
@@ -413,6 +420,7 @@ def collective_table(trace: Trace, graph, ranks_per_node: int | None = None,
     lv_new = np.zeros(len(sel), np.int8)
     lv_old = np.zeros(len(sel), np.int8)
     last = np.zeros(len(sel), bool)
+    partial = np.zeros(len(sel), bool)
     gstart = graph.meas_start_ns
     coll_max: dict[int, int] = {}
     for i in sel[coll[sel] >= 0].tolist():
@@ -436,11 +444,13 @@ def collective_table(trace: Trace, graph, ranks_per_node: int | None = None,
             rs = world
             last[j] = True
         n[j] = len(np.unique(rs))
+        if c >= 0 and len(set(members[c])) < n[j]:
+            partial[j] = True  # untraced members: the traced ones may have waited for them
         lv_new[j] = _level(rs, rpn, nodes_per_dc)
         lv_old[j] = _level(rs, rpn_meas, None)
     return {"op": sel, "comm_op": comm_op, "bytes": nbytes, "n": n,
             "factor": bus_factor(comm_op, n), "level": lv_new, "old_level": lv_old,
-            "last": last}
+            "last": last, "partial": partial}
 
 
 def _level(ranks: np.ndarray, rpn: int, nodes_per_dc: int | None) -> int:
@@ -466,8 +476,16 @@ def calibrate(trace: Trace, graph, tab: dict[str, np.ndarray] | None = None,
         x = np.maximum(x - credit, 0.0)
     y = by_op(graph, "dur_ns")[tab["op"]].astype(np.float64)
     out: dict[int, dict[str, Any]] = {}
+    partial = tab.get("partial", np.zeros(len(x), bool))
     for lv in np.unique(tab["old_level"]).tolist():
-        m = (tab["old_level"] == lv) & tab["last"] & (x > 0) & (y > 0)
+        ok = (tab["old_level"] == lv) & tab["last"] & (x > 0) & (y > 0)
+        # a collective with untraced members has no known last arriver: its traced
+        # members' time may be waiting for the others, not transfer. Fit on fully traced
+        # ones; only where a level has none, on these, flagged (a lower bound on bandwidth)
+        m = ok & ~partial
+        rests_on_partial = not m.any()
+        if rests_on_partial:
+            m = ok
         if not m.any():
             continue
         xs, ys = x[m], y[m]
@@ -479,4 +497,6 @@ def calibrate(trace: Trace, graph, tab: dict[str, np.ndarray] | None = None,
                 a, inv_b = max(0.0, float(sol[0])), float(sol[1])
         out[int(lv)] = {"alpha_ns": a, "busbw_gbps": 1.0 / inv_b if inv_b > 0 else math.inf,
                         "points": int(m.sum())}
+        if rests_on_partial:
+            out[int(lv)]["partial"] = True
     return out
