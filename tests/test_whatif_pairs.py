@@ -139,7 +139,7 @@ def test_one_host_loopback_is_estimated_from_the_hosts_copies():
     loopback rate the one-host capture measured, within the factor the README states, and
     the replay says what it assumed."""
     from retime.replay.graph import build_graph as bg
-    from retime.replay.policies.bucketing_cpu import host_copy_rate, loopback_busbw
+    from retime.replay.policies.host_cpu import host_copy_rate, loopback_busbw
     from retime.replay.policies.network import calibrate, collective_table
 
     for name in ("mlp-ranks-per-host", "transformer-ranks-per-host"):

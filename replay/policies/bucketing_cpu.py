@@ -62,16 +62,13 @@ from retime.collectors.intervals import interval_union
 from retime.collectors.trace import Trace
 
 from .base import ranks_per_node_of
-from .network import TCP_GOODPUT, bus_factor, shaped_link
+from .host_cpu import cpu_interference_of, ddp_ranges
+from .network import TCP_GOODPUT, bus_factor, shaped_link, spend_tokens
 
-__all__ = ["rebucket_cpu", "CpuModel", "GLOO_STEP_US", "host_copy_rate", "loopback_busbw"]
+__all__ = ["rebucket_cpu", "CpuModel", "GLOO_STEP_US"]
 
 
 # ---------------------------------------------------------------------------- CPU (gloo) DDP
-#: name of the DDP reducer's per-parameter copy into its bucket (gradient ready)
-_MUL_OUT = "torch::distributed::reducer::mul_out"
-#: name of the DDP reducer's per-parameter copy back from its all-reduced bucket
-_COPY_BACK = "torch.distributed.ddp.reducer::copy_bucket_to_grad"
 #: fixed cost of one gloo ring step over TCP on one host (us): a socket round trip and a
 #: worker-thread wake-up. Used only when the trace's bucket sizes are too alike to fit the
 #: intercept (2-rank all-reduces of 4 KB take 0.3-0.6 ms on a 2-core VM: 2 ring steps).
@@ -161,21 +158,6 @@ def _fit_interference(pts: np.ndarray) -> float | None:
     return float(1.0 / slope - 1.0) if slope > 0 else None
 
 
-def ddp_ranges(trace: Trace) -> dict[str, pd.DataFrame] | None:
-    """The DDP reducer's per-parameter ranges (``mul_out``, ``copy_bucket_to_grad``), or None."""
-    r = trace.ranges
-    if len(r) == 0:
-        return None
-    names = np.asarray(trace.strings, dtype=object)[r["name_id"].to_numpy()]
-    out = {}
-    for key, nm in (("ready", _MUL_OUT), ("back", _COPY_BACK)):
-        sel = r[names == nm]
-        if len(sel) == 0:
-            return None
-        out[key] = sel.sort_values(["rank", "start_ns"], kind="stable")
-    return out
-
-
 def rebucket_cpu(trace: Trace, bucket_mb: float, interference: float | None,
                  ranks_per_node: int | None = None):
     """Re-bucket a CPU (gloo) DDP trace parameter by parameter (module docstring).
@@ -250,93 +232,6 @@ def rebucket_cpu(trace: Trace, bucket_mb: float, interference: float | None,
         interference = cpu_interference_of(trace, per, exact, a_start, end, nbytes, ar_ids)
     return _build_cpu(trace, bucket_mb, interference, ranks_per_node, per, weight, issue,
                       issue_of, floor_ns, a_start, is_ar, exact, source)
-
-
-#: memory passes of one bus byte of a gloo ring all-reduce over TCP, in memcpy equivalents:
-#: the sender's copy into the socket (1 read + 1 write), the receiver's copy out of it (1 + 1)
-#: and the reduction (2 reads + 1 write): 7 passes, a memcpy being 2
-TCP_COPIES_PER_BYTE = 3.5
-
-
-def cpu_interference_of(trace: Trace, per: dict, exact, a_start, end, nbytes, ar_ids) -> float:
-    """The interference ``i`` of a gloo transfer with the training thread, from the trace.
-
-    A transfer keeps ``rho`` of a core busy (the rest of the time it waits on its socket for
-    the link): ``rho`` = CPU time per bus byte (``TCP_COPIES_PER_BYTE`` memcpy-equivalents at
-    the host's memcpy rate, measured on the DDP reducer's own copies of the parameters'
-    gradients: exact bytes from ``meta["ddp_param_bytes"]``, their ``mul_out`` and
-    ``copy_bucket_to_grad`` times) over the measured transfer time per bus byte. With ``c``
-    cores per rank (``meta["cpu_affinity"]``, else 1) and the training thread keeping one
-    busy, an overlapped transfer ends ``i T`` late with ``i = min(1, max(0, 1 + rho - c))``.
-    Without exact sizes the rate is unknown and ``i = 1`` (full time-sharing), the
-    conservative value."""
-    if exact is None:
-        # sizes known but not in a ready order DDP would use: the copy rate by rank of
-        # size and time (host_copy_rate); no sizes at all: full time-sharing
-        copy_bpns = host_copy_rate(trace)
-        if copy_bpns is None:
-            return 1.0
-    else:
-        copy_ns = np.median(np.stack([
-            (v[2]["end_ns"].to_numpy() - v[2]["start_ns"].to_numpy())
-            + (v[3]["end_ns"].to_numpy() - v[3]["start_ns"].to_numpy())
-            for v in per.values()]), axis=0).astype(np.float64)
-        big = np.asarray(exact) >= 64 * 1024  # the fixed cost of a copy dominates small ones
-        if not big.any() or copy_ns[big].sum() <= 0:
-            return 1.0
-        copy_bpns = 2.0 * float(np.sum(np.asarray(exact)[big])) / float(copy_ns[big].sum())
-    n = max(2, len({int(r) for r, _s in per}))
-    f = 2.0 * (n - 1) / n
-    t_per_byte = float(np.median((end[ar_ids] - a_start[ar_ids])
-                                 / np.maximum(nbytes[ar_ids] * f, 1.0)))
-    if t_per_byte <= 0:
-        return 1.0
-    rho = min(1.0, TCP_COPIES_PER_BYTE / copy_bpns / t_per_byte)
-    aff = trace.meta.get("cpu_affinity") if isinstance(trace.meta, dict) else None
-    c = min(len(v) for v in aff.values()) if isinstance(aff, dict) and aff else 1
-    return float(min(1.0, max(0.0, 1.0 + rho - c)))
-
-
-def host_copy_rate(trace: Trace) -> float | None:
-    """The host's memcpy rate (bytes per ns) from the DDP reducer's own copies of the
-    gradients: each parameter's ``mul_out`` (into its bucket) and ``copy_bucket_to_grad``
-    (back) move its bytes twice; sizes from ``meta["ddp_param_bytes"]``, matched to the
-    copies by rank of size and time (the largest gradient takes the longest copies), and
-    only parameters of at least 64 KiB (a small copy's time is its fixed cost). None
-    without the reducer's ranges or the sizes."""
-    given = trace.meta.get("ddp_param_bytes") if isinstance(trace.meta, dict) else None
-    rr = ddp_ranges(trace)
-    if rr is None or not given:
-        return None
-    try:
-        sizes = np.sort(np.asarray([int(x) for x in given], np.float64))[::-1]
-    except (TypeError, ValueError):
-        return None
-    n = len(sizes)
-    big = sizes >= 64 * 1024
-    rates = []
-    for r in np.unique(rr["ready"]["rank"].to_numpy()).tolist():
-        a, b = (rr[k][rr[k]["rank"].to_numpy() == r] for k in ("ready", "back"))
-        ca = (a["end_ns"] - a["start_ns"]).to_numpy(np.float64)
-        cb = (b["end_ns"] - b["start_ns"]).to_numpy(np.float64)
-        k = min(len(ca), len(cb)) // n
-        if k == 0 or len(ca) % n or len(cb) % n:
-            return None  # not whole steps of this model's parameters
-        c = np.sort(np.median((ca[:k * n] + cb[:k * n]).reshape(k, n), axis=0))[::-1]
-        if big.any() and c[big].sum() > 0:
-            rates.append(2.0 * sizes[big].sum() / c[big].sum())
-    return float(np.median(rates)) if rates else None
-
-
-def loopback_busbw(trace: Trace) -> float | None:
-    """Bus bandwidth (GB/s) of a gloo ring on one host's loopback, from the trace: no wire,
-    so a bus byte costs its CPU passes only (``TCP_COPIES_PER_BYTE`` memcpy-equivalents at
-    the host's measured copy rate, :func:`host_copy_rate`), each rank on its own core. An
-    upper bound: the socket buffers are colder than the reducer's copies, so the measured
-    loopback rate is lower (2.1 and 1.2 GB/s where this gives 5.4 on the paired captures'
-    host); set ``network.intra_node_gbps`` when it is known."""
-    rate = host_copy_rate(trace)
-    return None if rate is None else rate / TCP_COPIES_PER_BYTE
 
 
 def _bucket_of(ids: np.ndarray, rdy: pd.DataFrame, issue_of: dict, start: np.ndarray
@@ -526,27 +421,19 @@ def _crosses_hosts(trace: Trace) -> bool:
 def _new_credits(new_rows: list[dict], alpha: float, inv_b: float, f: float,
                  shaper: tuple[float, float]) -> np.ndarray:
     """Payload bytes each new bucket's transfer sends on tokens the shaped link saved
-    (``network.link_credits``' rule): each rank's new buckets in order, issued at their
-    ready times, one after the other, lasting ``a + (S f - c) / B``; the bucket (``rate *
-    tau`` wire bytes) is full before a step's first one and refills at ``rate`` between."""
-    rate, tau = shaper
-    cap = rate * tau
+    (:func:`network.spend_tokens`): each rank's new buckets in order, issued at their ready
+    times, lasting ``a + (S f - c) / B``; the bucket is full before a step's first one."""
     out = np.zeros(len(new_rows))
     by_rank: dict[int, list[int]] = {}
     for i, row in enumerate(new_rows):
         by_rank.setdefault(int(row["rank"]), []).append(i)
     for rows in by_rank.values():
         rows.sort(key=lambda i: (new_rows[i]["step"], new_rows[i]["coll_j"]))
-        tokens, prev_end = cap, -np.inf
-        for i in rows:
-            row = new_rows[i]
-            t0 = max(float(row["start_ns"]), prev_end)
-            tokens = cap if row["coll_j"] == 0 else min(cap, tokens + rate * (t0 - prev_end))
-            x = row["bytes"] * f
-            used = min(tokens, x / TCP_GOODPUT)
-            tokens -= used
-            out[i] = used * TCP_GOODPUT
-            prev_end = t0 + alpha + max(x - out[i], 0.0) * inv_b
+        x = np.asarray([new_rows[i]["bytes"] * f for i in rows], np.float64)
+        out[rows] = spend_tokens(
+            np.asarray([new_rows[i]["start_ns"] for i in rows], np.float64), x / TCP_GOODPUT,
+            *shaper, refill=np.asarray([new_rows[i]["coll_j"] == 0 for i in rows]),
+            dur_of=lambda k, c, x=x: alpha + max(x[k] - c, 0.0) * inv_b)
     return out
 
 

@@ -250,7 +250,7 @@ class Network(Policy):
         need = set(np.unique(new_lv[x > 0]).tolist()) - set(new_bw)
         if 0 in need and cpu:
             # gloo on one host: loopback TCP, bound by the host's copies (bucketing_cpu)
-            from .bucketing_cpu import loopback_busbw
+            from .host_cpu import loopback_busbw
             lo = loopback_busbw(state.trace)
             if lo is not None:
                 new_bw[0] = lo
@@ -376,20 +376,38 @@ def link_credits(graph, tab: dict[str, np.ndarray], on_link: np.ndarray, rate: f
     x = tab["bytes"] * tab["factor"] / TCP_GOODPUT  # wire bytes of each row's stream
     start = np.asarray(graph.meas_start_ns, np.float64)[ops]
     dur = np.asarray(graph.meas_dur_ns if durations is None else durations, np.float64)[ops]
-    rank = np.asarray(graph.rank)[ops] if hasattr(graph, "rank") else np.zeros(len(ops))
-    cap = rate * tau
+    rank = np.asarray(graph.rank)[ops]
     for r in np.unique(rank[on_link]).tolist():
         rows = np.flatnonzero(on_link & (rank == r) & (x > 0))
         rows = rows[np.argsort(start[rows], kind="stable")]
-        tokens, prev_end = cap, -math.inf
-        for j in rows.tolist():
-            t0 = max(start[j], prev_end)
-            if prev_end > -math.inf:
-                tokens = min(cap, tokens + rate * (t0 - prev_end))
-            used = min(tokens, x[j])
-            out[j] = used * TCP_GOODPUT
-            tokens -= used
-            prev_end = max(prev_end, start[j] + dur[j])
+        out[rows] = spend_tokens(start[rows], x[rows], rate, tau,
+                                 ends=start[rows] + dur[rows])
+    return out
+
+
+def spend_tokens(start: np.ndarray, wire: np.ndarray, rate: float, tau: float, *,
+                 ends: np.ndarray | None = None, dur_of=None,
+                 refill: np.ndarray | None = None) -> np.ndarray:
+    """Payload bytes each of one link's transfers (in order) sends on saved tokens.
+
+    A transfer starts at ``max(start, previous end)``; the bucket (``rate * tau`` wire
+    bytes, full before the first and where ``refill`` is True) refills at ``rate`` from the
+    previous end to that start; the transfer spends ``min(bucket, its wire bytes)``. It ends
+    at ``ends[k]`` (measured) or lasts ``dur_of(k, credit)`` (modeled)."""
+    cap = rate * tau
+    out = np.zeros(len(start))
+    tokens, prev_end = cap, -math.inf
+    for k in range(len(start)):
+        t0 = max(float(start[k]), prev_end)
+        if refill is not None and refill[k]:
+            tokens = cap
+        elif prev_end > -math.inf:
+            tokens = min(cap, tokens + rate * (t0 - prev_end))
+        used = min(tokens, float(wire[k]))
+        tokens -= used
+        out[k] = used * TCP_GOODPUT
+        prev_end = max(prev_end, float(ends[k])) if ends is not None \
+            else t0 + dur_of(k, out[k])
     return out
 
 

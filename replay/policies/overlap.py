@@ -11,7 +11,7 @@ per-layer WFBP, one bucket, MG-WFBP merging) and compute/communication interfere
   DDP traces parameter by parameter with the rank's CPU shared by compute and gloo, by
   :func:`replay.policies.bucketing.rebucket_cpu`, whose interference is
   ``1 - overlap.interference``, by default the trace's own: the gloo transfer's CPU-busy
-  share from the host's measured copy rate (:func:`bucketing_cpu.cpu_interference_of`), or
+  share from the host's measured copy rate (:func:`host_cpu.cpu_interference_of`), or
   ``CPU_INTERFERENCE`` when the trace cannot tell).
 * ``merge``: ``"wfbp"`` one all-reduce per layer (wait-free backprop), ``"single"`` one
   all-reduce after backward, ``"mgwfbp"`` merged-gradient WFBP: the best merge of ``k``
