@@ -249,7 +249,7 @@ class Network(Policy):
         new_lv = tab["level"]
         need = set(np.unique(new_lv[x > 0]).tolist()) - set(new_bw)
         if 0 in need and cpu:
-            # gloo on one host: loopback TCP, bound by the host's copies (bucketing_cpu)
+            # gloo on one host: loopback TCP, bound by the host's copies (host_cpu)
             from .host_cpu import loopback_busbw
             lo = loopback_busbw(state.trace)
             if lo is not None:
@@ -362,20 +362,20 @@ def shaped_link(trace: Trace) -> tuple[float, float] | None:
 
 
 def link_credits(graph, tab: dict[str, np.ndarray], on_link: np.ndarray, rate: float,
-                 tau: float, durations: np.ndarray | None = None) -> np.ndarray:
+                 tau: float) -> np.ndarray:
     """Per row of ``tab``: the payload bytes its transfer sends on tokens saved in the
     shaper's bucket (:func:`shaped_link`), rows on the shaped link (``on_link``) only.
 
     Each rank's transfers in start order: a transfer starts when issued or when the one
     before it ends, whichever is later; the bucket (``rate * tau`` wire bytes, full before
     the first) refills at ``rate`` from the previous transfer's end to that start; the
-    transfer spends ``min(bucket, its wire bytes)`` of it. ``durations`` (ns, op-id order)
-    default to the measured ones."""
+    transfer spends ``min(bucket, its wire bytes)`` of it; transfers take their measured
+    times (:func:`spend_tokens`)."""
     out = np.zeros(len(tab["op"]))
     ops = tab["op"]
     x = tab["bytes"] * tab["factor"] / TCP_GOODPUT  # wire bytes of each row's stream
     start = np.asarray(graph.meas_start_ns, np.float64)[ops]
-    dur = np.asarray(graph.meas_dur_ns if durations is None else durations, np.float64)[ops]
+    dur = np.asarray(graph.meas_dur_ns, np.float64)[ops]
     rank = np.asarray(graph.rank)[ops]
     for r in np.unique(rank[on_link]).tolist():
         rows = np.flatnonzero(on_link & (rank == r) & (x > 0))
