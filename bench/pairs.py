@@ -94,18 +94,9 @@ def load_capture(folder: Path) -> Trace:
     if "ddp_param_bytes" in job:
         trace.meta["ddp_param_bytes"] = list(job["ddp_param_bytes"])
     trace.meta["job"] = {k: v for k, v in job.items() if k != "ddp_param_bytes"}
-    if "rate_mbit" in job and "tbf_burst_bytes" not in job:
-        # the committed pairs predate the record: their links were shaped by the kit's rule
-        trace.meta["job"]["tbf_burst_bytes"] = kit_burst_bytes(float(job["rate_mbit"]))
     if "cpu_affinity" not in trace.meta and "hostnames" in trace.meta:
         trace.meta["cpu_affinity"] = kit_affinity(job, trace.meta["hostnames"])
     return trace
-
-
-def kit_burst_bytes(rate_mbit: float) -> int:
-    """tbf bucket of a kit link (examples/pairs/hosts.py: ``burst_bytes``): two 250 Hz timer
-    ticks of the rate, at least 64 KiB. New captures record it (``tbf_burst_bytes``)."""
-    return max(65536, int(2 * rate_mbit * 1e6 / 8 / 250))
 
 
 def kit_affinity(job: dict, hostnames: dict) -> dict[str, list[int]]:

@@ -198,3 +198,19 @@ def test_shaped_link_calibrates_to_the_links_own_measured_rate():
             assert raw > got
             checked += 1
     assert checked == 8
+
+
+def test_a_plain_ingest_of_a_kit_capture_knows_its_link():
+    """`retime ingest` / retime.load of a kit capture (no bench helper): the link record the
+    capture wrote into every rank's file reaches the network model, so the 4x faster link
+    is predicted as well as bench/pairs.py predicts it."""
+    import retime
+
+    spec = SPECS["mlp-bandwidth"]
+    t = retime.load(str(PAIRS / "mlp-bandwidth" / "A"))
+    assert "job" not in t.meta and t.meta["capture"]
+    keys = dict(spec["whatif"]["A->B"])
+    pred = measured_step_ns(whatif(t, keys).to_trace())
+    assert pred == pytest.approx(spec["median_ns"]["B"], rel=0.05)
+    w = whatif(t, keys).meta["whatif"]["shaped_link"]
+    assert w["burst_ms"] == pytest.approx(8.0) and w["rate_gbps"] == pytest.approx(0.2)

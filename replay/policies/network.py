@@ -340,25 +340,50 @@ def shaped_link(trace: Trace) -> tuple[float, float] | None:
     """The token-bucket shaper of the inter-host link a capture declares, as ``(rate, tau)``:
     the rate in wire bytes per ns and the bucket in ns of that rate, or None.
 
-    A link shaped with ``tc ... tbf rate R burst B`` (``examples/pairs``: the capture's
-    ``meta["job"]`` holds ``rate_mbit`` and ``tbf_burst_bytes``) lets a transfer that starts
+    A link shaped with ``tc ... tbf rate R burst B`` (``examples/pairs``: the capture's job
+    record holds ``rate_mbit`` and ``tbf_burst_bytes``; a kit capture without the bucket
+    had :func:`kit_burst_bytes`) lets a transfer that starts
     with a full bucket send its first ``B`` bytes at the device's own speed, the rest at
     ``R``; the bucket refills at ``R`` while the link is idle. On a kernel whose tbf releases
     tokens per timer tick the bucket must hold at least one tick of ``R`` to reach ``R`` at
     all, so it is set as a time of the rate (``tau = B / R``: 8 ms, two ticks at 250 Hz) and
     a link at another rate keeps that ``tau``. Real links have no such allowance: a trace
     without the declaration gets none."""
-    job = trace.meta.get("job") if isinstance(trace.meta, dict) else None
-    if not isinstance(job, dict):
-        return None
+    job = _capture_job(trace)
     try:
-        rate = float(job["rate_mbit"]) / 8000.0  # Mbit/s -> bytes per ns
-        burst = float(job["tbf_burst_bytes"])
+        rate_mbit = float(job["rate_mbit"])
+        # the kit's rule where an older kit capture did not record its bucket
+        burst = float(job["tbf_burst_bytes"]) if job.get("tbf_burst_bytes") is not None \
+            else kit_burst_bytes(rate_mbit)
     except (KeyError, TypeError, ValueError):
         return None
+    rate = rate_mbit / 8000.0  # Mbit/s -> bytes per ns
     if not (rate > 0 and burst > 0):
         return None
     return rate, burst / rate
+
+
+#: the kit's timer tick (CONFIG_HZ) and smallest tbf bucket (examples/pairs/hosts.py)
+KIT_HZ = 250
+KIT_MIN_BURST_BYTES = 65536
+
+
+def kit_burst_bytes(rate_mbit: float) -> int:
+    """tbf bucket of an examples/pairs link: two timer ticks of the rate, at least 64 KiB
+    (hosts.py ``burst_bytes``; kit captures record it as ``tbf_burst_bytes`` since then)."""
+    return max(KIT_MIN_BURST_BYTES, int(2 * rate_mbit * 1e6 / 8 / KIT_HZ))
+
+
+def _capture_job(trace: Trace) -> dict:
+    """The job record of a kit capture: ``meta["job"]`` (bench/pairs.py lifts it there) or
+    the ``job`` block that the capture wrote into each rank's file (``meta["capture"]``)."""
+    m = trace.meta if isinstance(trace.meta, dict) else {}
+    if isinstance(m.get("job"), dict) and "rate_mbit" in m["job"]:
+        return m["job"]
+    for block in (m.get("capture") or {}).values():
+        if isinstance(block, dict) and isinstance(block.get("job"), dict):
+            return block["job"]
+    return {}
 
 
 def link_credits(graph, tab: dict[str, np.ndarray], on_link: np.ndarray, rate: float,
