@@ -208,6 +208,13 @@ def test_raw_control_characters_in_names_are_escaped_and_counted(tmp_path, monke
     fixed, n = escape_control_chars(raw)
     assert n == 3 and json.loads(fixed) == json.loads(clean)
     assert escape_control_chars(clean) == (clean, 0)  # whitespace between tokens untouched
+    # quotes after runs of backslashes: odd runs escape the quote, even runs do not
+    for text, want in [(b'{"a":"x\\\\"}\n', 0), (b'{"a":"x\\"\ty"}', 1),
+                       (b'["\\\\\\\\",\n"\x02"]', 1), (b'{"k\x03":1}\r\n', 1),
+                       (b'"\\\\\\"\x01"', 1)]:
+        fixed_text, k = escape_control_chars(text)
+        assert k == want, text
+        json.loads(fixed_text)
     f = tmp_path / "raw.json"
     f.write_bytes(raw)
     with monkeypatch.context() as m:

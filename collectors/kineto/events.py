@@ -120,11 +120,6 @@ def load_bytes(path: Path) -> bytes:
     return raw
 
 
-#: one JSON string token; used only to repair raw control characters inside strings
-_STRING_RE = re.compile(rb'"(?:[^"\\]|\\.)*"', re.S)
-_CONTROL_RE = re.compile(rb"[\x00-\x1f]")
-
-
 class RawControlCharacters(TraceFormatError):
     """The JSON holds raw control characters (U+0000..U+001F) inside strings.
 
@@ -138,21 +133,32 @@ def escape_control_chars(raw: bytes) -> tuple[bytes, int]:
     """Escape raw control characters inside JSON strings as ``\\u00XX``.
 
     Returns the repaired text and how many characters were escaped. Whitespace between
-    tokens is untouched, so the document means exactly what its writer meant.
+    tokens is untouched, so the document means exactly what its writer meant. Vectorized:
+    a quote opens or closes a string unless an odd run of backslashes precedes it, and a
+    control byte is inside a string when an odd number of such quotes precede it.
     """
-    count = 0
-
-    def fix(m: re.Match) -> bytes:
-        nonlocal count
-        tok = m.group(0)
-        if not _CONTROL_RE.search(tok):
-            return tok
-        out, n = _CONTROL_RE.subn(lambda c: b"\\u%04x" % c.group(0)[0], tok)
-        count += n
-        return out
-
-    fixed = _STRING_RE.sub(fix, raw)
-    return fixed, count
+    a = np.frombuffer(raw, np.uint8)
+    ctrl = np.flatnonzero(a < 0x20)
+    if len(ctrl) == 0:
+        return raw, 0
+    q = np.flatnonzero(a == 0x22)
+    escaped = np.zeros(len(q), bool)
+    for i in np.flatnonzero((q > 0) & (a[np.maximum(q - 1, 0)] == 0x5C)).tolist():
+        k = int(q[i]) - 1  # a quote after a backslash (rare): count the run
+        while k >= 0 and a[k] == 0x5C:
+            k -= 1
+        escaped[i] = (int(q[i]) - 1 - k) % 2 == 1
+    real = q[~escaped]
+    inside = ctrl[np.searchsorted(real, ctrl) % 2 == 1]
+    if len(inside) == 0:
+        return raw, 0
+    parts, prev = [], 0
+    for k in inside.tolist():
+        parts.append(raw[prev:k])
+        parts.append(b"\\u%04x" % raw[k])
+        prev = k + 1
+    parts.append(raw[prev:])
+    return b"".join(parts), len(inside)
 
 
 _BYTE_RE = re.compile(r"\(byte (\d+)\)")
