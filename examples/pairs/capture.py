@@ -99,6 +99,18 @@ def _pairs() -> dict[str, tuple[str, Pair]]:
             {"bucket_cap_mb": 1.0, "rate_mbit": lo}, {"bucket_cap_mb": 50.0, "rate_mbit": lo},
             {"overlap.bucket_mb": round(50 * MIB_MB, 6)},
             {"overlap.bucket_mb": round(1 * MIB_MB, 6)}),
+        # captured after the models were written (held out from their development): other
+        # link rates, and bucket size on a third rate
+        "bandwidth-200-800": lambda m: Pair(
+            "inter-host bandwidth at other rates (200 vs 800 Mbit/s per direction)",
+            {"rate_mbit": 200.0}, {"rate_mbit": 800.0},
+            {"network.inter_node_gbps": _gbps(800.0), "topology.ranks_per_node": 1},
+            {"network.inter_node_gbps": _gbps(200.0), "topology.ranks_per_node": 1}),
+        "bucket-800mbit": lambda m: Pair(
+            "DDP bucket_cap_mb (MiB; the key counts 10^6 bytes) on an 800 Mbit/s link",
+            {"bucket_cap_mb": 1.0, "rate_mbit": 800.0}, {"bucket_cap_mb": 50.0, "rate_mbit": 800.0},
+            {"overlap.bucket_mb": round(50 * MIB_MB, 6)},
+            {"overlap.bucket_mb": round(1 * MIB_MB, 6)}),
         "dp": lambda m: Pair(
             "data-parallel ranks: 2 hosts x 1 rank vs 2 hosts x 2 ranks (a host's ranks share "
             "its core; per-rank batch fixed)",
