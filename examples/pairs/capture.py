@@ -136,11 +136,27 @@ def _pairs() -> dict[str, tuple[str, Pair]]:
             {"batch": batch[m][0]}, {"batch": batch[m][1]},
             {"parallel.micro_batch": batch[m][1]}, {"parallel.micro_batch": batch[m][0]}),
     }
+    # held out as well: the layout, CPU and memory knobs on an 800 Mbit/s link
+    for knob in ("dp", "ranks-per-host", "host-speed", "checkpoint", "batch"):
+        spec[f"{knob}-800mbit"] = _on_link(spec[knob], 800.0)
     out = {}
     for knob in spec:
         for m in ("mlp", "transformer"):
             out[f"{m}-{knob}"] = (m, spec[knob](m))
     return out
+
+
+def _on_link(make, rate_mbit: float):
+    """A pair maker whose settings both run on a ``rate_mbit`` link (the keys that name the
+    link's rate follow it)."""
+    def made(m: str) -> Pair:
+        p = make(m)
+        fix = lambda keys: {k: (_gbps(rate_mbit) if k == "network.inter_node_gbps" else v)  # noqa: E731
+                            for k, v in keys.items()}
+        return Pair(f"{p.knob} on an {rate_mbit:g} Mbit/s link",
+                    {**p.a, "rate_mbit": rate_mbit}, {**p.b, "rate_mbit": rate_mbit},
+                    fix(p.a_to_b), fix(p.b_to_a))
+    return made
 
 
 PAIRS = _pairs()
