@@ -209,6 +209,32 @@ def _quiet_cycles():
         yield
 
 
+def _load_export(raw: bytes) -> tuple[dict, dict[str, int]]:
+    """The profiler's exported JSON, and what had to be repaired in it (empty when nothing).
+
+    torch's exporter sometimes writes a string with bytes it never initialized (seen with
+    torch 2.13 on loopback gloo jobs: a raw control character): the capture must not kill
+    the training job over a name. Invalid UTF-8 is replaced (U+FFFD), raw control
+    characters inside strings are escaped, and both are counted in ``retimeCapture.repaired``.
+    """
+    try:
+        return orjson.loads(raw), {}
+    except orjson.JSONDecodeError:
+        pass
+    from .kineto.events import escape_control_chars
+
+    repaired: dict[str, int] = {}
+    text = raw.decode("utf-8", "replace")
+    bad = text.count("\ufffd") - raw.decode("utf-8", "ignore").count("\ufffd")
+    if bad:
+        repaired["invalid_utf8_replaced"] = bad
+        raw = text.encode("utf-8")
+    raw, n = escape_control_chars(raw)
+    if n:
+        repaired["control_chars_escaped"] = n
+    return orjson.loads(raw), repaired
+
+
 class Capture:
     """Profile chosen steps of a training loop; write one Kineto trace per rank.
 
@@ -330,19 +356,10 @@ class Capture:
             raw = tmp_json.read_bytes()
         finally:
             tmp_json.unlink(missing_ok=True)
-        try:
-            doc, repaired = orjson.loads(raw), 0
-        except orjson.JSONDecodeError as exc:
-            if "control character" not in str(exc):
-                raise
-            # Kineto leaves control characters in some names unescaped (seen with torch
-            # 2.13 on loopback gloo jobs); escape them and say how many in the capture record
-            from .kineto.events import escape_control_chars
-            fixed, repaired = escape_control_chars(raw)
-            doc = orjson.loads(fixed)
+        doc, repaired = _load_export(raw)
         self._annotate(doc, state, torch)
         if repaired:
-            doc["retimeCapture"]["escaped_control_chars"] = repaired
+            doc["retimeCapture"]["repaired"] = repaired
         tmp = out.parent / f".{out.name}.{os.getpid()}.tmp"
         data = orjson.dumps(doc)
         if cfg.compress:

@@ -16,6 +16,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from retime.cli import run
@@ -268,9 +269,9 @@ def test_each_gloo_allreduce_depends_on_its_issuing_call(ddp_trace):
 @pytest.mark.torch
 @needs_torch
 def test_capture_repairs_unescaped_control_characters_from_the_profiler(tmp_path, monkeypatch):
-    """torch's exporter sometimes writes a raw control character inside a string (seen once
-    in CI with torch 2.13 on a loopback gloo job): the capture escapes it, says how many it
-    escaped, and the trace it writes is valid JSON with the name kept."""
+    """torch's exporter sometimes writes uninitialized bytes into a string (a raw control
+    character, seen once in CI with torch 2.13 on a loopback gloo job): the capture repairs
+    them (escaped; invalid UTF-8 replaced), says how many, and writes valid JSON."""
     import torch
 
     from retime.collectors.capture import Capture
@@ -280,7 +281,8 @@ def test_capture_repairs_unescaped_control_characters_from_the_profiler(tmp_path
     def export_with_raw_control_char(self, path):
         real_export(self, path)
         raw = Path(path).read_bytes()
-        Path(path).write_bytes(raw.replace(b'"aten::add', b'"aten::\x01add', 1))
+        Path(path).write_bytes(raw.replace(b'"aten::add', b'"aten::\x01add', 1)
+                               .replace(b'"aten::ones', b'"aten::\xffones', 1))
 
     monkeypatch.setattr(torch.profiler.profile, "export_chrome_trace",
                         export_with_raw_control_char)
@@ -290,5 +292,25 @@ def test_capture_repairs_unescaped_control_characters_from_the_profiler(tmp_path
             cap.step()
     (path,) = cap.paths
     doc = _load(path)
-    assert doc["retimeCapture"]["escaped_control_chars"] == 1
-    assert any(e.get("name") == "aten::\x01add" for e in doc["traceEvents"])
+    assert doc["retimeCapture"]["repaired"] == {"invalid_utf8_replaced": 1,
+                                                "control_chars_escaped": 1}
+    names = {e.get("name") for e in doc["traceEvents"]}
+    assert "aten::\x01add" in names and "aten::\ufffdones" in names
+
+
+def test_gloo_completion_edges_never_run_against_time():
+    """gloo runs a rank's all-reduces on two worker threads, so one can start well after it
+    was issued. The op DDP's wait resumed with is found after the execution started: on a
+    capture where the earlier rule picked a gap before it (a cycle, replay refused), every
+    completion edge now points forward in time and the trace replays exactly."""
+    from retime.collectors.enums import EdgeKind
+    from retime.collectors.ingest import read
+    from retime.replay import replay
+
+    t = read(ROOT / "traces" / "regress" / "gloo-two-workers")
+    e, st = t.edges, t.ops["start_ns"].to_numpy()
+    sync = e["kind"].to_numpy() == EdgeKind.SYNC
+    src, dst = e["src"].to_numpy()[sync], e["dst"].to_numpy()[sync]
+    assert len(src) >= 10 and (st[dst] > st[src]).all()
+    r = replay(t)
+    assert np.array_equal(r.end_ns, (t.ops["start_ns"] + t.ops["dur_ns"]).to_numpy())

@@ -109,8 +109,12 @@ def _completion_op(g: int, o: int, lane, start, end, n_h: int, copy_starts) -> i
         if k < len(cs):
             j = lo + int(np.searchsorted(start[lo:hi], cs[k], side="left"))
             if j < hi:
-                # the wait is the longest idle gap between the issue and the copy-back
-                a = max(int(o) + 1, lo + 1)
+                # the wait is the longest idle gap between the issue and the copy-back,
+                # ending after the execution started (with two gloo worker threads an
+                # execution can start well after its issue: a gap before that start was
+                # spent on other buckets, and an edge to it would run against time)
+                a = max(int(o) + 1, lo + 1,
+                        lo + int(np.searchsorted(start[lo:hi], start[g], side="right")))
                 if a <= j:
                     gaps = start[a:j + 1] - end[a - 1:j]
                     b = a + int(np.argmax(gaps))
