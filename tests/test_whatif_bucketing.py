@@ -162,20 +162,22 @@ def test_gloo_ddp_rebucketing_follows_ddps_rule_parameter_by_parameter(gloo_ddp)
     assert sc["interference"] == 0.0  # one core per rank: the CPU is time-shared
 
 
-@pytest.mark.torch
-@pytest.mark.skipif(not HAS_TORCH, reason="needs torch (retime[torch])")
-def test_gloo_ddp_contention_model_is_consistent_with_the_measurement(gloo_ddp):
+def test_gloo_ddp_contention_model_is_consistent_with_the_measurement():
     """Removing the measured interference and replaying with it reproduces the step (within
-    what a 5-step capture on a shared 2-core machine allows: the model is fluid processor
-    sharing, the measurement has scheduler slices and other people's processes in it)."""
-    ident = replay(gloo_ddp)
-    same = whatif(gloo_ddp, {"overlap.bucket_mb": _mib(0.5)})
-    assert _median_step(same) == pytest.approx(_median_step(ident), rel=0.2)
-    assert same.meta["contention"]["slowdown"] == 1.0
-    free = whatif(gloo_ddp, {"overlap.bucket_mb": _mib(0.5), "overlap.interference": 1.0})
+    what a short capture on a shared 2-core machine allows: the model is fluid processor
+    sharing, the measurement has scheduler slices in it). On a committed capture
+    (traces/regress/gloo-two-workers: 2 ranks, 1 MiB buckets), not a fresh one: a capture
+    made during the test run varies with the machine's load, and the test with it."""
+    t = read(ROOT / "traces" / "regress" / "gloo-two-workers")
+    ident = replay(t)
+    same = whatif(t, {"overlap.bucket_mb": _mib(1)})
+    assert _median_step(same) == pytest.approx(_median_step(ident), rel=0.1)
+    assert same.meta["contention"]["slowdown"] == 1.0  # no parameter sizes: time-sharing
+    free = whatif(t, {"overlap.bucket_mb": _mib(1), "overlap.interference": 1.0})
     assert free.meta["contention"]["slowdown"] == 0.0
+    assert _median_step(free) < _median_step(same)  # perfect overlap can only be faster
     from retime.replay.policies.bucketing import rebucket_cpu
-    *_, info, cpu = rebucket_cpu(gloo_ddp, _mib(0.5), 1.0)
+    *_, info, cpu = rebucket_cpu(t, _mib(1), 1.0)
     assert info["busbw_gbps"] > 0 and info["alpha_ns"] >= 0
     # training-thread work never exceeds what was measured (the interference only adds)
     assert np.all(cpu.work_ns[cpu.compute] >= 0)
