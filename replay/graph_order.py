@@ -65,15 +65,11 @@ def _order_or_raise(node_of, lane_prev, pred_ptr, pred_src, wait_ptr, wait_src, 
     return order
 
 
-def _cycle_message(node_of, a, b, order, trace, start_ns, perm=None) -> str:
-    """Find one cycle among the nodes Kahn's algorithm could not order and describe it."""
-    n = len(node_of)
-    done = np.zeros(n, bool)
-    done[order] = True
-    left = ~done[b] & ~done[a]
-    pa, pb = a[left], b[left]
+def _one_cycle(a: np.ndarray, b: np.ndarray) -> list[int]:
+    """One cycle among the edges ``a[i] -> b[i]`` (every node left has a predecessor), as
+    found by walking predecessors: ``cyc[i]`` is preceded by ``cyc[i + 1]``."""
     preds: dict[int, int] = {}
-    for x, y in zip(pa.tolist(), pb.tolist(), strict=True):  # error path only
+    for x, y in zip(a.tolist(), b.tolist(), strict=True):  # error path only
         preds.setdefault(y, x)
     u = next(iter(preds))
     seen: dict[int, int] = {}
@@ -82,7 +78,16 @@ def _cycle_message(node_of, a, b, order, trace, start_ns, perm=None) -> str:
         seen[u] = len(path)
         path.append(u)
         u = preds[u]
-    cyc = path[seen[u]:][::-1]
+    return path[seen[u]:]
+
+
+def _cycle_message(node_of, a, b, order, trace, start_ns, perm=None) -> str:
+    """Find one cycle among the nodes Kahn's algorithm could not order and describe it."""
+    n = len(node_of)
+    done = np.zeros(n, bool)
+    done[order] = True
+    left = ~done[b] & ~done[a]
+    cyc = _one_cycle(a[left], b[left])[::-1]
     def describe(v: int) -> str:
         if perm is not None:  # layout position -> op id
             v = int(perm[v])
@@ -156,17 +161,7 @@ def choose_relaxations(exc: CycleError, rank: np.ndarray, start: np.ndarray,
             break
         keep = ~ok[ia] & ~ok[ib]
         a, b = a[keep], b[keep]
-        preds: dict[int, int] = {}
-        for x, y in zip(a.tolist(), b.tolist()):
-            preds.setdefault(y, x)
-        u = next(iter(preds))
-        seen: dict[int, int] = {}
-        path: list[int] = []
-        while u not in seen:
-            seen[u] = len(path)
-            path.append(u)
-            u = preds[u]
-        cyc = path[seen[u]:]  # cyc[i] is preceded by cyc[i + 1]
+        cyc = _one_cycle(a, b)  # cyc[i] is preceded by cyc[i + 1]
         best, what = None, None
         for i, v in enumerate(cyc):
             if v in members and v not in dissolve:
