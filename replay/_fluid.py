@@ -84,8 +84,8 @@ _PF = np.uint64(1024)
 @njit(cache=True, nogil=True)
 def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev, lane_lag,
                   lane_s2s, pred_ptr, pred_src, pred_lag, pred_s2s, wait_ptr, wait_src,
-                  wait_lag, device, resource, link, slowdown, share_compute, share_links,
-                  sptr, succ, cnt0, smid, pptr, pent, state0, roots, wkey, dims, start, end,
+                  wait_lag, device, resource, link, slowdown, inv_c, comm_inv, comm_cap,
+                  share_compute, share_links, sptr, succ, cnt0, smid, pptr, pent, state0, roots, wkey, dims, start, end,
                   crit):
     """Event-driven fluid replay with resource sharing (the contention path).
 
@@ -94,8 +94,13 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
     whose progress rate is set by the ops running at the same time: compute jobs share their
     device equally when ``share_compute``; communication jobs (a whole collective is one job
     over the links of its members) get max-min fair shares of unit-capacity links when
-    ``share_links``; while a device runs both compute and communication, both progress at
-    ``1 / (1 + slowdown)``. A collective's job starts when its last member has started
+    ``share_links``; while a device runs both compute and communication, its compute
+    progresses at ``inv_c`` and a communication job touching a computing device at
+    ``comm_inv`` of its first member (per position; both ``1 / (1 + slowdown)`` when the
+    interference is symmetric; ``slowdown > 0`` switches the interference on): its link
+    share times ``comm_inv``, or with ``comm_cap`` the smaller of the two (a rate cap: a
+    transfer waiting on its CPU's scheduler, not on the link, so that concurrent transfers
+    each keep it). A collective's job starts when its last member has started
     and member ``m`` completes once the job's progress reaches ``dur[m]``. Ops without a
     resource take exactly ``dur`` (their end is known when they start), and start-to-start
     links (``*_s2s``: launch edges, measured lane overlaps) resolve when their source starts,
@@ -169,7 +174,6 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
     sharing = share_compute or share_links or slowdown > 0.0
     # devices computing (bit d, d < 64; kept without compute sharing), for the toggle test
     cmask = np.int64(0)
-    inv = 1.0 / (1.0 + slowdown)
     # ---- job slots and event lists. Their capacity is the worst case (every job running,
     # every op released at once), but np.empty only reserves address space: pages are
     # committed when first touched, and slots are reused LIFO, so the resident part is the
@@ -435,7 +439,7 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
                         cmask |= np.int64(1) << np.int64(d)
                 n_compute[d] += 1
                 if toggled < 0:
-                    r = inv if slowdown > 0.0 and n_comm[d] > 0 else 1.0
+                    r = inv_c if slowdown > 0.0 and n_comm[d] > 0 else 1.0
                     # as _rerate_cands would: the rate changes from "unset" to r; the job
                     # list entry is placed below
                     sf[sl, _F_RATE] = r
@@ -547,12 +551,12 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
                         if flip:
                             seq = _toggle_flows(np.int64(d), -1, now, n, coll_ptr,
                                                 coll_members, device, n_compute, share_links,
-                                                inv, sf, si, jt, jq, js, n_flows, jsize,
+                                                inv_c, comm_inv, comm_cap, sf, si, jt, jq, js, n_flows, jsize,
                                                 hmode, seq)
         flow_list = sharing and not share_compute and not share_links and not hmode
         if flow_list and has_left and not fast:  # a flow ends (interference only, a list)
             seq = _flow_change(np.int64(left), si[left, _I_JOB], False, now, n, coll_ptr,
-                               coll_members, device, n_comm, n_compute, inv, sf, si, jt, js,
+                               coll_members, device, n_comm, n_compute, inv_c, comm_inv, comm_cap, sf, si, jt, js,
                                jsize, n_flows, dev_flag, seq)
             n_flows -= 1
         elif sharing and has_left and not fast:  # no sharing: every rate stays 1
@@ -569,17 +573,17 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
                              sf, si, fscr)
             seq = _rerate_cands(now, ncand, n, coll_ptr, coll_members, device, resource,
                                 n_compute, n_comm, share_compute, share_links, slowdown,
-                                inv, sf, si, jt, jq, js, jsize, hmode, seq)
+                                inv_c, comm_inv, comm_cap, sf, si, jt, jq, js, jsize, hmode, seq)
         if has_left:
             si[nfree, _L_FREE] = left
             nfree += 1
         if toggled >= 0:
             seq = _toggle_flows(toggled, np.int64(entered), now, n, coll_ptr, coll_members,
-                                device, n_compute, share_links, inv, sf, si, jt, jq, js,
+                                device, n_compute, share_links, inv_c, comm_inv, comm_cap, sf, si, jt, jq, js,
                                 n_flows, jsize, hmode, seq)
         if flow_list and has_entered and not fast_enter:  # a flow starts (as above)
             seq = _flow_change(np.int64(entered), si[entered, _I_JOB], True, now, n,
-                               coll_ptr, coll_members, device, n_comm, n_compute, inv, sf,
+                               coll_ptr, coll_members, device, n_comm, n_compute, inv_c, comm_inv, comm_cap, sf,
                                si, jt, js, jsize, n_flows, dev_flag, seq)
             n_flows += 1
         elif sharing and has_entered and not fast_enter:
@@ -597,7 +601,7 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
                              sf, si, fscr)
             seq = _rerate_cands(now, ncand, n, coll_ptr, coll_members, device, resource,
                                 n_compute, n_comm, share_compute, share_links, slowdown,
-                                inv, sf, si, jt, jq, js, jsize, hmode, seq)
+                                inv_c, comm_inv, comm_cap, sf, si, jt, jq, js, jsize, hmode, seq)
         # ---- finalize ops whose end is known; resolve their successors
         while nf > U0:
             nf -= U1

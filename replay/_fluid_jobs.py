@@ -346,7 +346,7 @@ def _job_leave(sl, j, n, coll_ptr, coll_members, device, resource, n_compute, n_
 
 @njit(cache=True, _nrt=False)
 def _flow_change(sl, j, entering, now, n, coll_ptr, coll_members, device, n_comm, n_compute,
-                 inv, sf, si, jt, js, jsize, n_flows, dev_flag, seq):
+                 inv_c, comm_inv, comm_cap, sf, si, jt, js, jsize, n_flows, dev_flag, seq):
     """Flow ``j`` (slot ``sl``) starts (``entering``: already in the job list, at rate 1) or
     ends (already out of it), with interference but neither rate sharing, the job queue a
     sorted list: what :func:`_job_enter` / :func:`_job_leave` and :func:`_rerate_cands` do
@@ -390,7 +390,7 @@ def _flow_change(sl, j, entering, now, n, coll_ptr, coll_members, device, n_comm
         if flagged and not cand:
             d = si[s, _I_DEV]
             if d >= 0 and dev_flag[d] != 0:
-                r = inv if n_comm[d] > 0 else 1.0
+                r = inv_c if n_comm[d] > 0 else 1.0
                 cand = r != sf[s, _F_RATE]
         if cand:
             si[ncand, _L_CAND] = s
@@ -408,11 +408,11 @@ def _flow_change(sl, j, entering, now, n, coll_ptr, coll_members, device, n_comm
     for a in range(ncand):
         s = si[a, _L_CAND]
         if entering and s == sl:
-            r = inv if _touches_compute(j, n, coll_ptr, coll_members, device,
-                                        n_compute) else 1.0
+            r = _comm_inv(j, n, coll_ptr, coll_members, comm_inv) if _touches_compute(
+                j, n, coll_ptr, coll_members, device, n_compute) else 1.0
             old = -1.0  # forced: its rate is being set
         else:
-            r = inv if n_comm[si[s, _I_DEV]] > 0 else 1.0
+            r = inv_c if n_comm[si[s, _I_DEV]] > 0 else 1.0
             old = sf[s, _F_RATE]
         m = _jins(jt, js, m, _rerate(sf, s, now, old, r), s)
         seq += 1
@@ -475,7 +475,7 @@ def _fill_shares(n_flows, n, coll_ptr, coll_members, link, link_cnt, link_cap, s
 
 @njit(cache=True, _nrt=False)
 def _rerate_cands(now, ncand, n, coll_ptr, coll_members, device, resource, n_compute, n_comm,
-                  share_compute, share_links, slowdown, inv, sf, si, jt, jq, js, jsize,
+                  share_compute, share_links, slowdown, inv_c, comm_inv, comm_cap, sf, si, jt, jq, js, jsize,
                   hmode, seq):
     """Re-evaluate the rates of the candidate slots (link shares already set by
     :func:`_fill_shares`), in job-id order (so that sequence numbers do not depend on
@@ -496,17 +496,31 @@ def _rerate_cands(now, ncand, n, coll_ptr, coll_members, device, resource, n_com
             if share_compute and n_compute[d] > 1:
                 r = 1.0 / n_compute[d]
             if slowdown > 0.0 and n_comm[d] > 0:
-                r = r * inv
+                r = r * inv_c
         else:
             r = sf[s, _F_SHARE] if share_links else 1.0
             if slowdown > 0.0 and _touches_compute(j, n, coll_ptr, coll_members, device,
                                                        n_compute):
-                r = r * inv
+                r = _under_compute(r, _comm_inv(j, n, coll_ptr, coll_members, comm_inv),
+                                   comm_cap)
         if r != sf[s, _F_RATE]:
             _jkey(jt, jq, js, si, jsize, hmode, s, _rerate(sf, s, now, sf[s, _F_RATE], r),
                   seq)
             seq += 1
     return seq
+
+
+@njit(cache=True, inline="always")
+def _comm_inv(j, n, coll_ptr, coll_members, comm_inv):
+    """Rate of communication job ``j`` (an op, or collective ``j - n``: its first member's)
+    while it touches a computing device."""
+    return comm_inv[j] if j < n else comm_inv[coll_members[coll_ptr[j - n]]]
+
+
+@njit(cache=True, inline="always")
+def _under_compute(share, inv, cap):
+    """A flow's rate next to compute: its link share slowed by ``inv``, or capped at it."""
+    return min(share, inv) if cap else share * inv
 
 
 @njit(cache=True, inline="always")
@@ -523,7 +537,7 @@ def _touches_compute(j, n, coll_ptr, coll_members, device, n_compute):
 
 @njit(cache=True, _nrt=False)
 def _toggle_flows(d, entered, now, n, coll_ptr, coll_members, device, n_compute, share_links,
-                  inv, sf, si, jt, jq, js, n_flows, jsize, hmode, seq):
+                  inv_c, comm_inv, comm_cap, sf, si, jt, jq, js, n_flows, jsize, hmode, seq):
     """Device ``d``'s compute just switched on or off (``n_compute[d]`` already updated)
     while flows run on it, without compute sharing: rescale the flows whose slowdown
     status flipped (a member on ``d`` and none on another computing device), and set the
@@ -558,12 +572,13 @@ def _toggle_flows(d, entered, now, n, coll_ptr, coll_members, device, n_compute,
     for a in range(ncand):
         s = si[a, _L_CAND]
         if s == entered:
-            r = 1.0 * inv  # a compute job next to communication
+            r = 1.0 * inv_c  # a compute job next to communication
             old = -1.0  # forced: its rate is being set
         else:
             r = sf[s, _F_SHARE] if share_links else 1.0
             if on:
-                r = r * inv
+                r = _under_compute(r, _comm_inv(si[s, _I_JOB], n, coll_ptr, coll_members,
+                                                comm_inv), comm_cap)
             old = sf[s, _F_RATE]
         if r != old:
             _jkey(jt, jq, js, si, jsize, hmode, s, _rerate(sf, s, now, old, r), seq)

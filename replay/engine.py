@@ -58,16 +58,50 @@ class ContentionModel:
     share_links : bool
         Concurrent communication ops share links by max-min fairness (progressive filling
         over the links of all their members; one link per rank, unit capacity).
+    comm_slowdown : float, array or None
+        The communication side's own slowdown when interference is asymmetric: a
+        communication job touching a computing device progresses at ``1 / (1 +
+        comm_slowdown)`` (one value, or one per op in op-id order: a collective takes its
+        first member's) while compute keeps ``slowdown``. None: ``slowdown`` for both.
+    comm_cap : bool
+        Next to compute a communication job's rate is ``min(link share, 1 / (1 +
+        comm_slowdown))`` (a cap: it waits on its CPU, not on the link, so concurrent
+        transfers each keep it) instead of the product.
     """
 
     slowdown: float = 0.0
     share_compute: bool = False
     share_links: bool = True
+    comm_slowdown: Any = None
+    comm_cap: bool = False
 
     def __post_init__(self) -> None:
         if not (np.isfinite(self.slowdown) and self.slowdown >= 0):
             raise ReplayError(f"ContentionModel.slowdown={self.slowdown!r} must be "
                               "a finite number >= 0 (0 = no interference)")
+        if self.comm_slowdown is not None:
+            c = np.asarray(self.comm_slowdown, np.float64)
+            if c.ndim > 1 or not (np.isfinite(c).all() and (c >= 0).all()):
+                raise ReplayError("ContentionModel.comm_slowdown must be a finite number >= 0 "
+                                  "or one per op")
+
+    def kernel_args(self, g: ReplayGraph) -> tuple[float, float, np.ndarray, bool]:
+        """(interference switch, compute rate next to communication, per-position rate of
+        communication next to compute, cap or product) for the fluid kernel."""
+        inv_c = 1.0 / (1.0 + self.slowdown)
+        c = self.slowdown if self.comm_slowdown is None else self.comm_slowdown
+        c = np.asarray(c, np.float64)
+        if c.ndim == 1:
+            if len(c) != g.n_ops:
+                raise ReplayError(f"ContentionModel.comm_slowdown has {len(c)} values for a "
+                                  f"graph of {g.n_ops} ops")
+            perm = getattr(g, "perm", None)
+            c = c if perm is None else c[perm]
+            inv_m = np.ascontiguousarray(1.0 / (1.0 + c))
+        else:
+            inv_m = np.full(g.n_ops, 1.0 / (1.0 + float(c)))
+        on = max(self.slowdown, float(c.max()) if c.size else 0.0)
+        return float(on), float(inv_c), inv_m, bool(self.comm_cap)
 
 
 def _arrays(self) -> tuple:
@@ -415,7 +449,7 @@ def _simulate_layout(graph: ReplayGraph, dur: np.ndarray, modified: bool, *, mod
         start, end, crit = np.empty(n), np.empty(n), np.empty(n, np.int32)
         res = FluidResources.of(g)
         base, clamped = _fluid_replay(
-            *kg.args(), *res.args(), float(cm.slowdown), bool(cm.share_compute),
+            *kg.args(), *res.args(), *cm.kernel_args(g), bool(cm.share_compute),
             bool(cm.share_links), *_fluid_setup(g, kg, res).args(), start, end, crit)
         if clamped < 0:
             raise ReplayError("contention replay could not schedule every op (a dependency "
@@ -424,6 +458,8 @@ def _simulate_layout(graph: ReplayGraph, dur: np.ndarray, modified: bool, *, mod
         # per-position floats relative to base: rounded to int64 ns when read
         layout = ("f", start, end, crit, int(base))
         meta["contention"] = {"slowdown": cm.slowdown,
+                              "comm_slowdown": (None if cm.comm_slowdown is None else
+                                                float(np.max(cm.comm_slowdown))),
                               "share_compute": cm.share_compute,
                               "share_links": cm.share_links, "clamped_starts": int(clamped)}
     return ReplayResult(g.trace, g, meta=meta, layout=layout)

@@ -91,10 +91,12 @@ def handoff_edges(rank, lane, start, end, host, lane_prev, origin, has_pred) -> 
             np.asarray(out_l, np.int64))
 
 
-def with_handoff_edges(rank, lane, start, end, on_device, lane_prev, es, ed, ek, el, stats):
+def with_handoff_edges(rank, lane, start, end, on_device, lane_prev, es, ed, ek, el, stats,
+                       not_dst=None):
     """The edge arrays with the inferred hand-offs (:func:`handoff_edges`, as SYNC edges)
     appended; ``stats["handoff_edges"]`` counts them. Host lanes are those not
-    ``on_device`` (without that information nothing is inferred)."""
+    ``on_device`` (without that information nothing is inferred); ops in ``not_dst``
+    (collectives: issued, not handed over) are never the op a hand-off resumes."""
     n = len(start)
     if on_device is None or n == 0:
         stats["handoff_edges"] = 0
@@ -106,6 +108,9 @@ def with_handoff_edges(rank, lane, start, end, on_device, lane_prev, es, ed, ek,
     has_pred = np.zeros(n, bool)
     has_pred[ed] = True
     hs, hd, hl = handoff_edges(rank, lane, start, end, host, lane_prev, rmin[rinv], has_pred)
+    if not_dst is not None and len(hd):
+        ok = ~np.asarray(not_dst, bool)[hd]
+        hs, hd, hl = hs[ok], hd[ok], hl[ok]
     stats["handoff_edges"] = int(len(hs))
     if not len(hs):
         return es, ed, ek, el

@@ -392,8 +392,9 @@ def graph_from_arrays(*, rank, lane, kind, start_ns, dur_ns, coll_id=None, edge_
     stats["lane_overlaps"] = int(lane_s2s.sum())
 
     # ---- inferred thread hand-offs (replay/gaps.py)
+    # (collectives are not handed over: they start when issued and when their peers do)
     es, ed, ek, el = with_handoff_edges(rank, lane, s, end, on_device, lane_prev, es, ed, ek,
-                                        el, stats)
+                                        el, stats, not_dst=coll >= 0)
 
     # ---- collectives: dense index, members sorted by (collective, op id)
     in_coll = coll >= 0

@@ -122,13 +122,16 @@ def _to_ops(g, start, end, crit):
 
 
 # ---------------------------------------------------------------------------- contention path
-def naive_fluid(g, durations_ns=None, interference=0.0, share_compute=False, share_links=True):
+def naive_fluid(g, durations_ns=None, interference=0.0, share_compute=False, share_links=True,
+                comm_interference=None, comm_cap=False):
     """Reference of the contention path: heapq event simulation with lazy deletion.
 
     Same model as ``replay._fluid._fluid_replay`` (see its docstring), but it re-evaluates
     every running job at every change (the kernel only those a change can affect). Rates
     are updated in job-id order and released ops are started at the end of each event, in
     order, as the kernel does, so that floating-point results agree to the last bit.
+    ``comm_interference``: the communication side's slowdown (a number, or one per op in
+    op-id order; a collective takes its first member's), None for ``interference``.
     """
     n = g.n_ops
     dur = _layout_durations(g, durations_ns)
@@ -165,7 +168,12 @@ def naive_fluid(g, durations_ns=None, interference=0.0, share_compute=False, sha
     active: list = []
     n_compute: dict = {}
     n_comm: dict = {}
-    sharing = share_compute or share_links or interference > 0.0
+    ci = interference if comm_interference is None else comm_interference
+    ci = np.broadcast_to(np.asarray(ci, np.float64), (n,))
+    ci = ci[np.asarray(g.perm)] if np.ndim(comm_interference) == 1 else ci  # layout order
+    inv_m = (1.0 / (1.0 + ci)).tolist()
+    on = max(interference, float(ci.max()) if n else 0.0)
+    sharing = share_compute or share_links or on > 0.0
     inv = 1.0 / (1.0 + interference)
     heap: list = []
     seq = 0
@@ -226,13 +234,13 @@ def naive_fluid(g, durations_ns=None, interference=0.0, share_compute=False, sha
                 r = 1.0
                 if share_compute and n_compute[d] > 1:
                     r = 1.0 / n_compute[d]
-                if interference > 0.0 and n_comm.get(d, 0) > 0:
+                if on > 0.0 and n_comm.get(d, 0) > 0:
                     r = r * inv
             else:
                 r = share.get(j, 1.0) if share_links else 1.0
-                if interference > 0.0 and any(device[m] >= 0 and n_compute.get(device[m], 0) > 0
-                                              for m in members(j)):
-                    r = r * inv
+                if on > 0.0 and any(device[m] >= 0 and n_compute.get(device[m], 0) > 0
+                                    for m in members(j)):
+                    r = min(r, inv_m[members(j)[0]]) if comm_cap else r * inv_m[members(j)[0]]
             jb = jobs[j]
             if r != jb["rate"]:
                 if jb["rate"] > 0.0:

@@ -131,3 +131,40 @@ def test_job_list_to_heap_keeps_the_event_order():
         p = (c - 1) // 2
         assert (jt[p], jq[p]) < (jt[c], jq[c])
     np.testing.assert_array_equal(js[np.lexsort((jq[:size], jt))], next_first)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_asymmetric_interference_matches_reference(seed):
+    """Compute and communication slowed by different amounts (the gloo CPU model: compute
+    barely slowed, transfers waiting for the scheduler), per op on the communication side."""
+    tr = random_trace(seed, n_ranks=4, steps=5, gpu_lanes=3, p_coll=0.7, p_p2p=0.3,
+                      p_sync=0.2)
+    g = build_graph(tr, ideal=bool(seed % 2))
+    d = _coarse(g, 5_000)
+    rng = np.random.default_rng(seed)
+    per_op = rng.uniform(0.0, 3.0, g.n_ops)
+    for slow, comm, cap in ((0.0, 2.0, False), (0.25, per_op, False), (0.0, per_op, False),
+                            (0.0, per_op, True), (0.25, 0.5, True)):
+        for sc, sl in ((False, False), (False, True), (True, False), (True, True)):
+            cm = ContentionModel(slowdown=slow, share_compute=sc, share_links=sl,
+                                 comm_slowdown=comm, comm_cap=cap)
+            r = simulate(g, durations_ns=d, mode="contention", contention=cm)
+            s, e, c, clamped = naive_fluid(g, d, slow, sc, sl, comm_interference=comm,
+                                           comm_cap=cap)
+            np.testing.assert_array_equal(r.start_ns, s)
+            np.testing.assert_array_equal(r.end_ns, e)
+            assert r.meta["contention"]["clamped_starts"] == clamped
+    # a comm-only slowdown stretches the run, and not as much as slowing both sides
+    base = simulate(g, durations_ns=d, mode="contention",
+                    contention=ContentionModel(share_links=False))
+    one = simulate(g, durations_ns=d, mode="contention",
+                   contention=ContentionModel(share_links=False, comm_slowdown=2.0))
+    both = simulate(g, durations_ns=d, mode="contention",
+                    contention=ContentionModel(slowdown=2.0, share_links=False))
+    assert base.end_ns.max() <= one.end_ns.max() <= both.end_ns.max()
+    # a cap keeps concurrent transfers' own rates: never slower than the product
+    shared = dict(share_links=True, comm_slowdown=2.0)
+    prod = simulate(g, durations_ns=d, mode="contention", contention=ContentionModel(**shared))
+    capd = simulate(g, durations_ns=d, mode="contention",
+                    contention=ContentionModel(**shared, comm_cap=True))
+    assert capd.end_ns.max() <= prod.end_ns.max()

@@ -165,6 +165,58 @@ def pretouch(mb: int) -> None:
         libc.free(ptr)
 
 
+#: the overlap probe's transfer (bytes of one all-reduce) and its compute chunk (matmuls of
+#: PROBE_DIM x PROBE_DIM fp32, a fraction of a millisecond on one thread)
+PROBE_BYTES = (2**20, 4 * 2**20)
+PROBE_DIM = 192
+PROBE_REPS = 3
+
+
+def overlap_probe(reps: int = PROBE_REPS) -> dict:
+    """How a gloo transfer and the training thread share this rank's CPU, measured.
+
+    Every rank at once: one all-reduce of ``PROBE_BYTES`` alone; the compute chunk alone
+    (the training thread's kind of work: matmuls, busy on its core); then the same
+    all-reduce issued asynchronously while the thread keeps computing until it completes
+    (polled between chunks). Returns per repetition the transfer's time alone and under
+    compute (ns, to the nearest chunk) and the chunk's time alone and during the transfer:
+    the replay's compute/communication contention (``replay.policies.host_cpu.
+    overlap_probe``) is read from these, not fitted to a step."""
+    x, y = torch.randn(PROBE_DIM, PROBE_DIM), torch.randn(PROBE_DIM, PROBE_DIM)
+    return {"world": dist.get_world_size(),
+            "sizes": [_probe_size(nb, x, y, reps) for nb in PROBE_BYTES]}
+
+
+def _probe_size(nbytes: int, x: torch.Tensor, y: torch.Tensor, reps: int) -> dict:
+    buf = torch.ones(nbytes // 4)
+    out = {"bytes": nbytes, "alone_ns": [], "under_compute_ns": [], "chunk_alone_ns": [],
+           "chunk_under_ns": []}
+    now = time.perf_counter_ns
+    for _ in range(reps):
+        dist.barrier()
+        t0 = now()
+        dist.all_reduce(buf)
+        out["alone_ns"].append(now() - t0)
+        dist.barrier()
+        t0, k = now(), 0
+        while k < 64:
+            torch.mm(x, y)
+            k += 1
+        out["chunk_alone_ns"].append((now() - t0) // k)
+        dist.barrier()
+        t0, k, done = now(), 0, None
+        work = dist.all_reduce(buf, async_op=True)
+        while done is None:
+            torch.mm(x, y)
+            k += 1
+            if work.is_completed():
+                done = now() - t0
+        work.wait()
+        out["under_compute_ns"].append(done)
+        out["chunk_under_ns"].append(done // k)
+    return out
+
+
 def rank_main(local_rank: int, a: argparse.Namespace) -> None:
     rank = a.host_rank * a.nproc_per_host + local_rank
     world = a.nhosts * a.nproc_per_host
@@ -205,6 +257,8 @@ def rank_main(local_rank: int, a: argparse.Namespace) -> None:
         step()
         settle_ms.append((time.perf_counter() - t) * 1e3)
     job = knobs(a)
+    if a.probe:
+        job["overlap_probe"] = overlap_probe()
     job["ddp_param_bytes"] = [p.numel() * p.element_size() for p in model.parameters()]
     job["hosts"] = hosts
     rss_before = _rss_mb()
@@ -250,6 +304,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--pretouch-mb", type=int, default=256,
                    help="heap grown and touched by each rank before training (MB; see "
                         "GLIBC_TUNABLES; 0: off)")
+    p.add_argument("--no-probe", dest="probe", action="store_false",
+                   help="skip the overlap probe (overlap_probe) before the profiled steps")
     p.add_argument("--nhosts", type=int, default=1)
     p.add_argument("--nproc-per-host", type=int, default=1)
     p.add_argument("--host-rank", type=int, default=0)

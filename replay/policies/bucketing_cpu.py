@@ -62,7 +62,7 @@ from retime.collectors.intervals import interval_union
 from retime.collectors.trace import Trace
 
 from .base import ranks_per_node_of
-from .host_cpu import cpu_interference_of, ddp_ranges
+from .host_cpu import OverlapProbe, cpu_interference_of, ddp_ranges, overlap_probe
 from .network import TCP_GOODPUT, bus_factor, shaped_link, spend_tokens
 
 __all__ = ["rebucket_cpu", "CpuModel", "GLOO_STEP_US"]
@@ -87,6 +87,12 @@ class CpuModel:
     compute: np.ndarray  # bool: training-thread ops (compute resource of their rank's CPU)
     cpu_rank: np.ndarray  # bool: ops of ranks modeled as one shared CPU
     interference: float  # the interference the isolated work was derived with
+    #: the communication side's own slowdown per op (the capture's overlap probe,
+    #: host_cpu.OverlapProbe); None: ``interference`` for both sides
+    comm_slowdown: np.ndarray | None = None
+    #: transfers share their ranks' links and are capped, not slowed, next to compute
+    #: (engine.ContentionModel.comm_cap): set with the probe's model
+    comm_cap: bool = False
 
 
 def _cpu_lanes_only(trace: Trace, ids: np.ndarray) -> bool:
@@ -114,7 +120,8 @@ def _overlap_ns(lo: np.ndarray, hi: np.ndarray, ilo: np.ndarray, ihi: np.ndarray
 def _isolated_transfer(lo, hi, blo, bhi, interference) -> np.ndarray:
     """Isolated transfer time of each of a rank's all-reduces ``[lo, hi)``: at every instant
     the ``k`` running ones share the communication thread's rate, which is ``1 / (1 + i)``
-    while the training thread is busy (``blo/bhi``) and 1 otherwise."""
+    while the training thread is busy (``blo/bhi``) and 1 otherwise (``i`` one value or
+    one per all-reduce)."""
     cuts = np.unique(np.concatenate([lo, hi, blo, bhi]))
     if len(cuts) < 2:
         return np.zeros(len(lo))
@@ -123,8 +130,9 @@ def _isolated_transfer(lo, hi, blo, bhi, interference) -> np.ndarray:
     busy = _overlap_ns(a, b, blo, bhi) > 0
     on = (lo[:, None] <= mid[None, :]) & (mid[None, :] < hi[:, None])  # ops x segments
     k = np.maximum(on.sum(axis=0), 1)
-    rate = np.where(busy, 1.0 / (1.0 + interference), 1.0) / k
-    return (on * ((b - a) * rate)[None, :]).sum(axis=1)
+    i = np.broadcast_to(np.asarray(interference, np.float64), (len(lo),))[:, None]
+    rate = np.where(busy[None, :], 1.0 / (1.0 + i), 1.0) / k[None, :]
+    return (on * (b - a)[None, :] * rate).sum(axis=1)
 
 
 def _alone(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
@@ -228,10 +236,15 @@ def rebucket_cpu(trace: Trace, bucket_mb: float, interference: float | None,
         axis=0).astype(np.float64)
     weight = np.maximum(cost - cost.min(), 1e-3 * max(cost.max(), 1.0))
     exact, source = _exact_sizes(trace, per, weight, issue_of, start, nbytes)
-    if interference is None:
+    # the capture's own measurement of how a transfer and compute share the CPU, unless
+    # overlap.interference was given
+    probe = overlap_probe(trace) if interference is None else None
+    if probe is not None:
+        interference = probe.compute_slowdown
+    elif interference is None:
         interference = cpu_interference_of(trace, per, exact, a_start, end, nbytes, ar_ids)
     return _build_cpu(trace, bucket_mb, interference, ranks_per_node, per, weight, issue,
-                      issue_of, floor_ns, a_start, is_ar, exact, source)
+                      issue_of, floor_ns, a_start, is_ar, exact, source, probe)
 
 
 def _bucket_of(ids: np.ndarray, rdy: pd.DataFrame, issue_of: dict, start: np.ndarray
@@ -280,7 +293,8 @@ def _exact_sizes(trace: Trace, per: dict, weight: np.ndarray, issue_of: dict,
 
 
 def _build_cpu(trace, bucket_mb, interference, ranks_per_node, per, weight, issue, issue_of,
-               floor_ns, a_start, is_ar, exact=None, source="copy times"):
+               floor_ns, a_start, is_ar, exact=None, source="copy times",
+               probe: OverlapProbe | None = None):
     o = trace.ops
     rank = o["rank"].to_numpy()
     lane = o["lane"].to_numpy()
@@ -292,6 +306,15 @@ def _build_cpu(trace, bucket_mb, interference, ranks_per_node, per, weight, issu
     main_of = {}
     for (r, _s), v in per.items():
         main_of.setdefault(int(r), v[1])
+    # the gloo worker threads of each rank (the lanes its old buckets ran on, in order of
+    # first use): with the probe's model the new buckets take them in turn, as the process
+    # group's work queue hands them out; without it, one thread runs them in order
+    workers = {}
+    for r in main_of:
+        x = np.flatnonzero(is_ar & (rank == r))
+        x = x[np.argsort(start[x], kind="stable")]
+        ln = pd.unique(lane[x])
+        workers[r] = [int(v) for v in (ln if probe is not None else ln[:1])]
     lane_ops = {}
     for r, m in main_of.items():
         x = np.flatnonzero((rank == r) & (lane == m))
@@ -348,7 +371,8 @@ def _build_cpu(trace, bucket_mb, interference, ranks_per_node, per, weight, issu
             sig = max(int(end[rop]), prev_sig)
             prev_sig = sig
             row = len(new_rows)
-            new_rows.append({"rank": r, "lane": int(lane[ids[0]]), "step": int(s),
+            wl = workers[r]
+            new_rows.append({"rank": r, "lane": wl[j % len(wl)], "step": int(s),
                              "start_ns": sig, "dur_ns": 0, "bytes": int(b_new[j]),
                              "coll_j": j, "group_id": int(o["group_id"].iat[ids[0]])})
             ready_edges.append((rop, row))
@@ -383,7 +407,9 @@ def _build_cpu(trace, bucket_mb, interference, ranks_per_node, per, weight, issu
         blo, bhi = interval_union(new_start[lops], np.maximum(busy_hi[lops], new_start[lops]))
         ov = _overlap_ns(new_start[lops], busy_hi[lops], tlo, thi)
         work[lops] = (busy_hi[lops] - new_start[lops]) - keep_frac * ov
-        y[tr] = _isolated_transfer(a_start[tr], end[tr], blo, bhi, interference)
+        y[tr] = _isolated_transfer(a_start[tr], end[tr], blo, bhi,
+                                   interference if probe is None
+                                   else probe.comm_slowdown(nbytes[tr]))
         solo = _alone(a_start[tr], end[tr])
         over_pts.append(np.stack([nbytes[tr][solo].astype(np.float64),
                                   _overlap_ns(a_start[tr][solo], end[tr][solo], blo, bhi),
@@ -403,13 +429,26 @@ def _build_cpu(trace, bucket_mb, interference, ranks_per_node, per, weight, issu
                                      new_start, fold, compute)
     n_new = len(new_rows)
     pad = lambda a, v: np.concatenate([a[keep], np.full(n_new, v, a.dtype)])  # noqa: E731
+    comm = None
+    if probe is not None:
+        # new buckets: stretched to the probe's time under compute; other ops of the ranks
+        # (kept collectives): the probe's own ratio at their size
+        b_new = np.asarray([row["bytes"] for row in new_rows], np.float64)
+        kb = nbytes[keep].astype(np.float64)
+        kept = np.where(kb > 0, probe.comm_slowdown(np.maximum(kb, 1.0)), interference)
+        comm = np.concatenate([kept, probe.comm_slowdown(b_new, model_ns)])
     cpu = CpuModel(work_ns=pad(work, np.nan), compute=pad(compute, False),
-                   cpu_rank=pad(cpu_rank, True), interference=float(interference))
+                   cpu_rank=pad(cpu_rank, True), interference=float(interference),
+                   comm_slowdown=comm, comm_cap=comm is not None)
     info = {"buckets_before": int(is_ar.sum()), "buckets_after": n_new, "alpha_ns": alpha,
             "busbw_gbps": 1.0 / inv_b if inv_b > 0 else float("inf"),
             "bucket_mb": float(bucket_mb), "interference": float(interference),
             "interference_fit": _fit_interference(np.concatenate(over_pts)),
-            "param_sizes": source, "model": "cpu-ddp"}
+            "param_sizes": source, "model": "cpu-ddp",
+            "contention": ("the capture's overlap probe" if probe is not None else
+                           "symmetric, from the host's copy rate")}
+    if comm is not None:
+        info["comm_slowdown"] = float(np.median(comm[len(keep):])) if n_new else 0.0
     return t, new_ids, model_ns, info, cpu
 
 

@@ -9,13 +9,15 @@ the share of a core a transfer keeps busy (its interference with the training th
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import pandas as pd
 
 from retime.collectors.trace import Trace
 
 __all__ = ["ddp_ranges", "host_copy_rate", "loopback_busbw", "cpu_interference_of",
-           "TCP_COPIES_PER_BYTE"]
+           "TCP_COPIES_PER_BYTE", "OverlapProbe", "overlap_probe"]
 
 #: name of the DDP reducer's per-parameter copy into its bucket (gradient ready)
 _MUL_OUT = "torch::distributed::reducer::mul_out"
@@ -122,3 +124,94 @@ def loopback_busbw(trace: Trace) -> float | None:
     host); set ``network.intra_node_gbps`` when it is known."""
     rate = host_copy_rate(trace)
     return None if rate is None else rate / TCP_COPIES_PER_BYTE
+
+
+@dataclass(frozen=True)
+class OverlapProbe:
+    """How a gloo transfer and a busy training thread shared a rank's CPU, as the capture
+    measured it before training (``overlap_probe`` in the job record the pair kit writes,
+    examples/pairs/job.py): all-reduces of a few sizes timed alone and while every rank's
+    training thread kept computing, and the compute's own rate during those transfers.
+
+    The two sides are not slowed alike. Under compute a transfer waits for the scheduler at
+    each of its hand-offs (socket ready, worker thread woken), so it costs about a fixed
+    number of scheduler turns on top of its bytes (measured at 1600 Mbit/s: 1 MiB in 18-27
+    ms where it took 1-5 ms alone), while the training thread loses only the CPU the
+    transfer's copies take (15-30%). ``under`` and ``alone`` are least-squares lines ``a +
+    b S`` (ns, ns per payload byte) over the probe's sizes (median of its repetitions and
+    ranks)."""
+
+    compute_slowdown: float
+    under: tuple[float, float]
+    alone: tuple[float, float]
+    sizes: tuple[int, ...]
+
+    def under_ns(self, nbytes) -> np.ndarray:
+        """Time of an all-reduce of ``nbytes`` payload bytes that overlaps compute throughout."""
+        a, b = self.under
+        return np.maximum(a + b * np.asarray(nbytes, np.float64), 0.0)
+
+    def alone_ns(self, nbytes) -> np.ndarray:
+        a, b = self.alone
+        return np.maximum(a + b * np.asarray(nbytes, np.float64), 1.0)
+
+    def comm_slowdown(self, nbytes, alone_ns=None) -> np.ndarray:
+        """The slowdown ``i`` (rate ``1 / (1 + i)`` while a training thread computes) that
+        stretches a transfer taking ``alone_ns`` (default: the probe's own alone time) to
+        the probe's time under compute."""
+        t = self.alone_ns(nbytes) if alone_ns is None else np.asarray(alone_ns, np.float64)
+        return np.maximum(self.under_ns(nbytes) / np.maximum(t, 1.0) - 1.0, 0.0)
+
+
+def _probe_records(trace: Trace) -> list[dict]:
+    m = trace.meta if isinstance(trace.meta, dict) else {}
+    out = []
+    job = m.get("job")
+    if isinstance(job, dict) and isinstance(job.get("overlap_probe"), dict):
+        out.append(job["overlap_probe"])
+    for block in (m.get("capture") or {}).values():
+        j = block.get("job") if isinstance(block, dict) else None
+        if isinstance(j, dict) and isinstance(j.get("overlap_probe"), dict):
+            out.append(j["overlap_probe"])
+    return out
+
+
+def _line(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """``y ~ a + b x`` with ``a, b >= 0`` (one size: through the origin)."""
+    if len(np.unique(x)) >= 2:
+        sol, *_ = np.linalg.lstsq(np.stack([np.ones(len(x)), x], axis=1), y, rcond=None)
+        a, b = float(sol[0]), float(sol[1])
+        if a >= 0 and b >= 0:
+            return a, b
+        if a < 0:
+            return 0.0, float(np.sum(x * y) / np.sum(x * x))
+        return float(np.mean(y)), 0.0
+    return 0.0, float(np.mean(y / np.maximum(x, 1.0)))
+
+
+def overlap_probe(trace: Trace) -> OverlapProbe | None:
+    """The capture's overlap probe (:class:`OverlapProbe`), or None when it has none or it
+    is unreadable. Every rank's record counts (each rank measured its own side)."""
+    xs, under, alone, ratio = [], [], [], []
+    for rec in _probe_records(trace):
+        for sz in rec.get("sizes") or []:
+            try:
+                nb = float(sz["bytes"])
+                u = [float(v) for v in sz["under_compute_ns"]]
+                a_ = [float(v) for v in sz["alone_ns"]]
+                ca = [float(v) for v in sz["chunk_alone_ns"]]
+                cu = [float(v) for v in sz["chunk_under_ns"]]
+            except (KeyError, TypeError, ValueError):
+                return None
+            if not u or not a_ or nb <= 0:
+                continue
+            xs.append(nb)
+            under.append(float(np.median(u)))
+            alone.append(float(np.median(a_)))
+            ratio.extend(c_u / c_a for c_u, c_a in zip(cu, ca, strict=False) if c_a > 0)
+    if not xs:
+        return None
+    x = np.asarray(xs)
+    return OverlapProbe(compute_slowdown=max(float(np.median(ratio)) - 1.0, 0.0) if ratio else 0.0,
+                        under=_line(x, np.asarray(under)), alone=_line(x, np.asarray(alone)),
+                        sizes=tuple(sorted({int(v) for v in xs})))

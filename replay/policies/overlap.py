@@ -151,7 +151,8 @@ class Overlap(Policy):
             ids, model_ns, info = state.notes["rebucket"]
             state.dur[ids] = model_ns
             d.update({k: info[k] for k in ("buckets_before", "buckets_after", "model",
-                                           "alpha_ns", "busbw_gbps", "interference_fit", "param_sizes")
+                                           "alpha_ns", "busbw_gbps", "interference_fit", "param_sizes",
+                                           "contention", "comm_slowdown")
                       if k in info})
         if "cpu_model" in state.notes:
             _cpu_contention(state, state.notes["cpu_model"])
@@ -197,7 +198,8 @@ def _cpu_contention(state: WhatIfState, cpu) -> None:
         delay_ns=np.ascontiguousarray(layout_of(g, delay).astype(g.delay_ns.dtype)))
     state.mode = "contention"
     state.contention = ContentionModel(slowdown=cpu.interference, share_compute=False,
-                                       share_links=False)
+                                       share_links=cpu.comm_cap,
+                                       comm_slowdown=cpu.comm_slowdown, comm_cap=cpu.comm_cap)
 
 
 def _grad_mb(state: WhatIfState) -> tuple[float, float, int]:
