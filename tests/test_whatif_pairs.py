@@ -40,20 +40,9 @@ COVERED = ["mlp-bandwidth", "transformer-bandwidth", "mlp-dp", "transformer-dp",
                                           "batch") for m in ("mlp", "transformer"))]
 
 
-#: known misses, each with its cause (strict: the test fails when one starts passing)
-_STARVED = ("at 1600 Mbit/s the transfers that overlap the backward pass move at ~1/3 of the "
-            "link rate (65 MB/s of 190: the gloo threads get the core only between the "
-            "training thread's SCHED_RR slices); the one-bucket capture never overlapped, so "
-            "it cannot show that, and the 1 MB buckets are predicted to keep up")
-KNOWN: dict[tuple[str, str, str], str] = {
-    ("mlp-bucket", "B", "A"): _STARVED + " (-15%)",
-    ("transformer-bucket", "B", "A"): _STARVED + " (-16%)",
-    ("transformer-bucket", "A", "B"):
-    "rank 1's backward ends ~20 ms later while its 1 MB buckets transfer (last bucket issued "
-    "110 ms into the step, 91 ms with one bucket), rank 0's is not slowed (not explained "
-    "yet; the kernel's TCP work landing on one core would do it), "
-    "and the model keeps that measured compute for the one-bucket run, where it is not "
-    "slowed: +10.3%"}
+#: known misses, each with its cause (strict: the test fails when one starts passing); none
+#: since the bucket pairs carry the overlap probe (see test_bucket_pairs_use_the_probe)
+KNOWN: dict[tuple[str, str, str], str] = {}
 
 
 def _cases():
@@ -220,3 +209,73 @@ def test_a_plain_ingest_of_a_kit_capture_knows_its_link():
     assert pred == pytest.approx(spec["median_ns"]["B"], rel=0.05)
     w = whatif(t, keys).meta["whatif"]["shaped_link"]
     assert w["burst_ms"] == pytest.approx(8.0) and w["rate_gbps"] == pytest.approx(0.2)
+
+
+def test_bucket_pairs_use_the_probe():
+    """The bucket pairs were captured with the overlap probe, and re-bucketing reads it: the
+    compute side slowed by the CPU the transfers take (well under the symmetric model's
+    ~1), a 1 MiB transfer next to compute several times its time alone (the scheduler's
+    hand-offs under SCHED_RR), new buckets on both gloo worker threads of a rank."""
+    from retime.replay.policies.host_cpu import overlap_probe
+
+    t = load_capture(PAIRS / "transformer-bucket" / "B")
+    p = overlap_probe(t)
+    assert p is not None and p.sizes == (2**20, 4 * 2**20)
+    assert 0.05 < p.compute_slowdown < 0.5
+    assert p.under_ns(2**20) > 3 * p.alone_ns(2**20)
+    r = whatif(t, {"overlap.bucket_mb": 1.048576})
+    (ov,) = [d for d in r.meta["scenario"] if d.get("policy") == "overlap"]
+    assert ov["contention"] == "the capture's overlap probe" and ov["comm_slowdown"] > 1
+    assert abs(1 - ov["interference"] - p.compute_slowdown) < 1e-9
+    o = r.trace.ops
+    new = o[(o["kind"].to_numpy() == OpKind.COLLECTIVE) & (o["bytes"].to_numpy() > 0)]
+    assert new.groupby("rank")["lane"].nunique().min() == 2
+    assert r.meta["contention"]["share_links"] and r.meta["contention"]["comm_slowdown"] > 1
+
+
+def test_one_bucket_trace_recovers_ddp_ready_order():
+    """Post-norm transformer layers: norm1's gradients are ready after the FFN's, not in
+    reverse registration order. From the one-bucket capture's copy times the 1 MiB buckets
+    come out as DDP's own (the small-bucket capture's first two: 1052676 and ~1.05 MB with
+    linear1's weight), not the registration order's 1054724."""
+    from retime.replay.policies.bucketing_cpu import rebucket_cpu
+
+    t = load_capture(PAIRS / "transformer-bucket" / "B")
+    nt, ids, _m, info, _cpu = rebucket_cpu(t, 1.048576, None, 1)
+    assert "reordered locally by copy time" in info["param_sizes"]
+    new = nt.ops.iloc[ids]
+    first = new[(new["rank"] == 0) & (new["step"] == new["step"].min())]["bytes"].tolist()
+    real = load_capture(PAIRS / "transformer-bucket" / "A").ops
+    real = real[(real["kind"] == OpKind.COLLECTIVE) & (real["bytes"] > 0) & (real["rank"] == 0)]
+    real = real[real["step"] == real["step"].min()].sort_values("start_ns")["bytes"].tolist()
+    assert first[0] == real[0] == 1052676
+    assert abs(first[1] - real[1]) <= 4096
+    # the MLP's order is reverse registration order: kept
+    _t, _i, _m, info, _c = rebucket_cpu(load_capture(PAIRS / "mlp-bucket" / "B"), 1.048576,
+                                        None, 1)
+    assert info["param_sizes"] == "exact sizes (reverse registration order)"
+
+
+def test_collectives_are_not_hand_off_targets():
+    """A collective starts when it is issued and its peers start, never because another
+    thread of its rank went idle: no hand-off is inferred into one. Re-bucketed buckets on a
+    rank's two gloo threads, one ready just after the other, were chained that way (the
+    second waited for the first's end). Ops (ms): lane 1 idle until a bucket at 10.2; lane 2
+    ran a bucket ending at 10.0 and went idle; a host op on lane 3 resumes 0.2 ms after
+    lane 2's last op: that one is still a hand-off."""
+    from retime.replay.gaps import with_handoff_edges
+
+    ms = 1_000_000
+    rank = np.zeros(5, np.int64)
+    lane = np.array([1, 2, 1, 3, 3])
+    start = np.array([0, 9, 10.2, 0, 10.2]) * ms
+    end = np.array([1, 10, 10.2, 1, 11]) * ms
+    prev = np.array([-1, -1, 0, -1, 3])
+    coll = np.array([True, True, True, False, False])
+    z = np.zeros(0, np.int64)
+    args = (rank, lane, start.astype(np.int64), end.astype(np.int64), np.zeros(5, bool), prev,
+            z, z, np.zeros(0, np.int8), z)
+    src, dst, *_ = with_handoff_edges(*args, {})
+    assert {(1, 2), (1, 4)} <= set(zip(src.tolist(), dst.tolist(), strict=True))
+    src, dst, *_ = with_handoff_edges(*args, {}, not_dst=coll)
+    assert list(zip(src.tolist(), dst.tolist(), strict=True)) == [(1, 4)]

@@ -7,7 +7,8 @@ that each host has its own network namespace, hostname and core; it also runs on
 machine (``--master-addr 127.0.0.1 --ifname lo``, one host).
 
 Each rank runs ``--settle`` unprofiled steps (DDP rebuilds its buckets after the first one;
-caches warm), then profiles with the schedule wait=1, warmup=1, active=``--active`` under
+caches warm), then the overlap probe (:func:`overlap_probe`: how an all-reduce and a busy
+training thread share the rank's core; ``--no-probe`` skips it), then profiles with the schedule wait=1, warmup=1, active=``--active`` under
 retime's :class:`Capture` (record_shapes, with_stack, with_flops). Rank 0 writes
 ``OUT.job.json`` beside the output folder (``--record``): the knobs, the ranks' hosts, ``ddp_param_bytes`` and the
 machine's load during the profiled steps (``load``; ``load_run``: settle + profiled steps):

@@ -39,6 +39,17 @@ so :func:`rebucket_cpu` models parameters, not buckets:
   (the engine's ``T_c + i T_m``); bench/whatif_real.py probes ``rho`` (0.95 with the
   ranks undisturbed on a 2-core machine: ``i`` ~ 1, the default; 0.5-0.8 when other
   processes take the core while the transfer waits);
+* **with the capture's overlap probe** (``overlap_probe`` in the job record,
+  :class:`host_cpu.OverlapProbe`; the pair kit measures it before training) the two sides
+  are not slowed alike, and the measured values replace ``i``: compute is slowed by the
+  probe's compute slowdown (the CPU the transfer's copies take, 15-30% measured) and a
+  transfer next to compute is capped so that, overlapping compute throughout, it takes the
+  probe's time under compute at its size (under SCHED_RR a transfer waits for the
+  scheduler at each hand-off: 1 MiB at 1600 Mbit/s took 18-27 ms next to compute, 1-5 ms
+  alone). A cap, not a product with the link share: gloo runs a rank's all-reduces on its
+  worker threads (the lanes the old buckets ran on), which the new buckets take in turn,
+  and two transfers waiting on the scheduler each keep their own rate; on the link alone
+  they share it (``ContentionModel(share_links=True, comm_cap=True)``);
 * the gaps between consecutive training-thread ops are the CPU time of their parent ops
   (the Kineto reader keeps leaf ops): each is folded into the op after it, so it is shared
   too; only a gap spent waiting for an old bucket (up to that bucket's end) is not;
@@ -279,17 +290,71 @@ def _exact_sizes(trace: Trace, per: dict, weight: np.ndarray, issue_of: dict,
     rank_order[np.argsort(weight, kind="stable")] = np.arange(n)
     candidates = (("exact sizes (reverse registration order)", sizes[::-1]),
                   ("exact sizes (in the order given)", sizes),
+                  ("exact sizes (reverse registration order, reordered locally by copy time)",
+                   _local_order(sizes[::-1], weight)),
                   ("exact sizes (matched by copy time)", np.sort(sizes)[rank_order]))
-    for source, cand in candidates:
-        if all(np.array_equal(np.bincount(_bucket_of(ids, rdy, issue_of, start), weights=cand,
-                                          minlength=len(ids)), nbytes[ids].astype(np.float64))
-               for ids, _m, rdy, _b in per.values()):
-            return cand.astype(np.float64), source
+    fits = [(source, cand) for source, cand in candidates
+            if all(np.array_equal(np.bincount(_bucket_of(ids, rdy, issue_of, start),
+                                              weights=cand, minlength=len(ids)),
+                                  nbytes[ids].astype(np.float64))
+                   for ids, _m, rdy, _b in per.values())]
+    if fits:
+        # of the orders the old buckets allow (with one bucket: all of them), the first that
+        # puts the fewest large gradients on short copies (a one-bucket trace of post-norm
+        # transformer layers: norm1's gradients are ready after the FFN's, not before, as
+        # reverse registration would have them); sizes sorted by copy time only when nothing
+        # else fits (a few-byte parameter swaps with a few-KB one)
+        slots = _big_slots(sizes[::-1], weight) if n > 0 and sizes.max() > 0 else None
+        ordered = [f for f in fits if f[0] != candidates[-1][0]] or fits
+        if slots is not None:
+            miss = [_class_mismatch(c, slots) for _s, c in ordered]
+            source, cand = ordered[int(np.argmin(miss))]
+        else:
+            source, cand = ordered[0]
+        return cand.astype(np.float64), source
     # the list is not DDP's ready order in any of these forms (a model whose gradients become
     # ready out of reverse registration order, e.g. post-norm transformer layers): estimate
     # the sizes from the copy times instead of refusing, and say so
     return None, ("copy times (meta['ddp_param_bytes'] matched no ready order: the old "
                   "buckets' bytes differ from the sums of their parameters')")
+
+
+#: how far (positions) the ready order may move a parameter from reverse registration order
+#: (a module's parameters: a transformer layer has 12)
+LOCAL_WINDOW = 8
+
+
+def _big_slots(sizes: np.ndarray, weight: np.ndarray) -> np.ndarray:
+    """Which ready-order positions copied a large gradient (at least half the largest
+    size): as many as there are large sizes, those with the longest copy times. The step's
+    first copy says nothing about its size (it is slow whatever it moves: 40 us for the
+    4-byte head bias on the paired captures), so it counts as large only if the first size
+    in reverse registration order is."""
+    big = sizes >= 0.5 * sizes.max()
+    w = weight.astype(np.float64).copy()
+    w[0] = np.inf if big[0] else -np.inf
+    out = np.zeros(len(sizes), bool)
+    out[np.argsort(-w, kind="stable")[:int(big.sum())]] = True
+    return out
+
+
+def _class_mismatch(cand: np.ndarray, slots: np.ndarray) -> int:
+    """Positions where an order puts a large gradient on a short copy or a small one on a
+    long copy."""
+    return int(((cand >= 0.5 * cand.max()) != slots).sum())
+
+
+def _local_order(sizes: np.ndarray, weight: np.ndarray) -> np.ndarray:
+    """The sizes in reverse registration order, the large ones (at least half the largest)
+    moved to the positions whose copies took longest (:func:`_big_slots`), each class kept
+    in its order; unchanged if that moves one more than :data:`LOCAL_WINDOW` positions."""
+    slots = _big_slots(sizes, weight)
+    big = sizes >= 0.5 * sizes.max()
+    out = np.empty_like(sizes)
+    out[slots] = sizes[big]
+    out[~slots] = sizes[~big]
+    moved = np.abs(np.flatnonzero(slots) - np.flatnonzero(big))
+    return out if (moved.max(initial=0) <= LOCAL_WINDOW) else sizes.copy()
 
 
 def _build_cpu(trace, bucket_mb, interference, ranks_per_node, per, weight, issue, issue_of,
@@ -425,6 +490,13 @@ def _build_cpu(trace, bucket_mb, interference, ranks_per_node, per, weight, issu
         credit = _new_credits(new_rows, alpha, inv_b, f, shaper)
     model_ns = np.asarray([alpha + max(row["bytes"] * f - c, 0.0) * inv_b
                            for row, c in zip(new_rows, credit, strict=True)])
+    if probe is not None:
+        # the members of a ring all-reduce finish together (the last chunk reaches both), and
+        # one cap per collective: each member's transfer as long as the slowest one's (its
+        # ranks' token credits differ); without that, a member left running alone after its
+        # peers finished would be capped by their next compute
+        cid = np.asarray([row["coll_id"] for row in new_rows])
+        model_ns = pd.Series(model_ns).groupby(cid).transform("max").to_numpy()
     t, new_ids, keep = _assemble_cpu(trace, is_ar, new_rows, ready_edges, wait_edges,
                                      new_start, fold, compute)
     n_new = len(new_rows)
