@@ -73,6 +73,7 @@ from retime.collectors.intervals import interval_union
 from retime.collectors.trace import Trace
 
 from .base import ranks_per_node_of
+from .ddp_params import bucket_of, exact_sizes
 from .host_cpu import OverlapProbe, cpu_interference_of, ddp_ranges, overlap_probe
 from .network import TCP_GOODPUT, bus_factor, shaped_link, spend_tokens
 
@@ -246,7 +247,7 @@ def rebucket_cpu(trace: Trace, bucket_mb: float, interference: float | None,
         + (v[3]["end_ns"].to_numpy() - v[3]["start_ns"].to_numpy()) for v in per.values()]),
         axis=0).astype(np.float64)
     weight = np.maximum(cost - cost.min(), 1e-3 * max(cost.max(), 1.0))
-    exact, source = _exact_sizes(trace, per, weight, issue_of, start, nbytes)
+    exact, source = exact_sizes(trace, per, weight, issue_of, start, nbytes)
     # the capture's own measurement of how a transfer and compute share the CPU, unless
     # overlap.interference was given
     probe = overlap_probe(trace) if interference is None else None
@@ -256,105 +257,6 @@ def rebucket_cpu(trace: Trace, bucket_mb: float, interference: float | None,
         interference = cpu_interference_of(trace, per, exact, a_start, end, nbytes, ar_ids)
     return _build_cpu(trace, bucket_mb, interference, ranks_per_node, per, weight, issue,
                       issue_of, floor_ns, a_start, is_ar, exact, source, probe)
-
-
-def _bucket_of(ids: np.ndarray, rdy: pd.DataFrame, issue_of: dict, start: np.ndarray
-               ) -> np.ndarray:
-    """Old bucket index of each parameter of a (rank, step): the bucket whose issue call is
-    the first to start after the parameter's gradient was copied in."""
-    istart = np.asarray([start[issue_of[int(i)]] for i in ids])
-    return np.minimum(np.searchsorted(istart, rdy["end_ns"].to_numpy(), side="left"),
-                      len(ids) - 1)
-
-
-def _exact_sizes(trace: Trace, per: dict, weight: np.ndarray, issue_of: dict,
-                 start: np.ndarray, nbytes: np.ndarray) -> tuple[np.ndarray | None, str]:
-    """The parameters' exact bytes in ready order from ``meta["ddp_param_bytes"]``
-    (module docstring), or ``(None, "copy times")`` without that key."""
-    given = trace.meta.get("ddp_param_bytes")
-    if given is None:
-        return None, "copy times"
-    try:
-        sizes = np.asarray([int(x) for x in given], np.int64)
-    except (TypeError, ValueError) as exc:
-        raise PolicyError(f"overlap.bucket_mb: meta['ddp_param_bytes'] must list integers "
-                          f"(the gradient bytes of each parameter), got {given!r:.80}") from exc
-    n = len(weight)
-    if len(sizes) != n or (sizes < 0).any():
-        raise PolicyError(
-            f"overlap.bucket_mb: meta['ddp_param_bytes'] lists {len(sizes)} parameter sizes "
-            f"but the trace's DDP reducer copies {n} gradients per step; give the bytes of "
-            "every parameter DDP reduces ([p.numel() * p.element_size() for p in "
-            "model.parameters() if p.requires_grad]) or drop the key")
-    rank_order = np.empty(n, np.int64)
-    rank_order[np.argsort(weight, kind="stable")] = np.arange(n)
-    candidates = (("exact sizes (reverse registration order)", sizes[::-1]),
-                  ("exact sizes (in the order given)", sizes),
-                  ("exact sizes (reverse registration order, reordered locally by copy time)",
-                   _local_order(sizes[::-1], weight)),
-                  ("exact sizes (matched by copy time)", np.sort(sizes)[rank_order]))
-    fits = [(source, cand) for source, cand in candidates
-            if all(np.array_equal(np.bincount(_bucket_of(ids, rdy, issue_of, start),
-                                              weights=cand, minlength=len(ids)),
-                                  nbytes[ids].astype(np.float64))
-                   for ids, _m, rdy, _b in per.values())]
-    if fits:
-        # of the orders the old buckets allow (with one bucket: all of them), the first that
-        # puts the fewest large gradients on short copies (a one-bucket trace of post-norm
-        # transformer layers: norm1's gradients are ready after the FFN's, not before, as
-        # reverse registration would have them); sizes sorted by copy time only when nothing
-        # else fits (a few-byte parameter swaps with a few-KB one)
-        slots = _big_slots(sizes[::-1], weight) if n > 0 and sizes.max() > 0 else None
-        ordered = [f for f in fits if f[0] != candidates[-1][0]] or fits
-        if slots is not None:
-            miss = [_class_mismatch(c, slots) for _s, c in ordered]
-            source, cand = ordered[int(np.argmin(miss))]
-        else:
-            source, cand = ordered[0]
-        return cand.astype(np.float64), source
-    # the list is not DDP's ready order in any of these forms (a model whose gradients become
-    # ready out of reverse registration order, e.g. post-norm transformer layers): estimate
-    # the sizes from the copy times instead of refusing, and say so
-    return None, ("copy times (meta['ddp_param_bytes'] matched no ready order: the old "
-                  "buckets' bytes differ from the sums of their parameters')")
-
-
-#: how far (positions) the ready order may move a parameter from reverse registration order
-#: (a module's parameters: a transformer layer has 12)
-LOCAL_WINDOW = 8
-
-
-def _big_slots(sizes: np.ndarray, weight: np.ndarray) -> np.ndarray:
-    """Which ready-order positions copied a large gradient (at least half the largest
-    size): as many as there are large sizes, those with the longest copy times. The step's
-    first copy says nothing about its size (it is slow whatever it moves: 40 us for the
-    4-byte head bias on the paired captures), so it counts as large only if the first size
-    in reverse registration order is."""
-    big = sizes >= 0.5 * sizes.max()
-    w = weight.astype(np.float64).copy()
-    w[0] = np.inf if big[0] else -np.inf
-    out = np.zeros(len(sizes), bool)
-    out[np.argsort(-w, kind="stable")[:int(big.sum())]] = True
-    return out
-
-
-def _class_mismatch(cand: np.ndarray, slots: np.ndarray) -> int:
-    """Positions where an order puts a large gradient on a short copy or a small one on a
-    long copy."""
-    return int(((cand >= 0.5 * cand.max()) != slots).sum())
-
-
-def _local_order(sizes: np.ndarray, weight: np.ndarray) -> np.ndarray:
-    """The sizes in reverse registration order, the large ones (at least half the largest)
-    moved to the positions whose copies took longest (:func:`_big_slots`), each class kept
-    in its order; unchanged if that moves one more than :data:`LOCAL_WINDOW` positions."""
-    slots = _big_slots(sizes, weight)
-    big = sizes >= 0.5 * sizes.max()
-    out = np.empty_like(sizes)
-    out[slots] = sizes[big]
-    out[~slots] = sizes[~big]
-    moved = np.abs(np.flatnonzero(slots) - np.flatnonzero(big))
-    return out if (moved.max(initial=0) <= LOCAL_WINDOW) else sizes.copy()
 
 
 def _build_cpu(trace, bucket_mb, interference, ranks_per_node, per, weight, issue, issue_of,
@@ -394,7 +296,7 @@ def _build_cpu(trace, bucket_mb, interference, ranks_per_node, per, weight, issu
         mo_end = rdy["end_ns"].to_numpy()
         cb_start = back["start_ns"].to_numpy()
         cb_end = back["end_ns"].to_numpy()
-        k_of = _bucket_of(ids, rdy, issue_of, start)
+        k_of = bucket_of(ids, rdy, issue_of, start)
         size = np.zeros(len(mo_end)) if exact is None else exact
         for k, i in enumerate(ids.tolist()):
             m = k_of == k
