@@ -105,12 +105,7 @@ def plot_step_timeline(seg: pd.DataFrame, groups: list[str], *, span_ns: int,
                for k in ("compute", "communication", "memcpy", "host") if k in kinds_present]
     if len(seg) and seg["critical"].any():
         handles.append(Patch(facecolor="white", edgecolor="black", label="on the critical path"))
-    if handles:
-        fig.legend(handles=handles, loc="upper right", ncol=len(handles), fontsize=7,
-                   frameon=False, bbox_to_anchor=(1 - 0.2 / 10, 1.0))
-    if title:
-        fig.text(0.01, 1 - 0.08 / fig.get_size_inches()[1], title, fontsize=9, va="top",
-                 weight="bold")
+    _legend_and_title(fig, handles, title)
     for i in range(1, len(labels)):  # a faint rule between rank groups
         if present[i][0] != present[i - 1][0]:
             ax.axhline(i - 0.5, color="#E0E0E0", lw=0.6)
@@ -155,12 +150,7 @@ def plot_pipeline_gantt(blocks: pd.DataFrame, stage_labels: dict[int, str], *, s
     names = {"forward": "forward", "backward": "backward", "recompute": "recompute",
              "other": "other (optimizer, GC, ...)"}
     handles = [Patch(facecolor=_PHASE_COLORS[p], label=names[p]) for p in phases]
-    if handles:
-        fig.legend(handles=handles, loc="upper right", ncol=len(handles), fontsize=7,
-                   frameon=False, bbox_to_anchor=(1 - 0.2 / 10, 1.0))
-    if title:
-        fig.text(0.01, 1 - 0.08 / fig.get_size_inches()[1], title, fontsize=9, va="top",
-                 weight="bold")
+    _legend_and_title(fig, handles, title)
     return fig
 
 
@@ -208,12 +198,7 @@ def plot_rank_time_heatmap(first_rank: np.ndarray, per_row: np.ndarray, edges_ns
     keys = ("compute_ns", "exposed_comm_ns", "memcpy_ns", "host_bound_ns", "idle_ns")
     handles = [Patch(facecolor=PART_COLORS[keys[i]], label=labels[ACTIVITY_PARTS[i]])
                for i in present]
-    if handles:
-        fig.legend(handles=handles, loc="upper right", ncol=len(handles), fontsize=7,
-                   frameon=False, bbox_to_anchor=(1 - 0.2 / 10, 1.0))
-    if title:
-        fig.text(0.01, 1 - 0.08 / fig.get_size_inches()[1], title, fontsize=9, va="top",
-                 weight="bold")
+    _legend_and_title(fig, handles, title)
     return fig
 
 
@@ -245,7 +230,15 @@ def plot_rank_part_heatmap(summary: pd.DataFrame, *, title: str = "",
     cb = fig.colorbar(im, ax=ax, fraction=0.04, pad=0.015)
     cb.set_label("% of the rank's step", fontsize=7)
     cb.ax.tick_params(labelsize=6)
+    _legend_and_title(fig, [], title)
+    return fig
+
+
+def _legend_and_title(fig: Figure, handles: list, title: str) -> None:
+    """The timeline figures' legend (one row, top right) and bold title (top left)."""
+    if handles:
+        fig.legend(handles=handles, loc="upper right", ncol=len(handles), fontsize=7,
+                   frameon=False, bbox_to_anchor=(1 - 0.2 / 10, 1.0))
     if title:
         fig.text(0.01, 1 - 0.08 / fig.get_size_inches()[1], title, fontsize=9, va="top",
                  weight="bold")
-    return fig

@@ -68,7 +68,7 @@ def exact_sizes(trace: Trace, per: dict, weight: np.ndarray, issue_of: dict,
         # transformer layers: norm1's gradients are ready after the FFN's, not before, as
         # reverse registration would have them); sizes sorted by copy time only when nothing
         # else fits (a few-byte parameter swaps with a few-KB one)
-        slots = _big_slots(sizes[::-1], weight) if n > 0 and sizes.max() > 0 else None
+        slots = _big_slots(sizes[::-1], weight) if sizes.max() > 0 else None
         ordered = [f for f in fits if f[0] != candidates[-1][0]] or fits
         if slots is not None:
             miss = [_class_mismatch(c, slots) for _s, c in ordered]
@@ -88,13 +88,18 @@ def exact_sizes(trace: Trace, per: dict, weight: np.ndarray, issue_of: dict,
 LOCAL_WINDOW = 8
 
 
+def _large(sizes: np.ndarray) -> np.ndarray:
+    """The large gradients: at least half the largest."""
+    return sizes >= 0.5 * sizes.max()
+
+
 def _big_slots(sizes: np.ndarray, weight: np.ndarray) -> np.ndarray:
     """Which ready-order positions copied a large gradient (at least half the largest
     size): as many as there are large sizes, those with the longest copy times. The step's
     first copy says nothing about its size (it is slow whatever it moves: 40 us for the
     4-byte head bias on the paired captures), so it counts as large only if the first size
     in reverse registration order is."""
-    big = sizes >= 0.5 * sizes.max()
+    big = _large(sizes)
     w = weight.astype(np.float64).copy()
     w[0] = np.inf if big[0] else -np.inf
     out = np.zeros(len(sizes), bool)
@@ -105,7 +110,7 @@ def _big_slots(sizes: np.ndarray, weight: np.ndarray) -> np.ndarray:
 def _class_mismatch(cand: np.ndarray, slots: np.ndarray) -> int:
     """Positions where an order puts a large gradient on a short copy or a small one on a
     long copy."""
-    return int(((cand >= 0.5 * cand.max()) != slots).sum())
+    return int((_large(cand) != slots).sum())
 
 
 def local_order(sizes: np.ndarray, weight: np.ndarray) -> np.ndarray:
@@ -113,7 +118,7 @@ def local_order(sizes: np.ndarray, weight: np.ndarray) -> np.ndarray:
     moved to the positions whose copies took longest (:func:`_big_slots`), each class kept
     in its order; unchanged if that moves one more than :data:`LOCAL_WINDOW` positions."""
     slots = _big_slots(sizes, weight)
-    big = sizes >= 0.5 * sizes.max()
+    big = _large(sizes)
     out = np.empty_like(sizes)
     out[slots] = sizes[big]
     out[~slots] = sizes[~big]
