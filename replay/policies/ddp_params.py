@@ -1,6 +1,9 @@
 """The DDP parameters of a gloo trace: which old bucket each belongs to and their exact
 sizes in the order their gradients became ready (used by :mod:`.bucketing_cpu`).
 
+A plain ``torch.profiler`` trace recorded with ``record_shapes`` holds the sizes itself: the
+reducer's per-parameter ``mul_out`` carries the gradient's ``Input Dims`` and dtype, in the
+order the gradients became ready (:func:`trace_param_bytes`). Otherwise
 ``meta["ddp_param_bytes"]`` lists the gradient bytes of the model's parameters in
 registration order; DDP buckets them in the order their gradients become ready, which is
 reverse registration order except where a module's backward runs out of it (post-norm
@@ -19,7 +22,86 @@ import pandas as pd
 from retime.collectors.errors import PolicyError
 from retime.collectors.trace import Trace
 
-__all__ = ["bucket_of", "exact_sizes", "local_order", "LOCAL_WINDOW"]
+__all__ = ["bucket_of", "exact_sizes", "local_order", "LOCAL_WINDOW", "trace_param_bytes",
+           "param_bytes"]
+
+#: the DDP reducer's per-parameter copy of a ready gradient into its bucket
+MUL_OUT = "torch::distributed::reducer::mul_out"
+_STEP = "ProfilerStep#"
+
+
+def trace_param_bytes(trace: Trace) -> list[int] | None:
+    """The gradient bytes of every parameter DDP reduces, in the order they became ready,
+    read from the trace's own Kineto source (the lowest rank's file): the ``Input Dims`` and
+    ``Input type`` of the reducer's ``mul_out`` calls in the first profiler step that has
+    them (``record_shapes=True``). None when the trace has no such source or records no
+    shapes. Memoized per trace."""
+    from .base import trace_memo
+
+    memo = trace_memo(trace)
+    if "trace_param_bytes" in memo:
+        return memo["trace_param_bytes"]
+    out = None
+    srcs = sorted((s for s in trace.meta.get("sources", []) or []
+                   if isinstance(s, dict) and s.get("format") == "kineto" and "rank" in s),
+                  key=lambda s: int(s["rank"]))
+    if srcs:
+        try:
+            out = _reducer_sizes(srcs[0]["path"])
+        except (OSError, ValueError, TypeError, EOFError):
+            out = None
+    memo["trace_param_bytes"] = out
+    return out
+
+
+def _reducer_sizes(path: str) -> list[int] | None:
+    import gzip
+
+    import orjson
+
+    from retime.collectors.collectives import DTYPE_BYTES
+
+    raw = gzip.open(path, "rb").read() if str(path).endswith(".gz") else open(path, "rb").read()
+    doc = orjson.loads(raw)
+    ev = doc.get("traceEvents") if isinstance(doc, dict) else doc
+    steps, calls = [], []
+    for e in ev if isinstance(ev, list) else []:
+        if not isinstance(e, dict) or e.get("ph") != "X":
+            continue
+        name = e.get("name")
+        if name == MUL_OUT:
+            a = e.get("args") or {}
+            dims, types = a.get("Input Dims"), a.get("Input type")
+            if not dims or not isinstance(dims[0], list):
+                return None  # recorded without shapes
+            n = 1
+            for x in dims[0]:
+                n *= int(x)
+            t0 = types[0] if isinstance(types, list) and types else "float"
+            calls.append((float(e["ts"]), n * DTYPE_BYTES.get(t0, 4)))
+        elif isinstance(name, str) and name.startswith(_STEP) and e.get("cat") in (
+                "user_annotation", "cpu_op", "python_function"):
+            steps.append((float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0))))
+    if not calls:
+        return None
+    calls.sort()
+    ts = np.asarray([c[0] for c in calls])
+    for lo, hi in sorted(steps):
+        sel = (ts >= lo) & (ts < hi)
+        if sel.any():
+            return [int(calls[i][1]) for i in np.flatnonzero(sel)]
+    return None if steps else [int(c[1]) for c in calls]
+
+
+def param_bytes(trace: Trace) -> tuple[list[int] | None, bool]:
+    """The parameters' gradient bytes and whether they are in ready order:
+    ``meta["ddp_param_bytes"]`` where a user or a capture stated them (registration order),
+    else the trace's own reducer shapes (:func:`trace_param_bytes`, ready order), else None."""
+    given = trace.meta.get("ddp_param_bytes") if isinstance(trace.meta, dict) else None
+    if given is not None:
+        return given, False
+    got = trace_param_bytes(trace)
+    return (got, True) if got else (None, False)
 
 
 def bucket_of(ids: np.ndarray, rdy: pd.DataFrame, issue_of: dict, start: np.ndarray
@@ -35,9 +117,17 @@ def exact_sizes(trace: Trace, per: dict, weight: np.ndarray, issue_of: dict,
                 start: np.ndarray, nbytes: np.ndarray) -> tuple[np.ndarray | None, str]:
     """The parameters' exact bytes in ready order from ``meta["ddp_param_bytes"]``
     (module docstring), or ``(None, "copy times")`` without that key."""
-    given = trace.meta.get("ddp_param_bytes")
+    given, ready = param_bytes(trace)
     if given is None:
         return None, "copy times"
+    if ready:
+        sizes = np.asarray(given, np.float64)
+        if len(sizes) == len(weight) and all(
+                np.array_equal(np.bincount(bucket_of(ids, rdy, issue_of, start), weights=sizes,
+                                           minlength=len(ids)), nbytes[ids].astype(np.float64))
+                for ids, _m, rdy, _b in per.values()):
+            return sizes, "the trace's reducer shapes (ready order)"
+        given = given[::-1]  # not this trace's buckets: treat as registration order
     try:
         sizes = np.asarray([int(x) for x in given], np.int64)
     except (TypeError, ValueError) as exc:

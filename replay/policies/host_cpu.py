@@ -16,6 +16,8 @@ import pandas as pd
 
 from retime.collectors.trace import Trace
 
+from .ddp_params import param_bytes
+
 __all__ = ["ddp_ranges", "host_copy_rate", "loopback_busbw", "cpu_interference_of",
            "TCP_COPIES_PER_BYTE", "OverlapProbe", "overlap_probe"]
 
@@ -91,7 +93,7 @@ def host_copy_rate(trace: Trace) -> float | None:
     copies by rank of size and time (the largest gradient takes the longest copies), and
     only parameters of at least 64 KiB (a small copy's time is its fixed cost). None
     without the reducer's ranges or the sizes."""
-    given = trace.meta.get("ddp_param_bytes") if isinstance(trace.meta, dict) else None
+    given, _ready = param_bytes(trace)
     rr = ddp_ranges(trace)
     if rr is None or not given:
         return None
