@@ -119,7 +119,8 @@ def with_handoff_edges(rank, lane, start, end, on_device, lane_prev, es, ed, ek,
             np.concatenate([el, hl]))
 
 
-def classify_wait_gaps(es, ed, ek, lag, s2s, keep, start, end, lane, stats) -> None:
+def classify_wait_gaps(es, ed, ek, lag, s2s, keep, start, end, lane, stats,
+                       worker=None) -> None:
     """Gaps on a thread that were waiting, not working (in place on ``lag``).
 
     A HOST_ORDER lag holds the measured gap before an op on its thread: host work the
@@ -131,13 +132,22 @@ def classify_wait_gaps(es, ed, ek, lag, s2s, keep, start, end, lane, stats) -> N
     gap was waiting: its lag becomes 0 (a wake-up delay is left as the op's release delay)
     and the dependency alone places the op, so a what-if that makes the awaited work faster
     or slower moves the op with it. Counted in ``stats["wait_gaps"]`` / ``["wait_gap_ns"]``.
+
+    ``worker`` (bool per op, optional) marks ops on communication worker threads (a gloo
+    worker: a lane that runs nothing but collectives). Such a thread does no host work of
+    its own, so a gap before one of its ops that started after its issue ended was waiting
+    for that issue however long the wake-up took (on a busy core it waits for the issuing
+    thread's time slice: milliseconds); the wake-up stays as the op's release delay.
     """
     if not len(es):
         stats["wait_gaps"] = stats["wait_gap_ns"] = 0
         return
     src_t = np.where(s2s, start[es], end[es]) + lag
+    late = start[ed] - src_t
     tight = ((ek == EdgeKind.SYNC) | (ek == EdgeKind.LAUNCH)) & keep \
-        & (lane[es] != lane[ed]) & (start[ed] - src_t <= WAKE_UP_NS)
+        & (lane[es] != lane[ed]) & ((late <= WAKE_UP_NS)
+                                    | ((late >= 0) & (False if worker is None
+                                                      else np.asarray(worker, bool)[ed])))
     waited = np.zeros(len(start), bool)
     waited[ed[tight]] = True
     ho = (ek == EdgeKind.HOST_ORDER) & waited[ed] & (lag > 0) & ~s2s

@@ -427,7 +427,16 @@ def graph_from_arrays(*, rank, lane, kind, start_ns, dur_ns, coll_id=None, edge_
     lag_store, s2s, keep, n_clamped = _edge_lags(es, ed, el, ek, np.int8(EdgeKind.SYNC), s,
                                                  end, d, node_of)
     stats["edges_clamped"] = int(n_clamped)
-    classify_wait_gaps(es, ed, ek, lag_store, s2s, keep, s, end, lane, stats)
+    # communication worker threads: lanes that run nothing but collectives (gloo workers)
+    lane_u, lane_inv = np.unique(lane, return_inverse=True)
+    non_coll = np.bincount(lane_inv, weights=(coll < 0), minlength=len(lane_u))
+    worker = (non_coll == 0)[lane_inv]
+    if on_device is None:
+        worker[:] = False
+    else:  # host threads only (a GPU stream's gaps are not a thread's wake-ups)
+        worker &= ~np.asarray(on_device, bool)
+    classify_wait_gaps(es, ed, ek, lag_store, s2s, keep, s, end, lane, stats, worker=worker)
+    del lane_u, lane_inv, non_coll, worker
     blocking = np.zeros(n, bool) if blocking is None else np.asarray(blocking, bool)
     wait_mask = np.zeros(len(es), bool)
     if len(es):
