@@ -42,6 +42,16 @@ KEYS: dict[str, KeyInfo] = {
         "profile's GPUs per node", "synth; kineto/nsys with sized collectives (crossing levels "
         "need a calibrated or given inter_node_gbps)", "GPUs per node: which collectives "
         "cross the inter-node network"),
+    "network.alpha_share": KeyInfo(
+        "fraction", "0 .. 0.25", "0: where the trace's collectives have one size, all their "
+        "time is bandwidth", "kineto/nsys with sized collectives",
+        "share of a measured collective's time taken as fixed latency when the trace cannot "
+        "tell (the range's other bound)"),
+    "topology.cores_per_node": KeyInfo(
+        "cores", "integer >= 1", "the CPU sets a retime capture recorded, else one core per "
+        "rank (no sharing; printed as assumed)", "kineto CPU (gloo) traces with host names",
+        "CPU cores each host gives the job, before and after (what you know of your hosts: "
+        "ranks beyond that on one host time-share its cores)"),
     "topology.nics": KeyInfo("NICs", "integer >= 1", "hardware profile", _SYNTH,
                              "network interfaces per node (inter-node bandwidth per GPU)"),
     # parallel

@@ -91,13 +91,20 @@ class Topology(Policy):
 
     ranks_per_node: int | None = None
     nics: int | None = None
+    #: CPU cores each host gives the job's ranks, as the user knows them (CPU training: ranks
+    #: beyond that on one host time-share its cores). Stated for the measured job and the
+    #: what-if alike; a capture's recorded CPU sets are used when it is not stated.
+    cores_per_node: int | None = None
     table: ClassVar[str] = "topology"
 
     def __post_init__(self) -> None:
         check_int("topology", "ranks_per_node", self.ranks_per_node)
         check_int("topology", "nics", self.nics)
+        check_int("topology", "cores_per_node", self.cores_per_node)
 
     def configure(self, state: WhatIfState) -> None:
+        if self.cores_per_node is not None and not state.is_synth:
+            state.trace = stated_cores(state.trace, self.cores_per_node)
         if self.nics is not None:
             if not state.is_synth:
                 raise PolicyError("topology.nics: a measured trace does not say how many NICs "
@@ -122,6 +129,25 @@ class Topology(Policy):
         state.applied.append(self.describe())
 
 
+def stated_cores(trace: Trace, cores: int) -> Trace:
+    """The trace with each rank's CPU set as the user stated the hosts (``cores`` per host):
+    the ranks of a host, in rank order, take its cores round-robin (``meta["cpu_affinity"]``,
+    what :mod:`.parallel_dp` reads). Unchanged when the trace records no host names."""
+    hosts = trace.meta.get("hostnames") if isinstance(trace.meta, dict) else None
+    if not isinstance(hosts, dict) or not hosts:
+        return trace
+    local: dict[str, int] = {}
+    aff = {}
+    for r in sorted(hosts, key=int):
+        i = local.get(hosts[r], 0)
+        local[hosts[r]] = i + 1
+        aff[str(r)] = [i % int(cores)]
+    meta = dict(trace.meta)
+    meta["cpu_affinity"] = aff
+    meta["cores_per_host_stated"] = int(cores)
+    return dataclasses.replace(trace, meta=meta)
+
+
 @dataclass(frozen=True)
 class Network(Policy):
     """Link bandwidths (GB/s per GPU per direction), latencies (us per algorithm step),
@@ -136,6 +162,9 @@ class Network(Policy):
     cross_dc_gbps: float | None = None
     cross_dc_km: float | None = None
     nodes_per_dc: int | None = None
+    #: share of a measured collective's time that is fixed latency, where the trace's sizes
+    #: cannot tell (one message size): 0 by default, MAX_ALPHA_SHARE at the range's bound
+    alpha_share: float | None = None
     table: ClassVar[str] = "network"
 
     def __post_init__(self) -> None:
@@ -147,6 +176,9 @@ class Network(Policy):
             raise PolicyError(f"network.bus_efficiency={self.bus_efficiency} must be in (0, 1]")
         check_choice("network", "algorithm", self.algorithm, ("ring", "tree"))
         check_int("network", "nodes_per_dc", self.nodes_per_dc)
+        if self.alpha_share is not None and not 0 <= self.alpha_share <= MAX_ALPHA_SHARE:
+            raise PolicyError(f"network.alpha_share={self.alpha_share} must be in "
+                              f"[0, {MAX_ALPHA_SHARE}] (a collective's fixed latency share)")
 
     def configure(self, state: WhatIfState) -> None:
         if not state.is_synth:
@@ -209,11 +241,12 @@ class Network(Policy):
             return
         cpu = _cpu_collectives(state.trace, tab)
         shaper = shaped_link(state.trace) if cpu else None
-        old = _template_table(state, tab)
+        old = _template_table(state, tab, self.alpha_share)
         if old is None:
             cr_old = (link_credits(state.graph, tab, tab["old_level"] == 1, *shaper)
                       if shaper else np.zeros(len(tab["op"])))
-            cal = calibrate(state.trace, state.graph, tab, credit=cr_old)
+            cal = calibrate(state.trace, state.graph, tab, credit=cr_old,
+                            alpha_share=self.alpha_share)
             x_old, old_lv, n_old, cop_old = (tab["bytes"] * tab["factor"], tab["old_level"],
                                              tab["n"], tab["comm_op"])
         else:  # a re-laid-out measured job: the model at the template ops' measured shape
@@ -227,6 +260,18 @@ class Network(Policy):
                                           "rate_gbps": rate, "burst_ms": shaper[1] / 1e6}
         state.notes["network_calibration"] = {LEVELS[k]: v for k, v in cal.items()}
         for k, v in cal.items():
+            if v.get("why") and (self._level_gbps().get(k) is not None
+                                 or k in set(np.unique(tab["level"]).tolist())):
+                if self.alpha_share is None:  # bounded: the range replays the other bound
+                    state.notes.setdefault("range_variants", []).append(
+                        {"network.alpha_share": MAX_ALPHA_SHARE})
+                    state.notes["bounded_assumptions"] = \
+                        state.notes.get("bounded_assumptions", 0) + 1
+                state.notes.setdefault("assumed", []).append(
+                    f"{LEVELS[k]} link fitted as {v['busbw_gbps']:.3g} GB/s of bus bandwidth "
+                    f"with no latency of its own: {v['why']} (latency per step: the prior "
+                    f"{DEFAULT_ALPHA_US[k]:g} us); the range spans up to "
+                    f"{MAX_ALPHA_SHARE:.0%} of each collective's time as latency")
             if v.get("partial"):
                 state.notes.setdefault("assumed", []).append(
                     f"{LEVELS[k]} bandwidth fitted on collectives with untraced members "
@@ -296,7 +341,8 @@ class Network(Policy):
         state.applied.append(self.describe())
 
 
-def _template_table(state: WhatIfState, tab: dict[str, np.ndarray]):
+def _template_table(state: WhatIfState, tab: dict[str, np.ndarray],
+                    alpha_share: float | None = None):
     """For a re-laid-out measured job (``state.notes["template"]``: the measured trace and,
     per new op, the measured op it copies): the calibration on the measured trace and, per
     row of ``tab``, its template's bus bytes, level, group size and primitive as measured."""
@@ -315,7 +361,7 @@ def _template_table(state: WhatIfState, tab: dict[str, np.ndarray]):
     shaper = shaped_link(orig) if _cpu_collectives(orig, otab) else None
     ocredit = (link_credits(g, otab, otab["old_level"] == 1, *shaper) if shaper
                else np.zeros(len(otab["op"])))
-    cal = calibrate(orig, g, otab, credit=ocredit)
+    cal = calibrate(orig, g, otab, credit=ocredit, alpha_share=alpha_share)
     row = np.full(orig.n_ops, -1, np.int64)
     row[otab["op"]] = np.arange(len(otab["op"]))
     r = row[template_of[tab["op"]]]
@@ -505,12 +551,28 @@ def _level(ranks: np.ndarray, rpn: int, nodes_per_dc: int | None) -> int:
     return 1
 
 
+#: sizes must span this ratio for a fit to tell a collective's latency from its bandwidth
+IDENTIFIABLE_SIZE_RATIO = 1.5
+#: a fitted per-collective latency above this share of a typical collective's time is not
+#: physical (a LAN or NVLink collective's fixed cost is microseconds, not most of it)
+MAX_ALPHA_SHARE = 0.25
+
+
+def _mb_span(xs: np.ndarray) -> str:
+    lo, hi = float(xs.min()) / 1e6, float(xs.max()) / 1e6
+    return f"{lo:.3g} MB of bus bytes" if hi <= lo * 1.001 else f"{lo:.3g}-{hi:.3g} MB of bus bytes"
+
+
 def calibrate(trace: Trace, graph, tab: dict[str, np.ndarray] | None = None,
-              credit: np.ndarray | None = None) -> dict[int, dict[str, Any]]:
+              credit: np.ndarray | None = None, alpha_share: float | None = None
+              ) -> dict[int, dict[str, Any]]:
     """Alpha-beta fit per measured level from the last arrivers' transfer times.
 
     ``credit`` (bus bytes per row of ``tab``) is what a shaped link let through on saved
     tokens (:func:`link_credits`): only the rest was paced by the link.
+    Where the sizes cannot separate latency from bandwidth (``identifiable`` False, ``why``
+    says why) all the time is bandwidth, or ``alpha_share`` of the median collective's time
+    is latency (the range's other bound: at most :data:`MAX_ALPHA_SHARE`).
     Returns ``{level: {"alpha_ns", "busbw_gbps", "points"}}`` (levels with data only).
     """
     tab = tab if tab is not None else collective_table(trace, graph)
@@ -533,13 +595,29 @@ def calibrate(trace: Trace, graph, tab: dict[str, np.ndarray] | None = None,
             continue
         xs, ys = x[m], y[m]
         a, inv_b = 0.0, float(np.median(ys / xs))
-        if len(np.unique(xs)) >= 2:
+        why = None
+        if len(xs) < 3 or xs.max() < IDENTIFIABLE_SIZE_RATIO * xs.min():
+            # latency and bandwidth cannot be told apart: all the time is bandwidth (the
+            # latency steps come from the transport's published prior, DEFAULT_ALPHA_US)
+            why = (f"{int(m.sum())} collective(s) of {_mb_span(xs)}: one size (or sizes "
+                   f"within {IDENTIFIABLE_SIZE_RATIO:g}x) cannot separate latency from "
+                   "bandwidth")
+        else:
             A = np.stack([np.ones(len(xs)), xs], axis=1)
             sol, *_ = np.linalg.lstsq(A, ys, rcond=None)
-            if sol[1] > 0:
-                a, inv_b = max(0.0, float(sol[0])), float(sol[1])
+            if sol[1] > 0 and 0.0 <= sol[0] <= MAX_ALPHA_SHARE * float(np.median(ys)):
+                a, inv_b = float(sol[0]), float(sol[1])
+            else:
+                why = (f"the fit over {int(m.sum())} collectives of {_mb_span(xs)} gave a "
+                       f"latency of {sol[0] / 1e6:.3g} ms and {1 / sol[1] if sol[1] > 0 else 0:.3g}"
+                       " GB/s, outside physical bounds")
+        if why is not None and alpha_share:
+            a = float(alpha_share) * float(np.median(ys))
+            inv_b = float(np.median(np.maximum(ys - a, 1.0) / xs))
         out[int(lv)] = {"alpha_ns": a, "busbw_gbps": 1.0 / inv_b if inv_b > 0 else math.inf,
-                        "points": int(m.sum())}
+                        "points": int(m.sum()), "identifiable": why is None}
+        if why is not None:
+            out[int(lv)]["why"] = why
         if rests_on_partial:
             out[int(lv)]["partial"] = True
     return out
