@@ -71,7 +71,72 @@ def whatif(trace: Trace, policies: Scenario | Policy | list | dict | str | Path 
                           "collectors.trace.read_trace(path)")
     pols = as_policies(policies)
     with fingerprint_scope():  # each trace's fingerprint (cache key) computed once
-        return _whatif(trace, pols, ideal=ideal, mode=mode)
+        res = _whatif(trace, pols, ideal=ideal, mode=mode)
+        if pols:
+            variants = res.meta["whatif"].pop("range_variants", [])
+            alt = []
+            for v in variants:  # the same what-if at the bounds of what it could not measure
+                try:
+                    given = dict(policies) if isinstance(policies, dict) else _keys_of(pols)
+                    alt.append(_whatif(trace, as_policies({**given, **v}),
+                                       ideal=ideal, mode=mode).summary())
+                except PolicyError:
+                    continue
+            res.meta["whatif"].update(step_range(trace, res, alt))
+        return res
+
+
+def _keys_of(pols: list) -> dict[str, Any]:
+    """The dotted keys a list of policies was given (their non-default fields)."""
+    import dataclasses as dc
+
+    out = {}
+    for p in pols:
+        for f in dc.fields(p):
+            if not f.init:
+                continue
+            v = getattr(p, f.name)
+            if v != f.default:
+                out[f"{p.table}.{f.name}"] = v
+    return out
+
+
+#: the model's own share of a what-if's change it cannot vouch for: a change priced from
+#: what the trace measured (``fitted``) or partly from priors (``assumed``); set from the
+#: paired captures' errors of the models the pairs did not shape (traces/pairs/README.md)
+MODEL_SHARE = {"fitted": 0.15, "assumed": 0.25}
+
+
+def step_range(trace: Trace, res: ReplayResult, alt: list[dict]) -> dict[str, Any]:
+    """The range of a what-if's step time (ns per step, slowest rank):
+
+    * the measured step-to-step spread: half the source trace's per-step range (max - min
+      over its steps of the slowest rank's step), relative, around the prediction;
+    * the model: a share of the predicted change, :data:`MODEL_SHARE` (``assumed`` when the
+      what-if printed an ``assumed:`` line);
+    * the bounds of what the trace could not measure: the same what-if replayed at those
+      bounds (``range_variants`` a policy asks for) widens the range to include them.
+    """
+    st = res.step_times()
+    pred = float(st["replayed_step_ns"].max()) if len(st) else 0.0
+    w = step_windows(trace)
+    per = (w["end_ns"] - w["start_ns"]).groupby(w["step"]).max().to_numpy(np.float64) \
+        if len(w) else np.zeros(0)
+    mean = (w["end_ns"] - w["start_ns"]).groupby(w["rank"]).mean() if len(w) else None
+    base = float(mean.max()) if mean is not None else pred
+    noise = float((per.max() - per.min()) / 2 / np.median(per)) if len(per) > 1 else 0.0
+    # an assumption the range replays at its bounds is covered by them
+    kind = ("assumed" if len(res.meta["whatif"].get("assumed", []))
+            > int(res.meta["whatif"].get("bounded_assumptions", 0)) else "fitted")
+    model = MODEL_SHARE[kind] * abs(pred - base)
+    lo = pred * (1 - noise) - model
+    hi = pred * (1 + noise) + model
+    bounds = [float(a["step_time_ns"]["per_step"]["replayed"]) for a in alt]
+    for b in bounds:
+        lo, hi = min(lo, b * (1 - noise)), max(hi, b * (1 + noise))
+    return {"step_range_ns": [max(0.0, lo), hi], "baseline_per_step_ns": base,
+            "range": {"step_spread": noise, "model": kind, "model_share": MODEL_SHARE[kind],
+                      "bounds_ns": bounds}}
 
 
 def _whatif(trace: Trace, pols: list, *, ideal: bool, mode: str | None) -> ReplayResult:
@@ -133,6 +198,10 @@ def _derived(state: WhatIfState) -> dict[str, Any]:
         out["shaped_link"] = state.notes["shaped_link"]
     if state.notes.get("assumed"):
         out["assumed"] = list(state.notes["assumed"])
+    if state.notes.get("bounded_assumptions"):
+        out["bounded_assumptions"] = int(state.notes["bounded_assumptions"])
+    if state.notes.get("range_variants"):
+        out["range_variants"] = list(state.notes["range_variants"])
     syn = state.trace.meta.get("synth") if isinstance(state.trace.meta, dict) else None
     mem: dict[str, Any] = {}
     if isinstance(syn, dict) and "peak_memory_bytes" in syn:

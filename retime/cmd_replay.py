@@ -52,6 +52,10 @@ def replay_cmd(
         s["whatif"] = result.meta["whatif"]
         # "measured" is the input trace as recorded (a re-laid-out what-if has new ops)
         s["step_time_ns"]["measured"] = result.meta["whatif"]["baseline_measured_step_time_ns"]
+        if "baseline_per_step_ns" in result.meta["whatif"]:
+            s["step_time_ns"]["per_step"]["measured"] = result.meta["whatif"]["baseline_per_step_ns"]
+        if "step_range_ns" in result.meta["whatif"]:
+            s["step_time_ns"]["range"] = [int(x) for x in result.meta["whatif"]["step_range_ns"]]
     if output is not None:
         result.to_trace().save(output)
         s["output"] = str(output)
@@ -66,9 +70,25 @@ def replay_cmd(
             f"link(s): collectives {rl['collectives'][:8]}"
             f"{' ...' if len(rl['collectives']) > 8 else ''}, edges {rl['edges'][:4]}"
             f"{' ...' if len(rl['edges']) > 4 else ''} (--strict refuses instead)")
-    say(f"{trace_dir}: step time measured {st['measured'] / 1e6:.3f} ms, replayed "
+    ps = st["per_step"]
+    rng = st.get("range")
+    say(f"{trace_dir}: step time (slowest rank, mean per step) measured "
+        f"{ps['measured'] / 1e6:.3f} ms, {'what-if' if 'whatif' in s else 'replayed'} "
+        f"{ps['replayed'] / 1e6:.3f} ms"
+        + (f" (range {rng[0] / 1e6:.3f}-{rng[1] / 1e6:.3f} ms)" if rng else "")
+        + (f" ({(ps['replayed'] / ps['measured'] - 1):+.1%})" if ps["measured"] else ""))
+    say(f"  whole trace: measured {st['measured'] / 1e6:.3f} ms, replayed "
         f"{st['replayed'] / 1e6:.3f} ms ({'ideal: ' if ideal else ''}{d['count']} unexplained "
         f"delays, {d['total_ns'] / 1e6:.3f} ms in all, {'dropped' if ideal else 'kept'})")
+    gt = s.get("gaps", {}).get("total")
+    if gt and gt.get("span_ns") and "whatif" not in s:
+        span = gt["span_ns"]
+        say(f"  of the measured time, summed over ranks ({span / 1e6:.1f} ms): "
+            f"{gt['host_work_ns'] / span:.1%} is host work the profiler did not cover (kept; "
+            f"scales with host speed), {gt['unexplained_ns'] / span:.1%} is unexplained delay "
+            f"(kept as measured); the rest, {1 - (gt['host_work_ns'] + gt['unexplained_ns']) / span:.1%}"
+            ", is the traced ops and the waits between them, which the modelled dependencies "
+            "re-derive")
     for r in s["per_rank"][:32]:
         err = (r["replayed_ns"] - r["measured_ns"]) / r["measured_ns"] if r["measured_ns"] else 0.0
         per = (f"; per step {r['measured_step_ns'] / 1e6:.3f} -> "
