@@ -84,84 +84,140 @@ def job_record(folder: Path) -> dict:
     return (doc.get("retimeCapture") or {}).get("job") or {}
 
 
-def load_capture(folder: Path) -> Trace:
-    """Ingest a capture folder and put what retime needs from the job record into
-    ``Trace.meta``: ``ddp_param_bytes`` (the gradient sizes, exact) and ``job`` (the knobs)."""
+#: the records only retime's pair kit writes (a user's torch.profiler trace has none)
+KIT_KEYS = ("retimeCapture",)
+
+
+def plain_copy(folder: Path, into: Path) -> Path:
+    """Copy a capture folder's rank files into ``into`` with every kit record removed: what a
+    plain ``torch.profiler`` export of the same run holds (the ``retimeCapture`` block: job
+    knobs, ``ddp_param_bytes``, ``cpu_affinity``, the shaped-link declaration, the overlap
+    probe). Everything else is byte-for-byte the profiler's."""
+    into.mkdir(parents=True, exist_ok=True)
+    for f in sorted(folder.glob("rank-*.pt.trace.json.gz")):
+        doc = json.loads(gzip.decompress(f.read_bytes()))
+        for k in KIT_KEYS:
+            doc.pop(k, None)
+        (into / f.name).write_bytes(gzip.compress(json.dumps(doc).encode(), compresslevel=1))
+    return into
+
+
+_PLAIN_DIR: Path | None = None
+
+
+def load_capture(folder: Path, *, plain: bool = False) -> Trace:
+    """Ingest a capture folder.
+
+    ``plain=True`` ingests a copy with the kit's records stripped (:func:`plain_copy`): the
+    trace a user has. Otherwise the kit's job record is lifted into ``Trace.meta`` too:
+    ``ddp_param_bytes`` (the gradient sizes, exact) and ``job`` (the knobs, the shaped link,
+    the overlap probe) -- the "with kit records" column, which plays the part of a
+    calibration file."""
     import retime
 
+    if plain:
+        global _PLAIN_DIR
+        if _PLAIN_DIR is None:
+            import tempfile
+            _PLAIN_DIR = Path(tempfile.mkdtemp(prefix="retime-plain-pairs-"))
+        dst = _PLAIN_DIR / folder.parent.name / folder.name
+        if not dst.exists():
+            plain_copy(folder, dst)
+        return retime.load(str(dst))
     trace = retime.load(str(folder))
     job = job_record(folder)
     if "ddp_param_bytes" in job:
         trace.meta["ddp_param_bytes"] = list(job["ddp_param_bytes"])
     trace.meta["job"] = {k: v for k, v in job.items() if k != "ddp_param_bytes"}
-    if "cpu_affinity" not in trace.meta and "hostnames" in trace.meta:
-        trace.meta["cpu_affinity"] = kit_affinity(job, trace.meta["hostnames"])
     return trace
 
 
-def kit_affinity(job: dict, hostnames: dict) -> dict[str, list[int]]:
-    """The CPUs each rank of a kit capture ran on, from the kit's placement rule
-    (examples/pairs/hosts.py: host k's processes on CPU k; a single host gets both CPUs, one
-    rank per CPU). Captures made with the current ``Capture`` record it themselves
-    (``cpu_affinity``); the committed pairs predate that."""
-    if int(job.get("nhosts", 2)) == 1:
-        local: dict[str, int] = {}
-        out = {}
-        for r in sorted(hostnames, key=int):
-            h = hostnames[r]
-            out[r] = [local.get(h, 0)]
-            local[h] = local.get(h, 0) + 1
-        return out
-    return {r: [int(str(h).lstrip("host") or 0)] for r, h in hostnames.items()}
+def whatif_summary(trace: Trace, keys: dict) -> dict:
+    """What ``retime replay --json --set ...`` prints for the what-if (its
+    ``step_time_ns.per_step.replayed`` is the step the CLI shows: the slowest rank's mean
+    replayed step)."""
+    from retime.replay import whatif
+
+    res = whatif(trace, dict(keys))
+    s = res.summary()
+    s["whatif"] = res.meta.get("whatif", {})
+    rng = s["whatif"].get("step_range_ns")
+    if rng:
+        s["step_time_ns"]["range"] = list(rng)
+    return s
 
 
 def predict(trace: Trace, keys: dict) -> float:
-    from retime.replay import whatif
+    """The step the CLI prints for the what-if (``step_time_ns.per_step.replayed``)."""
+    return whatif_summary(trace, keys)["step_time_ns"]["per_step"]["replayed"]
 
-    return measured_step_ns(whatif(trace, dict(keys)).to_trace())
 
-
-def run_pair(name: str, spec: dict) -> list[dict]:
-    """Both directions of one pair: one row each."""
+def run_pair(name: str, spec: dict, modes: tuple[str, ...] = ("plain", "kit")) -> list[dict]:
+    """Both directions of one pair: one row each. For each mode (``plain``: the kit's
+    records stripped, what a user has; ``kit``: with them) the prediction is the step the
+    CLI prints; ``err`` / ``predicted_ms`` are the plain figures, ``kit_err`` the other."""
     rows = []
     for src, dst in (("A", "B"), ("B", "A")):
-        row: dict = {"pair": name, "direction": f"{src}->{dst}",
-                     "keys": spec["whatif"][f"{src}->{dst}"],
-                     "measured_ms": spec["median_ns"][dst] / 1e6}
+        truth = spec["median_ns"][dst]
+        keys = dict(spec["whatif"][f"{src}->{dst}"])
+        keys.update(spec.get("stated", {}).get(f"{src}->{dst}", {}))
+        row: dict = {"pair": name, "direction": f"{src}->{dst}", "keys": keys,
+                     "measured_ms": truth / 1e6}
         t0 = time.perf_counter()
-        trace = load_capture(PAIRS / name / src)
-        source = measured_step_ns(trace)
-        row["source_ms"] = source / 1e6
-        row["change"] = spec["median_ns"][dst] / source - 1
-        row["no_change_err"] = source / spec["median_ns"][dst] - 1
-        try:
-            row["identity_err"] = predict(trace, {}) / source - 1
-        except RetimeError as exc:
-            row["identity_err"] = None
-            row["identity_refused"] = str(exc)
-        try:
-            pred = predict(trace, row["keys"])
-            row["predicted_ms"] = pred / 1e6
-            row["err"] = pred / spec["median_ns"][dst] - 1
-        except RetimeError as exc:
-            row["predicted_ms"] = row["err"] = None
-            row["refused"] = f"{type(exc).__name__}: {exc}"
+        for mode in modes:
+            pre = "" if mode == "plain" else f"{mode}_"
+            trace = load_capture(PAIRS / name / src, plain=(mode == "plain"))
+            try:
+                ident = whatif_summary(trace, {})
+                source = ident["step_time_ns"]["per_step"]["measured"]
+                row[pre + "identity_err"] = ident["step_time_ns"]["per_step"]["replayed"] \
+                    / source - 1
+            except RetimeError as exc:
+                source = measured_step_ns(trace)
+                row[pre + "identity_err"] = None
+                row[pre + "identity_refused"] = str(exc)
+            if mode == "plain":
+                row["source_ms"] = source / 1e6
+                row["change"] = truth / source - 1
+                row["no_change_err"] = source / truth - 1
+            try:
+                s = whatif_summary(trace, keys)
+                pred = s["step_time_ns"]["per_step"]["replayed"]
+                row[pre + "predicted_ms"] = pred / 1e6
+                row[pre + "err"] = pred / truth - 1
+                rng = s["step_time_ns"].get("range")
+                if rng:
+                    row[pre + "range_ms"] = [rng[0] / 1e6, rng[1] / 1e6]
+                    row[pre + "in_range"] = bool(rng[0] <= truth <= rng[1])
+                    row[pre + "half_width"] = (rng[1] - rng[0]) / 2 / pred
+            except RetimeError as exc:
+                row[pre + "predicted_ms"] = row[pre + "err"] = None
+                row[pre + "refused"] = f"{type(exc).__name__}: {exc}"
         row["seconds"] = round(time.perf_counter() - t0, 2)
         rows.append(row)
     return rows
 
 
-def summary(rows: list[dict]) -> dict:
-    errs = [abs(r["err"]) for r in rows if r["err"] is not None]
+def summary(rows: list[dict], pre: str = "") -> dict:
+    """Scores of one mode's predictions (``pre``: "" plain, "kit_" with the kit's records)."""
+    errs = [abs(r[pre + "err"]) for r in rows if r.get(pre + "err") is not None]
     big = [r for r in rows if abs(r["change"]) > CHANGE]
-    beats = [r for r in big if r["err"] is not None and abs(r["err"]) < abs(r["no_change_err"])]
+    beats = [r for r in big if r.get(pre + "err") is not None
+             and abs(r[pre + "err"]) < abs(r["no_change_err"])]
     nc = [abs(r["no_change_err"]) for r in rows]
-    return {"predictions": len(rows), "refused": sum(r["err"] is None for r in rows),
-            "within_10pct": sum(e <= 0.10 for e in errs),
-            "median_abs_err": statistics.median(errs) if errs else None,
-            "changes_over_10pct": len(big), "beats_no_change": len(beats),
-            "no_change_within_10pct": sum(e <= 0.10 for e in nc),
-            "no_change_median_abs_err": statistics.median(nc) if nc else None}
+    ranged = [r for r in rows if pre + "in_range" in r]
+    out = {"predictions": len(rows), "refused": sum(r.get(pre + "err") is None for r in rows),
+           "within_10pct": sum(e <= 0.10 for e in errs),
+           "median_abs_err": statistics.median(errs) if errs else None,
+           "worst_abs_err": max(errs) if errs else None,
+           "changes_over_10pct": len(big), "beats_no_change": len(beats),
+           "no_change_within_10pct": sum(e <= 0.10 for e in nc),
+           "no_change_median_abs_err": statistics.median(nc) if nc else None,
+           "with_range": len(ranged),
+           "in_range": sum(r[pre + "in_range"] for r in ranged),
+           "median_half_width": statistics.median(r[pre + "half_width"] for r in ranged)
+           if ranged else None}
+    return out
 
 
 def _pct(x: float | None) -> str:
@@ -173,6 +229,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pair", action="append", default=None,
                    help="only this pair (repeatable); default: every pair in pairs.json")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--plain-only", action="store_true",
+                   help="only the plain-trace predictions (skip the with-kit-records column)")
     args = p.parse_args(argv)
     try:
         pairs = json.loads((PAIRS / "pairs.json").read_text())["pairs"]
@@ -187,34 +245,52 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"error": msg, "exit_code": 2}) if args.json else f"error: {msg}")
         return 2
     rows: list[dict] = []
+    modes = ("plain",) if args.plain_only else ("plain", "kit")
     for n in names:
-        rows += run_pair(n, pairs[n])
-    s = summary(rows)
+        rows += run_pair(n, pairs[n], modes)
+    groups = {"all": rows}
+    frozen = [r for r in rows if pairs[r["pair"]].get("after_freeze")]
+    if frozen:
+        groups["captured after the model was frozen"] = frozen
+        groups["pairs that shaped the model"] = [r for r in rows
+                                                 if not pairs[r["pair"]].get("after_freeze")]
+    summ = {g: {m: summary(rs, "" if m == "plain" else f"{m}_") for m in modes}
+            for g, rs in groups.items()}
     if args.json:
-        print(json.dumps({"rows": rows, "summary": s}, indent=1))
+        print(json.dumps({"rows": rows, "summary": summ}, indent=1))
         return 0
-    hdr = (f"{'pair':<26} {'dir':<5} {'keys':<58} {'source':>8} {'measured':>8} "
-           f"{'change':>7} {'predicted':>9} {'error':>7} {'no-change':>9} {'identity':>8}")
-    print("step times in ms (median over recorded steps of the slowest rank; measured = "
-          "median of the target's captures)")
+    hdr = (f"{'pair':<30} {'dir':<5} {'source':>7} {'measured':>8} {'change':>7} "
+           f"{'predicted':>9} {'range':>13} {'error':>7} {'kit-err':>7} {'no-change':>9} "
+           f"{'identity':>8}")
+    print("step times in ms per step. predicted: the step `retime replay --set ...` prints "
+          "(slowest rank's mean replayed step) on the PLAIN trace (kit records stripped); "
+          "kit-err: the same with the kit's records; measured: median of the target's captures")
     print(hdr)
     print("-" * len(hdr))
     for r in rows:
-        keys = ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
-                         for k, v in r["keys"].items())
         pred = "refused" if r["predicted_ms"] is None else f"{r['predicted_ms']:.1f}"
-        print(f"{r['pair']:<26} {r['direction']:<5} {keys:<58} {r['source_ms']:8.1f} "
-              f"{r['measured_ms']:8.1f} {r['change']:+7.1%} {pred:>9} {_pct(r['err']):>7} "
-              f"{r['no_change_err']:+9.1%} {_pct(r['identity_err']):>8}")
+        rng = (f"{r['range_ms'][0]:.0f}-{r['range_ms'][1]:.0f}" if "range_ms" in r else "-")
+        print(f"{r['pair']:<30} {r['direction']:<5} {r['source_ms']:7.1f} "
+              f"{r['measured_ms']:8.1f} {r['change']:+7.1%} {pred:>9} {rng:>13} "
+              f"{_pct(r['err']):>7} {_pct(r.get('kit_err')):>7} {r['no_change_err']:+9.1%} "
+              f"{_pct(r['identity_err']):>8}")
         if "refused" in r:
-            print(f"{'':<33}refused: {r['refused']}")
-    med = "-" if s["median_abs_err"] is None else f"{s['median_abs_err']:.1%}"
-    ncmed = "-" if s["no_change_median_abs_err"] is None else f"{s['no_change_median_abs_err']:.1%}"
-    print(f"\nsummary: {s['within_10pct']}/{s['predictions']} predictions within 10% "
-          f"({s['refused']} refused), median |error| {med}; beats no-change on "
-          f"{s['beats_no_change']}/{s['changes_over_10pct']} directions whose measured change "
-          f"exceeds 10%; no-change itself: {s['no_change_within_10pct']}/{s['predictions']} "
-          f"within 10%, median |error| {ncmed}")
+            print(f"{'':<36}refused: {r['refused']}")
+    for g, by_mode in summ.items():
+        for m, sm in by_mode.items():
+            med = "-" if sm["median_abs_err"] is None else f"{sm['median_abs_err']:.1%}"
+            worst = "-" if sm["worst_abs_err"] is None else f"{sm['worst_abs_err']:.1%}"
+            rng = ("" if not sm["with_range"] else
+                   f"; measured inside the range {sm['in_range']}/{sm['with_range']}, median "
+                   f"half-width {sm['median_half_width']:.1%}")
+            label = "plain traces" if m == "plain" else "with the kit's records"
+            print(f"\n{g}, {label}: {sm['within_10pct']}/{sm['predictions']} within 10% "
+                  f"({sm['refused']} refused), median |error| {med}, worst {worst}; beats "
+                  f"no-change on {sm['beats_no_change']}/{sm['changes_over_10pct']} directions "
+                  f"whose change exceeds 10%{rng}")
+        ncmed = by_mode["plain"]["no_change_median_abs_err"]
+        print(f"{g}, answering no-change: {by_mode['plain']['no_change_within_10pct']}/"
+              f"{by_mode['plain']['predictions']} within 10%, median |error| {ncmed:.1%}")
     return 0
 
 

@@ -40,9 +40,23 @@ COVERED = ["mlp-bandwidth", "transformer-bandwidth", "mlp-dp", "transformer-dp",
                                           "batch") for m in ("mlp", "transformer"))]
 
 
-#: known misses, each with its cause (strict: the test fails when one starts passing); none
-#: since the bucket pairs carry the overlap probe (see test_bucket_pairs_use_the_probe)
-KNOWN: dict[tuple[str, str, str], str] = {}
+#: known misses on PLAIN traces (the kit's records stripped), each with its cause (strict:
+#: the test fails when one starts passing)
+_BURST = ("the link is a tc tbf token bucket: after an idle period the first burst goes at "
+          "veth speed, so a faster link gains more than its rate; a plain trace does not "
+          "declare the bucket (the kit's record did)")
+_PROBE = ("at 1600 Mbit/s an overlapped gloo transfer waits a scheduler turn per hand-off "
+          "next to the training thread (the kit's overlap probe measured it); a plain trace "
+          "cannot show it, so the CPU interference is estimated and the range spans its bounds")
+KNOWN: dict[tuple[str, str, str], str] = {
+    ("mlp-bandwidth", "A", "B"): _BURST,
+    ("mlp-ranks-per-host", "B", "A"): _BURST,
+    ("mlp-ranks-per-host-800mbit", "B", "A"): _BURST,
+    ("mlp-bucket", "A", "B"): _PROBE,
+    ("transformer-bucket", "A", "B"): _PROBE,
+    ("transformer-bucket", "B", "A"): _PROBE,
+    ("mlp-bucket-800mbit", "B", "A"): _PROBE,
+}
 
 
 def _cases():
@@ -53,12 +67,20 @@ def _cases():
             yield pytest.param(name, src, dst, marks=marks, id=f"{name}-{src}{dst}")
 
 
+def _keys(spec: dict, src: str, dst: str) -> dict:
+    """The pair's what-if keys plus the cluster facts a user states (pairs.json ``stated``)."""
+    keys = dict(spec["whatif"][f"{src}->{dst}"])
+    keys.update(spec.get("stated", {}).get(f"{src}->{dst}", {}))
+    return keys
+
+
 @pytest.mark.parametrize("name,src,dst", list(_cases()))
 def test_prediction_of_the_other_capture(name, src, dst):
+    """On the plain trace (what a user's torch.profiler run holds), the step the CLI prints
+    is within 10% of the other setting's measured median."""
     spec = SPECS[name]
-    trace = load_capture(PAIRS / name / src)
-    keys = spec["whatif"][f"{src}->{dst}"]
-    pred = measured_step_ns(whatif(trace, dict(keys)).to_trace())
+    trace = load_capture(PAIRS / name / src, plain=True)
+    pred = whatif(trace, _keys(spec, src, dst)).summary()["step_time_ns"]["per_step"]["replayed"]
     target = spec["median_ns"][dst]
     source = spec["median_ns"][src]
     err = pred / target - 1
@@ -149,9 +171,15 @@ def test_one_host_loopback_is_estimated_from_the_hosts_copies():
         w = res.meta["whatif"]
         assert w["network_calibration"]["intra"]["busbw_gbps"] == pytest.approx(est)
         assert any("loopback" in x and "network.intra_node_gbps" in x for x in w["assumed"])
-    # without the parameter sizes the copy rate is unknown: refused, naming the key
-    bare = load_capture(PAIRS / "mlp-ranks-per-host" / "A")
-    bare.meta.pop("ddp_param_bytes")
+    # a plain trace holds the sizes itself (the reducer's recorded shapes): the same estimate
+    plain = load_capture(PAIRS / "mlp-ranks-per-host" / "A", plain=True)
+    assert "ddp_param_bytes" not in plain.meta
+    assert loopback_busbw(plain) == pytest.approx(
+        loopback_busbw(load_capture(PAIRS / "mlp-ranks-per-host" / "A")))
+    # without the sizes (no shapes recorded, none stated) the copy rate is unknown: refused,
+    # naming the key
+    bare = load_capture(PAIRS / "mlp-ranks-per-host" / "A", plain=True)
+    bare.meta["sources"] = []
     with pytest.raises(Exception, match="network.intra_node_gbps"):
         whatif(bare, {"topology.ranks_per_node": 2})
 
@@ -240,19 +268,27 @@ def test_one_bucket_trace_recovers_ddp_ready_order():
     linear1's weight), not the registration order's 1054724."""
     from retime.replay.policies.bucketing_cpu import rebucket_cpu
 
-    t = load_capture(PAIRS / "transformer-bucket" / "B")
-    nt, ids, _m, info, _cpu = rebucket_cpu(t, 1.048576, None, 1)
-    assert "reordered locally by copy time" in info["param_sizes"]
-    new = nt.ops.iloc[ids]
-    first = new[(new["rank"] == 0) & (new["step"] == new["step"].min())]["bytes"].tolist()
     real = load_capture(PAIRS / "transformer-bucket" / "A").ops
     real = real[(real["kind"] == OpKind.COLLECTIVE) & (real["bytes"] > 0) & (real["rank"] == 0)]
     real = real[real["step"] == real["step"].min()].sort_values("start_ns")["bytes"].tolist()
-    assert first[0] == real[0] == 1052676
-    assert abs(first[1] - real[1]) <= 4096
+    # the plain trace's own reducer shapes give the ready order; without them (a trace
+    # recorded without shapes; sizes stated in registration order) the copy times do
+    plain = load_capture(PAIRS / "transformer-bucket" / "B", plain=True)
+    kit = load_capture(PAIRS / "transformer-bucket" / "B")
+    kit.meta["sources"] = []
+    for t, source in ((plain, "the trace's reducer shapes (ready order)"),
+                      (kit, "exact sizes (reverse registration order, reordered locally by "
+                            "copy time)")):
+        nt, ids, _m, info, _cpu = rebucket_cpu(t, 1.048576, None, 1)
+        assert info["param_sizes"] == source
+        new = nt.ops.iloc[ids]
+        first = new[(new["rank"] == 0) & (new["step"] == new["step"].min())]["bytes"].tolist()
+        assert first[0] == real[0] == 1052676
+        assert abs(first[1] - real[1]) <= 4096
     # the MLP's order is reverse registration order: kept
-    _t, _i, _m, info, _c = rebucket_cpu(load_capture(PAIRS / "mlp-bucket" / "B"), 1.048576,
-                                        None, 1)
+    mlp = load_capture(PAIRS / "mlp-bucket" / "B")
+    mlp.meta["sources"] = []
+    _t, _i, _m, info, _c = rebucket_cpu(mlp, 1.048576, None, 1)
     assert info["param_sizes"] == "exact sizes (reverse registration order)"
 
 
