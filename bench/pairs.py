@@ -105,13 +105,39 @@ def plain_copy(folder: Path, into: Path) -> Path:
 _PLAIN_DIR: Path | None = None
 
 
-def load_capture(folder: Path, *, plain: bool = False) -> Trace:
+def calibration_file(folder: Path) -> Path | None:
+    """The calibration file ``retime calibrate`` would have written for a capture's setting,
+    from what the kit measured before the capture with the same code
+    (``retime.collectors.calibrate.overlap_probe``, recorded in the job block): the overlap
+    probe only (the kit ran no size sweep). None for captures made without the probe."""
+    job = job_record(folder)
+    probe = job.get("overlap_probe")
+    if not isinstance(probe, dict):
+        return None
+    from retime.collectors.calibrate import FORMAT
+
+    hosts = list(job.get("hosts") or [])
+    cal = {"format": FORMAT, "backend": "gloo", "world_size": int(probe.get("world", 2)),
+           "hosts": hosts, "ranks_per_host": max((hosts.count(h) for h in hosts), default=1),
+           "collectives": {"all_reduce": []}, "overlap_probe": probe,
+           "made_from": f"{folder}: the pair kit's overlap_probe record"}
+    global _PLAIN_DIR
+    if _PLAIN_DIR is None:
+        import tempfile
+        _PLAIN_DIR = Path(tempfile.mkdtemp(prefix="retime-plain-pairs-"))
+    out = _PLAIN_DIR / f"{folder.parent.name}-{folder.name}.calibration.json"
+    out.write_text(json.dumps(cal))
+    return out
+
+
+def load_capture(folder: Path, *, plain: bool = False, calibrated: bool = False) -> Trace:
     """Ingest a capture folder.
 
     ``plain=True`` ingests a copy with the kit's records stripped (:func:`plain_copy`): the
-    trace a user has. Otherwise the kit's job record is lifted into ``Trace.meta`` too:
+    trace a user has; with ``calibrated=True`` also the calibration file of its setting
+    (:func:`calibration_file`). Otherwise the kit's job record is lifted into ``Trace.meta``:
     ``ddp_param_bytes`` (the gradient sizes, exact) and ``job`` (the knobs, the shaped link,
-    the overlap probe) -- the "with kit records" column, which plays the part of a
+    the overlap probe) -- for the tests of the kit's own records, not scored by the bench;
     calibration file."""
     import retime
 
@@ -123,7 +149,12 @@ def load_capture(folder: Path, *, plain: bool = False) -> Trace:
         dst = _PLAIN_DIR / folder.parent.name / folder.name
         if not dst.exists():
             plain_copy(folder, dst)
-        return retime.load(str(dst))
+        trace = retime.load(str(dst))
+        cal = calibration_file(folder) if calibrated else None
+        if cal is not None:
+            from retime.collectors.calibrate import attach, read_calibration
+            trace = attach(trace, read_calibration(cal))
+        return trace
     trace = retime.load(str(folder))
     job = job_record(folder)
     if "ddp_param_bytes" in job:
@@ -152,10 +183,11 @@ def predict(trace: Trace, keys: dict) -> float:
     return whatif_summary(trace, keys)["step_time_ns"]["per_step"]["replayed"]
 
 
-def run_pair(name: str, spec: dict, modes: tuple[str, ...] = ("plain", "kit")) -> list[dict]:
+def run_pair(name: str, spec: dict, modes: tuple[str, ...] = ("plain", "cal")) -> list[dict]:
     """Both directions of one pair: one row each. For each mode (``plain``: the kit's
-    records stripped, what a user has; ``kit``: with them) the prediction is the step the
-    CLI prints; ``err`` / ``predicted_ms`` are the plain figures, ``kit_err`` the other."""
+    records stripped, what a user has; ``cal``: the same plain trace with the calibration
+    file of its setting, :func:`calibration_file`) the prediction is the step the CLI
+    prints; ``err`` / ``predicted_ms`` are the plain figures, ``cal_err`` the other."""
     rows = []
     for src, dst in (("A", "B"), ("B", "A")):
         truth = spec["median_ns"][dst]
@@ -166,7 +198,7 @@ def run_pair(name: str, spec: dict, modes: tuple[str, ...] = ("plain", "kit")) -
         t0 = time.perf_counter()
         for mode in modes:
             pre = "" if mode == "plain" else f"{mode}_"
-            trace = load_capture(PAIRS / name / src, plain=(mode == "plain"))
+            trace = load_capture(PAIRS / name / src, plain=True, calibrated=(mode == "cal"))
             try:
                 ident = whatif_summary(trace, {})
                 source = ident["step_time_ns"]["per_step"]["measured"]
@@ -199,7 +231,7 @@ def run_pair(name: str, spec: dict, modes: tuple[str, ...] = ("plain", "kit")) -
 
 
 def summary(rows: list[dict], pre: str = "") -> dict:
-    """Scores of one mode's predictions (``pre``: "" plain, "kit_" with the kit's records)."""
+    """Scores of one mode's predictions (``pre``: "" plain, "cal_" plain + calibration)."""
     errs = [abs(r[pre + "err"]) for r in rows if r.get(pre + "err") is not None]
     big = [r for r in rows if abs(r["change"]) > CHANGE]
     beats = [r for r in big if r.get(pre + "err") is not None
@@ -230,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="only this pair (repeatable); default: every pair in pairs.json")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--plain-only", action="store_true",
-                   help="only the plain-trace predictions (skip the with-kit-records column)")
+                   help="only the plain-trace predictions (skip the with-calibration column)")
     args = p.parse_args(argv)
     try:
         pairs = json.loads((PAIRS / "pairs.json").read_text())["pairs"]
@@ -245,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"error": msg, "exit_code": 2}) if args.json else f"error: {msg}")
         return 2
     rows: list[dict] = []
-    modes = ("plain",) if args.plain_only else ("plain", "kit")
+    modes = ("plain",) if args.plain_only else ("plain", "cal")
     for n in names:
         rows += run_pair(n, pairs[n], modes)
     groups = {"all": rows}
@@ -260,11 +292,12 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"rows": rows, "summary": summ}, indent=1))
         return 0
     hdr = (f"{'pair':<30} {'dir':<5} {'source':>7} {'measured':>8} {'change':>7} "
-           f"{'predicted':>9} {'range':>13} {'error':>7} {'kit-err':>7} {'no-change':>9} "
+           f"{'predicted':>9} {'range':>13} {'error':>7} {'cal-err':>7} {'no-change':>9} "
            f"{'identity':>8}")
     print("step times in ms per step. predicted: the step `retime replay --set ...` prints "
           "(slowest rank's mean replayed step) on the PLAIN trace (kit records stripped); "
-          "kit-err: the same with the kit's records; measured: median of the target's captures")
+          "cal-err: the same plain trace with a calibration file (--calibration; the bucket "
+          "pairs' settings have one); measured: median of the target's captures")
     print(hdr)
     print("-" * len(hdr))
     for r in rows:
@@ -272,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
         rng = (f"{r['range_ms'][0]:.0f}-{r['range_ms'][1]:.0f}" if "range_ms" in r else "-")
         print(f"{r['pair']:<30} {r['direction']:<5} {r['source_ms']:7.1f} "
               f"{r['measured_ms']:8.1f} {r['change']:+7.1%} {pred:>9} {rng:>13} "
-              f"{_pct(r['err']):>7} {_pct(r.get('kit_err')):>7} {r['no_change_err']:+9.1%} "
+              f"{_pct(r['err']):>7} {_pct(r.get('cal_err')):>7} {r['no_change_err']:+9.1%} "
               f"{_pct(r['identity_err']):>8}")
         if "refused" in r:
             print(f"{'':<36}refused: {r['refused']}")
@@ -283,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
             rng = ("" if not sm["with_range"] else
                    f"; measured inside the range {sm['in_range']}/{sm['with_range']}, median "
                    f"half-width {sm['median_half_width']:.1%}")
-            label = "plain traces" if m == "plain" else "with the kit's records"
+            label = "plain traces" if m == "plain" else "plain traces + calibration files"
             print(f"\n{g}, {label}: {sm['within_10pct']}/{sm['predictions']} within 10% "
                   f"({sm['refused']} refused), median |error| {med}, worst {worst}; beats "
                   f"no-change on {sm['beats_no_change']}/{sm['changes_over_10pct']} directions "

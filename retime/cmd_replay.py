@@ -26,6 +26,11 @@ def replay_cmd(
     set_: Annotated[list[str] | None, typer.Option("--set", help="What-if key=value, e.g. "
                                                    "network.inter_node_gbps=25 (repeatable; "
                                                    "applied on top of --scenario).")] = None,
+    calibration: Annotated[Path | None, typer.Option(
+        "--calibration", exists=True, dir_okay=False,
+        help="A calibration file from `retime calibrate` (measured collective latency over "
+             "sizes; how transfers share the CPU with compute): used where the trace alone "
+             "cannot tell.")] = None,
     strict: Annotated[bool, typer.Option("--strict", help="Refuse a trace whose dependency "
                                          "graph has a cycle instead of relaxing the fewest "
                                          "cross-rank links on it.")] = False,
@@ -42,6 +47,9 @@ def replay_cmd(
     if output is not None:
         check_output(output, force, store=True)
     trace = read_trace(trace_dir)
+    if calibration is not None:
+        from retime.collectors.calibrate import attach, read_calibration
+        trace = attach(trace, read_calibration(calibration))
     if scenario is not None or set_:
         from retime.replay.policies.scenario import scenario_from_cli
         result = whatif(trace, scenario_from_cli(scenario, set_), ideal=ideal)

@@ -63,6 +63,9 @@ def sweep_cmd(
     scheduler: Annotated[str | None, typer.Option("--scheduler", help="Dask scheduler address "
                                                   "(tcp://host:8786) instead of local workers.")]
     = None,
+    calibration: Annotated[Path | None, typer.Option(
+        "--calibration", exists=True, dir_okay=False,
+        help="A calibration file from `retime calibrate`, used by every scenario.")] = None,
     force: Annotated[bool, typer.Option("--force", help=FORCE_HELP)] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")]
     = False,
@@ -82,6 +85,9 @@ def sweep_cmd(
 
     scenarios = read_grid(grid)
     trace = read_trace(trace_dir)
+    if calibration is not None:
+        from retime.collectors.calibrate import attach, read_calibration
+        trace = attach(trace, read_calibration(calibration))
     n_workers = None if scheduler else (workers or default_workers())
     t0 = time.perf_counter()
     interrupted = False

@@ -49,9 +49,11 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.checkpoint import checkpoint
 
 try:
+    from retime.collectors.calibrate import overlap_probe
     from retime.collectors.capture import Capture, end_process
 except ImportError:  # a checkout without retime installed
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from retime.collectors.calibrate import overlap_probe
     from retime.collectors.capture import Capture, end_process
 
 WAIT, WARMUP = 1, 1
@@ -166,56 +168,8 @@ def pretouch(mb: int) -> None:
         libc.free(ptr)
 
 
-#: the overlap probe's transfer (bytes of one all-reduce) and its compute chunk (matmuls of
-#: PROBE_DIM x PROBE_DIM fp32, a fraction of a millisecond on one thread)
-PROBE_BYTES = (2**20, 4 * 2**20)
-PROBE_DIM = 192
-PROBE_REPS = 3
-
-
-def overlap_probe(reps: int = PROBE_REPS) -> dict:
-    """How a gloo transfer and the training thread share this rank's CPU, measured.
-
-    Every rank at once: one all-reduce of ``PROBE_BYTES`` alone; the compute chunk alone
-    (the training thread's kind of work: matmuls, busy on its core); then the same
-    all-reduce issued asynchronously while the thread keeps computing until it completes
-    (polled between chunks). Returns per repetition the transfer's time alone and under
-    compute (ns, to the nearest chunk) and the chunk's time alone and during the transfer:
-    the replay's compute/communication contention (``replay.policies.host_cpu.
-    overlap_probe``) is read from these, not fitted to a step."""
-    x, y = torch.randn(PROBE_DIM, PROBE_DIM), torch.randn(PROBE_DIM, PROBE_DIM)
-    return {"world": dist.get_world_size(),
-            "sizes": [_probe_size(nb, x, y, reps) for nb in PROBE_BYTES]}
-
-
-def _probe_size(nbytes: int, x: torch.Tensor, y: torch.Tensor, reps: int) -> dict:
-    buf = torch.ones(nbytes // 4)
-    out = {"bytes": nbytes, "alone_ns": [], "under_compute_ns": [], "chunk_alone_ns": [],
-           "chunk_under_ns": []}
-    now = time.perf_counter_ns
-    for _ in range(reps):
-        dist.barrier()
-        t0 = now()
-        dist.all_reduce(buf)
-        out["alone_ns"].append(now() - t0)
-        dist.barrier()
-        t0, k = now(), 0
-        while k < 64:
-            torch.mm(x, y)
-            k += 1
-        out["chunk_alone_ns"].append((now() - t0) // k)
-        dist.barrier()
-        t0, k, done = now(), 0, None
-        work = dist.all_reduce(buf, async_op=True)
-        while done is None:
-            torch.mm(x, y)
-            k += 1
-            if work.is_completed():
-                done = now() - t0
-        work.wait()
-        out["under_compute_ns"].append(done)
-        out["chunk_under_ns"].append(done // k)
-    return out
+# the overlap probe is retime calibrate's (retime.collectors.calibrate.overlap_probe): the
+# kit records the same measurement in its job block that `retime calibrate` writes to a file
 
 
 def rank_main(local_rank: int, a: argparse.Namespace) -> None:

@@ -171,6 +171,9 @@ def _probe_records(trace: Trace) -> list[dict]:
     job = m.get("job")
     if isinstance(job, dict) and isinstance(job.get("overlap_probe"), dict):
         out.append(job["overlap_probe"])
+    cal = m.get("calibration")  # retime calibrate's file (replay --calibration)
+    if isinstance(cal, dict) and isinstance(cal.get("overlap_probe"), dict):
+        out.append(cal["overlap_probe"])
     for block in (m.get("capture") or {}).values():
         j = block.get("job") if isinstance(block, dict) else None
         if isinstance(j, dict) and isinstance(j.get("overlap_probe"), dict):

@@ -563,6 +563,31 @@ def _mb_span(xs: np.ndarray) -> str:
     return f"{lo:.3g} MB of bus bytes" if hi <= lo * 1.001 else f"{lo:.3g}-{hi:.3g} MB of bus bytes"
 
 
+def calibration_alpha_ns(trace: Trace, level: int, n_ranks) -> float | None:
+    """Per-collective latency (ns) at ``level`` from a calibration file on the trace
+    (``meta["calibration"]``, ``retime calibrate``): a line ``a + b x`` over its all-reduce
+    sweep (x bus bytes; per size the median over repetitions of the slowest rank), ``a``
+    scaled from the calibration's ring steps ``2 (n - 1)`` to the trace's. None without a
+    calibration measured at that level (inter-host when it ran on several hosts)."""
+    cal = trace.meta.get("calibration") if isinstance(trace.meta, dict) else None
+    if not isinstance(cal, dict):
+        return None
+    world, per_host = int(cal.get("world_size", 0)), int(cal.get("ranks_per_host", 0))
+    if world < 2 or (1 if per_host < world else 0) != level:
+        return None
+    rows = (cal.get("collectives") or {}).get("all_reduce") or []
+    f = 2.0 * (world - 1) / world
+    xs = np.asarray([r["bytes"] * f for r in rows], np.float64)
+    ys = np.asarray([np.median(np.max(np.asarray(r["ns_by_rank"], np.float64), axis=0))
+                     for r in rows])
+    if len(xs) < 3 or xs.max() < IDENTIFIABLE_SIZE_RATIO * xs.min():
+        return None
+    sol, *_ = np.linalg.lstsq(np.stack([np.ones(len(xs)), xs], axis=1), ys, rcond=None)
+    a = max(0.0, float(sol[0]))
+    n = float(np.median(np.asarray(n_ranks, np.float64))) if len(n_ranks) else world
+    return a * (n - 1) / (world - 1)
+
+
 def calibrate(trace: Trace, graph, tab: dict[str, np.ndarray] | None = None,
               credit: np.ndarray | None = None, alpha_share: float | None = None
               ) -> dict[int, dict[str, Any]]:
@@ -596,6 +621,16 @@ def calibrate(trace: Trace, graph, tab: dict[str, np.ndarray] | None = None,
         xs, ys = x[m], y[m]
         a, inv_b = 0.0, float(np.median(ys / xs))
         why = None
+        cal_a = calibration_alpha_ns(trace, int(lv), tab["n"][m])
+        if cal_a is not None and (len(xs) < 3 or xs.max() < IDENTIFIABLE_SIZE_RATIO * xs.min()):
+            # the trace alone cannot tell; the calibration's sweep measured the latency
+            a = float(min(cal_a, MAX_ALPHA_SHARE * float(np.median(ys))))
+            inv_b = float(np.median(np.maximum(ys - a, 1.0) / xs))
+            out[int(lv)] = {"alpha_ns": a, "busbw_gbps": 1.0 / inv_b, "points": int(m.sum()),
+                            "identifiable": True,
+                            "source": "latency from the calibration file's size sweep, "
+                                      "bandwidth from the trace"}
+            continue
         if len(xs) < 3 or xs.max() < IDENTIFIABLE_SIZE_RATIO * xs.min():
             # latency and bandwidth cannot be told apart: all the time is bandwidth (the
             # latency steps come from the transport's published prior, DEFAULT_ALPHA_US)
