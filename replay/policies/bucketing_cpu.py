@@ -179,7 +179,7 @@ def _fit_interference(pts: np.ndarray) -> float | None:
 
 
 def rebucket_cpu(trace: Trace, bucket_mb: float, interference: float | None,
-                 ranks_per_node: int | None = None):
+                 ranks_per_node: int | None = None, probe_bound: str | None = None):
     """Re-bucket a CPU (gloo) DDP trace parameter by parameter (module docstring).
 
     Returns ``(new trace, new op ids, modeled transfer ns, info, CpuModel)`` or None when the
@@ -250,7 +250,7 @@ def rebucket_cpu(trace: Trace, bucket_mb: float, interference: float | None,
     exact, source = exact_sizes(trace, per, weight, issue_of, start, nbytes)
     # the capture's own measurement of how a transfer and compute share the CPU, unless
     # overlap.interference was given
-    probe = overlap_probe(trace) if interference is None else None
+    probe = overlap_probe(trace, probe_bound) if interference is None else None
     if probe is not None:
         interference = probe.compute_slowdown
     elif interference is None:
@@ -392,6 +392,10 @@ def _build_cpu(trace, bucket_mb, interference, ranks_per_node, per, weight, issu
         credit = _new_credits(new_rows, alpha, inv_b, f, shaper)
     model_ns = np.asarray([alpha + max(row["bytes"] * f - c, 0.0) * inv_b
                            for row, c in zip(new_rows, credit, strict=True)])
+    if probe is not None and shaper is None:
+        # no declared link: the calibration measured this cluster's all-reduce alone (the
+        # link's own behaviour, e.g. a token bucket's burst, is in those times)
+        model_ns = probe.alone_ns(np.asarray([row["bytes"] for row in new_rows], np.float64))
     if probe is not None:
         # the members of a ring all-reduce finish together (the last chunk reaches both), and
         # one cap per collective: each member's transfer as long as the slowest one's (its

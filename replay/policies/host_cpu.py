@@ -194,9 +194,17 @@ def _line(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
     return 0.0, float(np.mean(y / np.maximum(x, 1.0)))
 
 
-def overlap_probe(trace: Trace) -> OverlapProbe | None:
+#: how a probe's repetitions are summarized: the median, or the range's bounds (the
+#: fastest or slowest repetition of each measurement)
+_SUMMARY = {None: np.median, "low": np.min, "high": np.max}
+
+
+def overlap_probe(trace: Trace, bound: str | None = None) -> OverlapProbe | None:
     """The capture's overlap probe (:class:`OverlapProbe`), or None when it has none or it
-    is unreadable. Every rank's record counts (each rank measured its own side)."""
+    is unreadable. Every rank's record counts (each rank measured its own side). ``bound``
+    ``"low"`` / ``"high"``: each measurement's fastest / slowest repetition instead of the
+    median (the prediction range's bounds)."""
+    pick = _SUMMARY[bound]
     xs, under, alone, ratio = [], [], [], []
     for rec in _probe_records(trace):
         for sz in rec.get("sizes") or []:
@@ -211,12 +219,12 @@ def overlap_probe(trace: Trace) -> OverlapProbe | None:
             if not u or not a_ or nb <= 0:
                 continue
             xs.append(nb)
-            under.append(float(np.median(u)))
-            alone.append(float(np.median(a_)))
+            under.append(float(pick(u)))
+            alone.append(float(pick(a_)))
             ratio.extend(c_u / c_a for c_u, c_a in zip(cu, ca, strict=False) if c_a > 0)
     if not xs:
         return None
     x = np.asarray(xs)
-    return OverlapProbe(compute_slowdown=max(float(np.median(ratio)) - 1.0, 0.0) if ratio else 0.0,
+    return OverlapProbe(compute_slowdown=max(float(pick(ratio)) - 1.0, 0.0) if ratio else 0.0,
                         under=_line(x, np.asarray(under)), alone=_line(x, np.asarray(alone)),
                         sizes=tuple(sorted({int(v) for v in xs})))

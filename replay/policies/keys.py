@@ -47,6 +47,11 @@ KEYS: dict[str, KeyInfo] = {
         "time is bandwidth", "kineto/nsys with sized collectives",
         "share of a measured collective's time taken as fixed latency when the trace cannot "
         "tell (the range's other bound)"),
+    "overlap.probe_bound": KeyInfo(
+        "name", "low | high", "the median of the calibration's repetitions",
+        "kineto gloo traces with a calibration (--calibration) or a kit capture's probe",
+        "use the fastest (low) or slowest (high) repetitions of the overlap probe: the "
+        "prediction range's bounds"),
     "topology.cores_per_node": KeyInfo(
         "cores", "integer >= 1", "the CPU sets a retime capture recorded, else one core per "
         "rank (no sharing; printed as assumed)", "kineto CPU (gloo) traces with host names",

@@ -84,6 +84,9 @@ class Overlap(Policy):
     share_links: bool | None = None
     tp_slices: int | None = None
     prefetch: int | None = None
+    #: which repetitions of a calibration's overlap probe to use: the median (None) or the
+    #: fastest / slowest ("low" / "high": the prediction range's bounds)
+    probe_bound: str | None = None
     table: ClassVar[str] = "overlap"
 
     def __post_init__(self) -> None:
@@ -93,6 +96,7 @@ class Overlap(Policy):
         check_fraction("overlap", "interference", self.interference)
         check_int("overlap", "tp_slices", self.tp_slices)
         check_int("overlap", "prefetch", self.prefetch, lo=0)
+        check_choice("overlap", "probe_bound", self.probe_bound, ("low", "high"))
         if self.share_links is not None and not isinstance(self.share_links, bool):
             raise PolicyError(f"overlap.share_links={self.share_links!r} must be true/false")
         if self.bucket_mb is not None and self.merge is not None:
@@ -111,9 +115,14 @@ class Overlap(Policy):
             from .bucketing import rebucket, rebucket_cpu
             # without a given overlap.interference the trace's own (bucketing_cpu)
             i = None if self.interference is None else 1.0 - self.interference
-            cpu = rebucket_cpu(state.trace, self.bucket_mb, i, state.ranks_per_node)
+            cpu = rebucket_cpu(state.trace, self.bucket_mb, i, state.ranks_per_node,
+                               self.probe_bound)
             if cpu is not None:
                 state.trace, ids, model_ns, info, state.notes["cpu_model"] = cpu
+                if cpu[4].comm_slowdown is not None and self.probe_bound is None:
+                    # the probe's repetitions vary: the range replays the fastest and slowest
+                    state.notes.setdefault("range_variants", []).extend(
+                        [{"overlap.probe_bound": "low"}, {"overlap.probe_bound": "high"}])
                 if self.interference is None and cpu[4].comm_slowdown is None:
                     # how a transfer and the training thread share the CPU is not measured
                     # (no calibration): the estimate stands, the range spans its bounds
