@@ -60,6 +60,10 @@ BASE = {
     "transformer": {"model": "transformer", "d_model": 256, "seq": 64, "layers": 4, "batch": 4,
                     "bucket_cap_mb": 25.0, "threads": 1, "checkpoint": False, "nhosts": 2,
                     "nproc_per_host": 1, "rate_mbit": 1600.0, "speed_pct": 100.0},
+    # the model family of the pairs captured after the models were frozen
+    "cnn": {"model": "cnn", "channels": 96, "image": 16, "layers": 4, "batch": 16,
+            "bucket_cap_mb": 25.0, "threads": 1, "checkpoint": False, "nhosts": 2,
+            "nproc_per_host": 1, "rate_mbit": 1600.0, "speed_pct": 100.0},
 }
 MIB_MB = 2**20 / 1e6  # DDP's bucket_cap_mb counts MiB; overlap.bucket_mb counts 10^6 bytes
 
@@ -143,7 +147,36 @@ def _pairs() -> dict[str, tuple[str, Pair]]:
     for knob in spec:
         for m in ("mlp", "transformer"):
             out[f"{m}-{knob}"] = (m, spec[knob](m))
+    # captured after the models were frozen (FROZEN): another model family, another link
+    # shaping (a 4x larger token bucket), another rate pair, 2 ranks per host on 2 hosts
+    out["cnn-bandwidth-300-1200"] = ("cnn", Pair(
+        "inter-host bandwidth, 300 vs 1200 Mbit/s per direction (conv net)",
+        {"rate_mbit": 300.0}, {"rate_mbit": 1200.0},
+        {"network.inter_node_gbps": _gbps(1200.0), "topology.ranks_per_node": 1},
+        {"network.inter_node_gbps": _gbps(300.0), "topology.ranks_per_node": 1}))
+    out["cnn-batch"] = ("cnn", Pair(
+        "per-rank batch size (conv net)", {"batch": 16}, {"batch": 32},
+        {"parallel.micro_batch": 32}, {"parallel.micro_batch": 16}))
+    out["mlp-bandwidth-burst4"] = ("mlp", Pair(
+        "inter-host bandwidth, 400 vs 1600 Mbit/s, on a link whose token bucket is 4x the "
+        "kit's (burst_x 4)",
+        {"rate_mbit": lo, "burst_x": 4.0}, {"rate_mbit": hi, "burst_x": 4.0},
+        {"network.inter_node_gbps": _gbps(hi), "topology.ranks_per_node": 1},
+        {"network.inter_node_gbps": _gbps(lo), "topology.ranks_per_node": 1}))
+    out["transformer-bandwidth-2x2"] = ("transformer", Pair(
+        "inter-host bandwidth, 400 vs 1600 Mbit/s, 2 hosts x 2 ranks (a host's ranks share "
+        "its core)",
+        {"rate_mbit": lo, "nproc_per_host": 2}, {"rate_mbit": hi, "nproc_per_host": 2},
+        {"network.inter_node_gbps": _gbps(hi), "topology.ranks_per_node": 2},
+        {"network.inter_node_gbps": _gbps(lo), "topology.ranks_per_node": 2}))
     return out
+
+
+#: the pairs captured after the models were frozen (judged apart, pairs.json after_freeze)
+FROZEN = ("cnn-bandwidth-300-1200", "cnn-batch", "mlp-bandwidth-burst4",
+          "transformer-bandwidth-2x2")
+#: cluster facts a user states for those pairs (pairs.json "stated"): the hosts' cores
+STATED = {"transformer-bandwidth-2x2": {"topology.cores_per_node": 1}}
 
 
 def _on_link(make, rate_mbit: float):
@@ -190,9 +223,12 @@ def job_argv(s: dict, host: int, out: Path, port: int) -> list[str]:
             "--ifname", VETH[host], "--settle", str(s["settle"]), "--active", str(s["active"]),
             "--extra", json.dumps({"rate_mbit": s["rate_mbit"], "speed_pct": s["speed_pct"],
                                    # the link's shaper, for retime's link model
-                                   "tbf_burst_bytes": burst_bytes(s["rate_mbit"])})]
+                                   "tbf_burst_bytes": burst_bytes(s["rate_mbit"],
+                                                                  s.get("burst_x", 1.0))})]
     if s["model"] == "mlp":
         argv += ["--hidden", str(s["hidden"])]
+    elif s["model"] == "cnn":
+        argv += ["--channels", str(s["channels"]), "--image", str(s["image"])]
     else:
         argv += ["--d-model", str(s["d_model"]), "--seq", str(s["seq"])]
     if s["checkpoint"]:
@@ -210,8 +246,8 @@ def capture_one(hosts: Hosts, s: dict, out: Path, port: int) -> dict:
     """Run the job on its hosts into ``out``; return the job record + the measured step."""
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
-    if hosts.rate_mbit != s["rate_mbit"]:
-        hosts.shape(s["rate_mbit"])
+    if hosts.rate_mbit != s["rate_mbit"] or hosts.burst_x != s.get("burst_x", 1.0):
+        hosts.shape(s["rate_mbit"], burst_x=s.get("burst_x", 1.0))
     hosts.speed(s["speed_pct"])
     # one host alone gets both cores (one rank per core); two hosts one core each
     cpus = ",".join(str(c) for c in range(2)) if s["nhosts"] == 1 else None
@@ -256,7 +292,7 @@ def run_pair(name: str, hosts: Hosts, args: argparse.Namespace) -> dict:
     # the link's achieved TCP rate at each rate the pair uses (a socket test, both directions)
     achieved = {}
     for rate in sorted({settings[lab]["rate_mbit"] for lab in ("A", "B")}):
-        hosts.shape(rate)
+        hosts.shape(rate, burst_x=settings["A"].get("burst_x", 1.0))
         achieved[rate] = hosts.measure_mbit()
         print(f"[{name}] link at {rate:g} Mbit/s: achieved TCP {achieved[rate]}", flush=True)
     work = args.work / name
@@ -312,6 +348,12 @@ def run_pair(name: str, hosts: Hosts, args: argparse.Namespace) -> dict:
         for f in sorted((work / keep["folder"]).glob("rank-*.pt.trace.json.gz")):
             shutil.copy2(f, dst / f.name)
     rec_pair["change"] = round(rec_pair["median_ns"]["B"] / rec_pair["median_ns"]["A"] - 1, 4)
+    if name in FROZEN:
+        rec_pair["after_freeze"] = True
+    if name in STATED:
+        rec_pair["stated"] = {d: dict(STATED[name]) for d in ("A->B", "B->A")}
+        rec_pair["stated_why"] = ("facts about the cluster a user states (each host gives the "
+                                  "job one CPU core); not read from any trace")
     return rec_pair
 
 

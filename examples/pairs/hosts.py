@@ -80,9 +80,10 @@ HZ = 250
 MIN_BURST_BYTES = 65536
 
 
-def burst_bytes(rate_mbit: float) -> int:
-    """tbf bucket for ``rate_mbit``: two timer ticks of tokens, at least 64 KiB."""
-    return max(MIN_BURST_BYTES, int(2 * rate_mbit * 1e6 / 8 / HZ))
+def burst_bytes(rate_mbit: float, burst_x: float = 1.0) -> int:
+    """tbf bucket for ``rate_mbit``: two timer ticks of tokens, at least 64 KiB (times
+    ``burst_x``: a larger bucket, another link shaping)."""
+    return int(burst_x * max(MIN_BURST_BYTES, int(2 * rate_mbit * 1e6 / 8 / HZ)))
 
 #: tbf queue limit expressed as the longest wait in the queue (a drop threshold, not a delay)
 TBF_LATENCY_MS = 200
@@ -107,6 +108,7 @@ class Hosts:
 
     rate_mbit: float = 400.0
     cpus: tuple[str, ...] = ("0", "1")
+    burst_x: float = 1.0
 
     def up(self) -> Hosts:
         if os.geteuid() != 0:
@@ -129,13 +131,14 @@ class Hosts:
         RR_SLICE.write_text(str(RR_SLICE_MS))
         return self
 
-    def shape(self, rate_mbit: float, add: bool = False) -> None:
-        """Set both veth ends' tbf rate (Mbit/s)."""
+    def shape(self, rate_mbit: float, add: bool = False, burst_x: float = 1.0) -> None:
+        """Set both veth ends' tbf rate (Mbit/s) and bucket (``burst_x`` times the rule's)."""
         self.rate_mbit = float(rate_mbit)
+        self.burst_x = float(burst_x)
         for ns, dev in zip(NETNS, VETH):
             _run("ip", "netns", "exec", ns, "tc", "qdisc", "add" if add else "replace", "dev",
                  dev, "root", "tbf", "rate", f"{rate_mbit:g}mbit", "burst",
-                 str(burst_bytes(rate_mbit)),
+                 str(burst_bytes(rate_mbit, burst_x)),
                  "latency", f"{TBF_LATENCY_MS}ms")
 
     def speed(self, percent: float) -> None:
@@ -154,7 +157,7 @@ class Hosts:
                 "rt_runtime_us": int((CGROUP / "cpu.rt_runtime_us").read_text()),
                 "rt_period_us": int((CGROUP / "cpu.rt_period_us").read_text()),
                 "rr_slice_ms": int(RR_SLICE.read_text()),
-                "tbf_burst_bytes": burst_bytes(self.rate_mbit)}
+                "tbf_burst_bytes": burst_bytes(self.rate_mbit, self.burst_x)}
 
     def measure_mbit(self, nbytes: int = 64 << 20, skip: int = 8 << 20) -> dict:
         """The link's achieved TCP rate, host0 -> host1 and host1 -> host0 (Mbit/s): one

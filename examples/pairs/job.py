@@ -22,6 +22,9 @@ Models (``--model``):
 
 * ``mlp``: ``--layers`` x (Linear(``--hidden``) + ReLU) + Linear(hidden, 1), as
   examples/capture_ddp.py; input (batch, hidden).
+* ``cnn``: ``--layers`` x (Conv2d 3x3, ``--channels``, padding 1, + ReLU; the first takes 3
+  channels) + global average pooling + Linear(channels, 1); input (batch, 3, ``--image``,
+  ``--image``) (added for the pairs captured after the models were frozen).
 * ``transformer``: ``--layers`` nn.TransformerEncoderLayer (d_model ``--d-model``, 4 heads,
   feed-forward 4 x d_model, batch-first, dropout 0) + mean pooling + Linear(d_model, 1);
   input (batch, ``--seq``, d_model).
@@ -82,12 +85,16 @@ class Blocks(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for b in self.blocks:
             x = checkpoint(b, x, use_reentrant=False) if self.ckpt else b(x)
-        if self.pool:
-            x = x.mean(dim=1)
+        if self.pool:  # transformer: over the sequence; cnn: over the image
+            x = x.mean(dim=1) if x.dim() == 3 else x.mean(dim=(2, 3))
         return self.head(x)
 
 
 def build_model(a: argparse.Namespace) -> nn.Module:
+    if a.model == "cnn":
+        blocks = [nn.Sequential(nn.Conv2d(3 if i == 0 else a.channels, a.channels, 3,
+                                          padding=1), nn.ReLU()) for i in range(a.layers)]
+        return Blocks(blocks, nn.Linear(a.channels, 1), pool=True, ckpt=a.checkpoint)
     if a.model == "mlp":
         blocks = [nn.Sequential(nn.Linear(a.hidden, a.hidden), nn.ReLU()) for _ in range(a.layers)]
         return Blocks(blocks, nn.Linear(a.hidden, 1), pool=False, ckpt=a.checkpoint)
@@ -99,7 +106,8 @@ def build_model(a: argparse.Namespace) -> nn.Module:
 
 def inputs(a: argparse.Namespace, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
     gen = torch.Generator().manual_seed(1234 + rank)  # each rank its own data shard
-    shape = (a.batch, a.hidden) if a.model == "mlp" else (a.batch, a.seq, a.d_model)
+    shape = {"mlp": (a.batch, a.hidden), "transformer": (a.batch, a.seq, a.d_model),
+             "cnn": (a.batch, 3, a.image, a.image)}[a.model]
     return torch.randn(*shape, generator=gen), torch.randn(a.batch, 1, generator=gen)
 
 
@@ -111,7 +119,8 @@ def knobs(a: argparse.Namespace) -> dict:
          "world_size": a.nhosts * a.nproc_per_host, "settle": a.settle, "active": a.active,
          "pretouch_mb": a.pretouch_mb, "glibc_tunables": GLIBC_TUNABLES,
          "schedule": {"wait": WAIT, "warmup": WARMUP, "active": a.active}}
-    k.update({"hidden": a.hidden} if a.model == "mlp" else {"d_model": a.d_model, "seq": a.seq})
+    k.update({"mlp": {"hidden": a.hidden}, "transformer": {"d_model": a.d_model, "seq": a.seq},
+              "cnn": {"channels": a.channels, "image": a.image}}[a.model])
     k.update(json.loads(a.extra))  # what the launcher set outside the job (link rate, quota)
     return k
 
@@ -245,7 +254,9 @@ def rank_main(local_rank: int, a: argparse.Namespace) -> None:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="folder for the traces (rank-*.pt.trace.json.gz)")
-    p.add_argument("--model", choices=("mlp", "transformer"), default="mlp")
+    p.add_argument("--model", choices=("mlp", "transformer", "cnn"), default="mlp")
+    p.add_argument("--channels", type=int, default=96, help="cnn: channels of every conv")
+    p.add_argument("--image", type=int, default=16, help="cnn: input image side (3 channels)")
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--hidden", type=int, default=512, help="mlp: width")
     p.add_argument("--d-model", type=int, default=256, help="transformer: d_model")
