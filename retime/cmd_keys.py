@@ -20,7 +20,9 @@ def keys_cmd(
     """List the what-if keys that `retime replay --set KEY=VALUE`, scenario files and sweep
     grids accept: unit, allowed values, default, and which traces support each (kinds:
     synth = `retime synth` runs; kineto / nsys = measured kernel-level traces; oplevel =
-    measured Megatron-timer traces). Elsewhere a key is refused with the reason."""
+    measured Megatron-timer traces), and which facts each needs on a measured trace and where
+    each comes from (the trace, what you state with other keys, or a calibration file from
+    `retime calibrate`). Elsewhere a key is refused with the reason."""
     from retime.collectors.errors import PolicyError
     from retime.replay.policies.keys import KEYS, key_rows
 
@@ -39,3 +41,4 @@ def keys_cmd(
             current = t
         say(f"  {r['key']}  ({r['unit']}; {r['values']}; default {r['default']})")
         say(f"      {r['help']}. Supports: {r['supports']}.")
+        say(f"      Needs: {r['needs']}.")

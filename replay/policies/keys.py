@@ -29,6 +29,38 @@ class KeyInfo:
     help: str       # one line: what the key changes
 
 
+#: On a measured trace, the facts a key's what-if needs and where each comes from: the
+#: trace itself, what you state (other keys), or a calibration file (--calibration). Keys
+#: not listed work from the trace alone, or re-synthesize a `retime synth` run (whose
+#: description holds every fact).
+NEEDS: dict[str, str] = {
+    "topology.ranks_per_node": "trace: host names (which ranks share a host); you: the "
+    "new ranks per host, and network.intra/inter_node_gbps for a level the trace never used",
+    "topology.cores_per_node": "you: the cores each host gives the job (a plain trace does "
+    "not record CPU sets)",
+    "parallel.dp": "trace: every rank, sized all-reduces, host names; you: "
+    "topology.ranks_per_node of the new job, on CPU jobs topology.cores_per_node",
+    "parallel.micro_batch": "trace: forward/backward phases and the measured batch (the "
+    "forward's recorded input shapes)",
+    "cache.recompute": "trace: per-layer module ranges (with_stack) or checkpoint frames",
+    "hardware.host_speedup": "trace: host ops and the gaps between them (nothing else)",
+    "hardware.gpu": "trace: kernel names and classes; the GPU profiles (published peaks)",
+    "network.inter_node_gbps": "you: the new link's nominal rate; trace: sized collectives "
+    "(the fitted bandwidth, printed); calibration: the latency where the trace has one "
+    "message size",
+    "network.intra_node_gbps": "you: the new rate; trace: sized intra-host collectives, else "
+    "the host's copy rate from the DDP reducer's recorded shapes (gloo, an upper bound)",
+    "network.alpha_share": "nothing: the range's bound when the trace cannot tell latency "
+    "from bandwidth",
+    "overlap.bucket_mb": "trace: the DDP reducer's per-parameter calls with their recorded "
+    "shapes (sizes and ready order), sized all-reduces; calibration: how a transfer shares "
+    "the CPU with compute (gloo; else estimated, the range spans its bounds)",
+    "overlap.interference": "you: the fraction of ideal overlap (else the trace's estimate "
+    "or the calibration's probe)",
+    "overlap.probe_bound": "calibration: the overlap probe's repetitions",
+}
+
+
 _ALL = "all traces"
 _NET = ("synth; kineto/nsys with sized collectives (calibrated alpha-beta model per level); "
         "not oplevel")
@@ -42,23 +74,13 @@ KEYS: dict[str, KeyInfo] = {
         "profile's GPUs per node", "synth; kineto/nsys with sized collectives (crossing levels "
         "need a calibrated or given inter_node_gbps)", "GPUs per node: which collectives "
         "cross the inter-node network"),
-    "network.alpha_share": KeyInfo(
-        "fraction", "0 .. 0.25", "0: where the trace's collectives have one size, all their "
-        "time is bandwidth", "kineto/nsys with sized collectives",
-        "share of a measured collective's time taken as fixed latency when the trace cannot "
-        "tell (the range's other bound)"),
-    "overlap.probe_bound": KeyInfo(
-        "name", "low | high", "the median of the calibration's repetitions",
-        "kineto gloo traces with a calibration (--calibration) or a kit capture's probe",
-        "use the fastest (low) or slowest (high) repetitions of the overlap probe: the "
-        "prediction range's bounds"),
+    "topology.nics": KeyInfo("NICs", "integer >= 1", "hardware profile", _SYNTH,
+                             "network interfaces per node (inter-node bandwidth per GPU)"),
     "topology.cores_per_node": KeyInfo(
         "cores", "integer >= 1", "the CPU sets a retime capture recorded, else one core per "
         "rank (no sharing; printed as assumed)", "kineto CPU (gloo) traces with host names",
         "CPU cores each host gives the job, before and after (what you know of your hosts: "
         "ranks beyond that on one host time-share its cores)"),
-    "topology.nics": KeyInfo("NICs", "integer >= 1", "hardware profile", _SYNTH,
-                             "network interfaces per node (inter-node bandwidth per GPU)"),
     # parallel
     "parallel.dp": KeyInfo("ranks", "integer >= 1", "unchanged", _LAYOUT_M + "; kineto/nsys "
                            "pure data-parallel traces with every rank traced",
@@ -194,6 +216,11 @@ KEYS: dict[str, KeyInfo] = {
                                    "distance between datacenters (5 us per km)"),
     "network.nodes_per_dc": KeyInfo("nodes", "integer >= 1", "all nodes in one datacenter",
                                     _NET, "nodes per datacenter"),
+    "network.alpha_share": KeyInfo(
+        "fraction", "0 .. 0.25", "0: where the trace's collectives have one size, all their "
+        "time is bandwidth", "kineto/nsys with sized collectives",
+        "share of a measured collective's time taken as fixed latency when the trace cannot "
+        "tell (the range's other bound)"),
     # overlap
     "overlap.mode": KeyInfo("name", "serial | async", "unchanged", _ALL,
                             "communication serialized after compute, or overlapped"),
@@ -210,6 +237,11 @@ KEYS: dict[str, KeyInfo] = {
                                  "tensor-parallel communication overlapped in slices"),
     "overlap.prefetch": KeyInfo("layers", "integer >= 0", "1",
                                 "synth with ZeRO-3/FSDP", "FSDP parameter prefetch depth"),
+    "overlap.probe_bound": KeyInfo(
+        "name", "low | high", "the median of the calibration's repetitions",
+        "kineto gloo traces with a calibration (--calibration) or a kit capture's probe",
+        "use the fastest (low) or slowest (high) repetitions of the overlap probe: the "
+        "prediction range's bounds"),
     # stragglers
     "stragglers.ideal": KeyInfo("flag", "true | false", "false", _ALL,
                                 "drop unexplained delays"),
@@ -219,7 +251,7 @@ KEYS: dict[str, KeyInfo] = {
                                      _ALL, "ranks to slow down"),
     "stragglers.slowdown": KeyInfo("factor", "> 0", "none", "with stragglers.slow_ranks",
                                    "their slowdown"),
-    # compression (replay/policies/compression.py)
+    # compression
     "compression.dp": KeyInfo("ratio", ">= 1 (4 = a quarter of the bytes)", "1",
                               "synth (dp / emb groups); kineto/nsys with sized all-reduce / "
                               "reduce-scatter / all-gather collectives", "compress data-"
@@ -240,5 +272,7 @@ KEYS: dict[str, KeyInfo] = {
 def key_rows(prefix: str | None = None) -> list[dict[str, str]]:
     """The catalogue as rows (``retime keys --json``), optionally only one table."""
     return [{"key": k, "unit": v.unit, "values": v.values, "default": v.default,
-             "supports": v.supports, "help": v.help}
+             "supports": v.supports, "help": v.help,
+             "needs": NEEDS.get(k, "trace: what 'supports' names; a synthesized run's own "
+                                   "description")}
             for k, v in KEYS.items() if prefix is None or k.startswith(prefix)]

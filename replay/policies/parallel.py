@@ -168,11 +168,16 @@ class Parallel(Policy):
                 measured_batch(state.trace)  # refuse early, naming what is missing
                 state.notes["micro_batch"] = int(kw["micro_batch"])
             if "dp" in kw:
-                from .parallel_dp import relayout_dp
+                from .parallel_dp import cpu_only, host_cores, relayout_dp
                 orig = state.trace
                 state.trace, state.notes["relayout"], tmpl = relayout_dp(
                     orig, kw["dp"], state.ranks_per_node)
                 state.notes["template"] = (orig, tmpl)
+                if cpu_only(orig) and host_cores(orig) is None:
+                    state.notes.setdefault("assumed", []).append(
+                        "each rank has a CPU core of its own, before and after (the trace "
+                        "records no CPU sets); set topology.cores_per_node if a host's ranks "
+                        "share its cores")
             return
         if not state.is_synth:
             state.notes["relayout"] = self._relayout_measured(state, kw)
