@@ -120,7 +120,7 @@ def with_handoff_edges(rank, lane, start, end, on_device, lane_prev, es, ed, ek,
 
 
 def classify_wait_gaps(es, ed, ek, lag, s2s, keep, start, end, lane, stats,
-                       worker=None) -> None:
+                       worker=None, host_coll=None) -> None:
     """Gaps on a thread that were waiting, not working (in place on ``lag``).
 
     A HOST_ORDER lag holds the measured gap before an op on its thread: host work the
@@ -138,16 +138,23 @@ def classify_wait_gaps(es, ed, ek, lag, s2s, keep, start, end, lane, stats,
     its own, so a gap before one of its ops that started after its issue ended was waiting
     for that issue however long the wake-up took (on a busy core it waits for the issuing
     thread's time slice: milliseconds); the wake-up stays as the op's release delay.
+    ``host_coll`` (bool per op, optional) marks collectives run by host threads (gloo): a
+    SYNC edge from one is a wait on its completion (DDP's ``work.wait()``), so the gap before
+    the op it releases is waiting however late the thread woke (ranks sharing a core wake a
+    scheduler slice late), the wake-up again kept as the release delay.
     """
     if not len(es):
         stats["wait_gaps"] = stats["wait_gap_ns"] = 0
         return
     src_t = np.where(s2s, start[es], end[es]) + lag
     late = start[ed] - src_t
+    woke_late = np.zeros(len(es), bool)
+    if worker is not None:
+        woke_late |= np.asarray(worker, bool)[ed]
+    if host_coll is not None:
+        woke_late |= (ek == EdgeKind.SYNC) & np.asarray(host_coll, bool)[es]
     tight = ((ek == EdgeKind.SYNC) | (ek == EdgeKind.LAUNCH)) & keep \
-        & (lane[es] != lane[ed]) & ((late <= WAKE_UP_NS)
-                                    | ((late >= 0) & (False if worker is None
-                                                      else np.asarray(worker, bool)[ed])))
+        & (lane[es] != lane[ed]) & ((late <= WAKE_UP_NS) | ((late >= 0) & woke_late))
     waited = np.zeros(len(start), bool)
     waited[ed[tight]] = True
     ho = (ek == EdgeKind.HOST_ORDER) & waited[ed] & (lag > 0) & ~s2s

@@ -433,10 +433,13 @@ def graph_from_arrays(*, rank, lane, kind, start_ns, dur_ns, coll_id=None, edge_
     worker = (non_coll == 0)[lane_inv]
     if on_device is None:
         worker[:] = False
+        host_coll = worker
     else:  # host threads only (a GPU stream's gaps are not a thread's wake-ups)
         worker &= ~np.asarray(on_device, bool)
-    classify_wait_gaps(es, ed, ek, lag_store, s2s, keep, s, end, lane, stats, worker=worker)
-    del lane_u, lane_inv, non_coll, worker
+        host_coll = (coll >= 0) & ~np.asarray(on_device, bool)
+    classify_wait_gaps(es, ed, ek, lag_store, s2s, keep, s, end, lane, stats, worker=worker,
+                       host_coll=host_coll)
+    del lane_u, lane_inv, non_coll, worker, host_coll
     blocking = np.zeros(n, bool) if blocking is None else np.asarray(blocking, bool)
     wait_mask = np.zeros(len(es), bool)
     if len(es):
