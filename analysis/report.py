@@ -77,6 +77,15 @@ def _measured_of(x: Any, t: Trace, baseline: Any | None) -> tuple[Any | None, fl
     return None, float(v) if v else None
 
 
+def _range_of(x: Any, t: Trace) -> list[float] | None:
+    """The what-if's step-time range ``[lo, hi]`` (ns per step), where the replay has one."""
+    w = (getattr(x, "meta", None) or {}).get("whatif") if not isinstance(x, Trace) else None
+    if not isinstance(w, dict):
+        w = (t.meta.get("replay") or {}).get("whatif") or {}
+    r = w.get("step_range_ns")
+    return [float(r[0]), float(r[1])] if isinstance(r, (list, tuple)) and len(r) == 2 else None
+
+
 def build_report(x: Any, *, baseline: Any | None = None, title: str | None = None,
                  top: int = TOP) -> Report:
     """Analyse ``x`` (a Trace or ReplayResult; against ``baseline`` when given) and assemble
@@ -118,8 +127,10 @@ def _build_report(x: Any, *, baseline: Any | None, title: str | None, top: int) 
                 if base is not None else "the replay's record of the measured step (pass "
                 "--baseline MEASURED.retime for the full comparison)")
         headline.append((f"{la.capitalize()} step", fmt_ns(a) if a else "n/a", note))
-        headline.append((f"{lb.capitalize()} step", fmt_ns(st), "; ".join(
-            f"{k} = {v}" for k, v, _ in scenario) or steps_note))
+        rng = _range_of(x, t)
+        headline.append((f"{lb.capitalize()} step", fmt_ns(st), ("; ".join(
+            f"{k} = {v}" for k, v, _ in scenario) or steps_note) + (
+            f"; range {fmt_ns(rng[0])} to {fmt_ns(rng[1])}" if rng else "")))
         if a:
             d = (st - a) / a
             ratio = (f"{a / st:.2f}x faster" if st < a else f"{st / a:.2f}x slower"
