@@ -282,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
         rows += run_pair(n, pairs[n], modes)
     groups = {"all": rows}
     frozen = [r for r in rows if pairs[r["pair"]].get("after_freeze")]
-    if frozen:
+    if frozen and len(frozen) < len(rows):
         groups["captured after the model was frozen"] = frozen
         groups["pairs that shaped the model"] = [r for r in rows
                                                  if not pairs[r["pair"]].get("after_freeze")]
@@ -310,6 +310,8 @@ def main(argv: list[str] | None = None) -> int:
         if "refused" in r:
             print(f"{'':<36}refused: {r['refused']}")
     for g, by_mode in summ.items():
+        if not by_mode["plain"]["predictions"]:
+            continue
         for m, sm in by_mode.items():
             med = "-" if sm["median_abs_err"] is None else f"{sm['median_abs_err']:.1%}"
             worst = "-" if sm["worst_abs_err"] is None else f"{sm['worst_abs_err']:.1%}"
