@@ -50,6 +50,10 @@ NEEDS: dict[str, str] = {
     "message size",
     "network.intra_node_gbps": "you: the new rate; trace: sized intra-host collectives, else "
     "the host's copy rate from the DDP reducer's recorded shapes (gloo, an upper bound)",
+    "network.measured_inter_node_gbps": "you: the nominal rate of the link the trace ran "
+    "on; trace: its sized inter-host collectives",
+    "network.measured_intra_node_gbps": "you: the nominal intra-node rate the trace ran on; "
+    "trace: its sized intra-host collectives",
     "network.alpha_share": "nothing: the range's bound when the trace cannot tell latency "
     "from bandwidth",
     "overlap.bucket_mb": "trace: the DDP reducer's per-parameter calls with their recorded "
@@ -221,6 +225,15 @@ KEYS: dict[str, KeyInfo] = {
         "time is bandwidth", "kineto/nsys with sized collectives",
         "share of a measured collective's time taken as fixed latency when the trace cannot "
         "tell (the range's other bound)"),
+    "network.measured_intra_node_gbps": KeyInfo(
+        "GB/s", "number > 0", "unknown: new rates get the transport's default efficiency",
+        _NET, "nominal intra-node rate of the cluster the trace ran on (per GPU and direction): "
+        "the efficiency the trace achieved on it carries over to intra_node_gbps"),
+    "network.measured_inter_node_gbps": KeyInfo(
+        "GB/s", "number > 0", "unknown: new rates get the transport's default efficiency",
+        _NET, "nominal inter-node rate of the link the trace ran on (per GPU and direction): "
+        "its achieved efficiency carries over to inter_node_gbps; on CPU traces transfers "
+        "faster than it reveal a token bucket"),
     # overlap
     "overlap.mode": KeyInfo("name", "serial | async", "unchanged", _ALL,
                             "communication serialized after compute, or overlapped"),

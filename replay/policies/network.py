@@ -165,10 +165,16 @@ class Network(Policy):
     #: share of a measured collective's time that is fixed latency, where the trace's sizes
     #: cannot tell (one message size): 0 by default, MAX_ALPHA_SHARE at the range's bound
     alpha_share: float | None = None
+    #: the nominal rates of the links the trace ran on (what the user knows of them): the
+    #: fit's efficiency against them carries over to the new rates, and a CPU trace whose
+    #: transfers beat their link's rate shows a token bucket (its burst is inferred)
+    measured_intra_node_gbps: float | None = None
+    measured_inter_node_gbps: float | None = None
     table: ClassVar[str] = "network"
 
     def __post_init__(self) -> None:
-        for f in ("intra_node_gbps", "inter_node_gbps", "cross_dc_gbps", "bus_efficiency"):
+        for f in ("intra_node_gbps", "inter_node_gbps", "cross_dc_gbps", "bus_efficiency",
+                  "measured_intra_node_gbps", "measured_inter_node_gbps"):
             check_positive("network", f, getattr(self, f))
         for f in ("latency_us", "intra_latency_us", "cross_dc_km"):
             check_positive("network", f, getattr(self, f), strict=False)
@@ -243,6 +249,15 @@ class Network(Policy):
         shaper = shaped_link(state.trace) if cpu else None
         old = _template_table(state, tab, self.alpha_share)
         if old is None:
+            if cpu and shaper is None and self.measured_inter_node_gbps is not None:
+                shaper = inferred_shaper(state.graph, tab, float(self.measured_inter_node_gbps))
+                if shaper is not None:
+                    state.notes.setdefault("assumed", []).append(
+                        f"the trace's inter-host transfers beat the stated "
+                        f"{self.measured_inter_node_gbps:g} GB/s: a token bucket of "
+                        f"{shaper[0] * shaper[1] / 1e6:.2f} MB ({shaper[1] / 1e6:.1f} ms of the "
+                        "rate) that refills while the link idles, inferred from them; a new "
+                        "rate keeps its time")
             cr_old = (link_credits(state.graph, tab, tab["old_level"] == 1, *shaper)
                       if shaper else np.zeros(len(tab["op"])))
             cal = calibrate(state.trace, state.graph, tab, credit=cr_old,
@@ -279,9 +294,18 @@ class Network(Policy):
                     f"{v['busbw_gbps']:.3g} GB/s is a lower bound; trace every rank, or set "
                     f"network.{_LEVEL_KEY[k]}")
         eff = self.bus_efficiency or (TCP_GOODPUT if cpu else DEFAULT_BUS_EFFICIENCY)
+        stated = {0: self.measured_intra_node_gbps, 1: self.measured_inter_node_gbps}
         new_bw = {}
         for lv, gbps in self._level_gbps().items():
-            if gbps is not None:
+            if gbps is not None and stated.get(lv) and lv in cal and self.bus_efficiency is None:
+                # the efficiency the trace achieved on its stated link, on the new one
+                e = min(1.0, cal[lv]["busbw_gbps"] / float(stated[lv]))
+                new_bw[lv] = gbps * e
+                state.notes.setdefault("assumed", []).append(
+                    f"{LEVELS[lv]} link: the trace achieved {e:.0%} of its stated "
+                    f"{stated[lv]:g} GB/s ({cal[lv]['busbw_gbps']:.3g} GB/s of bus bandwidth); "
+                    f"the same share of {gbps:g} GB/s")
+            elif gbps is not None:
                 new_bw[lv] = gbps * eff
             elif lv in cal:
                 new_bw[lv] = cal[lv]["busbw_gbps"]
@@ -430,6 +454,49 @@ def _capture_job(trace: Trace) -> dict:
         if isinstance(block, dict) and isinstance(block.get("job"), dict):
             return block["job"]
     return {}
+
+
+#: a stated link's transfers must beat its goodput by this share of their bytes (median)
+#: before the trace is taken to show a token bucket
+BURST_MIN_SHARE = 0.05
+
+
+def inferred_shaper(graph, tab: dict[str, np.ndarray], gbps: float
+                    ) -> tuple[float, float] | None:
+    """A token bucket on the inter-host link, inferred from the trace and the link's stated
+    nominal rate ``gbps`` (GB/s: bytes per ns), as ``(rate, tau)`` like :func:`shaped_link`.
+
+    Paced at the rate, a last arriver's transfer of ``x`` bus bytes takes at least
+    ``x / (rate * TCP_GOODPUT)``; one that took ``t`` less sent ``x - t rate g`` bytes on
+    saved tokens. The bucket is the median of those credits over the transfers that started
+    on an idle link (each rank's first of a step: the bucket refilled during the compute),
+    in wire bytes. None when the transfers do not beat the rate by :data:`BURST_MIN_SHARE`
+    (no bucket: a plain link)."""
+    rate = float(gbps)
+    ops = tab["op"]
+    x = tab["bytes"] * tab["factor"]
+    on = (tab["old_level"] == 1) & tab["last"] & (x > 0)
+    if not on.any() or rate <= 0:
+        return None
+    start = np.asarray(graph.meas_start_ns, np.float64)[ops]
+    dur = np.asarray(graph.meas_dur_ns, np.float64)[ops]
+    rank = np.asarray(graph.rank)[ops]
+    first = np.zeros(len(ops), bool)
+    for r in np.unique(rank[on]).tolist():  # a rank's first transfer after an idle link
+        rows = np.flatnonzero(on & (rank == r))
+        rows = rows[np.argsort(start[rows], kind="stable")]
+        prev_end = -math.inf
+        for k in rows:
+            first[k] = start[k] - prev_end > dur[k]  # idle for longer than it takes
+            prev_end = start[k] + dur[k]
+    pick = on & first
+    if not pick.any():
+        return None
+    credit = x[pick] - dur[pick] * rate * TCP_GOODPUT
+    if float(np.median(credit / x[pick])) < BURST_MIN_SHARE:
+        return None
+    burst = float(np.median(credit)) / TCP_GOODPUT  # wire bytes
+    return rate, burst / rate
 
 
 def link_credits(graph, tab: dict[str, np.ndarray], on_link: np.ndarray, rate: float,
