@@ -118,8 +118,32 @@ def ingest(
                             list(s["skipped_files"].items())[:5]))
 
 
+def _empty_steps(es) -> list[dict]:
+    """Profiler steps without ops (no window; every command leaves them out)."""
+    return [{"rank": int(r.rank), "step": int(r.step), "dur_ns": int(r.end_ns - r.start_ns)}
+            for r in es.itertuples()]
+
+
+def _streamed_empty_steps(path: Path, small: dict):
+    """:func:`collectors.steps.empty_steps` of a rank-partitioned store: its step ranges
+    against the (rank, step) pairs its ops have."""
+    import pandas as pd
+
+    from retime.collectors.steps import empty_steps
+    from retime.collectors.store import op_totals, scan_table
+    from retime.collectors.trace import Trace
+
+    ops = op_totals(path, by=["rank", "step"])[["rank", "step"]]
+    t = Trace(ops=ops, lanes=small["lanes"], edges=pd.DataFrame(),
+              ranges=scan_table(path, "ranges"), groups=small["groups"], memory=pd.DataFrame(),
+              strings=small["strings"], meta={})
+    return empty_steps(t)
+
+
 def info_summary(trace: Trace) -> dict:
     import numpy as np
+
+    from retime.collectors.steps import empty_steps
 
     o = trace.ops
     kinds = np.bincount(o["kind"].to_numpy(), minlength=len(OpKind)) if len(o) else np.zeros(len(OpKind), int)
@@ -133,6 +157,7 @@ def info_summary(trace: Trace) -> dict:
         "lanes": {k.name: int((lk == k).sum()) for k in LaneKind if (lk == k).any()},
         "groups": len(trace.groups),
         "steps": sorted({int(x) for x in np.unique(o["step"].to_numpy()) if x >= 0}) if len(o) else [],
+        "empty_steps": _empty_steps(empty_steps(trace)),
         "span_ns": [{"rank": int(r.rank), "span_ns": int(r.span_ns)} for r in st.itertuples()],
         "devices": trace.meta.get("devices", {}),
         "accounting": trace.meta.get("accounting", {}),
@@ -165,6 +190,7 @@ def info_summary_streamed(path: Path) -> dict:
         "lanes": {k.name: int((lk == k).sum()) for k in LaneKind if (lk == k).any()},
         "groups": len(small["groups"]),
         "steps": sorted(int(x) for x in steps["step"] if x >= 0),
+        "empty_steps": _empty_steps(_streamed_empty_steps(path, small)),
         "span_ns": [{"rank": int(r.rank), "span_ns": int(r.span_ns)}
                     for r in rank_spans(path).itertuples()],
         "devices": meta.get("devices", {}),
@@ -198,6 +224,10 @@ def info(
     say(f"  ops {s['ops']} ({', '.join(f'{k}={v}' for k, v in s['ops_by_kind'].items())}); "
         f"edges {s['edges']}; ranges {s['ranges']}; groups {s['groups']}")
     say(f"  lanes: {', '.join(f'{k}={v}' for k, v in s['lanes'].items())}; steps: {s['steps'][:20]}")
+    if s["empty_steps"]:
+        say("  empty profiler steps (no ops; no command counts them): " + ", ".join(
+            f"rank {r['rank']} step {r['step']} ({r['dur_ns'] / 1e3:.0f} us)"
+            for r in s["empty_steps"][:8]))
     say(f"  collectives matched {s['collectives']['matched']}, unmatched {s['collectives']['unmatched']}")
     for r in s["span_ns"][:16]:
         say(f"  rank {r['rank']}: span {r['span_ns'] / 1e6:.3f} ms")

@@ -1,0 +1,121 @@
+"""Write the hand-built regression traces of issue #28 (``python traces/regress/build.py``).
+
+Each is a small Kineto JSON file that reproduces one pattern the issue found in a public
+trace, built from the issue's description (what the public trace holds and the figures the
+issue quotes); none is a cut of the public trace. ``README.md`` says which trace each
+imitates. Times are in microseconds as Kineto writes them; every number is written out here
+so a test can derive its expected figures from this file, not from retime.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+PID, TID = 100, 100  # the host process / main thread
+
+
+class Kineto:
+    """A Kineto trace under construction: host ops, launches and GPU ops."""
+
+    def __init__(self, rank: int, world: int, *, rocm: bool = False,
+                 pgs: list[dict] | None = None) -> None:
+        self.ev: list[dict] = []
+        self.corr = 1000
+        self.ext = 1
+        self.rocm = rocm
+        self.dist = {"backend": "nccl", "rank": rank, "world_size": world,
+                     "pg_count": len(pgs or []), "pg_config": pgs or []}
+
+    def host(self, name: str, ts: float, dur: float, cat: str = "cpu_op",
+             **args) -> None:
+        self.ext += 1
+        self.ev.append({"ph": "X", "cat": cat, "name": name, "pid": PID, "tid": TID,
+                        "ts": ts, "dur": dur, "args": {"External id": self.ext, **args}})
+
+    def step(self, n: int, ts: float, dur: float) -> None:
+        self.host(f"ProfilerStep#{n}", ts, dur, cat="user_annotation")
+
+    def gpu_mark(self, name: str, ts: float, dur: float, stream: int = 7) -> None:
+        self.ev.append({"ph": "X", "cat": "gpu_user_annotation", "name": name, "pid": 0,
+                        "tid": stream, "ts": ts, "dur": dur,
+                        "args": {"device": 0, "stream": stream}})
+
+    def launch(self, kernel: str, ts: float, gpu_ts: float, gpu_dur: float, *,
+               stream: int = 7, cat: str = "kernel", launch_dur: float = 5.0,
+               api: str | None = None) -> int:
+        """A runtime launch call at ``ts`` and the GPU op it launched at ``gpu_ts``."""
+        self.corr += 1
+        api = api or ("hipLaunchKernel" if self.rocm else "cudaLaunchKernel")
+        self.ev.append({"ph": "X", "cat": "cuda_runtime", "name": api, "pid": PID, "tid": TID,
+                        "ts": ts, "dur": launch_dur, "args": {"correlation": self.corr}})
+        self.gpu(kernel, gpu_ts, gpu_dur, stream=stream, cat=cat, corr=self.corr)
+        return self.corr
+
+    def gpu(self, kernel: str, ts: float, dur: float, *, stream: int = 7,
+            cat: str = "kernel", corr: int | None = None, **args) -> None:
+        if corr is None:  # a GPU op whose launch call is not in the trace
+            self.corr += 1
+            corr = self.corr
+        self.ev.append({"ph": "X", "cat": cat, "name": kernel, "pid": 0, "tid": stream,
+                        "ts": ts, "dur": dur,
+                        "args": {"device": 0, "stream": stream, "correlation": corr, **args}})
+
+    def write(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        doc = {"schemaVersion": 1, "distributedInfo": self.dist,
+               "deviceProperties": [{"id": 0, "name": "AMD Instinct MI250X" if self.rocm
+                                     else "NVIDIA A100-SXM4-80GB", "totalGlobalMem": 1 << 36}],
+               "traceEvents": sorted(self.ev, key=lambda e: (e["ts"], e["pid"])),
+               "displayTimeUnit": "ms"}
+        path.write_text(json.dumps(doc, indent=0) + "\n")
+
+
+ELEMENTWISE = ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add"
+               "<float>, at::detail::Array<char*, 3> >(int, at::native::CUDAFunctor_add<float>, "
+               "at::detail::Array<char*, 3>)")
+
+#: queue-lag-first-step: host ProfilerStep#550..553 (start, end) in ms; the GPU runs the
+#: steps' 20 kernels each 155 ms behind, one GPU step every 215 ms from 158.46 ms
+LAG_HOST_MS = [(3.2, 215.7), (215.7, 432.2), (432.2, 647.2), (647.2, 860.1)]
+LAG_GPU0_MS, LAG_GPU_PERIOD_MS = 158.46, 215.0
+LAG_KERNELS, LAG_LAUNCH_EVERY_MS, LAG_RUN_EVERY_MS, LAG_KERNEL_MS = 20, 10.79, 10.66, 10.6
+
+
+def queue_lag_first_step() -> None:
+    """HTA ``negative_queue_length_values_check`` rank 0 (A100, 1 of 16 ranks)."""
+    k = Kineto(0, 16)
+    for i, (a, b) in enumerate(LAG_HOST_MS):
+        k.step(550 + i, a * 1e3, (b - a) * 1e3)
+        g0 = LAG_GPU0_MS + i * LAG_GPU_PERIOD_MS
+        for j in range(LAG_KERNELS):
+            t = a + 0.1 + j * LAG_LAUNCH_EVERY_MS
+            k.host("aten::add", t * 1e3 - 2.0, 9.0)
+            k.launch(ELEMENTWISE, t * 1e3, (g0 + j * LAG_RUN_EVERY_MS) * 1e3, LAG_KERNEL_MS * 1e3)
+    k.write(HERE / "queue-lag-first-step" / "rank0.json")
+
+
+#: empty-trailing-step: ProfilerStep#1 (us) with 8 kernels, the GPU's last ends at 10,290;
+#: ProfilerStep#2 is 49 us long with no ops, 37 us after it
+EMPTY_STEP1_US, EMPTY_STEP2_US = (1000.0, 9100.0), (10327.0, 10376.0)
+EMPTY_GPU_US = [(1050.0 + 1155.0 * j, 1150.0) for j in range(8)]  # last ends at 10,285+5
+
+
+def empty_trailing_step() -> None:
+    """HTA ``mi250_minitoy_train_ROCm6_2`` (MI250, ROCm 6.2, one rank)."""
+    k = Kineto(0, 1, rocm=True)
+    a, b = EMPTY_STEP1_US
+    k.step(1, a, b - a)
+    for j, (s, d) in enumerate(EMPTY_GPU_US):
+        t = a + 20.0 + 1000.0 * j
+        k.host("aten::mm", t - 3.0, 12.0)
+        k.launch("Cijk_Ailk_Bljk_SB_MT64x64x16_MI32x32x2x1", t, s, d + (5.0 if j == 7 else 0.0))
+    a, b = EMPTY_STEP2_US
+    k.step(2, a, b - a)
+    k.write(HERE / "empty-trailing-step" / "rank0.json")
+
+
+if __name__ == "__main__":
+    queue_lag_first_step()
+    empty_trailing_step()
