@@ -268,7 +268,7 @@ def section_comm(run: RunAnalysis, *, top: int) -> Section | None:
     # groups with identical figures (e.g. the 16 tensor-parallel groups of a modeled run)
     # are one row
     same = ["comm_op", "n_ranks", "instances", "total_bytes", "transfer_ns", "wait_ns"]
-    gid = cs[same].round(0).astype(str).agg("|".join, axis=1)
+    gid = cs[same].round(0).fillna(-1).astype(str).agg("|".join, axis=1)
     first = cs.groupby(gid, sort=False).head(1).copy()
     names_of = cs.groupby(gid, sort=False)["group"].agg(list)
     first["group"] = [(lambda g: g[0] if len(g) == 1 else

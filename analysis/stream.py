@@ -40,7 +40,7 @@ from retime.collectors.trace import RANGES_SCHEMA, Trace, _frame, read_trace
 
 from ._util import COMM_KINDS, step_windows
 from .breakdown import breakdown
-from .comm import collectives, comm_summary, rank_wait
+from .comm import collectives, comm_summary, rank_wait, unmatched_collectives
 
 __all__ = ["rank_batches", "iter_rank_traces", "stream_step_times", "stream_breakdown",
            "stream_kernel_stats", "stream_collectives", "stream_comm_summary",
@@ -265,7 +265,8 @@ def store_analysis(path: str | os.PathLike[str], *, stream: bool | None = None,
     ``breakdown_summary`` (:func:`analysis.breakdown.summarize_breakdown`), ``top_ops``
     (:func:`analysis.kernels.kernel_stats`), ``unclassified`` (the top device-op names of
     class ``other``: no rule of :mod:`collectors.kernel_classes` knows them), ``comm``
-    (:func:`analysis.comm.comm_summary`), ``rank_wait``, ``empty_steps``
+    (:func:`analysis.comm.comm_summary`), ``comm_unmatched``
+    (:func:`analysis.comm.unmatched_collectives`), ``rank_wait``, ``empty_steps``
     (:func:`collectors.steps.empty_steps`: profiler steps without ops, left out); and ``mode`` (``"stream"`` or
     ``"memory"``) under ``"mode"``.
     """
@@ -294,15 +295,19 @@ def store_analysis(path: str | os.PathLike[str], *, stream: bool | None = None,
                "empty_steps": pd.concat(es, ignore_index=True) if es else empty_steps(
                    _Small(Path(path)).trace(scan_table(Path(path), "ops", ranks=[])))}
         ct, oid = _comm_trace(path, batch_rows)  # one scan of the comm ops for both
-        out["comm"] = comm_summary(_collectives(ct, oid))
+        co = _collectives(ct, oid)
+        out["comm"] = comm_summary(co)
+        out["comm_unmatched"] = unmatched_collectives(co)
         out["rank_wait"] = rank_wait(ct)
     else:
         t = read_trace(path)
         w = step_windows(t)
         w["step_ns"] = w["end_ns"] - w["start_ns"]
         ks = kernel_stats(t)
+        co = collectives(t)
         out = {"step_times": w, "breakdown": breakdown(t, by=by),
-               "top_ops": ks.head(top).reset_index(drop=True), "comm": comm_summary(t),
+               "top_ops": ks.head(top).reset_index(drop=True), "comm": comm_summary(co),
+               "comm_unmatched": unmatched_collectives(co),
                "rank_wait": rank_wait(t), "empty_steps": empty_steps(t)}
     # names the kernel-class table does not know (class "other"), so a user sees them
     u = ks[ks["kernel_class"] == "other"] if len(ks) else ks

@@ -64,11 +64,18 @@ def analysis_summary(res: dict[str, Any]) -> dict[str, Any]:
         "top_ops": _records(res["top_ops"]),
         "unclassified": _records(res["unclassified"]),
         "comm": _records(res["comm"]),
+        # instances without every group member in the trace (or lone ops): no wait or skew
+        "comm_unmatched": _records(res["comm_unmatched"]),
         "rank_wait": _records(res["rank_wait"]),
     }
 
 
 _ROWS_SHOWN = 40
+
+
+def top_shown(n: int) -> int:
+    """How many rows of a long list the text output shows."""
+    return min(n, 10)
 
 
 def _say_rows(s: dict[str, Any]) -> None:
@@ -153,6 +160,14 @@ def analyze_cmd(
                 f"{str(r['name'])[:100]}")
     for r in s["comm"][:10]:
         bw = r["busbw_gbps"]
+        wait = ("wait n/a (no matched instance)" if r["wait_ns"] is None else
+                f"wait {r['wait_ns'] / 1e6:.3f} ms over {r['matched']} matched")
         say(f"  comm group {r['group_id']} {r['comm_op']}: {r['instances']} instance(s), "
             f"{r['total_bytes'] / 1e6:.1f} MB, busbw {'n/a' if bw is None else f'{bw:.1f} GB/s'}, "
-            f"wait {r['wait_ns'] / 1e6:.3f} ms")
+            f"{wait}")
+    un = s["comm_unmatched"]
+    if un:
+        say(f"  unmatched collective instances (left out of wait and skew): {len(un)}")
+        for r in un[:top_shown(len(un))]:
+            say(f"    {r['comm_op']} group {r['group_id']} step {r['step']}: "
+                f"{r['bytes'] / 1e6:.3f} MB, {r['reason']}")

@@ -116,6 +116,44 @@ def empty_trailing_step() -> None:
     k.write(HERE / "empty-trailing-step" / "rank0.json")
 
 
+#: all-to-all-off-by-one: the job's all-to-alls c_0..c_6 alternate 1,536 B and 339.7 MB;
+#: rank 0's trace holds c_0..c_5, rank 1's c_1..c_6 (sampled windows one call apart).
+#: c_k starts at A2A_T0_MS + k * A2A_EVERY_MS on rank 0, A2A_LATE_MS later on rank 1, and
+#: ends at the same nanosecond on both
+A2A_T0_MS, A2A_EVERY_MS, A2A_LATE_MS = 10.0, 20.0, 0.3
+A2A_BYTES = [1536, 339_700_000]  # even k, odd k
+A2A_DUR_MS = [0.05, 8.0]
+A2A_CALLS = {0: range(0, 6), 1: range(1, 7)}
+A2A_WORLD = 128
+
+
+def a2a_times_ms(k: int, rank: int) -> tuple[float, float]:
+    """(start, end) of call c_k on ``rank`` in ms."""
+    s1 = A2A_T0_MS + k * A2A_EVERY_MS + A2A_LATE_MS
+    e = s1 + A2A_DUR_MS[k % 2]
+    return (s1 - A2A_LATE_MS if rank == 0 else s1), e
+
+
+def all_to_all_off_by_one() -> None:
+    """HTA ``tests/data/trace_filter`` sampled_rank-0/1 (2 of 128 ranks, all-to-alls)."""
+    pg = [{"pg_name": "0", "pg_desc": "default_pg", "backend_config": "cuda:nccl",
+           "pg_size": A2A_WORLD, "ranks": list(range(A2A_WORLD))}]
+    for rank, calls in A2A_CALLS.items():
+        k_ = Kineto(rank, A2A_WORLD, pgs=pg)
+        for k in calls:
+            s, e = a2a_times_ms(k, rank)
+            nbytes = A2A_BYTES[k % 2]
+            t = s - 0.2  # launched 0.2 ms before it runs
+            k_.host("record_param_comms", t * 1e3 - 5.0, 20.0, **{
+                "Collective name": "all_to_allv", "In msg nelems": nbytes // 2,
+                "Out msg nelems": nbytes // 2, "dtype": "BFloat16", "Group size": A2A_WORLD,
+                "Process Group Name": "0"})
+            k_.launch("ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)", t * 1e3,
+                      s * 1e3, (e - s) * 1e3, stream=20)
+        k_.write(HERE / "all-to-all-off-by-one" / f"rank{rank}.json")
+
+
 if __name__ == "__main__":
     queue_lag_first_step()
     empty_trailing_step()
+    all_to_all_off_by_one()
