@@ -41,6 +41,7 @@ from retime.collectors.trace import RANGES_SCHEMA, Trace, _frame, read_trace
 from ._util import COMM_KINDS, step_windows
 from .breakdown import breakdown
 from .comm import collectives, comm_summary, rank_wait, unmatched_collectives
+from .coverage import combine_unseen, unseen_work
 
 __all__ = ["rank_batches", "iter_rank_traces", "stream_step_times", "stream_breakdown",
            "stream_kernel_stats", "stream_collectives", "stream_comm_summary",
@@ -267,7 +268,8 @@ def store_analysis(path: str | os.PathLike[str], *, stream: bool | None = None,
     class ``other``: no rule of :mod:`collectors.kernel_classes` knows them), ``comm``
     (:func:`analysis.comm.comm_summary`), ``comm_unmatched``
     (:func:`analysis.comm.unmatched_collectives`), ``rank_wait``, ``empty_steps``
-    (:func:`collectors.steps.empty_steps`: profiler steps without ops, left out); and ``mode`` (``"stream"`` or
+    (:func:`collectors.steps.empty_steps`: profiler steps without ops, left out); ``unseen``
+    (a dict, :func:`analysis.coverage.unseen_work`); and ``mode`` (``"stream"`` or
     ``"memory"``) under ``"mode"``.
     """
     from .breakdown import summarize_breakdown
@@ -279,13 +281,14 @@ def store_analysis(path: str | os.PathLike[str], *, stream: bool | None = None,
         stream = should_stream(path)
     if stream:
         # one pass over the rank batches for everything that is per rank
-        sw, bd, kp, es = [], [], [], []
+        sw, bd, kp, es, un = [], [], [], [], []
         cols = list(dict.fromkeys(_BREAKDOWN_COLS + _KERNEL_COLS))
         for t in iter_rank_traces(path, columns=cols, ranges=True, batch_rows=batch_rows):
             sw.append(step_windows(t))
             bd.append(breakdown(t, by=by))
             kp.append(_kernel_partial(t))
             es.append(empty_steps(t))
+            un.append(unseen_work(t))
         w = pd.concat(sw, ignore_index=True) if sw else stream_step_times(path)
         w["step_ns"] = w["end_ns"] - w["start_ns"]
         ks = _kernel_final(kp, _Small(Path(path)).strings, None)
@@ -296,6 +299,7 @@ def store_analysis(path: str | os.PathLike[str], *, stream: bool | None = None,
                    _Small(Path(path)).trace(scan_table(Path(path), "ops", ranks=[])))}
         ct, oid = _comm_trace(path, batch_rows)  # one scan of the comm ops for both
         co = _collectives(ct, oid)
+        out["unseen"] = combine_unseen(un)  # type: ignore[assignment]
         out["comm"] = comm_summary(co)
         out["comm_unmatched"] = unmatched_collectives(co)
         out["rank_wait"] = rank_wait(ct)
@@ -308,7 +312,8 @@ def store_analysis(path: str | os.PathLike[str], *, stream: bool | None = None,
         out = {"step_times": w, "breakdown": breakdown(t, by=by),
                "top_ops": ks.head(top).reset_index(drop=True), "comm": comm_summary(co),
                "comm_unmatched": unmatched_collectives(co),
-               "rank_wait": rank_wait(t), "empty_steps": empty_steps(t)}
+               "rank_wait": rank_wait(t), "empty_steps": empty_steps(t),
+               "unseen": unseen_work(t)}
     # names the kernel-class table does not know (class "other"), so a user sees them
     u = ks[ks["kernel_class"] == "other"] if len(ks) else ks
     out["unclassified"] = u[["name", "kind", "count", "total_ns", "share"]].head(

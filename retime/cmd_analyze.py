@@ -30,6 +30,7 @@ def _records(df: pd.DataFrame) -> list[dict[str, Any]]:
 def analysis_summary(res: dict[str, Any]) -> dict[str, Any]:
     """The ``retime analyze --json`` object, from :func:`analysis.stream.store_analysis`."""
     from retime.analysis.breakdown import PARTS
+    from retime.analysis.coverage import hides_gpu_work, unseen_notes
 
     st = res["step_times"]
     per_rank = st.groupby("rank", sort=True)["step_ns"].agg(["size", "mean", "max"])
@@ -63,6 +64,9 @@ def analysis_summary(res: dict[str, Any]) -> dict[str, Any]:
         },
         "top_ops": _records(res["top_ops"]),
         "unclassified": _records(res["unclassified"]),
+        # GPU work the step figures leave out or the trace cannot show (analysis.coverage)
+        "unseen": res["unseen"] | {"hidden_in_graph_replays": hides_gpu_work(res["unseen"])},
+        "notes": unseen_notes(res["unseen"]),
         "comm": _records(res["comm"]),
         # instances without every group member in the trace (or lone ops): no wait or skew
         "comm_unmatched": _records(res["comm_unmatched"]),
@@ -144,6 +148,8 @@ def analyze_cmd(
     if s["empty_steps"]:
         say(f"  {len(s['empty_steps'])} empty profiler step(s) (no ops) left out: " + ", ".join(
             f"rank {r['rank']} step {r['step']}" for r in s["empty_steps"][:8]))
+    for note in s["notes"]:
+        say(f"  note: {note}")
     fr = s["breakdown"]["total_frac"]
     say("  breakdown: " + ", ".join(f"{k.removesuffix('_frac')} {100 * v:.1f}%"
                                     for k, v in fr.items() if v is not None))

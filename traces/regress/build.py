@@ -153,7 +153,39 @@ def all_to_all_off_by_one() -> None:
         k_.write(HERE / "all-to-all-off-by-one" / f"rank{rank}.json")
 
 
+#: graph-capture: kernel launches recorded during one stream capture (ms, no GPU op runs),
+#: then graph launches whose replays the trace does not show; two real copies
+CAP_BEGIN_MS, CAP_END_MS, CAP_LAUNCHES = 1.0, 9.1, 40
+CAP_GRAPH_LAUNCH_MS = [10.0, 12.0, 14.0]
+CAP_COPIES_MS = [(0.5, 0.52, 0.08), (15.0, 15.02, 0.08)]  # (call, GPU start, GPU duration)
+
+
+def graph_capture() -> None:
+    """TraceLens's vLLM full-graph / SGLang decode captures (H100, one rank)."""
+    k = Kineto(0, 1)
+    for call, g, d in CAP_COPIES_MS:
+        k.launch("Memcpy HtoD (Pinned -> Device)", call * 1e3, g * 1e3, d * 1e3,
+                 cat="gpu_memcpy", api="cudaMemcpyAsync")
+    k.host("cudaStreamBeginCapture", CAP_BEGIN_MS * 1e3 - 10.0, 10.0, cat="cuda_runtime")
+    every = (CAP_END_MS - CAP_BEGIN_MS) / CAP_LAUNCHES
+    for j in range(CAP_LAUNCHES):
+        t = CAP_BEGIN_MS + j * every
+        k.host("aten::mm", t * 1e3, every * 1e3 - 5.0)
+        k.corr += 1
+        k.ev.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": PID,
+                     "tid": TID, "ts": t * 1e3 + 30.0, "dur": 20.0,
+                     "args": {"correlation": k.corr}})
+    k.host("cudaStreamEndCapture", CAP_END_MS * 1e3, 15.0, cat="cuda_runtime")
+    k.host("cudaGraphInstantiate", CAP_END_MS * 1e3 + 100.0, 300.0, cat="cuda_runtime")
+    for t in CAP_GRAPH_LAUNCH_MS:
+        k.corr += 1
+        k.ev.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphLaunch", "pid": PID,
+                     "tid": TID, "ts": t * 1e3, "dur": 12.0, "args": {"correlation": k.corr}})
+    k.write(HERE / "graph-capture" / "rank0.json")
+
+
 if __name__ == "__main__":
     queue_lag_first_step()
     empty_trailing_step()
     all_to_all_off_by_one()
+    graph_capture()
