@@ -40,10 +40,16 @@ from .enums import CommOp
 __all__ = ["comm_op_from_name", "match_collectives", "DTYPE_BYTES"]
 
 _NAME_RULES: list[tuple[re.Pattern[str], CommOp]] = [
-    (re.compile(r"all_?reduce", re.I), CommOp.ALL_REDUCE),
-    (re.compile(r"all_?gather|allgather", re.I), CommOp.ALL_GATHER),
-    (re.compile(r"reduce_?scatter", re.I), CommOp.REDUCE_SCATTER),
-    (re.compile(r"all_?to_?all|alltoall", re.I), CommOp.ALL_TO_ALL),
+    # library kernels whose names do not spell their primitive
+    (re.compile(r"get_dispatch_layout", re.I), CommOp.NONE),  # DeepEP: local counting
+    (re.compile(r"cached_notify", re.I), CommOp.BARRIER),  # DeepEP: rank barrier + clean-up
+    (re.compile(r"cross_device_reduce", re.I), CommOp.ALL_REDUCE),  # vLLM custom all-reduce
+    (re.compile(r"userbuffers\w*_rs(\b|<|$)", re.I), CommOp.REDUCE_SCATTER),
+    (re.compile(r"userbuffers\w*_ag(\b|<|$)", re.I), CommOp.ALL_GATHER),
+    (re.compile(r"all[-_]?reduce", re.I), CommOp.ALL_REDUCE),
+    (re.compile(r"all[-_]?gather", re.I), CommOp.ALL_GATHER),
+    (re.compile(r"reduce[-_]?scatter", re.I), CommOp.REDUCE_SCATTER),
+    (re.compile(r"all[-_]?to[-_]?all", re.I), CommOp.ALL_TO_ALL),
     (re.compile(r"broadcast|bcast", re.I), CommOp.BROADCAST),
     (re.compile(r"barrier", re.I), CommOp.BARRIER),
     (re.compile(r"sendrecv|send_recv", re.I), CommOp.SEND_RECV),
@@ -69,9 +75,15 @@ _SIZE_KEYED = {int(CommOp.ALL_REDUCE), int(CommOp.BROADCAST), int(CommOp.REDUCE)
                int(CommOp.ALL_GATHER), int(CommOp.REDUCE_SCATTER)}
 
 
+_ANON = re.compile(r"\(anonymous namespace\)::|<unnamed>::|\{anonymous\}::")
+
+
 def comm_op_from_name(name: str) -> CommOp:
-    """Map a collective name (NCCL/RCCL kernel, c10d op, ``nccl:all_reduce``) to CommOp."""
-    n = name.removeprefix("void ")
+    """Map a collective name (NCCL/RCCL kernel, c10d op, ``nccl:all_reduce``) to CommOp
+    (``NONE`` for a communication library's local kernel, ``UNKNOWN`` when the name does not
+    say). Anonymous namespaces are dropped before the argument list is cut off
+    (``void (anonymous namespace)::multimem_all_reduce_kernel<...>(...)``)."""
+    n = _ANON.sub("", name.removeprefix("void "))
     if n.startswith(("ncclKernel_", "ncclDevKernel_", "rcclKernel_")):
         n = n.split("_", 1)[1]
     n = n.split("(", 1)[0]

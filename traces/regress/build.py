@@ -184,8 +184,47 @@ def graph_capture() -> None:
     k.write(HERE / "graph-capture" / "rank0.json")
 
 
+#: b200-multimem: symmetric-memory all-reduces of a [4096, 7168] bf16 tensor, launched by
+#: the CPU op symm_mem::multimem_all_reduce_ (its Input Dims and type carry the size)
+MM_KERNEL = ("void (anonymous namespace)::multimem_all_reduce_kernel<c10::BFloat16, 16>"
+             "(c10::BFloat16*, unsigned long, unsigned int**, unsigned long, unsigned long)")
+MM_DIMS, MM_CALLS_MS = [4096, 7168], [1.0, 3.0, 5.0]
+
+
+def b200_multimem() -> None:
+    """A B200 trace with PyTorch symmetric-memory (NVLS multimem) all-reduces, rank 0 of 8."""
+    k = Kineto(0, 8)
+    for t in MM_CALLS_MS:
+        k.host("symm_mem::multimem_all_reduce_", t * 1e3, 40.0, **{
+            "Input Dims": [MM_DIMS, [], []], "Input type": ["c10::BFloat16", "", ""],
+            "Input Strides": [[MM_DIMS[1], 1], [], []]})
+        k.launch(MM_KERNEL, t * 1e3 + 10.0, t * 1e3 + 30.0, 150.0)
+    k.write(HERE / "b200-multimem" / "rank0.json")
+
+
+#: deepep-kernels: one MoE layer's DeepEP kernels as DeepSeek's train.json names them
+#: (name, expected primitive; None: a local kernel, not communication)
+DEEPEP = [("dpsk::ep::cuda::get_dispatch_layout", None),
+          ("dpsk::ep::internode::cached_notify", "BARRIER"),
+          ("dpsk::ep::internode::notify_dispatch", "ALL_TO_ALL"),
+          ("dpsk::ep::internode::dispatch", "ALL_TO_ALL"),
+          ("dpsk::ep::internode::combine", "ALL_TO_ALL")]
+
+
+def deepep_kernels() -> None:
+    """DeepSeek's train.json (H800, DeepEP expert parallelism), rank 0 of 16."""
+    k = Kineto(0, 16)
+    for j, (name, _) in enumerate(DEEPEP):
+        t = 1.0 + j
+        k.host("aten::empty", t * 1e3 - 20.0, 10.0)
+        k.launch(name, t * 1e3, t * 1e3 + 20.0, 200.0, stream=30)
+    k.write(HERE / "deepep-kernels" / "rank0.json")
+
+
 if __name__ == "__main__":
     queue_lag_first_step()
     empty_trailing_step()
     all_to_all_off_by_one()
     graph_capture()
+    b200_multimem()
+    deepep_kernels()
