@@ -101,7 +101,23 @@ def section_breakdown(run: RunAnalysis, *, top: int) -> Section:
     s.blocks.append(people_table(rows, cols, caption="Mean step per rank, slowest first",
                                  top=top, what="rank groups" if n < len(b) else "ranks",
                                  csv_name="breakdown_per_rank", csv_frame=full, same_unit=True))
+    if run.steps > 1:
+        s.blocks.append(per_step_table(run, top=top))
     return s
+
+
+def per_step_table(run: RunAnalysis, *, top: int):
+    """One row per step: its time (the slowest rank's window) and that rank's parts; the
+    headline's step time is their mean and its spread their relative standard deviation."""
+    bd = run.bd
+    rows = bd.loc[bd.groupby("step")["step_ns"].idxmax()].sort_values("step")
+    cols = [Column("step", "Step", "count"), Column("rank", "Slowest rank", "count"),
+            Column("step_ns", "Step", "time"), *_PART_COLS,
+            Column("gpu_busy_frac", "GPU busy", "pct")]
+    return people_table(rows, cols, caption="Each step (the slowest rank's window)", top=top,
+                        what="steps", csv_name="breakdown_per_step",
+                        csv_frame=bd[["rank", "step", "start_ns", "end_ns", "step_ns", *PARTS,
+                                      "gpu_busy_frac"]], same_unit=True)
 
 
 def _timeline_rows(run: RunAnalysis) -> tuple[pd.DataFrame, list[str], str]:

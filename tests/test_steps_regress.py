@@ -121,3 +121,21 @@ def test_analyze_by_step_has_one_row_per_step(tmp_path, capsys):
     out = capsys.readouterr().out
     assert all(f"step {k:>6}:" in out for k in (550, 551, 552, 553))
     assert "4 steps, step-to-step spread 0.4%" in out
+
+
+def test_report_has_one_row_per_step():
+    """The report lists each step (its time and parts) next to the mean the headline shows."""
+    t = read([REGRESS / "queue-lag-first-step"])
+    rep = build_report(t)
+    table = next(tb for s in rep.sections for tb in s.tables
+                 if tb.caption.startswith("Each step"))
+    col = table.header.index("Step (ms)") if "Step (ms)" in table.header else None
+    assert [int(r[0]) for r in table.rows] == [550, 551, 552, 553]
+    want = [(b - a) / MS for a, b in _lag_windows_ns()]
+    if col is None:  # times written with their unit
+        got = [float(str(r[2]).split()[0].replace(",", "")) for r in table.rows]
+    else:
+        got = [float(str(r[col]).replace(",", "")) for r in table.rows]
+    np.testing.assert_allclose(got, want, rtol=5e-4)  # shown to 4 significant digits
+    head = dict((label, note) for label, _, note in rep.headline)
+    assert "step-to-step spread 0.4%" in head["Step time"]
