@@ -52,6 +52,9 @@ def replay_cmd(
         s["whatif"] = result.meta["whatif"]
         # "measured" is the input trace as recorded (a re-laid-out what-if has new ops)
         s["step_time_ns"]["measured"] = result.meta["whatif"]["baseline_measured_step_time_ns"]
+    # GPU work the measured step figures leave out or the trace cannot show
+    from retime.analysis.coverage import unseen_notes, unseen_work
+    s["notes"] = unseen_notes(unseen_work(trace))
     if output is not None:
         result.to_trace().save(output)
         s["output"] = str(output)
@@ -78,5 +81,7 @@ def replay_cmd(
             f"{r['replayed_ns'] / 1e6:.3f} ms ({err:+.2%}{per})")
     for note in s.get("whatif", {}).get("assumed", []):
         say(f"  assumed: {note}")
+    for note in s["notes"]:
+        say(f"  note: {note}")
     if output is not None:
         say(f"wrote {output} (view with `retime export {output} --chrome OUT.json`)")

@@ -56,6 +56,8 @@ def test_gpu_ops_queued_before_the_trace_are_named(tmp_path, capsys):
         assert any("968 GPU ops" in n for n in an["notes"])
     assert run(["analyze", str(src)]) == 0
     assert "note: 968 GPU ops" in capsys.readouterr().out
+    assert run(["replay", str(src), "--json"]) == 0  # replay's step figures: the same note
+    assert any("968 GPU ops" in n for n in json.loads(capsys.readouterr().out)["notes"])
     rep = build_report(t)
     head = {label: (value, note) for label, value, note in rep.headline}
     value, note = head["Excluded GPU work"]
