@@ -77,7 +77,7 @@ def analysis_summary(res: dict[str, Any]) -> dict[str, Any]:
 _ROWS_SHOWN = 40
 
 
-def top_shown(n: int) -> int:
+def _top_shown(n: int) -> int:
     """How many rows of a long list the text output shows."""
     return min(n, 10)
 
@@ -174,6 +174,6 @@ def analyze_cmd(
     un = s["comm_unmatched"]
     if un:
         say(f"  unmatched collective instances (left out of wait and skew): {len(un)}")
-        for r in un[:top_shown(len(un))]:
+        for r in un[:_top_shown(len(un))]:
             say(f"    {r['comm_op']} group {r['group_id']} step {r['step']}: "
                 f"{r['bytes'] / 1e6:.3f} MB, {r['reason']}")
