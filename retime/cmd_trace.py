@@ -124,20 +124,19 @@ def _empty_steps(es) -> list[dict]:
             for r in es.itertuples()]
 
 
-def _streamed_empty_steps(path: Path, small: dict):
-    """:func:`collectors.steps.empty_steps` of a rank-partitioned store: its step ranges
-    against the (rank, step) pairs its ops have."""
+def _streamed_empty_steps(path: Path):
+    """:func:`collectors.steps.empty_steps` of a rank-partitioned store, a batch of ranks at
+    a time (their step ranges against the (rank, step) pairs their ops have)."""
     import pandas as pd
 
+    from retime.analysis.stream import iter_rank_traces
     from retime.collectors.steps import empty_steps
-    from retime.collectors.store import op_totals, scan_table
-    from retime.collectors.trace import Trace
 
-    ops = op_totals(path, by=["rank", "step"])[["rank", "step"]]
-    t = Trace(ops=ops, lanes=small["lanes"], edges=pd.DataFrame(),
-              ranges=scan_table(path, "ranges"), groups=small["groups"], memory=pd.DataFrame(),
-              strings=small["strings"], meta={})
-    return empty_steps(t)
+    parts = [empty_steps(t) for t in iter_rank_traces(path, columns=["rank", "step"],
+                                                      ranges=True)]
+    parts = [p for p in parts if len(p)]
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(
+        {"rank": [], "step": [], "start_ns": [], "end_ns": []})
 
 
 def info_summary(trace: Trace) -> dict:
@@ -190,7 +189,7 @@ def info_summary_streamed(path: Path) -> dict:
         "lanes": {k.name: int((lk == k).sum()) for k in LaneKind if (lk == k).any()},
         "groups": len(small["groups"]),
         "steps": sorted(int(x) for x in steps["step"] if x >= 0),
-        "empty_steps": _empty_steps(_streamed_empty_steps(path, small)),
+        "empty_steps": _empty_steps(_streamed_empty_steps(path)),
         "span_ns": [{"rank": int(r.rank), "span_ns": int(r.span_ns)}
                     for r in rank_spans(path).itertuples()],
         "devices": meta.get("devices", {}),

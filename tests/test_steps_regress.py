@@ -72,6 +72,15 @@ def test_empty_trailing_step_is_no_step_in_any_command(tmp_path, capsys):
     info = json.loads(capsys.readouterr().out)
     assert info["steps"] == [1]
     assert info["empty_steps"] == [{"rank": 0, "step": 2, "dur_ns": 49_000}]
+    # a rank-partitioned store (summarized without loading it) says the same
+    part = tmp_path / "e-rank.retime"
+    assert run(["ingest", str(REGRESS / "empty-trailing-step"), "-o", str(part),
+                "--layout", "rank", "--json"]) == 0
+    capsys.readouterr()
+    assert run(["info", str(part), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["steps"] == [1] and info["empty_steps"] == [{"rank": 0, "step": 2,
+                                                             "dur_ns": 49_000}]
     for stream in ("--stream", "--no-stream"):
         assert run(["analyze", str(src), stream, "--json"]) == 0
         an = json.loads(capsys.readouterr().out)
