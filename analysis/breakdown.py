@@ -105,7 +105,8 @@ def breakdown(x: Any, *, by: str = "step") -> pd.DataFrame:
     ----------
     x : Trace or ReplayResult
     by : ``"step"`` (one row per rank and step) or ``"rank"`` (one row per rank, window =
-        the union of its step windows, from its first step's start to its last step's end)
+        the union of its step windows, from its first step's start to its last step's end;
+        a ``steps`` column counts them: the row is their sum, not one step)
 
     Returns
     -------
@@ -173,16 +174,29 @@ def breakdown(x: Any, *, by: str = "step") -> pd.DataFrame:
     })
     with np.errstate(divide="ignore", invalid="ignore"):
         out["gpu_busy_frac"] = np.where(step_ns > 0, u_cmy / np.maximum(step_ns, 1), np.nan)
+    if by == "rank":
+        sw = step_windows(t)
+        n_steps = sw.groupby("rank").size()
+        out.insert(2, "steps", n_steps.reindex(out["rank"].to_numpy()).fillna(0).to_numpy()
+                   .astype(np.int64))
     return out
 
 
 def summarize_breakdown(bd: pd.DataFrame) -> pd.DataFrame:
-    """Mean over steps per rank, plus each part as a fraction of the step (``*_frac``)."""
+    """Mean over steps per rank, plus each part as a fraction of the step (``*_frac``).
+    Rows of ``breakdown(by="rank")`` (a rank's steps summed, counted in ``steps``) give the
+    same means as the per-step rows: the steps' windows tile the rank's row."""
     if len(bd) == 0:
         return bd.copy()
     cols = ["step_ns", *PARTS, "busy_ns"]
-    s = bd.groupby("rank", sort=True)[cols].mean().reset_index()
-    s.insert(1, "steps", bd.groupby("rank", sort=True).size().to_numpy())
+    if "steps" in bd.columns:  # per rank: sums over its steps
+        g = bd.groupby("rank", sort=True)
+        n = g["steps"].sum()
+        s = (g[cols].sum().div(n.where(n > 0), axis=0)).reset_index()
+        s.insert(1, "steps", n.to_numpy())
+    else:
+        s = bd.groupby("rank", sort=True)[cols].mean().reset_index()
+        s.insert(1, "steps", bd.groupby("rank", sort=True).size().to_numpy())
     for p in PARTS:
         s[p.replace("_ns", "_frac")] = s[p] / s["step_ns"].where(s["step_ns"] > 0)
     s["gpu_busy_frac"] = s["busy_ns"] / s["step_ns"].where(s["step_ns"] > 0)

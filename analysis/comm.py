@@ -8,9 +8,14 @@ A member's measured kernel time includes waiting for the last rank to arrive, so
 time of an instance is taken from the last arriver: ``transfer_ns = max(end) - max(start)``.
 ``skew_ns = max(start) - min(start)`` is the arrival skew and ``wait_ns`` the time all
 members together spent waiting for the last one (``sum(max(start) - start_i)``).
-Ops without a cross-rank instance (single-rank traces, unmatched ones) are their own
-instance with one member: skew and wait are then 0 and their transfer time includes any
-waiting that the trace cannot show.
+Only *matched* instances have a skew, a wait and a last arriver: a ``coll_id`` whose
+members are every rank of its group, once each, all of one primitive. An instance with
+members missing (ranks not in the trace: 2 of 128 ranks, say) or a lone op (single-rank
+traces, ops the ingest could not pair) has ``matched`` False, NaN ``skew_ns``/``wait_ns``
+and ``last_rank`` -1: the rank that arrived last may not be in the trace, so any wait
+figure would be a guess. Their transfer time includes any waiting the trace cannot show.
+:func:`comm_summary` counts ``matched``/``unmatched`` instances and takes wait and skew from
+the matched ones only; :func:`rank_wait` likewise.
 """
 
 from __future__ import annotations
@@ -24,7 +29,8 @@ from retime.collectors.enums import CommOp
 
 from ._util import COMM_KINDS, as_trace, op_ends_ns
 
-__all__ = ["busbw_factor", "collectives", "comm_summary", "rank_wait"]
+__all__ = ["busbw_factor", "collectives", "comm_summary", "rank_wait", "matched_coll_ids",
+           "unmatched_collectives"]
 
 
 def busbw_factor(comm_op: np.ndarray | int, n_ranks: np.ndarray | int) -> np.ndarray:
@@ -45,6 +51,26 @@ def _group_sizes(trace) -> dict[int, int]:
     return {int(gid): len(r) for gid, r in zip(g["group_id"], g["ranks"])} if len(g) else {}
 
 
+def matched_coll_ids(x: Any) -> np.ndarray:
+    """The ``coll_id`` of every matched instance (module docstring), sorted."""
+    t = as_trace(x)
+    o = t.ops
+    m = np.isin(o["kind"].to_numpy(), COMM_KINDS) & (o["coll_id"].to_numpy() >= 0)
+    if not m.any():
+        return np.zeros(0, np.int64)
+    df = pd.DataFrame({"c": o["coll_id"].to_numpy()[m], "r": o["rank"].to_numpy()[m],
+                       "op": o["comm_op"].to_numpy()[m], "g": o["group_id"].to_numpy()[m]})
+    g = df.groupby("c", sort=True).agg(n=("r", "size"), nr=("r", "nunique"),
+                                       nop=("op", "nunique"), g=("g", "first"))
+    sizes = _group_sizes(t)
+    gs = (pd.Series(sizes, dtype=np.int64).reindex(g["g"].to_numpy(), fill_value=0).to_numpy()
+          if sizes else np.zeros(len(g), np.int64))
+    want = np.where(gs > 0, gs, 0)
+    ok = (g["n"].to_numpy() == g["nr"].to_numpy()) & (g["nop"].to_numpy() == 1) & \
+        (g["n"].to_numpy() > 1) & (g["n"].to_numpy() == want)
+    return g.index.to_numpy()[ok].astype(np.int64)
+
+
 def collectives(x: Any) -> pd.DataFrame:
     """One row per collective instance (cross-rank ``coll_id``, or a lone op).
 
@@ -54,7 +80,7 @@ def collectives(x: Any) -> pd.DataFrame:
     ``group_id``, ``step``, ``n_ranks`` (group size when known, else members), ``members``,
     ``bytes``, ``first_start_ns``, ``last_start_ns``, ``end_ns``, ``skew_ns``, ``wait_ns``,
     ``mean_dur_ns``, ``transfer_ns``, ``algbw_gbps``, ``busbw_gbps``, ``last_rank`` (the last
-    arriver).
+    arriver), ``matched`` (skew, wait and last arriver are NaN / -1 when False).
     """
     t = as_trace(x)
     o = t.ops
@@ -75,7 +101,8 @@ def collectives(x: Any) -> pd.DataFrame:
     if len(df) == 0:
         cols = ["coll_id", "op_id", "comm_op", "group_id", "step", "n_ranks", "members",
                 "bytes", "first_start_ns", "last_start_ns", "end_ns", "skew_ns", "wait_ns",
-                "mean_dur_ns", "transfer_ns", "algbw_gbps", "busbw_gbps", "last_rank"]
+                "mean_dur_ns", "transfer_ns", "algbw_gbps", "busbw_gbps", "last_rank",
+                "matched"]
         return pd.DataFrame({c: [] for c in cols})
     df["last_start"] = df.groupby("key")["start_ns"].transform("max")
     df["waited"] = df["last_start"] - df["start_ns"]
@@ -95,7 +122,11 @@ def collectives(x: Any) -> pd.DataFrame:
     gs = (pd.Series(sizes, dtype=np.int64).reindex(gid, fill_value=0).to_numpy()
           if sizes else np.zeros(len(gid), np.int64))
     s.insert(5, "n_ranks", np.where(gs > 0, gs, s["members"].to_numpy()))
-    s["skew_ns"] = s["last_start_ns"] - s["first_start_ns"]
+    ok = np.isin(s["coll_id"].to_numpy(), matched_coll_ids(t))
+    s["matched"] = ok
+    s["skew_ns"] = np.where(ok, s["last_start_ns"] - s["first_start_ns"], np.nan)
+    s["wait_ns"] = np.where(ok, s["wait_ns"], np.nan)
+    s["last_rank"] = np.where(ok, s["last_rank"], -1)
     s["transfer_ns"] = s["end_ns"] - s["last_start_ns"]
     with np.errstate(divide="ignore", invalid="ignore"):
         alg = np.where(s["transfer_ns"] > 0,
@@ -109,7 +140,7 @@ def collectives(x: Any) -> pd.DataFrame:
                             names[np.clip(code, 0, len(names) - 1)], "UNKNOWN")
     order = ["coll_id", "op_id", "comm_op", "group_id", "step", "n_ranks", "members", "bytes",
              "first_start_ns", "last_start_ns", "end_ns", "skew_ns", "wait_ns", "mean_dur_ns",
-             "transfer_ns", "algbw_gbps", "busbw_gbps", "last_rank"]
+             "transfer_ns", "algbw_gbps", "busbw_gbps", "last_rank", "matched"]
     return s[order].sort_values(["first_start_ns", "op_id"], kind="mergesort").reset_index(drop=True)
 
 
@@ -122,14 +153,19 @@ def comm_summary(x: Any | pd.DataFrame) -> pd.DataFrame:
     c = x if isinstance(x, pd.DataFrame) else collectives(x)
     if len(c) == 0:
         return pd.DataFrame({k: [] for k in ["group_id", "comm_op", "n_ranks", "instances",
-                                             "total_bytes", "transfer_ns", "wait_ns",
-                                             "mean_skew_ns", "max_skew_ns", "algbw_gbps",
-                                             "busbw_gbps"]})
+                                             "matched", "unmatched", "total_bytes",
+                                             "transfer_ns", "wait_ns", "mean_skew_ns",
+                                             "max_skew_ns", "algbw_gbps", "busbw_gbps"]})
     g = c.groupby(["group_id", "comm_op"], sort=True)
     s = g.agg(n_ranks=("n_ranks", "max"), instances=("op_id", "size"),
+              matched=("matched", "sum"),
               total_bytes=("bytes", "sum"), transfer_ns=("transfer_ns", "sum"),
-              wait_ns=("wait_ns", "sum"), mean_skew_ns=("skew_ns", "mean"),
+              wait_ns=("wait_ns", lambda v: v.sum(min_count=1)),
+              mean_skew_ns=("skew_ns", "mean"),
               max_skew_ns=("skew_ns", "max")).reset_index()
+    s["matched"] = s["matched"].astype(np.int64)
+    s["wait_ns"] = s["wait_ns"].astype(np.float64)
+    s.insert(s.columns.get_loc("matched") + 1, "unmatched", s["instances"] - s["matched"])
     with np.errstate(divide="ignore", invalid="ignore"):
         alg = np.where((s["transfer_ns"] > 0) & (s["total_bytes"] > 0),
                        s["total_bytes"] / s["transfer_ns"].where(s["transfer_ns"] > 0), np.nan)
@@ -147,6 +183,7 @@ def rank_wait(x: Any) -> pd.DataFrame:
     t = as_trace(x)
     o = t.ops
     m = np.isin(o["kind"].to_numpy(), COMM_KINDS) & (o["coll_id"].to_numpy() >= 0)
+    m &= np.isin(o["coll_id"].to_numpy(), matched_coll_ids(t))  # matched instances only
     df = pd.DataFrame({"rank": o["rank"].to_numpy()[m], "coll_id": o["coll_id"].to_numpy()[m],
                        "start_ns": o["start_ns"].to_numpy()[m]})
     if len(df) == 0:
@@ -158,3 +195,20 @@ def rank_wait(x: Any) -> pd.DataFrame:
                                            wait_ns=("wait_ns", "sum"),
                                            last_arrivals=("is_last", "sum")).reset_index()
     return r
+
+
+def unmatched_collectives(c: pd.DataFrame) -> pd.DataFrame:
+    """The unmatched instances of a :func:`collectives` frame with why: ``coll_id``,
+    ``comm_op``, ``group_id``, ``step``, ``members``, ``n_ranks``, ``bytes``,
+    ``first_start_ns``, ``end_ns``, ``reason``."""
+    cols = ["coll_id", "comm_op", "group_id", "step", "members", "n_ranks", "bytes",
+            "first_start_ns", "end_ns"]
+    u = c[~c["matched"].astype(bool)] if len(c) else c
+    if len(u) == 0:
+        return pd.DataFrame({k: [] for k in [*cols, "reason"]})
+    u = u[cols].reset_index(drop=True)
+    lone = u["coll_id"].to_numpy() < 0
+    u["reason"] = np.where(lone, "no partner paired on another rank",
+                           [f"{m} of {n} group members in the trace"
+                            for m, n in zip(u["members"], u["n_ranks"])])
+    return u

@@ -32,6 +32,7 @@ from retime.collectors.trace import Trace
 
 from ._util import as_trace, memo_scope
 from .breakdown import PARTS
+from .coverage import excludes_gpu_work, hides_gpu_work, unseen_notes, unseen_work
 from .report_compare import build_sweep_sections, comparison_finding, section_comparison
 from .report_findings import findings as run_findings
 from .report_model import Fig, Report, Section, now_utc
@@ -143,11 +144,17 @@ def _build_report(x: Any, *, baseline: Any | None, title: str | None, top: int) 
     else:
         busy = float(run.bd["busy_ns"].sum() / max(run.bd["step_ns"].sum(), 1))
         headline.append(("GPU busy", fmt_pct(busy), "share of the step with any GPU op running"))
+    unseen = unseen_work(t)
+    hidden = hides_gpu_work(unseen)
     if kind == "run" and len(run.bd):
         parts = run.slow_parts
         top_part = max(PARTS, key=lambda q: parts[q])
         headline.append(("Largest part", _SHORT_PART[top_part],
-                         f"{fmt_pct(parts[top_part] / st)} of the slowest rank's step"))
+                         f"{fmt_pct(parts[top_part] / st)} of the slowest rank's step" + (
+                             "; not a conclusion: the GPU work of graph replays is not in "
+                             "the trace" if hidden and top_part in ("host_bound_ns", "idle_ns")
+                             else "")))
+    headline.extend(_unseen_headline(unseen))
     facts = source_facts(base.t if (base is not None and kind == "whatif") else t,
                          world_size=t.world_size)
     steps_fact = (f"{run.steps} ({run.window.why} drawn)" if run.steps > 1 else
@@ -188,6 +195,10 @@ def _build_report(x: Any, *, baseline: Any | None, title: str | None, top: int) 
                                          f"ideal replay; the largest single contributor is "
                                          f"{g0['group'].replace('_', ' ')} {g0['key']} "
                                          f"({g0['cost_pct']:+.1f}%)."))
+    if hidden:  # no host-bound or idle verdict from GPU work the trace does not show
+        fnd = [(w, f) for w, f in fnd if not f.startswith(("The job is host-bound",
+                                                            "Nothing runs for"))]
+        fnd.append((10.0, unseen_notes(unseen)[-1]))
     ranked = [s for _, s in sorted(fnd, key=lambda z: -z[0])]
     if base is not None:
         what = ("The what-if " + ", ".join(f"{k} = {v}" for k, v, _ in scenario)
@@ -200,12 +211,28 @@ def _build_report(x: Any, *, baseline: Any | None, title: str | None, top: int) 
                ("HFU", fmt_pct(je["hfu"]) if je["hfu"] == je["hfu"] else "unknown"),
                ("Critical path", fmt_ns(run.cp.attrs["length_ns"])),
                ("Ranks / steps", f"{run.n_ranks} / {run.steps}"), ("Ops", f"{t.n_ops:,}")]
+    summary.extend((label, value) for label, value, _ in _unseen_headline(unseen))
     if base is not None or base_step:
         a = base.step_ns if base is not None else base_step
         summary.insert(0, (f"{la.capitalize()} step time", fmt_ns(a)))
     return Report(title=name, kind=kind, headline=headline, facts=facts,
                   findings=ranked[:4 if base is not None else 3], sections=secs,
                   scenario=scenario, summary=summary, generated=now_utc())
+
+
+def _unseen_headline(u: dict[str, int]) -> list[tuple[str, str, str]]:
+    """Headline rows naming the GPU work the step figures leave out or the trace cannot
+    show (:mod:`analysis.coverage`); none when there is none."""
+    rows = []
+    notes = unseen_notes(u)
+    if excludes_gpu_work(u):
+        rows.append(("Excluded GPU work", (f"{u['without_launch_ops']:,} ops without launch, "
+                                           if u["without_launch_ops"] else "")
+                     + f"{fmt_ns(u['outside_steps_ns'])} outside the steps", notes[0]))
+    if hides_gpu_work(u):
+        rows.append(("Unseen GPU work", f"{u['captured_launches']:,} captured launches, "
+                     f"{u['graph_launches']:,} graph launches", notes[-1]))
+    return rows
 
 
 def _default_name(t: Trace) -> str:

@@ -46,8 +46,11 @@ def collective_waits(t) -> pd.DataFrame:
     """Who waits for whom: per (waiting rank, last-arriving rank, primitive) the total time
     the rank spent in collectives waiting for that rank to arrive. Columns ``rank``,
     ``late_rank``, ``comm_op``, ``instances``, ``wait_ns``; sorted by wait, longest first."""
+    from .comm import matched_coll_ids
+
     o = t.ops
     m = np.isin(o["kind"].to_numpy(), COMM_KINDS) & (o["coll_id"].to_numpy() >= 0)
+    m &= np.isin(o["coll_id"].to_numpy(), matched_coll_ids(t))  # matched instances only
     df = pd.DataFrame({"rank": o["rank"].to_numpy()[m], "coll": o["coll_id"].to_numpy()[m],
                        "start": o["start_ns"].to_numpy()[m], "op": o["comm_op"].to_numpy()[m]})
     cols = ["rank", "late_rank", "comm_op", "instances", "wait_ns"]

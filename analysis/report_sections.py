@@ -101,7 +101,23 @@ def section_breakdown(run: RunAnalysis, *, top: int) -> Section:
     s.blocks.append(people_table(rows, cols, caption="Mean step per rank, slowest first",
                                  top=top, what="rank groups" if n < len(b) else "ranks",
                                  csv_name="breakdown_per_rank", csv_frame=full, same_unit=True))
+    if run.steps > 1:
+        s.blocks.append(per_step_table(run, top=top))
     return s
+
+
+def per_step_table(run: RunAnalysis, *, top: int):
+    """One row per step: its time (the slowest rank's window) and that rank's parts; the
+    headline's step time is their mean and its spread their relative standard deviation."""
+    bd = run.bd
+    rows = bd.loc[bd.groupby("step")["step_ns"].idxmax()].sort_values("step")
+    cols = [Column("step", "Step", "count"), Column("rank", "Slowest rank", "count"),
+            Column("step_ns", "Step", "time"), *_PART_COLS,
+            Column("gpu_busy_frac", "GPU busy", "pct")]
+    return people_table(rows, cols, caption="Each step (the slowest rank's window)", top=top,
+                        what="steps", csv_name="breakdown_per_step",
+                        csv_frame=bd[["rank", "step", "start_ns", "end_ns", "step_ns", *PARTS,
+                                      "gpu_busy_frac"]], same_unit=True)
 
 
 def _timeline_rows(run: RunAnalysis) -> tuple[pd.DataFrame, list[str], str]:
@@ -268,7 +284,7 @@ def section_comm(run: RunAnalysis, *, top: int) -> Section | None:
     # groups with identical figures (e.g. the 16 tensor-parallel groups of a modeled run)
     # are one row
     same = ["comm_op", "n_ranks", "instances", "total_bytes", "transfer_ns", "wait_ns"]
-    gid = cs[same].round(0).astype(str).agg("|".join, axis=1)
+    gid = cs[same].round(0).fillna(-1).astype(str).agg("|".join, axis=1)
     first = cs.groupby(gid, sort=False).head(1).copy()
     names_of = cs.groupby(gid, sort=False)["group"].agg(list)
     first["group"] = [(lambda g: g[0] if len(g) == 1 else

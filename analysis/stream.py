@@ -34,12 +34,14 @@ import pyarrow.parquet as pq
 from retime.collectors.enums import OpKind
 from retime.collectors.errors import RetimeError
 from retime.collectors.kernel_classes import CLASS_NAMES, op_classes
+from retime.collectors.steps import empty_steps
 from retime.collectors.store import rank_rows, read_small_tables, scan_table, store_layout
 from retime.collectors.trace import RANGES_SCHEMA, Trace, _frame, read_trace
 
 from ._util import COMM_KINDS, step_windows
 from .breakdown import breakdown
-from .comm import collectives, comm_summary, rank_wait
+from .comm import collectives, comm_summary, rank_wait, unmatched_collectives
+from .coverage import combine_unseen, unseen_work
 
 __all__ = ["rank_batches", "iter_rank_traces", "stream_step_times", "stream_breakdown",
            "stream_kernel_stats", "stream_collectives", "stream_comm_summary",
@@ -47,7 +49,8 @@ __all__ = ["rank_batches", "iter_rank_traces", "stream_step_times", "stream_brea
 
 _BATCH_ROWS = 1 << 21
 #: ops columns each streamed analysis reads
-_BREAKDOWN_COLS = ["rank", "lane", "kind", "name_id", "step", "start_ns", "dur_ns"]
+_BREAKDOWN_COLS = ["rank", "lane", "kind", "name_id", "step", "start_ns", "dur_ns",
+                   "correlation"]  # correlation: launch waits of the first step's cut
 _KERNEL_COLS = ["rank", "lane", "kind", "name_id", "dur_ns"]
 _COMM_COLS = ["op_id", "rank", "kind", "coll_id", "comm_op", "group_id", "step", "bytes",
               "start_ns", "dur_ns"]
@@ -113,7 +116,8 @@ def stream_step_times(path: str | os.PathLike[str], *,
     spanning all its ops); equals
     ``analysis._util.step_windows(read_trace(path))`` with ``step_ns`` added."""
     parts = [step_windows(t) for t in iter_rank_traces(
-        path, columns=["rank", "lane", "step", "start_ns", "dur_ns"], ranges=True,
+        path, columns=["rank", "lane", "kind", "step", "start_ns", "dur_ns", "correlation"],
+        ranges=True,
         batch_rows=batch_rows)]
     out = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(
         {"rank": np.zeros(0, np.int32), "step": np.zeros(0, np.int32),
@@ -262,7 +266,10 @@ def store_analysis(path: str | os.PathLike[str], *, stream: bool | None = None,
     ``breakdown_summary`` (:func:`analysis.breakdown.summarize_breakdown`), ``top_ops``
     (:func:`analysis.kernels.kernel_stats`), ``unclassified`` (the top device-op names of
     class ``other``: no rule of :mod:`collectors.kernel_classes` knows them), ``comm``
-    (:func:`analysis.comm.comm_summary`), ``rank_wait``; and ``mode`` (``"stream"`` or
+    (:func:`analysis.comm.comm_summary`), ``comm_unmatched``
+    (:func:`analysis.comm.unmatched_collectives`), ``rank_wait``, ``empty_steps``
+    (:func:`collectors.steps.empty_steps`: profiler steps without ops, left out); ``unseen``
+    (a dict, :func:`analysis.coverage.unseen_work`); and ``mode`` (``"stream"`` or
     ``"memory"``) under ``"mode"``.
     """
     from .breakdown import summarize_breakdown
@@ -274,29 +281,39 @@ def store_analysis(path: str | os.PathLike[str], *, stream: bool | None = None,
         stream = should_stream(path)
     if stream:
         # one pass over the rank batches for everything that is per rank
-        sw, bd, kp = [], [], []
+        sw, bd, kp, es, un = [], [], [], [], []
         cols = list(dict.fromkeys(_BREAKDOWN_COLS + _KERNEL_COLS))
         for t in iter_rank_traces(path, columns=cols, ranges=True, batch_rows=batch_rows):
             sw.append(step_windows(t))
             bd.append(breakdown(t, by=by))
             kp.append(_kernel_partial(t))
+            es.append(empty_steps(t))
+            un.append(unseen_work(t))
         w = pd.concat(sw, ignore_index=True) if sw else stream_step_times(path)
         w["step_ns"] = w["end_ns"] - w["start_ns"]
         ks = _kernel_final(kp, _Small(Path(path)).strings, None)
         out = {"step_times": w,
                "breakdown": pd.concat(bd, ignore_index=True) if bd else stream_breakdown(path),
-               "top_ops": ks.head(top).reset_index(drop=True)}
+               "top_ops": ks.head(top).reset_index(drop=True),
+               "empty_steps": pd.concat(es, ignore_index=True) if es else empty_steps(
+                   _Small(Path(path)).trace(scan_table(Path(path), "ops", ranks=[])))}
         ct, oid = _comm_trace(path, batch_rows)  # one scan of the comm ops for both
-        out["comm"] = comm_summary(_collectives(ct, oid))
+        co = _collectives(ct, oid)
+        out["unseen"] = combine_unseen(un)  # type: ignore[assignment]
+        out["comm"] = comm_summary(co)
+        out["comm_unmatched"] = unmatched_collectives(co)
         out["rank_wait"] = rank_wait(ct)
     else:
         t = read_trace(path)
         w = step_windows(t)
         w["step_ns"] = w["end_ns"] - w["start_ns"]
         ks = kernel_stats(t)
+        co = collectives(t)
         out = {"step_times": w, "breakdown": breakdown(t, by=by),
-               "top_ops": ks.head(top).reset_index(drop=True), "comm": comm_summary(t),
-               "rank_wait": rank_wait(t)}
+               "top_ops": ks.head(top).reset_index(drop=True), "comm": comm_summary(co),
+               "comm_unmatched": unmatched_collectives(co),
+               "rank_wait": rank_wait(t), "empty_steps": empty_steps(t),
+               "unseen": unseen_work(t)}
     # names the kernel-class table does not know (class "other"), so a user sees them
     u = ks[ks["kernel_class"] == "other"] if len(ks) else ks
     out["unclassified"] = u[["name", "kind", "count", "total_ns", "share"]].head(
@@ -304,4 +321,5 @@ def store_analysis(path: str | os.PathLike[str], *, stream: bool | None = None,
         {c: [] for c in ["name", "kind", "count", "total_ns", "share"]})
     out["breakdown_summary"] = summarize_breakdown(out["breakdown"])
     out["mode"] = "stream" if stream else "memory"  # type: ignore[assignment]
+    out["by"] = by  # type: ignore[assignment]
     return out

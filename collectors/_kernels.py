@@ -194,10 +194,11 @@ def latest_done(op_corr: np.ndarray, op_end: np.ndarray, q_corr: np.ndarray,
 
 
 @njit(cache=True)
-def _align(sa, ta, sb, tb):  # pragma: no cover - compiled
+def _align(sa, ta, sb, tb, a_lo, a_hi, b_lo, b_hi, use_iv):  # pragma: no cover - compiled
     """Order-preserving alignment of two symbol sequences (longest common subsequence).
 
-    Maximizes the number of matched pairs (``sa[i] == sb[j]``, each index used once, pairs
+    Maximizes the number of matched pairs (``sa[i] == sb[j]`` and, with ``use_iv``, the
+    intervals ``[a_lo[i], a_hi[i]]`` and ``[b_lo[j], b_hi[j]]`` overlap; each index used once, pairs
     in increasing ``i`` and ``j``); among alignments with as many pairs, the smallest sum of
     ``|ta[i] - tb[j]|`` over them (the time tie-break that picks the right period of a
     periodic sequence). O(n m) time and memory.
@@ -206,6 +207,9 @@ def _align(sa, ta, sb, tb):  # pragma: no cover - compiled
     ----------
     sa, sb : int64[n], int64[m]  symbols
     ta, tb : int64[n], int64[m]  times (ns) of the elements
+    a_lo, a_hi, b_lo, b_hi : int64[n], int64[n], int64[m], int64[m]  the elements' time
+        intervals (ns; read only with ``use_iv``)
+    use_iv : bool  only elements whose intervals overlap may match
 
     Returns
     -------
@@ -232,7 +236,12 @@ def _align(sa, ta, sb, tb):  # pragma: no cover - compiled
                 bc = c2
                 bx = x2
                 bm = 2
-            if sa[i - 1] == sb[j - 1]:
+            ok = sa[i - 1] == sb[j - 1]
+            if ok and use_iv:
+                lo = a_lo[i - 1] if a_lo[i - 1] > b_lo[j - 1] else b_lo[j - 1]
+                hi = a_hi[i - 1] if a_hi[i - 1] < b_hi[j - 1] else b_hi[j - 1]
+                ok = lo <= hi
+            if ok:
                 d = ta[i - 1] - tb[j - 1]
                 if d < 0:
                     d = -d
@@ -271,15 +280,24 @@ def _align(sa, ta, sb, tb):  # pragma: no cover - compiled
 ALIGN_MAX_CELLS = 40_000_000
 
 
-def align_sequences(sa: np.ndarray, ta: np.ndarray, sb: np.ndarray, tb: np.ndarray
+def align_sequences(sa: np.ndarray, ta: np.ndarray, sb: np.ndarray, tb: np.ndarray,
+                    a_iv: tuple[np.ndarray, np.ndarray] | None = None,
+                    b_iv: tuple[np.ndarray, np.ndarray] | None = None,
                     ) -> tuple[np.ndarray, np.ndarray] | None:
     """Matched index pairs of the order-preserving alignment of ``sa`` and ``sb`` (see
-    :func:`_align`); None when the table would exceed :data:`ALIGN_MAX_CELLS` cells."""
+    :func:`_align`; with ``a_iv``/``b_iv``, (start, end) per element, only elements whose
+    intervals overlap match); None when the table would exceed :data:`ALIGN_MAX_CELLS`
+    cells."""
     if (len(sa) + 1) * (len(sb) + 1) > ALIGN_MAX_CELLS:
         return None
     i64 = np.int64
-    return _align(np.ascontiguousarray(sa, i64), np.ascontiguousarray(ta, i64),
-                  np.ascontiguousarray(sb, i64), np.ascontiguousarray(tb, i64))
+    use = a_iv is not None and b_iv is not None
+    z = np.zeros(0, i64)
+    al, ah = (a_iv if use else (z, z))
+    bl, bh = (b_iv if use else (z, z))
+    c = np.ascontiguousarray
+    return _align(c(sa, i64), c(ta, i64), c(sb, i64), c(tb, i64), c(al, i64), c(ah, i64),
+                  c(bl, i64), c(bh, i64), use)
 
 
 @njit(cache=True)

@@ -12,7 +12,13 @@ one ``coll_id``. Matching, per group:
    when they differ (a partial trace: ranks sampled from a larger job, traces that start or
    stop at different steps) the alignment matches as many calls as possible and, among
    equally good alignments, the one whose members end closest in time (so a step-552
-   all-reduce meets the other rank's step-552 one, not its step-551 one).
+   all-reduce meets the other rank's step-552 one, not its step-551 one). Members of one
+   instance must overlap in time (a collective completes on no rank before every rank
+   joined it): calls whose start-end intervals are disjoint are never paired, even when
+   the k-th-with-k-th pairing would pair more of them (an all-to-all, whose size differs
+   by rank and so is no key, would otherwise meet its neighbour: 1.5 kB with 340 MB). The
+   constraint is dropped for a rank whose clock is not comparable (it would leave fewer
+   than half the matches).
 3. Across groups, the instances must be orderable consistently with every rank's issue
    order (else the replay graph would hold a cycle): where two ranks issued two instances in
    opposite orders, the instance whose members end furthest apart is split into unmatched
@@ -34,10 +40,16 @@ from .enums import CommOp
 __all__ = ["comm_op_from_name", "match_collectives", "DTYPE_BYTES"]
 
 _NAME_RULES: list[tuple[re.Pattern[str], CommOp]] = [
-    (re.compile(r"all_?reduce", re.I), CommOp.ALL_REDUCE),
-    (re.compile(r"all_?gather|allgather", re.I), CommOp.ALL_GATHER),
-    (re.compile(r"reduce_?scatter", re.I), CommOp.REDUCE_SCATTER),
-    (re.compile(r"all_?to_?all|alltoall", re.I), CommOp.ALL_TO_ALL),
+    # library kernels whose names do not spell their primitive
+    (re.compile(r"get_dispatch_layout", re.I), CommOp.NONE),  # DeepEP: local counting
+    (re.compile(r"cached_notify", re.I), CommOp.BARRIER),  # DeepEP: rank barrier + clean-up
+    (re.compile(r"cross_device_reduce", re.I), CommOp.ALL_REDUCE),  # vLLM custom all-reduce
+    (re.compile(r"userbuffers\w*_rs(\b|<|$)", re.I), CommOp.REDUCE_SCATTER),
+    (re.compile(r"userbuffers\w*_ag(\b|<|$)", re.I), CommOp.ALL_GATHER),
+    (re.compile(r"all[-_]?reduce", re.I), CommOp.ALL_REDUCE),
+    (re.compile(r"all[-_]?gather", re.I), CommOp.ALL_GATHER),
+    (re.compile(r"reduce[-_]?scatter", re.I), CommOp.REDUCE_SCATTER),
+    (re.compile(r"all[-_]?to[-_]?all", re.I), CommOp.ALL_TO_ALL),
     (re.compile(r"broadcast|bcast", re.I), CommOp.BROADCAST),
     (re.compile(r"barrier", re.I), CommOp.BARRIER),
     (re.compile(r"sendrecv|send_recv", re.I), CommOp.SEND_RECV),
@@ -63,9 +75,15 @@ _SIZE_KEYED = {int(CommOp.ALL_REDUCE), int(CommOp.BROADCAST), int(CommOp.REDUCE)
                int(CommOp.ALL_GATHER), int(CommOp.REDUCE_SCATTER)}
 
 
+_ANON = re.compile(r"\(anonymous namespace\)::|<unnamed>::|\{anonymous\}::")
+
+
 def comm_op_from_name(name: str) -> CommOp:
-    """Map a collective name (NCCL/RCCL kernel, c10d op, ``nccl:all_reduce``) to CommOp."""
-    n = name.removeprefix("void ")
+    """Map a collective name (NCCL/RCCL kernel, c10d op, ``nccl:all_reduce``) to CommOp
+    (``NONE`` for a communication library's local kernel, ``UNKNOWN`` when the name does not
+    say). Anonymous namespaces are dropped before the argument list is cut off
+    (``void (anonymous namespace)::multimem_all_reduce_kernel<...>(...)``)."""
+    n = _ANON.sub("", name.removeprefix("void "))
     if n.startswith(("ncclKernel_", "ncclDevKernel_", "rcclKernel_")):
         n = n.split("_", 1)[1]
     n = n.split("(", 1)[0]
@@ -122,7 +140,8 @@ def match_collectives(rank: np.ndarray, group: np.ndarray, group_size: np.ndarra
     sym, _, _ = _group_ids([op, size])
     for gi in np.unique(g_inv[~use_seq]).tolist():
         idx = srt[g_inv[srt] == gi]  # the group's ops, by rank and issue order
-        lab = _align_group(rank[idx], sym[idx], t_end[idx])
+        lab = _align_group(rank[idx], sym[idx], t_end[idx],
+                           None if end is None else (order[idx], t_end[idx]))
         label[idx] = lab + nxt
         nxt += int(lab.max()) + 1
     label, split = _break_order_conflicts(rank[srt], label[srt], t_end[srt], nxt)
@@ -139,20 +158,48 @@ def match_collectives(rank: np.ndarray, group: np.ndarray, group_size: np.ndarra
     return out, _stats(out, rank, op, group, group_size, ranks_present, split_inst)
 
 
-def _align_group(rank: np.ndarray, sym: np.ndarray, t: np.ndarray) -> np.ndarray:
+def _kth_overlap(iv: tuple[np.ndarray, np.ndarray] | None, bounds: np.ndarray,
+                 lens: np.ndarray) -> bool:
+    """Do the k-th calls of every rank overlap in time (each k)? True without intervals."""
+    if iv is None:
+        return True
+    lo, hi = iv
+    k = len(lens)
+    m = int(lens[0])
+    return bool((lo.reshape(k, m).max(axis=0) <= hi.reshape(k, m).min(axis=0)).all())
+
+
+def _align_pair(c_sym, c_t, c_iv, sym, t, iv):
+    """Align one rank's calls with the common sequence. With intervals, calls whose times
+    do not overlap cannot be one instance (a collective completes on no rank before every
+    rank has joined it): that constraint is dropped only when it leaves fewer than half the
+    matches of the unconstrained alignment (clocks that are not comparable across ranks)."""
+    free = align_sequences(c_sym, c_t, sym, t)
+    if free is None or c_iv is None or iv is None:
+        return free
+    tied = align_sequences(c_sym, c_t, sym, t, c_iv, iv)
+    return tied if tied is not None and 2 * len(tied[0]) >= len(free[0]) else free
+
+
+def _align_group(rank: np.ndarray, sym: np.ndarray, t: np.ndarray,
+                 iv: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
     """Instance labels (0..) of one group's ops, given sorted by (rank, issue order): the
-    ranks' symbol sequences aligned into one common sequence (module docstring, 2)."""
+    ranks' symbol sequences aligned into one common sequence (module docstring, 2).
+    ``iv``: (start, end) per op; members of one instance must overlap in time."""
     n = len(rank)
     bounds = np.flatnonzero(np.r_[True, rank[1:] != rank[:-1], True])
     seqs = [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
     lens = np.diff(bounds)
     first = sym[seqs[0][0]:seqs[0][1]]
-    if (lens == lens[0]).all() and all(np.array_equal(sym[a:b], first) for a, b in seqs[1:]):
+    if (lens == lens[0]).all() and all(np.array_equal(sym[a:b], first) for a, b in seqs[1:]) \
+            and _kth_overlap(iv, bounds, lens):
         return np.arange(n, dtype=np.int64) - np.repeat(bounds[:-1], lens)  # k-th with k-th
     # progressive alignment against the longest sequence (ties: the lowest rank)
     ref = int(np.argmax(lens))
     a, b = seqs[ref]
     c_sym, c_t = sym[a:b].copy(), t[a:b].copy()
+    c_lo = iv[0][a:b].copy() if iv is not None else None
+    c_hi = iv[1][a:b].copy() if iv is not None else None
     c_lab = np.arange(b - a, dtype=np.int64)
     label = np.full(n, -1, np.int64)
     label[a:b] = c_lab
@@ -160,7 +207,8 @@ def _align_group(rank: np.ndarray, sym: np.ndarray, t: np.ndarray) -> np.ndarray
     for k, (a, b) in enumerate(seqs):
         if k == ref:
             continue
-        res = align_sequences(c_sym, c_t, sym[a:b], t[a:b])
+        res = _align_pair(c_sym, c_t, None if iv is None else (c_lo, c_hi), sym[a:b], t[a:b],
+                          None if iv is None else (iv[0][a:b], iv[1][a:b]))
         if res is None:  # too large to align: the k-th call of each (op, size) per rank
             return _kth_labels(rank, sym)
         ia, ib = res
@@ -188,6 +236,9 @@ def _align_group(rank: np.ndarray, sym: np.ndarray, t: np.ndarray) -> np.ndarray
         c_sym = np.r_[c_sym, sym[a:b][new]][o]
         c_t = np.r_[c_t, t[a:b][new]][o]
         c_lab = np.r_[c_lab, lab[new]][o]
+        if iv is not None:
+            c_lo = np.r_[c_lo, iv[0][a:b][new]][o]
+            c_hi = np.r_[c_hi, iv[1][a:b][new]][o]
     return label
 
 

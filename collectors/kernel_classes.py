@@ -93,6 +93,9 @@ RULES: tuple[tuple[re.Pattern[str], KernelClass], ...] = (
     (re.compile(r"(^|\.)embed\.lookup\.(fwd|bwd)"), _C.EMBEDDING),
     (re.compile(r"(^|\.)head\.cross_entropy\.(fwd|bwd)"), _C.REDUCTION),
     (re.compile(r"^(recompute\.)?optimizer\.\w+$|^optimizer$"), _C.OPTIMIZER),
+    # local kernels of communication libraries (DeepEP's token counting per rank and
+    # expert): before the communication rules
+    (re.compile(r"get_dispatch_layout", _I), _C.REDUCTION),
     # communication (kernels that are not NCCL-named too)
     (re.compile(r"^(void\s+)?(nccl|rccl|msccl)|\bnccl(Dev)?Kernel|\brccl", _I), _C.COMMUNICATION),
     (re.compile(r"multimem_|symmetric_memory::|\bnvls\b|nvshmem|mscclpp|userbuffers|"
@@ -147,6 +150,10 @@ _COMM_WORDS = ("nccl", "rccl", "msccl", "multimem", "symmetric_memory", "nvls", 
                "recv", "lamport")
 
 
+#: kernels of communication libraries that move no data between ranks
+_LOCAL = re.compile(r"get_dispatch_layout", _I)
+
+
 @lru_cache(maxsize=1 << 16)
 def classify_name(name: str) -> KernelClass:
     """The class of one kernel (or op) name; :attr:`KernelClass.OTHER` when no rule knows
@@ -168,6 +175,8 @@ def is_comm_kernel(name: str) -> bool:
     Only the communication rules are tried, so a synth-style name never counts."""
     low = name.lower()
     if not any(w in low for w in _COMM_WORDS):
+        return False
+    if _LOCAL.search(name):
         return False
     return any(p.search(name) for p in _COMM_RULES)
 

@@ -77,6 +77,7 @@ from .collectives import match_collectives
 from .devices import device_peaks
 from .enums import CommOp, LaneKind, OpKind
 from .errors import TraceFormatError
+from .nsys_comm import primitives_from_nvtx
 from .nsys_edges import nsys_edges
 from .nsys_sql import (  # noqa: F401 - missing_tables, REQUIRED_TABLES, EXPORT_COMMAND re-exported
     _COPY_KIND,
@@ -475,6 +476,14 @@ def _assemble(files: list[_File], strings: StringTable, ps: list[Path]) -> Trace
     coll_id = np.full(ng, -1, np.int64)
     all_ranks = sorted(int(r) for f in files for r in f.pairs["rank"])
     cmask = np.isin(gpu["kind"].to_numpy(), [int(OpKind.COLLECTIVE), int(OpKind.P2P)])
+    names, nv_ids = _intern_nvtx(strings, files)
+    nv_name = nv_ids[np.asarray([0] + [len(f.nv_names) for f in files]).cumsum()[
+        nv["file"].to_numpy(np.int64)] + nv["ncode"].to_numpy(np.int64)] if len(nv) else nv_ids[:0]
+    # a SendRecv kernel under nccl:all_to_all is an all-to-all (collectors/nsys_comm.py)
+    gpu["comm_op"], n_relabel = primitives_from_nvtx(
+        gpu["comm_op"].to_numpy(), cmask, gpu["rank"].to_numpy(), gpu["corr"].to_numpy(), rt,
+        nv["rank"].to_numpy(), nv["tid"].to_numpy(), nv["start"].to_numpy(),
+        nv["end"].to_numpy(), nv_name, names)
     colls: dict[str, Any] = {"matched": 0, "unmatched": 0, "unmatched_reasons": {},
                              "ops_matched": 0, "ops_unmatched": 0}
     group_ids = np.full(ng, -1, np.int32)
@@ -503,9 +512,6 @@ def _assemble(files: list[_File], strings: StringTable, ps: list[Path]) -> Trace
         "correlation": np.concatenate([gpu["corr"].to_numpy(), rt["corr"].to_numpy()]),
     }
     edges = nsys_edges(files, gpu, rt, strings)
-    names, nv_ids = _intern_nvtx(strings, files)
-    nv_name = nv_ids[np.asarray([0] + [len(f.nv_names) for f in files]).cumsum()[
-        nv["file"].to_numpy(np.int64)] + nv["ncode"].to_numpy(np.int64)] if len(nv) else nv_ids[:0]
     ranges = {"rank": nv["rank"].to_numpy(), "lane": nv["lane"].to_numpy(),
               "name_id": nv_name, "start_ns": nv["start"].to_numpy(),
               "end_ns": nv["end"].to_numpy(),
@@ -530,7 +536,7 @@ def _assemble(files: list[_File], strings: StringTable, ps: list[Path]) -> Trace
         "devices": devices,
         "clock_offsets_ns": {str(p): o for p, o in zip(ps, offsets, strict=True)},
         "accounting": {str(f.path): f.acc for f in files},
-        "collectives": colls,
+        "collectives": colls | {"primitive_from_nvtx": n_relabel},
     }
     groups = ([{"group_id": 0, "name": "nccl:inferred-all-ranks", "ranks": all_ranks}]
               if cmask.any() else None)

@@ -14,10 +14,30 @@ launch is not in the trace takes its place in its stream's order). A step's *ext
 
     E_k     = max(end of the step's extent, E_previous)     (the step's work is all done)
     window  = [E_previous, E_k)                              for every step but the first
-    first   = [max(S, P), E_k1)    S = start of the step's extent,
+    first   = [max(S, P, Q), E_k1) S = start of the step's extent,
                                    P = end of the GPU work still queued from before it
                                        (GPU ops of no profiled step that start before the
                                        step's first GPU op)
+                                   Q = the GPU-side start of the step on a stream whose
+                                       first op of the step waited in the queue (below)
+
+Q is the CPU-to-GPU lag the first step would otherwise absorb. When the GPU runs behind the
+host, the first profiled step's host range starts while the GPU still works through the
+previous step's queue, which the trace often does not hold (launched before the profiler
+started): the step's first GPU op then starts long after its launch call ended. When it
+waited more than ``max(50 us, 1% of the window)`` (a launch on an idle GPU starts within
+microseconds), Q is the GPU-side step boundary: the start of the step's first GPU op, or
+of its ``ProfilerStep#N`` GPU annotation where the trace has one that starts earlier (the
+annotation can also start later than the ops attributed to its step, as on ROCm; the window
+must hold the step's work, so it never cuts past them). The GPU was
+busy with earlier work from the host step's start up to Q (FIFO: the queued work was
+launched before the step), so the window is the GPU's own step period, as every later
+window is. Launch calls are found by correlation id (a runtime call and the GPU op with the
+same ``correlation`` on one rank).
+
+A profiler step with no ops of its rank (an empty trailing ``ProfilerStep#N`` the profiler
+closes as it stops) makes no window: :func:`empty_steps` lists them, and ``retime info``,
+``analyze``, ``replay`` and ``report`` all count the steps that have ops.
 
 so consecutive windows never overlap, their sum is ``E_kn - start`` (never more than the
 rank's trace) and each step's time is the spacing of the points where both host and GPU have
@@ -40,10 +60,17 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from .enums import LaneKind
+from .enums import LaneKind, OpKind
 
 __all__ = ["step_windows", "windows_from_arrays", "job_step_windows", "device_lane_mask",
-           "profiler_steps", "times_checksum"]
+           "profiler_steps", "times_checksum", "launch_waits", "gpu_step_marks", "empty_steps",
+           "QUEUED_MIN_NS", "QUEUED_MIN_FRAC"]
+
+#: a GPU op that started this long after its launch call ended waited in a queue (an idle
+#: GPU starts a launched kernel within microseconds) ...
+QUEUED_MIN_NS = 50_000
+#: ... and this share of the first window (below it the lag changes the window by < 1%)
+QUEUED_MIN_FRAC = 0.01
 
 _STEP_RE = r"^ProfilerStep#(\d+)$"
 
@@ -94,6 +121,70 @@ def profiler_steps(trace) -> pd.DataFrame:
         start_ns=("start_ns", "min"), end_ns=("end_ns", "max")).reset_index()
 
 
+def launch_waits(trace) -> np.ndarray:
+    """Per op: how long a GPU op waited after its launch call ended (``start - launch end``,
+    ns, at least 0), -1 where unknown (host ops, GPU ops whose launch is not in the trace,
+    traces without correlation ids). The launch is the runtime call on a host thread with
+    the op's rank and ``correlation``."""
+    o = trace.ops
+    out = np.full(len(o), -1, np.int64)
+    if len(o) == 0 or "correlation" not in o.columns or "kind" not in o.columns:
+        return out
+    corr = o["correlation"].to_numpy().astype(np.int64)
+    dev = device_lane_mask(trace)
+    rt = ~dev & (o["kind"].to_numpy() == int(OpKind.RUNTIME)) & (corr >= 0)
+    want = dev & (corr >= 0)
+    if not rt.any() or not want.any():
+        return out
+    rank = o["rank"].to_numpy().astype(np.int64)
+    s = o["start_ns"].to_numpy().astype(np.int64)
+    e = s + o["dur_ns"].to_numpy().astype(np.int64)
+    launch = pd.DataFrame({"rank": rank[rt], "corr": corr[rt], "end": e[rt]}).groupby(
+        ["rank", "corr"], sort=False)["end"].min()
+    idx = pd.MultiIndex.from_arrays([rank[want], corr[want]])
+    le = launch.reindex(idx).to_numpy(np.float64)
+    ok = ~np.isnan(le)
+    w = np.flatnonzero(want)
+    out[w[ok]] = np.maximum(s[w[ok]] - le[ok].astype(np.int64), 0)
+    return out
+
+
+def gpu_step_marks(trace) -> pd.DataFrame:
+    """The ``ProfilerStep#N`` annotations on GPU streams (the GPU's side of a step):
+    ``rank``, ``lane``, ``step``, ``start_ns`` (earliest per rank, lane and step)."""
+    r = trace.ranges
+    empty = pd.DataFrame({"rank": _Z64, "lane": _Z64, "step": _Z64, "start_ns": _Z64})
+    if len(r) == 0 or not len(trace.strings) or not len(trace.lanes):
+        return empty
+    names = pd.Series(np.asarray(trace.strings, dtype=object))
+    num = pd.to_numeric(names.str.extract(_STEP_RE, expand=False),
+                        errors="coerce").to_numpy(np.float64)
+    nid = r["name_id"].to_numpy()
+    gpu = trace.lanes["lane"].to_numpy()[trace.lanes["lane_kind"].to_numpy()
+                                         != int(LaneKind.CPU_THREAD)]
+    sel = ~np.isnan(num[nid]) & np.isin(r["lane"].to_numpy(), gpu)
+    if not sel.any():
+        return empty
+    d = pd.DataFrame({"rank": r["rank"].to_numpy()[sel].astype(np.int64),
+                      "lane": r["lane"].to_numpy()[sel].astype(np.int64),
+                      "step": num[nid[sel]].astype(np.int64),
+                      "start_ns": r["start_ns"].to_numpy()[sel].astype(np.int64)})
+    return d.groupby(["rank", "lane", "step"], sort=True)["start_ns"].min().reset_index()
+
+
+def empty_steps(trace) -> pd.DataFrame:
+    """Profiler steps with no ops of their rank (they make no window): ``rank``, ``step``,
+    ``start_ns``, ``end_ns`` of their ``ProfilerStep#N`` range."""
+    ps = profiler_steps(trace)
+    o = trace.ops
+    if len(ps) == 0:
+        return ps
+    have = pd.MultiIndex.from_arrays([o["rank"].to_numpy().astype(np.int64),
+                                      o["step"].to_numpy().astype(np.int64)]).unique()
+    key = pd.MultiIndex.from_arrays([ps["rank"].to_numpy(), ps["step"].to_numpy()])
+    return ps[~key.isin(have)].reset_index(drop=True)
+
+
 def times_checksum(start_ns: np.ndarray, end_ns: np.ndarray) -> int:
     """A fingerprint of op times (recorded with a replay's windows: they are reused only for
     ops at exactly these times)."""
@@ -138,16 +229,62 @@ def step_windows(trace, start_ns: np.ndarray | None = None,
                                  "step": np.asarray(rec["step"], np.int32),
                                  "start_ns": np.asarray(rec["start_ns"], np.int64),
                                  "end_ns": np.asarray(rec["end_ns"], np.int64)})
-        return windows_from_arrays(rank, step, s, e, dev, ps)
+        return _windows(rank, step, s, e, dev, ps, queue=_queue(trace))[0]
     # other times (a replay): the first step starts as far after its own start as measured
     # (the GPU backlog it waited for is work of earlier steps, not re-timed here)
     mb = _host_bounds(ps, rank, step, ~dev, ms, me, ms, me) if ps is not None else None
-    mw, m_first = _windows(rank, step, ms, me, dev, mb)
+    mw, m_first = _windows(rank, step, ms, me, dev, mb, queue=_queue(trace))
     lead = mw["start_ns"].to_numpy() - m_first
     first = np.r_[True, mw["rank"].to_numpy()[1:] != mw["rank"].to_numpy()[:-1]]
     lead_of = dict(zip(mw["rank"].to_numpy()[first].tolist(), lead[first].tolist()))
     b = _host_bounds(ps, rank, step, ~dev, ms, me, s, e) if ps is not None else None
     return _windows(rank, step, s, e, dev, b, lead_of)[0]
+
+
+def _queue(trace) -> tuple[np.ndarray, np.ndarray, pd.DataFrame] | None:
+    """(lane per op, launch wait per op, GPU step marks) for the first window's cut."""
+    o = trace.ops
+    if "lane" not in o.columns:
+        return None
+    return (o["lane"].to_numpy().astype(np.int64), launch_waits(trace), gpu_step_marks(trace))
+
+
+def _queued_floor(ri, step, s, dev, queue, first_rank, rank_ids, first_step, first_start,
+                  first_end) -> np.ndarray:
+    """Per first window: Q of the module docstring (where the step's GPU work begins, when
+    its first GPU op waited in the queue), or the smallest int64. ``first_rank`` (rank
+    index, sorted), ``rank_ids`` (its rank number), ``first_step``, ``first_start``
+    (max(S, P)) and ``first_end`` (E) describe each rank's first window."""
+    small = np.iinfo(np.int64).min
+    out = np.full(len(first_rank), small, np.int64)
+    if queue is None or not len(first_rank):
+        return out
+    lane, wait, marks = queue
+    k1 = np.full(int(ri.max()) + 1 if len(ri) else 0, -(1 << 40), np.int64)
+    k1[first_rank] = first_step
+    m = dev & (step >= 0) & (step == k1[ri])
+    if not m.any():
+        return out
+    # the step's first GPU op (ties: the one that waited least)
+    d = pd.DataFrame({"ri": ri[m], "lane": lane[m], "s": s[m], "wait": wait[m]})
+    d = d.sort_values(["ri", "s", "wait"], kind="mergesort").drop_duplicates("ri")
+    pos = np.searchsorted(first_rank, d["ri"].to_numpy())
+    win = first_end[pos] - first_start[pos]
+    tau = np.maximum(QUEUED_MIN_NS, (QUEUED_MIN_FRAC * win).astype(np.int64))
+    q = d["wait"].to_numpy() > tau
+    if not q.any():
+        return out
+    pos = pos[q]
+    cut = d["s"].to_numpy()[q].astype(np.int64)
+    if len(marks):  # the GPU-side ProfilerStep marker, where the trace has one
+        g = marks.groupby(["rank", "step"])["start_ns"].min()
+        got = g.reindex(pd.MultiIndex.from_arrays([rank_ids[pos], first_step[pos]])
+                        ).to_numpy(np.float64)
+        # never past the step's own first GPU op (the window must hold the step's work;
+        # a marker can start later than the ops attributed to its step, as on ROCm)
+        cut = np.where(np.isnan(got), cut, np.minimum(cut, np.nan_to_num(got).astype(np.int64)))
+    out[pos] = cut
+    return out
 
 
 def _host_bounds(ps, rank, step, host, ms, me, s, e) -> pd.DataFrame:
@@ -180,11 +317,13 @@ def windows_from_arrays(rank: np.ndarray, step: np.ndarray, start_ns: np.ndarray
     return _windows(rank, step, start_ns, end_ns, device, host_bounds)[0]
 
 
-def _windows(rank, step, start_ns, end_ns, device=None, host_bounds=None, lead_of=None
-             ) -> tuple[pd.DataFrame, np.ndarray]:
+def _windows(rank, step, start_ns, end_ns, device=None, host_bounds=None, lead_of=None,
+             queue=None) -> tuple[pd.DataFrame, np.ndarray]:
     """The windows, and per window the start of its step's extent (ops and range). With
     ``lead_of`` (rank -> ns) a rank's first window starts that long after its extent's
-    start instead of after the GPU backlog."""
+    start instead of after the GPU backlog; with ``queue`` (:func:`_queue`) it starts no
+    earlier than the GPU-side start of a queued first step. Steps without ops make no
+    window."""
     n = len(rank)
     if n == 0:
         return _empty(), _Z64
@@ -195,7 +334,7 @@ def _windows(rank, step, start_ns, end_ns, device=None, host_bounds=None, lead_o
     dev = np.zeros(n, bool) if device is None else np.asarray(device, bool)
     st = step >= 0
     hb = host_bounds if host_bounds is not None and len(host_bounds) else None
-    if hb is not None:  # a step range without ops of its rank still makes a window
+    if hb is not None:  # a step's range widens its extent (a step without ops: dropped)
         k_r = np.concatenate([rank[st], hb["rank"].to_numpy().astype(np.int64)])
         k_s = np.concatenate([step[st], hb["step"].to_numpy().astype(np.int64)])
         k_a = np.concatenate([s[st], hb["start_ns"].to_numpy().astype(np.int64)])
@@ -208,14 +347,14 @@ def _windows(rank, step, start_ns, end_ns, device=None, host_bounds=None, lead_o
     ri = ri[:n]
     nr = len(ur)
     has_steps = np.zeros(nr, bool)
-    has_steps[kri] = True
+    has_steps[kri[:int(st.sum())]] = True  # ranks with ops of a step
     big, small = np.iinfo(np.int64).max, np.iinfo(np.int64).min
     # ranks without steps: one window over all their ops
     lo = np.full(nr, big, np.int64)
     hi = np.full(nr, small, np.int64)
     np.minimum.at(lo, ri, s)
     np.maximum.at(hi, ri, e)
-    plain = np.flatnonzero(~has_steps)
+    plain = np.flatnonzero(~has_steps & (lo <= hi))
     parts = [pd.DataFrame({"rank": ur[plain], "step": np.full(len(plain), -1, np.int64),
                            "start_ns": lo[plain], "end_ns": hi[plain], "ext": lo[plain]})]
     if len(kri):
@@ -227,6 +366,10 @@ def _windows(rank, step, start_ns, end_ns, device=None, host_bounds=None, lead_o
         ke = np.full(len(uk), small, np.int64)
         np.minimum.at(ks, ki, k_a)
         np.maximum.at(ke, ki, k_b)
+        n_op = int(st.sum())  # the first n_op keys are ops; a step of none makes no window
+        live = np.zeros(len(uk), bool)
+        live[ki[:n_op]] = True
+        uk, ks, ke = uk[live], ks[live], ke[live]
         wr = (uk >> 32).astype(np.int64)
         wstep = (uk & 0xFFFFFFFF).astype(np.int64)
         # E_k: running maximum of the ends within each rank (uk is sorted by rank, step)
@@ -248,6 +391,9 @@ def _windows(rank, step, start_ns, end_ns, device=None, host_bounds=None, lead_o
             starts[fi] = np.minimum(ks[fi] + lead, ends[fi])
         else:
             starts[fi] = np.minimum(np.maximum(ks[fi], prior[wr[fi]]), ends[fi])
+            q = _queued_floor(ri, step, s, dev, queue, wr[fi], ur[wr[fi]], wstep[fi],
+                              starts[fi], ends[fi])
+            starts[fi] = np.minimum(np.maximum(starts[fi], q), ends[fi])
         parts.append(pd.DataFrame({"rank": ur[wr], "step": wstep, "start_ns": starts,
                                    "end_ns": ends, "ext": ks}))
     out = pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0]

@@ -30,29 +30,74 @@ def _records(df: pd.DataFrame) -> list[dict[str, Any]]:
 def analysis_summary(res: dict[str, Any]) -> dict[str, Any]:
     """The ``retime analyze --json`` object, from :func:`analysis.stream.store_analysis`."""
     from retime.analysis.breakdown import PARTS
+    from retime.analysis.coverage import hides_gpu_work, unseen_notes
 
     st = res["step_times"]
     per_rank = st.groupby("rank", sort=True)["step_ns"].agg(["size", "mean", "max"])
     bd = res["breakdown"]
     tot = int(bd["step_ns"].sum()) if len(bd) else 0
+    job = st.groupby("step", sort=True)["step_ns"].max()  # per step, the slowest rank
+    v = job.to_numpy(dtype=float)
+    spread = float(v.std(ddof=1) / v.mean()) if len(v) > 1 and v.mean() > 0 else None
+    es = res.get("empty_steps")
     return {
         "mode": res["mode"],
+        "by": res.get("by", "step"),
         "ranks": int(st["rank"].nunique()),
         "step_time_ns": {"mean": float(st["step_ns"].mean()) if len(st) else None,
                          "max": int(st["step_ns"].max()) if len(st) else None},
         "per_rank": [{"rank": int(r), "steps": int(n), "mean_step_ns": float(m),
                       "max_step_ns": int(x)} for r, n, m, x in per_rank.itertuples()],
+        # one row per step: the slowest rank's window (the job's step), and the spread of
+        # those rows (relative standard deviation, as the report's headline)
+        "job_steps": [{"step": int(k), "step_ns": int(x)} for k, x in job.items()],
+        "step_spread": spread,
+        "empty_steps": [] if es is None else _records(es),
         "breakdown": {
             "total_ns": {p: int(bd[p].sum()) for p in PARTS} | {"step_ns": tot},
             "total_frac": {p.replace("_ns", "_frac"): (bd[p].sum() / tot if tot else None)
                            for p in PARTS},
             "per_rank": _records(res["breakdown_summary"]),
+            # --by step: one row per rank and step (its window, time and parts);
+            # --by rank: one row per rank, its steps' sums (``steps`` of them)
+            "rows": _records(bd),
         },
         "top_ops": _records(res["top_ops"]),
         "unclassified": _records(res["unclassified"]),
+        # GPU work the step figures leave out or the trace cannot show (analysis.coverage)
+        "unseen": res["unseen"] | {"hidden_in_graph_replays": hides_gpu_work(res["unseen"])},
+        "notes": unseen_notes(res["unseen"]),
         "comm": _records(res["comm"]),
+        # instances without every group member in the trace (or lone ops): no wait or skew
+        "comm_unmatched": _records(res["comm_unmatched"]),
         "rank_wait": _records(res["rank_wait"]),
     }
+
+
+_ROWS_SHOWN = 40
+
+
+def _top_shown(n: int) -> int:
+    """How many rows of a long list the text output shows."""
+    return min(n, 10)
+
+
+def _say_rows(s: dict[str, Any]) -> None:
+    """The breakdown rows: per rank and step (``--by step``) or per rank (``--by rank``)."""
+    from retime.analysis.breakdown import PARTS
+
+    rows = s["breakdown"]["rows"]
+    per_step = s["by"] == "step"
+    say(f"  {'per step' if per_step else 'per rank (mean over its steps)'}: " + " ".join(
+        f"{p.removesuffix('_ns')}" for p in PARTS) + " (ms)")
+    for r in rows[:_ROWS_SHOWN]:
+        n = 1 if per_step else max(int(r["steps"]), 1)
+        head = (f"rank {r['rank']:>4} step {r['step']:>6}" if per_step else
+                f"rank {r['rank']:>4} ({n} step{'s' if n != 1 else ''})")
+        say(f"    {head}: {r['step_ns'] / n / 1e6:10.3f} ms = " + " + ".join(
+            f"{r[p] / n / 1e6:.3f}" for p in PARTS))
+    if len(rows) > _ROWS_SHOWN:
+        say(f"    ... {len(rows) - _ROWS_SHOWN} more rows (all of them in --json)")
 
 
 @app.command("analyze")
@@ -97,9 +142,18 @@ def analyze_cmd(
     st = s["step_time_ns"]
     say(f"{trace_dir}: {s['ranks']} rank(s), analyzed {'streamed' if s['mode'] == 'stream' else 'in memory'}; "
         f"step time mean {(st['mean'] or 0) / 1e6:.3f} ms, max {(st['max'] or 0) / 1e6:.3f} ms")
+    if s["step_spread"] is not None:
+        say(f"  {len(s['job_steps'])} steps, step-to-step spread {100 * s['step_spread']:.1f}% "
+            f"(relative standard deviation of the slowest rank's step times)")
+    if s["empty_steps"]:
+        say(f"  {len(s['empty_steps'])} empty profiler step(s) (no ops) left out: " + ", ".join(
+            f"rank {r['rank']} step {r['step']}" for r in s["empty_steps"][:8]))
+    for note in s["notes"]:
+        say(f"  note: {note}")
     fr = s["breakdown"]["total_frac"]
     say("  breakdown: " + ", ".join(f"{k.removesuffix('_frac')} {100 * v:.1f}%"
                                     for k, v in fr.items() if v is not None))
+    _say_rows(s)
     say(f"  top {len(s['top_ops'])} ops by total device time:")
     for r in s["top_ops"]:
         say(f"    {r['total_ns'] / 1e6:10.3f} ms  {100 * r['share']:5.1f}%  x{r['count']:<7d} "
@@ -112,6 +166,14 @@ def analyze_cmd(
                 f"{str(r['name'])[:100]}")
     for r in s["comm"][:10]:
         bw = r["busbw_gbps"]
+        wait = ("wait n/a (no matched instance)" if r["wait_ns"] is None else
+                f"wait {r['wait_ns'] / 1e6:.3f} ms over {r['matched']} matched")
         say(f"  comm group {r['group_id']} {r['comm_op']}: {r['instances']} instance(s), "
             f"{r['total_bytes'] / 1e6:.1f} MB, busbw {'n/a' if bw is None else f'{bw:.1f} GB/s'}, "
-            f"wait {r['wait_ns'] / 1e6:.3f} ms")
+            f"{wait}")
+    un = s["comm_unmatched"]
+    if un:
+        say(f"  unmatched collective instances (left out of wait and skew): {len(un)}")
+        for r in un[:_top_shown(len(un))]:
+            say(f"    {r['comm_op']} group {r['group_id']} step {r['step']}: "
+                f"{r['bytes'] / 1e6:.3f} MB, {r['reason']}")

@@ -64,6 +64,9 @@ def replay_cmd(
             s["step_time_ns"]["per_step"]["measured"] = result.meta["whatif"]["baseline_per_step_ns"]
         if "step_range_ns" in result.meta["whatif"]:
             s["step_time_ns"]["range"] = [int(x) for x in result.meta["whatif"]["step_range_ns"]]
+    # GPU work the measured step figures leave out or the trace cannot show
+    from retime.analysis.coverage import unseen_notes, unseen_work
+    s["notes"] = unseen_notes(unseen_work(trace))
     if output is not None:
         result.to_trace().save(output)
         s["output"] = str(output)
@@ -106,5 +109,7 @@ def replay_cmd(
             f"{r['replayed_ns'] / 1e6:.3f} ms ({err:+.2%}{per})")
     for note in s.get("whatif", {}).get("assumed", []):
         say(f"  assumed: {note}")
+    for note in s["notes"]:
+        say(f"  note: {note}")
     if output is not None:
         say(f"wrote {output} (view with `retime export {output} --chrome OUT.json`)")

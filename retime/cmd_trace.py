@@ -118,8 +118,31 @@ def ingest(
                             list(s["skipped_files"].items())[:5]))
 
 
+def _empty_steps(es) -> list[dict]:
+    """Profiler steps without ops (no window; every command leaves them out)."""
+    return [{"rank": int(r.rank), "step": int(r.step), "dur_ns": int(r.end_ns - r.start_ns)}
+            for r in es.itertuples()]
+
+
+def _streamed_empty_steps(path: Path):
+    """:func:`collectors.steps.empty_steps` of a rank-partitioned store, a batch of ranks at
+    a time (their step ranges against the (rank, step) pairs their ops have)."""
+    import pandas as pd
+
+    from retime.analysis.stream import iter_rank_traces
+    from retime.collectors.steps import empty_steps
+
+    parts = [empty_steps(t) for t in iter_rank_traces(path, columns=["rank", "step"],
+                                                      ranges=True)]
+    parts = [p for p in parts if len(p)]
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(
+        {"rank": [], "step": [], "start_ns": [], "end_ns": []})
+
+
 def info_summary(trace: Trace) -> dict:
     import numpy as np
+
+    from retime.collectors.steps import empty_steps
 
     o = trace.ops
     kinds = np.bincount(o["kind"].to_numpy(), minlength=len(OpKind)) if len(o) else np.zeros(len(OpKind), int)
@@ -133,6 +156,7 @@ def info_summary(trace: Trace) -> dict:
         "lanes": {k.name: int((lk == k).sum()) for k in LaneKind if (lk == k).any()},
         "groups": len(trace.groups),
         "steps": sorted({int(x) for x in np.unique(o["step"].to_numpy()) if x >= 0}) if len(o) else [],
+        "empty_steps": _empty_steps(empty_steps(trace)),
         "span_ns": [{"rank": int(r.rank), "span_ns": int(r.span_ns)} for r in st.itertuples()],
         "devices": trace.meta.get("devices", {}),
         "accounting": trace.meta.get("accounting", {}),
@@ -165,6 +189,7 @@ def info_summary_streamed(path: Path) -> dict:
         "lanes": {k.name: int((lk == k).sum()) for k in LaneKind if (lk == k).any()},
         "groups": len(small["groups"]),
         "steps": sorted(int(x) for x in steps["step"] if x >= 0),
+        "empty_steps": _empty_steps(_streamed_empty_steps(path)),
         "span_ns": [{"rank": int(r.rank), "span_ns": int(r.span_ns)}
                     for r in rank_spans(path).itertuples()],
         "devices": meta.get("devices", {}),
@@ -198,6 +223,10 @@ def info(
     say(f"  ops {s['ops']} ({', '.join(f'{k}={v}' for k, v in s['ops_by_kind'].items())}); "
         f"edges {s['edges']}; ranges {s['ranges']}; groups {s['groups']}")
     say(f"  lanes: {', '.join(f'{k}={v}' for k, v in s['lanes'].items())}; steps: {s['steps'][:20]}")
+    if s["empty_steps"]:
+        say("  empty profiler steps (no ops; no command counts them): " + ", ".join(
+            f"rank {r['rank']} step {r['step']} ({r['dur_ns'] / 1e3:.0f} us)"
+            for r in s["empty_steps"][:8]))
     say(f"  collectives matched {s['collectives']['matched']}, unmatched {s['collectives']['unmatched']}")
     for r in s["span_ns"][:16]:
         say(f"  rank {r['rank']}: span {r['span_ns'] / 1e6:.3f} ms")

@@ -22,7 +22,11 @@ from ..intervals import interval_union
 __all__ = ["sync_edges", "attribute", "comm_info"]
 
 _STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
-COMM_RANGE = re.compile(r"^(nccl:|gloo:|c10d::|record_param_comms|rccl:)")
+# host ops and annotations that name a collective and carry its size: c10d / record_param_comms,
+# and the ops that launch communication kernels themselves (symmetric memory's
+# symm_mem::multimem_all_reduce_, functional collectives)
+COMM_RANGE = re.compile(r"^(nccl:|gloo:|c10d::|record_param_comms|rccl:|symm_mem::|"
+                        r"_?c10d_functional::)")
 _STREAM_WAIT = {"cudaStreamWaitEvent", "hipStreamWaitEvent", "cuStreamWaitEvent"}
 _BLOCKING = {"cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
              "cudaMemcpy", "hipStreamSynchronize", "hipDeviceSynchronize",

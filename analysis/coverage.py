@@ -1,0 +1,190 @@
+"""What the step figures leave out, and GPU work the trace cannot show.
+
+Two kinds of GPU work sit outside a trace's step figures, and every command that prints
+those figures names them (``retime analyze`` text and ``--json``, the report's headline):
+
+* **Excluded**: GPU ops whose launch call is not in the trace. Most were queued before the
+  profiler started (the GPU's backlog when it runs behind the host); they belong to no
+  profiled step (:mod:`collectors.steps`), so their time counts in no step, while the
+  critical path, which spans the whole trace, still runs through them.
+* **Unseen**: GPU work the trace does not hold at all. Kernels launched while a stream was
+  being captured into a CUDA/HIP graph do not run then (a capture records, it does not
+  execute); the graph's replays (``cudaGraphLaunch``) run them, and a profiler that does
+  not trace graph replays shows a graph launch with few or no GPU ops. The GPU was then
+  busy where the trace shows it idle, so its host-bound and idle shares are not the GPU's:
+  no conclusion is drawn from them.
+
+Launch calls and GPU ops are paired by correlation id on one rank (a runtime call and the
+GPU ops with its ``correlation``); a *launch call* is a runtime call named ``*Launch*``
+(kernel launches, ``cudaLaunchKernelExC``, ``hipExtModuleLaunchKernel``) other than a graph
+launch; a capture is the time between ``*StreamBeginCapture*`` and ``*StreamEndCapture*``
+on one host thread.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from retime.collectors.enums import LaneKind, OpKind
+from retime.collectors.steps import device_lane_mask
+
+from ._util import as_trace, clip_to_windows, step_windows
+
+__all__ = ["unseen_work", "combine_unseen", "unseen_notes", "hides_gpu_work",
+           "excludes_gpu_work", "COUNTS"]
+
+_LAUNCH = re.compile(r"launch", re.I)
+_GRAPH_LAUNCH = re.compile(r"graphlaunch", re.I)
+_BEGIN = re.compile(r"streambegincapture", re.I)
+_END = re.compile(r"streamendcapture", re.I)
+
+#: the counters of :func:`unseen_work` (all additive over ranks)
+COUNTS = ("gpu_ops", "gpu_ns", "without_launch_ops", "without_launch_ns",
+          "queued_before_trace_ops", "queued_before_trace_ns", "outside_steps_ns",
+          "launches", "launches_without_gpu_op", "captured_launches", "captures",
+          "graph_launches", "graph_launch_gpu_ops")
+
+
+def _name_mask(t, pat: re.Pattern[str]) -> np.ndarray:
+    names = np.asarray(t.strings, dtype=object)
+    hit = np.fromiter((bool(pat.search(str(s))) for s in names), bool, len(names))
+    return hit[t.ops["name_id"].to_numpy()] if len(t.ops) else np.zeros(0, bool)
+
+
+def unseen_work(x: Any) -> dict[str, int]:
+    """Counts of excluded and unseen GPU work (module docstring), summed over ranks.
+
+    Returns a dict of the :data:`COUNTS`: GPU ops and their time; those without a launch
+    call in the trace (and of them, those queued before the rank's first launched GPU op);
+    GPU op time outside every step window; launch calls, those without a GPU op, those
+    made during a stream capture, the number of captures; graph launches and the GPU ops
+    they show.
+    """
+    t = as_trace(x)
+    o = t.ops
+    out = dict.fromkeys(COUNTS, 0)
+    if len(o) == 0:
+        return out
+    lk = np.full(int(t.lanes["lane"].max()) + 1 if len(t.lanes) else 1, -1, np.int64)
+    lk[t.lanes["lane"].to_numpy()] = t.lanes["lane_kind"].to_numpy()
+    gpu = device_lane_mask(t) & (lk[o["lane"].to_numpy()] == int(LaneKind.GPU_STREAM))
+    if not gpu.any():
+        return out  # op-level and CPU-only traces: nothing is launched
+    kind = o["kind"].to_numpy()
+    rank = o["rank"].to_numpy().astype(np.int64)
+    corr = o["correlation"].to_numpy().astype(np.int64)
+    s = o["start_ns"].to_numpy().astype(np.int64)
+    dur = o["dur_ns"].to_numpy().astype(np.int64)
+    rt = (kind == int(OpKind.RUNTIME)) & ~gpu
+    glaunch = rt & _name_mask(t, _GRAPH_LAUNCH)
+    launch = rt & _name_mask(t, _LAUNCH) & ~glaunch
+    key = rank * (1 << 40) + corr
+    rt_keys = np.unique(key[rt & (corr >= 0)])
+    gpu_keys = np.unique(key[gpu & (corr >= 0)])
+    launched = gpu & (corr >= 0) & np.isin(key, rt_keys)
+    nol = gpu & ~launched
+    out["gpu_ops"] = int(gpu.sum())
+    out["gpu_ns"] = int(dur[gpu].sum())
+    out["without_launch_ops"] = int(nol.sum())
+    out["without_launch_ns"] = int(dur[nol].sum())
+    if nol.any():
+        first = pd.Series(s[launched]).groupby(rank[launched]).min()
+        f = first.reindex(rank[nol]).to_numpy(np.float64)
+        before = np.isnan(f) | (s[nol] < np.nan_to_num(f, nan=np.inf))
+        out["queued_before_trace_ops"] = int(before.sum())
+        out["queued_before_trace_ns"] = int(dur[nol][before].sum())
+    w = step_windows(t)
+    if len(w):
+        _, _, cs, ce = clip_to_windows(t, gpu, w)
+        out["outside_steps_ns"] = int(dur[gpu].sum() - (ce - cs).sum())
+    out["launches"] = int(launch.sum())
+    no_op = launch & ~np.isin(key, gpu_keys)
+    out["launches_without_gpu_op"] = int(no_op.sum())
+    out["graph_launches"] = int(glaunch.sum())
+    out["graph_launch_gpu_ops"] = int((gpu & np.isin(key, key[glaunch])).sum())
+    cap, n_cap = _in_capture(t, rt, no_op)
+    out["captured_launches"] = int(cap.sum())
+    out["captures"] = n_cap
+    return out
+
+
+def _in_capture(t, rt: np.ndarray, cand: np.ndarray) -> tuple[np.ndarray, int]:
+    """Which ``cand`` ops run between a stream-capture begin and its end on their thread;
+    and how many captures the trace holds."""
+    o = t.ops
+    beg = rt & _name_mask(t, _BEGIN)
+    end = rt & _name_mask(t, _END)
+    inside = np.zeros(len(o), bool)
+    if not beg.any():
+        return inside, 0
+    lane = o["lane"].to_numpy().astype(np.int64)
+    s = o["start_ns"].to_numpy().astype(np.int64)
+    e = s + o["dur_ns"].to_numpy().astype(np.int64)
+    n = 0
+    for ln in np.unique(lane[beg]).tolist():
+        on = lane == ln
+        bs = np.sort(e[beg & on])
+        es = np.sort(s[end & on])
+        for b in bs.tolist():
+            nxt = es[es >= b]
+            stop = int(nxt[0]) if len(nxt) else np.iinfo(np.int64).max
+            inside |= cand & on & (s >= b) & (s < stop)
+            n += 1
+    return inside, n
+
+
+def combine_unseen(parts: list[dict[str, int]]) -> dict[str, int]:
+    """Sum :func:`unseen_work` dicts of disjoint sets of ranks (streamed analysis)."""
+    out = dict.fromkeys(COUNTS, 0)
+    for p in parts:
+        for k in COUNTS:
+            out[k] += int(p.get(k, 0))
+    return out
+
+
+def excludes_gpu_work(u: dict[str, int]) -> bool:
+    """Do the step figures leave out GPU work worth a word (ops without a launch, or more
+    than 1% of the GPU time outside every step)?"""
+    return u["without_launch_ops"] > 0 or u["outside_steps_ns"] > 0.01 * u["gpu_ns"]
+
+
+def hides_gpu_work(u: dict[str, int]) -> bool:
+    """Does the trace hide GPU work in graph replays (captured launches, or graph launches
+    that show no GPU op)?"""
+    return u["captured_launches"] > 0 or (u["graph_launches"] > 0
+                                          and u["graph_launch_gpu_ops"] == 0)
+
+
+def _ms(ns: int) -> str:
+    return f"{ns / 1e6:.2f} ms"
+
+
+def unseen_notes(u: dict[str, int]) -> list[str]:
+    """One sentence per kind of excluded or unseen work (empty when there is none)."""
+    notes = []
+    if u["without_launch_ops"]:
+        share = u["without_launch_ns"] / u["gpu_ns"] if u["gpu_ns"] else 0.0
+        q = u["queued_before_trace_ops"]
+        notes.append(
+            f"{u['without_launch_ops']:,} GPU ops ({_ms(u['without_launch_ns'])}, "
+            f"{100 * share:.1f}% of GPU time) have no launch call in the trace"
+            + (f"; {q:,} of them ran before the first launched GPU op (queued before the "
+               "trace started)" if q else "") + "."
+            + (f" GPU time outside every step: {_ms(u['outside_steps_ns'])}; step figures "
+               "leave it out, the critical path (whole trace) does not."
+               if u["outside_steps_ns"] else ""))
+    elif excludes_gpu_work(u):
+        notes.append(f"GPU time outside every step: {_ms(u['outside_steps_ns'])} (before the "
+                     "first or after the last profiled step); step figures leave it out.")
+    if hides_gpu_work(u):
+        notes.append(
+            f"CUDA/HIP graphs: {u['captured_launches']:,} kernel launches were recorded "
+            f"during {u['captures']:,} stream capture(s) and {u['graph_launches']:,} graph "
+            f"launch(es) show {u['graph_launch_gpu_ops']:,} GPU ops; the GPU work of the "
+            "graph replays is not in the trace, so GPU busy, host-bound and idle shares "
+            "understate the GPU and no conclusion is drawn from them.")
+    return notes
