@@ -33,13 +33,15 @@ class GpuSpec:
 
     ``mamf_tflops`` maps dtype -> published maximum achievable matmul TFLOP/s (a hard cap
     on any modeled GEMM); ``stream_gbps`` is the published HBM triad bandwidth (0 when
-    none is published: the profile's ``memory`` efficiency is used, an assumption).
+    none is published: the profile's ``memory`` efficiency is used, an assumption);
+    ``flash_attn_tflops`` the published FlashAttention-2 rate (bf16/fp16, long sequence).
     """
 
     hw: HardwareConfig
     arch: str
     mamf_tflops: dict[str, float] = field(default_factory=dict)
     stream_gbps: float = 0.0
+    flash_attn_tflops: float = 0.0
 
     @property
     def name(self) -> str:
@@ -93,7 +95,8 @@ def _spec(hw: HardwareConfig) -> GpuSpec:
     pub = raw.get("published", {})
     mamf = {str(k): float(v) for k, v in pub.get("mamf_tflops", {}).items()}
     return GpuSpec(hw=hw, arch=arch, mamf_tflops=mamf,
-                   stream_gbps=float(pub.get("stream_gbps", 0.0)))
+                   stream_gbps=float(pub.get("stream_gbps", 0.0)),
+                   flash_attn_tflops=float(pub.get("flash_attn_tflops", 0.0)))
 
 
 @cache

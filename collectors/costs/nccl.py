@@ -144,10 +144,14 @@ def _links(c: Cluster, g: Group) -> _Links:
     per_gpu_nics = c.nics_per_node / c.gpus_per_node
     ch = P.CHANNELS.get((c.intra_fabric, c.spec.arch)) or P.CHANNELS.get((c.intra_fabric, None)) \
         or P.CHANNELS[("nvswitch", "hopper")]
+    channels = int(ch.value)
+    if g.nodes > 1 and not g.domain and c.nics_per_node:
+        # rings leaving the node are built per NIC (two channels each), not per NVLink
+        channels = min(channels, 2 * c.nics_per_node)
     return _Links(intra=c.intra_gbps * ip.value, intra_p=ip,
                   net_node=g.per_node * per_gpu_nics * nic if c.nics_per_node else 0.0,
                   net_gpu=max(per_gpu_nics, 1.0 / c.gpus_per_node) * nic, net_p=npar,
-                  channels=int(ch.value), hop="nvlink" if c.intra_fabric == "nvswitch" else "pcie")
+                  channels=channels, hop="nvlink" if c.intra_fabric == "nvswitch" else "pcie")
 
 
 def _enabled(c: Cluster, g: Group, coll: Collective) -> list[tuple[Algo, Proto]]:
@@ -164,7 +168,9 @@ def _enabled(c: Cluster, g: Group, coll: Collective) -> list[tuple[Algo, Proto]]
                 out.append((Algo.nvls_tree, Proto.simple))
             if c.sharp:
                 out.append((Algo.collnet, Proto.simple))
-        if c.nvls and g.domain:
+        if c.nvls and g.domain and g.nodes == 1:
+            # NVLS over an NVLink domain spanning nodes (MNNVL, e.g. NVL72) is disabled in
+            # NCCL's tuner ("MNNVL: NVLS not yet supported", C0): rings run there
             out.append((Algo.nvls, Proto.simple))
     return out
 
@@ -357,6 +363,9 @@ def collective_cost(cluster: Cluster, collective: str | Collective, nbytes: int,
 
 
 def _why_not(c: Cluster, g: Group, coll: Collective, want: Algo) -> str:
+    if want == Algo.nvls and c.nvls and g.nodes > 1 and g.domain:
+        return (f"--algo nvls: NVLS over an NVLink domain spanning {g.nodes} nodes (MNNVL) is "
+                "not used by NCCL's tuner (C0); rings run there")
     if want in (Algo.nvls, Algo.nvls_tree) and not c.nvls:
         return (f"--algo {want.value}: NVLS needs NVLink SHARP (Hopper or newer GPUs on "
                 f"NVSwitch3+); cluster {c.name} ({c.gpu}, {c.intra_fabric}) has nvls = false")
