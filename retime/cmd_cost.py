@@ -225,7 +225,9 @@ def collective_cmd(
     fabric: FabricOpt = None, nvls: NvlsOpt = None, sharp: SharpOpt = None,
     nvlink_domain: DomainOpt = None,
     sizes: Annotated[str, typer.Option(
-        "--sizes", help="Message sizes in bytes as nccl-tests counts them: FROM:TO (doubling), "
+        "--sizes", help="Message sizes in bytes as nccl-tests counts them (all_reduce and "
+        "broadcast: the buffer; all_gather / reduce_scatter: the full gathered buffer; "
+        "alltoall: each rank's send buffer; sendrecv: the message): FROM:TO (doubling), "
         "FROM:TO:FACTOR or a list A,B,C; K/M/G/T are powers of 1024.")] = "1M:1G",
     dtype: Annotated[str, typer.Option(
         "--dtype", help="Element type for the count column: fp32, bf16, fp16, fp8, ...")] = "fp32",
