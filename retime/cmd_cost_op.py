@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from enum import Enum
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -36,8 +37,15 @@ _Int = Annotated[int | None, typer.Option(min=1)]
 
 @cost_app.command("op")
 def op_cmd(
-    kind: Annotated[OpKind, typer.Argument(help="Kernel class.")],
+    kind: Annotated[OpKind | None, typer.Argument(
+        help="Kernel class (omit with --trace).")] = None,
     gpu: GpuOpt = None, preset: PresetOpt = None, cluster: ClusterOpt = None,
+    trace: Annotated[Path | None, typer.Option(
+        "--trace", exists=True, file_okay=False,
+        help="A NAME.retime store recorded with shapes: its heaviest operators, measured "
+             "against the model on the trace's own GPU (and on --gpu when given).")] = None,
+    top: Annotated[int, typer.Option("--top", min=1,
+                                     help="--trace: operator groups to show.")] = 10,
     dtype: Annotated[str, typer.Option(
         "--dtype", help="Element type: bf16, fp16, fp8, fp4, fp32, tf32.")] = "bf16",
     m: Annotated[int | None, typer.Option("--m", min=1, help="matmul: rows of A and C.")] = None,
@@ -92,6 +100,15 @@ def op_cmd(
     from retime.collectors.costs import resolve_cluster
     from retime.collectors.costs.gpus import gpu_spec
 
+    if trace is not None:
+        if kind is not None:
+            raise ConfigError("retime cost op: give a KIND with its shape, or --trace, not both")
+        _trace_check(trace, gpu, top, json_out)
+        return
+    if kind is None:
+        raise ConfigError("retime cost op: missing KIND (matmul, bmm, conv2d, attention, norm, "
+                          "elementwise, embedding, optimizer) or --trace; see "
+                          "'retime cost op --help'")
     values = dict(m=m, n=n, k=k, batch=batch, in_channels=in_channels, height=height,
                   width=width, out_channels=out_channels, heads=heads, seq=seq,
                   head_dim=head_dim, elements=elements, tokens=tokens, dim=dim, params=params)
@@ -130,3 +147,29 @@ def op_cmd(
     say(f"assumed: efficiency {r.efficiency:.3f} of the datasheet peak"
         f"{' (compute)' if r.bound == 'compute' else ' (HBM)' if r.bound == 'memory' else ''}:"
         f" {r.efficiency_source}")
+
+
+def _trace_check(path: Path, gpu: str | None, top: int, json_out: bool) -> None:
+    import math
+
+    from retime.analysis.cost_check import op_check
+    from retime.collectors.trace import read_trace
+
+    df = op_check(read_trace(path), gpu=gpu, top=top)
+    own = df.attrs["trace_gpu"]
+    if json_out:
+        recs = [{k: (None if isinstance(v, float) and math.isnan(v) else v)
+                 for k, v in r.items()} for r in df.to_dict("records")]
+        emit_json({"trace_gpu": own, "gpu": gpu, "median_abs_error":
+                   df.attrs["median_abs_error"], "ops": recs})
+        return
+    say(f"{path}: top {len(df)} operator groups by device time; model on {own} (the trace's "
+        f"GPU){f' and on {gpu}' if gpu else ''}")
+    say(f"  {'op':<34} {'dtype':>5} {'calls':>6} {'measured':>10} {'model':>10} {'error':>7}"
+        f"  {'bound':<8}" + (f" {'on ' + gpu:>12}" if gpu else ""))
+    for r in df.to_dict("records"):
+        say(f"  {r['op'][:34]:<34} {r['dtype']:>5} {r['count']:>6} {r['measured_us']:>8.1f}us "
+            f"{r['model_us']:>8.1f}us {100 * r['error']:>+6.1f}%  {r['bound']:<8}"
+            + (f" {r['other_us']:>10.1f}us" if gpu else ""))
+    say(f"median |error| on {own}: {100 * df.attrs['median_abs_error']:.1f}% (shapes: "
+        "`retime analyze --by roofline` lists them)")

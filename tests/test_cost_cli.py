@@ -156,3 +156,27 @@ def test_real_subprocess_json_and_error(tmp_path):
                        capture_output=True, text=True, cwd=ROOT)
     assert q.returncode == 2 and q.stdout == "" and not out.exists()
     assert len(q.stderr.strip().splitlines()) == 1
+
+
+def test_op_trace_self_check(tmp_path, capsys):
+    """`retime cost op --trace`: the heaviest shaped operators of a real H100 trace, the
+    model on the trace's own GPU (read from its devices) and on an A100."""
+    kineto = ROOT.parent / "shared" / "traces" / "kineto" / "h100-vgg13"
+    store = tmp_path / "vgg.retime"
+    assert run(["ingest", str(kineto), "-o", str(store)]) == 0
+    capsys.readouterr()
+    assert run(["cost", "op", "--trace", str(store), "--gpu", "a100-80gb", "--top", "5",
+                "--json"]) == 0
+    d = _one_json(capsys.readouterr().out)
+    assert d["trace_gpu"] == "h100-sxm" and d["gpu"] == "a100-80gb"
+    assert 1 <= len(d["ops"]) <= 5
+    for r in d["ops"]:
+        assert r["measured_us"] > 0 and r["model_us"] > 0
+        assert r["error"] == pytest.approx(r["model_us"] / r["measured_us"] - 1)
+        assert r["range_lo_us"] < r["model_us"] < r["range_hi_us"]
+        if r["bound"] == "compute":  # an A100 is slower than an H100 at the same shape
+            assert r["other_us"] > r["model_us"]
+    tot = [r["measured_us"] * r["count"] for r in d["ops"]]
+    assert tot == sorted(tot, reverse=True)  # heaviest groups first, by measured time
+    assert run(["cost", "op", "matmul", "--trace", str(store)]) == 2
+    assert "not both" in capsys.readouterr().err

@@ -28,8 +28,9 @@ from ..errors import ConfigError
 from .gpus import DTYPE_BYTES, GpuSpec
 from .tiles import TILES, tile_utilization
 
-__all__ = ["OpCost", "matmul", "conv2d", "attention", "streaming", "embedding",
-           "optimizer_step", "tile_utilization", "TILES", "OPTIMIZER_BYTES"]
+__all__ = ["OpCost", "matmul", "conv2d", "implicit_gemm", "attention", "streaming",
+           "memory_bound", "embedding", "optimizer_step", "tile_utilization", "TILES",
+           "OPTIMIZER_BYTES"]
 
 _K_HALF_REL = 0.25  # k_half is an assumed profile value
 _MEM_LATENCY_US = 0.6  # HBM load-to-use latency for the streaming size curve (assumed)
@@ -151,12 +152,29 @@ def conv2d(g: GpuSpec, batch: int, in_ch: int, height: int, width: int, out_ch: 
         raise ConfigError(f"conv2d: a {kernel}x{kernel} filter with stride {stride} and "
                           f"padding {pad} leaves no output on a {height}x{width} input")
     m, n, k = batch * p * q, out_ch, in_ch * kernel * kernel
-    flops = 2.0 * m * n * k
     eb = _eb(dtype)
     nbytes = eb * (batch * in_ch * height * width + out_ch * k + batch * out_ch * p * q)
+    return implicit_gemm(g, m, n, k, dtype, nbytes, "conv2d")
+
+
+def implicit_gemm(g: GpuSpec, m: float, n: float, k: float, dtype: str, nbytes: float,
+                  kind: str = "conv") -> OpCost:
+    """A kernel that runs as an ``m x n x k`` GEMM over operands it reads itself
+    (convolutions: ``M = batch x output pixels``, ``N = filters``, ``K = channels x filter
+    area``); ``nbytes`` is what it moves through HBM."""
+    _positive(m=m, n=n, k=k)
+    flops = 2.0 * m * n * k
     rate, src, rel = _gemm_rate(g, m, n, k, 1, dtype)
-    return _finish("conv2d", g, flops, nbytes, flops / (rate * 1e6), "implicit GEMM: " + src,
+    return _finish(kind, g, flops, nbytes, flops / (rate * 1e6), "implicit GEMM: " + src,
                    rate / g.peak_tflops(dtype), rel)
+
+
+def memory_bound(g: GpuSpec, kind: str, flops: float, nbytes: float) -> OpCost:
+    """A streaming kernel given its FLOPs and HBM bytes (normalization, softmax,
+    elementwise, reductions: the FLOPs never bind)."""
+    if nbytes <= 0:
+        raise ConfigError(f"{kind}: moves no bytes; nothing to price")
+    return _finish(kind, g, float(flops), float(nbytes), 0.0, "", 0.0, 0.0)
 
 
 def attention(g: GpuSpec, batch: int, heads: int, seq: int, head_dim: int,
