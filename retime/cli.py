@@ -238,3 +238,4 @@ from retime import cmd_sweep  # noqa: E402,F401  sweep
 from retime import cmd_analyze  # noqa: E402,F401  analyze
 from retime import cmd_keys  # noqa: E402,F401  keys
 from retime import cmd_calibrate  # noqa: E402,F401  calibrate
+from retime import cmd_cost  # noqa: E402,F401  cost cluster, collective, op

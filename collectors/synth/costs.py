@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ..costs.tiles import tile_utilization  # one GEMM tile formula (cost layer)
 from ..enums import CommOp
 from .hardware import HardwareConfig, LinkConfig
 from .parallel import ParallelConfig
@@ -46,24 +47,10 @@ class KernelCost:
     bytes: int
 
 
-#: output tile shapes a GEMM library chooses from (m x n); the best one for a shape is used
-_TILES = ((256, 128), (128, 256), (128, 128), (64, 128), (128, 64), (64, 64))
-
-
 def _tile_utilization(hw: HardwareConfig, ms: list[float], n: float) -> float:
-    """Best tile shape's utilization for groups of ``m_i x n`` outputs in one launch: partial
-    edge tiles and the last, partly filled wave of tiles over ``sm_count`` SMs."""
-    best = 0.0
-    useful = sum(ms) * n
-    if useful <= 0:
-        return 1.0
-    for tm, tn in _TILES:
-        nt = math.ceil(n / tn)
-        tiles = sum(math.ceil(m / tm) for m in ms) * nt
-        waves = math.ceil(tiles / hw.sm_count)
-        util = useful / (tiles * tm * tn) * tiles / (waves * hw.sm_count)
-        best = max(best, util)
-    return best
+    """Best tile shape's utilization over ``hw.sm_count`` SMs (the cost layer's formula,
+    :func:`retime.collectors.costs.tiles.tile_utilization`, waves only)."""
+    return tile_utilization(hw.sm_count, ms, n)
 
 
 def _gemm_efficiency(hw: HardwareConfig, m: float, n: float, k: float, batch: int = 1,

@@ -1,0 +1,294 @@
+"""The cluster description: one machine description for the cost layer.
+
+A cluster is a GPU profile (``collectors/synth/hardware/*.toml``: peaks, HBM, architecture)
+plus the topology around it: GPUs per node, the intra-node fabric (NVSwitch / PCIe / xGMI,
+its generation and nominal GB/s per GPU per direction, the NVLink domain size, NVLink SHARP),
+the network (fabric kind, NICs per node, nominal Gbit/s per NIC, SHARP in the switches) and
+the node count. Rates are the nominal figures a user knows; the models apply efficiencies.
+
+Built-in presets live in ``collectors/costs/clusters/*.toml``; a user writes one out with
+``retime cost cluster --preset NAME``, edits it and passes ``--cluster FILE``. Flags override
+single fields (:meth:`Cluster.with_overrides`), validated as a whole afterwards.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import tomllib
+
+from ..errors import ConfigError
+from .gpus import GpuSpec, gpu_spec
+
+__all__ = ["Cluster", "preset_names", "load_preset", "read_cluster", "resolve_cluster",
+           "format_cluster", "INTRA_FABRICS", "NET_FABRICS", "GENERATIONS"]
+
+_DIR = Path(__file__).with_name("clusters")
+
+INTRA_FABRICS = ("nvswitch", "pcie", "xgmi")
+NET_FABRICS = ("infiniband", "roce", "efa", "slingshot")
+#: link generation -> (fabric it belongs to, nominal GB/s per GPU per direction)
+GENERATIONS = {
+    "nvlink3": ("nvswitch", 300.0), "nvlink4": ("nvswitch", 450.0),
+    "nvlink5": ("nvswitch", 900.0), "pcie4": ("pcie", 32.0), "pcie5": ("pcie", 64.0),
+    "xgmi3": ("xgmi", 448.0),
+}
+#: the intra-node generation a GPU architecture ships with, per fabric (for --intra)
+_DEFAULT_GEN = {
+    ("nvswitch", "ampere"): "nvlink3", ("nvswitch", "hopper"): "nvlink4",
+    ("nvswitch", "blackwell"): "nvlink5", ("nvswitch", "volta"): "nvlink3",
+    ("pcie", "volta"): "pcie4", ("pcie", "ampere"): "pcie4", ("pcie", "hopper"): "pcie5",
+    ("pcie", "blackwell"): "pcie5", ("pcie", "cdna3"): "pcie5", ("xgmi", "cdna3"): "xgmi3",
+}
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """A described cluster (see the module docstring; units in the field names)."""
+
+    name: str
+    gpu: str
+    gpus_per_node: int
+    nodes: int
+    intra_fabric: str
+    intra_generation: str
+    intra_gbps: float
+    nvlink_domain: int
+    nvls: bool
+    net_fabric: str
+    nics_per_node: int
+    nic_gbit: float
+    sharp: bool
+    source: str = dataclasses.field(default="", compare=False)
+
+    def __post_init__(self) -> None:
+        where = f"cluster {self.name!r}" + (f" ({self.source})" if self.source else "")
+        if self.gpus_per_node < 1 or self.nodes < 1:
+            raise ConfigError(f"{where}: gpus_per_node={self.gpus_per_node} and "
+                              f"nodes={self.nodes} must be >= 1")
+        if self.intra_fabric not in INTRA_FABRICS:
+            raise ConfigError(f"{where}: intra-node fabric {self.intra_fabric!r} is not one of "
+                              f"{', '.join(INTRA_FABRICS)}")
+        gen = GENERATIONS.get(self.intra_generation)
+        if gen is None:
+            raise ConfigError(f"{where}: intra-node generation {self.intra_generation!r} is "
+                              f"not one of {', '.join(GENERATIONS)}")
+        if gen[0] != self.intra_fabric:
+            raise ConfigError(f"{where}: generation {self.intra_generation!r} is a {gen[0]} "
+                              f"link, not {self.intra_fabric}; fix [intra_node] generation")
+        if not self.intra_gbps > 0:
+            raise ConfigError(f"{where}: intra-node gbps={self.intra_gbps} must be > 0")
+        if self.net_fabric not in NET_FABRICS:
+            raise ConfigError(f"{where}: network fabric {self.net_fabric!r} is not one of "
+                              f"{', '.join(NET_FABRICS)}")
+        if self.nics_per_node < 0 or (self.nodes > 1 and self.nics_per_node == 0):
+            raise ConfigError(f"{where}: nics_per_node={self.nics_per_node}; a cluster of "
+                              f"{self.nodes} nodes needs at least one NIC per node")
+        if not self.nic_gbit > 0:
+            raise ConfigError(f"{where}: nic_gbit={self.nic_gbit} must be > 0")
+        if self.nvlink_domain < self.gpus_per_node or self.nvlink_domain % self.gpus_per_node:
+            raise ConfigError(f"{where}: nvlink_domain={self.nvlink_domain} must be a multiple "
+                              f"of gpus_per_node={self.gpus_per_node} (the GPUs one intra-node "
+                              "fabric reaches without the network)")
+        if self.intra_fabric != "nvswitch" and self.nvlink_domain != self.gpus_per_node:
+            raise ConfigError(f"{where}: nvlink_domain={self.nvlink_domain} spans nodes, which "
+                              f"only an NVSwitch fabric does ({self.intra_fabric} here); set it "
+                              f"to gpus_per_node={self.gpus_per_node}")
+        spec = self.spec
+        nvidia = spec.arch != "cdna3"
+        if self.intra_fabric in ("nvswitch",) and not nvidia:
+            raise ConfigError(f"{where}: {self.gpu} ({spec.arch}) has no NVLink; use "
+                              "--intra xgmi or pcie")
+        if self.intra_fabric == "xgmi" and nvidia:
+            raise ConfigError(f"{where}: xGMI is AMD's fabric and {self.gpu} is an NVIDIA GPU; "
+                              "use --intra nvswitch or pcie")
+        if self.nvls and not (self.intra_fabric == "nvswitch" and spec.nvls_capable
+                              and self.intra_generation in ("nvlink4", "nvlink5")):
+            raise ConfigError(f"{where}: NVLS (NVLink SHARP) needs Hopper-or-newer GPUs on a "
+                              f"third-generation NVSwitch or newer; {self.gpu} ({spec.arch}) on "
+                              f"{self.intra_fabric}/{self.intra_generation} has none; set "
+                              "nvls = false")
+        if self.sharp and self.net_fabric != "infiniband":
+            raise ConfigError(f"{where}: SHARP in-network reduction runs on InfiniBand "
+                              f"switches, not {self.net_fabric}; set sharp = false")
+
+    @property
+    def spec(self) -> GpuSpec:
+        return gpu_spec(self.gpu)
+
+    @property
+    def world_size(self) -> int:
+        return self.gpus_per_node * self.nodes
+
+    @property
+    def nic_gbps(self) -> float:
+        """Nominal GB/s per NIC per direction (1 GB = 1e9 bytes)."""
+        return self.nic_gbit / 8.0
+
+    def with_overrides(self, **kw: Any) -> Cluster:
+        """A copy with the given fields replaced (``None`` values ignored) and validated.
+        ``intra_fabric`` alone picks that fabric's generation and rate for this GPU."""
+        kw = {k: v for k, v in kw.items() if v is not None}
+        unknown = set(kw) - {f.name for f in dataclasses.fields(self)}
+        if unknown:
+            raise ConfigError(f"unknown cluster field(s): {', '.join(sorted(unknown))}")
+        if "gpus_per_node" in kw and kw["gpus_per_node"] > self.gpus_per_node \
+                and self.source.startswith("preset:"):
+            raise ConfigError(f"--gpus-per-node {kw['gpus_per_node']}: preset {self.name} has "
+                              f"only {self.gpus_per_node} GPUs per node; use fewer, or describe "
+                              "another machine with --cluster FILE")
+        gpu = kw.get("gpu", self.gpu)
+        fabric = kw.get("intra_fabric", self.intra_fabric)
+        if "gpu" in kw and "intra_fabric" not in kw:
+            gpu_spec(gpu)  # unknown GPU: a clear error first
+        if ("intra_fabric" in kw or "gpu" in kw) and "intra_generation" not in kw:
+            arch = gpu_spec(gpu).arch
+            gen = _DEFAULT_GEN.get((fabric, arch))
+            if gen is None:
+                raise ConfigError(f"--intra {fabric}: no {fabric} fabric for {gpu} ({arch}); "
+                                  f"choose one of {', '.join(f for f, a in _DEFAULT_GEN if a == arch)}")
+            if gen != self.intra_generation or fabric != self.intra_fabric:
+                kw["intra_generation"] = gen
+                kw.setdefault("intra_gbps", GENERATIONS[gen][1])
+        if kw.get("intra_fabric", self.intra_fabric) != "nvswitch":
+            kw.setdefault("nvls", False)
+        elif "gpu" in kw and not gpu_spec(gpu).nvls_capable:
+            kw.setdefault("nvls", False)
+        gpn = kw.get("gpus_per_node", self.gpus_per_node)
+        if fabric != "nvswitch" or self.nvlink_domain == self.gpus_per_node:
+            kw.setdefault("nvlink_domain", gpn)
+        return dataclasses.replace(self, **kw)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "gpu": self.gpu, "gpus_per_node": self.gpus_per_node,
+                "nodes": self.nodes,
+                "intra_node": {"fabric": self.intra_fabric, "generation": self.intra_generation,
+                               "gbps": self.intra_gbps, "nvlink_domain": self.nvlink_domain,
+                               "nvls": self.nvls},
+                "network": {"fabric": self.net_fabric, "nics_per_node": self.nics_per_node,
+                            "nic_gbit": self.nic_gbit, "sharp": self.sharp}}
+
+
+def _parse(data: dict[str, Any], where: str) -> Cluster:
+    try:
+        intra = data.get("intra_node", {})
+        net = data.get("network", {})
+        for key in ("gpu", "gpus_per_node"):
+            if key not in data:
+                raise ConfigError(f"{where}: missing key {key!r} (write a complete file with "
+                                  "`retime cost cluster --preset dgx-h100`)")
+        for t, key in (("intra_node", "fabric"), ("intra_node", "gbps"),
+                       ("network", "nic_gbit")):
+            if key not in data.get(t, {}):
+                raise ConfigError(f"{where}: missing [{t}] {key}")
+        gpn = int(data["gpus_per_node"])
+        fabric = str(intra["fabric"]).lower()
+        gen = str(intra.get("generation", "")).lower()
+        if not gen:
+            gen = _DEFAULT_GEN.get((fabric, gpu_spec(str(data["gpu"])).arch), "")
+        return Cluster(
+            name=str(data.get("name", Path(where).stem)), gpu=str(data["gpu"]),
+            gpus_per_node=gpn, nodes=int(data.get("nodes", 1)),
+            intra_fabric=fabric, intra_generation=gen, intra_gbps=float(intra["gbps"]),
+            nvlink_domain=int(intra.get("nvlink_domain", gpn)),
+            nvls=bool(intra.get("nvls", False)),
+            net_fabric=str(net.get("fabric", "infiniband")).lower(),
+            nics_per_node=int(net.get("nics_per_node", gpn)),
+            nic_gbit=float(net["nic_gbit"]), sharp=bool(net.get("sharp", False)),
+            source=where)
+    except (TypeError, ValueError, AttributeError) as exc:
+        raise ConfigError(f"{where}: bad cluster value ({exc})") from exc
+
+
+@cache
+def _presets() -> dict[str, Cluster]:
+    out = {}
+    for f in sorted(_DIR.glob("*.toml")):
+        with open(f, "rb") as fh:
+            c = _parse(tomllib.load(fh), "preset:" + f.stem)
+        out[c.name] = c
+    return out
+
+
+def preset_names() -> list[str]:
+    """Names of the built-in cluster presets."""
+    return sorted(_presets())
+
+
+def load_preset(name: str) -> Cluster:
+    """A built-in preset (``dgx-a100``, ``dgx-h100``, ``hgx-h200``, ``dgx-b200``,
+    ``gb200-nvl72``, ``mi300x-8x``, ``pcie-4gpu``, ``pcie-8gpu``)."""
+    c = _presets().get(name.lower())
+    if c is None:
+        raise ConfigError(f"unknown cluster preset {name!r}; presets: "
+                          f"{', '.join(preset_names())}")
+    return c
+
+
+def read_cluster(path: str | Path) -> Cluster:
+    """Read a cluster TOML (as written by ``retime cost cluster``)."""
+    p = Path(path)
+    try:
+        with open(p, "rb") as fh:
+            data = tomllib.load(fh)
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read cluster file ({exc.strerror}); check the "
+                          "path") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{p}: not valid TOML ({exc}); fix the file or write a fresh one "
+                          "with `retime cost cluster --preset NAME`") from exc
+    return _parse(data, str(p))
+
+
+def resolve_cluster(preset: str | None = None, path: str | Path | None = None,
+                    default: str = "dgx-h100") -> Cluster:
+    """The base cluster of a command: ``--cluster FILE``, else ``--preset``, else ``default``."""
+    if path is not None and preset is not None:
+        raise ConfigError("--cluster and --preset both given; pass one (flags then override "
+                          "single fields)")
+    if path is not None:
+        return read_cluster(path)
+    return load_preset(preset or default)
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str):
+        return f'"{v}"'
+    return repr(v)
+
+
+def format_cluster(c: Cluster) -> str:
+    """The cluster as a documented TOML file a user can edit and pass back with --cluster."""
+    s = c.spec
+    lines = [
+        "# retime cluster description (retime cost cluster; README: \"Describing a cluster\").",
+        "# Rates are nominal (datasheet) per GPU or per NIC and per direction; retime's cost",
+        "# models apply the efficiencies. Pass it back with --cluster FILE; flags override fields.",
+        f"name = {_fmt(c.name)}",
+        f"gpu = {_fmt(c.gpu)}                    # GPU profile ({s.hw.gpu}, {s.arch}): "
+        "collectors/synth/hardware/*.toml",
+        f"gpus_per_node = {c.gpus_per_node}",
+        f"nodes = {c.nodes}",
+        "",
+        "[intra_node]",
+        f"fabric = {_fmt(c.intra_fabric)}             # {' | '.join(INTRA_FABRICS)}",
+        f"generation = {_fmt(c.intra_generation)}          # {' | '.join(GENERATIONS)}",
+        f"gbps = {c.intra_gbps!r}                   # GB/s per GPU per direction (nominal)",
+        f"nvlink_domain = {c.nvlink_domain}               # GPUs one intra-node fabric reaches "
+        "(72 on a GB200 NVL72 rack)",
+        f"nvls = {_fmt(c.nvls)}                   # NVLink SHARP: NVSwitch3+ with Hopper or newer",
+        "",
+        "[network]",
+        f"fabric = {_fmt(c.net_fabric)}           # {' | '.join(NET_FABRICS)}",
+        f"nics_per_node = {c.nics_per_node}",
+        f"nic_gbit = {c.nic_gbit!r}              # Gbit/s per NIC per direction (line rate)",
+        f"sharp = {_fmt(c.sharp)}                  # SHARP in-network reduction (CollNet), "
+        "InfiniBand only",
+    ]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,120 @@
+"""GPU facts for the cost layer, read from the one set of hardware profiles
+(``collectors/synth/hardware/*.toml``): peaks per dtype, HBM, SM count, architecture, and the
+published measured ceilings (``[published]``: maximum achievable matmul TFLOP/s, HBM triad
+bandwidth) that cap the kernel model. Nothing here is a second copy of a profile: a
+:class:`GpuSpec` wraps the parsed :class:`~retime.collectors.synth.hardware.HardwareConfig`
+and adds the keys that parser does not read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+
+import tomllib
+
+from ..errors import ConfigError
+from ..synth.hardware import HardwareConfig, hardware_names, load_hardware, read_hardware_file
+
+__all__ = ["GpuSpec", "gpu_spec", "gpu_names", "ARCHES", "DTYPE_BYTES"]
+
+#: GPU generations the NCCL model knows (order matters: later = newer)
+ARCHES = ("volta", "ampere", "hopper", "blackwell", "cdna3")
+
+#: bytes per element of each dtype name accepted by ``--dtype``
+DTYPE_BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "fp4": 0.5,
+               "int8": 1, "int32": 4, "int64": 8, "fp64": 8}
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    """One GPU profile plus the cost layer's extra keys.
+
+    ``mamf_tflops`` maps dtype -> published maximum achievable matmul TFLOP/s (a hard cap
+    on any modeled GEMM); ``stream_gbps`` is the published HBM triad bandwidth (0 when
+    none is published: the profile's ``memory`` efficiency is used, an assumption);
+    ``flash_attn_tflops`` the published FlashAttention-2 rate (bf16/fp16, long sequence).
+    """
+
+    hw: HardwareConfig
+    arch: str
+    mamf_tflops: dict[str, float] = field(default_factory=dict)
+    stream_gbps: float = 0.0
+    flash_attn_tflops: float = 0.0
+
+    @property
+    def name(self) -> str:
+        return self.hw.name
+
+    @property
+    def sm_count(self) -> int:
+        return self.hw.sm_count
+
+    def peak_tflops(self, dtype: str) -> float:
+        """Dense datasheet peak for ``dtype`` (fp16 stands in for bf16 and back)."""
+        p = self.hw.peak_tflops
+        v = p.get(dtype) or (p.get("fp16") if dtype == "bf16" else p.get("bf16")
+                             if dtype == "fp16" else None)
+        if not v:
+            raise ConfigError(f"gpu {self.name!r} has no {dtype} peak; available: "
+                              f"{', '.join(sorted(p))}; pick another --dtype")
+        return float(v)
+
+    def mamf(self, dtype: str) -> tuple[float, str]:
+        """(ceiling TFLOP/s for matmuls in ``dtype``, its source): the published maximum
+        achievable matmul rate where one exists, else ``peak * gemm_max`` (assumed)."""
+        v = self.mamf_tflops.get(dtype)
+        if v:
+            return float(v), "published"
+        return self.peak_tflops(dtype) * self.hw.gemm_max_of(dtype), "assumed"
+
+    def hbm_gbps(self) -> tuple[float, str]:
+        """(achievable HBM bandwidth GB/s, source): published triad, else
+        ``hbm_gbps * memory`` efficiency (assumed)."""
+        if self.stream_gbps > 0:
+            return self.stream_gbps, "published"
+        return self.hw.hbm_gbps * self.hw.memory_efficiency, "assumed"
+
+    @property
+    def nvls_capable(self) -> bool:
+        """NVLink SHARP needs a Hopper-or-newer GPU (and NVSwitch3+, checked by the cluster)."""
+        return self.arch in ("hopper", "blackwell")
+
+
+def _extra(path: str) -> dict:
+    with open(path, "rb") as fh:
+        return tomllib.load(fh)
+
+
+def _spec(hw: HardwareConfig) -> GpuSpec:
+    raw = _extra(hw.source) if hw.source and Path(hw.source).is_file() else {}
+    arch = str(raw.get("arch", "ampere")).lower()
+    if arch not in ARCHES:
+        raise ConfigError(f"{hw.source}: arch={arch!r} is not one of {', '.join(ARCHES)}")
+    pub = raw.get("published", {})
+    mamf = {str(k): float(v) for k, v in pub.get("mamf_tflops", {}).items()}
+    return GpuSpec(hw=hw, arch=arch, mamf_tflops=mamf,
+                   stream_gbps=float(pub.get("stream_gbps", 0.0)),
+                   flash_attn_tflops=float(pub.get("flash_attn_tflops", 0.0)))
+
+
+@cache
+def _builtin_spec(name: str) -> GpuSpec:
+    return _spec(load_hardware(name))
+
+
+def gpu_names() -> list[str]:
+    """Names of the built-in GPU profiles."""
+    return hardware_names()
+
+
+def gpu_spec(name: str | Path) -> GpuSpec:
+    """A :class:`GpuSpec` from a built-in profile name or a hardware TOML path."""
+    s = str(name)
+    if s.endswith(".toml"):
+        return _spec(read_hardware_file(s))
+    if s.lower() not in hardware_names():
+        raise ConfigError(f"unknown GPU {s!r}; built-in profiles: {', '.join(gpu_names())}; "
+                          "or pass a hardware TOML (copy collectors/synth/hardware/*.toml)")
+    return _builtin_spec(s.lower())

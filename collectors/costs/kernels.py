@@ -1,0 +1,244 @@
+"""Kernel / op cost from shapes: a roofline with an efficiency curve per kernel class and size.
+
+* Matmul (and batched matmul, convolution as implicit GEMM): compute time at the GPU's
+  published maximum achievable matmul rate (``mamf_tflops``, REFERENCES.md K1-K5; never
+  exceeded) x a reduction-depth factor ``k / (k + k_half)`` (each output tile's prologue and
+  epilogue) x the best tile shape's utilization (partial edge tiles and the last, partly
+  filled wave of tiles over the SMs: wave quantization). Memory time: bytes over the
+  published HBM triad bandwidth. The slower of the two, floored by the kernel's launch/tail.
+* Attention (FlashAttention-style, fused): FLOPs ``4 b h s^2 d`` forward (half when causal),
+  2.5x that backward; rate the published FlashAttention-2 TFLOP/s of the GPU (K2-K5) x a
+  sequence-length curve ``s / (s + 256)`` (short sequences leave the tiles idle; assumed);
+  backward at 0.8 of the forward rate (assumed).
+* Streaming kernels (normalization, elementwise, embedding gathers, optimizer steps): bytes
+  over HBM bandwidth x a size curve ``bytes / (bytes + bw x 0.6 us)`` (Little's law: a
+  kernel needs about one memory latency's worth of bytes in flight to reach the bandwidth;
+  assumed latency).
+
+Every result carries the bound that held (compute, memory or latency), the efficiency used,
+where it came from and a range.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..errors import ConfigError
+from .gpus import DTYPE_BYTES, GpuSpec
+from .tiles import TILES, tile_utilization
+
+__all__ = ["OpCost", "matmul", "conv2d", "implicit_gemm", "attention", "streaming",
+           "memory_bound", "embedding", "optimizer_step", "tile_utilization", "TILES",
+           "OPTIMIZER_BYTES"]
+
+_K_HALF_REL = 0.25  # k_half is an assumed profile value
+_MEM_LATENCY_US = 0.6  # HBM load-to-use latency for the streaming size curve (assumed)
+_ATTN_S_HALF = 256.0  # sequence length at which attention reaches half its rate (assumed)
+_ATTN_BWD = 0.8  # backward rate / forward rate (assumed)
+#: optimizer-step HBM bytes per parameter beyond the gradient: (fp32 state read+written)
+OPTIMIZER_BYTES = {"adam": 4 * 6, "adamw": 4 * 6, "sgd": 4 * 4, "adafactor": 4 * 3}
+_OPT_FLOPS = {"adam": 12.0, "adamw": 14.0, "sgd": 3.0, "adafactor": 10.0}
+_REL = {"published": 0.05, "fitted": 0.10, "assumed": 0.25}
+
+
+@dataclass(frozen=True)
+class OpCost:
+    """One priced kernel (times in us, rates in TFLOP/s and GB/s)."""
+
+    kind: str
+    gpu: str
+    time_us: float
+    range_us: tuple[float, float]
+    flops: float
+    bytes: float
+    tflops: float
+    gbps: float
+    bound: str  # "compute" | "memory" | "latency"
+    efficiency: float  # fraction of the dtype's datasheet peak (compute) or of HBM peak
+    efficiency_source: str
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, "gpu": self.gpu, "time_us": round(self.time_us, 3),
+                "range_us": [round(self.range_us[0], 3), round(self.range_us[1], 3)],
+                "flops": self.flops, "bytes": self.bytes, "tflops": round(self.tflops, 2),
+                "gbps": round(self.gbps, 1), "bound": self.bound,
+                "efficiency": round(self.efficiency, 4),
+                "efficiency_source": self.efficiency_source}
+
+
+def _eb(dtype: str) -> float:
+    eb = DTYPE_BYTES.get(dtype)
+    if eb is None:
+        raise ConfigError(f"--dtype {dtype!r}: choose one of {', '.join(DTYPE_BYTES)}")
+    return eb
+
+
+def _positive(**kw: float) -> None:
+    for k, v in kw.items():
+        if not (isinstance(v, int | float) and v > 0):
+            raise ConfigError(f"--{k.replace('_', '-')} {v!r}: must be a positive number")
+
+
+def _finish(kind: str, g: GpuSpec, flops: float, nbytes: float, t_comp: float,
+            comp_src: str, comp_eff: float, comp_rel: float) -> OpCost:
+    """Roofline: the slower of compute (us, plus the tile pipeline's ramp and tail, one
+    kernel overhead) and memory, floored by the launch/tail."""
+    if t_comp > 0:
+        t_comp += g.hw.kernel_overhead_us
+    bw, bw_src = g.hbm_gbps()
+    bw_eff = bw * nbytes / (nbytes + bw * 1e3 * _MEM_LATENCY_US) if nbytes > 0 else bw
+    t_mem = nbytes / (bw_eff * 1e3) if nbytes > 0 else 0.0
+    floor = g.hw.kernel_overhead_us
+    t = max(t_comp, t_mem, floor)
+    if t == t_comp and t_comp > 0:
+        bound, eff, src, rel = "compute", comp_eff, comp_src, comp_rel
+    elif t == t_mem and t_mem > 0:
+        bound, eff = "memory", bw_eff / g.hw.hbm_gbps
+        src = (f"HBM {bw:.0f} GB/s ({bw_src}{', K2-K4' if bw_src == 'published' else ''}) "
+               f"x size curve {bw_eff / bw:.2f} (assumed 0.6 us in flight)")
+        rel = math.hypot(_REL[bw_src], 0.10 if bw_eff / bw > 0.8 else 0.25)
+    else:
+        bound, eff, rel = "latency", 0.0, 0.5
+        src = f"launch + ramp/tail {floor} us (assumed, hardware profile)"
+    return OpCost(kind, g.name, t, (t * (1 - rel * 0.8), t * (1 + rel)), flops, nbytes,
+                  flops / (t * 1e6), nbytes / (t * 1e3), bound, eff, src)
+
+
+def _gemm_rate(g: GpuSpec, m: float, n: float, k: float, batch: int,
+               dtype: str) -> tuple[float, str, float]:
+    """(TFLOP/s a GEMM reaches, where the efficiency came from, relative uncertainty)."""
+    ceil_tf, ceil_src = g.mamf(dtype)
+    # the tile pipeline's prologue/epilogue is a fixed number of k-steps of fixed bytes, so
+    # in elements it is longer for narrower dtypes (k_half is given for 16-bit inputs)
+    k_half = g.hw.gemm_k_half * 2.0 / min(_eb(dtype), 2.0)
+    f_k = k / (k + k_half)
+    util = tile_utilization(g.sm_count, [m] * batch, n, k, k_half)
+    # tensor-core kernels need 16-byte aligned rows; others run slower paths (assumed 0.75)
+    aligned = all((d * _eb(dtype)) % 16 == 0 for d in (n, k))
+    rate = ceil_tf * f_k * util * (1.0 if aligned else 0.75)  # <= the published ceiling
+    src = (f"max achievable {dtype} matmul {ceil_tf:.1f} TFLOP/s ({ceil_src}"
+           f"{', K1-K5' if ceil_src == 'published' else ''}) x k-depth {f_k:.2f} "
+           f"(k_half {k_half:.0f}, assumed) x tiles/waves {util:.2f} "
+           f"({g.sm_count} SMs){'' if aligned else ' x unaligned 0.75 (assumed)'}")
+    return rate, src, math.hypot(_REL[ceil_src], _K_HALF_REL * (1 - f_k), 0.08)
+
+
+def matmul(g: GpuSpec, m: int, n: int, k: int, batch: int = 1,
+           dtype: str = "bf16") -> OpCost:
+    """A (batched) GEMM ``[batch, m, k] x [batch, k, n]`` in ``dtype`` (output in 16-bit
+    for fp8/fp4 inputs, else the input dtype)."""
+    _positive(m=m, n=n, k=k, batch=batch)
+    eb = _eb(dtype)
+    flops = 2.0 * m * n * k * batch
+    out_eb = 2 if eb < 2 else eb
+    nbytes = batch * (eb * (m * k + k * n) + out_eb * m * n)
+    rate, src, rel = _gemm_rate(g, m, n, k, batch, dtype)
+    return _finish("matmul" if batch == 1 else "bmm", g, flops, nbytes, flops / (rate * 1e6),
+                   src, rate / g.peak_tflops(dtype), rel)
+
+
+def conv2d(g: GpuSpec, batch: int, in_ch: int, height: int, width: int, out_ch: int,
+           kernel: int = 3, stride: int = 1, padding: int | None = None,
+           dtype: str = "bf16") -> OpCost:
+    """A 2-D convolution (NCHW input, ``kernel x kernel`` filter) as an implicit GEMM:
+    ``M = batch x P x Q``, ``N = out_ch``, ``K = in_ch x kernel^2``."""
+    _positive(batch=batch, in_ch=in_ch, height=height, width=width, out_ch=out_ch,
+              kernel=kernel, stride=stride)
+    pad = kernel // 2 if padding is None else padding
+    p = (height + 2 * pad - kernel) // stride + 1
+    q = (width + 2 * pad - kernel) // stride + 1
+    if p < 1 or q < 1:
+        raise ConfigError(f"conv2d: a {kernel}x{kernel} filter with stride {stride} and "
+                          f"padding {pad} leaves no output on a {height}x{width} input")
+    m, n, k = batch * p * q, out_ch, in_ch * kernel * kernel
+    eb = _eb(dtype)
+    nbytes = eb * (batch * in_ch * height * width + out_ch * k + batch * out_ch * p * q)
+    return implicit_gemm(g, m, n, k, dtype, nbytes, "conv2d")
+
+
+def implicit_gemm(g: GpuSpec, m: float, n: float, k: float, dtype: str, nbytes: float,
+                  kind: str = "conv") -> OpCost:
+    """A kernel that runs as an ``m x n x k`` GEMM over operands it reads itself
+    (convolutions: ``M = batch x output pixels``, ``N = filters``, ``K = channels x filter
+    area``); ``nbytes`` is what it moves through HBM."""
+    _positive(m=m, n=n, k=k)
+    flops = 2.0 * m * n * k
+    rate, src, rel = _gemm_rate(g, m, n, k, 1, dtype)
+    return _finish(kind, g, flops, nbytes, flops / (rate * 1e6), "implicit GEMM: " + src,
+                   rate / g.peak_tflops(dtype), rel)
+
+
+def memory_bound(g: GpuSpec, kind: str, flops: float, nbytes: float) -> OpCost:
+    """A streaming kernel given its FLOPs and HBM bytes (normalization, softmax,
+    elementwise, reductions: the FLOPs never bind)."""
+    if nbytes <= 0:
+        raise ConfigError(f"{kind}: moves no bytes; nothing to price")
+    return _finish(kind, g, float(flops), float(nbytes), 0.0, "", 0.0, 0.0)
+
+
+def attention(g: GpuSpec, batch: int, heads: int, seq: int, head_dim: int,
+              kv_heads: int | None = None, causal: bool = False, backward: bool = False,
+              dtype: str = "bf16") -> OpCost:
+    """Fused (FlashAttention-style) attention over ``seq`` tokens; GQA when
+    ``kv_heads < heads`` (fewer K/V bytes, same FLOPs)."""
+    kvh = heads if kv_heads is None else kv_heads
+    _positive(batch=batch, heads=heads, seq=seq, head_dim=head_dim, kv_heads=kvh)
+    if heads % kvh:
+        raise ConfigError(f"--kv-heads {kvh}: must divide --heads {heads}")
+    eb = _eb(dtype)
+    flops = 4.0 * batch * heads * seq * seq * head_dim * (0.5 if causal else 1.0)
+    q_o = batch * seq * heads * head_dim * eb
+    k_v = batch * seq * kvh * head_dim * eb
+    nbytes = 2 * q_o + 2 * k_v  # read q, k, v; write o (+ small softmax statistics)
+    if backward:
+        flops *= 2.5
+        nbytes = 2 * nbytes + 2 * q_o + 2 * k_v  # read q,k,v,o,do; write dq,dk,dv
+    if g.flash_attn_tflops > 0:
+        base, src0 = g.flash_attn_tflops, "published, K2-K5"
+    else:
+        base, src0 = g.peak_tflops(dtype) * 0.35, "assumed 35% of peak"
+    curve = seq / (seq + _ATTN_S_HALF)
+    rate = base * curve * (_ATTN_BWD if backward else 1.0)
+    rate = min(rate, g.mamf(dtype)[0])
+    src = (f"FlashAttention-2 {base:.1f} TFLOP/s ({src0}) x sequence curve {curve:.2f} "
+           f"(s_half 256, assumed){' x backward 0.8 (assumed)' if backward else ''}")
+    rel = math.hypot(0.05 if g.flash_attn_tflops else 0.25, 0.15)
+    return _finish("attention", g, flops, nbytes, flops / (rate * 1e6), src,
+                   rate / g.peak_tflops(dtype), rel)
+
+
+def streaming(g: GpuSpec, elements: int, dtype: str = "bf16", reads: int = 1,
+              writes: int = 1, flops_per_element: float = 1.0,
+              kind: str = "elementwise") -> OpCost:
+    """A memory-bound kernel reading ``reads`` and writing ``writes`` tensors of
+    ``elements`` each (normalization: reads=1 (+ weight), writes=1, ~8 FLOPs/element)."""
+    _positive(elements=elements)
+    if reads < 0 or writes < 0 or reads + writes == 0:
+        raise ConfigError(f"--reads {reads} --writes {writes}: at least one tensor moves")
+    nbytes = elements * _eb(dtype) * (reads + writes)
+    return _finish(kind, g, elements * flops_per_element, nbytes, 0.0, "", 0.0, 0.0)
+
+
+def embedding(g: GpuSpec, tokens: int, dim: int, dtype: str = "bf16") -> OpCost:
+    """An embedding lookup: gather ``tokens`` rows of ``dim`` (row reads waste the rest of a
+    32-byte sector when a row is shorter), write the ``tokens x dim`` output."""
+    _positive(tokens=tokens, dim=dim)
+    eb = _eb(dtype)
+    row = dim * eb
+    read = tokens * math.ceil(row / 32) * 32 + tokens * 8  # rows + int64 indices
+    return _finish("embedding", g, 0.0, read + tokens * row, 0.0, "", 0.0, 0.0)
+
+
+def optimizer_step(g: GpuSpec, params: int, optimizer: str = "adam",
+                   dtype: str = "bf16") -> OpCost:
+    """A fused optimizer step over ``params`` parameters with fp32 master weights and
+    states, ``dtype`` gradients and a ``dtype`` copy of the weights written back."""
+    _positive(params=params)
+    opt = optimizer.lower()
+    if opt not in OPTIMIZER_BYTES:
+        raise ConfigError(f"--optimizer {optimizer!r}: choose one of "
+                          f"{', '.join(OPTIMIZER_BYTES)}")
+    eb = _eb(dtype)
+    nbytes = params * (OPTIMIZER_BYTES[opt] + 2 * eb)
+    return _finish("optimizer", g, params * _OPT_FLOPS[opt], nbytes, 0.0, "", 0.0, 0.0)

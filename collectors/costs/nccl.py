@@ -1,0 +1,380 @@
+"""NCCL collective cost model.
+
+Structure follows NCCL's public tuning model (``src/graph/tuning.cc``; ideas and numbers, see
+``REFERENCES.md`` C0): for each algorithm (ring, tree, NVLS, NVLS-tree, CollNet) and protocol
+(LL, LL128, Simple) a latency ``base[algo][proto] + hops x hop[level][algo][proto]`` and a
+bus bandwidth (link rate x channels, cut by the protocol's efficiency and per-channel
+ceilings), converted to an algorithm bandwidth. The algorithm/protocol NCCL's tuner would
+pick is the one with the least ``latency + bytes / algbw``; ``--algo``/``--proto`` force one
+as ``NCCL_ALGO``/``NCCL_PROTO`` do.
+
+Where this model departs from the tuner (it predicts wall-clock time, the tuner only ranks):
+
+* link rates are the cluster's nominal figures x a per-generation efficiency
+  (:mod:`nccl_params`), so a user states what the datasheet says;
+* a pipeline-fill term: a Simple/LL128 ring moves each channel's data in chunks, and the
+  first chunk must cross the whole ring before the pipeline runs full, which costs one more
+  traversal of ``min(S, n x channels x chunk)`` bytes (this is why bus bandwidth keeps rising
+  up to hundreds of MB); NVLS has a shorter pipeline (fitted fraction and cap);
+* a fixed per-call cost (launch, completion).
+
+Sizes follow nccl-tests: ``nbytes`` is the all-reduce buffer, the full gathered buffer of an
+all-gather / reduce-scatter, each rank's send buffer of an alltoall, the broadcast buffer and
+the message of a send/recv. Bus bandwidth uses nccl-tests' factors.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import Enum
+
+from ..errors import ConfigError
+from . import nccl_params as P
+from .cluster import Cluster
+
+__all__ = ["Collective", "Algo", "Proto", "CollectiveCost", "Group", "collective_cost",
+           "bus_factor", "group_of"]
+
+
+class Collective(str, Enum):
+    all_reduce = "all_reduce"
+    all_gather = "all_gather"
+    reduce_scatter = "reduce_scatter"
+    alltoall = "alltoall"
+    broadcast = "broadcast"
+    sendrecv = "sendrecv"
+
+
+class Algo(str, Enum):
+    ring = "ring"
+    tree = "tree"
+    nvls = "nvls"
+    nvls_tree = "nvls_tree"
+    collnet = "collnet"
+    p2p = "p2p"  # alltoall and send/recv: grouped point-to-point, no algorithm choice
+
+
+class Proto(str, Enum):
+    ll = "LL"
+    ll128 = "LL128"
+    simple = "Simple"
+
+
+_PROTO_IDX = {Proto.ll: 0, Proto.ll128: 1, Proto.simple: 2}
+
+
+@dataclass(frozen=True)
+class Group:
+    """Ranks of one collective on the cluster: total, per node, nodes; ``domain``: whether
+    all ranks share one NVLink domain (no network hop)."""
+
+    ranks: int
+    per_node: int
+    nodes: int
+    domain: bool
+
+
+def group_of(cluster: Cluster, ranks: int | None = None) -> Group:
+    """The group of ``ranks`` consecutive ranks (default: the whole cluster)."""
+    n = cluster.world_size if ranks is None else ranks
+    if n < 2:
+        raise ConfigError(f"a collective needs at least 2 ranks; the cluster has {n} "
+                          f"({cluster.gpus_per_node} GPUs per node x {cluster.nodes} nodes); "
+                          "raise --nodes or --gpus-per-node")
+    per_node = min(n, cluster.gpus_per_node)
+    nodes = math.ceil(n / per_node)
+    domain = cluster.intra_fabric == "nvswitch" and n <= cluster.nvlink_domain \
+        or nodes == 1
+    return Group(n, per_node, nodes, domain)
+
+
+def bus_factor(coll: Collective, n: int) -> float:
+    """nccl-tests' busbw / algbw factor (doc/PERFORMANCE.md, REFERENCES.md C8)."""
+    if coll == Collective.all_reduce:
+        return 2.0 * (n - 1) / n
+    if coll in (Collective.all_gather, Collective.reduce_scatter, Collective.alltoall):
+        return (n - 1) / n
+    return 1.0
+
+
+@dataclass(frozen=True)
+class CollectiveCost:
+    """One priced collective: time (us), bandwidths (GB/s), the choice and a range."""
+
+    collective: str
+    nbytes: int
+    ranks: int
+    time_us: float
+    algbw_gbps: float
+    busbw_gbps: float
+    algorithm: str
+    protocol: str
+    channels: int
+    range_us: tuple[float, float]
+    latency_us: float
+    bandwidth_gbps: float  # the algorithm bandwidth the time used (before pipeline fill)
+    sources: tuple[str, ...]
+
+    def to_row(self) -> dict:
+        return {"bytes": self.nbytes, "time_us": round(self.time_us, 3),
+                "algbw_gbps": round(self.algbw_gbps, 3), "busbw_gbps": round(self.busbw_gbps, 3),
+                "algorithm": self.algorithm, "protocol": self.protocol,
+                "channels": self.channels,
+                "range_us": [round(self.range_us[0], 3), round(self.range_us[1], 3)]}
+
+
+@dataclass(frozen=True)
+class _Links:
+    """Achievable per-GPU rates (GB/s) of one cluster, with the params behind them."""
+
+    intra: float
+    intra_p: P.Param
+    net_node: float  # per node, over the NICs the group's ranks use
+    net_gpu: float  # one GPU's own NIC share
+    net_p: P.Param
+    channels: int
+    hop: str  # "nvlink" | "pcie"
+
+
+def _links(c: Cluster, g: Group) -> _Links:
+    ip = P.LINK_EFF[c.intra_generation]
+    npar = P.NET_EFF[c.net_fabric]
+    nic = c.nic_gbps * npar.value
+    per_gpu_nics = c.nics_per_node / c.gpus_per_node
+    ch = P.CHANNELS.get((c.intra_fabric, c.spec.arch)) or P.CHANNELS.get((c.intra_fabric, None)) \
+        or P.CHANNELS[("nvswitch", "hopper")]
+    channels = int(ch.value)
+    if g.nodes > 1 and not g.domain and c.nics_per_node:
+        # rings leaving the node are built per NIC (two channels each), not per NVLink
+        channels = min(channels, 2 * c.nics_per_node)
+    return _Links(intra=c.intra_gbps * ip.value, intra_p=ip,
+                  net_node=g.per_node * per_gpu_nics * nic if c.nics_per_node else 0.0,
+                  net_gpu=max(per_gpu_nics, 1.0 / c.gpus_per_node) * nic, net_p=npar,
+                  channels=channels, hop="nvlink" if c.intra_fabric == "nvswitch" else "pcie")
+
+
+def _enabled(c: Cluster, g: Group, coll: Collective) -> list[tuple[Algo, Proto]]:
+    """(algorithm, protocol) pairs NCCL would consider for this collective and cluster."""
+    if coll in (Collective.alltoall, Collective.sendrecv):
+        return [(Algo.p2p, Proto.simple)]
+    nvidia_nvlink = c.intra_fabric == "nvswitch"
+    protos = [Proto.ll, Proto.simple] + ([Proto.ll128] if nvidia_nvlink else [])
+    out = [(Algo.ring, p) for p in protos]
+    if coll == Collective.all_reduce:
+        if g.nodes > 1 and not g.domain:
+            out += [(Algo.tree, p) for p in protos]
+            if c.nvls and g.per_node > 1:
+                out.append((Algo.nvls_tree, Proto.simple))
+            if c.sharp:
+                out.append((Algo.collnet, Proto.simple))
+        if c.nvls and g.domain and g.nodes == 1:
+            # NVLS over an NVLink domain spanning nodes (MNNVL, e.g. NVL72) is disabled in
+            # NCCL's tuner ("MNNVL: NVLS not yet supported", C0): rings run there
+            out.append((Algo.nvls, Proto.simple))
+    return out
+
+
+def _busbw(c: Cluster, g: Group, L: _Links, coll: Collective, a: Algo, p: Proto) -> float:
+    """NCCL-style bus bandwidth (GB/s) of one algorithm/protocol, before conversion."""
+    cross = g.nodes > 1 and not g.domain
+    ring_bw = min(L.intra, L.net_node) if cross else L.intra
+    if g.per_node == 1 and cross:
+        ring_bw = L.net_node
+    if a == Algo.ring:
+        bw = ring_bw
+    elif a == Algo.tree:
+        bw = min(L.intra, L.net_node) * P.TREE_EFF.value
+    elif a == Algo.collnet:  # in-network reduction: each node sends and receives S once
+        bw = min(L.intra, L.net_node) * 0.9
+    else:
+        bw = ring_bw
+    if p == Proto.ll:
+        llmax = P.LL_MAX_BUSBW[c.spec.arch if not cross else
+                               ("nodes2" if g.nodes == 2 else "nodes3+")]
+        quarter = cross or coll == Collective.all_reduce
+        bw = min(llmax, bw / (3.8 if a == Algo.tree else 4.0 if quarter else 3.0))
+    elif p == Proto.ll128:
+        eff = 0.7 if g.per_node < 2 else 0.92
+        if a == Algo.tree:
+            eff = 7.0 / 9.0 if g.nodes == 1 else 120.0 / 128.0
+        bw = min(bw * eff, L.channels * P.LL128_PER_CHANNEL[c.spec.arch])
+    return bw
+
+
+def _algbw(c: Cluster, g: Group, L: _Links, coll: Collective, a: Algo, p: Proto) -> float:
+    """Algorithm bandwidth (GB/s): bytes / time in the bandwidth-bound limit."""
+    n = g.ranks
+    if a == Algo.nvls:
+        return c.intra_gbps * P.NVLS_EFF.value
+    if a == Algo.nvls_tree:  # NVLS inside each node, a tree of nodes over the NICs
+        return min(c.intra_gbps * P.NVLS_EFF.value, L.net_node / 2.0 * P.TREE_EFF.value)
+    if a in (Algo.tree, Algo.collnet):
+        # a double binary tree (or the switch's reduction tree) moves the buffer up and down
+        # once: each link direction carries S, so algbw is half the bus rate (NCCL's .5)
+        return _busbw(c, g, L, coll, a, p) / 2.0
+    if a == Algo.p2p:
+        return _p2p_algbw(g, L, coll)
+    return _busbw(c, g, L, coll, a, p) / bus_factor(coll, n)
+
+
+def _p2p_algbw(g: Group, L: _Links, coll: Collective) -> float:
+    """alltoall / send-recv: on-node peers over the intra fabric, the rest over the GPU's own
+    NIC share (an alltoall cannot spread one GPU's traffic over the node's other NICs, C4)."""
+    n, k = g.ranks, g.per_node
+    intra = L.intra * P.P2P_EFF.value
+    if coll == Collective.sendrecv:
+        return intra if g.nodes == 1 or g.domain else L.net_gpu
+    if g.domain or g.nodes == 1:
+        return intra / ((n - 1) / n)
+    t_intra = (k - 1) / n / intra
+    t_net = (n - k) / n / L.net_gpu
+    return 1.0 / max(t_intra, t_net)
+
+
+def _latency_us(c: Cluster, g: Group, coll: Collective, a: Algo, p: Proto) -> float:
+    """NCCL's latency structure: base + intra hops x intra latency + inter hops x net latency."""
+    i = _PROTO_IDX[p]
+    hop = "nvlink" if c.intra_fabric == "nvswitch" else "pcie"
+    cross = g.nodes > 1 and not g.domain
+    n, k, nodes = g.ranks, g.per_node, (g.nodes if cross else 1)
+    if a == Algo.p2p:
+        key = "ring"
+        intra, inter = P.HOP_LAT_US[hop][key][2], P.HOP_LAT_US["net"][key][2]
+        peers_far = n - k if cross else 0
+        steps = 1 if coll == Collective.sendrecv else math.ceil(math.log2(n))
+        return P.BASE_LAT_US["ring"][2] + steps * (inter if peers_far else intra)
+    base = P.BASE_LAT_US[a.value][i]
+    intra = P.HOP_LAT_US[hop][a.value][i]
+    inter = P.HOP_LAT_US["net"][a.value][i]
+    if a == Algo.ring:
+        if coll == Collective.all_reduce:
+            steps, inter_steps = 2 * (n - 1), (2 * nodes if nodes > 1 else 0)
+        elif coll == Collective.broadcast:
+            steps, inter_steps = n - 1, nodes - 1
+        else:
+            steps, inter_steps = n - 1, nodes - 1
+        if nodes > 1:  # inter-node rings still post each step to the NIC proxy (~1-3 us)
+            intra = max(intra, 3.0 if p == Proto.simple else 1.0)
+        return base + (steps - inter_steps) * intra + inter_steps * inter
+    if a == Algo.tree:
+        return base + 2 * ((k - 1) * intra + math.log2(nodes) * inter)
+    if a == Algo.nvls:
+        return base + intra + (inter if cross else 0.0)
+    if a == Algo.nvls_tree:
+        return base + intra + 2 * math.log2(nodes) * inter
+    return base + 2 * (k - 1) * 0.4 + 2 * min(1, k - 1) * intra + inter  # collnet direct
+
+
+def _fill_us(c: Cluster, g: Group, L: _Links, coll: Collective, a: Algo, p: Proto,
+             nbytes: float, algbw: float) -> float:
+    """Pipeline fill: one more traversal of the in-flight data (see the module docstring)."""
+    if p == Proto.ll or a == Algo.p2p:
+        return 0.0
+    if a in (Algo.nvls, Algo.nvls_tree):
+        frac, cap = P.NVLS_FILL
+        return frac.value * min(nbytes, cap.value) / (algbw * 1e3)
+    inflight = g.ranks * L.channels * P.CHUNK_BYTES.value
+    return min(nbytes, inflight) / (algbw * 1e3)
+
+
+def _time(c, g, L, coll, a, p, nbytes) -> tuple[float, float, float, float]:
+    """(tuner time, predicted time, latency, algbw) in us / GB/s."""
+    bw = _algbw(c, g, L, coll, a, p)
+    if bw <= 0:
+        return math.inf, math.inf, 0.0, 0.0
+    lat = _latency_us(c, g, coll, a, p)
+    t_tuner = lat + nbytes / (bw * 1e3)
+    t = P.CALL_US.value + t_tuner + _fill_us(c, g, L, coll, a, p, nbytes, bw)
+    return t_tuner, t, lat, bw
+
+
+def _range(c: Cluster, g: Group, L: _Links, a: Algo, t: float, lat: float) -> tuple[float, float]:
+    """Range from the sources of the parameters this prediction used: latency terms are
+    'assumed' (the tuner's tables as wall-clock time), bandwidth terms carry the link
+    efficiency's and (off-node) the NIC efficiency's uncertainty."""
+    lat_part = lat + P.CALL_US.value
+    bw_part = max(t - lat_part, 0.0)
+    rels = [L.intra_p.rel]
+    if g.nodes > 1 and not g.domain:
+        rels.append(L.net_p.rel)
+    if a in (Algo.nvls, Algo.nvls_tree):
+        rels.append(P.NVLS_EFF.rel)
+    if a == Algo.p2p:
+        rels.append(P.P2P_EFF.rel)
+    rb = math.sqrt(sum(r * r for r in rels)) + P.CHUNK_BYTES.rel * 0.5
+    rl = P.LATENCY.rel * 2
+    return (lat_part * (1 - rl * 0.6) + bw_part * (1 - rb) / 1.0,
+            lat_part * (1 + rl) + bw_part * (1 + rb))
+
+
+def collective_cost(cluster: Cluster, collective: str | Collective, nbytes: int,
+                    ranks: int | None = None, algo: str | None = None,
+                    proto: str | None = None) -> CollectiveCost:
+    """Predict one collective of ``nbytes`` (nccl-tests size) over ``ranks`` ranks of
+    ``cluster`` (default all), optionally forcing the algorithm / protocol.
+
+    Raises ConfigError for a group of one rank, a size below 1 byte, or a forced algorithm
+    the cluster cannot run (NVLS without NVLink SHARP, CollNet without SHARP, ...).
+    """
+    coll = Collective(collective)
+    if nbytes < 1:
+        raise ConfigError(f"message size {nbytes} bytes: must be >= 1")
+    g = group_of(cluster, ranks)
+    if coll == Collective.sendrecv:
+        g = Group(2, 2 if g.per_node > 1 else 1, 1 if g.per_node > 1 else 2,
+                  g.per_node > 1 or g.domain)
+    L = _links(cluster, g)
+    cands = _enabled(cluster, g, coll)
+    if algo is not None:
+        want = Algo(algo.lower())
+        picked = [(a, p) for a, p in cands if a == want]
+        if not picked:
+            raise ConfigError(_why_not(cluster, g, coll, want))
+        cands = picked
+    if proto is not None:
+        wantp = {q.value.lower(): q for q in Proto}.get(proto.lower())
+        if wantp is None:
+            raise ConfigError(f"--proto {proto!r}: choose LL, LL128 or Simple")
+        picked = [(a, p) for a, p in cands if p == wantp]
+        if not picked:
+            raise ConfigError(f"--proto {wantp.value}: not available for {coll.value} with "
+                              f"{', '.join(sorted({a.value for a, _ in cands}))} on "
+                              f"{cluster.intra_fabric} (LL128 needs NVLink; NVLS, CollNet and "
+                              "point-to-point run Simple only)")
+        cands = picked
+    best = None
+    for a, p in cands:
+        tt, t, lat, bw = _time(cluster, g, L, coll, a, p, nbytes)
+        if best is None or tt < best[0]:
+            best = (tt, t, lat, bw, a, p)
+    _, t, lat, bw, a, p = best
+    algbw = nbytes / (t * 1e3)
+    lo, hi = _range(cluster, g, L, a, t, lat)
+    srcs = (f"intra {cluster.intra_generation} x {L.intra_p.value} ({L.intra_p.source}: "
+            f"{L.intra_p.ref})",)
+    if g.nodes > 1 and not g.domain:
+        srcs += (f"network {cluster.net_fabric} x {L.net_p.value} ({L.net_p.source}: "
+                 f"{L.net_p.ref})",)
+    return CollectiveCost(coll.value, int(nbytes), g.ranks, t, algbw,
+                          algbw * bus_factor(coll, g.ranks), a.value, p.value,
+                          L.channels if a not in (Algo.nvls, Algo.nvls_tree) else 16,
+                          (lo, hi), lat + P.CALL_US.value, bw, srcs)
+
+
+def _why_not(c: Cluster, g: Group, coll: Collective, want: Algo) -> str:
+    if want == Algo.nvls and c.nvls and g.nodes > 1 and g.domain:
+        return (f"--algo nvls: NVLS over an NVLink domain spanning {g.nodes} nodes (MNNVL) is "
+                "not used by NCCL's tuner (C0); rings run there")
+    if want in (Algo.nvls, Algo.nvls_tree) and not c.nvls:
+        return (f"--algo {want.value}: NVLS needs NVLink SHARP (Hopper or newer GPUs on "
+                f"NVSwitch3+); cluster {c.name} ({c.gpu}, {c.intra_fabric}) has nvls = false")
+    if want == Algo.collnet and not c.sharp:
+        return (f"--algo collnet: needs SHARP in-network reduction; cluster {c.name} has "
+                "sharp = false")
+    if coll != Collective.all_reduce and want != Algo.ring:
+        return (f"--algo {want.value}: NCCL runs {coll.value} with the ring algorithm only "
+                "(alltoall and send/recv are point-to-point)")
+    return (f"--algo {want.value}: not used for {coll.value} on {g.ranks} ranks in "
+            f"{g.nodes} node(s) of {c.name} (tree, NVLS-tree and CollNet need several nodes; "
+            "NVLS needs one NVLink domain)")

@@ -1,0 +1,95 @@
+"""Parameters of the NCCL collective model, each with its value, where it came from and how
+uncertain it is. Sources are keyed to ``collectors/costs/REFERENCES.md`` (C0 = NCCL's public
+tuning model, ``src/graph/tuning.cc``; C1.. = published nccl-tests series and maintainer
+statements). ``published`` figures are taken as printed, ``fitted`` ones were set from the
+fit rows named in REFERENCES.md (never from the rows bench/cost.py judges), ``assumed`` ones
+are physical guesses with a wide range.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["Param", "LINK_EFF", "NET_EFF", "NVLS_EFF", "BASE_LAT_US", "HOP_LAT_US",
+           "LL_MAX_BUSBW", "LL128_PER_CHANNEL", "CHANNELS", "CALL_US", "CHUNK_BYTES",
+           "NVLS_FILL", "P2P_EFF", "TREE_EFF", "UNCERTAINTY"]
+
+#: relative 1-sigma-ish half-width of the range a parameter of each source contributes
+UNCERTAINTY = {"published": 0.05, "fitted": 0.10, "assumed": 0.25}
+
+
+@dataclass(frozen=True)
+class Param:
+    """One model parameter: value, source kind and the reference that backs it."""
+
+    value: float
+    source: str  # "published" | "fitted" | "assumed"
+    ref: str
+
+    @property
+    def rel(self) -> float:
+        return UNCERTAINTY[self.source]
+
+
+#: Simple-protocol ring bus bandwidth / nominal link rate, per intra-node link generation
+LINK_EFF = {
+    "nvlink3": Param(0.78, "fitted", "C0 (A100 busbw cap 235 GB/s), C1 rows >= 2 GB"),
+    "nvlink4": Param(0.82, "published", "C2: ~370 of 450 GB/s effective on NVLink4"),
+    "nvlink5": Param(0.755, "fitted", "C3 rows >= 2 GB (GB200, 4 GPUs, ring)"),
+    "pcie4": Param(0.80, "assumed", "PCIe 4.0 x16 DMA ~25 of 32 GB/s"),
+    "pcie5": Param(0.80, "assumed", "PCIe 5.0 x16 DMA ~50 of 64 GB/s"),
+    "xgmi3": Param(0.70, "assumed", "xGMI mesh: rings use a subset of the 7 links"),
+}
+#: achievable / nominal per NIC, per network fabric
+NET_EFF = {
+    "infiniband": Param(0.97, "published", "C4: CX-7 NDR 400 Gb/s reaches 48-49 GB/s"),
+    "roce": Param(0.95, "assumed", "RoCE v2 headers vs IB; lossless fabric"),
+    "efa": Param(0.80, "assumed", "SRD transport over Ethernet"),
+    "slingshot": Param(0.85, "assumed", "Slingshot-11 200 Gb/s NICs"),
+}
+#: NVLS all-reduce algorithm bandwidth / nominal NVLink rate (in-switch reduction)
+NVLS_EFF = Param(0.61, "published", "C2: NVLS peak busbw ~480 GB/s, algbw ~275 GB/s of 450")
+#: tree bandwidth factor (NCCL's busBw * .92 for trees)
+TREE_EFF = Param(0.92, "published", "C0: tree busBw x 0.92")
+#: point-to-point (send/recv, alltoall) bandwidth / ring bus bandwidth on the same links
+P2P_EFF = Param(0.84, "fitted", "C5: A100 sendrecv 195 GB/s vs all-reduce 231.6 GB/s")
+
+#: base latency (us) per algorithm and protocol (LL, LL128, Simple), NCCL 2.19 tuning table
+BASE_LAT_US = {
+    "tree": (6.8, 14.0, 0.0), "ring": (6.6, 14.0, 8.4), "nvls": (0.0, 0.0, 0.0),
+    "nvls_tree": (0.0, 0.0, 0.0), "collnet": (0.0, 0.0, 0.0),
+}
+#: per-hop latency (us) per link level, algorithm, protocol (LL, LL128, Simple), same table
+HOP_LAT_US = {
+    "nvlink": {"tree": (0.6, 1.25, 28.0), "ring": (0.6, 1.9, 3.4), "nvls": (0, 0, 23.0),
+               "nvls_tree": (0, 0, 23.0), "collnet": (0, 0, 3.7)},
+    "pcie": {"tree": (1.0, 1.9, 28.0), "ring": (1.0, 2.5, 5.7), "nvls": (0, 0, 0),
+             "nvls_tree": (0, 0, 0), "collnet": (0, 0, 3.7)},
+    "net": {"tree": (5.0, 8.5, 28.0), "ring": (2.7, 4.0, 14.0), "nvls": (0, 0, 18.0),
+            "nvls_tree": (0, 0, 14.0), "collnet": (0, 0, 31.0)},
+}
+#: latency of the tuner's tables as wall-clock time is uncertain (they rank algorithms)
+LATENCY = Param(1.0, "assumed", "C0 latencies used as wall-clock time")
+#: fixed cost of one collective call beyond the tuner's latency (launch, event timing)
+CALL_US = Param(5.0, "assumed", "kernel launch + completion as nccl-tests times it")
+
+#: LL protocol bus-bandwidth ceilings (GB/s): single node by GPU generation, else by nodes
+LL_MAX_BUSBW = {"volta": 39.0, "ampere": 87.7, "hopper": 87.7, "blackwell": 87.7,
+                "cdna3": 39.0, "nodes2": 39.0, "nodes3+": 20.4}
+#: LL128 per-channel ring ceiling (GB/s) per generation (NCCL tuning table)
+LL128_PER_CHANNEL = {"volta": 20.0, "ampere": 20.0, "hopper": 36.7, "blackwell": 36.7,
+                     "cdna3": 20.0}
+#: channels per collective, by intra-node fabric and GPU generation
+CHANNELS = {
+    ("nvswitch", "ampere"): Param(24, "published", "C6: 24 channels on HGX A100"),
+    ("nvswitch", "hopper"): Param(32, "assumed", "NCCL on H100 NVSwitch"),
+    ("nvswitch", "blackwell"): Param(32, "assumed", "NCCL on NVLink5"),
+    ("pcie", None): Param(4, "assumed", "PCIe rings"),
+    ("xgmi", None): Param(16, "assumed", "RCCL rings on the xGMI mesh"),
+}
+#: Simple/LL128 pipeline: bytes per channel in flight per ring step (the ramp of busbw with
+#: message size: one extra ring traversal of the in-flight data)
+CHUNK_BYTES = Param(64 * 1024, "fitted", "C1 rows 1 MB - 1 GB (A100; the fit series)")
+#: NVLS pipeline fill: fraction of a pass and bytes after which it stops growing
+NVLS_FILL = (Param(1.0, "fitted", "C7 rows 1 MB - 1 GB (H100; the NVLS fit series)"),
+             Param(16 * 2**20, "fitted", "C7 rows 1 MB - 1 GB (H100; the NVLS fit series)"))

@@ -1,0 +1,148 @@
+"""Kernel cost from shapes (issue 27): roofline bounds, the published ceiling never exceeded,
+wave quantization, published GEMM sweeps at their tolerance, bad shapes refused."""
+
+from __future__ import annotations
+
+import random
+import sys
+from pathlib import Path
+
+import pytest
+import tomllib
+
+from retime.collectors.costs import kernels as K
+from retime.collectors.costs.gpus import gpu_names, gpu_spec
+from retime.collectors.costs.tiles import tile_utilization
+from retime.collectors.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_gemm_never_exceeds_the_published_ceiling():
+    rng = random.Random(7)
+    for name in gpu_names():
+        g = gpu_spec(name)
+        for dtype in ("bf16", "fp8"):
+            if dtype not in g.hw.peak_tflops:
+                continue
+            ceiling = g.mamf(dtype)[0]
+            for _ in range(60):
+                m, n, k = (rng.choice([1, 7, 64, 256, 1000, 4096, 16384, 65536])
+                           for _ in range(3))
+                r = K.matmul(g, m, n, k, rng.choice([1, 1, 4]), dtype)
+                assert r.tflops <= ceiling * (1 + 1e-9), (name, dtype, m, n, k)
+                assert r.range_us[0] < r.time_us < r.range_us[1]
+
+
+def test_big_gemm_is_compute_bound_near_the_ceiling():
+    g = gpu_spec("h100-sxm")
+    r = K.matmul(g, 16384, 16384, 16384, dtype="bf16")
+    assert r.bound == "compute"
+    assert 0.95 * 792.1 < r.tflops <= 792.1
+    assert r.flops == 2 * 16384**3
+    assert "published" in r.efficiency_source
+
+
+def test_skinny_gemm_is_memory_bound_and_closed_form():
+    """A GEMV-like shape moves its weight once: time = bytes / (triad x size curve)."""
+    g = gpu_spec("a100-80gb")
+    m, n, k = 1, 8192, 8192
+    r = K.matmul(g, m, n, k, dtype="bf16")
+    nbytes = 2 * (m * k + k * n) + 2 * m * n
+    bw = 1700.0  # published triad, GB/s
+    t = nbytes / (bw * nbytes / (nbytes + bw * 1e3 * 0.6) * 1e3)
+    assert r.bound == "memory" and r.bytes == nbytes
+    assert r.time_us == pytest.approx(t, rel=1e-12)
+
+
+def test_tiny_kernels_are_latency_bound():
+    g = gpu_spec("b200")
+    r = K.streaming(g, 1000, "bf16")
+    assert r.bound == "latency" and r.time_us == g.hw.kernel_overhead_us
+
+
+def test_wave_quantization_costs_a_partial_wave():
+    # 132 SMs, a shallow reduction (no split-K): 133 tiles of 128x128 need two waves, 132
+    # need one; smaller tiles fill the waves but lose their reuse
+    one = tile_utilization(132, [128 * 132], 128, 256, 192)
+    two = tile_utilization(132, [128 * 133], 128, 256, 192)
+    assert one == pytest.approx(1.0) and two == pytest.approx(133 / 264)
+    # a deep reduction can split k over the idle SMs (stream-K), at a 10% fix-up cost
+    assert tile_utilization(132, [128 * 133], 128, 4096, 192) == pytest.approx(0.9)
+    g = gpu_spec("h100-sxm")
+    a = K.matmul(g, 128 * 132, 256, 512, dtype="bf16")  # 264 tiles: two full waves
+    b = K.matmul(g, 128 * 133, 256, 512, dtype="bf16")  # 266 tiles: a third, nearly empty
+    assert a.bound == b.bound == "compute"
+    assert b.time_us > 1.3 * a.time_us
+
+
+def test_attention_flops_causal_gqa_and_backward():
+    g = gpu_spec("h100-sxm")
+    f = K.attention(g, 2, 32, 4096, 128)
+    assert f.flops == 4 * 2 * 32 * 4096**2 * 128
+    c = K.attention(g, 2, 32, 4096, 128, causal=True)
+    assert c.flops == f.flops / 2 and c.time_us < f.time_us
+    q = K.attention(g, 2, 32, 4096, 128, kv_heads=8)
+    assert q.flops == f.flops and q.bytes < f.bytes
+    b = K.attention(g, 2, 32, 4096, 128, backward=True)
+    assert b.flops == 2.5 * f.flops and b.tflops < f.tflops
+    # the published FlashAttention-2 rate at the published shape (batch 2, seq 8192, d 128)
+    pub = K.attention(g, 2, 16, 8192, 128)
+    assert pub.tflops == pytest.approx(327.9 * 8192 / (8192 + 256), rel=0.01)
+
+
+def test_conv_is_an_implicit_gemm():
+    g = gpu_spec("a100-80gb")
+    r = K.conv2d(g, 64, 64, 56, 56, 64, kernel=3)
+    assert r.flops == 2 * (64 * 56 * 56) * 64 * (64 * 9)
+    s2 = K.conv2d(g, 64, 64, 56, 56, 64, kernel=3, stride=2)
+    assert s2.flops == 2 * (64 * 28 * 28) * 64 * (64 * 9)
+
+
+def test_optimizer_and_embedding_bytes():
+    g = gpu_spec("h200")
+    adam = K.optimizer_step(g, 10**9, "adam", "bf16")
+    assert adam.bytes == 10**9 * (24 + 4) and adam.bound == "memory"
+    assert K.optimizer_step(g, 10**9, "sgd").bytes < adam.bytes
+    e = K.embedding(g, 4096, 4096, "bf16")
+    assert e.bytes == 4096 * 8192 + 4096 * 8 + 4096 * 8192
+
+
+@pytest.mark.parametrize("call, words", [
+    (lambda g: K.matmul(g, 0, 10, 10), "positive"),
+    (lambda g: K.matmul(g, 10, 10, 10, dtype="fp7"), "--dtype"),
+    (lambda g: K.attention(g, 1, 12, 128, 64, kv_heads=5), "must divide"),
+    (lambda g: K.optimizer_step(g, 10, "lion"), "--optimizer"),
+    (lambda g: K.conv2d(g, 1, 3, 2, 2, 8, kernel=7, padding=0), "no output"),
+    (lambda g: K.matmul(gpu_spec("a100-80gb"), 64, 64, 64, dtype="fp8"), "no fp8 peak"),
+])
+def test_bad_shapes_are_refused(call, words):
+    with pytest.raises(ConfigError, match=words):
+        call(gpu_spec("h100-sxm"))
+
+
+def test_published_gemm_sweeps_at_tolerance():
+    """Judged rows of 2048+ in every dimension (the issue's 256+-token GEMMs at these
+    sweeps' shapes) within 10% (A100 FP16, H100/H200 FP8) and 30% (GB200 FP8: the model
+    underestimates Blackwell at 2048^3, -26%; larger shapes are within 8%)."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import cost as bench
+    finally:
+        sys.path.pop(0)
+    with open(ROOT / "bench" / "data" / "cost_published.toml", "rb") as fh:
+        data = tomllib.load(fh)
+    tol = {("K2", "fp16"): 0.10, ("K3", "fp8"): 0.10, ("K4", "fp8"): 0.10, ("K5", "fp8"): 0.30}
+    checked = 0
+    for s in data["gemm"]:
+        rows = bench.gemm_rows(s)
+        assert not any(r["above_ceiling"] for r in rows)
+        t = tol.get((s["id"], s["dtype"]))
+        if t is None:
+            continue
+        for r in rows:
+            dims = [int(x) for x in r["shape"].split("x")]
+            if r["role"] == "judge" and min(dims) >= 2048:
+                assert abs(r["error"]) < t, (s["title"], r)
+                checked += 1
+    assert checked >= 16
