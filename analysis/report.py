@@ -80,6 +80,9 @@ def _measured_of(x: Any, t: Trace, baseline: Any | None) -> tuple[Any | None, fl
 
 def _range_of(x: Any, t: Trace) -> list[float] | None:
     """The what-if's step-time range ``[lo, hi]`` (ns per step), where the replay has one."""
+    if not isinstance(x, Trace):
+        from retime.replay import prediction_range
+        prediction_range(x)
     w = (getattr(x, "meta", None) or {}).get("whatif") if not isinstance(x, Trace) else None
     if not isinstance(w, dict):
         w = (t.meta.get("replay") or {}).get("whatif") or {}

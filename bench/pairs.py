@@ -167,9 +167,10 @@ def whatif_summary(trace: Trace, keys: dict) -> dict:
     """What ``retime replay --json --set ...`` prints for the what-if (its
     ``step_time_ns.per_step.replayed`` is the step the CLI shows: the slowest rank's mean
     replayed step)."""
-    from retime.replay import whatif
+    from retime.replay import prediction_range, whatif
 
     res = whatif(trace, dict(keys))
+    prediction_range(res)
     s = res.summary()
     s["whatif"] = res.meta.get("whatif", {})
     rng = s["whatif"].get("step_range_ns")

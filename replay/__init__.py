@@ -3,7 +3,7 @@
 from .engine import ContentionModel, ReplayResult, replay, simulate
 from .graph import ReplayGraph, build_graph, graph_from_arrays
 from .policies.scenario import Scenario, load_scenario, parse_set
-from .whatif import whatif
+from .whatif import prediction_range, whatif
 
 __all__ = [
     "ContentionModel",
@@ -17,4 +17,5 @@ __all__ = [
     "replay",
     "simulate",
     "whatif",
+    "prediction_range",
 ]

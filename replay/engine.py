@@ -190,7 +190,8 @@ class ReplayResult:
     workers and back) keep whichever form the result holds.
     """
 
-    __slots__ = ("trace", "graph", "meta", "_s", "_e", "_c", "_layout", "_w")
+    # _rc: what replay.whatif.prediction_range needs to compute the what-if's range later
+    __slots__ = ("trace", "graph", "meta", "_s", "_e", "_c", "_layout", "_w", "_rc")
 
     def __init__(self, trace: Trace, graph: ReplayGraph, start_ns: np.ndarray | None = None,
                  end_ns: np.ndarray | None = None, crit_pred: np.ndarray | None = None,
@@ -208,6 +209,7 @@ class ReplayResult:
         # ("i", start i64, end i64, crit i64 positions, 0) from the fast path
         st(self, "_layout", layout if start_ns is None else None)
         st(self, "_w", None)
+        st(self, "_rc", None)
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError(f"ReplayResult is read-only (cannot set {name!r})")
@@ -219,9 +221,10 @@ class ReplayResult:
         return (self.trace, self.graph, self.meta, self._s, self._e, self._c, self._layout)
 
     def __setstate__(self, state: tuple) -> None:
-        for k, v in zip(self.__slots__[:-1], state, strict=True):
+        for k, v in zip(self.__slots__[:7], state, strict=True):
             object.__setattr__(self, k, v)
         object.__setattr__(self, "_w", None)  # step windows: recomputed when asked
+        object.__setattr__(self, "_rc", None)  # a range not yet computed is not carried
 
     def __repr__(self) -> str:
         return (f"ReplayResult(ops={self.graph.n_ops}, mode={self.meta.get('mode')!r}, "

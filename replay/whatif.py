@@ -32,7 +32,7 @@ from .policies.base import (
 from .policies.network import Network
 from .policies.scenario import TABLES, Scenario, as_policies
 
-__all__ = ["whatif", "comm_traffic"]
+__all__ = ["whatif", "prediction_range", "comm_traffic"]
 
 _CONFIG_ORDER = list(TABLES)
 # ideal durations replace all durations first; factors and deltas act on them afterwards
@@ -72,18 +72,35 @@ def whatif(trace: Trace, policies: Scenario | Policy | list | dict | str | Path 
     pols = as_policies(policies)
     with fingerprint_scope():  # each trace's fingerprint (cache key) computed once
         res = _whatif(trace, pols, ideal=ideal, mode=mode)
-        if pols:
-            variants = res.meta["whatif"].pop("range_variants", [])
-            alt = []
-            for v in variants:  # the same what-if at the bounds of what it could not measure
-                try:
-                    given = dict(policies) if isinstance(policies, dict) else _keys_of(pols)
-                    alt.append(_whatif(trace, as_policies({**given, **v}),
-                                       ideal=ideal, mode=mode).summary())
-                except PolicyError:
-                    continue
-            res.meta["whatif"].update(step_range(trace, res, alt))
-        return res
+    if pols:  # the range is computed when asked for (prediction_range): sweeps stay lazy
+        given = dict(policies) if isinstance(policies, dict) else _keys_of(pols)
+        object.__setattr__(res, "_rc", (trace, given, ideal, mode))
+    return res
+
+
+def prediction_range(res: ReplayResult) -> list[float] | None:
+    """The what-if's step-time range ``[lo, hi]`` (ns per step, slowest rank; see
+    :func:`step_range`), computed on first use and kept in ``res.meta["whatif"]``
+    (``step_range_ns``, ``range``); None for a replay that is not a what-if."""
+    w = res.meta.get("whatif")
+    if not isinstance(w, dict):
+        return None
+    if "step_range_ns" in w:
+        return list(w["step_range_ns"])
+    ctx = getattr(res, "_rc", None)
+    if ctx is None:
+        return None
+    trace, given, ideal, mode = ctx
+    alt = []
+    with fingerprint_scope():
+        for v in w.pop("range_variants", []):  # the what-if at the bounds it could not measure
+            try:
+                alt.append(_whatif(trace, as_policies({**given, **v}), ideal=ideal,
+                                   mode=mode).summary())
+            except PolicyError:
+                continue
+    w.update(step_range(trace, res, alt))
+    return list(w["step_range_ns"])
 
 
 def _keys_of(pols: list) -> dict[str, Any]:

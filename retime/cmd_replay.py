@@ -55,6 +55,9 @@ def replay_cmd(
         result = whatif(trace, scenario_from_cli(scenario, set_), ideal=ideal)
     else:
         result = simulate(build_graph(trace, ideal=ideal, strict=strict))
+    if "whatif" in result.meta:
+        from retime.replay import prediction_range
+        prediction_range(result)  # the range, before the summary and the saved trace
     s = result.summary()
     if "whatif" in result.meta:
         s["whatif"] = result.meta["whatif"]

@@ -241,7 +241,10 @@ def test_whatif_report_names_the_scenario_and_puts_both_steps_side_by_side(dlrm)
     a, b = RunAnalysis(dlrm).step_ns, RunAnalysis(w).step_ns
     assert head["Measured step"][0] == fmt_ns(a)
     assert head["What-if step"][0] == fmt_ns(b)
-    assert head["What-if step"][1] == "hardware.host_speedup = 2"
+    lo, hi = replay.prediction_range(w)
+    assert lo < b < hi
+    assert head["What-if step"][1] == (f"hardware.host_speedup = 2; range {fmt_ns(lo)} to "
+                                       f"{fmt_ns(hi)}")
     assert head["Change"][0] == f"{(b - a) / a:+.1%}"
     assert rep.scenario[0][:2] == ("hardware.host_speedup", "2")
     assert "host (CPU) work" in rep.scenario[0][2]

@@ -20,7 +20,7 @@ import pytest
 
 from retime.collectors.calibrate import FORMAT, attach, parse_sizes, read_calibration
 from retime.collectors.errors import TraceFormatError
-from retime.replay import build_graph, whatif
+from retime.replay import build_graph, prediction_range, whatif
 
 ROOT = Path(__file__).resolve().parents[1]
 PAIRS = ROOT / "traces" / "pairs"
@@ -135,6 +135,8 @@ def test_range_holds_the_prediction_and_the_replays_at_the_unmeasured_bounds():
     t = load_capture(PAIRS / "mlp-bucket" / "B", plain=True)
     keys = {"overlap.bucket_mb": 1.048576}
     r = whatif(t, keys)
+    assert "step_range_ns" not in r.meta["whatif"]  # computed when asked for
+    prediction_range(r)
     w = r.meta["whatif"]
     pred = r.summary()["step_time_ns"]["per_step"]["replayed"]
     lo, hi = w["step_range_ns"]
@@ -150,7 +152,8 @@ def test_range_holds_the_prediction_and_the_replays_at_the_unmeasured_bounds():
     per = sw.groupby("step")["measured_ns"].max().to_numpy(np.float64)
     assert noise == pytest.approx((per.max() - per.min()) / 2 / np.median(per), rel=1e-12)
     # identity replay carries no range
-    assert "step_range_ns" not in whatif(t).meta["whatif"]
+    ident = whatif(t)
+    assert prediction_range(ident) is None and "step_range_ns" not in ident.meta["whatif"]
 
 
 def test_calibration_file_errors_name_the_file_and_the_fix(tmp_path):
