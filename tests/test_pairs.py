@@ -42,6 +42,9 @@ def _param_bytes(s: dict) -> int:
     if s["model"] == "mlp":
         h = s["hidden"]
         return 4 * (s["layers"] * (h * h + h) + h + 1)
+    if s["model"] == "cnn":  # 3x3 convolutions (the first from 3 channels), head Linear(c, 1)
+        c = s["channels"]
+        return 4 * ((3 * c * 9 + c) + (s["layers"] - 1) * (c * c * 9 + c) + c + 1)
     d = s["d_model"]
     # attention in/out projections 4d^2+4d, feed-forward (4d) 8d^2+5d, two LayerNorms 4d
     return 4 * (s["layers"] * (12 * d * d + 13 * d) + d + 1)
@@ -133,10 +136,16 @@ def test_capture_files_match_their_setting(name, label):
                  if e.get("ph") == "X" and e["name"].startswith("ProfilerStep#")]
         assert steps == ["ProfilerStep#2", "ProfilerStep#3", "ProfilerStep#4"]  # 3 recorded
         # the recorded input shapes carry the per-rank batch: the first Linear's input is
-        # (batch, hidden) in the MLP, (seq, batch, d_model) in attention's in-projection
-        lin = next(e for e in doc["traceEvents"] if e.get("name") == "aten::linear")
-        assert lin["args"]["Input Dims"][0] == ([s["batch"], s["hidden"]] if s["model"] == "mlp"
-                                                else [s["seq"], s["batch"], s["d_model"]])
+        # (batch, hidden) in the MLP, (seq, batch, d_model) in attention's in-projection; the
+        # conv net's first convolution takes (batch, 3, image, image)
+        if s["model"] == "cnn":
+            conv = next(e for e in doc["traceEvents"] if e.get("name") == "aten::conv2d")
+            assert conv["args"]["Input Dims"][0] == [s["batch"], 3, s["image"], s["image"]]
+        else:
+            lin = next(e for e in doc["traceEvents"] if e.get("name") == "aten::linear")
+            assert lin["args"]["Input Dims"][0] == (
+                [s["batch"], s["hidden"]] if s["model"] == "mlp"
+                else [s["seq"], s["batch"], s["d_model"]])
     for f in (PAIRS / name / label).iterdir():
         assert f.stat().st_size < 1_000_000, f  # small, as the suite promises
 

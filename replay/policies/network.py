@@ -251,7 +251,9 @@ class Network(Policy):
         if old is None:
             if cpu and shaper is None and self.measured_inter_node_gbps is not None:
                 shaper = inferred_shaper(state.graph, tab, float(self.measured_inter_node_gbps))
-                if shaper is not None:
+                if shaper is not None:  # fitted on the trace's transfers: no prior to bound
+                    state.notes["bounded_assumptions"] = \
+                        state.notes.get("bounded_assumptions", 0) + 1
                     state.notes.setdefault("assumed", []).append(
                         f"the trace's inter-host transfers beat the stated "
                         f"{self.measured_inter_node_gbps:g} GB/s: a token bucket of "
@@ -301,6 +303,8 @@ class Network(Policy):
                 # the efficiency the trace achieved on its stated link, on the new one
                 e = min(1.0, cal[lv]["busbw_gbps"] / float(stated[lv]))
                 new_bw[lv] = gbps * e
+                # fitted against a stated rate, not a prior: counts as fitted in the range
+                state.notes["bounded_assumptions"] = state.notes.get("bounded_assumptions", 0) + 1
                 state.notes.setdefault("assumed", []).append(
                     f"{LEVELS[lv]} link: the trace achieved {e:.0%} of its stated "
                     f"{stated[lv]:g} GB/s ({cal[lv]['busbw_gbps']:.3g} GB/s of bus bandwidth); "
