@@ -198,6 +198,8 @@ def scenario_of(x: Any, t: Trace) -> list[tuple[str, str, str]]:
                 continue
             key = f"{table}.{k}"
             info = KEYS.get(key)
+            if KEYS and info is None:
+                continue  # what the policy derived (bucket counts, fits): not a key given
             meaning = ""
             if info is not None:
                 meaning = info.help + (f" ({info.unit})" if info.unit not in ("", "name")

@@ -376,7 +376,10 @@ class ReplayResult:
         return {
             "step_time_ns": {"measured": int(st["measured_ns"].max()) if len(st) else 0,
                              "replayed": int(st["replayed_ns"].max()) if len(st) else 0,
-                             # the step time people read: the slowest rank's mean step
+                             # the step time people read: the slowest rank's mean step (its
+                             # windows end to end over their count: the job's period; the
+                             # per-step maximum over ranks would add the jitter of where
+                             # each rank's profiler step boundaries fall)
                              "per_step": {
                                  "measured": float(st["measured_step_ns"].max()) if len(st)
                                  else 0.0,

@@ -160,7 +160,7 @@ def test_gloo_ddp_rebucketing_follows_ddps_rule_parameter_by_parameter(gloo_ddp)
     assert all(b == [total] for b in _buckets(one.trace))
     sc = one.meta["scenario"][0]
     assert sc["model"] == "cpu-ddp"
-    assert sc["interference"] == 0.0  # one core per rank: the CPU is time-shared
+    assert sc["interference_used"] == 0.0  # one core per rank: the CPU is time-shared
 
 
 def test_gloo_ddp_contention_model_is_consistent_with_the_measurement():

@@ -264,7 +264,7 @@ def test_bucket_pairs_use_the_probe():
     r = whatif(t, {"overlap.bucket_mb": 1.048576})
     (ov,) = [d for d in r.meta["scenario"] if d.get("policy") == "overlap"]
     assert ov["contention"] == "the capture's overlap probe" and ov["comm_slowdown"] > 1
-    assert abs(1 - ov["interference"] - p.compute_slowdown) < 1e-9
+    assert abs(1 - ov["interference_used"] - p.compute_slowdown) < 1e-9
     o = r.trace.ops
     new = o[(o["kind"].to_numpy() == OpKind.COLLECTIVE) & (o["bytes"].to_numpy() > 0)]
     assert new.groupby("rank")["lane"].nunique().min() == 2

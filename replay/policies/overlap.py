@@ -178,7 +178,7 @@ class Overlap(Policy):
                       if k in info})
         if "cpu_model" in state.notes:
             _cpu_contention(state, state.notes["cpu_model"])
-            d["interference"] = 1.0 - state.contention.slowdown
+            d["interference_used"] = 1.0 - state.contention.slowdown  # derived, not a key
         if self.mode == "serial":
             m = state.graph.memo()
             if "serialize_edges" not in m:  # a per-graph constant: computed once per graph
