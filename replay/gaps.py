@@ -27,7 +27,7 @@ import numpy as np
 from retime.collectors.enums import EdgeKind
 
 __all__ = ["WAKE_UP_NS", "HANDOFF_MIN_GAP_NS", "HANDOFF_WINDOW_NS", "handoff_edges",
-           "with_handoff_edges", "classify_wait_gaps",
+           "with_handoff_edges", "classify_wait_gaps", "host_comm_masks",
            "gap_shares"]
 
 #: how soon after what it waited for a thread resumes (a wake-up, scheduling): a gap that
@@ -117,6 +117,20 @@ def with_handoff_edges(rank, lane, start, end, on_device, lane_prev, es, ed, ek,
     return (np.concatenate([es, hs]), np.concatenate([ed, hd]),
             np.concatenate([ek, np.full(len(hs), int(EdgeKind.SYNC), np.int8)]),
             np.concatenate([el, hl]))
+
+
+def host_comm_masks(lane, coll, on_device) -> tuple[np.ndarray, np.ndarray]:
+    """Per op: on a communication worker thread (a host lane that runs nothing but
+    collectives: gloo's workers), and a collective run by a host thread. Both all False
+    without the lanes' device information (GPU streams' gaps are not a thread's wake-ups)."""
+    n = len(lane)
+    if on_device is None or n == 0:
+        z = np.zeros(n, bool)
+        return z, z
+    host = ~np.asarray(on_device, bool)
+    lane_u, lane_inv = np.unique(lane, return_inverse=True)
+    non_coll = np.bincount(lane_inv, weights=(np.asarray(coll) < 0), minlength=len(lane_u))
+    return (non_coll == 0)[lane_inv] & host, (np.asarray(coll) >= 0) & host
 
 
 def classify_wait_gaps(es, ed, ek, lag, s2s, keep, start, end, lane, stats,

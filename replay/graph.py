@@ -55,7 +55,7 @@ from ._kernels import (
     _layout_perm,
     _measured_ready,
 )
-from .gaps import classify_wait_gaps, with_handoff_edges
+from .gaps import classify_wait_gaps, host_comm_masks, with_handoff_edges
 from .graph_order import CycleError, _node_of, _order_or_raise, choose_relaxations
 
 __all__ = ["ReplayGraph", "build_graph", "graph_from_arrays", "BLOCKING_CALL_PATTERN"]
@@ -427,19 +427,10 @@ def graph_from_arrays(*, rank, lane, kind, start_ns, dur_ns, coll_id=None, edge_
     lag_store, s2s, keep, n_clamped = _edge_lags(es, ed, el, ek, np.int8(EdgeKind.SYNC), s,
                                                  end, d, node_of)
     stats["edges_clamped"] = int(n_clamped)
-    # communication worker threads: lanes that run nothing but collectives (gloo workers)
-    lane_u, lane_inv = np.unique(lane, return_inverse=True)
-    non_coll = np.bincount(lane_inv, weights=(coll < 0), minlength=len(lane_u))
-    worker = (non_coll == 0)[lane_inv]
-    if on_device is None:
-        worker[:] = False
-        host_coll = worker
-    else:  # host threads only (a GPU stream's gaps are not a thread's wake-ups)
-        worker &= ~np.asarray(on_device, bool)
-        host_coll = (coll >= 0) & ~np.asarray(on_device, bool)
+    worker, host_coll = host_comm_masks(lane, coll, on_device)
     classify_wait_gaps(es, ed, ek, lag_store, s2s, keep, s, end, lane, stats, worker=worker,
                        host_coll=host_coll)
-    del lane_u, lane_inv, non_coll, worker, host_coll
+    del worker, host_coll
     blocking = np.zeros(n, bool) if blocking is None else np.asarray(blocking, bool)
     wait_mask = np.zeros(len(es), bool)
     if len(es):

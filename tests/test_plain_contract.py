@@ -89,7 +89,7 @@ def _cal(rows: list[tuple[int, list[list[int]]]], world: int = 2, per_host: int 
 
 
 def test_calibration_latency_is_the_sweeps_intercept():
-    from retime.replay.policies.network import calibration_alpha_ns
+    from retime.replay.policies.link_fit import calibration_alpha_ns
 
     a, b = 250_000.0, 5.0  # ns, ns per bus byte; 2 ranks: bus bytes = payload
     rows = [(s, [[a + b * s, a + b * s - 1000], [a + b * s - 500, a + b * s]])
@@ -102,7 +102,7 @@ def test_calibration_latency_is_the_sweeps_intercept():
 
 
 def test_network_fit_says_when_it_cannot_separate_latency_from_bandwidth():
-    from retime.replay.policies.network import MAX_ALPHA_SHARE, calibrate, collective_table
+    from retime.replay.policies.link_fit import MAX_ALPHA_SHARE, calibrate, collective_table
 
     t = load_capture(PAIRS / "mlp-bandwidth" / "A", plain=True)
     g = build_graph(t)

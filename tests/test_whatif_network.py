@@ -15,7 +15,7 @@ from retime.collectors.synth import load_hardware, synthesize
 from retime.collectors.trace import Trace
 from retime.replay import build_graph, replay, whatif
 from retime.replay.policies import Hardware, Network, calibrate, kernel_class
-from retime.replay.policies.network import collective_table
+from retime.replay.policies.link_fit import collective_table
 
 TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
 HW = load_hardware("a100-80gb")

@@ -167,7 +167,7 @@ def test_one_host_loopback_is_estimated_from_the_hosts_copies():
     the replay says what it assumed."""
     from retime.replay.graph import build_graph as bg
     from retime.replay.policies.host_cpu import host_copy_rate, loopback_busbw
-    from retime.replay.policies.network import calibrate, collective_table
+    from retime.replay.policies.link_fit import calibrate, collective_table
 
     for name in ("mlp-ranks-per-host", "transformer-ranks-per-host"):
         a = load_capture(PAIRS / name / "A")
@@ -201,7 +201,7 @@ def test_shaped_link_calibrates_to_the_links_own_measured_rate():
     measured on the link by itself (pairs.json achieved_mbit: one socket, 64 MB) within 6% (that
     probe itself moved 7% between sessions: 1423-1530 Mbit/s at 1600);
     fitted on all bytes (no bucket) they claim a link up to 1.6x faster than it is."""
-    from retime.replay.policies.network import (
+    from retime.replay.policies.link_fit import (
         calibrate,
         collective_table,
         link_credits,

@@ -28,7 +28,8 @@ from .base import Policy, WhatIfState
 from .caching import Cache
 from .compression import Compression
 from .hardware import Hardware, kernel_class
-from .network import Network, Topology, calibrate
+from .link_fit import calibrate
+from .network import Network, Topology
 from .overlap import Overlap, serialize_edges
 from .parallel import Parallel
 from .scenario import TABLES, Scenario, as_policies, load_scenario, parse_set, vocabulary

@@ -11,7 +11,7 @@ Model, per rank and step:
   remainder) and are issued when that many bytes are ready, after the op of the issuing lane
   (the lane that fed the old buckets, else the rank's busiest lane) running at that time;
 * a new bucket's transfer takes ``kappa * (a + S f / B)`` with ``a`` and ``B`` the alpha-beta
-  fit of the trace's own all-reduces (:func:`replay.policies.network.calibrate`; with one
+  fit of the trace's own all-reduces (:func:`replay.policies.link_fit.calibrate`; with one
   bucket size only, ``a`` is the ring latency of ``DEFAULT_ALPHA_US`` per step) and
   ``kappa`` = measured / modeled time of the old buckets (the trace's own efficiency);
 * every op that waited for an old bucket waits for the new bucket that covers it; new
@@ -37,7 +37,7 @@ from retime.collectors.trace import Trace
 from ..graph import build_graph
 from .base import by_op
 from .bucketing_cpu import GLOO_STEP_US, CpuModel, rebucket_cpu
-from .network import DEFAULT_ALPHA_US, bus_factor, calibrate, collective_table
+from .link_fit import DEFAULT_ALPHA_US, bus_factor, calibrate, collective_table
 
 __all__ = ["rebucket", "rebucket_cpu", "CpuModel", "GLOO_STEP_US"]
 

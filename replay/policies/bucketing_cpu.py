@@ -75,7 +75,7 @@ from retime.collectors.trace import Trace
 from .base import ranks_per_node_of
 from .ddp_params import bucket_of, exact_sizes
 from .host_cpu import OverlapProbe, cpu_interference_of, ddp_ranges, overlap_probe
-from .network import TCP_GOODPUT, bus_factor, shaped_link, spend_tokens
+from .link_fit import TCP_GOODPUT, bus_factor, shaped_link, spend_tokens
 
 __all__ = ["rebucket_cpu", "CpuModel", "GLOO_STEP_US"]
 
@@ -385,7 +385,7 @@ def _build_cpu(trace, bucket_mb, interference, ranks_per_node, per, weight, issu
     shaper = shaped_link(trace) if _crosses_hosts(trace) else None
     credit = np.zeros(len(new_rows))
     if shaper is not None:
-        # a declared shaped link (network.shaped_link): its own rate paces the transfers,
+        # a declared shaped link (link_fit.shaped_link): its own rate paces the transfers,
         # not a fit on transfers that shared the core with the backward pass; each new
         # bucket spends the tokens saved since the one before
         inv_b = 1.0 / (shaper[0] * TCP_GOODPUT)
@@ -438,7 +438,7 @@ def _crosses_hosts(trace: Trace) -> bool:
 def _new_credits(new_rows: list[dict], alpha: float, inv_b: float, f: float,
                  shaper: tuple[float, float]) -> np.ndarray:
     """Payload bytes each new bucket's transfer sends on tokens the shaped link saved
-    (:func:`network.spend_tokens`): each rank's new buckets in order, issued at their ready
+    (:func:`link_fit.spend_tokens`): each rank's new buckets in order, issued at their ready
     times, lasting ``a + (S f - c) / B``; the bucket is full before a step's first one."""
     out = np.zeros(len(new_rows))
     by_rank: dict[int, list[int]] = {}

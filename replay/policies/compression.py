@@ -19,7 +19,7 @@ Transfer time. A compressed collective's transfer tail shrinks by
 ``S f (1 - 1/r) / B``: ``S`` its bytes, ``f`` the nccl-tests bus factor, ``B`` the bus
 bandwidth of its level; latency terms are unchanged. Synthesized runs use the synthesizer's
 own alpha-beta model per group (so the change is exactly the model's ``t(S) - t(S/r)``);
-measured traces the alpha-beta fit per level of :func:`.network.calibrate` (collectives
+measured traces the alpha-beta fit per level of :func:`.link_fit.calibrate` (collectives
 must carry sizes).
 
 Codec. On each member's rank the compressor runs on the compute stream right after the
@@ -41,7 +41,7 @@ from retime.collectors.enums import CommOp, LaneKind, OpKind
 from retime.collectors.errors import PolicyError
 
 from .base import Policy, WhatIfState, check_positive
-from .network import calibrate, collective_table
+from .link_fit import calibrate, collective_table
 
 __all__ = ["Compression", "DIMS", "dimension_of"]
 
@@ -162,7 +162,7 @@ def _measured_saving(state: WhatIfState, ops: np.ndarray, nbytes: np.ndarray,
         bw[lv == level] = c["busbw_gbps"]
     state.notes.setdefault("network_calibration", {
         ["intra", "inter", "cross_dc"][k]: v for k, v in cal.items()})
-    return x * save / bw, "measured: alpha-beta fit per level (network.calibrate)"
+    return x * save / bw, "measured: alpha-beta fit per level (link_fit.calibrate)"
 
 
 def _synth_saving(state: WhatIfState, ops: np.ndarray, nbytes: np.ndarray,
