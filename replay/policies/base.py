@@ -437,6 +437,17 @@ class WhatIfState:
         else:
             _scale_by_class(self.dur, cls, factor)
 
+    def assume(self, text: str, *, bounded: bool = False, bounds: list | None = None) -> None:
+        """Record an ``assumed:`` line. ``bounded``: the prediction's range covers it (it was
+        fitted against a stated fact, or ``bounds`` -- key/value dicts -- are the same
+        what-if replayed at its limits), so it does not widen the model's share of the range
+        (:func:`replay.whatif.step_range`)."""
+        self.notes.setdefault("assumed", []).append(text)
+        if bounds:
+            self.notes.setdefault("range_variants", []).extend(bounds)
+        if bounded or bounds:
+            self.notes["bounded_assumptions"] = self.notes.get("bounded_assumptions", 0) + 1
+
     def add_edges(self, src: np.ndarray, dst: np.ndarray) -> None:
         """Extra start edges ``src -> dst`` (dst starts after src ends)."""
         src = np.asarray(src, np.int64)

@@ -238,14 +238,12 @@ class Network(Policy):
             if cpu and shaper is None and self.measured_inter_node_gbps is not None:
                 shaper = inferred_shaper(state.graph, tab, float(self.measured_inter_node_gbps))
                 if shaper is not None:  # fitted on the trace's transfers: no prior to bound
-                    state.notes["bounded_assumptions"] = \
-                        state.notes.get("bounded_assumptions", 0) + 1
-                    state.notes.setdefault("assumed", []).append(
+                    state.assume(
                         f"the trace's inter-host transfers beat the stated "
                         f"{self.measured_inter_node_gbps:g} GB/s: a token bucket of "
                         f"{shaper[0] * shaper[1] / 1e6:.2f} MB ({shaper[1] / 1e6:.1f} ms of the "
                         "rate) that refills while the link idles, inferred from them; a new "
-                        "rate keeps its time")
+                        "rate keeps its time", bounded=True)
             cr_old = (link_credits(state.graph, tab, tab["old_level"] == 1, *shaper)
                       if shaper else np.zeros(len(tab["op"])))
             cal = calibrate(state.trace, state.graph, tab, credit=cr_old,
@@ -265,16 +263,14 @@ class Network(Policy):
         for k, v in cal.items():
             if v.get("why") and (self._level_gbps().get(k) is not None
                                  or k in set(np.unique(tab["level"]).tolist())):
-                if self.alpha_share is None:  # bounded: the range replays the other bound
-                    state.notes.setdefault("range_variants", []).append(
-                        {"network.alpha_share": MAX_ALPHA_SHARE})
-                    state.notes["bounded_assumptions"] = \
-                        state.notes.get("bounded_assumptions", 0) + 1
-                state.notes.setdefault("assumed", []).append(
+                # bounded: the range replays the other bound (unless that is this replay)
+                state.assume(
                     f"{LEVELS[k]} link fitted as {v['busbw_gbps']:.3g} GB/s of bus bandwidth "
                     f"with no latency of its own: {v['why']} (latency per step: the prior "
                     f"{DEFAULT_ALPHA_US[k]:g} us); the range spans up to "
-                    f"{MAX_ALPHA_SHARE:.0%} of each collective's time as latency")
+                    f"{MAX_ALPHA_SHARE:.0%} of each collective's time as latency",
+                    bounds=None if self.alpha_share is not None
+                    else [{"network.alpha_share": MAX_ALPHA_SHARE}])
             if v.get("partial"):
                 state.notes.setdefault("assumed", []).append(
                     f"{LEVELS[k]} bandwidth fitted on collectives with untraced members "
@@ -290,11 +286,10 @@ class Network(Policy):
                 e = min(1.0, cal[lv]["busbw_gbps"] / float(stated[lv]))
                 new_bw[lv] = gbps * e
                 # fitted against a stated rate, not a prior: counts as fitted in the range
-                state.notes["bounded_assumptions"] = state.notes.get("bounded_assumptions", 0) + 1
-                state.notes.setdefault("assumed", []).append(
+                state.assume(
                     f"{LEVELS[lv]} link: the trace achieved {e:.0%} of its stated "
                     f"{stated[lv]:g} GB/s ({cal[lv]['busbw_gbps']:.3g} GB/s of bus bandwidth); "
-                    f"the same share of {gbps:g} GB/s")
+                    f"the same share of {gbps:g} GB/s", bounded=True)
             elif gbps is not None:
                 new_bw[lv] = gbps * eff
             elif lv in cal:

@@ -127,15 +127,12 @@ class Overlap(Policy):
                     # how a transfer and the training thread share the CPU is not measured
                     # (no calibration): the estimate stands, the range spans its bounds
                     i = float(cpu[4].interference)
-                    state.notes.setdefault("assumed", []).append(
+                    state.assume(
                         f"CPU interference of overlapped gloo transfers with compute i={i:.2f}, "
                         "estimated from the host's copy rate (not measured: no calibration); "
                         "the range spans i=0 (free overlap) to i=1 (full time-sharing); set "
-                        "overlap.interference or pass --calibration")
-                    state.notes.setdefault("range_variants", []).extend(
-                        [{"overlap.interference": 1.0}, {"overlap.interference": 0.0}])
-                    state.notes["bounded_assumptions"] = \
-                        state.notes.get("bounded_assumptions", 0) + 1
+                        "overlap.interference or pass --calibration",
+                        bounds=[{"overlap.interference": 1.0}, {"overlap.interference": 0.0}])
             else:
                 state.trace, ids, model_ns, info = rebucket(state.trace, self.bucket_mb,
                                                             state.ranks_per_node)
