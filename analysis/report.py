@@ -228,13 +228,17 @@ def _unseen_headline(u: dict[str, int]) -> list[tuple[str, str, str]]:
     show (:mod:`analysis.coverage`); none when there is none."""
     rows = []
     notes = unseen_notes(u)
+    # a short figure (the headline's large type), the counts and reasons in its note
     if excludes_gpu_work(u):
-        rows.append(("Excluded GPU work", (f"{u['without_launch_ops']:,} ops without launch, "
-                                           if u["without_launch_ops"] else "")
-                     + f"{fmt_ns(u['outside_steps_ns'])} outside the steps", notes[0]))
+        share = u["without_launch_ns"] / u["gpu_ns"] if u["gpu_ns"] else 0.0
+        rows.append(("Excluded GPU work", fmt_pct(share) if u["without_launch_ops"] else
+                     fmt_ns(u["outside_steps_ns"]),
+                     ("of GPU time. " if u["without_launch_ops"] else "outside the steps. ")
+                     + notes[0]))
     if hides_gpu_work(u):
-        rows.append(("Unseen GPU work", f"{u['captured_launches']:,} captured launches, "
-                     f"{u['graph_launches']:,} graph launches", notes[-1]))
+        rows.append(("Unseen GPU work", f"{u['graph_launches']:,} graph launches",
+                     f"{u['captured_launches']:,} launches captured into CUDA graphs; "
+                     + notes[-1]))
     return rows
 
 
