@@ -34,6 +34,7 @@ from ._util import as_trace, memo_scope
 from .breakdown import PARTS
 from .coverage import excludes_gpu_work, hides_gpu_work, unseen_notes, unseen_work
 from .report_compare import build_sweep_sections, comparison_finding, section_comparison
+from .report_findings import cpu_only
 from .report_findings import findings as run_findings
 from .report_model import Fig, Report, Section, now_utc
 from .report_run import RunAnalysis, gpu_swap, is_replay, scenario_of, source_facts
@@ -146,7 +147,12 @@ def _build_report(x: Any, *, baseline: Any | None, title: str | None, top: int) 
                          "model / hardware FLOPs utilization"))
     else:
         busy = float(run.bd["busy_ns"].sum() / max(run.bd["step_ns"].sum(), 1))
-        headline.append(("GPU busy", fmt_pct(busy), "share of the step with any GPU op running"))
+        if cpu_only(t):  # no GPU in the trace: its CPU ops stand for the device
+            headline.append(("Busy", fmt_pct(busy), "share of the step with any op running "
+                             "(a CPU-only trace: no GPU)"))
+        else:
+            headline.append(("GPU busy", fmt_pct(busy), "share of the step with any GPU op "
+                             "running"))
     unseen = unseen_work(t)
     hidden = hides_gpu_work(unseen)
     if kind == "run" and len(run.bd):

@@ -69,6 +69,14 @@ def collective_waits(t) -> pd.DataFrame:
     return g.sort_values("wait_ns", ascending=False, kind="mergesort")[cols].reset_index(drop=True)
 
 
+def cpu_only(t) -> bool:
+    """A trace with no GPU streams (CPU training, gloo): its CPU ops stand for the device
+    in the breakdown (analysis.breakdown), so the words are about the CPU, not a GPU."""
+    lk = t.lanes["lane_kind"].to_numpy() if len(t.lanes) else []
+    return len(lk) > 0 and not (lk == int(LaneKind.GPU_STREAM)).any() \
+        and not (lk == int(LaneKind.OP_STREAM)).any()
+
+
 def _dominant(run: RunAnalysis) -> tuple[float, str]:
     parts = run.slow_parts
     st = run.step_ns
@@ -89,7 +97,8 @@ def _dominant(run: RunAnalysis) -> tuple[float, str]:
         txt = (f"Nothing runs for {amount}: the rank waits on other ranks (pipeline bubbles, "
                "late collectives) or on work the trace does not show.")
     elif top == "compute_ns":
-        txt = f"The step is compute-bound: GPU compute with no communication running fills {amount}."
+        dev = "CPU" if cpu_only(run.t) else "GPU"
+        txt = f"The step is compute-bound: {dev} compute with no communication running fills {amount}."
     else:
         txt = f"{PART_WORDS[top].capitalize()} take {amount}."
     return share + 0.5, txt
@@ -121,7 +130,7 @@ def findings(run: RunAnalysis) -> list[tuple[float, str]]:
                         f"Ranks are imbalanced: rank {rh} takes {fmt_ns(hi)} per step, "
                         f"{fmt_pct((hi - lo) / lo)} more than rank {rl} ({fmt_ns(lo)})."))
     ks = run.ks
-    if len(ks):
+    if len(ks) and not cpu_only(run.t):  # a CPU trace has no kernels (only its collectives)
         k = ks.iloc[0]
         out.append((float(k["share"]) * 0.5,
                     f"The top kernel, {short_name(str(k['name']), 60)} "

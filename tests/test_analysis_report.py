@@ -10,6 +10,7 @@ import json
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -414,3 +415,18 @@ def test_render_html_escapes_names(dlrm):
     t = dataclasses.replace(dlrm, strings=strings)
     html = render_html(build_report(t))
     assert "<script>alert(1)</script>" not in html
+
+
+def test_cpu_only_trace_is_not_described_as_a_gpu():
+    """A gloo (CPU-only) capture: its CPU ops stand for the device in the breakdown, so the
+    headline says "Busy", the dominant part is CPU compute, and no "top kernel" finding (the
+    only kernel-like ops are its collectives, 100% of nothing)."""
+    import retime
+
+    root = Path(__file__).resolve().parents[1]
+    t = retime.load(str(root / "traces" / "pairs" / "mlp-bucket" / "B"))
+    rep = build_report(t)
+    labels = [label for label, _v, _n in rep.headline]
+    assert "GPU busy" not in labels and "Busy" in labels
+    assert not any("GPU" in f for f in rep.findings), rep.findings
+    assert not any(f.startswith("The top kernel") for f in rep.findings)
