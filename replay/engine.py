@@ -446,6 +446,12 @@ def _simulate_layout(graph: ReplayGraph, dur: np.ndarray, modified: bool, *, mod
     meta: dict[str, Any] = {"mode": mode, "ideal": g.ideal, "scenario": list(scenario or []),
                             "durations_modified": bool(modified)}
     meta.update(g.stats)
+    if not g.ideal:
+        # the delays this replay applies: a what-if that re-derives a rank's waits (the CPU
+        # contention path) or rebuilt its ops has others than the graph measured; the
+        # measured ones stay in graph.stats
+        meta["unexplained_delay_count"] = int(np.count_nonzero(g.delay_ns))
+        meta["unexplained_delay_ns"] = int(np.asarray(g.delay_ns, np.int64).sum())
     kg = KernelGraph.of(g, dur)
     n = g.n_ops
     # outputs allocated here: numpy asks for huge pages (fewer page faults than numba's NRT);
