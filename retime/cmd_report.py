@@ -22,15 +22,28 @@ class Paper(str, Enum):
     letter = "letter"
 
 
-def _check_tables_dir(output: Path, force: bool) -> None:
-    """The CSV folder beside a report is the report's own: replaced with it (--force)."""
+#: in a report's CSV folder: what the tables were made from (its HTML and PDF forms share it)
+SOURCE_MARK = ".retime-report-source"
+
+
+def _source_key(source: Path, baseline: Path | None) -> str:
+    return f"{source.resolve()}\n{baseline.resolve() if baseline is not None else ''}\n"
+
+
+def _check_tables_dir(output: Path, force: bool, key: str) -> None:
+    """The CSV folder beside a report is the report's own: replaced with it (--force), and
+    shared by the HTML and PDF forms of one report (same source and baseline: the folder's
+    mark says so), so `-o X.html` then `-o X.pdf` works without --force."""
     d = output.with_name(output.stem + "-tables")
     if d.exists() and not d.is_dir():
         raise RetimeError(f"{d}: exists and is not a folder; the report writes its full tables "
                           "there, so move it or choose another -o path")
-    if d.is_dir() and any(d.iterdir()) and not force and not output.exists():
-        raise RetimeError(f"{d}: folder exists; pass --force to let the report write its "
-                          "tables there, or choose another -o path")
+    mark = d / SOURCE_MARK
+    same = mark.is_file() and mark.read_text() == key
+    if d.is_dir() and any(d.iterdir()) and not force and not output.exists() and not same:
+        raise RetimeError(f"{d}: folder exists (the tables of another report); pass --force "
+                          "to let this report write its tables there, or choose another -o "
+                          "path")
 
 
 @app.command()
@@ -70,7 +83,8 @@ def report(
     if is_sweep and baseline is not None:
         raise RetimeError("--baseline applies to a run, not to a sweep; drop it")
     check_output(output, force)
-    _check_tables_dir(output, force)
+    key = _source_key(source, baseline)
+    _check_tables_dir(output, force, key)
     from retime.analysis.report import (
         build_report,
         build_sweep_report,
@@ -98,6 +112,9 @@ def report(
             write_pdf(rep, output, paper=paper.value)
         else:
             write_html(rep, output)
+        tables = output.with_name(output.stem + "-tables")
+        if tables.is_dir():
+            (tables / SOURCE_MARK).write_text(key)
         bar.advance()
     summary = dict(rep.summary)
     if json_out:

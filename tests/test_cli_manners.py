@@ -197,3 +197,22 @@ def test_cli_skips_numbas_blas_probe_only():
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     assert lines[0] == "blas False False" and lines[1].startswith("user import ok")
+
+
+def test_report_html_then_pdf_share_their_tables_folder(store, tmp_path, capsys):
+    """Issue 30: `report -o X.html` then `report -o X.pdf` of the same run refused the second
+    (both write X-tables/). The folder is the report's, in either form; another run's report
+    of the same name still needs --force."""
+    html, pdf = tmp_path / "X.html", tmp_path / "X.pdf"
+    assert run(["report", str(store), "-o", str(html)]) == 0
+    tables = tmp_path / "X-tables"
+    csvs = sorted(p.name for p in tables.glob("*.csv"))
+    assert csvs
+    assert run(["report", str(store), "-o", str(pdf)]) == 0
+    assert sorted(p.name for p in tables.glob("*.csv")) == csvs
+    capsys.readouterr()
+    other = tmp_path / "other.retime"
+    shutil.copytree(store, other)
+    assert run(["report", str(other), "-o", str(tmp_path / "X.htm")]) == 2
+    assert "the tables of another report" in capsys.readouterr().err
+    assert run(["report", str(other), "-o", str(tmp_path / "X.htm"), "--force"]) == 0
