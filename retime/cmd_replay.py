@@ -46,13 +46,22 @@ def replay_cmd(
 
     if output is not None:
         check_output(output, force, store=True)
-    trace = read_trace(trace_dir)
-    if calibration is not None:
-        from retime.collectors.calibrate import attach, read_calibration
-        trace = attach(trace, read_calibration(calibration))
+    # the keys and the calibration file are checked before the trace is read: a bad value
+    # is refused at once, not after loading a large store
+    sc = None
     if scenario is not None or set_:
         from retime.replay.policies.scenario import scenario_from_cli
-        result = whatif(trace, scenario_from_cli(scenario, set_), ideal=ideal)
+        sc = scenario_from_cli(scenario, set_)
+    cal = None
+    if calibration is not None:
+        from retime.collectors.calibrate import read_calibration
+        cal = read_calibration(calibration)
+    trace = read_trace(trace_dir)
+    if cal is not None:
+        from retime.collectors.calibrate import attach
+        trace = attach(trace, cal)
+    if sc is not None:
+        result = whatif(trace, sc, ideal=ideal)
     else:
         result = simulate(build_graph(trace, ideal=ideal, strict=strict))
     if "whatif" in result.meta:
