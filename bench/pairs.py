@@ -105,6 +105,18 @@ def plain_copy(folder: Path, into: Path) -> Path:
 _PLAIN_DIR: Path | None = None
 
 
+def _work_dir() -> Path:
+    """This process's folder for the plain copies and calibration files (removed at exit)."""
+    global _PLAIN_DIR
+    if _PLAIN_DIR is None:
+        import atexit
+        import shutil
+        import tempfile
+        _PLAIN_DIR = Path(tempfile.mkdtemp(prefix="retime-plain-pairs-"))
+        atexit.register(shutil.rmtree, _PLAIN_DIR, True)
+    return _PLAIN_DIR
+
+
 def calibration_file(folder: Path) -> Path | None:
     """The calibration file ``retime calibrate`` would have written for a capture's setting,
     from what the kit measured before the capture with the same code
@@ -121,11 +133,7 @@ def calibration_file(folder: Path) -> Path | None:
            "hosts": hosts, "ranks_per_host": max((hosts.count(h) for h in hosts), default=1),
            "collectives": {"all_reduce": []}, "overlap_probe": probe,
            "made_from": f"{folder}: the pair kit's overlap_probe record"}
-    global _PLAIN_DIR
-    if _PLAIN_DIR is None:
-        import tempfile
-        _PLAIN_DIR = Path(tempfile.mkdtemp(prefix="retime-plain-pairs-"))
-    out = _PLAIN_DIR / f"{folder.parent.name}-{folder.name}.calibration.json"
+    out = _work_dir() / f"{folder.parent.name}-{folder.name}.calibration.json"
     out.write_text(json.dumps(cal))
     return out
 
@@ -137,16 +145,11 @@ def load_capture(folder: Path, *, plain: bool = False, calibrated: bool = False)
     trace a user has; with ``calibrated=True`` also the calibration file of its setting
     (:func:`calibration_file`). Otherwise the kit's job record is lifted into ``Trace.meta``:
     ``ddp_param_bytes`` (the gradient sizes, exact) and ``job`` (the knobs, the shaped link,
-    the overlap probe) -- for the tests of the kit's own records, not scored by the bench;
-    calibration file."""
+    the overlap probe) -- for the tests of the kit's own records, not scored by the bench."""
     import retime
 
     if plain:
-        global _PLAIN_DIR
-        if _PLAIN_DIR is None:
-            import tempfile
-            _PLAIN_DIR = Path(tempfile.mkdtemp(prefix="retime-plain-pairs-"))
-        dst = _PLAIN_DIR / folder.parent.name / folder.name
+        dst = _work_dir() / folder.parent.name / folder.name
         if not dst.exists():
             plain_copy(folder, dst)
         trace = retime.load(str(dst))
