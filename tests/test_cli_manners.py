@@ -129,10 +129,16 @@ def test_keys_lists_exactly_the_scenario_vocabulary(capsys):
     rows = _one_json(capsys.readouterr().out)["keys"]
     assert [r["key"] for r in rows] == vocabulary()  # same keys, same order
     for r in rows:
-        assert all(r[f].strip() for f in ("unit", "values", "default", "supports", "help")), r
+        assert all(r[f].strip() for f in ("unit", "values", "default", "supports", "help",
+                                          "needs")), r
     assert run(["keys", "network"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("[network]") and "inter_node_gbps" in out and "GB/s" in out
+    # what each key needs on a measured trace, and from where (the trace, you, a calibration)
+    needs = {r["key"]: r["needs"] for r in rows}
+    assert needs["network.inter_node_gbps"].startswith("you: the new link's nominal rate")
+    assert "calibration:" in needs["overlap.bucket_mb"] and "trace:" in needs["overlap.bucket_mb"]
+    assert "Needs: you: the new link's nominal rate" in out
     assert "parallel.dp" not in out
 
 
