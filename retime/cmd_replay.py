@@ -72,6 +72,7 @@ def replay_cmd(
         from retime.collectors.costs import read_cluster
         from retime.replay.policies.scenario import cluster_keys
         ck = cluster_keys(read_cluster(cluster), trace)
+        given = sc_keys(scenario, set_) & set(ck.keys)  # the user's value wins for these
     if scenario is not None or set_ or ck is not None:
         from retime.replay.policies.scenario import scenario_from_cli
         sc = scenario_from_cli(scenario, set_, ck.keys if ck else None)
@@ -79,7 +80,7 @@ def replay_cmd(
             result = whatif(trace, sc, ideal=ideal)
         except PolicyError as exc:
             key = str(exc).split(" ", 1)[0].split(":", 1)[0]
-            if ck is None or key not in ck.keys or key in sc_keys(scenario, set_):
+            if ck is None or key not in ck.keys or key in given:
                 raise
             # a key the user did not type: say where it came from
             raise PolicyError(f"--cluster {cluster} sets {key}={ck.keys[key]}: {exc}") from exc
@@ -99,6 +100,7 @@ def replay_cmd(
             s["step_time_ns"]["range"] = [int(x) for x in result.meta["whatif"]["step_range_ns"]]
     if ck is not None:
         s["cluster"] = ck.describe()
+        s["cluster"]["overridden"] = sorted(given)
     # GPU work the measured step figures leave out or the trace cannot show
     from retime.analysis.coverage import unseen_notes, unseen_work
     s["notes"] = unseen_notes(unseen_work(trace))
@@ -147,9 +149,8 @@ def replay_cmd(
         for k, why in ck.left_out.items():
             left.setdefault(why, []).append(k)
         say(f"  cluster {ck.name} ({cluster}): "
-            + ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
-                        for k, v in ck.keys.items())
-            + " (--scenario and --set win for the same key)"
+            + ", ".join((f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}")
+                        + (" (overridden)" if k in given else "") for k, v in ck.keys.items())
             + "".join(f"; {', '.join(ks)} left out: {why}" for why, ks in left.items()))
     for note in s.get("whatif", {}).get("assumed", []):
         say(f"  assumed: {note}")

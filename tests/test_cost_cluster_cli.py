@@ -165,6 +165,8 @@ def test_replay_cluster_equals_set_keys_on_a_synthesized_run(files, capsys):
                     capsys)
     assert slow["step_time_ns"]["replayed"] == ref["step_time_ns"]["replayed"] > \
         clu["step_time_ns"]["replayed"]
+    assert slow["cluster"]["overridden"] == ["network.inter_node_gbps"]
+    assert clu["cluster"]["overridden"] == []
     # so does a --scenario file
     sc = d / "sc.toml"
     sc.write_text("[network]\ninter_node_gbps = 5\n")
