@@ -8,6 +8,16 @@ from typing import Annotated
 import typer
 
 from retime.cli import FORCE_HELP, app, check_output, emit_json, say
+from retime.collectors.errors import PolicyError
+
+
+def sc_keys(scenario: Path | None, sets: list[str] | None) -> set[str]:
+    """The dotted keys the user gave (scenario file and --set)."""
+    from retime.replay.policies.scenario import load_scenario, parse_set
+    keys = set(parse_set(sets))
+    if scenario is not None:
+        keys |= set(load_scenario(scenario).to_dict())
+    return keys
 
 
 @app.command("replay")
@@ -26,6 +36,13 @@ def replay_cmd(
     set_: Annotated[list[str] | None, typer.Option("--set", help="What-if key=value, e.g. "
                                                    "network.inter_node_gbps=25 (repeatable; "
                                                    "applied on top of --scenario).")] = None,
+    cluster: Annotated[Path | None, typer.Option(
+        "--cluster", exists=True, dir_okay=False,
+        help="Cluster TOML (`retime cost cluster --preset NAME -o F.toml`) to replay the run "
+             "on. It sets hardware.gpu (its GPU profile), topology.ranks_per_node (GPUs per "
+             "NVLink domain), network.intra_node_gbps and network.inter_node_gbps (NICs per "
+             "node x Gbit/s per NIC / 8 / GPUs per node); --scenario and --set win for the "
+             "same key. A synthesized run is re-synthesized on it.")] = None,
     calibration: Annotated[Path | None, typer.Option(
         "--calibration", exists=True, dir_okay=False,
         help="A calibration file from `retime calibrate` (measured collective latency over "
@@ -48,20 +65,36 @@ def replay_cmd(
         check_output(output, force, store=True)
     # the keys and the calibration file are checked before the trace is read: a bad value
     # is refused at once, not after loading a large store
-    sc = None
+    from retime.replay.policies.scenario import scenario_from_cli
     if scenario is not None or set_:
-        from retime.replay.policies.scenario import scenario_from_cli
-        sc = scenario_from_cli(scenario, set_)
+        scenario_from_cli(scenario, set_)
     cal = None
     if calibration is not None:
         from retime.collectors.calibrate import read_calibration
         cal = read_calibration(calibration)
+    cl = None
+    if cluster is not None:
+        from retime.collectors.costs import read_cluster
+        cl = read_cluster(cluster)
     trace = read_trace(trace_dir)
     if cal is not None:
         from retime.collectors.calibrate import attach
         trace = attach(trace, cal)
-    if sc is not None:
-        result = whatif(trace, sc, ideal=ideal)
+    ck = None
+    if cl is not None:
+        from retime.replay.policies.scenario import cluster_keys
+        ck = cluster_keys(cl, trace)
+        given = sc_keys(scenario, set_) & set(ck.keys)  # the user's value wins for these
+    if scenario is not None or set_ or ck is not None:
+        sc = scenario_from_cli(scenario, set_, ck.keys if ck else None)
+        try:
+            result = whatif(trace, sc, ideal=ideal)
+        except PolicyError as exc:
+            key = str(exc).split(" ", 1)[0].split(":", 1)[0]
+            if ck is None or key not in ck.keys or key in given:
+                raise
+            # a key the user did not type: say where it came from
+            raise PolicyError(f"--cluster {cluster} sets {key}={ck.keys[key]}: {exc}") from exc
     else:
         result = simulate(build_graph(trace, ideal=ideal, strict=strict))
     if "whatif" in result.meta:
@@ -76,6 +109,9 @@ def replay_cmd(
             s["step_time_ns"]["per_step"]["measured"] = result.meta["whatif"]["baseline_per_step_ns"]
         if "step_range_ns" in result.meta["whatif"]:
             s["step_time_ns"]["range"] = [int(x) for x in result.meta["whatif"]["step_range_ns"]]
+    if ck is not None:
+        s["cluster"] = ck.describe()
+        s["cluster"]["overridden"] = sorted(given)
     # GPU work the measured step figures leave out or the trace cannot show
     from retime.analysis.coverage import unseen_notes, unseen_work
     s["notes"] = unseen_notes(unseen_work(trace))
@@ -119,6 +155,14 @@ def replay_cmd(
                if r["steps"] > 1 else "")
         say(f"  rank {r['rank']}: measured {r['measured_ns'] / 1e6:.3f} ms, replayed "
             f"{r['replayed_ns'] / 1e6:.3f} ms ({err:+.2%}{per})")
+    if ck is not None:
+        left: dict[str, list[str]] = {}
+        for k, why in ck.left_out.items():
+            left.setdefault(why, []).append(k)
+        say(f"  cluster {ck.name} ({cluster}): "
+            + ", ".join((f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}")
+                        + (" (overridden)" if k in given else "") for k, v in ck.keys.items())
+            + "".join(f"; {', '.join(ks)} left out: {why}" for why, ks in left.items()))
     for note in s.get("whatif", {}).get("assumed", []):
         say(f"  assumed: {note}")
     for note in s["notes"]:

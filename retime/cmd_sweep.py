@@ -66,6 +66,12 @@ def sweep_cmd(
     calibration: Annotated[Path | None, typer.Option(
         "--calibration", exists=True, dir_okay=False,
         help="A calibration file from `retime calibrate`, used by every scenario.")] = None,
+    cluster: Annotated[Path | None, typer.Option(
+        "--cluster", exists=True, dir_okay=False,
+        help="Cluster TOML (`retime cost cluster --preset NAME -o F.toml`) every scenario runs "
+             "on: it sets hardware.gpu, topology.ranks_per_node, network.intra_node_gbps and "
+             "network.inter_node_gbps in each row (as `retime replay --cluster`); a grid key "
+             "wins for the same key.")] = None,
     force: Annotated[bool, typer.Option("--force", help=FORCE_HELP)] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")]
     = False,
@@ -88,6 +94,12 @@ def sweep_cmd(
     if calibration is not None:
         from retime.collectors.calibrate import attach, read_calibration
         trace = attach(trace, read_calibration(calibration))
+    ck = None
+    if cluster is not None:
+        from retime.collectors.costs import read_cluster
+        from retime.replay.policies.scenario import cluster_keys
+        ck = cluster_keys(read_cluster(cluster), trace)
+        scenarios = [{**ck.keys, **sc} for sc in scenarios]
     n_workers = None if scheduler else (workers or default_workers())
     t0 = time.perf_counter()
     interrupted = False
@@ -100,6 +112,8 @@ def sweep_cmd(
     s = sweep_summary(df, len(scenarios))
     s.update({"output": str(output), "interrupted": interrupted, "elapsed_s": round(elapsed, 3),
               "workers": n_workers, "scheduler": scheduler})
+    if ck is not None:
+        s["cluster"] = ck.describe()
     if interrupted:
         typer.echo(f"retime: interrupted: wrote the {s['completed']} of {s['scenarios']} "
                    f"scenarios finished to {output}", err=True)

@@ -108,6 +108,12 @@ def synth(
     hardware_file: Annotated[Path | None, typer.Option(
         "--hardware-file", exists=True, dir_okay=False,
         help="Hardware profile TOML (copy collectors/synth/hardware/*.toml).")] = None,
+    cluster: Annotated[Path | None, typer.Option(
+        "--cluster", exists=True, dir_okay=False,
+        help="Cluster TOML (`retime cost cluster --preset NAME --nodes N -o F.toml`) instead "
+        "of --hardware: its GPU profile, GPUs per node (the NVLink domain), intra-node GB/s, "
+        "inter-node GB/s per GPU (NICs per node x Gbit/s per NIC / 8 / GPUs per node) and its "
+        "nodes, which must hold exactly tp*pp*dp*cp GPUs.")] = None,
     cp: Annotated[int, typer.Option("--cp", min=1, help="Context-parallel size.")] = 1,
     sequence_parallel: Annotated[bool, typer.Option("--sequence-parallel",
                                                     help="Megatron sequence parallelism.")] = False,
@@ -161,18 +167,23 @@ def synth(
     problems = [f"missing {', '.join(missing)}"] if missing else []
     if (model is None) == (model_file is None):
         problems.append("give exactly one of --model NAME or --model-file F.toml")
-    if (hardware is None) == (hardware_file is None):
-        problems.append("give exactly one of --hardware NAME or --hardware-file F.toml")
+    if sum(x is not None for x in (hardware, hardware_file, cluster)) != 1:
+        problems.append("give exactly one of --hardware NAME, --hardware-file F.toml or "
+                        "--cluster F.toml")
     if fsdp and zero:
         problems.append(f"--fsdp with --zero {zero}: FSDP is ZeRO-3, give one of them")
     if problems:
         raise ConfigError("; ".join(problems))
+    hw = hardware if hardware is not None else hardware_file
+    if cluster is not None:
+        from retime.collectors.costs import check_cluster_world, read_cluster
+        hw = read_cluster(cluster)
+        check_cluster_world(hw, tp * pp * dp * cp, f"tp*pp*dp*cp = {tp}*{pp}*{dp}*{cp}")
     check_output(output, force, store=True)
     from retime.collectors.synth import synthesize
 
     trace = synthesize(
-        model if model is not None else model_file,
-        hardware if hardware is not None else hardware_file,
+        model if model is not None else model_file, hw,
         tp=tp, pp=pp, dp=dp, cp=cp, sequence_parallel=sequence_parallel, zero=zero, fsdp=fsdp,
         schedule=schedule.value, chunks=chunks, global_batch=global_batch,
         micro_batch=micro_batch, recompute=recompute.value, dtype=dtype.value, ep=ep,
@@ -182,6 +193,9 @@ def synth(
         check_memory=check_memory)
     trace.save(output)
     s = synth_summary(trace)
+    if cluster is not None:
+        s["cluster"] = {"name": hw.name, "file": str(cluster), "nodes": hw.nodes,
+                        "gpus_per_node": hw.gpus_per_node}
     s["output"] = str(output)
     if s["oom"]:
         worst = max(s["memory"], key=lambda r: r["total_bytes"])
@@ -191,7 +205,8 @@ def synth(
     if json_out:
         emit_json(s)
         return
-    say(f"wrote {output}: {s['model']} on {s['world_size']} x {s['hardware']} "
+    on = f" ({cluster}: {hw.nodes} x {hw.gpus_per_node})" if cluster is not None else ""
+    say(f"wrote {output}: {s['model']} on {s['world_size']} x {s['hardware']}{on} "
         f"(tp={tp} pp={pp} dp={dp} cp={cp}); step {s['step_time_ns'] / 1e9:.3f} s, "
         f"{s['tokens_per_s']:,.0f} tokens/s, MFU {100 * s['mfu']:.1f}%, peak memory "
         f"{s['peak_memory_bytes'] / 2**30:.1f} GiB per GPU; {s['ops']} ops "

@@ -5,6 +5,8 @@ the synthesizer and the replay what-ifs price collectives and kernels through th
 
 from .cluster import (
     Cluster,
+    check_cluster_world,
+    cluster_hardware,
     format_cluster,
     load_preset,
     preset_names,
@@ -14,6 +16,6 @@ from .cluster import (
 from .gpus import GpuSpec, gpu_names, gpu_spec
 from .nccl import Algo, Collective, CollectiveCost, Proto, bus_factor, collective_cost, group_of
 
-__all__ = ["Cluster", "format_cluster", "load_preset", "preset_names", "read_cluster",
+__all__ = ["Cluster", "check_cluster_world", "cluster_hardware", "format_cluster", "load_preset", "preset_names", "read_cluster",
            "resolve_cluster", "GpuSpec", "gpu_names", "gpu_spec", "Algo", "Collective",
            "CollectiveCost", "Proto", "bus_factor", "collective_cost", "group_of"]

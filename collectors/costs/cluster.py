@@ -22,10 +22,12 @@ from typing import Any
 import tomllib
 
 from ..errors import ConfigError
+from ..synth.hardware import HardwareConfig
 from .gpus import GpuSpec, gpu_spec
 
 __all__ = ["Cluster", "preset_names", "load_preset", "read_cluster", "resolve_cluster",
-           "format_cluster", "INTRA_FABRICS", "NET_FABRICS", "GENERATIONS"]
+           "format_cluster", "cluster_hardware", "check_cluster_world", "INTRA_FABRICS",
+           "NET_FABRICS", "GENERATIONS"]
 
 _DIR = Path(__file__).with_name("clusters")
 
@@ -253,6 +255,49 @@ def resolve_cluster(preset: str | None = None, path: str | Path | None = None,
     if path is not None:
         return read_cluster(path)
     return load_preset(preset or default)
+
+
+def cluster_hardware(c: Cluster) -> HardwareConfig:
+    """The synthesizer's hardware profile of a cluster: the one mapping from a cluster
+    description to what ``retime synth`` and the replay what-ifs price with.
+
+    * compute, HBM, efficiencies, link latencies and bus efficiencies: the GPU profile
+      ``c.gpu`` (``collectors/synth/hardware/*.toml``), unchanged;
+    * ``gpus_per_node``: the GPUs one intra-node fabric reaches, ``nvlink_domain`` (equal to
+      ``gpus_per_node`` except on a rack-scale NVLink domain such as GB200 NVL72, where the
+      72 GPUs of 18 trays share NVLink: a collective inside the domain never touches a NIC);
+    * intra-node GB/s per GPU per direction: ``intra_gbps``;
+    * inter-node GB/s per GPU per direction: ``nics_per_node * nic_gbit / 8 / gpus_per_node``
+      (each GPU's share of its node's NICs), with ``nics`` the NICs of one domain and
+      ``nic_gbps = nic_gbit / 8``. A cluster without NICs (one node) keeps the profile's
+      network, which nothing inside the node uses.
+    """
+    base = c.spec.hw
+    dom = c.nvlink_domain
+    intra = dataclasses.replace(base.intra, gbps=float(c.intra_gbps),
+                                link=f"{c.intra_generation} / {c.intra_fabric}")
+    kw: dict[str, Any] = {"gpus_per_node": dom, "intra": intra}
+    if c.nics_per_node > 0:
+        kw["inter"] = dataclasses.replace(
+            base.inter, gbps=c.nics_per_node * c.nic_gbps / c.gpus_per_node,
+            link=f"{c.net_fabric} {c.nics_per_node} x {c.nic_gbit:g} Gb/s per node")
+        kw["nics"] = c.nics_per_node * (dom // c.gpus_per_node)
+        kw["nic_gbps"] = c.nic_gbps
+    else:
+        kw["nics"] = max(1, round(base.nics * dom / base.gpus_per_node))
+    return dataclasses.replace(base, source=c.source or f"cluster:{c.name}", **kw)
+
+
+def check_cluster_world(c: Cluster, world: int, layout: str) -> None:
+    """Raise ConfigError unless the cluster has exactly ``world`` GPUs (``layout`` names
+    where ``world`` came from, e.g. ``"tp*pp*dp*cp = 2*2*4*1"``)."""
+    if c.world_size == world:
+        return
+    where = c.source or f"cluster {c.name!r}"
+    fix = (f"set nodes = {world // c.gpus_per_node} in the file" if world % c.gpus_per_node == 0
+           else f"use a layout whose GPUs are a multiple of gpus_per_node={c.gpus_per_node}")
+    raise ConfigError(f"{where}: {c.nodes} node(s) x {c.gpus_per_node} GPUs per node = "
+                      f"{c.world_size} GPUs, but {layout} = {world}; {fix}")
 
 
 def _fmt(v: Any) -> str:

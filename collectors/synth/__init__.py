@@ -192,7 +192,7 @@ def _choose_split(mc: ModelConfig, par: ParallelConfig, tpl: StepTemplate, memor
 
 
 def synthesize(model: str | Path | ModelConfig | dict[str, Any],
-               hardware: str | Path | HardwareConfig,
+               hardware: Any,
                parallel: ParallelConfig | dict[str, Any] | None = None, *,
                world_size: int | None = None, expand: str = "auto",
                max_ops: int = 12_000_000, check_memory: bool = True, step: int = 0,
@@ -204,8 +204,9 @@ def synthesize(model: str | Path | ModelConfig | dict[str, Any],
     model : str, path, dict or ModelConfig
         Zoo name (``"gpt3-175b"``, ``"megatron-22b"``, ``"llama3-70b"``, ...), a TOML/JSON
         file of dimensions, or a dict of them.
-    hardware : str, path or HardwareConfig
-        Built-in profile (``"a100-80gb"``, ``"h100-sxm"``, ...) or a TOML profile.
+    hardware : str, path, HardwareConfig or Cluster
+        Built-in profile (``"a100-80gb"``, ``"h100-sxm"``, ...), a TOML profile, or a cluster
+        description (``retime.collectors.costs.read_cluster``; its GPU profile and links).
     parallel : ParallelConfig or dict, optional
         Degrees and options; keyword arguments (``tp=8, pp=2, global_batch=...``) are merged.
     world_size : int, optional

@@ -212,10 +212,15 @@ def read_hardware_file(path: str | Path) -> HardwareConfig:
     return _parse(data, str(p))
 
 
-def resolve_hardware(hw: str | Path | HardwareConfig) -> HardwareConfig:
-    """A HardwareConfig from a built-in name, a TOML path or a HardwareConfig."""
+def resolve_hardware(hw: Any) -> HardwareConfig:
+    """A HardwareConfig from a built-in name, a TOML path, a HardwareConfig or a cluster
+    description (:class:`~retime.collectors.costs.Cluster`, mapped by
+    :func:`~retime.collectors.costs.cluster.cluster_hardware`)."""
     if isinstance(hw, HardwareConfig):
         return hw
+    from ..costs.cluster import Cluster, cluster_hardware  # costs imports this module
+    if isinstance(hw, Cluster):
+        return cluster_hardware(hw)
     s = str(hw)
     if s.endswith(".toml") or Path(s).is_file():
         return read_hardware_file(s)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import tomllib
 
@@ -34,8 +34,12 @@ from .overlap import Overlap
 from .parallel import Parallel
 from .stragglers import Stragglers
 
+if TYPE_CHECKING:
+    from retime.collectors.costs import Cluster
+    from retime.collectors.trace import Trace
+
 __all__ = ["Scenario", "load_scenario", "parse_set", "TABLES", "vocabulary", "as_policies",
-           "scenario_from_cli"]
+           "scenario_from_cli", "ClusterKeys", "cluster_keys", "CLUSTER_KEYS"]
 
 #: scenario table -> policy class, in the order policies configure a what-if
 TABLES: dict[str, type[Policy]] = {
@@ -144,8 +148,10 @@ class Scenario:
         return [p.describe() for p in self.policies]
 
 
-def load_scenario(path: str | Path, overrides: list[str] | dict[str, Any] | None = None) -> Scenario:
-    """Read a TOML scenario file (and apply ``--set`` style overrides on top)."""
+def load_scenario(path: str | Path, overrides: list[str] | dict[str, Any] | None = None, *,
+                  base: dict[str, Any] | None = None) -> Scenario:
+    """Read a TOML scenario file (and apply ``--set`` style overrides on top). ``base``:
+    dotted keys under the file's (a cluster's keys: the file and the overrides win)."""
     p = Path(path)
     try:
         with open(p, "rb") as fh:
@@ -156,7 +162,8 @@ def load_scenario(path: str | Path, overrides: list[str] | dict[str, Any] | None
         raise PolicyError(f"{p}: not valid TOML ({exc}); write one [table] per policy, e.g. "
                           "[network] inter_node_gbps = 25") from exc
     try:
-        flat = _flatten(data)
+        flat = dict(base or {})
+        flat.update(_flatten(data))
     except PolicyError as exc:
         raise PolicyError(f"{p}: {exc}") from exc
     if overrides:
@@ -189,8 +196,86 @@ def as_policies(spec: Any) -> list[Policy]:
                       "a TOML path")
 
 
-def scenario_from_cli(path: str | Path | None, sets: list[str] | None) -> Scenario:
-    """The scenario of ``retime replay --scenario FILE --set k=v ...`` (sets override)."""
+def scenario_from_cli(path: str | Path | None, sets: list[str] | None,
+                      base: dict[str, Any] | None = None) -> Scenario:
+    """The scenario of ``retime replay [--cluster F] --scenario FILE --set k=v ...``: the
+    cluster's keys (``base``, :func:`cluster_keys`), then the file's, then the ``--set``
+    ones; a later layer wins for the same key."""
     if path is not None:
-        return load_scenario(path, list(sets or []))
-    return Scenario.from_dict(parse_set(sets))
+        return load_scenario(path, list(sets or []), base=base)
+    flat = dict(base or {})
+    flat.update(parse_set(sets))
+    return Scenario.from_dict(flat)
+
+
+#: the what-if keys a cluster description sets (``replay`` / ``sweep --cluster``)
+CLUSTER_KEYS = ("hardware.gpu", "topology.ranks_per_node", "network.intra_node_gbps",
+                "network.inter_node_gbps")
+
+
+@dataclass(frozen=True)
+class ClusterKeys:
+    """A cluster as what-if keys: ``keys`` (dotted key -> value) and the keys of
+    :data:`CLUSTER_KEYS` it leaves out on this trace, with why (``left_out``)."""
+
+    name: str
+    source: str
+    keys: dict[str, Any]
+    left_out: dict[str, str]
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "file": self.source, "keys": dict(self.keys),
+                "left_out": dict(self.left_out)}
+
+
+def cluster_keys(cluster: Cluster, trace: Trace) -> ClusterKeys:
+    """The what-if keys that put ``trace``'s run on ``cluster`` (``--cluster FILE``).
+
+    The numbers come from the one mapping of a cluster to a hardware profile,
+    :func:`retime.collectors.costs.cluster_hardware`, so ``replay --cluster`` prices what
+    ``synth --cluster`` does:
+
+    * ``hardware.gpu``: the cluster's GPU profile (a synthesized run is re-synthesized on
+      it; a measured trace's kernels are re-timed by the roofline ratio, which needs the
+      trace's GPU: ``hardware.from_gpu`` where the trace does not name a known one);
+    * ``topology.ranks_per_node``: the GPUs of one NVLink domain (GPUs per node, or 72 on a
+      GB200 NVL72 rack): which collectives stay on the intra-node fabric;
+    * ``network.intra_node_gbps``: the intra-node rate; ``network.inter_node_gbps``: each
+      GPU's share of its node's NICs (nics_per_node x nic_gbit / 8 / gpus_per_node), left
+      out for a cluster without NICs.
+
+    On a measured trace whose collectives carry no sizes (or that has none) the link keys
+    cannot re-time anything: they are left out, with the reason in ``left_out``. A trace
+    with more ranks than the cluster has GPUs raises PolicyError.
+    """
+    from retime.collectors.costs import cluster_hardware
+    from retime.collectors.enums import OpKind
+
+    where = cluster.source or f"cluster {cluster.name!r}"
+    ranks = int(trace.world_size)
+    if ranks > cluster.world_size:
+        raise PolicyError(f"--cluster {where}: the run has {ranks} ranks but the cluster only "
+                          f"{cluster.world_size} GPUs ({cluster.nodes} node(s) x "
+                          f"{cluster.gpus_per_node}); raise nodes in the file")
+    hw = cluster_hardware(cluster)
+    keys: dict[str, Any] = {"hardware.gpu": cluster.gpu,
+                            "topology.ranks_per_node": int(hw.gpus_per_node),
+                            "network.intra_node_gbps": float(hw.intra.gbps)}
+    left: dict[str, str] = {}
+    if cluster.nics_per_node:
+        keys["network.inter_node_gbps"] = float(hw.inter.gbps)
+    else:
+        left["network.inter_node_gbps"] = "the cluster has no NICs (nics_per_node = 0)"
+    syn = trace.meta.get("synth") if isinstance(trace.meta, dict) else None
+    if not syn:
+        o = trace.ops
+        kind = o["kind"].to_numpy()
+        comm = (kind == OpKind.COLLECTIVE) | (kind == OpKind.P2P)
+        if not (o["bytes"].to_numpy()[comm] > 0).any():
+            why = ("the trace's collectives carry no sizes, so its communication keeps its "
+                   "measured time" if comm.any() else "the trace has no communication")
+            for k in ("topology.ranks_per_node", "network.intra_node_gbps",
+                      "network.inter_node_gbps"):
+                if keys.pop(k, None) is not None:
+                    left[k] = why
+    return ClusterKeys(cluster.name, cluster.source, keys, left)
