@@ -23,10 +23,9 @@ from .roofline import (
     _ATTN_BWD,
     _CONV,
     _GEMM,
-    MODELED_OPS,
     _base,
     _tensors,
-    op_cost,
+    costed_ops,
     roofline_peaks,
 )
 
@@ -81,29 +80,16 @@ def op_check(x: Any, *, gpu: str | None = None, top: int = 10,
     """
     from retime.collectors.costs.gpus import gpu_spec
     from retime.collectors.enums import OpKind
-    from retime.collectors.shapes import read_op_shapes
 
     t = as_trace(x)
     own = trace_gpu or roofline_peaks(t)["name"]
     g_own = gpu_spec(own)
     g_other = gpu_spec(gpu) if gpu else None
-    sh = read_op_shapes(t, lambda n: _base(n) in MODELED_OPS)
     o = t.ops
     kind = o["kind"].to_numpy()
     dev = np.isin(kind, [OpKind.KERNEL, OpKind.MEMSET, OpKind.COMPUTE])
-    key = pd.Series(np.flatnonzero(dev), index=pd.MultiIndex.from_arrays(
-        [o["rank"].to_numpy()[dev], o["correlation"].to_numpy()[dev]]))
-    key = key[~key.index.duplicated()]
-    dur = o["dur_ns"].to_numpy()
     groups: dict[tuple, list] = {}
-    for rank, name, dims, types, conc, corr in sh.itertuples(index=False):
-        c = op_cost(name, dims, types, conc)
-        if c is None:
-            continue
-        idx = key.reindex(pd.MultiIndex.from_arrays([[rank] * len(corr), corr])).dropna()
-        d = float(dur[idx.to_numpy(np.int64)].sum()) if len(idx) else 0.0
-        if d <= 0:
-            continue
+    for name, dims, types, c, d in costed_ops(t, dev):
         k = (name, str([x for x in dims if isinstance(x, list) and x]), c[2])
         e = groups.setdefault(k, [0, 0.0, dims, types, c[0], c[1]])
         e[0] += 1

@@ -331,23 +331,30 @@ def roofline(x: Any, *, hardware: Any = None, top: int | None = None) -> pd.Data
 _COLS = ["op", "shapes", "dtype", "count", "device_ns", "flops", "bytes"]
 
 
-def _measured_rows(t, gpu: np.ndarray) -> pd.DataFrame:
+def costed_ops(t, dev: np.ndarray):
+    """The trace's operators with recorded shapes and a FLOP model (``op_cost``), each with
+    the measured time of the device ops it launched: yields ``(name, dims, types, (flops,
+    bytes, dtype), device_ns)`` for those that launched some (``dev``: the device-op mask)."""
     from retime.collectors.shapes import read_op_shapes
     sh = read_op_shapes(t, lambda n: _base(n) in MODELED_OPS)
     o = t.ops
-    key = pd.Series(np.flatnonzero(gpu), index=pd.MultiIndex.from_arrays(
-        [o["rank"].to_numpy()[gpu], o["correlation"].to_numpy()[gpu]]))
+    key = pd.Series(np.flatnonzero(dev), index=pd.MultiIndex.from_arrays(
+        [o["rank"].to_numpy()[dev], o["correlation"].to_numpy()[dev]]))
     key = key[~key.index.duplicated()]
     dur = o["dur_ns"].to_numpy()
-    rows = []
     for rank, name, dims, types, conc, corr in sh.itertuples(index=False):
         c = op_cost(name, dims, types, conc)
         if c is None:
             continue
         idx = key.reindex(pd.MultiIndex.from_arrays([[rank] * len(corr), corr])).dropna()
         d = float(dur[idx.to_numpy(np.int64)].sum()) if len(idx) else 0.0
-        if d <= 0:
-            continue
+        if d > 0:
+            yield name, dims, types, c, d
+
+
+def _measured_rows(t, gpu: np.ndarray) -> pd.DataFrame:
+    rows = []
+    for name, dims, _types, c, d in costed_ops(t, gpu):
         shapes = str([x for x in dims if isinstance(x, list) and x])
         rows.append((name, shapes, c[2], 1, d, c[0], c[1]))
     if not rows:
