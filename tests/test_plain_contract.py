@@ -117,7 +117,9 @@ def test_network_fit_says_when_it_cannot_separate_latency_from_bandwidth():
     assert cal["busbw_gbps"] == pytest.approx(1.0 / np.median(y / x[m]), rel=1e-12)
     # the range's other bound: a quarter of each collective's time as latency
     hi = calibrate(t, g, tab, alpha_share=MAX_ALPHA_SHARE)[1]
-    a = MAX_ALPHA_SHARE * np.median(y)
+    # a quarter of the time, at most the slowest plausible LAN step (1 ms) per ring step
+    a = min(MAX_ALPHA_SHARE * np.median(y), 1e6 * 2 * (2 - 1))
+    assert a == 2e6
     assert hi["alpha_ns"] == pytest.approx(a)
     assert hi["busbw_gbps"] == pytest.approx(1.0 / np.median((y - a) / x[m]), rel=1e-12)
     # a calibration's sweep gives the latency: identifiable, bandwidth from the rest

@@ -274,6 +274,11 @@ IDENTIFIABLE_SIZE_RATIO = 1.5
 #: a fitted per-collective latency above this share of a typical collective's time is not
 #: physical (a LAN or NVLink collective's fixed cost is microseconds, not most of it)
 MAX_ALPHA_SHARE = 0.25
+#: the slowest plausible latency of one algorithm step per level (us): NVLink/PCIe a few us
+#: (NCCL's tuning model: under 10 us per hop), a TCP/IP LAN hop well under 1 ms (kernel
+#: socket path and a switch: tens to hundreds of us), across datacenters ~5 us per km of
+#: fibre (DEFAULT_ALPHA_US's cross-DC rule) up to ~10,000 km
+MAX_STEP_LATENCY_US = {0: 50.0, 1: 1000.0, 2: 50_000.0}
 
 
 def _mb_span(xs: np.ndarray) -> str:
@@ -365,7 +370,11 @@ def calibrate(trace: Trace, graph, tab: dict[str, np.ndarray] | None = None,
                        f"latency of {sol[0] / 1e6:.3g} ms and {1 / sol[1] if sol[1] > 0 else 0:.3g}"
                        " GB/s, outside physical bounds")
         if why is not None and alpha_share:
-            a = float(alpha_share) * float(np.median(ys))
+            # the range's other bound: a share of the collectives' time as latency, never
+            # more than the transport's slowest plausible step latency over the ring's steps
+            steps = 2.0 * max(float(np.median(tab["n"][m])) - 1.0, 1.0)
+            a = min(float(alpha_share) * float(np.median(ys)),
+                    MAX_STEP_LATENCY_US[int(lv)] * 1e3 * steps)
             inv_b = float(np.median(np.maximum(ys - a, 1.0) / xs))
         out[int(lv)] = {"alpha_ns": a, "busbw_gbps": 1.0 / inv_b if inv_b > 0 else math.inf,
                         "points": int(m.sum()), "identifiable": why is None}
