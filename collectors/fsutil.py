@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["atomic_output"]
+__all__ = ["atomic_output", "read_toml"]
 
 
 @contextmanager
@@ -23,3 +23,23 @@ def atomic_output(path: str | os.PathLike[str]) -> Iterator[Path]:
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def read_toml(path: str | Path, what: str, hint: str = "", error: type | None = None) -> dict:
+    """A TOML file's tables; an unreadable file or invalid TOML raises ``error`` (a
+    RetimeError class, ConfigError by default) naming the file, ``what`` it is meant to be
+    and, for invalid TOML, ``hint`` on how to fix it."""
+    import tomllib
+
+    from .errors import ConfigError
+
+    err = error or ConfigError
+    p = Path(path)
+    try:
+        with open(p, "rb") as fh:
+            return tomllib.load(fh)
+    except OSError as exc:
+        raise err(f"{p}: cannot read {what} ({exc.strerror}); check the path") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise err(f"{p}: not valid TOML ({exc})" + (f"; {hint}" if hint else "")) from exc
+

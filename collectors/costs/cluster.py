@@ -22,6 +22,7 @@ from typing import Any
 import tomllib
 
 from ..errors import ConfigError
+from ..fsutil import read_toml
 from ..synth.hardware import HardwareConfig
 from .gpus import GpuSpec, gpu_spec
 
@@ -233,17 +234,9 @@ def load_preset(name: str) -> Cluster:
 
 def read_cluster(path: str | Path) -> Cluster:
     """Read a cluster TOML (as written by ``retime cost cluster``)."""
-    p = Path(path)
-    try:
-        with open(p, "rb") as fh:
-            data = tomllib.load(fh)
-    except OSError as exc:
-        raise ConfigError(f"{p}: cannot read cluster file ({exc.strerror}); check the "
-                          "path") from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{p}: not valid TOML ({exc}); fix the file or write a fresh one "
-                          "with `retime cost cluster --preset NAME`") from exc
-    return _parse(data, str(p))
+    data = read_toml(path, "cluster file", "fix the file or write a fresh one with "
+                     "`retime cost cluster --preset NAME`")
+    return _parse(data, str(path))
 
 
 def resolve_cluster(preset: str | None = None, path: str | Path | None = None,

@@ -17,6 +17,7 @@ from typing import Any
 import tomllib
 
 from ..errors import ConfigError
+from ..fsutil import read_toml
 
 __all__ = ["LinkConfig", "HardwareConfig", "hardware_names", "load_hardware",
            "read_hardware_file", "resolve_hardware"]
@@ -201,15 +202,8 @@ def load_hardware(name: str) -> HardwareConfig:
 
 def read_hardware_file(path: str | Path) -> HardwareConfig:
     """Read a hardware profile TOML (same keys as the built-in files)."""
-    p = Path(path)
-    try:
-        with open(p, "rb") as fh:
-            data = tomllib.load(fh)
-    except OSError as exc:
-        raise ConfigError(f"{p}: cannot read hardware file ({exc})") from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{p}: not valid TOML ({exc})") from exc
-    return _parse(data, str(p))
+    data = read_toml(path, "hardware file", "copy one of collectors/synth/hardware/*.toml")
+    return _parse(data, str(path))
 
 
 def resolve_hardware(hw: Any) -> HardwareConfig:

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import tomllib
 
 from retime.collectors.errors import PolicyError
+from retime.collectors.fsutil import read_toml
 
 from .base import Policy
 from .caching import Cache
@@ -153,14 +154,8 @@ def load_scenario(path: str | Path, overrides: list[str] | dict[str, Any] | None
     """Read a TOML scenario file (and apply ``--set`` style overrides on top). ``base``:
     dotted keys under the file's (a cluster's keys: the file and the overrides win)."""
     p = Path(path)
-    try:
-        with open(p, "rb") as fh:
-            data = tomllib.load(fh)
-    except OSError as exc:
-        raise PolicyError(f"{p}: cannot read scenario file ({exc.strerror})") from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise PolicyError(f"{p}: not valid TOML ({exc}); write one [table] per policy, e.g. "
-                          "[network] inter_node_gbps = 25") from exc
+    data = read_toml(p, "scenario file", "write one [table] per policy, e.g. [network] "
+                     "inter_node_gbps = 25", error=PolicyError)
     try:
         flat = dict(base or {})
         flat.update(_flatten(data))
