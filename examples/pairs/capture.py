@@ -84,15 +84,22 @@ class Pair:
     b_to_a: dict
 
 
+def _rate_pair(knob: str, lo: float, hi: float, same: dict | None = None,
+               ranks_per_node: int = 1) -> Pair:
+    """A pair whose settings differ in the link's rate (Mbit/s); ``same``: the other knobs
+    both settings change from the base alike."""
+    same = dict(same or {})
+    return Pair(knob, {**same, "rate_mbit": lo}, {**same, "rate_mbit": hi},
+                {"network.inter_node_gbps": _gbps(hi), "topology.ranks_per_node": ranks_per_node},
+                {"network.inter_node_gbps": _gbps(lo), "topology.ranks_per_node": ranks_per_node})
+
+
 def _pairs() -> dict[str, tuple[str, Pair]]:
     lo, hi = 400.0, 1600.0
     batch = {"mlp": (512, 1024), "transformer": (4, 8)}
     spec = {
-        "bandwidth": lambda m: Pair(
-            "inter-host bandwidth (tbf rate of both veth ends, per direction)",
-            {"rate_mbit": lo}, {"rate_mbit": hi},
-            {"network.inter_node_gbps": _gbps(hi), "topology.ranks_per_node": 1},
-            {"network.inter_node_gbps": _gbps(lo), "topology.ranks_per_node": 1}),
+        "bandwidth": lambda m: _rate_pair(
+            "inter-host bandwidth (tbf rate of both veth ends, per direction)", lo, hi),
         "bucket": lambda m: Pair(
             "DDP bucket_cap_mb (MiB; the key counts 10^6 bytes)",
             {"bucket_cap_mb": 1.0}, {"bucket_cap_mb": 50.0},
@@ -105,11 +112,8 @@ def _pairs() -> dict[str, tuple[str, Pair]]:
             {"overlap.bucket_mb": round(1 * MIB_MB, 6)}),
         # captured after the models were written (held out from their development): other
         # link rates, and bucket size on a third rate
-        "bandwidth-200-800": lambda m: Pair(
-            "inter-host bandwidth at other rates (200 vs 800 Mbit/s per direction)",
-            {"rate_mbit": 200.0}, {"rate_mbit": 800.0},
-            {"network.inter_node_gbps": _gbps(800.0), "topology.ranks_per_node": 1},
-            {"network.inter_node_gbps": _gbps(200.0), "topology.ranks_per_node": 1}),
+        "bandwidth-200-800": lambda m: _rate_pair(
+            "inter-host bandwidth at other rates (200 vs 800 Mbit/s per direction)", 200.0, 800.0),
         "bucket-800mbit": lambda m: Pair(
             "DDP bucket_cap_mb (MiB; the key counts 10^6 bytes) on an 800 Mbit/s link",
             {"bucket_cap_mb": 1.0, "rate_mbit": 800.0}, {"bucket_cap_mb": 50.0, "rate_mbit": 800.0},
@@ -149,26 +153,17 @@ def _pairs() -> dict[str, tuple[str, Pair]]:
             out[f"{m}-{knob}"] = (m, spec[knob](m))
     # captured after the models were frozen (FROZEN): another model family, another link
     # shaping (a 4x larger token bucket), another rate pair, 2 ranks per host on 2 hosts
-    out["cnn-bandwidth-300-1200"] = ("cnn", Pair(
-        "inter-host bandwidth, 300 vs 1200 Mbit/s per direction (conv net)",
-        {"rate_mbit": 300.0}, {"rate_mbit": 1200.0},
-        {"network.inter_node_gbps": _gbps(1200.0), "topology.ranks_per_node": 1},
-        {"network.inter_node_gbps": _gbps(300.0), "topology.ranks_per_node": 1}))
+    out["cnn-bandwidth-300-1200"] = ("cnn", _rate_pair(
+        "inter-host bandwidth, 300 vs 1200 Mbit/s per direction (conv net)", 300.0, 1200.0))
     out["cnn-batch"] = ("cnn", Pair(
         "per-rank batch size (conv net)", {"batch": 16}, {"batch": 32},
         {"parallel.micro_batch": 32}, {"parallel.micro_batch": 16}))
-    out["mlp-bandwidth-burst4"] = ("mlp", Pair(
+    out["mlp-bandwidth-burst4"] = ("mlp", _rate_pair(
         "inter-host bandwidth, 400 vs 1600 Mbit/s, on a link whose token bucket is 4x the "
-        "kit's (burst_x 4)",
-        {"rate_mbit": lo, "burst_x": 4.0}, {"rate_mbit": hi, "burst_x": 4.0},
-        {"network.inter_node_gbps": _gbps(hi), "topology.ranks_per_node": 1},
-        {"network.inter_node_gbps": _gbps(lo), "topology.ranks_per_node": 1}))
-    out["transformer-bandwidth-2x2"] = ("transformer", Pair(
+        "kit's (burst_x 4)", lo, hi, {"burst_x": 4.0}))
+    out["transformer-bandwidth-2x2"] = ("transformer", _rate_pair(
         "inter-host bandwidth, 400 vs 1600 Mbit/s, 2 hosts x 2 ranks (a host's ranks share "
-        "its core)",
-        {"rate_mbit": lo, "nproc_per_host": 2}, {"rate_mbit": hi, "nproc_per_host": 2},
-        {"network.inter_node_gbps": _gbps(hi), "topology.ranks_per_node": 2},
-        {"network.inter_node_gbps": _gbps(lo), "topology.ranks_per_node": 2}))
+        "its core)", lo, hi, {"nproc_per_host": 2}, ranks_per_node=2))
     return out
 
 
