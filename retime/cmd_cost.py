@@ -156,6 +156,9 @@ def cluster_cmd(
         say(f"wrote {output} ({c.name}: {c.world_size} GPUs)")
 
 
+# The choices as the CLI offers them: copies of collectors.costs.nccl's Collective, Algo and
+# Proto, because importing that module pulls numpy and pandas into every `retime` start-up
+# (tests/test_cost_cli.py keeps the copies equal to the originals).
 class CollectiveName(str, Enum):
     all_reduce = "all_reduce"
     all_gather = "all_gather"

@@ -180,3 +180,15 @@ def test_op_trace_self_check(tmp_path, capsys):
     assert tot == sorted(tot, reverse=True)  # heaviest groups first, by measured time
     assert run(["cost", "op", "matmul", "--trace", str(store)]) == 2
     assert "not both" in capsys.readouterr().err
+
+
+def test_cli_choices_equal_the_cost_layers_names():
+    """The CLI keeps light copies of the cost layer's enums; they must not drift."""
+    from retime import cmd_cost
+    from retime.collectors.costs import nccl
+
+    for cli, lib in ((cmd_cost.CollectiveName, nccl.Collective), (cmd_cost.ProtoName, nccl.Proto)):
+        assert [m.value for m in cli] == [m.value for m in lib]
+    # --algo forces what NCCL_ALGO can: every algorithm but the grouped point-to-point one
+    assert [m.value for m in cmd_cost.AlgoName] == [m.value for m in nccl.Algo
+                                                    if m is not nccl.Algo.p2p]
