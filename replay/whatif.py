@@ -121,8 +121,8 @@ def _keys_of(pols: list) -> dict[str, Any]:
 #: the model's own share of a what-if's change it cannot vouch for: a change priced from
 #: what the trace measured (``fitted``) or partly from unbounded priors (``assumed``).
 #: Chosen on the 60 paired predictions that shaped the model (15%: 93% of them inside their
-#: range; 12.5% gave 88%); the pairs captured after the freeze and held-out captures judge
-#: it (traces/pairs/README.md)
+#: range; 12.5% gave 88% in an earlier run of the model); the pairs captured after the
+#: freeze and held-out captures judge it (traces/pairs/README.md)
 MODEL_SHARE = {"fitted": 0.15, "assumed": 0.25}
 
 
