@@ -18,54 +18,9 @@ import pandas as pd
 from retime.collectors.errors import RetimeError
 
 from ._util import as_trace
-from .roofline import (
-    _ATTN,
-    _ATTN_BWD,
-    _CONV,
-    _GEMM,
-    _base,
-    _tensors,
-    costed_ops,
-    roofline_peaks,
-)
+from .roofline import costed_ops, roofline_peaks
 
 __all__ = ["op_check"]
-
-
-def _gemm_dims(b: str, ts: list) -> tuple[int, int, int, int] | None:
-    """(batch, m, n, k) of a GEMM call."""
-    if b == "linear":
-        x, w = ts[0][0], ts[1][0]
-        return 1, int(np.prod(x[:-1])), int(w[0]), int(x[-1])
-    if b in ("addmm", "baddbmm"):
-        ts = ts[1:]
-    a, c = ts[0][0], ts[1][0]
-    if b in ("mm", "addmm"):
-        return 1, int(a[0]), int(c[1]), int(a[1])
-    return int(a[0]), int(a[1]), int(c[2]), int(a[2])
-
-
-def _price(g, name: str, dims: list, types: list, flops: float, nbytes: float, dtype: str):
-    from retime.collectors.costs import kernels as K
-
-    b = _base(name)
-    ts = _tensors(dims, types)
-    if dtype not in g.hw.peak_tflops and dtype not in ("fp16", "bf16"):
-        dtype = "fp32" if "fp32" in g.hw.peak_tflops else "bf16"
-    if b in _GEMM:
-        bt, m, n, k = _gemm_dims(b, ts)
-        return K.matmul(g, m, n, k, bt, dtype)
-    if b in _CONV or b == "convolution_backward":
-        w = ts[1][0] if b in _CONV else ts[2][0]
-        kc = int(w[1]) * int(np.prod(w[2:]))
-        m = flops / (2.0 * int(w[0]) * kc)
-        return K.implicit_gemm(g, max(m, 1.0), int(w[0]), kc, dtype, nbytes, "conv")
-    if b in _ATTN or b in _ATTN_BWD:
-        q, kk = ts[0][0], ts[1][0]
-        return K.attention(g, int(q[0]), int(q[1]), int(q[2]), int(q[3]),
-                           kv_heads=int(kk[1]) if int(q[1]) % int(kk[1]) == 0 else None,
-                           backward=b in _ATTN_BWD, dtype=dtype)
-    return K.memory_bound(g, b, flops, nbytes)
 
 
 def op_check(x: Any, *, gpu: str | None = None, top: int = 10,
@@ -79,6 +34,7 @@ def op_check(x: Any, *, gpu: str | None = None, top: int = 10,
     ``speedup`` (measured / other). ``attrs``: ``trace_gpu``, ``gpu``, ``median_abs_error``.
     """
     from retime.collectors.costs.gpus import gpu_spec
+    from retime.collectors.costs.ops import price_op
     from retime.collectors.enums import OpKind
 
     t = as_trace(x)
@@ -101,8 +57,8 @@ def op_check(x: Any, *, gpu: str | None = None, top: int = 10,
     for (name, shapes, dt), (n, tot, dims, types, fl, by) in sorted(
             groups.items(), key=lambda kv: -kv[1][1])[:top]:
         try:
-            m = _price(g_own, name, dims, types, fl, by, dt)
-            other = _price(g_other, name, dims, types, fl, by, dt) if g_other else None
+            m = price_op(g_own, name, dims, types, (fl, by, dt))
+            other = price_op(g_other, name, dims, types, (fl, by, dt)) if g_other else None
         except (RetimeError, ValueError, IndexError, ZeroDivisionError):
             continue
         meas = tot / n / 1e3

@@ -118,9 +118,8 @@ def test_report_of_a_measured_trace(dlrm):
     # panels that do not apply are left out: no pipeline, no flops, no memory samples
     assert not {"pipeline", "efficiency", "memory", "comparison"} & set(keys)
     assert "communication" in keys
-    # drill-downs (issue 22): launches and annotations are there; no shapes' roofline for a
-    # V100 without a built-in profile, so that section is left out
-    assert {"host", "tree"} <= set(keys) and "roofline" not in keys
+    # drill-downs (issue 22): launches, annotations and the shapes' roofline (V100 profile)
+    assert {"host", "tree", "roofline"} <= set(keys)
     # headers are words with units, never column names
     for h in _headers(rep):
         assert "_" not in h and not h.endswith("ns"), h

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import subprocess
 import sys
@@ -72,10 +73,18 @@ def test_vgg13_forward_flops_and_the_roof():
     assert isinstance(fig, Figure)
 
 
+def _renamed_gpu(meta: dict) -> dict:
+    """``meta`` with its GPU renamed to one no built-in profile knows."""
+    return json.loads(json.dumps(meta).replace("V100", "Z100"))
+
+
 def test_unknown_gpu_needs_hardware_and_synth_uses_its_kernels():
     t = ingest_cached(KINETO / "dlrm-v100-8rank")
-    with pytest.raises(RetimeError, match="V100.*--hardware"):
-        roofline(t)
+    assert roofline(t, top=1).attrs["peaks"]["name"] == "v100-sxm2"  # a built-in profile
+    unknown = copy.copy(t)
+    unknown.meta = _renamed_gpu(t.meta)
+    with pytest.raises(RetimeError, match="Z100.*--hardware"):
+        roofline(unknown)
     r = roofline(t, hardware="a100-80gb")
     assert r.attrs["peaks"]["name"] == "a100-80gb" and (r["device_ns"] > 0).all()
     from retime.collectors.synth import synthesize
@@ -95,6 +104,8 @@ def test_cli_roofline(tmp_path):
     t = ingest_cached(KINETO / "dlrm-v100-8rank")
     d = tmp_path / "dlrm.retime"
     t.save(d)
+    (d / "meta.json").write_text(json.dumps(_renamed_gpu(json.loads(
+        (d / "meta.json").read_text()))))
     cmd = [sys.executable, "-m", "retime", "analyze", str(d), "--by", "roofline", "--json"]
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     err = json.loads(r.stdout)

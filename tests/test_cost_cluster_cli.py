@@ -181,8 +181,10 @@ def test_replay_cluster_equals_set_keys_on_a_real_trace(files, shared_traces, ca
     assert run(["ingest", str(shared_traces / "kineto" / "dlrm-v100-8rank"), "-o",
                 str(dl)]) == 0
     a100 = str(files["dgx-a100"])
-    # a V100 trace: no built-in profile, so the GPU swap needs hardware.from_gpu, and the
-    # error says the cluster set hardware.gpu
+    # a GPU without a built-in profile (the V100 renamed): the GPU swap needs
+    # hardware.from_gpu, and the error says the cluster set hardware.gpu
+    meta = json.loads((dl / "meta.json").read_text())
+    (dl / "meta.json").write_text(json.dumps(meta).replace("V100", "Z100"))
     _fails(["replay", str(dl), "--cluster", a100], capsys, f"--cluster {a100} sets "
            "hardware.gpu=a100-80gb", "hardware.from_gpu")
     clu = _json_run(["replay", str(dl), "--cluster", a100, "--set",

@@ -133,8 +133,10 @@ def test_gpu_swap_resynthesizes_faster_and_measured_needs_its_gpu(dp_job, dlrm):
     h100 = whatif(dp_job, {"hardware.gpu": "h100-sxm"})
     assert h100.meta["whatif"]["resynthesized"]
     assert h100.step_time_ns < whatif(dp_job).step_time_ns
+    unknown = Trace(**{**dlrm.__dict__, "meta": {**dlrm.meta, "devices": {"0": {"0": {
+        "name": "Z100"}}}}})  # a GPU without a built-in profile
     with pytest.raises(PolicyError, match="from_gpu"):
-        whatif(dlrm, {"hardware.gpu": "h100-sxm"})  # a V100 run: no built-in V100 profile
+        whatif(unknown, {"hardware.gpu": "h100-sxm"})
     r = whatif(dlrm, {"hardware.gpu": "h100-sxm", "hardware.from_gpu": "a100-40gb"})
     assert r.step_time_ns <= replay(dlrm).step_time_ns
 

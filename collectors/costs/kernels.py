@@ -28,7 +28,7 @@ from ..errors import ConfigError
 from .gpus import DTYPE_BYTES, GpuSpec
 from .tiles import TILES, tile_utilization
 
-__all__ = ["OpCost", "matmul", "conv2d", "implicit_gemm", "attention", "streaming",
+__all__ = ["OpCost", "Curves", "DEFAULT_CURVES", "matmul", "conv2d", "implicit_gemm", "attention", "streaming",
            "memory_bound", "embedding", "optimizer_step", "tile_utilization", "TILES",
            "OPTIMIZER_BYTES"]
 
@@ -40,6 +40,40 @@ _ATTN_BWD = 0.8  # backward rate / forward rate (assumed)
 OPTIMIZER_BYTES = {"adam": 4 * 6, "adamw": 4 * 6, "sgd": 4 * 4, "adafactor": 4 * 3}
 _OPT_FLOPS = {"adam": 12.0, "adamw": 14.0, "sgd": 3.0, "adafactor": 10.0}
 _REL = {"published": 0.05, "fitted": 0.10, "assumed": 0.25}
+
+
+@dataclass(frozen=True)
+class Curves:
+    """Efficiency-curve parameters per kernel class (all physical: an efficiency is a
+    fraction <= 1 of the published ceiling it multiplies). The defaults are the model as
+    documented above; ``bench/kernel_loo.py`` fits them on some traces and judges them on
+    another, and the replay what-ifs use the fitted ones (``KERNEL_CURVES``).
+
+    ``gemm_eff`` / ``conv_eff``: fraction of the modeled matmul rate (ceiling x k-depth x
+    tiles) a library GEMM / an implicit-GEMM convolution sustains; ``mem_eff``: fraction of
+    the HBM triad bandwidth a streaming kernel sustains; ``mem_latency_us``: the bytes in
+    flight a streaming kernel needs, as microseconds of bandwidth (its size curve);
+    ``k_half_scale``: multiplies the profile's ``gemm_k_half``.
+    """
+
+    gemm_eff: float = 1.0
+    conv_eff: float = 1.0
+    mem_eff: float = 1.0
+    mem_latency_us: float = _MEM_LATENCY_US
+    k_half_scale: float = 1.0
+    source: str = "assumed"
+
+    def __post_init__(self) -> None:
+        for f in ("gemm_eff", "conv_eff", "mem_eff"):
+            v = getattr(self, f)
+            if not 0.0 < v <= 1.0:
+                raise ConfigError(f"Curves.{f}={v!r}: an efficiency must be in (0, 1]")
+        if self.mem_latency_us < 0 or self.k_half_scale <= 0:
+            raise ConfigError(f"Curves: mem_latency_us={self.mem_latency_us!r} must be >= 0 "
+                              f"and k_half_scale={self.k_half_scale!r} > 0")
+
+
+DEFAULT_CURVES = Curves()
 
 
 @dataclass(frozen=True)
@@ -81,13 +115,16 @@ def _positive(**kw: float) -> None:
 
 
 def _finish(kind: str, g: GpuSpec, flops: float, nbytes: float, t_comp: float,
-            comp_src: str, comp_eff: float, comp_rel: float) -> OpCost:
+            comp_src: str, comp_eff: float, comp_rel: float,
+            curves: Curves = DEFAULT_CURVES) -> OpCost:
     """Roofline: the slower of compute (us, plus the tile pipeline's ramp and tail, one
     kernel overhead) and memory, floored by the launch/tail."""
     if t_comp > 0:
         t_comp += g.hw.kernel_overhead_us
     bw, bw_src = g.hbm_gbps()
-    bw_eff = bw * nbytes / (nbytes + bw * 1e3 * _MEM_LATENCY_US) if nbytes > 0 else bw
+    bw *= curves.mem_eff
+    lat = curves.mem_latency_us
+    bw_eff = bw * nbytes / (nbytes + bw * 1e3 * lat) if nbytes > 0 else bw
     t_mem = nbytes / (bw_eff * 1e3) if nbytes > 0 else 0.0
     floor = g.hw.kernel_overhead_us
     t = max(t_comp, t_mem, floor)
@@ -95,8 +132,9 @@ def _finish(kind: str, g: GpuSpec, flops: float, nbytes: float, t_comp: float,
         bound, eff, src, rel = "compute", comp_eff, comp_src, comp_rel
     elif t == t_mem and t_mem > 0:
         bound, eff = "memory", bw_eff / g.hw.hbm_gbps
-        src = (f"HBM {bw:.0f} GB/s ({bw_src}{', K2-K4' if bw_src == 'published' else ''}) "
-               f"x size curve {bw_eff / bw:.2f} (assumed 0.6 us in flight)")
+        src = (f"HBM {bw:.0f} GB/s ({bw_src}{', K2-K4' if bw_src == 'published' else ''}"
+               f"{'' if curves.mem_eff == 1 else f' x {curves.mem_eff:.2f} {curves.source}'}"
+               f") x size curve {bw_eff / bw:.2f} ({curves.source} {lat:g} us in flight)")
         rel = math.hypot(_REL[bw_src], 0.10 if bw_eff / bw > 0.8 else 0.25)
     else:
         bound, eff, rel = "latency", 0.0, 0.5
@@ -106,26 +144,36 @@ def _finish(kind: str, g: GpuSpec, flops: float, nbytes: float, t_comp: float,
 
 
 def _gemm_rate(g: GpuSpec, m: float, n: float, k: float, batch: int,
-               dtype: str) -> tuple[float, str, float]:
-    """(TFLOP/s a GEMM reaches, where the efficiency came from, relative uncertainty)."""
+               dtype: str, curves: Curves = DEFAULT_CURVES,
+               eff: float = 1.0) -> tuple[float, str, float]:
+    """(TFLOP/s a GEMM reaches, where the efficiency came from, relative uncertainty);
+    ``eff``: the class's sustained fraction of that (:class:`Curves`)."""
     ceil_tf, ceil_src = g.mamf(dtype)
     # the tile pipeline's prologue/epilogue is a fixed number of k-steps of fixed bytes, so
     # in elements it is longer for narrower dtypes (k_half is given for 16-bit inputs)
-    k_half = g.hw.gemm_k_half * 2.0 / min(_eb(dtype), 2.0)
+    k_half = g.hw.gemm_k_half * 2.0 / min(_eb(dtype), 2.0) * curves.k_half_scale
+    if _eb(dtype) > 2:
+        # 32-bit GEMMs (fp32 on the CUDA cores, tf32) run fewer FLOPs per k-step than the
+        # 16-bit tensor-core path k_half was given for: the prologue/epilogue (loading the
+        # first tiles, writing the last) takes the same time, so fewer k-steps
+        half = g.mamf_tflops.get("bf16") or g.mamf_tflops.get("fp16") or (
+            g.peak_tflops("fp16") * g.hw.gemm_max)
+        k_half *= min(1.0, ceil_tf / half)
     f_k = k / (k + k_half)
     util = tile_utilization(g.sm_count, [m] * batch, n, k, k_half)
     # tensor-core kernels need 16-byte aligned rows; others run slower paths (assumed 0.75)
     aligned = all((d * _eb(dtype)) % 16 == 0 for d in (n, k))
-    rate = ceil_tf * f_k * util * (1.0 if aligned else 0.75)  # <= the published ceiling
+    rate = ceil_tf * f_k * util * (1.0 if aligned else 0.75) * eff  # <= published ceiling
     src = (f"max achievable {dtype} matmul {ceil_tf:.1f} TFLOP/s ({ceil_src}"
-           f"{', K1-K5' if ceil_src == 'published' else ''}) x k-depth {f_k:.2f} "
-           f"(k_half {k_half:.0f}, assumed) x tiles/waves {util:.2f} "
-           f"({g.sm_count} SMs){'' if aligned else ' x unaligned 0.75 (assumed)'}")
+           f"{', K1-K7' if ceil_src == 'published' else ''}) x k-depth {f_k:.2f} "
+           f"(k_half {k_half:.0f}, {curves.source}) x tiles/waves {util:.2f} "
+           f"({g.sm_count} SMs){'' if aligned else ' x unaligned 0.75 (assumed)'}"
+           f"{'' if eff == 1 else f' x class efficiency {eff:.2f} ({curves.source})'}")
     return rate, src, math.hypot(_REL[ceil_src], _K_HALF_REL * (1 - f_k), 0.08)
 
 
 def matmul(g: GpuSpec, m: int, n: int, k: int, batch: int = 1,
-           dtype: str = "bf16") -> OpCost:
+           dtype: str = "bf16", curves: Curves = DEFAULT_CURVES) -> OpCost:
     """A (batched) GEMM ``[batch, m, k] x [batch, k, n]`` in ``dtype`` (output in 16-bit
     for fp8/fp4 inputs, else the input dtype)."""
     _positive(m=m, n=n, k=k, batch=batch)
@@ -133,9 +181,9 @@ def matmul(g: GpuSpec, m: int, n: int, k: int, batch: int = 1,
     flops = 2.0 * m * n * k * batch
     out_eb = 2 if eb < 2 else eb
     nbytes = batch * (eb * (m * k + k * n) + out_eb * m * n)
-    rate, src, rel = _gemm_rate(g, m, n, k, batch, dtype)
+    rate, src, rel = _gemm_rate(g, m, n, k, batch, dtype, curves, curves.gemm_eff)
     return _finish("matmul" if batch == 1 else "bmm", g, flops, nbytes, flops / (rate * 1e6),
-                   src, rate / g.peak_tflops(dtype), rel)
+                   src, rate / g.peak_tflops(dtype), rel, curves)
 
 
 def conv2d(g: GpuSpec, batch: int, in_ch: int, height: int, width: int, out_ch: int,
@@ -158,23 +206,24 @@ def conv2d(g: GpuSpec, batch: int, in_ch: int, height: int, width: int, out_ch: 
 
 
 def implicit_gemm(g: GpuSpec, m: float, n: float, k: float, dtype: str, nbytes: float,
-                  kind: str = "conv") -> OpCost:
+                  kind: str = "conv", curves: Curves = DEFAULT_CURVES) -> OpCost:
     """A kernel that runs as an ``m x n x k`` GEMM over operands it reads itself
     (convolutions: ``M = batch x output pixels``, ``N = filters``, ``K = channels x filter
     area``); ``nbytes`` is what it moves through HBM."""
     _positive(m=m, n=n, k=k)
     flops = 2.0 * m * n * k
-    rate, src, rel = _gemm_rate(g, m, n, k, 1, dtype)
+    rate, src, rel = _gemm_rate(g, m, n, k, 1, dtype, curves, curves.conv_eff)
     return _finish(kind, g, flops, nbytes, flops / (rate * 1e6), "implicit GEMM: " + src,
-                   rate / g.peak_tflops(dtype), rel)
+                   rate / g.peak_tflops(dtype), rel, curves)
 
 
-def memory_bound(g: GpuSpec, kind: str, flops: float, nbytes: float) -> OpCost:
+def memory_bound(g: GpuSpec, kind: str, flops: float, nbytes: float,
+                 curves: Curves = DEFAULT_CURVES) -> OpCost:
     """A streaming kernel given its FLOPs and HBM bytes (normalization, softmax,
     elementwise, reductions: the FLOPs never bind)."""
     if nbytes <= 0:
         raise ConfigError(f"{kind}: moves no bytes; nothing to price")
-    return _finish(kind, g, float(flops), float(nbytes), 0.0, "", 0.0, 0.0)
+    return _finish(kind, g, float(flops), float(nbytes), 0.0, "", 0.0, 0.0, curves)
 
 
 def attention(g: GpuSpec, batch: int, heads: int, seq: int, head_dim: int,

@@ -20,7 +20,8 @@ def tile_utilization(sm_count: int, ms: list[float], n: float, k: float = 0.0,
     intensity ``tm tn / (tm + tn)`` relative to 128 x 128's, assumed). When there is at least
     one full wave and the reduction is deep (``k >= 4 k_half``), the library can split the
     reduction over the idle SMs (split-K / stream-K): the last wave is then balanced at a
-    10% fix-up cost. With ``k = 0`` only the wave count is modeled (the synthesizer's use)."""
+    10% fix-up cost; with less than one wave of tiles it splits the reduction into as many
+    slices as fill the SMs (each at least ``2 k_half`` deep). With ``k = 0`` only the wave count is modeled (the synthesizer's use)."""
     best = 0.0
     useful = sum(ms) * n
     if useful <= 0:
@@ -34,6 +35,15 @@ def tile_utilization(sm_count: int, ms: list[float], n: float, k: float = 0.0,
         if k > 0:
             if tiles >= sm_count and k >= 4 * k_half:
                 util = max(util, edge * 0.9)
+            elif tiles < sm_count and k >= 4 * k_half:
+                # too few output tiles to fill the SMs: split the reduction into s slices
+                # (cuBLAS split-K, CUTLASS stream-K) of at least 2 k_half each, reduced by a
+                # second pass (10%); each slice pays its own prologue
+                sl = min(sm_count // tiles, int(k // (2 * k_half)))
+                if sl >= 2:
+                    ks = k / sl
+                    f = (ks / (ks + k_half)) / (k / (k + k_half))
+                    util = max(util, edge * tiles * sl / sm_count * 0.9 * f)
             util *= min(1.0, (tm * tn / (tm + tn)) / 64.0)
         best = max(best, util)
     return best

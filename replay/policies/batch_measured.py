@@ -139,8 +139,66 @@ def scale_batch(state: WhatIfState, new_batch: int) -> dict[str, Any]:
     fixed = np.asarray([d_rank[int(r)] for r in rank])
     host = (kind == OpKind.CPU_OP) | (kind == OpKind.RUNTIME)
     gpu = work & ~host
+    out = {"micro_batch": int(new_batch), "measured_batch": b, "work_ops": int(work.sum())}
+    if (kind == OpKind.KERNEL).any():
+        # a GPU job: the kernels change with their shapes, the host's per-launch work
+        # (dispatch, launch calls) does not depend on the tensor sizes
+        out.update(_scale_gpu_batch(state, b, int(new_batch), gpu))
+        return out
     state.dur[gpu] *= f
     factor = np.where(work & host, f, 1.0)
     scale_host_work(state, factor, fixed_ns=np.where(work & host, fixed, 0.0))
-    return {"micro_batch": int(new_batch), "measured_batch": b, "work_ops": int(work.sum()),
-            "dispatch_ns": {str(k): round(v) for k, v in d_rank.items()}}
+    out["dispatch_ns"] = {str(k): round(v) for k, v in d_rank.items()}
+    return out
+
+
+def _scale_gpu_batch(state: WhatIfState, b: int, b2: int, gpu: np.ndarray) -> dict[str, Any]:
+    """Forward/backward GPU ops of a GPU trace at batch ``b2``: kernels with recorded shapes
+    by the cost layer's ratio at the new shapes (:func:`kernel_cost.batch_ratio`), the rest
+    (and host<->device copies of the batch) by ``b2 / b``; host ops unchanged."""
+    from .kernel_cost import batch_ratio, describe_fallback, summary, trace_gpu
+    t = state.trace
+    f = b2 / b
+    kind = t.ops["kind"].to_numpy()
+    dur = t.ops["dur_ns"].to_numpy()
+    kern = gpu & ((kind == OpKind.KERNEL) | (kind == OpKind.MEMSET))
+    hw = trace_gpu(t)
+    d = state.dur
+    d[gpu] *= f  # the fallback; shaped kernels are re-set below
+    why = ""
+    kr = None
+    if hw is None:
+        why = (" (the trace's GPU has no built-in profile to price them on; "
+               "hardware.from_gpu does not apply here)")
+    else:
+        kr = batch_ratio(t, hw.name, b, b2, kern)
+        if len(kr.op_ids):
+            d[kr.op_ids] *= kr.ratio / f
+        elif not why:
+            why = " (no recorded shapes in the trace's Kineto files)"
+    n_sh = 0 if kr is None else len(kr.op_ids)
+    sh_ns = 0.0 if kr is None else kr.info["covered_ns"]
+    g_ns = float(dur[kern].sum())
+    if n_sh:
+        sm = summary(kr)
+        state.assume(
+            f"parallel.micro_batch {b} -> {b2} on {hw.name}: {n_sh} forward/backward "
+            f"kernel(s) with recorded shapes ({sh_ns / g_ns if g_ns else 0:.1%} of their GPU "
+            "time) re-timed as measured x model(new shapes) / model(old shapes) (batch "
+            "dimension of activations scaled; small kernels stay near their launch floor, "
+            f"large ones scale with their work; median ratio {sm['ratio_median']:.2f}, "
+            f"{sm['ratio_min']:.2f}-{sm['ratio_max']:.2f}, linear would be {f:.2f})")
+    line = describe_fallback("parallel.micro_batch", int(kern.sum()) - n_sh, g_ns - sh_ns,
+                             g_ns, f"scale linearly (x{f:.3g}), as do host<->device copies",
+                             why)
+    if line:
+        state.assume(line)
+    state.assume("parallel.micro_batch: host (CPU) ops, launch calls and gaps keep their "
+                 "measured times (per-launch work does not depend on the batch); "
+                 "collectives and the optimizer step keep theirs (they move parameters)",
+                 bounded=True)
+    out = {"shaped_kernels": n_sh, "fallback_kernels": int(kern.sum()) - n_sh,
+           "shaped_share": round(sh_ns / g_ns, 4) if g_ns else 0.0}
+    if kr is not None and n_sh:
+        out.update({k: v for k, v in summary(kr).items() if k.startswith("ratio")})
+    return out

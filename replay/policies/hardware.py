@@ -131,14 +131,18 @@ class Hardware(Policy):
             cls = memo["kernel_class"] = frozen(kernel_class(state.trace))
         f = self.factors()
         if self.gpu is not None and not state.is_synth:
-            f = f * _roofline_ratio(state.trace, self.gpu, self.from_gpu)
-        state.scale_by_class(cls, f)  # deferred: fused into the layout durations
+            swap = _gpu_swap(self, state, cls, f)
+        else:
+            state.scale_by_class(cls, f)  # deferred: fused into the layout durations
+            swap = None
         if self.host_speedup:
             scale_host_work(state, 1.0 / self.host_speedup)
         if self.slow_ranks:
             from .stragglers import inject_slowdown
             inject_slowdown(state, self.slow_ranks, self.rank_slowdown)
         d = self.describe()
+        if swap is not None:
+            d["gpu_effect"] = swap
         if self.cuda_graphs:
             d["cuda_graphs_effect"] = _apply_graphs(self, state)
         state.applied.append(d)
@@ -204,31 +208,68 @@ def _profile(name: str, field: str):
         raise PolicyError(f"hardware.{field}: {exc}") from exc
 
 
-def _roofline_ratio(trace: Trace, gpu: str, from_gpu: str | None) -> np.ndarray:
-    """Duration multiplier per class when moving the measured kernels to ``gpu``."""
+def _roofline_ratio(trace: Trace, gpu: str, from_gpu: str | None):
+    """(duration multiplier per class when moving the measured kernels to ``gpu`` by the
+    flat ratio of peaks, the two profiles)."""
+    from .kernel_cost import trace_gpu
     new = _profile(gpu, "gpu")
-    if from_gpu is not None:
-        old = _profile(from_gpu, "from_gpu")
-    else:
-        old = _match_profile(trace)
-        if old is None:
-            raise PolicyError(
-                "hardware.gpu on a measured trace needs the measured GPU: meta['devices'] "
-                "names none of the built-in profiles; set hardware.from_gpu (e.g. "
-                "'a100-80gb')")
+    old = trace_gpu(trace, from_gpu)
+    if old is None:
+        dev = str(trace.meta.get("devices", "")) if isinstance(trace.meta, dict) else ""
+        raise PolicyError(
+            "hardware.gpu on a measured trace needs the measured GPU: meta['devices'] "
+            f"({'names no built-in profile' if dev else 'not recorded'}); set "
+            "hardware.from_gpu (e.g. 'a100-80gb')")
     dtype = "bf16" if "bf16" in old.peak_tflops and "bf16" in new.peak_tflops else "fp16"
     flops = old.peak_flops(dtype) / new.peak_flops(dtype)
     hbm = old.hbm_gbps / new.hbm_gbps
-    return np.asarray([flops, flops, hbm, hbm, 1.0, 1.0, hbm])
+    return np.asarray([flops, flops, hbm, hbm, 1.0, 1.0, hbm]), old, new, dtype
 
 
-def _match_profile(trace: Trace):
-    from retime.collectors.synth import hardware_names, load_hardware
-    dev = trace.meta.get("devices")
-    text = str(dev).lower()
-    best = None
-    for n in hardware_names():
-        hw = load_hardware(n)
-        if hw.gpu.lower() in text or hw.name.replace("-", " ") in text:
-            best = hw
-    return best
+def _gpu_swap(h: Hardware, state: WhatIfState, cls: np.ndarray, f: np.ndarray) -> dict:
+    """``hardware.gpu`` on a measured trace: shaped kernels re-priced by the cost layer
+    (:mod:`.kernel_cost`), the rest by the flat class ratio; host work unchanged."""
+    from .kernel_cost import describe_fallback, gpu_ratio, summary
+    t = state.trace
+    kind = state.kinds()
+    dev = (kind == OpKind.KERNEL) | (kind == OpKind.MEMSET)
+    if not dev.any():
+        raise PolicyError(f"hardware.gpu={h.gpu!r}: the trace has no GPU kernels (a CPU-only "
+                          "run); nothing runs on a GPU to re-time (hardware.host_speedup "
+                          "changes the host)")
+    flat, old, new, dt = _roofline_ratio(t, h.gpu, h.from_gpu)
+    state.scale_by_class(cls, f * flat)
+    kr = gpu_ratio(t, old.name, new.name)
+    if len(kr.op_ids):
+        d = state.dur
+        d[kr.op_ids] *= kr.ratio / flat[cls[kr.op_ids]]
+    i = kr.info
+    sm = summary(kr)
+    dur = t.ops["dur_ns"].to_numpy()
+    n_fb = int(dev.sum()) - len(kr.op_ids)
+    fb_ns = float(dur[dev].sum()) - i["covered_ns"]
+    if len(kr.op_ids):
+        state.assume(
+            f"hardware.gpu {old.name} -> {new.name}: {len(kr.op_ids)} kernel(s) of "
+            f"{i['calls']} operator call(s) with recorded shapes ({sm['shaped_share']:.1%} of "
+            "GPU time) re-timed as measured x model(new) / model(old) (cost layer: roofline "
+            "x efficiency by class and size, published ceilings, fitted curves; median "
+            f"ratio {sm['ratio_median']:.2f}, {sm['ratio_min']:.2f}-{sm['ratio_max']:.2f})")
+    why = "" if len(kr.op_ids) else (
+        " (the trace's Kineto files hold no recorded shapes: record with "
+        "torch.profiler(record_shapes=True) for per-kernel pricing)")
+    line = describe_fallback(
+        "hardware.gpu", n_fb, fb_ns, float(dur[dev].sum()),
+        f"scaled by the flat class ratio: GEMM/attention x{flat[0]:.2f} ({dt} peak "
+        f"{old.peak_tflops.get(dt, 0):g} -> {new.peak_tflops.get(dt, 0):g} TFLOP/s), others "
+        f"x{flat[2]:.2f} (HBM {old.hbm_gbps:g} -> {new.hbm_gbps:g} GB/s)", why)
+    if line:
+        state.assume(line)
+    for note in i["notes"]:
+        state.assume(f"hardware.gpu: {note}")
+    state.assume("hardware.gpu: host (CPU) ops, launch calls and the gaps between them keep "
+                 "their measured times (a GPU change does not move the host); collectives "
+                 "keep their measured transfer times (network.* keys change the links)",
+                 bounded=True)
+    return {"from": old.name, "to": new.name, **sm, "fallback_kernels": n_fb,
+            "fallback_share": round(fb_ns / float(dur[dev].sum()), 4)}

@@ -41,10 +41,13 @@ NEEDS: dict[str, str] = {
     "parallel.dp": "trace: every rank, sized all-reduces, host names; you: "
     "topology.ranks_per_node of the new job, on CPU jobs topology.cores_per_node",
     "parallel.micro_batch": "trace: forward/backward phases and the measured batch (the "
-    "forward's recorded input shapes)",
+    "forward's recorded input shapes); on GPU traces the kernels' recorded shapes (priced "
+    "by the cost layer at the new batch; kernels without shapes scale linearly, printed)",
     "cache.recompute": "trace: per-layer module ranges (with_stack) or checkpoint frames",
     "hardware.host_speedup": "trace: host ops and the gaps between them (nothing else)",
-    "hardware.gpu": "trace: kernel names and classes; the GPU profiles (published peaks)",
+    "hardware.gpu": "trace: the kernels' recorded shapes (record_shapes: each kernel priced "
+    "by the cost layer on both GPUs) else kernel names and classes (flat ratio of peaks, "
+    "printed); the GPU profiles (published ceilings)",
     "network.inter_node_gbps": "you: the new link's nominal rate; trace: sized collectives "
     "(the fitted bandwidth, printed); calibration: the latency where the trace has one "
     "message size",
@@ -103,7 +106,8 @@ KEYS: dict[str, KeyInfo] = {
     "parallel.micro_batch": KeyInfo("sequences", "integer >= 1", "unchanged",
                                     "synth; kineto traces with forward/backward phases and the "
                                     "measured batch (capture metadata or recorded shapes)",
-                                    "sequences per micro-batch (per-rank batch)"),
+                                    "sequences per micro-batch (per-rank batch); GPU traces: "
+                                    "kernels re-priced at the new shapes, host work kept"),
     "parallel.global_batch": KeyInfo("sequences", "integer >= 1", "unchanged", _LAYOUT_M,
                                      "sequences per optimizer step"),
     "parallel.zero": KeyInfo("stage", "0 | 1 | 2 | 3", "unchanged", _LAYOUT_M,
@@ -177,10 +181,14 @@ KEYS: dict[str, KeyInfo] = {
     "hardware.memcpy_speedup": KeyInfo("factor", "> 0", "1", _ALL, "memcpy / memset"),
     "hardware.comm_speedup": KeyInfo("factor", "> 0", "1", _ALL,
                                      "communication transfer time"),
-    "hardware.gpu": KeyInfo("profile", "a100-40gb | a100-80gb | h100-sxm | h200 | b200 | "
-                            "mi300x", "unchanged", "synth; measured traces whose GPU is a "
-                            "known profile (or with hardware.from_gpu)",
-                            "swap the GPU (roofline per kernel class)"),
+    "hardware.gpu": KeyInfo("profile", "v100-sxm2 | a100-40gb | a100-80gb | h100-sxm | "
+                            "h100-pcie | h200 | b200 | gb200 | mi250x | mi300x (retime cost "
+                            "op --help lists all)", "unchanged",
+                            "synth; measured GPU traces whose GPU is a known profile (or "
+                            "with hardware.from_gpu); not CPU-only traces",
+                            "swap the GPU: measured x model(new)/model(old) per kernel with "
+                            "recorded shapes, else the flat roofline ratio per class; host "
+                            "time unchanged"),
     "hardware.from_gpu": KeyInfo("profile", "as hardware.gpu", "from the trace's devices",
                                  "with hardware.gpu", "the measured GPU, when the trace does "
                                  "not name a known one"),

@@ -1,0 +1,328 @@
+"""Kernels of a measured GPU trace re-priced by the one cost layer (``collectors/costs``).
+
+A what-if on a measured trace is "transform, then price": ``hardware.gpu`` moves every kernel
+to another GPU, ``parallel.micro_batch`` changes the shapes it runs on. Each kernel launched
+by an operator whose shapes were recorded (torch.profiler ``record_shapes=True``; read back by
+:func:`collectors.costs.ops.shaped_calls`) is re-timed as
+
+    measured time x model(new) / model(old)
+
+where ``model`` is the cost layer's price of the *operator call* (roofline x efficiency
+curve by class and size: k-depth, tiles and waves over the SMs, split-K, the streaming size
+curve, one launch floor per kernel the call launched; :func:`collectors.costs.ops.price_op`)
+with the fitted curves of :data:`KERNEL_CURVES`. The ratio keeps the measured kernel's own
+inefficiency (what the model misses about this kernel is assumed to carry over) and applies
+what the model knows about how the change moves it: a small GEMM far from peak gains little
+from a faster GPU, a latency-bound kernel nothing, a large one up to the ratio of the
+published ceilings.
+
+Kernels no shaped call owns keep the caller's fallback (a class ratio, or linear scaling)
+and the what-if says how many there are and what share of GPU time they hold.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from retime.collectors.costs.kernels import Curves
+from retime.collectors.enums import OpKind
+from retime.collectors.errors import ConfigError, PolicyError, RetimeError
+from retime.collectors.trace import Trace
+
+from .base import frozen, trace_memo
+
+__all__ = ["KERNEL_CURVES", "ShapedKernels", "shaped_kernels", "trace_gpu", "gpu_ratio",
+           "batch_ratio", "KernelRatio", "describe_fallback"]
+
+#: efficiency curves the what-ifs price with: the fit of bench/kernel_loo.py on the shared
+#: GPU traces with shapes, on their calls above three launch floors (H100 VGG-13 and V100
+#: DLRM; every MI300X ResNet call is launch-bound at batch 10): cuDNN's implicit-GEMM
+#: convolutions sustain 0.62 of the GEMM model's rate, GEMM prologues are shorter (k_half x
+#: 0.25) and streaming kernels need fewer bytes in flight (0.2 us) than the defaults assume;
+#: GEMM and HBM efficiencies stay at their bound, 1.0. In a ratio (new GPU / old GPU, new
+#: batch / old) most of this cancels; it matters where the bound moves. Held-out accuracy:
+#: bench/kernel_loo.py and the README's "Kernels" section
+KERNEL_CURVES = Curves(conv_eff=0.62, k_half_scale=0.25, mem_latency_us=0.2,
+                       source="fitted on 3 traces, bench/kernel_loo.py")
+
+# family tokens of device names, for GPUs whose board name differs from the profile's
+# (e.g. "NVIDIA A100-PG509-200"): the profile of that family closest in memory size
+_FAMILIES = ("a100", "h100", "h200", "b200", "gb200", "v100", "mi250x", "mi300x")
+
+
+@dataclass(frozen=True)
+class ShapedKernels:
+    """The shaped operator calls of a trace and the device ops each launched.
+
+    ``op_ids``: int64 op ids of the device ops (kernels, memsets) owned by a call;
+    ``call_of``: int32 index into the call lists for each of them; per call ``names``,
+    ``dims``, ``types``, ``concrete``, ``work`` ((flops, bytes, dtype)), ``launches``
+    (int64: kernels it launched) and ``rank``.
+    """
+
+    op_ids: np.ndarray
+    call_of: np.ndarray
+    names: list
+    dims: list
+    types: list
+    concrete: list
+    work: list
+    launches: np.ndarray
+    rank: np.ndarray
+
+
+@dataclass(frozen=True)
+class KernelRatio:
+    """Per-op duration multipliers for the ops a model priced (``op_ids`` / ``ratio``), and
+    what it covered: ``info`` holds ``calls``, ``kernels``, ``covered_ns``, ``gpu_ns`` (all
+    device time considered) and ``notes`` (assumed lines)."""
+
+    op_ids: np.ndarray
+    ratio: np.ndarray
+    info: dict
+
+
+def shaped_kernels(trace: Trace) -> ShapedKernels | None:
+    """The trace's shaped calls (memoized per trace), or None when it has no Kineto sources
+    with shapes (the what-if then falls back and says why)."""
+    memo = trace_memo(trace)
+    if "shaped_kernels" in memo:
+        return memo["shaped_kernels"]
+    from retime.collectors.costs.ops import shaped_calls
+
+    kind = trace.ops["kind"].to_numpy()
+    dev = (kind == OpKind.KERNEL) | (kind == OpKind.MEMSET)
+    out = None
+    try:
+        rows = list(shaped_calls(trace, dev))
+    except RetimeError:
+        rows = []
+    if rows:
+        ids = [r[-1] for r in rows]
+        out = ShapedKernels(
+            op_ids=frozen(np.concatenate(ids).astype(np.int64)),
+            call_of=frozen(np.repeat(np.arange(len(rows), dtype=np.int32),
+                                     [len(i) for i in ids])),
+            names=[r[1] for r in rows], dims=[r[2] for r in rows], types=[r[3] for r in rows],
+            concrete=[r[4] for r in rows], work=[r[5] for r in rows],
+            launches=frozen(np.asarray([len(i) for i in ids], np.int64)),
+            rank=frozen(np.asarray([r[0] for r in rows], np.int64)))
+    memo["shaped_kernels"] = out
+    return out
+
+
+def trace_gpu(trace: Trace, from_gpu: str | None = None):
+    """The built-in hardware profile of the trace's GPU (``from_gpu`` overrides), or None:
+    the profile whose GPU name the trace's ``meta["devices"]`` holds, else the profile of
+    the same family (``A100``, ``V100``, ...) closest in memory size."""
+    from retime.collectors.synth import hardware_names, load_hardware
+    if from_gpu is not None:
+        try:
+            return load_hardware(from_gpu)
+        except ConfigError as exc:
+            raise PolicyError(f"hardware.from_gpu: {exc}") from exc
+    dev = trace.meta.get("devices") if isinstance(trace.meta, dict) else None
+    text = str(dev).lower()
+    best = None
+    for n in hardware_names():
+        hw = load_hardware(n)
+        if hw.gpu.lower() in text or hw.name.replace("-", " ") in text:
+            best = hw
+    if best is not None or not isinstance(dev, dict):
+        return best
+    mem = [float(w.get("memory_bytes", 0)) for v in dev.values() if isinstance(v, dict)
+           for w in v.values() if isinstance(w, dict)]
+    gib = max(mem) / 2**30 if mem else 0.0
+    for fam in _FAMILIES:
+        if fam in text.replace("-", " ").replace("_", " ").split() or f"{fam}-" in text \
+                or f"{fam} " in text:
+            cands = [load_hardware(n) for n in hardware_names()
+                     if load_hardware(n).name.startswith(fam)]
+            if cands:
+                return min(cands, key=lambda h: abs(h.memory_gib - gib))
+    return None
+
+
+def _gpu_ns(trace: Trace, mask: np.ndarray) -> float:
+    return float(trace.ops["dur_ns"].to_numpy()[mask].sum())
+
+
+def _prices(sk: ShapedKernels, g, calls: np.ndarray, dims: list | None = None,
+            work: list | None = None) -> np.ndarray:
+    """Cost-layer time (us) of each call in ``calls`` on GPU spec ``g`` (NaN: no price)."""
+    from retime.collectors.costs.ops import price_op
+    out = np.full(len(calls), np.nan)
+    for j, c in enumerate(calls.tolist()):
+        d = sk.dims[c] if dims is None else dims[j]
+        w = sk.work[c] if work is None else work[j]
+        if w is None:
+            continue
+        try:
+            out[j] = price_op(g, sk.names[c], d, sk.types[c], w, KERNEL_CURVES,
+                              launches=int(sk.launches[c])).time_us
+        except (RetimeError, ValueError, IndexError, ZeroDivisionError, TypeError):
+            pass
+    return out
+
+
+def _spread(sk: ShapedKernels, calls: np.ndarray, ratio_per_call: np.ndarray,
+            mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The per-call ratios on the ops the calls own that ``mask`` keeps."""
+    rc = np.full(len(sk.names), np.nan)
+    rc[calls] = ratio_per_call
+    r = rc[sk.call_of]
+    keep = np.isfinite(r) & (r > 0) & mask[sk.op_ids]
+    ids = sk.op_ids[keep]
+    ids, first = np.unique(ids, return_index=True)  # an op owned twice: the first call
+    return ids, r[keep][first]
+
+
+def gpu_ratio(trace: Trace, old_name: str, new_name: str) -> KernelRatio:
+    """Model ratio new / old for every shaped kernel of ``trace`` (GPU ``old_name`` ->
+    ``new_name``, built-in profile names)."""
+    from retime.collectors.costs.gpus import gpu_spec
+    g_old, g_new = gpu_spec(old_name), gpu_spec(new_name)
+    kind = trace.ops["kind"].to_numpy()
+    dev = (kind == OpKind.KERNEL) | (kind == OpKind.MEMSET)
+    sk = shaped_kernels(trace)
+    notes: list[str] = []
+    if sk is None:
+        return KernelRatio(np.zeros(0, np.int64), np.zeros(0), {
+            "calls": 0, "kernels": 0, "covered_ns": 0.0, "gpu_ns": _gpu_ns(trace, dev),
+            "notes": notes})
+    calls = np.arange(len(sk.names))
+    old = _prices(sk, g_old, calls)
+    new = _prices(sk, g_new, calls)
+    dts = {w[2] for w in sk.work}
+    for dt in sorted(dts):
+        if dt not in g_new.hw.peak_tflops and dt not in ("fp16", "bf16"):
+            alt = "fp32" if "fp32" in g_new.hw.peak_tflops else "bf16"
+            notes.append(f"{g_new.name} has no {dt} units: the trace's {dt} kernels are "
+                         f"priced at its {alt} rate there")
+        if dt == "bf16" and "bf16" not in g_new.hw.peak_tflops:
+            notes.append(f"{g_new.name} has no bf16 units: bf16 kernels priced at its fp16 "
+                         "rate (emulated bf16 would be slower)")
+    ids, ratio = _spread(sk, calls, new / old, dev)
+    dur = trace.ops["dur_ns"].to_numpy()
+    return KernelRatio(ids, ratio, {
+        "calls": int(np.isfinite(new / old).sum()), "kernels": int(len(ids)),
+        "covered_ns": float(dur[ids].sum()), "gpu_ns": _gpu_ns(trace, dev), "notes": notes,
+        "model_ns_old": float(np.nansum(old) * 1e3), "model_ns_new": float(np.nansum(new) * 1e3)})
+
+
+def batch_ratio(trace: Trace, gpu_name: str, b: int, b2: int, mask: np.ndarray) -> KernelRatio:
+    """Model ratio at per-rank batch ``b2`` over batch ``b`` for the shaped kernels in
+    ``mask`` (batch dimensions of activations rewritten: :func:`scaled_dims`)."""
+    from retime.collectors.costs.gpus import gpu_spec
+    from retime.collectors.costs.ops import op_cost
+    g = gpu_spec(gpu_name)
+    sk = shaped_kernels(trace)
+    dev = mask.copy()
+    if sk is None:
+        return KernelRatio(np.zeros(0, np.int64), np.zeros(0), {
+            "calls": 0, "kernels": 0, "covered_ns": 0.0, "gpu_ns": _gpu_ns(trace, dev),
+            "notes": []})
+    owned = np.zeros(len(sk.names), bool)
+    owned[sk.call_of[mask[sk.op_ids]]] = True
+    calls = np.flatnonzero(owned)
+    weights = _weight_shapes(sk)
+    dims2, work2 = [], []
+    for c in calls.tolist():
+        d = scaled_dims(sk.names[c], sk.dims[c], b, b2, weights)
+        dims2.append(d)
+        work2.append(op_cost(sk.names[c], d, sk.types[c], sk.concrete[c]))
+    old = _prices(sk, g, calls)
+    new = _prices(sk, g, calls, dims2, work2)
+    ids, ratio = _spread(sk, calls, new / old, mask)
+    dur = trace.ops["dur_ns"].to_numpy()
+    return KernelRatio(ids, ratio, {
+        "calls": int(np.isfinite(new / old).sum()), "kernels": int(len(ids)),
+        "covered_ns": float(dur[ids].sum()), "gpu_ns": _gpu_ns(trace, dev), "notes": []})
+
+
+# ---------------------------------------------------------------------------- batch dims
+_CONV_FWD = {"convolution", "_convolution", "conv1d", "conv2d", "conv3d", "cudnn_convolution",
+             "miopen_convolution", "mkldnn_convolution"}
+
+
+def _weight_shapes(sk: ShapedKernels) -> set:
+    """Shapes of parameters (the weight operand of GEMM-like layers): tensors of these
+    shapes are not batch-sized even when their first dimension equals the batch."""
+    from retime.collectors.costs.ops import base_name
+    out = set()
+    for name, dims in zip(sk.names, sk.dims):
+        b = base_name(name)
+        ts = [d for d in dims if isinstance(d, list) and d]
+        if (b in _CONV_FWD or b == "linear") and len(ts) > 1:
+            out.add(tuple(ts[1]))
+        elif b == "convolution_backward" and len(ts) > 2:
+            out.add(tuple(ts[2]))
+    return out
+
+
+def scaled_dims(name: str, dims: list, b: int, b2: int, weights: set) -> list:
+    """``dims`` of an operator call at per-rank batch ``b2`` instead of ``b``: the leading
+    (batch) dimension of its activations. Convolutions: the input (and, backward, the
+    output gradient); ``linear``: its input; ``mm``/``addmm``: the rows of A when A has
+    ``b`` rows, else the reduction when it is ``b`` deep on both sides (a weight gradient,
+    ``X^T dY``); ``bmm``: the batch of matrices; streaming ops: every tensor of two or
+    more dimensions led by ``b`` that is not a parameter (``weights``). A size equal to the
+    batch by coincidence is scaled too (the recorded shapes do not say which is which)."""
+    from retime.collectors.costs.ops import base_name
+    base = base_name(name)
+    new = [list(d) if isinstance(d, list) else d for d in dims]
+    pos = [i for i, d in enumerate(new) if isinstance(d, list) and d]
+
+    def lead(i: int) -> None:
+        if i < len(pos):
+            d = new[pos[i]]
+            if len(d) >= 2 and d[0] == b:
+                d[0] = b2
+
+    if base in _CONV_FWD or base == "linear":
+        lead(0)
+    elif base == "convolution_backward":
+        lead(0)
+        lead(1)
+    elif base in ("mm", "addmm", "bmm", "baddbmm"):
+        off = 1 if base in ("addmm", "baddbmm") else 0
+        if len(pos) < off + 2:
+            return new
+        a, c = new[pos[off]], new[pos[off + 1]]
+        if base in ("bmm", "baddbmm"):
+            if a[0] == b and c[0] == b:
+                a[0] = c[0] = b2
+        elif a[0] == b:
+            a[0] = b2
+        elif len(a) > 1 and a[1] == b and c[0] == b:
+            a[1] = c[0] = b2
+    else:
+        for i in pos:
+            d = new[i]
+            if len(d) >= 2 and d[0] == b and tuple(d) not in weights:
+                d[0] = b2
+    return new
+
+
+def describe_fallback(what: str, n_fallback: int, fallback_ns: float, gpu_ns: float,
+                      rule: str, why: str = "") -> str | None:
+    """The ``assumed:`` line for kernels the model could not price (None when none)."""
+    if n_fallback <= 0:
+        return None
+    share = fallback_ns / gpu_ns if gpu_ns > 0 else 0.0
+    return (f"{what}: {n_fallback} kernel(s) without a recorded shape ({share:.1%} of GPU "
+            f"time) {rule}{why}")
+
+
+def summary(kr: KernelRatio) -> dict[str, Any]:
+    """Plain figures of a :class:`KernelRatio` for ``meta['scenario']``."""
+    i = kr.info
+    w = np.asarray(kr.ratio, float)
+    return {"shaped_calls": i["calls"], "shaped_kernels": i["kernels"],
+            "shaped_share": round(i["covered_ns"] / i["gpu_ns"], 4) if i["gpu_ns"] else 0.0,
+            "ratio_median": round(float(np.median(w)), 4) if len(w) else None,
+            "ratio_min": round(float(w.min()), 4) if len(w) else None,
+            "ratio_max": round(float(w.max()), 4) if len(w) else None}
