@@ -1,0 +1,142 @@
+"""GPU what-ifs priced from recorded shapes through the cost layer (issue 27): hardware.gpu
+and parallel.micro_batch on the shared measured GPU traces."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import KINETO, ingest_cached
+
+from retime.collectors.costs.gpus import gpu_spec
+from retime.collectors.enums import OpKind
+from retime.collectors.errors import PolicyError
+from retime.replay import prediction_range, replay, whatif
+from retime.replay.policies.kernel_cost import scaled_dims, shaped_kernels, trace_gpu
+
+VGG = KINETO / "h100-vgg13" / "profiler_vgg13-iter41.json.gz"
+
+
+@pytest.fixture(scope="module")
+def vgg():
+    return ingest_cached(VGG)
+
+
+@pytest.fixture(scope="module")
+def dlrm():
+    return ingest_cached(KINETO / "dlrm-v100-8rank")
+
+
+def _names(t):
+    return np.asarray(t.strings, dtype=object)[t.ops["name_id"].to_numpy()]
+
+
+def _host(t):
+    """Host ops that do not wait for the GPU (a synchronize call lasts until the GPU is
+    done, so a GPU change moves it through the replay, not through its own work)."""
+    k = t.ops["kind"].to_numpy()
+    sync = np.asarray(["Synchronize" in str(n) for n in _names(t)])
+    return ((k == OpKind.CPU_OP) | (k == OpKind.RUNTIME)) & ~sync
+
+
+def test_trace_gpus_are_profiles(vgg, dlrm):
+    assert trace_gpu(vgg).name == "h100-sxm"
+    assert trace_gpu(dlrm).name == "v100-sxm2"
+    a100 = ingest_cached(KINETO / "a100-ddp-nccl")  # "NVIDIA A100-PG509-200", 42 GB
+    assert trace_gpu(a100).name == "a100-40gb"
+
+
+def test_vgg13_h100_to_a100_by_class_physics(vgg):
+    base = replay(vgg)
+    r = whatif(vgg, {"hardware.gpu": "a100-80gb"})
+    ratio = r.dur_ns / np.maximum(base.dur_ns, 1)
+    names, host = _names(vgg), _host(vgg)
+    # a GPU change never moves the host
+    np.testing.assert_array_equal(r.dur_ns[host], base.dur_ns[host])
+    sk = shaped_kernels(vgg)
+    big = np.zeros(vgg.n_ops, bool)
+    big[sk.op_ids] = base.dur_ns[sk.op_ids] > 1_000_000
+    # long streaming kernels (ReLU backward) move by the published HBM triad ratio
+    # (2.97 / 1.70 TB/s, REFERENCES K2, K3)
+    relu = big & np.asarray(["threshold" in str(n) for n in names])
+    assert relu.sum() >= 10
+    assert np.median(ratio[relu]) == pytest.approx(2970 / 1700, rel=0.03)
+    # long TF32 convolutions move by the TF32 ceiling ratio (peak x gemm_max of each
+    # profile: no published TF32 matmul ceiling), within the tile / wave differences
+    h, a = gpu_spec("h100-sxm"), gpu_spec("a100-80gb")
+    tf32 = (h.peak_tflops("tf32") * h.hw.gemm_max) / (a.peak_tflops("tf32") * a.hw.gemm_max)
+    conv = big & np.asarray([any(s in str(n) for s in ("conv", "wgrad", "dgrad", "sm90",
+                                                        "xmma", "cudnn")) for n in names])
+    assert conv.sum() >= 10
+    assert np.median(ratio[conv]) == pytest.approx(tf32, rel=0.10)
+    # the step lands between the two regimes (not the flat 2.2x of peaks mixed by class)
+    step = r.step_time_ns / base.step_time_ns
+    assert 2970 / 1700 < step < tf32
+    a_ = " ".join(r.meta["whatif"]["assumed"])
+    assert "recorded shapes (86.0% of GPU time)" in a_
+    assert "without a recorded shape (14.0% of GPU time)" in a_
+    lo, hi = prediction_range(r)
+    assert lo < r.step_time_ns < hi
+
+
+def test_gpu_swap_refuses_what_the_trace_cannot_support(vgg):
+    gloo = ingest_cached(KINETO / "cpu-gloo-rank34")
+    with pytest.raises(PolicyError, match="no GPU kernels"):
+        whatif(gloo, {"hardware.gpu": "h100-sxm"})
+    # V100 has no tf32 units: the fp32 trace's convolutions run on the CUDA cores there
+    r = whatif(vgg, {"hardware.gpu": "v100-sxm2"})
+    assert any("no tf32 units" in a for a in r.meta["whatif"]["assumed"])
+    assert r.step_time_ns > 10 * replay(vgg).step_time_ns
+
+
+def test_dlrm_double_batch_keeps_host_time(dlrm):
+    base = replay(dlrm)
+    r = whatif(dlrm, {"parallel.micro_batch": 32})
+    host = _host(dlrm)
+    np.testing.assert_array_equal(r.dur_ns[host], base.dur_ns[host])
+    # the host-bound DLRM step barely moves (it was +36% when host time scaled by b'/b)
+    assert r.step_time_ns == pytest.approx(base.step_time_ns, rel=0.02)
+    sk = shaped_kernels(dlrm)
+    ratio = r.dur_ns[sk.op_ids] / np.maximum(base.dur_ns[sk.op_ids], 1)
+    changed = ratio[np.abs(ratio - 1) > 1e-3]
+    # kernels of 16-row GEMMs sit on their launch floor: twice the rows costs far less
+    # than twice the time
+    assert len(changed) and (changed > 0.99).all() and (changed < 2.0).all()
+    fx = r.meta["scenario"][0]["batch_effect"]
+    assert fx["measured_batch"] == 16 and fx["shaped_kernels"] > 500
+    a = " ".join(r.meta["whatif"]["assumed"])
+    assert "without a recorded shape" in a and "scale linearly (x2)" in a
+
+
+def test_vgg_smaller_batch_scales_big_kernels_with_their_work(vgg):
+    base = replay(vgg)
+    r = whatif(vgg, {"parallel.micro_batch": 64})
+    sk = shaped_kernels(vgg)
+    big = sk.op_ids[base.dur_ns[sk.op_ids] > 2_000_000]
+    ratio = r.dur_ns[big] / base.dur_ns[big]
+    # a 512 -> 64 batch on kernels of milliseconds: close to linear, never below it
+    assert np.median(ratio) == pytest.approx(64 / 512, rel=0.15)
+    assert (ratio > 64 / 512 * 0.97).all()
+    assert 64 / 512 < r.step_time_ns / base.step_time_ns < 0.3
+
+
+def test_scaled_dims_moves_only_the_batch():
+    w = {(512, 512, 3, 3)}
+    # a convolution's input, not its filters (512 filters == batch 512 by coincidence)
+    assert scaled_dims("aten::cudnn_convolution", [[512, 256, 28, 28], [512, 256, 3, 3]],
+                       512, 64, w)[:2] == [[64, 256, 28, 28], [512, 256, 3, 3]]
+    # backward: output gradient and input
+    assert scaled_dims("aten::convolution_backward",
+                       [[512, 512, 7, 7], [512, 256, 14, 14], [512, 256, 3, 3]], 512, 64,
+                       w) == [[64, 512, 7, 7], [64, 256, 14, 14], [512, 256, 3, 3]]
+    # GEMMs: rows of the activations; a weight gradient X^T dY reduces over the batch
+    assert scaled_dims("aten::mm", [[16, 512], [512, 256]], 16, 32, set()) == \
+        [[32, 512], [512, 256]]
+    assert scaled_dims("aten::mm", [[256, 16], [16, 512]], 16, 32, set()) == \
+        [[256, 32], [32, 512]]
+    assert scaled_dims("aten::addmm", [[256], [16, 512], [512, 256]], 16, 8, set()) == \
+        [[256], [8, 512], [512, 256]]
+    # streaming ops: every batch-led tensor but parameters
+    assert scaled_dims("aten::add_", [[512, 512, 3, 3], [512, 512, 3, 3]], 512, 64, w) == \
+        [[512, 512, 3, 3], [512, 512, 3, 3]]
+    assert scaled_dims("aten::relu", [[512, 64, 224, 224]], 512, 64, w) == \
+        [[64, 64, 224, 224]]
