@@ -5,7 +5,10 @@ shapes read back by :func:`collectors.shapes.read_op_shapes`, FLOPs and bytes by
 :func:`analysis.roofline.op_cost`) are priced by the cost layer on the trace's own GPU (a
 self-check a user can read: the model against what was measured) and, optionally, on
 another GPU. GEMMs by their ``m, n, k``; convolutions as implicit GEMMs; attention by
-FlashAttention's rate; everything else as a streaming kernel of its bytes.
+FlashAttention's rate; everything else as a streaming kernel of its bytes; with the
+efficiency curves fitted on the shared traces (``FITTED_CURVES``, ``bench/kernel_loo.py``)
+and one launch floor per kernel the call launched: what ``hardware.gpu`` and
+``parallel.micro_batch`` charge on a measured trace.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ def op_check(x: Any, *, gpu: str | None = None, top: int = 10,
     ``speedup`` (measured / other). ``attrs``: ``trace_gpu``, ``gpu``, ``median_abs_error``.
     """
     from retime.collectors.costs.gpus import gpu_spec
+    from retime.collectors.costs.kernels import FITTED_CURVES
     from retime.collectors.costs.ops import price_op
     from retime.collectors.enums import OpKind
 
@@ -45,20 +49,23 @@ def op_check(x: Any, *, gpu: str | None = None, top: int = 10,
     kind = o["kind"].to_numpy()
     dev = np.isin(kind, [OpKind.KERNEL, OpKind.MEMSET, OpKind.COMPUTE])
     groups: dict[tuple, list] = {}
-    for name, dims, types, c, d in costed_ops(t, dev):
+    for name, dims, types, c, d, nk in costed_ops(t, dev):
         k = (name, str([x for x in dims if isinstance(x, list) and x]), c[2])
-        e = groups.setdefault(k, [0, 0.0, dims, types, c[0], c[1]])
+        e = groups.setdefault(k, [0, 0.0, dims, types, c[0], c[1], 0])
         e[0] += 1
         e[1] += d
+        e[6] += nk
     if not groups:
         raise RetimeError("cost op --trace: no operator with recorded shapes launched GPU "
                           "work; record the run with torch.profiler's record_shapes=True")
     rows = []
-    for (name, shapes, dt), (n, tot, dims, types, fl, by) in sorted(
+    for (name, shapes, dt), (n, tot, dims, types, fl, by, nk) in sorted(
             groups.items(), key=lambda kv: -kv[1][1])[:top]:
+        launches = max(1, round(nk / n))
         try:
-            m = price_op(g_own, name, dims, types, (fl, by, dt))
-            other = price_op(g_other, name, dims, types, (fl, by, dt)) if g_other else None
+            m = price_op(g_own, name, dims, types, (fl, by, dt), FITTED_CURVES, launches)
+            other = price_op(g_other, name, dims, types, (fl, by, dt), FITTED_CURVES,
+                             launches) if g_other else None
         except (RetimeError, ValueError, IndexError, ZeroDivisionError):
             continue
         meas = tot / n / 1e3

@@ -154,17 +154,18 @@ _COLS = ["op", "shapes", "dtype", "count", "device_ns", "flops", "bytes"]
 def costed_ops(t, dev: np.ndarray):
     """The trace's operators with recorded shapes and a FLOP model (``op_cost``), each with
     the measured time of the device ops it launched: yields ``(name, dims, types, (flops,
-    bytes, dtype), device_ns)`` for those that launched some (``dev``: the device-op mask)."""
+    bytes, dtype), device_ns, launched)`` for those that launched some (``dev``: the
+    device-op mask; ``launched``: how many)."""
     dur = t.ops["dur_ns"].to_numpy()
     for _rank, name, dims, types, _conc, c, ids in shaped_calls(t, dev):
         d = float(dur[ids].sum())
         if d > 0:
-            yield name, dims, types, c, d
+            yield name, dims, types, c, d, len(ids)
 
 
 def _measured_rows(t, gpu: np.ndarray) -> pd.DataFrame:
     rows = []
-    for name, dims, _types, c, d in costed_ops(t, gpu):
+    for name, dims, _types, c, d, _n in costed_ops(t, gpu):
         shapes = str([x for x in dims if isinstance(x, list) and x])
         rows.append((name, shapes, c[2], 1, d, c[0], c[1]))
     if not rows:

@@ -167,7 +167,10 @@ def _scale_gpu_batch(state: WhatIfState, b: int, b2: int, gpu: np.ndarray) -> di
     d[gpu] *= f  # the fallback; shaped kernels are re-set below
     why = ""
     kr = None
-    if hw is None:
+    flat = state.notes.get("kernel_pricing") == "flat"
+    if flat:
+        hw = None
+    elif hw is None:
         why = (" (the trace's GPU has no built-in profile to price them on; "
                "hardware.from_gpu does not apply here)")
     else:
@@ -181,18 +184,23 @@ def _scale_gpu_batch(state: WhatIfState, b: int, b2: int, gpu: np.ndarray) -> di
     g_ns = float(dur[kern].sum())
     if n_sh:
         sm = summary(kr)
+        # the range: the same what-if with every kernel linear in the batch (the rule the
+        # model refines: small kernels sit on their launch floor, big ones scale)
         state.assume(
             f"parallel.micro_batch {b} -> {b2} on {hw.name}: {n_sh} forward/backward "
             f"kernel(s) with recorded shapes ({sh_ns / g_ns if g_ns else 0:.1%} of their GPU "
             "time) re-timed as measured x model(new shapes) / model(old shapes) (batch "
             "dimension of activations scaled; small kernels stay near their launch floor, "
             f"large ones scale with their work; median ratio {sm['ratio_median']:.2f}, "
-            f"{sm['ratio_min']:.2f}-{sm['ratio_max']:.2f}, linear would be {f:.2f})")
+            f"{sm['ratio_min']:.2f}-{sm['ratio_max']:.2f}, linear would be {f:.2f}); the "
+            "range reaches linear scaling", bounds=[{"hardware.kernel_pricing": "flat"}])
     line = describe_fallback("parallel.micro_batch", int(kern.sum()) - n_sh, g_ns - sh_ns,
                              g_ns, f"scale linearly (x{f:.3g}), as do host<->device copies",
-                             why)
+                             why) if not flat else (
+        f"parallel.micro_batch {b} -> {b2}: every forward/backward kernel and host<->device "
+        f"copy scales linearly (x{f:.3g}; hardware.kernel_pricing = \"flat\")")
     if line:
-        state.assume(line)
+        state.assume(line, bounded=flat)
     state.assume("parallel.micro_batch: host (CPU) ops, launch calls and gaps keep their "
                  "measured times (per-launch work does not depend on the batch); "
                  "collectives and the optimizer step keep theirs (they move parameters)",

@@ -32,9 +32,22 @@ from retime.collectors.errors import ConfigError, PolicyError
 from retime.collectors.kernel_classes import KernelClass, op_classes
 from retime.collectors.trace import Trace
 
-from .base import Policy, WhatIfState, check_positive, frozen, layout_of, trace_memo
+from .base import (
+    Policy,
+    WhatIfState,
+    check_choice,
+    check_positive,
+    frozen,
+    layout_of,
+    trace_memo,
+)
 
 __all__ = ["Hardware", "kernel_class", "CLASSES"]
+
+#: how measured kernels are re-timed by hardware.gpu and parallel.micro_batch: from their
+#: recorded shapes through the cost layer (default), or by the flat rule (class ratio of
+#: peaks; linear in the batch) -- the other end of the what-if's range
+PRICINGS = ("shapes", "flat")
 
 CLASSES = ("gemm", "attention", "elementwise", "memcpy", "comm", "other", "unclassified")
 
@@ -79,6 +92,7 @@ class Hardware(Policy):
     comm_speedup: float | None = None
     gpu: str | None = None
     from_gpu: str | None = None
+    kernel_pricing: str | None = None
     slow_ranks: tuple[int, ...] | None = None
     rank_slowdown: float | None = None
     host_speedup: float | None = None
@@ -92,6 +106,7 @@ class Hardware(Policy):
         for f in ("compute_speedup", "gemm_speedup", "attention_speedup",
                   "elementwise_speedup", "memcpy_speedup", "comm_speedup", "host_speedup"):
             check_positive("hardware", f, getattr(self, f))
+        check_choice("hardware", "kernel_pricing", self.kernel_pricing, PRICINGS)
         for f in ("gpu", "from_gpu"):
             v = getattr(self, f)
             if v is not None:
@@ -113,6 +128,8 @@ class Hardware(Policy):
         return 1.0 / np.asarray(sp)
 
     def configure(self, state: WhatIfState) -> None:
+        if self.kernel_pricing is not None:
+            state.notes["kernel_pricing"] = self.kernel_pricing  # parallel.micro_batch reads it
         if self.gpu is not None and state.is_synth:
             new = _profile(self.gpu, "gpu")
             # keep the run's network and node shape: only the GPU changes
@@ -239,6 +256,11 @@ def _gpu_swap(h: Hardware, state: WhatIfState, cls: np.ndarray, f: np.ndarray) -
                           "changes the host)")
     flat, old, new, dt = _roofline_ratio(t, h.gpu, h.from_gpu)
     state.scale_by_class(cls, f * flat)
+    if h.kernel_pricing == "flat":
+        state.assume(f"hardware.gpu {old.name} -> {new.name}: every kernel scaled by the flat "
+                     f"class ratio (hardware.kernel_pricing = \"flat\"): GEMM/attention "
+                     f"x{flat[0]:.2f} ({dt} peaks), others x{flat[2]:.2f} (HBM)", bounded=True)
+        return {"from": old.name, "to": new.name, "pricing": "flat"}
     kr = gpu_ratio(t, old.name, new.name)
     if len(kr.op_ids):
         d = state.dur
@@ -248,13 +270,17 @@ def _gpu_swap(h: Hardware, state: WhatIfState, cls: np.ndarray, f: np.ndarray) -
     dur = t.ops["dur_ns"].to_numpy()
     n_fb = int(dev.sum()) - len(kr.op_ids)
     fb_ns = float(dur[dev].sum()) - i["covered_ns"]
+    # the range: the same what-if with every kernel at the flat ratio (the rule of thumb the
+    # per-kernel model refines) bounds what the model's per-kernel curves decide
+    bounds = [{"hardware.kernel_pricing": "flat"}] if len(kr.op_ids) else None
     if len(kr.op_ids):
         state.assume(
             f"hardware.gpu {old.name} -> {new.name}: {len(kr.op_ids)} kernel(s) of "
             f"{i['calls']} operator call(s) with recorded shapes ({sm['shaped_share']:.1%} of "
             "GPU time) re-timed as measured x model(new) / model(old) (cost layer: roofline "
             "x efficiency by class and size, published ceilings, fitted curves; median "
-            f"ratio {sm['ratio_median']:.2f}, {sm['ratio_min']:.2f}-{sm['ratio_max']:.2f})")
+            f"ratio {sm['ratio_median']:.2f}, {sm['ratio_min']:.2f}-{sm['ratio_max']:.2f}); "
+            "the range reaches the flat class ratio", bounds=bounds)
     why = "" if len(kr.op_ids) else (
         " (the trace's Kineto files hold no recorded shapes: record with "
         "torch.profiler(record_shapes=True) for per-kernel pricing)")

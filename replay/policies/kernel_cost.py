@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from retime.collectors.costs.kernels import Curves
+from retime.collectors.costs.kernels import FITTED_CURVES
 from retime.collectors.enums import OpKind
 from retime.collectors.errors import ConfigError, PolicyError, RetimeError
 from retime.collectors.trace import Trace
@@ -37,16 +37,8 @@ from .base import frozen, trace_memo
 __all__ = ["KERNEL_CURVES", "ShapedKernels", "shaped_kernels", "trace_gpu", "gpu_ratio",
            "batch_ratio", "KernelRatio", "describe_fallback"]
 
-#: efficiency curves the what-ifs price with: the fit of bench/kernel_loo.py on the shared
-#: GPU traces with shapes, on their calls above three launch floors (H100 VGG-13 and V100
-#: DLRM; every MI300X ResNet call is launch-bound at batch 10): cuDNN's implicit-GEMM
-#: convolutions sustain 0.62 of the GEMM model's rate, GEMM prologues are shorter (k_half x
-#: 0.25) and streaming kernels need fewer bytes in flight (0.2 us) than the defaults assume;
-#: GEMM and HBM efficiencies stay at their bound, 1.0. In a ratio (new GPU / old GPU, new
-#: batch / old) most of this cancels; it matters where the bound moves. Held-out accuracy:
-#: bench/kernel_loo.py and the README's "Kernels" section
-KERNEL_CURVES = Curves(conv_eff=0.62, k_half_scale=0.25, mem_latency_us=0.2,
-                       source="fitted on 3 traces, bench/kernel_loo.py")
+#: the efficiency curves the what-ifs price with (fitted: collectors/costs/kernels.py)
+KERNEL_CURVES = FITTED_CURVES
 
 # family tokens of device names, for GPUs whose board name differs from the profile's
 # (e.g. "NVIDIA A100-PG509-200"): the profile of that family closest in memory size
