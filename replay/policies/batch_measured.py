@@ -7,7 +7,13 @@ on the tensor sizes. What does not scale with the batch: the gradient all-reduce
 DDP reducer's copies (they move the parameters' gradients), the optimizer step, and GPU
 launch latency.
 
-So, with ``b`` the measured per-rank batch and ``b'`` the new one, every host op and host
+On a GPU trace (it has kernels) the host keeps its measured time: the per-launch work does
+not depend on the tensor sizes. Each forward/backward kernel launched by an operator with
+recorded shapes is re-timed as measured x model(shapes at ``b'``) / model(shapes at ``b``)
+by the cost layer (:mod:`.kernel_cost`); the other kernels and host<->device copies scale by
+``b'/b`` (``assumed:`` lines say how many and their share of GPU time).
+
+On a CPU job, with ``b`` the measured per-rank batch and ``b'`` the new one, every host op and host
 gap (the time the profiler did not cover between two ops of a thread: on a CPU job, the
 compute of the enclosing operator) of the forward and backward phases takes
 ``d + (t - d) b'/b`` where ``d`` is the rank's dispatch cost (the median duration of its

@@ -12,11 +12,14 @@ their *transfer* time is scaled, waiting for late ranks is re-derived by the rep
 by the HBM ratio, the usual bound of an unrecognised fused kernel).
 
 ``gpu`` swaps the GPU profile: on a synthesized trace the run is re-synthesized on the new
-profile (roofline with its peaks, HBM bandwidth, links). On a measured trace each kernel is
-re-timed by the roofline ratio of the two GPUs: GEMM and attention kernels by the ratio of
-dense peak FLOP/s of the trace's dtype class (bf16/fp16 tensor cores), the other kernels by
-the ratio of HBM bandwidth; the measured GPU must be recognisable from ``meta["devices"]``
-(else PolicyError: give ``hardware.from_gpu``).
+profile (roofline with its peaks, HBM bandwidth, links). On a measured trace each kernel
+launched by an operator with recorded shapes is re-timed as measured x model(new) /
+model(old) by the cost layer (:mod:`.kernel_cost`); the others by the flat roofline ratio of
+the two GPUs: GEMM and attention kernels by the ratio of dense peak FLOP/s of the trace's
+dtype class (bf16/fp16 tensor cores), the other kernels by the ratio of HBM bandwidth (also
+every kernel with ``kernel_pricing = "flat"``, the range's other end). Host ops never change;
+a trace without GPU kernels is refused; the measured GPU must be recognisable from
+``meta["devices"]`` (else PolicyError: give ``hardware.from_gpu``).
 """
 
 from __future__ import annotations
