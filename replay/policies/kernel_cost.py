@@ -35,7 +35,7 @@ from retime.collectors.trace import Trace
 from .base import frozen, trace_memo
 
 __all__ = ["KERNEL_CURVES", "ShapedKernels", "shaped_kernels", "trace_gpu", "gpu_ratio",
-           "batch_ratio", "KernelRatio", "describe_fallback"]
+           "batch_ratio", "KernelRatio", "describe_fallback", "refuse_measured_tp"]
 
 #: the efficiency curves the what-ifs price with (fitted: collectors/costs/kernels.py)
 KERNEL_CURVES = FITTED_CURVES
@@ -318,3 +318,22 @@ def summary(kr: KernelRatio) -> dict[str, Any]:
             "ratio_median": round(float(np.median(w)), 4) if len(w) else None,
             "ratio_min": round(float(w.min()), 4) if len(w) else None,
             "ratio_max": round(float(w.max()), 4) if len(w) else None}
+
+
+def refuse_measured_tp(trace: Trace, tp: int) -> None:
+    """``parallel.tp`` on a measured kernel trace without a recorded layout: refused, naming
+    what is missing (the partition of its GEMMs and where the new all-reduces go). Traces
+    that carry a layout (``meta["synth"]["parallel"]``) are re-laid out elsewhere."""
+    syn = trace.meta.get("synth") if isinstance(trace.meta, dict) else None
+    if isinstance(syn, dict) and isinstance(syn.get("parallel"), dict):
+        return
+    from retime.collectors.costs.ops import op_class
+    sk = shaped_kernels(trace)
+    n = 0 if sk is None else sum(op_class(x) == "gemm" for x in sk.names)
+    have = (f"its {n} GEMM call(s) with recorded shapes could be re-priced at 1/{tp} of "
+            "their columns or rows, but") if n else "it holds no recorded GEMM shapes, and"
+    raise PolicyError(
+        f"parallel.tp={tp} on a measured trace: {have} the trace does not record which "
+        "GEMMs a tensor-parallel layout splits by columns and which by rows, nor where its "
+        "all-reduces go (no layout in meta['synth']['parallel'], no per-layer attribution); "
+        f"synthesize the model with `retime synth --tp {tp}` and apply the scenario to that")

@@ -180,6 +180,9 @@ class Parallel(Policy):
                         "share its cores")
             return
         if not state.is_synth:
+            if "tp" in kw:
+                from .kernel_cost import refuse_measured_tp
+                refuse_measured_tp(state.trace, kw["tp"])
             state.notes["relayout"] = self._relayout_measured(state, kw)
             return
         if self.schedule in ("interleaved", "bfs") and self.chunks is None \
