@@ -132,7 +132,8 @@ def test_html_report_in_chromium(poisoned):
     assert "Time on the path (ms)" in ths and "Share of GPU time" in ths
     # every figure has a legend
     figs = re.findall(r'<figure id="fig-([\w]+)" data-legend="([^"]*)"', dom)
-    assert {k for k, _ in figs} == {"breakdown", "timeline", "launch_latency", "icicle"}
+    assert {k for k, _ in figs} == {"breakdown", "timeline", "launch_latency", "icicle",
+                                    "roofline"}  # V100: a built-in profile (v100-sxm2)
     assert all(leg for _, leg in figs)
     # panels that do not apply are left out, not drawn empty
     for absent in ("pipeline", "memory", "efficiency", "fig-rank_time", "fig-pipeline"):
