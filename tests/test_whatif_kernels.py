@@ -150,3 +150,28 @@ def test_scaled_dims_moves_only_the_batch():
         [[512, 512, 3, 3], [512, 512, 3, 3]]
     assert scaled_dims("aten::relu", [[512, 64, 224, 224]], 512, 64, w) == \
         [[64, 64, 224, 224]]
+
+
+def test_mi300x_rocm_trace_to_mi250x_and_double_batch():
+    t = ingest_cached(KINETO / "mi300x-resnet-ddp")
+    assert trace_gpu(t).name == "mi300x"
+    base = replay(t)
+    r = whatif(t, {"hardware.gpu": "mi250x"})
+    host = _host(t)
+    np.testing.assert_array_equal(r.dur_ns[host], base.dur_ns[host])
+    sk = shaped_kernels(t)
+    ok = base.dur_ns[sk.op_ids] > 0
+    ratio = r.dur_ns[sk.op_ids][ok] / base.dur_ns[sk.op_ids][ok]
+    # one MI250X GCD is behind an MI300X in every ceiling (147 vs 782 bf16 TFLOP/s, K1;
+    # 1.6 vs 5.3 TB/s) and launches no faster: no kernel gets faster, none beyond the
+    # ratio of matmul ceilings (rounding to whole nanoseconds aside)
+    assert (ratio > 0.99).all() and (ratio < 781.9 / 147.0 * 1.01).all()
+    a = " ".join(r.meta["whatif"]["assumed"])
+    assert "mi300x -> mi250x" in a and "without a recorded shape" in a
+    assert r.step_time_ns > base.step_time_ns
+    b2 = whatif(t, {"parallel.micro_batch": 20})
+    fx = b2.meta["scenario"][0]["batch_effect"]
+    assert fx["measured_batch"] == 10 and fx["shaped_kernels"] > 1000
+    # batch-10 ResNet kernels are mostly launch-bound: doubling the batch adds far less
+    # than doubling the kernels' time
+    assert 1.0 <= fx["ratio_median"] < 1.5 and fx["ratio_max"] <= 2.0 + 1e-9

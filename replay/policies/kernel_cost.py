@@ -175,6 +175,14 @@ def _spread(sk: ShapedKernels, calls: np.ndarray, ratio_per_call: np.ndarray,
 def gpu_ratio(trace: Trace, old_name: str, new_name: str) -> KernelRatio:
     """Model ratio new / old for every shaped kernel of ``trace`` (GPU ``old_name`` ->
     ``new_name``, built-in profile names)."""
+    memo = trace_memo(trace)
+    key = ("gpu_ratio", old_name, new_name)
+    if key not in memo:  # a sweep asks the same swap of one trace many times
+        memo[key] = _gpu_ratio(trace, old_name, new_name)
+    return memo[key]
+
+
+def _gpu_ratio(trace: Trace, old_name: str, new_name: str) -> KernelRatio:
     from retime.collectors.costs.gpus import gpu_spec
     g_old, g_new = gpu_spec(old_name), gpu_spec(new_name)
     kind = trace.ops["kind"].to_numpy()
@@ -199,7 +207,7 @@ def gpu_ratio(trace: Trace, old_name: str, new_name: str) -> KernelRatio:
                          "rate (emulated bf16 would be slower)")
     ids, ratio = _spread(sk, calls, new / old, dev)
     dur = trace.ops["dur_ns"].to_numpy()
-    return KernelRatio(ids, ratio, {
+    return KernelRatio(frozen(ids), frozen(ratio), {
         "calls": int(np.isfinite(new / old).sum()), "kernels": int(len(ids)),
         "covered_ns": float(dur[ids].sum()), "gpu_ns": _gpu_ns(trace, dev), "notes": notes,
         "model_ns_old": float(np.nansum(old) * 1e3), "model_ns_new": float(np.nansum(new) * 1e3)})
