@@ -253,7 +253,7 @@ def _gpu_swap(h: Hardware, state: WhatIfState, cls: np.ndarray, f: np.ndarray) -
     t = state.trace
     kind = state.kinds()
     dev = (kind == OpKind.KERNEL) | (kind == OpKind.MEMSET)
-    if not dev.any():
+    if not (dev | (kind == OpKind.MEMCPY) | (kind == OpKind.COMPUTE)).any():
         raise PolicyError(f"hardware.gpu={h.gpu!r}: the trace has no GPU kernels (a CPU-only "
                           "run); nothing runs on a GPU to re-time (hardware.host_speedup "
                           "changes the host)")
@@ -285,8 +285,12 @@ def _gpu_swap(h: Hardware, state: WhatIfState, cls: np.ndarray, f: np.ndarray) -
             f"ratio {sm['ratio_median']:.2f}, {sm['ratio_min']:.2f}-{sm['ratio_max']:.2f}); "
             "the range reaches the flat class ratio", bounds=bounds)
     why = "" if len(kr.op_ids) else (
-        " (the trace's Kineto files hold no recorded shapes: record with "
-        "torch.profiler(record_shapes=True) for per-kernel pricing)")
+        " (the trace holds no operator shapes: record with torch.profiler("
+        "record_shapes=True) for per-kernel pricing)")
+    if not dev.any():  # op-level compute (Megatron timers): no kernels, the flat ratio
+        dev = kind == OpKind.COMPUTE
+        n_fb = int(dev.sum())
+        fb_ns = float(dur[dev].sum())
     line = describe_fallback(
         "hardware.gpu", n_fb, fb_ns, float(dur[dev].sum()),
         f"scaled by the flat class ratio: GEMM/attention x{flat[0]:.2f} ({dt} peak "

@@ -22,6 +22,7 @@ and the what-if says how many there are and what share of GPU time they hold.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -128,9 +129,9 @@ def trace_gpu(trace: Trace, from_gpu: str | None = None):
     mem = [float(w.get("memory_bytes", 0)) for v in dev.values() if isinstance(v, dict)
            for w in v.values() if isinstance(w, dict)]
     gib = max(mem) / 2**30 if mem else 0.0
+    tokens = set(re.split(r"[^a-z0-9]+", text))
     for fam in _FAMILIES:
-        if fam in text.replace("-", " ").replace("_", " ").split() or f"{fam}-" in text \
-                or f"{fam} " in text:
+        if fam in tokens:
             cands = [load_hardware(n) for n in hardware_names()
                      if load_hardware(n).name.startswith(fam)]
             if cands:
