@@ -189,14 +189,14 @@ KEYS: dict[str, KeyInfo] = {
                             "swap the GPU: measured x model(new)/model(old) per kernel with "
                             "recorded shapes, else the flat roofline ratio per class; host "
                             "time unchanged"),
+    "hardware.from_gpu": KeyInfo("profile", "as hardware.gpu", "from the trace's devices",
+                                 "with hardware.gpu", "the measured GPU, when the trace does "
+                                 "not name a known one"),
     "hardware.kernel_pricing": KeyInfo(
         "name", "shapes | flat", "shapes", "kineto GPU traces (with hardware.gpu or "
         "parallel.micro_batch)", "how measured kernels are re-timed: from their recorded "
         "shapes through the cost layer, or by the flat rule (class ratio of peaks; linear in "
         "the batch), the other end of the range"),
-    "hardware.from_gpu": KeyInfo("profile", "as hardware.gpu", "from the trace's devices",
-                                 "with hardware.gpu", "the measured GPU, when the trace does "
-                                 "not name a known one"),
     "hardware.slow_ranks": KeyInfo("ranks", "list of rank numbers in the trace", "none",
                                    _ALL, "ranks whose compute and memcpy are slowed"),
     "hardware.rank_slowdown": KeyInfo("factor", "> 0 (1.5 = 50% slower)", "none",
