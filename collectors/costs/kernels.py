@@ -1,7 +1,7 @@
 """Kernel / op cost from shapes: a roofline with an efficiency curve per kernel class and size.
 
 * Matmul (and batched matmul, convolution as implicit GEMM): compute time at the GPU's
-  published maximum achievable matmul rate (``mamf_tflops``, REFERENCES.md K1-K5; never
+  published maximum achievable matmul rate (``mamf_tflops``, REFERENCES.md K1-K6; never
   exceeded) x a reduction-depth factor ``k / (k + k_half)`` (each output tile's prologue and
   epilogue) x the best tile shape's utilization (partial edge tiles and the last, partly
   filled wave of tiles over the SMs: wave quantization). Memory time: bytes over the
@@ -176,7 +176,7 @@ def _gemm_rate(g: GpuSpec, m: float, n: float, k: float, batch: int,
     aligned = all((d * _eb(dtype)) % 16 == 0 for d in (n, k))
     rate = ceil_tf * f_k * util * (1.0 if aligned else 0.75) * eff  # <= published ceiling
     src = (f"max achievable {dtype} matmul {ceil_tf:.1f} TFLOP/s ({ceil_src}"
-           f"{', K1-K7' if ceil_src == 'published' else ''}) x k-depth {f_k:.2f} "
+           f"{', K1-K6' if ceil_src == 'published' else ''}) x k-depth {f_k:.2f} "
            f"(k_half {k_half:.0f}, {curves.source}) x tiles/waves {util:.2f} "
            f"({g.sm_count} SMs){'' if aligned else ' x unaligned 0.75 (assumed)'}"
            f"{'' if eff == 1 else f' x class efficiency {eff:.2f} ({curves.source})'}")
