@@ -155,7 +155,7 @@ def step_range(trace: Trace, res: ReplayResult, alt: list[dict]) -> dict[str, An
         lo, hi = min(lo, b * (1 - noise)), max(hi, b * (1 + noise))
     return {"step_range_ns": [max(0.0, lo), hi], "baseline_per_step_ns": base,
             "range": {"step_spread": noise, "model": kind, "model_share": MODEL_SHARE[kind],
-                      "bounds_ns": bounds}}
+                      "bounds_ns": bounds, "predicted_step_ns": pred}}
 
 
 def _whatif(trace: Trace, pols: list, *, ideal: bool, mode: str | None) -> ReplayResult:
