@@ -190,7 +190,7 @@ def test_intern_tables_grow_while_reading(tmp_path, monkeypatch):
 
 
 def test_host_order_equals_lexsort():
-    from retime.collectors.kineto.links import _host_order
+    from retime.collectors.kineto.assemble import _host_order
 
     rng = np.random.default_rng(7)
     for n in (0, 1, 2, 50, 5000):
