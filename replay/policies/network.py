@@ -117,17 +117,22 @@ class Topology(Policy):
 
 def stated_cores(trace: Trace, cores: int) -> Trace:
     """The trace with each rank's CPU set as the user stated the hosts (``cores`` per host):
-    the ranks of a host, in rank order, take its cores round-robin (``meta["cpu_affinity"]``,
-    what :mod:`.parallel_dp` reads). Unchanged when the trace records no host names."""
+    the ranks of a host, in rank order, get their shares (:func:`host_cpu.share_cores`:
+    disjoint when the host has a core per rank, else round-robin) as ``meta["cpu_affinity"]``,
+    what :mod:`.parallel_dp` and the CPU interference read. Unchanged when the trace records
+    no host names."""
+    from .host_cpu import share_cores
+
     hosts = trace.meta.get("hostnames") if isinstance(trace.meta, dict) else None
     if not isinstance(hosts, dict) or not hosts:
         return trace
-    local: dict[str, int] = {}
-    aff = {}
+    by_host: dict[str, list[str]] = {}
     for r in sorted(hosts, key=int):
-        i = local.get(hosts[r], 0)
-        local[hosts[r]] = i + 1
-        aff[str(r)] = [i % int(cores)]
+        by_host.setdefault(hosts[r], []).append(r)
+    aff = {}
+    for ranks in by_host.values():
+        for r, cpus in zip(ranks, share_cores(len(ranks), int(cores)), strict=True):
+            aff[str(r)] = cpus
     meta = dict(trace.meta)
     meta["cpu_affinity"] = aff
     meta["cores_per_host_stated"] = int(cores)
