@@ -22,7 +22,11 @@ Recipe settings shared by every row, as Megatron-Core's performance recipes run 
 before looking at the rows, not tuned): ZeRO-1 distributed optimizer (or FSDP where the row
 says so), sequence parallelism with TP > 1, gradient reduction overlapped with the backward,
 overlapped pipeline send/receive with the interleaved schedule (VP > 1), no recompute,
-FP4 runs keeping the first and last layer in BF16 (``--first-last-layers-bf16``).
+FP4 runs keeping the first and last layer in BF16 (``--first-last-layers-bf16``). Where the
+layers do not split evenly over ``pp * vp`` model chunks (Llama 3.1 405B: 126 layers on
+PP16 x VP8), the embedding and the loss count as one layer each, as Megatron-LM's
+``--account-for-embedding-in-pipeline-split`` / ``--account-for-loss-in-pipeline-split`` do:
+the first and last chunk hold one transformer layer fewer.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ import time
 
 import numpy as np
 
-from retime.collectors.synth import synthesize
+from retime.collectors.synth import resolve_model, synthesize
 
 #: (system, model, gpus, precision, gbs, mbs, fsdp, tp, pp, cp, vp, tokens/s/GPU, role)
 RUNS = [
@@ -66,6 +70,10 @@ def predict(system: str, model: str, gpus: int, prec: str, gbs: int, mbs: int, f
         kw["zero"] = 1
     if vp > 1:
         kw.update(schedule="interleaved", chunks=vp, p2p="async")
+    n, layers = pp * vp, resolve_model(model).layers
+    if layers % n and (layers + 2) % n == 0:  # embedding and loss count as a layer each
+        per = (layers + 2) // n
+        kw["stage_layers"] = (per - 1,) + (per,) * (n - 2) + (per - 1,)
     return synthesize(model, system, **kw).meta["synth"]
 
 
