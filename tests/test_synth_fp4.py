@@ -149,3 +149,14 @@ def test_offload_prices_the_host_link():
     expect = (4 / 25 + 28 / 100) / (4 / 256 + 28 / 256)
     got = (pcie.end_ns[r] - pcie.start_ns[r]) / (c2c.end_ns[r] - c2c.start_ns[r])
     assert got == pytest.approx(expect, rel=0.01)
+
+
+def test_gpu_swap_what_if_keeps_the_runs_network_and_can_turn_on_fp4():
+    """hardware.gpu=gb200 on an H100 run changes the GPU, not the node shape (8 per NVLink
+    domain); parallel.dtype=fp4 then runs FP4 layers; FP4 on the H100 is refused."""
+    t = synthesize(TINY, "h100-sxm", dtype="fp8", **RUN)
+    gb = whatif(t, {"hardware.gpu": "gb200"})
+    f4 = whatif(t, {"hardware.gpu": "gb200", "parallel.dtype": "fp4"})
+    assert f4.step_time_ns < gb.step_time_ns < t.meta["synth"]["step_time_ns"]
+    with pytest.raises(Exception, match="has no FP4 tensor cores"):
+        whatif(t, {"parallel.dtype": "fp4"})

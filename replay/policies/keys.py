@@ -147,7 +147,9 @@ KEYS: dict[str, KeyInfo] = {
     "parallel.seq_imbalance": KeyInfo("ratio", "number >= 1", "unchanged (1.0: balanced)",
                                       _SYNTH, "most loaded data-parallel rank's work over the "
                                       "mean, per micro-batch"),
-    "parallel.dtype": KeyInfo("name", "bf16 | fp16 | fp8 (fp8 needs an FP8 peak)",
+    "parallel.dtype": KeyInfo("name", "bf16 | fp16 | fp8 | fp4 (fp8 / fp4 need an FP8 / FP4 "
+                              "peak; fp4 keeps attention, the head and the first / last layer "
+                              "in BF16)",
                               "unchanged", _SYNTH, "compute dtype of the GEMMs"),
     "parallel.grad_overlap": KeyInfo("flag", "true | false", "unchanged (false: after the "
                                      "last backward, as Megatron-LM)", _SYNTH,
