@@ -247,6 +247,9 @@ def synth(
         emit_json(s)
         return
     on = f" ({cluster}: {hw.nodes} x {hw.gpus_per_node})" if cluster is not None else ""
+    hwd = trace.meta["synth"]["hardware"]
+    if s["nvlink_domain"] > int(hwd["gpus_per_node"]):  # a rack: say how the job was placed
+        on += f" in NVLink domains of {s['nvlink_domain']} GPUs"
     say(f"wrote {output}: {s['model']} on {s['world_size']} x {s['hardware']}{on} "
         f"(tp={tp} pp={pp} dp={dp} cp={cp}); step {s['step_time_ns'] / 1e9:.3f} s, "
         f"{s['tokens_per_s']:,.0f} tokens/s, MFU {100 * s['mfu']:.1f}%, peak memory "
