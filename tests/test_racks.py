@@ -125,3 +125,12 @@ def test_new_presets_price_their_fabric():
     mi355 = collective_cost(load_preset("mi355x-8x"), "all_reduce", 2**30)
     mi325 = collective_cost(load_preset("mi325x-8x"), "all_reduce", 2**30)
     assert mi355.busbw_gbps / mi325.busbw_gbps == pytest.approx(537.6 / 448.0, rel=0.05)
+
+
+def test_a_traces_gpu_names_its_profile_and_host_link():
+    from retime.collectors.synth.hardware import match_hardware
+    devs = {"0": {"name": "NVIDIA GB200", "peak_flops": 2.5e15}}
+    assert match_hardware(str(devs)).name == "gb200"  # not b200: the longest name wins
+    assert match_hardware("NVIDIA B200").name == "b200"
+    assert match_hardware("NVIDIA H100 80GB HBM3").host_bytes_per_ns == pytest.approx(25.0)
+    assert match_hardware("a TPU") is None

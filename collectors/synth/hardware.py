@@ -31,7 +31,8 @@ from ..errors import ConfigError
 from ..fsutil import read_toml
 
 __all__ = ["LinkConfig", "HardwareConfig", "hardware_names", "load_hardware",
-           "read_hardware_file", "resolve_hardware", "HOST_LINKS", "job_domain"]
+           "read_hardware_file", "resolve_hardware", "HOST_LINKS", "job_domain",
+           "match_hardware"]
 
 _DIR = Path(__file__).with_name("hardware")
 #: host link kinds -> nominal GB/s per GPU per direction (PCIe x16 per generation; Grace's
@@ -255,6 +256,14 @@ def load_hardware(name: str) -> HardwareConfig:
                           f"{', '.join(hardware_names())}; or copy one of "
                           "collectors/synth/hardware/*.toml and pass --hardware-file")
     return hw
+
+
+def match_hardware(text: str) -> HardwareConfig | None:
+    """The built-in profile whose GPU name (``gpu``, e.g. ``"NVIDIA GB200"``) appears in
+    ``text`` (a trace's device names), the longest such name; None when none does."""
+    t = str(text).lower()
+    hits = [hw for hw in _builtin().values() if hw.gpu.lower() in t]
+    return max(hits, key=lambda h: len(h.gpu)) if hits else None
 
 
 def read_hardware_file(path: str | Path) -> HardwareConfig:

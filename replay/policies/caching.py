@@ -4,7 +4,9 @@ Host link: every host<->GPU transfer below runs at ``cache.pcie_gbps``, by defau
 synthesized run's hardware profile's host link (PCIe, or NVLink-C2C to Grace on GB200/GB300:
 450 GB/s per direction, capped by the GPU's share of Grace's memory bandwidth, about 256 GB/s,
 against ~25 GB/s of PCIe Gen4), and the CPU's Adam at ``cache.host_gbps``, by default the
-profile's host memory share; measured traces keep 25 and 100 GB/s.
+profile's host memory share; measured traces use the profile that names their GPU
+(``meta["devices"]``; :func:`retime.collectors.synth.hardware.match_hardware`), else 25 and
+100 GB/s.
 
 * ``fcdp`` (fully cached data parallel, arXiv 2602.06499): ZeRO-3 gathers every layer's
   parameters across nodes twice per step (forward and backward). FCDP keeps the

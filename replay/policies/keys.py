@@ -175,7 +175,7 @@ KEYS: dict[str, KeyInfo] = {
                                          "activations offloaded to host memory"),
     "cache.pcie_gbps": KeyInfo("GB/s", "> 0", "the hardware profile's host link x its "
                                "efficiency, capped by its host memory share (gb200: NVLink-C2C "
-                               "~256; PCIe Gen4 profiles and measured traces: 25)",
+                               "~256; PCIe Gen4 profiles, and measured traces whose GPU no profile names: 25)",
                                "with cache.offload_* or cache.fcdp",
                                "host<->GPU bandwidth (PCIe or NVLink-C2C) for offload and the "
                                "FCDP host cache"),
