@@ -160,3 +160,10 @@ def test_gpu_swap_what_if_keeps_the_runs_network_and_can_turn_on_fp4():
     assert f4.step_time_ns < gb.step_time_ns < t.meta["synth"]["step_time_ns"]
     with pytest.raises(Exception, match="has no FP4 tensor cores"):
         whatif(t, {"parallel.dtype": "fp4"})
+
+
+def test_fcdp_host_cache_prices_the_host_link():
+    t = synthesize(TINY, "gb200", dtype="bf16", fsdp=True, **RUN)
+    c2c = whatif(t, {"cache.fcdp": True})
+    pcie = whatif(t, {"cache.fcdp": True, "cache.pcie_gbps": 25.0})
+    assert c2c.step_time_ns < pcie.step_time_ns
