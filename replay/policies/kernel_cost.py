@@ -43,7 +43,8 @@ KERNEL_CURVES = FITTED_CURVES
 
 # family tokens of device names, for GPUs whose board name differs from the profile's
 # (e.g. "NVIDIA A100-PG509-200"): the profile of that family closest in memory size
-_FAMILIES = ("a100", "h100", "h200", "b200", "gb200", "v100", "mi250x", "mi300x")
+_FAMILIES = ("a100", "h100", "h200", "b200", "gb200", "b300", "gb300", "v100", "mi250x",
+             "mi300x", "mi325x", "mi355x")
 
 
 @dataclass(frozen=True)
@@ -117,12 +118,13 @@ def trace_gpu(trace: Trace, from_gpu: str | None = None):
             return load_hardware(from_gpu)
         except ConfigError as exc:
             raise PolicyError(f"hardware.from_gpu: {exc}") from exc
+    from retime.collectors.synth.hardware import match_hardware
     dev = trace.meta.get("devices") if isinstance(trace.meta, dict) else None
     text = str(dev).lower()
-    best = None
-    for n in hardware_names():
+    best = match_hardware(text)  # the longest profile GPU name in the device names
+    for n in hardware_names() if best is None else ():
         hw = load_hardware(n)
-        if hw.gpu.lower() in text or hw.name.replace("-", " ") in text:
+        if hw.name.replace("-", " ") in text:
             best = hw
     if best is not None or not isinstance(dev, dict):
         return best
