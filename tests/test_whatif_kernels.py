@@ -175,3 +175,22 @@ def test_mi300x_rocm_trace_to_mi250x_and_double_batch():
     # batch-10 ResNet kernels are mostly launch-bound: doubling the batch adds far less
     # than doubling the kernels' time
     assert 1.0 <= fx["ratio_median"] < 1.5 and fx["ratio_max"] <= 2.0 + 1e-9
+
+
+def test_cli_replay_prints_the_pricing_and_its_range(vgg, tmp_path, capsys):
+    import json
+
+    from retime.cli import run
+
+    d = tmp_path / "vgg.retime"
+    vgg.save(d)
+    capsys.readouterr()
+    assert run(["replay", str(d), "--set", "hardware.gpu=a100-80gb", "--json"]) == 0
+    js = json.loads(capsys.readouterr().out)
+    st = js["step_time_ns"]
+    lo, hi = st["range"]
+    assert lo < st["replayed"] < hi and hi > 775e6  # reaches past the flat rule's 775 ms
+    assert any("re-timed as measured x model(new) / model(old)" in a
+               for a in js["whatif"]["assumed"])
+    assert run(["replay", str(d), "--set", "hardware.kernel_pricing=cubic"]) == 2
+    assert "hardware.kernel_pricing='cubic'" in capsys.readouterr().err
