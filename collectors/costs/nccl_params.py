@@ -33,6 +33,7 @@ class Param:
 
 #: Simple-protocol ring bus bandwidth / nominal link rate, per intra-node link generation
 LINK_EFF = {
+    "nvlink2": Param(0.80, "assumed", "V100 NVLink2 (DGX-1 hybrid cube mesh), as PCIe"),
     "nvlink3": Param(0.78, "fitted", "C0 (A100 busbw cap 235 GB/s), C1 rows >= 2 GB"),
     "nvlink4": Param(0.82, "published", "C2: ~370 of 450 GB/s effective on NVLink4"),
     "nvlink5": Param(0.755, "fitted", "C3 rows >= 2 GB (GB200, 4 GPUs, ring)"),

@@ -42,11 +42,23 @@ from .link_fit import DEFAULT_ALPHA_US, bus_factor, calibrate, collective_table
 __all__ = ["rebucket", "rebucket_cpu", "CpuModel", "GLOO_STEP_US"]
 
 
-def rebucket(trace: Trace, bucket_mb: float, ranks_per_node: int | None = None
+def rebucket(trace: Trace, bucket_mb: float, ranks_per_node: int | None = None,
+             bound: str | None = None, peer_wait: str | None = None
              ) -> tuple[Trace, np.ndarray, np.ndarray, dict]:
     """A copy of ``trace`` with its gradient all-reduces re-bucketed.
 
-    Returns ``(new trace, new op ids, their modeled transfer durations ns, info)``.
+    NCCL/RCCL all-reduces on GPU streams are priced by the cost layer's NCCL model
+    (:func:`_nccl_model`; ``bound`` ``"low"``/``"high"``: at the ends of its range), gloo
+    ones and GPU traces without device properties by the trace's alpha-beta fit.
+    Returns ``(new trace, new op ids, their modeled transfer durations ns, info)``;
+    ``info["assumed"]`` holds the ``assumed:`` lines of what the trace could not tell.
+
+    Untraced members (NCCL model): the part of a measured bucket's time the modeled
+    transfer does not explain is waiting for them. ``peer_wait`` ``"bytes"`` (default): a
+    rank's waiting per step is kept and spread over the new buckets by their bytes (the
+    peers cost the same wait whatever the buckets); ``"lag"``: the peers reach each byte
+    of the gradients as late as they reached the old buckets' (interpolated), and a new
+    bucket's kernel spins until they do (the range's other bound).
     """
     o = trace.ops
     kind = o["kind"].to_numpy()
@@ -83,6 +95,9 @@ def rebucket(trace: Trace, bucket_mb: float, ranks_per_node: int | None = None
     meas_ops = tab["op"][last]
     kappa = float(dur_meas[meas_ops].clip(0).sum() / model(nbytes[meas_ops]).sum()) \
         if len(meas_ops) else 1.0
+    nc = _nccl_model(trace, tab, sel_tab, dur_meas, n_group, ranks_per_node, bound, peer_wait)
+    if nc is not None:
+        model, kappa = nc["model"], nc["kappa"]
     S = float(bucket_mb) * 1e6
     rank = o["rank"].to_numpy()
     step = o["step"].to_numpy()
@@ -134,24 +149,44 @@ def rebucket(trace: Trace, bucket_mb: float, ranks_per_node: int | None = None
         before = np.flatnonzero((rank == r) & (lane == cl) & ~is_ar & (start < start[ids[0]]))
         span_lo = max(int(end[before].max()) if len(before) else t0, t0)
         span_lo = min(span_lo, int(start[ids[0]]))
+        # untraced members (NCCL model): when each new bucket's peers are ready, from when
+        # the old buckets' peers were (their end less the modeled transfer)
+        peer_t = None
+        wait_j = np.zeros(k_new)
+        if nc is not None and nc["partial"]:
+            t_old = kappa * nc["model"](nbytes[ids]).astype(np.float64)
+            if peer_wait == "lag":
+                pk = np.maximum.accumulate(end[ids] - t_old)
+                peer_t = np.interp(bounds, xs, np.concatenate([[t0 + pk[0] - ts[1]], pk]))
+            else:
+                waited = float(np.maximum(end[ids] - start[ids] - t_old, 0.0).sum())
+                wait_j = waited * sizes / total
         sigma_prev = -(2**62)
+        busy_until = -(2**62)  # the stream's modeled end of the previous new bucket
         syn: list[tuple[int, int, int]] = []  # (ready op or -1, synthetic start, row)
         for j in range(k_new):
             pos = np.searchsorted(start[lane_ops], t_ready[j], side="right") - 1
             rop = int(lane_ops[pos]) if pos >= 0 else -1
             sig = int(end[rop]) if rop >= 0 else int(t_ready[j])
-            sig = min(max(sig, sigma_prev, span_lo), span_hi)
+            sig = min(max(sig, sigma_prev, span_lo, busy_until), span_hi)
             sigma_prev = sig
+            t_model = float(kappa * model(sizes[j])) + float(wait_j[j])
+            busy_until = int(sig + t_model) if wait_j[j] > 0 else busy_until
+            if peer_t is not None:
+                # the kernel spins until the untraced peers arrive, then transfers: the wait
+                # is kernel time, as it was in the measured buckets
+                t_model += max(0.0, float(peer_t[j]) - sig)
+                busy_until = int(sig + t_model)
             syn.append((rop, sig, len(new_rows)))
             new_rows.append({"rank": r, "lane": int(lane[ids[0]]), "step": s,
                              "start_ns": sig, "bytes": int(round(sizes[j])),
                              "coll_j": j, "group_id": int(o["group_id"].iat[ids[0]]),
-                             "model_ns": float(kappa * model(sizes[j]))})
+                             "model_ns": t_model})
         for j, (rop, sig, row) in enumerate(syn):
-            nxt = syn[j + 1][1] if j + 1 < len(syn) else span_hi
+            nxt = syn[j + 1][1] if j + 1 < len(syn) else max(span_hi, busy_until)
             new_rows[row]["dur_ns"] = max(0, nxt - sig)
             if rop >= 0:
-                ready_edges.append((rop, row))
+                ready_edges.append((rop, row, 0))
         # a consumer of old bucket k needs the new bucket that completes its bytes (but
         # not one issued after the consumer ran: that wait was not for these gradients)
         for k_old, i in enumerate(ids.tolist()):
@@ -163,10 +198,14 @@ def rebucket(trace: Trace, bucket_mb: float, ranks_per_node: int | None = None
         key = (row["step"], row["group_id"], row["coll_j"])
         keys.setdefault(key, coll_base + len(keys))
         row["coll_id"] = keys[key]
+    info = {"buckets_before": int(is_ar.sum()), "buckets_after": len(new_rows),
+            "kappa": kappa, "alpha_ns": alpha, "busbw_gbps": c["busbw_gbps"],
+            "bucket_mb": float(bucket_mb), "model": "generic"}
+    if nc is not None:
+        info = {"buckets_before": int(is_ar.sum()), "buckets_after": len(new_rows),
+                "bucket_mb": float(bucket_mb), **nc["info"], "assumed": nc["assumed"]}
     return _assemble(trace, is_ar, new_rows, redirect, ready_edges, name_id, esrc, edst, start,
-                     {"buckets_before": int(is_ar.sum()), "buckets_after": len(new_rows),
-                      "kappa": kappa, "alpha_ns": alpha, "busbw_gbps": c["busbw_gbps"],
-                      "bucket_mb": float(bucket_mb), "model": "generic"})
+                     info)
 
 
 def _assemble(trace, is_ar, new_rows, redirect, ready_edges, name_id, esrc, edst, start, info):
@@ -215,12 +254,12 @@ def _assemble(trace, is_ar, new_rows, redirect, ready_edges, name_id, esrc, edst
         dst.append(new_id[edst[k]])
         kinds.append(int(e["kind"].iat[k]))
         lags.append(0)
-    for rop, row in ready_edges:
+    for rop, row, lag in ready_edges:
         if new_id[rop] >= 0:
             src.append(new_id[rop])
             dst.append(n_keep + row)
             kinds.append(2)
-            lags.append(0)
+            lags.append(int(lag))
     edges = pd.DataFrame({"src": np.asarray(src, np.int64), "dst": np.asarray(dst, np.int64),
                           "kind": np.asarray(kinds, np.int8), "lag_ns": np.asarray(lags, np.int64)})
     t = Trace(ops=ops, lanes=trace.lanes, edges=edges, ranges=trace.ranges, groups=trace.groups,
@@ -228,3 +267,75 @@ def _assemble(trace, is_ar, new_rows, redirect, ready_edges, name_id, esrc, edst
     new_ids = np.arange(n_keep, len(ops), dtype=np.int64)
     model_ns = np.asarray([r["model_ns"] for r in new_rows])
     return t, new_ids, model_ns, info
+
+
+def _nccl_model(trace: Trace, tab: dict, sel_tab: np.ndarray, dur_meas: np.ndarray,
+                n_group: int, ranks_per_node: int | None, bound: str | None,
+                peer_wait: str | None = None) -> dict | None:
+    """The NCCL model of a GPU trace's gradient all-reduces (:mod:`.nccl_trace`): ``model``
+    (bytes -> ns), ``kappa`` (fitted on fully traced last arrivers, else 1), ``partial``
+    (untraced members: the rest of their time is waiting, kept by the caller), ``info``.
+    None for gloo collectives or a trace without GPU device properties."""
+    from retime.collectors.enums import CommOp as C
+
+    from .base import ranks_per_node_of
+    from .nccl_trace import (
+        NcclPricer,
+        anchor,
+        forced_choice,
+        gpu_collectives,
+        peer_text,
+        trace_cluster,
+    )
+
+    ops = tab["op"][sel_tab]
+    if not gpu_collectives(trace, ops):
+        return None
+    world = int(max(np.max(tab["n"]), trace.meta.get("world_size") or 0))
+    rpn = ranks_per_node_of(trace, ranks_per_node)
+    try:
+        cl, src = trace_cluster(trace, rpn, world)
+    except PolicyError:
+        return None
+    pricer = NcclPricer(cl, bound=bound)
+    sizes = tab["bytes"][sel_tab]
+    forced, why = forced_choice(trace, ops, pricer, n_group, sizes)
+    pricer.forced = forced
+    mod = pricer.times_ns(np.full(len(ops), int(C.ALL_REDUCE)), sizes, tab["n"][sel_tab])
+    part = tab["partial"][sel_tab]
+    a = anchor(dur_meas[ops].astype(np.float64), mod, tab["last"][sel_tab], part)
+    k = a["kappa"]
+
+    def model(b):
+        b = np.asarray(b, np.float64)
+        return np.vectorize(lambda x: pricer.time_ns(C.ALL_REDUCE, x, n_group),
+                            otypes=[np.float64])(b)
+
+    ex = pricer.cost(C.ALL_REDUCE, float(np.median(sizes)), n_group)
+    assumed = [f"all-reduce transfer priced by the NCCL model on {src['gpu']} "
+               f"({src['platform']}, {src['nominal_intra_gbps']:g} GB/s nominal: "
+               f"{src['nominal_source']}; {n_group} ranks, {src['ranks_per_node']} per node): "
+               f"{why}; {ex.channels} channels; {ex.time_us:.0f} us at the median measured "
+               f"{float(np.median(sizes)) / 1e6:.3g} MB (range {ex.range_us[0]:.0f}-"
+               f"{ex.range_us[1]:.0f} us)"]
+    if a["source"] == "fitted":
+        assumed[0] += (f"; scaled by {k:.2f}, the measured / modeled time of "
+                       f"{a['points']} fully traced last arriver(s) (fitted)")
+    partial = bool(part.any())
+    if partial:
+        assumed.append(peer_text(int(part.sum()), dur_meas[ops[part]].astype(np.float64),
+                                 mod[part]) + ": " + _peer_text(peer_wait))
+    info = {"model": "nccl", "algorithm": ex.algorithm, "protocol": ex.protocol,
+            "channels": ex.channels, "kappa": k, "kappa_source": a["source"],
+            "cluster": src, "waiting_kept": partial}
+    return {"model": model, "kappa": k, "partial": partial, "info": info, "assumed": assumed}
+
+
+def _peer_text(mode: str | None) -> str:
+    if mode == "lag":
+        return ("the untraced ranks reach each gradient byte as late after this rank as they "
+                "reached the measured buckets' (interpolated); each new bucket's kernel spins "
+                "until they do")
+    return ("a rank's waiting per step is kept and spread over the new buckets by their bytes; "
+            "the range also replays the untraced ranks lagging as at the measured buckets "
+            "(overlap.peer_wait=lag: small buckets' kernels spin until they arrive)")

@@ -87,6 +87,16 @@ class Overlap(Policy):
     #: which repetitions of a calibration's overlap probe to use: the median (None) or the
     #: fastest / slowest ("low" / "high": the prediction range's bounds)
     probe_bound: str | None = None
+    #: share of the GPU's SMs NCCL kernels hold (channels / SMs; 0 = collectives on DMA
+    #: engines): compute and communication slow each other where they overlap
+    #: (:mod:`.interference_gpu`)
+    sm_share: float | None = None
+    #: price NCCL collectives and their interference at the low / high end of the cost
+    #: model's range (the prediction range's bounds)
+    cost_bound: str | None = None
+    #: how a measured bucket's wait for untraced ranks carries to new buckets: "bytes"
+    #: (default: spread by bytes) or "lag" (they lag as measured; the range's bound)
+    peer_wait: str | None = None
     table: ClassVar[str] = "overlap"
 
     def __post_init__(self) -> None:
@@ -97,6 +107,13 @@ class Overlap(Policy):
         check_int("overlap", "tp_slices", self.tp_slices)
         check_int("overlap", "prefetch", self.prefetch, lo=0)
         check_choice("overlap", "probe_bound", self.probe_bound, ("low", "high"))
+        check_fraction("overlap", "sm_share", self.sm_share)
+        check_choice("overlap", "cost_bound", self.cost_bound, ("low", "high"))
+        check_choice("overlap", "peer_wait", self.peer_wait, ("bytes", "lag"))
+        if self.sm_share is not None and self.interference is not None:
+            raise PolicyError("overlap.sm_share and overlap.interference both set: sm_share "
+                              "derives the interference of NCCL kernels from the SMs they "
+                              "hold; give one of them")
         if self.share_links is not None and not isinstance(self.share_links, bool):
             raise PolicyError(f"overlap.share_links={self.share_links!r} must be true/false")
         if self.bucket_mb is not None and self.merge is not None:
@@ -135,7 +152,17 @@ class Overlap(Policy):
                         bounds=[{"overlap.interference": 1.0}, {"overlap.interference": 0.0}])
             else:
                 state.trace, ids, model_ns, info = rebucket(state.trace, self.bucket_mb,
-                                                            state.ranks_per_node)
+                                                            state.ranks_per_node,
+                                                            self.cost_bound, self.peer_wait)
+                for k, line in enumerate(info.get("assumed", [])):
+                    # the range: the same what-if priced at the model's ends, and with the
+                    # untraced ranks lagging as measured
+                    var = None
+                    if k == 0 and self.cost_bound is None:
+                        var = [{"overlap.cost_bound": "low"}, {"overlap.cost_bound": "high"}]
+                    elif k == 1 and self.peer_wait is None:
+                        var = [{"overlap.peer_wait": "lag"}]
+                    state.assume(line, bounds=var)
             state.notes["rebucket"] = (ids, model_ns, info)
             return
         if state.synth.parallel.get("dp", 1) * state.synth.parallel.get("cp", 1) <= 1:
@@ -171,8 +198,13 @@ class Overlap(Policy):
             state.dur[ids] = model_ns
             d.update({k: info[k] for k in ("buckets_before", "buckets_after", "model",
                                            "alpha_ns", "busbw_gbps", "interference_fit", "param_sizes",
-                                           "contention", "comm_slowdown")
+                                           "contention", "comm_slowdown", "algorithm",
+                                           "protocol", "channels", "kappa", "kappa_source",
+                                           "waiting_kept")
                       if k in info})
+        if self.sm_share is not None:
+            from .interference_gpu import apply_sm_share
+            d.update(apply_sm_share(state, float(self.sm_share), self.cost_bound))
         if "cpu_model" in state.notes:
             _cpu_contention(state, state.notes["cpu_model"])
             d["interference_used"] = 1.0 - state.contention.slowdown  # derived, not a key
@@ -183,7 +215,8 @@ class Overlap(Policy):
             src, dst = m["serialize_edges"]
             state.add_edges(src, dst)
             state.notes["serialize_edges"] = int(len(src))
-        if (self.interference is not None or self.share_links) and "cpu_model" not in state.notes:
+        if (self.interference is not None or self.share_links) and "cpu_model" not in state.notes \
+                and self.sm_share is None:
             f = 1.0 if self.interference is None else float(self.interference)
             state.mode = "contention"
             state.contention = ContentionModel(slowdown=1.0 - f,

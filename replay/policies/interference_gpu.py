@@ -1,0 +1,119 @@
+"""Compute-communication interference of NCCL kernels on a GPU (``overlap.sm_share``).
+
+While an NCCL/RCCL kernel overlaps compute kernels on its GPU, both slow down by
+``i(p)`` (:func:`collectors.costs.interference.interference`: the SMs NCCL holds, ``p`` =
+channels / SMs, and the HBM bandwidth both use; calibrated on C3's published overlap
+fractions). ``overlap.sm_share = p'`` asks what NCCL holding ``p'`` of the SMs would give:
+0 = collectives offloaded to DMA engines (C3's ConCCL), a smaller share = fewer channels
+(``NCCL_MAX_NCHANNELS`` / ``NCCL_MAX_CTAS``).
+
+A measured trace already ran with the interference of its own share ``p0`` (the model's
+channels for the trace's GPU, platform and group size, over the trace's SM count:
+assumed, with its source printed). Each compute kernel's isolated time is its measured time
+less ``i0 / (1 + i0)`` of its overlap with communication on its device (and each
+communication kernel's likewise with compute); the replay runs on the contention path,
+where overlapped kernels progress at ``1 / (1 + i')`` of their rate wherever they overlap
+now. ``p' = p0`` reproduces the measured overlap; a synthesized run's kernels are isolated
+times already. CPU (gloo) collectives are not NCCL kernels and are refused
+(``overlap.interference`` covers them).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from retime.collectors.costs.interference import interference
+from retime.collectors.enums import CommOp
+from retime.collectors.errors import PolicyError
+from retime.collectors.intervals import interval_union
+
+from ..engine import ContentionModel
+from ..graph import RES_COMM, RES_COMPUTE
+from .base import WhatIfState, by_op, ranks_per_node_of
+
+__all__ = ["apply_sm_share", "measured_sm_share"]
+
+
+def measured_sm_share(state: WhatIfState) -> tuple[float, str]:
+    """(share of the SMs the trace's NCCL kernels held, where the figure came from)."""
+    from .link_fit import collective_table
+    from .nccl_trace import NcclPricer, gpu_collectives, trace_cluster
+
+    tab = collective_table(state.trace, state.graph, state.ranks_per_node)
+    if not len(tab["op"]):
+        raise PolicyError("overlap.sm_share: the trace has no collective or p2p ops")
+    if not gpu_collectives(state.trace, tab["op"]):
+        raise PolicyError("overlap.sm_share: the trace's collectives run on CPU threads "
+                          "(gloo), not as NCCL kernels on a GPU; give overlap.interference "
+                          "for how they share the CPU with compute")
+    world = int(max(np.max(tab["n"]), state.trace.meta.get("world_size") or 0, 2))
+    cl, src = trace_cluster(state.trace, ranks_per_node_of(state.trace, state.ranks_per_node),
+                            world)
+    sized = tab["bytes"] > 0
+    nbytes = float(np.median(tab["bytes"][sized])) if sized.any() else 1e6
+    n = int(np.median(tab["n"])) if len(tab["n"]) else world
+    c = NcclPricer(cl).cost(CommOp.ALL_REDUCE, nbytes, max(n, 2))
+    sms = int(src["sms"]) or 1
+    share = min(1.0, c.channels / sms)
+    return share, (f"{c.channels} channels ({c.algorithm}/{c.protocol} at "
+                   f"{nbytes / 1e6:.3g} MB, the NCCL model's count on {src['platform']}: "
+                   f"assumed; the trace's kernel grid is not ingested) of {sms} SMs")
+
+
+def _overlap_with(lo, hi, ulo, uhi) -> np.ndarray:
+    """Per interval [lo, hi): its overlap with the disjoint sorted intervals [ulo, uhi)."""
+    if len(ulo) == 0 or len(lo) == 0:
+        return np.zeros(len(lo))
+    cum = np.concatenate([[0.0], np.cumsum((uhi - ulo).astype(np.float64))])
+
+    def below(t):
+        k = np.searchsorted(ulo, t, side="right")
+        km = np.maximum(k - 1, 0)
+        part = np.clip(t - ulo[km], 0, (uhi - ulo)[km])
+        return np.where(k > 0, cum[km] + part, 0.0)
+
+    return np.maximum(below(hi.astype(np.float64)) - below(lo.astype(np.float64)), 0.0)
+
+
+def apply_sm_share(state: WhatIfState, sm_share: float, bound: str | None = None) -> dict:
+    """Re-time ``state`` for NCCL holding ``sm_share`` of the SMs (module docstring);
+    returns what it used (for ``meta["scenario"]``)."""
+    new = interference(sm_share, bound=bound)
+    g = state.graph
+    out = {"sm_share": float(sm_share), "slowdown_used": round(new.slowdown, 4),
+           "overlap_fraction": round(new.overlap_fraction, 4)}
+    if state.is_synth:
+        state.assume(f"overlapped compute and NCCL kernels slowed by {new.slowdown:.2f} "
+                     f"(C3's {new.overlap_fraction:.0%} of the ideal overlap at "
+                     f"{sm_share:.0%} of the SMs)",
+                     bounds=None if bound else [{"overlap.cost_bound": "low"},
+                                                {"overlap.cost_bound": "high"}])
+    else:
+        p0, why = measured_sm_share(state)
+        old = interference(p0, bound=bound)  # the same bound both ways: p' = p0 is the identity
+        out.update({"measured_sm_share": round(p0, 4), "measured_slowdown": round(old.slowdown, 4)})
+        dev = by_op(g, "device")
+        res = by_op(g, "resource")
+        s = np.asarray(g.meas_start_ns, np.int64)
+        e = s + np.asarray(g.meas_dur_ns, np.int64)
+        cut = old.slowdown / (1.0 + old.slowdown)
+        dur = state.dur
+        for d in np.unique(dev[dev >= 0]).tolist():
+            comp = np.flatnonzero((dev == d) & (res == RES_COMPUTE))
+            comm = np.flatnonzero((dev == d) & (res == RES_COMM))
+            if not len(comp) or not len(comm):
+                continue
+            for mine, other in ((comp, comm), (comm, comp)):
+                ulo, uhi = interval_union(s[other], e[other])
+                ov = _overlap_with(s[mine], e[mine], ulo, uhi)
+                dur[mine] = np.maximum(dur[mine] - cut * ov, 0.0)
+        state.assume(
+            f"the trace's NCCL kernels held {p0:.0%} of the SMs ({why}): overlapped compute "
+            f"and communication ran {old.slowdown:.2f} slower (C3: {old.overlap_fraction:.0%} "
+            f"of the ideal overlap), removed from their measured times; at {sm_share:.0%}: "
+            f"{new.slowdown:.2f} ({new.overlap_fraction:.0%}; C3's DMA offload at 0%: 72%)",
+            bounds=None if bound else [{"overlap.cost_bound": "low"},
+                                       {"overlap.cost_bound": "high"}])
+    state.mode = "contention"
+    state.contention = ContentionModel(slowdown=new.slowdown, share_links=False)
+    return out
