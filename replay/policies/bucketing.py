@@ -27,6 +27,8 @@ CPU (gloo) DDP traces get a parameter-level model instead: :mod:`.bucketing_cpu`
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pandas as pd
 
@@ -54,11 +56,15 @@ def rebucket(trace: Trace, bucket_mb: float, ranks_per_node: int | None = None,
     ``info["assumed"]`` holds the ``assumed:`` lines of what the trace could not tell.
 
     Untraced members (NCCL model): the part of a measured bucket's time the modeled
-    transfer does not explain is waiting for them. ``peer_wait`` ``"bytes"`` (default): a
-    rank's waiting per step is kept and spread over the new buckets by their bytes (the
-    peers cost the same wait whatever the buckets); ``"lag"``: the peers reach each byte
-    of the gradients as late as they reached the old buckets' (interpolated), and a new
-    bucket's kernel spins until they do (the range's other bound).
+    transfer does not explain is waiting for them. Two readings of it, each a limit on a
+    new bucket's wait: ``"lag"``, the peers reach each gradient byte as late as they
+    reached the old buckets' (interpolated) and a new bucket's kernel spins until they do
+    (merged buckets wait no longer than the last old one did); ``"bytes"``, a rank's
+    waiting per step stays what it was, spread over the new buckets by their bytes (many
+    small buckets do not each wait the whole lag). ``peer_wait`` None: the smaller of the
+    two per bucket, except the step's last bucket, which waits for the peers' last measured
+    arrival (``"lag"``: no bucketing ends the step before the late ranks get there);
+    ``"lag"`` / ``"bytes"``: that one alone (the range's bounds).
     """
     o = trace.ops
     kind = o["kind"].to_numpy()
@@ -155,10 +161,10 @@ def rebucket(trace: Trace, bucket_mb: float, ranks_per_node: int | None = None,
         wait_j = np.zeros(k_new)
         if nc is not None and nc["partial"]:
             t_old = kappa * nc["model"](nbytes[ids]).astype(np.float64)
-            if peer_wait == "lag":
+            if peer_wait != "bytes":
                 pk = np.maximum.accumulate(end[ids] - t_old)
                 peer_t = np.interp(bounds, xs, np.concatenate([[t0 + pk[0] - ts[1]], pk]))
-            else:
+            if peer_wait != "lag":
                 waited = float(np.maximum(end[ids] - start[ids] - t_old, 0.0).sum())
                 wait_j = waited * sizes / total
         sigma_prev = -(2**62)
@@ -170,12 +176,15 @@ def rebucket(trace: Trace, bucket_mb: float, ranks_per_node: int | None = None,
             sig = int(end[rop]) if rop >= 0 else int(t_ready[j])
             sig = min(max(sig, sigma_prev, span_lo, busy_until), span_hi)
             sigma_prev = sig
-            t_model = float(kappa * model(sizes[j])) + float(wait_j[j])
-            busy_until = int(sig + t_model) if wait_j[j] > 0 else busy_until
-            if peer_t is not None:
+            t_model = float(kappa * model(sizes[j]))
+            if nc is not None and nc["partial"]:
                 # the kernel spins until the untraced peers arrive, then transfers: the wait
                 # is kernel time, as it was in the measured buckets
-                t_model += max(0.0, float(peer_t[j]) - sig)
+                w_lag = max(0.0, float(peer_t[j]) - sig) if peer_t is not None else math.inf
+                w_bytes = float(wait_j[j]) if peer_wait != "lag" else math.inf
+                # the last bucket cannot end before the peers' last measured arrival
+                t_model += w_lag if j == k_new - 1 and peer_t is not None \
+                    else min(w_lag, w_bytes)
                 busy_until = int(sig + t_model)
             syn.append((rop, sig, len(new_rows)))
             new_rows.append({"rank": r, "lane": int(lane[ids[0]]), "step": s,
@@ -331,11 +340,16 @@ def _nccl_model(trace: Trace, tab: dict, sel_tab: np.ndarray, dur_meas: np.ndarr
     return {"model": model, "kappa": k, "partial": partial, "info": info, "assumed": assumed}
 
 
+_LAG = ("the untraced ranks reach each gradient byte as late after this rank as they reached "
+        "the measured buckets' (interpolated; a new bucket's kernel spins until they do)")
+_BYTES = "this rank's waiting per step stays as measured, spread over the new buckets by bytes"
+
+
 def _peer_text(mode: str | None) -> str:
     if mode == "lag":
-        return ("the untraced ranks reach each gradient byte as late after this rank as they "
-                "reached the measured buckets' (interpolated); each new bucket's kernel spins "
-                "until they do")
-    return ("a rank's waiting per step is kept and spread over the new buckets by their bytes; "
-            "the range also replays the untraced ranks lagging as at the measured buckets "
-            "(overlap.peer_wait=lag: small buckets' kernels spin until they arrive)")
+        return _LAG
+    if mode == "bytes":
+        return _BYTES
+    return (f"each new bucket waits the smaller of two readings: {_LAG}, or {_BYTES}; the "
+            "step's last bucket waits for the untraced ranks' last measured arrival; the "
+            "range replays each reading alone (overlap.peer_wait=lag / bytes)")

@@ -269,11 +269,11 @@ KEYS: dict[str, KeyInfo] = {
         "SMs NCCL kernels hold: overlapped compute and communication slow each other by "
         "i = 0.28 + 0.51 * share / 0.2 (C3); runs the contention path"),
     "overlap.peer_wait": KeyInfo(
-        "name", "bytes | lag", "bytes: a rank's measured wait for untraced ranks per step, "
-        "spread over the new buckets by bytes", "kineto/nsys NCCL traces with untraced "
-        "ranks (with overlap.bucket_mb)", "how the wait for untraced ranks carries to new "
-        "buckets; lag: they lag as measured and small buckets' kernels spin (the range's "
-        "bound)"),
+        "name", "lag | bytes", "the smaller per bucket of lag (the untraced ranks lag as "
+        "at the measured buckets) and bytes (the measured wait per step spread by bytes)",
+        "kineto/nsys NCCL traces with untraced ranks (with overlap.bucket_mb)",
+        "how the wait for untraced ranks carries to new buckets; each alone is a bound of "
+        "the range"),
     "overlap.cost_bound": KeyInfo(
         "name", "low | high", "the model's central figure",
         "kineto/nsys with NCCL/RCCL collectives (with overlap.bucket_mb or sm_share)",

@@ -227,3 +227,95 @@ def peer_text(n_partial: int, meas_ns: np.ndarray, model_ns: np.ndarray) -> str:
             f"split, so the NCCL model prices the transfer (median {np.median(model_ns) / 1e3:.0f} "
             "us at the measured sizes) and the rest is kept as waiting for the untraced ranks; "
             "trace every rank to fit the transfer")
+
+
+def network_delta(trace: Trace, graph, tab: dict, cal: dict, ranks_per_node: int | None,
+                  new_intra: float | None, new_inter: float | None,
+                  meas_intra: float | None, meas_inter: float | None
+                  ) -> tuple[np.ndarray, dict, list[str]] | None:
+    """Per row of ``tab``: the change of its transfer time (ns) when the links' nominal
+    rates become ``new_intra`` / ``new_inter`` GB/s (None: unchanged), priced by the NCCL
+    model on the trace's cluster at its nominal rates (``meas_*`` stated, else assumed from
+    the GPU name) and scaled by ``kappa`` (fitted on fully traced last arrivers, else 1).
+    Also the figures to print and the ``assumed:`` lines. None for a trace the model cannot
+    place (no device properties) or collectives that change level."""
+    import dataclasses
+
+    from .base import by_op, ranks_per_node_of
+
+    if (tab["level"] != tab["old_level"]).any():
+        return None
+    world = int(max(np.max(tab["n"]), trace.meta.get("world_size") or 0, 2))
+    try:
+        old_c, src = trace_cluster(trace, ranks_per_node_of(trace, ranks_per_node), world,
+                                   meas_intra)
+    except PolicyError:
+        return None
+    if meas_inter:
+        old_c = dataclasses.replace(old_c, nic_gbit=float(meas_inter) * 8.0 * old_c.gpus_per_node
+                                    / max(old_c.nics_per_node, 1))
+    new_c = dataclasses.replace(
+        old_c, intra_gbps=float(new_intra) if new_intra else old_c.intra_gbps,
+        nic_gbit=(float(new_inter) * 8.0 * old_c.gpus_per_node / max(old_c.nics_per_node, 1))
+        if new_inter else old_c.nic_gbit)
+    ar = tab["comm_op"] == CommOp.ALL_REDUCE
+    po = NcclPricer(old_c)
+    forced, why = forced_choice(trace, tab["op"][ar], po, int(np.median(tab["n"][ar])) if ar.any()
+                                else 2, tab["bytes"][ar])
+    po.forced = forced
+    pn = NcclPricer(new_c, forced=forced)
+    sized = tab["bytes"] > 0
+    m_old = np.where(sized, po.times_ns(tab["comm_op"], tab["bytes"], tab["n"]), 0.0)
+    m_new = np.where(sized, pn.times_ns(tab["comm_op"], tab["bytes"], tab["n"]), 0.0)
+    meas = by_op(graph, "dur_ns")[tab["op"]].astype(np.float64)
+    info: dict[str, Any] = {"cluster": src, "choice": why, "levels": {}}
+    lines = []
+    delta = np.zeros(len(tab["op"]))
+    for lv in np.unique(tab["old_level"][sized]).tolist():
+        rows = sized & (tab["old_level"] == lv)
+        fam = np.asarray([_COLL.get(CommOp(int(c)), "") for c in tab["comm_op"]])
+        kap = {}
+        for f in np.unique(fam[rows]).tolist():  # one anchor per collective kind
+            fr = rows & (fam == f)
+            kap[f] = anchor(meas[fr], m_old[fr], tab["last"][fr], tab["partial"][fr])
+            delta[fr] = kap[f]["kappa"] * (m_new[fr] - m_old[fr])
+        name = "intra-node" if lv == 0 else "inter-node"
+        pick = rows & ar if (rows & ar).any() else rows  # the largest all-reduce: bandwidth
+        pick = pick & tab["last"] if (pick & tab["last"]).any() else pick
+        k = int(np.flatnonzero(pick)[np.argmax(tab["bytes"][pick])])
+        a = kap[fam[k]]
+        c_old = po.cost(tab["comm_op"][k], tab["bytes"][k], int(tab["n"][k]))
+        c_new = pn.cost(tab["comm_op"][k], tab["bytes"][k], int(tab["n"][k]))
+        nom_old = old_c.intra_gbps if lv == 0 else old_c.nic_gbps * old_c.nics_per_node \
+            / old_c.gpus_per_node
+        nom_new = new_c.intra_gbps if lv == 0 else new_c.nic_gbps * new_c.nics_per_node \
+            / new_c.gpus_per_node
+        fit = cal.get(lv, {})
+        lvl = {"fitted_busbw_gbps": fit.get("busbw_gbps"), "fitted_alpha_ns": fit.get("alpha_ns"),
+               "fitted_points": fit.get("points"), "fitted_lower_bound": bool(fit.get("partial")),
+               "nominal_gbps": nom_old, "nominal_source": src["nominal_source"] if lv == 0
+               else ("stated" if meas_inter else "assumed: one 200 Gb/s NIC per GPU"),
+               "assumed_gbps": nom_new, "model_busbw_gbps": c_old.busbw_gbps,
+               "model_busbw_new_gbps": c_new.busbw_gbps, "at_bytes": int(tab["bytes"][k]),
+               "algorithm": c_old.algorithm, "protocol": c_old.protocol,
+               "kappa": a["kappa"], "kappa_source": a["source"],
+               "kappa_by_collective": {f: round(v["kappa"], 4) for f, v in kap.items()}}
+        info["levels"][name] = lvl
+        fb = fit.get("busbw_gbps")
+        bus = tab["bytes"][k] * tab["factor"][k] / max(meas[k], 1.0)  # bytes/ns = GB/s
+        lvl["measured_busbw_gbps"] = float(bus)
+        lines.append(
+            f"{name} link: measured {bus:.3g} GB/s of bus bandwidth at "
+            f"{tab['bytes'][k] / 1e6:.3g} MB ({fam[k]}, "
+            + ("a lower bound: untraced members" if tab["partial"][k] else "last arriver")
+            + f"; alpha-beta fit over {fit.get('points', 0)} collective(s): "
+            f"{fb:.3g} GB/s{', latency ' + format(fit['alpha_ns'] / 1e3, '.3g') + ' us' if fit.get('alpha_ns') else ', no latency separated'}); "
+            f"assumed {nom_old:g} GB/s nominal ({lvl['nominal_source']}) -> "
+            f"{nom_new:g} GB/s: the NCCL model ({c_old.algorithm}/{c_old.protocol}, "
+            f"{c_old.channels} channels) gives {c_old.busbw_gbps:.3g} -> {c_new.busbw_gbps:.3g} "
+            f"GB/s of bus bandwidth at {tab['bytes'][k] / 1e6:.3g} MB ({fam[k]}); the change "
+            f"is scaled by {a['kappa']:.2f} ("
+            + (f"measured / modeled on {a['points']} fully traced last arrivers: fitted)"
+               if a["source"] == "fitted" else "the model alone: no fully traced collective)")
+            if fb else f"{name} link: no sized collectives fitted")
+    return delta, info, lines

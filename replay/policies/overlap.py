@@ -94,8 +94,9 @@ class Overlap(Policy):
     #: price NCCL collectives and their interference at the low / high end of the cost
     #: model's range (the prediction range's bounds)
     cost_bound: str | None = None
-    #: how a measured bucket's wait for untraced ranks carries to new buckets: "bytes"
-    #: (default: spread by bytes) or "lag" (they lag as measured; the range's bound)
+    #: how a measured bucket's wait for untraced ranks carries to new buckets: "lag" (they
+    #: lag as measured), "bytes" (the wait per step spread by bytes); default the smaller
+    #: per bucket (:func:`.bucketing.rebucket`); each alone is a bound of the range
     peer_wait: str | None = None
     table: ClassVar[str] = "overlap"
 
@@ -161,7 +162,7 @@ class Overlap(Policy):
                     if k == 0 and self.cost_bound is None:
                         var = [{"overlap.cost_bound": "low"}, {"overlap.cost_bound": "high"}]
                     elif k == 1 and self.peer_wait is None:
-                        var = [{"overlap.peer_wait": "lag"}]
+                        var = [{"overlap.peer_wait": "lag"}, {"overlap.peer_wait": "bytes"}]
                     state.assume(line, bounds=var)
             state.notes["rebucket"] = (ids, model_ns, info)
             return
