@@ -365,7 +365,7 @@ class Network(Policy):
                 or any(v is not None for v in (self.latency_us, self.intra_latency_us,
                                                 self.algorithm, self.cross_dc_gbps,
                                                 self.cross_dc_km, self.nodes_per_dc)) \
-                or not gpu_collectives(state.trace, tab["op"]):
+                or not (tab["bytes"] > 0).any() or not gpu_collectives(state.trace, tab["op"]):
             return False
         got = network_delta(state.trace, state.graph, tab, cal, state.ranks_per_node,
                             self.intra_node_gbps, self.inter_node_gbps,
