@@ -83,6 +83,8 @@ LL128_PER_CHANNEL = {"volta": 20.0, "ampere": 20.0, "hopper": 36.7, "blackwell":
 #: channels per collective, by intra-node fabric and GPU generation
 CHANNELS = {
     ("nvswitch", "ampere"): Param(24, "published", "C6: 24 channels on HGX A100"),
+    ("nvswitch", "volta"): Param(8, "published", "C15: 4 NVLink rings on a DGX-1, each "
+                                 "doubled into two channels"),
     ("nvswitch", "hopper"): Param(32, "assumed", "NCCL on H100 NVSwitch"),
     ("nvswitch", "blackwell"): Param(32, "assumed", "NCCL on NVLink5"),
     ("pcie", None): Param(4, "assumed", "PCIe rings"),

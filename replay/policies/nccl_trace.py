@@ -301,6 +301,7 @@ def network_delta(trace: Trace, graph, tab: dict, cal: dict, ranks_per_node: int
                "kappa": a["kappa"], "kappa_source": a["source"],
                "kappa_by_collective": {f: round(v["kappa"], 4) for f, v in kap.items()}}
         info["levels"][name] = lvl
+        info.setdefault("fitted_levels", []).append(a["source"] == "fitted")
         fb = fit.get("busbw_gbps")
         bus = tab["bytes"][k] * tab["factor"][k] / max(meas[k], 1.0)  # bytes/ns = GB/s
         lvl["measured_busbw_gbps"] = float(bus)
@@ -310,7 +311,7 @@ def network_delta(trace: Trace, graph, tab: dict, cal: dict, ranks_per_node: int
             + ("a lower bound: untraced members" if tab["partial"][k] else "last arriver")
             + f"; alpha-beta fit over {fit.get('points', 0)} collective(s): "
             f"{fb:.3g} GB/s{', latency ' + format(fit['alpha_ns'] / 1e3, '.3g') + ' us' if fit.get('alpha_ns') else ', no latency separated'}); "
-            f"assumed {nom_old:g} GB/s nominal ({lvl['nominal_source']}) -> "
+            f"{nom_old:g} GB/s nominal ({lvl['nominal_source']}) -> "
             f"{nom_new:g} GB/s: the NCCL model ({c_old.algorithm}/{c_old.protocol}, "
             f"{c_old.channels} channels) gives {c_old.busbw_gbps:.3g} -> {c_new.busbw_gbps:.3g} "
             f"GB/s of bus bandwidth at {tab['bytes'][k] / 1e6:.3g} MB ({fam[k]}); the change "

@@ -373,8 +373,10 @@ class Network(Policy):
         if got is None:
             return False
         delta, info, lines = got
-        for line in lines:  # the range: the NCCL model's own range on the change
-            state.assume(line, bounded=True)
+        for line, fitted in zip(lines, info.get("fitted_levels", []), strict=False):
+            # anchored on fully traced collectives: the range's fitted share covers it;
+            # the model alone (untraced members): an assumption the range cannot bound
+            state.assume(line, bounded=fitted)
         state.notes["nccl_network"] = info
         state.dur[tab["op"]] += delta
         d = self.describe()
