@@ -96,13 +96,17 @@ def test_a_new_bucket_is_the_nccl_models_ring_ll_time_plus_its_share_of_the_wait
 
 def test_bucket_sizes_on_mi300x_keep_the_step_bound_by_the_late_ranks(mi300x):
     """Rank 0 of 8 waits ~7 ms per bucket for the others: no bucket size ends its step
-    before they arrive, and none slows it by more than the range of the wait's readings."""
+    much before they arrive. Small buckets spin next to more compute (interference of their
+    SMs: a few percent slower); the measured step stays inside each what-if's range."""
     base = replay(mi300x).step_times()["replayed_step_ns"].max()
     for mb in (1, 5, 100):
         r = whatif(mi300x, {"overlap.bucket_mb": mb})
         st = r.step_times()["replayed_step_ns"].max()
-        assert 0.95 * base <= st <= 1.03 * base, mb
+        assert 0.95 * base <= st <= 1.06 * base, mb
         assert r.meta["scenario"][0]["model"] == "nccl"
+        assert r.meta["scenario"][0]["measured_sm_share"] > 0  # interference priced
+        lo, hi = prediction_range(r)
+        assert lo <= base <= hi, mb
 
 
 def test_network_key_is_the_nominal_rate_and_replay_prints_fitted_and_assumed(dlrm):

@@ -62,11 +62,15 @@ class Interference:
         return max(0.0, 1.0 - self.slowdown)
 
 
-def interference(sm_share: float, *, bound: str | None = None) -> Interference:
+def interference(sm_share: float, *, bound: str | None = None,
+                 active: float = 1.0) -> Interference:
     """The slowdown of overlapped compute and NCCL kernels when NCCL holds ``sm_share`` of
-    the SMs (0: offloaded to DMA engines). ``bound`` ``"low"`` / ``"high"`` moves it to the
-    ends of its range (the assumed reference share: +-25%)."""
+    the SMs (0: offloaded to DMA engines). ``active``: the share of the NCCL kernels' time
+    spent moving data; the rest they spin waiting for peers, holding their SMs but not
+    memory bandwidth, so the memory part scales with it. ``bound`` ``"low"`` / ``"high"``
+    moves it to the ends of its range (the assumed reference share: +-25%)."""
     p = min(max(float(sm_share), 0.0), 1.0)
+    a = min(max(float(active), 0.0), 1.0)
     sm_part = (I_NAIVE.value - I_MEM.value) * p / SM_SHARE_REF.value
     rel = SM_SHARE_REF.rel if p > 0 else I_MEM.rel
     if bound == "low":
@@ -74,4 +78,4 @@ def interference(sm_share: float, *, bound: str | None = None) -> Interference:
     elif bound == "high":
         sm_part *= 1 + SM_SHARE_REF.rel
     source = "published" if p == 0 else "assumed"
-    return Interference(p, I_MEM.value + sm_part, source, rel)
+    return Interference(p, I_MEM.value * a + sm_part, source, rel)

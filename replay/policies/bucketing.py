@@ -274,6 +274,7 @@ def _assemble(trace, is_ar, new_rows, redirect, ready_edges, name_id, esrc, edst
     t = Trace(ops=ops, lanes=trace.lanes, edges=edges, ranges=trace.ranges, groups=trace.groups,
               memory=trace.memory, strings=trace.strings, meta=dict(trace.meta))
     new_ids = np.arange(n_keep, len(ops), dtype=np.int64)
+    info["kept_ops"] = keep  # the measured op each of the new trace's first ops is
     model_ns = np.asarray([r["model_ns"] for r in new_rows])
     return t, new_ids, model_ns, info
 

@@ -16,6 +16,12 @@ where overlapped kernels progress at ``1 / (1 + i')`` of their rate wherever the
 now. ``p' = p0`` reproduces the measured overlap; a synthesized run's kernels are isolated
 times already. CPU (gloo) collectives are not NCCL kernels and are refused
 (``overlap.interference`` covers them).
+
+A kernel spinning for late peers holds its SMs but moves no data: the memory part of the
+slowdown is scaled by the share of the trace's NCCL kernel time the model's transfer
+explains (``active``; partially traced DDP ranks spin most of it), the same before and
+after. ``overlap.bucket_mb`` on a GPU trace applies the trace's own share to the new
+overlap (the new buckets' kernels slow the compute they now run beside, and back).
 """
 
 from __future__ import annotations
@@ -34,30 +40,42 @@ from .base import WhatIfState, by_op, ranks_per_node_of
 __all__ = ["apply_sm_share", "measured_sm_share"]
 
 
-def measured_sm_share(state: WhatIfState) -> tuple[float, str]:
-    """(share of the SMs the trace's NCCL kernels held, where the figure came from)."""
+def measured_sm_share(trace, graph, ranks_per_node: int | None
+                      ) -> tuple[float, float, str]:
+    """(share of the SMs the trace's NCCL kernels held, share of their time spent moving
+    data, where the figures came from)."""
     from .link_fit import collective_table
     from .nccl_trace import NcclPricer, gpu_collectives, trace_cluster
 
-    tab = collective_table(state.trace, state.graph, state.ranks_per_node)
+    tab = collective_table(trace, graph, ranks_per_node)
     if not len(tab["op"]):
         raise PolicyError("overlap.sm_share: the trace has no collective or p2p ops")
-    if not gpu_collectives(state.trace, tab["op"]):
+    if not gpu_collectives(trace, tab["op"]):
         raise PolicyError("overlap.sm_share: the trace's collectives run on CPU threads "
                           "(gloo), not as NCCL kernels on a GPU; give overlap.interference "
                           "for how they share the CPU with compute")
-    world = int(max(np.max(tab["n"]), state.trace.meta.get("world_size") or 0, 2))
-    cl, src = trace_cluster(state.trace, ranks_per_node_of(state.trace, state.ranks_per_node),
-                            world)
+    world = int(max(np.max(tab["n"]), trace.meta.get("world_size") or 0, 2))
+    cl, src = trace_cluster(trace, ranks_per_node_of(trace, ranks_per_node), world)
     sized = tab["bytes"] > 0
     nbytes = float(np.median(tab["bytes"][sized])) if sized.any() else 1e6
     n = int(np.median(tab["n"])) if len(tab["n"]) else world
-    c = NcclPricer(cl).cost(CommOp.ALL_REDUCE, nbytes, max(n, 2))
+    pricer = NcclPricer(cl)
+    c = pricer.cost(CommOp.ALL_REDUCE, nbytes, max(n, 2))
     sms = int(src["sms"]) or 1
     share = min(1.0, c.channels / sms)
-    return share, (f"{c.channels} channels ({c.algorithm}/{c.protocol} at "
-                   f"{nbytes / 1e6:.3g} MB, the NCCL model's count on {src['platform']}: "
-                   f"assumed; the trace's kernel grid is not ingested) of {sms} SMs")
+    # the share of the kernels' measured time that moves data (the model's transfer); the
+    # rest is spinning for peers (unknown without sizes: all of it moves data)
+    meas = np.asarray(graph.meas_dur_ns, np.float64)[tab["op"]]
+    active = 1.0
+    if sized.any():
+        model = pricer.times_ns(tab["comm_op"][sized], tab["bytes"][sized], tab["n"][sized])
+        active = float(min(1.0, model.sum() / max(meas[sized].sum(), 1.0)))
+    return share, active, (f"{c.channels} channels ({c.algorithm}/{c.protocol} at "
+                           f"{nbytes / 1e6:.3g} MB, the NCCL model's count on "
+                           f"{src['platform']}: assumed; the trace's kernel grid is not "
+                           f"ingested) of {sms} SMs; {active:.0%} of their time moves data "
+                           "(the model's transfer over their measured time), the rest spins "
+                           "for peers, holding SMs but not memory bandwidth")
 
 
 def _overlap_with(lo, hi, ulo, uhi) -> np.ndarray:
@@ -75,12 +93,39 @@ def _overlap_with(lo, hi, ulo, uhi) -> np.ndarray:
     return np.maximum(below(hi.astype(np.float64)) - below(lo.astype(np.float64)), 0.0)
 
 
-def apply_sm_share(state: WhatIfState, sm_share: float, bound: str | None = None) -> dict:
-    """Re-time ``state`` for NCCL holding ``sm_share`` of the SMs (module docstring);
-    returns what it used (for ``meta["scenario"]``)."""
-    new = interference(sm_share, bound=bound)
+def overlap_cut(graph, slowdown: float) -> np.ndarray:
+    """Per op (op-id order): the share of its measured time that was the slowdown of its
+    overlap with the other kind (compute vs communication) on its device."""
+    dev = by_op(graph, "device")
+    res = by_op(graph, "resource")
+    s = np.asarray(graph.meas_start_ns, np.int64)
+    e = s + np.asarray(graph.meas_dur_ns, np.int64)
+    cut = np.zeros(len(s))
+    f = slowdown / (1.0 + slowdown)
+    for d in np.unique(dev[dev >= 0]).tolist():
+        comp = np.flatnonzero((dev == d) & (res == RES_COMPUTE))
+        comm = np.flatnonzero((dev == d) & (res == RES_COMM))
+        if not len(comp) or not len(comm):
+            continue
+        for mine, other in ((comp, comm), (comm, comp)):
+            ulo, uhi = interval_union(s[other], e[other])
+            cut[mine] = f * _overlap_with(s[mine], e[mine], ulo, uhi)
+    return cut
+
+
+def apply_sm_share(state: WhatIfState, sm_share: float | None, bound: str | None = None,
+                   base: tuple | None = None) -> dict:
+    """Re-time ``state`` for NCCL holding ``sm_share`` of the SMs (None: the trace's own;
+    module docstring); ``base`` = (measured trace, its op ids kept as this trace's first
+    ops) when a policy rebuilt the trace (re-bucketed: the slowdown the measured kernels
+    carried is taken from where they overlapped as measured). Returns what it used."""
     g = state.graph
-    out = {"sm_share": float(sm_share), "slowdown_used": round(new.slowdown, 4),
+    if state.is_synth and sm_share is None:
+        return {}
+    new = interference(sm_share if sm_share is not None else 0.0, bound=bound)
+    active = 1.0
+    out = {"sm_share": None if sm_share is None else float(sm_share),
+           "slowdown_used": round(new.slowdown, 4),
            "overlap_fraction": round(new.overlap_fraction, 4)}
     if state.is_synth:
         state.assume(f"overlapped compute and NCCL kernels slowed by {new.slowdown:.2f} "
@@ -89,24 +134,27 @@ def apply_sm_share(state: WhatIfState, sm_share: float, bound: str | None = None
                      bounds=None if bound else [{"overlap.cost_bound": "low"},
                                                 {"overlap.cost_bound": "high"}])
     else:
-        p0, why = measured_sm_share(state)
-        old = interference(p0, bound=bound)  # the same bound both ways: p' = p0 is the identity
+        from .base import cached_graph
+        trace0, kept = base if base is not None else (state.trace, None)
+        g0 = cached_graph(trace0) if base is not None else g
+        p0, active, why = measured_sm_share(trace0, g0, state.ranks_per_node)
+        # the same bound and waiting share both ways: p' = p0 is the identity
+        old = interference(p0, bound=bound, active=active)
+        new = interference(sm_share if sm_share is not None else p0, bound=bound,
+                           active=active)
+        out.update({"slowdown_used": round(new.slowdown, 4),
+                    "overlap_fraction": round(new.overlap_fraction, 4),
+                    "active_share": round(active, 4)})
+        if sm_share is None:
+            sm_share, new = p0, old
+            out.update({"sm_share": round(p0, 4), "slowdown_used": round(new.slowdown, 4),
+                        "overlap_fraction": round(new.overlap_fraction, 4)})
         out.update({"measured_sm_share": round(p0, 4), "measured_slowdown": round(old.slowdown, 4)})
-        dev = by_op(g, "device")
-        res = by_op(g, "resource")
-        s = np.asarray(g.meas_start_ns, np.int64)
-        e = s + np.asarray(g.meas_dur_ns, np.int64)
-        cut = old.slowdown / (1.0 + old.slowdown)
+        cut = overlap_cut(g0, old.slowdown)
+        pos = np.arange(len(cut)) if kept is None else np.arange(len(kept))
+        cut = cut if kept is None else cut[kept]
         dur = state.dur
-        for d in np.unique(dev[dev >= 0]).tolist():
-            comp = np.flatnonzero((dev == d) & (res == RES_COMPUTE))
-            comm = np.flatnonzero((dev == d) & (res == RES_COMM))
-            if not len(comp) or not len(comm):
-                continue
-            for mine, other in ((comp, comm), (comm, comp)):
-                ulo, uhi = interval_union(s[other], e[other])
-                ov = _overlap_with(s[mine], e[mine], ulo, uhi)
-                dur[mine] = np.maximum(dur[mine] - cut * ov, 0.0)
+        dur[pos] = np.maximum(dur[pos] - cut, 0.0)
         state.assume(
             f"the trace's NCCL kernels held {p0:.0%} of the SMs ({why}): overlapped compute "
             f"and communication ran {old.slowdown:.2f} slower (C3: {old.overlap_fraction:.0%} "

@@ -26,6 +26,10 @@ per-layer WFBP, one bucket, MG-WFBP merging) and compute/communication interfere
   ``f = (T_serial - T_overlap) / (T_serial - max(T_comp, T_comm))`` for any pair of lengths.
   Durations are taken as isolated times: on a measured trace, whose kernels already ran
   overlapped, it is an *additional* slowdown.
+* ``sm_share``: the share of a GPU's SMs NCCL kernels hold (channels / SMs; 0 = collectives
+  on DMA engines): compute and NCCL kernels slow each other where they overlap by the C3
+  calibration of :mod:`collectors.costs.interference` (:mod:`.interference_gpu`); measured
+  GPU traces re-bucketed by ``bucket_mb`` get the trace's own share on the new overlap.
 * ``tp_slices``: tensor-parallel communication overlapped with the GEMM that produces it by
   slicing both into ``k`` chunks (Megatron's TP comm overlap): chunk ``i``'s collective runs
   while the GEMM computes chunk ``i+1``, so only the last chunk's collective stays exposed:
@@ -131,6 +135,7 @@ class Overlap(Policy):
                     "this trace is measured (no meta['synth']): give overlap.bucket_mb "
                     "instead, or synthesize the job (`retime synth`)")
             from .bucketing import rebucket, rebucket_cpu
+            base_trace = state.trace
             # without a given overlap.interference the trace's own (bucketing_cpu)
             i = None if self.interference is None else 1.0 - self.interference
             cpu = rebucket_cpu(state.trace, self.bucket_mb, i, state.ranks_per_node,
@@ -165,6 +170,8 @@ class Overlap(Policy):
                         var = [{"overlap.peer_wait": "lag"}, {"overlap.peer_wait": "bytes"}]
                     state.assume(line, bounds=var)
             state.notes["rebucket"] = (ids, model_ns, info)
+            if info.get("model") == "nccl":  # GPU: the new overlap's interference is priced
+                state.notes["gpu_base"] = (base_trace, info["kept_ops"])
             return
         if state.synth.parallel.get("dp", 1) * state.synth.parallel.get("cp", 1) <= 1:
             raise PolicyError("overlap.bucket_mb / merge: the run has no data parallelism "
@@ -203,9 +210,12 @@ class Overlap(Policy):
                                            "protocol", "channels", "kappa", "kappa_source",
                                            "waiting_kept")
                       if k in info})
-        if self.sm_share is not None:
+        if self.sm_share is not None or "gpu_base" in state.notes:
+            # NCCL kernels slow the compute they overlap (and back): at the share asked, or
+            # the trace's own where a re-bucketing moved the overlap
             from .interference_gpu import apply_sm_share
-            d.update(apply_sm_share(state, float(self.sm_share), self.cost_bound))
+            d.update(apply_sm_share(state, self.sm_share, self.cost_bound,
+                                    state.notes.get("gpu_base")))
         if "cpu_model" in state.notes:
             _cpu_contention(state, state.notes["cpu_model"])
             d["interference_used"] = 1.0 - state.contention.slowdown  # derived, not a key
