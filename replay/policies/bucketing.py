@@ -335,9 +335,14 @@ def _nccl_model(trace: Trace, tab: dict, sel_tab: np.ndarray, dur_meas: np.ndarr
     if partial:
         assumed.append(peer_text(int(part.sum()), dur_meas[ops[part]].astype(np.float64),
                                  mod[part]) + ": " + _peer_text(peer_wait))
+    sources = {"transfer": "fitted" if a["source"] == "fitted" else
+               "model: published and assumed parameters (collectors/costs/nccl_params.py)",
+               "platform": "stated" if "stated" in src["nominal_source"] else "assumed"}
+    if partial:
+        sources["wait"] = "assumed (the range replays each reading)"
     info = {"model": "nccl", "algorithm": ex.algorithm, "protocol": ex.protocol,
             "channels": ex.channels, "kappa": k, "kappa_source": a["source"],
-            "cluster": src, "waiting_kept": partial}
+            "cluster": src, "waiting_kept": partial, "sources": sources}
     return {"model": model, "kappa": k, "partial": partial, "info": info, "assumed": assumed}
 
 

@@ -268,17 +268,17 @@ KEYS: dict[str, KeyInfo] = {
         "synth; kineto/nsys with NCCL/RCCL kernels on GPU streams (not gloo)",
         "SMs NCCL kernels hold: overlapped compute and communication slow each other by "
         "i = 0.28 + 0.51 * share / 0.2 (C3); runs the contention path"),
+    "overlap.cost_bound": KeyInfo(
+        "name", "low | high", "the model's central figure",
+        "kineto/nsys with NCCL/RCCL collectives (with overlap.bucket_mb or sm_share)",
+        "price NCCL collectives and their interference at the low / high end of the cost "
+        "model's range: the prediction range's bounds"),
     "overlap.peer_wait": KeyInfo(
         "name", "lag | bytes", "the smaller per bucket of lag (the untraced ranks lag as "
         "at the measured buckets) and bytes (the measured wait per step spread by bytes)",
         "kineto/nsys NCCL traces with untraced ranks (with overlap.bucket_mb)",
         "how the wait for untraced ranks carries to new buckets; each alone is a bound of "
         "the range"),
-    "overlap.cost_bound": KeyInfo(
-        "name", "low | high", "the model's central figure",
-        "kineto/nsys with NCCL/RCCL collectives (with overlap.bucket_mb or sm_share)",
-        "price NCCL collectives and their interference at the low / high end of the cost "
-        "model's range: the prediction range's bounds"),
     # stragglers
     "stragglers.ideal": KeyInfo("flag", "true | false", "false", _ALL,
                                 "drop unexplained delays"),

@@ -208,7 +208,7 @@ class Overlap(Policy):
                                            "alpha_ns", "busbw_gbps", "interference_fit", "param_sizes",
                                            "contention", "comm_slowdown", "algorithm",
                                            "protocol", "channels", "kappa", "kappa_source",
-                                           "waiting_kept")
+                                           "waiting_kept", "sources")
                       if k in info})
         if self.sm_share is not None or "gpu_base" in state.notes:
             # NCCL kernels slow the compute they overlap (and back): at the share asked, or
