@@ -148,26 +148,48 @@ def _default_run(trace: Trace, scenario: dict[str, Any]) -> ReplayResult:
     return whatif(trace, scenario)
 
 
+def _without_range(trace: Trace, scenario: dict[str, Any]) -> ReplayResult:
+    """The default what-if, its rows without a range (``sweep(..., ranges=False)``)."""
+    return _default_run(trace, scenario)
+
+
 def _evaluate(trace: Trace, run: ScenarioFn | None, i: int,
               scenario: Mapping[str, Any]) -> dict[str, Any]:
     sc = {k: v for k, v in scenario.items() if k != "name"}
     try:
-        if run is None:
+        if run is None or run is _without_range:
             from .policies.base import fingerprint_scope
 
             # the default what-if never edits a trace in place: fingerprint each trace once
             # per sweep, not once per scenario (a pass over every op's columns)
             with fingerprint_scope(_FP_MEMO):
                 res = _default_run(trace, sc)
+                row = scenario_metrics(res)
+                if run is None:
+                    row.update(_range_columns(res, row["step_time_ns"]))
         else:
             res = run(trace, sc)
-        row = scenario_metrics(res)
+            row = scenario_metrics(res)
         row["error"] = None
     except Exception as exc:  # a failed scenario is a row, not a lost sweep
         row = dict.fromkeys(METRICS)
         row["error"] = f"{type(exc).__name__}: {' '.join(str(exc).split())}"
     row["scenario_id"] = i
     return row
+
+
+def _range_columns(res: ReplayResult, step_ns) -> dict[str, Any]:
+    """The row's ``step_time_lo_ns`` / ``step_time_hi_ns``: the what-if's range
+    (:func:`replay.prediction_range`, per step of the slowest rank) scaled to the row's
+    ``step_time_ns`` (the whole replayed window): ``step_time_ns * bound / predicted step``."""
+    from .whatif import prediction_range
+
+    rng = prediction_range(res)
+    pred = (res.meta.get("whatif") or {}).get("range", {}).get("predicted_step_ns")
+    if not rng or step_ns is None or not pred:
+        return {}
+    return {"step_time_lo_ns": int(round(step_ns * rng[0] / pred)),
+            "step_time_hi_ns": int(round(step_ns * rng[1] / pred))}
 
 
 _WORKER: dict[str, Any] = {}
@@ -247,7 +269,8 @@ def default_workers() -> int:
 
 def sweep(trace: Trace | str | os.PathLike[str], scenarios: Iterable[Mapping[str, Any]], *,
           run: ScenarioFn | None = None, workers: int | None = None,
-          scheduler: Any = None, progress: bool | None = None) -> pd.DataFrame:
+          scheduler: Any = None, progress: bool | None = None,
+          ranges: bool = True) -> pd.DataFrame:
     """Replay every scenario on ``trace``; return one row per scenario (see module doc).
 
     Parameters
@@ -264,6 +287,10 @@ def sweep(trace: Trace | str | os.PathLike[str], scenarios: Iterable[Mapping[str
         A Dask scheduler address (``"tcp://host:8786"``) or a connected client.
     progress : bool, optional
         Progress bar on stderr (default: when stderr is a terminal).
+    ranges : bool
+        With the default ``run``: each row's ``step_time_lo_ns`` / ``step_time_hi_ns``, the
+        what-if's range (:func:`replay.prediction_range`; it replays the what-if again at
+        the bounds of what the trace could not measure). False leaves them empty.
 
     Raises
     ------
@@ -271,6 +298,8 @@ def sweep(trace: Trace | str | os.PathLike[str], scenarios: Iterable[Mapping[str
         On Ctrl-C, with the finished rows in ``.frame``.
     """
     tr = read_trace(trace) if isinstance(trace, (str, os.PathLike)) else trace
+    if run is None and not ranges:
+        run = _without_range
     scs = [dict(s) for s in scenarios]
     if not scs:
         raise PolicyError("sweep: no scenarios given; pass at least one {key: value} dict")

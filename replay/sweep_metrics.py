@@ -23,9 +23,10 @@ from .graph import RES_COMPUTE, _dense_inverse, _lexsort_small
 __all__ = ["METRICS", "scenario_metrics"]
 
 #: metric columns of a sweep row, in order (``error`` follows them)
-METRICS = ("step_time_ns", "tokens_per_s", "mfu", "peak_memory_bytes", "exposed_comm_ns",
-           "bubble_fraction", "oom")
-DTYPES = {"step_time_ns": "Int64", "tokens_per_s": "float64", "mfu": "float64",
+METRICS = ("step_time_ns", "step_time_lo_ns", "step_time_hi_ns", "tokens_per_s", "mfu",
+           "peak_memory_bytes", "exposed_comm_ns", "bubble_fraction", "oom")
+DTYPES = {"step_time_ns": "Int64", "step_time_lo_ns": "Int64", "step_time_hi_ns": "Int64",
+          "tokens_per_s": "float64", "mfu": "float64",
           "peak_memory_bytes": "Int64", "exposed_comm_ns": "Int64",
           "bubble_fraction": "float64", "oom": "boolean"}
 
@@ -150,6 +151,9 @@ def scenario_metrics(result: ReplayResult) -> dict[str, Any]:
     ``step_time_ns``
         ``max`` over ranks of the rank's step windows end to end (``ReplayResult.step_time_ns``,
         :mod:`collectors.steps`): the rank's span when all its ops are in steps.
+    ``step_time_lo_ns`` / ``step_time_hi_ns``
+        The what-if's range (:func:`replay.prediction_range`) on ``step_time_ns``; filled by
+        :func:`replay.sweep.sweep` (null with ``ranges=False`` or a custom ``run``).
     ``tokens_per_s``
         ``tokens_per_step * steps / step_time`` with ``tokens_per_step`` from the result or
         trace meta (``meta["synth"]`` for modeled runs) and ``steps`` the distinct step ids in

@@ -155,13 +155,14 @@ def step_range(trace: Trace, res: ReplayResult, alt: list[dict]) -> dict[str, An
         lo, hi = min(lo, b * (1 - noise)), max(hi, b * (1 + noise))
     return {"step_range_ns": [max(0.0, lo), hi], "baseline_per_step_ns": base,
             "range": {"step_spread": noise, "model": kind, "model_share": MODEL_SHARE[kind],
-                      "bounds_ns": bounds}}
+                      "bounds_ns": bounds, "predicted_step_ns": pred}}
 
 
 def _whatif(trace: Trace, pols: list, *, ideal: bool, mode: str | None) -> ReplayResult:
     state = WhatIfState(trace=trace, synth=SynthSpec.from_trace(trace), ideal=bool(ideal))
     tables = {p.table for p in pols}
-    if "topology" in tables and "network" not in tables and not state.is_synth:
+    reshaped = any(p.table == "topology" and p.ranks_per_node is not None for p in pols)
+    if reshaped and "network" not in tables and not state.is_synth:
         pols.append(Network())  # a new node shape re-times the measured collectives
     for p in sorted(pols, key=lambda p: _CONFIG_ORDER.index(p.table)):
         p.configure(state)

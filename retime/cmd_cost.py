@@ -39,14 +39,15 @@ class NetFabric(str, Enum):
 
 # Options shared by the subcommands that take a cluster (typer has no option groups).
 PresetOpt = Annotated[str | None, typer.Option(
-    "--preset", help="Built-in cluster: dgx-a100, dgx-h100, hgx-h200, dgx-b200, gb200-nvl72, "
-    "mi300x-8x, pcie-4gpu, pcie-8gpu (default dgx-h100).")]
+    "--preset", help="Built-in cluster: dgx-a100, dgx-h100, hgx-h200, dgx-b200, dgx-b300, "
+    "gb200-nvl72, gb300-nvl72, gb200-nvl36 (racks: 4 GPUs per tray, one NVLink domain), "
+    "mi300x-8x, mi325x-8x, mi355x-8x, pcie-4gpu, pcie-8gpu (default dgx-h100).")]
 ClusterOpt = Annotated[Path | None, typer.Option(
     "--cluster", exists=True, dir_okay=False,
     help="Cluster TOML (write one with `retime cost cluster --preset NAME -o FILE`).")]
 GpuOpt = Annotated[str | None, typer.Option(
-    "--gpu", help="GPU profile: a100-40gb, a100-80gb, h100-sxm, h100-pcie, h200, b200, gb200, "
-    "mi300x, or a hardware TOML path.")]
+    "--gpu", help="GPU profile: a100-40gb, a100-80gb, h100-sxm, h100-pcie, h200, b200, b300, "
+    "gb200, gb300, mi300x, mi325x, mi355x, or a hardware TOML path.")]
 GpnOpt = Annotated[int | None, typer.Option(
     "--gpus-per-node", min=1, help="GPUs per node (at most the preset's).")]
 NodesOpt = Annotated[int | None, typer.Option("--nodes", min=1, help="Number of nodes.")]
@@ -64,7 +65,9 @@ NvlsOpt = Annotated[bool | None, typer.Option(
 SharpOpt = Annotated[bool | None, typer.Option(
     "--sharp/--no-sharp", help="SHARP in-network reduction on the InfiniBand switches.")]
 DomainOpt = Annotated[int | None, typer.Option(
-    "--nvlink-domain", min=1, help="GPUs in one NVLink domain (72 on a GB200 NVL72 rack).")]
+    "--nvlink-domain", min=1, help="GPUs in one NVLink domain (72 on a GB200 NVL72 rack; "
+    "collectives inside it run on NVLink, across domains on the network; it must divide the "
+    "cluster's GPUs, e.g. 64 for 16 of a rack's 18 trays).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")]
 
 

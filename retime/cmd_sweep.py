@@ -72,15 +72,21 @@ def sweep_cmd(
              "on: it sets hardware.gpu, topology.ranks_per_node, network.intra_node_gbps and "
              "network.inter_node_gbps in each row (as `retime replay --cluster`); a grid key "
              "wins for the same key.")] = None,
+    ranges: Annotated[bool, typer.Option(
+        "--ranges/--no-ranges",
+        help="Each row's step-time range (step_time_lo_ns, step_time_hi_ns), as `retime "
+             "replay` prints it; a what-if with bounded assumptions is replayed again at "
+             "their bounds. --no-ranges leaves them empty (faster).")] = True,
     force: Annotated[bool, typer.Option("--force", help=FORCE_HELP)] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")]
     = False,
 ) -> None:
     """Replay every scenario of a grid; write one Parquet row per scenario.
 
-    Rows hold the scenario's keys, step_time_ns, tokens_per_s, mfu, peak_memory_bytes,
-    exposed_comm_ns, bubble_fraction, oom and error (null when the scenario ran). A failed
-    scenario is a row with its error; Ctrl-C writes the rows finished so far (exit 130).
+    Rows hold the scenario's keys, step_time_ns with its range (step_time_lo_ns,
+    step_time_hi_ns), tokens_per_s, mfu, peak_memory_bytes, exposed_comm_ns,
+    bubble_fraction, oom and error (null when the scenario ran). A failed scenario is a row
+    with its error; Ctrl-C writes the rows finished so far (exit 130).
     """
     if workers is not None and scheduler is not None:
         raise RetimeError("--workers and --scheduler exclude each other: give --workers N for "
@@ -104,7 +110,7 @@ def sweep_cmd(
     t0 = time.perf_counter()
     interrupted = False
     try:
-        df = sweep(trace, scenarios, workers=n_workers, scheduler=scheduler)
+        df = sweep(trace, scenarios, workers=n_workers, scheduler=scheduler, ranges=ranges)
     except SweepInterrupted as exc:
         df, interrupted = exc.frame, True
     elapsed = time.perf_counter() - t0
@@ -132,7 +138,10 @@ def sweep_cmd(
     if s["best"]:
         keys = {k: v for k, v in s["best"].items()
                 if k not in ("scenario_id", "error", *METRICS)}
-        say(f"  best step time {s['best']['step_time_ns'] / 1e6:.3f} ms (scenario "
+        b = s["best"]
+        rng = (f" (range {b['step_time_lo_ns'] / 1e6:.3f}-{b['step_time_hi_ns'] / 1e6:.3f} ms)"
+               if b.get("step_time_lo_ns") is not None else "")
+        say(f"  best step time {b['step_time_ns'] / 1e6:.3f} ms{rng} (scenario "
             f"{s['best']['scenario_id']}: "
             f"{', '.join(f'{k}={v}' for k, v in keys.items() if v is not None) or 'baseline'})")
     for e in df["error"].dropna().head(3):

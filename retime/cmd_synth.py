@@ -36,6 +36,27 @@ class Dtype(str, Enum):
     bf16 = "bf16"
     fp16 = "fp16"
     fp8 = "fp8"
+    fp4 = "fp4"
+
+
+class HighDtype(str, Enum):
+    bf16 = "bf16"
+    fp8 = "fp8"
+
+
+def parse_fp4_high(text: str) -> tuple[int, int]:
+    """``--fp4-high-layers FIRST,LAST`` -> (first, last) layer counts."""
+    parts = text.split(",")
+    try:
+        if len(parts) != 2:
+            raise ValueError
+        first, last = (int(p) for p in parts)
+        if first < 0 or last < 0:
+            raise ValueError
+    except ValueError:
+        raise ConfigError(f"--fp4-high-layers {text!r}: give FIRST,LAST (layers at the start "
+                          "and end kept out of FP4, integers >= 0), e.g. 1,1 or 0,0") from None
+    return first, last
 
 
 def synth_summary(trace) -> dict:
@@ -52,6 +73,7 @@ def synth_summary(trace) -> dict:
         "world_size": int(s["world_size"]),
         "model": s["model"]["name"],
         "hardware": s["hardware"]["name"],
+        "nvlink_domain": int(s.get("nvlink_domain") or s["hardware"]["gpus_per_node"]),
         "parallel": s["parallel"],
         "compute_idle_fraction": max(s["compute_idle_fraction"]),
         "memory": [{k: r[k] for k in ("stage", "total_bytes", "weights_bytes", "grads_bytes",
@@ -103,8 +125,9 @@ def synth(
         "--model-file", exists=True, dir_okay=False,
         help="TOML with hidden, ffn, heads, kv_heads (optional), layers, seq, vocab.")] = None,
     hardware: Annotated[str | None, typer.Option(
-        "--hardware", help="Built-in profile: a100-40gb, a100-80gb, h100-sxm, h200, b200, "
-        "mi300x.")] = None,
+        "--hardware", help="Built-in profile: a100-40gb, a100-80gb, h100-sxm, h100-pcie, h200, "
+        "b200, b300, gb200 and gb300 (a GPU of an NVL72 rack: 4 per tray, 72 in one NVLink "
+        "domain, Grace over NVLink-C2C), mi300x, mi325x, mi355x.")] = None,
     hardware_file: Annotated[Path | None, typer.Option(
         "--hardware-file", exists=True, dir_okay=False,
         help="Hardware profile TOML (copy collectors/synth/hardware/*.toml).")] = None,
@@ -124,7 +147,23 @@ def synth(
                                         help="Model chunks per pipeline rank (interleaved, bfs).")] = 1,
     recompute: Annotated[Recompute, typer.Option("--recompute", help="Activation recompute.")] = Recompute.none,
     dtype: Annotated[Dtype, typer.Option("--dtype", help="Compute dtype (fp8: FP8 GEMMs where "
-                                         "the GPU has an FP8 peak).")] = Dtype.bf16,
+                                         "the GPU has an FP8 peak; fp4: NVFP4/MXFP4 linear "
+                                         "GEMMs on GPUs with FP4 tensor cores, the attention "
+                                         "core and output head in BF16, see "
+                                         "--fp4-high-layers).")] = Dtype.bf16,
+    fp4_high_layers: Annotated[str, typer.Option(
+        "--fp4-high-layers", help="With --dtype fp4: FIRST,LAST transformer layers whose "
+        "linear GEMMs stay in --fp4-high-dtype (Megatron-LM's --first-last-layers-bf16 "
+        "default: 1,1; 0,0 = every layer in FP4).")] = "1,1",
+    fp4_high_dtype: Annotated[HighDtype, typer.Option(
+        "--fp4-high-dtype", help="Dtype of the layers --fp4-high-layers keeps out of FP4.")
+    ] = HighDtype.bf16,
+    nvlink_domain: Annotated[int | None, typer.Option(
+        "--nvlink-domain", min=1, help="The job's GPUs per NVLink domain (default: the "
+        "hardware's, e.g. 72 on gb200/gb300; when that does not divide the job, the largest "
+        "whole number of trays per rack that does, e.g. 64 for 256 GPUs). Collectives inside "
+        "a domain run on NVLink whatever trays they span; must divide the GPUs and be at "
+        "least --tp.")] = None,
     ep: Annotated[int, typer.Option("--ep", min=1, help="Expert-parallel size (MoE models; "
                                     "divides dp).")] = 1,
     moe_imbalance: Annotated[float, typer.Option(
@@ -179,6 +218,7 @@ def synth(
         from retime.collectors.costs import check_cluster_world, read_cluster
         hw = read_cluster(cluster)
         check_cluster_world(hw, tp * pp * dp * cp, f"tp*pp*dp*cp = {tp}*{pp}*{dp}*{cp}")
+    first_high, last_high = parse_fp4_high(fp4_high_layers)
     check_output(output, force, store=True)
     from retime.collectors.synth import synthesize
 
@@ -190,7 +230,8 @@ def synth(
         moe_imbalance=moe_imbalance, capacity_factor=capacity_factor,
         stage_layers=parse_stage_layers(stage_layers), stage_slack=stage_slack,
         p2p=p2p.value, odc=odc, seq_imbalance=seq_imbalance, grad_overlap=grad_overlap,
-        check_memory=check_memory)
+        nvlink_domain=nvlink_domain or 0, fp4_first_high=first_high, fp4_last_high=last_high,
+        fp4_high_dtype=fp4_high_dtype.value, check_memory=check_memory)
     trace.save(output)
     s = synth_summary(trace)
     if cluster is not None:
@@ -206,6 +247,9 @@ def synth(
         emit_json(s)
         return
     on = f" ({cluster}: {hw.nodes} x {hw.gpus_per_node})" if cluster is not None else ""
+    hwd = trace.meta["synth"]["hardware"]
+    if s["nvlink_domain"] > int(hwd["gpus_per_node"]):  # a rack: say how the job was placed
+        on += f" in NVLink domains of {s['nvlink_domain']} GPUs"
     say(f"wrote {output}: {s['model']} on {s['world_size']} x {s['hardware']}{on} "
         f"(tp={tp} pp={pp} dp={dp} cp={cp}); step {s['step_time_ns'] / 1e9:.3f} s, "
         f"{s['tokens_per_s']:,.0f} tokens/s, MFU {100 * s['mfu']:.1f}%, peak memory "

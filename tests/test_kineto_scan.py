@@ -17,7 +17,7 @@ from test_kineto_stream import _norm  # the same field-by-field view of a parse
 import retime.collectors.kineto.reader as kin
 import retime.collectors.kineto.scan as kf
 from retime.collectors.errors import TraceFormatError
-from retime.collectors.kineto import _scan_kernels as K
+from retime.collectors.kineto import _scan_lex as X
 from retime.collectors.kineto import parse_kineto_file
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "kineto"
@@ -132,9 +132,9 @@ def test_hash_reads_the_same_bytes_wherever_the_string_is():
         for tail in (b"", b"x", b"\"}]xxxxxxxxx"):
             buf = np.frombuffer(b"#" * pad + s + tail, np.uint8)
             t = tuple(kf.intern_table(8, 256))
-            h0 = K._hash_of(np.frombuffer(s, np.uint8), 0, len(s))
-            assert K._hash_of(buf, pad, pad + len(s)) == h0
-            assert K._intern(t, buf, pad, pad + len(s), h0) == 0
+            h0 = X.hash_of(np.frombuffer(s, np.uint8), 0, len(s))
+            assert X.hash_of(buf, pad, pad + len(s)) == h0
+            assert X.intern(t, buf, pad, pad + len(s), h0) == 0
 
 
 def test_many_duplicate_names_in_one_event(tmp_path, monkeypatch):

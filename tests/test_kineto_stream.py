@@ -165,12 +165,12 @@ def test_bad_event_field_names_event_and_field(tmp_path):
 
 
 def test_intern_table_keeps_colliding_strings_apart():
-    from retime.collectors.kineto import _scan_kernels as K
+    from retime.collectors.kineto import _scan_lex as X
 
     t = tuple(kf.intern_table(8, 64))
     buf = np.frombuffer(b"abcabdabcab", np.uint8)
     # the same hash for different bytes (a forced collision): different ids, each found again
-    got = [K._intern(t, buf, s, e, 42) for s, e in ((0, 3), (3, 6), (6, 9), (3, 6), (9, 11))]
+    got = [X.intern(t, buf, s, e, 42) for s, e in ((0, 3), (3, 6), (6, 9), (3, 6), (9, 11))]
     assert got == [0, 1, 0, 1, 2]
     assert [kf.table_bytes(list(t), i) for i in range(3)] == [b"abc", b"abd", b"ab"]
 
@@ -190,7 +190,7 @@ def test_intern_tables_grow_while_reading(tmp_path, monkeypatch):
 
 
 def test_host_order_equals_lexsort():
-    from retime.collectors.kineto.links import _host_order
+    from retime.collectors.kineto.assemble import _host_order
 
     rng = np.random.default_rng(7)
     for n in (0, 1, 2, 50, 5000):

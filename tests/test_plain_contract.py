@@ -217,3 +217,32 @@ def test_what_if_reports_the_delays_it_applies_not_the_graphs_measured_ones():
     assert r.meta["mode"] == "contention"
     assert d["count"] == int(np.count_nonzero(r.graph.delay_ns)) == 0
     assert d["total_ns"] == 0
+
+
+def test_stated_cores_beyond_the_ranks_are_shared_out_and_free_the_gloo_thread():
+    """With a core per rank or more, a host's ranks get disjoint shares: a rank's gloo worker
+    runs beside its training thread, so an overlapped transfer does not slow compute (the
+    interference of host_cpu.cpu_interference_of is 0 for two or more cores per rank)."""
+    from retime.replay.policies.host_cpu import share_cores
+    from retime.replay.policies.network import stated_cores
+
+    assert share_cores(2, 4) == [[0, 1], [2, 3]]
+    assert share_cores(2, 5) == [[0, 1], [2, 3]]
+    assert share_cores(3, 2) == [[0], [1], [0]]
+    assert share_cores(1, 1) == [[0]]
+    t = load_capture(PAIRS / "mlp-dp" / "B", plain=True)
+    hosts = t.meta["hostnames"]
+    aff = stated_cores(t, 8).meta["cpu_affinity"]
+    for h in ("host0", "host1"):
+        ranks = sorted(int(r) for r, x in hosts.items() if x == h)
+        assert [aff[str(r)] for r in ranks] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    a = load_capture(PAIRS / "mlp-bucket" / "A", plain=True)
+    one = whatif(a, {"overlap.bucket_mb": 52.4288, "topology.cores_per_node": 1})
+    many = whatif(a, {"overlap.bucket_mb": 52.4288, "topology.cores_per_node": 4})
+    # overlap.interference's convention: f = 1 - i (1: overlap is free)
+    assert _overlap_f(many) == 1.0 > _overlap_f(one)
+
+
+def _overlap_f(res) -> float:
+    [d] = [d for d in res.meta["scenario"] if d["policy"] == "overlap"]
+    return float(d["interference_used"])

@@ -281,3 +281,25 @@ def test_work_order_groups_resynthesizing_settings_and_rows_keep_input_order():
     assert nets == [10.0, 10.0, 10.0, 20.0, 20.0, 20.0]  # each network once, consecutively
     # within a group the input order is kept
     assert [scs[i]["hardware.compute_speedup"] for i in order[:3]] == [1.0, 2.0, 3.0]
+
+
+# ------------------------------------------------------------------ ranges
+def test_rows_carry_the_whatif_range_scaled_to_their_step(dlrm):
+    """Each default-what-if row's range is `retime replay`'s range (prediction_range, per
+    step of the slowest rank) times the row's step_time_ns over the predicted step."""
+    from retime.replay import prediction_range, whatif
+
+    scs = [{"hardware.compute_speedup": 2.0}, {"network.intra_node_gbps": 10.0}]
+    df = sweep(dlrm, scs, workers=1, progress=False)
+    for i, sc in enumerate(scs):
+        row = df.iloc[i]
+        res = whatif(dlrm, sc)
+        lo, hi = prediction_range(res)
+        pred = res.meta["whatif"]["range"]["predicted_step_ns"]
+        step = int(row["step_time_ns"])
+        assert int(row["step_time_lo_ns"]) == round(step * lo / pred)
+        assert int(row["step_time_hi_ns"]) == round(step * hi / pred)
+        assert int(row["step_time_lo_ns"]) < step < int(row["step_time_hi_ns"])
+    off = sweep(dlrm, scs, workers=1, progress=False, ranges=False)
+    assert off["step_time_lo_ns"].isna().all() and off["step_time_hi_ns"].isna().all()
+    np.testing.assert_array_equal(off["step_time_ns"].to_numpy(), df["step_time_ns"].to_numpy())

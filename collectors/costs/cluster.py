@@ -39,7 +39,7 @@ GENERATIONS = {
     "nvlink2": ("nvswitch", 150.0),
     "nvlink3": ("nvswitch", 300.0), "nvlink4": ("nvswitch", 450.0),
     "nvlink5": ("nvswitch", 900.0), "pcie4": ("pcie", 32.0), "pcie5": ("pcie", 64.0),
-    "xgmi3": ("xgmi", 448.0),
+    "xgmi3": ("xgmi", 448.0), "xgmi4": ("xgmi", 537.6),
 }
 #: the intra-node generation a GPU architecture ships with, per fabric (for --intra)
 _DEFAULT_GEN = {
@@ -47,6 +47,7 @@ _DEFAULT_GEN = {
     ("nvswitch", "blackwell"): "nvlink5", ("nvswitch", "volta"): "nvlink3",
     ("pcie", "volta"): "pcie4", ("pcie", "ampere"): "pcie4", ("pcie", "hopper"): "pcie5",
     ("pcie", "blackwell"): "pcie5", ("pcie", "cdna3"): "pcie5", ("xgmi", "cdna3"): "xgmi3",
+    ("pcie", "cdna4"): "pcie5", ("xgmi", "cdna4"): "xgmi4",
 }
 
 
@@ -98,12 +99,19 @@ class Cluster:
             raise ConfigError(f"{where}: nvlink_domain={self.nvlink_domain} must be a multiple "
                               f"of gpus_per_node={self.gpus_per_node} (the GPUs one intra-node "
                               "fabric reaches without the network)")
+        if self.world_size > self.nvlink_domain and self.world_size % self.nvlink_domain:
+            raise ConfigError(f"{where}: nvlink_domain={self.nvlink_domain} does not divide "
+                              f"the cluster's {self.world_size} GPUs ({self.nodes} nodes x "
+                              f"{self.gpus_per_node}); every domain must be whole: choose "
+                              "nodes so the GPUs are a multiple of the domain, or state the "
+                              "GPUs the job uses per rack (e.g. --nvlink-domain 64 for 16 of "
+                              "an NVL72 rack's 18 trays)")
         if self.intra_fabric != "nvswitch" and self.nvlink_domain != self.gpus_per_node:
             raise ConfigError(f"{where}: nvlink_domain={self.nvlink_domain} spans nodes, which "
                               f"only an NVSwitch fabric does ({self.intra_fabric} here); set it "
                               f"to gpus_per_node={self.gpus_per_node}")
         spec = self.spec
-        nvidia = spec.arch != "cdna3"
+        nvidia = not spec.arch.startswith("cdna")
         if self.intra_fabric in ("nvswitch",) and not nvidia:
             raise ConfigError(f"{where}: {self.gpu} ({spec.arch}) has no NVLink; use "
                               "--intra xgmi or pcie")
@@ -225,7 +233,8 @@ def preset_names() -> list[str]:
 
 def load_preset(name: str) -> Cluster:
     """A built-in preset (``dgx-a100``, ``dgx-h100``, ``hgx-h200``, ``dgx-b200``,
-    ``gb200-nvl72``, ``mi300x-8x``, ``pcie-4gpu``, ``pcie-8gpu``)."""
+    ``dgx-b300``, ``gb200-nvl72``, ``gb200-nvl36``, ``gb300-nvl72``, ``mi300x-8x``,
+    ``mi325x-8x``, ``mi355x-8x``, ``pcie-4gpu``, ``pcie-8gpu``)."""
     c = _presets().get(name.lower())
     if c is None:
         raise ConfigError(f"unknown cluster preset {name!r}; presets: "
@@ -270,7 +279,7 @@ def cluster_hardware(c: Cluster) -> HardwareConfig:
     dom = c.nvlink_domain
     intra = dataclasses.replace(base.intra, gbps=float(c.intra_gbps),
                                 link=f"{c.intra_generation} / {c.intra_fabric}")
-    kw: dict[str, Any] = {"gpus_per_node": dom, "intra": intra}
+    kw: dict[str, Any] = {"gpus_per_node": dom, "intra": intra, "nvlink_domain": dom}
     if c.nics_per_node > 0:
         kw["inter"] = dataclasses.replace(
             base.inter, gbps=c.nics_per_node * c.nic_gbps / c.gpus_per_node,

@@ -20,10 +20,10 @@ from ..synth.hardware import HardwareConfig, hardware_names, load_hardware, read
 __all__ = ["GpuSpec", "gpu_spec", "gpu_names", "ARCHES", "DTYPE_BYTES"]
 
 #: GPU generations the NCCL model knows (order matters: later = newer)
-ARCHES = ("volta", "ampere", "hopper", "blackwell", "cdna3")
+ARCHES = ("volta", "ampere", "hopper", "blackwell", "cdna3", "cdna4")
 
 #: bytes per element of each dtype name accepted by ``--dtype``
-DTYPE_BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "fp4": 0.5,
+DTYPE_BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "fp6": 0.75, "fp4": 0.5,
                "int8": 1, "int32": 4, "int64": 8, "fp64": 8}
 
 

@@ -40,6 +40,7 @@ LINK_EFF = {
     "pcie4": Param(0.80, "assumed", "PCIe 4.0 x16 DMA ~25 of 32 GB/s"),
     "pcie5": Param(0.80, "assumed", "PCIe 5.0 x16 DMA ~50 of 64 GB/s"),
     "xgmi3": Param(0.70, "assumed", "xGMI mesh: rings use a subset of the 7 links"),
+    "xgmi4": Param(0.70, "assumed", "as xgmi3 (MI355X's 4th-gen mesh, same 7-link topology)"),
 }
 #: achievable / nominal per NIC, per network fabric
 NET_EFF = {
@@ -76,10 +77,10 @@ CALL_US = Param(5.0, "assumed", "kernel launch + completion as nccl-tests times 
 
 #: LL protocol bus-bandwidth ceilings (GB/s): single node by GPU generation, else by nodes
 LL_MAX_BUSBW = {"volta": 39.0, "ampere": 87.7, "hopper": 87.7, "blackwell": 87.7,
-                "cdna3": 39.0, "nodes2": 39.0, "nodes3+": 20.4}
+                "cdna3": 39.0, "cdna4": 39.0, "nodes2": 39.0, "nodes3+": 20.4}
 #: LL128 per-channel ring ceiling (GB/s) per generation (NCCL tuning table)
 LL128_PER_CHANNEL = {"volta": 20.0, "ampere": 20.0, "hopper": 36.7, "blackwell": 36.7,
-                     "cdna3": 20.0}
+                     "cdna3": 20.0, "cdna4": 20.0}
 #: channels per collective, by intra-node fabric and GPU generation
 CHANNELS = {
     ("nvswitch", "ampere"): Param(24, "published", "C6: 24 channels on HGX A100"),

@@ -9,7 +9,7 @@ import numpy as np
 from numba import njit
 
 from ..progress import watch_compiles
-from ._scan_kernels import _skip, _str_skip, _ws
+from ._scan_lex import _skip, _str_skip, _ws
 from ._scan_mem import addr
 
 __all__ = ["find_array", "rehash"]

@@ -229,8 +229,13 @@ def synthesize(model: str | Path | ModelConfig | dict[str, Any],
     hw = resolve_hardware(hardware)
     par = resolve_parallel(parallel, **parallel_kw)
     check_config(mc, par, world_size)
-    hw.peak_flops(par.dtype)  # fails early when the GPU lacks the dtype
+    _check_dtype(hw, par)
     comm = CommModel(hw, par)
+    if par.tp > comm.domain:
+        raise ConfigError(f"tp={par.tp} is larger than the NVLink domain ({comm.domain} GPUs "
+                          f"of {hw.name} per domain for this {par.world_size}-GPU job): a "
+                          "tensor-parallel group must share NVLink; use tp <= "
+                          f"{comm.domain}, or a larger --nvlink-domain if the hardware has one")
     tpl = model_template(mc, hw, par, comm)
     reserve = int(hw.framework_reserve_gib * 2**30)
     vocab_p = padded_vocab(mc, par.tp)
@@ -275,6 +280,7 @@ def synthesize(model: str | Path | ModelConfig | dict[str, Any],
         "model": mc.to_dict(),
         "hardware": hw.to_dict(),
         "dtype": par.dtype,
+        "nvlink_domain": comm.domain,
         "tokens_per_step": par.global_batch * mc.seq,
         "tokens_per_s": par.global_batch * mc.seq / step_s if step_s else 0.0,
         "model_flops_per_step": mflops,
@@ -320,3 +326,14 @@ def synthesize(model: str | Path | ModelConfig | dict[str, Any],
                              "memory_bandwidth_gbps": hw.hbm_gbps,
                              "memory_bytes": hw.memory_bytes}
     return trace
+
+
+def _check_dtype(hw, par) -> None:
+    """ConfigError when the GPU lacks the run's dtype (or the one FP4 runs keep layers in)."""
+    if par.dtype == "fp4" and not hw.peak_tflops.get("fp4"):
+        raise ConfigError(f"--dtype fp4: {hw.name} ({hw.gpu}) has no FP4 tensor cores (peaks: "
+                          f"{', '.join(sorted(hw.peak_tflops))}); use --dtype fp8 or bf16, or "
+                          "a GPU with FP4 (gb200, gb300, b300, mi355x)")
+    hw.peak_flops(par.dtype)  # fails early when the GPU lacks the dtype
+    if par.dtype == "fp4" and (par.fp4_first_high or par.fp4_last_high):
+        hw.peak_flops(par.fp4_high_dtype)

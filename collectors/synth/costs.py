@@ -13,8 +13,16 @@ collective over ``n`` ranks moving a buffer of ``S`` bytes takes
 ``base + steps * alpha + S * f(n) / busbw`` with ``f = 2(n-1)/n`` for all-reduce and
 ``(n-1)/n`` for all-gather / reduce-scatter (``S`` is the full, gathered size), ``steps`` the
 ring's ``2(n-1)`` or ``n-1`` (or a tree's ``2 log2 n`` for all-reduce, whichever is faster).
-``busbw`` is the slowest level the group crosses: intra-node (NVLink/NVSwitch), inter-node
-(``k`` members per node each drive their own NIC share) or a cross-datacenter link.
+``busbw`` is the slowest level the group crosses: the NVLink domain (NVLink/NVSwitch, which on
+a GB200/GB300 NVL72 rack spans 18 trays), the network between domains (``k`` members per
+domain each drive their own NIC share) or a cross-datacenter link. Ranks are grouped by the
+job's NVLink domain (:func:`~retime.collectors.synth.hardware.job_domain`), not by host: a
+TP or CP group spanning trays of one rack is priced on NVLink.
+
+FP8 / FP4 GEMMs read block-scaled inputs (FP8: 1 byte per element; NVFP4: 4 bits plus one
+E4M3 scale per 16 elements, 0.5625 bytes) and pay the quantization of their activation input:
+one HBM pass reading it in 16 bits and writing the quantized copies (FP8: one; FP4: the row-
+and column-wise copies the forward and the gradients use).
 
 All-to-all (mixture-of-experts dispatch and combine): every member sends its buffer split
 over the group at once; the part for members on its own node crosses NVLink, the rest the
@@ -32,7 +40,7 @@ from dataclasses import dataclass
 
 from ..costs.tiles import tile_utilization  # one GEMM tile formula (cost layer)
 from ..enums import CommOp
-from .hardware import HardwareConfig, LinkConfig
+from .hardware import HardwareConfig, LinkConfig, job_domain
 from .parallel import ParallelConfig
 
 __all__ = ["KernelCost", "gemm", "grouped_gemm", "streaming", "GroupGeometry", "CommModel"]
@@ -59,8 +67,23 @@ def _gemm_efficiency(hw: HardwareConfig, m: float, n: float, k: float, batch: in
     reduction-depth factor ``k / (k + gemm_k_half)`` (prologue/epilogue of each tile) x the
     best tile's utilization (partial edge tiles and the last, partly filled wave of tiles
     over ``sm_count`` SMs)."""
-    return hw.gemm_max_of(dtype) * k / (k + hw.gemm_k_half) * _tile_utilization(
-        hw, [m] * batch, n)
+    kh = _k_half(hw, dtype)
+    return hw.gemm_max_of(dtype) * k / (k + kh) * _tile_utilization(hw, [m] * batch, n)
+
+
+def _k_half(hw: HardwareConfig, dtype: str) -> float:
+    """Reduction depth at which a tile reaches half its rate. FP4 follows the cost layer's
+    rule (``collectors/costs/kernels.py``: ``k_half`` is given for 16-bit inputs and in
+    elements grows as 2 / bytes per element, 4x for 4-bit inputs: a tile's prologue and
+    epilogue take as long while each k-step moves 4x the elements); FP8 and 16-bit GEMMs keep
+    the profile's ``gemm_k_half``, which the published FP8 / BF16 runs were checked with."""
+    return hw.gemm_k_half * (4.0 if dtype == "fp4" else 1.0)
+
+
+#: bytes per input element a GEMM reads, per dtype (block scales included)
+_IN_BYTES = {"fp8": 1.0, "fp4": 0.5625}
+#: HBM bytes per input element of the quantization pass (read 16-bit, write quantized copies)
+_QUANT_BYTES = {"fp8": 3.0, "fp4": 2.0 + 2 * 0.5625}
 
 
 def gemm(hw: HardwareConfig, dtype: str, m: int, n: int, k: int, batch: int = 1,
@@ -68,13 +91,13 @@ def gemm(hw: HardwareConfig, dtype: str, m: int, n: int, k: int, batch: int = 1,
     """A (batched) GEMM ``[m, k] x [k, n]``: roofline with size-dependent efficiency.
     FP8 GEMMs read 1-byte inputs and also pay the quantization of their activation input
     (one HBM pass over it, fused into the kernel)."""
-    eb = (1 if dtype == "fp8" else 2) if elem_bytes is None else elem_bytes
+    eb = _IN_BYTES.get(dtype, 2) if elem_bytes is None else elem_bytes
     flops = 2.0 * m * n * k * batch
     nbytes = int(batch * (eb * (m * k + k * n) + 2 * m * n))
     t_compute = flops / (hw.peak_flops(dtype) * _gemm_efficiency(hw, m, n, k, batch, dtype))
     bw = hw.hbm_gbps * hw.memory_efficiency  # GB/s == bytes/ns
     t_memory = nbytes / bw
-    quant = 3.0 * batch * m * k / bw if dtype == "fp8" else 0.0
+    quant = _QUANT_BYTES.get(dtype, 0.0) * batch * m * k / bw
     dur = max(t_compute * 1e9, t_memory) + quant + hw.kernel_overhead_us * 1e3
     return KernelCost(int(round(dur)), flops, nbytes)
 
@@ -83,15 +106,15 @@ def grouped_gemm(hw: HardwareConfig, dtype: str, ms: list[int], n: int, k: int) 
     """One grouped GEMM launch over experts: group ``i`` is ``[m_i, k] x [k, n]`` (its own
     weight). Tiles of all groups share the waves over the SMs, so a group of few tokens
     wastes its partial tiles and a hot expert's extra tiles lengthen the kernel."""
-    eb = 1 if dtype == "fp8" else 2
+    eb = _IN_BYTES.get(dtype, 2)
     M = float(sum(ms))
     flops = 2.0 * M * n * k
     nbytes = int(eb * (M * k + len(ms) * k * n) + 2 * M * n)
     if M <= 0:
         return KernelCost(int(hw.kernel_overhead_us * 1e3), 0.0, nbytes)
-    eff = hw.gemm_max_of(dtype) * k / (k + hw.gemm_k_half) * _tile_utilization(hw, ms, n)
+    eff = hw.gemm_max_of(dtype) * k / (k + _k_half(hw, dtype)) * _tile_utilization(hw, ms, n)
     bw = hw.hbm_gbps * hw.memory_efficiency
-    quant = 3.0 * M * k / bw if dtype == "fp8" else 0.0
+    quant = _QUANT_BYTES.get(dtype, 0.0) * M * k / bw
     dur = max(flops / (hw.peak_flops(dtype) * eff) * 1e9, nbytes / bw) + quant \
         + hw.kernel_overhead_us * 1e3
     return KernelCost(int(round(dur)), flops, nbytes)
@@ -128,6 +151,8 @@ class CommModel:
         self.hw = hw
         self.parallel = parallel
         p = parallel
+        #: the job's GPUs per NVLink domain: rank r is in domain r // domain
+        self.domain = job_domain(hw, p.world_size, p.nvlink_domain)
         dp_size = p.dp * p.cp  # gradients are reduced over data x context ranks
         self.geometry = {
             "tp": self.geometry_of(p.tp, 1),
@@ -143,8 +168,9 @@ class CommModel:
             [(d * p.cp + c) * p.tp for d in range(0, p.dp, p.ep) for c in range(p.cp)])
 
     def geometry_of_ranks(self, ranks: list[int]) -> GroupGeometry:
-        """Geometry of an explicit set of global ranks (rank r is on node r // gpus_per_node)."""
-        g = self.hw.gpus_per_node
+        """Geometry of an explicit set of global ranks (rank r is in NVLink domain
+        r // domain; "node" below is that domain)."""
+        g = self.domain
         nodes: dict[int, int] = {}
         for r in ranks:
             nodes[r // g] = nodes.get(r // g, 0) + 1
@@ -155,7 +181,7 @@ class CommModel:
 
     def geometry_of(self, size: int, stride: int) -> GroupGeometry:
         """Geometry of ``size`` ranks spaced ``stride`` apart (Megatron layout)."""
-        g = self.hw.gpus_per_node
+        g = self.domain
         per_node = max(1, min(size, g // stride)) if stride < g else 1
         nodes = math.ceil(size / per_node)
         dcs = 1

@@ -1,10 +1,21 @@
 """Hardware profiles: a GPU server (compute, HBM, intra-node link) and its network.
 
 Profiles are plain TOML files (``hardware/*.toml``) that users copy and edit; see
-``hardware/a100-80gb.toml`` for every key with its unit. Built-in names: ``a100-40gb``,
-``a100-80gb``, ``h100-sxm``, ``h200``, ``b200``, ``mi300x``. Bandwidths are GB/s per GPU and
-per direction (1 GB = 1e9 bytes); ``bus_efficiency`` turns a link's peak into the bus
+``hardware/a100-80gb.toml`` for every key with its unit (and ``hardware/gb200.toml`` for the
+rack-scale and host-link keys). Built-in names: :func:`hardware_names`. Bandwidths are GB/s per
+GPU and per direction (1 GB = 1e9 bytes); ``bus_efficiency`` turns a link's peak into the bus
 bandwidth nccl-tests reports for large messages.
+
+Topology levels: ``gpus_per_node`` GPUs share a host (a DGX node, a GB200 compute tray of 4);
+``nvlink_domain`` GPUs share one NVLink fabric (equal to ``gpus_per_node`` on 8-GPU servers,
+72 on a GB200/GB300 NVL72 rack whose NVSwitch trays join 18 compute trays). Collectives are
+grouped by NVLink domain, never by host: a group inside one domain runs on NVLink whatever
+trays it spans; only a group that crosses domains uses the NICs.
+
+Host link (``[host_link]``): how a GPU reaches host memory, for offload and host-cache
+what-ifs: PCIe (Gen5 x16: 64 GB/s per direction nominal) on x86 servers, NVLink-C2C on Grace
+(GB200/GB300: 900 GB/s bidirectional, 450 per direction per GPU), with the host memory
+bandwidth each GPU's share of the CPU streams at.
 """
 
 from __future__ import annotations
@@ -20,9 +31,13 @@ from ..errors import ConfigError
 from ..fsutil import read_toml
 
 __all__ = ["LinkConfig", "HardwareConfig", "hardware_names", "load_hardware",
-           "read_hardware_file", "resolve_hardware"]
+           "read_hardware_file", "resolve_hardware", "HOST_LINKS", "job_domain",
+           "match_hardware"]
 
 _DIR = Path(__file__).with_name("hardware")
+#: host link kinds -> nominal GB/s per GPU per direction (PCIe x16 per generation; Grace's
+#: NVLink-C2C: 900 GB/s bidirectional, collectors/costs/REFERENCES.md H1)
+HOST_LINKS = {"pcie4": 32.0, "pcie5": 64.0, "pcie6": 128.0, "c2c": 450.0}
 
 
 @dataclass(frozen=True)
@@ -74,6 +89,12 @@ class HardwareConfig:
     nodes_per_dc: int = 0
     gemm_max_fp8: float = 0.0  # 0: same fraction of peak as gemm_max
     source: str = field(default="", compare=False)
+    nvlink_domain: int = 0  # GPUs in one NVLink domain; 0: gpus_per_node
+    gemm_max_fp4: float = 0.0  # 0: gemm_max_fp8 (else gemm_max)
+    host_link: str = "pcie4"  # "pcie4" | "pcie5" | "pcie6" | "c2c"
+    host_link_gbps: float = 32.0  # nominal GB/s per GPU per direction
+    host_link_efficiency: float = 0.78125  # achieved share of nominal: 25 of PCIe4's 32 GB/s
+    host_memory_gbps: float = 100.0  # host DRAM GB/s one GPU's share of the CPU streams at
 
     def __post_init__(self) -> None:
         if self.gpus_per_node <= 0:
@@ -84,10 +105,34 @@ class HardwareConfig:
                               f"(gemm_max={self.gemm_max}, memory={self.memory_efficiency})")
         if self.memory_gib <= 0 or self.hbm_gbps <= 0:
             raise ConfigError(f"hardware {self.name!r}: memory_gib and hbm_gbps must be > 0")
+        d = self.nvlink_domain
+        if d and (d < self.gpus_per_node or d % self.gpus_per_node):
+            raise ConfigError(f"hardware {self.name!r}: nvlink_domain={d} must be a multiple "
+                              f"of gpus_per_node={self.gpus_per_node} (a domain is whole "
+                              "nodes or trays)")
+        if not self.host_link_gbps > 0 or not 0 < self.host_link_efficiency <= 1 \
+                or not self.host_memory_gbps > 0:
+            raise ConfigError(f"hardware {self.name!r}: [host_link] gbps="
+                              f"{self.host_link_gbps}, efficiency={self.host_link_efficiency}"
+                              f" and memory_gbps={self.host_memory_gbps} must be > 0 "
+                              "(efficiency at most 1)")
+
+    @property
+    def domain(self) -> int:
+        """GPUs in one NVLink domain (``nvlink_domain``, else ``gpus_per_node``)."""
+        return self.nvlink_domain or self.gpus_per_node
+
+    @property
+    def host_bytes_per_ns(self) -> float:
+        """Achievable host<->GPU copy rate of one GPU (GB/s == bytes/ns): the host link's
+        nominal rate x its efficiency, capped by the GPU's share of host memory bandwidth."""
+        return min(self.host_link_gbps * self.host_link_efficiency, self.host_memory_gbps)
 
     def gemm_max_of(self, dtype: str) -> float:
         """Fraction of the dtype's peak that large GEMM tiles sustain."""
-        if dtype == "fp8" and self.gemm_max_fp8 > 0:
+        if dtype == "fp4" and self.gemm_max_fp4 > 0:
+            return self.gemm_max_fp4
+        if dtype in ("fp8", "fp4") and self.gemm_max_fp8 > 0:
             return self.gemm_max_fp8
         return self.gemm_max
 
@@ -109,7 +154,9 @@ class HardwareConfig:
                                            "gemm_k_half", "sm_count", "memory_efficiency", "overlap_efficiency",
                                            "kernel_overhead_us", "framework_reserve_gib",
                                            "nics", "nic_gbps", "dc_km", "nodes_per_dc",
-                                           "gemm_max_fp8")}
+                                           "gemm_max_fp8", "nvlink_domain", "gemm_max_fp4",
+                                           "host_link", "host_link_gbps",
+                                           "host_link_efficiency", "host_memory_gbps")}
         for k in ("intra", "inter", "cross_dc"):
             link = getattr(self, k)
             d[k] = None if link is None else dict(link.__dict__)
@@ -152,6 +199,11 @@ def _parse(data: dict[str, Any], where: str) -> HardwareConfig:
                                + km * float(dc_t.get("latency_us_per_km", 5.0)),
                                base_us=inter.base_us)
         peaks = {str(k): float(v) for k, v in _need(data, "peak_tflops", where).items()}
+        host_t = data.get("host_link", {})
+        host_kind = str(host_t.get("kind", "pcie4")).lower()
+        if host_kind not in HOST_LINKS:
+            raise ConfigError(f"{where}: [host_link] kind={host_kind!r} is not one of "
+                              f"{', '.join(HOST_LINKS)}")
         return HardwareConfig(
             name=str(data.get("name", Path(where).stem)),
             gpu=str(data.get("gpu", data.get("name", "GPU"))),
@@ -170,6 +222,12 @@ def _parse(data: dict[str, Any], where: str) -> HardwareConfig:
             intra=intra, inter=inter, nics=nics, nic_gbps=nic_gbps,
             cross_dc=cross, dc_km=float(dc_t.get("km", 0.0)), nodes_per_dc=nodes_per_dc,
             source=where,
+            nvlink_domain=int(intra_t.get("nvlink_domain", 0)),
+            gemm_max_fp4=float(eff.get("gemm_max_fp4", 0.0)),
+            host_link=host_kind,
+            host_link_gbps=float(host_t.get("gbps", HOST_LINKS[host_kind])),
+            host_link_efficiency=float(host_t.get("efficiency", 0.78125)),
+            host_memory_gbps=float(host_t.get("memory_gbps", 100.0)),
         )
     except (TypeError, ValueError, AttributeError) as exc:
         raise ConfigError(f"{where}: bad hardware profile value ({exc})") from exc
@@ -200,6 +258,14 @@ def load_hardware(name: str) -> HardwareConfig:
     return hw
 
 
+def match_hardware(text: str) -> HardwareConfig | None:
+    """The built-in profile whose GPU name (``gpu``, e.g. ``"NVIDIA GB200"``) appears in
+    ``text`` (a trace's device names), the longest such name; None when none does."""
+    t = str(text).lower()
+    hits = [hw for hw in _builtin().values() if hw.gpu.lower() in t]
+    return max(hits, key=lambda h: len(h.gpu)) if hits else None
+
+
 def read_hardware_file(path: str | Path) -> HardwareConfig:
     """Read a hardware profile TOML (same keys as the built-in files)."""
     data = read_toml(path, "hardware file", "copy one of collectors/synth/hardware/*.toml")
@@ -219,3 +285,33 @@ def resolve_hardware(hw: Any) -> HardwareConfig:
     if s.endswith(".toml") or Path(s).is_file():
         return read_hardware_file(s)
     return load_hardware(s)
+
+
+def job_domain(hw: HardwareConfig, world: int, stated: int = 0) -> int:
+    """GPUs of a job of ``world`` GPUs that share each NVLink domain (rank ``r`` is in domain
+    ``r // job_domain``).
+
+    ``stated`` (``--nvlink-domain``, ``topology.nvlink_domain``): must be at most the
+    hardware's domain and divide ``world`` (or hold all of it). Not stated: the hardware's
+    domain when it divides ``world``; on a rack whose domain does not (72 GPUs of an NVL72
+    rack for a 256-GPU job), the largest whole number of nodes (trays) per rack that does,
+    as a scheduler places a job evenly over racks (64 of 72: four racks for 256 GPUs).
+    """
+    d = hw.domain
+    if stated:
+        if stated > d:
+            raise ConfigError(f"nvlink_domain={stated} is larger than {hw.name}'s NVLink "
+                              f"domain of {d} GPUs; state at most {d}")
+        if world > stated and world % stated:
+            raise ConfigError(f"nvlink_domain={stated} does not divide the job's {world} GPUs "
+                              "(each domain must hold the same number of the job's ranks); "
+                              f"choose a divisor of {world} up to {d}")
+        return stated
+    if world <= d or world % d == 0:
+        return d
+    g = hw.gpus_per_node
+    for m in range(d - d % g, g - 1, -g):
+        if world % m == 0:
+            return m
+    raise ConfigError(f"{world} GPUs cannot be spread evenly over {hw.name}'s NVLink "
+                      f"domains of {d} GPUs ({g} per node); use a multiple of {g}")

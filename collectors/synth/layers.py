@@ -19,7 +19,9 @@ Multi-head latent attention (DeepSeek): low-rank Q (down, norm, up) and compress
 projections replicated over TP ranks, the up projections column-parallel. Mixture-of-experts
 layers: :mod:`collectors.synth.moe`. FP8 (``dtype = "fp8"``): linear-layer GEMMs run at the
 FP8 peak (with the quantization of their input); the attention core stays in BF16 (as in
-DeepSeek-V3's recipe). Zero-bubble and DualPipe schedules split every layer's backward:
+DeepSeek-V3's recipe). FP4 (``dtype = "fp4"``, NVFP4): the same for the linear layers of
+every transformer layer but the first / last ``fp4_first_high`` / ``fp4_last_high`` (in
+``fp4_high_dtype``); the attention core and the output head stay in BF16. Zero-bubble and DualPipe schedules split every layer's backward:
 ``bwd`` holds the input-gradient ops and ``wgrad`` the weight-gradient GEMMs (with the
 sequence-parallel re-gather of their inputs).
 """
@@ -70,7 +72,7 @@ class _Ctx:
         self.Tn = self.T // self.t if self.sp else self.T  # tokens of norms / dropouts
         self.h = model.hidden
         self.act = 2  # activation element bytes (bf16/fp16)
-        self.adtype = "bf16" if par.dtype == "fp8" else par.dtype  # attention core
+        self.adtype = "bf16" if par.dtype in ("fp8", "fp4") else par.dtype  # attention core
         self.split = par.schedule in SPLIT_BACKWARD
         self.w: list[OpTemplate] = []  # weight-gradient ops of the layer being built (split)
 
@@ -515,9 +517,17 @@ def model_template(model: ModelConfig, hw: HardwareConfig, parallel: ParallelCon
     """Modeled per-layer op sequences (durations in ns) for :func:`build_trace`."""
     x = _Ctx(model, hw, parallel, comm)
     vocab_p = padded_vocab(model, parallel.tp)
-    dense = _layer(x, 0)
-    moe = _layer(x, model.dense_layers) if model.moe and model.moe_layers else dense
-    layers = tuple(moe if model.is_moe_layer(i) else dense for i in range(model.layers))
+    kinds: dict[str, tuple[LayerTemplate, LayerTemplate]] = {}
+    L = model.layers
+    for dt in sorted({parallel.linear_dtype(i, L) for i in range(L)}):
+        x.dtype = dt  # FP4 runs: FP4 layers and the first / last ones kept in higher precision
+        dense = _layer(x, 0)
+        moe = _layer(x, model.dense_layers) if model.moe and model.moe_layers else dense
+        kinds[dt] = (dense, moe)
+    layers = tuple(kinds[parallel.linear_dtype(i, L)][1 if model.is_moe_layer(i) else 0]
+                   for i in range(L))
+    if parallel.dtype == "fp4":
+        x.dtype = "bf16"  # the output head (and MTP modules) stay out of FP4
     # pipeline messages use Megatron's scatter/gather optimization: each TP rank sends 1/t
     # of the activation over its own NIC and the receiver all-gathers it over NVLink (with
     # SP the activation is already sharded, nothing to gather)

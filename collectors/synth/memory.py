@@ -19,7 +19,11 @@ every micro-batch it has forwarded but not yet backwarded (from the schedule's o
 keeps ``min(p - i, m)``, GPipe ``m``).
 
 FP8 runs keep the inputs of their linear layers (norm outputs, projection and FC2 inputs,
-dispatched tokens) in one byte, as their quantized copies are what the backward GEMMs read.
+dispatched tokens) in one byte, as their quantized copies are what the backward GEMMs read;
+FP4 layers keep them in NVFP4 (4 bits + one E4M3 scale per 16 elements: 0.5625 bytes) and
+hold the quantized copies of their weights (row- and column-wise, 2 x 0.5625 bytes per
+parameter) beside the 16-bit weights for the whole step (Transformer Engine caches them
+across micro-batches).
 With latent attention, ``selective`` recompute is DeepSeek-V3's: the norms and the MLA
 up-projections are recomputed in the backward, so their outputs (norm outputs, per-head Q,
 K, V) are not kept.
@@ -62,7 +66,7 @@ def layer_activation_bytes(model: ModelConfig, parallel: ParallelConfig,
         return int(2 * sbh * rep)
     drop = 1 if model.dropout else 0
     # FP8 training keeps the (quantized) inputs of its linear layers in one byte
-    lin = 1 if parallel.dtype == "fp8" else 2
+    lin = {"fp8": 1, "fp4": 0.5625}.get(parallel.linear_dtype(layer, model.layers), 2)
     mla_rc = model.mla and rc == "selective"  # DeepSeek: norms and MLA up-projections redone
     norm_out = 0 if mla_rc else lin + lin  # QKV (down-projection) input, FC1 / router input
     replicated = (4 + norm_out + 2 * drop) * sbh
@@ -85,6 +89,12 @@ def layer_activation_bytes(model: ModelConfig, parallel: ParallelConfig,
     elif model.attention == "flash":
         sharded += 4 * model.heads * s * b  # softmax statistics (fp32 logsumexp)
     return int(replicated * rep + sharded / t)
+
+
+def _fp4_share(model: ModelConfig, parallel: ParallelConfig) -> float:
+    """Fraction of the transformer layers whose linear GEMMs run in FP4."""
+    n = model.layers
+    return sum(parallel.linear_dtype(i, n) == "fp4" for i in range(n)) / max(n, 1)
 
 
 def korthikanti_layer_bytes(s: int, b: int, h: int, a: int, t: int, sp: bool,
@@ -145,6 +155,8 @@ def memory_per_stage(model: ModelConfig, parallel: ParallelConfig,
             peak = max(peak, live)
             n_peak = max(n_peak, n_live)
         weights = 2 * (dense / (dpg if z >= 3 else 1) + expert / (edp if z >= 3 else 1))
+        if P.dtype == "fp4":  # quantized weight copies of the FP4 layers (whole, not sharded)
+            weights += 2 * 0.5625 * (dense + expert) * _fp4_share(model, P)
         grads = 2 * (dense / (dpg if z >= 2 else 1) + expert / (edp if z >= 2 else 1))
         optim = 12 * (dense / (dpg if z >= 1 else 1) + expert / (edp if z >= 1 else 1))
         fixed = 0.0

@@ -18,13 +18,15 @@ from typing import Any
 from ..errors import ConfigError
 
 __all__ = ["ParallelConfig", "SCHEDULES", "RECOMPUTE", "DTYPES", "P2P", "STAGE_POLICIES",
-           "resolve_parallel"]
+           "resolve_parallel", "FP4_HIGH"]
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "bfs", "zb-h1", "dualpipe")
 P2P = ("sync", "async")
 STAGE_POLICIES = ("even", "time", "memory")
 RECOMPUTE = ("none", "selective", "full")
-DTYPES = ("bf16", "fp16", "fp8")
+DTYPES = ("bf16", "fp16", "fp8", "fp4")
+#: dtypes the linear layers FP4 runs keep out of FP4 (``fp4_high_dtype``)
+FP4_HIGH = ("bf16", "fp8")
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,18 @@ class ParallelConfig:
     model chunks in chain order), ``"time"`` / ``"memory"`` let :func:`synthesize` choose
     (balanced time; smallest largest-stage memory within ``stage_slack`` of the fastest
     split's step time).
+
+    ``nvlink_domain``: the job's GPUs per NVLink domain (0: the hardware's domain, or on a
+    rack whose domain does not divide the job the largest whole number of trays per rack that
+    does; :func:`~retime.collectors.synth.hardware.job_domain`). Stated, it must divide the
+    job's GPUs and be at most the hardware's domain.
+
+    FP4 (``dtype = "fp4"``, NVFP4 / MXFP4 GEMMs): the attention core (scores, softmax,
+    context) and the output head stay in BF16, and the linear layers of the first
+    ``fp4_first_high`` and last ``fp4_last_high`` transformer layers run in ``fp4_high_dtype``
+    (Megatron-LM's ``--first-last-layers-bf16`` keeps 1 and 1 by default); every other linear
+    GEMM (forward, data and weight gradient) runs at the FP4 peak and pays the quantization of
+    its inputs (block-scaled copies, priced by bytes).
 
     ``grad_overlap``: ``False`` is Megatron-LM's default (``overlap_grad_reduce`` off): the
     data-parallel gradient reduction (ZeRO-0/1/2) starts after the stage's last backward,
@@ -94,6 +108,10 @@ class ParallelConfig:
     odc: bool = False
     seq_imbalance: float = 1.0
     grad_overlap: bool = False
+    nvlink_domain: int = 0
+    fp4_first_high: int = 1
+    fp4_last_high: int = 1
+    fp4_high_dtype: str = "bf16"
 
     def __post_init__(self) -> None:
         for f in ("tp", "pp", "dp", "cp", "chunks", "global_batch", "micro_batch", "ep"):
@@ -109,6 +127,13 @@ class ParallelConfig:
         if self.dtype not in DTYPES:
             raise ConfigError(f"parallel config: dtype={self.dtype!r}; use one of "
                               f"{', '.join(DTYPES)}")
+        for f in ("nvlink_domain", "fp4_first_high", "fp4_last_high"):
+            v = getattr(self, f)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise ConfigError(f"parallel config: {f}={v!r} must be an integer >= 0")
+        if self.fp4_high_dtype not in FP4_HIGH:
+            raise ConfigError(f"parallel config: fp4_high_dtype={self.fp4_high_dtype!r}; use "
+                              f"one of {', '.join(FP4_HIGH)}")
         if self.zero not in (0, 1, 2, 3):
             raise ConfigError(f"parallel config: zero={self.zero!r} must be 0, 1, 2 or 3")
         if self.fsdp and self.zero not in (0, 3):
@@ -196,6 +221,15 @@ class ParallelConfig:
     def edp(self) -> int:
         """Expert-data-parallel size: ranks holding the same experts (``dp / ep * cp``)."""
         return self.dp // self.ep * self.cp
+
+    def linear_dtype(self, layer: int, layers: int) -> str:
+        """The dtype of transformer layer ``layer``'s linear GEMMs (of ``layers``): FP4 runs
+        keep the first ``fp4_first_high`` and last ``fp4_last_high`` in ``fp4_high_dtype``."""
+        if self.dtype != "fp4":
+            return self.dtype
+        if layer < self.fp4_first_high or layer >= layers - self.fp4_last_high:
+            return self.fp4_high_dtype
+        return "fp4"
 
     def rank(self, stage: int, d: int, c: int, t: int) -> int:
         return ((stage * self.dp + d) * self.cp + c) * self.tp + t

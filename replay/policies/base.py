@@ -526,7 +526,8 @@ class WhatIfState:
 
 def ranks_per_node_of(trace: Trace, override: int | None = None) -> int:
     """Ranks per node: the override, else ranks sharing a host name in ``meta``, else the
-    synthesized hardware's GPUs per node, else every rank on one node."""
+    synthesized run's NVLink domain (its GPUs per node where the domain is one node), else
+    every rank on one node."""
     if override:
         return int(override)
     m = trace.meta if isinstance(trace.meta, dict) else {}
@@ -536,7 +537,7 @@ def ranks_per_node_of(trace: Trace, override: int | None = None) -> int:
         return max(Counter(hosts.values()).values())
     syn = m.get("synth")
     if isinstance(syn, dict) and isinstance(syn.get("hardware"), dict):
-        return int(syn["hardware"].get("gpus_per_node", 8))
+        return int(syn.get("nvlink_domain") or syn["hardware"].get("gpus_per_node", 8))
     return max(int(m.get("world_size") or 0), int(trace.ops["rank"].max()) + 1 if trace.n_ops else 1)
 
 

@@ -1,9 +1,17 @@
 """Caching what-ifs: FCDP host cache, keep-gathered-parameters, activation recompute, offload.
 
+Host link: every host<->GPU transfer below runs at ``cache.pcie_gbps``, by default the
+synthesized run's hardware profile's host link (PCIe, or NVLink-C2C to Grace on GB200/GB300:
+450 GB/s per direction, capped by the GPU's share of Grace's memory bandwidth, about 256 GB/s,
+against ~25 GB/s of PCIe Gen4), and the CPU's Adam at ``cache.host_gbps``, by default the
+profile's host memory share; measured traces use the profile that names their GPU
+(``meta["devices"]``; :func:`retime.collectors.synth.hardware.match_hardware`), else 25 and
+100 GB/s.
+
 * ``fcdp`` (fully cached data parallel, arXiv 2602.06499): ZeRO-3 gathers every layer's
   parameters across nodes twice per step (forward and backward). FCDP keeps the
   forward-gathered parameters in host memory and rebuilds them for backward with a
-  host-to-GPU copy of the node's share (``S / k`` bytes per GPU over PCIe, ``k`` data-parallel
+  host-to-GPU copy of the node's share (``S / k`` bytes per GPU over the host link, ``k`` data-parallel
   ranks per node) plus an intra-node all-gather, so backward moves no parameter bytes across
   nodes: inter-node all-gather traffic is exactly half of ZeRO-3's. GPU memory is unchanged;
   host memory grows by the node's gathered parameters (reported in
@@ -128,12 +136,18 @@ class Cache(Policy):
             self._offload_activations(state)
         state.applied.append(self.describe())
 
+    def _rates(self, state: WhatIfState) -> tuple[float, float]:
+        """(host link GB/s, host memory GB/s): stated, else the synthesized hardware's."""
+        hw = state.synth.hardware
+        return (float(self.pcie_gbps or hw.host_bytes_per_ns),
+                float(self.host_gbps or hw.host_memory_gbps))
+
     def _offload_activations(self, state: WhatIfState) -> None:
         import pandas as pd
         t = state.trace
         o = t.ops
         mem = t.meta["synth"]["memory"]
-        pcie = float(self.pcie_gbps or DEFAULT_PCIE_GBPS)
+        pcie = self._rates(state)[0]
         per_layer = {r["stage"]: float(r["activation_bytes_per_layer"]) for r in mem}
         stage_of_rank = _stages(t)
         lane_name = dict(zip(t.lanes["lane"].to_numpy().tolist(),
@@ -164,8 +178,7 @@ class Cache(Policy):
         mem = t.meta["synth"]["memory"]
         stage_of_rank = _stages(t)
         ranks = t.ops["rank"].to_numpy()
-        pcie = float(self.pcie_gbps or DEFAULT_PCIE_GBPS)
-        host = float(self.host_gbps or DEFAULT_HOST_GBPS)
+        pcie, host = self._rates(state)
         for row in mem:
             shard = row["optimizer_bytes"] / 12.0  # fp32 master weights, m and v
             on = np.isin(ranks, np.flatnonzero(stage_of_rank == row["stage"]))
@@ -199,7 +212,7 @@ class Cache(Policy):
             stage_params = _stage_param_bytes(t, idx)
             state.memory_delta_bytes += int(stage_params - stage_params / (par.dp * par.cp))
         else:
-            pcie = float(self.pcie_gbps or DEFAULT_PCIE_GBPS)
+            pcie = self._rates(state)[0]
             h2d = nbytes / k / pcie + spec.hardware.kernel_overhead_us * 1e3
             intra = np.asarray([comm.collective_ns(CommOp.ALL_GATHER, float(b),
                                                    GroupGeometry(k, k, 1, 1)) for b in nbytes])

@@ -161,13 +161,18 @@ def apply_measured(cache: Cache, state: WhatIfState) -> dict[str, Any]:
             eff = recompute_full_kineto(state)
         else:
             eff = uncheckpoint_kineto(state)
+    from retime.collectors.synth.hardware import match_hardware
+
     from .caching import DEFAULT_HOST_GBPS, DEFAULT_PCIE_GBPS
-    pcie = float(cache.pcie_gbps or DEFAULT_PCIE_GBPS)
+    # the host link of the trace's GPU where a profile names it (GB200: NVLink-C2C to Grace),
+    # else PCIe Gen4's 25 GB/s and 100 GB/s of host memory
+    hw = match_hardware(str(state.trace.meta.get("devices", "")))
+    pcie = float(cache.pcie_gbps or (hw.host_bytes_per_ns if hw else DEFAULT_PCIE_GBPS))
+    host = float(cache.host_gbps or (hw.host_memory_gbps if hw else DEFAULT_HOST_GBPS))
     if cache.offload_activations:
         eff["offload_activations_effect"] = _offload_activations_kineto(state, pcie)
     if cache.offload_optimizer:
-        eff["offload_optimizer_effect"] = _offload_optimizer_kineto(
-            state, pcie, float(cache.host_gbps or DEFAULT_HOST_GBPS))
+        eff["offload_optimizer_effect"] = _offload_optimizer_kineto(state, pcie, host)
     return eff
 
 

@@ -121,7 +121,7 @@ class Hardware(Policy):
             hw = dc.replace(new, intra=old.intra, inter=old.inter, cross_dc=old.cross_dc,
                             gpus_per_node=old.gpus_per_node, nics=old.nics,
                             nic_gbps=old.nic_gbps, nodes_per_dc=old.nodes_per_dc,
-                            dc_km=old.dc_km)
+                            dc_km=old.dc_km, nvlink_domain=old.nvlink_domain)
             state.synth.set_hardware(hw)
 
     def apply(self, state: WhatIfState) -> None:

@@ -18,7 +18,7 @@ from retime.collectors.trace import Trace
 
 from .ddp_params import param_bytes
 
-__all__ = ["ddp_ranges", "host_copy_rate", "loopback_busbw", "cpu_interference_of",
+__all__ = ["ddp_ranges", "host_copy_rate", "loopback_busbw", "cpu_interference_of", "share_cores",
            "TCP_COPIES_PER_BYTE", "OverlapProbe", "overlap_probe"]
 
 #: name of the DDP reducer's per-parameter copy into its bucket (gradient ready)
@@ -45,6 +45,17 @@ def ddp_ranges(trace: Trace) -> dict[str, pd.DataFrame] | None:
 #: the sender's copy into the socket (1 read + 1 write), the receiver's copy out of it (1 + 1)
 #: and the reduction (2 reads + 1 write): 7 passes, a memcpy being 2
 TCP_COPIES_PER_BYTE = 3.5
+
+
+def share_cores(n: int, cores: int) -> list[list[int]]:
+    """The CPU sets of a host's ``n`` ranks on its ``cores`` cores (ids ``0..cores-1``): with
+    at least as many cores as ranks, disjoint shares of ``cores // n`` each (a rank's gloo
+    worker threads then run beside its training thread); with fewer, one core each,
+    round-robin (ranks on one core time-share it)."""
+    if n <= cores:
+        per = cores // n
+        return [list(range(j * per, (j + 1) * per)) for j in range(n)]
+    return [[j % cores] for j in range(n)]
 
 
 def cpu_interference_of(trace: Trace, per: dict, exact, a_start, end, nbytes, ar_ids) -> float:

@@ -36,6 +36,8 @@ class KeyInfo:
 NEEDS: dict[str, str] = {
     "topology.ranks_per_node": "trace: host names (which ranks share a host); you: the "
     "new ranks per host, and network.intra/inter_node_gbps for a level the trace never used",
+    "topology.nvlink_domain": "you: the ranks of one NVLink domain (a trace's host names "
+    "say which ranks share a tray, not a rack)",
     "topology.cores_per_node": "you: the cores each host gives the job (a plain trace does "
     "not record CPU sets)",
     "parallel.dp": "trace: every rank, sized all-reduces, host names; you: "
@@ -85,6 +87,13 @@ KEYS: dict[str, KeyInfo] = {
         "profile's GPUs per node", "synth; kineto/nsys with sized collectives (crossing levels "
         "need a calibrated or given inter_node_gbps)", "GPUs per node: which collectives "
         "cross the inter-node network"),
+    "topology.nvlink_domain": KeyInfo(
+        "ranks", "integer >= 1 (synth: at most the hardware's domain, dividing the GPUs, "
+        ">= parallel.tp)", "the hardware profile's NVLink domain (72 on gb200 / gb300, where "
+        "it does not divide the job the largest whole number of trays per rack that does), "
+        "else GPUs per node", "synth; kineto/nsys with sized collectives (as "
+        "topology.ranks_per_node)", "ranks sharing one NVLink domain: collectives inside it "
+        "run on NVLink whatever trays they span, only those crossing domains use the network"),
     "topology.nics": KeyInfo("NICs", "integer >= 1", "hardware profile", _SYNTH,
                              "network interfaces per node (inter-node bandwidth per GPU)"),
     "topology.cores_per_node": KeyInfo(
@@ -145,7 +154,9 @@ KEYS: dict[str, KeyInfo] = {
     "parallel.seq_imbalance": KeyInfo("ratio", "number >= 1", "unchanged (1.0: balanced)",
                                       _SYNTH, "most loaded data-parallel rank's work over the "
                                       "mean, per micro-batch"),
-    "parallel.dtype": KeyInfo("name", "bf16 | fp16 | fp8 (fp8 needs an FP8 peak)",
+    "parallel.dtype": KeyInfo("name", "bf16 | fp16 | fp8 | fp4 (fp8 / fp4 need an FP8 / FP4 "
+                              "peak; fp4 keeps attention, the head and the first / last layer "
+                              "in BF16)",
                               "unchanged", _SYNTH, "compute dtype of the GEMMs"),
     "parallel.grad_overlap": KeyInfo("flag", "true | false", "unchanged (false: after the "
                                      "last backward, as Megatron-LM)", _SYNTH,
@@ -169,9 +180,14 @@ KEYS: dict[str, KeyInfo] = {
                                          "synth; kineto traces with GPU [memory] events and "
                                          "forward/backward phases",
                                          "activations offloaded to host memory"),
-    "cache.pcie_gbps": KeyInfo("GB/s", "> 0", "hardware profile (measured traces: 25)",
-                               "with cache.offload_*", "host<->GPU bandwidth for offloading"),
-    "cache.host_gbps": KeyInfo("GB/s", "> 0", "hardware profile (measured traces: 100)",
+    "cache.pcie_gbps": KeyInfo("GB/s", "> 0", "the hardware profile's host link x its "
+                               "efficiency, capped by its host memory share (gb200: NVLink-C2C "
+                               "~256; PCIe Gen4 profiles, and measured traces whose GPU no profile names: 25)",
+                               "with cache.offload_* or cache.fcdp",
+                               "host<->GPU bandwidth (PCIe or NVLink-C2C) for offload and the "
+                               "FCDP host cache"),
+    "cache.host_gbps": KeyInfo("GB/s", "> 0", "hardware profile's host memory share "
+                               "(measured traces: 100)",
                                "with cache.offload_optimizer",
                                "host memory bandwidth of the offloaded optimizer step"),
     # hardware

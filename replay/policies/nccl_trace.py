@@ -56,8 +56,12 @@ _PLATFORMS = [
     (r"H100.*PCIE", ("h100-pcie", "pcie", "pcie5", 64.0, "H100 PCIe: PCIe 5.0 x16")),
     (r"H100|H800", ("h100-sxm", "nvswitch", "nvlink4", 450.0, "HGX H100: NVLink4")),
     (r"H200", ("h200", "nvswitch", "nvlink4", 450.0, "HGX H200: NVLink4")),
+    (r"GB300", ("gb300", "nvswitch", "nvlink5", 900.0, "GB300: NVLink5")),
+    (r"B300", ("b300", "nvswitch", "nvlink5", 900.0, "HGX B300: NVLink5")),
     (r"GB200", ("gb200", "nvswitch", "nvlink5", 900.0, "GB200: NVLink5")),
     (r"B200", ("b200", "nvswitch", "nvlink5", 900.0, "HGX B200: NVLink5")),
+    (r"MI355X", ("mi355x", "xgmi", "xgmi4", 537.6, "MI355X platform: xGMI mesh")),
+    (r"MI325X", ("mi325x", "xgmi", "xgmi3", 448.0, "MI325X platform: xGMI mesh")),
     (r"MI300X", ("mi300x", "xgmi", "xgmi3", 448.0, "MI300X platform: xGMI mesh")),
     (r"V100.*PCIE", ("v100", "pcie", "pcie4", 16.0, "V100 PCIe: PCIe 3.0 x16")),
     (r"V100", ("v100", "nvswitch", "nvlink2", 150.0, "DGX-1/HGX-1 V100: 6 NVLink2 x 25 GB/s")),
@@ -104,9 +108,8 @@ def trace_cluster(trace: Trace, ranks_per_node: int, world: int,
     up = name.upper().replace("-", " ")
     pick = next((v for pat, v in _PLATFORMS if re.search(pat, up)), None)
     if pick is None:
-        raise PolicyError(f"GPU {name!r}: no NCCL platform known for it (known: A100, H100, "
-                          "H200, B200, GB200, MI300X, V100); state the link's nominal rate "
-                          "with network.measured_intra_node_gbps")
+        raise PolicyError(f"GPU {name!r}: no NCCL platform known for it (known: V100, A100, "
+                          "H100, H200, B200, B300, GB200, GB300, MI300X, MI325X, MI355X)")
     profile, fabric, gen, gbps, platform = pick
     sms = next((int(d.get("sms", 0)) for r in (trace.meta.get("devices") or {}).values()
                 for d in r.values() if isinstance(d, dict) and d.get("sms")), 0)

@@ -73,9 +73,17 @@ def _steps(comm_op: np.ndarray, n: np.ndarray, algorithm: str) -> np.ndarray:
 class Topology(Policy):
     """Cluster shape: ranks per node (Megatron rank order: consecutive ranks share a node)
     and NICs per node (synthesized runs: each GPU's inter-node share is
-    ``nics * nic_gbps / ranks_per_node``)."""
+    ``nics * nic_gbps / ranks_per_node``).
+
+    ``nvlink_domain``: the ranks that share one NVLink domain (72 on a GB200/GB300 NVL72
+    rack, whose trays hold 4): collectives inside it run on NVLink whatever hosts they span,
+    only those crossing domains use the network. On a synthesized run it is the job's
+    placement (:func:`retime.collectors.synth.hardware.job_domain`: at most the hardware's
+    domain, dividing the GPUs, at least ``tp``); on a measured trace it replaces the hosts as
+    the level that decides which collectives cross the network."""
 
     ranks_per_node: int | None = None
+    nvlink_domain: int | None = None
     nics: int | None = None
     #: CPU cores each host gives the job's ranks, as the user knows them (CPU training: ranks
     #: beyond that on one host time-share its cores). Stated for the measured job and the
@@ -85,6 +93,12 @@ class Topology(Policy):
 
     def __post_init__(self) -> None:
         check_int("topology", "ranks_per_node", self.ranks_per_node)
+        check_int("topology", "nvlink_domain", self.nvlink_domain)
+        if self.nvlink_domain and self.ranks_per_node \
+                and self.nvlink_domain % self.ranks_per_node:
+            raise PolicyError(f"topology.nvlink_domain={self.nvlink_domain} must be a multiple "
+                              f"of topology.ranks_per_node={self.ranks_per_node} (a domain is "
+                              "whole hosts or trays)")
         check_int("topology", "nics", self.nics)
         check_int("topology", "cores_per_node", self.cores_per_node)
 
@@ -100,16 +114,25 @@ class Topology(Policy):
             state.synth.set_hardware(dataclasses.replace(
                 hw, nics=self.nics, inter=dataclasses.replace(
                     hw.inter, gbps=self.nics * hw.nic_gbps / gpn)))
-        if self.ranks_per_node is None:
+        if self.ranks_per_node is None and self.nvlink_domain is None:
             return
         if state.is_synth:
-            hw = state.synth.hardware
-            # per-GPU NIC share stays the same (unless topology.nics says otherwise)
-            state.synth.set_hardware(dataclasses.replace(
-                hw, gpus_per_node=self.ranks_per_node,
-                nics=self.nics or max(1, round(hw.nics * self.ranks_per_node / hw.gpus_per_node))))
+            if self.ranks_per_node is not None:
+                hw = state.synth.hardware
+                # per-GPU NIC share stays the same (unless topology.nics says otherwise); the
+                # stated hosts are the NVLink domain unless nvlink_domain says otherwise
+                state.synth.set_hardware(dataclasses.replace(
+                    hw, gpus_per_node=self.ranks_per_node, nvlink_domain=0,
+                    nics=self.nics or max(1, round(hw.nics * self.ranks_per_node
+                                                   / hw.gpus_per_node))))
+            if self.nvlink_domain is not None:
+                hw = state.synth.hardware
+                if self.nvlink_domain > hw.domain:  # a what-if on a larger NVLink fabric
+                    state.synth.set_hardware(dataclasses.replace(
+                        hw, nvlink_domain=self.nvlink_domain))
+                state.synth.set_parallel(nvlink_domain=self.nvlink_domain)
         state.notes.setdefault("measured_ranks_per_node", ranks_per_node_of(state.trace))
-        state.ranks_per_node = self.ranks_per_node
+        state.ranks_per_node = self.nvlink_domain or self.ranks_per_node
 
     def apply(self, state: WhatIfState) -> None:
         state.applied.append(self.describe())
@@ -117,17 +140,22 @@ class Topology(Policy):
 
 def stated_cores(trace: Trace, cores: int) -> Trace:
     """The trace with each rank's CPU set as the user stated the hosts (``cores`` per host):
-    the ranks of a host, in rank order, take its cores round-robin (``meta["cpu_affinity"]``,
-    what :mod:`.parallel_dp` reads). Unchanged when the trace records no host names."""
+    the ranks of a host, in rank order, get their shares (:func:`host_cpu.share_cores`:
+    disjoint when the host has a core per rank, else round-robin) as ``meta["cpu_affinity"]``,
+    what :mod:`.parallel_dp` and the CPU interference read. Unchanged when the trace records
+    no host names."""
+    from .host_cpu import share_cores
+
     hosts = trace.meta.get("hostnames") if isinstance(trace.meta, dict) else None
     if not isinstance(hosts, dict) or not hosts:
         return trace
-    local: dict[str, int] = {}
-    aff = {}
+    by_host: dict[str, list[str]] = {}
     for r in sorted(hosts, key=int):
-        i = local.get(hosts[r], 0)
-        local[hosts[r]] = i + 1
-        aff[str(r)] = [i % int(cores)]
+        by_host.setdefault(hosts[r], []).append(r)
+    aff = {}
+    for ranks in by_host.values():
+        for r, cpus in zip(ranks, share_cores(len(ranks), int(cores)), strict=True):
+            aff[str(r)] = cpus
     meta = dict(trace.meta)
     meta["cpu_affinity"] = aff
     meta["cores_per_host_stated"] = int(cores)

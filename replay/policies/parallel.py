@@ -107,7 +107,7 @@ class Parallel(Policy):
         check_positive("parallel", "capacity_factor", self.capacity_factor, strict=False)
         check_positive("parallel", "stage_slack", self.stage_slack, strict=False)
         check_choice("parallel", "p2p", self.p2p, ("sync", "async"))
-        check_choice("parallel", "dtype", self.dtype, ("bf16", "fp16", "fp8"))
+        check_choice("parallel", "dtype", self.dtype, ("bf16", "fp16", "fp8", "fp4"))
         sl = self.stage_layers
         if isinstance(sl, list):
             object.__setattr__(self, "stage_layers", tuple(sl))

@@ -17,9 +17,10 @@ measured ranks:
   collectives at the measured group size and level, evaluated at the new group size and
   level (a ring all-reduce moves ``2 (n - 1) / n`` of the bytes per rank);
 * host cores (CPU training, gloo): when the capture recorded each rank's CPU set
-  (``meta["cpu_affinity"]``), a host keeps the cores its measured ranks had, and new ranks
-  on a host share them round-robin (``meta["cpu_affinity"]`` of the new job): ranks on one
-  core time-share it (:func:`shared_core_contention` replays them on the contention path).
+  (``meta["cpu_affinity"]``), a host keeps the cores its measured ranks had, and its new
+  ranks get shares of them (:func:`host_cpu.share_cores`: disjoint while there is a core per
+  rank, else round-robin; ``meta["cpu_affinity"]`` of the new job): ranks on one core
+  time-share it (:func:`shared_core_contention` replays them on the contention path).
 
 What it does not model: a per-rank batch change (``parallel.micro_batch``), other
 parallelism (TP/PP groups), and the data loader.
@@ -37,6 +38,7 @@ from retime.collectors.errors import PolicyError
 from retime.collectors.trace import Trace
 
 from .base import ranks_per_node_of
+from .host_cpu import share_cores
 
 __all__ = ["relayout_dp", "host_cores"]
 
@@ -177,7 +179,9 @@ def relayout_dp(trace: Trace, dp: int, ranks_per_node: int | None = None
     cores = host_cores(trace)
     if cores:
         c = int(np.median([len(v) for v in cores.values()]))
-        meta["cpu_affinity"] = {str(r): [(r // rpn) * 4096 + (r % rpn) % c] for r in range(dp)}
+        share = share_cores(rpn, c)  # each node's ranks on its c cores
+        meta["cpu_affinity"] = {str(r): [(r // rpn) * 4096 + x for x in share[r % rpn]]
+                                for r in range(dp)}
         meta["cores_per_host"] = c
     for k in ("sources", "windows_ns", "capture", "clock_offsets_ns"):
         meta.pop(k, None)
