@@ -196,3 +196,21 @@ def test_unsized_v100_collectives_refuse_buckets_but_take_sm_share():
 def test_new_keys_are_catalogued():
     for k in ("overlap.sm_share", "overlap.cost_bound", "overlap.peer_wait"):
         assert k in KEYS and KEYS[k].values
+
+
+def test_the_measured_sm_share_is_the_nccl_kernels_launch_grid(a100):
+    """Kineto records each kernel's grid; NCCL runs one block per channel (C13): the reader
+    keeps the collective kernels' median grid, read here from the raw file independently."""
+    import gzip
+
+    raw = json.load(gzip.open(KINETO / "a100-ddp-nccl" / "nccl_data.json.gz"))
+    grids = [e["args"]["grid"][0] for e in raw["traceEvents"]
+             if e.get("cat") == "kernel" and "nccl" in e.get("name", "").lower()]
+    assert len(grids) == 21
+    dev = a100.meta["devices"]["0"]["0"]
+    assert dev["nccl_blocks"] == int(np.median(grids)) == 8
+    r = whatif(a100, {"overlap.sm_share": 0.0})
+    sc = r.meta["scenario"][0]
+    assert sc["measured_sm_share"] == pytest.approx(8 / dev["sms"], abs=1e-4)
+    assert sc["sources"]["measured_share"] == "measured (kernel grid)"
+    assert any("launch grid: measured" in a for a in r.meta["whatif"]["assumed"])

@@ -7,9 +7,10 @@ fractions). ``overlap.sm_share = p'`` asks what NCCL holding ``p'`` of the SMs w
 0 = collectives offloaded to DMA engines (C3's ConCCL), a smaller share = fewer channels
 (``NCCL_MAX_NCHANNELS`` / ``NCCL_MAX_CTAS``).
 
-A measured trace already ran with the interference of its own share ``p0`` (the model's
-channels for the trace's GPU, platform and group size, over the trace's SM count:
-assumed, with its source printed). Each compute kernel's isolated time is its measured time
+A measured trace already ran with the interference of its own share ``p0``: its NCCL
+kernels' launch grid (one block per channel; Kineto's ``grid``, kept by the reader as
+``meta["devices"][rank][device]["nccl_blocks"]``) over its SM count, measured; without a
+grid, the model's channels for the trace's GPU, platform and group size (assumed). Each compute kernel's isolated time is its measured time
 less ``i0 / (1 + i0)`` of its overlap with communication on its device (and each
 communication kernel's likewise with compute); the replay runs on the contention path,
 where overlapped kernels progress at ``1 / (1 + i')`` of their rate wherever they overlap
@@ -62,7 +63,18 @@ def measured_sm_share(trace, graph, ranks_per_node: int | None
     pricer = NcclPricer(cl)
     c = pricer.cost(CommOp.ALL_REDUCE, nbytes, max(n, 2))
     sms = int(src["sms"]) or 1
-    share = min(1.0, c.channels / sms)
+    blocks = [int(d["nccl_blocks"]) for r in (trace.meta.get("devices") or {}).values()
+              for d in r.values() if isinstance(d, dict) and d.get("nccl_blocks")]
+    if blocks:  # measured: the collective kernels' launch grid, one block per channel
+        channels = float(np.median(blocks))
+        how = (f"{channels:g} channels (the trace's NCCL kernels' median launch grid: "
+               f"measured) of {sms} SMs")
+    else:
+        channels = float(c.channels)
+        how = (f"{c.channels} channels ({c.algorithm}/{c.protocol} at {nbytes / 1e6:.3g} MB, "
+               f"the NCCL model's count on {src['platform']}: assumed; the trace records no "
+               f"kernel grid) of {sms} SMs")
+    share = min(1.0, channels / sms)
     # the share of the kernels' measured time that moves data (the model's transfer); the
     # rest is spinning for peers (unknown without sizes: all of it moves data)
     meas = np.asarray(graph.meas_dur_ns, np.float64)[tab["op"]]
@@ -70,12 +82,9 @@ def measured_sm_share(trace, graph, ranks_per_node: int | None
     if sized.any():
         model = pricer.times_ns(tab["comm_op"][sized], tab["bytes"][sized], tab["n"][sized])
         active = float(min(1.0, model.sum() / max(meas[sized].sum(), 1.0)))
-    return share, active, (f"{c.channels} channels ({c.algorithm}/{c.protocol} at "
-                           f"{nbytes / 1e6:.3g} MB, the NCCL model's count on "
-                           f"{src['platform']}: assumed; the trace's kernel grid is not "
-                           f"ingested) of {sms} SMs; {active:.0%} of their time moves data "
-                           "(the model's transfer over their measured time), the rest spins "
-                           "for peers, holding SMs but not memory bandwidth")
+    return share, active, (f"{how}; {active:.0%} of their time moves data (the model's "
+                           "transfer over their measured time), the rest spins for peers, "
+                           "holding SMs but not memory bandwidth")
 
 
 def _overlap_with(lo, hi, ulo, uhi) -> np.ndarray:
@@ -163,8 +172,10 @@ def apply_sm_share(state: WhatIfState, sm_share: float | None, bound: str | None
             bounds=None if bound else [{"overlap.cost_bound": "low"},
                                        {"overlap.cost_bound": "high"}])
     out["sources"] = {"slowdown": f"{new.source} (C3's published fractions; the SM share "
-                                  "of its naive runs assumed)",
-                      "measured_share": "assumed (the NCCL model's channels)"}
+                                  "of its naive runs assumed)"}
+    if "measured_sm_share" in out:
+        out["sources"]["measured_share"] = "measured (kernel grid)" if "measured)" in why \
+            else "assumed (the NCCL model's channels)"
     state.mode = "contention"
     state.contention = ContentionModel(slowdown=new.slowdown, share_links=False)
     return out
