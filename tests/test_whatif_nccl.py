@@ -212,5 +212,5 @@ def test_the_measured_sm_share_is_the_nccl_kernels_launch_grid(a100):
     r = whatif(a100, {"overlap.sm_share": 0.0})
     sc = r.meta["scenario"][0]
     assert sc["measured_sm_share"] == pytest.approx(8 / dev["sms"], abs=1e-4)
-    assert sc["sources"]["measured_share"] == "measured (kernel grid)"
+    assert sc["interference_sources"]["measured_share"] == "measured (kernel grid)"
     assert any("launch grid: measured" in a for a in r.meta["whatif"]["assumed"])

@@ -14,6 +14,11 @@ Model, per rank and step:
   fit of the trace's own all-reduces (:func:`replay.policies.link_fit.calibrate`; with one
   bucket size only, ``a`` is the ring latency of ``DEFAULT_ALPHA_US`` per step) and
   ``kappa`` = measured / modeled time of the old buckets (the trace's own efficiency);
+* NCCL/RCCL all-reduces on GPU streams are priced instead by the cost layer's NCCL model
+  on the trace's GPU and platform (:func:`_nccl_model`, :mod:`.nccl_trace`), scaled by
+  ``kappa`` only where fully traced last arrivers measure it; with untraced members the
+  measured time beyond the modeled transfer is waiting for them, carried to the new buckets
+  as :func:`rebucket` says (never as transfer time);
 * every op that waited for an old bucket waits for the new bucket that covers it; new
   buckets rendezvous across ranks like the old ones (same index = same instance).
 
@@ -195,7 +200,7 @@ def rebucket(trace: Trace, bucket_mb: float, ranks_per_node: int | None = None,
             nxt = syn[j + 1][1] if j + 1 < len(syn) else max(span_hi, busy_until)
             new_rows[row]["dur_ns"] = max(0, nxt - sig)
             if rop >= 0:
-                ready_edges.append((rop, row, 0))
+                ready_edges.append((rop, row))
         # a consumer of old bucket k needs the new bucket that completes its bytes (but
         # not one issued after the consumer ran: that wait was not for these gradients)
         for k_old, i in enumerate(ids.tolist()):
@@ -263,12 +268,12 @@ def _assemble(trace, is_ar, new_rows, redirect, ready_edges, name_id, esrc, edst
         dst.append(new_id[edst[k]])
         kinds.append(int(e["kind"].iat[k]))
         lags.append(0)
-    for rop, row, lag in ready_edges:
+    for rop, row in ready_edges:
         if new_id[rop] >= 0:
             src.append(new_id[rop])
             dst.append(n_keep + row)
             kinds.append(2)
-            lags.append(int(lag))
+            lags.append(0)
     edges = pd.DataFrame({"src": np.asarray(src, np.int64), "dst": np.asarray(dst, np.int64),
                           "kind": np.asarray(kinds, np.int8), "lag_ns": np.asarray(lags, np.int64)})
     t = Trace(ops=ops, lanes=trace.lanes, edges=edges, ranges=trace.ranges, groups=trace.groups,

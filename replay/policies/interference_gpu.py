@@ -171,11 +171,12 @@ def apply_sm_share(state: WhatIfState, sm_share: float | None, bound: str | None
             f"{new.slowdown:.2f} ({new.overlap_fraction:.0%}; C3's DMA offload at 0%: 72%)",
             bounds=None if bound else [{"overlap.cost_bound": "low"},
                                        {"overlap.cost_bound": "high"}])
-    out["sources"] = {"slowdown": f"{new.source} (C3's published fractions; the SM share "
-                                  "of its naive runs assumed)"}
+    src = {"slowdown": f"{new.source} (C3's published fractions; the SM share of its naive "
+                       "runs assumed)"}
     if "measured_sm_share" in out:
-        out["sources"]["measured_share"] = "measured (kernel grid)" if "measured)" in why \
-            else "assumed (the NCCL model's channels)"
+        src["measured_share"] = ("measured (kernel grid)" if "measured)" in why
+                                 else "assumed (the NCCL model's channels)")
+    out["interference_sources"] = src
     state.mode = "contention"
     state.contention = ContentionModel(slowdown=new.slowdown, share_links=False)
     return out
