@@ -64,7 +64,8 @@ def measured_sm_share(trace, graph, ranks_per_node: int | None
     c = pricer.cost(CommOp.ALL_REDUCE, nbytes, max(n, 2))
     sms = int(src["sms"]) or 1
     blocks = [int(d["nccl_blocks"]) for r in (trace.meta.get("devices") or {}).values()
-              for d in r.values() if isinstance(d, dict) and d.get("nccl_blocks")]
+              if isinstance(r, dict) for d in r.values()
+              if isinstance(d, dict) and d.get("nccl_blocks")]
     if blocks:  # measured: the collective kernels' launch grid, one block per channel
         channels = float(np.median(blocks))
         how = (f"{channels:g} channels (the trace's NCCL kernels' median launch grid: "

@@ -112,7 +112,8 @@ def trace_cluster(trace: Trace, ranks_per_node: int, world: int,
                           "H100, H200, B200, B300, GB200, GB300, MI300X, MI325X, MI355X)")
     profile, fabric, gen, gbps, platform = pick
     sms = next((int(d.get("sms", 0)) for r in (trace.meta.get("devices") or {}).values()
-                for d in r.values() if isinstance(d, dict) and d.get("sms")), 0)
+                if isinstance(r, dict) for d in r.values()
+                if isinstance(d, dict) and d.get("sms")), 0)
     override = _volta_spec(sms or 80) if profile == "v100" else None
     rpn = max(1, min(int(ranks_per_node), int(world)))
     nodes = max(1, math.ceil(int(world) / rpn))
