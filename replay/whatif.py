@@ -214,6 +214,8 @@ def _derived(state: WhatIfState) -> dict[str, Any]:
         out["relayout"] = state.notes["relayout"]
     if "serialize_edges" in state.notes:
         out["serialize_edges"] = state.notes["serialize_edges"]
+    if "nccl_network" in state.notes:
+        out["nccl_network"] = state.notes["nccl_network"]
     if "shaped_link" in state.notes:
         out["shaped_link"] = state.notes["shaped_link"]
     if state.notes.get("assumed"):

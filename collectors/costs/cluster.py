@@ -36,6 +36,7 @@ INTRA_FABRICS = ("nvswitch", "pcie", "xgmi")
 NET_FABRICS = ("infiniband", "roce", "efa", "slingshot")
 #: link generation -> (fabric it belongs to, nominal GB/s per GPU per direction)
 GENERATIONS = {
+    "nvlink2": ("nvswitch", 150.0),
     "nvlink3": ("nvswitch", 300.0), "nvlink4": ("nvswitch", 450.0),
     "nvlink5": ("nvswitch", 900.0), "pcie4": ("pcie", 32.0), "pcie5": ("pcie", 64.0),
     "xgmi3": ("xgmi", 448.0), "xgmi4": ("xgmi", 537.6),

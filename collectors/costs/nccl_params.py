@@ -33,6 +33,7 @@ class Param:
 
 #: Simple-protocol ring bus bandwidth / nominal link rate, per intra-node link generation
 LINK_EFF = {
+    "nvlink2": Param(0.80, "assumed", "V100 NVLink2 (DGX-1 hybrid cube mesh), as PCIe"),
     "nvlink3": Param(0.78, "fitted", "C0 (A100 busbw cap 235 GB/s), C1 rows >= 2 GB"),
     "nvlink4": Param(0.82, "published", "C2: ~370 of 450 GB/s effective on NVLink4"),
     "nvlink5": Param(0.755, "fitted", "C3 rows >= 2 GB (GB200, 4 GPUs, ring)"),
@@ -83,6 +84,8 @@ LL128_PER_CHANNEL = {"volta": 20.0, "ampere": 20.0, "hopper": 36.7, "blackwell":
 #: channels per collective, by intra-node fabric and GPU generation
 CHANNELS = {
     ("nvswitch", "ampere"): Param(24, "published", "C6: 24 channels on HGX A100"),
+    ("nvswitch", "volta"): Param(8, "published", "C15: 4 NVLink rings on a DGX-1, each "
+                                 "doubled into two channels"),
     ("nvswitch", "hopper"): Param(32, "assumed", "NCCL on H100 NVSwitch"),
     ("nvswitch", "blackwell"): Param(32, "assumed", "NCCL on NVLink5"),
     ("pcie", None): Param(4, "assumed", "PCIe rings"),

@@ -218,6 +218,9 @@ def assemble(path, doc, rank, rank_source, strings, kept, dropped, tnames, G, H,
                                   "sms": d.numSms, "compute": f"{d.computeMajor}.{d.computeMinor}"}
     used_devs = np.unique(np.asarray(G["dev"], np.int64)).tolist()
     devices = {k: v for k, v in devices.items() if k in used_devs} or devices
+    for d, blocks in _comm_blocks(evs, ev_idx, comm["op"]).items():
+        if d in devices:  # NCCL channels measured: one block per channel (cost layer)
+            devices[d]["nccl_blocks"] = blocks
     mem_arr = np.asarray(mem, dtype=np.int64).reshape(-1, 5)
     acc = {"events_read": n_events, "kept": dict(kept), "dropped": dict(dropped),
            "rank": int(rank), "rank_source": rank_source,
@@ -240,6 +243,26 @@ def assemble(path, doc, rank, rank_source, strings, kept, dropped, tnames, G, H,
         hostname=doc.host_name or (doc.retimeCapture or {}).get("hostname"),
         capture=doc.retimeCapture,
     )
+
+
+def _comm_blocks(evs, ev_idx, ops) -> dict[int, int]:
+    """Per device: the median launch grid (blocks) of its collective kernels, from their
+    ``grid`` args (absent: nothing)."""
+    import msgspec
+
+    got: dict[int, list[int]] = {}
+    for o in np.asarray(ops, np.int64).tolist():
+        ev = evs.get(int(ev_idx[o])) if isinstance(evs, dict) else None
+        a = getattr(ev, "args", None)
+        if a is None or not len(a.grid) or not isinstance(a.device, int):
+            continue
+        try:
+            g = msgspec.json.decode(a.grid)
+        except msgspec.DecodeError:
+            continue
+        if isinstance(g, list) and g and isinstance(g[0], int) and g[0] > 0:
+            got.setdefault(a.device, []).append(g[0])
+    return {d: int(np.median(v)) for d, v in got.items()}
 
 
 def _gpu_range_lanes(GR, g_uniq, n_g_lanes) -> np.ndarray:

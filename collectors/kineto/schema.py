@@ -37,6 +37,8 @@ class Args(msgspec.Struct, omit_defaults=True, gc=False):
     dtype: str | None = None
     input_dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="Input Dims")
     input_type: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="Input type")
+    # a kernel's launch grid ([blocks, 1, 1]): an NCCL kernel runs one block per channel
+    grid: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""))
     sync_kind: str | None = msgspec.field(default=None, name="cuda_sync_kind")
     wait_corr: int | str | None = msgspec.field(default=None,
                                                 name="wait_on_cuda_event_record_corr_id")

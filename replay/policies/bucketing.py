@@ -14,6 +14,11 @@ Model, per rank and step:
   fit of the trace's own all-reduces (:func:`replay.policies.link_fit.calibrate`; with one
   bucket size only, ``a`` is the ring latency of ``DEFAULT_ALPHA_US`` per step) and
   ``kappa`` = measured / modeled time of the old buckets (the trace's own efficiency);
+* NCCL/RCCL all-reduces on GPU streams are priced instead by the cost layer's NCCL model
+  on the trace's GPU and platform (:func:`_nccl_model`, :mod:`.nccl_trace`), scaled by
+  ``kappa`` only where fully traced last arrivers measure it; with untraced members the
+  measured time beyond the modeled transfer is waiting for them, carried to the new buckets
+  as :func:`rebucket` says (never as transfer time);
 * every op that waited for an old bucket waits for the new bucket that covers it; new
   buckets rendezvous across ranks like the old ones (same index = same instance).
 
@@ -26,6 +31,8 @@ CPU (gloo) DDP traces get a parameter-level model instead: :mod:`.bucketing_cpu`
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import pandas as pd
@@ -42,11 +49,27 @@ from .link_fit import DEFAULT_ALPHA_US, bus_factor, calibrate, collective_table
 __all__ = ["rebucket", "rebucket_cpu", "CpuModel", "GLOO_STEP_US"]
 
 
-def rebucket(trace: Trace, bucket_mb: float, ranks_per_node: int | None = None
+def rebucket(trace: Trace, bucket_mb: float, ranks_per_node: int | None = None,
+             bound: str | None = None, peer_wait: str | None = None
              ) -> tuple[Trace, np.ndarray, np.ndarray, dict]:
     """A copy of ``trace`` with its gradient all-reduces re-bucketed.
 
-    Returns ``(new trace, new op ids, their modeled transfer durations ns, info)``.
+    NCCL/RCCL all-reduces on GPU streams are priced by the cost layer's NCCL model
+    (:func:`_nccl_model`; ``bound`` ``"low"``/``"high"``: at the ends of its range), gloo
+    ones and GPU traces without device properties by the trace's alpha-beta fit.
+    Returns ``(new trace, new op ids, their modeled transfer durations ns, info)``;
+    ``info["assumed"]`` holds the ``assumed:`` lines of what the trace could not tell.
+
+    Untraced members (NCCL model): the part of a measured bucket's time the modeled
+    transfer does not explain is waiting for them. Two readings of it, each a limit on a
+    new bucket's wait: ``"lag"``, the peers reach each gradient byte as late as they
+    reached the old buckets' (interpolated) and a new bucket's kernel spins until they do
+    (merged buckets wait no longer than the last old one did); ``"bytes"``, a rank's
+    waiting per step stays what it was, spread over the new buckets by their bytes (many
+    small buckets do not each wait the whole lag). ``peer_wait`` None: the smaller of the
+    two per bucket, except the step's last bucket, which waits for the peers' last measured
+    arrival (``"lag"``: no bucketing ends the step before the late ranks get there);
+    ``"lag"`` / ``"bytes"``: that one alone (the range's bounds).
     """
     o = trace.ops
     kind = o["kind"].to_numpy()
@@ -83,6 +106,9 @@ def rebucket(trace: Trace, bucket_mb: float, ranks_per_node: int | None = None
     meas_ops = tab["op"][last]
     kappa = float(dur_meas[meas_ops].clip(0).sum() / model(nbytes[meas_ops]).sum()) \
         if len(meas_ops) else 1.0
+    nc = _nccl_model(trace, tab, sel_tab, dur_meas, n_group, ranks_per_node, bound, peer_wait)
+    if nc is not None:
+        model, kappa = nc["model"], nc["kappa"]
     S = float(bucket_mb) * 1e6
     rank = o["rank"].to_numpy()
     step = o["step"].to_numpy()
@@ -134,21 +160,44 @@ def rebucket(trace: Trace, bucket_mb: float, ranks_per_node: int | None = None
         before = np.flatnonzero((rank == r) & (lane == cl) & ~is_ar & (start < start[ids[0]]))
         span_lo = max(int(end[before].max()) if len(before) else t0, t0)
         span_lo = min(span_lo, int(start[ids[0]]))
+        # untraced members (NCCL model): when each new bucket's peers are ready, from when
+        # the old buckets' peers were (their end less the modeled transfer)
+        peer_t = None
+        wait_j = np.zeros(k_new)
+        if nc is not None and nc["partial"]:
+            t_old = kappa * nc["model"](nbytes[ids]).astype(np.float64)
+            if peer_wait != "bytes":
+                pk = np.maximum.accumulate(end[ids] - t_old)
+                peer_t = np.interp(bounds, xs, np.concatenate([[t0 + pk[0] - ts[1]], pk]))
+            if peer_wait != "lag":
+                waited = float(np.maximum(end[ids] - start[ids] - t_old, 0.0).sum())
+                wait_j = waited * sizes / total
         sigma_prev = -(2**62)
+        busy_until = -(2**62)  # the stream's modeled end of the previous new bucket
         syn: list[tuple[int, int, int]] = []  # (ready op or -1, synthetic start, row)
         for j in range(k_new):
             pos = np.searchsorted(start[lane_ops], t_ready[j], side="right") - 1
             rop = int(lane_ops[pos]) if pos >= 0 else -1
             sig = int(end[rop]) if rop >= 0 else int(t_ready[j])
-            sig = min(max(sig, sigma_prev, span_lo), span_hi)
+            sig = min(max(sig, sigma_prev, span_lo, busy_until), span_hi)
             sigma_prev = sig
+            t_model = float(kappa * model(sizes[j]))
+            if nc is not None and nc["partial"]:
+                # the kernel spins until the untraced peers arrive, then transfers: the wait
+                # is kernel time, as it was in the measured buckets
+                w_lag = max(0.0, float(peer_t[j]) - sig) if peer_t is not None else math.inf
+                w_bytes = float(wait_j[j]) if peer_wait != "lag" else math.inf
+                # the last bucket cannot end before the peers' last measured arrival
+                t_model += w_lag if j == k_new - 1 and peer_t is not None \
+                    else min(w_lag, w_bytes)
+                busy_until = int(sig + t_model)
             syn.append((rop, sig, len(new_rows)))
             new_rows.append({"rank": r, "lane": int(lane[ids[0]]), "step": s,
                              "start_ns": sig, "bytes": int(round(sizes[j])),
                              "coll_j": j, "group_id": int(o["group_id"].iat[ids[0]]),
-                             "model_ns": float(kappa * model(sizes[j]))})
+                             "model_ns": t_model})
         for j, (rop, sig, row) in enumerate(syn):
-            nxt = syn[j + 1][1] if j + 1 < len(syn) else span_hi
+            nxt = syn[j + 1][1] if j + 1 < len(syn) else max(span_hi, busy_until)
             new_rows[row]["dur_ns"] = max(0, nxt - sig)
             if rop >= 0:
                 ready_edges.append((rop, row))
@@ -163,10 +212,14 @@ def rebucket(trace: Trace, bucket_mb: float, ranks_per_node: int | None = None
         key = (row["step"], row["group_id"], row["coll_j"])
         keys.setdefault(key, coll_base + len(keys))
         row["coll_id"] = keys[key]
+    info = {"buckets_before": int(is_ar.sum()), "buckets_after": len(new_rows),
+            "kappa": kappa, "alpha_ns": alpha, "busbw_gbps": c["busbw_gbps"],
+            "bucket_mb": float(bucket_mb), "model": "generic"}
+    if nc is not None:
+        info = {"buckets_before": int(is_ar.sum()), "buckets_after": len(new_rows),
+                "bucket_mb": float(bucket_mb), **nc["info"], "assumed": nc["assumed"]}
     return _assemble(trace, is_ar, new_rows, redirect, ready_edges, name_id, esrc, edst, start,
-                     {"buckets_before": int(is_ar.sum()), "buckets_after": len(new_rows),
-                      "kappa": kappa, "alpha_ns": alpha, "busbw_gbps": c["busbw_gbps"],
-                      "bucket_mb": float(bucket_mb), "model": "generic"})
+                     info)
 
 
 def _assemble(trace, is_ar, new_rows, redirect, ready_edges, name_id, esrc, edst, start, info):
@@ -226,5 +279,88 @@ def _assemble(trace, is_ar, new_rows, redirect, ready_edges, name_id, esrc, edst
     t = Trace(ops=ops, lanes=trace.lanes, edges=edges, ranges=trace.ranges, groups=trace.groups,
               memory=trace.memory, strings=trace.strings, meta=dict(trace.meta))
     new_ids = np.arange(n_keep, len(ops), dtype=np.int64)
+    info["kept_ops"] = keep  # the measured op each of the new trace's first ops is
     model_ns = np.asarray([r["model_ns"] for r in new_rows])
     return t, new_ids, model_ns, info
+
+
+def _nccl_model(trace: Trace, tab: dict, sel_tab: np.ndarray, dur_meas: np.ndarray,
+                n_group: int, ranks_per_node: int | None, bound: str | None,
+                peer_wait: str | None = None) -> dict | None:
+    """The NCCL model of a GPU trace's gradient all-reduces (:mod:`.nccl_trace`): ``model``
+    (bytes -> ns), ``kappa`` (fitted on fully traced last arrivers, else 1), ``partial``
+    (untraced members: the rest of their time is waiting, kept by the caller), ``info``.
+    None for gloo collectives or a trace without GPU device properties."""
+    from retime.collectors.enums import CommOp as C
+
+    from .base import ranks_per_node_of
+    from .nccl_trace import (
+        NcclPricer,
+        anchor,
+        forced_choice,
+        gpu_collectives,
+        peer_text,
+        trace_cluster,
+    )
+
+    ops = tab["op"][sel_tab]
+    if not gpu_collectives(trace, ops):
+        return None
+    world = int(max(np.max(tab["n"]), trace.meta.get("world_size") or 0))
+    rpn = ranks_per_node_of(trace, ranks_per_node)
+    try:
+        cl, src = trace_cluster(trace, rpn, world)
+    except PolicyError:
+        return None
+    pricer = NcclPricer(cl, bound=bound)
+    sizes = tab["bytes"][sel_tab]
+    forced, why = forced_choice(trace, ops, pricer, n_group, sizes)
+    pricer.forced = forced
+    mod = pricer.times_ns(np.full(len(ops), int(C.ALL_REDUCE)), sizes, tab["n"][sel_tab])
+    part = tab["partial"][sel_tab]
+    a = anchor(dur_meas[ops].astype(np.float64), mod, tab["last"][sel_tab], part)
+    k = a["kappa"]
+
+    def model(b):
+        b = np.asarray(b, np.float64)
+        return np.vectorize(lambda x: pricer.time_ns(C.ALL_REDUCE, x, n_group),
+                            otypes=[np.float64])(b)
+
+    ex = pricer.cost(C.ALL_REDUCE, float(np.median(sizes)), n_group)
+    assumed = [f"all-reduce transfer priced by the NCCL model on {src['gpu']} "
+               f"({src['platform']}, {src['nominal_intra_gbps']:g} GB/s nominal: "
+               f"{src['nominal_source']}; {n_group} ranks, {src['ranks_per_node']} per node): "
+               f"{why}; {ex.channels} channels; {ex.time_us:.0f} us at the median measured "
+               f"{float(np.median(sizes)) / 1e6:.3g} MB (range {ex.range_us[0]:.0f}-"
+               f"{ex.range_us[1]:.0f} us)"]
+    if a["source"] == "fitted":
+        assumed[0] += (f"; scaled by {k:.2f}, the measured / modeled time of "
+                       f"{a['points']} fully traced last arriver(s) (fitted)")
+    partial = bool(part.any())
+    if partial:
+        assumed.append(peer_text(int(part.sum()), dur_meas[ops[part]].astype(np.float64),
+                                 mod[part]) + ": " + _peer_text(peer_wait))
+    sources = {"transfer": "fitted" if a["source"] == "fitted" else
+               "model: published and assumed parameters (collectors/costs/nccl_params.py)",
+               "platform": "stated" if "stated" in src["nominal_source"] else "assumed"}
+    if partial:
+        sources["wait"] = "assumed (the range replays each reading)"
+    info = {"model": "nccl", "algorithm": ex.algorithm, "protocol": ex.protocol,
+            "channels": ex.channels, "kappa": k, "kappa_source": a["source"],
+            "cluster": src, "waiting_kept": partial, "sources": sources}
+    return {"model": model, "kappa": k, "partial": partial, "info": info, "assumed": assumed}
+
+
+_LAG = ("the untraced ranks reach each gradient byte as late after this rank as they reached "
+        "the measured buckets' (interpolated; a new bucket's kernel spins until they do)")
+_BYTES = "this rank's waiting per step stays as measured, spread over the new buckets by bytes"
+
+
+def _peer_text(mode: str | None) -> str:
+    if mode == "lag":
+        return _LAG
+    if mode == "bytes":
+        return _BYTES
+    return (f"each new bucket waits the smaller of two readings: {_LAG}, or {_BYTES}; the "
+            "step's last bucket waits for the untraced ranks' last measured arrival; the "
+            "range replays each reading alone (overlap.peer_wait=lag / bytes)")

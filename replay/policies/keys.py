@@ -67,6 +67,13 @@ NEEDS: dict[str, str] = {
     "overlap.interference": "you: the fraction of ideal overlap (else the trace's estimate "
     "or the calibration's probe)",
     "overlap.probe_bound": "calibration: the overlap probe's repetitions",
+    "overlap.sm_share": "trace: NCCL/RCCL kernels on GPU streams overlapping compute "
+    "kernels, the GPU's name and SM count (the measured share: the NCCL model's channels, "
+    "assumed); published: C3's overlap fractions (collectors/costs/REFERENCES.md C12)",
+    "overlap.peer_wait": "trace: the measured buckets' times beyond the modeled transfer "
+    "(partially traced collectives)",
+    "overlap.cost_bound": "nothing: the range's bounds of the NCCL model and the "
+    "interference model",
 }
 
 
@@ -284,6 +291,23 @@ KEYS: dict[str, KeyInfo] = {
         "kineto gloo traces with a calibration (--calibration) or a kit capture's probe",
         "use the fastest (low) or slowest (high) repetitions of the overlap probe: the "
         "prediction range's bounds"),
+    "overlap.sm_share": KeyInfo(
+        "fraction of the GPU's SMs", "[0, 1] (0 = collectives on DMA engines)",
+        "the trace's own (NCCL's channels / SMs): no change",
+        "synth; kineto/nsys with NCCL/RCCL kernels on GPU streams (not gloo)",
+        "SMs NCCL kernels hold: overlapped compute and communication slow each other by "
+        "i = 0.28 + 0.51 * share / 0.2 (C3); runs the contention path"),
+    "overlap.cost_bound": KeyInfo(
+        "name", "low | high", "the model's central figure",
+        "kineto/nsys with NCCL/RCCL collectives (with overlap.bucket_mb or sm_share)",
+        "price NCCL collectives and their interference at the low / high end of the cost "
+        "model's range: the prediction range's bounds"),
+    "overlap.peer_wait": KeyInfo(
+        "name", "lag | bytes", "the smaller per bucket of lag (the untraced ranks lag as "
+        "at the measured buckets) and bytes (the measured wait per step spread by bytes)",
+        "kineto/nsys NCCL traces with untraced ranks (with overlap.bucket_mb)",
+        "how the wait for untraced ranks carries to new buckets; each alone is a bound of "
+        "the range"),
     # stragglers
     "stragglers.ideal": KeyInfo("flag", "true | false", "false", _ALL,
                                 "drop unexplained delays"),

@@ -288,6 +288,8 @@ class Network(Policy):
             state.notes["shaped_link"] = {"measured_rate_gbps": shaper[0],
                                           "rate_gbps": rate, "burst_ms": shaper[1] / 1e6}
         state.notes["network_calibration"] = {LEVELS[k]: v for k, v in cal.items()}
+        if self._nccl(state, tab, cal, cpu, old):
+            return
         for k, v in cal.items():
             if v.get("why") and (self._level_gbps().get(k) is not None
                                  or k in set(np.unique(tab["level"]).tolist())):
@@ -376,6 +378,39 @@ class Network(Policy):
             t_new[i] += steps_new[i] * a_new - steps_old[i] * a_old
         state.dur[tab["op"]] += t_new - t_old
         state.applied.append(self.describe())
+
+
+    def _nccl(self, state: WhatIfState, tab, cal, cpu: bool, old) -> bool:
+        """NCCL/RCCL collectives on GPU streams with a new nominal link rate: re-timed by
+        the cost layer's NCCL model (:func:`.nccl_trace.network_delta`), which applies the
+        efficiency; the fitted and the assumed figures are printed. False where it does
+        not apply (gloo, a stated bus efficiency, latency keys, re-laid-out jobs, levels
+        that change, a trace without device properties): the alpha-beta path runs."""
+        from .nccl_trace import gpu_collectives, network_delta
+
+        if cpu or old is not None or self.bus_efficiency is not None \
+                or (self.intra_node_gbps is None and self.inter_node_gbps is None) \
+                or any(v is not None for v in (self.latency_us, self.intra_latency_us,
+                                                self.algorithm, self.cross_dc_gbps,
+                                                self.cross_dc_km, self.nodes_per_dc)) \
+                or not (tab["bytes"] > 0).any() or not gpu_collectives(state.trace, tab["op"]):
+            return False
+        got = network_delta(state.trace, state.graph, tab, cal, state.ranks_per_node,
+                            self.intra_node_gbps, self.inter_node_gbps,
+                            self.measured_intra_node_gbps, self.measured_inter_node_gbps)
+        if got is None:
+            return False
+        delta, info, lines = got
+        for line, fitted in zip(lines, info.get("fitted_levels", []), strict=False):
+            # anchored on fully traced collectives: the range's fitted share covers it;
+            # the model alone (untraced members): an assumption the range cannot bound
+            state.assume(line, bounded=fitted)
+        state.notes["nccl_network"] = info
+        state.dur[tab["op"]] += delta
+        d = self.describe()
+        d["model"] = "nccl"
+        state.applied.append(d)
+        return True
 
 
 def _template_table(state: WhatIfState, tab: dict[str, np.ndarray],

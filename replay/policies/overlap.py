@@ -26,6 +26,10 @@ per-layer WFBP, one bucket, MG-WFBP merging) and compute/communication interfere
   ``f = (T_serial - T_overlap) / (T_serial - max(T_comp, T_comm))`` for any pair of lengths.
   Durations are taken as isolated times: on a measured trace, whose kernels already ran
   overlapped, it is an *additional* slowdown.
+* ``sm_share``: the share of a GPU's SMs NCCL kernels hold (channels / SMs; 0 = collectives
+  on DMA engines): compute and NCCL kernels slow each other where they overlap by the C3
+  calibration of :mod:`collectors.costs.interference` (:mod:`.interference_gpu`); measured
+  GPU traces re-bucketed by ``bucket_mb`` get the trace's own share on the new overlap.
 * ``tp_slices``: tensor-parallel communication overlapped with the GEMM that produces it by
   slicing both into ``k`` chunks (Megatron's TP comm overlap): chunk ``i``'s collective runs
   while the GEMM computes chunk ``i+1``, so only the last chunk's collective stays exposed:
@@ -87,6 +91,17 @@ class Overlap(Policy):
     #: which repetitions of a calibration's overlap probe to use: the median (None) or the
     #: fastest / slowest ("low" / "high": the prediction range's bounds)
     probe_bound: str | None = None
+    #: share of the GPU's SMs NCCL kernels hold (channels / SMs; 0 = collectives on DMA
+    #: engines): compute and communication slow each other where they overlap
+    #: (:mod:`.interference_gpu`)
+    sm_share: float | None = None
+    #: price NCCL collectives and their interference at the low / high end of the cost
+    #: model's range (the prediction range's bounds)
+    cost_bound: str | None = None
+    #: how a measured bucket's wait for untraced ranks carries to new buckets: "lag" (they
+    #: lag as measured), "bytes" (the wait per step spread by bytes); default the smaller
+    #: per bucket (:func:`.bucketing.rebucket`); each alone is a bound of the range
+    peer_wait: str | None = None
     table: ClassVar[str] = "overlap"
 
     def __post_init__(self) -> None:
@@ -97,6 +112,13 @@ class Overlap(Policy):
         check_int("overlap", "tp_slices", self.tp_slices)
         check_int("overlap", "prefetch", self.prefetch, lo=0)
         check_choice("overlap", "probe_bound", self.probe_bound, ("low", "high"))
+        check_fraction("overlap", "sm_share", self.sm_share)
+        check_choice("overlap", "cost_bound", self.cost_bound, ("low", "high"))
+        check_choice("overlap", "peer_wait", self.peer_wait, ("bytes", "lag"))
+        if self.sm_share is not None and self.interference is not None:
+            raise PolicyError("overlap.sm_share and overlap.interference both set: sm_share "
+                              "derives the interference of NCCL kernels from the SMs they "
+                              "hold; give one of them")
         if self.share_links is not None and not isinstance(self.share_links, bool):
             raise PolicyError(f"overlap.share_links={self.share_links!r} must be true/false")
         if self.bucket_mb is not None and self.merge is not None:
@@ -113,6 +135,7 @@ class Overlap(Policy):
                     "this trace is measured (no meta['synth']): give overlap.bucket_mb "
                     "instead, or synthesize the job (`retime synth`)")
             from .bucketing import rebucket, rebucket_cpu
+            base_trace = state.trace
             # without a given overlap.interference the trace's own (bucketing_cpu)
             i = None if self.interference is None else 1.0 - self.interference
             cpu = rebucket_cpu(state.trace, self.bucket_mb, i, state.ranks_per_node,
@@ -135,8 +158,20 @@ class Overlap(Policy):
                         bounds=[{"overlap.interference": 1.0}, {"overlap.interference": 0.0}])
             else:
                 state.trace, ids, model_ns, info = rebucket(state.trace, self.bucket_mb,
-                                                            state.ranks_per_node)
+                                                            state.ranks_per_node,
+                                                            self.cost_bound, self.peer_wait)
+                for k, line in enumerate(info.get("assumed", [])):
+                    # the range: the same what-if priced at the model's ends, and with the
+                    # untraced ranks lagging as measured
+                    var = None
+                    if k == 0 and self.cost_bound is None:
+                        var = [{"overlap.cost_bound": "low"}, {"overlap.cost_bound": "high"}]
+                    elif k == 1 and self.peer_wait is None:
+                        var = [{"overlap.peer_wait": "lag"}, {"overlap.peer_wait": "bytes"}]
+                    state.assume(line, bounds=var)
             state.notes["rebucket"] = (ids, model_ns, info)
+            if info.get("model") == "nccl":  # GPU: the new overlap's interference is priced
+                state.notes["gpu_base"] = (base_trace, info["kept_ops"])
             return
         if state.synth.parallel.get("dp", 1) * state.synth.parallel.get("cp", 1) <= 1:
             raise PolicyError("overlap.bucket_mb / merge: the run has no data parallelism "
@@ -171,8 +206,16 @@ class Overlap(Policy):
             state.dur[ids] = model_ns
             d.update({k: info[k] for k in ("buckets_before", "buckets_after", "model",
                                            "alpha_ns", "busbw_gbps", "interference_fit", "param_sizes",
-                                           "contention", "comm_slowdown")
+                                           "contention", "comm_slowdown", "algorithm",
+                                           "protocol", "channels", "kappa", "kappa_source",
+                                           "waiting_kept", "sources")
                       if k in info})
+        if self.sm_share is not None or "gpu_base" in state.notes:
+            # NCCL kernels slow the compute they overlap (and back): at the share asked, or
+            # the trace's own where a re-bucketing moved the overlap
+            from .interference_gpu import apply_sm_share
+            d.update(apply_sm_share(state, self.sm_share, self.cost_bound,
+                                    state.notes.get("gpu_base")))
         if "cpu_model" in state.notes:
             _cpu_contention(state, state.notes["cpu_model"])
             d["interference_used"] = 1.0 - state.contention.slowdown  # derived, not a key
@@ -183,7 +226,8 @@ class Overlap(Policy):
             src, dst = m["serialize_edges"]
             state.add_edges(src, dst)
             state.notes["serialize_edges"] = int(len(src))
-        if (self.interference is not None or self.share_links) and "cpu_model" not in state.notes:
+        if (self.interference is not None or self.share_links) and "cpu_model" not in state.notes \
+                and self.sm_share is None:
             f = 1.0 if self.interference is None else float(self.interference)
             state.mode = "contention"
             state.contention = ContentionModel(slowdown=1.0 - f,
