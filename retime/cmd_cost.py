@@ -198,13 +198,13 @@ def _normalize_collective(name: str) -> str:
 
 def _assumed_lines(c, rows, coll: str) -> list[str]:
     from retime.collectors.costs import nccl_params as P
+    from retime.collectors.costs.nccl import efficiencies
 
-    ip = P.LINK_EFF[c.intra_generation]
+    ip, npar = efficiencies(c)
     out = [f"{c.name}: {c.world_size} GPUs = {c.gpus_per_node} per node x {c.nodes} node(s), "
            f"{c.gpu}; intra {c.intra_fabric}/{c.intra_generation} {c.intra_gbps:g} GB/s per "
            f"GPU per direction (nominal) x {ip.value} ({ip.source}: {ip.ref})"]
     if c.nodes > 1:
-        npar = P.NET_EFF[c.net_fabric]
         out.append(f"network {c.net_fabric}: {c.nics_per_node} x {c.nic_gbit:g} Gbit/s per node "
                    f"x {npar.value} ({npar.source}: {npar.ref})")
     if any(r["algorithm"] in ("nvls", "nvls_tree") for r in rows):

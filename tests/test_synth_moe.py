@@ -105,12 +105,15 @@ def test_dispatch_traffic_closed_form(route_nodes):
     else:
         assert inter == pytest.approx(copies * 56 / 64 * h)
         assert intra == pytest.approx(copies * 7 / 64 * h)
-    # the all-to-all: both levels at once, the slower one sets the time
+    # the all-to-all (the cost layer's NCCL alltoall rates): both levels at once, the slower
+    # one sets the time; on-node at the point-to-point share (0.84) of the NVLink bus rate,
+    # off-node through the GPU's own NIC share; latency 5 us per call + NCCL's ring/Simple
+    # base 8.4 us + log2(64) network hops of 14 us
     hw = comm.hw
-    t_inter = (hw.inter.base_us + hw.inter.latency_us + hw.intra.latency_us) * 1e3 \
-        + inter / hw.inter.bus_bytes_per_ns
-    t_intra = (hw.intra.base_us + hw.intra.latency_us) * 1e3 + intra / hw.intra.bus_bytes_per_ns
-    assert comm.all_to_all_ns(intra, inter, "ep") == round(max(t_inter, t_intra))
+    t_intra = intra / (hw.intra.gbps * hw.intra.bus_efficiency * 0.84)
+    t_inter = inter / (hw.inter.gbps * hw.inter.bus_efficiency)
+    lat = (5.0 + 8.4 + 6 * 14.0) * 1e3
+    assert comm.all_to_all_ns(intra, inter, "ep") == round(lat + max(t_inter, t_intra))
 
 
 @pytest.fixture(scope="module")

@@ -42,20 +42,33 @@ def _as_measured(t: Trace) -> Trace:
                  memory=t.memory, strings=t.strings, meta=meta)
 
 
+def _with_inter(hw, gbps):
+    import dataclasses
+    return dataclasses.replace(hw, inter=dataclasses.replace(hw.inter, gbps=gbps))
+
+
 def test_halving_inter_node_bandwidth_costs_the_alpha_beta_amount(dp_job):
     o = dp_job.ops
     ar = (o["kind"] == OpKind.COLLECTIVE) & (o["comm_op"] == CommOp.ALL_REDUCE) & (o["rank"] == 0)
     assert ar.sum() == 1  # one bucket
     S = float(o.loc[ar, "bytes"].iloc[0])
     n, per_node = 16, 8
-    # closed form (PUBLISHED.md §3): bus bytes 2(n-1)/n * S over the slowest level; the
-    # inter-node level gives each of the node's 8 members its NIC share
+    # closed form (the cost layer's ring/Simple, PUBLISHED.md §3): bus bytes 2(n-1)/n * S
+    # over the slowest level, plus one pipeline pass of min(S, n x 16 channels x 64 KiB)
+    # (two channels per NIC leave the node); the inter-node level gives each of the node's
+    # 8 members its NIC share. Latency terms are the same at both rates.
     inter_gbps = HW.nics * HW.nic_gbps / HW.gpus_per_node
     bw = min(HW.intra.gbps * HW.intra.bus_efficiency,
              inter_gbps * HW.inter.bus_efficiency * per_node)
     bw_half = min(HW.intra.gbps * HW.intra.bus_efficiency,
                   inter_gbps / 2 * HW.inter.bus_efficiency * per_node)
-    expected = S * 2 * (n - 1) / n * (1 / bw_half - 1 / bw)
+    moved = S + min(S, n * 16 * 65536)
+    expected = moved * 2 * (n - 1) / n * (1 / bw_half - 1 / bw)
+    from retime.collectors.costs import Group, cluster_from_hardware, collective_cost
+    for hw in (HW, _with_inter(HW, inter_gbps / 2)):
+        r = collective_cost(cluster_from_hardware(hw), "all_reduce", int(S),
+                            group=Group(16, 8, 2, False))
+        assert (r.algorithm, r.protocol) == ("ring", "Simple")
     base = whatif(dp_job)
     half = whatif(dp_job, {"network.inter_node_gbps": inter_gbps / 2})
     assert half.meta["whatif"]["resynthesized"]
@@ -83,7 +96,9 @@ def test_calibration_recovers_the_synthesized_bus_bandwidth(dp_job):
     cal = calibrate(m, g, collective_table(m, g))
     bw = min(HW.intra.gbps * HW.intra.bus_efficiency,
              HW.nics * HW.nic_gbps / HW.gpus_per_node * HW.inter.bus_efficiency * 8)
-    assert cal[1]["busbw_gbps"] == pytest.approx(bw, rel=1e-3)
+    # the synthesized collectives carry the NCCL model's pipeline ramp (busbw grows with
+    # size up to tens of MB), which a two-parameter fit reads as a slightly lower rate
+    assert 0.85 * bw < cal[1]["busbw_gbps"] <= bw * 1.001
     assert cal[1]["alpha_ns"] > 0
 
 
@@ -170,7 +185,10 @@ def test_fewer_nics_per_node_is_less_inter_node_bandwidth(dp_job):
     base = whatif(dp_job)
     four = whatif(dp_job, {"topology.nics": 4})
     half = whatif(dp_job, {"network.inter_node_gbps": HW.nics * HW.nic_gbps / HW.gpus_per_node / 2})
-    assert four.step_time_ns == half.step_time_ns > base.step_time_ns
+    # the same bandwidth per node; four NICs carry fewer rings (two channels per NIC), so
+    # the pipeline holds less data in flight: within 1% of each other, both slower
+    assert four.step_time_ns > base.step_time_ns and half.step_time_ns > base.step_time_ns
+    assert four.step_time_ns == pytest.approx(half.step_time_ns, rel=0.01)
     with pytest.raises(PolicyError, match="NICs"):
         whatif(read(sorted((TRACES / "kineto" / "a100-ddp-nccl").glob("*"))), {"topology.nics": 2})
 

@@ -6,6 +6,7 @@ the synthesizer and the replay what-ifs price collectives and kernels through th
 from .cluster import (
     Cluster,
     check_cluster_world,
+    cluster_from_hardware,
     cluster_hardware,
     format_cluster,
     load_preset,
@@ -14,8 +15,18 @@ from .cluster import (
     resolve_cluster,
 )
 from .gpus import GpuSpec, gpu_names, gpu_spec
-from .nccl import Algo, Collective, CollectiveCost, Proto, bus_factor, collective_cost, group_of
+from .nccl import (
+    Algo,
+    Collective,
+    CollectiveCost,
+    Group,
+    Proto,
+    bus_factor,
+    collective_cost,
+    group_of,
+)
 
-__all__ = ["Cluster", "check_cluster_world", "cluster_hardware", "format_cluster", "load_preset", "preset_names", "read_cluster",
+__all__ = ["Cluster", "check_cluster_world", "cluster_from_hardware", "cluster_hardware", "Group",
+           "format_cluster", "load_preset", "preset_names", "read_cluster",
            "resolve_cluster", "GpuSpec", "gpu_names", "gpu_spec", "Algo", "Collective",
            "CollectiveCost", "Proto", "bus_factor", "collective_cost", "group_of"]

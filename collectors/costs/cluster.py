@@ -24,11 +24,11 @@ import tomllib
 from ..errors import ConfigError
 from ..fsutil import read_toml
 from ..synth.hardware import HardwareConfig
-from .gpus import GpuSpec, gpu_spec
+from .gpus import GpuSpec, gpu_spec, spec_of
 
 __all__ = ["Cluster", "preset_names", "load_preset", "read_cluster", "resolve_cluster",
-           "format_cluster", "cluster_hardware", "check_cluster_world", "INTRA_FABRICS",
-           "NET_FABRICS", "GENERATIONS"]
+           "format_cluster", "cluster_hardware", "check_cluster_world", "cluster_from_hardware",
+           "INTRA_FABRICS", "NET_FABRICS", "GENERATIONS"]
 
 _DIR = Path(__file__).with_name("clusters")
 
@@ -68,7 +68,15 @@ class Cluster:
     nics_per_node: int
     nic_gbit: float
     sharp: bool
+    #: stated efficiencies / per-hop latencies replacing the model's (a calibration, a
+    #: what-if, a hardware profile that says otherwise); None = the model's cited values
+    intra_eff: float | None = None
+    net_eff: float | None = None
+    intra_hop_us: float | None = None
+    net_hop_us: float | None = None
     source: str = dataclasses.field(default="", compare=False)
+    #: GPU facts when the GPU is not a named profile (a cluster made from a HardwareConfig)
+    gpu_facts: GpuSpec | None = dataclasses.field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         where = f"cluster {self.name!r}" + (f" ({self.source})" if self.source else "")
@@ -124,13 +132,21 @@ class Cluster:
                               f"third-generation NVSwitch or newer; {self.gpu} ({spec.arch}) on "
                               f"{self.intra_fabric}/{self.intra_generation} has none; set "
                               "nvls = false")
+        for f in ("intra_eff", "net_eff"):
+            v = getattr(self, f)
+            if v is not None and not 0 < v <= 1:
+                raise ConfigError(f"{where}: {f.replace('_', ' ')}iciency={v} must be in (0, 1]")
+        for f in ("intra_hop_us", "net_hop_us"):
+            v = getattr(self, f)
+            if v is not None and v < 0:
+                raise ConfigError(f"{where}: {f}={v} must be >= 0")
         if self.sharp and self.net_fabric != "infiniband":
             raise ConfigError(f"{where}: SHARP in-network reduction runs on InfiniBand "
                               f"switches, not {self.net_fabric}; set sharp = false")
 
     @property
     def spec(self) -> GpuSpec:
-        return gpu_spec(self.gpu)
+        return self.gpu_facts if self.gpu_facts is not None else gpu_spec(self.gpu)
 
     @property
     def world_size(self) -> int:
@@ -208,12 +224,18 @@ def _parse(data: dict[str, Any], where: str) -> Cluster:
             intra_fabric=fabric, intra_generation=gen, intra_gbps=float(intra["gbps"]),
             nvlink_domain=int(intra.get("nvlink_domain", gpn)),
             nvls=bool(intra.get("nvls", False)),
+            intra_eff=_opt(intra, "efficiency"), net_eff=_opt(net, "efficiency"),
+            intra_hop_us=_opt(intra, "hop_latency_us"), net_hop_us=_opt(net, "hop_latency_us"),
             net_fabric=str(net.get("fabric", "infiniband")).lower(),
             nics_per_node=int(net.get("nics_per_node", gpn)),
             nic_gbit=float(net["nic_gbit"]), sharp=bool(net.get("sharp", False)),
             source=where)
     except (TypeError, ValueError, AttributeError) as exc:
         raise ConfigError(f"{where}: bad cluster value ({exc})") from exc
+
+
+def _opt(t: dict[str, Any], key: str) -> float | None:
+    return None if t.get(key) is None else float(t[key])
 
 
 @cache
@@ -331,6 +353,10 @@ def format_cluster(c: Cluster) -> str:
         f"nvlink_domain = {c.nvlink_domain}               # GPUs one intra-node fabric reaches "
         "(72 on a GB200 NVL72 rack)",
         f"nvls = {_fmt(c.nvls)}                   # NVLink SHARP: NVSwitch3+ with Hopper or newer",
+        *([f"efficiency = {c.intra_eff!r}          # stated; replaces the model's"]
+          if c.intra_eff is not None else []),
+        *([f"hop_latency_us = {c.intra_hop_us!r}     # stated; replaces NCCL's per-hop table"]
+          if c.intra_hop_us is not None else []),
         "",
         "[network]",
         f"fabric = {_fmt(c.net_fabric)}           # {' | '.join(NET_FABRICS)}",
@@ -338,5 +364,65 @@ def format_cluster(c: Cluster) -> str:
         f"nic_gbit = {c.nic_gbit!r}              # Gbit/s per NIC per direction (line rate)",
         f"sharp = {_fmt(c.sharp)}                  # SHARP in-network reduction (CollNet), "
         "InfiniBand only",
+        *([f"efficiency = {c.net_eff!r}          # stated; replaces the model's"]
+          if c.net_eff is not None else []),
+        *([f"hop_latency_us = {c.net_hop_us!r}     # stated; replaces NCCL's per-hop table"]
+          if c.net_hop_us is not None else []),
     ]
     return "\n".join(lines) + "\n"
+
+
+def cluster_from_hardware(hw, nodes: int = 1) -> Cluster:
+    """The cluster a synthesizer hardware profile describes (one machine description: the
+    profile's nominal intra-node rate, NICs and NIC rate; fabric kinds read from its link
+    names), so the synthesizer prices collectives with the same model as ``retime cost``."""
+    spec = spec_of(hw)
+    name = hw.intra.link.lower()
+    fabric = "pcie" if "pcie" in name else "xgmi" if ("infinity" in name or "xgmi" in name) \
+        else "nvswitch"
+    gen = _DEFAULT_GEN.get((fabric, spec.arch))
+    if gen is None:  # e.g. an AMD GPU described with an NVLink-like link name
+        fabric = "xgmi" if spec.arch == "cdna3" else "nvswitch"
+        gen = _DEFAULT_GEN[(fabric, spec.arch if (fabric, spec.arch) in _DEFAULT_GEN
+                            else "hopper")]
+    net = "roce" if "roce" in hw.inter.link.lower() else "infiniband"
+    from .nccl_params import LINK_EFF, NET_EFF
+
+    nics = max(1, int(hw.nics))
+    ref = _reference_profile(hw)
+    # a profile's bus efficiency that differs from the cost layer's cited value for that
+    # link (a user's file, a what-if's network.bus_efficiency) is a statement: it wins;
+    # per-step latencies are statements when they differ from the named profile's
+    intra_eff = hw.intra.bus_efficiency \
+        if abs(hw.intra.bus_efficiency - LINK_EFF[gen].value) > 1e-9 else None
+    net_eff = hw.inter.bus_efficiency \
+        if abs(hw.inter.bus_efficiency - NET_EFF[net].value) > 1e-9 else None
+    intra_hop = hw.intra.latency_us \
+        if ref is None or hw.intra.latency_us != ref.intra.latency_us else None
+    net_hop = hw.inter.latency_us \
+        if ref is None or hw.inter.latency_us != ref.inter.latency_us else None
+    return Cluster(name=f"hardware:{hw.name}", gpu=hw.name, gpus_per_node=hw.gpus_per_node,
+                   nodes=max(1, nodes), intra_fabric=fabric, intra_generation=gen,
+                   intra_gbps=float(hw.intra.gbps), nvlink_domain=hw.domain,
+                   nvls=fabric == "nvswitch" and spec.nvls_capable
+                   and gen in ("nvlink4", "nvlink5"),
+                   net_fabric=net, nics_per_node=nics,
+                   # the per-GPU network rate (what network.inter_node_gbps sets) over the NICs
+                   nic_gbit=float(hw.inter.gbps) * hw.gpus_per_node / nics * 8.0, sharp=False,
+                   intra_eff=intra_eff, net_eff=net_eff, intra_hop_us=intra_hop,
+                   net_hop_us=net_hop, source=f"hardware:{hw.source or hw.name}",
+                   gpu_facts=spec)
+
+
+def _reference_profile(hw):
+    """The profile ``hw`` was made from (built-in name, else its file), or None."""
+    from ..synth.hardware import hardware_names, load_hardware, read_hardware_file
+
+    try:
+        if hw.name in hardware_names():
+            return load_hardware(hw.name)
+        if hw.source and Path(hw.source).is_file():
+            return read_hardware_file(hw.source)
+    except ConfigError:
+        return None
+    return None

@@ -17,7 +17,7 @@ import tomllib
 from ..errors import ConfigError
 from ..synth.hardware import HardwareConfig, hardware_names, load_hardware, read_hardware_file
 
-__all__ = ["GpuSpec", "gpu_spec", "gpu_names", "ARCHES", "DTYPE_BYTES"]
+__all__ = ["GpuSpec", "gpu_spec", "gpu_names", "spec_of", "ARCHES", "DTYPE_BYTES"]
 
 #: GPU generations the NCCL model knows (order matters: later = newer)
 ARCHES = ("volta", "ampere", "hopper", "blackwell", "cdna3", "cdna4")
@@ -87,8 +87,17 @@ def _extra(path: str) -> dict:
         return tomllib.load(fh)
 
 
+def spec_of(hw: HardwareConfig) -> GpuSpec:
+    """The :class:`GpuSpec` of any hardware profile (built-in, a file, or one a what-if
+    changed): the cost layer's keys are read from its source file when it has one."""
+    return _spec(hw)
+
+
 def _spec(hw: HardwareConfig) -> GpuSpec:
-    raw = _extra(hw.source) if hw.source and Path(hw.source).is_file() else {}
+    src = hw.source if hw.source and Path(hw.source).is_file() else ""
+    if not src and hw.name in hardware_names():  # rebuilt from a trace's metadata
+        src = load_hardware(hw.name).source
+    raw = _extra(src) if src else {}
     arch = str(raw.get("arch", "ampere")).lower()
     if arch not in ARCHES:
         raise ConfigError(f"{hw.source}: arch={arch!r} is not one of {', '.join(ARCHES)}")

@@ -34,7 +34,7 @@ from . import nccl_params as P
 from .cluster import Cluster
 
 __all__ = ["Collective", "Algo", "Proto", "CollectiveCost", "Group", "collective_cost",
-           "bus_factor", "group_of"]
+           "bus_factor", "group_of", "alltoall_split_us", "efficiencies"]
 
 
 class Collective(str, Enum):
@@ -137,9 +137,18 @@ class _Links:
     hop: str  # "nvlink" | "pcie"
 
 
+def efficiencies(c: Cluster) -> tuple[P.Param, P.Param]:
+    """(intra-node link, NIC) efficiency parameters: the cluster's stated values where it
+    has them, else the cited ones per link generation / fabric."""
+    ip = P.LINK_EFF[c.intra_generation] if c.intra_eff is None \
+        else P.Param(c.intra_eff, "stated", "cluster [intra_node] efficiency")
+    npar = P.NET_EFF[c.net_fabric] if c.net_eff is None \
+        else P.Param(c.net_eff, "stated", "cluster [network] efficiency")
+    return ip, npar
+
+
 def _links(c: Cluster, g: Group) -> _Links:
-    ip = P.LINK_EFF[c.intra_generation]
-    npar = P.NET_EFF[c.net_fabric]
+    ip, npar = efficiencies(c)
     nic = c.nic_gbps * npar.value
     per_gpu_nics = c.nics_per_node / c.gpus_per_node
     ch = P.CHANNELS.get((c.intra_fabric, c.spec.arch)) or P.CHANNELS.get((c.intra_fabric, None)) \
@@ -240,13 +249,14 @@ def _latency_us(c: Cluster, g: Group, coll: Collective, a: Algo, p: Proto) -> fl
     n, k, nodes = g.ranks, g.per_node, (g.nodes if cross else 1)
     if a == Algo.p2p:
         key = "ring"
-        intra, inter = P.HOP_LAT_US[hop][key][2], P.HOP_LAT_US["net"][key][2]
+        intra = P.HOP_LAT_US[hop][key][2] if c.intra_hop_us is None else c.intra_hop_us
+        inter = P.HOP_LAT_US["net"][key][2] if c.net_hop_us is None else c.net_hop_us
         peers_far = n - k if cross else 0
         steps = 1 if coll == Collective.sendrecv else math.ceil(math.log2(n))
         return P.BASE_LAT_US["ring"][2] + steps * (inter if peers_far else intra)
     base = P.BASE_LAT_US[a.value][i]
-    intra = P.HOP_LAT_US[hop][a.value][i]
-    inter = P.HOP_LAT_US["net"][a.value][i]
+    intra = P.HOP_LAT_US[hop][a.value][i] if c.intra_hop_us is None else c.intra_hop_us
+    inter = P.HOP_LAT_US["net"][a.value][i] if c.net_hop_us is None else c.net_hop_us
     if a == Algo.ring:
         if coll == Collective.all_reduce:
             steps, inter_steps = 2 * (n - 1), (2 * nodes if nodes > 1 else 0)
@@ -310,9 +320,10 @@ def _range(c: Cluster, g: Group, L: _Links, a: Algo, t: float, lat: float) -> tu
 
 def collective_cost(cluster: Cluster, collective: str | Collective, nbytes: int,
                     ranks: int | None = None, algo: str | None = None,
-                    proto: str | None = None) -> CollectiveCost:
+                    proto: str | None = None, group: Group | None = None) -> CollectiveCost:
     """Predict one collective of ``nbytes`` (nccl-tests size) over ``ranks`` ranks of
-    ``cluster`` (default all), optionally forcing the algorithm / protocol.
+    ``cluster`` (default all; or an explicit ``group`` shape, as the synthesizer's parallel
+    groups are), optionally forcing the algorithm / protocol.
 
     Raises ConfigError for a group of one rank, a size below 1 byte, or a forced algorithm
     the cluster cannot run (NVLS without NVLink SHARP, CollNet without SHARP, ...).
@@ -320,7 +331,9 @@ def collective_cost(cluster: Cluster, collective: str | Collective, nbytes: int,
     coll = Collective(collective)
     if nbytes < 1:
         raise ConfigError(f"message size {nbytes} bytes: must be >= 1")
-    g = group_of(cluster, ranks)
+    if group is not None and group.ranks < 2:
+        raise ConfigError(f"a collective needs at least 2 ranks; the group has {group.ranks}")
+    g = group if group is not None else group_of(cluster, ranks)
     if coll == Collective.sendrecv:
         g = Group(2, 2 if g.per_node > 1 else 1, 1 if g.per_node > 1 else 2,
                   g.per_node > 1 or g.domain)
@@ -378,3 +391,16 @@ def _why_not(c: Cluster, g: Group, coll: Collective, want: Algo) -> str:
     return (f"--algo {want.value}: not used for {coll.value} on {g.ranks} ranks in "
             f"{g.nodes} node(s) of {c.name} (tree, NVLS-tree and CollNet need several nodes; "
             "NVLS needs one NVLink domain)")
+
+
+def alltoall_split_us(cluster: Cluster, group: Group, intra_bytes: float,
+                      inter_bytes: float) -> float:
+    """An alltoall whose per-rank traffic is given split by destination (mixture-of-experts
+    dispatch with uneven routing): ``intra_bytes`` to peers in the rank's NVLink domain,
+    ``inter_bytes`` to the others through the GPU's own NIC share, concurrently; the same
+    rates, latency and per-call cost as :func:`collective_cost`'s alltoall."""
+    L = _links(cluster, group)
+    t = max(intra_bytes / (L.intra * P.P2P_EFF.value * 1e3) if intra_bytes > 0 else 0.0,
+            inter_bytes / (L.net_gpu * 1e3) if inter_bytes > 0 and L.net_gpu > 0 else 0.0)
+    return P.CALL_US.value + _latency_us(cluster, group, Collective.alltoall, Algo.p2p,
+                                         Proto.simple) + t

@@ -15,7 +15,7 @@ __all__ = ["Param", "LINK_EFF", "NET_EFF", "NVLS_EFF", "BASE_LAT_US", "HOP_LAT_U
            "NVLS_FILL", "P2P_EFF", "TREE_EFF", "UNCERTAINTY"]
 
 #: relative 1-sigma-ish half-width of the range a parameter of each source contributes
-UNCERTAINTY = {"published": 0.05, "fitted": 0.10, "assumed": 0.25}
+UNCERTAINTY = {"published": 0.05, "fitted": 0.10, "assumed": 0.25, "stated": 0.10}
 
 
 @dataclass(frozen=True)
@@ -23,7 +23,7 @@ class Param:
     """One model parameter: value, source kind and the reference that backs it."""
 
     value: float
-    source: str  # "published" | "fitted" | "assumed"
+    source: str  # "published" | "fitted" | "assumed" | "stated" (a user's cluster / what-if)
     ref: str
 
     @property

@@ -8,29 +8,28 @@ roofline if that is slower; streaming (elementwise) kernels run at
 ``hbm_gbps * memory_efficiency``. Every kernel also pays ``kernel_overhead_us`` (launch,
 ramp-up and tail on the GPU timeline).
 
-Communication: alpha-beta per link level with nccl-tests bus-bandwidth semantics. A
-collective over ``n`` ranks moving a buffer of ``S`` bytes takes
-``base + steps * alpha + S * f(n) / busbw`` with ``f = 2(n-1)/n`` for all-reduce and
-``(n-1)/n`` for all-gather / reduce-scatter (``S`` is the full, gathered size), ``steps`` the
-ring's ``2(n-1)`` or ``n-1`` (or a tree's ``2 log2 n`` for all-reduce, whichever is faster).
-``busbw`` is the slowest level the group crosses: the NVLink domain (NVLink/NVSwitch, which on
-a GB200/GB300 NVL72 rack spans 18 trays), the network between domains (``k`` members per
-domain each drive their own NIC share) or a cross-datacenter link. Ranks are grouped by the
-job's NVLink domain (:func:`~retime.collectors.synth.hardware.job_domain`), not by host: a
-TP or CP group spanning trays of one rack is priced on NVLink.
+Communication: the cost layer's NCCL model (:mod:`retime.collectors.costs.nccl`, the one
+``retime cost collective`` prints), on the cluster this hardware profile describes
+(:func:`~retime.collectors.costs.cluster.cluster_from_hardware`): a collective over ``n``
+ranks moving a buffer of ``S`` bytes (the full, gathered size) takes the time of the
+algorithm/protocol NCCL's tuner would pick for its group shape (members per node, nodes).
+Groups that cross datacenters keep the alpha-beta model over the cross-DC link (the NCCL
+model has no such level): ``base + steps * alpha + S * f(n) / busbw``, ``f = 2(n-1)/n`` for
+all-reduce and ``(n-1)/n`` for all-gather / reduce-scatter. Ranks are grouped by the job's NVLink domain
+(:func:`~retime.collectors.synth.hardware.job_domain`), not by host: a TP or CP group spanning
+trays of one rack is one NVLink-domain group for the NCCL model.
 
 FP8 / FP4 GEMMs read block-scaled inputs (FP8: 1 byte per element; NVFP4: 4 bits plus one
 E4M3 scale per 16 elements, 0.5625 bytes) and pay the quantization of their activation input:
 one HBM pass reading it in 16 bits and writing the quantized copies (FP8: one; FP4: the row-
 and column-wise copies the forward and the gradients use).
 
-All-to-all (mixture-of-experts dispatch and combine): every member sends its buffer split
-over the group at once; the part for members on its own node crosses NVLink, the rest the
-GPU's own NIC share, concurrently: ``base + alpha(s) + max(intra / nvlink, inter / nic)``.
-On-demand point-to-point transfers (ODC): the same split, but a point-to-point fetch cannot
-spread one GPU's off-node bytes over the node's other NICs as a ring collective's channels
-do, so off-node bytes go through the GPU's own NIC share only; a gradient push also pays
-the owner's accumulation into its fp32 shard (an HBM pass).
+All-to-all (mixture-of-experts dispatch and combine) and on-demand point-to-point transfers
+(ODC): each member's traffic split by destination, on-node peers over the intra-node fabric
+and the rest through the GPU's own NIC share, concurrently (NCCL's alltoall rates,
+:func:`~retime.collectors.costs.nccl.alltoall_split_us`); a gradient push also pays the
+owner's accumulation into its fp32 shard (an HBM pass). Pipeline send/receive is NCCL's
+send/recv between neighbouring stages.
 """
 
 from __future__ import annotations
@@ -44,6 +43,11 @@ from .hardware import HardwareConfig, LinkConfig, job_domain
 from .parallel import ParallelConfig
 
 __all__ = ["KernelCost", "gemm", "grouped_gemm", "streaming", "GroupGeometry", "CommModel"]
+
+#: synthesizer comm ops priced by the NCCL model (REDUCE runs like a broadcast: ring, factor 1)
+_NCCL_COLL = {int(CommOp.ALL_REDUCE): "all_reduce", int(CommOp.ALL_GATHER): "all_gather",
+              int(CommOp.REDUCE_SCATTER): "reduce_scatter", int(CommOp.ALL_TO_ALL): "alltoall",
+              int(CommOp.BROADCAST): "broadcast", int(CommOp.REDUCE): "broadcast"}
 
 
 @dataclass(frozen=True)
@@ -148,8 +152,12 @@ class CommModel:
     """
 
     def __init__(self, hw: HardwareConfig, parallel: ParallelConfig) -> None:
+        from ..costs.cluster import cluster_from_hardware
+
         self.hw = hw
         self.parallel = parallel
+        self.cluster = cluster_from_hardware(hw)
+        self._cache: dict[tuple, int] = {}
         p = parallel
         #: the job's GPUs per NVLink domain: rank r is in domain r // domain
         self.domain = job_domain(hw, p.world_size, p.nvlink_domain)
@@ -204,12 +212,30 @@ class CommModel:
             link = hw.cross_dc
         return bw, link
 
+    @staticmethod
+    def _group(geo: GroupGeometry):
+        from ..costs.nccl import Group
+
+        return Group(geo.size, geo.per_node, geo.nodes, geo.nodes <= 1)
+
     def collective_ns(self, comm_op: int, nbytes: float, group: str | GroupGeometry) -> int:
-        """Duration of one collective of ``nbytes`` (full buffer) on a group kind or shape."""
+        """Duration of one collective of ``nbytes`` (full buffer) on a group kind or shape:
+        the NCCL model's (cost layer) within a datacenter, alpha-beta across datacenters."""
         geo = self.geometry[group] if isinstance(group, str) else group
         n = geo.size
         if n <= 1 or nbytes <= 0:
             return 0
+        coll = _NCCL_COLL.get(int(comm_op))
+        if geo.datacenters <= 1 and coll is not None:
+            key = (coll, int(nbytes), geo)
+            t = self._cache.get(key)
+            if t is None:
+                from ..costs.nccl import collective_cost
+
+                t = int(round(collective_cost(self.cluster, coll, max(1, int(nbytes)),
+                                              group=self._group(geo)).time_us * 1e3))
+                self._cache[key] = t
+            return t
         bw, link = self.level(geo)
         alpha = link.latency_us * 1e3
         if comm_op == CommOp.ALL_REDUCE:
@@ -231,6 +257,11 @@ class CommModel:
         geo = self.geometry[group] if isinstance(group, str) else group
         if geo.size <= 1 or intra_bytes + inter_bytes <= 0:
             return 0
+        if geo.datacenters <= 1:
+            from ..costs.nccl import alltoall_split_us
+
+            return int(round(alltoall_split_us(self.cluster, self._group(geo), intra_bytes,
+                                               inter_bytes if geo.nodes > 1 else 0.0) * 1e3))
         hw = self.hw
         t = hw.intra.base_us * 1e3 + hw.intra.latency_us * 1e3 + intra_bytes / hw.intra.bus_bytes_per_ns
         if geo.nodes > 1:
@@ -259,9 +290,15 @@ class CommModel:
         if nbytes <= 0:
             return 0
         geo = self.geometry[group]
-        link = self.hw.intra if geo.nodes <= 1 else self.hw.inter
-        if geo.datacenters > 1 and self.hw.cross_dc is not None:
-            link = self.hw.cross_dc
+        if geo.datacenters <= 1 or self.hw.cross_dc is None:
+            from ..costs.nccl import Group, collective_cost
+
+            # neighbouring stages: same node when the stage stride fits in a node
+            same = geo.nodes <= 1 or geo.per_node > 1
+            g = Group(2, 2 if same else 1, 1 if same else 2, same)
+            return int(round(collective_cost(self.cluster, "sendrecv", max(1, int(nbytes)),
+                                             group=g).time_us * 1e3))
+        link = self.hw.cross_dc
         bw = link.gbps * link.bus_efficiency
         return int(round(link.base_us * 1e3 + link.latency_us * 1e3 + nbytes / bw))
 

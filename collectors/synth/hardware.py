@@ -16,6 +16,12 @@ Host link (``[host_link]``): how a GPU reaches host memory, for offload and host
 what-ifs: PCIe (Gen5 x16: 64 GB/s per direction nominal) on x86 servers, NVLink-C2C on Grace
 (GB200/GB300: 900 GB/s bidirectional, 450 per direction per GPU), with the host memory
 bandwidth each GPU's share of the CPU streams at.
+
+Collectives are priced by the cost layer's NCCL model (``collectors/costs``) on the cluster a
+profile describes: the built-in profiles' ``bus_efficiency`` values are the cost layer's cited
+ones; a profile (or a what-if) that states another ``bus_efficiency`` or ``latency_us`` than
+its named built-in replaces the model's value. ``base_us`` and the alpha-beta terms price only
+cross-datacenter groups.
 """
 
 from __future__ import annotations
