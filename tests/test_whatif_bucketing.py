@@ -53,8 +53,16 @@ def test_rebucketing_a_measured_ddp_step_predicts_the_synthesized_truth(base, mb
 
 def test_smaller_buckets_can_start_before_the_first_old_one(base):
     """A 5 MB bucket is ready long before the first 40 MB one was issued: its placeholder
-    start is bounded by the communication stream's previous op, not by that old bucket, so
-    the prediction follows the truth (+3.7%; +6.4% when pinned behind the old bucket)."""
+    start is bounded by the communication stream's previous op, not by that old bucket.
+
+    5 MB is below one layer's gradients (14.2 MB here), where the synthesized "truth" and a
+    measured re-bucketing differ in granularity, not in timing: the synthesizer closes
+    buckets at layer boundaries (``bucket_mb=5`` and ``10`` give the same 18 one-layer
+    buckets), while the re-bucketing splits the bytes at the cap as DDP does at parameter
+    boundaries (51 buckets of 5 MB). Priced by the NCCL model a 5 MB all-reduce over 2 nodes
+    reaches ~54 GB/s bus bandwidth against ~70 at 14 MB (tree/LL128 pipeline start-up), so
+    51 small buckets honestly cost more than 18 layer buckets (+6.4%). The like-for-like
+    check is the re-bucketing at the truth's own bucket size: one layer's bytes."""
     from retime.replay.policies.bucketing import rebucket
 
     t, ids, _m, _info = rebucket(base, 5)
@@ -64,8 +72,16 @@ def test_smaller_buckets_can_start_before_the_first_old_one(base):
     first_new = new[new["rank"] == 0].groupby("step")["start_ns"].min()
     first_old = ar_old.groupby("step")["start_ns"].min()
     assert (first_new < first_old.reindex(first_new.index)).all()
-    truth = synthesize("gpt3-125m", "a100-80gb", bucket_mb=5, **KW).meta["synth"]["step_time_ns"]
-    assert whatif(base, {"overlap.bucket_mb": 5}).step_time_ns == pytest.approx(truth, rel=0.05)
+    truth = synthesize("gpt3-125m", "a100-80gb", bucket_mb=5, **KW)
+    tb = truth.ops
+    layer_mb = float(tb.loc[(tb["comm_op"] == 1) & (tb["kind"] == 3) & (tb["rank"] == 0),
+                            "bytes"].median()) / 1e6
+    assert 10 < layer_mb < 20  # one layer per bucket: the cap is below a layer's gradients
+    t_truth = truth.meta["synth"]["step_time_ns"]
+    assert whatif(base, {"overlap.bucket_mb": layer_mb}).step_time_ns == pytest.approx(
+        t_truth, rel=0.03)
+    # finer than a layer: more, smaller (slower per byte) all-reduces, never faster
+    assert whatif(base, {"overlap.bucket_mb": 5}).step_time_ns >= t_truth
 
 
 def test_rebucketing_keeps_bytes_and_the_identity(base):

@@ -96,10 +96,24 @@ def test_calibration_recovers_the_synthesized_bus_bandwidth(dp_job):
     cal = calibrate(m, g, collective_table(m, g))
     bw = min(HW.intra.gbps * HW.intra.bus_efficiency,
              HW.nics * HW.nic_gbps / HW.gpus_per_node * HW.inter.bus_efficiency * 8)
-    # the synthesized collectives carry the NCCL model's pipeline ramp (busbw grows with
-    # size up to tens of MB), which a two-parameter fit reads as a slightly lower rate
-    assert 0.85 * bw < cal[1]["busbw_gbps"] <= bw * 1.001
-    assert cal[1]["alpha_ns"] > 0
+    # The NCCL model is not one alpha-beta line: its 28 MB buckets run tree/LL128 and the
+    # 80 MB one ring/LL128, each with a pipeline start-up of ~0.26 ms (one chunk pass per
+    # channel and step). The line through the buckets has the right slope (near the
+    # asymptotic bus bandwidth) but that intercept, more latency than the calibration's
+    # physical bound allows; so it reads all time as bandwidth: the buckets' median
+    # effective bus bandwidth, which reproduces them at the sizes a what-if re-times.
+    o = t.ops
+    ar = o[(o["kind"] == OpKind.COLLECTIVE) & (o["comm_op"] == CommOp.ALL_REDUCE)
+           & (o["rank"] == 0)]
+    sizes = ar["bytes"].to_numpy(float)
+    f = 2 * 15 / 16
+    eff = np.median(sizes * f / ar["dur_ns"].to_numpy(float))
+    assert cal[1]["identifiable"] is False and "outside physical bounds" in cal[1]["why"]
+    assert cal[1]["busbw_gbps"] == pytest.approx(eff, rel=1e-3)
+    assert cal[1]["busbw_gbps"] < bw
+    lo, hi = sizes.argmin(), sizes.argmax()
+    slope = (sizes[hi] - sizes[lo]) * f / (ar["dur_ns"].iat[hi] - ar["dur_ns"].iat[lo])
+    assert 0.85 * bw < slope <= bw * 1.001
 
 
 def test_measured_trace_recalibrated_identity_and_halving(dlrm):
