@@ -28,7 +28,8 @@ from ..errors import ConfigError
 from .gpus import DTYPE_BYTES, GpuSpec
 from .tiles import TILES, tile_utilization
 
-__all__ = ["OpCost", "Curves", "DEFAULT_CURVES", "FITTED_CURVES", "matmul", "conv2d",
+__all__ = ["OpCost", "Curves", "DEFAULT_CURVES", "FITTED_CURVES", "matmul", "grouped_matmul",
+           "conv2d",
            "implicit_gemm", "attention", "streaming", "memory_bound", "embedding", "optimizer_step", "tile_utilization", "TILES",
            "OPTIMIZER_BYTES"]
 
@@ -155,11 +156,20 @@ def _finish(kind: str, g: GpuSpec, flops: float, nbytes: float, t_comp: float,
 
 
 def _gemm_rate(g: GpuSpec, m: float, n: float, k: float, batch: int,
-               dtype: str, curves: Curves = DEFAULT_CURVES,
-               eff: float = 1.0) -> tuple[float, str, float]:
+               dtype: str, curves: Curves = DEFAULT_CURVES, eff: float = 1.0,
+               ceiling: tuple[float, str] | None = None) -> tuple[float, str, float]:
     """(TFLOP/s a GEMM reaches, where the efficiency came from, relative uncertainty);
-    ``eff``: the class's sustained fraction of that (:class:`Curves`)."""
-    ceil_tf, ceil_src = g.mamf(dtype)
+    ``eff``: the class's sustained fraction of that (:class:`Curves`); ``ceiling`` (TFLOP/s,
+    source) replaces the GPU's matmul ceiling when given."""
+    return _groups_rate(g, [m] * batch, n, k, dtype, curves, eff, ceiling)
+
+
+def _groups_rate(g: GpuSpec, ms: list[float], n: float, k: float, dtype: str,
+                 curves: Curves = DEFAULT_CURVES, eff: float = 1.0,
+                 ceiling: tuple[float, str] | None = None) -> tuple[float, str, float]:
+    """:func:`_gemm_rate` for one launch over groups ``m_i x n x k`` (a batch, or a grouped
+    GEMM's experts): their tiles share the waves over the SMs."""
+    ceil_tf, ceil_src = g.mamf(dtype) if ceiling is None else ceiling
     # the tile pipeline's prologue/epilogue is a fixed number of k-steps of fixed bytes, so
     # in elements it is longer for narrower dtypes (k_half is given for 16-bit inputs)
     k_half = g.hw.gemm_k_half * 2.0 / min(_eb(dtype), 2.0) * curves.k_half_scale
@@ -171,7 +181,7 @@ def _gemm_rate(g: GpuSpec, m: float, n: float, k: float, batch: int,
             g.peak_tflops("fp16") * g.hw.gemm_max)
         k_half *= min(1.0, ceil_tf / half)
     f_k = k / (k + k_half)
-    util = tile_utilization(g.sm_count, [m] * batch, n, k, k_half)
+    util = tile_utilization(g.sm_count, list(ms), n, k, k_half)
     # tensor-core kernels need 16-byte aligned rows; others run slower paths (assumed 0.75)
     aligned = all((d * _eb(dtype)) % 16 == 0 for d in (n, k))
     rate = ceil_tf * f_k * util * (1.0 if aligned else 0.75) * eff  # <= published ceiling
@@ -184,17 +194,39 @@ def _gemm_rate(g: GpuSpec, m: float, n: float, k: float, batch: int,
 
 
 def matmul(g: GpuSpec, m: int, n: int, k: int, batch: int = 1,
-           dtype: str = "bf16", curves: Curves = DEFAULT_CURVES) -> OpCost:
+           dtype: str = "bf16", curves: Curves = DEFAULT_CURVES,
+           ceiling: tuple[float, str] | None = None) -> OpCost:
     """A (batched) GEMM ``[batch, m, k] x [batch, k, n]`` in ``dtype`` (output in 16-bit
-    for fp8/fp4 inputs, else the input dtype)."""
+    for fp8/fp4 inputs, else the input dtype). ``ceiling`` = (TFLOP/s, source) replaces
+    the GPU's published matmul ceiling (the synthesizer's sustained-in-training rate)."""
     _positive(m=m, n=n, k=k, batch=batch)
     eb = _eb(dtype)
     flops = 2.0 * m * n * k * batch
     out_eb = 2 if eb < 2 else eb
     nbytes = batch * (eb * (m * k + k * n) + out_eb * m * n)
-    rate, src, rel = _gemm_rate(g, m, n, k, batch, dtype, curves, curves.gemm_eff)
+    rate, src, rel = _gemm_rate(g, m, n, k, batch, dtype, curves, curves.gemm_eff, ceiling)
     return _finish("matmul" if batch == 1 else "bmm", g, flops, nbytes, flops / (rate * 1e6),
                    src, rate / g.peak_tflops(dtype), rel, curves)
+
+
+def grouped_matmul(g: GpuSpec, ms: list[int], n: int, k: int, dtype: str = "bf16",
+                   curves: Curves = DEFAULT_CURVES,
+                   ceiling: tuple[float, str] | None = None) -> OpCost:
+    """One grouped GEMM launch (mixture-of-experts): group ``i`` is ``[m_i, k] x [k, n]``
+    with its own weight; the tiles of all groups share the waves over the SMs, so a group
+    of few tokens wastes its partial tiles and a hot expert's extra tiles lengthen it."""
+    _positive(n=n, k=k)
+    eb = _eb(dtype)
+    M = float(sum(ms))
+    out_eb = 2 if eb < 2 else eb
+    nbytes = eb * (M * k + len(ms) * k * n) + out_eb * M * n
+    flops = 2.0 * M * n * k
+    if M <= 0:
+        return _finish("grouped_matmul", g, 0.0, nbytes, 0.0, "", 0.0, 0.0, curves)
+    rate, src, rel = _groups_rate(g, [float(m) for m in ms], n, k, dtype, curves,
+                                  curves.gemm_eff, ceiling)
+    return _finish("grouped_matmul", g, flops, nbytes, flops / (rate * 1e6), src,
+                   rate / g.peak_tflops(dtype), rel, curves)
 
 
 def conv2d(g: GpuSpec, batch: int, in_ch: int, height: int, width: int, out_ch: int,

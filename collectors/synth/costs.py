@@ -1,12 +1,16 @@
-"""Kernel and communication cost models.
+"""Kernel and communication cost models: the synthesizer's front end to the cost layer.
 
-Compute: a roofline with size-dependent efficiency. A GEMM ``m x n x k`` runs at
-``peak * gemm_max * k / (k + gemm_k_half) * tile_utilization`` where the utilization counts
-partial edge tiles and the partly filled last wave of output tiles over the GPU's
-``sm_count`` multiprocessors (for the best of a few usual tile shapes), or at the HBM
-roofline if that is slower; streaming (elementwise) kernels run at
-``hbm_gbps * memory_efficiency``. Every kernel also pays ``kernel_overhead_us`` (launch,
-ramp-up and tail on the GPU timeline).
+Compute: the cost layer's kernel model (:mod:`retime.collectors.costs.kernels`, the one
+``retime cost kernel`` prints). A 16-bit GEMM ``m x n x k`` runs at ``ceiling x k / (k +
+k_half) x tiles/waves`` (partial edge tiles, the last partly filled wave over ``sm_count``
+SMs, split-K when the reduction is deep, smaller tiles' lower reuse, unaligned rows) or at
+the HBM roofline if that is slower, plus ``kernel_overhead_us``; the ceiling is the
+profile's sustained training rate (:func:`_ceiling`). Grouped expert GEMMs share the waves
+of one launch. Streaming (elementwise) kernels move their bytes at the HBM rate with the
+cost layer's size curve (a small kernel cannot keep enough bytes in flight), floored by the
+launch/tail. FP8 / FP4 GEMMs keep the synthesizer's own roofline (below): the cost layer has
+no block scales and doubles FP8's ``k_half``, while the published FP8 / NVFP4 runs
+(bench/synth_racks.py) were checked with the profile's ``gemm_k_half``.
 
 Communication: the cost layer's NCCL model (:mod:`retime.collectors.costs.nccl`, the one
 ``retime cost collective`` prints), on the cluster this hardware profile describes
@@ -90,8 +94,8 @@ _IN_BYTES = {"fp8": 1.0, "fp4": 0.5625}
 _QUANT_BYTES = {"fp8": 3.0, "fp4": 2.0 + 2 * 0.5625}
 
 
-def gemm(hw: HardwareConfig, dtype: str, m: int, n: int, k: int, batch: int = 1,
-         elem_bytes: int | None = None) -> KernelCost:
+def _gemm_lowp(hw: HardwareConfig, dtype: str, m: int, n: int, k: int, batch: int = 1,
+               elem_bytes: int | None = None) -> KernelCost:
     """A (batched) GEMM ``[m, k] x [k, n]``: roofline with size-dependent efficiency.
     FP8 GEMMs read 1-byte inputs and also pay the quantization of their activation input
     (one HBM pass over it, fused into the kernel)."""
@@ -106,7 +110,8 @@ def gemm(hw: HardwareConfig, dtype: str, m: int, n: int, k: int, batch: int = 1,
     return KernelCost(int(round(dur)), flops, nbytes)
 
 
-def grouped_gemm(hw: HardwareConfig, dtype: str, ms: list[int], n: int, k: int) -> KernelCost:
+def _grouped_lowp(hw: HardwareConfig, dtype: str, ms: list[int], n: int, k: int
+                  ) -> KernelCost:
     """One grouped GEMM launch over experts: group ``i`` is ``[m_i, k] x [k, n]`` (its own
     weight). Tiles of all groups share the waves over the SMs, so a group of few tokens
     wastes its partial tiles and a hot expert's extra tiles lengthen the kernel."""
@@ -124,10 +129,73 @@ def grouped_gemm(hw: HardwareConfig, dtype: str, ms: list[int], n: int, k: int) 
     return KernelCost(int(round(dur)), flops, nbytes)
 
 
+#: dtypes whose GEMMs the synthesizer prices itself (block-scaled inputs; see the module doc)
+_LOWP = ("fp8", "fp4")
+_SPECS: dict[int, tuple] = {}
+
+
+def _spec(hw: HardwareConfig):
+    """The cost layer's :class:`~retime.collectors.costs.gpus.GpuSpec` of ``hw`` (read once
+    per profile object: what-ifs hand the synthesizer modified copies)."""
+    hit = _SPECS.get(id(hw))
+    if hit is None or hit[0] is not hw:
+        from ..costs.gpus import spec_of
+        hit = (hw, spec_of(hw))
+        if len(_SPECS) > 64:
+            _SPECS.clear()
+        _SPECS[id(hw)] = hit
+    return hit[1]
+
+
+def _ceiling(hw: HardwareConfig, dtype: str) -> tuple[float, str]:
+    """The GEMM ceiling the synthesizer prices at: the profile's ``gemm_max`` of the dtype's
+    peak (A100: 0.79 x 312 = 246 TFLOP/s). Not the published single-GPU maximum
+    achievable matmul (K1: 267.9) that ``retime cost kernel`` uses: that one is measured on
+    one GPU running one shape back to back, while a training step runs eight GPUs at their
+    power limit with NCCL kernels sharing the SMs (the profile's ``[efficiency] gemm_max``,
+    set with the synthesizer's validation bench, bench/synth_validation.py). Everything else
+    about a GEMM (k depth, tiles and waves, split-K, alignment, HBM roofline) is the cost
+    layer's. Left different on purpose: K1 is 9% higher, and with it every Megatron row of
+    bench/synth_ranking.py and bench/synth_validation.py comes out too fast."""
+    return hw.peak_flops(dtype) / 1e12 * hw.gemm_max_of(dtype), "fitted"
+
+
+def gemm(hw: HardwareConfig, dtype: str, m: int, n: int, k: int, batch: int = 1,
+         elem_bytes: int | None = None) -> KernelCost:
+    """A (batched) GEMM ``[m, k] x [k, n]``: 16-bit (and wider) inputs priced by the cost
+    layer's :func:`~retime.collectors.costs.kernels.matmul` at the synthesizer's ceiling
+    (:func:`_ceiling`); FP8 / FP4 by the synthesizer's block-scaled roofline, which also
+    pays the quantization of the activation input (one HBM pass, fused into the kernel)."""
+    if dtype in _LOWP:
+        return _gemm_lowp(hw, dtype, m, n, k, batch, elem_bytes)
+    from ..costs.kernels import matmul
+    c = matmul(_spec(hw), max(1, int(m)), max(1, int(n)), max(1, int(k)), batch, dtype,
+               ceiling=_ceiling(hw, dtype))
+    return KernelCost(int(round(c.time_us * 1e3)), c.flops, int(c.bytes))
+
+
+def grouped_gemm(hw: HardwareConfig, dtype: str, ms: list[int], n: int, k: int) -> KernelCost:
+    """One grouped GEMM launch over experts: group ``i`` is ``[m_i, k] x [k, n]`` (its own
+    weight); tiles of all groups share the waves over the SMs, so a group of few tokens
+    wastes its partial tiles and a hot expert's extra tiles lengthen the kernel. 16-bit:
+    the cost layer's :func:`~retime.collectors.costs.kernels.grouped_matmul`; FP8 / FP4:
+    the synthesizer's block-scaled roofline."""
+    if dtype in _LOWP:
+        return _grouped_lowp(hw, dtype, ms, n, k)
+    from ..costs.kernels import grouped_matmul
+    c = grouped_matmul(_spec(hw), [int(m) for m in ms], max(1, int(n)), max(1, int(k)),
+                       dtype, ceiling=_ceiling(hw, dtype))
+    return KernelCost(int(round(c.time_us * 1e3)), c.flops, int(c.bytes))
+
+
 def streaming(hw: HardwareConfig, nbytes: float, flops: float = 0.0) -> KernelCost:
-    """A memory-bound kernel moving ``nbytes`` through HBM (elementwise, norm, softmax)."""
-    dur = nbytes / (hw.hbm_gbps * hw.memory_efficiency) + hw.kernel_overhead_us * 1e3
-    return KernelCost(int(round(dur)), float(flops), int(nbytes))
+    """A memory-bound kernel moving ``nbytes`` through HBM (elementwise, norm, softmax):
+    the cost layer's :func:`~retime.collectors.costs.kernels.memory_bound`."""
+    from ..costs.kernels import memory_bound
+    if nbytes <= 0:
+        return KernelCost(int(round(hw.kernel_overhead_us * 1e3)), float(flops), 0)
+    c = memory_bound(_spec(hw), "streaming", float(flops), float(nbytes))
+    return KernelCost(int(round(c.time_us * 1e3)), float(flops), int(nbytes))
 
 
 @dataclass(frozen=True)
