@@ -1,22 +1,27 @@
-"""Does the synthesizer rank parallel layouts right? Error, Spearman rank correlation and
-regret against measured iteration times.
+"""Does the synthesizer rank parallel layouts right? Error, Spearman and Kendall rank
+correlation, regret and memory against measured iteration times.
 
-Run: ``python bench/synth_ranking.py [runs.csv] [--json]`` (default:
-``bench/data/megatron_a100_runs.csv``, public Megatron-LM measurements with their sources in
-the file's header).
+Run: ``python bench/synth_ranking.py [runs.csv ...] [--json]`` (default: every
+``bench/data/*_runs.csv``: public Megatron-LM measurements and BigScience's BLOOM layout
+search, sources in each file's header).
 
-The CSV has one measured run per row: ``cluster`` (rows of one cluster are the same job on
+A CSV has one measured run per row: ``cluster`` (rows of one cluster are the same job on
 the same machine, differing in layout; the ranking is judged inside a cluster), ``model`` (a
-zoo name, or ``gpt`` with ``hidden``, ``heads``, ``layers``: ffn 4h, sequence 2048,
-vocabulary 51,200, unfused attention), ``hardware``, ``tp``, ``pp``, ``dp``,
-``micro_batch``, ``global_batch``, ``schedule``, ``chunks``, ``recompute``,
-``sequence_parallel`` and ``measured_s``; optional ``cp``, ``zero``, ``dtype`` (default
-fp16), ``ep``. Lines starting with ``#`` are comments.
+zoo name, or ``gpt`` with ``hidden``, ``heads``, ``layers``, optional ``vocab`` (51,200) and
+``seq`` (2,048): ffn 4h, unfused attention), ``hardware`` (a profile name, or a ``.toml``
+next to the CSV), ``tp``, ``pp``, ``dp``, ``micro_batch``, ``global_batch``, ``schedule``,
+``chunks``, ``recompute``, ``sequence_parallel`` and ``measured_s`` (empty: a layout that
+ran out of memory, a feasibility check); optional ``cp``, ``zero``, ``dtype`` (default fp16),
+``ep``, ``published_mem_gb`` (``OOM`` for a layout that did not fit) and ``role``: ``fit``
+(the row shaped the model; the default for files without the column, whose rows were
+development points) or ``judge`` (set nothing). Lines starting with ``#`` are comments.
 
-Printed: each row's predicted and measured time and the error; per cluster the mean
-|error|, the Spearman rank correlation of predicted vs measured times (clusters of 2 or more
-rows) and the regret of running the layout the model predicts fastest (its measured time
-over the best measured time, minus 1); overall the mean and worst |error|.
+Printed: each row's predicted and measured time, the error and the predicted vs published
+memory per GPU; per cluster the MAPE, the Spearman and Kendall (tau-b) rank correlations of
+predicted vs measured time per sequence (clusters of 2 or more timed rows; per sequence so
+rows at global batch 2016 and 2048 rank together), the regret of running the layout the
+model predicts fastest (its measured time per sequence over the best, minus 1) and the
+out-of-memory rows the model calls right; then the same over fit and judge rows apart.
 """
 
 from __future__ import annotations
@@ -33,7 +38,8 @@ import numpy as np
 
 from retime.collectors.synth import synthesize
 
-DEFAULT = Path(__file__).with_name("data") / "megatron_a100_runs.csv"
+DATA = Path(__file__).with_name("data")
+DEFAULTS = sorted(DATA.glob("*_runs.csv"))
 
 
 def ranks(x) -> np.ndarray:
@@ -56,6 +62,18 @@ def spearman(a, b) -> float:
     return float(np.corrcoef(ra, rb)[0, 1])
 
 
+def kendall(a, b) -> float:
+    """Kendall's tau-b of two sequences (ties in either counted as neither; NaN when
+    either is constant)."""
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    i, j = np.triu_indices(len(a), 1)
+    da, db = np.sign(a[i] - a[j]), np.sign(b[i] - b[j])
+    n1, n2 = np.count_nonzero(da), np.count_nonzero(db)
+    if n1 == 0 or n2 == 0:
+        return float("nan")
+    return float((da * db).sum() / np.sqrt(n1 * n2))
+
+
 def regret(predicted, measured) -> float:
     """Measured time of the layout predicted fastest over the best measured time, - 1."""
     p, m = np.asarray(predicted, np.float64), np.asarray(measured, np.float64)
@@ -65,7 +83,11 @@ def regret(predicted, measured) -> float:
 def read_runs(path: str | Path) -> list[dict]:
     text = Path(path).read_text()
     lines = [ln for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
-    return list(csv.DictReader(io.StringIO("\n".join(lines))))
+    rows = list(csv.DictReader(io.StringIO("\n".join(lines))))
+    for r in rows:
+        r["_dir"] = str(Path(path).resolve().parent)
+        r["role"] = r.get("role") or "fit"
+    return rows
 
 
 def _model(row: dict):
@@ -73,8 +95,17 @@ def _model(row: dict):
         return row["model"]
     h = int(row["hidden"])
     return {"name": f"gpt-h{h}-l{row['layers']}", "hidden": h, "ffn": 4 * h,
-            "heads": int(row["heads"]), "layers": int(row["layers"]), "seq": 2048,
-            "vocab": 51200, "attention": "unfused"}
+            "heads": int(row["heads"]), "layers": int(row["layers"]),
+            "seq": int(row.get("seq") or 2048), "vocab": int(row.get("vocab") or 51200),
+            "attention": "unfused"}
+
+
+def _hardware(row: dict):
+    hw = row["hardware"]
+    if hw.endswith(".toml"):
+        from retime.collectors.synth.hardware import read_hardware_file
+        return read_hardware_file(str(Path(row.get("_dir", DATA)) / hw))
+    return hw
 
 
 def predict(row: dict) -> dict:
@@ -88,9 +119,41 @@ def predict(row: dict) -> dict:
               chunks=int(get("chunks", 1)), recompute=get("recompute", "none"),
               sequence_parallel=str(get("sequence_parallel", "false")).lower() == "true",
               zero=int(get("zero", 0)), dtype=get("dtype", "fp16"), ep=int(get("ep", 1)))
-    s = synthesize(_model(row), row["hardware"], expand="unique", check_memory=False,
+    s = synthesize(_model(row), _hardware(row), expand="unique", check_memory=False,
                    **kw).meta["synth"]
-    return {"predicted_s": s["step_time_ns"] / 1e9, "mfu": s["mfu"], "oom": s["oom"]}
+    return {"predicted_s": s["step_time_ns"] / 1e9, "mfu": s["mfu"], "oom": s["oom"],
+            "predicted_mem_gb": s["peak_memory_bytes"] / 1e9}
+
+
+def _layout(r: dict) -> str:
+    ch = r.get("chunks") or "1"
+    return (f"tp{r['tp']} pp{r['pp']} dp{r['dp']} mb{r['micro_batch']} "
+            f"{r.get('schedule') or '1f1b'}{'/' + ch if ch != '1' else ''}"
+            f" {r.get('recompute') or 'none'}"
+            f"{' sp' if str(r.get('sequence_parallel')).lower() == 'true' else ''}"
+            f"{' z' + r['zero'] if r.get('zero') not in (None, '', '0') else ''}")
+
+
+def _score(sel: list[dict]) -> dict:
+    """Accuracy and ranking of a set of rows (timed rows rank per sequence)."""
+    timed = [r for r in sel if r["measured_s"] is not None]
+    out = {"rows": len(sel), "timed": len(timed),
+           "mape": float(np.mean([abs(r["error"]) for r in timed])) if timed else None,
+           "spearman": None, "kendall": None, "regret": None}
+    if len(timed) > 1:
+        pred = [r["predicted_s"] / r["global_batch"] for r in timed]
+        meas = [r["measured_s"] / r["global_batch"] for r in timed]
+        out.update(spearman=spearman(pred, meas), kendall=kendall(pred, meas),
+                   regret=regret(pred, meas))
+    oom = [r for r in sel if r["published_mem"] == "OOM"]
+    fits = [r for r in timed if r["oom"]]
+    out["oom_rows"] = len(oom)
+    out["oom_called"] = sum(bool(r["oom"]) for r in oom)
+    out["fit_called_oom"] = len(fits)  # ran, but the model says it does not fit
+    mem = [r for r in timed if isinstance(r["published_mem"], float)]
+    out["mem_mape"] = float(np.mean([abs(r["predicted_mem_gb"] / r["published_mem"] - 1)
+                                     for r in mem])) if mem else None
+    return out
 
 
 def evaluate(runs: list[dict]) -> dict:
@@ -98,63 +161,73 @@ def evaluate(runs: list[dict]) -> dict:
     for r in runs:
         t0 = time.perf_counter()
         p = predict(r)
-        meas = float(r["measured_s"])
-        rows.append({"cluster": r["cluster"], "source": r.get("source", ""),
+        meas = float(r["measured_s"]) if r.get("measured_s") else None
+        pm = (r.get("published_mem_gb") or "").strip()
+        pm = "OOM" if pm.upper() == "OOM" else float(pm) if pm else None
+        rows.append({"cluster": r["cluster"], "source": r.get("source", ""), "role": r["role"],
                      "model": r["model"] if r["model"] != "gpt" else _model(r)["name"],
-                     "layout": f"tp{r['tp']} pp{r['pp']} dp{r['dp']} mb{r['micro_batch']} "
-                               f"{r.get('schedule', '1f1b')}"
-                               f"{'/' + r['chunks'] if r.get('chunks', '1') not in ('', '1') else ''}"
-                               f" {r.get('recompute', 'none')}"
-                               f"{' sp' if str(r.get('sequence_parallel')).lower() == 'true' else ''}",
-                     "measured_s": meas, **p, "error": p["predicted_s"] / meas - 1,
+                     "layout": _layout(r), "global_batch": int(r["global_batch"]),
+                     "measured_s": meas, **p, "published_mem": pm,
+                     "error": p["predicted_s"] / meas - 1 if meas else None,
                      "seconds": time.perf_counter() - t0})
-    clusters = {}
-    for c in dict.fromkeys(r["cluster"] for r in rows):
-        sel = [r for r in rows if r["cluster"] == c]
-        pred = [r["predicted_s"] for r in sel]
-        meas = [r["measured_s"] for r in sel]
-        clusters[c] = {"rows": len(sel),
-                       "mean_abs_error": float(np.mean([abs(r["error"]) for r in sel])),
-                       "spearman": spearman(pred, meas) if len(sel) > 1 else None,
-                       "regret": regret(pred, meas) if len(sel) > 1 else None}
-    errs = np.abs([r["error"] for r in rows])
+    clusters = {c: _score([r for r in rows if r["cluster"] == c])
+                for c in dict.fromkeys(r["cluster"] for r in rows)}
+    timed = [r for r in rows if r["measured_s"] is not None]
+    errs = np.abs([r["error"] for r in timed])
     ranked = [c for c in clusters.values() if c["spearman"] is not None]
     summary = {"rows": len(rows), "mean_abs_error": float(errs.mean()),
                "max_abs_error": float(errs.max()),
                "clusters_ranked": len(ranked),
                "min_spearman": min((c["spearman"] for c in ranked
                                     if c["spearman"] == c["spearman"]), default=None),
-               "max_regret": max((c["regret"] for c in ranked), default=None)}
+               "max_regret": max((c["regret"] for c in ranked), default=None),
+               "by_role": {role: {"rows": len(sel := [r for r in timed if r["role"] == role]),
+                                  "mape": float(np.mean([abs(r["error"]) for r in sel]))}
+                           for role in ("fit", "judge") if any(r["role"] == role
+                                                               for r in timed)}}
     return {"rows": rows, "clusters": clusters, "summary": summary}
+
+
+def _f(v, fmt, scale=1.0):
+    return "" if v is None else format(v * scale, fmt)
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("csv", nargs="?", default=str(DEFAULT))
+    ap.add_argument("csv", nargs="*", default=[str(p) for p in DEFAULTS])
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args(argv)
-    res = evaluate(read_runs(args.csv))
+    res = evaluate([r for path in args.csv for r in read_runs(path)])
     if args.json:
         json.dump(res, sys.stdout)
         print()
         return
-    print(f"{'cluster':10s} {'model':18s} {'layout':38s} {'predicted':>10s} {'measured':>9s} "
-          f"{'error':>7s}")
+    print(f"{'cluster':16s} {'role':5s} {'layout':40s} {'predicted':>10s} {'measured':>9s} "
+          f"{'error':>7s} {'mem pred':>9s} {'published':>9s}")
     for r in res["rows"]:
-        print(f"{r['cluster']:10s} {r['model']:18s} {r['layout']:38s} {r['predicted_s']:8.3f} s "
-              f"{r['measured_s']:7.3f} s {100 * r['error']:+6.1f}%")
+        pm = r["published_mem"]
+        pm = "" if pm is None else pm if pm == "OOM" else f"{pm:.0f} GB"
+        print(f"{r['cluster']:16s} {r['role']:5s} {r['layout']:40s} {r['predicted_s']:8.2f} s "
+              f"{_f(r['measured_s'], '7.2f'):>7s} s {_f(r['error'], '+6.1f', 100):>6s}% "
+              f"{r['predicted_mem_gb']:6.1f} GB{' OOM' if r['oom'] else '    '} {pm:>9s}")
     print()
-    print(f"{'cluster':10s} {'rows':>4s} {'mean |err|':>10s} {'Spearman':>9s} {'regret':>7s}")
+    print(f"{'cluster':16s} {'rows':>4s} {'MAPE':>6s} {'Spearman':>9s} {'Kendall':>8s} "
+          f"{'regret':>7s} {'OOM called':>10s} {'mem MAPE':>8s}")
     for c, v in res["clusters"].items():
-        sp = "" if v["spearman"] is None else f"{v['spearman']:+.2f}"
-        rg = "" if v["regret"] is None else f"{100 * v['regret']:.1f}%"
-        print(f"{c:10s} {v['rows']:4d} {100 * v['mean_abs_error']:9.1f}% {sp:>9s} {rg:>7s}")
+        oom = f"{v['oom_called']}/{v['oom_rows']}" if v["oom_rows"] else ""
+        if v["fit_called_oom"]:
+            oom += f" (+{v['fit_called_oom']} ran)"
+        print(f"{c:16s} {v['timed']:4d} {_f(v['mape'], '5.1f', 100):>5s}% "
+              f"{_f(v['spearman'], '+.2f'):>9s} {_f(v['kendall'], '+.2f'):>8s} "
+              f"{_f(v['regret'], '.1f', 100):>6s}% {oom:>10s} {_f(v['mem_mape'], '.0f', 100):>7s}%")
     s = res["summary"]
     print()
     print(f"{s['rows']} runs: mean |error| {100 * s['mean_abs_error']:.2f}%, worst "
           f"{100 * s['max_abs_error']:.2f}%; {s['clusters_ranked']} clusters ranked"
           + (f", lowest Spearman {s['min_spearman']:+.2f}, worst regret "
              f"{100 * s['max_regret']:.1f}%" if s["clusters_ranked"] else ""))
+    for role, v in s["by_role"].items():
+        print(f"  {role:5s} rows: {v['rows']:3d}, MAPE {100 * v['mape']:.1f}%")
 
 
 if __name__ == "__main__":
