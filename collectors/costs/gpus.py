@@ -95,9 +95,11 @@ def spec_of(hw: HardwareConfig) -> GpuSpec:
 
 def _spec(hw: HardwareConfig) -> GpuSpec:
     src = hw.source if hw.source and Path(hw.source).is_file() else ""
-    if not src and hw.name in hardware_names():  # rebuilt from a trace's metadata
-        src = load_hardware(hw.name).source
     raw = _extra(src) if src else {}
+    if "peak_tflops" not in raw and hw.name in hardware_names():
+        # rebuilt from a trace's metadata, or made from a cluster file (its source is the
+        # cluster's TOML, not a profile): the GPU facts are the named profile's
+        raw = _extra(load_hardware(hw.name).source)
     arch = str(raw.get("arch", "ampere")).lower()
     if arch not in ARCHES:
         raise ConfigError(f"{hw.source}: arch={arch!r} is not one of {', '.join(ARCHES)}")
