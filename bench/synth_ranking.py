@@ -12,7 +12,7 @@ zoo name, or ``gpt`` with ``hidden``, ``heads``, ``layers``, optional ``vocab`` 
 next to the CSV), ``tp``, ``pp``, ``dp``, ``micro_batch``, ``global_batch``, ``schedule``,
 ``chunks``, ``recompute``, ``sequence_parallel`` and ``measured_s`` (empty: a layout that
 ran out of memory, a feasibility check); optional ``cp``, ``zero``, ``dtype`` (default fp16),
-``ep``, ``published_mem_gb`` (``OOM`` for a layout that did not fit) and ``role``: ``fit``
+``ep``, ``published_mem_gib`` (``OOM`` for a layout that did not fit) and ``role``: ``fit``
 (the row shaped the model; the default for files without the column, whose rows were
 development points) or ``judge`` (set nothing). Lines starting with ``#`` are comments.
 
@@ -122,7 +122,7 @@ def predict(row: dict) -> dict:
     s = synthesize(_model(row), _hardware(row), expand="unique", check_memory=False,
                    **kw).meta["synth"]
     return {"predicted_s": s["step_time_ns"] / 1e9, "mfu": s["mfu"], "oom": s["oom"],
-            "predicted_mem_gb": s["peak_memory_bytes"] / 1e9}
+            "predicted_mem_gib": s["peak_memory_bytes"] / 2**30}
 
 
 def _layout(r: dict) -> str:
@@ -151,7 +151,7 @@ def _score(sel: list[dict]) -> dict:
     out["oom_called"] = sum(bool(r["oom"]) for r in oom)
     out["fit_called_oom"] = len(fits)  # ran, but the model says it does not fit
     mem = [r for r in timed if isinstance(r["published_mem"], float)]
-    out["mem_mape"] = float(np.mean([abs(r["predicted_mem_gb"] / r["published_mem"] - 1)
+    out["mem_mape"] = float(np.mean([abs(r["predicted_mem_gib"] / r["published_mem"] - 1)
                                      for r in mem])) if mem else None
     return out
 
@@ -162,7 +162,7 @@ def evaluate(runs: list[dict]) -> dict:
         t0 = time.perf_counter()
         p = predict(r)
         meas = float(r["measured_s"]) if r.get("measured_s") else None
-        pm = (r.get("published_mem_gb") or "").strip()
+        pm = (r.get("published_mem_gib") or "").strip()
         pm = "OOM" if pm.upper() == "OOM" else float(pm) if pm else None
         rows.append({"cluster": r["cluster"], "source": r.get("source", ""), "role": r["role"],
                      "model": r["model"] if r["model"] != "gpt" else _model(r)["name"],
@@ -206,10 +206,10 @@ def main(argv: list[str] | None = None) -> None:
           f"{'error':>7s} {'mem pred':>9s} {'published':>9s}")
     for r in res["rows"]:
         pm = r["published_mem"]
-        pm = "" if pm is None else pm if pm == "OOM" else f"{pm:.0f} GB"
+        pm = "" if pm is None else pm if pm == "OOM" else f"{pm:.0f} GiB"
         print(f"{r['cluster']:16s} {r['role']:5s} {r['layout']:40s} {r['predicted_s']:8.2f} s "
               f"{_f(r['measured_s'], '7.2f'):>7s} s {_f(r['error'], '+6.1f', 100):>6s}% "
-              f"{r['predicted_mem_gb']:6.1f} GB{' OOM' if r['oom'] else '    '} {pm:>9s}")
+              f"{r['predicted_mem_gib']:6.1f} GiB{' OOM' if r['oom'] else '    '} {pm:>9s}")
     print()
     print(f"{'cluster':16s} {'rows':>4s} {'MAPE':>6s} {'Spearman':>9s} {'Kendall':>8s} "
           f"{'regret':>7s} {'OOM called':>10s} {'mem MAPE':>8s}")

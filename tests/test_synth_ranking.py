@@ -56,7 +56,7 @@ def test_layouts_bigscience_saw_run_out_of_memory_are_called_out(bench, bloom):
     assert bench.predict(bloom[(c, 2, 6, 32, 2)])["oom"]
     ok = bench.predict(bloom[(c, 4, 12, 8, 2)])
     assert not ok["oom"]
-    assert 0.8 * 44 < ok["predicted_mem_gb"] < 1.1 * 44
+    assert 0.8 * 44 < ok["predicted_mem_gib"] < 1.1 * 44
 
 
 def test_selective_recompute_with_sp_beats_full_recompute(bench):
