@@ -52,7 +52,9 @@ class ParallelConfig:
     a forward's output leaves only after the following backward. ``"async"`` overlaps sends
     and receives with compute (Megatron-Core's ``overlap_p2p_comm``). Breadth-first,
     zero-bubble and DualPipe schedules always overlap (blocking calls would deadlock the
-    first, the others are built around overlapped transfers). ``stage_layers``: ``()`` or ``"even"`` split the layers
+    first, the others are built around overlapped transfers). Source of the default:
+    Megatron-Core ``ModelParallelConfig`` (``overlap_p2p_comm = False``, ``batch_p2p_comm =
+    True``; collectors/synth/REFERENCES.md R2, with what else moves a layout ranking). ``stage_layers``: ``()`` or ``"even"`` split the layers
     evenly, a tuple gives the layers of each virtual stage (pipeline ranks, or ``pp * chunks``
     model chunks in chain order), ``"time"`` / ``"memory"`` let :func:`synthesize` choose
     (balanced time; smallest largest-stage memory within ``stage_slack`` of the fastest
@@ -75,7 +77,8 @@ class ParallelConfig:
     bucket after bucket. ``True`` reduces each bucket as soon as its gradients are complete
     in the last micro-batch's backward (PyTorch DDP, Megatron-Core's overlapped reduction;
     what ``overlap.bucket_mb`` / ``overlap.merge`` tune). ZeRO-3 / FSDP reduce-scatters
-    always follow each layer's backward.
+    always follow each layer's backward. Source of the default: Megatron-Core
+    ``DistributedDataParallelConfig.overlap_grad_reduce = False`` (REFERENCES.md R2).
 
     ``odc``: on ZeRO-3 / FSDP runs, parameter gathers and gradient reductions are on-demand
     point-to-point transfers (Wan et al. 2026) with one synchronization per step instead of
