@@ -27,7 +27,8 @@ from retime.collectors.costs import kernels as K
 from retime.collectors.costs.gpus import gpu_spec
 
 DATA = Path(__file__).with_name("data") / "cost_published.toml"
-_CLUSTER_KEYS = ("gpu", "nodes", "gpus_per_node", "nvlink_domain", "nics_per_node", "nic_gbit")
+_CLUSTER_KEYS = ("gpu", "nodes", "gpus_per_node", "nvlink_domain", "nics_per_node", "nic_gbit",
+                 "nvls")
 
 
 def load(path: Path = DATA) -> dict:

@@ -198,7 +198,7 @@ def _normalize_collective(name: str) -> str:
 
 def _assumed_lines(c, rows, coll: str) -> list[str]:
     from retime.collectors.costs import nccl_params as P
-    from retime.collectors.costs.nccl import efficiencies
+    from retime.collectors.costs.nccl import efficiencies, nvls_eff
 
     ip, npar = efficiencies(c)
     out = [f"{c.name}: {c.world_size} GPUs = {c.gpus_per_node} per node x {c.nodes} node(s), "
@@ -208,8 +208,10 @@ def _assumed_lines(c, rows, coll: str) -> list[str]:
         out.append(f"network {c.net_fabric}: {c.nics_per_node} x {c.nic_gbit:g} Gbit/s per node "
                    f"x {npar.value} ({npar.source}: {npar.ref})")
     if any(r["algorithm"] in ("nvls", "nvls_tree") for r in rows):
-        out.append(f"NVLS algorithm bandwidth {P.NVLS_EFF.value} x nominal NVLink rate "
-                   f"({P.NVLS_EFF.source}: {P.NVLS_EFF.ref})")
+        ne = nvls_eff(c)
+        out.append(f"NVLS algorithm bandwidth {ne.value} x nominal {c.intra_generation} rate "
+                   f"({ne.source}: {ne.ref}); NVLS inside one NVLink domain, also one "
+                   "spanning trays (MNNVL)")
     out.append("latency: NCCL's tuning tables (base + hops x per-hop latency; REFERENCES.md C0) "
                f"+ {P.CALL_US.value:g} us per call (assumed); pipeline fill: "
                f"{P.CHUNK_BYTES.value / 1024:g} KiB per channel in flight (fitted)")

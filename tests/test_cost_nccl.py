@@ -13,9 +13,11 @@ import tomllib
 
 from retime.collectors.costs import (
     Collective,
+    Group,
     bus_factor,
     collective_cost,
     format_cluster,
+    group_of,
     load_preset,
     preset_names,
     read_cluster,
@@ -105,8 +107,37 @@ def test_the_tuner_picks_like_nccl():
     multi = collective_cost(a100.with_overrides(nodes=16), "all_reduce", 2**16)
     assert multi.algorithm == "tree"  # log(nodes) hops beat 2 x nodes ring hops
     assert collective_cost(h100, "all_gather", 2**30).algorithm == "ring"
-    # NVLS over a multi-node NVLink domain is not used (NCCL's tuner, C0)
-    assert collective_cost(load_preset("gb200-nvl72"), "all_reduce", 2**30).algorithm == "ring"
+    # NVLS over a multi-node NVLink domain (MNNVL clique = one NCCL node, C16), 24 channels
+    nvl = collective_cost(load_preset("gb200-nvl72"), "all_reduce", 2**30)
+    assert (nvl.algorithm, nvl.channels) == ("nvls", 24)
+
+
+def test_groups_are_nvlink_domains_not_trays():
+    rack2 = load_preset("gb200-nvl72").with_overrides(nodes=36)  # two racks of 18 trays
+    g = group_of(rack2)
+    assert (g.ranks, g.per_node, g.nodes, g.domain) == (144, 72, 2, False)
+    assert group_of(rack2, 72) == Group(72, 72, 1, True)  # one rack: no network hop
+    assert group_of(rack2, 8) == Group(8, 8, 1, True)  # two trays: NVLink, not the NICs
+    # a DGX is its own domain: nothing changes there
+    assert group_of(load_preset("dgx-h100").with_overrides(nodes=4)) == Group(32, 8, 4, False)
+
+
+def test_cross_rack_ring_is_bounded_by_the_domains_nics():
+    # NCCL issue #1801 (C17): GB200 partitions of 4 / 8 GPUs on three racks, NVLS off, IB
+    # between them: the ring's busbw is the partition's NICs (196.7 and 393.7 GB/s at 16 GB)
+    base = load_preset("gb200-nvl72")
+    for dom, nodes, pub in ((4, 3, 196.72), (8, 6, 393.66)):
+        c = base.with_overrides(nodes=nodes, nvlink_domain=dom, nvls=False)
+        r = collective_cost(c, "all_reduce", 16 * 2**30)
+        assert r.algorithm == "ring"
+        nic = dom * 50.0 * P.NET_EFF["infiniband"].value
+        assert r.busbw_gbps == pytest.approx(nic, rel=0.02)
+        assert r.busbw_gbps == pytest.approx(pub, rel=0.05)
+    # full racks: 32 channels leave on 16 of a rack's 72 NICs (776 GB/s) > the NVLink ring's
+    # 680: the cross-rack ring runs at NVLink's rate, not one tray's 4 NICs (194 GB/s)
+    two = collective_cost(base.with_overrides(nodes=36), "all_reduce", 16 * 2**30,
+                          algo="ring", proto="Simple")
+    assert two.busbw_gbps > 600
 
 
 def test_multi_node_ring_is_bounded_by_the_nics():
@@ -176,8 +207,9 @@ def test_judged_published_series_hold_their_tolerance():
 
 def test_every_parameter_is_sourced():
     refs = (ROOT / "collectors" / "costs" / "REFERENCES.md").read_text()
-    params = [*P.LINK_EFF.values(), *P.NET_EFF.values(), P.NVLS_EFF, P.TREE_EFF, P.P2P_EFF,
-              *P.CHANNELS.values(), P.CHUNK_BYTES, *P.NVLS_FILL, P.CALL_US]
+    params = [*P.LINK_EFF.values(), *P.NET_EFF.values(), *P.NVLS_EFF.values(), P.TREE_EFF,
+              P.P2P_EFF, *P.CHANNELS.values(), P.CHUNK_BYTES, P.NVLS_FILL, P.NVLS_CHUNK_BYTES,
+              P.CALL_US]
     for p in params:
         assert p.source in ("published", "fitted", "assumed")
         ids = [w.strip(":,()") for w in p.ref.split() if w[:1] in "CK" and w[1:2].isdigit()]

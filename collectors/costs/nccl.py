@@ -34,7 +34,8 @@ from . import nccl_params as P
 from .cluster import Cluster
 
 __all__ = ["Collective", "Algo", "Proto", "CollectiveCost", "Group", "collective_cost",
-           "bus_factor", "group_of", "alltoall_split_us", "efficiencies"]
+           "bus_factor", "group_of", "alltoall_split_us", "efficiencies", "nvls_eff",
+           "nvls_channels"]
 
 
 class Collective(str, Enum):
@@ -66,8 +67,9 @@ _PROTO_IDX = {Proto.ll: 0, Proto.ll128: 1, Proto.simple: 2}
 
 @dataclass(frozen=True)
 class Group:
-    """Ranks of one collective on the cluster: total, per node, nodes; ``domain``: whether
-    all ranks share one NVLink domain (no network hop)."""
+    """Ranks of one collective on the cluster: total, per NVLink domain (``per_node``),
+    domains (``nodes``; a domain is one node except on multi-node NVLink racks); ``domain``:
+    whether all ranks share one NVLink domain (no network hop)."""
 
     ranks: int
     per_node: int
@@ -76,17 +78,18 @@ class Group:
 
 
 def group_of(cluster: Cluster, ranks: int | None = None) -> Group:
-    """The group of ``ranks`` consecutive ranks (default: the whole cluster)."""
+    """The group of ``ranks`` consecutive ranks (default: the whole cluster), grouped by
+    NVLink domain, not by node: NCCL treats the GPUs of one multi-node NVLink domain (an
+    MNNVL clique, e.g. the 72 GPUs of a GB200 NVL72 rack) as one node (C16), so ``per_node``
+    is the ranks per domain and ``nodes`` the domains the group spans."""
     n = cluster.world_size if ranks is None else ranks
     if n < 2:
         raise ConfigError(f"a collective needs at least 2 ranks; the cluster has {n} "
                           f"({cluster.gpus_per_node} GPUs per node x {cluster.nodes} nodes); "
                           "raise --nodes or --gpus-per-node")
-    per_node = min(n, cluster.gpus_per_node)
+    per_node = min(n, cluster.nvlink_domain)
     nodes = math.ceil(n / per_node)
-    domain = cluster.intra_fabric == "nvswitch" and n <= cluster.nvlink_domain \
-        or nodes == 1
-    return Group(n, per_node, nodes, domain)
+    return Group(n, per_node, nodes, nodes == 1)
 
 
 def bus_factor(coll: Collective, n: int) -> float:
@@ -147,6 +150,19 @@ def efficiencies(c: Cluster) -> tuple[P.Param, P.Param]:
     return ip, npar
 
 
+def nvls_eff(c: Cluster) -> P.Param:
+    """NVLS algorithm bandwidth / nominal NVLink rate for the cluster's NVLink generation."""
+    return P.NVLS_EFF.get(c.intra_generation, P.NVLS_EFF["nvlink4"])
+
+
+def nvls_channels(c: Cluster, g: Group) -> int:
+    """NVLS channels (one CTA each) NCCL runs: 16 on Hopper; on Blackwell 24 inside one NVLink
+    domain and 32 across domains (NCCL ``NVLS_NCHANNELS_SM*``, C16)."""
+    if c.spec.arch == "blackwell":
+        return 24 if g.nodes == 1 else 32
+    return 16
+
+
 def _links(c: Cluster, g: Group) -> _Links:
     ip, npar = efficiencies(c)
     nic = c.nic_gbps * npar.value
@@ -154,11 +170,15 @@ def _links(c: Cluster, g: Group) -> _Links:
     ch = P.CHANNELS.get((c.intra_fabric, c.spec.arch)) or P.CHANNELS.get((c.intra_fabric, None)) \
         or P.CHANNELS[("nvswitch", "hopper")]
     channels = int(ch.value)
+    # the NICs of the group's ranks in one NVLink domain (a GB200 NVL72 rack: one per GPU)
+    dom_nics = g.per_node * per_gpu_nics
     if g.nodes > 1 and not g.domain and c.nics_per_node:
-        # rings leaving the node are built per NIC (two channels each), not per NVLink
-        channels = min(channels, 2 * c.nics_per_node)
+        # rings leaving the domain are built per NIC (two channels each), not per NVLink;
+        # so at most channels / 2 of the domain's NICs carry them
+        channels = max(2, min(channels, int(round(2 * dom_nics))))
+        dom_nics = min(dom_nics, channels / 2.0)
     return _Links(intra=c.intra_gbps * ip.value, intra_p=ip,
-                  net_node=g.per_node * per_gpu_nics * nic if c.nics_per_node else 0.0,
+                  net_node=dom_nics * nic if c.nics_per_node else 0.0,
                   net_gpu=max(per_gpu_nics, 1.0 / c.gpus_per_node) * nic, net_p=npar,
                   channels=channels, hop="nvlink" if c.intra_fabric == "nvswitch" else "pcie")
 
@@ -177,9 +197,10 @@ def _enabled(c: Cluster, g: Group, coll: Collective) -> list[tuple[Algo, Proto]]
                 out.append((Algo.nvls_tree, Proto.simple))
             if c.sharp:
                 out.append((Algo.collnet, Proto.simple))
-        if c.nvls and g.domain and g.nodes == 1:
-            # NVLS over an NVLink domain spanning nodes (MNNVL, e.g. NVL72) is disabled in
-            # NCCL's tuner ("MNNVL: NVLS not yet supported", C0): rings run there
+        if c.nvls and g.domain:
+            # NVLS inside one NVLink domain, also one spanning trays (MNNVL, e.g. NVL72): NCCL
+            # >= 2.25 counts an MNNVL clique as one node and enables NVLS there (C16; 2.19's
+            # "MNNVL: NVLS not yet supported" of C0 is gone)
             out.append((Algo.nvls, Proto.simple))
     return out
 
@@ -202,7 +223,12 @@ def _busbw(c: Cluster, g: Group, L: _Links, coll: Collective, a: Algo, p: Proto)
         llmax = P.LL_MAX_BUSBW[c.spec.arch if not cross else
                                ("nodes2" if g.nodes == 2 else "nodes3+")]
         quarter = cross or coll == Collective.all_reduce
-        bw = min(llmax, bw / (3.8 if a == Algo.tree else 4.0 if quarter else 3.0))
+        if a == Algo.tree:
+            bw = min(llmax, bw / 3.8)
+        elif c.spec.arch in P.LL_HALF_ARCHS:  # NCCL >= 2.23 tuner: ring LL at half the rate
+            bw = min(llmax, bw * 0.5)
+        else:
+            bw = min(llmax, bw / (4.0 if quarter else 3.0))
     elif p == Proto.ll128:
         eff = 0.7 if g.per_node < 2 else 0.92
         if a == Algo.tree:
@@ -215,9 +241,9 @@ def _algbw(c: Cluster, g: Group, L: _Links, coll: Collective, a: Algo, p: Proto)
     """Algorithm bandwidth (GB/s): bytes / time in the bandwidth-bound limit."""
     n = g.ranks
     if a == Algo.nvls:
-        return c.intra_gbps * P.NVLS_EFF.value
+        return c.intra_gbps * nvls_eff(c).value
     if a == Algo.nvls_tree:  # NVLS inside each node, a tree of nodes over the NICs
-        return min(c.intra_gbps * P.NVLS_EFF.value, L.net_node / 2.0 * P.TREE_EFF.value)
+        return min(c.intra_gbps * nvls_eff(c).value, L.net_node / 2.0 * P.TREE_EFF.value)
     if a in (Algo.tree, Algo.collnet):
         # a double binary tree (or the switch's reduction tree) moves the buffer up and down
         # once: each link direction carries S, so algbw is half the bus rate (NCCL's .5)
@@ -282,8 +308,10 @@ def _fill_us(c: Cluster, g: Group, L: _Links, coll: Collective, a: Algo, p: Prot
     if p == Proto.ll or a == Algo.p2p:
         return 0.0
     if a in (Algo.nvls, Algo.nvls_tree):
-        frac, cap = P.NVLS_FILL
-        return frac.value * min(nbytes, cap.value) / (algbw * 1e3)
+        # NVLS moves NVLS_CHUNK per channel per rank of the domain in each step: that much is
+        # in flight before the pipeline runs full (8 H100 x 16 x 128 KiB = 16 MiB)
+        inflight = g.per_node * nvls_channels(c, g) * P.NVLS_CHUNK_BYTES.value
+        return P.NVLS_FILL.value * min(nbytes, inflight) / (algbw * 1e3)
     inflight = g.ranks * L.channels * P.CHUNK_BYTES.value
     return min(nbytes, inflight) / (algbw * 1e3)
 
@@ -309,7 +337,7 @@ def _range(c: Cluster, g: Group, L: _Links, a: Algo, t: float, lat: float) -> tu
     if g.nodes > 1 and not g.domain:
         rels.append(L.net_p.rel)
     if a in (Algo.nvls, Algo.nvls_tree):
-        rels.append(P.NVLS_EFF.rel)
+        rels.append(nvls_eff(c).rel)
     if a == Algo.p2p:
         rels.append(P.P2P_EFF.rel)
     rb = math.sqrt(sum(r * r for r in rels)) + P.CHUNK_BYTES.rel * 0.5
@@ -371,14 +399,15 @@ def collective_cost(cluster: Cluster, collective: str | Collective, nbytes: int,
                  f"{L.net_p.ref})",)
     return CollectiveCost(coll.value, int(nbytes), g.ranks, t, algbw,
                           algbw * bus_factor(coll, g.ranks), a.value, p.value,
-                          L.channels if a not in (Algo.nvls, Algo.nvls_tree) else 16,
+                          L.channels if a not in (Algo.nvls, Algo.nvls_tree)
+                          else nvls_channels(cluster, g),
                           (lo, hi), lat + P.CALL_US.value, bw, srcs)
 
 
 def _why_not(c: Cluster, g: Group, coll: Collective, want: Algo) -> str:
-    if want == Algo.nvls and c.nvls and g.nodes > 1 and g.domain:
-        return (f"--algo nvls: NVLS over an NVLink domain spanning {g.nodes} nodes (MNNVL) is "
-                "not used by NCCL's tuner (C0); rings run there")
+    if want == Algo.nvls and c.nvls and g.nodes > 1:
+        return (f"--algo nvls: the group spans {g.nodes} NVLink domains; NVLS runs inside one "
+                "domain (across domains NCCL uses NVLS-tree, tree or ring)")
     if want in (Algo.nvls, Algo.nvls_tree) and not c.nvls:
         return (f"--algo {want.value}: NVLS needs NVLink SHARP (Hopper or newer GPUs on "
                 f"NVSwitch3+); cluster {c.name} ({c.gpu}, {c.intra_fabric}) has nvls = false")

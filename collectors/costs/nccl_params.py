@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 __all__ = ["Param", "LINK_EFF", "NET_EFF", "NVLS_EFF", "BASE_LAT_US", "HOP_LAT_US",
            "LL_MAX_BUSBW", "LL128_PER_CHANNEL", "CHANNELS", "CALL_US", "CHUNK_BYTES",
-           "NVLS_FILL", "P2P_EFF", "TREE_EFF", "UNCERTAINTY"]
+           "NVLS_FILL", "NVLS_CHUNK_BYTES", "LL_HALF_ARCHS", "P2P_EFF", "TREE_EFF",
+           "UNCERTAINTY"]
 
 #: relative 1-sigma-ish half-width of the range a parameter of each source contributes
 UNCERTAINTY = {"published": 0.05, "fitted": 0.10, "assumed": 0.25, "stated": 0.10}
@@ -50,7 +51,12 @@ NET_EFF = {
     "slingshot": Param(0.85, "assumed", "Slingshot-11 200 Gb/s NICs"),
 }
 #: NVLS all-reduce algorithm bandwidth / nominal NVLink rate (in-switch reduction)
-NVLS_EFF = Param(0.61, "published", "C2: NVLS peak busbw ~480 GB/s, algbw ~275 GB/s of 450")
+NVLS_EFF = {
+    "nvlink4": Param(0.61, "published", "C2: NVLS peak busbw ~480 GB/s, algbw ~275 GB/s of 450"),
+    "nvlink5": Param(0.49, "fitted", "C10 rows 4 GB and 8 GB (72 GB200, NVLS plateau "
+                     "835-839 GB/s busbw); NCCL's nvlsEfficiency ratio Blackwell/Hopper "
+                     ".74/.85 would give 0.53 (C16)"),
+}
 #: tree bandwidth factor (NCCL's busBw * .92 for trees)
 TREE_EFF = Param(0.92, "published", "C0: tree busBw x 0.92")
 #: point-to-point (send/recv, alltoall) bandwidth / ring bus bandwidth on the same links
@@ -76,10 +82,10 @@ LATENCY = Param(1.0, "assumed", "C0 latencies used as wall-clock time")
 CALL_US = Param(5.0, "assumed", "kernel launch + completion as nccl-tests times it")
 
 #: LL protocol bus-bandwidth ceilings (GB/s): single node by GPU generation, else by nodes
-LL_MAX_BUSBW = {"volta": 39.0, "ampere": 87.7, "hopper": 87.7, "blackwell": 87.7,
+LL_MAX_BUSBW = {"volta": 39.0, "ampere": 87.7, "hopper": 87.7, "blackwell": 282.0,
                 "cdna3": 39.0, "cdna4": 39.0, "nodes2": 39.0, "nodes3+": 20.4}
 #: LL128 per-channel ring ceiling (GB/s) per generation (NCCL tuning table)
-LL128_PER_CHANNEL = {"volta": 20.0, "ampere": 20.0, "hopper": 36.7, "blackwell": 36.7,
+LL128_PER_CHANNEL = {"volta": 20.0, "ampere": 20.0, "hopper": 36.7, "blackwell": 73.4,
                      "cdna3": 20.0, "cdna4": 20.0}
 #: channels per collective, by intra-node fabric and GPU generation
 CHANNELS = {
@@ -94,6 +100,11 @@ CHANNELS = {
 #: Simple/LL128 pipeline: bytes per channel in flight per ring step (the ramp of busbw with
 #: message size: one extra ring traversal of the in-flight data)
 CHUNK_BYTES = Param(64 * 1024, "fitted", "C1 rows 1 MB - 1 GB (A100; the fit series)")
-#: NVLS pipeline fill: fraction of a pass and bytes after which it stops growing
-NVLS_FILL = (Param(1.0, "fitted", "C7 rows 1 MB - 1 GB (H100; the NVLS fit series)"),
-             Param(16 * 2**20, "fitted", "C7 rows 1 MB - 1 GB (H100; the NVLS fit series)"))
+#: NVLS pipeline fill: the fraction of one pass of the in-flight data (ranks x NVLS channels
+#: x NVLS chunk; the cap fitted on C7 before, 16 MiB, is exactly 8 x 16 x 128 KiB)
+NVLS_FILL = Param(1.0, "fitted", "C7 rows 1 MB - 1 GB (H100; the NVLS fit series)")
+#: NCCL_NVLS_CHUNKSIZE default (src/transport/nvls.cc, C16)
+NVLS_CHUNK_BYTES = Param(128 * 1024, "published", "C16: NCCL_NVLS_CHUNKSIZE 128 KiB")
+#: architectures whose NCCL (>= 2.23, the first with Blackwell) runs ring LL at half the bus
+#: rate (``busBw * .5``) instead of a quarter, with Blackwell's doubled LL/LL128 ceilings (C16)
+LL_HALF_ARCHS = frozenset({"blackwell"})
