@@ -204,7 +204,13 @@ def _assumed_lines(c, rows, coll: str) -> list[str]:
     out = [f"{c.name}: {c.world_size} GPUs = {c.gpus_per_node} per node x {c.nodes} node(s), "
            f"{c.gpu}; intra {c.intra_fabric}/{c.intra_generation} {c.intra_gbps:g} GB/s per "
            f"GPU per direction (nominal) x {ip.value} ({ip.source}: {ip.ref})"]
-    if c.nodes > 1:
+    doms = -(-c.world_size // c.nvlink_domain)
+    if c.nvlink_domain > c.gpus_per_node or doms > 1:
+        out.append(f"ranks grouped by NVLink domain ({c.nvlink_domain} GPUs), not by node: "
+                   f"{doms} domain(s); inside one the collective never touches a NIC, across "
+                   "domains rings / trees leave each on its NICs (two channels per NIC; "
+                   "REFERENCES.md C16, C17)")
+    if c.nodes > 1 and doms > 1:
         out.append(f"network {c.net_fabric}: {c.nics_per_node} x {c.nic_gbit:g} Gbit/s per node "
                    f"x {npar.value} ({npar.source}: {npar.ref})")
     if any(r["algorithm"] in ("nvls", "nvls_tree") for r in rows):
@@ -243,6 +249,10 @@ def collective_cmd(
         "--algo", help="Force the algorithm, as NCCL_ALGO does.")] = None,
     proto: Annotated[ProtoName | None, typer.Option(
         "--proto", help="Force the protocol, as NCCL_PROTO does.")] = None,
+    channels: Annotated[int | None, typer.Option(
+        "--channels", min=1, help="Channels NCCL runs with (one CTA, i.e. one SM, each), as "
+        "NCCL_MIN_NCHANNELS = NCCL_MAX_NCHANNELS force it, or as a trace measured it (its NCCL "
+        "kernels' launch grid, what `retime replay` uses); default: the model's table.")] = None,
     plot: Annotated[Path | None, typer.Option(
         "--plot", dir_okay=False, help="Write bus bandwidth vs size (log x, range band) to a "
         ".png or .html file.")] = None,
@@ -266,9 +276,13 @@ def collective_cmd(
             raise ConfigError(f"--plot {plot}: write a .png or .html file")
         check_output(plot, force)
     costs = [collective_cost(c, coll, s, algo=algo.value if algo else None,
-                             proto=proto.value if proto else None) for s in size_list]
+                             proto=proto.value if proto else None, channels=channels)
+             for s in size_list]
     rows = [x.to_row() for x in costs]
     assumed = _assumed_lines(c, rows, coll)
+    if channels:
+        assumed.append(f"{channels} channels as stated (--channels), in place of the model's "
+                       "table")
     if plot is not None:
         _write_plot(plot, costs, f"{coll} on {c.name}: {costs[0].ranks} ranks")
     if json_out:

@@ -155,27 +155,31 @@ def nvls_eff(c: Cluster) -> P.Param:
     return P.NVLS_EFF.get(c.intra_generation, P.NVLS_EFF["nvlink4"])
 
 
-def nvls_channels(c: Cluster, g: Group) -> int:
+def nvls_channels(c: Cluster, g: Group, measured: int | None = None) -> int:
     """NVLS channels (one CTA each) NCCL runs: 16 on Hopper; on Blackwell 24 inside one NVLink
-    domain and 32 across domains (NCCL ``NVLS_NCHANNELS_SM*``, C16)."""
+    domain and 32 across domains (NCCL ``NVLS_NCHANNELS_SM*``, C16); ``measured`` (a trace's
+    NCCL kernel grid) replaces the table."""
+    if measured:
+        return int(measured)
     if c.spec.arch == "blackwell":
         return 24 if g.nodes == 1 else 32
     return 16
 
 
-def _links(c: Cluster, g: Group) -> _Links:
+def _links(c: Cluster, g: Group, measured: int | None = None) -> _Links:
     ip, npar = efficiencies(c)
     nic = c.nic_gbps * npar.value
     per_gpu_nics = c.nics_per_node / c.gpus_per_node
     ch = P.CHANNELS.get((c.intra_fabric, c.spec.arch)) or P.CHANNELS.get((c.intra_fabric, None)) \
         or P.CHANNELS[("nvswitch", "hopper")]
-    channels = int(ch.value)
+    channels = int(measured) if measured else int(ch.value)
     # the NICs of the group's ranks in one NVLink domain (a GB200 NVL72 rack: one per GPU)
     dom_nics = g.per_node * per_gpu_nics
     if g.nodes > 1 and not g.domain and c.nics_per_node:
         # rings leaving the domain are built per NIC (two channels each), not per NVLink;
         # so at most channels / 2 of the domain's NICs carry them
-        channels = max(2, min(channels, int(round(2 * dom_nics))))
+        if not measured:
+            channels = max(2, min(channels, int(round(2 * dom_nics))))
         dom_nics = min(dom_nics, channels / 2.0)
     return _Links(intra=c.intra_gbps * ip.value, intra_p=ip,
                   net_node=dom_nics * nic if c.nics_per_node else 0.0,
@@ -303,27 +307,27 @@ def _latency_us(c: Cluster, g: Group, coll: Collective, a: Algo, p: Proto) -> fl
 
 
 def _fill_us(c: Cluster, g: Group, L: _Links, coll: Collective, a: Algo, p: Proto,
-             nbytes: float, algbw: float) -> float:
+             nbytes: float, algbw: float, measured: int | None = None) -> float:
     """Pipeline fill: one more traversal of the in-flight data (see the module docstring)."""
     if p == Proto.ll or a == Algo.p2p:
         return 0.0
     if a in (Algo.nvls, Algo.nvls_tree):
         # NVLS moves NVLS_CHUNK per channel per rank of the domain in each step: that much is
         # in flight before the pipeline runs full (8 H100 x 16 x 128 KiB = 16 MiB)
-        inflight = g.per_node * nvls_channels(c, g) * P.NVLS_CHUNK_BYTES.value
+        inflight = g.per_node * nvls_channels(c, g, measured) * P.NVLS_CHUNK_BYTES.value
         return P.NVLS_FILL.value * min(nbytes, inflight) / (algbw * 1e3)
     inflight = g.ranks * L.channels * P.CHUNK_BYTES.value
     return min(nbytes, inflight) / (algbw * 1e3)
 
 
-def _time(c, g, L, coll, a, p, nbytes) -> tuple[float, float, float, float]:
+def _time(c, g, L, coll, a, p, nbytes, measured=None) -> tuple[float, float, float, float]:
     """(tuner time, predicted time, latency, algbw) in us / GB/s."""
     bw = _algbw(c, g, L, coll, a, p)
     if bw <= 0:
         return math.inf, math.inf, 0.0, 0.0
     lat = _latency_us(c, g, coll, a, p)
     t_tuner = lat + nbytes / (bw * 1e3)
-    t = P.CALL_US.value + t_tuner + _fill_us(c, g, L, coll, a, p, nbytes, bw)
+    t = P.CALL_US.value + t_tuner + _fill_us(c, g, L, coll, a, p, nbytes, bw, measured)
     return t_tuner, t, lat, bw
 
 
@@ -348,10 +352,13 @@ def _range(c: Cluster, g: Group, L: _Links, a: Algo, t: float, lat: float) -> tu
 
 def collective_cost(cluster: Cluster, collective: str | Collective, nbytes: int,
                     ranks: int | None = None, algo: str | None = None,
-                    proto: str | None = None, group: Group | None = None) -> CollectiveCost:
+                    proto: str | None = None, group: Group | None = None,
+                    channels: int | None = None) -> CollectiveCost:
     """Predict one collective of ``nbytes`` (nccl-tests size) over ``ranks`` ranks of
     ``cluster`` (default all; or an explicit ``group`` shape, as the synthesizer's parallel
-    groups are), optionally forcing the algorithm / protocol.
+    groups are), optionally forcing the algorithm / protocol. ``channels``: the channel count
+    NCCL ran with where a trace measured it (its kernels' launch grid, one CTA per channel);
+    it replaces the model's table (per-channel LL128 ceiling, data in flight, NICs reached).
 
     Raises ConfigError for a group of one rank, a size below 1 byte, or a forced algorithm
     the cluster cannot run (NVLS without NVLink SHARP, CollNet without SHARP, ...).
@@ -365,7 +372,9 @@ def collective_cost(cluster: Cluster, collective: str | Collective, nbytes: int,
     if coll == Collective.sendrecv:
         g = Group(2, 2 if g.per_node > 1 else 1, 1 if g.per_node > 1 else 2,
                   g.per_node > 1 or g.domain)
-    L = _links(cluster, g)
+    if channels is not None and channels < 1:
+        raise ConfigError(f"channels={channels}: a collective runs on at least one channel")
+    L = _links(cluster, g, channels)
     cands = _enabled(cluster, g, coll)
     if algo is not None:
         want = Algo(algo.lower())
@@ -386,7 +395,7 @@ def collective_cost(cluster: Cluster, collective: str | Collective, nbytes: int,
         cands = picked
     best = None
     for a, p in cands:
-        tt, t, lat, bw = _time(cluster, g, L, coll, a, p, nbytes)
+        tt, t, lat, bw = _time(cluster, g, L, coll, a, p, nbytes, channels)
         if best is None or tt < best[0]:
             best = (tt, t, lat, bw, a, p)
     _, t, lat, bw, a, p = best
@@ -397,10 +406,12 @@ def collective_cost(cluster: Cluster, collective: str | Collective, nbytes: int,
     if g.nodes > 1 and not g.domain:
         srcs += (f"network {cluster.net_fabric} x {L.net_p.value} ({L.net_p.source}: "
                  f"{L.net_p.ref})",)
+    if channels:
+        srcs += (f"{int(channels)} channels (measured: the trace's NCCL kernel grid)",)
     return CollectiveCost(coll.value, int(nbytes), g.ranks, t, algbw,
                           algbw * bus_factor(coll, g.ranks), a.value, p.value,
                           L.channels if a not in (Algo.nvls, Algo.nvls_tree)
-                          else nvls_channels(cluster, g),
+                          else nvls_channels(cluster, g, channels),
                           (lo, hi), lat + P.CALL_US.value, bw, srcs)
 
 

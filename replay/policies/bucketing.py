@@ -297,8 +297,10 @@ def _nccl_model(trace: Trace, tab: dict, sel_tab: np.ndarray, dur_meas: np.ndarr
     from .nccl_trace import (
         NcclPricer,
         anchor,
+        channels_text,
         forced_choice,
         gpu_collectives,
+        measured_channels,
         peer_text,
         trace_cluster,
     )
@@ -312,7 +314,8 @@ def _nccl_model(trace: Trace, tab: dict, sel_tab: np.ndarray, dur_meas: np.ndarr
         cl, src = trace_cluster(trace, rpn, world)
     except PolicyError:
         return None
-    pricer = NcclPricer(cl, bound=bound)
+    chan = measured_channels(trace)
+    pricer = NcclPricer(cl, bound=bound, channels=chan)
     sizes = tab["bytes"][sel_tab]
     forced, why = forced_choice(trace, ops, pricer, n_group, sizes)
     pricer.forced = forced
@@ -330,7 +333,7 @@ def _nccl_model(trace: Trace, tab: dict, sel_tab: np.ndarray, dur_meas: np.ndarr
     assumed = [f"all-reduce transfer priced by the NCCL model on {src['gpu']} "
                f"({src['platform']}, {src['nominal_intra_gbps']:g} GB/s nominal: "
                f"{src['nominal_source']}; {n_group} ranks, {src['ranks_per_node']} per node): "
-               f"{why}; {ex.channels} channels; {ex.time_us:.0f} us at the median measured "
+               f"{why}; {channels_text(chan, ex.channels)}; {ex.time_us:.0f} us at the median measured "
                f"{float(np.median(sizes)) / 1e6:.3g} MB (range {ex.range_us[0]:.0f}-"
                f"{ex.range_us[1]:.0f} us)"]
     if a["source"] == "fitted":
@@ -346,7 +349,13 @@ def _nccl_model(trace: Trace, tab: dict, sel_tab: np.ndarray, dur_meas: np.ndarr
     if partial:
         sources["wait"] = "assumed (the range replays each reading)"
     info = {"model": "nccl", "algorithm": ex.algorithm, "protocol": ex.protocol,
-            "channels": ex.channels, "kappa": k, "kappa_source": a["source"],
+            "channels": ex.channels, "channels_source": "measured" if chan else "assumed",
+            # what the replay charged for one bucket of the median size: `retime cost
+            # collective` prints the same for the same cluster, ranks and channels
+            "priced": {"bytes": int(float(np.median(sizes))), "ranks": int(n_group),
+                       "time_us": ex.time_us, "algorithm": ex.algorithm,
+                       "protocol": ex.protocol},
+            "kappa": k, "kappa_source": a["source"],
             "cluster": src, "waiting_kept": partial, "sources": sources}
     return {"model": model, "kappa": k, "partial": partial, "info": info, "assumed": assumed}
 

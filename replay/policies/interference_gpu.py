@@ -46,7 +46,7 @@ def measured_sm_share(trace, graph, ranks_per_node: int | None
     """(share of the SMs the trace's NCCL kernels held, share of their time spent moving
     data, where the figures came from)."""
     from .link_fit import collective_table
-    from .nccl_trace import NcclPricer, gpu_collectives, trace_cluster
+    from .nccl_trace import NcclPricer, gpu_collectives, measured_channels, trace_cluster
 
     tab = collective_table(trace, graph, ranks_per_node)
     if not len(tab["op"]):
@@ -60,14 +60,12 @@ def measured_sm_share(trace, graph, ranks_per_node: int | None
     sized = tab["bytes"] > 0
     nbytes = float(np.median(tab["bytes"][sized])) if sized.any() else 1e6
     n = int(np.median(tab["n"])) if len(tab["n"]) else world
-    pricer = NcclPricer(cl)
+    blocks = measured_channels(trace)
+    pricer = NcclPricer(cl, channels=blocks)
     c = pricer.cost(CommOp.ALL_REDUCE, nbytes, max(n, 2))
     sms = int(src["sms"]) or 1
-    blocks = [int(d["nccl_blocks"]) for r in (trace.meta.get("devices") or {}).values()
-              if isinstance(r, dict) for d in r.values()
-              if isinstance(d, dict) and d.get("nccl_blocks")]
     if blocks:  # measured: the collective kernels' launch grid, one block per channel
-        channels = float(np.median(blocks))
+        channels = float(blocks)
         how = (f"{channels:g} channels (the trace's NCCL kernels' median launch grid: "
                f"measured) of {sms} SMs")
     else:

@@ -38,7 +38,8 @@ from retime.collectors.enums import CommOp, LaneKind
 from retime.collectors.errors import ConfigError, PolicyError
 from retime.collectors.trace import Trace
 
-__all__ = ["TraceCluster", "trace_cluster", "NcclPricer", "kernel_choice", "gpu_collectives"]
+__all__ = ["TraceCluster", "trace_cluster", "NcclPricer", "kernel_choice", "gpu_collectives",
+           "measured_channels", "channels_text"]
 
 #: CommOp -> the nccl-tests collective the model prices (sizes as in link_fit: the
 #: all-reduce buffer, the full gathered buffer, each rank's alltoall send buffer)
@@ -160,18 +161,20 @@ def gpu_collectives(trace: Trace, ops: np.ndarray) -> bool:
 class NcclPricer:
     """Prices collectives on one cluster with an optional forced algorithm/protocol; caches
     by (collective, size, ranks). ``bound``: ``"low"``/``"high"`` prices at the ends of the
-    model's range."""
+    model's range. ``channels``: the trace's measured channel count (:func:`measured_channels`),
+    which replaces the model's table where present."""
 
     cluster: Cluster
     forced: tuple[str, str] | None = None
     bound: str | None = None
+    channels: int | None = None
     _memo: dict = field(default_factory=dict)
 
     def cost(self, comm_op: int, nbytes: float, n: int):
         coll = _COLL.get(CommOp(int(comm_op)))
         if coll is None or nbytes < 1 or n < 2:
             return None
-        key = (coll, int(nbytes), int(n), self.forced, self.bound)
+        key = (coll, int(nbytes), int(n), self.forced, self.bound, self.channels)
         hit = self._memo.get(key)
         if hit is None:
             algo = proto = None
@@ -180,9 +183,10 @@ class NcclPricer:
                 algo, proto = self.forced
             try:
                 hit = collective_cost(self.cluster, coll, int(nbytes), ranks=int(n),
-                                      algo=algo, proto=proto)
+                                      algo=algo, proto=proto, channels=self.channels)
             except ConfigError:
-                hit = collective_cost(self.cluster, coll, int(nbytes), ranks=int(n))
+                hit = collective_cost(self.cluster, coll, int(nbytes), ranks=int(n),
+                                      channels=self.channels)
             self._memo[key] = hit
         return hit
 
@@ -197,6 +201,24 @@ class NcclPricer:
         return np.asarray([self.time_ns(c, b, k) for c, b, k in
                            zip(np.asarray(comm_op).tolist(), np.asarray(nbytes).tolist(),
                                np.asarray(n).tolist(), strict=True)], np.float64)
+
+
+def measured_channels(trace: Trace) -> int | None:
+    """The channel count NCCL ran with, as the trace measured it: the median over devices of
+    the NCCL kernels' median launch grid (``meta["devices"][rank][device]["nccl_blocks"]``;
+    NCCL launches one CTA per channel, REFERENCES.md C13). None when the trace has no grid."""
+    blocks = [int(d["nccl_blocks"]) for r in (trace.meta.get("devices") or {}).values()
+              if isinstance(r, dict) for d in r.values()
+              if isinstance(d, dict) and d.get("nccl_blocks")]
+    return int(round(float(np.median(blocks)))) if blocks else None
+
+
+def channels_text(measured: int | None, used: int) -> str:
+    """How the channel count a priced collective used was known."""
+    if measured:
+        return (f"{used} channels (measured: the trace's NCCL kernels' median launch grid, "
+                "in place of the model's table)")
+    return f"{used} channels (the NCCL model's table: assumed; the trace records no kernel grid)"
 
 
 def forced_choice(trace: Trace, ar_ops: np.ndarray, pricer: NcclPricer, n: int,
@@ -263,11 +285,12 @@ def network_delta(trace: Trace, graph, tab: dict, cal: dict, ranks_per_node: int
         nic_gbit=(float(new_inter) * 8.0 * old_c.gpus_per_node / max(old_c.nics_per_node, 1))
         if new_inter else old_c.nic_gbit)
     ar = tab["comm_op"] == CommOp.ALL_REDUCE
-    po = NcclPricer(old_c)
+    chan = measured_channels(trace)
+    po = NcclPricer(old_c, channels=chan)
     forced, why = forced_choice(trace, tab["op"][ar], po, int(np.median(tab["n"][ar])) if ar.any()
                                 else 2, tab["bytes"][ar])
     po.forced = forced
-    pn = NcclPricer(new_c, forced=forced)
+    pn = NcclPricer(new_c, forced=forced, channels=chan)
     sized = tab["bytes"] > 0
     m_old = np.where(sized, po.times_ns(tab["comm_op"], tab["bytes"], tab["n"]), 0.0)
     m_new = np.where(sized, pn.times_ns(tab["comm_op"], tab["bytes"], tab["n"]), 0.0)
@@ -302,6 +325,8 @@ def network_delta(trace: Trace, graph, tab: dict, cal: dict, ranks_per_node: int
                "assumed_gbps": nom_new, "model_busbw_gbps": c_old.busbw_gbps,
                "model_busbw_new_gbps": c_new.busbw_gbps, "at_bytes": int(tab["bytes"][k]),
                "algorithm": c_old.algorithm, "protocol": c_old.protocol,
+               "channels": c_old.channels,
+               "channels_source": "measured" if chan else "assumed",
                "kappa": a["kappa"], "kappa_source": a["source"],
                "kappa_by_collective": {f: round(v["kappa"], 4) for f, v in kap.items()}}
         info["levels"][name] = lvl
@@ -317,7 +342,7 @@ def network_delta(trace: Trace, graph, tab: dict, cal: dict, ranks_per_node: int
             f"{fb:.3g} GB/s{', latency ' + format(fit['alpha_ns'] / 1e3, '.3g') + ' us' if fit.get('alpha_ns') else ', no latency separated'}); "
             f"{nom_old:g} GB/s nominal ({lvl['nominal_source']}) -> "
             f"{nom_new:g} GB/s: the NCCL model ({c_old.algorithm}/{c_old.protocol}, "
-            f"{c_old.channels} channels) gives {c_old.busbw_gbps:.3g} -> {c_new.busbw_gbps:.3g} "
+            f"{channels_text(chan, c_old.channels)}) gives {c_old.busbw_gbps:.3g} -> {c_new.busbw_gbps:.3g} "
             f"GB/s of bus bandwidth at {tab['bytes'][k] / 1e6:.3g} MB ({fam[k]}); the change "
             f"is scaled by {a['kappa']:.2f} ("
             + (f"measured / modeled on {a['points']} fully traced last arrivers: fitted)"

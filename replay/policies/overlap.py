@@ -207,7 +207,8 @@ class Overlap(Policy):
             d.update({k: info[k] for k in ("buckets_before", "buckets_after", "model",
                                            "alpha_ns", "busbw_gbps", "interference_fit", "param_sizes",
                                            "contention", "comm_slowdown", "algorithm",
-                                           "protocol", "channels", "kappa", "kappa_source",
+                                           "protocol", "channels", "channels_source",
+                                           "priced", "kappa", "kappa_source",
                                            "waiting_kept", "sources")
                       if k in info})
         if self.sm_share is not None or "gpu_base" in state.notes:
