@@ -15,8 +15,14 @@ Where this model departs from the tuner (it predicts wall-clock time, the tuner 
 * a pipeline-fill term: a Simple/LL128 ring moves each channel's data in chunks, and the
   first chunk must cross the whole ring before the pipeline runs full, which costs one more
   traversal of ``min(S, n x channels x chunk)`` bytes (this is why bus bandwidth keeps rising
-  up to hundreds of MB); NVLS has a shorter pipeline (fitted fraction and cap);
+  up to hundreds of MB); NVLS's in-flight data is ranks x NVLS channels x NCCL's 128 KiB
+  NVLS chunk (16 MiB on 8 H100, 216 MiB on a 72-GPU NVL72 rack);
 * a fixed per-call cost (launch, completion).
+
+Ranks are grouped by NVLink domain, not by host: NCCL treats a multi-node NVLink domain (the
+72 GPUs of a GB200 NVL72 rack) as one node and runs NVLS inside it; only traffic between
+domains uses the NICs. A trace's measured channel count (its NCCL kernels' launch grid) can
+replace the model's channel table (``channels=``).
 
 Sizes follow nccl-tests: ``nbytes`` is the all-reduce buffer, the full gathered buffer of an
 all-gather / reduce-scatter, each rank's send buffer of an alltoall, the broadcast buffer and
