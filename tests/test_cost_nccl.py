@@ -218,3 +218,18 @@ def test_every_parameter_is_sourced():
         if p.source != "assumed":
             assert ids, p
     assert math.isclose(P.UNCERTAINTY["published"] * 5, P.UNCERTAINTY["assumed"])
+
+
+def test_nvls_fill_is_the_data_in_flight():
+    """NVLS time = call + latency + (S + min(S, ranks x NVLS channels x 128 KiB)) / algbw:
+    16 MiB in flight on 8 H100 (16 channels; the cap C7 once fitted), 216 MiB on 72 GB200
+    (24 channels inside one MNNVL domain, C16)."""
+    for preset, ranks, ch, gbps, eff in (("dgx-h100", 8, 16, 450.0, 0.61),
+                                         ("gb200-nvl72", 72, 24, 900.0, 0.49)):
+        c = load_preset(preset)
+        a = gbps * eff * 1e3  # bytes per us
+        for s in (2**20, 2**30):
+            r = collective_cost(c, "all_reduce", s, algo="nvls")
+            want = P.CALL_US.value + 23.0 + (s + min(s, ranks * ch * 128 * 1024)) / a
+            assert r.channels == ch
+            assert r.time_us == pytest.approx(want, rel=1e-9)
