@@ -49,23 +49,25 @@ def op_check(x: Any, *, gpu: str | None = None, top: int = 10,
     kind = o["kind"].to_numpy()
     dev = np.isin(kind, [OpKind.KERNEL, OpKind.MEMSET, OpKind.COMPUTE])
     groups: dict[tuple, list] = {}
-    for name, dims, types, c, d, nk in costed_ops(t, dev):
+    for name, dims, types, c, d, kn in costed_ops(t, dev):
         k = (name, str([x for x in dims if isinstance(x, list) and x]), c[2])
-        e = groups.setdefault(k, [0, 0.0, dims, types, c[0], c[1], 0])
+        e = groups.setdefault(k, [0, 0.0, dims, types, c[0], c[1], 0, kn])
         e[0] += 1
         e[1] += d
-        e[6] += nk
+        e[6] += len(kn)
     if not groups:
         raise RetimeError("cost op --trace: no operator with recorded shapes launched GPU "
                           "work; record the run with torch.profiler's record_shapes=True")
     rows = []
-    for (name, shapes, dt), (n, tot, dims, types, fl, by, nk) in sorted(
+    for (name, shapes, dt), (n, tot, dims, types, fl, by, nk, kn) in sorted(
             groups.items(), key=lambda kv: -kv[1][1])[:top]:
         launches = max(1, round(nk / n))
+        # the first call's kernels, when it launched the typical number of them
+        kn = kn if len(kn) == launches else None
         try:
-            m = price_op(g_own, name, dims, types, (fl, by, dt), FITTED_CURVES, launches)
+            m = price_op(g_own, name, dims, types, (fl, by, dt), FITTED_CURVES, launches, kn)
             other = price_op(g_other, name, dims, types, (fl, by, dt), FITTED_CURVES,
-                             launches) if g_other else None
+                             launches, kn) if g_other else None
         except (RetimeError, ValueError, IndexError, ZeroDivisionError):
             continue
         meas = tot / n / 1e3

@@ -155,12 +155,13 @@ def costed_ops(t, dev: np.ndarray):
     """The trace's operators with recorded shapes and a FLOP model (``op_cost``), each with
     the measured time of the device ops it launched: yields ``(name, dims, types, (flops,
     bytes, dtype), device_ns, launched)`` for those that launched some (``dev``: the
-    device-op mask; ``launched``: how many)."""
+    device-op mask; ``launched``: the names of the kernels it launched)."""
     dur = t.ops["dur_ns"].to_numpy()
+    names = t.names()
     for _rank, name, dims, types, _conc, c, ids in shaped_calls(t, dev):
         d = float(dur[ids].sum())
         if d > 0:
-            yield name, dims, types, c, d, len(ids)
+            yield name, dims, types, c, d, [str(n) for n in names[ids]]
 
 
 def _measured_rows(t, gpu: np.ndarray) -> pd.DataFrame:

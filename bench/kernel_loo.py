@@ -50,13 +50,17 @@ TRACES = {
     "mi300x-resnet-ddp": (SHARED / "mi300x-resnet-ddp", "mi300x"),
 }
 CLASSES = ("gemm", "conv", "rest")
-# the grid of each class's parameters (coarse on purpose: one value per fold)
+# the grid of each class's parameters, in stages (coarse on purpose: one value per fold):
+# (parameters, fitted on all calls?). A latency (the GEMM tile fill) is told by the calls
+# near the launch floor, so it is fitted on all calls first; an efficiency only by the calls
+# above three launch floors, with the latency fitted before it
 GRID = {
-    "gemm": {"gemm_eff": np.round(np.arange(0.30, 1.001, 0.02), 2).tolist(),
-             "k_half_scale": [0.25, 0.5, 1.0, 2.0]},
-    "conv": {"conv_eff": np.round(np.arange(0.30, 1.001, 0.02), 2).tolist()},
-    "rest": {"mem_eff": np.round(np.arange(0.30, 1.001, 0.05), 2).tolist(),
-             "mem_latency_us": [0.2, 0.4, 0.6, 1.0, 1.5, 2.0]},
+    "gemm": [({"tile_fill_us": [0.5, 1.0, 1.5, 2.0, 2.5, 3.0]}, True),
+             ({"gemm_eff": np.round(np.arange(0.30, 1.001, 0.02), 2).tolist()}, False)],
+    "conv": [({"conv_eff": np.round(np.arange(0.30, 1.001, 0.02), 2).tolist(),
+               "wgrad_eff": np.round(np.arange(0.30, 1.001, 0.05), 2).tolist()}, False)],
+    "rest": [({"mem_eff": np.round(np.arange(0.30, 1.001, 0.05), 2).tolist(),
+               "mem_latency_us": [0.2, 0.4, 0.6, 1.0, 1.5, 2.0]}, False)],
 }
 
 
@@ -67,13 +71,15 @@ def collect(name: str) -> tuple[str, list[tuple]]:
     kind = t.ops["kind"].to_numpy()
     dev = (kind == OpKind.KERNEL) | (kind == OpKind.MEMSET)
     dur = t.ops["dur_ns"].to_numpy()
+    kn = t.names()
     groups: dict[tuple, list] = {}
     for _rank, nm, dims, types, _conc, work, ids in shaped_calls(t, dev):
         cls = op_class(nm)
         if cls == "attention":
             continue  # none in these traces; FlashAttention has its own published rate
-        key = (nm, repr(dims), repr(types), len(ids))
-        e = groups.setdefault(key, [cls, nm, dims, types, work, len(ids), []])
+        ks = tuple(str(x) for x in kn[ids])
+        key = (nm, repr(dims), repr(types), ks)
+        e = groups.setdefault(key, [cls, nm, dims, types, work, ks, []])
         e[6].append(float(dur[ids].sum()) / 1e3)
     return gpu, [tuple(v) for v in groups.values()]
 
@@ -89,9 +95,10 @@ def errors(gpu: str, calls: list[tuple], curves: Curves, cls: str,
         if c != cls:
             continue
         try:
-            m = price_op(g, nm, dims, types, work, curves, launches=nk).time_us
+            m = price_op(g, nm, dims, types, work, curves, kernels=list(nk)).time_us
             if large and price_op(g, nm, dims, types, work, DEFAULT_CURVES,
-                                  launches=nk).time_us < 3 * nk * g.hw.kernel_overhead_us:
+                                  kernels=list(nk)).time_us < 3 * len(nk) * \
+                    g.hw.kernel_overhead_us:
                 continue
         except (ValueError, ZeroDivisionError, IndexError, TypeError):
             continue
@@ -99,18 +106,25 @@ def errors(gpu: str, calls: list[tuple], curves: Curves, cls: str,
     return np.asarray(out)
 
 
-def fit(data: dict, names: list[str], cls: str) -> dict:
-    """The grid point with the least mean (over ``names``) of each trace's median |error|."""
-    grid = GRID[cls]
-    keys = list(grid)
-    best, best_v = None, np.inf
-    for vals in itertools.product(*(grid[k] for k in keys)):
-        cur = dataclasses.replace(DEFAULT_CURVES, **dict(zip(keys, vals)))
-        meds = [np.median(np.abs(e)) for n in names
-                if len(e := errors(*data[n], cur, cls, large=True))]
-        if meds and np.mean(meds) < best_v:
-            best, best_v = dict(zip(keys, vals)), float(np.mean(meds))
-    return best or {}
+#: parameters a class shares with the GEMMs' fit: convolutions run the same tile pipeline
+SHARED = {"conv": ("tile_fill_us",)}
+
+
+def fit(data: dict, names: list[str], cls: str, base: Curves = DEFAULT_CURVES) -> dict:
+    """Stage by stage (``GRID``), the grid point with the least mean (over ``names``) of each
+    trace's median |error| (``base``: the curves the other parameters keep)."""
+    found: dict = {}
+    for grid, every in GRID[cls]:
+        keys = list(grid)
+        best, best_v = None, np.inf
+        for vals in itertools.product(*(grid[k] for k in keys)):
+            cur = dataclasses.replace(base, **found, **dict(zip(keys, vals)))
+            meds = [np.median(np.abs(e)) for n in names
+                    if len(e := errors(*data[n], cur, cls, large=not every))]
+            if meds and np.mean(meds) < best_v:
+                best, best_v = dict(zip(keys, vals)), float(np.mean(meds))
+        found.update(best or {})
+    return found
 
 
 def stats(e: np.ndarray) -> dict:
@@ -121,22 +135,38 @@ def stats(e: np.ndarray) -> dict:
             "p90": float(np.quantile(a, 0.9)), "bias": float(np.median(e))}
 
 
+def _fold(data: dict, have: dict, held: str | None) -> dict:
+    """Per class, the parameters fitted on the traces other than ``held`` (all when None):
+    GEMMs first; convolutions keep the GEMMs' tile fill (one tile model) and fit their own
+    efficiencies on top."""
+    out: dict = {}
+    for cls in CLASSES:
+        train = [n for n in have[cls] if n != held]
+        shared = {k: out.get("gemm", {})[k] for k in SHARED.get(cls, ())
+                  if k in out.get("gemm", {})}
+        base = dataclasses.replace(DEFAULT_CURVES, **shared)
+        p = fit(data, train, cls, base) if train else {}
+        out[cls] = {**shared, **p}
+    return out
+
+
 def run() -> dict:
     data = {n: collect(n) for n in TRACES}
     out: dict = {"loo": {}, "default": {}, "all": {}}
-    params_all = {}
-    for cls in CLASSES:
-        have = [n for n in TRACES if len(errors(*data[n], DEFAULT_CURVES, cls, large=True))]
-        params_all[cls] = fit(data, have, cls) if have else {}
-        for held in TRACES:
+    have = {cls: [n for n in TRACES if len(errors(*data[n], DEFAULT_CURVES, cls))]
+            for cls in CLASSES}
+    params_all = _fold(data, have, None)
+    for held in TRACES:
+        params = _fold(data, have, held)
+        for cls in CLASSES:
             e0 = errors(*data[held], DEFAULT_CURVES, cls)
             if not len(e0):
                 continue
-            train = [n for n in have if n != held]
-            p = fit(data, train, cls) if train else {}
+            p = params[cls]
             cur = dataclasses.replace(DEFAULT_CURVES, **p)
             out["loo"].setdefault(held, {})[cls] = {
-                **stats(errors(*data[held], cur, cls)), "params": p, "trained_on": train,
+                **stats(errors(*data[held], cur, cls)), "params": p,
+                "trained_on": [n for n in have[cls] if n != held],
                 "large": stats(errors(*data[held], cur, cls, large=True))}
             out["default"].setdefault(held, {})[cls] = stats(e0)
     for cls in CLASSES:

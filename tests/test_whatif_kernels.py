@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from conftest import KINETO, ingest_cached
 
+from retime.collectors.costs.conv import kernel_role
 from retime.collectors.costs.gpus import gpu_spec
 from retime.collectors.enums import OpKind
 from retime.collectors.errors import PolicyError
@@ -60,14 +61,20 @@ def test_vgg13_h100_to_a100_by_class_physics(vgg):
     relu = big & np.asarray(["threshold" in str(n) for n in names])
     assert relu.sum() >= 10
     assert np.median(ratio[relu]) == pytest.approx(2970 / 1700, rel=0.03)
-    # long TF32 convolutions move by the TF32 ceiling ratio (peak x gemm_max of each
-    # profile: no published TF32 matmul ceiling), within the tile / wave differences
+    # long TF32 convolution GEMM kernels move by the TF32 ceiling ratio (each GPU's
+    # published bf16 ceiling x its datasheet tf32 / bf16 ratio, K1), within the tile / wave
+    # differences; the same calls' NCHW <-> NHWC layout kernels by the HBM ratio
     h, a = gpu_spec("h100-sxm"), gpu_spec("a100-80gb")
-    tf32 = (h.peak_tflops("tf32") * h.hw.gemm_max) / (a.peak_tflops("tf32") * a.hw.gemm_max)
-    conv = big & np.asarray([any(s in str(n) for s in ("conv", "wgrad", "dgrad", "sm90",
-                                                        "xmma", "cudnn")) for n in names])
+    tf32 = h.mamf("tf32")[0] / a.mamf("tf32")[0]
+    assert h.mamf("tf32")[1] == "derived"
+    convish = np.asarray([any(s in str(n) for s in ("conv", "wgrad", "dgrad", "sm90",
+                                                     "xmma", "cudnn")) for n in names])
+    layout = np.asarray([kernel_role(str(n)) == "layout" for n in names])
+    conv = big & convish & ~layout
     assert conv.sum() >= 10
     assert np.median(ratio[conv]) == pytest.approx(tf32, rel=0.10)
+    assert (big & layout).sum() >= 10
+    assert np.median(ratio[big & layout]) == pytest.approx(2970 / 1700, rel=0.03)
     # the step lands between the two regimes (not the flat 2.2x of peaks mixed by class)
     step = r.step_time_ns / base.step_time_ns
     assert 2970 / 1700 < step < tf32
@@ -79,7 +86,8 @@ def test_vgg13_h100_to_a100_by_class_physics(vgg):
     flat = whatif(vgg, {"hardware.gpu": "a100-80gb", "hardware.kernel_pricing": "flat"})
     assert flat.step_time_ns == pytest.approx(774.857e6, rel=1e-4)  # the release before
     lo, hi = prediction_range(r)
-    assert lo < flat.step_time_ns < r.step_time_ns < hi
+    assert lo < min(flat.step_time_ns, r.step_time_ns) <= max(flat.step_time_ns,
+                                                              r.step_time_ns) < hi
 
 
 def test_gpu_swap_refuses_what_the_trace_cannot_support(vgg):
@@ -164,8 +172,10 @@ def test_mi300x_rocm_trace_to_mi250x_and_double_batch():
     ratio = r.dur_ns[sk.op_ids][ok] / base.dur_ns[sk.op_ids][ok]
     # one MI250X GCD is behind an MI300X in every ceiling (147 vs 782 bf16 TFLOP/s, K1;
     # 1.6 vs 5.3 TB/s) and launches no faster: no kernel gets faster, none beyond the
-    # ratio of matmul ceilings (rounding to whole nanoseconds aside)
-    assert (ratio > 0.99).all() and (ratio < 781.9 / 147.0 * 1.01).all()
+    # ratio of matmul ceilings (rounding to whole nanoseconds aside; a tiny GEMM may split
+    # its reduction into more slices on the GCD, whose slower k-steps fill a tile in fewer
+    # of them: up to 2% faster)
+    assert (ratio > 0.98).all() and (ratio < 781.9 / 147.0 * 1.01).all()
     a = " ".join(r.meta["whatif"]["assumed"])
     assert "mi300x -> mi250x" in a and "without a recorded shape" in a
     assert r.step_time_ns > base.step_time_ns

@@ -63,10 +63,17 @@ class GpuSpec:
 
     def mamf(self, dtype: str) -> tuple[float, str]:
         """(ceiling TFLOP/s for matmuls in ``dtype``, its source): the published maximum
-        achievable matmul rate where one exists, else ``peak * gemm_max`` (assumed)."""
+        achievable matmul rate where one exists; for tf32 without one, the published
+        16-bit rate x the datasheet's tf32 / 16-bit peak ratio (derived); else
+        ``peak * gemm_max`` (assumed)."""
         v = self.mamf_tflops.get(dtype)
         if v:
             return float(v), "published"
+        half = self.mamf_tflops.get("bf16") or self.mamf_tflops.get("fp16")
+        if dtype == "tf32" and half and self.hw.peak_tflops.get("tf32"):
+            # tf32 runs on the same tensor cores at the datasheet's tf32 / 16-bit ratio of
+            # the 16-bit rate: the published 16-bit ceiling scaled by it (REFERENCES.md K1)
+            return half * self.peak_tflops("tf32") / self.peak_tflops("bf16"), "derived"
         return self.peak_tflops(dtype) * self.hw.gemm_max_of(dtype), "assumed"
 
     def hbm_gbps(self) -> tuple[float, str]:

@@ -40,7 +40,7 @@ _ATTN_BWD = 0.8  # backward rate / forward rate (assumed)
 #: optimizer-step HBM bytes per parameter beyond the gradient: (fp32 state read+written)
 OPTIMIZER_BYTES = {"adam": 4 * 6, "adamw": 4 * 6, "sgd": 4 * 4, "adafactor": 4 * 3}
 _OPT_FLOPS = {"adam": 12.0, "adamw": 14.0, "sgd": 3.0, "adafactor": 10.0}
-_REL = {"published": 0.05, "fitted": 0.10, "assumed": 0.25}
+_REL = {"published": 0.05, "derived": 0.08, "fitted": 0.10, "assumed": 0.25}
 
 
 @dataclass(frozen=True)
@@ -51,40 +51,49 @@ class Curves:
     another, and the replay what-ifs use the fitted ones (``KERNEL_CURVES``).
 
     ``gemm_eff`` / ``conv_eff``: fraction of the modeled matmul rate (ceiling x k-depth x
-    tiles) a library GEMM / an implicit-GEMM convolution sustains; ``mem_eff``: fraction of
+    tiles) a library GEMM / an implicit-GEMM convolution sustains; ``wgrad_eff``: the
+    further fraction a convolution's weight-gradient pass sustains (im2col-indexed operands,
+    split-K partial sums: :mod:`collectors.costs.conv`); ``mem_eff``: fraction of
     the HBM triad bandwidth a streaming kernel sustains; ``mem_latency_us``: the bytes in
     flight a streaming kernel needs, as microseconds of bandwidth (its size curve);
-    ``k_half_scale``: multiplies the profile's ``gemm_k_half``.
+    ``k_half_scale``: multiplies the profile's ``gemm_k_half``; ``tile_fill_us``: when
+    set (> 0), a GEMM tile's prologue / epilogue as a time instead (the same on every GPU:
+    loading its first operands, writing its result), so ``k_half`` is that time in k-steps
+    of a 128 x 128 tile at the GPU's per-SM ceiling for the dtype (0: the profile's
+    ``gemm_k_half`` x ``k_half_scale``, what the synthesizer uses).
     """
 
     gemm_eff: float = 1.0
     conv_eff: float = 1.0
+    wgrad_eff: float = 1.0
     mem_eff: float = 1.0
     mem_latency_us: float = _MEM_LATENCY_US
     k_half_scale: float = 1.0
+    tile_fill_us: float = 0.0
     source: str = "assumed"
 
     def __post_init__(self) -> None:
-        for f in ("gemm_eff", "conv_eff", "mem_eff"):
+        for f in ("gemm_eff", "conv_eff", "wgrad_eff", "mem_eff"):
             v = getattr(self, f)
             if not 0.0 < v <= 1.0:
                 raise ConfigError(f"Curves.{f}={v!r}: an efficiency must be in (0, 1]")
-        if self.mem_latency_us < 0 or self.k_half_scale <= 0:
-            raise ConfigError(f"Curves: mem_latency_us={self.mem_latency_us!r} must be >= 0 "
-                              f"and k_half_scale={self.k_half_scale!r} > 0")
+        if self.mem_latency_us < 0 or self.k_half_scale <= 0 or self.tile_fill_us < 0:
+            raise ConfigError(f"Curves: mem_latency_us={self.mem_latency_us!r} and "
+                              f"tile_fill_us={self.tile_fill_us!r} must be >= 0 and "
+                              f"k_half_scale={self.k_half_scale!r} > 0")
 
 
 DEFAULT_CURVES = Curves()
 #: efficiency curves the replay what-ifs and ``retime cost op --trace`` price with: the fit
-#: of bench/kernel_loo.py on the shared GPU traces with shapes, on their calls above three
-#: launch floors (H100 VGG-13 and V100
-#: DLRM; every MI300X ResNet call is launch-bound at batch 10): cuDNN's implicit-GEMM
-#: convolutions sustain 0.62 of the GEMM model's rate, GEMM prologues are shorter (k_half x
-#: 0.25) and streaming kernels need fewer bytes in flight (0.2 us) than the defaults assume;
-#: GEMM and HBM efficiencies stay at their bound, 1.0. In a ratio (new GPU / old GPU, new
+#: of bench/kernel_loo.py on all three shared GPU traces with shapes (H100 VGG-13, V100
+#: DLRM, MI300X ResNet): a GEMM tile's fill (first operands in, result out) takes 2.5 us,
+#: whatever the GPU (the tile fill is fitted on all GEMM calls: a latency shows in the small
+#: ones); a convolution's weight-gradient pass sustains 0.6 of the GEMM model's rate; GEMM,
+#: forward / data-gradient convolution and HBM efficiencies stay at their bound, 1.0;
+#: streaming kernels need 0.2 us of bytes in flight. In a ratio (new GPU / old GPU, new
 #: batch / old) most of this cancels; it matters where the bound moves. Held-out accuracy:
 #: bench/kernel_loo.py and the README's "Kernels" section
-FITTED_CURVES = Curves(conv_eff=0.62, k_half_scale=0.25, mem_latency_us=0.2,
+FITTED_CURVES = Curves(tile_fill_us=2.5, wgrad_eff=0.6, mem_latency_us=0.2,
                        source="fitted on 3 traces, bench/kernel_loo.py")
 
 
@@ -103,6 +112,9 @@ class OpCost:
     bound: str  # "compute" | "memory" | "latency"
     efficiency: float  # fraction of the dtype's datasheet peak (compute) or of HBM peak
     efficiency_source: str
+    #: (role, us) per kind of kernel a call is priced as, where it runs several kinds
+    #: (convolutions: ``main`` GEMM passes, ``layout`` copies, ``aux`` launch floors)
+    parts: tuple = ()
 
     def to_dict(self) -> dict:
         return {"kind": self.kind, "gpu": self.gpu, "time_us": round(self.time_us, 3),
@@ -172,21 +184,28 @@ def _groups_rate(g: GpuSpec, ms: list[float], n: float, k: float, dtype: str,
     ceil_tf, ceil_src = g.mamf(dtype) if ceiling is None else ceiling
     # the tile pipeline's prologue/epilogue is a fixed number of k-steps of fixed bytes, so
     # in elements it is longer for narrower dtypes (k_half is given for 16-bit inputs)
-    k_half = g.hw.gemm_k_half * 2.0 / min(_eb(dtype), 2.0) * curves.k_half_scale
-    if _eb(dtype) > 2:
-        # 32-bit GEMMs (fp32 on the CUDA cores, tf32) run fewer FLOPs per k-step than the
-        # 16-bit tensor-core path k_half was given for: the prologue/epilogue (loading the
-        # first tiles, writing the last) takes the same time, so fewer k-steps
-        half = g.mamf_tflops.get("bf16") or g.mamf_tflops.get("fp16") or (
-            g.peak_tflops("fp16") * g.hw.gemm_max)
-        k_half *= min(1.0, ceil_tf / half)
+    if curves.tile_fill_us > 0:
+        # the prologue / epilogue as a time (loading a tile's first operands from HBM,
+        # writing its result): in k-steps of a 128 x 128 tile at the ceiling's per-SM rate,
+        # so a slower dtype or GPU fills in fewer k-steps
+        k_half = curves.tile_fill_us * 1e-6 * ceil_tf * 1e12 / g.sm_count / (2.0 * 128 * 128)
+    else:
+        k_half = g.hw.gemm_k_half * 2.0 / min(_eb(dtype), 2.0) * curves.k_half_scale
+        if _eb(dtype) > 2:
+            # 32-bit GEMMs (fp32 on the CUDA cores, tf32) run fewer FLOPs per k-step than
+            # the 16-bit tensor-core path k_half was given for: the prologue/epilogue
+            # (loading the first tiles, writing the last) takes the same time, so fewer
+            # k-steps
+            half = g.mamf_tflops.get("bf16") or g.mamf_tflops.get("fp16") or (
+                g.peak_tflops("fp16") * g.hw.gemm_max)
+            k_half *= min(1.0, ceil_tf / half)
     f_k = k / (k + k_half)
     util = tile_utilization(g.sm_count, list(ms), n, k, k_half)
     # tensor-core kernels need 16-byte aligned rows; others run slower paths (assumed 0.75)
     aligned = all((d * _eb(dtype)) % 16 == 0 for d in (n, k))
     rate = ceil_tf * f_k * util * (1.0 if aligned else 0.75) * eff  # <= published ceiling
     src = (f"max achievable {dtype} matmul {ceil_tf:.1f} TFLOP/s ({ceil_src}"
-           f"{', K1-K6' if ceil_src == 'published' else ''}) x k-depth {f_k:.2f} "
+           f"{', K1-K6' if ceil_src in ('published', 'derived') else ''}) x k-depth {f_k:.2f} "
            f"(k_half {k_half:.0f}, {curves.source}) x tiles/waves {util:.2f} "
            f"({g.sm_count} SMs){'' if aligned else ' x unaligned 0.75 (assumed)'}"
            f"{'' if eff == 1 else f' x class efficiency {eff:.2f} ({curves.source})'}")
@@ -249,13 +268,16 @@ def conv2d(g: GpuSpec, batch: int, in_ch: int, height: int, width: int, out_ch: 
 
 
 def implicit_gemm(g: GpuSpec, m: float, n: float, k: float, dtype: str, nbytes: float,
-                  kind: str = "conv", curves: Curves = DEFAULT_CURVES) -> OpCost:
+                  kind: str = "conv", curves: Curves = DEFAULT_CURVES,
+                  eff: float | None = None) -> OpCost:
     """A kernel that runs as an ``m x n x k`` GEMM over operands it reads itself
     (convolutions: ``M = batch x output pixels``, ``N = filters``, ``K = channels x filter
-    area``); ``nbytes`` is what it moves through HBM."""
+    area``); ``nbytes`` is what it moves through HBM; ``eff``: the class efficiency
+    (default ``curves.conv_eff``)."""
     _positive(m=m, n=n, k=k)
     flops = 2.0 * m * n * k
-    rate, src, rel = _gemm_rate(g, m, n, k, 1, dtype, curves, curves.conv_eff)
+    rate, src, rel = _gemm_rate(g, m, n, k, 1, dtype, curves,
+                                curves.conv_eff if eff is None else eff)
     return _finish(kind, g, flops, nbytes, flops / (rate * 1e6), "implicit GEMM: " + src,
                    rate / g.peak_tflops(dtype), rel, curves)
 

@@ -252,7 +252,7 @@ def gemm_dims(b: str, ts: list) -> tuple[int, int, int, int]:
 
 
 def price_op(g, name: str, dims: list, types: list, work: tuple[float, float, str],
-             curves=None, launches: int = 1):
+             curves=None, launches: int = 1, kernels: list[str] | None = None):
     """The cost layer's :class:`~retime.collectors.costs.kernels.OpCost` of one operator
     call on GPU ``g`` (a :class:`GpuSpec`): GEMMs by their ``m, n, k``, convolutions as
     implicit GEMMs, attention by FlashAttention's rate, the rest as streaming kernels of
@@ -262,16 +262,36 @@ def price_op(g, name: str, dims: list, types: list, work: tuple[float, float, st
     fp32 (tf32 on Volta), bf16 to fp16 (Volta). ``launches``: the kernels the call
     launched (a measured trace tells): each one beyond the first adds the GPU's launch and
     ramp/tail floor (``kernel_overhead_us``; cuDNN/MIOpen layout transposes, split-K
-    reductions, the passes of a batch norm)."""
+    reductions, the passes of a batch norm). ``kernels``: the names of the kernels it
+    launched, where known (convolutions price their layout kernels by them:
+    :mod:`collectors.costs.conv`)."""
     import dataclasses
 
+    from . import kernels as K
+    from .conv import price_conv
+
+    b = _base(name)
+    if b in _CONV or b == "convolution_backward":
+        flops, _nbytes, dtype = work
+        ts = _tensors(dims, types)
+        return price_conv(g, b, ts, flops, _gpu_dtype(g, dtype), _ES[ts[0][1]],
+                          curves or K.DEFAULT_CURVES, kernels,
+                          len(kernels) if kernels is not None else launches)
     c = _price(g, name, dims, types, work, curves)
-    extra = max(int(launches) - 1, 0) * g.hw.kernel_overhead_us
+    n = len(kernels) if kernels is not None else launches
+    extra = max(int(n) - 1, 0) * g.hw.kernel_overhead_us
     if extra <= 0:
         return c
     lo, hi = c.range_us
     return dataclasses.replace(c, time_us=c.time_us + extra,
                                range_us=(lo + extra * 0.5, hi + extra * 1.5))
+
+
+def _gpu_dtype(g, dtype: str) -> str:
+    """A dtype the GPU lacks falls back to fp32 (tf32 on Volta), bf16 to fp16."""
+    if dtype not in g.hw.peak_tflops and dtype not in ("fp16", "bf16"):
+        return "fp32" if "fp32" in g.hw.peak_tflops else "bf16"
+    return dtype
 
 
 def _price(g, name, dims, types, work, curves):
@@ -281,17 +301,10 @@ def _price(g, name, dims, types, work, curves):
     flops, nbytes, dtype = work
     b = _base(name)
     ts = _tensors(dims, types)
-    if dtype not in g.hw.peak_tflops and dtype not in ("fp16", "bf16"):
-        dtype = "fp32" if "fp32" in g.hw.peak_tflops else "bf16"
+    dtype = _gpu_dtype(g, dtype)
     if b in _GEMM:
         bt, m, n, k = gemm_dims(b, ts)
         return K.matmul(g, m, n, k, bt, dtype, curves=curves)
-    if b in _CONV or b == "convolution_backward":
-        w = ts[1][0] if b in _CONV else ts[2][0]
-        kc = int(w[1]) * int(np.prod(w[2:]))
-        m = flops / (2.0 * int(w[0]) * kc) if flops > 0 else 1.0
-        return K.implicit_gemm(g, max(m, 1.0), int(w[0]), kc, dtype, nbytes, "conv",
-                               curves=curves)
     if b in _ATTN or b in _ATTN_BWD:
         q, kk = ts[0][0], ts[1][0]
         return K.attention(g, int(q[0]), int(q[1]), int(q[2]), int(q[3]),

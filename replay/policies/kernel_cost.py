@@ -54,7 +54,8 @@ class ShapedKernels:
     ``op_ids``: int64 op ids of the device ops (kernels, memsets) owned by a call;
     ``call_of``: int32 index into the call lists for each of them; per call ``names``,
     ``dims``, ``types``, ``concrete``, ``work`` ((flops, bytes, dtype)), ``launches``
-    (int64: kernels it launched) and ``rank``.
+    (int64: kernels it launched), ``kernels`` (their names: convolutions price their layout
+    kernels by them) and ``rank``.
     """
 
     op_ids: np.ndarray
@@ -66,6 +67,7 @@ class ShapedKernels:
     work: list
     launches: np.ndarray
     rank: np.ndarray
+    kernels: list | None = None
 
 
 @dataclass(frozen=True)
@@ -90,6 +92,7 @@ def shaped_kernels(trace: Trace) -> ShapedKernels | None:
     kind = trace.ops["kind"].to_numpy()
     dev = (kind == OpKind.KERNEL) | (kind == OpKind.MEMSET)
     out = None
+    names = trace.names()
     try:
         rows = list(shaped_calls(trace, dev))
     except RetimeError:
@@ -103,7 +106,8 @@ def shaped_kernels(trace: Trace) -> ShapedKernels | None:
             names=[r[1] for r in rows], dims=[r[2] for r in rows], types=[r[3] for r in rows],
             concrete=[r[4] for r in rows], work=[r[5] for r in rows],
             launches=frozen(np.asarray([len(i) for i in ids], np.int64)),
-            rank=frozen(np.asarray([r[0] for r in rows], np.int64)))
+            rank=frozen(np.asarray([r[0] for r in rows], np.int64)),
+            kernels=[[str(n) for n in names[i]] for i in ids])
     memo["shaped_kernels"] = out
     return out
 
@@ -146,29 +150,49 @@ def _gpu_ns(trace: Trace, mask: np.ndarray) -> float:
 
 
 def _prices(sk: ShapedKernels, g, calls: np.ndarray, dims: list | None = None,
-            work: list | None = None) -> np.ndarray:
-    """Cost-layer time (us) of each call in ``calls`` on GPU spec ``g`` (NaN: no price)."""
+            work: list | None = None) -> tuple[np.ndarray, list]:
+    """Cost-layer time (us) of each call in ``calls`` on GPU spec ``g`` (NaN: no price),
+    and per call its time per kernel role (``OpCost.parts``; empty when one kind)."""
     from retime.collectors.costs.ops import price_op
     out = np.full(len(calls), np.nan)
+    parts: list = [()] * len(calls)
     for j, c in enumerate(calls.tolist()):
         d = sk.dims[c] if dims is None else dims[j]
         w = sk.work[c] if work is None else work[j]
         if w is None:
             continue
         try:
-            out[j] = price_op(g, sk.names[c], d, sk.types[c], w, KERNEL_CURVES,
-                              launches=int(sk.launches[c])).time_us
+            pc = price_op(g, sk.names[c], d, sk.types[c], w, KERNEL_CURVES,
+                          launches=int(sk.launches[c]),
+                          kernels=None if sk.kernels is None else sk.kernels[c])
         except (RetimeError, ValueError, IndexError, ZeroDivisionError, TypeError):
-            pass
-    return out
+            continue
+        out[j], parts[j] = pc.time_us, pc.parts
+    return out, parts
 
 
-def _spread(sk: ShapedKernels, calls: np.ndarray, ratio_per_call: np.ndarray,
+def _spread(sk: ShapedKernels, calls: np.ndarray, old: tuple, new: tuple,
             mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The per-call ratios on the ops the calls own that ``mask`` keeps."""
+    """Ratios new / old on the ops the calls own that ``mask`` keeps: per call, or per
+    kernel role where both prices split the call by role (a convolution's GEMM kernels
+    move with the compute ceiling, its layout copies with HBM, its launch floors not)."""
+    from retime.collectors.costs.conv import kernel_role
     rc = np.full(len(sk.names), np.nan)
-    rc[calls] = ratio_per_call
+    rc[calls] = new[0] / old[0]
     r = rc[sk.call_of]
+    if sk.kernels is not None:
+        role_r: dict[int, dict] = {}
+        for j, c in enumerate(calls.tolist()):
+            po, pn = dict(old[1][j]), dict(new[1][j])
+            if po and po.keys() == pn.keys():
+                role_r[c] = {k: pn[k] / po[k] for k in po if po[k] > 0}
+        if role_r:
+            start = np.concatenate([[0], np.cumsum(sk.launches)])
+            for c, rr in role_r.items():
+                for i, kname in enumerate(sk.kernels[c]):
+                    role = kernel_role(kname)
+                    if role in rr:
+                        r[start[c] + i] = rr[role]
     keep = np.isfinite(r) & (r > 0) & mask[sk.op_ids]
     ids = sk.op_ids[keep]
     ids, first = np.unique(ids, return_index=True)  # an op owned twice: the first call
@@ -197,8 +221,9 @@ def _gpu_ratio(trace: Trace, old_name: str, new_name: str) -> KernelRatio:
             "calls": 0, "kernels": 0, "covered_ns": 0.0, "gpu_ns": _gpu_ns(trace, dev),
             "notes": notes})
     calls = np.arange(len(sk.names))
-    old = _prices(sk, g_old, calls)
-    new = _prices(sk, g_new, calls)
+    old_p = _prices(sk, g_old, calls)
+    new_p = _prices(sk, g_new, calls)
+    old, new = old_p[0], new_p[0]
     dts = {w[2] for w in sk.work}
     for dt in sorted(dts):
         if dt not in g_new.hw.peak_tflops and dt not in ("fp16", "bf16"):
@@ -208,7 +233,7 @@ def _gpu_ratio(trace: Trace, old_name: str, new_name: str) -> KernelRatio:
         if dt == "bf16" and "bf16" not in g_new.hw.peak_tflops:
             notes.append(f"{g_new.name} has no bf16 units: bf16 kernels priced at its fp16 "
                          "rate (emulated bf16 would be slower)")
-    ids, ratio = _spread(sk, calls, new / old, dev)
+    ids, ratio = _spread(sk, calls, old_p, new_p, dev)
     dur = trace.ops["dur_ns"].to_numpy()
     return KernelRatio(frozen(ids), frozen(ratio), {
         "calls": int(np.isfinite(new / old).sum()), "kernels": int(len(ids)),
@@ -237,9 +262,10 @@ def batch_ratio(trace: Trace, gpu_name: str, b: int, b2: int, mask: np.ndarray) 
         d = scaled_dims(sk.names[c], sk.dims[c], b, b2, weights)
         dims2.append(d)
         work2.append(op_cost(sk.names[c], d, sk.types[c], sk.concrete[c]))
-    old = _prices(sk, g, calls)
-    new = _prices(sk, g, calls, dims2, work2)
-    ids, ratio = _spread(sk, calls, new / old, mask)
+    old_p = _prices(sk, g, calls)
+    new_p = _prices(sk, g, calls, dims2, work2)
+    old, new = old_p[0], new_p[0]
+    ids, ratio = _spread(sk, calls, old_p, new_p, mask)
     dur = trace.ops["dur_ns"].to_numpy()
     return KernelRatio(ids, ratio, {
         "calls": int(np.isfinite(new / old).sum()), "kernels": int(len(ids)),

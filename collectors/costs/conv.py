@@ -1,0 +1,156 @@
+"""Convolution calls priced as the kernels the library runs for them.
+
+A cuDNN / MIOpen convolution call is not one GEMM. Its forward runs the implicit GEMM
+``M = N P Q, N = K, K = C R S`` (per group); its backward runs up to two of them with other
+shapes: the data gradient ``M = N H W, N = C, K = K R S`` and the weight gradient
+``M = K, N = C R S, K = N P Q`` (a small output and a very deep reduction: split-K); each goes
+through the same tile / wave model as a library GEMM (:mod:`collectors.costs.tiles`), so a
+small-batch convolution loses efficiency for the same reasons a small GEMM does (few tiles
+for the SMs, the k-depth prologue). The weight-gradient kernels gather their operands
+through the im2col index (cuDNN's ``wgrad_indexed`` kernels, MIOpen's ``wrw`` /
+``bwd_weight``) and reduce split-K partial sums: they sustain ``Curves.wgrad_eff`` of the GEMM
+model's rate (fitted, shared by every GPU: REFERENCES.md K7).
+
+Around the GEMMs, the library converts layouts: tensor-core kernels read NHWC, and a PyTorch
+model's activations are NCHW, so cuDNN (``nchwToNhwcKernel`` / ``nhwcToNchwKernel``) and MIOpen
+(``batched_transpose_*``, ``transpose_NCHW2CNHW``, ``SubTensorOpWithCastTensor``) stream each
+activation through HBM once more (read + write) per pass that needs it: the forward its
+input and output, the data gradient the output gradient and the input gradient, the weight
+gradient the input and the output gradient (REFERENCES.md K8). When the trace names the
+kernels a call launched, those layout kernels are priced as memory-bound copies of these
+activations (in that order; one beyond them moves a weight: a launch floor); workspace
+fills, memsets and split-K reductions are launch floors. Without the names, only the GEMM
+passes and one launch floor per further kernel are priced.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+
+import numpy as np
+
+from .gpus import GpuSpec
+from .kernels import Curves, OpCost, implicit_gemm, memory_bound
+
+__all__ = ["conv_passes", "kernel_role", "price_conv", "sum_costs"]
+
+_LAYOUT = re.compile(r"nchwtonhwc|nhwctonchw|transpose|nchw2cnhw|cnhw2nchw|castTensor",
+                     re.IGNORECASE)
+_AUX = re.compile(r"memset|workspace|splitkreduce|reduce_?kernel|SubTensorOpWithScalar|"
+                  r"fill|zero", re.IGNORECASE)
+
+
+def kernel_role(name: str) -> str:
+    """``layout`` (a layout transpose or dtype cast of a tensor), ``aux`` (memset,
+    workspace fill, split-K reduction) or ``main`` (the GEMM / convolution kernel)."""
+    if _LAYOUT.search(name):
+        return "layout"
+    if _AUX.search(name):
+        return "aux"
+    return "main"
+
+
+def _prod(v) -> int:
+    return int(np.prod(v)) if len(v) else 1
+
+
+def conv_passes(base: str, ts: list, flops: float, mains: int | None = None
+                ) -> tuple[list, list]:
+    """The implicit GEMMs of one convolution call and the activations its layout kernels
+    move: ``([(pass, m, n, k, elements)], [activation elements])`` (``elements``: of the
+    tensors the pass reads and writes, not the im2col-expanded operand). ``ts``: the call's tensor
+    operands (``ops.tensors``), ``flops``: its recorded work (``ops.op_cost``); ``mains``:
+    the GEMM kernels the call launched, where the trace names them. A backward whose input
+    has at most 4 channels (an image: a network's first convolution) or that launched one
+    GEMM kernel computes the weight gradient only: the input needs no gradient (the
+    recorded work counts both when the trace lacks the output mask)."""
+    if base == "convolution_backward":
+        go, x, w = ts[0][0], ts[1][0], ts[2][0]
+        kout, kc = int(w[0]), int(w[1]) * _prod(w[2:])
+        rs = _prod(w[2:])
+        f1 = 2.0 * int(go[0]) * kout * kc * _prod(go[2:])
+        npass = max(1, min(2, round(flops / f1))) if f1 > 0 else 1
+        if int(x[1]) <= 4 or mains == 1:
+            npass = 1
+        dy, xs = float(_prod(go)), float(_prod(x))
+        passes, acts = [], []
+        ws = float(_prod(w))
+        if npass == 2:  # data gradient: dx = dy * w^T
+            passes.append(("dgrad", f1 / (2.0 * int(x[1]) * kout * rs), int(x[1]),
+                           kout * rs, dy + ws + xs))
+            acts += [dy, xs]
+        # one pass only: the weight gradient (a network's first convolution: its input
+        # needs no gradient)
+        passes.append(("wgrad", kout, kc, int(go[0]) * _prod(go[2:]), xs + dy + ws))
+        acts += [xs, dy]
+        return passes, acts
+    x, w = ts[0][0], ts[1][0]
+    kout, kc = int(w[0]), int(w[1]) * _prod(w[2:])
+    m = flops / (2.0 * kout * kc) if flops > 0 else 1.0
+    xs = float(_prod(x))
+    return [("fprop", max(m, 1.0), kout, kc, xs + _prod(w) + m * kout)], [xs, m * kout]
+
+
+def sum_costs(kind: str, g: GpuSpec, parts: list[OpCost]) -> OpCost:
+    """Kernels run one after another on a stream: times and ranges add; the bound and the
+    efficiency are those of the longest part."""
+    t = sum(p.time_us for p in parts)
+    big = max(parts, key=lambda p: p.time_us)
+    lo = sum(p.range_us[0] for p in parts)
+    hi = sum(p.range_us[1] for p in parts)
+    fl = sum(p.flops for p in parts)
+    by = sum(p.bytes for p in parts)
+    n = len(parts)
+    src = big.efficiency_source if n == 1 else (
+        f"{n} kernels; longest: {big.kind} {big.time_us:.1f} us, {big.efficiency_source}")
+    return OpCost(kind, g.name, t, (lo, hi), fl, by, fl / (t * 1e6), by / (t * 1e3),
+                  big.bound, big.efficiency, src)
+
+
+def price_conv(g: GpuSpec, base: str, ts: list, flops: float, dtype: str, eb: float,
+               curves: Curves, kernels: list[str] | None = None,
+               launches: int = 1) -> OpCost:
+    """One convolution call (forward or backward) on ``g``: its implicit-GEMM passes, the
+    layout kernels the call launched (``kernels``: their names, from the trace) as copies of
+    its activations, its other kernels as launch floors (module docstring). ``eb``: bytes
+    per element of its tensors."""
+    roles = None if kernels is None else [kernel_role(k) for k in kernels]
+    passes, acts = conv_passes(base, ts, flops, None if roles is None else roles.count("main"))
+    parts = []
+    # tensor-core convolutions need input channels in 16-byte vectors (multiples of 4 for
+    # tf32, 8 for 16-bit: NVIDIA's cuDNN / DL performance guide, REFERENCES.md K8); an image
+    # input (3 channels) in tf32 runs on the CUDA cores at the fp32 rate
+    cin = int(ts[1][0][1]) if base == "convolution_backward" else int(ts[0][0][1])
+    if dtype == "tf32" and (cin * 4) % 16 and "fp32" in g.hw.peak_tflops:
+        dtype = "fp32"
+    for name, m, n, k, elems in passes:
+        eff = curves.conv_eff * (curves.wgrad_eff if name == "wgrad" else 1.0)
+        nbytes = eb * elems
+        parts.append(implicit_gemm(g, max(m, 1.0), n, k, dtype, nbytes, "conv",
+                                   curves=curves, eff=eff))
+    floor = g.hw.kernel_overhead_us
+    if kernels is None:
+        extra = max(int(launches) - len(passes), 0)
+        layout = 0
+    else:
+        layout = roles.count("layout")
+        extra = roles.count("aux") + max(roles.count("main") - len(passes), 0)
+    moved = acts[:layout]
+    extra += layout - len(moved)
+    for a in moved:  # read + write of one activation
+        parts.append(memory_bound(g, "layout", 0.0, max(2.0 * eb * a, 1.0), curves))
+    if extra:
+        parts.append(OpCost("launch", g.name, extra * floor,
+                            (extra * floor * 0.5, extra * floor * 1.5), 0.0, 0.0, 0.0, 0.0,
+                            "latency", 0.0, f"{extra} launch floor(s) {floor} us "
+                            "(assumed, hardware profile)"))
+    c = sum_costs("conv", g, parts)
+    if not math.isfinite(c.time_us):
+        return parts[0]
+    roles: dict[str, float] = {}
+    for p in parts:
+        r = {"conv": "main", "layout": "layout"}.get(p.kind, "aux")
+        roles[r] = roles.get(r, 0.0) + p.time_us
+    return dataclasses.replace(c, parts=tuple(roles.items()))
