@@ -1,18 +1,22 @@
 """Leave-one-trace-out kernel prediction on the shared GPU traces with recorded shapes.
 
-Run: ``python bench/kernel_loo.py [--json]`` (about a minute: it ingests the traces).
+Run: ``python bench/kernel_loo.py [--json]`` (about 25 s: it ingests the traces).
 
 The cost layer prices every operator call with recorded shapes (``Input Dims``, torch.profiler
-``record_shapes=True``) on the trace's own GPU profile: the kernels the call launched, summed
-(``collectors.costs.ops.price_op``, one launch floor per kernel). The efficiency curves'
-parameters (:class:`collectors.costs.kernels.Curves`, all physical: an efficiency is a
-fraction <= 1 of a published ceiling; ``k_half_scale`` stretches the GEMM prologue;
-``mem_latency_us`` is the bytes in flight a streaming kernel needs) are fitted per class on
-the other traces -- each trace's median |error| counts once, whatever its number of calls --
-and judged on the held-out one. Only calls the default model prices above three launch
-floors take part in a fit (below that a call is launch-bound: its floor is the GPU profile's
-``kernel_overhead_us``, not a fitted parameter). Nothing is fitted per data point: one value
-per parameter per fold, taken from a coarse grid.
+``record_shapes=True``) on the trace's own GPU profile, given the names of the kernels the
+call launched (``collectors.costs.ops.price_op``: a convolution as its implicit-GEMM passes,
+its layout kernels as HBM copies and its other kernels as launch floors,
+``collectors.costs.conv``; other calls one launch floor per kernel beyond the first). The
+curves' parameters (:class:`collectors.costs.kernels.Curves`, all physical and shared by every
+GPU: an efficiency is a fraction <= 1 of a published ceiling; ``tile_fill_us`` is a GEMM
+tile's prologue / epilogue time; ``mem_latency_us`` the bytes in flight a streaming kernel
+needs) are fitted per class on the other traces -- each trace's median |error| counts once,
+whatever its number of calls -- and judged on the held-out one, in stages: the GEMM tile fill
+on all GEMM calls (a latency: the small calls tell it), then the efficiencies on the calls the
+default model prices above three launch floors (below that a call is launch-bound: its floor
+is the GPU profile's ``kernel_overhead_us``, not a fitted parameter); convolutions keep the
+GEMMs' tile fill (one tile model). Nothing is fitted per data point: one value per parameter
+per fold, taken from a coarse grid.
 
 Printed per held-out trace and class (GEMM, convolution, the rest: memory-bound and latency-
 bound kernels): calls, median and 90th-percentile |model / measured - 1|, the median signed

@@ -6,6 +6,8 @@
   epilogue) x the best tile shape's utilization (partial edge tiles and the last, partly
   filled wave of tiles over the SMs: wave quantization). Memory time: bytes over the
   published HBM triad bandwidth. The slower of the two, floored by the kernel's launch/tail.
+  A convolution call of a measured trace is priced as the kernels the library runs for it
+  (its implicit-GEMM passes, layout copies, launch floors): :mod:`collectors.costs.conv`.
 * Attention (FlashAttention-style, fused): FLOPs ``4 b h s^2 d`` forward (half when causal),
   2.5x that backward; rate the published FlashAttention-2 TFLOP/s of the GPU (K2-K5) x a
   sequence-length curve ``s / (s + 256)`` (short sequences leave the tiles idle; assumed);
