@@ -1,0 +1,123 @@
+"""Convolution calls priced as the kernels the library runs (collectors/costs/conv.py), the
+derived tf32 / fp32 ceilings and the GEMM tile fill as a time (issue 27)."""
+
+from __future__ import annotations
+
+import pytest
+
+from retime.collectors.costs.conv import conv_passes, kernel_role, price_conv
+from retime.collectors.costs.gpus import gpu_spec
+from retime.collectors.costs.kernels import DEFAULT_CURVES, FITTED_CURVES, Curves, matmul
+from retime.collectors.costs.ops import op_cost, price_op
+from retime.collectors.errors import ConfigError
+
+# kernel names as the shared traces record them (h100-vgg13: cuDNN 9 on H100; mi300x: MIOpen)
+NCHW2NHWC = ("void cudnn::ops::nchwToNhwcKernel<float, float, float, false, true, "
+             "(cudnnKernelDataType_t)0>(cudnn::ops::nchw2nhwc_params_t<float>, float const*)")
+NHWC2NCHW = ("void cudnn::ops::nhwcToNchwKernel<float, float, float, true, false, "
+             "(cudnnKernelDataType_t)0>(cudnn::ops::nhwc2nchw_params_t<float>, float const*)")
+FPROP = ("sm90_xmma_fprop_implicit_gemm_f32f32_tf32f32_f32_nhwckrsc_nhwc_tilesize256x64x32_"
+         "warpgroupsize1x1x1_g1_execute_segment_k_off_kernel__5x_cudnn")
+X = [512, 64, 224, 224]
+W = [64, 64, 3, 3]
+T = ["float", "float"]
+
+
+def test_kernel_roles_of_cudnn_and_miopen_names():
+    assert kernel_role(NCHW2NHWC) == kernel_role(NHWC2NCHW) == "layout"
+    assert kernel_role("batched_transpose_16x32_half") == "layout"
+    assert kernel_role("transpose_NCHW2CNHW_V2_2D_WG_off64") == "layout"
+    assert kernel_role("SubTensorOpWithCastTensor1d") == "layout"
+    assert kernel_role("Memset (Device)") == "aux"
+    assert kernel_role("SubTensorOpWithScalar1d") == "aux"
+    assert kernel_role("void splitKreduce_kernel<32, 16, int, float>") == "aux"
+    assert kernel_role(FPROP) == "main"
+    assert kernel_role("igemm_wrw_gtcx3_nhwc_bf16_bx0_ex1_bt256x128x16_gkgs") == "main"
+
+
+def test_conv_passes_are_the_three_implicit_gemms():
+    # forward: M = N P Q, N = K, K = C R S
+    f = 2.0 * 512 * 64 * 64 * 9 * 224 * 224
+    passes, acts = conv_passes("cudnn_convolution", [(X, "float"), (W, "float")], f)
+    assert [(p[0], p[1], p[2], p[3]) for p in passes] == [
+        ("fprop", 512 * 224 * 224, 64, 64 * 9)]
+    assert acts == [512 * 64 * 224 * 224] * 2
+    # backward of a 256 -> 512 3x3 convolution: data gradient M = N H W, N = C, K = K R S;
+    # weight gradient M = K, N = C R S, K = N P Q
+    go, x, w = [32, 512, 14, 14], [32, 256, 14, 14], [512, 256, 3, 3]
+    f1 = 2.0 * 32 * 512 * 256 * 9 * 14 * 14
+    ts = [(go, "float"), (x, "float"), (w, "float")]
+    passes, acts = conv_passes("convolution_backward", ts, 2 * f1)
+    assert [(p[0], round(p[1]), p[2], p[3]) for p in passes] == [
+        ("dgrad", 32 * 14 * 14, 256, 512 * 9), ("wgrad", 512, 256 * 9, 32 * 14 * 14)]
+    assert len(acts) == 4
+    # an image input (3 channels) gets no gradient: the weight gradient only, even when the
+    # recorded work (no output mask in the trace) counts both
+    ts = [([32, 64, 224, 224], "float"), ([32, 3, 224, 224], "float"),
+          ([64, 3, 3, 3], "float")]
+    passes, _ = conv_passes("convolution_backward", ts, 2 * 2.0 * 32 * 64 * 27 * 224 * 224)
+    assert [p[0] for p in passes] == ["wgrad"]
+    # one GEMM kernel launched: one pass
+    passes, _ = conv_passes("convolution_backward", [(go, "float"), (x, "float"),
+                                                     (w, "float")], 2 * f1, mains=1)
+    assert [p[0] for p in passes] == ["wgrad"]
+
+
+def test_layout_kernels_are_hbm_copies_of_the_activations():
+    g = gpu_spec("h100-sxm")
+    work = op_cost("aten::cudnn_convolution", [X, W], T)
+    kern = [NCHW2NHWC, NCHW2NHWC, "Memset (Device)", FPROP, NHWC2NCHW]
+    c = price_op(g, "aten::cudnn_convolution", [X, W], T, work, FITTED_CURVES, kernels=kern)
+    parts = dict(c.parts)
+    assert set(parts) == {"main", "layout", "aux"}
+    # two activations (input, output) of 512 x 64 x 224 x 224 fp32, each read and written
+    # once at the published H100 triad (2.97 TB/s, K3); the trace measured 4735 and 4368 us
+    one = 2 * 4 * 512 * 64 * 224 * 224 / 2970e9 * 1e6
+    assert parts["layout"] == pytest.approx(2 * one, rel=0.01)
+    assert 0.85 < parts["layout"] / (4735 + 4368) < 1.0
+    # the weight's transpose and the memset: two launch floors
+    assert parts["aux"] == pytest.approx(2 * g.hw.kernel_overhead_us)
+    assert c.time_us == pytest.approx(sum(parts.values()))
+    # without names: the GEMM pass and one floor per further kernel, no copies
+    bare = price_op(g, "aten::cudnn_convolution", [X, W], T, work, FITTED_CURVES,
+                    launches=5)
+    assert bare.time_us == pytest.approx(parts["main"] + 4 * g.hw.kernel_overhead_us)
+
+
+def test_image_input_tf32_convolution_runs_on_the_cuda_cores():
+    g = gpu_spec("h100-sxm")
+    x, w = [512, 3, 224, 224], [64, 3, 3, 3]
+    work = op_cost("aten::cudnn_convolution", [x, w], T)
+    assert work[2] == "tf32"
+    c = price_conv(g, "cudnn_convolution", [(x, "float"), (w, "float")], work[0], "tf32",
+                   4, DEFAULT_CURVES)
+    assert "fp32 matmul" in c.efficiency_source
+    aligned = price_conv(g, "cudnn_convolution", [([512, 4, 224, 224], "float"),
+                                                  ([64, 4, 3, 3], "float")],
+                         work[0] * 4 / 3, "tf32", 4, DEFAULT_CURVES)
+    # four channels meet the tensor cores' alignment: no fp32 pricing (there, the layer is
+    # bound by its bytes, not its FLOPs)
+    assert "fp32" not in aligned.efficiency_source and aligned.bound == "memory"
+    assert c.bound == "compute" and aligned.time_us < c.time_us / 1.5
+
+
+def test_derived_ceilings_and_the_tile_fill_time():
+    h = gpu_spec("h100-sxm")
+    # the published bf16 ceiling's fraction of its peak (792.1 / 989.4, K1) on tf32 / fp32
+    assert h.mamf("tf32") == (pytest.approx(792.1 * 494.7 / 989.4), "derived")
+    assert h.mamf("fp32") == (pytest.approx(792.1 / 989.4 * 67.0), "derived")
+    v = gpu_spec("v100-sxm2")
+    assert v.mamf("fp32") == (11.9, "published")  # K6 stays
+    # 2.5 us of tile fill is 11 k-steps of a 128 x 128 fp32 tile on a V100 SM (11.9 TFLOP/s
+    # over 80 SMs) and 196 of a bf16 one on an MI300X CU (781.9 over 304)
+    c = Curves(tile_fill_us=2.5)
+    assert "k_half 11," in matmul(v, 512, 512, 512, dtype="fp32", curves=c).efficiency_source
+    m = gpu_spec("mi300x")
+    assert "k_half 196," in matmul(m, 512, 512, 512, dtype="bf16", curves=c).efficiency_source
+    # a longer fill makes a shallow GEMM slower, never faster
+    short = matmul(m, 4096, 4096, 256, curves=Curves(tile_fill_us=0.5)).time_us
+    assert matmul(m, 4096, 4096, 256, curves=c).time_us > short
+    with pytest.raises(ConfigError, match="tile_fill_us"):
+        Curves(tile_fill_us=-1.0)
+    with pytest.raises(ConfigError, match="wgrad_eff"):
+        Curves(wgrad_eff=1.2)
