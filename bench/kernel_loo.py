@@ -8,8 +8,8 @@ call launched (``collectors.costs.ops.price_op``: a convolution as its implicit-
 its layout kernels as HBM copies and its other kernels as launch floors,
 ``collectors.costs.conv``; other calls one launch floor per kernel beyond the first). The
 curves' parameters (:class:`collectors.costs.kernels.Curves`, all physical and shared by every
-GPU: an efficiency is a fraction <= 1 of a published ceiling; ``tile_fill_us`` is a GEMM
-tile's prologue / epilogue time; ``mem_latency_us`` the bytes in flight a streaming kernel
+GPU: an efficiency is a fraction <= 1 of a published ceiling; ``tile_fill_us`` is the most a
+GEMM tile's prologue / epilogue may take; ``mem_latency_us`` the bytes in flight a streaming kernel
 needs) are fitted per class on the other traces -- each trace's median |error| counts once,
 whatever its number of calls -- and judged on the held-out one, in stages: the GEMM tile fill
 on all GEMM calls (a latency: the small calls tell it), then the efficiencies on the calls the

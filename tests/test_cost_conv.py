@@ -109,11 +109,15 @@ def test_derived_ceilings_and_the_tile_fill_time():
     v = gpu_spec("v100-sxm2")
     assert v.mamf("fp32") == (11.9, "published")  # K6 stays
     # 2.5 us of tile fill is 11 k-steps of a 128 x 128 fp32 tile on a V100 SM (11.9 TFLOP/s
-    # over 80 SMs) and 196 of a bf16 one on an MI300X CU (781.9 over 304)
+    # over 80 SMs): it caps the profile's 27.5 there; 196 of a bf16 one on an MI300X CU
+    # (781.9 over 304) and 458 on an H100 SM (792.1 over 132) leave the profile's 192
     c = Curves(tile_fill_us=2.5)
+    assert "k_half 28," in matmul(v, 512, 512, 512, dtype="fp32").efficiency_source
     assert "k_half 11," in matmul(v, 512, 512, 512, dtype="fp32", curves=c).efficiency_source
     m = gpu_spec("mi300x")
-    assert "k_half 196," in matmul(m, 512, 512, 512, dtype="bf16", curves=c).efficiency_source
+    assert "k_half 192," in matmul(m, 512, 512, 512, dtype="bf16", curves=c).efficiency_source
+    assert matmul(h, 4096, 4096, 4096, curves=c).time_us == pytest.approx(
+        matmul(h, 4096, 4096, 4096).time_us)
     # a longer fill makes a shallow GEMM slower, never faster
     short = matmul(m, 4096, 4096, 256, curves=Curves(tile_fill_us=0.5)).time_us
     assert matmul(m, 4096, 4096, 256, curves=c).time_us > short

@@ -59,10 +59,10 @@ class Curves:
     the HBM triad bandwidth a streaming kernel sustains; ``mem_latency_us``: the bytes in
     flight a streaming kernel needs, as microseconds of bandwidth (its size curve);
     ``k_half_scale``: multiplies the profile's ``gemm_k_half``; ``tile_fill_us``: when
-    set (> 0), a GEMM tile's prologue / epilogue as a time instead (the same on every GPU:
-    loading its first operands, writing its result), so ``k_half`` is that time in k-steps
-    of a 128 x 128 tile at the GPU's per-SM ceiling for the dtype (0: the profile's
-    ``gemm_k_half`` x ``k_half_scale``, what the synthesizer uses).
+    set (> 0), the most a GEMM tile's prologue / epilogue may take (the same on every GPU:
+    loading its first operands, writing its result): ``k_half`` is at most that time in
+    k-steps of a 128 x 128 tile at the GPU's per-SM ceiling for the dtype (0: the profile's
+    ``gemm_k_half`` x ``k_half_scale`` alone, what the synthesizer uses).
     """
 
     gemm_eff: float = 1.0
@@ -88,14 +88,15 @@ class Curves:
 DEFAULT_CURVES = Curves()
 #: efficiency curves the replay what-ifs and ``retime cost op --trace`` price with: the fit
 #: of bench/kernel_loo.py on all three shared GPU traces with shapes (H100 VGG-13, V100
-#: DLRM, MI300X ResNet): a GEMM tile's fill (first operands in, result out) takes 2.5 us,
-#: whatever the GPU (the tile fill is fitted on all GEMM calls: a latency shows in the small
-#: ones); a convolution's weight-gradient pass sustains 0.6 of the GEMM model's rate; GEMM,
-#: forward / data-gradient convolution and HBM efficiencies stay at their bound, 1.0;
-#: streaming kernels need 0.2 us of bytes in flight. In a ratio (new GPU / old GPU, new
-#: batch / old) most of this cancels; it matters where the bound moves. Held-out accuracy:
-#: bench/kernel_loo.py and the README's "Kernels" section
-FITTED_CURVES = Curves(tile_fill_us=2.5, wgrad_eff=0.6, mem_latency_us=0.2,
+#: DLRM, MI300X ResNet): a GEMM tile's fill (first operands in, result out) takes at most
+#: 2.5 us, whatever the GPU (fitted on all GEMM calls: a latency shows in the small ones;
+#: it shortens only slow paths' k_half, e.g. fp32 on a V100's CUDA cores, and leaves the
+#: published GEMM sweeps of bench/cost.py as they were); implicit-GEMM convolutions sustain
+#: 0.96 of the GEMM model's rate and their weight-gradient pass 0.65 of that; GEMM and HBM
+#: efficiencies stay at their bound, 1.0; streaming kernels need 0.2 us of bytes in flight.
+#: In a ratio (new GPU / old GPU, new batch / old) most of this cancels; it matters where
+#: the bound moves. Held-out accuracy: bench/kernel_loo.py and the README's "Kernels" section
+FITTED_CURVES = Curves(tile_fill_us=2.5, conv_eff=0.96, wgrad_eff=0.65, mem_latency_us=0.2,
                        source="fitted on 3 traces, bench/kernel_loo.py")
 
 
@@ -186,21 +187,20 @@ def _groups_rate(g: GpuSpec, ms: list[float], n: float, k: float, dtype: str,
     ceil_tf, ceil_src = g.mamf(dtype) if ceiling is None else ceiling
     # the tile pipeline's prologue/epilogue is a fixed number of k-steps of fixed bytes, so
     # in elements it is longer for narrower dtypes (k_half is given for 16-bit inputs)
+    k_half = g.hw.gemm_k_half * 2.0 / min(_eb(dtype), 2.0) * curves.k_half_scale
+    if _eb(dtype) > 2:
+        # 32-bit GEMMs (fp32 on the CUDA cores, tf32) run fewer FLOPs per k-step than the
+        # 16-bit tensor-core path k_half was given for: the prologue/epilogue (loading the
+        # first tiles, writing the last) takes the same time, so fewer k-steps
+        half = g.mamf_tflops.get("bf16") or g.mamf_tflops.get("fp16") or (
+            g.peak_tflops("fp16") * g.hw.gemm_max)
+        k_half *= min(1.0, ceil_tf / half)
     if curves.tile_fill_us > 0:
-        # the prologue / epilogue as a time (loading a tile's first operands from HBM,
-        # writing its result): in k-steps of a 128 x 128 tile at the ceiling's per-SM rate,
-        # so a slower dtype or GPU fills in fewer k-steps
-        k_half = curves.tile_fill_us * 1e-6 * ceil_tf * 1e12 / g.sm_count / (2.0 * 128 * 128)
-    else:
-        k_half = g.hw.gemm_k_half * 2.0 / min(_eb(dtype), 2.0) * curves.k_half_scale
-        if _eb(dtype) > 2:
-            # 32-bit GEMMs (fp32 on the CUDA cores, tf32) run fewer FLOPs per k-step than
-            # the 16-bit tensor-core path k_half was given for: the prologue/epilogue
-            # (loading the first tiles, writing the last) takes the same time, so fewer
-            # k-steps
-            half = g.mamf_tflops.get("bf16") or g.mamf_tflops.get("fp16") or (
-                g.peak_tflops("fp16") * g.hw.gemm_max)
-            k_half *= min(1.0, ceil_tf / half)
+        # a tile's fill (its first operands in, its result out) takes at most this time:
+        # in k-steps of a 128 x 128 tile at the ceiling's per-SM rate, fewer on a slow
+        # path (fp32 on a V100's CUDA cores: 11) than the profile's k-step count says
+        k_half = min(k_half, curves.tile_fill_us * 1e-6 * ceil_tf * 1e12 / g.sm_count
+                     / (2.0 * 128 * 128))
     f_k = k / (k + k_half)
     util = tile_utilization(g.sm_count, list(ms), n, k, k_half)
     # tensor-core kernels need 16-byte aligned rows; others run slower paths (assumed 0.75)
