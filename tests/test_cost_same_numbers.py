@@ -83,9 +83,6 @@ def test_synth_charges_what_the_cli_prints(group, argv, capsys):
         assert ns == round(row["time_us"] * 1e3)
 
 
-@pytest.mark.xfail(strict=True, reason="second formula: `retime cost op matmul` prices with "
-                   "kernels.DEFAULT_CURVES, the replay's kernel what-ifs with KERNEL_CURVES "
-                   "(FITTED_CURVES: k_half x 0.25); kernels.py's owners to unify")
 def test_cost_op_matmul_is_what_the_replay_charges(capsys):
     m, n, k = 4096, 4096, 4096
     assert run(["cost", "op", "matmul", "--m", str(m), "--n", str(n), "--k", str(k),
@@ -95,5 +92,6 @@ def test_cost_op_matmul_is_what_the_replay_charges(capsys):
     dims, types = [[m, k], [k, n]], ["c10::BFloat16", "c10::BFloat16"]
     replayed = price_op(g, "aten::mm", dims, types, op_cost("aten::mm", dims, types),
                         curves=KERNEL_CURVES)
-    assert cli["time_us"] == pytest.approx(K.matmul(g, m, n, k, 1, "bf16").time_us)
-    assert cli["time_us"] == pytest.approx(replayed.time_us, rel=1e-9)
+    # the CLI's JSON keeps 3 decimals (ns): equal to that precision
+    assert cli["time_us"] == pytest.approx(K.matmul(g, m, n, k, 1, "bf16").time_us, abs=5e-4)
+    assert cli["time_us"] == pytest.approx(replayed.time_us, abs=5e-4)
