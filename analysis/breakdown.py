@@ -40,6 +40,7 @@ from ._util import (
     HOST_KINDS,
     MEM_KINDS,
     _lane_kind_of_ops,
+    _memo,
     as_trace,
     clip_to_windows,
     comm_mask,
@@ -118,6 +119,11 @@ def breakdown(x: Any, *, by: str = "step") -> pd.DataFrame:
         from retime.collectors.errors import RetimeError
         raise RetimeError(f"breakdown(by={by!r}): choose 'step' or 'rank'")
     t = as_trace(x)
+    # a report asks for it from several sections: computed once per trace in a memo scope
+    return _memo(t, f"breakdown:{by}", lambda: _breakdown(t, by)).copy()
+
+
+def _breakdown(t: Any, by: str) -> pd.DataFrame:
     o = t.ops
     kind = o["kind"].to_numpy()
     w = step_windows(t) if by == "step" else rank_windows(t)

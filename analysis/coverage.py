@@ -80,6 +80,15 @@ def unseen_work(x: Any) -> dict[str, int]:
     s = o["start_ns"].to_numpy().astype(np.int64)
     dur = o["dur_ns"].to_numpy().astype(np.int64)
     rt = (kind == int(OpKind.RUNTIME)) & ~gpu
+    if not rt.any() and not (lk == int(LaneKind.CPU_THREAD)).any():
+        # no host side at all (a synthesized run): launches are not recorded, not missing
+        out["gpu_ops"] = int(gpu.sum())
+        out["gpu_ns"] = int(dur[gpu].sum())
+        w = step_windows(t)
+        if len(w):
+            _, _, cs, ce = clip_to_windows(t, gpu, w)
+            out["outside_steps_ns"] = int(dur[gpu].sum() - (ce - cs).sum())
+        return out
     glaunch = rt & _name_mask(t, _GRAPH_LAUNCH)
     launch = rt & _name_mask(t, _LAUNCH) & ~glaunch
     key = rank * (1 << 40) + corr

@@ -216,21 +216,33 @@ def hierarchy(x: Any, *, ranks: list[int] | None = None) -> pd.DataFrame:
     # ---- GPU ops: below the node around their launch, else step / phase (/ layer / module)
     gpu = np.flatnonzero(keep & ~on_cpu & np.isin(kind, [int(k) for k in _DEVICE_KINDS]))
     layer = o["layer"].to_numpy()
-    for g in gpu.tolist():
-        lc = int(launch_of[g])
-        nd = int(node_of_call[lc]) if lc >= 0 else -1
+    # one pass per distinct (launch node | step, phase, layer) and name, not per op (millions
+    # on a large run): groups in order of first appearance, so the nodes are created in the
+    # order a per-op pass would create them
+    lc = launch_of[gpu]
+    nd0 = np.where(lc >= 0, node_of_call[np.maximum(lc, 0)], -1)
+    own = nd0 < 0  # below their step / phase (/ layer / module)
+    by_layer = own & (lc < 0) & (not len(r))
+    keys = pd.DataFrame({
+        "nd": nd0, "step": np.where(own, step[gpu], 0), "phase": np.where(own, phase[gpu], 0),
+        "layer": np.where(by_layer, layer[gpu], -2), "name_id": nid[gpu]})
+    grp = keys.assign(dur=dur[gpu]).groupby(list(keys.columns), sort=False)["dur"].agg(
+        ["size", "sum"]).reset_index()
+    for g_nd, g_st, g_ph, g_ly, g_nm, g_n, g_dur in zip(
+            *(grp[c].tolist() for c in grp.columns), strict=True):
+        nd = int(g_nd)
+        nm = str(names[g_nm])
         if nd < 0:
-            nd = ph_node(int(step[g]), int(phase[g]))
-            if lc < 0 and not len(r):
-                nm = str(names[nid[g]])
-                if layer[g] >= 0:
-                    nd = tree.child(nd, f"layer {int(layer[g])}", "layer")
+            nd = ph_node(int(g_st), int(g_ph))
+            if g_ly != -2:  # no launch and a trace without ranges: layer and module
+                if g_ly >= 0:
+                    nd = tree.child(nd, f"layer {int(g_ly)}", "layer")
                 mod = nm.split(".", 1)[0] if "." in nm else ""
                 if mod:
                     nd = tree.child(nd, mod, "module")
-        k = tree.child(nd, str(names[nid[g]]), "kernel")
-        tree.count[k] += 1
-        add(dev_excl, k, int(dur[g]))
+        k = tree.child(nd, nm, "kernel")
+        tree.count[k] += int(g_n)
+        add(dev_excl, k, int(g_dur))
     return _frame(tree, dev_excl, host_excl, launches, launch_ns)
 
 
