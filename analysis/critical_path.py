@@ -133,13 +133,19 @@ def _from_trace(t):
     dur_all = np.concatenate([dur, np.zeros(n_virt, np.int64)])
     prio = np.concatenate([np.ones(n, np.int64), np.zeros(n_virt, np.int64)])
     own = np.concatenate([start, key[n:]])
-    topo = np.lexsort((np.arange(n_all), own, prio, key)).astype(np.int64)
+    # by (key, prio, own), ties by index (lexsort is stable); the 0/1 prio folded into key
+    # where it fits: two sort passes instead of four on millions of ops
+    if n_all and -(1 << 61) < int(key.min()) and int(key.max()) < (1 << 61):
+        topo = np.lexsort((own, key * 2 + prio)).astype(np.int64)
+    else:
+        topo = np.lexsort((own, prio, key)).astype(np.int64)
     pos = np.empty(n_all, np.int64)
     pos[topo] = np.arange(n_all)
     fwd = pos[src] < pos[dst]
     dropped = int((~fwd).sum())
     src, dst, w, kd = src[fwd], dst[fwd], w[fwd], kd[fwd]
-    order = np.lexsort((src, dst))
+    order = (np.argsort(dst * n_all + src, kind="stable") if n_all < (1 << 31)
+             else np.lexsort((src, dst)))  # by (dst, src): one pass where it fits
     src, dst, w, kd = src[order], dst[order], w[order], kd[order]
     indptr = np.zeros(n_all + 1, np.int64)
     np.cumsum(np.bincount(dst, minlength=n_all), out=indptr[1:])
