@@ -6,19 +6,22 @@ Two entry points:
     writes a rank-partitioned store (:mod:`collectors.store`) without gathering the trace,
     by the stages of :mod:`collectors.rankwise` run on the Dask workers:
 
-    1. each worker parses its file (:func:`collectors.kineto.parse_kineto_file`) and keeps
-       the ``RankPart``; only a *skeleton* comes back here: the part's collective and p2p
-       ops (the ones cross-rank matching needs), its lanes, names and metadata;
+    1. each worker parses its file (:func:`collectors.kineto.parse_kineto_file`), spools
+       the ``RankPart`` into the store's temporary directory and keeps nothing in memory;
+       only a *skeleton* comes back here: the part's collective and p2p ops (the ones
+       cross-rank matching needs), its lanes, names and metadata;
     2. this process merges the skeletons with :func:`collectors.kineto.merge.merge_parts`
        (process groups, collective matching, string table, lanes, meta exactly as a local
        ingest computes them: they depend on those ops only) and derives each rank's plan:
        global op and lane offsets, name-id map, the ``coll_id``/``group_id`` of its
        collective ops;
-    3. each worker writes its own ranks' ``ops``/``edges``/``ranges``/``memory`` files into
-       the store's temporary directory; this process writes the small tables and
-       ``meta.json`` and renames the directory into place once every rank is written (an
-       error or Ctrl-C leaves no store behind).
+    3. each worker reads a spooled part back and writes its ranks' ``ops``/``edges``/
+       ``ranges``/``memory`` files into the store's temporary directory; this process
+       writes the small tables and ``meta.json`` and renames the directory into place once
+       every rank is written (an error or Ctrl-C leaves no store behind). The workers then
+       hand the memory their tasks freed back to the system (:func:`release_memory`).
 
+    A worker holds one part at a time, whatever the number of ranks.
     ``read_trace`` of the result equals the Trace a local ingest gives.
 
 ``read_distributed(paths, scheduler)``
@@ -45,7 +48,7 @@ from .errors import TraceFormatError
 from .ingest import detect_format, expand_inputs
 from .kineto import kineto_files, merge_parts, parse_kineto_file
 from .progress import progress_bar
-from .rankwise import plans, skeleton, write_rank
+from .rankwise import SPOOL, parse_and_spool, plans, spooled_writes, write_spooled
 from .store import commit_store, new_store_dir
 from .trace import (
     SCHEMA_VERSION,
@@ -56,7 +59,7 @@ from .trace import (
     write_parquet,
 )
 
-__all__ = ["read_distributed", "ingest_distributed"]
+__all__ = ["read_distributed", "ingest_distributed", "release_memory"]
 
 
 def _kineto_inputs(paths: Any, format: str) -> tuple[list[str], dict[str, str]]:
@@ -151,6 +154,7 @@ def read_distributed(paths: list[str | os.PathLike[str]] | str | os.PathLike[str
     with _client(scheduler) as client:
         parts = _gather(client, _parse(client, names), "parsing traces on the cluster",
                         progress)
+        release_memory(client)
     return merge_parts(parts, skipped)
 
 
@@ -177,39 +181,73 @@ def ingest_distributed(paths: list[str | os.PathLike[str]] | str | os.PathLike[s
     """
     names, skipped = _kineto_inputs(paths, format)
     output = Path(output).resolve()
-    with _client(scheduler) as client:
-        parts = _parse(client, names)
-        try:
-            skels = _gather(client, client.map(skeleton, parts, pure=False),
-                            "parsing traces on the cluster", progress)
+    tmp = new_store_dir(output)
+    try:
+        (tmp / SPOOL).mkdir()
+        spools = [str(tmp / SPOOL / f"part-{i}.pkl") for i in range(len(names))]
+        with _client(scheduler) as client:
+            # the workers keep no part in memory between the stages: each spools its parts
+            # into the store's temporary directory (which they must see anyway)
+            futs = client.map(parse_and_spool, names, spools, pure=False,
+                              key=[f"retime-parse-{i}-{os.getpid()}-{id(names)}"
+                                   for i in range(len(names))])
+            res = _gather(client, futs, "parsing traces on the cluster", progress)
+            skels = [r[0] for r in res]
             skel = merge_parts([s[0] for s in skels], skipped)
-            tmp = new_store_dir(output)
-            try:
-                pl = plans(skel, skels)
-                futs = [client.submit(write_rank, parts[i], j, plan, str(tmp), pure=False)
-                        for _, i, j, plan in pl]
-                rows = _gather(client, futs, "writing ranks on the cluster", progress)
-                partitions: dict[str, dict[str, int]] = {}
-                ranks = [r for r, _, _, _ in pl]
-                for r, rw in zip(ranks, rows, strict=True):
-                    for name, nrow in rw.items():
-                        if nrow:
-                            partitions.setdefault(name, {})[str(r)] = int(nrow)
-                write_parquet(pa.Table.from_pandas(skel.lanes, preserve_index=False),
-                              tmp / "lanes.parquet")
-                write_parquet(groups_table(skel.groups), tmp / "groups.parquet")
-                write_parquet(strings_table(skel.strings), tmp / "strings.parquet")
-                meta = {**skel.meta, "schema_version": SCHEMA_VERSION, "layout": "rank",
-                        "partitions": partitions}
-                write_meta(tmp, meta)
-                commit_store(tmp, output)
-            except BaseException:
-                shutil.rmtree(tmp, ignore_errors=True)
-                raise
-        finally:
-            client.cancel(parts)
+            pl = plans(skel, skels)
+            args, ranks_of = spooled_writes(pl, spools, str(tmp))
+            futs = [client.submit(write_spooled, *a, pure=False) for a in args]
+            rows = _gather(client, futs, "writing ranks on the cluster", progress)
+            del futs, res
+            release_memory(client)
+        shutil.rmtree(tmp / SPOOL)
+        partitions: dict[str, dict[str, int]] = {}
+        for ranks, rws in zip(ranks_of, rows, strict=True):
+            for r, rw in zip(ranks, rws, strict=True):
+                for name, nrow in rw.items():
+                    if nrow:
+                        partitions.setdefault(name, {})[str(r)] = int(nrow)
+        write_parquet(pa.Table.from_pandas(skel.lanes, preserve_index=False),
+                      tmp / "lanes.parquet")
+        write_parquet(groups_table(skel.groups), tmp / "groups.parquet")
+        write_parquet(strings_table(skel.strings), tmp / "strings.parquet")
+        meta = {**skel.meta, "schema_version": SCHEMA_VERSION, "layout": "rank",
+                "partitions": partitions}
+        write_meta(tmp, meta)
+        commit_store(tmp, output)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     tot = {name: sum(partitions.get(name, {}).values()) for name in ("ops", "edges", "ranges")}
     out_meta = {k: v for k, v in meta.items() if k not in ("layout", "partitions")}
     return {"meta": out_meta, "ranks": [int(r) for r in skel.ranks],
             "world_size": skel.world_size, **tot, "output": str(output)}
 
+
+def _trim_heap() -> int:
+    """On a worker: collect garbage and hand the freed heap back to the system (glibc keeps
+    freed memory for reuse: a worker's RSS would stay at its peak after the job). Returns
+    the worker's RSS in bytes afterwards (0 where it cannot tell)."""
+    import ctypes
+    import ctypes.util
+    import gc
+
+    gc.collect()
+    name = ctypes.util.find_library("c")
+    try:
+        trim = getattr(ctypes.CDLL(name), "malloc_trim", None) if name else None
+    except OSError:
+        trim = None
+    if trim is not None:
+        trim(0)
+    try:
+        with open("/proc/self/statm") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def release_memory(client: Any) -> dict[str, int]:
+    """Ask every worker to return the memory its finished tasks freed (see
+    :func:`_trim_heap`); worker address -> RSS bytes afterwards."""
+    return client.run(_trim_heap)

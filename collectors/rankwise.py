@@ -52,11 +52,12 @@ from .trace import (
     write_parquet,
 )
 
-__all__ = ["skeleton", "plans", "rank_tables", "write_rank", "ingest_kineto"]
+__all__ = ["skeleton", "plans", "rank_tables", "write_rank", "parse_and_spool", "write_spooled",
+           "spooled_writes", "ingest_kineto", "SPOOL"]
 
 _SCHEMAS = {"ops": OPS_SCHEMA, "edges": EDGES_SCHEMA, "ranges": RANGES_SCHEMA,
             "memory": MEMORY_SCHEMA}
-_SPOOL = ".spool"
+SPOOL = ".spool"
 
 
 # ---------------------------------------------------------------- skeletons and plans
@@ -162,7 +163,7 @@ def write_rank(part: RankPart, sub: int, plan: dict[str, Any], root: str) -> dic
 
 
 # ---------------------------------------------------------------- local ingest
-def _parse_spool(path: str, spool: str) -> tuple[tuple[RankPart, list[int]], str]:
+def parse_and_spool(path: str, spool: str) -> tuple[tuple[RankPart, list[int]], str]:
     """Stage 1 (in a worker with ``jobs > 1``): parse, spool the part, return its skeleton."""
     part = parse_kineto_file(path)
     with open(spool, "wb") as fh:
@@ -175,13 +176,25 @@ def _load(spool: str) -> RankPart:
         return pickle.load(fh)
 
 
-def _write_spooled(spool: str, jobs: list[tuple[int, dict[str, Any]]], root: str
+def write_spooled(spool: str, jobs: list[tuple[int, dict[str, Any]]], root: str
                    ) -> list[dict[str, int]]:
     """Stage 3 of the rank layout (in a worker): write a spooled part's ranks, drop it."""
     part = _load(spool)
     out = [write_rank(part, sub, plan, root) for sub, plan in jobs]
     os.unlink(spool)
     return out
+
+
+def spooled_writes(plan: list, spools: list[str], root: str
+                   ) -> tuple[list[tuple[str, list, str]], list[list[int]]]:
+    """Stage 3's tasks of the rank layout: per spooled part, the arguments of
+    :func:`write_spooled` (its flat sub-parts' plans), and the ranks it writes, in order."""
+    by_part: dict[int, list[tuple[int, int, dict]]] = {}
+    for rank, i, j, pl in plan:
+        by_part.setdefault(i, []).append((rank, j, pl))
+    order = sorted(by_part)
+    args = [(spools[i], [(j, pl) for _, j, pl in by_part[i]], root) for i in order]
+    return args, [[rank for rank, _, _ in by_part[i]] for i in order]
 
 
 def _empty_table(name: str) -> pa.Table:
@@ -215,15 +228,15 @@ def ingest_kineto(paths: list[str | os.PathLike[str]], output: str | os.PathLike
     output = Path(output)
     tmp = new_store_dir(output)
     try:
-        (tmp / _SPOOL).mkdir()
-        spools = [str(tmp / _SPOOL / f"part-{i}.pkl") for i in range(len(files))]
+        (tmp / SPOOL).mkdir()
+        spools = [str(tmp / SPOOL / f"part-{i}.pkl") for i in range(len(files))]
         skels: list[tuple[RankPart, list[int]]] = []
         ex = ProcessPoolExecutor(max_workers=min(jobs, len(files))) if jobs > 1 and \
             len(files) > 1 else None
         try:
             with progress_bar(len(files), "parsing traces", progress) as bar:
-                it = (ex.map(_parse_spool, [str(f) for f in files], spools) if ex else
-                      (_parse_spool(str(f), s) for f, s in zip(files, spools, strict=True)))
+                it = (ex.map(parse_and_spool, [str(f) for f in files], spools) if ex else
+                      (parse_and_spool(str(f), s) for f, s in zip(files, spools, strict=True)))
                 for sk, _ in it:
                     skels.append(sk)
                     bar.advance()
@@ -233,7 +246,7 @@ def ingest_kineto(paths: list[str | os.PathLike[str]], output: str | os.PathLike
         finally:
             if ex is not None:
                 ex.shutdown(cancel_futures=True)
-        shutil.rmtree(tmp / _SPOOL)
+        shutil.rmtree(tmp / SPOOL)
         write_parquet(_arrow_table(skel, "lanes"), tmp / "lanes.parquet")
         write_parquet(_arrow_table(skel, "groups"), tmp / "groups.parquet")
         write_parquet(_arrow_table(skel, "strings"), tmp / "strings.parquet")
@@ -263,16 +276,12 @@ def _write_all(tmp: Path, layout: str, plan: list, spools: list[str],
                 rows.setdefault(name, {})[str(rank)] = int(n)
 
     if layout == "rank":
-        by_part: dict[int, list[tuple[int, int, dict]]] = {}
-        for rank, i, j, pl in plan:
-            by_part.setdefault(i, []).append((rank, j, pl))
-        order = sorted(by_part)
-        args = [(spools[i], [(j, pl) for _, j, pl in by_part[i]], str(tmp)) for i in order]
+        args, ranks_of = spooled_writes(plan, spools, str(tmp))
         with progress_bar(len(args), "writing ranks", progress) as bar:
-            res = ex.map(_write_spooled, *zip(*args, strict=True)) if ex else (
-                _write_spooled(*a) for a in args)
-            for i, rws in zip(order, res, strict=True):
-                for (rank, _, _), rw in zip(by_part[i], rws, strict=True):
+            res = ex.map(write_spooled, *zip(*args, strict=True)) if ex else (
+                write_spooled(*a) for a in args)
+            for ranks, rws in zip(ranks_of, res, strict=True):
+                for rank, rw in zip(ranks, rws, strict=True):
                     count(rank, rw)
                 bar.advance()
         return rows

@@ -100,3 +100,23 @@ def test_failures_leave_nothing(tmp_path, jobs):
     with pytest.raises(TraceFormatError, match="appears in two files"):
         ingest(dup, tmp_path / "dup.retime", layout="rank", jobs=jobs, progress=False)
     assert sorted(x.name for x in tmp_path.iterdir()) == ["bad", "dup"]
+
+
+def test_dask_workers_spool_and_release(dlrm, tmp_path):
+    """On Dask the workers spool their parts (nothing kept between the stages), the store
+    equals the local one, no spool is left, and the workers hand freed memory back."""
+    distributed = pytest.importorskip("distributed")
+    from retime.collectors.distributed import ingest_distributed, release_memory
+
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                  dashboard_address=None) as lc, \
+            distributed.Client(lc, set_as_default=False) as client:
+        out = tmp_path / "d.retime"
+        res = ingest_distributed(DLRM, client, out, progress=False)
+        assert_same_trace(read_trace(out), dlrm)
+        assert res["ops"] == dlrm.n_ops and not (out / ".spool").exists()
+        # no task result stays on the workers after the job
+        assert not any(client.run(lambda dask_worker: len(dask_worker.data)).values())
+        rss = release_memory(client)
+        assert len(rss) == 2 and all(v > 0 for v in rss.values())
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["d.retime"]
