@@ -9,10 +9,13 @@ wall time, CPU time, GB/s of JSON and the peak RSS of the whole process tree (sa
 ``--jobs`` workers count) for each, and, between sizes, the growth exponent in N.
 
 Peers in the same run: ``ingest`` streamed (the default) against ``--in-memory`` (parse
-every rank, merge the parts, save: the former path), and ``replay``/``report`` against
-``analyze`` on the same store. Figures are printed, never asserted.
+every rank, merge the parts, save: the former path), ``ingest --scheduler`` on a local Dask
+cluster of 2 workers (each worker's peak and after-job RSS), and ``replay``/``report``
+against ``analyze`` on the same store. Figures are printed, never asserted. GB/s is JSON
+bytes per wall second of the whole command.
 
-    python bench/scale.py [--ranks 8 32] [--jobs 1] [--keep DIR] [--skip CMD ...]
+    python bench/scale.py [--ranks 8 32] [--jobs 1] [--layout rank] [--workdir DIR]
+                          [--skip ingest-memory dask analyze replay whatif report]
 """
 
 from __future__ import annotations
@@ -138,9 +141,38 @@ def run(cmd: list[str], label: str) -> dict:
     return res
 
 
+def dask_ingest(src: Path, out: Path, workers: int = 2) -> dict:
+    """``retime ingest --scheduler`` on a LocalCluster of ``workers`` processes started
+    here: the command's own figures plus each worker's peak RSS during the job and its RSS
+    after it (the workers are sampled on their own: they are not the command's children)."""
+    import psutil
+    from distributed import Client, LocalCluster
+
+    # the workers import this checkout's retime, as the command does
+    os.environ["PYTHONPATH"] = str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
+                      dashboard_address=None) as lc, Client(lc, set_as_default=False) as c:
+        pids = list(c.run(os.getpid).values())
+        base = max(psutil.Process(p).memory_info().rss for p in pids)
+        mons = [TreeRss(p) for p in pids]
+        r = run(["ingest", str(src), "-o", str(out), "--scheduler", lc.scheduler_address,
+                 "--force"], f"ingest --scheduler ({workers} workers)")
+        peaks = [m.stop() for m in mons]
+        time.sleep(1.0)
+        after = max(psutil.Process(p).memory_info().rss for p in pids)
+    r.update(worker_peak_gb=max(peaks) / 1e9, worker_after_gb=after / 1e9,
+             worker_base_gb=base / 1e9)
+    return r
+
+
 def line(r: dict, gb: float | None = None) -> str:
     rate = f", {gb / r['wall_s']:.2f} GB/s" if gb else ""
     tail = f"   exit {r['rc']}: {r['error']}" if r.get("error") else ""
+    if "worker_peak_gb" in r:
+        tail += (f"; per worker: peak {r['worker_peak_gb']:.2f} GB, after the job "
+                 f"{r['worker_after_gb']:.2f} GB (idle before: {r['worker_base_gb']:.2f} GB)")
     return (f"  {r['label']:<34} wall {r['wall_s']:6.1f} s  CPU {r['cpu_s']:6.1f} s  "
             f"peak RSS (tree) {r['rss_gb']:5.2f} GB{rate}{tail}")
 
@@ -151,7 +183,7 @@ def exponent(xs: list[int], ys: list[float]) -> float:
     return float(np.polyfit(lx, ly, 1)[0]) if len(xs) > 1 else math.nan
 
 
-STEPS = ("ingest", "ingest-memory", "analyze", "replay", "whatif", "report")
+STEPS = ("ingest", "ingest-memory", "dask", "analyze", "replay", "whatif", "report")
 
 
 def main() -> None:
@@ -186,6 +218,10 @@ def main() -> None:
                 shutil.rmtree(mem, ignore_errors=True)
                 if "ingest" in a.skip:
                     store = mem
+            if "dask" not in a.skip:
+                dk = base / f"dask-{n}.retime"
+                rows.append((dask_ingest(src, dk), gb))
+                shutil.rmtree(dk, ignore_errors=True)
             shutil.rmtree(src, ignore_errors=True)
             if "analyze" not in a.skip:
                 rows.append((run(["analyze", str(store), "--json"], "analyze"), None))
@@ -213,13 +249,18 @@ def main() -> None:
                           f"{by[k]['rss_gb'] / an['rss_gb']:.2f}x", flush=True)
             shutil.rmtree(store, ignore_errors=True)
         if len(a.ranks) > 1:
-            print(f"growth exponent in N ({a.ranks[0]} to {a.ranks[-1]} ranks):")
+            print(f"growth exponent in N ({a.ranks[0]} to {a.ranks[-1]} ranks; wall time is "
+                  "inflated by other load on a shared machine, CPU time less so):")
             for label, xs in results.items():
                 ok = [(n, r) for n, r in xs if not r.get("error")]
                 if len(ok) > 1:
                     ns = [n for n, _ in ok]
-                    print(f"  {label:<34} time {exponent(ns, [r['wall_s'] for _, r in ok]):.2f}, "
-                          f"peak RSS {exponent(ns, [r['rss_gb'] for _, r in ok]):.2f}")
+                    extra = (f", worker peak RSS "
+                             f"{exponent(ns, [r['worker_peak_gb'] for _, r in ok]):.2f}"
+                             if "worker_peak_gb" in ok[0][1] else "")
+                    print(f"  {label:<34} wall {exponent(ns, [r['wall_s'] for _, r in ok]):.2f}, "
+                          f"CPU {exponent(ns, [r['cpu_s'] for _, r in ok]):.2f}, peak RSS "
+                          f"{exponent(ns, [r['rss_gb'] for _, r in ok]):.2f}{extra}")
     finally:
         shutil.rmtree(base, ignore_errors=True)
 
