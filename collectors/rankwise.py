@@ -163,9 +163,11 @@ def write_rank(part: RankPart, sub: int, plan: dict[str, Any], root: str) -> dic
 
 
 # ---------------------------------------------------------------- local ingest
-def parse_and_spool(path: str, spool: str) -> tuple[tuple[RankPart, list[int]], str]:
-    """Stage 1 (in a worker with ``jobs > 1``): parse, spool the part, return its skeleton."""
-    part = parse_kineto_file(path)
+def parse_and_spool(path: str, spool: str, on_stage=None, on_bytes=None
+                    ) -> tuple[tuple[RankPart, list[int]], str]:
+    """Stage 1 (in a worker with ``jobs > 1``): parse, spool the part, return its skeleton
+    (``on_stage``/``on_bytes``: :func:`parse_kineto_file`'s progress callbacks)."""
+    part = parse_kineto_file(path, on_stage=on_stage, on_bytes=on_bytes)
     with open(spool, "wb") as fh:
         pickle.dump(part, fh, protocol=pickle.HIGHEST_PROTOCOL)
     return skeleton(part), spool
@@ -234,12 +236,24 @@ def ingest_kineto(paths: list[str | os.PathLike[str]], output: str | os.PathLike
         ex = ProcessPoolExecutor(max_workers=min(jobs, len(files))) if jobs > 1 and \
             len(files) > 1 else None
         try:
-            with progress_bar(len(files), "parsing traces", progress) as bar:
-                it = (ex.map(parse_and_spool, [str(f) for f in files], spools) if ex else
-                      (parse_and_spool(str(f), s) for f, s in zip(files, spools, strict=True)))
-                for sk, _ in it:
-                    skels.append(sk)
-                    bar.advance()
+            if len(files) == 1:  # one (possibly huge) file: MB read, then the build stages
+                try:
+                    size_mb = files[0].stat().st_size / 1e6
+                except OSError:
+                    size_mb = 0.0
+                with progress_bar(round(size_mb + 3, 1), f"ingesting {files[0].name} (MB)",
+                                  progress) as bar:
+                    skels.append(parse_and_spool(
+                        str(files[0]), spools[0], on_stage=lambda _s: bar.advance(),
+                        on_bytes=lambda n: bar.advance(n / 1e6))[0])
+            else:
+                with progress_bar(len(files), "parsing traces", progress) as bar:
+                    it = (ex.map(parse_and_spool, [str(f) for f in files], spools) if ex else
+                          (parse_and_spool(str(f), s)
+                           for f, s in zip(files, spools, strict=True)))
+                    for sk, _ in it:
+                        skels.append(sk)
+                        bar.advance()
             skel = merge_parts([s[0] for s in skels], skipped)
             plan = plans(skel, skels)
             rows = _write_all(tmp, layout, plan, spools, ex, progress)
