@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from retime.collectors.arrays import unique
 from retime.collectors.enums import EdgeKind, OpKind
 from retime.collectors.errors import RetimeError
 
@@ -98,11 +99,11 @@ def _from_trace(t):
     n_virt = 0
     if has.any():
         ids = np.flatnonzero(has)
-        _, inv, cnt = np.unique(coll[ids], return_inverse=True, return_counts=True)
+        _, inv, cnt = unique(coll[ids], return_inverse=True, return_counts=True)
         multi = cnt[inv] >= 2
         ids, inv = ids[multi], inv[multi]
         if len(ids):
-            _, inv = np.unique(inv, return_inverse=True)
+            _, inv = unique(inv, return_inverse=True)
             n_virt = int(inv.max()) + 1
             vnode = np.full(n, -1, np.int64)
             vnode[ids] = n + inv

@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from retime.collectors.arrays import isin, unique
 from retime.collectors.enums import EdgeKind, LaneKind, OpKind, Phase
 
 from ._util import as_trace
@@ -100,7 +101,7 @@ def hierarchy(x: Any, *, ranks: list[int] | None = None) -> pd.DataFrame:
     t = as_trace(x)
     o = t.ops
     names = np.asarray(t.strings, dtype=object)
-    keep = np.ones(len(o), bool) if ranks is None else np.isin(o["rank"].to_numpy(), ranks)
+    keep = np.ones(len(o), bool) if ranks is None else isin(o["rank"].to_numpy(), ranks)
     kind = o["kind"].to_numpy()
     lane = o["lane"].to_numpy().astype(np.int64)
     lanes = t.lanes
@@ -136,7 +137,7 @@ def hierarchy(x: Any, *, ranks: list[int] | None = None) -> pd.DataFrame:
 
     # ---- host instances: ranges and leaf operators, per CPU thread
     r = t.ranges
-    rkeep = np.ones(len(r), bool) if ranks is None else np.isin(r["rank"].to_numpy(), ranks)
+    rkeep = np.ones(len(r), bool) if ranks is None else isin(r["rank"].to_numpy(), ranks)
     r_name = names[r["name_id"].to_numpy()] if len(r) else np.zeros(0, object)
     not_step = np.asarray([not str(s).startswith("ProfilerStep#") for s in r_name], bool)
     rsel = np.flatnonzero(rkeep & not_step)
@@ -183,7 +184,7 @@ def hierarchy(x: Any, *, ranks: list[int] | None = None) -> pd.DataFrame:
             add(launches, nd, int(g_n))
             add(launch_ns, nd, int(g_dur))
     # ---- GPU ops: below the node around their launch, else step / phase (/ layer / module)
-    gpu = np.flatnonzero(keep & ~on_cpu & np.isin(kind, [int(k) for k in _DEVICE_KINDS]))
+    gpu = np.flatnonzero(keep & ~on_cpu & isin(kind, [int(k) for k in _DEVICE_KINDS]))
     layer = o["layer"].to_numpy()
     # one pass per distinct (launch node | step, phase, layer) and name, not per op (millions
     # on a large run): groups in order of first appearance, so the nodes are created in the
@@ -257,7 +258,7 @@ def _host_instances(tree: _Tree, names: np.ndarray, ev_lane, ev_s, ev_e, ev_t, e
         st_r[ok], ph_r[ok] = step[qq], phase[qq]
         st_top[~is_op], ph_top[~is_op] = st_r, ph_r
     # step and phase nodes keyed by their names (phases without a name share one)
-    pu, pinv = np.unique(ph_top, return_inverse=True)
+    pu, pinv = unique(ph_top, return_inverse=True)
     pu_name = np.asarray([_PHASE_NAME.get(int(x), "unattributed") for x in pu], dtype=object)
     name_code, name_uni = pd.factorize(pu_name)
     ph_code = name_code[pinv.reshape(-1)].astype(np.int64)
@@ -326,7 +327,7 @@ def _first_at_many(keys_l: np.ndarray, keys_s: np.ndarray, ln: np.ndarray,
     out = np.full(len(ln), -1, np.int64)
     if not len(ln):
         return out
-    u, a = np.unique(ln, return_index=True)
+    u, a = unique(ln, return_index=True)
     bounds = np.r_[a, len(ln)]
     lo = np.searchsorted(keys_l, u, side="left")
     hi = np.searchsorted(keys_l, u, side="right")
