@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from retime.cli import FORCE_HELP, app, check_output, emit_json, say
+from retime.cli import FORCE_HELP, app, check_output, emit_json, keep_freed_memory, say
 from retime.collectors.errors import RetimeError
 
 #: exit code of `retime compare` when the candidate regressed beyond the threshold
@@ -24,32 +24,6 @@ class Paper(str, Enum):
 
 #: in a report's CSV folder: what the tables were made from (its HTML and PDF forms share it)
 SOURCE_MARK = ".retime-report-source"
-
-
-def keep_freed_memory() -> None:
-    """Let this process reuse the memory it frees instead of handing it back to the system.
-
-    glibc gives each array of more than a few MB its own mapping and returns it when freed,
-    so an analysis that makes many temporaries of millions of ops page-faults them all in
-    again: on a 2-core VM, 3.5 s of system time out of 11.5 s CPU for the report of a
-    128-rank run (2.2 M ops); with arrays up to 32 MB served from the heap and the heap
-    kept, 2 s. Peak memory is the same high-water mark (+3% measured). A no-op off glibc.
-    Only the CLI's report calls it (its process ends with the command).
-    """
-    import ctypes
-    import ctypes.util
-
-    name = ctypes.util.find_library("c")
-    try:
-        libc = ctypes.CDLL(name) if name else None
-        mallopt = getattr(libc, "mallopt", None)
-    except OSError:
-        mallopt = None
-    if mallopt is None:
-        return
-    m_trim_threshold, m_mmap_threshold = -1, -3  # glibc's malloc.h
-    mallopt(m_mmap_threshold, 32 << 20)
-    mallopt(m_trim_threshold, 1 << 30)
 
 
 def _source_key(source: Path, baseline: Path | None) -> str:
