@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from retime.cli import FORCE_HELP, app, check_output, emit_json, keep_freed_memory, say
+from retime.cli import FORCE_HELP, app, check_output, emit_json, say
 from retime.collectors.errors import PolicyError
 
 
@@ -79,7 +79,6 @@ def replay_cmd(
     if cluster is not None:
         from retime.collectors.costs import read_cluster
         cl = read_cluster(cluster)
-    keep_freed_memory()
     trace = read_trace(trace_dir)
     if cal is not None:
         from retime.collectors.calibrate import attach
