@@ -269,4 +269,54 @@ def _clip_to_windows(op_r, s, e, wptr, ws, we):  # pragma: no cover - compiled
     return idx, win, cs, ce
 
 
+@njit(cache=True)
+def _host_nesting(lane, s, e, ty):  # pragma: no cover - compiled
+    """Nesting of host instances on their threads (the attribution tree's stack walk).
+
+    Events come sorted by (lane, start, -end, type). An instance (``ty`` 0 range, 1 leaf
+    operator) is enclosed by the instance on top of its lane's stack; the stack pops the
+    instances that ended at or before the event's start. A runtime call (``ty`` 2) is only
+    attributed to the top of the stack.
+
+    Parameters
+    ----------
+    lane, s, e, ty : int64[n]  lane, start and end (ns) and type of each event, sorted
+
+    Returns
+    -------
+    parent : int64[n]  the enclosing instance's event index, -1 for none
+    depth : int64[n]   instances: 0 for outermost, parent's depth + 1; calls: -1
+    child_ns : int64[n]  instances: time covered by their direct children (each child
+        clipped at the instance's end)
+    """
+    n = lane.shape[0]
+    parent = np.full(n, -1, np.int64)
+    depth = np.full(n, -1, np.int64)
+    child = np.zeros(n, np.int64)
+    stack = np.empty(n, np.int64)
+    top = 0
+    cur = np.int64(-1)
+    for j in range(n):
+        if j == 0 or lane[j] != cur:
+            cur = lane[j]
+            top = 0
+        while top > 0 and s[j] >= e[stack[top - 1]]:
+            top -= 1
+        if ty[j] == 2:
+            if top > 0:
+                parent[j] = stack[top - 1]
+            continue
+        if top > 0:
+            p = stack[top - 1]
+            parent[j] = p
+            depth[j] = depth[p] + 1
+            end = e[j] if e[j] < e[p] else e[p]
+            child[p] += end - s[j]
+        else:
+            depth[j] = 0
+        stack[top] = j
+        top += 1
+    return parent, depth, child
+
+
 watch_compiles()  # say so on stderr when these kernels compile on first use

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from retime.collectors.arrays import isin, unique
 from retime.collectors.enums import LaneKind, OpKind
 from retime.collectors.errors import RetimeError
 from retime.collectors.kernel_classes import is_comm_kernel
@@ -83,11 +84,11 @@ def comm_mask(trace: Trace) -> np.ndarray:
     so that the breakdown counts as communication what kernel stats call communication."""
     o = trace.ops
     kind = o["kind"].to_numpy()
-    m = np.isin(kind, COMM_KINDS)
+    m = isin(kind, COMM_KINDS)
     if len(o) and len(trace.strings) and "name_id" in o.columns:
         k = kind == int(OpKind.KERNEL)
         nid = o["name_id"].to_numpy()
-        used = np.unique(nid[k])
+        used = unique(nid[k])
         by_name = np.zeros(len(trace.strings), bool)
         by_name[used] = [is_comm_kernel(str(trace.strings[i])) for i in used.tolist()]
         m |= k & by_name[nid]
@@ -165,7 +166,7 @@ def clip_to_windows(trace: Trace, mask: np.ndarray, w: pd.DataFrame,
     s = o["start_ns"].to_numpy() if start_ns is None else start_ns
     e = (s + o["dur_ns"].to_numpy()) if end_ns is None else end_ns
     wr = w["rank"].to_numpy().astype(np.int64)
-    ur = np.unique(wr)
+    ur = unique(wr)
     wptr = np.searchsorted(wr, np.r_[ur, ur[-1] + 1]).astype(np.int64)
     ranks = o["rank"].to_numpy().astype(np.int64)
     pos = np.minimum(np.searchsorted(ur, ranks), len(ur) - 1)
@@ -195,6 +196,6 @@ def _keep_step_mask(ranks: np.ndarray, steps: np.ndarray) -> np.ndarray:
     r = np.asarray(ranks).astype(np.int64, copy=False)
     st = np.asarray(steps) >= 0
     if r.min() < 0:  # not a rank number: the general (sorting) way
-        return st | ~np.isin(r, np.unique(r[st]))
+        return st | ~isin(r, unique(r[st]))
     has = np.bincount(r[st], minlength=int(r.max()) + 1) > 0
     return st | ~has[r]

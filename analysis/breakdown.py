@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from retime.collectors.arrays import isin, unique
 from retime.collectors.enums import LaneKind
 
 from ._kernels import _clip_to_windows, _union_len_grouped
@@ -40,6 +41,7 @@ from ._util import (
     HOST_KINDS,
     MEM_KINDS,
     _lane_kind_of_ops,
+    _memo,
     as_trace,
     clip_to_windows,
     comm_mask,
@@ -79,14 +81,14 @@ def _host_ranges_in_windows(t, w: pd.DataFrame) -> tuple[np.ndarray, np.ndarray,
     cpu_lanes = lanes["lane"].to_numpy()[lanes["lane_kind"].to_numpy() == int(LaneKind.CPU_THREAD)]
     names = np.asarray(t.strings, dtype=object)
     is_step = pd.Series(names).str.contains(_STEP_RANGE_RE, regex=True).to_numpy()
-    keep = np.isin(r["lane"].to_numpy(), cpu_lanes) & ~is_step[r["name_id"].to_numpy()]
-    dev_ranks = np.unique(t.ops["rank"].to_numpy()[device_mask(t) & (
+    keep = isin(r["lane"].to_numpy(), cpu_lanes) & ~is_step[r["name_id"].to_numpy()]
+    dev_ranks = unique(t.ops["rank"].to_numpy()[device_mask(t) & (
         _lane_kind_of_ops(t) != int(LaneKind.CPU_THREAD))])
-    keep &= np.isin(r["rank"].to_numpy(), dev_ranks)
+    keep &= isin(r["rank"].to_numpy(), dev_ranks)
     if not keep.any():
         return z, z, z
     wr = w["rank"].to_numpy().astype(np.int64)
-    ur = np.unique(wr)
+    ur = unique(wr)
     wptr = np.searchsorted(wr, np.r_[ur, ur[-1] + 1]).astype(np.int64)
     rk = r["rank"].to_numpy().astype(np.int64)
     pos = np.minimum(np.searchsorted(ur, rk), len(ur) - 1)
@@ -118,18 +120,23 @@ def breakdown(x: Any, *, by: str = "step") -> pd.DataFrame:
         from retime.collectors.errors import RetimeError
         raise RetimeError(f"breakdown(by={by!r}): choose 'step' or 'rank'")
     t = as_trace(x)
+    # a report asks for it from several sections: computed once per trace in a memo scope
+    return _memo(t, f"breakdown:{by}", lambda: _breakdown(t, by)).copy()
+
+
+def _breakdown(t: Any, by: str) -> pd.DataFrame:
     o = t.ops
     kind = o["kind"].to_numpy()
     w = step_windows(t) if by == "step" else rank_windows(t)
     n = len(w)
     dev = device_mask(t)
-    host = host_mask(t) & np.isin(kind, HOST_KINDS)
+    host = host_mask(t) & isin(kind, HOST_KINDS)
     # a CPU-only rank computes on its CPU threads
     cpu_dev = dev & (_lane_kind_of_ops(t) == int(LaneKind.CPU_THREAD))
     is_comm = comm_mask(t)
-    c = dev & ~is_comm & (np.isin(kind, COMPUTE_KINDS) | (cpu_dev & np.isin(kind, HOST_KINDS)))
+    c = dev & ~is_comm & (isin(kind, COMPUTE_KINDS) | (cpu_dev & isin(kind, HOST_KINDS)))
     m = dev & is_comm
-    y = dev & np.isin(kind, MEM_KINDS)
+    y = dev & isin(kind, MEM_KINDS)
     # every op of interest cut at the windows it overlaps (once: the masks select pieces)
     idx, gidx, start, end = clip_to_windows(t, c | m | y | host, w)
     c, m, y, host = c[idx], m[idx], y[idx], host[idx]

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from retime.collectors.arrays import isin
 from retime.collectors.enums import CommOp
 
 from ._util import COMM_KINDS, as_trace, op_ends_ns
@@ -41,7 +42,7 @@ def busbw_factor(comm_op: np.ndarray | int, n_ranks: np.ndarray | int) -> np.nda
         frac = np.where(n > 0, (n - 1) / n, 0.0)
     f = np.ones(np.broadcast(op, n).shape, np.float64)
     f = np.where(op == int(CommOp.ALL_REDUCE), 2 * frac, f)
-    f = np.where(np.isin(op, [int(CommOp.ALL_GATHER), int(CommOp.REDUCE_SCATTER),
+    f = np.where(isin(op, [int(CommOp.ALL_GATHER), int(CommOp.REDUCE_SCATTER),
                               int(CommOp.ALL_TO_ALL)]), frac, f)
     return f
 
@@ -55,7 +56,7 @@ def matched_coll_ids(x: Any) -> np.ndarray:
     """The ``coll_id`` of every matched instance (module docstring), sorted."""
     t = as_trace(x)
     o = t.ops
-    m = np.isin(o["kind"].to_numpy(), COMM_KINDS) & (o["coll_id"].to_numpy() >= 0)
+    m = isin(o["kind"].to_numpy(), COMM_KINDS) & (o["coll_id"].to_numpy() >= 0)
     if not m.any():
         return np.zeros(0, np.int64)
     df = pd.DataFrame({"c": o["coll_id"].to_numpy()[m], "r": o["rank"].to_numpy()[m],
@@ -84,7 +85,7 @@ def collectives(x: Any) -> pd.DataFrame:
     """
     t = as_trace(x)
     o = t.ops
-    m = np.isin(o["kind"].to_numpy(), COMM_KINDS)
+    m = isin(o["kind"].to_numpy(), COMM_KINDS)
     idx = np.flatnonzero(m)
     coll = o["coll_id"].to_numpy()[idx]
     start = o["start_ns"].to_numpy()[idx]
@@ -122,7 +123,7 @@ def collectives(x: Any) -> pd.DataFrame:
     gs = (pd.Series(sizes, dtype=np.int64).reindex(gid, fill_value=0).to_numpy()
           if sizes else np.zeros(len(gid), np.int64))
     s.insert(5, "n_ranks", np.where(gs > 0, gs, s["members"].to_numpy()))
-    ok = np.isin(s["coll_id"].to_numpy(), matched_coll_ids(t))
+    ok = isin(s["coll_id"].to_numpy(), matched_coll_ids(t))
     s["matched"] = ok
     s["skew_ns"] = np.where(ok, s["last_start_ns"] - s["first_start_ns"], np.nan)
     s["wait_ns"] = np.where(ok, s["wait_ns"], np.nan)
@@ -182,8 +183,8 @@ def rank_wait(x: Any) -> pd.DataFrame:
     ``wait_ns``, ``last_arrivals``."""
     t = as_trace(x)
     o = t.ops
-    m = np.isin(o["kind"].to_numpy(), COMM_KINDS) & (o["coll_id"].to_numpy() >= 0)
-    m &= np.isin(o["coll_id"].to_numpy(), matched_coll_ids(t))  # matched instances only
+    m = isin(o["kind"].to_numpy(), COMM_KINDS) & (o["coll_id"].to_numpy() >= 0)
+    m &= isin(o["coll_id"].to_numpy(), matched_coll_ids(t))  # matched instances only
     df = pd.DataFrame({"rank": o["rank"].to_numpy()[m], "coll_id": o["coll_id"].to_numpy()[m],
                        "start_ns": o["start_ns"].to_numpy()[m]})
     if len(df) == 0:

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from retime.collectors.arrays import isin, unique
 from retime.collectors.enums import LaneKind, OpKind
 from retime.collectors.steps import device_lane_mask
 
@@ -80,12 +81,21 @@ def unseen_work(x: Any) -> dict[str, int]:
     s = o["start_ns"].to_numpy().astype(np.int64)
     dur = o["dur_ns"].to_numpy().astype(np.int64)
     rt = (kind == int(OpKind.RUNTIME)) & ~gpu
+    if not rt.any() and not (lk == int(LaneKind.CPU_THREAD)).any():
+        # no host side at all (a synthesized run): launches are not recorded, not missing
+        out["gpu_ops"] = int(gpu.sum())
+        out["gpu_ns"] = int(dur[gpu].sum())
+        w = step_windows(t)
+        if len(w):
+            _, _, cs, ce = clip_to_windows(t, gpu, w)
+            out["outside_steps_ns"] = int(dur[gpu].sum() - (ce - cs).sum())
+        return out
     glaunch = rt & _name_mask(t, _GRAPH_LAUNCH)
     launch = rt & _name_mask(t, _LAUNCH) & ~glaunch
     key = rank * (1 << 40) + corr
-    rt_keys = np.unique(key[rt & (corr >= 0)])
-    gpu_keys = np.unique(key[gpu & (corr >= 0)])
-    launched = gpu & (corr >= 0) & np.isin(key, rt_keys)
+    rt_keys = unique(key[rt & (corr >= 0)])
+    gpu_keys = unique(key[gpu & (corr >= 0)])
+    launched = gpu & (corr >= 0) & isin(key, rt_keys)
     nol = gpu & ~launched
     out["gpu_ops"] = int(gpu.sum())
     out["gpu_ns"] = int(dur[gpu].sum())
@@ -102,10 +112,10 @@ def unseen_work(x: Any) -> dict[str, int]:
         _, _, cs, ce = clip_to_windows(t, gpu, w)
         out["outside_steps_ns"] = int(dur[gpu].sum() - (ce - cs).sum())
     out["launches"] = int(launch.sum())
-    no_op = launch & ~np.isin(key, gpu_keys)
+    no_op = launch & ~isin(key, gpu_keys)
     out["launches_without_gpu_op"] = int(no_op.sum())
     out["graph_launches"] = int(glaunch.sum())
-    out["graph_launch_gpu_ops"] = int((gpu & np.isin(key, key[glaunch])).sum())
+    out["graph_launch_gpu_ops"] = int((gpu & isin(key, key[glaunch])).sum())
     cap, n_cap = _in_capture(t, rt, no_op)
     out["captured_launches"] = int(cap.sum())
     out["captures"] = n_cap
@@ -125,7 +135,7 @@ def _in_capture(t, rt: np.ndarray, cand: np.ndarray) -> tuple[np.ndarray, int]:
     s = o["start_ns"].to_numpy().astype(np.int64)
     e = s + o["dur_ns"].to_numpy().astype(np.int64)
     n = 0
-    for ln in np.unique(lane[beg]).tolist():
+    for ln in unique(lane[beg]).tolist():
         on = lane == ln
         bs = np.sort(e[beg & on])
         es = np.sort(s[end & on])

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from retime.collectors.arrays import unique
 from retime.collectors.enums import EdgeKind, OpKind
 from retime.collectors.errors import RetimeError
 
@@ -98,11 +99,11 @@ def _from_trace(t):
     n_virt = 0
     if has.any():
         ids = np.flatnonzero(has)
-        _, inv, cnt = np.unique(coll[ids], return_inverse=True, return_counts=True)
+        _, inv, cnt = unique(coll[ids], return_inverse=True, return_counts=True)
         multi = cnt[inv] >= 2
         ids, inv = ids[multi], inv[multi]
         if len(ids):
-            _, inv = np.unique(inv, return_inverse=True)
+            _, inv = unique(inv, return_inverse=True)
             n_virt = int(inv.max()) + 1
             vnode = np.full(n, -1, np.int64)
             vnode[ids] = n + inv
@@ -133,13 +134,19 @@ def _from_trace(t):
     dur_all = np.concatenate([dur, np.zeros(n_virt, np.int64)])
     prio = np.concatenate([np.ones(n, np.int64), np.zeros(n_virt, np.int64)])
     own = np.concatenate([start, key[n:]])
-    topo = np.lexsort((np.arange(n_all), own, prio, key)).astype(np.int64)
+    # by (key, prio, own), ties by index (lexsort is stable); the 0/1 prio folded into key
+    # where it fits: two sort passes instead of four on millions of ops
+    if n_all and -(1 << 61) < int(key.min()) and int(key.max()) < (1 << 61):
+        topo = np.lexsort((own, key * 2 + prio)).astype(np.int64)
+    else:
+        topo = np.lexsort((own, prio, key)).astype(np.int64)
     pos = np.empty(n_all, np.int64)
     pos[topo] = np.arange(n_all)
     fwd = pos[src] < pos[dst]
     dropped = int((~fwd).sum())
     src, dst, w, kd = src[fwd], dst[fwd], w[fwd], kd[fwd]
-    order = np.lexsort((src, dst))
+    order = (np.argsort(dst * n_all + src, kind="stable") if n_all < (1 << 31)
+             else np.lexsort((src, dst)))  # by (dst, src): one pass where it fits
     src, dst, w, kd = src[order], dst[order], w[order], kd[order]
     indptr = np.zeros(n_all + 1, np.int64)
     np.cumsum(np.bincount(dst, minlength=n_all), out=indptr[1:])

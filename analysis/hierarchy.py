@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from retime.collectors.arrays import isin, unique
 from retime.collectors.enums import EdgeKind, LaneKind, OpKind, Phase
 
 from ._util import as_trace
@@ -100,7 +101,7 @@ def hierarchy(x: Any, *, ranks: list[int] | None = None) -> pd.DataFrame:
     t = as_trace(x)
     o = t.ops
     names = np.asarray(t.strings, dtype=object)
-    keep = np.ones(len(o), bool) if ranks is None else np.isin(o["rank"].to_numpy(), ranks)
+    keep = np.ones(len(o), bool) if ranks is None else isin(o["rank"].to_numpy(), ranks)
     kind = o["kind"].to_numpy()
     lane = o["lane"].to_numpy().astype(np.int64)
     lanes = t.lanes
@@ -136,7 +137,7 @@ def hierarchy(x: Any, *, ranks: list[int] | None = None) -> pd.DataFrame:
 
     # ---- host instances: ranges and leaf operators, per CPU thread
     r = t.ranges
-    rkeep = np.ones(len(r), bool) if ranks is None else np.isin(r["rank"].to_numpy(), ranks)
+    rkeep = np.ones(len(r), bool) if ranks is None else isin(r["rank"].to_numpy(), ranks)
     r_name = names[r["name_id"].to_numpy()] if len(r) else np.zeros(0, object)
     not_step = np.asarray([not str(s).startswith("ProfilerStep#") for s in r_name], bool)
     rsel = np.flatnonzero(rkeep & not_step)
@@ -155,83 +156,188 @@ def hierarchy(x: Any, *, ranks: list[int] | None = None) -> pd.DataFrame:
     ev_e = np.r_[r["end_ns"].to_numpy()[rsel].astype(np.int64), end[leaf], end[calls]]
     ev_t = np.r_[np.zeros(len(rsel), np.int64), np.ones(len(leaf), np.int64),
                  np.full(len(calls), 2, np.int64)]
+    ev_c = np.r_[r["name_id"].to_numpy()[rsel].astype(np.int64), nid[leaf].astype(np.int64),
+                 np.full(len(calls), -1, np.int64)]
     ev_i = np.r_[rsel, leaf, calls].astype(np.int64)
     order = np.lexsort((ev_t, -ev_e, ev_s, ev_lane))
+    ev_lane, ev_s, ev_e, ev_t, ev_c, ev_i = (a[order] for a in (ev_lane, ev_s, ev_e, ev_t,
+                                                                ev_c, ev_i))
     # step/phase of each instance: the first host op at or after its start on its lane
     host_ops = np.flatnonzero(on_cpu & ((kind == OpKind.CPU_OP) | (kind == OpKind.RUNTIME)))
     hl_order = host_ops[np.lexsort((start[host_ops], lane[host_ops]))]
-    hl_key_l, hl_key_s = lane[hl_order], start[hl_order]
-    node_of_call = np.full(len(o), -1, np.int64)
-    stack_node: list[int] = []
-    stack_end: list[int] = []
-    stack_inst: list[int] = []
-    inst_dur: list[int] = []
-    inst_node: list[int] = []
-    inst_child: list[int] = []
-    cur_lane = None
-    for j in order.tolist():
-        ln, s_, e_, ty, idx = int(ev_lane[j]), int(ev_s[j]), int(ev_e[j]), int(ev_t[j]), int(ev_i[j])
-        if ln != cur_lane:
-            cur_lane = ln
-            stack_node.clear()
-            stack_end.clear()
-            stack_inst.clear()
-        while stack_end and s_ >= stack_end[-1]:
-            stack_end.pop()
-            stack_node.pop()
-            stack_inst.pop()
-        if ty == 2:  # a runtime call: counts for its enclosing node
-            node_of_call[idx] = stack_node[-1] if stack_node else -1
-            continue
-        if stack_node:
-            parent = stack_node[-1]
-            inst_child[stack_inst[-1]] += min(e_, stack_end[-1]) - s_
-        else:
-            if ty == 1:
-                st_, ph_ = int(step[idx]), int(phase[idx])
-            else:
-                p = _first_at(hl_key_l, hl_key_s, ln, s_)
-                q = hl_order[p] if p >= 0 else -1
-                st_ = int(step[q]) if q >= 0 else -1
-                ph_ = int(phase[q]) if q >= 0 else -1
-            parent = ph_node(st_, ph_)
-        nm = str(names[nid[idx]]) if ty == 1 else str(r_name[idx])
-        node = tree.child(parent, nm, "operator" if ty == 1 else _range_level(nm))
-        tree.count[node] += 1
-        inst_dur.append(e_ - s_)
-        inst_node.append(node)
-        inst_child.append(0)
-        stack_node.append(node)
-        stack_end.append(e_)
-        stack_inst.append(len(inst_dur) - 1)
-    for d_, nd, ch in zip(inst_dur, inst_node, inst_child, strict=True):
-        add(host_excl, nd, d_ - ch)
-    # launch calls: count and time at their enclosing node (or their step/phase)
-    for c in calls[is_launch[calls]].tolist():
-        nd = int(node_of_call[c])
-        if nd < 0:
-            nd = ph_node(int(step[c]), int(phase[c]))
-        add(launches, nd, 1)
-        add(launch_ns, nd, int(dur[c]))
+    node_of_call = _host_instances(tree, names, ev_lane, ev_s, ev_e, ev_t, ev_c,
+                                   ev_i, step, phase, lane[hl_order], start[hl_order],
+                                   hl_order, host_excl, len(o), has_steps)
+    # launch calls: count and time at their enclosing node (or their step/phase), one
+    # pass per distinct node (calls in order: nodes created as a per-call pass would)
+    lcalls = calls[is_launch[calls]]
+    if len(lcalls):
+        nd0 = node_of_call[lcalls]
+        own = nd0 < 0
+        g = pd.DataFrame({"nd": nd0, "step": np.where(own, step[lcalls], 0),
+                          "phase": np.where(own, phase[lcalls], 0),
+                          "dur": dur[lcalls]}).groupby(["nd", "step", "phase"], sort=False)[
+            "dur"].agg(["size", "sum"]).reset_index()
+        for g_nd, g_st, g_ph, g_n, g_dur in zip(*(g[c].tolist() for c in g.columns),
+                                                strict=True):
+            nd = int(g_nd) if g_nd >= 0 else ph_node(int(g_st), int(g_ph))
+            add(launches, nd, int(g_n))
+            add(launch_ns, nd, int(g_dur))
     # ---- GPU ops: below the node around their launch, else step / phase (/ layer / module)
-    gpu = np.flatnonzero(keep & ~on_cpu & np.isin(kind, [int(k) for k in _DEVICE_KINDS]))
+    gpu = np.flatnonzero(keep & ~on_cpu & isin(kind, [int(k) for k in _DEVICE_KINDS]))
     layer = o["layer"].to_numpy()
-    for g in gpu.tolist():
-        lc = int(launch_of[g])
-        nd = int(node_of_call[lc]) if lc >= 0 else -1
+    # one pass per distinct (launch node | step, phase, layer) and name, not per op (millions
+    # on a large run): groups in order of first appearance, so the nodes are created in the
+    # order a per-op pass would create them
+    lc = launch_of[gpu]
+    nd0 = np.where(lc >= 0, node_of_call[np.maximum(lc, 0)], -1)
+    own = nd0 < 0  # below their step / phase (/ layer / module)
+    by_layer = own & (lc < 0) & (not len(r))
+    keys = pd.DataFrame({
+        "nd": nd0, "step": np.where(own, step[gpu], 0), "phase": np.where(own, phase[gpu], 0),
+        "layer": np.where(by_layer, layer[gpu], -2), "name_id": nid[gpu]})
+    grp = keys.assign(dur=dur[gpu]).groupby(list(keys.columns), sort=False)["dur"].agg(
+        ["size", "sum"]).reset_index()
+    for g_nd, g_st, g_ph, g_ly, g_nm, g_n, g_dur in zip(
+            *(grp[c].tolist() for c in grp.columns), strict=True):
+        nd = int(g_nd)
+        nm = str(names[g_nm])
         if nd < 0:
-            nd = ph_node(int(step[g]), int(phase[g]))
-            if lc < 0 and not len(r):
-                nm = str(names[nid[g]])
-                if layer[g] >= 0:
-                    nd = tree.child(nd, f"layer {int(layer[g])}", "layer")
+            nd = ph_node(int(g_st), int(g_ph))
+            if g_ly != -2:  # no launch and a trace without ranges: layer and module
+                if g_ly >= 0:
+                    nd = tree.child(nd, f"layer {int(g_ly)}", "layer")
                 mod = nm.split(".", 1)[0] if "." in nm else ""
                 if mod:
                     nd = tree.child(nd, mod, "module")
-        k = tree.child(nd, str(names[nid[g]]), "kernel")
-        tree.count[k] += 1
-        add(dev_excl, k, int(dur[g]))
+        k = tree.child(nd, nm, "kernel")
+        tree.count[k] += int(g_n)
+        add(dev_excl, k, int(g_dur))
     return _frame(tree, dev_excl, host_excl, launches, launch_ns)
+
+
+def _host_instances(tree: _Tree, names: np.ndarray, ev_lane, ev_s, ev_e, ev_t, ev_c,
+                    ev_i, step, phase, hl_lane, hl_start, hl_order, host_excl: dict,
+                    n_ops: int, has_steps: bool) -> np.ndarray:
+    """Place the host instances (events sorted by lane, start, -end, type) in ``tree``;
+    add their exclusive host time to ``host_excl``; return the node of each runtime call's
+    enclosing instance per op (-1 outside every instance).
+
+    The stack walk is a numba kernel (:func:`analysis._kernels._host_nesting`); the nodes
+    are found per depth, per distinct (parent node, name), and created in the order a walk
+    event by event creates them (step, phase, then instance node of the first event that
+    needs each), so node ids equal the event-by-event walk's.
+    """
+    from ._kernels import _host_nesting
+
+    node_of_call = np.full(n_ops, -1, np.int64)
+    n = len(ev_t)
+    if n == 0:
+        return node_of_call
+    c = np.ascontiguousarray
+    par, dep, child = _host_nesting(c(ev_lane, np.int64), c(ev_s, np.int64),
+                                    c(ev_e, np.int64), c(ev_t, np.int64))
+    tmp = np.full(n, -1, np.int64)  # provisional node of each instance event
+    rows: list[tuple[np.ndarray, ...]] = []  # (parent, code, first event, sub, level kind)
+    nxt = 1
+    # outermost instances: their step and phase (leaf ops their own; ranges from the first
+    # host op at or after their start on their lane, else the last before it)
+    top = np.flatnonzero(dep == 0)
+    st_top = np.full(len(top), -1, np.int64)
+    ph_top = np.full(len(top), -1, np.int64)
+    is_op = ev_t[top] == 1
+    st_top[is_op] = step[ev_i[top[is_op]]]
+    ph_top[is_op] = phase[ev_i[top[is_op]]]
+    rg = top[~is_op]
+    if len(rg):
+        q = _first_at_many(hl_lane, hl_start, ev_lane[rg], ev_s[rg])
+        ok = q >= 0
+        qq = hl_order[q[ok]]
+        st_r = np.full(len(rg), -1, np.int64)
+        ph_r = np.full(len(rg), -1, np.int64)
+        st_r[ok], ph_r[ok] = step[qq], phase[qq]
+        st_top[~is_op], ph_top[~is_op] = st_r, ph_r
+    # step and phase nodes keyed by their names (phases without a name share one)
+    pu, pinv = unique(ph_top, return_inverse=True)
+    pu_name = np.asarray([_PHASE_NAME.get(int(x), "unattributed") for x in pu], dtype=object)
+    name_code, name_uni = pd.factorize(pu_name)
+    ph_code = name_code[pinv.reshape(-1)].astype(np.int64)
+    st_codes, st_uni = pd.factorize(st_top)
+    first_s = _first_index(st_codes, len(st_uni))
+    step_tmp = nxt + np.arange(len(st_uni))
+    nxt += len(st_uni)
+    for k, stv in enumerate(st_uni.tolist()):
+        nm = f"step {stv}" if stv >= 0 else ("outside steps" if has_steps else "all steps")
+        rows.append((0, nm, int(top[first_s[k]]), 0, "step"))
+    ph_codes, ph_uni = pd.factorize(st_codes.astype(np.int64) * (len(name_uni) + 1) + ph_code)
+    first_p = _first_index(ph_codes, len(ph_uni))
+    phase_tmp = nxt + np.arange(len(ph_uni))
+    nxt += len(ph_uni)
+    for k in range(len(ph_uni)):
+        j = int(first_p[k])
+        rows.append((int(step_tmp[st_codes[j]]), str(name_uni[ph_code[j]]), int(top[j]), 1,
+                     "phase"))
+    parent_tmp = phase_tmp[ph_codes]
+    m = int(len(names)) + 1
+    for d in range(int(dep.max()) + 1 if len(dep) else 0):
+        ev = top if d == 0 else np.flatnonzero(dep == d)
+        if d:
+            parent_tmp = tmp[par[ev]]
+        codes, uni = pd.factorize(parent_tmp * m + ev_c[ev])
+        first = _first_index(codes, len(uni))
+        tmp[ev] = nxt + codes
+        for k in range(len(uni)):
+            j = int(ev[first[k]])
+            nm = str(names[ev_c[j]])
+            rows.append((int(parent_tmp[first[k]]), nm, j, 2,
+                         "operator" if ev_t[j] == 1 else _range_level(nm)))
+        nxt += len(uni)
+    # create the nodes in walk order
+    first_ev = np.asarray([x[2] for x in rows], np.int64)
+    sub = np.asarray([x[3] for x in rows], np.int64)
+    final = np.zeros(nxt, np.int64)  # provisional -> tree id (root 0 -> 0)
+    for k in np.lexsort((sub, first_ev)).tolist():
+        p, nm, _, _, lv = rows[k]
+        final[k + 1] = tree.child(int(final[p]), nm, lv)
+    inst = np.flatnonzero(ev_t != 2)
+    node = final[tmp[inst]]
+    cnt = np.bincount(node, minlength=len(tree.count))
+    for i in np.flatnonzero(cnt).tolist():
+        tree.count[i] += int(cnt[i])
+    excl = pd.Series(ev_e[inst] - ev_s[inst] - child[inst]).groupby(node).sum()
+    for k, v in zip(excl.index.tolist(), excl.tolist(), strict=True):
+        host_excl[k] = host_excl.get(k, 0) + int(v)
+    calls = np.flatnonzero(ev_t == 2)
+    pc = par[calls]
+    node_of_call[ev_i[calls]] = np.where(pc >= 0, final[tmp[np.maximum(pc, 0)]], -1)
+    return node_of_call
+
+
+def _first_index(codes: np.ndarray, k: int) -> np.ndarray:
+    """Position of each group's first member (codes 0..k-1 of ``pd.factorize``)."""
+    out = np.full(k, -1, np.int64)
+    pos = np.arange(len(codes))[::-1]
+    out[codes[::-1]] = pos
+    return out
+
+
+def _first_at_many(keys_l: np.ndarray, keys_s: np.ndarray, ln: np.ndarray,
+                   s: np.ndarray) -> np.ndarray:
+    """:func:`_first_at` for many (lane, start) queries (``ln`` sorted ascending)."""
+    out = np.full(len(ln), -1, np.int64)
+    if not len(ln):
+        return out
+    u, a = unique(ln, return_index=True)
+    bounds = np.r_[a, len(ln)]
+    lo = np.searchsorted(keys_l, u, side="left")
+    hi = np.searchsorted(keys_l, u, side="right")
+    for k in range(len(u)):
+        if lo[k] == hi[k]:
+            continue
+        x, y = int(bounds[k]), int(bounds[k + 1])
+        p = lo[k] + np.searchsorted(keys_s[lo[k]:hi[k]], s[x:y], side="left")
+        out[x:y] = np.minimum(p, hi[k] - 1)
+    return out
 
 
 def _first_at(keys_l: np.ndarray, keys_s: np.ndarray, ln: int, s: int) -> int:

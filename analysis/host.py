@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from retime.collectors.arrays import isin, unique
 from retime.collectors.enums import EdgeKind, LaneKind, OpKind
 
 from ._util import as_trace, op_ends_ns, step_windows
@@ -57,7 +58,7 @@ def launch_latency(x: Any) -> pd.DataFrame:
     m = (ek == EdgeKind.LAUNCH) & on_cpu[es] & ~on_cpu[ed] & (kind[es] == OpKind.RUNTIME)
     src, dst = es[m], ed[m]
     if len(dst):  # one launch per GPU op (the first, should a trace hold two)
-        dst, first = np.unique(dst, return_index=True)
+        dst, first = unique(dst, return_index=True)
         src = src[first]
     start = o["start_ns"].to_numpy()
     end = op_ends_ns(t)
@@ -156,16 +157,16 @@ def _launching_thread_busy(t, lat: pd.DataFrame, w: pd.DataFrame) -> pd.DataFram
     """Host busy time (leaf host ops and operator ranges, unioned) of the threads that
     issued launches, per (rank, step) window."""
     o = t.ops
-    lanes_l = np.unique(o["lane"].to_numpy()[lat["launch_op"].to_numpy()])
+    lanes_l = unique(o["lane"].to_numpy()[lat["launch_op"].to_numpy()])
     lane = o["lane"].to_numpy()
     kind = o["kind"].to_numpy()
-    sel = np.isin(lane, lanes_l) & np.isin(kind, [OpKind.CPU_OP, OpKind.RUNTIME])
+    sel = isin(lane, lanes_l) & isin(kind, [OpKind.CPU_OP, OpKind.RUNTIME])
     s = o["start_ns"].to_numpy()[sel]
     e = op_ends_ns(t)[sel]
     rk = o["rank"].to_numpy()[sel]
     r = t.ranges
     names = np.asarray(t.strings, dtype=object)
-    rsel = np.isin(r["lane"].to_numpy(), lanes_l)
+    rsel = isin(r["lane"].to_numpy(), lanes_l)
     if rsel.any():
         is_op = _operator_names(names)[r["name_id"].to_numpy()[rsel]]
         s = np.r_[s, r["start_ns"].to_numpy()[rsel][is_op]]
@@ -232,7 +233,7 @@ def host_ops(x: Any, *, top: int = 20) -> pd.DataFrame:
     ln, s, e = iv["lane"].to_numpy(), iv["s"].to_numpy(), iv["e"].to_numpy()
     # outermost: not inside an earlier interval of the same lane (running max of ends)
     outer = np.ones(len(iv), bool)
-    for lv in np.unique(ln).tolist():
+    for lv in unique(ln).tolist():
         idx = np.flatnonzero(ln == lv)
         run = np.maximum.accumulate(e[idx])
         prev = np.r_[np.iinfo(np.int64).min, run[:-1]]
@@ -244,7 +245,7 @@ def host_ops(x: Any, *, top: int = 20) -> pd.DataFrame:
     ll = lane[lat_src]
     nl = np.zeros(len(top_iv), np.int64)
     ti_l, ti_s, ti_e = (top_iv[c].to_numpy() for c in ("lane", "s", "e"))
-    for lv in np.unique(ti_l).tolist():
+    for lv in unique(ti_l).tolist():
         q = np.flatnonzero(ti_l == lv)
         st = np.sort(ls[ll == lv])
         nl[q] = np.searchsorted(st, ti_e[q], side="left") - np.searchsorted(st, ti_s[q],

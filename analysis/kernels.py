@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from retime.collectors.arrays import isin
 from retime.collectors.enums import OpKind
 from retime.collectors.kernel_classes import CLASS_NAMES, KernelClass, op_classes
 from retime.collectors.kernel_classes import classify_names as _classify_ids
@@ -45,7 +46,7 @@ def kernel_classes(x: Any) -> np.ndarray:
 
 def _device_ops(t) -> np.ndarray:
     kind = t.ops["kind"].to_numpy()
-    return device_mask(t) & np.isin(kind, COMPUTE_KINDS + COMM_KINDS + MEM_KINDS)
+    return device_mask(t) & isin(kind, COMPUTE_KINDS + COMM_KINDS + MEM_KINDS)
 
 
 def kernel_stats(x: Any, *, top: int | None = None, by_rank: bool = False) -> pd.DataFrame:

@@ -15,6 +15,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from retime.collectors.arrays import isin, unique
+
 from ._kernels import _union_len_grouped
 from ._util import (
     COMPUTE_KINDS,
@@ -32,7 +34,7 @@ def rank_stages(x: Any) -> pd.DataFrame:
     """``rank`` -> ``stage`` (most common op stage of the rank, -1 when unknown)."""
     t = as_trace(x)
     o = t.ops
-    ranks = np.unique(o["rank"].to_numpy()) if len(o) else np.zeros(0, np.int32)
+    ranks = unique(o["rank"].to_numpy()) if len(o) else np.zeros(0, np.int32)
     st = o["stage"].to_numpy()
     m = st >= 0
     if m.any():
@@ -57,7 +59,7 @@ def bubbles(x: Any) -> pd.DataFrame:
     key_w = w["rank"].to_numpy().astype(np.int64) * (1 << 32) + (w["step"].to_numpy() + 1)
     gidx = np.minimum(np.searchsorted(key_w, key_ops), max(n - 1, 0))
     ok = (key_w[gidx] == key_ops) if n else np.zeros(len(o), bool)
-    m = device_mask(t) & np.isin(o["kind"].to_numpy(), COMPUTE_KINDS) & ~comm_mask(t)
+    m = device_mask(t) & isin(o["kind"].to_numpy(), COMPUTE_KINDS) & ~comm_mask(t)
     _, g, s, e = clip_to_windows(t, m, w)  # compute inside each window (windows tile)
     order = np.lexsort((s, g))
     comp = (_union_len_grouped(np.ascontiguousarray(g[order], np.int64),
@@ -79,7 +81,7 @@ def bubbles(x: Any) -> pd.DataFrame:
     else:
         out["microbatches"] = 0
     sv = stages.to_numpy()
-    p = len(np.unique(sv[sv >= 0]))
+    p = len(unique(sv[sv >= 0]))
     mbs = out["microbatches"].to_numpy().astype(float)
     out["ideal_bubble_frac"] = np.where((p > 0) & (mbs > 0), (p - 1) / (mbs + p - 1), np.nan)
     return out

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from retime.collectors.arrays import isin
 from retime.collectors.enums import CommOp, LaneKind
 
 from ._util import COMM_KINDS
@@ -49,8 +50,8 @@ def collective_waits(t) -> pd.DataFrame:
     from .comm import matched_coll_ids
 
     o = t.ops
-    m = np.isin(o["kind"].to_numpy(), COMM_KINDS) & (o["coll_id"].to_numpy() >= 0)
-    m &= np.isin(o["coll_id"].to_numpy(), matched_coll_ids(t))  # matched instances only
+    m = isin(o["kind"].to_numpy(), COMM_KINDS) & (o["coll_id"].to_numpy() >= 0)
+    m &= isin(o["coll_id"].to_numpy(), matched_coll_ids(t))  # matched instances only
     df = pd.DataFrame({"rank": o["rank"].to_numpy()[m], "coll": o["coll_id"].to_numpy()[m],
                        "start": o["start_ns"].to_numpy()[m], "op": o["comm_op"].to_numpy()[m]})
     cols = ["rank", "late_rank", "comm_op", "instances", "wait_ns"]

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from retime.collectors.arrays import unique
 from retime.collectors.trace import Trace
 
 from ._util import as_trace
@@ -148,7 +149,7 @@ class RunAnalysis:
     @property
     def n_stages(self) -> int:
         s = self.stages["stage"].to_numpy()
-        return int(len(np.unique(s[s >= 0])))
+        return int(len(unique(s[s >= 0])))
 
     @cached_property
     def pm(self) -> pd.DataFrame:

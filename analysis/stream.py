@@ -35,7 +35,7 @@ from retime.collectors.enums import OpKind
 from retime.collectors.errors import RetimeError
 from retime.collectors.kernel_classes import CLASS_NAMES, op_classes
 from retime.collectors.steps import empty_steps
-from retime.collectors.store import rank_rows, read_small_tables, scan_table, store_layout
+from retime.collectors.store import rank_batches, read_small_tables, scan_table, store_layout
 from retime.collectors.trace import RANGES_SCHEMA, Trace, _frame, read_trace
 
 from ._util import COMM_KINDS, step_windows
@@ -71,28 +71,6 @@ class _Small:
         r = ranges if ranges is not None else _frame(RANGES_SCHEMA, None, "ranges")
         return Trace(ops=ops.reset_index(drop=True), lanes=self.lanes, edges=z, ranges=r,
                      groups=self.groups, memory=z, strings=self.strings, meta=self.meta)
-
-
-def rank_batches(path: str | os.PathLike[str], *,
-                 batch_rows: int = _BATCH_ROWS) -> list[np.ndarray]:
-    """The store's ranks (those with ops) cut into consecutive batches of about
-    ``batch_rows`` ops each (one rank per batch at least)."""
-    if batch_rows < 1:
-        raise RetimeError(f"batch_rows={batch_rows} must be >= 1")
-    rows = rank_rows(path)
-    ranks = np.array(sorted(rows), dtype=np.int64)
-    out: list[np.ndarray] = []
-    cur: list[int] = []
-    n = 0
-    for r in ranks.tolist():
-        if cur and n + rows[r] > batch_rows:
-            out.append(np.array(cur, np.int64))
-            cur, n = [], 0
-        cur.append(r)
-        n += rows[r]
-    if cur:
-        out.append(np.array(cur, np.int64))
-    return out
 
 
 def iter_rank_traces(path: str | os.PathLike[str], *, columns: list[str] | None = None,

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from retime.collectors.arrays import isin, unique
 from retime.collectors.enums import LaneKind, Phase
 
 from ._kernels import _binned_union, _merge_close
@@ -105,7 +106,7 @@ def fold_ranks(trace, step: StepWindow | None = None) -> pd.DataFrame:
     o = trace.ops
     step = step or typical_step(trace)
     m = _step_ops(trace, step.step)
-    ranks_all = np.unique(trace.lanes["rank"].to_numpy()) if len(trace.lanes) else np.zeros(0)
+    ranks_all = unique(trace.lanes["rank"].to_numpy()) if len(trace.lanes) else np.zeros(0)
     if not m.any():
         r = ranks_all.astype(np.int64)
         return pd.DataFrame({"rank": r, "group": np.arange(len(r)), "representative": r,
@@ -118,7 +119,7 @@ def fold_ranks(trace, step: StepWindow | None = None) -> pd.DataFrame:
     ordinal = np.zeros(int(lanes["lane"].max()) + 1, np.int64)
     ordinal[lanes["lane"].to_numpy()] = (lanes["lane"].to_numpy() - first)
     # offsets from the rank's own step start
-    ur, inv = np.unique(rank, return_inverse=True)
+    ur, inv = unique(rank, return_inverse=True)
     rs = np.full(len(ur), np.iinfo(np.int64).max, np.int64)
     np.minimum.at(rs, inv, start)
     rel = start - rs[inv]
@@ -160,10 +161,10 @@ def _activity_of_ops(trace) -> np.ndarray:
     kind = o["kind"].to_numpy()
     dev = device_mask(trace)
     out = np.full(len(o), -1, np.int8)
-    out[host_mask(trace) & np.isin(kind, HOST_KINDS)] = 0
+    out[host_mask(trace) & isin(kind, HOST_KINDS)] = 0
     cpu_dev = dev & (_lane_kind_of_ops(trace) == int(LaneKind.CPU_THREAD))
-    out[dev & (np.isin(kind, COMPUTE_KINDS + MEM_KINDS) | (cpu_dev & np.isin(kind, HOST_KINDS)))] = 1
-    out[dev & np.isin(kind, COMM_KINDS)] = 2
+    out[dev & (isin(kind, COMPUTE_KINDS + MEM_KINDS) | (cpu_dev & isin(kind, HOST_KINDS)))] = 1
+    out[dev & isin(kind, COMM_KINDS)] = 2
     return out
 
 
@@ -189,16 +190,16 @@ def step_segments(trace, step: StepWindow, row_ranks: pd.DataFrame, *,
     m = _step_ops(trace, step.step)
     rr = row_ranks.set_index("rank")["row_group"]
     rank = o["rank"].to_numpy()
-    m &= np.isin(rank, rr.index.to_numpy())
+    m &= isin(rank, rr.index.to_numpy())
     act = _activity_of_ops(trace)
     m &= act >= 0
     idx = np.flatnonzero(m)
     kind = o["kind"].to_numpy()[idx]
-    color = np.where(np.isin(kind, MEM_KINDS), 3, act[idx].astype(np.int64))  # 3: memcpy
+    color = np.where(isin(kind, MEM_KINDS), 3, act[idx].astype(np.int64))  # 3: memcpy
     rowg = rr.reindex(rank[idx]).to_numpy().astype(np.int64)
     s = o["start_ns"].to_numpy()[idx] - step.start_ns
     e = op_ends_ns(trace)[idx] - step.start_ns
-    crit = (np.isin(o["op_id"].to_numpy()[idx], critical_op_ids) if critical_op_ids is not None
+    crit = (isin(o["op_id"].to_numpy()[idx], critical_op_ids) if critical_op_ids is not None
             and len(critical_op_ids) else np.zeros(len(idx), bool))
     frames = []
     gap = int(max(px_ns, 0))
@@ -234,9 +235,9 @@ def pipeline_blocks(trace, step: StepWindow, stage_ranks: pd.DataFrame) -> pd.Da
     ``end_ns`` (from the step start).
     """
     o = trace.ops
-    m = _step_ops(trace, step.step) & device_mask(trace) & np.isin(o["kind"].to_numpy(),
+    m = _step_ops(trace, step.step) & device_mask(trace) & isin(o["kind"].to_numpy(),
                                                                   COMPUTE_KINDS)
-    m &= np.isin(o["rank"].to_numpy(), stage_ranks["rank"].to_numpy())
+    m &= isin(o["rank"].to_numpy(), stage_ranks["rank"].to_numpy())
     idx = np.flatnonzero(m)
     cols = ["stage", "rank", "microbatch", "phase", "chunk", "start_ns", "end_ns"]
     if not len(idx):
@@ -282,7 +283,7 @@ def rank_activity(trace, step: StepWindow, *, bins: int = 240, max_rows: int = 5
     """
     o = trace.ops
     m = _step_ops(trace, step.step)
-    ranks = np.unique(o["rank"].to_numpy()[m]).astype(np.int64)
+    ranks = unique(o["rank"].to_numpy()[m]).astype(np.int64)
     n_r = len(ranks)
     width = max(step.dur_ns, 1)
     bin_ns = width / bins
@@ -296,10 +297,10 @@ def rank_activity(trace, step: StepWindow, *, bins: int = 240, max_rows: int = 5
     kind = o["kind"].to_numpy()
     dev = device_mask(trace)
     cpu_dev = dev & (_lane_kind_of_ops(trace) == int(LaneKind.CPU_THREAD))
-    c = m & dev & (np.isin(kind, COMPUTE_KINDS) | (cpu_dev & np.isin(kind, HOST_KINDS)))
-    cm = m & dev & np.isin(kind, COMM_KINDS)
-    y = m & dev & np.isin(kind, MEM_KINDS)
-    h = m & host_mask(trace) & np.isin(kind, HOST_KINDS)
+    c = m & dev & (isin(kind, COMPUTE_KINDS) | (cpu_dev & isin(kind, HOST_KINDS)))
+    cm = m & dev & isin(kind, COMM_KINDS)
+    y = m & dev & isin(kind, MEM_KINDS)
+    h = m & host_mask(trace) & isin(kind, HOST_KINDS)
     g_all = np.minimum(np.searchsorted(ranks, o["rank"].to_numpy().astype(np.int64)), n_r - 1)
     start = o["start_ns"].to_numpy()
     end = op_ends_ns(trace)

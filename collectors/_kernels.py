@@ -141,21 +141,20 @@ def scan_json_array(buf: np.ndarray, key: bytes, chunk_bytes: int):
 
 
 @njit(cache=True)
-def _latest_done(op_corr, op_end, q_corr, q_t):  # pragma: no cover - compiled
+def _latest_done(op_corr, op_end, q_corr, q_t, by_end, by_corr, q_order):  # pragma: no cover
+    # the stable sorts come in from numpy (by_end: ops by end ascending, ties by position
+    # descending, so the first op wins a tie; by_corr; q_order): numba's merge sort would
+    # add seconds to a fresh install's first compile
     n = op_corr.shape[0]
-    # rank: ops by end ascending, ties by position descending (the first op wins a tie)
-    by_end = np.argsort(-np.arange(n), kind="mergesort")
-    by_end = by_end[np.argsort(op_end[by_end], kind="mergesort")]
     rank = np.empty(n, np.int64)
     ends = np.empty(n, np.int64)
     for r in range(n):
         rank[by_end[r]] = r
         ends[r] = op_end[by_end[r]]
-    by_corr = np.argsort(op_corr, kind="mergesort")
     tree = np.full(n + 1, -1, np.int64)  # Fenwick tree of prefix maxima of inserted ranks
     out = np.full(q_corr.shape[0], -1, np.int64)
     j = 0
-    for q in np.argsort(q_corr, kind="mergesort"):
+    for q in q_order:
         while j < n and op_corr[by_corr[j]] < q_corr[q]:
             r = rank[by_corr[j]]
             i = r + 1
@@ -185,9 +184,15 @@ def latest_done(op_corr: np.ndarray, op_end: np.ndarray, q_corr: np.ndarray,
     prefix maxima over their end ranks.
     """
     ok = np.flatnonzero(np.asarray(op_corr) >= 0)
-    pos = _latest_done(np.ascontiguousarray(np.asarray(op_corr, np.int64)[ok]),
-                       np.ascontiguousarray(np.asarray(op_end, np.int64)[ok]),
-                       np.ascontiguousarray(q_corr, np.int64), np.ascontiguousarray(q_t, np.int64))
+    c = np.ascontiguousarray(np.asarray(op_corr, np.int64)[ok])
+    e = np.ascontiguousarray(np.asarray(op_end, np.int64)[ok])
+    qc = np.ascontiguousarray(q_corr, np.int64)
+    rev = np.arange(len(c) - 1, -1, -1, dtype=np.int64)
+    by_end = rev[np.argsort(e[rev], kind="stable")]
+    pos = _latest_done(c, e, qc, np.ascontiguousarray(q_t, np.int64),
+                       np.ascontiguousarray(by_end, np.int64),
+                       np.argsort(c, kind="stable").astype(np.int64),
+                       np.argsort(qc, kind="stable").astype(np.int64))
     out = np.full(len(pos), -1, np.int64)
     out[pos >= 0] = ok[pos[pos >= 0]]
     return out

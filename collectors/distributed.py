@@ -3,21 +3,25 @@
 Two entry points:
 
 ``ingest_distributed(paths, scheduler, output)`` (what ``retime ingest --scheduler`` runs)
-    writes a rank-partitioned store (:mod:`collectors.store`) without gathering the trace:
+    writes a rank-partitioned store (:mod:`collectors.store`) without gathering the trace,
+    by the stages of :mod:`collectors.rankwise` run on the Dask workers:
 
-    1. each worker parses its file (:func:`collectors.kineto.parse_kineto_file`) and keeps
-       the ``RankPart``; only a *skeleton* comes back here: the part's collective and p2p
-       ops (the ones cross-rank matching needs), its lanes, names and metadata;
+    1. each worker parses its file (:func:`collectors.kineto.parse_kineto_file`), spools
+       the ``RankPart`` into the store's temporary directory and keeps nothing in memory;
+       only a *skeleton* comes back here: the part's collective and p2p ops (the ones
+       cross-rank matching needs), its lanes, names and metadata;
     2. this process merges the skeletons with :func:`collectors.kineto.merge.merge_parts`
        (process groups, collective matching, string table, lanes, meta exactly as a local
        ingest computes them: they depend on those ops only) and derives each rank's plan:
        global op and lane offsets, name-id map, the ``coll_id``/``group_id`` of its
        collective ops;
-    3. each worker writes its own ranks' ``ops``/``edges``/``ranges``/``memory`` files into
-       the store's temporary directory; this process writes the small tables and
-       ``meta.json`` and renames the directory into place once every rank is written (an
-       error or Ctrl-C leaves no store behind).
+    3. each worker reads a spooled part back and writes its ranks' ``ops``/``edges``/
+       ``ranges``/``memory`` files into the store's temporary directory; this process
+       writes the small tables and ``meta.json`` and renames the directory into place once
+       every rank is written (an error or Ctrl-C leaves no store behind). The workers then
+       hand the memory their tasks freed back to the system (:func:`release_memory`).
 
+    A worker holds one part at a time, whatever the number of ranks.
     ``read_trace`` of the result equals the Trace a local ingest gives.
 
 ``read_distributed(paths, scheduler)``
@@ -31,7 +35,6 @@ exports and op-level folders are read locally (``retime ingest`` without ``--sch
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import shutil
 from collections.abc import Iterator
@@ -39,29 +42,24 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 
 from .errors import TraceFormatError
 from .ingest import detect_format, expand_inputs
-from .kineto import RankPart, kineto_files, merge_parts, parse_kineto_file
+from .kineto import kineto_files, merge_parts, parse_kineto_file
 from .progress import progress_bar
-from .store import commit_store, new_store_dir, write_rank_tables
+from .rankwise import SPOOL, parse_and_spool, plans, spooled_writes, write_spooled
+from .store import commit_store, new_store_dir
 from .trace import (
-    EDGES_SCHEMA,
-    MEMORY_SCHEMA,
-    OPS_SCHEMA,
-    RANGES_SCHEMA,
     SCHEMA_VERSION,
     Trace,
-    _frame,
     groups_table,
     strings_table,
     write_meta,
     write_parquet,
 )
 
-__all__ = ["read_distributed", "ingest_distributed"]
+__all__ = ["read_distributed", "ingest_distributed", "release_memory"]
 
 
 def _kineto_inputs(paths: Any, format: str) -> tuple[list[str], dict[str, str]]:
@@ -156,96 +154,11 @@ def read_distributed(paths: list[str | os.PathLike[str]] | str | os.PathLike[str
     with _client(scheduler) as client:
         parts = _gather(client, _parse(client, names), "parsing traces on the cluster",
                         progress)
+        release_memory(client)
     return merge_parts(parts, skipped)
 
 
 # ---------------------------------------------------------------- partitioned ingest
-def _flat(part: RankPart) -> list[RankPart]:
-    return part.export_rank_parts or [part]
-
-
-def _skeleton_one(p: RankPart) -> tuple[RankPart, int, np.ndarray]:
-    comm_op = np.asarray(p.comm["op"], dtype=np.int64)
-    ops = {k: np.asarray(v)[comm_op] for k, v in p.ops.items()}
-    comm = dict(p.comm)
-    comm["op"] = np.arange(len(comm_op), dtype=np.int64)
-    empty = lambda d: {k: np.asarray(v)[:0] for k, v in d.items()}  # noqa: E731
-    sk = dataclasses.replace(p, ops=ops, comm=comm, edges=empty(p.edges),
-                             ranges=empty(p.ranges), memory=empty(p.memory),
-                             export_rank_parts=[])
-    return sk, len(p.ops["start_ns"]), comm_op
-
-
-def _skeleton(part: RankPart) -> tuple[RankPart, list[int]]:
-    """On a worker: the part with only its collective/p2p ops (and each flat sub-part's op
-    count), enough for :func:`merge_parts` to match collectives and build the small tables."""
-    subs = [_skeleton_one(p) for p in _flat(part)]
-    if part.export_rank_parts:
-        sk = dataclasses.replace(part, export_rank_parts=[s[0] for s in subs])
-    else:
-        sk = subs[0][0]
-    return sk, [s[1] for s in subs]
-
-
-def _write_rank(part: RankPart, sub: int, plan: dict[str, Any], root: str) -> dict[str, int]:
-    """On a worker: write flat sub-part ``sub`` of ``part`` with global ids (``plan``) into
-    the store directory ``root``; the same columns :func:`merge_parts` builds."""
-    p = _flat(part)[sub]
-    op_off, lane_off, gmap = plan["op_off"], plan["lane_off"], plan["gmap"]
-    n = len(p.ops["start_ns"])
-    ops: dict[str, Any] = {"op_id": np.arange(op_off, op_off + n, dtype=np.int64)}
-    for k, v in p.ops.items():
-        if k == "lane":
-            v = v + lane_off
-        elif k == "name_id":
-            v = gmap[v] if len(v) else v
-        ops[k] = v
-    ops["rank"] = np.full(n, p.rank, np.int32)
-    comm_op = np.asarray(p.comm["op"], dtype=np.int64)
-    coll_id = np.full(n, -1, np.int64)
-    group_id = np.full(n, -1, np.int32)
-    coll_id[comm_op] = plan["coll_id"]
-    group_id[comm_op] = plan["group_id"]
-    ops["coll_id"], ops["group_id"] = coll_id, group_id
-    edges = {k: (v + op_off if k in ("src", "dst") else v) for k, v in p.edges.items()}
-    nr = len(p.ranges["start_ns"])
-    ranges = {"rank": np.full(nr, p.rank, np.int32), "lane": p.ranges["lane"] + lane_off,
-              "name_id": gmap[p.ranges["name_id"]] if nr else p.ranges["name_id"],
-              **{k: p.ranges[k] for k in ("start_ns", "end_ns", "depth")}}
-    nm = len(p.memory["ts_ns"])
-    memory = {"rank": np.full(nm, p.rank, np.int32),
-              **{k: p.memory[k] for k in ("device", "ts_ns", "bytes_delta", "allocated_bytes",
-                                          "reserved_bytes")}}
-    return write_rank_tables(root, p.rank, {
-        "ops": _frame(OPS_SCHEMA, ops, "ops", n=n), "edges": _frame(EDGES_SCHEMA, edges, "edges"),
-        "ranges": _frame(RANGES_SCHEMA, ranges, "ranges"),
-        "memory": _frame(MEMORY_SCHEMA, memory, "memory")})
-
-
-def _plans(skel: Trace, skeletons: list[tuple[RankPart, list[int]]]) -> list[tuple[int, int, dict]]:
-    """Per flat sub-part (part index, sub index, plan), from the merged skeleton trace."""
-    subs = []
-    for i, (sk, counts) in enumerate(skeletons):
-        for j, (p, n) in enumerate(zip(_flat(sk), counts, strict=True)):
-            subs.append((p.rank, i, j, p, n))
-    subs.sort(key=lambda x: x[0])  # merge_parts orders ranks the same way
-    sid = {s: k for k, s in enumerate(skel.strings)}
-    coll = skel.ops["coll_id"].to_numpy()
-    grp = skel.ops["group_id"].to_numpy()
-    out = []
-    op_off = lane_off = sk_off = 0
-    for _rank, i, j, p, n in subs:
-        k = len(p.comm["op"])
-        out.append((i, j, {"op_off": op_off, "lane_off": lane_off,
-                           "gmap": np.array([sid[s] for s in p.strings], dtype=np.int32),
-                           "coll_id": coll[sk_off:sk_off + k].copy(),
-                           "group_id": grp[sk_off:sk_off + k].copy()}))
-        op_off += n
-        lane_off += len(p.lanes)
-        sk_off += k
-    return out
-
-
 def ingest_distributed(paths: list[str | os.PathLike[str]] | str | os.PathLike[str],
                        scheduler: Any, output: str | os.PathLike[str], *,
                        format: str = "auto", progress: bool | None = None) -> dict[str, Any]:
@@ -268,42 +181,73 @@ def ingest_distributed(paths: list[str | os.PathLike[str]] | str | os.PathLike[s
     """
     names, skipped = _kineto_inputs(paths, format)
     output = Path(output).resolve()
-    with _client(scheduler) as client:
-        parts = _parse(client, names)
-        try:
-            skels = _gather(client, client.map(_skeleton, parts, pure=False),
-                            "parsing traces on the cluster", progress)
+    tmp = new_store_dir(output)
+    try:
+        (tmp / SPOOL).mkdir()
+        spools = [str(tmp / SPOOL / f"part-{i}.pkl") for i in range(len(names))]
+        with _client(scheduler) as client:
+            # the workers keep no part in memory between the stages: each spools its parts
+            # into the store's temporary directory (which they must see anyway)
+            futs = client.map(parse_and_spool, names, spools, pure=False,
+                              key=[f"retime-parse-{i}-{os.getpid()}-{id(names)}"
+                                   for i in range(len(names))])
+            res = _gather(client, futs, "parsing traces on the cluster", progress)
+            skels = [r[0] for r in res]
             skel = merge_parts([s[0] for s in skels], skipped)
-            tmp = new_store_dir(output)
-            try:
-                plans = _plans(skel, skels)
-                futs = [client.submit(_write_rank, parts[i], j, plan, str(tmp), pure=False)
-                        for i, j, plan in plans]
-                rows = _gather(client, futs, "writing ranks on the cluster", progress)
-                partitions: dict[str, dict[str, int]] = {}
-                ranks = [_flat_rank(skels, i, j) for i, j, _ in plans]
-                for r, rw in zip(ranks, rows, strict=True):
-                    for name, nrow in rw.items():
-                        if nrow:
-                            partitions.setdefault(name, {})[str(r)] = int(nrow)
-                write_parquet(pa.Table.from_pandas(skel.lanes, preserve_index=False),
-                              tmp / "lanes.parquet")
-                write_parquet(groups_table(skel.groups), tmp / "groups.parquet")
-                write_parquet(strings_table(skel.strings), tmp / "strings.parquet")
-                meta = {**skel.meta, "schema_version": SCHEMA_VERSION, "layout": "rank",
-                        "partitions": partitions}
-                write_meta(tmp, meta)
-                commit_store(tmp, output)
-            except BaseException:
-                shutil.rmtree(tmp, ignore_errors=True)
-                raise
-        finally:
-            client.cancel(parts)
+            pl = plans(skel, skels)
+            args, ranks_of = spooled_writes(pl, spools, str(tmp))
+            futs = [client.submit(write_spooled, *a, pure=False) for a in args]
+            rows = _gather(client, futs, "writing ranks on the cluster", progress)
+            del futs, res
+            release_memory(client)
+        shutil.rmtree(tmp / SPOOL)
+        partitions: dict[str, dict[str, int]] = {}
+        for ranks, rws in zip(ranks_of, rows, strict=True):
+            for r, rw in zip(ranks, rws, strict=True):
+                for name, nrow in rw.items():
+                    if nrow:
+                        partitions.setdefault(name, {})[str(r)] = int(nrow)
+        write_parquet(pa.Table.from_pandas(skel.lanes, preserve_index=False),
+                      tmp / "lanes.parquet")
+        write_parquet(groups_table(skel.groups), tmp / "groups.parquet")
+        write_parquet(strings_table(skel.strings), tmp / "strings.parquet")
+        meta = {**skel.meta, "schema_version": SCHEMA_VERSION, "layout": "rank",
+                "partitions": partitions}
+        write_meta(tmp, meta)
+        commit_store(tmp, output)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     tot = {name: sum(partitions.get(name, {}).values()) for name in ("ops", "edges", "ranges")}
     out_meta = {k: v for k, v in meta.items() if k not in ("layout", "partitions")}
     return {"meta": out_meta, "ranks": [int(r) for r in skel.ranks],
             "world_size": skel.world_size, **tot, "output": str(output)}
 
 
-def _flat_rank(skels: list[tuple[RankPart, list[int]]], i: int, j: int) -> int:
-    return _flat(skels[i][0])[j].rank
+def _trim_heap() -> int:
+    """On a worker: collect garbage and hand the freed heap back to the system (glibc keeps
+    freed memory for reuse: a worker's RSS would stay at its peak after the job). Returns
+    the worker's RSS in bytes afterwards (0 where it cannot tell)."""
+    import ctypes
+    import ctypes.util
+    import gc
+
+    gc.collect()
+    name = ctypes.util.find_library("c")
+    try:
+        trim = getattr(ctypes.CDLL(name), "malloc_trim", None) if name else None
+    except OSError:
+        trim = None
+    if trim is not None:
+        trim(0)
+    try:
+        with open("/proc/self/statm") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def release_memory(client: Any) -> dict[str, int]:
+    """Ask every worker to return the memory its finished tasks freed (see
+    :func:`_trim_heap`); worker address -> RSS bytes afterwards."""
+    return client.run(_trim_heap)

@@ -16,7 +16,7 @@ from pathlib import Path
 from .errors import TraceFormatError
 from .trace import Trace
 
-__all__ = ["FORMATS", "detect_format", "read", "expand_inputs"]
+__all__ = ["FORMATS", "detect_format", "read", "ingest", "expand_inputs"]
 
 FORMATS = ("auto", "kineto", "nsys", "oplevel")
 
@@ -87,12 +87,8 @@ def expand_inputs(paths: list[str | os.PathLike[str]]) -> list[Path]:
     return out
 
 
-def read(paths: list[str | os.PathLike[str]] | str | os.PathLike[str], *, format: str = "auto",
-         jobs: int = 1, progress: bool | None = None) -> Trace:
-    """Read ``paths`` (files or folders) into one Trace, choosing the collector by content."""
-    if isinstance(paths, (str, os.PathLike)):
-        paths = [paths]
-    ps = expand_inputs(list(paths))
+def _resolve_format(ps: list[Path], format: str) -> str:
+    """The one input format of ``ps`` (``format``, or detected from content for ``auto``)."""
     if format not in FORMATS:
         raise TraceFormatError(f"unknown format {format!r}; choose one of {', '.join(FORMATS)}")
     fmt = format
@@ -108,6 +104,16 @@ def read(paths: list[str | os.PathLike[str]] | str | os.PathLike[str], *, format
             f"{ps[0]}: is a PyTorch execution trace (ET, host op graph without timings); "
             "ingest the matching Kineto profiler JSON instead (ET files in the same folder are "
             "skipped and counted)")
+    return fmt
+
+
+def read(paths: list[str | os.PathLike[str]] | str | os.PathLike[str], *, format: str = "auto",
+         jobs: int = 1, progress: bool | None = None) -> Trace:
+    """Read ``paths`` (files or folders) into one Trace, choosing the collector by content."""
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    ps = expand_inputs(list(paths))
+    fmt = _resolve_format(ps, format)
     if fmt == "kineto":
         from .kineto import read_kineto
         return read_kineto(ps, jobs=jobs, progress=progress)
@@ -118,6 +124,39 @@ def read(paths: list[str | os.PathLike[str]] | str | os.PathLike[str], *, format
         from .oplevel import read_oplevel
         return read_oplevel(ps)
     raise TraceFormatError(f"unknown format {fmt!r}")  # pragma: no cover
+
+
+def ingest(paths: list[str | os.PathLike[str]] | str | os.PathLike[str],
+           output: str | os.PathLike[str], *, format: str = "auto", layout: str = "single",
+           jobs: int = 1, in_memory: bool = False, progress: bool | None = None) -> dict:
+    """Read ``paths`` and write the store ``output`` (what ``retime ingest`` runs).
+
+    Kineto files are ingested rank by rank (:mod:`collectors.rankwise`: memory bounded by a
+    few ranks' parts, never the merged trace); other formats, and every format with
+    ``in_memory=True``, are read whole (:func:`read`) and saved.
+
+    Returns
+    -------
+    dict with ``meta`` (as :func:`collectors.trace.read_trace` returns it), ``ranks``,
+    ``world_size``, ``ops``, ``edges``, ``ranges`` (row counts) and ``output``.
+    """
+    from .store import LAYOUTS
+
+    if layout not in LAYOUTS:
+        raise TraceFormatError(f"layout {layout!r} is not known; choose one of {LAYOUTS}")
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    ps = expand_inputs(list(paths))
+    fmt = _resolve_format(ps, format)
+    if fmt == "kineto" and not in_memory:
+        from .rankwise import ingest_kineto
+        return ingest_kineto(ps, output, layout=layout, jobs=jobs, progress=progress)
+    trace = read(ps, format=fmt, jobs=jobs, progress=progress)
+    trace.save(output, layout=layout)
+    meta = {k: v for k, v in trace.meta.items() if k not in ("layout", "partitions")}
+    return {"meta": meta, "ranks": [int(r) for r in trace.ranks],
+            "world_size": trace.world_size, "ops": trace.n_ops, "edges": len(trace.edges),
+            "ranges": len(trace.ranges), "output": str(output)}
 
 
 # tables every nsys export has (any one of them marks a file as an nsys export)

@@ -60,6 +60,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from .arrays import isin, unique
 from .enums import LaneKind, OpKind
 
 __all__ = ["step_windows", "windows_from_arrays", "job_step_windows", "device_lane_mask",
@@ -116,7 +117,7 @@ def profiler_steps(trace) -> pd.DataFrame:
     if len(trace.lanes):  # host threads only (a GPU-side ProfilerStep is the GPU's view)
         cpu = trace.lanes["lane"].to_numpy()[trace.lanes["lane_kind"].to_numpy()
                                              == int(LaneKind.CPU_THREAD)]
-        d = d[np.isin(r["lane"].to_numpy()[sel], cpu)]
+        d = d[isin(r["lane"].to_numpy()[sel], cpu)]
     return d.groupby(["rank", "step"], sort=True).agg(
         start_ns=("start_ns", "min"), end_ns=("end_ns", "max")).reset_index()
 
@@ -162,7 +163,7 @@ def gpu_step_marks(trace) -> pd.DataFrame:
     nid = r["name_id"].to_numpy()
     gpu = trace.lanes["lane"].to_numpy()[trace.lanes["lane_kind"].to_numpy()
                                          != int(LaneKind.CPU_THREAD)]
-    sel = ~np.isnan(num[nid]) & np.isin(r["lane"].to_numpy(), gpu)
+    sel = ~np.isnan(num[nid]) & isin(r["lane"].to_numpy(), gpu)
     if not sel.any():
         return empty
     d = pd.DataFrame({"rank": r["rank"].to_numpy()[sel].astype(np.int64),
@@ -341,7 +342,7 @@ def _windows(rank, step, start_ns, end_ns, device=None, host_bounds=None, lead_o
         k_b = np.concatenate([e[st], hb["end_ns"].to_numpy().astype(np.int64)])
     else:
         k_r, k_s, k_a, k_b = rank[st], step[st], s[st], e[st]
-    ur, ri = np.unique(np.concatenate([rank, k_r]), return_inverse=True)
+    ur, ri = unique(np.concatenate([rank, k_r]), return_inverse=True)
     ri = ri.reshape(-1)
     kri = ri[n:]
     ri = ri[:n]
@@ -360,7 +361,7 @@ def _windows(rank, step, start_ns, end_ns, device=None, host_bounds=None, lead_o
     if len(kri):
         # per (rank, step): first start and last end of its ops (and of its step range)
         key = kri * (1 << 32) + k_s
-        uk, ki = np.unique(key, return_inverse=True)
+        uk, ki = unique(key, return_inverse=True)
         ki = ki.reshape(-1)
         ks = np.full(len(uk), big, np.int64)
         ke = np.full(len(uk), small, np.int64)

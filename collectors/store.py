@@ -60,7 +60,7 @@ from .trace import (
 __all__ = ["LAYOUTS", "PARTITIONED_TABLES", "store_layout", "store_ranks", "new_store_dir",
            "commit_store", "part_file", "write_rank_tables", "write_partitions",
            "write_store_by_rank",
-           "read_partitioned", "rank_rows", "read_small_tables", "scan_ops", "scan_table", "iter_ops", "rank_spans", "op_totals"]
+           "read_partitioned", "rank_rows", "rank_batches", "read_small_tables", "scan_ops", "scan_table", "iter_ops", "rank_spans", "op_totals"]
 
 LAYOUTS = ("single", "rank")
 PARTITIONED_TABLES = ("ops", "edges", "ranges", "memory")
@@ -249,6 +249,28 @@ def rank_rows(path: str | os.PathLike[str]) -> dict[int, int]:
     col = d.to_table(columns=["rank"]).column("rank").to_numpy() if d is not None else []
     u, n = np.unique(np.asarray(col, dtype=np.int64), return_counts=True)
     return {int(r): int(k) for r, k in zip(u.tolist(), n.tolist(), strict=True)}
+
+
+def rank_batches(path: str | os.PathLike[str], *,
+                 batch_rows: int = _BATCH_ROWS) -> list[np.ndarray]:
+    """The store's ranks (those with ops) cut into consecutive batches of about
+    ``batch_rows`` ops each (one rank per batch at least)."""
+    if batch_rows < 1:
+        raise TraceFormatError(f"batch_rows={batch_rows} must be >= 1")
+    rows = rank_rows(path)
+    ranks = np.array(sorted(rows), dtype=np.int64)
+    out: list[np.ndarray] = []
+    cur: list[int] = []
+    n = 0
+    for r in ranks.tolist():
+        if cur and n + rows[r] > batch_rows:
+            out.append(np.array(cur, np.int64))
+            cur, n = [], 0
+        cur.append(r)
+        n += rows[r]
+    if cur:
+        out.append(np.array(cur, np.int64))
+    return out
 
 
 def read_small_tables(path: str | os.PathLike[str]) -> dict[str, Any]:

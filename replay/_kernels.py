@@ -166,6 +166,44 @@ def _dense_codes(x, lo, span):
 
 
 @njit(cache=True)
+def _stable_argsort(key):  # pragma: no cover - compiled
+    """``np.argsort(key, kind="stable")``: a bottom-up merge sort of indices (ties keep
+    index order). Written out because numba's own merge sort takes seconds to compile on a
+    fresh install, for a fallback that rarely runs.
+
+    key : int64[m] or float64[m]; returns int64[m]
+    """
+    m = key.shape[0]
+    idx = np.arange(m)
+    tmp = np.empty(m, np.int64)
+    w = 1
+    while w < m:
+        for lo in range(0, m, 2 * w):
+            mid = min(lo + w, m)
+            hi = min(lo + 2 * w, m)
+            i, j, k = lo, mid, lo
+            while i < mid and j < hi:
+                if key[idx[j]] < key[idx[i]]:
+                    tmp[k] = idx[j]
+                    j += 1
+                else:
+                    tmp[k] = idx[i]
+                    i += 1
+                k += 1
+            while i < mid:
+                tmp[k] = idx[i]
+                i += 1
+                k += 1
+            while j < hi:
+                tmp[k] = idx[j]
+                j += 1
+                k += 1
+        idx, tmp = tmp, idx
+        w *= 2
+    return idx
+
+
+@njit(cache=True)
 def _group_order(major, lo, n_groups, minor):
     """The order of ``np.lexsort((minor, major))`` (stable: ties by index) for small
     integer ``major`` values (``lo <= major < lo + n_groups``): a counting sort by ``major``,
@@ -216,7 +254,7 @@ def _group_order(major, lo, n_groups, minor):
                 moves += j - t
                 if moves > budget:
                     seg = out[a:b].copy()
-                    idx = np.argsort(key, kind="mergesort")
+                    idx = _stable_argsort(key)
                     for k in range(m):
                         out[a + k] = seg[idx[k]]
                     break

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from retime.collectors.arrays import unique
 from retime.collectors.errors import ReplayError
 from retime.collectors.steps import step_windows, times_checksum, windows_from_arrays
 from retime.collectors.trace import Trace
@@ -521,7 +522,7 @@ def _move_ranges(t: Trace, start: np.ndarray, end: np.ndarray) -> pd.DataFrame:
     rs = r["start_ns"].to_numpy()
     re_ = r["end_ns"].to_numpy()
     # position in (lane, start) order: encode lane as the major key
-    lanes_u, lane_first = np.unique(key_l, return_index=True)
+    lanes_u, lane_first = unique(key_l, return_index=True)
     lane_last = np.append(lane_first[1:], len(key_l))
     li = np.searchsorted(lanes_u, rl)
     li_ok = (li < len(lanes_u)) & (lanes_u[np.minimum(li, len(lanes_u) - 1)] == rl)

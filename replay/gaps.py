@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from retime.collectors.arrays import unique
 from retime.collectors.enums import EdgeKind
 
 __all__ = ["WAKE_UP_NS", "HANDOFF_MIN_GAP_NS", "HANDOFF_WINDOW_NS", "handoff_edges",
@@ -102,7 +103,7 @@ def with_handoff_edges(rank, lane, start, end, on_device, lane_prev, es, ed, ek,
         stats["handoff_edges"] = 0
         return es, ed, ek, el
     host = ~np.asarray(on_device, bool)
-    ur, rinv = np.unique(rank, return_inverse=True)
+    ur, rinv = unique(rank, return_inverse=True)
     rmin = np.full(len(ur), np.iinfo(np.int64).max, np.int64)
     np.minimum.at(rmin, rinv, start)
     has_pred = np.zeros(n, bool)
@@ -128,7 +129,7 @@ def host_comm_masks(lane, coll, on_device) -> tuple[np.ndarray, np.ndarray]:
         z = np.zeros(n, bool)
         return z, z
     host = ~np.asarray(on_device, bool)
-    lane_u, lane_inv = np.unique(lane, return_inverse=True)
+    lane_u, lane_inv = unique(lane, return_inverse=True)
     non_coll = np.bincount(lane_inv, weights=(np.asarray(coll) < 0), minlength=len(lane_u))
     return (non_coll == 0)[lane_inv] & host, (np.asarray(coll) >= 0) & host
 
@@ -194,7 +195,7 @@ def gap_shares(graph) -> dict[str, Any]:
     work = graph.by_op(work_pos) if len(work_pos) else work_pos
     out: dict[str, Any] = {"per_rank": []}
     tot = {"span_ns": 0, "host_work_ns": 0, "unexplained_ns": 0}
-    for r in np.unique(rank).tolist():
+    for r in unique(rank).tolist():
         m = rank == r
         span = int(end[m].max() - start[m].min()) if m.any() else 0
         row = {"rank": int(r), "span_ns": span, "host_work_ns": int(work[m].sum()),

@@ -42,6 +42,7 @@ from typing import Any
 
 import numpy as np
 
+from retime.collectors.arrays import isin, unique
 from retime.collectors.enums import EdgeKind, LaneKind, OpKind
 from retime.collectors.errors import ReplayError
 from retime.collectors.trace import Trace
@@ -331,7 +332,7 @@ def build_graph(trace: Trace, *, ideal: bool = False, strict: bool = False) -> R
                                   "link is on it to relax: fix or drop the edge") from None
             cids, drop = pick
             if cids:
-                coll = np.where(np.isin(coll, cids), -1, coll)
+                coll = np.where(isin(coll, cids), -1, coll)
                 relaxed["collectives"] += cids
             if drop.any():
                 idx = np.flatnonzero(keep_e)[drop]
@@ -400,7 +401,7 @@ def graph_from_arrays(*, rank, lane, kind, start_ns, dur_ns, coll_id=None, edge_
     in_coll = coll >= 0
     coll_of = np.full(n, -1, _I32)
     if in_coll.any():
-        uniq, inv = np.unique(coll[in_coll], return_inverse=True)
+        uniq, inv = unique(coll[in_coll], return_inverse=True)
         coll_of[in_coll] = inv
         members = np.flatnonzero(in_coll)[np.argsort(inv, kind="stable")].astype(_I32)
         counts = np.bincount(inv, minlength=len(uniq))
@@ -446,7 +447,7 @@ def graph_from_arrays(*, rank, lane, kind, start_ns, dur_ns, coll_id=None, edge_
     if len(w_src):
         last_gpu_end = np.full(n, np.iinfo(_I64).min, _I64)
         np.maximum.at(last_gpu_end, w_dst, end[w_src])
-        ys = np.unique(w_dst)
+        ys = unique(w_dst)
         dur[ys] = np.maximum(0, end[ys] - np.maximum(s[ys], last_gpu_end[ys]))
         w_lag = end[w_dst] - end[w_src]
         del last_gpu_end, ys
@@ -563,17 +564,17 @@ def graph_from_arrays(*, rank, lane, kind, start_ns, dur_ns, coll_id=None, edge_
 
 
 def _dense_inverse(x: np.ndarray) -> tuple[int, np.ndarray]:
-    """``len(u), inv`` of ``u, inv = np.unique(x, return_inverse=True)`` (``inv`` int64),
+    """``len(u), inv`` of ``u, inv = unique(x, return_inverse=True)`` (``inv`` int64),
     without sorting when the values span a small range (ranks, devices)."""
     x = np.asarray(x)
     if len(x) == 0:
         return 0, np.zeros(0, _I64)
     lo, hi = int(x.min()), int(x.max())
     if hi - lo >= 4 * len(x) + 65536:
-        u, inv = np.unique(x, return_inverse=True)
+        u, inv = unique(x, return_inverse=True)
         return len(u), inv.astype(_I64, copy=False)
     if x.dtype.kind not in "iu" or x.dtype == np.uint64:
-        u, inv = np.unique(x, return_inverse=True)
+        u, inv = unique(x, return_inverse=True)
         return len(u), inv.astype(_I64, copy=False)
     k, inv = _dense_codes(np.ascontiguousarray(x), lo, hi - lo + 1)
     return int(k), inv

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from retime.collectors.arrays import isin, unique
 from retime.collectors.errors import ReplayError
 
 from ._kernels import _node_succ, _topo_order_by_time
@@ -154,7 +155,7 @@ def choose_relaxations(exc: CycleError, rank: np.ndarray, start: np.ndarray,
     drop_pairs: set[int] = set()
     dissolve: set[int] = set()
     while len(a):
-        nodes, inv = np.unique(np.r_[a, b], return_inverse=True)
+        nodes, inv = unique(np.r_[a, b], return_inverse=True)
         ia, ib = inv[:len(a)], inv[len(a):]
         ok = acyclic_nodes(len(nodes), ia, ib)
         if ok.all():
@@ -190,5 +191,5 @@ def choose_relaxations(exc: CycleError, rank: np.ndarray, start: np.ndarray,
     drop = np.zeros(len(es), bool)
     if drop_pairs:
         full = node_of[es].astype(np.int64) * n + node_of[ed]
-        drop = np.isin(full, list(drop_pairs)) & (rank[es] != rank[ed])
+        drop = isin(full, list(drop_pairs)) & (rank[es] != rank[ed])
     return coll_ids, drop

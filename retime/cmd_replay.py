@@ -67,7 +67,10 @@ def replay_cmd(
     # is refused at once, not after loading a large store
     from retime.replay.policies.scenario import scenario_from_cli
     if scenario is not None or set_:
-        scenario_from_cli(scenario, set_)
+        # and what the store's metadata already tells (replay/admission.py): a what-if the
+        # policies would refuse on this trace is refused before it is loaded
+        from retime.replay.admission import refuse_early
+        refuse_early(trace_dir, scenario_from_cli(scenario, set_))
     cal = None
     if calibration is not None:
         from retime.collectors.calibrate import read_calibration

@@ -73,6 +73,11 @@ def ingest(
     jobs: Annotated[int, typer.Option("--jobs", "-j", min=1, help="Parse ranks in N processes.")] = 1,
     scheduler: Annotated[str | None, typer.Option("--scheduler", help="Parse Kineto ranks on a Dask cluster (tcp://host:8786); the workers must see the files at the same paths.")] = None,
     layout: Annotated[Layout | None, typer.Option("--layout", help="Store layout: one file per table (single) or per rank (rank; thousands of ranks, streamed analysis). Default: rank with --scheduler, else single.")] = None,
+    in_memory: Annotated[bool, typer.Option(
+        "--in-memory", help="Kineto: parse every rank and merge them in memory before "
+                            "writing (the store is the same; memory grows with the ranks). "
+                            "By default each rank is written as soon as the collectives "
+                            "are matched, a few ranks in memory at a time.")] = False,
     force: Annotated[bool, typer.Option("--force", help=FORCE_HELP)] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")] = False,
 ) -> None:
@@ -89,16 +94,18 @@ def ingest(
         from retime.collectors.distributed import ingest_distributed
         r = ingest_distributed([str(p) for p in paths], scheduler, output,
                                format=format.value)
-        s = _summary(r["meta"], r["ranks"], r["world_size"], r["ops"], r["edges"], r["ranges"])
-    else:
-        if scheduler is not None:
-            from retime.collectors.distributed import read_distributed
-            trace = read_distributed([str(p) for p in paths], scheduler, format=format.value)
-        else:
-            from retime.collectors.ingest import read
-            trace = read([str(p) for p in paths], format=format.value, jobs=jobs)
+    elif scheduler is not None:
+        from retime.collectors.distributed import read_distributed
+        trace = read_distributed([str(p) for p in paths], scheduler, format=format.value)
         trace.save(output, layout=lay)
-        s = ingest_summary(trace)
+        r = {"meta": trace.meta, "ranks": [int(x) for x in trace.ranks],
+             "world_size": trace.world_size, "ops": trace.n_ops, "edges": len(trace.edges),
+             "ranges": len(trace.ranges)}
+    else:
+        from retime.collectors.ingest import ingest as ingest_paths
+        r = ingest_paths([str(p) for p in paths], output, format=format.value, layout=lay,
+                         jobs=jobs, in_memory=in_memory)
+    s = _summary(r["meta"], r["ranks"], r["world_size"], r["ops"], r["edges"], r["ranges"])
     s["layout"] = lay
     s["output"] = str(output)
     if json_out:

@@ -128,3 +128,40 @@ def test_cli_by_hierarchy(tmp_path, json_out):
         assert js["hierarchy"][0]["name"] == "all"
     else:
         assert "## forward ##" in r.stdout
+
+
+def test_host_nesting_kernel_matches_a_plain_stack_walk():
+    """The numba stack walk of the attribution tree (analysis._kernels._host_nesting) equals
+    a plain Python walk on random nested and overlapping events of several lanes."""
+    import numpy as np
+
+    from retime.analysis._kernels import _host_nesting
+
+    rng = np.random.default_rng(3)
+    for _ in range(50):
+        n = int(rng.integers(1, 60))
+        lane = np.sort(rng.integers(0, 3, n))
+        s = rng.integers(0, 200, n)
+        e = s + rng.integers(0, 80, n)
+        ty = rng.integers(0, 3, n)
+        o = np.lexsort((ty, -e, s, lane))
+        lane, s, e, ty = lane[o], s[o], e[o], ty[o]
+        par, dep, child = _host_nesting(lane, s, e, ty)
+        stack: list[int] = []
+        want_p, want_d, want_c = [-1] * n, [-1] * n, [0] * n
+        for j in range(n):
+            if j == 0 or lane[j] != lane[j - 1]:
+                stack = []
+            while stack and s[j] >= e[stack[-1]]:
+                stack.pop()
+            if stack:
+                want_p[j] = stack[-1]
+            if ty[j] == 2:
+                continue
+            if stack:
+                want_d[j] = want_d[stack[-1]] + 1
+                want_c[stack[-1]] += min(e[j], e[stack[-1]]) - s[j]
+            else:
+                want_d[j] = 0
+            stack.append(j)
+        assert par.tolist() == want_p and dep.tolist() == want_d and child.tolist() == want_c

@@ -156,3 +156,29 @@ def test_a_cycle_is_relaxed_by_the_fewest_cross_rank_links(partial, tmp_path, ca
         err = capsys.readouterr().err
         assert "dependency cycle" in err and err.count("\n") == 1
     assert straggler_analysis(bad)["relaxed"]["count"] == 4
+
+
+def test_align_pair_shortcut_equals_the_alignment():
+    """A rank that issued the common sequence itself, its calls overlapping the common
+    ones index by index, is aligned k-th with k-th without the O(n m) table: the same pairs
+    the table gives (random sequences, with and without intervals)."""
+    from retime.collectors._kernels import align_sequences
+    from retime.collectors.collectives import _align_pair
+
+    rng = np.random.default_rng(7)
+    for _ in range(200):
+        n = int(rng.integers(1, 40))
+        sym = rng.integers(0, 3, n)
+        t = np.cumsum(rng.integers(1, 100, n))
+        lo, hi = t - rng.integers(0, 30, n), t + rng.integers(0, 30, n)
+        t2 = t + rng.integers(-20, 20, n)
+        lo2, hi2 = t2 - rng.integers(0, 30, n), t2 + rng.integers(0, 30, n)
+        for iv in (None, ((lo, hi), (lo2, hi2))):
+            got = _align_pair(sym, t, None if iv is None else iv[0], sym.copy(), t2,
+                              None if iv is None else iv[1])
+            free = align_sequences(sym, t, sym, t2)
+            want = free
+            if iv is not None:
+                tied = align_sequences(sym, t, sym, t2, iv[0], iv[1])
+                want = tied if 2 * len(tied[0]) >= len(free[0]) else free
+            assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])

@@ -384,3 +384,15 @@ def test_many_more_random_graphs_match_reference():
         test_fast_path_matches_reference(seed)
         if seed % 2 == 0:
             test_contention_path_matches_reference(seed)
+
+
+def test_stable_argsort_kernel_equals_numpy():
+    """replay._kernels._stable_argsort (the written-out merge sort of _group_order's
+    fallback) is numpy's stable argsort, ties in index order."""
+    from retime.replay._kernels import _stable_argsort
+
+    rng = np.random.default_rng(5)
+    for _ in range(200):
+        m = int(rng.integers(0, 300))
+        for key in (rng.integers(0, 8, m).astype(np.int64), rng.random(m).round(1)):
+            assert np.array_equal(_stable_argsort(key), np.argsort(key, kind="stable"))

@@ -128,20 +128,26 @@ class Parallel(Policy):
             if v is not None and not isinstance(v, bool):
                 raise PolicyError(f"parallel.{f}={v!r} must be true or false")
 
+    def refuse_on_measured(self) -> None:
+        """Raise for the keys only a synthesized run supports (checked on a measured trace,
+        also before it is loaded: replay/admission.py)."""
+        kw = self.fields()
+        bad = [f for f in _SYNTH_ONLY if kw.get(f) is not None] + (
+            [f"schedule={self.schedule}"] if self.schedule in ("zb-h1", "dualpipe") else [])
+        if bad:
+            raise PolicyError(f"parallel: {', '.join(bad)} on a measured trace: the "
+                              "synthesizer models these (expert all-to-alls, split "
+                              "backward passes, FP8 GEMMs, stage splits, on-demand "
+                              "transfers), measured templates do not carry their costs; "
+                              "synthesize the job with `retime synth` and apply the "
+                              "scenario to that")
+
     def configure(self, state: WhatIfState) -> None:
         kw = self.fields()
         if not kw:
             return
         if not state.is_synth:
-            bad = [f for f in _SYNTH_ONLY if kw.get(f) is not None] + (
-                [f"schedule={self.schedule}"] if self.schedule in ("zb-h1", "dualpipe") else [])
-            if bad:
-                raise PolicyError(f"parallel: {', '.join(bad)} on a measured trace: the "
-                                  "synthesizer models these (expert all-to-alls, split "
-                                  "backward passes, FP8 GEMMs, stage splits, on-demand "
-                                  "transfers), measured templates do not carry their costs; "
-                                  "synthesize the job with `retime synth` and apply the "
-                                  "scenario to that")
+            self.refuse_on_measured()
         if state.trace.meta.get("source_format") == "oplevel" and not state.is_synth:
             from .parallel_oplevel import relayout_oplevel
             durations = kw.pop("durations", "stage")

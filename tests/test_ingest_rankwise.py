@@ -1,0 +1,122 @@
+"""Rank-wise ingest (collectors/rankwise.py, what `retime ingest` runs on Kineto files): the
+store it writes rank by rank reads back into the Trace of the whole-trace merge, in both
+layouts and with worker processes; every event is accounted for; a failure leaves nothing
+behind."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from test_store_layout import assert_same_trace
+
+from retime.collectors.errors import TraceFormatError
+from retime.collectors.ingest import ingest, read
+from retime.collectors.store import store_layout
+from retime.collectors.trace import read_trace
+
+ROOT = Path(__file__).resolve().parents[1]
+KINETO = ROOT.parent / "shared" / "traces" / "kineto"
+DLRM = KINETO / "dlrm-v100-8rank"
+A100 = KINETO / "a100-ddp-nccl"
+
+
+@pytest.fixture(scope="module")
+def dlrm():
+    return read(DLRM)
+
+
+@pytest.mark.parametrize("layout,jobs", [("single", 1), ("rank", 1), ("rank", 2),
+                                         ("single", 2)])
+def test_rankwise_store_equals_the_merged_trace(dlrm, tmp_path, layout, jobs):
+    out = tmp_path / "r.retime"
+    res = ingest(DLRM, out, layout=layout, jobs=jobs, progress=False)
+    assert store_layout(out) == layout
+    t = read_trace(out)
+    assert_same_trace(t, dlrm)
+    assert res["ops"] == dlrm.n_ops and res["edges"] == len(dlrm.edges)
+    assert res["ranges"] == len(dlrm.ranges) and res["ranks"] == list(range(8))
+    assert res["meta"] == dlrm.meta and res["world_size"] == dlrm.world_size
+    # the spool of parsed parts is gone, and nothing but the store is left beside it
+    assert not (out / ".spool").exists()
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["r.retime"]
+    # the in-memory path writes the same store
+    mem = ingest(DLRM, tmp_path / "m.retime", layout=layout, in_memory=True, progress=False)
+    assert {k: v for k, v in mem.items() if k != "output"} == {
+        k: v for k, v in res.items() if k != "output"}
+    if layout == "single":  # one row group per rank
+        import pyarrow.parquet as pq
+        assert pq.ParquetFile(out / "ops.parquet").metadata.num_row_groups == 8
+
+
+def test_every_event_accounted_for(tmp_path):
+    """Per input file: events read == kept + dropped == the raw count (plain json)."""
+    files = sorted(A100.glob("*.json.gz"))
+    res = ingest(files, tmp_path / "a.retime", progress=False)
+    acc = res["meta"]["accounting"]
+    assert sorted(acc) == sorted(str(f) for f in files)
+    for f in files:
+        with gzip.open(f, "rt", encoding="utf-8") as fh:
+            doc = json.load(fh)
+        n = len(doc["traceEvents"])
+        a = acc[str(f)]
+        assert a["events_read"] == n
+        assert sum(a["kept"].values()) + sum(a["dropped"].values()) == n
+    assert_same_trace(read_trace(tmp_path / "a.retime"), read(files))
+
+
+def test_a_file_with_several_ranks(dlrm, tmp_path):
+    """A `retime export --chrome` file holds every rank: its sub-parts are written rank by
+    rank as well, equal to reading it whole."""
+    from retime.collectors.chrome import write_chrome
+
+    f = tmp_path / "all.json.gz"
+    write_chrome(dlrm, f, flows=True)
+    whole = read(f)
+    for layout in ("single", "rank"):
+        out = tmp_path / f"x-{layout}.retime"
+        ingest(f, out, layout=layout, progress=False)
+        assert_same_trace(read_trace(out), whole)
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_failures_leave_nothing(tmp_path, jobs):
+    files = sorted(os.listdir(DLRM))
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    shutil.copy(DLRM / files[0], bad / "rank-0.json.gz")
+    (bad / "rank-1.json").write_text('{"traceEvents": [')
+    with pytest.raises(TraceFormatError):
+        ingest(bad, tmp_path / "bad.retime", jobs=jobs, progress=False)
+    # two files of one rank: refused when the skeletons are merged, before any rank is written
+    dup = tmp_path / "dup"
+    dup.mkdir()
+    shutil.copy(DLRM / files[0], dup / "a.json.gz")
+    shutil.copy(DLRM / files[0], dup / "b.json.gz")
+    with pytest.raises(TraceFormatError, match="appears in two files"):
+        ingest(dup, tmp_path / "dup.retime", layout="rank", jobs=jobs, progress=False)
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["bad", "dup"]
+
+
+def test_dask_workers_spool_and_release(dlrm, tmp_path):
+    """On Dask the workers spool their parts (nothing kept between the stages), the store
+    equals the local one, no spool is left, and the workers hand freed memory back."""
+    distributed = pytest.importorskip("distributed")
+    from retime.collectors.distributed import ingest_distributed, release_memory
+
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                  dashboard_address=None) as lc, \
+            distributed.Client(lc, set_as_default=False) as client:
+        out = tmp_path / "d.retime"
+        res = ingest_distributed(DLRM, client, out, progress=False)
+        assert_same_trace(read_trace(out), dlrm)
+        assert res["ops"] == dlrm.n_ops and not (out / ".spool").exists()
+        # no task result stays on the workers after the job
+        assert not any(client.run(lambda dask_worker: len(dask_worker.data)).values())
+        rss = release_memory(client)
+        assert len(rss) == 2 and all(v > 0 for v in rss.values())
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["d.retime"]
