@@ -38,6 +38,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .kineto import RankPart, kineto_files, merge_parts, parse_kineto_file
+from .kineto.reader import file_progress
 from .progress import progress_bar
 from .trace import (
     EDGES_SCHEMA,
@@ -237,12 +238,7 @@ def ingest_kineto(paths: list[str | os.PathLike[str]], output: str | os.PathLike
             len(files) > 1 else None
         try:
             if len(files) == 1:  # one (possibly huge) file: MB read, then the build stages
-                try:
-                    size_mb = files[0].stat().st_size / 1e6
-                except OSError:
-                    size_mb = 0.0
-                with progress_bar(round(size_mb + 3, 1), f"ingesting {files[0].name} (MB)",
-                                  progress) as bar:
+                with file_progress(files[0], progress) as bar:
                     skels.append(parse_and_spool(
                         str(files[0]), spools[0], on_stage=lambda _s: bar.advance(),
                         on_bytes=lambda n: bar.advance(n / 1e6))[0])

@@ -24,7 +24,7 @@ from .events import (
 )
 from .schema import RankPart, TraceFile
 
-__all__ = ["read_kineto", "parse_kineto_file"]
+__all__ = ["read_kineto", "parse_kineto_file", "file_progress"]
 
 #: read with the streaming numba scanner (collectors.kineto.scan): True always, False never,
 #: None (default) when it pays: its kernel is compiled and cached already, or a file is large
@@ -137,6 +137,16 @@ def use_scanner(path: Path, total_bytes: int | None = None) -> bool:
     return (total_bytes if total_bytes is not None else _json_bytes(path)) >= SCANNER_MIN_BYTES
 
 
+def file_progress(path: Path, progress: bool | None):
+    """The progress bar of one (possibly huge) file's ingest: MB read, then the three build
+    stages (``on_bytes`` / ``on_stage`` of :func:`parse_kineto_file` advance it)."""
+    try:
+        size_mb = path.stat().st_size / 1e6
+    except OSError:
+        size_mb = 0.0
+    return progress_bar(round(size_mb + 3, 1), f"ingesting {path.name} (MB)", progress)
+
+
 def read_kineto(paths: list[str | os.PathLike[str]] | str | os.PathLike[str], *, jobs: int = 1,
                 progress: bool | None = None):
     """Read Kineto traces (files and/or folders, one file per rank) into one Trace.
@@ -153,13 +163,8 @@ def read_kineto(paths: list[str | os.PathLike[str]] | str | os.PathLike[str], *,
         paths = [paths]
     files, skipped = kineto_files([Path(p) for p in paths])
     parts: list[RankPart] = []
-    if len(files) == 1:  # one (possibly huge) file: MB read, then the build stages
-        try:
-            size_mb = files[0].stat().st_size / 1e6
-        except OSError:
-            size_mb = 0.0
-        with progress_bar(round(size_mb + 3, 1), f"ingesting {files[0].name} (MB)",
-                          progress) as bar:
+    if len(files) == 1:
+        with file_progress(files[0], progress) as bar:
             parts.append(parse_kineto_file(files[0], on_stage=lambda _s: bar.advance(),
                                            on_bytes=lambda n: bar.advance(n / 1e6)))
         return merge_parts(parts, skipped)
