@@ -68,8 +68,9 @@ NEEDS: dict[str, str] = {
     "or the calibration's probe)",
     "overlap.probe_bound": "calibration: the overlap probe's repetitions",
     "overlap.sm_share": "trace: NCCL/RCCL kernels on GPU streams overlapping compute "
-    "kernels, the GPU's name and SM count (the measured share: the NCCL model's channels, "
-    "assumed); published: C3's overlap fractions (collectors/costs/REFERENCES.md C12)",
+    "kernels, the GPU's name and SM count (the measured share: the NCCL kernels' launch "
+    "grid, else the NCCL model's channels, assumed); published: C3's overlap fractions "
+    "(collectors/costs/REFERENCES.md C12)",
     "overlap.peer_wait": "trace: the measured buckets' times beyond the modeled transfer "
     "(partially traced collectives)",
     "overlap.cost_bound": "nothing: the range's bounds of the NCCL model and the "
