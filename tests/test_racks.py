@@ -45,7 +45,9 @@ def test_rack_profiles_carry_the_domain_and_the_host_link():
     assert gb300.host_bytes_per_ns == pytest.approx(199.0)
     assert b300.host_link == "pcie5" and b300.host_bytes_per_ns == pytest.approx(51.2)
     # a profile without [host_link] keeps the earlier 25 GB/s of PCIe Gen4
-    assert load_hardware("h100-sxm").host_bytes_per_ns == pytest.approx(25.0)
+    # H100: PCIe Gen5 x16 (H7), 64 GB/s per direction x the assumed 0.8; A100: Gen4's 25
+    assert load_hardware("h100-sxm").host_bytes_per_ns == pytest.approx(64.0 * 0.8)
+    assert load_hardware("a100-80gb").host_bytes_per_ns == pytest.approx(25.0)
     # one NIC per GPU: 400 Gb/s on GB200, 800 Gb/s ConnectX-8 on GB300 / B300
     assert gb200.inter.gbps == pytest.approx(50.0)
     assert gb300.inter.gbps == b300.inter.gbps == pytest.approx(100.0)
@@ -137,5 +139,5 @@ def test_a_traces_gpu_names_its_profile_and_host_link():
     devs = {"0": {"name": "NVIDIA GB200", "peak_flops": 2.5e15}}
     assert match_hardware(str(devs)).name == "gb200"  # not b200: the longest name wins
     assert match_hardware("NVIDIA B200").name == "b200"
-    assert match_hardware("NVIDIA H100 80GB HBM3").host_bytes_per_ns == pytest.approx(25.0)
+    assert match_hardware("NVIDIA H100 80GB HBM3").host_bytes_per_ns == pytest.approx(51.2)
     assert match_hardware("a TPU") is None
