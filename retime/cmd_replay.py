@@ -33,7 +33,7 @@ def refined_keys(cl, ref, trace, user_keys: set[str]):
     extra, user_lines = refine_keys(ref, ck.keys, user_keys)
     out = []
     for x in ref.lines:
-        if x.startswith("measured:") and not extra:
+        if x.startswith("measured:") and (not extra or user_lines):
             if not user_lines:  # the cluster leaves that level's rate out on this trace
                 out.append(f"assumed: the calibration's {ref.level} efficiency is not used: "
                            f"the cluster does not re-time the trace's {ref.level} link")

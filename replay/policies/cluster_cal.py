@@ -63,6 +63,11 @@ def check_calibrate_cluster(cluster, *, local_ranks: int, world: int, backend: s
                           "as such)")
 
 
+def _sig(x: float, digits: int = 5) -> float:
+    """``x`` to ``digits`` significant figures (a gloo efficiency is ~1e-3, NVLink's ~0.8)."""
+    return float(f"{x:.{digits}g}")
+
+
 def _points(cal: dict) -> tuple[np.ndarray, np.ndarray]:
     """Bus bytes and time (ns: per size, the median over repetitions of the slowest rank)
     of the calibration's all-reduce sweep."""
@@ -82,8 +87,8 @@ def sweep_fit(cal: dict) -> dict[str, Any]:
     xs, ys = _points(cal)
     fit = fit_alpha_beta(xs, ys)
     level = 0 if int(cal.get("ranks_per_host", 0)) >= int(cal["world_size"]) else 1
-    out = {"level": LEVEL_NAMES[level], "alpha_us": round(fit["alpha_ns"] / 1e3, 3),
-           "busbw_gbps": round(fit["busbw_gbps"], 4), "identifiable": fit["identifiable"],
+    out = {"level": LEVEL_NAMES[level], "alpha_us": _sig(fit["alpha_ns"] / 1e3),
+           "busbw_gbps": _sig(fit["busbw_gbps"]), "identifiable": fit["identifiable"],
            "points": len(xs)}
     if fit.get("why"):
         out["why"] = fit["why"]
@@ -124,7 +129,7 @@ def cluster_record(cluster, cal: dict, device: str | None = None) -> dict[str, A
         "name": cluster.name, "source": cluster.source, "gpu": cluster.gpu,
         "gpus_per_node": cluster.gpus_per_node, "nodes": cluster.nodes,
         "level": fit["level"], "link": link, "nominal_gbps": round(nom, 4),
-        "fit": fit, "efficiency": round(fit["busbw_gbps"] / nom, 4) if nom > 0 else None,
+        "fit": fit, "efficiency": _sig(fit["busbw_gbps"] / nom) if nom > 0 else None,
         "model_efficiency": _model_eff(cluster, level).value}
     if backend == "nccl":
         rec["measured"] = (f"nccl all_reduce on {cal['world_size']} GPU rank(s)"
@@ -234,6 +239,7 @@ def refine_keys(ref: Refinement, cluster_keys: dict[str, Any],
         if k in user_keys or "network.bus_efficiency" in user_keys:
             lines.append(f"assumed: {k.split('.', 1)[1]} from your --scenario / --set, not "
                          f"the calibration's measured {v:.3g}")
-            continue
-        out[k] = v
+            if k not in user_keys:  # network.bus_efficiency given: it sets every level
+                continue
+        out[k] = v  # the user's layer wins for the same key (listed as overridden)
     return out, lines
