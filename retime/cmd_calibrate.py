@@ -51,7 +51,10 @@ def calibrate_cmd(
     rank's CPU (the all-reduce alone and next to matmuls). One host: `retime calibrate -n 2
     -o cal.json`. Several hosts: run it under torchrun on each, e.g. `torchrun --nnodes 2
     --nproc-per-node 1 --rdzv-endpoint HOST:PORT --no-python retime calibrate -o cal.json`
-    (rank 0 writes the file). Needs the torch extra (`pip install "retime[torch]"`).
+    (rank 0 writes the file). With `--cluster F.toml` the run is checked against the
+    cluster first and the file records what it measured of it (`retime replay --cluster F
+    --calibration cal.json` then uses the measured efficiency). Needs the torch extra
+    (`pip install "retime[torch]"`).
     """
     from retime.collectors.calibrate import parse_sizes, run_distributed, run_local
 

@@ -189,6 +189,13 @@ def test_replay_uses_the_measured_efficiency_and_set_still_wins(files, capsys):
     assert won["cluster"]["overridden"] == ["network.intra_bus_efficiency"]
     assert any("from your --scenario / --set" in x
                for x in won["cluster"]["calibration"]["lines"])
+    # so does network.bus_efficiency, which sets every level
+    be = _json_run(["replay", r, "--cluster", cl, "--calibration", str(files["cal"]),
+                    "--set", "network.bus_efficiency=0.5"], capsys)
+    ref = _json_run(["replay", r, "--cluster", cl, "--set", "network.bus_efficiency=0.5"],
+                    capsys)
+    assert be["step_time_ns"]["replayed"] == ref["step_time_ns"]["replayed"]
+    assert "network.intra_bus_efficiency" not in be["cluster"]["keys"]
     # a gloo calibration refines nothing, and says so
     gl = _json_run(["replay", r, "--cluster", cl, "--calibration", str(files["gloo"])], capsys)
     assert gl["step_time_ns"]["replayed"] == plain["step_time_ns"]["replayed"]
