@@ -284,3 +284,27 @@ def test_calibrate_cluster_checks_then_records_a_real_gloo_run(tmp_path):
     assert rec["fit"]["busbw_gbps"] == pytest.approx(fit_alpha_beta(xs, ys)["busbw_gbps"],
                                                      rel=1e-3)
     assert rec["efficiency"] == pytest.approx(rec["fit"]["busbw_gbps"] / 64.0, rel=1e-3)
+
+
+def test_measured_gpu_trace_keeps_the_nccl_model_with_a_levels_efficiency(dlrm_trace):
+    """A measured NCCL trace on a cluster stays on the NCCL model with a calibration's
+    efficiency: the model's own value gives the model's step, a lower one a slower step."""
+    from retime.collectors.costs.nccl_params import LINK_EFF
+    from retime.replay import whatif
+    from retime.replay.policies.scenario import cluster_keys
+
+    keys = cluster_keys(load_preset("dgx-a100"), dlrm_trace).keys
+    base = whatif(dlrm_trace, keys)
+    same = whatif(dlrm_trace, {**keys,
+                               "network.intra_bus_efficiency": LINK_EFF["nvlink3"].value})
+    slow = whatif(dlrm_trace, {**keys, "network.intra_bus_efficiency": 0.05})
+    step = [r.summary()["step_time_ns"]["replayed"] for r in (base, same, slow)]
+    assert step[0] == step[1] <= step[2]  # its all-reduces hide behind compute
+    nets = [p for p in slow.meta["scenario"] if p.get("policy") == "network"]
+    assert nets and nets[0].get("model") == "nccl"
+    lv = [r.meta["whatif"]["nccl_network"]["levels"]["intra-node"] for r in (base, same, slow)]
+    assert lv[0]["model_busbw_new_gbps"] == lv[1]["model_busbw_new_gbps"]
+    # the new link's model bus bandwidth at the same message size: 0.05 / 0.78 of the model's
+    # where the protocol's cap does not bind (LL's cap sets the model's at 1.58 MB)
+    assert lv[2]["model_busbw_new_gbps"] < 0.2 * lv[0]["model_busbw_new_gbps"]
+    assert lv[2]["model_busbw_gbps"] == lv[0]["model_busbw_gbps"]  # the trace's own link

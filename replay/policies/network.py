@@ -397,13 +397,13 @@ class Network(Policy):
     def _nccl(self, state: WhatIfState, tab, cal, cpu: bool, old) -> bool:
         """NCCL/RCCL collectives on GPU streams with a new nominal link rate: re-timed by
         the cost layer's NCCL model (:func:`.nccl_trace.network_delta`), which applies the
-        efficiency; the fitted and the assumed figures are printed. False where it does
-        not apply (gloo, a stated bus efficiency, latency keys, re-laid-out jobs, levels
+        efficiency (a level's stated one, ``intra_bus_efficiency`` / ``inter_bus_efficiency``,
+        on the new links); the fitted and the assumed figures are printed. False where it does
+        not apply (gloo, a stated bus efficiency for every level, latency keys, re-laid-out jobs, levels
         that change, a trace without device properties): the alpha-beta path runs."""
         from .nccl_trace import gpu_collectives, network_delta
 
         if cpu or old is not None or self.bus_efficiency is not None \
-                or self.intra_bus_efficiency is not None or self.inter_bus_efficiency is not None \
                 or (self.intra_node_gbps is None and self.inter_node_gbps is None) \
                 or any(v is not None for v in (self.latency_us, self.intra_latency_us,
                                                 self.algorithm, self.cross_dc_gbps,
@@ -412,7 +412,8 @@ class Network(Policy):
             return False
         got = network_delta(state.trace, state.graph, tab, cal, state.ranks_per_node,
                             self.intra_node_gbps, self.inter_node_gbps,
-                            self.measured_intra_node_gbps, self.measured_inter_node_gbps)
+                            self.measured_intra_node_gbps, self.measured_inter_node_gbps,
+                            self.intra_bus_efficiency, self.inter_bus_efficiency)
         if got is None:
             return False
         delta, info, lines = got
