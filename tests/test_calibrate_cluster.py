@@ -135,6 +135,14 @@ def test_refine_replaces_the_measured_levels_efficiency_only(tmp_path):
     assert r.keys == {"network.intra_bus_efficiency": pytest.approx(0.82, abs=1e-4)}
     assert r.lines[0].startswith("measured: intra-node efficiency 0.82")
     assert r.lines[1].startswith("assumed: inter-node efficiency 0.97")  # NET_EFF infiniband
+    # measured across 2 hosts (1 rank each): the NIC's efficiency, NVLink keeps the model's
+    inter = _sweep_cal("nccl", 2, 1, 10_000.0, 45.0)
+    inter["cluster"] = cluster_record(h100, inter)
+    r = refine(h100, read_calibration(_write(tmp_path / "i.json", inter)))
+    assert r.cluster.net_eff == pytest.approx(0.9, abs=1e-4) and r.cluster.intra_eff is None
+    assert list(r.keys) == ["network.inter_bus_efficiency"]
+    assert r.lines[0].startswith("measured: inter-node efficiency 0.9 of the nominal 50 GB/s")
+    assert r.lines[1].startswith("assumed: intra-node efficiency 0.82")
     # without a calibration: nothing changes
     assert refine(h100, None).cluster is h100
     # another cluster's calibration: refused, naming both
