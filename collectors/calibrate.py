@@ -214,6 +214,17 @@ def read_calibration(path: str | Path) -> dict:
                                    "'bytes' and 'ns_by_rank' (per rank, positive times in ns)")
     if not isinstance(doc.get("world_size"), int) or doc["world_size"] < 2:
         raise TraceFormatError(f"{p}: calibration world_size must be an integer >= 2")
+    rec = doc.get("cluster")
+    if rec is not None:
+        fit = rec.get("fit") if isinstance(rec, dict) else None
+        if not (isinstance(rec, dict) and isinstance(rec.get("name"), str)
+                and rec.get("level") in ("intra-node", "inter-node") and isinstance(fit, dict)
+                and isinstance(fit.get("busbw_gbps"), (int, float))
+                and isinstance(rec.get("nominal_gbps"), (int, float))):
+            raise TraceFormatError(f"{p}: calibration 'cluster' must hold the measured "
+                                   "cluster's name, level (intra-node | inter-node), "
+                                   "nominal_gbps and fit (busbw_gbps); write it with "
+                                   "`retime calibrate --cluster FILE`")
     doc["path"] = str(p)
     return doc
 

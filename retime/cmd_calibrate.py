@@ -30,6 +30,16 @@ def calibrate_cmd(
     probe: Annotated[bool, typer.Option("--probe/--no-probe", help="Also time 1 and 4 MiB "
                                         "all-reduces next to a busy compute thread (gloo: how "
                                         "a transfer shares the CPU with training).")] = True,
+    cluster: Annotated[Path | None, typer.Option(
+        "--cluster", exists=True, dir_okay=False,
+        help="The cluster TOML this run measures (`retime cost cluster --preset NAME -o "
+             "F.toml`). Checked before measuring (ranks on this host <= its GPUs per node, "
+             "ranks <= its GPUs, hosts <= its nodes; --backend nccl needs a CUDA GPU per "
+             "local rank); the file then records the cluster, the level measured (intra-node: "
+             "every rank on one host; inter-node otherwise), the sweep's latency (us) and bus "
+             "bandwidth (GB/s) and the efficiency against the level's nominal rate, which "
+             "`retime replay/sweep/cost collective --cluster F --calibration C` use instead "
+             "of the model's (nccl only: gloo measures host TCP, recorded as such).")] = None,
     force: Annotated[bool, typer.Option("--force", help=FORCE_HELP)] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")] = False,
 ) -> None:
@@ -41,7 +51,10 @@ def calibrate_cmd(
     rank's CPU (the all-reduce alone and next to matmuls). One host: `retime calibrate -n 2
     -o cal.json`. Several hosts: run it under torchrun on each, e.g. `torchrun --nnodes 2
     --nproc-per-node 1 --rdzv-endpoint HOST:PORT --no-python retime calibrate -o cal.json`
-    (rank 0 writes the file). Needs the torch extra (`pip install "retime[torch]"`).
+    (rank 0 writes the file). With `--cluster F.toml` the run is checked against the
+    cluster first and the file records what it measured of it (`retime replay --cluster F
+    --calibration cal.json` then uses the measured efficiency). Needs the torch extra
+    (`pip install "retime[torch]"`).
     """
     from retime.collectors.calibrate import parse_sizes, run_distributed, run_local
 
@@ -59,6 +72,22 @@ def calibrate_cmd(
                           'install it with `pip install "retime[torch]"`')
     under_torchrun = "WORLD_SIZE" in os.environ and "RANK" in os.environ
     rank0 = not under_torchrun or os.environ.get("RANK") == "0"
+    cl, device = None, None
+    if cluster is not None:
+        from retime.collectors.costs import read_cluster
+        from retime.replay.policies.cluster_cal import check_calibrate_cluster
+
+        cl = read_cluster(cluster)
+        world = int(os.environ["WORLD_SIZE"]) if under_torchrun else nproc
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", world)) if under_torchrun else nproc
+        cuda = 0
+        if backend == "nccl":
+            import torch
+
+            cuda = torch.cuda.device_count() if torch.cuda.is_available() else 0
+            device = torch.cuda.get_device_name(0) if cuda else None
+        check_calibrate_cluster(cl, local_ranks=local, world=world, backend=backend,
+                                cuda_devices=cuda)
     if rank0:
         check_output(output, force)
     say(f"retime calibrate: {len(sz)} sizes {sz[0]}..{sz[-1]} B x {reps} reps on "
@@ -68,6 +97,10 @@ def calibrate_cmd(
         else run_local(nproc, sz, reps, probe, backend)
     if cal is None:  # not rank 0 under torchrun
         return
+    if cl is not None:
+        from retime.replay.policies.cluster_cal import cluster_record
+
+        cal["cluster"] = cluster_record(cl, cal, device)
     tmp = output.with_name(output.name + ".partial")
     import json
 
@@ -81,9 +114,21 @@ def calibrate_cmd(
                    sorted(max(x[i] for x in r["ns_by_rank"]) for i in range(len(r["ns_by_rank"][0])))
                    [len(r["ns_by_rank"][0]) // 2] for r in rows],
                "overlap_probe": "overlap_probe" in cal}
+    if "cluster" in cal:
+        summary["cluster"] = cal["cluster"]
     if json_out:
         emit_json(summary)
         return
     for b, t in zip(summary["sizes"], summary["slowest_rank_median_ns"]):
         say(f"  all_reduce {b:>10} B: {t / 1e3:10.1f} us (slowest rank, median of {reps})")
+    if "cluster" in cal:
+        c = cal["cluster"]
+        f = c["fit"]
+        say(f"  cluster {c['name']} ({c['source']}), {c['level']}: {f['busbw_gbps']:.4g} GB/s "
+            f"bus bandwidth, {f['alpha_us']:.3g} us latency"
+            + ("" if f["identifiable"] else f" (not identifiable: {f['why']})")
+            + f"; efficiency {c['efficiency']:.3g} of the nominal {c['nominal_gbps']:g} GB/s "
+            f"({c['link']}; the model assumes {c['model_efficiency']:g})")
+        say(f"  measured: {c['measured']}"
+            + ("" if c["refines"] else "; recorded, does not refine the cluster"))
     say(f"wrote {output} ({cal['world_size']} ranks, {cal['ranks_per_host']} per host)")

@@ -256,6 +256,12 @@ def collective_cmd(
     plot: Annotated[Path | None, typer.Option(
         "--plot", dir_okay=False, help="Write bus bandwidth vs size (log x, range band) to a "
         ".png or .html file.")] = None,
+    calibration: Annotated[Path | None, typer.Option(
+        "--calibration", exists=True, dir_okay=False,
+        help="A calibration file from `retime calibrate --cluster F` measured on this "
+             "cluster (same name, else exit 2): its measured efficiency replaces the model's "
+             "for the level it measured (nccl calibrations only; gloo ones are reported).")
+    ] = None,
     force: Annotated[bool, typer.Option("--force", help=FORCE_HELP)] = False,
     json_out: JsonOpt = False,
 ) -> None:
@@ -271,6 +277,13 @@ def collective_cmd(
     size_list = parse_sizes(sizes)
     c = build_cluster(preset, cluster, gpu, gpus_per_node, nodes, nics_per_node, nic_gbit,
                       intra, intra_gbps, fabric, nvls, sharp, nvlink_domain)
+    refined: tuple[str, ...] = ()
+    if calibration is not None:
+        from retime.collectors.calibrate import read_calibration
+        from retime.replay.policies.cluster_cal import refine
+
+        ref = refine(c, read_calibration(calibration))
+        c, refined = ref.cluster, ref.lines
     if plot is not None:
         if plot.suffix.lower() not in (".png", ".html"):
             raise ConfigError(f"--plot {plot}: write a .png or .html file")
@@ -280,6 +293,8 @@ def collective_cmd(
              for s in size_list]
     rows = [x.to_row() for x in costs]
     assumed = _assumed_lines(c, rows, coll)
+    measured = [x.split(": ", 1)[1] for x in refined if x.startswith("measured:")]
+    assumed += [x.split(": ", 1)[1] for x in refined if x.startswith("assumed:")]
     if channels:
         assumed.append(f"{channels} channels as stated (--channels), in place of the model's "
                        "table")
@@ -287,7 +302,7 @@ def collective_cmd(
         _write_plot(plot, costs, f"{coll} on {c.name}: {costs[0].ranks} ranks")
     if json_out:
         emit_json({"collective": coll, "cluster": c.to_dict(), "ranks": costs[0].ranks,
-                   "dtype": dtype, "rows": rows, "assumed": assumed,
+                   "dtype": dtype, "rows": rows, "assumed": assumed, "measured": measured,
                    "plot": None if plot is None else str(plot)})
         return
     eb = DTYPE_BYTES[dtype]
@@ -302,6 +317,8 @@ def collective_cmd(
             f"{r['algbw_gbps']:>8.2f} {r['busbw_gbps']:>8.2f} {r['algorithm']:>9} "
             f"{r['protocol']:>6} {r['channels']:>3}  {r['range_us'][0]:.1f}-"
             f"{r['range_us'][1]:.1f}")
+    for line in measured:
+        say(f"measured: {line}")
     for line in assumed:
         say(f"assumed: {line}")
     if plot is not None:

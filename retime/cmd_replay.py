@@ -20,6 +20,28 @@ def sc_keys(scenario: Path | None, sets: list[str] | None) -> set[str]:
     return keys
 
 
+def refined_keys(cl, ref, trace, user_keys: set[str]):
+    """The cluster's what-if keys on ``trace``, with a calibration's measured efficiency
+    (``ref``, :func:`retime.replay.policies.cluster_cal.refine`) where it applies; and the
+    ``measured:`` / ``assumed:`` lines that say so."""
+    import dataclasses
+
+    from retime.replay.policies.cluster_cal import refine_keys
+    from retime.replay.policies.scenario import cluster_keys
+
+    ck = cluster_keys(cl, trace)
+    extra, user_lines = refine_keys(ref, ck.keys, user_keys)
+    out = []
+    for x in ref.lines:
+        if x.startswith("measured:") and (not extra or user_lines):
+            if not user_lines:  # the cluster leaves that level's rate out on this trace
+                out.append(f"assumed: the calibration's {ref.level} efficiency is not used: "
+                           f"the cluster does not re-time the trace's {ref.level} link")
+            continue
+        out.append(x)
+    return dataclasses.replace(ck, keys={**ck.keys, **extra}), out + user_lines
+
+
 @app.command("replay")
 def replay_cmd(
     trace_dir: Annotated[Path, typer.Argument(help="A NAME.retime directory.", exists=True,
@@ -47,7 +69,11 @@ def replay_cmd(
         "--calibration", exists=True, dir_okay=False,
         help="A calibration file from `retime calibrate` (measured collective latency over "
              "sizes; how transfers share the CPU with compute): used where the trace alone "
-             "cannot tell.")] = None,
+             "cannot tell. With --cluster it must have been measured on that cluster "
+             "(`retime calibrate --cluster F`; another cluster's: exit 2), and its measured "
+             "efficiency replaces the model's for the level it measured "
+             "(network.intra_bus_efficiency / inter_bus_efficiency; --set wins; nccl "
+             "calibrations only).")] = None,
     strict: Annotated[bool, typer.Option("--strict", help="Refuse a trace whose dependency "
                                          "graph has a cycle instead of relaxing the fewest "
                                          "cross-rank links on it.")] = False,
@@ -75,18 +101,19 @@ def replay_cmd(
     if calibration is not None:
         from retime.collectors.calibrate import read_calibration
         cal = read_calibration(calibration)
-    cl = None
+    cl = ref = None
     if cluster is not None:
         from retime.collectors.costs import read_cluster
+        from retime.replay.policies.cluster_cal import refine
         cl = read_cluster(cluster)
+        ref = refine(cl, cal)  # a calibration of another cluster is refused here
     trace = read_trace(trace_dir)
     if cal is not None:
         from retime.collectors.calibrate import attach
         trace = attach(trace, cal)
     ck = None
     if cl is not None:
-        from retime.replay.policies.scenario import cluster_keys
-        ck = cluster_keys(cl, trace)
+        ck, cal_lines = refined_keys(cl, ref, trace, sc_keys(scenario, set_))
         given = sc_keys(scenario, set_) & set(ck.keys)  # the user's value wins for these
     if scenario is not None or set_ or ck is not None:
         sc = scenario_from_cli(scenario, set_, ck.keys if ck else None)
@@ -115,6 +142,9 @@ def replay_cmd(
     if ck is not None:
         s["cluster"] = ck.describe()
         s["cluster"]["overridden"] = sorted(given)
+        if cal is not None:
+            s["cluster"]["calibration"] = {"file": str(calibration), "level": ref.level,
+                                           "lines": cal_lines}
     # GPU work the measured step figures leave out or the trace cannot show
     from retime.analysis.coverage import unseen_notes, unseen_work
     s["notes"] = unseen_notes(unseen_work(trace))
@@ -166,6 +196,8 @@ def replay_cmd(
             + ", ".join((f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}")
                         + (" (overridden)" if k in given else "") for k, v in ck.keys.items())
             + "".join(f"; {', '.join(ks)} left out: {why}" for why, ks in left.items()))
+        for line in cal_lines:
+            say(f"  {line}")
     for note in s.get("whatif", {}).get("assumed", []):
         say(f"  assumed: {note}")
     for note in s["notes"]:

@@ -65,7 +65,10 @@ def sweep_cmd(
     = None,
     calibration: Annotated[Path | None, typer.Option(
         "--calibration", exists=True, dir_okay=False,
-        help="A calibration file from `retime calibrate`, used by every scenario.")] = None,
+        help="A calibration file from `retime calibrate`, used by every scenario. With "
+             "--cluster it must have been measured on that cluster (else exit 2); its "
+             "measured efficiency then replaces the model's for the level it measured (a "
+             "grid key of the same name wins).")] = None,
     cluster: Annotated[Path | None, typer.Option(
         "--cluster", exists=True, dir_okay=False,
         help="Cluster TOML (`retime cost cluster --preset NAME -o F.toml`) every scenario runs "
@@ -96,15 +99,25 @@ def sweep_cmd(
     from retime.replay.sweep import METRICS, SweepInterrupted, default_workers, read_grid, sweep
 
     scenarios = read_grid(grid)
-    trace = read_trace(trace_dir)
+    cal = ref = cl = None
     if calibration is not None:
-        from retime.collectors.calibrate import attach, read_calibration
-        trace = attach(trace, read_calibration(calibration))
-    ck = None
+        from retime.collectors.calibrate import read_calibration
+        cal = read_calibration(calibration)
     if cluster is not None:
         from retime.collectors.costs import read_cluster
-        from retime.replay.policies.scenario import cluster_keys
-        ck = cluster_keys(read_cluster(cluster), trace)
+        from retime.replay.policies.cluster_cal import refine
+        cl = read_cluster(cluster)
+        ref = refine(cl, cal)  # a calibration of another cluster is refused before the trace
+    trace = read_trace(trace_dir)
+    if cal is not None:
+        from retime.collectors.calibrate import attach
+        trace = attach(trace, cal)
+    ck = None
+    cal_lines: list[str] = []
+    if cl is not None:
+        from retime.cmd_replay import refined_keys
+        grid_keys = {k for sc in scenarios for k in sc}
+        ck, cal_lines = refined_keys(cl, ref, trace, grid_keys)
         scenarios = [{**ck.keys, **sc} for sc in scenarios]
     n_workers = None if scheduler else (workers or default_workers())
     t0 = time.perf_counter()
@@ -120,6 +133,9 @@ def sweep_cmd(
               "workers": n_workers, "scheduler": scheduler})
     if ck is not None:
         s["cluster"] = ck.describe()
+        if cal is not None:
+            s["cluster"]["calibration"] = {"file": str(calibration), "level": ref.level,
+                                           "lines": cal_lines}
     if interrupted:
         typer.echo(f"retime: interrupted: wrote the {s['completed']} of {s['scenarios']} "
                    f"scenarios finished to {output}", err=True)
@@ -144,5 +160,7 @@ def sweep_cmd(
         say(f"  best step time {b['step_time_ns'] / 1e6:.3f} ms{rng} (scenario "
             f"{s['best']['scenario_id']}: "
             f"{', '.join(f'{k}={v}' for k, v in keys.items() if v is not None) or 'baseline'})")
+    for line in cal_lines:
+        say(f"  {line}")
     for e in df["error"].dropna().head(3):
         say(f"  failed: {e}")

@@ -251,6 +251,12 @@ KEYS: dict[str, KeyInfo] = {
                                  "all-reduce algorithm"),
     "network.bus_efficiency": KeyInfo("fraction", "(0, 1]", "hardware profile", _NET,
                                       "achieved fraction of link bandwidth"),
+    "network.intra_bus_efficiency": KeyInfo(
+        "fraction", "(0, 1]", "network.bus_efficiency", _NET, "achieved fraction of the "
+        "intra-node link's nominal rate (set from a calibration measured on the cluster)"),
+    "network.inter_bus_efficiency": KeyInfo(
+        "fraction", "(0, 1]", "network.bus_efficiency", _NET, "achieved fraction of the "
+        "inter-node link's nominal rate (set from a calibration measured on the cluster)"),
     "network.cross_dc_gbps": KeyInfo("GB/s per GPU per direction", "> 0", "12.5", _NET,
                                      "bandwidth between datacenters (with nodes_per_dc)"),
     "network.cross_dc_km": KeyInfo("km", ">= 0", "hardware profile", _NET,

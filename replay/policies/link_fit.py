@@ -29,7 +29,7 @@ from .base import by_op, ranks_per_node_of
 
 __all__ = ["LEVELS", "TCP_GOODPUT", "DEFAULT_BUS_EFFICIENCY", "DEFAULT_ALPHA_US",
            "IDENTIFIABLE_SIZE_RATIO", "MAX_ALPHA_SHARE", "bus_factor", "collective_table",
-           "calibrate", "calibration_alpha_ns", "shaped_link", "inferred_shaper",
+           "calibrate", "calibration_alpha_ns", "fit_alpha_beta", "shaped_link", "inferred_shaper",
            "link_credits", "spend_tokens", "kit_burst_bytes"]
 
 LEVELS = ("intra", "inter", "cross_dc")
@@ -284,6 +284,32 @@ MAX_STEP_LATENCY_US = {0: 50.0, 1: 1000.0, 2: 50_000.0}
 def _mb_span(xs: np.ndarray) -> str:
     lo, hi = float(xs.min()) / 1e6, float(xs.max()) / 1e6
     return f"{lo:.3g} MB of bus bytes" if hi <= lo * 1.001 else f"{lo:.3g}-{hi:.3g} MB of bus bytes"
+
+
+def fit_alpha_beta(xs: np.ndarray, ys: np.ndarray) -> dict[str, Any]:
+    """A line ``t = a + x / B`` through (bus bytes ``xs``, ns ``ys``) of one level's
+    collectives, fitted only where the sizes can tell latency from bandwidth (at least 3
+    sizes spanning :data:`IDENTIFIABLE_SIZE_RATIO`) and the line is physical (``a >= 0``,
+    ``B > 0``). Otherwise ``identifiable`` is False, ``why`` says why, and all the time is
+    bandwidth at the largest size (``a = 0``, ``B = x / t`` there: the size least bound by
+    latency). Returns ``alpha_ns``,
+    ``busbw_gbps`` (bytes per ns), ``identifiable`` and ``why``."""
+    xs = np.asarray(xs, np.float64)
+    ys = np.asarray(ys, np.float64)
+    why = None
+    if len(xs) < 3 or xs.max() < IDENTIFIABLE_SIZE_RATIO * xs.min():
+        why = (f"{len(xs)} size(s) of {_mb_span(xs)}: fewer than 3 sizes spanning "
+               f"{IDENTIFIABLE_SIZE_RATIO:g}x cannot separate latency from bandwidth")
+    else:
+        sol, *_ = np.linalg.lstsq(np.stack([np.ones(len(xs)), xs], axis=1), ys, rcond=None)
+        if sol[1] > 0 and sol[0] >= 0:
+            return {"alpha_ns": float(sol[0]), "busbw_gbps": 1.0 / float(sol[1]),
+                    "identifiable": True, "why": None}
+        why = (f"the fit over {len(xs)} sizes of {_mb_span(xs)} gave a latency of "
+               f"{sol[0] / 1e3:.3g} us and a slope of {sol[1]:.3g} ns per byte, not physical")
+    k = int(np.argmax(xs))
+    return {"alpha_ns": 0.0, "busbw_gbps": float(xs[k] / ys[k]), "identifiable": False,
+            "why": why}
 
 
 def calibration_alpha_ns(trace: Trace, level: int, n_ranks) -> float | None:

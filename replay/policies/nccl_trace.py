@@ -257,12 +257,14 @@ def peer_text(n_partial: int, meas_ns: np.ndarray, model_ns: np.ndarray) -> str:
 
 def network_delta(trace: Trace, graph, tab: dict, cal: dict, ranks_per_node: int | None,
                   new_intra: float | None, new_inter: float | None,
-                  meas_intra: float | None, meas_inter: float | None
+                  meas_intra: float | None, meas_inter: float | None,
+                  new_intra_eff: float | None = None, new_inter_eff: float | None = None
                   ) -> tuple[np.ndarray, dict, list[str]] | None:
     """Per row of ``tab``: the change of its transfer time (ns) when the links' nominal
     rates become ``new_intra`` / ``new_inter`` GB/s (None: unchanged), priced by the NCCL
     model on the trace's cluster at its nominal rates (``meas_*`` stated, else assumed from
-    the GPU name) and scaled by ``kappa`` (fitted on fully traced last arrivers, else 1).
+    the GPU name; the new links at ``new_*_eff`` of their nominal rate where stated, e.g. by
+    a calibration measured on the cluster) and scaled by ``kappa`` (fitted on fully traced last arrivers, else 1).
     Also the figures to print and the ``assumed:`` lines. None for a trace the model cannot
     place (no device properties) or collectives that change level."""
     import dataclasses
@@ -283,7 +285,9 @@ def network_delta(trace: Trace, graph, tab: dict, cal: dict, ranks_per_node: int
     new_c = dataclasses.replace(
         old_c, intra_gbps=float(new_intra) if new_intra else old_c.intra_gbps,
         nic_gbit=(float(new_inter) * 8.0 * old_c.gpus_per_node / max(old_c.nics_per_node, 1))
-        if new_inter else old_c.nic_gbit)
+        if new_inter else old_c.nic_gbit,
+        intra_eff=float(new_intra_eff) if new_intra_eff else old_c.intra_eff,
+        net_eff=float(new_inter_eff) if new_inter_eff else old_c.net_eff)
     ar = tab["comm_op"] == CommOp.ALL_REDUCE
     chan = measured_channels(trace)
     po = NcclPricer(old_c, channels=chan)

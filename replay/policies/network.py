@@ -173,6 +173,10 @@ class Network(Policy):
     intra_latency_us: float | None = None
     algorithm: str | None = None
     bus_efficiency: float | None = None
+    #: one level's achieved fraction of its nominal rate (a calibration measured on the
+    #: cluster, ``retime calibrate --cluster``); wins over ``bus_efficiency`` for that level
+    intra_bus_efficiency: float | None = None
+    inter_bus_efficiency: float | None = None
     cross_dc_gbps: float | None = None
     cross_dc_km: float | None = None
     nodes_per_dc: int | None = None
@@ -188,12 +192,14 @@ class Network(Policy):
 
     def __post_init__(self) -> None:
         for f in ("intra_node_gbps", "inter_node_gbps", "cross_dc_gbps", "bus_efficiency",
+                  "intra_bus_efficiency", "inter_bus_efficiency",
                   "measured_intra_node_gbps", "measured_inter_node_gbps"):
             check_positive("network", f, getattr(self, f))
         for f in ("latency_us", "intra_latency_us", "cross_dc_km"):
             check_positive("network", f, getattr(self, f), strict=False)
-        if self.bus_efficiency is not None and self.bus_efficiency > 1:
-            raise PolicyError(f"network.bus_efficiency={self.bus_efficiency} must be in (0, 1]")
+        for f in ("bus_efficiency", "intra_bus_efficiency", "inter_bus_efficiency"):
+            if getattr(self, f) is not None and getattr(self, f) > 1:
+                raise PolicyError(f"network.{f}={getattr(self, f)} must be in (0, 1]")
         check_choice("network", "algorithm", self.algorithm, ("ring", "tree"))
         check_int("network", "nodes_per_dc", self.nodes_per_dc)
         if self.alpha_share is not None and not 0 <= self.alpha_share <= MAX_ALPHA_SHARE:
@@ -213,6 +219,10 @@ class Network(Policy):
         if self.bus_efficiency is not None:
             intra = rep(intra, bus_efficiency=float(self.bus_efficiency))
             inter = rep(inter, bus_efficiency=float(self.bus_efficiency))
+        if self.intra_bus_efficiency is not None:
+            intra = rep(intra, bus_efficiency=float(self.intra_bus_efficiency))
+        if self.inter_bus_efficiency is not None:
+            inter = rep(inter, bus_efficiency=float(self.inter_bus_efficiency))
         if self.inter_node_gbps is not None:
             inter = rep(inter, gbps=float(self.inter_node_gbps))
         if self.latency_us is not None:
@@ -308,10 +318,14 @@ class Network(Policy):
                     f"{v['busbw_gbps']:.3g} GB/s is a lower bound; trace every rank, or set "
                     f"network.{_LEVEL_KEY[k]}")
         eff = self.bus_efficiency or (TCP_GOODPUT if cpu else DEFAULT_BUS_EFFICIENCY)
+        level_eff = {0: self.intra_bus_efficiency, 1: self.inter_bus_efficiency}
         stated = {0: self.measured_intra_node_gbps, 1: self.measured_inter_node_gbps}
         new_bw = {}
         for lv, gbps in self._level_gbps().items():
-            if gbps is not None and stated.get(lv) and lv in cal and self.bus_efficiency is None:
+            if gbps is not None and level_eff.get(lv) is not None:
+                new_bw[lv] = gbps * float(level_eff[lv])
+            elif gbps is not None and stated.get(lv) and lv in cal \
+                    and self.bus_efficiency is None:
                 # the efficiency the trace achieved on its stated link, on the new one
                 e = min(1.0, cal[lv]["busbw_gbps"] / float(stated[lv]))
                 new_bw[lv] = gbps * e
@@ -383,8 +397,9 @@ class Network(Policy):
     def _nccl(self, state: WhatIfState, tab, cal, cpu: bool, old) -> bool:
         """NCCL/RCCL collectives on GPU streams with a new nominal link rate: re-timed by
         the cost layer's NCCL model (:func:`.nccl_trace.network_delta`), which applies the
-        efficiency; the fitted and the assumed figures are printed. False where it does
-        not apply (gloo, a stated bus efficiency, latency keys, re-laid-out jobs, levels
+        efficiency (a level's stated one, ``intra_bus_efficiency`` / ``inter_bus_efficiency``,
+        on the new links); the fitted and the assumed figures are printed. False where it does
+        not apply (gloo, a stated bus efficiency for every level, latency keys, re-laid-out jobs, levels
         that change, a trace without device properties): the alpha-beta path runs."""
         from .nccl_trace import gpu_collectives, network_delta
 
@@ -397,7 +412,8 @@ class Network(Policy):
             return False
         got = network_delta(state.trace, state.graph, tab, cal, state.ranks_per_node,
                             self.intra_node_gbps, self.inter_node_gbps,
-                            self.measured_intra_node_gbps, self.measured_inter_node_gbps)
+                            self.measured_intra_node_gbps, self.measured_inter_node_gbps,
+                            self.intra_bus_efficiency, self.inter_bus_efficiency)
         if got is None:
             return False
         delta, info, lines = got
