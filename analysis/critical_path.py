@@ -56,8 +56,7 @@ def dependency_arcs(trace) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarr
     if n > 1:
         lane = o["lane"].to_numpy()
         start = o["start_ns"].to_numpy()
-        ids = np.arange(n, dtype=np.int64)
-        order = np.lexsort((ids, start, lane))
+        order = np.lexsort((start, lane))  # stable: ties in op order
         same = lane[order[1:]] == lane[order[:-1]]
         src.append(order[:-1][same].astype(np.int64))
         dst.append(order[1:][same].astype(np.int64))

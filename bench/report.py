@@ -12,8 +12,6 @@
    1F1B, 16 micro-batches, full recompute, sequence parallel; 2.2 M ops), made by
    ``retime report`` in a fresh process, as a user runs it: CPU of the whole command
    (start-up, reading the store, analysis, figures, writing), HTML and PDF. Budget: 10 s.
-   Beside it, reading that store (a fresh process each): ``read_trace`` against its peer,
-   pyarrow's own ``read_table().to_pandas()`` of every table, as a ratio.
 """
 
 from __future__ import annotations
@@ -79,19 +77,6 @@ def large_report(out: Path) -> None:
              "--micro-batch", "1", "--recompute", "full", "--sequence-parallel", "-o",
              str(store)]
     subprocess.run(synth, check=True, env=env, capture_output=True)
-    reads = {"read_trace": "from retime.collectors.trace import read_trace; read_trace(p)",
-             "pyarrow read_table().to_pandas() (peer)":
-                 "import pyarrow.parquet as pq, pathlib; "
-                 "[pq.read_table(f).to_pandas() for f in pathlib.Path(p).glob('*.parquet')]"}
-    cpu_of = {}
-    for label, code in reads.items():
-        c0 = _children_cpu()
-        subprocess.run([sys.executable, "-c", f"p = {str(store)!r}; {code}"], env=env,
-                       check=True, capture_output=True)
-        cpu_of[label] = _children_cpu() - c0
-    (a, ca), (b, cb) = cpu_of.items()
-    print(f"reading the 128-rank store (2.2 M ops), fresh process: {a} {ca:.2f} s CPU, {b} "
-          f"{cb:.2f} s CPU: {cb / ca:.2f}x (start-up included in both)")
     for suffix in ("html", "pdf"):
         c0 = _children_cpu()
         t0 = time.perf_counter()

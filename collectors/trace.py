@@ -465,7 +465,7 @@ def read_trace(path: str | os.PathLike[str], *, columns: list[str] | None = None
     and the storage keys (``layout``, ``partitions``) are left out, so both layouts of one
     trace read back equal.
     """
-    from .store import read_numeric, read_partitioned
+    from .store import read_partitioned
 
     path = Path(path)
     meta = read_meta(path)
@@ -482,9 +482,7 @@ def read_trace(path: str | os.PathLike[str], *, columns: list[str] | None = None
         if not f.is_file():
             raise TraceFormatError(f"{path}: missing {name}.parquet; re-ingest the trace")
         try:
-            num = read_numeric(f, cols) if name in ("ops", "edges") else None  # the big two
-            tables[name] = (pd.DataFrame(num, copy=False) if num is not None else
-                            pq.read_table(f, columns=cols).to_pandas())
+            tables[name] = pq.read_table(f, columns=cols).to_pandas()
         except (OSError, pa.ArrowException) as exc:
             raise TraceFormatError(f"{f}: unreadable Parquet ({exc}); re-ingest the trace") from exc
     strings = [str(s) for s in tables.pop("strings")["name"].tolist()]

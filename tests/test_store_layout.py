@@ -253,34 +253,3 @@ def test_info_of_a_partitioned_store_is_streamed_and_equal(dlrm_stores, capsys):
         out.append(json.loads(capsys.readouterr().out))
     assert out[0] == out[1]
     assert out[1]["ops"] == sum(out[1]["ops_by_kind"].values()) and len(out[1]["span_ns"]) == 8
-
-
-def test_read_numeric_gives_to_pandas_values(tmp_path):
-    """read_trace's row-group reader: the values and dtypes of
-    ``pq.read_table(f).to_pandas()`` over several row groups (chunks), None for a column with
-    nulls or one that is not a number (those files take the general path)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from retime.collectors.store import read_numeric
-
-    rng = np.random.default_rng(3)
-    n = 10_007
-    cols = {"a": rng.integers(-5, 5, n).astype(np.int8),
-            "b": rng.integers(0, 1 << 40, n).astype(np.int64),
-            "c": rng.integers(0, 100, n).astype(np.int32),
-            "d": np.where(rng.random(n) < 0.1, np.nan, rng.random(n))}
-    f = tmp_path / "t.parquet"
-    pq.write_table(pa.table(cols), f, row_group_size=1000)
-    got = read_numeric(f)
-    ref = pq.read_table(f).to_pandas()
-    assert list(got) == list(ref.columns)
-    for c in ref.columns:
-        assert got[c].dtype == ref[c].dtype
-        assert np.array_equal(got[c], ref[c].to_numpy(), equal_nan=c == "d")
-    sub = read_numeric(f, ["c", "a"])
-    assert sorted(sub) == ["a", "c"] and np.array_equal(sub["c"], cols["c"])
-    pq.write_table(pa.table({"x": pa.array([1, None, 3], pa.int64())}), tmp_path / "n.parquet")
-    assert read_numeric(tmp_path / "n.parquet") is None
-    pq.write_table(pa.table({"s": ["a", "b"]}), tmp_path / "s.parquet")
-    assert read_numeric(tmp_path / "s.parquet") is None
