@@ -348,9 +348,12 @@ def _windows(rank, step, start_ns, end_ns, device=None, host_bounds=None, lead_o
         k_b = np.concatenate([e[st], hb["end_ns"].to_numpy().astype(np.int64)])
     else:
         k_r, k_s, k_a, k_b = rank[st], step[st], s[st], e[st]
-    ur, ri = unique(np.concatenate([rank, k_r]), return_inverse=True)
+    # ranks of the ops and of the step ranges; the ops' part of k_r is rank[st], so only the
+    # ranges' ranks are looked up (not millions of op ranks a second time)
+    n_st = int(st.sum())
+    ur, ri = unique(np.concatenate([rank, k_r[n_st:]]), return_inverse=True)
     ri = ri.reshape(-1)
-    kri = ri[n:]
+    kri = np.concatenate([ri[:n][st], ri[n:]])
     ri = ri[:n]
     nr = len(ur)
     has_steps = np.zeros(nr, bool)
