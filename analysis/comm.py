@@ -28,7 +28,7 @@ import pandas as pd
 from retime.collectors.arrays import isin
 from retime.collectors.enums import CommOp
 
-from ._util import COMM_KINDS, as_trace, op_ends_ns
+from ._util import COMM_KINDS, _memo, as_trace, op_ends_ns
 
 __all__ = ["busbw_factor", "collectives", "comm_summary", "rank_wait", "matched_coll_ids",
            "unmatched_collectives"]
@@ -53,8 +53,13 @@ def _group_sizes(trace) -> dict[int, int]:
 
 
 def matched_coll_ids(x: Any) -> np.ndarray:
-    """The ``coll_id`` of every matched instance (module docstring), sorted."""
+    """The ``coll_id`` of every matched instance (module docstring), sorted (read-only
+    inside a report's memo scope, where three sections share it)."""
     t = as_trace(x)
+    return _memo(t, "matched_coll_ids", lambda: _matched_coll_ids(t))
+
+
+def _matched_coll_ids(t) -> np.ndarray:
     o = t.ops
     m = isin(o["kind"].to_numpy(), COMM_KINDS) & (o["coll_id"].to_numpy() >= 0)
     if not m.any():

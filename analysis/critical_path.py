@@ -56,8 +56,7 @@ def dependency_arcs(trace) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarr
     if n > 1:
         lane = o["lane"].to_numpy()
         start = o["start_ns"].to_numpy()
-        ids = np.arange(n, dtype=np.int64)
-        order = np.lexsort((ids, start, lane))
+        order = np.lexsort((start, lane))  # stable: ties in op order
         same = lane[order[1:]] == lane[order[:-1]]
         src.append(order[:-1][same].astype(np.int64))
         dst.append(order[1:][same].astype(np.int64))
@@ -144,14 +143,17 @@ def _from_trace(t):
     pos[topo] = np.arange(n_all)
     fwd = pos[src] < pos[dst]
     dropped = int((~fwd).sum())
-    src, dst, w, kd = src[fwd], dst[fwd], w[fwd], kd[fwd]
-    order = (np.argsort(dst * n_all + src, kind="stable") if n_all < (1 << 31)
-             else np.lexsort((src, dst)))  # by (dst, src): one pass where it fits
-    src, dst, w, kd = src[order], dst[order], w[order], kd[order]
+    # the kept arcs by (dst, src) as one index into the arrays: each array the kernel reads
+    # is gathered once (millions of arcs), and the kinds only at the path's arcs
+    fi = np.flatnonzero(fwd)
+    f_src, f_dst = src[fi], dst[fi]
+    order = (np.argsort(f_dst * n_all + f_src, kind="stable") if n_all < (1 << 31)
+             else np.lexsort((f_src, f_dst)))  # by (dst, src): one pass where it fits
+    arcs = fi[order]
     indptr = np.zeros(n_all + 1, np.int64)
-    np.cumsum(np.bincount(dst, minlength=n_all), out=indptr[1:])
-    es, best, best_arc = _longest_path(topo, indptr, np.ascontiguousarray(src),
-                                       np.ascontiguousarray(w), dur_all)
+    np.cumsum(np.bincount(f_dst, minlength=n_all), out=indptr[1:])
+    es, best, best_arc = _longest_path(topo, indptr, np.ascontiguousarray(f_src[order]),
+                                       np.ascontiguousarray(w[arcs]), dur_all)
     if n == 0:
         z = np.zeros(0, np.int64)
         return z, z, z, z, 0, dropped
@@ -159,7 +161,8 @@ def _from_trace(t):
     last_op = int(np.argmax(ef[:n]))
     full = _backtrack(best, last_op)
     arc = best_arc[full]
-    akind = np.where(arc >= 0, kd[np.maximum(arc, 0)], _LANE_ORDER)
+    akind = (np.where(arc >= 0, kd[arcs[np.maximum(arc, 0)]], _LANE_ORDER) if len(arcs)
+             else np.full(len(arc), _LANE_ORDER, np.int64))
     # a member reached through its collective's virtual node waited on the arc into it
     isv = full >= n
     akind[1:][isv[:-1]] = akind[:-1][isv[:-1]]

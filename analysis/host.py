@@ -28,7 +28,7 @@ import pandas as pd
 from retime.collectors.arrays import isin, unique
 from retime.collectors.enums import EdgeKind, LaneKind, OpKind
 
-from ._util import as_trace, op_ends_ns, step_windows
+from ._util import _memo, as_trace, op_ends_ns, step_windows
 from .breakdown import breakdown
 
 __all__ = ["launch_latency", "host_overhead", "host_ops"]
@@ -48,6 +48,12 @@ def launch_latency(x: Any) -> pd.DataFrame:
     ``launch_start_ns``, ``launch_end_ns``, ``start_ns``, ``latency_ns`` (start - launch
     start), ``queue_ns`` (start - launch end) and ``launch_bound`` (module docstring)."""
     t = as_trace(x)
+    # the host section, host_overhead and host_ops all ask: once per memo scope; a shallow
+    # copy (a million rows on large runs), so a caller's new columns stay its own
+    return _memo(t, "launch_latency", lambda: _launch_latency(t)).copy(deep=False)
+
+
+def _launch_latency(t) -> pd.DataFrame:
     o = t.ops
     e = t.edges
     kind = o["kind"].to_numpy()

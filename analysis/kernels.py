@@ -40,8 +40,14 @@ def classify_names(names: list[str] | np.ndarray) -> np.ndarray:
 def kernel_classes(x: Any) -> np.ndarray:
     """Class of every op of ``x`` (aligned with ``ops``), from its kind and name."""
     t = as_trace(x)
+    return _NAMES[_class_ids(t)]
+
+
+def _class_ids(t) -> np.ndarray:
+    """Class id (int8 :class:`KernelClass`) of every op: the tables group on these, not on
+    millions of class-name strings (pandas would build a string column of every op)."""
     o = t.ops
-    return _NAMES[op_classes(o["kind"].to_numpy(), o["name_id"].to_numpy(), t.strings)]
+    return op_classes(o["kind"].to_numpy(), o["name_id"].to_numpy(), t.strings)
 
 
 def _device_ops(t) -> np.ndarray:
@@ -67,7 +73,7 @@ def kernel_stats(x: Any, *, top: int | None = None, by_rank: bool = False) -> pd
     t = as_trace(x)
     o = t.ops
     m = _device_ops(t)
-    cls = kernel_classes(t)[m]
+    cls = _class_ids(t)[m]
     df = pd.DataFrame({"rank": o["rank"].to_numpy()[m], "name_id": o["name_id"].to_numpy()[m],
                        "kind": o["kind"].to_numpy()[m], "dur_ns": o["dur_ns"].to_numpy()[m],
                        "kernel_class": cls})
@@ -80,6 +86,7 @@ def kernel_stats(x: Any, *, top: int | None = None, by_rank: bool = False) -> pd
     s = g.agg(count=("dur_ns", "size"), total_ns=("dur_ns", "sum"), mean_ns=("dur_ns", "mean"),
               min_ns=("dur_ns", "min"), max_ns=("dur_ns", "max"),
               kernel_class=("kernel_class", "first"), kind=("kind", "first")).reset_index()
+    s["kernel_class"] = _NAMES[s["kernel_class"].to_numpy()]  # one name per group
     names = np.asarray(t.strings, dtype=object)
     s.insert(len(keys), "name", names[s["name_id"].to_numpy()])
     s["kind"] = [OpKind(int(k)).name for k in s["kind"].to_numpy()]
@@ -111,10 +118,11 @@ def class_stats(x: Any) -> pd.DataFrame:
     """
     t = as_trace(x)
     m = _device_ops(t)
-    cls = kernel_classes(t)[m]
+    cls = _class_ids(t)[m]
     dur = t.ops["dur_ns"].to_numpy()[m]
     df = pd.DataFrame({"kernel_class": cls, "dur_ns": dur})
     g = df.groupby("kernel_class").agg(count=("dur_ns", "size"), total_ns=("dur_ns", "sum"))
+    g.index = pd.Index(_NAMES[g.index.to_numpy()], name="kernel_class")
     g = g.reindex(list(KERNEL_CLASSES), fill_value=0).reset_index()
     g["count"] = g["count"].astype(np.int64)
     g["total_ns"] = g["total_ns"].astype(np.int64)

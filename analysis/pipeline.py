@@ -20,6 +20,7 @@ from retime.collectors.arrays import isin, unique
 from ._kernels import _union_len_grouped
 from ._util import (
     COMPUTE_KINDS,
+    _memo,
     as_trace,
     clip_to_windows,
     comm_mask,
@@ -33,6 +34,11 @@ __all__ = ["rank_stages", "bubbles", "stage_bubbles"]
 def rank_stages(x: Any) -> pd.DataFrame:
     """``rank`` -> ``stage`` (most common op stage of the rank, -1 when unknown)."""
     t = as_trace(x)
+    # the pipeline, memory and report sections all ask: once per memo scope
+    return _memo(t, "rank_stages", lambda: _rank_stages(t)).copy()
+
+
+def _rank_stages(t) -> pd.DataFrame:
     o = t.ops
     ranks = unique(o["rank"].to_numpy()) if len(o) else np.zeros(0, np.int32)
     st = o["stage"].to_numpy()

@@ -15,7 +15,7 @@ import pandas as pd
 from retime.collectors.arrays import isin
 from retime.collectors.enums import CommOp, LaneKind
 
-from ._util import COMM_KINDS
+from ._util import COMM_KINDS, _memo
 from .breakdown import PARTS
 from .report_run import RunAnalysis
 from .tables import fmt_ns, fmt_pct, ranks_label, short_name
@@ -47,6 +47,11 @@ def collective_waits(t) -> pd.DataFrame:
     """Who waits for whom: per (waiting rank, last-arriving rank, primitive) the total time
     the rank spent in collectives waiting for that rank to arrive. Columns ``rank``,
     ``late_rank``, ``comm_op``, ``instances``, ``wait_ns``; sorted by wait, longest first."""
+    # the findings and the communication section both ask: once per memo scope
+    return _memo(t, "collective_waits", lambda: _collective_waits(t)).copy()
+
+
+def _collective_waits(t) -> pd.DataFrame:
     from .comm import matched_coll_ids
 
     o = t.ops

@@ -33,6 +33,7 @@ from ._util import (
     MEM_KINDS,
     _keep_step_mask,
     _lane_kind_of_ops,
+    _memo,
     device_mask,
     host_mask,
     op_ends_ns,
@@ -86,7 +87,13 @@ def typical_step(trace) -> StepWindow:
 
 
 def _step_ops(trace, step: int) -> np.ndarray:
-    """Mask of the ops of ``step`` (all step-attributed ops when ``step`` is -1)."""
+    """Mask of the ops of ``step`` (all step-attributed ops when ``step`` is -1); a copy of
+    the one computed per memo scope (four timeline analyses ask, and some narrow it in
+    place)."""
+    return _memo(trace, f"step_ops:{step}", lambda: _step_ops_(trace, step)).copy()
+
+
+def _step_ops_(trace, step: int) -> np.ndarray:
     o = trace.ops
     steps = o["step"].to_numpy()
     keep = _keep_step_mask(o["rank"].to_numpy(), steps)

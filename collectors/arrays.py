@@ -26,6 +26,10 @@ def unique(x: Any, **kw: Any) -> Any:
     if a.ndim != 1 or a.dtype.kind not in "iub" or set(kw) - {"return_inverse",
                                                               "return_counts"}:
         return np.unique(x, **kw)
+    if a.dtype.kind in "iu" and len(a):
+        lo, hi = int(a.min()), int(a.max())
+        if hi - lo <= len(a) + (1 << 16):  # few distinct values in a small range (ranks,
+            return _unique_dense(a, lo, hi - lo + 1, kw)  # steps, kinds): one count, no sort
     if kw.get("return_inverse") or kw.get("return_counts"):
         import pandas as pd
 
@@ -44,6 +48,22 @@ def unique(x: Any, **kw: Any) -> Any:
     keep[0] = True
     np.not_equal(s[1:], s[:-1], out=keep[1:])
     return s[keep]
+
+
+def _unique_dense(a: np.ndarray, lo: int, span: int, kw: dict[str, Any]) -> Any:
+    """:func:`unique` of integers within ``[lo, lo + span)`` by counting each value (numpy's
+    results: sorted values, ``intp`` inverse and counts)."""
+    off = a.astype(np.intp) - lo if lo else a.astype(np.intp, copy=False)
+    c = np.bincount(off, minlength=span)
+    present = c > 0
+    u = (np.flatnonzero(present) + lo).astype(a.dtype)
+    out = [u]
+    if kw.get("return_inverse"):
+        lut = np.cumsum(present, dtype=np.intp) - 1
+        out.append(lut[off])
+    if kw.get("return_counts"):
+        out.append(c[present].astype(np.intp))
+    return tuple(out) if len(out) > 1 else u
 
 
 def isin(a: Any, b: Any, **kw: Any) -> np.ndarray:

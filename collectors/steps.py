@@ -266,17 +266,23 @@ def _queued_floor(ri, step, s, dev, queue, first_rank, rank_ids, first_step, fir
     m = dev & (step >= 0) & (step == k1[ri])
     if not m.any():
         return out
-    # the step's first GPU op (ties: the one that waited least)
-    d = pd.DataFrame({"ri": ri[m], "lane": lane[m], "s": s[m], "wait": wait[m]})
-    d = d.sort_values(["ri", "s", "wait"], kind="mergesort").drop_duplicates("ri")
-    pos = np.searchsorted(first_rank, d["ri"].to_numpy())
+    # the step's first GPU op (ties: the one that waited least, then the first in op order):
+    # only the ops at their rank's earliest start are candidates, so the sort is of a few
+    idx = np.flatnonzero(m)
+    lo = np.full(len(k1), np.iinfo(np.int64).max, np.int64)
+    np.minimum.at(lo, ri[idx], s[idx])
+    idx = idx[s[idx] == lo[ri[idx]]]
+    idx = idx[np.lexsort((wait[idx], ri[idx]))]  # stable: op order breaks the last ties
+    idx = idx[np.r_[True, ri[idx][1:] != ri[idx][:-1]]]
+    d = {"ri": ri[idx], "s": s[idx], "wait": wait[idx]}
+    pos = np.searchsorted(first_rank, d["ri"])
     win = first_end[pos] - first_start[pos]
     tau = np.maximum(QUEUED_MIN_NS, (QUEUED_MIN_FRAC * win).astype(np.int64))
-    q = d["wait"].to_numpy() > tau
+    q = d["wait"] > tau
     if not q.any():
         return out
     pos = pos[q]
-    cut = d["s"].to_numpy()[q].astype(np.int64)
+    cut = d["s"][q].astype(np.int64)
     if len(marks):  # the GPU-side ProfilerStep marker, where the trace has one
         g = marks.groupby(["rank", "step"])["start_ns"].min()
         got = g.reindex(pd.MultiIndex.from_arrays([rank_ids[pos], first_step[pos]])
@@ -342,9 +348,12 @@ def _windows(rank, step, start_ns, end_ns, device=None, host_bounds=None, lead_o
         k_b = np.concatenate([e[st], hb["end_ns"].to_numpy().astype(np.int64)])
     else:
         k_r, k_s, k_a, k_b = rank[st], step[st], s[st], e[st]
-    ur, ri = unique(np.concatenate([rank, k_r]), return_inverse=True)
+    # ranks of the ops and of the step ranges; the ops' part of k_r is rank[st], so only the
+    # ranges' ranks are looked up (not millions of op ranks a second time)
+    n_st = int(st.sum())
+    ur, ri = unique(np.concatenate([rank, k_r[n_st:]]), return_inverse=True)
     ri = ri.reshape(-1)
-    kri = ri[n:]
+    kri = np.concatenate([ri[:n][st], ri[n:]])
     ri = ri[:n]
     nr = len(ur)
     has_steps = np.zeros(nr, bool)

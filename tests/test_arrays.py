@@ -37,3 +37,17 @@ def test_other_inputs_go_to_numpy():
     m = np.array([[1, 2], [1, 2], [0, 3]])
     assert np.array_equal(unique(m, axis=0), np.unique(m, axis=0))
     assert isin(np.array([1, 5]), [5]).tolist() == [False, True]
+
+
+@pytest.mark.parametrize("lo,hi", [(-40, 40), (0, 1 << 40), (-(1 << 40), 1 << 40), (5, 6)])
+def test_unique_dense_and_sorted_paths_equal_numpy(lo, hi):
+    """Values in a small range (counted) and spread wide (sorted / factorized), negative too:
+    both give numpy's results."""
+    rng = np.random.default_rng(7)
+    for _ in range(100):
+        x = rng.integers(lo, hi, int(rng.integers(1, 500)), dtype=np.int64)
+        for kw in KWS:
+            a, b = unique(x, **kw), np.unique(x, **kw)
+            a, b = (a if isinstance(a, tuple) else (a,)), (b if isinstance(b, tuple) else (b,))
+            for p, q in zip(a, b, strict=True):
+                assert p.dtype == q.dtype and p.shape == q.shape and np.array_equal(p, q)
