@@ -121,7 +121,8 @@ def _keys_of(pols: list) -> dict[str, Any]:
 #: the model's own share of a what-if's change it cannot vouch for: a change priced from
 #: what the trace measured (``fitted``) or partly from unbounded priors (``assumed``).
 #: Chosen on the 60 paired predictions that shaped the model (15%: 93% of them inside their
-#: range; 12.5% gave 88% in an earlier run of the model); the pairs captured after the
+#: range as a share of the change, 95% as a ratio (step_range), median half-width 10.4%
+#: both; 12.5% gave 88% in an earlier run of the model); the pairs captured after the
 #: freeze and held-out captures judge it (traces/pairs/README.md)
 MODEL_SHARE = {"fitted": 0.15, "assumed": 0.25}
 
@@ -132,7 +133,9 @@ def step_range(trace: Trace, res: ReplayResult, alt: list[dict]) -> dict[str, An
     * the measured step-to-step spread: half the source trace's per-step range (max - min
       over its steps of the slowest rank's step), relative, around the prediction;
     * the model: a share of the predicted change, :data:`MODEL_SHARE` (``assumed`` when the
-      what-if printed an ``assumed:`` line);
+      what-if printed an ``assumed:`` line), taken as a ratio: ``pred / f .. pred * f`` with
+      ``f = (pred / measured step) ** share`` (a 5x speed-up is as uncertain as a 5x slow-down,
+      and the range never reaches zero);
     * the bounds of what the trace could not measure: the same what-if replayed at those
       bounds (``range_variants`` a policy asks for) widens the range to include them.
     """
@@ -147,9 +150,12 @@ def step_range(trace: Trace, res: ReplayResult, alt: list[dict]) -> dict[str, An
     # an assumption the range replays at its bounds is covered by them
     kind = ("assumed" if len(res.meta["whatif"].get("assumed", []))
             > int(res.meta["whatif"].get("bounded_assumptions", 0)) else "fitted")
-    model = MODEL_SHARE[kind] * abs(pred - base)
-    lo = pred * (1 - noise) - model
-    hi = pred * (1 + noise) + model
+    # the model's share of the change, as a ratio (a 5x speed-up is as uncertain as a 5x
+    # slow-down; the range never reaches zero): pred / f .. pred * f, f = (pred/base)^share
+    f = float(np.exp(MODEL_SHARE[kind] * abs(np.log(pred / base)))) if pred > 0 and base > 0 \
+        else 1.0
+    lo = pred * (1 - noise) / f
+    hi = pred * (1 + noise) * f
     bounds = [float(a["step_time_ns"]["per_step"]["replayed"]) for a in alt]
     for b in bounds:
         lo, hi = min(lo, b * (1 - noise)), max(hi, b * (1 + noise))
