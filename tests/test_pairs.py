@@ -14,6 +14,7 @@ import json
 import statistics
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -253,22 +254,34 @@ def test_job_runs_on_loopback_and_records_itself(tmp_path):
     import signal
     import socket
 
-    with socket.socket() as sock:  # a free port for the rendezvous
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    def run_job():
+        with socket.socket() as sock:  # a free port for the rendezvous
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        cmd = [sys.executable, str(ROOT / "examples" / "pairs" / "job.py"), "--out", str(out),
+               "--model", "mlp", "--hidden", "64", "--layers", "2", "--batch", "8",
+               "--nproc-per-host", "2", "--settle", "1", "--active", "2", "--pretouch-mb", "8",
+               "--checkpoint", "--master-port", str(port), "--extra", '{"rate_mbit": 0}']
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                cwd=ROOT, start_new_session=True)
+        try:
+            _, err = proc.communicate(timeout=300)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)  # the job and the ranks it spawned
+            raise
+        return proc.returncode, err
+
     out = tmp_path / "cap"
-    cmd = [sys.executable, str(ROOT / "examples" / "pairs" / "job.py"), "--out", str(out),
-           "--model", "mlp", "--hidden", "64", "--layers", "2", "--batch", "8",
-           "--nproc-per-host", "2", "--settle", "1", "--active", "2", "--pretouch-mb", "8",
-           "--checkpoint", "--master-port", str(port), "--extra", '{"rate_mbit": 0}']
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            cwd=ROOT, start_new_session=True)
-    try:
-        _, err = proc.communicate(timeout=300)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # the job and the ranks it spawned
-        raise
-    assert proc.returncode == 0, err[-3000:]
+    rc, err = run_job()
+    if rc != 0 and "terminated with signal SIGSEGV" in err and "profiler_stop" in err:
+        # a rank dies of SIGSEGV inside torch while its profiler stops: seen in 2 of 3
+        # clean-clone CI dry runs, never in 20 runs in a warm checkout; cause not verified
+        # (torch 2.13's exporter also reads uninitialized memory on these jobs, see
+        # collectors/capture.py). One more run; a second failure, or any other, fails.
+        warnings.warn(f"a rank of the job crashed in torch's profiler (SIGSEGV); rerun: "
+                      f"{err[-300:]}", stacklevel=1)
+        rc, err = run_job()
+    assert rc == 0, err[-3000:]
     rec = json.loads((tmp_path / "cap.job.json").read_text())
     assert rec["ddp_param_bytes"] == [64 * 64 * 4, 64 * 4] * 2 + [64 * 4, 4]
     assert rec["checkpoint"] is True and rec["world_size"] == 2 and rec["rate_mbit"] == 0
