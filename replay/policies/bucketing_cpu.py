@@ -188,23 +188,41 @@ def _fit_comm_slowdown(parts, bound: str | None = None) -> tuple[float, dict] | 
 
     A gloo transfer overlapping the training thread waits for the CPU at each hand-off, so
     it can last several times its isolated time (the pair kit's probe: 1 MiB at 1600 Mbit/s
-    in 18-27 ms next to compute, 1-5 ms alone) while compute loses little. When some of a
-    trace's transfers ran mostly under compute (>= 50% of their time) and some mostly not
-    (<= 20%), the ``i`` (rate ``1 / (1 + i)`` under compute) whose isolated times
-    (:func:`_isolated_transfer`: concurrent transfers share the link) agree best, i.e. least
-    spread of their log time, separates the two; ``bound`` ``"low"`` / ``"high"``: the
-    smallest / largest ``i`` within :data:`FIT_COMM_TOL` of that spread (the range). None
-    (the trace cannot tell) without 3 transfers of each kind."""
+    in 18-27 ms next to compute, 1-5 ms alone) while compute loses little. ``parts``: per
+    rank ``(start, end, payload bytes)`` of its transfers and the training thread's busy
+    intervals ``(blo, bhi)``. Transfers are compared within a size class (sizes within
+    ~1.5x): where a class holds transfers that ran mostly under compute (>= 50% of their
+    time) and some that ran mostly not (<= 20%), at least 3 of each over the classes, the
+    ``i`` (rate ``1 / (1 + i)`` under compute) whose isolated times
+    (:func:`_isolated_transfer`: concurrent transfers share the link) agree best within
+    their classes (least spread of log time) separates the two; ``bound`` ``"low"`` /
+    ``"high"``: the smallest / largest ``i`` within :data:`FIT_COMM_TOL` of that spread (the
+    range). None (the trace cannot tell: sizes confounded with overlap, or too few)
+    otherwise, or when the spread does not single out a value (both ends of the grid fit)."""
+    if not parts:
+        return None
     fr = np.concatenate([_overlap_ns(lo, hi, blo, bhi) / np.maximum(hi - lo, 1)
-                         for lo, hi, blo, bhi in parts]) if parts else np.zeros(0)
-    n_under, n_free = int((fr >= 0.5).sum()), int((fr <= 0.2).sum())
+                         for lo, hi, _s, blo, bhi in parts])
+    size = np.concatenate([np.asarray(s_, np.float64) for _l, _h, s_, _b, _e in parts])
+    cls = np.rint(np.log(np.maximum(size, 1.0)) / np.log(1.5)).astype(np.int64)
+    under, free = fr >= 0.5, fr <= 0.2
+    both = np.intersect1d(cls[under], cls[free])
+    use = np.isin(cls, both) & (under | free)
+    n_under, n_free = int((use & under).sum()), int((use & free).sum())
     if n_under < 3 or n_free < 3:
         return None
     grid = np.concatenate([[0.0], np.geomspace(0.05, 40.0, 60)])
-    sd = np.asarray([float(np.std(np.log(np.maximum(np.concatenate(
-        [_isolated_transfer(lo, hi, blo, bhi, i) for lo, hi, blo, bhi in parts]), 1.0))))
-        for i in grid])
+    sd = []
+    for i in grid:
+        y = np.log(np.maximum(np.concatenate([_isolated_transfer(lo, hi, blo, bhi, i)
+                                              for lo, hi, _s, blo, bhi in parts]), 1.0))[use]
+        c = cls[use]
+        mean = pd.Series(y).groupby(c).transform("mean").to_numpy()
+        sd.append(float(np.sqrt(np.mean((y - mean) ** 2))))
+    sd = np.asarray(sd)
     ok = grid[sd <= FIT_COMM_TOL * sd.min()]
+    if ok.min() == grid[0] and ok.max() == grid[-1]:
+        return None
     best = float(grid[int(np.argmin(sd))])
     pick = {None: best, "low": float(ok.min()), "high": float(ok.max())}[bound]
     return pick, {"comm_slowdown_fit": best, "comm_slowdown_bounds": [float(ok.min()),
@@ -412,7 +430,7 @@ def _build_cpu(trace, bucket_mb, interference, ranks_per_node, per, weight, issu
         spans[r] = (tr, blo, bhi)
     comm_i, comm_fit = None, None
     if probe is None and fit_comm:
-        got = _fit_comm_slowdown([(a_start[tr], end[tr], blo, bhi)
+        got = _fit_comm_slowdown([(a_start[tr], end[tr], nbytes[tr], blo, bhi)
                                   for tr, blo, bhi in spans.values()], probe_bound)
         if got is not None:
             comm_i, comm_fit = got
