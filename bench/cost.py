@@ -87,7 +87,8 @@ def same_shape_rows(series: dict) -> list[dict]:
             out.append({"shape": f"{m}x{k}x{n}", "tokens": m, "gpu": name,
                         "published_us": pub_us, "predicted_us": r.time_us,
                         "published": pub_us, "predicted": r.time_us,
-                        "error": r.time_us / pub_us - 1, "bound": r.bound, "role": "judge"})
+                        "error": r.time_us / pub_us - 1, "bound": r.bound, "role": "judge",
+                        "in_range": r.range_us[0] <= pub_us <= r.range_us[1]})
     return out
 
 
@@ -210,10 +211,11 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print(f"\n[{s['id']}] {s['title']} (op time in us; shape m x k x n)")
             print(f"  {'shape':>20} {'published':>9} {'predicted':>9} {'error':>8}  bound    "
-                  "role")
+                  "role   in the printed range")
             for r in s["rows"]:
                 print(f"  {r['shape']:>20} {r['published_us']:>9.1f} {r['predicted_us']:>9.1f} "
-                      f"{100 * r['error']:>+7.1f}%  {r['bound']:<8} {r['role']}")
+                      f"{100 * r['error']:>+7.1f}%  {r['bound']:<8} {r['role']}  "
+                      f"{'yes' if r['in_range'] else 'no'}")
         print(f"  -> median |error| {100 * s['median']:.1f}%, worst {100 * s['worst']:.1f}% "
               f"over {s['basis']} rows")
     print("\nceiling check: the highest matmul rate the model prices vs the published maximum "
