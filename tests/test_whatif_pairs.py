@@ -157,6 +157,11 @@ def test_partial_traces_are_refused_for_dp():
     t = ingest_cached(KINETO / "cpu-gloo-rank34")
     with pytest.raises(PolicyError, match="every rank of the job traced"):
         whatif(t, {"parallel.dp": 4})
+    # gloo buckets of 1 of 300 ranks: the all-reduces' times hold waiting for the untraced
+    # ranks (it used to be priced as link time: +200% for any bucket size)
+    for mb in (1, 100):
+        with pytest.raises(PolicyError, match="1 of the 300 ranks"):
+            whatif(t, {"overlap.bucket_mb": mb})
 
 
 def test_one_host_loopback_is_estimated_from_the_hosts_copies():

@@ -107,6 +107,16 @@ def rebucket(trace: Trace, bucket_mb: float, ranks_per_node: int | None = None,
     kappa = float(dur_meas[meas_ops].clip(0).sum() / model(nbytes[meas_ops]).sum()) \
         if len(meas_ops) else 1.0
     nc = _nccl_model(trace, tab, sel_tab, dur_meas, n_group, ranks_per_node, bound, peer_wait)
+    if nc is None and tab["partial"][sel_tab].all():
+        # gloo (no NCCL model to price the transfer on): every all-reduce's time is its
+        # transfer plus waiting for the members the trace lacks, and the trace cannot split
+        # them; a fit on it would price the waiting as link time
+        have = len(np.unique(o["rank"].to_numpy()[is_ar]))
+        raise PolicyError(
+            f"overlap.bucket_mb: the trace holds {have} of the {n_group} ranks of every "
+            "gradient all-reduce, so each all-reduce's time includes waiting for untraced "
+            "ranks, which cannot be told apart from the gloo transfer it would re-price; "
+            "ingest every rank's trace of the step (retime ingest rank-*.json -o RUN.retime)")
     if nc is not None:
         model, kappa = nc["model"], nc["kappa"]
     S = float(bucket_mb) * 1e6
