@@ -36,6 +36,7 @@ from retime.collectors.trace import Trace
 from .base import frozen, trace_memo
 
 __all__ = ["KERNEL_CURVES", "ShapedKernels", "shaped_kernels", "trace_gpu", "gpu_ratio",
+           "kernel_intensity",
            "batch_ratio", "KernelRatio", "describe_fallback", "refuse_measured_tp"]
 
 #: the efficiency curves the what-ifs price with (fitted: collectors/costs/kernels.py)
@@ -355,6 +356,33 @@ def summary(kr: KernelRatio) -> dict[str, Any]:
             "ratio_median": round(float(np.median(w)), 4) if len(w) else None,
             "ratio_min": round(float(w.min()), 4) if len(w) else None,
             "ratio_max": round(float(w.max()), 4) if len(w) else None}
+
+
+def kernel_intensity(trace: Trace, gpu) -> tuple[np.ndarray, np.ndarray, int]:
+    """Per op (op-id order): the FLOPs per HBM byte of the call that launched it (NaN where
+    the trace records no shapes for it) and the ridge point of ``gpu`` (a GpuSpec) for the
+    call's dtype (published matmul ceiling / HBM triad bandwidth: K1-K4); and how many
+    calls were shaped. A call's kernels share its intensity (its layout copies and launch
+    floors ride with its GEMM: one figure per call)."""
+    n = len(trace.ops)
+    ai = np.full(n, np.nan)
+    ridge = np.zeros(n)
+    sk = shaped_kernels(trace)
+    if sk is None or gpu is None:
+        return ai, ridge, 0
+    from retime.collectors.costs.ops import _gpu_dtype
+
+    bw = gpu.hbm_gbps()[0] * 1e9
+    per_call_ai = np.array([f / b if b > 0 else np.nan for f, b, _d in sk.work])
+    per_call_r = np.zeros(len(sk.work))
+    for i, (_f, _b, d) in enumerate(sk.work):
+        try:
+            per_call_r[i] = gpu.mamf(_gpu_dtype(gpu, d))[0] * 1e12 / bw
+        except ConfigError:  # a dtype without a peak on this GPU: unknown
+            per_call_ai[i] = np.nan
+    ai[sk.op_ids] = per_call_ai[sk.call_of]
+    ridge[sk.op_ids] = per_call_r[sk.call_of]
+    return ai, ridge, len(sk.work)
 
 
 def refuse_measured_tp(trace: Trace, tp: int) -> None:
