@@ -395,10 +395,22 @@ def refuse_measured_tp(trace: Trace, tp: int) -> None:
     from retime.collectors.costs.ops import op_class
     sk = shaped_kernels(trace)
     n = 0 if sk is None else sum(op_class(x) == "gemm" for x in sk.names)
-    have = (f"its {n} GEMM call(s) with recorded shapes could be re-priced at 1/{tp} of "
-            "their columns or rows, but") if n else "it holds no recorded GEMM shapes, and"
+    share = ""
+    if n:
+        # where the shaped device time goes: Megatron's column / row split covers linear
+        # layers only (not convolutions, embeddings or the memory-bound kernels)
+        dur = trace.ops["dur_ns"].to_numpy()[sk.op_ids].astype(np.float64)
+        cls = np.asarray([op_class(x) for x in sk.names])[sk.call_of]
+        tot = max(float(dur.sum()), 1.0)
+        parts = [f"{c} {dur[cls == c].sum() / tot:.0%}" for c in ("gemm", "conv", "attention",
+                                                                   "rest") if (cls == c).any()]
+        share = f" ({', '.join(parts)} of the shaped kernel time)"
+    have = (f"its {n} GEMM call(s) with recorded shapes{share} could be re-priced at 1/{tp} "
+            "of their columns or rows, but") if n else "it holds no recorded GEMM shapes, and"
     raise PolicyError(
         f"parallel.tp={tp} on a measured trace: {have} the trace does not record which "
         "GEMMs a tensor-parallel layout splits by columns and which by rows, nor where its "
-        "all-reduces go (no layout in meta['synth']['parallel'], no per-layer attribution); "
-        f"synthesize the model with `retime synth --tp {tp}` and apply the scenario to that")
+        "all-reduces go (no layout in meta['synth']['parallel'], no per-layer attribution, "
+        "no process-group names telling tensor-parallel collectives from data-parallel "
+        "ones); synthesize the model with "
+        f"`retime synth --tp {tp}` and apply the scenario to that")
