@@ -163,6 +163,8 @@ def apply_sm_share(state: WhatIfState, sm_share: float | None, bound: str | None
                         "overlap_fraction": round(new.overlap_fraction, 4)})
         out.update({"measured_sm_share": round(p0, 4), "measured_slowdown": round(old.slowdown, 4)})
         per = _per_kernel(trace0, busbw, old, new, active)
+        if per is not None and len(per[0]) != len(by_op(g0, "device")):
+            per = None  # a graph whose ops are not the trace's one for one: C3's figure
         cut = overlap_cut(g0, old.slowdown, None if per is None else per[0])
         pos = np.arange(len(cut)) if kept is None else np.arange(len(kept))
         cut = cut if kept is None else cut[kept]
