@@ -95,7 +95,8 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
     device equally when ``share_compute``; communication jobs (a whole collective is one job
     over the links of its members) get max-min fair shares of unit-capacity links when
     ``share_links``; while a device runs both compute and communication, its compute
-    progresses at ``inv_c`` and a communication job touching a computing device at
+    progresses at ``inv_c`` (per position: a memory-bound kernel is slowed more than a
+    compute-bound one) and a communication job touching a computing device at
     ``comm_inv`` of its first member (per position; both ``1 / (1 + slowdown)`` when the
     interference is symmetric; ``slowdown > 0`` switches the interference on): its link
     share times ``comm_inv``, or with ``comm_cap`` the smaller of the two (a rate cap: a
@@ -439,7 +440,7 @@ def _fluid_replay(coll_of, coll_ptr, coll_members, dur, delay, origin, lane_prev
                         cmask |= np.int64(1) << np.int64(d)
                 n_compute[d] += 1
                 if toggled < 0:
-                    r = inv_c if slowdown > 0.0 and n_comm[d] > 0 else 1.0
+                    r = inv_c[j] if slowdown > 0.0 and n_comm[d] > 0 else 1.0
                     # as _rerate_cands would: the rate changes from "unset" to r; the job
                     # list entry is placed below
                     sf[sl, _F_RATE] = r

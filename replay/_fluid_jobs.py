@@ -390,7 +390,7 @@ def _flow_change(sl, j, entering, now, n, coll_ptr, coll_members, device, n_comm
         if flagged and not cand:
             d = si[s, _I_DEV]
             if d >= 0 and dev_flag[d] != 0:
-                r = inv_c if n_comm[d] > 0 else 1.0
+                r = inv_c[si[s, _I_JOB]] if n_comm[d] > 0 else 1.0
                 cand = r != sf[s, _F_RATE]
         if cand:
             si[ncand, _L_CAND] = s
@@ -412,7 +412,7 @@ def _flow_change(sl, j, entering, now, n, coll_ptr, coll_members, device, n_comm
                 j, n, coll_ptr, coll_members, device, n_compute) else 1.0
             old = -1.0  # forced: its rate is being set
         else:
-            r = inv_c if n_comm[si[s, _I_DEV]] > 0 else 1.0
+            r = inv_c[si[s, _I_JOB]] if n_comm[si[s, _I_DEV]] > 0 else 1.0
             old = sf[s, _F_RATE]
         m = _jins(jt, js, m, _rerate(sf, s, now, old, r), s)
         seq += 1
@@ -496,7 +496,7 @@ def _rerate_cands(now, ncand, n, coll_ptr, coll_members, device, resource, n_com
             if share_compute and n_compute[d] > 1:
                 r = 1.0 / n_compute[d]
             if slowdown > 0.0 and n_comm[d] > 0:
-                r = r * inv_c
+                r = r * inv_c[j]
         else:
             r = sf[s, _F_SHARE] if share_links else 1.0
             if slowdown > 0.0 and _touches_compute(j, n, coll_ptr, coll_members, device,
@@ -572,7 +572,7 @@ def _toggle_flows(d, entered, now, n, coll_ptr, coll_members, device, n_compute,
     for a in range(ncand):
         s = si[a, _L_CAND]
         if s == entered:
-            r = 1.0 * inv_c  # a compute job next to communication
+            r = inv_c[si[s, _I_JOB]]  # a compute job next to communication
             old = -1.0  # forced: its rate is being set
         else:
             r = sf[s, _F_SHARE] if share_links else 1.0

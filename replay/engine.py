@@ -64,6 +64,11 @@ class ContentionModel:
         communication job touching a computing device progresses at ``1 / (1 +
         comm_slowdown)`` (one value, or one per op in op-id order: a collective takes its
         first member's) while compute keeps ``slowdown``. None: ``slowdown`` for both.
+    compute_slowdown : float, array or None
+        The compute side's slowdown per op (op-id order) when it differs by kernel (a
+        memory-bound kernel loses more to the HBM traffic of concurrent NCCL kernels than a
+        compute-bound one: :func:`collectors.costs.interference.interference`'s
+        ``intensity``). None: ``slowdown`` for every compute op.
     comm_cap : bool
         Next to compute a communication job's rate is ``min(link share, 1 / (1 +
         comm_slowdown))`` (a cap: it waits on its CPU, not on the link, so concurrent
@@ -75,34 +80,41 @@ class ContentionModel:
     share_links: bool = True
     comm_slowdown: Any = None
     comm_cap: bool = False
+    compute_slowdown: Any = None
 
     def __post_init__(self) -> None:
         if not (np.isfinite(self.slowdown) and self.slowdown >= 0):
             raise ReplayError(f"ContentionModel.slowdown={self.slowdown!r} must be "
                               "a finite number >= 0 (0 = no interference)")
-        if self.comm_slowdown is not None:
-            c = np.asarray(self.comm_slowdown, np.float64)
+        for name in ("comm_slowdown", "compute_slowdown"):
+            v = getattr(self, name)
+            if v is None:
+                continue
+            c = np.asarray(v, np.float64)
             if c.ndim > 1 or not (np.isfinite(c).all() and (c >= 0).all()):
-                raise ReplayError("ContentionModel.comm_slowdown must be a finite number >= 0 "
+                raise ReplayError(f"ContentionModel.{name} must be a finite number >= 0 "
                                   "or one per op")
 
-    def kernel_args(self, g: ReplayGraph) -> tuple[float, float, np.ndarray, bool]:
-        """(interference switch, compute rate next to communication, per-position rate of
-        communication next to compute, cap or product) for the fluid kernel."""
-        inv_c = 1.0 / (1.0 + self.slowdown)
-        c = self.slowdown if self.comm_slowdown is None else self.comm_slowdown
-        c = np.asarray(c, np.float64)
-        if c.ndim == 1:
-            if len(c) != g.n_ops:
-                raise ReplayError(f"ContentionModel.comm_slowdown has {len(c)} values for a "
-                                  f"graph of {g.n_ops} ops")
-            perm = getattr(g, "perm", None)
-            c = c if perm is None else c[perm]
-            inv_m = np.ascontiguousarray(1.0 / (1.0 + c))
-        else:
-            inv_m = np.full(g.n_ops, 1.0 / (1.0 + float(c)))
-        on = max(self.slowdown, float(c.max()) if c.size else 0.0)
-        return float(on), float(inv_c), inv_m, bool(self.comm_cap)
+    def kernel_args(self, g: ReplayGraph) -> tuple[float, np.ndarray, np.ndarray, bool]:
+        """(interference switch, per-position rate of compute next to communication,
+        per-position rate of communication next to compute, cap or product) for the fluid
+        kernel."""
+        on = self.slowdown
+        rates = []
+        for name, v in (("compute_slowdown", self.compute_slowdown),
+                        ("comm_slowdown", self.comm_slowdown)):
+            c = np.asarray(self.slowdown if v is None else v, np.float64)
+            if c.ndim == 1:
+                if len(c) != g.n_ops:
+                    raise ReplayError(f"ContentionModel.{name} has {len(c)} values for a "
+                                      f"graph of {g.n_ops} ops")
+                perm = getattr(g, "perm", None)
+                c = c if perm is None else c[perm]
+                rates.append(np.ascontiguousarray(1.0 / (1.0 + c)))
+            else:
+                rates.append(np.full(g.n_ops, 1.0 / (1.0 + float(c))))
+            on = max(on, float(c.max()) if c.size else 0.0)
+        return float(on), rates[0], rates[1], bool(self.comm_cap)
 
 
 def _arrays(self) -> tuple:

@@ -123,7 +123,7 @@ def _to_ops(g, start, end, crit):
 
 # ---------------------------------------------------------------------------- contention path
 def naive_fluid(g, durations_ns=None, interference=0.0, share_compute=False, share_links=True,
-                comm_interference=None, comm_cap=False):
+                comm_interference=None, comm_cap=False, compute_interference=None):
     """Reference of the contention path: heapq event simulation with lazy deletion.
 
     Same model as ``replay._fluid._fluid_replay`` (see its docstring), but it re-evaluates
@@ -131,7 +131,8 @@ def naive_fluid(g, durations_ns=None, interference=0.0, share_compute=False, sha
     are updated in job-id order and released ops are started at the end of each event, in
     order, as the kernel does, so that floating-point results agree to the last bit.
     ``comm_interference``: the communication side's slowdown (a number, or one per op in
-    op-id order; a collective takes its first member's), None for ``interference``.
+    op-id order; a collective takes its first member's), None for ``interference``;
+    ``compute_interference`` likewise for the compute side (one per op: per kernel).
     """
     n = g.n_ops
     dur = _layout_durations(g, durations_ns)
@@ -172,9 +173,12 @@ def naive_fluid(g, durations_ns=None, interference=0.0, share_compute=False, sha
     ci = np.broadcast_to(np.asarray(ci, np.float64), (n,))
     ci = ci[np.asarray(g.perm)] if np.ndim(comm_interference) == 1 else ci  # layout order
     inv_m = (1.0 / (1.0 + ci)).tolist()
-    on = max(interference, float(ci.max()) if n else 0.0)
+    cc = interference if compute_interference is None else compute_interference
+    cc = np.broadcast_to(np.asarray(cc, np.float64), (n,))
+    cc = cc[np.asarray(g.perm)] if np.ndim(compute_interference) == 1 else cc
+    inv_c = (1.0 / (1.0 + cc)).tolist()
+    on = max(interference, float(ci.max()) if n else 0.0, float(cc.max()) if n else 0.0)
     sharing = share_compute or share_links or on > 0.0
-    inv = 1.0 / (1.0 + interference)
     heap: list = []
     seq = 0
     clamped = 0
@@ -235,7 +239,7 @@ def naive_fluid(g, durations_ns=None, interference=0.0, share_compute=False, sha
                 if share_compute and n_compute[d] > 1:
                     r = 1.0 / n_compute[d]
                 if on > 0.0 and n_comm.get(d, 0) > 0:
-                    r = r * inv
+                    r = r * inv_c[j]
             else:
                 r = share.get(j, 1.0) if share_links else 1.0
                 if on > 0.0 and any(device[m] >= 0 and n_compute.get(device[m], 0) > 0

@@ -102,7 +102,8 @@ def test_gpu_swap_refuses_what_the_trace_cannot_support(vgg):
 
 def test_tensor_parallel_on_a_measured_trace_is_refused_naming_what_is_missing(vgg):
     with pytest.raises(PolicyError, match=r"parallel.tp=2 .* 9 GEMM call\(s\) with recorded "
-                       r"shapes.*retime synth --tp 2"):
+                       r"shapes \(gemm \d+%, conv \d+%, rest \d+% of the shaped kernel "
+                       r"time\).*process-group names.*retime synth --tp 2"):
         whatif(vgg, {"parallel.tp": 2})
 
 

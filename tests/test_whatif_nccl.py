@@ -214,3 +214,54 @@ def test_the_measured_sm_share_is_the_nccl_kernels_launch_grid(a100):
     assert sc["measured_sm_share"] == pytest.approx(8 / dev["sms"], abs=1e-4)
     assert sc["interference_sources"]["measured_share"] == "measured (kernel grid)"
     assert any("launch grid: measured" in a for a in r.meta["whatif"]["assumed"])
+
+
+def test_memory_bound_kernels_lose_bandwidth_not_sms_next_to_nccl():
+    """overlap.sm_share per kernel: a compute-bound kernel keeps C3's GEMM figure; a
+    memory-bound one loses HBM bandwidth to NCCL's traffic (also with DMA offload, where a
+    GEMM loses only the memory floor) but little of the SM part (values derived by hand)."""
+    from retime.collectors.costs.interference import (
+        HBM_PER_WIRE_BYTE,
+        kernel_slowdowns,
+        nccl_hbm_share,
+    )
+    ridge = 250.0
+    b = nccl_hbm_share(400.0, 4000.0)
+    assert b == pytest.approx(HBM_PER_WIRE_BYTE.value * 0.1)  # 3 x 400 / 4000 = 0.3
+    ai = np.array([np.nan, 1e4, 50.0, 0.5])
+    for p in (0.0, 0.1, 0.2, 0.4):
+        base = interference(p)
+        s = kernel_slowdowns(base, ai, ridge, b)
+        assert s[0] == base.slowdown and s[1] == pytest.approx(base.slowdown)
+        sm = base.slowdown - 0.28
+        # needs all the bandwidth: gets 1 - b of it -> b / (1 - b) more
+        assert s[2] == pytest.approx(0.28 + sm * 50 / 250 + 0.3 / 0.7)
+        assert s[3] == pytest.approx(0.28 + sm * 0.5 / 250 + 0.3 / 0.7)
+    off, naive = interference(0.0), interference(0.2)
+    mb_off, mb_naive = kernel_slowdowns(off, [1.0], ridge, b)[0], \
+        kernel_slowdowns(naive, [1.0], ridge, b)[0]
+    # DMA offload helps a GEMM by 0.51 but a memory-bound kernel by almost nothing
+    assert naive.slowdown - off.slowdown == pytest.approx(0.51)
+    assert mb_naive - mb_off < 0.01
+    assert mb_off > off.slowdown + 0.4
+    # just above the ridge a kernel still needs most of the bandwidth: slowed more than C3
+    s = kernel_slowdowns(naive, [300.0], ridge, b)[0]
+    assert s == pytest.approx(0.79 + (250 / 300 + 0.3 - 1) / 0.7)
+    # a kernel spinning for peers most of the time moves little data
+    assert kernel_slowdowns(interference(0.0, active=0.1), [1.0], ridge, b, active=0.1)[0] \
+        == pytest.approx(0.1 * (0.28 + 0.3 / 0.7))
+
+
+def test_sm_share_on_a_shaped_trace_is_per_kernel(mi300x):
+    p0 = whatif(mi300x, {"overlap.sm_share": 0.0}).meta["scenario"][0]["measured_sm_share"]
+    r = whatif(mi300x, {"overlap.sm_share": 0.3})
+    sc = r.meta["scenario"][0]
+    assert sc["shaped_kernels"] > sc["memory_bound_kernels"] > 0
+    assert 0 < sc["nccl_hbm_share"] < 0.9
+    # memory-bound kernels lose less than C3's GEMM figure when NCCL takes SMs
+    assert sc["slowdown_memory_bound_median"] < sc["slowdown_used"]
+    assert any("ridge point" in a for a in r.meta["whatif"]["assumed"])
+    # the measured share stays the identity with per-kernel slowdowns
+    base = replay(mi300x).step_times()["replayed_step_ns"].max()
+    same = whatif(mi300x, {"overlap.sm_share": p0}).step_times()["replayed_step_ns"].max()
+    assert same == pytest.approx(base, rel=0.005)

@@ -42,9 +42,10 @@ __all__ = ["apply_sm_share", "measured_sm_share"]
 
 
 def measured_sm_share(trace, graph, ranks_per_node: int | None
-                      ) -> tuple[float, float, str]:
+                      ) -> tuple[float, float, str, float]:
     """(share of the SMs the trace's NCCL kernels held, share of their time spent moving
-    data, where the figures came from)."""
+    data, where the figures came from, the NCCL model's bus rate in GB/s for the trace's
+    median collective: what its HBM traffic follows)."""
     from .link_fit import collective_table
     from .nccl_trace import NcclPricer, gpu_collectives, measured_channels, trace_cluster
 
@@ -83,7 +84,7 @@ def measured_sm_share(trace, graph, ranks_per_node: int | None
         active = float(min(1.0, model.sum() / max(meas[sized].sum(), 1.0)))
     return share, active, (f"{how}; {active:.0%} of their time moves data (the model's "
                            "transfer over their measured time), the rest spins for peers, "
-                           "holding SMs but not memory bandwidth")
+                           "holding SMs but not memory bandwidth"), float(c.busbw_gbps)
 
 
 def _overlap_with(lo, hi, ulo, uhi) -> np.ndarray:
@@ -101,9 +102,10 @@ def _overlap_with(lo, hi, ulo, uhi) -> np.ndarray:
     return np.maximum(below(hi.astype(np.float64)) - below(lo.astype(np.float64)), 0.0)
 
 
-def overlap_cut(graph, slowdown: float) -> np.ndarray:
+def overlap_cut(graph, slowdown: float, compute: np.ndarray | None = None) -> np.ndarray:
     """Per op (op-id order): the share of its measured time that was the slowdown of its
-    overlap with the other kind (compute vs communication) on its device."""
+    overlap with the other kind (compute vs communication) on its device; ``compute``: the
+    compute side's slowdown per op (op-id order; per kernel), else ``slowdown``."""
     dev = by_op(graph, "device")
     res = by_op(graph, "resource")
     s = np.asarray(graph.meas_start_ns, np.int64)
@@ -117,7 +119,8 @@ def overlap_cut(graph, slowdown: float) -> np.ndarray:
             continue
         for mine, other in ((comp, comm), (comm, comp)):
             ulo, uhi = interval_union(s[other], e[other])
-            cut[mine] = f * _overlap_with(s[mine], e[mine], ulo, uhi)
+            fm = f if compute is None or mine is comm else compute[mine] / (1.0 + compute[mine])
+            cut[mine] = fm * _overlap_with(s[mine], e[mine], ulo, uhi)
     return cut
 
 
@@ -128,6 +131,7 @@ def apply_sm_share(state: WhatIfState, sm_share: float | None, bound: str | None
     ops) when a policy rebuilt the trace (re-bucketed: the slowdown the measured kernels
     carried is taken from where they overlapped as measured). Returns what it used."""
     g = state.graph
+    compute_slowdown = None
     if state.is_synth and sm_share is None:
         return {}
     new = interference(sm_share if sm_share is not None else 0.0, bound=bound)
@@ -145,7 +149,7 @@ def apply_sm_share(state: WhatIfState, sm_share: float | None, bound: str | None
         from .base import cached_graph
         trace0, kept = base if base is not None else (state.trace, None)
         g0 = cached_graph(trace0) if base is not None else g
-        p0, active, why = measured_sm_share(trace0, g0, state.ranks_per_node)
+        p0, active, why, busbw = measured_sm_share(trace0, g0, state.ranks_per_node)
         # the same bound and waiting share both ways: p' = p0 is the identity
         old = interference(p0, bound=bound, active=active)
         new = interference(sm_share if sm_share is not None else p0, bound=bound,
@@ -158,9 +162,28 @@ def apply_sm_share(state: WhatIfState, sm_share: float | None, bound: str | None
             out.update({"sm_share": round(p0, 4), "slowdown_used": round(new.slowdown, 4),
                         "overlap_fraction": round(new.overlap_fraction, 4)})
         out.update({"measured_sm_share": round(p0, 4), "measured_slowdown": round(old.slowdown, 4)})
-        cut = overlap_cut(g0, old.slowdown)
+        per = _per_kernel(trace0, busbw, old, new, active)
+        if per is not None and len(per[0]) != len(by_op(g0, "device")):
+            per = None  # a graph whose ops are not the trace's one for one: C3's figure
+        cut = overlap_cut(g0, old.slowdown, None if per is None else per[0])
         pos = np.arange(len(cut)) if kept is None else np.arange(len(kept))
         cut = cut if kept is None else cut[kept]
+        if per is not None:
+            comp_new = np.full(g.n_ops, new.slowdown)
+            comp_new[pos] = per[1] if kept is None else per[1][kept]
+            compute_slowdown = comp_new
+            info, calls, gname, hbm = per[2], per[3], per[4], per[5]
+            out.update(info)
+            med = info["slowdown_memory_bound_median"]
+            state.assume(
+                f"{info['shaped_kernels']} kernels of {calls} calls with recorded shapes are "
+                f"slowed by their arithmetic intensity against {gname}'s ridge point: NCCL at "
+                f"{busbw:.0f} GB/s bus rate takes {info['nccl_hbm_share']:.0%} of the "
+                f"{hbm:.0f} GB/s HBM (3 HBM bytes per byte on the wire, assumed); "
+                f"{info['memory_bound_kernels']} memory-bound ones"
+                + (f" slowed {med:.2f} (median) at {sm_share:.0%}" if med is not None else "")
+                + f", compute-bound ones C3's {new.slowdown:.2f}; kernels without shapes "
+                "keep C3's figure")
         dur = state.dur
         dur[pos] = np.maximum(dur[pos] - cut, 0.0)
         state.assume(
@@ -177,5 +200,36 @@ def apply_sm_share(state: WhatIfState, sm_share: float | None, bound: str | None
                                  else "assumed (the NCCL model's channels)")
     out["interference_sources"] = src
     state.mode = "contention"
-    state.contention = ContentionModel(slowdown=new.slowdown, share_links=False)
+    state.contention = ContentionModel(slowdown=new.slowdown, share_links=False,
+                                       compute_slowdown=compute_slowdown)
     return out
+
+
+def _per_kernel(trace, busbw: float, old, new, active: float):
+    """Per compute kernel (op-id order of ``trace``) its slowdown next to NCCL before
+    (``old``: the trace's share) and after (``new``), by its arithmetic intensity against
+    the GPU's ridge point (:func:`collectors.costs.interference.kernel_slowdowns`), and what
+    to report; None when the trace records no shapes (C3's GEMM figure for every kernel)."""
+    from retime.collectors.costs.gpus import spec_of
+    from retime.collectors.costs.interference import kernel_slowdowns, nccl_hbm_share
+
+    from .kernel_cost import kernel_intensity, trace_gpu
+
+    hw = trace_gpu(trace)
+    if hw is None:
+        return None
+    gpu = spec_of(hw)
+    ai, ridge, calls = kernel_intensity(trace, gpu)
+    known = np.isfinite(ai)
+    if not known.any():
+        return None
+    hbm = gpu.hbm_gbps()[0]
+    b = nccl_hbm_share(busbw, hbm)
+    s_old = kernel_slowdowns(old, ai, ridge, b, active)
+    s_new = kernel_slowdowns(new, ai, ridge, b, active)
+    mem = known & (ai < ridge)
+    info = {"memory_bound_kernels": int(mem.sum()), "shaped_kernels": int(known.sum()),
+            "nccl_hbm_share": round(b, 4),
+            "slowdown_memory_bound_median": (round(float(np.median(s_new[mem])), 4)
+                                             if mem.any() else None)}
+    return s_old, s_new, info, calls, gpu.name, hbm

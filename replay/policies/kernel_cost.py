@@ -36,6 +36,7 @@ from retime.collectors.trace import Trace
 from .base import frozen, trace_memo
 
 __all__ = ["KERNEL_CURVES", "ShapedKernels", "shaped_kernels", "trace_gpu", "gpu_ratio",
+           "kernel_intensity",
            "batch_ratio", "KernelRatio", "describe_fallback", "refuse_measured_tp"]
 
 #: the efficiency curves the what-ifs price with (fitted: collectors/costs/kernels.py)
@@ -357,6 +358,33 @@ def summary(kr: KernelRatio) -> dict[str, Any]:
             "ratio_max": round(float(w.max()), 4) if len(w) else None}
 
 
+def kernel_intensity(trace: Trace, gpu) -> tuple[np.ndarray, np.ndarray, int]:
+    """Per op (op-id order): the FLOPs per HBM byte of the call that launched it (NaN where
+    the trace records no shapes for it) and the ridge point of ``gpu`` (a GpuSpec) for the
+    call's dtype (published matmul ceiling / HBM triad bandwidth: K1-K4); and how many
+    calls were shaped. A call's kernels share its intensity (its layout copies and launch
+    floors ride with its GEMM: one figure per call)."""
+    n = len(trace.ops)
+    ai = np.full(n, np.nan)
+    ridge = np.zeros(n)
+    sk = shaped_kernels(trace)
+    if sk is None or gpu is None:
+        return ai, ridge, 0
+    from retime.collectors.costs.ops import _gpu_dtype
+
+    bw = gpu.hbm_gbps()[0] * 1e9
+    per_call_ai = np.array([f / b if b > 0 else np.nan for f, b, _d in sk.work])
+    per_call_r = np.zeros(len(sk.work))
+    for i, (_f, _b, d) in enumerate(sk.work):
+        try:
+            per_call_r[i] = gpu.mamf(_gpu_dtype(gpu, d))[0] * 1e12 / bw
+        except ConfigError:  # a dtype without a peak on this GPU: unknown
+            per_call_ai[i] = np.nan
+    ai[sk.op_ids] = per_call_ai[sk.call_of]
+    ridge[sk.op_ids] = per_call_r[sk.call_of]
+    return ai, ridge, len(sk.work)
+
+
 def refuse_measured_tp(trace: Trace, tp: int) -> None:
     """``parallel.tp`` on a measured kernel trace without a recorded layout: refused, naming
     what is missing (the partition of its GEMMs and where the new all-reduces go). Traces
@@ -367,10 +395,22 @@ def refuse_measured_tp(trace: Trace, tp: int) -> None:
     from retime.collectors.costs.ops import op_class
     sk = shaped_kernels(trace)
     n = 0 if sk is None else sum(op_class(x) == "gemm" for x in sk.names)
-    have = (f"its {n} GEMM call(s) with recorded shapes could be re-priced at 1/{tp} of "
-            "their columns or rows, but") if n else "it holds no recorded GEMM shapes, and"
+    share = ""
+    if n:
+        # where the shaped device time goes: Megatron's column / row split covers linear
+        # layers only (not convolutions, embeddings or the memory-bound kernels)
+        dur = trace.ops["dur_ns"].to_numpy()[sk.op_ids].astype(np.float64)
+        cls = np.asarray([op_class(x) for x in sk.names])[sk.call_of]
+        tot = max(float(dur.sum()), 1.0)
+        parts = [f"{c} {dur[cls == c].sum() / tot:.0%}" for c in ("gemm", "conv", "attention",
+                                                                   "rest") if (cls == c).any()]
+        share = f" ({', '.join(parts)} of the shaped kernel time)"
+    have = (f"its {n} GEMM call(s) with recorded shapes{share} could be re-priced at 1/{tp} "
+            "of their columns or rows, but") if n else "it holds no recorded GEMM shapes, and"
     raise PolicyError(
         f"parallel.tp={tp} on a measured trace: {have} the trace does not record which "
         "GEMMs a tensor-parallel layout splits by columns and which by rows, nor where its "
-        "all-reduces go (no layout in meta['synth']['parallel'], no per-layer attribution); "
-        f"synthesize the model with `retime synth --tp {tp}` and apply the scenario to that")
+        "all-reduces go (no layout in meta['synth']['parallel'], no per-layer attribution, "
+        "no process-group names telling tensor-parallel collectives from data-parallel "
+        "ones); synthesize the model with "
+        f"`retime synth --tp {tp}` and apply the scenario to that")

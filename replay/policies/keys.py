@@ -303,7 +303,9 @@ KEYS: dict[str, KeyInfo] = {
         "the trace's own (NCCL's channels / SMs): no change",
         "synth; kineto/nsys with NCCL/RCCL kernels on GPU streams (not gloo)",
         "SMs NCCL kernels hold: overlapped compute and communication slow each other by "
-        "i = 0.28 + 0.51 * share / 0.2 (C3); runs the contention path"),
+        "i = 0.28 + 0.51 * share / 0.2 (C3, a GEMM's); a kernel with recorded shapes by "
+        "its arithmetic intensity against the ridge point (memory-bound: NCCL's HBM "
+        "traffic, less of the SM part); runs the contention path"),
     "overlap.cost_bound": KeyInfo(
         "name", "low | high", "the model's central figure",
         "kineto/nsys with NCCL/RCCL collectives (with overlap.bucket_mb or sm_share)",
