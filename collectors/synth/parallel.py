@@ -86,7 +86,9 @@ class ParallelConfig:
     leaves accumulation to autograd does (DeepSpeed's engine, as in Megatron-DeepSpeed; plain
     PyTorch): from the second micro-batch on, every parameter's new 16-bit gradient is added
     into ``param.grad`` by a separate kernel that reads both and writes one (6 bytes per
-    parameter per micro-batch, streamed through HBM). Source: REFERENCES.md R2, R5.
+    parameter per micro-batch, streamed through HBM). Megatron-LM's own unfused path (a hook
+    adding the 16-bit gradient into the fp32 ``main_grad``: 10 bytes) is not this flag.
+    Source: REFERENCES.md R2, R5.
 
     ``launch_blocking_us``: ``0`` is CUDA's default, kernels queued ahead of the GPU. ``> 0``
     models ``CUDA_LAUNCH_BLOCKING=1`` (BigScience ran BLOOM with it against hangs on Jean
