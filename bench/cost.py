@@ -4,12 +4,15 @@ Run: ``python bench/cost.py [--json]`` (seconds). Data: ``bench/data/cost_publis
 (every series cited in ``collectors/costs/REFERENCES.md``).
 
 Printed per series: each row's predicted and published value (collectives: nccl-tests bus
-bandwidth in GB/s per message size; GEMMs: TFLOP/s per shape), the error
+bandwidth in GB/s per message size; GEMMs: TFLOP/s per shape; same-shape GEMMs on two GPUs:
+the op's time in us on each GPU and the speed-up between them), the error
 ``predicted / published - 1``, the row's role (``fit``: a parameter was set from it, shown
 but never counted as the model's accuracy; ``judge``: no parameter came from it), and per
 series the median and worst |error| over its judged rows (over its fit rows for a fit
-series, marked as such). GEMM rows also check the hard rule that no prediction exceeds the
-GPU's published maximum achievable matmul rate.
+series, marked as such). Last, the hard rule: no matmul the model prices (every shape of a
+grid from 256 to 65536 per dimension, and every published shape above) exceeds the GPU's
+published maximum achievable matmul TFLOP/s for that dtype; the exit status is 1 if one
+does.
 """
 
 from __future__ import annotations
@@ -24,11 +27,14 @@ import tomllib
 
 from retime.collectors.costs import collective_cost, load_preset
 from retime.collectors.costs import kernels as K
-from retime.collectors.costs.gpus import gpu_spec
+from retime.collectors.costs.gpus import gpu_names, gpu_spec
 
 DATA = Path(__file__).with_name("data") / "cost_published.toml"
 _CLUSTER_KEYS = ("gpu", "nodes", "gpus_per_node", "nvlink_domain", "nics_per_node", "nic_gbit",
-                 "nvls")
+                 "nvls", "net_fabric")
+#: the ceiling check's grid: powers of two and transformer-like sizes (hidden, FFN, TP shards)
+_GRID = (256, 512, 1024, 1280, 2048, 3584, 4096, 7168, 8192, 12288, 16384, 28672, 32768,
+         65536)
 
 
 def load(path: Path = DATA) -> dict:
@@ -66,6 +72,63 @@ def gemm_rows(series: dict) -> list[dict]:
     return out
 
 
+def same_shape_rows(series: dict) -> list[dict]:
+    """Per GPU of the series, its rows: the published time (us; from the published TFLOP/s
+    with the source's flop count ``m n (2k - 1)``) and the model's, and the error. Row
+    keys: ``shape``, ``tokens`` (m), ``gpu``, ``published_us``, ``predicted_us``,
+    ``error``, ``bound``, ``role`` (always ``judge``: no parameter comes from these)."""
+    out = []
+    for i, name in enumerate(series["gpus"]):
+        g = gpu_spec(name)
+        for row in series["rows"]:
+            m, k, n = (int(x) for x in row[:3])
+            pub_us = m * n * (2 * k - 1) / (row[3 + i] * 1e6)
+            r = K.matmul(g, m, n, k, 1, series["dtype"])
+            out.append({"shape": f"{m}x{k}x{n}", "tokens": m, "gpu": name,
+                        "published_us": pub_us, "predicted_us": r.time_us,
+                        "published": pub_us, "predicted": r.time_us,
+                        "error": r.time_us / pub_us - 1, "bound": r.bound, "role": "judge",
+                        "in_range": r.range_us[0] <= pub_us <= r.range_us[1]})
+    return out
+
+
+def speedups(rows: list[dict], gpus: list[str]) -> list[dict]:
+    """Per shape, the published and predicted time ratio ``gpus[0] / gpus[1]``."""
+    by = {(r["shape"], r["gpu"]): r for r in rows}
+    out = []
+    for shape in dict.fromkeys(r["shape"] for r in rows):
+        a, b = by[(shape, gpus[0])], by[(shape, gpus[1])]
+        pub = a["published_us"] / b["published_us"]
+        pred = a["predicted_us"] / b["predicted_us"]
+        out.append({"shape": shape, "published": pub, "predicted": pred,
+                    "error": pred / pub - 1, "role": "judge"})
+    return out
+
+
+def ceiling_check(extra: list[tuple[str, str, int, int, int]]) -> list[dict]:
+    """For every GPU profile and dtype with a published maximum achievable matmul rate
+    (``gpus.mamf``): the highest TFLOP/s the model prices over the grid of shapes
+    (:data:`_GRID` cubed) and the ``extra`` (gpu, dtype, m, n, k) shapes, against it."""
+    out = []
+    for name in gpu_names():
+        g = gpu_spec(name)
+        for dtype in sorted(g.mamf_tflops):
+            ceil, src = g.mamf(dtype)
+            if src != "published":
+                continue
+            shapes = [(m, n, k) for m in _GRID for n in _GRID for k in _GRID]
+            shapes += [(m, n, k) for gn, dt, m, n, k in extra if gn == name and dt == dtype]
+            best, at = 0.0, None
+            for m, n, k in shapes:
+                t = K.matmul(g, m, n, k, 1, dtype).tflops
+                if t > best:
+                    best, at = t, (m, n, k)
+            out.append({"gpu": name, "dtype": dtype, "ceiling": ceil, "max_predicted": best,
+                        "shape": "x".join(map(str, at)), "shapes": len(shapes),
+                        "above": best > ceil * (1 + 1e-9)})
+    return out
+
+
 def summarize(rows: list[dict]) -> dict:
     judged = [abs(r["error"]) for r in rows if r["role"] == "judge"]
     basis = "judge" if judged else "fit"
@@ -81,10 +144,26 @@ def run() -> dict:
         rows = collective_rows(s)
         out["collective"].append({"id": s["id"], "title": s["title"], "rows": rows,
                                   **summarize(rows)})
+    extra = []
     for s in data["gemm"]:
         rows = gemm_rows(s)
         out["gemm"].append({"id": s["id"], "title": s["title"], "rows": rows,
                             **summarize(rows)})
+        extra += [(s["gpu"], s["dtype"], m, n, k) for m, n, k, _ in s["rows"]]
+    out["same_shape"] = []
+    for s in data.get("same_shape", []):
+        rows = same_shape_rows(s)
+        for g in s["gpus"]:
+            mine = [r for r in rows if r["gpu"] == g]
+            out["same_shape"].append({"id": s["id"], "title": f"{s['title']}: {g}",
+                                      "gpu": g, "rows": mine, **summarize(mine)})
+        sp = speedups(rows, s["gpus"])
+        out["same_shape"].append({"id": s["id"], "title": f"{s['title']}: time "
+                                  f"{s['gpus'][0]} / {s['gpus'][1]}", "gpu": None,
+                                  "rows": sp, **summarize(sp)})
+        extra += [(g, s["dtype"], int(m), int(n), int(k)) for g in s["gpus"]
+                  for m, k, n, *_ in s["rows"]]
+    out["ceiling"] = ceiling_check(extra)
     return out
 
 
@@ -123,18 +202,42 @@ def main(argv: list[str] | None = None) -> int:
                   f"{100 * r['error']:>+7.1f}%  {r['bound']:<8} {r['role']}{flag}")
         print(f"  -> median |error| {100 * s['median']:.1f}%, worst {100 * s['worst']:.1f}% "
               f"over {s['basis']} rows")
+    for s in res["same_shape"]:
+        if s["gpu"] is None:
+            print(f"\n[{s['id']}] {s['title']} (published vs predicted ratio)")
+            for r in s["rows"]:
+                print(f"  {r['shape']:>20} {r['published']:>9.3f} {r['predicted']:>9.3f} "
+                      f"{100 * r['error']:>+7.1f}%  {r['role']}")
+        else:
+            print(f"\n[{s['id']}] {s['title']} (op time in us; shape m x k x n)")
+            print(f"  {'shape':>20} {'published':>9} {'predicted':>9} {'error':>8}  bound    "
+                  "role   in the printed range")
+            for r in s["rows"]:
+                print(f"  {r['shape']:>20} {r['published_us']:>9.1f} {r['predicted_us']:>9.1f} "
+                      f"{100 * r['error']:>+7.1f}%  {r['bound']:<8} {r['role']}  "
+                      f"{'yes' if r['in_range'] else 'no'}")
+        print(f"  -> median |error| {100 * s['median']:.1f}%, worst {100 * s['worst']:.1f}% "
+              f"over {s['basis']} rows")
+    print("\nceiling check: the highest matmul rate the model prices vs the published maximum "
+          "achievable (TFLOP/s)")
+    for c in res["ceiling"]:
+        bad += c["above"]
+        print(f"  {c['gpu']:>10} {c['dtype']:<5} ceiling {c['ceiling']:>7.1f}  max predicted "
+              f"{c['max_predicted']:>7.1f} at {c['shape']:<17} over {c['shapes']} shapes  "
+              f"{'ABOVE THE CEILING' if c['above'] else 'ok'}")
     print("\nsummary (median / worst |error|, judged rows only):")
-    for s in res["collective"] + res["gemm"]:
+    for s in res["collective"] + res["gemm"] + res["same_shape"]:
         if s["basis"] == "judge":
             print(f"  {s['id']:>4} {100 * s['median']:5.1f}% / {100 * s['worst']:5.1f}%  "
                   f"({s['judged']} rows)  {s['title']}")
     print("fit series (parameters set from them; not a measure of accuracy):")
-    for s in res["collective"] + res["gemm"]:
+    for s in res["collective"] + res["gemm"] + res["same_shape"]:
         if s["basis"] == "fit":
             print(f"  {s['id']:>4} {100 * s['median']:5.1f}% / {100 * s['worst']:5.1f}%  "
                   f"({s['n_rows']} rows)  {s['title']}")
     if bad:
-        print(f"\n{bad} GEMM prediction(s) above the published ceiling", file=sys.stderr)
+        print(f"\n{bad} GEMM prediction(s) or ceiling check(s) above the published ceiling",
+              file=sys.stderr)
         return 1
     return 0
 

@@ -16,7 +16,8 @@ before its captures (now this module's :func:`overlap_probe`):
 A calibration file is JSON (:data:`FORMAT`); :func:`read_calibration` validates one and
 :func:`attach` puts it on a trace (``meta["calibration"]``) for the what-ifs. Measuring needs
 torch (the ``[torch]`` extra); reading does not. gloo is measured and tested here; NCCL runs
-the same code on GPUs (``--backend nccl``) and is untested until a GPU machine runs it.
+the same code on GPUs (``--backend nccl``); its bookkeeping (:func:`assemble`, the fit and
+the refinement) is tested on an nccl-tests-shaped sweep, the GPU run itself only on a GPU.
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ from typing import Any
 
 from .errors import TraceFormatError
 
-__all__ = ["FORMAT", "DEFAULT_SIZES", "measure", "overlap_probe", "read_calibration", "attach",
-           "parse_sizes"]
+__all__ = ["FORMAT", "DEFAULT_SIZES", "measure", "assemble", "overlap_probe",
+           "read_calibration", "attach", "parse_sizes"]
 
 #: the file's format tag and version
 FORMAT = "retime-calibration/1"
@@ -162,6 +163,14 @@ def measure(sizes=DEFAULT_SIZES, reps: int = 5, probe: bool = True) -> dict | No
     dist.all_gather_object(everyone, mine)
     if dist.get_rank() != 0:
         return None
+    return assemble(everyone, sizes, backend, torch.__version__)
+
+
+def assemble(everyone: list[dict], sizes, backend: str, torch_version: str) -> dict:
+    """The calibration file's contents from every rank's record (rank order), as
+    :func:`measure` gathers them: ``{"rank", "host", "all_reduce": [{"bytes", "ns"}, ...],
+    "overlap_probe"?}`` per rank, the same ``sizes`` on each. Pure: no process group, so the
+    NCCL path's bookkeeping is tested without a GPU."""
     hosts = [e["host"] for e in everyone]
     per_host = max(hosts.count(h) for h in set(hosts))
     sizes_out = []
@@ -170,7 +179,7 @@ def measure(sizes=DEFAULT_SIZES, reps: int = 5, probe: bool = True) -> dict | No
                           "ns_by_rank": [e["all_reduce"][i]["ns"] for e in everyone]})
     cal: dict[str, Any] = {
         "format": FORMAT, "backend": backend, "world_size": len(everyone), "hosts": hosts,
-        "ranks_per_host": per_host, "torch_version": torch.__version__,
+        "ranks_per_host": per_host, "torch_version": torch_version,
         "created_unix_s": int(time.time()),
         "collectives": {"all_reduce": sizes_out}}
     probes = [e["overlap_probe"] for e in everyone if "overlap_probe" in e]

@@ -122,7 +122,8 @@ def _keys_of(pols: list) -> dict[str, Any]:
 #: what the trace measured (``fitted``) or partly from unbounded priors (``assumed``).
 #: Chosen on the 60 paired predictions that shaped the model (15%: 93% of them inside their
 #: range as a share of the change, 95% as a ratio (step_range), median half-width 10.4%
-#: both; 12.5% gave 88% in an earlier run of the model); the pairs captured after the
+#: both; 93% and 9.8% once the comm side's slowdown was fitted on the trace's transfers;
+#: 12.5% gave 88% in an earlier run of the model); the pairs captured after the
 #: freeze and held-out captures judge it (traces/pairs/README.md)
 MODEL_SHARE = {"fitted": 0.15, "assumed": 0.25}
 

@@ -48,9 +48,12 @@ def op_cmd(
                                      help="--trace: operator groups to show.")] = 10,
     dtype: Annotated[str, typer.Option(
         "--dtype", help="Element type: bf16, fp16, fp8, fp4, fp32, tf32.")] = "bf16",
-    m: Annotated[int | None, typer.Option("--m", min=1, help="matmul: rows of A and C.")] = None,
-    n: Annotated[int | None, typer.Option("--n", min=1, help="matmul: columns of B and C.")] = None,
-    k: Annotated[int | None, typer.Option("--k", min=1, help="matmul: reduction depth.")] = None,
+    m: Annotated[int | None, typer.Option(
+        "--m", min=1, help="matmul / bmm: rows of A and C (elements; tokens for a linear layer).")] = None,
+    n: Annotated[int | None, typer.Option(
+        "--n", min=1, help="matmul / bmm: columns of B and C (elements; output features).")] = None,
+    k: Annotated[int | None, typer.Option(
+        "--k", min=1, help="matmul / bmm: reduction depth (elements; input features).")] = None,
     batch: Annotated[int | None, typer.Option(
         "--batch", min=1, help="bmm: matrices; conv2d / attention: samples.")] = None,
     in_channels: Annotated[int | None, typer.Option("--in-channels", min=1,

@@ -137,6 +137,13 @@ def synth(
         "of --hardware: its GPU profile, GPUs per node (the NVLink domain), intra-node GB/s, "
         "inter-node GB/s per GPU (NICs per node x Gbit/s per NIC / 8 / GPUs per node) and its "
         "nodes, which must hold exactly tp*pp*dp*cp GPUs.")] = None,
+    calibration: Annotated[Path | None, typer.Option(
+        "--calibration", exists=True, dir_okay=False,
+        help="With --cluster: a calibration file from `retime calibrate --cluster F` "
+        "measured on that cluster (same name, else exit 2); its measured efficiency (bus "
+        "bandwidth / nominal GB/s, 0-1) replaces the model's for the level it measured, as "
+        "in `retime replay --cluster F --calibration C` (nccl calibrations only; a gloo "
+        "one is reported and not used).")] = None,
     cp: Annotated[int, typer.Option("--cp", min=1, help="Context-parallel size.")] = 1,
     sequence_parallel: Annotated[bool, typer.Option("--sequence-parallel",
                                                     help="Megatron sequence parallelism.")] = False,
@@ -218,6 +225,8 @@ def synth(
     if sum(x is not None for x in (hardware, hardware_file, cluster)) != 1:
         problems.append("give exactly one of --hardware NAME, --hardware-file F.toml or "
                         "--cluster F.toml")
+    if calibration is not None and cluster is None:
+        problems.append("--calibration needs --cluster F.toml (the cluster it was measured on)")
     if fsdp and zero:
         problems.append(f"--fsdp with --zero {zero}: FSDP is ZeRO-3, give one of them")
     if problems:
@@ -227,6 +236,13 @@ def synth(
         from retime.collectors.costs import check_cluster_world, read_cluster
         hw = read_cluster(cluster)
         check_cluster_world(hw, tp * pp * dp * cp, f"tp*pp*dp*cp = {tp}*{pp}*{dp}*{cp}")
+    ref = None
+    if calibration is not None:
+        from retime.collectors.calibrate import read_calibration
+        from retime.replay.policies.cluster_cal import refine
+
+        ref = refine(hw, read_calibration(calibration))  # another cluster's: refused here
+        hw = ref.cluster  # the measured efficiency as the cluster's stated one
     first_high, last_high = parse_fp4_high(fp4_high_layers)
     check_output(output, force, store=True)
     from retime.collectors.synth import synthesize
@@ -248,6 +264,9 @@ def synth(
     if cluster is not None:
         s["cluster"] = {"name": hw.name, "file": str(cluster), "nodes": hw.nodes,
                         "gpus_per_node": hw.gpus_per_node}
+        if ref is not None:
+            s["cluster"]["calibration"] = {"file": str(calibration), "level": ref.level,
+                                           "lines": list(ref.lines)}
     s["output"] = str(output)
     if s["oom"]:
         worst = max(s["memory"], key=lambda r: r["total_bytes"])
@@ -266,3 +285,5 @@ def synth(
         f"{s['tokens_per_s']:,.0f} tokens/s, MFU {100 * s['mfu']:.1f}%, peak memory "
         f"{s['peak_memory_bytes'] / 2**30:.1f} GiB per GPU; {s['ops']} ops "
         f"({s['ranks_emitted']} rank(s) emitted)")
+    for line in (ref.lines if ref is not None else ()):
+        say(f"  {line}")

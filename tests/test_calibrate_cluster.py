@@ -172,7 +172,7 @@ def files(tmp_path_factory):
     cal["cluster"] = cluster_record(read_cluster(h100), cal)
     gloo = _sweep_cal("gloo", 2, 2, 1e5, 0.5)
     gloo["cluster"] = cluster_record(read_cluster(h100), gloo)
-    return {"dir": d, "h100": h100, "other": other, "trace": trace,
+    return {"dir": d, "model": model, "h100": h100, "other": other, "trace": trace,
             "cal": _write(d / "nccl.json", cal), "gloo": _write(d / "gloo.json", gloo)}
 
 
@@ -252,6 +252,126 @@ def test_cost_collective_prices_with_the_measured_efficiency(files, capsys):
     assert model["measured"] == []
     _fails([*argv[:3], "--cluster", str(files["other"]), "--calibration", str(files["cal"])],
            capsys, "measured on cluster 'dgx-h100'")
+
+
+def test_synth_on_a_calibrated_cluster_prices_as_the_cluster_stating_it(files, capsys):
+    d, cl = files["dir"], str(files["h100"])
+    base = ["synth", "--model-file", str(files["model"]), *LAYOUT, "--cluster", cl]
+    plain = _json_run([*base, "-o", str(d / "plain.retime")], capsys)
+    cal = _json_run([*base, "--calibration", str(files["cal"]), "-o", str(d / "cal.retime")],
+                    capsys)
+    # 0.8 of NVLink4 measured where the model assumes 0.82: the TP collectives take longer
+    assert cal["step_time_ns"] > plain["step_time_ns"]
+    assert cal["cluster"]["calibration"]["level"] == "intra-node"
+    assert cal["cluster"]["calibration"]["lines"][0].startswith(
+        "measured: intra-node efficiency 0.8 of the nominal 450 GB/s")
+    # one source of truth: the same cluster file stating that efficiency gives the same run
+    eff = read_calibration(files["cal"])["cluster"]["efficiency"]
+    stated = d / "stated.toml"
+    stated.write_text(files["h100"].read_text().replace(
+        "[network]", f"efficiency = {eff!r}\n\n[network]", 1))
+    assert read_cluster(stated).intra_eff == eff
+    by_file = _json_run(["synth", "--model-file", str(files["model"]), *LAYOUT, "--cluster",
+                         str(stated), "-o", str(d / "stated.retime")], capsys)
+    assert by_file["step_time_ns"] == cal["step_time_ns"]
+    # and replay refines the same way: the run re-timed onto the calibrated cluster is the
+    # run synthesized on it (the keys of `replay --cluster F --calibration C`)
+    rep = _json_run(["replay", str(files["trace"]), "--cluster", cl, "--calibration",
+                     str(files["cal"])], capsys)
+    on = _json_run(["replay", str(d / "cal.retime")], capsys)
+    assert on["step_time_ns"]["replayed"] == rep["step_time_ns"]["replayed"]
+    # a gloo calibration refines nothing and says so
+    gl = _json_run([*base, "--calibration", str(files["gloo"]), "-o", str(d / "gl.retime")],
+                   capsys)
+    assert gl["step_time_ns"] == plain["step_time_ns"]
+    assert gl["cluster"]["calibration"]["lines"][0].startswith("assumed: intra-node")
+    # bad input: one line, exit 2, nothing written
+    never = str(d / "never.retime")
+    _fails(["synth", "--model-file", str(files["model"]), *LAYOUT, "--hardware", "h100-sxm",
+            "--calibration", str(files["cal"]), "-o", never], capsys,
+           "--calibration needs --cluster")
+    _fails(["synth", "--model-file", str(files["model"]), *LAYOUT, "--cluster",
+            str(files["other"]), "--calibration", str(files["cal"]), "-o", never], capsys,
+           "measured on cluster 'dgx-h100'", "not on --cluster")
+    assert not Path(never).exists()
+
+
+# An nccl-tests all_reduce_perf table (8 x A100-SXM4-80GB on one NVSwitch host, out-of-place
+# columns; the busbw column is the shape of REFERENCES.md C1's published series), written by
+# hand: what an NCCL calibration's sweep times on such a host.
+NCCL_TABLE = """
+#       size         count      type   redop    root     time   algbw   busbw  #wrong
+     1048576       262144     float     sum      -1      50.7   20.70   36.22       0
+     2097152       524288     float     sum      -1      68.5   30.59   53.54       0
+     4194304      1048576     float     sum      -1     102.8   40.82   71.43       0
+     8388608      2097152     float     sum      -1     163.1   51.42   89.99       0
+    16777216      4194304     float     sum      -1     268.8   62.41  109.22       0
+    33554432      8388608     float     sum      -1     442.3   75.87  132.77       0
+    67108864     16777216     float     sum      -1     704.8   95.22  166.63       0
+   134217728     33554432     float     sum      -1    1348.5   99.53  174.18       0
+   268435456     67108864     float     sum      -1    2196.5  122.21  213.87       0
+   536870912    134217728     float     sum      -1    4240.1  126.62  221.58       0
+  1073741824    268435456     float     sum      -1    8237.8  130.34  228.10       0
+"""
+
+
+def _nccl_ranks(table: str, world: int = 8, reps: int = 5) -> tuple[list[int], list[dict]]:
+    """Every rank's record as :func:`measure` gathers it on an NCCL run of the table's sizes:
+    the slowest rank at the table's time, the others up to 3% earlier, repetitions within
+    +-1% (a fixed seed)."""
+    rng = np.random.default_rng(7)
+    rows = [ln.split() for ln in table.strip().splitlines() if not ln.startswith("#")]
+    sizes = [int(r[0]) for r in rows]
+    times_ns = [float(r[5]) * 1e3 for r in rows]
+    ranks = []
+    for k in range(world):
+        lag = 1.0 if k == world - 1 else 1.0 - 0.03 * rng.random()
+        ranks.append({"rank": k, "host": "dgx0", "all_reduce": [
+            {"bytes": b, "ns": [int(t * lag * (1 + 0.01 * (rng.random() - 0.5)))
+                                for _ in range(reps)]} for b, t in zip(sizes, times_ns,
+                                                                       strict=True)]})
+    return sizes, ranks
+
+
+def test_an_nccl_sweep_is_assembled_fitted_and_refines_the_cluster(tmp_path, capsys):
+    """The NCCL path of `retime calibrate` short of the GPUs: the records every rank gathers,
+    the file, the fit and the refinement, on an nccl-tests-shaped sweep (latency at 1 MB, the
+    pipeline ramp to hundreds of MB, NVLink3's plateau at 1 GB)."""
+    from retime.collectors.calibrate import assemble
+
+    sizes, ranks = _nccl_ranks(NCCL_TABLE)
+    cal = assemble(ranks, sizes, "nccl", "2.x+cu12")
+    assert (cal["backend"], cal["world_size"], cal["ranks_per_host"]) == ("nccl", 8, 8)
+    assert [r["bytes"] for r in cal["collectives"]["all_reduce"]] == sizes
+    assert all(len(r["ns_by_rank"]) == 8 and len(r["ns_by_rank"][0]) == 5
+               for r in cal["collectives"]["all_reduce"])
+    assert "overlap_probe" not in cal  # NCCL runs no CPU overlap probe
+    a100 = tmp_path / "a100.toml"
+    assert run(["cost", "cluster", "--preset", "dgx-a100", "-o", str(a100)]) == 0
+    cal["cluster"] = cluster_record(read_cluster(a100), cal, "NVIDIA A100-SXM4-80GB")
+    rec = read_calibration(_write(tmp_path / "nccl.json", cal))["cluster"]
+    assert rec["level"] == "intra-node" and rec["refines"] and rec["nominal_gbps"] == 300.0
+    assert "nccl all_reduce on 8 GPU rank(s) (NVIDIA A100-SXM4-80GB)" in rec["measured"]
+    fit = rec["fit"]
+    # the line through the slowest rank's medians: bandwidth near the 1 GB plateau (the
+    # large sizes dominate a least-squares line); the pipeline ramp's fill lands in the
+    # latency term, which is so ~140 us, not NCCL's few tens
+    assert fit["identifiable"] and fit["points"] == 11
+    assert 225.0 < fit["busbw_gbps"] < 236.0
+    assert 100.0 < fit["alpha_us"] < 200.0
+    assert rec["efficiency"] == pytest.approx(fit["busbw_gbps"] / 300.0, rel=1e-4)
+    # refined, the cost layer's ring at 1 GB lands on the table's busbw (the model's own
+    # NVLink3 efficiency is 0.78: it was fitted on C1's plateau, so both agree)
+    argv = ["cost", "collective", "all_reduce", "--cluster", str(a100), "--algo", "ring",
+            "--sizes", "1G"]
+    got = _json_run([*argv, "--calibration", str(tmp_path / "nccl.json")], capsys)
+    assert got["rows"][0]["busbw_gbps"] == pytest.approx(228.10, rel=0.05)
+    assert got["measured"][0].startswith(f"intra-node efficiency {rec['efficiency']:.3g}")
+    # a sweep whose sizes cannot tell latency from bandwidth is recorded as such
+    few, fr = _nccl_ranks("\n".join(NCCL_TABLE.strip().splitlines()[:3]))
+    short = assemble(fr, few, "nccl", "2.x+cu12")
+    srec = cluster_record(read_cluster(a100), short)
+    assert not srec["fit"]["identifiable"] and "fewer than 3 sizes" in srec["fit"]["why"]
 
 
 @pytest.mark.torch

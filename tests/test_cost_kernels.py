@@ -146,3 +146,43 @@ def test_published_gemm_sweeps_at_tolerance():
                 assert abs(r["error"]) < t, (s["title"], r)
                 checked += 1
     assert checked >= 16
+
+
+def _bench():
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import cost as bench
+    finally:
+        sys.path.pop(0)
+    return bench
+
+
+def test_same_shape_gemms_on_a100_and_h100():
+    """K9 (judged): BF16 GEMMs of 4096+ tokens, the same shapes on A100 and H100: every op
+    time within 20% on each GPU, and the A100 / H100 time ratio within 15% per shape."""
+    bench = _bench()
+    with open(ROOT / "bench" / "data" / "cost_published.toml", "rb") as fh:
+        s = next(x for x in tomllib.load(fh)["same_shape"] if x["id"] == "K9")
+    rows = bench.same_shape_rows(s)
+    assert len(rows) == 2 * len(s["rows"]) == 14
+    for r in rows:
+        assert r["tokens"] >= 256 and r["role"] == "judge"
+        assert abs(r["error"]) < 0.20, r
+    # the published time is the source's flops (m n (2k - 1)) at its TFLOP/s
+    first = next(r for r in rows if r["gpu"] == "a100-80gb")
+    assert first["published_us"] == pytest.approx(16384 * 1280 * (2 * 8192 - 1) / 264.9e6)
+    for r in bench.speedups(rows, s["gpus"]):
+        assert 2.0 < r["published"] < 3.5 and abs(r["error"]) < 0.15, r
+
+
+def test_no_priced_matmul_exceeds_the_published_ceiling():
+    """The bench's check over its grid of shapes: for every GPU/dtype with a published
+    maximum achievable matmul rate, the model's best is at or below it, and close to it
+    (a big enough GEMM reaches the ceiling's neighbourhood)."""
+    checks = _bench().ceiling_check([])
+    got = {(c["gpu"], c["dtype"]) for c in checks}
+    assert {("a100-80gb", "bf16"), ("h100-sxm", "bf16"), ("h100-sxm", "fp8"),
+            ("mi300x", "bf16")} <= got
+    for c in checks:
+        assert not c["above"] and c["max_predicted"] <= c["ceiling"], c
+        assert c["max_predicted"] > 0.95 * c["ceiling"], c

@@ -192,7 +192,14 @@ def test_gloo_ddp_contention_model_is_consistent_with_the_measurement():
     assert same.meta["contention"]["slowdown"] == 1.0  # no parameter sizes: time-sharing
     free = whatif(t, {"overlap.bucket_mb": _mib(1), "overlap.interference": 1.0})
     assert free.meta["contention"]["slowdown"] == 0.0
-    assert _median_step(free) < _median_step(same)  # perfect overlap can only be faster
+    shared = whatif(t, {"overlap.bucket_mb": _mib(1), "overlap.interference": 0.0})
+    assert _median_step(free) < _median_step(shared)  # perfect overlap can only be faster
+    # the trace's own transfers (some under compute, some not) set the comm side's slowdown
+    sc = same.meta["scenario"][0]
+    assert sc["contention"] == "fitted on the trace's transfers"
+    lo, hi = sc["comm_slowdown_bounds"]
+    assert lo <= sc["comm_slowdown_fit"] <= hi
+    assert _median_step(free) <= _median_step(same) <= _median_step(shared)
     from retime.replay.policies.bucketing import rebucket_cpu
     *_, info, cpu = rebucket_cpu(t, _mib(1), 1.0)
     assert info["busbw_gbps"] > 0 and info["alpha_ns"] >= 0
@@ -306,3 +313,36 @@ def test_gloo_ddp_cpu_devices_are_one_per_rank(gloo_ddp):
     per_dev = pd.Series(rank[cpu]).groupby(dev[cpu]).nunique()
     assert (per_dev == 1).all(), per_dev.to_dict()
     assert sorted(pd.Series(rank[cpu]).groupby(dev[cpu]).first()) == sorted(set(rank[cpu]))
+
+
+def test_comm_slowdown_is_fitted_only_where_the_trace_separates_it():
+    """Equal transfers that took 1 ms alone and 4 ms under compute: the comm side's slowdown
+    is 3 (rate 1/4), bracketed by the range's bounds; without transfers under compute the
+    trace cannot tell and the fit declines."""
+    from retime.replay.policies.bucketing_cpu import _fit_comm_slowdown
+
+    ms = 1_000_000
+    lo = np.arange(8, dtype=np.int64) * 10 * ms
+    dur = np.where(np.arange(8) % 2 == 0, 4 * ms, 1 * ms)
+    hi = lo + dur
+    under = np.arange(8) % 2 == 0
+    blo, bhi = lo[under], hi[under]  # compute busy exactly while the even transfers ran
+    size = np.full(8, 1 << 20)
+    i, info = _fit_comm_slowdown([(lo, hi, size, blo, bhi)])
+    assert i == pytest.approx(3.0, rel=0.1)
+    assert info["transfers_under_compute"] == 4 and info["transfers_free"] == 4
+    low, _ = _fit_comm_slowdown([(lo, hi, size, blo, bhi)], "low")
+    high, _ = _fit_comm_slowdown([(lo, hi, size, blo, bhi)], "high")
+    assert low <= i <= high
+    none = np.zeros(0, np.int64)
+    assert _fit_comm_slowdown([(lo, hi, size, none, none)]) is None
+    # sizes confounded with overlap (1 MiB under compute, 4 MiB free, both 4 ms): a slowdown
+    # or a fixed cost explain it alike, and the fit declines
+    size2 = np.where(under, 1 << 20, 4 << 20)
+    assert _fit_comm_slowdown([(lo, hi, size2, blo, bhi)]) is None
+    # a 4 MiB pair (free, 4 ms each) next to the 1 MiB ones: compared within their size only
+    lo3 = np.concatenate([lo, lo[-1] + 10 * ms + np.arange(2) * 10 * ms])
+    hi3 = np.concatenate([hi, lo3[8:] + 4 * ms])
+    size3 = np.concatenate([size, [4 << 20, 4 << 20]])
+    i3, info3 = _fit_comm_slowdown([(lo3, hi3, size3, blo, bhi)])
+    assert i3 == pytest.approx(3.0, rel=0.1) and info3["transfers_free"] == 4

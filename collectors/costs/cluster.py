@@ -295,22 +295,37 @@ def cluster_hardware(c: Cluster) -> HardwareConfig:
     * inter-node GB/s per GPU per direction: ``nics_per_node * nic_gbit / 8 / gpus_per_node``
       (each GPU's share of its node's NICs), with ``nics`` the NICs of one domain and
       ``nic_gbps = nic_gbit / 8``. A cluster without NICs (one node) keeps the profile's
-      network, which nothing inside the node uses.
+      network, which nothing inside the node uses;
+    * a stated efficiency or per-hop latency (the file's ``efficiency`` /
+      ``hop_latency_us``, or a calibration's measured efficiency,
+      :func:`retime.replay.policies.cluster_cal.refine`) becomes the link's
+      ``bus_efficiency`` / ``latency_us``, which :func:`cluster_from_hardware` reads back as
+      stated: the synthesizer prices with what the cluster states, as ``retime cost`` does.
     """
     base = c.spec.hw
     dom = c.nvlink_domain
     intra = dataclasses.replace(base.intra, gbps=float(c.intra_gbps),
-                                link=f"{c.intra_generation} / {c.intra_fabric}")
+                                link=f"{c.intra_generation} / {c.intra_fabric}",
+                                **_stated(c.intra_eff, c.intra_hop_us))
     kw: dict[str, Any] = {"gpus_per_node": dom, "intra": intra, "nvlink_domain": dom}
     if c.nics_per_node > 0:
         kw["inter"] = dataclasses.replace(
             base.inter, gbps=c.nics_per_node * c.nic_gbps / c.gpus_per_node,
-            link=f"{c.net_fabric} {c.nics_per_node} x {c.nic_gbit:g} Gb/s per node")
+            link=f"{c.net_fabric} {c.nics_per_node} x {c.nic_gbit:g} Gb/s per node",
+            **_stated(c.net_eff, c.net_hop_us))
         kw["nics"] = c.nics_per_node * (dom // c.gpus_per_node)
         kw["nic_gbps"] = c.nic_gbps
     else:
         kw["nics"] = max(1, round(base.nics * dom / base.gpus_per_node))
     return dataclasses.replace(base, source=c.source or f"cluster:{c.name}", **kw)
+
+
+def _stated(eff: float | None, hop_us: float | None) -> dict[str, float]:
+    """A link's fields a cluster states (None: the GPU profile's, the cited values)."""
+    out = {} if eff is None else {"bus_efficiency": float(eff)}
+    if hop_us is not None:
+        out["latency_us"] = float(hop_us)
+    return out
 
 
 def check_cluster_world(c: Cluster, world: int, layout: str) -> None:

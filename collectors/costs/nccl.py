@@ -187,9 +187,13 @@ def _links(c: Cluster, g: Group, measured: int | None = None) -> _Links:
         if not measured:
             channels = max(2, min(channels, int(round(2 * dom_nics))))
         dom_nics = min(dom_nics, channels / 2.0)
+    # point-to-point traffic (alltoall, send/recv) leaves through the GPU's own NIC: a share
+    # of one where GPUs share NICs, never more than one where a GPU has several (C4:
+    # "Alltoall cannot aggregate the bandwidth of multiple NICs")
+    p2p_nics = min(max(per_gpu_nics, 1.0 / c.gpus_per_node), 1.0)
     return _Links(intra=c.intra_gbps * ip.value, intra_p=ip,
                   net_node=dom_nics * nic if c.nics_per_node else 0.0,
-                  net_gpu=max(per_gpu_nics, 1.0 / c.gpus_per_node) * nic, net_p=npar,
+                  net_gpu=p2p_nics * nic, net_p=npar,
                   channels=channels, hop="nvlink" if c.intra_fabric == "nvswitch" else "pcie")
 
 

@@ -178,6 +178,58 @@ def _fit_interference(pts: np.ndarray) -> float | None:
     return float(1.0 / slope - 1.0) if slope > 0 else None
 
 
+#: how far from the best spread a comm slowdown still explains the trace's transfers (the
+#: range's bounds of :func:`_fit_comm_slowdown`): 5% more log-spread
+FIT_COMM_TOL = 1.05
+
+
+def _fit_comm_slowdown(parts, bound: str | None = None) -> tuple[float, dict] | None:
+    """The communication side's own slowdown next to compute, from the trace's own transfers.
+
+    A gloo transfer overlapping the training thread waits for the CPU at each hand-off, so
+    it can last several times its isolated time (the pair kit's probe: 1 MiB at 1600 Mbit/s
+    in 18-27 ms next to compute, 1-5 ms alone) while compute loses little. ``parts``: per
+    rank ``(start, end, payload bytes)`` of its transfers and the training thread's busy
+    intervals ``(blo, bhi)``. Transfers are compared within a size class (sizes within
+    ~1.5x): where a class holds transfers that ran mostly under compute (>= 50% of their
+    time) and some that ran mostly not (<= 20%), at least 3 of each over the classes, the
+    ``i`` (rate ``1 / (1 + i)`` under compute) whose isolated times
+    (:func:`_isolated_transfer`: concurrent transfers share the link) agree best within
+    their classes (least spread of log time) separates the two; ``bound`` ``"low"`` /
+    ``"high"``: the smallest / largest ``i`` within :data:`FIT_COMM_TOL` of that spread (the
+    range). None (the trace cannot tell: sizes confounded with overlap, or too few)
+    otherwise, or when the spread does not single out a value (both ends of the grid fit)."""
+    if not parts:
+        return None
+    fr = np.concatenate([_overlap_ns(lo, hi, blo, bhi) / np.maximum(hi - lo, 1)
+                         for lo, hi, _s, blo, bhi in parts])
+    size = np.concatenate([np.asarray(s_, np.float64) for _l, _h, s_, _b, _e in parts])
+    cls = np.rint(np.log(np.maximum(size, 1.0)) / np.log(1.5)).astype(np.int64)
+    under, free = fr >= 0.5, fr <= 0.2
+    both = np.intersect1d(cls[under], cls[free])
+    use = np.isin(cls, both) & (under | free)
+    n_under, n_free = int((use & under).sum()), int((use & free).sum())
+    if n_under < 3 or n_free < 3:
+        return None
+    grid = np.concatenate([[0.0], np.geomspace(0.05, 40.0, 60)])
+    sd = []
+    for i in grid:
+        y = np.log(np.maximum(np.concatenate([_isolated_transfer(lo, hi, blo, bhi, i)
+                                              for lo, hi, _s, blo, bhi in parts]), 1.0))[use]
+        c = cls[use]
+        mean = pd.Series(y).groupby(c).transform("mean").to_numpy()
+        sd.append(float(np.sqrt(np.mean((y - mean) ** 2))))
+    sd = np.asarray(sd)
+    ok = grid[sd <= FIT_COMM_TOL * sd.min()]
+    if ok.min() == grid[0] and ok.max() == grid[-1]:
+        return None
+    best = float(grid[int(np.argmin(sd))])
+    pick = {None: best, "low": float(ok.min()), "high": float(ok.max())}[bound]
+    return pick, {"comm_slowdown_fit": best, "comm_slowdown_bounds": [float(ok.min()),
+                                                                       float(ok.max())],
+                  "transfers_under_compute": n_under, "transfers_free": n_free}
+
+
 def rebucket_cpu(trace: Trace, bucket_mb: float, interference: float | None,
                  ranks_per_node: int | None = None, probe_bound: str | None = None):
     """Re-bucket a CPU (gloo) DDP trace parameter by parameter (module docstring).
@@ -250,18 +302,21 @@ def rebucket_cpu(trace: Trace, bucket_mb: float, interference: float | None,
     exact, source = exact_sizes(trace, per, weight, issue_of, start, nbytes)
     # the capture's own measurement of how a transfer and compute share the CPU, unless
     # overlap.interference was given
+    given = interference is not None
     probe = overlap_probe(trace, probe_bound) if interference is None else None
     if probe is not None:
         interference = probe.compute_slowdown
     elif interference is None:
         interference = cpu_interference_of(trace, per, exact, a_start, end, nbytes, ar_ids)
     return _build_cpu(trace, bucket_mb, interference, ranks_per_node, per, weight, issue,
-                      issue_of, floor_ns, a_start, is_ar, exact, source, probe)
+                      issue_of, floor_ns, a_start, is_ar, exact, source, probe,
+                      fit_comm=probe is None and not given, probe_bound=probe_bound)
 
 
 def _build_cpu(trace, bucket_mb, interference, ranks_per_node, per, weight, issue, issue_of,
                floor_ns, a_start, is_ar, exact=None, source="copy times",
-               probe: OverlapProbe | None = None):
+               probe: OverlapProbe | None = None, fit_comm: bool = False,
+               probe_bound: str | None = None):
     o = trace.ops
     rank = o["rank"].to_numpy()
     lane = o["lane"].to_numpy()
@@ -368,15 +423,25 @@ def _build_cpu(trace, bucket_mb, interference, ranks_per_node, per, weight, issu
     work = np.full(len(o), np.nan)
     y = np.zeros(len(o))
     over_pts: list[np.ndarray] = []
+    spans = {}
     for r, lops in lane_ops.items():
         tr = np.flatnonzero(is_ar & (rank == r))
-        tlo, thi = interval_union(a_start[tr], end[tr])
         blo, bhi = interval_union(new_start[lops], np.maximum(busy_hi[lops], new_start[lops]))
+        spans[r] = (tr, blo, bhi)
+    comm_i, comm_fit = None, None
+    if probe is None and fit_comm:
+        got = _fit_comm_slowdown([(a_start[tr], end[tr], nbytes[tr], blo, bhi)
+                                  for tr, blo, bhi in spans.values()], probe_bound)
+        if got is not None:
+            comm_i, comm_fit = got
+    for r, lops in lane_ops.items():
+        tr, blo, bhi = spans[r]
+        tlo, thi = interval_union(a_start[tr], end[tr])
         ov = _overlap_ns(new_start[lops], busy_hi[lops], tlo, thi)
         work[lops] = (busy_hi[lops] - new_start[lops]) - keep_frac * ov
         y[tr] = _isolated_transfer(a_start[tr], end[tr], blo, bhi,
-                                   interference if probe is None
-                                   else probe.comm_slowdown(nbytes[tr]))
+                                   (interference if comm_i is None else comm_i)
+                                   if probe is None else probe.comm_slowdown(nbytes[tr]))
         solo = _alone(a_start[tr], end[tr])
         over_pts.append(np.stack([nbytes[tr][solo].astype(np.float64),
                                   _overlap_ns(a_start[tr][solo], end[tr][solo], blo, bhi),
@@ -415,16 +480,21 @@ def _build_cpu(trace, bucket_mb, interference, ranks_per_node, per, weight, issu
         kb = nbytes[keep].astype(np.float64)
         kept = np.where(kb > 0, probe.comm_slowdown(np.maximum(kb, 1.0)), interference)
         comm = np.concatenate([kept, probe.comm_slowdown(b_new, model_ns)])
+    if comm is None and comm_i is not None:
+        comm = np.full(len(keep) + n_new, float(comm_i))
     cpu = CpuModel(work_ns=pad(work, np.nan), compute=pad(compute, False),
                    cpu_rank=pad(cpu_rank, True), interference=float(interference),
-                   comm_slowdown=comm, comm_cap=comm is not None)
+                   comm_slowdown=comm, comm_cap=probe is not None)
     info = {"buckets_before": int(is_ar.sum()), "buckets_after": n_new, "alpha_ns": alpha,
             "busbw_gbps": 1.0 / inv_b if inv_b > 0 else float("inf"),
             "bucket_mb": float(bucket_mb), "interference": float(interference),
             "interference_fit": _fit_interference(np.concatenate(over_pts)),
             "param_sizes": source, "model": "cpu-ddp",
             "contention": ("the capture's overlap probe" if probe is not None else
+                           "fitted on the trace's transfers" if comm_fit is not None else
                            "symmetric, from the host's copy rate")}
+    if comm_fit is not None:
+        info.update(comm_fit)
     if comm is not None:
         info["comm_slowdown"] = float(np.median(comm[len(keep):])) if n_new else 0.0
     return t, new_ids, model_ns, info, cpu

@@ -142,7 +142,20 @@ class Overlap(Policy):
                                self.probe_bound)
             if cpu is not None:
                 state.trace, ids, model_ns, info, state.notes["cpu_model"] = cpu
-                if cpu[4].comm_slowdown is not None and self.probe_bound is None:
+                fitted = "comm_slowdown_fit" in info
+                if fitted:
+                    lo_i, hi_i = info["comm_slowdown_bounds"]
+                    state.assume(
+                        f"overlapped gloo transfers progressed at 1/(1+{info['comm_slowdown_fit']:.2f})"
+                        f" of their rate next to compute, fitted on the trace's own transfers "
+                        f"({info['transfers_under_compute']} mostly under compute, "
+                        f"{info['transfers_free']} mostly not); compute loses "
+                        f"i={float(cpu[4].interference):.2f} (from the host's copy rate, not "
+                        f"measured); the range spans the fit's {lo_i:.2f}-{hi_i:.2f}; pass "
+                        "--calibration (overlap probe) or set overlap.interference",
+                        bounded=True, bounds=None if self.probe_bound is not None else
+                        [{"overlap.probe_bound": "low"}, {"overlap.probe_bound": "high"}])
+                elif cpu[4].comm_slowdown is not None and self.probe_bound is None:
                     # the probe's repetitions vary: the range replays the fastest and slowest
                     state.notes.setdefault("range_variants", []).extend(
                         [{"overlap.probe_bound": "low"}, {"overlap.probe_bound": "high"}])
@@ -209,7 +222,9 @@ class Overlap(Policy):
                                            "contention", "comm_slowdown", "algorithm",
                                            "protocol", "channels", "channels_source",
                                            "priced", "kappa", "kappa_source",
-                                           "waiting_kept", "sources")
+                                           "waiting_kept", "sources", "comm_slowdown_fit",
+                                           "comm_slowdown_bounds", "transfers_under_compute",
+                                           "transfers_free")
                       if k in info})
         if self.sm_share is not None or "gpu_base" in state.notes:
             # NCCL kernels slow the compute they overlap (and back): at the share asked, or
