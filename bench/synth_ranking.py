@@ -12,7 +12,8 @@ zoo name, or ``gpt`` with ``hidden``, ``heads``, ``layers``, optional ``vocab`` 
 next to the CSV), ``tp``, ``pp``, ``dp``, ``micro_batch``, ``global_batch``, ``schedule``,
 ``chunks``, ``recompute``, ``sequence_parallel`` and ``measured_s`` (empty: a layout that
 ran out of memory, a feasibility check); optional ``cp``, ``zero``, ``dtype`` (default fp16),
-``ep``, ``published_mem_gib`` (``OOM`` for a layout that did not fit) and ``role``: ``fit``
+``ep``, ``grad_accum_fusion`` (default true, Megatron-LM's; false for DeepSpeed's engine),
+``launch_blocking_us`` (default 0; host time per op under ``CUDA_LAUNCH_BLOCKING=1``), ``published_mem_gib`` (``OOM`` for a layout that did not fit) and ``role``: ``fit``
 (the row shaped the model; the default for files without the column, whose rows were
 development points) or ``judge`` (set nothing). Lines starting with ``#`` are comments.
 
@@ -118,7 +119,9 @@ def predict(row: dict) -> dict:
               global_batch=int(row["global_batch"]), schedule=get("schedule", "1f1b"),
               chunks=int(get("chunks", 1)), recompute=get("recompute", "none"),
               sequence_parallel=str(get("sequence_parallel", "false")).lower() == "true",
-              zero=int(get("zero", 0)), dtype=get("dtype", "fp16"), ep=int(get("ep", 1)))
+              zero=int(get("zero", 0)), dtype=get("dtype", "fp16"), ep=int(get("ep", 1)),
+              grad_accum_fusion=str(get("grad_accum_fusion", "true")).lower() == "true",
+              launch_blocking_us=float(get("launch_blocking_us", 0.0)))
     s = synthesize(_model(row), _hardware(row), expand="unique", check_memory=False,
                    **kw).meta["synth"]
     return {"predicted_s": s["step_time_ns"] / 1e9, "mfu": s["mfu"], "oom": s["oom"],

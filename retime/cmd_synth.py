@@ -194,6 +194,15 @@ def synth(
     grad_overlap: Annotated[bool, typer.Option(
         "--grad-overlap", help="Reduce gradient buckets during the last backward (DDP); "
         "default: after it, as Megatron-LM does.")] = False,
+    grad_accum_fusion: Annotated[bool, typer.Option(
+        "--grad-accum-fusion/--no-grad-accum-fusion",
+        help="Weight-gradient GEMMs accumulate into the fp32 main gradient (Megatron-LM's "
+        "default); --no-grad-accum-fusion: autograd adds each micro-batch's 16-bit gradient "
+        "into param.grad with a separate kernel (DeepSpeed's engine, plain PyTorch).")] = True,
+    launch_blocking_us: Annotated[float, typer.Option(
+        "--launch-blocking-us", min=0.0,
+        help="CUDA_LAUNCH_BLOCKING=1: microseconds of host time between every two ops "
+        "(each launch waits for its kernel); default 0, asynchronous launches.")] = 0.0,
     check_memory: Annotated[bool, typer.Option(
         "--check-memory", help="Fail (exit 2) when a rank's modeled memory exceeds the GPU's "
         "instead of reporting oom.")] = False,
@@ -246,7 +255,9 @@ def synth(
         moe_imbalance=moe_imbalance, capacity_factor=capacity_factor,
         stage_layers=parse_stage_layers(stage_layers), stage_slack=stage_slack,
         p2p=p2p.value, odc=odc, seq_imbalance=seq_imbalance, grad_overlap=grad_overlap,
-        nvlink_domain=nvlink_domain or 0, fp4_first_high=first_high, fp4_last_high=last_high,
+        grad_accum_fusion=grad_accum_fusion, launch_blocking_us=launch_blocking_us,
+        nvlink_domain=nvlink_domain or 0,
+        fp4_first_high=first_high, fp4_last_high=last_high,
         fp4_high_dtype=fp4_high_dtype.value, check_memory=check_memory)
     trace.save(output)
     s = synth_summary(trace)

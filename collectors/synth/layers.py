@@ -29,6 +29,7 @@ sequence-parallel re-gather of their inputs).
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from ..enums import CommOp, OpKind
 from .builder import LayerTemplate, OpTemplate, StepTemplate
@@ -512,6 +513,40 @@ def _mtp(x: _Ctx, vocab_p: int) -> tuple[list, list, list, int, int]:
     return fwd, bwd, w, dense, expert
 
 
+def _accumulate(x: _Ctx, lt: LayerTemplate) -> LayerTemplate:
+    """``lt`` with autograd's gradient accumulation when the weight-gradient GEMMs do not
+    accumulate themselves (``grad_accum_fusion`` off): from the second micro-batch on each
+    parameter's new 16-bit gradient is added into ``param.grad`` (read both, write one: 6
+    bytes per parameter). The template is the same for every micro-batch, so the kernel is
+    priced at ``(m - 1) / m`` of one pass (the step's total is exact)."""
+    params = lt.params + lt.expert_params
+    m = x.par.num_microbatches
+    if x.par.grad_accum_fusion or params <= 0 or m <= 1:
+        return lt
+    op = _k("grad_accum", x.st(3 * x.act * params * (m - 1) / m))
+    if lt.wgrad:
+        return replace(lt, wgrad=lt.wgrad + (op,))
+    return replace(lt, bwd=lt.bwd + (op,))
+
+
+def _blocking(x: _Ctx, lt: LayerTemplate) -> LayerTemplate:
+    """``lt`` under ``CUDA_LAUNCH_BLOCKING=1``: each op waits ``launch_blocking_us`` of host
+    time after the previous one finished (the host issues it only then)."""
+    gap = int(round(x.par.launch_blocking_us * 1e3))
+    if gap <= 0:
+        return lt
+
+    def add(ops):
+        return tuple(replace(o, dur_ns=o.dur_ns + gap) if o.kind in (_K, _C) else o
+                     for o in ops)
+    return replace(lt, fwd=add(lt.fwd), bwd=add(lt.bwd), wgrad=add(lt.wgrad))
+
+
+def _finish(x: _Ctx, lt: LayerTemplate) -> LayerTemplate:
+    """The framework's costs on top of the layer's kernels."""
+    return _blocking(x, _accumulate(x, lt))
+
+
 def model_template(model: ModelConfig, hw: HardwareConfig, parallel: ParallelConfig,
                    comm: CommModel) -> StepTemplate:
     """Modeled per-layer op sequences (durations in ns) for :func:`build_trace`."""
@@ -521,8 +556,9 @@ def model_template(model: ModelConfig, hw: HardwareConfig, parallel: ParallelCon
     L = model.layers
     for dt in sorted({parallel.linear_dtype(i, L) for i in range(L)}):
         x.dtype = dt  # FP4 runs: FP4 layers and the first / last ones kept in higher precision
-        dense = _layer(x, 0)
-        moe = _layer(x, model.dense_layers) if model.moe and model.moe_layers else dense
+        dense = _finish(x, _layer(x, 0))
+        moe = _finish(x, _layer(x, model.dense_layers)) if model.moe and model.moe_layers \
+            else dense
         kinds[dt] = (dense, moe)
     layers = tuple(kinds[parallel.linear_dtype(i, L)][1 if model.is_moe_layer(i) else 0]
                    for i in range(L))
@@ -535,8 +571,8 @@ def model_template(model: ModelConfig, hw: HardwareConfig, parallel: ParallelCon
     recv = int(hw.kernel_overhead_us * 1e3)
     if x.t > 1 and not x.sp:
         recv += comm.collective_ns(CommOp.ALL_GATHER, x.act * x.T * x.h, "tp")
-    return StepTemplate(layers=layers, embed=_embed(x, vocab_p),
-                        head=_head(x, vocab_p), p2p_bytes=int(p2p), recv_ns=recv,
+    return StepTemplate(layers=layers, embed=_finish(x, _embed(x, vocab_p)),
+                        head=_finish(x, _head(x, vocab_p)), p2p_bytes=int(p2p), recv_ns=recv,
                         tied_embedding_params=(vocab_p * x.h // x.t
                                                if model.tied_embeddings and parallel.pp > 1
                                                else 0),

@@ -80,6 +80,22 @@ class ParallelConfig:
     always follow each layer's backward. Source of the default: Megatron-Core
     ``DistributedDataParallelConfig.overlap_grad_reduce = False`` (REFERENCES.md R2).
 
+    ``grad_accum_fusion``: ``True`` is Megatron-LM's default (``--no-gradient-accumulation-fusion``
+    turns it off): each weight-gradient GEMM accumulates into the fp32 main gradient itself,
+    so accumulating micro-batches costs nothing extra. ``False`` is what a framework that
+    leaves accumulation to autograd does (DeepSpeed's engine, as in Megatron-DeepSpeed; plain
+    PyTorch): from the second micro-batch on, every parameter's new 16-bit gradient is added
+    into ``param.grad`` by a separate kernel that reads both and writes one (6 bytes per
+    parameter per micro-batch, streamed through HBM). Megatron-LM's own unfused path (a hook
+    adding the 16-bit gradient into the fp32 ``main_grad``: 10 bytes) is not this flag.
+    Source: REFERENCES.md R2, R5.
+
+    ``launch_blocking_us``: ``0`` is CUDA's default, kernels queued ahead of the GPU. ``> 0``
+    models ``CUDA_LAUNCH_BLOCKING=1`` (BigScience ran BLOOM with it against hangs on Jean
+    Zay, REFERENCES.md R3): every launch returns only when its kernel or collective has
+    finished, so the host's time to issue the next op (Python, dispatcher, launch) sits
+    between every two ops on the GPU; this many microseconds per modeled op.
+
     ``odc``: on ZeRO-3 / FSDP runs, parameter gathers and gradient reductions are on-demand
     point-to-point transfers (Wan et al. 2026) with one synchronization per step instead of
     one per layer. ``seq_imbalance`` is the most loaded data-parallel rank's work over the
@@ -111,6 +127,8 @@ class ParallelConfig:
     odc: bool = False
     seq_imbalance: float = 1.0
     grad_overlap: bool = False
+    grad_accum_fusion: bool = True
+    launch_blocking_us: float = 0.0
     nvlink_domain: int = 0
     fp4_first_high: int = 1
     fp4_last_high: int = 1
@@ -161,6 +179,10 @@ class ParallelConfig:
                               "or >= 1")
         if self.p2p not in P2P:
             raise ConfigError(f"parallel config: p2p={self.p2p!r}; use one of {', '.join(P2P)}")
+        lb = self.launch_blocking_us
+        if isinstance(lb, bool) or not isinstance(lb, (int, float)) or not 0 <= lb < 1e4:
+            raise ConfigError(f"parallel config: launch_blocking_us={lb!r} must be a number of "
+                              "microseconds >= 0 (0: asynchronous launches)")
         if not 0 <= self.stage_slack < 10:
             raise ConfigError(f"parallel config: stage_slack={self.stage_slack!r} must be a "
                               "fraction >= 0 (0.05 = within 5% of the fastest split)")
@@ -176,7 +198,7 @@ class ParallelConfig:
                 isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in sl):
             raise ConfigError(f"parallel config: stage_layers={sl!r} must be a list of layer "
                               "counts >= 0, one per pipeline stage (or per model chunk)")
-        for f in ("odc", "grad_overlap", "sequence_parallel", "fsdp"):
+        for f in ("odc", "grad_overlap", "grad_accum_fusion", "sequence_parallel", "fsdp"):
             if not isinstance(getattr(self, f), bool):
                 raise ConfigError(f"parallel config: {f}={getattr(self, f)!r} must be true or "
                                   "false")
