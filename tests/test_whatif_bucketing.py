@@ -319,7 +319,7 @@ def test_comm_slowdown_is_fitted_only_where_the_trace_separates_it():
     """Equal transfers that took 1 ms alone and 4 ms under compute: the comm side's slowdown
     is 3 (rate 1/4), bracketed by the range's bounds; without transfers under compute the
     trace cannot tell and the fit declines."""
-    from retime.replay.policies.bucketing_cpu import _fit_comm_slowdown
+    from retime.replay.policies.cpu_overlap import fit_comm_slowdown
 
     ms = 1_000_000
     lo = np.arange(8, dtype=np.int64) * 10 * ms
@@ -328,21 +328,21 @@ def test_comm_slowdown_is_fitted_only_where_the_trace_separates_it():
     under = np.arange(8) % 2 == 0
     blo, bhi = lo[under], hi[under]  # compute busy exactly while the even transfers ran
     size = np.full(8, 1 << 20)
-    i, info = _fit_comm_slowdown([(lo, hi, size, blo, bhi)])
+    i, info = fit_comm_slowdown([(lo, hi, size, blo, bhi)])
     assert i == pytest.approx(3.0, rel=0.1)
     assert info["transfers_under_compute"] == 4 and info["transfers_free"] == 4
-    low, _ = _fit_comm_slowdown([(lo, hi, size, blo, bhi)], "low")
-    high, _ = _fit_comm_slowdown([(lo, hi, size, blo, bhi)], "high")
+    low, _ = fit_comm_slowdown([(lo, hi, size, blo, bhi)], "low")
+    high, _ = fit_comm_slowdown([(lo, hi, size, blo, bhi)], "high")
     assert low <= i <= high
     none = np.zeros(0, np.int64)
-    assert _fit_comm_slowdown([(lo, hi, size, none, none)]) is None
+    assert fit_comm_slowdown([(lo, hi, size, none, none)]) is None
     # sizes confounded with overlap (1 MiB under compute, 4 MiB free, both 4 ms): a slowdown
     # or a fixed cost explain it alike, and the fit declines
     size2 = np.where(under, 1 << 20, 4 << 20)
-    assert _fit_comm_slowdown([(lo, hi, size2, blo, bhi)]) is None
+    assert fit_comm_slowdown([(lo, hi, size2, blo, bhi)]) is None
     # a 4 MiB pair (free, 4 ms each) next to the 1 MiB ones: compared within their size only
     lo3 = np.concatenate([lo, lo[-1] + 10 * ms + np.arange(2) * 10 * ms])
     hi3 = np.concatenate([hi, lo3[8:] + 4 * ms])
     size3 = np.concatenate([size, [4 << 20, 4 << 20]])
-    i3, info3 = _fit_comm_slowdown([(lo3, hi3, size3, blo, bhi)])
+    i3, info3 = fit_comm_slowdown([(lo3, hi3, size3, blo, bhi)])
     assert i3 == pytest.approx(3.0, rel=0.1) and info3["transfers_free"] == 4
