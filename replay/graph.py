@@ -49,14 +49,13 @@ from retime.collectors.trace import Trace
 
 from ._kernels import (
     _csr_by_dst,
-    _dense_codes,
     _edge_lags,
-    _group_order,
     _lane_links,
     _layout_perm,
     _measured_ready,
 )
 from .gaps import classify_wait_gaps, host_comm_masks, with_handoff_edges
+from .graph_arrays import _csr, _dense_inverse, _lexsort_small
 from .graph_order import CycleError, _node_of, _order_or_raise, choose_relaxations
 
 __all__ = ["ReplayGraph", "build_graph", "graph_from_arrays", "BLOCKING_CALL_PATTERN"]
@@ -561,43 +560,3 @@ def graph_from_arrays(*, rank, lane, kind, start_ns, dur_ns, coll_id=None, edge_
         order=order, perm=perm, pos=pos, rank=rank, lane=lane,
         device=device, resource=resource, link=link, meas_start_ns=s,
         meas_dur_ns=d, ideal=bool(ideal), stats=stats, trace=trace)
-
-
-def _dense_inverse(x: np.ndarray) -> tuple[int, np.ndarray]:
-    """``len(u), inv`` of ``u, inv = unique(x, return_inverse=True)`` (``inv`` int64),
-    without sorting when the values span a small range (ranks, devices)."""
-    x = np.asarray(x)
-    if len(x) == 0:
-        return 0, np.zeros(0, _I64)
-    lo, hi = int(x.min()), int(x.max())
-    if hi - lo >= 4 * len(x) + 65536:
-        u, inv = unique(x, return_inverse=True)
-        return len(u), inv.astype(_I64, copy=False)
-    if x.dtype.kind not in "iu" or x.dtype == np.uint64:
-        u, inv = unique(x, return_inverse=True)
-        return len(u), inv.astype(_I64, copy=False)
-    k, inv = _dense_codes(np.ascontiguousarray(x), lo, hi - lo + 1)
-    return int(k), inv
-
-
-def _lexsort_small(keys: tuple) -> np.ndarray:
-    """``np.lexsort(keys)`` (int64 order) when the last (major) key holds small integers
-    (lanes, ranks): a counting sort plus per-group sorts (:func:`_group_order`)."""
-    minor, major = keys
-    major = np.asarray(major)
-    n = len(major)
-    if n == 0:
-        return np.zeros(0, _I64)
-    lo, hi = int(major.min()), int(major.max())
-    if hi - lo >= 4 * n + 65536 or major.dtype.kind not in "iu":
-        return np.lexsort(keys)
-    return _group_order(np.ascontiguousarray(major, _I64), lo, hi - lo + 1,
-                        np.ascontiguousarray(minor))
-
-
-def _csr(n, dst, src, lag, kind, s2s):
-    """CSR by ``dst``, edges of one dst sorted by src (then input order)."""
-    return _csr_by_dst(n, np.ascontiguousarray(dst, _I64), np.ascontiguousarray(src, _I64),
-                       np.ones(len(dst), bool), np.ascontiguousarray(lag, _I64),
-                       np.ascontiguousarray(kind, np.int8), np.ascontiguousarray(s2s, bool),
-                       np.zeros(0, _I32))
