@@ -207,8 +207,10 @@ def _merge_close(group, start, end, gap):  # pragma: no cover - compiled
 
 
 @njit(cache=True)
-def _clip_pass(op_r, s, e, wptr, ws, we, fill, idx, win, cs, ce):  # pragma: no cover
-    """One pass of :func:`_clip_to_windows`: count the pieces, or (``fill``) write them."""
+def _clip_pass(op_r, s, e, wptr, ws, we, idx, win, cs, ce):  # pragma: no cover
+    """One pass of :func:`_clip_to_windows`: count the pieces, or write them where the
+    output arrays have room (a flag argument would compile twice, once per literal)."""
+    fill = idx.shape[0] > 0
     m = 0
     for i in range(s.shape[0]):
         r = op_r[i]
@@ -260,12 +262,12 @@ def _clip_to_windows(op_r, s, e, wptr, ws, we):  # pragma: no cover - compiled
         piece's bounds (``max(s, ws)``, ``min(e, we)``), in interval order
     """
     z = np.empty(0, np.int64)
-    m = _clip_pass(op_r, s, e, wptr, ws, we, False, z, z, z, z)
+    m = _clip_pass(op_r, s, e, wptr, ws, we, z, z, z, z)
     idx = np.empty(m, np.int64)
     win = np.empty(m, np.int64)
     cs = np.empty(m, np.int64)
     ce = np.empty(m, np.int64)
-    _clip_pass(op_r, s, e, wptr, ws, we, True, idx, win, cs, ce)
+    _clip_pass(op_r, s, e, wptr, ws, we, idx, win, cs, ce)
     return idx, win, cs, ce
 
 

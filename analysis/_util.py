@@ -171,10 +171,21 @@ def clip_to_windows(trace: Trace, mask: np.ndarray, w: pd.DataFrame,
     ranks = o["rank"].to_numpy().astype(np.int64)
     pos = np.minimum(np.searchsorted(ur, ranks), len(ur) - 1)
     op_r = np.where(mask & (ur[pos] == ranks), pos, -1).astype(np.int64)
-    return _clip_to_windows(op_r, np.ascontiguousarray(s, np.int64),
-                            np.ascontiguousarray(e, np.int64), wptr,
-                            np.ascontiguousarray(w["start_ns"].to_numpy(), np.int64),
-                            np.ascontiguousarray(w["end_ns"].to_numpy(), np.int64))
+    return clip_arrays(op_r, s, e, wptr, w["start_ns"].to_numpy(), w["end_ns"].to_numpy())
+
+
+def _ro_i64(x) -> np.ndarray:
+    """``x`` as a contiguous int64 array seen read-only (a view, no copy when it already
+    is int64): pandas hands out writable and read-only arrays alike, and numba compiles one
+    specialization for each mix."""
+    v = np.ascontiguousarray(x, np.int64).view()
+    v.flags.writeable = False
+    return v
+
+
+def clip_arrays(op_r, s, e, wptr, ws, we) -> tuple[np.ndarray, ...]:
+    """:func:`._kernels._clip_to_windows` on any int arrays, in one specialization."""
+    return _clip_to_windows(*(_ro_i64(x) for x in (op_r, s, e, wptr, ws, we)))
 
 
 def rank_windows(trace: Trace) -> pd.DataFrame:

@@ -35,7 +35,7 @@ import pandas as pd
 from retime.collectors.arrays import isin, unique
 from retime.collectors.enums import LaneKind
 
-from ._kernels import _clip_to_windows, _union_len_grouped
+from ._kernels import _union_len_grouped
 from ._util import (
     COMPUTE_KINDS,
     HOST_KINDS,
@@ -43,6 +43,7 @@ from ._util import (
     _lane_kind_of_ops,
     _memo,
     as_trace,
+    clip_arrays,
     clip_to_windows,
     comm_mask,
     device_mask,
@@ -93,10 +94,8 @@ def _host_ranges_in_windows(t, w: pd.DataFrame) -> tuple[np.ndarray, np.ndarray,
     rk = r["rank"].to_numpy().astype(np.int64)
     pos = np.minimum(np.searchsorted(ur, rk), len(ur) - 1)
     op_r = np.where(keep & (ur[pos] == rk), pos, -1).astype(np.int64)
-    _, g, s, e = _clip_to_windows(op_r, np.ascontiguousarray(r["start_ns"].to_numpy(), np.int64),
-                                  np.ascontiguousarray(r["end_ns"].to_numpy(), np.int64), wptr,
-                                  np.ascontiguousarray(w["start_ns"].to_numpy(), np.int64),
-                                  np.ascontiguousarray(w["end_ns"].to_numpy(), np.int64))
+    _, g, s, e = clip_arrays(op_r, r["start_ns"].to_numpy(), r["end_ns"].to_numpy(), wptr,
+                             w["start_ns"].to_numpy(), w["end_ns"].to_numpy())
     return g, s, e
 
 

@@ -48,7 +48,6 @@ from retime.collectors.errors import ReplayError
 from retime.collectors.trace import Trace
 
 from ._kernels import (
-    _csr_by_dst,
     _edge_lags,
     _lane_links,
     _layout_perm,
@@ -453,16 +452,14 @@ def graph_from_arrays(*, rank, lane, kind, start_ns, dur_ns, coll_id=None, edge_
     stats["wait_edges"] = int(len(w_src))
     stats["intra_collective_edges"] = int(len(es) - keep.sum())
     stats["start_edges"] = int(s2s.sum())
-    none = np.zeros(0, _I32)
-    pred_ptr, pred_src, pred_lag, pred_kind, pred_s2s = _csr_by_dst(
-        n, ed, es, keep, lag_store, ek, s2s, none)
+    pred_ptr, pred_src, pred_lag, pred_kind, pred_s2s = _csr(
+        n, ed, es, lag_store, ek, s2s, keep=keep)
     del keep, lag_store, s2s
     stats["edges"] = int(len(pred_src))
     wkeep = node_of[w_src] != node_of[w_dst]
     nw = len(w_src)
-    wait_ptr, wait_src, wait_lag, _, _ = _csr_by_dst(n, w_dst, w_src, wkeep, w_lag,
-                                                     np.zeros(nw, np.int8),
-                                                     np.zeros(nw, bool), none)
+    wait_ptr, wait_src, wait_lag, _, _ = _csr(n, w_dst, w_src, w_lag, np.zeros(nw, np.int8),
+                                              np.zeros(nw, bool), keep=wkeep)
     del w_src, w_dst, w_lag, wkeep
 
     # ---- collective transfer tails
@@ -533,13 +530,13 @@ def graph_from_arrays(*, rank, lane, kind, start_ns, dur_ns, coll_id=None, edge_
     lp[has] = pos[lp[has]]
     del has
     pdst = np.repeat(np.arange(n, dtype=_I32), np.diff(pred_ptr))
-    pred_ptr, pred_src, pred_lag, pred_kind, pred_s2s = _csr_by_dst(
-        n, pdst, pred_src, np.ones(len(pdst), bool), pred_lag, pred_kind, pred_s2s, pos)
+    pred_ptr, pred_src, pred_lag, pred_kind, pred_s2s = _csr(
+        n, pdst, pred_src, pred_lag, pred_kind, pred_s2s, pos=pos)
     del pdst
     wdst = np.repeat(np.arange(n, dtype=_I32), np.diff(wait_ptr))
-    wait_ptr, wait_src, wait_lag, _, _ = _csr_by_dst(
-        n, wdst, wait_src, np.ones(len(wdst), bool), wait_lag, np.zeros(len(wdst), np.int8),
-        np.zeros(len(wdst), bool), pos)
+    wait_ptr, wait_src, wait_lag, _, _ = _csr(
+        n, wdst, wait_src, wait_lag, np.zeros(len(wdst), np.int8), np.zeros(len(wdst), bool),
+        pos=pos)
     del wdst
     mdelay = lay(mdelay)
     delay = np.zeros(n, _I64) if ideal else mdelay

@@ -48,9 +48,15 @@ def _lexsort_small(keys: tuple) -> np.ndarray:
                         np.ascontiguousarray(minor))
 
 
-def _csr(n, dst, src, lag, kind, s2s):
-    """CSR by ``dst``, edges of one dst sorted by src (then input order)."""
-    return _csr_by_dst(n, np.ascontiguousarray(dst, _I64), np.ascontiguousarray(src, _I64),
-                       np.ones(len(dst), bool), np.ascontiguousarray(lag, _I64),
-                       np.ascontiguousarray(kind, np.int8), np.ascontiguousarray(s2s, bool),
-                       np.zeros(0, _I32))
+def _csr(n, dst, src, lag, kind, s2s, keep=None, pos=None):
+    """CSR by ``dst``, edges of one dst sorted by src (then input order); ``keep`` masks
+    edges, ``pos`` maps op ids to layout positions first (:func:`._kernels._csr_by_dst`).
+
+    One specialization of the kernel: ids as int32 (graphs hold at most ``2**30`` ops), so
+    a cold run compiles it once whichever caller comes first."""
+    m = len(dst)
+    return _csr_by_dst(int(n), np.ascontiguousarray(dst, _I32), np.ascontiguousarray(src, _I32),
+                       np.ones(m, bool) if keep is None else np.ascontiguousarray(keep, bool),
+                       np.ascontiguousarray(lag, _I64), np.ascontiguousarray(kind, np.int8),
+                       np.ascontiguousarray(s2s, bool),
+                       np.zeros(0, _I32) if pos is None else np.ascontiguousarray(pos, _I32))
