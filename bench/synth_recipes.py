@@ -34,8 +34,7 @@ dynamic scaling, priced as the FP8 GEMM roofline), ``--recompute op`` for its de
 ``--sequence-parallel`` (torchtitan's TP plan shards the norms over the sequence), CP with
 ``--seq`` (the row's sequence length), ``--schedule interleaved --chunks 2`` for
 Interleaved 1F1B (torchtitan splits the model into two stages per rank for multi-stage
-schedules), micro-batch 1 under PP. AsyncTP has no option (TP collectives are not
-decomposed into overlapped pieces): its rows run the vanilla-TP command. Llama 3 405B:
+schedules), micro-batch 1 under PP, ``--tp-comm-overlap`` for AsyncTP (Tables 4-6). Llama 3 405B:
 interleaved schedule with asynchronous pipeline transfers, the first and last stage one
 layer fewer (R11; as virtual stages of 4 layers: 3 on the first and last), ZeRO-1 (Meta's
 FSDP shards optimizer states and gradients and gathers parameters once per step).
@@ -44,7 +43,9 @@ Roles. ``dev``: torchtitan Table 1 (8B on 8 GPUs), whose 1.66x miss led to the e
 op-level-checkpointing and 500 W profile changes; nothing was fitted to it (byte counts
 from torchtitan's model code, peaks from datasheets). ``judge``: every other row. Honest
 caveat: the judged rows' ratios under the *previous* model were printed once (while
-finding the causes) before those changes were written; no figure was changed after that.
+finding the causes) before those changes were written, and ``--tp-comm-overlap`` was added
+after the AsyncTP row had been seen run with the vanilla command (0.94x); its price is the
+synthesizer's existing overlap rule (C3), nothing was fitted to the row.
 """
 
 from __future__ import annotations
@@ -69,7 +70,8 @@ _70B_2D = dict(model="llama3-70b", hardware_file=TT, tp=8, pp=1, dp=32, fsdp=Tru
                sequence_parallel=True, global_batch=512, micro_batch=16, recompute="full",
                dtype="fp8")
 _405B_3D = dict(model="llama3-405b", hardware_file=TT, tp=8, pp=8, fsdp=True,
-                sequence_parallel=True, micro_batch=1, recompute="full", dtype="fp8")
+                sequence_parallel=True, tp_comm_overlap=True, micro_batch=1,
+                recompute="full", dtype="fp8")
 _A100 = dict(hardware="a100-80gb", tp=1, pp=1, dp=64, fsdp=True, eager=True)
 _H200 = dict(model="llama3-8b", hardware="h200", tp=1, pp=1, fsdp=True, global_batch=64,
              micro_batch=2, recompute="op", dtype="fp8")
@@ -108,8 +110,8 @@ ROWS = [
                           dtype="fp8", seq=262144)),
     ("TT-T4 2D", "R7 T4", "256 x H100 500W", "FSDP 32, TP 8, compile, Float8, full AC", 829,
      "tok", "judge", dict(_70B_2D)),
-    ("TT-T4 2D+AsyncTP", "R7 T4", "256 x H100 500W", "as 2D + AsyncTP (no option)", 876,
-     "tok", "judge", dict(_70B_2D)),
+    ("TT-T4 2D+AsyncTP", "R7 T4", "256 x H100 500W", "as 2D + AsyncTP", 876,
+     "tok", "judge", dict(_70B_2D, tp_comm_overlap=True)),
     ("TT-T5 3D 1F1B", "R7 T5", "512 x H100 500W", "FSDP 8, TP 8, PP 8, 1F1B, Float8, "
      "AsyncTP, full AC", 100, "tok", "judge", dict(_405B_3D, dp=8, global_batch=256)),
     ("TT-T5 3D interleaved", "R7 T5", "512 x H100 500W", "as 1F1B, Interleaved 1F1B", 128,
@@ -155,8 +157,9 @@ ROWS = [
 
 #: option name -> CLI flag (booleans are flags)
 _FLAGS = ("model", "hardware", "hardware_file", "tp", "pp", "dp", "cp", "ep",
-          "sequence_parallel", "fsdp", "zero", "schedule", "chunks", "stage_layers", "p2p",
-          "global_batch", "micro_batch", "seq", "recompute", "dtype", "eager")
+          "sequence_parallel", "tp_comm_overlap", "fsdp", "zero", "schedule", "chunks",
+          "stage_layers", "p2p", "global_batch", "micro_batch", "seq", "recompute", "dtype",
+          "eager")
 
 
 def command(opts: dict) -> str:

@@ -213,6 +213,10 @@ def synth(
         "rotary embeddings, SwiGLU products and the loss run as one kernel per elementwise "
         "op, norms and loss in fp32; default: fused kernels, as Megatron-LM (Transformer "
         "Engine) or torch.compile run them.")] = False,
+    tp_comm_overlap: Annotated[bool, typer.Option(
+        "--tp-comm-overlap", help="With --sequence-parallel: split each TP all-gather / "
+        "reduce-scatter into per-peer pieces overlapped with its GEMM (torchtitan's AsyncTP, "
+        "Megatron-LM's --tp-comm-overlap); default off, as in Megatron-LM.")] = False,
     seq: Annotated[int | None, typer.Option(
         "--seq", min=1, help="Sequence length in tokens (default: the model's, e.g. 8192 "
         "for llama3-*); must be divisible by --cp.")] = None,
@@ -274,7 +278,7 @@ def synth(
         stage_layers=parse_stage_layers(stage_layers), stage_slack=stage_slack,
         p2p=p2p.value, odc=odc, seq_imbalance=seq_imbalance, grad_overlap=grad_overlap,
         grad_accum_fusion=grad_accum_fusion, launch_blocking_us=launch_blocking_us,
-        eager=eager,
+        eager=eager, tp_comm_overlap=tp_comm_overlap,
         nvlink_domain=nvlink_domain or 0,
         fp4_first_high=first_high, fp4_last_high=last_high,
         fp4_high_dtype=fp4_high_dtype.value, check_memory=check_memory)

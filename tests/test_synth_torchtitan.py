@@ -138,3 +138,88 @@ def test_recipe_bench_prints_the_command_it_predicts(tmp_path, capsys, monkeypat
     s = json.loads(capsys.readouterr().out)
     assert s["step_time_ns"] == bench.predict(opts)["step_time_ns"]
     assert {"--eager", "--fsdp"} <= set(cmd) and "op" in cmd
+
+
+def _template(**kw):
+    from retime.collectors.synth import CommModel, load_hardware, model_template
+    from retime.collectors.synth.parallel import resolve_parallel
+    hw = load_hardware("h100-sxm")
+    par = resolve_parallel(None, **{**BASE, "tp": 2, "sequence_parallel": True, **kw})
+    return model_template(resolve_model(MODEL), hw, par, CommModel(hw, par)), hw
+
+
+def test_tp_comm_overlap_runs_each_gather_beside_its_gemm():
+    """Sequence parallelism, TP 2: the all-gather before QKV / FC1 and the reduce-scatter
+    after the projection / FC2 run beside their GEMMs; the pair costs the longer op plus
+    (1 - overlap) of the shorter's hidden part, and one piece (1/tp) of the collective stays
+    exposed (collectors/synth/framework.py)."""
+    plain, hw = _template()
+    over, _ = _template(tp_comm_overlap=True)
+    f = hw.overlap_efficiency
+    p, o = plain.layers[0].fwd, over.layers[0].fwd
+    pn, on = [x.name for x in p], [x.name for x in o]
+    assert pn.count("tp.allgather") == on.count("tp.allgather") == 2
+    assert on.count("tp.wait") == 4 and pn.count("tp.wait") == 0
+    for gather, gemm in (("tp.allgather", "attn.qkv.fwd"), ("tp.allgather", "mlp.fc1.fwd")):
+        k = on.index(gemm)
+        assert on[k - 1] == gather and on[k + 1] == "tp.wait"
+        assert o[k].deps == (-2,) and o[k + 1].deps == (-1, -2)
+        c = next(x for i, x in enumerate(p) if x.name == gather and pn[i + 1] == gemm)
+        g = p[pn.index(gemm)]
+        exposed = c.dur_ns // 2
+        hidden = c.dur_ns - exposed
+        if hidden <= g.dur_ns:  # the longer op is stretched by (1 - f) of the shorter
+            assert o[k].dur_ns == int(g.dur_ns + (1 - f) * hidden)
+            assert o[k - 1].dur_ns == c.dur_ns
+        else:
+            assert o[k].dur_ns == g.dur_ns
+            assert o[k - 1].dur_ns == int(hidden + (1 - f) * g.dur_ns) + exposed
+    k = on.index("mlp.fc2.fwd")
+    assert on[k + 1] == "tp.reduce_scatter" and o[k + 1].deps == (-2,)
+
+
+def test_tp_comm_overlap_is_faster_and_keeps_the_trace_consistent():
+    kw = dict(BASE, tp=2, sequence_parallel=True, global_batch=4, micro_batch=1)
+    a = synthesize(MODEL, "h100-sxm", expand="all", **kw)
+    b = synthesize(MODEL, "h100-sxm", expand="all", tp_comm_overlap=True, **kw)
+    b.validate()
+    o, e = b.ops, b.edges
+    end = (o["start_ns"] + o["dur_ns"]).to_numpy()
+    assert (o["start_ns"].to_numpy()[e["dst"].to_numpy()] >= end[e["src"].to_numpy()]).all()
+    assert b.meta["synth"]["step_time_ns"] < a.meta["synth"]["step_time_ns"]
+    r0 = o[o["rank"] == 0]
+    names = b.names()[r0.index]
+    gather = r0[names == "tp.allgather"]["start_ns"].to_numpy()
+    qkv = r0[names == "attn.qkv.fwd"]["start_ns"].to_numpy()
+    assert np.isin(qkv, gather).all()  # each QKV GEMM starts with its gather
+
+
+def test_tp_comm_overlap_needs_sequence_parallelism(tmp_path, capsys):
+    with pytest.raises(Exception, match="tp_comm_overlap overlaps the all-gathers"):
+        _synth(tp=2, tp_comm_overlap=True)
+    args = ["synth", "--model", "llama3-8b", "--hardware", "h100-sxm", "--tp", "2", "--pp",
+            "1", "--dp", "1", "--global-batch", "1", "--micro-batch", "1",
+            "--tp-comm-overlap", "-o", str(tmp_path / "r.retime")]
+    assert run(args) == 2
+    assert "--sequence-parallel" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("kw", [
+    dict(cp=2, recompute="op", schedule="1f1b", pp=2),
+    dict(recompute="full", schedule="zb-h1", pp=2, eager=True),
+    dict(recompute="selective", schedule="interleaved", pp=2, chunks=2, fsdp=True),
+])
+def test_new_options_together_give_a_consistent_trace(kw):
+    """Every edge of the trace runs forward in time and every collective's members start
+    together, with the three options on across CP, split backwards and interleaving."""
+    args = dict(BASE, tp=2, dp=1, sequence_parallel=True, tp_comm_overlap=True,
+                global_batch=4, micro_batch=1)
+    args.update(kw)
+    tr = synthesize({**MODEL, "layers": 8}, "h100-sxm", expand="all", check_memory=False,
+                    **args)
+    tr.validate()
+    o, e = tr.ops, tr.edges
+    end = (o["start_ns"] + o["dur_ns"]).to_numpy()
+    assert (o["start_ns"].to_numpy()[e["dst"].to_numpy()] >= end[e["src"].to_numpy()]).all()
+    c = o[o["coll_id"] >= 0].groupby("coll_id")
+    assert (c["start_ns"].nunique() == 1).all()

@@ -33,6 +33,19 @@ Residual adds, the embedding and flash attention are single kernels either way. 
 op is priced as the cost layer's streaming kernel over its eager bytes plus the launch/tail
 of its extra kernels.
 
+**Tensor-parallel communication overlapped with its GEMMs** (``ParallelConfig.tp_comm_overlap``;
+``retime synth --tp-comm-overlap``): with sequence parallelism, the all-gather before a
+column-parallel GEMM and the reduce-scatter after a row-parallel one are split into
+per-peer pieces, each overlapped with the GEMM on the piece already there
+(torchtitan's AsyncTP: ``fused_all_gather_matmul`` / ``fused_matmul_reduce_scatter`` on
+symmetric memory; Megatron-LM's ``--tp-comm-overlap`` with Transformer Engine's userbuffers,
+off by default). Priced as the synthesizer's other overlapped pairs (:func:`.layers._overlap`,
+the profile's ``overlap`` fraction C3): the pair takes the longer op plus ``1 - overlap`` of
+the shorter, and one piece of the collective (``1 / tp`` of it) stays exposed, since the
+first GEMM piece of a reduce-scatter (or the last of an all-gather) has nothing to hide
+behind. Collectives already overlapped (the backward's re-gather and input-gradient
+reduction beside the weight-gradient GEMM) are left as they are.
+
 **Op-level selective activation checkpointing** (``recompute = "op"``; ``retime synth
 --recompute op``): torchtitan's ``selective_ac_option = "op"`` saves the outputs of the
 matmuls, flash attention and the TP reduce-scatters of every layer *except every second
@@ -51,7 +64,7 @@ from dataclasses import replace
 
 from ..enums import CommOp, OpKind
 
-__all__ = ["EAGER", "eager_template", "op_recompute"]
+__all__ = ["EAGER", "eager_template", "op_recompute", "tp_overlap_template"]
 
 #: op kind (last two name components) -> (fused bytes/element as :mod:`.layers` prices it,
 #: eager bytes/element, eager kernels); see the module docstring for the kernel-by-kernel
@@ -130,3 +143,76 @@ def op_recompute(x, layer: int) -> list:
         ops.append(_k("recompute.mlp.fc1_up.fwd", x.g(T, f, h)))
         ops.append(_k("recompute.mlp.act.fwd", x.st(x.act * T * f * 3, 8.0 * T * f)))
     return ops
+
+
+def _is_gemm(o) -> bool:
+    return o.kind == _K and o.lane == "compute" and o.name.endswith(
+        (".fwd", ".bwd_dgrad", ".bwd_wgrad")) and o.flops == o.flops and o.flops > 0 \
+        and not o.name.endswith(("norm.fwd", "act.fwd", "rotary.fwd", "cross_entropy.fwd",
+                                 "residual.fwd", "lookup.fwd", "flash.fwd"))
+
+
+def _overlap_seq(x, ops: tuple) -> tuple:
+    """``ops`` with every (all-gather, GEMM) and (GEMM, reduce-scatter) pair on the TP lane
+    run side by side (module docstring), joined by a zero-length wait; dependency offsets
+    of the later ops are re-pointed past the inserted waits."""
+    from .builder import OpTemplate
+    from .layers import _overlap
+    t = x.t
+    AG, RS = int(CommOp.ALL_GATHER), int(CommOp.REDUCE_SCATTER)
+    out: list = []  # (op, its index in ``ops`` or None when its offsets are new ones)
+    new_of: dict[int, int] = {}  # index in ``ops`` -> index in the result
+    i, n = 0, len(ops)
+
+    def put(o, old, fixed=False):
+        if old is not None:
+            new_of[old] = len(out)
+        out.append((o, None if fixed else old))
+
+    while i < n:
+        a = ops[i]
+        b = ops[i + 1] if i + 1 < n else None
+        pair = None
+        if b is not None and a.deps == (-1,) and b.deps == (-1,):
+            if a.lane == "tp" and a.comm_op == AG and _is_gemm(b):
+                pair = "ag"
+            elif b.lane == "tp" and b.comm_op == RS and _is_gemm(a):
+                pair = "rs"
+        if pair is None:
+            put(a, i)
+            i += 1
+            continue
+        comm, gemm = (a, b) if pair == "ag" else (b, a)
+        exposed = comm.dur_ns // t
+        c2, g2 = _overlap(x, replace(comm, dur_ns=comm.dur_ns - exposed), gemm)
+        c2 = replace(c2, dur_ns=c2.dur_ns + exposed)
+        if pair == "ag":  # the GEMM starts on the local piece beside the gather
+            put(c2, i, fixed=True)
+            put(replace(g2, deps=(-2,)), i + 1, fixed=True)
+        else:  # the reduce-scatter starts with the GEMM's first piece
+            put(g2, i, fixed=True)
+            put(replace(c2, deps=(-2,)), i + 1, fixed=True)
+        put(OpTemplate("tp.wait", "compute", 0, kind=int(OpKind.SYNC), flops=0.0,
+                       deps=(-1, -2)), None, fixed=True)
+        i += 2
+    res = []
+    for j, (o, old) in enumerate(out):
+        if old is None or o.deps in ((), (-1,)):
+            res.append(o)  # new offsets, or "the previous op" (a join after a pair)
+            continue
+        deps = []
+        for d in o.deps:
+            tgt = old + d  # < 0: an op of the previous layer, counted from this one's start
+            deps.append(new_of[tgt] - j if tgt >= 0 else tgt - j)
+        res.append(replace(o, deps=tuple(deps)))
+    return tuple(res)
+
+
+def tp_overlap_template(x, lt):
+    """``lt`` with its sequence-parallel TP collectives overlapped with their GEMMs
+    (module docstring); unchanged unless ``x.par.tp_comm_overlap`` with ``tp > 1`` and
+    sequence parallelism."""
+    if not (x.par.tp_comm_overlap and x.t > 1 and x.sp):
+        return lt
+    return replace(lt, fwd=_overlap_seq(x, lt.fwd), bwd=_overlap_seq(x, lt.bwd),
+                   wgrad=_overlap_seq(x, lt.wgrad))

@@ -34,7 +34,7 @@ from dataclasses import replace
 from ..enums import CommOp, OpKind
 from .builder import LayerTemplate, OpTemplate, StepTemplate
 from .costs import CommModel, KernelCost, gemm, streaming
-from .framework import eager_template, op_recompute
+from .framework import eager_template, op_recompute, tp_overlap_template
 from .hardware import HardwareConfig
 from .models import ModelConfig
 from .parallel import ParallelConfig
@@ -547,7 +547,7 @@ def _blocking(x: _Ctx, lt: LayerTemplate) -> LayerTemplate:
 
 def _finish(x: _Ctx, lt: LayerTemplate) -> LayerTemplate:
     """The framework's costs on top of the layer's kernels."""
-    return _blocking(x, _accumulate(x, eager_template(x, lt)))
+    return _blocking(x, _accumulate(x, tp_overlap_template(x, eager_template(x, lt))))
 
 
 def model_template(model: ModelConfig, hw: HardwareConfig, parallel: ParallelConfig,

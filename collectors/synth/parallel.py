@@ -102,6 +102,10 @@ class ParallelConfig:
     op, fp32 norms and loss; :mod:`.framework`). ``recompute = "op"`` is torchtitan's
     op-level selective checkpointing (every second matmul and the non-matmul ops rerun in
     the backward; :mod:`.framework`), ``"selective"`` Megatron-LM's (the attention core).
+    ``tp_comm_overlap``: ``False`` is Megatron-LM's default (``--tp-comm-overlap`` off): with
+    sequence parallelism the forward's all-gathers and reduce-scatters wait for / hold up
+    their GEMMs; ``True`` overlaps them piece by piece (torchtitan's AsyncTP, Transformer
+    Engine's userbuffers; :mod:`.framework`). Needs ``sequence_parallel``.
 
     ``odc``: on ZeRO-3 / FSDP runs, parameter gathers and gradient reductions are on-demand
     point-to-point transfers (Wan et al. 2026) with one synchronization per step instead of
@@ -137,6 +141,7 @@ class ParallelConfig:
     grad_accum_fusion: bool = True
     launch_blocking_us: float = 0.0
     eager: bool = False
+    tp_comm_overlap: bool = False
     nvlink_domain: int = 0
     fp4_first_high: int = 1
     fp4_last_high: int = 1
@@ -207,7 +212,7 @@ class ParallelConfig:
             raise ConfigError(f"parallel config: stage_layers={sl!r} must be a list of layer "
                               "counts >= 0, one per pipeline stage (or per model chunk)")
         for f in ("odc", "grad_overlap", "grad_accum_fusion", "sequence_parallel", "fsdp",
-                  "eager"):
+                  "eager", "tp_comm_overlap"):
             if not isinstance(getattr(self, f), bool):
                 raise ConfigError(f"parallel config: {f}={getattr(self, f)!r} must be true or "
                                   "false")
@@ -215,6 +220,10 @@ class ParallelConfig:
             raise ConfigError("parallel config: odc (on-demand point-to-point parameter and "
                               f"gradient transfers) needs ZeRO-3 / FSDP (got zero={self.zero}); "
                               "add --fsdp or --zero 3")
+        if self.tp_comm_overlap and not self.sequence_parallel:
+            raise ConfigError("parallel config: tp_comm_overlap overlaps the all-gathers and "
+                              "reduce-scatters of sequence parallelism; add "
+                              "--sequence-parallel (and tp > 1)")
         if self.sequence_parallel and self.tp == 1:
             raise ConfigError("parallel config: sequence_parallel needs tp > 1 (got tp=1)")
         per_replica = self.micro_batch * self.dp
