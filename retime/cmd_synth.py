@@ -30,6 +30,7 @@ class Recompute(str, Enum):
     none = "none"
     selective = "selective"
     full = "full"
+    op = "op"
 
 
 class Dtype(str, Enum):
@@ -152,7 +153,11 @@ def synth(
     schedule: Annotated[Schedule, typer.Option("--schedule", help="Pipeline schedule.")] = Schedule.one_f_one_b,
     chunks: Annotated[int, typer.Option("--chunks", min=1,
                                         help="Model chunks per pipeline rank (interleaved, bfs).")] = 1,
-    recompute: Annotated[Recompute, typer.Option("--recompute", help="Activation recompute.")] = Recompute.none,
+    recompute: Annotated[Recompute, typer.Option(
+        "--recompute", help="Activation recompute: none; selective (Megatron-LM: the "
+        "attention core; DeepSeek's norms and MLA up-projections with latent attention); "
+        "full (the whole layer); op (torchtitan's op-level selective checkpointing: every "
+        "second matmul of a layer, its norms, rotary and SwiGLU products).")] = Recompute.none,
     dtype: Annotated[Dtype, typer.Option("--dtype", help="Compute dtype (fp8: FP8 GEMMs where "
                                          "the GPU has an FP8 peak; fp4: NVFP4/MXFP4 linear "
                                          "GEMMs on GPUs with FP4 tensor cores, the attention "
@@ -203,6 +208,18 @@ def synth(
         "--launch-blocking-us", min=0.0,
         help="CUDA_LAUNCH_BLOCKING=1: microseconds of host time between every two ops "
         "(each launch waits for its kernel); default 0, asynchronous launches.")] = 0.0,
+    eager: Annotated[bool, typer.Option(
+        "--eager", help="PyTorch eager mode (torchtitan without --training.compile): norms, "
+        "rotary embeddings, SwiGLU products and the loss run as one kernel per elementwise "
+        "op, norms and loss in fp32; default: fused kernels, as Megatron-LM (Transformer "
+        "Engine) or torch.compile run them.")] = False,
+    tp_comm_overlap: Annotated[bool, typer.Option(
+        "--tp-comm-overlap", help="With --sequence-parallel: split each TP all-gather / "
+        "reduce-scatter into per-peer pieces overlapped with its GEMM (torchtitan's AsyncTP, "
+        "Megatron-LM's --tp-comm-overlap); default off, as in Megatron-LM.")] = False,
+    seq: Annotated[int | None, typer.Option(
+        "--seq", min=1, help="Sequence length in tokens (default: the model's, e.g. 8192 "
+        "for llama3-*); must be divisible by --cp.")] = None,
     check_memory: Annotated[bool, typer.Option(
         "--check-memory", help="Fail (exit 2) when a rank's modeled memory exceeds the GPU's "
         "instead of reporting oom.")] = False,
@@ -245,10 +262,15 @@ def synth(
         hw = ref.cluster  # the measured efficiency as the cluster's stated one
     first_high, last_high = parse_fp4_high(fp4_high_layers)
     check_output(output, force, store=True)
-    from retime.collectors.synth import synthesize
+    from retime.collectors.synth import resolve_model, synthesize
 
+    mc = resolve_model(model if model is not None else model_file)
+    if seq is not None:
+        import dataclasses
+
+        mc = dataclasses.replace(mc, seq=seq)
     trace = synthesize(
-        model if model is not None else model_file, hw,
+        mc, hw,
         tp=tp, pp=pp, dp=dp, cp=cp, sequence_parallel=sequence_parallel, zero=zero, fsdp=fsdp,
         schedule=schedule.value, chunks=chunks, global_batch=global_batch,
         micro_batch=micro_batch, recompute=recompute.value, dtype=dtype.value, ep=ep,
@@ -256,6 +278,7 @@ def synth(
         stage_layers=parse_stage_layers(stage_layers), stage_slack=stage_slack,
         p2p=p2p.value, odc=odc, seq_imbalance=seq_imbalance, grad_overlap=grad_overlap,
         grad_accum_fusion=grad_accum_fusion, launch_blocking_us=launch_blocking_us,
+        eager=eager, tp_comm_overlap=tp_comm_overlap,
         nvlink_domain=nvlink_domain or 0,
         fp4_first_high=first_high, fp4_last_high=last_high,
         fp4_high_dtype=fp4_high_dtype.value, check_memory=check_memory)

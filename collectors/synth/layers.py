@@ -34,6 +34,7 @@ from dataclasses import replace
 from ..enums import CommOp, OpKind
 from .builder import LayerTemplate, OpTemplate, StepTemplate
 from .costs import CommModel, KernelCost, gemm, streaming
+from .framework import eager_template, op_recompute, tp_overlap_template
 from .hardware import HardwareConfig
 from .models import ModelConfig
 from .parallel import ParallelConfig
@@ -367,6 +368,8 @@ def _layer_bwd(x: _Ctx, layer: int) -> list[OpTemplate]:
     ops: list[OpTemplate] = []
     if x.par.recompute == "full":
         ops += _layer_fwd(x, layer, prefix="recompute.")
+    elif x.par.recompute == "op":  # torchtitan's op-level selective checkpointing
+        ops += op_recompute(x, layer)
     ops.append(_k("mlp.residual.bwd", x.st((3 * x.act + (1 if m.dropout else 0)) * n)))
     if m.is_moe_layer(layer):
         from .moe import moe_bwd
@@ -544,7 +547,7 @@ def _blocking(x: _Ctx, lt: LayerTemplate) -> LayerTemplate:
 
 def _finish(x: _Ctx, lt: LayerTemplate) -> LayerTemplate:
     """The framework's costs on top of the layer's kernels."""
-    return _blocking(x, _accumulate(x, lt))
+    return _blocking(x, _accumulate(x, tp_overlap_template(x, eager_template(x, lt))))
 
 
 def model_template(model: ModelConfig, hw: HardwareConfig, parallel: ParallelConfig,

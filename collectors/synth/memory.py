@@ -68,7 +68,10 @@ def layer_activation_bytes(model: ModelConfig, parallel: ParallelConfig,
     # FP8 training keeps the (quantized) inputs of its linear layers in one byte
     lin = {"fp8": 1, "fp4": 0.5625}.get(parallel.linear_dtype(layer, model.layers), 2)
     mla_rc = model.mla and rc == "selective"  # DeepSeek: norms and MLA up-projections redone
-    norm_out = 0 if mla_rc else lin + lin  # QKV (down-projection) input, FC1 / router input
+    # torchtitan's op-level checkpointing: norm outputs, K, the MLP's w3 output and the
+    # SwiGLU product are recomputed, not kept (collectors/synth/framework.py)
+    op_rc = rc == "op" and not model.mla and not model.is_moe_layer(layer)
+    norm_out = 0 if (mla_rc or op_rc) else lin + lin  # QKV (down) input, FC1 / router input
     replicated = (4 + norm_out + 2 * drop) * sbh
     gate = 2 if model.gated_mlp else 1
     a = model.heads
@@ -77,11 +80,13 @@ def layer_activation_bytes(model: ModelConfig, parallel: ParallelConfig,
         replicated += lin * s * b * (model.q_lora_rank + model.kv_lora_rank
                                      + model.qk_rope_dim)
     else:
-        qkv = a * model.head_dim + 2 * model.kv_dim
+        qkv = a * model.head_dim + (1 if op_rc else 2) * model.kv_dim
     sharded = 2 * s * b * qkv + lin * s * b * a * model.v_head_dim
     if model.is_moe_layer(layer):
         from .moe import moe_activation_bytes
         sharded += moe_activation_bytes(model, parallel) * t
+    elif op_rc:  # the w1 output (and w2's input, the product, is recomputed)
+        sharded += 2 * s * b * model.ffn * (gate - 1 if model.gated_mlp else 1)
     else:
         sharded += 2 * s * b * model.ffn * gate + lin * s * b * model.ffn
     if model.attention == "unfused" and rc != "selective":

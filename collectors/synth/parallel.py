@@ -23,7 +23,7 @@ __all__ = ["ParallelConfig", "SCHEDULES", "RECOMPUTE", "DTYPES", "P2P", "STAGE_P
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "bfs", "zb-h1", "dualpipe")
 P2P = ("sync", "async")
 STAGE_POLICIES = ("even", "time", "memory")
-RECOMPUTE = ("none", "selective", "full")
+RECOMPUTE = ("none", "selective", "full", "op")
 DTYPES = ("bf16", "fp16", "fp8", "fp4")
 #: dtypes the linear layers FP4 runs keep out of FP4 (``fp4_high_dtype``)
 FP4_HIGH = ("bf16", "fp8")
@@ -96,6 +96,17 @@ class ParallelConfig:
     finished, so the host's time to issue the next op (Python, dispatcher, launch) sits
     between every two ops on the GPU; this many microseconds per modeled op.
 
+    ``eager``: ``False`` prices norms, rotary embeddings, activation products and the loss as
+    fused kernels (Megatron-LM's Transformer Engine / Apex kernels, or ``torch.compile``);
+    ``True`` as PyTorch eager mode runs torchtitan's model code (one kernel per elementwise
+    op, fp32 norms and loss; :mod:`.framework`). ``recompute = "op"`` is torchtitan's
+    op-level selective checkpointing (every second matmul and the non-matmul ops rerun in
+    the backward; :mod:`.framework`), ``"selective"`` Megatron-LM's (the attention core).
+    ``tp_comm_overlap``: ``False`` is Megatron-LM's default (``--tp-comm-overlap`` off): with
+    sequence parallelism the forward's all-gathers and reduce-scatters wait for / hold up
+    their GEMMs; ``True`` overlaps them piece by piece (torchtitan's AsyncTP, Transformer
+    Engine's userbuffers; :mod:`.framework`). Needs ``sequence_parallel``.
+
     ``odc``: on ZeRO-3 / FSDP runs, parameter gathers and gradient reductions are on-demand
     point-to-point transfers (Wan et al. 2026) with one synchronization per step instead of
     one per layer. ``seq_imbalance`` is the most loaded data-parallel rank's work over the
@@ -129,6 +140,8 @@ class ParallelConfig:
     grad_overlap: bool = False
     grad_accum_fusion: bool = True
     launch_blocking_us: float = 0.0
+    eager: bool = False
+    tp_comm_overlap: bool = False
     nvlink_domain: int = 0
     fp4_first_high: int = 1
     fp4_last_high: int = 1
@@ -198,7 +211,8 @@ class ParallelConfig:
                 isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in sl):
             raise ConfigError(f"parallel config: stage_layers={sl!r} must be a list of layer "
                               "counts >= 0, one per pipeline stage (or per model chunk)")
-        for f in ("odc", "grad_overlap", "grad_accum_fusion", "sequence_parallel", "fsdp"):
+        for f in ("odc", "grad_overlap", "grad_accum_fusion", "sequence_parallel", "fsdp",
+                  "eager", "tp_comm_overlap"):
             if not isinstance(getattr(self, f), bool):
                 raise ConfigError(f"parallel config: {f}={getattr(self, f)!r} must be true or "
                                   "false")
@@ -206,6 +220,10 @@ class ParallelConfig:
             raise ConfigError("parallel config: odc (on-demand point-to-point parameter and "
                               f"gradient transfers) needs ZeRO-3 / FSDP (got zero={self.zero}); "
                               "add --fsdp or --zero 3")
+        if self.tp_comm_overlap and not self.sequence_parallel:
+            raise ConfigError("parallel config: tp_comm_overlap overlaps the all-gathers and "
+                              "reduce-scatters of sequence parallelism; add "
+                              "--sequence-parallel (and tp > 1)")
         if self.sequence_parallel and self.tp == 1:
             raise ConfigError("parallel config: sequence_parallel needs tp > 1 (got tp=1)")
         per_replica = self.micro_batch * self.dp

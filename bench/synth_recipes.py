@@ -1,0 +1,242 @@
+"""Published modern training recipes against the plain ``retime synth`` command.
+
+Run: ``python bench/synth_recipes.py`` (a few minutes on 2 cores; ``--quick`` for the
+development rows; ``--commands`` prints each row's command only). For every published run
+it prints the source, the hardware, the layout and the recipe's features, the exact
+``retime synth`` command the recipe maps to (the options state what the recipe states and
+nothing else: no per-row constant), the predicted and published tokens/s per GPU (model
+TFLOP/s per GPU where the source gives that) and their ratio; then the median and worst
+``|ratio - 1|`` of the development rows, of the judged rows and of all rows.
+
+Sources (collectors/synth/REFERENCES.md):
+
+- R7 pytorch/torchtitan ``benchmarks/llama3_h100_202412_torchtitan.md``, Tables 1-6:
+  Llama 3.1 8B / 70B / 405B on Grand Teton hosts (H100 96GB HBM2e at a 500 W limit:
+  ``bench/data/grand-teton-h100-500w.toml``), FSDP vs torch.compile vs Float8, FSDP + CP,
+  2D (FSDP + TP) with and without AsyncTP, 3D with 1F1B and interleaved 1F1B, 4D with CP.
+- R9 pytorch/torchtitan ``docs/performance.md``: Llama 3 8B / 70B and Llama 2 13B / 70B
+  with FSDP2 on 64 A100 80GB (the ``selective layer`` rows need layer-level checkpointing,
+  which is not modeled, and are left out).
+- R10 pytorch/torchtitan ``benchmarks/llama3_8b_h200_2025-06_torchtitan.md`` (Trainy):
+  Llama 3.1 8B on 32 and 64 H200, compile + Float8, FSDP.
+- R11 Meta, "The Llama 3 Herd of Models" (arXiv 2407.21783) Table 4 / Balaji SC'24: Llama
+  3 405B on 8,192 and 16,384 H100 (700 W, RoCE 400 Gb/s), TP 8, PP 16, 16M tokens per
+  batch, BF16; published in model TFLOP/s per GPU (430 / 400).
+- R12 DeepSeek-V3 technical report (arXiv 2412.19437): 2,048 H800, PP 16 DualPipe, EP 64,
+  ZeRO-1, FP8, recompute of the norms and MLA up-projections; 180K H800 GPU-hours per
+  trillion tokens (1,543 tokens/s per GPU, every overhead of the run included);
+  ``bench/data/h800.toml``.
+
+How recipes map to options. torchtitan: ``--fsdp`` (FSDP2 over the data-parallel ranks),
+``--eager`` unless the row uses ``torch.compile``, ``--dtype fp8`` for Float8 (tensorwise
+dynamic scaling, priced as the FP8 GEMM roofline), ``--recompute op`` for its default
+"selective op" checkpointing, ``--recompute full`` for full checkpointing, TP with
+``--sequence-parallel`` (torchtitan's TP plan shards the norms over the sequence), CP with
+``--seq`` (the row's sequence length), ``--schedule interleaved --chunks 2`` for
+Interleaved 1F1B (torchtitan splits the model into two stages per rank for multi-stage
+schedules), micro-batch 1 under PP, ``--tp-comm-overlap`` for AsyncTP (Tables 4-6). Llama 3 405B:
+interleaved schedule with asynchronous pipeline transfers, the first and last stage one
+layer fewer (R11; as virtual stages of 4 layers: 3 on the first and last), ZeRO-1 (Meta's
+FSDP shards optimizer states and gradients and gathers parameters once per step).
+
+Roles. ``dev``: torchtitan Table 1 (8B on 8 GPUs), whose 1.66x miss led to the eager,
+op-level-checkpointing and 500 W profile changes; nothing was fitted to it (byte counts
+from torchtitan's model code, peaks from datasheets). ``judge``: every other row. Honest
+caveat: the judged rows' ratios under the *previous* model were printed once (while
+finding the causes) before those changes were written, and ``--tp-comm-overlap`` was added
+after the AsyncTP row had been seen run with the vanilla command (0.94x); its price is the
+synthesizer's existing overlap rule (C3), nothing was fitted to the row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import time
+from pathlib import Path
+
+import numpy as np
+
+from retime.collectors.synth import read_hardware_file, resolve_model, synthesize
+
+DATA = Path(__file__).resolve().parent / "data"
+TT = "bench/data/grand-teton-h100-500w.toml"
+H800 = "bench/data/h800.toml"
+
+# (id, source, hardware, features, published, unit, role, options)
+# options are the command's: model, hardware or hardware_file, then the layout
+_8B = dict(model="llama3-8b", hardware_file=TT, tp=1, pp=1, fsdp=True)
+_70B_2D = dict(model="llama3-70b", hardware_file=TT, tp=8, pp=1, dp=32, fsdp=True,
+               sequence_parallel=True, global_batch=512, micro_batch=16, recompute="full",
+               dtype="fp8")
+_405B_3D = dict(model="llama3-405b", hardware_file=TT, tp=8, pp=8, fsdp=True,
+                sequence_parallel=True, tp_comm_overlap=True, micro_batch=1,
+                recompute="full", dtype="fp8")
+_A100 = dict(hardware="a100-80gb", tp=1, pp=1, dp=64, fsdp=True, eager=True)
+_H200 = dict(model="llama3-8b", hardware="h200", tp=1, pp=1, fsdp=True, global_batch=64,
+             micro_batch=2, recompute="op", dtype="fp8")
+_L405 = dict(model="llama3-405b", hardware="h100-sxm", tp=8, pp=16, zero=1,
+             schedule="interleaved", chunks=2, p2p="async", micro_batch=1,
+             global_batch=2048, stage_layers="3" + ",4" * 30 + ",3")
+_DS = dict(model="deepseek-v3", hardware_file=H800, tp=1, pp=16, dp=128, ep=64,
+           global_batch=15360, micro_batch=1, dtype="fp8", schedule="dualpipe", zero=1,
+           recompute="selective")
+
+ROWS = [
+    ("TT-T1 FSDP", "R7 T1", "8 x H100 500W", "FSDP, eager, SAC op", 5762, "tok", "dev",
+     dict(_8B, dp=8, global_batch=16, micro_batch=2, recompute="op", eager=True)),
+    ("TT-T1 +compile", "R7 T1", "8 x H100 500W", "FSDP, compile, SAC op", 6667, "tok", "dev",
+     dict(_8B, dp=8, global_batch=16, micro_batch=2, recompute="op")),
+    ("TT-T1 +Float8", "R7 T1", "8 x H100 500W", "FSDP, compile, Float8, SAC op", 8532, "tok",
+     "dev", dict(_8B, dp=8, global_batch=16, micro_batch=2, recompute="op", dtype="fp8")),
+    ("TT-T3 FSDP", "R7 T3", "128 x H100 500W", "FSDP, eager, SAC op", 5605, "tok", "judge",
+     dict(_8B, dp=128, global_batch=256, micro_batch=2, recompute="op", eager=True)),
+    ("TT-T3 +compile", "R7 T3", "128 x H100 500W", "FSDP, compile, SAC op", 6514, "tok",
+     "judge", dict(_8B, dp=128, global_batch=256, micro_batch=2, recompute="op")),
+    ("TT-T3 +Float8", "R7 T3", "128 x H100 500W", "FSDP, compile, Float8, SAC op", 8380,
+     "tok", "judge", dict(_8B, dp=128, global_batch=256, micro_batch=2, recompute="op",
+                          dtype="fp8")),
+    ("TT-T2 CP1 32k", "R7 T2", "8 x H100 500W", "FSDP 8, compile, Float8, full AC", 3890,
+     "tok", "judge", dict(_8B, dp=8, global_batch=8, micro_batch=1, recompute="full",
+                          dtype="fp8", seq=32768)),
+    ("TT-T2 CP2 64k", "R7 T2", "8 x H100 500W", "FSDP 4, CP 2, compile, Float8, full AC",
+     2540, "tok", "judge", dict(_8B, dp=4, cp=2, global_batch=4, micro_batch=1,
+                                recompute="full", dtype="fp8", seq=65536)),
+    ("TT-T2 CP4 128k", "R7 T2", "8 x H100 500W", "FSDP 2, CP 4, compile, Float8, full AC",
+     1071, "tok", "judge", dict(_8B, dp=2, cp=4, global_batch=2, micro_batch=1,
+                                recompute="full", dtype="fp8", seq=131072)),
+    ("TT-T2 CP8 256k", "R7 T2", "8 x H100 500W", "CP 8, compile, Float8, full AC", 548,
+     "tok", "judge", dict(_8B, dp=1, cp=8, global_batch=1, micro_batch=1, recompute="full",
+                          dtype="fp8", seq=262144)),
+    ("TT-T4 2D", "R7 T4", "256 x H100 500W", "FSDP 32, TP 8, compile, Float8, full AC", 829,
+     "tok", "judge", dict(_70B_2D)),
+    ("TT-T4 2D+AsyncTP", "R7 T4", "256 x H100 500W", "as 2D + AsyncTP", 876,
+     "tok", "judge", dict(_70B_2D, tp_comm_overlap=True)),
+    ("TT-T5 3D 1F1B", "R7 T5", "512 x H100 500W", "FSDP 8, TP 8, PP 8, 1F1B, Float8, "
+     "AsyncTP, full AC", 100, "tok", "judge", dict(_405B_3D, dp=8, global_batch=256)),
+    ("TT-T5 3D interleaved", "R7 T5", "512 x H100 500W", "as 1F1B, Interleaved 1F1B", 128,
+     "tok", "judge", dict(_405B_3D, dp=8, global_batch=256, schedule="interleaved",
+                          chunks=2)),
+    ("TT-T6 4D CP1 32k", "R7 T6", "512 x H100 500W", "FSDP 8, TP 8, PP 8, 1F1B, full AC",
+     76, "tok", "judge", dict(_405B_3D, dp=8, global_batch=64, seq=32768)),
+    ("TT-T6 4D CP2 64k", "R7 T6", "512 x H100 500W", "FSDP 4, CP 2, TP 8, PP 8", 47, "tok",
+     "judge", dict(_405B_3D, dp=4, cp=2, global_batch=32, seq=65536)),
+    ("TT-T6 4D CP4 128k", "R7 T6", "512 x H100 500W", "FSDP 2, CP 4, TP 8, PP 8", 31, "tok",
+     "judge", dict(_405B_3D, dp=2, cp=4, global_batch=16, seq=131072)),
+    ("TT-T6 4D CP8 256k", "R7 T6", "512 x H100 500W", "CP 8, TP 8, PP 8", 16, "tok",
+     "judge", dict(_405B_3D, dp=1, cp=8, global_batch=8, seq=262144)),
+    ("TT-A100 L3-8B op", "R9", "64 x A100 80GB", "FSDP, eager, SAC op, bs 1", 2973, "tok",
+     "judge", dict(_A100, model="llama3-8b", global_batch=64, micro_batch=1,
+                   recompute="op")),
+    ("TT-A100 L3-70B full", "R9", "64 x A100 80GB", "FSDP, eager, full AC, bs 1", 331,
+     "tok", "judge", dict(_A100, model="llama3-70b", global_batch=64, micro_batch=1,
+                          recompute="full")),
+    ("TT-A100 L2-13B none", "R9", "64 x A100 80GB", "FSDP, eager, no AC, bs 2", 2162, "tok",
+     "judge", dict(_A100, model="llama2-13b", global_batch=128, micro_batch=2)),
+    ("TT-A100 L2-13B op", "R9", "64 x A100 80GB", "FSDP, eager, SAC op, bs 2", 1904, "tok",
+     "judge", dict(_A100, model="llama2-13b", global_batch=128, micro_batch=2,
+                   recompute="op")),
+    ("TT-A100 L2-70B op", "R9", "64 x A100 80GB", "FSDP, eager, SAC op, bs 1", 355, "tok",
+     "judge", dict(_A100, model="llama2-70b", global_batch=64, micro_batch=1,
+                   recompute="op")),
+    ("TT-A100 L2-70B full", "R9", "64 x A100 80GB", "FSDP, eager, full AC, bs 2", 353,
+     "tok", "judge", dict(_A100, model="llama2-70b", global_batch=128, micro_batch=2,
+                          recompute="full")),
+    ("TT-H200 32", "R10", "32 x H200", "FSDP, compile, Float8, SAC op", 10938, "tok",
+     "judge", dict(_H200, dp=32)),
+    ("TT-H200 64", "R10", "64 x H200", "FSDP, compile, Float8, SAC op", 10753, "tok",
+     "judge", dict(_H200, dp=64, global_batch=128)),
+    ("Llama3-405B 8K GPUs", "R11 T4", "8,192 x H100 SXM", "TP 8, PP 16, DP 64, BF16, "
+     "interleaved, async p2p, uneven stages", 430, "tflops", "judge", dict(_L405, dp=64)),
+    ("Llama3-405B 16K GPUs", "R11 T4", "16,384 x H100 SXM", "TP 8, PP 16, DP 128, BF16, "
+     "interleaved, async p2p, uneven stages", 400, "tflops", "judge",
+     dict(_L405, dp=128)),
+    ("DeepSeek-V3", "R12", "2,048 x H800", "PP 16 DualPipe, EP 64, ZeRO-1, FP8, "
+     "recompute norms + MLA up-proj.", 1543, "tok", "judge", dict(_DS)),
+]
+
+#: option name -> CLI flag (booleans are flags)
+_FLAGS = ("model", "hardware", "hardware_file", "tp", "pp", "dp", "cp", "ep",
+          "sequence_parallel", "tp_comm_overlap", "fsdp", "zero", "schedule", "chunks",
+          "stage_layers", "p2p", "global_batch", "micro_batch", "seq", "recompute", "dtype",
+          "eager")
+
+
+def command(opts: dict) -> str:
+    """The ``retime synth`` command line of a row's options."""
+    parts = ["retime synth"]
+    for k in _FLAGS:
+        if k not in opts:
+            continue
+        v = opts[k]
+        flag = "--" + k.replace("_", "-")
+        if isinstance(v, bool):
+            if v:
+                parts.append(flag)
+        else:
+            parts.append(f"{flag} {v}")
+    return " ".join(parts) + " -o run.retime --json"
+
+
+def predict(opts: dict) -> dict:
+    """``meta["synth"]`` of a row's run, as the command computes it (one representative rank
+    per pipeline stage: ``expand="unique"``; the step time is the same)."""
+    o = dict(opts)
+    mc = resolve_model(o.pop("model"))
+    seq = o.pop("seq", None)
+    if seq is not None:
+        mc = dataclasses.replace(mc, seq=seq)
+    hw = o.pop("hardware", None)
+    hf = o.pop("hardware_file", None)
+    if hf is not None:
+        hw = read_hardware_file(Path(__file__).resolve().parent.parent / hf)
+    sl = o.pop("stage_layers", None)
+    if sl is not None:
+        o["stage_layers"] = tuple(int(x) for x in sl.split(","))
+    return synthesize(mc, hw, expand="unique", check_memory=False, **o).meta["synth"]
+
+
+def figure(s: dict, unit: str) -> float:
+    """Predicted tokens/s per GPU, or model TFLOP/s per GPU (MFU x the dtype's peak)."""
+    if unit == "tflops":
+        return s["mfu"] * s["hardware"]["peak_tflops"][s["dtype"]]
+    return s["tokens_per_s"] / s["world_size"]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="development rows only")
+    ap.add_argument("--commands", action="store_true", help="print the commands only")
+    ap.add_argument("--only", default="", help="rows whose id contains this text")
+    args = ap.parse_args()
+    errs: dict[str, list[float]] = {"dev": [], "judge": []}
+    for rid, src, hw, feat, pub, unit, role, opts in ROWS:
+        if (args.quick and role != "dev") or args.only not in rid:
+            continue
+        if args.commands:
+            print(f"# {rid} ({src}; {hw}; {feat}): published {pub} "
+                  f"{'TFLOP/s' if unit == 'tflops' else 'tokens/s'} per GPU\n{command(opts)}")
+            continue
+        t0 = time.perf_counter()
+        s = predict(opts)
+        pred = figure(s, unit)
+        r = pred / pub
+        errs[role].append(abs(r - 1))
+        u = "TFLOP/s" if unit == "tflops" else "tok/s"
+        print(f"{rid:22s} {src:7s} {hw:18s} {pred:8.0f} {pub:6d} {u:7s} {r:5.2f}x  "
+              f"{s['peak_memory_bytes'] / 2**30:5.1f} GiB{' oom' if s['oom'] else '    '} "
+              f"{role:5s} [{time.perf_counter() - t0:.0f}s]  {feat}")
+        print(f"    {command(opts)}")
+    if args.commands:
+        return
+    print()
+    every = errs["dev"] + errs["judge"]
+    for name, e in (("dev", errs["dev"]), ("judge", errs["judge"]), ("all", every)):
+        if e:
+            print(f"{name:5s} rows {len(e):2d}: median |ratio-1| {100 * np.median(e):.1f}%, "
+                  f"worst {100 * np.max(e):.1f}%, within 10%: "
+                  f"{sum(x <= 0.10 for x in e)}/{len(e)}")
+
+
+if __name__ == "__main__":
+    main()
