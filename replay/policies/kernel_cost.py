@@ -200,17 +200,44 @@ def _spread(sk: ShapedKernels, calls: np.ndarray, old: tuple, new: tuple,
     return ids, r[keep][first]
 
 
-def gpu_ratio(trace: Trace, old_name: str, new_name: str) -> KernelRatio:
+def gpu_ratio(trace: Trace, old_name: str, new_name: str,
+              allow_tf32: bool | None = None) -> KernelRatio:
     """Model ratio new / old for every shaped kernel of ``trace`` (GPU ``old_name`` ->
-    ``new_name``, built-in profile names)."""
+    ``new_name``, built-in profile names). ``allow_tf32`` (``hardware.allow_tf32``, None:
+    PyTorch's defaults, as :func:`collectors.costs.ops.op_cost` prices: float GEMMs FP32,
+    float convolutions TF32) sets the math of FP32-operand calls on the new GPU."""
     memo = trace_memo(trace)
-    key = ("gpu_ratio", old_name, new_name)
+    key = ("gpu_ratio", old_name, new_name, allow_tf32)
     if key not in memo:  # a sweep asks the same swap of one trace many times
-        memo[key] = _gpu_ratio(trace, old_name, new_name)
+        memo[key] = _gpu_ratio(trace, old_name, new_name, allow_tf32)
     return memo[key]
 
 
-def _gpu_ratio(trace: Trace, old_name: str, new_name: str) -> KernelRatio:
+def _tf32_work(sk: ShapedKernels, allow_tf32: bool | None) -> tuple[list | None, set]:
+    """(per call ``work`` with the dtype ``allow_tf32`` gives FP32-operand GEMMs and
+    convolutions on a GPU with TF32 tensor cores -- None when unchanged --, the kinds of
+    shaped calls with FP32 operands)."""
+    from retime.collectors.costs.ops import op_class
+    kinds = set()
+    work = list(sk.work)
+    changed = False
+    for j, (w, name) in enumerate(zip(sk.work, sk.names)):
+        if w is None or w[2] not in ("fp32", "tf32"):
+            continue
+        c = op_class(name)
+        if c not in ("gemm", "conv"):
+            continue
+        kinds.add(c)
+        if allow_tf32 is not None:
+            dt = "tf32" if allow_tf32 else "fp32"
+            if dt != w[2]:
+                work[j] = (w[0], w[1], dt)
+                changed = True
+    return (work if changed else None), kinds
+
+
+def _gpu_ratio(trace: Trace, old_name: str, new_name: str,
+               allow_tf32: bool | None = None) -> KernelRatio:
     from retime.collectors.costs.gpus import gpu_spec
     g_old, g_new = gpu_spec(old_name), gpu_spec(new_name)
     kind = trace.ops["kind"].to_numpy()
@@ -223,7 +250,9 @@ def _gpu_ratio(trace: Trace, old_name: str, new_name: str) -> KernelRatio:
             "notes": notes})
     calls = np.arange(len(sk.names))
     old_p = _prices(sk, g_old, calls)
-    new_p = _prices(sk, g_new, calls)
+    from .math_modes import tf32_capable
+    work_new, fp32_calls = _tf32_work(sk, allow_tf32 if tf32_capable(g_new) else None)
+    new_p = _prices(sk, g_new, calls, work=work_new)
     old, new = old_p[0], new_p[0]
     dts = {w[2] for w in sk.work}
     for dt in sorted(dts):
@@ -239,7 +268,8 @@ def _gpu_ratio(trace: Trace, old_name: str, new_name: str) -> KernelRatio:
     return KernelRatio(frozen(ids), frozen(ratio), {
         "calls": int(np.isfinite(new / old).sum()), "kernels": int(len(ids)),
         "covered_ns": float(dur[ids].sum()), "gpu_ns": _gpu_ns(trace, dev), "notes": notes,
-        "model_ns_old": float(np.nansum(old) * 1e3), "model_ns_new": float(np.nansum(new) * 1e3)})
+        "model_ns_old": float(np.nansum(old) * 1e3), "model_ns_new": float(np.nansum(new) * 1e3),
+        "fp32_calls": sorted(fp32_calls)})
 
 
 def batch_ratio(trace: Trace, gpu_name: str, b: int, b2: int, mask: np.ndarray) -> KernelRatio:
