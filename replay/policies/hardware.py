@@ -15,9 +15,13 @@ by the HBM ratio, the usual bound of an unrecognised fused kernel).
 profile (roofline with its peaks, HBM bandwidth, links). On a measured trace each kernel
 launched by an operator with recorded shapes is re-timed as measured x model(new) /
 model(old) by the cost layer (:mod:`.kernel_cost`); the others by the flat roofline ratio of
-the two GPUs: GEMM and attention kernels by the ratio of dense peak FLOP/s of the trace's
-dtype class (bf16/fp16 tensor cores), the other kernels by the ratio of HBM bandwidth (also
-every kernel with ``kernel_pricing = "flat"``, the range's other end). Host ops never change;
+the two GPUs: GEMM and convolution kernels by the ratio of the dense peaks of their own math
+mode, read from the kernel name (FP32 SIMT, TF32, 16-bit, FP8: :mod:`.math_modes`; split-K
+and epilogue helpers by HBM), attention kernels and GEMMs whose mode the name does not tell
+by the ratio of dense 16-bit tensor peaks, the other kernels by the ratio of HBM bandwidth
+(also every kernel with ``kernel_pricing = "flat"``, the range's other end).
+``allow_tf32`` says whether FP32 GEMMs/convolutions run on TF32 tensor cores on the target
+(unset: as the trace shows, else PyTorch's defaults, bounded). Host ops never change;
 a trace without GPU kernels is refused; the measured GPU must be recognisable from
 ``meta["devices"]`` (else PolicyError: give ``hardware.from_gpu``).
 """
