@@ -176,3 +176,10 @@ def test_volta_trace_with_shapes_bounds_its_gemms_by_the_other_setting(dlrm_trac
     # 16-row GEMMs sit near their launch floor: TF32 saves little per kernel (the cost
     # layer's 32-bit tile fill even prices a few of them slightly slower), but in all less
     assert on.dur_ns[long].sum() < 0.95 * d.dur_ns[long].sum()
+
+
+def test_allow_tf32_refused_on_a_synthesized_run():
+    from retime.collectors.synth import synthesize
+    t = synthesize("gpt3-125m", "a100-80gb", tp=1, pp=1, dp=2, global_batch=2, micro_batch=1)
+    with pytest.raises(PolicyError, match="synthesized run: its math is its --dtype"):
+        whatif(t, {"hardware.gpu": "h100-sxm", "hardware.allow_tf32": True})
