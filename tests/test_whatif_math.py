@@ -183,3 +183,23 @@ def test_allow_tf32_refused_on_a_synthesized_run():
     t = synthesize("gpt3-125m", "a100-80gb", tp=1, pp=1, dp=2, global_batch=2, micro_batch=1)
     with pytest.raises(PolicyError, match="synthesized run: its math is its --dtype"):
         whatif(t, {"hardware.gpu": "h100-sxm", "hardware.allow_tf32": True})
+
+
+def test_shaped_calls_run_the_math_their_kernels_show():
+    # VGG-13 on an H100: cuDNN runs the convolutions of 3-channel images on the CUDA cores
+    # (an ..._ffma_ kernel) and the others on TF32 tensor cores; the linear layers' GEMMs
+    # are FP32 SIMT (matmul TF32 off). Read from the kernels each call launched.
+    from retime.collectors.costs.ops import op_class, tensors
+    from retime.replay.policies.kernel_cost import _measured_math, shaped_kernels
+    vgg = ingest_cached(KINETO / "h100-vgg13" / "profiler_vgg13-iter41.json.gz")
+    sk = shaped_kernels(vgg)
+    seen = {"gemm": set(), "conv3": set(), "conv": set()}
+    for j, name in enumerate(sk.names):
+        c = op_class(name)
+        if c == "gemm":
+            seen["gemm"].add(_measured_math(sk.kernels[j]))
+        elif c == "conv":
+            ts = tensors(sk.dims[j], sk.types[j])
+            x = ts[1][0] if name.endswith("backward") else ts[0][0]
+            seen["conv3" if x[1] == 3 else "conv"].add(_measured_math(sk.kernels[j]))
+    assert seen == {"gemm": {"fp32"}, "conv3": {"fp32"}, "conv": {"tf32"}}

@@ -213,14 +213,33 @@ def gpu_ratio(trace: Trace, old_name: str, new_name: str,
     return memo[key]
 
 
-def _tf32_work(sk: ShapedKernels, allow_tf32: bool | None) -> tuple[list | None, set]:
-    """(per call ``work`` with the dtype ``allow_tf32`` gives FP32-operand GEMMs and
-    convolutions on a GPU with TF32 tensor cores -- None when unchanged --, the kinds of
-    shaped calls with FP32 operands)."""
+def _measured_math(kernels: list[str] | None) -> str | None:
+    """``tf32`` / ``fp32``: the math mode every main (GEMM / convolution) kernel of a call
+    shows in its name (:mod:`collectors.kernel_math`), None when they disagree or none
+    tells."""
+    if not kernels:
+        return None
+    from retime.collectors.costs.conv import kernel_role
+    from retime.collectors.kernel_math import MathMode, math_mode
+    seen = {math_mode(k) for k in kernels if kernel_role(k) == "main"}
+    seen &= {MathMode.FP32, MathMode.TF32}
+    if len(seen) != 1:
+        return None
+    return "tf32" if seen.pop() == MathMode.TF32 else "fp32"
+
+
+def _tf32_work(sk: ShapedKernels, allow_tf32: bool | None, old_tf32: bool, new_tf32: bool
+               ) -> tuple[list | None, list | None, set]:
+    """(per call ``work`` on the measured GPU, on the new one -- None when unchanged --, the
+    kinds of shaped calls with FP32 operands). A call's FP32-operand GEMM / convolution runs
+    on the measured GPU in the math its kernels' names show (``op_cost``'s dtype -- PyTorch's
+    defaults -- where they do not tell or the GPU has no TF32 units); on a new GPU with TF32
+    units in TF32 or FP32 as ``allow_tf32`` says, else as measured where the measured GPU had
+    TF32 units, else by ``op_cost``'s defaults (:mod:`.math_modes`)."""
     from retime.collectors.costs.ops import op_class
     kinds = set()
-    work = list(sk.work)
-    changed = False
+    w_old, w_new = list(sk.work), list(sk.work)
+    c_old = c_new = False
     for j, (w, name) in enumerate(zip(sk.work, sk.names)):
         if w is None or w[2] not in ("fp32", "tf32"):
             continue
@@ -228,12 +247,18 @@ def _tf32_work(sk: ShapedKernels, allow_tf32: bool | None) -> tuple[list | None,
         if c not in ("gemm", "conv"):
             continue
         kinds.add(c)
-        if allow_tf32 is not None:
-            dt = "tf32" if allow_tf32 else "fp32"
-            if dt != w[2]:
-                work[j] = (w[0], w[1], dt)
-                changed = True
-    return (work if changed else None), kinds
+        seen = _measured_math(None if sk.kernels is None else sk.kernels[j]) if old_tf32 \
+            else None
+        if seen is not None and seen != w[2]:
+            w_old[j] = (w[0], w[1], seen)
+            c_old = True
+        if not new_tf32:
+            continue
+        dt = ("tf32" if allow_tf32 else "fp32") if allow_tf32 is not None else (seen or w[2])
+        if dt != w[2]:
+            w_new[j] = (w[0], w[1], dt)
+            c_new = True
+    return (w_old if c_old else None), (w_new if c_new else None), kinds
 
 
 def _gpu_ratio(trace: Trace, old_name: str, new_name: str,
@@ -249,9 +274,10 @@ def _gpu_ratio(trace: Trace, old_name: str, new_name: str,
             "calls": 0, "kernels": 0, "covered_ns": 0.0, "gpu_ns": _gpu_ns(trace, dev),
             "notes": notes})
     calls = np.arange(len(sk.names))
-    old_p = _prices(sk, g_old, calls)
     from .math_modes import tf32_capable
-    work_new, fp32_calls = _tf32_work(sk, allow_tf32 if tf32_capable(g_new) else None)
+    work_old, work_new, fp32_calls = _tf32_work(sk, allow_tf32, tf32_capable(g_old),
+                                                tf32_capable(g_new))
+    old_p = _prices(sk, g_old, calls, work=work_old)
     new_p = _prices(sk, g_new, calls, work=work_new)
     old, new = old_p[0], new_p[0]
     dts = {w[2] for w in sk.work}
