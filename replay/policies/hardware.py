@@ -373,7 +373,9 @@ def _price_by_mode(h: Hardware, state: WhatIfState, cls: np.ndarray, flat: np.nd
     out = {"mode_priced": int(len(mr.op_ids)),
            "mode_priced_share": round(float(dur[mr.op_ids].sum()) / max(gpu_ns, 1.0), 4),
            "modes": [{"from": r[0], "to": r[1], "kernels": r[2],
-                      "share": round(r[3] / max(gpu_ns, 1.0), 4), "ratio": round(r[4], 4)}
+                      "share": round(r[3] / max(gpu_ns, 1.0), 4), "ratio": round(r[4], 4),
+                      "kind": r[6] if len(r) > 6 else "helper",
+                      "decided_by": r[7] if len(r) > 7 else "name"}
                      for r in mr.info["rows"]]}
     if h.kernel_pricing == "flat":
         for line in lines:
