@@ -41,7 +41,7 @@ from retime.collectors.kernel_math import (
 )
 from retime.collectors.trace import Trace
 
-from .base import frozen, trace_memo
+from .base import trace_memo
 
 __all__ = ["ModeRatio", "mode_ratios", "target_mode", "tf32_capable", "PYTORCH_TF32_DEFAULT"]
 
@@ -102,14 +102,18 @@ def _peak(spec, mode: MathMode) -> float | None:
         return None
 
 
-def trace_modes(trace: Trace) -> np.ndarray:
-    """:class:`MathMode` of every op's name (int8, op-id order; memoized per trace)."""
-    memo = trace_memo(trace)
-    m = memo.get("math_modes")
-    if m is None:
-        by_name = math_modes(trace.strings)
-        m = memo["math_modes"] = frozen(by_name[trace.ops["name_id"].to_numpy()])
-    return m
+def _modes_of(trace: Trace, idx: np.ndarray) -> np.ndarray:
+    """:class:`MathMode` (int8) of the ops ``idx``, from their names (only the names those
+    ops use are classified; memoized per trace and name)."""
+    memo = trace_memo(trace).setdefault("math_mode_of_name", {})
+    nid = trace.ops["name_id"].to_numpy()[idx]
+    u, inv = np.unique(nid, return_inverse=True)
+    todo = [i for i in u.tolist() if i not in memo]
+    if todo:
+        for i, m in zip(todo, math_modes(trace.strings[i] for i in todo).tolist()):
+            memo[i] = m
+    return np.asarray([memo[i] for i in u.tolist()], np.int8)[inv.reshape(-1)] if len(u) \
+        else np.zeros(0, np.int8)
 
 
 def mode_ratios(trace: Trace, cand: np.ndarray, is_conv: np.ndarray, old_name: str,
@@ -121,15 +125,15 @@ def mode_ratios(trace: Trace, cand: np.ndarray, is_conv: np.ndarray, old_name: s
     modes and modes without a peak on either GPU are left out (the caller's flat rule)."""
     from retime.collectors.costs.gpus import gpu_spec
     old, new = gpu_spec(old_name), gpu_spec(new_name)
-    modes = trace_modes(trace)
     dur = trace.ops["dur_ns"].to_numpy()
     ids_out, r_out, rows, notes = [], [], [], []
     defaulted: set[str] = set()
     unpriced = 0.0
     idx = np.flatnonzero(cand)
-    for m in np.unique(modes[idx]).tolist():
+    modes = _modes_of(trace, idx)
+    for m in np.unique(modes).tolist():
         src = MathMode(m)
-        sel = idx[modes[idx] == m]
+        sel = idx[modes == m]
         if src == MathMode.UNKNOWN:
             unpriced += float(dur[sel].sum())
             continue
