@@ -111,7 +111,7 @@ RULES: tuple[tuple[re.Pattern[str], KernelClass], ...] = (
     (re.compile(r"flash|fmha|attention|_attn|attn_|sdpa|\bmha\b|xformers", _I),
      _C.ATTENTION),
     # convolution (implicit GEMM included): before GEMM
-    (re.compile(r"conv(?!ert)|winograd|implicit_?convolve|scudnn|hcudnn|xcudnn|fprop|dgrad|"
+    (re.compile(r"conv(?!ert)|winograd|implicit_?convolve|scudnn|hcudnn|xcudnn|\d{3,5}cudnn|fprop|dgrad|"
                 r"wgrad|\bigemm_(fwd|bwd|wrw)|MIOpenConv|naive_conv|cask_cudnn|cudnn::cnn|"
                 r"cutlass_cudnn", _I), _C.CONV),
     # matrix multiplies

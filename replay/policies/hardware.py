@@ -15,9 +15,13 @@ by the HBM ratio, the usual bound of an unrecognised fused kernel).
 profile (roofline with its peaks, HBM bandwidth, links). On a measured trace each kernel
 launched by an operator with recorded shapes is re-timed as measured x model(new) /
 model(old) by the cost layer (:mod:`.kernel_cost`); the others by the flat roofline ratio of
-the two GPUs: GEMM and attention kernels by the ratio of dense peak FLOP/s of the trace's
-dtype class (bf16/fp16 tensor cores), the other kernels by the ratio of HBM bandwidth (also
-every kernel with ``kernel_pricing = "flat"``, the range's other end). Host ops never change;
+the two GPUs: GEMM and convolution kernels by the ratio of the dense peaks of their own math
+mode, read from the kernel name (FP32 SIMT, TF32, 16-bit, FP8: :mod:`.math_modes`; split-K
+and epilogue helpers by HBM), attention kernels and GEMMs whose mode the name does not tell
+by the ratio of dense 16-bit tensor peaks, the other kernels by the ratio of HBM bandwidth
+(also every kernel with ``kernel_pricing = "flat"``, the range's other end).
+``allow_tf32`` says whether FP32 GEMMs/convolutions run on TF32 tensor cores on the target
+(unset: as the trace shows, else PyTorch's defaults, bounded). Host ops never change;
 a trace without GPU kernels is refused; the measured GPU must be recognisable from
 ``meta["devices"]`` (else PolicyError: give ``hardware.from_gpu``).
 """
@@ -96,6 +100,7 @@ class Hardware(Policy):
     gpu: str | None = None
     from_gpu: str | None = None
     kernel_pricing: str | None = None
+    allow_tf32: bool | None = None
     slow_ranks: tuple[int, ...] | None = None
     rank_slowdown: float | None = None
     host_speedup: float | None = None
@@ -110,6 +115,10 @@ class Hardware(Policy):
                   "elementwise_speedup", "memcpy_speedup", "comm_speedup", "host_speedup"):
             check_positive("hardware", f, getattr(self, f))
         check_choice("hardware", "kernel_pricing", self.kernel_pricing, PRICINGS)
+        if self.allow_tf32 is not None and not isinstance(self.allow_tf32, bool):
+            raise PolicyError(f"hardware.allow_tf32={self.allow_tf32!r} must be true or false "
+                              "(PyTorch's torch.backends.cuda.matmul.allow_tf32 and "
+                              "torch.backends.cudnn.allow_tf32 on the target GPU)")
         for f in ("gpu", "from_gpu"):
             v = getattr(self, f)
             if v is not None:
@@ -131,6 +140,13 @@ class Hardware(Policy):
         return 1.0 / np.asarray(sp)
 
     def configure(self, state: WhatIfState) -> None:
+        if self.allow_tf32 is not None and (state.is_synth or self.gpu is None):
+            raise PolicyError(
+                f"hardware.allow_tf32={str(self.allow_tf32).lower()} "
+                + ("on a synthesized run: its math is its --dtype (re-synthesize with "
+                   "another --dtype)" if state.is_synth else "needs hardware.gpu: it says "
+                   "how the measured FP32 GEMMs/convolutions run on the target GPU (give "
+                   "hardware.gpu = the trace's own GPU to change the math alone)"))
         if self.kernel_pricing is not None:
             state.notes["kernel_pricing"] = self.kernel_pricing  # parallel.micro_batch reads it
         if self.gpu is not None and state.is_synth:
@@ -261,13 +277,17 @@ def _gpu_swap(h: Hardware, state: WhatIfState, cls: np.ndarray, f: np.ndarray) -
     state.scale_by_class(cls, f * flat)
     if h.kernel_pricing == "flat":
         state.assume(f"hardware.gpu {old.name} -> {new.name}: every kernel scaled by the flat "
-                     f"class ratio (hardware.kernel_pricing = \"flat\"): GEMM/attention "
-                     f"x{flat[0]:.2f} ({dt} peaks), others x{flat[2]:.2f} (HBM)", bounded=True)
-        return {"from": old.name, "to": new.name, "pricing": "flat"}
-    kr = gpu_ratio(t, old.name, new.name)
+                     f"class ratio (hardware.kernel_pricing = \"flat\"): GEMM/conv by their "
+                     f"math mode's peaks, attention x{flat[0]:.2f} ({dt} peaks), others "
+                     f"x{flat[2]:.2f} (HBM)", bounded=True)
+        modes = _price_by_mode(h, state, cls, flat, old.name, new.name, None, set())
+        return {"from": old.name, "to": new.name, "pricing": "flat", **modes}
+    kr = gpu_ratio(t, old.name, new.name, h.allow_tf32)
     if len(kr.op_ids):
         d = state.dur
         d[kr.op_ids] *= kr.ratio / flat[cls[kr.op_ids]]
+    modes = _price_by_mode(h, state, cls, flat, old.name, new.name, kr.op_ids,
+                           set(kr.info.get("fp32_calls", ())))
     i = kr.info
     sm = summary(kr)
     dur = t.ops["dur_ns"].to_numpy()
@@ -291,13 +311,20 @@ def _gpu_swap(h: Hardware, state: WhatIfState, cls: np.ndarray, f: np.ndarray) -
         dev = kind == OpKind.COMPUTE
         n_fb = int(dev.sum())
         fb_ns = float(dur[dev].sum())
+    by_mode = "GEMM/conv by their math mode (below), attention" if modes.get("mode_priced") \
+        else "GEMM/attention"
     line = describe_fallback(
         "hardware.gpu", n_fb, fb_ns, float(dur[dev].sum()),
-        f"scaled by the flat class ratio: GEMM/attention x{flat[0]:.2f} ({dt} peak "
+        f"scaled by the flat class ratio: {by_mode} x{flat[0]:.2f} ({dt} peak "
         f"{old.peak_tflops.get(dt, 0):g} -> {new.peak_tflops.get(dt, 0):g} TFLOP/s), others "
         f"x{flat[2]:.2f} (HBM {old.hbm_gbps:g} -> {new.hbm_gbps:g} GB/s)", why)
     if line:
         state.assume(line)
+    for line in modes.pop("lines", []):
+        state.assume(line)
+    tf = modes.pop("tf32_line", None)
+    if tf is not None:
+        state.assume(tf[0], bounded=True, bounds=tf[1] or None)
     for note in i["notes"]:
         state.assume(f"hardware.gpu: {note}")
     state.assume("hardware.gpu: host (CPU) ops, launch calls and the gaps between them keep "
@@ -305,4 +332,58 @@ def _gpu_swap(h: Hardware, state: WhatIfState, cls: np.ndarray, f: np.ndarray) -
                  "keep their measured transfer times (network.* keys change the links)",
                  bounded=True)
     return {"from": old.name, "to": new.name, **sm, "fallback_kernels": n_fb,
-            "fallback_share": round(fb_ns / float(dur[dev].sum()), 4)}
+            "fallback_share": round(fb_ns / float(dur[dev].sum()), 4), **modes}
+
+
+def _price_by_mode(h: Hardware, state: WhatIfState, cls: np.ndarray, flat: np.ndarray,
+                   old: str, new: str, shaped: np.ndarray | None, shaped_fp32: set) -> dict:
+    """GEMM/conv kernels no shaped call owns, re-timed by the ratio of their math mode's
+    peaks (:mod:`.math_modes`; ``state.dur`` holds them at the flat ratio ``flat[0]``).
+    Returns the figures for ``meta['scenario']`` with the ``assumed:`` lines under
+    ``lines`` / ``tf32_line`` (the caller prints them after its own; in the flat pricing
+    they are printed here). ``shaped_fp32``: kinds (``gemm`` / ``conv``) of the shaped calls
+    with FP32 operands (``hardware.allow_tf32`` decides their math on the target too)."""
+    from retime.collectors.costs.gpus import gpu_spec
+
+    from .math_modes import describe, describe_tf32, mode_ratios, tf32_capable
+    t = state.trace
+    kind = state.kinds()
+    cand = (kind == OpKind.KERNEL) & (cls == 0)
+    if shaped is not None and len(shaped):
+        cand[shaped] = False
+    memo = trace_memo(t)
+    kc = memo.get("op_classes")
+    if kc is None:
+        o = t.ops
+        kc = memo["op_classes"] = frozen(op_classes(kind, o["name_id"].to_numpy(), t.strings))
+    mr = mode_ratios(t, cand, kc == KernelClass.CONV, old, new, h.allow_tf32, float(flat[2]))
+    if len(mr.op_ids):
+        d = state.dur
+        d[mr.op_ids] *= mr.ratio / flat[0]
+    dur = t.ops["dur_ns"].to_numpy()
+    gpu_ns = float(dur[(kind == OpKind.KERNEL) | (kind == OpKind.MEMSET)].sum())
+    info = dict(mr.info)
+    if shaped_fp32:  # shaped calls: the trace shows the setting where the GPU had TF32
+        if h.allow_tf32 is None and not tf32_capable(gpu_spec(old)) \
+                and tf32_capable(gpu_spec(new)):
+            info["defaulted"] = sorted(set(info["defaulted"]) | shaped_fp32)
+        info["rows"] = list(info["rows"]) + [("fp32", "fp32", 0, 0.0, 1.0, "", "", "")]
+    lines = describe(mr, gpu_ns, "hardware.gpu")
+    tf = describe_tf32(h.allow_tf32, info, "hardware.gpu")
+    out = {"mode_priced": int(len(mr.op_ids)),
+           "mode_priced_share": round(float(dur[mr.op_ids].sum()) / max(gpu_ns, 1.0), 4),
+           "modes": [{"from": r[0], "to": r[1], "kernels": r[2],
+                      "share": round(r[3] / max(gpu_ns, 1.0), 4), "ratio": round(r[4], 4),
+                      "kind": r[6] if len(r) > 6 else "helper",
+                      "decided_by": r[7] if len(r) > 7 else "name"}
+                     for r in mr.info["rows"]]}
+    if h.kernel_pricing == "flat":
+        for line in lines:
+            state.assume(line)
+        if tf[0] is not None:
+            state.assume(tf[0], bounded=True, bounds=tf[1] or None)
+        return out
+    out["lines"] = lines
+    if tf[0] is not None:
+        out["tf32_line"] = tf
+    return out

@@ -200,17 +200,69 @@ def _spread(sk: ShapedKernels, calls: np.ndarray, old: tuple, new: tuple,
     return ids, r[keep][first]
 
 
-def gpu_ratio(trace: Trace, old_name: str, new_name: str) -> KernelRatio:
+def gpu_ratio(trace: Trace, old_name: str, new_name: str,
+              allow_tf32: bool | None = None) -> KernelRatio:
     """Model ratio new / old for every shaped kernel of ``trace`` (GPU ``old_name`` ->
-    ``new_name``, built-in profile names)."""
+    ``new_name``, built-in profile names). ``allow_tf32`` (``hardware.allow_tf32``, None:
+    PyTorch's defaults, as :func:`collectors.costs.ops.op_cost` prices: float GEMMs FP32,
+    float convolutions TF32) sets the math of FP32-operand calls on the new GPU."""
     memo = trace_memo(trace)
-    key = ("gpu_ratio", old_name, new_name)
+    key = ("gpu_ratio", old_name, new_name, allow_tf32)
     if key not in memo:  # a sweep asks the same swap of one trace many times
-        memo[key] = _gpu_ratio(trace, old_name, new_name)
+        memo[key] = _gpu_ratio(trace, old_name, new_name, allow_tf32)
     return memo[key]
 
 
-def _gpu_ratio(trace: Trace, old_name: str, new_name: str) -> KernelRatio:
+def _measured_math(kernels: list[str] | None) -> str | None:
+    """``tf32`` / ``fp32``: the math mode every main (GEMM / convolution) kernel of a call
+    shows in its name (:mod:`collectors.kernel_math`), None when they disagree or none
+    tells."""
+    if not kernels:
+        return None
+    from retime.collectors.costs.conv import kernel_role
+    from retime.collectors.kernel_math import MathMode, math_mode
+    seen = {math_mode(k) for k in kernels if kernel_role(k) == "main"}
+    seen &= {MathMode.FP32, MathMode.TF32}
+    if len(seen) != 1:
+        return None
+    return "tf32" if seen.pop() == MathMode.TF32 else "fp32"
+
+
+def _tf32_work(sk: ShapedKernels, allow_tf32: bool | None, old_tf32: bool, new_tf32: bool
+               ) -> tuple[list | None, list | None, set]:
+    """(per call ``work`` on the measured GPU, on the new one -- None when unchanged --, the
+    kinds of shaped calls with FP32 operands). A call's FP32-operand GEMM / convolution runs
+    on the measured GPU in the math its kernels' names show (``op_cost``'s dtype -- PyTorch's
+    defaults -- where they do not tell or the GPU has no TF32 units); on a new GPU with TF32
+    units in TF32 or FP32 as ``allow_tf32`` says, else as measured where the measured GPU had
+    TF32 units, else by ``op_cost``'s defaults (:mod:`.math_modes`)."""
+    from retime.collectors.costs.ops import op_class
+    kinds = set()
+    w_old, w_new = list(sk.work), list(sk.work)
+    c_old = c_new = False
+    for j, (w, name) in enumerate(zip(sk.work, sk.names)):
+        if w is None or w[2] not in ("fp32", "tf32"):
+            continue
+        c = op_class(name)
+        if c not in ("gemm", "conv"):
+            continue
+        kinds.add(c)
+        seen = _measured_math(None if sk.kernels is None else sk.kernels[j]) if old_tf32 \
+            else None
+        if seen is not None and seen != w[2]:
+            w_old[j] = (w[0], w[1], seen)
+            c_old = True
+        if not new_tf32:
+            continue
+        dt = ("tf32" if allow_tf32 else "fp32") if allow_tf32 is not None else (seen or w[2])
+        if dt != w[2]:
+            w_new[j] = (w[0], w[1], dt)
+            c_new = True
+    return (w_old if c_old else None), (w_new if c_new else None), kinds
+
+
+def _gpu_ratio(trace: Trace, old_name: str, new_name: str,
+               allow_tf32: bool | None = None) -> KernelRatio:
     from retime.collectors.costs.gpus import gpu_spec
     g_old, g_new = gpu_spec(old_name), gpu_spec(new_name)
     kind = trace.ops["kind"].to_numpy()
@@ -222,8 +274,11 @@ def _gpu_ratio(trace: Trace, old_name: str, new_name: str) -> KernelRatio:
             "calls": 0, "kernels": 0, "covered_ns": 0.0, "gpu_ns": _gpu_ns(trace, dev),
             "notes": notes})
     calls = np.arange(len(sk.names))
-    old_p = _prices(sk, g_old, calls)
-    new_p = _prices(sk, g_new, calls)
+    from .math_modes import tf32_capable
+    work_old, work_new, fp32_calls = _tf32_work(sk, allow_tf32, tf32_capable(g_old),
+                                                tf32_capable(g_new))
+    old_p = _prices(sk, g_old, calls, work=work_old)
+    new_p = _prices(sk, g_new, calls, work=work_new)
     old, new = old_p[0], new_p[0]
     dts = {w[2] for w in sk.work}
     for dt in sorted(dts):
@@ -239,7 +294,8 @@ def _gpu_ratio(trace: Trace, old_name: str, new_name: str) -> KernelRatio:
     return KernelRatio(frozen(ids), frozen(ratio), {
         "calls": int(np.isfinite(new / old).sum()), "kernels": int(len(ids)),
         "covered_ns": float(dur[ids].sum()), "gpu_ns": _gpu_ns(trace, dev), "notes": notes,
-        "model_ns_old": float(np.nansum(old) * 1e3), "model_ns_new": float(np.nansum(new) * 1e3)})
+        "model_ns_old": float(np.nansum(old) * 1e3), "model_ns_new": float(np.nansum(new) * 1e3),
+        "fp32_calls": sorted(fp32_calls)})
 
 
 def batch_ratio(trace: Trace, gpu_name: str, b: int, b2: int, mask: np.ndarray) -> KernelRatio:

@@ -48,8 +48,12 @@ NEEDS: dict[str, str] = {
     "cache.recompute": "trace: per-layer module ranges (with_stack) or checkpoint frames",
     "hardware.host_speedup": "trace: host ops and the gaps between them (nothing else)",
     "hardware.gpu": "trace: the kernels' recorded shapes (record_shapes: each kernel priced "
-    "by the cost layer on both GPUs) else kernel names and classes (flat ratio of peaks, "
-    "printed); the GPU profiles (published ceilings)",
+    "by the cost layer on both GPUs) else kernel names (GEMM/conv: the ratio of their math "
+    "mode's peaks, FP32 SIMT / TF32 / 16-bit ...; other classes: flat ratio of peaks or HBM, "
+    "printed); the GPU profiles (datasheet peaks, published ceilings)",
+    "hardware.allow_tf32": "trace: the kernels' names (their math mode: FP32 SIMT or TF32 "
+    "as measured); you: the setting on the target, where the trace's GPU had no TF32 units "
+    "(else PyTorch's defaults, the range spans both)",
     "network.inter_node_gbps": "you: the new link's nominal rate; trace: sized collectives "
     "(the fitted bandwidth, printed); calibration: the latency where the trace has one "
     "message size",
@@ -221,6 +225,14 @@ KEYS: dict[str, KeyInfo] = {
         "parallel.micro_batch)", "how measured kernels are re-timed: from their recorded "
         "shapes through the cost layer, or by the flat rule (class ratio of peaks; linear in "
         "the batch), the other end of the range"),
+    "hardware.allow_tf32": KeyInfo(
+        "bool", "true | false", "PyTorch's defaults (>= 1.12: GEMMs FP32, convolutions TF32) "
+        "where the trace cannot show the setting (its GPU has no TF32 units), else the math "
+        "its kernels show; the range replays the other setting",
+        "kineto/nsys GPU traces with hardware.gpu (the trace's own GPU: the math alone)",
+        "whether FP32 GEMMs and convolutions run on TF32 tensor cores on the target GPU "
+        "(torch.backends.cuda.matmul.allow_tf32 / torch.backends.cudnn.allow_tf32; NVIDIA "
+        "Ampere and newer)"),
     "hardware.slow_ranks": KeyInfo("ranks", "list of rank numbers in the trace", "none",
                                    _ALL, "ranks whose compute and memcpy are slowed"),
     "hardware.rank_slowdown": KeyInfo("factor", "> 0 (1.5 = 50% slower)", "none",

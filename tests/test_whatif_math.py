@@ -1,0 +1,205 @@
+"""GPU swaps of kernels without shapes priced by their math mode (issue 27): FP32 SIMT
+kernels by the FP32 peaks, TF32 kernels by the TF32 peaks, and ``hardware.allow_tf32``.
+
+Expected ratios are the datasheet peaks of collectors/costs/REFERENCES.md K10, written out
+here (V100 SXM2: FP32 15.7; A100: FP32 19.5, TF32 156; H100 SXM: FP32 67, TF32 494.7
+TFLOP/s) and HBM bandwidths (V100 900, A100 40GB 1555, H100 SXM 3350 GB/s); the kernels are
+picked by plain substrings of their names, not by the module's rules."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from conftest import KINETO, ingest_cached
+
+from retime.cli import run
+from retime.collectors.enums import OpKind
+from retime.collectors.errors import PolicyError
+from retime.replay import prediction_range, replay, whatif
+from retime.replay.policies.keys import key_rows
+
+V100_FP32, A100_FP32, A100_TF32, H100_FP32, H100_TF32 = 15.7, 19.5, 156.0, 67.0, 494.7
+
+
+@pytest.fixture(scope="module")
+def sgd():
+    return ingest_cached(KINETO / "v100-ddp-sgd")
+
+
+@pytest.fixture(scope="module")
+def cnn():
+    return ingest_cached(KINETO / "a100-ddp-nccl")
+
+
+def _names(t):
+    return np.asarray(t.strings, dtype=object)[t.ops["name_id"].to_numpy()]
+
+
+def _has(t, *subs):
+    return np.asarray([any(s in str(n) for s in subs) for n in _names(t)])
+
+
+def _ratio(t, r, base, mask):
+    long = mask & (base.dur_ns > 20_000)  # ns rounding of short kernels aside
+    assert long.sum() >= 5
+    return r.dur_ns[long] / base.dur_ns[long]
+
+
+def test_v100_fp32_simt_gemms_move_by_the_fp32_peaks(sgd):
+    base = replay(sgd)
+    r = whatif(sgd, {"hardware.gpu": "h100-sxm"})
+    sgemm = _has(sgd, "volta_sgemm", "magma_sgemm")
+    np.testing.assert_allclose(_ratio(sgd, r, base, sgemm), V100_FP32 / H100_FP32, rtol=1e-3)
+    # not the 16-bit tensor peak ratio the flat rule used (125 -> 989.4: 0.126)
+    helpers = _has(sgd, "splitKreduce", "epilogue::impl")
+    np.testing.assert_allclose(_ratio(sgd, r, base, helpers), 900 / 3350, rtol=1e-3)
+    host = (sgd.ops["kind"].to_numpy() == OpKind.CPU_OP)
+    np.testing.assert_array_equal(r.dur_ns[host], base.dur_ns[host])
+    fx = r.meta["scenario"][0]["gpu_effect"]
+    kern = sgd.ops["kind"].to_numpy() == OpKind.KERNEL
+    dur = sgd.ops["dur_ns"].to_numpy()
+    share = dur[sgemm & kern].sum() / dur[kern | (sgd.ops["kind"].to_numpy()
+                                                  == OpKind.MEMSET)].sum()
+    fp32 = [m for m in fx["modes"] if m["from"] == "fp32"]
+    assert sum(m["share"] for m in fp32) == pytest.approx(share, abs=1e-4)
+    assert sum(m["kernels"] for m in fp32) == int((sgemm & kern).sum())
+    a = " ".join(r.meta["whatif"]["assumed"])
+    assert "fp32 64.5% of GPU time" in a and "x0.23 (15.7 -> 67 TFLOP/s)" in a
+    # no TF32 units on the V100: the setting is PyTorch's default (GEMMs FP32) and the range
+    # replays the other one
+    assert "hardware.allow_tf32 not given: PyTorch's defaults" in a
+    assert r.meta["whatif"]["range_variants"] == [{"hardware.allow_tf32": True}]
+
+
+def test_allow_tf32_true_moves_them_to_the_tf32_peak(sgd):
+    base = replay(sgd)
+    r = whatif(sgd, {"hardware.gpu": "h100-sxm", "hardware.allow_tf32": True})
+    sgemm = _has(sgd, "volta_sgemm")
+    np.testing.assert_allclose(_ratio(sgd, r, base, sgemm), V100_FP32 / H100_TF32, rtol=1e-3)
+    assert "range_variants" not in r.meta["whatif"]  # stated: nothing to bound
+    a = " ".join(r.meta["whatif"]["assumed"])
+    assert "hardware.allow_tf32 = true: FP32 GEMMs and convolutions run on TF32" in a
+
+
+def test_a100_tf32_kernels_run_fp32_on_a_v100(cnn):
+    base = replay(cnn)
+    r = whatif(cnn, {"hardware.gpu": "v100-sxm2"})
+    tf32 = _has(cnn, "tf32", "s1688gemm")
+    np.testing.assert_allclose(_ratio(cnn, r, base, tf32), A100_TF32 / V100_FP32, rtol=1e-3)
+    simt = _has(cnn, "ampere_sgemm", "simt_sgemm", "scudnn")
+    got = r.dur_ns[simt] / np.maximum(base.dur_ns[simt], 1)
+    assert np.median(got[base.dur_ns[simt] > 20_000]) == pytest.approx(A100_FP32 / V100_FP32,
+                                                                       rel=1e-3)
+    a = " ".join(r.meta["whatif"]["assumed"])
+    assert "tf32 -> fp32" in a and "no TF32 units" in a
+    assert "range_variants" not in r.meta["whatif"]
+    assert r.step_time_ns > base.step_time_ns
+
+
+def test_ampere_trace_keeps_its_measured_math_unless_stated(cnn):
+    base = replay(cnn)
+    tf32 = _has(cnn, "tf32", "s1688gemm")
+    simt = _has(cnn, "ampere_sgemm", "simt_sgemm", "scudnn")
+    r = whatif(cnn, {"hardware.gpu": "h100-sxm"})
+    np.testing.assert_allclose(_ratio(cnn, r, base, tf32), A100_TF32 / H100_TF32, rtol=1e-3)
+    assert "range_variants" not in r.meta["whatif"]  # the trace shows the setting
+    off = whatif(cnn, {"hardware.gpu": "h100-sxm", "hardware.allow_tf32": False})
+    np.testing.assert_allclose(_ratio(cnn, off, base, tf32), A100_TF32 / H100_FP32, rtol=1e-3)
+    on = whatif(cnn, {"hardware.gpu": "h100-sxm", "hardware.allow_tf32": True})
+    long = simt & (base.dur_ns > 20_000)
+    assert long.sum() >= 1
+    np.testing.assert_allclose(on.dur_ns[long] / base.dur_ns[long], A100_FP32 / H100_TF32,
+                               rtol=1e-3)
+    # the math alone on the same GPU: TF32 off makes the TF32 kernels 8x slower (156 / 19.5)
+    same = whatif(cnn, {"hardware.gpu": "a100-40gb", "hardware.allow_tf32": False})
+    np.testing.assert_allclose(_ratio(cnn, same, base, tf32), A100_TF32 / A100_FP32, rtol=1e-3)
+    assert off.step_time_ns >= r.step_time_ns
+
+
+def test_default_range_covers_the_other_setting(sgd):
+    r = whatif(sgd, {"hardware.gpu": "h100-sxm"})
+    on = whatif(sgd, {"hardware.gpu": "h100-sxm", "hardware.allow_tf32": True})
+    lo, hi = prediction_range(r)
+    assert lo <= on.step_times()["replayed_step_ns"].max() <= hi
+
+
+def test_shaped_calls_follow_allow_tf32():
+    vgg = ingest_cached(KINETO / "h100-vgg13" / "profiler_vgg13-iter41.json.gz")
+    base = replay(vgg)
+    gemm = _has(vgg, "sm80_xmma_gemm_f32f32")  # the FP32 SIMT GEMMs of the linear layers
+    d = whatif(vgg, {"hardware.gpu": "a100-80gb"})
+    on = whatif(vgg, {"hardware.gpu": "a100-80gb", "hardware.allow_tf32": True})
+    rd, ro = _ratio(vgg, d, base, gemm), _ratio(vgg, on, base, gemm)
+    # TF32 on the A100 (156) beats FP32 (19.5): the same GEMMs take less time than by default
+    assert (ro < rd).all()
+    # the H100 trace shows its setting (FP32 GEMMs, TF32 convolutions): the range does not
+    # replay allow_tf32 (its variants are the flat pricing's)
+    assert d.meta["whatif"]["range_variants"] == [{"hardware.kernel_pricing": "flat"}]
+
+
+def test_allow_tf32_refused_where_it_means_nothing(sgd, tmp_path, capsys):
+    with pytest.raises(PolicyError, match="needs hardware.gpu"):
+        whatif(sgd, {"hardware.allow_tf32": True})
+    with pytest.raises(PolicyError, match="must be true or false"):
+        whatif(sgd, {"hardware.gpu": "h100-sxm", "hardware.allow_tf32": "yes"})
+    d = tmp_path / "sgd.retime"
+    sgd.save(d)
+    capsys.readouterr()
+    assert run(["replay", str(d), "--set", "hardware.allow_tf32=true", "--json"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "hardware.allow_tf32" in err[0] and "Traceback" not in err[0]
+    assert run(["replay", str(d), "--set", "hardware.gpu=h100-sxm", "--set",
+                "hardware.allow_tf32=true", "--json"]) == 0
+    js = json.loads(capsys.readouterr().out)
+    assert js["scenario"][0]["allow_tf32"] is True
+
+
+def test_key_is_listed():
+    row = {r["key"]: r for r in key_rows("hardware")}["hardware.allow_tf32"]
+    assert row["unit"] == "bool" and row["values"] == "true | false"
+    assert "PyTorch's defaults" in row["default"]
+
+
+def test_volta_trace_with_shapes_bounds_its_gemms_by_the_other_setting(dlrm_trace):
+    # DLRM on V100 records shapes: its FP32 GEMM calls are priced by the cost layer, FP32
+    # on the H100 by PyTorch's default; the V100 could not show the setting, so the range
+    # replays allow_tf32 = true (with the flat pricing, the shape model's own bound)
+    base = replay(dlrm_trace)
+    d = whatif(dlrm_trace, {"hardware.gpu": "h100-sxm"})
+    assert {"hardware.allow_tf32": True} in d.meta["whatif"]["range_variants"]
+    on = whatif(dlrm_trace, {"hardware.gpu": "h100-sxm", "hardware.allow_tf32": True})
+    sgemm = _has(dlrm_trace, "volta_sgemm")
+    long = sgemm & (base.dur_ns > 5_000)
+    assert long.sum() >= 5
+    # 16-row GEMMs sit near their launch floor: TF32 saves little per kernel (the cost
+    # layer's 32-bit tile fill even prices a few of them slightly slower), but in all less
+    assert on.dur_ns[long].sum() < 0.95 * d.dur_ns[long].sum()
+
+
+def test_allow_tf32_refused_on_a_synthesized_run():
+    from retime.collectors.synth import synthesize
+    t = synthesize("gpt3-125m", "a100-80gb", tp=1, pp=1, dp=2, global_batch=2, micro_batch=1)
+    with pytest.raises(PolicyError, match="synthesized run: its math is its --dtype"):
+        whatif(t, {"hardware.gpu": "h100-sxm", "hardware.allow_tf32": True})
+
+
+def test_shaped_calls_run_the_math_their_kernels_show():
+    # VGG-13 on an H100: cuDNN runs the convolutions of 3-channel images on the CUDA cores
+    # (an ..._ffma_ kernel) and the others on TF32 tensor cores; the linear layers' GEMMs
+    # are FP32 SIMT (matmul TF32 off). Read from the kernels each call launched.
+    from retime.collectors.costs.ops import op_class, tensors
+    from retime.replay.policies.kernel_cost import _measured_math, shaped_kernels
+    vgg = ingest_cached(KINETO / "h100-vgg13" / "profiler_vgg13-iter41.json.gz")
+    sk = shaped_kernels(vgg)
+    seen = {"gemm": set(), "conv3": set(), "conv": set()}
+    for j, name in enumerate(sk.names):
+        c = op_class(name)
+        if c == "gemm":
+            seen["gemm"].add(_measured_math(sk.kernels[j]))
+        elif c == "conv":
+            ts = tensors(sk.dims[j], sk.types[j])
+            x = ts[1][0] if name.endswith("backward") else ts[0][0]
+            seen["conv3" if x[1] == 3 else "conv"].add(_measured_math(sk.kernels[j]))
+    assert seen == {"gemm": {"fp32"}, "conv3": {"fp32"}, "conv": {"tf32"}}
