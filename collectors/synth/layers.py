@@ -543,7 +543,11 @@ def _blocking(x: _Ctx, lt: LayerTemplate) -> LayerTemplate:
 
 
 def _finish(x: _Ctx, lt: LayerTemplate) -> LayerTemplate:
-    """The framework's costs on top of the layer's kernels."""
+    """The framework's costs on top of the layer's kernels (and, with ``tp_overlap``, its
+    exchanges beside their GEMMs: :mod:`collectors.synth.tpoverlap`)."""
+    if x.par.tp_overlap:
+        from .tpoverlap import tp_overlapped
+        lt = tp_overlapped(lt, x.hw.overlap_efficiency)
     return _blocking(x, _accumulate(x, lt))
 
 
@@ -562,6 +566,9 @@ def model_template(model: ModelConfig, hw: HardwareConfig, parallel: ParallelCon
         kinds[dt] = (dense, moe)
     layers = tuple(kinds[parallel.linear_dtype(i, L)][1 if model.is_moe_layer(i) else 0]
                    for i in range(L))
+    if parallel.offload_layers:
+        from .offload import offload_model_layers
+        layers = offload_model_layers(model, hw, parallel, layers)
     if parallel.dtype == "fp4":
         x.dtype = "bf16"  # the output head (and MTP modules) stay out of FP4
     # pipeline messages use Megatron's scatter/gather optimization: each TP rank sends 1/t

@@ -90,6 +90,20 @@ class ParallelConfig:
     adding the 16-bit gradient into the fp32 ``main_grad``: 10 bytes) is not this flag.
     Source: REFERENCES.md R2, R5.
 
+    ``offload_layers``: activation offload (Megatron-Core's ``cpu_offloading_num_layers``,
+    Transformer Engine's CPU offload): the first ``offload_layers`` transformer layers copy
+    the activations they keep for the backward to host memory over the hardware's host link
+    (``[host_link]``: PCIe or NVLink-C2C) while the next layer's forward runs, and read them
+    back while the following layer's backward runs (:mod:`collectors.synth.offload`); GPU
+    memory keeps two layers' worth of staging buffers instead. Default 0 (Megatron-Core's).
+    Modeled with ``pp = 1`` only.
+
+    ``tp_overlap``: tensor-parallel all-gathers and reduce-scatters overlapped with the
+    GEMMs that consume or produce them (Megatron-LM's ``--tp-comm-overlap``: Transformer
+    Engine's userbuffers split each GEMM into chunks pipelined with the exchange;
+    :mod:`collectors.synth.tpoverlap`). Needs ``sequence_parallel`` (as Megatron-LM
+    requires). Default off (Megatron-LM's default, ``tp_comm_overlap = False``).
+
     ``launch_blocking_us``: ``0`` is CUDA's default, kernels queued ahead of the GPU. ``> 0``
     models ``CUDA_LAUNCH_BLOCKING=1`` (BigScience ran BLOOM with it against hangs on Jean
     Zay, REFERENCES.md R3): every launch returns only when its kernel or collective has
@@ -133,6 +147,8 @@ class ParallelConfig:
     fp4_first_high: int = 1
     fp4_last_high: int = 1
     fp4_high_dtype: str = "bf16"
+    offload_layers: int = 0
+    tp_overlap: bool = False
 
     def __post_init__(self) -> None:
         for f in ("tp", "pp", "dp", "cp", "chunks", "global_batch", "micro_batch", "ep"):
@@ -148,7 +164,7 @@ class ParallelConfig:
         if self.dtype not in DTYPES:
             raise ConfigError(f"parallel config: dtype={self.dtype!r}; use one of "
                               f"{', '.join(DTYPES)}")
-        for f in ("nvlink_domain", "fp4_first_high", "fp4_last_high"):
+        for f in ("nvlink_domain", "fp4_first_high", "fp4_last_high", "offload_layers"):
             v = getattr(self, f)
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
                 raise ConfigError(f"parallel config: {f}={v!r} must be an integer >= 0")
@@ -198,7 +214,8 @@ class ParallelConfig:
                 isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in sl):
             raise ConfigError(f"parallel config: stage_layers={sl!r} must be a list of layer "
                               "counts >= 0, one per pipeline stage (or per model chunk)")
-        for f in ("odc", "grad_overlap", "grad_accum_fusion", "sequence_parallel", "fsdp"):
+        for f in ("odc", "grad_overlap", "grad_accum_fusion", "sequence_parallel", "fsdp",
+                  "tp_overlap"):
             if not isinstance(getattr(self, f), bool):
                 raise ConfigError(f"parallel config: {f}={getattr(self, f)!r} must be true or "
                                   "false")
@@ -208,6 +225,14 @@ class ParallelConfig:
                               "add --fsdp or --zero 3")
         if self.sequence_parallel and self.tp == 1:
             raise ConfigError("parallel config: sequence_parallel needs tp > 1 (got tp=1)")
+        if self.tp_overlap and not self.sequence_parallel:
+            raise ConfigError("parallel config: tp_overlap (TP communication overlapped with "
+                              "GEMMs) needs sequence_parallel, as Megatron-LM's "
+                              "--tp-comm-overlap does; add --sequence-parallel (and tp > 1)")
+        if self.offload_layers and self.pp > 1:
+            raise ConfigError(f"parallel config: offload_layers={self.offload_layers} with "
+                              f"pp={self.pp}: activation offload is modeled without pipeline "
+                              "parallelism only; use pp=1 or offload_layers=0")
         per_replica = self.micro_batch * self.dp
         if self.global_batch % per_replica:
             raise ConfigError(
