@@ -218,7 +218,8 @@ def _groups_rate(g: GpuSpec, ms: list[float], n: float, k: float, dtype: str,
     # tensor-core kernels need 16-byte aligned rows; others run slower paths (assumed 0.75)
     aligned = all((d * _eb(dtype)) % 16 == 0 for d in (n, k))
     rate = ceil_tf * f_k * util * (1.0 if aligned else 0.75) * eff  # <= published ceiling
-    src = (f"max achievable {dtype} matmul {ceil_tf:.1f} TFLOP/s ({ceil_src}"
+    what = "max achievable" if ceiling is None else "in-training"
+    src = (f"{what} {dtype} matmul {ceil_tf:.1f} TFLOP/s ({ceil_src}"
            f"{', K1-K6' if ceil_src in ('published', 'derived') else ''}) x k-depth {f_k:.2f} "
            f"(k_half {k_half:.0f}, {curves.source}) x tiles/waves {util:.2f} "
            f"({g.sm_count} SMs){'' if aligned else ' x unaligned 0.75 (assumed)'}"

@@ -43,7 +43,7 @@ __all__ = ["LinkConfig", "HardwareConfig", "hardware_names", "load_hardware",
 _DIR = Path(__file__).with_name("hardware")
 #: host link kinds -> nominal GB/s per GPU per direction (PCIe x16 per generation; Grace's
 #: NVLink-C2C: 900 GB/s bidirectional, collectors/costs/REFERENCES.md H1)
-HOST_LINKS = {"pcie4": 32.0, "pcie5": 64.0, "pcie6": 128.0, "c2c": 450.0}
+HOST_LINKS = {"pcie3": 16.0, "pcie4": 32.0, "pcie5": 64.0, "pcie6": 128.0, "c2c": 450.0}
 
 
 @dataclass(frozen=True)
@@ -97,7 +97,7 @@ class HardwareConfig:
     source: str = field(default="", compare=False)
     nvlink_domain: int = 0  # GPUs in one NVLink domain; 0: gpus_per_node
     gemm_max_fp4: float = 0.0  # 0: gemm_max_fp8 (else gemm_max)
-    host_link: str = "pcie4"  # "pcie4" | "pcie5" | "pcie6" | "c2c"
+    host_link: str = "pcie4"  # "pcie3" | "pcie4" | "pcie5" | "pcie6" | "c2c"
     host_link_gbps: float = 32.0  # nominal GB/s per GPU per direction
     host_link_efficiency: float = 0.78125  # achieved share of nominal: 25 of PCIe4's 32 GB/s
     host_memory_gbps: float = 100.0  # host DRAM GB/s one GPU's share of the CPU streams at
