@@ -94,6 +94,11 @@ def op_cmd(
                                                help="optimizer: parameters updated.")] = None,
     optimizer: Annotated[str, typer.Option(
         "--optimizer", help="optimizer: adam, adamw, sgd (momentum) or adafactor.")] = "adam",
+    training: Annotated[bool, typer.Option(
+        "--training", help="matmul / bmm / attention: price as inside a training step, as "
+        "`retime synth` does: the GPU's sustained training GEMM rate (the profile's "
+        "gemm_max) instead of the single-GPU maximum; fp8 / fp4 GEMMs also quantize their "
+        "[m, k] input; attention as flash attention's batched GEMMs.")] = False,
     json_out: JsonOpt = False,
 ) -> None:
     """Price one kernel from its shape: time (us), FLOPs, bytes, achieved TFLOP/s and GB/s,
@@ -124,8 +129,18 @@ def op_cmd(
         gpu = resolve_cluster(preset, cluster).gpu if (preset or cluster) else "h100-sxm"
     g = gpu_spec(gpu)
     kv = kind.value
+    if training and kv not in ("matmul", "bmm", "attention"):
+        raise ConfigError(f"retime cost op {kv} --training: --training prices matmul, bmm "
+                          "and attention only; drop it")
     if kv in ("matmul", "bmm"):
-        r = K.matmul(g, m, n, k, batch or 1, dtype)
+        if training:
+            r = K.matmul(g, m, n, k, batch or 1, dtype, ceiling=g.training_ceiling(dtype),
+                         quantize=dtype in K.QUANT_BYTES)
+        else:
+            r = K.matmul(g, m, n, k, batch or 1, dtype)
+    elif kv == "attention" and training:
+        r = K.flash_attention_gemms(g, batch, heads, seq, seq, head_dim, head_dim, causal,
+                                    backward, dtype, ceiling=g.training_ceiling(dtype))
     elif kv == "conv2d":
         r = K.conv2d(g, batch, in_channels, height, width, out_channels, kernel, stride,
                      padding, dtype)

@@ -204,6 +204,11 @@ def synth(
         help="Weight-gradient GEMMs accumulate into the fp32 main gradient (Megatron-LM's "
         "default); --no-grad-accum-fusion: autograd adds each micro-batch's 16-bit gradient "
         "into param.grad with a separate kernel (DeepSpeed's engine, plain PyTorch).")] = True,
+    offload_layers: Annotated[int, typer.Option(
+        "--offload-layers", min=0,
+        help="Offload the activations of the first N layers to host memory over the "
+        "hardware's host link (Megatron-Core cpu_offloading_num_layers; pp 1 only); "
+        "default 0.")] = 0,
     launch_blocking_us: Annotated[float, typer.Option(
         "--launch-blocking-us", min=0.0,
         help="CUDA_LAUNCH_BLOCKING=1: microseconds of host time between every two ops "
@@ -278,7 +283,7 @@ def synth(
         stage_layers=parse_stage_layers(stage_layers), stage_slack=stage_slack,
         p2p=p2p.value, odc=odc, seq_imbalance=seq_imbalance, grad_overlap=grad_overlap,
         grad_accum_fusion=grad_accum_fusion, launch_blocking_us=launch_blocking_us,
-        eager=eager, tp_comm_overlap=tp_comm_overlap,
+        eager=eager, tp_comm_overlap=tp_comm_overlap, offload_layers=offload_layers,
         nvlink_domain=nvlink_domain or 0,
         fp4_first_high=first_high, fp4_last_high=last_high,
         fp4_high_dtype=fp4_high_dtype.value, check_memory=check_memory)

@@ -95,3 +95,38 @@ def test_cost_op_matmul_is_what_the_replay_charges(capsys):
     # the CLI's JSON keeps 3 decimals (ns): equal to that precision
     assert cli["time_us"] == pytest.approx(K.matmul(g, m, n, k, 1, "bf16").time_us, abs=5e-4)
     assert cli["time_us"] == pytest.approx(replayed.time_us, abs=5e-4)
+
+
+@pytest.mark.parametrize("hw, dtype", [("h100-sxm", "fp8"), ("gb200", "fp8"),
+                                       ("gb200", "fp4"), ("gb300", "fp4"),
+                                       ("h100-sxm", "bf16")])
+def test_synth_gemms_and_flash_attention_are_what_cost_op_training_prints(hw, dtype, capsys):
+    """The synthesizer's linear-layer GEMMs (FP8 / FP4 with their block scales and input
+    quantization) and its flash-attention kernels are the cost layer's: `retime cost op
+    matmul|attention --training` prints exactly their durations (to the CLI's 1 ns)."""
+    from retime.collectors.synth import synthesize
+
+    t = synthesize("llama3-8b", hw, tp=1, pp=1, dp=1, global_batch=1, micro_batch=1,
+                   dtype=dtype, check_memory=False, fp4_first_high=0, fp4_last_high=0)
+    ops = t.ops.assign(name=t.names())
+    ops = ops[(ops["rank"] == 0) & (ops["layer"] == 5)]
+
+    def dur(name: str) -> float:
+        return float(ops[ops["name"] == name]["dur_ns"].iloc[0]) / 1e3
+
+    def cli(argv: list[str]) -> float:
+        assert run(["cost", "op", *argv, "--gpu", hw, "--training", "--json"]) == 0
+        return json.loads(capsys.readouterr().out.strip().splitlines()[-1])["time_us"]
+
+    # llama3-8b: hidden 4096, 32 heads of 128, 8 KV heads, sequence 8192
+    qkv = cli(["matmul", "--m", "8192", "--n", str(32 * 128 + 2 * 8 * 128), "--k", "4096",
+               "--dtype", dtype])
+    assert dur("attn.qkv.fwd") == pytest.approx(qkv, abs=1.5e-3)
+    for name, bwd in (("attn.flash.fwd", []), ("attn.flash.bwd", ["--backward"])):
+        fa = cli(["attention", "--batch", "1", "--heads", "32", "--seq", "8192",
+                  "--head-dim", "128", "--causal", "--dtype", "bf16", *bwd])
+        assert dur(name) == pytest.approx(fa, abs=1.5e-3), name
+    if dtype in ("fp8", "fp4"):
+        plain = K.matmul(gpu_spec(hw), 8192, 6144, 4096, 1, dtype,
+                         ceiling=gpu_spec(hw).training_ceiling(dtype))
+        assert qkv > plain.time_us  # the input's quantization is on top of the GEMM

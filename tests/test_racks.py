@@ -141,3 +141,31 @@ def test_a_traces_gpu_names_its_profile_and_host_link():
     assert match_hardware("NVIDIA B200").name == "b200"
     assert match_hardware("NVIDIA H100 80GB HBM3").host_bytes_per_ns == pytest.approx(51.2)
     assert match_hardware("a TPU") is None
+
+
+def test_gb300_gemm_fractions_scale_with_board_power():
+    """GB300 reuses GB200's measured GEMM fractions at 1400 W instead of 1200 W (H9): every
+    sustained fraction is GB200's x 1400/1200, capped at the peak; GB200 itself is unscaled,
+    and the cost layer's assumed ceiling for GB300 follows the same rule."""
+    gb200, gb300 = load_hardware("gb200"), load_hardware("gb300")
+    assert gb200.power_scale == 1.0
+    assert gb300.power_scale == pytest.approx(1400 / 1200)
+    for dt in ("bf16", "fp8", "fp4"):
+        want = min(1.0, gb200.gemm_max_of(dt) * 1400 / 1200)
+        assert gb300.gemm_max_of(dt) == pytest.approx(want), dt
+        assert gb300.gemm_max_of(dt) <= 1.0
+    ceil, src = gpu_spec("gb300").mamf("fp8")
+    assert (ceil, src) == (pytest.approx(5000 * 0.6 * 1400 / 1200), "assumed")
+    capped = dataclasses.replace(gb300, board_power_w=3000.0)
+    assert capped.gemm_max_of("fp4") == 1.0
+
+
+def test_power_without_a_board_limit_is_refused(tmp_path):
+    from pathlib import Path
+
+    src = Path(load_hardware("gb300").source).read_text()
+    bad = tmp_path / "bad.toml"
+    bad.write_text(src.replace("board_w = 1400.0", "board_w = 0.0"))
+    with pytest.raises(ConfigError, match="board_w"):
+        from retime.collectors.synth.hardware import read_hardware_file
+        read_hardware_file(bad)

@@ -47,14 +47,19 @@ def test_fp4_keeps_attention_head_and_first_last_layers_out_of_fp4():
     f8 = synthesize(TINY, "gb200", dtype="fp8", **RUN)
     bf = synthesize(TINY, "gb200", dtype="bf16", **RUN)
     mid, last = 2, TINY["layers"] - 1
-    # middle layers: FP4 linear GEMMs, faster than FP8
-    assert _dur(f4, "mlp.fc1.fwd", mid) < _dur(f8, "mlp.fc1.fwd", mid)
+    # middle layers: FP4 linear GEMMs, faster than FP8 but for NVFP4's per-call block-scale
+    # time, which on GEMMs this small makes FP4 no faster (as the published K5 sweep has it:
+    # 549 FP4 vs 1022 FP8 TFLOP/s at 1024 x 2145 x 1024)
+    from retime.collectors.costs.kernels import BLOCK_SCALE_US
+    scale_ns = BLOCK_SCALE_US["fp4"] * 1e3
+    assert _dur(f4, "mlp.fc1.fwd", mid) - scale_ns < _dur(f8, "mlp.fc1.fwd", mid)
     # first and last layer: BF16 (Megatron's --first-last-layers-bf16 default 1, 1)
     assert _dur(f4, "mlp.fc1.fwd", 0) == _dur(bf, "mlp.fc1.fwd", 0)
     assert _dur(f4, "mlp.fc1.fwd", last) == _dur(bf, "mlp.fc1.fwd", last)
     # the attention core stays BF16 in FP8 and FP4 runs alike
     assert _dur(f4, "attn.flash.fwd", mid) == _dur(f8, "attn.flash.fwd", mid)
-    assert f4.meta["synth"]["step_time_ns"] < f8.meta["synth"]["step_time_ns"]
+    # (the whole step: FP4 beats FP8 only with GEMMs large enough to pay its block-scale
+    # time; test_gpu_swap_what_if_keeps_the_runs_network_and_can_turn_on_fp4 checks it)
     allfp4 = synthesize(TINY, "gb200", dtype="fp4", fp4_first_high=0, fp4_last_high=0, **RUN)
     assert _dur(allfp4, "mlp.fc1.fwd", 0) == _dur(f4, "mlp.fc1.fwd", mid)
     kept8 = synthesize(TINY, "gb200", dtype="fp4", fp4_high_dtype="fp8", **RUN)
@@ -154,7 +159,10 @@ def test_offload_prices_the_host_link():
 def test_gpu_swap_what_if_keeps_the_runs_network_and_can_turn_on_fp4():
     """hardware.gpu=gb200 on an H100 run changes the GPU, not the node shape (8 per NVLink
     domain); parallel.dtype=fp4 then runs FP4 layers; FP4 on the H100 is refused."""
-    t = synthesize(TINY, "h100-sxm", dtype="fp8", **RUN)
+    # GEMMs large enough for FP4 to pay off (small ones pay its per-call block-scale time),
+    # and enough layers that the first and last (kept in BF16) do not dominate
+    big = {**TINY, "hidden": 8192, "ffn": 28672, "heads": 64, "seq": 8192, "layers": 12}
+    t = synthesize(big, "h100-sxm", dtype="fp8", **RUN)
     gb = whatif(t, {"hardware.gpu": "gb200"})
     f4 = whatif(t, {"hardware.gpu": "gb200", "parallel.dtype": "fp4"})
     assert f4.step_time_ns < gb.step_time_ns < t.meta["synth"]["step_time_ns"]

@@ -130,3 +130,16 @@ def test_ranking_bench_spearman_and_regret(tmp_path):
     errs = [abs(r["predicted_s"] / t - 1) for r, (_, _, t) in zip(res["rows"], rows,
                                                                     strict=True)]
     assert res["summary"]["mean_abs_error"] == pytest.approx(sum(errs) / 3)
+
+
+@pytest.mark.parametrize("keys,direct", [
+    ({"parallel.tp_comm_overlap": True}, dict(tp_comm_overlap=True)),
+    ({"parallel.offload_layers": 2}, dict(offload_layers=2)),
+])
+def test_tp_overlap_and_offload_keys_equal_direct_synthesis(keys, direct):
+    base = dict(tp=2, pp=1, dp=2, sequence_parallel=True, global_batch=4, micro_batch=1)
+    t = synthesize("gpt3-125m", "h100-sxm", **base)
+    assert all(k in vocabulary() for k in keys)
+    got = whatif(t, keys).step_time_ns
+    want = synthesize("gpt3-125m", "h100-sxm", **{**base, **direct}).meta["synth"]
+    assert got == want["step_time_ns"] != t.meta["synth"]["step_time_ns"]

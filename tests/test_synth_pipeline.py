@@ -294,3 +294,24 @@ def test_gradient_reduction_after_the_backward_by_default():
     assert (starts[1:] == ends[:-1]).all()
     opt = (r0["phase"] == 2).to_numpy() & (r0["lane"] % 7 == 0).to_numpy()
     assert r0["start_ns"].to_numpy()[opt].min() == ends[-1]
+
+
+def test_fsdp_backward_prefetch_gathers_before_the_reduce_scatter():
+    """ZeRO-3 / FSDP backward: the next layer's parameter all-gather is issued on the dp
+    stream before this layer's gradient reduce-scatter (which waits for this layer's
+    backward), so it runs beside this layer's backward instead of after it."""
+    from retime.collectors.synth import synthesize
+
+    t = synthesize("gpt3-125m", "a100-80gb", tp=1, pp=1, dp=16, global_batch=16,
+                   micro_batch=1, zero=3)
+    ops = t.ops.assign(name=t.names())
+    ops = ops[(ops["rank"] == 0) & (ops["microbatch"] == 0)]
+    ag = ops[ops["name"] == "zero3.allgather_params.bwd"].set_index("layer")["start_ns"]
+    rs = ops[ops["name"] == "zero3.reduce_scatter_grads"].set_index("layer")["start_ns"]
+    bwd = ops[(ops["phase"] == 1) & (ops["kind"] == 0)]  # backward compute kernels
+    end = bwd.assign(end=bwd["start_ns"] + bwd["dur_ns"]).groupby("layer")["end"].max()
+    pairs = [(lay, lay - 1) for lay in rs.index if lay - 1 in ag.index and lay >= 1]
+    assert len(pairs) >= 10
+    for lay, nxt in pairs:
+        assert ag[nxt] < rs[lay]  # issued first on the dp stream
+        assert ag[nxt] < end[lay]  # and starts while this layer's backward still runs

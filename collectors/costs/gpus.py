@@ -79,6 +79,14 @@ class GpuSpec:
             return frac * self.peak_tflops(dtype), "derived"
         return self.peak_tflops(dtype) * self.hw.gemm_max_of(dtype), "assumed"
 
+    def training_ceiling(self, dtype: str) -> tuple[float, str]:
+        """(TFLOP/s, source) a GEMM sustains inside a training step: the profile's
+        ``gemm_max`` fraction of the dtype's peak (with its ``[power]`` scaling), set with
+        the synthesizer's validation benches (:func:`collectors.synth.costs._ceiling` says
+        why it differs from :meth:`mamf`). ``retime cost op --training`` and the
+        synthesizer price with it."""
+        return self.peak_tflops(dtype) * self.hw.gemm_max_of(dtype), "fitted"
+
     def hbm_gbps(self) -> tuple[float, str]:
         """(achievable HBM bandwidth GB/s, source): published triad, else
         ``hbm_gbps * memory`` efficiency (assumed)."""

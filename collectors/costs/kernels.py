@@ -31,9 +31,9 @@ from .gpus import DTYPE_BYTES, GpuSpec
 from .tiles import TILES, tile_utilization
 
 __all__ = ["OpCost", "Curves", "DEFAULT_CURVES", "FITTED_CURVES", "matmul", "grouped_matmul",
-           "conv2d",
-           "implicit_gemm", "attention", "streaming", "memory_bound", "embedding", "optimizer_step", "tile_utilization", "TILES",
-           "OPTIMIZER_BYTES"]
+           "conv2d", "implicit_gemm", "attention", "flash_attention_gemms", "streaming",
+           "memory_bound", "embedding", "optimizer_step", "tile_utilization", "TILES",
+           "OPTIMIZER_BYTES", "LOWP_IN_BYTES", "QUANT_BYTES", "BLOCK_SCALE_US"]
 
 _K_HALF_REL = 0.25  # k_half is an assumed profile value
 _MEM_LATENCY_US = 0.6  # HBM load-to-use latency for the streaming size curve (assumed)
@@ -43,6 +43,18 @@ _ATTN_BWD = 0.8  # backward rate / forward rate (assumed)
 OPTIMIZER_BYTES = {"adam": 4 * 6, "adamw": 4 * 6, "sgd": 4 * 4, "adafactor": 4 * 3}
 _OPT_FLOPS = {"adam": 12.0, "adamw": 14.0, "sgd": 3.0, "adafactor": 10.0}
 _REL = {"published": 0.05, "derived": 0.08, "fitted": 0.10, "assumed": 0.25}
+#: HBM bytes per input element a block-scaled GEMM reads: FP8 one byte; NVFP4 4 bits plus
+#: one E4M3 scale per 16 elements (REFERENCES.md "Hardware profiles", assumed layout)
+LOWP_IN_BYTES = {"fp8": 1.0, "fp4": 0.5625}
+#: HBM bytes per element of a GEMM's activation input that its quantization moves in
+#: training: read it in 16 bits, write the quantized copies (FP8: one; NVFP4: the row- and
+#: column-wise copies the forward and the gradients read)
+QUANT_BYTES = {"fp8": 3.0, "fp4": 2.0 + 2 * 0.5625}
+#: per-call time (us) of an NVFP4 GEMM's block-scale handling, serial with its main loop:
+#: fitted on one row, K5's FP4 1024^3 (7.48 us published, 3.35 us modeled without it); the
+#: K5 rows 1024 x 2145 x 1024 and 2048^3 miss the model by the same 4.1-4.2 us while moving
+#: 2x and 4x its bytes, so the cost is per call, not per byte (REFERENCES.md K5)
+BLOCK_SCALE_US = {"fp4": 4.12}
 
 
 @dataclass(frozen=True)
@@ -206,7 +218,8 @@ def _groups_rate(g: GpuSpec, ms: list[float], n: float, k: float, dtype: str,
     # tensor-core kernels need 16-byte aligned rows; others run slower paths (assumed 0.75)
     aligned = all((d * _eb(dtype)) % 16 == 0 for d in (n, k))
     rate = ceil_tf * f_k * util * (1.0 if aligned else 0.75) * eff  # <= published ceiling
-    src = (f"max achievable {dtype} matmul {ceil_tf:.1f} TFLOP/s ({ceil_src}"
+    what = "max achievable" if ceiling is None else "in-training"
+    src = (f"{what} {dtype} matmul {ceil_tf:.1f} TFLOP/s ({ceil_src}"
            f"{', K1-K6' if ceil_src in ('published', 'derived') else ''}) x k-depth {f_k:.2f} "
            f"(k_half {k_half:.0f}, {curves.source}) x tiles/waves {util:.2f} "
            f"({g.sm_count} SMs){'' if aligned else ' x unaligned 0.75 (assumed)'}"
@@ -214,40 +227,73 @@ def _groups_rate(g: GpuSpec, ms: list[float], n: float, k: float, dtype: str,
     return rate, src, math.hypot(_REL[ceil_src], _K_HALF_REL * (1 - f_k), 0.08)
 
 
+def _serial(c: OpCost, g: GpuSpec, dtype: str, act_elems: float, quantize: bool,
+            curves: Curves) -> OpCost:
+    """``c`` plus the serial work of a block-scaled GEMM: NVFP4's per-call block-scale
+    handling (:data:`BLOCK_SCALE_US`) and, in training (``quantize``), the quantization of
+    its activation input (``act_elems`` elements, :data:`QUANT_BYTES`, at the HBM rate)."""
+    parts = [("main", c.time_us)]
+    scale = BLOCK_SCALE_US.get(dtype, 0.0)
+    if scale:
+        parts.append(("block_scale", scale))
+    if quantize and dtype in QUANT_BYTES:
+        bw = g.hbm_gbps()[0] * curves.mem_eff
+        parts.append(("quantize", QUANT_BYTES[dtype] * act_elems / (bw * 1e3)))
+    if len(parts) == 1:
+        return c
+    extra = sum(us for _, us in parts[1:])
+    t = c.time_us + extra
+    lo, hi = c.range_us
+    src = c.efficiency_source + "".join(
+        f" + {role} {us:.2f} us" + (" (fitted, K5 1024^3)" if role == "block_scale" else
+                                    " (bytes at the HBM rate)") for role, us in parts[1:])
+    return OpCost(c.kind, c.gpu, t, (lo + extra, hi + extra), c.flops, c.bytes,
+                  c.flops / (t * 1e6), c.bytes / (t * 1e3), c.bound, c.efficiency, src,
+                  tuple(parts))
+
+
 def matmul(g: GpuSpec, m: int, n: int, k: int, batch: int = 1,
            dtype: str = "bf16", curves: Curves = DEFAULT_CURVES,
-           ceiling: tuple[float, str] | None = None) -> OpCost:
+           ceiling: tuple[float, str] | None = None, quantize: bool = False) -> OpCost:
     """A (batched) GEMM ``[batch, m, k] x [batch, k, n]`` in ``dtype`` (output in 16-bit
     for fp8/fp4 inputs, else the input dtype). ``ceiling`` = (TFLOP/s, source) replaces
-    the GPU's published matmul ceiling (the synthesizer's sustained-in-training rate)."""
+    the GPU's published matmul ceiling (the synthesizer's sustained-in-training rate).
+    FP8 / FP4 inputs are block-scaled (:data:`LOWP_IN_BYTES`); NVFP4 adds its per-call
+    block-scale time; ``quantize`` (training) adds the quantization of the ``[m, k]``
+    activation input (:func:`_serial`)."""
     _positive(m=m, n=n, k=k, batch=batch)
     eb = _eb(dtype)
+    ib = LOWP_IN_BYTES.get(dtype, eb)
     flops = 2.0 * m * n * k * batch
     out_eb = 2 if eb < 2 else eb
-    nbytes = batch * (eb * (m * k + k * n) + out_eb * m * n)
+    nbytes = batch * (ib * (m * k + k * n) + out_eb * m * n)
     rate, src, rel = _gemm_rate(g, m, n, k, batch, dtype, curves, curves.gemm_eff, ceiling)
-    return _finish("matmul" if batch == 1 else "bmm", g, flops, nbytes, flops / (rate * 1e6),
-                   src, rate / g.peak_tflops(dtype), rel, curves)
+    c = _finish("matmul" if batch == 1 else "bmm", g, flops, nbytes, flops / (rate * 1e6),
+                src, rate / g.peak_tflops(dtype), rel, curves)
+    return _serial(c, g, dtype, float(batch) * m * k, quantize, curves)
 
 
 def grouped_matmul(g: GpuSpec, ms: list[int], n: int, k: int, dtype: str = "bf16",
                    curves: Curves = DEFAULT_CURVES,
-                   ceiling: tuple[float, str] | None = None) -> OpCost:
+                   ceiling: tuple[float, str] | None = None, quantize: bool = False
+                   ) -> OpCost:
     """One grouped GEMM launch (mixture-of-experts): group ``i`` is ``[m_i, k] x [k, n]``
     with its own weight; the tiles of all groups share the waves over the SMs, so a group
     of few tokens wastes its partial tiles and a hot expert's extra tiles lengthen it."""
     _positive(n=n, k=k)
     eb = _eb(dtype)
+    ib = LOWP_IN_BYTES.get(dtype, eb)
     M = float(sum(ms))
     out_eb = 2 if eb < 2 else eb
-    nbytes = eb * (M * k + len(ms) * k * n) + out_eb * M * n
+    nbytes = ib * (M * k + len(ms) * k * n) + out_eb * M * n
     flops = 2.0 * M * n * k
     if M <= 0:
         return _finish("grouped_matmul", g, 0.0, nbytes, 0.0, "", 0.0, 0.0, curves)
     rate, src, rel = _groups_rate(g, [float(m) for m in ms], n, k, dtype, curves,
                                   curves.gemm_eff, ceiling)
-    return _finish("grouped_matmul", g, flops, nbytes, flops / (rate * 1e6), src,
-                   rate / g.peak_tflops(dtype), rel, curves)
+    c = _finish("grouped_matmul", g, flops, nbytes, flops / (rate * 1e6), src,
+                rate / g.peak_tflops(dtype), rel, curves)
+    return _serial(c, g, dtype, M * k, quantize, curves)
 
 
 def conv2d(g: GpuSpec, batch: int, in_ch: int, height: int, width: int, out_ch: int,
@@ -322,6 +368,38 @@ def attention(g: GpuSpec, batch: int, heads: int, seq: int, head_dim: int,
     rel = math.hypot(0.05 if g.flash_attn_tflops else 0.25, 0.15)
     return _finish("attention", g, flops, nbytes, flops / (rate * 1e6), src,
                    rate / g.peak_tflops(dtype), rel)
+
+
+def flash_attention_gemms(g: GpuSpec, batch: int, heads: int, seq_q: int, seq_k: int,
+                          qk_dim: int, v_dim: int | None = None, causal: bool = True,
+                          backward: bool = False, dtype: str = "bf16",
+                          ceiling: tuple[float, str] | None = None) -> OpCost:
+    """A fused flash-attention kernel priced as its GEMMs, the synthesizer's model: per
+    (sample, head) ``n_qk`` GEMMs ``[seq_q, seq_k]`` deep ``qk_dim`` and ``n_v`` deep
+    ``v_dim`` (forward 1 + 1; backward 3 + 2: recomputed scores, dP, dV, dQ, dK) batched
+    into one launch each, at ``ceiling`` (the synthesizer's sustained rate); a causal mask
+    halves time and FLOPs (bytes stay). :func:`attention` is the other model (the GPU's
+    published FlashAttention-2 rate), for kernels of measured traces."""
+    vd = qk_dim if v_dim is None else v_dim
+    _positive(batch=batch, heads=heads, seq_q=seq_q, seq_k=seq_k, qk_dim=qk_dim, v_dim=vd)
+    n_qk, n_v = (3, 2) if backward else (1, 1)
+    if qk_dim == vd:
+        cs = [matmul(g, seq_q, seq_k, qk_dim, batch * heads * (n_qk + n_v), dtype,
+                     ceiling=ceiling)]
+    else:
+        cs = [matmul(g, seq_q, seq_k, qk_dim, batch * heads * n_qk, dtype, ceiling=ceiling),
+              matmul(g, seq_q, seq_k, vd, batch * heads * n_v, dtype, ceiling=ceiling)]
+    f = 0.5 if causal else 1.0
+    t = sum(c.time_us for c in cs) * f
+    flops = sum(c.flops for c in cs) * f
+    nbytes = sum(c.bytes for c in cs)
+    lo = sum(c.range_us[0] for c in cs) * f
+    hi = sum(c.range_us[1] for c in cs) * f
+    c0 = cs[0]
+    return OpCost("flash_attention", g.name, t, (lo, hi), flops, nbytes, flops / (t * 1e6),
+                  nbytes / (t * 1e3), c0.bound, c0.efficiency,
+                  f"{n_qk} + {n_v} batched GEMMs{' x causal 0.5' if causal else ''}: "
+                  + c0.efficiency_source)
 
 
 def streaming(g: GpuSpec, elements: int, dtype: str = "bf16", reads: int = 1,

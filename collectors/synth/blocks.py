@@ -184,6 +184,11 @@ def make_block(tpl, parallel, comm, vst: VStage, phase: int, recv_ns: int, send_
         if vst.first and tpl.embed is not None:
             pieces.append((tpl.embed, -1))
     prev_first = -1
+    # a layer's gradient reduce-scatters, issued on the dp lane only after the next layer's
+    # parameter gathers: the backward prefetch (FSDP BACKWARD_PRE, Megatron-FSDP) issues the
+    # next all-gather before the current reduce-scatter, so the gather overlaps this layer's
+    # backward instead of queueing behind a reduction that waits for it to finish
+    pending: list[tuple] = []
     for lt, layer in pieces:
         if phase == 0:
             seqs = [lt.fwd]
@@ -203,6 +208,9 @@ def make_block(tpl, parallel, comm, vst: VStage, phase: int, recv_ns: int, send_
         base = prev
         gathers = (_gathers(blk, lt, tpl, parallel, comm, prev_first, layer, tphase,
                             backward) if zero3 and phase in (0, 1, 3) else [])
+        for args in pending:
+            _scatters(blk, *args)
+        pending = []
         first, last = blk.add_seq(ops, layer, tphase, base)
         for g in gathers:
             blk.edges.append((g, first))
@@ -214,7 +222,9 @@ def make_block(tpl, parallel, comm, vst: VStage, phase: int, recv_ns: int, send_
         if grads_here and (lt.params or lt.expert_params):
             blk.grad_ops.append((last, lt.params, lt.expert_params))
             if zero3:
-                _scatters(blk, lt, tpl, parallel, comm, last, layer, tphase)
+                pending.append((lt, tpl, parallel, comm, last, layer, tphase))
+    for args in pending:
+        _scatters(blk, *args)
     # the op whose output leaves the stage: last op that is not on the dp lane
     lanes = blk.cols["lane"]
     ex = prev

@@ -8,9 +8,9 @@ the HBM roofline if that is slower, plus ``kernel_overhead_us``; the ceiling is 
 profile's sustained training rate (:func:`_ceiling`). Grouped expert GEMMs share the waves
 of one launch. Streaming (elementwise) kernels move their bytes at the HBM rate with the
 cost layer's size curve (a small kernel cannot keep enough bytes in flight), floored by the
-launch/tail. FP8 / FP4 GEMMs keep the synthesizer's own roofline (below): the cost layer has
-no block scales and doubles FP8's ``k_half``, while the published FP8 / NVFP4 runs
-(bench/synth_racks.py) were checked with the profile's ``gemm_k_half``.
+launch/tail. FP8 / FP4 GEMMs are the cost layer's too (block-scaled inputs, NVFP4's per-call
+block-scale time, and the quantization of the activation input: ``quantize``), so ``retime
+cost op matmul --dtype fp8 --training`` prints what the synthesizer charges.
 
 Communication: the cost layer's NCCL model (:mod:`retime.collectors.costs.nccl`, the one
 ``retime cost collective`` prints), on the cluster this hardware profile describes
@@ -26,7 +26,8 @@ trays of one rack is one NVLink-domain group for the NCCL model.
 FP8 / FP4 GEMMs read block-scaled inputs (FP8: 1 byte per element; NVFP4: 4 bits plus one
 E4M3 scale per 16 elements, 0.5625 bytes) and pay the quantization of their activation input:
 one HBM pass reading it in 16 bits and writing the quantized copies (FP8: one; FP4: the row-
-and column-wise copies the forward and the gradients use).
+and column-wise copies the forward and the gradients use):
+:data:`~retime.collectors.costs.kernels.QUANT_BYTES`.
 
 All-to-all (mixture-of-experts dispatch and combine) and on-demand point-to-point transfers
 (ODC): each member's traffic split by destination, on-node peers over the intra-node fabric
@@ -41,7 +42,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..costs.tiles import tile_utilization  # one GEMM tile formula (cost layer)
 from ..enums import CommOp
 from .hardware import HardwareConfig, LinkConfig, job_domain
 from .parallel import ParallelConfig
@@ -63,73 +63,7 @@ class KernelCost:
     bytes: int
 
 
-def _tile_utilization(hw: HardwareConfig, ms: list[float], n: float) -> float:
-    """Best tile shape's utilization over ``hw.sm_count`` SMs (the cost layer's formula,
-    :func:`retime.collectors.costs.tiles.tile_utilization`, waves only)."""
-    return tile_utilization(hw.sm_count, ms, n)
-
-
-def _gemm_efficiency(hw: HardwareConfig, m: float, n: float, k: float, batch: int = 1,
-                     dtype: str = "bf16") -> float:
-    """Fraction of peak reached by a GEMM: ``gemm_max`` (``gemm_max_fp8`` for FP8) x the
-    reduction-depth factor ``k / (k + gemm_k_half)`` (prologue/epilogue of each tile) x the
-    best tile's utilization (partial edge tiles and the last, partly filled wave of tiles
-    over ``sm_count`` SMs)."""
-    kh = _k_half(hw, dtype)
-    return hw.gemm_max_of(dtype) * k / (k + kh) * _tile_utilization(hw, [m] * batch, n)
-
-
-def _k_half(hw: HardwareConfig, dtype: str) -> float:
-    """Reduction depth at which a tile reaches half its rate. FP4 follows the cost layer's
-    rule (``collectors/costs/kernels.py``: ``k_half`` is given for 16-bit inputs and in
-    elements grows as 2 / bytes per element, 4x for 4-bit inputs: a tile's prologue and
-    epilogue take as long while each k-step moves 4x the elements); FP8 and 16-bit GEMMs keep
-    the profile's ``gemm_k_half``, which the published FP8 / BF16 runs were checked with."""
-    return hw.gemm_k_half * (4.0 if dtype == "fp4" else 1.0)
-
-
-#: bytes per input element a GEMM reads, per dtype (block scales included)
-_IN_BYTES = {"fp8": 1.0, "fp4": 0.5625}
-#: HBM bytes per input element of the quantization pass (read 16-bit, write quantized copies)
-_QUANT_BYTES = {"fp8": 3.0, "fp4": 2.0 + 2 * 0.5625}
-
-
-def _gemm_lowp(hw: HardwareConfig, dtype: str, m: int, n: int, k: int, batch: int = 1,
-               elem_bytes: int | None = None) -> KernelCost:
-    """A (batched) GEMM ``[m, k] x [k, n]``: roofline with size-dependent efficiency.
-    FP8 GEMMs read 1-byte inputs and also pay the quantization of their activation input
-    (one HBM pass over it, fused into the kernel)."""
-    eb = _IN_BYTES.get(dtype, 2) if elem_bytes is None else elem_bytes
-    flops = 2.0 * m * n * k * batch
-    nbytes = int(batch * (eb * (m * k + k * n) + 2 * m * n))
-    t_compute = flops / (hw.peak_flops(dtype) * _gemm_efficiency(hw, m, n, k, batch, dtype))
-    bw = hw.hbm_gbps * hw.memory_efficiency  # GB/s == bytes/ns
-    t_memory = nbytes / bw
-    quant = _QUANT_BYTES.get(dtype, 0.0) * batch * m * k / bw
-    dur = max(t_compute * 1e9, t_memory) + quant + hw.kernel_overhead_us * 1e3
-    return KernelCost(int(round(dur)), flops, nbytes)
-
-
-def _grouped_lowp(hw: HardwareConfig, dtype: str, ms: list[int], n: int, k: int
-                  ) -> KernelCost:
-    """One grouped GEMM launch over experts: group ``i`` is ``[m_i, k] x [k, n]`` (its own
-    weight). Tiles of all groups share the waves over the SMs, so a group of few tokens
-    wastes its partial tiles and a hot expert's extra tiles lengthen the kernel."""
-    eb = _IN_BYTES.get(dtype, 2)
-    M = float(sum(ms))
-    flops = 2.0 * M * n * k
-    nbytes = int(eb * (M * k + len(ms) * k * n) + 2 * M * n)
-    if M <= 0:
-        return KernelCost(int(hw.kernel_overhead_us * 1e3), 0.0, nbytes)
-    eff = hw.gemm_max_of(dtype) * k / (k + _k_half(hw, dtype)) * _tile_utilization(hw, ms, n)
-    bw = hw.hbm_gbps * hw.memory_efficiency
-    quant = _QUANT_BYTES.get(dtype, 0.0) * M * k / bw
-    dur = max(flops / (hw.peak_flops(dtype) * eff) * 1e9, nbytes / bw) + quant \
-        + hw.kernel_overhead_us * 1e3
-    return KernelCost(int(round(dur)), flops, nbytes)
-
-
-#: dtypes whose GEMMs the synthesizer prices itself (block-scaled inputs; see the module doc)
+#: dtypes whose GEMMs quantize their activation input in training (block-scaled inputs)
 _LOWP = ("fp8", "fp4")
 _SPECS: dict[int, tuple] = {}
 
@@ -160,31 +94,28 @@ def _ceiling(hw: HardwareConfig, dtype: str) -> tuple[float, str]:
     return hw.peak_flops(dtype) / 1e12 * hw.gemm_max_of(dtype), "fitted"
 
 
-def gemm(hw: HardwareConfig, dtype: str, m: int, n: int, k: int, batch: int = 1,
-         elem_bytes: int | None = None) -> KernelCost:
-    """A (batched) GEMM ``[m, k] x [k, n]``: 16-bit (and wider) inputs priced by the cost
-    layer's :func:`~retime.collectors.costs.kernels.matmul` at the synthesizer's ceiling
-    (:func:`_ceiling`); FP8 / FP4 by the synthesizer's block-scaled roofline, which also
-    pays the quantization of the activation input (one HBM pass, fused into the kernel)."""
-    if dtype in _LOWP:
-        return _gemm_lowp(hw, dtype, m, n, k, batch, elem_bytes)
+def gemm(hw: HardwareConfig, dtype: str, m: int, n: int, k: int, batch: int = 1
+         ) -> KernelCost:
+    """A (batched) GEMM ``[m, k] x [k, n]`` priced by the cost layer's
+    :func:`~retime.collectors.costs.kernels.matmul` at the synthesizer's ceiling
+    (:func:`_ceiling`); FP8 / FP4 GEMMs read block-scaled inputs and pay the quantization of
+    their activation input (``quantize``: what ``retime cost op matmul --training``
+    prints)."""
     from ..costs.kernels import matmul
     c = matmul(_spec(hw), max(1, int(m)), max(1, int(n)), max(1, int(k)), batch, dtype,
-               ceiling=_ceiling(hw, dtype))
+               ceiling=_ceiling(hw, dtype), quantize=dtype in _LOWP)
     return KernelCost(int(round(c.time_us * 1e3)), c.flops, int(c.bytes))
 
 
 def grouped_gemm(hw: HardwareConfig, dtype: str, ms: list[int], n: int, k: int) -> KernelCost:
     """One grouped GEMM launch over experts: group ``i`` is ``[m_i, k] x [k, n]`` (its own
     weight); tiles of all groups share the waves over the SMs, so a group of few tokens
-    wastes its partial tiles and a hot expert's extra tiles lengthen the kernel. 16-bit:
-    the cost layer's :func:`~retime.collectors.costs.kernels.grouped_matmul`; FP8 / FP4:
-    the synthesizer's block-scaled roofline."""
-    if dtype in _LOWP:
-        return _grouped_lowp(hw, dtype, ms, n, k)
+    wastes its partial tiles and a hot expert's extra tiles lengthen the kernel: the cost
+    layer's :func:`~retime.collectors.costs.kernels.grouped_matmul` (FP8 / FP4 with the
+    quantization of the tokens' input)."""
     from ..costs.kernels import grouped_matmul
     c = grouped_matmul(_spec(hw), [int(m) for m in ms], max(1, int(n)), max(1, int(k)),
-                       dtype, ceiling=_ceiling(hw, dtype))
+                       dtype, ceiling=_ceiling(hw, dtype), quantize=dtype in _LOWP)
     return KernelCost(int(round(c.time_us * 1e3)), c.flops, int(c.bytes))
 
 

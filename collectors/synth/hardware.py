@@ -43,7 +43,7 @@ __all__ = ["LinkConfig", "HardwareConfig", "hardware_names", "load_hardware",
 _DIR = Path(__file__).with_name("hardware")
 #: host link kinds -> nominal GB/s per GPU per direction (PCIe x16 per generation; Grace's
 #: NVLink-C2C: 900 GB/s bidirectional, collectors/costs/REFERENCES.md H1)
-HOST_LINKS = {"pcie4": 32.0, "pcie5": 64.0, "pcie6": 128.0, "c2c": 450.0}
+HOST_LINKS = {"pcie3": 16.0, "pcie4": 32.0, "pcie5": 64.0, "pcie6": 128.0, "c2c": 450.0}
 
 
 @dataclass(frozen=True)
@@ -97,10 +97,12 @@ class HardwareConfig:
     source: str = field(default="", compare=False)
     nvlink_domain: int = 0  # GPUs in one NVLink domain; 0: gpus_per_node
     gemm_max_fp4: float = 0.0  # 0: gemm_max_fp8 (else gemm_max)
-    host_link: str = "pcie4"  # "pcie4" | "pcie5" | "pcie6" | "c2c"
+    host_link: str = "pcie4"  # "pcie3" | "pcie4" | "pcie5" | "pcie6" | "c2c"
     host_link_gbps: float = 32.0  # nominal GB/s per GPU per direction
     host_link_efficiency: float = 0.78125  # achieved share of nominal: 25 of PCIe4's 32 GB/s
     host_memory_gbps: float = 100.0  # host DRAM GB/s one GPU's share of the CPU streams at
+    board_power_w: float = 0.0  # the GPU's board power limit (W); 0: not stated
+    gemm_ref_power_w: float = 0.0  # board power the [efficiency] GEMM fractions hold at
 
     def __post_init__(self) -> None:
         if self.gpus_per_node <= 0:
@@ -116,6 +118,11 @@ class HardwareConfig:
             raise ConfigError(f"hardware {self.name!r}: nvlink_domain={d} must be a multiple "
                               f"of gpus_per_node={self.gpus_per_node} (a domain is whole "
                               "nodes or trays)")
+        if self.board_power_w < 0 or self.gemm_ref_power_w < 0 or (
+                self.gemm_ref_power_w > 0 and not self.board_power_w > 0):
+            raise ConfigError(f"hardware {self.name!r}: [power] board_w={self.board_power_w} "
+                              f"and gemm_fractions_at_w={self.gemm_ref_power_w} must be >= 0 "
+                              "(board_w > 0 when gemm_fractions_at_w is given)")
         if not self.host_link_gbps > 0 or not 0 < self.host_link_efficiency <= 1 \
                 or not self.host_memory_gbps > 0:
             raise ConfigError(f"hardware {self.name!r}: [host_link] gbps="
@@ -134,13 +141,28 @@ class HardwareConfig:
         nominal rate x its efficiency, capped by the GPU's share of host memory bandwidth."""
         return min(self.host_link_gbps * self.host_link_efficiency, self.host_memory_gbps)
 
+    @property
+    def power_scale(self) -> float:
+        """Sustained-GEMM headroom of this part over the one its ``[efficiency]`` GEMM
+        fractions were measured on: ``board_w / gemm_fractions_at_w`` (``[power]``), 1 when
+        either is not stated. Dense GEMMs run power-capped (GB200 sustains 58% of its FP8
+        peak, collectors/costs/REFERENCES.md K5): the clock they hold, and so their rate,
+        rises with the board's power limit; taken linear in power (the limit at a fixed
+        voltage, an upper bound; REFERENCES.md H9)."""
+        if self.board_power_w > 0 and self.gemm_ref_power_w > 0:
+            return self.board_power_w / self.gemm_ref_power_w
+        return 1.0
+
     def gemm_max_of(self, dtype: str) -> float:
-        """Fraction of the dtype's peak that large GEMM tiles sustain."""
+        """Fraction of the dtype's peak that large GEMM tiles sustain (the profile's
+        fraction x :attr:`power_scale`, never above the peak)."""
         if dtype == "fp4" and self.gemm_max_fp4 > 0:
-            return self.gemm_max_fp4
-        if dtype in ("fp8", "fp4") and self.gemm_max_fp8 > 0:
-            return self.gemm_max_fp8
-        return self.gemm_max
+            f = self.gemm_max_fp4
+        elif dtype in ("fp8", "fp4") and self.gemm_max_fp8 > 0:
+            f = self.gemm_max_fp8
+        else:
+            f = self.gemm_max
+        return min(1.0, f * self.power_scale)
 
     @property
     def memory_bytes(self) -> int:
@@ -162,7 +184,8 @@ class HardwareConfig:
                                            "nics", "nic_gbps", "dc_km", "nodes_per_dc",
                                            "gemm_max_fp8", "nvlink_domain", "gemm_max_fp4",
                                            "host_link", "host_link_gbps",
-                                           "host_link_efficiency", "host_memory_gbps")}
+                                           "host_link_efficiency", "host_memory_gbps",
+                                           "board_power_w", "gemm_ref_power_w")}
         for k in ("intra", "inter", "cross_dc"):
             link = getattr(self, k)
             d[k] = None if link is None else dict(link.__dict__)
@@ -206,6 +229,7 @@ def _parse(data: dict[str, Any], where: str) -> HardwareConfig:
                                base_us=inter.base_us)
         peaks = {str(k): float(v) for k, v in _need(data, "peak_tflops", where).items()}
         host_t = data.get("host_link", {})
+        power_t = data.get("power", {})
         host_kind = str(host_t.get("kind", "pcie4")).lower()
         if host_kind not in HOST_LINKS:
             raise ConfigError(f"{where}: [host_link] kind={host_kind!r} is not one of "
@@ -234,6 +258,8 @@ def _parse(data: dict[str, Any], where: str) -> HardwareConfig:
             host_link_gbps=float(host_t.get("gbps", HOST_LINKS[host_kind])),
             host_link_efficiency=float(host_t.get("efficiency", 0.78125)),
             host_memory_gbps=float(host_t.get("memory_gbps", 100.0)),
+            board_power_w=float(power_t.get("board_w", 0.0)),
+            gemm_ref_power_w=float(power_t.get("gemm_fractions_at_w", 0.0)),
         )
     except (TypeError, ValueError, AttributeError) as exc:
         raise ConfigError(f"{where}: bad hardware profile value ({exc})") from exc

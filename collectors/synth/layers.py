@@ -104,19 +104,16 @@ class _Ctx:
 
 def _flash(x: _Ctx, n_qk: int, n_v: int) -> KernelCost:
     """A causal flash-attention kernel of ``n_qk`` GEMMs with the query/key width and
-    ``n_v`` with the value width (forward 1 + 1, backward 3 + 2): causal masking halves
-    the work."""
+    ``n_v`` with the value width (forward 1 + 1, backward 3 + 2): the cost layer's
+    :func:`~retime.collectors.costs.kernels.flash_attention_gemms` at the synthesizer's
+    ceiling (``retime cost op attention --training`` prints the same)."""
+    from ..costs.kernels import flash_attention_gemms
+    from .costs import _ceiling, _spec
     m = x.m
-    heads = m.heads // x.t
-    qk, vd = m.qk_head_dim, m.v_head_dim
-    if qk == vd:
-        c = x.ga(x.s, x.S, qk, batch=x.b * heads * (n_qk + n_v))
-        dur, fl, by = c.dur_ns, c.flops, c.bytes
-    else:
-        a = x.ga(x.s, x.S, qk, batch=x.b * heads * n_qk)
-        b = x.ga(x.s, x.S, vd, batch=x.b * heads * n_v)
-        dur, fl, by = a.dur_ns + b.dur_ns, a.flops + b.flops, a.bytes + b.bytes
-    return KernelCost(int(dur * 0.5), fl * 0.5, by)
+    c = flash_attention_gemms(_spec(x.hw), x.b, m.heads // x.t, x.s, x.S, m.qk_head_dim,
+                              m.v_head_dim, causal=True, backward=(n_qk, n_v) == (3, 2),
+                              dtype=x.adtype, ceiling=_ceiling(x.hw, x.adtype))
+    return KernelCost(int(round(c.time_us * 1e3)), c.flops, int(c.bytes))
 
 
 def _attention_fwd(x: _Ctx, prefix: str = "") -> list[OpTemplate]:
@@ -565,6 +562,9 @@ def model_template(model: ModelConfig, hw: HardwareConfig, parallel: ParallelCon
         kinds[dt] = (dense, moe)
     layers = tuple(kinds[parallel.linear_dtype(i, L)][1 if model.is_moe_layer(i) else 0]
                    for i in range(L))
+    if parallel.offload_layers:
+        from .offload import offload_model_layers
+        layers = offload_model_layers(model, hw, parallel, layers)
     if parallel.dtype == "fp4":
         x.dtype = "bf16"  # the output head (and MTP modules) stay out of FP4
     # pipeline messages use Megatron's scatter/gather optimization: each TP rank sends 1/t

@@ -24,6 +24,8 @@ FP4 layers keep them in NVFP4 (4 bits + one E4M3 scale per 16 elements: 0.5625 b
 hold the quantized copies of their weights (row- and column-wise, 2 x 0.5625 bytes per
 parameter) beside the 16-bit weights for the whole step (Transformer Engine caches them
 across micro-batches).
+Activation offload (``offload_layers``): those layers keep nothing on the GPU between their
+forward and backward; two layers' worth of staging buffers stay (:mod:`collectors.synth.offload`).
 With latent attention, ``selective`` recompute is DeepSeek-V3's: the norms and the MLA
 up-projections are recomputed in the backward, so their outputs (norm outputs, per-head Q,
 K, V) are not kept.
@@ -169,6 +171,9 @@ def memory_per_stage(model: ModelConfig, parallel: ParallelConfig,
             fixed += full_layer  # the layer being recomputed holds its full activations
         holds_last = any(layout.rank_of[vs] == stage and vst.last
                          for vs, vst in enumerate(layout.vstages))
+        if P.offload_layers:  # staging buffers: one layer leaving, one arriving
+            fixed += 2 * max(layer_activation_bytes(model, P, layer=i)
+                             for i in range(P.offload_layers))
         if holds_last:  # fp32 logits of one micro-batch for the loss
             fixed += 4 * s * b * padded_vocab / P.tp
         buffers = reserve_bytes + dispatch
@@ -204,7 +209,9 @@ def chunk_activation_bytes(model: ModelConfig, parallel: ParallelConfig, layout)
     backward: its layers' (:func:`layer_activation_bytes`) plus, on the first one, the
     embedding output (and its dropout mask)."""
     P = parallel
-    per_layer = [layer_activation_bytes(model, P, layer=i) for i in range(model.layers)]
+    # offloaded layers (``offload_layers``) keep nothing on the GPU until their backward
+    per_layer = [0 if i < P.offload_layers else layer_activation_bytes(model, P, layer=i)
+                 for i in range(model.layers)]
     s = model.seq // P.cp
     emb = P.micro_batch * s * model.hidden * (3 if model.dropout else 2) / (
         P.tp if P.sequence_parallel else 1)

@@ -90,6 +90,14 @@ class ParallelConfig:
     adding the 16-bit gradient into the fp32 ``main_grad``: 10 bytes) is not this flag.
     Source: REFERENCES.md R2, R5.
 
+    ``offload_layers``: activation offload (Megatron-Core's ``cpu_offloading_num_layers``,
+    Transformer Engine's CPU offload): the first ``offload_layers`` transformer layers copy
+    the activations they keep for the backward to host memory over the hardware's host link
+    (``[host_link]``: PCIe or NVLink-C2C) while the next layer's forward runs, and read them
+    back while the following layer's backward runs (:mod:`collectors.synth.offload`); GPU
+    memory keeps two layers' worth of staging buffers instead. Default 0 (Megatron-Core's).
+    Modeled with ``pp = 1`` only.
+
     ``launch_blocking_us``: ``0`` is CUDA's default, kernels queued ahead of the GPU. ``> 0``
     models ``CUDA_LAUNCH_BLOCKING=1`` (BigScience ran BLOOM with it against hangs on Jean
     Zay, REFERENCES.md R3): every launch returns only when its kernel or collective has
@@ -146,6 +154,7 @@ class ParallelConfig:
     fp4_first_high: int = 1
     fp4_last_high: int = 1
     fp4_high_dtype: str = "bf16"
+    offload_layers: int = 0
 
     def __post_init__(self) -> None:
         for f in ("tp", "pp", "dp", "cp", "chunks", "global_batch", "micro_batch", "ep"):
@@ -161,7 +170,7 @@ class ParallelConfig:
         if self.dtype not in DTYPES:
             raise ConfigError(f"parallel config: dtype={self.dtype!r}; use one of "
                               f"{', '.join(DTYPES)}")
-        for f in ("nvlink_domain", "fp4_first_high", "fp4_last_high"):
+        for f in ("nvlink_domain", "fp4_first_high", "fp4_last_high", "offload_layers"):
             v = getattr(self, f)
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
                 raise ConfigError(f"parallel config: {f}={v!r} must be an integer >= 0")
@@ -226,6 +235,10 @@ class ParallelConfig:
                               "--sequence-parallel (and tp > 1)")
         if self.sequence_parallel and self.tp == 1:
             raise ConfigError("parallel config: sequence_parallel needs tp > 1 (got tp=1)")
+        if self.offload_layers and self.pp > 1:
+            raise ConfigError(f"parallel config: offload_layers={self.offload_layers} with "
+                              f"pp={self.pp}: activation offload is modeled without pipeline "
+                              "parallelism only; use pp=1 or offload_layers=0")
         per_replica = self.micro_batch * self.dp
         if self.global_batch % per_replica:
             raise ConfigError(

@@ -170,6 +170,14 @@ KEYS: dict[str, KeyInfo] = {
     "parallel.grad_overlap": KeyInfo("flag", "true | false", "unchanged (false: after the "
                                      "last backward, as Megatron-LM)", _SYNTH,
                                      "data-parallel gradient reduction during the backward"),
+    "parallel.tp_comm_overlap": KeyInfo("flag", "true | false (needs sequence parallelism)",
+                                   "unchanged (false, as Megatron-LM)", _SYNTH,
+                                   "TP all-gathers / reduce-scatters beside their GEMMs "
+                                   "(--tp-comm-overlap)"),
+    "parallel.offload_layers": KeyInfo("layers", "integer >= 0, fewer than the model's layers "
+                                       "(pp 1 only)", "unchanged (0)", _SYNTH,
+                                       "activations of the first N layers offloaded to host "
+                                       "memory over the host link"),
     # cache
     "cache.fcdp": KeyInfo("flag", "true | false", "false", "synth with ZeRO-3/FSDP and dp > 1; "
                           "measured traces with ZeRO-3/FSDP gathers in forward and backward",

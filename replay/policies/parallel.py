@@ -28,8 +28,10 @@ Synthesized runs also take the synthesizer's newer layout keys: ``ep`` (expert p
 ``moe_imbalance``, ``capacity_factor``, ``p2p`` (``sync`` / ``async`` pipeline transfers),
 ``stage_layers`` (a list of layers per stage, ``"even"``, ``"time"`` or ``"memory"``),
 ``stage_slack``, ``odc`` (on-demand ZeRO-3 transfers), ``seq_imbalance``, ``dtype``
-(``bf16`` / ``fp16`` / ``fp8``) and ``grad_overlap`` (data-parallel gradient reduction
-overlapped with the last backward, or after it as Megatron-LM does by default); schedules
+(``bf16`` / ``fp16`` / ``fp8``), ``grad_overlap`` (data-parallel gradient reduction
+overlapped with the last backward, or after it as Megatron-LM does by default),
+``tp_comm_overlap`` (sequence-parallel TP exchanges beside their GEMMs) and ``offload_layers``
+(activations of the first N layers offloaded over the host link); schedules
 ``zb-h1`` and ``dualpipe`` too. Measured traces
 refuse them (their per-layer templates carry no expert, split-backward or FP8 costs).
 
@@ -56,7 +58,8 @@ _ALIASES = {"breadth-first": "bfs", "breadth_first": "bfs", "looped": "bfs",
             "zb1p": "zb-h1", "zero-bubble": "zb-h1"}
 #: keys only a synthesized run can re-lay out (the synthesizer models their costs)
 _SYNTH_ONLY = ("ep", "moe_imbalance", "capacity_factor", "p2p", "stage_layers",
-               "stage_slack", "odc", "seq_imbalance", "dtype", "grad_overlap")
+               "stage_slack", "odc", "seq_imbalance", "dtype", "grad_overlap", "tp_comm_overlap",
+               "offload_layers")
 
 
 @dataclass(frozen=True)
@@ -92,6 +95,8 @@ class Parallel(Policy):
     seq_imbalance: float | None = None
     dtype: str | None = None
     grad_overlap: bool | None = None
+    tp_comm_overlap: bool | None = None
+    offload_layers: int | None = None
     table: ClassVar[str] = "parallel"
 
     def __post_init__(self) -> None:
@@ -123,7 +128,12 @@ class Parallel(Policy):
         check_choice("parallel", "schedule", self.schedule, SCHEDULES)
         check_choice("parallel", "zero", self.zero, (0, 1, 2, 3))
         check_choice("parallel", "durations", self.durations, ("stage", "ideal"))
-        for f in ("fsdp", "sequence_parallel", "odc", "grad_overlap"):
+        if self.offload_layers is not None and (isinstance(self.offload_layers, bool) or not
+                                                isinstance(self.offload_layers, int)
+                                                or self.offload_layers < 0):
+            raise PolicyError(f"parallel.offload_layers={self.offload_layers!r} must be an "
+                              "integer >= 0 (layers whose activations go to host memory)")
+        for f in ("fsdp", "sequence_parallel", "odc", "grad_overlap", "tp_comm_overlap"):
             v = getattr(self, f)
             if v is not None and not isinstance(v, bool):
                 raise PolicyError(f"parallel.{f}={v!r} must be true or false")
