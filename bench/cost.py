@@ -48,13 +48,18 @@ def cluster_of(series: dict):
 
 
 def collective_rows(series: dict) -> list[dict]:
+    """Per row of a collective series: bytes, published and predicted bus bandwidth (GB/s),
+    error, the algorithm / protocol chosen and the row's role: the series' ``role``, except
+    the sizes in its ``fit_rows`` (rows a model change was chosen on), which are ``fit``."""
     c = cluster_of(series)
+    fit = {int(b) for b in series.get("fit_rows", [])}
     out = []
     for nbytes, pub in series["rows"]:
         r = collective_cost(c, series["collective"], int(nbytes), algo=series.get("algo"))
         out.append({"bytes": int(nbytes), "published": pub, "predicted": r.busbw_gbps,
                     "error": r.busbw_gbps / pub - 1, "algorithm": r.algorithm,
-                    "protocol": r.protocol, "role": series["role"]})
+                    "protocol": r.protocol,
+                    "role": "fit" if int(nbytes) in fit else series["role"]})
     return out
 
 
