@@ -23,7 +23,7 @@ Where this model departs from the tuner (it predicts wall-clock time, the tuner 
   steps as the message shrinks (NVLS 128 -> 64 -> 32 -> 16 KiB at 64x, 8x and 2x the
   concurrent ops' chunk bytes, ``src/enqueue.cc``, C16), and the last of several loops is a
   remainder, so the in-flight data moves through a staircase whose envelope has no corner.
-  The hard corner put every series' worst fit row at S = I (C7 16 MB, C1 4-8 MB);
+  The hard corner put both fit series' worst rows at S = I (C7 16 MB, C1 4-8 MB);
 * a fixed per-call cost (launch, completion).
 
 Ranks are grouped by NVLink domain, not by host: NCCL treats a multi-node NVLink domain (the
