@@ -9,7 +9,10 @@ the op's time in us on each GPU and the speed-up between them), the error
 ``predicted / published - 1``, the row's role (``fit``: a parameter was set from it, shown
 but never counted as the model's accuracy; ``judge``: no parameter came from it), and per
 series the median and worst |error| over its judged rows (over its fit rows for a fit
-series, marked as such). Last, the hard rule: no matmul the model prices (every shape of a
+series, marked as such). A judged series' ``fit_rows`` are rows a model change was chosen
+on after they had been seen; they are printed as fit. Three are (issue 32): C18 16 MB, C9
+16 MB and C3 8 MB, the rows at the old hard corner of the pipeline fill, which is a soft
+minimum since (REFERENCES.md, "The pipeline fill's soft corner"). Last, the hard rule: no matmul the model prices (every shape of a
 grid from 256 to 65536 per dimension, and every published shape above) exceeds the GPU's
 published maximum achievable matmul TFLOP/s for that dtype; the exit status is 1 if one
 does.
@@ -48,13 +51,18 @@ def cluster_of(series: dict):
 
 
 def collective_rows(series: dict) -> list[dict]:
+    """Per row of a collective series: bytes, published and predicted bus bandwidth (GB/s),
+    error, the algorithm / protocol chosen and the row's role: the series' ``role``, except
+    the sizes in its ``fit_rows`` (rows a model change was chosen on), which are ``fit``."""
     c = cluster_of(series)
+    fit = {int(b) for b in series.get("fit_rows", [])}
     out = []
     for nbytes, pub in series["rows"]:
         r = collective_cost(c, series["collective"], int(nbytes), algo=series.get("algo"))
         out.append({"bytes": int(nbytes), "published": pub, "predicted": r.busbw_gbps,
                     "error": r.busbw_gbps / pub - 1, "algorithm": r.algorithm,
-                    "protocol": r.protocol, "role": series["role"]})
+                    "protocol": r.protocol,
+                    "role": "fit" if int(nbytes) in fit else series["role"]})
     return out
 
 

@@ -219,8 +219,9 @@ def _assumed_lines(c, rows, coll: str) -> list[str]:
                    f"({ne.source}: {ne.ref}); NVLS inside one NVLink domain, also one "
                    "spanning trays (MNNVL)")
     out.append("latency: NCCL's tuning tables (base + hops x per-hop latency; REFERENCES.md C0) "
-               f"+ {P.CALL_US.value:g} us per call (assumed); pipeline fill: "
-               f"{P.CHUNK_BYTES.value / 1024:g} KiB per channel in flight (fitted)")
+               f"+ {P.CALL_US.value:g} us per call (assumed); pipeline fill: one pass of the "
+               f"soft minimum of the message and {P.CHUNK_BYTES.value / 1024:g} KiB per channel "
+               "in flight (fitted)")
     out.append("algorithm/protocol: the least tuner time, as NCCL picks without NCCL_ALGO / "
                "NCCL_PROTO; range: published +-5%, fitted +-10%, assumed +-25% per parameter")
     if coll in ("alltoall", "sendrecv"):

@@ -57,7 +57,7 @@ def test_tp_overlap_runs_each_gather_beside_its_gemm(tp_pair):
 
 
 def test_tp_overlap_needs_sequence_parallel(capsys, tmp_path):
-    with pytest.raises(ConfigError, match="sequence_parallel"):
+    with pytest.raises(ConfigError, match="--sequence-parallel"):
         resolve_parallel(None, tp=2, tp_comm_overlap=True)
     rc = run(["synth", "--model", "llama3-8b", "--hardware", "h100-sxm", "--tp", "2",
               "--pp", "1", "--dp", "1", "--global-batch", "2", "--micro-batch", "1",

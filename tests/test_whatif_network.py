@@ -54,7 +54,8 @@ def test_halving_inter_node_bandwidth_costs_the_alpha_beta_amount(dp_job):
     S = float(o.loc[ar, "bytes"].iloc[0])
     n, per_node = 16, 8
     # closed form (the cost layer's ring/Simple, PUBLISHED.md §3): bus bytes 2(n-1)/n * S
-    # over the slowest level, plus one pipeline pass of min(S, n x 16 channels x 64 KiB)
+    # over the slowest level, plus one pipeline pass of the soft minimum of S and
+    # I = n x 16 channels x 64 KiB (S I / sqrt(S^2 + I^2))
     # (two channels per NIC leave the node); the inter-node level gives each of the node's
     # 8 members its NIC share. Latency terms are the same at both rates.
     inter_gbps = HW.nics * HW.nic_gbps / HW.gpus_per_node
@@ -62,7 +63,8 @@ def test_halving_inter_node_bandwidth_costs_the_alpha_beta_amount(dp_job):
              inter_gbps * HW.inter.bus_efficiency * per_node)
     bw_half = min(HW.intra.gbps * HW.intra.bus_efficiency,
                   inter_gbps / 2 * HW.inter.bus_efficiency * per_node)
-    moved = S + min(S, n * 16 * 65536)
+    inflight = n * 16 * 65536
+    moved = S + S * inflight / (S * S + inflight * inflight) ** 0.5
     expected = moved * 2 * (n - 1) / n * (1 / bw_half - 1 / bw)
     from retime.collectors.costs import Group, cluster_from_hardware, collective_cost
     for hw in (HW, _with_inter(HW, inter_gbps / 2)):

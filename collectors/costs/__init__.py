@@ -23,10 +23,12 @@ from .nccl import (
     Proto,
     bus_factor,
     collective_cost,
+    fill_bytes,
     group_of,
 )
 
 __all__ = ["Cluster", "check_cluster_world", "cluster_from_hardware", "cluster_hardware", "Group",
            "format_cluster", "load_preset", "preset_names", "read_cluster",
            "resolve_cluster", "GpuSpec", "gpu_names", "gpu_spec", "Algo", "Collective",
-           "CollectiveCost", "Proto", "bus_factor", "collective_cost", "group_of"]
+           "CollectiveCost", "Proto", "bus_factor", "collective_cost", "fill_bytes",
+           "group_of"]

@@ -14,9 +14,16 @@ Where this model departs from the tuner (it predicts wall-clock time, the tuner 
   (:mod:`nccl_params`), so a user states what the datasheet says;
 * a pipeline-fill term: a Simple/LL128 ring moves each channel's data in chunks, and the
   first chunk must cross the whole ring before the pipeline runs full, which costs one more
-  traversal of ``min(S, n x channels x chunk)`` bytes (this is why bus bandwidth keeps rising
-  up to hundreds of MB); NVLS's in-flight data is ranks x NVLS channels x NCCL's 128 KiB
-  NVLS chunk (16 MiB on 8 H100, 216 MiB on a 72-GPU NVL72 rack);
+  traversal of the data in flight, ``I = n x channels x chunk``, or of the whole message
+  when it is smaller (this is why bus bandwidth keeps rising up to hundreds of MB); NVLS's
+  in-flight data is ranks x NVLS channels x NCCL's 128 KiB NVLS chunk (16 MiB on 8 H100,
+  216 MiB on a 72-GPU NVL72 rack). The pass is a soft minimum of S and I,
+  ``S I / sqrt(S^2 + I^2)`` (:func:`fill_bytes`), not ``min(S, I)``: NCCL does not switch
+  from "one partial loop" to "whole chunks" at one size; it shrinks the chunk in halving
+  steps as the message shrinks (NVLS 128 -> 64 -> 32 -> 16 KiB at 64x, 8x and 2x the
+  concurrent ops' chunk bytes, ``src/enqueue.cc``, C16), and the last of several loops is a
+  remainder, so the in-flight data moves through a staircase whose envelope has no corner.
+  The hard corner put both fit series' worst rows at S = I (C7 16 MB, C1 4-8 MB);
 * a fixed per-call cost (launch, completion).
 
 Ranks are grouped by NVLink domain, not by host: NCCL treats a multi-node NVLink domain (the
@@ -41,7 +48,7 @@ from .cluster import Cluster
 
 __all__ = ["Collective", "Algo", "Proto", "CollectiveCost", "Group", "collective_cost",
            "bus_factor", "group_of", "alltoall_split_us", "efficiencies", "nvls_eff",
-           "nvls_channels"]
+           "nvls_channels", "fill_bytes"]
 
 
 class Collective(str, Enum):
@@ -316,6 +323,13 @@ def _latency_us(c: Cluster, g: Group, coll: Collective, a: Algo, p: Proto) -> fl
     return base + 2 * (k - 1) * 0.4 + 2 * min(1, k - 1) * intra + inter  # collnet direct
 
 
+def fill_bytes(nbytes: float, inflight: float) -> float:
+    """Bytes of the pipeline-fill pass: the soft minimum ``S I / sqrt(S^2 + I^2)`` of the
+    message ``S`` and the data in flight ``I`` (``min(S, I)`` far from ``S = I``, ``I / sqrt 2``
+    at it; see the module docstring for why the corner is soft)."""
+    return nbytes * inflight / math.hypot(nbytes, inflight)
+
+
 def _fill_us(c: Cluster, g: Group, L: _Links, coll: Collective, a: Algo, p: Proto,
              nbytes: float, algbw: float, measured: int | None = None) -> float:
     """Pipeline fill: one more traversal of the in-flight data (see the module docstring)."""
@@ -325,9 +339,9 @@ def _fill_us(c: Cluster, g: Group, L: _Links, coll: Collective, a: Algo, p: Prot
         # NVLS moves NVLS_CHUNK per channel per rank of the domain in each step: that much is
         # in flight before the pipeline runs full (8 H100 x 16 x 128 KiB = 16 MiB)
         inflight = g.per_node * nvls_channels(c, g, measured) * P.NVLS_CHUNK_BYTES.value
-        return P.NVLS_FILL.value * min(nbytes, inflight) / (algbw * 1e3)
+        return P.NVLS_FILL.value * fill_bytes(nbytes, inflight) / (algbw * 1e3)
     inflight = g.ranks * L.channels * P.CHUNK_BYTES.value
-    return min(nbytes, inflight) / (algbw * 1e3)
+    return fill_bytes(nbytes, inflight) / (algbw * 1e3)
 
 
 def _time(c, g, L, coll, a, p, nbytes, measured=None) -> tuple[float, float, float, float]:

@@ -98,7 +98,8 @@ CHANNELS = {
     ("xgmi", None): Param(16, "assumed", "RCCL rings on the xGMI mesh"),
 }
 #: Simple/LL128 pipeline: bytes per channel in flight per ring step (the ramp of busbw with
-#: message size: one extra ring traversal of the in-flight data)
+#: message size: one extra ring traversal of the in-flight data, a soft minimum of the
+#: message and ranks x channels x this; ``nccl.fill_bytes``)
 CHUNK_BYTES = Param(64 * 1024, "fitted", "C1 rows 1 MB - 1 GB (A100; the fit series)")
 #: NVLS pipeline fill: the fraction of one pass of the in-flight data (ranks x NVLS channels
 #: x NVLS chunk; the cap fitted on C7 before, 16 MiB, is exactly 8 x 16 x 128 KiB)
