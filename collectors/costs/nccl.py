@@ -24,7 +24,12 @@ Where this model departs from the tuner (it predicts wall-clock time, the tuner 
   concurrent ops' chunk bytes, ``src/enqueue.cc``, C16), and the last of several loops is a
   remainder, so the in-flight data moves through a staircase whose envelope has no corner.
   The hard corner put both fit series' worst rows at S = I (C7 16 MB, C1 4-8 MB);
-* a fixed per-call cost (launch, completion).
+* a fixed per-call cost (launch, completion);
+* NVLS by domain size (C21): the rate of k ranks goes as k/(k+1) (every GPU sends and
+  receives S (1 + 1/k) through the switch), carried from the size each generation's rate was
+  measured on; the latency pays NVLS_HEAD_US per head beyond NCCL's 8 (each step's scatter and
+  gather visit the heads in turn). NCCL's tuner ranks with its table's NVLS latency whatever
+  k, so the choice of algorithm uses the table and only the predicted time pays the heads.
 
 Ranks are grouped by NVLink domain, not by host: NCCL treats a multi-node NVLink domain (the
 72 GPUs of a GB200 NVL72 rack) as one node and runs NVLS inside it; only traffic between

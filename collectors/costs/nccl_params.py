@@ -50,7 +50,8 @@ NET_EFF = {
     "efa": Param(0.80, "assumed", "SRD transport over Ethernet"),
     "slingshot": Param(0.85, "assumed", "Slingshot-11 200 Gb/s NICs"),
 }
-#: NVLS all-reduce algorithm bandwidth / nominal NVLink rate (in-switch reduction)
+#: NVLS all-reduce algorithm bandwidth / nominal NVLink rate (in-switch reduction), on the
+#: domain size it was measured on (NVLS_REF_RANKS; another size: x k/(k+1), nccl.nvls_algbw)
 NVLS_EFF = {
     "nvlink4": Param(0.61, "published", "C2: NVLS peak busbw ~480 GB/s, algbw ~275 GB/s of 450"),
     "nvlink5": Param(0.49, "fitted", "C10 rows 4 GB and 8 GB (72 GB200, NVLS plateau "
