@@ -42,21 +42,25 @@ def memory_timeline(x: Any) -> pd.DataFrame:
                          "reserved_bytes": df["reserved_bytes"].to_numpy()})
 
 
-def peak_memory(x: Any) -> pd.DataFrame:
+def peak_memory(x: Any, *, stages: pd.DataFrame | None = None) -> pd.DataFrame:
     """Peak per rank: ``rank``, ``stage`` (-1 unknown), ``peak_allocated_bytes``,
     ``peak_reserved_bytes``, ``samples``, ``source`` (``trace``, ``delta`` or ``model``).
-    Empty when unknown."""
+    Empty when unknown.
+
+    ``stages``: the :func:`analysis.pipeline.rank_stages` frame when ``x``'s ops are not all
+    there (a streamed report passes a trace of the memory samples alone)."""
     from .pipeline import rank_stages
 
     t = as_trace(x)
-    out = _peak_memory(t)
+    rs = rank_stages(t) if stages is None else stages
+    out = _peak_memory(t, rs)
     if len(out):
-        st = rank_stages(t).set_index("rank")["stage"]
+        st = rs.set_index("rank")["stage"]
         out.insert(1, "stage", st.reindex(out["rank"].to_numpy(), fill_value=-1).to_numpy())
     return out
 
 
-def _peak_memory(t) -> pd.DataFrame:
+def _peak_memory(t, rs: pd.DataFrame) -> pd.DataFrame:
     tl = memory_timeline(t)
     if len(tl):
         # only device samples (device >= 0) when there are any; CPU allocations otherwise
@@ -75,11 +79,8 @@ def _peak_memory(t) -> pd.DataFrame:
     syn = t.meta.get("synth") or {}
     per_stage = syn.get("memory")
     if pm is None and isinstance(per_stage, list) and per_stage:
-        from .pipeline import rank_stages
-
         by_stage = {int(r.get("stage", i)): int(r.get("total_bytes", -1))
                     for i, r in enumerate(per_stage) if isinstance(r, dict)}
-        rs = rank_stages(t)
         vals = [by_stage.get(int(s), max(by_stage.values())) for s in rs["stage"]]
         return pd.DataFrame({"rank": rs["rank"].to_numpy(), "peak_allocated_bytes": vals,
                              "peak_reserved_bytes": [-1] * len(rs), "samples": [0] * len(rs),

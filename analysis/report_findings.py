@@ -118,7 +118,7 @@ def findings(run: RunAnalysis) -> list[tuple[float, str]]:
         return out
     out.append(_dominant(run))
     steps = max(run.steps, 1)
-    cw = collective_waits(run.t)
+    cw = run.cw
     if len(cw):
         w = cw.iloc[0]
         per = float(w["wait_ns"]) / steps
@@ -228,6 +228,10 @@ def explain_critical_path(run: RunAnalysis) -> tuple[list[str], pd.DataFrame, pd
     src = ("the replay's record of which op held each op back" if cp.attrs.get("source") ==
            "replay" else "the longest chain of recorded dependencies (launches, "
            "synchronizations, collectives, host order) ending at the trace's last op")
+    scope = cp.attrs.get("scope")
+    if scope:  # a streamed report: the path of a bounded subset of the ranks, said so
+        src = (f"{scope}: the longest chain of recorded dependencies (launches, "
+               "synchronizations, host order) among that rank's own ops, ending at its last op")
     if len(where) == 1:
         route = (f"It stays on rank {int(where['rank'].iloc[0])}'s "
                  f"{where['resource'].iloc[0]}")
@@ -245,9 +249,7 @@ def explain_critical_path(run: RunAnalysis) -> tuple[list[str], pd.DataFrame, pd
 
 def _why_length(run: RunAnalysis, length: int) -> str:
     cp = run.cp
-    t = run.t
-    o = t.ops
-    first = int(o["start_ns"].min())
+    first = run.first_start_ns
     path_start = int(cp["start_ns"].iloc[0])
     span = int(cp.attrs.get("span_ns") or 0)
     st = run.step_ns

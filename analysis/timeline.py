@@ -41,7 +41,8 @@ from ._util import (
 )
 from .tables import ranks_label
 
-__all__ = ["StepWindow", "typical_step", "fold_ranks", "step_segments", "pipeline_blocks",
+__all__ = ["StepWindow", "typical_step", "typical_step_of", "fold_ranks", "step_signatures",
+           "fold_groups", "step_segments", "pipeline_blocks",
            "rank_activity", "ACTIVITIES", "ACTIVITY_PARTS"]
 
 #: timeline row activities, in row order within a rank group
@@ -70,7 +71,12 @@ class StepWindow:
 def typical_step(trace) -> StepWindow:
     """The median step by duration (slowest rank's step time; the earlier of the two middle
     steps when their number is even); the whole trace when it has no step attribution."""
-    w = step_windows(trace)
+    return typical_step_of(step_windows(trace))
+
+
+def typical_step_of(w: pd.DataFrame) -> StepWindow:
+    """:func:`typical_step` from the step windows ``w`` (``rank``, ``step``, ``start_ns``,
+    ``end_ns``) of every rank: a streamed report has the windows, not the trace."""
     if len(w) == 0:
         return StepWindow(-1, 0, 0, 0, "the trace has no ops")
     g = w.groupby("step").agg(start_ns=("start_ns", "min"), end_ns=("end_ns", "max"))
@@ -110,23 +116,34 @@ def fold_ranks(trace, step: StepWindow | None = None) -> pd.DataFrame:
     lowest rank), ``representative`` (the group's lowest rank), ``size`` (ranks in the
     group) and ``label`` (the group's ranks, e.g. ``0-31``).
     """
-    o = trace.ops
     step = step or typical_step(trace)
-    m = _step_ops(trace, step.step)
     ranks_all = unique(trace.lanes["rank"].to_numpy()) if len(trace.lanes) else np.zeros(0)
+    return fold_groups(step_signatures(trace, step.step), step.step, ranks_all)
+
+
+def step_signatures(trace, step: int | None = None) -> pd.DataFrame:
+    """Per (rank, step) of the reported steps (``step`` only, when given): ``sig`` (a hash
+    of the rank's ops in the step: kind, name, duration, offset from the rank's first op in
+    the step, lane position within the rank) and ``n`` (ops). Per rank, so a streamed
+    report computes them a batch of ranks at a time; :func:`fold_groups` groups them."""
+    o = trace.ops
+    steps = o["step"].to_numpy()
+    keep = _keep_step_mask(o["rank"].to_numpy(), steps)
+    m = keep if step is None or step < 0 else keep & (steps == step)
+    cols = {"rank": np.zeros(0, np.int64), "step": np.zeros(0, np.int64),
+            "sig": np.zeros(0, np.uint64), "n": np.zeros(0, np.int64)}
     if not m.any():
-        r = ranks_all.astype(np.int64)
-        return pd.DataFrame({"rank": r, "group": np.arange(len(r)), "representative": r,
-                             "size": np.ones(len(r), np.int64),
-                             "label": [str(x) for x in r]})
+        return pd.DataFrame(cols)
     rank = o["rank"].to_numpy()[m].astype(np.int64)
+    st = steps[m].astype(np.int64) if step is None else np.full(len(rank), step, np.int64)
     start = o["start_ns"].to_numpy()[m]
     lanes = trace.lanes.sort_values(["rank", "lane"], kind="mergesort")
     first = lanes.groupby("rank")["lane"].transform("min").to_numpy()
     ordinal = np.zeros(int(lanes["lane"].max()) + 1, np.int64)
     ordinal[lanes["lane"].to_numpy()] = (lanes["lane"].to_numpy() - first)
     # offsets from the rank's own step start
-    ur, inv = unique(rank, return_inverse=True)
+    key = rank * (1 << 32) + (st + 1)
+    ur, inv = unique(key, return_inverse=True)
     rs = np.full(len(ur), np.iinfo(np.int64).max, np.int64)
     np.minimum.at(rs, inv, start)
     rel = start - rs[inv]
@@ -140,12 +157,29 @@ def fold_ranks(trace, step: StepWindow | None = None) -> pd.DataFrame:
     order = np.argsort(inv, kind="stable")
     bounds = np.r_[0, np.flatnonzero(np.diff(inv[order])) + 1]
     with np.errstate(over="ignore"):
-        sums = np.add.reduceat(sig[order], bounds) if len(order) else np.zeros(0, np.uint64)
+        sums = np.add.reduceat(sig[order], bounds)
     counts = np.bincount(inv, minlength=len(ur))
-    key = pd.DataFrame({"rank": ur, "sum": sums, "n": counts})
+    return pd.DataFrame({"rank": ur >> 32, "step": (ur & ((1 << 32) - 1)) - 1, "sig": sums,
+                         "n": counts.astype(np.int64)})
+
+
+def fold_groups(sig: pd.DataFrame, step: int, ranks_all: np.ndarray) -> pd.DataFrame:
+    """:func:`fold_ranks`' frame from the :func:`step_signatures` of every rank (rows of
+    other steps are ignored); ranks of ``ranks_all`` with no op in the step form groups of
+    their own."""
+    ranks_all = np.asarray(ranks_all).astype(np.int64)
+    k = sig[sig["step"] == step] if len(sig) else sig
+    if not len(k):
+        r = ranks_all
+        return pd.DataFrame({"rank": r, "group": np.arange(len(r)), "representative": r,
+                             "size": np.ones(len(r), np.int64),
+                             "label": [str(x) for x in r]})
+    k = k.sort_values("rank", kind="mergesort")
+    ur = k["rank"].to_numpy().astype(np.int64)
+    key = pd.DataFrame({"rank": ur, "sum": k["sig"].to_numpy(), "n": k["n"].to_numpy()})
     gid = key.groupby(["sum", "n"], sort=False).ngroup().to_numpy()
     # ranks with no op in the step form their own groups
-    missing = np.setdiff1d(ranks_all.astype(np.int64), ur)
+    missing = np.setdiff1d(ranks_all, ur)
     r = np.concatenate([ur, missing])
     gid = np.concatenate([gid, gid.max() + 1 + np.arange(len(missing))]) if len(gid) else \
         np.arange(len(missing))
@@ -276,7 +310,8 @@ def pipeline_blocks(trace, step: StepWindow, stage_ranks: pd.DataFrame) -> pd.Da
     return df[cols]
 
 
-def rank_activity(trace, step: StepWindow, *, bins: int = 240, max_rows: int = 512
+def rank_activity(trace, step: StepWindow, *, bins: int = 240, max_rows: int = 512,
+                  windows: pd.DataFrame | None = None
                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Rank x time: per row of ranks and time bin, the covered ns of each part of
     :data:`ACTIVITY_PARTS` (disjoint per rank, adding up to the bin inside the rank's own
@@ -287,6 +322,9 @@ def rank_activity(trace, step: StepWindow, *, bins: int = 240, max_rows: int = 5
     Returns ``(first_rank, ranks_per_row, edges_ns, parts)``: the first rank of each row
     int64[R], ranks per row int64[R], bin edges int64[bins + 1] (from the step start), and
     parts float64[R, bins, len(ACTIVITY_PARTS)].
+
+    ``windows``: the ranks' step windows when ``trace`` holds only the step's ops (a
+    streamed report); by default :func:`analysis._util.step_windows` of ``trace``.
     """
     o = trace.ops
     m = _step_ops(trace, step.step)
@@ -327,7 +365,7 @@ def rank_activity(trace, step: StepWindow, *, bins: int = 240, max_rows: int = 5
     u_cmy = cover(c | cm | y)
     u_all = cover(c | cm | y | h)
     # each rank's own step window bounds its idle time
-    w = step_windows(trace)
+    w = step_windows(trace) if windows is None else windows
     w = w[w["step"] == step.step].set_index("rank").reindex(ranks)
     ws = w["start_ns"].to_numpy(dtype=float) - step.start_ns
     we = w["end_ns"].to_numpy(dtype=float) - step.start_ns
