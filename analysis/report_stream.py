@@ -71,7 +71,15 @@ from .report_run import RunAnalysis
 from .report_sections import MANY_RANKS, _timeline_rows
 from .stream import _BATCH_ROWS, _collectives, _comm_trace, _kernel_final, _kernel_partial
 from .tables import Column, people_table
-from .timeline import fold_groups, rank_activity, step_signatures, typical_step_of
+from .timeline import (
+    activity_cover,
+    activity_edges,
+    activity_parts,
+    activity_rows,
+    fold_groups,
+    step_signatures,
+    typical_step_of,
+)
 
 __all__ = ["StreamRunAnalysis", "build_stream_report", "should_stream_report",
            "STREAM_REPORT_ABOVE_OPS"]
@@ -87,13 +95,14 @@ _PASS1_COLS = ["rank", "lane", "kind", "name_id", "step", "start_ns", "dur_ns", 
 _ACTIVITY_COLS = ["rank", "lane", "kind", "start_ns", "dur_ns", "step"]
 
 
-def should_stream_report(path: str | os.PathLike[str]) -> bool:
+def should_stream_report(path: str | os.PathLike[str], *,
+                         above_ops: int = STREAM_REPORT_ABOVE_OPS) -> bool:
     """Auto choice of ``retime report``: stream a rank-partitioned store of more than
-    :data:`STREAM_REPORT_ABOVE_OPS` ops (counted from the partition metadata)."""
+    ``above_ops`` ops (counted from the partition metadata, nothing loaded)."""
     p = Path(path)
     if store_layout(p) != "rank":
         return False
-    return sum(rank_rows(p).values()) > STREAM_REPORT_ABOVE_OPS
+    return sum(rank_rows(p).values()) > above_ops
 
 
 def _class_partial(t: Trace) -> pd.DataFrame:
@@ -122,26 +131,6 @@ def _class_final(parts: list[pd.DataFrame]) -> pd.DataFrame:
     tot = g["total_ns"].sum()
     g["share"] = g["total_ns"] / tot if tot > 0 else 0.0
     return g
-
-
-def _pool_activity(parts: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]],
-                   edges: np.ndarray, max_rows: int = 512
-                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Per-rank heatmap rows of every batch pooled as :func:`rank_activity` pools them
-    (consecutive ranks summed into at most ``max_rows`` rows)."""
-    parts = [p for p in parts if len(p[0])]
-    if not parts:
-        z = np.zeros(0, np.int64)
-        return z, z, edges, np.zeros((0, len(edges) - 1, 5))
-    ranks = np.concatenate([p[0] for p in parts])
-    rows = np.concatenate([p[3] for p in parts])
-    n_r = len(ranks)
-    if n_r <= max_rows:
-        return ranks, np.ones(n_r, np.int64), edges, rows
-    per_row = int(np.ceil(n_r / max_rows))
-    starts = np.arange(0, n_r, per_row)
-    return (ranks[starts], np.diff(np.r_[starts, n_r]).astype(np.int64), edges,
-            np.add.reduceat(rows, starts, axis=0))
 
 
 class StreamRunAnalysis(RunAnalysis):
@@ -245,7 +234,8 @@ class StreamRunAnalysis(RunAnalysis):
         self.bub = b
         self.unseen = combine_unseen(un)
         self.window = typical_step_of(w)
-        self.folds = fold_groups(cat(sig), self.window.step, self.t.ranks)
+        self._sig = cat(sig)
+        self.folds = fold_groups(self._sig, self.window.step, self.t.ranks)
         self.first_start_ns = int(first or 0)
         self.has_microbatches = mb
 
@@ -262,21 +252,24 @@ class StreamRunAnalysis(RunAnalysis):
         self.pm = peak_memory(mt, stages=self.stages)
         self.mt = memory_timeline(mt)
 
-    def _pass_activity(self, batches: list[np.ndarray]):
-        """Pass 2: the rank x time heatmap of the drawn step, per rank, pooled."""
-        parts = []
-        edges = None
+    def _pass_activity(self, batches: list[np.ndarray], max_rows: int = 512):
+        """Pass 2: the rank x time heatmap of the drawn step (:func:`rank_activity`): the
+        covered time of each batch's ranks summed into the job's rows, then split into
+        parts, as the in-memory function does."""
+        sig = self._sig
+        ranks = np.unique(sig.loc[sig["step"] == self.window.step, "rank"].to_numpy()
+                          ).astype(np.int64)
+        first, counts, row_of = activity_rows(ranks, max_rows)
+        total = np.zeros((len(first), 240, 5))
         for batch in batches:
+            if not np.isin(batch, ranks).any():
+                continue
             t = self._trace(scan_table(self.path, "ops", ranks=batch, columns=_ACTIVITY_COLS))
             w = self.windows[np.isin(self.windows["rank"].to_numpy(), batch)]
             with memo_scope():
-                r = rank_activity(t, self.window, max_rows=1 << 62, windows=w)
-            edges = r[2]
-            parts.append(r)
+                total += activity_cover(t, self.window, ranks, row_of, w)
             del t
-        if edges is None:
-            edges = rank_activity(self._trace(None), self.window)[2]
-        return _pool_activity(parts, edges)
+        return first, counts, activity_edges(self.window), activity_parts(total)
 
     def _drawn_ranks(self) -> list[int]:
         """The ranks the step timeline and the pipeline Gantt draw (section_timeline)."""
@@ -325,12 +318,12 @@ class StreamRunAnalysis(RunAnalysis):
         """The fact line and the section that say what was streamed, bounded, left out."""
         r = self.slowest_rank
         drawn = [int(x) for x in np.unique(self.t.ops["rank"].to_numpy())]
-        fact = (f"streamed: {self.n_ranks:,} ranks read in {n_batches} batch(es) of about "
-                f"{batch_rows:,} ops, never the whole store (see 'About this report')")
+        fact = (f"streamed: {self.n_ranks:,} ranks read in {n_batches} batch(es) of "
+                f"up to {batch_rows:,} ops, never the whole store (see 'About this report')")
         s = Section("streamed", "About this report: streamed")
         s.blocks.append(
             f"The store holds {self.n_ops:,} ops of {self.n_ranks:,} ranks in rank partitions. "
-            f"This report read it one batch of ranks at a time ({n_batches} batch(es) of about "
+            f"This report read it one batch of ranks at a time ({n_batches} batch(es) of up to "
             f"{batch_rows:,} ops), so its memory follows one batch, not the store. Every "
             "figure computed rank by rank equals the in-memory report's; what needs the ops "
             "of several ranks at once ran on a stated subset or was left out.")

@@ -43,7 +43,8 @@ from .tables import ranks_label
 
 __all__ = ["StepWindow", "typical_step", "typical_step_of", "fold_ranks", "step_signatures",
            "fold_groups", "step_segments", "pipeline_blocks",
-           "rank_activity", "ACTIVITIES", "ACTIVITY_PARTS"]
+           "rank_activity", "activity_rows", "activity_cover", "activity_parts",
+           "activity_edges", "ACTIVITIES", "ACTIVITY_PARTS"]
 
 #: timeline row activities, in row order within a rank group
 ACTIVITIES = ("host", "compute", "communication")
@@ -323,22 +324,58 @@ def rank_activity(trace, step: StepWindow, *, bins: int = 240, max_rows: int = 5
     int64[R], ranks per row int64[R], bin edges int64[bins + 1] (from the step start), and
     parts float64[R, bins, len(ACTIVITY_PARTS)].
 
-    ``windows``: the ranks' step windows when ``trace`` holds only the step's ops (a
-    streamed report); by default :func:`analysis._util.step_windows` of ``trace``.
+    ``windows``: the ranks' step windows (default :func:`analysis._util.step_windows` of
+    ``trace``). A streamed report sums :func:`activity_cover` over batches of ranks and
+    calls :func:`activity_parts`: the same figures.
     """
     o = trace.ops
     m = _step_ops(trace, step.step)
     ranks = unique(o["rank"].to_numpy()[m]).astype(np.int64)
+    first, counts, row_of = activity_rows(ranks, max_rows)
+    w = step_windows(trace) if windows is None else windows
+    cover = activity_cover(trace, step, ranks, row_of, w, bins=bins)
+    return first, counts, activity_edges(step, bins), activity_parts(cover)
+
+
+def activity_edges(step: StepWindow, bins: int = 240) -> np.ndarray:
+    """Bin edges (ns from the step start) of :func:`rank_activity`."""
+    return np.round(np.arange(bins + 1) * (max(step.dur_ns, 1) / bins)).astype(np.int64)
+
+
+def activity_rows(ranks: np.ndarray, max_rows: int = 512
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(first rank of each row, ranks per row, row of each rank) of :func:`rank_activity`
+    for the sorted ``ranks`` with ops in the step."""
     n_r = len(ranks)
-    width = max(step.dur_ns, 1)
-    bin_ns = width / bins
-    edges = np.round(np.arange(bins + 1) * bin_ns).astype(np.int64)
     if n_r == 0:
         z = np.zeros(0, np.int64)
-        return z, z, edges, np.zeros((0, bins, len(ACTIVITY_PARTS)))
+        return z, z, z
     per_row = int(np.ceil(n_r / max_rows)) if n_r > max_rows else 1
     row_of = (np.arange(n_r) // per_row).astype(np.int64)
     n_rows = int(row_of[-1]) + 1
+    first = ranks[np.flatnonzero(np.r_[True, row_of[1:] != row_of[:-1]])]
+    return first, np.bincount(row_of, minlength=n_rows).astype(np.int64), row_of
+
+
+def activity_cover(trace, step: StepWindow, ranks: np.ndarray, row_of: np.ndarray,
+                   windows: pd.DataFrame, *, bins: int = 240) -> np.ndarray:
+    """Per row and bin, the summed covered ns of the ranks' compute, +communication,
+    +copies, +host work (nested unions) and their time inside their own step window:
+    float64[R, bins, 5], before the parts are told apart (:func:`activity_parts`).
+
+    ``ranks`` (sorted) and ``row_of`` are the rows of every rank of the job
+    (:func:`activity_rows`); ``trace`` may hold some of them (a batch of ranks: only they
+    are counted, so batches add up to the whole), ``windows`` those ranks' step windows."""
+    o = trace.ops
+    m = _step_ops(trace, step.step)
+    n_rows = int(row_of[-1]) + 1 if len(row_of) else 0
+    width = max(step.dur_ns, 1)
+    bin_ns = width / bins
+    edges = activity_edges(step, bins)
+    out = np.zeros((n_rows, bins, 5))
+    n_r = len(ranks)
+    if n_r == 0 or not m.any():
+        return out
     kind = o["kind"].to_numpy()
     dev = device_mask(trace)
     cpu_dev = dev & (_lane_kind_of_ops(trace) == int(LaneKind.CPU_THREAD))
@@ -360,24 +397,29 @@ def rank_activity(trace, step: StepWindow, *, bins: int = 240, max_rows: int = 5
         return _binned_union(g_s[k], s_s[k], e_s[k], row_of, n_rows, np.int64(step.start_ns),
                              float(bin_ns), int(bins))
 
-    u_c = cover(c)
-    u_cm = cover(c | cm)
-    u_cmy = cover(c | cm | y)
-    u_all = cover(c | cm | y | h)
-    # each rank's own step window bounds its idle time
-    w = step_windows(trace) if windows is None else windows
-    w = w[w["step"] == step.step].set_index("rank").reindex(ranks)
+    out[..., 0] = cover(c)
+    out[..., 1] = cover(c | cm)
+    out[..., 2] = cover(c | cm | y)
+    out[..., 3] = cover(c | cm | y | h)
+    # each rank's own step window bounds its idle time (the ranks of this trace only)
+    mine = unique(o["rank"].to_numpy()[m]).astype(np.int64)
+    w = windows[windows["step"] == step.step].set_index("rank").reindex(mine)
     ws = w["start_ns"].to_numpy(dtype=float) - step.start_ns
     we = w["end_ns"].to_numpy(dtype=float) - step.start_ns
+    rows = row_of[np.searchsorted(ranks, mine)]
     inside = np.zeros((n_rows, bins))
     lo_e, hi_e = edges[:-1].astype(float), edges[1:].astype(float)
-    for r0 in range(0, n_r, 4096):  # bounded temporaries at any rank count
-        sl = slice(r0, min(r0 + 4096, n_r))
+    for r0 in range(0, len(mine), 4096):  # bounded temporaries at any rank count
+        sl = slice(r0, min(r0 + 4096, len(mine)))
         lo = np.clip(ws[sl, None], lo_e, hi_e)
         hi = np.clip(we[sl, None], lo_e, hi_e)
-        np.add.at(inside, row_of[sl], np.maximum(hi - lo, 0.0))
-    parts = np.stack([u_c, u_cm - u_c, u_cmy - u_cm, u_all - u_cmy,
-                      np.maximum(inside - u_all, 0.0)], axis=-1)
-    first = ranks[np.flatnonzero(np.r_[True, row_of[1:] != row_of[:-1]])]
-    counts = np.bincount(row_of, minlength=n_rows).astype(np.int64)
-    return first, counts, edges, parts
+        np.add.at(inside, rows[sl], np.maximum(hi - lo, 0.0))
+    out[..., 4] = inside
+    return out
+
+
+def activity_parts(cover: np.ndarray) -> np.ndarray:
+    """The :data:`ACTIVITY_PARTS` of :func:`activity_cover`'s sums, float64[R, bins, 5]."""
+    u_c, u_cm, u_cmy, u_all, inside = (cover[..., i] for i in range(5))
+    return np.stack([u_c, u_cm - u_c, u_cmy - u_cm, u_all - u_cmy,
+                     np.maximum(inside - u_all, 0.0)], axis=-1)
