@@ -13,7 +13,9 @@ What is per rank is computed per batch and combined; the figures equal the in-me
   counts of unseen GPU work and each (rank, step)'s fold signature;
 * the communication ops alone (a filter pushed down to the scan: memory in the number of
   collective/p2p ops): collective statistics and who waits for whom;
-* the memory samples (one row per allocator sample);
+* the memory samples: peaks per rank and device in pass 1, and the samples of the (at most
+  10) ranks the memory figure draws, read again (its time axis starts at their first
+  sample, not at the first sample of every rank);
 * pass 2, only past :data:`~analysis.report_sections.MANY_RANKS` ranks: the rank x time
   heatmap of the step drawn (per-rank rows, pooled as the in-memory function pools them).
 
@@ -26,8 +28,8 @@ What needs ops of several ranks at once runs on a bounded subset, stated on the 
 Left out, said so on the page: the stragglers what-if and the drill-downs (host overhead
 with the CUDA-graph what-if, attribution tree, roofline), which replay or walk every op.
 
-Memory: one batch of ranks (about ``batch_rows`` ops of 11 columns), the communication ops,
-the memory samples, the drawn step of at most :data:`MANY_RANKS` (+ one per pipeline stage)
+Memory: one batch of ranks (about ``batch_rows`` ops of 11 columns, its ranges and memory
+samples), the communication ops, the memory samples of at most 10 ranks, the drawn step of at most :data:`MANY_RANKS` (+ one per pipeline stage)
 ranks and the slowest rank's ops and edges.
 """
 
@@ -64,7 +66,7 @@ from .breakdown import breakdown
 from .coverage import combine_unseen, unseen_work
 from .critical_path import critical_path
 from .efficiency import finish_efficiency, job_efficiency, op_flops
-from .memory import memory_timeline, peak_memory
+from .memory import device_peaks, memory_timeline, peak_memory, rank_peaks
 from .pipeline import bubbles, rank_stages
 from .report_model import Report, Section
 from .report_run import RunAnalysis
@@ -192,12 +194,17 @@ class StreamRunAnalysis(RunAnalysis):
     # ------------------------------------------------------------------ passes
     def _pass_ranks(self, batches: list[np.ndarray]) -> None:
         """Pass 1: everything per rank, one batch of ranks at a time."""
-        sw, bd, kp, cp_, fl, bub, st, un, sig = ([] for _ in range(9))
+        sw, bd, kp, cp_, fl, bub, st, un, sig, mem = ([] for _ in range(10))
         first = None
         mb = False
+        self._all_delta = True  # every memory sample relative (no absolute value)
         for batch in batches:
             t = self._trace(scan_table(self.path, "ops", ranks=batch, columns=_PASS1_COLS),
-                            scan_table(self.path, "ranges", ranks=batch))
+                            scan_table(self.path, "ranges", ranks=batch),
+                            memory=scan_table(self.path, "memory", ranks=batch))
+            if len(t.memory):
+                mem.append(device_peaks(memory_timeline(t)))
+                self._all_delta &= bool((t.memory["allocated_bytes"].to_numpy() < 0).all())
             with memo_scope():  # a scope of its own: freed with the batch
                 sw.append(step_windows(t))
                 bd.append(breakdown(t))
@@ -234,6 +241,7 @@ class StreamRunAnalysis(RunAnalysis):
         self.bub = b
         self.unseen = combine_unseen(un)
         self.window = typical_step_of(w)
+        self._mem_peaks = cat(mem) if mem else None
         self._sig = cat(sig)
         self.folds = fold_groups(self._sig, self.window.step, self.t.ranks)
         self.first_start_ns = int(first or 0)
@@ -248,9 +256,29 @@ class StreamRunAnalysis(RunAnalysis):
         self.cw = collective_waits(ct)
 
     def _pass_memory(self) -> None:
-        mt = self._trace(None, memory=scan_table(self.path, "memory"))
-        self.pm = peak_memory(mt, stages=self.stages)
-        self.mt = memory_timeline(mt)
+        """Peaks per rank from pass 1's per-device peaks; the samples of the ranks the
+        memory figure draws (:func:`analysis.plots.plot_memory`: every rank up to 10, else
+        the highest of each pipeline stage or the four highest) read again, those only."""
+        per = self._mem_peaks
+        if per is None or not len(per):  # no samples: modeled or recorded peaks (meta)
+            self.pm = peak_memory(self._trace(None), stages=self.stages)
+            self.mt = memory_timeline(self._trace(None))
+            return
+        pm = rank_peaks(per, "delta" if self._all_delta else "trace")
+        st = self.stages.set_index("rank")["stage"]
+        pm.insert(1, "stage", st.reindex(pm["rank"].to_numpy(), fill_value=-1).to_numpy())
+        self.pm = pm
+        peak = per.groupby("rank")["peak_allocated_bytes"].max()
+        ranks = list(peak.index)
+        if len(ranks) > 10:
+            if (pm["stage"] >= 0).any():
+                sr = pm.set_index("rank")["stage"].reindex(peak.index)
+                top = peak.groupby(sr.to_numpy()).idxmax()
+                ranks = [int(top[s]) for s in sorted(top.index)][:10]
+            else:
+                ranks = list(peak.sort_values(ascending=False).index[:4])
+        self.mt = memory_timeline(self._trace(
+            None, memory=scan_table(self.path, "memory", ranks=[int(r) for r in ranks])))
 
     def _pass_activity(self, batches: list[np.ndarray], max_rows: int = 512):
         """Pass 2: the rank x time heatmap of the drawn step (:func:`rank_activity`): the

@@ -223,3 +223,22 @@ def test_cli_bad_stream_requests_exit_2(stores, tmp_path, extra, what):
     assert r.returncode == 2, r.stderr
     lines = [x for x in r.stderr.strip().splitlines() if x.strip()]
     assert len(lines) == 1 and what in lines[0] and "Traceback" not in r.stderr
+
+
+def test_one_rank_store_memory_samples_and_whole_path(tmp_path):
+    """v100-ddp-sgd: one rank, 28,010 allocator samples, 5 steps. The memory peaks and the
+    drawn samples equal the in-memory ones; with one rank the slowest rank's critical path
+    is the whole trace's."""
+    src = TRACES / "kineto" / "v100-ddp-sgd"
+    p = tmp_path / "v100.retime"
+    ingest_cached(src).save(p, layout="rank")
+    s = StreamRunAnalysis(p, batch_rows=BATCH)
+    tr = read_trace(p)
+    m = RunAnalysis(tr, tr)
+    assert len(tr.memory) == 28010 and len(s.mt) == 28010
+    for k in ("pm", "mt", "bd", "eff"):
+        pd.testing.assert_frame_equal(getattr(s, k), getattr(m, k), check_dtype=False, obj=k)
+    assert s.pm["source"].tolist() == ["trace"]
+    assert s.window == m.window and s.window.steps == 5
+    assert s.cp.attrs["length_ns"] == m.cp.attrs["length_ns"]
+    pd.testing.assert_frame_equal(s.cp, m.cp)
