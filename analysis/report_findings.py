@@ -155,7 +155,9 @@ def findings(run: RunAnalysis) -> list[tuple[float, str]]:
         if len(parts):
             p0 = parts.iloc[0]
             ranks = sorted(set(cp["rank"].tolist()))
-            out.append((0.25, f"The critical path ({fmt_ns(cp.attrs['length_ns'])}) is "
+            whose = "The slowest rank's own critical path" if cp.attrs.get("scope") else \
+                "The critical path"  # a streamed report's path is one rank's (said so)
+            out.append((0.25, f"{whose} ({fmt_ns(cp.attrs['length_ns'])}) is "
                               f"{fmt_pct(p0['share'])} {p0['part']}; it crosses "
                               f"{len(ranks)} rank(s) ({ranks_label(ranks, 4)})."))
     return out

@@ -170,6 +170,9 @@ class StreamRunAnalysis(RunAnalysis):
             small["lanes"], small["strings"], small["groups"], meta)
         rows = rank_rows(p)
         self._n_ops = int(sum(rows.values()))
+        if self._n_ops == 0:
+            raise RetimeError(f"{p}: the trace has no ops; nothing to report (check "
+                              "`retime info`)")
         batches = rank_batches(p, batch_rows=batch_rows)
         super().__init__(None, self._trace(None))
         self._pass_ranks(batches)

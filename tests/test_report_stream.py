@@ -242,3 +242,69 @@ def test_one_rank_store_memory_samples_and_whole_path(tmp_path):
     assert s.window == m.window and s.window.steps == 5
     assert s.cp.attrs["length_ns"] == m.cp.attrs["length_ns"]
     pd.testing.assert_frame_equal(s.cp, m.cp)
+
+
+def _copies(t: Trace, k: int) -> Trace:
+    """``k`` copies of ``t``'s ranks: rank ``r`` of copy ``c`` becomes ``r + c * n``, with its
+    own lanes, op ids, collective instances and process groups; copy ``c``'s kernels last
+    ``c`` ns longer, so that no two copies' ranks fold together."""
+    from retime.collectors.enums import OpKind
+
+    n = int(t.ranks.max()) + 1
+    n_lanes = int(t.lanes["lane"].max()) + 1
+    n_coll = int(t.ops["coll_id"].max()) + 1
+    n_grp = int(t.groups["group_id"].max()) + 1 if len(t.groups) else 0
+    ops, lanes, edges, ranges, groups = [], [], [], [], []
+    for c in range(k):
+        o = t.ops.copy()
+        o["op_id"] += c * t.n_ops
+        o["rank"] += c * n
+        o["lane"] += c * n_lanes
+        o["coll_id"] = np.where(o["coll_id"] >= 0, o["coll_id"] + c * n_coll, -1)
+        o["group_id"] = np.where(o["group_id"] >= 0, o["group_id"] + c * n_grp, -1)
+        o["dur_ns"] += np.where(o["kind"] == int(OpKind.KERNEL), c, 0)
+        ops.append(o)
+        lanes.append(t.lanes.assign(lane=t.lanes["lane"] + c * n_lanes,
+                                    rank=t.lanes["rank"] + c * n))
+        edges.append(t.edges.assign(src=t.edges["src"] + c * t.n_ops,
+                                    dst=t.edges["dst"] + c * t.n_ops))
+        ranges.append(t.ranges.assign(rank=t.ranges["rank"] + c * n,
+                                      lane=t.ranges["lane"] + c * n_lanes))
+        groups.append(t.groups.assign(group_id=t.groups["group_id"] + c * n_grp,
+                                      ranks=[[r + c * n for r in g] for g in t.groups["ranks"]]))
+    meta = dict(t.meta, world_size=n * k, devices={})
+
+    def cat(xs):
+        return pd.concat(xs, ignore_index=True)
+
+    return Trace.build(ops=cat(ops), lanes=cat(lanes), edges=cat(edges), ranges=cat(ranges),
+                       groups=cat(groups), strings=list(t.strings), meta=meta)
+
+
+def test_past_32_ranks_heatmap_and_picked_timeline_rows(tmp_path):
+    """40 distinct ranks (5 copies of DLRM's 8): the rank x time heatmap is streamed and
+    equals the in-memory one; the timeline draws the fastest, median and slowest rank, read
+    alone."""
+    from retime.analysis.report_sections import section_timeline
+
+    tr = _copies(ingest_cached(DLRM), 5)
+    p = tmp_path / "x40.retime"
+    tr.save(p, layout="rank")
+    tr = read_trace(p)
+    s = StreamRunAnalysis(p, batch_rows=5000)
+    m = RunAnalysis(tr, tr)
+    assert s.n_ranks == 40 and len(s.folds["group"].unique()) == 40
+    for k in ("bd", "folds", "co", "cw", "ks"):
+        pd.testing.assert_frame_equal(getattr(s, k).reset_index(drop=True),
+                                      getattr(m, k).reset_index(drop=True),
+                                      check_dtype=False, rtol=1e-12, obj=k)
+    for x, y in zip(s.activity, m.activity, strict=True):
+        np.testing.assert_allclose(x, y, rtol=1e-12, atol=1e-6)
+    assert len(s.activity[0]) == 40
+    b = s.bsum.set_index("rank")["step_ns"].sort_values(kind="mergesort")
+    picks = sorted({int(b.index[0]), int(b.index[20]), int(b.index[-1])})
+    assert sorted(set(s.t.ops["rank"])) == picks  # only the drawn ranks were read
+    a, z = section_timeline(s), section_timeline(m)
+    assert [f.key for f in a.figures] == [f.key for f in z.figures] == ["timeline", "rank_time"]
+    assert [x for x in a.blocks if isinstance(x, str)] == \
+        [x for x in z.blocks if isinstance(x, str)]
