@@ -51,8 +51,8 @@ from .report_sections import (
 )
 from .tables import fmt_ns, fmt_pct
 
-__all__ = ["Report", "Section", "Fig", "build_report", "assemble_report", "build_sweep_report", "read_sweep",
-           "render_html", "write_html", "write_pdf", "write_report", "fmt_ns", "fmt_pct",
+__all__ = ["Report", "Section", "Fig", "build_report", "assemble_report", "build_sweep_report",
+           "read_sweep", "render_html", "write_html", "write_pdf", "write_report", "fmt_ns", "fmt_pct",
            "PAPERS"]
 
 PAPERS = ("a4", "letter")

@@ -251,7 +251,8 @@ def explain_critical_path(run: RunAnalysis) -> tuple[list[str], pd.DataFrame, pd
 
 def _why_length(run: RunAnalysis, length: int) -> str:
     cp = run.cp
-    first = run.first_start_ns
+    one = bool(cp.attrs.get("scope"))  # a streamed report: one rank's own path
+    first = int(cp.attrs["first_start_ns"]) if one else run.first_start_ns
     path_start = int(cp["start_ns"].iloc[0])
     span = int(cp.attrs.get("span_ns") or 0)
     st = run.step_ns
@@ -267,11 +268,16 @@ def _why_length(run: RunAnalysis, length: int) -> str:
     head = path_start - first
     if head > 0.01 * max(length, 1):
         r0 = int(cp["rank"].iloc[0])
-        bits.append(f"It starts on rank {r0}, {fmt_ns(head)} after the trace's first op: no "
+        bits.append(f"It starts on rank {r0}, {fmt_ns(head)} after the "
+                    f"{'rank' if one else 'trace'}'s first op: no "
                     "dependency links the earlier work to the end of the run (the path's first "
                     "op waited for nothing recorded), so that work ran beside the path, not "
                     "on it.")
-    if steps <= 1 and st and length > 1.02 * st:
+    if steps <= 1 and st and length > 1.02 * st and one:
+        bits.append("It is longer than the step: it runs over the rank's whole timeline (its "
+                    "work outside the step included), and its collectives count whole (their "
+                    "wait for the other ranks included).")
+    elif steps <= 1 and st and length > 1.02 * st:
         bits.append("It is longer than the slowest rank's step because it crosses ranks whose "
                     "steps start at different times (waits at collectives join their timelines).")
     elif steps <= 1 and st and length < 0.98 * st and head <= 0.01 * max(length, 1):

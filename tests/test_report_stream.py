@@ -162,6 +162,9 @@ def test_streamed_report_equals_in_memory_report(dlrm_pair):
                 "roofline"] == "left out"
     cpsec = next(x for x in rs.sections if x.key == "critical_path")
     assert f"rank {s.slowest_rank} alone (the slowest rank)" in cpsec.blocks[0]
+    # one rank's path (19.2 ms) is longer than the step (18.71 ms) for its own reasons
+    assert "runs over the rank's whole timeline" in cpsec.blocks[1]
+    assert "crosses ranks" not in cpsec.blocks[1]
     # the timeline draws the same rows from the drawn ranks' ops of the drawn step
     assert [f.key for f in next(x for x in rs.sections if x.key == "timeline").figures] == \
         [f.key for f in next(x for x in rm.sections if x.key == "timeline").figures]
