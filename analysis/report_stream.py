@@ -381,27 +381,30 @@ class StreamRunAnalysis(RunAnalysis):
             "figure computed rank by rank equals the in-memory report's; what needs the ops "
             "of several ranks at once ran on a stated subset or was left out.")
         rows = pd.DataFrame([
-            ("Step times, breakdown, kernels and kernel classes, FLOPs utilization, "
-             "pipeline bubbles, memory, groups of identical ranks"
-             + (", rank x time heatmap" if self.activity is not None else ""),
-             "streamed", "per rank, summed over batches: equal to the in-memory report"),
+            ("Step times, breakdown, kernels, FLOPs utilization, pipeline, memory, "
+             "rank groups" + (", rank x time heatmap" if self.activity is not None else ""),
+             "streamed", "per rank: equal to in memory"),
             ("Communication, who waits for whom", "streamed",
-             "from the communication ops of every rank only: equal to the in-memory report"),
-            ("Critical path", f"rank {r} only",
-             "the slowest rank's own dependency chain: the cross-rank path needs every "
-             "rank's ops and edges at once; a collective counts whole, its wait for the other "
-             "ranks included"),
+             "communication ops only: equal"),
+            ("Critical path", f"rank {r} only", "needs all ranks' ops at once"),
             ("Step timeline, pipeline Gantt", f"rank(s) {self._label(drawn)}",
-             "the drawn step's ops of the drawn ranks only (the rows of the picture)"),
-            ("Stragglers (what-if), host overhead and CUDA graphs, attribution tree, roofline",
-             "left out", "they replay or walk every op of the trace at once; run "
-             "`retime report RUN --in-memory` (loads the whole store) or "
-             "`retime stragglers RUN` for them"),
+             "the drawn ranks' step only"),
+            ("Stragglers, host overhead, attribution tree, roofline", "left out",
+             "replay or walk every op"),
         ], columns=["what", "how", "why"])
         s.blocks.append(people_table(rows, [Column("what", "Part of the report", "text"),
                                             Column("how", "Computed", "text"),
-                                            Column("why", "How and why", "text")],
+                                            Column("why", "Why", "text")],
                                      caption="What was streamed, bounded or left out"))
+        s.blocks.append(
+            f"The critical path below is rank {r}'s own (the slowest rank): its ops and edges, "
+            "where a collective counts whole, its wait for the other ranks included; the "
+            "cross-rank path needs every rank's ops and edges at once. The step timeline and "
+            "the pipeline Gantt read the drawn step's ops of the ranks they draw, nothing "
+            "else. The stragglers what-if and the drill-downs (host overhead and CUDA graphs, "
+            "attribution tree, roofline) replay or walk every op of the trace, so they are "
+            "left out: `retime report RUN --in-memory` (loads the whole store) or "
+            "`retime stragglers RUN` gives them.")
         return {"fact": fact, "section": s, "batches": n_batches,
                 "critical_path_rank": r, "drawn_ranks": drawn}
 
