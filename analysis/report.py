@@ -170,7 +170,10 @@ def assemble_report(run: RunAnalysis, *, baseline: Any | None = None, title: str
                              "; not a conclusion: the GPU work of graph replays is not in "
                              "the trace" if hidden and top_part in ("host_bound_ns", "idle_ns")
                              else "")))
-    headline.extend(_unseen_headline(unseen))
+    # what the critical path spans: a streamed report's is one rank's (attrs["scope_rank"])
+    path = (f"rank {run.cp.attrs['scope_rank']}'s whole timeline"
+            if "scope_rank" in run.cp.attrs else "whole trace")
+    headline.extend(_unseen_headline(unseen, path))
     facts = source_facts(base.t if (base is not None and kind == "whatif") else t,
                          world_size=t.world_size)
     steps_fact = (f"{run.steps} ({run.window.why} drawn)" if run.steps > 1 else
@@ -222,7 +225,7 @@ def assemble_report(run: RunAnalysis, *, baseline: Any | None = None, title: str
     if hidden:  # no host-bound or idle verdict from GPU work the trace does not show
         fnd = [(w, f) for w, f in fnd if not f.startswith(("The job is host-bound",
                                                             "Nothing runs for"))]
-        fnd.append((10.0, unseen_notes(unseen)[-1]))
+        fnd.append((10.0, unseen_notes(unseen, path=path)[-1]))
     ranked = [s for _, s in sorted(fnd, key=lambda z: -z[0])]
     if base is not None:
         what = ("The what-if " + ", ".join(f"{k} = {v}" for k, v, _ in scenario)
@@ -235,7 +238,7 @@ def assemble_report(run: RunAnalysis, *, baseline: Any | None = None, title: str
                ("HFU", fmt_pct(je["hfu"]) if je["hfu"] == je["hfu"] else "unknown"),
                ("Critical path", fmt_ns(run.cp.attrs["length_ns"])),
                ("Ranks / steps", f"{run.n_ranks} / {run.steps}"), ("Ops", f"{run.n_ops:,}")]
-    summary.extend((label, value) for label, value, _ in _unseen_headline(unseen))
+    summary.extend((label, value) for label, value, _ in _unseen_headline(unseen, path))
     if base is not None or base_step:
         a = base.step_ns if base is not None else base_step
         summary.insert(0, (f"{la.capitalize()} step time", fmt_ns(a)))
@@ -244,11 +247,12 @@ def assemble_report(run: RunAnalysis, *, baseline: Any | None = None, title: str
                   scenario=scenario, summary=summary, generated=now_utc())
 
 
-def _unseen_headline(u: dict[str, int]) -> list[tuple[str, str, str]]:
+def _unseen_headline(u: dict[str, int], path: str = "whole trace"
+                     ) -> list[tuple[str, str, str]]:
     """Headline rows naming the GPU work the step figures leave out or the trace cannot
     show (:mod:`analysis.coverage`); none when there is none."""
     rows = []
-    notes = unseen_notes(u)
+    notes = unseen_notes(u, path=path)
     # a short figure (the headline's large type), the counts and reasons in its note
     if excludes_gpu_work(u):
         share = u["without_launch_ns"] / u["gpu_ns"] if u["gpu_ns"] else 0.0

@@ -360,6 +360,7 @@ class StreamRunAnalysis(RunAnalysis):
         cp = critical_path(t)
         cp["op_id"] = oid[cp["op_id"].to_numpy()] if len(cp) else cp["op_id"]
         cp.attrs["scope"] = f"rank {rank} alone (the slowest rank)"
+        cp.attrs["scope_rank"] = int(rank)
         cp.attrs["first_start_ns"] = int(ops["start_ns"].min()) if len(ops) else 0
         return cp
 
