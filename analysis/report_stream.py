@@ -186,7 +186,8 @@ class StreamRunAnalysis(RunAnalysis):
 
     # ------------------------------------------------------------------ traces
     def _trace(self, ops: pd.DataFrame | None, ranges: pd.DataFrame | None = None,
-               edges: pd.DataFrame | None = None, memory: pd.DataFrame | None = None) -> Trace:
+               edges: pd.DataFrame | None = None, memory: pd.DataFrame | None = None,
+               meta: dict[str, Any] | None = None) -> Trace:
         """A Trace of some of the store's ops, only the columns read (not validated: op
         ids are the store's; never saved)."""
         return Trace(
@@ -195,7 +196,7 @@ class StreamRunAnalysis(RunAnalysis):
             lanes=self._lanes, edges=_frame(EDGES_SCHEMA, edges, "edges"),
             ranges=_frame(RANGES_SCHEMA, ranges, "ranges"), groups=self._groups,
             memory=_frame(MEMORY_SCHEMA, memory, "memory"), strings=self._strings,
-            meta=self._meta)
+            meta=self._meta if meta is None else meta)
 
     @property
     def n_ops(self) -> int:
@@ -203,15 +204,49 @@ class StreamRunAnalysis(RunAnalysis):
 
     # ------------------------------------------------------------------ passes
     def _pass_ranks(self, batches: list[np.ndarray]) -> None:
-        """Pass 1: everything per rank, one batch of ranks at a time."""
+        """Pass 1: everything per rank, one batch of ranks at a time.
+
+        A replayed trace carries its step windows (``meta["step_windows"]``, valid for ops
+        at exactly the recorded times: a checksum of every op's times,
+        :func:`collectors.steps.times_checksum`). Each batch gets its ranks' recorded
+        windows with the batch's own checksum, and the store's checksum is summed over the
+        batches (the sums wrap as int64, so batches add up); should it not match, the pass
+        runs again without them, as the in-memory analysis does."""
+        rec = self._meta.get("step_windows")
+        if isinstance(rec, dict) and rec.get("ops") == self._n_ops:
+            if self._pass_ranks_once(batches, rec):
+                return
+        self._pass_ranks_once(batches, None)
+
+    def _pass_ranks_once(self, batches: list[np.ndarray], rec: dict[str, Any] | None) -> bool:
+        """Pass 1 (with the recorded windows ``rec``); False when they do not apply."""
+        from retime.collectors.steps import times_checksum
+
         sw, bd, kp, cp_, fl, bub, st, un, sig, mem = ([] for _ in range(10))
         first = None
         mb = False
         self._all_delta = True  # every memory sample relative (no absolute value)
+        sums = [0, 0]
+        cols = _PASS1_COLS + (["op_id"] if rec is not None else [])
+        recw = pd.DataFrame({k: np.asarray(rec[k], np.int64) for k in
+                             ("rank", "step", "start_ns", "end_ns")}) if rec is not None else None
         for batch in batches:
-            t = self._trace(scan_table(self.path, "ops", ranks=batch, columns=_PASS1_COLS),
-                            scan_table(self.path, "ranges", ranks=batch),
-                            memory=scan_table(self.path, "memory", ranks=batch))
+            ops = scan_table(self.path, "ops", ranks=batch, columns=cols)
+            meta = None
+            if recw is not None:
+                ms = ops["start_ns"].to_numpy().astype(np.int64)
+                me = ms + ops["dur_ns"].to_numpy().astype(np.int64)
+                w = ops["op_id"].to_numpy().astype(np.int64) + 1  # positions in the store
+                with np.errstate(over="ignore"):
+                    sums[0] += int((ms * w).sum())
+                    sums[1] += int((me * (w + 7)).sum())
+                mine = recw[np.isin(recw["rank"].to_numpy(), batch)]
+                meta = dict(self._meta, step_windows={
+                    "ops": len(ops), "times": times_checksum(ms, me),
+                    **{k: mine[k].tolist() for k in ("rank", "step", "start_ns", "end_ns")}})
+                ops = ops.drop(columns="op_id")
+            t = self._trace(ops, scan_table(self.path, "ranges", ranks=batch),
+                            memory=scan_table(self.path, "memory", ranks=batch), meta=meta)
             if len(t.memory):
                 mem.append(device_peaks(memory_timeline(t)))
                 self._all_delta &= bool((t.memory["allocated_bytes"].to_numpy() < 0).all())
@@ -230,6 +265,11 @@ class StreamRunAnalysis(RunAnalysis):
                 first = s0 if first is None else min(first, s0)
                 mb = mb or bool((t.ops["microbatch"].to_numpy() >= 0).any())
             del t
+        if rec is not None:
+            a, b = ((x + 2**63) % 2**64 - 2**63 for x in sums)  # int64 wrap-around
+            if ((a ^ b) & 0x7FFFFFFFFFFFFFFF) != rec.get("times"):
+                return False
+
         def cat(xs: list[pd.DataFrame]) -> pd.DataFrame:
             return pd.concat(xs, ignore_index=True)
 
@@ -256,6 +296,7 @@ class StreamRunAnalysis(RunAnalysis):
         self.folds = fold_groups(self._sig, self.window.step, self.t.ranks)
         self.first_start_ns = int(first or 0)
         self.has_microbatches = mb
+        return True
 
     def _pass_comm(self, batch_rows: int) -> None:
         """The communication ops of every rank (only those: a pushed-down filter)."""
