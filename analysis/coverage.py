@@ -173,8 +173,9 @@ def _ms(ns: int) -> str:
     return f"{ns / 1e6:.2f} ms"
 
 
-def unseen_notes(u: dict[str, int]) -> list[str]:
-    """One sentence per kind of excluded or unseen work (empty when there is none)."""
+def unseen_notes(u: dict[str, int], *, path: str = "whole trace") -> list[str]:
+    """One sentence per kind of excluded or unseen work (empty when there is none);
+    ``path`` says what the critical path spans (a streamed report's is one rank's)."""
     notes = []
     if u["without_launch_ops"]:
         share = u["without_launch_ns"] / u["gpu_ns"] if u["gpu_ns"] else 0.0
@@ -185,7 +186,7 @@ def unseen_notes(u: dict[str, int]) -> list[str]:
             + (f"; {q:,} of them ran before the first launched GPU op (queued before the "
                "trace started)" if q else "") + "."
             + (f" GPU time outside every step: {_ms(u['outside_steps_ns'])}; step figures "
-               "leave it out, the critical path (whole trace) does not."
+               f"leave it out, the critical path ({path}) does not."
                if u["outside_steps_ns"] else ""))
     elif excludes_gpu_work(u):
         notes.append(f"GPU time outside every step: {_ms(u['outside_steps_ns'])} (before the "

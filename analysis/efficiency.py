@@ -37,7 +37,7 @@ from retime.collectors.devices import device_peaks
 
 from ._util import _keep_step_mask, as_trace, step_windows
 
-__all__ = ["peak_flops", "efficiency", "job_efficiency"]
+__all__ = ["peak_flops", "efficiency", "job_efficiency", "op_flops", "finish_efficiency"]
 
 def _device_entry(trace, rank: int) -> dict | None:
     devs = trace.meta.get("devices") or {}
@@ -69,6 +69,13 @@ def efficiency(x: Any) -> pd.DataFrame:
     ``model_flops``, ``hardware_flops``, ``peak_flops``, ``hfu``, ``mfu`` (NaN where
     unknown; see the module docstring for the definitions)."""
     t = as_trace(x)
+    return finish_efficiency(op_flops(t), t)
+
+
+def op_flops(t) -> pd.DataFrame:
+    """Per rank and step (the step windows' rows): ``step_ns``, ``flops`` (executed op
+    flops, NaN when the rank's ops in the step carry none) and ``recompute_flops``. Per
+    rank: a streamed report sums them a batch of ranks at a time."""
     o = t.ops
     w = step_windows(t)
     out = w[["rank", "step"]].copy()
@@ -83,8 +90,17 @@ def efficiency(x: Any) -> pd.DataFrame:
     df["rec"] = np.where(rec, df["flops"].to_numpy(), 0.0)
     g = df.groupby(["rank", "step"]).agg(flops=("flops", "sum"), rec=("rec", "sum"))
     idx = pd.MultiIndex.from_frame(out[["rank", "step"]])
-    executed = g["flops"].reindex(idx).to_numpy()
-    recomputed = g["rec"].reindex(idx).to_numpy()
+    out["flops"] = g["flops"].reindex(idx).to_numpy()
+    out["recompute_flops"] = g["rec"].reindex(idx).to_numpy()
+    return out
+
+
+def finish_efficiency(out: pd.DataFrame, t) -> pd.DataFrame:
+    """:func:`efficiency` from the :func:`op_flops` rows of every rank; of ``t`` only its
+    meta and world size are read (model flops, device peaks)."""
+    out = out.copy()
+    executed = out["flops"].to_numpy()
+    recomputed = out["recompute_flops"].to_numpy()
     model_ops = executed - recomputed  # NaN where the rank's ops carry no flops
     mf = t.meta.get("model_flops_per_step")
     syn = t.meta.get("synth") or {}
@@ -101,8 +117,6 @@ def efficiency(x: Any) -> pd.DataFrame:
         # H = M * E / (E - R): the recomputed share in the model's units (module docstring)
         ratio = np.where(model_ops > 0, executed / model_ops,
                          np.where(executed == 0, 1.0, np.nan))  # NaN: no op flops known
-    out["flops"] = executed
-    out["recompute_flops"] = recomputed
     out["model_flops"] = model
     out["hardware_flops"] = model * ratio
     out["peak_flops"] = [peak_flops(t, int(r)) for r in out["rank"]]

@@ -18,7 +18,7 @@ import pandas as pd
 
 from ._util import as_trace
 
-__all__ = ["memory_timeline", "peak_memory"]
+__all__ = ["memory_timeline", "peak_memory", "device_peaks", "rank_peaks"]
 
 
 def memory_timeline(x: Any) -> pd.DataFrame:
@@ -42,44 +42,35 @@ def memory_timeline(x: Any) -> pd.DataFrame:
                          "reserved_bytes": df["reserved_bytes"].to_numpy()})
 
 
-def peak_memory(x: Any) -> pd.DataFrame:
+def peak_memory(x: Any, *, stages: pd.DataFrame | None = None) -> pd.DataFrame:
     """Peak per rank: ``rank``, ``stage`` (-1 unknown), ``peak_allocated_bytes``,
     ``peak_reserved_bytes``, ``samples``, ``source`` (``trace``, ``delta`` or ``model``).
-    Empty when unknown."""
+    Empty when unknown.
+
+    ``stages``: the :func:`analysis.pipeline.rank_stages` frame when ``x``'s ops are not all
+    there (a streamed report passes a trace of the memory samples alone)."""
     from .pipeline import rank_stages
 
     t = as_trace(x)
-    out = _peak_memory(t)
+    rs = rank_stages(t) if stages is None else stages
+    out = _peak_memory(t, rs)
     if len(out):
-        st = rank_stages(t).set_index("rank")["stage"]
+        st = rs.set_index("rank")["stage"]
         out.insert(1, "stage", st.reindex(out["rank"].to_numpy(), fill_value=-1).to_numpy())
     return out
 
 
-def _peak_memory(t) -> pd.DataFrame:
+def _peak_memory(t, rs: pd.DataFrame) -> pd.DataFrame:
     tl = memory_timeline(t)
     if len(tl):
-        # only device samples (device >= 0) when there are any; CPU allocations otherwise
-        dev = tl[tl["device"] >= 0] if (tl["device"] >= 0).any() else tl
         src = "delta" if (t.memory["allocated_bytes"].to_numpy() < 0).all() else "trace"
-        per = dev.groupby(["rank", "device"]).agg(peak_allocated_bytes=("allocated_bytes", "max"),
-                                                  peak_reserved_bytes=("reserved_bytes", "max"),
-                                                  samples=("ts_ns", "size")).reset_index()
-        r = per.groupby("rank", sort=True).agg(
-            peak_allocated_bytes=("peak_allocated_bytes", "max"),
-            peak_reserved_bytes=("peak_reserved_bytes", "max"),
-            samples=("samples", "sum")).reset_index()
-        r["source"] = src
-        return r
+        return rank_peaks(device_peaks(tl), src)
     pm = t.meta.get("peak_memory_bytes")
     syn = t.meta.get("synth") or {}
     per_stage = syn.get("memory")
     if pm is None and isinstance(per_stage, list) and per_stage:
-        from .pipeline import rank_stages
-
         by_stage = {int(r.get("stage", i)): int(r.get("total_bytes", -1))
                     for i, r in enumerate(per_stage) if isinstance(r, dict)}
-        rs = rank_stages(t)
         vals = [by_stage.get(int(s), max(by_stage.values())) for s in rs["stage"]]
         return pd.DataFrame({"rank": rs["rank"].to_numpy(), "peak_allocated_bytes": vals,
                              "peak_reserved_bytes": [-1] * len(rs), "samples": [0] * len(rs),
@@ -97,3 +88,25 @@ def _peak_memory(t) -> pd.DataFrame:
     return pd.DataFrame({"rank": ranks, "peak_allocated_bytes": vals,
                          "peak_reserved_bytes": [-1] * len(ranks), "samples": [0] * len(ranks),
                          "source": ["model"] * len(ranks)})
+
+
+def device_peaks(tl: pd.DataFrame) -> pd.DataFrame:
+    """Per (rank, device) of a :func:`memory_timeline`: ``peak_allocated_bytes``,
+    ``peak_reserved_bytes``, ``samples``. Per rank: a streamed report computes it a batch
+    of ranks at a time and :func:`rank_peaks` finishes it."""
+    return tl.groupby(["rank", "device"]).agg(peak_allocated_bytes=("allocated_bytes", "max"),
+                                              peak_reserved_bytes=("reserved_bytes", "max"),
+                                              samples=("ts_ns", "size")).reset_index()
+
+
+def rank_peaks(per: pd.DataFrame, src: str) -> pd.DataFrame:
+    """:func:`peak_memory`'s rows (before ``stage``) from every rank's
+    :func:`device_peaks`: only device samples (device >= 0) when there are any, CPU
+    allocations otherwise; ``src`` is ``trace`` or ``delta``."""
+    dev = per[per["device"] >= 0] if (per["device"] >= 0).any() else per
+    r = dev.groupby("rank", sort=True).agg(
+        peak_allocated_bytes=("peak_allocated_bytes", "max"),
+        peak_reserved_bytes=("peak_reserved_bytes", "max"),
+        samples=("samples", "sum")).reset_index()
+    r["source"] = src
+    return r

@@ -32,7 +32,7 @@ from retime.collectors.trace import Trace
 
 from ._util import as_trace, memo_scope
 from .breakdown import PARTS
-from .coverage import excludes_gpu_work, hides_gpu_work, unseen_notes, unseen_work
+from .coverage import excludes_gpu_work, hides_gpu_work, unseen_notes
 from .report_compare import build_sweep_sections, comparison_finding, section_comparison
 from .report_findings import cpu_only
 from .report_findings import findings as run_findings
@@ -51,8 +51,8 @@ from .report_sections import (
 )
 from .tables import fmt_ns, fmt_pct
 
-__all__ = ["Report", "Section", "Fig", "build_report", "build_sweep_report", "read_sweep",
-           "render_html", "write_html", "write_pdf", "write_report", "fmt_ns", "fmt_pct",
+__all__ = ["Report", "Section", "Fig", "build_report", "assemble_report", "build_sweep_report",
+           "read_sweep", "render_html", "write_html", "write_pdf", "write_report", "fmt_ns", "fmt_pct",
            "PAPERS"]
 
 PAPERS = ("a4", "letter")
@@ -101,9 +101,16 @@ def build_report(x: Any, *, baseline: Any | None = None, title: str | None = Non
 
 def _build_report(x: Any, *, baseline: Any | None, title: str | None, top: int) -> Report:
     t = as_trace(x)
-    if len(t.ops) == 0:
+    return assemble_report(RunAnalysis(x, t), baseline=baseline, title=title, top=top)
+
+
+def assemble_report(run: RunAnalysis, *, baseline: Any | None = None, title: str | None = None,
+                    top: int = TOP) -> Report:
+    """The report of an analysed run (:class:`RunAnalysis`, or the streamed one of
+    :mod:`analysis.report_stream`, whose ``t`` holds a bounded subset of the ops)."""
+    x, t = run.x, run.t
+    if run.n_ops == 0:
         raise RetimeError("the trace has no ops; nothing to report (check `retime info`)")
-    run = RunAnalysis(x, t)
     scenario = scenario_of(x, t)
     replay = is_replay(x, t)
     base_x, base_step = _measured_of(x, t, baseline)
@@ -153,7 +160,7 @@ def _build_report(x: Any, *, baseline: Any | None, title: str | None, top: int) 
         else:
             headline.append(("GPU busy", fmt_pct(busy), "share of the step with any GPU op "
                              "running"))
-    unseen = unseen_work(t)
+    unseen = run.unseen
     hidden = hides_gpu_work(unseen)
     if kind == "run" and len(run.bd):
         parts = run.slow_parts
@@ -163,20 +170,27 @@ def _build_report(x: Any, *, baseline: Any | None, title: str | None, top: int) 
                              "; not a conclusion: the GPU work of graph replays is not in "
                              "the trace" if hidden and top_part in ("host_bound_ns", "idle_ns")
                              else "")))
-    headline.extend(_unseen_headline(unseen))
+    # what the critical path spans: a streamed report's is one rank's (attrs["scope_rank"])
+    path = (f"rank {run.cp.attrs['scope_rank']}'s whole timeline"
+            if "scope_rank" in run.cp.attrs else "whole trace")
+    headline.extend(_unseen_headline(unseen, path))
     facts = source_facts(base.t if (base is not None and kind == "whatif") else t,
                          world_size=t.world_size)
     steps_fact = (f"{run.steps} ({run.window.why} drawn)" if run.steps > 1 else
                   "1" if run.steps == 1 else "none marked")
     facts.append(("Steps", steps_fact))
-    facts.append(("Ops", f"{t.n_ops:,}" + (f" ({base.t.n_ops:,} in the {la} run)"
-                                          if base is not None and base.t.n_ops != t.n_ops
-                                          else "")))
+    facts.append(("Ops", f"{run.n_ops:,}" + (f" ({base.n_ops:,} in the {la} run)"
+                                            if base is not None and base.n_ops != run.n_ops
+                                            else "")))
     swap = gpu_swap(scenario, base.t if base is not None else None)
     if swap:
         facts.append(("GPU swapped", swap))
     facts.append(("Critical path", f"{fmt_ns(run.cp.attrs['length_ns'])} "
-                                   f"({len(run.cp):,} ops)"))
+                                   f"({len(run.cp):,} ops)" + (
+                                       f", {run.cp.attrs['scope']}" if run.cp.attrs.get("scope")
+                                       else "")))
+    if run.streamed is not None:
+        facts.append(("Analysis", run.streamed["fact"]))
     # sections
     secs: list[Section] = []
     if base is not None:
@@ -189,9 +203,13 @@ def _build_report(x: Any, *, baseline: Any | None, title: str | None, top: int) 
                 section_efficiency(run), section_stragglers(run, top=top)):
         if sec is not None:
             secs.append(sec)
-    # drill-downs: host overhead / CUDA graphs, attribution tree, roofline (when they apply)
-    from .report_drilldown import drilldown_sections
-    secs.extend(drilldown_sections(x))
+    # drill-downs: host overhead / CUDA graphs, attribution tree, roofline (when they apply);
+    # a streamed report leaves them out (they need every op at once) and says so
+    if run.streamed is None:
+        from .report_drilldown import drilldown_sections
+        secs.extend(drilldown_sections(x))
+    else:
+        secs.insert(0, run.streamed["section"])
     # findings
     fnd = run_findings(run)
     strag = getattr(run, "stragglers", None)
@@ -207,7 +225,7 @@ def _build_report(x: Any, *, baseline: Any | None, title: str | None, top: int) 
     if hidden:  # no host-bound or idle verdict from GPU work the trace does not show
         fnd = [(w, f) for w, f in fnd if not f.startswith(("The job is host-bound",
                                                             "Nothing runs for"))]
-        fnd.append((10.0, unseen_notes(unseen)[-1]))
+        fnd.append((10.0, unseen_notes(unseen, path=path)[-1]))
     ranked = [s for _, s in sorted(fnd, key=lambda z: -z[0])]
     if base is not None:
         what = ("The what-if " + ", ".join(f"{k} = {v}" for k, v, _ in scenario)
@@ -219,8 +237,8 @@ def _build_report(x: Any, *, baseline: Any | None, title: str | None, top: int) 
                                            else "unknown (no flops in trace)"),
                ("HFU", fmt_pct(je["hfu"]) if je["hfu"] == je["hfu"] else "unknown"),
                ("Critical path", fmt_ns(run.cp.attrs["length_ns"])),
-               ("Ranks / steps", f"{run.n_ranks} / {run.steps}"), ("Ops", f"{t.n_ops:,}")]
-    summary.extend((label, value) for label, value, _ in _unseen_headline(unseen))
+               ("Ranks / steps", f"{run.n_ranks} / {run.steps}"), ("Ops", f"{run.n_ops:,}")]
+    summary.extend((label, value) for label, value, _ in _unseen_headline(unseen, path))
     if base is not None or base_step:
         a = base.step_ns if base is not None else base_step
         summary.insert(0, (f"{la.capitalize()} step time", fmt_ns(a)))
@@ -229,11 +247,12 @@ def _build_report(x: Any, *, baseline: Any | None, title: str | None, top: int) 
                   scenario=scenario, summary=summary, generated=now_utc())
 
 
-def _unseen_headline(u: dict[str, int]) -> list[tuple[str, str, str]]:
+def _unseen_headline(u: dict[str, int], path: str = "whole trace"
+                     ) -> list[tuple[str, str, str]]:
     """Headline rows naming the GPU work the step figures leave out or the trace cannot
     show (:mod:`analysis.coverage`); none when there is none."""
     rows = []
-    notes = unseen_notes(u)
+    notes = unseen_notes(u, path=path)
     # a short figure (the headline's large type), the counts and reasons in its note
     if excludes_gpu_work(u):
         share = u["without_launch_ns"] / u["gpu_ns"] if u["gpu_ns"] else 0.0

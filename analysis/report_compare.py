@@ -81,7 +81,7 @@ def _metric_rows(base: RunAnalysis, cand: RunAnalysis) -> pd.DataFrame:
     if pa == pa or pb == pb:
         rows.append(row("Peak memory", pa, pb, "bytes"))
     rows.append(row("Ranks", base.n_ranks, cand.n_ranks, "count"))
-    rows.append(row("Ops", base.t.n_ops, cand.t.n_ops, "count"))
+    rows.append(row("Ops", base.n_ops, cand.n_ops, "count"))
     return pd.DataFrame(rows, columns=["metric", "a", "b", "kind"])
 
 

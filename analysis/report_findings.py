@@ -118,7 +118,7 @@ def findings(run: RunAnalysis) -> list[tuple[float, str]]:
         return out
     out.append(_dominant(run))
     steps = max(run.steps, 1)
-    cw = collective_waits(run.t)
+    cw = run.cw
     if len(cw):
         w = cw.iloc[0]
         per = float(w["wait_ns"]) / steps
@@ -155,7 +155,9 @@ def findings(run: RunAnalysis) -> list[tuple[float, str]]:
         if len(parts):
             p0 = parts.iloc[0]
             ranks = sorted(set(cp["rank"].tolist()))
-            out.append((0.25, f"The critical path ({fmt_ns(cp.attrs['length_ns'])}) is "
+            whose = "The slowest rank's own critical path" if cp.attrs.get("scope") else \
+                "The critical path"  # a streamed report's path is one rank's (said so)
+            out.append((0.25, f"{whose} ({fmt_ns(cp.attrs['length_ns'])}) is "
                               f"{fmt_pct(p0['share'])} {p0['part']}; it crosses "
                               f"{len(ranks)} rank(s) ({ranks_label(ranks, 4)})."))
     return out
@@ -228,6 +230,10 @@ def explain_critical_path(run: RunAnalysis) -> tuple[list[str], pd.DataFrame, pd
     src = ("the replay's record of which op held each op back" if cp.attrs.get("source") ==
            "replay" else "the longest chain of recorded dependencies (launches, "
            "synchronizations, collectives, host order) ending at the trace's last op")
+    scope = cp.attrs.get("scope")
+    if scope:  # a streamed report: the path of a bounded subset of the ranks, said so
+        src = (f"{scope}: the longest chain of recorded dependencies (launches, "
+               "synchronizations, host order) among that rank's own ops, ending at its last op")
     if len(where) == 1:
         route = (f"It stays on rank {int(where['rank'].iloc[0])}'s "
                  f"{where['resource'].iloc[0]}")
@@ -245,9 +251,8 @@ def explain_critical_path(run: RunAnalysis) -> tuple[list[str], pd.DataFrame, pd
 
 def _why_length(run: RunAnalysis, length: int) -> str:
     cp = run.cp
-    t = run.t
-    o = t.ops
-    first = int(o["start_ns"].min())
+    one = bool(cp.attrs.get("scope"))  # a streamed report: one rank's own path
+    first = int(cp.attrs["first_start_ns"]) if one else run.first_start_ns
     path_start = int(cp["start_ns"].iloc[0])
     span = int(cp.attrs.get("span_ns") or 0)
     st = run.step_ns
@@ -263,11 +268,16 @@ def _why_length(run: RunAnalysis, length: int) -> str:
     head = path_start - first
     if head > 0.01 * max(length, 1):
         r0 = int(cp["rank"].iloc[0])
-        bits.append(f"It starts on rank {r0}, {fmt_ns(head)} after the trace's first op: no "
+        bits.append(f"It starts on rank {r0}, {fmt_ns(head)} after the "
+                    f"{'rank' if one else 'trace'}'s first op: no "
                     "dependency links the earlier work to the end of the run (the path's first "
                     "op waited for nothing recorded), so that work ran beside the path, not "
                     "on it.")
-    if steps <= 1 and st and length > 1.02 * st:
+    if steps <= 1 and st and length > 1.02 * st and one:
+        bits.append("It is longer than the step: it runs over the rank's whole timeline (its "
+                    "work outside the step included), and its collectives count whole (their "
+                    "wait for the other ranks included).")
+    elif steps <= 1 and st and length > 1.02 * st:
         bits.append("It is longer than the slowest rank's step because it crosses ranks whose "
                     "steps start at different times (waits at collectives join their timelines).")
     elif steps <= 1 and st and length < 0.98 * st and head <= 0.01 * max(length, 1):

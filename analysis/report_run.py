@@ -42,6 +42,10 @@ class RunAnalysis:
     the breakdown parts of those slowest ranks, so its values add up to ``step_ns``.
     """
 
+    #: what a streamed report (:mod:`analysis.report_stream`) streamed, bounded or left out;
+    #: None for a report of a trace in memory
+    streamed: dict[str, Any] | None = None
+
     def __init__(self, x: Any, t: Trace | None = None) -> None:
         self.x = x
         self.t = t if t is not None else as_trace(x)
@@ -86,6 +90,36 @@ class RunAnalysis:
     @cached_property
     def cp(self) -> pd.DataFrame:
         return critical_path(self.x)
+
+    @property
+    def n_ops(self) -> int:
+        return int(self.t.n_ops)
+
+    @cached_property
+    def first_start_ns(self) -> int:
+        """The run's first op start."""
+        return int(self.t.ops["start_ns"].min()) if len(self.t.ops) else 0
+
+    @cached_property
+    def unseen(self) -> dict[str, int]:
+        from .coverage import unseen_work
+        return unseen_work(self.t)
+
+    @cached_property
+    def cw(self) -> pd.DataFrame:
+        """Who waits for whom at collectives (:func:`analysis.report_findings.collective_waits`)."""
+        from .report_findings import collective_waits
+        return collective_waits(self.t)
+
+    @cached_property
+    def has_microbatches(self) -> bool:
+        return bool((self.t.ops["microbatch"].to_numpy() >= 0).any())
+
+    @cached_property
+    def activity(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The rank x time heatmap of :attr:`window` (:func:`analysis.timeline.rank_activity`)."""
+        from .timeline import rank_activity
+        return rank_activity(self.t, self.window)
 
     @cached_property
     def eff(self) -> pd.DataFrame:

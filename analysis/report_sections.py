@@ -16,11 +16,11 @@ from .plots_timeline import (
     plot_rank_time_heatmap,
     plot_step_timeline,
 )
-from .report_findings import collective_waits, explain_critical_path
+from .report_findings import explain_critical_path
 from .report_model import Fig, Section
 from .report_run import RunAnalysis
 from .tables import Column, fmt_ns, fmt_pct, people_table, ranks_label
-from .timeline import pipeline_blocks, rank_activity, step_segments
+from .timeline import pipeline_blocks, step_segments
 
 __all__ = ["section_breakdown", "section_timeline", "section_critical_path", "section_kernels",
            "section_comm", "section_pipeline", "section_memory", "section_efficiency",
@@ -179,7 +179,7 @@ def section_timeline(run: RunAnalysis) -> Section:
     seg = step_segments(run.t, w, rows, critical_op_ids=run.cp["op_id"].to_numpy(), px_ns=px)
     s.blocks.append(Fig("timeline", f"Timeline of {w.why} ({len(rows)} row group(s)).",
                         plot_step_timeline(seg, names, span_ns=w.dur_ns)))
-    if run.n_stages > 1 and (run.t.ops["microbatch"].to_numpy() >= 0).any():
+    if run.n_stages > 1 and run.has_microbatches:
         st = run.stages.set_index("rank")["stage"]
         reps = []
         for stage in sorted(x for x in st.unique() if x >= 0):
@@ -195,7 +195,7 @@ def section_timeline(run: RunAnalysis) -> Section:
                                                              for a, b in reps},
                                                     span_ns=w.dur_ns)))
     if run.n_ranks > MANY_RANKS:
-        first, per_row, edges, parts = rank_activity(run.t, w)
+        first, per_row, edges, parts = run.activity
         pooled = (f" Rows of {int(per_row.max())} consecutive ranks show what they mostly do "
                   "together." if per_row.max() > 1 else "")
         s.blocks.append(Fig("rank_time", "Rank x time: what each rank mostly does in each "
@@ -301,7 +301,7 @@ def section_comm(run: RunAnalysis, *, top: int) -> Section | None:
                                  caption="Per process group and primitive", top=top,
                                  what="group/primitive rows", csv_name="communication",
                                  csv_frame=full))
-    cw = collective_waits(run.t)
+    cw = run.cw
     if len(cw):
         steps = max(run.steps, 1)
         cw = cw.assign(per_step_ns=cw["wait_ns"] / steps)
@@ -406,6 +406,8 @@ def section_stragglers(run: RunAnalysis, *, top: int) -> Section | None:
     from retime.collectors.errors import RetimeError
     from retime.collectors.trace import Trace
 
+    if run.streamed is not None:  # it replays the whole trace: not in a streamed report
+        return None
     if not isinstance(run.x, Trace) or run.t.n_ops > _MAX_STRAGGLER_OPS or "replay" in run.t.meta:
         return None
     try:

@@ -41,8 +41,10 @@ from ._util import (
 )
 from .tables import ranks_label
 
-__all__ = ["StepWindow", "typical_step", "fold_ranks", "step_segments", "pipeline_blocks",
-           "rank_activity", "ACTIVITIES", "ACTIVITY_PARTS"]
+__all__ = ["StepWindow", "typical_step", "typical_step_of", "fold_ranks", "step_signatures",
+           "fold_groups", "step_segments", "pipeline_blocks",
+           "rank_activity", "activity_rows", "activity_cover", "activity_parts",
+           "activity_edges", "ACTIVITIES", "ACTIVITY_PARTS"]
 
 #: timeline row activities, in row order within a rank group
 ACTIVITIES = ("host", "compute", "communication")
@@ -70,7 +72,12 @@ class StepWindow:
 def typical_step(trace) -> StepWindow:
     """The median step by duration (slowest rank's step time; the earlier of the two middle
     steps when their number is even); the whole trace when it has no step attribution."""
-    w = step_windows(trace)
+    return typical_step_of(step_windows(trace))
+
+
+def typical_step_of(w: pd.DataFrame) -> StepWindow:
+    """:func:`typical_step` from the step windows ``w`` (``rank``, ``step``, ``start_ns``,
+    ``end_ns``) of every rank: a streamed report has the windows, not the trace."""
     if len(w) == 0:
         return StepWindow(-1, 0, 0, 0, "the trace has no ops")
     g = w.groupby("step").agg(start_ns=("start_ns", "min"), end_ns=("end_ns", "max"))
@@ -110,23 +117,34 @@ def fold_ranks(trace, step: StepWindow | None = None) -> pd.DataFrame:
     lowest rank), ``representative`` (the group's lowest rank), ``size`` (ranks in the
     group) and ``label`` (the group's ranks, e.g. ``0-31``).
     """
-    o = trace.ops
     step = step or typical_step(trace)
-    m = _step_ops(trace, step.step)
     ranks_all = unique(trace.lanes["rank"].to_numpy()) if len(trace.lanes) else np.zeros(0)
+    return fold_groups(step_signatures(trace, step.step), step.step, ranks_all)
+
+
+def step_signatures(trace, step: int | None = None) -> pd.DataFrame:
+    """Per (rank, step) of the reported steps (``step`` only, when given): ``sig`` (a hash
+    of the rank's ops in the step: kind, name, duration, offset from the rank's first op in
+    the step, lane position within the rank) and ``n`` (ops). Per rank, so a streamed
+    report computes them a batch of ranks at a time; :func:`fold_groups` groups them."""
+    o = trace.ops
+    steps = o["step"].to_numpy()
+    keep = _keep_step_mask(o["rank"].to_numpy(), steps)
+    m = keep if step is None or step < 0 else keep & (steps == step)
+    cols = {"rank": np.zeros(0, np.int64), "step": np.zeros(0, np.int64),
+            "sig": np.zeros(0, np.uint64), "n": np.zeros(0, np.int64)}
     if not m.any():
-        r = ranks_all.astype(np.int64)
-        return pd.DataFrame({"rank": r, "group": np.arange(len(r)), "representative": r,
-                             "size": np.ones(len(r), np.int64),
-                             "label": [str(x) for x in r]})
+        return pd.DataFrame(cols)
     rank = o["rank"].to_numpy()[m].astype(np.int64)
+    st = steps[m].astype(np.int64) if step is None else np.full(len(rank), step, np.int64)
     start = o["start_ns"].to_numpy()[m]
     lanes = trace.lanes.sort_values(["rank", "lane"], kind="mergesort")
     first = lanes.groupby("rank")["lane"].transform("min").to_numpy()
     ordinal = np.zeros(int(lanes["lane"].max()) + 1, np.int64)
     ordinal[lanes["lane"].to_numpy()] = (lanes["lane"].to_numpy() - first)
     # offsets from the rank's own step start
-    ur, inv = unique(rank, return_inverse=True)
+    key = rank * (1 << 32) + (st + 1)
+    ur, inv = unique(key, return_inverse=True)
     rs = np.full(len(ur), np.iinfo(np.int64).max, np.int64)
     np.minimum.at(rs, inv, start)
     rel = start - rs[inv]
@@ -140,12 +158,29 @@ def fold_ranks(trace, step: StepWindow | None = None) -> pd.DataFrame:
     order = np.argsort(inv, kind="stable")
     bounds = np.r_[0, np.flatnonzero(np.diff(inv[order])) + 1]
     with np.errstate(over="ignore"):
-        sums = np.add.reduceat(sig[order], bounds) if len(order) else np.zeros(0, np.uint64)
+        sums = np.add.reduceat(sig[order], bounds)
     counts = np.bincount(inv, minlength=len(ur))
-    key = pd.DataFrame({"rank": ur, "sum": sums, "n": counts})
+    return pd.DataFrame({"rank": ur >> 32, "step": (ur & ((1 << 32) - 1)) - 1, "sig": sums,
+                         "n": counts.astype(np.int64)})
+
+
+def fold_groups(sig: pd.DataFrame, step: int, ranks_all: np.ndarray) -> pd.DataFrame:
+    """:func:`fold_ranks`' frame from the :func:`step_signatures` of every rank (rows of
+    other steps are ignored); ranks of ``ranks_all`` with no op in the step form groups of
+    their own."""
+    ranks_all = np.asarray(ranks_all).astype(np.int64)
+    k = sig[sig["step"] == step] if len(sig) else sig
+    if not len(k):
+        r = ranks_all
+        return pd.DataFrame({"rank": r, "group": np.arange(len(r)), "representative": r,
+                             "size": np.ones(len(r), np.int64),
+                             "label": [str(x) for x in r]})
+    k = k.sort_values("rank", kind="mergesort")
+    ur = k["rank"].to_numpy().astype(np.int64)
+    key = pd.DataFrame({"rank": ur, "sum": k["sig"].to_numpy(), "n": k["n"].to_numpy()})
     gid = key.groupby(["sum", "n"], sort=False).ngroup().to_numpy()
     # ranks with no op in the step form their own groups
-    missing = np.setdiff1d(ranks_all.astype(np.int64), ur)
+    missing = np.setdiff1d(ranks_all, ur)
     r = np.concatenate([ur, missing])
     gid = np.concatenate([gid, gid.max() + 1 + np.arange(len(missing))]) if len(gid) else \
         np.arange(len(missing))
@@ -276,7 +311,8 @@ def pipeline_blocks(trace, step: StepWindow, stage_ranks: pd.DataFrame) -> pd.Da
     return df[cols]
 
 
-def rank_activity(trace, step: StepWindow, *, bins: int = 240, max_rows: int = 512
+def rank_activity(trace, step: StepWindow, *, bins: int = 240, max_rows: int = 512,
+                  windows: pd.DataFrame | None = None
                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Rank x time: per row of ranks and time bin, the covered ns of each part of
     :data:`ACTIVITY_PARTS` (disjoint per rank, adding up to the bin inside the rank's own
@@ -287,20 +323,59 @@ def rank_activity(trace, step: StepWindow, *, bins: int = 240, max_rows: int = 5
     Returns ``(first_rank, ranks_per_row, edges_ns, parts)``: the first rank of each row
     int64[R], ranks per row int64[R], bin edges int64[bins + 1] (from the step start), and
     parts float64[R, bins, len(ACTIVITY_PARTS)].
+
+    ``windows``: the ranks' step windows (default :func:`analysis._util.step_windows` of
+    ``trace``). A streamed report sums :func:`activity_cover` over batches of ranks and
+    calls :func:`activity_parts`: the same figures.
     """
     o = trace.ops
     m = _step_ops(trace, step.step)
     ranks = unique(o["rank"].to_numpy()[m]).astype(np.int64)
+    first, counts, row_of = activity_rows(ranks, max_rows)
+    w = step_windows(trace) if windows is None else windows
+    cover = activity_cover(trace, step, ranks, row_of, w, bins=bins)
+    return first, counts, activity_edges(step, bins), activity_parts(cover)
+
+
+def activity_edges(step: StepWindow, bins: int = 240) -> np.ndarray:
+    """Bin edges (ns from the step start) of :func:`rank_activity`."""
+    return np.round(np.arange(bins + 1) * (max(step.dur_ns, 1) / bins)).astype(np.int64)
+
+
+def activity_rows(ranks: np.ndarray, max_rows: int = 512
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(first rank of each row, ranks per row, row of each rank) of :func:`rank_activity`
+    for the sorted ``ranks`` with ops in the step."""
     n_r = len(ranks)
-    width = max(step.dur_ns, 1)
-    bin_ns = width / bins
-    edges = np.round(np.arange(bins + 1) * bin_ns).astype(np.int64)
     if n_r == 0:
         z = np.zeros(0, np.int64)
-        return z, z, edges, np.zeros((0, bins, len(ACTIVITY_PARTS)))
+        return z, z, z
     per_row = int(np.ceil(n_r / max_rows)) if n_r > max_rows else 1
     row_of = (np.arange(n_r) // per_row).astype(np.int64)
     n_rows = int(row_of[-1]) + 1
+    first = ranks[np.flatnonzero(np.r_[True, row_of[1:] != row_of[:-1]])]
+    return first, np.bincount(row_of, minlength=n_rows).astype(np.int64), row_of
+
+
+def activity_cover(trace, step: StepWindow, ranks: np.ndarray, row_of: np.ndarray,
+                   windows: pd.DataFrame, *, bins: int = 240) -> np.ndarray:
+    """Per row and bin, the summed covered ns of the ranks' compute, +communication,
+    +copies, +host work (nested unions) and their time inside their own step window:
+    float64[R, bins, 5], before the parts are told apart (:func:`activity_parts`).
+
+    ``ranks`` (sorted) and ``row_of`` are the rows of every rank of the job
+    (:func:`activity_rows`); ``trace`` may hold some of them (a batch of ranks: only they
+    are counted, so batches add up to the whole), ``windows`` those ranks' step windows."""
+    o = trace.ops
+    m = _step_ops(trace, step.step)
+    n_rows = int(row_of[-1]) + 1 if len(row_of) else 0
+    width = max(step.dur_ns, 1)
+    bin_ns = width / bins
+    edges = activity_edges(step, bins)
+    out = np.zeros((n_rows, bins, 5))
+    n_r = len(ranks)
+    if n_r == 0 or not m.any():
+        return out
     kind = o["kind"].to_numpy()
     dev = device_mask(trace)
     cpu_dev = dev & (_lane_kind_of_ops(trace) == int(LaneKind.CPU_THREAD))
@@ -322,24 +397,29 @@ def rank_activity(trace, step: StepWindow, *, bins: int = 240, max_rows: int = 5
         return _binned_union(g_s[k], s_s[k], e_s[k], row_of, n_rows, np.int64(step.start_ns),
                              float(bin_ns), int(bins))
 
-    u_c = cover(c)
-    u_cm = cover(c | cm)
-    u_cmy = cover(c | cm | y)
-    u_all = cover(c | cm | y | h)
-    # each rank's own step window bounds its idle time
-    w = step_windows(trace)
-    w = w[w["step"] == step.step].set_index("rank").reindex(ranks)
+    out[..., 0] = cover(c)
+    out[..., 1] = cover(c | cm)
+    out[..., 2] = cover(c | cm | y)
+    out[..., 3] = cover(c | cm | y | h)
+    # each rank's own step window bounds its idle time (the ranks of this trace only)
+    mine = unique(o["rank"].to_numpy()[m]).astype(np.int64)
+    w = windows[windows["step"] == step.step].set_index("rank").reindex(mine)
     ws = w["start_ns"].to_numpy(dtype=float) - step.start_ns
     we = w["end_ns"].to_numpy(dtype=float) - step.start_ns
+    rows = row_of[np.searchsorted(ranks, mine)]
     inside = np.zeros((n_rows, bins))
     lo_e, hi_e = edges[:-1].astype(float), edges[1:].astype(float)
-    for r0 in range(0, n_r, 4096):  # bounded temporaries at any rank count
-        sl = slice(r0, min(r0 + 4096, n_r))
+    for r0 in range(0, len(mine), 4096):  # bounded temporaries at any rank count
+        sl = slice(r0, min(r0 + 4096, len(mine)))
         lo = np.clip(ws[sl, None], lo_e, hi_e)
         hi = np.clip(we[sl, None], lo_e, hi_e)
-        np.add.at(inside, row_of[sl], np.maximum(hi - lo, 0.0))
-    parts = np.stack([u_c, u_cm - u_c, u_cmy - u_cm, u_all - u_cmy,
-                      np.maximum(inside - u_all, 0.0)], axis=-1)
-    first = ranks[np.flatnonzero(np.r_[True, row_of[1:] != row_of[:-1]])]
-    counts = np.bincount(row_of, minlength=n_rows).astype(np.int64)
-    return first, counts, edges, parts
+        np.add.at(inside, rows[sl], np.maximum(hi - lo, 0.0))
+    out[..., 4] = inside
+    return out
+
+
+def activity_parts(cover: np.ndarray) -> np.ndarray:
+    """The :data:`ACTIVITY_PARTS` of :func:`activity_cover`'s sums, float64[R, bins, 5]."""
+    u_c, u_cm, u_cmy, u_all, inside = (cover[..., i] for i in range(5))
+    return np.stack([u_c, u_cm - u_c, u_cmy - u_cm, u_all - u_cmy,
+                     np.maximum(inside - u_all, 0.0)], axis=-1)

@@ -10,12 +10,14 @@ wall time, CPU time, GB/s of JSON and the peak RSS of the whole process tree (sa
 
 Peers in the same run: ``ingest`` streamed (the default) against ``--in-memory`` (parse
 every rank, merge the parts, save: the former path), ``ingest --scheduler`` on a local Dask
-cluster of 2 workers (each worker's peak and after-job RSS), and ``replay``/``report``
-against ``analyze`` on the same store. Figures are printed, never asserted. GB/s is JSON
+cluster of 2 workers (each worker's peak and after-job RSS), ``replay``/``report``
+against ``analyze`` on the same store, and ``report`` (streamed by default on a rank store of
+more than 2 M ops, :mod:`analysis.report_stream`) against ``report --in-memory``. Figures are printed, never asserted. GB/s is JSON
 bytes per wall second of the whole command.
 
     python bench/scale.py [--ranks 8 32] [--jobs 1] [--layout rank] [--workdir DIR]
-                          [--skip ingest-memory dask analyze replay whatif report]
+                          [--skip ingest-memory dask analyze replay whatif report
+                                  report-memory]
 """
 
 from __future__ import annotations
@@ -183,7 +185,8 @@ def exponent(xs: list[int], ys: list[float]) -> float:
     return float(np.polyfit(lx, ly, 1)[0]) if len(xs) > 1 else math.nan
 
 
-STEPS = ("ingest", "ingest-memory", "dask", "analyze", "replay", "whatif", "report")
+STEPS = ("ingest", "ingest-memory", "dask", "analyze", "replay", "whatif", "report",
+         "report-memory")
 
 
 def main() -> None:
@@ -231,9 +234,12 @@ def main() -> None:
                 rows.append((run(["replay", str(store), "--json", "--set",
                                   "network.inter_node_gbps=100"],
                                  "replay --set inter_node_gbps=100"), None))
-            if "report" not in a.skip:
+            if "report" not in a.skip:  # streamed on its own past 2 M ops of a rank store
                 rows.append((run(["report", str(store), "-o", str(base / f"r{n}.html"),
                                   "--force"], "report -o X.html"), None))
+            if "report-memory" not in a.skip:
+                rows.append((run(["report", str(store), "-o", str(base / f"m{n}.html"),
+                                  "--in-memory", "--force"], "report --in-memory (peer)"), None))
             for r, g in rows:
                 print(line(r, g), flush=True)
                 results.setdefault(r["label"], []).append((n, r))
@@ -243,7 +249,7 @@ def main() -> None:
                 print(f"  streamed / in-memory ingest: wall {ing['wall_s'] / mem_r['wall_s']:.2f}x,"
                       f" peak RSS {ing['rss_gb'] / mem_r['rss_gb']:.2f}x", flush=True)
             an = by.get("analyze")
-            for k in ("replay (identity)", "report -o X.html"):
+            for k in ("replay (identity)", "report -o X.html", "report --in-memory (peer)"):
                 if an and k in by and not by[k].get("error"):
                     print(f"  {k} / analyze: wall {by[k]['wall_s'] / an['wall_s']:.2f}x, peak RSS "
                           f"{by[k]['rss_gb'] / an['rss_gb']:.2f}x", flush=True)

@@ -62,6 +62,13 @@ def report(
     top: Annotated[int, typer.Option("--top", min=1, help="Rows of a long table shown (all of "
                                      "them go to NAME-tables/*.csv beside the report).")] = 15,
     force: Annotated[bool, typer.Option("--force", help=FORCE_HELP)] = False,
+    stream: Annotated[bool | None, typer.Option(
+        "--stream/--in-memory",
+        help="Stream the store's rank partitions a batch at a time (bounded memory; the "
+             "critical path is the slowest rank's, the stragglers what-if and drill-downs "
+             "are left out, the page says so) or load the whole trace. Default: stream a "
+             "rank-partitioned store (--layout rank) of more than 2,000,000 ops without "
+             "--baseline.")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")] = False,
 ) -> None:
     """Write a self-contained HTML report (or a PDF document with the same content).
@@ -82,6 +89,9 @@ def report(
                           "stored trace or the output of `retime sweep`")
     if is_sweep and baseline is not None:
         raise RetimeError("--baseline applies to a run, not to a sweep; drop it")
+    if stream and (is_sweep or baseline is not None):
+        raise RetimeError("--stream reports one stored run; drop --baseline (or --stream: "
+                          "a comparison or a sweep is reported in memory)")
     check_output(output, force)
     key = _source_key(source, baseline)
     _check_tables_dir(output, force, key)
@@ -102,12 +112,21 @@ def report(
             rep = build_sweep_report(df, title=title or f"retime sweep report: {source.stem}",
                                      top=top)
         else:
-            trace = read_trace(source)
-            base = read_trace(baseline) if baseline is not None else None
-            bar.advance()
+            from retime.analysis.report_stream import build_stream_report, should_stream_report
+
             name = source.name.removesuffix(".retime")
-            rep = build_report(trace, baseline=base, title=title or f"retime report: {name}",
-                               top=top)
+            if stream is None:
+                stream = baseline is None and should_stream_report(source)
+            if stream:
+                bar.advance()
+                rep = build_stream_report(source, title=title or f"retime report: {name}",
+                                          top=top)
+            else:
+                trace = read_trace(source)
+                base = read_trace(baseline) if baseline is not None else None
+                bar.advance()
+                rep = build_report(trace, baseline=base,
+                                   title=title or f"retime report: {name}", top=top)
         bar.advance()
         if suf == ".pdf":
             write_pdf(rep, output, paper=paper.value)
@@ -123,10 +142,12 @@ def report(
                    "kind": rep.kind, "summary": summary,
                    "headline": [{"label": a, "value": b, "note": c} for a, b, c in rep.headline],
                    "scenario": [{"key": k, "value": v} for k, v, _ in rep.scenario],
-                   "findings": rep.findings, "bytes": output.stat().st_size})
+                   "findings": rep.findings, "bytes": output.stat().st_size,
+                   "mode": "stream" if stream else "memory"})
     else:
         head = "; ".join(f"{a} {b}" for a, b, _ in rep.headline)
-        say(f"wrote {output} ({output.stat().st_size:,} bytes): {head}")
+        say(f"wrote {output} ({output.stat().st_size:,} bytes"
+            f"{', streamed' if stream else ''}): {head}")
         for i, f in enumerate(rep.findings, 1):
             say(f"  {i}. {f}")
 
