@@ -204,8 +204,10 @@ def _cover(lay: _Layout, report: Report) -> None:
         d.rect(lay.page, x, lay.y, bw, bh, fill=(0.955, 0.965, 0.98), stroke=(0.84, 0.86, 0.9))
         d.text(lay.page, x + 6, lay.y + 12, fit_text(label.upper(), bw - 12, "F1", 7), size=7,
                color=_GREY)
-        d.text(lay.page, x + 6, lay.y + 31, fit_text(value, bw - 12, "F2", 15), font="F2",
-               size=15)
+        # the value at 15 pt, smaller (down to 10 pt) before it would be cut
+        vs = max(10.0, min(15.0, 15.0 * (bw - 12) / max(text_width(value, "F2", 15), 1e-9)))
+        d.text(lay.page, x + 6, lay.y + 31, fit_text(value, bw - 12, "F2", vs), font="F2",
+               size=vs)
         for k, ln in enumerate(notes[i]):
             d.text(lay.page, x + 6, lay.y + 43 + 9 * k, ln, size=7, color=_GREY)
     lay.y += bh + 10
