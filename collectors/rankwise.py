@@ -49,6 +49,7 @@ from .trace import (
     Trace,
     _arrow_table,
     _frame,
+    parquet_options,
     write_meta,
     write_parquet,
 )
@@ -301,8 +302,11 @@ def _write_all(tmp: Path, layout: str, plan: list, spools: list[str],
     last = {}
     for k, (_, i, _, _) in enumerate(plan):
         last[i] = k
-    writers = {name: pq.ParquetWriter(tmp / f"{name}.parquet", _empty_table(name).schema,
-                                      compression="zstd") for name in _SCHEMAS}
+    writers = {}
+    for name in _SCHEMAS:
+        schema = _empty_table(name).schema
+        writers[name] = pq.ParquetWriter(tmp / f"{name}.parquet", schema,
+                                         **parquet_options(schema))
     try:
         cur: dict[int, RankPart] = {}
         with progress_bar(len(plan), "writing ranks", progress) as bar:
