@@ -1,8 +1,9 @@
 """Scale bench: N ranks of a real Kineto trace, ingest / analyze / replay / what-if / report.
 
 Generates ``N`` rank files in the run (nothing is stored in git) from the largest shared
-trace (``shared/traces/kineto/v100-ddp-sgd``, 54 MB of JSON, 216k events): each copy gets
-its own ``distributedInfo`` rank and world size, a per-rank arrival skew (up to 5 us: NCCL kernels are 4-8 us apart) and
+trace (``shared/traces/kineto/v100-ddp-sgd``, 54 MB of JSON, 216k events), as plain JSON in
+Kineto's own text layout (the source's text with only the changed values rewritten, 54.6 MB
+per rank: 7.0 GB at N = 128): each copy gets its own ``distributedInfo`` rank and world size, a per-rank arrival skew (up to 5 us: NCCL kernels are 4-8 us apart) and
 NCCL kernels that wait for the last rank, with jitter (so collective matching and arrival
 skew do real work; see :func:`generate`). Then each command runs as a real ``retime`` subprocess, and the bench prints
 wall time, CPU time, GB/s of JSON and the peak RSS of the whole process tree (sampled, so
@@ -14,8 +15,15 @@ cluster of 2 workers (each worker's peak and after-job RSS), and ``replay``/``re
 against ``analyze`` on the same store. Figures are printed, never asserted. GB/s is JSON
 bytes per wall second of the whole command.
 
-    python bench/scale.py [--ranks 8 32] [--jobs 1] [--layout rank] [--workdir DIR]
+    python bench/scale.py [--ranks 8 32] [--jobs N] [--layout rank] [--workdir DIR]
+                          [--baseline CHECKOUT] [--repeat R]
                           [--skip ingest-memory dask analyze replay whatif report]
+
+With ``--baseline`` (another checkout, e.g. main's) its ``ingest`` runs on the same files,
+alternating with ours ``--repeat`` times, and the bench prints the ratio of each pair: on a
+shared machine, only runs side by side under the same load compare. The "floor" line is
+the physical limit of reading the same files (plain reads from the page cache, no
+parsing); "GB per CPU-s" divides by the CPU time of the whole process tree.
 """
 
 from __future__ import annotations
@@ -194,9 +202,10 @@ class TreeRss:
         return self.peak
 
 
-def run(cmd: list[str], label: str) -> dict:
-    """Run a retime command in a fresh process: wall, CPU (it and its children), tree RSS."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+def run(cmd: list[str], label: str, root: Path = ROOT) -> dict:
+    """Run a retime command of the checkout ``root`` in a fresh process: wall, CPU (it and
+    its children), tree RSS, and the 1-minute load average when it ended."""
+    env = {**os.environ, "PYTHONPATH": str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""),
            "RETIME_PROGRESS": "0"}
     c0 = os.times()
     t0 = time.perf_counter()
@@ -209,7 +218,7 @@ def run(cmd: list[str], label: str) -> dict:
     c1 = os.times()
     cpu = (c1.children_user - c0.children_user) + (c1.children_system - c0.children_system)
     res = {"label": label, "wall_s": wall, "cpu_s": cpu, "rss_gb": peak / 1e9,
-           "rc": p.returncode}
+           "rc": p.returncode, "load": os.getloadavg()[0]}
     if p.returncode:
         res["error"] = (err.strip().splitlines() or ["?"])[-1][:200]
     return res
@@ -242,7 +251,8 @@ def dask_ingest(src: Path, out: Path, workers: int = 2) -> dict:
 
 
 def line(r: dict, gb: float | None = None) -> str:
-    rate = f", {gb / r['wall_s']:.2f} GB/s" if gb else ""
+    rate = (f", {gb / r['wall_s']:.2f} GB/s ({gb / r['cpu_s']:.2f} GB per CPU-s; load "
+            f"{r['load']:.1f})" if gb else "")
     tail = f"   exit {r['rc']}: {r['error']}" if r.get("error") else ""
     if "worker_peak_gb" in r:
         tail += (f"; per worker: peak {r['worker_peak_gb']:.2f} GB, after the job "
@@ -263,7 +273,13 @@ STEPS = ("ingest", "ingest-memory", "dask", "analyze", "replay", "whatif", "repo
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ranks", type=int, nargs="+", default=[8, 32])
-    ap.add_argument("--jobs", type=int, default=1)
+    ap.add_argument("--jobs", type=int, default=None,
+                    help="ingest --jobs (default: the command's own default, the cores)")
+    ap.add_argument("--baseline", type=Path, default=None,
+                    help="another retime checkout (e.g. `git worktree add ../base main`): its "
+                         "ingest runs on the same files, interleaved with ours, as a peer")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="ingest runs per checkout (interleaved with --baseline's)")
     ap.add_argument("--layout", choices=("rank", "single"), default="rank")
     ap.add_argument("--skip", nargs="*", default=[], choices=STEPS)
     ap.add_argument("--workdir", type=Path, default=None,
@@ -280,14 +296,36 @@ def main() -> None:
             print(f"N = {n}: {gb:.2f} GB of JSON generated in {time.perf_counter() - t0:.1f} s",
                   flush=True)
             store = base / f"run-{n}.retime"
+            fl = floor(src)
+            print(f"  floor: plain read of the same files in one process: {fl['wall_s']:.1f} s,"
+                  f" {fl['gb'] / fl['wall_s']:.2f} GB/s (page cache; load "
+                  f"{os.getloadavg()[0]:.1f})", flush=True)
+            jobs = ["--jobs", str(a.jobs)] if a.jobs else []
             rows = []
             if "ingest" not in a.skip:
-                rows.append((run(["ingest", str(src), "-o", str(store), "--layout", a.layout,
-                                  "--jobs", str(a.jobs), "--force"], "ingest (streamed)"), gb))
+                ours, peer = [], []
+                for k in range(a.repeat):  # ours and the baseline's alternate: same load
+                    ours.append(run(["ingest", str(src), "-o", str(store), "--layout", a.layout,
+                                     *jobs, "--force"], f"ingest (streamed) #{k + 1}"))
+                    if a.baseline:
+                        peer.append(run(["ingest", str(src), "-o", str(store), "--layout",
+                                         a.layout, *jobs, "--force"], f"baseline ingest #{k + 1}",
+                                        root=a.baseline))
+                for r in ours + peer:
+                    print(line(r, gb), flush=True)
+                if peer:
+                    ratio = [o["wall_s"] / p["wall_s"] for o, p in zip(ours, peer, strict=True)]
+                    cpu = [o["cpu_s"] / p["cpu_s"] for o, p in zip(ours, peer, strict=True)]
+                    print(f"  ours / baseline ingest ({a.repeat} interleaved pairs): wall "
+                          f"{' '.join(f'{x:.2f}' for x in ratio)} (median "
+                          f"{float(np.median(ratio)):.2f}x), CPU median "
+                          f"{float(np.median(cpu)):.2f}x", flush=True)
+                best = min(ours, key=lambda r: r["wall_s"])
+                rows.append((dict(best, label="ingest (streamed)"), gb))
             if "ingest-memory" not in a.skip:
                 mem = base / f"mem-{n}.retime"
                 rows.append((run(["ingest", str(src), "-o", str(mem), "--layout", a.layout,
-                                  "--jobs", str(a.jobs), "--in-memory", "--force"],
+                                  *jobs, "--in-memory", "--force"],
                                  "ingest --in-memory (peer)"), gb))
                 shutil.rmtree(mem, ignore_errors=True)
                 if "ingest" in a.skip:

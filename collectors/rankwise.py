@@ -38,7 +38,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .kineto import RankPart, kineto_files, merge_parts, parse_kineto_file
-from .kineto.reader import file_progress
+from .kineto.reader import file_progress, warm_scanner
 from .progress import progress_bar
 from .trace import (
     EDGES_SCHEMA,
@@ -55,7 +55,7 @@ from .trace import (
 )
 
 __all__ = ["skeleton", "plans", "rank_tables", "write_rank", "parse_and_spool", "write_spooled",
-           "spooled_writes", "ingest_kineto", "SPOOL"]
+           "spooled_writes", "ingest_kineto", "default_jobs", "SPOOL"]
 
 _SCHEMAS = {"ops": OPS_SCHEMA, "edges": EDGES_SCHEMA, "ranges": RANGES_SCHEMA,
             "memory": MEMORY_SCHEMA}
@@ -201,6 +201,14 @@ def spooled_writes(plan: list, spools: list[str], root: str
     return args, [[rank for rank, _, _ in by_part[i]] for i in order]
 
 
+def default_jobs() -> int:
+    """Cores this process may use: the default number of ingest processes."""
+    try:
+        return max(len(os.sched_getaffinity(0)), 1)
+    except AttributeError:  # pragma: no cover - not Linux
+        return max(os.cpu_count() or 1, 1)
+
+
 def _empty_table(name: str) -> pa.Table:
     from .store import _arrow
 
@@ -208,7 +216,7 @@ def _empty_table(name: str) -> pa.Table:
 
 
 def ingest_kineto(paths: list[str | os.PathLike[str]], output: str | os.PathLike[str], *,
-                  layout: str = "single", jobs: int = 1,
+                  layout: str = "single", jobs: int | None = None,
                   progress: bool | None = None) -> dict[str, Any]:
     """Ingest Kineto files (one per rank, or folders of them) into a store at ``output``,
     rank by rank (see the module docstring); nothing is left behind on an error.
@@ -219,6 +227,7 @@ def ingest_kineto(paths: list[str | os.PathLike[str]], output: str | os.PathLike
     output : the ``NAME.retime`` directory (replaced if it exists)
     layout : ``"single"`` (one Parquet file per table, a row group per rank) or ``"rank"``
     jobs : parse (and, with ``layout="rank"``, write) ranks in this many processes
+        (default: :func:`default_jobs`, the cores this process may use)
     progress : progress bars on stderr (default: when stderr is a terminal)
 
     Returns
@@ -235,8 +244,11 @@ def ingest_kineto(paths: list[str | os.PathLike[str]], output: str | os.PathLike
         (tmp / SPOOL).mkdir()
         spools = [str(tmp / SPOOL / f"part-{i}.pkl") for i in range(len(files))]
         skels: list[tuple[RankPart, list[int]]] = []
-        ex = ProcessPoolExecutor(max_workers=min(jobs, len(files))) if jobs > 1 and \
-            len(files) > 1 else None
+        jobs = default_jobs() if jobs is None else jobs
+        ex = None
+        if jobs > 1 and len(files) > 1:
+            warm_scanner(files[0], tmp / SPOOL)  # the workers fork with the kernels loaded
+            ex = ProcessPoolExecutor(max_workers=min(jobs, len(files)))
         try:
             if len(files) == 1:  # one (possibly huge) file: MB read, then the build stages
                 with file_progress(files[0], progress) as bar:
