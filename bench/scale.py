@@ -209,7 +209,8 @@ def run(cmd: list[str], label: str, root: Path = ROOT) -> dict:
            "RETIME_PROGRESS": "0"}
     c0 = os.times()
     t0 = time.perf_counter()
-    p = subprocess.Popen([sys.executable, "-m", "retime", *cmd], env=env,
+    # cwd: `python -m` puts it first on sys.path, so from another checkout it would import that
+    p = subprocess.Popen([sys.executable, "-m", "retime", *cmd], env=env, cwd=root,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     mon = TreeRss(p.pid)
     out, err = p.communicate()
@@ -222,6 +223,13 @@ def run(cmd: list[str], label: str, root: Path = ROOT) -> dict:
     if p.returncode:
         res["error"] = (err.strip().splitlines() or ["?"])[-1][:200]
     return res
+
+
+def imported_from(root: Path) -> str:
+    """The collectors package a command of checkout ``root`` imports (as :func:`run` starts it)."""
+    env = {**os.environ, "PYTHONPATH": str(root) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    return subprocess.run([sys.executable, "-c", "import retime.collectors as c; print(c.__file__)"],
+                          env=env, cwd=root, capture_output=True, text=True).stdout.strip()
 
 
 def dask_ingest(src: Path, out: Path, workers: int = 2) -> dict:
@@ -285,7 +293,14 @@ def main() -> None:
     ap.add_argument("--workdir", type=Path, default=None,
                     help="where the rank files and stores go (default: a temporary folder)")
     a = ap.parse_args()
-    base = Path(tempfile.mkdtemp(prefix="retime-scale-", dir=a.workdir))
+    if a.baseline is not None:
+        a.baseline = a.baseline.resolve()
+        if not (a.baseline / "retime" / "__main__.py").is_file():
+            raise SystemExit(f"--baseline {a.baseline}: not a retime checkout (no "
+                             "retime/__main__.py); pass the root of one, e.g. a worktree of main")
+    for root in (ROOT, a.baseline) if a.baseline else (ROOT,):
+        print(f"checkout {root}: runs {imported_from(root)}", flush=True)
+    base = Path(tempfile.mkdtemp(prefix="retime-scale-", dir=a.workdir)).resolve()
     results: dict[str, list[tuple[int, dict]]] = {}
     try:
         for n in a.ranks:
