@@ -48,6 +48,7 @@ from .trace import (
     SCHEMA_VERSION,
     Trace,
     _arrow_table,
+    _columns,
     _frame,
     parquet_options,
     write_meta,
@@ -121,8 +122,6 @@ def plans(skel: Trace, skeletons: list[tuple[RankPart, list[int]]]
 def rank_tables(part: RankPart, sub: int, plan: dict[str, Any]) -> dict[str, pa.Table]:
     """Flat sub-part ``sub`` of ``part`` with global ids (``plan``) as the store's per-rank
     Arrow tables: the same columns :func:`merge_parts` builds for that rank."""
-    from .store import _arrow
-
     p = flat(part)[sub]
     op_off, lane_off, gmap = plan["op_off"], plan["lane_off"], plan["gmap"]
     n = len(p.ops["start_ns"])
@@ -149,11 +148,12 @@ def rank_tables(part: RankPart, sub: int, plan: dict[str, Any]) -> dict[str, pa.
     memory = {"rank": np.full(nm, p.rank, np.int32),
               **{k: p.memory[k] for k in ("device", "ts_ns", "bytes_delta", "allocated_bytes",
                                           "reserved_bytes")}}
-    frames = {"ops": _frame(OPS_SCHEMA, ops, "ops", n=n),
-              "edges": _frame(EDGES_SCHEMA, edges, "edges"),
-              "ranges": _frame(RANGES_SCHEMA, ranges, "ranges"),
-              "memory": _frame(MEMORY_SCHEMA, memory, "memory")}
-    return {k: _arrow(v) for k, v in frames.items()}
+    cols = {"ops": _columns(OPS_SCHEMA, ops, "ops", n=n),
+            "edges": _columns(EDGES_SCHEMA, edges, "edges"),
+            "ranges": _columns(RANGES_SCHEMA, ranges, "ranges"),
+            "memory": _columns(MEMORY_SCHEMA, memory, "memory")}
+    # straight to Arrow (as store._arrow makes from a frame, without building the frame)
+    return {k: pa.table({c: pa.array(v) for c, v in t.items()}) for k, t in cols.items()}
 
 
 def write_rank(part: RankPart, sub: int, plan: dict[str, Any], root: str) -> dict[str, int]:

@@ -161,6 +161,13 @@ def _frame(schema: dict[str, tuple[str, Any]], data: dict[str, Any] | pd.DataFra
 
     Raises TraceValidationError naming every required column that is missing.
     """
+    return pd.DataFrame(_columns(schema, data, table, n), copy=False)
+
+
+def _columns(schema: dict[str, tuple[str, Any]], data: dict[str, Any] | pd.DataFrame | None,
+             table: str, n: int | None = None) -> dict[str, np.ndarray]:
+    """:func:`_frame`'s columns as numpy arrays (no DataFrame: the rank-wise ingest turns
+    them into Arrow directly)."""
     if data is None:
         data = {}
     if isinstance(data, pd.DataFrame):
@@ -191,7 +198,7 @@ def _frame(schema: dict[str, tuple[str, Any]], data: dict[str, Any] | pd.DataFra
                 out[c] = np.full(n, default if default is not None else "", dtype=object)
             else:
                 out[c] = np.full(n, 0 if default is None else default, dtype=dt)
-    return pd.DataFrame(out, copy=False)
+    return out
 
 
 @dataclass
