@@ -225,6 +225,11 @@ def run(cmd: list[str], label: str, root: Path = ROOT) -> dict:
     return res
 
 
+def tree_bytes(path: Path) -> int:
+    """Bytes of the files under ``path`` (0 if it is missing)."""
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.exists() else 0
+
+
 def imported_from(root: Path) -> str:
     """The collectors package a command of checkout ``root`` imports (as :func:`run` starts it)."""
     env = {**os.environ, "PYTHONPATH": str(root) + os.pathsep + os.environ.get("PYTHONPATH", "")}
@@ -262,6 +267,8 @@ def line(r: dict, gb: float | None = None) -> str:
     rate = (f", {gb / r['wall_s']:.2f} GB/s ({gb / r['cpu_s']:.2f} GB per CPU-s; load "
             f"{r['load']:.1f})" if gb else "")
     tail = f"   exit {r['rc']}: {r['error']}" if r.get("error") else ""
+    if "store_gb" in r:
+        tail += f"; store {r['store_gb']:.2f} GB"
     if "worker_peak_gb" in r:
         tail += (f"; per worker: peak {r['worker_peak_gb']:.2f} GB, after the job "
                  f"{r['worker_after_gb']:.2f} GB (idle before: {r['worker_base_gb']:.2f} GB)")
@@ -322,10 +329,12 @@ def main() -> None:
                 for k in range(a.repeat):  # ours and the baseline's alternate: same load
                     ours.append(run(["ingest", str(src), "-o", str(store), "--layout", a.layout,
                                      *jobs, "--force"], f"ingest (streamed) #{k + 1}"))
+                    ours[-1]["store_gb"] = tree_bytes(store) / 1e9
                     if a.baseline:
                         peer.append(run(["ingest", str(src), "-o", str(store), "--layout",
                                          a.layout, *jobs, "--force"], f"baseline ingest #{k + 1}",
                                         root=a.baseline))
+                        peer[-1]["store_gb"] = tree_bytes(store) / 1e9
                 for r in ours + peer:
                     print(line(r, gb), flush=True)
                 if peer:
