@@ -264,8 +264,10 @@ def dask_ingest(src: Path, out: Path, workers: int = 2) -> dict:
 
 
 def line(r: dict, gb: float | None = None) -> str:
-    rate = (f", {gb / r['wall_s']:.2f} GB/s ({gb / r['cpu_s']:.2f} GB per CPU-s; load "
-            f"{r['load']:.1f})" if gb else "")
+    # a Dask run's CPU is the client's only (the workers are not its children)
+    per_cpu = "" if "worker_peak_gb" in r else f"{gb / r['cpu_s']:.2f} GB per CPU-s; " if gb \
+        else ""
+    rate = f", {gb / r['wall_s']:.2f} GB/s ({per_cpu}load {r['load']:.1f})" if gb else ""
     tail = f"   exit {r['rc']}: {r['error']}" if r.get("error") else ""
     if "store_gb" in r:
         tail += f"; store {r['store_gb']:.2f} GB"
@@ -327,14 +329,14 @@ def main() -> None:
             if "ingest" not in a.skip:
                 ours, peer = [], []
                 for k in range(a.repeat):  # ours and the baseline's alternate: same load
-                    ours.append(run(["ingest", str(src), "-o", str(store), "--layout", a.layout,
-                                     *jobs, "--force"], f"ingest (streamed) #{k + 1}"))
-                    ours[-1]["store_gb"] = tree_bytes(store) / 1e9
-                    if a.baseline:
+                    if a.baseline:  # first, so that the store the later steps read is ours
                         peer.append(run(["ingest", str(src), "-o", str(store), "--layout",
                                          a.layout, *jobs, "--force"], f"baseline ingest #{k + 1}",
                                         root=a.baseline))
                         peer[-1]["store_gb"] = tree_bytes(store) / 1e9
+                    ours.append(run(["ingest", str(src), "-o", str(store), "--layout", a.layout,
+                                     *jobs, "--force"], f"ingest (streamed) #{k + 1}"))
+                    ours[-1]["store_gb"] = tree_bytes(store) / 1e9
                 for r in ours + peer:
                     print(line(r, gb), flush=True)
                 if peer:
