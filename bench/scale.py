@@ -1,8 +1,9 @@
 """Scale bench: N ranks of a real Kineto trace, ingest / analyze / replay / what-if / report.
 
 Generates ``N`` rank files in the run (nothing is stored in git) from the largest shared
-trace (``shared/traces/kineto/v100-ddp-sgd``, 54 MB of JSON, 216k events): each copy gets
-its own ``distributedInfo`` rank and world size, a per-rank arrival skew (up to 5 us: NCCL kernels are 4-8 us apart) and
+trace (``shared/traces/kineto/v100-ddp-sgd``, 54 MB of JSON, 216k events), as plain JSON in
+Kineto's own text layout (the source's text with only the changed values rewritten, 54.6 MB
+per rank: 7.0 GB at N = 128): each copy gets its own ``distributedInfo`` rank and world size, a per-rank arrival skew (up to 5 us: NCCL kernels are 4-8 us apart) and
 NCCL kernels that wait for the last rank, with jitter (so collective matching and arrival
 skew do real work; see :func:`generate`). Then each command runs as a real ``retime`` subprocess, and the bench prints
 wall time, CPU time, GB/s of JSON and the peak RSS of the whole process tree (sampled, so
@@ -15,9 +16,16 @@ against ``analyze`` on the same store, and ``report`` (streamed by default on a 
 more than 2 M ops, :mod:`analysis.report_stream`) against ``report --in-memory``. Figures are printed, never asserted. GB/s is JSON
 bytes per wall second of the whole command.
 
-    python bench/scale.py [--ranks 8 32] [--jobs 1] [--layout rank] [--workdir DIR]
+    python bench/scale.py [--ranks 8 32] [--jobs N] [--layout rank] [--workdir DIR]
+                          [--baseline CHECKOUT] [--repeat R]
                           [--skip ingest-memory dask analyze replay whatif report
                                   report-memory]
+
+With ``--baseline`` (another checkout, e.g. main's) its ``ingest`` runs on the same files,
+alternating with ours ``--repeat`` times, and the bench prints the ratio of each pair: on a
+shared machine, only runs side by side under the same load compare. The "floor" line is
+the physical limit of reading the same files (plain reads from the page cache, no
+parsing); "GB per CPU-s" divides by the CPU time of the whole process tree.
 """
 
 from __future__ import annotations
@@ -26,12 +34,14 @@ import argparse
 import gzip
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from decimal import Decimal
 from pathlib import Path
 
 import numpy as np
@@ -41,22 +51,66 @@ ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT.parent / "shared" / "traces" / "kineto" / "v100-ddp-sgd" / "df_index_resolver.json.gz"
 
 
+_NUM = rb"(-?[0-9][0-9.eE+-]*)"
+
+
+def _template(raw: bytes, events: list) -> tuple[list[bytes], np.ndarray, np.ndarray, np.ndarray]:
+    """The source text cut around every event's ``ts`` value and every NCCL kernel's ``dur``
+    value: (static pieces, which event each cut belongs to, whether it is a ``dur``, the
+    source value in ns). Checked against the decoded events, so a cut can never land on
+    another event's field."""
+    ts = list(re.finditer(rb'"ts": ' + _NUM, raw))
+    du = list(re.finditer(rb'"dur": ' + _NUM, raw))
+    with_ts = [i for i, e in enumerate(events) if "ts" in e]
+    with_dur = [i for i, e in enumerate(events) if "dur" in e]
+    if len(ts) != len(with_ts) or len(du) != len(with_dur):
+        raise SystemExit(f"{SRC}: cannot align the text with its events "
+                         f"({len(ts)} ts for {len(with_ts)} events); use another source trace")
+    cuts = [(m.span(1), i, False, events[i]["ts"]) for m, i in zip(ts, with_ts, strict=True)]
+    cuts += [(m.span(1), i, True, events[i]["dur"]) for m, i in zip(du, with_dur, strict=True)
+             if _is_nccl(events[i])]
+    cuts.sort(key=lambda c: c[0][0])
+    pieces, pos = [], 0
+    for (a, b), _i, _, v in cuts:
+        if float(raw[a:b]) != float(v):
+            raise SystemExit(f"{SRC}: text and events disagree at byte {a}; use another trace")
+        pieces.append(raw[pos:a])
+        pos = b
+    pieces.append(raw[pos:])
+    ev = np.array([c[1] for c in cuts], np.int64)
+    is_dur = np.array([c[2] for c in cuts], bool)
+    ns = np.array([int(Decimal(raw[a:b].decode()) * 1000) for (a, b), *_ in cuts], np.int64)
+    return pieces, ev, is_dur, ns
+
+
+def _is_nccl(e: dict) -> bool:
+    return e.get("cat") == "kernel" and "nccl" in str(e.get("name", "")).lower()
+
+
+def _us(ns: np.ndarray) -> list[bytes]:
+    """Microseconds with 3 decimals (as Kineto writes ``ts``/``dur``), exactly from ns."""
+    q, r = np.divmod(ns, 1000)
+    return [b"%d.%03d" % qr for qr in zip(q.tolist(), r.tolist(), strict=True)]
+
+
 def generate(out: Path, n_ranks: int, *, seed: int = 0, skew_us: float = 5.0,
              jitter: float = 0.05) -> int:
     """Write ``n_ranks`` Kineto files ``rank-R.json`` into ``out``; return their bytes.
 
-    Rank ``r``'s copy: ``distributedInfo.rank = r``, ``world_size = n_ranks``; every
-    timestamp shifted by the rank's arrival skew, drawn in ``[0, skew_us)``; every NCCL
-    kernel waits for the last rank to arrive, as a real one does (it ends ``skew_us`` after
-    the earliest possible arrival plus its own duration scaled by ``1 + U(-jitter, jitter)``,
-    never past the next NCCL kernel of its stream): collectives' members overlap in time on
-    every rank while their start and end times differ."""
-    doc = orjson.loads(gzip.decompress(SRC.read_bytes()))
-    events = doc.pop("traceEvents")
-    has_ts = np.array(["ts" in e for e in events])
-    nccl_idx = [i for i, e in enumerate(events) if e.get("cat") == "kernel"
-                and "nccl" in str(e.get("name", "")).lower()]
-    # room to grow: the gap to the next NCCL kernel on the same stream
+    Each file is the source trace's own text (Kineto's layout: one field group per line,
+    53.7 MB per rank, as torch writes it), with only these values replaced: rank ``r``'s
+    ``distributedInfo.rank = r`` and ``world_size = n_ranks``; every timestamp shifted by
+    the rank's arrival skew, drawn in ``[0, skew_us)``; every NCCL kernel waits for the last
+    rank to arrive, as a real one does (it ends ``skew_us`` after the earliest possible
+    arrival plus its own duration scaled by ``1 + U(-jitter, jitter)``, never past the next
+    NCCL kernel of its stream): collectives' members overlap in time on every rank while
+    their start and end times differ. Times are written in us with 3 decimals, exact in ns."""
+    raw = gzip.decompress(SRC.read_bytes())
+    events = orjson.loads(raw)["traceEvents"]
+    pieces, ev, is_dur, src_ns = _template(raw, events)
+    nccl_idx = [i for i, e in enumerate(events) if _is_nccl(e)]
+    ts_ns = dict(zip(ev[~is_dur].tolist(), src_ns[~is_dur].tolist(), strict=True))
+    # room to grow: the gap to the next NCCL kernel on the same stream (ns)
     room = {}
     by_tid: dict = {}
     for i in nccl_idx:
@@ -64,27 +118,55 @@ def generate(out: Path, n_ranks: int, *, seed: int = 0, skew_us: float = 5.0,
     for idx in by_tid.values():
         idx.sort(key=lambda i: events[i]["ts"])
         for a, b in zip(idx, idx[1:] + [None], strict=True):
-            room[a] = (events[b]["ts"] - events[a]["ts"]) if b is not None else math.inf
+            room[a] = (ts_ns[b] - ts_ns[a] if b is not None
+                       else 2 ** 62)
+    k_of = {i: k for k, i in enumerate(nccl_idx)}
+    dur_k = np.array([k_of[i] for i in ev[is_dur].tolist()], np.int64)
+    dur_room = np.array([room[i] for i in ev[is_dur].tolist()], np.int64)
+    head = pieces[0]
+    m = re.search(rb'"distributedInfo": \{[^}]*\}', head)
+    if m is None:
+        raise SystemExit(f"{SRC}: no distributedInfo before traceEvents; use another trace")
     rng = np.random.default_rng(seed)
     offs = rng.uniform(0, skew_us, size=n_ranks)
     offs[0] = 0.0
     out.mkdir(parents=True, exist_ok=True)
     total = 0
     for r in range(n_ranks):
-        off = float(offs[r])
+        off_ns = round(float(offs[r]) * 1000)
         sc = 1.0 + rng.uniform(-jitter, jitter, size=len(nccl_idx))
-        evs = [dict(e, ts=e["ts"] + off) if h else e for e, h in zip(events, has_ts,
-                                                                    strict=True)]
-        for k, i in enumerate(nccl_idx):
-            dur = float(events[i]["dur"]) * float(sc[k]) + (skew_us - off)
-            evs[i]["dur"] = round(min(dur, room[i] - 0.001), 3)
-        d = dict(doc)
-        d["distributedInfo"] = {"backend": "nccl", "rank": r, "world_size": n_ranks}
-        d["traceEvents"] = evs
-        blob = orjson.dumps(d)
+        vals = src_ns.copy()
+        vals[~is_dur] += off_ns
+        d = np.rint(src_ns[is_dur] * sc[dur_k]).astype(np.int64) + round(skew_us * 1000) - off_ns
+        vals[is_dur] = np.minimum(d, dur_room - 1)
+        info = (b'"distributedInfo": {"backend": "nccl", "rank": %d, "world_size": %d}'
+                % (r, n_ranks))
+        parts = [head[:m.start()] + info + head[m.end():]]
+        for v, p in zip(_us(vals), pieces[1:], strict=True):
+            parts.append(v)
+            parts.append(p)
+        blob = b"".join(parts)
         (out / f"rank-{r}.json").write_bytes(blob)
         total += len(blob)
     return total
+
+
+def floor(src: Path) -> dict:
+    """The physical floor of reading ``src``'s files in this process: plain reads (and gzip
+    inflate for ``.gz``) of every byte, no parsing; wall seconds and GB."""
+    t0 = time.perf_counter()
+    n = 0
+    buf = bytearray(4 << 20)
+    for f in sorted(src.iterdir()):
+        if f.suffix == ".gz":
+            with gzip.open(f, "rb") as fh:
+                while got := fh.readinto(buf):
+                    n += got
+        else:
+            with open(f, "rb") as fh:
+                while got := fh.readinto(buf):
+                    n += got
+    return {"wall_s": time.perf_counter() - t0, "gb": n / 1e9}
 
 
 class TreeRss:
@@ -122,13 +204,15 @@ class TreeRss:
         return self.peak
 
 
-def run(cmd: list[str], label: str) -> dict:
-    """Run a retime command in a fresh process: wall, CPU (it and its children), tree RSS."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+def run(cmd: list[str], label: str, root: Path = ROOT) -> dict:
+    """Run a retime command of the checkout ``root`` in a fresh process: wall, CPU (it and
+    its children), tree RSS, and the 1-minute load average when it ended."""
+    env = {**os.environ, "PYTHONPATH": str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""),
            "RETIME_PROGRESS": "0"}
     c0 = os.times()
     t0 = time.perf_counter()
-    p = subprocess.Popen([sys.executable, "-m", "retime", *cmd], env=env,
+    # cwd: `python -m` puts it first on sys.path, so from another checkout it would import that
+    p = subprocess.Popen([sys.executable, "-m", "retime", *cmd], env=env, cwd=root,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     mon = TreeRss(p.pid)
     out, err = p.communicate()
@@ -137,10 +221,22 @@ def run(cmd: list[str], label: str) -> dict:
     c1 = os.times()
     cpu = (c1.children_user - c0.children_user) + (c1.children_system - c0.children_system)
     res = {"label": label, "wall_s": wall, "cpu_s": cpu, "rss_gb": peak / 1e9,
-           "rc": p.returncode}
+           "rc": p.returncode, "load": os.getloadavg()[0]}
     if p.returncode:
         res["error"] = (err.strip().splitlines() or ["?"])[-1][:200]
     return res
+
+
+def tree_bytes(path: Path) -> int:
+    """Bytes of the files under ``path`` (0 if it is missing)."""
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.exists() else 0
+
+
+def imported_from(root: Path) -> str:
+    """The collectors package a command of checkout ``root`` imports (as :func:`run` starts it)."""
+    env = {**os.environ, "PYTHONPATH": str(root) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    return subprocess.run([sys.executable, "-c", "import retime.collectors as c; print(c.__file__)"],
+                          env=env, cwd=root, capture_output=True, text=True).stdout.strip()
 
 
 def dask_ingest(src: Path, out: Path, workers: int = 2) -> dict:
@@ -170,8 +266,13 @@ def dask_ingest(src: Path, out: Path, workers: int = 2) -> dict:
 
 
 def line(r: dict, gb: float | None = None) -> str:
-    rate = f", {gb / r['wall_s']:.2f} GB/s" if gb else ""
+    # a Dask run's CPU is the client's only (the workers are not its children)
+    per_cpu = "" if "worker_peak_gb" in r else f"{gb / r['cpu_s']:.2f} GB per CPU-s; " if gb \
+        else ""
+    rate = f", {gb / r['wall_s']:.2f} GB/s ({per_cpu}load {r['load']:.1f})" if gb else ""
     tail = f"   exit {r['rc']}: {r['error']}" if r.get("error") else ""
+    if "store_gb" in r:
+        tail += f"; store {r['store_gb']:.2f} GB"
     if "worker_peak_gb" in r:
         tail += (f"; per worker: peak {r['worker_peak_gb']:.2f} GB, after the job "
                  f"{r['worker_after_gb']:.2f} GB (idle before: {r['worker_base_gb']:.2f} GB)")
@@ -192,13 +293,26 @@ STEPS = ("ingest", "ingest-memory", "dask", "analyze", "replay", "whatif", "repo
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ranks", type=int, nargs="+", default=[8, 32])
-    ap.add_argument("--jobs", type=int, default=1)
+    ap.add_argument("--jobs", type=int, default=None,
+                    help="ingest --jobs (default: the command's own default, the cores)")
+    ap.add_argument("--baseline", type=Path, default=None,
+                    help="another retime checkout (e.g. `git worktree add ../base main`): its "
+                         "ingest runs on the same files, interleaved with ours, as a peer")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="ingest runs per checkout (interleaved with --baseline's)")
     ap.add_argument("--layout", choices=("rank", "single"), default="rank")
     ap.add_argument("--skip", nargs="*", default=[], choices=STEPS)
     ap.add_argument("--workdir", type=Path, default=None,
                     help="where the rank files and stores go (default: a temporary folder)")
     a = ap.parse_args()
-    base = Path(tempfile.mkdtemp(prefix="retime-scale-", dir=a.workdir))
+    if a.baseline is not None:
+        a.baseline = a.baseline.resolve()
+        if not (a.baseline / "retime" / "__main__.py").is_file():
+            raise SystemExit(f"--baseline {a.baseline}: not a retime checkout (no "
+                             "retime/__main__.py); pass the root of one, e.g. a worktree of main")
+    for root in (ROOT, a.baseline) if a.baseline else (ROOT,):
+        print(f"checkout {root}: runs {imported_from(root)}", flush=True)
+    base = Path(tempfile.mkdtemp(prefix="retime-scale-", dir=a.workdir)).resolve()
     results: dict[str, list[tuple[int, dict]]] = {}
     try:
         for n in a.ranks:
@@ -209,14 +323,38 @@ def main() -> None:
             print(f"N = {n}: {gb:.2f} GB of JSON generated in {time.perf_counter() - t0:.1f} s",
                   flush=True)
             store = base / f"run-{n}.retime"
+            fl = floor(src)
+            print(f"  floor: plain read of the same files in one process: {fl['wall_s']:.1f} s,"
+                  f" {fl['gb'] / fl['wall_s']:.2f} GB/s (page cache; load "
+                  f"{os.getloadavg()[0]:.1f})", flush=True)
+            jobs = ["--jobs", str(a.jobs)] if a.jobs else []
             rows = []
             if "ingest" not in a.skip:
-                rows.append((run(["ingest", str(src), "-o", str(store), "--layout", a.layout,
-                                  "--jobs", str(a.jobs), "--force"], "ingest (streamed)"), gb))
+                ours, peer = [], []
+                for k in range(a.repeat):  # ours and the baseline's alternate: same load
+                    if a.baseline:  # first, so that the store the later steps read is ours
+                        peer.append(run(["ingest", str(src), "-o", str(store), "--layout",
+                                         a.layout, *jobs, "--force"], f"baseline ingest #{k + 1}",
+                                        root=a.baseline))
+                        peer[-1]["store_gb"] = tree_bytes(store) / 1e9
+                    ours.append(run(["ingest", str(src), "-o", str(store), "--layout", a.layout,
+                                     *jobs, "--force"], f"ingest (streamed) #{k + 1}"))
+                    ours[-1]["store_gb"] = tree_bytes(store) / 1e9
+                for r in ours + peer:
+                    print(line(r, gb), flush=True)
+                if peer:
+                    ratio = [o["wall_s"] / p["wall_s"] for o, p in zip(ours, peer, strict=True)]
+                    cpu = [o["cpu_s"] / p["cpu_s"] for o, p in zip(ours, peer, strict=True)]
+                    print(f"  ours / baseline ingest ({a.repeat} interleaved pairs): wall "
+                          f"{' '.join(f'{x:.2f}' for x in ratio)} (median "
+                          f"{float(np.median(ratio)):.2f}x), CPU median "
+                          f"{float(np.median(cpu)):.2f}x", flush=True)
+                best = min(ours, key=lambda r: r["wall_s"])
+                rows.append((dict(best, label="ingest (streamed)"), gb))
             if "ingest-memory" not in a.skip:
                 mem = base / f"mem-{n}.retime"
                 rows.append((run(["ingest", str(src), "-o", str(mem), "--layout", a.layout,
-                                  "--jobs", str(a.jobs), "--in-memory", "--force"],
+                                  *jobs, "--in-memory", "--force"],
                                  "ingest --in-memory (peer)"), gb))
                 shutil.rmtree(mem, ignore_errors=True)
                 if "ingest" in a.skip:

@@ -128,12 +128,14 @@ def read(paths: list[str | os.PathLike[str]] | str | os.PathLike[str], *, format
 
 def ingest(paths: list[str | os.PathLike[str]] | str | os.PathLike[str],
            output: str | os.PathLike[str], *, format: str = "auto", layout: str = "single",
-           jobs: int = 1, in_memory: bool = False, progress: bool | None = None) -> dict:
+           jobs: int | None = None, in_memory: bool = False,
+           progress: bool | None = None) -> dict:
     """Read ``paths`` and write the store ``output`` (what ``retime ingest`` runs).
 
     Kineto files are ingested rank by rank (:mod:`collectors.rankwise`: memory bounded by a
     few ranks' parts, never the merged trace); other formats, and every format with
-    ``in_memory=True``, are read whole (:func:`read`) and saved.
+    ``in_memory=True``, are read whole (:func:`read`) and saved. ``jobs``: processes that
+    parse (and write) ranks; default: the cores this process may use.
 
     Returns
     -------
@@ -151,6 +153,9 @@ def ingest(paths: list[str | os.PathLike[str]] | str | os.PathLike[str],
     if fmt == "kineto" and not in_memory:
         from .rankwise import ingest_kineto
         return ingest_kineto(ps, output, layout=layout, jobs=jobs, progress=progress)
+    if jobs is None:
+        from .rankwise import default_jobs
+        jobs = default_jobs()
     trace = read(ps, format=fmt, jobs=jobs, progress=progress)
     trace.save(output, layout=layout)
     meta = {k: v for k, v in trace.meta.items() if k not in ("layout", "partitions")}

@@ -38,7 +38,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .kineto import RankPart, kineto_files, merge_parts, parse_kineto_file
-from .kineto.reader import file_progress
+from .kineto.reader import file_progress, warm_scanner
 from .progress import progress_bar
 from .trace import (
     EDGES_SCHEMA,
@@ -48,13 +48,15 @@ from .trace import (
     SCHEMA_VERSION,
     Trace,
     _arrow_table,
+    _columns,
     _frame,
+    parquet_options,
     write_meta,
     write_parquet,
 )
 
 __all__ = ["skeleton", "plans", "rank_tables", "write_rank", "parse_and_spool", "write_spooled",
-           "spooled_writes", "ingest_kineto", "SPOOL"]
+           "spooled_writes", "ingest_kineto", "default_jobs", "SPOOL"]
 
 _SCHEMAS = {"ops": OPS_SCHEMA, "edges": EDGES_SCHEMA, "ranges": RANGES_SCHEMA,
             "memory": MEMORY_SCHEMA}
@@ -120,8 +122,6 @@ def plans(skel: Trace, skeletons: list[tuple[RankPart, list[int]]]
 def rank_tables(part: RankPart, sub: int, plan: dict[str, Any]) -> dict[str, pa.Table]:
     """Flat sub-part ``sub`` of ``part`` with global ids (``plan``) as the store's per-rank
     Arrow tables: the same columns :func:`merge_parts` builds for that rank."""
-    from .store import _arrow
-
     p = flat(part)[sub]
     op_off, lane_off, gmap = plan["op_off"], plan["lane_off"], plan["gmap"]
     n = len(p.ops["start_ns"])
@@ -148,11 +148,12 @@ def rank_tables(part: RankPart, sub: int, plan: dict[str, Any]) -> dict[str, pa.
     memory = {"rank": np.full(nm, p.rank, np.int32),
               **{k: p.memory[k] for k in ("device", "ts_ns", "bytes_delta", "allocated_bytes",
                                           "reserved_bytes")}}
-    frames = {"ops": _frame(OPS_SCHEMA, ops, "ops", n=n),
-              "edges": _frame(EDGES_SCHEMA, edges, "edges"),
-              "ranges": _frame(RANGES_SCHEMA, ranges, "ranges"),
-              "memory": _frame(MEMORY_SCHEMA, memory, "memory")}
-    return {k: _arrow(v) for k, v in frames.items()}
+    cols = {"ops": _columns(OPS_SCHEMA, ops, "ops", n=n),
+            "edges": _columns(EDGES_SCHEMA, edges, "edges"),
+            "ranges": _columns(RANGES_SCHEMA, ranges, "ranges"),
+            "memory": _columns(MEMORY_SCHEMA, memory, "memory")}
+    # straight to Arrow (as store._arrow makes from a frame, without building the frame)
+    return {k: pa.table({c: pa.array(v) for c, v in t.items()}) for k, t in cols.items()}
 
 
 def write_rank(part: RankPart, sub: int, plan: dict[str, Any], root: str) -> dict[str, int]:
@@ -200,6 +201,14 @@ def spooled_writes(plan: list, spools: list[str], root: str
     return args, [[rank for rank, _, _ in by_part[i]] for i in order]
 
 
+def default_jobs() -> int:
+    """Cores this process may use: the default number of ingest processes."""
+    try:
+        return max(len(os.sched_getaffinity(0)), 1)
+    except AttributeError:  # pragma: no cover - not Linux
+        return max(os.cpu_count() or 1, 1)
+
+
 def _empty_table(name: str) -> pa.Table:
     from .store import _arrow
 
@@ -207,7 +216,7 @@ def _empty_table(name: str) -> pa.Table:
 
 
 def ingest_kineto(paths: list[str | os.PathLike[str]], output: str | os.PathLike[str], *,
-                  layout: str = "single", jobs: int = 1,
+                  layout: str = "single", jobs: int | None = None,
                   progress: bool | None = None) -> dict[str, Any]:
     """Ingest Kineto files (one per rank, or folders of them) into a store at ``output``,
     rank by rank (see the module docstring); nothing is left behind on an error.
@@ -218,6 +227,7 @@ def ingest_kineto(paths: list[str | os.PathLike[str]], output: str | os.PathLike
     output : the ``NAME.retime`` directory (replaced if it exists)
     layout : ``"single"`` (one Parquet file per table, a row group per rank) or ``"rank"``
     jobs : parse (and, with ``layout="rank"``, write) ranks in this many processes
+        (default: :func:`default_jobs`, the cores this process may use)
     progress : progress bars on stderr (default: when stderr is a terminal)
 
     Returns
@@ -234,8 +244,11 @@ def ingest_kineto(paths: list[str | os.PathLike[str]], output: str | os.PathLike
         (tmp / SPOOL).mkdir()
         spools = [str(tmp / SPOOL / f"part-{i}.pkl") for i in range(len(files))]
         skels: list[tuple[RankPart, list[int]]] = []
-        ex = ProcessPoolExecutor(max_workers=min(jobs, len(files))) if jobs > 1 and \
-            len(files) > 1 else None
+        jobs = default_jobs() if jobs is None else jobs
+        ex = None
+        if jobs > 1 and len(files) > 1:
+            warm_scanner(files[0], tmp / SPOOL)  # the workers fork with the kernels loaded
+            ex = ProcessPoolExecutor(max_workers=min(jobs, len(files)))
         try:
             if len(files) == 1:  # one (possibly huge) file: MB read, then the build stages
                 with file_progress(files[0], progress) as bar:
@@ -301,8 +314,11 @@ def _write_all(tmp: Path, layout: str, plan: list, spools: list[str],
     last = {}
     for k, (_, i, _, _) in enumerate(plan):
         last[i] = k
-    writers = {name: pq.ParquetWriter(tmp / f"{name}.parquet", _empty_table(name).schema,
-                                      compression="zstd") for name in _SCHEMAS}
+    writers = {}
+    for name in _SCHEMAS:
+        schema = _empty_table(name).schema
+        writers[name] = pq.ParquetWriter(tmp / f"{name}.parquet", schema,
+                                         **parquet_options(schema))
     try:
         cur: dict[int, RankPart] = {}
         with progress_bar(len(plan), "writing ranks", progress) as bar:

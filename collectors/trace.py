@@ -49,6 +49,7 @@ __all__ = [
     "GROUPS_COLUMNS",
     "MEMORY_SCHEMA",
     "Trace",
+    "parquet_options",
     "StringTable",
     "read_trace",
     "read_meta",
@@ -160,6 +161,13 @@ def _frame(schema: dict[str, tuple[str, Any]], data: dict[str, Any] | pd.DataFra
 
     Raises TraceValidationError naming every required column that is missing.
     """
+    return pd.DataFrame(_columns(schema, data, table, n), copy=False)
+
+
+def _columns(schema: dict[str, tuple[str, Any]], data: dict[str, Any] | pd.DataFrame | None,
+             table: str, n: int | None = None) -> dict[str, np.ndarray]:
+    """:func:`_frame`'s columns as numpy arrays (no DataFrame: the rank-wise ingest turns
+    them into Arrow directly)."""
     if data is None:
         data = {}
     if isinstance(data, pd.DataFrame):
@@ -190,7 +198,7 @@ def _frame(schema: dict[str, tuple[str, Any]], data: dict[str, Any] | pd.DataFra
                 out[c] = np.full(n, default if default is not None else "", dtype=object)
             else:
                 out[c] = np.full(n, 0 if default is None else default, dtype=dt)
-    return pd.DataFrame(out, copy=False)
+    return out
 
 
 @dataclass
@@ -426,10 +434,27 @@ def groups_table(g: pd.DataFrame) -> pa.Table:
     })
 
 
+def parquet_options(schema: pa.Schema) -> dict[str, Any]:
+    """How every table of a store is written (every writer passes these, so that all files
+    of a store are alike): zstd, no dictionary pages, and delta encoding for the top-level
+    integer columns.
+
+    Why: the columns are ids, times and counts with few repeats per page (op ids, start
+    times, edge ends) or tiny ranges (kinds, phases): building dictionaries for them was the
+    larger part of the write time and the dictionaries mostly fell back to plain pages anyway,
+    while deltas of sorted or slowly varying integers pack to a few bits each. On one 54 MB
+    Kineto rank's tables (bench/scale.py) this writes ~2.5x faster and the files are ~2x
+    smaller; readers see the same Arrow columns.
+    """
+    ints = [f.name for f in schema if pa.types.is_integer(f.type)]
+    return {"compression": "zstd", "use_dictionary": False,
+            "column_encoding": dict.fromkeys(ints, "DELTA_BINARY_PACKED")}
+
+
 def write_parquet(tbl: pa.Table, f: Path) -> None:
-    """Write one table of a store (zstd, the store's one compression)."""
+    """Write one table of a store (:func:`parquet_options`)."""
     f.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(tbl, f, compression="zstd")
+    pq.write_table(tbl, f, **parquet_options(tbl.schema))
 
 
 def write_meta(root: Path, meta: dict[str, Any]) -> None:

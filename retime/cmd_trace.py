@@ -70,7 +70,7 @@ def ingest(
                                                 exists=True)],
     output: Annotated[Path, typer.Option("-o", "--output", help="Output NAME.retime directory.")],
     format: Annotated[Format, typer.Option("--format", help="Input format; auto detects by content.")] = Format.auto,
-    jobs: Annotated[int, typer.Option("--jobs", "-j", min=1, help="Parse ranks in N processes.")] = 1,
+    jobs: Annotated[int | None, typer.Option("--jobs", "-j", min=1, help="Parse and write ranks in N processes (default: the cores this process may use).")] = None,
     scheduler: Annotated[str | None, typer.Option("--scheduler", help="Parse Kineto ranks on a Dask cluster (tcp://host:8786); the workers must see the files at the same paths.")] = None,
     layout: Annotated[Layout | None, typer.Option("--layout", help="Store layout: one file per table (single) or per rank (rank; thousands of ranks, streamed analysis). Default: rank with --scheduler, else single.")] = None,
     in_memory: Annotated[bool, typer.Option(

@@ -120,3 +120,65 @@ def test_dask_workers_spool_and_release(dlrm, tmp_path):
         rss = release_memory(client)
         assert len(rss) == 2 and all(v > 0 for v in rss.values())
     assert sorted(x.name for x in tmp_path.iterdir()) == ["d.retime"]
+
+
+@pytest.mark.parametrize("layout", ["single", "rank"])
+def test_store_files_use_the_store_encoding(tmp_path, layout):
+    """Every Parquet file the ingest writes follows parquet_options(): zstd, no dictionary
+    pages, integer columns delta-encoded (a writer that bypassed it would differ here)."""
+    import pyarrow.parquet as pq
+
+    out = tmp_path / "e.retime"
+    ingest(DLRM, out, layout=layout, jobs=2, progress=False)
+    files = sorted(out.rglob("*.parquet"))
+    assert len(files) >= 6
+    for f in files:
+        md = pq.ParquetFile(f).metadata
+        schema = pq.read_schema(f)
+        for g in range(md.num_row_groups):
+            for c in range(md.num_columns):
+                col = md.row_group(g).column(c)
+                assert col.compression == "ZSTD", (f, col.path_in_schema)
+                assert not {"PLAIN_DICTIONARY", "RLE_DICTIONARY"} & set(col.encodings), (
+                    f, col.path_in_schema, col.encodings)
+                name = col.path_in_schema
+                if name in schema.names and pa_is_int(schema.field(name).type):
+                    assert "DELTA_BINARY_PACKED" in col.encodings, (f, name, col.encodings)
+
+
+def pa_is_int(t) -> bool:
+    import pyarrow as pa
+
+    return pa.types.is_integer(t)
+
+
+def test_warm_scanner_loads_the_kernels_before_workers_fork(tmp_path, monkeypatch):
+    """warm_scanner() parses its tiny document with the scanner (every kernel the scanner
+    runs gets a loaded signature), leaves no file behind, and does nothing when the files
+    will not be read with the scanner."""
+    from retime.collectors import _kernels
+    from retime.collectors.kineto import _scan_cold, _scan_kernels, reader
+
+    f = next(DLRM.glob("*.json*"))
+    monkeypatch.setattr(reader, "STREAMING", False)
+    assert reader.warm_scanner(f, tmp_path) is False
+    monkeypatch.setattr(reader, "STREAMING", True)
+    assert reader.warm_scanner(f, tmp_path) is True
+    assert list(tmp_path.iterdir()) == []
+    for disp in (_scan_kernels._scan_events, _scan_cold._find_array, _kernels._nest):
+        assert disp.signatures, disp
+    # the tiny document is a valid trace the scanner reads exactly (not the general path)
+    from retime.collectors.kineto.scan import parse_fast
+
+    doc = tmp_path / "w.json"
+    doc.write_bytes(reader._WARM_DOC)
+    part = parse_fast(doc)
+    # ops: the launch and its kernel; the two nested cpu_ops contain it, so they are ranges
+    assert part is not None and len(part.ops["start_ns"]) == 2
+    assert len(part.ranges["start_ns"]) == 2 and len(part.edges["src"]) >= 1
+
+
+def test_default_jobs_is_the_usable_cores():
+    from retime.collectors.rankwise import default_jobs
+
+    assert default_jobs() == len(os.sched_getaffinity(0))
