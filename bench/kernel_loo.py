@@ -60,6 +60,7 @@ CLASSES = ("gemm", "conv", "rest")
 # above three launch floors, with the latency fitted before it
 GRID = {
     "gemm": [({"tile_fill_us": [0.5, 1.0, 1.5, 2.0, 2.5, 3.0]}, True),
+             ({"tile_fill_tc_us": [0.5, 1.0, 1.5, 2.0, 2.5, 3.0]}, True),
              ({"gemm_eff": np.round(np.arange(0.30, 1.001, 0.02), 2).tolist()}, False)],
     "conv": [({"conv_eff": np.round(np.arange(0.30, 1.001, 0.02), 2).tolist(),
                "wgrad_eff": np.round(np.arange(0.30, 1.001, 0.05), 2).tolist()}, False)],
@@ -111,23 +112,27 @@ def errors(gpu: str, calls: list[tuple], curves: Curves, cls: str,
 
 
 #: parameters a class shares with the GEMMs' fit: convolutions run the same tile pipeline
-SHARED = {"conv": ("tile_fill_us",)}
+SHARED = {"conv": ("tile_fill_us", "tile_fill_tc_us")}
 
 
 def fit(data: dict, names: list[str], cls: str, base: Curves = DEFAULT_CURVES) -> dict:
     """Stage by stage (``GRID``), the grid point with the least mean (over ``names``) of each
-    trace's median |error| (``base``: the curves the other parameters keep)."""
+    trace's median |error| (``base``: the curves the other parameters keep). A stage whose
+    parameters move no training call (e.g. the tensor-core tile fill when the training
+    traces hold only SIMT GEMMs) is not fitted: its parameters keep their defaults."""
     found: dict = {}
     for grid, every in GRID[cls]:
         keys = list(grid)
-        best, best_v = None, np.inf
+        best, best_v, seen = None, np.inf, set()
         for vals in itertools.product(*(grid[k] for k in keys)):
             cur = dataclasses.replace(base, **found, **dict(zip(keys, vals)))
-            meds = [np.median(np.abs(e)) for n in names
-                    if len(e := errors(*data[n], cur, cls, large=not every))]
+            errs = [e for n in names if len(e := errors(*data[n], cur, cls, large=not every))]
+            seen.add(tuple(np.round(np.concatenate(errs), 12)) if errs else ())
+            meds = [np.median(np.abs(e)) for e in errs]
             if meds and np.mean(meds) < best_v:
                 best, best_v = dict(zip(keys, vals)), float(np.mean(meds))
-        found.update(best or {})
+        if len(seen) > 1:
+            found.update(best or {})
     return found
 
 
