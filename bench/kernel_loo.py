@@ -8,15 +8,27 @@ call launched (``collectors.costs.ops.price_op``: a convolution as its implicit-
 its layout kernels as HBM copies and its other kernels as launch floors,
 ``collectors.costs.conv``; other calls one launch floor per kernel beyond the first). The
 curves' parameters (:class:`collectors.costs.kernels.Curves`, all physical and shared by every
-GPU: an efficiency is a fraction <= 1 of a published ceiling; ``tile_fill_us`` is the most a
-GEMM tile's prologue / epilogue may take; ``mem_latency_us`` the bytes in flight a streaming kernel
+GPU: an efficiency is a fraction <= 1 of a published ceiling; ``tile_fill_us`` /
+``tile_fill_tc_us`` are the most a GEMM tile's prologue / epilogue may take in a SIMT kernel
+(FP32 on NVIDIA's CUDA cores) / a tensor or matrix-core kernel, two pipelines of different
+depth (REFERENCES.md K12); ``mem_latency_us`` the bytes in flight a streaming kernel
 needs) are fitted per class on the other traces -- each trace's median |error| counts once,
-whatever its number of calls -- and judged on the held-out one, in stages: the GEMM tile fill
-on all GEMM calls (a latency: the small calls tell it), then the efficiencies on the calls the
-default model prices above three launch floors (below that a call is launch-bound: its floor
-is the GPU profile's ``kernel_overhead_us``, not a fitted parameter); convolutions keep the
-GEMMs' tile fill (one tile model). Nothing is fitted per data point: one value per parameter
-per fold, taken from a coarse grid.
+whatever its number of calls -- and judged on the held-out one, in stages: each math path's
+GEMM tile fill on all GEMM calls (a latency: the small calls tell it), then the efficiencies
+on the calls the default model prices above three launch floors (below that a call is
+launch-bound: its floor is the GPU profile's ``kernel_overhead_us``, not a fitted
+parameter); convolutions keep the GEMMs' tile fills (one tile model). A stage whose
+parameters move no training call is not fitted: its parameters keep their documented
+defaults (the tensor-core fill when the training traces hold only SIMT GEMMs: the profile's
+``gemm_k_half``). Nothing is fitted per data point: one value per parameter per fold, taken
+from a coarse grid.
+
+Changed after seeing judged rows: the split of the tile fill by math path was made after the
+held-out results had been seen (before it, one fill served both paths: held-out GEMM
+median over traces 18.1%, worst 20.5%; the MI300X fold took a fill fitted on the V100's SIMT
+GEMMs, the V100 fold one fitted on the MI300X's matrix-core GEMMs). The split is physical
+(K12), not tuned per trace, and it costs the V100 fold: no other trace holds small SIMT
+GEMMs, so its fill is fitted on H100 VGG-13's large ones, which barely tell it.
 
 Printed per held-out trace and class (GEMM, convolution, the rest: memory-bound and latency-
 bound kernels): calls, median and 90th-percentile |model / measured - 1|, the median signed
