@@ -7,7 +7,7 @@ import pytest
 
 from retime.collectors.costs.conv import conv_passes, kernel_role, price_conv
 from retime.collectors.costs.gpus import gpu_spec
-from retime.collectors.costs.kernels import DEFAULT_CURVES, FITTED_CURVES, Curves, matmul
+from retime.collectors.costs.kernels import DEFAULT_CURVES, FITTED_CURVES, Curves, math_path, matmul
 from retime.collectors.costs.ops import op_cost, price_op
 from retime.collectors.errors import ConfigError
 
@@ -111,7 +111,7 @@ def test_derived_ceilings_and_the_tile_fill_time():
     # 2.5 us of tile fill is 11 k-steps of a 128 x 128 fp32 tile on a V100 SM (11.9 TFLOP/s
     # over 80 SMs): it caps the profile's 27.5 there; 196 of a bf16 one on an MI300X CU
     # (781.9 over 304) and 458 on an H100 SM (792.1 over 132) leave the profile's 192
-    c = Curves(tile_fill_us=2.5)
+    c = Curves(tile_fill_us=2.5, tile_fill_tc_us=2.5)
     assert "k_half 28," in matmul(v, 512, 512, 512, dtype="fp32").efficiency_source
     assert "k_half 11," in matmul(v, 512, 512, 512, dtype="fp32", curves=c).efficiency_source
     m = gpu_spec("mi300x")
@@ -119,9 +119,32 @@ def test_derived_ceilings_and_the_tile_fill_time():
     assert matmul(h, 4096, 4096, 4096, curves=c).time_us == pytest.approx(
         matmul(h, 4096, 4096, 4096).time_us)
     # a longer fill makes a shallow GEMM slower, never faster
-    short = matmul(m, 4096, 4096, 256, curves=Curves(tile_fill_us=0.5)).time_us
+    short = matmul(m, 4096, 4096, 256, curves=Curves(tile_fill_tc_us=0.5)).time_us
     assert matmul(m, 4096, 4096, 256, curves=c).time_us > short
     with pytest.raises(ConfigError, match="tile_fill_us"):
         Curves(tile_fill_us=-1.0)
+    with pytest.raises(ConfigError, match="tile_fill_tc_us"):
+        Curves(tile_fill_tc_us=-1.0)
+
+
+def test_the_tile_fill_is_per_math_path():
+    v, h, m = gpu_spec("v100-sxm2"), gpu_spec("h100-sxm"), gpu_spec("mi300x")
+    # FP32 runs on NVIDIA's CUDA cores (SIMT); AMD runs it on its matrix cores, and every
+    # 16-bit / TF32 GEMM runs on tensor cores
+    assert [math_path(g, "fp32") for g in (v, h, m)] == ["simt", "simt", "tensor"]
+    assert {math_path(g, dt) for g in (v, h, m) for dt in ("bf16", "fp16", "tf32")} == \
+        {"tensor"}
+    # each path's fill moves only its own GEMMs: 0.5 us is 2 k-steps of a 128 x 128 fp32
+    # tile on a V100 SM (11.9 TFLOP/s / 80), 39 of a bf16 one on an MI300X CU (781.9 / 304)
+    simt, tc = Curves(tile_fill_us=0.5), Curves(tile_fill_tc_us=0.5)
+    assert "k_half 2," in matmul(v, 512, 512, 512, dtype="fp32", curves=simt).efficiency_source
+    assert "k_half 28," in matmul(v, 512, 512, 512, dtype="fp32", curves=tc).efficiency_source
+    assert "k_half 39," in matmul(m, 512, 512, 512, dtype="bf16", curves=tc).efficiency_source
+    assert "k_half 192," in matmul(m, 512, 512, 512, dtype="bf16", curves=simt).efficiency_source
+    # the V100 has no bf16 / tf32: its fp16 tensor-core GEMMs take the tensor-core fill
+    assert matmul(v, 256, 256, 256, dtype="fp16", curves=simt).time_us == pytest.approx(
+        matmul(v, 256, 256, 256, dtype="fp16").time_us)
+    assert matmul(v, 256, 256, 256, dtype="fp16", curves=tc).time_us < \
+        matmul(v, 256, 256, 256, dtype="fp16").time_us
     with pytest.raises(ConfigError, match="wgrad_eff"):
         Curves(wgrad_eff=1.2)

@@ -33,7 +33,7 @@ from .tiles import TILES, tile_utilization
 __all__ = ["OpCost", "Curves", "DEFAULT_CURVES", "FITTED_CURVES", "matmul", "grouped_matmul",
            "conv2d", "implicit_gemm", "attention", "flash_attention_gemms", "streaming",
            "memory_bound", "embedding", "optimizer_step", "tile_utilization", "TILES",
-           "OPTIMIZER_BYTES", "LOWP_IN_BYTES", "QUANT_BYTES", "BLOCK_SCALE_US"]
+           "OPTIMIZER_BYTES", "LOWP_IN_BYTES", "QUANT_BYTES", "BLOCK_SCALE_US", "math_path"]
 
 _K_HALF_REL = 0.25  # k_half is an assumed profile value
 _MEM_LATENCY_US = 0.6  # HBM load-to-use latency for the streaming size curve (assumed)
@@ -74,7 +74,12 @@ class Curves:
     set (> 0), the most a GEMM tile's prologue / epilogue may take (the same on every GPU:
     loading its first operands, writing its result): ``k_half`` is at most that time in
     k-steps of a 128 x 128 tile at the GPU's per-SM ceiling for the dtype (0: the profile's
-    ``gemm_k_half`` x ``k_half_scale`` alone, what the synthesizer uses).
+    ``gemm_k_half`` x ``k_half_scale`` alone, what the synthesizer uses). One value per
+    math path (:func:`math_path`), since the two pipelines differ: ``tile_fill_us`` for
+    SIMT kernels (FP32 on NVIDIA's CUDA cores: CUTLASS's default SIMT GEMM is a 128 x 128 x 8
+    tile in a 2-stage pipeline, operands through registers), ``tile_fill_tc_us`` for
+    tensor / matrix-core kernels (16-bit, TF32, FP8; FP32 on AMD's matrix cores: a
+    128 x 256 x 64 tile in a 3-stage asynchronous-copy pipeline on SM80), REFERENCES.md K12.
     """
 
     gemm_eff: float = 1.0
@@ -84,6 +89,7 @@ class Curves:
     mem_latency_us: float = _MEM_LATENCY_US
     k_half_scale: float = 1.0
     tile_fill_us: float = 0.0
+    tile_fill_tc_us: float = 0.0
     source: str = "assumed"
 
     def __post_init__(self) -> None:
@@ -91,24 +97,45 @@ class Curves:
             v = getattr(self, f)
             if not 0.0 < v <= 1.0:
                 raise ConfigError(f"Curves.{f}={v!r}: an efficiency must be in (0, 1]")
-        if self.mem_latency_us < 0 or self.k_half_scale <= 0 or self.tile_fill_us < 0:
-            raise ConfigError(f"Curves: mem_latency_us={self.mem_latency_us!r} and "
-                              f"tile_fill_us={self.tile_fill_us!r} must be >= 0 and "
+        if self.mem_latency_us < 0 or self.k_half_scale <= 0 or self.tile_fill_us < 0 \
+                or self.tile_fill_tc_us < 0:
+            raise ConfigError(f"Curves: mem_latency_us={self.mem_latency_us!r}, "
+                              f"tile_fill_us={self.tile_fill_us!r} and tile_fill_tc_us="
+                              f"{self.tile_fill_tc_us!r} must be >= 0 and "
                               f"k_half_scale={self.k_half_scale!r} > 0")
+
+    def tile_fill(self, path: str) -> float:
+        """The tile fill time (us, 0: none given) of math path ``path``
+        (:func:`math_path`)."""
+        return self.tile_fill_us if path == "simt" else self.tile_fill_tc_us
+
+
+#: NVIDIA generations: their FP32 GEMMs run on the CUDA cores (SIMT); AMD's CDNA matrix
+#: cores run FP32 GEMMs too (``v_mfma_f32_*_f32``)
+_SIMT_FP32_ARCHES = ("volta", "ampere", "hopper", "blackwell")
+
+
+def math_path(g: GpuSpec, dtype: str) -> str:
+    """``simt`` (FP32 on an NVIDIA GPU's CUDA cores) or ``tensor`` (tensor / matrix-core
+    kernels) for a GEMM in ``dtype`` on ``g``: the tile pipeline it runs
+    (:class:`Curves`)."""
+    return "simt" if dtype == "fp32" and g.arch in _SIMT_FP32_ARCHES else "tensor"
 
 
 DEFAULT_CURVES = Curves()
 #: efficiency curves the replay what-ifs and ``retime cost op --trace`` price with: the fit
 #: of bench/kernel_loo.py on all three shared GPU traces with shapes (H100 VGG-13, V100
 #: DLRM, MI300X ResNet): a GEMM tile's fill (first operands in, result out) takes at most
-#: 2.5 us, whatever the GPU (fitted on all GEMM calls: a latency shows in the small ones;
-#: it shortens only slow paths' k_half, e.g. fp32 on a V100's CUDA cores, and leaves the
+#: 2.0 us in a SIMT kernel (fitted on the FP32 CUDA-core GEMM calls of the H100 and V100
+#: traces: a latency shows in the small ones; it shortens k_half on a V100's CUDA cores)
+#: and 2.5 us in a tensor / matrix-core kernel (fitted on the MI300X bf16 GEMM calls; it
+#: leaves the profile's k_half on every GPU but the MI300X, where it is the same, and the
 #: published GEMM sweeps of bench/cost.py as they were); implicit-GEMM convolutions sustain
 #: 0.96 of the GEMM model's rate and their weight-gradient pass 0.65 of that; GEMM and HBM
 #: efficiencies stay at their bound, 1.0; streaming kernels need 0.2 us of bytes in flight.
 #: In a ratio (new GPU / old GPU, new batch / old) most of this cancels; it matters where
 #: the bound moves. Held-out accuracy: bench/kernel_loo.py and the README's "Kernels" section
-FITTED_CURVES = Curves(tile_fill_us=2.5, conv_eff=0.96, wgrad_eff=0.65, mem_latency_us=0.2,
+FITTED_CURVES = Curves(tile_fill_us=2.0, tile_fill_tc_us=2.5, conv_eff=0.96, wgrad_eff=0.65, mem_latency_us=0.2,
                        source="fitted on 3 traces, bench/kernel_loo.py")
 
 
@@ -207,12 +234,12 @@ def _groups_rate(g: GpuSpec, ms: list[float], n: float, k: float, dtype: str,
         half = g.mamf_tflops.get("bf16") or g.mamf_tflops.get("fp16") or (
             g.peak_tflops("fp16") * g.hw.gemm_max)
         k_half *= min(1.0, ceil_tf / half)
-    if curves.tile_fill_us > 0:
+    fill = curves.tile_fill(math_path(g, dtype))
+    if fill > 0:
         # a tile's fill (its first operands in, its result out) takes at most this time:
         # in k-steps of a 128 x 128 tile at the ceiling's per-SM rate, fewer on a slow
         # path (fp32 on a V100's CUDA cores: 11) than the profile's k-step count says
-        k_half = min(k_half, curves.tile_fill_us * 1e-6 * ceil_tf * 1e12 / g.sm_count
-                     / (2.0 * 128 * 128))
+        k_half = min(k_half, fill * 1e-6 * ceil_tf * 1e12 / g.sm_count / (2.0 * 128 * 128))
     f_k = k / (k + k_half)
     util = tile_utilization(g.sm_count, list(ms), n, k, k_half)
     # tensor-core kernels need 16-byte aligned rows; others run slower paths (assumed 0.75)
