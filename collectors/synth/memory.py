@@ -178,7 +178,11 @@ def memory_per_stage(model: ModelConfig, parallel: ParallelConfig,
             fixed += 4 * s * b * padded_vocab / P.tp
         buffers = reserve_bytes + dispatch
         lp_dense, lp_expert = layer_params_rank
-        if z >= 3 and (dpg > 1 or edp > 1):  # current + prefetched gathered layer
+        if z >= 3 and P.pp > 1 and not P.odc and (dpg > 1 or edp > 1):
+            # under a pipeline the stage's parameters stay gathered over the step and its
+            # gradients accumulate unsharded until the last backward (builder.py, R13)
+            buffers += (2 + 2) * (dense + expert)
+        elif z >= 3 and (dpg > 1 or edp > 1):  # current + prefetched gathered layer
             buffers += 2 * 2 * (lp_dense + lp_expert)
             if P.odc:  # fp32 accumulation shard of the gradients pushed to this owner
                 buffers += 4 * (dense / dpg + expert / edp)
