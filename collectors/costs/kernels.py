@@ -33,12 +33,18 @@ from .tiles import TILES, tile_utilization
 __all__ = ["OpCost", "Curves", "DEFAULT_CURVES", "FITTED_CURVES", "matmul", "grouped_matmul",
            "conv2d", "implicit_gemm", "attention", "flash_attention_gemms", "streaming",
            "memory_bound", "embedding", "optimizer_step", "tile_utilization", "TILES",
-           "OPTIMIZER_BYTES", "LOWP_IN_BYTES", "QUANT_BYTES", "BLOCK_SCALE_US"]
+           "OPTIMIZER_BYTES", "LOWP_IN_BYTES", "QUANT_BYTES", "BLOCK_SCALE_US",
+           "FLASH_BWD_RATE"]
 
 _K_HALF_REL = 0.25  # k_half is an assumed profile value
 _MEM_LATENCY_US = 0.6  # HBM load-to-use latency for the streaming size curve (assumed)
 _ATTN_S_HALF = 256.0  # sequence length at which attention reaches half its rate (assumed)
-_ATTN_BWD = 0.8  # backward rate / forward rate (assumed)
+#: a flash-attention backward's FLOP/s over its forward's at the same shape: FlashAttention-2
+#: on H100 SXM5, head dim 128, sequence 16k, 322 / 370 TFLOP/s (FA3 paper, Shah et al. 2024,
+#: arXiv 2407.08608, Figs. 5-6; cuDNN 516 / 595 and FlashAttention-3 561 / 648 give the same
+#: 0.87; REFERENCES.md K12). The backward's extra softmax recomputation and its dS / dQ
+#: accumulation (atomics in FA2) are not GEMM work, so it runs below the forward's rate.
+FLASH_BWD_RATE = 0.87
 #: optimizer-step HBM bytes per parameter beyond the gradient: (fp32 state read+written)
 OPTIMIZER_BYTES = {"adam": 4 * 6, "adamw": 4 * 6, "sgd": 4 * 4, "adafactor": 4 * 3}
 _OPT_FLOPS = {"adam": 12.0, "adamw": 14.0, "sgd": 3.0, "adafactor": 10.0}
@@ -361,10 +367,11 @@ def attention(g: GpuSpec, batch: int, heads: int, seq: int, head_dim: int,
     else:
         base, src0 = g.peak_tflops(dtype) * 0.35, "assumed 35% of peak"
     curve = seq / (seq + _ATTN_S_HALF)
-    rate = base * curve * (_ATTN_BWD if backward else 1.0)
+    rate = base * curve * (FLASH_BWD_RATE if backward else 1.0)
     rate = min(rate, g.mamf(dtype)[0])
     src = (f"FlashAttention-2 {base:.1f} TFLOP/s ({src0}) x sequence curve {curve:.2f} "
-           f"(s_half 256, assumed){' x backward 0.8 (assumed)' if backward else ''}")
+           f"(s_half 256, assumed)"
+           f"{f' x backward {FLASH_BWD_RATE} (published, K12)' if backward else ''}")
     rel = math.hypot(0.05 if g.flash_attn_tflops else 0.25, 0.15)
     return _finish("attention", g, flops, nbytes, flops / (rate * 1e6), src,
                    rate / g.peak_tflops(dtype), rel)
@@ -378,8 +385,10 @@ def flash_attention_gemms(g: GpuSpec, batch: int, heads: int, seq_q: int, seq_k:
     (sample, head) ``n_qk`` GEMMs ``[seq_q, seq_k]`` deep ``qk_dim`` and ``n_v`` deep
     ``v_dim`` (forward 1 + 1; backward 3 + 2: recomputed scores, dP, dV, dQ, dK) batched
     into one launch each, at ``ceiling`` (the synthesizer's sustained rate); a causal mask
-    halves time and FLOPs (bytes stay). :func:`attention` is the other model (the GPU's
-    published FlashAttention-2 rate), for kernels of measured traces."""
+    halves time and FLOPs (bytes stay); the backward runs at :data:`FLASH_BWD_RATE` of the
+    forward's rate (its softmax recomputation and gradient accumulation are not GEMM work).
+    :func:`attention` is the other model (the GPU's published FlashAttention-2 rate), for
+    kernels of measured traces."""
     vd = qk_dim if v_dim is None else v_dim
     _positive(batch=batch, heads=heads, seq_q=seq_q, seq_k=seq_k, qk_dim=qk_dim, v_dim=vd)
     n_qk, n_v = (3, 2) if backward else (1, 1)
@@ -390,15 +399,17 @@ def flash_attention_gemms(g: GpuSpec, batch: int, heads: int, seq_q: int, seq_k:
         cs = [matmul(g, seq_q, seq_k, qk_dim, batch * heads * n_qk, dtype, ceiling=ceiling),
               matmul(g, seq_q, seq_k, vd, batch * heads * n_v, dtype, ceiling=ceiling)]
     f = 0.5 if causal else 1.0
-    t = sum(c.time_us for c in cs) * f
+    slow = 1.0 / FLASH_BWD_RATE if backward else 1.0
+    t = sum(c.time_us for c in cs) * f * slow
     flops = sum(c.flops for c in cs) * f
     nbytes = sum(c.bytes for c in cs)
-    lo = sum(c.range_us[0] for c in cs) * f
-    hi = sum(c.range_us[1] for c in cs) * f
+    lo = sum(c.range_us[0] for c in cs) * f * slow
+    hi = sum(c.range_us[1] for c in cs) * f * slow
     c0 = cs[0]
     return OpCost("flash_attention", g.name, t, (lo, hi), flops, nbytes, flops / (t * 1e6),
-                  nbytes / (t * 1e3), c0.bound, c0.efficiency,
-                  f"{n_qk} + {n_v} batched GEMMs{' x causal 0.5' if causal else ''}: "
+                  nbytes / (t * 1e3), c0.bound, c0.efficiency * (1.0 / slow),
+                  f"{n_qk} + {n_v} batched GEMMs{' x causal 0.5' if causal else ''}"
+                  f"{f' / backward rate {FLASH_BWD_RATE} (K12)' if backward else ''}: "
                   + c0.efficiency_source)
 
 
