@@ -34,7 +34,7 @@ __all__ = ["OpCost", "Curves", "DEFAULT_CURVES", "FITTED_CURVES", "matmul", "gro
            "conv2d", "implicit_gemm", "attention", "flash_attention_gemms", "streaming",
            "memory_bound", "embedding", "optimizer_step", "tile_utilization", "TILES",
            "OPTIMIZER_BYTES", "LOWP_IN_BYTES", "QUANT_BYTES", "BLOCK_SCALE_US",
-           "FLASH_BWD_RATE"]
+           "FLASH_BWD_RATE", "FP8_SCALINGS", "TENSORWISE_CAST_BYTES"]
 
 _K_HALF_REL = 0.25  # k_half is an assumed profile value
 _MEM_LATENCY_US = 0.6  # HBM load-to-use latency for the streaming size curve (assumed)
@@ -56,6 +56,18 @@ LOWP_IN_BYTES = {"fp8": 1.0, "fp4": 0.5625}
 #: training: read it in 16 bits, write the quantized copies (FP8: one; NVFP4: the row- and
 #: column-wise copies the forward and the gradients read)
 QUANT_BYTES = {"fp8": 3.0, "fp4": 2.0 + 2 * 0.5625}
+#: FP8 scaling recipes a training GEMM's casts follow. ``fused``: the activation input is
+#: cast in one pass (its scale from an amax the previous kernel or an amax history gives:
+#: Transformer Engine, Megatron-LM's default), :data:`QUANT_BYTES`. ``tensorwise``: torchao's
+#: dynamic tensorwise scaling (torchtitan's Float8, ``Float8Linear``): every GEMM casts
+#: *both* its operands from 16 bits, each cast an amax pass (read 2 bytes per element) then
+#: a cast pass (read 2, write 1), nothing kept across calls: the forward casts the input and
+#: the weight, the input-gradient GEMM the output gradient and the weight again, the
+#: weight-gradient GEMM the output gradient and the input again (torchao
+#: ``float8_linear.matmul_with_hp_or_float8_args``: six ``hp_tensor_to_float8_dynamic``
+#: calls per linear layer; REFERENCES.md K13)
+FP8_SCALINGS = ("fused", "tensorwise")
+TENSORWISE_CAST_BYTES = 2.0 + 2.0 + 1.0
 #: per-call time (us) of an NVFP4 GEMM's block-scale handling, serial with its main loop:
 #: fitted on one row, K5's FP4 1024^3 (7.48 us published, 3.35 us modeled without it); the
 #: K5 rows 1024 x 2145 x 1024 and 2048^3 miss the model by the same 4.1-4.2 us while moving
@@ -234,17 +246,26 @@ def _groups_rate(g: GpuSpec, ms: list[float], n: float, k: float, dtype: str,
 
 
 def _serial(c: OpCost, g: GpuSpec, dtype: str, act_elems: float, quantize: bool,
-            curves: Curves) -> OpCost:
+            curves: Curves, scaling: str = "fused", other_elems: float = 0.0) -> OpCost:
     """``c`` plus the serial work of a block-scaled GEMM: NVFP4's per-call block-scale
     handling (:data:`BLOCK_SCALE_US`) and, in training (``quantize``), the quantization of
-    its activation input (``act_elems`` elements, :data:`QUANT_BYTES`, at the HBM rate)."""
+    its activation input (``act_elems`` elements, :data:`QUANT_BYTES`, at the HBM rate);
+    with ``scaling="tensorwise"`` (FP8) of both operands (``act_elems + other_elems``) at
+    :data:`TENSORWISE_CAST_BYTES`."""
+    if scaling not in FP8_SCALINGS:
+        raise ConfigError(f"fp8 scaling {scaling!r}: choose one of {', '.join(FP8_SCALINGS)}")
+    if scaling != "fused" and dtype != "fp8":
+        raise ConfigError(f"fp8 scaling {scaling!r} with dtype {dtype!r}: tensorwise scaling "
+                          "is an FP8 recipe (torchao Float8); use --dtype fp8 or drop it")
     parts = [("main", c.time_us)]
     scale = BLOCK_SCALE_US.get(dtype, 0.0)
     if scale:
         parts.append(("block_scale", scale))
     if quantize and dtype in QUANT_BYTES:
         bw = g.hbm_gbps()[0] * curves.mem_eff
-        parts.append(("quantize", QUANT_BYTES[dtype] * act_elems / (bw * 1e3)))
+        qb = (TENSORWISE_CAST_BYTES * (act_elems + other_elems) if scaling == "tensorwise"
+              else QUANT_BYTES[dtype] * act_elems)
+        parts.append(("quantize", qb / (bw * 1e3)))
     if len(parts) == 1:
         return c
     extra = sum(us for _, us in parts[1:])
@@ -260,13 +281,15 @@ def _serial(c: OpCost, g: GpuSpec, dtype: str, act_elems: float, quantize: bool,
 
 def matmul(g: GpuSpec, m: int, n: int, k: int, batch: int = 1,
            dtype: str = "bf16", curves: Curves = DEFAULT_CURVES,
-           ceiling: tuple[float, str] | None = None, quantize: bool = False) -> OpCost:
+           ceiling: tuple[float, str] | None = None, quantize: bool = False,
+           scaling: str = "fused") -> OpCost:
     """A (batched) GEMM ``[batch, m, k] x [batch, k, n]`` in ``dtype`` (output in 16-bit
     for fp8/fp4 inputs, else the input dtype). ``ceiling`` = (TFLOP/s, source) replaces
     the GPU's published matmul ceiling (the synthesizer's sustained-in-training rate).
     FP8 / FP4 inputs are block-scaled (:data:`LOWP_IN_BYTES`); NVFP4 adds its per-call
     block-scale time; ``quantize`` (training) adds the quantization of the ``[m, k]``
-    activation input (:func:`_serial`)."""
+    activation input, or of both operands with ``scaling="tensorwise"`` (:func:`_serial`,
+    :data:`FP8_SCALINGS`)."""
     _positive(m=m, n=n, k=k, batch=batch)
     eb = _eb(dtype)
     ib = LOWP_IN_BYTES.get(dtype, eb)
@@ -276,13 +299,14 @@ def matmul(g: GpuSpec, m: int, n: int, k: int, batch: int = 1,
     rate, src, rel = _gemm_rate(g, m, n, k, batch, dtype, curves, curves.gemm_eff, ceiling)
     c = _finish("matmul" if batch == 1 else "bmm", g, flops, nbytes, flops / (rate * 1e6),
                 src, rate / g.peak_tflops(dtype), rel, curves)
-    return _serial(c, g, dtype, float(batch) * m * k, quantize, curves)
+    return _serial(c, g, dtype, float(batch) * m * k, quantize, curves, scaling,
+                   float(batch) * k * n)
 
 
 def grouped_matmul(g: GpuSpec, ms: list[int], n: int, k: int, dtype: str = "bf16",
                    curves: Curves = DEFAULT_CURVES,
-                   ceiling: tuple[float, str] | None = None, quantize: bool = False
-                   ) -> OpCost:
+                   ceiling: tuple[float, str] | None = None, quantize: bool = False,
+                   scaling: str = "fused") -> OpCost:
     """One grouped GEMM launch (mixture-of-experts): group ``i`` is ``[m_i, k] x [k, n]``
     with its own weight; the tiles of all groups share the waves over the SMs, so a group
     of few tokens wastes its partial tiles and a hot expert's extra tiles lengthen it."""
@@ -299,7 +323,7 @@ def grouped_matmul(g: GpuSpec, ms: list[int], n: int, k: int, dtype: str = "bf16
                                   curves.gemm_eff, ceiling)
     c = _finish("grouped_matmul", g, flops, nbytes, flops / (rate * 1e6), src,
                 rate / g.peak_tflops(dtype), rel, curves)
-    return _serial(c, g, dtype, M * k, quantize, curves)
+    return _serial(c, g, dtype, M * k, quantize, curves, scaling, float(len(ms)) * k * n)
 
 
 def conv2d(g: GpuSpec, batch: int, in_ch: int, height: int, width: int, out_ch: int,

@@ -68,7 +68,10 @@ def layer_activation_bytes(model: ModelConfig, parallel: ParallelConfig,
         return int(2 * sbh * rep)
     drop = 1 if model.dropout else 0
     # FP8 training keeps the (quantized) inputs of its linear layers in one byte
+    # (torchao's tensorwise Float8 keeps the 16-bit input and casts it again: 2 bytes)
     lin = {"fp8": 1, "fp4": 0.5625}.get(parallel.linear_dtype(layer, model.layers), 2)
+    if parallel.fp8_scaling == "tensorwise":
+        lin = 2
     mla_rc = model.mla and rc == "selective"  # DeepSeek: norms and MLA up-projections redone
     # torchtitan's op-level checkpointing: norm outputs, K, the MLP's w3 output and the
     # SwiGLU product are recomputed, not kept (collectors/synth/framework.py)
