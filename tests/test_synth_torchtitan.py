@@ -125,10 +125,11 @@ def _bench():
     return mod
 
 
-def test_recipe_bench_prints_the_command_it_predicts(tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize("rid", ["TT-T1 FSDP", "TT-T1 +Float8"])
+def test_recipe_bench_prints_the_command_it_predicts(rid, tmp_path, capsys, monkeypatch):
     """The command a bench row prints gives the step time the bench reports."""
     bench = _bench()
-    row = next(r for r in bench.ROWS if r[0] == "TT-T1 FSDP")
+    row = next(r for r in bench.ROWS if r[0] == rid)
     opts = row[7]
     cmd = bench.command(opts).split()
     assert cmd[:2] == ["retime", "synth"]
@@ -137,7 +138,9 @@ def test_recipe_bench_prints_the_command_it_predicts(tmp_path, capsys, monkeypat
     assert run(cmd) == 0
     s = json.loads(capsys.readouterr().out)
     assert s["step_time_ns"] == bench.predict(opts)["step_time_ns"]
-    assert {"--eager", "--fsdp"} <= set(cmd) and "op" in cmd
+    assert "--fsdp" in cmd and "op" in cmd
+    assert ("--eager" in cmd) == (rid == "TT-T1 FSDP")
+    assert ("tensorwise" in cmd) == (rid == "TT-T1 +Float8")
 
 
 def _template(**kw):
