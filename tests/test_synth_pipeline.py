@@ -232,8 +232,10 @@ def test_imbalance_scale_closed_forms(m, r):
     fsdp = ParallelConfig(dp=4, fsdp=True, global_batch=4 * m, seq_imbalance=r)
     odc = ParallelConfig(dp=4, fsdp=True, odc=True, global_batch=4 * m, seq_imbalance=r)
     ddp = ParallelConfig(dp=4, global_batch=4 * m, seq_imbalance=r)
+    piped = ParallelConfig(dp=4, pp=2, fsdp=True, global_batch=4 * m, seq_imbalance=r)
     assert imbalance_scale(fsdp) == r
     assert imbalance_scale(odc) == imbalance_scale(ddp) == pytest.approx((m + r - 1) / m)
+    assert imbalance_scale(piped) == pytest.approx((m + r - 1) / m)  # one sync per step
     with pytest.raises(ConfigError, match="odc .* needs ZeRO-3"):
         ParallelConfig(dp=4, odc=True, global_batch=4)
 
