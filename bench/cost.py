@@ -10,12 +10,14 @@ the op's time in us on each GPU and the speed-up between them), the error
 but never counted as the model's accuracy; ``judge``: no parameter came from it), and per
 series the median and worst |error| over its judged rows (over its fit rows for a fit
 series, marked as such). A judged series' ``fit_rows`` are rows a model change was chosen
-on after they had been seen; they are printed as fit. Three are (issue 32): C18 16 MB, C9
+on after they had been seen; they are printed as fit. Four are (issue 32): C18 16 MB, C9
 16 MB and C3 8 MB, the rows at the old hard corner of the pipeline fill, which is a soft
-minimum since (REFERENCES.md, "The pipeline fill's soft corner"). Last, the hard rule: no matmul the model prices (every shape of a
-grid from 256 to 65536 per dimension, and every published shape above) exceeds the GPU's
-published maximum achievable matmul TFLOP/s for that dtype; the exit status is 1 if one
-does.
+minimum since (REFERENCES.md, "The pipeline fill's soft corner"); and C19's 64-GPU
+all_reduce 1 MB row, which sets the NVLS per-head latency (REFERENCES.md C21; the NVLS
+change was chosen after all of C19's rows had been seen). Last, the hard rule: no matmul the
+model prices (every shape of a grid from 256 to 65536 per dimension, and every published
+shape above) exceeds the GPU's published maximum achievable matmul TFLOP/s for that dtype;
+the exit status is 1 if one does.
 """
 
 from __future__ import annotations

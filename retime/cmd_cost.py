@@ -215,9 +215,13 @@ def _assumed_lines(c, rows, coll: str) -> list[str]:
                    f"x {npar.value} ({npar.source}: {npar.ref})")
     if any(r["algorithm"] in ("nvls", "nvls_tree") for r in rows):
         ne = nvls_eff(c)
+        ref = P.NVLS_REF_RANKS.get(c.intra_generation, P.NVLS_REF_RANKS["nvlink4"])
         out.append(f"NVLS algorithm bandwidth {ne.value} x nominal {c.intra_generation} rate "
-                   f"({ne.source}: {ne.ref}); NVLS inside one NVLink domain, also one "
-                   "spanning trays (MNNVL)")
+                   f"on {ref} GPUs ({ne.source}: {ne.ref}), x k/(k+1) for k GPUs in the "
+                   f"domain; NVLS latency + {P.NVLS_HEAD_US.value:g} us per GPU of the domain "
+                   f"beyond {P.NVLS_REF_HEADS} ({P.NVLS_HEAD_US.source}: {P.NVLS_HEAD_US.ref}; "
+                   "REFERENCES.md C21); NVLS inside one NVLink domain, also one spanning trays "
+                   "(MNNVL)")
     out.append("latency: NCCL's tuning tables (base + hops x per-hop latency; REFERENCES.md C0) "
                f"+ {P.CALL_US.value:g} us per call (assumed); pipeline fill: one pass of the "
                f"soft minimum of the message and {P.CHUNK_BYTES.value / 1024:g} KiB per channel "

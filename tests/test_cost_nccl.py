@@ -23,6 +23,7 @@ from retime.collectors.costs import (
     read_cluster,
 )
 from retime.collectors.costs import nccl_params as P
+from retime.collectors.costs.nccl import nvls_algbw, nvls_hop_us
 from retime.collectors.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -244,14 +245,16 @@ def test_fill_pass_is_a_soft_minimum():
 def test_nvls_fill_is_the_data_in_flight():
     """NVLS time = call + latency + (S + softmin(S, ranks x NVLS channels x 128 KiB)) / algbw:
     16 MiB in flight on 8 H100 (16 channels; the cap C7 once fitted), 216 MiB on 72 GB200
-    (24 channels inside one MNNVL domain, C16)."""
+    (24 channels inside one MNNVL domain, C16); the latency is NCCL's 23 us at 8 heads plus
+    the per-head cost beyond them (C21). Both at the size their NVLS rate was measured on."""
     for preset, ranks, ch, gbps, eff in (("dgx-h100", 8, 16, 450.0, 0.61),
                                          ("gb200-nvl72", 72, 24, 900.0, 0.49)):
         c = load_preset(preset)
         a = gbps * eff * 1e3  # bytes per us
+        lat = 23.0 + P.NVLS_HEAD_US.value * (ranks - 8)
         for s in (2**20, 2**30):
             r = collective_cost(c, "all_reduce", s, algo="nvls")
-            want = P.CALL_US.value + 23.0 + (s + _soft_min(s, ranks * ch * 128 * 1024)) / a
+            want = P.CALL_US.value + lat + (s + _soft_min(s, ranks * ch * 128 * 1024)) / a
             assert r.channels == ch
             assert r.time_us == pytest.approx(want, rel=1e-9)
 
@@ -316,3 +319,38 @@ def test_two_rack_alltoall_is_the_c20_formula_on_the_stated_nics():
     tray = collective_cost(base.with_overrides(nodes=32, nvlink_domain=64), "alltoall",
                            16 * 2**30)
     assert tray.busbw_gbps == pytest.approx(2 * r.busbw_gbps, rel=0.03)
+
+
+def test_nvls_rate_scales_as_heads_over_heads_plus_one():
+    """C21 (NVIDIA/nccl #1455, 8 x H100, NCCL_ALGO=NVLS, 2-4 GB): 5, 6, 7, 8 GPUs reach
+    258, ~265, ~270, 273 GB/s algbw; every GPU moves S (1 + 1/k), so the rate goes as
+    k / (k + 1): the published ratios within 1%. The generation's rate holds at the size it
+    was measured on (8 H100, C2; 72 GB200, C10)."""
+    h100, gb200 = load_preset("dgx-h100"), load_preset("gb200-nvl72")
+    for k, pub in ((5, 258.0), (6, 265.0), (7, 270.0)):
+        assert nvls_algbw(h100, k) / nvls_algbw(h100, 8) == pytest.approx(pub / 273.0, rel=0.01)
+    assert nvls_algbw(h100, 8) == pytest.approx(450.0 * 0.61, rel=1e-12)
+    assert nvls_algbw(gb200, 72) == pytest.approx(900.0 * 0.49, rel=1e-12)
+    assert nvls_algbw(gb200, 4) < nvls_algbw(gb200, 8) < nvls_algbw(gb200, 72)
+
+
+def test_nvls_latency_grows_with_the_domain_but_the_tuner_ranks_with_the_table():
+    """C21: a step's scatter and gather visit the domain's k heads one after another, so an
+    NVLS all-reduce of k ranks pays 23 us + NVLS_HEAD_US per head beyond NCCL's 8 (C0, C7);
+    NCCL's tuner ranks with the table's 23 us whatever k (C16), so the choice does not move."""
+    assert nvls_hop_us(8) == pytest.approx(23.0, rel=1e-12)
+    assert nvls_hop_us(64) - nvls_hop_us(8) == pytest.approx(56 * P.NVLS_HEAD_US.value)
+    gb300 = load_preset("gb300-nvl72")
+    small = {k: collective_cost(gb300.with_overrides(nodes=k // 4), "all_reduce", 1024,
+                                algo="nvls") for k in (8, 64)}
+    # at 1 KiB the bytes cost nothing: the 56 extra heads are the difference
+    assert small[64].time_us - small[8].time_us == pytest.approx(56 * P.NVLS_HEAD_US.value,
+                                                                 rel=0.01)
+    assert small[64].latency_us == pytest.approx(P.CALL_US.value + nvls_hop_us(64))
+    # 64 GPUs in one rack, 1 MB: NVLS still wins NCCL's ranking (23 us vs ring LL's 82 us)
+    assert collective_cost(gb300.with_overrides(nodes=16), "all_reduce", 2**20).algorithm \
+        == "nvls"
+    # a stated per-hop latency replaces the table and the per-head term alike
+    stated = gb300.with_overrides(nodes=16, intra_hop_us=10.0)
+    assert collective_cost(stated, "all_reduce", 1024, algo="nvls").latency_us == \
+        pytest.approx(P.CALL_US.value + 10.0)

@@ -24,7 +24,12 @@ Where this model departs from the tuner (it predicts wall-clock time, the tuner 
   concurrent ops' chunk bytes, ``src/enqueue.cc``, C16), and the last of several loops is a
   remainder, so the in-flight data moves through a staircase whose envelope has no corner.
   The hard corner put both fit series' worst rows at S = I (C7 16 MB, C1 4-8 MB);
-* a fixed per-call cost (launch, completion).
+* a fixed per-call cost (launch, completion);
+* NVLS by domain size (C21): the rate of k ranks goes as k/(k+1) (every GPU sends and
+  receives S (1 + 1/k) through the switch), carried from the size each generation's rate was
+  measured on; the latency pays NVLS_HEAD_US per head beyond NCCL's 8 (each step's scatter and
+  gather visit the heads in turn). NCCL's tuner ranks with its table's NVLS latency whatever
+  k, so the choice of algorithm uses the table and only the predicted time pays the heads.
 
 Ranks are grouped by NVLink domain, not by host: NCCL treats a multi-node NVLink domain (the
 72 GPUs of a GB200 NVL72 rack) as one node and runs NVLS inside it; only traffic between
@@ -48,7 +53,7 @@ from .cluster import Cluster
 
 __all__ = ["Collective", "Algo", "Proto", "CollectiveCost", "Group", "collective_cost",
            "bus_factor", "group_of", "alltoall_split_us", "efficiencies", "nvls_eff",
-           "nvls_channels", "fill_bytes"]
+           "nvls_algbw", "nvls_hop_us", "nvls_channels", "fill_bytes"]
 
 
 class Collective(str, Enum):
@@ -164,8 +169,30 @@ def efficiencies(c: Cluster) -> tuple[P.Param, P.Param]:
 
 
 def nvls_eff(c: Cluster) -> P.Param:
-    """NVLS algorithm bandwidth / nominal NVLink rate for the cluster's NVLink generation."""
+    """NVLS algorithm bandwidth / nominal NVLink rate for the cluster's NVLink generation,
+    as measured on :data:`nccl_params.NVLS_REF_RANKS` ranks (see :func:`nvls_algbw`)."""
     return P.NVLS_EFF.get(c.intra_generation, P.NVLS_EFF["nvlink4"])
+
+
+def nvls_algbw(c: Cluster, k: int) -> float:
+    """NVLS all-reduce algorithm bandwidth (GB/s) of ``k`` ranks in one NVLink domain.
+
+    Each of the k heads reduces 1/k of the buffer with one multicast load-reduce (the switch
+    reads that slice from every GPU: S out of each GPU over the k heads) and stores the result
+    with one multicast store (S/k out of the head, S into every GPU): every GPU sends and
+    receives ``S (1 + 1/k)``, so the rate is the link's x ``k / (k + 1)`` (C21: 5 -> 8 H100
+    reach 258 -> 273 GB/s algbw, the ratio this gives within 1%). The generation's efficiency
+    was measured at ``NVLS_REF_RANKS`` ranks and is carried to ``k`` by that ratio."""
+    ref = P.NVLS_REF_RANKS.get(c.intra_generation, P.NVLS_REF_RANKS["nvlink4"])
+    return c.intra_gbps * nvls_eff(c).value * (k / (k + 1)) / (ref / (ref + 1))
+
+
+def nvls_hop_us(k: int) -> float:
+    """NVLS per-step latency (us) of a domain of ``k`` ranks: NCCL's per-hop figure (C0, its
+    8-GPU NVSwitch systems') moved by ``NVLS_HEAD_US`` per head more or fewer (C21: the
+    scatter and gather of every step loop over the domain's heads one after another)."""
+    base = P.HOP_LAT_US["nvlink"]["nvls"][2]
+    return max(0.0, base + P.NVLS_HEAD_US.value * (k - P.NVLS_REF_HEADS))
 
 
 def nvls_channels(c: Cluster, g: Group, measured: int | None = None) -> int:
@@ -262,9 +289,9 @@ def _algbw(c: Cluster, g: Group, L: _Links, coll: Collective, a: Algo, p: Proto)
     """Algorithm bandwidth (GB/s): bytes / time in the bandwidth-bound limit."""
     n = g.ranks
     if a == Algo.nvls:
-        return c.intra_gbps * nvls_eff(c).value
+        return nvls_algbw(c, g.per_node)
     if a == Algo.nvls_tree:  # NVLS inside each node, a tree of nodes over the NICs
-        return min(c.intra_gbps * nvls_eff(c).value, L.net_node / 2.0 * P.TREE_EFF.value)
+        return min(nvls_algbw(c, g.per_node), L.net_node / 2.0 * P.TREE_EFF.value)
     if a in (Algo.tree, Algo.collnet):
         # a double binary tree (or the switch's reduction tree) moves the buffer up and down
         # once: each link direction carries S, so algbw is half the bus rate (NCCL's .5)
@@ -288,8 +315,11 @@ def _p2p_algbw(g: Group, L: _Links, coll: Collective) -> float:
     return 1.0 / max(t_intra, t_net)
 
 
-def _latency_us(c: Cluster, g: Group, coll: Collective, a: Algo, p: Proto) -> float:
-    """NCCL's latency structure: base + intra hops x intra latency + inter hops x net latency."""
+def _latency_us(c: Cluster, g: Group, coll: Collective, a: Algo, p: Proto,
+                tuner: bool = False) -> float:
+    """NCCL's latency structure: base + intra hops x intra latency + inter hops x net latency.
+    ``tuner``: as NCCL's tuner ranks algorithms, with its table's NVLS figure for every
+    domain size (the per-head cost of :func:`nvls_hop_us` is paid in time, not ranked)."""
     i = _PROTO_IDX[p]
     hop = "nvlink" if c.intra_fabric == "nvswitch" else "pcie"
     cross = g.nodes > 1 and not g.domain
@@ -303,6 +333,8 @@ def _latency_us(c: Cluster, g: Group, coll: Collective, a: Algo, p: Proto) -> fl
         return P.BASE_LAT_US["ring"][2] + steps * (inter if peers_far else intra)
     base = P.BASE_LAT_US[a.value][i]
     intra = P.HOP_LAT_US[hop][a.value][i] if c.intra_hop_us is None else c.intra_hop_us
+    if a in (Algo.nvls, Algo.nvls_tree) and c.intra_hop_us is None and not tuner:
+        intra = nvls_hop_us(k)
     inter = P.HOP_LAT_US["net"][a.value][i] if c.net_hop_us is None else c.net_hop_us
     if a == Algo.ring:
         if coll == Collective.all_reduce:
@@ -350,8 +382,9 @@ def _time(c, g, L, coll, a, p, nbytes, measured=None) -> tuple[float, float, flo
     if bw <= 0:
         return math.inf, math.inf, 0.0, 0.0
     lat = _latency_us(c, g, coll, a, p)
-    t_tuner = lat + nbytes / (bw * 1e3)
-    t = P.CALL_US.value + t_tuner + _fill_us(c, g, L, coll, a, p, nbytes, bw, measured)
+    t_tuner = _latency_us(c, g, coll, a, p, tuner=True) + nbytes / (bw * 1e3)
+    t = P.CALL_US.value + lat + nbytes / (bw * 1e3) \
+        + _fill_us(c, g, L, coll, a, p, nbytes, bw, measured)
     return t_tuner, t, lat, bw
 
 

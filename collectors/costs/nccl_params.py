@@ -13,7 +13,7 @@ from dataclasses import dataclass
 __all__ = ["Param", "LINK_EFF", "NET_EFF", "NVLS_EFF", "BASE_LAT_US", "HOP_LAT_US",
            "LL_MAX_BUSBW", "LL128_PER_CHANNEL", "CHANNELS", "CALL_US", "CHUNK_BYTES",
            "NVLS_FILL", "NVLS_CHUNK_BYTES", "LL_HALF_ARCHS", "P2P_EFF", "TREE_EFF",
-           "UNCERTAINTY"]
+           "NVLS_REF_RANKS", "NVLS_REF_HEADS", "NVLS_HEAD_US", "UNCERTAINTY"]
 
 #: relative 1-sigma-ish half-width of the range a parameter of each source contributes
 UNCERTAINTY = {"published": 0.05, "fitted": 0.10, "assumed": 0.25, "stated": 0.10}
@@ -50,13 +50,24 @@ NET_EFF = {
     "efa": Param(0.80, "assumed", "SRD transport over Ethernet"),
     "slingshot": Param(0.85, "assumed", "Slingshot-11 200 Gb/s NICs"),
 }
-#: NVLS all-reduce algorithm bandwidth / nominal NVLink rate (in-switch reduction)
+#: NVLS all-reduce algorithm bandwidth / nominal NVLink rate (in-switch reduction), on the
+#: domain size it was measured on (NVLS_REF_RANKS; another size: x k/(k+1), nccl.nvls_algbw)
 NVLS_EFF = {
     "nvlink4": Param(0.61, "published", "C2: NVLS peak busbw ~480 GB/s, algbw ~275 GB/s of 450"),
     "nvlink5": Param(0.49, "fitted", "C10 rows 4 GB and 8 GB (72 GB200, NVLS plateau "
                      "835-839 GB/s busbw); NCCL's nvlsEfficiency ratio Blackwell/Hopper "
                      ".74/.85 would give 0.53 (C16)"),
 }
+#: the NVLink domain size each NVLS_EFF was measured on: the NVLS rate of n ranks scales as
+#: n / (n + 1) (each GPU sends and receives S (1 + 1/n) through the switch, C21), so a rate
+#: set at one size carries to another as ``(n/(n+1)) / (ref/(ref+1))``
+NVLS_REF_RANKS = {"nvlink4": 8, "nvlink5": 72}
+#: NVLS latency per head: the NVLS all-reduce runs one head per rank of the domain, and each
+#: step's scatter and gather loop over the heads one after another (C21); NCCL's per-hop
+#: figure (23 us, C0) is its 8-GPU NVSwitch system's (C7 fits it at 8 heads), so a domain of
+#: k ranks pays ``23 + NVLS_HEAD_US x (k - 8)``
+NVLS_REF_HEADS = 8
+NVLS_HEAD_US = Param(0.6, "fitted", "C19 16 hosts (64 GB300, MNNVL) all_reduce 1 MB row")
 #: tree bandwidth factor (NCCL's busBw * .92 for trees)
 TREE_EFF = Param(0.92, "published", "C0: tree busBw x 0.92")
 #: point-to-point (send/recv, alltoall) bandwidth / ring bus bandwidth on the same links
