@@ -43,6 +43,10 @@ layer's reduce-scatter), ``tp_comm_overlap`` and ``offload_layers`` with the rec
 Each is a physical mechanism or a recipe setting, none a per-row factor, but they were
 chosen knowing the rows they move. Before them (judged rows): median |error| 8.5%, worst
 22.1%, 8 of 10 within 15%; after: see the README (``python bench/synth_racks.py``).
+Later, for the recipe bench (issue #29 item 4), the cost layer's flash-attention backward
+runs at 0.87 of its forward's rate (FA3 paper, costs REFERENCES K14; the GEMM-priced
+backward ran at the forward's rate): every row 1-2% slower, judged median 4.9% -> 4.0%,
+worst -7.1% -> -8.5% (GB300 405B FP8), still 10 of 10 within 15%.
 """
 
 from __future__ import annotations

@@ -14,6 +14,11 @@ from retime.cmd_cost import ClusterOpt, GpuOpt, JsonOpt, PresetOpt, cost_app
 from retime.collectors.errors import ConfigError
 
 
+class Fp8Scaling(str, Enum):
+    fused = "fused"
+    tensorwise = "tensorwise"
+
+
 class OpKind(str, Enum):
     matmul = "matmul"
     bmm = "bmm"
@@ -99,6 +104,11 @@ def op_cmd(
         "`retime synth` does: the GPU's sustained training GEMM rate (the profile's "
         "gemm_max) instead of the single-GPU maximum; fp8 / fp4 GEMMs also quantize their "
         "[m, k] input; attention as flash attention's batched GEMMs.")] = False,
+    fp8_scaling: Annotated[Fp8Scaling, typer.Option(
+        "--fp8-scaling", help="matmul / bmm --training --dtype fp8: fused (default, "
+        "Transformer Engine: the [m, k] input cast in one pass) or tensorwise (torchao "
+        "Float8: both operands cast, each an amax pass then a cast pass), as `retime synth "
+        "--fp8-scaling`.")] = Fp8Scaling.fused,
     json_out: JsonOpt = False,
 ) -> None:
     """Price one kernel from its shape: time (us), FLOPs, bytes, achieved TFLOP/s and GB/s,
@@ -129,13 +139,17 @@ def op_cmd(
         gpu = resolve_cluster(preset, cluster).gpu if (preset or cluster) else "h100-sxm"
     g = gpu_spec(gpu)
     kv = kind.value
+    if fp8_scaling is not Fp8Scaling.fused and not (training and kv in ("matmul", "bmm")):
+        raise ConfigError(f"retime cost op {kv} --fp8-scaling {fp8_scaling.value}: it prices "
+                          "the casts of a training GEMM; give matmul or bmm with --training "
+                          "--dtype fp8, or drop it")
     if training and kv not in ("matmul", "bmm", "attention"):
         raise ConfigError(f"retime cost op {kv} --training: --training prices matmul, bmm "
                           "and attention only; drop it")
     if kv in ("matmul", "bmm"):
         if training:
             r = K.matmul(g, m, n, k, batch or 1, dtype, ceiling=g.training_ceiling(dtype),
-                         quantize=dtype in K.QUANT_BYTES)
+                         quantize=dtype in K.QUANT_BYTES, scaling=fp8_scaling.value)
         else:
             r = K.matmul(g, m, n, k, batch or 1, dtype)
     elif kv == "attention" and training:

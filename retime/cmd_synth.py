@@ -21,6 +21,11 @@ class Schedule(str, Enum):
     dualpipe = "dualpipe"
 
 
+class Fp8Scaling(str, Enum):
+    fused = "fused"
+    tensorwise = "tensorwise"
+
+
 class P2p(str, Enum):
     sync = "sync"
     async_ = "async"
@@ -222,6 +227,12 @@ def synth(
         "--tp-comm-overlap", help="With --sequence-parallel: split each TP all-gather / "
         "reduce-scatter into per-peer pieces overlapped with its GEMM (torchtitan's AsyncTP, "
         "Megatron-LM's --tp-comm-overlap); default off, as in Megatron-LM.")] = False,
+    fp8_scaling: Annotated[Fp8Scaling, typer.Option(
+        "--fp8-scaling", help="With --dtype fp8: how the linear layers' FP8 casts are "
+        "scaled. fused (default, Transformer Engine as Megatron-LM runs it): the activation "
+        "input cast in one pass; tensorwise (torchao Float8, torchtitan): every GEMM casts "
+        "both operands from 16 bits, an amax pass then a cast pass, and the 16-bit input is "
+        "kept for the backward.")] = Fp8Scaling.fused,
     seq: Annotated[int | None, typer.Option(
         "--seq", min=1, help="Sequence length in tokens (default: the model's, e.g. 8192 "
         "for llama3-*); must be divisible by --cp.")] = None,
@@ -284,7 +295,7 @@ def synth(
         p2p=p2p.value, odc=odc, seq_imbalance=seq_imbalance, grad_overlap=grad_overlap,
         grad_accum_fusion=grad_accum_fusion, launch_blocking_us=launch_blocking_us,
         eager=eager, tp_comm_overlap=tp_comm_overlap, offload_layers=offload_layers,
-        nvlink_domain=nvlink_domain or 0,
+        fp8_scaling=fp8_scaling.value, nvlink_domain=nvlink_domain or 0,
         fp4_first_high=first_high, fp4_last_high=last_high,
         fp4_high_dtype=fp4_high_dtype.value, check_memory=check_memory)
     trace.save(output)

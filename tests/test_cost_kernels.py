@@ -91,6 +91,27 @@ def test_attention_flops_causal_gqa_and_backward():
     assert pub.tflops == pytest.approx(327.9 * 8192 / (8192 + 256), rel=0.01)
 
 
+def test_flash_backward_runs_at_the_published_fraction_of_the_forward_rate():
+    """FA3 paper Figs. 5-6 (REFERENCES K14): a flash-attention backward sustains 322 / 370
+    of its forward's FLOP/s (FlashAttention-2, H100, head dim 128); both attention models
+    price it so (the GEMM-based one the synthesizer and `cost op --training` use, and the
+    published-rate one for measured kernels)."""
+    assert K.FLASH_BWD_RATE == pytest.approx(322 / 370, abs=0.002)
+    g = gpu_spec("h100-sxm")
+    f = K.attention(g, 1, 32, 8192, 128)
+    b = K.attention(g, 1, 32, 8192, 128, backward=True)
+    assert b.tflops / f.tflops == pytest.approx(K.FLASH_BWD_RATE, rel=1e-3)  # + launch floor
+    ceil = g.training_ceiling("bf16")
+    fg = K.flash_attention_gemms(g, 1, 32, 8192, 8192, 128, ceiling=ceil)
+    bg = K.flash_attention_gemms(g, 1, 32, 8192, 8192, 128, backward=True, ceiling=ceil)
+    assert bg.flops == pytest.approx(2.5 * fg.flops)
+    # the five backward GEMMs alone run at the forward's rate (same shape, many waves):
+    # the backward's time is theirs divided by the published rate
+    gemms = K.matmul(g, 8192, 8192, 128, 32 * 5, ceiling=ceil).time_us * 0.5
+    assert bg.time_us == pytest.approx(gemms / K.FLASH_BWD_RATE, rel=1e-9)
+    assert bg.tflops / fg.tflops == pytest.approx(K.FLASH_BWD_RATE, rel=0.02)
+
+
 def test_conv_is_an_implicit_gemm():
     g = gpu_spec("a100-80gb")
     r = K.conv2d(g, 64, 64, 56, 56, 64, kernel=3)

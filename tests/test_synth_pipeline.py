@@ -232,8 +232,10 @@ def test_imbalance_scale_closed_forms(m, r):
     fsdp = ParallelConfig(dp=4, fsdp=True, global_batch=4 * m, seq_imbalance=r)
     odc = ParallelConfig(dp=4, fsdp=True, odc=True, global_batch=4 * m, seq_imbalance=r)
     ddp = ParallelConfig(dp=4, global_batch=4 * m, seq_imbalance=r)
+    piped = ParallelConfig(dp=4, pp=2, fsdp=True, global_batch=4 * m, seq_imbalance=r)
     assert imbalance_scale(fsdp) == r
     assert imbalance_scale(odc) == imbalance_scale(ddp) == pytest.approx((m + r - 1) / m)
+    assert imbalance_scale(piped) == pytest.approx((m + r - 1) / m)  # one sync per step
     with pytest.raises(ConfigError, match="odc .* needs ZeRO-3"):
         ParallelConfig(dp=4, odc=True, global_batch=4)
 
@@ -315,3 +317,48 @@ def test_fsdp_backward_prefetch_gathers_before_the_reduce_scatter():
     for lay, nxt in pairs:
         assert ag[nxt] < rs[lay]  # issued first on the dp stream
         assert ag[nxt] < end[lay]  # and starts while this layer's backward still runs
+
+
+def test_fsdp_under_a_pipeline_gathers_once_and_reduces_after_the_last_backward():
+    """FSDP under a pipeline (PyTorch pipelining, torchtitan: ``reshard_after_forward=False``
+    with PP, no reshard or gradient sync until the last backward): per pipeline rank and
+    step, one parameter all-gather per layer, in the first forward micro-batch; one
+    gradient reduce-scatter per layer, issued once the stage's last backward has ended; no
+    backward gathers. Without a pipeline every micro-batch gathers and reduces per layer."""
+    kw = dict(tp=1, dp=4, global_batch=32, micro_batch=1, fsdp=True)
+    t = synthesize("gpt3-125m", "a100-80gb", pp=2, **kw)  # 32 / (1 x 4) = 8 micro-batches
+    ops = t.ops.assign(name=t.names())
+    for stage in (0, 1):
+        r = ops[ops["rank"] == stage * 4]
+        ag = r[r["name"] == "zero3.allgather_params"]
+        rs = r[r["name"] == "zero3.reduce_scatter_grads"]
+        layers = sorted(set(r.loc[(r["kind"] == 0) & (r["layer"] >= 0)
+                                  & (r["layer"] < 12), "layer"]))
+        assert len(layers) == 6  # 12 layers over 2 stages
+        # one gather per layer (the embedding / head pieces add theirs), all in micro-batch 0
+        assert set(ag["layer"]) >= set(layers) and len(ag) == len(set(ag["layer"]))
+        assert (ag["microbatch"] == 0).all()
+        assert not (r["name"] == "zero3.allgather_params.bwd").any()
+        assert set(rs["layer"]) >= set(layers) and len(rs) == len(set(rs["layer"]))
+        bwd = r[(r["phase"] == 1) & (r["kind"] == 0) & (r["lane"] % 7 == 0)]
+        last_bwd_end = (bwd["start_ns"] + bwd["dur_ns"]).max()
+        assert (rs["start_ns"] >= last_bwd_end).all()
+    # no pipeline: every micro-batch gathers (forward and backward) and reduces per layer
+    t1 = synthesize("gpt3-125m", "a100-80gb", pp=1, **dict(kw, global_batch=32))
+    o1 = t1.ops.assign(name=t1.names())
+    o1 = o1[o1["rank"] == 0]
+    mb = o1.loc[o1["name"] == "zero3.reduce_scatter_grads", "microbatch"]
+    assert mb.nunique() == 8
+    assert (o1["name"] == "zero3.allgather_params.bwd").any()
+
+
+def test_pipelined_fsdp_memory_holds_the_stage_unsharded():
+    """The memory model of FSDP under a pipeline keeps the stage's parameters gathered and
+    its gradients unsharded over the step: 2 + 2 bytes per parameter the stage holds, in
+    place of ZeRO-1's gradient bucket (the sharded states are ZeRO-3's: 2 / dp each)."""
+    kw = dict(tp=1, dp=4, pp=2, global_batch=32, micro_batch=1, check_memory=False)
+    mp = synthesize("gpt3-125m", "a100-80gb", fsdp=True, **kw).meta["synth"]["memory"][0]
+    m1 = synthesize("gpt3-125m", "a100-80gb", zero=1, **kw).meta["synth"]["memory"][0]
+    n = mp["params"]
+    assert mp["weights_bytes"] == 2 * n // 4 and mp["grads_bytes"] == 2 * n // 4
+    assert mp["buffer_bytes"] - m1["buffer_bytes"] == 4 * n - int(40.0 * 1e6)

@@ -125,10 +125,11 @@ def _bench():
     return mod
 
 
-def test_recipe_bench_prints_the_command_it_predicts(tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize("rid", ["TT-T1 FSDP", "TT-T1 +Float8"])
+def test_recipe_bench_prints_the_command_it_predicts(rid, tmp_path, capsys, monkeypatch):
     """The command a bench row prints gives the step time the bench reports."""
     bench = _bench()
-    row = next(r for r in bench.ROWS if r[0] == "TT-T1 FSDP")
+    row = next(r for r in bench.ROWS if r[0] == rid)
     opts = row[7]
     cmd = bench.command(opts).split()
     assert cmd[:2] == ["retime", "synth"]
@@ -137,7 +138,9 @@ def test_recipe_bench_prints_the_command_it_predicts(tmp_path, capsys, monkeypat
     assert run(cmd) == 0
     s = json.loads(capsys.readouterr().out)
     assert s["step_time_ns"] == bench.predict(opts)["step_time_ns"]
-    assert {"--eager", "--fsdp"} <= set(cmd) and "op" in cmd
+    assert "--fsdp" in cmd and "op" in cmd
+    assert ("--eager" in cmd) == (rid == "TT-T1 FSDP")
+    assert ("tensorwise" in cmd) == (rid == "TT-T1 +Float8")
 
 
 def _template(**kw):
@@ -208,6 +211,9 @@ def test_tp_comm_overlap_needs_sequence_parallelism(tmp_path, capsys):
     dict(cp=2, recompute="op", schedule="1f1b", pp=2),
     dict(recompute="full", schedule="zb-h1", pp=2, eager=True),
     dict(recompute="selective", schedule="interleaved", pp=2, chunks=2, fsdp=True),
+    dict(recompute="full", schedule="interleaved", pp=2, chunks=2, fsdp=True, dp=2,
+         global_batch=8),
+    dict(schedule="dualpipe", pp=2, fsdp=True, dp=2, global_batch=8),
 ])
 def test_new_options_together_give_a_consistent_trace(kw):
     """Every edge of the trace runs forward in time and every collective's members start
@@ -223,3 +229,42 @@ def test_new_options_together_give_a_consistent_trace(kw):
     assert (o["start_ns"].to_numpy()[e["dst"].to_numpy()] >= end[e["src"].to_numpy()]).all()
     c = o[o["coll_id"] >= 0].groupby("coll_id")
     assert (c["start_ns"].nunique() == 1).all()
+
+
+def test_tensorwise_fp8_casts_both_operands_with_an_amax_pass():
+    """torchao's tensorwise Float8 (``--fp8-scaling tensorwise``): every GEMM casts both of
+    its operands from 16 bits, an amax pass (2 bytes read per element) and a cast pass (2
+    read, 1 written): 5 x (m k + k n) bytes, against the fused recipe's 3 x m k; the cost
+    op prints what the synthesizer charges."""
+    from retime.collectors.costs import kernels as K
+    from retime.collectors.costs.gpus import gpu_spec
+    from retime.collectors.synth.costs import gemm
+    from retime.collectors.synth.hardware import load_hardware
+    g = gpu_spec("h100-sxm")
+    m, n, k = 8192, 4096, 14336
+    ceil = g.training_ceiling("fp8")
+    fused = K.matmul(g, m, n, k, dtype="fp8", ceiling=ceil, quantize=True)
+    tw = K.matmul(g, m, n, k, dtype="fp8", ceiling=ceil, quantize=True, scaling="tensorwise")
+    q = {r: us for r, us in fused.parts}["quantize"]
+    qt = {r: us for r, us in tw.parts}["quantize"]
+    assert qt / q == pytest.approx(5 * (m * k + k * n) / (3 * m * k), rel=1e-9)
+    assert tw.time_us - qt == pytest.approx(fused.time_us - q, rel=1e-9)  # same GEMM
+    hw = load_hardware("h100-sxm")
+    assert gemm(hw, "fp8", m, n, k, scaling="tensorwise").dur_ns == round(tw.time_us * 1e3)
+    with pytest.raises(Exception, match="FP8 recipe"):
+        K.matmul(g, m, n, k, dtype="bf16", quantize=True, scaling="tensorwise")
+
+
+def test_tensorwise_fp8_in_synth_is_slower_and_keeps_16_bit_inputs(tmp_path, capsys):
+    fused = _synth(dtype="fp8").meta["synth"]
+    tw = _synth(dtype="fp8", fp8_scaling="tensorwise").meta["synth"]
+    assert tw["step_time_ns"] > fused["step_time_ns"]
+    assert tw["peak_memory_bytes"] > fused["peak_memory_bytes"]  # 16-bit saved inputs
+    with pytest.raises(Exception, match="it is an FP8 recipe"):
+        _synth(fp8_scaling="tensorwise")
+    args = ["synth", "--model", "llama3-8b", "--hardware", "h100-sxm", "--tp", "1", "--pp",
+            "1", "--dp", "1", "--global-batch", "1", "--micro-batch", "1",
+            "--fp8-scaling", "tensorwise", "-o", str(tmp_path / "r.retime")]
+    assert run(args) == 2
+    err = capsys.readouterr().err
+    assert "--dtype fp8" in err and len(err.strip().splitlines()) == 1

@@ -33,12 +33,18 @@ from .tiles import TILES, tile_utilization
 __all__ = ["OpCost", "Curves", "DEFAULT_CURVES", "FITTED_CURVES", "matmul", "grouped_matmul",
            "conv2d", "implicit_gemm", "attention", "flash_attention_gemms", "streaming",
            "memory_bound", "embedding", "optimizer_step", "tile_utilization", "TILES",
-           "OPTIMIZER_BYTES", "LOWP_IN_BYTES", "QUANT_BYTES", "BLOCK_SCALE_US", "math_path"]
+           "OPTIMIZER_BYTES", "LOWP_IN_BYTES", "QUANT_BYTES", "BLOCK_SCALE_US", "math_path",
+           "FLASH_BWD_RATE", "FP8_SCALINGS", "TENSORWISE_CAST_BYTES"]
 
 _K_HALF_REL = 0.25  # k_half is an assumed profile value
 _MEM_LATENCY_US = 0.6  # HBM load-to-use latency for the streaming size curve (assumed)
 _ATTN_S_HALF = 256.0  # sequence length at which attention reaches half its rate (assumed)
-_ATTN_BWD = 0.8  # backward rate / forward rate (assumed)
+#: a flash-attention backward's FLOP/s over its forward's at the same shape: FlashAttention-2
+#: on H100 SXM5, head dim 128, sequence 16k, 322 / 370 TFLOP/s (FA3 paper, Shah et al. 2024,
+#: arXiv 2407.08608, Figs. 5-6; cuDNN 516 / 595 and FlashAttention-3 561 / 648 give the same
+#: 0.87; REFERENCES.md K14). The backward's extra softmax recomputation and its dS / dQ
+#: accumulation (atomics in FA2) are not GEMM work, so it runs below the forward's rate.
+FLASH_BWD_RATE = 0.87
 #: optimizer-step HBM bytes per parameter beyond the gradient: (fp32 state read+written)
 OPTIMIZER_BYTES = {"adam": 4 * 6, "adamw": 4 * 6, "sgd": 4 * 4, "adafactor": 4 * 3}
 _OPT_FLOPS = {"adam": 12.0, "adamw": 14.0, "sgd": 3.0, "adafactor": 10.0}
@@ -50,6 +56,18 @@ LOWP_IN_BYTES = {"fp8": 1.0, "fp4": 0.5625}
 #: training: read it in 16 bits, write the quantized copies (FP8: one; NVFP4: the row- and
 #: column-wise copies the forward and the gradients read)
 QUANT_BYTES = {"fp8": 3.0, "fp4": 2.0 + 2 * 0.5625}
+#: FP8 scaling recipes a training GEMM's casts follow. ``fused``: the activation input is
+#: cast in one pass (its scale from an amax the previous kernel or an amax history gives:
+#: Transformer Engine, Megatron-LM's default), :data:`QUANT_BYTES`. ``tensorwise``: torchao's
+#: dynamic tensorwise scaling (torchtitan's Float8, ``Float8Linear``): every GEMM casts
+#: *both* its operands from 16 bits, each cast an amax pass (read 2 bytes per element) then
+#: a cast pass (read 2, write 1), nothing kept across calls: the forward casts the input and
+#: the weight, the input-gradient GEMM the output gradient and the weight again, the
+#: weight-gradient GEMM the output gradient and the input again (torchao
+#: ``float8_linear.matmul_with_hp_or_float8_args``: six ``hp_tensor_to_float8_dynamic``
+#: calls per linear layer; REFERENCES.md K15)
+FP8_SCALINGS = ("fused", "tensorwise")
+TENSORWISE_CAST_BYTES = 2.0 + 2.0 + 1.0
 #: per-call time (us) of an NVFP4 GEMM's block-scale handling, serial with its main loop:
 #: fitted on one row, K5's FP4 1024^3 (7.48 us published, 3.35 us modeled without it); the
 #: K5 rows 1024 x 2145 x 1024 and 2048^3 miss the model by the same 4.1-4.2 us while moving
@@ -255,17 +273,26 @@ def _groups_rate(g: GpuSpec, ms: list[float], n: float, k: float, dtype: str,
 
 
 def _serial(c: OpCost, g: GpuSpec, dtype: str, act_elems: float, quantize: bool,
-            curves: Curves) -> OpCost:
+            curves: Curves, scaling: str = "fused", other_elems: float = 0.0) -> OpCost:
     """``c`` plus the serial work of a block-scaled GEMM: NVFP4's per-call block-scale
     handling (:data:`BLOCK_SCALE_US`) and, in training (``quantize``), the quantization of
-    its activation input (``act_elems`` elements, :data:`QUANT_BYTES`, at the HBM rate)."""
+    its activation input (``act_elems`` elements, :data:`QUANT_BYTES`, at the HBM rate);
+    with ``scaling="tensorwise"`` (FP8) of both operands (``act_elems + other_elems``) at
+    :data:`TENSORWISE_CAST_BYTES`."""
+    if scaling not in FP8_SCALINGS:
+        raise ConfigError(f"fp8 scaling {scaling!r}: choose one of {', '.join(FP8_SCALINGS)}")
+    if scaling != "fused" and dtype != "fp8":
+        raise ConfigError(f"fp8 scaling {scaling!r} with dtype {dtype!r}: tensorwise scaling "
+                          "is an FP8 recipe (torchao Float8); use --dtype fp8 or drop it")
     parts = [("main", c.time_us)]
     scale = BLOCK_SCALE_US.get(dtype, 0.0)
     if scale:
         parts.append(("block_scale", scale))
     if quantize and dtype in QUANT_BYTES:
         bw = g.hbm_gbps()[0] * curves.mem_eff
-        parts.append(("quantize", QUANT_BYTES[dtype] * act_elems / (bw * 1e3)))
+        qb = (TENSORWISE_CAST_BYTES * (act_elems + other_elems) if scaling == "tensorwise"
+              else QUANT_BYTES[dtype] * act_elems)
+        parts.append(("quantize", qb / (bw * 1e3)))
     if len(parts) == 1:
         return c
     extra = sum(us for _, us in parts[1:])
@@ -281,13 +308,15 @@ def _serial(c: OpCost, g: GpuSpec, dtype: str, act_elems: float, quantize: bool,
 
 def matmul(g: GpuSpec, m: int, n: int, k: int, batch: int = 1,
            dtype: str = "bf16", curves: Curves = DEFAULT_CURVES,
-           ceiling: tuple[float, str] | None = None, quantize: bool = False) -> OpCost:
+           ceiling: tuple[float, str] | None = None, quantize: bool = False,
+           scaling: str = "fused") -> OpCost:
     """A (batched) GEMM ``[batch, m, k] x [batch, k, n]`` in ``dtype`` (output in 16-bit
     for fp8/fp4 inputs, else the input dtype). ``ceiling`` = (TFLOP/s, source) replaces
     the GPU's published matmul ceiling (the synthesizer's sustained-in-training rate).
     FP8 / FP4 inputs are block-scaled (:data:`LOWP_IN_BYTES`); NVFP4 adds its per-call
     block-scale time; ``quantize`` (training) adds the quantization of the ``[m, k]``
-    activation input (:func:`_serial`)."""
+    activation input, or of both operands with ``scaling="tensorwise"`` (:func:`_serial`,
+    :data:`FP8_SCALINGS`)."""
     _positive(m=m, n=n, k=k, batch=batch)
     eb = _eb(dtype)
     ib = LOWP_IN_BYTES.get(dtype, eb)
@@ -297,13 +326,14 @@ def matmul(g: GpuSpec, m: int, n: int, k: int, batch: int = 1,
     rate, src, rel = _gemm_rate(g, m, n, k, batch, dtype, curves, curves.gemm_eff, ceiling)
     c = _finish("matmul" if batch == 1 else "bmm", g, flops, nbytes, flops / (rate * 1e6),
                 src, rate / g.peak_tflops(dtype), rel, curves)
-    return _serial(c, g, dtype, float(batch) * m * k, quantize, curves)
+    return _serial(c, g, dtype, float(batch) * m * k, quantize, curves, scaling,
+                   float(batch) * k * n)
 
 
 def grouped_matmul(g: GpuSpec, ms: list[int], n: int, k: int, dtype: str = "bf16",
                    curves: Curves = DEFAULT_CURVES,
-                   ceiling: tuple[float, str] | None = None, quantize: bool = False
-                   ) -> OpCost:
+                   ceiling: tuple[float, str] | None = None, quantize: bool = False,
+                   scaling: str = "fused") -> OpCost:
     """One grouped GEMM launch (mixture-of-experts): group ``i`` is ``[m_i, k] x [k, n]``
     with its own weight; the tiles of all groups share the waves over the SMs, so a group
     of few tokens wastes its partial tiles and a hot expert's extra tiles lengthen it."""
@@ -320,7 +350,7 @@ def grouped_matmul(g: GpuSpec, ms: list[int], n: int, k: int, dtype: str = "bf16
                                   curves.gemm_eff, ceiling)
     c = _finish("grouped_matmul", g, flops, nbytes, flops / (rate * 1e6), src,
                 rate / g.peak_tflops(dtype), rel, curves)
-    return _serial(c, g, dtype, M * k, quantize, curves)
+    return _serial(c, g, dtype, M * k, quantize, curves, scaling, float(len(ms)) * k * n)
 
 
 def conv2d(g: GpuSpec, batch: int, in_ch: int, height: int, width: int, out_ch: int,
@@ -388,10 +418,11 @@ def attention(g: GpuSpec, batch: int, heads: int, seq: int, head_dim: int,
     else:
         base, src0 = g.peak_tflops(dtype) * 0.35, "assumed 35% of peak"
     curve = seq / (seq + _ATTN_S_HALF)
-    rate = base * curve * (_ATTN_BWD if backward else 1.0)
+    rate = base * curve * (FLASH_BWD_RATE if backward else 1.0)
     rate = min(rate, g.mamf(dtype)[0])
     src = (f"FlashAttention-2 {base:.1f} TFLOP/s ({src0}) x sequence curve {curve:.2f} "
-           f"(s_half 256, assumed){' x backward 0.8 (assumed)' if backward else ''}")
+           f"(s_half 256, assumed)"
+           f"{f' x backward {FLASH_BWD_RATE} (published, K14)' if backward else ''}")
     rel = math.hypot(0.05 if g.flash_attn_tflops else 0.25, 0.15)
     return _finish("attention", g, flops, nbytes, flops / (rate * 1e6), src,
                    rate / g.peak_tflops(dtype), rel)
@@ -405,8 +436,10 @@ def flash_attention_gemms(g: GpuSpec, batch: int, heads: int, seq_q: int, seq_k:
     (sample, head) ``n_qk`` GEMMs ``[seq_q, seq_k]`` deep ``qk_dim`` and ``n_v`` deep
     ``v_dim`` (forward 1 + 1; backward 3 + 2: recomputed scores, dP, dV, dQ, dK) batched
     into one launch each, at ``ceiling`` (the synthesizer's sustained rate); a causal mask
-    halves time and FLOPs (bytes stay). :func:`attention` is the other model (the GPU's
-    published FlashAttention-2 rate), for kernels of measured traces."""
+    halves time and FLOPs (bytes stay); the backward runs at :data:`FLASH_BWD_RATE` of the
+    forward's rate (its softmax recomputation and gradient accumulation are not GEMM work).
+    :func:`attention` is the other model (the GPU's published FlashAttention-2 rate), for
+    kernels of measured traces."""
     vd = qk_dim if v_dim is None else v_dim
     _positive(batch=batch, heads=heads, seq_q=seq_q, seq_k=seq_k, qk_dim=qk_dim, v_dim=vd)
     n_qk, n_v = (3, 2) if backward else (1, 1)
@@ -417,15 +450,17 @@ def flash_attention_gemms(g: GpuSpec, batch: int, heads: int, seq_q: int, seq_k:
         cs = [matmul(g, seq_q, seq_k, qk_dim, batch * heads * n_qk, dtype, ceiling=ceiling),
               matmul(g, seq_q, seq_k, vd, batch * heads * n_v, dtype, ceiling=ceiling)]
     f = 0.5 if causal else 1.0
-    t = sum(c.time_us for c in cs) * f
+    slow = 1.0 / FLASH_BWD_RATE if backward else 1.0
+    t = sum(c.time_us for c in cs) * f * slow
     flops = sum(c.flops for c in cs) * f
     nbytes = sum(c.bytes for c in cs)
-    lo = sum(c.range_us[0] for c in cs) * f
-    hi = sum(c.range_us[1] for c in cs) * f
+    lo = sum(c.range_us[0] for c in cs) * f * slow
+    hi = sum(c.range_us[1] for c in cs) * f * slow
     c0 = cs[0]
     return OpCost("flash_attention", g.name, t, (lo, hi), flops, nbytes, flops / (t * 1e6),
-                  nbytes / (t * 1e3), c0.bound, c0.efficiency,
-                  f"{n_qk} + {n_v} batched GEMMs{' x causal 0.5' if causal else ''}: "
+                  nbytes / (t * 1e3), c0.bound, c0.efficiency * (1.0 / slow),
+                  f"{n_qk} + {n_v} batched GEMMs{' x causal 0.5' if causal else ''}"
+                  f"{f' / backward rate {FLASH_BWD_RATE} (K14)' if backward else ''}: "
                   + c0.efficiency_source)
 
 

@@ -147,12 +147,14 @@ def imbalance_scale(par: ParallelConfig) -> float:
     ``r = seq_imbalance`` (the most loaded data-parallel rank's work over the mean, per
     micro-batch): ZeRO-3 / FSDP collectives synchronize every layer, so every micro-batch
     runs at the most loaded rank's pace (``r``); with one synchronization per step (ODC, or
-    DDP / ZeRO-1/2, whose gradient reduction waits only for the last backward) work balances
-    over the minibatch and only one micro-batch's excess remains: ``(m + r - 1) / m``."""
+    DDP / ZeRO-1/2, whose gradient reduction waits only for the last backward, or FSDP under
+    a pipeline, which gathers in the first forward and reduces after the last backward)
+    work balances over the minibatch and only one micro-batch's excess remains:
+    ``(m + r - 1) / m``."""
     r = float(par.seq_imbalance)
     if r == 1.0 or par.dp * par.cp == 1:
         return 1.0
-    if par.zero_stage == 3 and not par.odc:
+    if par.zero_stage == 3 and not par.odc and par.pp == 1:
         return r
     m = par.num_microbatches
     return (m + r - 1) / m

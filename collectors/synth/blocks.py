@@ -150,15 +150,24 @@ def _scatters(blk: Block, lt, tpl, parallel, comm, last: int, layer: int, phase:
 
 
 def make_block(tpl, parallel, comm, vst: VStage, phase: int, recv_ns: int, send_ns: int,
-               prev_stage: int = -1, next_stage: int = -1, scale: float = 1.0) -> Block:
+               prev_stage: int = -1, next_stage: int = -1, scale: float = 1.0,
+               zero3_comm: str = "layer") -> Block:
     """Ops of one item of virtual stage ``vst``: ``phase`` 0 forward, 1 whole backward,
     3 input-gradient pass, 2 weight-gradient pass (layers' ``wgrad`` sequences).
     ``prev_stage`` / ``next_stage`` are the pipeline ranks of the neighbouring virtual
     stages (the peers of the sends and receives); ``scale`` multiplies compute-kernel
-    durations (sequence-length imbalance)."""
+    durations (sequence-length imbalance). ``zero3_comm`` (ZeRO-3 / FSDP only): ``"layer"``
+    gathers each layer's parameters before it runs and reduce-scatters its gradients after
+    its backward (every item); ``"gather"`` gathers only (the first forward of a pipelined
+    stage, whose parameters then stay unsharded); ``"none"`` neither (the other items of a
+    pipelined stage: the builder reduce-scatters after the stage's last backward)."""
     from .builder import OpTemplate
+    if zero3_comm not in ("layer", "gather", "none"):
+        raise ValueError(f"zero3_comm={zero3_comm!r}")
     blk = Block()
     zero3 = parallel.zero_stage == 3
+    z3_gather = zero3 and zero3_comm != "none"
+    z3_scatter = zero3 and zero3_comm == "layer"
     backward = phase != 0
     tphase = int(Phase.BWD if backward else Phase.FWD)
     prev = -1
@@ -207,7 +216,7 @@ def make_block(tpl, parallel, comm, vst: VStage, phase: int, recv_ns: int, send_
             continue
         base = prev
         gathers = (_gathers(blk, lt, tpl, parallel, comm, prev_first, layer, tphase,
-                            backward) if zero3 and phase in (0, 1, 3) else [])
+                            backward) if z3_gather and phase in (0, 1, 3) else [])
         for args in pending:
             _scatters(blk, *args)
         pending = []
@@ -221,7 +230,7 @@ def make_block(tpl, parallel, comm, vst: VStage, phase: int, recv_ns: int, send_
         grads_here = (phase in (1, 2)) or (phase == 3 and not lt.wgrad)
         if grads_here and (lt.params or lt.expert_params):
             blk.grad_ops.append((last, lt.params, lt.expert_params))
-            if zero3:
+            if z3_scatter:
                 pending.append((lt, tpl, parallel, comm, last, layer, tphase))
     for args in pending:
         _scatters(blk, *args)
@@ -327,9 +336,10 @@ class Pool:
         return base
 
     def add_ops(self, ops: list, stage: int, gkind: int = 0) -> int:
+        """A block of independent ops, each ``(op, phase)`` or ``(op, phase, layer)``."""
         blk = Block()
-        for op, phase in ops:
-            blk.add(op, -1, phase, [], gkind=gkind)
+        for op, phase, *layer in ops:
+            blk.add(op, layer[0] if layer else -1, phase, [], gkind=gkind)
         return self.add_piece(self.add_block(blk), -1, stage, -1)
 
     def materialize(self) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:

@@ -204,18 +204,26 @@ def build_trace(template: StepTemplate, parallel: ParallelConfig | dict,
     pool = Pool(strings)
     split = sched in SPLIT_BACKWARD
     phases = (F, BI, W, B) if split else (F, B)
+    zero = parallel.zero_stage
+    # FSDP / ZeRO-3 under a pipeline (PyTorch pipelining, as torchtitan runs it): a stage's
+    # parameters are gathered in its first forward and kept unsharded over the step's
+    # micro-batches (``reshard_after_forward=False`` with PP; no reshard after a backward but
+    # the last), gradients accumulate unsharded and are reduce-scattered once, after the
+    # stage's last backward (REFERENCES.md R13)
+    piped = zero == 3 and p > 1 and not parallel.odc
+    z3 = "none" if piped else "layer"
     blocks: dict[tuple[int, int], tuple[Block, int]] = {}
     for vs, vst in enumerate(layout.vstages):
         pv, nv = layout.prev_vs(vs), layout.next_vs(vs)
-        for ph in phases:
-            blk = make_block(template, parallel, comm, vst, ph, recv_ns, send_ns,
-                             layout.rank_of[pv] if pv >= 0 else -1,
-                             layout.rank_of[nv] if nv >= 0 else -1, scale)
+        for ph in phases + ((-F - 1,) if piped else ()):
+            blk = make_block(template, parallel, comm, vst, ph if ph >= 0 else F, recv_ns,
+                             send_ns, layout.rank_of[pv] if pv >= 0 else -1,
+                             layout.rank_of[nv] if nv >= 0 else -1, scale,
+                             zero3_comm=z3 if ph >= 0 else "gather")
             blocks[(vs, ph)] = (blk, pool.add_block(blk) if blk.n else -1)
-    merged: dict[tuple[int, int], tuple[Block, int, np.ndarray, np.ndarray]] = {}
+    merged: dict[tuple, tuple[Block, int, np.ndarray, np.ndarray]] = {}
     dp_group = parallel.dp * parallel.cp
-    zero = parallel.zero_stage
-    reduce_grads = zero < 3
+    reduce_grads = zero < 3 or piped
     bucket_params = parallel.bucket_mb * 1e6 / template.grad_bytes_per_param
     sync_p2p = parallel.p2p == "sync" and sched in SYNC_SCHEDULES and p > 1
     esrc: list[np.ndarray] = []
@@ -232,7 +240,7 @@ def build_trace(template: StepTemplate, parallel: ParallelConfig | dict,
         edst.append(np.asarray(d, np.int64))
         ekind.append(np.full(len(s), int(kind), np.int8))
 
-    def reduce_ops(grad_ops, base, stage, after=-1):
+    def reduce_ops(grad_ops, base, stage, after=-1, blk=None):
         """Bucketed gradient reductions of one virtual stage after its last backward:
         dense gradients over the data-parallel group, expert gradients over the
         expert-data-parallel group. Each bucket waits for its gradients, and for ``after``
@@ -240,6 +248,8 @@ def build_trace(template: StepTemplate, parallel: ParallelConfig | dict,
         ids = []
         op_kind = CommOp.ALL_REDUCE if zero == 0 else CommOp.REDUCE_SCATTER
         cname = "dp.allreduce_grads" if zero == 0 else "dp.reduce_scatter_grads"
+        if piped:  # FSDP: one reduce-scatter per layer (its parameter group)
+            cname = "zero3.reduce_scatter_grads"
         for col, group, gk, name in ((1, "dp", 0, cname), (2, "edp", _EDP, cname + ".experts")):
             if comm.geometry[group].size <= 1:
                 continue
@@ -247,11 +257,12 @@ def build_trace(template: StepTemplate, parallel: ParallelConfig | dict,
             if not gops:
                 continue
             ops, deps = [], []
-            for ready, params in grad_buckets(gops, bucket_params):
+            for ready, params in grad_buckets(gops, 1 if piped else bucket_params):
                 nbytes = int(params * template.grad_bytes_per_param)
+                layer = blk.cols["layer"][ready] if blk is not None else -1
                 ops.append((OpTemplate(name, "dp", comm.collective_ns(op_kind, nbytes, group),
                                        kind=int(OpKind.COLLECTIVE), bytes=nbytes,
-                                       comm_op=int(op_kind)), int(Phase.BWD)))
+                                       comm_op=int(op_kind)), int(Phase.BWD), layer))
                 deps.append(base + ready)
             first = pool.add_ops(ops, stage, gkind=gk)
             new = np.arange(first, first + len(ops))
@@ -277,6 +288,13 @@ def build_trace(template: StepTemplate, parallel: ParallelConfig | dict,
         last_compute = -1
         # per item: (recv, send, exit, first compute) op ids, -1 none
         item_ids: list[tuple[int, int, int, int]] = []
+        gathered: set[int] = set()  # pipelined FSDP: virtual stages already gathered
+
+        def key_of(vs, ph, gathered=gathered):
+            if piped and ph == F and vs not in gathered:
+                gathered.add(vs)
+                return (vs, -F - 1)
+            return (vs, ph)
         k = 0
         while k < len(order):
             ph, mb, c = order[k]
@@ -284,18 +302,19 @@ def build_trace(template: StepTemplate, parallel: ParallelConfig | dict,
             if k in pairs:  # DualPipe: a forward and a backward chunk overlapped
                 ph2, mb2, c2 = order[k + 1]
                 vs2 = layout.vs_of(sched, p, c2, stage)
-                key = (vs, vs2, ph2)
+                ka, kb = key_of(vs, ph), key_of(vs2, ph2)
+                key = (ka, kb)
                 if key not in merged:
-                    mblk, ma, mbm = merge_blocks(blocks[(vs, ph)][0], blocks[(vs2, ph2)][0])
+                    mblk, ma, mbm = merge_blocks(blocks[ka][0], blocks[kb][0])
                     merged[key] = (mblk, pool.add_block(mblk), ma, mbm)
                 mblk, bid, ma, mbm = merged[key]
                 base = pool.add_piece(bid, mb, stage, c, mb2, c2)
-                parts = [(order[k], vs, blocks[(vs, ph)][0], ma),
-                         (order[k + 1], vs2, blocks[(vs2, ph2)][0], mbm)]
+                parts = [(order[k], vs, blocks[ka][0], ma),
+                         (order[k + 1], vs2, blocks[kb][0], mbm)]
                 grad_blk = (mblk, base)
                 k_next = k + 2
             else:
-                blk, bid = blocks[(vs, ph)]
+                blk, bid = blocks[key_of(vs, ph)]
                 base = pool.add_piece(bid, mb, stage, c) if bid >= 0 else pool.n
                 parts = [(order[k], vs, blk, None)]
                 grad_blk = (blk, base)
@@ -321,7 +340,11 @@ def build_trace(template: StepTemplate, parallel: ParallelConfig | dict,
                         continue
                     gops = [((int(mp[i]) if mp is not None else i), dn, ex)
                             for i, dn, ex in blk.grad_ops]
-                    if parallel.grad_overlap:
+                    if piped:  # FSDP's post-backward, run once the whole backward is done
+                        ex_ = blk.exit if mp is None else int(mp[blk.exit])
+                        sync_ops.extend(reduce_ops(gops, gbase, stage, after=gbase + ex_,
+                                                   blk=gblk))
+                    elif parallel.grad_overlap:
                         sync_ops.extend(reduce_ops(gops, gbase, stage))
                     else:
                         deferred.append((gops, gbase))

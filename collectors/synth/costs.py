@@ -94,20 +94,23 @@ def _ceiling(hw: HardwareConfig, dtype: str) -> tuple[float, str]:
     return hw.peak_flops(dtype) / 1e12 * hw.gemm_max_of(dtype), "fitted"
 
 
-def gemm(hw: HardwareConfig, dtype: str, m: int, n: int, k: int, batch: int = 1
-         ) -> KernelCost:
+def gemm(hw: HardwareConfig, dtype: str, m: int, n: int, k: int, batch: int = 1,
+         scaling: str = "fused") -> KernelCost:
     """A (batched) GEMM ``[m, k] x [k, n]`` priced by the cost layer's
     :func:`~retime.collectors.costs.kernels.matmul` at the synthesizer's ceiling
     (:func:`_ceiling`); FP8 / FP4 GEMMs read block-scaled inputs and pay the quantization of
     their activation input (``quantize``: what ``retime cost op matmul --training``
-    prints)."""
+    prints); ``scaling`` is the FP8 recipe's (:data:`~retime.collectors.costs.kernels.
+    FP8_SCALINGS`)."""
     from ..costs.kernels import matmul
     c = matmul(_spec(hw), max(1, int(m)), max(1, int(n)), max(1, int(k)), batch, dtype,
-               ceiling=_ceiling(hw, dtype), quantize=dtype in _LOWP)
+               ceiling=_ceiling(hw, dtype), quantize=dtype in _LOWP,
+               scaling=scaling if dtype == "fp8" else "fused")
     return KernelCost(int(round(c.time_us * 1e3)), c.flops, int(c.bytes))
 
 
-def grouped_gemm(hw: HardwareConfig, dtype: str, ms: list[int], n: int, k: int) -> KernelCost:
+def grouped_gemm(hw: HardwareConfig, dtype: str, ms: list[int], n: int, k: int,
+                 scaling: str = "fused") -> KernelCost:
     """One grouped GEMM launch over experts: group ``i`` is ``[m_i, k] x [k, n]`` (its own
     weight); tiles of all groups share the waves over the SMs, so a group of few tokens
     wastes its partial tiles and a hot expert's extra tiles lengthen the kernel: the cost
@@ -115,7 +118,8 @@ def grouped_gemm(hw: HardwareConfig, dtype: str, ms: list[int], n: int, k: int) 
     quantization of the tokens' input)."""
     from ..costs.kernels import grouped_matmul
     c = grouped_matmul(_spec(hw), [int(m) for m in ms], max(1, int(n)), max(1, int(k)),
-                       dtype, ceiling=_ceiling(hw, dtype), quantize=dtype in _LOWP)
+                       dtype, ceiling=_ceiling(hw, dtype), quantize=dtype in _LOWP,
+                       scaling=scaling if dtype == "fp8" else "fused")
     return KernelCost(int(round(c.time_us * 1e3)), c.flops, int(c.bytes))
 
 

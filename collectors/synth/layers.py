@@ -79,8 +79,8 @@ class _Ctx:
         self.w: list[OpTemplate] = []  # weight-gradient ops of the layer being built (split)
 
     def g(self, m: int, n: int, k: int, batch: int = 1) -> KernelCost:
-        """A linear layer's GEMM (FP8 when the run is FP8)."""
-        return gemm(self.hw, self.dtype, m, n, k, batch)
+        """A linear layer's GEMM (FP8 when the run is FP8, cast as its recipe scales)."""
+        return gemm(self.hw, self.dtype, m, n, k, batch, self.par.fp8_scaling)
 
     def ga(self, m: int, n: int, k: int, batch: int = 1) -> KernelCost:
         """An attention-core GEMM (BF16 in FP8 runs)."""

@@ -68,7 +68,10 @@ def layer_activation_bytes(model: ModelConfig, parallel: ParallelConfig,
         return int(2 * sbh * rep)
     drop = 1 if model.dropout else 0
     # FP8 training keeps the (quantized) inputs of its linear layers in one byte
+    # (torchao's tensorwise Float8 keeps the 16-bit input and casts it again: 2 bytes)
     lin = {"fp8": 1, "fp4": 0.5625}.get(parallel.linear_dtype(layer, model.layers), 2)
+    if parallel.fp8_scaling == "tensorwise":
+        lin = 2
     mla_rc = model.mla and rc == "selective"  # DeepSeek: norms and MLA up-projections redone
     # torchtitan's op-level checkpointing: norm outputs, K, the MLP's w3 output and the
     # SwiGLU product are recomputed, not kept (collectors/synth/framework.py)
@@ -178,7 +181,11 @@ def memory_per_stage(model: ModelConfig, parallel: ParallelConfig,
             fixed += 4 * s * b * padded_vocab / P.tp
         buffers = reserve_bytes + dispatch
         lp_dense, lp_expert = layer_params_rank
-        if z >= 3 and (dpg > 1 or edp > 1):  # current + prefetched gathered layer
+        if z >= 3 and P.pp > 1 and not P.odc and (dpg > 1 or edp > 1):
+            # under a pipeline the stage's parameters stay gathered over the step and its
+            # gradients accumulate unsharded until the last backward (builder.py, R13)
+            buffers += (2 + 2) * (dense + expert)
+        elif z >= 3 and (dpg > 1 or edp > 1):  # current + prefetched gathered layer
             buffers += 2 * 2 * (lp_dense + lp_expert)
             if P.odc:  # fp32 accumulation shard of the gradients pushed to this owner
                 buffers += 4 * (dense / dpg + expert / edp)

@@ -114,6 +114,12 @@ class ParallelConfig:
     sequence parallelism the forward's all-gathers and reduce-scatters wait for / hold up
     their GEMMs; ``True`` overlaps them piece by piece (torchtitan's AsyncTP, Transformer
     Engine's userbuffers; :mod:`.framework`). Needs ``sequence_parallel``.
+    ``fp8_scaling`` (FP8 runs): ``"fused"`` is Transformer Engine's (Megatron-LM's default):
+    a linear layer's activation input is cast in one pass; ``"tensorwise"`` is torchao's
+    dynamic tensorwise Float8 (torchtitan): each GEMM casts both operands from 16 bits with
+    an amax pass and a cast pass, and the layer keeps its 16-bit input for the backward
+    (:data:`~retime.collectors.costs.kernels.FP8_SCALINGS`; the experts' grouped GEMMs keep
+    the fused price: torchao's Float8 swaps ``nn.Linear`` modules).
 
     ``odc``: on ZeRO-3 / FSDP runs, parameter gathers and gradient reductions are on-demand
     point-to-point transfers (Wan et al. 2026) with one synchronization per step instead of
@@ -155,6 +161,7 @@ class ParallelConfig:
     fp4_last_high: int = 1
     fp4_high_dtype: str = "bf16"
     offload_layers: int = 0
+    fp8_scaling: str = "fused"
 
     def __post_init__(self) -> None:
         for f in ("tp", "pp", "dp", "cp", "chunks", "global_batch", "micro_batch", "ep"):
@@ -229,6 +236,13 @@ class ParallelConfig:
             raise ConfigError("parallel config: odc (on-demand point-to-point parameter and "
                               f"gradient transfers) needs ZeRO-3 / FSDP (got zero={self.zero}); "
                               "add --fsdp or --zero 3")
+        if self.fp8_scaling not in ("fused", "tensorwise"):
+            raise ConfigError(f"parallel config: fp8_scaling={self.fp8_scaling!r}; use fused "
+                              "(Transformer Engine) or tensorwise (torchao Float8)")
+        if self.fp8_scaling != "fused" and self.dtype != "fp8":
+            raise ConfigError(f"parallel config: fp8_scaling={self.fp8_scaling!r} with "
+                              f"dtype={self.dtype!r}: it is an FP8 recipe; add --dtype fp8 "
+                              "or drop --fp8-scaling")
         if self.tp_comm_overlap and not self.sequence_parallel:
             raise ConfigError("parallel config: tp_comm_overlap overlaps the all-gathers and "
                               "reduce-scatters of sequence parallelism; add "
