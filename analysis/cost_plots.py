@@ -34,8 +34,11 @@ def plot_busbw(rows: pd.DataFrame, *, title: str = "Predicted bus bandwidth",
     choice = (rows["algorithm"] + "/" + rows["protocol"]).tolist()
     for i, c in enumerate(choice):
         if i == 0 or c != choice[i - 1]:
+            # in the right half the label ends at its point, so it never crosses the frame
+            right = i >= len(choice) / 2
             ax.annotate(c, (x[i], rows["busbw_gbps"].iloc[i]), textcoords="offset points",
-                        xytext=(2, 8), fontsize=7, color="0.25")
+                        xytext=(-2 if right else 2, 8), ha="right" if right else "left",
+                        fontsize=7, color="0.25")
     ax.set_xscale("log", base=2)
     ticks = [v for v in x if v > 0]
     step = max(1, len(ticks) // 8)
