@@ -195,11 +195,22 @@ def gap_shares(graph) -> dict[str, Any]:
     work = graph.by_op(work_pos) if len(work_pos) else work_pos
     out: dict[str, Any] = {"per_rank": []}
     tot = {"span_ns": 0, "host_work_ns": 0, "unexplained_ns": 0}
-    for r in unique(rank).tolist():
-        m = rank == r
-        span = int(end[m].max() - start[m].min()) if m.any() else 0
-        row = {"rank": int(r), "span_ns": span, "host_work_ns": int(work[m].sum()),
-               "unexplained_ns": int(delay[m].sum())}
+    # per rank in one pass each (not one mask over every op per rank)
+    ur, inv = unique(rank, return_inverse=True)
+    k = len(ur)
+    lo = np.full(k, np.iinfo(np.int64).max, np.int64)
+    hi = np.full(k, np.iinfo(np.int64).min, np.int64)
+    np.minimum.at(lo, inv, start)
+    np.maximum.at(hi, inv, end)
+    wk = np.zeros(k)
+    np.add.at(wk, inv, work)
+    dl = np.zeros(k, np.int64)
+    np.add.at(dl, inv, np.asarray(delay, np.int64))
+    del inv
+    for i, r in enumerate(ur.tolist()):
+        span = int(hi[i] - lo[i])
+        row = {"rank": int(r), "span_ns": span, "host_work_ns": int(wk[i]),
+               "unexplained_ns": int(dl[i])}
         row["unexplained_share"] = row["unexplained_ns"] / span if span else 0.0
         out["per_rank"].append(row)
         for k in tot:
