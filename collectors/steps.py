@@ -64,7 +64,7 @@ from .arrays import isin, unique
 from .enums import LaneKind, OpKind
 
 __all__ = ["step_windows", "windows_from_arrays", "job_step_windows", "device_lane_mask",
-           "profiler_steps", "times_checksum", "launch_waits", "gpu_step_marks", "empty_steps",
+           "profiler_steps", "step_range_mask", "times_checksum", "launch_waits", "gpu_step_marks", "empty_steps",
            "QUEUED_MIN_NS", "QUEUED_MIN_FRAC"]
 
 #: a GPU op that started this long after its launch call ended waited in a queue (an idle
@@ -120,6 +120,17 @@ def profiler_steps(trace) -> pd.DataFrame:
         d = d[isin(r["lane"].to_numpy()[sel], cpu)]
     return d.groupby(["rank", "step"], sort=True).agg(
         start_ns=("start_ns", "min"), end_ns=("end_ns", "max")).reset_index()
+
+
+def step_range_mask(ranges: pd.DataFrame, strings: list[str]) -> np.ndarray:
+    """Which ``ranges`` rows are ``ProfilerStep#N`` annotations: the only ones step windows
+    read (:func:`profiler_steps`, :func:`gpu_step_marks`), so a caller that needs nothing
+    else of the ranges (an identity replay) may keep just these."""
+    if len(ranges) == 0 or not len(strings):
+        return np.zeros(len(ranges), bool)
+    names = pd.Series(np.asarray(strings, dtype=object))
+    is_step = names.str.fullmatch(_STEP_RE[1:-1]).to_numpy(bool)
+    return is_step[ranges["name_id"].to_numpy()]
 
 
 def launch_waits(trace) -> np.ndarray:

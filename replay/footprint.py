@@ -4,8 +4,9 @@ anything is loaded (issue 30: "the replay graph ... says up front what memory it
 The figure is the sum of parts whose sizes follow from the row counts alone:
 
 * the trace columns the replay reads (:data:`IDENTITY_COLUMNS` for an identity replay, every
-  column for a what-if or ``-o``): their dtypes' widths per op, the edges (25 bytes each) and
-  the annotations (29 bytes each);
+  column for a what-if or ``-o``): their dtypes' widths per op, the edges (25 bytes each) and,
+  for a full load, the annotations (29 bytes each; an identity replay keeps only the
+  ``ProfilerStep`` ones, a few per rank, once read) and the memory samples;
 * the replay graph (:class:`replay.graph.ReplayGraph`): 79 bytes per op (int64 times and
   lags, int32 indices, int8/bool flags; ``rank``, ``lane`` and the measured times are the
   trace's own arrays) and 14 per kept edge (int32 source, int64 lag, int8 kind, bool);
@@ -26,7 +27,13 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from retime.collectors.errors import ReplayError
-from retime.collectors.trace import EDGES_SCHEMA, OPS_SCHEMA, RANGES_SCHEMA, read_meta
+from retime.collectors.trace import (
+    EDGES_SCHEMA,
+    MEMORY_SCHEMA,
+    OPS_SCHEMA,
+    RANGES_SCHEMA,
+    read_meta,
+)
 
 __all__ = ["IDENTITY_COLUMNS", "Footprint", "footprint", "available_bytes", "check_footprint"]
 
@@ -89,11 +96,10 @@ def footprint(path: str | os.PathLike[str], *, full: bool = False) -> Footprint:
     n, e, r = _rows(p, meta, "ops"), _rows(p, meta, "edges"), _rows(p, meta, "ranges")
     cols = list(OPS_SCHEMA) if full else IDENTITY_COLUMNS
     per_op = sum(_WIDTH[OPS_SCHEMA[c][0]] for c in cols)
-    trace = (n * per_op + e * sum(_WIDTH[t] for t, _ in EDGES_SCHEMA.values())
-             + r * sum(_WIDTH[t] for t, _ in RANGES_SCHEMA.values()))
+    trace = n * per_op + e * sum(_WIDTH[t] for t, _ in EDGES_SCHEMA.values())
     if full:
-        m = _rows(p, meta, "memory")
-        trace += m * 8 * 6
+        trace += r * sum(_WIDTH[t] for t, _ in RANGES_SCHEMA.values())
+        trace += _rows(p, meta, "memory") * sum(_WIDTH[t] for t, _ in MEMORY_SCHEMA.values())
     graph = n * GRAPH_BYTES_PER_OP + e * GRAPH_BYTES_PER_EDGE
     peak = BASE_BYTES + trace + graph + n * BUILD_BYTES_PER_OP + e * BUILD_BYTES_PER_EDGE
     ranks = meta.get("world_size") or len((meta.get("partitions") or {}).get("ops", {}))

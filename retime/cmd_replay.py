@@ -126,6 +126,11 @@ def replay_cmd(
             pa.default_memory_pool().release_unused()
         trace = read_trace(trace_dir, columns=list(IDENTITY_COLUMNS), fill_defaults=False,
                            skip=("memory",))
+        # of the annotations, the step windows read only the ProfilerStep ones
+        from retime.collectors.steps import step_range_mask
+        keep = step_range_mask(trace.ranges, trace.strings)
+        trace.ranges = trace.ranges[keep].reset_index(drop=True)
+        del keep
     else:
         trace = read_trace(trace_dir)
     if cal is not None:

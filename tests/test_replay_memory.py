@@ -4,6 +4,7 @@ windows and the streamed coverage counts equal their whole-trace forms."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -14,8 +15,9 @@ from conftest import SHARED, ingest_cached
 from retime.analysis.coverage import unseen_work
 from retime.analysis.stream import stream_unseen
 from retime.cli import run
+from retime.collectors.enums import EdgeKind
 from retime.collectors.errors import ReplayError
-from retime.collectors.steps import step_windows, step_windows_by_rank
+from retime.collectors.steps import step_range_mask, step_windows, step_windows_by_rank
 from retime.collectors.trace import OPS_SCHEMA, read_trace
 from retime.replay import build_graph, simulate
 from retime.replay.footprint import (
@@ -25,6 +27,7 @@ from retime.replay.footprint import (
     check_footprint,
     footprint,
 )
+from retime.replay.gaps import gap_shares
 
 
 @pytest.fixture(scope="module")
@@ -101,3 +104,36 @@ def test_rank_batched_step_windows_equal_the_whole(stores):
 def test_streamed_unseen_work_equals_the_whole(stores):
     tr, _, rank = stores
     assert stream_unseen(rank, batch_rows=1) == unseen_work(tr)
+
+
+def test_step_windows_read_only_the_profiler_step_ranges(stores):
+    tr, _, _ = stores
+    keep = step_range_mask(tr.ranges, tr.strings)
+    assert 0 < keep.sum() < len(tr.ranges)
+    names = np.asarray(tr.strings, dtype=object)[tr.ranges["name_id"].to_numpy()]
+    assert all(n.startswith("ProfilerStep#") for n in names[keep])
+    assert not any(n.startswith("ProfilerStep#") for n in names[~keep])
+    few = dataclasses.replace(tr, ranges=tr.ranges[keep].reset_index(drop=True))
+    r = simulate(build_graph(tr))
+    for a, b in ((None, None), (r.start_ns + 7, r.end_ns + 7)):
+        pd.testing.assert_frame_equal(step_windows(few, a, b), step_windows(tr, a, b))
+
+
+def test_gap_shares_per_rank_equal_a_plain_sum(stores):
+    tr, _, _ = stores
+    g = build_graph(tr)
+    out = gap_shares(g)
+    rank = g.rank
+    delay = g.measured_delay_ns
+    # HOST_ORDER lags kept, by destination op (op ids), summed in a plain loop
+    dst = np.repeat(np.arange(g.n_ops), np.diff(g.pred_ptr))
+    work = np.zeros(g.n_ops, np.int64)
+    for j in np.flatnonzero((g.pred_kind == EdgeKind.HOST_ORDER) & (g.pred_lag_ns > 0)
+                            & ~g.pred_s2s).tolist():
+        work[g.perm[dst[j]]] += int(g.pred_lag_ns[j])
+    for row in out["per_rank"]:
+        m = rank == row["rank"]
+        assert row["span_ns"] == int(g.meas_end_ns[m].max() - g.meas_start_ns[m].min())
+        assert row["unexplained_ns"] == int(delay[m].sum())
+        assert row["host_work_ns"] == int(work[m].sum())
+    assert sum(r["host_work_ns"] for r in out["per_rank"]) > 0
