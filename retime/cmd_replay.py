@@ -84,6 +84,8 @@ def replay_cmd(
     drops the delays no dependency explains. With -o the replayed trace is written, so
     `retime export OUT.retime --chrome t.json` shows the replayed timeline.
     """
+    import pandas as pd
+
     from retime.collectors.trace import read_trace
     from retime.replay import build_graph, simulate, whatif
 
@@ -116,14 +118,7 @@ def replay_cmd(
     fp, need = check_footprint(trace_dir, full=not light)
     if not json_out:
         say(need)
-    unseen = None
     if light:
-        from retime.analysis.stream import should_stream, stream_unseen
-        if should_stream(trace_dir):  # per rank batch, before the trace is loaded
-            # small batches: a few ranks' columns at a time, before the big allocations
-            unseen = stream_unseen(trace_dir, batch_rows=1 << 18)
-            import pyarrow as pa
-            pa.default_memory_pool().release_unused()
         trace = read_trace(trace_dir, columns=list(IDENTITY_COLUMNS), fill_defaults=False,
                            skip=("memory",))
         # of the annotations, the step windows read only the ProfilerStep ones
@@ -175,8 +170,14 @@ def replay_cmd(
     s["memory"] = {"estimated_peak_bytes": fp.peak_bytes, "graph_bytes": result.graph.nbytes,
                    "columns": "identity" if light else "all"}
     # GPU work the measured step figures leave out or the trace cannot show
-    from retime.analysis.coverage import unseen_notes, unseen_work
-    s["notes"] = unseen_notes(unseen if unseen is not None else unseen_work(trace))
+    from retime.analysis.coverage import unseen_notes, unseen_work_by_rank
+    # (the measured step windows the replay computed serve them too: not computed twice)
+    w = result.step_windows() if light else None
+    s["notes"] = unseen_notes(unseen_work_by_rank(trace, None if w is None else pd.DataFrame({
+        "rank": w["rank"].to_numpy(), "step": w["step"].to_numpy(),
+        "start_ns": w["measured_start_ns"].to_numpy(),
+        "end_ns": w["measured_end_ns"].to_numpy()})))
+    del w
     if output is not None:
         result.to_trace().save(output)
         s["output"] = str(output)

@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 from conftest import SHARED, ingest_cached
 
-from retime.analysis.coverage import unseen_work
+from retime.analysis.coverage import unseen_work, unseen_work_by_rank
 from retime.analysis.stream import stream_unseen
 from retime.cli import run
 from retime.collectors.enums import EdgeKind
@@ -47,6 +47,13 @@ def test_identity_replay_of_a_rank_store_equals_the_full_replay(stores, capsys):
         for k in ("step_time_ns", "per_rank", "unexplained_delays", "graph", "gaps"):
             assert out[k] == full[k], k
         assert all(r["replayed_ns"] == r["measured_ns"] for r in out["per_rank"])
+    # the full load (-o reads every column) prints the same figures and notes
+    assert run(["replay", str(rank), "--json", "-o", str(rank.parent / "out.retime")]) == 0
+    whole = json.loads(capsys.readouterr().out)
+    assert whole["memory"]["columns"] == "all"
+    assert whole["memory"]["estimated_peak_bytes"] > out["memory"]["estimated_peak_bytes"]
+    for k in set(whole) - {"memory", "output"}:
+        assert out[k] == whole[k], k
 
 
 def test_projected_read_holds_only_the_columns_asked_for(stores):
@@ -103,7 +110,16 @@ def test_rank_batched_step_windows_equal_the_whole(stores):
 
 def test_streamed_unseen_work_equals_the_whole(stores):
     tr, _, rank = stores
-    assert stream_unseen(rank, batch_rows=1) == unseen_work(tr)
+    whole = unseen_work(tr)
+    assert whole["gpu_ops"] > 0 and whole["launches"] > 0
+    assert stream_unseen(rank, batch_rows=1) == whole
+    w = simulate(build_graph(tr)).step_windows()
+    mw = pd.DataFrame({"rank": w["rank"].to_numpy(), "step": w["step"].to_numpy(),
+                       "start_ns": w["measured_start_ns"].to_numpy(),
+                       "end_ns": w["measured_end_ns"].to_numpy()})
+    for chunk in (1, 10**9):
+        assert unseen_work_by_rank(tr, chunk_ops=chunk) == whole
+        assert unseen_work_by_rank(tr, mw, chunk_ops=chunk) == whole
 
 
 def test_step_windows_read_only_the_profiler_step_ranges(stores):
