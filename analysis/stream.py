@@ -45,7 +45,7 @@ from .coverage import combine_unseen, unseen_work
 
 __all__ = ["rank_batches", "iter_rank_traces", "stream_step_times", "stream_breakdown",
            "stream_kernel_stats", "stream_collectives", "stream_comm_summary",
-           "stream_rank_wait", "stream_unseen", "should_stream", "store_analysis", "STREAM_ABOVE_OPS"]
+           "stream_rank_wait", "should_stream", "store_analysis", "STREAM_ABOVE_OPS"]
 
 _BATCH_ROWS = 1 << 21
 #: ops columns each streamed analysis reads
@@ -214,14 +214,6 @@ def stream_rank_wait(path: str | os.PathLike[str]) -> pd.DataFrame:
 
 #: a single-file store with more ops than this is analyzed streamed by default
 STREAM_ABOVE_OPS = 10_000_000
-
-
-def stream_unseen(path: str | os.PathLike[str], *,
-                  batch_rows: int = _BATCH_ROWS) -> dict[str, int]:
-    """:func:`analysis.coverage.unseen_work` of a stored trace, one batch of ranks at a time
-    (its counts are per rank: equal to the in-memory function's on the whole trace)."""
-    return combine_unseen([unseen_work(t) for t in iter_rank_traces(
-        path, columns=_BREAKDOWN_COLS, ranges=True, batch_rows=batch_rows)])
 
 
 def should_stream(path: str | os.PathLike[str]) -> bool:

@@ -49,8 +49,11 @@ GRAPH_BYTES_PER_EDGE = 14
 #: scale bench: 162 MB over 2.44 M ops and 2.61 M edges), rounded up
 BUILD_BYTES_PER_OP = 48
 BUILD_BYTES_PER_EDGE = 24
-#: the interpreter with numpy, pandas, pyarrow and numba's cached kernels loaded
-BASE_BYTES = 200_000_000
+#: the interpreter with numpy, pandas, pyarrow and numba's cached kernels loaded (0.22 GB
+#: after the imports, ~0.08 GB more once the replay's kernels are loaded; set to 0.3 GB
+#: after comparing the estimate with whole commands at 32 and 128 ranks: 0.79 / 2.58 GB
+#: estimated with 0.2 GB here against 0.91 / 2.49 GB measured)
+BASE_BYTES = 300_000_000
 
 
 @dataclass(frozen=True)

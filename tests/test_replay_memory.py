@@ -13,7 +13,6 @@ import pytest
 from conftest import SHARED, ingest_cached
 
 from retime.analysis.coverage import unseen_work, unseen_work_by_rank
-from retime.analysis.stream import stream_unseen
 from retime.cli import run
 from retime.collectors.enums import EdgeKind
 from retime.collectors.errors import ReplayError
@@ -108,11 +107,10 @@ def test_rank_batched_step_windows_equal_the_whole(stores):
                                           step_windows(tr, a, b))
 
 
-def test_streamed_unseen_work_equals_the_whole(stores):
-    tr, _, rank = stores
+def test_rank_batched_unseen_work_equals_the_whole(stores):
+    tr, _, _ = stores
     whole = unseen_work(tr)
     assert whole["gpu_ops"] > 0 and whole["launches"] > 0
-    assert stream_unseen(rank, batch_rows=1) == whole
     w = simulate(build_graph(tr)).step_windows()
     mw = pd.DataFrame({"rank": w["rank"].to_numpy(), "step": w["step"].to_numpy(),
                        "start_ns": w["measured_start_ns"].to_numpy(),
