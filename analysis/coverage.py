@@ -24,7 +24,7 @@ on one host thread.
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -35,7 +35,10 @@ from retime.collectors.steps import device_lane_mask
 
 from ._util import as_trace, clip_to_windows, step_windows
 
-__all__ = ["unseen_work", "combine_unseen", "unseen_notes", "hides_gpu_work",
+if TYPE_CHECKING:
+    from retime.collectors.trace import Trace
+
+__all__ = ["unseen_work", "unseen_work_by_rank", "combine_unseen", "unseen_notes", "hides_gpu_work",
            "excludes_gpu_work", "COUNTS"]
 
 _LAUNCH = re.compile(r"launch", re.I)
@@ -56,8 +59,12 @@ def _name_mask(t, pat: re.Pattern[str]) -> np.ndarray:
     return hit[t.ops["name_id"].to_numpy()] if len(t.ops) else np.zeros(0, bool)
 
 
-def unseen_work(x: Any) -> dict[str, int]:
+def unseen_work(x: Any, windows: pd.DataFrame | None = None) -> dict[str, int]:
     """Counts of excluded and unseen GPU work (module docstring), summed over ranks.
+
+    ``windows``: the trace's step windows (``rank``, ``step``, ``start_ns``, ``end_ns``,
+    as :func:`analysis._util.step_windows` gives them) when the caller has them already
+    (a replay computed the measured ones); computed here otherwise.
 
     Returns a dict of the :data:`COUNTS`: GPU ops and their time; those without a launch
     call in the trace (and of them, those queued before the rank's first launched GPU op);
@@ -85,7 +92,7 @@ def unseen_work(x: Any) -> dict[str, int]:
         # no host side at all (a synthesized run): launches are not recorded, not missing
         out["gpu_ops"] = int(gpu.sum())
         out["gpu_ns"] = int(dur[gpu].sum())
-        w = step_windows(t)
+        w = step_windows(t) if windows is None else windows
         if len(w):
             _, _, cs, ce = clip_to_windows(t, gpu, w)
             out["outside_steps_ns"] = int(dur[gpu].sum() - (ce - cs).sum())
@@ -107,7 +114,7 @@ def unseen_work(x: Any) -> dict[str, int]:
         before = np.isnan(f) | (s[nol] < np.nan_to_num(f, nan=np.inf))
         out["queued_before_trace_ops"] = int(before.sum())
         out["queued_before_trace_ns"] = int(dur[nol][before].sum())
-    w = step_windows(t)
+    w = step_windows(t) if windows is None else windows
     if len(w):
         _, _, cs, ce = clip_to_windows(t, gpu, w)
         out["outside_steps_ns"] = int(dur[gpu].sum() - (ce - cs).sum())
@@ -120,6 +127,36 @@ def unseen_work(x: Any) -> dict[str, int]:
     out["captured_launches"] = int(cap.sum())
     out["captures"] = n_cap
     return out
+
+
+def unseen_work_by_rank(trace: Trace, windows: pd.DataFrame | None = None, *,
+                        chunk_ops: int = 1 << 20) -> dict[str, int]:
+    """:func:`unseen_work` a batch of ranks at a time when the ops are in rank order (every
+    count is per rank, as in the streamed analysis: the same result, with one batch's
+    temporaries). ``windows`` as for :func:`unseen_work`."""
+    import dataclasses
+
+    o = trace.ops
+    n = len(o)
+    rank = o["rank"].to_numpy() if n else np.zeros(0, np.int32)
+    if n <= chunk_ops or (rank[1:] < rank[:-1]).any():
+        return unseen_work(trace, windows)
+    bounds = np.r_[0, np.flatnonzero(rank[1:] != rank[:-1]) + 1, n]
+    r_rank = trace.ranges["rank"].to_numpy()
+    w_rank = None if windows is None else windows["rank"].to_numpy()
+    parts, a = [], 0
+    while a < n:
+        b = int(bounds[min(np.searchsorted(bounds, a + chunk_ops, side="right"),
+                           len(bounds) - 1)])
+        lo, hi = int(rank[a]), int(rank[b - 1])
+        sub = dataclasses.replace(
+            trace, ops=o.iloc[a:b].reset_index(drop=True),
+            ranges=trace.ranges[(r_rank >= lo) & (r_rank <= hi)].reset_index(drop=True))
+        w = None if windows is None else windows[(w_rank >= lo) & (w_rank <= hi)].reset_index(
+            drop=True)
+        parts.append(unseen_work(sub, w))
+        a = b
+    return combine_unseen(parts)
 
 
 def _in_capture(t, rt: np.ndarray, cand: np.ndarray) -> tuple[np.ndarray, int]:

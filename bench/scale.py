@@ -12,7 +12,8 @@ wall time, CPU time, GB/s of JSON and the peak RSS of the whole process tree (sa
 Peers in the same run: ``ingest`` streamed (the default) against ``--in-memory`` (parse
 every rank, merge the parts, save: the former path), ``ingest --scheduler`` on a local Dask
 cluster of 2 workers (each worker's peak and after-job RSS), ``replay``/``report``
-against ``analyze`` on the same store, and ``report`` (streamed by default on a rank store of
+against ``analyze`` on the same store (with the memory ``replay`` said it would need before
+loading), and ``report`` (streamed by default on a rank store of
 more than 2 M ops, :mod:`analysis.report_stream`) against ``report --in-memory``. Figures are printed, never asserted. GB/s is JSON
 bytes per wall second of the whole command.
 
@@ -224,6 +225,9 @@ def run(cmd: list[str], label: str, root: Path = ROOT) -> dict:
            "rc": p.returncode, "load": os.getloadavg()[0]}
     if p.returncode:
         res["error"] = (err.strip().splitlines() or ["?"])[-1][:200]
+    elif "--json" in cmd and '"estimated_peak_bytes"' in out:
+        # what `retime replay` said it would need, before loading (replay/footprint.py)
+        res["estimated_gb"] = orjson.loads(out)["memory"]["estimated_peak_bytes"] / 1e9
     return res
 
 
@@ -271,6 +275,8 @@ def line(r: dict, gb: float | None = None) -> str:
         else ""
     rate = f", {gb / r['wall_s']:.2f} GB/s ({per_cpu}load {r['load']:.1f})" if gb else ""
     tail = f"   exit {r['rc']}: {r['error']}" if r.get("error") else ""
+    if "estimated_gb" in r:
+        tail += f"; estimated before loading {r['estimated_gb']:.2f} GB"
     if "store_gb" in r:
         tail += f"; store {r['store_gb']:.2f} GB"
     if "worker_peak_gb" in r:

@@ -64,7 +64,7 @@ from .arrays import isin, unique
 from .enums import LaneKind, OpKind
 
 __all__ = ["step_windows", "windows_from_arrays", "job_step_windows", "device_lane_mask",
-           "profiler_steps", "times_checksum", "launch_waits", "gpu_step_marks", "empty_steps",
+           "profiler_steps", "step_range_mask", "times_checksum", "launch_waits", "gpu_step_marks", "empty_steps",
            "QUEUED_MIN_NS", "QUEUED_MIN_FRAC"]
 
 #: a GPU op that started this long after its launch call ended waited in a queue (an idle
@@ -120,6 +120,17 @@ def profiler_steps(trace) -> pd.DataFrame:
         d = d[isin(r["lane"].to_numpy()[sel], cpu)]
     return d.groupby(["rank", "step"], sort=True).agg(
         start_ns=("start_ns", "min"), end_ns=("end_ns", "max")).reset_index()
+
+
+def step_range_mask(ranges: pd.DataFrame, strings: list[str]) -> np.ndarray:
+    """Which ``ranges`` rows are ``ProfilerStep#N`` annotations: the only ones step windows
+    read (:func:`profiler_steps`, :func:`gpu_step_marks`), so a caller that needs nothing
+    else of the ranges (an identity replay) may keep just these."""
+    if len(ranges) == 0 or not len(strings):
+        return np.zeros(len(ranges), bool)
+    names = pd.Series(np.asarray(strings, dtype=object))
+    is_step = names.str.fullmatch(_STEP_RE[1:-1]).to_numpy(bool)
+    return is_step[ranges["name_id"].to_numpy()]
 
 
 def launch_waits(trace) -> np.ndarray:
@@ -240,6 +251,44 @@ def step_windows(trace, start_ns: np.ndarray | None = None,
     lead_of = dict(zip(mw["rank"].to_numpy()[first].tolist(), lead[first].tolist()))
     b = _host_bounds(ps, rank, step, ~dev, ms, me, s, e) if ps is not None else None
     return _windows(rank, step, s, e, dev, b, lead_of)[0]
+
+
+#: ops per batch of ranks in :func:`step_windows_by_rank`
+CHUNK_OPS = 1 << 20
+
+
+def step_windows_by_rank(trace, start_ns: np.ndarray, end_ns: np.ndarray, *,
+                         chunk_ops: int = CHUNK_OPS) -> pd.DataFrame:
+    """:func:`step_windows` with explicit times, computed a batch of ranks at a time when
+    the ops are in rank order (as every store reads back): windows are per rank, so the
+    result is the same, and the temporaries are one batch's, not the whole trace's."""
+    import dataclasses
+
+    o = trace.ops
+    n = len(o)
+    rank = o["rank"].to_numpy() if n else np.zeros(0, np.int32)
+    if n <= chunk_ops or (rank[1:] < rank[:-1]).any():
+        return step_windows(trace, start_ns, end_ns)
+    start_ns = np.asarray(start_ns, np.int64)
+    end_ns = np.asarray(end_ns, np.int64)
+    cut = np.flatnonzero(rank[1:] != rank[:-1]) + 1  # first op of each rank after the first
+    bounds = np.r_[0, cut, n]
+    rr = trace.ranges
+    r_rank = rr["rank"].to_numpy() if len(rr) else np.zeros(0, np.int32)
+    parts, a = [], 0
+    while a < n:
+        # whole ranks, about chunk_ops ops (one rank at least)
+        b = int(bounds[min(np.searchsorted(bounds, a + chunk_ops, side="right"),
+                           len(bounds) - 1)])
+        if b <= a:
+            b = int(bounds[np.searchsorted(bounds, a, side="right")])
+        lo, hi = int(rank[a]), int(rank[b - 1])
+        sel = (r_rank >= lo) & (r_rank <= hi)
+        sub = dataclasses.replace(trace, ops=o.iloc[a:b].reset_index(drop=True),
+                                  ranges=rr[sel].reset_index(drop=True) if len(rr) else rr)
+        parts.append(step_windows(sub, start_ns[a:b], end_ns[a:b]))
+        a = b
+    return pd.concat(parts, ignore_index=True) if parts else _empty()
 
 
 def _queue(trace) -> tuple[np.ndarray, np.ndarray, pd.DataFrame] | None:

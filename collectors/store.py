@@ -211,7 +211,13 @@ def _part_files(path: Path, table: str, ranks: Iterable[int]) -> list[Path]:
 
 def read_partitioned(path: Path, table: str, parts: dict[str, Any] | None,
                      columns: Sequence[str] | None = None) -> pd.DataFrame:
-    """One per-rank table of a rank-partitioned store, whole, in store row order."""
+    """One per-rank table of a rank-partitioned store, whole, in store row order.
+
+    Memory: each column is allocated once at its final size (the row counts are in
+    ``meta.json``) and filled one rank file at a time, so the peak is the table plus one
+    rank's file, not the table three times over (Arrow pieces, their concatenation, the
+    pandas copy). Rows out of order are put in order one column at a time.
+    """
     counts = _partitions(path, {"partitions": parts}, table)
     files = _part_files(path, table, counts)
     if not files:
@@ -219,16 +225,62 @@ def read_partitioned(path: Path, table: str, parts: dict[str, Any] | None,
     cols = None
     if columns is not None:
         cols = list(dict.fromkeys([*columns, "op_id"] if table == "ops" else columns))
+    total = sum(counts.values())
+    key = "op_id" if table == "ops" else "_row"
+    try:
+        schema = pq.read_schema(files[0])
+        names = [c for c in schema.names if cols is None or c in cols]
+        if cols is not None and len(names) < len(cols):
+            raise TraceFormatError(f"{path}/{table}: no column(s) "
+                                   f"{sorted(set(cols) - set(names))}; re-ingest the trace")
+        if not all(pa.types.is_integer(schema.field(c).type) or
+                   pa.types.is_floating(schema.field(c).type) or
+                   pa.types.is_boolean(schema.field(c).type) for c in names):
+            return _read_concat(path, table, files, cols, total, key)
+        out = {c: np.empty(total, schema.field(c).type.to_pandas_dtype()) for c in names}
+        at = 0
+        for f in files:
+            tbl = pq.read_table(f, columns=names)
+            n = tbl.num_rows
+            if at + n > total or any(tbl.column(c).null_count for c in names):
+                del tbl
+                out.clear()
+                return _read_concat(path, table, files, cols, total, key)
+            for c in names:
+                out[c][at:at + n] = tbl.column(c).to_numpy()
+            at += n
+            del tbl
+    except (OSError, pa.ArrowException) as exc:
+        raise TraceFormatError(f"{path}/{table}: unreadable Parquet ({exc}); "
+                               "re-ingest the trace") from exc
+    if at != total:
+        raise TraceFormatError(f"{path}/{table}: {at} rows, meta.json says {total}; "
+                               "re-ingest the trace")
+    if key in out:
+        k = out[key]
+        if len(k) > 1 and (k[1:] < k[:-1]).any():
+            order = np.argsort(k, kind="stable")
+            for c in names:  # one column's copy at a time
+                out[c] = out[c][order]
+            del order
+        if key == "_row":
+            del out["_row"]
+    return pd.DataFrame(out, copy=False)
+
+
+def _read_concat(path: Path, table: str, files: list[Path], cols: list[str] | None,
+                 total: int, key: str) -> pd.DataFrame:
+    """:func:`read_partitioned` for tables with nulls or non-numeric columns: concatenate
+    the rank files as Arrow and convert (the table about three times over at the peak)."""
     try:
         pieces = [pq.read_table(f, columns=cols) for f in files]
     except (OSError, pa.ArrowException) as exc:
         raise TraceFormatError(f"{path}/{table}: unreadable Parquet ({exc}); "
                                "re-ingest the trace") from exc
     df = pa.concat_tables(pieces).to_pandas()
-    if len(df) != sum(counts.values()):
+    if len(df) != total:
         raise TraceFormatError(f"{path}/{table}: {len(df)} rows, meta.json says "
-                               f"{sum(counts.values())}; re-ingest the trace")
-    key = "op_id" if table == "ops" else "_row"
+                               f"{total}; re-ingest the trace")
     if key in df.columns:
         k = df[key].to_numpy()
         if len(k) > 1 and (k[1:] < k[:-1]).any():

@@ -481,14 +481,17 @@ def read_meta(path: Path) -> dict[str, Any]:
     return meta
 
 
-def read_trace(path: str | os.PathLike[str], *, columns: list[str] | None = None) -> Trace:
+def read_trace(path: str | os.PathLike[str], *, columns: list[str] | None = None,
+               fill_defaults: bool = True, skip: tuple[str, ...] = ()) -> Trace:
     """Load a ``NAME.retime`` directory written by :meth:`Trace.save` (either layout, and
     version-1 stores).
 
-    ``columns`` restricts the ``ops`` columns read (missing ones get their defaults). The
-    returned ``meta`` is the in-memory one: ``schema_version`` is :data:`SCHEMA_VERSION`
-    and the storage keys (``layout``, ``partitions``) are left out, so both layouts of one
-    trace read back equal.
+    ``columns`` restricts the ``ops`` columns read (missing ones get their defaults, or,
+    with ``fill_defaults=False``, are left out: a partial Trace for code that reads only
+    those columns, never saved). ``skip`` names per-rank tables (``ranges``, ``memory``)
+    not to read (they come back empty). The returned ``meta`` is the in-memory one:
+    ``schema_version`` is :data:`SCHEMA_VERSION` and the storage keys (``layout``,
+    ``partitions``) are left out, so both layouts of one trace read back equal.
     """
     from .store import read_partitioned
 
@@ -498,8 +501,14 @@ def read_trace(path: str | os.PathLike[str], *, columns: list[str] | None = None
     parts = meta.pop("partitions", None)
     meta["schema_version"] = SCHEMA_VERSION
     tables: dict[str, Any] = {}
+    bad = [x for x in skip if x not in ("ranges", "memory")]
+    if bad:
+        raise TraceFormatError(f"read_trace(skip={bad}): only ranges and memory can be skipped")
     for name in _TABLES:
         cols = columns if (name == "ops" and columns) else None
+        if name in skip:
+            tables[name] = None
+            continue
         if layout == "rank" and name not in _WHOLE_TABLES:
             tables[name] = read_partitioned(path, name, parts, cols)
             continue
@@ -513,8 +522,15 @@ def read_trace(path: str | os.PathLike[str], *, columns: list[str] | None = None
     strings = [str(s) for s in tables.pop("strings")["name"].tolist()]
     g = tables["groups"]
     g["ranks"] = [list(map(int, x)) for x in g["ranks"]]
+    ops = tables["ops"]
+    if fill_defaults or not columns:
+        ops = _frame(OPS_SCHEMA, ops, "ops", n=len(ops))
+    else:  # only the columns asked for, in the schema's dtypes (no default-filled columns)
+        ops = pd.DataFrame({c: np.ascontiguousarray(
+            ops[c].to_numpy() if c in ops.columns else np.zeros(0), OPS_SCHEMA[c][0])
+            for c in OPS_SCHEMA if c in columns}, copy=False)
     return Trace(
-        ops=_frame(OPS_SCHEMA, tables["ops"], "ops", n=len(tables["ops"])),
+        ops=ops,
         lanes=_frame(LANES_SCHEMA, tables["lanes"], "lanes"),
         edges=_frame(EDGES_SCHEMA, tables["edges"], "edges"),
         ranges=_frame(RANGES_SCHEMA, tables["ranges"], "ranges"),

@@ -295,16 +295,30 @@ def build_graph(trace: Trace, *, ideal: bool = False, strict: bool = False) -> R
     kind = o["kind"].to_numpy()
     blocking &= (kind == OpKind.RUNTIME) | (kind == OpKind.CPU_OP)
     lane = o["lane"].to_numpy()
-    # device lanes: GPU streams and op-level streams share their (rank, device)
-    lane_ids = lanes["lane"].to_numpy()
-    lk = lanes["lane_kind"].to_numpy()
-    lane_pos = np.searchsorted(lane_ids, lane, sorter=np.argsort(lane_ids, kind="stable"))
-    sorter = np.argsort(lane_ids, kind="stable")
-    lane_row = sorter[lane_pos] if len(lane_ids) else lane_pos
-    on_device = (lk[lane_row] != LaneKind.CPU_THREAD) if len(lane_ids) else np.zeros(len(o), bool)
-    dev_key = o["rank"].to_numpy().astype(_I64) * 65536 + lanes["device"].to_numpy()[lane_row].astype(_I64) if len(lane_ids) else np.zeros(len(o), _I64)
+    # device lanes: GPU streams and op-level streams share their (rank, device); looked up
+    # per lane (a table as long as the largest lane id), so no per-op index temporaries
+    lane_ids = lanes["lane"].to_numpy().astype(_I64)
+    if len(lane_ids) and len(o):
+        if lane_ids.min() < 0 or lane.min() < 0:
+            raise ReplayError(f"negative lane id (lanes {int(lane_ids.min())}, ops "
+                              f"{int(lane.min())}); re-ingest the trace")
+        lk = lanes["lane_kind"].to_numpy()
+        size = int(max(lane_ids.max(), lane.max())) + 1
+        dev_of = np.zeros(size, bool)
+        key_of = np.zeros(size, _I64)
+        # the first row of a lane id wins (as the former searchsorted on a stable sort)
+        first = np.unique(lane_ids, return_index=True)[1]
+        dev_of[lane_ids[first]] = lk[first] != LaneKind.CPU_THREAD
+        key_of[lane_ids[first]] = lanes["device"].to_numpy().astype(_I64)[first]
+        on_device = dev_of[lane]
+        dev_key = o["rank"].to_numpy().astype(_I64) * 65536 + key_of[lane]
+        del dev_of, key_of, first
+    else:
+        on_device = np.zeros(len(o), bool)
+        dev_key = np.zeros(len(o), _I64)
     coll = o["coll_id"].to_numpy()
     es, ed = e["src"].to_numpy(), e["dst"].to_numpy()
+    e_kind, e_lag = e["kind"].to_numpy(), e["lag_ns"].to_numpy()
     keep_e = np.ones(len(es), bool)
     relaxed: dict[str, Any] = {"count": 0, "collectives": [], "edges": []}
     while True:
@@ -312,8 +326,8 @@ def build_graph(trace: Trace, *, ideal: bool = False, strict: bool = False) -> R
             g = graph_from_arrays(
                 rank=o["rank"].to_numpy(), lane=lane, kind=kind,
                 start_ns=o["start_ns"].to_numpy(), dur_ns=o["dur_ns"].to_numpy(),
-                coll_id=coll, edge_src=es[keep_e], edge_dst=ed[keep_e],
-                edge_kind=e["kind"].to_numpy()[keep_e], edge_lag_ns=e["lag_ns"].to_numpy()[keep_e],
+                # the trace's own edge arrays (no copies) until a cycle drops some
+                coll_id=coll, **_kept_edges(es, ed, e_kind, e_lag, keep_e),
                 blocking=blocking, on_device=on_device, device_key=dev_key, ideal=ideal,
                 trace=trace)
             break
@@ -340,6 +354,13 @@ def build_graph(trace: Trace, *, ideal: bool = False, strict: bool = False) -> R
     if relaxed["count"]:
         g.stats["relaxed"] = relaxed
     return g
+
+
+def _kept_edges(es, ed, kind, lag, keep) -> dict[str, np.ndarray]:
+    if keep.all():
+        return {"edge_src": es, "edge_dst": ed, "edge_kind": kind, "edge_lag_ns": lag}
+    return {"edge_src": es[keep], "edge_dst": ed[keep], "edge_kind": kind[keep],
+            "edge_lag_ns": lag[keep]}
 
 
 def graph_from_arrays(*, rank, lane, kind, start_ns, dur_ns, coll_id=None, edge_src=None,

@@ -84,6 +84,8 @@ def replay_cmd(
     drops the delays no dependency explains. With -o the replayed trace is written, so
     `retime export OUT.retime --chrome t.json` shows the replayed timeline.
     """
+    import pandas as pd
+
     from retime.collectors.trace import read_trace
     from retime.replay import build_graph, simulate, whatif
 
@@ -107,7 +109,25 @@ def replay_cmd(
         from retime.replay.policies.cluster_cal import refine
         cl = read_cluster(cluster)
         ref = refine(cl, cal)  # a calibration of another cluster is refused here
-    trace = read_trace(trace_dir)
+    # an identity replay (no scenario, cluster, calibration or -o) reads only the columns
+    # the graph and the step windows need, and no memory table; what it needs is said first
+    # (and refused when the machine has less: replay/footprint.py)
+    light = not (scenario is not None or set_ or cluster is not None or output is not None
+                 or calibration is not None)
+    from retime.replay.footprint import IDENTITY_COLUMNS, check_footprint
+    fp, need = check_footprint(trace_dir, full=not light)
+    if not json_out:
+        say(need)
+    if light:
+        trace = read_trace(trace_dir, columns=list(IDENTITY_COLUMNS), fill_defaults=False,
+                           skip=("memory",))
+        # of the annotations, the step windows read only the ProfilerStep ones
+        from retime.collectors.steps import step_range_mask
+        keep = step_range_mask(trace.ranges, trace.strings)
+        trace.ranges = trace.ranges[keep].reset_index(drop=True)
+        del keep
+    else:
+        trace = read_trace(trace_dir)
     if cal is not None:
         from retime.collectors.calibrate import attach
         trace = attach(trace, cal)
@@ -127,6 +147,8 @@ def replay_cmd(
             raise PolicyError(f"--cluster {cluster} sets {key}={ck.keys[key]}: {exc}") from exc
     else:
         result = simulate(build_graph(trace, ideal=ideal, strict=strict))
+        if light:  # the graph holds what the edges said; nothing after this reads them
+            trace.edges = trace.edges.iloc[:0]
     if "whatif" in result.meta:
         from retime.replay import prediction_range
         prediction_range(result)  # the range, before the summary and the saved trace
@@ -145,9 +167,17 @@ def replay_cmd(
         if cal is not None:
             s["cluster"]["calibration"] = {"file": str(calibration), "level": ref.level,
                                            "lines": cal_lines}
+    s["memory"] = {"estimated_peak_bytes": fp.peak_bytes, "graph_bytes": result.graph.nbytes,
+                   "columns": "identity" if light else "all"}
     # GPU work the measured step figures leave out or the trace cannot show
-    from retime.analysis.coverage import unseen_notes, unseen_work
-    s["notes"] = unseen_notes(unseen_work(trace))
+    from retime.analysis.coverage import unseen_notes, unseen_work_by_rank
+    # (the measured step windows the replay computed serve them too: not computed twice)
+    w = result.step_windows() if light else None
+    s["notes"] = unseen_notes(unseen_work_by_rank(trace, None if w is None else pd.DataFrame({
+        "rank": w["rank"].to_numpy(), "step": w["step"].to_numpy(),
+        "start_ns": w["measured_start_ns"].to_numpy(),
+        "end_ns": w["measured_end_ns"].to_numpy()})))
+    del w
     if output is not None:
         result.to_trace().save(output)
         s["output"] = str(output)

@@ -1,0 +1,138 @@
+"""What a replay of a stored trace needs in memory, said from the store's metadata before
+anything is loaded (issue 30: "the replay graph ... says up front what memory it needs").
+
+The figure is the sum of parts whose sizes follow from the row counts alone:
+
+* the trace columns the replay reads (:data:`IDENTITY_COLUMNS` for an identity replay, every
+  column for a what-if or ``-o``): their dtypes' widths per op, the edges (25 bytes each) and,
+  for a full load, the annotations (29 bytes each; an identity replay keeps only the
+  ``ProfilerStep`` ones, a few per rank, once read) and the memory samples;
+* the replay graph (:class:`replay.graph.ReplayGraph`): 79 bytes per op (int64 times and
+  lags, int32 indices, int8/bool flags; ``rank``, ``lane`` and the measured times are the
+  trace's own arrays) and 14 per kept edge (int32 source, int64 lag, int8 kind, bool);
+* the building's temporaries at their peak (:data:`BUILD_BYTES_PER_OP`,
+  :data:`BUILD_BYTES_PER_EDGE`: the per-op sort keys, masks and the CSR re-layout, measured
+  with tracemalloc on a 32-rank store) and the interpreter with its libraries.
+
+A what-if's policies make their own copies (re-priced durations, re-laid-out graphs); the
+full-trace figure does not try to bound them and says so.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from retime.collectors.errors import ReplayError
+from retime.collectors.trace import (
+    EDGES_SCHEMA,
+    MEMORY_SCHEMA,
+    OPS_SCHEMA,
+    RANGES_SCHEMA,
+    read_meta,
+)
+
+__all__ = ["IDENTITY_COLUMNS", "Footprint", "footprint", "available_bytes", "check_footprint"]
+
+#: ops columns an identity replay reads: the graph's (rank, lane, kind, name_id for blocking
+#: calls, times, coll_id) and the step windows' (step; correlation for launch waits)
+IDENTITY_COLUMNS = ("rank", "lane", "kind", "name_id", "start_ns", "dur_ns", "coll_id", "step",
+                    "correlation")
+
+_WIDTH = {"int64": 8, "float64": 8, "int32": 4, "int16": 2, "int8": 1, "bool": 1}
+GRAPH_BYTES_PER_OP = 79
+GRAPH_BYTES_PER_EDGE = 14
+#: peak temporaries of build_graph above the finished graph (tracemalloc, 32 ranks of the
+#: scale bench: 162 MB over 2.44 M ops and 2.61 M edges), rounded up
+BUILD_BYTES_PER_OP = 48
+BUILD_BYTES_PER_EDGE = 24
+#: the interpreter with numpy, pandas, pyarrow and numba's cached kernels loaded (0.22 GB
+#: after the imports, ~0.08 GB more once the replay's kernels are loaded; set to 0.3 GB
+#: after comparing the estimate with whole commands at 32 and 128 ranks: 0.79 / 2.58 GB
+#: estimated with 0.2 GB here against 0.91 / 2.49 GB measured)
+BASE_BYTES = 300_000_000
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """Row counts of a store and the bytes a replay of it needs (see the module docstring)."""
+
+    ops: int
+    edges: int
+    ranges: int
+    ranks: int
+    trace_bytes: int
+    graph_bytes: int
+    peak_bytes: int
+    full: bool
+
+    def line(self, available: int | None) -> str:
+        """One line for stderr."""
+        have = (f"; {available / 1e9:.1f} GB available" if available is not None else "")
+        return (f"replay: {self.ops:,} ops, {self.edges:,} edges on {self.ranks} rank(s): needs "
+                f"about {self.peak_bytes / 1e9:.1f} GB (trace columns "
+                f"{self.trace_bytes / 1e9:.2f} GB, graph {self.graph_bytes / 1e9:.2f} GB, "
+                f"building it and the interpreter the rest"
+                + ("" if not self.full else "; a what-if's policies add their own copies")
+                + f"){have}")
+
+
+def _rows(path: Path, meta: dict, table: str) -> int:
+    if meta.get("layout", "single") == "rank":
+        parts = meta.get("partitions") or {}
+        return int(sum(int(n) for n in (parts.get(table) or {}).values()))
+    f = path / f"{table}.parquet"
+    return int(pq.ParquetFile(f).metadata.num_rows) if f.is_file() else 0
+
+
+def footprint(path: str | os.PathLike[str], *, full: bool = False) -> Footprint:
+    """The memory a replay of the store ``path`` needs, from its metadata alone.
+
+    ``full``: the whole trace is loaded (a what-if, ``-o``), not only
+    :data:`IDENTITY_COLUMNS` and no memory table.
+    """
+    p = Path(path)
+    meta = read_meta(p)
+    n, e, r = _rows(p, meta, "ops"), _rows(p, meta, "edges"), _rows(p, meta, "ranges")
+    cols = list(OPS_SCHEMA) if full else IDENTITY_COLUMNS
+    per_op = sum(_WIDTH[OPS_SCHEMA[c][0]] for c in cols)
+    trace = n * per_op + e * sum(_WIDTH[t] for t, _ in EDGES_SCHEMA.values())
+    if full:
+        trace += r * sum(_WIDTH[t] for t, _ in RANGES_SCHEMA.values())
+        trace += _rows(p, meta, "memory") * sum(_WIDTH[t] for t, _ in MEMORY_SCHEMA.values())
+    graph = n * GRAPH_BYTES_PER_OP + e * GRAPH_BYTES_PER_EDGE
+    peak = BASE_BYTES + trace + graph + n * BUILD_BYTES_PER_OP + e * BUILD_BYTES_PER_EDGE
+    ranks = meta.get("world_size") or len((meta.get("partitions") or {}).get("ops", {}))
+    return Footprint(ops=n, edges=e, ranges=r, ranks=int(ranks or 0), trace_bytes=int(trace),
+                     graph_bytes=int(graph), peak_bytes=int(peak), full=bool(full))
+
+
+def available_bytes() -> int | None:
+    """Memory the system can give a new process now (Linux ``MemAvailable``; None where it
+    cannot tell)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for ln in f:
+                if ln.startswith("MemAvailable:"):
+                    return int(ln.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def check_footprint(path: str | os.PathLike[str], *, full: bool = False,
+                    available: int | None = None) -> tuple[Footprint, str]:
+    """(the footprint, its stderr line); raise :class:`ReplayError` when it exceeds the
+    available memory (``available``, default :func:`available_bytes`)."""
+    fp = footprint(path, full=full)
+    avail = available_bytes() if available is None else available
+    if avail is not None and fp.peak_bytes > avail:
+        raise ReplayError(
+            f"{path}: a replay of {fp.ops:,} ops and {fp.edges:,} edges needs about "
+            f"{fp.peak_bytes / 1e9:.1f} GB, and {avail / 1e9:.1f} GB is available; free "
+            "memory, run it on a larger machine, or ingest fewer steps (the graph grows with "
+            "the ops)")
+    return fp, fp.line(avail)
