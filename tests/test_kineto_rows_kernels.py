@@ -177,3 +177,23 @@ def test_rows_must_be_the_scanner_buffer():
         R.split_rows(rows[:, :4], 4, 0, z, z, np.zeros(1, np.uint8))
     with pytest.raises(ValueError, match="cap >= k=9"):
         R.new_ids(rows, 9, z, z)
+
+
+def test_gather_spans_joins_event_text():
+    buf = np.frombuffer(b'xx{"a": 1}yy{"b": [2]} {}', np.uint8)
+    out = R.gather_spans(buf, np.array([2, 12, 23]), np.array([10, 22, 25]))
+    assert out.tobytes() == b'[{"a": 1},{"b": [2]},{}]'
+    assert R.gather_spans(buf, np.zeros(0, np.int64), np.zeros(0, np.int64)).tobytes() == b"[]"
+    with pytest.raises(ValueError, match="spans must lie in buf"):
+        R.gather_spans(buf, np.array([20]), np.array([40]))
+
+
+def test_first_index_equals_unique():
+    from retime.collectors.kineto.deps import _first_index
+
+    rng = np.random.default_rng(1)
+    for _ in range(200):
+        v = rng.integers(0, int(rng.integers(1, 60)), size=int(rng.integers(0, 300)))
+        u, f = _first_index(v)
+        ru, rf = np.unique(v, return_index=True)
+        assert u.tolist() == ru.tolist() and f.tolist() == rf.tolist()

@@ -8,7 +8,9 @@ some hundred numpy passes per block (collectors/kineto/scan.py, ``_Reader.block`
   not mapped to strings yet, in order of first appearance (the order the string table gets
   them in);
 - :func:`split_rows`: GPU ops, host events, GPU annotation ranges, memory samples, and the
-  rows to decode whole (kept, slow), with the counts the accounting needs.
+  rows to decode whole (kept, slow), with the counts the accounting needs;
+- :func:`gather_spans`: the text of the rows to decode whole as one JSON array (one
+  msgspec call decodes them all).
 
 Arrays in, arrays out (CONVENTIONS.md §1); ``tests/test_kineto_rows_kernels.py`` checks them
 against a plain-Python reference on random seeded rows.
@@ -53,7 +55,7 @@ from ._scan_kernels import (
 )
 from .schema import C_ANNOT, C_KERNEL, C_MEMSET, C_RUNTIME, H_ANNOT, H_GLOO
 
-__all__ = ["new_ids", "split_rows", "X_SYNC", "X_GANNOT", "X_TRACE", "X_OTHER",
+__all__ = ["new_ids", "split_rows", "gather_spans", "X_SYNC", "X_GANNOT", "X_TRACE", "X_OTHER",
            "N_COMM_KERNEL", "N_GLOO", "N_COMM_RANGE", "N_MEMORY", "CNT_FIELDS",
            "CNT_FLOWS", "CNT_SYNCS", "CNT_RANGES", "CNT_TRACE", "CNT_MEMORY", "CNT_MARKERS",
            "CNT_LAST_TRACE"]
@@ -285,6 +287,44 @@ def split_rows(rows: np.ndarray, k: int, first_idx: int, sid: np.ndarray, ccode:
     rows, sid, ccode = _check(rows, k, sid, ccode)
     nflag = np.ascontiguousarray(nflag, dtype=np.uint8)
     return _split_rows(rows, np.int64(k), np.int64(first_idx), sid, ccode, nflag)
+
+
+@njit(cache=True)
+def _gather(buf, a, b):  # pragma: no cover - compiled
+    m = a.shape[0]
+    size = 2 + max(m - 1, 0)
+    for i in range(m):
+        size += b[i] - a[i]
+    out = np.empty(size, np.uint8)
+    out[0] = 91  # [
+    p = 1
+    for i in range(m):
+        if i:
+            out[p] = 44  # ,
+            p += 1
+        ln = b[i] - a[i]
+        out[p: p + ln] = buf[a[i]: b[i]]
+        p += ln
+    out[p] = 93  # ]
+    return out
+
+
+def gather_spans(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """``b"[" + b",".join(buf[s:e] for s, e in spans) + b"]"`` as a uint8 array.
+
+    Parameters
+    ----------
+    buf : uint8, the text of a block
+    starts, ends : int64, byte spans in ``buf`` (``0 <= start <= end <= len(buf)``)
+    """
+    starts = np.ascontiguousarray(starts, dtype=np.int64)
+    ends = np.ascontiguousarray(ends, dtype=np.int64)
+    if buf.dtype != np.uint8 or buf.ndim != 1 or not buf.flags.c_contiguous:
+        raise ValueError("gather_spans: buf must be a C-contiguous uint8 array")
+    if len(starts) != len(ends) or (len(starts) and (
+            starts.min() < 0 or ends.max() > len(buf) or (ends < starts).any())):
+        raise ValueError(f"gather_spans: spans must lie in buf (length {len(buf)})")
+    return _gather(buf, starts, ends)
 
 
 def _check(rows, k, a, b):

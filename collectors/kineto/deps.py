@@ -33,6 +33,16 @@ _BLOCKING = {"cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchro
              "hipEventSynchronize", "hipMemcpy", "cuStreamSynchronize", "cuCtxSynchronize"}
 
 
+def _first_index(v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(v, return_index=True)`` for small non-negative ids (lanes), without a sort."""
+    if len(v) == 0 or int(v.min()) < 0 or int(v.max()) >= 4 * len(v) + 1024:
+        return np.unique(v, return_index=True)
+    first = np.full(int(v.max()) + 1, -1, np.int64)
+    first[v[::-1]] = np.arange(len(v) - 1, -1, -1)  # the last write (the first index) wins
+    u = np.flatnonzero(first >= 0)
+    return u, first[u]
+
+
 def _next_host_op(i: int, lane: np.ndarray, n_h: int) -> int:
     j = i + 1
     return j if j < n_h and lane[j] == lane[i] else -1
@@ -50,7 +60,7 @@ def sync_edges(evs, syncs, kind, lane, corr, start, end, n_h, n, rt_sorted, rc, 
         ids = gpu[glane == ln]
         o = np.argsort(corr[ids], kind="stable")
         by_lane[int(ln)] = (ids[o], corr[ids][o])
-    ul, fi = np.unique(np.asarray(g_lane_local, np.int64), return_index=True)
+    ul, fi = _first_index(np.asarray(g_lane_local, np.int64))
     stream_lane = {(int(G["dev"][f]), int(G["stream"][f])): int(li) for li, f in
                    zip(ul.tolist(), fi.tolist(), strict=True)}
     lane_dev = {int(li): int(G["dev"][f]) for li, f in zip(ul.tolist(), fi.tolist(), strict=True)}

@@ -214,12 +214,12 @@ class _Names:
 def _decode_events(path: Path, data, rows: np.ndarray, js: np.ndarray, first_idx: int) -> list:
     """The events of rows ``js`` decoded by msgspec, all in one call (one JSON array of their
     bytes); if that fails, one by one, so the first bad event is reported as it would be alone."""
-    spans = list(zip(rows[K.EV_SPAN0, js].tolist(), rows[K.EV_SPAN1, js].tolist()))
+    s0, s1 = rows[K.EV_SPAN0, js], rows[K.EV_SPAN1, js]
     try:
-        return _DEC_EVS.decode(b"[" + b",".join([data[a:b] for a, b in spans]) + b"]")
+        return _DEC_EVS.decode(R.gather_spans(np.frombuffer(data, np.uint8), s0, s1))
     except msgspec.MsgspecError:
-        return [_decode_event(path, data, a, b, i)
-                for (a, b), i in zip(spans, (js + first_idx).tolist())]
+        return [_decode_event(path, data, a, b, i) for a, b, i in
+                zip(s0.tolist(), s1.tolist(), (js + first_idx).tolist(), strict=True)]
 
 
 def _decode_event(path: Path, data: bytes, a: int, b: int, idx: int) -> Event:
