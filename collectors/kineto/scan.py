@@ -3,8 +3,9 @@ scanned by numba straight into columns (:func:`collectors.kineto._scan_kernels.s
 
 No Python object is made per event: the scanner writes one int64 row per event (the
 event's byte span, ids of its ``name`` / ``cat``, ``pid``/``tid``, ``ts``/``dur`` as exact
-integer ns, and the ``args`` fields the reader uses), and numpy turns the rows of a block
-into the same column parts that :class:`collectors.kineto.links.EventLoop` makes. Events
+integer ns, and the ``args`` fields the reader uses), and a second kernel
+(:func:`collectors.kineto._rows_kernels.split_rows`, one pass per block) sorts the rows into
+the same column parts that :class:`collectors.kineto.links.EventLoop` makes. Events
 that need more than columns — collective kernels, sync events, communication annotations —
 are decoded from their bytes with msgspec (one call per block for all of them) and kept,
 exactly as the general path keeps them. Events the scanner does not model (metadata, B/E
