@@ -124,7 +124,8 @@ def sync_edges(evs, syncs, kind, lane, corr, start, end, n_h, n, rt_sorted, rc, 
     # blocking host calls without cuda_sync events
     names = strings.names
     rts = np.flatnonzero(kind[:n_h] == OpKind.RUNTIME)
-    rts = rts[~np.isin(corr[rts], np.fromiter(covered, np.int64, len(covered)))]
+    if covered:
+        rts = rts[~np.isin(corr[rts], np.fromiter(covered, np.int64, len(covered)))]
     rt_names = name_id[rts]
     is_blocking = np.fromiter((nm in _BLOCKING for nm in names), bool, len(names))
     is_wait = np.fromiter((nm in _STREAM_WAIT for nm in names), bool, len(names))
@@ -153,19 +154,16 @@ def sync_edges(evs, syncs, kind, lane, corr, start, end, n_h, n, rt_sorted, rc, 
     rt_gpu[launch_of[launched]] = launched
     ws, wd = _stream_wait_edges(rts[is_wait[rt_names]], corr, lane, start, end, n_h, rt_gpu,
                                 by_lane, lane_dev)
-    src.extend(ws.tolist())
-    dst.extend(wd.tolist())
     # launch calls that returned only after their GPU op finished (blocking memcpy)
     blk = launched[(end[launch_of[launched]] >= end[launched]) & (kind[launched] == OpKind.MEMCPY)]
-    for g in blk:
-        r = int(launch_of[g])
-        if int(corr[r]) in covered:
-            continue
-        d = _next_host_op(r, lane, n_h)
-        if d >= 0:
-            src.append(int(g))
-            dst.append(d)
-    return np.asarray(src, np.int64), np.asarray(dst, np.int64)
+    r = launch_of[blk]
+    if covered:
+        keep = ~np.isin(corr[r], np.fromiter(covered, np.int64, len(covered)))
+        blk, r = blk[keep], r[keep]
+    d = r + 1  # the host op right after the call, on its thread (_next_host_op)
+    nxt = (d < n_h) & (lane[np.minimum(d, max(n_h - 1, 0))] == lane[r]) if len(r) else d >= 0
+    return (np.concatenate([np.asarray(src, np.int64), ws, blk[nxt]]).astype(np.int64),
+            np.concatenate([np.asarray(dst, np.int64), wd, d[nxt]]).astype(np.int64))
 
 
 def _stream_wait_edges(wr, corr, lane, start, end, n_h, rt_gpu, by_lane, lane_dev):
