@@ -9,8 +9,8 @@ less with other load than wall time). With ``--baseline``, ours and the baseline
 alternate ``P`` times and the bench prints each pair's ratio and their median. Then the
 stages of our parse (median over ``R`` parses): the scanner kernel, the block step (rows ->
 column parts, decoding the events kept whole), the concatenation, the dependency assembly
-and its largest parts; "other" is the rest (reading the file, mostly). Figures are printed,
-never asserted.
+and its largest parts, for ours and the baseline; "other" is the rest (reading the file,
+mostly). Figures are printed, never asserted.
 """
 
 from __future__ import annotations
@@ -105,14 +105,18 @@ def main() -> None:
                   f"{statistics.median(base):.1f}")
             print(f"  ours / baseline per pair {' '.join(f'{x:.3f}' for x in ratio)}; median "
                   f"{statistics.median(ratio):.3f} ({1 / statistics.median(ratio):.2f}x faster)")
-        total, st = measure(ROOT, path, a.repeat, stages=True)
-        print(f"stages of ours (one process, medians; nested stages indented): total {total:.1f}")
-        rest = total - sum(v for k, v in st.items() if k.endswith("(total)") or ":" not in k)
-        for k, v in sorted(st.items(), key=lambda kv: -kv[1]):
+        roots = [("ours", ROOT)] + ([("baseline", a.baseline)] if a.baseline else [])
+        got = {name: measure(root, path, a.repeat, stages=True) for name, root in roots}
+        print("stages (one process each, medians of the parses; nested stages indented), ms: "
+              + " / ".join(f"{name} total {t:.1f}" for name, (t, _) in got.items()))
+        keys = sorted({k for _, st in got.values() for k in st}, key=lambda k: -got["ours"][1].get(k, 0))
+        rest = {name: t - sum(v for k, v in st.items() if k.endswith("(total)") or ":" not in k)
+                for name, (t, st) in got.items()}
+        for k in keys:
             pad = "    " if ":" in k and not k.endswith("(total)") else "  "
-            print(f"{pad}{k:<48} {v:6.1f}")
-        print(f"  {'other (reading the file, carry, setup)':<48} {rest:6.1f}")
-
+            print(f"{pad}{k:<48} " + " / ".join(f"{st.get(k, 0.0):6.1f}" for _, st in got.values()))
+        print(f"  {'other (reading the file, carry, setup)':<48} "
+              + " / ".join(f"{v:6.1f}" for v in rest.values()))
 
 if __name__ == "__main__":
     main()
