@@ -237,26 +237,34 @@ def _decode_event(path: Path, data: bytes, a: int, b: int, idx: int) -> Event:
 _OTHER_CATS = {"cuda_sync": R.X_SYNC, "gpu_user_annotation": R.X_GANNOT, "trace": R.X_TRACE}
 
 
+class _Cats:
+    """Category strings in order of first use and their classes in R.split_rows; called to
+    intern one (as :class:`_Names` does)."""
+
+    def __init__(self, cat_code: dict):
+        self.cat_code = cat_code
+        self.names: list[str] = []
+        self.classes: list[int] = []
+
+    def __call__(self, s: str) -> int:
+        code = self.cat_code.get(s) if s in self.cat_code else CAT_CODE.get(s.lower(), C_OTHER)
+        if not (code <= C_MEMSET or C_RUNTIME <= code <= C_ANNOT):  # neither GPU op nor host
+            code = _OTHER_CATS.get(s.lower(), R.X_OTHER)
+        self.names.append(s)
+        self.classes.append(code)
+        return len(self.names) - 1
+
+
 class _Reader:
     def __init__(self, path: Path):
         self.path = path
         self.loop = loop = EventLoop(path)
         loop.sorted = False
         self.names = _Names(loop.intern)
-        self.cats: list[str] = []
-        self.cat_class: list[int] = []  # per category: its class in R.split_rows
-        self.cat_ids = _Names(self._cat_intern)
+        self.cats = _Cats(loop.cat_code)
+        self.cat_ids = _Names(self.cats)  # not a bound method of self: no reference cycle
         self.ccode = np.zeros(0, np.int64)  # category table id -> class (-1: not mapped)
         self.nflag = np.zeros(0, np.uint8)  # per string id: R.N_* bits
-
-    def _cat_intern(self, s: str) -> int:
-        loop = self.loop
-        code = loop.cat_code.get(s) if s in loop.cat_code else CAT_CODE.get(s.lower(), C_OTHER)
-        if not (code <= C_MEMSET or C_RUNTIME <= code <= C_ANNOT):  # neither GPU op nor host
-            code = _OTHER_CATS.get(s.lower(), R.X_OTHER)
-        self.cats.append(s)
-        self.cat_class.append(code)
-        return len(self.cats) - 1
 
     def _name_flags(self) -> None:
         loop = self.loop
@@ -283,7 +291,7 @@ class _Reader:
         if len(new_c):
             cats.add(new_c)
         if len(self.ccode) != len(cats.sid) or len(new_c):
-            cls = np.asarray(self.cat_class + [-1], np.int64)
+            cls = np.asarray(self.cats.classes + [-1], np.int64)
             self.ccode = cls[cats.sid]  # -1 (unmapped) picks the trailing -1
         self._name_flags()
         g, h, gr, mem, keep, syncs, slow, drop, cnt = R.split_rows(
@@ -306,7 +314,7 @@ class _Reader:
         dr = np.flatnonzero(drop)
         if len(dr):
             for t in dr[np.argsort(cats.sid[dr], kind="stable")].tolist():
-                loop.dropped[f"unsupported category '{self.cats[cats.sid[t]]}'"] += int(drop[t])
+                loop.dropped[f"unsupported category '{self.cats.names[cats.sid[t]]}'"] += int(drop[t])
         if g.shape[1] or h.shape[1] or gr.shape[1]:
             G = dict(dev=g[0], stream=g[1], kind=g[2].astype(np.int8), name=g[3].astype(np.int32),
                      start=g[4], dur=g[5], corr=g[6], ext=g[7], bytes=g[8], idx=g[9])
