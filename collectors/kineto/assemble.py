@@ -250,18 +250,27 @@ def _comm_blocks(evs, ev_idx, ops) -> dict[int, int]:
     ``grid`` args (absent: nothing)."""
     import msgspec
 
+    devs, grids = [], []
+    if isinstance(evs, dict):
+        for i in np.asarray(ev_idx, np.int64)[np.asarray(ops, np.int64)].tolist():
+            a = getattr(evs.get(i), "args", None)
+            if a is None or not len(a.grid) or not isinstance(a.device, int):
+                continue
+            devs.append(a.device)
+            grids.append(a.grid)
+    try:  # all grids in one call; one of them malformed: one by one, skipping it
+        vals = msgspec.json.decode(b"[" + b",".join(grids) + b"]")
+    except msgspec.DecodeError:
+        vals = []
+        for raw in grids:
+            try:
+                vals.append(msgspec.json.decode(raw))
+            except msgspec.DecodeError:
+                vals.append(None)
     got: dict[int, list[int]] = {}
-    for o in np.asarray(ops, np.int64).tolist():
-        ev = evs.get(int(ev_idx[o])) if isinstance(evs, dict) else None
-        a = getattr(ev, "args", None)
-        if a is None or not len(a.grid) or not isinstance(a.device, int):
-            continue
-        try:
-            g = msgspec.json.decode(a.grid)
-        except msgspec.DecodeError:
-            continue
+    for d, g in zip(devs, vals, strict=True):
         if isinstance(g, list) and g and isinstance(g[0], int) and g[0] > 0:
-            got.setdefault(a.device, []).append(g[0])
+            got.setdefault(d, []).append(g[0])
     return {d: int(np.median(v)) for d, v in got.items()}
 
 

@@ -33,6 +33,16 @@ _BLOCKING = {"cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchro
              "hipEventSynchronize", "hipMemcpy", "cuStreamSynchronize", "cuCtxSynchronize"}
 
 
+def _first_index(v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(v, return_index=True)`` for small non-negative ids (lanes), without a sort."""
+    if len(v) == 0 or int(v.min()) < 0 or int(v.max()) >= 4 * len(v) + 1024:
+        return np.unique(v, return_index=True)
+    first = np.full(int(v.max()) + 1, -1, np.int64)
+    first[v[::-1]] = np.arange(len(v) - 1, -1, -1)  # the last write (the first index) wins
+    u = np.flatnonzero(first >= 0)
+    return u, first[u]
+
+
 def _next_host_op(i: int, lane: np.ndarray, n_h: int) -> int:
     j = i + 1
     return j if j < n_h and lane[j] == lane[i] else -1
@@ -50,7 +60,7 @@ def sync_edges(evs, syncs, kind, lane, corr, start, end, n_h, n, rt_sorted, rc, 
         ids = gpu[glane == ln]
         o = np.argsort(corr[ids], kind="stable")
         by_lane[int(ln)] = (ids[o], corr[ids][o])
-    ul, fi = np.unique(np.asarray(g_lane_local, np.int64), return_index=True)
+    ul, fi = _first_index(np.asarray(g_lane_local, np.int64))
     stream_lane = {(int(G["dev"][f]), int(G["stream"][f])): int(li) for li, f in
                    zip(ul.tolist(), fi.tolist(), strict=True)}
     lane_dev = {int(li): int(G["dev"][f]) for li, f in zip(ul.tolist(), fi.tolist(), strict=True)}
@@ -114,7 +124,8 @@ def sync_edges(evs, syncs, kind, lane, corr, start, end, n_h, n, rt_sorted, rc, 
     # blocking host calls without cuda_sync events
     names = strings.names
     rts = np.flatnonzero(kind[:n_h] == OpKind.RUNTIME)
-    rts = rts[~np.isin(corr[rts], np.fromiter(covered, np.int64, len(covered)))]
+    if covered:
+        rts = rts[~np.isin(corr[rts], np.fromiter(covered, np.int64, len(covered)))]
     rt_names = name_id[rts]
     is_blocking = np.fromiter((nm in _BLOCKING for nm in names), bool, len(names))
     is_wait = np.fromiter((nm in _STREAM_WAIT for nm in names), bool, len(names))
@@ -143,19 +154,16 @@ def sync_edges(evs, syncs, kind, lane, corr, start, end, n_h, n, rt_sorted, rc, 
     rt_gpu[launch_of[launched]] = launched
     ws, wd = _stream_wait_edges(rts[is_wait[rt_names]], corr, lane, start, end, n_h, rt_gpu,
                                 by_lane, lane_dev)
-    src.extend(ws.tolist())
-    dst.extend(wd.tolist())
     # launch calls that returned only after their GPU op finished (blocking memcpy)
     blk = launched[(end[launch_of[launched]] >= end[launched]) & (kind[launched] == OpKind.MEMCPY)]
-    for g in blk:
-        r = int(launch_of[g])
-        if int(corr[r]) in covered:
-            continue
-        d = _next_host_op(r, lane, n_h)
-        if d >= 0:
-            src.append(int(g))
-            dst.append(d)
-    return np.asarray(src, np.int64), np.asarray(dst, np.int64)
+    r = launch_of[blk]
+    if covered:
+        keep = ~np.isin(corr[r], np.fromiter(covered, np.int64, len(covered)))
+        blk, r = blk[keep], r[keep]
+    d = r + 1  # the host op right after the call, on its thread (_next_host_op)
+    nxt = (d < n_h) & (lane[np.minimum(d, max(n_h - 1, 0))] == lane[r]) if len(r) else d >= 0
+    return (np.concatenate([np.asarray(src, np.int64), ws, blk[nxt]]).astype(np.int64),
+            np.concatenate([np.asarray(dst, np.int64), wd, d[nxt]]).astype(np.int64))
 
 
 def _stream_wait_edges(wr, corr, lane, start, end, n_h, rt_gpu, by_lane, lane_dev):
@@ -346,7 +354,6 @@ def comm_info(evs, kind, start, name_id, names_arr, launch_of, H, parent, op_h, 
     n_h = len(op_h)
     hn = np.asarray(H["name"], np.int32)
     hidx = np.asarray(H["idx"], np.int64)
-    out_op, out_cop, out_bytes, out_group, out_gsize, out_seq, out_ranks = [], [], [], [], [], [], []
     # enclosing comm ranges of each op's launch call, innermost first (vectorized parent walk)
     host = np.where(launch_of[ops] >= 0, launch_of[ops], np.where(ops < n_h, ops, -1))
     cur = np.full(len(ops), -1, np.int64)
@@ -386,11 +393,14 @@ def comm_info(evs, kind, start, name_id, names_arr, launch_of, H, parent, op_h, 
 
     # CommOp of each distinct enclosing range name (after its ':') and kernel name
     u_enc, enc_inv = np.unique(hn[anc_j], return_inverse=True)
-    enc_cop_u = [cop_name(names_arr[x].split(":", 1)[-1]) for x in u_enc.tolist()]
-    enc_cops = [enc_cop_u[i] for i in enc_inv.reshape(-1).tolist()]
+    enc_cop_u = [int(cop_name(names_arr[x].split(":", 1)[-1])) for x in u_enc.tolist()]
+    enc_e = np.asarray(enc_cop_u, np.int64)[enc_inv.reshape(-1)] if len(u_enc) else \
+        np.zeros(0, np.int64)
+    enc_cops = enc_e.tolist()
     u_k, k_inv = np.unique(name_id[ops], return_inverse=True)
-    k_cop_u = [cop_name(names_arr[x]) for x in u_k.tolist()]
-    k_cops = [k_cop_u[i] for i in k_inv.reshape(-1).tolist()]
+    k_cop_u = [int(cop_name(names_arr[x])) for x in u_k.tolist()]
+    k_e = np.asarray(k_cop_u, np.int64)[k_inv.reshape(-1)] if len(u_k) else np.zeros(0, np.int64)
+    k_cops = k_e.tolist()
     no_op = (CommOp.NONE, CommOp.UNKNOWN)
     unknown = CommOp.UNKNOWN
     ev_o = ev_idx[ops].tolist()
@@ -410,20 +420,36 @@ def comm_info(evs, kind, start, name_id, names_arr, launch_of, H, parent, op_h, 
             cop = _annotation_cop(gpu_ranges, names_arr, start[o], lane[o], cop)
         return cop
 
-    for q, o in enumerate(ops.tolist()):
-        a_k = evs[ev_o[q]].args
+    # ops whose args (their own, their enclosing ranges') carry no collective info (older
+    # PyTorch): names and the kernel's size only, by_names for all of them at once
+    a_ks = [evs[x].args for x in ev_o]
+    bnd = np.asarray(bounds, np.int64)
+    enc_inf_a = np.asarray(enc_inf, np.int64)
+    plain = (enc_inf_a[bnd[1:]] == enc_inf_a[bnd[:-1]]) & ~np.fromiter(
+        (_informative(a) for a in a_ks), bool, len(ops))
+    known = np.flatnonzero(enc_e != int(unknown))  # innermost range naming a collective
+    first = np.full(len(enc_e) + 1, len(enc_e), np.int64)
+    first[known] = known
+    first = np.minimum.accumulate(first[::-1])[::-1][bnd[:-1]]
+    cop_v = np.where(first < bnd[1:], np.append(enc_e, int(CommOp.NONE))[first], int(CommOp.NONE))
+    cop_v = np.where((cop_v == int(CommOp.NONE)) | (cop_v == int(unknown)), k_e, cop_v)
+    out_op = ops.tolist()
+    out_cop = cop_v.tolist()
+    out_bytes = list(nb_o)
+    out_group = ["0"] * len(ops)
+    out_gsize = [-1] * len(ops)
+    out_seq = [-1] * len(ops)
+    out_ranks: list = [None] * len(ops)
+    if gpu_ranges is not None:
+        for q in np.flatnonzero(plain & ((cop_v == int(CommOp.NONE)) | (cop_v == int(unknown)))
+                                ).tolist():
+            o = out_op[q]
+            out_cop[q] = int(_annotation_cop(gpu_ranges, names_arr, start[o], lane[o], cop_v[q]))
+
+    for q in np.flatnonzero(~plain).tolist():
+        o = out_op[q]
+        a_k = a_ks[q]
         b0, b1 = bounds[q], bounds[q + 1]
-        if enc_inf[b1] == enc_inf[b0] and not _informative(a_k):
-            # no args carry collective info (older PyTorch): names and the kernel's size only
-            cop = by_names(CommOp.NONE, q, o, b0, b1)
-            out_op.append(o)
-            out_cop.append(int(cop))
-            out_bytes.append(int(nb_o[q]))
-            out_group.append("0")
-            out_gsize.append(-1)
-            out_seq.append(-1)
-            out_ranks.append(None)
-            continue
         infos = [a_k] + enc_args[b0:b1]
         cop = CommOp.NONE
         for a in infos:
@@ -455,13 +481,12 @@ def comm_info(evs, kind, start, name_id, names_arr, launch_of, H, parent, op_h, 
                         break
         if not b:
             b = nb_o[q]
-        out_op.append(o)
-        out_cop.append(int(cop))
-        out_bytes.append(int(b))
-        out_group.append(group if group is not None else "0")
-        out_gsize.append(gsize if gsize is not None else -1)
-        out_seq.append(seq)
-        out_ranks.append(pranks)
+        out_cop[q] = int(cop)
+        out_bytes[q] = int(b)
+        out_group[q] = group if group is not None else "0"
+        out_gsize[q] = gsize if gsize is not None else -1
+        out_seq[q] = seq
+        out_ranks[q] = pranks
     return {"op": np.asarray(out_op, np.int64), "comm_op": np.asarray(out_cop, np.int8),
             "bytes": np.asarray(out_bytes, np.int64), "group": out_group,
             "group_size": np.asarray(out_gsize, np.int64), "seq": np.asarray(out_seq, np.int64),

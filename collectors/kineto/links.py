@@ -320,9 +320,10 @@ class EventLoop:
                     o = np.argsort(idx, kind="stable")
                     for k in d:
                         d[k] = d[k][o]
-        for d, cols in ((G, ("start",)), (H, ("start", "end")), (GR, ("start", "end"))):
-            for c in cols:
-                d[c] = d[c] + base
+        if base:
+            for d, cols in ((G, ("start",)), (H, ("start", "end")), (GR, ("start", "end"))):
+                for c in cols:
+                    d[c] = d[c] + base
         mem = np.asarray(self.mem, dtype=np.int64).reshape(-1, 6)
         if self.mem_parts:
             mem = np.concatenate([mem, *self.mem_parts])

@@ -3,8 +3,9 @@ scanned by numba straight into columns (:func:`collectors.kineto._scan_kernels.s
 
 No Python object is made per event: the scanner writes one int64 row per event (the
 event's byte span, ids of its ``name`` / ``cat``, ``pid``/``tid``, ``ts``/``dur`` as exact
-integer ns, and the ``args`` fields the reader uses), and numpy turns the rows of a block
-into the same column parts that :class:`collectors.kineto.links.EventLoop` makes. Events
+integer ns, and the ``args`` fields the reader uses), and a second kernel
+(:func:`collectors.kineto._rows_kernels.split_rows`, one pass per block) sorts the rows into
+the same column parts that :class:`collectors.kineto.links.EventLoop` makes. Events
 that need more than columns — collective kernels, sync events, communication annotations —
 are decoded from their bytes with msgspec (one call per block for all of them) and kept,
 exactly as the general path keeps them. Events the scanner does not model (metadata, B/E
@@ -32,6 +33,7 @@ from pathlib import Path
 import msgspec
 import numpy as np
 
+from . import _rows_kernels as R
 from . import _scan_kernels as K
 from ._scan_cold import find_array, rehash
 
@@ -39,19 +41,15 @@ try:  # ISA-L inflates gzip ~2.4x faster than zlib, with the same interface
     from isal import isal_zlib as _zlib
 except ImportError:  # pragma: no cover - isal is a dependency; zlib is the stand-in
     _zlib = zlib
-from ..enums import OpKind
 from .drift import invalid_field
 from .links import EventLoop, finish_part
 from .schema import (
     C_ANNOT,
-    C_KERNEL,
     C_MEMSET,
     C_OTHER,
     C_RUNTIME,
     CAT_CODE,
     FILE_DECODER,
-    H_ANNOT,
-    H_GLOO,
     Event,
     TraceFile,
 )
@@ -64,7 +62,6 @@ BLOCK_BYTES = 4 << 20
 ROWS = 1 << 16
 _DEC_EV = msgspec.json.Decoder(Event)
 _DEC_EVS = msgspec.json.Decoder(list[Event])
-_NONE = K.NONE
 
 
 class _Fallback(Exception):
@@ -197,34 +194,33 @@ class _Names:
         self.table = intern_table()
         self.sid = np.zeros(0, np.int64)  # table id -> string id (-1: not decoded yet)
 
-    def ids(self, tids: np.ndarray) -> np.ndarray:
+    def cover(self) -> None:
+        """Make :attr:`sid` cover every id of the table."""
         n = int(self.table[5][0])
         if len(self.sid) < n:
             self.sid = np.concatenate([self.sid, np.full(max(n, 2 * len(self.sid)) - len(self.sid), -1,
                                                          np.int64)])
-        out = self.sid[tids]
-        miss = out < 0
-        if miss.any():
-            new, first = np.unique(tids[miss], return_index=True)
-            for t in new[np.argsort(first)].tolist():  # in order of first appearance
-                raw = table_bytes(self.table, t)
-                try:
-                    s = msgspec.json.decode(b'"' + raw + b'"', type=str)
-                except msgspec.DecodeError as exc:
-                    raise _Fallback from exc  # bad escape / encoding: the general path says so
-                self.sid[t] = self.intern(s)
-            out = self.sid[tids]
-        return out
+
+    def add(self, new: np.ndarray) -> None:
+        """Decode and intern the table ids ``new`` (not mapped yet), in this order."""
+        for t in new.tolist():
+            raw = table_bytes(self.table, t)
+            try:
+                s = msgspec.json.decode(b'"' + raw + b'"', type=str)
+            except msgspec.DecodeError as exc:
+                raise _Fallback from exc  # bad escape / encoding: the general path says so
+            self.sid[t] = self.intern(s)
 
 
-def _decode_events(path: Path, data, rows: np.ndarray, js: np.ndarray, idx: np.ndarray) -> list:
+def _decode_events(path: Path, data, rows: np.ndarray, js: np.ndarray, first_idx: int) -> list:
     """The events of rows ``js`` decoded by msgspec, all in one call (one JSON array of their
     bytes); if that fails, one by one, so the first bad event is reported as it would be alone."""
-    spans = list(zip(rows[K.EV_SPAN0, js].tolist(), rows[K.EV_SPAN1, js].tolist()))
+    s0, s1 = rows[K.EV_SPAN0, js], rows[K.EV_SPAN1, js]
     try:
-        return _DEC_EVS.decode(b"[" + b",".join([data[a:b] for a, b in spans]) + b"]")
+        return _DEC_EVS.decode(R.gather_spans(np.frombuffer(data, np.uint8), s0, s1))
     except msgspec.MsgspecError:
-        return [_decode_event(path, data, a, b, i) for (a, b), i in zip(spans, idx[js].tolist())]
+        return [_decode_event(path, data, a, b, i) for a, b, i in
+                zip(s0.tolist(), s1.tolist(), (js + first_idx).tolist(), strict=True)]
 
 
 def _decode_event(path: Path, data: bytes, a: int, b: int, idx: int) -> Event:
@@ -238,181 +234,110 @@ def _decode_event(path: Path, data: bytes, a: int, b: int, idx: int) -> Event:
         raise _Fallback from exc
 
 
+_OTHER_CATS = {"cuda_sync": R.X_SYNC, "gpu_user_annotation": R.X_GANNOT, "trace": R.X_TRACE}
+
+
+class _Cats:
+    """Category strings in order of first use and their classes in R.split_rows; called to
+    intern one (as :class:`_Names` does)."""
+
+    def __init__(self, cat_code: dict):
+        self.cat_code = cat_code
+        self.names: list[str] = []
+        self.classes: list[int] = []
+
+    def __call__(self, s: str) -> int:
+        code = self.cat_code.get(s) if s in self.cat_code else CAT_CODE.get(s.lower(), C_OTHER)
+        if not (code <= C_MEMSET or C_RUNTIME <= code <= C_ANNOT):  # neither GPU op nor host
+            code = _OTHER_CATS.get(s.lower(), R.X_OTHER)
+        self.names.append(s)
+        self.classes.append(code)
+        return len(self.names) - 1
+
+
 class _Reader:
     def __init__(self, path: Path):
         self.path = path
         self.loop = loop = EventLoop(path)
         loop.sorted = False
         self.names = _Names(loop.intern)
-        self.cats: list[str] = []
-        self.cat_ids = _Names(self._cat_intern)
-        self.window_idx = -1
-        # per name id flags, grown as names are interned
-        self.nccl = np.zeros(0, bool)
-        self.gloo = np.zeros(0, bool)
-        self.commf = np.zeros(0, bool)
-        self.memory = np.zeros(0, bool)
-
-    def _cat_intern(self, s: str) -> int:
-        self.cats.append(s)
-        return len(self.cats) - 1
+        self.cats = _Cats(loop.cat_code)
+        self.cat_ids = _Names(self.cats)  # not a bound method of self: no reference cycle
+        self.ccode = np.zeros(0, np.int64)  # category table id -> class (-1: not mapped)
+        self.nflag = np.zeros(0, np.uint8)  # per string id: R.N_* bits
 
     def _name_flags(self) -> None:
-        names = self.loop.strings.names
-        n0 = len(self.nccl)
+        loop = self.loop
+        names = loop.strings.names
+        n0 = len(self.nflag)
         if n0 == len(names):
             return
-        new = names[n0:]
-        self.nccl = np.asarray(self.loop.comm_kernel, bool)  # communication kernel names
-        self.gloo = np.concatenate([self.gloo, [x.startswith("gloo:") for x in new]])
-        self.commf = np.asarray(self.loop.comm_flag, bool)
-        self.memory = np.concatenate([self.memory, [x == "[memory]" for x in new]])
+        ck, cf = loop.comm_kernel, loop.comm_flag
+        new = [(R.N_COMM_KERNEL if ck[i] else 0) | (R.N_GLOO if x.startswith("gloo:") else 0)
+               | (R.N_COMM_RANGE if cf[i] else 0) | (R.N_MEMORY if x == "[memory]" else 0)
+               for i, x in enumerate(names[n0:], n0)]
+        self.nflag = np.concatenate([self.nflag, np.asarray(new, np.uint8)])
 
-    def block(self, data: bytes, buf: np.ndarray, rows: np.ndarray, first_idx: int) -> None:  # noqa: C901
-        """Turn one scanner call's rows (events ``first_idx``...) into column parts."""
+    def block(self, data: bytes, rows: np.ndarray, k: int, first_idx: int) -> None:
+        """Turn one scanner call's rows (the first ``k`` of ``rows``: events ``first_idx``...)
+        into column parts (:func:`collectors.kineto._rows_kernels.split_rows`)."""
         loop, path = self.loop, self.path
-        k = rows.shape[1]
-        idx = np.arange(first_idx, first_idx + k, dtype=np.int64)
-        flags = rows[K.EV_FLAGS]
-        ph = rows[K.EV_PH]
-        slow = (flags & K.F_SLOW) != 0
-        need = K.F_TS | K.F_DUR | K.F_NAME | K.F_CAT | K.F_PID | K.F_TID
-        is_x = ph == 88
-        slow |= is_x & ((flags & need) != need)  # missing fields: the general path words it
-        fast = ~slow
-        is_x &= fast
-        is_i = fast & ((ph == 105) | (ph == 73))
-        n_flow = int((fast & ((ph == 115) | (ph == 102) | (ph == 116))).sum())
-        if n_flow:
-            loop.kept["flows"] += n_flow
-        named = np.flatnonzero((is_x | is_i) & ((flags & K.F_NAME) != 0))
-        nid = np.full(k, -1, np.int64)
-        nid[named] = self.names.ids(rows[K.EV_NAME, named])
-        xi = np.flatnonzero(is_x)
-        if len(xi):
-            cid = self.cat_ids.ids(rows[K.EV_CAT, xi])
+        names, cats = self.names, self.cat_ids
+        names.cover()
+        cats.cover()
+        new_n, new_c = R.new_ids(rows, k, names.sid, cats.sid)
+        if len(new_n):
+            names.add(new_n)
+        if len(new_c):
+            cats.add(new_c)
+        if len(self.ccode) != len(cats.sid) or len(new_c):
+            cls = np.asarray(self.cats.classes + [-1], np.int64)
+            self.ccode = cls[cats.sid]  # -1 (unmapped) picks the trailing -1
         self._name_flags()
-        keep: list[np.ndarray] = []
-        if len(xi):
-            codes = np.asarray([loop.cat_code.get(c) if c in loop.cat_code else
-                                CAT_CODE.get(c.lower(), C_OTHER) for c in self.cats], np.int64)
-            code = codes[cid]
-            xn = nid[xi]
-            # GPU ops
-            g = code <= C_MEMSET
-            if g.any():
-                gi = xi[g]
-                kind = code[g].astype(np.int8)
-                coll = (kind == C_KERNEL) & self.nccl[xn[g]]
-                kind[coll] = int(OpKind.COLLECTIVE)
-                keep.append(gi[coll])
-                dev = np.where(rows[K.EV_DEV, gi] != _NONE, rows[K.EV_DEV, gi], rows[K.EV_PID, gi])
-                st = np.where(rows[K.EV_STREAM, gi] != _NONE, rows[K.EV_STREAM, gi], rows[K.EV_TID, gi])
-                G = dict(dev=dev, stream=st, kind=kind, name=xn[g].astype(np.int32),
-                         start=rows[K.EV_TS, gi], dur=rows[K.EV_DUR, gi],
-                         corr=rows[K.EV_CORR, gi], ext=rows[K.EV_EXT, gi],
-                         bytes=np.where(rows[K.EV_BYTES, gi] != _NONE, rows[K.EV_BYTES, gi], 0),
-                         idx=idx[gi])
-            else:
-                G = _empty_g()
-            # host events
-            h = (code >= C_RUNTIME) & (code <= C_ANNOT)
-            if h.any():
-                hi = xi[h]
-                hn = xn[h]
-                hc = (code[h] - C_RUNTIME).astype(np.int8)
-                gl = (hc == H_ANNOT) & self.gloo[hn]
-                hc[gl] = H_GLOO
-                keep.append(hi[gl | self.commf[hn]])
-                H = dict(pid=rows[K.EV_PID, hi], tid=rows[K.EV_TID, hi], code=hc,
-                         name=hn.astype(np.int32), start=rows[K.EV_TS, hi],
-                         end=rows[K.EV_TS, hi] + rows[K.EV_DUR, hi], corr=rows[K.EV_CORR, hi],
-                         ext=rows[K.EV_EXT, hi], idx=idx[hi])
-            else:
-                H = _empty_h()
-            # other categories
-            o = ~(g | h)
-            GR = _empty_gr()
-            if o.any():
-                lower = np.asarray([c.lower() for c in self.cats], object)
-                ocid = cid[o]
-                oi = xi[o]
-                lo = lower[ocid]
-                sy = lo == "cuda_sync"
-                if sy.any():
-                    loop.syncs.extend(idx[oi[sy]].tolist())
-                    keep.append(oi[sy])
-                    loop.kept["sync_events"] += int(sy.sum())
-                ga = lo == "gpu_user_annotation"
-                if ga.any():
-                    gai = oi[ga]
-                    GR = dict(dev=np.where(rows[K.EV_DEV, gai] != _NONE, rows[K.EV_DEV, gai], rows[K.EV_PID, gai]),
-                              stream=np.where(rows[K.EV_STREAM, gai] != _NONE, rows[K.EV_STREAM, gai],
-                                              rows[K.EV_TID, gai]),
-                              name=nid[oi[ga]].astype(np.int32), start=rows[K.EV_TS, gai],
-                              end=rows[K.EV_TS, gai] + rows[K.EV_DUR, gai], idx=idx[oi[ga]])
-                    loop.kept["ranges"] += int(ga.sum())
-                tr = lo == "trace"
-                if tr.any():
-                    last = np.flatnonzero(tr)[-1]
-                    i_last = int(idx[oi[last]])
-                    if loop.window is None or i_last > loop.window[0]:
-                        t0 = int(rows[K.EV_TS, oi[last]])
-                        loop.window = (i_last, t0, t0 + int(rows[K.EV_DUR, oi[last]]))
-                    loop.kept["markers"] += int(tr.sum())
-                other = ~(sy | ga | tr)
-                if other.any():
-                    u, cnt = np.unique(ocid[other], return_counts=True)
-                    for c, m in zip(u.tolist(), cnt.tolist(), strict=True):
-                        loop.dropped[f"unsupported category '{self.cats[c]}'"] += m
+        g, h, gr, mem, keep, syncs, slow, drop, cnt = R.split_rows(
+            rows, k, first_idx, names.sid, self.ccode, self.nflag)
+        kept = loop.kept
+        if cnt[R.CNT_FLOWS]:
+            kept["flows"] += int(cnt[R.CNT_FLOWS])
+        if cnt[R.CNT_SYNCS]:
+            loop.syncs.extend(syncs.tolist())
+            kept["sync_events"] += int(cnt[R.CNT_SYNCS])
+        if cnt[R.CNT_RANGES]:
+            kept["ranges"] += int(cnt[R.CNT_RANGES])
+        if cnt[R.CNT_TRACE]:
+            j = int(cnt[R.CNT_LAST_TRACE])
+            i_last = first_idx + j
+            if loop.window is None or i_last > loop.window[0]:
+                t0 = int(rows[K.EV_TS, j])
+                loop.window = (i_last, t0, t0 + int(rows[K.EV_DUR, j]))
+            kept["markers"] += int(cnt[R.CNT_TRACE])
+        dr = np.flatnonzero(drop)
+        if len(dr):
+            for t in dr[np.argsort(cats.sid[dr], kind="stable")].tolist():
+                loop.dropped[f"unsupported category '{self.cats.names[cats.sid[t]]}'"] += int(drop[t])
+        if g.shape[1] or h.shape[1] or gr.shape[1]:
+            G = dict(dev=g[0], stream=g[1], kind=g[2].astype(np.int8), name=g[3].astype(np.int32),
+                     start=g[4], dur=g[5], corr=g[6], ext=g[7], bytes=g[8], idx=g[9])
+            H = dict(pid=h[0], tid=h[1], code=h[2].astype(np.int8), name=h[3].astype(np.int32),
+                     start=h[4], end=h[5], corr=h[6], ext=h[7], idx=h[8])
+            GR = dict(dev=gr[0], stream=gr[1], name=gr[2].astype(np.int32), start=gr[3],
+                      end=gr[4], idx=gr[5])
             loop.parts.append((G, H, GR))
-        # instant events: memory samples or markers
-        ii = np.flatnonzero(is_i)
-        if len(ii):
-            fi = rows[K.EV_FLAGS, ii]
-            nm = nid[ii]
-            mem = ((fi & (K.F_ARGS | K.F_TS)) == (K.F_ARGS | K.F_TS)) & (nm >= 0)
-            mem[mem] = self.memory[nm[mem]]
-            if mem.any():
-                mi = ii[mem]
-                dt, di = rows[K.EV_DEVTYPE, mi], rows[K.EV_DEVID, mi]
-                dev = np.where((dt != _NONE) & (dt != 0) & (di != _NONE), di, -1)
-                mb = rows[K.EV_MEMBYTES, mi]
-                ta, tr_ = rows[K.EV_TALLOC, mi], rows[K.EV_TRES, mi]
-                loop.mem_parts.append(np.stack([
-                    dev, rows[K.EV_TS, mi], np.where(mb != _NONE, mb, 0), np.where(ta != _NONE, ta, -1),
-                    np.where(tr_ != _NONE, tr_, -1), idx[ii[mem]]], axis=1))
-                loop.kept["memory"] += int(mem.sum())
-            n_mark = int((~mem).sum())
-            if n_mark:
-                loop.kept["markers"] += n_mark
+        if cnt[R.CNT_MEMORY]:
+            loop.mem_parts.append(mem)
+            kept["memory"] += int(cnt[R.CNT_MEMORY])
+        if cnt[R.CNT_MARKERS]:
+            kept["markers"] += int(cnt[R.CNT_MARKERS])
         # events kept whole (collectives, syncs, communication annotations)
-        if keep:
-            kj = np.sort(np.concatenate(keep))
-            loop.keep.update(zip(idx[kj].tolist(), _decode_events(path, data, rows, kj, idx)))
+        if len(keep):
+            loop.keep.update(zip((keep + first_idx).tolist(),
+                                 _decode_events(path, data, rows, keep, first_idx)))
         # events the scanner does not model: the general loop
-        si = np.flatnonzero(slow)
-        if len(si):
-            loop.feed(zip(idx[si].tolist(), _decode_events(path, data, rows, si, idx)))
+        if len(slow):
+            loop.feed(zip((slow + first_idx).tolist(),
+                          _decode_events(path, data, rows, slow, first_idx)))
             loop.flush()
             self._name_flags()
-
-
-def _empty_g() -> dict:
-    z = np.zeros(0, np.int64)
-    return dict(dev=z, stream=z, kind=z.astype(np.int8), name=z.astype(np.int32), start=z,
-                dur=z, corr=z, ext=z, bytes=z, idx=z)
-
-
-def _empty_h() -> dict:
-    z = np.zeros(0, np.int64)
-    return dict(pid=z, tid=z, code=z.astype(np.int8), name=z.astype(np.int32), start=z, end=z,
-                corr=z, ext=z, idx=z)
-
-
-def _empty_gr() -> dict:
-    z = np.zeros(0, np.int64)
-    return dict(dev=z, stream=z, name=z.astype(np.int32), start=z, end=z, idx=z)
 
 
 def scanner_cached() -> bool:
@@ -470,7 +395,7 @@ def _parse(path: Path, on_stage, on_bytes):  # noqa: C901 - one streaming state 
                     grow_table(t, len(buf) - pos)
             st, pos, state, k = K.scan_events(buf, pos, state, out, tuple(nt), tuple(ct))
             if k:
-                reader.block(data, buf, out[:, :k], n_ev)
+                reader.block(data, out, k, n_ev)
                 n_ev += k
             if st == K.S_GROW:
                 grow_table(reader.names.table)
