@@ -130,8 +130,21 @@ def plot_roofline(ops: pd.DataFrame, peaks: dict, *, title: str = "Roofline per 
     sc = ax.scatter(ai, perf, s=size, c=d["gap_ns"].to_numpy(float) / 1e6, cmap="viridis",
                     alpha=0.8, edgecolors="none")
     fig.colorbar(sc, ax=ax, label="time above the roof (ms)")
+    # the 5 operators losing most time, one label per spot: points within 0.2 decades of a
+    # labelled one join its label (names once each) instead of printing over it
+    spots: list[list] = []  # [log x, log y, names]
     for _, r in d.nlargest(5, "gap_ns").iterrows():
-        ax.annotate(str(r["op"])[:24], (r["intensity"], r["achieved_tflops"]), fontsize=6)
+        lx, ly = np.log10(r["intensity"]), np.log10(max(r["achieved_tflops"], 1e-12))
+        name = str(r["op"])[:24]
+        near = next((sp for sp in spots if abs(sp[0] - lx) < 0.2 and abs(sp[1] - ly) < 0.2),
+                    None)
+        if near is None:
+            spots.append([lx, ly, [name]])
+        elif name not in near[2]:
+            near[2].append(name)
+    for lx, ly, names in spots:
+        ax.annotate(", ".join(names), (10 ** lx, 10 ** ly), textcoords="offset points",
+                    xytext=(5, 4), fontsize=6)
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("arithmetic intensity (FLOP / byte)")

@@ -154,7 +154,7 @@ def _roofline_section(t) -> Section | None:
         Column("dtype", "Type", "text"), Column("count", "Count", "count"),
         Column("device_ns", "Device time", "time"),
         Column("achieved_tflops", "Achieved TFLOP/s", "num"),
-        Column("achieved_gbps", "Achieved GB/s", "gbps"),
+        Column("achieved_gbps", "Achieved bandwidth", "gbps"),
         Column("roof_ns", "Time at the roof", "time"), Column("gap_ns", "Gap to the roof", "time"),
         Column("efficiency", "Efficiency", "pct"), Column("bound", "Bound by", "text"),
         Column("step_share", "Share of the step", "pct")],
