@@ -121,8 +121,15 @@ def class_stats(x: Any) -> pd.DataFrame:
     cls = _class_ids(t)[m]
     dur = t.ops["dur_ns"].to_numpy()[m]
     df = pd.DataFrame({"kernel_class": cls, "dur_ns": dur})
-    g = df.groupby("kernel_class").agg(count=("dur_ns", "size"), total_ns=("dur_ns", "sum"))
-    g.index = pd.Index(_NAMES[g.index.to_numpy()], name="kernel_class")
+    return class_table(df.groupby("kernel_class").agg(count=("dur_ns", "size"),
+                                                      total_ns=("dur_ns", "sum")))
+
+
+def class_table(g: pd.DataFrame) -> pd.DataFrame:
+    """:func:`class_stats`' frame from ``count`` / ``total_ns`` indexed by class id (a
+    subset of the classes): every class in :data:`KERNEL_CLASSES` order, with its share."""
+    g = g.copy()
+    g.index = pd.Index(_NAMES[g.index.to_numpy().astype(int)], name="kernel_class")
     g = g.reindex(list(KERNEL_CLASSES), fill_value=0).reset_index()
     g["count"] = g["count"].astype(np.int64)
     g["total_ns"] = g["total_ns"].astype(np.int64)

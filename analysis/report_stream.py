@@ -124,21 +124,12 @@ def _class_partial(t: Trace) -> pd.DataFrame:
 
 def _class_final(parts: list[pd.DataFrame]) -> pd.DataFrame:
     """:func:`analysis.kernels.class_stats`' frame from the batches' partials."""
-    from retime.collectors.kernel_classes import CLASS_NAMES
-
-    from .kernels import KERNEL_CLASSES
+    from .kernels import class_table
 
     parts = [p for p in parts if len(p)]
-    g = (pd.concat(parts).groupby(level=0).sum() if parts else
-         pd.DataFrame({"count": np.zeros(0, np.int64), "total_ns": np.zeros(0, np.int64)}))
-    g.index = pd.Index(np.asarray(CLASS_NAMES, dtype=object)[g.index.to_numpy().astype(int)],
-                       name="kernel_class")
-    g = g.reindex(list(KERNEL_CLASSES), fill_value=0).reset_index()
-    g["count"] = g["count"].astype(np.int64)
-    g["total_ns"] = g["total_ns"].astype(np.int64)
-    tot = g["total_ns"].sum()
-    g["share"] = g["total_ns"] / tot if tot > 0 else 0.0
-    return g
+    return class_table(pd.concat(parts).groupby(level=0).sum() if parts else
+                       pd.DataFrame({"count": np.zeros(0, np.int64),
+                                     "total_ns": np.zeros(0, np.int64)}))
 
 
 class StreamRunAnalysis(RunAnalysis):
