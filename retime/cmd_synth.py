@@ -26,6 +26,11 @@ class Fp8Scaling(str, Enum):
     tensorwise = "tensorwise"
 
 
+class CpAttention(str, Enum):
+    fused = "fused"
+    torch = "torch"
+
+
 class P2p(str, Enum):
     sync = "sync"
     async_ = "async"
@@ -233,6 +238,13 @@ def synth(
         "input cast in one pass; tensorwise (torchao Float8, torchtitan): every GEMM casts "
         "both operands from 16 bits, an amax pass then a cast pass, and the 16-bit input is "
         "kept for the backward.")] = Fp8Scaling.fused,
+    cp_attention: Annotated[CpAttention, typer.Option(
+        "--cp-attention", help="With --cp > 1: how ring attention is priced. fused "
+        "(default): one flash kernel per layer over the whole key range beside the K/V "
+        "all-gather (a lower bound for Megatron-LM's Transformer Engine ring attention); "
+        "torch (PyTorch's context_parallel, torchtitan): cp flash calls per layer on "
+        "half blocks and fp32 eager merges of each step's output and log-sum-exp.")]
+        = CpAttention.fused,
     seq: Annotated[int | None, typer.Option(
         "--seq", min=1, help="Sequence length in tokens (default: the model's, e.g. 8192 "
         "for llama3-*); must be divisible by --cp.")] = None,
@@ -295,7 +307,8 @@ def synth(
         p2p=p2p.value, odc=odc, seq_imbalance=seq_imbalance, grad_overlap=grad_overlap,
         grad_accum_fusion=grad_accum_fusion, launch_blocking_us=launch_blocking_us,
         eager=eager, tp_comm_overlap=tp_comm_overlap, offload_layers=offload_layers,
-        fp8_scaling=fp8_scaling.value, nvlink_domain=nvlink_domain or 0,
+        fp8_scaling=fp8_scaling.value, cp_attention=cp_attention.value,
+        nvlink_domain=nvlink_domain or 0,
         fp4_first_high=first_high, fp4_last_high=last_high,
         fp4_high_dtype=fp4_high_dtype.value, check_memory=check_memory)
     trace.save(output)

@@ -38,6 +38,7 @@ from .framework import eager_template, op_recompute, tp_overlap_template
 from .hardware import HardwareConfig
 from .models import ModelConfig
 from .parallel import ParallelConfig
+from .ring import ring_bwd_ops, ring_fwd_ops
 from .schedule import SPLIT_BACKWARD
 
 __all__ = ["padded_vocab", "model_template"]
@@ -114,6 +115,12 @@ def _flash(x: _Ctx, n_qk: int, n_v: int) -> KernelCost:
                               m.v_head_dim, causal=True, backward=(n_qk, n_v) == (3, 2),
                               dtype=x.adtype, ceiling=_ceiling(x.hw, x.adtype))
     return KernelCost(int(round(c.time_us * 1e3)), c.flops, int(c.bytes))
+
+
+def _torch_ring(x: _Ctx) -> bool:
+    """PyTorch's ring attention (``cp_attention = "torch"``, module ``ring``) prices this
+    layer's CP attention step by step."""
+    return x.par.cp > 1 and x.par.cp_attention == "torch" and x.m.attention == "flash"
 
 
 def _attention_fwd(x: _Ctx, prefix: str = "") -> list[OpTemplate]:
@@ -254,7 +261,7 @@ def _layer_fwd(x: _Ctx, layer: int, prefix: str = "") -> list[OpTemplate]:
     if x.par.cp > 1:
         kv = x.act * 2 * x.b * x.S * m.kv_dim // t
         ops.append(x.cp_coll(prefix + "cp.allgather_kv", CommOp.ALL_GATHER, kv))
-        att = _attention_fwd(x, prefix)
+        att = ring_fwd_ops(x, prefix) if _torch_ring(x) else _attention_fwd(x, prefix)
         att[0] = OpTemplate(**{**att[0].__dict__, "deps": (-2,)})  # runs beside the gather
         ops += att
         ops.append(_k(prefix + "attn.proj.fwd", x.g(T, h, proj_k), deps=(-1, -1 - len(att))))
@@ -384,7 +391,7 @@ def _layer_bwd(x: _Ctx, layer: int) -> list[OpTemplate]:
         ops += _attention_fwd(x, prefix="recompute.")
     if x.par.recompute == "selective" and m.mla:  # DeepSeek: norms and up-projections redone
         ops += _mla_recompute(x)
-    att = _attention_bwd(x)
+    att = ring_bwd_ops(x) if _torch_ring(x) else _attention_bwd(x)
     if x.par.cp > 1:  # ring attention backward: K/V circulate again (beside the kernel),
         # then dK/dV are reduce-scattered back to their owners
         kv = x.act * 2 * x.b * x.S * m.kv_dim // t

@@ -120,6 +120,10 @@ class ParallelConfig:
     an amax pass and a cast pass, and the layer keeps its 16-bit input for the backward
     (:data:`~retime.collectors.costs.kernels.FP8_SCALINGS`; the experts' grouped GEMMs keep
     the fused price: torchao's Float8 swaps ``nn.Linear`` modules).
+    ``cp_attention`` (``cp > 1``): ``"fused"`` prices one flash kernel per layer over the
+    whole key range (a lower bound for Megatron-LM's Transformer Engine ring attention);
+    ``"torch"`` PyTorch's ring attention as torchtitan runs it, step by step with fp32
+    eager merges (:mod:`.ring`).
 
     ``odc``: on ZeRO-3 / FSDP runs, parameter gathers and gradient reductions are on-demand
     point-to-point transfers (Wan et al. 2026) with one synchronization per step instead of
@@ -162,6 +166,7 @@ class ParallelConfig:
     fp4_high_dtype: str = "bf16"
     offload_layers: int = 0
     fp8_scaling: str = "fused"
+    cp_attention: str = "fused"
 
     def __post_init__(self) -> None:
         for f in ("tp", "pp", "dp", "cp", "chunks", "global_batch", "micro_batch", "ep"):
@@ -239,6 +244,10 @@ class ParallelConfig:
         if self.fp8_scaling not in ("fused", "tensorwise"):
             raise ConfigError(f"parallel config: fp8_scaling={self.fp8_scaling!r}; use fused "
                               "(Transformer Engine) or tensorwise (torchao Float8)")
+        if self.cp_attention not in ("fused", "torch"):
+            raise ConfigError(f"parallel config: cp_attention={self.cp_attention!r}; use fused "
+                              "(one flash kernel per layer) or torch (PyTorch's ring "
+                              "attention, torchtitan)")
         if self.fp8_scaling != "fused" and self.dtype != "fp8":
             raise ConfigError(f"parallel config: fp8_scaling={self.fp8_scaling!r} with "
                               f"dtype={self.dtype!r}: it is an FP8 recipe; add --dtype fp8 "
