@@ -378,6 +378,17 @@ def main() -> None:
                 rows.append((run(["replay", str(store), "--json", "--set",
                                   "network.inter_node_gbps=100"],
                                  "replay --set inter_node_gbps=100"), None))
+                # and one that runs on it (the generated ranks' collectives carry no sizes,
+                # so the network what-if above is refused from the metadata): kernel-class
+                # re-pricing reads only the ops columns its policy declares (issue 30)
+                if a.baseline:
+                    rows.append((run(["replay", str(store), "--json", "--set",
+                                      "hardware.compute_speedup=2"],
+                                     "baseline replay --set compute_speedup=2",
+                                     root=a.baseline), None))
+                rows.append((run(["replay", str(store), "--json", "--set",
+                                  "hardware.compute_speedup=2"],
+                                 "replay --set compute_speedup=2"), None))
             if "report" not in a.skip:  # streamed on its own past 2 M ops of a rank store
                 rows.append((run(["report", str(store), "-o", str(base / f"r{n}.html"),
                                   "--force"], "report -o X.html"), None))

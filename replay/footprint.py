@@ -3,8 +3,9 @@ anything is loaded (issue 30: "the replay graph ... says up front what memory it
 
 The figure is the sum of parts whose sizes follow from the row counts alone:
 
-* the trace columns the replay reads (:data:`IDENTITY_COLUMNS` for an identity replay, every
-  column for a what-if or ``-o``): their dtypes' widths per op, the edges (25 bytes each) and,
+* the trace columns the replay reads (:data:`IDENTITY_COLUMNS` for an identity replay, the
+  scenario's :func:`scenario_columns` for a what-if whose policies declare theirs, every
+  column otherwise and for ``-o``): their dtypes' widths per op, the edges (25 bytes each) and,
   for a full load, the annotations (29 bytes each; an identity replay keeps only the
   ``ProfilerStep`` ones, a few per rank, once read) and the memory samples;
 * the replay graph (:class:`replay.graph.ReplayGraph`): 79 bytes per op (int64 times and
@@ -35,12 +36,31 @@ from retime.collectors.trace import (
     read_meta,
 )
 
-__all__ = ["IDENTITY_COLUMNS", "Footprint", "footprint", "available_bytes", "check_footprint"]
+__all__ = ["IDENTITY_COLUMNS", "WHATIF_COLUMNS", "scenario_columns", "Footprint", "footprint",
+           "available_bytes", "check_footprint"]
 
 #: ops columns an identity replay reads: the graph's (rank, lane, kind, name_id for blocking
 #: calls, times, coll_id) and the step windows' (step; correlation for launch waits)
 IDENTITY_COLUMNS = ("rank", "lane", "kind", "name_id", "start_ns", "dur_ns", "coll_id", "step",
                     "correlation")
+
+#: ops columns every what-if reads (:func:`replay.whatif`: the identity's, and the
+#: collectives' traffic for the step range and the network's levels); a policy adds its own
+#: (:meth:`replay.policies.base.Policy.ops_columns`)
+WHATIF_COLUMNS = IDENTITY_COLUMNS + ("comm_op", "bytes", "group_id", "peer")
+
+
+def scenario_columns(policies) -> tuple[str, ...] | None:
+    """The ops columns a what-if of ``policies`` reads, in schema order: the union of
+    :data:`WHATIF_COLUMNS` and each policy's declared set; ``None`` (every column) when
+    any policy declares all."""
+    need = set(WHATIF_COLUMNS)
+    for p in policies:
+        cols = p.ops_columns()
+        if cols is None:
+            return None
+        need |= set(cols)
+    return tuple(c for c in OPS_SCHEMA if c in need)
 
 _WIDTH = {"int64": 8, "float64": 8, "int32": 4, "int16": 2, "int8": 1, "bool": 1}
 GRAPH_BYTES_PER_OP = 79
@@ -68,12 +88,15 @@ class Footprint:
     graph_bytes: int
     peak_bytes: int
     full: bool
+    #: how many of the ops columns are read (the schema has ``len(OPS_SCHEMA)``)
+    columns: int = len(OPS_SCHEMA)
 
     def line(self, available: int | None) -> str:
         """One line for stderr."""
         have = (f"; {available / 1e9:.1f} GB available" if available is not None else "")
         return (f"replay: {self.ops:,} ops, {self.edges:,} edges on {self.ranks} rank(s): needs "
-                f"about {self.peak_bytes / 1e9:.1f} GB (trace columns "
+                f"about {self.peak_bytes / 1e9:.1f} GB (trace: {self.columns} of "
+                f"{len(OPS_SCHEMA)} ops columns, "
                 f"{self.trace_bytes / 1e9:.2f} GB, graph {self.graph_bytes / 1e9:.2f} GB, "
                 f"building it and the interpreter the rest"
                 + ("" if not self.full else "; a what-if's policies add their own copies")
@@ -88,26 +111,30 @@ def _rows(path: Path, meta: dict, table: str) -> int:
     return int(pq.ParquetFile(f).metadata.num_rows) if f.is_file() else 0
 
 
-def footprint(path: str | os.PathLike[str], *, full: bool = False) -> Footprint:
+def footprint(path: str | os.PathLike[str], *, full: bool = False,
+              columns: tuple[str, ...] | None = None) -> Footprint:
     """The memory a replay of the store ``path`` needs, from its metadata alone.
 
-    ``full``: the whole trace is loaded (a what-if, ``-o``), not only
-    :data:`IDENTITY_COLUMNS` and no memory table.
+    ``full``: a what-if or ``-o``, not an identity replay (:data:`IDENTITY_COLUMNS` and no
+    memory table). With ``columns`` (a what-if's :func:`scenario_columns`) only those ops
+    columns, every annotation and no memory table are read; without, the whole trace.
     """
     p = Path(path)
     meta = read_meta(p)
     n, e, r = _rows(p, meta, "ops"), _rows(p, meta, "edges"), _rows(p, meta, "ranges")
-    cols = list(OPS_SCHEMA) if full else IDENTITY_COLUMNS
+    cols = (columns if columns is not None else list(OPS_SCHEMA)) if full else IDENTITY_COLUMNS
     per_op = sum(_WIDTH[OPS_SCHEMA[c][0]] for c in cols)
     trace = n * per_op + e * sum(_WIDTH[t] for t, _ in EDGES_SCHEMA.values())
     if full:
         trace += r * sum(_WIDTH[t] for t, _ in RANGES_SCHEMA.values())
+    if full and columns is None:
         trace += _rows(p, meta, "memory") * sum(_WIDTH[t] for t, _ in MEMORY_SCHEMA.values())
     graph = n * GRAPH_BYTES_PER_OP + e * GRAPH_BYTES_PER_EDGE
     peak = BASE_BYTES + trace + graph + n * BUILD_BYTES_PER_OP + e * BUILD_BYTES_PER_EDGE
     ranks = meta.get("world_size") or len((meta.get("partitions") or {}).get("ops", {}))
     return Footprint(ops=n, edges=e, ranges=r, ranks=int(ranks or 0), trace_bytes=int(trace),
-                     graph_bytes=int(graph), peak_bytes=int(peak), full=bool(full))
+                     graph_bytes=int(graph), peak_bytes=int(peak), full=bool(full),
+                     columns=len(cols))
 
 
 def available_bytes() -> int | None:
@@ -124,10 +151,11 @@ def available_bytes() -> int | None:
 
 
 def check_footprint(path: str | os.PathLike[str], *, full: bool = False,
+                    columns: tuple[str, ...] | None = None,
                     available: int | None = None) -> tuple[Footprint, str]:
     """(the footprint, its stderr line); raise :class:`ReplayError` when it exceeds the
     available memory (``available``, default :func:`available_bytes`)."""
-    fp = footprint(path, full=full)
+    fp = footprint(path, full=full, columns=columns)
     avail = available_bytes() if available is None else available
     if avail is not None and fp.peak_bytes > avail:
         raise ReplayError(

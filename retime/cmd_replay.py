@@ -114,11 +114,20 @@ def replay_cmd(
     # (and refused when the machine has less: replay/footprint.py)
     light = not (scenario is not None or set_ or cluster is not None or output is not None
                  or calibration is not None)
-    from retime.replay.footprint import IDENTITY_COLUMNS, check_footprint
-    fp, need = check_footprint(trace_dir, full=not light)
+    from retime.replay.footprint import IDENTITY_COLUMNS, check_footprint, scenario_columns
+    # a what-if (no cluster, calibration or -o) reads the columns its policies declare
+    # (Policy.ops_columns; a policy not audited declares all) and no memory table
+    cols = None
+    if not light and cluster is None and calibration is None and output is None:
+        from retime.replay.policies.scenario import as_policies
+        cols = scenario_columns(as_policies(scenario_from_cli(scenario, set_)))
+    fp, need = check_footprint(trace_dir, full=not light, columns=cols)
     if not json_out:
         say(need)
-    if light:
+    if cols is not None:
+        trace = read_trace(trace_dir, columns=list(cols), fill_defaults=False,
+                           skip=("memory",))
+    elif light:
         trace = read_trace(trace_dir, columns=list(IDENTITY_COLUMNS), fill_defaults=False,
                            skip=("memory",))
         # of the annotations, the step windows read only the ProfilerStep ones
@@ -168,7 +177,8 @@ def replay_cmd(
             s["cluster"]["calibration"] = {"file": str(calibration), "level": ref.level,
                                            "lines": cal_lines}
     s["memory"] = {"estimated_peak_bytes": fp.peak_bytes, "graph_bytes": result.graph.nbytes,
-                   "columns": "identity" if light else "all"}
+                   "columns": ("identity" if light else "all" if cols is None
+                               else list(cols))}
     # GPU work the measured step figures leave out or the trace cannot show
     from retime.analysis.coverage import unseen_notes, unseen_work_by_rank
     # (the measured step windows the replay computed serve them too: not computed twice)

@@ -206,6 +206,14 @@ class Policy:
 
     table: ClassVar[str] = ""
 
+    def ops_columns(self) -> tuple[str, ...] | None:
+        """The ``ops`` columns this policy reads, beyond :data:`WHATIF_COLUMNS` (what
+        :func:`replay.whatif` itself reads); ``None``: every column. ``None`` is the default
+        and the answer for any policy not audited or one that re-lays out ops (they copy
+        every column), so a projected read is used only where the policy says so
+        (``retime replay --set``, issue 30)."""
+        return None
+
     def configure(self, state: WhatIfState) -> None:  # phase 1 (optional)
         return None
 

@@ -190,6 +190,13 @@ class Network(Policy):
     measured_inter_node_gbps: float | None = None
     table: ClassVar[str] = "network"
 
+    def ops_columns(self) -> tuple[str, ...] | None:
+        """Per-level bandwidth, latency and efficiency re-price the collectives from
+        :data:`replay.footprint.WHATIF_COLUMNS` alone; the other keys are not audited."""
+        audited = {"intra_node_gbps", "inter_node_gbps", "latency_us", "intra_latency_us",
+                   "bus_efficiency", "intra_bus_efficiency", "inter_bus_efficiency"}
+        return () if set(self.fields()) <= audited else None
+
     def __post_init__(self) -> None:
         for f in ("intra_node_gbps", "inter_node_gbps", "cross_dc_gbps", "bus_efficiency",
                   "intra_bus_efficiency", "inter_bus_efficiency",
