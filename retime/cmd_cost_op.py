@@ -11,12 +11,8 @@ import typer
 
 from retime.cli import emit_json, say
 from retime.cmd_cost import ClusterOpt, GpuOpt, JsonOpt, PresetOpt, cost_app
+from retime.cmd_synth import Fp8Scaling  # one choice list for both commands
 from retime.collectors.errors import ConfigError
-
-
-class Fp8Scaling(str, Enum):
-    fused = "fused"
-    tensorwise = "tensorwise"
 
 
 class OpKind(str, Enum):
