@@ -103,8 +103,9 @@ class ParallelConfig:
     Zay, REFERENCES.md R3): every launch returns only when its kernel or collective has
     finished, so the host's time to issue the next op (Python, dispatcher, launch) sits
     between every two ops on the GPU; this many microseconds per modeled op. A collective
-    issued beside a GEMM (the TP reduction of the backward beside the weight gradient) then
-    runs alone before it.
+    issued beside a GEMM (the TP reduction of the backward beside the weight gradient, the
+    ``tp_comm_overlap`` pieces) then runs alone before it; the context-, expert- and
+    data-parallel streams are not serialized.
 
     ``eager``: ``False`` prices norms, rotary embeddings, activation products and the loss as
     fused kernels (Megatron-LM's Transformer Engine / Apex kernels, or ``torch.compile``);
