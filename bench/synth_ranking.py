@@ -23,6 +23,10 @@ predicted vs measured time per sequence (clusters of 2 or more timed rows; per s
 rows at global batch 2016 and 2048 rank together), the regret of running the layout the
 model predicts fastest (its measured time per sequence over the best, minus 1) and the
 out-of-memory rows the model calls right; then the same over fit and judge rows apart.
+
+The BLOOM rows are judge rows, but the framework facts they are run with (each with its source
+in collectors/synth/REFERENCES.md and in the CSV's header) were looked for after those rows had
+been seen; no parameter is fitted to them.
 """
 
 from __future__ import annotations

@@ -222,7 +222,8 @@ def synth(
     launch_blocking_us: Annotated[float, typer.Option(
         "--launch-blocking-us", min=0.0,
         help="CUDA_LAUNCH_BLOCKING=1: microseconds of host time between every two ops "
-        "(each launch waits for its kernel); default 0, asynchronous launches.")] = 0.0,
+        "(each launch waits for its kernel, so no collective overlaps a GEMM); default 0, "
+        "asynchronous launches.")] = 0.0,
     eager: Annotated[bool, typer.Option(
         "--eager", help="PyTorch eager mode (torchtitan without --training.compile): norms, "
         "rotary embeddings, SwiGLU products and the loss run as one kernel per elementwise "

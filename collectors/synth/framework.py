@@ -211,8 +211,9 @@ def _overlap_seq(x, ops: tuple) -> tuple:
 def tp_overlap_template(x, lt):
     """``lt`` with its sequence-parallel TP collectives overlapped with their GEMMs
     (module docstring); unchanged unless ``x.par.tp_comm_overlap`` with ``tp > 1`` and
-    sequence parallelism."""
-    if not (x.par.tp_comm_overlap and x.t > 1 and x.sp):
+    sequence parallelism, and unchanged under synchronous launches (``x.serial``: each
+    launch waits for its kernel, so the pieces cannot run side by side)."""
+    if not (x.par.tp_comm_overlap and x.t > 1 and x.sp) or x.serial:
         return lt
     return replace(lt, fwd=_overlap_seq(x, lt.fwd), bwd=_overlap_seq(x, lt.bwd),
                    wgrad=_overlap_seq(x, lt.wgrad))

@@ -77,6 +77,9 @@ class _Ctx:
         self.act = 2  # activation element bytes (bf16/fp16)
         self.adtype = "bf16" if par.dtype in ("fp8", "fp4") else par.dtype  # attention core
         self.split = par.schedule in SPLIT_BACKWARD
+        # CUDA_LAUNCH_BLOCKING=1: a launch returns when its kernel or collective has
+        # finished, so a collective issued "asynchronously" beside a GEMM still runs alone
+        self.serial = par.launch_blocking_us > 0
         self.w: list[OpTemplate] = []  # weight-gradient ops of the layer being built (split)
 
     def g(self, m: int, n: int, k: int, batch: int = 1) -> KernelCost:
@@ -229,7 +232,8 @@ def _mla_bwd(x: _Ctx) -> list[OpTemplate]:
             x.w.extend(w)
         else:
             ops.append(red)
-            ops += [OpTemplate(**{**o.__dict__, "deps": (-2,) if i == 0 else (-1,)})
+            ops += [OpTemplate(**{**o.__dict__,
+                                  "deps": (-2,) if i == 0 and not x.serial else (-1,)})
                     for i, o in enumerate(w)]
             ops.append(OpTemplate("tp.wait", "compute", 0, kind=_S, flops=0.0,
                                   deps=(-1, -1 - len(w))))
@@ -307,7 +311,10 @@ def _overlap(x: _Ctx, comm: OpTemplate, comp: OpTemplate) -> tuple[OpTemplate, O
     """A communication kernel running beside a compute kernel: both slow down because they
     share SMs and HBM. With ``f`` the fraction of the ideal overlap achieved (C3, Agrawal et
     al. 2024), the pair takes ``max + (1 - f) * min`` instead of ``max``; the longer op is
-    stretched by ``(1 - f) * min``."""
+    stretched by ``(1 - f) * min``. Under synchronous launches (``x.serial``) the compute
+    op waits for the collective instead: the pair takes ``a + b``."""
+    if x.serial:
+        return comm, replace(comp, deps=(-1,))
     f = x.hw.overlap_efficiency
     a, b = comm.dur_ns, comp.dur_ns
     if a <= b:

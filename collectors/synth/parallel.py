@@ -102,7 +102,10 @@ class ParallelConfig:
     models ``CUDA_LAUNCH_BLOCKING=1`` (BigScience ran BLOOM with it against hangs on Jean
     Zay, REFERENCES.md R3): every launch returns only when its kernel or collective has
     finished, so the host's time to issue the next op (Python, dispatcher, launch) sits
-    between every two ops on the GPU; this many microseconds per modeled op.
+    between every two ops on the GPU; this many microseconds per modeled op. A collective
+    issued beside a GEMM (the TP reduction of the backward beside the weight gradient, the
+    ``tp_comm_overlap`` pieces) then runs alone before it; the context-, expert- and
+    data-parallel streams are not serialized.
 
     ``eager``: ``False`` prices norms, rotary embeddings, activation products and the loss as
     fused kernels (Megatron-LM's Transformer Engine / Apex kernels, or ``torch.compile``);
