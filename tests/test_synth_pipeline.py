@@ -362,3 +362,36 @@ def test_pipelined_fsdp_memory_holds_the_stage_unsharded():
     n = mp["params"]
     assert mp["weights_bytes"] == 2 * n // 4 and mp["grads_bytes"] == 2 * n // 4
     assert mp["buffer_bytes"] - m1["buffer_bytes"] == 4 * n - int(40.0 * 1e6)
+
+
+def test_dualpipe_pairs_run_compute_bound_kernels_on_the_sms_left_by_the_all_to_all():
+    """In DualPipe's overlapped forward-backward pairs the all-to-all kernels hold 20 SMs
+    (DeepSeek-V3 §3.2.2): a compute-bound kernel (FLOPs per byte at least the BF16 ridge)
+    issued after the pair's first communication op takes sm / (sm - 20) of its time; one
+    before it, a memory-bound one, and every kernel of an unpaired item keep theirs."""
+    from retime.collectors.enums import OpKind
+    from retime.collectors.synth.blocks import DUALPIPE_COMM_SMS, comm_sm_stretch
+    sms = HW.sm_count
+    factor, ridge = comm_sm_stretch(HW)
+    assert DUALPIPE_COMM_SMS == 20 and factor == pytest.approx(sms / (sms - 20))
+    assert ridge == pytest.approx(HW.peak_tflops["bf16"] * 1e3 / HW.hbm_gbps)
+    big, few = 1e12, 1e6  # FLOPs of a GEMM-like kernel, bytes of it
+    def ops(tag):
+        return (OpTemplate(f"{tag}.gemm0", "compute", 10_000, flops=big, bytes=int(few)),
+                OpTemplate(f"{tag}.a2a", "ep", 4_000, kind=int(OpKind.COLLECTIVE), bytes=1000),
+                OpTemplate(f"{tag}.gemm1", "compute", 10_000, flops=big, bytes=int(few)),
+                OpTemplate(f"{tag}.stream", "compute", 10_000, flops=10.0, bytes=10**9))
+    layer = LayerTemplate(ops("f"), ops("b"))
+    p, m = 2, 4
+    tpl = StepTemplate(layers=(layer,) * 4, optimizer_kernels=())
+    par = ParallelConfig(pp=p, global_batch=m, schedule="dualpipe")
+    tr = build_trace(tpl, par, CommModel(HW, par), p2p_ns=0, recv_ns=0)
+    names = tr.names()
+    d = tr.ops["dur_ns"].to_numpy()
+    stretched = int(round(10_000 * factor))
+    assert set(d[names == "f.stream"]) == {10_000} and set(d[names == "b.stream"]) == {10_000}
+    assert set(d[names == "f.gemm1"]) == {10_000, stretched}
+    assert set(d[names == "b.gemm1"]) == {10_000, stretched}
+    # paired items exist, and in each pair the ops after the first all-to-all stretch
+    assert (d[names == "b.gemm0"] == stretched).any()
+    assert (d[names == "f.gemm0"] == 10_000).any()

@@ -16,7 +16,8 @@ from ..enums import CommOp, OpKind, Phase
 from ..trace import StringTable
 from .expand import _EDP, _LANE
 
-__all__ = ["Block", "VStage", "make_block", "merge_blocks", "Pool", "grad_buckets"]
+__all__ = ["Block", "VStage", "make_block", "merge_blocks", "comm_sm_stretch", "Pool",
+           "grad_buckets", "DUALPIPE_COMM_SMS"]
 
 _COMM_LANES = (_LANE["ep"], _LANE["tp"], _LANE["cp"])
 
@@ -250,11 +251,35 @@ def make_block(tpl, parallel, comm, vst: VStage, phase: int, recv_ns: int, send_
     return blk
 
 
-def merge_blocks(a: Block, b: Block) -> tuple[Block, np.ndarray, np.ndarray]:
+#: SMs DeepSeek-V3's all-to-all kernels hold while DualPipe overlaps them with computation:
+#: "we employ the warp specialization technique and partition 20 SMs into 10 communication
+#: channels" (arXiv 2412.19437 §3.2.2; §3.5.1: 20 of the H800's 132 SMs, "which will limit
+#: the computational throughput"); DeepEP's ``Buffer.num_sms`` default is the same 20
+#: (collectors/synth/REFERENCES.md R16).
+DUALPIPE_COMM_SMS = 20
+
+
+def comm_sm_stretch(hw) -> tuple[float, float]:
+    """(factor, arithmetic intensity): a compute-bound kernel (FLOPs per HBM byte at least
+    the GPU's BF16 ridge point) running beside DualPipe's communication kernels gets
+    ``sm_count - DUALPIPE_COMM_SMS`` SMs and takes ``sm_count / (sm_count - 20)`` times as
+    long; a memory-bound one still saturates HBM and is left as it is."""
+    sms = int(hw.sm_count)
+    if sms <= DUALPIPE_COMM_SMS:
+        return 1.0, float("inf")
+    ridge = hw.peak_tflops.get("bf16", 0.0) * 1e12 / (hw.hbm_gbps * 1e9)
+    return sms / (sms - DUALPIPE_COMM_SMS), ridge
+
+
+def merge_blocks(a: Block, b: Block, stretch: tuple[float, float] = (1.0, float("inf"))
+                 ) -> tuple[Block, np.ndarray, np.ndarray]:
     """Interleave two blocks so that each one's communication (all-to-all, TP, CP) runs
     beside the other's computation (DualPipe's F&B chunk pairs): ``a``'s ops up to and
-    including its next communication op, then ``b``'s likewise, and so on. Returns the
-    merged block and the new index of every op of ``a`` and of ``b``."""
+    including its next communication op, then ``b``'s likewise, and so on. ``stretch`` is
+    :func:`comm_sm_stretch`'s (factor, intensity): every compute-lane kernel after the first
+    communication op whose FLOPs per byte reach the intensity runs beside the other half's
+    communication on fewer SMs and is stretched by the factor. Returns the merged block and
+    the new index of every op of ``a`` and of ``b``."""
     def segments(blk: Block) -> list[list[int]]:
         segs, cur = [], []
         for i, ln in enumerate(blk.cols["lane"]):
@@ -280,6 +305,15 @@ def merge_blocks(a: Block, b: Block) -> tuple[Block, np.ndarray, np.ndarray]:
         for k in out.cols:
             out.cols[k].append(src[k][i] if k != "half" else w)
     out.n = len(order)
+    factor, ridge = stretch
+    if factor != 1.0:
+        c, comp, inflight = out.cols, _LANE["compute"], False
+        for j in range(out.n):
+            if c["lane"][j] in _COMM_LANES:
+                inflight = True
+            elif inflight and c["lane"][j] == comp and c["flops"][j] >= ridge * max(
+                    c["bytes"][j], 1):
+                c["dur"][j] = int(round(c["dur"][j] * factor))
     for w, blk in enumerate((a, b)):
         out.edges += [(int(maps[w][s]), int(maps[w][d])) for s, d in blk.edges]
     lanes = out.cols["lane"]
