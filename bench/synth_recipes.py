@@ -69,6 +69,20 @@ worst 46.4%, 12/26 within 10%; after: see the README (``python bench/synth_recip
 (5) ``--cp-attention torch`` on the CP rows (PyTorch's ``_templated_ring_attention``: cp
 flash calls per layer and fp32 eager merges, byte counts read off its source;
 ``collectors/synth/ring.py``), chosen after the CP rows had been seen 1.11x-1.25x too fast.
+
+Third pass (issue #29 item 4, after every row here had been seen; mechanisms read off the
+frameworks' source, none a per-row factor, each chosen knowing the rows it moves):
+(6) DualPipe's communication SMs (REFERENCES R16): DeepSeek-V3's all-to-all kernels hold 20
+of the H800's 132 SMs while DualPipe overlaps them with the paired chunk, so a
+compute-bound kernel beside them runs on 112 (DeepSeek-V3 1.10x -> 1.04x); (7) PyTorch's
+ring attention as torchtitan drives it (R17): K/V expanded to the query heads
+(``repeat_kv``), the backward's fp32 dK/dV rotated to the next rank after every step
+(``cp - 1`` transfers beside the later steps' kernels, the last one exposed), step 1
+waiting for the K/V all-gather (Table 6 CP 2 / 4 / 8 1.12x / 1.08x / 1.22x -> 1.07x /
+1.05x / 1.14x; Table 2 CP 2 / 4 / 8 0.89x / 1.16x / 1.19x -> 0.87x / 1.14x / 1.17x).
+Table 2's published rows are not monotonic in what a ring step costs (CP 2 adds 4.5 s per
+extra step over CP 1, CP 4 and CP 8 7.4 s and 7.3 s): no per-step price puts all three
+within 10%.
 """
 
 from __future__ import annotations
