@@ -75,7 +75,8 @@ Third pass (issue #29 item 4, after every row here had been seen; mechanisms rea
 frameworks' source, none a per-row factor, each chosen knowing the rows it moves):
 (6) DualPipe's communication SMs (REFERENCES R16): DeepSeek-V3's all-to-all kernels hold 20
 of the H800's 132 SMs while DualPipe overlaps them with the paired chunk, so a
-compute-bound kernel beside them runs on 112 (DeepSeek-V3 1.10x -> 1.04x); (7) PyTorch's
+compute-bound kernel issued while one is in flight runs on 112 (DeepSeek-V3 1.10x ->
+1.07x); (7) PyTorch's
 ring attention as torchtitan drives it (R17): K/V expanded to the query heads
 (``repeat_kv``), the backward's fp32 dK/dV rotated to the next rank after every step
 (``cp - 1`` transfers beside the later steps' kernels, the last one exposed), step 1
@@ -87,7 +88,7 @@ complex-number rotary embedding left to eager kernels (Inductor generates no com
 the final norm and the fp32 loss uncompiled (Table 1 / 3 compile 1.12x / 1.15x -> 1.08x /
 1.12x, Float8 1.06x / 1.09x -> 1.02x / 1.05x; the other R7 rows 0.4-2% slower); the R10
 rows (June 2025) keep the plain compiled command, as whether their loss was compiled was
-not checked. Judged rows after (6)-(8): median 5.4%, worst 19.8%, 17 of 26 within 10%
+not checked. Judged rows after (6)-(8): median 6.0%, worst 19.8%, 17 of 26 within 10%
 (before: 8.6%, 22.2%, 16); dev rows 8.2% / 9.1% / 3 of 3 (9.1% / 11.8% / 2).
 Table 2's published rows are not monotonic in what a ring step costs (CP 2 adds 4.5 s per
 extra step over CP 1, CP 4 and CP 8 7.4 s and 7.3 s): no per-step price puts all three

@@ -27,8 +27,8 @@ NVLink instead of 900, the same 400 Gb/s InfiniBand per GPU) for the issue's lay
 no recompute, ZeRO-0) and for the report's recipe (DualPipe, ZeRO-1, recompute of the norms
 and MLA up-projections). Since issue #29's recipes pass the DualPipe rows run their
 compute-bound kernels on the 112 SMs the all-to-all kernels leave (DeepSeek's 20
-communication SMs, synth REFERENCES R16): report recipe 1.10x -> 1.05x, on H800 NVLink
-1.10x -> 1.04x. That mechanism was added after this row had been seen.
+communication SMs, synth REFERENCES R16): report recipe 1.10x -> 1.08x, on H800 NVLink
+1.10x -> 1.07x. That mechanism was added after this row had been seen.
 """
 
 from __future__ import annotations

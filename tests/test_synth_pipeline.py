@@ -395,3 +395,39 @@ def test_dualpipe_pairs_run_compute_bound_kernels_on_the_sms_left_by_the_all_to_
     # paired items exist, and in each pair the ops after the first all-to-all stretch
     assert (d[names == "b.gemm0"] == stretched).any()
     assert (d[names == "f.gemm0"] == 10_000).any()
+
+
+def test_comm_window_stretches_only_kernels_issued_while_the_all_to_all_is_in_flight():
+    """One DualPipe pair in issue order: a.gemm0, a.a2a | b.gemm0, b.a2a | a.gemm1 (waits
+    for a.a2a), a.stream | b.shared (does not wait for b.a2a), b.gemm1 (waits for it),
+    b.stream. A kernel runs beside a communication op from the op after it up to its first
+    user: b.gemm0 (beside a.a2a), a.gemm1 and b.shared (beside b.a2a) are stretched;
+    a.gemm0 (nothing in flight), b.gemm1 and b.stream (b.a2a has returned) are not, nor
+    a.stream (memory-bound)."""
+    from retime.collectors.enums import OpKind
+    from retime.collectors.synth.blocks import Block, comm_sm_stretch, merge_blocks
+    factor, ridge = comm_sm_stretch(HW)
+    coll = int(OpKind.COLLECTIVE)
+    g = dict(flops=1e12, bytes=10**6)
+
+    def block(tag, shared):
+        blk = Block()
+        blk.add(OpTemplate(f"{tag}.gemm0", "compute", 1000, **g), 0, 0, [])
+        blk.add(OpTemplate(f"{tag}.a2a", "ep", 500, kind=coll, bytes=10), 0, 0, [0])
+        if shared:
+            blk.add(OpTemplate(f"{tag}.shared", "compute", 1000, **g), 0, 0, [0])
+        i = blk.add(OpTemplate(f"{tag}.gemm1", "compute", 1000, **g), 0, 0, [1])
+        blk.add(OpTemplate(f"{tag}.stream", "compute", 1000, flops=10.0, bytes=10**9), 0, 0,
+                [i])
+        return blk
+    a, b = block("a", False), block("b", True)
+    out, _, _ = merge_blocks(a, b, (factor, ridge))
+    assert out.cols["name"] == ["a.gemm0", "a.a2a", "b.gemm0", "b.a2a", "a.gemm1",
+                                "a.stream", "b.shared", "b.gemm1", "b.stream"]
+    s = int(round(1000 * factor))
+    want = {"a.gemm0": 1000, "a.a2a": 500, "b.gemm0": s, "b.a2a": 500, "a.gemm1": s,
+            "a.stream": 1000, "b.shared": s, "b.gemm1": 1000, "b.stream": 1000}
+    assert dict(zip(out.cols["name"], out.cols["dur"])) == want
+    plain, _, _ = merge_blocks(a, b)
+    assert plain.cols["dur"] == [500 if n.endswith("a2a") else 1000
+                                 for n in plain.cols["name"]]

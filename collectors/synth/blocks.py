@@ -271,15 +271,42 @@ def comm_sm_stretch(hw) -> tuple[float, float]:
     return sms / (sms - DUALPIPE_COMM_SMS), ridge
 
 
+def _stretch_beside_comm(blk: Block, factor: float, ridge: float) -> None:
+    """Stretch, by ``factor``, the compute kernels of ``blk`` (in issue order) that are
+    issued while a communication op is in flight, from the op after it up to the first op
+    that depends on it, and are compute-bound: FLOPs per byte at least ``ridge``, or flash
+    attention."""
+    c = blk.cols
+    comm = [ln in _COMM_LANES for ln in c["lane"]]
+    first_user = {}
+    for s, d in blk.edges:
+        if comm[s] and d < first_user.get(s, blk.n):
+            first_user[s] = d
+    beside = np.zeros(blk.n + 1, np.int64)
+    for j in range(blk.n):
+        if comm[j]:
+            beside[j + 1] += 1
+            beside[first_user.get(j, blk.n)] -= 1
+    beside = np.cumsum(beside)[:blk.n] > 0
+    comp = _LANE["compute"]
+    for j in range(blk.n):
+        # flash attention is compute-bound though its byte count holds the score tiles
+        # (the cost layer prices it as GEMMs), so it is told by name
+        if beside[j] and c["lane"][j] == comp and (
+                c["flops"][j] >= ridge * max(c["bytes"][j], 1) or ".flash" in c["name"][j]):
+            c["dur"][j] = int(round(c["dur"][j] * factor))
+
+
 def merge_blocks(a: Block, b: Block, stretch: tuple[float, float] = (1.0, float("inf"))
                  ) -> tuple[Block, np.ndarray, np.ndarray]:
     """Interleave two blocks so that each one's communication (all-to-all, TP, CP) runs
     beside the other's computation (DualPipe's F&B chunk pairs): ``a``'s ops up to and
     including its next communication op, then ``b``'s likewise, and so on. ``stretch`` is
-    :func:`comm_sm_stretch`'s (factor, intensity): every compute-lane kernel after the first
-    communication op whose FLOPs per byte reach the intensity runs beside the other half's
-    communication on fewer SMs and is stretched by the factor. Returns the merged block and
-    the new index of every op of ``a`` and of ``b``."""
+    :func:`comm_sm_stretch`'s (factor, intensity): a compute-lane kernel issued while a
+    communication op is in flight (after it, before the first op that depends on it: the
+    other half's segment, or the same half's independent work such as shared experts),
+    whose FLOPs per byte reach the intensity, runs on fewer SMs and is stretched by the
+    factor. Returns the merged block and the new index of every op of ``a`` and of ``b``."""
     def segments(blk: Block) -> list[list[int]]:
         segs, cur = [], []
         for i, ln in enumerate(blk.cols["lane"]):
@@ -305,17 +332,10 @@ def merge_blocks(a: Block, b: Block, stretch: tuple[float, float] = (1.0, float(
         for k in out.cols:
             out.cols[k].append(src[k][i] if k != "half" else w)
     out.n = len(order)
-    factor, ridge = stretch
-    if factor != 1.0:
-        c, comp, inflight = out.cols, _LANE["compute"], False
-        for j in range(out.n):
-            if c["lane"][j] in _COMM_LANES:
-                inflight = True
-            elif inflight and c["lane"][j] == comp and c["flops"][j] >= ridge * max(
-                    c["bytes"][j], 1):
-                c["dur"][j] = int(round(c["dur"][j] * factor))
     for w, blk in enumerate((a, b)):
         out.edges += [(int(maps[w][s]), int(maps[w][d])) for s, d in blk.edges]
+    if stretch[0] != 1.0:
+        _stretch_beside_comm(out, *stretch)
     lanes = out.cols["lane"]
     out.first_compute = next((i for i, ln in enumerate(lanes) if ln == _LANE["compute"]), -1)
     out.grad_ops = [(int(maps[w][i]), p, e) for w, blk in enumerate((a, b))
