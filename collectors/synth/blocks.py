@@ -263,11 +263,13 @@ def comm_sm_stretch(hw) -> tuple[float, float]:
     """(factor, arithmetic intensity): a compute-bound kernel (FLOPs per HBM byte at least
     the GPU's BF16 ridge point) running beside DualPipe's communication kernels gets
     ``sm_count - DUALPIPE_COMM_SMS`` SMs and takes ``sm_count / (sm_count - 20)`` times as
-    long; a memory-bound one still saturates HBM and is left as it is."""
+    long; a memory-bound one still saturates HBM and is left as it is (FP16's ridge on GPUs
+    without BF16)."""
     sms = int(hw.sm_count)
     if sms <= DUALPIPE_COMM_SMS:
         return 1.0, float("inf")
-    ridge = hw.peak_tflops.get("bf16", 0.0) * 1e12 / (hw.hbm_gbps * 1e9)
+    pk = hw.peak_tflops
+    ridge = (pk.get("bf16") or pk.get("fp16") or max(pk.values())) * 1e12 / (hw.hbm_gbps * 1e9)
     return sms / (sms - DUALPIPE_COMM_SMS), ridge
 
 
