@@ -26,7 +26,7 @@ fp32 running), of the local K+V ``KV`` and of the local queries ``Q``:
   are cast back to bf16 at the end (6).
 
 K and V are ``heads`` wide, not ``kv_heads``: torchtitan's Llama attention expands them with
-``repeat_kv`` before ``F.scaled_dot_product_attention`` (R16), so the ring circulates,
+``repeat_kv`` before ``F.scaled_dot_product_attention`` (R17), so the ring circulates,
 concatenates and accumulates the expanded tensors. The backward rotates the fp32 dK/dV
 accumulators to the next rank after every step (``dkv_rotater``: ``_RotateMethod.
 ALL_TO_ALL``, a ``permute_tensor`` of the whole local buffer, ``cp`` transfers): the
@@ -128,8 +128,9 @@ def ring_bwd_ops(x) -> list:
 
 def ring_bwd_comm(x, att: list) -> list:
     """The backward ring attention ``att`` (:func:`ring_bwd_ops`) with its communication:
-    the K/V all-gather beside step 0 (the later steps wait for it), the ``cp - 1`` fp32 dK/dV rotations beside the later
-    steps (one op on the CP lane, from step 0 on) and the last rotation, exposed."""
+    the K/V all-gather beside step 0 (the later steps wait for it), the ``cp - 1`` fp32
+    dK/dV rotations beside the later steps (one op on the CP lane, from step 0 on) and the
+    last rotation, exposed."""
     from ..enums import CommOp, OpKind
     from .builder import OpTemplate
     cp, n = x.par.cp, len(att)
