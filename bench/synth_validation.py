@@ -25,7 +25,10 @@ GPU-hours per trillion tokens on 2,048 GPUs (about 1,543 tokens/s per GPU, all o
 included), against the model on H100-SXM profiles (H800 = H100 compute with 400 GB/s of
 NVLink instead of 900, the same 400 Gb/s InfiniBand per GPU) for the issue's layout (1F1B,
 no recompute, ZeRO-0) and for the report's recipe (DualPipe, ZeRO-1, recompute of the norms
-and MLA up-projections).
+and MLA up-projections). Since issue #29's recipes pass the DualPipe rows run their
+compute-bound kernels on the 112 SMs the all-to-all kernels leave (DeepSeek's 20
+communication SMs, synth REFERENCES R16): report recipe 1.10x -> 1.08x, on H800 NVLink
+1.10x -> 1.07x. That mechanism was added after this row had been seen.
 """
 
 from __future__ import annotations

@@ -229,6 +229,11 @@ def synth(
         "rotary embeddings, SwiGLU products and the loss run as one kernel per elementwise "
         "op, norms and loss in fp32; default: fused kernels, as Megatron-LM (Transformer "
         "Engine) or torch.compile run them.")] = False,
+    compile_blocks: Annotated[bool, typer.Option(
+        "--compile-blocks", help="torch.compile as torchtitan applied it in its 2024 "
+        "benchmarks (per transformer block): the complex-number rotary embedding stays in "
+        "eager kernels (Inductor generates no complex code) and the final norm and the fp32 "
+        "loss run uncompiled; default: every elementwise op fused.")] = False,
     tp_comm_overlap: Annotated[bool, typer.Option(
         "--tp-comm-overlap", help="With --sequence-parallel: split each TP all-gather / "
         "reduce-scatter into per-peer pieces overlapped with its GEMM (torchtitan's AsyncTP, "
@@ -307,7 +312,8 @@ def synth(
         stage_layers=parse_stage_layers(stage_layers), stage_slack=stage_slack,
         p2p=p2p.value, odc=odc, seq_imbalance=seq_imbalance, grad_overlap=grad_overlap,
         grad_accum_fusion=grad_accum_fusion, launch_blocking_us=launch_blocking_us,
-        eager=eager, tp_comm_overlap=tp_comm_overlap, offload_layers=offload_layers,
+        eager=eager, compile_blocks=compile_blocks, tp_comm_overlap=tp_comm_overlap,
+        offload_layers=offload_layers,
         fp8_scaling=fp8_scaling.value, cp_attention=cp_attention.value,
         nvlink_domain=nvlink_domain or 0,
         fp4_first_high=first_high, fp4_last_high=last_high,

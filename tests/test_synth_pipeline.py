@@ -362,3 +362,72 @@ def test_pipelined_fsdp_memory_holds_the_stage_unsharded():
     n = mp["params"]
     assert mp["weights_bytes"] == 2 * n // 4 and mp["grads_bytes"] == 2 * n // 4
     assert mp["buffer_bytes"] - m1["buffer_bytes"] == 4 * n - int(40.0 * 1e6)
+
+
+def test_dualpipe_pairs_run_compute_bound_kernels_on_the_sms_left_by_the_all_to_all():
+    """In DualPipe's overlapped forward-backward pairs the all-to-all kernels hold 20 SMs
+    (DeepSeek-V3 §3.2.2): a compute-bound kernel (FLOPs per byte at least the BF16 ridge)
+    issued after the pair's first communication op takes sm / (sm - 20) of its time; one
+    before it, a memory-bound one, and every kernel of an unpaired item keep theirs."""
+    from retime.collectors.enums import OpKind
+    from retime.collectors.synth.blocks import DUALPIPE_COMM_SMS, comm_sm_stretch
+    sms = HW.sm_count
+    factor, ridge = comm_sm_stretch(HW)
+    assert DUALPIPE_COMM_SMS == 20 and factor == pytest.approx(sms / (sms - 20))
+    assert ridge == pytest.approx(HW.peak_tflops["bf16"] * 1e3 / HW.hbm_gbps)
+    big, few = 1e12, 1e6  # FLOPs of a GEMM-like kernel, bytes of it
+    def ops(tag):
+        return (OpTemplate(f"{tag}.gemm0", "compute", 10_000, flops=big, bytes=int(few)),
+                OpTemplate(f"{tag}.a2a", "ep", 4_000, kind=int(OpKind.COLLECTIVE), bytes=1000),
+                OpTemplate(f"{tag}.gemm1", "compute", 10_000, flops=big, bytes=int(few)),
+                OpTemplate(f"{tag}.stream", "compute", 10_000, flops=10.0, bytes=10**9))
+    layer = LayerTemplate(ops("f"), ops("b"))
+    p, m = 2, 4
+    tpl = StepTemplate(layers=(layer,) * 4, optimizer_kernels=())
+    par = ParallelConfig(pp=p, global_batch=m, schedule="dualpipe")
+    tr = build_trace(tpl, par, CommModel(HW, par), p2p_ns=0, recv_ns=0)
+    names = tr.names()
+    d = tr.ops["dur_ns"].to_numpy()
+    stretched = int(round(10_000 * factor))
+    assert set(d[names == "f.stream"]) == {10_000} and set(d[names == "b.stream"]) == {10_000}
+    assert set(d[names == "f.gemm1"]) == {10_000, stretched}
+    assert set(d[names == "b.gemm1"]) == {10_000, stretched}
+    # paired items exist, and in each pair the ops after the first all-to-all stretch
+    assert (d[names == "b.gemm0"] == stretched).any()
+    assert (d[names == "f.gemm0"] == 10_000).any()
+
+
+def test_comm_window_stretches_only_kernels_issued_while_the_all_to_all_is_in_flight():
+    """One DualPipe pair in issue order: a.gemm0, a.a2a | b.gemm0, b.a2a | a.gemm1 (waits
+    for a.a2a), a.stream | b.shared (does not wait for b.a2a), b.gemm1 (waits for it),
+    b.stream. A kernel runs beside a communication op from the op after it up to its first
+    user: b.gemm0 (beside a.a2a), a.gemm1 and b.shared (beside b.a2a) are stretched;
+    a.gemm0 (nothing in flight), b.gemm1 and b.stream (b.a2a has returned) are not, nor
+    a.stream (memory-bound)."""
+    from retime.collectors.enums import OpKind
+    from retime.collectors.synth.blocks import Block, comm_sm_stretch, merge_blocks
+    factor, ridge = comm_sm_stretch(HW)
+    coll = int(OpKind.COLLECTIVE)
+    g = dict(flops=1e12, bytes=10**6)
+
+    def block(tag, shared):
+        blk = Block()
+        blk.add(OpTemplate(f"{tag}.gemm0", "compute", 1000, **g), 0, 0, [])
+        blk.add(OpTemplate(f"{tag}.a2a", "ep", 500, kind=coll, bytes=10), 0, 0, [0])
+        if shared:
+            blk.add(OpTemplate(f"{tag}.shared", "compute", 1000, **g), 0, 0, [0])
+        i = blk.add(OpTemplate(f"{tag}.gemm1", "compute", 1000, **g), 0, 0, [1])
+        blk.add(OpTemplate(f"{tag}.stream", "compute", 1000, flops=10.0, bytes=10**9), 0, 0,
+                [i])
+        return blk
+    a, b = block("a", False), block("b", True)
+    out, _, _ = merge_blocks(a, b, (factor, ridge))
+    assert out.cols["name"] == ["a.gemm0", "a.a2a", "b.gemm0", "b.a2a", "a.gemm1",
+                                "a.stream", "b.shared", "b.gemm1", "b.stream"]
+    s = int(round(1000 * factor))
+    want = {"a.gemm0": 1000, "a.a2a": 500, "b.gemm0": s, "b.a2a": 500, "a.gemm1": s,
+            "a.stream": 1000, "b.shared": s, "b.gemm1": 1000, "b.stream": 1000}
+    assert dict(zip(out.cols["name"], out.cols["dur"])) == want
+    plain, _, _ = merge_blocks(a, b)
+    assert plain.cols["dur"] == [500 if n.endswith("a2a") else 1000
+                                 for n in plain.cols["name"]]

@@ -48,7 +48,8 @@ def test_torch_ring_prices_merges_and_step_kernels():
     is slower; the default prices no ring ops."""
     fused, ring = _synth(), _synth(cp_attention="torch")
     out = 2 * 16 * 512 * 64  # local output elements (= query elements: head dims equal)
-    rows, kv = 2 * 16 * 512, 2 * 4 * 512 * 128
+    # K and V expanded to the 16 query heads (torchtitan's repeat_kv), not the 4 K/V heads
+    rows, kv = 2 * 16 * 512, 2 * 16 * 512 * 128
     fwd = _op(ring, "attn.ring_merge.fwd")
     bwd = _op(ring, "attn.ring_merge.bwd")
     assert (fwd["bytes"] == out * 50 + rows * 52 + kv * 4).all()
@@ -85,3 +86,30 @@ def test_cli_option(tmp_path, capsys):
     b = capsys.readouterr().out
     import json
     assert json.loads(b)["step_time_ns"] > json.loads(a)["step_time_ns"]
+
+
+def test_backward_rotates_fp32_dkv_every_step():
+    """cp 4: the backward's dK/dV accumulators (fp32, expanded to the 16 query heads) go to
+    the next rank after every step: three transfers beside the later steps' kernels, the
+    last one after them, exposed; each priced as the cost layer's point-to-point transfer.
+    The K/V all-gathers move the expanded 16-bit K and V of the whole sequence; the default
+    (fused) keeps one 16-bit reduce-scatter of the unexpanded dK/dV."""
+    from retime.collectors.synth.costs import CommModel
+    ring = _synth(cp=4, dp=1, global_batch=2, micro_batch=2, cp_attention="torch")
+    one = 4 * 2 * 16 * 256 * 128  # fp32, micro-batch 2, 16 heads, local 256 tokens, K+V
+    hid, last = _op(ring, "cp.rotate_dkv"), _op(ring, "cp.rotate_dkv.last")
+    assert (hid["bytes"] == 3 * one).all() and (last["bytes"] == one).all()
+    comm = CommModel(load_hardware("h100-sxm"), ParallelConfig(
+        tp=1, pp=1, dp=1, cp=4, global_batch=2, micro_batch=2))
+    assert last["dur_ns"].iloc[0] == comm.p2p_ns(one, "cp")
+    assert hid["dur_ns"].iloc[0] == 3 * comm.p2p_ns(one, "cp")
+    gathers = _op(ring, "cp.allgather_kv")
+    assert (gathers["bytes"] == 2 * 2 * 1024 * 16 * 128).all()
+    fused = _synth(cp=4, dp=1, global_batch=2, micro_batch=2)
+    assert (_op(fused, "cp.reduce_scatter_dkv")["bytes"] == 2 * 2 * 2 * 1024 * 4 * 64).all()
+    assert not (fused.names() == "cp.rotate_dkv").any()
+    # the exposed transfer starts once the last step's kernel and the others are done
+    r0 = ring.ops[ring.ops["rank"] == 0]
+    names = ring.names()[ring.ops["rank"] == 0]
+    steps_end = (r0["start_ns"] + r0["dur_ns"])[names == "attn.flash_ring_steps.bwd"]
+    assert (last["start_ns"].to_numpy() >= steps_end.to_numpy()).all()

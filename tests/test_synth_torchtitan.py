@@ -56,6 +56,36 @@ def test_eager_ops_move_the_bytes_of_torchtitans_unfused_kernels(name, per_elem,
     assert (eager["dur_ns"].to_numpy() > fused["dur_ns"].to_numpy()).all()
 
 
+def test_compile_blocks_leaves_rotary_and_the_head_eager_and_fuses_the_rest():
+    """torchtitan's per-block torch.compile (R7 commit): the complex rotary embedding (and
+    its recompute under op-level checkpointing), the final norm and the loss move the eager
+    bytes; the blocks' norms and SwiGLU products keep the fused bytes."""
+    vocab = padded_vocab(resolve_model(MODEL), 1)
+    cb, eager, fused = (_synth(recompute="op", **kw) for kw in (
+        dict(compile_blocks=True), dict(eager=True), {}))
+    for name in ("attn.rotary.fwd", "attn.rotary.bwd", "recompute.attn.rotary.fwd",
+                 "head.norm.fwd", "head.norm.bwd", "head.cross_entropy.fwd",
+                 "head.cross_entropy.bwd"):
+        np.testing.assert_array_equal(_ops(cb, name)["bytes"], _ops(eager, name)["bytes"])
+        assert (_ops(cb, name)["dur_ns"].to_numpy()
+                > _ops(fused, name)["dur_ns"].to_numpy()).all()
+    assert (_ops(cb, "attn.rotary.fwd")["bytes"] == 20 * T * (1024 + 256)).all()
+    assert (_ops(cb, "recompute.attn.rotary.fwd")["bytes"] == 20 * T * 256).all()
+    assert (_ops(cb, "head.cross_entropy.fwd")["bytes"] == 14 * T * vocab).all()
+    for name in ("attn.norm.fwd", "mlp.norm.bwd", "mlp.act.fwd", "mlp.act.bwd",
+                 "recompute.mlp.norm.fwd"):
+        np.testing.assert_array_equal(_ops(cb, name)["bytes"], _ops(fused, name)["bytes"])
+        np.testing.assert_array_equal(_ops(cb, name)["dur_ns"], _ops(fused, name)["dur_ns"])
+    steps = [t.meta["synth"]["step_time_ns"] for t in (fused, cb, eager)]
+    assert steps[0] < steps[1] < steps[2]
+
+
+def test_compile_blocks_and_eager_exclude_each_other():
+    from retime.collectors.errors import ConfigError
+    with pytest.raises(ConfigError, match="eager and compile_blocks"):
+        ParallelConfig(eager=True, compile_blocks=True)
+
+
 def test_eager_leaves_matmuls_attention_and_communication_alone():
     a, b = _synth(), _synth(eager=True)
     na, nb = a.names(), b.names()
@@ -141,6 +171,7 @@ def test_recipe_bench_prints_the_command_it_predicts(rid, tmp_path, capsys, monk
     assert "--fsdp" in cmd and "op" in cmd
     assert ("--eager" in cmd) == (rid == "TT-T1 FSDP")
     assert ("tensorwise" in cmd) == (rid == "TT-T1 +Float8")
+    assert ("--compile-blocks" in cmd) == (rid == "TT-T1 +Float8")
 
 
 def _template(**kw):

@@ -16,7 +16,8 @@ from ..enums import CommOp, OpKind, Phase
 from ..trace import StringTable
 from .expand import _EDP, _LANE
 
-__all__ = ["Block", "VStage", "make_block", "merge_blocks", "Pool", "grad_buckets"]
+__all__ = ["Block", "VStage", "make_block", "merge_blocks", "comm_sm_stretch", "Pool",
+           "grad_buckets", "DUALPIPE_COMM_SMS"]
 
 _COMM_LANES = (_LANE["ep"], _LANE["tp"], _LANE["cp"])
 
@@ -250,11 +251,64 @@ def make_block(tpl, parallel, comm, vst: VStage, phase: int, recv_ns: int, send_
     return blk
 
 
-def merge_blocks(a: Block, b: Block) -> tuple[Block, np.ndarray, np.ndarray]:
+#: SMs DeepSeek-V3's all-to-all kernels hold while DualPipe overlaps them with computation:
+#: "we employ the warp specialization technique and partition 20 SMs into 10 communication
+#: channels" (arXiv 2412.19437 §3.2.2; §3.5.1: 20 of the H800's 132 SMs, "which will limit
+#: the computational throughput"); DeepEP's ``Buffer.num_sms`` default is the same 20
+#: (collectors/synth/REFERENCES.md R16).
+DUALPIPE_COMM_SMS = 20
+
+
+def comm_sm_stretch(hw) -> tuple[float, float]:
+    """(factor, arithmetic intensity): a compute-bound kernel (FLOPs per HBM byte at least
+    the GPU's BF16 ridge point) running beside DualPipe's communication kernels gets
+    ``sm_count - DUALPIPE_COMM_SMS`` SMs and takes ``sm_count / (sm_count - 20)`` times as
+    long; a memory-bound one still saturates HBM and is left as it is (FP16's ridge on GPUs
+    without BF16)."""
+    sms = int(hw.sm_count)
+    if sms <= DUALPIPE_COMM_SMS:
+        return 1.0, float("inf")
+    pk = hw.peak_tflops
+    ridge = (pk.get("bf16") or pk.get("fp16") or max(pk.values())) * 1e12 / (hw.hbm_gbps * 1e9)
+    return sms / (sms - DUALPIPE_COMM_SMS), ridge
+
+
+def _stretch_beside_comm(blk: Block, factor: float, ridge: float) -> None:
+    """Stretch, by ``factor``, the compute kernels of ``blk`` (in issue order) that are
+    issued while a communication op is in flight, from the op after it up to the first op
+    that depends on it, and are compute-bound: FLOPs per byte at least ``ridge``, or flash
+    attention."""
+    c = blk.cols
+    comm = [ln in _COMM_LANES for ln in c["lane"]]
+    first_user = {}
+    for s, d in blk.edges:
+        if comm[s] and d < first_user.get(s, blk.n):
+            first_user[s] = d
+    beside = np.zeros(blk.n + 1, np.int64)
+    for j in range(blk.n):
+        if comm[j]:
+            beside[j + 1] += 1
+            beside[first_user.get(j, blk.n)] -= 1
+    beside = np.cumsum(beside)[:blk.n] > 0
+    comp = _LANE["compute"]
+    for j in range(blk.n):
+        # flash attention is compute-bound though its byte count holds the score tiles
+        # (the cost layer prices it as GEMMs), so it is told by name
+        if beside[j] and c["lane"][j] == comp and (
+                c["flops"][j] >= ridge * max(c["bytes"][j], 1) or ".flash" in c["name"][j]):
+            c["dur"][j] = int(round(c["dur"][j] * factor))
+
+
+def merge_blocks(a: Block, b: Block, stretch: tuple[float, float] = (1.0, float("inf"))
+                 ) -> tuple[Block, np.ndarray, np.ndarray]:
     """Interleave two blocks so that each one's communication (all-to-all, TP, CP) runs
     beside the other's computation (DualPipe's F&B chunk pairs): ``a``'s ops up to and
-    including its next communication op, then ``b``'s likewise, and so on. Returns the
-    merged block and the new index of every op of ``a`` and of ``b``."""
+    including its next communication op, then ``b``'s likewise, and so on. ``stretch`` is
+    :func:`comm_sm_stretch`'s (factor, intensity): a compute-lane kernel issued while a
+    communication op is in flight (after it, before the first op that depends on it: the
+    other half's segment, or the same half's independent work such as shared experts),
+    whose FLOPs per byte reach the intensity, runs on fewer SMs and is stretched by the
+    factor. Returns the merged block and the new index of every op of ``a`` and of ``b``."""
     def segments(blk: Block) -> list[list[int]]:
         segs, cur = [], []
         for i, ln in enumerate(blk.cols["lane"]):
@@ -282,6 +336,8 @@ def merge_blocks(a: Block, b: Block) -> tuple[Block, np.ndarray, np.ndarray]:
     out.n = len(order)
     for w, blk in enumerate((a, b)):
         out.edges += [(int(maps[w][s]), int(maps[w][d])) for s, d in blk.edges]
+    if stretch[0] != 1.0:
+        _stretch_beside_comm(out, *stretch)
     lanes = out.cols["lane"]
     out.first_compute = next((i for i, ln in enumerate(lanes) if ln == _LANE["compute"]), -1)
     out.grad_ops = [(int(maps[w][i]), p, e) for w, blk in enumerate((a, b))

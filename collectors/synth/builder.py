@@ -26,7 +26,7 @@ from ..enums import CommOp, EdgeKind, OpKind, Phase
 from ..errors import ConfigError
 from ..trace import StringTable, Trace
 from ._kernels import _list_schedule
-from .blocks import Block, Pool, grad_buckets, make_block, merge_blocks
+from .blocks import Block, Pool, comm_sm_stretch, grad_buckets, make_block, merge_blocks
 from .costs import CommModel, streaming
 from .expand import _EDP, _EMB, _LANE, _MP, LANES, expand_ranks, no_hugepages
 from .hardware import HardwareConfig, resolve_hardware
@@ -305,7 +305,8 @@ def build_trace(template: StepTemplate, parallel: ParallelConfig | dict,
                 ka, kb = key_of(vs, ph), key_of(vs2, ph2)
                 key = (ka, kb)
                 if key not in merged:
-                    mblk, ma, mbm = merge_blocks(blocks[ka][0], blocks[kb][0])
+                    mblk, ma, mbm = merge_blocks(blocks[ka][0], blocks[kb][0],
+                                                  comm_sm_stretch(comm.hw))
                     merged[key] = (mblk, pool.add_block(mblk), ma, mbm)
                 mblk, bid, ma, mbm = merged[key]
                 base = pool.add_piece(bid, mb, stage, c, mb2, c2)

@@ -33,6 +33,22 @@ Residual adds, the embedding and flash attention are single kernels either way. 
 op is priced as the cost layer's streaming kernel over its eager bytes plus the launch/tail
 of its extra kernels.
 
+**torchtitan's torch.compile** (``ParallelConfig.compile_blocks``; ``retime synth
+--compile-blocks``) at its December 2024 benchmarks (R7, commit 9dec370) did not fuse all
+of the above: ``apply_compile`` compiles each ``TransformerBlock`` on its own, and
+
+- the rotary embedding multiplies complex numbers (``view_as_complex(xq.float()) *
+  freqs_cis``), for which Inductor generates no code ("Torchinductor does not support code
+  generation for complex operators. Performance may be worse than eager", torchtitan issue
+  #15): the cast, the complex product and the cast back stay eager kernels (20 bytes per
+  element of Q and K, forward and backward, and in op-level checkpointing's recompute);
+- the final norm and the output projection sit outside the compiled blocks and the loss is
+  not compiled (``train.py``: "TODO: compiling loss function causes CUDA errors, turning off
+  for now"): the final RMSNorm and the fp32 cross entropy run eager (the head's
+  ``norm`` and ``cross_entropy`` ops).
+
+Norms, SwiGLU products and residual adds inside the blocks are fused.
+
 **Tensor-parallel communication overlapped with its GEMMs** (``ParallelConfig.tp_comm_overlap``;
 ``retime synth --tp-comm-overlap``): with sequence parallelism, the all-gather before a
 column-parallel GEMM and the reduce-scatter after a row-parallel one are split into
@@ -64,7 +80,8 @@ from dataclasses import replace
 
 from ..enums import CommOp, OpKind
 
-__all__ = ["EAGER", "eager_template", "op_recompute", "tp_overlap_template"]
+__all__ = ["EAGER", "COMPILE_BLOCKS_EAGER", "COMPILE_BLOCKS_EAGER_HEAD", "eager_template",
+           "op_recompute", "tp_overlap_template"]
 
 #: op kind (last two name components) -> (fused bytes/element as :mod:`.layers` prices it,
 #: eager bytes/element, eager kernels); see the module docstring for the kernel-by-kernel
@@ -91,12 +108,26 @@ def _eager_key(name: str, gated: bool) -> str | None:
     return key
 
 
+#: op kinds torchtitan's per-block ``torch.compile`` leaves eager (module docstring): the
+#: rotary embedding everywhere, the norm and the loss of the head (outside the blocks)
+COMPILE_BLOCKS_EAGER = ("rotary.fwd", "rotary.bwd")
+COMPILE_BLOCKS_EAGER_HEAD = ("norm.fwd", "norm.bwd", "cross_entropy.fwd", "cross_entropy.bwd")
+
+
+def _compile_blocks_eager(name: str, key: str) -> bool:
+    return key in COMPILE_BLOCKS_EAGER or (name.startswith("head.")
+                                           and key in COMPILE_BLOCKS_EAGER_HEAD)
+
+
 def eager_template(x, lt):
     """``lt`` (a :class:`~.builder.LayerTemplate`) with its norms, rotary embeddings, SwiGLU
-    products and loss priced as PyTorch eager runs them (:data:`EAGER`); unchanged unless
-    ``x.par.eager``. ``x`` is the layer builder's context (:class:`~.layers._Ctx`)."""
-    if not x.par.eager:
+    products and loss priced as PyTorch eager runs them (:data:`EAGER`); with
+    ``x.par.compile_blocks`` only the ops torchtitan's per-block ``torch.compile`` leaves
+    eager (module docstring); unchanged otherwise. ``x`` is the layer builder's context
+    (:class:`~.layers._Ctx`)."""
+    if not (x.par.eager or x.par.compile_blocks):
         return lt
+    some = not x.par.eager
     from .costs import streaming
     over = int(round(x.hw.kernel_overhead_us * 1e3))
     gated = bool(x.m.gated_mlp)
@@ -105,6 +136,8 @@ def eager_template(x, lt):
         out = []
         for o in ops:
             key = _eager_key(o.name, gated) if o.kind == _K else None
+            if key is not None and some and not _compile_blocks_eager(o.name, key):
+                key = None
             if key is None or o.bytes <= 0:
                 out.append(o)
                 continue

@@ -38,7 +38,7 @@ from .framework import eager_template, op_recompute, tp_overlap_template
 from .hardware import HardwareConfig
 from .models import ModelConfig
 from .parallel import ParallelConfig
-from .ring import ring_bwd_ops, ring_fwd_ops
+from .ring import ring_bwd_comm, ring_bwd_ops, ring_fwd_ops, ring_kv_bytes
 from .schedule import SPLIT_BACKWARD
 
 __all__ = ["padded_vocab", "model_template"]
@@ -263,10 +263,12 @@ def _layer_fwd(x: _Ctx, layer: int, prefix: str = "") -> list[OpTemplate]:
                           x.st(2 * x.act * T * (h + m.kv_dim) // t)))
     proj_k = m.heads * m.v_head_dim // t
     if x.par.cp > 1:
-        kv = x.act * 2 * x.b * x.S * m.kv_dim // t
+        kv = ring_kv_bytes(x) if _torch_ring(x) else x.act * 2 * x.b * x.S * m.kv_dim // t
         ops.append(x.cp_coll(prefix + "cp.allgather_kv", CommOp.ALL_GATHER, kv))
         att = ring_fwd_ops(x, prefix) if _torch_ring(x) else _attention_fwd(x, prefix)
         att[0] = OpTemplate(**{**att[0].__dict__, "deps": (-2,)})  # runs beside the gather
+        if _torch_ring(x):  # step 1 waits for the gathered K/V (``next_buffer``)
+            att[1] = OpTemplate(**{**att[1].__dict__, "deps": (-1, -2)})
         ops += att
         ops.append(_k(prefix + "attn.proj.fwd", x.g(T, h, proj_k), deps=(-1, -1 - len(att))))
     else:
@@ -399,7 +401,9 @@ def _layer_bwd(x: _Ctx, layer: int) -> list[OpTemplate]:
     if x.par.recompute == "selective" and m.mla:  # DeepSeek: norms and up-projections redone
         ops += _mla_recompute(x)
     att = ring_bwd_ops(x) if _torch_ring(x) else _attention_bwd(x)
-    if x.par.cp > 1:  # ring attention backward: K/V circulate again (beside the kernel),
+    if x.par.cp > 1 and _torch_ring(x):  # gather, steps, fp32 dK/dV rotations (ring.py)
+        ops += ring_bwd_comm(x, att)
+    elif x.par.cp > 1:  # ring attention backward: K/V circulate again (beside the kernel),
         # then dK/dV are reduce-scattered back to their owners
         kv = x.act * 2 * x.b * x.S * m.kv_dim // t
         ops.append(x.cp_coll("cp.allgather_kv", CommOp.ALL_GATHER, kv))

@@ -110,7 +110,11 @@ class ParallelConfig:
     ``eager``: ``False`` prices norms, rotary embeddings, activation products and the loss as
     fused kernels (Megatron-LM's Transformer Engine / Apex kernels, or ``torch.compile``);
     ``True`` as PyTorch eager mode runs torchtitan's model code (one kernel per elementwise
-    op, fp32 norms and loss; :mod:`.framework`). ``recompute = "op"`` is torchtitan's
+    op, fp32 norms and loss; :mod:`.framework`). ``compile_blocks``: ``torch.compile`` as
+    torchtitan applied it at its December 2024 benchmarks (each transformer block compiled
+    on its own): Inductor generates no code for the complex-number rotary embedding (eager
+    kernels) and the final norm and the fp32 loss run uncompiled (:mod:`.framework`); the
+    rest is priced fused. ``recompute = "op"`` is torchtitan's
     op-level selective checkpointing (every second matmul and the non-matmul ops rerun in
     the backward; :mod:`.framework`), ``"selective"`` Megatron-LM's (the attention core).
     ``tp_comm_overlap``: ``False`` is Megatron-LM's default (``--tp-comm-overlap`` off): with
@@ -162,6 +166,7 @@ class ParallelConfig:
     grad_accum_fusion: bool = True
     launch_blocking_us: float = 0.0
     eager: bool = False
+    compile_blocks: bool = False
     tp_comm_overlap: bool = False
     nvlink_domain: int = 0
     fp4_first_high: int = 1
@@ -236,7 +241,7 @@ class ParallelConfig:
             raise ConfigError(f"parallel config: stage_layers={sl!r} must be a list of layer "
                               "counts >= 0, one per pipeline stage (or per model chunk)")
         for f in ("odc", "grad_overlap", "grad_accum_fusion", "sequence_parallel", "fsdp",
-                  "eager", "tp_comm_overlap"):
+                  "eager", "compile_blocks", "tp_comm_overlap"):
             if not isinstance(getattr(self, f), bool):
                 raise ConfigError(f"parallel config: {f}={getattr(self, f)!r} must be true or "
                                   "false")
@@ -255,6 +260,10 @@ class ParallelConfig:
             raise ConfigError(f"parallel config: fp8_scaling={self.fp8_scaling!r} with "
                               f"dtype={self.dtype!r}: it is an FP8 recipe; add --dtype fp8 "
                               "or drop --fp8-scaling")
+        if self.eager and self.compile_blocks:
+            raise ConfigError("parallel config: eager and compile_blocks both set; eager is "
+                              "torchtitan without torch.compile, compile_blocks with it: "
+                              "give one of them")
         if self.tp_comm_overlap and not self.sequence_parallel:
             raise ConfigError("parallel config: tp_comm_overlap overlaps the all-gathers and "
                               "reduce-scatters of sequence parallelism; add "

@@ -25,6 +25,16 @@ fp32 running), of the local K+V ``KV`` and of the local queries ``Q``:
   K, V (4) except at the last step; every step adds dQ (10 per Q element); dQ and dK, dV
   are cast back to bf16 at the end (6).
 
+K and V are ``heads`` wide, not ``kv_heads``: torchtitan's Llama attention expands them with
+``repeat_kv`` before ``F.scaled_dot_product_attention`` (R17), so the ring circulates,
+concatenates and accumulates the expanded tensors. The backward rotates the fp32 dK/dV
+accumulators to the next rank after every step (``dkv_rotater``: ``_RotateMethod.
+ALL_TO_ALL``, a ``permute_tensor`` of the whole local buffer, ``cp`` transfers): the
+transfer issued after step ``i`` is waited after step ``i + 1``'s kernel (beside it), the
+last one after the loop (exposed) (:func:`dkv_rotation_bytes`); the forward and the
+backward each all-gather the expanded K/V once (``rotate_method = ALL_GATHER``,
+:func:`ring_kv_bytes`), issued before step 0 and waited before step 1 (``next_buffer``).
+
 These counts are read off the source (``pytorch/pytorch``,
 ``torch/distributed/tensor/experimental/_attention.py``); the bytes are priced at the HBM
 rate by the cost layer's :func:`memory_bound`, the step kernels by
@@ -38,7 +48,8 @@ from __future__ import annotations
 
 from .costs import KernelCost
 
-__all__ = ["ring_merge_bytes", "ring_fwd_ops", "ring_bwd_ops"]
+__all__ = ["ring_merge_bytes", "ring_kv_bytes", "dkv_rotation_bytes", "ring_fwd_ops",
+           "ring_bwd_ops", "ring_bwd_comm"]
 
 
 def ring_merge_bytes(cp: int, out_elems: int, rows: int, kv_elems: int, q_elems: int,
@@ -69,13 +80,27 @@ def _steps(x, backward: bool) -> tuple[KernelCost, KernelCost]:
 
 
 def _shapes(x) -> tuple[int, int, int, int]:
+    """(local output elements, log-sum-exp rows, local K+V elements, query elements); K
+    and V expanded to the query heads (``repeat_kv``, module docstring)."""
     m = x.m
     heads = m.heads // x.t
-    kv_heads = max(m.kv_heads // x.t, 1)
     rows = x.b * heads * x.s
     return (rows * m.v_head_dim, rows,
-            x.b * kv_heads * x.s * (m.qk_head_dim + m.v_head_dim),
+            x.b * heads * x.s * (m.qk_head_dim + m.v_head_dim),
             rows * m.qk_head_dim)
+
+
+def ring_kv_bytes(x) -> int:
+    """Bytes of the K/V all-gather of one layer (forward or backward): the expanded K and V
+    of the whole sequence, 16-bit."""
+    m = x.m
+    return int(x.act * x.b * x.S * (m.heads // x.t) * (m.qk_head_dim + m.v_head_dim))
+
+
+def dkv_rotation_bytes(x) -> int:
+    """Bytes of one of the backward's ``cp`` dK/dV rotations: the rank's fp32 dK and dV
+    accumulators (expanded heads)."""
+    return 4 * _shapes(x)[2]
 
 
 def _ops(x, prefix: str, backward: bool) -> list:
@@ -99,3 +124,23 @@ def ring_fwd_ops(x, prefix: str = "") -> list:
 def ring_bwd_ops(x) -> list:
     """The backward ring attention of one layer (as :func:`ring_fwd_ops`)."""
     return _ops(x, "", backward=True)
+
+
+def ring_bwd_comm(x, att: list) -> list:
+    """The backward ring attention ``att`` (:func:`ring_bwd_ops`) with its communication:
+    the K/V all-gather beside step 0 (the later steps wait for it), the ``cp - 1`` fp32
+    dK/dV rotations beside the later steps (one op on the CP lane, from step 0 on) and the
+    last rotation, exposed."""
+    from ..enums import CommOp, OpKind
+    from .builder import OpTemplate
+    cp, n = x.par.cp, len(att)
+    one = dkv_rotation_bytes(x)
+    t1 = x.comm.p2p_ns(one, "cp")
+    c, sr = int(OpKind.COLLECTIVE), int(CommOp.SEND_RECV)
+    return [x.cp_coll("cp.allgather_kv", CommOp.ALL_GATHER, ring_kv_bytes(x)),
+            OpTemplate(**{**att[0].__dict__, "deps": (-2,)}),
+            OpTemplate(**{**att[1].__dict__, "deps": (-1, -2)}), *att[2:],
+            OpTemplate("cp.rotate_dkv", "cp", (cp - 1) * t1, kind=c, bytes=(cp - 1) * one,
+                       comm_op=sr, deps=(-n, -1 - n)),
+            OpTemplate("cp.rotate_dkv.last", "cp", t1, kind=c, bytes=one, comm_op=sr,
+                       deps=(-1, -2))]
