@@ -32,6 +32,7 @@ import tomllib
 
 from retime.collectors.costs import collective_cost, load_preset
 from retime.collectors.costs import kernels as K
+from retime.collectors.costs.cluster import read_cluster
 from retime.collectors.costs.gpus import gpu_names, gpu_spec
 
 DATA = Path(__file__).with_name("data") / "cost_published.toml"
@@ -48,7 +49,11 @@ def load(path: Path = DATA) -> dict:
 
 
 def cluster_of(series: dict):
-    c = load_preset(series["preset"])
+    """The series' cluster: a cluster file in ``bench/data`` (``cluster``, the deployment as
+    its source describes it, written as a user would with ``retime cost cluster``) or a
+    built-in ``preset``, then the series' own fields (nodes, GPUs per node, ...)."""
+    c = read_cluster(DATA.with_name(series["cluster"])) if "cluster" in series \
+        else load_preset(series["preset"])
     return c.with_overrides(**{k: series[k] for k in _CLUSTER_KEYS if k in series})
 
 

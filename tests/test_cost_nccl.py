@@ -321,6 +321,35 @@ def test_two_rack_alltoall_is_the_c20_formula_on_the_stated_nics():
     assert tray.busbw_gbps == pytest.approx(2 * r.busbw_gbps, rel=0.03)
 
 
+def test_c19_series_read_ocis_deployment_from_a_cluster_file():
+    """C19's deployment (OCI BM.GPU.GB300.4: 8 x 400 Gb/s RoCE ports per host, two racks of
+    16 hosts; REFERENCES.md C19) is stated as a user would, in a cluster file beside the
+    published rows, and every C19 series reads it. It is not the gb300-nvl72 preset (4 x 800
+    Gb/s per tray), and it prices exactly what the preset with OCI's NICs overridden prices."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import cost as bench
+    finally:
+        sys.path.pop(0)
+    oci = read_cluster(ROOT / "bench" / "data" / "oci-gb300-4.toml")
+    assert (oci.gpus_per_node, oci.nodes, oci.nvlink_domain, oci.net_fabric,
+            oci.nics_per_node, oci.nic_gbit) == (4, 32, 64, "roce", 8, 400.0)
+    preset = load_preset("gb300-nvl72")
+    assert (preset.nics_per_node, preset.nic_gbit) != (oci.nics_per_node, oci.nic_gbit)
+    c19 = [s for s in _series()["collective"] if s["id"] == "C19"]
+    assert len(c19) == 8 and all(s["cluster"] == "oci-gb300-4.toml" for s in c19)
+    for s in c19:
+        c = bench.cluster_of(s)
+        spelled = preset.with_overrides(
+            net_fabric="roce", nics_per_node=8, nic_gbit=400.0,
+            **{k: s[k] for k in ("nodes", "gpus_per_node", "nvlink_domain") if k in s},
+            **({"nvlink_domain": 64} if s["nodes"] == 32 else {}))
+        for nbytes in (2**20, 2**27, 2**30):
+            a = collective_cost(c, s["collective"], nbytes)
+            b = collective_cost(spelled, s["collective"], nbytes)
+            assert (a.time_us, a.algorithm, a.protocol) == (b.time_us, b.algorithm, b.protocol)
+
+
 def test_nvls_rate_scales_as_heads_over_heads_plus_one():
     """C21 (NVIDIA/nccl #1455, 8 x H100, NCCL_ALGO=NVLS, 2-4 GB): 5, 6, 7, 8 GPUs reach
     258, ~265, ~270, 273 GB/s algbw; every GPU moves S (1 + 1/k), so the rate goes as
