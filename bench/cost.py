@@ -14,7 +14,12 @@ on after they had been seen; they are printed as fit. Four are (issue 32): C18 1
 16 MB and C3 8 MB, the rows at the old hard corner of the pipeline fill, which is a soft
 minimum since (REFERENCES.md, "The pipeline fill's soft corner"); and C19's 64-GPU
 all_reduce 1 MB row, which sets the NVLS per-head latency (REFERENCES.md C21; the NVLS
-change was chosen after all of C19's rows had been seen). Last, the hard rule: no matmul the
+change was chosen after all of C19's rows had been seen). The ring LL128 base latency paid
+inside one NVLink domain (LL's, REFERENCES.md C22) was chosen on the fit series C1 after C3's
+and C19's judged LL128 rows had been seen, and kept off rings that cross a network after C18's
+judged rows had been seen (which it leaves unchanged). C19's series read OCI's deployment from
+``bench/data/oci-gb300-4.toml`` (a series' ``cluster`` key), not from preset overrides; every
+figure is what the overrides gave. Last, the hard rule: no matmul the
 model prices (every shape of a grid from 256 to 65536 per dimension, and every published
 shape above) exceeds the GPU's published maximum achievable matmul TFLOP/s for that dtype;
 the exit status is 1 if one does.

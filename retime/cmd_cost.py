@@ -222,8 +222,13 @@ def _assumed_lines(c, rows, coll: str) -> list[str]:
                    f"beyond {P.NVLS_REF_HEADS} ({P.NVLS_HEAD_US.source}: {P.NVLS_HEAD_US.ref}; "
                    "REFERENCES.md C21); NVLS inside one NVLink domain, also one spanning trays "
                    "(MNNVL)")
-    out.append("latency: NCCL's tuning tables (base + hops x per-hop latency; REFERENCES.md C0) "
-               f"+ {P.CALL_US.value:g} us per call (assumed); pipeline fill: one pass of the "
+    ll128 = (f"; a ring LL128 inside one NVLink domain pays LL's base, "
+             f"{P.LL128_WALL_BASE_US.value:g} us, not the table's "
+             f"{P.BASE_LAT_US['ring'][1]:g} (which still ranks; REFERENCES.md C22)"
+             if doms == 1 and any(r["algorithm"] == "ring" and r["protocol"] == "LL128"
+                                  for r in rows) else "")
+    out.append("latency: NCCL's tuning tables (base + hops x per-hop latency; REFERENCES.md C0"
+               f"{ll128}) + {P.CALL_US.value:g} us per call (assumed); pipeline fill: one pass of the "
                f"soft minimum of the message and {P.CHUNK_BYTES.value / 1024:g} KiB per channel "
                "in flight (fitted)")
     out.append("algorithm/protocol: the least tuner time, as NCCL picks without NCCL_ALGO / "

@@ -350,6 +350,26 @@ def test_c19_series_read_ocis_deployment_from_a_cluster_file():
             assert (a.time_us, a.algorithm, a.protocol) == (b.time_us, b.algorithm, b.protocol)
 
 
+def test_ll128_pays_lls_base_latency_inside_a_domain_and_the_tables_across_nodes():
+    """C22: NCCL's tables rank protocols with a ring LL128 base latency that rose from LL's
+    (2.5) to 14 us (2.18+); inside one NVLink domain the predicted time pays LL's base (6.6 us)
+    while the choice still uses the table's 14; a ring leaving the node keeps the table's."""
+    a100 = load_preset("dgx-a100")
+    r = collective_cost(a100, "all_reduce", 4 * 2**20, proto="LL128")
+    # call + LL's base + 2 (n - 1) NVLink LL128 hops
+    assert r.latency_us == pytest.approx(P.CALL_US.value + P.LL128_WALL_BASE_US.value
+                                         + 14 * P.HOP_LAT_US["nvlink"]["ring"][1])
+    assert P.LL128_WALL_BASE_US.value == P.BASE_LAT_US["ring"][0] < P.BASE_LAT_US["ring"][1]
+    # the choice is the tuner's: LL at 1 MB, LL128 at 2 MB, as on C1's rows
+    assert [collective_cost(a100, "all_reduce", n).protocol for n in (2**20, 2**21)] == \
+        ["LL", "LL128"]
+    two = load_preset("dgx-h100").with_overrides(nodes=2)
+    x = collective_cost(two, "all_gather", 4 * 2**20, proto="LL128")
+    # across nodes: the table's 14 us, 14 intra hops (at least 1 us each) and one network step
+    assert x.latency_us == pytest.approx(P.CALL_US.value + P.BASE_LAT_US["ring"][1]
+                                         + 14 * 1.9 + P.HOP_LAT_US["net"]["ring"][1])
+
+
 def test_nvls_rate_scales_as_heads_over_heads_plus_one():
     """C21 (NVIDIA/nccl #1455, 8 x H100, NCCL_ALGO=NVLS, 2-4 GB): 5, 6, 7, 8 GPUs reach
     258, ~265, ~270, 273 GB/s algbw; every GPU moves S (1 + 1/k), so the rate goes as

@@ -24,7 +24,9 @@ Where this model departs from the tuner (it predicts wall-clock time, the tuner 
   concurrent ops' chunk bytes, ``src/enqueue.cc``, C16), and the last of several loops is a
   remainder, so the in-flight data moves through a staircase whose envelope has no corner.
   The hard corner put both fit series' worst rows at S = I (C7 16 MB, C1 4-8 MB);
-* a fixed per-call cost (launch, completion);
+* a fixed per-call cost (launch, completion), and inside one NVLink domain a ring LL128
+  collective pays LL's base latency, not the table's LL128 figure, which NCCL raised from LL's
+  (2.5) to 14 us (2.18+) to rank protocols (C22; the tuner still ranks with 14);
 * NVLS by domain size (C21): the rate of k ranks goes as k/(k+1) (every GPU sends and
   receives S (1 + 1/k) through the switch), carried from the size each generation's rate was
   measured on; the latency pays NVLS_HEAD_US per head beyond NCCL's 8 (each step's scatter and
@@ -332,6 +334,8 @@ def _latency_us(c: Cluster, g: Group, coll: Collective, a: Algo, p: Proto,
         steps = 1 if coll == Collective.sendrecv else math.ceil(math.log2(n))
         return P.BASE_LAT_US["ring"][2] + steps * (inter if peers_far else intra)
     base = P.BASE_LAT_US[a.value][i]
+    if a == Algo.ring and p == Proto.ll128 and not cross and not tuner:
+        base = P.LL128_WALL_BASE_US.value  # the table's 14 us ranks; time pays LL's (C22)
     intra = P.HOP_LAT_US[hop][a.value][i] if c.intra_hop_us is None else c.intra_hop_us
     if a in (Algo.nvls, Algo.nvls_tree) and c.intra_hop_us is None and not tuner:
         intra = nvls_hop_us(k)
