@@ -17,7 +17,10 @@ all_reduce 1 MB row, which sets the NVLS per-head latency (REFERENCES.md C21; th
 change was chosen after all of C19's rows had been seen). The ring LL128 base latency paid
 inside one NVLink domain (LL's, REFERENCES.md C22) was chosen on the fit series C1 after C3's
 and C19's judged LL128 rows had been seen, and kept off rings that cross a network after C18's
-judged rows had been seen (which it leaves unchanged). C19's series read OCI's deployment from
+judged rows had been seen (which it leaves unchanged). Point-to-point LL up to 512 KiB per peer
+inside one NVLink domain (REFERENCES.md C24: NCCL's rule and channel counts, the model's ring
+LL rate; nothing fitted) was looked for because of C19's in-rack alltoall rows, all seen
+before. C19's series read OCI's deployment from
 ``bench/data/oci-gb300-4.toml`` (a series' ``cluster`` key), not from preset overrides; every
 figure is what the overrides gave. Last, the hard rule: no matmul the
 model prices (every shape of a grid from 256 to 65536 per dimension, and every published

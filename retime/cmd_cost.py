@@ -228,14 +228,20 @@ def _assumed_lines(c, rows, coll: str) -> list[str]:
              if doms == 1 and any(r["algorithm"] == "ring" and r["protocol"] == "LL128"
                                   for r in rows) else "")
     out.append("latency: NCCL's tuning tables (base + hops x per-hop latency; REFERENCES.md C0"
-               f"{ll128}) + {P.CALL_US.value:g} us per call (assumed); pipeline fill: one pass of the "
-               f"soft minimum of the message and {P.CHUNK_BYTES.value / 1024:g} KiB per channel "
-               "in flight (fitted)")
+               f"{ll128}) + {P.CALL_US.value:g} us per call (assumed); pipeline fill: one pass "
+               "of the soft minimum of the message and "
+               f"{P.CHUNK_BYTES.value / 1024:g} KiB per channel in flight (fitted)")
     out.append("algorithm/protocol: the least tuner time, as NCCL picks without NCCL_ALGO / "
                "NCCL_PROTO; range: published +-5%, fitted +-10%, assumed +-25% per parameter")
     if coll in ("alltoall", "sendrecv"):
         out.append(f"point-to-point at {P.P2P_EFF.value} of the ring rate ({P.P2P_EFF.source}: "
                    f"{P.P2P_EFF.ref}); off-node peers through each GPU's own NIC share")
+        if any(r["protocol"] == "LL" for r in rows):
+            out.append("point-to-point LL where every peer is over NVLink and a peer's message "
+                       "is at most p2pnChannelsPerPeer x "
+                       f"{P.P2P_LL_THRESHOLD.value / 1024:g} KiB (512 KiB with 32 channels per "
+                       "peer): the channels busy x half a ring LL channel's rate (NCCL 2.27 "
+                       "enqueue.cc and init; REFERENCES.md C24)")
     return out
 
 

@@ -22,6 +22,7 @@ from retime.collectors.costs import (
     preset_names,
     read_cluster,
 )
+from retime.collectors.costs import nccl as nccl
 from retime.collectors.costs import nccl_params as P
 from retime.collectors.costs.nccl import nvls_algbw, nvls_hop_us
 from retime.collectors.errors import ConfigError
@@ -185,7 +186,12 @@ def test_time_grows_and_busbw_rises_with_size():
         c = load_preset(name).with_overrides(nodes=2)
         for coll in ("all_reduce", "all_gather", "alltoall", "broadcast", "sendrecv"):
             rs = [collective_cost(c, coll, 2**p) for p in range(10, 33, 2)]
-            assert all(b.time_us > a.time_us for a, b in zip(rs, rs[1:])), (name, coll)
+            for a, b in zip(rs, rs[1:]):
+                if (a.algorithm, a.protocol, b.protocol) == ("p2p", "LL", "Simple"):
+                    # NCCL switches point-to-point from LL to Simple by size, not by time:
+                    # the time drops there, as C19's published alltoall rows do (C24)
+                    continue
+                assert b.time_us > a.time_us, (name, coll, a.nbytes)
             assert rs[-1].busbw_gbps > rs[0].busbw_gbps
 
 
@@ -277,9 +283,9 @@ def test_judged_all_gather_and_alltoall_series():
     """All-gather over RoCE on 2 x 8 H200 (C18, 1 MB - 1 GB): every judged row within the
     issue's 15% and their median within 10%; the 16 MB row, which the fill's soft corner was
     chosen on, is fit (printed, not judged) and within 10% too. Alltoall inside one NVL72
-    rack (C19, 4, 8 and 64 GB300) within the issue's 25% from 64 MB up (each of 64 peers'
-    messages >= 1 MiB; below, the 64-GPU rows at 8-32 MB are unexplained misses that
-    REFERENCES.md C19 describes; bench/cost.py prints every row)."""
+    rack (C19, 4, 8 and 64 GB300) within the issue's 25% at every size but the 64-GPU 1 MB
+    row (16 KiB per peer: its ~30 us floor grows with the peers, which the model's LL latency
+    does not; REFERENCES.md C24); LL up to 512 KiB per peer, Simple above (C24)."""
     sys.path.insert(0, str(ROOT / "bench"))
     try:
         import cost as bench
@@ -298,9 +304,11 @@ def test_judged_all_gather_and_alltoall_series():
     for s in in_rack:
         rows = bench.collective_rows(s)
         assert len(rows) == 13 and {r["role"] for r in rows} == {"judge"}
+        n = 4 * s["nodes"]
         for r in rows:
             assert r["algorithm"] == "p2p"
-            if r["bytes"] >= 64 * 2**20:
+            assert r["protocol"] == ("LL" if r["bytes"] / n <= 512 * 1024 else "Simple")
+            if not (n == 64 and r["bytes"] == 2**20):
                 assert abs(r["error"]) < 0.25, (s["title"], r)
 
 
@@ -368,6 +376,29 @@ def test_ll128_pays_lls_base_latency_inside_a_domain_and_the_tables_across_nodes
     # across nodes: the table's 14 us, 14 intra hops (at least 1 us each) and one network step
     assert x.latency_us == pytest.approx(P.CALL_US.value + P.BASE_LAT_US["ring"][1]
                                          + 14 * 1.9 + P.HOP_LAT_US["net"]["ring"][1])
+
+
+def test_p2p_runs_ll_up_to_channels_per_peer_times_the_threshold_inside_one_domain():
+    """C24 (NCCL 2.27 enqueue.cc / init): inside one NVLink domain a peer's message of at most
+    p2pnChannelsPerPeer x NCCL_P2P_LL_THRESHOLD (32 x 16 KiB = 512 KiB) runs LL; the LL rate
+    is the channels busy (each peer on nChannelsMin of p2pnChannels = 32) x half a ring LL
+    channel (sends and receives split a channel's warps); across domains always Simple."""
+    rack = load_preset("gb300-nvl72")
+    for n, busy in ((4, 24), (8, 28), (64, 32)):
+        c = rack.with_overrides(nodes=n // 4, nvlink_domain=min(n, 72)) if n > 4 else \
+            rack.with_overrides(nodes=1, nvlink_domain=4)
+        assert collective_cost(c, "alltoall", n * 512 * 1024).protocol == "LL"
+        assert collective_cost(c, "alltoall", n * 1024 * 1024).protocol == "Simple"
+        assert collective_cost(c, "alltoall", n * 1024 * 1024, proto="LL").protocol == "LL"
+        g = group_of(c)
+        L = nccl._links(c, g)
+        assert nccl.p2p_channels(L) == (32, 32)
+        ring_ll = nccl._busbw(c, g, L, Collective.alltoall, nccl.Algo.ring, nccl.Proto.ll)
+        assert nccl.p2p_ll_rate(c, g, L) == pytest.approx(busy * ring_ll / 32 / 2)
+    two_racks = rack.with_overrides(nodes=32, nvlink_domain=64)
+    assert collective_cost(two_racks, "alltoall", 2**20).protocol == "Simple"
+    with pytest.raises(ConfigError, match="LL only where every peer is over NVLink"):
+        collective_cost(two_racks, "alltoall", 2**20, proto="LL")
 
 
 def test_nvls_rate_scales_as_heads_over_heads_plus_one():

@@ -14,7 +14,7 @@ __all__ = ["Param", "LINK_EFF", "NET_EFF", "NVLS_EFF", "BASE_LAT_US", "HOP_LAT_U
            "LL_MAX_BUSBW", "LL128_PER_CHANNEL", "CHANNELS", "CALL_US", "CHUNK_BYTES",
            "NVLS_FILL", "NVLS_CHUNK_BYTES", "LL_HALF_ARCHS", "P2P_EFF", "TREE_EFF",
            "NVLS_REF_RANKS", "NVLS_REF_HEADS", "NVLS_HEAD_US", "LL128_WALL_BASE_US",
-           "UNCERTAINTY"]
+           "P2P_LL_THRESHOLD", "UNCERTAINTY"]
 
 #: relative 1-sigma-ish half-width of the range a parameter of each source contributes
 UNCERTAINTY = {"published": 0.05, "fitted": 0.10, "assumed": 0.25, "stated": 0.10}
@@ -69,6 +69,11 @@ NVLS_REF_RANKS = {"nvlink4": 8, "nvlink5": 72}
 #: k ranks pays ``23 + NVLS_HEAD_US x (k - 8)``
 NVLS_REF_HEADS = 8
 NVLS_HEAD_US = Param(0.6, "fitted", "C19 16 hosts (64 GB300, MNNVL) all_reduce 1 MB row")
+#: NCCL_P2P_LL_THRESHOLD default: a send/recv whose message is at most p2pnChannelsPerPeer x
+#: this many bytes runs LL (NCCL 2.27-era ``addP2pToPlan``; 512 KiB per peer with 32
+#: channels per peer; C24)
+P2P_LL_THRESHOLD = Param(16384, "published", "C24: NCCL_P2P_LL_THRESHOLD 16384 bytes, "
+                         "thresholdLL = p2pnChannelsPerPeer x it (enqueue.cc)")
 #: tree bandwidth factor (NCCL's busBw * .92 for trees)
 TREE_EFF = Param(0.92, "published", "C0: tree busBw x 0.92")
 #: point-to-point (send/recv, alltoall) bandwidth / ring bus bandwidth on the same links
