@@ -312,9 +312,9 @@ def _algbw(c: Cluster, g: Group, L: _Links, coll: Collective, a: Algo, p: Proto)
 
 def p2p_channels(L: _Links) -> tuple[int, int]:
     """(p2pnChannels, p2pnChannelsPerPeer) as NCCL's init sets them inside an NVSwitch domain
-    (C24): the collective channel count rounded up to a power of two; NCCL allows an NVLink
-    peer 2 channels per NVLink (>= 24 on NVSwitch systems), capped at p2pnChannels, so both
-    are equal (32 and 32 with 24 or 32 collective channels)."""
+    (C24): the collective channel count rounded up to a power of two; the per-peer count is
+    the least any peer allows, rounded up and capped at p2pnChannels, and an NVSwitch peer
+    allows at least as many, so both are equal (32 and 32 with 24 or 32 collective channels)."""
     n = 1 << (max(1, L.channels) - 1).bit_length()
     return n, n
 
