@@ -14,7 +14,15 @@ on after they had been seen; they are printed as fit. Four are (issue 32): C18 1
 16 MB and C3 8 MB, the rows at the old hard corner of the pipeline fill, which is a soft
 minimum since (REFERENCES.md, "The pipeline fill's soft corner"); and C19's 64-GPU
 all_reduce 1 MB row, which sets the NVLS per-head latency (REFERENCES.md C21; the NVLS
-change was chosen after all of C19's rows had been seen). Last, the hard rule: no matmul the
+change was chosen after all of C19's rows had been seen). The ring LL128 base latency paid
+inside one NVLink domain (LL's, REFERENCES.md C22) was chosen on the fit series C1 after C3's
+and C19's judged LL128 rows had been seen, and kept off rings that cross a network after C18's
+judged rows had been seen (which it leaves unchanged). Point-to-point LL up to 512 KiB per peer
+inside one NVLink domain (REFERENCES.md C24: NCCL's rule and channel counts, the model's ring
+LL rate; nothing fitted) was looked for because of C19's in-rack alltoall rows, all seen
+before. C19's series read OCI's deployment from
+``bench/data/oci-gb300-4.toml`` (a series' ``cluster`` key), not from preset overrides; every
+figure is what the overrides gave. Last, the hard rule: no matmul the
 model prices (every shape of a grid from 256 to 65536 per dimension, and every published
 shape above) exceeds the GPU's published maximum achievable matmul TFLOP/s for that dtype;
 the exit status is 1 if one does.
@@ -32,6 +40,7 @@ import tomllib
 
 from retime.collectors.costs import collective_cost, load_preset
 from retime.collectors.costs import kernels as K
+from retime.collectors.costs.cluster import read_cluster
 from retime.collectors.costs.gpus import gpu_names, gpu_spec
 
 DATA = Path(__file__).with_name("data") / "cost_published.toml"
@@ -48,7 +57,11 @@ def load(path: Path = DATA) -> dict:
 
 
 def cluster_of(series: dict):
-    c = load_preset(series["preset"])
+    """The series' cluster: a cluster file in ``bench/data`` (``cluster``, the deployment as
+    its source describes it, written as a user would with ``retime cost cluster``) or a
+    built-in ``preset``, then the series' own fields (nodes, GPUs per node, ...)."""
+    c = read_cluster(DATA.with_name(series["cluster"])) if "cluster" in series \
+        else load_preset(series["preset"])
     return c.with_overrides(**{k: series[k] for k in _CLUSTER_KEYS if k in series})
 
 

@@ -222,15 +222,26 @@ def _assumed_lines(c, rows, coll: str) -> list[str]:
                    f"beyond {P.NVLS_REF_HEADS} ({P.NVLS_HEAD_US.source}: {P.NVLS_HEAD_US.ref}; "
                    "REFERENCES.md C21); NVLS inside one NVLink domain, also one spanning trays "
                    "(MNNVL)")
-    out.append("latency: NCCL's tuning tables (base + hops x per-hop latency; REFERENCES.md C0) "
-               f"+ {P.CALL_US.value:g} us per call (assumed); pipeline fill: one pass of the "
-               f"soft minimum of the message and {P.CHUNK_BYTES.value / 1024:g} KiB per channel "
-               "in flight (fitted)")
+    ll128 = (f"; a ring LL128 inside one NVLink domain pays LL's base, "
+             f"{P.LL128_WALL_BASE_US.value:g} us, not the table's "
+             f"{P.BASE_LAT_US['ring'][1]:g} (which still ranks; REFERENCES.md C22)"
+             if doms == 1 and any(r["algorithm"] == "ring" and r["protocol"] == "LL128"
+                                  for r in rows) else "")
+    out.append("latency: NCCL's tuning tables (base + hops x per-hop latency; REFERENCES.md C0"
+               f"{ll128}) + {P.CALL_US.value:g} us per call (assumed); pipeline fill: one pass "
+               "of the soft minimum of the message and "
+               f"{P.CHUNK_BYTES.value / 1024:g} KiB per channel in flight (fitted)")
     out.append("algorithm/protocol: the least tuner time, as NCCL picks without NCCL_ALGO / "
                "NCCL_PROTO; range: published +-5%, fitted +-10%, assumed +-25% per parameter")
     if coll in ("alltoall", "sendrecv"):
         out.append(f"point-to-point at {P.P2P_EFF.value} of the ring rate ({P.P2P_EFF.source}: "
                    f"{P.P2P_EFF.ref}); off-node peers through each GPU's own NIC share")
+        if any(r["protocol"] == "LL" for r in rows):
+            out.append("point-to-point LL where every peer is over NVLink and a peer's message "
+                       "is at most p2pnChannelsPerPeer x "
+                       f"{P.P2P_LL_THRESHOLD.value / 1024:g} KiB (512 KiB with 32 channels per "
+                       "peer): the channels busy x half a ring LL channel's rate (NCCL 2.27 "
+                       "enqueue.cc and init; REFERENCES.md C24)")
     return out
 
 

@@ -22,6 +22,7 @@ from retime.collectors.costs import (
     preset_names,
     read_cluster,
 )
+from retime.collectors.costs import nccl as nccl
 from retime.collectors.costs import nccl_params as P
 from retime.collectors.costs.nccl import nvls_algbw, nvls_hop_us
 from retime.collectors.errors import ConfigError
@@ -185,7 +186,12 @@ def test_time_grows_and_busbw_rises_with_size():
         c = load_preset(name).with_overrides(nodes=2)
         for coll in ("all_reduce", "all_gather", "alltoall", "broadcast", "sendrecv"):
             rs = [collective_cost(c, coll, 2**p) for p in range(10, 33, 2)]
-            assert all(b.time_us > a.time_us for a, b in zip(rs, rs[1:])), (name, coll)
+            for a, b in zip(rs, rs[1:]):
+                if (a.algorithm, a.protocol, b.protocol) == ("p2p", "LL", "Simple"):
+                    # NCCL switches point-to-point from LL to Simple by size, not by time:
+                    # the time drops there, as C19's published alltoall rows do (C24)
+                    continue
+                assert b.time_us > a.time_us, (name, coll, a.nbytes)
             assert rs[-1].busbw_gbps > rs[0].busbw_gbps
 
 
@@ -277,9 +283,9 @@ def test_judged_all_gather_and_alltoall_series():
     """All-gather over RoCE on 2 x 8 H200 (C18, 1 MB - 1 GB): every judged row within the
     issue's 15% and their median within 10%; the 16 MB row, which the fill's soft corner was
     chosen on, is fit (printed, not judged) and within 10% too. Alltoall inside one NVL72
-    rack (C19, 4, 8 and 64 GB300) within the issue's 25% from 64 MB up (each of 64 peers'
-    messages >= 1 MiB; below, the 64-GPU rows at 8-32 MB are unexplained misses that
-    REFERENCES.md C19 describes; bench/cost.py prints every row)."""
+    rack (C19, 4, 8 and 64 GB300) within the issue's 25% at every size but the 64-GPU 1 MB
+    row (16 KiB per peer: its ~30 us floor grows with the peers, which the model's LL latency
+    does not; REFERENCES.md C24); LL up to 512 KiB per peer, Simple above (C24)."""
     sys.path.insert(0, str(ROOT / "bench"))
     try:
         import cost as bench
@@ -298,9 +304,11 @@ def test_judged_all_gather_and_alltoall_series():
     for s in in_rack:
         rows = bench.collective_rows(s)
         assert len(rows) == 13 and {r["role"] for r in rows} == {"judge"}
+        n = 4 * s["nodes"]
         for r in rows:
             assert r["algorithm"] == "p2p"
-            if r["bytes"] >= 64 * 2**20:
+            assert r["protocol"] == ("LL" if r["bytes"] / n <= 512 * 1024 else "Simple")
+            if not (n == 64 and r["bytes"] == 2**20):
                 assert abs(r["error"]) < 0.25, (s["title"], r)
 
 
@@ -319,6 +327,78 @@ def test_two_rack_alltoall_is_the_c20_formula_on_the_stated_nics():
     tray = collective_cost(base.with_overrides(nodes=32, nvlink_domain=64), "alltoall",
                            16 * 2**30)
     assert tray.busbw_gbps == pytest.approx(2 * r.busbw_gbps, rel=0.03)
+
+
+def test_c19_series_read_ocis_deployment_from_a_cluster_file():
+    """C19's deployment (OCI BM.GPU.GB300.4: 8 x 400 Gb/s RoCE ports per host, two racks of
+    16 hosts; REFERENCES.md C19) is stated as a user would, in a cluster file beside the
+    published rows, and every C19 series reads it. It is not the gb300-nvl72 preset (4 x 800
+    Gb/s per tray), and it prices exactly what the preset with OCI's NICs overridden prices."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import cost as bench
+    finally:
+        sys.path.pop(0)
+    oci = read_cluster(ROOT / "bench" / "data" / "oci-gb300-4.toml")
+    assert (oci.gpus_per_node, oci.nodes, oci.nvlink_domain, oci.net_fabric,
+            oci.nics_per_node, oci.nic_gbit) == (4, 32, 64, "roce", 8, 400.0)
+    preset = load_preset("gb300-nvl72")
+    assert (preset.nics_per_node, preset.nic_gbit) != (oci.nics_per_node, oci.nic_gbit)
+    c19 = [s for s in _series()["collective"] if s["id"] == "C19"]
+    assert len(c19) == 8 and all(s["cluster"] == "oci-gb300-4.toml" for s in c19)
+    for s in c19:
+        c = bench.cluster_of(s)
+        spelled = preset.with_overrides(
+            net_fabric="roce", nics_per_node=8, nic_gbit=400.0,
+            **{k: s[k] for k in ("nodes", "gpus_per_node", "nvlink_domain") if k in s},
+            **({"nvlink_domain": 64} if s["nodes"] == 32 else {}))
+        for nbytes in (2**20, 2**27, 2**30):
+            a = collective_cost(c, s["collective"], nbytes)
+            b = collective_cost(spelled, s["collective"], nbytes)
+            assert (a.time_us, a.algorithm, a.protocol) == (b.time_us, b.algorithm, b.protocol)
+
+
+def test_ll128_pays_lls_base_latency_inside_a_domain_and_the_tables_across_nodes():
+    """C22: NCCL's tables rank protocols with a ring LL128 base latency that rose from LL's
+    (2.5) to 14 us (2.18+); inside one NVLink domain the predicted time pays LL's base (6.6 us)
+    while the choice still uses the table's 14; a ring leaving the node keeps the table's."""
+    a100 = load_preset("dgx-a100")
+    r = collective_cost(a100, "all_reduce", 4 * 2**20, proto="LL128")
+    # call + LL's base + 2 (n - 1) NVLink LL128 hops
+    assert r.latency_us == pytest.approx(P.CALL_US.value + P.LL128_WALL_BASE_US.value
+                                         + 14 * P.HOP_LAT_US["nvlink"]["ring"][1])
+    assert P.LL128_WALL_BASE_US.value == P.BASE_LAT_US["ring"][0] < P.BASE_LAT_US["ring"][1]
+    # the choice is the tuner's: LL at 1 MB, LL128 at 2 MB, as on C1's rows
+    assert [collective_cost(a100, "all_reduce", n).protocol for n in (2**20, 2**21)] == \
+        ["LL", "LL128"]
+    two = load_preset("dgx-h100").with_overrides(nodes=2)
+    x = collective_cost(two, "all_gather", 4 * 2**20, proto="LL128")
+    # across nodes: the table's 14 us, 14 intra hops (at least 1 us each) and one network step
+    assert x.latency_us == pytest.approx(P.CALL_US.value + P.BASE_LAT_US["ring"][1]
+                                         + 14 * 1.9 + P.HOP_LAT_US["net"]["ring"][1])
+
+
+def test_p2p_runs_ll_up_to_channels_per_peer_times_the_threshold_inside_one_domain():
+    """C24 (NCCL 2.27 enqueue.cc / init): inside one NVLink domain a peer's message of at most
+    p2pnChannelsPerPeer x NCCL_P2P_LL_THRESHOLD (32 x 16 KiB = 512 KiB) runs LL; the LL rate
+    is the channels busy (each peer on nChannelsMin of p2pnChannels = 32) x half a ring LL
+    channel (sends and receives split a channel's warps); across domains always Simple."""
+    rack = load_preset("gb300-nvl72")
+    for n, busy in ((4, 24), (8, 28), (64, 32)):
+        c = rack.with_overrides(nodes=n // 4, nvlink_domain=min(n, 72)) if n > 4 else \
+            rack.with_overrides(nodes=1, nvlink_domain=4)
+        assert collective_cost(c, "alltoall", n * 512 * 1024).protocol == "LL"
+        assert collective_cost(c, "alltoall", n * 1024 * 1024).protocol == "Simple"
+        assert collective_cost(c, "alltoall", n * 1024 * 1024, proto="LL").protocol == "LL"
+        g = group_of(c)
+        L = nccl._links(c, g)
+        assert nccl.p2p_channels(L) == (32, 32)
+        ring_ll = nccl._busbw(c, g, L, Collective.alltoall, nccl.Algo.ring, nccl.Proto.ll)
+        assert nccl.p2p_ll_rate(c, g, L) == pytest.approx(busy * ring_ll / 32 / 2)
+    two_racks = rack.with_overrides(nodes=32, nvlink_domain=64)
+    assert collective_cost(two_racks, "alltoall", 2**20).protocol == "Simple"
+    with pytest.raises(ConfigError, match="LL only where every peer is over NVLink"):
+        collective_cost(two_racks, "alltoall", 2**20, proto="LL")
 
 
 def test_nvls_rate_scales_as_heads_over_heads_plus_one():

@@ -24,7 +24,9 @@ Where this model departs from the tuner (it predicts wall-clock time, the tuner 
   concurrent ops' chunk bytes, ``src/enqueue.cc``, C16), and the last of several loops is a
   remainder, so the in-flight data moves through a staircase whose envelope has no corner.
   The hard corner put both fit series' worst rows at S = I (C7 16 MB, C1 4-8 MB);
-* a fixed per-call cost (launch, completion);
+* a fixed per-call cost (launch, completion), and inside one NVLink domain a ring LL128
+  collective pays LL's base latency, not the table's LL128 figure, which NCCL raised from LL's
+  (2.5) to 14 us (2.18+) to rank protocols (C22; the tuner still ranks with 14);
 * NVLS by domain size (C21): the rate of k ranks goes as k/(k+1) (every GPU sends and
   receives S (1 + 1/k) through the switch), carried from the size each generation's rate was
   measured on; the latency pays NVLS_HEAD_US per head beyond NCCL's 8 (each step's scatter and
@@ -53,7 +55,8 @@ from .cluster import Cluster
 
 __all__ = ["Collective", "Algo", "Proto", "CollectiveCost", "Group", "collective_cost",
            "bus_factor", "group_of", "alltoall_split_us", "efficiencies", "nvls_eff",
-           "nvls_algbw", "nvls_hop_us", "nvls_channels", "fill_bytes"]
+           "nvls_algbw", "nvls_hop_us", "nvls_channels", "fill_bytes", "p2p_channels",
+           "p2p_ll_rate"]
 
 
 class Collective(str, Enum):
@@ -234,7 +237,10 @@ def _links(c: Cluster, g: Group, measured: int | None = None) -> _Links:
 def _enabled(c: Cluster, g: Group, coll: Collective) -> list[tuple[Algo, Proto]]:
     """(algorithm, protocol) pairs NCCL would consider for this collective and cluster."""
     if coll in (Collective.alltoall, Collective.sendrecv):
-        return [(Algo.p2p, Proto.simple)]
+        # NCCL picks LL or Simple by message size (:func:`_p2p_ll`), not by the tuner; LL
+        # only where every peer is reached over NVLink (C24)
+        ll = c.intra_fabric == "nvswitch" and (g.domain or g.nodes == 1)
+        return ([(Algo.p2p, Proto.ll)] if ll else []) + [(Algo.p2p, Proto.simple)]
     nvidia_nvlink = c.intra_fabric == "nvswitch"
     protos = [Proto.ll, Proto.simple] + ([Proto.ll128] if nvidia_nvlink else [])
     out = [(Algo.ring, p) for p in protos]
@@ -297,8 +303,44 @@ def _algbw(c: Cluster, g: Group, L: _Links, coll: Collective, a: Algo, p: Proto)
         # once: each link direction carries S, so algbw is half the bus rate (NCCL's .5)
         return _busbw(c, g, L, coll, a, p) / 2.0
     if a == Algo.p2p:
+        if p == Proto.ll:
+            rate = p2p_ll_rate(c, g, L)
+            return rate if coll == Collective.sendrecv else rate / ((n - 1) / n)
         return _p2p_algbw(g, L, coll)
     return _busbw(c, g, L, coll, a, p) / bus_factor(coll, n)
+
+
+def p2p_channels(L: _Links) -> tuple[int, int]:
+    """(p2pnChannels, p2pnChannelsPerPeer) as NCCL's init sets them inside an NVSwitch domain
+    (C24): the collective channel count rounded up to a power of two; the per-peer count is
+    the least any peer allows, rounded up and capped at p2pnChannels, and an NVSwitch peer
+    allows at least as many, so both are equal (32 and 32 with 24 or 32 collective channels)."""
+    n = 1 << (max(1, L.channels) - 1).bit_length()
+    return n, n
+
+
+def _p2p_ll(c: Cluster, g: Group, L: _Links, coll: Collective, nbytes: float) -> bool:
+    """Whether NCCL moves these point-to-point messages with LL (C24, NCCL 2.27
+    ``addP2pToPlan``): where every peer is over NVLink, when a peer's message is at most
+    ``p2pnChannelsPerPeer x NCCL_P2P_LL_THRESHOLD`` (32 x 16 KiB = 512 KiB)."""
+    if (Algo.p2p, Proto.ll) not in _enabled(c, g, coll):
+        return False
+    per_peer = nbytes if coll == Collective.sendrecv else nbytes / g.ranks
+    return per_peer <= p2p_channels(L)[1] * P.P2P_LL_THRESHOLD.value
+
+
+def p2p_ll_rate(c: Cluster, g: Group, L: _Links) -> float:
+    """GB/s one GPU sends to its peers with LL point-to-point (C24): the
+    channels busy (each peer on ``nChannelsMin`` of them, halved from p2pnChannelsPerPeer
+    until ``nChannelsMin x ranks <= p2pnChannels``; at most p2pnChannels in all) x half a ring
+    LL channel's rate (the model's ring LL bus rate / its channels): the p2p kernel gives half
+    of a channel's warps to the sends and half to the receives (``sendrecv.h``)."""
+    n_p2p, ch_min = p2p_channels(L)
+    while ch_min * g.ranks > n_p2p and ch_min > 1:
+        ch_min //= 2
+    busy = min(n_p2p, (g.ranks - 1) * ch_min)
+    ring_ll = _busbw(c, g, L, Collective.alltoall, Algo.ring, Proto.ll)
+    return busy * ring_ll / L.channels / 2.0
 
 
 def _p2p_algbw(g: Group, L: _Links, coll: Collective) -> float:
@@ -324,14 +366,16 @@ def _latency_us(c: Cluster, g: Group, coll: Collective, a: Algo, p: Proto,
     hop = "nvlink" if c.intra_fabric == "nvswitch" else "pcie"
     cross = g.nodes > 1 and not g.domain
     n, k, nodes = g.ranks, g.per_node, (g.nodes if cross else 1)
-    if a == Algo.p2p:
+    if a == Algo.p2p:  # the ring columns of the table, for the protocol run (LL or Simple)
         key = "ring"
-        intra = P.HOP_LAT_US[hop][key][2] if c.intra_hop_us is None else c.intra_hop_us
-        inter = P.HOP_LAT_US["net"][key][2] if c.net_hop_us is None else c.net_hop_us
+        intra = P.HOP_LAT_US[hop][key][i] if c.intra_hop_us is None else c.intra_hop_us
+        inter = P.HOP_LAT_US["net"][key][i] if c.net_hop_us is None else c.net_hop_us
         peers_far = n - k if cross else 0
         steps = 1 if coll == Collective.sendrecv else math.ceil(math.log2(n))
-        return P.BASE_LAT_US["ring"][2] + steps * (inter if peers_far else intra)
+        return P.BASE_LAT_US["ring"][i] + steps * (inter if peers_far else intra)
     base = P.BASE_LAT_US[a.value][i]
+    if a == Algo.ring and p == Proto.ll128 and not cross and not tuner:
+        base = P.LL128_WALL_BASE_US.value  # the table's 14 us ranks; time pays LL's (C22)
     intra = P.HOP_LAT_US[hop][a.value][i] if c.intra_hop_us is None else c.intra_hop_us
     if a in (Algo.nvls, Algo.nvls_tree) and c.intra_hop_us is None and not tuner:
         intra = nvls_hop_us(k)
@@ -447,9 +491,12 @@ def collective_cost(cluster: Cluster, collective: str | Collective, nbytes: int,
         if not picked:
             raise ConfigError(f"--proto {wantp.value}: not available for {coll.value} with "
                               f"{', '.join(sorted({a.value for a, _ in cands}))} on "
-                              f"{cluster.intra_fabric} (LL128 needs NVLink; NVLS, CollNet and "
-                              "point-to-point run Simple only)")
+                              f"{cluster.intra_fabric} (LL128 needs NVLink; NVLS and CollNet run "
+                              "Simple only; point-to-point runs LL or Simple, LL only where "
+                              "every peer is over NVLink)")
         cands = picked
+    if cands[0][0] == Algo.p2p and len(cands) == 2:  # NCCL's size rule, not the tuner (C24)
+        cands = cands[:1] if _p2p_ll(cluster, g, L, coll, nbytes) else cands[1:]
     best = None
     for a, p in cands:
         tt, t, lat, bw = _time(cluster, g, L, coll, a, p, nbytes, channels)
@@ -497,7 +544,11 @@ def alltoall_split_us(cluster: Cluster, group: Group, intra_bytes: float,
     ``inter_bytes`` to the others through the GPU's own NIC share, concurrently; the same
     rates, latency and per-call cost as :func:`collective_cost`'s alltoall."""
     L = _links(cluster, group)
-    t = max(intra_bytes / (L.intra * P.P2P_EFF.value * 1e3) if intra_bytes > 0 else 0.0,
+    # LL where every peer is over NVLink and a peer's share is small (C24), as collective_cost
+    per_peer = intra_bytes / max(1, group.per_node - 1) * group.ranks
+    ll = inter_bytes <= 0 and _p2p_ll(cluster, group, L, Collective.alltoall, per_peer)
+    intra = p2p_ll_rate(cluster, group, L) if ll else L.intra * P.P2P_EFF.value
+    t = max(intra_bytes / (intra * 1e3) if intra_bytes > 0 else 0.0,
             inter_bytes / (L.net_gpu * 1e3) if inter_bytes > 0 and L.net_gpu > 0 else 0.0)
     return P.CALL_US.value + _latency_us(cluster, group, Collective.alltoall, Algo.p2p,
-                                         Proto.simple) + t
+                                         Proto.ll if ll else Proto.simple) + t

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 __all__ = ["Param", "LINK_EFF", "NET_EFF", "NVLS_EFF", "BASE_LAT_US", "HOP_LAT_US",
            "LL_MAX_BUSBW", "LL128_PER_CHANNEL", "CHANNELS", "CALL_US", "CHUNK_BYTES",
            "NVLS_FILL", "NVLS_CHUNK_BYTES", "LL_HALF_ARCHS", "P2P_EFF", "TREE_EFF",
-           "NVLS_REF_RANKS", "NVLS_REF_HEADS", "NVLS_HEAD_US", "UNCERTAINTY"]
+           "NVLS_REF_RANKS", "NVLS_REF_HEADS", "NVLS_HEAD_US", "LL128_WALL_BASE_US",
+           "P2P_LL_THRESHOLD", "UNCERTAINTY"]
 
 #: relative 1-sigma-ish half-width of the range a parameter of each source contributes
 UNCERTAINTY = {"published": 0.05, "fitted": 0.10, "assumed": 0.25, "stated": 0.10}
@@ -68,6 +69,11 @@ NVLS_REF_RANKS = {"nvlink4": 8, "nvlink5": 72}
 #: k ranks pays ``23 + NVLS_HEAD_US x (k - 8)``
 NVLS_REF_HEADS = 8
 NVLS_HEAD_US = Param(0.6, "fitted", "C19 16 hosts (64 GB300, MNNVL) all_reduce 1 MB row")
+#: NCCL_P2P_LL_THRESHOLD default: a send/recv whose message is at most p2pnChannelsPerPeer x
+#: this many bytes runs LL (NCCL 2.27-era ``addP2pToPlan``; 512 KiB per peer with 32
+#: channels per peer; C24)
+P2P_LL_THRESHOLD = Param(16384, "published", "C24: NCCL_P2P_LL_THRESHOLD 16384 bytes, "
+                         "thresholdLL = p2pnChannelsPerPeer x it (enqueue.cc)")
 #: tree bandwidth factor (NCCL's busBw * .92 for trees)
 TREE_EFF = Param(0.92, "published", "C0: tree busBw x 0.92")
 #: point-to-point (send/recv, alltoall) bandwidth / ring bus bandwidth on the same links
@@ -78,6 +84,14 @@ BASE_LAT_US = {
     "tree": (6.8, 14.0, 0.0), "ring": (6.6, 14.0, 8.4), "nvls": (0.0, 0.0, 0.0),
     "nvls_tree": (0.0, 0.0, 0.0), "collnet": (0.0, 0.0, 0.0),
 }
+#: ring LL128 base latency (us) charged as wall-clock time where the ring stays inside one
+#: NVLink domain: LL's base of the same table. NCCL's tables rank protocols with an LL128 base
+#: that was LL's in 2.5 (ring 3.6 / 3.6 us) and rose to 10 and then 14 us in later releases while
+#: LL's stayed at 3.6-6.6 and the protocol's launch and completion did not change (C22), so the
+#: tuner keeps 14 to choose and the predicted time pays LL's base. Across a network the table's
+#: 14 us stays (an LL128 step through the NIC proxy moves whole buffer slots).
+LL128_WALL_BASE_US = Param(6.6, "assumed", "C22: LL's ring base of the same table (NCCL 2.5: "
+                           "LL128 = LL = 3.6 us; 2.19's LL128 14 us ranks protocols)")
 #: per-hop latency (us) per link level, algorithm, protocol (LL, LL128, Simple), same table
 HOP_LAT_US = {
     "nvlink": {"tree": (0.6, 1.25, 28.0), "ring": (0.6, 1.9, 3.4), "nvls": (0, 0, 23.0),
