@@ -53,9 +53,17 @@ from pathlib import Path
 
 import numpy as np
 
+from retime.collectors.costs.conv import kernel_pass, kernel_role, pass_costs
 from retime.collectors.costs.gpus import gpu_spec
 from retime.collectors.costs.kernels import DEFAULT_CURVES, Curves
-from retime.collectors.costs.ops import op_class, price_op, shaped_calls
+from retime.collectors.costs.ops import (
+    _gpu_dtype,
+    base_name,
+    op_class,
+    price_op,
+    shaped_calls,
+    tensors,
+)
 from retime.collectors.enums import OpKind
 from retime.collectors.ingest import read
 
@@ -67,22 +75,28 @@ TRACES = {
 }
 CLASSES = ("gemm", "conv", "rest")
 # the grid of each class's parameters, in stages (coarse on purpose: one value per fold):
-# (parameters, fitted on all calls?). A latency (the GEMM tile fill) is told by the calls
-# near the launch floor, so it is fitted on all calls first; an efficiency only by the calls
-# above three launch floors, with the latency fitted before it
+# (parameters, calls judged). A latency (the GEMM tile fill) is told by the calls near the
+# launch floor, so it is fitted on all calls (``all``) first; an efficiency only by the calls
+# above three launch floors (``large``), with the latency fitted before it. The weight-
+# gradient pass's efficiency is fitted on the ratio of each backward call's weight-gradient
+# kernel time to its data-gradient kernel time (``ratio``: same FLOPs, same library and GPU,
+# so the GPU's ceiling and its launch latencies cancel: small calls tell it too)
 GRID = {
-    "gemm": [({"tile_fill_us": [0.5, 1.0, 1.5, 2.0, 2.5, 3.0]}, True),
-             ({"tile_fill_tc_us": [0.5, 1.0, 1.5, 2.0, 2.5, 3.0]}, True),
-             ({"gemm_eff": np.round(np.arange(0.30, 1.001, 0.02), 2).tolist()}, False)],
-    "conv": [({"conv_eff": np.round(np.arange(0.30, 1.001, 0.02), 2).tolist(),
-               "wgrad_eff": np.round(np.arange(0.30, 1.001, 0.05), 2).tolist()}, False)],
+    "gemm": [({"tile_fill_us": [0.5, 1.0, 1.5, 2.0, 2.5, 3.0]}, "all"),
+             ({"tile_fill_tc_us": [0.5, 1.0, 1.5, 2.0, 2.5, 3.0]}, "all"),
+             ({"gemm_eff": np.round(np.arange(0.30, 1.001, 0.02), 2).tolist()}, "large")],
+    "conv": [({"wgrad_eff": np.round(np.arange(0.30, 1.001, 0.05), 2).tolist()}, "ratio"),
+             ({"conv_eff": np.round(np.arange(0.30, 1.001, 0.02), 2).tolist()}, "large")],
     "rest": [({"mem_eff": np.round(np.arange(0.30, 1.001, 0.05), 2).tolist(),
-               "mem_latency_us": [0.2, 0.4, 0.6, 1.0, 1.5, 2.0]}, False)],
+               "mem_latency_us": [0.2, 0.4, 0.6, 1.0, 1.5, 2.0]}, "large")],
 }
 
 
-def collect(name: str) -> tuple[str, list[tuple]]:
-    """(GPU profile, calls): each distinct call shape once, with its measured times."""
+def collect(name: str) -> tuple[str, list[tuple], list[tuple]]:
+    """(GPU profile, calls, backward pairs): each distinct call shape once, with its measured
+    times; and each backward convolution call that ran both a data-gradient and a
+    weight-gradient GEMM kernel (told by their names: ``conv.kernel_pass``), with the two
+    kernels' measured times (us)."""
     path, gpu = TRACES[name]
     t = read([path])
     kind = t.ops["kind"].to_numpy()
@@ -90,6 +104,7 @@ def collect(name: str) -> tuple[str, list[tuple]]:
     dur = t.ops["dur_ns"].to_numpy()
     kn = t.names()
     groups: dict[tuple, list] = {}
+    pairs = []
     for _rank, nm, dims, types, _conc, work, ids in shaped_calls(t, dev):
         cls = op_class(nm)
         if cls == "attention":
@@ -98,7 +113,34 @@ def collect(name: str) -> tuple[str, list[tuple]]:
         key = (nm, repr(dims), repr(types), ks)
         e = groups.setdefault(key, [cls, nm, dims, types, work, ks, []])
         e[6].append(float(dur[ids].sum()) / 1e3)
-    return gpu, [tuple(v) for v in groups.values()]
+        if base_name(nm) == "convolution_backward":
+            us = dur[ids] / 1e3
+            main = [kernel_role(k) == "main" for k in ks]
+            w = [m and kernel_pass(k) == "wgrad" for k, m in zip(ks, main)]
+            tw = float(sum(u for u, x in zip(us, w) if x))
+            td = float(sum(u for u, m, x in zip(us, main, w) if m and not x))
+            if tw > 0 and td > 0:
+                pairs.append((nm, dims, types, work, sum(main), td, tw))
+    return gpu, [tuple(v) for v in groups.values()], pairs
+
+
+def ratio_errors(gpu: str, pairs: list[tuple], curves: Curves) -> np.ndarray:
+    """For each backward convolution call with a data- and a weight-gradient kernel: the
+    modeled weight- over data-gradient pass time, over the measured kernels' ratio, minus 1
+    (``conv.pass_costs``)."""
+    g = gpu_spec(gpu)
+    out = []
+    for nm, dims, types, work, mains, td, tw in pairs:
+        ts = tensors(dims, types)
+        try:
+            priced, _ = pass_costs(g, base_name(nm), ts, work[0], _gpu_dtype(g, work[2]),
+                                   {"fp32": 4, "tf32": 4}.get(work[2], 2), curves, mains)
+        except (ValueError, ZeroDivisionError, IndexError, TypeError):
+            continue
+        t = dict((p, c.time_us) for p, c in priced)
+        if "dgrad" in t and "wgrad" in t:
+            out.append((t["wgrad"] / t["dgrad"]) / (tw / td) - 1)
+    return np.asarray(out)
 
 
 def errors(gpu: str, calls: list[tuple], curves: Curves, cls: str,
@@ -133,12 +175,17 @@ def fit(data: dict, names: list[str], cls: str, base: Curves = DEFAULT_CURVES) -
     parameters move no training call (e.g. the tensor-core tile fill when the training
     traces hold only SIMT GEMMs) is not fitted: its parameters keep their defaults."""
     found: dict = {}
-    for grid, every in GRID[cls]:
+    for grid, mode in GRID[cls]:
         keys = list(grid)
         best, best_v, seen = None, np.inf, set()
         for vals in itertools.product(*(grid[k] for k in keys)):
             cur = dataclasses.replace(base, **found, **dict(zip(keys, vals)))
-            errs = [e for n in names if len(e := errors(*data[n], cur, cls, large=not every))]
+            if mode == "ratio":
+                errs = [e for n in names
+                        if len(e := ratio_errors(data[n][0], data[n][2], cur))]
+            else:
+                errs = [e for n in names
+                        if len(e := errors(*data[n][:2], cur, cls, large=mode == "large"))]
             seen.add(tuple(np.round(np.concatenate(errs), 12)) if errs else ())
             meds = [np.median(np.abs(e)) for e in errs]
             if meds and np.mean(meds) < best_v:
@@ -174,26 +221,26 @@ def _fold(data: dict, have: dict, held: str | None) -> dict:
 def run() -> dict:
     data = {n: collect(n) for n in TRACES}
     out: dict = {"loo": {}, "default": {}, "all": {}}
-    have = {cls: [n for n in TRACES if len(errors(*data[n], DEFAULT_CURVES, cls))]
+    have = {cls: [n for n in TRACES if len(errors(*data[n][:2], DEFAULT_CURVES, cls))]
             for cls in CLASSES}
     params_all = _fold(data, have, None)
     for held in TRACES:
         params = _fold(data, have, held)
         for cls in CLASSES:
-            e0 = errors(*data[held], DEFAULT_CURVES, cls)
+            e0 = errors(*data[held][:2], DEFAULT_CURVES, cls)
             if not len(e0):
                 continue
             p = params[cls]
             cur = dataclasses.replace(DEFAULT_CURVES, **p)
             out["loo"].setdefault(held, {})[cls] = {
-                **stats(errors(*data[held], cur, cls)), "params": p,
+                **stats(errors(*data[held][:2], cur, cls)), "params": p,
                 "trained_on": [n for n in have[cls] if n != held],
-                "large": stats(errors(*data[held], cur, cls, large=True))}
+                "large": stats(errors(*data[held][:2], cur, cls, large=True))}
             out["default"].setdefault(held, {})[cls] = stats(e0)
     for cls in CLASSES:
         cur = dataclasses.replace(DEFAULT_CURVES, **params_all[cls])
         for held in TRACES:
-            e = errors(*data[held], cur, cls)
+            e = errors(*data[held][:2], cur, cls)
             if len(e):
                 out["all"].setdefault(held, {})[cls] = {**stats(e), "params": params_all[cls]}
     # pooled over the held-out predictions: each trace's calls

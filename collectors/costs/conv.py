@@ -34,12 +34,23 @@ import numpy as np
 from .gpus import GpuSpec
 from .kernels import Curves, OpCost, implicit_gemm, memory_bound
 
-__all__ = ["conv_passes", "kernel_role", "price_conv", "sum_costs"]
+__all__ = ["conv_passes", "kernel_pass", "kernel_role", "pass_costs", "price_conv", "sum_costs"]
 
 _LAYOUT = re.compile(r"nchwtonhwc|nhwctonchw|transpose|nchw2cnhw|cnhw2nchw|castTensor",
                      re.IGNORECASE)
 _AUX = re.compile(r"memset|workspace|splitkreduce|reduce_?kernel|SubTensorOpWithScalar|"
                   r"fill|zero", re.IGNORECASE)
+
+
+#: a weight-gradient kernel's name: cuDNN's ``wgrad`` / ``wgrad_indexed`` / ``wgrad_alg*``,
+#: MIOpen's ``igemm_wrw`` and composable_kernel's ``bwd_weight``
+_WGRAD = re.compile(r"wgrad|_wrw_|bwd_weight|backward_weight", re.IGNORECASE)
+
+
+def kernel_pass(name: str) -> str:
+    """``wgrad`` for a convolution's weight-gradient kernel (by its name), else ``other`` (the
+    forward or data-gradient GEMM, or a layout / auxiliary kernel: :func:`kernel_role`)."""
+    return "wgrad" if kernel_role(name) == "main" and _WGRAD.search(name) else "other"
 
 
 def kernel_role(name: str) -> str:
@@ -109,6 +120,28 @@ def sum_costs(kind: str, g: GpuSpec, parts: list[OpCost]) -> OpCost:
                   big.bound, big.efficiency, src)
 
 
+def pass_costs(g: GpuSpec, base: str, ts: list, flops: float, dtype: str, eb: float,
+               curves: Curves, mains: int | None = None) -> tuple[list, list]:
+    """``([(pass, OpCost)], [activation elements])``: each implicit-GEMM pass of one
+    convolution call priced on ``g`` (:func:`conv_passes`; ``mains``: the GEMM kernels the
+    call launched, where the trace names them), and the activations its layout kernels
+    move. A weight-gradient pass sustains ``curves.wgrad_eff`` of the rate the GEMM model
+    gives its shape (REFERENCES.md K7, K21)."""
+    passes, acts = conv_passes(base, ts, flops, mains)
+    # tensor-core convolutions need input channels in 16-byte vectors (multiples of 4 for
+    # tf32, 8 for 16-bit: NVIDIA's cuDNN / DL performance guide, REFERENCES.md K8); an image
+    # input (3 channels) in tf32 runs on the CUDA cores at the fp32 rate
+    cin = int(ts[1][0][1]) if base == "convolution_backward" else int(ts[0][0][1])
+    if dtype == "tf32" and (cin * 4) % 16 and "fp32" in g.hw.peak_tflops:
+        dtype = "fp32"
+    out = []
+    for name, m, n, k, elems in passes:
+        eff = curves.conv_eff * (curves.wgrad_eff if name == "wgrad" else 1.0)
+        out.append((name, implicit_gemm(g, max(m, 1.0), n, k, dtype, eb * elems, "conv",
+                                        curves=curves, eff=eff)))
+    return out, acts
+
+
 def price_conv(g: GpuSpec, base: str, ts: list, flops: float, dtype: str, eb: float,
                curves: Curves, kernels: list[str] | None = None,
                launches: int = 1) -> OpCost:
@@ -117,19 +150,10 @@ def price_conv(g: GpuSpec, base: str, ts: list, flops: float, dtype: str, eb: fl
     its activations, its other kernels as launch floors (module docstring). ``eb``: bytes
     per element of its tensors."""
     roles = None if kernels is None else [kernel_role(k) for k in kernels]
-    passes, acts = conv_passes(base, ts, flops, None if roles is None else roles.count("main"))
-    parts = []
-    # tensor-core convolutions need input channels in 16-byte vectors (multiples of 4 for
-    # tf32, 8 for 16-bit: NVIDIA's cuDNN / DL performance guide, REFERENCES.md K8); an image
-    # input (3 channels) in tf32 runs on the CUDA cores at the fp32 rate
-    cin = int(ts[1][0][1]) if base == "convolution_backward" else int(ts[0][0][1])
-    if dtype == "tf32" and (cin * 4) % 16 and "fp32" in g.hw.peak_tflops:
-        dtype = "fp32"
-    for name, m, n, k, elems in passes:
-        eff = curves.conv_eff * (curves.wgrad_eff if name == "wgrad" else 1.0)
-        nbytes = eb * elems
-        parts.append(implicit_gemm(g, max(m, 1.0), n, k, dtype, nbytes, "conv",
-                                   curves=curves, eff=eff))
+    priced, acts = pass_costs(g, base, ts, flops, dtype, eb, curves,
+                              None if roles is None else roles.count("main"))
+    passes = [p for p, _ in priced]
+    parts = [c for _, c in priced]
     floor = g.hw.kernel_overhead_us
     if kernels is None:
         extra = max(int(launches) - len(passes), 0)
