@@ -31,10 +31,12 @@ import re
 
 import numpy as np
 
-from .gpus import GpuSpec
-from .kernels import Curves, OpCost, implicit_gemm, memory_bound
+from ..errors import ConfigError
+from .gpus import DTYPE_BYTES, GpuSpec
+from .kernels import FITTED_CURVES, Curves, OpCost, implicit_gemm, memory_bound
 
-__all__ = ["conv_passes", "kernel_pass", "kernel_role", "pass_costs", "price_conv", "sum_costs"]
+__all__ = ["conv2d_call", "conv_passes", "kernel_pass", "kernel_role", "pass_costs",
+           "price_conv", "sum_costs"]
 
 _LAYOUT = re.compile(r"nchwtonhwc|nhwctonchw|transpose|nchw2cnhw|cnhw2nchw|castTensor",
                      re.IGNORECASE)
@@ -178,3 +180,50 @@ def price_conv(g: GpuSpec, base: str, ts: list, flops: float, dtype: str, eb: fl
         r = {"conv": "main", "layout": "layout"}.get(p.kind, "aux")
         roles[r] = roles.get(r, 0.0) + p.time_us
     return dataclasses.replace(c, parts=tuple(roles.items()))
+
+
+#: Kineto's ``Input type`` of a tensor per dtype (what a traced call records)
+_TORCH_TYPE = {"fp32": "float", "tf32": "float", "bf16": "c10::BFloat16", "fp16": "c10::Half"}
+
+
+def conv2d_call(g: GpuSpec, batch: int, in_ch: int, height: int, width: int, out_ch: int,
+                kernel: int = 3, stride: int = 1, padding: int | None = None,
+                dtype: str = "bf16", backward: bool = False, channels_last: bool = False,
+                curves: Curves = FITTED_CURVES) -> OpCost:
+    """One PyTorch ``Conv2d`` call (``backward``: its ``convolution_backward``) priced as a
+    replay what-if prices the same call of a trace (:func:`price_conv` with the fitted
+    curves): its implicit-GEMM passes (the backward's data gradient unless the input is an
+    image of at most 4 channels, and its weight gradient) and, for an NCHW model
+    (``channels_last=False``), the layout kernels cuDNN / MIOpen run around them (one HBM
+    read + write of each activation the pass needs, REFERENCES.md K7, K8)."""
+    for k, v in dict(batch=batch, in_ch=in_ch, height=height, width=width, out_ch=out_ch,
+                     kernel=kernel, stride=stride).items():
+        if not (isinstance(v, int) and v > 0):
+            raise ConfigError(f"conv2d: --{k.replace('_', '-')} {v!r} must be a positive "
+                              "integer")
+    if dtype not in _TORCH_TYPE:
+        raise ConfigError(f"conv2d: --dtype {dtype!r}: a convolution runs in "
+                          f"{', '.join(_TORCH_TYPE)}")
+    pad = kernel // 2 if padding is None else padding
+    p = (height + 2 * pad - kernel) // stride + 1
+    q = (width + 2 * pad - kernel) // stride + 1
+    if p < 1 or q < 1:
+        raise ConfigError(f"conv2d: a {kernel}x{kernel} filter with stride {stride} and "
+                          f"padding {pad} leaves no output on a {height}x{width} input")
+    tt = _TORCH_TYPE[dtype]
+    x, w, y = [batch, in_ch, height, width], [out_ch, in_ch, kernel, kernel], \
+        [batch, out_ch, p, q]
+    f1 = 2.0 * batch * out_ch * in_ch * kernel * kernel * p * q
+    if backward:
+        base, ts = "convolution_backward", [(y, tt), (x, tt), (w, tt)]
+        flops = f1 * (1 if in_ch <= 4 else 2)
+    else:
+        base, ts, flops = "cudnn_convolution", [(x, tt), (w, tt)], f1
+    passes, acts = conv_passes(base, ts, flops)
+    # tensor-core kernels read NHWC; a tf32 call whose input channels miss the 16-byte
+    # vectors runs an fp32 CUDA-core kernel on the NCHW tensors themselves (the H100 VGG-13
+    # trace's first layer: ``..._nchwkcrs_nchw`` / ``wgrad_alg0_engine``, no layout kernels)
+    simt = dtype == "tf32" and (in_ch * 4) % 16 != 0
+    names = ["implicit_gemm"] * len(passes) + (
+        [] if channels_last or simt else ["nchwToNhwcKernel"] * len(acts))
+    return price_conv(g, base, ts, flops, dtype, DTYPE_BYTES[dtype], curves, names)
