@@ -192,28 +192,15 @@ def conv_roles(gpu: str, convs: list[tuple], curves: Curves) -> dict:
 def interference_us(trace) -> np.ndarray:
     """Per op of ``trace`` (op-id order), the part of its measured time (us) that was its
     slowdown next to the NCCL / RCCL kernels it overlapped on its GPU: what the replay's
-    contention path charges for that overlap (``replay/policies/interference_gpu.py``: C3's
-    published overlap fractions, REFERENCES.md C12, at the SM share the trace's collective
-    kernels held, their launch grid over the SMs, and the share of their time that moves
-    data; per kernel by its arithmetic intensity). A kernel's prediction is the cost
-    layer's price of it alone plus this. Zero on a trace without GPU collectives."""
-    from retime.collectors.costs.interference import interference
-    from retime.collectors.errors import RetimeError
-    from retime.replay.policies.base import cached_graph
-    from retime.replay.policies.interference_gpu import (
-        _per_kernel,
-        measured_sm_share,
-        overlap_cut,
-    )
+    contention path charges for that overlap (``replay/policies/interference_gpu.py:
+    measured_interference_ns``: C3's published overlap fractions, REFERENCES.md C12, at the
+    SM share the trace's collective kernels held, their launch grid over the SMs, and the
+    share of their time that moves data; per kernel by its call's arithmetic intensity). A
+    kernel's prediction is the cost layer's price of it alone plus this. Zero on a trace
+    without GPU collectives."""
+    from retime.replay.policies.interference_gpu import measured_interference_ns
 
-    g = cached_graph(trace)
-    try:
-        p0, active, _why, busbw = measured_sm_share(trace, g, None)
-    except RetimeError:
-        return np.zeros(len(trace.ops))
-    old = interference(p0, active=active)
-    per = _per_kernel(trace, busbw, old, old, active)
-    return overlap_cut(g, old.slowdown, None if per is None else per[0]) / 1e3
+    return measured_interference_ns(trace) / 1e3
 
 
 def ratio_errors(gpu: str, pairs: list[tuple], curves: Curves) -> np.ndarray:
