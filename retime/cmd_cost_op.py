@@ -80,7 +80,10 @@ def op_cmd(
                                                  help="attention: dimension per head.")] = None,
     causal: Annotated[bool, typer.Option("--causal", help="attention: causal mask.")] = False,
     backward: Annotated[bool, typer.Option("--backward",
-                                           help="attention: the backward pass.")] = False,
+                                           help="attention / conv2d: the backward pass.")] = False,
+    channels_last: Annotated[bool, typer.Option(
+        "--channels-last", help="conv2d: the model's activations are NHWC (channels_last): "
+        "no NCHW <-> NHWC layout kernels around the convolution's GEMMs.")] = False,
     elements: Annotated[int | None, typer.Option(
         "--elements", min=1, help="norm / elementwise: elements per tensor.")] = None,
     reads: Annotated[int, typer.Option("--reads", min=0,
@@ -152,8 +155,11 @@ def op_cmd(
         r = K.flash_attention_gemms(g, batch, heads, seq, seq, head_dim, head_dim, causal,
                                     backward, dtype, ceiling=g.training_ceiling(dtype))
     elif kv == "conv2d":
-        r = K.conv2d(g, batch, in_channels, height, width, out_channels, kernel, stride,
-                     padding, dtype)
+        # what a replay what-if charges for the same call of a trace: its implicit-GEMM
+        # passes and layout kernels, on the fitted curves
+        from retime.collectors.costs.conv import conv2d_call
+        r = conv2d_call(g, batch, in_channels, height, width, out_channels, kernel, stride,
+                        padding, dtype, backward, channels_last)
     elif kv == "attention":
         r = K.attention(g, batch, heads, seq, head_dim, kv_heads, causal, backward, dtype)
     elif kv in ("norm", "elementwise"):
@@ -172,6 +178,8 @@ def op_cmd(
     say(f"  work      {r.flops / 1e9:.3f} GFLOP, {r.bytes / 1e6:.3f} MB")
     say(f"  achieved  {r.tflops:.1f} TFLOP/s, {r.gbps:.0f} GB/s")
     say(f"  bound     {r.bound}")
+    if r.parts:
+        say("  kernels   " + ", ".join(f"{role} {us:.2f} us" for role, us in r.parts))
     say(f"assumed: efficiency {r.efficiency:.3f} of the datasheet peak"
         f"{' (compute)' if r.bound == 'compute' else ' (HBM)' if r.bound == 'memory' else ''}:"
         f" {r.efficiency_source}")

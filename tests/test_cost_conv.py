@@ -3,9 +3,19 @@ derived tf32 / fp32 ceilings and the GEMM tile fill as a time (issue 27)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from retime.collectors.costs.conv import conv_passes, kernel_role, price_conv
+from retime.cli import run
+from retime.collectors.costs.conv import (
+    conv2d_call,
+    conv_passes,
+    kernel_pass,
+    kernel_role,
+    pass_costs,
+    price_conv,
+)
 from retime.collectors.costs.gpus import gpu_spec
 from retime.collectors.costs.kernels import DEFAULT_CURVES, FITTED_CURVES, Curves, math_path, matmul
 from retime.collectors.costs.ops import op_cost, price_op
@@ -103,9 +113,13 @@ def test_image_input_tf32_convolution_runs_on_the_cuda_cores():
 
 def test_derived_ceilings_and_the_tile_fill_time():
     h = gpu_spec("h100-sxm")
-    # the published bf16 ceiling's fraction of its peak (792.1 / 989.4, K1) on tf32 / fp32
-    assert h.mamf("tf32") == (pytest.approx(792.1 * 494.7 / 989.4), "derived")
+    # H100's tf32 ceiling: K1's bf16 one x the tf32 / fp16 cuBLAS ratio at 8192^3 (K20)
+    assert h.mamf("tf32") == (pytest.approx(792.1 * 412.04 / 749.89, abs=0.05), "published")
+    # elsewhere the published bf16 ceiling's fraction of its peak (792.1 / 989.4, K1) on
+    # tf32 / fp32
     assert h.mamf("fp32") == (pytest.approx(792.1 / 989.4 * 67.0), "derived")
+    a = gpu_spec("a100-80gb")
+    assert a.mamf("tf32") == (pytest.approx(267.9 / 312.0 * 156.0), "derived")
     v = gpu_spec("v100-sxm2")
     assert v.mamf("fp32") == (11.9, "published")  # K6 stays
     # 2.5 us of tile fill is 11 k-steps of a 128 x 128 fp32 tile on a V100 SM (11.9 TFLOP/s
@@ -148,3 +162,73 @@ def test_the_tile_fill_is_per_math_path():
         matmul(v, 256, 256, 256, dtype="fp16").time_us
     with pytest.raises(ConfigError, match="wgrad_eff"):
         Curves(wgrad_eff=1.2)
+
+
+# weight- and data-gradient kernels as the shared traces name them
+WGRAD = ["sm90_xmma_wgrad_indexed_implicit_gemm_f32f32_tf32f32_f32_nhwckrsc_nhwc_tilesize128x"
+         "128x32_warpgroupsize1x1x1_g1_execute_segment_k_on_kernel_cudnn_train",
+         "void cutlass_cudnn_train::Kernel<cutlass_tensorop_s1688wgrad_optimized_tf32_256x64_"
+         "16x4_nhwc_align4>(cutlass_tensorop_s1688wgrad_optimized_tf32_256x64_16x4_nhwc_"
+         "align4::Params)",
+         "void wgrad_alg0_engine<float, 128, 5, 5, 3, 3, 3, false, 512>(int, int, int)",
+         "igemm_wrw_gtcx3_nhwc_bf16_bx0_ex1_bt64x64x64_wt32x32x8_ws1x1_wr1x1_ta1x4x1x4_1x16x1x16_"
+         "tb1x4x1x4_1x16x1x16_gkgs",
+         "_ZN2ck16tensor_operation6device37kernel_batched_gemm_xdlops_bwd_weightINS_47Gridwise"]
+DGRAD = ["sm90_xmma_dgrad_implicit_gemm_f32f32_tf32f32_f32_nhwckrsc_nhwc_tilesize128x256x32_"
+         "cgasize2x1x1_warpgroupsize2x1x1_g1_execute_segment_k_off_kernel_cudnn_infer",
+         "igemm_bwd_gtcx3_nhwc_bf16_bx0_ex1_bt128x128x32_wt32x32x8_ws1x1_wr2x2_ta1x8x2x1_1x4x1x64_"
+         "tb1x8x1x2_1x4x1x64_mh_gkgs",
+         "Cijk_Ailk_Bjlk_BBS_BH_MT32x32x64_MI16x16x16x1_SN_1LDSB0_APM1_ABV0_ACED0", FPROP]
+
+
+def test_kernel_pass_tells_the_weight_gradient_kernels_by_name():
+    assert {kernel_pass(k) for k in WGRAD} == {"wgrad"}
+    assert {kernel_pass(k) for k in DGRAD} == {"other"}
+    # a layout kernel is never a pass, whatever its template arguments say
+    assert kernel_pass(NCHW2NHWC) == kernel_pass("Memset (Device)") == "other"
+
+
+def test_pass_costs_are_the_main_part_of_the_call_and_wgrad_eff_acts_on_wgrad_only():
+    g = gpu_spec("h100-sxm")
+    ts = [([512, 128, 56, 56], "float"), ([512, 64, 112, 112], "float"),
+          ([128, 64, 3, 3], "float")]
+    fl = op_cost("aten::convolution_backward", [t for t, _ in ts], T + ["float"])[0]
+    priced, acts = pass_costs(g, "convolution_backward", ts, fl, "tf32", 4, FITTED_CURVES, 2)
+    assert [p for p, _ in priced] == ["dgrad", "wgrad"] and len(acts) == 4
+    c = price_conv(g, "convolution_backward", ts, fl, "tf32", 4, FITTED_CURVES,
+                   [DGRAD[0], WGRAD[0]])
+    assert dict(c.parts)["main"] == pytest.approx(sum(x.time_us for _, x in priced))
+    slow = Curves(wgrad_eff=0.5)
+    p2, _ = pass_costs(g, "convolution_backward", ts, fl, "tf32", 4, slow, 2)
+    base, _ = pass_costs(g, "convolution_backward", ts, fl, "tf32", 4, DEFAULT_CURVES, 2)
+    assert p2[0][1].time_us == pytest.approx(base[0][1].time_us)  # dgrad unchanged
+    assert p2[1][1].time_us > 1.5 * base[1][1].time_us  # compute-bound: ~2x
+
+
+def test_cost_op_conv2d_prints_what_a_whatif_charges(capsys):
+    """`retime cost op conv2d` is the what-ifs' price of the same traced call: price_op on
+    the shapes Kineto records, with the fitted curves and the kernels the library runs."""
+    g = gpu_spec("h100-sxm")
+    dims = [[512, 256, 56, 56], [256, 256, 3, 3], [], [1, 1], [1, 1], [1, 1], 1]
+    types = ["float", "float", "", "", "", "", ""]
+    work = op_cost("aten::cudnn_convolution", dims, types, ["", "", "[1, 1]", "[1, 1]"])
+    traced = price_op(g, "aten::cudnn_convolution", dims, types, work, FITTED_CURVES,
+                      kernels=[NCHW2NHWC, NCHW2NHWC, FPROP])
+    argv = ["cost", "op", "conv2d", "--gpu", "h100-sxm", "--dtype", "tf32", "--batch", "512",
+            "--in-channels", "256", "--height", "56", "--width", "56", "--out-channels", "256"]
+    assert run([*argv, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["time_us"] == pytest.approx(traced.time_us, abs=1e-3)
+    assert conv2d_call(g, 512, 256, 56, 56, 256, dtype="tf32").time_us == pytest.approx(
+        traced.time_us)
+    # channels_last: no layout kernels; the human output names the kernels' shares
+    nhwc = conv2d_call(g, 512, 256, 56, 56, 256, dtype="tf32", channels_last=True)
+    assert dict(nhwc.parts) == {"main": pytest.approx(dict(traced.parts)["main"])}
+    assert run(argv) == 0
+    assert "kernels   main " in capsys.readouterr().out
+    # an image input in tf32 runs a CUDA-core kernel on NCHW: no layout kernels either
+    first = conv2d_call(g, 512, 3, 224, 224, 64, dtype="tf32", backward=True)
+    assert [r for r, _ in first.parts] == ["main"]
+    with pytest.raises(ConfigError, match="--dtype 'fp8'"):
+        conv2d_call(g, 1, 8, 8, 8, 8, dtype="fp8")
+    assert run([*argv[:-2], "--out-channels", "0"]) == 2

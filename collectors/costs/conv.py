@@ -31,15 +31,28 @@ import re
 
 import numpy as np
 
-from .gpus import GpuSpec
-from .kernels import Curves, OpCost, implicit_gemm, memory_bound
+from ..errors import ConfigError
+from .gpus import DTYPE_BYTES, GpuSpec
+from .kernels import FITTED_CURVES, Curves, OpCost, implicit_gemm, memory_bound
 
-__all__ = ["conv_passes", "kernel_role", "price_conv", "sum_costs"]
+__all__ = ["conv2d_call", "conv_passes", "kernel_pass", "kernel_role", "pass_costs",
+           "price_conv", "sum_costs"]
 
 _LAYOUT = re.compile(r"nchwtonhwc|nhwctonchw|transpose|nchw2cnhw|cnhw2nchw|castTensor",
                      re.IGNORECASE)
 _AUX = re.compile(r"memset|workspace|splitkreduce|reduce_?kernel|SubTensorOpWithScalar|"
                   r"fill|zero", re.IGNORECASE)
+
+
+#: a weight-gradient kernel's name: cuDNN's ``wgrad`` / ``wgrad_indexed`` / ``wgrad_alg*``,
+#: MIOpen's ``igemm_wrw`` and composable_kernel's ``bwd_weight``
+_WGRAD = re.compile(r"wgrad|_wrw_|bwd_weight|backward_weight", re.IGNORECASE)
+
+
+def kernel_pass(name: str) -> str:
+    """``wgrad`` for a convolution's weight-gradient kernel (by its name), else ``other`` (the
+    forward or data-gradient GEMM, or a layout / auxiliary kernel: :func:`kernel_role`)."""
+    return "wgrad" if kernel_role(name) == "main" and _WGRAD.search(name) else "other"
 
 
 def kernel_role(name: str) -> str:
@@ -109,6 +122,28 @@ def sum_costs(kind: str, g: GpuSpec, parts: list[OpCost]) -> OpCost:
                   big.bound, big.efficiency, src)
 
 
+def pass_costs(g: GpuSpec, base: str, ts: list, flops: float, dtype: str, eb: float,
+               curves: Curves, mains: int | None = None) -> tuple[list, list]:
+    """``([(pass, OpCost)], [activation elements])``: each implicit-GEMM pass of one
+    convolution call priced on ``g`` (:func:`conv_passes`; ``mains``: the GEMM kernels the
+    call launched, where the trace names them), and the activations its layout kernels
+    move. A weight-gradient pass sustains ``curves.wgrad_eff`` of the rate the GEMM model
+    gives its shape (REFERENCES.md K7, K21)."""
+    passes, acts = conv_passes(base, ts, flops, mains)
+    # tensor-core convolutions need input channels in 16-byte vectors (multiples of 4 for
+    # tf32, 8 for 16-bit: NVIDIA's cuDNN / DL performance guide, REFERENCES.md K8); an image
+    # input (3 channels) in tf32 runs on the CUDA cores at the fp32 rate
+    cin = int(ts[1][0][1]) if base == "convolution_backward" else int(ts[0][0][1])
+    if dtype == "tf32" and (cin * 4) % 16 and "fp32" in g.hw.peak_tflops:
+        dtype = "fp32"
+    out = []
+    for name, m, n, k, elems in passes:
+        eff = curves.conv_eff * (curves.wgrad_eff if name == "wgrad" else 1.0)
+        out.append((name, implicit_gemm(g, max(m, 1.0), n, k, dtype, eb * elems, "conv",
+                                        curves=curves, eff=eff)))
+    return out, acts
+
+
 def price_conv(g: GpuSpec, base: str, ts: list, flops: float, dtype: str, eb: float,
                curves: Curves, kernels: list[str] | None = None,
                launches: int = 1) -> OpCost:
@@ -117,19 +152,10 @@ def price_conv(g: GpuSpec, base: str, ts: list, flops: float, dtype: str, eb: fl
     its activations, its other kernels as launch floors (module docstring). ``eb``: bytes
     per element of its tensors."""
     roles = None if kernels is None else [kernel_role(k) for k in kernels]
-    passes, acts = conv_passes(base, ts, flops, None if roles is None else roles.count("main"))
-    parts = []
-    # tensor-core convolutions need input channels in 16-byte vectors (multiples of 4 for
-    # tf32, 8 for 16-bit: NVIDIA's cuDNN / DL performance guide, REFERENCES.md K8); an image
-    # input (3 channels) in tf32 runs on the CUDA cores at the fp32 rate
-    cin = int(ts[1][0][1]) if base == "convolution_backward" else int(ts[0][0][1])
-    if dtype == "tf32" and (cin * 4) % 16 and "fp32" in g.hw.peak_tflops:
-        dtype = "fp32"
-    for name, m, n, k, elems in passes:
-        eff = curves.conv_eff * (curves.wgrad_eff if name == "wgrad" else 1.0)
-        nbytes = eb * elems
-        parts.append(implicit_gemm(g, max(m, 1.0), n, k, dtype, nbytes, "conv",
-                                   curves=curves, eff=eff))
+    priced, acts = pass_costs(g, base, ts, flops, dtype, eb, curves,
+                              None if roles is None else roles.count("main"))
+    passes = [p for p, _ in priced]
+    parts = [c for _, c in priced]
     floor = g.hw.kernel_overhead_us
     if kernels is None:
         extra = max(int(launches) - len(passes), 0)
@@ -154,3 +180,50 @@ def price_conv(g: GpuSpec, base: str, ts: list, flops: float, dtype: str, eb: fl
         r = {"conv": "main", "layout": "layout"}.get(p.kind, "aux")
         roles[r] = roles.get(r, 0.0) + p.time_us
     return dataclasses.replace(c, parts=tuple(roles.items()))
+
+
+#: Kineto's ``Input type`` of a tensor per dtype (what a traced call records)
+_TORCH_TYPE = {"fp32": "float", "tf32": "float", "bf16": "c10::BFloat16", "fp16": "c10::Half"}
+
+
+def conv2d_call(g: GpuSpec, batch: int, in_ch: int, height: int, width: int, out_ch: int,
+                kernel: int = 3, stride: int = 1, padding: int | None = None,
+                dtype: str = "bf16", backward: bool = False, channels_last: bool = False,
+                curves: Curves = FITTED_CURVES) -> OpCost:
+    """One PyTorch ``Conv2d`` call (``backward``: its ``convolution_backward``) priced as a
+    replay what-if prices the same call of a trace (:func:`price_conv` with the fitted
+    curves): its implicit-GEMM passes (the backward's data gradient unless the input is an
+    image of at most 4 channels, and its weight gradient) and, for an NCHW model
+    (``channels_last=False``), the layout kernels cuDNN / MIOpen run around them (one HBM
+    read + write of each activation the pass needs, REFERENCES.md K7, K8)."""
+    for k, v in dict(batch=batch, in_ch=in_ch, height=height, width=width, out_ch=out_ch,
+                     kernel=kernel, stride=stride).items():
+        if not (isinstance(v, int) and v > 0):
+            raise ConfigError(f"conv2d: --{k.replace('_', '-')} {v!r} must be a positive "
+                              "integer")
+    if dtype not in _TORCH_TYPE:
+        raise ConfigError(f"conv2d: --dtype {dtype!r}: a convolution runs in "
+                          f"{', '.join(_TORCH_TYPE)}")
+    pad = kernel // 2 if padding is None else padding
+    p = (height + 2 * pad - kernel) // stride + 1
+    q = (width + 2 * pad - kernel) // stride + 1
+    if p < 1 or q < 1:
+        raise ConfigError(f"conv2d: a {kernel}x{kernel} filter with stride {stride} and "
+                          f"padding {pad} leaves no output on a {height}x{width} input")
+    tt = _TORCH_TYPE[dtype]
+    x, w, y = [batch, in_ch, height, width], [out_ch, in_ch, kernel, kernel], \
+        [batch, out_ch, p, q]
+    f1 = 2.0 * batch * out_ch * in_ch * kernel * kernel * p * q
+    if backward:
+        base, ts = "convolution_backward", [(y, tt), (x, tt), (w, tt)]
+        flops = f1 * (1 if in_ch <= 4 else 2)
+    else:
+        base, ts, flops = "cudnn_convolution", [(x, tt), (w, tt)], f1
+    passes, acts = conv_passes(base, ts, flops)
+    # tensor-core kernels read NHWC; a tf32 call whose input channels miss the 16-byte
+    # vectors runs an fp32 CUDA-core kernel on the NCHW tensors themselves (the H100 VGG-13
+    # trace's first layer: ``..._nchwkcrs_nchw`` / ``wgrad_alg0_engine``, no layout kernels)
+    simt = dtype == "tf32" and (in_ch * 4) % 16 != 0
+    names = ["implicit_gemm"] * len(passes) + (
+        [] if channels_last or simt else ["nchwToNhwcKernel"] * len(acts))
+    return price_conv(g, base, ts, flops, dtype, DTYPE_BYTES[dtype], curves, names)

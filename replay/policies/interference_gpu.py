@@ -38,7 +38,7 @@ from ..engine import ContentionModel
 from ..graph import RES_COMM, RES_COMPUTE
 from .base import WhatIfState, by_op, ranks_per_node_of
 
-__all__ = ["apply_sm_share", "measured_sm_share"]
+__all__ = ["apply_sm_share", "measured_interference_ns", "measured_sm_share"]
 
 
 def measured_sm_share(trace, graph, ranks_per_node: int | None
@@ -233,3 +233,24 @@ def _per_kernel(trace, busbw: float, old, new, active: float):
             "slowdown_memory_bound_median": (round(float(np.median(s_new[mem])), 4)
                                              if mem.any() else None)}
     return s_old, s_new, info, calls, gpu.name, hbm
+
+
+def measured_interference_ns(trace, graph=None) -> np.ndarray:
+    """Per op of a measured ``trace`` (op-id order): the part of its measured time (ns) that
+    was its slowdown beside the NCCL kernels it overlapped on its device, as the contention
+    path charges it (the trace's own SM share, :func:`measured_sm_share`; per compute kernel
+    by its arithmetic intensity where the trace records shapes): what
+    :func:`apply_sm_share` removes to get isolated times. Zero for a trace without GPU
+    collectives. ``graph``: the trace's replay graph (built when None)."""
+    from .base import cached_graph
+
+    g = cached_graph(trace) if graph is None else graph
+    try:
+        p0, active, _why, busbw = measured_sm_share(trace, g, None)
+    except PolicyError:
+        return np.zeros(len(by_op(g, "device")))
+    old = interference(p0, active=active)
+    per = _per_kernel(trace, busbw, old, old, active)
+    if per is not None and len(per[0]) != len(by_op(g, "device")):
+        per = None
+    return overlap_cut(g, old.slowdown, None if per is None else per[0])
