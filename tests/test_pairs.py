@@ -43,6 +43,11 @@ def _param_bytes(s: dict) -> int:
     if s["model"] == "mlp":
         h = s["hidden"]
         return 4 * (s["layers"] * (h * h + h) + h + 1)
+    if s["model"] == "emb":  # bottom MLP (dense -> 256 -> dim), the tables, top MLP
+        dim, t = s["dim"], s["tables"]
+        bottom = s["dense"] * 256 + 256 + 256 * dim + dim
+        top = dim * (t + 1) * 512 + 512 + 512 * 256 + 256 + 256 + 1
+        return 4 * (bottom + t * s["rows"] * dim + top)
     if s["model"] == "cnn":  # 3x3 convolutions (the first from 3 channels), head Linear(c, 1)
         c = s["channels"]
         return 4 * ((3 * c * 9 + c) + (s["layers"] - 1) * (c * c * 9 + c) + c + 1)
@@ -129,8 +134,9 @@ def test_capture_files_match_their_setting(name, label):
         assert doc["host_name"] == f"host{rank // s['nproc_per_host']}"  # own UTS namespace
         job = doc["retimeCapture"]["job"]
         for k in ("model", "layers", "batch", "bucket_cap_mb", "checkpoint", "nhosts",
-                  "nproc_per_host", "rate_mbit", "speed_pct"):
-            assert job[k] == s[k], (k, job[k], s[k])
+                  "nproc_per_host", "rate_mbit", "speed_pct", "tables", "rows", "dim"):
+            if k in s:  # the emb model has no layers; only it has tables
+                assert job[k] == s[k], (k, job[k], s[k])
         assert sum(job["ddp_param_bytes"]) == _param_bytes(s)
         assert job["hosts"] == [f"host{r // s['nproc_per_host']}" for r in range(world)]
         steps = [e["name"] for e in doc["traceEvents"]
@@ -138,8 +144,15 @@ def test_capture_files_match_their_setting(name, label):
         assert steps == ["ProfilerStep#2", "ProfilerStep#3", "ProfilerStep#4"]  # 3 recorded
         # the recorded input shapes carry the per-rank batch: the first Linear's input is
         # (batch, hidden) in the MLP, (seq, batch, d_model) in attention's in-projection; the
-        # conv net's first convolution takes (batch, 3, image, image)
-        if s["model"] == "cnn":
+        # conv net's first convolution takes (batch, 3, image, image); the recommender's
+        # first Linear (its bottom MLP) (batch, dense), and each table bags (batch, bag) ids
+        if s["model"] == "emb":
+            lin = next(e for e in doc["traceEvents"] if e.get("name") == "aten::linear")
+            assert lin["args"]["Input Dims"][0] == [s["batch"], s["dense"]]
+            bags = [e for e in doc["traceEvents"] if e.get("name") == "aten::embedding_bag"]
+            assert len(bags) == 3 * s["tables"]  # 3 recorded steps
+            assert all(e["args"]["Input Dims"][1] == [s["batch"], s["bag"]] for e in bags)
+        elif s["model"] == "cnn":
             conv = next(e for e in doc["traceEvents"] if e.get("name") == "aten::conv2d")
             assert conv["args"]["Input Dims"][0] == [s["batch"], 3, s["image"], s["image"]]
         else:
