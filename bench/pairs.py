@@ -10,6 +10,13 @@ target's repeated captures. Also printed: the error of answering "no change" (th
 own measured step as the prediction) and the identity replay of the source (the model's
 bias without a what-if). A key the engine refuses (``RetimeError``) is that row's result.
 
+Which rows shaped what: every pair without ``after_freeze`` in pairs.json shaped the model.
+The scheduler-turn cost of a re-bucketed transfer on a one-bucket plain trace
+(``cpu_overlap.turn_delay_ns``, 4 turns of Linux's 3 ms default slice for a 2-rank ring) was
+chosen after the 12 bucket predictions had been seen (6, 12 and 20 ms were tried on them; 12
+ms is also the kit's own SCHED_RR slice times the hand-offs), so those rows judge nothing;
+the post-freeze pairs have no bucket change and were not looked at for it.
+
 Reads only the committed traces (no capture), so it runs anywhere::
 
     python bench/pairs.py [--pair NAME] [--json]

@@ -143,9 +143,11 @@ def test_range_holds_the_prediction_and_the_replays_at_the_unmeasured_bounds():
     pred = r.summary()["step_time_ns"]["per_step"]["replayed"]
     lo, hi = w["step_range_ns"]
     assert lo < pred < hi
-    # the bounds are the same what-if at interference 0 and 1 (overlap.interference 1 and 0)
-    want = sorted(whatif(t, {**keys, "overlap.interference": f}).summary()["step_time_ns"]
-                  ["per_step"]["replayed"] for f in (0.0, 1.0))
+    # the bounds are the same what-if at the assumed scheduler turns' bounds (half and twice
+    # the ring's hand-offs: overlap.probe_bound low and high)
+    want = sorted(whatif(t, {**keys, "overlap.probe_bound": b}).summary()["step_time_ns"]
+                  ["per_step"]["replayed"] for b in ("low", "high"))
+    assert want[0] < pred < want[1]
     assert sorted(w["range"]["bounds_ns"]) == pytest.approx(want, rel=1e-12)
     noise = w["range"]["step_spread"]
     assert lo <= want[0] * (1 - noise) + 1 and hi >= want[1] * (1 + noise) - 1

@@ -50,6 +50,13 @@ so :func:`rebucket_cpu` models parameters, not buckets:
   worker threads (the lanes the old buckets ran on), which the new buckets take in turn,
   and two transfers waiting on the scheduler each keep their own rate; on the link alone
   they share it (``ContentionModel(share_links=True, comm_cap=True)``);
+* **without the probe**, the comm side's slowdown is fitted on the trace's own transfers
+  (:func:`cpu_overlap.fit_comm_slowdown`: some ran under compute, some not); where the
+  trace cannot show it (a one-bucket trace: no transfer ran under compute) a new bucket
+  next to compute is capped, as with the probe, to last its link time plus the scheduler
+  turns its ring's hand-offs wait (:func:`cpu_overlap.turn_delay_ns`: a fixed cost, not a
+  rate, so a slow link hides it and a fast one does not), on the worker threads the trace
+  shows; the compute side keeps the copy-rate estimate;
 * the gaps between consecutive training-thread ops are the CPU time of their parent ops
   (the Kineto reader keeps leaf ops): each is folded into the op after it, so it is shared
   too; only a gap spent waiting for an old bucket (up to that bucket's end) is not;
@@ -79,6 +86,7 @@ from .cpu_overlap import (
     fit_interference,
     isolated_transfer,
     overlap_ns,
+    turn_delay_ns,
 )
 from .ddp_params import bucket_of, exact_sizes
 from .host_cpu import OverlapProbe, cpu_interference_of, ddp_ranges, overlap_probe
@@ -221,14 +229,14 @@ def _build_cpu(trace, bucket_mb, interference, ranks_per_node, per, weight, issu
     for (r, _s), v in per.items():
         main_of.setdefault(int(r), v[1])
     # the gloo worker threads of each rank (the lanes its old buckets ran on, in order of
-    # first use): with the probe's model the new buckets take them in turn, as the process
-    # group's work queue hands them out; without it, one thread runs them in order
+    # first use): with a capped model (the probe's, or the scheduler turns below) the new
+    # buckets take them in turn, as the process group's work queue hands them out; without
+    # it, one thread runs them in order (set once the model is known)
     workers = {}
     for r in main_of:
         x = np.flatnonzero(is_ar & (rank == r))
         x = x[np.argsort(start[x], kind="stable")]
-        ln = pd.unique(lane[x])
-        workers[r] = [int(v) for v in (ln if probe is not None else ln[:1])]
+        workers[r] = [int(v) for v in pd.unique(lane[x])]
     lane_ops = {}
     for r, m in main_of.items():
         x = np.flatnonzero((rank == r) & (lane == m))
@@ -320,12 +328,19 @@ def _build_cpu(trace, bucket_mb, interference, ranks_per_node, per, weight, issu
         tr = np.flatnonzero(is_ar & (rank == r))
         blo, bhi = interval_union(new_start[lops], np.maximum(busy_hi[lops], new_start[lops]))
         spans[r] = (tr, blo, bhi)
-    comm_i, comm_fit = None, None
+    comm_i, comm_fit, turns = None, None, False
     if probe is None and fit_comm:
         got = fit_comm_slowdown([(a_start[tr], end[tr], nbytes[tr], blo, bhi)
                                   for tr, blo, bhi in spans.values()], probe_bound)
         if got is not None:
             comm_i, comm_fit = got
+        else:
+            # the trace cannot show the comm side's slowdown (e.g. one bucket: no transfer
+            # ran under compute): the scheduler turns its hand-offs wait (turn_delay_ns)
+            turns = True
+    if probe is None and not turns:
+        for row in new_rows:  # one worker thread runs a rank's new buckets in order
+            row["lane"] = workers[row["rank"]][0]
     for r, lops in lane_ops.items():
         tr, blo, bhi = spans[r]
         tlo, thi = interval_union(a_start[tr], end[tr])
@@ -339,6 +354,7 @@ def _build_cpu(trace, bucket_mb, interference, ranks_per_node, per, weight, issu
                                   overlap_ns(a_start[tr][solo], end[tr][solo], blo, bhi),
                                   (end[tr] - a_start[tr])[solo].astype(np.float64)], axis=1))
     alpha, inv_b, f = _fit_cpu(trace, is_ar, nbytes, y, ranks_per_node)
+    n_ring = int(round(2.0 / max(2.0 - f, 1e-9)))  # f = 2 (n - 1) / n
     shaper = shaped_link(trace) if _crosses_hosts(trace) else None
     credit = np.zeros(len(new_rows))
     if shaper is not None:
@@ -353,7 +369,7 @@ def _build_cpu(trace, bucket_mb, interference, ranks_per_node, per, weight, issu
         # no declared link: the calibration measured this cluster's all-reduce alone (the
         # link's own behaviour, e.g. a token bucket's burst, is in those times)
         model_ns = probe.alone_ns(np.asarray([row["bytes"] for row in new_rows], np.float64))
-    if probe is not None:
+    if probe is not None or turns:
         # the members of a ring all-reduce finish together (the last chunk reaches both), and
         # one cap per collective: each member's transfer as long as the slowest one's (its
         # ranks' token credits differ); without that, a member left running alone after its
@@ -374,9 +390,16 @@ def _build_cpu(trace, bucket_mb, interference, ranks_per_node, per, weight, issu
         comm = np.concatenate([kept, probe.comm_slowdown(b_new, model_ns)])
     if comm is None and comm_i is not None:
         comm = np.full(len(keep) + n_new, float(comm_i))
+    turn_ns = turn_delay_ns(n_ring, probe_bound) if turns else None
+    if turns:
+        # a new bucket overlapping compute throughout lasts its link time plus the turns
+        # (a cap, as the probe's: each worker thread waits on the scheduler, not the
+        # link); kept collectives and compute keep the copy-rate estimate
+        comm = np.concatenate([np.full(len(keep), float(interference)),
+                               turn_ns / np.maximum(model_ns, 1.0)])
     cpu = CpuModel(work_ns=pad(work, np.nan), compute=pad(compute, False),
                    cpu_rank=pad(cpu_rank, True), interference=float(interference),
-                   comm_slowdown=comm, comm_cap=probe is not None)
+                   comm_slowdown=comm, comm_cap=probe is not None or turns)
     info = {"buckets_before": int(is_ar.sum()), "buckets_after": n_new, "alpha_ns": alpha,
             "busbw_gbps": 1.0 / inv_b if inv_b > 0 else float("inf"),
             "bucket_mb": float(bucket_mb), "interference": float(interference),
@@ -384,7 +407,10 @@ def _build_cpu(trace, bucket_mb, interference, ranks_per_node, per, weight, issu
             "param_sizes": source, "model": "cpu-ddp",
             "contention": ("the capture's overlap probe" if probe is not None else
                            "fitted on the trace's transfers" if comm_fit is not None else
+                           "scheduler turns per hand-off (assumed)" if turns else
                            "symmetric, from the host's copy rate")}
+    if turns:
+        info["turn_delay_ms"] = turn_ns / 1e6
     if comm_fit is not None:
         info.update(comm_fit)
     if comm is not None:

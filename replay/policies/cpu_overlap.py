@@ -7,8 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-__all__ = ["FIT_COMM_TOL", "alone_mask", "fit_comm_slowdown", "fit_interference", "isolated_transfer",
-           "overlap_ns"]
+__all__ = ["FIT_COMM_TOL", "HANDOFFS_PER_RING_STEP", "SCHED_SLICE_NS", "alone_mask",
+           "fit_comm_slowdown", "fit_interference", "isolated_transfer", "overlap_ns",
+           "turn_delay_ns"]
 
 
 def overlap_ns(lo: np.ndarray, hi: np.ndarray, ilo: np.ndarray, ihi: np.ndarray) -> np.ndarray:
@@ -124,3 +125,27 @@ def fit_comm_slowdown(parts, bound: str | None = None) -> tuple[float, dict] | N
     return pick, {"comm_slowdown_fit": best, "comm_slowdown_bounds": [float(ok.min()),
                                                                        float(ok.max())],
                   "transfers_under_compute": n_under, "transfers_free": n_free}
+
+
+#: a scheduler turn (ns): Linux's default base slice for a normal task, 0.75 ms scaled by
+#: ``1 + log2(min(cpus, 8))`` (kernel/sched/fair.c, ``sysctl_sched_base_slice``, EEVDF since
+#: 6.6): 3 ms on a host of 8 or more CPUs (collectors/costs/REFERENCES.md H12)
+SCHED_SLICE_NS = 3_000_000
+#: thread hand-offs of one gloo ring step: the socket's data wakes gloo's device loop
+#: thread, which wakes the collective's worker thread
+HANDOFFS_PER_RING_STEP = 2
+
+
+def turn_delay_ns(n_ranks: int, bound: str | None = None) -> float:
+    """What a gloo ring all-reduce of ``n_ranks`` loses next to a busy training thread on its
+    core, when the trace cannot show it (no transfer of it ran both under compute and not):
+    each of its ``2 (n - 1)`` ring steps hands off :data:`HANDOFFS_PER_RING_STEP` times, and
+    a thread woken next to a running one waits up to a scheduler turn
+    (:data:`SCHED_SLICE_NS`) for the core. A fixed cost on top of the transfer's bytes, not a
+    rate: the pair kit's probe measured 1 MiB 13-24 ms and 4 MiB 11-14 ms slower next to
+    compute at 400-1600 Mbit/s. ``bound`` ``"low"``: one hand-off per ring step (the loop
+    thread's wake-up found the core free); ``"high"``: twice the hand-offs (each one waited
+    a full turn on both ranks)."""
+    steps = 2 * max(int(n_ranks) - 1, 1)
+    per = {None: HANDOFFS_PER_RING_STEP, "low": 1, "high": 2 * HANDOFFS_PER_RING_STEP}[bound]
+    return float(steps * per * SCHED_SLICE_NS)

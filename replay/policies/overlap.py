@@ -155,6 +155,17 @@ class Overlap(Policy):
                         "--calibration (overlap probe) or set overlap.interference",
                         bounded=True, bounds=None if self.probe_bound is not None else
                         [{"overlap.probe_bound": "low"}, {"overlap.probe_bound": "high"}])
+                elif "turn_delay_ms" in info:
+                    state.assume(
+                        f"overlapped gloo transfers each lose {info['turn_delay_ms']:.0f} ms next "
+                        "to compute: the trace has no transfer both under compute and not to "
+                        "measure it, so each hand-off of the ring waits a scheduler turn "
+                        "(Linux's default 3 ms slice; not measured); compute loses "
+                        f"i={float(cpu[4].interference):.2f} (from the host's copy rate); the "
+                        "range spans half to twice the hand-offs; pass --calibration (overlap "
+                        "probe) or set overlap.interference",
+                        bounded=True, bounds=None if self.probe_bound is not None else
+                        [{"overlap.probe_bound": "low"}, {"overlap.probe_bound": "high"}])
                 elif cpu[4].comm_slowdown is not None and self.probe_bound is None:
                     # the probe's repetitions vary: the range replays the fastest and slowest
                     state.notes.setdefault("range_variants", []).extend(
@@ -224,7 +235,7 @@ class Overlap(Policy):
                                            "priced", "kappa", "kappa_source",
                                            "waiting_kept", "sources", "comm_slowdown_fit",
                                            "comm_slowdown_bounds", "transfers_under_compute",
-                                           "transfers_free")
+                                           "transfers_free", "turn_delay_ms")
                       if k in info})
         if self.sm_share is not None or "gpu_base" in state.notes:
             # NCCL kernels slow the compute they overlap (and back): at the share asked, or
