@@ -145,13 +145,16 @@ def test_capture_files_match_their_setting(name, label):
         # the recorded input shapes carry the per-rank batch: the first Linear's input is
         # (batch, hidden) in the MLP, (seq, batch, d_model) in attention's in-projection; the
         # conv net's first convolution takes (batch, 3, image, image); the recommender's
-        # first Linear (its bottom MLP) (batch, dense), and each table bags (batch, bag) ids
+        # first Linear (its bottom MLP) (batch, dense), and each table (rows, dim) bags
+        # batch x bag ids, flattened by nn.EmbeddingBag with one offset per sample
         if s["model"] == "emb":
             lin = next(e for e in doc["traceEvents"] if e.get("name") == "aten::linear")
             assert lin["args"]["Input Dims"][0] == [s["batch"], s["dense"]]
             bags = [e for e in doc["traceEvents"] if e.get("name") == "aten::embedding_bag"]
             assert len(bags) == 3 * s["tables"]  # 3 recorded steps
-            assert all(e["args"]["Input Dims"][1] == [s["batch"], s["bag"]] for e in bags)
+            assert all(e["args"]["Input Dims"][:3] == [[s["rows"], s["dim"]],
+                                                       [s["batch"] * s["bag"]], [s["batch"]]]
+                       for e in bags)
         elif s["model"] == "cnn":
             conv = next(e for e in doc["traceEvents"] if e.get("name") == "aten::conv2d")
             assert conv["args"]["Input Dims"][0] == [s["batch"], 3, s["image"], s["image"]]
