@@ -17,6 +17,12 @@ chosen after the 12 bucket predictions had been seen (6, 12 and 20 ms were tried
 ms is also the kit's own SCHED_RR slice times the hand-offs), so those rows judge nothing;
 the post-freeze pairs have no bucket change and were not looked at for it.
 
+Three groups are scored apart: the pairs that shaped the model (no ``after_freeze``), the
+first post-freeze batch (``after_freeze: true``, frozen at 981b888; two fixes were made after
+their predictions were seen, so they shaped it too), and the second (``after_freeze: 2``,
+captured after the freeze at the pair's ``frozen_commit``; nothing in the model changed after
+their predictions were seen).
+
 Reads only the committed traces (no capture), so it runs anywhere::
 
     python bench/pairs.py [--pair NAME] [--json]

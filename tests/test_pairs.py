@@ -122,6 +122,23 @@ def test_index_records_are_consistent():
                         {"batch"}), (name, diff)
 
 
+def test_freeze_batches_are_marked_and_scored_apart():
+    """pairs.json marks the pairs captured after each freeze (``after_freeze``: true for the
+    first batch, 2 with the frozen commit for the second); the bench groups them apart."""
+    by = {}
+    for name, r in INDEX.items():
+        by.setdefault(bench_pairs.freeze_batch(r), []).append(name)
+    assert sorted(by[1]) == ["cnn-bandwidth-300-1200", "cnn-batch", "mlp-bandwidth-burst4",
+                             "transformer-bandwidth-2x2"]
+    assert sorted(by[2]) == ["cnn-dp", "emb-bandwidth-500-2000", "emb-bucket",
+                             "transformer-bandwidth-500-2000-burst2"]
+    commits = {INDEX[n]["frozen_commit"] for n in by[2]}
+    assert len(commits) == 1 and len(next(iter(commits))) == 40
+    labels = {b: bench_pairs._batch_label(b, [INDEX[n] for n in names])
+              for b, names in by.items()}
+    assert len(set(labels.values())) == 3 and next(iter(commits))[:7] in labels[2]
+
+
 @pytest.mark.parametrize("name,label", CAPTURES)
 def test_capture_files_match_their_setting(name, label):
     s = INDEX[name][label]
