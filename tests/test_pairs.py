@@ -11,6 +11,7 @@ from __future__ import annotations
 import gzip
 import importlib.util
 import json
+import math
 import statistics
 import subprocess
 import sys
@@ -331,3 +332,43 @@ def test_job_runs_on_loopback_and_records_itself(tmp_path):
         assert lin == 2 * (2 * 2 + 1)  # 2 steps: 2 blocks run twice (recompute) + head
     got = bench_pairs.measured_step_ns(bench_pairs.load_capture(out))
     assert got == pytest.approx(_raw_step_ns(docs), abs=2_000)
+
+
+@pytest.mark.skipif(not HAS_TORCH, reason='torch is not importable; install it with '
+                    'pip install "retime[torch]"')
+def test_recommender_job_all_reduces_its_dense_tables(tmp_path):
+    """examples/pairs/job.py --model emb on loopback (2 ranks, small tables): every table's
+    gradient is dense, so DDP's buckets carry all of them (closed form), and each step bags
+    every table once."""
+    import os
+    import signal
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    out = tmp_path / "cap"
+    s = {"model": "emb", "tables": 3, "rows": 50, "dim": 8, "dense": 4, "bag": 2, "batch": 6}
+    cmd = [sys.executable, str(ROOT / "examples" / "pairs" / "job.py"), "--out", str(out),
+           "--model", "emb", "--tables", "3", "--rows", "50", "--dim", "8", "--dense", "4",
+           "--bag", "2", "--batch", "6", "--nproc-per-host", "2", "--settle", "1",
+           "--active", "2", "--pretouch-mb", "8", "--no-probe", "--master-port", str(port)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=ROOT, start_new_session=True)
+    try:
+        _, err = proc.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise
+    assert proc.returncode == 0, err[-3000:]
+    rec = json.loads((tmp_path / "cap.job.json").read_text())
+    assert sum(rec["ddp_param_bytes"]) == _param_bytes(s)
+    assert rec["ddp_param_bytes"].count(50 * 8 * 4) == 3 and "layers" not in rec
+    for f in sorted(out.glob("rank-*.pt.trace.json.gz")):
+        doc = json.loads(gzip.decompress(f.read_bytes()))
+        bags = [e for e in doc["traceEvents"] if e.get("name") == "aten::embedding_bag"]
+        assert len(bags) == 2 * 3  # 2 recorded steps x 3 tables
+        assert all(e["args"]["Input Dims"][:3] == [[50, 8], [12], [6]] for e in bags)
+        ar = [e for e in doc["traceEvents"] if e.get("name") == "gloo:all_reduce"]
+        assert sum(math.prod(e["args"]["Input Dims"][0]) * 4 for e in ar) \
+            == 2 * _param_bytes(s)  # both steps all-reduce every gradient once
