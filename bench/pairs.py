@@ -17,6 +17,12 @@ chosen after the 12 bucket predictions had been seen (6, 12 and 20 ms were tried
 ms is also the kit's own SCHED_RR slice times the hand-offs), so those rows judge nothing;
 the post-freeze pairs have no bucket change and were not looked at for it.
 
+Three groups are scored apart: the pairs that shaped the model (no ``after_freeze``), the
+first post-freeze batch (``after_freeze: true``, frozen at 981b888; two fixes were made after
+their predictions were seen, so they shaped it too), and the second (``after_freeze: 2``,
+captured after the freeze at the pair's ``frozen_commit``; nothing in the model changed after
+their predictions were seen).
+
 Reads only the committed traces (no capture), so it runs anywhere::
 
     python bench/pairs.py [--pair NAME] [--json]
@@ -263,6 +269,22 @@ def summary(rows: list[dict], pre: str = "") -> dict:
     return out
 
 
+def freeze_batch(spec: dict) -> int:
+    """Which freeze a pair was captured after (pairs.json ``after_freeze``): 0 for the pairs
+    that shaped the model, 1 for the first batch (``true``), 2 for the second."""
+    return int(spec.get("after_freeze") or 0)
+
+
+def _batch_label(batch: int, specs: list[dict]) -> str:
+    if batch == 0:
+        return "pairs that shaped the model"
+    if batch == 1:
+        return ("batch 1, captured after the first freeze (981b888; the model was changed "
+                "after they were seen)")
+    commits = sorted({str(s.get("frozen_commit", ""))[:7] for s in specs})
+    return f"batch 2, captured after the second freeze ({', '.join(commits)})"
+
+
 def _pct(x: float | None) -> str:
     return "-" if x is None else f"{x:+.1%}"
 
@@ -292,11 +314,11 @@ def main(argv: list[str] | None = None) -> int:
     for n in names:
         rows += run_pair(n, pairs[n], modes)
     groups = {"all": rows}
-    frozen = [r for r in rows if pairs[r["pair"]].get("after_freeze")]
-    if frozen and len(frozen) < len(rows):
-        groups["captured after the model was frozen"] = frozen
-        groups["pairs that shaped the model"] = [r for r in rows
-                                                 if not pairs[r["pair"]].get("after_freeze")]
+    by_batch = {b: [r for r in rows if freeze_batch(pairs[r["pair"]]) == b] for b in (0, 1, 2)}
+    if sum(bool(rs) for rs in by_batch.values()) > 1:
+        for b, rs in by_batch.items():
+            if rs:
+                groups[_batch_label(b, [pairs[r["pair"]] for r in rs])] = rs
     summ = {g: {m: summary(rs, "" if m == "plain" else f"{m}_") for m in modes}
             for g, rs in groups.items()}
     if args.json:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import gzip
 import importlib.util
 import json
+import math
 import statistics
 import subprocess
 import sys
@@ -43,6 +44,11 @@ def _param_bytes(s: dict) -> int:
     if s["model"] == "mlp":
         h = s["hidden"]
         return 4 * (s["layers"] * (h * h + h) + h + 1)
+    if s["model"] == "emb":  # bottom MLP (dense -> 256 -> dim), the tables, top MLP
+        dim, t = s["dim"], s["tables"]
+        bottom = s["dense"] * 256 + 256 + 256 * dim + dim
+        top = dim * (t + 1) * 512 + 512 + 512 * 256 + 256 + 256 + 1
+        return 4 * (bottom + t * s["rows"] * dim + top)
     if s["model"] == "cnn":  # 3x3 convolutions (the first from 3 channels), head Linear(c, 1)
         c = s["channels"]
         return 4 * ((3 * c * 9 + c) + (s["layers"] - 1) * (c * c * 9 + c) + c + 1)
@@ -117,6 +123,23 @@ def test_index_records_are_consistent():
                         {"batch"}), (name, diff)
 
 
+def test_freeze_batches_are_marked_and_scored_apart():
+    """pairs.json marks the pairs captured after each freeze (``after_freeze``: true for the
+    first batch, 2 with the frozen commit for the second); the bench groups them apart."""
+    by = {}
+    for name, r in INDEX.items():
+        by.setdefault(bench_pairs.freeze_batch(r), []).append(name)
+    assert sorted(by[1]) == ["cnn-bandwidth-300-1200", "cnn-batch", "mlp-bandwidth-burst4",
+                             "transformer-bandwidth-2x2"]
+    assert sorted(by[2]) == ["cnn-dp", "emb-bandwidth-500-2000", "emb-bucket",
+                             "transformer-bandwidth-500-2000-burst2"]
+    commits = {INDEX[n]["frozen_commit"] for n in by[2]}
+    assert len(commits) == 1 and len(next(iter(commits))) == 40
+    labels = {b: bench_pairs._batch_label(b, [INDEX[n] for n in names])
+              for b, names in by.items()}
+    assert len(set(labels.values())) == 3 and next(iter(commits))[:7] in labels[2]
+
+
 @pytest.mark.parametrize("name,label", CAPTURES)
 def test_capture_files_match_their_setting(name, label):
     s = INDEX[name][label]
@@ -129,8 +152,9 @@ def test_capture_files_match_their_setting(name, label):
         assert doc["host_name"] == f"host{rank // s['nproc_per_host']}"  # own UTS namespace
         job = doc["retimeCapture"]["job"]
         for k in ("model", "layers", "batch", "bucket_cap_mb", "checkpoint", "nhosts",
-                  "nproc_per_host", "rate_mbit", "speed_pct"):
-            assert job[k] == s[k], (k, job[k], s[k])
+                  "nproc_per_host", "rate_mbit", "speed_pct", "tables", "rows", "dim"):
+            if k in s:  # the emb model has no layers; only it has tables
+                assert job[k] == s[k], (k, job[k], s[k])
         assert sum(job["ddp_param_bytes"]) == _param_bytes(s)
         assert job["hosts"] == [f"host{r // s['nproc_per_host']}" for r in range(world)]
         steps = [e["name"] for e in doc["traceEvents"]
@@ -138,8 +162,18 @@ def test_capture_files_match_their_setting(name, label):
         assert steps == ["ProfilerStep#2", "ProfilerStep#3", "ProfilerStep#4"]  # 3 recorded
         # the recorded input shapes carry the per-rank batch: the first Linear's input is
         # (batch, hidden) in the MLP, (seq, batch, d_model) in attention's in-projection; the
-        # conv net's first convolution takes (batch, 3, image, image)
-        if s["model"] == "cnn":
+        # conv net's first convolution takes (batch, 3, image, image); the recommender's
+        # first Linear (its bottom MLP) (batch, dense), and each table (rows, dim) bags
+        # batch x bag ids, flattened by nn.EmbeddingBag with one offset per sample
+        if s["model"] == "emb":
+            lin = next(e for e in doc["traceEvents"] if e.get("name") == "aten::linear")
+            assert lin["args"]["Input Dims"][0] == [s["batch"], s["dense"]]
+            bags = [e for e in doc["traceEvents"] if e.get("name") == "aten::embedding_bag"]
+            assert len(bags) == 3 * s["tables"]  # 3 recorded steps
+            assert all(e["args"]["Input Dims"][:3] == [[s["rows"], s["dim"]],
+                                                       [s["batch"] * s["bag"]], [s["batch"]]]
+                       for e in bags)
+        elif s["model"] == "cnn":
             conv = next(e for e in doc["traceEvents"] if e.get("name") == "aten::conv2d")
             assert conv["args"]["Input Dims"][0] == [s["batch"], 3, s["image"], s["image"]]
         else:
@@ -298,3 +332,43 @@ def test_job_runs_on_loopback_and_records_itself(tmp_path):
         assert lin == 2 * (2 * 2 + 1)  # 2 steps: 2 blocks run twice (recompute) + head
     got = bench_pairs.measured_step_ns(bench_pairs.load_capture(out))
     assert got == pytest.approx(_raw_step_ns(docs), abs=2_000)
+
+
+@pytest.mark.skipif(not HAS_TORCH, reason='torch is not importable; install it with '
+                    'pip install "retime[torch]"')
+def test_recommender_job_all_reduces_its_dense_tables(tmp_path):
+    """examples/pairs/job.py --model emb on loopback (2 ranks, small tables): every table's
+    gradient is dense, so DDP's buckets carry all of them (closed form), and each step bags
+    every table once."""
+    import os
+    import signal
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    out = tmp_path / "cap"
+    s = {"model": "emb", "tables": 3, "rows": 50, "dim": 8, "dense": 4, "bag": 2, "batch": 6}
+    cmd = [sys.executable, str(ROOT / "examples" / "pairs" / "job.py"), "--out", str(out),
+           "--model", "emb", "--tables", "3", "--rows", "50", "--dim", "8", "--dense", "4",
+           "--bag", "2", "--batch", "6", "--nproc-per-host", "2", "--settle", "1",
+           "--active", "2", "--pretouch-mb", "8", "--no-probe", "--master-port", str(port)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=ROOT, start_new_session=True)
+    try:
+        _, err = proc.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise
+    assert proc.returncode == 0, err[-3000:]
+    rec = json.loads((tmp_path / "cap.job.json").read_text())
+    assert sum(rec["ddp_param_bytes"]) == _param_bytes(s)
+    assert rec["ddp_param_bytes"].count(50 * 8 * 4) == 3 and "layers" not in rec
+    for f in sorted(out.glob("rank-*.pt.trace.json.gz")):
+        doc = json.loads(gzip.decompress(f.read_bytes()))
+        bags = [e for e in doc["traceEvents"] if e.get("name") == "aten::embedding_bag"]
+        assert len(bags) == 2 * 3  # 2 recorded steps x 3 tables
+        assert all(e["args"]["Input Dims"][:3] == [[50, 8], [12], [6]] for e in bags)
+        ar = [e for e in doc["traceEvents"] if e.get("name") == "gloo:all_reduce"]
+        assert sum(math.prod(e["args"]["Input Dims"][0]) * 4 for e in ar) \
+            == 2 * _param_bytes(s)  # both steps all-reduce every gradient once

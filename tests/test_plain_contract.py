@@ -41,7 +41,7 @@ def _raw_mul_out_bytes(folder: Path) -> list[int]:
     return [b for _t, b in calls]
 
 
-@pytest.mark.parametrize("name", ["mlp-bucket", "transformer-bucket"])
+@pytest.mark.parametrize("name", ["mlp-bucket", "transformer-bucket", "emb-bucket"])
 def test_gradient_sizes_come_from_the_plain_trace(name):
     from retime.replay.policies.ddp_params import param_bytes
 

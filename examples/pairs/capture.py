@@ -64,6 +64,11 @@ BASE = {
     "cnn": {"model": "cnn", "channels": 96, "image": 16, "layers": 4, "batch": 16,
             "bucket_cap_mb": 25.0, "threads": 1, "checkpoint": False, "nhosts": 2,
             "nproc_per_host": 1, "rate_mbit": 1600.0, "speed_pct": 100.0},
+    # the model family of the second batch captured after a freeze (FROZEN_2): an
+    # embedding-heavy recommender (DLRM-like; dense table gradients, 10.0 MB in all)
+    "emb": {"model": "emb", "tables": 8, "rows": 4000, "dim": 64, "bag": 8, "dense": 16,
+            "batch": 512, "bucket_cap_mb": 25.0, "threads": 1, "checkpoint": False,
+            "nhosts": 2, "nproc_per_host": 1, "rate_mbit": 1600.0, "speed_pct": 100.0},
 }
 MIB_MB = 2**20 / 1e6  # DDP's bucket_cap_mb counts MiB; overlap.bucket_mb counts 10^6 bytes
 
@@ -164,14 +169,46 @@ def _pairs() -> dict[str, tuple[str, Pair]]:
     out["transformer-bandwidth-2x2"] = ("transformer", _rate_pair(
         "inter-host bandwidth, 400 vs 1600 Mbit/s, 2 hosts x 2 ranks (a host's ranks share "
         "its core)", lo, hi, {"nproc_per_host": 2}, ranks_per_node=2))
+    # the second batch, captured after the second freeze (FROZEN_2): each differs from every
+    # pair before it -- a new model family (an embedding-bag recommender) on a new rate pair
+    # (500 vs 2000 Mbit/s) and on the DDP bucket knob, the dp knob (2 hosts x 2 ranks) on the
+    # conv net, and another link shaping (a 2x token bucket at 500 vs 2000 Mbit/s)
+    out["emb-bandwidth-500-2000"] = ("emb", _rate_pair(
+        "inter-host bandwidth, 500 vs 2000 Mbit/s per direction (embedding-bag recommender)",
+        500.0, 2000.0))
+    out["emb-bucket"] = ("emb", Pair(
+        "DDP bucket_cap_mb (MiB; the key counts 10^6 bytes) (embedding-bag recommender)",
+        {"bucket_cap_mb": 1.0}, {"bucket_cap_mb": 50.0},
+        {"overlap.bucket_mb": round(50 * MIB_MB, 6)},
+        {"overlap.bucket_mb": round(1 * MIB_MB, 6)}))
+    dp = spec["dp"]("cnn")
+    out["cnn-dp"] = ("cnn", Pair(f"{dp.knob} (conv net)", dp.a, dp.b, dp.a_to_b, dp.b_to_a))
+    out["transformer-bandwidth-500-2000-burst2"] = ("transformer", _rate_pair(
+        "inter-host bandwidth, 500 vs 2000 Mbit/s, on a link whose token bucket is 2x the "
+        "kit's (burst_x 2)", 500.0, 2000.0, {"burst_x": 2.0}))
     return out
 
 
 #: the pairs captured after the models were frozen (judged apart, pairs.json after_freeze)
 FROZEN = ("cnn-bandwidth-300-1200", "cnn-batch", "mlp-bandwidth-burst4",
           "transformer-bandwidth-2x2")
-#: cluster facts a user states for those pairs (pairs.json "stated"): the hosts' cores
-STATED = {"transformer-bandwidth-2x2": {"topology.cores_per_node": 1}}
+#: the second batch, captured after the second freeze (pairs.json after_freeze: 2)
+FROZEN_2 = ("emb-bandwidth-500-2000", "emb-bucket", "cnn-dp",
+            "transformer-bandwidth-500-2000-burst2")
+
+
+def stated(pair: Pair, a: dict, b: dict) -> dict[str, dict]:
+    """Cluster facts a user states for each direction (pairs.json ``stated``), never read from
+    a trace: for a pair on the link's rate, the nominal rate of the link the source trace ran
+    on (``network.measured_inter_node_gbps``); where a setting runs 2 ranks on each of 2
+    hosts, the one core each host gives the job (``topology.cores_per_node``)."""
+    out: dict[str, dict] = {"A->B": {}, "B->A": {}}
+    for d, src in (("A->B", a), ("B->A", b)):
+        if any(s["nhosts"] > 1 and s["nproc_per_host"] > 1 for s in (a, b)):
+            out[d]["topology.cores_per_node"] = 1
+        if a["rate_mbit"] != b["rate_mbit"]:
+            out[d]["network.measured_inter_node_gbps"] = _gbps(src["rate_mbit"])
+    return {d: v for d, v in out.items() if v}
 
 
 def _on_link(make, rate_mbit: float):
@@ -211,7 +248,7 @@ def machine_load(seconds: float = 3.0) -> dict:
 # ---------------------------------------------------------------------------- one capture
 def job_argv(s: dict, host: int, out: Path, port: int) -> list[str]:
     argv = [sys.executable, str(HERE / "job.py"), "--out", str(out), "--model", s["model"],
-            "--layers", str(s["layers"]), "--batch", str(s["batch"]),
+            "--batch", str(s["batch"]),
             "--bucket-cap-mb", f"{s['bucket_cap_mb']:g}", "--threads", str(s["threads"]),
             "--nhosts", str(s["nhosts"]), "--nproc-per-host", str(s["nproc_per_host"]),
             "--host-rank", str(host), "--master-addr", ADDR[0], "--master-port", str(port),
@@ -220,8 +257,13 @@ def job_argv(s: dict, host: int, out: Path, port: int) -> list[str]:
                                    # the link's shaper, for retime's link model
                                    "tbf_burst_bytes": burst_bytes(s["rate_mbit"],
                                                                   s.get("burst_x", 1.0))})]
+    if "layers" in s:  # the emb model has no stack of blocks
+        argv += ["--layers", str(s["layers"])]
     if s["model"] == "mlp":
         argv += ["--hidden", str(s["hidden"])]
+    elif s["model"] == "emb":
+        argv += ["--tables", str(s["tables"]), "--rows", str(s["rows"]), "--dim", str(s["dim"]),
+                 "--bag", str(s["bag"]), "--dense", str(s["dense"])]
     elif s["model"] == "cnn":
         argv += ["--channels", str(s["channels"]), "--image", str(s["image"])]
     else:
@@ -345,10 +387,16 @@ def run_pair(name: str, hosts: Hosts, args: argparse.Namespace) -> dict:
     rec_pair["change"] = round(rec_pair["median_ns"]["B"] / rec_pair["median_ns"]["A"] - 1, 4)
     if name in FROZEN:
         rec_pair["after_freeze"] = True
-    if name in STATED:
-        rec_pair["stated"] = {d: dict(STATED[name]) for d in ("A->B", "B->A")}
-        rec_pair["stated_why"] = ("facts about the cluster a user states (each host gives the "
-                                  "job one CPU core); not read from any trace")
+    if name in FROZEN_2:
+        rec_pair["after_freeze"] = 2
+        rec_pair["frozen_commit"] = args.frozen_commit
+    facts = stated(pair, settings["A"], settings["B"])
+    if facts:
+        rec_pair["stated"] = facts
+        rec_pair["stated_why"] = ("facts about the cluster a user states: the nominal rate of "
+                                  "the link the trace ran on; each host gives the job one CPU "
+                                  "core (examples/pairs/hosts.py pins host k to CPU k); not "
+                                  "read from any trace")
     return rec_pair
 
 
@@ -418,6 +466,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=OUT, help="where the kept captures go")
     p.add_argument("--commit", action="store_true", help="git commit each pair when captured")
     p.add_argument("--list", action="store_true", help="print the pairs and exit")
+    p.add_argument("--frozen-commit", default="",
+                   help="the frozen model's commit, recorded with the FROZEN_2 pairs")
     args = p.parse_args(argv)
     OUT = args.out.resolve()
     names = list(PAIRS) if args.all else args.pair
@@ -425,6 +475,11 @@ def main(argv: list[str] | None = None) -> int:
         for n, (_m, pr) in PAIRS.items():
             print(f"{n:<28} {pr.knob}; A {pr.a} B {pr.b}; keys A->B {pr.a_to_b}")
         return 0
+    later = [n for n in names if n in FROZEN_2]
+    if later and not args.frozen_commit:
+        print(f"capture: {', '.join(later)} are judged after the second freeze; give the frozen "
+              "model's commit with --frozen-commit SHA", file=sys.stderr)
+        return 2
     # a kill (SIGTERM) leaves through the `with` below: the hosts are removed, the slice restored
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     with Hosts(rate_mbit=BASE["mlp"]["rate_mbit"]) as hosts:

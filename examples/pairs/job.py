@@ -25,6 +25,12 @@ Models (``--model``):
 * ``cnn``: ``--layers`` x (Conv2d 3x3, ``--channels``, padding 1, + ReLU; the first takes 3
   channels) + global average pooling + Linear(channels, 1); input (batch, 3, ``--image``,
   ``--image``) (added for the pairs captured after the models were frozen).
+* ``emb``: an embedding-heavy recommender, DLRM-like: ``--tables`` nn.EmbeddingBag tables
+  (``--rows`` x ``--dim``, sum of ``--bag`` ids per sample, **dense** gradients, so DDP
+  all-reduces every table whole), a bottom MLP (``--dense`` features -> 256 -> dim), the
+  tables' and the bottom MLP's outputs concatenated, a top MLP (-> 512 -> 256 -> 1); input
+  (batch, dense) floats and (tables, batch, bag) uniform ids (added for the second batch of
+  pairs captured after the model was frozen; ``--checkpoint`` is refused).
 * ``transformer``: ``--layers`` nn.TransformerEncoderLayer (d_model ``--d-model``, 4 heads,
   feed-forward 4 x d_model, batch-first, dropout 0) + mean pooling + Linear(d_model, 1);
   input (batch, ``--seq``, d_model).
@@ -90,7 +96,31 @@ class Blocks(nn.Module):
         return self.head(x)
 
 
+class EmbMLP(nn.Module):
+    """DLRM-like: embedding-bag tables (dense gradients) + bottom and top MLPs."""
+
+    def __init__(self, tables: int, rows: int, dim: int, dense: int) -> None:
+        super().__init__()
+        self.bottom = nn.Sequential(nn.Linear(dense, 256), nn.ReLU(), nn.Linear(256, dim),
+                                    nn.ReLU())
+        # sparse=False (the default): each table's gradient is a dense rows x dim tensor,
+        # all-reduced whole by DDP (what a DLRM trained with plain DDP does)
+        self.tables = nn.ModuleList(nn.EmbeddingBag(rows, dim, mode="sum")
+                                    for _ in range(tables))
+        self.top = nn.Sequential(nn.Linear(dim * (tables + 1), 512), nn.ReLU(),
+                                 nn.Linear(512, 256), nn.ReLU(), nn.Linear(256, 1))
+
+    def forward(self, x: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        dense, ids = x
+        feats = [self.bottom(dense)] + [t(ids[i]) for i, t in enumerate(self.tables)]
+        return self.top(torch.cat(feats, dim=1))
+
+
 def build_model(a: argparse.Namespace) -> nn.Module:
+    if a.model == "emb":
+        if a.checkpoint:
+            raise SystemExit("job: --checkpoint is not defined for --model emb")
+        return EmbMLP(a.tables, a.rows, a.dim, a.dense)
     if a.model == "cnn":
         blocks = [nn.Sequential(nn.Conv2d(3 if i == 0 else a.channels, a.channels, 3,
                                           padding=1), nn.ReLU()) for i in range(a.layers)]
@@ -104,8 +134,12 @@ def build_model(a: argparse.Namespace) -> nn.Module:
     return Blocks(blocks, nn.Linear(a.d_model, 1), pool=True, ckpt=a.checkpoint)
 
 
-def inputs(a: argparse.Namespace, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+def inputs(a: argparse.Namespace, rank: int) -> tuple:
     gen = torch.Generator().manual_seed(1234 + rank)  # each rank its own data shard
+    if a.model == "emb":
+        ids = torch.randint(0, a.rows, (a.tables, a.batch, a.bag), generator=gen)
+        return ((torch.randn(a.batch, a.dense, generator=gen), ids),
+                torch.randn(a.batch, 1, generator=gen))
     shape = {"mlp": (a.batch, a.hidden), "transformer": (a.batch, a.seq, a.d_model),
              "cnn": (a.batch, 3, a.image, a.image)}[a.model]
     return torch.randn(*shape, generator=gen), torch.randn(a.batch, 1, generator=gen)
@@ -113,14 +147,18 @@ def inputs(a: argparse.Namespace, rank: int) -> tuple[torch.Tensor, torch.Tensor
 
 def knobs(a: argparse.Namespace) -> dict:
     """The job's settings as recorded in the trace (model shape included)."""
-    k = {"model": a.model, "layers": a.layers, "bucket_cap_mb": a.bucket_cap_mb,
+    k = {"model": a.model, "bucket_cap_mb": a.bucket_cap_mb,
          "batch": a.batch, "threads": a.threads, "checkpoint": a.checkpoint,
          "nhosts": a.nhosts, "nproc_per_host": a.nproc_per_host,
          "world_size": a.nhosts * a.nproc_per_host, "settle": a.settle, "active": a.active,
          "pretouch_mb": a.pretouch_mb, "glibc_tunables": GLIBC_TUNABLES,
          "schedule": {"wait": WAIT, "warmup": WARMUP, "active": a.active}}
+    if a.model != "emb":  # the emb model has no stack of blocks
+        k["layers"] = a.layers
     k.update({"mlp": {"hidden": a.hidden}, "transformer": {"d_model": a.d_model, "seq": a.seq},
-              "cnn": {"channels": a.channels, "image": a.image}}[a.model])
+              "cnn": {"channels": a.channels, "image": a.image},
+              "emb": {"tables": a.tables, "rows": a.rows, "dim": a.dim, "bag": a.bag,
+                      "dense": a.dense}}[a.model])
     k.update(json.loads(a.extra))  # what the launcher set outside the job (link rate, quota)
     return k
 
@@ -254,7 +292,12 @@ def rank_main(local_rank: int, a: argparse.Namespace) -> None:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="folder for the traces (rank-*.pt.trace.json.gz)")
-    p.add_argument("--model", choices=("mlp", "transformer", "cnn"), default="mlp")
+    p.add_argument("--model", choices=("mlp", "transformer", "cnn", "emb"), default="mlp")
+    p.add_argument("--tables", type=int, default=8, help="emb: embedding-bag tables")
+    p.add_argument("--rows", type=int, default=4000, help="emb: rows per table")
+    p.add_argument("--dim", type=int, default=64, help="emb: embedding dimension")
+    p.add_argument("--bag", type=int, default=8, help="emb: ids per sample and table")
+    p.add_argument("--dense", type=int, default=16, help="emb: dense features per sample")
     p.add_argument("--channels", type=int, default=96, help="cnn: channels of every conv")
     p.add_argument("--image", type=int, default=16, help="cnn: input image side (3 channels)")
     p.add_argument("--layers", type=int, default=4)
