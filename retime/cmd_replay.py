@@ -155,9 +155,12 @@ def replay_cmd(
             # a key the user did not type: say where it came from
             raise PolicyError(f"--cluster {cluster} sets {key}={ck.keys[key]}: {exc}") from exc
     else:
-        result = simulate(build_graph(trace, ideal=ideal, strict=strict))
+        g = build_graph(trace, ideal=ideal, strict=strict)
         if light:  # the graph holds what the edges said; nothing after this reads them
-            trace.edges = trace.edges.iloc[:0]
+            # (a copy: ``iloc[:0]`` alone is a view that keeps every edge's arrays alive)
+            trace.edges = trace.edges.iloc[:0].copy()
+        result = simulate(g)
+        del g
     if "whatif" in result.meta:
         from retime.replay import prediction_range
         prediction_range(result)  # the range, before the summary and the saved trace
