@@ -4,10 +4,11 @@ anything is loaded (issue 30: "the replay graph ... says up front what memory it
 The figure is the sum of parts whose sizes follow from the row counts alone:
 
 * the trace columns the replay reads (:data:`IDENTITY_COLUMNS` for an identity replay, the
-  scenario's :func:`scenario_columns` for a what-if whose policies declare theirs, every
-  column otherwise and for ``-o``): their dtypes' widths per op, the edges (25 bytes each) and,
-  for a full load, the annotations (29 bytes each; an identity replay keeps only the
-  ``ProfilerStep`` ones, a few per rank, once read) and the memory samples;
+  keys' :func:`key_columns` for a what-if whose policies declare theirs, every column
+  otherwise; :mod:`replay.projection` decides): their dtypes' widths per op, the edges (25
+  bytes each) and, for a full load, the annotations (29 bytes each; an identity replay keeps
+  only the ``ProfilerStep`` ones, a few per rank, once read) and the memory samples (read
+  for ``-o``, which also reads the columns the replay left out once it has run);
 * the replay graph (:class:`replay.graph.ReplayGraph`): 79 bytes per op (int64 times and
   lags, int32 indices, int8/bool flags; ``rank``, ``lane`` and the measured times are the
   trace's own arrays) and 14 per kept edge (int32 source, int64 lag, int8 kind, bool);
