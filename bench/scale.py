@@ -286,6 +286,28 @@ def line(r: dict, gb: float | None = None) -> str:
             f"peak RSS (tree) {r['rss_gb']:5.2f} GB{rate}{tail}")
 
 
+#: what-ifs that run on the generated ranks, each with the ops columns it reads (issue 30):
+#: kernel-class re-pricing (adds ``flops``) and a slowed rank (the what-if's own columns)
+WHATIFS = (("hardware.compute_speedup=2", "compute_speedup=2"),
+           ("stragglers.slow_ranks=[1] stragglers.slowdown=1.5", "slow rank 1 x1.5"))
+
+
+def whatif_rows(store: Path, baseline: Path | None) -> list[tuple[dict, None]]:
+    """``retime replay --set`` rows: one refused from the store's metadata (the generated
+    ranks' collectives carry no sizes), then :data:`WHATIFS`, each after ``baseline``'s run
+    of it when given (same store, same load)."""
+    rows = [(run(["replay", str(store), "--json", "--set", "network.inter_node_gbps=100"],
+                 "replay --set inter_node_gbps=100"), None)]
+    for keys, label in WHATIFS:
+        sets = [x for k in keys.split() for x in ("--set", k)]
+        if baseline:
+            rows.append((run(["replay", str(store), "--json", *sets],
+                             f"baseline replay --set {label}", root=baseline), None))
+        rows.append((run(["replay", str(store), "--json", *sets], f"replay --set {label}"),
+                      None))
+    return rows
+
+
 def exponent(xs: list[int], ys: list[float]) -> float:
     """Least-squares slope of log(y) on log(N)."""
     lx, ly = np.log(np.asarray(xs, float)), np.log(np.maximum(np.asarray(ys, float), 1e-9))
@@ -375,20 +397,7 @@ def main() -> None:
             if "replay" not in a.skip:
                 rows.append((run(["replay", str(store), "--json"], "replay (identity)"), None))
             if "whatif" not in a.skip:
-                rows.append((run(["replay", str(store), "--json", "--set",
-                                  "network.inter_node_gbps=100"],
-                                 "replay --set inter_node_gbps=100"), None))
-                # and one that runs on it (the generated ranks' collectives carry no sizes,
-                # so the network what-if above is refused from the metadata): kernel-class
-                # re-pricing reads only the ops columns its policy declares (issue 30)
-                if a.baseline:
-                    rows.append((run(["replay", str(store), "--json", "--set",
-                                      "hardware.compute_speedup=2"],
-                                     "baseline replay --set compute_speedup=2",
-                                     root=a.baseline), None))
-                rows.append((run(["replay", str(store), "--json", "--set",
-                                  "hardware.compute_speedup=2"],
-                                 "replay --set compute_speedup=2"), None))
+                rows += whatif_rows(store, a.baseline)
             if "report" not in a.skip:  # streamed on its own past 2 M ops of a rank store
                 rows.append((run(["report", str(store), "-o", str(base / f"r{n}.html"),
                                   "--force"], "report -o X.html"), None))

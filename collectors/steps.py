@@ -257,20 +257,26 @@ def step_windows(trace, start_ns: np.ndarray | None = None,
 CHUNK_OPS = 1 << 20
 
 
-def step_windows_by_rank(trace, start_ns: np.ndarray, end_ns: np.ndarray, *,
+def step_windows_by_rank(trace, start_ns: np.ndarray | None = None,
+                         end_ns: np.ndarray | None = None, *,
                          chunk_ops: int = CHUNK_OPS) -> pd.DataFrame:
-    """:func:`step_windows` with explicit times, computed a batch of ranks at a time when
-    the ops are in rank order (as every store reads back): windows are per rank, so the
-    result is the same, and the temporaries are one batch's, not the whole trace's."""
+    """:func:`step_windows`, computed a batch of ranks at a time when the ops are in rank
+    order (as every store reads back): windows are per rank, so the result is the same, and
+    the temporaries are one batch's, not the whole trace's. Without times, the measured
+    windows (a replayed trace's recorded ones are read whole, as :func:`step_windows`
+    does)."""
     import dataclasses
 
     o = trace.ops
     n = len(o)
     rank = o["rank"].to_numpy() if n else np.zeros(0, np.int32)
-    if n <= chunk_ops or (rank[1:] < rank[:-1]).any():
+    measured = start_ns is None and end_ns is None
+    recorded = measured and isinstance(trace.meta, dict) and "step_windows" in trace.meta
+    if n <= chunk_ops or recorded or (rank[1:] < rank[:-1]).any():
         return step_windows(trace, start_ns, end_ns)
-    start_ns = np.asarray(start_ns, np.int64)
-    end_ns = np.asarray(end_ns, np.int64)
+    if not measured:
+        start_ns = np.asarray(start_ns, np.int64)
+        end_ns = np.asarray(end_ns, np.int64)
     cut = np.flatnonzero(rank[1:] != rank[:-1]) + 1  # first op of each rank after the first
     bounds = np.r_[0, cut, n]
     rr = trace.ranges
@@ -286,7 +292,8 @@ def step_windows_by_rank(trace, start_ns: np.ndarray, end_ns: np.ndarray, *,
         sel = (r_rank >= lo) & (r_rank <= hi)
         sub = dataclasses.replace(trace, ops=o.iloc[a:b].reset_index(drop=True),
                                   ranges=rr[sel].reset_index(drop=True) if len(rr) else rr)
-        parts.append(step_windows(sub, start_ns[a:b], end_ns[a:b]))
+        parts.append(step_windows(sub) if measured
+                     else step_windows(sub, start_ns[a:b], end_ns[a:b]))
         a = b
     return pd.concat(parts, ignore_index=True) if parts else _empty()
 

@@ -4,10 +4,11 @@ anything is loaded (issue 30: "the replay graph ... says up front what memory it
 The figure is the sum of parts whose sizes follow from the row counts alone:
 
 * the trace columns the replay reads (:data:`IDENTITY_COLUMNS` for an identity replay, the
-  scenario's :func:`scenario_columns` for a what-if whose policies declare theirs, every
-  column otherwise and for ``-o``): their dtypes' widths per op, the edges (25 bytes each) and,
-  for a full load, the annotations (29 bytes each; an identity replay keeps only the
-  ``ProfilerStep`` ones, a few per rank, once read) and the memory samples;
+  keys' :func:`key_columns` for a what-if whose policies declare theirs, every column
+  otherwise; :mod:`replay.projection` decides): their dtypes' widths per op, the edges (25
+  bytes each) and, for a full load, the annotations (29 bytes each; an identity replay keeps
+  only the ``ProfilerStep`` ones, a few per rank, once read) and the memory samples (read
+  for ``-o``, which also reads the columns the replay left out once it has run);
 * the replay graph (:class:`replay.graph.ReplayGraph`): 79 bytes per op (int64 times and
   lags, int32 indices, int8/bool flags; ``rank``, ``lane`` and the measured times are the
   trace's own arrays) and 14 per kept edge (int32 source, int64 lag, int8 kind, bool);
@@ -36,8 +37,8 @@ from retime.collectors.trace import (
     read_meta,
 )
 
-__all__ = ["IDENTITY_COLUMNS", "WHATIF_COLUMNS", "scenario_columns", "Footprint", "footprint",
-           "available_bytes", "check_footprint"]
+__all__ = ["IDENTITY_COLUMNS", "WHATIF_COLUMNS", "SYNTH_AUDITED", "scenario_columns",
+           "key_columns", "Footprint", "footprint", "available_bytes", "check_footprint"]
 
 #: ops columns an identity replay reads: the graph's (rank, lane, kind, name_id for blocking
 #: calls, times, coll_id) and the step windows' (step; correlation for launch waits)
@@ -50,13 +51,40 @@ IDENTITY_COLUMNS = ("rank", "lane", "kind", "name_id", "start_ns", "dur_ns", "co
 WHATIF_COLUMNS = IDENTITY_COLUMNS + ("comm_op", "bytes", "group_id", "peer")
 
 
-def scenario_columns(policies) -> tuple[str, ...] | None:
+#: the tables whose declared columns were also checked on synthesized stores; on those, a
+#: what-if of another table reads every column (its re-synthesis paths were not audited)
+SYNTH_AUDITED = frozenset({"hardware", "network"})
+
+
+def scenario_columns(policies, *, synth: bool = False) -> tuple[str, ...] | None:
     """The ops columns a what-if of ``policies`` reads, in schema order: the union of
     :data:`WHATIF_COLUMNS` and each policy's declared set; ``None`` (every column) when
-    any policy declares all."""
+    any policy declares all, or, on a synthesized store (``synth``), is of a table not in
+    :data:`SYNTH_AUDITED`."""
     need = set(WHATIF_COLUMNS)
     for p in policies:
-        cols = p.ops_columns()
+        cols = p.ops_columns() if not synth or p.table in SYNTH_AUDITED else None
+        if cols is None:
+            return None
+        need |= set(cols)
+    return tuple(c for c in OPS_SCHEMA if c in need)
+
+
+def key_columns(keys, *, synth: bool = False) -> tuple[str, ...] | None:
+    """:func:`scenario_columns` of dotted keys by name alone (``--cluster`` chooses its
+    values only once the trace is loaded; what a policy reads depends on which of its
+    keys are set, not on their values)."""
+    from .policies.scenario import TABLES
+
+    by: dict[str, set[str]] = {}
+    for k in keys:
+        table, _, name = str(k).partition(".")
+        by.setdefault(table, set()).add(name)
+    need = set(WHATIF_COLUMNS)
+    for table, names in by.items():
+        cls = TABLES.get(table)
+        cols = (cls.columns_for(frozenset(names))
+                if cls is not None and (not synth or table in SYNTH_AUDITED) else None)
         if cols is None:
             return None
         need |= set(cols)
@@ -112,12 +140,14 @@ def _rows(path: Path, meta: dict, table: str) -> int:
 
 
 def footprint(path: str | os.PathLike[str], *, full: bool = False,
-              columns: tuple[str, ...] | None = None) -> Footprint:
+              columns: tuple[str, ...] | None = None,
+              memory: bool | None = None) -> Footprint:
     """The memory a replay of the store ``path`` needs, from its metadata alone.
 
     ``full``: a what-if or ``-o``, not an identity replay (:data:`IDENTITY_COLUMNS` and no
-    memory table). With ``columns`` (a what-if's :func:`scenario_columns`) only those ops
-    columns, every annotation and no memory table are read; without, the whole trace.
+    memory table). With ``columns`` (a what-if's :func:`scenario_columns`, or the columns
+    ``-o`` reads before the replay) only those ops columns, every annotation and no memory
+    table (unless ``memory``: ``-o`` writes it) are read; without, the whole trace.
     """
     p = Path(path)
     meta = read_meta(p)
@@ -127,7 +157,7 @@ def footprint(path: str | os.PathLike[str], *, full: bool = False,
     trace = n * per_op + e * sum(_WIDTH[t] for t, _ in EDGES_SCHEMA.values())
     if full:
         trace += r * sum(_WIDTH[t] for t, _ in RANGES_SCHEMA.values())
-    if full and columns is None:
+    if full and (columns is None if memory is None else memory):
         trace += _rows(p, meta, "memory") * sum(_WIDTH[t] for t, _ in MEMORY_SCHEMA.values())
     graph = n * GRAPH_BYTES_PER_OP + e * GRAPH_BYTES_PER_EDGE
     peak = BASE_BYTES + trace + graph + n * BUILD_BYTES_PER_OP + e * BUILD_BYTES_PER_EDGE
@@ -151,11 +181,11 @@ def available_bytes() -> int | None:
 
 
 def check_footprint(path: str | os.PathLike[str], *, full: bool = False,
-                    columns: tuple[str, ...] | None = None,
+                    columns: tuple[str, ...] | None = None, memory: bool | None = None,
                     available: int | None = None) -> tuple[Footprint, str]:
     """(the footprint, its stderr line); raise :class:`ReplayError` when it exceeds the
     available memory (``available``, default :func:`available_bytes`)."""
-    fp = footprint(path, full=full, columns=columns)
+    fp = footprint(path, full=full, columns=columns, memory=memory)
     avail = available_bytes() if available is None else available
     if avail is not None and fp.peak_bytes > avail:
         raise ReplayError(

@@ -482,6 +482,9 @@ def graph_from_arrays(*, rank, lane, kind, start_ns, dur_ns, coll_id=None, edge_
     wait_ptr, wait_src, wait_lag, _, _ = _csr(n, w_dst, w_src, w_lag, np.zeros(nw, np.int8),
                                               np.zeros(nw, bool), keep=wkeep)
     del w_src, w_dst, w_lag, wkeep
+    # the edge arrays are in the CSRs now; with inferred hand-offs they are this function's
+    # own copies (25 bytes per edge), freed here, before the layout's peak (issue 30)
+    del es, ed, ek, el
 
     # ---- collective transfer tails
     if len(members):

@@ -17,7 +17,7 @@ import numpy as np
 
 from retime.collectors.enums import CommOp, OpKind
 from retime.collectors.errors import PolicyError
-from retime.collectors.steps import step_windows
+from retime.collectors.steps import step_windows_by_rank
 from retime.collectors.trace import Trace
 
 from .engine import ReplayResult, _simulate_layout
@@ -142,7 +142,7 @@ def step_range(trace: Trace, res: ReplayResult, alt: list[dict]) -> dict[str, An
     """
     st = res.step_times()
     pred = float(st["replayed_step_ns"].max()) if len(st) else 0.0
-    w = step_windows(trace)
+    w = step_windows_by_rank(trace)  # a batch of ranks at a time (issue 30)
     per = (w["end_ns"] - w["start_ns"]).groupby(w["step"]).max().to_numpy(np.float64) \
         if len(w) else np.zeros(0)
     mean = (w["end_ns"] - w["start_ns"]).groupby(w["rank"]).mean() if len(w) else None
@@ -208,7 +208,7 @@ def _measured_step_ns(trace: Trace) -> int:
 def _rank_window_max(trace: Trace) -> int:
     if len(trace.ops) == 0:
         return 0
-    w = step_windows(trace)
+    w = step_windows_by_rank(trace)  # a batch of ranks at a time (issue 30)
     return int((w["end_ns"] - w["start_ns"]).groupby(w["rank"]).sum().max())
 
 

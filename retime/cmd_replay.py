@@ -77,6 +77,10 @@ def replay_cmd(
     strict: Annotated[bool, typer.Option("--strict", help="Refuse a trace whose dependency "
                                          "graph has a cycle instead of relaxing the fewest "
                                          "cross-rank links on it.")] = False,
+    all_columns: Annotated[bool, typer.Option(
+        "--all-columns", hidden=True,
+        help="Read every ops column, not only those the replay needs (what the projected "
+             "read is checked against).")] = False,
 ) -> None:
     """Replay a trace through the dependency model and compare step times per rank.
 
@@ -109,58 +113,80 @@ def replay_cmd(
         from retime.replay.policies.cluster_cal import refine
         cl = read_cluster(cluster)
         ref = refine(cl, cal)  # a calibration of another cluster is refused here
-    # an identity replay (no scenario, cluster, calibration or -o) reads only the columns
-    # the graph and the step windows need, and no memory table; what it needs is said first
-    # (and refused when the machine has less: replay/footprint.py)
-    light = not (scenario is not None or set_ or cluster is not None or output is not None
-                 or calibration is not None)
-    from retime.replay.footprint import IDENTITY_COLUMNS, check_footprint, scenario_columns
-    # a what-if (no cluster, calibration or -o) reads the columns its policies declare
-    # (Policy.ops_columns; a policy not audited declares all) and no memory table
-    cols = None
-    if not light and cluster is None and calibration is None and output is None:
-        from retime.replay.policies.scenario import as_policies
-        cols = scenario_columns(as_policies(scenario_from_cli(scenario, set_)))
-    fp, need = check_footprint(trace_dir, full=not light, columns=cols)
+    # a replay reads only the ops columns it needs (replay/projection.py): an identity
+    # replay the graph's and the step windows', a what-if those its keys (and the cluster's)
+    # declare; -o adds the others afterwards. What it needs is said first (and refused when
+    # the machine has less: replay/footprint.py)
+    from retime.collectors.trace import OPS_SCHEMA
+    from retime.replay.footprint import IDENTITY_COLUMNS, check_footprint
+    from retime.replay.projection import complete_ops, replay_columns
+    whatif_run = scenario is not None or bool(set_) or cluster is not None
+    cols = None if all_columns else replay_columns(
+        trace_dir, sc_keys(scenario, set_), cluster=cluster is not None,
+        calibration=calibration is not None)
+    # an identity replay without -o keeps only the ProfilerStep annotations (the step
+    # windows' marks), drops the edges once the graph holds them, and reads no memory table
+    light = not whatif_run and output is None and cols is not None
+    fp, need = check_footprint(trace_dir, full=not light, columns=cols,
+                               memory=output is not None)
     if not json_out:
         say(need)
-    if cols is not None:
-        trace = read_trace(trace_dir, columns=list(cols), fill_defaults=False,
-                           skip=("memory",))
-    elif light:
-        trace = read_trace(trace_dir, columns=list(IDENTITY_COLUMNS), fill_defaults=False,
-                           skip=("memory",))
-        # of the annotations, the step windows read only the ProfilerStep ones
-        from retime.collectors.steps import step_range_mask
-        keep = step_range_mask(trace.ranges, trace.strings)
-        trace.ranges = trace.ranges[keep].reset_index(drop=True)
-        del keep
-    else:
-        trace = read_trace(trace_dir)
-    if cal is not None:
-        from retime.collectors.calibrate import attach
-        trace = attach(trace, cal)
-    ck = None
-    if cl is not None:
-        ck, cal_lines = refined_keys(cl, ref, trace, sc_keys(scenario, set_))
-        given = sc_keys(scenario, set_) & set(ck.keys)  # the user's value wins for these
-    if scenario is not None or set_ or ck is not None:
+    skip = () if output is not None else ("memory",)
+
+    def load(columns):
+        if columns is None:
+            return read_trace(trace_dir, skip=skip)
+        t = read_trace(trace_dir, columns=list(columns), fill_defaults=False, skip=skip)
+        if light:  # of the annotations, the step windows read only the ProfilerStep ones
+            from retime.collectors.steps import step_range_mask
+            t.ranges = t.ranges[step_range_mask(t.ranges, t.strings)].reset_index(drop=True)
+        if cal is not None:
+            from retime.collectors.calibrate import attach
+            t = attach(t, cal)
+        return t
+
+    def replay_of(trace):
+        ck = given = cal_lines = None
+        if cl is not None:
+            ck, cal_lines = refined_keys(cl, ref, trace, sc_keys(scenario, set_))
+            given = sc_keys(scenario, set_) & set(ck.keys)  # the user's value wins for these
+        if not whatif_run:
+            g = build_graph(trace, ideal=ideal, strict=strict)
+            if light:  # the graph holds what the edges said; nothing after this reads them
+                # (a copy: ``iloc[:0]`` alone is a view that keeps every edge's arrays alive)
+                trace.edges = trace.edges.iloc[:0].copy()
+            return simulate(g), ck, given, cal_lines
         sc = scenario_from_cli(scenario, set_, ck.keys if ck else None)
         try:
-            result = whatif(trace, sc, ideal=ideal)
+            return whatif(trace, sc, ideal=ideal), ck, given, cal_lines
         except PolicyError as exc:
             key = str(exc).split(" ", 1)[0].split(":", 1)[0]
             if ck is None or key not in ck.keys or key in given:
                 raise
             # a key the user did not type: say where it came from
             raise PolicyError(f"--cluster {cluster} sets {key}={ck.keys[key]}: {exc}") from exc
-    else:
-        result = simulate(build_graph(trace, ideal=ideal, strict=strict))
-        if light:  # the graph holds what the edges said; nothing after this reads them
-            trace.edges = trace.edges.iloc[:0]
+
+    from retime.replay import prediction_range
+    trace = load(cols)
+    result, ck, given, cal_lines = replay_of(trace)
     if "whatif" in result.meta:
-        from retime.replay import prediction_range
         prediction_range(result)  # the range, before the summary and the saved trace
+    filled: list[str] = []
+    if output is not None:
+        written = result.to_trace()
+        if cols is not None:
+            filled = [c for c in OPS_SCHEMA if c not in cols]
+            written = complete_ops(trace_dir, written, result.trace.ops, trace.ops)
+        if written is None:  # the what-if re-laid out the ops from the columns read
+            del result, trace
+            cols, filled = None, []
+            trace = load(None)
+            result, ck, given, cal_lines = replay_of(trace)
+            if "whatif" in result.meta:
+                prediction_range(result)
+            written = result.to_trace()
+        written.save(output)
+        del written
     s = result.summary()
     if "whatif" in result.meta:
         s["whatif"] = result.meta["whatif"]
@@ -177,19 +203,20 @@ def replay_cmd(
             s["cluster"]["calibration"] = {"file": str(calibration), "level": ref.level,
                                            "lines": cal_lines}
     s["memory"] = {"estimated_peak_bytes": fp.peak_bytes, "graph_bytes": result.graph.nbytes,
-                   "columns": ("identity" if light else "all" if cols is None
+                   "columns": ("all" if cols is None else "identity" if cols == IDENTITY_COLUMNS
                                else list(cols))}
+    if filled:  # read after the replay, for the written trace
+        s["memory"]["output_columns"] = filled
     # GPU work the measured step figures leave out or the trace cannot show
     from retime.analysis.coverage import unseen_notes, unseen_work_by_rank
     # (the measured step windows the replay computed serve them too: not computed twice)
-    w = result.step_windows() if light else None
+    w = result.step_windows() if not whatif_run else None
     s["notes"] = unseen_notes(unseen_work_by_rank(trace, None if w is None else pd.DataFrame({
         "rank": w["rank"].to_numpy(), "step": w["step"].to_numpy(),
         "start_ns": w["measured_start_ns"].to_numpy(),
         "end_ns": w["measured_end_ns"].to_numpy()})))
     del w
     if output is not None:
-        result.to_trace().save(output)
         s["output"] = str(output)
     if json_out:
         emit_json(s)

@@ -46,8 +46,8 @@ def test_identity_replay_of_a_rank_store_equals_the_full_replay(stores, capsys):
         for k in ("step_time_ns", "per_rank", "unexplained_delays", "graph", "gaps"):
             assert out[k] == full[k], k
         assert all(r["replayed_ns"] == r["measured_ns"] for r in out["per_rank"])
-    # the full load (-o reads every column) prints the same figures and notes
-    assert run(["replay", str(rank), "--json", "-o", str(rank.parent / "out.retime")]) == 0
+    # the full load (every column) prints the same figures and notes
+    assert run(["replay", str(rank), "--json", "--all-columns"]) == 0
     whole = json.loads(capsys.readouterr().out)
     assert whole["memory"]["columns"] == "all"
     assert whole["memory"]["estimated_peak_bytes"] > out["memory"]["estimated_peak_bytes"]
@@ -105,6 +105,14 @@ def test_rank_batched_step_windows_equal_the_whole(stores):
         for a, b in ((r.start_ns, r.end_ns), (s, e)):
             pd.testing.assert_frame_equal(step_windows_by_rank(tr, a, b, chunk_ops=chunk),
                                           step_windows(tr, a, b))
+        # the measured windows (what a what-if compares with), and a replayed trace's own
+        pd.testing.assert_frame_equal(step_windows_by_rank(tr, chunk_ops=chunk),
+                                      step_windows(tr))
+        rt = r.to_trace()
+        assert "step_windows" in rt.meta
+        pd.testing.assert_frame_equal(step_windows_by_rank(rt, chunk_ops=chunk),
+                                      step_windows(rt))
+    assert (np.diff(tr.ops["rank"].to_numpy()) >= 0).all()  # so the batches did run
 
 
 def test_rank_batched_unseen_work_equals_the_whole(stores):

@@ -1,26 +1,60 @@
-"""What-if replays read only the ops columns their policies declare (issue 30): on real
-shared traces the projected read gives the same step times, ranges and notes as the full
-read (``-o`` reads every column), and a policy that is not audited makes it read them all."""
+"""Replays read only the ops columns they need (issue 30): on real shared traces the
+projected read gives the same JSON (step times, ranges, notes, cluster lines) as a read of
+every column (``--all-columns``), for what-ifs of every audited policy, ``--cluster`` and
+``--calibration``; ``-o`` writes the same trace either way (the columns the replay did not
+read are added afterwards, or, for a what-if that re-laid out the ops, it is replayed from a
+full read); a key that is not audited makes it read them all."""
 
 from __future__ import annotations
 
 import json
 
+import pandas as pd
 import pytest
 from conftest import SHARED_CASES, ingest_cached
 
 from retime.cli import run
-from retime.collectors.trace import OPS_SCHEMA
-from retime.replay.footprint import WHATIF_COLUMNS, footprint, scenario_columns
+from retime.collectors.calibrate import FORMAT
+from retime.collectors.costs import read_cluster
+from retime.collectors.trace import OPS_SCHEMA, read_trace
+from retime.replay.footprint import (
+    IDENTITY_COLUMNS,
+    WHATIF_COLUMNS,
+    footprint,
+    key_columns,
+    scenario_columns,
+)
+from retime.replay.policies.base import STRUCTURE_COLUMNS
+from retime.replay.policies.cluster_cal import cluster_record
 from retime.replay.policies.scenario import as_policies, scenario_from_cli
+from retime.replay.projection import replay_columns
 
+
+def _sets(*kv):
+    return [a for s in kv for a in ("--set", s)]
+
+
+# (store, arguments, ops columns the projected read is expected to add to WHATIF_COLUMNS);
+# "CLUSTER" / "CAL" stand for the files of the ``files`` fixture
 CASES = [
-    ("h100-vgg13", ["hardware.compute_speedup=2"], True),
-    ("h100-vgg13", ["hardware.gpu=b200"], True),
-    ("dlrm-v100-8rank", ["network.intra_node_gbps=25"], True),
-    ("dlrm-v100-8rank", ["network.inter_node_gbps=5", "hardware.gemm_speedup=1.5"], True),
-    ("a100-ddp-nccl", ["overlap.bucket_mb=100"], False),
-    ("h100-vgg13", ["parallel.micro_batch=2"], False),
+    ("h100-vgg13", _sets("hardware.compute_speedup=2"), ("flops",)),
+    ("h100-vgg13", _sets("hardware.gpu=b200"), ("flops",)),
+    ("dlrm-v100-8rank", _sets("network.intra_node_gbps=25"), ()),
+    ("dlrm-v100-8rank", _sets("network.inter_node_gbps=5", "hardware.gemm_speedup=1.5"),
+     ("flops",)),
+    ("a100-ddp-nccl", _sets("overlap.bucket_mb=100"), STRUCTURE_COLUMNS),
+    ("a100-ddp-nccl", _sets("overlap.bucket_mb=5", "overlap.sm_share=0.2"), STRUCTURE_COLUMNS),
+    ("dlrm-v100-8rank", _sets("overlap.mode=serial"), STRUCTURE_COLUMNS),
+    ("h100-vgg13", _sets("parallel.micro_batch=64"), STRUCTURE_COLUMNS),
+    ("dlrm-v100-8rank", _sets("parallel.micro_batch=32"), STRUCTURE_COLUMNS),
+    ("mi300x-resnet-ddp", _sets("cache.recompute=none"), STRUCTURE_COLUMNS),
+    ("dlrm-v100-8rank", _sets("topology.ranks_per_node=4", "network.inter_node_gbps=12.5"), ()),
+    ("dlrm-v100-8rank", _sets("stragglers.slow_ranks=[1]", "stragglers.slowdown=1.5"), ()),
+    ("dlrm-v100-8rank", _sets("stragglers.ideal_durations=true"), ()),
+    ("cpu-gloo-rank34", _sets("stragglers.ideal=true"), ()),
+    ("a100-ddp-nccl", ["--cluster", "CLUSTER"], ("flops",)),
+    ("a100-ddp-nccl", ["--cluster", "CLUSTER", "--calibration", "CAL"], ("flops",)),
+    ("dlrm-v100-8rank", ["--calibration", "CAL", *_sets("network.inter_node_gbps=5")], ()),
 ]
 
 
@@ -33,27 +67,85 @@ def stores(tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize("name,sets,projected", CASES)
-def test_projected_whatif_equals_the_full_read(stores, tmp_path, capsys, name, sets, projected):
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """A DGX H100 cluster file and an NCCL calibration measured on it (8 ranks on one host,
+    all-reduce at 20 us + bytes / 360 GB/s)."""
+    d = tmp_path_factory.mktemp("whatif-columns-cluster")
+    cl = d / "h100.toml"
+    assert run(["cost", "cluster", "--preset", "dgx-h100", "-o", str(cl)]) == 0
+    rows = []
+    for k in range(20, 28):
+        t = 20_000.0 + 2 ** k * 2.0 * 7 / 8 / 360.0
+        rows.append({"bytes": 2 ** k, "ns_by_rank": [[t, t - 50, t]] + [[t - 100] * 3] * 7})
+    cal = {"format": FORMAT, "backend": "nccl", "world_size": 8, "hosts": ["h0"] * 8,
+           "ranks_per_host": 8, "collectives": {"all_reduce": rows}}
+    cal["cluster"] = cluster_record(read_cluster(cl), cal)
+    f = d / "nccl.json"
+    f.write_text(json.dumps(cal))
+    return {"CLUSTER": str(cl), "CAL": str(f)}
+
+
+def _json(argv, capsys) -> dict:
+    capsys.readouterr()
+    assert run([*argv, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("name,args,adds", CASES, ids=[" ".join(c[1])[:60] for c in CASES])
+def test_projected_replay_equals_the_full_read(stores, files, capsys, name, args, adds):
     path = stores[name]
-    args = [a for s in sets for a in ("--set", s)]
-    assert run(["replay", str(path), "--json", *args]) == 0
-    part = json.loads(capsys.readouterr().out)
-    # -o reads every column (the written trace needs them all)
-    assert run(["replay", str(path), "--json", *args, "-o", str(tmp_path / "o.retime")]) == 0
-    whole = json.loads(capsys.readouterr().out)
+    argv = ["replay", str(path), *[files.get(a, a) for a in args]]
+    part = _json(argv, capsys)
+    whole = _json([*argv, "--all-columns"], capsys)
     assert whole["memory"]["columns"] == "all"
-    if projected:
-        cols = part["memory"]["columns"]
-        assert isinstance(cols, list) and set(WHATIF_COLUMNS) <= set(cols)
-        assert len(cols) < len(OPS_SCHEMA)
-        assert part["memory"]["estimated_peak_bytes"] < whole["memory"]["estimated_peak_bytes"]
-    else:  # a policy that re-lays out ops declares every column
+    cols = part["memory"]["columns"]
+    assert cols == [c for c in OPS_SCHEMA if c in set(WHATIF_COLUMNS) | set(adds)]
+    assert len(cols) < len(OPS_SCHEMA)
+    assert part["memory"]["estimated_peak_bytes"] < whole["memory"]["estimated_peak_bytes"]
+    assert set(part) == set(whole)
+    for k in set(whole) - {"memory"}:
+        assert part[k] == whole[k], k
+
+
+# -o: the identity replay, a re-timing what-if (the columns it did not read are added to
+# the written trace), a re-laid-out one (replayed from a full read) and a cluster
+OUTPUT_CASES = [
+    ("dlrm-v100-8rank", [], "identity"),
+    ("h100-vgg13", _sets("hardware.compute_speedup=2"), "projected"),
+    ("dlrm-v100-8rank", _sets("stragglers.slow_ranks=[1]", "stragglers.slowdown=1.5"),
+     "projected"),
+    ("a100-ddp-nccl", _sets("overlap.bucket_mb=100"), "all"),
+    ("a100-ddp-nccl", ["--cluster", "CLUSTER"], "projected"),
+]
+
+
+@pytest.mark.parametrize("name,args,read", OUTPUT_CASES,
+                         ids=[" ".join(c[1])[:40] or "identity" for c in OUTPUT_CASES])
+def test_written_trace_equals_the_full_reads(stores, files, tmp_path, capsys, name, args, read):
+    path = stores[name]
+    argv = ["replay", str(path), *[files.get(a, a) for a in args]]
+    part = _json([*argv, "-o", str(tmp_path / "p.retime")], capsys)
+    whole = _json([*argv, "--all-columns", "-o", str(tmp_path / "w.retime")], capsys)
+    assert whole["memory"]["columns"] == "all" and "output_columns" not in whole["memory"]
+    if read == "all":  # re-laid out from the columns read: replayed again from all
         assert part["memory"]["columns"] == "all"
-    assert part["step_time_ns"]["per_step"]["replayed"] != part["step_time_ns"]["per_step"][
-        "measured"] or not projected  # the what-if did change something
+    else:
+        cols = part["memory"]["columns"]
+        cols = list(IDENTITY_COLUMNS) if cols == "identity" else cols
+        assert read == "identity" or cols != "identity"
+        assert part["memory"]["output_columns"] == [c for c in OPS_SCHEMA if c not in cols]
     for k in set(whole) - {"memory", "output"}:
         assert part[k] == whole[k], k
+    p, w = read_trace(tmp_path / "p.retime"), read_trace(tmp_path / "w.retime")
+    assert list(p.ops.columns) == list(OPS_SCHEMA)
+    for t in ("ops", "lanes", "edges", "ranges", "memory", "groups"):
+        pd.testing.assert_frame_equal(getattr(p, t), getattr(w, t), obj=t)
+    assert p.strings == w.strings and p.meta == w.meta
+    src = read_trace(path)  # the columns no replay changes are the store's
+    for c in ("op_id", "flops", "external_id", "layer"):
+        if len(p.ops) == len(src.ops) and read != "all":
+            assert p.ops[c].equals(src.ops[c]), c
 
 
 def test_scenario_columns_union_and_unaudited_keys():
@@ -63,9 +155,29 @@ def test_scenario_columns_union_and_unaudited_keys():
                                                        if c in WHATIF_COLUMNS)
     both = cols("network.intra_node_gbps=25", "hardware.gpu=h100-sxm")
     assert "flops" in both and set(WHATIF_COLUMNS) < set(both)
+    assert set(cols("overlap.bucket_mb=50")) == set(WHATIF_COLUMNS) | set(STRUCTURE_COLUMNS)
+    assert cols("stragglers.ideal=true") == cols("network.intra_node_gbps=25")
     # a key of an audited policy that is not itself audited, or another policy: all
     assert cols("hardware.slow_ranks=[1]", "hardware.rank_slowdown=2") is None
-    assert cols("network.intra_node_gbps=25", "overlap.bucket_mb=50") is None
+    assert cols("network.intra_node_gbps=25", "overlap.prefetch=1") is None
+    assert cols("parallel.dp=4") is None and cols("cache.fcdp=true") is None
+    assert cols("topology.cores_per_node=4") is None
+    # a synthesized store: only hardware and network declarations are used
+    pols = as_policies(scenario_from_cli(None, ["overlap.bucket_mb=50"]))
+    assert scenario_columns(pols, synth=True) is None
+    assert key_columns({"hardware.gpu"}, synth=True) == cols("hardware.gpu=h100-sxm")
+    # by key names alone (a cluster's keys): the same as the policies'
+    assert key_columns({"overlap.bucket_mb", "hardware.gpu"}) == \
+        cols("overlap.bucket_mb=50", "hardware.gpu=h100-sxm")
+
+
+def test_replay_columns_of_identity_cluster_and_calibration(stores):
+    path = stores["dlrm-v100-8rank"]
+    assert replay_columns(path, set()) == IDENTITY_COLUMNS
+    assert replay_columns(path, set(), calibration=True) == IDENTITY_COLUMNS
+    c = replay_columns(path, set(), cluster=True, calibration=True)
+    assert c == key_columns({"hardware.gpu", "network.inter_bus_efficiency"})
+    assert replay_columns(path, {"cache.offload_optimizer"}, cluster=True) is None
 
 
 def test_footprint_counts_the_declared_columns(stores):
@@ -75,3 +187,5 @@ def test_footprint_counts_the_declared_columns(stores):
     assert some.columns == len(c) and every.columns == len(OPS_SCHEMA)
     assert some.trace_bytes < every.trace_bytes
     assert f"{len(c)} of {len(OPS_SCHEMA)} ops columns" in some.line(None)
+    # -o reads the memory table too
+    assert footprint(path, full=True, columns=c, memory=True).trace_bytes >= some.trace_bytes

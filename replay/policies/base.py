@@ -196,6 +196,12 @@ def check_choice(where: str, name: str, v: Any, choices: tuple) -> None:
 
 
 # ---------------------------------------------------------------------------- policy base
+#: the ops' place in the training step (13 bytes per op): what the what-ifs that find
+#: backward all-reduces, forward passes or micro-batches in a measured trace read beyond
+#: :data:`replay.footprint.WHATIF_COLUMNS` (never ``op_id``, ``flops`` or ``external_id``)
+STRUCTURE_COLUMNS = ("phase", "layer", "microbatch", "stage", "chunk")
+
+
 @dataclass(frozen=True)
 class Policy:
     """Base of every what-if policy (frozen; validated in ``__post_init__``).
@@ -208,10 +214,18 @@ class Policy:
 
     def ops_columns(self) -> tuple[str, ...] | None:
         """The ``ops`` columns this policy reads, beyond :data:`WHATIF_COLUMNS` (what
-        :func:`replay.whatif` itself reads); ``None``: every column. ``None`` is the default
-        and the answer for any policy not audited or one that re-lays out ops (they copy
-        every column), so a projected read is used only where the policy says so
-        (``retime replay --set``, issue 30)."""
+        :func:`replay.whatif` itself reads); ``None``: every column
+        (:meth:`columns_for` of the fields that are set)."""
+        return self.columns_for(frozenset(self.fields()))
+
+    @classmethod
+    def columns_for(cls, fields: frozenset[str]) -> tuple[str, ...] | None:
+        """The ``ops`` columns a policy with these fields set reads, beyond
+        :data:`replay.footprint.WHATIF_COLUMNS`; ``None``: every column. ``None`` is the
+        default and the answer for any key not audited, so a projected read is used only
+        where the policy says so (``retime replay``, issue 30). A policy that re-lays out
+        ops builds its new rows from the columns that were read: ``retime replay -o``
+        writes such a trace only from a full read (:mod:`replay.projection`)."""
         return None
 
     def configure(self, state: WhatIfState) -> None:  # phase 1 (optional)

@@ -71,7 +71,7 @@ import numpy as np
 from retime.collectors.enums import CommOp, OpKind
 from retime.collectors.errors import PolicyError
 
-from .base import Policy, WhatIfState, check_choice, check_positive
+from .base import STRUCTURE_COLUMNS, Policy, WhatIfState, check_choice, check_positive
 
 __all__ = ["Cache", "BWD_GATHER_NAME"]
 
@@ -104,6 +104,13 @@ class Cache(Policy):
         check_choice("cache", "recompute", self.recompute, ("none", "selective", "full"))
         check_positive("cache", "pcie_gbps", self.pcie_gbps)
         check_positive("cache", "host_gbps", self.host_gbps)
+
+    @classmethod
+    def columns_for(cls, fields: frozenset[str]) -> tuple[str, ...] | None:
+        """Recompute on a measured trace finds the forward and backward passes (and on an
+        op-level one the micro-batches): :data:`.base.STRUCTURE_COLUMNS`. Caching and
+        offload keys are not audited."""
+        return STRUCTURE_COLUMNS if fields <= {"recompute"} else None
 
     def configure(self, state: WhatIfState) -> None:
         if not state.is_synth:

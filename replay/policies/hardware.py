@@ -110,13 +110,14 @@ class Hardware(Policy):
     graph_node_us: float | None = None
     table: ClassVar[str] = "hardware"
 
-    def ops_columns(self) -> tuple[str, ...] | None:
+    @classmethod
+    def columns_for(cls, fields: frozenset[str]) -> tuple[str, ...] | None:
         """Re-pricing by kernel class or GPU profile reads names, kinds, times and the
         collectives' (:data:`replay.footprint.WHATIF_COLUMNS`) and the ops' flops; slow
         ranks, host speed and CUDA graphs are not audited (every column)."""
         audited = {"compute_speedup", "gemm_speedup", "attention_speedup",
                    "elementwise_speedup", "memcpy_speedup", "comm_speedup", "gpu", "from_gpu"}
-        return ("flops",) if set(self.fields()) <= audited else None
+        return ("flops",) if fields <= audited else None
 
     def __post_init__(self) -> None:
         for f in ("compute_speedup", "gemm_speedup", "attention_speedup",

@@ -102,6 +102,14 @@ class Topology(Policy):
         check_int("topology", "nics", self.nics)
         check_int("topology", "cores_per_node", self.cores_per_node)
 
+    @classmethod
+    def columns_for(cls, fields: frozenset[str]) -> tuple[str, ...] | None:
+        """The node shape decides which collectives cross nodes, and the network policy it
+        brings re-times them (:meth:`Network.columns_for`); ``nics`` is refused on a
+        measured trace. ``cores_per_node`` (the CPU sets the gloo paths read) is not
+        audited."""
+        return () if fields <= {"ranks_per_node", "nvlink_domain", "nics"} else None
+
     def configure(self, state: WhatIfState) -> None:
         if self.cores_per_node is not None and not state.is_synth:
             state.trace = stated_cores(state.trace, self.cores_per_node)
@@ -190,12 +198,13 @@ class Network(Policy):
     measured_inter_node_gbps: float | None = None
     table: ClassVar[str] = "network"
 
-    def ops_columns(self) -> tuple[str, ...] | None:
+    @classmethod
+    def columns_for(cls, fields: frozenset[str]) -> tuple[str, ...] | None:
         """Per-level bandwidth, latency and efficiency re-price the collectives from
         :data:`replay.footprint.WHATIF_COLUMNS` alone; the other keys are not audited."""
         audited = {"intra_node_gbps", "inter_node_gbps", "latency_us", "intra_latency_us",
                    "bus_efficiency", "intra_bus_efficiency", "inter_bus_efficiency"}
-        return () if set(self.fields()) <= audited else None
+        return () if fields <= audited else None
 
     def __post_init__(self) -> None:
         for f in ("intra_node_gbps", "inter_node_gbps", "cross_dc_gbps", "bus_efficiency",

@@ -55,6 +55,7 @@ from retime.collectors.errors import PolicyError
 from ..engine import ContentionModel
 from ..graph import RES_COMM, RES_COMPUTE
 from .base import (
+    STRUCTURE_COLUMNS,
     Policy,
     WhatIfState,
     by_op,
@@ -124,6 +125,14 @@ class Overlap(Policy):
         if self.bucket_mb is not None and self.merge is not None:
             raise PolicyError("overlap.bucket_mb and overlap.merge both set: the merge rule "
                               "chooses the buckets; give one of them")
+
+    @classmethod
+    def columns_for(cls, fields: frozenset[str]) -> tuple[str, ...] | None:
+        """Re-bucketing a measured trace finds the backward all-reduces by phase and builds
+        the new buckets from the columns read; the overlap mode, interference and the
+        range's bounds re-time what is there: :data:`.base.STRUCTURE_COLUMNS`. ``merge``
+        and ``prefetch`` (synthesized runs only) are not audited."""
+        return STRUCTURE_COLUMNS if not fields & {"merge", "prefetch"} else None
 
     def configure(self, state: WhatIfState) -> None:
         if self.bucket_mb is None and self.merge is None:

@@ -48,7 +48,7 @@ from typing import ClassVar
 
 from retime.collectors.errors import ConfigError, PolicyError
 
-from .base import Policy, WhatIfState, check_choice, check_int, check_positive
+from .base import STRUCTURE_COLUMNS, Policy, WhatIfState, check_choice, check_int, check_positive
 
 __all__ = ["Parallel", "SCHEDULES"]
 
@@ -151,6 +151,13 @@ class Parallel(Policy):
                               "transfers), measured templates do not carry their costs; "
                               "synthesize the job with `retime synth` and apply the "
                               "scenario to that")
+
+    @classmethod
+    def columns_for(cls, fields: frozenset[str]) -> tuple[str, ...] | None:
+        """Another per-rank batch on a measured trace scales the step's work by phase
+        (:mod:`.batch_measured`; an op-level trace is re-laid out by micro-batch and
+        stage): :data:`.base.STRUCTURE_COLUMNS`. The other keys are not audited."""
+        return STRUCTURE_COLUMNS if fields <= {"micro_batch"} else None
 
     def configure(self, state: WhatIfState) -> None:
         kw = self.fields()

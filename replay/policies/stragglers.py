@@ -101,6 +101,12 @@ class Stragglers(Policy):
             raise PolicyError("stragglers.slow_ranks and stragglers.slowdown go together: "
                               "give both (e.g. slow_ranks=[3], slowdown=1.5)")
 
+    @classmethod
+    def columns_for(cls, fields: frozenset[str]) -> tuple[str, ...] | None:
+        """Dropped delays, slowed ranks (rank and kind) and ideal durations (the k-th op of
+        a name per rank and step) read :data:`replay.footprint.WHATIF_COLUMNS` alone."""
+        return ()
+
     def configure(self, state: WhatIfState) -> None:
         if self.ideal:
             state.ideal = True
