@@ -11,7 +11,7 @@ wall time, CPU time, GB/s of JSON and the peak RSS of the whole process tree (sa
 
 Peers in the same run: ``ingest`` streamed (the default) against ``--in-memory`` (parse
 every rank, merge the parts, save: the former path), ``ingest --scheduler`` on a local Dask
-cluster of 2 workers (each worker's peak and after-job RSS), ``replay``/``report``
+cluster of 2 workers (each worker's peak and after-job RSS, and the workers' CPU), ``replay``/``report``
 against ``analyze`` on the same store (with the memory ``replay`` said it would need before
 loading), and ``report`` (streamed by default on a rank store of
 more than 2 M ops, :mod:`analysis.report_stream`) against ``report --in-memory``. Figures are printed, never asserted. GB/s is JSON
@@ -245,8 +245,9 @@ def imported_from(root: Path) -> str:
 
 def dask_ingest(src: Path, out: Path, workers: int = 2) -> dict:
     """``retime ingest --scheduler`` on a LocalCluster of ``workers`` processes started
-    here: the command's own figures plus each worker's peak RSS during the job and its RSS
-    after it (the workers are sampled on their own: they are not the command's children)."""
+    here: the command's own figures plus each worker's peak RSS during the job, its RSS
+    after it and the workers' CPU seconds during the job (the workers are sampled on their
+    own: they are not the command's children)."""
     import psutil
     from distributed import Client, LocalCluster
 
