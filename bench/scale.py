@@ -11,7 +11,7 @@ wall time, CPU time, GB/s of JSON and the peak RSS of the whole process tree (sa
 
 Peers in the same run: ``ingest`` streamed (the default) against ``--in-memory`` (parse
 every rank, merge the parts, save: the former path), ``ingest --scheduler`` on a local Dask
-cluster of 2 workers (each worker's peak and after-job RSS), ``replay``/``report``
+cluster of 2 workers (each worker's peak and after-job RSS, and the workers' CPU), ``replay``/``report``
 against ``analyze`` on the same store (with the memory ``replay`` said it would need before
 loading), and ``report`` (streamed by default on a rank store of
 more than 2 M ops, :mod:`analysis.report_stream`) against ``report --in-memory``. Figures are printed, never asserted. GB/s is JSON
@@ -245,8 +245,9 @@ def imported_from(root: Path) -> str:
 
 def dask_ingest(src: Path, out: Path, workers: int = 2) -> dict:
     """``retime ingest --scheduler`` on a LocalCluster of ``workers`` processes started
-    here: the command's own figures plus each worker's peak RSS during the job and its RSS
-    after it (the workers are sampled on their own: they are not the command's children)."""
+    here: the command's own figures plus each worker's peak RSS during the job, its RSS
+    after it and the workers' CPU seconds during the job (the workers are sampled on their
+    own: they are not the command's children)."""
     import psutil
     from distributed import Client, LocalCluster
 
@@ -257,11 +258,14 @@ def dask_ingest(src: Path, out: Path, workers: int = 2) -> dict:
     with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
                       dashboard_address=None) as lc, Client(lc, set_as_default=False) as c:
         pids = list(c.run(os.getpid).values())
-        base = max(psutil.Process(p).memory_info().rss for p in pids)
+        procs = [psutil.Process(p) for p in pids]
+        base = max(p.memory_info().rss for p in procs)
+        cpu0 = sum(sum(p.cpu_times()[:2]) for p in procs)
         mons = [TreeRss(p) for p in pids]
         r = run(["ingest", str(src), "-o", str(out), "--scheduler", lc.scheduler_address,
                  "--force"], f"ingest --scheduler ({workers} workers)")
         peaks = [m.stop() for m in mons]
+        r["worker_cpu_s"] = sum(sum(p.cpu_times()[:2]) for p in procs) - cpu0
         time.sleep(1.0)
         after = max(psutil.Process(p).memory_info().rss for p in pids)
     r.update(worker_peak_gb=max(peaks) / 1e9, worker_after_gb=after / 1e9,
@@ -280,7 +284,8 @@ def line(r: dict, gb: float | None = None) -> str:
     if "store_gb" in r:
         tail += f"; store {r['store_gb']:.2f} GB"
     if "worker_peak_gb" in r:
-        tail += (f"; per worker: peak {r['worker_peak_gb']:.2f} GB, after the job "
+        tail += (f"; workers' CPU {r['worker_cpu_s']:.1f} s; per worker: peak "
+                 f"{r['worker_peak_gb']:.2f} GB, after the job "
                  f"{r['worker_after_gb']:.2f} GB (idle before: {r['worker_base_gb']:.2f} GB)")
     return (f"  {r['label']:<34} wall {r['wall_s']:6.1f} s  CPU {r['cpu_s']:6.1f} s  "
             f"peak RSS (tree) {r['rss_gb']:5.2f} GB{rate}{tail}")

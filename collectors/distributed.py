@@ -21,6 +21,12 @@ Two entry points:
        every rank is written (an error or Ctrl-C leaves no store behind). The workers then
        hand the memory their tasks freed back to the system (:func:`release_memory`).
 
+    While its tasks run, a worker's heap works as a plain process's does
+    (:func:`_batch_heap`): dask.distributed starts workers with ``MALLOC_TRIM_THRESHOLD_``
+    set, which also turns glibc's dynamic mmap threshold off, so every array above 128 KiB
+    was mapped and faulted in afresh and unmapped again, for about 1.5x the CPU of a local
+    ingest (bench/scale.py). :func:`release_memory` puts the worker's settings back.
+
     A worker holds one part at a time, whatever the number of ranks.
     ``read_trace`` of the result equals the Trace a local ingest gives.
 
@@ -37,6 +43,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -126,8 +133,26 @@ def _gather(client: Any, futs: list[Any], what: str, progress: bool | None) -> l
     return out
 
 
+def _parse_task(name: str) -> Any:
+    """On a worker: :func:`parse_kineto_file` with the heap of a batch job."""
+    _batch_heap()
+    return parse_kineto_file(name)
+
+
+def _parse_spool_task(name: str, spool: str) -> Any:
+    """On a worker: stage 1 (:func:`parse_and_spool`) with the heap of a batch job."""
+    _batch_heap()
+    return parse_and_spool(name, spool)
+
+
+def _write_task(spool: str, jobs: list, root: str) -> Any:
+    """On a worker: stage 3 (:func:`write_spooled`) with the heap of a batch job."""
+    _batch_heap()
+    return write_spooled(spool, jobs, root)
+
+
 def _parse(client: Any, names: list[str]) -> list[Any]:
-    return client.map(parse_kineto_file, names, pure=False,
+    return client.map(_parse_task, names, pure=False,
                       key=[f"retime-parse-{i}-{os.getpid()}-{id(names)}"
                            for i in range(len(names))])
 
@@ -188,7 +213,7 @@ def ingest_distributed(paths: list[str | os.PathLike[str]] | str | os.PathLike[s
         with _client(scheduler) as client:
             # the workers keep no part in memory between the stages: each spools its parts
             # into the store's temporary directory (which they must see anyway)
-            futs = client.map(parse_and_spool, names, spools, pure=False,
+            futs = client.map(_parse_spool_task, names, spools, pure=False,
                               key=[f"retime-parse-{i}-{os.getpid()}-{id(names)}"
                                    for i in range(len(names))])
             res = _gather(client, futs, "parsing traces on the cluster", progress)
@@ -196,7 +221,7 @@ def ingest_distributed(paths: list[str | os.PathLike[str]] | str | os.PathLike[s
             skel = merge_parts([s[0] for s in skels], skipped)
             pl = plans(skel, skels)
             args, ranks_of = spooled_writes(pl, spools, str(tmp))
-            futs = [client.submit(write_spooled, *a, pure=False) for a in args]
+            futs = [client.submit(_write_task, *a, pure=False) for a in args]
             rows = _gather(client, futs, "writing ranks on the cluster", progress)
             del futs, res
             release_memory(client)
@@ -224,20 +249,70 @@ def ingest_distributed(paths: list[str | os.PathLike[str]] | str | os.PathLike[s
             "world_size": skel.world_size, **tot, "output": str(output)}
 
 
-def _trim_heap() -> int:
-    """On a worker: collect garbage and hand the freed heap back to the system (glibc keeps
-    freed memory for reuse: a worker's RSS would stay at its peak after the job). Returns
-    the worker's RSS in bytes afterwards (0 where it cannot tell)."""
+# glibc's mallopt parameters (malloc.h) and the values a batch job runs with: glibc's own
+# ceiling for its dynamic mmap threshold, and twice that for trimming (as glibc pairs them)
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+_BATCH_MMAP, _BATCH_TRIM = 32 << 20, 64 << 20
+_GLIBC_DEFAULT = 128 << 10  # both thresholds' static defaults
+_heap_lock = threading.Lock()
+_heap_tuned = False
+
+
+def _libc() -> Any:
+    """The C library (ctypes), or None where it cannot be loaded."""
     import ctypes
     import ctypes.util
-    import gc
 
-    gc.collect()
     name = ctypes.util.find_library("c")
     try:
-        trim = getattr(ctypes.CDLL(name), "malloc_trim", None) if name else None
+        return ctypes.CDLL(name) if name else None
     except OSError:
-        trim = None
+        return None
+
+
+def _batch_heap() -> bool:
+    """On a worker started with ``MALLOC_TRIM_THRESHOLD_`` (dask.distributed's nanny sets
+    it): raise the mmap and trim thresholds for the job, as glibc's dynamic thresholds would
+    have, so that each rank's arrays reuse freed heap instead of new mappings.
+    :func:`_trim_heap` restores the settings. True where they were changed (once)."""
+    global _heap_tuned
+    if "MALLOC_TRIM_THRESHOLD_" not in os.environ:
+        return False  # glibc's dynamic thresholds are on: nothing to undo
+    with _heap_lock:
+        if _heap_tuned:
+            return False
+        mallopt = getattr(_libc(), "mallopt", None)
+        if mallopt is None:
+            return False
+        mallopt(_M_MMAP_THRESHOLD, _BATCH_MMAP)
+        mallopt(_M_TRIM_THRESHOLD, _BATCH_TRIM)
+        _heap_tuned = True
+        return True
+
+
+def _env_bytes(name: str) -> int:
+    try:
+        return int(os.environ.get(name, _GLIBC_DEFAULT))
+    except ValueError:
+        return _GLIBC_DEFAULT
+
+
+def _trim_heap() -> int:
+    """On a worker: put back the heap settings :func:`_batch_heap` changed, collect garbage
+    and hand the freed heap back to the system (glibc keeps freed memory for reuse: a
+    worker's RSS would stay at its peak after the job). Returns the worker's RSS in bytes
+    afterwards (0 where it cannot tell)."""
+    import gc
+
+    global _heap_tuned
+    gc.collect()
+    libc = _libc()
+    with _heap_lock:
+        if _heap_tuned and getattr(libc, "mallopt", None) is not None:
+            libc.mallopt(_M_MMAP_THRESHOLD, _env_bytes("MALLOC_MMAP_THRESHOLD_"))
+            libc.mallopt(_M_TRIM_THRESHOLD, _env_bytes("MALLOC_TRIM_THRESHOLD_"))
+        _heap_tuned = False
+    trim = getattr(libc, "malloc_trim", None) if libc is not None else None
     if trim is not None:
         trim(0)
     try:

@@ -117,8 +117,25 @@ def test_dask_workers_spool_and_release(dlrm, tmp_path):
         assert res["ops"] == dlrm.n_ops and not (out / ".spool").exists()
         # no task result stays on the workers after the job
         assert not any(client.run(lambda dask_worker: len(dask_worker.data)).values())
+
+        def tuned():
+            import os
+
+            import retime.collectors.distributed as d
+            return bool(os.environ.get("MALLOC_TRIM_THRESHOLD_")), d._heap_tuned
+
+        # the nanny's MALLOC_TRIM_THRESHOLD_ is overridden while ingest tasks run (a worker
+        # that ran none keeps its settings) and put back by release_memory, which the ingest
+        # calls at its end
+        assert all(env and not t for env, t in client.run(tuned).values())
+        from retime.collectors.distributed import _parse_task
+
+        one = sorted(DLRM.glob("*.json*"))[0]
+        assert client.submit(_parse_task, str(one), pure=False).result().rank >= 0
+        assert sum(t for _, t in client.run(tuned).values()) == 1
         rss = release_memory(client)
         assert len(rss) == 2 and all(v > 0 for v in rss.values())
+        assert not any(t for _, t in client.run(tuned).values())
     assert sorted(x.name for x in tmp_path.iterdir()) == ["d.retime"]
 
 

@@ -277,3 +277,36 @@ def test_piecewise_error_names_the_global_event_index(monkeypatch, tmp_path):
     monkeypatch.setattr(kev, "PIECE_BYTES", 4096)
     with pytest.raises(TraceFormatError, match=r"event 2500: field 'ts'"):
         read_kineto([f])
+
+
+def test_merge_groups_from_comm_ops_in_order_of_appearance():
+    """Groups that only the collective ops name get ids in order of first appearance (ranks
+    in order, then ops), their ranks from that first op's record (else its size, else the
+    world), and every collective/p2p op the id of its group's name."""
+    from retime.collectors.kineto import merge_parts, parse_kineto_file
+
+    files = sorted((KINETO / "dlrm-v100-8rank").glob("*.json*"))[:3]
+    parts = [parse_kineto_file(f) for f in files]
+    seen = []  # reference: (name, ranks) in order of first appearance
+    world = max(max(p.world_size or 0, p.rank + 1) for p in parts)
+    for p in sorted(parts, key=lambda p: p.rank):
+        k = len(p.comm["op"])
+        assert k >= 3
+        names = [f"g{(p.rank + j) % 3}" for j in range(k)]
+        sizes = np.where(np.arange(k) % 4 == 0, 2, -1).astype(np.int64)
+        ranks = [[p.rank, 9] if j == 1 else None for j in range(k)]
+        p.comm.update(group=names, group_size=sizes, pg_ranks=ranks)
+        p.pg_config = []
+        for j, g in enumerate(names):
+            if g not in [s[0] for s in seen]:
+                want = ranks[j] if ranks[j] else list(range(sizes[j] if sizes[j] > 0 else world))
+                seen.append((g, list(want)))
+    t = merge_parts(parts)
+    grp = t.groups
+    got = list(zip(list(grp["name"]), [list(r) for r in grp["ranks"]], strict=True))
+    assert got[0][0].startswith("0") and got[1:] == seen
+    gid = t.ops["group_id"].to_numpy()
+    comm = gid >= 0
+    name_of = np.asarray(list(grp["name"]), object)
+    flat_names = [n for p in sorted(parts, key=lambda p: p.rank) for n in p.comm["group"]]
+    assert list(name_of[gid[comm]]) == flat_names

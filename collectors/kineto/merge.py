@@ -62,7 +62,10 @@ def merge_parts(parts: list[RankPart], skipped: dict[str, str] | None = None) ->
                                            ("rank", "lane", "name_id", "start_ns", "end_ns", "depth")}
     memory: dict[str, list[np.ndarray]] = {k: [] for k in ("rank", "device", "ts_ns", "bytes_delta",
                                                            "allocated_bytes", "reserved_bytes")}
-    comm_rows: list[tuple] = []
+    # per part, its collective/p2p ops as arrays (rank, global op, group name, size, seq) and
+    # each group name's first (name, recorded ranks, size), in order of appearance
+    comm_parts: list[tuple[np.ndarray, np.ndarray, list, np.ndarray, np.ndarray]] = []
+    first_of_group: dict[str, tuple[Any, int]] = {}
     lane_off = 0
     op_off = 0
     world = 0
@@ -100,9 +103,17 @@ def merge_parts(parts: list[RankPart], skipped: dict[str, str] | None = None) ->
         for k in ("device", "ts_ns", "bytes_delta", "allocated_bytes", "reserved_bytes"):
             memory[k].append(p.memory[k])
         c = p.comm
-        for j in range(len(c["op"])):
-            comm_rows.append((p.rank, int(c["op"][j]) + op_off, c["group"][j],
-                              int(c["group_size"][j]), int(c["seq"][j]), c["pg_ranks"][j]))
+        k = len(c["op"])
+        if k:
+            grp = list(c["group"])
+            comm_parts.append((np.full(k, p.rank, np.int64),
+                               np.asarray(c["op"], np.int64) + op_off, grp,
+                               np.asarray(c["group_size"], np.int64),
+                               np.asarray(c["seq"], np.int64)))
+            for g in dict.fromkeys(grp):
+                if g not in first_of_group:
+                    j = grp.index(g)
+                    first_of_group[g] = (c["pg_ranks"][j], int(c["group_size"][j]))
         world = max(world, p.world_size or 0, p.rank + 1)
         backend = backend or p.backend
         for pg in p.pg_config:
@@ -126,7 +137,7 @@ def merge_parts(parts: list[RankPart], skipped: dict[str, str] | None = None) ->
         gid_of[nm] = len(names)
         names.append(nm if not pg.get("desc") else f"{nm}:{pg['desc']}")
         g_ranks.append(list(pg.get("ranks") or range(pg.get("size") or world)))
-    for _, _, g, gs, _, pr in comm_rows:
+    for g, (pr, gs) in first_of_group.items():
         if g not in gid_of:
             gid_of[g] = len(names)
             names.append(g)
@@ -135,13 +146,15 @@ def merge_parts(parts: list[RankPart], skipped: dict[str, str] | None = None) ->
     coll_id = np.full(n, -1, np.int64)
     group_id = np.full(n, -1, np.int32)
     stats = {"matched": 0, "unmatched": 0, "unmatched_reasons": {}}
-    if comm_rows:
-        r = np.asarray([x[0] for x in comm_rows], np.int64)
-        o = np.asarray([x[1] for x in comm_rows], np.int64)
-        g = np.asarray([gid_of[x[2]] for x in comm_rows], np.int64)
-        gs = np.asarray([x[3] if x[3] > 0 else len(g_ranks[gid_of[x[2]]]) for x in comm_rows],
-                        np.int64)
-        sq = np.asarray([x[4] for x in comm_rows], np.int64)
+    if comm_parts:
+        r = np.concatenate([x[0] for x in comm_parts])
+        o = np.concatenate([x[1] for x in comm_parts])
+        g = np.concatenate([np.fromiter(map(gid_of.__getitem__, x[2]), np.int64, len(x[2]))
+                            for x in comm_parts])
+        g_len = np.array([len(x) for x in g_ranks], np.int64)
+        gs = np.concatenate([x[3] for x in comm_parts])
+        gs = np.where(gs > 0, gs, g_len[g])
+        sq = np.concatenate([x[4] for x in comm_parts])
         group_id[o] = g
         is_coll = ops["kind"][o] == OpKind.COLLECTIVE
         present_by_group = {gi: set(rk) & set(present) for gi, rk in enumerate(g_ranks)}
