@@ -346,3 +346,51 @@ def test_comm_slowdown_is_fitted_only_where_the_trace_separates_it():
     size3 = np.concatenate([size, [4 << 20, 4 << 20]])
     i3, info3 = fit_comm_slowdown([(lo3, hi3, size3, blo, bhi)])
     assert i3 == pytest.approx(3.0, rel=0.1) and info3["transfers_free"] == 4
+
+
+@pytest.mark.torch
+@pytest.mark.skipif(not HAS_TORCH, reason="needs torch (retime[torch])")
+def test_gloo_concurrent_transfers_fit_the_links_aggregate(gloo_ddp):
+    """Buckets that ran two at a time on gloo's worker threads share the link: their
+    isolated times split each shared instant equally, so a small latency-bound bucket is
+    charged half the link. A line through such times (here: 83 KB taking 5 ms, 2 MB taking
+    8 ms, 1.7 MB 7.5 ms) has an intercept of ~5 ms and a slope 4x faster than the link
+    ever ran; with ``concurrent`` the bandwidth is the aggregate, the bytes over the summed
+    isolated time less a ring step's latency per transfer (closed form), and a transfer
+    of all the bytes takes the time the link was busy with them."""
+    from retime.replay.policies.bucketing_cpu import GLOO_STEP_US, _fit_cpu
+    o = gloo_ddp.ops
+    is_ar = ((o["kind"] == 3) & (o["comm_op"] == 1) & (o["bytes"] > 0)).to_numpy()
+    idx = np.flatnonzero(is_ar)
+    sizes = np.asarray([83_200.0, 1_708_036.0, 2_048_000.0])
+    ms = {83_200.0: 5.0e6, 1_708_036.0: 7.5e6, 2_048_000.0: 8.0e6}
+    nbytes = np.zeros(len(o))
+    nbytes[idx] = sizes[np.arange(len(idx)) % 3]
+    y = np.zeros(len(o))
+    y[idx] = [ms[b] for b in nbytes[idx]]
+    a_line, inv_line, f = _fit_cpu(gloo_ddp, is_ar, nbytes, y, None)
+    assert f == 1.0 and a_line > 4e6 and 1.0 / inv_line > 3 * nbytes[idx].sum() / y[idx].sum()
+    a, inv_b, _ = _fit_cpu(gloo_ddp, is_ar, nbytes, y, None, concurrent=True)
+    alpha = 2 * GLOO_STEP_US * 1e3
+    assert a == alpha
+    assert inv_b == pytest.approx((y[idx] - alpha).sum() / nbytes[idx].sum(), rel=1e-12)
+    # a transfer of every byte at once takes the time the link was busy with them, less
+    # the latencies of the transfers it replaces; the line would take a third of it
+    whole = nbytes[idx].sum()
+    assert a + whole * inv_b == pytest.approx(y[idx].sum() - (len(idx) - 1) * alpha, rel=1e-9)
+    assert a_line + whole * inv_line < 0.35 * y[idx].sum()
+
+
+def test_concurrency_is_time_with_two_transfers_in_flight():
+    """A rank's transfers ran concurrently when two were in flight for at least a tenth of
+    the time its link was busy: back to back is not, two half-overlapping ones are."""
+    from retime.replay.policies.bucketing_cpu import CONCURRENT_SHARE, _ran_concurrently
+    end = np.asarray([10, 20, 30, 15, 40, 100], np.int64)
+    start = np.asarray([0, 10, 20, 5, 20, 99], np.int64)
+    back_to_back = {0: (np.asarray([0, 1, 2]), None, None)}
+    half = {0: (np.asarray([0, 3]), None, None)}  # [0, 10) and [5, 15): 5 of 15 ns shared
+    assert not _ran_concurrently(back_to_back, start, end)
+    assert _ran_concurrently(half, start, end)
+    # [20, 40) and [99, 100): 0 shared; [0,10) [5,15): 5 / 15 >= CONCURRENT_SHARE
+    assert 5 / 15 >= CONCURRENT_SHARE
+    assert not _ran_concurrently({1: (np.asarray([4, 5]), None, None)}, start, end)

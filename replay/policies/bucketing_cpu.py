@@ -61,10 +61,15 @@ so :func:`rebucket_cpu` models parameters, not buckets:
   (the Kineto reader keeps leaf ops): each is folded into the op after it, so it is shared
   too; only a gap spent waiting for an old bucket (up to that bucket's end) is not;
 * transfer time ``a + S f / B`` fitted on the isolated transfers (the intercept only when
-  the sizes differ by 1.5x or more, else ``a`` is ``GLOO_STEP_US`` per ring step and ``B``
-  the total bytes over the total time of the transfers, less the (rank, step)s whose
-  transfers took over ``DISTURBED_X`` times the median time per byte: descheduled on a
-  shared machine).
+  the sizes differ by 1.5x or more and the old buckets ran one at a time, else ``a`` is
+  ``GLOO_STEP_US`` per ring step and ``B`` the link's aggregate: the total bytes over the
+  total isolated time of the transfers, less the (rank, step)s whose transfers took over
+  ``DISTURBED_X`` times the median time per byte: descheduled on a shared machine). Old
+  buckets that ran concurrently on gloo's worker threads (``CONCURRENT_SHARE``) share one
+  link: the isolated times split each shared instant equally, so a line through them
+  charges a small latency-bound bucket half the link and fits a bandwidth the link never
+  ran at (the emb pair's six buckets, two at a time: an intercept of 5.2 ms and 4.9
+  Gbit/s on a 1600 Mbit/s link, the one 10 MB bucket replayed at 3.7 Gbit/s).
 """
 
 from __future__ import annotations
@@ -103,6 +108,11 @@ GLOO_STEP_US = 100.0
 #: a rank's step whose transfers took over this many times the median time per byte was
 #: disturbed (its threads descheduled) and is left out of the bandwidth fit
 DISTURBED_X = 2.0
+#: a rank's transfers ran concurrently when the time two of them were in flight at once
+#: (their summed durations less the union of their intervals) is at least this share of the
+#: time its link was busy; below it the equal split of the shared time moves under a tenth
+#: of the fitted time
+CONCURRENT_SHARE = 0.1
 
 
 @dataclass
@@ -353,7 +363,8 @@ def _build_cpu(trace, bucket_mb, interference, ranks_per_node, per, weight, issu
         over_pts.append(np.stack([nbytes[tr][solo].astype(np.float64),
                                   overlap_ns(a_start[tr][solo], end[tr][solo], blo, bhi),
                                   (end[tr] - a_start[tr])[solo].astype(np.float64)], axis=1))
-    alpha, inv_b, f = _fit_cpu(trace, is_ar, nbytes, y, ranks_per_node)
+    alpha, inv_b, f = _fit_cpu(trace, is_ar, nbytes, y, ranks_per_node,
+                               concurrent=_ran_concurrently(spans, a_start, end))
     n_ring = int(round(2.0 / max(2.0 - f, 1e-9)))  # f = 2 (n - 1) / n
     shaper = shaped_link(trace) if _crosses_hosts(trace) else None
     credit = np.zeros(len(new_rows))
@@ -418,6 +429,21 @@ def _build_cpu(trace, bucket_mb, interference, ranks_per_node, per, weight, issu
     return t, new_ids, model_ns, info, cpu
 
 
+def _ran_concurrently(spans: dict, a_start: np.ndarray, end: np.ndarray) -> bool:
+    """Whether some rank's old buckets ran at the same time for at least
+    :data:`CONCURRENT_SHARE` of the time its link was busy (gloo's worker threads take a
+    rank's buckets in turn: the emb pair's six buckets ran two at a time)."""
+    for tr, _blo, _bhi in spans.values():
+        if len(tr) < 2:
+            continue
+        lo, hi = a_start[tr].astype(np.float64), end[tr].astype(np.float64)
+        ulo, uhi = interval_union(lo, hi)
+        busy = float((uhi - ulo).sum())
+        if busy > 0 and float((hi - lo).sum()) - busy >= CONCURRENT_SHARE * busy:
+            return True
+    return False
+
+
 def _crosses_hosts(trace: Trace) -> bool:
     """Whether the trace's ranks sit on more than one host (its all-reduces cross a link)."""
     return ranks_per_node_of(trace) < len(np.unique(trace.ops["rank"].to_numpy()))
@@ -442,8 +468,17 @@ def _new_credits(new_rows: list[dict], alpha: float, inv_b: float, f: float,
     return out
 
 
-def _fit_cpu(trace, is_ar, nbytes, y, ranks_per_node):
-    """Alpha-beta fit ``t = a + S f / B`` of the old buckets' isolated transfer times."""
+def _fit_cpu(trace, is_ar, nbytes, y, ranks_per_node, concurrent: bool = False):
+    """Alpha-beta fit ``t = a + S f / B`` of the old buckets' isolated transfer times.
+
+    ``concurrent``: a rank's old buckets ran at the same time (on gloo's worker threads)
+    over its one link. Their isolated times (:func:`cpu_overlap.isolated_transfer`) split
+    each shared instant equally, so per transfer they do not say how much of its time was
+    latency while the other's bytes used the link (an 83 KB bucket running 11 ms next to a
+    2 MB one is given half the link): a line through them can put that time into the
+    intercept and leave a slope faster than the link ever ran. The link's rate is then the
+    aggregate, the bytes over the time the link was busy (the sum of the isolated times,
+    which counts each shared instant once), as for sizes too alike to fit an intercept."""
     idx = np.flatnonzero(is_ar & (y > 0))
     if len(idx) == 0:
         raise PolicyError("overlap.bucket_mb: no measured all-reduce has a positive transfer "
@@ -454,21 +489,27 @@ def _fit_cpu(trace, is_ar, nbytes, y, ranks_per_node):
     x = nbytes[idx].astype(np.float64) * f
     ys = y[idx]
     alpha = 2 * (n - 1) * GLOO_STEP_US * 1e3
-    if len(np.unique(x)) >= 3 and x.max() >= 1.5 * x.min():
+    if not concurrent and len(np.unique(x)) >= 3 and x.max() >= 1.5 * x.min():
         sol, *_ = np.linalg.lstsq(np.stack([np.ones(len(x)), x], axis=1), ys, rcond=None)
         if sol[0] >= 0 and sol[1] > 0:
             return float(sol[0]), float(sol[1]), f
-    # the total, not a median (isolated times of overlapped transfers are noisy but not
-    # biased), less the disturbed steps of a rank: over DISTURBED_X times the median time
-    # per byte of a (rank, step) (descheduled on a shared machine: not the link)
+    return alpha, _aggregate_inv_b(trace, idx, x, ys, alpha), f
+
+
+def _aggregate_inv_b(trace, idx, x, ys, alpha) -> float:
+    """ns per bus byte of the link's aggregate: the transfers' isolated time (less ``alpha``
+    each) over their bus bytes ``x``, summed over the (rank, step)s.
+
+    The total, not a median (isolated times of overlapped transfers are noisy but not
+    biased), less the disturbed steps of a rank: over DISTURBED_X times the median time per
+    byte of a (rank, step) (descheduled on a shared machine: not the link)."""
     o = trace.ops
     key = pd.MultiIndex.from_arrays([o["rank"].to_numpy()[idx], o["step"].to_numpy()[idx]])
     t_ns = pd.Series(np.maximum(ys - alpha, 0.0), index=key).groupby(level=[0, 1]).sum()
     b = pd.Series(x, index=key).groupby(level=[0, 1]).sum()
     per = t_ns / b
     ok = per <= DISTURBED_X * float(np.median(per))
-    inv_b = float(t_ns[ok].sum() / b[ok].sum())
-    return alpha, inv_b, f
+    return float(t_ns[ok].sum() / b[ok].sum())
 
 
 def _assemble_cpu(trace, is_ar, new_rows, ready_edges, wait_edges, new_start, fold, compute):
