@@ -138,6 +138,8 @@ def test_freeze_batches_are_marked_and_scored_apart():
     labels = {b: bench_pairs._batch_label(b, [INDEX[n] for n in names])
               for b, names in by.items()}
     assert len(set(labels.values())) == 3 and next(iter(commits))[:7] in labels[2]
+    # fixed after batch 2 was seen: marked, and scored apart by the bench
+    assert sorted(n for n, r in INDEX.items() if r.get("shaped_after_freeze")) == ["emb-bucket"]
 
 
 @pytest.mark.parametrize("name,label", CAPTURES)
