@@ -321,4 +321,58 @@ def _host_nesting(lane, s, e, ty):  # pragma: no cover - compiled
     return parent, depth, child
 
 
+@njit(cache=True)
+def _union_len_grouped2(g1, s1, e1, g2, s2, e2, n_groups):  # pragma: no cover - compiled
+    """:func:`_union_len_grouped` of two sequences together, each sorted by (group, start):
+    merged on the fly, without sorting their concatenation (same result).
+
+    Parameters
+    ----------
+    g1, s1, e1 : int64[n1]  group, start, end of the first sequence, sorted by (group, start)
+    g2, s2, e2 : int64[n2]  the second, sorted the same way
+    n_groups : int
+
+    Returns
+    -------
+    int64[n_groups]  total covered ns per group (overlaps counted once)
+    """
+    out = np.zeros(n_groups, np.int64)
+    n1 = g1.shape[0]
+    n2 = g2.shape[0]
+    i = 0
+    j = 0
+    g = np.int64(-1)
+    cur_s = np.int64(0)
+    cur_e = np.int64(0)
+    total = np.int64(0)
+    while i < n1 or j < n2:
+        # the next interval by (group, start)
+        if j >= n2 or (i < n1 and (g1[i] < g2[j] or (g1[i] == g2[j] and s1[i] <= s2[j]))):
+            gg = g1[i]
+            s = s1[i]
+            e = e1[i]
+            i += 1
+        else:
+            gg = g2[j]
+            s = s2[j]
+            e = e2[j]
+            j += 1
+        if gg != g:
+            if g >= 0:
+                out[g] = total + (cur_e - cur_s)
+            g = gg
+            cur_s = s
+            cur_e = e
+            total = 0
+        elif s > cur_e:
+            total += cur_e - cur_s
+            cur_s = s
+            cur_e = e
+        elif e > cur_e:
+            cur_e = e
+    if g >= 0:
+        out[g] = total + (cur_e - cur_s)
+    return out
+
+
 watch_compiles()  # say so on stderr when these kernels compile on first use

@@ -35,7 +35,7 @@ import pandas as pd
 from retime.collectors.arrays import isin, unique
 from retime.collectors.enums import LaneKind
 
-from ._kernels import _union_len_grouped
+from ._kernels import _union_len_grouped, _union_len_grouped2
 from ._util import (
     COMPUTE_KINDS,
     HOST_KINDS,
@@ -57,15 +57,6 @@ __all__ = ["breakdown", "summarize_breakdown", "PARTS"]
 #: the disjoint parts of a step, in display order
 PARTS = ("compute_ns", "overlapped_comm_ns", "exposed_comm_ns", "memcpy_ns",
          "host_bound_ns", "idle_ns")
-
-
-def _union_len(gidx: np.ndarray, s: np.ndarray, e: np.ndarray, n_groups: int) -> np.ndarray:
-    if len(gidx) == 0:
-        return np.zeros(n_groups, np.int64)
-    order = np.lexsort((s, gidx))
-    return _union_len_grouped(np.ascontiguousarray(gidx[order], dtype=np.int64),
-                              np.ascontiguousarray(s[order], dtype=np.int64),
-                              np.ascontiguousarray(e[order], dtype=np.int64), n_groups)
 
 
 _STEP_RANGE_RE = r"^ProfilerStep#"
@@ -159,10 +150,11 @@ def _breakdown(t: Any, by: str) -> pd.DataFrame:
     u_cmy = ulen(c | m | y)
     # host busy = leaf host ops plus enclosing host ranges (python/operator time between
     # leaf ops), clipped to each window of the rank
+    # (the ops are sorted already: the ranges alone are sorted and merged in)
     hr_g, hr_s, hr_e = _host_ranges_in_windows(t, w)
-    mk = c | m | y | host
-    u_all = _union_len(np.concatenate([gidx[mk], hr_g]), np.concatenate([start[mk], hr_s]),
-                       np.concatenate([end[mk], hr_e]), n)
+    ho = np.lexsort((hr_s, hr_g))
+    u_all = _union_len_grouped2(g_s, s_s, e_s, *(np.ascontiguousarray(x[ho], dtype=np.int64)
+                                                 for x in (hr_g, hr_s, hr_e)), n)
     step_ns = (w["end_ns"].to_numpy() - w["start_ns"].to_numpy()).astype(np.int64)
     out = pd.DataFrame({
         "rank": w["rank"].to_numpy().astype(np.int32),
