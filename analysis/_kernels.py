@@ -322,56 +322,75 @@ def _host_nesting(lane, s, e, ty):  # pragma: no cover - compiled
 
 
 @njit(cache=True)
-def _union_len_grouped2(g1, s1, e1, g2, s2, e2, n_groups):  # pragma: no cover - compiled
-    """:func:`_union_len_grouped` of two sequences together, each sorted by (group, start):
-    merged on the fly, without sorting their concatenation (same result).
+def _union_lens_coded(g1, s1, e1, code, sets, g2, s2, e2, with2, n_groups):  # pragma: no cover - compiled
+    """Several :func:`_union_len_grouped` in one pass: the union length per group of the
+    intervals whose ``code`` has a bit of ``sets[k]``, for every ``k`` at once; the second
+    sequence (``g2, s2, e2``) joins the sets where ``with2[k]``. Both sequences sorted by
+    (group, start); merged on the fly.
 
     Parameters
     ----------
-    g1, s1, e1 : int64[n1]  group, start, end of the first sequence, sorted by (group, start)
-    g2, s2, e2 : int64[n2]  the second, sorted the same way
+    g1, s1, e1 : int64[n1]  group, start, end, sorted by (group, start)
+    code : int64[n1]  bit flags of each interval
+    sets : int64[K]  the bits of each set
+    g2, s2, e2 : int64[n2]  the second sequence, sorted the same way
+    with2 : bool[K]  sets the second sequence belongs to
     n_groups : int
 
     Returns
     -------
-    int64[n_groups]  total covered ns per group (overlaps counted once)
+    int64[n_groups, K]  covered ns per group and set (overlaps counted once)
     """
-    out = np.zeros(n_groups, np.int64)
+    nk = sets.shape[0]
+    out = np.zeros((n_groups, nk), np.int64)
+    cs = np.zeros(nk, np.int64)
+    ce = np.zeros(nk, np.int64)
+    tot = np.zeros(nk, np.int64)
+    on = np.zeros(nk, np.bool_)
     n1 = g1.shape[0]
     n2 = g2.shape[0]
     i = 0
     j = 0
     g = np.int64(-1)
-    cur_s = np.int64(0)
-    cur_e = np.int64(0)
-    total = np.int64(0)
     while i < n1 or j < n2:
-        # the next interval by (group, start)
         if j >= n2 or (i < n1 and (g1[i] < g2[j] or (g1[i] == g2[j] and s1[i] <= s2[j]))):
             gg = g1[i]
             s = s1[i]
             e = e1[i]
+            c = code[i]
+            second = False
             i += 1
         else:
             gg = g2[j]
             s = s2[j]
             e = e2[j]
+            c = 0
+            second = True
             j += 1
         if gg != g:
             if g >= 0:
-                out[g] = total + (cur_e - cur_s)
+                for k in range(nk):
+                    out[g, k] = tot[k] + (ce[k] - cs[k] if on[k] else 0)
             g = gg
-            cur_s = s
-            cur_e = e
-            total = 0
-        elif s > cur_e:
-            total += cur_e - cur_s
-            cur_s = s
-            cur_e = e
-        elif e > cur_e:
-            cur_e = e
+            for k in range(nk):
+                tot[k] = 0
+                on[k] = False
+        for k in range(nk):
+            if (c & sets[k]) == 0 and not (second and with2[k]):
+                continue
+            if not on[k]:
+                on[k] = True
+                cs[k] = s
+                ce[k] = e
+            elif s > ce[k]:
+                tot[k] += ce[k] - cs[k]
+                cs[k] = s
+                ce[k] = e
+            elif e > ce[k]:
+                ce[k] = e
     if g >= 0:
-        out[g] = total + (cur_e - cur_s)
+        for k in range(nk):
+            out[g, k] = tot[k] + (ce[k] - cs[k] if on[k] else 0)
     return out
 
 

@@ -379,9 +379,7 @@ def test_streamed_comparison_equals_in_memory(stores, tmp_path):
     assert [r for r in sa.rows if r not in cp_a] == [r for r in sb.rows if r not in cp_b]
     assert len(sa.rows) == len(sb.rows) > 8
     assert (da.caption, da.header, da.rows) == (db.caption, db.header, db.rows)
-    assert len(da.csv_frame) == 8
-    pd.testing.assert_frame_equal(da.csv_frame.reset_index(drop=True),
-                                  db.csv_frame.reset_index(drop=True), check_dtype=False)
+    assert len(da.rows) == 8  # every rank (all shown: no CSV needed below --top)
     wa = waterfall_frame(StreamRunAnalysis(base_p, batch_rows=BATCH),
                          StreamRunAnalysis(p, batch_rows=BATCH))
     wb = waterfall_frame(RunAnalysis(tb, tb), RunAnalysis(tc, tc))
