@@ -394,4 +394,36 @@ def _union_lens_coded(g1, s1, e1, code, sets, g2, s2, e2, with2, n_groups):  # p
     return out
 
 
+@njit(cache=True)
+def _mix64(x):  # pragma: no cover - compiled
+    """pandas' ``hash_array`` of one 64-bit integer (its bit mixer, same result)."""
+    x = x ^ (x >> np.uint64(30))
+    x = x * np.uint64(0xBF58476D1CE4E5B9)
+    x = x ^ (x >> np.uint64(27))
+    x = x * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+@njit(cache=True)
+def _op_signatures(name, kind, rel, dur, ordinal):  # pragma: no cover - compiled
+    """Per op, :func:`analysis.timeline.step_signatures`' hash: the pandas hashes of its
+    name, kind, offset, duration and lane position, weighted and summed (wrapping).
+
+    Parameters
+    ----------
+    name, kind, rel, dur, ordinal : uint64[n]  the ops' fields, as unsigned 64-bit views
+
+    Returns
+    -------
+    uint64[n]
+    """
+    n = name.shape[0]
+    out = np.empty(n, np.uint64)
+    for i in range(n):
+        out[i] = (_mix64(name[i]) * np.uint64(1000003) + _mix64(kind[i]) * np.uint64(7919)
+                  + _mix64(rel[i]) * np.uint64(104729) + _mix64(dur[i]) * np.uint64(1299709)
+                  + _mix64(ordinal[i]) * np.uint64(15485863))
+    return out
+
+
 watch_compiles()  # say so on stderr when these kernels compile on first use
