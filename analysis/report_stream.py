@@ -513,5 +513,13 @@ def build_stream_report(path: str | os.PathLike[str], *, title: str | None = Non
                               "rank` or report in memory (--in-memory)")
         base = StreamRunAnalysis(baseline, batch_rows=batch_rows)
     run = StreamRunAnalysis(path, batch_rows=batch_rows)
+    if base is not None:
+        run.streamed["section"].blocks.append(
+            f"The baseline ({Path(baseline).name}: {base.n_ops:,} ops of {base.n_ranks:,} "
+            f"ranks) was streamed the same way ({base.streamed['batches']} batch(es)), one run "
+            "after the other. The comparison is built from the two streamed analyses: the "
+            "waterfall, the per-rank changes and the metrics equal the in-memory report's, "
+            "but for the critical path, each run's slowest rank's own (rank "
+            f"{base.slowest_rank} in the baseline, rank {run.slowest_rank} here).")
     with memo_scope():
         return assemble_report(run, baseline=base, title=title, top=top)

@@ -395,3 +395,7 @@ def test_streamed_comparison_equals_in_memory(stores, tmp_path):
     assert js["mode"] == "stream" and js["kind"] == "whatif"
     html = (tmp_path / "c.html").read_text()
     assert "About this report: streamed" in html and "slowest rank alone" in html
+    about = next(x for x in rs.sections if x.key == "streamed")
+    assert any(isinstance(b, str) and b.startswith(f"The baseline ({base_p.name}: 11,764 ops "
+                                                   "of 8 ranks) was streamed the same way")
+               for b in about.blocks)
