@@ -321,4 +321,109 @@ def _host_nesting(lane, s, e, ty):  # pragma: no cover - compiled
     return parent, depth, child
 
 
+@njit(cache=True)
+def _union_lens_coded(g1, s1, e1, code, sets, g2, s2, e2, with2, n_groups):  # pragma: no cover - compiled
+    """Several :func:`_union_len_grouped` in one pass: the union length per group of the
+    intervals whose ``code`` has a bit of ``sets[k]``, for every ``k`` at once; the second
+    sequence (``g2, s2, e2``) joins the sets where ``with2[k]``. Both sequences sorted by
+    (group, start); merged on the fly.
+
+    Parameters
+    ----------
+    g1, s1, e1 : int64[n1]  group, start, end, sorted by (group, start)
+    code : int64[n1]  bit flags of each interval
+    sets : int64[K]  the bits of each set
+    g2, s2, e2 : int64[n2]  the second sequence, sorted the same way
+    with2 : bool[K]  sets the second sequence belongs to
+    n_groups : int
+
+    Returns
+    -------
+    int64[n_groups, K]  covered ns per group and set (overlaps counted once)
+    """
+    nk = sets.shape[0]
+    out = np.zeros((n_groups, nk), np.int64)
+    cs = np.zeros(nk, np.int64)
+    ce = np.zeros(nk, np.int64)
+    tot = np.zeros(nk, np.int64)
+    on = np.zeros(nk, np.bool_)
+    n1 = g1.shape[0]
+    n2 = g2.shape[0]
+    i = 0
+    j = 0
+    g = np.int64(-1)
+    while i < n1 or j < n2:
+        if j >= n2 or (i < n1 and (g1[i] < g2[j] or (g1[i] == g2[j] and s1[i] <= s2[j]))):
+            gg = g1[i]
+            s = s1[i]
+            e = e1[i]
+            c = code[i]
+            second = False
+            i += 1
+        else:
+            gg = g2[j]
+            s = s2[j]
+            e = e2[j]
+            c = 0
+            second = True
+            j += 1
+        if gg != g:
+            if g >= 0:
+                for k in range(nk):
+                    out[g, k] = tot[k] + (ce[k] - cs[k] if on[k] else 0)
+            g = gg
+            for k in range(nk):
+                tot[k] = 0
+                on[k] = False
+        for k in range(nk):
+            if (c & sets[k]) == 0 and not (second and with2[k]):
+                continue
+            if not on[k]:
+                on[k] = True
+                cs[k] = s
+                ce[k] = e
+            elif s > ce[k]:
+                tot[k] += ce[k] - cs[k]
+                cs[k] = s
+                ce[k] = e
+            elif e > ce[k]:
+                ce[k] = e
+    if g >= 0:
+        for k in range(nk):
+            out[g, k] = tot[k] + (ce[k] - cs[k] if on[k] else 0)
+    return out
+
+
+@njit(cache=True)
+def _mix64(x):  # pragma: no cover - compiled
+    """pandas' ``hash_array`` of one 64-bit integer (its bit mixer, same result)."""
+    x = x ^ (x >> np.uint64(30))
+    x = x * np.uint64(0xBF58476D1CE4E5B9)
+    x = x ^ (x >> np.uint64(27))
+    x = x * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+@njit(cache=True)
+def _op_signatures(name, kind, rel, dur, ordinal):  # pragma: no cover - compiled
+    """Per op, :func:`analysis.timeline.step_signatures`' hash: the pandas hashes of its
+    name, kind, offset, duration and lane position, weighted and summed (wrapping).
+
+    Parameters
+    ----------
+    name, kind, rel, dur, ordinal : uint64[n]  the ops' fields, as unsigned 64-bit views
+
+    Returns
+    -------
+    uint64[n]
+    """
+    n = name.shape[0]
+    out = np.empty(n, np.uint64)
+    for i in range(n):
+        out[i] = (_mix64(name[i]) * np.uint64(1000003) + _mix64(kind[i]) * np.uint64(7919)
+                  + _mix64(rel[i]) * np.uint64(104729) + _mix64(dur[i]) * np.uint64(1299709)
+                  + _mix64(ordinal[i]) * np.uint64(15485863))
+    return out
+
+
 watch_compiles()  # say so on stderr when these kernels compile on first use

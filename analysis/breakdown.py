@@ -35,7 +35,7 @@ import pandas as pd
 from retime.collectors.arrays import isin, unique
 from retime.collectors.enums import LaneKind
 
-from ._kernels import _union_len_grouped
+from ._kernels import _union_lens_coded
 from ._util import (
     COMPUTE_KINDS,
     HOST_KINDS,
@@ -59,14 +59,10 @@ PARTS = ("compute_ns", "overlapped_comm_ns", "exposed_comm_ns", "memcpy_ns",
          "host_bound_ns", "idle_ns")
 
 
-def _union_len(gidx: np.ndarray, s: np.ndarray, e: np.ndarray, n_groups: int) -> np.ndarray:
-    if len(gidx) == 0:
-        return np.zeros(n_groups, np.int64)
-    order = np.lexsort((s, gidx))
-    return _union_len_grouped(np.ascontiguousarray(gidx[order], dtype=np.int64),
-                              np.ascontiguousarray(s[order], dtype=np.int64),
-                              np.ascontiguousarray(e[order], dtype=np.int64), n_groups)
-
+#: the op sets :func:`_breakdown` unions (bits of its codes: 1 compute, 2 communication,
+#: 4 copies, 8 host): C, M, C|M, C|M|Y and everything (with the host ranges)
+_SETS = np.array([1, 2, 3, 7, 15], np.int64)
+_WITH_RANGES = np.array([False, False, False, False, True])
 
 _STEP_RANGE_RE = r"^ProfilerStep#"
 
@@ -136,33 +132,24 @@ def _breakdown(t: Any, by: str) -> pd.DataFrame:
     c = dev & ~is_comm & (isin(kind, COMPUTE_KINDS) | (cpu_dev & isin(kind, HOST_KINDS)))
     m = dev & is_comm
     y = dev & isin(kind, MEM_KINDS)
-    # every op of interest cut at the windows it overlaps (once: the masks select pieces)
-    idx, gidx, start, end = clip_to_windows(t, c | m | y | host, w)
-    c, m, y, host = c[idx], m[idx], y[idx], host[idx]
+    # one code per op (bits: compute, comm, copies, host), every op of interest cut at the
+    # windows it overlaps (once: the codes select pieces)
+    code = (c.astype(np.int64) | (m.astype(np.int64) << 1) | (y.astype(np.int64) << 2)
+            | (host.astype(np.int64) << 3))
+    idx, gidx, start, end = clip_to_windows(t, code != 0, w)
+    code = code[idx]
 
-    # one sort by (window, start) of every op a part needs; each part takes its subset in
-    # that order (a subset of a sorted sequence is sorted)
-    sel = np.flatnonzero(c | m | y | host)
-    order = sel[np.lexsort((start[sel], gidx[sel]))] if len(sel) else sel
-    g_s = np.ascontiguousarray(gidx[order], dtype=np.int64)
-    s_s = np.ascontiguousarray(start[order], dtype=np.int64)
-    e_s = np.ascontiguousarray(end[order], dtype=np.int64)
-
-    def ulen(mask: np.ndarray) -> np.ndarray:
-        k = mask[order]
-        if not k.any():
-            return np.zeros(n, np.int64)
-        return _union_len_grouped(g_s[k], s_s[k], e_s[k], n)
-
-    u_c, u_m = ulen(c), ulen(m)
-    u_cm = ulen(c | m)
-    u_cmy = ulen(c | m | y)
-    # host busy = leaf host ops plus enclosing host ranges (python/operator time between
-    # leaf ops), clipped to each window of the rank
+    # one sort by (window, start) of every piece; the host ranges (operator and python time
+    # between leaf ops, clipped to each window of the rank) sorted alone and merged in; the
+    # unions of C, M, C|M, C|M|Y and of everything with the host ranges in one pass
+    order = np.lexsort((start, gidx)) if len(gidx) else gidx
     hr_g, hr_s, hr_e = _host_ranges_in_windows(t, w)
-    mk = c | m | y | host
-    u_all = _union_len(np.concatenate([gidx[mk], hr_g]), np.concatenate([start[mk], hr_s]),
-                       np.concatenate([end[mk], hr_e]), n)
+    ho = np.lexsort((hr_s, hr_g))
+    u = _union_lens_coded(*(np.ascontiguousarray(x[order], dtype=np.int64)
+                            for x in (gidx, start, end, code)), _SETS,
+                          *(np.ascontiguousarray(x[ho], dtype=np.int64)
+                            for x in (hr_g, hr_s, hr_e)), _WITH_RANGES, n)
+    u_c, u_m, u_cm, u_cmy, u_all = (np.ascontiguousarray(u[:, k]) for k in range(5))
     step_ns = (w["end_ns"].to_numpy() - w["start_ns"].to_numpy()).astype(np.int64)
     out = pd.DataFrame({
         "rank": w["rank"].to_numpy().astype(np.int32),

@@ -114,7 +114,9 @@ def assemble_report(run: RunAnalysis, *, baseline: Any | None = None, title: str
     scenario = scenario_of(x, t)
     replay = is_replay(x, t)
     base_x, base_step = _measured_of(x, t, baseline)
-    base = RunAnalysis(base_x) if base_x is not None else None
+    # a baseline already analysed (a streamed one: analysis.report_stream) is used as is
+    base = (base_x if isinstance(base_x, RunAnalysis) else
+            RunAnalysis(base_x) if base_x is not None else None)
     if replay:
         kind = "whatif"
         la = "baseline" if base is not None and is_replay(base.x, base.t) else "measured"

@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from retime.collectors.enums import LaneKind
 from retime.collectors.errors import RetimeError
 from retime.collectors.store import (
     part_file,
@@ -61,7 +62,7 @@ from retime.collectors.trace import (
     _frame,
 )
 
-from ._util import _SCOPES, memo_scope, step_windows
+from ._util import _SCOPES, _lane_kind_of_ops, memo_scope, step_windows
 from .breakdown import breakdown
 from .coverage import combine_unseen, unseen_work
 from .critical_path import critical_path
@@ -213,7 +214,7 @@ class StreamRunAnalysis(RunAnalysis):
         """Pass 1 (with the recorded windows ``rec``); False when they do not apply."""
         from retime.collectors.steps import times_checksum
 
-        sw, bd, kp, cp_, fl, bub, st, un, sig, mem = ([] for _ in range(10))
+        sw, bd, kp, cp_, fl, bub, st, un, sig, mem, dev = ([] for _ in range(11))
         first = None
         mb = False
         self._all_delta = True  # every memory sample relative (no absolute value)
@@ -251,6 +252,9 @@ class StreamRunAnalysis(RunAnalysis):
                 st.append(rank_stages(t))
                 un.append(unseen_work(t))
                 sig.append(step_signatures(t))
+                lk = _lane_kind_of_ops(t)
+                dev.append(np.unique(t.ops["rank"].to_numpy()[
+                    (lk == int(LaneKind.GPU_STREAM)) | (lk == int(LaneKind.OP_STREAM))]))
             if len(t.ops):
                 s0 = int(t.ops["start_ns"].min())
                 first = s0 if first is None else min(first, s0)
@@ -284,6 +288,9 @@ class StreamRunAnalysis(RunAnalysis):
         self.window = typical_step_of(w)
         self._mem_peaks = cat(mem) if mem else None
         self._sig = cat(sig)
+        # the ranks with ops on a device lane (the others compute on their CPU threads)
+        self._dev_ranks = (np.unique(np.concatenate(dev)).astype(np.int64) if dev else
+                           np.zeros(0, np.int64))
         self.folds = fold_groups(self._sig, self.window.step, self.t.ranks)
         self.first_start_ns = int(first or 0)
         self.has_microbatches = mb
@@ -331,15 +338,53 @@ class StreamRunAnalysis(RunAnalysis):
                           ).astype(np.int64)
         first, counts, row_of = activity_rows(ranks, max_rows)
         total = np.zeros((len(first), 240, 5))
+        step = int(self.window.step)
         for batch in batches:
             if not np.isin(batch, ranks).any():
                 continue
-            t = self._trace(scan_table(self.path, "ops", ranks=batch, columns=_ACTIVITY_COLS))
+            ops = self._step_scan(batch, step) if step >= 0 else None
+            if ops is None:
+                ops = scan_table(self.path, "ops", ranks=batch, columns=_ACTIVITY_COLS)
+            t = self._trace(ops)
             w = self.windows[np.isin(self.windows["rank"].to_numpy(), batch)]
             with memo_scope():
                 total += activity_cover(t, self.window, ranks, row_of, w)
             del t
         return first, counts, activity_edges(self.window), activity_parts(total)
+
+    def _step_scan(self, batch: np.ndarray, step: int) -> pd.DataFrame | None:
+        """The ops of ``step`` alone of the ranks of ``batch`` (a filter pushed down to the
+        scan), or None where that would change what the heatmap draws: a rank with device
+        ops elsewhere but none in the step would be taken for a CPU-only rank (whose host
+        ops are its device's, :func:`analysis._util.device_mask`), so it is read whole."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+        import pyarrow.dataset as ds
+
+        files = [str(f) for f in (part_file(self.path, "ops", int(r)) for r in batch)
+                 if f.is_file()]
+        if not files:
+            return None
+        try:
+            tbl = ds.dataset(files, format="parquet").to_table(
+                columns=_ACTIVITY_COLS, filter=pc.field("step") == step)
+        except (OSError, pa.ArrowException) as exc:
+            raise RetimeError(f"{self.path}: unreadable Parquet in the ops of ranks "
+                              f"{self._label(list(batch))} ({exc}); re-ingest the "
+                              "trace") from exc
+        ops = tbl.to_pandas()
+        ops = ops.astype({c: OPS_SCHEMA[c][0] for c in ops.columns})
+        lk = self._lane_kind_lut()[ops["lane"].to_numpy()]
+        rk = ops["rank"].to_numpy()
+        with_dev = np.unique(rk[(lk == int(LaneKind.GPU_STREAM)) | (lk == int(LaneKind.OP_STREAM))])
+        want = np.intersect1d(np.unique(rk), self._dev_ranks)
+        return ops if np.isin(want, with_dev).all() else None
+
+    def _lane_kind_lut(self) -> np.ndarray:
+        lid = self._lanes["lane"].to_numpy().astype(np.int64)
+        lut = np.full(int(lid.max()) + 1 if len(lid) else 1, -1, np.int8)
+        lut[lid] = self._lanes["lane_kind"].to_numpy().astype(np.int8)
+        return lut
 
     def _drawn_ranks(self) -> list[int]:
         """The ranks the step timeline and the pipeline Gantt draw (section_timeline)."""
@@ -448,12 +493,33 @@ class StreamRunAnalysis(RunAnalysis):
 
 
 def build_stream_report(path: str | os.PathLike[str], *, title: str | None = None,
-                        top: int = 15, batch_rows: int = REPORT_BATCH_ROWS) -> Report:
+                        top: int = 15, batch_rows: int = REPORT_BATCH_ROWS,
+                        baseline: str | os.PathLike[str] | None = None) -> Report:
     """The report of a rank-partitioned store, streamed (module docstring); the same
     layout as :func:`analysis.report.build_report`, with a section saying what was
-    streamed, what ran on a subset and what was left out."""
+    streamed, what ran on a subset and what was left out.
+
+    With ``baseline`` (another rank-partitioned store) both runs are streamed, one after
+    the other, and the comparison is built from their streamed analyses: the waterfall,
+    the per-rank deltas and the metrics side by side equal the in-memory report's, but for
+    the critical path, which is each run's slowest rank's own (the row says so)."""
     from .report import assemble_report
 
+    base = None
+    if baseline is not None:
+        if store_layout(Path(baseline)) != "rank":
+            raise RetimeError(f"--baseline {baseline}: a streamed comparison needs both stores "
+                              "rank-partitioned; re-ingest it with `retime ingest --layout "
+                              "rank` or report in memory (--in-memory)")
+        base = StreamRunAnalysis(baseline, batch_rows=batch_rows)
     run = StreamRunAnalysis(path, batch_rows=batch_rows)
+    if base is not None:
+        run.streamed["section"].blocks.append(
+            f"The baseline ({Path(baseline).name}: {base.n_ops:,} ops of {base.n_ranks:,} "
+            f"ranks) was streamed the same way ({base.streamed['batches']} batch(es)), one run "
+            "after the other. The comparison is built from the two streamed analyses: the "
+            "waterfall, the per-rank changes and the metrics equal the in-memory report's, "
+            "but for the critical path, each run's slowest rank's own (rank "
+            f"{base.slowest_rank} in the baseline, rank {run.slowest_rank} here).")
     with memo_scope():
-        return assemble_report(run, title=title, top=top)
+        return assemble_report(run, baseline=base, title=title, top=top)

@@ -25,7 +25,7 @@ import pandas as pd
 from retime.collectors.arrays import isin, unique
 from retime.collectors.enums import LaneKind, Phase
 
-from ._kernels import _binned_union, _merge_close
+from ._kernels import _binned_union, _merge_close, _op_signatures
 from ._util import (
     COMM_KINDS,
     COMPUTE_KINDS,
@@ -142,24 +142,27 @@ def step_signatures(trace, step: int | None = None) -> pd.DataFrame:
     first = lanes.groupby("rank")["lane"].transform("min").to_numpy()
     ordinal = np.zeros(int(lanes["lane"].max()) + 1, np.int64)
     ordinal[lanes["lane"].to_numpy()] = (lanes["lane"].to_numpy() - first)
-    # offsets from the rank's own step start
+    # offsets from the rank's own step start; one stable sort by (rank, step) gives the
+    # groups, their first start and the order their sums are taken in
     key = rank * (1 << 32) + (st + 1)
-    ur, inv = unique(key, return_inverse=True)
-    rs = np.full(len(ur), np.iinfo(np.int64).max, np.int64)
-    np.minimum.at(rs, inv, start)
+    order = np.argsort(key, kind="stable")
+    ks = key[order]
+    bounds = np.r_[0, np.flatnonzero(ks[1:] != ks[:-1]) + 1]
+    ur = ks[bounds]
+    inv = np.empty(len(key), np.int64)
+    inv[order] = np.cumsum(np.r_[0, (ks[1:] != ks[:-1]).astype(np.int64)]) if len(ks) else 0
+    rs = np.minimum.reduceat(start[order], bounds)
     rel = start - rs[inv]
-    h = pd.util.hash_array
-    with np.errstate(over="ignore"):
-        sig = (h(o["name_id"].to_numpy()[m].astype(np.int64)) * np.uint64(1000003)
-               + h(o["kind"].to_numpy()[m].astype(np.int64)) * np.uint64(7919)
-               + h(rel.astype(np.int64)) * np.uint64(104729)
-               + h(o["dur_ns"].to_numpy()[m].astype(np.int64)) * np.uint64(1299709)
-               + h(ordinal[o["lane"].to_numpy()[m]]) * np.uint64(15485863))
-    order = np.argsort(inv, kind="stable")
-    bounds = np.r_[0, np.flatnonzero(np.diff(inv[order])) + 1]
+    # pandas' hash_array of each field, weighted and summed: one compiled pass
+    def u64(x: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(x, np.int64).view(np.uint64)
+
+    sig = _op_signatures(u64(o["name_id"].to_numpy()[m]), u64(o["kind"].to_numpy()[m]),
+                         u64(rel), u64(o["dur_ns"].to_numpy()[m]),
+                         u64(ordinal[o["lane"].to_numpy()[m]]))
     with np.errstate(over="ignore"):
         sums = np.add.reduceat(sig[order], bounds)
-    counts = np.bincount(inv, minlength=len(ur))
+    counts = np.diff(np.r_[bounds, len(key)])
     return pd.DataFrame({"rank": ur >> 32, "step": (ur & ((1 << 32) - 1)) - 1, "sig": sums,
                          "n": counts.astype(np.int64)})
 

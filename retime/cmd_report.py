@@ -67,8 +67,8 @@ def report(
         help="Stream the store's rank partitions a batch at a time (bounded memory; the "
              "critical path is the slowest rank's, the stragglers what-if and drill-downs "
              "are left out, the page says so) or load the whole trace. Default: stream a "
-             "rank-partitioned store (--layout rank) of more than 2,000,000 ops without "
-             "--baseline.")] = None,
+             "rank-partitioned store (--layout rank) of more than 2,000,000 ops (with "
+             "--baseline: when the baseline is rank-partitioned too, both are streamed).")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")] = False,
 ) -> None:
     """Write a self-contained HTML report (or a PDF document with the same content).
@@ -89,9 +89,8 @@ def report(
                           "stored trace or the output of `retime sweep`")
     if is_sweep and baseline is not None:
         raise RetimeError("--baseline applies to a run, not to a sweep; drop it")
-    if stream and (is_sweep or baseline is not None):
-        raise RetimeError("--stream reports one stored run; drop --baseline (or --stream: "
-                          "a comparison or a sweep is reported in memory)")
+    if stream and is_sweep:
+        raise RetimeError("--stream reports a stored run, not a sweep; drop --stream")
     check_output(output, force)
     key = _source_key(source, baseline)
     _check_tables_dir(output, force, key)
@@ -104,6 +103,7 @@ def report(
         write_pdf,
     )
     from retime.collectors.progress import progress_bar
+    from retime.collectors.store import store_layout
     from retime.collectors.trace import read_trace
     with progress_bar(3, "report", enabled=None if not json_out else False) as bar:
         if is_sweep:
@@ -115,12 +115,13 @@ def report(
             from retime.analysis.report_stream import build_stream_report, should_stream_report
 
             name = source.name.removesuffix(".retime")
-            if stream is None:
-                stream = baseline is None and should_stream_report(source)
+            if stream is None:  # a comparison streams when both stores can be streamed
+                stream = should_stream_report(source) and (
+                    baseline is None or store_layout(baseline) == "rank")
             if stream:
                 bar.advance()
                 rep = build_stream_report(source, title=title or f"retime report: {name}",
-                                          top=top)
+                                          top=top, baseline=baseline)
             else:
                 trace = read_trace(source)
                 base = read_trace(baseline) if baseline is not None else None

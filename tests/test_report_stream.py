@@ -217,7 +217,7 @@ def test_cli_report_stream_and_in_memory(stores, tmp_path):
     assert (tmp_path / "a.pdf").read_bytes()[:5] == b"%PDF-"
 
 
-@pytest.mark.parametrize("extra,what", [(["--baseline", "{p}"], "drop --baseline"),
+@pytest.mark.parametrize("extra,what", [(["--baseline", "{s}"], "both stores rank-partitioned"),
                                         ([], "--layout rank")])
 def test_cli_bad_stream_requests_exit_2(stores, tmp_path, extra, what):
     p = stores[DLRM.name]
@@ -225,7 +225,7 @@ def test_cli_bad_stream_requests_exit_2(stores, tmp_path, extra, what):
     ingest_cached(DLRM).save(single)
     src = p if extra else single
     cmd = [sys.executable, "-m", "retime", "report", str(src), "-o",
-           str(tmp_path / "x.html"), "--stream", *[a.format(p=p) for a in extra]]
+           str(tmp_path / "x.html"), "--stream", *[a.format(s=single) for a in extra]]
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 2, r.stderr
     lines = [x for x in r.stderr.strip().splitlines() if x.strip()]
@@ -346,3 +346,56 @@ def test_stored_whatif_streamed(stores, tmp_path):
         pd.testing.assert_frame_equal(s.bd, m.bd)
     # the recorded windows differ from recomputed ones: the two stores test both paths
     assert not StreamRunAnalysis(bad).windows.equals(StreamRunAnalysis(p).windows)
+
+
+def test_streamed_comparison_equals_in_memory(stores, tmp_path):
+    """A streamed report with --baseline: both runs streamed, the comparison built from their
+    streamed analyses. Pair: DLRM's 8 ranks and its what-if (compute 2x), both stored by
+    rank. The waterfall, the per-rank deltas and every side-by-side row equal the in-memory
+    report's, but the critical path, each run's slowest rank's own (the row says so)."""
+    import retime
+    from retime.analysis.report_compare import waterfall_frame
+
+    base_p = stores[DLRM.name]
+    tb = read_trace(base_p)
+    rt = retime.whatif(tb, {"hardware.compute_speedup": 2}).to_trace()
+    p = tmp_path / "wi.retime"
+    rt.save(p, layout="rank")
+    tc = read_trace(p)
+    rs = build_stream_report(p, baseline=base_p, batch_rows=BATCH)
+    rm = build_report(tc, baseline=tb)
+    assert rs.kind == rm.kind == "whatif"
+    assert rs.headline[:2] == rm.headline[:2]
+    assert [h[0] for h in rs.headline[:2]] == ["Measured step", "What-if step"]
+    ca = next(x for x in rs.sections if x.key == "comparison")
+    cb = next(x for x in rm.sections if x.key == "comparison")
+    assert [f.key for f in ca.figures] == [f.key for f in cb.figures] == \
+        ["waterfall", "rank_deltas"]
+    (sa, da), (sb, db) = ca.tables, cb.tables
+    cp_a = [r for r in sa.rows if r[0].startswith("Critical path")]
+    cp_b = [r for r in sb.rows if r[0].startswith("Critical path")]
+    assert [r[0] for r in cp_a] == ["Critical path (each run's slowest rank alone)"]
+    assert [r[0] for r in cp_b] == ["Critical path"]
+    assert [r for r in sa.rows if r not in cp_a] == [r for r in sb.rows if r not in cp_b]
+    assert len(sa.rows) == len(sb.rows) > 8
+    assert (da.caption, da.header, da.rows) == (db.caption, db.header, db.rows)
+    assert len(da.rows) == 8  # every rank (all shown: no CSV needed below --top)
+    wa = waterfall_frame(StreamRunAnalysis(base_p, batch_rows=BATCH),
+                         StreamRunAnalysis(p, batch_rows=BATCH))
+    wb = waterfall_frame(RunAnalysis(tb, tb), RunAnalysis(tc, tc))
+    pd.testing.assert_frame_equal(wa, wb)
+    assert wa.attrs == wb.attrs and wa["delta_ns"].abs().sum() > 0
+    # the comparison finding (first) is the same
+    assert rs.findings[0] == rm.findings[0]
+    # the CLI streams both when both are stored by rank (and says so)
+    r = CliRunner().invoke(app, ["report", str(p), "--baseline", str(base_p), "-o",
+                                 str(tmp_path / "c.html"), "--stream", "--json"])
+    assert r.exit_code == 0, r.output
+    js = json.loads(r.stdout.strip().splitlines()[-1])
+    assert js["mode"] == "stream" and js["kind"] == "whatif"
+    html = (tmp_path / "c.html").read_text()
+    assert "About this report: streamed" in html and "slowest rank alone" in html
+    about = next(x for x in rs.sections if x.key == "streamed")
+    assert any(isinstance(b, str) and b.startswith(f"The baseline ({base_p.name}: 11,764 ops "
+                                                   "of 8 ranks) was streamed the same way")
+               for b in about.blocks)
