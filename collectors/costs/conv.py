@@ -33,7 +33,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from .gpus import DTYPE_BYTES, GpuSpec
-from .kernels import FITTED_CURVES, Curves, OpCost, implicit_gemm, memory_bound
+from .kernels import FITTED_CURVES, Curves, OpCost, conv_output, implicit_gemm, memory_bound
 
 __all__ = ["conv2d_call", "conv_passes", "kernel_pass", "kernel_role", "pass_costs",
            "price_conv", "sum_costs"]
@@ -204,12 +204,7 @@ def conv2d_call(g: GpuSpec, batch: int, in_ch: int, height: int, width: int, out
     if dtype not in _TORCH_TYPE:
         raise ConfigError(f"conv2d: --dtype {dtype!r}: a convolution runs in "
                           f"{', '.join(_TORCH_TYPE)}")
-    pad = kernel // 2 if padding is None else padding
-    p = (height + 2 * pad - kernel) // stride + 1
-    q = (width + 2 * pad - kernel) // stride + 1
-    if p < 1 or q < 1:
-        raise ConfigError(f"conv2d: a {kernel}x{kernel} filter with stride {stride} and "
-                          f"padding {pad} leaves no output on a {height}x{width} input")
+    p, q = conv_output(height, width, kernel, stride, padding)
     tt = _TORCH_TYPE[dtype]
     x, w, y = [batch, in_ch, height, width], [out_ch, in_ch, kernel, kernel], \
         [batch, out_ch, p, q]

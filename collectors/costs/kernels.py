@@ -360,6 +360,19 @@ def grouped_matmul(g: GpuSpec, ms: list[int], n: int, k: int, dtype: str = "bf16
     return _serial(c, g, dtype, M * k, quantize, curves, scaling, float(len(ms)) * k * n)
 
 
+def conv_output(height: int, width: int, kernel: int, stride: int,
+                padding: int | None) -> tuple[int, int]:
+    """Output height and width ``(P, Q)`` of a ``kernel x kernel`` convolution (padding
+    ``kernel // 2`` unless given); refuses a filter that leaves no output."""
+    pad = kernel // 2 if padding is None else padding
+    p = (height + 2 * pad - kernel) // stride + 1
+    q = (width + 2 * pad - kernel) // stride + 1
+    if p < 1 or q < 1:
+        raise ConfigError(f"conv2d: a {kernel}x{kernel} filter with stride {stride} and "
+                          f"padding {pad} leaves no output on a {height}x{width} input")
+    return p, q
+
+
 def conv2d(g: GpuSpec, batch: int, in_ch: int, height: int, width: int, out_ch: int,
            kernel: int = 3, stride: int = 1, padding: int | None = None,
            dtype: str = "bf16") -> OpCost:
@@ -367,12 +380,7 @@ def conv2d(g: GpuSpec, batch: int, in_ch: int, height: int, width: int, out_ch: 
     ``M = batch x P x Q``, ``N = out_ch``, ``K = in_ch x kernel^2``."""
     _positive(batch=batch, in_ch=in_ch, height=height, width=width, out_ch=out_ch,
               kernel=kernel, stride=stride)
-    pad = kernel // 2 if padding is None else padding
-    p = (height + 2 * pad - kernel) // stride + 1
-    q = (width + 2 * pad - kernel) // stride + 1
-    if p < 1 or q < 1:
-        raise ConfigError(f"conv2d: a {kernel}x{kernel} filter with stride {stride} and "
-                          f"padding {pad} leaves no output on a {height}x{width} input")
+    p, q = conv_output(height, width, kernel, stride, padding)
     m, n, k = batch * p * q, out_ch, in_ch * kernel * kernel
     eb = _eb(dtype)
     nbytes = eb * (batch * in_ch * height * width + out_ch * k + batch * out_ch * p * q)
