@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from retime.collectors.arrays import isin, unique
+from retime.collectors.arrays import unique
 from retime.collectors.enums import LaneKind, OpKind
 from retime.collectors.steps import device_lane_mask
 
@@ -53,10 +53,34 @@ COUNTS = ("gpu_ops", "gpu_ns", "without_launch_ops", "without_launch_ns",
           "graph_launches", "graph_launch_gpu_ops")
 
 
-def _name_mask(t, pat: re.Pattern[str]) -> np.ndarray:
-    names = np.asarray(t.strings, dtype=object)
-    hit = np.fromiter((bool(pat.search(str(s))) for s in names), bool, len(names))
-    return hit[t.ops["name_id"].to_numpy()] if len(t.ops) else np.zeros(0, bool)
+#: bits of :func:`_name_hits`: a launch other than a graph launch, a graph launch, a capture's
+#: begin, its end
+_LAUNCHES, _GRAPH, _BEGINS, _ENDS = 1, 2, 4, 8
+
+
+def _name_hits(t) -> np.ndarray:
+    """Per string id, the bits of the names' kinds (one pass over the strings; the ops then
+    look their names up once per kind, only where a kind occurs)."""
+    def bits(s: str) -> int:
+        g = bool(_GRAPH_LAUNCH.search(s))
+        return ((_LAUNCHES if _LAUNCH.search(s) and not g else 0) | (_GRAPH if g else 0)
+                | (_BEGINS if _BEGIN.search(s) else 0) | (_ENDS if _END.search(s) else 0))
+
+    return np.fromiter((bits(str(s)) for s in t.strings), np.int8, len(t.strings))
+
+
+def _pick(hit: np.ndarray, bit: int, nid: np.ndarray) -> np.ndarray:
+    """Ops whose name has ``bit`` (all False without a lookup where no name has it)."""
+    has = (hit & bit) != 0
+    return has[nid] if has.any() else np.zeros(len(nid), bool)
+
+
+def _member(sorted_keys: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """``np.isin(x, sorted_keys)`` for sorted unique int keys, by binary search."""
+    if not len(sorted_keys):
+        return np.zeros(len(x), bool)
+    pos = np.minimum(np.searchsorted(sorted_keys, x), len(sorted_keys) - 1)
+    return sorted_keys[pos] == x
 
 
 def unseen_work(x: Any, windows: pd.DataFrame | None = None) -> dict[str, int]:
@@ -97,12 +121,16 @@ def unseen_work(x: Any, windows: pd.DataFrame | None = None) -> dict[str, int]:
             _, _, cs, ce = clip_to_windows(t, gpu, w)
             out["outside_steps_ns"] = int(dur[gpu].sum() - (ce - cs).sum())
         return out
-    glaunch = rt & _name_mask(t, _GRAPH_LAUNCH)
-    launch = rt & _name_mask(t, _LAUNCH) & ~glaunch
+    hit = _name_hits(t)
+    nid = o["name_id"].to_numpy()
+    glaunch = rt & _pick(hit, _GRAPH, nid)
+    launch = rt & _pick(hit, _LAUNCHES, nid)
     key = rank * (1 << 40) + corr
     rt_keys = unique(key[rt & (corr >= 0)])
-    gpu_keys = unique(key[gpu & (corr >= 0)])
-    launched = gpu & (corr >= 0) & isin(key, rt_keys)
+    g_c = np.flatnonzero(gpu & (corr >= 0))
+    gpu_keys = unique(key[g_c])
+    launched = np.zeros(len(o), bool)
+    launched[g_c[_member(rt_keys, key[g_c])]] = True
     nol = gpu & ~launched
     out["gpu_ops"] = int(gpu.sum())
     out["gpu_ns"] = int(dur[gpu].sum())
@@ -119,11 +147,15 @@ def unseen_work(x: Any, windows: pd.DataFrame | None = None) -> dict[str, int]:
         _, _, cs, ce = clip_to_windows(t, gpu, w)
         out["outside_steps_ns"] = int(dur[gpu].sum() - (ce - cs).sum())
     out["launches"] = int(launch.sum())
-    no_op = launch & ~isin(key, gpu_keys)
+    li = np.flatnonzero(launch)
+    no_op = np.zeros(len(o), bool)
+    no_op[li[~_member(gpu_keys, key[li])]] = True
     out["launches_without_gpu_op"] = int(no_op.sum())
     out["graph_launches"] = int(glaunch.sum())
-    out["graph_launch_gpu_ops"] = int((gpu & isin(key, key[glaunch])).sum())
-    cap, n_cap = _in_capture(t, rt, no_op)
+    if glaunch.any():
+        gi = np.flatnonzero(gpu)
+        out["graph_launch_gpu_ops"] = int(_member(unique(key[glaunch]), key[gi]).sum())
+    cap, n_cap = _in_capture(t, rt, no_op, hit, nid)
     out["captured_launches"] = int(cap.sum())
     out["captures"] = n_cap
     return out
@@ -159,12 +191,14 @@ def unseen_work_by_rank(trace: Trace, windows: pd.DataFrame | None = None, *,
     return combine_unseen(parts)
 
 
-def _in_capture(t, rt: np.ndarray, cand: np.ndarray) -> tuple[np.ndarray, int]:
+def _in_capture(t, rt: np.ndarray, cand: np.ndarray, hit: np.ndarray,
+                nid: np.ndarray) -> tuple[np.ndarray, int]:
     """Which ``cand`` ops run between a stream-capture begin and its end on their thread;
-    and how many captures the trace holds."""
+    and how many captures the trace holds (``hit``, ``nid``: :func:`_name_hits` and the
+    ops' name ids)."""
     o = t.ops
-    beg = rt & _name_mask(t, _BEGIN)
-    end = rt & _name_mask(t, _END)
+    beg = rt & _pick(hit, _BEGINS, nid)
+    end = rt & _pick(hit, _ENDS, nid)
     inside = np.zeros(len(o), bool)
     if not beg.any():
         return inside, 0

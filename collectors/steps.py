@@ -151,13 +151,28 @@ def launch_waits(trace) -> np.ndarray:
     rank = o["rank"].to_numpy().astype(np.int64)
     s = o["start_ns"].to_numpy().astype(np.int64)
     e = s + o["dur_ns"].to_numpy().astype(np.int64)
+    # one int64 key per (rank, correlation) where both fit (every trace seen): the launch's
+    # end is the smallest end of the runtime calls with the key, found by a sort
+    if 0 <= rank.min() and rank.max() < (1 << 23) and corr.max() < (1 << 40):
+        key = (rank << 40) | np.maximum(corr, 0)
+        rk, re_ = key[rt], e[rt]
+        order = np.argsort(rk, kind="stable")  # ops come nearly in key order: a fast sort
+        rk, re_ = rk[order], re_[order]
+        head = np.flatnonzero(np.r_[True, rk[1:] != rk[:-1]])
+        uk, ue = rk[head], np.minimum.reduceat(re_, head)
+        w = np.flatnonzero(want)
+        wk = key[w]
+        pos = np.minimum(np.searchsorted(uk, wk), len(uk) - 1)
+        ok = uk[pos] == wk
+        out[w[ok]] = np.maximum(s[w[ok]] - ue[pos[ok]], 0)
+        return out
     launch = pd.DataFrame({"rank": rank[rt], "corr": corr[rt], "end": e[rt]}).groupby(
         ["rank", "corr"], sort=False)["end"].min()
-    idx = pd.MultiIndex.from_arrays([rank[want], corr[want]])
-    le = launch.reindex(idx).to_numpy(np.float64)
-    ok = ~np.isnan(le)
+    # positions, not a reindex: a float64 end would round epoch-ns times by up to 128 ns
+    pos = launch.index.get_indexer(pd.MultiIndex.from_arrays([rank[want], corr[want]]))
+    ok = pos >= 0
     w = np.flatnonzero(want)
-    out[w[ok]] = np.maximum(s[w[ok]] - le[ok].astype(np.int64), 0)
+    out[w[ok]] = np.maximum(s[w[ok]] - launch.to_numpy().astype(np.int64)[pos[ok]], 0)
     return out
 
 
@@ -425,8 +440,14 @@ def _windows(rank, step, start_ns, end_ns, device=None, host_bounds=None, lead_o
                            "start_ns": lo[plain], "end_ns": hi[plain], "ext": lo[plain]})]
     if len(kri):
         # per (rank, step): first start and last end of its ops (and of its step range)
-        key = kri * (1 << 32) + k_s
-        uk, ki = unique(key, return_inverse=True)
+        # a dense key where the steps span a small range (a count, no sort, in unique)
+        s_lo = int(k_s.min())
+        span = int(k_s.max()) - s_lo + 1
+        if span <= (1 << 20):
+            uk, ki = unique(kri * span + (k_s - s_lo), return_inverse=True)
+            uk = (uk // span) * (1 << 32) + uk % span + s_lo
+        else:
+            uk, ki = unique(kri * (1 << 32) + k_s, return_inverse=True)
         ki = ki.reshape(-1)
         ks = np.full(len(uk), big, np.int64)
         ke = np.full(len(uk), small, np.int64)

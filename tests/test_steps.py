@@ -17,8 +17,8 @@ from naive_steps import naive_windows
 from retime.analysis import breakdown, summarize_breakdown
 from retime.analysis.report import build_report, fmt_ns
 from retime.cli import run
-from retime.collectors.enums import EdgeKind, LaneKind
-from retime.collectors.steps import job_step_windows, step_windows
+from retime.collectors.enums import EdgeKind, LaneKind, OpKind
+from retime.collectors.steps import device_lane_mask, job_step_windows, launch_waits, step_windows
 from retime.replay import build_graph, simulate
 from retime.replay.policies.stragglers import straggler_analysis
 
@@ -90,6 +90,40 @@ def test_windows_tile_and_match_the_step_period(name):
             continue
         err = (b - a) / per - 1
         assert np.abs(err).max() < 0.10, (rank, err)
+
+
+def _naive_waits(t) -> np.ndarray:
+    """launch_waits by a dict of (rank, correlation) -> earliest end of a runtime call."""
+    o = t.ops
+    dev = device_lane_mask(t)
+    end = {}
+    rt = o["kind"].to_numpy() == int(OpKind.RUNTIME)
+    for i in np.flatnonzero(~dev & rt & (o["correlation"].to_numpy() >= 0)):
+        k = (int(o["rank"].iat[i]), int(o["correlation"].iat[i]))
+        end[k] = min(end.get(k, 2**62), int(o["start_ns"].iat[i] + o["dur_ns"].iat[i]))
+    out = np.full(len(o), -1, np.int64)
+    for i in np.flatnonzero(dev & (o["correlation"].to_numpy() >= 0)):
+        k = (int(o["rank"].iat[i]), int(o["correlation"].iat[i]))
+        if k in end:
+            out[i] = max(int(o["start_ns"].iat[i]) - end[k], 0)
+    return out
+
+
+def test_launch_waits_match_a_dict_of_launches_with_any_correlation_ids():
+    """The sorted-key lookup (and the general path, taken for ids past 2**40) pair each GPU
+    op with the earliest-ending runtime call of its rank and correlation id, as a dict does;
+    mi300x-resnet-ddp has GPU ops whose launch is not in the trace (-1)."""
+    import dataclasses
+
+    t = ingest_cached(KINETO / "mi300x-resnet-ddp")
+    want = _naive_waits(t)
+    got = launch_waits(t)
+    assert (got == -1).any() and (got > 0).any()
+    assert np.array_equal(got, want)
+    o = t.ops.copy()
+    c = o["correlation"].to_numpy().astype(np.int64)
+    o["correlation"] = np.where(c >= 0, c + (1 << 41), c)  # past the packed key: general path
+    assert np.array_equal(launch_waits(dataclasses.replace(t, ops=o)), want)
 
 
 def test_a_gpu_behind_the_host_steps_at_its_own_period():
