@@ -8,6 +8,7 @@ full read); a key that is not audited makes it read them all."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -55,15 +56,49 @@ CASES = [
     ("a100-ddp-nccl", ["--cluster", "CLUSTER"], ("flops",)),
     ("a100-ddp-nccl", ["--cluster", "CLUSTER", "--calibration", "CAL"], ("flops",)),
     ("dlrm-v100-8rank", ["--calibration", "CAL", *_sets("network.inter_node_gbps=5")], ()),
+    # slow ranks, host speed, CUDA graphs (hardware)
+    ("dlrm-v100-8rank", _sets("hardware.slow_ranks=[1]", "hardware.rank_slowdown=2"), ()),
+    ("pairs/mlp-host-speed/A", _sets("hardware.host_speedup=2"), ()),
+    ("h100-vgg13", _sets("hardware.cuda_graphs=step"), ("phase",)),
+    ("a100-ddp-nccl", _sets("hardware.cuda_graphs=forward_backward",
+                            "hardware.graph_launch_us=3"), ("phase",)),
+    # data-parallel width (measured ranks copied; an op-level trace re-laid out), cores
+    ("pairs/mlp-dp/A", _sets("parallel.dp=4", "topology.ranks_per_node=2",
+                             "topology.cores_per_node=1"), ("microbatch", "stage", "chunk")),
+    ("megatron-oplevel", _sets("parallel.dp=4"), ("microbatch", "stage", "chunk")),
+    ("pairs/mlp-ranks-per-host/A", _sets("topology.ranks_per_node=2",
+                                         "topology.cores_per_node=2"), ()),
+    # offloads (cache) and recompute where the trace has checkpoints or op-level passes
+    ("mi300x-resnet-ddp", _sets("cache.offload_optimizer=true", "cache.host_gbps=50"),
+     ("phase",)),
+    ("a100-ddp-nccl", _sets("cache.offload_optimizer=true", "cache.pcie_gbps=50"), ("phase",)),
+    ("pairs/mlp-checkpoint/B", _sets("cache.recompute=none"), STRUCTURE_COLUMNS),
+    ("megatron-oplevel", _sets("cache.recompute=full"), STRUCTURE_COLUMNS),
 ]
+
+# what-ifs a trace lacks the information for: the same refusal (exit code and JSON) from a
+# projected read as from a full one
+REFUSED = [
+    ("dlrm-v100-8rank", _sets("cache.fcdp=true")),
+    ("h100-vgg13", _sets("cache.offload_activations=true")),
+    ("a100-ddp-nccl", _sets("parallel.dp=4")),
+]
+
+PAIRS = Path(__file__).resolve().parents[1] / "traces"
+
+
+def _source(name: str) -> Path:
+    """A shared trace by name, or a pair's capture (``pairs/NAME/A``)."""
+    return PAIRS / name if name.startswith("pairs/") else SHARED_CASES[name]
 
 
 @pytest.fixture(scope="module")
 def stores(tmp_path_factory):
     d = tmp_path_factory.mktemp("whatif-columns")
     out = {}
-    for name in sorted({c[0] for c in CASES}):
-        out[name] = ingest_cached(SHARED_CASES[name]).save(d / f"{name}.retime", layout="rank")
+    for name in sorted({c[0] for c in CASES + REFUSED}):
+        out[name] = ingest_cached(_source(name)).save(
+            d / f"{name.replace('/', '-')}.retime", layout="rank")
     return out
 
 
@@ -106,6 +141,18 @@ def test_projected_replay_equals_the_full_read(stores, files, capsys, name, args
     assert set(part) == set(whole)
     for k in set(whole) - {"memory"}:
         assert part[k] == whole[k], k
+
+
+@pytest.mark.parametrize("name,args", REFUSED, ids=[" ".join(c[1]) for c in REFUSED])
+def test_refusals_are_the_same_from_a_projected_read(stores, capsys, name, args):
+    argv = ["replay", str(stores[name]), *args, "--json"]
+    out = []
+    for extra in ([], ["--all-columns"]):
+        capsys.readouterr()
+        rc = run([*argv, *extra])
+        out.append((rc, json.loads(capsys.readouterr().out)))
+    assert out[0] == out[1]
+    assert out[0][0] == 2 and out[0][1]["exit_code"] == 2
 
 
 # -o: the identity replay, a re-timing what-if (the columns it did not read are added to
@@ -157,11 +204,19 @@ def test_scenario_columns_union_and_unaudited_keys():
     assert "flops" in both and set(WHATIF_COLUMNS) < set(both)
     assert set(cols("overlap.bucket_mb=50")) == set(WHATIF_COLUMNS) | set(STRUCTURE_COLUMNS)
     assert cols("stragglers.ideal=true") == cols("network.intra_node_gbps=25")
+    assert cols("hardware.slow_ranks=[1]", "hardware.rank_slowdown=2") == \
+        cols("network.intra_node_gbps=25")
+    assert set(cols("hardware.cuda_graphs=step", "hardware.gpu=h100-sxm")) == \
+        set(WHATIF_COLUMNS) | {"phase", "flops"}
+    assert set(cols("parallel.dp=4")) == set(WHATIF_COLUMNS) | {"microbatch", "stage", "chunk"}
+    assert set(cols("parallel.dp=4", "parallel.micro_batch=8")) == \
+        set(WHATIF_COLUMNS) | set(STRUCTURE_COLUMNS)
+    assert set(cols("cache.fcdp=true")) == set(WHATIF_COLUMNS) | {"phase"}
+    assert cols("topology.cores_per_node=4") == cols("network.intra_node_gbps=25")
     # a key of an audited policy that is not itself audited, or another policy: all
-    assert cols("hardware.slow_ranks=[1]", "hardware.rank_slowdown=2") is None
+    assert cols("hardware.kernel_pricing=flat") is None
     assert cols("network.intra_node_gbps=25", "overlap.prefetch=1") is None
-    assert cols("parallel.dp=4") is None and cols("cache.fcdp=true") is None
-    assert cols("topology.cores_per_node=4") is None
+    assert cols("parallel.tp=2") is None and key_columns({"cache.nonsense"}) is None
     # a synthesized store: only hardware and network declarations are used
     pols = as_policies(scenario_from_cli(None, ["overlap.bucket_mb=50"]))
     assert scenario_columns(pols, synth=True) is None
@@ -177,7 +232,7 @@ def test_replay_columns_of_identity_cluster_and_calibration(stores):
     assert replay_columns(path, set(), calibration=True) == IDENTITY_COLUMNS
     c = replay_columns(path, set(), cluster=True, calibration=True)
     assert c == key_columns({"hardware.gpu", "network.inter_bus_efficiency"})
-    assert replay_columns(path, {"cache.offload_optimizer"}, cluster=True) is None
+    assert replay_columns(path, {"parallel.pp"}, cluster=True) is None
 
 
 def test_footprint_counts_the_declared_columns(stores):

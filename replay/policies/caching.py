@@ -108,9 +108,13 @@ class Cache(Policy):
     @classmethod
     def columns_for(cls, fields: frozenset[str]) -> tuple[str, ...] | None:
         """Recompute on a measured trace finds the forward and backward passes (and on an
-        op-level one the micro-batches): :data:`.base.STRUCTURE_COLUMNS`. Caching and
-        offload keys are not audited."""
-        return STRUCTURE_COLUMNS if fields <= {"recompute"} else None
+        op-level one the micro-batches): :data:`.base.STRUCTURE_COLUMNS`. Offloads and
+        parameter caching find the forward and backward phases and the gradient
+        all-reduces (or refuse, naming what the trace lacks): the ops' phase."""
+        if not fields <= {"fcdp", "keep_params", "recompute", "offload_optimizer",
+                          "offload_activations", "pcie_gbps", "host_gbps"}:
+            return None
+        return STRUCTURE_COLUMNS if "recompute" in fields else ("phase",)
 
     def configure(self, state: WhatIfState) -> None:
         if not state.is_synth:

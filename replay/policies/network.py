@@ -106,9 +106,10 @@ class Topology(Policy):
     def columns_for(cls, fields: frozenset[str]) -> tuple[str, ...] | None:
         """The node shape decides which collectives cross nodes, and the network policy it
         brings re-times them (:meth:`Network.columns_for`); ``nics`` is refused on a
-        measured trace. ``cores_per_node`` (the CPU sets the gloo paths read) is not
-        audited."""
-        return () if fields <= {"ranks_per_node", "nvlink_domain", "nics"} else None
+        measured trace. ``cores_per_node`` states the hosts' CPU sets in the trace's meta
+        (what the gloo paths read): no ops column."""
+        return () if fields <= {"ranks_per_node", "nvlink_domain", "nics",
+                                "cores_per_node"} else None
 
     def configure(self, state: WhatIfState) -> None:
         if self.cores_per_node is not None and not state.is_synth:
