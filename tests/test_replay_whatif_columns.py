@@ -35,6 +35,10 @@ def _sets(*kv):
     return [a for s in kv for a in ("--set", s)]
 
 
+SYNTH_OFFLOAD = ("phase", "layer", "microbatch", "chunk")
+SYNTH = ["--model", "megatron-22b", "--tp", "2", "--pp", "2", "--dp", "2", "--global-batch",
+         "16", "--micro-batch", "1", "--hardware", "h100-sxm"]
+
 # (store, arguments, ops columns the projected read is expected to add to WHATIF_COLUMNS);
 # "CLUSTER" / "CAL" stand for the files of the ``files`` fixture
 CASES = [
@@ -74,6 +78,19 @@ CASES = [
     ("a100-ddp-nccl", _sets("cache.offload_optimizer=true", "cache.pcie_gbps=50"), ("phase",)),
     ("pairs/mlp-checkpoint/B", _sets("cache.recompute=none"), STRUCTURE_COLUMNS),
     ("megatron-oplevel", _sets("cache.recompute=full"), STRUCTURE_COLUMNS),
+    # a synthesized store: what each table reads of the loaded run (most re-synthesize it)
+    ("synth", _sets("parallel.tp=4", "parallel.dp=1"), ()),
+    ("synth", _sets("parallel.schedule=interleaved"), ()),
+    ("synth", _sets("cache.recompute=full", "cache.offload_optimizer=true"), ()),
+    ("synth", _sets("cache.offload_activations=true", "cache.pcie_gbps=50"), SYNTH_OFFLOAD),
+    ("synth", _sets("overlap.bucket_mb=50", "overlap.sm_share=0.2"), ()),
+    ("synth", _sets("overlap.prefetch=1", "parallel.zero=3"), SYNTH_OFFLOAD),
+    ("synth", _sets("stragglers.slow_ranks=[1]", "stragglers.slowdown=1.5"), ()),
+    ("synth", _sets("stragglers.ideal=true"), ()),
+    ("synth", _sets("topology.nics=4", "topology.ranks_per_node=4",
+                    "topology.cores_per_node=4"), ()),
+    ("synth", _sets("compression.dp=4", "compression.codec_gbps=100"), ()),
+    ("synth", _sets("hardware.cuda_graphs=step", "hardware.host_speedup=2"), ("phase",)),
 ]
 
 # what-ifs a trace lacks the information for: the same refusal (exit code and JSON) from a
@@ -82,6 +99,8 @@ REFUSED = [
     ("dlrm-v100-8rank", _sets("cache.fcdp=true")),
     ("h100-vgg13", _sets("cache.offload_activations=true")),
     ("a100-ddp-nccl", _sets("parallel.dp=4")),
+    ("synth", _sets("cache.fcdp=true")),
+    ("synth", _sets("overlap.prefetch=1")),
 ]
 
 PAIRS = Path(__file__).resolve().parents[1] / "traces"
@@ -97,6 +116,10 @@ def stores(tmp_path_factory):
     d = tmp_path_factory.mktemp("whatif-columns")
     out = {}
     for name in sorted({c[0] for c in CASES + REFUSED}):
+        if name == "synth":
+            out[name] = d / "synth.retime"
+            assert run(["synth", "-o", str(out[name]), *SYNTH]) == 0
+            continue
         out[name] = ingest_cached(_source(name)).save(
             d / f"{name.replace('/', '-')}.retime", layout="rank")
     return out
@@ -156,7 +179,8 @@ def test_refusals_are_the_same_from_a_projected_read(stores, capsys, name, args)
 
 
 # -o: the identity replay, a re-timing what-if (the columns it did not read are added to
-# the written trace), a re-laid-out one (replayed from a full read) and a cluster
+# the written trace), a re-laid-out one (replayed from a full read), a cluster and a
+# re-synthesized run (a new trace of every column, written as it is)
 OUTPUT_CASES = [
     ("dlrm-v100-8rank", [], "identity"),
     ("h100-vgg13", _sets("hardware.compute_speedup=2"), "projected"),
@@ -164,6 +188,10 @@ OUTPUT_CASES = [
      "projected"),
     ("a100-ddp-nccl", _sets("overlap.bucket_mb=100"), "all"),
     ("a100-ddp-nccl", ["--cluster", "CLUSTER"], "projected"),
+    ("h100-vgg13", _sets("hardware.cuda_graphs=step"), "projected"),
+    ("pairs/mlp-dp/A", _sets("parallel.dp=4", "topology.cores_per_node=1"), "all"),
+    ("synth", _sets("parallel.tp=4", "parallel.dp=1"), "resynthesized"),
+    ("synth", _sets("stragglers.slow_ranks=[1]", "stragglers.slowdown=1.5"), "projected"),
 ]
 
 
@@ -177,6 +205,8 @@ def test_written_trace_equals_the_full_reads(stores, files, tmp_path, capsys, na
     assert whole["memory"]["columns"] == "all" and "output_columns" not in whole["memory"]
     if read == "all":  # re-laid out from the columns read: replayed again from all
         assert part["memory"]["columns"] == "all"
+    elif read == "resynthesized":  # a new run, with every column: written as it is
+        assert part["memory"]["columns"] != "all" and "output_columns" not in part["memory"]
     else:
         cols = part["memory"]["columns"]
         cols = list(IDENTITY_COLUMNS) if cols == "identity" else cols
@@ -191,7 +221,7 @@ def test_written_trace_equals_the_full_reads(stores, files, tmp_path, capsys, na
     assert p.strings == w.strings and p.meta == w.meta
     src = read_trace(path)  # the columns no replay changes are the store's
     for c in ("op_id", "flops", "external_id", "layer"):
-        if len(p.ops) == len(src.ops) and read != "all":
+        if len(p.ops) == len(src.ops) and read in ("identity", "projected"):
             assert p.ops[c].equals(src.ops[c]), c
 
 
@@ -217,9 +247,14 @@ def test_scenario_columns_union_and_unaudited_keys():
     assert cols("hardware.kernel_pricing=flat") is None
     assert cols("network.intra_node_gbps=25", "overlap.prefetch=1") is None
     assert cols("parallel.tp=2") is None and key_columns({"cache.nonsense"}) is None
-    # a synthesized store: only hardware and network declarations are used
+    # a synthesized store: each policy's synth declaration
     pols = as_policies(scenario_from_cli(None, ["overlap.bucket_mb=50"]))
-    assert scenario_columns(pols, synth=True) is None
+    assert scenario_columns(pols, synth=True) == cols("network.intra_node_gbps=25")
+    pols = as_policies(scenario_from_cli(None, ["cache.offload_activations=true"]))
+    assert set(scenario_columns(pols, synth=True)) == set(WHATIF_COLUMNS) | set(SYNTH_OFFLOAD)
+    assert key_columns({"parallel.odc", "cache.fcdp"}, synth=True) == \
+        tuple(c for c in OPS_SCHEMA if c in set(WHATIF_COLUMNS) | {"microbatch"})
+    assert key_columns({"cache.nonsense"}, synth=True) is None
     assert key_columns({"hardware.gpu"}, synth=True) == cols("hardware.gpu=h100-sxm")
     # by key names alone (a cluster's keys): the same as the policies'
     assert key_columns({"overlap.bucket_mb", "hardware.gpu"}) == \

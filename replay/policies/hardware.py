@@ -124,6 +124,11 @@ class Hardware(Policy):
             return None
         return (("phase",) if fields & graphs else ()) + (("flops",) if fields & reprice else ())
 
+    @classmethod
+    def synth_columns_for(cls, fields: frozenset[str]) -> tuple[str, ...] | None:
+        """The same columns on a synthesized store (the same code reads them)."""
+        return cls.columns_for(fields)
+
     def __post_init__(self) -> None:
         for f in ("compute_speedup", "gemm_speedup", "attention_speedup",
                   "elementwise_speedup", "memcpy_speedup", "comm_speedup", "host_speedup"):

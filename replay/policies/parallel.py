@@ -48,7 +48,15 @@ from typing import ClassVar
 
 from retime.collectors.errors import ConfigError, PolicyError
 
-from .base import STRUCTURE_COLUMNS, Policy, WhatIfState, check_choice, check_int, check_positive
+from .base import (
+    STRUCTURE_COLUMNS,
+    Policy,
+    WhatIfState,
+    check_choice,
+    check_int,
+    check_positive,
+    known_fields,
+)
 
 __all__ = ["Parallel", "SCHEDULES"]
 
@@ -163,6 +171,12 @@ class Parallel(Policy):
         if not fields <= {"micro_batch", "dp"}:
             return None
         return STRUCTURE_COLUMNS if "micro_batch" in fields else ("microbatch", "stage", "chunk")
+
+    @classmethod
+    def synth_columns_for(cls, fields: frozenset[str]) -> tuple[str, ...] | None:
+        """On a synthesized store every key changes the run's layout, which is
+        re-synthesized from ``meta['synth']``: no ops column."""
+        return () if fields <= known_fields(cls) else None
 
     def configure(self, state: WhatIfState) -> None:
         kw = self.fields()
