@@ -85,6 +85,7 @@ CASES = [
     ("synth", _sets("cache.offload_activations=true", "cache.pcie_gbps=50"), SYNTH_OFFLOAD),
     ("synth", _sets("overlap.bucket_mb=50", "overlap.sm_share=0.2"), ()),
     ("synth", _sets("overlap.prefetch=1", "parallel.zero=3"), SYNTH_OFFLOAD),
+    ("synth-z3", _sets("overlap.prefetch=1"), SYNTH_OFFLOAD),
     ("synth", _sets("stragglers.slow_ranks=[1]", "stragglers.slowdown=1.5"), ()),
     ("synth", _sets("stragglers.ideal=true"), ()),
     ("synth", _sets("topology.nics=4", "topology.ranks_per_node=4",
@@ -116,9 +117,10 @@ def stores(tmp_path_factory):
     d = tmp_path_factory.mktemp("whatif-columns")
     out = {}
     for name in sorted({c[0] for c in CASES + REFUSED}):
-        if name == "synth":
-            out[name] = d / "synth.retime"
-            assert run(["synth", "-o", str(out[name]), *SYNTH]) == 0
+        if name.startswith("synth"):  # "synth-z3": the same run with ZeRO-3
+            out[name] = d / f"{name}.retime"
+            z3 = ["--zero", "3"] if name == "synth-z3" else []
+            assert run(["synth", "-o", str(out[name]), *SYNTH, *z3]) == 0
             continue
         out[name] = ingest_cached(_source(name)).save(
             d / f"{name.replace('/', '-')}.retime", layout="rank")
@@ -176,6 +178,37 @@ def test_refusals_are_the_same_from_a_projected_read(stores, capsys, name, args)
         out.append((rc, json.loads(capsys.readouterr().out)))
     assert out[0] == out[1]
     assert out[0][0] == 2 and out[0][1]["exit_code"] == 2
+
+
+# each column these declarations add is needed: a read without it fails or changes the JSON
+# (parallel.dp's `microbatch` only on an op-level store ingested before its meta recorded
+# the layout: replay/policies/parallel_oplevel.py, oplevel_layout; a re-synthesized run has
+# every column, so overlap.prefetch needs them on a run that is ZeRO-3 already)
+NEEDED = [
+    ("megatron-oplevel", _sets("parallel.dp=4"), ("stage", "chunk")),
+    ("h100-vgg13", _sets("hardware.cuda_graphs=step"), ("phase",)),
+    ("a100-ddp-nccl", _sets("cache.offload_optimizer=true"), ("phase",)),
+    ("synth", _sets("cache.offload_activations=true"), SYNTH_OFFLOAD),
+    ("synth-z3", _sets("overlap.prefetch=1"), SYNTH_OFFLOAD),
+]
+
+
+@pytest.mark.parametrize("name,args,needed", NEEDED, ids=[" ".join(c[1]) for c in NEEDED])
+def test_each_declared_column_is_needed(stores, capsys, monkeypatch, name, args, needed):
+    import retime.replay.projection as projection
+    argv = ["replay", str(stores[name]), *args, "--json"]
+    capsys.readouterr()
+    assert run(argv) == 0
+    whole = json.loads(capsys.readouterr().out)
+    declared = projection.key_columns
+    for c in needed:
+        monkeypatch.setattr(projection, "key_columns", lambda k, synth=False, c=c: tuple(
+            x for x in declared(k, synth=synth) if x != c))
+        rc = run(argv)
+        out = json.loads(capsys.readouterr().out)
+        assert rc != 0 or {k: v for k, v in out.items() if k != "memory"} != \
+            {k: v for k, v in whole.items() if k != "memory"}, c
+    monkeypatch.setattr(projection, "key_columns", declared)
 
 
 # -o: the identity replay, a re-timing what-if (the columns it did not read are added to
