@@ -37,7 +37,7 @@ from retime.collectors.trace import (
     read_meta,
 )
 
-__all__ = ["IDENTITY_COLUMNS", "WHATIF_COLUMNS", "SYNTH_AUDITED", "scenario_columns",
+__all__ = ["IDENTITY_COLUMNS", "WHATIF_COLUMNS", "scenario_columns",
            "key_columns", "Footprint", "footprint", "available_bytes", "check_footprint"]
 
 #: ops columns an identity replay reads: the graph's (rank, lane, kind, name_id for blocking
@@ -51,19 +51,14 @@ IDENTITY_COLUMNS = ("rank", "lane", "kind", "name_id", "start_ns", "dur_ns", "co
 WHATIF_COLUMNS = IDENTITY_COLUMNS + ("comm_op", "bytes", "group_id", "peer")
 
 
-#: the tables whose declared columns were also checked on synthesized stores; on those, a
-#: what-if of another table reads every column (its re-synthesis paths were not audited)
-SYNTH_AUDITED = frozenset({"hardware", "network"})
-
-
 def scenario_columns(policies, *, synth: bool = False) -> tuple[str, ...] | None:
     """The ops columns a what-if of ``policies`` reads, in schema order: the union of
     :data:`WHATIF_COLUMNS` and each policy's declared set; ``None`` (every column) when
-    any policy declares all, or, on a synthesized store (``synth``), is of a table not in
-    :data:`SYNTH_AUDITED`."""
+    any policy declares all (on a synthesized store, ``synth``, each policy's
+    :meth:`~replay.policies.base.Policy.synth_columns_for`)."""
     need = set(WHATIF_COLUMNS)
     for p in policies:
-        cols = p.ops_columns() if not synth or p.table in SYNTH_AUDITED else None
+        cols = p.ops_columns(synth=synth)
         if cols is None:
             return None
         need |= set(cols)
@@ -83,8 +78,8 @@ def key_columns(keys, *, synth: bool = False) -> tuple[str, ...] | None:
     need = set(WHATIF_COLUMNS)
     for table, names in by.items():
         cls = TABLES.get(table)
-        cols = (cls.columns_for(frozenset(names))
-                if cls is not None and (not synth or table in SYNTH_AUDITED) else None)
+        cols = (None if cls is None else cls.synth_columns_for(frozenset(names)) if synth
+                else cls.columns_for(frozenset(names)))
         if cols is None:
             return None
         need |= set(cols)

@@ -175,7 +175,8 @@ def replay_cmd(
     if output is not None:
         written = result.to_trace()
         if cols is not None:
-            filled = [c for c in OPS_SCHEMA if c not in cols]
+            # (a re-synthesized run has every column: nothing is read for it)
+            filled = [c for c in OPS_SCHEMA if c not in written.ops.columns]
             written = complete_ops(trace_dir, written, result.trace.ops, trace.ops)
         if written is None:  # the what-if re-laid out the ops from the columns read
             del result, trace

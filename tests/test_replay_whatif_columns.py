@@ -8,6 +8,7 @@ full read); a key that is not audited makes it read them all."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -34,6 +35,10 @@ def _sets(*kv):
     return [a for s in kv for a in ("--set", s)]
 
 
+SYNTH_OFFLOAD = ("phase", "layer", "microbatch", "chunk")
+SYNTH = ["--model", "megatron-22b", "--tp", "2", "--pp", "2", "--dp", "2", "--global-batch",
+         "16", "--micro-batch", "1", "--hardware", "h100-sxm"]
+
 # (store, arguments, ops columns the projected read is expected to add to WHATIF_COLUMNS);
 # "CLUSTER" / "CAL" stand for the files of the ``files`` fixture
 CASES = [
@@ -55,15 +60,70 @@ CASES = [
     ("a100-ddp-nccl", ["--cluster", "CLUSTER"], ("flops",)),
     ("a100-ddp-nccl", ["--cluster", "CLUSTER", "--calibration", "CAL"], ("flops",)),
     ("dlrm-v100-8rank", ["--calibration", "CAL", *_sets("network.inter_node_gbps=5")], ()),
+    # slow ranks, host speed, CUDA graphs (hardware)
+    ("dlrm-v100-8rank", _sets("hardware.slow_ranks=[1]", "hardware.rank_slowdown=2"), ()),
+    ("pairs/mlp-host-speed/A", _sets("hardware.host_speedup=2"), ()),
+    ("h100-vgg13", _sets("hardware.cuda_graphs=step"), ("phase",)),
+    ("a100-ddp-nccl", _sets("hardware.cuda_graphs=forward_backward",
+                            "hardware.graph_launch_us=3"), ("phase",)),
+    # data-parallel width (measured ranks copied; an op-level trace re-laid out), cores
+    ("pairs/mlp-dp/A", _sets("parallel.dp=4", "topology.ranks_per_node=2",
+                             "topology.cores_per_node=1"), ("microbatch", "stage", "chunk")),
+    ("megatron-oplevel", _sets("parallel.dp=4"), ("microbatch", "stage", "chunk")),
+    ("pairs/mlp-ranks-per-host/A", _sets("topology.ranks_per_node=2",
+                                         "topology.cores_per_node=2"), ()),
+    # offloads (cache) and recompute where the trace has checkpoints or op-level passes
+    ("mi300x-resnet-ddp", _sets("cache.offload_optimizer=true", "cache.host_gbps=50"),
+     ("phase",)),
+    ("a100-ddp-nccl", _sets("cache.offload_optimizer=true", "cache.pcie_gbps=50"), ("phase",)),
+    ("pairs/mlp-checkpoint/B", _sets("cache.recompute=none"), STRUCTURE_COLUMNS),
+    ("megatron-oplevel", _sets("cache.recompute=full"), STRUCTURE_COLUMNS),
+    # a synthesized store: what each table reads of the loaded run (most re-synthesize it)
+    ("synth", _sets("parallel.tp=4", "parallel.dp=1"), ()),
+    ("synth", _sets("parallel.schedule=interleaved"), ()),
+    ("synth", _sets("cache.recompute=full", "cache.offload_optimizer=true"), ()),
+    ("synth", _sets("cache.offload_activations=true", "cache.pcie_gbps=50"), SYNTH_OFFLOAD),
+    ("synth", _sets("overlap.bucket_mb=50", "overlap.sm_share=0.2"), ()),
+    ("synth", _sets("overlap.prefetch=1", "parallel.zero=3"), SYNTH_OFFLOAD),
+    ("synth-z3", _sets("overlap.prefetch=1"), SYNTH_OFFLOAD),
+    ("synth", _sets("stragglers.slow_ranks=[1]", "stragglers.slowdown=1.5"), ()),
+    ("synth", _sets("stragglers.ideal=true"), ()),
+    ("synth", _sets("topology.nics=4", "topology.ranks_per_node=4",
+                    "topology.cores_per_node=4"), ()),
+    ("synth", _sets("compression.dp=4", "compression.codec_gbps=100"), ()),
+    ("synth", _sets("hardware.cuda_graphs=step", "hardware.host_speedup=2"), ("phase",)),
 ]
+
+# what-ifs a trace lacks the information for: the same refusal (exit code and JSON) from a
+# projected read as from a full one
+REFUSED = [
+    ("dlrm-v100-8rank", _sets("cache.fcdp=true")),
+    ("h100-vgg13", _sets("cache.offload_activations=true")),
+    ("a100-ddp-nccl", _sets("parallel.dp=4")),
+    ("synth", _sets("cache.fcdp=true")),
+    ("synth", _sets("overlap.prefetch=1")),
+]
+
+PAIRS = Path(__file__).resolve().parents[1] / "traces"
+
+
+def _source(name: str) -> Path:
+    """A shared trace by name, or a pair's capture (``pairs/NAME/A``)."""
+    return PAIRS / name if name.startswith("pairs/") else SHARED_CASES[name]
 
 
 @pytest.fixture(scope="module")
 def stores(tmp_path_factory):
     d = tmp_path_factory.mktemp("whatif-columns")
     out = {}
-    for name in sorted({c[0] for c in CASES}):
-        out[name] = ingest_cached(SHARED_CASES[name]).save(d / f"{name}.retime", layout="rank")
+    for name in sorted({c[0] for c in CASES + REFUSED}):
+        if name.startswith("synth"):  # "synth-z3": the same run with ZeRO-3
+            out[name] = d / f"{name}.retime"
+            z3 = ["--zero", "3"] if name == "synth-z3" else []
+            assert run(["synth", "-o", str(out[name]), *SYNTH, *z3]) == 0
+            continue
+        out[name] = ingest_cached(_source(name)).save(
+            d / f"{name.replace('/', '-')}.retime", layout="rank")
     return out
 
 
@@ -108,8 +168,52 @@ def test_projected_replay_equals_the_full_read(stores, files, capsys, name, args
         assert part[k] == whole[k], k
 
 
+@pytest.mark.parametrize("name,args", REFUSED, ids=[" ".join(c[1]) for c in REFUSED])
+def test_refusals_are_the_same_from_a_projected_read(stores, capsys, name, args):
+    argv = ["replay", str(stores[name]), *args, "--json"]
+    out = []
+    for extra in ([], ["--all-columns"]):
+        capsys.readouterr()
+        rc = run([*argv, *extra])
+        out.append((rc, json.loads(capsys.readouterr().out)))
+    assert out[0] == out[1]
+    assert out[0][0] == 2 and out[0][1]["exit_code"] == 2
+
+
+# each column these declarations add is needed: a read without it fails or changes the JSON
+# (parallel.dp's `microbatch` only on an op-level store ingested before its meta recorded
+# the layout: replay/policies/parallel_oplevel.py, oplevel_layout; a re-synthesized run has
+# every column, so overlap.prefetch needs them on a run that is ZeRO-3 already)
+NEEDED = [
+    ("megatron-oplevel", _sets("parallel.dp=4"), ("stage", "chunk")),
+    ("h100-vgg13", _sets("hardware.cuda_graphs=step"), ("phase",)),
+    ("a100-ddp-nccl", _sets("cache.offload_optimizer=true"), ("phase",)),
+    ("synth", _sets("cache.offload_activations=true"), SYNTH_OFFLOAD),
+    ("synth-z3", _sets("overlap.prefetch=1"), SYNTH_OFFLOAD),
+]
+
+
+@pytest.mark.parametrize("name,args,needed", NEEDED, ids=[" ".join(c[1]) for c in NEEDED])
+def test_each_declared_column_is_needed(stores, capsys, monkeypatch, name, args, needed):
+    import retime.replay.projection as projection
+    argv = ["replay", str(stores[name]), *args, "--json"]
+    capsys.readouterr()
+    assert run(argv) == 0
+    whole = json.loads(capsys.readouterr().out)
+    declared = projection.key_columns
+    for c in needed:
+        monkeypatch.setattr(projection, "key_columns", lambda k, synth=False, c=c: tuple(
+            x for x in declared(k, synth=synth) if x != c))
+        rc = run(argv)
+        out = json.loads(capsys.readouterr().out)
+        assert rc != 0 or {k: v for k, v in out.items() if k != "memory"} != \
+            {k: v for k, v in whole.items() if k != "memory"}, c
+    monkeypatch.setattr(projection, "key_columns", declared)
+
+
 # -o: the identity replay, a re-timing what-if (the columns it did not read are added to
-# the written trace), a re-laid-out one (replayed from a full read) and a cluster
+# the written trace), a re-laid-out one (replayed from a full read), a cluster and a
+# re-synthesized run (a new trace of every column, written as it is)
 OUTPUT_CASES = [
     ("dlrm-v100-8rank", [], "identity"),
     ("h100-vgg13", _sets("hardware.compute_speedup=2"), "projected"),
@@ -117,6 +221,10 @@ OUTPUT_CASES = [
      "projected"),
     ("a100-ddp-nccl", _sets("overlap.bucket_mb=100"), "all"),
     ("a100-ddp-nccl", ["--cluster", "CLUSTER"], "projected"),
+    ("h100-vgg13", _sets("hardware.cuda_graphs=step"), "projected"),
+    ("pairs/mlp-dp/A", _sets("parallel.dp=4", "topology.cores_per_node=1"), "all"),
+    ("synth", _sets("parallel.tp=4", "parallel.dp=1"), "resynthesized"),
+    ("synth", _sets("stragglers.slow_ranks=[1]", "stragglers.slowdown=1.5"), "projected"),
 ]
 
 
@@ -130,6 +238,8 @@ def test_written_trace_equals_the_full_reads(stores, files, tmp_path, capsys, na
     assert whole["memory"]["columns"] == "all" and "output_columns" not in whole["memory"]
     if read == "all":  # re-laid out from the columns read: replayed again from all
         assert part["memory"]["columns"] == "all"
+    elif read == "resynthesized":  # a new run, with every column: written as it is
+        assert part["memory"]["columns"] != "all" and "output_columns" not in part["memory"]
     else:
         cols = part["memory"]["columns"]
         cols = list(IDENTITY_COLUMNS) if cols == "identity" else cols
@@ -144,7 +254,7 @@ def test_written_trace_equals_the_full_reads(stores, files, tmp_path, capsys, na
     assert p.strings == w.strings and p.meta == w.meta
     src = read_trace(path)  # the columns no replay changes are the store's
     for c in ("op_id", "flops", "external_id", "layer"):
-        if len(p.ops) == len(src.ops) and read != "all":
+        if len(p.ops) == len(src.ops) and read in ("identity", "projected"):
             assert p.ops[c].equals(src.ops[c]), c
 
 
@@ -157,14 +267,27 @@ def test_scenario_columns_union_and_unaudited_keys():
     assert "flops" in both and set(WHATIF_COLUMNS) < set(both)
     assert set(cols("overlap.bucket_mb=50")) == set(WHATIF_COLUMNS) | set(STRUCTURE_COLUMNS)
     assert cols("stragglers.ideal=true") == cols("network.intra_node_gbps=25")
+    assert cols("hardware.slow_ranks=[1]", "hardware.rank_slowdown=2") == \
+        cols("network.intra_node_gbps=25")
+    assert set(cols("hardware.cuda_graphs=step", "hardware.gpu=h100-sxm")) == \
+        set(WHATIF_COLUMNS) | {"phase", "flops"}
+    assert set(cols("parallel.dp=4")) == set(WHATIF_COLUMNS) | {"microbatch", "stage", "chunk"}
+    assert set(cols("parallel.dp=4", "parallel.micro_batch=8")) == \
+        set(WHATIF_COLUMNS) | set(STRUCTURE_COLUMNS)
+    assert set(cols("cache.fcdp=true")) == set(WHATIF_COLUMNS) | {"phase"}
+    assert cols("topology.cores_per_node=4") == cols("network.intra_node_gbps=25")
     # a key of an audited policy that is not itself audited, or another policy: all
-    assert cols("hardware.slow_ranks=[1]", "hardware.rank_slowdown=2") is None
+    assert cols("hardware.kernel_pricing=flat") is None
     assert cols("network.intra_node_gbps=25", "overlap.prefetch=1") is None
-    assert cols("parallel.dp=4") is None and cols("cache.fcdp=true") is None
-    assert cols("topology.cores_per_node=4") is None
-    # a synthesized store: only hardware and network declarations are used
+    assert cols("parallel.tp=2") is None and key_columns({"cache.nonsense"}) is None
+    # a synthesized store: each policy's synth declaration
     pols = as_policies(scenario_from_cli(None, ["overlap.bucket_mb=50"]))
-    assert scenario_columns(pols, synth=True) is None
+    assert scenario_columns(pols, synth=True) == cols("network.intra_node_gbps=25")
+    pols = as_policies(scenario_from_cli(None, ["cache.offload_activations=true"]))
+    assert set(scenario_columns(pols, synth=True)) == set(WHATIF_COLUMNS) | set(SYNTH_OFFLOAD)
+    assert key_columns({"parallel.odc", "cache.fcdp"}, synth=True) == \
+        tuple(c for c in OPS_SCHEMA if c in set(WHATIF_COLUMNS) | {"microbatch"})
+    assert key_columns({"cache.nonsense"}, synth=True) is None
     assert key_columns({"hardware.gpu"}, synth=True) == cols("hardware.gpu=h100-sxm")
     # by key names alone (a cluster's keys): the same as the policies'
     assert key_columns({"overlap.bucket_mb", "hardware.gpu"}) == \
@@ -177,7 +300,7 @@ def test_replay_columns_of_identity_cluster_and_calibration(stores):
     assert replay_columns(path, set(), calibration=True) == IDENTITY_COLUMNS
     c = replay_columns(path, set(), cluster=True, calibration=True)
     assert c == key_columns({"hardware.gpu", "network.inter_bus_efficiency"})
-    assert replay_columns(path, {"cache.offload_optimizer"}, cluster=True) is None
+    assert replay_columns(path, {"parallel.pp"}, cluster=True) is None
 
 
 def test_footprint_counts_the_declared_columns(stores):

@@ -202,6 +202,11 @@ def check_choice(where: str, name: str, v: Any, choices: tuple) -> None:
 STRUCTURE_COLUMNS = ("phase", "layer", "microbatch", "stage", "chunk")
 
 
+def known_fields(cls) -> frozenset[str]:
+    """The keys of a policy class (its dataclass fields)."""
+    return frozenset(f.name for f in dataclasses.fields(cls))
+
+
 @dataclass(frozen=True)
 class Policy:
     """Base of every what-if policy (frozen; validated in ``__post_init__``).
@@ -212,11 +217,13 @@ class Policy:
 
     table: ClassVar[str] = ""
 
-    def ops_columns(self) -> tuple[str, ...] | None:
+    def ops_columns(self, *, synth: bool = False) -> tuple[str, ...] | None:
         """The ``ops`` columns this policy reads, beyond :data:`WHATIF_COLUMNS` (what
         :func:`replay.whatif` itself reads); ``None``: every column
-        (:meth:`columns_for` of the fields that are set)."""
-        return self.columns_for(frozenset(self.fields()))
+        (:meth:`columns_for`, or on a synthesized store :meth:`synth_columns_for`, of the
+        fields that are set)."""
+        fields = frozenset(self.fields())
+        return self.synth_columns_for(fields) if synth else self.columns_for(fields)
 
     @classmethod
     def columns_for(cls, fields: frozenset[str]) -> tuple[str, ...] | None:
@@ -226,6 +233,14 @@ class Policy:
         where the policy says so (``retime replay``, issue 30). A policy that re-lays out
         ops builds its new rows from the columns that were read: ``retime replay -o``
         writes such a trace only from a full read (:mod:`replay.projection`)."""
+        return None
+
+    @classmethod
+    def synth_columns_for(cls, fields: frozenset[str]) -> tuple[str, ...] | None:
+        """:meth:`columns_for` on a synthesized store (``meta["synth"]``), whose what-ifs
+        mostly change its configs and re-synthesize it (the new trace has every column);
+        what they read of the loaded trace is declared apart. ``None`` (the default):
+        every column."""
         return None
 
     def configure(self, state: WhatIfState) -> None:  # phase 1 (optional)

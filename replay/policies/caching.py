@@ -71,7 +71,14 @@ import numpy as np
 from retime.collectors.enums import CommOp, OpKind
 from retime.collectors.errors import PolicyError
 
-from .base import STRUCTURE_COLUMNS, Policy, WhatIfState, check_choice, check_positive
+from .base import (
+    STRUCTURE_COLUMNS,
+    Policy,
+    WhatIfState,
+    check_choice,
+    check_positive,
+    known_fields,
+)
 
 __all__ = ["Cache", "BWD_GATHER_NAME"]
 
@@ -108,9 +115,27 @@ class Cache(Policy):
     @classmethod
     def columns_for(cls, fields: frozenset[str]) -> tuple[str, ...] | None:
         """Recompute on a measured trace finds the forward and backward passes (and on an
-        op-level one the micro-batches): :data:`.base.STRUCTURE_COLUMNS`. Caching and
-        offload keys are not audited."""
-        return STRUCTURE_COLUMNS if fields <= {"recompute"} else None
+        op-level one the micro-batches): :data:`.base.STRUCTURE_COLUMNS`. Offloads and
+        parameter caching find the forward and backward phases and the gradient
+        all-reduces (or refuse, naming what the trace lacks): the ops' phase."""
+        if not fields <= {"fcdp", "keep_params", "recompute", "offload_optimizer",
+                          "offload_activations", "pcie_gbps", "host_gbps"}:
+            return None
+        return STRUCTURE_COLUMNS if "recompute" in fields else ("phase",)
+
+    @classmethod
+    def synth_columns_for(cls, fields: frozenset[str]) -> tuple[str, ...] | None:
+        """On a synthesized store recompute is re-synthesized and the rates are numbers;
+        FCDP / keep_params size the backward gathers per stage by micro-batch, and
+        activation offload sums the forward's layers per micro-batch and chunk."""
+        if not fields <= known_fields(cls):
+            return None
+        need = set()
+        if fields & {"fcdp", "keep_params"}:
+            need.add("microbatch")
+        if "offload_activations" in fields:
+            need |= {"phase", "layer", "microbatch", "chunk"}
+        return tuple(c for c in STRUCTURE_COLUMNS if c in need)
 
     def configure(self, state: WhatIfState) -> None:
         if not state.is_synth:

@@ -40,7 +40,7 @@ import numpy as np
 from retime.collectors.enums import CommOp, LaneKind, OpKind
 from retime.collectors.errors import PolicyError
 
-from .base import Policy, WhatIfState, check_positive
+from .base import Policy, WhatIfState, check_positive, known_fields
 from .link_fit import calibrate, collective_table
 
 __all__ = ["Compression", "DIMS", "dimension_of"]
@@ -61,6 +61,12 @@ class Compression(Policy):
     pp: float | None = None
     codec_gbps: float | None = None
     table: ClassVar[str] = "compression"
+
+    @classmethod
+    def synth_columns_for(cls, fields: frozenset[str]) -> tuple[str, ...] | None:
+        """On a synthesized store the compressed collectives are re-priced from the run's
+        hardware: no ops column beyond :data:`replay.footprint.WHATIF_COLUMNS`."""
+        return () if fields <= known_fields(cls) else None
 
     def __post_init__(self) -> None:
         for f in DIMS:

@@ -114,10 +114,20 @@ class Hardware(Policy):
     def columns_for(cls, fields: frozenset[str]) -> tuple[str, ...] | None:
         """Re-pricing by kernel class or GPU profile reads names, kinds, times and the
         collectives' (:data:`replay.footprint.WHATIF_COLUMNS`) and the ops' flops; slow
-        ranks, host speed and CUDA graphs are not audited (every column)."""
-        audited = {"compute_speedup", "gemm_speedup", "attention_speedup",
+        ranks (kinds and ranks) and host speed (kinds and the graph's host gaps) read
+        nothing more; CUDA graphs add the ops' phase (forward/backward regions, captured
+        kernels). ``kernel_pricing`` and ``allow_tf32`` are not audited (every column)."""
+        reprice = {"compute_speedup", "gemm_speedup", "attention_speedup",
                    "elementwise_speedup", "memcpy_speedup", "comm_speedup", "gpu", "from_gpu"}
-        return ("flops",) if fields <= audited else None
+        graphs = {"cuda_graphs", "graph_launch_us", "graph_node_us"}
+        if not fields <= reprice | graphs | {"slow_ranks", "rank_slowdown", "host_speedup"}:
+            return None
+        return (("phase",) if fields & graphs else ()) + (("flops",) if fields & reprice else ())
+
+    @classmethod
+    def synth_columns_for(cls, fields: frozenset[str]) -> tuple[str, ...] | None:
+        """The same columns on a synthesized store (the same code reads them)."""
+        return cls.columns_for(fields)
 
     def __post_init__(self) -> None:
         for f in ("compute_speedup", "gemm_speedup", "attention_speedup",

@@ -40,6 +40,7 @@ from .base import (
     check_choice,
     check_int,
     check_positive,
+    known_fields,
     ranks_per_node_of,
 )
 from .link_fit import (
@@ -106,9 +107,16 @@ class Topology(Policy):
     def columns_for(cls, fields: frozenset[str]) -> tuple[str, ...] | None:
         """The node shape decides which collectives cross nodes, and the network policy it
         brings re-times them (:meth:`Network.columns_for`); ``nics`` is refused on a
-        measured trace. ``cores_per_node`` (the CPU sets the gloo paths read) is not
-        audited."""
-        return () if fields <= {"ranks_per_node", "nvlink_domain", "nics"} else None
+        measured trace. ``cores_per_node`` states the hosts' CPU sets in the trace's meta
+        (what the gloo paths read): no ops column."""
+        return () if fields <= {"ranks_per_node", "nvlink_domain", "nics",
+                                "cores_per_node"} else None
+
+    @classmethod
+    def synth_columns_for(cls, fields: frozenset[str]) -> tuple[str, ...] | None:
+        """On a synthesized store the node shape and NICs change the run's hardware
+        (re-synthesized); ``cores_per_node`` does nothing there: no ops column."""
+        return () if fields <= known_fields(cls) else None
 
     def configure(self, state: WhatIfState) -> None:
         if self.cores_per_node is not None and not state.is_synth:
@@ -205,6 +213,11 @@ class Network(Policy):
         audited = {"intra_node_gbps", "inter_node_gbps", "latency_us", "intra_latency_us",
                    "bus_efficiency", "intra_bus_efficiency", "inter_bus_efficiency"}
         return () if fields <= audited else None
+
+    @classmethod
+    def synth_columns_for(cls, fields: frozenset[str]) -> tuple[str, ...] | None:
+        """The same columns on a synthesized store (the same code reads them)."""
+        return cls.columns_for(fields)
 
     def __post_init__(self) -> None:
         for f in ("intra_node_gbps", "inter_node_gbps", "cross_dc_gbps", "bus_efficiency",

@@ -64,6 +64,7 @@ from .base import (
     check_int,
     check_positive,
     frozen,
+    known_fields,
     layout_of,
 )
 
@@ -133,6 +134,16 @@ class Overlap(Policy):
         range's bounds re-time what is there: :data:`.base.STRUCTURE_COLUMNS`. ``merge``
         and ``prefetch`` (synthesized runs only) are not audited."""
         return STRUCTURE_COLUMNS if not fields & {"merge", "prefetch"} else None
+
+    @classmethod
+    def synth_columns_for(cls, fields: frozenset[str]) -> tuple[str, ...] | None:
+        """On a synthesized store buckets and merges change the run's config
+        (re-synthesized) and the other keys re-time the collectives and TP ops where they
+        are; ``prefetch`` re-wires the ZeRO-3 gathers by micro-batch, chunk, layer and
+        phase."""
+        if not fields <= known_fields(cls):
+            return None
+        return ("phase", "layer", "microbatch", "chunk") if "prefetch" in fields else ()
 
     def configure(self, state: WhatIfState) -> None:
         if self.bucket_mb is None and self.merge is None:

@@ -48,7 +48,15 @@ from typing import ClassVar
 
 from retime.collectors.errors import ConfigError, PolicyError
 
-from .base import STRUCTURE_COLUMNS, Policy, WhatIfState, check_choice, check_int, check_positive
+from .base import (
+    STRUCTURE_COLUMNS,
+    Policy,
+    WhatIfState,
+    check_choice,
+    check_int,
+    check_positive,
+    known_fields,
+)
 
 __all__ = ["Parallel", "SCHEDULES"]
 
@@ -156,8 +164,19 @@ class Parallel(Policy):
     def columns_for(cls, fields: frozenset[str]) -> tuple[str, ...] | None:
         """Another per-rank batch on a measured trace scales the step's work by phase
         (:mod:`.batch_measured`; an op-level trace is re-laid out by micro-batch and
-        stage): :data:`.base.STRUCTURE_COLUMNS`. The other keys are not audited."""
-        return STRUCTURE_COLUMNS if fields <= {"micro_batch"} else None
+        stage): :data:`.base.STRUCTURE_COLUMNS`. Another data-parallel width copies a
+        measured rank's ops (:mod:`.parallel_dp`: ranks and lanes) or, on an op-level
+        trace, re-lays out its stages, chunks and micro-batches
+        (:mod:`.parallel_oplevel`). The other keys are not audited."""
+        if not fields <= {"micro_batch", "dp"}:
+            return None
+        return STRUCTURE_COLUMNS if "micro_batch" in fields else ("microbatch", "stage", "chunk")
+
+    @classmethod
+    def synth_columns_for(cls, fields: frozenset[str]) -> tuple[str, ...] | None:
+        """On a synthesized store every key changes the run's layout, which is
+        re-synthesized from ``meta['synth']``: no ops column."""
+        return () if fields <= known_fields(cls) else None
 
     def configure(self, state: WhatIfState) -> None:
         kw = self.fields()

@@ -46,7 +46,15 @@ from retime.collectors.trace import Trace
 
 from ..engine import simulate
 from ..graph import ReplayGraph, build_graph
-from .base import Policy, WhatIfState, by_op, check_int, check_positive, layout_of
+from .base import (
+    Policy,
+    WhatIfState,
+    by_op,
+    check_int,
+    check_positive,
+    known_fields,
+    layout_of,
+)
 
 __all__ = ["Stragglers", "straggler_analysis", "ideal_durations", "COMM_OPTYPES"]
 
@@ -106,6 +114,13 @@ class Stragglers(Policy):
         """Dropped delays, slowed ranks (rank and kind) and ideal durations (the k-th op of
         a name per rank and step) read :data:`replay.footprint.WHATIF_COLUMNS` alone."""
         return ()
+
+    @classmethod
+    def synth_columns_for(cls, fields: frozenset[str]) -> tuple[str, ...] | None:
+        """On a synthesized store the ranks' stages and data-parallel ranks come from
+        ``meta['synth']['parallel']``: no ops column beyond
+        :data:`replay.footprint.WHATIF_COLUMNS`."""
+        return () if fields <= known_fields(cls) else None
 
     def configure(self, state: WhatIfState) -> None:
         if self.ideal:
