@@ -127,11 +127,14 @@ def replay_cmd(
     # an identity replay without -o keeps only the ProfilerStep annotations (the step
     # windows' marks), drops the edges once the graph holds them, and reads no memory table
     light = not whatif_run and output is None and cols is not None
-    fp, need = check_footprint(trace_dir, full=not light, columns=cols,
-                               memory=output is not None)
+    # the memory table (allocator samples): written by -o, and read by the cache.* policies
+    # (activation bytes for offloading and recompute; their memory estimates)
+    memory = output is not None or any(
+        k.startswith("cache.") for k in sc_keys(scenario, set_))
+    fp, need = check_footprint(trace_dir, full=not light, columns=cols, memory=memory)
     if not json_out:
         say(need)
-    skip = () if output is not None else ("memory",)
+    skip = () if memory else ("memory",)
 
     def load(columns):
         if columns is None:
