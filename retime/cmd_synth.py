@@ -36,6 +36,11 @@ class P2p(str, Enum):
     async_ = "async"
 
 
+class ZeroReduce(str, Enum):
+    reduce_scatter = "reduce_scatter"
+    reduce = "reduce"
+
+
 class Recompute(str, Enum):
     none = "none"
     selective = "selective"
@@ -224,6 +229,11 @@ def synth(
         help="CUDA_LAUNCH_BLOCKING=1: microseconds of host time between every two ops "
         "(each launch waits for its kernel, so no collective overlaps a GEMM); default 0, "
         "asynchronous launches.")] = 0.0,
+    zero_reduce: Annotated[ZeroReduce, typer.Option(
+        "--zero-reduce", help="ZeRO-1/2 gradient reduction: reduce_scatter (Megatron-LM's "
+        "distributed optimizer, default) or reduce (DeepSpeed's ZeRO stage 1/2: one reduce "
+        "per owning rank's slice of each 5e8-element bucket, all-gather in 5e8-element "
+        "shards).")] = ZeroReduce.reduce_scatter,
     eager: Annotated[bool, typer.Option(
         "--eager", help="PyTorch eager mode (torchtitan without --training.compile): norms, "
         "rotary embeddings, SwiGLU products and the loss run as one kernel per elementwise "
@@ -312,7 +322,8 @@ def synth(
         stage_layers=parse_stage_layers(stage_layers), stage_slack=stage_slack,
         p2p=p2p.value, odc=odc, seq_imbalance=seq_imbalance, grad_overlap=grad_overlap,
         grad_accum_fusion=grad_accum_fusion, launch_blocking_us=launch_blocking_us,
-        eager=eager, compile_blocks=compile_blocks, tp_comm_overlap=tp_comm_overlap,
+        zero_reduce=zero_reduce.value, eager=eager, compile_blocks=compile_blocks,
+        tp_comm_overlap=tp_comm_overlap,
         offload_layers=offload_layers,
         fp8_scaling=fp8_scaling.value, cp_attention=cp_attention.value,
         nvlink_domain=nvlink_domain or 0,

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from retime.cli import run
-from retime.collectors.enums import Phase
+from retime.collectors.enums import CommOp, Phase
 from retime.collectors.errors import ConfigError
 from retime.collectors.synth import synthesize
 from retime.collectors.synth.models import resolve_model
@@ -163,3 +163,48 @@ def test_launch_blocking_gap_of_the_bloom_rows_reproduces_its_fit_row():
     flops = 96 * B * s * layers * h * h * (1 + s / (6 * h) + V / (16 * layers * h))
     published = flops / 80 * (1 / 91.04e12 - 1 / 97.20e12)
     assert (step(56.0) - step(0.0)) / 1e9 == pytest.approx(published, rel=0.02)
+
+
+def test_owner_slices_cut_each_bucket_at_the_owners_partitions():
+    """DeepSpeed's ``average_tensor``: a bucket spanning two ranks' partitions is reduced by
+    two ``dist.reduce`` calls, one per owner (8 elements over 2 ranks: partitions of 4)."""
+    from retime.collectors.synth.blocks import owner_slices
+    assert owner_slices([3, 3, 2], 2) == [(0, 3.0), (1, 1.0), (1, 2.0), (2, 2.0)]
+    assert owner_slices([8], 4) == [(0, 2.0)] * 4
+
+
+def test_deepspeed_zero1_reduces_each_owners_slice_and_gathers_in_shards():
+    """``zero_reduce = "reduce"`` (DeepSpeed ZeRO-1/2, REFERENCES.md R30): gradients in
+    buckets of 5e8 elements, one reduce per owner's slice (a ring reduce sends every byte,
+    a reduce-scatter (dp - 1) / dp of them), the parameters all-gathered in 5e8-element
+    shards; the bytes reduced and gathered are those of the rank's parameters either way."""
+    m = {"name": "gpt-h4096-l16", "hidden": 4096, "ffn": 16384, "heads": 32, "layers": 16,
+         "seq": 1024, "vocab": 32000}
+    kw = dict(expand="unique", check_memory=False, tp=1, pp=1, dp=2, global_batch=2,
+              micro_batch=1, recompute="none", dtype="bf16", zero=1)
+    rs = synthesize(m, "a100-80gb", **kw)
+    ds = synthesize(m, "a100-80gb", zero_reduce="reduce", **kw)
+    params = sum(resolve_model(m).layer_params(i) for i in range(16))
+    red, scat = _named(ds, "dp.reduce_grads"), _named(rs, "dp.reduce_scatter_grads")
+    assert len(_named(ds, "dp.reduce_scatter_grads")) == 0
+    assert set(red["comm_op"].to_numpy()) == {int(CommOp.REDUCE)}
+    total = int(red["bytes"].sum())
+    assert total == pytest.approx(int(scat["bytes"].sum()), rel=1e-6)
+    assert total > 2 * params  # the layers, plus the embedding's table
+    buckets = int(np.ceil(total / 2 / 5e8))
+    assert buckets <= len(red) <= buckets + 1  # one bucket straddles the two partitions
+    gat = _named(ds, "dp.allgather_params")
+    assert len(gat) == int(total / 2 // 5e8) and len(_named(rs, "dp.allgather_params")) == 1
+    assert int(gat["bytes"].sum()) == pytest.approx(total, rel=1e-6)
+    assert ds.meta["synth"]["step_time_ns"] > rs.meta["synth"]["step_time_ns"]
+
+
+def test_zero_reduce_is_checked_and_on_the_cli(tmp_path, capsys):
+    with pytest.raises(ConfigError, match="zero_reduce='allreduce'"):
+        _synth(zero_reduce="allreduce")
+    common = ["synth", "--model", "gpt3-1.3b", "--hardware", "a100-80gb", "--tp", "1",
+              "--pp", "1", "--dp", "2", "--zero", "1", "--global-batch", "4",
+              "--micro-batch", "1", "--json"]
+    assert run([*common, "--zero-reduce", "reduce", "-o", str(tmp_path / "a.retime")]) == 0
+    assert json.loads(capsys.readouterr().out)["parallel"]["zero_reduce"] == "reduce"
+    assert run([*common, "--zero-reduce", "all", "-o", str(tmp_path / "b.retime")]) == 2

@@ -356,6 +356,25 @@ def grad_buckets(grad_ops: list[tuple[int, int]], bucket_params: float) -> list[
     return [(op, n) for op, n in out if n > 0]
 
 
+def owner_slices(sizes: list[float], parts: int) -> list[tuple[int, float]]:
+    """DeepSpeed ZeRO-1/2's reduction of consecutive buckets of a flat gradient buffer split
+    into ``parts`` equal partitions (one per data-parallel rank): one ``dist.reduce`` per
+    (bucket, owning partition) overlap, as ``stage_1_and_2.py: average_tensor`` issues them.
+    Returns (bucket index, elements) per call."""
+    part = float(sum(sizes)) / parts
+    out, pos = [], 0.0
+    for i, n in enumerate(sizes):
+        lo, hi = pos, pos + n
+        k = int(lo // part) if part > 0 else 0
+        while k < parts and k * part < hi:
+            a, b = max(lo, k * part), min(hi, (k + 1) * part)
+            if b > a:
+                out.append((i, b - a))
+            k += 1
+        pos = hi
+    return out
+
+
 class Pool:
     """Unique op sequences (blocks) and the pieces (block instances) of the step.
 

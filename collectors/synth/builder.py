@@ -26,7 +26,15 @@ from ..enums import CommOp, EdgeKind, OpKind, Phase
 from ..errors import ConfigError
 from ..trace import StringTable, Trace
 from ._kernels import _list_schedule
-from .blocks import Block, Pool, comm_sm_stretch, grad_buckets, make_block, merge_blocks
+from .blocks import (
+    Block,
+    Pool,
+    comm_sm_stretch,
+    grad_buckets,
+    make_block,
+    merge_blocks,
+    owner_slices,
+)
 from .costs import CommModel, streaming
 from .expand import _EDP, _EMB, _LANE, _MP, LANES, expand_ranks, no_hugepages
 from .hardware import HardwareConfig, resolve_hardware
@@ -52,6 +60,10 @@ __all__ = ["OpTemplate", "LayerTemplate", "StepTemplate", "LANES", "build_trace"
 #: bytes of HBM traffic per parameter: copy 16-bit grads to fp32 (2 + 4), unscale and check
 #: for inf/nan (4 + 4), grad norm (4), fused Adam (read param, grad, m, v; write param, m, v:
 #: 28), copy fp32 params back to 16-bit (4 + 2), zero the grad buffer (4).
+#: DeepSpeed ZeRO-1/2 defaults (elements): reduce_bucket_size and allgather_bucket_size
+#: (``zero_reduce = "reduce"``; BigScience's configs set neither; REFERENCES.md R30)
+DS_BUCKET = 5e8
+
 MIXED_PRECISION_ADAM: tuple[tuple[str, float], ...] = (
     ("optimizer.copy_grads", 6.0), ("optimizer.unscale_check_inf", 8.0),
     ("optimizer.grad_norm", 4.0), ("optimizer.adam_step", 28.0),
@@ -225,6 +237,7 @@ def build_trace(template: StepTemplate, parallel: ParallelConfig | dict,
     dp_group = parallel.dp * parallel.cp
     reduce_grads = zero < 3 or piped
     bucket_params = parallel.bucket_mb * 1e6 / template.grad_bytes_per_param
+    ds_reduce = zero in (1, 2) and parallel.zero_reduce == "reduce"
     sync_p2p = parallel.p2p == "sync" and sched in SYNC_SCHEDULES and p > 1
     esrc: list[np.ndarray] = []
     edst: list[np.ndarray] = []
@@ -250,6 +263,8 @@ def build_trace(template: StepTemplate, parallel: ParallelConfig | dict,
         cname = "dp.allreduce_grads" if zero == 0 else "dp.reduce_scatter_grads"
         if piped:  # FSDP: one reduce-scatter per layer (its parameter group)
             cname = "zero3.reduce_scatter_grads"
+        if ds_reduce:  # DeepSpeed ZeRO-1/2: one reduce per owner's slice of each bucket
+            op_kind, cname = CommOp.REDUCE, "dp.reduce_grads"
         for col, group, gk, name in ((1, "dp", 0, cname), (2, "edp", _EDP, cname + ".experts")):
             if comm.geometry[group].size <= 1:
                 continue
@@ -257,7 +272,11 @@ def build_trace(template: StepTemplate, parallel: ParallelConfig | dict,
             if not gops:
                 continue
             ops, deps = [], []
-            for ready, params in grad_buckets(gops, 1 if piped else bucket_params):
+            bks = grad_buckets(gops, 1 if piped else DS_BUCKET if ds_reduce else bucket_params)
+            calls = (owner_slices([n for _, n in bks], comm.geometry[group].size) if ds_reduce
+                     else list(enumerate(n for _, n in bks)))
+            for i, params in calls:
+                ready = bks[i][0]
                 nbytes = int(params * template.grad_bytes_per_param)
                 layer = blk.cols["layer"][ready] if blk is not None else -1
                 ops.append((OpTemplate(name, "dp", comm.collective_ns(op_kind, nbytes, group),
@@ -398,12 +417,13 @@ def build_trace(template: StepTemplate, parallel: ParallelConfig | dict,
         if zero in (1, 2):
             for params, group, gk in ((dense, "dp", 0), (expert, "edp", _EDP)):
                 if params and comm.geometry[group].size > 1:
-                    nbytes = int(params * template.param_bytes_per_param)
-                    gathers.append((OpTemplate("dp.allgather_params", "dp",
-                                               comm.collective_ns(CommOp.ALL_GATHER, nbytes,
-                                                                  group),
-                                               kind=int(OpKind.COLLECTIVE), bytes=nbytes,
-                                               comm_op=int(CommOp.ALL_GATHER)), gk))
+                    # DeepSpeed gathers in shards of allgather_bucket_size elements
+                    shards = max(1, int(params // DS_BUCKET)) if ds_reduce else 1
+                    nbytes = int(params / shards * template.param_bytes_per_param)
+                    gathers += [(OpTemplate("dp.allgather_params", "dp",
+                                            comm.collective_ns(CommOp.ALL_GATHER, nbytes, group),
+                                            kind=int(OpKind.COLLECTIVE), bytes=nbytes,
+                                            comm_op=int(CommOp.ALL_GATHER)), gk)] * shards
         if not ops and not gathers:
             continue
         deps = sync_ops + ([last_compute] if last_compute >= 0 else [])
@@ -413,10 +433,14 @@ def build_trace(template: StepTemplate, parallel: ParallelConfig | dict,
             add_edges(deps, [n] * len(deps))
             add_edges(np.arange(n, n + n_opt - 1), np.arange(n + 1, n + n_opt))
             prev_last = n + n_opt - 1
+        prev_gather = -1
         for op, gk in gathers:  # parameter all-gathers after the (sharded) optimizer step
             g = pool.add_ops([(op, int(Phase.OPT))], stage, gkind=gk)
             add_edges([prev_last] if prev_last >= 0 else deps,
                       [g] * (1 if prev_last >= 0 else len(deps)))
+            if prev_gather >= 0:  # DeepSpeed's shards: one after the other
+                add_edges([prev_gather], [g])
+            prev_gather = g
     # pipeline p2p edges: the send of (dir, mb, vs) feeds the receive of the next virtual
     # stage (forward) or the previous one (backward)
     ps, pd_, rs, rd = [], [], [], []

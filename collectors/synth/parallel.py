@@ -22,6 +22,8 @@ __all__ = ["ParallelConfig", "SCHEDULES", "RECOMPUTE", "DTYPES", "P2P", "STAGE_P
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "bfs", "zb-h1", "dualpipe")
 P2P = ("sync", "async")
+#: ZeRO-1/2 gradient reduction: Megatron-LM reduce-scatter, DeepSpeed per-owner reduce
+ZERO_REDUCE = ("reduce_scatter", "reduce")
 STAGE_POLICIES = ("even", "time", "memory")
 RECOMPUTE = ("none", "selective", "full", "op")
 DTYPES = ("bf16", "fp16", "fp8", "fp4")
@@ -107,6 +109,17 @@ class ParallelConfig:
     ``tp_comm_overlap`` pieces) then runs alone before it; the context-, expert- and
     data-parallel streams are not serialized.
 
+    ``zero_reduce``: how ZeRO-1/2 reduce the gradients after the last backward.
+    ``"reduce_scatter"`` (Megatron-LM's distributed optimizer): one reduce-scatter per
+    ``bucket_mb`` bucket, then one parameter all-gather after the step. ``"reduce"``
+    (DeepSpeed's ZeRO stage 1/2 optimizer, ``reduce_scatter: true``, its default): the
+    gradients are cut into buckets of ``reduce_bucket_size`` = 5e8 elements and each bucket
+    is reduced by one ``dist.reduce`` per data-parallel rank owning part of it (each rank owns
+    ``1/dp`` of the flat gradient buffer), so a rank sends every gradient byte once (a ring
+    reduce) instead of ``(dp - 1) / dp`` of them; the updated 16-bit parameters are then
+    all-gathered in shards of ``allgather_bucket_size`` = 5e8 elements
+    (``stage_1_and_2.py: average_tensor``, ``step``; REFERENCES.md R30).
+
     ``eager``: ``False`` prices norms, rotary embeddings, activation products and the loss as
     fused kernels (Megatron-LM's Transformer Engine / Apex kernels, or ``torch.compile``);
     ``True`` as PyTorch eager mode runs torchtitan's model code (one kernel per elementwise
@@ -165,6 +178,7 @@ class ParallelConfig:
     grad_overlap: bool = False
     grad_accum_fusion: bool = True
     launch_blocking_us: float = 0.0
+    zero_reduce: str = "reduce_scatter"
     eager: bool = False
     compile_blocks: bool = False
     tp_comm_overlap: bool = False
@@ -249,6 +263,9 @@ class ParallelConfig:
             raise ConfigError("parallel config: odc (on-demand point-to-point parameter and "
                               f"gradient transfers) needs ZeRO-3 / FSDP (got zero={self.zero}); "
                               "add --fsdp or --zero 3")
+        if self.zero_reduce not in ZERO_REDUCE:
+            raise ConfigError(f"parallel config: zero_reduce={self.zero_reduce!r}; use "
+                              "reduce_scatter (Megatron-LM) or reduce (DeepSpeed ZeRO-1/2)")
         if self.fp8_scaling not in ("fused", "tensorwise"):
             raise ConfigError(f"parallel config: fp8_scaling={self.fp8_scaling!r}; use fused "
                               "(Transformer Engine) or tensorwise (torchao Float8)")
