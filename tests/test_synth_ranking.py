@@ -72,7 +72,7 @@ def test_selective_recompute_with_sp_beats_full_recompute(bench):
 def test_bloom_pp2_is_slower_than_tp4_pp12(bench, bloom):
     """Measured 145.45 s (TP 8, PP 2, DP 24, mb 1) vs 110.48 s (TP 4, PP 12, DP 8, mb 2) at
     global batch 2016 vs 2048: 32% apart per sequence. What the run did (REFERENCES.md R3,
-    R5, R6): DeepSpeed's ZeRO-1 reduction and all-gather of 11 B parameters per GPU over
+    R5, R6, R30): DeepSpeed's ZeRO-1 reduction and all-gather of 11 B parameters per GPU over
     Omni-Path through NCCL's verbs transport (~1/3 of the line rate), autograd's 16-bit
     gradient accumulation every micro-batch, and CUDA_LAUNCH_BLOCKING=1."""
     c = "bloom-181b-0225"
@@ -83,8 +83,8 @@ def test_bloom_pp2_is_slower_than_tp4_pp12(bench, bloom):
 
 @pytest.mark.xfail(strict=True, reason=(
     "known miss (collectors/synth/REFERENCES.md): the shortfall follows the data-parallel "
-    "time (0.81 x the ZeRO-1 traffic time + 2.5 s), TP 8 at micro-batch 1-2 and layouts "
-    "near the 80 GB limit run 10-14% slower than predicted; Spearman +0.79, regret 1.1% on "
+    "time (0.80 x the ZeRO-1 traffic time + 1.9 s), TP 8 at micro-batch 1-2 and layouts "
+    "near the 80 GB limit run 10-14% slower than predicted; Spearman +0.81, regret 1.1% on "
     "the 02-25 cluster (bars 0.9, 1%)"))
 def test_bloom_0225_cluster_meets_the_ranking_bar(bench):
     rows = [r for r in bench.read_runs(ROOT / "bench" / "data" / "bloom_jz_a100_runs.csv")
