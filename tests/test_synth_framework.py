@@ -202,6 +202,8 @@ def test_deepspeed_zero1_reduces_each_owners_slice_and_gathers_in_shards():
 def test_zero_reduce_is_checked_and_on_the_cli(tmp_path, capsys):
     with pytest.raises(ConfigError, match="zero_reduce='allreduce'"):
         _synth(zero_reduce="allreduce")
+    with pytest.raises(ConfigError, match="zero_reduce=reduce is DeepSpeed's ZeRO-1/2"):
+        _synth(zero_reduce="reduce")  # zero 0: nothing to reduce per owner
     common = ["synth", "--model", "gpt3-1.3b", "--hardware", "a100-80gb", "--tp", "1",
               "--pp", "1", "--dp", "2", "--zero", "1", "--global-batch", "4",
               "--micro-batch", "1", "--json"]

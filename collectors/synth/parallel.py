@@ -266,6 +266,10 @@ class ParallelConfig:
         if self.zero_reduce not in ZERO_REDUCE:
             raise ConfigError(f"parallel config: zero_reduce={self.zero_reduce!r}; use "
                               "reduce_scatter (Megatron-LM) or reduce (DeepSpeed ZeRO-1/2)")
+        if self.zero_reduce == "reduce" and self.zero_stage not in (1, 2):
+            raise ConfigError(f"parallel config: zero_reduce=reduce is DeepSpeed's ZeRO-1/2 "
+                              f"gradient reduction (got zero={self.zero}"
+                              f"{', fsdp' if self.fsdp else ''}); add --zero 1 or --zero 2")
         if self.fp8_scaling not in ("fused", "tensorwise"):
             raise ConfigError(f"parallel config: fp8_scaling={self.fp8_scaling!r}; use fused "
                               "(Transformer Engine) or tensorwise (torchao Float8)")
