@@ -22,7 +22,15 @@ inside one NVLink domain (REFERENCES.md C24: NCCL's rule and channel counts, the
 LL rate; nothing fitted) was looked for because of C19's in-rack alltoall rows, all seen
 before. C19's series read OCI's deployment from
 ``bench/data/oci-gb300-4.toml`` (a series' ``cluster`` key), not from preset overrides; every
-figure is what the overrides gave. Last, the hard rule: no matmul the
+figure is what the overrides gave. C25 (OCI's GB200 guide: 1 host to 3 racks, 4 / 8 GB rows,
+all judged) reads ``bench/data/oci-gb200-4.toml``; two things were done **after its rows had
+been seen**: its table printed under "2 Nodes on a Single Rack" is read as the 64 ranks its
+own busbw / algbw ratio (2 x 63/64) says (found while looking at that row's miss as 8 GPUs),
+and NVLS-tree now leaves each NVLink domain on one NIC per NVLS head (NCCL's NVLS graph:
+``min(32, GPUs)`` heads; REFERENCES.md C25), looked for because of its 2-rack all_reduce rows
+(-13.9 / -16.2% before; +8.2 / +5.5% after); it also moves C19's 2-rack all_reduce rows
+(median 90.1% -> 121.1%) and C25's 3-rack ones (-7.6 / -10.3% -> +16.1 / +12.8%). Last, the
+hard rule: no matmul the
 model prices (every shape of a grid from 256 to 65536 per dimension, and every published
 shape above) exceeds the GPU's published maximum achievable matmul TFLOP/s for that dtype;
 the exit status is 1 if one does.

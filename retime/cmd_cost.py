@@ -209,7 +209,8 @@ def _assumed_lines(c, rows, coll: str) -> list[str]:
         out.append(f"ranks grouped by NVLink domain ({c.nvlink_domain} GPUs), not by node: "
                    f"{doms} domain(s); inside one the collective never touches a NIC, across "
                    "domains rings / trees leave each on its NICs (two channels per NIC; "
-                   "REFERENCES.md C16, C17)")
+                   "NVLS-tree: one NIC per NVLS head, at most 32 heads; REFERENCES.md C16, "
+                   "C17, C25)")
     if c.nodes > 1 and doms > 1:
         out.append(f"network {c.net_fabric}: {c.nics_per_node} x {c.nic_gbit:g} Gbit/s per node "
                    f"x {npar.value} ({npar.source}: {npar.ref})")

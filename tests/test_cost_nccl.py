@@ -223,7 +223,7 @@ def test_every_parameter_is_sourced():
     refs = (ROOT / "collectors" / "costs" / "REFERENCES.md").read_text()
     params = [*P.LINK_EFF.values(), *P.NET_EFF.values(), *P.NVLS_EFF.values(), P.TREE_EFF,
               P.P2P_EFF, *P.CHANNELS.values(), P.CHUNK_BYTES, P.NVLS_FILL, P.NVLS_CHUNK_BYTES,
-              P.CALL_US]
+              P.CALL_US, P.NVLS_MAX_ARITY]
     for p in params:
         assert p.source in ("published", "fitted", "assumed")
         ids = [w.strip(":,()") for w in p.ref.split() if w[:1] in "CK" and w[1:2].isdigit()]
@@ -434,3 +434,71 @@ def test_nvls_latency_grows_with_the_domain_but_the_tuner_ranks_with_the_table()
     stated = gb300.with_overrides(nodes=16, intra_hop_us=10.0)
     assert collective_cost(stated, "all_reduce", 1024, algo="nvls").latency_us == \
         pytest.approx(P.CALL_US.value + 10.0)
+
+
+def _bench():
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import cost as bench
+    finally:
+        sys.path.pop(0)
+    return bench
+
+
+def test_nvls_tree_leaves_each_domain_on_one_nic_per_head():
+    """NVLS-tree's network leg runs on the domain's NVLS heads, one NIC each (C25: NCCL's
+    NVLS graph has min(NCCL_MAX_NVLS_ARITY = 32, GPUs) channels, one head GPU with its NIC
+    each), not on the two channels per NIC of a ring leaving the domain: a 64-GPU rack with
+    a NIC per GPU uses 32 NICs (a ring: 16); an 8-GPU, 8-NIC node uses its 8 either way."""
+    oci = read_cluster(ROOT / "bench" / "data" / "oci-gb200-4.toml")
+    g = group_of(oci)
+    assert (g.ranks, g.per_node, g.nodes) == (128, 64, 2)
+    assert nccl.nvls_heads(g) == 32
+    nic = 50.0 * P.NET_EFF["roce"].value
+    assert nccl.nvls_tree_net(oci, g) == pytest.approx(32 * nic)
+    ring_nics = nccl._links(oci, g).net_node / nic
+    assert ring_nics == pytest.approx(16)
+    # the tree's network rate (32 NICs / 2 x 0.92 = 699 GB/s) exceeds the rack's NVLS rate,
+    # so the 2-rack all-reduce runs at the in-rack NVLS rate
+    r = collective_cost(oci, "all_reduce", 2**33, algo="nvls_tree")
+    assert r.bandwidth_gbps == pytest.approx(nvls_algbw(oci, 64))
+    dgx = load_preset("dgx-h100").with_overrides(nodes=2)
+    gd = group_of(dgx)
+    assert nccl.nvls_heads(gd) == 8
+    assert nccl.nvls_tree_net(dgx, gd) == pytest.approx(nccl._links(dgx, gd).net_node)
+
+
+def test_c25_gb200_series_read_ocis_deployment_and_hold_where_a_mechanism_is_known():
+    """C25 (OCI GB200, 4 x 400 Gb/s RoCE per 4-GPU host, racks of 16 hosts; judged, 4 / 8 GB
+    rows): every series reads bench/data/oci-gb200-4.toml; one host (ring all-reduce and
+    alltoall) within 10%; the 2-rack alltoall is the C20 formula on one NIC per GPU (half
+    of each rank's bytes through its 400 Gb/s NIC: 2 x 47.5 x 127/128) within 10%, and the
+    2-rack all-reduce (NVLS-tree at the rack's NVLS rate) within 10%; every row within 25%."""
+    bench = _bench()
+    c25 = [s for s in _series()["collective"] if s["id"] == "C25"]
+    assert len(c25) == 9 and all(s["cluster"] == "oci-gb200-4.toml" for s in c25)
+    rows = {(s["collective"], s["nodes"]): bench.collective_rows(s) for s in c25}
+    assert all(r["role"] == "judge" for rs in rows.values() for r in rs)
+    for key in (("all_reduce", 1), ("alltoall", 1), ("alltoall", 32), ("all_reduce", 32)):
+        assert max(abs(r["error"]) for r in rows[key]) < 0.10, key
+    assert {r["algorithm"] for r in rows[("all_reduce", 32)]} == {"nvls_tree"}
+    for r in rows[("alltoall", 32)]:
+        assert r["predicted"] == pytest.approx(2 * 50.0 * P.NET_EFF["roce"].value * 127 / 128,
+                                               rel=0.02)
+    assert max(abs(r["error"]) for rs in rows.values() for r in rs) < 0.25
+
+
+def test_c25_in_rack_all_reduce_is_64_ranks_by_its_own_bus_factor():
+    """The guide prints this table under "2 Nodes on a Single Rack", but nccl-tests' busbw /
+    algbw of its rows (855.95 / 434.77 and 891.64 / 452.90 GB/s) is 2 (n-1)/n for n = 64, not
+    8 (1.75): the series is 16 hosts of one rack, and NVLS over 64 GPUs prices it within 10%."""
+    for busbw, algbw in ((855.95, 434.77), (891.64, 452.90)):
+        n = round(2 / (2 - busbw / algbw))
+        assert n == 64 and busbw / algbw == pytest.approx(bus_factor(Collective.all_reduce, 64),
+                                                           abs=1e-3)
+    bench = _bench()
+    s = next(s for s in _series()["collective"] if s["id"] == "C25"
+             and s["collective"] == "all_reduce" and s["nodes"] == 16)
+    rows = bench.collective_rows(s)
+    assert {r["algorithm"] for r in rows} == {"nvls"}
+    assert max(abs(r["error"]) for r in rows) < 0.10

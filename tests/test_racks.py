@@ -106,10 +106,10 @@ def test_cost_collective_rack_then_network():
     assert one.ranks == 72 and not any("network" in s for s in one.sources)
     two = collective_cost(rack.with_overrides(nodes=36), "all_reduce", 2**30)
     assert any("network" in s for s in two.sources)
-    # grouped by NVLink domain (a rack of 72 GPUs and 72 NICs), not by tray of 4: NCCL's
-    # channels leave each rack on 16 of its NICs (2 channels per NIC, 32 channels), so the
-    # network is not one tray's 4 NICs (4 x 48.5 = 194 GB/s): it costs against one rack,
-    # but far less than a tray-bound ring would (C16, C17)
+    # grouped by NVLink domain (a rack of 72 GPUs and 72 NICs), not by tray of 4: NVLS-tree
+    # leaves each rack on its 32 NVLS heads' NICs (C25), so the network is not one tray's 4
+    # NICs (4 x 48.5 = 194 GB/s): it costs against one rack, but far less than a tray-bound
+    # ring would (C16, C17)
     assert 4 * 48.5 < two.busbw_gbps < one.busbw_gbps
     assert two.algorithm == "nvls_tree" and one.algorithm == "nvls"
     assert one.busbw_gbps > 600  # NVLS over the 72-GPU domain (C10: 681 GB/s at 1 GB)

@@ -55,8 +55,8 @@ from .cluster import Cluster
 
 __all__ = ["Collective", "Algo", "Proto", "CollectiveCost", "Group", "collective_cost",
            "bus_factor", "group_of", "alltoall_split_us", "efficiencies", "nvls_eff",
-           "nvls_algbw", "nvls_hop_us", "nvls_channels", "fill_bytes", "p2p_channels",
-           "p2p_ll_rate"]
+           "nvls_algbw", "nvls_hop_us", "nvls_channels", "nvls_heads", "nvls_tree_net",
+           "fill_bytes", "p2p_channels", "p2p_ll_rate"]
 
 
 class Collective(str, Enum):
@@ -198,6 +198,24 @@ def nvls_hop_us(k: int) -> float:
     return max(0.0, base + P.NVLS_HEAD_US.value * (k - P.NVLS_REF_HEADS))
 
 
+def nvls_heads(g: Group) -> int:
+    """NVLS heads NCCL runs in one NVLink domain: one per rank of the domain, at most
+    ``NCCL_MAX_NVLS_ARITY`` (32; NCCL's NVLS graph search, C25)."""
+    return max(1, min(int(P.NVLS_MAX_ARITY.value), g.per_node))
+
+
+def nvls_tree_net(c: Cluster, g: Group) -> float:
+    """GB/s per direction the NVLS-tree's network leg of one NVLink domain moves: each NVLS
+    head sends and receives its slice through its own NIC (C25), so a domain uses
+    ``min(heads, its NICs)`` NICs, not the two channels per NIC of a ring leaving the domain
+    (``_links``): on a 64-GPU NVL72 rack with one NIC per GPU, 32 NICs rather than 16."""
+    if not c.nics_per_node:
+        return 0.0
+    _, npar = efficiencies(c)
+    dom_nics = g.per_node * c.nics_per_node / c.gpus_per_node
+    return min(float(nvls_heads(g)), dom_nics) * c.nic_gbps * npar.value
+
+
 def nvls_channels(c: Cluster, g: Group, measured: int | None = None) -> int:
     """NVLS channels (one CTA each) NCCL runs: 16 on Hopper; on Blackwell 24 inside one NVLink
     domain and 32 across domains (NCCL ``NVLS_NCHANNELS_SM*``, C16); ``measured`` (a trace's
@@ -296,8 +314,8 @@ def _algbw(c: Cluster, g: Group, L: _Links, coll: Collective, a: Algo, p: Proto)
     n = g.ranks
     if a == Algo.nvls:
         return nvls_algbw(c, g.per_node)
-    if a == Algo.nvls_tree:  # NVLS inside each node, a tree of nodes over the NICs
-        return min(nvls_algbw(c, g.per_node), L.net_node / 2.0 * P.TREE_EFF.value)
+    if a == Algo.nvls_tree:  # NVLS inside each node, a tree of nodes over the heads' NICs
+        return min(nvls_algbw(c, g.per_node), nvls_tree_net(c, g) / 2.0 * P.TREE_EFF.value)
     if a in (Algo.tree, Algo.collnet):
         # a double binary tree (or the switch's reduction tree) moves the buffer up and down
         # once: each link direction carries S, so algbw is half the bus rate (NCCL's .5)
