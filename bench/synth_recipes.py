@@ -93,6 +93,17 @@ not checked. Judged rows after (6)-(8): median 6.0%, worst 19.8%, 17 of 26 withi
 Table 2's published rows are not monotonic in what a ring step costs (CP 2 adds 4.5 s per
 extra step over CP 1, CP 4 and CP 8 7.4 s and 7.3 s): no per-step price puts all three
 within 10%.
+
+Fourth pass (issue #29 item 4, after every row here had been seen; read off PyTorch's and
+torchtitan's source, nothing fitted): (9) PyTorch FSDP2's staging copies and torchtitan's
+fp32 gradient reduction (REFERENCES R22, ``collectors/synth/fsdp.py``; on every ``--fsdp``
+row, no new option in the commands: fp32 is ``--fsdp``'s default as it is torchtitan's):
+the all-gather copy-out before each forward and backward regather and the reduce-scatter
+copy-in before each reduce-scatter run on the compute stream (2 + 2 and 2 + 4 bytes per
+parameter), the reduce-scatter moves 4 bytes per parameter. The previous pass had named
+both as unmodeled causes of the 8B FSDP rows' miss, so this was looked for because of
+those rows. Judged rows: median 6.0% -> 5.2%, worst 19.8% -> 16.8%, within 10% 17 -> 19 of
+26; dev rows 8.2% / 9.1% -> 5.7% / 6.8%.
 """
 
 from __future__ import annotations

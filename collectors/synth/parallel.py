@@ -132,6 +132,11 @@ class ParallelConfig:
     ``"torch"`` PyTorch's ring attention as torchtitan runs it, step by step with fp32
     eager merges (:mod:`.ring`).
 
+    ``fsdp_reduce_dtype`` (``fsdp``): the dtype of FSDP2's gradient reduce-scatter,
+    ``"fp32"`` by default (torchtitan's ``mixed_precision_reduce = "float32"``); FSDP2's
+    all-gather copy-out and reduce-scatter copy-in run on the compute stream
+    (:mod:`.fsdp`).
+
     ``odc``: on ZeRO-3 / FSDP runs, parameter gathers and gradient reductions are on-demand
     point-to-point transfers (Wan et al. 2026) with one synchronization per step instead of
     one per layer. ``seq_imbalance`` is the most loaded data-parallel rank's work over the
@@ -175,6 +180,7 @@ class ParallelConfig:
     offload_layers: int = 0
     fp8_scaling: str = "fused"
     cp_attention: str = "fused"
+    fsdp_reduce_dtype: str = "fp32"
 
     def __post_init__(self) -> None:
         for f in ("tp", "pp", "dp", "cp", "chunks", "global_batch", "micro_batch", "ep"):
@@ -252,6 +258,9 @@ class ParallelConfig:
         if self.fp8_scaling not in ("fused", "tensorwise"):
             raise ConfigError(f"parallel config: fp8_scaling={self.fp8_scaling!r}; use fused "
                               "(Transformer Engine) or tensorwise (torchao Float8)")
+        if self.fsdp_reduce_dtype not in ("fp32", "bf16"):
+            raise ConfigError(f"parallel config: fsdp_reduce_dtype={self.fsdp_reduce_dtype!r}; "
+                              "use fp32 (torchtitan's mixed_precision_reduce default) or bf16")
         if self.cp_attention not in ("fused", "torch"):
             raise ConfigError(f"parallel config: cp_attention={self.cp_attention!r}; use fused "
                               "(one flash kernel per layer) or torch (PyTorch's ring "

@@ -1,0 +1,90 @@
+"""PyTorch FSDP2's staging copies and reduce dtype in the synthesizer (``--fsdp``;
+collectors/synth/fsdp.py, REFERENCES.md R22)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from retime.collectors.errors import ConfigError
+from retime.collectors.synth import synthesize
+
+KW = dict(tp=1, pp=1, dp=8, global_batch=8, micro_batch=1, expand="unique",
+          check_memory=False)
+
+
+def _ops(**kw):
+    tr = synthesize("llama3-8b", "h100-sxm", **{**KW, **kw})
+    o = tr.ops
+    return o, tr.names()[o.index.to_numpy()], tr.meta["synth"]
+
+
+def _by_layer(o, names, name):
+    sel = names == name
+    return dict(zip(o["layer"].to_numpy()[sel].tolist(), o["bytes"].to_numpy()[sel].tolist()))
+
+
+def test_copy_out_after_every_gather_and_copy_in_before_every_reduce_scatter():
+    o, names, _ = _ops(fsdp=True)
+    gathers = np.isin(names, ["zero3.allgather_params", "zero3.allgather_params.bwd"])
+    outs = names == "fsdp.all_gather_copy_out"
+    assert gathers.sum() == outs.sum() > 0
+    lane = o["lane"].to_numpy()
+    assert len(set(lane[outs].tolist())) == 1  # all on one lane: the compute lane
+    assert set(lane[outs].tolist()) == set(lane[names == "attn.flash.fwd"].tolist())
+    # copy-out reads the gathered buffer and writes the parameters: 2 x the gathered bytes
+    ag = _by_layer(o, names, "zero3.allgather_params")
+    co = {}
+    for lay, b in zip(o["layer"].to_numpy()[outs], o["bytes"].to_numpy()[outs]):
+        co.setdefault(int(lay), set()).add(int(b))
+    for lay, b in ag.items():
+        assert co[lay] == {2 * b}
+    # copy-in: 16-bit gradient read (2 bytes) + fp32 reduce-scatter input written (4 bytes);
+    # the reduce-scatter moves 4 bytes per parameter
+    rs = _by_layer(o, names, "zero3.reduce_scatter_grads")
+    ci = _by_layer(o, names, "fsdp.reduce_scatter_copy_in")
+    assert rs.keys() == ci.keys() == ag.keys()
+    for lay in rs:
+        params = ag[lay] // 2
+        assert rs[lay] == 4 * params
+        assert ci[lay] == 6 * params
+    # each reduce-scatter starts after its copy-in ends
+    start, dur = o["start_ns"].to_numpy(), o["dur_ns"].to_numpy()
+    lay_ = o["layer"].to_numpy()
+    for lay in rs:
+        i = np.flatnonzero((names == "fsdp.reduce_scatter_copy_in") & (lay_ == lay))[0]
+        j = np.flatnonzero((names == "zero3.reduce_scatter_grads") & (lay_ == lay))[0]
+        assert start[j] >= start[i] + dur[i]
+
+
+def test_bf16_reduce_halves_the_reduce_scatter_and_shrinks_the_copy_in():
+    o, names, s32 = _ops(fsdp=True)
+    o16, names16, s16 = _ops(fsdp=True, fsdp_reduce_dtype="bf16")
+    ag = _by_layer(o16, names16, "zero3.allgather_params")
+    rs32 = _by_layer(o, names, "zero3.reduce_scatter_grads")
+    rs16 = _by_layer(o16, names16, "zero3.reduce_scatter_grads")
+    ci16 = _by_layer(o16, names16, "fsdp.reduce_scatter_copy_in")
+    for lay in rs16:
+        assert 2 * rs16[lay] == rs32[lay]
+        assert ci16[lay] == 4 * (ag[lay] // 2)
+    assert s16["step_time_ns"] <= s32["step_time_ns"]
+
+
+def test_copies_cost_compute_time_and_odc_has_none():
+    o, names, s = _ops(fsdp=True)
+    comp = names == "fsdp.all_gather_copy_out"
+    assert (o["dur_ns"].to_numpy()[comp] > 0).all()
+    od, names_odc, _ = _ops(fsdp=True, odc=True)
+    assert not any(n.startswith("fsdp.") for n in names_odc)
+    # ZeRO-3 without --fsdp (DeepSpeed / Megatron) has no FSDP2 staging copies either
+    oz, names_z, _ = _ops(zero=3)
+    assert not any(n.startswith("fsdp.") for n in names_z)
+    rz = _by_layer(oz, names_z, "zero3.reduce_scatter_grads")
+    ag = _by_layer(oz, names_z, "zero3.allgather_params")
+    assert all(rz[k] == ag[k] for k in rz)  # 16-bit gradients
+
+
+def test_bad_reduce_dtype_is_refused():
+    with pytest.raises(ConfigError, match="fsdp_reduce_dtype='fp16'"):
+        synthesize("llama3-8b", "h100-sxm", fsdp=True, fsdp_reduce_dtype="fp16",
+                   **{k: v for k, v in KW.items()})
