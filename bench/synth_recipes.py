@@ -16,7 +16,8 @@ Sources (collectors/synth/REFERENCES.md):
   2D (FSDP + TP) with and without AsyncTP, 3D with 1F1B and interleaved 1F1B, 4D with CP.
 - R9 pytorch/torchtitan ``docs/performance.md``: Llama 3 8B / 70B and Llama 2 13B / 70B
   with FSDP2 on 64 A100 80GB (the ``selective layer`` rows need layer-level checkpointing,
-  which is not modeled, and are left out).
+  which is not modeled, and are left out), on AWS p4de instances with 400 Gb/s EFA
+  (``bench/data/aws-p4de.toml``; R23: not stated by R9, see below).
 - R10 pytorch/torchtitan ``benchmarks/llama3_8b_h200_2025-06_torchtitan.md`` (Trainy):
   Llama 3.1 8B on 32 and 64 H200, compile + Float8, FSDP.
 - R11 Meta, "The Llama 3 Herd of Models" (arXiv 2407.21783) Table 4 / Balaji SC'24: Llama
@@ -104,6 +105,17 @@ parameter), the reduce-scatter moves 4 bytes per parameter. The previous pass ha
 both as unmodeled causes of the 8B FSDP rows' miss, so this was looked for because of
 those rows. Judged rows: median 6.0% -> 5.2%, worst 19.8% -> 16.8%, within 10% 17 -> 19 of
 26; dev rows 8.2% / 9.1% -> 5.7% / 6.8%.
+(10) The R9 rows' cluster (REFERENCES R23, ``bench/data/aws-p4de.toml``): R9 does not state
+it; torchtitan's ``multinode_trainer.slurm`` of that time is "optimized for AWS with EFA"
+("Enable for A100": ``FI_PROVIDER=efa``) and a maintainer wrote in 2024-11 "we no longer
+have AWS cluster access": A100 80GB on AWS is p4de.24xlarge, 400 Gb/s EFA per instance
+(four 100 Gb/s interfaces) against the built-in ``a100-80gb`` profile's DGX 8 x 200 Gb/s.
+**Chosen after the R9 rows had been seen**, because Llama 2 70B with op-level
+checkpointing (1.13x after (9)) is the one R9 row whose FSDP traffic (70B parameters,
+gathered twice and reduced in fp32 each step) outweighs its compute (4,096 tokens per
+GPU): on the slower network it is 0.98x; the other R9 rows 0.94x-1.02x (before: 0.96x-
+1.03x). Nothing fitted: the EFA rate is the instance's datasheet figure, the bus
+efficiency the a100-80gb profile's.
 """
 
 from __future__ import annotations
@@ -130,7 +142,8 @@ _70B_2D = dict(model="llama3-70b", hardware_file=TT, tp=8, pp=1, dp=32, fsdp=Tru
 _405B_3D = dict(model="llama3-405b", hardware_file=TT, tp=8, pp=8, fsdp=True,
                 compile_blocks=True, sequence_parallel=True, tp_comm_overlap=True, micro_batch=1,
                 recompute="full", dtype="fp8", fp8_scaling="tensorwise")
-_A100 = dict(hardware="a100-80gb", tp=1, pp=1, dp=64, fsdp=True, eager=True)
+P4DE = "bench/data/aws-p4de.toml"
+_A100 = dict(hardware_file=P4DE, tp=1, pp=1, dp=64, fsdp=True, eager=True)
 _H200 = dict(model="llama3-8b", hardware="h200", tp=1, pp=1, fsdp=True, global_batch=64,
              micro_batch=2, recompute="op", dtype="fp8", fp8_scaling="tensorwise")
 _L405 = dict(model="llama3-405b", hardware="h100-sxm", tp=8, pp=16, zero=1,
@@ -195,21 +208,21 @@ ROWS = [
     ("TT-T6 4D CP8 256k", "R7 T6", "512 x H100 500W", "CP 8, TP 8, PP 8", 16, "tok",
      "judge", dict(_405B_3D, dp=1, cp=8, cp_attention="torch",
                    global_batch=8, seq=262144)),
-    ("TT-A100 L3-8B op", "R9", "64 x A100 80GB", "FSDP, eager, SAC op, bs 1", 2973, "tok",
+    ("TT-A100 L3-8B op", "R9", "64 x A100 p4de", "FSDP, eager, SAC op, bs 1", 2973, "tok",
      "judge", dict(_A100, model="llama3-8b", global_batch=64, micro_batch=1,
                    recompute="op")),
-    ("TT-A100 L3-70B full", "R9", "64 x A100 80GB", "FSDP, eager, full AC, bs 1", 331,
+    ("TT-A100 L3-70B full", "R9", "64 x A100 p4de", "FSDP, eager, full AC, bs 1", 331,
      "tok", "judge", dict(_A100, model="llama3-70b", global_batch=64, micro_batch=1,
                           recompute="full")),
-    ("TT-A100 L2-13B none", "R9", "64 x A100 80GB", "FSDP, eager, no AC, bs 2", 2162, "tok",
+    ("TT-A100 L2-13B none", "R9", "64 x A100 p4de", "FSDP, eager, no AC, bs 2", 2162, "tok",
      "judge", dict(_A100, model="llama2-13b", global_batch=128, micro_batch=2)),
-    ("TT-A100 L2-13B op", "R9", "64 x A100 80GB", "FSDP, eager, SAC op, bs 2", 1904, "tok",
+    ("TT-A100 L2-13B op", "R9", "64 x A100 p4de", "FSDP, eager, SAC op, bs 2", 1904, "tok",
      "judge", dict(_A100, model="llama2-13b", global_batch=128, micro_batch=2,
                    recompute="op")),
-    ("TT-A100 L2-70B op", "R9", "64 x A100 80GB", "FSDP, eager, SAC op, bs 1", 355, "tok",
+    ("TT-A100 L2-70B op", "R9", "64 x A100 p4de", "FSDP, eager, SAC op, bs 1", 355, "tok",
      "judge", dict(_A100, model="llama2-70b", global_batch=64, micro_batch=1,
                    recompute="op")),
-    ("TT-A100 L2-70B full", "R9", "64 x A100 80GB", "FSDP, eager, full AC, bs 2", 353,
+    ("TT-A100 L2-70B full", "R9", "64 x A100 p4de", "FSDP, eager, full AC, bs 2", 353,
      "tok", "judge", dict(_A100, model="llama2-70b", global_batch=128, micro_batch=2,
                           recompute="full")),
     ("TT-H200 32", "R10", "32 x H200", "FSDP, compile, Float8, SAC op", 10938, "tok",

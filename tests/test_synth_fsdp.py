@@ -88,3 +88,20 @@ def test_bad_reduce_dtype_is_refused():
     with pytest.raises(ConfigError, match="fsdp_reduce_dtype='fp16'"):
         synthesize("llama3-8b", "h100-sxm", fsdp=True, fsdp_reduce_dtype="fp16",
                    **{k: v for k, v in KW.items()})
+
+
+def test_p4de_profile_is_the_a100_profile_with_400_gbps_efa():
+    """bench/data/aws-p4de.toml (REFERENCES R23): only the network differs from a100-80gb,
+    4 x 100 Gb/s per 8 GPUs, so an FSDP step that crosses nodes is slower on it."""
+    from pathlib import Path
+
+    from retime.collectors.synth import load_hardware, read_hardware_file
+    p4 = read_hardware_file(Path(__file__).resolve().parent.parent / "bench/data/aws-p4de.toml")
+    a = load_hardware("a100-80gb")
+    assert p4.peak_tflops == a.peak_tflops and p4.hbm_gbps == a.hbm_gbps
+    assert p4.memory_gib == a.memory_gib and p4.gpus_per_node == a.gpus_per_node
+    kw = dict(tp=1, pp=1, dp=16, fsdp=True, global_batch=16, micro_batch=1, expand="unique",
+              check_memory=False)
+    t_dgx = synthesize("llama2-13b", a, **kw).meta["synth"]["step_time_ns"]
+    t_p4 = synthesize("llama2-13b", p4, **kw).meta["synth"]["step_time_ns"]
+    assert t_p4 > t_dgx
