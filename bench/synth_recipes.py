@@ -116,6 +116,12 @@ gathered twice and reduced in fp32 each step) outweighs its compute (4,096 token
 GPU): on the slower network it is 0.98x; the other R9 rows 0.94x-1.02x (before: 0.96x-
 1.03x). Nothing fitted: the EFA rate is the instance's datasheet figure, the bus
 efficiency the a100-80gb profile's.
+(11) FSDP2's gradient accumulator under a pipeline (R22, ``fsdp.accumulate``): each
+backward but the last adds its 16-bit gradients into an unsharded fp32 accumulator on the
+compute stream (10 bytes per parameter), which the memory model now holds at 4 bytes per
+parameter (was 2): Tables 5 / 6 0.5-1.5% slower (T5 1F1B 1.02x -> 1.01x, interleaved
+1.04x -> 1.03x) and 55-56 -> 67-68 GiB against 72.7-84.9 published. Found while reading
+FSDP2's source for (9), after the rows had been seen. Judged median 5.2% -> 4.9%.
 """
 
 from __future__ import annotations

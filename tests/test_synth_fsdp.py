@@ -105,3 +105,35 @@ def test_p4de_profile_is_the_a100_profile_with_400_gbps_efa():
     t_dgx = synthesize("llama2-13b", a, **kw).meta["synth"]["step_time_ns"]
     t_p4 = synthesize("llama2-13b", p4, **kw).meta["synth"]["step_time_ns"]
     assert t_p4 > t_dgx
+
+
+def test_pipelined_fsdp2_accumulates_in_the_reduce_dtype():
+    """Under a pipeline FSDP2 reduces once, after the last backward; every backward adds its
+    16-bit gradients into an unsharded accumulator of the reduce dtype (fp32: 2 + 4 read, 4
+    written per parameter), which the memory model holds: 2 more bytes per parameter than a
+    16-bit accumulator."""
+    kw = dict(tp=1, pp=2, dp=2, fsdp=True, global_batch=8, micro_batch=1)
+    o, names, s32 = _ops(**kw)
+    o16, names16, s16 = _ops(fsdp_reduce_dtype="bf16", **kw)
+    rank0 = o["rank"].to_numpy() == o["rank"].min()
+    acc = (names == "fsdp.accumulate_grads") & rank0
+    m = 8 // (1 * 2)  # micro-batches per pipeline
+    layers0 = set(o["layer"].to_numpy()[rank0 & (names == "attn.flash.bwd")].tolist())
+    assert acc.sum() == m * (len(layers0) + 1)  # each layer and the embedding, each backward
+    ag = _by_layer(o, names, "zero3.allgather_params")  # once per step under a pipeline
+    accb = _by_layer(o, names, "fsdp.accumulate_grads")
+    acc16 = _by_layer(o16, names16, "fsdp.accumulate_grads")
+    for lay in layers0:
+        params = ag[lay] // 2
+        assert accb[lay] == 10 * params and acc16[lay] == 6 * params
+    assert (names[rank0] == "zero3.reduce_scatter_grads").sum() == len(layers0) + 1
+    # memory: the fp32 accumulator holds 2 more bytes per parameter of the stage
+    d = s32["peak_memory_bytes"] - s16["peak_memory_bytes"]
+    gsel = names == "zero3.allgather_params"
+    ranks = o["rank"].to_numpy()
+    stage_params = [int(o["bytes"].to_numpy()[gsel & (ranks == r)].sum()) // 2
+                    for r in np.unique(ranks)]
+    assert d in [2 * p for p in stage_params]  # the peak stage's parameters, 2 bytes each
+    # no accumulator without a pipeline: each backward reduce-scatters
+    o1, names1, _ = _ops(fsdp=True)
+    assert not (names1 == "fsdp.accumulate_grads").any()

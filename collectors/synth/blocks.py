@@ -169,7 +169,7 @@ def make_block(tpl, parallel, comm, vst: VStage, phase: int, recv_ns: int, send_
     stage, whose parameters then stay unsharded); ``"none"`` neither (the other items of a
     pipelined stage: the builder reduce-scatters after the stage's last backward)."""
     from .builder import OpTemplate
-    from .fsdp import copy_out, fsdp2
+    from .fsdp import accumulate, copy_out, fsdp2
     if zero3_comm not in ("layer", "gather", "none"):
         raise ValueError(f"zero3_comm={zero3_comm!r}")
     blk = Block()
@@ -242,6 +242,13 @@ def make_block(tpl, parallel, comm, vst: VStage, phase: int, recv_ns: int, send_
             blk.edges.append((base, first))
         prev = last
         grads_here = (phase in (1, 2)) or (phase == 3 and not lt.wgrad)
+        if (grads_here and zero3 and zero3_comm == "none" and fsdp2(parallel)
+                and (lt.params or lt.expert_params)):
+            # FSDP2 under a pipeline: no reduce-scatter until the last backward, the new
+            # gradients added into the unsharded accumulator on the compute lane (.fsdp)
+            last = prev = blk.add(accumulate(comm.hw, tpl, parallel,
+                                             lt.params + lt.expert_params),
+                                  layer, tphase, [last])
         if grads_here and (lt.params or lt.expert_params):
             blk.grad_ops.append((last, lt.params, lt.expert_params))
             if z3_scatter:

@@ -18,8 +18,18 @@ between the two run on the compute stream (collectors/synth/REFERENCES.md R22):
   ``float32`` (its only choice in 2024; ``MixedPrecisionPolicy(param_dtype=bfloat16,
   reduce_dtype=float32)``, R22): the reduce-scatter moves 4 bytes per parameter.
 
+- **gradient accumulation under a pipeline.** With PyTorch's pipelining a stage's backwards
+  but the last do not reduce (R13); ``FSDPParam.to_accumulated_grad_if_needed`` /
+  ``accumulate_unsharded_grad_if_needed`` (run in the post-backward hook, on the compute
+  stream) keep the unsharded gradients in ``reduce_dtype``: each backward's 16-bit gradient
+  is added into an fp32 accumulator (2 + 4 read, 4 written per parameter; the first one is
+  a 2 + 4 cast, priced as an add), which the memory model holds at 4 bytes per parameter.
+  With a 16-bit ``reduce_dtype`` autograd adds into ``.grad`` (2 + 2 read, 2 written).
+
 The post-reduce division and cast run on the sharded output (``1 / dp`` of the bytes) and
-are left out. ODC runs (point-to-point fetches) have none of these buffers.
+are left out, as is the copy-in of the single reduce-scatter a pipelined stage issues after
+its last backward (once per step). ODC runs (point-to-point fetches) have none of these
+buffers.
 """
 
 from __future__ import annotations
@@ -27,7 +37,8 @@ from __future__ import annotations
 from .builder import OpTemplate
 from .costs import streaming
 
-__all__ = ["REDUCE_DTYPES", "fsdp2", "reduce_bytes_per_param", "copy_out", "copy_in"]
+__all__ = ["REDUCE_DTYPES", "fsdp2", "reduce_bytes_per_param", "copy_out", "copy_in",
+           "accumulate", "accumulator_bytes_per_param"]
 
 #: ``ParallelConfig.fsdp_reduce_dtype`` -> bytes per element of the reduce-scatter
 REDUCE_DTYPES = {"fp32": 4, "bf16": 2}
@@ -60,3 +71,19 @@ def copy_in(hw, tpl, parallel, params: int) -> OpTemplate:
     c = streaming(hw, nbytes)
     return OpTemplate("fsdp.reduce_scatter_copy_in", "compute", c.dur_ns, bytes=c.bytes,
                       flops=0.0, deps=())
+
+
+def accumulator_bytes_per_param(parallel) -> int:
+    """Bytes per parameter of FSDP2's unsharded gradient accumulator under a pipeline."""
+    return REDUCE_DTYPES[parallel.fsdp_reduce_dtype]
+
+
+def accumulate(hw, tpl, parallel, params: int) -> OpTemplate:
+    """FSDP2's addition of one backward's gradients into the unsharded accumulator (under a
+    pipeline), on the compute lane: the 16-bit gradient and the accumulator read, the
+    accumulator written."""
+    acc = accumulator_bytes_per_param(parallel)
+    nbytes = params * (int(tpl.grad_bytes_per_param) + 2 * acc)
+    c = streaming(hw, nbytes)
+    return OpTemplate("fsdp.accumulate_grads", "compute", c.dur_ns, bytes=c.bytes,
+                      flops=float(params), deps=())
