@@ -28,7 +28,8 @@ Sources (collectors/synth/REFERENCES.md):
   trillion tokens (1,543 tokens/s per GPU, every overhead of the run included);
   ``bench/data/h800.toml``.
 
-How recipes map to options. torchtitan: ``--fsdp`` (FSDP2 over the data-parallel ranks),
+How recipes map to options. torchtitan: ``--fsdp --fsdp-impl fsdp2`` (PyTorch FSDP2 over
+the data-parallel ranks: staging copies, fp32 reduce-scatter; R22),
 ``--eager`` unless the row uses ``torch.compile``, ``--compile-blocks`` when an R7 row uses
 it (torchtitan compiled per block then; REFERENCES R18), ``--dtype fp8 --fp8-scaling tensorwise``
 for Float8 (torchao's dynamic tensorwise scaling: every GEMM casts both operands, an amax
@@ -97,8 +98,9 @@ within 10%.
 
 Fourth pass (issue #29 item 4, after every row here had been seen; read off PyTorch's and
 torchtitan's source, nothing fitted): (9) PyTorch FSDP2's staging copies and torchtitan's
-fp32 gradient reduction (REFERENCES R22, ``collectors/synth/fsdp.py``; on every ``--fsdp``
-row, no new option in the commands: fp32 is ``--fsdp``'s default as it is torchtitan's):
+fp32 gradient reduction (REFERENCES R22, ``collectors/synth/fsdp.py``; every torchtitan row
+states ``--fsdp-impl fsdp2``, whose reduce dtype defaults to fp32 as torchtitan's does;
+plain ``--fsdp`` keeps the earlier in-place, 16-bit pricing, Megatron-Core's FSDP):
 the all-gather copy-out before each forward and backward regather and the reduce-scatter
 copy-in before each reduce-scatter run on the compute stream (2 + 2 and 2 + 4 bytes per
 parameter), the reduce-scatter moves 4 bytes per parameter. The previous pass had named
@@ -141,16 +143,16 @@ H800 = "bench/data/h800.toml"
 
 # (id, source, hardware, features, published, unit, role, options)
 # options are the command's: model, hardware or hardware_file, then the layout
-_8B = dict(model="llama3-8b", hardware_file=TT, tp=1, pp=1, fsdp=True)
-_70B_2D = dict(model="llama3-70b", hardware_file=TT, tp=8, pp=1, dp=32, fsdp=True,
+_8B = dict(model="llama3-8b", hardware_file=TT, tp=1, pp=1, fsdp=True, fsdp_impl="fsdp2")
+_70B_2D = dict(model="llama3-70b", hardware_file=TT, tp=8, pp=1, dp=32, fsdp=True, fsdp_impl="fsdp2",
                compile_blocks=True, sequence_parallel=True, global_batch=512, micro_batch=16, recompute="full",
                dtype="fp8", fp8_scaling="tensorwise")
-_405B_3D = dict(model="llama3-405b", hardware_file=TT, tp=8, pp=8, fsdp=True,
+_405B_3D = dict(model="llama3-405b", hardware_file=TT, tp=8, pp=8, fsdp=True, fsdp_impl="fsdp2",
                 compile_blocks=True, sequence_parallel=True, tp_comm_overlap=True, micro_batch=1,
                 recompute="full", dtype="fp8", fp8_scaling="tensorwise")
 P4DE = "bench/data/aws-p4de.toml"
-_A100 = dict(hardware_file=P4DE, tp=1, pp=1, dp=64, fsdp=True, eager=True)
-_H200 = dict(model="llama3-8b", hardware="h200", tp=1, pp=1, fsdp=True, global_batch=64,
+_A100 = dict(hardware_file=P4DE, tp=1, pp=1, dp=64, fsdp=True, fsdp_impl="fsdp2", eager=True)
+_H200 = dict(model="llama3-8b", hardware="h200", tp=1, pp=1, fsdp=True, fsdp_impl="fsdp2", global_batch=64,
              micro_batch=2, recompute="op", dtype="fp8", fp8_scaling="tensorwise")
 _L405 = dict(model="llama3-405b", hardware="h100-sxm", tp=8, pp=16, zero=1,
              schedule="interleaved", chunks=2, p2p="async", micro_batch=1,
@@ -246,7 +248,7 @@ ROWS = [
 
 #: option name -> CLI flag (booleans are flags)
 _FLAGS = ("model", "hardware", "hardware_file", "tp", "pp", "dp", "cp", "ep",
-          "sequence_parallel", "tp_comm_overlap", "fsdp", "zero", "schedule", "chunks",
+          "sequence_parallel", "tp_comm_overlap", "fsdp", "fsdp_impl", "zero", "schedule", "chunks",
           "stage_layers", "p2p", "global_batch", "micro_batch", "seq", "recompute", "dtype",
           "fp8_scaling", "cp_attention", "eager", "compile_blocks")
 

@@ -14,6 +14,8 @@ KW = dict(tp=1, pp=1, dp=8, global_batch=8, micro_batch=1, expand="unique",
 
 
 def _ops(**kw):
+    if kw.get("fsdp") and "fsdp_impl" not in kw:
+        kw = {**kw, "fsdp_impl": "fsdp2"}
     tr = synthesize("llama3-8b", "h100-sxm", **{**KW, **kw})
     o = tr.ops
     return o, tr.names()[o.index.to_numpy()], tr.meta["synth"]
@@ -82,6 +84,19 @@ def test_copies_cost_compute_time_and_odc_has_none():
     rz = _by_layer(oz, names_z, "zero3.reduce_scatter_grads")
     ag = _by_layer(oz, names_z, "zero3.allgather_params")
     assert all(rz[k] == ag[k] for k in rz)  # 16-bit gradients
+
+
+def test_default_fsdp_is_megatron_without_staging_copies():
+    """Plain --fsdp (Megatron-Core's FSDP): no copies, 16-bit reduce-scatter, as before."""
+    o, names, s = _ops(fsdp=True, fsdp_impl="megatron")
+    assert not any(n.startswith("fsdp.") for n in names)
+    rs = _by_layer(o, names, "zero3.reduce_scatter_grads")
+    ag = _by_layer(o, names, "zero3.allgather_params")
+    assert rs and all(rs[k] == ag[k] for k in rs)
+    o2, _, s2 = _ops(fsdp=True)
+    assert s2["step_time_ns"] > s["step_time_ns"]  # FSDP2's copies and fp32 reduce cost
+    with pytest.raises(ConfigError, match="needs fsdp"):
+        synthesize("llama3-8b", "h100-sxm", fsdp_impl="fsdp2", **KW)
 
 
 def test_bad_reduce_dtype_is_refused():

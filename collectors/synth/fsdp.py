@@ -1,4 +1,6 @@
-"""PyTorch FSDP2's own kernels around its collectives (``--fsdp``, as torchtitan runs it).
+"""PyTorch FSDP2's own kernels around its collectives (``--fsdp --fsdp-impl fsdp2``, as
+torchtitan runs it; the default ``megatron`` implementation gathers into and reduces from the
+parameters' own buffers in 16 bits, as the synthesizer priced every ``--fsdp`` run before).
 
 FSDP2 (``torch.distributed.fsdp.fully_shard``) does not gather into, nor reduce from, the
 parameters and gradients themselves: each collective has a staging buffer, and copies
@@ -45,8 +47,9 @@ REDUCE_DTYPES = {"fp32": 4, "bf16": 2}
 
 
 def fsdp2(parallel) -> bool:
-    """Whether a run is PyTorch FSDP2 with its staging copies (``--fsdp``, not ODC)."""
-    return bool(parallel.fsdp) and not parallel.odc
+    """Whether a run is PyTorch FSDP2 with its staging copies (``--fsdp --fsdp-impl fsdp2``,
+    not ODC)."""
+    return bool(parallel.fsdp) and parallel.fsdp_impl == "fsdp2" and not parallel.odc
 
 
 def reduce_bytes_per_param(parallel, tpl) -> int:
