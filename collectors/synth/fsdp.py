@@ -19,7 +19,6 @@ between the two run on the compute stream (collectors/synth/REFERENCES.md R22):
 - **fp32 reduce-scatter.** torchtitan's ``--training.mixed_precision_reduce`` defaults to
   ``float32`` (its only choice in 2024; ``MixedPrecisionPolicy(param_dtype=bfloat16,
   reduce_dtype=float32)``, R22): the reduce-scatter moves 4 bytes per parameter.
-
 - **gradient accumulation under a pipeline.** With PyTorch's pipelining a stage's backwards
   but the last do not reduce (R13); ``FSDPParam.to_accumulated_grad_if_needed`` /
   ``accumulate_unsharded_grad_if_needed`` (run in the post-backward hook, on the compute
