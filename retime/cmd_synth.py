@@ -31,6 +31,16 @@ class CpAttention(str, Enum):
     torch = "torch"
 
 
+class FsdpImpl(str, Enum):
+    megatron = "megatron"
+    fsdp2 = "fsdp2"
+
+
+class FsdpReduceDtype(str, Enum):
+    fp32 = "fp32"
+    bf16 = "bf16"
+
+
 class P2p(str, Enum):
     sync = "sync"
     async_ = "async"
@@ -165,6 +175,16 @@ def synth(
                                                     help="Megatron sequence parallelism.")] = False,
     zero: Annotated[int, typer.Option("--zero", min=0, max=3, help="ZeRO stage 0-3.")] = 0,
     fsdp: Annotated[bool, typer.Option("--fsdp", help="FSDP (ZeRO-3, per-layer units).")] = False,
+    fsdp_impl: Annotated[FsdpImpl, typer.Option(
+        "--fsdp-impl", help="With --fsdp: megatron (default, Megatron-Core's FSDP: gathers "
+        "and reductions in the parameters' own buffers, 16-bit gradients) or fsdp2 (PyTorch "
+        "FSDP2 as torchtitan runs it: all-gather copy-out and reduce-scatter copy-in on the "
+        "compute stream, gradients reduced and accumulated in --fsdp-reduce-dtype).")]
+        = FsdpImpl.megatron,
+    fsdp_reduce_dtype: Annotated[FsdpReduceDtype, typer.Option(
+        "--fsdp-reduce-dtype", help="With --fsdp-impl fsdp2: dtype of the gradient "
+        "reduce-scatter and accumulator; fp32 (default: torchtitan's "
+        "--training.mixed_precision_reduce) or bf16.")] = FsdpReduceDtype.fp32,
     schedule: Annotated[Schedule, typer.Option("--schedule", help="Pipeline schedule.")] = Schedule.one_f_one_b,
     chunks: Annotated[int, typer.Option("--chunks", min=1,
                                         help="Model chunks per pipeline rank (interleaved, bfs).")] = 1,
@@ -326,6 +346,7 @@ def synth(
         tp_comm_overlap=tp_comm_overlap,
         offload_layers=offload_layers,
         fp8_scaling=fp8_scaling.value, cp_attention=cp_attention.value,
+        fsdp_impl=fsdp_impl.value, fsdp_reduce_dtype=fsdp_reduce_dtype.value,
         nvlink_domain=nvlink_domain or 0,
         fp4_first_high=first_high, fp4_last_high=last_high,
         fp4_high_dtype=fp4_high_dtype.value, check_memory=check_memory)

@@ -362,6 +362,11 @@ def test_pipelined_fsdp_memory_holds_the_stage_unsharded():
     n = mp["params"]
     assert mp["weights_bytes"] == 2 * n // 4 and mp["grads_bytes"] == 2 * n // 4
     assert mp["buffer_bytes"] - m1["buffer_bytes"] == 4 * n - int(40.0 * 1e6)
+    # PyTorch FSDP2 (torchtitan) accumulates in its reduce dtype: fp32 by default
+    for dt, acc in (("fp32", 4), ("bf16", 2)):
+        m2 = synthesize("gpt3-125m", "a100-80gb", fsdp=True, fsdp_impl="fsdp2",
+                        fsdp_reduce_dtype=dt, **kw).meta["synth"]["memory"][0]
+        assert m2["buffer_bytes"] - m1["buffer_bytes"] == (2 + acc) * n - int(40.0 * 1e6)
 
 
 def test_dualpipe_pairs_run_compute_bound_kernels_on_the_sms_left_by_the_all_to_all():

@@ -135,11 +135,17 @@ def _gathers(blk: Block, lt, tpl, parallel, comm, prev_first: int, layer: int,
 
 
 def _scatters(blk: Block, lt, tpl, parallel, comm, last: int, layer: int, phase: int) -> None:
-    """ZeRO-3 / FSDP gradient reduce-scatters of one layer (ODC: pushes to the owners)."""
+    """ZeRO-3 / FSDP gradient reduce-scatters of one layer (ODC: pushes to the owners);
+    FSDP2 first copies the gradients into the reduce-scatter input on the compute lane
+    (:mod:`.fsdp`)."""
+    from .fsdp import copy_in, fsdp2, reduce_bytes_per_param
     for params, group, gk in ((lt.params, "dp", 0), (lt.expert_params, "edp", _EDP)):
         if not params or comm.geometry[group].size <= 1:
             continue
-        nbytes = params * tpl.grad_bytes_per_param
+        nbytes = params * reduce_bytes_per_param(parallel, tpl)
+        if fsdp2(parallel):
+            last = blk.add(copy_in(comm.hw, tpl, parallel, params), layer, phase, [last],
+                           gkind=gk)
         if parallel.odc:
             op = _coll("odc.push_grads", "dp", comm.odc_ns(nbytes, group, accumulate=True),
                        nbytes, CommOp.REDUCE_SCATTER)
@@ -163,6 +169,7 @@ def make_block(tpl, parallel, comm, vst: VStage, phase: int, recv_ns: int, send_
     stage, whose parameters then stay unsharded); ``"none"`` neither (the other items of a
     pipelined stage: the builder reduce-scatters after the stage's last backward)."""
     from .builder import OpTemplate
+    from .fsdp import accumulate, copy_out, fsdp2
     if zero3_comm not in ("layer", "gather", "none"):
         raise ValueError(f"zero3_comm={zero3_comm!r}")
     blk = Block()
@@ -221,6 +228,12 @@ def make_block(tpl, parallel, comm, vst: VStage, phase: int, recv_ns: int, send_
         for args in pending:
             _scatters(blk, *args)
         pending = []
+        if gathers and fsdp2(parallel):  # FSDP2's copy-out, on the compute lane
+            for g in gathers:
+                gk = blk.cols["gkind"][g]
+                n = lt.expert_params if gk == _EDP else lt.params
+                base = blk.add(copy_out(comm.hw, tpl, n), layer, tphase,
+                               [g] + ([base] if base >= 0 else []), gkind=gk)
         first, last = blk.add_seq(ops, layer, tphase, base)
         for g in gathers:
             blk.edges.append((g, first))
@@ -229,6 +242,13 @@ def make_block(tpl, parallel, comm, vst: VStage, phase: int, recv_ns: int, send_
             blk.edges.append((base, first))
         prev = last
         grads_here = (phase in (1, 2)) or (phase == 3 and not lt.wgrad)
+        if (grads_here and zero3 and zero3_comm == "none" and fsdp2(parallel)
+                and (lt.params or lt.expert_params)):
+            # FSDP2 under a pipeline: no reduce-scatter until the last backward, the new
+            # gradients added into the unsharded accumulator on the compute lane (.fsdp)
+            last = prev = blk.add(accumulate(comm.hw, tpl, parallel,
+                                             lt.params + lt.expert_params),
+                                  layer, tphase, [last])
         if grads_here and (lt.params or lt.expert_params):
             blk.grad_ops.append((last, lt.params, lt.expert_params))
             if z3_scatter:

@@ -222,6 +222,7 @@ def build_trace(template: StepTemplate, parallel: ParallelConfig | dict,
     # micro-batches (``reshard_after_forward=False`` with PP; no reshard after a backward but
     # the last), gradients accumulate unsharded and are reduce-scattered once, after the
     # stage's last backward (REFERENCES.md R13)
+    from .fsdp import reduce_bytes_per_param
     piped = zero == 3 and p > 1 and not parallel.odc
     z3 = "none" if piped else "layer"
     blocks: dict[tuple[int, int], tuple[Block, int]] = {}
@@ -265,6 +266,9 @@ def build_trace(template: StepTemplate, parallel: ParallelConfig | dict,
             cname = "zero3.reduce_scatter_grads"
         if ds_reduce:  # DeepSpeed ZeRO-1/2: one reduce per owner's slice of each bucket
             op_kind, cname = CommOp.REDUCE, "dp.reduce_grads"
+        # FSDP2 reduce-scatters in its reduce_dtype (torchtitan: fp32; .fsdp)
+        gbytes = (reduce_bytes_per_param(parallel, template) if piped
+                  else template.grad_bytes_per_param)
         for col, group, gk, name in ((1, "dp", 0, cname), (2, "edp", _EDP, cname + ".experts")):
             if comm.geometry[group].size <= 1:
                 continue
@@ -277,7 +281,7 @@ def build_trace(template: StepTemplate, parallel: ParallelConfig | dict,
                      else list(enumerate(n for _, n in bks)))
             for i, params in calls:
                 ready = bks[i][0]
-                nbytes = int(params * template.grad_bytes_per_param)
+                nbytes = int(params * gbytes)
                 layer = blk.cols["layer"][ready] if blk is not None else -1
                 ops.append((OpTemplate(name, "dp", comm.collective_ns(op_kind, nbytes, group),
                                        kind=int(OpKind.COLLECTIVE), bytes=nbytes,

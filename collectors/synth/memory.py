@@ -183,8 +183,11 @@ def memory_per_stage(model: ModelConfig, parallel: ParallelConfig,
         lp_dense, lp_expert = layer_params_rank
         if z >= 3 and P.pp > 1 and not P.odc and (dpg > 1 or edp > 1):
             # under a pipeline the stage's parameters stay gathered over the step and its
-            # gradients accumulate unsharded until the last backward (builder.py, R13)
-            buffers += (2 + 2) * (dense + expert)
+            # gradients accumulate unsharded until the last backward (builder.py, R13), in
+            # FSDP2's reduce dtype (fp32 by default: .fsdp, R22)
+            from .fsdp import accumulator_bytes_per_param, fsdp2
+            acc = accumulator_bytes_per_param(P) if fsdp2(P) else 2
+            buffers += (2 + acc) * (dense + expert)
         elif z >= 3 and (dpg > 1 or edp > 1):  # current + prefetched gathered layer
             buffers += 2 * 2 * (lp_dense + lp_expert)
             if P.odc:  # fp32 accumulation shard of the gradients pushed to this owner

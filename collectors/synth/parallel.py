@@ -145,6 +145,13 @@ class ParallelConfig:
     ``"torch"`` PyTorch's ring attention as torchtitan runs it, step by step with fp32
     eager merges (:mod:`.ring`).
 
+    ``fsdp_impl`` (``fsdp``): ``"megatron"`` (default) gathers into and reduces from the
+    parameters' and gradients' own buffers (Megatron-Core's FSDP) in 16 bits; ``"fsdp2"`` is
+    PyTorch FSDP2 as torchtitan runs it: the all-gather copy-out and reduce-scatter copy-in
+    run on the compute stream, gradients are reduce-scattered (and, under a pipeline,
+    accumulated) in ``fsdp_reduce_dtype``, ``"fp32"`` by default (torchtitan's
+    ``mixed_precision_reduce = "float32"``; :mod:`.fsdp`).
+
     ``odc``: on ZeRO-3 / FSDP runs, parameter gathers and gradient reductions are on-demand
     point-to-point transfers (Wan et al. 2026) with one synchronization per step instead of
     one per layer. ``seq_imbalance`` is the most loaded data-parallel rank's work over the
@@ -189,6 +196,8 @@ class ParallelConfig:
     offload_layers: int = 0
     fp8_scaling: str = "fused"
     cp_attention: str = "fused"
+    fsdp_impl: str = "megatron"
+    fsdp_reduce_dtype: str = "fp32"
 
     def __post_init__(self) -> None:
         for f in ("tp", "pp", "dp", "cp", "chunks", "global_batch", "micro_batch", "ep"):
@@ -273,6 +282,15 @@ class ParallelConfig:
         if self.fp8_scaling not in ("fused", "tensorwise"):
             raise ConfigError(f"parallel config: fp8_scaling={self.fp8_scaling!r}; use fused "
                               "(Transformer Engine) or tensorwise (torchao Float8)")
+        if self.fsdp_impl not in ("megatron", "fsdp2"):
+            raise ConfigError(f"parallel config: fsdp_impl={self.fsdp_impl!r}; use megatron "
+                              "(Megatron-Core's FSDP buffers) or fsdp2 (PyTorch FSDP2, "
+                              "torchtitan)")
+        if self.fsdp_impl == "fsdp2" and not self.fsdp:
+            raise ConfigError("parallel config: fsdp_impl='fsdp2' needs fsdp (add --fsdp)")
+        if self.fsdp_reduce_dtype not in ("fp32", "bf16"):
+            raise ConfigError(f"parallel config: fsdp_reduce_dtype={self.fsdp_reduce_dtype!r}; "
+                              "use fp32 (torchtitan's mixed_precision_reduce default) or bf16")
         if self.cp_attention not in ("fused", "torch"):
             raise ConfigError(f"parallel config: cp_attention={self.cp_attention!r}; use fused "
                               "(one flash kernel per layer) or torch (PyTorch's ring "
