@@ -31,6 +31,11 @@ that ran concurrently now give the link's aggregate rate). That pair is marked
 whole (as the code now predicts it), then without the pairs that shaped the model after the
 freeze, then those pairs alone.
 
+A third batch (``after_freeze: 3``, frozen at FREEZE-3 ``cc60cda``, the model of main
+``da5b91a`` unchanged) was defined after that freeze and captured after its definitions were
+committed (traces/pairs/README.md); it is scored apart as well, and no model code changed
+after its predictions were seen.
+
 Reads only the committed traces (no capture), so it runs anywhere::
 
     python bench/pairs.py [--pair NAME] [--json]
@@ -279,7 +284,8 @@ def summary(rows: list[dict], pre: str = "") -> dict:
 
 def freeze_batch(spec: dict) -> int:
     """Which freeze a pair was captured after (pairs.json ``after_freeze``): 0 for the pairs
-    that shaped the model, 1 for the first batch (``true``), 2 for the second."""
+    that shaped the model, 1 for the first batch (``true``), 2 for the second, 3 for the
+    third."""
     return int(spec.get("after_freeze") or 0)
 
 
@@ -290,7 +296,8 @@ def _batch_label(batch: int, specs: list[dict]) -> str:
         return ("batch 1, captured after the first freeze (981b888; the model was changed "
                 "after they were seen)")
     commits = sorted({str(s.get("frozen_commit", ""))[:7] for s in specs})
-    return f"batch 2, captured after the second freeze ({', '.join(commits)})"
+    nth = {2: "second", 3: "third"}.get(batch, f"#{batch}")
+    return f"batch {batch}, captured after the {nth} freeze ({', '.join(commits)})"
 
 
 def _pct(x: float | None) -> str:
@@ -322,7 +329,8 @@ def main(argv: list[str] | None = None) -> int:
     for n in names:
         rows += run_pair(n, pairs[n], modes)
     groups = {"all": rows}
-    by_batch = {b: [r for r in rows if freeze_batch(pairs[r["pair"]]) == b] for b in (0, 1, 2)}
+    by_batch = {b: [r for r in rows if freeze_batch(pairs[r["pair"]]) == b]
+                for b in sorted({0, 1, 2} | {freeze_batch(pairs[n]) for n in names})}
     if sum(bool(rs) for rs in by_batch.values()) > 1:
         for b, rs in by_batch.items():
             if rs:

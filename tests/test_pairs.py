@@ -133,11 +133,22 @@ def test_freeze_batches_are_marked_and_scored_apart():
                              "transformer-bandwidth-2x2"]
     assert sorted(by[2]) == ["cnn-dp", "emb-bandwidth-500-2000", "emb-bucket",
                              "transformer-bandwidth-500-2000-burst2"]
-    commits = {INDEX[n]["frozen_commit"] for n in by[2]}
-    assert len(commits) == 1 and len(next(iter(commits))) == 40
+    assert sorted(by[3]) == ["emb-bandwidth-300-1000-burst-half", "mlp-bandwidth-400-2000",
+                             "mlp-batch-32-16", "transformer-batch-32-16",
+                             "transformer-bucket-1000mbit"]
     labels = {b: bench_pairs._batch_label(b, [INDEX[n] for n in names])
               for b, names in by.items()}
-    assert len(set(labels.values())) == 3 and next(iter(commits))[:7] in labels[2]
+    assert len(set(labels.values())) == 4
+    for b in (2, 3):
+        commits = {INDEX[n]["frozen_commit"] for n in by[b]}
+        assert len(commits) == 1 and len(next(iter(commits))) == 40
+        assert next(iter(commits))[:7] in labels[b]
+    # the third freeze's commit is an ancestor of this tree, and its message says FREEZE-3
+    frozen3 = INDEX["mlp-batch-32-16"]["frozen_commit"]
+    msg = subprocess.run(["git", "-C", str(ROOT), "log", "-1", "--format=%s", frozen3],
+                         capture_output=True, text=True)
+    if msg.returncode == 0:  # a checkout without the git history cannot tell
+        assert msg.stdout.startswith("FREEZE-3"), msg.stdout
     # fixed after batch 2 was seen: marked, and scored apart by the bench
     assert sorted(n for n, r in INDEX.items() if r.get("shaped_after_freeze")) == ["emb-bucket"]
 
@@ -161,7 +172,12 @@ def test_capture_files_match_their_setting(name, label):
         assert job["hosts"] == [f"host{r // s['nproc_per_host']}" for r in range(world)]
         steps = [e["name"] for e in doc["traceEvents"]
                  if e.get("ph") == "X" and e["name"].startswith("ProfilerStep#")]
-        assert steps == ["ProfilerStep#2", "ProfilerStep#3", "ProfilerStep#4"]  # 3 recorded
+        # the kit's schedule wait 1 warmup 1 active 3, or the pair's own (batch 3's burst-half
+        # pair: wait 2 warmup 2 active 5); torch numbers the steps from 0
+        first = s.get("wait", 1) + s.get("warmup", 1)
+        assert steps == [f"ProfilerStep#{first + i}" for i in range(s.get("active", 3))]
+        assert job["schedule"] == {"wait": s.get("wait", 1), "warmup": s.get("warmup", 1),
+                                   "active": s.get("active", 3)}
         # the recorded input shapes carry the per-rank batch: the first Linear's input is
         # (batch, hidden) in the MLP, (seq, batch, d_model) in attention's in-projection; the
         # conv net's first convolution takes (batch, 3, image, image); the recommender's
@@ -171,7 +187,7 @@ def test_capture_files_match_their_setting(name, label):
             lin = next(e for e in doc["traceEvents"] if e.get("name") == "aten::linear")
             assert lin["args"]["Input Dims"][0] == [s["batch"], s["dense"]]
             bags = [e for e in doc["traceEvents"] if e.get("name") == "aten::embedding_bag"]
-            assert len(bags) == 3 * s["tables"]  # 3 recorded steps
+            assert len(bags) == s.get("active", 3) * s["tables"]  # per recorded step
             assert all(e["args"]["Input Dims"][:3] == [[s["rows"], s["dim"]],
                                                        [s["batch"] * s["bag"]], [s["batch"]]]
                        for e in bags)

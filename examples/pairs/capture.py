@@ -10,7 +10,8 @@ For each pair (``PAIRS``; ``--pair NAME`` to choose) on the two emulated hosts o
 2. one capture of A is run and discarded (warm-up: caches, page cache of the libraries);
 3. ``--reps`` captures of each setting, interleaved A B B A A B ... so that a drift of the
    machine hits both alike. Each capture is a fresh launch of ``job.py`` on every host
-   (``--settle`` unprofiled steps, then the profiler's wait=1 warmup=1 active=``--active``);
+   (``--settle`` unprofiled steps, then the profiler's wait=1 warmup=1 active=``--active``,
+   or the pair's own schedule where it sets one);
    its step time is ``bench/pairs.py``'s :func:`measured_step_ns` (median over the recorded
    steps of the slowest rank), its load what ``job.py`` measured during the profiled steps;
 4. for each setting the capture closest to the setting's median is kept and copied to
@@ -186,6 +187,33 @@ def _pairs() -> dict[str, tuple[str, Pair]]:
     out["transformer-bandwidth-500-2000-burst2"] = ("transformer", _rate_pair(
         "inter-host bandwidth, 500 vs 2000 Mbit/s, on a link whose token bucket is 2x the "
         "kit's (burst_x 2)", 500.0, 2000.0, {"burst_x": 2.0}))
+    # the third batch, captured after the third freeze (FROZEN_3): kinds the suite has little
+    # of -- a per-rank batch change at small batches (32 vs 16; a held-out user capture
+    # missed by 20% on such a change), the transformer's DDP bucket at a rate not used
+    # before (1000 Mbit/s), a faster network on a new rate pair (400 vs 2000 Mbit/s; a
+    # held-out MLP capture missed by 65%), and another tbf burst rule (half the kit's: one
+    # timer tick of the rate) with another profiler schedule (wait 2, warmup 2, active 5)
+    out["mlp-batch-32-16"] = ("mlp", Pair(
+        "per-rank batch size at small batches, 32 vs 16", {"batch": 32}, {"batch": 16},
+        {"parallel.micro_batch": 16}, {"parallel.micro_batch": 32}))
+    out["transformer-bucket-1000mbit"] = ("transformer", Pair(
+        "DDP bucket_cap_mb (MiB; the key counts 10^6 bytes) on a 1000 Mbit/s link",
+        {"bucket_cap_mb": 1.0, "rate_mbit": 1000.0}, {"bucket_cap_mb": 50.0, "rate_mbit": 1000.0},
+        {"overlap.bucket_mb": round(50 * MIB_MB, 6)},
+        {"overlap.bucket_mb": round(1 * MIB_MB, 6)}))
+    out["mlp-bandwidth-400-2000"] = ("mlp", _rate_pair(
+        "inter-host bandwidth, 400 vs 2000 Mbit/s per direction", 400.0, 2000.0))
+    out["emb-bandwidth-300-1000-burst-half"] = ("emb", _rate_pair(
+        "inter-host bandwidth, 300 vs 1000 Mbit/s, on a link whose token bucket is half the "
+        "kit's (burst_x 0.5: one timer tick of the rate), profiler schedule wait 2 warmup 2 "
+        "active 5 (embedding-bag recommender)", 300.0, 1000.0,
+        {"burst_x": 0.5, "wait": 2, "warmup": 2, "active": 5}))
+    # a fifth, defined after the first four were captured (before its own capture, with no
+    # prediction run): mlp-batch-32-16's step did not move (22.9 vs 22.8 ms, all-reduce
+    # bound), so it cannot test a batch change; the transformer at the same batches can
+    out["transformer-batch-32-16"] = ("transformer", Pair(
+        "per-rank batch size at larger batches, 32 vs 16 (transformer)", {"batch": 32},
+        {"batch": 16}, {"parallel.micro_batch": 16}, {"parallel.micro_batch": 32}))
     return out
 
 
@@ -195,6 +223,9 @@ FROZEN = ("cnn-bandwidth-300-1200", "cnn-batch", "mlp-bandwidth-burst4",
 #: the second batch, captured after the second freeze (pairs.json after_freeze: 2)
 FROZEN_2 = ("emb-bandwidth-500-2000", "emb-bucket", "cnn-dp",
             "transformer-bandwidth-500-2000-burst2")
+#: the third batch, captured after the third freeze (pairs.json after_freeze: 3)
+FROZEN_3 = ("mlp-batch-32-16", "transformer-bucket-1000mbit", "mlp-bandwidth-400-2000",
+            "emb-bandwidth-300-1000-burst-half", "transformer-batch-32-16")
 
 
 def stated(pair: Pair, a: dict, b: dict) -> dict[str, dict]:
@@ -253,6 +284,7 @@ def job_argv(s: dict, host: int, out: Path, port: int) -> list[str]:
             "--nhosts", str(s["nhosts"]), "--nproc-per-host", str(s["nproc_per_host"]),
             "--host-rank", str(host), "--master-addr", ADDR[0], "--master-port", str(port),
             "--ifname", VETH[host], "--settle", str(s["settle"]), "--active", str(s["active"]),
+            "--wait", str(s.get("wait", 1)), "--warmup", str(s.get("warmup", 1)),
             "--extra", json.dumps({"rate_mbit": s["rate_mbit"], "speed_pct": s["speed_pct"],
                                    # the link's shaper, for retime's link model
                                    "tbf_burst_bytes": burst_bytes(s["rate_mbit"],
@@ -317,7 +349,8 @@ def run_pair(name: str, hosts: Hosts, args: argparse.Namespace) -> dict:
     model, pair = PAIRS[name]
     settings = {}
     for label, over in (("A", pair.a), ("B", pair.b)):
-        settings[label] = {**BASE[model], **over, "settle": args.settle, "active": args.active}
+        # a pair may set its own profiler schedule (settle / wait / warmup / active steps)
+        settings[label] = {**BASE[model], "settle": args.settle, "active": args.active, **over}
     before = machine_load()
     waited = 0.0
     while before["busy"] > args.quiet and waited < args.wait_quiet:
@@ -389,6 +422,9 @@ def run_pair(name: str, hosts: Hosts, args: argparse.Namespace) -> dict:
         rec_pair["after_freeze"] = True
     if name in FROZEN_2:
         rec_pair["after_freeze"] = 2
+        rec_pair["frozen_commit"] = args.frozen_commit
+    if name in FROZEN_3:
+        rec_pair["after_freeze"] = 3
         rec_pair["frozen_commit"] = args.frozen_commit
     facts = stated(pair, settings["A"], settings["B"])
     if facts:
@@ -467,7 +503,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--commit", action="store_true", help="git commit each pair when captured")
     p.add_argument("--list", action="store_true", help="print the pairs and exit")
     p.add_argument("--frozen-commit", default="",
-                   help="the frozen model's commit, recorded with the FROZEN_2 pairs")
+                   help="the frozen model's commit, recorded with the FROZEN_2 / FROZEN_3 "
+                        "pairs")
     args = p.parse_args(argv)
     OUT = args.out.resolve()
     names = list(PAIRS) if args.all else args.pair
@@ -475,9 +512,9 @@ def main(argv: list[str] | None = None) -> int:
         for n, (_m, pr) in PAIRS.items():
             print(f"{n:<28} {pr.knob}; A {pr.a} B {pr.b}; keys A->B {pr.a_to_b}")
         return 0
-    later = [n for n in names if n in FROZEN_2]
+    later = [n for n in names if n in FROZEN_2 or n in FROZEN_3]
     if later and not args.frozen_commit:
-        print(f"capture: {', '.join(later)} are judged after the second freeze; give the frozen "
+        print(f"capture: {', '.join(later)} are judged after a freeze; give the frozen "
               "model's commit with --frozen-commit SHA", file=sys.stderr)
         return 2
     # a kill (SIGTERM) leaves through the `with` below: the hosts are removed, the slice restored

@@ -8,7 +8,8 @@ machine (``--master-addr 127.0.0.1 --ifname lo``, one host).
 
 Each rank runs ``--settle`` unprofiled steps (DDP rebuilds its buckets after the first one;
 caches warm), then the overlap probe (:func:`overlap_probe`: how an all-reduce and a busy
-training thread share the rank's core; ``--no-probe`` skips it), then profiles with the schedule wait=1, warmup=1, active=``--active`` under
+training thread share the rank's core; ``--no-probe`` skips it), then profiles with the schedule
+wait=``--wait`` (1), warmup=``--warmup`` (1), active=``--active`` under
 retime's :class:`Capture` (record_shapes, with_stack, with_flops). Rank 0 writes
 ``OUT.job.json`` beside the output folder (``--record``): the knobs, the ranks' hosts, ``ddp_param_bytes`` and the
 machine's load during the profiled steps (``load``; ``load_run``: settle + profiled steps):
@@ -65,6 +66,7 @@ except ImportError:  # a checkout without retime installed
     from retime.collectors.calibrate import overlap_probe
     from retime.collectors.capture import Capture, end_process
 
+#: the profiler schedule's default wait and warmup steps (``--wait``, ``--warmup``)
 WAIT, WARMUP = 1, 1
 #: glibc malloc of the ranks: every allocation from the main heap (no per-chunk mmaps, one
 #: arena), never given back to the kernel. With --pretouch-mb the heap is grown and touched
@@ -152,7 +154,7 @@ def knobs(a: argparse.Namespace) -> dict:
          "nhosts": a.nhosts, "nproc_per_host": a.nproc_per_host,
          "world_size": a.nhosts * a.nproc_per_host, "settle": a.settle, "active": a.active,
          "pretouch_mb": a.pretouch_mb, "glibc_tunables": GLIBC_TUNABLES,
-         "schedule": {"wait": WAIT, "warmup": WARMUP, "active": a.active}}
+         "schedule": {"wait": a.wait, "warmup": a.warmup, "active": a.active}}
     if a.model != "emb":  # the emb model has no stack of blocks
         k["layers"] = a.layers
     k.update({"mlp": {"hidden": a.hidden}, "transformer": {"d_model": a.d_model, "seq": a.seq},
@@ -266,8 +268,8 @@ def rank_main(local_rank: int, a: argparse.Namespace) -> None:
     rss_before = _rss_mb()
     dist.barrier()
     t0 = _ticks(pids) if rank == 0 else None
-    n = WAIT + WARMUP + a.active
-    with Capture(a.out, wait=WAIT, warmup=WARMUP, active=a.active, record_shapes=True,
+    n = a.wait + a.warmup + a.active
+    with Capture(a.out, wait=a.wait, warmup=a.warmup, active=a.active, record_shapes=True,
                  with_stack=True, with_flops=True) as cap:
         for i in range(n):
             step()
@@ -310,6 +312,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--checkpoint", action="store_true", help="activation checkpointing per block")
     p.add_argument("--settle", type=int, default=3, help="unprofiled steps first")
     p.add_argument("--active", type=int, default=3, help="recorded steps")
+    p.add_argument("--wait", type=int, default=WAIT, help="profiler schedule: idle steps first")
+    p.add_argument("--warmup", type=int, default=WARMUP,
+                   help="profiler schedule: traced but discarded steps before the active ones")
     p.add_argument("--pretouch-mb", type=int, default=256,
                    help="heap grown and touched by each rank before training (MB; see "
                         "GLIBC_TUNABLES; 0: off)")
