@@ -212,3 +212,57 @@ def test_cli_replay_prints_the_pricing_and_its_range(vgg, tmp_path, capsys):
                for a in js["whatif"]["assumed"])
     assert run(["replay", str(d), "--set", "hardware.kernel_pricing=cubic"]) == 2
     assert "hardware.kernel_pricing='cubic'" in capsys.readouterr().err
+
+
+def test_floor_scaled_moves_only_the_work_above_the_launch_floor():
+    from retime.replay.policies.kernel_cost import floor_scaled
+    d = np.array([1_000.0, 3_000.0, 5_000.0, 103_000.0])
+    # V100 (3 us) -> MI300X (4 us) at a ratio of 0.5: the floor is the new GPU's, the work
+    # above it halves; a kernel at or below the old floor is all floor (x 4 / 3)
+    np.testing.assert_allclose(floor_scaled(d, 0.5, 3.0, 4.0),
+                               [4_000 / 3, 4_000.0, 5_000.0, 54_000.0])
+    # a batch change (same floor, x2): launch-bound kernels keep their time
+    np.testing.assert_allclose(floor_scaled(d, 2.0, 3.0, 3.0), [1_000, 3_000, 7_000, 203_000])
+
+
+def test_unshaped_kernels_keep_the_new_gpus_launch_floor(dlrm):
+    """V100 -> MI300X on DLRM: the shaped kernels (the cost layer) get slower on the MI300X's
+    longer launch floor; the kernels without shapes never drop below it (x0.17 by HBM
+    would take a 3 us kernel to 0.5 us)."""
+    base = replay(dlrm)
+    r = whatif(dlrm, {"hardware.gpu": "mi300x"})
+    k = dlrm.ops["kind"].to_numpy()
+    kern = k == OpKind.KERNEL
+    un = kern.copy()
+    un[shaped_kernels(dlrm).op_ids] = False
+    names = _names(dlrm)
+    un &= ~np.asarray(["nccl" in str(n).lower() for n in names])
+    assert un.sum() > 100
+    b, n = base.dur_ns[un], r.dur_ns[un]
+    floor_old, floor_new = 3_000.0, 4_000.0  # v100-sxm2, mi300x kernel_overhead_us
+    low = b <= floor_old
+    assert low.sum() > 50 and (~low).sum() > 50
+    np.testing.assert_allclose(n[low], b[low] * floor_new / floor_old, rtol=1e-6, atol=1.0)
+    assert (n[~low] >= floor_new - 1).all() and (n[~low] <= b[~low] + floor_new).all()
+    a = " ".join(r.meta["whatif"]["assumed"])
+    assert "above their launch floor, which becomes the new GPU's (3 -> 4 us" in a
+    # the flat pricing (the range's other end) keeps the plain ratio
+    f = whatif(dlrm, {"hardware.gpu": "mi300x", "hardware.kernel_pricing": "flat"})
+    assert (f.dur_ns[un & (base.dur_ns > 0)] < base.dur_ns[un & (base.dur_ns > 0)]).all()
+
+
+def test_double_batch_keeps_launch_bound_kernels_without_shapes(dlrm):
+    base = replay(dlrm)
+    r = whatif(dlrm, {"parallel.micro_batch": 32})
+    k = dlrm.ops["kind"].to_numpy()
+    un = k == OpKind.KERNEL
+    un[shaped_kernels(dlrm).op_ids] = False
+    moved = un & (r.dur_ns != base.dur_ns)
+    assert moved.sum() > 50
+    b, n = base.dur_ns[moved], r.dur_ns[moved]
+    # the work above the 3 us floor doubles, the floor does not
+    np.testing.assert_allclose(n, 3_000 + (b - 3_000) * 2, rtol=1e-6, atol=1.0)
+    kept = un & (base.dur_ns <= 3_000) & (base.dur_ns > 0)
+    np.testing.assert_array_equal(r.dur_ns[kept], base.dur_ns[kept])
+    a = " ".join(r.meta["whatif"]["assumed"])
+    assert "above their launch floor (3 us on v100-sxm2" in a

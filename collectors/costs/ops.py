@@ -13,7 +13,9 @@ Measured Kineto traces recorded with ``record_shapes=True`` give each operator i
   (``convolution_backward``) that per gradient the output mask asks for;
 * attention (``scaled_dot_product_attention`` and its flash / efficient / cudnn kernels):
   ``4 B H L S D`` forward, 2.5x that backward;
-* norms: 8 FLOPs per element, input and output streamed (backward: 3 tensors);
+* norms: 8 FLOPs per element, input and output streamed (backward: 3 tensors); a batch
+  norm whose kernels reduce one channel per block (PyTorch's native ones) at least their
+  latency-bound passes (:mod:`collectors.costs.norms`);
 * elementwise, softmax and reductions: 1 (softmax 5) FLOP per output element, every tensor
   operand read and the result written once.
 
@@ -278,6 +280,7 @@ def price_op(g, name: str, dims: list, types: list, work: tuple[float, float, st
                           curves or K.DEFAULT_CURVES, kernels,
                           len(kernels) if kernels is not None else launches)
     c = _price(g, name, dims, types, work, curves)
+    c = _channel_blocks(g, b, dims, types, c, curves, kernels)
     n = len(kernels) if kernels is not None else launches
     extra = max(int(n) - 1, 0) * g.hw.kernel_overhead_us
     if extra <= 0:
@@ -285,6 +288,38 @@ def price_op(g, name: str, dims: list, types: list, work: tuple[float, float, st
     lo, hi = c.range_us
     return dataclasses.replace(c, time_us=c.time_us + extra,
                                range_us=(lo + extra * 0.5, hi + extra * 1.5))
+
+
+def _channel_blocks(g, b: str, dims, types, c, curves, kernels):
+    """``c`` (a batch norm's streaming price) or, when its kernels reduce one channel per
+    block (:mod:`collectors.costs.norms`) and that is slower, those passes plus one launch
+    floor."""
+    import dataclasses
+
+    from . import kernels as K
+    from .norms import channel_pass_us, channel_passes
+
+    if b not in ("native_batch_norm", "native_batch_norm_backward") or not kernels:
+        return c
+    p = channel_passes(kernels)
+    ts = _tensors(dims, types)
+    if not p or not ts or len(ts[0][0]) < 3:
+        return c
+    x = ts[0][0]
+    lat = (curves or K.DEFAULT_CURVES).mem_latency_us
+    t = p * channel_pass_us(g, int(x[0]), int(x[1]), int(np.prod(x[2:])), lat) \
+        + g.hw.kernel_overhead_us
+    if t <= c.time_us:
+        return c
+    f = t / c.time_us
+    return dataclasses.replace(
+        c, time_us=t, range_us=(c.range_us[0] * f, c.range_us[1] * f),
+        tflops=c.tflops / f, gbps=c.gbps / f, bound="latency",
+        efficiency=c.efficiency / f,
+        efficiency_source=f"{p} channel-per-block pass(es) (one block of "
+        f"{'256' if str(g.arch).startswith('cdna') else '512'} threads per channel, "
+        f"PyTorch Normalization.cuh, K22) at {lat:g} us per step (memory latency: the "
+        "streaming size curve's)")
 
 
 def _gpu_dtype(g, dtype: str) -> str:

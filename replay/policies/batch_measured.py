@@ -161,8 +161,10 @@ def scale_batch(state: WhatIfState, new_batch: int) -> dict[str, Any]:
 def _scale_gpu_batch(state: WhatIfState, b: int, b2: int, gpu: np.ndarray) -> dict[str, Any]:
     """Forward/backward GPU ops of a GPU trace at batch ``b2``: kernels with recorded shapes
     by the cost layer's ratio at the new shapes (:func:`kernel_cost.batch_ratio`), the rest
-    (and host<->device copies of the batch) by ``b2 / b``; host ops unchanged."""
-    from .kernel_cost import batch_ratio, describe_fallback, summary, trace_gpu
+    by ``b2 / b`` on their time above the GPU profile's launch floor
+    (:func:`kernel_cost.floor_scaled`; linear where the trace's GPU has no profile),
+    host<->device copies of the batch by ``b2 / b``; host ops unchanged."""
+    from .kernel_cost import batch_ratio, describe_fallback, floor_scaled, summary, trace_gpu
     t = state.trace
     f = b2 / b
     kind = t.ops["kind"].to_numpy()
@@ -187,6 +189,17 @@ def _scale_gpu_batch(state: WhatIfState, b: int, b2: int, gpu: np.ndarray) -> di
             why = " (no recorded shapes in the trace's Kineto files)"
     n_sh = 0 if kr is None else len(kr.op_ids)
     sh_ns = 0.0 if kr is None else kr.info["covered_ns"]
+    n_floor = -1
+    if hw is not None:
+        # kernels without shapes: their work scales with the batch, their launch floor
+        # does not (as the cost layer prices a kernel: kernel_cost.floor_scaled)
+        fb = kern.copy()
+        if n_sh:
+            fb[kr.op_ids] = False
+        fb = np.flatnonzero(fb)
+        base = d[fb] / f
+        d[fb] = floor_scaled(base, f, hw.kernel_overhead_us, hw.kernel_overhead_us)
+        n_floor = int((base <= hw.kernel_overhead_us * 1e3).sum())
     g_ns = float(dur[kern].sum())
     if n_sh:
         sm = summary(kr)
@@ -200,9 +213,12 @@ def _scale_gpu_batch(state: WhatIfState, b: int, b2: int, gpu: np.ndarray) -> di
             f"large ones scale with their work; median ratio {sm['ratio_median']:.2f}, "
             f"{sm['ratio_min']:.2f}-{sm['ratio_max']:.2f}, linear would be {f:.2f}); the "
             "range reaches linear scaling", bounds=[{"hardware.kernel_pricing": "flat"}])
+    rule = (f"scale linearly (x{f:.3g}), as do host<->device copies" if n_floor < 0 else
+            f"scale linearly (x{f:.3g}) above their launch floor ({hw.kernel_overhead_us:g} us "
+            f"on {hw.name}, which a batch change does not move; {n_floor} kernel(s) at or below "
+            "it keep their time); host<->device copies scale linearly")
     line = describe_fallback("parallel.micro_batch", int(kern.sum()) - n_sh, g_ns - sh_ns,
-                             g_ns, f"scale linearly (x{f:.3g}), as do host<->device copies",
-                             why) if not flat else (
+                             g_ns, rule, why) if not flat else (
         f"parallel.micro_batch {b} -> {b2}: every forward/backward kernel and host<->device "
         f"copy scales linearly (x{f:.3g}; hardware.kernel_pricing = \"flat\")")
     if line:

@@ -18,8 +18,11 @@ model(old) by the cost layer (:mod:`.kernel_cost`); the others by the flat roofl
 the two GPUs: GEMM and convolution kernels by the ratio of the dense peaks of their own math
 mode, read from the kernel name (FP32 SIMT, TF32, 16-bit, FP8: :mod:`.math_modes`; split-K
 and epilogue helpers by HBM), attention kernels and GEMMs whose mode the name does not tell
-by the ratio of dense 16-bit tensor peaks, the other kernels by the ratio of HBM bandwidth
-(also every kernel with ``kernel_pricing = "flat"``, the range's other end).
+by the ratio of dense 16-bit tensor peaks, the other kernels by the ratio of HBM bandwidth,
+each ratio on the kernel's time above its launch floor (the profiles' ``kernel_overhead_us``:
+the floor becomes the new GPU's, as the cost layer prices a kernel;
+:func:`.kernel_cost.floor_scaled`); every kernel with ``kernel_pricing = "flat"`` (the
+range's other end) takes its plain ratio.
 ``allow_tf32`` says whether FP32 GEMMs/convolutions run on TF32 tensor cores on the target
 (unset: as the trace shows, else PyTorch's defaults, bounded). Host ops never change;
 a trace without GPU kernels is refused; the measured GPU must be recognisable from
@@ -293,6 +296,7 @@ def _gpu_swap(h: Hardware, state: WhatIfState, cls: np.ndarray, f: np.ndarray) -
                           "run); nothing runs on a GPU to re-time (hardware.host_speedup "
                           "changes the host)")
     flat, old, new, dt = _roofline_ratio(t, h.gpu, h.from_gpu)
+    before = state.dur.copy() if h.kernel_pricing != "flat" else None
     state.scale_by_class(cls, f * flat)
     if h.kernel_pricing == "flat":
         state.assume(f"hardware.gpu {old.name} -> {new.name}: every kernel scaled by the flat "
@@ -307,6 +311,7 @@ def _gpu_swap(h: Hardware, state: WhatIfState, cls: np.ndarray, f: np.ndarray) -
         d[kr.op_ids] *= kr.ratio / flat[cls[kr.op_ids]]
     modes = _price_by_mode(h, state, cls, flat, old.name, new.name, kr.op_ids,
                            set(kr.info.get("fp32_calls", ())))
+    n_floor = _hold_floors(state, cls, dev, kr.op_ids, before, old, new)
     i = kr.info
     sm = summary(kr)
     dur = t.ops["dur_ns"].to_numpy()
@@ -336,7 +341,11 @@ def _gpu_swap(h: Hardware, state: WhatIfState, cls: np.ndarray, f: np.ndarray) -
         "hardware.gpu", n_fb, fb_ns, float(dur[dev].sum()),
         f"scaled by the flat class ratio: {by_mode} x{flat[0]:.2f} ({dt} peak "
         f"{old.peak_tflops.get(dt, 0):g} -> {new.peak_tflops.get(dt, 0):g} TFLOP/s), others "
-        f"x{flat[2]:.2f} (HBM {old.hbm_gbps:g} -> {new.hbm_gbps:g} GB/s)", why)
+        f"x{flat[2]:.2f} (HBM {old.hbm_gbps:g} -> {new.hbm_gbps:g} GB/s)"
+        + (f", above their launch floor, which becomes the new GPU's "
+           f"({old.kernel_overhead_us:g} -> {new.kernel_overhead_us:g} us, as the cost layer "
+           f"prices a kernel; {n_floor} kernel(s) at or below the old floor move by the "
+           f"floors' ratio)" if dev.any() and n_floor >= 0 else ""), why)
     if line:
         state.assume(line)
     for line in modes.pop("lines", []):
@@ -352,6 +361,28 @@ def _gpu_swap(h: Hardware, state: WhatIfState, cls: np.ndarray, f: np.ndarray) -
                  bounded=True)
     return {"from": old.name, "to": new.name, **sm, "fallback_kernels": n_fb,
             "fallback_share": round(fb_ns / float(dur[dev].sum()), 4), **modes}
+
+
+def _hold_floors(state: WhatIfState, cls: np.ndarray, dev: np.ndarray, shaped: np.ndarray,
+                 before: np.ndarray | None, old, new) -> int:
+    """Kernels the cost layer did not price (no recorded shape): the ratio they were given
+    (class or math-mode ratio, ``state.dur`` over ``before``) applies to their work above
+    the launch floor only, the floor becomes the new GPU's (:func:`kernel_cost.floor_scaled`).
+    Collectives, copies and host ops keep what they were given. Returns how many of them
+    sat at or below the old floor (-1: nothing done)."""
+    from .kernel_cost import floor_scaled
+    if before is None or not dev.any():
+        return -1
+    ids = dev & np.isin(cls, (0, 1, 2, 6))  # gemm, attention, elementwise, unclassified
+    if len(shaped):
+        ids[shaped] = False
+    ids = np.flatnonzero(ids)
+    d = state.dur
+    b = before[ids]
+    ok = b > 0
+    ids, b = ids[ok], b[ok]
+    d[ids] = floor_scaled(b, d[ids] / b, old.kernel_overhead_us, new.kernel_overhead_us)
+    return int((b <= old.kernel_overhead_us * 1e3).sum())
 
 
 def _price_by_mode(h: Hardware, state: WhatIfState, cls: np.ndarray, flat: np.ndarray,

@@ -37,7 +37,8 @@ from .base import frozen, trace_memo
 
 __all__ = ["KERNEL_CURVES", "ShapedKernels", "shaped_kernels", "trace_gpu", "gpu_ratio",
            "kernel_intensity",
-           "batch_ratio", "KernelRatio", "describe_fallback", "refuse_measured_tp"]
+           "batch_ratio", "KernelRatio", "describe_fallback", "refuse_measured_tp",
+           "floor_scaled"]
 
 #: the efficiency curves the what-ifs price with (fitted: collectors/costs/kernels.py)
 KERNEL_CURVES = FITTED_CURVES
@@ -401,6 +402,25 @@ def describe_fallback(what: str, n_fallback: int, fallback_ns: float, gpu_ns: fl
     share = fallback_ns / gpu_ns if gpu_ns > 0 else 0.0
     return (f"{what}: {n_fallback} kernel(s) without a recorded shape ({share:.1%} of GPU "
             f"time) {rule}{why}")
+
+
+def floor_scaled(dur_ns: np.ndarray, ratio, floor_old_us: float, floor_new_us: float
+                 ) -> np.ndarray:
+    """Measured kernel durations (ns) moved by ``ratio`` (a class or batch ratio, per op or
+    one) with the launch floor held apart, as the cost layer prices a kernel: its floor (the
+    GPU profile's ``kernel_overhead_us``: launch, ramp-up and tail on the GPU timeline;
+    ``collectors.costs.kernels._finish``) plus the work above it. The work scales by
+    ``ratio``, the floor becomes the new GPU's (unchanged for a batch change). A kernel
+    measured at or below the old floor is all floor (its work, if any, hides under it): it
+    moves by ``floor_new / floor_old``. Without this a flat ratio takes a launch-bound
+    kernel below any GPU's floor (V100 -> MI300X: x0.17 by HBM for a 3 us kernel, while the
+    cost layer prices the same kernels x1.33 by the MI300X's longer floor)."""
+    d = np.asarray(dur_ns, np.float64)
+    fo, fn = floor_old_us * 1e3, floor_new_us * 1e3
+    if fo <= 0 or fn <= 0:
+        return d * ratio
+    above = d - fo
+    return np.where(above > 0, fn + above * ratio, d * (fn / fo))
 
 
 def summary(kr: KernelRatio) -> dict[str, Any]:
