@@ -27,6 +27,11 @@ def _records(df: pd.DataFrame) -> list[dict[str, Any]]:
             for r in df.to_dict("records")]
 
 
+def _gbps(bw: float) -> str:
+    """A bandwidth with 3 significant digits (a 300-rank gloo job's 0.045 GB/s is not 0.0)."""
+    return f"{bw:.1f} GB/s" if bw >= 10 else f"{bw:.3g} GB/s"
+
+
 def analysis_summary(res: dict[str, Any]) -> dict[str, Any]:
     """The ``retime analyze --json`` object, from :func:`analysis.stream.store_analysis`."""
     from retime.analysis.breakdown import PARTS
@@ -168,12 +173,16 @@ def analyze_cmd(
         bw = r["busbw_gbps"]
         wait = ("wait n/a (no matched instance)" if r["wait_ns"] is None else
                 f"wait {r['wait_ns'] / 1e6:.3f} ms over {r['matched']} matched")
+        size = ("size unknown" if r["total_bytes"] is None else
+                f"{r['total_bytes'] / 1e6:.1f} MB")
         say(f"  comm group {r['group_id']} {r['comm_op']}: {r['instances']} instance(s), "
-            f"{r['total_bytes'] / 1e6:.1f} MB, busbw {'n/a' if bw is None else f'{bw:.1f} GB/s'}, "
-            f"{wait}")
+            f"{size}, busbw {'n/a' if bw is None else _gbps(bw)}, {wait}")
+    if len(s["comm"]) > 10:
+        say(f"    ... {len(s['comm']) - 10} more group/primitive rows (all of them in --json)")
     un = s["comm_unmatched"]
     if un:
         say(f"  unmatched collective instances (left out of wait and skew): {len(un)}")
         for r in un[:_top_shown(len(un))]:
-            say(f"    {r['comm_op']} group {r['group_id']} step {r['step']}: "
-                f"{r['bytes'] / 1e6:.3f} MB, {r['reason']}")
+            size = "size unknown" if r["bytes"] <= 0 else f"{r['bytes'] / 1e6:.3f} MB"
+            say(f"    {r['comm_op']} group {r['group_id']} step {r['step']}: {size}, "
+                f"{r['reason']}")
