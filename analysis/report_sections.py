@@ -168,7 +168,8 @@ def _timeline_rows(run: RunAnalysis) -> tuple[pd.DataFrame, list[str], str]:
 def section_timeline(run: RunAnalysis) -> Section:
     w = run.window
     s = Section("timeline", "One step on the timeline")
-    s.blocks.append(f"The whole of {w.why}: {fmt_ns(w.dur_ns)} from its first op on any rank "
+    what = w.why[0].upper() + w.why[1:] if w.step < 0 else f"The whole of {w.why}"
+    s.blocks.append(f"{what}: {fmt_ns(w.dur_ns)} from its first op on any rank "
                     "to its last; time runs from that start. Rows are the CPU, GPU compute and "
                     "communication activity of each rank; nearby boxes closer than a pixel are "
                     "merged. Ops on the critical path are outlined.")
@@ -429,11 +430,16 @@ def section_stragglers(run: RunAnalysis, *, top: int) -> Section | None:
     s.blocks.append(people_table(d, [Column("group", "Group", "text"),
                                      Column("key", "Which", "text"),
                                      Column("cost_pct", "Cost over ideal",
-                                            lambda v: f"{v:+.1f}%")],
+                                            _signed_pct)],
                                  caption="Slowdown by group", top=top, what="groups",
                                  csv_name="stragglers"))
     run.stragglers = df  # the findings use it
     return s
+
+
+def _signed_pct(v: float) -> str:
+    """A signed percentage; a cost that rounds to zero is +0.0%, never -0.0%."""
+    return f"{round(float(v), 1) + 0.0:+.1f}%"
 
 
 def pct_of(a: float, b: float) -> str:
