@@ -159,7 +159,8 @@ def analyze_cmd(
     say("  breakdown: " + ", ".join(f"{k.removesuffix('_frac')} {100 * v:.1f}%"
                                     for k, v in fr.items() if v is not None))
     _say_rows(s)
-    say(f"  top {len(s['top_ops'])} ops by total device time:")
+    say(f"  top {len(s['top_ops'])} ops by total device time:" if s["top_ops"] else
+        "  no device ops in the trace (CPU only): no top ops by device time")
     for r in s["top_ops"]:
         say(f"    {r['total_ns'] / 1e6:10.3f} ms  {100 * r['share']:5.1f}%  x{r['count']:<7d} "
             f"{r['kernel_class']:<13s} {str(r['name'])[:80]}")

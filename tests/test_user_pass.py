@@ -180,3 +180,13 @@ def test_report_words_a_trace_without_steps_once_and_costs_never_negative_zero(t
     assert ">0 B</td>" not in text and ">n/a</td>" in text
     assert [_signed_pct(v) for v in (-0.001, -0.04, 0.0, 0.05, -0.06, 12.34)] == \
         ["+0.0%", "+0.0%", "+0.0%", "+0.1%", "-0.1%", "+12.3%"]
+
+
+def test_analyze_of_a_cpu_only_trace_says_it_has_no_device_ops(tmp_path, capsys):
+    store = tmp_path / "cpu.retime"
+    src = TRACES / "kineto" / "edge-cases" / "rank_non_gpu.json.gz"
+    assert run(["ingest", str(src), "-o", str(store)]) == 0
+    capsys.readouterr()
+    assert run(["analyze", str(store)]) == 0
+    out = capsys.readouterr().out
+    assert "top 0 ops" not in out and "no device ops in the trace (CPU only)" in out
