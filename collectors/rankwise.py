@@ -222,13 +222,23 @@ def check_not_empty(paths: list[Path], n_ops: int, meta: dict) -> None:
     if n_ops:
         return
     acc = meta.get("accounting") or {}
-    read_ = sum(int(a.get("events_read", 0)) for a in acc.values()
-                if isinstance(a, dict)) if isinstance(acc, dict) else 0
+    acc = [a for a in acc.values() if isinstance(a, dict)] if isinstance(acc, dict) else []
+    read_ = sum(int(a.get("events_read", 0)) for a in acc)
+    dropped: dict[str, int] = {}
+    for a in acc:
+        for why, n in (a.get("dropped") or {}).items():
+            dropped[why] = dropped.get(why, 0) + int(n)
     where = ", ".join(str(p) for p in paths[:3]) + (" ..." if len(paths) > 3 else "")
+    if not dropped:
+        raise TraceFormatError(
+            f"{where}: no timed activity to ingest (0 ops from {read_} event(s) read); "
+            "profile at least one active step (torch.profiler's schedule) and export again")
+    top = sorted(dropped.items(), key=lambda kv: -kv[1])[:3]
     raise TraceFormatError(
-        f"{where}: no timed activity to ingest (0 ops from {read_} event(s) read); "
-        "profile at least one active step (torch.profiler's schedule) and export again")
-
+        f"{where}: no timed activity to ingest (0 ops from {read_} event(s) read; dropped: "
+        + ", ".join(f"{why} x{n}" for why, n in top) + (", ..." if len(dropped) > 3 else "")
+        + "); point at the run's PyTorch profiler JSON, nsys SQLite export or op-level "
+        "Parquet folder")
 
 
 def ingest_kineto(paths: list[str | os.PathLike[str]], output: str | os.PathLike[str], *,

@@ -190,3 +190,14 @@ def test_analyze_of_a_cpu_only_trace_says_it_has_no_device_ops(tmp_path, capsys)
     assert run(["analyze", str(store)]) == 0
     out = capsys.readouterr().out
     assert "top 0 ops" not in out and "no device ops in the trace (CPU only)" in out
+
+
+def test_a_timeline_of_unknown_events_is_refused_with_what_was_dropped(tmp_path, capsys):
+    """StragglerAnalysis' own Chrome timeline of the Megatron run: 6,866 events, none of a
+    profiler category (it used to become a 0-op store)."""
+    out = tmp_path / "tl.retime"
+    assert run(["ingest", str(MEGATRON / "timeline-ST.json.gz"), "-o", str(out), "--json"]) == 2
+    e = json.loads(capsys.readouterr().out)
+    assert "0 ops from 6866 event(s) read" in e["error"]
+    assert "unsupported category 'backward-compute' x1024" in e["error"]
+    assert "op-level Parquet folder" in e["hint"] and not out.exists()
