@@ -97,7 +97,8 @@ def _say_rows(s: dict[str, Any]) -> None:
         f"{p.removesuffix('_ns')}" for p in PARTS) + " (ms)")
     for r in rows[:_ROWS_SHOWN]:
         n = 1 if per_step else max(int(r["steps"]), 1)
-        head = (f"rank {r['rank']:>4} step {r['step']:>6}" if per_step else
+        step = "whole trace" if r["step"] < 0 else f"step {r['step']:>6}"
+        head = (f"rank {r['rank']:>4} {step}" if per_step else
                 f"rank {r['rank']:>4} ({n} step{'s' if n != 1 else ''})")
         say(f"    {head}: {r['step_ns'] / n / 1e6:10.3f} ms = " + " + ".join(
             f"{r[p] / n / 1e6:.3f}" for p in PARTS))
@@ -181,9 +182,13 @@ def analyze_cmd(
     if len(s["comm"]) > 10:
         say(f"    ... {len(s['comm']) - 10} more group/primitive rows (all of them in --json)")
     un = s["comm_unmatched"]
+    has_steps = any(r["step"] >= 0 for r in s["breakdown"]["rows"])
     if un:
         say(f"  unmatched collective instances (left out of wait and skew): {len(un)}")
         for r in un[:_top_shown(len(un))]:
-            size = "size unknown" if r["bytes"] <= 0 else f"{r['bytes'] / 1e6:.3f} MB"
-            say(f"    {r['comm_op']} group {r['group_id']} step {r['step']}: {size}, "
+            size = ("size unknown" if r["bytes"] <= 0 else f"{int(r['bytes'])} B"
+                    if r["bytes"] < 1000 else f"{r['bytes'] / 1e6:.3f} MB")
+            when = (f"step {r['step']}" if r["step"] >= 0 else "outside every step"
+                    if has_steps else "whole trace")
+            say(f"    {r['comm_op']} group {r['group_id']} {when}: {size}, "
                 f"{r['reason']}")

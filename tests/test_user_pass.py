@@ -203,3 +203,30 @@ def test_a_timeline_of_unknown_events_is_refused_with_what_was_dropped(tmp_path,
     assert "0 ops from 6866 event(s) read" in e["error"]
     assert "unsupported category 'backward-compute' x1024" in e["error"]
     assert "op-level Parquet folder" in e["hint"] and not out.exists()
+
+
+def test_analyze_words_steps_and_small_sizes_as_the_raw_trace_has_them(tmp_path, capsys):
+    gloo = tmp_path / "gloo.retime"
+    assert run(["ingest", str(TRACES / "kineto" / "cpu-gloo-rank34"), "-o", str(gloo)]) == 0
+    capsys.readouterr()
+    assert run(["analyze", str(gloo)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    # the raw file: ProfilerStep#551 ends before 8 of its 10 gloo:all_reduce annotations
+    # start (Input Dims [[321271]] / [[2082411]] floats: 1.285 / 8.330 MB)
+    un = [ln.strip() for ln in lines if ln.strip().startswith("ALL_REDUCE group 0")]
+    assert sum("step 551" in ln for ln in un) == 2
+    assert sum("outside every step" in ln for ln in un) == 8 and not any("-1" in ln for ln in un)
+    # 48.1 MB in ~2.1 s of transfers on 300 ranks: a bandwidth, not 0.0 GB/s
+    assert any("busbw 0.0449 GB/s" in ln for ln in lines)
+    a100 = tmp_path / "a100.retime"
+    assert run(["ingest", str(TRACES / "kineto" / "a100-ddp-nccl"), "-o", str(a100)]) == 0
+    capsys.readouterr()
+    assert run(["analyze", str(a100)]) == 0
+    out = capsys.readouterr().out
+    assert "BROADCAST group 0 step 5: 424 B" in out  # 53 Long elements (In msg nelems)
+    nsys = tmp_path / "nsys.retime"
+    assert run(["ingest", str(NSYS), "-o", str(nsys)]) == 0
+    capsys.readouterr()
+    assert run(["analyze", str(nsys)]) == 0
+    out = capsys.readouterr().out
+    assert "rank    0 whole trace:    299.873 ms" in out and "step     -1" not in out
