@@ -230,3 +230,21 @@ def test_analyze_words_steps_and_small_sizes_as_the_raw_trace_has_them(tmp_path,
     assert run(["analyze", str(nsys)]) == 0
     out = capsys.readouterr().out
     assert "rank    0 whole trace:    299.873 ms" in out and "step     -1" not in out
+
+
+def test_sweep_report_calls_the_no_compute_share_what_it_is(tmp_path):
+    """sweep's bubble_fraction is the step share with no device compute; on a job without a
+    pipeline (here a single-stream A100 benchmark, 98% of it waiting on the host) it is no
+    pipeline bubble, and the report said 'Bubble'."""
+    store = tmp_path / "s.retime"
+    assert run(["ingest", str(TRACES / "kineto" / "a100-event-sync" / "single_stream.json.gz"),
+                "-o", str(store)]) == 0
+    grid = tmp_path / "g.toml"
+    grid.write_text('[grid]\n"hardware.compute_speedup" = [1, 2]\n')
+    sw = tmp_path / "sw.parquet"
+    assert run(["sweep", str(store), "--grid", str(grid), "-o", str(sw), "--workers", "1"]) == 0
+    assert pd.read_parquet(sw)["bubble_fraction"].min() > 0.9
+    html = tmp_path / "sw.html"
+    assert run(["report", str(sw), "-o", str(html)]) == 0
+    text = html.read_text()
+    assert ">No compute</th>" in text and ">Bubble</th>" not in text
