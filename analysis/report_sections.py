@@ -245,8 +245,8 @@ def section_kernels(run: RunAnalysis, *, top: int) -> Section | None:
         return None
     s = Section("kernels", "Kernels")
     s.blocks.append("GPU ops grouped by name, by total time over all ranks. Names are shortened "
-                    "(namespaces and parameter lists dropped, template arguments folded); hover "
-                    "over a name for the full one.")
+                    "(namespaces and parameter lists dropped, template arguments folded); the "
+                    "full ones are in the tables' CSV files (and, in the HTML page, on hover).")
     s.blocks.append(people_table(ks, [Column("name", "Kernel", "name"),
                                       Column("kernel_class", "Class", "text"),
                                       Column("count", "Calls", "count"),
