@@ -181,7 +181,7 @@ def test_report_words_a_trace_without_steps_once_and_costs_never_negative_zero(t
     # the launch table's step of a trace without step markers is the whole trace, not -1
     assert ">whole trace</td>" in text and ">-1</td>" not in text
     # the kernels' wording holds for the PDF too, which has no hover
-    assert "hover over a name" not in text and "the full ones are in the tables' CSV" in text
+    assert "hover over a name" not in text and "the full ones are in the tables" in text
     assert [_signed_pct(v) for v in (-0.001, -0.04, 0.0, 0.05, -0.06, 12.34)] == \
         ["+0.0%", "+0.0%", "+0.0%", "+0.1%", "-0.1%", "+12.3%"]
 
