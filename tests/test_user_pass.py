@@ -250,3 +250,16 @@ def test_sweep_report_calls_the_no_compute_share_what_it_is(tmp_path):
     assert run(["report", str(sw), "-o", str(html)]) == 0
     text = html.read_text()
     assert ">No compute</th>" in text and ">Bubble</th>" not in text
+
+
+def test_compare_of_runs_with_different_rank_counts_says_so(tmp_path, capsys):
+    a, b = tmp_path / "dlrm.retime", tmp_path / "vgg.retime"
+    assert run(["ingest", str(DLRM), "-o", str(a)]) == 0
+    assert run(["ingest", str(TRACES / "kineto" / "h100-vgg13"), "-o", str(b)]) == 0
+    capsys.readouterr()
+    assert run(["compare", str(a), str(b), "--json"]) == 3  # still the verdict CI gates on
+    v = json.loads(capsys.readouterr().out)
+    assert v["note"] == "the runs hold 8 and 1 rank(s): check that they are the same job"
+    assert v["line"].endswith("; note: " + v["note"])
+    assert run(["compare", str(a), str(a), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["note"] is None
