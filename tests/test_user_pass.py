@@ -263,3 +263,16 @@ def test_compare_of_runs_with_different_rank_counts_says_so(tmp_path, capsys):
     assert v["line"].endswith("; note: " + v["note"])
     assert run(["compare", str(a), str(a), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["note"] is None
+
+
+def test_critical_path_longer_than_a_one_rank_step_says_why(tmp_path):
+    """cpu-gloo-rank34: one rank, ProfilerStep#551 of 210.1 ms, ops over 1,264.6 ms of the
+    raw file (8 of its 10 gloo all-reduces after the step). The report said the path was
+    longer 'because it crosses ranks', on a path that never leaves rank 34."""
+    store = tmp_path / "g.retime"
+    assert run(["ingest", str(TRACES / "kineto" / "cpu-gloo-rank34"), "-o", str(store)]) == 0
+    html = tmp_path / "g.html"
+    assert run(["report", str(store), "-o", str(html)]) == 0
+    text = html.read_text()
+    assert "it runs over the whole trace (1.265 s), the work outside the step included." in text
+    assert "because it crosses ranks" not in text
