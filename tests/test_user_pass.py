@@ -276,3 +276,5 @@ def test_critical_path_longer_than_a_one_rank_step_says_why(tmp_path):
     text = html.read_text()
     assert "it runs over the whole trace (1.265 s), the work outside the step included." in text
     assert "because it crosses ranks" not in text
+    # world size 300 in distributedInfo, one rank's file: not "emitted" like a modeled run
+    assert "300 (1 in the trace: 34)" in text and "emitted" not in text
