@@ -16,7 +16,7 @@ from .plots_timeline import (
     plot_rank_time_heatmap,
     plot_step_timeline,
 )
-from .report_findings import explain_critical_path
+from .report_findings import cpu_only, explain_critical_path
 from .report_model import Fig, Section
 from .report_run import RunAnalysis
 from .tables import Column, fmt_ns, fmt_pct, people_table, ranks_label
@@ -243,24 +243,31 @@ def section_kernels(run: RunAnalysis, *, top: int) -> Section | None:
     ks = run.ks
     if len(ks) == 0:
         return None
-    s = Section("kernels", "Kernels")
-    s.blocks.append("GPU ops grouped by name, by total time over all ranks. Names are shortened "
-                    "(namespaces and parameter lists dropped, template arguments folded); the "
-                    "full ones are in the tables' CSV files (and, in the HTML page, on hover).")
-    s.blocks.append(people_table(ks, [Column("name", "Kernel", "name"),
+    # a CPU-only trace has no kernels: what stands for the device are its timed
+    # communication ops (gloo collectives on the CPU)
+    cpu = cpu_only(run.t)
+    dev, what = ("device", "ops") if cpu else ("GPU", "kernels")
+    s = Section("kernels", "Timed ops" if cpu else "Kernels")
+    s.blocks.append(("Timed ops of this CPU-only trace (no GPU: its collectives stand for the "
+                     "device)" if cpu else "GPU ops") + " grouped by name, by total time over "
+                    "all ranks. Names are shortened (namespaces and parameter lists dropped, "
+                    "template arguments folded); the full ones are in the tables' CSV files "
+                    "(and, in the HTML page, on hover).")
+    s.blocks.append(people_table(ks, [Column("name", "Op" if cpu else "Kernel", "name"),
                                       Column("kernel_class", "Class", "text"),
                                       Column("count", "Calls", "count"),
                                       Column("total_ns", "Total", "time"),
                                       Column("mean_ns", "Mean", "time"),
-                                      Column("share", "Share of GPU time", "pct")],
-                                 caption="Top kernels", top=top, what="kernels",
+                                      Column("share", f"Share of {dev} time", "pct")],
+                                 caption=f"Top {what}", top=top, what=what,
                                  csv_name="kernels"))
     cls = run.cls[run.cls["count"] > 0]
     s.blocks.append(people_table(cls, [Column("kernel_class", "Class", "text"),
                                        Column("count", "Calls", "count"),
                                        Column("total_ns", "Total", "time"),
-                                       Column("share", "Share of GPU time", "pct")],
-                                 caption="GPU time by kernel class"))
+                                       Column("share", f"Share of {dev} time", "pct")],
+                                 caption=f"{dev.capitalize() if cpu else dev} time by "
+                                         f"{'op' if cpu else 'kernel'} class"))
     return s
 
 

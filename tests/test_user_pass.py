@@ -278,3 +278,6 @@ def test_critical_path_longer_than_a_one_rank_step_says_why(tmp_path):
     assert "because it crosses ranks" not in text
     # world size 300 in distributedInfo, one rank's file: not "emitted" like a modeled run
     assert "300 (1 in the trace: 34)" in text and "emitted" not in text
+    # a CPU-only trace has no GPU: its collectives are not called kernels or GPU time
+    assert "Share of GPU time" not in text and "Top kernels" not in text
+    assert "Timed ops of this CPU-only trace" in text and "Device time by op class" in text
