@@ -9,7 +9,10 @@ time of an instance is taken from the last arriver: ``transfer_ns = max(end) - m
 ``skew_ns = max(start) - min(start)`` is the arrival skew and ``wait_ns`` the time all
 members together spent waiting for the last one (``sum(max(start) - start_i)``).
 Only *matched* instances have a skew, a wait and a last arriver: a ``coll_id`` whose
-members are every rank of its group, once each, all of one primitive. An instance with
+members are every rank of its group, once each, all of one primitive (a group of one rank
+included: its collective is complete, with no wait), or a point-to-point pair: two ``P2P``
+ops on two ranks, a send and its receive (their group is the pipeline's, larger than the
+pair; ``n_ranks`` is 2 and the pair's primitive is ``SEND_RECV``). An instance with
 members missing (ranks not in the trace: 2 of 128 ranks, say) or a lone op (single-rank
 traces, ops the ingest could not pair) has ``matched`` False, NaN ``skew_ns``/``wait_ns``
 and ``last_rank`` -1: the rank that arrived last may not be in the trace, so any wait
@@ -26,7 +29,7 @@ import numpy as np
 import pandas as pd
 
 from retime.collectors.arrays import isin
-from retime.collectors.enums import CommOp
+from retime.collectors.enums import CommOp, OpKind
 
 from ._util import COMM_KINDS, _memo, as_trace, op_ends_ns
 
@@ -65,16 +68,24 @@ def _matched_coll_ids(t) -> np.ndarray:
     if not m.any():
         return np.zeros(0, np.int64)
     df = pd.DataFrame({"c": o["coll_id"].to_numpy()[m], "r": o["rank"].to_numpy()[m],
-                       "op": o["comm_op"].to_numpy()[m], "g": o["group_id"].to_numpy()[m]})
+                       "op": o["comm_op"].to_numpy()[m], "g": o["group_id"].to_numpy()[m],
+                       "p2p": o["kind"].to_numpy()[m] == int(OpKind.P2P)})
+    df["send"] = df["op"] == int(CommOp.SEND)
+    df["recv"] = df["op"] == int(CommOp.RECV)
+    df["sr"] = df["op"] == int(CommOp.SEND_RECV)
     g = df.groupby("c", sort=True).agg(n=("r", "size"), nr=("r", "nunique"),
-                                       nop=("op", "nunique"), g=("g", "first"))
+                                       nop=("op", "nunique"), g=("g", "first"),
+                                       p2p=("p2p", "all"), send=("send", "any"),
+                                       recv=("recv", "any"), sr=("sr", "all"))
     sizes = _group_sizes(t)
     gs = (pd.Series(sizes, dtype=np.int64).reindex(g["g"].to_numpy(), fill_value=0).to_numpy()
           if sizes else np.zeros(len(g), np.int64))
-    want = np.where(gs > 0, gs, 0)
-    ok = (g["n"].to_numpy() == g["nr"].to_numpy()) & (g["nop"].to_numpy() == 1) & \
-        (g["n"].to_numpy() > 1) & (g["n"].to_numpy() == want)
-    return g.index.to_numpy()[ok].astype(np.int64)
+    n, nr, nop = g["n"].to_numpy(), g["nr"].to_numpy(), g["nop"].to_numpy()
+    coll = (n == nr) & (nop == 1) & (gs > 0) & (n == gs)
+    # a send and its receive on two ranks (the ingest pairs them by group, peer and order)
+    pair = g["p2p"].to_numpy() & (n == 2) & (nr == 2) & (
+        (g["send"].to_numpy() & g["recv"].to_numpy()) | g["sr"].to_numpy())
+    return g.index.to_numpy()[coll | pair].astype(np.int64)
 
 
 def collectives(x: Any) -> pd.DataFrame:
@@ -83,7 +94,8 @@ def collectives(x: Any) -> pd.DataFrame:
     Returns
     -------
     DataFrame: ``coll_id`` (-1 for lone ops), ``op_id`` (first member), ``comm_op`` (name),
-    ``group_id``, ``step``, ``n_ranks`` (group size when known, else members), ``members``,
+    ``group_id``, ``step``, ``n_ranks`` (group size when known, else members; 2 for a
+    matched send/receive pair, whose ``comm_op`` is ``SEND_RECV``), ``members``,
     ``bytes``, ``first_start_ns``, ``last_start_ns``, ``end_ns``, ``skew_ns``, ``wait_ns``,
     ``mean_dur_ns``, ``transfer_ns``, ``algbw_gbps``, ``busbw_gbps``, ``last_rank`` (the last
     arriver), ``matched`` (skew, wait and last arriver are NaN / -1 when False).
@@ -103,6 +115,7 @@ def collectives(x: Any) -> pd.DataFrame:
                        "group_id": o["group_id"].to_numpy()[idx],
                        "step": o["step"].to_numpy()[idx],
                        "bytes": o["bytes"].to_numpy()[idx],
+                       "p2p": o["kind"].to_numpy()[idx] == int(OpKind.P2P),
                        "start_ns": start, "end_ns": end, "dur_ns": end - start})
     if len(df) == 0:
         cols = ["coll_id", "op_id", "comm_op", "group_id", "step", "n_ranks", "members",
@@ -120,15 +133,17 @@ def collectives(x: Any) -> pd.DataFrame:
               group_id=("group_id", "first"), step=("step", "max"), members=("rank", "size"),
               bytes=("bytes", "max"), first_start_ns=("start_ns", "min"),
               last_start_ns=("start_ns", "max"), end_ns=("end_ns", "max"),
-              wait_ns=("waited", "sum"), mean_dur_ns=("dur_ns", "mean"))
+              wait_ns=("waited", "sum"), mean_dur_ns=("dur_ns", "mean"), p2p=("p2p", "all"))
     s["last_rank"] = last_rank.reindex(s.index).to_numpy()
     s = s.reset_index(drop=True)
     sizes = _group_sizes(t)
     gid = s["group_id"].to_numpy().astype(np.int64)
     gs = (pd.Series(sizes, dtype=np.int64).reindex(gid, fill_value=0).to_numpy()
           if sizes else np.zeros(len(gid), np.int64))
-    s.insert(5, "n_ranks", np.where(gs > 0, gs, s["members"].to_numpy()))
     ok = isin(s["coll_id"].to_numpy(), matched_coll_ids(t))
+    pair = ok & s["p2p"].to_numpy()  # a matched send/receive pair, not a whole group
+    s.insert(5, "n_ranks", np.where(pair, 2, np.where(gs > 0, gs, s["members"].to_numpy())))
+    s.loc[pair, "comm_op"] = int(CommOp.SEND_RECV)
     s["matched"] = ok
     s["skew_ns"] = np.where(ok, s["last_start_ns"] - s["first_start_ns"], np.nan)
     s["wait_ns"] = np.where(ok, s["wait_ns"], np.nan)
@@ -153,6 +168,8 @@ def collectives(x: Any) -> pd.DataFrame:
 def comm_summary(x: Any | pd.DataFrame) -> pd.DataFrame:
     """Per process group and primitive: instances, bytes, transfer time, skew, wait, bandwidth.
 
+    ``total_bytes`` is NaN where no instance of the row records its size (unknown, not 0).
+
     ``x`` is a Trace/ReplayResult or the frame of :func:`collectives`. Bandwidths are
     byte-weighted (total bytes / total transfer time) and multiplied by the busbw factor.
     """
@@ -171,6 +188,10 @@ def comm_summary(x: Any | pd.DataFrame) -> pd.DataFrame:
               max_skew_ns=("skew_ns", "max")).reset_index()
     s["matched"] = s["matched"].astype(np.int64)
     s["wait_ns"] = s["wait_ns"].astype(np.float64)
+    # a group whose trace records no message size (op-level timers, nsys without NCCL
+    # payloads) moved an unknown amount, not 0 bytes
+    sized = g["bytes"].agg(lambda v: bool((v > 0).any())).to_numpy()
+    s["total_bytes"] = s["total_bytes"].astype(np.float64).where(sized, np.nan)
     s.insert(s.columns.get_loc("matched") + 1, "unmatched", s["instances"] - s["matched"])
     with np.errstate(divide="ignore", invalid="ignore"):
         alg = np.where((s["transfer_ns"] > 0) & (s["total_bytes"] > 0),

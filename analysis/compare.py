@@ -110,7 +110,8 @@ def verdict(a: Any, b: Any, *, threshold: float = 0.05) -> dict[str, Any]:
 
     Returns a dict: ``status``, ``change`` (fraction), ``baseline_ns``, ``candidate_ns``,
     ``threshold``, ``confidence`` (None when unknown), ``spread`` (relative step-to-step
-    standard deviation used), ``steps`` ([baseline, candidate]), ``line`` (one sentence).
+    standard deviation used), ``steps`` ([baseline, candidate]), ``line`` (one sentence),
+    ``note`` (None, or why the two runs may not be comparable: different rank counts).
     """
     if not (threshold >= 0):
         from retime.collectors.errors import RetimeError
@@ -161,6 +162,13 @@ def verdict(a: Any, b: Any, *, threshold: float = 0.05) -> dict[str, Any]:
              f"{len(sa)} and {len(sb)} steps)")
     line = (f"{what}: step time {100 * change:+.1f}% ({fmt_ns(ma)} -> {fmt_ns(mb)}), {side} the "
             f"{100 * threshold:g}% threshold; {c}")
+    # runs of different rank counts are rarely the same job measured twice: say so (the
+    # verdict stands; a what-if of a new data-parallel size compares this way on purpose)
+    na, nb = len(as_trace(a).ranks), len(as_trace(b).ranks)
+    note = (f"the runs hold {na} and {nb} rank(s): check that they are the same job"
+            if na != nb else None)
+    if note:
+        line += f"; note: {note}"
     return {"status": status, "change": change, "baseline_ns": ma, "candidate_ns": mb,
             "threshold": threshold, "confidence": conf, "spread": spread,
-            "steps": [int(len(sa)), int(len(sb))], "line": line}
+            "steps": [int(len(sa)), int(len(sb))], "line": line, "note": note}

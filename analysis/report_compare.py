@@ -172,7 +172,9 @@ def section_comparison(base: RunAnalysis, cand: RunAnalysis, *, labels: tuple[st
 _METRIC_WORDS = {"step_time_ns": ("Step time", "time"), "tokens_per_s": ("Tokens/s", "num"),
                  "mfu": ("MFU", "pct"), "peak_memory_bytes": ("Peak memory", "bytes"),
                  "exposed_comm_ns": ("Exposed comm.", "time"),
-                 "bubble_fraction": ("Bubble", "pct"), "oom": ("Out of memory",
+                 # the step share with no device compute (pipeline bubbles, exposed
+                 # communication, host waits): most of a DDP step is no pipeline bubble
+                 "bubble_fraction": ("No compute", "pct"), "oom": ("Out of memory",
                                                                lambda v: "yes" if v is True
                                                                else "no" if v is False else "")}
 

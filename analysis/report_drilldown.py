@@ -81,7 +81,8 @@ def _host_section(x, t) -> Section | None:
         "The what-if captures regions as CUDA graphs (hardware.cuda_graphs): their "
         "launch-only host work becomes one graph launch, host syncs and CPU math stay."])
     s.blocks.append(people_table(h, [
-        Column("rank", "Rank", "count"), Column("step", "Step", "count"),
+        Column("rank", "Rank", "count"),
+        Column("step", "Step", lambda v: "whole trace" if int(v) < 0 else f"{int(v):,}"),
         Column("launches", "Launches", "count"),
         Column("cpu_ns_per_launch", "CPU time per launch", "time"),
         Column("latency_p50_ns", "Launch-to-start latency, median", "time"),

@@ -277,6 +277,12 @@ def _why_length(run: RunAnalysis, length: int) -> str:
         bits.append("It is longer than the step: it runs over the rank's whole timeline (its "
                     "work outside the step included), and its collectives count whole (their "
                     "wait for the other ranks included).")
+    elif steps <= 1 and st and length > 1.02 * st and span > 1.02 * st:
+        # the trace runs past its one step (the profiler caught work outside it)
+        cross = (" and crosses ranks whose steps start at different times (waits at "
+                 "collectives join their timelines)") if cp["rank"].nunique() > 1 else ""
+        bits.append(f"It is longer than the step: it runs over the whole trace "
+                    f"({fmt_ns(span)}), the work outside the step included{cross}.")
     elif steps <= 1 and st and length > 1.02 * st:
         bits.append("It is longer than the slowest rank's step because it crosses ranks whose "
                     "steps start at different times (waits at collectives join their timelines).")

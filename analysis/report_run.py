@@ -19,7 +19,7 @@ from ._util import as_trace
 from .breakdown import PARTS, breakdown, summarize_breakdown
 from .critical_path import critical_path
 from .efficiency import efficiency, job_efficiency
-from .tables import fmt_num
+from .tables import fmt_num, ranks_label
 from .timeline import StepWindow, fold_ranks, typical_step
 
 __all__ = ["RunAnalysis", "scenario_of", "source_facts", "gpu_swap", "is_replay"]
@@ -295,8 +295,11 @@ def source_facts(t: Trace, *, world_size: int | None = None) -> list[tuple[str, 
     else:
         hw = "not recorded in the trace"
     emitted = len(t.ranks)
-    ranks = f"{ws:,}" + (f" ({emitted:,} emitted; identical ranks share one timeline)"
-                         if emitted < ws else "")
+    # a modeled run emits one rank per group of identical ones; a measured trace holds the
+    # ranks whose files were profiled (rank 0 of 8, say): the others are not in it
+    held = (f"{emitted:,} emitted; identical ranks share one timeline" if fmt == "synth" else
+            f"{emitted:,} in the trace: {ranks_label(t.ranks)}")
+    ranks = f"{ws:,}" + (f" ({held})" if emitted < ws else "")
     return [("Source", src), ("Hardware", hw), ("Ranks", ranks)]
 
 

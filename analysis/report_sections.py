@@ -16,7 +16,7 @@ from .plots_timeline import (
     plot_rank_time_heatmap,
     plot_step_timeline,
 )
-from .report_findings import explain_critical_path
+from .report_findings import cpu_only, explain_critical_path
 from .report_model import Fig, Section
 from .report_run import RunAnalysis
 from .tables import Column, fmt_ns, fmt_pct, people_table, ranks_label
@@ -168,7 +168,8 @@ def _timeline_rows(run: RunAnalysis) -> tuple[pd.DataFrame, list[str], str]:
 def section_timeline(run: RunAnalysis) -> Section:
     w = run.window
     s = Section("timeline", "One step on the timeline")
-    s.blocks.append(f"The whole of {w.why}: {fmt_ns(w.dur_ns)} from its first op on any rank "
+    what = w.why[0].upper() + w.why[1:] if w.step < 0 else f"The whole of {w.why}"
+    s.blocks.append(f"{what}: {fmt_ns(w.dur_ns)} from its first op on any rank "
                     "to its last; time runs from that start. Rows are the CPU, GPU compute and "
                     "communication activity of each rank; nearby boxes closer than a pixel are "
                     "merged. Ops on the critical path are outlined.")
@@ -242,24 +243,31 @@ def section_kernels(run: RunAnalysis, *, top: int) -> Section | None:
     ks = run.ks
     if len(ks) == 0:
         return None
-    s = Section("kernels", "Kernels")
-    s.blocks.append("GPU ops grouped by name, by total time over all ranks. Names are shortened "
-                    "(namespaces and parameter lists dropped, template arguments folded); hover "
-                    "over a name for the full one.")
-    s.blocks.append(people_table(ks, [Column("name", "Kernel", "name"),
+    # a CPU-only trace has no kernels: what stands for the device are its timed
+    # communication ops (gloo collectives on the CPU)
+    cpu = cpu_only(run.t)
+    dev, what = ("device", "ops") if cpu else ("GPU", "kernels")
+    s = Section("kernels", "Timed ops" if cpu else "Kernels")
+    s.blocks.append(("Timed ops of this CPU-only trace (no GPU: its collectives stand for the "
+                     "device)" if cpu else "GPU ops") + " grouped by name, by total time over "
+                    "all ranks. Names are shortened (namespaces and parameter lists dropped, "
+                    "template arguments folded); the full ones are in the tables' CSV files "
+                    "(and, in the HTML page, on hover).")
+    s.blocks.append(people_table(ks, [Column("name", "Op" if cpu else "Kernel", "name"),
                                       Column("kernel_class", "Class", "text"),
                                       Column("count", "Calls", "count"),
                                       Column("total_ns", "Total", "time"),
                                       Column("mean_ns", "Mean", "time"),
-                                      Column("share", "Share of GPU time", "pct")],
-                                 caption="Top kernels", top=top, what="kernels",
+                                      Column("share", f"Share of {dev} time", "pct")],
+                                 caption=f"Top {what}", top=top, what=what,
                                  csv_name="kernels"))
     cls = run.cls[run.cls["count"] > 0]
     s.blocks.append(people_table(cls, [Column("kernel_class", "Class", "text"),
                                        Column("count", "Calls", "count"),
                                        Column("total_ns", "Total", "time"),
-                                       Column("share", "Share of GPU time", "pct")],
-                                 caption="GPU time by kernel class"))
+                                       Column("share", f"Share of {dev} time", "pct")],
+                                 caption=f"{dev.capitalize() if cpu else dev} time by "
+                                         f"{'op' if cpu else 'kernel'} class"))
     return s
 
 
@@ -429,11 +437,16 @@ def section_stragglers(run: RunAnalysis, *, top: int) -> Section | None:
     s.blocks.append(people_table(d, [Column("group", "Group", "text"),
                                      Column("key", "Which", "text"),
                                      Column("cost_pct", "Cost over ideal",
-                                            lambda v: f"{v:+.1f}%")],
+                                            _signed_pct)],
                                  caption="Slowdown by group", top=top, what="groups",
                                  csv_name="stragglers"))
     run.stragglers = df  # the findings use it
     return s
+
+
+def _signed_pct(v: float) -> str:
+    """A signed percentage; a cost that rounds to zero is +0.0%, never -0.0%."""
+    return f"{round(float(v), 1) + 0.0:+.1f}%"
 
 
 def pct_of(a: float, b: float) -> str:

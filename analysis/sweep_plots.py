@@ -17,7 +17,7 @@ _SCALE = {"step_time_ns": (1e6, "step time (ms)"),
           "exposed_comm_ns": (1e6, "exposed communication (ms)"),
           "peak_memory_bytes": (2**30, "peak memory (GiB)"),
           "tokens_per_s": (1.0, "tokens/s"), "mfu": (0.01, "MFU (%)"),
-          "bubble_fraction": (0.01, "bubble (% of step)")}
+          "bubble_fraction": (0.01, "no compute (% of step)")}
 
 
 def _ok(df: pd.DataFrame, cols: list[str]) -> pd.DataFrame:

@@ -47,10 +47,17 @@ def detect_format(path: str | os.PathLike[str]) -> str:
                 "retime.load(), there is nothing to ingest")
         if any(p.glob("trace-*.parquet")) or any(p.glob("*.parquet")):
             return "oplevel"
-        if any(p.glob("*.sqlite")) and not any(p.glob("*.json*")):
-            for f in sorted(p.glob("*.sqlite")):
+        sqlite = sorted(p.glob("*.sqlite"))
+        js = sorted(q for q in p.glob("*.json*") if q.name.endswith((".json", ".json.gz")))
+        if sqlite and not js:
+            for f in sqlite:
                 detect_format(f)  # raises naming missing tables
             return "nsys"
+        if sqlite:  # the Kineto reader would leave the exports out without a word
+            raise TraceFormatError(
+                f"{p}: mixes {len(js)} JSON file(s) (PyTorch profiler) and {len(sqlite)} "
+                f"SQLite file(s) (nsys exports, e.g. {sqlite[0].name}); ingest one format at "
+                "a time: pass the files themselves, or move one kind to its own folder")
         return "kineto"
     if not p.exists():
         raise TraceFormatError(f"{p}: no such file or directory")
@@ -156,7 +163,10 @@ def ingest(paths: list[str | os.PathLike[str]] | str | os.PathLike[str],
     if jobs is None:
         from .rankwise import default_jobs
         jobs = default_jobs()
+    from .rankwise import check_not_empty
+
     trace = read(ps, format=fmt, jobs=jobs, progress=progress)
+    check_not_empty(ps, trace.n_ops, trace.meta)
     trace.save(output, layout=layout)
     meta = {k: v for k, v in trace.meta.items() if k not in ("layout", "partitions")}
     return {"meta": meta, "ranks": [int(r) for r in trace.ranks],

@@ -37,6 +37,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from .errors import TraceFormatError
 from .kineto import RankPart, kineto_files, merge_parts, parse_kineto_file
 from .kineto.reader import file_progress, warm_scanner
 from .progress import progress_bar
@@ -56,7 +57,7 @@ from .trace import (
 )
 
 __all__ = ["skeleton", "plans", "rank_tables", "write_rank", "parse_and_spool", "write_spooled",
-           "spooled_writes", "ingest_kineto", "default_jobs", "SPOOL"]
+           "spooled_writes", "ingest_kineto", "default_jobs", "check_not_empty", "SPOOL"]
 
 _SCHEMAS = {"ops": OPS_SCHEMA, "edges": EDGES_SCHEMA, "ranges": RANGES_SCHEMA,
             "memory": MEMORY_SCHEMA}
@@ -215,6 +216,31 @@ def _empty_table(name: str) -> pa.Table:
     return _arrow(_frame(_SCHEMAS[name], None, name))
 
 
+def check_not_empty(paths: list[Path], n_ops: int, meta: dict) -> None:
+    """Raise TraceFormatError when the inputs hold no timed activity: a store of 0 ops
+    would only give 0 ms step times and empty reports further on."""
+    if n_ops:
+        return
+    acc = meta.get("accounting") or {}
+    acc = [a for a in acc.values() if isinstance(a, dict)] if isinstance(acc, dict) else []
+    read_ = sum(int(a.get("events_read", 0)) for a in acc)
+    dropped: dict[str, int] = {}
+    for a in acc:
+        for why, n in (a.get("dropped") or {}).items():
+            dropped[why] = dropped.get(why, 0) + int(n)
+    where = ", ".join(str(p) for p in paths[:3]) + (" ..." if len(paths) > 3 else "")
+    if not dropped:
+        raise TraceFormatError(
+            f"{where}: no timed activity to ingest (0 ops from {read_} event(s) read); "
+            "profile at least one active step (torch.profiler's schedule) and export again")
+    top = sorted(dropped.items(), key=lambda kv: -kv[1])[:3]
+    raise TraceFormatError(
+        f"{where}: no timed activity to ingest (0 ops from {read_} event(s) read; dropped: "
+        + ", ".join(f"{why} x{n}" for why, n in top) + (", ..." if len(dropped) > 3 else "")
+        + "); point at the run's PyTorch profiler JSON, nsys SQLite export or op-level "
+        "Parquet folder")
+
+
 def ingest_kineto(paths: list[str | os.PathLike[str]], output: str | os.PathLike[str], *,
                   layout: str = "single", jobs: int | None = None,
                   progress: bool | None = None) -> dict[str, Any]:
@@ -266,6 +292,7 @@ def ingest_kineto(paths: list[str | os.PathLike[str]], output: str | os.PathLike
             skel = merge_parts([s[0] for s in skels], skipped)
             plan = plans(skel, skels)
             rows = _write_all(tmp, layout, plan, spools, ex, progress)
+            check_not_empty(files, sum(rows.get("ops", {}).values()), skel.meta)
         finally:
             if ex is not None:
                 ex.shutdown(cancel_futures=True)

@@ -167,6 +167,19 @@ def _fail(msg: str, code: int, as_json: bool) -> int:
     return code
 
 
+def _raw_trace_given(msg: str) -> str | None:
+    """The line for a file given where a NAME.retime store is wanted (every folder-only
+    argument of the CLI is a store): most often a raw trace not yet ingested."""
+    import re
+
+    m = re.search(r"(?:dir|[Dd]irectory) '(.+)' is a file", msg)
+    if m is None:
+        return None
+    path = m.group(1)
+    return (f"{path}: is a file, not a NAME.retime store; ingest it first "
+            f"(`retime ingest {path} -o NAME.retime`) and pass NAME.retime")
+
+
 def _os_error(exc: OSError) -> str:
     """An operating-system error (missing folder, permission, disk full) as one line."""
     where = exc.filename if exc.filename is not None else "the output"
@@ -240,6 +253,9 @@ def run(argv: list[str] | None = None) -> int:
             typer.echo(exc.format_message())
             return 0
         where = ctx.command_path if ctx is not None else "retime"
+        raw = _raw_trace_given(exc.format_message())
+        if raw:
+            return _fail(raw, 2, as_json)
         return _fail(f"{exc.format_message().rstrip('.')}; see '{where} --help'", 2, as_json)
     except click_abort:
         typer.echo("retime: aborted", err=True)

@@ -27,6 +27,11 @@ def _records(df: pd.DataFrame) -> list[dict[str, Any]]:
             for r in df.to_dict("records")]
 
 
+def _gbps(bw: float) -> str:
+    """A bandwidth with 3 significant digits (a 300-rank gloo job's 0.045 GB/s is not 0.0)."""
+    return f"{bw:.1f} GB/s" if bw >= 10 else f"{bw:.3g} GB/s"
+
+
 def analysis_summary(res: dict[str, Any]) -> dict[str, Any]:
     """The ``retime analyze --json`` object, from :func:`analysis.stream.store_analysis`."""
     from retime.analysis.breakdown import PARTS
@@ -92,7 +97,8 @@ def _say_rows(s: dict[str, Any]) -> None:
         f"{p.removesuffix('_ns')}" for p in PARTS) + " (ms)")
     for r in rows[:_ROWS_SHOWN]:
         n = 1 if per_step else max(int(r["steps"]), 1)
-        head = (f"rank {r['rank']:>4} step {r['step']:>6}" if per_step else
+        step = "whole trace" if r["step"] < 0 else f"step {r['step']:>6}"
+        head = (f"rank {r['rank']:>4} {step}" if per_step else
                 f"rank {r['rank']:>4} ({n} step{'s' if n != 1 else ''})")
         say(f"    {head}: {r['step_ns'] / n / 1e6:10.3f} ms = " + " + ".join(
             f"{r[p] / n / 1e6:.3f}" for p in PARTS))
@@ -154,7 +160,8 @@ def analyze_cmd(
     say("  breakdown: " + ", ".join(f"{k.removesuffix('_frac')} {100 * v:.1f}%"
                                     for k, v in fr.items() if v is not None))
     _say_rows(s)
-    say(f"  top {len(s['top_ops'])} ops by total device time:")
+    say(f"  top {len(s['top_ops'])} ops by total device time:" if s["top_ops"] else
+        "  no device ops in the trace (CPU only): no top ops by device time")
     for r in s["top_ops"]:
         say(f"    {r['total_ns'] / 1e6:10.3f} ms  {100 * r['share']:5.1f}%  x{r['count']:<7d} "
             f"{r['kernel_class']:<13s} {str(r['name'])[:80]}")
@@ -168,12 +175,20 @@ def analyze_cmd(
         bw = r["busbw_gbps"]
         wait = ("wait n/a (no matched instance)" if r["wait_ns"] is None else
                 f"wait {r['wait_ns'] / 1e6:.3f} ms over {r['matched']} matched")
+        size = ("size unknown" if r["total_bytes"] is None else
+                f"{r['total_bytes'] / 1e6:.1f} MB")
         say(f"  comm group {r['group_id']} {r['comm_op']}: {r['instances']} instance(s), "
-            f"{r['total_bytes'] / 1e6:.1f} MB, busbw {'n/a' if bw is None else f'{bw:.1f} GB/s'}, "
-            f"{wait}")
+            f"{size}, busbw {'n/a' if bw is None else _gbps(bw)}, {wait}")
+    if len(s["comm"]) > 10:
+        say(f"    ... {len(s['comm']) - 10} more group/primitive rows (all of them in --json)")
     un = s["comm_unmatched"]
+    has_steps = any(r["step"] >= 0 for r in s["breakdown"]["rows"])
     if un:
         say(f"  unmatched collective instances (left out of wait and skew): {len(un)}")
         for r in un[:_top_shown(len(un))]:
-            say(f"    {r['comm_op']} group {r['group_id']} step {r['step']}: "
-                f"{r['bytes'] / 1e6:.3f} MB, {r['reason']}")
+            size = ("size unknown" if r["bytes"] <= 0 else f"{int(r['bytes'])} B"
+                    if r["bytes"] < 1000 else f"{r['bytes'] / 1e6:.3f} MB")
+            when = (f"step {r['step']}" if r["step"] >= 0 else "outside every step"
+                    if has_steps else "whole trace")
+            say(f"    {r['comm_op']} group {r['group_id']} {when}: {size}, "
+                f"{r['reason']}")

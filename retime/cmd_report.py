@@ -86,7 +86,8 @@ def report(
     is_sweep = source.is_file()
     if is_sweep and source.suffix.lower() != ".parquet":
         raise RetimeError(f"{source}: not a NAME.retime directory or a SWEEP.parquet; pass a "
-                          "stored trace or the output of `retime sweep`")
+                          f"stored trace (a raw one: `retime ingest {source} -o NAME.retime` "
+                          "first) or the output of `retime sweep`")
     if is_sweep and baseline is not None:
         raise RetimeError("--baseline applies to a run, not to a sweep; drop it")
     if stream and is_sweep:
