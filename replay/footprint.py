@@ -96,11 +96,11 @@ GRAPH_BYTES_PER_EDGE = 14
 #: scale bench: 162 MB over 2.44 M ops and 2.61 M edges), rounded up
 BUILD_BYTES_PER_OP = 48
 BUILD_BYTES_PER_EDGE = 24
-#: a windowed replay's per-op arrays over the whole run (:mod:`replay.window`): measured end
-#: (8), lane links (2 x 4), window index (4), results (3 x 8), host/blocking flags and the
-#: window masks (6); per edge its int64 source and destination and two masks
-RUN_BYTES_PER_OP = 50
-RUN_BYTES_PER_EDGE = 18
+#: a windowed replay's per-op arrays over the whole run (:mod:`replay.window`): lane links
+#: (2 x 4), window index (2), results (3 x 8), host/blocking flags (2) and a window's masks
+#: (6); per edge two masks (the measured times and edges are the trace's own arrays)
+RUN_BYTES_PER_OP = 42
+RUN_BYTES_PER_EDGE = 2
 
 #: the interpreter with numpy, pandas, pyarrow and numba's cached kernels loaded (0.22 GB
 #: after the imports, ~0.08 GB more once the replay's kernels are loaded; set to 0.3 GB

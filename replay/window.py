@@ -90,7 +90,7 @@ def window_cuts(start_ns: np.ndarray, lo: np.ndarray, hi: np.ndarray,
     ``window_ops`` ops, none inside a forbidden interval ``(lo, hi]``. A cut ``T`` puts the
     ops starting before ``T`` in earlier windows."""
     n = len(start_ns)
-    k = -(-n // max(int(window_ops), 1))
+    k = min(-(-n // max(int(window_ops), 1)), np.iinfo(np.int16).max)
     if k <= 1:
         return np.zeros(0, _I64)
     step = max(1, n // 200_000)  # quantiles of a sample are close enough for a window's size
@@ -110,8 +110,8 @@ def window_cuts(start_ns: np.ndarray, lo: np.ndarray, hi: np.ndarray,
 class _Run:
     """Per-op arrays of the whole run that every window reads (op-id order)."""
 
-    s: np.ndarray          # measured start
-    e: np.ndarray          # measured end
+    s: np.ndarray          # measured start (the trace's own arrays, as d)
+    d: np.ndarray          # measured duration
     rank: np.ndarray
     lane: np.ndarray
     kind: np.ndarray
@@ -133,7 +133,7 @@ def _run(trace: Trace) -> _Run:
     o = trace.ops
     lanes = trace.lanes
     s = o["start_ns"].to_numpy()
-    e = s + o["dur_ns"].to_numpy()
+    d = o["dur_ns"].to_numpy()
     lane = o["lane"].to_numpy()
     kind = o["kind"].to_numpy()
     rank = o["rank"].to_numpy()
@@ -163,11 +163,12 @@ def _run(trace: Trace) -> _Run:
     rmin = np.full(int(rank.max(initial=0)) + 1, _MAX, _I64)
     np.minimum.at(rmin, rank, s)
     edg = trace.edges
-    return _Run(s=s, e=e, rank=rank, lane=lane, kind=kind, coll=coll, host=host,
+    return _Run(s=s, d=d, rank=rank, lane=lane, kind=kind, coll=coll, host=host,
                 blocking=blocking, lane_prev=lane_prev, lane_next=lane_next,
                 rank_origin=rmin, worker_lane=worker_lane,
-                dev_key_lane=key_of, es=edg["src"].to_numpy().astype(_I64),
-                ed=edg["dst"].to_numpy().astype(_I64), ek=edg["kind"].to_numpy(),
+                # the trace's own edge arrays (int64 already: no copies)
+                dev_key_lane=key_of, es=np.asarray(edg["src"].to_numpy(), _I64),
+                ed=np.asarray(edg["dst"].to_numpy(), _I64), ek=edg["kind"].to_numpy(),
                 el=edg["lag_ns"].to_numpy())
 
 
@@ -210,7 +211,8 @@ def replay_windows(trace: Trace, *, ideal: bool = False,
     if n == 0:
         return None
     cuts = window_cuts(r.s, *_forbidden(r), window_ops=window_ops)
-    win = np.searchsorted(cuts, r.s, side="right").astype(_I32)
+    # (int16: up to 32,767 windows, 3 * 10^10 ops at WINDOW_OPS)
+    win = np.searchsorted(cuts, r.s, side="right").astype(np.int16)
     out_s = np.full(n, -1, _I64)
     out_e = np.full(n, -1, _I64)
     out_c = np.full(n, -1, _I64)
@@ -249,7 +251,7 @@ def replay_windows(trace: Trace, *, ideal: bool = False,
     lo = np.full(int(ranks.max()) + 1, _MAX, _I64)
     hi = np.full(int(ranks.max()) + 1, np.iinfo(_I64).min, _I64)
     np.minimum.at(lo, r.rank, r.s)
-    np.maximum.at(hi, r.rank, r.e)
+    np.maximum.at(hi, r.rank, r.s + r.d)
     return {"start_ns": out_s, "end_ns": out_e, "crit_pred": out_c, "stats": stats,
             "gaps": _gaps(ranks, lo[ranks], hi[ranks], dl, wk, stats),
             "windows": used, "graph_bytes": int(biggest)}
@@ -268,7 +270,8 @@ def _window_graph(r: _Run, core: np.ndarray, win: np.ndarray, k: int, t0: int | 
     if t0 is not None:
         # host ops that may hand work over to a window op, and what follows them on
         # their lanes (whether their thread went idle after them)
-        near = np.flatnonzero((win < k) & r.host & (r.e >= t0 - HANDOFF_WINDOW_NS))
+        near = np.flatnonzero((win < k) & r.host)
+        near = near[r.s[near] + r.d[near] >= t0 - HANDOFF_WINDOW_NS]
         if len(near):
             lane_lo = np.full(len(r.worker_lane), _MAX, _I64)
             np.minimum.at(lane_lo, r.lane[near], r.s[near])
@@ -299,7 +302,7 @@ def _window_graph(r: _Run, core: np.ndarray, win: np.ndarray, k: int, t0: int | 
     try:
         g = graph_from_arrays(
             rank=r.rank[ids], lane=lane, kind=r.kind[ids], start_ns=r.s[ids],
-            dur_ns=r.e[ids] - r.s[ids], coll_id=coll, edge_src=es, edge_dst=ed,
+            dur_ns=r.d[ids], coll_id=coll, edge_src=es, edge_dst=ed,
             edge_kind=r.ek[ke], edge_lag_ns=r.el[ke], blocking=r.blocking[ids],
             on_device=~host, device_key=r.rank[ids].astype(_I64) * 65536
             + r.dev_key_lane[lane], ideal=ideal, scope=scope)
