@@ -24,7 +24,9 @@ bytes per wall second of the whole command.
 
 With ``--baseline`` (another checkout, e.g. main's) its ``ingest`` runs on the same files,
 alternating with ours ``--repeat`` times, and the bench prints the ratio of each pair: on a
-shared machine, only runs side by side under the same load compare. The "floor" line is
+shared machine, only runs side by side under the same load compare. Its identity ``replay``
+runs just before ours on the same store, and the bench says whether the two JSON objects are
+equal (all but ``memory``, what each said it needs) and how many windows ours used. The "floor" line is
 the physical limit of reading the same files (plain reads from the page cache, no
 parsing); "GB per CPU-s" divides by the CPU time of the whole process tree.
 """

@@ -54,7 +54,8 @@ def test_windowed_replay_equals_the_whole_graph_on_synthesized_pipelines(pp, sch
     t = synth.synthesize("gpt3-125m", "a100-80gb", tp=1, pp=pp, dp=2, global_batch=8,
                          micro_batch=1, schedule=schedule,
                          **({"chunks": 2} if schedule == "interleaved" else {}))
-    assert (t.edges["src"].to_numpy() >= 0).all() and len(t.edges)
+    rank = t.ops["rank"].to_numpy()
+    assert (rank[t.edges["src"].to_numpy()] != rank[t.edges["dst"].to_numpy()]).sum() > 50
     assert _same_as_whole(t, 12) >= 4
 
 
