@@ -120,7 +120,8 @@ class _Run:
     blocking: np.ndarray   # a blocking host call
     lane_prev: np.ndarray  # int32, -1 none
     lane_next: np.ndarray  # int32, -1 none
-    rank_origin: np.ndarray  # per rank number: its first measured start
+    rank0: int               # the smallest rank number
+    rank_origin: np.ndarray  # per rank number - rank0: its first measured start
     worker_lane: np.ndarray  # per lane id: runs nothing but collectives
     dev_key_lane: np.ndarray  # per lane id: its device number
     es: np.ndarray
@@ -160,12 +161,13 @@ def _run(trace: Trace) -> _Run:
         lane_next[order[:-1][same]] = order[1:][same]
     del order
     worker_lane = np.bincount(lane, weights=coll < 0, minlength=size) == 0
-    rmin = np.full(int(rank.max(initial=0)) + 1, _MAX, _I64)
-    np.minimum.at(rmin, rank, s)
+    rank0 = int(rank.min())
+    rmin = np.full(int(rank.max()) - rank0 + 1, _MAX, _I64)
+    np.minimum.at(rmin, rank - rank0, s)
     edg = trace.edges
     return _Run(s=s, d=d, rank=rank, lane=lane, kind=kind, coll=coll, host=host,
                 blocking=blocking, lane_prev=lane_prev, lane_next=lane_next,
-                rank_origin=rmin, worker_lane=worker_lane,
+                rank0=rank0, rank_origin=rmin, worker_lane=worker_lane,
                 # the trace's own edge arrays (int64 already: no copies)
                 dev_key_lane=key_of, es=np.asarray(edg["src"].to_numpy(), _I64),
                 ed=np.asarray(edg["dst"].to_numpy(), _I64), ek=edg["kind"].to_numpy(),
@@ -199,17 +201,23 @@ def replay_windows(trace: Trace, *, ideal: bool = False,
                    window_ops: int = WINDOW_OPS) -> dict[str, Any] | None:
     """The fast-path identity replay of ``trace`` computed one window at a time (see the
     module docstring); ``None`` where it cannot be exact (a window with a dependency
-    cycle, a graph the whole build would refuse): replay the whole graph instead.
+    cycle) or the whole build would refuse the trace (with its own message): replay the
+    whole graph instead.
 
     Returns ``start_ns``, ``end_ns``, ``crit_pred`` (op-id order, as
     :class:`replay.engine.ReplayResult`), ``stats`` (the whole graph's ``stats``), ``gaps``
     (:func:`replay.gaps.gap_shares` of the whole graph), ``windows`` and ``graph_bytes``
     (the largest window's graph).
     """
+    o = trace.ops
+    n = len(o)
+    if n == 0 or o["lane"].to_numpy().min() < 0:
+        return None  # (the whole build refuses negative lane ids with its own message)
+    e = trace.edges
+    if len(e) and (min(e["src"].min(), e["dst"].min()) < 0
+                   or max(e["src"].max(), e["dst"].max()) >= n):
+        return None  # dangling edges: likewise
     r = _run(trace)
-    n = len(r.s)
-    if n == 0:
-        return None
     cuts = window_cuts(r.s, *_forbidden(r), window_ops=window_ops)
     # (int16: up to 32,767 windows, 3 * 10^10 ops at WINDOW_OPS)
     win = np.searchsorted(cuts, r.s, side="right").astype(np.int16)
@@ -217,7 +225,7 @@ def replay_windows(trace: Trace, *, ideal: bool = False,
     out_e = np.full(n, -1, _I64)
     out_c = np.full(n, -1, _I64)
     stats: dict[str, int] = {}
-    ranks = np.flatnonzero(r.rank_origin != _MAX)
+    ranks = np.flatnonzero(r.rank_origin != _MAX)  # (offsets from rank0)
     dl = np.zeros(len(ranks), _I64)
     wk = np.zeros(len(ranks), _I64)
     biggest = used = 0
@@ -235,12 +243,13 @@ def replay_windows(trace: Trace, *, ideal: bool = False,
             stats[key] = stats.get(key, 0) + int(v)
         gid = ids[g.perm]  # op id per layout position
         mine = core[gid]
-        rk = np.searchsorted(ranks, r.rank[gid[mine]])
+        rk = np.searchsorted(ranks, r.rank[gid[mine]] - r.rank0)
         np.add.at(dl, rk, g.measured_delay_layout_ns[mine])
         pdst = np.repeat(np.arange(g.n_ops, dtype=_I32), np.diff(g.pred_ptr))
         ho = (g.pred_kind == EdgeKind.HOST_ORDER) & (g.pred_lag_ns > 0) & ~g.pred_s2s \
             & mine[pdst]
-        np.add.at(wk, np.searchsorted(ranks, r.rank[gid[pdst[ho]]]), g.pred_lag_ns[ho])
+        np.add.at(wk, np.searchsorted(ranks, r.rank[gid[pdst[ho]]] - r.rank0),
+                  g.pred_lag_ns[ho])
         del pdst, ho
         st, en, cr = _simulate_pinned(g, pin, gid, out_s, out_e)
         out_s[gid[mine]] = st[mine]
@@ -248,12 +257,10 @@ def replay_windows(trace: Trace, *, ideal: bool = False,
         c = cr[mine]
         out_c[gid[mine]] = np.where(c >= 0, gid[np.maximum(c, 0)], -1)
         del g, gid, mine, st, en, cr, core
-    lo = np.full(int(ranks.max()) + 1, _MAX, _I64)
-    hi = np.full(int(ranks.max()) + 1, np.iinfo(_I64).min, _I64)
-    np.minimum.at(lo, r.rank, r.s)
-    np.maximum.at(hi, r.rank, r.s + r.d)
+    hi = np.full(len(r.rank_origin), np.iinfo(_I64).min, _I64)
+    np.maximum.at(hi, r.rank - r.rank0, r.s + r.d)
     return {"start_ns": out_s, "end_ns": out_e, "crit_pred": out_c, "stats": stats,
-            "gaps": _gaps(ranks, lo[ranks], hi[ranks], dl, wk, stats),
+            "gaps": _gaps(ranks + r.rank0, r.rank_origin[ranks], hi[ranks], dl, wk, stats),
             "windows": used, "graph_bytes": int(biggest)}
 
 
@@ -297,7 +304,7 @@ def _window_graph(r: _Run, core: np.ndarray, win: np.ndarray, k: int, t0: int | 
     coll = np.where(mine, r.coll[ids], -1)  # collectives lie whole in one window
     lane = r.lane[ids]
     host = r.host[ids]
-    scope = Scope(count=mine, origin=r.rank_origin[r.rank[ids]],
+    scope = Scope(count=mine, origin=r.rank_origin[r.rank[ids] - r.rank0],
                   worker=r.worker_lane[lane] & host, host_coll=(r.coll[ids] >= 0) & host)
     try:
         g = graph_from_arrays(

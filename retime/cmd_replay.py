@@ -169,12 +169,11 @@ def replay_cmd(
                 if light:  # (a copy, as below)
                     trace.edges = trace.edges.iloc[:0].copy()
                 return res, ck, given, cal_lines
-            if not json_out:
-                say(f"{trace_dir}: a window of the run has a dependency cycle (relaxing it "
-                    "is a choice over the whole run) or a graph error: replaying the whole "
-                    "graph")
         if not whatif_run:
             g = build_graph(trace, ideal=ideal, strict=strict)
+            if windowed and not json_out:  # (bad input was refused by the build, above)
+                say(f"{trace_dir}: a window of the run has a dependency cycle (relaxing it "
+                    "is a choice over the whole run): replaying the whole graph")
             if light:  # the graph holds what the edges said; nothing after this reads them
                 # (a copy: ``iloc[:0]`` alone is a view that keeps every edge's arrays alive)
                 trace.edges = trace.edges.iloc[:0].copy()

@@ -131,3 +131,22 @@ def test_cli_identity_replay_is_windowed_and_prints_the_whole_graphs_figures(tmp
     assert run(["replay", str(p)]) == 0
     cap = capsys.readouterr()
     assert "per window, replayed a window at a time" in cap.out + cap.err
+
+
+def test_rank_numbers_need_not_start_at_zero_and_bad_edges_are_left_to_the_whole_build(
+        tmp_path, capsys):
+    import dataclasses
+    t = ingest_cached(SHARED_CASES["dlrm-v100-8rank"])
+    ops = t.ops.copy()
+    ops["rank"] = ops["rank"].to_numpy() - 3  # ranks -3..4
+    shifted = dataclasses.replace(t, ops=ops)
+    assert _same_as_whole(shifted, 8) >= 4
+    edges = t.edges.copy()
+    edges.loc[0, "dst"] = len(t.ops) + 5
+    bad = dataclasses.replace(t, edges=edges)
+    assert replay_windows(bad, window_ops=1500) is None
+    p = bad.save(tmp_path / "dangling.retime", layout="rank")
+    assert run(["replay", str(p), "--window-ops", "1500"]) == 2
+    cap = capsys.readouterr()
+    err = [x for x in (cap.out + cap.err).splitlines() if not x.startswith("replay: ")]
+    assert len(err) == 1 and "dangling edge" in err[0], err
