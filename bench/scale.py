@@ -24,7 +24,9 @@ bytes per wall second of the whole command.
 
 With ``--baseline`` (another checkout, e.g. main's) its ``ingest`` runs on the same files,
 alternating with ours ``--repeat`` times, and the bench prints the ratio of each pair: on a
-shared machine, only runs side by side under the same load compare. The "floor" line is
+shared machine, only runs side by side under the same load compare. Its identity ``replay``
+runs just before ours on the same store, and the bench says whether the two JSON objects are
+equal (all but ``memory``, what each said it needs) and how many windows ours used. The "floor" line is
 the physical limit of reading the same files (plain reads from the page cache, no
 parsing); "GB per CPU-s" divides by the CPU time of the whole process tree.
 """
@@ -227,7 +229,11 @@ def run(cmd: list[str], label: str, root: Path = ROOT) -> dict:
         res["error"] = (err.strip().splitlines() or ["?"])[-1][:200]
     elif "--json" in cmd and '"estimated_peak_bytes"' in out:
         # what `retime replay` said it would need, before loading (replay/footprint.py)
-        res["estimated_gb"] = orjson.loads(out)["memory"]["estimated_peak_bytes"] / 1e9
+        js = orjson.loads(out)
+        res["estimated_gb"] = js["memory"]["estimated_peak_bytes"] / 1e9
+        res["windows"] = js["memory"].get("windows", 1)
+        # the figures, to compare with the baseline's (memory: what each said it needs)
+        res["json"] = {k: v for k, v in js.items() if k != "memory"}
     return res
 
 
@@ -400,7 +406,18 @@ def main() -> None:
             if "analyze" not in a.skip:
                 rows.append((run(["analyze", str(store), "--json"], "analyze"), None))
             if "replay" not in a.skip:
+                if a.baseline:  # side by side under the same load, and the same figures?
+                    peer_r = run(["replay", str(store), "--json"], "baseline replay (identity)",
+                                 root=a.baseline)
+                    rows.append((peer_r, None))
                 rows.append((run(["replay", str(store), "--json"], "replay (identity)"), None))
+                if a.baseline and "json" in rows[-1][0] and "json" in peer_r:
+                    ours_j, peer_j = rows[-1][0]["json"], peer_r["json"]
+                    diff = sorted(k for k in set(ours_j) | set(peer_j)
+                                  if ours_j.get(k) != peer_j.get(k))
+                    print(f"  replay (identity), {rows[-1][0]['windows']} window(s): JSON "
+                          + ("equal to the baseline's (all but memory)" if not diff else
+                             f"DIFFERS from the baseline's in {diff}"), flush=True)
             if "whatif" not in a.skip:
                 rows += whatif_rows(store, a.baseline)
             if "report" not in a.skip:  # streamed on its own past 2 M ops of a rank store

@@ -4,6 +4,7 @@ from .engine import ContentionModel, ReplayResult, replay, simulate
 from .graph import ReplayGraph, build_graph, graph_from_arrays
 from .policies.scenario import Scenario, load_scenario, parse_set
 from .whatif import prediction_range, whatif
+from .window import windowed_replay
 
 __all__ = [
     "ContentionModel",
@@ -18,4 +19,5 @@ __all__ = [
     "simulate",
     "whatif",
     "prediction_range",
+    "windowed_replay",
 ]

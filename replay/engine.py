@@ -200,13 +200,15 @@ class ReplayResult:
     end, ``-1`` for roots) are in op-id order. The kernels produce them per layout position;
     they are mapped to op ids when first read (:func:`replay.sweep.scenario_metrics` reads
     the layout order and never pays for the mapping). Read-only once built; pickles (to Dask
-    workers and back) keep whichever form the result holds.
+    workers and back) keep whichever form the result holds. ``graph`` is None for a replay
+    computed a window at a time (:mod:`replay.window`): ``meta["gaps"]`` then holds what the
+    whole graph's :func:`replay.gaps.gap_shares` gives.
     """
 
     # _rc: what replay.whatif.prediction_range needs to compute the what-if's range later
     __slots__ = ("trace", "graph", "meta", "_s", "_e", "_c", "_layout", "_w", "_rc")
 
-    def __init__(self, trace: Trace, graph: ReplayGraph, start_ns: np.ndarray | None = None,
+    def __init__(self, trace: Trace, graph: ReplayGraph | None, start_ns: np.ndarray | None = None,
                  end_ns: np.ndarray | None = None, crit_pred: np.ndarray | None = None,
                  meta: dict[str, Any] | None = None, *, layout: tuple | None = None) -> None:
         if layout is None and (start_ns is None or end_ns is None or crit_pred is None):
@@ -240,7 +242,7 @@ class ReplayResult:
         object.__setattr__(self, "_rc", None)  # a range not yet computed is not carried
 
     def __repr__(self) -> str:
-        return (f"ReplayResult(ops={self.graph.n_ops}, mode={self.meta.get('mode')!r}, "
+        return (f"ReplayResult(ops={len(self.start_ns)}, mode={self.meta.get('mode')!r}, "
                 f"scenario={self.meta.get('scenario')!r})")
 
     def _op_order(self) -> None:
@@ -294,7 +296,14 @@ class ReplayResult:
             return hit
         g = self.graph
         t = self.trace
-        if t is not None and len(t.ops) == g.n_ops:
+        if g is None:  # a windowed replay: the measured times are the trace's
+            ms = t.ops["start_ns"].to_numpy()
+            me = ms + t.ops["dur_ns"].to_numpy()
+            mw = step_windows_by_rank(t, ms, me)
+            rw = mw if (np.array_equal(self.start_ns, ms) and np.array_equal(self.end_ns, me)) \
+                else step_windows_by_rank(t, self.start_ns, self.end_ns)
+            del ms, me
+        elif t is not None and len(t.ops) == g.n_ops:
             memo = g.memo()
             mw = memo.get("measured_step_windows")
             if mw is None:
@@ -416,7 +425,7 @@ class ReplayResult:
                                                  "edges_clamped", "lane_overlaps",
                                                  "intra_collective_edges")},
             # what the measured gaps were (replay/gaps.py): host work, waits, unexplained
-            "gaps": gap_shares(self.graph),
+            "gaps": self.meta["gaps"] if self.graph is None else gap_shares(self.graph),
             # cross-rank links relaxed to break dependency cycles (build_graph, not strict)
             "relaxed": self.meta.get("relaxed") or {"count": 0, "collectives": [],
                                                     "edges": []},

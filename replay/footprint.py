@@ -12,6 +12,10 @@ The figure is the sum of parts whose sizes follow from the row counts alone:
 * the replay graph (:class:`replay.graph.ReplayGraph`): 79 bytes per op (int64 times and
   lags, int32 indices, int8/bool flags; ``rank``, ``lane`` and the measured times are the
   trace's own arrays) and 14 per kept edge (int32 source, int64 lag, int8 kind, bool);
+* an identity replay without ``-o`` builds it a window of the run at a time
+  (:mod:`replay.window`): one window's graph and temporaries (:data:`WINDOW_OPS` ops, its
+  share of the edges), and the arrays the windows share (:data:`RUN_BYTES_PER_OP`,
+  :data:`RUN_BYTES_PER_EDGE`: the results, lane links, window of each op, masks);
 * the building's temporaries at their peak (:data:`BUILD_BYTES_PER_OP`,
   :data:`BUILD_BYTES_PER_EDGE`: the per-op sort keys, masks and the CSR re-layout, measured
   with tracemalloc on a 32-rank store) and the interpreter with its libraries.
@@ -37,7 +41,7 @@ from retime.collectors.trace import (
     read_meta,
 )
 
-__all__ = ["IDENTITY_COLUMNS", "WHATIF_COLUMNS", "scenario_columns",
+__all__ = ["IDENTITY_COLUMNS", "WHATIF_COLUMNS", "RUN_BYTES_PER_OP", "scenario_columns",
            "key_columns", "Footprint", "footprint", "available_bytes", "check_footprint"]
 
 #: ops columns an identity replay reads: the graph's (rank, lane, kind, name_id for blocking
@@ -92,6 +96,12 @@ GRAPH_BYTES_PER_EDGE = 14
 #: scale bench: 162 MB over 2.44 M ops and 2.61 M edges), rounded up
 BUILD_BYTES_PER_OP = 48
 BUILD_BYTES_PER_EDGE = 24
+#: a windowed replay's per-op arrays over the whole run (:mod:`replay.window`): lane links
+#: (2 x 4), window index (2), results (3 x 8), host/blocking flags (2) and a window's masks
+#: (6); per edge two masks (the measured times and edges are the trace's own arrays)
+RUN_BYTES_PER_OP = 42
+RUN_BYTES_PER_EDGE = 2
+
 #: the interpreter with numpy, pandas, pyarrow and numba's cached kernels loaded (0.22 GB
 #: after the imports, ~0.08 GB more once the replay's kernels are loaded; set to 0.3 GB
 #: after comparing the estimate with whole commands at 32 and 128 ranks: 0.79 / 2.58 GB
@@ -113,6 +123,8 @@ class Footprint:
     full: bool
     #: how many of the ops columns are read (the schema has ``len(OPS_SCHEMA)``)
     columns: int = len(OPS_SCHEMA)
+    #: the graph is built a window at a time (``graph_bytes``: one window's)
+    windowed: bool = False
 
     def line(self, available: int | None) -> str:
         """One line for stderr."""
@@ -120,8 +132,9 @@ class Footprint:
         return (f"replay: {self.ops:,} ops, {self.edges:,} edges on {self.ranks} rank(s): needs "
                 f"about {self.peak_bytes / 1e9:.1f} GB (trace: {self.columns} of "
                 f"{len(OPS_SCHEMA)} ops columns, "
-                f"{self.trace_bytes / 1e9:.2f} GB, graph {self.graph_bytes / 1e9:.2f} GB, "
-                f"building it and the interpreter the rest"
+                f"{self.trace_bytes / 1e9:.2f} GB, graph {self.graph_bytes / 1e9:.2f} GB"
+                + (" per window, replayed a window at a time" if self.windowed else
+                   " whole") + ", building it and the interpreter the rest"
                 + ("" if not self.full else "; a what-if's policies add their own copies")
                 + f"){have}")
 
@@ -136,13 +149,14 @@ def _rows(path: Path, meta: dict, table: str) -> int:
 
 def footprint(path: str | os.PathLike[str], *, full: bool = False,
               columns: tuple[str, ...] | None = None,
-              memory: bool | None = None) -> Footprint:
+              memory: bool | None = None, windowed: bool = False) -> Footprint:
     """The memory a replay of the store ``path`` needs, from its metadata alone.
 
     ``full``: a what-if or ``-o``, not an identity replay (:data:`IDENTITY_COLUMNS` and no
     memory table). With ``columns`` (a what-if's :func:`scenario_columns`, or the columns
     ``-o`` reads before the replay) only those ops columns, every annotation and no memory
     table (unless ``memory``: ``-o`` writes it) are read; without, the whole trace.
+    ``windowed``: the graph is built a window at a time (an identity replay without ``-o``).
     """
     p = Path(path)
     meta = read_meta(p)
@@ -154,12 +168,17 @@ def footprint(path: str | os.PathLike[str], *, full: bool = False,
         trace += r * sum(_WIDTH[t] for t, _ in RANGES_SCHEMA.values())
     if full and (columns is None if memory is None else memory):
         trace += _rows(p, meta, "memory") * sum(_WIDTH[t] for t, _ in MEMORY_SCHEMA.values())
-    graph = n * GRAPH_BYTES_PER_OP + e * GRAPH_BYTES_PER_EDGE
-    peak = BASE_BYTES + trace + graph + n * BUILD_BYTES_PER_OP + e * BUILD_BYTES_PER_EDGE
+    from .window import WINDOW_OPS
+    w = min(n, WINDOW_OPS) if windowed else n
+    we = (e * w) // max(n, 1)
+    graph = w * GRAPH_BYTES_PER_OP + we * GRAPH_BYTES_PER_EDGE
+    peak = BASE_BYTES + trace + graph + w * BUILD_BYTES_PER_OP + we * BUILD_BYTES_PER_EDGE
+    if windowed:
+        peak += n * RUN_BYTES_PER_OP + e * RUN_BYTES_PER_EDGE
     ranks = meta.get("world_size") or len((meta.get("partitions") or {}).get("ops", {}))
     return Footprint(ops=n, edges=e, ranges=r, ranks=int(ranks or 0), trace_bytes=int(trace),
                      graph_bytes=int(graph), peak_bytes=int(peak), full=bool(full),
-                     columns=len(cols))
+                     columns=len(cols), windowed=bool(windowed))
 
 
 def available_bytes() -> int | None:
@@ -177,10 +196,11 @@ def available_bytes() -> int | None:
 
 def check_footprint(path: str | os.PathLike[str], *, full: bool = False,
                     columns: tuple[str, ...] | None = None, memory: bool | None = None,
-                    available: int | None = None) -> tuple[Footprint, str]:
+                    available: int | None = None, windowed: bool = False
+                    ) -> tuple[Footprint, str]:
     """(the footprint, its stderr line); raise :class:`ReplayError` when it exceeds the
     available memory (``available``, default :func:`available_bytes`)."""
-    fp = footprint(path, full=full, columns=columns, memory=memory)
+    fp = footprint(path, full=full, columns=columns, memory=memory, windowed=windowed)
     avail = available_bytes() if available is None else available
     if avail is not None and fp.peak_bytes > avail:
         raise ReplayError(

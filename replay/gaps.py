@@ -93,26 +93,33 @@ def handoff_edges(rank, lane, start, end, host, lane_prev, origin, has_pred) -> 
 
 
 def with_handoff_edges(rank, lane, start, end, on_device, lane_prev, es, ed, ek, el, stats,
-                       not_dst=None):
+                       not_dst=None, scope=None):
     """The edge arrays with the inferred hand-offs (:func:`handoff_edges`, as SYNC edges)
     appended; ``stats["handoff_edges"]`` counts them. Host lanes are those not
     ``on_device`` (without that information nothing is inferred); ops in ``not_dst``
-    (collectives: issued, not handed over) are never the op a hand-off resumes."""
+    (collectives: issued, not handed over) are never the op a hand-off resumes. With
+    ``scope`` (a window of a run: :class:`replay.window.Scope`) the ranks' first starts are
+    the run's and only the hand-offs into the window's own ops are counted."""
     n = len(start)
     if on_device is None or n == 0:
         stats["handoff_edges"] = 0
         return es, ed, ek, el
     host = ~np.asarray(on_device, bool)
-    ur, rinv = unique(rank, return_inverse=True)
-    rmin = np.full(len(ur), np.iinfo(np.int64).max, np.int64)
-    np.minimum.at(rmin, rinv, start)
+    if scope is None:
+        ur, rinv = unique(rank, return_inverse=True)
+        rmin = np.full(len(ur), np.iinfo(np.int64).max, np.int64)
+        np.minimum.at(rmin, rinv, start)
+        origin = rmin[rinv]
+        del ur, rinv, rmin
+    else:
+        origin = scope.origin
     has_pred = np.zeros(n, bool)
     has_pred[ed] = True
-    hs, hd, hl = handoff_edges(rank, lane, start, end, host, lane_prev, rmin[rinv], has_pred)
+    hs, hd, hl = handoff_edges(rank, lane, start, end, host, lane_prev, origin, has_pred)
     if not_dst is not None and len(hd):
         ok = ~np.asarray(not_dst, bool)[hd]
         hs, hd, hl = hs[ok], hd[ok], hl[ok]
-    stats["handoff_edges"] = int(len(hs))
+    stats["handoff_edges"] = int(len(hs) if scope is None else scope.count[hd].sum())
     if not len(hs):
         return es, ed, ek, el
     return (np.concatenate([es, hs]), np.concatenate([ed, hd]),
@@ -135,7 +142,7 @@ def host_comm_masks(lane, coll, on_device) -> tuple[np.ndarray, np.ndarray]:
 
 
 def classify_wait_gaps(es, ed, ek, lag, s2s, keep, start, end, lane, stats,
-                       worker=None, host_coll=None) -> None:
+                       worker=None, host_coll=None, count=None) -> None:
     """Gaps on a thread that were waiting, not working (in place on ``lag``).
 
     A HOST_ORDER lag holds the measured gap before an op on its thread: host work the
@@ -156,7 +163,8 @@ def classify_wait_gaps(es, ed, ek, lag, s2s, keep, start, end, lane, stats,
     ``host_coll`` (bool per op, optional) marks collectives run by host threads (gloo): a
     SYNC edge from one is a wait on its completion (DDP's ``work.wait()``), so the gap before
     the op it releases is waiting however late the thread woke (ranks sharing a core wake a
-    scheduler slice late), the wake-up again kept as the release delay.
+    scheduler slice late), the wake-up again kept as the release delay. ``count`` (bool per
+    op, optional): only gaps before these ops are counted (a window's own ops).
     """
     if not len(es):
         stats["wait_gaps"] = stats["wait_gap_ns"] = 0
@@ -173,8 +181,9 @@ def classify_wait_gaps(es, ed, ek, lag, s2s, keep, start, end, lane, stats,
     waited = np.zeros(len(start), bool)
     waited[ed[tight]] = True
     ho = (ek == EdgeKind.HOST_ORDER) & waited[ed] & (lag > 0) & ~s2s
-    stats["wait_gaps"] = int(ho.sum())
-    stats["wait_gap_ns"] = int(lag[ho].sum())
+    c = ho if count is None else ho & np.asarray(count, bool)[ed]
+    stats["wait_gaps"] = int(c.sum())
+    stats["wait_gap_ns"] = int(lag[c].sum())
     lag[ho] = 0
 
 

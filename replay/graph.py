@@ -366,12 +366,16 @@ def _kept_edges(es, ed, kind, lag, keep) -> dict[str, np.ndarray]:
 def graph_from_arrays(*, rank, lane, kind, start_ns, dur_ns, coll_id=None, edge_src=None,
                       edge_dst=None, edge_kind=None, edge_lag_ns=None, blocking=None,
                       on_device=None, device_key=None, ideal: bool = False,
-                      trace: Trace | None = None) -> ReplayGraph:
+                      trace: Trace | None = None, scope=None) -> ReplayGraph:
     """Build a :class:`ReplayGraph` from plain op/edge arrays (what :func:`build_graph` uses).
 
     All per-op arrays have length N and are aligned with op ids ``0..N-1``; ``blocking``
     marks blocking host calls, ``on_device`` ops on device (GPU/op-stream) lanes and
     ``device_key`` any integer naming the device of an op (dense-coded here).
+
+    ``scope`` (a :class:`replay.window.Scope`, for a window of a larger run): the ops the
+    ``stats`` count (the window's own; the others are its halo), each op's rank origin and
+    the communication-thread masks of the whole run.
     """
     rank = np.ascontiguousarray(rank, np.int32)
     lane = np.ascontiguousarray(lane, np.int32)
@@ -396,7 +400,9 @@ def graph_from_arrays(*, rank, lane, kind, start_ns, dur_ns, coll_id=None, edge_
     if len(es) and (es == ed).any():
         bad = int(np.flatnonzero(es == ed)[0])
         raise ReplayError(f"edge {bad} is a self-loop on op {int(es[bad])}; drop it")
-    stats: dict[str, Any] = {"ops": n, "edges_in": len(es)}
+    cnt = None if scope is None else np.asarray(scope.count, bool)
+    stats: dict[str, Any] = {"ops": n if cnt is None else int(cnt.sum()),
+                             "edges_in": len(es) if cnt is None else int(cnt[ed].sum())}
 
     if n > _MAX_OPS or len(es) > _MAX_OPS:
         raise ReplayError(f"graph of {n} ops and {len(es)} edges is too large: the replay "
@@ -409,12 +415,12 @@ def graph_from_arrays(*, rank, lane, kind, start_ns, dur_ns, coll_id=None, edge_
     # the offset from the predecessor's start instead, the same time on the measured trace)
     lane_prev, lane_lag, lane_s2s = _lane_links(_lexsort_small((s, lane)), lane, s, end)
     has_prev = lane_prev >= 0
-    stats["lane_overlaps"] = int(lane_s2s.sum())
+    stats["lane_overlaps"] = int(lane_s2s.sum() if cnt is None else lane_s2s[cnt].sum())
 
     # ---- inferred thread hand-offs (replay/gaps.py)
     # (collectives are not handed over: they start when issued and when their peers do)
     es, ed, ek, el = with_handoff_edges(rank, lane, s, end, on_device, lane_prev, es, ed, ek,
-                                        el, stats, not_dst=coll >= 0)
+                                        el, stats, not_dst=coll >= 0, scope=scope)
 
     # ---- collectives: dense index, members sorted by (collective, op id)
     in_coll = coll >= 0
@@ -446,10 +452,12 @@ def graph_from_arrays(*, rank, lane, kind, start_ns, dur_ns, coll_id=None, edge_
     # call must not pull the kernel earlier); edges inside one collective are dropped (keep)
     lag_store, s2s, keep, n_clamped = _edge_lags(es, ed, el, ek, np.int8(EdgeKind.SYNC), s,
                                                  end, d, node_of)
-    stats["edges_clamped"] = int(n_clamped)
-    worker, host_coll = host_comm_masks(lane, coll, on_device)
+    stats["edges_clamped"] = int(n_clamped) if cnt is None else \
+        int(((el > s[ed] - end[es]) & cnt[ed]).sum())
+    worker, host_coll = (host_comm_masks(lane, coll, on_device) if scope is None
+                         else (scope.worker, scope.host_coll))
     classify_wait_gaps(es, ed, ek, lag_store, s2s, keep, s, end, lane, stats, worker=worker,
-                       host_coll=host_coll)
+                       host_coll=host_coll, count=cnt)
     del worker, host_coll
     blocking = np.zeros(n, bool) if blocking is None else np.asarray(blocking, bool)
     wait_mask = np.zeros(len(es), bool)
@@ -470,13 +478,20 @@ def graph_from_arrays(*, rank, lane, kind, start_ns, dur_ns, coll_id=None, edge_
         dur[ys] = np.maximum(0, end[ys] - np.maximum(s[ys], last_gpu_end[ys]))
         w_lag = end[w_dst] - end[w_src]
         del last_gpu_end, ys
-    stats["wait_edges"] = int(len(w_src))
-    stats["intra_collective_edges"] = int(len(es) - keep.sum())
-    stats["start_edges"] = int(s2s.sum())
+    if cnt is None:
+        stats["wait_edges"] = int(len(w_src))
+        stats["intra_collective_edges"] = int(len(es) - keep.sum())
+        stats["start_edges"] = int(s2s.sum())
+    else:
+        stats["wait_edges"] = int(cnt[w_dst].sum())
+        stats["intra_collective_edges"] = int((~keep & cnt[ed]).sum())
+        stats["start_edges"] = int((s2s & cnt[ed]).sum())
+        stats["edges"] = int((keep & cnt[ed]).sum())
     pred_ptr, pred_src, pred_lag, pred_kind, pred_s2s = _csr(
         n, ed, es, lag_store, ek, s2s, keep=keep)
     del keep, lag_store, s2s
-    stats["edges"] = int(len(pred_src))
+    if cnt is None:
+        stats["edges"] = int(len(pred_src))
     wkeep = node_of[w_src] != node_of[w_dst]
     nw = len(w_src)
     wait_ptr, wait_src, wait_lag, _, _ = _csr(n, w_dst, w_src, w_lag, np.zeros(nw, np.int8),
@@ -498,7 +513,9 @@ def graph_from_arrays(*, rank, lane, kind, start_ns, dur_ns, coll_id=None, edge_
 
     # ---- origin and measured release delays
     origin = np.zeros(n, _I64)
-    if n:
+    if scope is not None:
+        origin = np.ascontiguousarray(scope.origin, _I64)
+    elif n:
         n_ur, rinv = _dense_inverse(rank)
         rmin = np.full(n_ur, np.iinfo(_I64).max, _I64)
         np.minimum.at(rmin, rinv, s)
@@ -508,8 +525,9 @@ def graph_from_arrays(*, rank, lane, kind, start_ns, dur_ns, coll_id=None, edge_
                              pred_lag, pred_s2s)
     np.subtract(s, mdelay, out=mdelay)  # in place: measured start - ready, clipped at 0
     np.maximum(mdelay, 0, out=mdelay)
-    stats["unexplained_delay_count"] = int(np.count_nonzero(mdelay))
-    stats["unexplained_delay_ns"] = int(mdelay.sum())
+    stats["unexplained_delay_count"] = int(np.count_nonzero(mdelay if cnt is None
+                                                            else mdelay[cnt]))
+    stats["unexplained_delay_ns"] = int(mdelay.sum() if cnt is None else mdelay[cnt].sum())
     del end
 
     # ---- topological order of super-nodes (cycle check), close to measured time

@@ -81,6 +81,10 @@ def replay_cmd(
         "--all-columns", hidden=True,
         help="Read every ops column, not only those the replay needs (what the projected "
              "read is checked against).")] = False,
+    window_ops: Annotated[int | None, typer.Option(
+        "--window-ops", hidden=True, min=1,
+        help="Ops per window of a windowed (identity) replay (default "
+             "replay.window.WINDOW_OPS).")] = None,
 ) -> None:
     """Replay a trace through the dependency model and compare step times per rank.
 
@@ -131,7 +135,11 @@ def replay_cmd(
     # (activation bytes for offloading and recompute; their memory estimates)
     memory = output is not None or any(
         k.startswith("cache.") for k in sc_keys(scenario, set_))
-    fp, need = check_footprint(trace_dir, full=not light, columns=cols, memory=memory)
+    # an identity replay without -o runs a window of the run at a time (replay/window.py);
+    # a what-if's policies and -o's written trace need the whole graph
+    windowed = not whatif_run and output is None
+    fp, need = check_footprint(trace_dir, full=not light, columns=cols, memory=memory,
+                               windowed=windowed)
     if not json_out:
         say(need)
     skip = () if memory else ("memory",)
@@ -153,8 +161,19 @@ def replay_cmd(
         if cl is not None:
             ck, cal_lines = refined_keys(cl, ref, trace, sc_keys(scenario, set_))
             given = sc_keys(scenario, set_) & set(ck.keys)  # the user's value wins for these
+        if windowed:
+            from retime.replay.window import windowed_replay
+            res = windowed_replay(trace, ideal=ideal, **(
+                {} if window_ops is None else {"window_ops": window_ops}))
+            if res is not None:
+                if light:  # (a copy, as below)
+                    trace.edges = trace.edges.iloc[:0].copy()
+                return res, ck, given, cal_lines
         if not whatif_run:
             g = build_graph(trace, ideal=ideal, strict=strict)
+            if windowed and not json_out:  # (bad input was refused by the build, above)
+                say(f"{trace_dir}: a window of the run has a dependency cycle (relaxing it "
+                    "is a choice over the whole run): replaying the whole graph")
             if light:  # the graph holds what the edges said; nothing after this reads them
                 # (a copy: ``iloc[:0]`` alone is a view that keeps every edge's arrays alive)
                 trace.edges = trace.edges.iloc[:0].copy()
@@ -206,7 +225,11 @@ def replay_cmd(
         if cal is not None:
             s["cluster"]["calibration"] = {"file": str(calibration), "level": ref.level,
                                            "lines": cal_lines}
-    s["memory"] = {"estimated_peak_bytes": fp.peak_bytes, "graph_bytes": result.graph.nbytes,
+    s["memory"] = {"estimated_peak_bytes": fp.peak_bytes,
+                   # a windowed replay's largest window graph
+                   "graph_bytes": (result.meta["graph_bytes"] if result.graph is None
+                                   else result.graph.nbytes),
+                   "windows": result.meta.get("windows", 1),
                    "columns": ("all" if cols is None else "identity" if cols == IDENTITY_COLUMNS
                                else list(cols))}
     if filled:  # read after the replay, for the written trace

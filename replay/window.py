@@ -1,0 +1,385 @@
+"""Replay a run window by window: the replay graph of one window of time at a time, never the
+whole run's (issue 30: replay memory that does not grow with the whole run).
+
+The run is cut at measured times ``T``: a window holds the ops that *start* in
+``[T_k, T_k+1)``. A cut is exact (the windows give the whole graph's replay, op for op) when
+every dependency of an op points to an op of its own window or an earlier one, so only cuts
+no dependency crosses backwards are taken (:func:`window_cuts`):
+
+* a recorded edge whose source starts after its destination (skewed clocks across ranks);
+* a wait edge (:mod:`replay.graph`: a GPU op that ends a blocking host call) whose GPU op
+  starts after the call;
+* a collective, whose members rendezvous: all of them lie in one window.
+
+Lane links and inferred hand-offs always point forward in measured start. Each window's graph
+is built by :func:`replay.graph.graph_from_arrays` from the window's ops and a halo:
+
+* **before the window** (pinned at their replayed times, computed by an earlier window; no
+  predecessors of their own): each lane's previous op, the sources of the window's edges and,
+  on host lanes, every op that may hand work over to a window op (ending at most
+  :data:`replay.gaps.HANDOFF_WINDOW_NS` before the cut) with the ops after it on its lane
+  (whether its thread went idle after it);
+* **after the window** (built and replayed, results dropped): each lane's next op, so that a
+  blocking call's waits and a thread's idleness are those of the whole run.
+
+The graph's statistics count the window's own ops only (:class:`Scope`), so summed over the
+windows they are the whole graph's. A window whose graph has a dependency cycle (relaxing
+one is a choice over the whole run) makes the replay fall back to the whole graph, as does a
+run with no exact cut (one window: the whole run).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from retime.collectors.enums import EdgeKind, LaneKind, OpKind
+from retime.collectors.errors import ReplayError
+from retime.collectors.trace import Trace
+
+from ._kernels import _fast_replay
+from .gaps import HANDOFF_WINDOW_NS
+from .graph import BLOCKING_CALL_PATTERN, graph_from_arrays
+from .graph_arrays import _lexsort_small
+
+__all__ = ["Scope", "WINDOW_OPS", "window_cuts", "replay_windows", "windowed_replay"]
+
+#: ops per window (about 0.1 GB of graph and build temporaries each)
+WINDOW_OPS = 1_000_000
+
+_I64 = np.int64
+_I32 = np.int32
+_MAX = np.iinfo(_I64).max
+
+
+@dataclass(frozen=True)
+class Scope:
+    """What a window's graph build takes from the whole run (per op of the window's graph,
+    op-id order): ``count``, the window's own ops (the others are its halo: the graph's
+    ``stats`` count only these); ``origin``, each op's rank's first measured start;
+    ``worker`` and ``host_coll``, :func:`replay.gaps.host_comm_masks` of the whole run."""
+
+    count: np.ndarray
+    origin: np.ndarray
+    worker: np.ndarray
+    host_coll: np.ndarray
+
+
+def _merged(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The union of the half-open intervals ``(a, b]`` (those with ``b > a``) as disjoint
+    sorted ``(lo, hi]``; touching intervals merge (no cut lies between them)."""
+    keep = b > a
+    a, b = a[keep], b[keep]
+    if len(a) == 0:
+        return a, b
+    o = np.argsort(a, kind="stable")
+    a, b = a[o], b[o]
+    hi = np.maximum.accumulate(b)
+    new = np.ones(len(a), bool)
+    new[1:] = a[1:] > hi[:-1]
+    first = np.flatnonzero(new)
+    last = np.append(first[1:], len(a)) - 1
+    return a[first], hi[last]
+
+
+def window_cuts(start_ns: np.ndarray, lo: np.ndarray, hi: np.ndarray,
+                window_ops: int = WINDOW_OPS) -> np.ndarray:
+    """Cut times (int64, increasing) splitting ops by ``start_ns`` into windows of about
+    ``window_ops`` ops, none inside a forbidden interval ``(lo, hi]``. A cut ``T`` puts the
+    ops starting before ``T`` in earlier windows."""
+    n = len(start_ns)
+    k = min(-(-n // max(int(window_ops), 1)), np.iinfo(np.int16).max)
+    if k <= 1:
+        return np.zeros(0, _I64)
+    step = max(1, n // 200_000)  # quantiles of a sample are close enough for a window's size
+    sample = np.sort(np.asarray(start_ns[::step], _I64))
+    targets = sample[(np.arange(1, k) * len(sample)) // k]
+    a, b = _merged(np.asarray(lo, _I64), np.asarray(hi, _I64))
+    if len(a):  # a target inside a forbidden interval moves to just after it
+        i = np.searchsorted(a, targets, side="left") - 1
+        inside = (i >= 0) & (targets <= b[np.maximum(i, 0)])
+        targets = np.where(inside, b[np.maximum(i, 0)] + 1, targets)
+    cuts = np.unique(targets)
+    # (a cut after the last start or at the first would leave a window empty)
+    return cuts[(cuts > sample[0]) & (cuts <= np.max(start_ns))]
+
+
+@dataclass(frozen=True)
+class _Run:
+    """Per-op arrays of the whole run that every window reads (op-id order)."""
+
+    s: np.ndarray          # measured start (the trace's own arrays, as d)
+    d: np.ndarray          # measured duration
+    rank: np.ndarray
+    lane: np.ndarray
+    kind: np.ndarray
+    coll: np.ndarray
+    host: np.ndarray       # on a host (CPU thread) lane
+    blocking: np.ndarray   # a blocking host call
+    lane_prev: np.ndarray  # int32, -1 none
+    lane_next: np.ndarray  # int32, -1 none
+    rank0: int               # the smallest rank number
+    rank_origin: np.ndarray  # per rank number - rank0: its first measured start
+    worker_lane: np.ndarray  # per lane id: runs nothing but collectives
+    dev_key_lane: np.ndarray  # per lane id: its device number
+    es: np.ndarray
+    ed: np.ndarray
+    ek: np.ndarray
+    el: np.ndarray
+
+
+def _run(trace: Trace) -> _Run:
+    o = trace.ops
+    lanes = trace.lanes
+    s = o["start_ns"].to_numpy()
+    d = o["dur_ns"].to_numpy()
+    lane = o["lane"].to_numpy()
+    kind = o["kind"].to_numpy()
+    rank = o["rank"].to_numpy()
+    coll = o["coll_id"].to_numpy()
+    n = len(s)
+    lane_ids = lanes["lane"].to_numpy().astype(_I64)
+    size = int(max(lane_ids.max(initial=0), lane.max(initial=0))) + 1
+    dev_of = np.zeros(size, bool)
+    key_of = np.zeros(size, _I64)
+    first = np.unique(lane_ids, return_index=True)[1]  # the first row of a lane id wins
+    dev_of[lane_ids[first]] = lanes["lane_kind"].to_numpy()[first] != LaneKind.CPU_THREAD
+    key_of[lane_ids[first]] = lanes["device"].to_numpy().astype(_I64)[first]
+    host = ~dev_of[lane]
+    names = np.asarray(trace.strings, dtype=object)
+    bn = np.fromiter((bool(BLOCKING_CALL_PATTERN.search(x)) for x in names), bool, len(names))
+    blocking = (bn[o["name_id"].to_numpy()] if len(names) else np.zeros(n, bool)) \
+        & ((kind == OpKind.RUNTIME) | (kind == OpKind.CPU_OP))
+    order = _lexsort_small((s, lane))  # lane order: measured start, ties by op id
+    lane_prev = np.full(n, -1, _I32)
+    lane_next = np.full(n, -1, _I32)
+    if n > 1:
+        same = lane[order[1:]] == lane[order[:-1]]
+        lane_prev[order[1:][same]] = order[:-1][same]
+        lane_next[order[:-1][same]] = order[1:][same]
+    del order
+    worker_lane = np.bincount(lane, weights=coll < 0, minlength=size) == 0
+    rank0 = int(rank.min())
+    rmin = np.full(int(rank.max()) - rank0 + 1, _MAX, _I64)
+    np.minimum.at(rmin, rank - rank0, s)
+    edg = trace.edges
+    return _Run(s=s, d=d, rank=rank, lane=lane, kind=kind, coll=coll, host=host,
+                blocking=blocking, lane_prev=lane_prev, lane_next=lane_next,
+                rank0=rank0, rank_origin=rmin, worker_lane=worker_lane,
+                # the trace's own edge arrays (int64 already: no copies)
+                dev_key_lane=key_of, es=np.asarray(edg["src"].to_numpy(), _I64),
+                ed=np.asarray(edg["dst"].to_numpy(), _I64), ek=edg["kind"].to_numpy(),
+                el=edg["lag_ns"].to_numpy())
+
+
+def _forbidden(r: _Run) -> tuple[np.ndarray, np.ndarray]:
+    """Intervals ``(lo, hi]`` of measured time no cut may fall in (see the module
+    docstring)."""
+    s = r.s
+    lo, hi = [s[r.ed]], [s[r.es]]  # recorded edges pointing back in start
+    sync = r.ek == EdgeKind.SYNC
+    y = r.lane_prev[r.ed[sync]].astype(_I64)
+    w = y >= 0
+    w[w] &= r.blocking[y[w]]
+    lo.append(s[y[w]])  # a blocking call and the GPU ops that end it
+    hi.append(s[r.es[sync][w]])
+    m = np.flatnonzero(r.coll >= 0)
+    if len(m):
+        _, inv = np.unique(r.coll[m], return_inverse=True)
+        cl = np.full(inv.max() + 1, _MAX, _I64)
+        ch = np.full(inv.max() + 1, np.iinfo(_I64).min, _I64)
+        np.minimum.at(cl, inv, s[m])
+        np.maximum.at(ch, inv, s[m])
+        lo.append(cl)
+        hi.append(ch)
+    return np.concatenate(lo), np.concatenate(hi)
+
+
+def replay_windows(trace: Trace, *, ideal: bool = False,
+                   window_ops: int = WINDOW_OPS) -> dict[str, Any] | None:
+    """The fast-path identity replay of ``trace`` computed one window at a time (see the
+    module docstring); ``None`` where it cannot be exact (a window with a dependency
+    cycle) or the whole build would refuse the trace (with its own message): replay the
+    whole graph instead.
+
+    Returns ``start_ns``, ``end_ns``, ``crit_pred`` (op-id order, as
+    :class:`replay.engine.ReplayResult`), ``stats`` (the whole graph's ``stats``), ``gaps``
+    (:func:`replay.gaps.gap_shares` of the whole graph), ``windows`` and ``graph_bytes``
+    (the largest window's graph).
+    """
+    o = trace.ops
+    n = len(o)
+    if n == 0 or o["lane"].to_numpy().min() < 0:
+        return None  # (the whole build refuses negative lane ids with its own message)
+    e = trace.edges
+    if len(e) and (min(e["src"].min(), e["dst"].min()) < 0
+                   or max(e["src"].max(), e["dst"].max()) >= n):
+        return None  # dangling edges: likewise
+    r = _run(trace)
+    cuts = window_cuts(r.s, *_forbidden(r), window_ops=window_ops)
+    # (int16: up to 32,767 windows, 3 * 10^10 ops at WINDOW_OPS)
+    win = np.searchsorted(cuts, r.s, side="right").astype(np.int16)
+    out_s = np.full(n, -1, _I64)
+    out_e = np.full(n, -1, _I64)
+    out_c = np.full(n, -1, _I64)
+    stats: dict[str, int] = {}
+    ranks = np.flatnonzero(r.rank_origin != _MAX)  # (offsets from rank0)
+    dl = np.zeros(len(ranks), _I64)
+    wk = np.zeros(len(ranks), _I64)
+    biggest = used = 0
+    for k in range(len(cuts) + 1):
+        core = win == k
+        if not core.any():
+            continue
+        used += 1
+        g, ids, pin = _window_graph(r, core, win, k, None if k == 0 else int(cuts[k - 1]),
+                                    ideal)
+        if g is None:
+            return None
+        biggest = max(biggest, g.nbytes)
+        for key, v in g.stats.items():
+            stats[key] = stats.get(key, 0) + int(v)
+        gid = ids[g.perm]  # op id per layout position
+        mine = core[gid]
+        rk = np.searchsorted(ranks, r.rank[gid[mine]] - r.rank0)
+        np.add.at(dl, rk, g.measured_delay_layout_ns[mine])
+        pdst = np.repeat(np.arange(g.n_ops, dtype=_I32), np.diff(g.pred_ptr))
+        ho = (g.pred_kind == EdgeKind.HOST_ORDER) & (g.pred_lag_ns > 0) & ~g.pred_s2s \
+            & mine[pdst]
+        np.add.at(wk, np.searchsorted(ranks, r.rank[gid[pdst[ho]]] - r.rank0),
+                  g.pred_lag_ns[ho])
+        del pdst, ho
+        st, en, cr = _simulate_pinned(g, pin, gid, out_s, out_e)
+        out_s[gid[mine]] = st[mine]
+        out_e[gid[mine]] = en[mine]
+        c = cr[mine]
+        out_c[gid[mine]] = np.where(c >= 0, gid[np.maximum(c, 0)], -1)
+        del g, gid, mine, st, en, cr, core
+    hi = np.full(len(r.rank_origin), np.iinfo(_I64).min, _I64)
+    np.maximum.at(hi, r.rank - r.rank0, r.s + r.d)
+    return {"start_ns": out_s, "end_ns": out_e, "crit_pred": out_c, "stats": stats,
+            "gaps": _gaps(ranks + r.rank0, r.rank_origin[ranks], hi[ranks], dl, wk, stats),
+            "windows": used, "graph_bytes": int(biggest)}
+
+
+def _window_graph(r: _Run, core: np.ndarray, win: np.ndarray, k: int, t0: int | None,
+                  ideal: bool):
+    """Window ``k``'s graph (ops starting in it plus its halo), the op ids of its ops
+    (sorted) and, per layout position, whether the op is pinned (before the window)."""
+    n = len(r.s)
+    core_ids = np.flatnonzero(core)
+    past = np.zeros(n, bool)
+    nxt = r.lane_next[core_ids]
+    nxt = nxt[nxt >= 0]
+    look_ids = nxt[win[nxt] > k]
+    if t0 is not None:
+        # host ops that may hand work over to a window op, and what follows them on
+        # their lanes (whether their thread went idle after them)
+        near = np.flatnonzero((win < k) & r.host)
+        near = near[r.s[near] + r.d[near] >= t0 - HANDOFF_WINDOW_NS]
+        if len(near):
+            lane_lo = np.full(len(r.worker_lane), _MAX, _I64)
+            np.minimum.at(lane_lo, r.lane[near], r.s[near])
+            cand = np.flatnonzero((win < k) & (r.s >= lane_lo.min()))
+            past[cand[r.s[cand] >= lane_lo[r.lane[cand]]]] = True
+            del cand
+        del near
+        lp = r.lane_prev[core_ids]
+        lp = lp[lp >= 0]
+        past[lp[win[lp] < k]] = True
+    need = core.copy()
+    need[look_ids] = True
+    sel = need[r.ed]
+    src = r.es[sel]
+    past[src[win[src] < k]] = True
+    sub = need | past
+    ids = np.flatnonzero(sub)
+    ke = sel & sub[r.es]
+    del sel, src, need
+    es = np.searchsorted(ids, r.es[ke])
+    ed = np.searchsorted(ids, r.ed[ke])
+    mine = core[ids]
+    coll = np.where(mine, r.coll[ids], -1)  # collectives lie whole in one window
+    lane = r.lane[ids]
+    host = r.host[ids]
+    scope = Scope(count=mine, origin=r.rank_origin[r.rank[ids] - r.rank0],
+                  worker=r.worker_lane[lane] & host, host_coll=(r.coll[ids] >= 0) & host)
+    try:
+        g = graph_from_arrays(
+            rank=r.rank[ids], lane=lane, kind=r.kind[ids], start_ns=r.s[ids],
+            dur_ns=r.d[ids], coll_id=coll, edge_src=es, edge_dst=ed,
+            edge_kind=r.ek[ke], edge_lag_ns=r.el[ke], blocking=r.blocking[ids],
+            on_device=~host, device_key=r.rank[ids].astype(_I64) * 65536
+            + r.dev_key_lane[lane], ideal=ideal, scope=scope)
+    except ReplayError:  # a cycle, or a graph the whole build refuses with its own message
+        return None, None, None
+    return g, ids, past[ids][g.perm]
+
+
+def _simulate_pinned(g, pin: np.ndarray, gid: np.ndarray, out_s: np.ndarray,
+                     out_e: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Replay a window's graph with its pinned ops (per layout position) held at their
+    replayed times: no predecessors, ready at their start, their replayed duration."""
+    m = g.n_ops
+    pdst = np.repeat(np.arange(m, dtype=_I32), np.diff(g.pred_ptr))
+    kp = ~pin[pdst]
+    pptr = np.zeros(m + 1, _I32)
+    np.cumsum(np.bincount(pdst[kp], minlength=m), out=pptr[1:])
+    wdst = np.repeat(np.arange(m, dtype=_I32), np.diff(g.wait_ptr))
+    kw = ~pin[wdst]
+    wptr = np.zeros(m + 1, _I32)
+    np.cumsum(np.bincount(wdst[kw], minlength=m), out=wptr[1:])
+    del pdst, wdst
+    lp = np.where(pin, -1, g.lane_prev).astype(_I32)
+    p = gid[pin]
+    origin = g.origin_ns.copy()
+    origin[pin] = out_s[p]
+    delay = np.where(pin, 0, g.delay_ns).astype(_I64)
+    dur = g.dur_ns.copy()
+    dur[pin] = out_e[p] - out_s[p]
+    a = np.ascontiguousarray
+    st, en, cr = (np.empty(m, _I64) for _ in range(3))
+    _fast_replay(a(g.order, _I32), a(g.coll_of, _I32), a(g.coll_ptr, _I32),
+                 a(g.coll_members, _I32), a(dur, _I64), delay, a(origin, _I64), lp,
+                 a(g.lane_lag_ns, _I64), a(g.lane_s2s, bool), pptr, a(g.pred_src[kp], _I32),
+                 a(g.pred_lag_ns[kp], _I64), a(g.pred_s2s[kp], bool), wptr,
+                 a(g.wait_src[kw], _I32), a(g.wait_lag_ns[kw], _I64), st, en, cr)
+    return st, en, cr
+
+
+def _gaps(ranks, lo, hi, dl, wk, stats) -> dict[str, Any]:
+    """:func:`replay.gaps.gap_shares`'s object from per-rank sums."""
+    out: dict[str, Any] = {"per_rank": []}
+    tot = {"span_ns": 0, "host_work_ns": 0, "unexplained_ns": 0}
+    for i, rk in enumerate(ranks.tolist()):
+        span = int(hi[i] - lo[i])
+        row = {"rank": int(rk), "span_ns": span, "host_work_ns": int(wk[i]),
+               "unexplained_ns": int(dl[i])}
+        row["unexplained_share"] = row["unexplained_ns"] / span if span else 0.0
+        out["per_rank"].append(row)
+        for key in tot:
+            tot[key] += row[key]
+    tot["unexplained_share"] = tot["unexplained_ns"] / tot["span_ns"] if tot["span_ns"] else 0.0
+    tot["wait_gap_ns"] = int(stats.get("wait_gap_ns", 0))
+    tot["handoff_edges"] = int(stats.get("handoff_edges", 0))
+    out["total"] = tot
+    return out
+
+
+def windowed_replay(trace: Trace, *, ideal: bool = False, window_ops: int = WINDOW_OPS):
+    """:func:`replay_windows` as a :class:`replay.engine.ReplayResult` (no ``graph``: the
+    whole graph never exists), the same as ``simulate(build_graph(trace, ideal=ideal))``
+    but for ``graph``, ``meta["windows"]`` and ``meta["graph_bytes"]`` (the largest window's
+    graph); ``None`` where the whole graph is needed (see :func:`replay_windows`)."""
+    from .engine import ReplayResult
+
+    w = replay_windows(trace, ideal=ideal, window_ops=window_ops)
+    if w is None:
+        return None
+    meta: dict[str, Any] = {"mode": "fast", "ideal": bool(ideal), "scenario": [],
+                            "durations_modified": False}
+    meta.update(w["stats"])
+    meta.update(gaps=w["gaps"], windows=w["windows"], graph_bytes=w["graph_bytes"])
+    return ReplayResult(trace, None, w["start_ns"], w["end_ns"], w["crit_pred"], meta=meta)
