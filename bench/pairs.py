@@ -39,7 +39,8 @@ are bound by reading their weights, and Python / autograd time does not scale wi
 ``replay/policies/batch_cpu.py``), marked ``shaped_after_freeze`` and printed apart; batch 3
 is printed whole (as the code now predicts it), then without it.
 
-A fourth batch (``after_freeze: 4``, frozen at FREEZE-4, after that fix) is scored apart too.
+A fourth batch (``after_freeze: 4``, frozen at FREEZE-4 ``c945718``, after that fix) is scored
+apart too; it was scored once, and no model code changed after its predictions were seen.
 
 Reads only the committed traces (no capture), so it runs anywhere::
 
