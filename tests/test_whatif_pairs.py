@@ -47,9 +47,14 @@ COVERED = ["mlp-bandwidth", "transformer-bandwidth", "mlp-dp", "transformer-dp",
            "emb-bandwidth-500-2000", "emb-bucket", "cnn-dp",
            "transformer-bandwidth-500-2000-burst2",
            # captured after the third freeze (cc60cda, FREEZE-3; pairs.json after_freeze 3),
-           # scored once with the model as frozen; no model change after they were seen
+           # scored once with the model as frozen; mlp-batch-32-16 (+17.9% then) shaped the
+           # model after it was seen (pairs.json shaped_after_freeze: the host GEMMs' weight
+           # copy and the batch-independent host time, replay/policies/batch_cpu.py)
            "mlp-batch-32-16", "transformer-bucket-1000mbit", "mlp-bandwidth-400-2000",
-           "emb-bandwidth-300-1000-burst-half", "transformer-batch-32-16"]
+           "emb-bandwidth-300-1000-burst-half", "transformer-batch-32-16",
+           # captured after the fourth freeze (c945718, FREEZE-4; pairs.json after_freeze 4),
+           # scored once with the model as frozen; no model change after they were seen
+           "emb-batch-64-16", "cnn-checkpoint", "emb-host-speed-70", "cnn-batch-32-8"]
 
 
 #: known misses on PLAIN traces (the kit's records stripped), each with its cause (strict:
@@ -64,11 +69,12 @@ KNOWN: dict[tuple[str, str, str], str] = {
         "+10.8% (cause not verified): the 4x token bucket (6.4 MB at 1600 Mbit/s) holds the "
         "whole 4.2 MB all-reduce; the bucket is inferred from the 400 Mbit/s trace, whose "
         "transfers show it only partly"),
-    ("mlp-batch-32-16", "B", "A"): (
-        "+17.9% (batch 3, model as frozen): the MLP's GEMMs at batch 16-32 are bound by a "
-        "batch-independent cost (an addmm of the 512 x 512 weight: 231 us at batch 16, 268 at "
-        "32, about the 1 MB weight at the host's measured copy rate), while "
-        "parallel.micro_batch keeps only the dispatch cost fixed and scales the rest by b'/b"),
+    ("emb-batch-64-16", "B", "A"): (
+        "-10.2% (batch 4, model as frozen): the measured batch is inferred as 4000, the "
+        "embedding tables' rows (batch_measured._from_shapes reads the first input of "
+        "aten::embedding_bag, which is the table, not the indices), so 16 -> 64 is priced as "
+        "4000 -> 64 and the compute all but vanishes; A -> B (-5.3%) passes only because "
+        "the step barely moves (the 10 MB all-reduce bounds it)"),
     ("transformer-bandwidth-2x2", "A", "B"): (
         "-11.2% (cause not verified): two ranks share each host's core, and at 1600 Mbit/s "
         "their transfers overlap the other rank's compute, which the 400 Mbit/s trace does "

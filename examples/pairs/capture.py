@@ -214,6 +214,28 @@ def _pairs() -> dict[str, tuple[str, Pair]]:
     out["transformer-batch-32-16"] = ("transformer", Pair(
         "per-rank batch size at larger batches, 32 vs 16 (transformer)", {"batch": 32},
         {"batch": 16}, {"parallel.micro_batch": 16}, {"parallel.micro_batch": 32}))
+    # the fourth batch, captured after the fourth freeze (FROZEN_4): a per-rank batch change
+    # on a model no batch pair used (the recommender: embedding bags, dense table gradients)
+    # by a factor of 4 at small batches; activation checkpointing on the conv net (only the
+    # MLP and the transformer had it); a host speed not used before (70%) on the recommender
+    out["emb-batch-64-16"] = ("emb", Pair(
+        "per-rank batch size 64 vs 16 (embedding-bag recommender)", {"batch": 64},
+        {"batch": 16}, {"parallel.micro_batch": 16}, {"parallel.micro_batch": 64}))
+    out["cnn-checkpoint"] = ("cnn", Pair(
+        "activation checkpointing per block (torch.utils.checkpoint, use_reentrant=False; "
+        "conv net)", {"checkpoint": False}, {"checkpoint": True},
+        {"cache.recompute": "full"}, {"cache.recompute": "none"}))
+    out["emb-host-speed-70"] = ("emb", Pair(
+        "host CPU speed: real-time runtime 9.5 ms vs 6.65 ms per 10 ms on every host "
+        "(embedding-bag recommender)", {"speed_pct": 100.0}, {"speed_pct": 70.0},
+        {"hardware.host_speedup": 0.7}, {"hardware.host_speedup": round(1 / 0.7, 6)}))
+    # a fourth, defined after emb-batch-64-16 was captured (before its own capture, with no
+    # prediction run): the recommender's step barely moved (64.2 vs 61.9 ms, all-reduce
+    # bound), so it judges a batch change little; the conv net at batch 32 vs 8 (a factor of
+    # 4, a batch no pair used) moves its step
+    out["cnn-batch-32-8"] = ("cnn", Pair(
+        "per-rank batch size 32 vs 8 (conv net)", {"batch": 32}, {"batch": 8},
+        {"parallel.micro_batch": 8}, {"parallel.micro_batch": 32}))
     return out
 
 
@@ -226,6 +248,8 @@ FROZEN_2 = ("emb-bandwidth-500-2000", "emb-bucket", "cnn-dp",
 #: the third batch, captured after the third freeze (pairs.json after_freeze: 3)
 FROZEN_3 = ("mlp-batch-32-16", "transformer-bucket-1000mbit", "mlp-bandwidth-400-2000",
             "emb-bandwidth-300-1000-burst-half", "transformer-batch-32-16")
+#: the fourth batch, captured after the fourth freeze (pairs.json after_freeze: 4)
+FROZEN_4 = ("emb-batch-64-16", "cnn-checkpoint", "emb-host-speed-70", "cnn-batch-32-8")
 
 
 def stated(pair: Pair, a: dict, b: dict) -> dict[str, dict]:
@@ -426,6 +450,9 @@ def run_pair(name: str, hosts: Hosts, args: argparse.Namespace) -> dict:
     if name in FROZEN_3:
         rec_pair["after_freeze"] = 3
         rec_pair["frozen_commit"] = args.frozen_commit
+    if name in FROZEN_4:
+        rec_pair["after_freeze"] = 4
+        rec_pair["frozen_commit"] = args.frozen_commit
     facts = stated(pair, settings["A"], settings["B"])
     if facts:
         rec_pair["stated"] = facts
@@ -503,8 +530,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--commit", action="store_true", help="git commit each pair when captured")
     p.add_argument("--list", action="store_true", help="print the pairs and exit")
     p.add_argument("--frozen-commit", default="",
-                   help="the frozen model's commit, recorded with the FROZEN_2 / FROZEN_3 "
-                        "pairs")
+                   help="the frozen model's commit, recorded with the FROZEN_2 / FROZEN_3 / "
+                        "FROZEN_4 pairs")
     args = p.parse_args(argv)
     OUT = args.out.resolve()
     names = list(PAIRS) if args.all else args.pair
@@ -512,7 +539,7 @@ def main(argv: list[str] | None = None) -> int:
         for n, (_m, pr) in PAIRS.items():
             print(f"{n:<28} {pr.knob}; A {pr.a} B {pr.b}; keys A->B {pr.a_to_b}")
         return 0
-    later = [n for n in names if n in FROZEN_2 or n in FROZEN_3]
+    later = [n for n in names if n in FROZEN_2 or n in FROZEN_3 or n in FROZEN_4]
     if later and not args.frozen_commit:
         print(f"capture: {', '.join(later)} are judged after a freeze; give the frozen "
               "model's commit with --frozen-commit SHA", file=sys.stderr)

@@ -13,12 +13,21 @@ recorded shapes is re-timed as measured x model(shapes at ``b'``) / model(shapes
 by the cost layer (:mod:`.kernel_cost`); the other kernels and host<->device copies scale by
 ``b'/b`` (``assumed:`` lines say how many and their share of GPU time).
 
-On a CPU job, with ``b`` the measured per-rank batch and ``b'`` the new one, every host op and host
-gap (the time the profiler did not cover between two ops of a thread: on a CPU job, the
-compute of the enclosing operator) of the forward and backward phases takes
-``d + (t - d) b'/b`` where ``d`` is the rank's dispatch cost (the median duration of its
-trivial ops: views, strides, detach; a few microseconds), and every GPU op of those phases
-``t b'/b``. Ops inside the DDP reducer's ranges and every collective keep their times.
+On a CPU job, with ``b`` the measured per-rank batch and ``b'`` the new one, the forward and
+backward phases' host time is split by what it was (:mod:`.batch_cpu`): a leaf operator
+(``aten::relu``, ...) takes ``d + (t - d) b'/b`` where ``d`` is the rank's dispatch cost (the
+median duration of its trivial ops: views, strides, detach; a few microseconds); a host gap
+(the time the profiler did not cover between two ops of a thread) scales the same way for
+the part of it that lies inside an operator's span (the operator's compute: a GEMM's, an
+attention's), less a GEMM's weight copy (one copy of its parameter operand at the trace's
+own copy rate, measured on its large ``aten::copy_`` calls: the GEMM reads and packs the
+weight whatever the batch), and keeps the rest (Python, the autograd engine's bookkeeping,
+the DDP reducer's and AccumulateGrad's gradient handling); Python ops keep their time.
+``hardware.kernel_pricing = "flat"`` (the range's other end) scales the GEMMs' weight copy
+too. Every GPU op of those phases takes ``t b'/b``. Ops inside the DDP reducer's ranges and
+every collective keep their times. Before this split (FREEZE-3) every host op and gap of the
+phases scaled past the dispatch cost; on the MLP at batch 16 <-> 32 that predicted +17.9%
+where the step did not move (traces/pairs/README.md, batch 3).
 
 The measured batch ``b``: ``meta["capture"]`` metadata (``batch`` / ``micro_batch``, recorded
 by the capture), else the most common leading dimension of the inputs of the forward's
@@ -152,10 +161,56 @@ def scale_batch(state: WhatIfState, new_batch: int) -> dict[str, Any]:
         out.update(_scale_gpu_batch(state, b, int(new_batch), gpu))
         return out
     state.dur[gpu] *= f
-    factor = np.where(work & host, f, 1.0)
-    scale_host_work(state, factor, fixed_ns=np.where(work & host, fixed, 0.0))
+    wh = work & host
+    op_fixed, gap_fixed = _host_part(state, wh, fixed, b, int(new_batch), out)
+    scale_host_work(state, np.where(wh, f, 1.0), fixed_ns=op_fixed, gap_fixed_ns=gap_fixed)
     out["dispatch_ns"] = {str(k): round(v) for k, v in d_rank.items()}
     return out
+
+
+def _host_part(state: WhatIfState, wh: np.ndarray, dispatch: np.ndarray, b: int, b2: int,
+               out: dict) -> tuple[np.ndarray, np.ndarray]:
+    """A CPU trace's forward/backward host time at another batch (:mod:`.batch_cpu`): per
+    op, the part of its own time and of the gap before it that stays fixed. An operator's
+    time scales past its dispatch, less a GEMM's weight copy (not with
+    ``hardware.kernel_pricing = "flat"``: the range's other end); Python's, the autograd
+    engine's and the gradients' handling keep theirs."""
+    from .batch_cpu import COPY_MIN_BYTES, host_split
+    dur = state.trace.ops["dur_ns"].to_numpy().astype(np.float64)
+    sp = host_split(state.trace, wh)
+    i = sp.info
+    op_fixed = np.where(wh, np.where(i["op_scales"], dispatch, dur), 0.0)
+    flat = state.notes.get("kernel_pricing") == "flat"
+    gap = sp.gap_fixed_ns if not flat else sp.gap_fixed_ns - sp.info["gemm_fixed"]
+    gap_fixed = np.where(wh, gap + dispatch, 0.0)
+    out["host_split"] = {k: (round(v) if isinstance(v, float) and k.endswith("_ns") else v)
+                         for k, v in i.items() if k not in ("op_scales", "gemm_fixed")}
+    state.assume(
+        f"parallel.micro_batch {b} -> {b2} on a CPU trace: of the forward/backward host "
+        f"gaps, {i['gap_scaled_ns'] / max(i['gap_ns'], 1):.0%} lie inside operators (their "
+        f"compute: scales x{b2 / b:.3g} past the dispatch cost); the rest (Python, the "
+        "autograd engine, the DDP reducer's and AccumulateGrad's gradient handling) and the "
+        f"Python ops keep their times; {i['ops_scaled']} leaf operator(s) scale", bounded=True)
+    if flat:
+        state.assume(f"parallel.micro_batch {b} -> {b2} on a CPU trace: GEMMs scale linearly "
+                     "past their dispatch cost (hardware.kernel_pricing = \"flat\")",
+                     bounded=True)
+    elif i["copy_rate_gbps"] is None or not i["gemms_with_weight"]:
+        why = (f"no aten::copy_ of >= {COPY_MIN_BYTES // 1024} KiB in the trace to measure "
+               "the host's copy rate" if i["copy_rate_gbps"] is None else
+               "no aten::addmm / aten::mm with a recorded parameter operand (record_shapes)")
+        state.assume(f"parallel.micro_batch {b} -> {b2} on a CPU trace: {why}, so GEMMs "
+                     "scale linearly past their dispatch cost (a GEMM's weight read does "
+                     "not, so a small batch's change is overstated)")
+    else:
+        state.assume(
+            f"parallel.micro_batch {b} -> {b2} on a CPU trace: {i['gemms_with_weight']} "
+            "GEMM(s) (aten::addmm / aten::mm) keep one copy of their weight operand at the "
+            f"trace's copy rate, {i['copy_rate_gbps']:.2f} GB/s (median of its "
+            f"{i['copies']} aten::copy_ of >= {COPY_MIN_BYTES // 1024} KiB): "
+            f"{i['fixed_ns'] / 1e6:.2f} of their {i['gemm_ns'] / 1e6:.2f} ms; the range "
+            "reaches linear scaling", bounds=[{"hardware.kernel_pricing": "flat"}])
+    return op_fixed, gap_fixed
 
 
 def _scale_gpu_batch(state: WhatIfState, b: int, b2: int, gpu: np.ndarray) -> dict[str, Any]:

@@ -227,7 +227,7 @@ def _apply_graphs(h: Hardware, state: WhatIfState) -> dict:
     return apply_cuda_graphs(state, h.cuda_graphs, launch, node)
 
 
-def scale_host_work(state: WhatIfState, factor, fixed_ns=0.0) -> None:
+def scale_host_work(state: WhatIfState, factor, fixed_ns=0.0, gap_fixed_ns=None) -> None:
     """Host (CPU) work takes ``factor`` times as long (a scalar, or one factor per op in
     op-id order: per rank): host ops (operators, runtime calls), the measured gaps before
     them (HOST_ORDER lags: framework and Python time between traced ops; gaps classified as
@@ -235,7 +235,8 @@ def scale_host_work(state: WhatIfState, factor, fixed_ns=0.0) -> None:
     waiting for the GPU (only their own part changes); GPU work and CPU collectives (gloo:
     mostly waiting on the link) are unchanged. ``hardware.host_speedup = s`` is ``1 / s``.
     ``fixed_ns`` (scalar or per op): a part of each op and gap that does not scale (a
-    framework's per-op dispatch): ``t -> fixed + (t - fixed) * factor`` where ``t > fixed``."""
+    framework's per-op dispatch): ``t -> fixed + (t - fixed) * factor`` where ``t > fixed``;
+    ``gap_fixed_ns`` (per op, default ``fixed_ns``): that part for the gap before each op."""
     kind = state.kinds()
     host = (kind == OpKind.CPU_OP) | (kind == OpKind.RUNTIME)
     f_op = np.broadcast_to(np.asarray(factor, np.float64), host.shape)
@@ -247,7 +248,9 @@ def scale_host_work(state: WhatIfState, factor, fixed_ns=0.0) -> None:
     d = state.dur
     d[host] = sc(d[host], f_op[host], x_op[host])
     g = state.graph
-    f_pos, x_pos = layout_of(g, f_op), layout_of(g, x_op)
+    f_pos = layout_of(g, f_op)
+    x_pos = layout_of(g, x_op if gap_fixed_ns is None else
+                      np.broadcast_to(np.asarray(gap_fixed_ns, np.float64), host.shape))
     lag = g.pred_lag_ns.copy()
     ho = (g.pred_kind == EdgeKind.HOST_ORDER) & (lag > 0)
     dst = np.repeat(np.arange(g.n_ops), np.diff(g.pred_ptr))

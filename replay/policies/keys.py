@@ -230,9 +230,11 @@ KEYS: dict[str, KeyInfo] = {
                                  "not name a known one"),
     "hardware.kernel_pricing": KeyInfo(
         "name", "shapes | flat", "shapes", "kineto GPU traces (with hardware.gpu or "
-        "parallel.micro_batch)", "how measured kernels are re-timed: from their recorded "
-        "shapes through the cost layer, or by the flat rule (class ratio of peaks; linear in "
-        "the batch), the other end of the range"),
+        "parallel.micro_batch); kineto CPU traces with parallel.micro_batch",
+        "how measured kernels are re-timed: from their recorded shapes through the cost "
+        "layer, or by the flat rule (class ratio of peaks; linear in the batch), the other end "
+        "of the range; on a CPU trace's batch change, whether a host GEMM keeps its weight "
+        "copy (shapes) or scales whole (flat)"),
     "hardware.allow_tf32": KeyInfo(
         "bool", "true | false", "PyTorch's defaults (>= 1.12: GEMMs FP32, convolutions TF32) "
         "where the trace cannot show the setting (its GPU has no TF32 units), else the math "
