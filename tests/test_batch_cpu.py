@@ -106,3 +106,29 @@ def test_host_split_keeps_python_and_gradient_handling():
     py = np.fromiter(((".py(" in n or n.startswith("<")) for n in names), bool, len(names))
     assert not (i["op_scales"] & py).any() and i["op_scales"].any()
     assert (sp.gap_fixed_ns >= 0).all()
+
+
+def test_batch_is_read_from_embedding_indices_never_from_the_table():
+    """aten::embedding(weight, indices) leads with the table: its batch is the indices';
+    aten::embedding_bag's offsets may hold B + 1 entries, so it casts no vote (batch 4's
+    recommender was read as batch 4000, the tables' rows)."""
+    from retime.replay.policies.batch_measured import _batch_dim
+
+    assert _batch_dim("aten::linear", [[16, 64], [32, 64], [32]]) == 16
+    assert _batch_dim("aten::conv2d", [[8, 3, 32, 32], [16, 3, 3, 3]]) == 8
+    assert _batch_dim("aten::embedding", [[4000, 64], [16, 128], [], [], []]) == 16
+    assert _batch_dim("aten::embedding_bag", [[4000, 64], [128], [17], [], []]) is None
+    assert _batch_dim("aten::embedding", [[4000, 64], [128]]) is None  # 1-D indices: no batch
+    assert _batch_dim("aten::linear", []) is None
+
+
+def test_recommender_pair_reads_its_own_batch():
+    """On the real batch-4 captures the plain trace gives 64 and 16, not the tables' 4000."""
+    from retime.replay.policies.batch_measured import _from_shapes
+
+    root = Path(__file__).resolve().parents[1] / "traces" / "pairs" / "emb-batch-64-16"
+    for label, want in (("A", 64), ("B", 16)):
+        files = sorted((root / label).rglob("*.json*"))
+        assert files, root / label
+        meta = {"sources": [{"path": str(files[0]), "format": "kineto"}]}
+        assert _from_shapes(meta) == want

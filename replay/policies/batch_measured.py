@@ -31,8 +31,10 @@ where the step did not move (traces/pairs/README.md, batch 3).
 
 The measured batch ``b``: ``meta["capture"]`` metadata (``batch`` / ``micro_batch``, recorded
 by the capture), else the most common leading dimension of the inputs of the forward's
-``aten::linear`` / ``aten::conv*`` / ``aten::embedding`` ops, read from the trace's Kineto
-files (``record_shapes``); refused without either.
+``aten::linear`` / ``aten::conv*`` ops and of ``aten::embedding``'s indices (its first input is
+the table; ``aten::embedding_bag``'s offsets may hold one extra entry, so it is not read), from
+the trace's Kineto files (``record_shapes``); refused without either. Reading the table's rows
+as the batch (4,000 on batch 4's recommender) was fixed after batch 4 was scored.
 """
 
 from __future__ import annotations
@@ -73,6 +75,21 @@ def _from_capture(meta: dict) -> int | None:
     return None
 
 
+def _batch_dim(name: str, dims) -> int | None:
+    """The batch an op's recorded input dims show, or None where they do not tell it.
+
+    ``aten::embedding(weight, indices)`` leads with the table, so its batch is the indices'
+    leading dimension; ``aten::embedding_bag``'s offsets hold B or B + 1 entries (its
+    ``include_last_offset``), so it casts no vote. Linear and convolution lead with the input.
+    """
+    if not isinstance(dims, list) or not dims:
+        return None
+    if name.startswith("aten::embedding_bag"):
+        return None
+    x = dims[1] if name.startswith("aten::embedding") and len(dims) > 1 else dims[0]
+    return int(x[0]) if isinstance(x, list) and len(x) >= 2 and int(x[0]) > 0 else None
+
+
 def _from_shapes(meta: dict) -> int | None:
     lead: Counter = Counter()
     for s in meta.get("sources") or []:
@@ -88,9 +105,9 @@ def _from_shapes(meta: dict) -> int | None:
         for e in ev:
             if isinstance(e, dict) and e.get("cat") == "cpu_op" and \
                     str(e.get("name", "")).startswith(_BATCHED):
-                dims = (e.get("args") or {}).get("Input Dims") or []
-                if dims and isinstance(dims[0], list) and len(dims[0]) >= 2:
-                    lead[int(dims[0][0])] += 1
+                b = _batch_dim(str(e.get("name", "")), (e.get("args") or {}).get("Input Dims"))
+                if b:
+                    lead[b] += 1
     return lead.most_common(1)[0][0] if lead else None
 
 
