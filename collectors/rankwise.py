@@ -26,10 +26,12 @@ rank's tables. :func:`collectors.trace.read_trace` of the store equals ``read(pa
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import pickle
 import shutil
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +39,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from .errors import RetimeError
 from .kineto import RankPart, kineto_files, merge_parts, parse_kineto_file
 from .kineto.reader import file_progress, warm_scanner
 from .progress import progress_bar
@@ -165,11 +168,11 @@ def write_rank(part: RankPart, sub: int, plan: dict[str, Any], root: str) -> dic
 
 
 # ---------------------------------------------------------------- local ingest
-def parse_and_spool(path: str, spool: str, on_stage=None, on_bytes=None
+def parse_and_spool(path: str, spool: str, on_stage=None, on_bytes=None, mapped: bool = False
                     ) -> tuple[tuple[RankPart, list[int]], str]:
     """Stage 1 (in a worker with ``jobs > 1``): parse, spool the part, return its skeleton
-    (``on_stage``/``on_bytes``: :func:`parse_kineto_file`'s progress callbacks)."""
-    part = parse_kineto_file(path, on_stage=on_stage, on_bytes=on_bytes)
+    (``on_stage``/``on_bytes``/``mapped``: :func:`parse_kineto_file`'s)."""
+    part = parse_kineto_file(path, on_stage=on_stage, on_bytes=on_bytes, mapped=mapped)
     with open(spool, "wb") as fh:
         pickle.dump(part, fh, protocol=pickle.HIGHEST_PROTOCOL)
     return skeleton(part), spool
@@ -257,7 +260,10 @@ def ingest_kineto(paths: list[str | os.PathLike[str]], output: str | os.PathLike
                         on_bytes=lambda n: bar.advance(n / 1e6))[0])
             else:
                 with progress_bar(len(files), "parsing traces", progress) as bar:
-                    it = (ex.map(parse_and_spool, [str(f) for f in files], spools) if ex else
+                    # workers map plain files (no copy of each byte; scan._map says why
+                    # only they do)
+                    it = (ex.map(functools.partial(parse_and_spool, mapped=True),
+                                 [str(f) for f in files], spools) if ex else
                           (parse_and_spool(str(f), s)
                            for f, s in zip(files, spools, strict=True)))
                     for sk, _ in it:
@@ -266,6 +272,11 @@ def ingest_kineto(paths: list[str | os.PathLike[str]], output: str | os.PathLike
             skel = merge_parts([s[0] for s in skels], skipped)
             plan = plans(skel, skels)
             rows = _write_all(tmp, layout, plan, spools, ex, progress)
+        except BrokenProcessPool as exc:
+            raise RetimeError(
+                f"{output}: an ingest worker process died (killed for memory, or an input "
+                "file was truncated or rewritten while it was read); nothing was written: "
+                "re-run once the files are complete, or with fewer --jobs") from exc
         finally:
             if ex is not None:
                 ex.shutdown(cancel_futures=True)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from test_store_layout import assert_same_trace
 
-from retime.collectors.errors import TraceFormatError
+from retime.collectors.errors import RetimeError, TraceFormatError
 from retime.collectors.ingest import ingest, read
 from retime.collectors.store import store_layout
 from retime.collectors.trace import read_trace
@@ -100,6 +100,27 @@ def test_failures_leave_nothing(tmp_path, jobs):
     with pytest.raises(TraceFormatError, match="appears in two files"):
         ingest(dup, tmp_path / "dup.retime", layout="rank", jobs=jobs, progress=False)
     assert sorted(x.name for x in tmp_path.iterdir()) == ["bad", "dup"]
+
+
+def _die_with_sigbus(path, spool, **kw):
+    """A worker that faults as one reading a mapped file truncated under it would."""
+    import faulthandler
+    import signal
+
+    faulthandler.disable()  # pytest's would print the worker's stack
+    os.kill(os.getpid(), signal.SIGBUS)
+
+
+def test_a_dead_worker_is_one_clear_error(tmp_path, monkeypatch):
+    """Workers map plain files: one killed (SIGBUS from a file truncated meanwhile, or the
+    OOM killer) is reported in one line and leaves nothing behind."""
+    import retime.collectors.rankwise as rw
+
+    monkeypatch.setattr(rw, "parse_and_spool", _die_with_sigbus)
+    with pytest.raises(RetimeError, match="ingest worker process died") as exc:
+        ingest(DLRM, tmp_path / "d.retime", layout="rank", jobs=2, progress=False)
+    assert "\n" not in str(exc.value)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_dask_workers_spool_and_release(dlrm, tmp_path):

@@ -20,8 +20,9 @@ no ``traceEvents`` array, a ``retime export`` file) makes :func:`parse_fast` ret
 the caller reads the file the general way, which reports the problem in its own words.
 Names and categories are interned by the scanner itself, in open-addressing tables keyed by a
 hash of their raw bytes; every occurrence is compared byte by byte with the stored copy, so a
-hash collision costs a probe and can never merge two names. A plain file is mapped (read into
-one reused buffer where it cannot be); gzip is inflated with ISA-L (``isal``) when installed.
+hash collision costs a probe and can never merge two names. A plain file is read into one
+reused buffer, or mapped (``mapped=True``: in ingest's worker processes only, see
+:func:`_map`); gzip is inflated with ISA-L (``isal``) when installed.
 """
 
 from __future__ import annotations
@@ -147,20 +148,20 @@ def table_bytes(t, i: int) -> bytes:
 class _Source:
     """``carry`` + the next block of the file, block by block (set ``carry`` in between).
 
-    A plain file is mapped (:meth:`_windows`), or, where it cannot be, read into one reused
-    buffer (no fresh 4 MB string per block), and a gzip block is joined to the carry there; what is yielded may then be a view that the
+    A plain file is read into one reused buffer (no fresh 4 MB string per block) or, with
+    ``mapped``, mapped (:meth:`_windows`), and a gzip block is joined to the carry there; what is yielded may then be a view that the
     next block overwrites: keep copies only. Views are read-only, as ``bytes`` blocks are,
     so the scanner is compiled (and loaded from numba's cache) for one buffer type only.
     """
 
-    def __init__(self, path: Path, on_bytes):
-        self.path, self.on_bytes = path, on_bytes
+    def __init__(self, path: Path, on_bytes, mapped: bool = False):
+        self.path, self.on_bytes, self.mapped = path, on_bytes, mapped
         self.carry = b""
 
     def __iter__(self) -> Iterator:
         ba = bytearray(0)
         for blk in _blocks(self.path, self.on_bytes):
-            if not isinstance(blk, bytes) and (mm := _map(blk)) is not None:
+            if self.mapped and not isinstance(blk, bytes) and (mm := _map(blk)) is not None:
                 yield from self._windows(mm)
                 return
             if isinstance(blk, bytes):  # gzip: carry + block in the reused buffer too
@@ -213,8 +214,10 @@ def _map(fh) -> mmap.mmap | None:
 
     Mapping instead of reading saves the kernel's copy of every byte (54.6 MB per rank of
     bench/scale.py: ~7 ms of system CPU of a ~100 ms parse). A file truncated by another
-    process while it is mapped would fault (SIGBUS); trace files are not written to while
-    they are ingested."""
+    process while it is mapped makes the reading process fault (SIGBUS), which no handler
+    can turn into an error message: so only ingest's worker processes map files
+    (:func:`collectors.rankwise.ingest_kineto`), where the parent sees a dead worker and
+    says so in one line; every other reader (a single file, ``retime.load``, Dask) reads."""
     try:
         return mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
     except (OSError, ValueError, io.UnsupportedOperation):
@@ -387,7 +390,7 @@ def scanner_cached() -> bool:
         return False
 
 
-def parse_fast(path: Path, on_stage=None, on_bytes=None):
+def parse_fast(path: Path, on_stage=None, on_bytes=None, mapped: bool = False):
     """Read one Kineto file with the streaming scanner; None when it must be read the
     general way (see the module docstring). Raises TraceFormatError for bad events.
 
@@ -395,15 +398,15 @@ def parse_fast(path: Path, on_stage=None, on_bytes=None):
     each read of ``n`` bytes from disk (for a progress bar).
     """
     try:
-        return _parse(Path(path), on_stage, on_bytes)
+        return _parse(Path(path), on_stage, on_bytes, mapped)
     except _Fallback:
         return None
 
 
-def _parse(path: Path, on_stage, on_bytes):  # noqa: C901 - one streaming state machine
+def _parse(path: Path, on_stage, on_bytes, mapped):  # noqa: C901 - one streaming state machine
     reader = _Reader(path)
     out = np.empty((K.EV_FIELDS, ROWS), np.int64)
-    src = _Source(path, on_bytes)
+    src = _Source(path, on_bytes, mapped)
     phase = 0  # 0: before the array, 1: in it, 2: after it
     prefix = suffix = b""
     pos = state = 0
