@@ -17,7 +17,7 @@ from test_store_layout import assert_same_trace
 from retime.collectors.errors import RetimeError, TraceFormatError
 from retime.collectors.ingest import ingest, read
 from retime.collectors.store import store_layout
-from retime.collectors.trace import read_trace
+from retime.collectors.trace import STAT_COLUMNS, read_trace
 
 ROOT = Path(__file__).resolve().parents[1]
 KINETO = ROOT.parent / "shared" / "traces" / "kineto"
@@ -162,8 +162,9 @@ def test_dask_workers_spool_and_release(dlrm, tmp_path):
 
 @pytest.mark.parametrize("layout", ["single", "rank"])
 def test_store_files_use_the_store_encoding(tmp_path, layout):
-    """Every Parquet file the ingest writes follows parquet_options(): zstd, no dictionary
-    pages, integer columns delta-encoded (a writer that bypassed it would differ here)."""
+    """Every Parquet file the ingest writes follows parquet_options(): LZ4, no dictionary
+    pages, integer columns delta-encoded, statistics for the filtered columns only (a writer
+    that bypassed it would differ here)."""
     import pyarrow.parquet as pq
 
     out = tmp_path / "e.retime"
@@ -176,7 +177,9 @@ def test_store_files_use_the_store_encoding(tmp_path, layout):
         for g in range(md.num_row_groups):
             for c in range(md.num_columns):
                 col = md.row_group(g).column(c)
-                assert col.compression == "ZSTD", (f, col.path_in_schema)
+                assert col.compression in ("LZ4", "LZ4_RAW"), (f, col.path_in_schema)
+                assert col.is_stats_set == (col.path_in_schema in STAT_COLUMNS), (
+                    f, col.path_in_schema)
                 assert not {"PLAIN_DICTIONARY", "RLE_DICTIONARY"} & set(col.encodings), (
                     f, col.path_in_schema, col.encodings)
                 name = col.path_in_schema
