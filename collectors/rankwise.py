@@ -271,7 +271,8 @@ def ingest_kineto(paths: list[str | os.PathLike[str]], output: str | os.PathLike
                         bar.advance()
             skel = merge_parts([s[0] for s in skels], skipped)
             plan = plans(skel, skels)
-            rows = _write_all(tmp, layout, plan, spools, ex, progress)
+            rows = _write_all(tmp, layout, plan, spools, ex, progress,
+                              side=lambda: _write_small(tmp, skel))
         except BrokenProcessPool as exc:
             raise RetimeError(
                 f"{output}: an ingest worker process died (killed for memory, or an input "
@@ -281,9 +282,6 @@ def ingest_kineto(paths: list[str | os.PathLike[str]], output: str | os.PathLike
             if ex is not None:
                 ex.shutdown(cancel_futures=True)
         shutil.rmtree(tmp / SPOOL)
-        write_parquet(_arrow_table(skel, "lanes"), tmp / "lanes.parquet")
-        write_parquet(_arrow_table(skel, "groups"), tmp / "groups.parquet")
-        write_parquet(_arrow_table(skel, "strings"), tmp / "strings.parquet")
         meta = {**skel.meta, "schema_version": SCHEMA_VERSION, "layout": layout}
         if layout == "rank":
             meta["partitions"] = rows
@@ -298,11 +296,21 @@ def ingest_kineto(paths: list[str | os.PathLike[str]], output: str | os.PathLike
             "world_size": skel.world_size, **tot, "output": str(output)}
 
 
+def _write_small(tmp: Path, skel: Trace) -> None:
+    """The store's tables that are not per rank (from the merged skeletons)."""
+    for name in ("lanes", "groups", "strings"):
+        write_parquet(_arrow_table(skel, name), tmp / f"{name}.parquet")
+
+
 def _write_all(tmp: Path, layout: str, plan: list, spools: list[str],
-               ex: ProcessPoolExecutor | None, progress: bool | None
+               ex: ProcessPoolExecutor | None, progress: bool | None, side=None
                ) -> dict[str, dict[str, int]]:
-    """Stage 3: every rank's tables into ``tmp``; rows per table and rank."""
+    """Stage 3: every rank's tables into ``tmp``; rows per table and rank. ``side()`` runs
+    here too: while the workers write ranks (``layout="rank"`` with ``ex``), else first."""
     rows: dict[str, dict[str, int]] = {}
+    if side is not None and not (layout == "rank" and ex):
+        side()
+        side = None
 
     def count(rank: int, rw: dict[str, int]) -> None:
         for name, n in rw.items():
@@ -314,6 +322,8 @@ def _write_all(tmp: Path, layout: str, plan: list, spools: list[str],
         with progress_bar(len(args), "writing ranks", progress) as bar:
             res = ex.map(write_spooled, *zip(*args, strict=True)) if ex else (
                 write_spooled(*a) for a in args)
+            if side is not None:  # the tasks are queued: the parent writes meanwhile
+                side()
             for ranks, rws in zip(ranks_of, res, strict=True):
                 for rank, rw in zip(ranks, rws, strict=True):
                     count(rank, rw)
