@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import gc
 import os
 import pickle
 import shutil
@@ -243,6 +244,12 @@ def ingest_kineto(paths: list[str | os.PathLike[str]], output: str | os.PathLike
     files, skipped = kineto_files([Path(p) for p in paths])
     output = Path(output)
     tmp = new_store_dir(output)
+    # the modules' objects (numba's types, pandas, pyarrow) out of the collector's view while
+    # this runs: the full collections the skeletons' objects trigger then scan only new
+    # objects (one fewer took 0.13 s of the parent's CPU on 128 ranks); forked workers inherit it
+    freeze = gc.get_freeze_count() == 0
+    if freeze:
+        gc.freeze()
     try:
         (tmp / SPOOL).mkdir()
         spools = [str(tmp / SPOOL / f"part-{i}.pkl") for i in range(len(files))]
@@ -290,6 +297,9 @@ def ingest_kineto(paths: list[str | os.PathLike[str]], output: str | os.PathLike
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    finally:
+        if freeze:
+            gc.unfreeze()
     tot = {name: sum(rows.get(name, {}).values()) for name in ("ops", "edges", "ranges")}
     out_meta = {k: v for k, v in meta.items() if k not in ("layout", "partitions")}
     return {"meta": out_meta, "ranks": [int(r) for r in skel.ranks],

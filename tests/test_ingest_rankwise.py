@@ -102,6 +102,22 @@ def test_failures_leave_nothing(tmp_path, jobs):
     assert sorted(x.name for x in tmp_path.iterdir()) == ["bad", "dup"]
 
 
+def test_ingest_gives_the_collector_back(tmp_path):
+    """ingest_kineto freezes the collector while it runs, and unfreezes it after (a library
+    caller's process collects as before), on success and on failure alike."""
+    import gc
+
+    assert gc.get_freeze_count() == 0
+    ingest(DLRM, tmp_path / "g.retime", layout="rank", jobs=2, progress=False)
+    assert gc.get_freeze_count() == 0 and gc.isenabled()
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "rank-1.json").write_text('{"traceEvents": [')
+    with pytest.raises(TraceFormatError):
+        ingest(bad, tmp_path / "b.retime", progress=False)
+    assert gc.get_freeze_count() == 0
+
+
 def _die_with_sigbus(path, spool, **kw):
     """A worker that faults as one reading a mapped file truncated under it would."""
     import faulthandler
