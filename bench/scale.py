@@ -18,7 +18,7 @@ more than 2 M ops, :mod:`analysis.report_stream`) against ``report --in-memory``
 bytes per wall second of the whole command.
 
     python bench/scale.py [--ranks 8 32] [--jobs N] [--layout rank] [--workdir DIR]
-                          [--baseline CHECKOUT] [--repeat R]
+                          [--baseline CHECKOUT] [--repeat R] [--keep DIR]
                           [--skip ingest-memory dask analyze replay whatif report
                                   report-memory]
 
@@ -340,6 +340,9 @@ def main() -> None:
     ap.add_argument("--skip", nargs="*", default=[], choices=STEPS)
     ap.add_argument("--workdir", type=Path, default=None,
                     help="where the rank files and stores go (default: a temporary folder)")
+    ap.add_argument("--keep", type=Path, default=None,
+                    help="keep the generated rank files in KEEP/ranks-N (not deleted) and "
+                         "reuse them when a later run finds them there")
     a = ap.parse_args()
     if a.baseline is not None:
         a.baseline = a.baseline.resolve()
@@ -354,10 +357,14 @@ def main() -> None:
         for n in a.ranks:
             src = base / f"ranks-{n}"
             t0 = time.perf_counter()
-            nbytes = generate(src, n)
+            kept = a.keep is not None and (a.keep / f"ranks-{n}").is_dir()
+            if a.keep is not None:
+                src = a.keep / f"ranks-{n}"
+            nbytes = (sum(f.stat().st_size for f in src.iterdir()) if kept
+                      else generate(src, n))
             gb = nbytes / 1e9
-            print(f"N = {n}: {gb:.2f} GB of JSON generated in {time.perf_counter() - t0:.1f} s",
-                  flush=True)
+            print(f"N = {n}: {gb:.2f} GB of JSON {'kept from before' if kept else 'generated'} "
+                  f"in {time.perf_counter() - t0:.1f} s", flush=True)
             store = base / f"run-{n}.retime"
             fl = floor(src)
             print(f"  floor: plain read of the same files in one process: {fl['wall_s']:.1f} s,"
@@ -401,7 +408,8 @@ def main() -> None:
                 dk = base / f"dask-{n}.retime"
                 rows.append((dask_ingest(src, dk), gb))
                 shutil.rmtree(dk, ignore_errors=True)
-            shutil.rmtree(src, ignore_errors=True)
+            if a.keep is None:
+                shutil.rmtree(src, ignore_errors=True)
             if "analyze" not in a.skip:
                 rows.append((run(["analyze", str(store), "--json"], "analyze"), None))
             if "replay" not in a.skip:
