@@ -3,6 +3,8 @@ per stage, and against another checkout in interleaved fresh processes.
 
     python bench/parse_rank.py [--baseline CHECKOUT] [--pairs P] [--repeat R] [--file F]
 
+Each parse reads the file as ``retime ingest``'s worker processes do (mapped, where the
+checkout has ``parse_kineto_file(mapped=)``).
 Each measurement is a fresh process of one checkout (numba's cache warm: one parse first),
 ``R`` parses, the median CPU time (``time.process_time``: on a shared machine CPU time moves
 less with other load than wall time). With ``--baseline``, ours and the baseline's processes
@@ -51,12 +53,15 @@ if stages:
     wrap(L, "assemble", "assemble: lanes, ops, edges (total)")
     for n in ("sync_edges", "comm_info", "attribute", "_lane_key_ids", "_comm_blocks"):
         wrap(A, n, "assemble: " + n)
-parse_kineto_file(path)
+import inspect
+# as ingest's workers read (mapped), where this checkout has it
+kw = {"mapped": True} if "mapped" in inspect.signature(parse_kineto_file).parameters else {}
+parse_kineto_file(path, **kw)
 runs = []
 for _ in range(repeat):
     acc.clear()
     t0 = time.process_time()
-    parse_kineto_file(path)
+    parse_kineto_file(path, **kw)
     runs.append((time.process_time() - t0, dict(acc)))
 tot = statistics.median(r[0] for r in runs)
 print(f"TOTAL {tot * 1000:.2f}")

@@ -3,9 +3,11 @@
 Parses the largest shared Kineto trace (``shared/traces/kineto/v100-ddp-sgd``, one rank,
 216k events), builds the per-rank tables the rank-wise ingest writes
 (:func:`collectors.rankwise.rank_tables`), and writes them ``--repeat`` times each way,
-alternating: ``collectors.trace.parquet_options`` (zstd, no dictionary pages, delta-encoded
-integers) and the former options (zstd with dictionary pages). Prints the median write and
-read-back times and the bytes on disk per way, and checks that both read back equal.
+alternating: ``collectors.trace.parquet_options`` (LZ4, no dictionary pages, delta-encoded
+integers, statistics only for the filtered columns), the previous options (the same with zstd
+and every column's statistics) and the former ones (zstd with dictionary pages). Prints the
+median write and read-back times and the bytes on disk per way, and checks that all read back
+equal.
 Figures are printed, never asserted.
 
     python bench/store_write.py [--repeat 7]
@@ -42,6 +44,8 @@ def main() -> None:
     print("tables of one rank: " + ", ".join(f"{k} {t.num_rows:,} rows x {t.num_columns}"
                                              for k, t in tables.items()))
     ways = {"store (parquet_options)": parquet_options,
+            "previous (zstd, all statistics)": lambda s: {
+                **parquet_options(s), "compression": "zstd", "write_statistics": True},
             "former (zstd, dictionaries)": lambda _s: {"compression": "zstd"}}
     res: dict[str, dict[str, list[float]]] = {w: {"write": [], "read": []} for w in ways}
     size = {}
@@ -62,10 +66,13 @@ def main() -> None:
         print(f"  {w:<28} write {1e3 * float(np.median(res[w]['write'])):6.1f} ms, read back "
               f"{1e3 * float(np.median(res[w]['read'])):6.1f} ms (medians of {a.repeat}), "
               f"{size[w] / 1e6:.2f} MB on disk")
-    a_, b_ = ways
-    same = all(back[a_][k].to_pandas().equals(back[b_][k].to_pandas()) for k in tables)
-    print(f"  store / former: write {np.median(res[a_]['write']) / np.median(res[b_]['write']):.2f}x,"
-          f" size {size[a_] / size[b_]:.2f}x; both read back equal: {same}")
+    a_, *others = ways
+    for b_ in others:
+        same = all(back[a_][k].to_pandas().equals(back[b_][k].to_pandas()) for k in tables)
+        print(f"  store / {b_.split(' (')[0]}: write "
+              f"{np.median(res[a_]['write']) / np.median(res[b_]['write']):.2f}x, read back "
+              f"{np.median(res[a_]['read']) / np.median(res[b_]['read']):.2f}x, size "
+              f"{size[a_] / size[b_]:.2f}x; read back equal: {same}")
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from retime.cli import FORCE_HELP, app, check_output, emit_json, say
+from retime.cli import FORCE_HELP, app, check_output, emit_json, say, skip_exit_collection
 from retime.collectors.enums import LaneKind, OpKind
 from retime.collectors.errors import RetimeError
 
@@ -123,6 +123,7 @@ def ingest(
             say(f"  skipped {len(s['skipped_files'])} file(s): "
                 + "; ".join(f"{Path(k).name} ({v})" for k, v in
                             list(s["skipped_files"].items())[:5]))
+    skip_exit_collection()  # the store is written and closed: end without a last collection
 
 
 def _empty_steps(es) -> list[dict]:

@@ -140,6 +140,23 @@ def test_subprocess_error_and_help(tmp_path):
     assert h.returncode == 0 and "ingest" in h.stdout
 
 
+def test_ingest_ends_without_a_last_collection_only_in_its_own_process(tmp_path):
+    """skip_exit_collection: the command line's own `retime ingest` freezes the collector
+    once its store is written (the store reads back whole); run() in a test leaves it on."""
+    import gc
+
+    out = tmp_path / "f.retime"
+    code = ("import gc, sys\nfrom retime.cli import main\nmain(sys.argv[1:])\n"
+            "print(gc.isenabled(), gc.get_freeze_count() > 0)")
+    p = subprocess.run([sys.executable, "-c", code, "ingest", str(DLRM), "-o", str(out),
+                        "--jobs", "2"], capture_output=True, text=True, cwd=ROOT)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip().splitlines()[-1] == "False True"
+    assert read_trace(out).n_ops == read(DLRM).n_ops
+    assert run(["ingest", str(DLRM), "-o", str(tmp_path / "g.retime"), "--force"]) == 0
+    assert gc.isenabled()
+
+
 @pytest.mark.parametrize("argv", [["info", "/nonexistent/x.retime"], ["ingest"], ["bogus-command"],
                                   ["ingest", str(DLRM), "-o", "x.retime", "--format", "pdf"]])
 def test_usage_errors_are_one_line_exit_2(argv, capsys):

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 from test_store_layout import assert_same_trace
 
-from retime.collectors.errors import TraceFormatError
+from retime.collectors.errors import RetimeError, TraceFormatError
 from retime.collectors.ingest import ingest, read
 from retime.collectors.store import store_layout
-from retime.collectors.trace import read_trace
+from retime.collectors.trace import STAT_COLUMNS, read_trace
 
 ROOT = Path(__file__).resolve().parents[1]
 KINETO = ROOT.parent / "shared" / "traces" / "kineto"
@@ -102,6 +102,43 @@ def test_failures_leave_nothing(tmp_path, jobs):
     assert sorted(x.name for x in tmp_path.iterdir()) == ["bad", "dup"]
 
 
+def test_ingest_gives_the_collector_back(tmp_path):
+    """ingest_kineto freezes the collector while it runs, and unfreezes it after (a library
+    caller's process collects as before), on success and on failure alike."""
+    import gc
+
+    assert gc.get_freeze_count() == 0
+    ingest(DLRM, tmp_path / "g.retime", layout="rank", jobs=2, progress=False)
+    assert gc.get_freeze_count() == 0 and gc.isenabled()
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "rank-1.json").write_text('{"traceEvents": [')
+    with pytest.raises(TraceFormatError):
+        ingest(bad, tmp_path / "b.retime", progress=False)
+    assert gc.get_freeze_count() == 0
+
+
+def _die_with_sigbus(path, spool, **kw):
+    """A worker that faults as one reading a mapped file truncated under it would."""
+    import faulthandler
+    import signal
+
+    faulthandler.disable()  # pytest's would print the worker's stack
+    os.kill(os.getpid(), signal.SIGBUS)
+
+
+def test_a_dead_worker_is_one_clear_error(tmp_path, monkeypatch):
+    """Workers map plain files: one killed (SIGBUS from a file truncated meanwhile, or the
+    OOM killer) is reported in one line and leaves nothing behind."""
+    import retime.collectors.rankwise as rw
+
+    monkeypatch.setattr(rw, "parse_and_spool", _die_with_sigbus)
+    with pytest.raises(RetimeError, match="ingest worker process died") as exc:
+        ingest(DLRM, tmp_path / "d.retime", layout="rank", jobs=2, progress=False)
+    assert "\n" not in str(exc.value)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_dask_workers_spool_and_release(dlrm, tmp_path):
     """On Dask the workers spool their parts (nothing kept between the stages), the store
     equals the local one, no spool is left, and the workers hand freed memory back."""
@@ -141,8 +178,9 @@ def test_dask_workers_spool_and_release(dlrm, tmp_path):
 
 @pytest.mark.parametrize("layout", ["single", "rank"])
 def test_store_files_use_the_store_encoding(tmp_path, layout):
-    """Every Parquet file the ingest writes follows parquet_options(): zstd, no dictionary
-    pages, integer columns delta-encoded (a writer that bypassed it would differ here)."""
+    """Every Parquet file the ingest writes follows parquet_options(): LZ4, no dictionary
+    pages, integer columns delta-encoded, statistics for the filtered columns only (a writer
+    that bypassed it would differ here)."""
     import pyarrow.parquet as pq
 
     out = tmp_path / "e.retime"
@@ -155,7 +193,9 @@ def test_store_files_use_the_store_encoding(tmp_path, layout):
         for g in range(md.num_row_groups):
             for c in range(md.num_columns):
                 col = md.row_group(g).column(c)
-                assert col.compression == "ZSTD", (f, col.path_in_schema)
+                assert col.compression in ("LZ4", "LZ4_RAW"), (f, col.path_in_schema)
+                assert col.is_stats_set == (col.path_in_schema in STAT_COLUMNS), (
+                    f, col.path_in_schema)
                 assert not {"PLAIN_DICTIONARY", "RLE_DICTIONARY"} & set(col.encodings), (
                     f, col.path_in_schema, col.encodings)
                 name = col.path_in_schema

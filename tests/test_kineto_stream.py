@@ -132,6 +132,36 @@ def test_scanner_corners_match_general_path(tmp_path, monkeypatch, gz):
     assert fast.accounting["events_read"] == len(ev)
 
 
+@pytest.mark.parametrize("block", [64, 777, 4 << 20])
+def test_mapped_plain_file_reads_the_same(tmp_path, monkeypatch, block):
+    """Ingest's workers map a plain file (scan._map) instead of reading it: the same part,
+    whatever the block size (every carry across a block boundary is a view of the mapping);
+    a file that cannot be mapped (empty) is read as before."""
+    with gzip.open(next((SHARED / "dlrm-v100-8rank").glob("worker0*"))) as fh:
+        path = _write(tmp_path / "w0", fh.read(), False)
+    monkeypatch.setattr(kf, "BLOCK_BYTES", block)
+    mapped = []
+    real_map = kf._map
+    monkeypatch.setattr(kf, "_map", lambda fh: mapped.append(real := real_map(fh)) or real)
+    a = _norm(kf.parse_fast(path, mapped=True))
+    assert len(mapped) == 1 and mapped[0] is not None
+    b = _norm(kf.parse_fast(path))
+    assert len(mapped) == 1  # reading does not map
+    assert a.keys() == b.keys()
+    for k in b:
+        x, y = a[k], b[k]
+        if isinstance(y, np.ndarray):
+            assert len(x) == len(y) and np.array_equal(np.asarray(x), np.asarray(y)), k
+        else:
+            assert x == y, k
+    empty = tmp_path / "empty.json"
+    empty.write_bytes(b"")
+    assert kf.parse_fast(empty, mapped=True) is None  # falls back; the general path words it
+    assert mapped[-1] is None
+    with pytest.raises(TraceFormatError, match="empty"):
+        parse_kineto_file(empty, mapped=True)
+
+
 def test_bare_event_list(tmp_path, monkeypatch):
     path = tmp_path / "rank3.json"
     path.write_bytes(json.dumps(_events()).encode())

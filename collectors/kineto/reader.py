@@ -38,11 +38,14 @@ SCANNER_MIN_BYTES = 32 << 20
 CHUNKED_MIN_BYTES = 8 << 20
 
 
-def parse_kineto_file(path: str | os.PathLike[str], on_stage=None, on_bytes=None) -> RankPart:
+def parse_kineto_file(path: str | os.PathLike[str], on_stage=None, on_bytes=None,
+                      mapped: bool = False) -> RankPart:
     """Parse one Kineto JSON(.gz) file into a :class:`RankPart` (picklable, for workers).
 
     ``on_stage(name)`` is called as each stage (read, decode, build) finishes;
     ``on_bytes(n)`` as the streaming reader reads ``n`` more bytes of the file.
+    ``mapped``: the streaming reader maps a plain file instead of reading it (no copy; a
+    file truncated meanwhile kills the process with SIGBUS: for worker processes only).
     """
     path = Path(path)
     if STREAMING or (STREAMING is None and use_scanner(path)):
@@ -50,7 +53,7 @@ def parse_kineto_file(path: str | os.PathLike[str], on_stage=None, on_bytes=None
         was_enabled = gc.isenabled()
         gc.disable()
         try:
-            part = parse_fast(path, on_stage, on_bytes)
+            part = parse_fast(path, on_stage, on_bytes, mapped)
         finally:
             if was_enabled:
                 gc.enable()
