@@ -84,22 +84,29 @@ def weight_bytes(name: str, dims: list, types: list, weights: set) -> int:
     return (_nbytes(c, typ) or 0) if is_w(c) else 0
 
 
-def _events(trace) -> dict[int, list[dict]]:
-    """The ``cpu_op`` events of each rank's Kineto file that this module reads."""
-    out: dict[int, list[dict]] = {}
-    for s in (trace.meta.get("sources") or []) if isinstance(trace.meta, dict) else []:
-        if not (isinstance(s, dict) and s.get("format") == "kineto" and "rank" in s):
+def kineto_cpu_ops(meta: dict):
+    """Each readable Kineto source of a trace's ``meta`` with its ``cpu_op`` events, as
+    ``(source, events)`` (files that cannot be read are passed over: the caller says what it
+    falls back on)."""
+    for s in (meta.get("sources") or []) if isinstance(meta, dict) else []:
+        if not (isinstance(s, dict) and s.get("format") == "kineto"):
             continue
-        p = Path(str(s.get("path", "")))
         try:
-            raw = p.read_bytes()
+            raw = Path(str(s.get("path", ""))).read_bytes()
             doc = orjson.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)
         except (OSError, orjson.JSONDecodeError, EOFError):
             continue
         ev = doc.get("traceEvents", []) if isinstance(doc, dict) else []
-        keep = [e for e in ev if isinstance(e, dict) and e.get("cat") == "cpu_op"
-                and e.get("name") in (*GEMMS, "aten::copy_", "aten::linear")]
-        out.setdefault(int(s["rank"]), []).extend(keep)
+        yield s, [e for e in ev if isinstance(e, dict) and e.get("cat") == "cpu_op"]
+
+
+def _events(trace) -> dict[int, list[dict]]:
+    """The ``cpu_op`` events of each rank's Kineto file that this module reads."""
+    out: dict[int, list[dict]] = {}
+    for s, ev in kineto_cpu_ops(trace.meta):
+        if "rank" in s:
+            keep = [e for e in ev if e.get("name") in (*GEMMS, "aten::copy_", "aten::linear")]
+            out.setdefault(int(s["rank"]), []).extend(keep)
     return out
 
 

@@ -39,13 +39,10 @@ as the batch (4,000 on batch 4's recommender) was fixed after batch 4 was scored
 
 from __future__ import annotations
 
-import gzip
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
 import numpy as np
-import orjson
 
 from retime.collectors.enums import OpKind, Phase
 from retime.collectors.errors import PolicyError
@@ -91,21 +88,14 @@ def _batch_dim(name: str, dims) -> int | None:
 
 
 def _from_shapes(meta: dict) -> int | None:
+    from .batch_cpu import kineto_cpu_ops
+
     lead: Counter = Counter()
-    for s in meta.get("sources") or []:
-        p = Path(str(s.get("path", ""))) if isinstance(s, dict) else None
-        if p is None or not p.is_file() or s.get("format") != "kineto":
-            continue
-        try:
-            raw = p.read_bytes()
-            doc = orjson.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)
-        except (OSError, orjson.JSONDecodeError, EOFError):
-            continue
-        ev = doc.get("traceEvents", []) if isinstance(doc, dict) else []
+    for _, ev in kineto_cpu_ops(meta):
         for e in ev:
-            if isinstance(e, dict) and e.get("cat") == "cpu_op" and \
-                    str(e.get("name", "")).startswith(_BATCHED):
-                b = _batch_dim(str(e.get("name", "")), (e.get("args") or {}).get("Input Dims"))
+            name = str(e.get("name", ""))
+            if name.startswith(_BATCHED):
+                b = _batch_dim(name, (e.get("args") or {}).get("Input Dims"))
                 if b:
                     lead[b] += 1
     return lead.most_common(1)[0][0] if lead else None
