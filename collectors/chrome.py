@@ -39,6 +39,7 @@ import numpy as np
 import orjson
 
 from .enums import CommOp, EdgeKind, LaneKind, OpKind
+from .trace import _jsonable
 
 __all__ = ["write_chrome", "chrome_events", "Timeline", "REPLAYED_PID", "CRITICAL_PID"]
 
@@ -200,6 +201,7 @@ def _events_of(tl: Timeline, base: int, pid_offset: int, flow_id0: int, flows: b
     nbytes = o["bytes"].to_numpy()
     step = o["step"].to_numpy()
     corr = o["correlation"].to_numpy()
+    extra = _extra_columns(o)
     for i in range(n):
         k = OpKind(int(kind[i]))
         args: dict[str, Any] = {"rank": int(rank[i]), "lane": int(lane[nr + i]), "op_id": i,
@@ -214,6 +216,9 @@ def _events_of(tl: Timeline, base: int, pid_offset: int, flow_id0: int, flows: b
             args["step"] = int(step[i])
         if corr[i] >= 0:
             args["correlation"] = int(corr[i])
+        for key, col, default in extra:
+            if col[i] != default:
+                args[key] = col[i].item()
         if crit[i]:
             args["critical_path"] = True
         if tl.replayed:
@@ -238,6 +243,55 @@ def _events_of(tl: Timeline, base: int, pid_offset: int, flow_id0: int, flows: b
     if crit.any():
         ev += _critical_track(tl, names, rank, st, du, base, pid_offset)
     return ev, fid
+
+
+#: op columns written to an op's ``args`` (when not the default) beyond the ones above, so
+#: that ``retime ingest`` gets them back: (args key, ops column, default)
+_EXTRA_ARGS = (("phase", "phase", -1), ("layer", "layer", -1), ("microbatch", "microbatch", -1),
+               ("stage", "stage", -1), ("chunk", "chunk", -1), ("group", "group_id", -1),
+               ("peer", "peer", -1), ("External id", "external_id", -1))
+
+
+def _extra_columns(o) -> list[tuple[str, np.ndarray, int]]:
+    """(args key, column, default) of :data:`_EXTRA_ARGS` columns the ops table has and that
+    hold a value other than the default."""
+    out = []
+    for key, c, default in _EXTRA_ARGS:
+        if c in o.columns:
+            col = o[c].to_numpy()
+            if (col != default).any():
+                out.append((key, col, default))
+    if "flops" in o.columns:
+        f = o["flops"].to_numpy(np.float64)
+        if np.isfinite(f).any():
+            out.append(("flops", np.where(np.isfinite(f), f, -1.0), -1.0))
+    return out
+
+
+#: meta keys that describe this ingest (the re-ingest writes its own), not the run
+_NOT_CARRIED = ("accounting", "sources", "skipped_files", "schema_version", "layout",
+                "partitions", "collectives")
+
+
+def export_payload(trace) -> dict[str, Any]:
+    """What the ``retimeExport`` block carries beyond the events, so that ``retime ingest``
+    rebuilds the trace whole: the process groups, every dependency edge (by ``op_id``; the
+    flow arrows draw only some), the memory table, the ingest's collective-matching counts
+    and the run's meta (format, parallel layout, job, devices: what the what-ifs read)."""
+    e = trace.edges
+    g = trace.groups
+    return {
+        "n_ops": int(trace.n_ops),
+        "groups": [{"group_id": int(a), "name": str(b), "ranks": [int(x) for x in r]}
+                   for a, b, r in zip(g["group_id"], g["name"], g["ranks"])],
+        "edges": {k: e[k].to_numpy().astype(np.int64).tolist()
+                  for k in ("src", "dst", "kind", "lag_ns")},
+        "memory": {k: trace.memory[k].to_numpy().astype(np.int64).tolist()
+                   for k in trace.memory.columns},
+        "collectives": trace.meta.get("collectives"),
+        # the run's description (format, layout, job, devices, ...) the what-ifs read
+        "meta": _jsonable({k: v for k, v in trace.meta.items() if k not in _NOT_CARRIED}),
+    }
 
 
 def _flow_pairs(t, start: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -322,8 +376,10 @@ def write_chrome(trace, path: str | os.PathLike[str], *, start_ns=None, dur_ns=N
     atomically (temp file + rename)."""
     ev, base = chrome_events(trace, start_ns, dur_ns, critical_op_ids=critical_op_ids,
                              flows=flows, also=also)
-    doc = {"schemaVersion": 1, "retimeExport": {"schema_version": 2,
-                                                "world_size": trace.world_size},
+    block = {"schema_version": 3, "world_size": trace.world_size}
+    if start_ns is None and dur_ns is None:  # the measured run: carry what rebuilds it
+        block.update(export_payload(trace))
+    doc = {"schemaVersion": 1, "retimeExport": block,
            "baseTimeNanoseconds": base, "displayTimeUnit": "ns", "traceEvents": ev}
     data = orjson.dumps(doc)
     path = Path(path)

@@ -157,7 +157,7 @@ def ingest(paths: list[str | os.PathLike[str]] | str | os.PathLike[str],
         paths = [paths]
     ps = expand_inputs(list(paths))
     fmt = _resolve_format(ps, format)
-    if fmt == "kineto" and not in_memory:
+    if fmt == "kineto" and not in_memory and not _any_export(ps):
         from .rankwise import ingest_kineto
         return ingest_kineto(ps, output, layout=layout, jobs=jobs, progress=progress)
     if jobs is None:
@@ -198,3 +198,16 @@ def _check_nsys_sqlite(path: Path) -> None:
     raise TraceFormatError(
         f"{path}: {what}: missing table(s) {', '.join(missing)}; profile with CUDA tracing "
         f"and export with `{EXPORT_COMMAND}`")
+
+
+def _any_export(paths: list[Path]) -> bool:
+    """Whether a file among ``paths`` (folders expanded) is a ``retime export --chrome``
+    file: it holds the whole run and its op ids, so it is read whole, not rank by rank."""
+    from .kineto.events import kineto_files
+    from .kineto.export import is_export_file
+
+    try:
+        files, _ = kineto_files(list(paths))
+    except TraceFormatError:
+        return False
+    return any(is_export_file(f) for f in files)

@@ -289,6 +289,11 @@ def export(
     from retime.collectors.chrome import Timeline, write_chrome
     from retime.collectors.trace import read_trace
 
+    if not chrome.name.endswith((".json", ".json.gz")):
+        raise RetimeError(
+            f"--chrome {chrome}: write a .json or .json.gz file (what Perfetto opens and what "
+            "`retime ingest` reads back, also from a folder); e.g. "
+            f"--chrome {chrome.with_suffix('').name or 'trace'}.json")
     check_output(chrome, force)
     trace = read_trace(trace_dir)
     whatif_given = scenario is not None or bool(set_) or ideal

@@ -43,6 +43,12 @@ def merge_parts(parts: list[RankPart], skipped: dict[str, str] | None = None) ->
     flat: list[RankPart] = []
     for p in parts:
         flat.extend(p.export_rank_parts or [p])
+    block = next((p.export_block for p in parts if p.export_block is not None
+                  and "edges" in p.export_block), None)
+    if block is not None and len(parts) > 1:
+        raise TraceFormatError(
+            f"{', '.join(p.path for p in parts)}: a `retime export --chrome` file holds a whole "
+            "run and its op ids: ingest it alone, not with other trace files")
     seen: dict[int, str] = {}
     for p in flat:
         if p.rank in seen:
@@ -126,6 +132,16 @@ def merge_parts(parts: list[RankPart], skipped: dict[str, str] | None = None) ->
     ops = {k: np.concatenate(v) if v else np.zeros(0) for k, v in cols.items()}
     n = op_off
     present = sorted(seen)
+    if block is not None:  # a retime export: its own groups, collective ids and edges
+        from .export import restore_block
+        groups, stats, more_edges = restore_block(ops, block, n)
+        for k in edges:
+            edges[k].append(more_edges[k])
+        for k, v in (block.get("memory") or {}).items():
+            if k in memory:
+                memory[k].append(np.asarray(v, np.int32 if k == "rank" else np.int64))
+        return _build(parts, flat, ops, lanes, strings, edges, ranges, memory, groups, stats,
+                      world, backend, devices, skipped)
     # ---------------- groups
     names: list[str] = []
     gid_of: dict[str, int] = {}
@@ -169,7 +185,14 @@ def merge_parts(parts: list[RankPart], skipped: dict[str, str] | None = None) ->
             stats["p2p_unpaired_ops"] = n_p2p
     ops["coll_id"] = coll_id
     ops["group_id"] = group_id
+    groups = {"group_id": np.arange(len(names)), "name": names, "ranks": g_ranks}
+    return _build(parts, flat, ops, lanes, strings, edges, ranges, memory, groups, stats,
+                  world, backend, devices, skipped)
 
+
+def _build(parts, flat, ops, lanes, strings, edges, ranges, memory, groups, stats, world,
+           backend, devices, skipped) -> Trace:
+    """The merged Trace and its meta."""
     acc: dict[str, Any] = {}
     for p in parts:
         acc[p.path] = p.accounting
@@ -187,13 +210,17 @@ def merge_parts(parts: list[RankPart], skipped: dict[str, str] | None = None) ->
         "windows_ns": {str(p.rank): list(p.window_ns) for p in flat if p.window_ns},
         "skipped_files": dict(skipped or {}),
     }
+    block = next((p.export_block for p in parts if p.export_block is not None
+                  and "edges" in p.export_block), None)
+    if block is not None:  # the exported run's own description (format, layout, job, ...)
+        src = dict(block.get("meta") or {})
+        meta["exported_from"] = {"source_format": src.get("source_format"),
+                                 "via": "retime export --chrome"}
+        meta.update(src)
     hosts = {str(p.rank): p.hostname for p in flat if p.hostname}
     if hosts:
         meta["hostnames"] = hosts  # ranks sharing a host are one node (topology policies)
     meta.update(capture_meta(flat))
     cat = lambda d: {k: np.concatenate(v) if v else np.zeros(0) for k, v in d.items()}  # noqa: E731
     return Trace.build(ops=ops, lanes=lanes, strings=strings, edges=cat(edges),
-                       ranges=cat(ranges), memory=cat(memory),
-                       groups={"group_id": np.arange(len(names)), "name": names,
-                               "ranks": g_ranks},
-                       meta=meta)
+                       ranges=cat(ranges), memory=cat(memory), groups=groups, meta=meta)

@@ -59,6 +59,20 @@ class Args(msgspec.Struct, omit_defaults=True, gc=False):
     range_depth: int | None = None  # an annotation range, not an op
     timeline: str | None = None  # "replayed": a what-if's copy of the ops
     path_op_id: int | None = None  # the critical-path track's copy of an op
+    # op columns the export carries (schema_version 3); loose types: a profiler's own args
+    # of these names must never fail the decode
+    op_id: int | float | str | None = None
+    step: int | float | str | None = None
+    coll_id: int | float | str | None = None
+    comm_op: int | float | str | None = None
+    phase: int | float | str | None = None
+    layer: int | float | str | None = None
+    microbatch: int | float | str | None = None
+    stage: int | float | str | None = None
+    chunk: int | float | str | None = None
+    group: int | float | str | None = None
+    peer: int | float | str | None = None
+    flops: int | float | str | None = None
 
 
 #: Args fields that hold integers (a string there is coerced), with their JSON names
@@ -160,6 +174,9 @@ class RankPart:
     hostname: str | None = None
     capture: dict[str, Any] | None = None  # the file's ``retimeCapture`` block
     export_rank_parts: list[RankPart] = field(default_factory=list)
+    #: an exported file's ``retimeExport`` block (groups, edges by op_id, collectives), on
+    #: the head part that holds its ``export_rank_parts``
+    export_block: dict[str, Any] | None = None
 
 
 # host event codes
