@@ -41,6 +41,11 @@ def stragglers_cmd(
     say(f"{trace_dir}: {len(st)} step(s); mean step time measured {mean['measured']:.4f} s, "
         f"simulated {mean['simulated']:.4f} s, ideal {mean['ideal']:.4f} s; slowdown "
         f"{res['slowdown']:.4f}x")
+    longest = max(st, key=lambda k: st[k]["measured"])
+    say(f"  measured step = its first op start on any rank to its last end on any rank (the "
+        f"job's window; longest: step {longest}, {st[longest]['measured']:.4f} s). `retime "
+        "analyze`/`report` show each rank's own window instead, shorter where ranks start a "
+        "step apart")
     for key, title in (("by_stage", "stage"), ("by_dp_rank", "DP rank"), ("by_optype", "op type")):
         top = list(res[key].items())[:8]
         say(f"  by {title}: " + ", ".join(f"{k} {v:.4f}" for k, v in top))
