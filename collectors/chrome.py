@@ -23,8 +23,12 @@ its lane); every flow id has one start (``s``) and one end (``f``, ``bp: e``), e
 timestamp inside its op's slice on the op's thread and outside the op's children, so it
 binds to that slice. Timestamps are microseconds from ``baseTimeNanoseconds`` (exact to the
 nanosecond in a double). The ``retimeExport`` marker and the ops' ``args`` (``rank``,
-``lane``, ``kind``, ``op_id``) let ``retime ingest`` read the measured ops and the ranges
-back.
+``lane``, ``kind``, ``op_id``, and every other op column that is not at its default:
+``step``, ``coll_id``, ``comm_op``, ``phase``, ``group``, ``peer``, ...) let ``retime ingest``
+read the measured ops and the ranges back; for the measured run the ``retimeExport`` block
+(schema 3) also carries what no event holds (:func:`export_payload`: groups, every edge by
+``op_id``, the memory table, the collective counts and the run's meta), so the round trip
+keeps steps, collective instances and edges.
 """
 
 from __future__ import annotations
