@@ -4,6 +4,7 @@ meta, on the real shared traces; and `--chrome` refuses a file name ingest would
 
 from __future__ import annotations
 
+import gzip
 import json
 
 import numpy as np
@@ -99,3 +100,26 @@ def test_chrome_refuses_what_ingest_would_not_read(out, tmp_path, capsys):
     err = capsys.readouterr().err
     assert ".json or .json.gz" in err and "Traceback" not in err
     assert not (tmp_path / out).exists()
+
+
+def test_round_trip_keeps_the_memory_table(tmp_path):
+    src = ingest_cached(SHARED / "kineto" / "v100-ddp-sgd")
+    assert len(src.memory) > 0
+    f = tmp_path / "v.json.gz"
+    write_chrome(src, f)
+    ingest(f, tmp_path / "v.retime", progress=False)
+    back = read_trace(tmp_path / "v.retime")
+    pd.testing.assert_frame_equal(back.memory.reset_index(drop=True),
+                                  src.memory.reset_index(drop=True))
+
+
+def test_an_export_is_ingested_alone(tmp_path, capsys):
+    src = ingest_cached(CASES["a100-ddp-nccl"])
+    d = tmp_path / "in"
+    d.mkdir()
+    write_chrome(src, d / "x.json")
+    (d / "y.json").write_bytes(gzip.decompress(
+        (CASES["a100-ddp-nccl"] / "nccl_data.json.gz").read_bytes()))
+    assert run(["ingest", str(d), "-o", str(tmp_path / "o.retime")]) == 2
+    err = capsys.readouterr().err
+    assert "ingest it alone" in err and "Traceback" not in err
