@@ -291,7 +291,7 @@ def summary(rows: list[dict], pre: str = "") -> dict:
 def freeze_batch(spec: dict) -> int:
     """Which freeze a pair was captured after (pairs.json ``after_freeze``): 0 for the pairs
     that shaped the model, 1 for the first batch (``true``), 2 for the second, 3 for the
-    third, 4 for the fourth."""
+    third, 4 for the fourth, 5 for the fifth."""
     return int(spec.get("after_freeze") or 0)
 
 
@@ -302,7 +302,7 @@ def _batch_label(batch: int, specs: list[dict]) -> str:
         return ("batch 1, captured after the first freeze (981b888; the model was changed "
                 "after they were seen)")
     commits = sorted({str(s.get("frozen_commit", ""))[:7] for s in specs})
-    nth = {2: "second", 3: "third", 4: "fourth"}.get(batch, f"#{batch}")
+    nth = {2: "second", 3: "third", 4: "fourth", 5: "fifth"}.get(batch, f"#{batch}")
     return f"batch {batch}, captured after the {nth} freeze ({', '.join(commits)})"
 
 
