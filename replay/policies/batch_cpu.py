@@ -152,12 +152,13 @@ def _weights(events: dict[int, list[dict]]) -> set:
     return out
 
 
-def _param_fills(events: dict[int, list[dict]], weights: set) -> dict[int, set]:
-    """Per rank, the ``External id`` of each memset (:data:`MEMSETS`) of a parameter-shaped
-    tensor: a linear layer's weight or an embedding table (the first input of the trace's
-    ``aten::embedding`` / ``aten::embedding_bag``). Such a fill is a gradient's zeroing (an
-    embedding bag's dense backward zero-fills a rows x dim table before it scatters the
-    batch's rows into it): its bytes, so its time, do not depend on the batch."""
+def _param_fills(events: dict[int, list[dict]], weights: set) -> dict[int, list[tuple]]:
+    """Per rank, each memset (:data:`MEMSETS`) in time order as ``(name, is_param)``:
+    whether its tensor has a parameter's shape, a linear layer's weight or an embedding table
+    (the first input of the trace's ``aten::embedding`` / ``aten::embedding_bag``). Such a
+    fill is a gradient's zeroing (an embedding bag's dense backward zero-fills a rows x dim
+    table before it scatters the batch's rows into it): its bytes, so its time, do not
+    depend on the batch."""
     shapes = set(weights)
     for ev in events.values():
         for e in ev:
@@ -165,14 +166,19 @@ def _param_fills(events: dict[int, list[dict]], weights: set) -> dict[int, set]:
                 dims = (e.get("args") or {}).get("Input Dims") or []
                 if dims and isinstance(dims[0], list) and len(dims[0]) == 2:
                     shapes.add(tuple(dims[0]))
-    out: dict[int, set] = {}
+    out: dict[int, list[tuple]] = {}
     for rank, ev in events.items():
-        for e in ev:
-            a = e.get("args") or {}
-            dims = a.get("Input Dims") or []
-            if e.get("name") in MEMSETS and dims and isinstance(dims[0], list) \
-                    and tuple(dims[0]) in shapes and a.get("External id") is not None:
-                out.setdefault(rank, set()).add(int(a["External id"]))
+        ms = sorted((e for e in ev if e.get("name") in MEMSETS),
+                    key=lambda e: (float(e.get("ts", 0)), -float(e.get("dur", 0))))
+        # the leaves only (the trace's ops): a ``zero_`` that calls ``fill_`` is a range
+        ms = [e for k, e in enumerate(ms) if not (
+            k + 1 < len(ms) and ms[k + 1].get("tid") == e.get("tid")
+            and float(ms[k + 1].get("ts", 0)) < float(e.get("ts", 0)) + float(e.get("dur", 0)))]
+        out[rank] = []
+        for e in ms:
+            dims = (e.get("args") or {}).get("Input Dims") or []
+            out[rank].append((e["name"], bool(dims) and isinstance(dims[0], list)
+                              and tuple(dims[0]) in shapes))
     return out
 
 
@@ -272,11 +278,18 @@ def host_split(trace, work: np.ndarray) -> GemmSplit:
     info["gap_ns"] = float(gap[work].sum())
     info["gap_scaled_ns"] = float(scaled[work].sum())
     fixed_in = _in_fixed(trace, o_rank, o_lane, o_start, is_fx_r)
-    fills = _param_fills(events, weights)
-    o_ext = o["external_id"].to_numpy()
+    # the trace's memset ops matched to their Kineto events in time order, rank by rank,
+    # as the GEMMs are below (a rank whose sequences differ keeps every fill scaling)
     param_fill = np.zeros(n_ops, bool)
-    for rank, ids in fills.items():
-        param_fill |= (o_rank == rank) & np.isin(o_ext, list(ids)) & np.isin(o_name, MEMSETS)
+    is_m = np.isin(o_name, MEMSETS)
+    o_dur = o["dur_ns"].to_numpy().astype(np.int64)
+    for rank, fl in _param_fills(events, weights).items():
+        sel = np.flatnonzero(is_m & (o_rank == rank))
+        sel = sel[np.lexsort((-o_dur[sel], o_start[sel]))]
+        if len(sel) != len(fl) or any(o_name[i] != n for i, (n, _) in zip(sel, fl)):
+            info["unmatched_ranks"].append(int(rank))
+            continue
+        param_fill[sel[[p for _, p in fl]]] = True
     info["op_scales"] = work & leaf_op & ~fixed_in & ~param_fill
     info["ops_scaled"] = int(info["op_scales"].sum())
     info["param_fills"] = int((work & param_fill).sum())
