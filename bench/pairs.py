@@ -40,7 +40,12 @@ are bound by reading their weights, and Python / autograd time does not scale wi
 is printed whole (as the code now predicts it), then without it.
 
 A fourth batch (``after_freeze: 4``, frozen at FREEZE-4 ``c945718``, after that fix) is scored
-apart too; it was scored once, and no model code changed after its predictions were seen.
+apart too; it was scored once. Its ``emb-batch-64-16`` shaped the model after it was seen
+(the embedding's batch from its indices; a parameter-shaped zero-fill keeps its time), so it
+is ``shaped_after_freeze``. A fifth batch (``after_freeze: 5``, frozen at FREEZE-5
+``4ae6ed3``, after those fixes) was scored once; the only code change after its predictions
+were seen made the zero-fill match work under ``retime replay``'s projected read (no figure
+changed).
 
 Reads only the committed traces (no capture), so it runs anywhere::
 
