@@ -40,7 +40,12 @@ are bound by reading their weights, and Python / autograd time does not scale wi
 is printed whole (as the code now predicts it), then without it.
 
 A fourth batch (``after_freeze: 4``, frozen at FREEZE-4 ``c945718``, after that fix) is scored
-apart too; it was scored once, and no model code changed after its predictions were seen.
+apart too; it was scored once. Its ``emb-batch-64-16`` shaped the model after it was seen
+(the embedding's batch from its indices; a parameter-shaped zero-fill keeps its time), so it
+is ``shaped_after_freeze``. A fifth batch (``after_freeze: 5``, frozen at FREEZE-5
+``4ae6ed3``, after those fixes) was scored once; the only code change after its predictions
+were seen made the zero-fill match work under ``retime replay``'s projected read (no figure
+changed).
 
 Reads only the committed traces (no capture), so it runs anywhere::
 
@@ -291,7 +296,7 @@ def summary(rows: list[dict], pre: str = "") -> dict:
 def freeze_batch(spec: dict) -> int:
     """Which freeze a pair was captured after (pairs.json ``after_freeze``): 0 for the pairs
     that shaped the model, 1 for the first batch (``true``), 2 for the second, 3 for the
-    third, 4 for the fourth."""
+    third, 4 for the fourth, 5 for the fifth."""
     return int(spec.get("after_freeze") or 0)
 
 
@@ -302,7 +307,7 @@ def _batch_label(batch: int, specs: list[dict]) -> str:
         return ("batch 1, captured after the first freeze (981b888; the model was changed "
                 "after they were seen)")
     commits = sorted({str(s.get("frozen_commit", ""))[:7] for s in specs})
-    nth = {2: "second", 3: "third", 4: "fourth"}.get(batch, f"#{batch}")
+    nth = {2: "second", 3: "third", 4: "fourth", 5: "fifth"}.get(batch, f"#{batch}")
     return f"batch {batch}, captured after the {nth} freeze ({', '.join(commits)})"
 
 

@@ -132,3 +132,32 @@ def test_recommender_pair_reads_its_own_batch():
         assert files, root / label
         meta = {"sources": [{"path": str(files[0]), "format": "kineto"}]}
         assert _from_shapes(meta) == want
+
+
+def test_table_gradient_zero_fills_keep_their_time():
+    """On the real batch-4 recommender captures: each step's backward zero-fills one dense
+    4000 x 64 table gradient per embedding bag (8 tables, 3 steps, 2 ranks: 48 fills), a
+    memset of the same 1 MB at either batch, so those fills do not scale (nor do the 12
+    fills of the 1 x 256 head weight's shape, 2 per rank and step); the measured
+    fills' median is indeed about the same at batch 64 and 16 (within 15%), while the
+    batch-sized operators' compute is not."""
+    root = ROOT / "traces" / "pairs" / "emb-batch-64-16"
+    tot = {}
+    for label in ("A", "B"):
+        t = load_capture(root / label, plain=True)
+        o = t.ops
+        k, ph = o["kind"].to_numpy(), o["phase"].to_numpy()
+        work = ((k == OpKind.CPU_OP) | (k == OpKind.RUNTIME)) & (ph == Phase.BWD)
+        i = host_split(t, work).info
+        names = np.asarray(t.strings, dtype=object)[o["name_id"].to_numpy()]
+        memset = work & np.isin(names, batch_cpu.MEMSETS)
+        kept = memset & ~i["op_scales"]
+        assert i["param_fills"] == 60 == int(kept.sum())
+        # the 1 MB tables' fills, not the 1 KB head's (a few of which were preempted)
+        big = kept & (o["dur_ns"].to_numpy() > 50_000)
+        assert 48 <= int(big.sum()) <= 52
+        tot[label] = float(np.median(o["dur_ns"].to_numpy()[big]))
+        # a 4000 x 64 fp32 fill writes 1 MB: its time is near a memset at the trace's copy
+        # rate (a copy reads and writes each byte; a fill only writes)
+        assert 0.2 < tot[label] / (4000 * 64 * 4 / i["copy_rate_gbps"]) < 5
+    assert abs(tot["A"] / tot["B"] - 1) < 0.15

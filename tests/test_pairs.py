@@ -150,8 +150,10 @@ def test_freeze_batches_are_marked_and_scored_apart():
               for b, names in by.items()}
     assert sorted(by[4]) == ["cnn-batch-32-8", "cnn-checkpoint", "emb-batch-64-16",
                              "emb-host-speed-70"]
-    assert len(set(labels.values())) == 5
-    for b in (2, 3, 4):
+    assert sorted(by[5]) == ["emb-batch-2048-512", "emb-batch-32-8", "emb-bucket-800mbit",
+                             "transformer-batch-16-4"]
+    assert len(set(labels.values())) == 6
+    for b in (2, 3, 4, 5):
         commits = {INDEX[n]["frozen_commit"] for n in by[b]}
         assert len(commits) == 1 and len(next(iter(commits))) == 40
         assert next(iter(commits))[:7] in labels[b]
@@ -167,6 +169,12 @@ def test_freeze_batches_are_marked_and_scored_apart():
                          capture_output=True, text=True)
     if msg.returncode == 0:
         assert msg.stdout.startswith("FREEZE-4"), msg.stdout
+    # and the fifth's
+    frozen5 = INDEX["emb-batch-32-8"]["frozen_commit"]
+    msg = subprocess.run(["git", "-C", str(ROOT), "log", "-1", "--format=%s", frozen5],
+                         capture_output=True, text=True)
+    if msg.returncode == 0:
+        assert msg.stdout.startswith("FREEZE-5"), msg.stdout
     # fixed after batch 2 (emb-bucket), batch 3 (mlp-batch-32-16) and batch 4
     # (emb-batch-64-16) were seen: marked, and scored apart by the bench
     assert sorted(n for n, r in INDEX.items() if r.get("shaped_after_freeze")) == [

@@ -77,6 +77,8 @@ CASES = [
      ("phase",)),
     ("a100-ddp-nccl", _sets("cache.offload_optimizer=true", "cache.pcie_gbps=50"), ("phase",)),
     ("pairs/mlp-checkpoint/B", _sets("cache.recompute=none"), STRUCTURE_COLUMNS),
+    # a CPU trace's batch: the GEMM split and the parameter-shaped zero-fills (batch_cpu)
+    ("pairs/emb-batch-64-16/B", _sets("parallel.micro_batch=64"), STRUCTURE_COLUMNS),
     ("h100-vgg13", _sets("cache.offload_activations=true"), ("phase",)),
     ("megatron-oplevel", _sets("cache.recompute=full"), STRUCTURE_COLUMNS),
     # a synthesized store: what each table reads of the loaded run (most re-synthesize it)

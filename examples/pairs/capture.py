@@ -236,6 +236,30 @@ def _pairs() -> dict[str, tuple[str, Pair]]:
     out["cnn-batch-32-8"] = ("cnn", Pair(
         "per-rank batch size 32 vs 8 (conv net)", {"batch": 32}, {"batch": 8},
         {"parallel.micro_batch": 8}, {"parallel.micro_batch": 32}))
+    # the fifth batch, captured after the fifth freeze (FROZEN_5, 4ae6ed3): per-rank batch
+    # changes on model/batch combos no pair used -- the recommender at small batches (32 vs
+    # 8; emb-batch-64-16 shaped the zero-fill rule, this judges it) and the transformer by a
+    # factor of 4 (16 vs 4) -- and the recommender's DDP bucket on an 800 Mbit/s link (the
+    # kit's overlap probe gives the calibration file; emb-bucket ran at 1600)
+    out["emb-batch-32-8"] = ("emb", Pair(
+        "per-rank batch size 32 vs 8 (embedding-bag recommender)", {"batch": 32},
+        {"batch": 8}, {"parallel.micro_batch": 8}, {"parallel.micro_batch": 32}))
+    out["transformer-batch-16-4"] = ("transformer", Pair(
+        "per-rank batch size 16 vs 4 (transformer)", {"batch": 16}, {"batch": 4},
+        {"parallel.micro_batch": 4}, {"parallel.micro_batch": 16}))
+    out["emb-bucket-800mbit"] = ("emb", Pair(
+        "DDP bucket_cap_mb (MiB; the key counts 10^6 bytes) on an 800 Mbit/s link "
+        "(embedding-bag recommender)",
+        {"bucket_cap_mb": 1.0, "rate_mbit": 800.0}, {"bucket_cap_mb": 50.0, "rate_mbit": 800.0},
+        {"overlap.bucket_mb": round(50 * MIB_MB, 6)},
+        {"overlap.bucket_mb": round(1 * MIB_MB, 6)}))
+    # a fourth, defined after emb-batch-32-8 and transformer-batch-16-4 were captured (before
+    # its own capture, with no prediction run): the recommender's step did not move at 32 vs
+    # 8 (59.6 vs 60.0 ms, its 10 MB all-reduce bounds it), so it judges a batch change
+    # little; at 2048 vs 512 (its base batch) its compute can move the step
+    out["emb-batch-2048-512"] = ("emb", Pair(
+        "per-rank batch size 2048 vs 512 (embedding-bag recommender)", {"batch": 2048},
+        {"batch": 512}, {"parallel.micro_batch": 512}, {"parallel.micro_batch": 2048}))
     return out
 
 
@@ -250,6 +274,9 @@ FROZEN_3 = ("mlp-batch-32-16", "transformer-bucket-1000mbit", "mlp-bandwidth-400
             "emb-bandwidth-300-1000-burst-half", "transformer-batch-32-16")
 #: the fourth batch, captured after the fourth freeze (pairs.json after_freeze: 4)
 FROZEN_4 = ("emb-batch-64-16", "cnn-checkpoint", "emb-host-speed-70", "cnn-batch-32-8")
+#: the fifth batch, captured after the fifth freeze (pairs.json after_freeze: 5)
+FROZEN_5 = ("emb-batch-32-8", "transformer-batch-16-4", "emb-bucket-800mbit",
+            "emb-batch-2048-512")
 
 
 def stated(pair: Pair, a: dict, b: dict) -> dict[str, dict]:
@@ -453,6 +480,9 @@ def run_pair(name: str, hosts: Hosts, args: argparse.Namespace) -> dict:
     if name in FROZEN_4:
         rec_pair["after_freeze"] = 4
         rec_pair["frozen_commit"] = args.frozen_commit
+    if name in FROZEN_5:
+        rec_pair["after_freeze"] = 5
+        rec_pair["frozen_commit"] = args.frozen_commit
     facts = stated(pair, settings["A"], settings["B"])
     if facts:
         rec_pair["stated"] = facts
@@ -530,8 +560,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--commit", action="store_true", help="git commit each pair when captured")
     p.add_argument("--list", action="store_true", help="print the pairs and exit")
     p.add_argument("--frozen-commit", default="",
-                   help="the frozen model's commit, recorded with the FROZEN_2 / FROZEN_3 / "
-                        "FROZEN_4 pairs")
+                   help="the frozen model's commit, recorded with the FROZEN_2 ... FROZEN_5 "
+                        "pairs")
     args = p.parse_args(argv)
     OUT = args.out.resolve()
     names = list(PAIRS) if args.all else args.pair
@@ -539,7 +569,7 @@ def main(argv: list[str] | None = None) -> int:
         for n, (_m, pr) in PAIRS.items():
             print(f"{n:<28} {pr.knob}; A {pr.a} B {pr.b}; keys A->B {pr.a_to_b}")
         return 0
-    later = [n for n in names if n in FROZEN_2 or n in FROZEN_3 or n in FROZEN_4]
+    later = [n for n in names if n in (*FROZEN_2, *FROZEN_3, *FROZEN_4, *FROZEN_5)]
     if later and not args.frozen_commit:
         print(f"capture: {', '.join(later)} are judged after a freeze; give the frozen "
               "model's commit with --frozen-commit SHA", file=sys.stderr)

@@ -20,6 +20,14 @@ This module prices that part from the trace alone:
   written once: the GEMM packs it), at most the time the profiler did not cover inside the
   GEMM's span (its compute: the gaps between the leaf ops inside it).
 
+* **a parameter's zeroing**: a memset (``aten::fill_`` / ``aten::zero_``) whose tensor has
+  a parameter's shape (a linear weight, or an embedding table: the first input of
+  ``aten::embedding`` / ``aten::embedding_bag``) writes the same bytes at any batch. An
+  embedding bag's dense backward zero-fills its rows x dim table gradient before it adds the
+  batch's rows: on ``traces/pairs/emb-batch-64-16`` a 4000 x 64 fill takes a median of
+  136 us at batch 64 and 132 us at 16 (48 fills per capture), while the scatter that follows
+  scales. Such a fill keeps its time (``info["param_fills"]``).
+
 The fixed part is spread over the host gaps inside the GEMM's span in proportion to their
 overlap with it. :func:`host_split` also tells which host time is an operator's compute at
 all: the part of a gap inside an operator's span (outside the DDP reducer's and
@@ -39,8 +47,12 @@ from pathlib import Path
 import numpy as np
 import orjson
 
-__all__ = ["COPY_MIN_BYTES", "GEMMS", "GemmSplit", "host_split", "weight_bytes"]
+__all__ = ["COPY_MIN_BYTES", "GEMMS", "MEMSETS", "GemmSplit", "host_split", "weight_bytes"]
 
+#: leaf operators that fill a tensor with a constant (``torch.zeros``' and ``zero_``'s memset)
+MEMSETS = ("aten::fill_", "aten::zero_")
+#: operators whose first input is a parameter table (the embedding's rows x dim weight)
+_TABLES = ("aten::embedding", "aten::embedding_bag")
 #: copies smaller than this are dominated by the per-call dispatch, not the memory rate
 COPY_MIN_BYTES = 256 * 1024
 GEMMS = ("aten::addmm", "aten::mm")
@@ -105,7 +117,8 @@ def _events(trace) -> dict[int, list[dict]]:
     out: dict[int, list[dict]] = {}
     for s, ev in kineto_cpu_ops(trace.meta):
         if "rank" in s:
-            keep = [e for e in ev if e.get("name") in (*GEMMS, "aten::copy_", "aten::linear")]
+            keep = [e for e in ev if e.get("name") in (*GEMMS, *MEMSETS, "aten::copy_",
+                                                       "aten::linear", *_TABLES)]
             out.setdefault(int(s["rank"]), []).extend(keep)
     return out
 
@@ -136,6 +149,36 @@ def _weights(events: dict[int, list[dict]]) -> set:
                 dims = (e.get("args") or {}).get("Input Dims") or []
                 if len(dims) > 1 and isinstance(dims[1], list) and len(dims[1]) == 2:
                     out.add(tuple(dims[1]))
+    return out
+
+
+def _param_fills(events: dict[int, list[dict]], weights: set) -> dict[int, list[tuple]]:
+    """Per rank, each memset (:data:`MEMSETS`) in time order as ``(name, is_param)``:
+    whether its tensor has a parameter's shape, a linear layer's weight or an embedding table
+    (the first input of the trace's ``aten::embedding`` / ``aten::embedding_bag``). Such a
+    fill is a gradient's zeroing (an embedding bag's dense backward zero-fills a rows x dim
+    table before it scatters the batch's rows into it): its bytes, so its time, do not
+    depend on the batch."""
+    shapes = set(weights)
+    for ev in events.values():
+        for e in ev:
+            if e.get("name") in _TABLES:
+                dims = (e.get("args") or {}).get("Input Dims") or []
+                if dims and isinstance(dims[0], list) and len(dims[0]) == 2:
+                    shapes.add(tuple(dims[0]))
+    out: dict[int, list[tuple]] = {}
+    for rank, ev in events.items():
+        ms = sorted((e for e in ev if e.get("name") in MEMSETS),
+                    key=lambda e: (float(e.get("ts", 0)), -float(e.get("dur", 0))))
+        # the leaves only (the trace's ops): a ``zero_`` that calls ``fill_`` is a range
+        ms = [e for k, e in enumerate(ms) if not (
+            k + 1 < len(ms) and ms[k + 1].get("tid") == e.get("tid")
+            and float(ms[k + 1].get("ts", 0)) < float(e.get("ts", 0)) + float(e.get("dur", 0)))]
+        out[rank] = []
+        for e in ms:
+            dims = (e.get("args") or {}).get("Input Dims") or []
+            out[rank].append((e["name"], bool(dims) and isinstance(dims[0], list)
+                              and tuple(dims[0]) in shapes))
     return out
 
 
@@ -235,8 +278,22 @@ def host_split(trace, work: np.ndarray) -> GemmSplit:
     info["gap_ns"] = float(gap[work].sum())
     info["gap_scaled_ns"] = float(scaled[work].sum())
     fixed_in = _in_fixed(trace, o_rank, o_lane, o_start, is_fx_r)
-    info["op_scales"] = work & leaf_op & ~fixed_in
+    # the trace's memset ops matched to their Kineto events in time order, rank by rank,
+    # as the GEMMs are below (a rank whose sequences differ keeps every fill scaling)
+    param_fill = np.zeros(n_ops, bool)
+    is_m = np.isin(o_name, MEMSETS)
+    o_dur = o["dur_ns"].to_numpy().astype(np.int64)
+    for rank, fl in _param_fills(events, weights).items():
+        sel = np.flatnonzero(is_m & (o_rank == rank))
+        sel = sel[np.lexsort((-o_dur[sel], o_start[sel]))]
+        if len(sel) != len(fl) or any(o_name[i] != n for i, (n, _) in zip(sel, fl)):
+            info["unmatched_ranks"].append(int(rank))
+            continue
+        param_fill[sel[[p for _, p in fl]]] = True
+    info["op_scales"] = work & leaf_op & ~fixed_in & ~param_fill
     info["ops_scaled"] = int(info["op_scales"].sum())
+    info["param_fills"] = int((work & param_fill).sum())
+    info["param_fill_ns"] = float(o["dur_ns"].to_numpy()[work & param_fill].sum())
     if rate is None or not weights:
         return GemmSplit(gap_fixed, info)
     is_g = np.isin(r_name, GEMMS)

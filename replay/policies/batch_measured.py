@@ -197,7 +197,9 @@ def _host_part(state: WhatIfState, wh: np.ndarray, dispatch: np.ndarray, b: int,
         f"gaps, {i['gap_scaled_ns'] / max(i['gap_ns'], 1):.0%} lie inside operators (their "
         f"compute: scales x{b2 / b:.3g} past the dispatch cost); the rest (Python, the "
         "autograd engine, the DDP reducer's and AccumulateGrad's gradient handling) and the "
-        f"Python ops keep their times; {i['ops_scaled']} leaf operator(s) scale", bounded=True)
+        f"Python ops keep their times; {i['ops_scaled']} leaf operator(s) scale; "
+        f"{i['param_fills']} zero-fill(s) of a parameter-shaped tensor (a gradient's zeroing: "
+        f"{i['param_fill_ns'] / 1e6:.2f} ms) keep theirs", bounded=True)
     if flat:
         state.assume(f"parallel.micro_batch {b} -> {b2} on a CPU trace: GEMMs scale linearly "
                      "past their dispatch cost (hardware.kernel_pricing = \"flat\")",
