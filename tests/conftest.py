@@ -28,6 +28,17 @@ SHARED_CASES = {
     "nsys-h100-2gpu": SHARED / "nsys" / "h100-2gpu-fastvideo.sqlite",
 }
 
+def bench_module(name: str):
+    """A ``bench/`` script imported as a module (its functions and data, not its main)."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        return __import__(name)
+    finally:
+        sys.path.pop(0)
+
+
 # Silence progress bars in tests (they go to stderr and would clutter captured output).
 os.environ.setdefault("RETIME_PROGRESS", "0")
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import tomllib
+from conftest import bench_module
 
 from retime.collectors.costs import kernels as K
 from retime.collectors.costs.gpus import gpu_names, gpu_spec
@@ -170,12 +171,7 @@ def test_published_gemm_sweeps_at_tolerance():
 
 
 def _bench():
-    sys.path.insert(0, str(ROOT / "bench"))
-    try:
-        import cost as bench
-    finally:
-        sys.path.pop(0)
-    return bench
+    return bench_module("cost")
 
 
 def test_same_shape_gemms_on_a100_and_h100():

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import tomllib
+from conftest import bench_module
 
 from retime.collectors.costs import (
     Collective,
@@ -437,12 +438,7 @@ def test_nvls_latency_grows_with_the_domain_but_the_tuner_ranks_with_the_table()
 
 
 def _bench():
-    sys.path.insert(0, str(ROOT / "bench"))
-    try:
-        import cost as bench
-    finally:
-        sys.path.pop(0)
-    return bench
+    return bench_module("cost")
 
 
 def test_nvls_tree_leaves_each_domain_on_one_nic_per_head():

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_kineto_stream import _norm  # the same field-by-field view of a parse
+from test_kineto_stream import _norm, assert_same_parts  # the same field-by-field view of a parse
 
 import retime.collectors.kineto.reader as kin
 import retime.collectors.kineto.scan as kf
@@ -30,13 +30,7 @@ def _same_as_general(path: Path, monkeypatch):
         m.setattr(kin, "STREAMING", False)
         gen = parse_kineto_file(path)
     a, b = _norm(fast), _norm(gen)
-    assert a.keys() == b.keys()
-    for k in b:
-        x, y = a[k], b[k]
-        if isinstance(y, np.ndarray):
-            assert len(x) == len(y) and np.array_equal(np.asarray(x), np.asarray(y)), k
-        else:
-            assert x == y, k
+    assert_same_parts(a, b)
     return fast
 
 

@@ -25,6 +25,17 @@ FILES = sorted(p for p in SHARED.rglob("*.json*") if "-et" not in p.parent.name
                and ".et." not in p.name)
 
 
+def assert_same_parts(a: dict, b: dict) -> None:
+    """Two :func:`_norm` views hold the same fields with equal values."""
+    assert a.keys() == b.keys()
+    for k in b:
+        x, y = a[k], b[k]
+        if isinstance(y, np.ndarray):
+            assert len(x) == len(y) and np.array_equal(np.asarray(x), np.asarray(y)), k
+        else:
+            assert x == y, k
+
+
 def _norm(p) -> dict:
     names = np.asarray(p.strings, object)
     d: dict = {}
@@ -50,13 +61,7 @@ def assert_same(path: Path, monkeypatch) -> None:
     fast = kf.parse_fast(path)
     assert fast is not None, f"{path.name}: the streaming reader fell back"
     a, b = _norm(fast), _norm(_general(path, monkeypatch))
-    assert a.keys() == b.keys()
-    for k in b:
-        x, y = a[k], b[k]
-        if isinstance(y, np.ndarray):
-            assert len(x) == len(y) and np.array_equal(np.asarray(x), np.asarray(y)), k
-        else:
-            assert x == y, k
+    assert_same_parts(a, b)
 
 
 @pytest.mark.parametrize("path", FILES, ids=[p.parent.name + "/" + p.name[:24] for p in FILES])
@@ -147,13 +152,7 @@ def test_mapped_plain_file_reads_the_same(tmp_path, monkeypatch, block):
     assert len(mapped) == 1 and mapped[0] is not None
     b = _norm(kf.parse_fast(path))
     assert len(mapped) == 1  # reading does not map
-    assert a.keys() == b.keys()
-    for k in b:
-        x, y = a[k], b[k]
-        if isinstance(y, np.ndarray):
-            assert len(x) == len(y) and np.array_equal(np.asarray(x), np.asarray(y)), k
-        else:
-            assert x == y, k
+    assert_same_parts(a, b)
     empty = tmp_path / "empty.json"
     empty.write_bytes(b"")
     assert kf.parse_fast(empty, mapped=True) is None  # falls back; the general path words it
