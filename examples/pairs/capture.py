@@ -471,18 +471,10 @@ def run_pair(name: str, hosts: Hosts, args: argparse.Namespace) -> dict:
     rec_pair["change"] = round(rec_pair["median_ns"]["B"] / rec_pair["median_ns"]["A"] - 1, 4)
     if name in FROZEN:
         rec_pair["after_freeze"] = True
-    if name in FROZEN_2:
-        rec_pair["after_freeze"] = 2
-        rec_pair["frozen_commit"] = args.frozen_commit
-    if name in FROZEN_3:
-        rec_pair["after_freeze"] = 3
-        rec_pair["frozen_commit"] = args.frozen_commit
-    if name in FROZEN_4:
-        rec_pair["after_freeze"] = 4
-        rec_pair["frozen_commit"] = args.frozen_commit
-    if name in FROZEN_5:
-        rec_pair["after_freeze"] = 5
-        rec_pair["frozen_commit"] = args.frozen_commit
+    for batch, names in enumerate((FROZEN_2, FROZEN_3, FROZEN_4, FROZEN_5), start=2):
+        if name in names:
+            rec_pair["after_freeze"] = batch
+            rec_pair["frozen_commit"] = args.frozen_commit
     facts = stated(pair, settings["A"], settings["B"])
     if facts:
         rec_pair["stated"] = facts
