@@ -154,6 +154,17 @@ def test_explicit_uneven_stages():
         synthesize(SMALL, "a100-80gb", pp=4, global_batch=4, stage_layers=[1, 2, 3, 1])
     with pytest.raises(ConfigError, match="3 entries"):
         synthesize(SMALL, "a100-80gb", pp=4, global_batch=4, stage_layers=[2, 3, 3])
+    # Llama 3's interleaved layout (synth REFERENCES R34): one-layer model chunks, the
+    # first holding the embedding alone and the last the head alone
+    tr = synthesize(SMALL, "a100-80gb", tp=1, pp=2, dp=1, global_batch=8, micro_batch=1,
+                    schedule="interleaved", chunks=5, stage_layers=[0] + [1] * 8 + [0])
+    o = tr.ops
+    assert tr.meta["synth"]["stage_layers"] == [0] + [1] * 8 + [0]
+    lay = o[(o["layer"] >= 0) & (o["layer"] < 8)]
+    per_rank = lay.groupby("stage")["layer"].unique()
+    # chunk j on rank j % 2 holds layer j - 1
+    assert [sorted(x.tolist()) for x in per_rank] == [[1, 3, 5, 7], [0, 2, 4, 6]]
+    assert set(o.loc[o["layer"] == 8, "stage"]) == {1}  # the head: the last chunk's only op
     # 61 layers over 16 stages: as even as possible, the 13 extra layers in the middle
     sp = even_split(61, 16)
     assert sum(sp) == 61 and sorted(sp) == [3] * 3 + [4] * 13

@@ -33,7 +33,7 @@ def _uniform(sched: str, p: int, m: int, v: int, f_ns: int, b_ns: int):
 @pytest.mark.parametrize("sched,p,m,v", [
     ("gpipe", 4, 8, 1), ("gpipe", 2, 1, 1), ("1f1b", 4, 8, 1), ("1f1b", 8, 3, 1),
     ("1f1b", 8, 32, 1), ("interleaved", 4, 8, 2), ("interleaved", 4, 4, 3),
-    ("interleaved", 8, 16, 4), ("bfs", 4, 8, 2), ("bfs", 4, 4, 2), ("bfs", 2, 6, 3),
+    ("interleaved", 8, 16, 4), ("interleaved", 16, 16, 8), ("bfs", 4, 8, 2), ("bfs", 4, 4, 2), ("bfs", 2, 6, 3),
 ])
 @pytest.mark.parametrize("f_ns,b_ns", [(1000, 2000), (1500, 1500)])
 def test_bubble_equals_closed_form(sched, p, m, v, f_ns, b_ns):
