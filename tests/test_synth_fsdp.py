@@ -152,3 +152,17 @@ def test_pipelined_fsdp2_accumulates_in_the_reduce_dtype():
     # no accumulator without a pipeline: each backward reduce-scatters
     o1, names1, _ = _ops(fsdp=True)
     assert not (names1 == "fsdp.accumulate_grads").any()
+
+
+@pytest.mark.parametrize("impl", ["fsdp2", "megatron"])
+def test_optimizer_waits_for_the_last_reduce_scatter(impl):
+    """The optimizer step reads the reduced gradients: its first kernel starts no earlier
+    than the end of the last FSDP reduce-scatter (it used to start beside the embedding's,
+    reading gradients not yet reduced), and the step ends with the optimizer."""
+    o, names, s = _ops(fsdp=True, fsdp_impl=impl, global_batch=16)
+    end = (o["start_ns"] + o["dur_ns"]).to_numpy()
+    rs = names == "zero3.reduce_scatter_grads"
+    opt = np.char.startswith(names.astype(str), "optimizer.")
+    assert rs.sum() > 0 and opt.sum() > 0
+    assert o["start_ns"].to_numpy()[opt].min() >= end[rs].max()
+    assert end[opt].max() == end.max()

@@ -37,7 +37,8 @@ class VStage:
 class Block:
     """Column arrays of one instantiable op sequence."""
 
-    __slots__ = ("cols", "edges", "entry", "exit", "send", "grad_ops", "n", "first_compute")
+    __slots__ = ("cols", "edges", "entry", "exit", "send", "grad_ops", "n", "first_compute",
+                 "last_scatter")
 
     def __init__(self) -> None:
         self.cols: dict[str, list] = {k: [] for k in ("name", "lane", "kind", "dur", "flops",
@@ -48,6 +49,9 @@ class Block:
         self.exit = -1  # op whose output is sent (last compute op)
         self.send = -1  # the pipeline send op, -1 none
         self.first_compute = -1
+        # the last ZeRO-3 / FSDP gradient reduce-scatter issued in the block, -1 none: the
+        # optimizer step reads the reduced gradients, so it waits for it
+        self.last_scatter = -1
         # (op index, dense params, expert params): a layer's gradients are complete
         self.grad_ops: list[tuple[int, int, int]] = []
         self.n = 0
@@ -153,7 +157,7 @@ def _scatters(blk: Block, lt, tpl, parallel, comm, last: int, layer: int, phase:
             op = _coll("zero3.reduce_scatter_grads", "dp",
                        comm.collective_ns(CommOp.REDUCE_SCATTER, nbytes, group), nbytes,
                        CommOp.REDUCE_SCATTER)
-        blk.add(op, layer, phase, [last], gkind=gk)
+        blk.last_scatter = blk.add(op, layer, phase, [last], gkind=gk)
 
 
 def make_block(tpl, parallel, comm, vst: VStage, phase: int, recv_ns: int, send_ns: int,

@@ -309,6 +309,7 @@ def build_trace(template: StepTemplate, parallel: ParallelConfig | dict,
         sync_ops: list[int] = []
         deferred: list[tuple[list, int]] = []  # reductions waiting for the last backward
         last_compute = -1
+        last_scatter = -1
         # per item: (recv, send, exit, first compute) op ids, -1 none
         item_ids: list[tuple[int, int, int, int]] = []
         gathered: set[int] = set()  # pipelined FSDP: virtual stages already gathered
@@ -353,6 +354,8 @@ def build_trace(template: StepTemplate, parallel: ParallelConfig | dict,
                     send_id[(d, imb, ivs)] = at(blk.send)
                 if blk.exit >= 0:
                     last_compute = at(blk.exit)
+                if blk.last_scatter >= 0:
+                    last_scatter = at(blk.last_scatter)
                 item_ids.append((at(blk.entry), at(blk.send), at(blk.exit),
                                  at(blk.first_compute)))
             gblk, gbase = grad_blk
@@ -430,7 +433,10 @@ def build_trace(template: StepTemplate, parallel: ParallelConfig | dict,
                                             comm_op=int(CommOp.ALL_GATHER)), gk)] * shards
         if not ops and not gathers:
             continue
-        deps = sync_ops + ([last_compute] if last_compute >= 0 else [])
+        # the optimizer reads reduced gradients: it waits for the stage's last in-block FSDP
+        # reduce-scatter too (FSDP2's post-backward callback makes the compute stream wait
+        # for the reduce-scatter stream before the step; one lane runs them in issue order)
+        deps = sync_ops + [i for i in (last_compute, last_scatter) if i >= 0]
         prev_last = -1
         if ops:
             n = pool.add_ops(ops, stage)
