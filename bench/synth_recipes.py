@@ -133,7 +133,9 @@ model chunks as the paper states them (R34: one layer fewer on the first and las
 of one layer, 8 per rank; was 2 chunks of 4 layers, an assumption): 8K / 16K GPUs 1.02x /
 0.90x -> 1.14x / 1.11x (bubble 23% / 47% -> 6% / 12%). Not a fix: the rows are now too
 fast alike at both scales, by causes not modeled (REFERENCES "Still missed"). Judged
-median 4.9% -> 5.7%, 20 -> 19 of 26 within 10%.
+median 4.9% -> 5.7%, 20 -> 19 of 26 within 10%. (13) The optimizer step waits for the last
+FSDP reduce-scatter (it had started beside the embedding's): FSDP rows 0.0-0.3% slower,
+judged median 5.8%, dev rows 5.7% / 6.8% -> 5.4% / 6.6%.
 """
 
 from __future__ import annotations
