@@ -498,3 +498,28 @@ def test_c25_in_rack_all_reduce_is_64_ranks_by_its_own_bus_factor():
     rows = bench.collective_rows(s)
     assert {r["algorithm"] for r in rows} == {"nvls"}
     assert max(abs(r["error"]) for r in rows) < 0.10
+
+
+def test_a_ring_leaving_the_node_fills_its_nvlink_hops_at_the_nvlink_rate():
+    """The fill pass of a ring that leaves its NVLink domain: the first chunk crosses one
+    network hop per node at the NIC-bound rate and the other hops at the NVLink rate (a
+    pipeline fills in the sum of its stages' times). C11's cluster (3 x 8 A100, 4 HDR NICs
+    per node: 8 channels, 4 x 25 x 0.97 = 97 GB/s per node, NVLink 300 x 0.78 = 234):
+    weight (21 x 97 / 234 + 3) / 24; the ring's time is call + latency + (S + softmin(S,
+    24 x 8 x 64 KiB x weight)) / algbw. Inside one node, and with one GPU per node, 1."""
+    c = load_preset("dgx-a100").with_overrides(gpu="a100-40gb", nodes=3, nics_per_node=4)
+    g = group_of(c)
+    L = nccl._links(c, g)
+    intra, net = 300.0 * 0.78, 4 * 25.0 * 0.97
+    assert (L.intra, L.net_node, L.channels) == pytest.approx((intra, net, 8))
+    w = (21 * net / intra + 3) / 24
+    assert nccl.ring_fill_weight(g, L) == pytest.approx(w)
+    s = 2**27
+    r = collective_cost(c, "all_reduce", s, algo="ring", proto="Simple")
+    algbw = net / bus_factor(Collective.all_reduce, 24)
+    fill = _soft_min(s, 24 * 8 * 64 * 1024 * w)
+    assert r.time_us == pytest.approx(r.latency_us + (s + fill) / (algbw * 1e3), rel=1e-9)
+    one = load_preset("dgx-a100")
+    assert nccl.ring_fill_weight(group_of(one), nccl._links(one, group_of(one))) == 1.0
+    solo = load_preset("dgx-a100").with_overrides(nodes=4, gpus_per_node=1)
+    assert nccl.ring_fill_weight(group_of(solo), nccl._links(solo, group_of(solo))) == 1.0
