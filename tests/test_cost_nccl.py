@@ -523,3 +523,26 @@ def test_a_ring_leaving_the_node_fills_its_nvlink_hops_at_the_nvlink_rate():
     assert nccl.ring_fill_weight(group_of(one), nccl._links(one, group_of(one))) == 1.0
     solo = load_preset("dgx-a100").with_overrides(nodes=4, gpus_per_node=1)
     assert nccl.ring_fill_weight(group_of(solo), nccl._links(solo, group_of(solo))) == 1.0
+
+
+def _c27_rows():
+    s = next(s for s in _series()["collective"] if s["id"] == "C27")
+    return bench_module("cost").collective_rows(s)
+
+
+def test_held_out_a3_mega_series_is_judged_on_sixteen_ranks():
+    """C27 (held out, scored once): 11 judged rows, 1 MB - 1 GB, on 2 x 8 H100 with 8 x 200
+    Gb/s per node; nothing in the model was set or chosen on it."""
+    rows = _c27_rows()
+    assert [r["bytes"] for r in rows] == [2**p for p in range(20, 31)]
+    assert {r["role"] for r in rows} == {"judge"}
+    c = load_preset("dgx-h100").with_overrides(nodes=2, nic_gbit=200.0, net_fabric="roce")
+    assert group_of(c).ranks == 16
+
+
+@pytest.mark.xfail(strict=True, reason="C27 held out, scored once at commit 9daf3bd: median "
+                   "|error| 73.3%, worst 156.9% (1-32 MB +73..+157%: GPUDirect-TCPXO's ~120 us "
+                   "floor; 256 MB - 1 GB -19..-38%: on 2 nodes the run beats the NICs' ring bound, "
+                   "the model's trees cannot; REFERENCES.md C27)")
+def test_held_out_a3_mega_series_within_the_issues_15_percent():
+    assert max(abs(r["error"]) for r in _c27_rows()) < 0.15
