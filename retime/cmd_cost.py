@@ -231,7 +231,9 @@ def _assumed_lines(c, rows, coll: str) -> list[str]:
     out.append("latency: NCCL's tuning tables (base + hops x per-hop latency; REFERENCES.md C0"
                f"{ll128}) + {P.CALL_US.value:g} us per call (assumed); pipeline fill: one pass "
                "of the soft minimum of the message and "
-               f"{P.CHUNK_BYTES.value / 1024:g} KiB per channel in flight (fitted)")
+               f"{P.CHUNK_BYTES.value / 1024:g} KiB per channel in flight (fitted)"
+               + ("; a ring leaving its NVLink domain pays its NVLink hops' share of that pass "
+                  "at the NVLink rate" if doms > 1 else ""))
     out.append("algorithm/protocol: the least tuner time, as NCCL picks without NCCL_ALGO / "
                "NCCL_PROTO; range: published +-5%, fitted +-10%, assumed +-25% per parameter")
     if coll in ("alltoall", "sendrecv"):

@@ -498,3 +498,51 @@ def test_c25_in_rack_all_reduce_is_64_ranks_by_its_own_bus_factor():
     rows = bench.collective_rows(s)
     assert {r["algorithm"] for r in rows} == {"nvls"}
     assert max(abs(r["error"]) for r in rows) < 0.10
+
+
+def test_a_ring_leaving_the_node_fills_its_nvlink_hops_at_the_nvlink_rate():
+    """The fill pass of a ring that leaves its NVLink domain: the first chunk crosses one
+    network hop per node at the NIC-bound rate and the other hops at the NVLink rate (a
+    pipeline fills in the sum of its stages' times). C11's cluster (3 x 8 A100, 4 HDR NICs
+    per node: 8 channels, 4 x 25 x 0.97 = 97 GB/s per node, NVLink 300 x 0.78 = 234):
+    weight (21 x 97 / 234 + 3) / 24; the ring's time is call + latency + (S + softmin(S,
+    24 x 8 x 64 KiB x weight)) / algbw. Inside one node, and with one GPU per node, 1."""
+    c = load_preset("dgx-a100").with_overrides(gpu="a100-40gb", nodes=3, nics_per_node=4)
+    g = group_of(c)
+    L = nccl._links(c, g)
+    intra, net = 300.0 * 0.78, 4 * 25.0 * 0.97
+    assert (L.intra, L.net_node, L.channels) == pytest.approx((intra, net, 8))
+    w = (21 * net / intra + 3) / 24
+    assert nccl.ring_fill_weight(g, L) == pytest.approx(w)
+    s = 2**27
+    r = collective_cost(c, "all_reduce", s, algo="ring", proto="Simple")
+    algbw = net / bus_factor(Collective.all_reduce, 24)
+    fill = _soft_min(s, 24 * 8 * 64 * 1024 * w)
+    assert r.time_us == pytest.approx(r.latency_us + (s + fill) / (algbw * 1e3), rel=1e-9)
+    one = load_preset("dgx-a100")
+    assert nccl.ring_fill_weight(group_of(one), nccl._links(one, group_of(one))) == 1.0
+    solo = load_preset("dgx-a100").with_overrides(nodes=4, gpus_per_node=1)
+    assert nccl.ring_fill_weight(group_of(solo), nccl._links(solo, group_of(solo))) == 1.0
+
+
+def _c27_rows():
+    s = next(s for s in _series()["collective"] if s["id"] == "C27")
+    return bench_module("cost").collective_rows(s)
+
+
+def test_held_out_a3_mega_series_is_judged_on_sixteen_ranks():
+    """C27 (held out, scored once): 11 judged rows, 1 MB - 1 GB, on 2 x 8 H100 with 8 x 200
+    Gb/s per node; nothing in the model was set or chosen on it."""
+    rows = _c27_rows()
+    assert [r["bytes"] for r in rows] == [2**p for p in range(20, 31)]
+    assert {r["role"] for r in rows} == {"judge"}
+    c = load_preset("dgx-h100").with_overrides(nodes=2, nic_gbit=200.0, net_fabric="roce")
+    assert group_of(c).ranks == 16
+
+
+@pytest.mark.xfail(strict=True, reason="C27 held out, scored once at commit 9daf3bd: median "
+                   "|error| 73.3%, worst 156.9% (1-32 MB +73..+157%: GPUDirect-TCPXO's ~120 us "
+                   "floor; 256 MB - 1 GB -19..-38%: on 2 nodes the run beats the NICs' ring bound, "
+                   "the model's trees cannot; REFERENCES.md C27)")
+def test_held_out_a3_mega_series_within_the_issues_15_percent():
+    assert max(abs(r["error"]) for r in _c27_rows()) < 0.15

@@ -55,17 +55,23 @@ def test_halving_inter_node_bandwidth_costs_the_alpha_beta_amount(dp_job):
     n, per_node = 16, 8
     # closed form (the cost layer's ring/Simple, PUBLISHED.md §3): bus bytes 2(n-1)/n * S
     # over the slowest level, plus one pipeline pass of the soft minimum of S and
-    # I = n x 16 channels x 64 KiB (S I / sqrt(S^2 + I^2))
+    # I = n x 16 channels x 64 KiB x w (S I / sqrt(S^2 + I^2))
     # (two channels per NIC leave the node); the inter-node level gives each of the node's
-    # 8 members its NIC share. Latency terms are the same at both rates.
+    # 8 members its NIC share. w: the ring's 2 network hops fill at the slowest level's
+    # rate, its 14 NVLink hops at the NVLink rate (nccl.ring_fill_weight). Latency terms
+    # are the same at both rates.
     inter_gbps = HW.nics * HW.nic_gbps / HW.gpus_per_node
-    bw = min(HW.intra.gbps * HW.intra.bus_efficiency,
-             inter_gbps * HW.inter.bus_efficiency * per_node)
-    bw_half = min(HW.intra.gbps * HW.intra.bus_efficiency,
-                  inter_gbps / 2 * HW.inter.bus_efficiency * per_node)
-    inflight = n * 16 * 65536
-    moved = S + S * inflight / (S * S + inflight * inflight) ** 0.5
-    expected = moved * 2 * (n - 1) / n * (1 / bw_half - 1 / bw)
+    intra = HW.intra.gbps * HW.intra.bus_efficiency
+
+    def bus_us(net):
+        slow = min(intra, net)
+        w = ((n - 2) * slow / intra + 2 * slow / net) / n
+        inflight = n * 16 * 65536 * w
+        moved = S + S * inflight / (S * S + inflight * inflight) ** 0.5
+        return moved * 2 * (n - 1) / n / slow
+
+    expected = (bus_us(inter_gbps / 2 * HW.inter.bus_efficiency * per_node)
+                - bus_us(inter_gbps * HW.inter.bus_efficiency * per_node))
     from retime.collectors.costs import Group, cluster_from_hardware, collective_cost
     for hw in (HW, _with_inter(HW, inter_gbps / 2)):
         r = collective_cost(cluster_from_hardware(hw), "all_reduce", int(S),

@@ -23,7 +23,10 @@ Where this model departs from the tuner (it predicts wall-clock time, the tuner 
   steps as the message shrinks (NVLS 128 -> 64 -> 32 -> 16 KiB at 64x, 8x and 2x the
   concurrent ops' chunk bytes, ``src/enqueue.cc``, C16), and the last of several loops is a
   remainder, so the in-flight data moves through a staircase whose envelope has no corner.
-  The hard corner put both fit series' worst rows at S = I (C7 16 MB, C1 4-8 MB);
+  The hard corner put both fit series' worst rows at S = I (C7 16 MB, C1 4-8 MB). A ring
+  that leaves its NVLink domain fills its NVLink hops at the NVLink rate and only its network
+  hops at the bottleneck (:func:`ring_fill_weight`: a pipeline fills in the sum of its
+  stages' times);
 * a fixed per-call cost (launch, completion), and inside one NVLink domain a ring LL128
   collective pays LL's base latency, not the table's LL128 figure, which NCCL raised from LL's
   (2.5) to 14 us (2.18+) to rank protocols (C22; the tuner still ranks with 14);
@@ -56,7 +59,7 @@ from .cluster import Cluster
 __all__ = ["Collective", "Algo", "Proto", "CollectiveCost", "Group", "collective_cost",
            "bus_factor", "group_of", "alltoall_split_us", "efficiencies", "nvls_eff",
            "nvls_algbw", "nvls_hop_us", "nvls_channels", "nvls_heads", "nvls_tree_net",
-           "fill_bytes", "p2p_channels", "p2p_ll_rate"]
+           "fill_bytes", "p2p_channels", "p2p_ll_rate", "ring_fill_weight"]
 
 
 class Collective(str, Enum):
@@ -435,7 +438,24 @@ def _fill_us(c: Cluster, g: Group, L: _Links, coll: Collective, a: Algo, p: Prot
         inflight = g.per_node * nvls_channels(c, g, measured) * P.NVLS_CHUNK_BYTES.value
         return P.NVLS_FILL.value * fill_bytes(nbytes, inflight) / (algbw * 1e3)
     inflight = g.ranks * L.channels * P.CHUNK_BYTES.value
+    if a == Algo.ring:
+        inflight *= ring_fill_weight(g, L)
     return fill_bytes(nbytes, inflight) / (algbw * 1e3)
+
+
+def ring_fill_weight(g: Group, L: _Links) -> float:
+    """Share of the ring's data in flight that the fill pass pays at the ring's bottleneck
+    rate. The first chunk of a channel crosses the ring hop by hop, each hop at its own link's
+    rate (a pipeline fills in the sum of its stages' times, not in stages x the slowest one):
+    a ring leaving its NVLink domain has one network hop per domain and NVLink hops for the
+    rest, so where the NICs are the bottleneck the NVLink hops fill faster, in
+    ``bottleneck / NVLink rate`` of the time. 1 for a ring inside one domain (every hop alike)
+    and for one GPU per domain (every hop on the network)."""
+    if g.nodes < 2 or g.domain or g.per_node < 2 or L.net_node <= 0:
+        return 1.0
+    slow = min(L.intra, L.net_node)
+    net_hops = g.nodes
+    return ((g.ranks - net_hops) * slow / L.intra + net_hops * slow / L.net_node) / g.ranks
 
 
 def _time(c, g, L, coll, a, p, nbytes, measured=None) -> tuple[float, float, float, float]:
