@@ -227,8 +227,8 @@ def synth(
         "--stage-slack", min=0.0, help="Step-time slack of --stage-layers memory.")] = 0.05,
     p2p: Annotated[P2p, typer.Option("--p2p", help="Pipeline send/receive: sync (blocking, "
                                      "batched: Megatron default), async (overlapped) or serial "
-                                     "(DeepSpeed's pipeline engine: blocking send, then "
-                                     "receive, one after the other; 1f1b only).")] = P2p.sync,
+                                     "(DeepSpeed's pipeline engine: send and receive as two "
+                                     "blocking calls, one after the other; 1f1b only).")] = P2p.sync,
     odc: Annotated[bool, typer.Option("--odc", help="ZeRO-3/FSDP with on-demand point-to-point "
                                       "transfers, one sync per step.")] = False,
     seq_imbalance: Annotated[float, typer.Option(
