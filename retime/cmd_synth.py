@@ -44,6 +44,7 @@ class FsdpReduceDtype(str, Enum):
 class P2p(str, Enum):
     sync = "sync"
     async_ = "async"
+    serial = "serial"
 
 
 class ZeroReduce(str, Enum):
@@ -225,7 +226,9 @@ def synth(
     stage_slack: Annotated[float, typer.Option(
         "--stage-slack", min=0.0, help="Step-time slack of --stage-layers memory.")] = 0.05,
     p2p: Annotated[P2p, typer.Option("--p2p", help="Pipeline send/receive: sync (blocking, "
-                                     "Megatron default) or async (overlapped).")] = P2p.sync,
+                                     "batched: Megatron default), async (overlapped) or serial "
+                                     "(DeepSpeed's pipeline engine: send and receive as two "
+                                     "blocking calls, one after the other; 1f1b only).")] = P2p.sync,
     odc: Annotated[bool, typer.Option("--odc", help="ZeRO-3/FSDP with on-demand point-to-point "
                                       "transfers, one sync per step.")] = False,
     seq_imbalance: Annotated[float, typer.Option(

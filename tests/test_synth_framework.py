@@ -157,12 +157,16 @@ def test_launch_blocking_gap_of_the_bloom_rows_reproduces_its_fit_row():
               global_batch=512, recompute="full", zero=1, dtype="fp16",
               grad_accum_fusion=False)
 
-    def step(us):
-        return synthesize(m, hw, launch_blocking_us=us, **kw).meta["synth"]["step_time_ns"]
+    def step(us, p2p):
+        return synthesize(m, hw, launch_blocking_us=us, p2p=p2p,
+                          **kw).meta["synth"]["step_time_ns"]
     B, s, layers, h, V = 512, 2048, 80, 14400, 250880
     flops = 96 * B * s * layers * h * h * (1 + s / (6 * h) + V / (16 * layers * h))
     published = flops / 80 * (1 / 91.04e12 - 1 / 97.20e12)
-    assert (step(56.0) - step(0.0)) / 1e9 == pytest.approx(published, rel=0.02)
+    # the rows run with DeepSpeed's serial pipeline transfers (REFERENCES.md R38), which
+    # leave the fit unchanged: the gap does not move the transfers
+    for p2p in ("sync", "serial"):
+        assert (step(56.0, p2p) - step(0.0, p2p)) / 1e9 == pytest.approx(published, rel=0.02)
 
 
 def test_owner_slices_cut_each_bucket_at_the_owners_partitions():

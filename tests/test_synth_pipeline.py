@@ -124,6 +124,33 @@ def test_blocking_p2p_costs_grow_with_transfer_time(sched, v):
     assert extra[2] - extra[1] == 2 * (extra[1] - extra[0])
 
 
+def test_deepspeed_serial_p2p_pays_both_transfers_of_each_exchange():
+    """DeepSpeed's pipeline engine (p2p="serial"): between two items a stage sends and
+    receives with two blocking calls, one after the other. Two stages, m micro-batches,
+    uniform f / b, transfer c (derived by hand): in Megatron's batched call each of the m - 1
+    exchanges that carry both an activation and a gradient costs c, in DeepSpeed's two
+    calls 2c, so the step is (m - 1) c longer; with free transfers the two are equal."""
+    f, b = 1000, 2000
+    for m in (4, 8):
+        assert _uniform("1f1b", 2, m, f, b, 0, p2p="serial") == \
+            _uniform("1f1b", 2, m, f, b, 0, p2p="sync")
+        for c in (300, 700):
+            serial = _uniform("1f1b", 2, m, f, b, 0, p2p_ns=c, p2p="serial")
+            sync = _uniform("1f1b", 2, m, f, b, 0, p2p_ns=c, p2p="sync")
+            assert serial - sync == (m - 1) * c
+    # deeper pipelines: the extra time is linear in c (middle stages exchange with both
+    # neighbours)
+    for p in (3, 4):
+        extra = [_uniform("1f1b", p, 8, f, b, 0, p2p_ns=c, p2p="serial")
+                 - _uniform("1f1b", p, 8, f, b, 0, p2p_ns=c, p2p="sync") for c in (300, 600)]
+        assert extra[0] > 0 and extra[1] == 2 * extra[0]
+
+
+def test_serial_p2p_is_deepspeeds_1f1b_only():
+    with pytest.raises(ConfigError, match="only schedule is 1F1B"):
+        ParallelConfig(pp=4, global_batch=8, schedule="interleaved", chunks=2, p2p="serial")
+
+
 def test_interleaved_sends_wait_for_the_following_backward():
     """In Megatron's interleaved steady state a forward's output leaves after the backward
     that follows it (one batched call per pair)."""

@@ -239,7 +239,7 @@ def build_trace(template: StepTemplate, parallel: ParallelConfig | dict,
     reduce_grads = zero < 3 or piped
     bucket_params = parallel.bucket_mb * 1e6 / template.grad_bytes_per_param
     ds_reduce = zero in (1, 2) and parallel.zero_reduce == "reduce"
-    sync_p2p = parallel.p2p == "sync" and sched in SYNC_SCHEDULES and p > 1
+    sync_p2p = parallel.p2p in ("sync", "serial") and sched in SYNC_SCHEDULES and p > 1
     esrc: list[np.ndarray] = []
     edst: list[np.ndarray] = []
     ekind: list[np.ndarray] = []
@@ -380,7 +380,7 @@ def build_trace(template: StepTemplate, parallel: ParallelConfig | dict,
             sync_ops.extend(reduce_ops(gops, gbase, stage, after=last_compute))
         if sync_p2p:
             _sync_edges(order, item_ids, call_after(sched, order, p, m, v, stage), layout, sched, p, stage,
-                        add_edges, recv_post)
+                        add_edges, recv_post, serial=parallel.p2p == "serial")
         if p > 1 and template.tied_embedding_params and stage in (0, p - 1) \
                 and layout.chains == 1:
             nbytes = int(template.tied_embedding_params * template.grad_bytes_per_param)
@@ -490,11 +490,15 @@ def build_trace(template: StepTemplate, parallel: ParallelConfig | dict,
                             meta)
 
 
-def _sync_edges(order, item_ids, calls, layout, sched, p, stage, add_edges, recv_post) -> None:
+def _sync_edges(order, item_ids, calls, layout, sched, p, stage, add_edges, recv_post,
+                serial: bool = False) -> None:
     """Blocking pipeline communication (``p2p = "sync"``, see ParallelConfig): a send waits
     for the end of the item before its call (a deferred send), the item after a call waits
     for every send and receive of that call, and each receive records its call point (the
-    exit of the item before the call) for the rendezvous edge to the matching send."""
+    exit of the item before the call) for the rendezvous edge to the matching send.
+    ``serial`` (``p2p = "serial"``, DeepSpeed's pipeline engine): the call's send and
+    receive are two blocking calls in DeepSpeed's order, the second starting when the first
+    has finished, instead of one batched call."""
     n = len(order)
     src, dst = [], []
     # call index of each item's send: first call at or after it
@@ -527,6 +531,14 @@ def _sync_edges(order, item_ids, calls, layout, sched, p, stage, add_edges, recv
             recv_post[(d, mb, vs)] = item_ids[cj][2] if cj >= 0 else -1
             if cj >= 0:
                 members.setdefault(cj, []).append(recv)
+    if serial:  # DeepSpeed: two blocking calls, one after the other (REFERENCES.md R38)
+        for cj in members:
+            snd = item_ids[cj][1] if nxt_call[cj] == cj else -1
+            rcv = item_ids[cj + 1][0] if cj + 1 < n else -1
+            if snd >= 0 and rcv >= 0:  # forward step: receive, then send the gradient;
+                first, then = (rcv, snd) if order[cj + 1][0] == F else (snd, rcv)
+                src.append(first)  # backward step: send the activation, then receive
+                dst.append(then)
     for cj, ops in members.items():
         if cj + 1 < n and item_ids[cj + 1][3] >= 0:
             first = item_ids[cj + 1][3]

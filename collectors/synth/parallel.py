@@ -21,7 +21,7 @@ __all__ = ["ParallelConfig", "SCHEDULES", "RECOMPUTE", "DTYPES", "P2P", "STAGE_P
            "resolve_parallel", "FP4_HIGH"]
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "bfs", "zb-h1", "dualpipe")
-P2P = ("sync", "async")
+P2P = ("sync", "async", "serial")
 #: ZeRO-1/2 gradient reduction: Megatron-LM reduce-scatter, DeepSpeed per-owner reduce
 ZERO_REDUCE = ("reduce_scatter", "reduce")
 STAGE_POLICIES = ("even", "time", "memory")
@@ -52,7 +52,12 @@ class ParallelConfig:
     send/receive call between items (the compute stream waits for it, and a transfer starts
     only when both peers have reached their call); in the interleaved schedule's steady state
     a forward's output leaves only after the following backward. ``"async"`` overlaps sends
-    and receives with compute (Megatron-Core's ``overlap_p2p_comm``). Breadth-first,
+    and receives with compute (Megatron-Core's ``overlap_p2p_comm``). ``"serial"`` is
+    DeepSpeed's pipeline engine (1F1B only): the same blocking calls, but the send and the
+    receive between two items are two blocking calls, one after the other (a forward step
+    receives its activation, then sends the previous backward's gradient; a backward step
+    sends the previous forward's activation, then receives its gradient), so a stage pays
+    both transfers where Megatron's batched call pays the longer (REFERENCES.md R38). Breadth-first,
     zero-bubble and DualPipe schedules always overlap (blocking calls would deadlock the
     first, the others are built around overlapped transfers). Source of the default:
     Megatron-Core ``ModelParallelConfig`` (``overlap_p2p_comm = False``, ``batch_p2p_comm =
@@ -244,6 +249,10 @@ class ParallelConfig:
                               "or >= 1")
         if self.p2p not in P2P:
             raise ConfigError(f"parallel config: p2p={self.p2p!r}; use one of {', '.join(P2P)}")
+        if self.p2p == "serial" and self.schedule != "1f1b":
+            raise ConfigError(f"parallel config: p2p='serial' is DeepSpeed's pipeline engine, "
+                              f"whose only schedule is 1F1B; schedule={self.schedule!r}: use "
+                              "--schedule 1f1b or --p2p sync")
         lb = self.launch_blocking_us
         if isinstance(lb, bool) or not isinstance(lb, (int, float)) or not 0 <= lb < 1e4:
             raise ConfigError(f"parallel config: launch_blocking_us={lb!r} must be a number of "
