@@ -13,7 +13,7 @@ from retime.collectors.errors import PolicyError
 from retime.replay import prediction_range, replay, whatif
 from retime.replay.policies.kernel_cost import shaped_kernels
 from retime.replay.policies.nccl_trace import NcclPricer, measured_channels, trace_cluster
-from retime.replay.policies.tp_measured import split_dims, tp_layout
+from retime.replay.policies.tp_measured import dp_buckets, split_dims, tp_layout
 
 VGG = KINETO / "h100-vgg13" / "profiler_vgg13-iter41.json.gz"
 F32 = 4
@@ -117,6 +117,8 @@ def test_vgg13_tp2_halves_the_split_flops_and_adds_priced_allreduces(vgg):
     assert lo < hi and lo <= r.step_time_ns <= hi
     a = " ".join(r.meta["whatif"]["assumed"])
     assert "column/row pairs" in a and "NCCL model for 2 GPUs" in a
+    # one GPU: no data-parallel gradients to resize
+    assert fx["dp_buckets_resized"] == 0 and "no gradient all-reduce in the trace" in a
 
 
 def test_vgg13_tp_flat_pricing_is_exactly_one_over_t(vgg):
@@ -146,8 +148,26 @@ def test_dlrm_mlps_split_on_every_rank_with_exact_allreduce_bytes(dlrm):
     r = whatif(dlrm, {"parallel.tp": 2})
     fx = r.meta["scenario"][0]["tp_effect"]
     assert fx["flops_new"] == fx["flops_old"] / 2
+    # DDP's two gradient buckets per rank hold exactly the MLPs' weights and biases, in
+    # reverse layer order: top 256-1, 512-256, 512-512 in the first, top 367-512 and the
+    # bottom MLP in the second; at TP=2 a column layer keeps half its weight and bias, a
+    # row layer half its weight and all its bias, the replicated 128-16 layer all
+    b1_old = (256 + 1) + (512 * 256 + 256) + (512 * 512 + 512)
+    b2_old = (367 * 512 + 512) + (128 * 16 + 16) + (256 * 128 + 128) + (13 * 256 + 256)
+    b1_new = (256 // 2 + 1) + (512 * 256 + 256) // 2 + (512 * 512 // 2 + 512)
+    b2_new = (367 * 512 + 512) // 2 + (128 * 16 + 16) + (256 * 128 // 2 + 128) \
+        + (13 * 256 + 256) // 2
+    buckets = dp_buckets(dlrm, lay)
+    assert len(buckets) == 16
+    assert sorted({(old, new) for _op, old, new in buckets}) == sorted(
+        {(F32 * b1_old, F32 * b1_new), (F32 * b2_old, F32 * b2_new)})
+    assert fx["dp_bytes_old"] == 8 * F32 * (b1_old + b2_old)
+    assert fx["dp_bytes_new"] == 8 * F32 * (b1_new + b2_new)
+    ops = np.asarray([op for op, _o, _n in buckets])
+    assert (r.dur_ns[ops] <= base.dur_ns[ops]).all() and fx["dp_saved_ns"] > 0
     k = dlrm.ops["kind"].to_numpy()
-    host = (k == OpKind.CPU_OP) | (k == OpKind.RUNTIME)
+    sync = np.asarray(["Synchronize" in str(n) for n in dlrm.names()])
+    host = ((k == OpKind.CPU_OP) | (k == OpKind.RUNTIME)) & ~sync
     np.testing.assert_array_equal(r.dur_ns[host], base.dur_ns[host])
     # batch-16 GEMMs sit on their launch floor: splitting them saves next to nothing, and
     # the host-bound step does not move

@@ -30,8 +30,11 @@ exactly ``1/t`` (the range's optimistic end, with the NCCL model's low end). Eac
 all-reduce is serialized after the GEMM that feeds it (Megatron without
 ``tp_comm_overlap``): its modeled time is added to that call's last kernel, so the next
 kernel on the stream waits for it. Host work (dispatch, launches) keeps its measured time:
-each TP rank launches the same kernels. Data-parallel collectives keep their measured time
-(the split layers' gradients are ``1/t`` per rank after the change: an upper bound).
+each TP rank launches the same kernels. Each measured rank stands for a TP group of ``t``
+GPUs (the per-replica batch and the data-parallel degree unchanged). Data-parallel gradient
+all-reduces whose bytes are exactly the linear layers' gradients (:func:`dp_buckets`) lose
+the NCCL model's saving on their smaller message; the others keep their measured time (an
+upper bound).
 """
 
 from __future__ import annotations
@@ -88,6 +91,59 @@ def _mkn(name: str, dims: list, types: list) -> tuple[int, int, int] | None:
     except (IndexError, TypeError, ValueError):
         return None
     return (int(m), int(k), int(n)) if bt == 1 else None
+
+
+def _has_bias(name: str, dims: list) -> bool:
+    from retime.collectors.costs.ops import base_name
+    b = base_name(name)
+    ts = [d for d in dims if isinstance(d, list) and d]
+    return b == "addmm" or (b == "linear" and len(ts) > 2)
+
+
+def _params(L: dict, t: int) -> tuple[int, int]:
+    """(gradient elements of linear layer ``L`` per rank at TP=1, at TP=``t``): a column
+    layer holds 1/t of its weight and bias, a row layer 1/t of its weight and the whole
+    bias (Megatron adds it after the all-reduce), a replicated one all of both."""
+    w, b = L["k"] * L["n"], L["n"] if L["bias"] else 0
+    if L["kind"] == "column":
+        return w + b, (w + b) // t
+    if L["kind"] == "row":
+        return w + b, w // t + b
+    return w + b, w + b
+
+
+def dp_buckets(trace: Trace, lay: TpLayout) -> list[tuple[int, int, int]]:
+    """Data-parallel gradient all-reduces whose bytes are exactly the gradients of linear
+    layers of :func:`tp_layout`, in DDP's order (buckets fill in reverse order of the
+    layers' registration, here their forward order): ``(op id, bytes at TP=1, bytes at
+    TP=t)`` per such bucket. A bucket holding anything else (a convolution's, an
+    embedding's parameters) stops the match on its rank: its and the later buckets keep
+    their bytes (an empty list when none matches)."""
+    o = trace.ops
+    kind, rank = o["kind"].to_numpy(), o["rank"].to_numpy()
+    ar = np.flatnonzero((kind == OpKind.COLLECTIVE) & (o["comm_op"].to_numpy()
+                                                       == int(CommOp.ALL_REDUCE))
+                        & (o["phase"].to_numpy() == Phase.BWD))
+    nbytes, st = o["bytes"].to_numpy(), o["start_ns"].to_numpy()
+    out = []
+    for r in np.unique(rank[ar]).tolist():
+        mine = [L for L in lay.layers if L["rank"] == r][::-1]
+        ids = ar[rank[ar] == r]
+        ids = ids[np.argsort(st[ids], kind="stable")]
+        i = 0
+        for op in ids.tolist():
+            want, old, new, j = int(nbytes[op]), 0, 0, i
+            while j < len(mine) and old < want:
+                a, b = _params(mine[j], lay.t)
+                old, new, j = old + a * mine[j]["es"], new + b * mine[j]["es"], j + 1
+            if old == want:
+                out.append((op, want, new))
+                i = j
+            elif i < len(mine) and _params(mine[i], lay.t)[0] * mine[i]["es"] > want:
+                continue  # smaller than the next layer's gradient: another tensor's
+            else:
+                break
+    return out
 
 
 def split_dims(name: str, dims: list, axis: str, t: int) -> list:
@@ -205,6 +261,7 @@ def _tp_layout(trace: Trace, t: int) -> TpLayout:
                 elif i % 2 == 1:
                     kind = "row"
                 layers.append({"rank": int(r), "m": m, "k": k, "n": n, "kind": kind,
+                               "bias": _has_bias(sk.names[c], sk.dims[c]), "es": es[c],
                                "why": why if kind == "replicated" else "", "fwd": c,
                                "dgrad": None, "wgrad": None, "wrole": None})
             # a pair splits only where t divides its split widths (Megatron's rule)
@@ -281,6 +338,53 @@ def _split_ratio(trace: Trace, lay: TpLayout, dev: np.ndarray, flat: bool, hw
     return ids, ratio, info
 
 
+def _resize_dp(state: WhatIfState, lay: TpLayout, cost_bound: str | None) -> dict:
+    """The data-parallel gradient all-reduces at TP=t (:func:`dp_buckets`): each matched
+    bucket's time less what the NCCL model saves on its smaller message (on the trace's own
+    fabric and group, the algorithm its kernels name), never below the measured time x the
+    model's ratio (a wait for peers inside the measured time is kept)."""
+    from .base import ranks_per_node_of
+    from .nccl_trace import NcclPricer, kernel_choice, measured_channels, trace_cluster
+    tr = state.trace
+    b = dp_buckets(tr, lay)
+    t = lay.t
+    n_ar = int(((tr.ops["kind"].to_numpy() == OpKind.COLLECTIVE)
+                & (tr.ops["comm_op"].to_numpy() == int(CommOp.ALL_REDUCE))).sum())
+    if not b:
+        why = ("no gradient all-reduce in the trace" if not n_ar else
+               "none of its all-reduces holds exactly the linear layers' gradients")
+        return {"buckets": 0, "old": 0, "new": 0, "saved_ns": 0,
+                "line": f"parallel.tp={t}: data-parallel collectives keep their measured "
+                        f"times ({why}: the split layers' gradients, 1/{t} per rank after the "
+                        "change, cannot be placed in them)"}
+    ids = np.asarray([x[0] for x in b], np.int64)
+    world = max(int(tr.meta.get("world_size") or 0) if isinstance(tr.meta, dict) else 0,
+                int(tr.ops["rank"].max()) + 1)
+    rpn = ranks_per_node_of(tr, state.ranks_per_node)
+    cluster, src = trace_cluster(tr, ranks_per_node=rpn, world=world)
+    pricer = NcclPricer(cluster, forced=kernel_choice(tr.names()[ids]), bound=cost_bound,
+                        channels=measured_channels(tr))
+    d = state.dur
+    saved = 0.0
+    for op, old, new in b:
+        m_old = pricer.time_ns(int(CommOp.ALL_REDUCE), old, world)
+        m_new = pricer.time_ns(int(CommOp.ALL_REDUCE), new, world)
+        if m_old <= 0:
+            continue
+        x = max(d[op] - (m_old - m_new), d[op] * m_new / m_old)
+        saved += d[op] - x
+        d[op] = x
+    o_b, n_b = sum(x[1] for x in b), sum(x[2] for x in b)
+    return {"buckets": len(b), "old": o_b, "new": n_b, "saved_ns": round(saved),
+            "line": f"parallel.tp={t}: {len(b)} data-parallel gradient all-reduce(s) hold "
+                    "exactly the linear layers' gradients (DDP's buckets, in reverse layer "
+                    f"order): {o_b / 1e6:.3g} -> {n_b / 1e6:.3g} MB (column layers keep 1/{t} "
+                    f"of weight and bias, row layers 1/{t} of the weight and the whole bias), "
+                    f"each re-timed by the NCCL model's saving for {world} ranks on the "
+                    f"trace's fabric ({src['platform']}; the data-parallel group assumed to "
+                    f"keep it at {t}x the GPUs): {saved / 1e6:.3g} ms saved over the ranks"}
+
+
 def scale_tp(state: WhatIfState, t: int, cost_bound: str | None = None) -> dict[str, Any]:
     """Phase 2 of ``parallel.tp=t`` on a measured trace (module docstring): re-times the split
     GEMMs' kernels and adds the TP all-reduces after the GEMMs that feed them."""
@@ -316,6 +420,7 @@ def scale_tp(state: WhatIfState, t: int, cost_bound: str | None = None) -> dict[
         ar_ns += x
         ar_bytes += int(nbytes)
     ranks = max(1, len(np.unique(sk.rank)))
+    dp = _resize_dp(state, lay, cost_bound)
     gemm = np.asarray([_mkn(n, dd, ty) is not None for n, dd, ty in
                        zip(sk.names, sk.dims, sk.types)])
     gemm_ns = float(dur0[sk.op_ids[gemm[sk.call_of]]].sum())
@@ -346,11 +451,11 @@ def scale_tp(state: WhatIfState, t: int, cost_bound: str | None = None) -> dict[
         f"MB over {ranks} rank(s): each split pair's output in forward, its input gradient in "
         f"backward), priced by the NCCL model for {t} GPUs of one node ({src['platform']}, "
         f"{src['fabric']}): {ar_ns / 1e6:.3g} ms in all, serialized after the GEMM that feeds "
-        "each (no tp_comm_overlap); host launches and data-parallel collectives keep their "
-        "measured times (the split layers' gradients shrink to 1/"
-        f"{t} per rank: an upper bound)",
+        "each (no tp_comm_overlap); host launches keep their measured times",
         bounds=None if cost_bound is not None or flat else [{"overlap.cost_bound": "high"}])
-    return {"tp": t, "split_layers": n_split, "replicated_layers": n_rep,
+    state.assume(dp["line"], bounded=True)
+    return {"tp": t, "split_layers": n_split, "dp_buckets_resized": dp["buckets"],
+            "dp_bytes_old": dp["old"], "dp_bytes_new": dp["new"], "dp_saved_ns": dp["saved_ns"], "replicated_layers": n_rep,
             "split_calls": info["split_calls"], "flops_old": info["flops_old"],
             "flops_new": info["flops_new"], "gemm_share": round(gemm_ns / g_ns, 4) if g_ns
             else 0.0, "split_share": round(split_ns / g_ns, 4) if g_ns else 0.0,
