@@ -192,6 +192,8 @@ def test_tp_refusals_of_the_key_itself(vgg):
         whatif(vgg, {"parallel.tp": 16})
     with pytest.raises(PolicyError, match=r"parallel.tp with parallel.micro_batch"):
         whatif(vgg, {"parallel.tp": 2, "parallel.micro_batch": 256})
+    with pytest.raises(PolicyError, match=r"hardware.gpu=a100-80gb with parallel.tp=2"):
+        whatif(vgg, {"parallel.tp": 2, "hardware.gpu": "a100-80gb"})
     assert whatif(vgg, {"parallel.tp": 1}).step_time_ns == replay(vgg).step_time_ns
 
 
