@@ -121,6 +121,16 @@ def test_vgg13_tp2_halves_the_split_flops_and_adds_priced_allreduces(vgg):
     assert fx["dp_buckets_resized"] == 0 and "no gradient all-reduce in the trace" in a
 
 
+def test_vgg13_tp_allreduces_follow_the_stated_nvlink_rate(vgg):
+    fast = whatif(vgg, {"parallel.tp": 2}).meta["scenario"][0]["tp_effect"]
+    r = whatif(vgg, {"parallel.tp": 2, "network.intra_node_gbps": 45.0})
+    slow = next(d for d in r.meta["scenario"] if "tp_effect" in d)["tp_effect"]
+    # the 51 MB backward all-reduce is bandwidth-bound: a tenth of NVLink4's 450 GB/s per
+    # GPU takes several times longer (latency and protocol terms do not scale)
+    assert slow["tp_allreduce_ns"] > 5 * fast["tp_allreduce_ns"]
+    assert any("45 GB/s per GPU stated" in a for a in r.meta["whatif"]["assumed"])
+
+
 def test_vgg13_tp_flat_pricing_is_exactly_one_over_t(vgg):
     base = replay(vgg)
     r = whatif(vgg, {"parallel.tp": 4, "hardware.kernel_pricing": "flat"})

@@ -403,7 +403,8 @@ def scale_tp(state: WhatIfState, t: int, cost_bound: str | None = None) -> dict[
     before = float(d[ids].sum())
     d[ids] *= ratio
     saved_ns = before - float(d[ids].sum())
-    cluster, src = trace_cluster(tr, ranks_per_node=t, world=t)
+    stated = state.notes.get("intra_node_gbps")  # network.intra_node_gbps: the new NVLink
+    cluster, src = trace_cluster(tr, ranks_per_node=t, world=t, measured_intra_gbps=stated)
     bound = "low" if flat and cost_bound is None else cost_bound
     pricer = NcclPricer(cluster, bound=bound, channels=measured_channels(tr))
     st = tr.ops["start_ns"].to_numpy()
@@ -450,7 +451,9 @@ def scale_tp(state: WhatIfState, t: int, cost_bound: str | None = None) -> dict[
         f"parallel.tp={t}: {len(lay.allreduces)} TP all-reduce(s) added ({ar_bytes / 1e6:.3g} "
         f"MB over {ranks} rank(s): each split pair's output in forward, its input gradient in "
         f"backward), priced by the NCCL model for {t} GPUs of one node ({src['platform']}, "
-        f"{src['fabric']}): {ar_ns / 1e6:.3g} ms in all, serialized after the GEMM that feeds "
+        f"{src['fabric']}, {src['nominal_intra_gbps']:g} GB/s per GPU "
+        f"{'stated: network.intra_node_gbps' if stated else 'nominal'}): {ar_ns / 1e6:.3g} ms "
+        "in all, serialized after the GEMM that feeds "
         "each (no tp_comm_overlap); host launches keep their measured times",
         bounds=None if cost_bound is not None or flat else [{"overlap.cost_bound": "high"}])
     state.assume(dp["line"], bounded=True)
