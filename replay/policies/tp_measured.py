@@ -433,7 +433,7 @@ def scale_tp(state: WhatIfState, t: int, cost_bound: str | None = None) -> dict[
     gpu = hw.name if hw is not None else "the trace's GPU (no built-in profile)"
     how = (f"exactly 1/{t} of their measured time (" + ("hardware.kernel_pricing = \"flat\")"
            if flat else "the trace's GPU has no built-in profile to price them on)")
-           if flat or hw is None else
+           if flat or hw is None or not len(ratio) else
            f"measured x model(split shapes) / model(measured shapes) on {gpu} (small GEMMs "
            f"gain less than {t}x: median ratio {np.median(ratio):.2f}, "
            f"{ratio.min():.2f}-{ratio.max():.2f}, linear would be {1 / t:.2f})")
