@@ -178,11 +178,17 @@ def test_dlrm_mlps_split_on_every_rank_with_exact_allreduce_bytes(dlrm):
     k = dlrm.ops["kind"].to_numpy()
     sync = np.asarray(["Synchronize" in str(n) for n in dlrm.names()])
     host = ((k == OpKind.CPU_OP) | (k == OpKind.RUNTIME)) & ~sync
-    np.testing.assert_array_equal(r.dur_ns[host], base.dur_ns[host])
+    # the host's work is the measured one but for one NCCL launch per TP all-reduce: the
+    # trace's 64 NCCL cudaLaunchKernel calls take 8 us (median), charged on the launch call
+    # of the GEMM each all-reduce follows
+    grew = host & (r.dur_ns != base.dur_ns)
+    assert grew.sum() == 40
+    np.testing.assert_array_equal(r.dur_ns[grew] - base.dur_ns[grew], 8000)
+    assert fx["tp_launch_host_ns"] == 40 * 8000
     # batch-16 GEMMs sit on their launch floor: splitting them saves next to nothing, and
     # the host-bound step does not move
     assert fx["gemm_saved_ns"] < 0.05 * fx["tp_allreduce_ns"] + 200_000
-    assert r.step_time_ns == pytest.approx(base.step_time_ns, rel=0.01)
+    assert base.step_time_ns < r.step_time_ns < 1.01 * base.step_time_ns
 
 
 @pytest.mark.parametrize(("path", "match"), [

@@ -30,7 +30,9 @@ exactly ``1/t`` (the range's optimistic end, with the NCCL model's low end). Eac
 all-reduce is serialized after the GEMM that feeds it (Megatron without
 ``tp_comm_overlap``): its modeled time is added to that call's last kernel, so the next
 kernel on the stream waits for it. Host work (dispatch, launches) keeps its measured time:
-each TP rank launches the same kernels. Each measured rank stands for a TP group of ``t``
+each TP rank launches the same kernels; each TP all-reduce adds one launch call on the host,
+at the median of the trace's own NCCL launch calls (none where it launches no NCCL kernel:
+a lower bound either way, the c10d work around a launch is not in Kineto's runtime rows). Each measured rank stands for a TP group of ``t``
 GPUs (the per-replica batch and the data-parallel degree unchanged). Data-parallel gradient
 all-reduces whose bytes are exactly the linear layers' gradients (:func:`dp_buckets`) lose
 the NCCL model's saving on their smaller message; the others keep their measured time (an
@@ -385,6 +387,21 @@ def _resize_dp(state: WhatIfState, lay: TpLayout, cost_bound: str | None) -> dic
                     f"keep it at {t}x the GPUs): {saved / 1e6:.3g} ms saved over the ranks"}
 
 
+def _launches(trace: Trace) -> tuple[dict, float | None, int]:
+    """((rank, correlation) -> op id of the runtime call that launched it, for device ops;
+    the median duration (ns) of the calls that launched the trace's collective kernels, or
+    None without any; how many)."""
+    o = trace.ops
+    kind, rank, cor = o["kind"].to_numpy(), o["rank"].to_numpy(), o["correlation"].to_numpy()
+    rt = np.flatnonzero((kind == OpKind.RUNTIME) & (cor >= 0))
+    key = dict(zip(zip(rank[rt].tolist(), cor[rt].tolist()), rt.tolist()))
+    coll = np.flatnonzero(kind == OpKind.COLLECTIVE)
+    hit = [key.get(x) for x in zip(rank[coll].tolist(), cor[coll].tolist())]
+    hit = [h for h in hit if h is not None]
+    dur = o["dur_ns"].to_numpy()
+    return key, (float(np.median(dur[hit])) if hit else None), len(hit)
+
+
 def scale_tp(state: WhatIfState, t: int, cost_bound: str | None = None) -> dict[str, Any]:
     """Phase 2 of ``parallel.tp=t`` on a measured trace (module docstring): re-times the split
     GEMMs' kernels and adds the TP all-reduces after the GEMMs that feed them."""
@@ -410,6 +427,9 @@ def scale_tp(state: WhatIfState, t: int, cost_bound: str | None = None) -> dict[
     st = tr.ops["start_ns"].to_numpy()
     ar_ns = 0.0
     ar_bytes = 0
+    launch_of, launch_ns, n_launch = _launches(tr)
+    rank_c, cor_c = tr.ops["rank"].to_numpy(), tr.ops["correlation"].to_numpy()
+    host_ns = 0.0
     for c, nbytes, _ph in lay.allreduces:
         own = sk.op_ids[sk.call_of == c]
         own = own[dev[own]]
@@ -420,6 +440,12 @@ def scale_tp(state: WhatIfState, t: int, cost_bound: str | None = None) -> dict[
         d[last] += x
         ar_ns += x
         ar_bytes += int(nbytes)
+        # the host launches the all-reduce after the GEMM: its launch call, as the trace's
+        # own NCCL launches took, rides on the GEMM's launch call
+        h = launch_of.get((int(rank_c[last]), int(cor_c[last])))
+        if launch_ns is not None and h is not None:
+            d[h] += launch_ns
+            host_ns += launch_ns
     ranks = max(1, len(np.unique(sk.rank)))
     dp = _resize_dp(state, lay, cost_bound)
     gemm = np.asarray([_mkn(n, dd, ty) is not None for n, dd, ty in
@@ -454,7 +480,12 @@ def scale_tp(state: WhatIfState, t: int, cost_bound: str | None = None) -> dict[
         f"{src['fabric']}, {src['nominal_intra_gbps']:g} GB/s per GPU "
         f"{'stated: network.intra_node_gbps' if stated else 'nominal'}): {ar_ns / 1e6:.3g} ms "
         "in all, serialized after the GEMM that feeds "
-        "each (no tp_comm_overlap); host launches keep their measured times",
+        "each (no tp_comm_overlap); host launches of the kernels keep their measured times, "
+        + (f"and each all-reduce's launch call takes {launch_ns / 1e3:.3g} us on the host "
+           f"(the median of the trace's {n_launch} NCCL launch calls; PyTorch's c10d work "
+           "around it is not in the trace: a lower bound)" if launch_ns is not None else
+           "and the all-reduces' own launch calls are not charged (the trace launches no "
+           "NCCL kernel to measure one by: a lower bound)"),
         bounds=None if cost_bound is not None or flat else [{"overlap.cost_bound": "high"}])
     state.assume(dp["line"], bounded=True)
     return {"tp": t, "split_layers": n_split, "dp_buckets_resized": dp["buckets"],
@@ -463,4 +494,5 @@ def scale_tp(state: WhatIfState, t: int, cost_bound: str | None = None) -> dict[
             "flops_new": info["flops_new"], "gemm_share": round(gemm_ns / g_ns, 4) if g_ns
             else 0.0, "split_share": round(split_ns / g_ns, 4) if g_ns else 0.0,
             "gemm_saved_ns": round(saved_ns), "tp_allreduces": len(lay.allreduces),
-            "tp_allreduce_bytes": ar_bytes, "tp_allreduce_ns": round(ar_ns)}
+            "tp_allreduce_bytes": ar_bytes, "tp_allreduce_ns": round(ar_ns),
+            "tp_launch_host_ns": round(host_ns)}
