@@ -24,11 +24,6 @@ def vgg():
     return ingest_cached(VGG)
 
 
-@pytest.fixture(scope="module")
-def dlrm():
-    return ingest_cached(KINETO / "dlrm-v100-8rank")
-
-
 @pytest.mark.parametrize(("name", "dims", "types"), [
     ("aten::mm", [[512, 4096], [4096, 25088]], ["float", "float"]),
     ("aten::addmm", [[4096], [512, 25088], [25088, 4096], [], []],
@@ -142,7 +137,8 @@ def test_vgg13_tp_flat_pricing_is_exactly_one_over_t(vgg):
     np.testing.assert_allclose(r.dur_ns[plain], base.dur_ns[plain] / 4, atol=1)
 
 
-def test_dlrm_mlps_split_on_every_rank_with_exact_allreduce_bytes(dlrm):
+def test_dlrm_mlps_split_on_every_rank_with_exact_allreduce_bytes(dlrm_trace):
+    dlrm = dlrm_trace
     lay = tp_layout(dlrm, 2)
     # per rank: bottom MLP 13-256-128-16, top MLP 367-512-512-256-1 (batch 16)
     per_rank = [(L["k"], L["n"], L["kind"]) for L in lay.layers if L["rank"] == 0]
