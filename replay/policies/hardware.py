@@ -171,6 +171,12 @@ class Hardware(Policy):
                    "hardware.gpu = the trace's own GPU to change the math alone)"))
         if self.kernel_pricing is not None:
             state.notes["kernel_pricing"] = self.kernel_pricing  # parallel.micro_batch reads it
+        if self.gpu is not None and not state.is_synth and state.notes.get("tp", 1) > 1:
+            # parallel configures first: its split GEMMs and TP all-reduces are priced on the
+            # trace's own GPU and fabric (tp_measured.py)
+            raise PolicyError(f"hardware.gpu={self.gpu} with parallel.tp={state.notes['tp']} "
+                              "on a measured trace: the TP split is priced on the trace's own "
+                              "GPU and NVLink; change one of them per what-if")
         if self.gpu is not None and state.is_synth:
             new = _profile(self.gpu, "gpu")
             # keep the run's network and node shape: only the GPU changes

@@ -37,8 +37,7 @@ from .base import frozen, trace_memo
 
 __all__ = ["KERNEL_CURVES", "ShapedKernels", "shaped_kernels", "trace_gpu", "gpu_ratio",
            "kernel_intensity",
-           "batch_ratio", "KernelRatio", "describe_fallback", "refuse_measured_tp",
-           "floor_scaled"]
+           "batch_ratio", "KernelRatio", "describe_fallback", "floor_scaled"]
 
 #: the efficiency curves the what-ifs price with (fitted: collectors/costs/kernels.py)
 KERNEL_CURVES = FITTED_CURVES
@@ -459,34 +458,3 @@ def kernel_intensity(trace: Trace, gpu) -> tuple[np.ndarray, np.ndarray, int]:
     ai[sk.op_ids] = per_call_ai[sk.call_of]
     ridge[sk.op_ids] = per_call_r[sk.call_of]
     return ai, ridge, len(sk.work)
-
-
-def refuse_measured_tp(trace: Trace, tp: int) -> None:
-    """``parallel.tp`` on a measured kernel trace without a recorded layout: refused, naming
-    what is missing (the partition of its GEMMs and where the new all-reduces go). Traces
-    that carry a layout (``meta["synth"]["parallel"]``) are re-laid out elsewhere."""
-    syn = trace.meta.get("synth") if isinstance(trace.meta, dict) else None
-    if isinstance(syn, dict) and isinstance(syn.get("parallel"), dict):
-        return
-    from retime.collectors.costs.ops import op_class
-    sk = shaped_kernels(trace)
-    n = 0 if sk is None else sum(op_class(x) == "gemm" for x in sk.names)
-    share = ""
-    if n:
-        # where the shaped device time goes: Megatron's column / row split covers linear
-        # layers only (not convolutions, embeddings or the memory-bound kernels)
-        dur = trace.ops["dur_ns"].to_numpy()[sk.op_ids].astype(np.float64)
-        cls = np.asarray([op_class(x) for x in sk.names])[sk.call_of]
-        tot = max(float(dur.sum()), 1.0)
-        parts = [f"{c} {dur[cls == c].sum() / tot:.0%}" for c in ("gemm", "conv", "attention",
-                                                                   "rest") if (cls == c).any()]
-        share = f" ({', '.join(parts)} of the shaped kernel time)"
-    have = (f"its {n} GEMM call(s) with recorded shapes{share} could be re-priced at 1/{tp} "
-            "of their columns or rows, but") if n else "it holds no recorded GEMM shapes, and"
-    raise PolicyError(
-        f"parallel.tp={tp} on a measured trace: {have} the trace does not record which "
-        "GEMMs a tensor-parallel layout splits by columns and which by rows, nor where its "
-        "all-reduces go (no layout in meta['synth']['parallel'], no per-layer attribution, "
-        "no process-group names telling tensor-parallel collectives from data-parallel "
-        "ones); synthesize the model with "
-        f"`retime synth --tp {tp}` and apply the scenario to that")

@@ -113,7 +113,9 @@ KEYS: dict[str, KeyInfo] = {
     "parallel.dp": KeyInfo("ranks", "integer >= 1", "unchanged", _LAYOUT_M + "; kineto/nsys "
                            "pure data-parallel traces with every rank traced",
                            "data-parallel degree (fixed per-rank batch)"),
-    "parallel.tp": KeyInfo("ranks", "integer >= 1", "unchanged", _SYNTH,
+    "parallel.tp": KeyInfo("ranks", "integer >= 1 (<= 8 on a measured trace)", "unchanged",
+                           _SYNTH + "; kineto with recorded shapes: consecutive linear layers "
+                           "split as column/row pairs, TP all-reduces by the NCCL model",
                            "tensor-parallel degree"),
     "parallel.pp": KeyInfo("stages", "integer >= 1", "unchanged", _LAYOUT_M,
                            "pipeline-parallel degree"),

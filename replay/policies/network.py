@@ -237,6 +237,8 @@ class Network(Policy):
 
     def configure(self, state: WhatIfState) -> None:
         if not state.is_synth:
+            if self.intra_node_gbps is not None:  # parallel.tp's TP all-reduces read it
+                state.notes["intra_node_gbps"] = float(self.intra_node_gbps)
             return
         hw = state.synth.hardware
         rep = dataclasses.replace
@@ -285,6 +287,10 @@ class Network(Policy):
         tab = collective_table(state.trace, state.graph, state.ranks_per_node,
                                self.nodes_per_dc)
         if len(tab["op"]) == 0:
+            if state.notes.get("tp", 1) > 1 and "intra_node_gbps" in state.notes:
+                # the only collectives are parallel.tp's, priced at the stated rate there
+                state.applied.append(self.describe())
+                return
             raise PolicyError("network policy: the trace has no collective or p2p ops to "
                               "re-time")
         if state.is_synth:  # only the algorithm: latency steps change

@@ -146,6 +146,8 @@ class Overlap(Policy):
         return ("phase", "layer", "microbatch", "chunk") if "prefetch" in fields else ()
 
     def configure(self, state: WhatIfState) -> None:
+        if self.cost_bound is not None:
+            state.notes["cost_bound"] = self.cost_bound  # parallel.tp's TP all-reduces read it
         if self.bucket_mb is None and self.merge is None:
             return
         if not state.is_synth:

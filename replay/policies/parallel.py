@@ -222,9 +222,19 @@ class Parallel(Policy):
                         "share its cores")
             return
         if not state.is_synth:
-            if "tp" in kw:
-                from .kernel_cost import refuse_measured_tp
-                refuse_measured_tp(state.trace, kw["tp"])
+            if "tp" in kw and not self._current_layout(state):
+                # a measured GPU trace without a layout: its linear layers split by shape
+                # (tp_measured.py), re-timed in phase 2
+                if set(kw) != {"tp"}:
+                    raise PolicyError(
+                        f"parallel.tp with parallel.{', parallel.'.join(sorted(set(kw) - {'tp'}))}"
+                        " on a measured trace without a layout: the TP split re-prices its "
+                        "GEMMs in place; change one key per what-if")
+                if kw["tp"] > 1:
+                    from .tp_measured import tp_layout
+                    tp_layout(state.trace, kw["tp"])  # refuse early, naming what is missing
+                state.notes["tp"] = int(kw["tp"])
+                return
             state.notes["relayout"] = self._relayout_measured(state, kw)
             return
         if self.schedule in ("interleaved", "bfs") and self.chunks is None \
@@ -295,6 +305,9 @@ class Parallel(Policy):
         if "micro_batch" in state.notes:
             from .batch_measured import scale_batch
             d["batch_effect"] = scale_batch(state, state.notes["micro_batch"])
+        if state.notes.get("tp", 1) > 1:
+            from .tp_measured import scale_tp
+            d["tp_effect"] = scale_tp(state, state.notes["tp"], state.notes.get("cost_bound"))
         if self.fields():
             state.applied.append(d)
 

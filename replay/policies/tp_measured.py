@@ -1,0 +1,498 @@
+"""``parallel.tp`` (the tensor-parallel degree) on a measured GPU trace recorded at TP=1.
+
+The trace must hold what Megatron's layout needs, read from its recorded shapes
+(torch.profiler ``record_shapes=True``; :func:`.kernel_cost.shaped_kernels`):
+
+* **the layout**: per rank, the forward's 2-D GEMM calls (``aten::addmm`` / ``aten::linear``
+  / ``aten::mm``) in issue order form chains of linear layers where one layer's output width
+  is the next one's input width over the same rows (an MLP: ``x W1 -> act -> W2 ...``). Each
+  chain is split as Megatron-LM splits a transformer's MLP (Shoeybi et al. 2019, REFERENCES
+  K23): layers in pairs, the first **column**-parallel (its ``N`` outputs split by ``t``), the
+  second **row**-parallel (its ``K`` inputs split by ``t``); an odd chain's last layer, a
+  lone linear layer, a pair whose split width ``t`` does not divide, convolutions, attention
+  and the other kernels stay **replicated** (every TP rank runs them whole, at their
+  measured time);
+* **the backward GEMMs** of each split layer, matched by shape: the input gradient
+  (``M x N x K``) and the weight gradient (``N x M x K`` or ``K x M x N``), the layer's split
+  dimension divided by ``t`` in each (so each split layer's FLOPs are exactly ``1/t`` of the
+  measured ones);
+* **the TP all-reduces** Megatron adds per pair: the row layer's output (``M x N_row``
+  elements) after its forward GEMM, and the column layer's input gradient (``M x K_col``)
+  after its input-gradient GEMM (none when the trace has no input-gradient GEMM for it: the
+  chain's input needs no gradient), in the GEMMs' dtype, priced by the cost layer's NCCL
+  model (:mod:`collectors.costs.nccl`) for ``t`` GPUs of the trace's platform in one node
+  (:func:`.nccl_trace.trace_cluster`).
+
+Re-timing, on each rank: the split GEMM calls' kernels take measured x model(split shapes) /
+model(measured shapes) (the cost layer's price: a GEMM far below peak gains less than
+``t``; :func:`.kernel_cost._prices`); with ``hardware.kernel_pricing = "flat"`` they take
+exactly ``1/t`` (the range's optimistic end, with the NCCL model's low end). Each TP
+all-reduce is serialized after the GEMM that feeds it (Megatron without
+``tp_comm_overlap``): its modeled time is added to that call's last kernel, so the next
+kernel on the stream waits for it. Host work (dispatch, launches) keeps its measured time:
+each TP rank launches the same kernels; each TP all-reduce adds one launch call on the host,
+at the median of the trace's own NCCL launch calls (none where it launches no NCCL kernel:
+a lower bound either way, the c10d work around a launch is not in Kineto's runtime rows). Each measured rank stands for a TP group of ``t``
+GPUs (the per-replica batch and the data-parallel degree unchanged). Data-parallel gradient
+all-reduces whose bytes are exactly the linear layers' gradients (:func:`dp_buckets`) lose
+the NCCL model's saving on their smaller message; the others keep their measured time (an
+upper bound).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from retime.collectors.enums import CommOp, OpKind, Phase
+from retime.collectors.errors import PolicyError
+from retime.collectors.trace import Trace
+
+from .base import WhatIfState, trace_memo
+
+__all__ = ["TpLayout", "tp_layout", "split_dims", "scale_tp", "MAX_TP"]
+
+#: TP groups this model prices: one node's NVLink / xGMI domain (8 GPUs on the platforms
+#: :func:`.nccl_trace.trace_cluster` knows)
+MAX_TP = 8
+_FWD_GEMM = ("addmm", "linear", "mm")
+_BWD_GEMM = ("mm", "addmm", "linear")
+_ES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp64": 8, "fp8": 1}
+# which of the call's (m, k, n) holds the split dimension, by role and split kind
+_AXIS = {("fwd", "column"): "n", ("fwd", "row"): "k",
+         ("dgrad", "column"): "k", ("dgrad", "row"): "n",
+         ("wgrad_nmk", "column"): "m", ("wgrad_nmk", "row"): "n",
+         ("wgrad_kmn", "column"): "n", ("wgrad_kmn", "row"): "m"}
+
+
+@dataclass(frozen=True)
+class TpLayout:
+    """What ``parallel.tp=t`` splits on a trace.
+
+    ``calls`` (int64): shaped-call indices (:class:`.kernel_cost.ShapedKernels`) split by
+    ``t``; ``axis``: per split call, which of its GEMM dimensions (``m``/``k``/``n``) is
+    divided; ``layers``: per linear layer found, a dict (rank, m, k, n, kind: column / row /
+    replicated, why); ``allreduces``: (call index the all-reduce follows, bytes, phase name)
+    per TP all-reduce; ``gemm_calls``: every 2-D GEMM call of the trace.
+    """
+
+    t: int
+    calls: np.ndarray
+    axis: tuple[str, ...]
+    layers: tuple[dict, ...]
+    allreduces: tuple[tuple[int, int, str], ...]
+    gemm_calls: int
+
+
+def _mkn(name: str, dims: list, types: list) -> tuple[int, int, int] | None:
+    from retime.collectors.costs.ops import base_name, gemm_dims, tensors
+    try:
+        bt, m, n, k = gemm_dims(base_name(name), tensors(dims, types))
+    except (IndexError, TypeError, ValueError):
+        return None
+    return (int(m), int(k), int(n)) if bt == 1 else None
+
+
+def _has_bias(name: str, dims: list) -> bool:
+    from retime.collectors.costs.ops import base_name
+    b = base_name(name)
+    ts = [d for d in dims if isinstance(d, list) and d]
+    return b == "addmm" or (b == "linear" and len(ts) > 2)
+
+
+def _params(L: dict, t: int) -> tuple[int, int]:
+    """(gradient elements of linear layer ``L`` per rank at TP=1, at TP=``t``): a column
+    layer holds 1/t of its weight and bias, a row layer 1/t of its weight and the whole
+    bias (Megatron adds it after the all-reduce), a replicated one all of both."""
+    w, b = L["k"] * L["n"], L["n"] if L["bias"] else 0
+    if L["kind"] == "column":
+        return w + b, (w + b) // t
+    if L["kind"] == "row":
+        return w + b, w // t + b
+    return w + b, w + b
+
+
+def dp_buckets(trace: Trace, lay: TpLayout) -> list[tuple[int, int, int]]:
+    """Data-parallel gradient all-reduces whose bytes are exactly the gradients of linear
+    layers of :func:`tp_layout`, in DDP's order (buckets fill in reverse order of the
+    layers' registration, here their forward order): ``(op id, bytes at TP=1, bytes at
+    TP=t)`` per such bucket. A bucket holding anything else (a convolution's, an
+    embedding's parameters) stops the match on its rank: its and the later buckets keep
+    their bytes (an empty list when none matches)."""
+    o = trace.ops
+    kind, rank = o["kind"].to_numpy(), o["rank"].to_numpy()
+    ar = np.flatnonzero((kind == OpKind.COLLECTIVE) & (o["comm_op"].to_numpy()
+                                                       == int(CommOp.ALL_REDUCE))
+                        & (o["phase"].to_numpy() == Phase.BWD))
+    nbytes, st = o["bytes"].to_numpy(), o["start_ns"].to_numpy()
+    out = []
+    for r in np.unique(rank[ar]).tolist():
+        mine = [L for L in lay.layers if L["rank"] == r][::-1]
+        ids = ar[rank[ar] == r]
+        ids = ids[np.argsort(st[ids], kind="stable")]
+        i = 0
+        for op in ids.tolist():
+            want, old, new, j = int(nbytes[op]), 0, 0, i
+            while j < len(mine) and old < want:
+                a, b = _params(mine[j], lay.t)
+                old, new, j = old + a * mine[j]["es"], new + b * mine[j]["es"], j + 1
+            if old == want:
+                out.append((op, want, new))
+                i = j
+            elif i < len(mine) and _params(mine[i], lay.t)[0] * mine[i]["es"] > want:
+                continue  # smaller than the next layer's gradient: another tensor's
+            else:
+                break
+    return out
+
+
+def split_dims(name: str, dims: list, axis: str, t: int) -> list:
+    """``dims`` of a 2-D GEMM call (``aten::mm`` / ``addmm`` / ``linear``) with its ``axis``
+    (``m``, ``k`` or ``n`` of ``C[m, n] = A[m, k] B[k, n]``) divided by ``t``: every operand
+    extent that is that dimension (the bias of a column split too)."""
+    from retime.collectors.costs.ops import base_name
+    b = base_name(name)
+    new = [list(d) if isinstance(d, list) else d for d in dims]
+    pos = [i for i, d in enumerate(new) if isinstance(d, list) and d]
+    if b == "linear":  # x [.., k], w [n, k], bias [n]
+        x, w = new[pos[0]], new[pos[1]]
+        bias = new[pos[2]] if len(pos) > 2 else None
+        if axis == "m":
+            x[0] //= t
+        elif axis == "k":
+            x[-1] //= t
+            w[1] //= t
+        else:
+            w[0] //= t
+            if bias is not None:
+                bias[-1] //= t
+        return new
+    bias = None
+    if b == "addmm":
+        bias, pos = new[pos[0]], pos[1:]
+    a, c = new[pos[0]], new[pos[1]]
+    if axis == "m":
+        a[0] //= t
+        if bias is not None and len(bias) == 2:
+            bias[0] //= t
+    elif axis == "k":
+        a[1] //= t
+        c[0] //= t
+    else:
+        c[1] //= t
+        if bias is not None and bias[-1] == c[1] * t:
+            bias[-1] //= t
+    return new
+
+
+def tp_layout(trace: Trace, t: int) -> TpLayout:
+    """The split :data:`TpLayout` of ``parallel.tp=t`` (module docstring); PolicyError naming
+    what is missing when the trace holds no column/row pair to split."""
+    memo = trace_memo(trace)
+    key = ("tp_layout", int(t))
+    if key not in memo:
+        memo[key] = _tp_layout(trace, int(t))
+    return memo[key]
+
+
+def _call_times(trace: Trace, sk) -> tuple[np.ndarray, np.ndarray]:
+    """Per shaped call: the start of its first device op and that op's phase."""
+    st = trace.ops["start_ns"].to_numpy()[sk.op_ids]
+    ph = trace.ops["phase"].to_numpy()[sk.op_ids]
+    n = len(sk.names)
+    first = np.full(n, np.iinfo(np.int64).max, np.int64)
+    np.minimum.at(first, sk.call_of, st)
+    phase = np.full(n, -1, np.int64)
+    order = np.lexsort((st, sk.call_of))
+    c_sorted = sk.call_of[order]
+    head = np.ones(len(order), bool)
+    head[1:] = c_sorted[1:] != c_sorted[:-1]
+    phase[c_sorted[head]] = ph[order][head]
+    return first, phase
+
+
+def _refuse(t: int, why: str) -> PolicyError:
+    return PolicyError(f"parallel.tp={t} on a measured trace: {why}; synthesize the model with "
+                       f"`retime synth --tp {t}` and apply the scenario to that")
+
+
+def _tp_layout(trace: Trace, t: int) -> TpLayout:
+    from retime.collectors.costs.ops import base_name
+
+    from .kernel_cost import shaped_kernels
+    if t > MAX_TP:
+        raise _refuse(t, f"a TP group larger than one node's {MAX_TP} GPUs would cross the "
+                      "inter-node network, which this model does not place TP groups on")
+    sk = shaped_kernels(trace)
+    if sk is None:
+        raise _refuse(t, "it holds no operator shapes (record the trace with "
+                      "torch.profiler's record_shapes=True) to split its GEMMs by")
+    first, phase = _call_times(trace, sk)
+    mkn = [(_mkn(n, d, ty) if base_name(n) in _FWD_GEMM else None)
+           for n, d, ty in zip(sk.names, sk.dims, sk.types)]
+    es = [(_ES.get(w[2], 4) if w is not None else 4) for w in sk.work]
+    gemm = np.asarray([x is not None for x in mkn])
+    if not gemm.any():
+        raise _refuse(t, "it holds no 2-D GEMM call (aten::addmm / linear / mm) with recorded "
+                      "shapes: nothing a tensor-parallel layout splits")
+    layers: list[dict] = []
+    split_calls: list[int] = []
+    axes: list[str] = []
+    ars: list[tuple[int, int, str]] = []
+    for r in np.unique(sk.rank).tolist():
+        mine = gemm & (sk.rank == r)
+        fwd = np.flatnonzero(mine & (phase == Phase.FWD))
+        fwd = fwd[np.argsort(first[fwd], kind="stable")]
+        chains: list[list[int]] = []
+        for c in fwd.tolist():
+            m, k, _n = mkn[c]
+            last = mkn[chains[-1][-1]] if chains else None
+            if last is not None and last[0] == m and last[2] == k:
+                chains[-1].append(c)
+            else:
+                chains.append([c])
+        base = len(layers)
+        for ch in chains:
+            for i, c in enumerate(ch):
+                m, k, n = mkn[c]
+                kind, why = "replicated", "unpaired (a lone layer or an odd chain's last)"
+                if i % 2 == 0 and i + 1 < len(ch):
+                    kind = "column"
+                elif i % 2 == 1:
+                    kind = "row"
+                layers.append({"rank": int(r), "m": m, "k": k, "n": n, "kind": kind,
+                               "bias": _has_bias(sk.names[c], sk.dims[c]), "es": es[c],
+                               "why": why if kind == "replicated" else "", "fwd": c,
+                               "dgrad": None, "wgrad": None, "wrole": None})
+            # a pair splits only where t divides its split widths (Megatron's rule)
+            for i in range(0, len(ch) - 1, 2):
+                col, row = layers[base + i], layers[base + i + 1]
+                if col["n"] % t or row["k"] % t:
+                    for x in (col, row):
+                        x["kind"], x["why"] = "replicated", f"width {col['n']} not divisible by {t}"
+            base += len(ch)
+        # backward GEMMs by shape, latest forward layer first (backward runs in reverse)
+        mine_layers = [x for x in layers if x["rank"] == r]
+        bwd = np.flatnonzero(mine & (phase == Phase.BWD))
+        bwd = bwd[np.argsort(first[bwd], kind="stable")]
+        for c in bwd.tolist():
+            if base_name(sk.names[c]) not in _BWD_GEMM:
+                continue
+            got = mkn[c]
+            for L in reversed(mine_layers):
+                m, k, n = L["m"], L["k"], L["n"]
+                if L["dgrad"] is None and got == (m, n, k):
+                    L["dgrad"] = c
+                    break
+                if L["wgrad"] is None and got in ((n, m, k), (k, m, n)):
+                    L["wgrad"], L["wrole"] = c, ("wgrad_nmk" if got == (n, m, k)
+                                                 else "wgrad_kmn")
+                    break
+        for L in mine_layers:
+            if L["kind"] == "replicated":
+                continue
+            for role, c in (("fwd", L["fwd"]), ("dgrad", L["dgrad"]), (L["wrole"], L["wgrad"])):
+                if c is not None:
+                    split_calls.append(c)
+                    axes.append(_AXIS[(role, L["kind"])])
+            if L["kind"] == "column":
+                if L["dgrad"] is not None:
+                    ars.append((L["dgrad"], L["m"] * L["k"] * es[L["fwd"]], "backward"))
+            else:
+                ars.append((L["fwd"], L["m"] * L["n"] * es[L["fwd"]], "forward"))
+    if not split_calls:
+        n_l = len(layers)
+        raise _refuse(t, f"of its {n_l} linear layer(s) (2-D GEMMs of its forward) none forms "
+                      "a column/row pair (two consecutive layers where the first's output "
+                      "width is the second's input width over the same rows) that "
+                      f"{t} divides, and the trace records no other layout "
+                      "(meta['synth']['parallel'])")
+    return TpLayout(t=t, calls=np.asarray(split_calls, np.int64), axis=tuple(axes),
+                    layers=tuple(layers), allreduces=tuple(ars), gemm_calls=int(gemm.sum()))
+
+
+def _split_ratio(trace: Trace, lay: TpLayout, dev: np.ndarray, flat: bool, hw
+                 ) -> tuple[np.ndarray, np.ndarray, dict]:
+    """(op ids, duration multipliers, info) of the split calls' device ops."""
+    from retime.collectors.costs.ops import op_cost
+
+    from .kernel_cost import _prices, _spread, shaped_kernels
+    sk = shaped_kernels(trace)
+    calls, first = np.unique(lay.calls, return_index=True)
+    axis = [lay.axis[i] for i in first]
+    dims2 = [split_dims(sk.names[c], sk.dims[c], a, lay.t) for c, a in zip(calls, axis)]
+    work2 = [op_cost(sk.names[c], d, sk.types[c], sk.concrete[c]) for c, d in
+             zip(calls.tolist(), dims2)]
+    f_old = float(sum(sk.work[c][0] for c in calls.tolist()))
+    f_new = float(sum(w[0] for w in work2 if w is not None))
+    info = {"split_calls": int(len(calls)), "flops_old": f_old, "flops_new": f_new}
+    if flat or hw is None:
+        keep = np.isin(sk.call_of, calls) & dev[sk.op_ids]
+        ids = np.unique(sk.op_ids[keep])
+        return ids, np.full(len(ids), 1.0 / lay.t), info
+    from retime.collectors.costs.gpus import gpu_spec
+    g = gpu_spec(hw.name)
+    old_p = _prices(sk, g, calls)
+    new_p = _prices(sk, g, calls, dims2, work2)
+    ids, ratio = _spread(sk, calls, old_p, new_p, dev)
+    return ids, ratio, info
+
+
+def _resize_dp(state: WhatIfState, lay: TpLayout, cost_bound: str | None) -> dict:
+    """The data-parallel gradient all-reduces at TP=t (:func:`dp_buckets`): each matched
+    bucket's time less what the NCCL model saves on its smaller message (on the trace's own
+    fabric and group, the algorithm its kernels name), never below the measured time x the
+    model's ratio (a wait for peers inside the measured time is kept)."""
+    from .base import ranks_per_node_of
+    from .nccl_trace import NcclPricer, kernel_choice, measured_channels, trace_cluster
+    tr = state.trace
+    b = dp_buckets(tr, lay)
+    t = lay.t
+    n_ar = int(((tr.ops["kind"].to_numpy() == OpKind.COLLECTIVE)
+                & (tr.ops["comm_op"].to_numpy() == int(CommOp.ALL_REDUCE))).sum())
+    if not b:
+        why = ("no gradient all-reduce in the trace" if not n_ar else
+               "none of its all-reduces holds exactly the linear layers' gradients")
+        return {"buckets": 0, "old": 0, "new": 0, "saved_ns": 0,
+                "line": f"parallel.tp={t}: data-parallel collectives keep their measured "
+                        f"times ({why}: the split layers' gradients, 1/{t} per rank after the "
+                        "change, cannot be placed in them)"}
+    ids = np.asarray([x[0] for x in b], np.int64)
+    world = max(int(tr.meta.get("world_size") or 0) if isinstance(tr.meta, dict) else 0,
+                int(tr.ops["rank"].max()) + 1)
+    rpn = ranks_per_node_of(tr, state.ranks_per_node)
+    cluster, src = trace_cluster(tr, ranks_per_node=rpn, world=world)
+    pricer = NcclPricer(cluster, forced=kernel_choice(tr.names()[ids]), bound=cost_bound,
+                        channels=measured_channels(tr))
+    d = state.dur
+    saved = 0.0
+    for op, old, new in b:
+        m_old = pricer.time_ns(int(CommOp.ALL_REDUCE), old, world)
+        m_new = pricer.time_ns(int(CommOp.ALL_REDUCE), new, world)
+        if m_old <= 0:
+            continue
+        x = max(d[op] - (m_old - m_new), d[op] * m_new / m_old)
+        saved += d[op] - x
+        d[op] = x
+    o_b, n_b = sum(x[1] for x in b), sum(x[2] for x in b)
+    return {"buckets": len(b), "old": o_b, "new": n_b, "saved_ns": round(saved),
+            "line": f"parallel.tp={t}: {len(b)} data-parallel gradient all-reduce(s) hold "
+                    "exactly the linear layers' gradients (DDP's buckets, in reverse layer "
+                    f"order): {o_b / 1e6:.3g} -> {n_b / 1e6:.3g} MB (column layers keep 1/{t} "
+                    f"of weight and bias, row layers 1/{t} of the weight and the whole bias), "
+                    f"each re-timed by the NCCL model's saving for {world} ranks on the "
+                    f"trace's fabric ({src['platform']}; the data-parallel group assumed to "
+                    f"keep it at {t}x the GPUs): {saved / 1e6:.3g} ms saved over the ranks"}
+
+
+def _launches(trace: Trace) -> tuple[dict, float | None, int]:
+    """((rank, correlation) -> op id of the runtime call that launched it, for device ops;
+    the median duration (ns) of the calls that launched the trace's collective kernels, or
+    None without any; how many)."""
+    o = trace.ops
+    kind, rank, cor = o["kind"].to_numpy(), o["rank"].to_numpy(), o["correlation"].to_numpy()
+    rt = np.flatnonzero((kind == OpKind.RUNTIME) & (cor >= 0))
+    key = dict(zip(zip(rank[rt].tolist(), cor[rt].tolist()), rt.tolist()))
+    coll = np.flatnonzero(kind == OpKind.COLLECTIVE)
+    hit = [key.get(x) for x in zip(rank[coll].tolist(), cor[coll].tolist())]
+    hit = [h for h in hit if h is not None]
+    dur = o["dur_ns"].to_numpy()
+    return key, (float(np.median(dur[hit])) if hit else None), len(hit)
+
+
+def scale_tp(state: WhatIfState, t: int, cost_bound: str | None = None) -> dict[str, Any]:
+    """Phase 2 of ``parallel.tp=t`` on a measured trace (module docstring): re-times the split
+    GEMMs' kernels and adds the TP all-reduces after the GEMMs that feed them."""
+    from .kernel_cost import shaped_kernels, trace_gpu
+    from .nccl_trace import NcclPricer, measured_channels, trace_cluster
+    tr = state.trace
+    lay = tp_layout(tr, t)
+    sk = shaped_kernels(tr)
+    kind = tr.ops["kind"].to_numpy()
+    dev = (kind == OpKind.KERNEL) | (kind == OpKind.MEMSET)
+    dur0 = tr.ops["dur_ns"].to_numpy().astype(np.float64)
+    flat = state.notes.get("kernel_pricing") == "flat"
+    hw = trace_gpu(tr)
+    ids, ratio, info = _split_ratio(tr, lay, dev, flat, hw)
+    d = state.dur
+    before = float(d[ids].sum())
+    d[ids] *= ratio
+    saved_ns = before - float(d[ids].sum())
+    stated = state.notes.get("intra_node_gbps")  # network.intra_node_gbps: the new NVLink
+    cluster, src = trace_cluster(tr, ranks_per_node=t, world=t, measured_intra_gbps=stated)
+    bound = "low" if flat and cost_bound is None else cost_bound
+    pricer = NcclPricer(cluster, bound=bound, channels=measured_channels(tr))
+    st = tr.ops["start_ns"].to_numpy()
+    ar_ns = 0.0
+    ar_bytes = 0
+    launch_of, launch_ns, n_launch = _launches(tr)
+    rank_c, cor_c = tr.ops["rank"].to_numpy(), tr.ops["correlation"].to_numpy()
+    host_ns = 0.0
+    for c, nbytes, _ph in lay.allreduces:
+        own = sk.op_ids[sk.call_of == c]
+        own = own[dev[own]]
+        if not len(own):
+            continue
+        last = own[np.argmax(st[own] + dur0[own])]
+        x = pricer.time_ns(int(CommOp.ALL_REDUCE), float(nbytes), t)
+        d[last] += x
+        ar_ns += x
+        ar_bytes += int(nbytes)
+        # the host launches the all-reduce after the GEMM: its launch call, as the trace's
+        # own NCCL launches took, rides on the GEMM's launch call
+        h = launch_of.get((int(rank_c[last]), int(cor_c[last])))
+        if launch_ns is not None and h is not None:
+            d[h] += launch_ns
+            host_ns += launch_ns
+    ranks = max(1, len(np.unique(sk.rank)))
+    dp = _resize_dp(state, lay, cost_bound)
+    gemm = np.asarray([_mkn(n, dd, ty) is not None for n, dd, ty in
+                       zip(sk.names, sk.dims, sk.types)])
+    gemm_ns = float(dur0[sk.op_ids[gemm[sk.call_of]]].sum())
+    split_ns = float(dur0[ids].sum())
+    g_ns = float(dur0[dev].sum())
+    n_rep = sum(L["kind"] == "replicated" for L in lay.layers)
+    n_split = len(lay.layers) - n_rep
+    why_rep = sorted({L["why"] for L in lay.layers if L["kind"] == "replicated"})
+    gpu = hw.name if hw is not None else "the trace's GPU (no built-in profile)"
+    how = (f"exactly 1/{t} of their measured time (" + ("hardware.kernel_pricing = \"flat\")"
+           if flat else "the trace's GPU has no built-in profile to price them on)")
+           if flat or hw is None or not len(ratio) else
+           f"measured x model(split shapes) / model(measured shapes) on {gpu} (small GEMMs "
+           f"gain less than {t}x: median ratio {np.median(ratio):.2f}, "
+           f"{ratio.min():.2f}-{ratio.max():.2f}, linear would be {1 / t:.2f})")
+    state.assume(
+        f"parallel.tp 1 -> {t} on a measured trace (taken as TP=1: it names no tensor-parallel "
+        f"group): {n_split} of its {len(lay.layers)} linear layer(s) split as Megatron-LM's "
+        "column/row pairs (consecutive layers, first by output columns, second by input "
+        f"rows), found from the forward GEMMs' recorded shapes; their {info['split_calls']} "
+        f"forward/backward GEMM call(s) ({split_ns / g_ns if g_ns else 0:.1%} of GPU time, "
+        f"FLOPs {info['flops_old'] / 1e9:.3g} -> {info['flops_new'] / 1e9:.3g} GFLOP) take "
+        f"{how}; {n_rep} layer(s) stay replicated ({'; '.join(why_rep) or 'none'}), as do "
+        "convolutions, attention and every other kernel (their measured time on each TP rank)",
+        bounds=None if flat else [{"hardware.kernel_pricing": "flat"}])
+    state.assume(
+        f"parallel.tp={t}: {len(lay.allreduces)} TP all-reduce(s) added ({ar_bytes / 1e6:.3g} "
+        f"MB over {ranks} rank(s): each split pair's output in forward, its input gradient in "
+        f"backward), priced by the NCCL model for {t} GPUs of one node ({src['platform']}, "
+        f"{src['fabric']}, {src['nominal_intra_gbps']:g} GB/s per GPU "
+        f"{'stated: network.intra_node_gbps' if stated else 'nominal'}): {ar_ns / 1e6:.3g} ms "
+        "in all, serialized after the GEMM that feeds "
+        "each (no tp_comm_overlap); host launches of the kernels keep their measured times, "
+        + (f"and each all-reduce's launch call takes {launch_ns / 1e3:.3g} us on the host "
+           f"(the median of the trace's {n_launch} NCCL launch calls; PyTorch's c10d work "
+           "around it is not in the trace: a lower bound)" if launch_ns is not None else
+           "and the all-reduces' own launch calls are not charged (the trace launches no "
+           "NCCL kernel to measure one by: a lower bound)"),
+        bounds=None if cost_bound is not None or flat else [{"overlap.cost_bound": "high"}])
+    state.assume(dp["line"], bounded=True)
+    return {"tp": t, "split_layers": n_split, "dp_buckets_resized": dp["buckets"],
+            "dp_bytes_old": dp["old"], "dp_bytes_new": dp["new"], "dp_saved_ns": dp["saved_ns"], "replicated_layers": n_rep,
+            "split_calls": info["split_calls"], "flops_old": info["flops_old"],
+            "flops_new": info["flops_new"], "gemm_share": round(gemm_ns / g_ns, 4) if g_ns
+            else 0.0, "split_share": round(split_ns / g_ns, 4) if g_ns else 0.0,
+            "gemm_saved_ns": round(saved_ns), "tp_allreduces": len(lay.allreduces),
+            "tp_allreduce_bytes": ar_bytes, "tp_allreduce_ns": round(ar_ns),
+            "tp_launch_host_ns": round(host_ns)}

@@ -1,0 +1,223 @@
+"""parallel.tp on measured GPU traces (issue 27): linear layers split as Megatron's
+column/row pairs found from recorded shapes, TP all-reduces priced by the NCCL model."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import KINETO, SHARED, ingest_cached
+
+from retime.collectors.costs.ops import op_cost
+from retime.collectors.enums import CommOp, OpKind
+from retime.collectors.errors import PolicyError
+from retime.replay import prediction_range, replay, whatif
+from retime.replay.policies.kernel_cost import shaped_kernels
+from retime.replay.policies.nccl_trace import NcclPricer, measured_channels, trace_cluster
+from retime.replay.policies.tp_measured import dp_buckets, split_dims, tp_layout
+
+VGG = KINETO / "h100-vgg13" / "profiler_vgg13-iter41.json.gz"
+F32 = 4
+
+
+@pytest.fixture(scope="module")
+def vgg():
+    return ingest_cached(VGG)
+
+
+@pytest.mark.parametrize(("name", "dims", "types"), [
+    ("aten::mm", [[512, 4096], [4096, 25088]], ["float", "float"]),
+    ("aten::addmm", [[4096], [512, 25088], [25088, 4096], [], []],
+     ["float", "float", "float", "Scalar", "Scalar"]),
+    ("aten::linear", [[512, 25088], [4096, 25088], [4096]], ["float", "float", "float"]),
+])
+@pytest.mark.parametrize("axis", ["m", "k", "n"])
+@pytest.mark.parametrize("t", [2, 4, 8])
+def test_split_dims_divides_the_flops_exactly(name, dims, types, axis, t):
+    f0 = op_cost(name, dims, types)[0]
+    new = split_dims(name, dims, axis, t)
+    assert op_cost(name, new, types)[0] == f0 / t
+    assert dims != new  # the input is not edited in place
+    # the other two dimensions keep their extents: only one product factor moved
+    m, k, n = 512, 25088, 4096
+    want = {"m": (m // t, k, n), "k": (m, k // t, n), "n": (m, k, n // t)}[axis]
+    assert op_cost(name, new, types)[0] == 2.0 * np.prod(want)
+
+
+def test_vgg13_classifier_splits_as_one_column_row_pair(vgg):
+    lay = tp_layout(vgg, 2)
+    kinds = [(L["k"], L["n"], L["kind"]) for L in lay.layers]
+    # VGG13's classifier: 25088 -> 4096 -> 4096 -> 1000 at batch 512
+    assert kinds == [(25088, 4096, "column"), (4096, 4096, "row"), (4096, 1000, "replicated")]
+    assert all(L["dgrad"] is not None and L["wgrad"] is not None for L in lay.layers)
+    assert len(lay.calls) == 6
+    # TP all-reduces: the row layer's output forward, the column layer's input gradient
+    # backward (fp32)
+    assert sorted(b for _c, b, _p in lay.allreduces) == [512 * 4096 * F32, 512 * 25088 * F32]
+
+
+def _kernels(t):
+    k = t.ops["kind"].to_numpy()
+    return (k == OpKind.KERNEL) | (k == OpKind.MEMSET)
+
+
+def _carriers(t, lay):
+    """The kernels the TP all-reduces are serialized after (their time rides on them)."""
+    sk = shaped_kernels(t)
+    out = np.zeros(t.n_ops, bool)
+    end = t.ops["start_ns"].to_numpy() + t.ops["dur_ns"].to_numpy()
+    for c, _b, _p in lay.allreduces:
+        own = sk.op_ids[sk.call_of == c]
+        out[own[np.argmax(end[own])]] = True
+    return out
+
+
+def test_vgg13_tp2_halves_the_split_flops_and_adds_priced_allreduces(vgg):
+    base = replay(vgg)
+    r = whatif(vgg, {"parallel.tp": 2})
+    fx = r.meta["scenario"][0]["tp_effect"]
+    # three GEMMs per split layer (forward, input and weight gradient): 2 m k n each
+    flops = 3 * 2.0 * 512 * (25088 * 4096 + 4096 * 4096)
+    assert fx["flops_old"] == flops and fx["flops_new"] == flops / 2
+    assert fx["tp_allreduce_bytes"] == 512 * (4096 + 25088) * F32
+    c, _ = trace_cluster(vgg, ranks_per_node=2, world=2)
+    p = NcclPricer(c, channels=measured_channels(vgg))
+    priced = sum(p.time_ns(int(CommOp.ALL_REDUCE), 512 * w * F32, 2) for w in (4096, 25088))
+    assert fx["tp_allreduce_ns"] == pytest.approx(priced, abs=1)
+    # NVLink4 moves 60 MB between two H100s in a fraction of a millisecond
+    assert 0.1e6 < priced < 0.5e6
+    sk = shaped_kernels(vgg)
+    lay = tp_layout(vgg, 2)
+    split = np.zeros(vgg.n_ops, bool)
+    split[sk.op_ids[np.isin(sk.call_of, lay.calls)]] = True
+    kern = _kernels(vgg)
+    # every kernel outside the split GEMMs (convolutions, the replicated layer) and every
+    # host op keeps its time (but the synchronize call, which lasts until the GPU is done)
+    sync = np.asarray(["Synchronize" in str(n) for n in vgg.names()])
+    assert 1 <= sync.sum() <= 3
+    np.testing.assert_array_equal(r.dur_ns[~split & ~sync], base.dur_ns[~split & ~sync])
+    carriers = _carriers(vgg, lay)
+    plain = split & kern & ~carriers
+    ratio = r.dur_ns[plain] / base.dur_ns[plain]
+    # the split GEMMs run at about half their time: not less (half the work), a little more
+    # where fewer output tiles fill fewer waves of the H100's 132 SMs (the forward's
+    # 512 x 2048 output at TP=2)
+    assert len(ratio) >= 5 and (ratio > 0.49).all() and (ratio < 0.6).all()
+    assert carriers.sum() == 2
+    saved = float(base.dur_ns[split].sum() - r.dur_ns[split].sum()) + priced
+    assert saved == pytest.approx(fx["gemm_saved_ns"], rel=0.01)
+    # the step moves by what the classifier's GEMMs save less the all-reduces
+    assert base.step_time_ns - r.step_time_ns == pytest.approx(fx["gemm_saved_ns"] - priced,
+                                                               rel=0.05)
+    lo, hi = prediction_range(r)
+    assert lo < hi and lo <= r.step_time_ns <= hi
+    a = " ".join(r.meta["whatif"]["assumed"])
+    assert "column/row pairs" in a and "NCCL model for 2 GPUs" in a
+    # one GPU: no data-parallel gradients to resize
+    assert fx["dp_buckets_resized"] == 0 and "no gradient all-reduce in the trace" in a
+
+
+def test_vgg13_tp_allreduces_follow_the_stated_nvlink_rate(vgg):
+    fast = whatif(vgg, {"parallel.tp": 2}).meta["scenario"][0]["tp_effect"]
+    r = whatif(vgg, {"parallel.tp": 2, "network.intra_node_gbps": 45.0})
+    slow = next(d for d in r.meta["scenario"] if "tp_effect" in d)["tp_effect"]
+    # the 51 MB backward all-reduce is bandwidth-bound: a tenth of NVLink4's 450 GB/s per
+    # GPU takes several times longer (latency and protocol terms do not scale)
+    assert slow["tp_allreduce_ns"] > 5 * fast["tp_allreduce_ns"]
+    assert any("45 GB/s per GPU stated" in a for a in r.meta["whatif"]["assumed"])
+
+
+def test_vgg13_tp_flat_pricing_is_exactly_one_over_t(vgg):
+    base = replay(vgg)
+    r = whatif(vgg, {"parallel.tp": 4, "hardware.kernel_pricing": "flat"})
+    sk = shaped_kernels(vgg)
+    lay = tp_layout(vgg, 4)
+    split = np.zeros(vgg.n_ops, bool)
+    split[sk.op_ids[np.isin(sk.call_of, lay.calls)]] = True
+    plain = split & ~_carriers(vgg, lay)
+    np.testing.assert_allclose(r.dur_ns[plain], base.dur_ns[plain] / 4, atol=1)
+
+
+def test_dlrm_mlps_split_on_every_rank_with_exact_allreduce_bytes(dlrm_trace):
+    dlrm = dlrm_trace
+    lay = tp_layout(dlrm, 2)
+    # per rank: bottom MLP 13-256-128-16, top MLP 367-512-512-256-1 (batch 16)
+    per_rank = [(L["k"], L["n"], L["kind"]) for L in lay.layers if L["rank"] == 0]
+    assert per_rank == [(13, 256, "column"), (256, 128, "row"), (128, 16, "replicated"),
+                        (367, 512, "column"), (512, 512, "row"), (512, 256, "column"),
+                        (256, 1, "row")]
+    # forward: each row layer's output; backward: each column layer's input gradient, but
+    # not the bottom MLP's first (its input needs no gradient: no such GEMM in the trace)
+    rank_bytes = 16 * F32 * ((128 + 512 + 1) + (367 + 512))
+    assert sum(b for _c, b, _p in lay.allreduces) == 8 * rank_bytes
+    assert len(lay.allreduces) == 8 * 5
+    base = replay(dlrm)
+    r = whatif(dlrm, {"parallel.tp": 2})
+    fx = r.meta["scenario"][0]["tp_effect"]
+    assert fx["flops_new"] == fx["flops_old"] / 2
+    # DDP's two gradient buckets per rank hold exactly the MLPs' weights and biases, in
+    # reverse layer order: top 256-1, 512-256, 512-512 in the first, top 367-512 and the
+    # bottom MLP in the second; at TP=2 a column layer keeps half its weight and bias, a
+    # row layer half its weight and all its bias, the replicated 128-16 layer all
+    b1_old = (256 + 1) + (512 * 256 + 256) + (512 * 512 + 512)
+    b2_old = (367 * 512 + 512) + (128 * 16 + 16) + (256 * 128 + 128) + (13 * 256 + 256)
+    b1_new = (256 // 2 + 1) + (512 * 256 + 256) // 2 + (512 * 512 // 2 + 512)
+    b2_new = (367 * 512 + 512) // 2 + (128 * 16 + 16) + (256 * 128 // 2 + 128) \
+        + (13 * 256 + 256) // 2
+    buckets = dp_buckets(dlrm, lay)
+    assert len(buckets) == 16
+    assert sorted({(old, new) for _op, old, new in buckets}) == sorted(
+        {(F32 * b1_old, F32 * b1_new), (F32 * b2_old, F32 * b2_new)})
+    assert fx["dp_bytes_old"] == 8 * F32 * (b1_old + b2_old)
+    assert fx["dp_bytes_new"] == 8 * F32 * (b1_new + b2_new)
+    ops = np.asarray([op for op, _o, _n in buckets])
+    assert (r.dur_ns[ops] <= base.dur_ns[ops]).all() and fx["dp_saved_ns"] > 0
+    k = dlrm.ops["kind"].to_numpy()
+    sync = np.asarray(["Synchronize" in str(n) for n in dlrm.names()])
+    host = ((k == OpKind.CPU_OP) | (k == OpKind.RUNTIME)) & ~sync
+    # the host's work is the measured one but for one NCCL launch per TP all-reduce: the
+    # trace's 64 NCCL cudaLaunchKernel calls take 8 us (median), charged on the launch call
+    # of the GEMM each all-reduce follows
+    grew = host & (r.dur_ns != base.dur_ns)
+    assert grew.sum() == 40
+    np.testing.assert_array_equal(r.dur_ns[grew] - base.dur_ns[grew], 8000)
+    assert fx["tp_launch_host_ns"] == 40 * 8000
+    # batch-16 GEMMs sit on their launch floor: splitting them saves next to nothing, and
+    # the host-bound step does not move
+    assert fx["gemm_saved_ns"] < 0.05 * fx["tp_allreduce_ns"] + 200_000
+    assert base.step_time_ns < r.step_time_ns < 1.01 * base.step_time_ns
+
+
+@pytest.mark.parametrize(("path", "match"), [
+    (KINETO / "a100-ddp-nccl", r"no operator shapes .*record_shapes=True"),
+    (SHARED / "nsys" / "h100-2gpu-fastvideo.sqlite", r"no operator shapes"),
+    (KINETO / "mi300x-resnet-ddp", r"none forms a column/row pair"),
+])
+def test_tp_refused_where_the_trace_cannot_support_it(path, match):
+    t = ingest_cached(path)
+    with pytest.raises(PolicyError, match=r"parallel.tp=2 on a measured trace: .*" + match +
+                       r".*retime synth --tp 2"):
+        whatif(t, {"parallel.tp": 2})
+
+
+def test_tp_refusals_of_the_key_itself(vgg):
+    with pytest.raises(PolicyError, match=r"parallel.tp=16 .* one node's 8 GPUs"):
+        whatif(vgg, {"parallel.tp": 16})
+    with pytest.raises(PolicyError, match=r"parallel.tp with parallel.micro_batch"):
+        whatif(vgg, {"parallel.tp": 2, "parallel.micro_batch": 256})
+    with pytest.raises(PolicyError, match=r"hardware.gpu=a100-80gb with parallel.tp=2"):
+        whatif(vgg, {"parallel.tp": 2, "hardware.gpu": "a100-80gb"})
+    assert whatif(vgg, {"parallel.tp": 1}).step_time_ns == replay(vgg).step_time_ns
+
+
+def test_cli_refuses_tp_in_one_line(tmp_path, capsys):
+    from retime.cli import run
+
+    d = tmp_path / "resnet.retime"
+    ingest_cached(KINETO / "mi300x-resnet-ddp").save(d)
+    capsys.readouterr()
+    assert run(["replay", str(d), "--set", "parallel.tp=2"]) == 2
+    cap = capsys.readouterr()
+    assert "parallel.tp=2" in cap.err and len(cap.err.strip().splitlines()) == 1
+    # no result: stdout holds at most the memory estimate printed before loading
+    assert all(ln.startswith("replay: ") for ln in cap.out.splitlines())
+    assert "Traceback" not in cap.err
