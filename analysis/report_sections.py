@@ -165,14 +165,39 @@ def _timeline_rows(run: RunAnalysis) -> tuple[pd.DataFrame, list[str], str]:
     return rows, names, note
 
 
+def _outside_window(t, w) -> str:
+    """A sentence on the step's ops that ran wholly outside the drawn window (a host that
+    runs ahead of its GPU issues a step's host work one or more windows early), or ''."""
+    if w.step < 0:
+        return ""
+    o = t.ops
+    m = o["step"].to_numpy() == w.step
+    s = o["start_ns"].to_numpy()[m]
+    e = s + o["dur_ns"].to_numpy()[m]
+    before, after = e <= w.start_ns, s >= w.end_ns
+    if not (before.any() or after.any()):
+        return ""
+    where = []
+    if before.any():
+        where.append(f"{int(before.sum()):,} before it (from {fmt_ns(w.start_ns - s.min())} "
+                     "earlier)")
+    if after.any():
+        where.append(f"{int(after.sum()):,} after it (until {fmt_ns(e.max() - w.end_ns)} later)")
+    return (f" {int(before.sum() + after.sum()):,} of the step's {int(m.sum()):,} ops ran "
+            f"outside this window and are not drawn: {' and '.join(where)}; the window is "
+            "where the step's GPU work runs, and a host that runs ahead of its GPU issues a "
+            "step's host work earlier.")
+
+
 def section_timeline(run: RunAnalysis) -> Section:
     w = run.window
     s = Section("timeline", "One step on the timeline")
     what = w.why[0].upper() + w.why[1:] if w.step < 0 else f"The whole of {w.why}"
-    s.blocks.append(f"{what}: {fmt_ns(w.dur_ns)} from its first op on any rank "
-                    "to its last; time runs from that start. Rows are the CPU, GPU compute and "
-                    "communication activity of each rank; nearby boxes closer than a pixel are "
-                    "merged. Ops on the critical path are outlined.")
+    s.blocks.append(f"{what}: {fmt_ns(w.dur_ns)} from the earliest rank's step start to the "
+                    "latest rank's step end; time runs from that start. Rows are the CPU, GPU "
+                    "compute and communication activity of each rank; nearby boxes closer than "
+                    "a pixel are merged. Ops on the critical path are outlined."
+                    + _outside_window(run.t, w))
     rows, names, note = _timeline_rows(run)
     if note:
         s.blocks.append(note)
