@@ -165,13 +165,13 @@ def _timeline_rows(run: RunAnalysis) -> tuple[pd.DataFrame, list[str], str]:
     return rows, names, note
 
 
-def _outside_window(t, w) -> str:
-    """A sentence on the step's ops that ran wholly outside the drawn window (a host that
-    runs ahead of its GPU issues a step's host work one or more windows early), or ''."""
+def _outside_window(t, w, ranks: np.ndarray) -> str:
+    """A sentence on the step's ops of the drawn ``ranks`` that ran wholly outside the drawn
+    window (a host that runs ahead of its GPU issues a step's host work early), or ''."""
     if w.step < 0:
         return ""
     o = t.ops
-    m = o["step"].to_numpy() == w.step
+    m = (o["step"].to_numpy() == w.step) & np.isin(o["rank"].to_numpy(), ranks)
     s = o["start_ns"].to_numpy()[m]
     e = s + o["dur_ns"].to_numpy()[m]
     before, after = e <= w.start_ns, s >= w.end_ns
@@ -183,7 +183,8 @@ def _outside_window(t, w) -> str:
                      "earlier)")
     if after.any():
         where.append(f"{int(after.sum()):,} after it (until {fmt_ns(e.max() - w.end_ns)} later)")
-    return (f" {int(before.sum() + after.sum()):,} of the step's {int(m.sum()):,} ops ran "
+    return (f" {int(before.sum() + after.sum()):,} of the drawn ranks' {int(m.sum()):,} ops "
+            "of the step ran "
             f"outside this window and are not drawn: {' and '.join(where)}; the window is "
             "where the step's GPU work runs, and a host that runs ahead of its GPU issues a "
             "step's host work earlier.")
@@ -196,9 +197,9 @@ def section_timeline(run: RunAnalysis) -> Section:
     s.blocks.append(f"{what}: {fmt_ns(w.dur_ns)} from the earliest rank's step start to the "
                     "latest rank's step end; time runs from that start. Rows are the CPU, GPU "
                     "compute and communication activity of each rank; nearby boxes closer than "
-                    "a pixel are merged. Ops on the critical path are outlined."
-                    + _outside_window(run.t, w))
+                    "a pixel are merged. Ops on the critical path are outlined.")
     rows, names, note = _timeline_rows(run)
+    s.blocks[-1] += _outside_window(run.t, w, rows["rank"].to_numpy())
     if note:
         s.blocks.append(note)
     px = w.dur_ns / 1200.0
@@ -286,7 +287,7 @@ def section_kernels(run: RunAnalysis, *, top: int) -> Section | None:
                                       Column("share", f"Share of {dev} time", "pct")],
                                  caption=f"Top {what}", top=top, what=what,
                                  csv_name="kernels"))
-    cls = run.cls[run.cls["count"] > 0]
+    cls = run.cls[run.cls["count"] > 0].sort_values("total_ns", ascending=False, kind="mergesort")
     s.blocks.append(people_table(cls, [Column("kernel_class", "Class", "text"),
                                        Column("count", "Calls", "count"),
                                        Column("total_ns", "Total", "time"),

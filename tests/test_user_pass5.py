@@ -49,9 +49,36 @@ def test_report_timeline_says_the_step_ops_it_leaves_out(mi300x_store, tmp_path,
     text = html.unescape(out.read_text())
     m = re.search(r"The whole of step 15, the median of 3 steps by duration: [\d.]+ ms from the "
                   r"earliest rank's step start to the latest rank's step end;.*? ([\d,]+) of "
-                  r"the step's ([\d,]+) ops ran outside this window and are not drawn: "
+                  r"the drawn ranks' ([\d,]+) ops of the step ran outside this window and "
+                  r"are not drawn: "
                   r"([\d,]+) before it", text)
     assert m, "timeline paragraph"
     outside, total, before = (int(g.replace(",", "")) for g in m.groups())
     assert outside == before and total - outside == len(gpu)
     assert "from its first op on any rank to its last" not in text
+
+
+def test_launch_latency_histogram_in_the_tables_unit(mi300x_store):
+    """The MI300X host runs ~28 ms ahead of its GPU (median over the raw launch/GPU op pairs);
+    the histogram is in ms like the table beside it, with plain tick labels (it was in us with
+    labels like 2.25x10^4)."""
+    import numpy as np
+
+    from retime.analysis.drilldown_plots import plot_launch_latency
+    from retime.analysis.host import launch_latency
+    from retime.collectors.trace import read_trace
+
+    ev = _raw_events(MI300X)
+    call = {e["args"]["correlation"]: e["ts"] for e in ev if e.get("cat") == "cuda_runtime"
+            and "correlation" in e.get("args", {})}
+    lat_us = [e["ts"] - call[e["args"]["correlation"]] for e in ev
+              if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")
+              and e["args"].get("correlation") in call]
+    assert len(lat_us) == 2685 and 27.0 < np.median(lat_us) / 1e3 < 28.5
+    lat = launch_latency(read_trace(mi300x_store))
+    assert len(lat) == len(lat_us)
+    ax = plot_launch_latency(lat).axes[0]
+    assert ax.get_xlabel() == "GPU op start - launch call start (ms, log scale)"
+    ax.figure.canvas.draw()
+    labels = [t.get_text() for t in ax.get_xticklabels(minor=True) + ax.get_xticklabels()]
+    assert "25" in labels and "35" in labels and not any("times" in t for t in labels)
