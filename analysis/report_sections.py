@@ -194,8 +194,9 @@ def section_timeline(run: RunAnalysis) -> Section:
     w = run.window
     s = Section("timeline", "One step on the timeline")
     what = w.why[0].upper() + w.why[1:] if w.step < 0 else f"The whole of {w.why}"
-    s.blocks.append(f"{what}: {fmt_ns(w.dur_ns)} from the earliest rank's step start to the "
-                    "latest rank's step end; time runs from that start. Rows are the CPU, GPU "
+    span = ("from the first op on any rank to the last" if w.step < 0 else
+            "from the earliest rank's step start to the latest rank's step end")
+    s.blocks.append(f"{what}: {fmt_ns(w.dur_ns)} {span}; time runs from that start. Rows are the CPU, GPU "
                     "compute and communication activity of each rank; nearby boxes closer than "
                     "a pixel are merged. Ops on the critical path are outlined.")
     rows, names, note = _timeline_rows(run)

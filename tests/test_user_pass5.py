@@ -82,3 +82,24 @@ def test_launch_latency_histogram_in_the_tables_unit(mi300x_store):
     ax.figure.canvas.draw()
     labels = [t.get_text() for t in ax.get_xticklabels(minor=True) + ax.get_xticklabels()]
     assert "25" in labels and "35" in labels and not any("times" in t for t in labels)
+
+
+def test_stragglers_text_says_how_many_groups_it_leaves_to_json(tmp_path, capsys):
+    """Megatron's raw Parquet has 13 optypes; sends and receives fold into forward- and
+    backward-pp-comm as in the published result-ST.json, so 11 op-type groups: the text shows
+    8 and says 3 more are in --json (it used to drop them silently)."""
+    import pandas as pd
+
+    src = TRACES / "oplevel" / "megatron-ST-8rank"
+    raw = pd.read_parquet(src / "trace-ST.parquet")["optype"].unique()
+    groups = {o.replace("-send", "-pp-comm").replace("-recv", "-pp-comm") for o in raw}
+    assert len(raw) == 13 and len(groups) == 11
+    store = tmp_path / "m.retime"
+    assert run(["ingest", str(src), "-o", str(store)]) == 0
+    capsys.readouterr()
+    assert run(["stragglers", str(store)]) == 0
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if "by op type" in ln)
+    shown, tail = line.split(" (and ")
+    assert len(shown.split(", ")) == 8 and tail == "3 more, all of them in --json)"
+    assert run(["stragglers", str(store), "--json"]) == 0
+    assert set(json.loads(capsys.readouterr().out)["by_optype"]) == groups
