@@ -496,6 +496,8 @@ def build_trace(template: StepTemplate, parallel: ParallelConfig | dict,
     if done != n:
         raise RuntimeError(f"synth builder produced a dependency cycle ({n - done} ops "
                            "unscheduled); this is a bug")
+    if p2p_pairs == "instances":
+        start = _own_ready_starts(start, dur, rep_lane, src, dst, lag, pair >= 0, rep)
     rep["start_ns"] = start
     meta = dict(meta or {})
     meta.setdefault("stage_layers", list(layout.counts))
@@ -503,6 +505,24 @@ def build_trace(template: StepTemplate, parallel: ParallelConfig | dict,
     with no_hugepages():
         return expand_ranks(rep, src, dst, kinds, parallel, strings, step, expand, max_ops,
                             meta)
+
+
+def _own_ready_starts(start, dur, lane, src, dst, lag, member, rep) -> np.ndarray:
+    """Members of a send/receive pair as a measured trace records them (and as the replay
+    reads them): each starts when it is ready and the one that waited ends with the other, so
+    its duration holds its wait. The schedule started both at the later ready time."""
+    end = start + dur
+    ready = np.zeros(len(start), np.int64)
+    em = member[dst]
+    np.maximum.at(ready, dst[em], end[src[em]] + lag[em])
+    order = np.lexsort((np.arange(len(start)), lane))  # a lane runs its ops in index order
+    same = lane[order][1:] == lane[order][:-1]
+    prev = np.full(len(start), -1, np.int64)
+    prev[order[1:][same]] = order[:-1][same]
+    pm = member & (prev >= 0)
+    ready[pm] = np.maximum(ready[pm], end[prev[pm]])
+    rep["dur_ns"] = np.where(member, end - ready, dur)
+    return np.where(member, ready, start)
 
 
 def _sync_edges(order, item_ids, calls, layout, sched, p, stage, add_edges, recv_post) -> None:
