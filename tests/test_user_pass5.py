@@ -56,6 +56,15 @@ def test_report_timeline_says_the_step_ops_it_leaves_out(mi300x_store, tmp_path,
     outside, total, before = (int(g.replace(",", "")) for g in m.groups())
     assert outside == before and total - outside == len(gpu)
     assert "from its first op on any rank to its last" not in text
+    # the kernel-class table runs from the largest class down; its memory row is the raw
+    # trace's 550 copies and 108 memsets
+    table = text[text.index("GPU time by kernel class"):].split("</table>")[0]
+    rows = re.findall(r'<td class="text">([^<]+)</td><td class="num">([\d,]+)</td>'
+                      r'<td class="num">([\d.]+)</td>', table)
+    totals = [float(t) for _, _, t in rows]
+    assert len(rows) > 5 and totals == sorted(totals, reverse=True)
+    n_mem = sum(e.get("cat") in ("gpu_memcpy", "gpu_memset") for e in ev)
+    assert ("memory", f"{n_mem:,}") in [(c, n) for c, n, _ in rows] and n_mem == 658
 
 
 def test_launch_latency_histogram_in_the_tables_unit(mi300x_store):
