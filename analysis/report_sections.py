@@ -115,7 +115,7 @@ def per_step_table(run: RunAnalysis, *, top: int):
             Column("step_ns", "Step", "time"), *_PART_COLS,
             Column("gpu_busy_frac", "GPU busy", "pct")]
     return people_table(rows, cols, caption="Each step (the slowest rank's window)", top=top,
-                        what="steps", csv_name="breakdown_per_step",
+                        what="steps", cut_word="First", csv_name="breakdown_per_step",
                         csv_frame=bd[["rank", "step", "start_ns", "end_ns", "step_ns", *PARTS,
                                       "gpu_busy_frac"]], same_unit=True)
 

@@ -130,8 +130,16 @@ def test_dominant_finding_does_not_pin_a_mean_over_ranks_on_one_rank(tmp_path):
     assert n_steps == 32
     store = tmp_path / "m.retime"
     assert run(["ingest", str(src), "-o", str(store)]) == 0
-    txt = _dominant(RunAnalysis(read_trace(store)))[1]
+    ra = RunAnalysis(read_trace(store))
+    txt = _dominant(ra)[1]
     m = re.search(r"\(each step's slowest rank, averaged: rank (\d) in (\d+) of (\d+) steps, ",
                   txt)
     assert m, txt
     assert int(m.group(3)) == n_steps and 0 < int(m.group(2)) < n_steps
+    # the per-step table shows the first 15 steps by number and says "First", not "Top"
+    from retime.analysis.report_sections import per_step_table
+
+    tb = per_step_table(ra, top=15)
+    first = sorted(pd.read_parquet(src / "trace-ST.parquet")["step"].unique())[:15]
+    assert [int(r[0].replace(",", "")) for r in tb.rows] == [int(x) for x in first]
+    assert tb.note.startswith("First 15 of 32 steps")
