@@ -33,13 +33,22 @@ def plot_launch_latency(lat: pd.DataFrame, *, title: str = "Launch-to-start late
     ax = fig.add_subplot()
     if len(lat) == 0:
         return _empty(fig, ax, "no launch calls linked to GPU ops")
-    us = np.maximum(lat["latency_ns"].to_numpy(dtype=float), 1.0) / 1e3
-    bins = np.logspace(np.log10(us.min()), np.log10(max(us.max(), us.min() * 1.01)), 40)
+    from matplotlib.ticker import FuncFormatter
+
+    ns = np.maximum(lat["latency_ns"].to_numpy(dtype=float), 1.0)
+    # the unit of the table beside it: ms once the median latency is a millisecond or more
+    unit, scale = ("ms", 1e6) if np.median(ns) >= 1e6 else ("us", 1e3)
+    x = ns / scale
+    bins = np.logspace(np.log10(x.min()), np.log10(max(x.max(), x.min() * 1.01)), 40)
     lb = lat["launch_bound"].to_numpy(bool)
-    ax.hist([us[lb], us[~lb]], bins=bins, stacked=True, color=["#DD8452", "#4C72B0"],
+    ax.hist([x[lb], x[~lb]], bins=bins, stacked=True, color=["#DD8452", "#4C72B0"],
             label=[f"launch-bound ({lb.sum():,})", f"queued ({(~lb).sum():,})"])
     ax.set_xscale("log")
-    ax.set_xlabel("GPU op start - launch call start (us)")
+    plain = FuncFormatter(lambda v, _: f"{v:g}")
+    ax.xaxis.set_major_formatter(plain)
+    if x.max() < 10 * x.min():  # under a decade only minor ticks are labelled: plainly too
+        ax.xaxis.set_minor_formatter(plain)
+    ax.set_xlabel(f"GPU op start - launch call start ({unit}, log scale)")
     ax.set_ylabel("GPU ops")
     ax.set_title(title)
     ax.legend(fontsize=7, frameon=False)

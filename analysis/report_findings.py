@@ -83,14 +83,26 @@ def cpu_only(t) -> bool:
         and not (lk == int(LaneKind.OP_STREAM)).any()
 
 
+def _slowest_words(run: RunAnalysis) -> str:
+    """Which rank the slowest-rank figures are of: one rank, or, when the slowest rank
+    changes from step to step, the mean over each step's slowest rank and how often the
+    most frequent one is it (its own figures are in the per-rank table)."""
+    bd = run.bd
+    slow = bd.loc[bd.groupby("step")["step_ns"].idxmax(), "rank"].to_numpy()
+    r = run.slowest_rank
+    k = int((slow == r).sum())
+    if k == len(slow):
+        return f"rank {r}"
+    return f"each step's slowest rank, averaged: rank {r} in {k} of {len(slow)} steps"
+
+
 def _dominant(run: RunAnalysis) -> tuple[float, str]:
     parts = run.slow_parts
     st = run.step_ns
     top = max(PARTS, key=lambda p: parts[p])
     share = parts[top] / st if st else 0.0
-    r = run.slowest_rank
-    amount = (f"{fmt_pct(share)} of the slowest rank's step (rank {r}, {fmt_ns(parts[top])} "
-              "per step)" if run.n_ranks > 1 else
+    amount = (f"{fmt_pct(share)} of the slowest rank's step ({_slowest_words(run)}, "
+              f"{fmt_ns(parts[top])} per step)" if run.n_ranks > 1 else
               f"{fmt_pct(share)} of the step ({fmt_ns(parts[top])})")
     if top == "host_bound_ns":
         txt = (f"The job is host-bound: for {amount} the GPU waits while the CPU works (Python, "

@@ -115,7 +115,7 @@ def per_step_table(run: RunAnalysis, *, top: int):
             Column("step_ns", "Step", "time"), *_PART_COLS,
             Column("gpu_busy_frac", "GPU busy", "pct")]
     return people_table(rows, cols, caption="Each step (the slowest rank's window)", top=top,
-                        what="steps", csv_name="breakdown_per_step",
+                        what="steps", cut_word="First", csv_name="breakdown_per_step",
                         csv_frame=bd[["rank", "step", "start_ns", "end_ns", "step_ns", *PARTS,
                                       "gpu_busy_frac"]], same_unit=True)
 
@@ -165,15 +165,42 @@ def _timeline_rows(run: RunAnalysis) -> tuple[pd.DataFrame, list[str], str]:
     return rows, names, note
 
 
+def _outside_window(t, w, ranks: np.ndarray) -> str:
+    """A sentence on the step's ops of the drawn ``ranks`` that ran wholly outside the drawn
+    window (a host that runs ahead of its GPU issues a step's host work early), or ''."""
+    if w.step < 0:
+        return ""
+    o = t.ops
+    m = (o["step"].to_numpy() == w.step) & np.isin(o["rank"].to_numpy(), ranks)
+    s = o["start_ns"].to_numpy()[m]
+    e = s + o["dur_ns"].to_numpy()[m]
+    before, after = e <= w.start_ns, s >= w.end_ns
+    if not (before.any() or after.any()):
+        return ""
+    where = []
+    if before.any():
+        where.append(f"{int(before.sum()):,} before it (from {fmt_ns(w.start_ns - s.min())} "
+                     "earlier)")
+    if after.any():
+        where.append(f"{int(after.sum()):,} after it (until {fmt_ns(e.max() - w.end_ns)} later)")
+    return (f" {int(before.sum() + after.sum()):,} of the drawn ranks' {int(m.sum()):,} ops "
+            "of the step ran "
+            f"outside this window and are not drawn: {' and '.join(where)}; the window is "
+            "where the step's GPU work runs, and a host that runs ahead of its GPU issues a "
+            "step's host work earlier.")
+
+
 def section_timeline(run: RunAnalysis) -> Section:
     w = run.window
     s = Section("timeline", "One step on the timeline")
     what = w.why[0].upper() + w.why[1:] if w.step < 0 else f"The whole of {w.why}"
-    s.blocks.append(f"{what}: {fmt_ns(w.dur_ns)} from its first op on any rank "
-                    "to its last; time runs from that start. Rows are the CPU, GPU compute and "
-                    "communication activity of each rank; nearby boxes closer than a pixel are "
-                    "merged. Ops on the critical path are outlined.")
+    span = ("from the first op on any rank to the last" if w.step < 0 else
+            "from the earliest rank's step start to the latest rank's step end")
+    s.blocks.append(f"{what}: {fmt_ns(w.dur_ns)} {span}; time runs from that start. Rows are the CPU, GPU "
+                    "compute and communication activity of each rank; nearby boxes closer than "
+                    "a pixel are merged. Ops on the critical path are outlined.")
     rows, names, note = _timeline_rows(run)
+    s.blocks[-1] += _outside_window(run.t, w, rows["rank"].to_numpy())
     if note:
         s.blocks.append(note)
     px = w.dur_ns / 1200.0
@@ -261,7 +288,7 @@ def section_kernels(run: RunAnalysis, *, top: int) -> Section | None:
                                       Column("share", f"Share of {dev} time", "pct")],
                                  caption=f"Top {what}", top=top, what=what,
                                  csv_name="kernels"))
-    cls = run.cls[run.cls["count"] > 0]
+    cls = run.cls[run.cls["count"] > 0].sort_values("total_ns", ascending=False, kind="mergesort")
     s.blocks.append(people_table(cls, [Column("kernel_class", "Class", "text"),
                                        Column("count", "Calls", "count"),
                                        Column("total_ns", "Total", "time"),

@@ -254,13 +254,15 @@ def _fixed(v: np.ndarray) -> list[str]:
 
 def people_table(df: pd.DataFrame, columns: list[Column], *, caption: str, top: int | None = None,
                  what: str = "rows", csv_name: str | None = None, csv_frame: pd.DataFrame | None
-                 = None, same_unit: bool = False) -> Table:
+                 = None, same_unit: bool = False, cut_word: str = "Top") -> Table:
     """Format ``df`` (already in display order) for people.
 
     Parameters
     ----------
     columns : which columns, with headers in words and their formatting
     top : keep the first ``top`` rows; the note counts the rest (``what`` names them)
+    cut_word : the note's first word, ``Top`` for a ranking, ``First`` for rows in their
+        natural order (steps by number)
     csv_name : file name (no suffix) of the whole table, written beside the report when
         rows were cut; ``csv_frame`` is what goes there (default ``df``)
     same_unit : every time column in one unit (parts of one whole read best that way)
@@ -290,7 +292,7 @@ def people_table(df: pd.DataFrame, columns: list[Column], *, caption: str, top: 
     cut = top is not None and n > top
     note = ""
     if cut:
-        note = f"Top {top} of {n:,} {what}"
+        note = f"{cut_word} {top} of {n:,} {what}"
         if csv_name:
             note += "; all of them in {csv}"
         note += "."

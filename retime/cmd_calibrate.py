@@ -101,11 +101,12 @@ def calibrate_cmd(
         from retime.replay.policies.cluster_cal import cluster_record
 
         cal["cluster"] = cluster_record(cl, cal, device)
-    tmp = output.with_name(output.name + ".partial")
     import json
 
-    tmp.write_text(json.dumps(cal, indent=1) + "\n")
-    os.replace(tmp, output)
+    from retime.collectors.fsutil import atomic_output
+
+    with atomic_output(output) as tmp:  # creates missing parent folders, as every -o does
+        tmp.write_text(json.dumps(cal, indent=1) + "\n")
     rows = cal["collectives"]["all_reduce"]
     summary = {"output": str(output), "world_size": cal["world_size"],
                "ranks_per_host": cal["ranks_per_host"], "backend": cal["backend"],

@@ -149,7 +149,10 @@ def cluster_cmd(
     text = format_cluster(c)
     if output is not None:
         check_output(output, force)
-        output.write_text(text)
+        from retime.collectors.fsutil import atomic_output
+
+        with atomic_output(output) as tmp:  # creates missing parent folders, as every -o does
+            tmp.write_text(text)
     if json_out:
         emit_json({"cluster": c.to_dict(), "world_size": c.world_size,
                    "output": None if output is None else str(output)})
@@ -354,11 +357,14 @@ def _write_plot(path: Path, costs, title: str) -> None:
         "busbw_lo": [x.busbw_gbps * x.time_us / x.range_us[1] for x in costs],
         "busbw_hi": [x.busbw_gbps * x.time_us / x.range_us[0] for x in costs],
         "algorithm": [x.algorithm for x in costs], "protocol": [x.protocol for x in costs]})
+    from retime.collectors.fsutil import atomic_output
+
     fig = plot_busbw(df, title=title)
-    if path.suffix.lower() == ".html":
-        path.write_text(figure_to_html(fig, title))
-    else:
-        fig.savefig(path)
+    with atomic_output(path) as tmp:  # creates missing parent folders, as every -o does
+        if path.suffix.lower() == ".html":
+            tmp.write_text(figure_to_html(fig, title))
+        else:
+            fig.savefig(tmp, format=path.suffix.lower().lstrip("."))
 
 
 from retime import cmd_cost_op  # noqa: E402,F401  op (registers on cost_app)

@@ -275,13 +275,19 @@ def replay_cmd(
             f"(kept as measured); the rest, {1 - (gt['host_work_ns'] + gt['unexplained_ns']) / span:.1%}"
             ", is the traced ops and the waits between them, which the modelled dependencies "
             "re-derive")
+    # a re-synthesized what-if replays the new synthesized trace: its per-rank figures are
+    # that trace's own times, not the measured run's (the lines above compare with those)
+    resyn = bool(s.get("whatif", {}).get("resynthesized"))
+    if resyn and s["per_rank"]:
+        say("  per rank: the re-synthesized what-if trace's own times, replayed")
     for r in s["per_rank"][:32]:
         err = (r["replayed_ns"] - r["measured_ns"]) / r["measured_ns"] if r["measured_ns"] else 0.0
         per = (f"; per step {r['measured_step_ns'] / 1e6:.3f} -> "
                f"{r['replayed_step_ns'] / 1e6:.3f} ms over {r['steps']} steps"
                if r["steps"] > 1 else "")
-        say(f"  rank {r['rank']}: measured {r['measured_ns'] / 1e6:.3f} ms, replayed "
-            f"{r['replayed_ns'] / 1e6:.3f} ms ({err:+.2%}{per})")
+        say(f"  rank {r['rank']}: {'re-synthesized' if resyn else 'measured'} "
+            f"{r['measured_ns'] / 1e6:.3f} ms, replayed {r['replayed_ns'] / 1e6:.3f} ms "
+            f"({err:+.2%}{per})")
     if ck is not None:
         left: dict[str, list[str]] = {}
         for k, why in ck.left_out.items():

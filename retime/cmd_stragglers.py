@@ -48,4 +48,6 @@ def stragglers_cmd(
         "step apart")
     for key, title in (("by_stage", "stage"), ("by_dp_rank", "DP rank"), ("by_optype", "op type")):
         top = list(res[key].items())[:8]
-        say(f"  by {title}: " + ", ".join(f"{k} {v:.4f}" for k, v in top))
+        more = len(res[key]) - len(top)
+        say(f"  by {title}: " + ", ".join(f"{k} {v:.4f}" for k, v in top)
+            + (f" (and {more} more, all of them in --json)" if more > 0 else ""))
