@@ -176,9 +176,12 @@ def test_freeze_batches_are_marked_and_scored_apart():
     if msg.returncode == 0:
         assert msg.stdout.startswith("FREEZE-5"), msg.stdout
     # fixed after batch 2 (emb-bucket), batch 3 (mlp-batch-32-16) and batch 4
-    # (emb-batch-64-16) were seen: marked, and scored apart by the bench
+    # (emb-batch-64-16) were seen, and the calibrated re-bucketing after the calibrated rows
+    # of emb-bucket-800mbit (batch 5) and transformer-bucket-1000mbit (batch 3) were seen:
+    # marked, and scored apart by the bench
     assert sorted(n for n, r in INDEX.items() if r.get("shaped_after_freeze")) == [
-        "emb-batch-64-16", "emb-bucket", "mlp-batch-32-16"]
+        "emb-batch-64-16", "emb-bucket", "emb-bucket-800mbit", "mlp-batch-32-16",
+        "transformer-bucket-1000mbit"]
 
 
 @pytest.mark.parametrize("name,label", CAPTURES)

@@ -416,3 +416,35 @@ def test_rebucketed_transfer_is_not_faster_than_the_link_ran():
     dst = load_capture(PAIRS / "emb-bucket" / "B", plain=True).ops
     d = dst.loc[(dst["kind"] == OpKind.COLLECTIVE) & (dst["bytes"] > 0), "dur_ns"]
     assert (d.min() <= model_ns).all() and (model_ns <= d.max()).all()
+
+
+def test_probe_alone_time_is_floored_by_the_links_own_rate():
+    """Closed form: with a calibration file a new bucket's alone time is the longer of the
+    probe's line ``a + b S`` and the trace's own link ``alpha + S f / B``."""
+    from retime.replay.policies.bucketing_cpu import _probe_alone_ns
+    from retime.replay.policies.host_cpu import OverlapProbe
+
+    p = OverlapProbe(compute_slowdown=0.2, under=(20e6, 2.0), alone=(-3e6, 4.0),
+                     sizes=(2**20, 2**22))
+    s = np.asarray([2.0**20, 2.0**22, 1e7])
+    got = _probe_alone_ns(p, s, 1.0, (2e5, 5.0))  # 5 ns per bus byte: 200 MB/s
+    assert got == pytest.approx(np.maximum(-3e6 + 4.0 * s, 2e5 + 5.0 * s), rel=1e-12)
+    assert got[2] == pytest.approx(2e5 + 5e7)  # 10 MB: the link, not the probe's 37 ms
+    assert _probe_alone_ns(p, s, 1.0, None) == pytest.approx(-3e6 + 4.0 * s)
+
+
+def test_calibrated_one_bucket_lasts_as_the_measured_one_bucket_all_reduces():
+    """emb-bucket A with its setting's calibration file (the kit's overlap probe: 1 MiB in
+    1.1-2.1 ms and 4 MiB in 14.9-16.7 ms alone, after an idle link, so through a 1.6 MB
+    token bucket): the one 10.0 MB bucket lasts as long as the one-bucket captures'
+    measured all-reduces (44.5-47.6 ms), as on the plain trace. The probe's line through
+    its two sizes put it at ~37 ms (the calibrated prediction was -13.9% then)."""
+    from retime.replay.policies.bucketing_cpu import rebucket_cpu
+
+    src = load_capture(PAIRS / "emb-bucket" / "A", plain=True, calibrated=True)
+    assert src.meta.get("calibration")  # the file is attached: the probe is read
+    _t, _ids, model_ns, info, _cpu = rebucket_cpu(src, 52.4288, None)
+    assert info["contention"] == "the capture's overlap probe" and len(model_ns) == 6
+    dst = load_capture(PAIRS / "emb-bucket" / "B", plain=True).ops
+    d = dst.loc[(dst["kind"] == OpKind.COLLECTIVE) & (dst["bytes"] > 0), "dur_ns"]
+    assert (d.min() <= model_ns).all() and (model_ns <= d.max()).all()
