@@ -84,7 +84,7 @@ KNOWN: dict[tuple[str, str, str], str] = {
     ("transformer-bandwidth-2x2", "A", "B"): (
         "-11.2%: two ranks share each host's core; at 400 Mbit/s they were staggered (ranks "
         "0 and 2 ran their forward in 26-39 ms, ranks 1 and 3 in 48-57 ms; forward plus "
-        "backward compute ~125 ms per rank and step) and at 1600 Mbit/s in lockstep (every "
+        "backward compute 116-125 ms per rank and step) and at 1600 Mbit/s in lockstep (every "
         "forward 41-61 ms, ~140 ms per rank and step); the model keeps the measured "
         "durations of time-shared ops (not fixed)"),
     # batch 6 (FREEZE-6), scored once as frozen; misses are not fixed
