@@ -45,7 +45,9 @@ apart too; it was scored once. Its ``emb-batch-64-16`` shaped the model after it
 is ``shaped_after_freeze``. A fifth batch (``after_freeze: 5``, frozen at FREEZE-5
 ``4ae6ed3``, after those fixes) was scored once; the only code change after its predictions
 were seen made the zero-fill match work under ``retime replay``'s projected read (no figure
-changed).
+changed). A sixth batch (``after_freeze: 6``, frozen at FREEZE-6, after the calibrated
+re-bucketing floor that ``emb-bucket-800mbit`` and ``transformer-bucket-1000mbit``'s calibrated
+rows shaped: both are ``shaped_after_freeze``) is scored apart as well.
 
 Reads only the committed traces (no capture), so it runs anywhere::
 
@@ -296,7 +298,7 @@ def summary(rows: list[dict], pre: str = "") -> dict:
 def freeze_batch(spec: dict) -> int:
     """Which freeze a pair was captured after (pairs.json ``after_freeze``): 0 for the pairs
     that shaped the model, 1 for the first batch (``true``), 2 for the second, 3 for the
-    third, 4 for the fourth, 5 for the fifth."""
+    third, 4 for the fourth, 5 for the fifth, 6 for the sixth."""
     return int(spec.get("after_freeze") or 0)
 
 
@@ -307,7 +309,7 @@ def _batch_label(batch: int, specs: list[dict]) -> str:
         return ("batch 1, captured after the first freeze (981b888; the model was changed "
                 "after they were seen)")
     commits = sorted({str(s.get("frozen_commit", ""))[:7] for s in specs})
-    nth = {2: "second", 3: "third", 4: "fourth", 5: "fifth"}.get(batch, f"#{batch}")
+    nth = {2: "second", 3: "third", 4: "fourth", 5: "fifth", 6: "sixth"}.get(batch, f"#{batch}")
     return f"batch {batch}, captured after the {nth} freeze ({', '.join(commits)})"
 
 

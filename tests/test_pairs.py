@@ -152,8 +152,10 @@ def test_freeze_batches_are_marked_and_scored_apart():
                              "emb-host-speed-70"]
     assert sorted(by[5]) == ["emb-batch-2048-512", "emb-batch-32-8", "emb-bucket-800mbit",
                              "transformer-batch-16-4"]
-    assert len(set(labels.values())) == 6
-    for b in (2, 3, 4, 5):
+    assert sorted(by[6]) == ["cnn-host-speed-60", "mlp-bandwidth-250-1000-burst3",
+                             "mlp-bucket-2x2", "transformer-checkpoint-1200mbit"]
+    assert len(set(labels.values())) == 7
+    for b in (2, 3, 4, 5, 6):
         commits = {INDEX[n]["frozen_commit"] for n in by[b]}
         assert len(commits) == 1 and len(next(iter(commits))) == 40
         assert next(iter(commits))[:7] in labels[b]
@@ -175,10 +177,19 @@ def test_freeze_batches_are_marked_and_scored_apart():
                          capture_output=True, text=True)
     if msg.returncode == 0:
         assert msg.stdout.startswith("FREEZE-5"), msg.stdout
+    # and the sixth's
+    frozen6 = INDEX["mlp-bucket-2x2"]["frozen_commit"]
+    msg = subprocess.run(["git", "-C", str(ROOT), "log", "-1", "--format=%s", frozen6],
+                         capture_output=True, text=True)
+    if msg.returncode == 0:
+        assert msg.stdout.startswith("FREEZE-6"), msg.stdout
     # fixed after batch 2 (emb-bucket), batch 3 (mlp-batch-32-16) and batch 4
-    # (emb-batch-64-16) were seen: marked, and scored apart by the bench
+    # (emb-batch-64-16) were seen, and the calibrated re-bucketing after the calibrated rows
+    # of emb-bucket-800mbit (batch 5) and transformer-bucket-1000mbit (batch 3) were seen:
+    # marked, and scored apart by the bench
     assert sorted(n for n, r in INDEX.items() if r.get("shaped_after_freeze")) == [
-        "emb-batch-64-16", "emb-bucket", "mlp-batch-32-16"]
+        "emb-batch-64-16", "emb-bucket", "emb-bucket-800mbit", "mlp-batch-32-16",
+        "transformer-bucket-1000mbit"]
 
 
 @pytest.mark.parametrize("name,label", CAPTURES)

@@ -260,6 +260,27 @@ def _pairs() -> dict[str, tuple[str, Pair]]:
     out["emb-batch-2048-512"] = ("emb", Pair(
         "per-rank batch size 2048 vs 512 (embedding-bag recommender)", {"batch": 2048},
         {"batch": 512}, {"parallel.micro_batch": 512}, {"parallel.micro_batch": 2048}))
+    # the sixth batch, captured after the sixth freeze (FROZEN_6): a rate pair not used
+    # before (250 vs 1000 Mbit/s) on a token bucket no pair had (3x the kit's rule: 750 KB /
+    # 3 MB, so at 1000 Mbit/s most but not all of the MLP's 4.2 MB all-reduce rides on
+    # tokens); the DDP bucket with 2 ranks on each of 2 hosts (every bucket pair ran 1 rank
+    # per host); checkpointing on the transformer at a rate no checkpoint pair used (1200
+    # Mbit/s); a host speed not used before (60%) on the conv net (no host-speed pair had it)
+    out["mlp-bandwidth-250-1000-burst3"] = ("mlp", _rate_pair(
+        "inter-host bandwidth, 250 vs 1000 Mbit/s, on a link whose token bucket is 3x the "
+        "kit's (burst_x 3)", 250.0, 1000.0, {"burst_x": 3.0}))
+    out["mlp-bucket-2x2"] = ("mlp", Pair(
+        "DDP bucket_cap_mb (MiB; the key counts 10^6 bytes), 2 hosts x 2 ranks (a host's "
+        "ranks share its core)",
+        {"bucket_cap_mb": 1.0, "nproc_per_host": 2}, {"bucket_cap_mb": 50.0, "nproc_per_host": 2},
+        {"overlap.bucket_mb": round(50 * MIB_MB, 6)},
+        {"overlap.bucket_mb": round(1 * MIB_MB, 6)}))
+    out["transformer-checkpoint-1200mbit"] = ("transformer", _on_link(
+        spec["checkpoint"], 1200.0)("transformer"))
+    out["cnn-host-speed-60"] = ("cnn", Pair(
+        "host CPU speed: real-time runtime 9.5 ms vs 5.7 ms per 10 ms on every host (conv net)",
+        {"speed_pct": 100.0}, {"speed_pct": 60.0},
+        {"hardware.host_speedup": 0.6}, {"hardware.host_speedup": round(1 / 0.6, 6)}))
     return out
 
 
@@ -277,6 +298,9 @@ FROZEN_4 = ("emb-batch-64-16", "cnn-checkpoint", "emb-host-speed-70", "cnn-batch
 #: the fifth batch, captured after the fifth freeze (pairs.json after_freeze: 5)
 FROZEN_5 = ("emb-batch-32-8", "transformer-batch-16-4", "emb-bucket-800mbit",
             "emb-batch-2048-512")
+#: the sixth batch, captured after the sixth freeze (pairs.json after_freeze: 6)
+FROZEN_6 = ("mlp-bandwidth-250-1000-burst3", "mlp-bucket-2x2", "transformer-checkpoint-1200mbit",
+            "cnn-host-speed-60")
 
 
 def stated(pair: Pair, a: dict, b: dict) -> dict[str, dict]:
@@ -471,7 +495,8 @@ def run_pair(name: str, hosts: Hosts, args: argparse.Namespace) -> dict:
     rec_pair["change"] = round(rec_pair["median_ns"]["B"] / rec_pair["median_ns"]["A"] - 1, 4)
     if name in FROZEN:
         rec_pair["after_freeze"] = True
-    for batch, names in enumerate((FROZEN_2, FROZEN_3, FROZEN_4, FROZEN_5), start=2):
+    for batch, names in enumerate((FROZEN_2, FROZEN_3, FROZEN_4, FROZEN_5, FROZEN_6),
+                                   start=2):
         if name in names:
             rec_pair["after_freeze"] = batch
             rec_pair["frozen_commit"] = args.frozen_commit
@@ -552,7 +577,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--commit", action="store_true", help="git commit each pair when captured")
     p.add_argument("--list", action="store_true", help="print the pairs and exit")
     p.add_argument("--frozen-commit", default="",
-                   help="the frozen model's commit, recorded with the FROZEN_2 ... FROZEN_5 "
+                   help="the frozen model's commit, recorded with the FROZEN_2 ... FROZEN_6 "
                         "pairs")
     args = p.parse_args(argv)
     OUT = args.out.resolve()
@@ -561,7 +586,8 @@ def main(argv: list[str] | None = None) -> int:
         for n, (_m, pr) in PAIRS.items():
             print(f"{n:<28} {pr.knob}; A {pr.a} B {pr.b}; keys A->B {pr.a_to_b}")
         return 0
-    later = [n for n in names if n in (*FROZEN_2, *FROZEN_3, *FROZEN_4, *FROZEN_5)]
+    later = [n for n in names
+             if n in (*FROZEN_2, *FROZEN_3, *FROZEN_4, *FROZEN_5, *FROZEN_6)]
     if later and not args.frozen_commit:
         print(f"capture: {', '.join(later)} are judged after a freeze; give the frozen "
               "model's commit with --frozen-commit SHA", file=sys.stderr)

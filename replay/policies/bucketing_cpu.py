@@ -214,19 +214,28 @@ def rebucket_cpu(trace: Trace, bucket_mb: float, interference: float | None,
     # overlap.interference was given
     given = interference is not None
     probe = overlap_probe(trace, probe_bound) if interference is None else None
+    own_link = None
     if probe is not None:
+        # the link as the trace's own buckets show it, without the probe: it prices the
+        # floor of a new bucket's alone time (_probe_alone_ns)
+        own = _build_cpu(trace, bucket_mb, cpu_interference_of(
+            trace, per, exact, a_start, end, nbytes, ar_ids), ranks_per_node, per, weight,
+            issue, issue_of, floor_ns, a_start, is_ar, exact, source, None, fit_comm=True,
+            probe_bound=probe_bound)
+        own_link = (own[3]["alpha_ns"], 1.0 / own[3]["busbw_gbps"])
         interference = probe.compute_slowdown
     elif interference is None:
         interference = cpu_interference_of(trace, per, exact, a_start, end, nbytes, ar_ids)
     return _build_cpu(trace, bucket_mb, interference, ranks_per_node, per, weight, issue,
                       issue_of, floor_ns, a_start, is_ar, exact, source, probe,
-                      fit_comm=probe is None and not given, probe_bound=probe_bound)
+                      fit_comm=probe is None and not given, probe_bound=probe_bound,
+                      own_link=own_link)
 
 
 def _build_cpu(trace, bucket_mb, interference, ranks_per_node, per, weight, issue, issue_of,
                floor_ns, a_start, is_ar, exact=None, source="copy times",
                probe: OverlapProbe | None = None, fit_comm: bool = False,
-               probe_bound: str | None = None):
+               probe_bound: str | None = None, own_link: tuple[float, float] | None = None):
     o = trace.ops
     rank = o["rank"].to_numpy()
     lane = o["lane"].to_numpy()
@@ -379,7 +388,8 @@ def _build_cpu(trace, bucket_mb, interference, ranks_per_node, per, weight, issu
     if probe is not None and shaper is None:
         # no declared link: the calibration measured this cluster's all-reduce alone (the
         # link's own behaviour, e.g. a token bucket's burst, is in those times)
-        model_ns = probe.alone_ns(np.asarray([row["bytes"] for row in new_rows], np.float64))
+        b_new = np.asarray([row["bytes"] for row in new_rows], np.float64)
+        model_ns = _probe_alone_ns(probe, b_new, f, own_link)
     if probe is not None or turns:
         # the members of a ring all-reduce finish together (the last chunk reaches both), and
         # one cap per collective: each member's transfer as long as the slowest one's (its
@@ -427,6 +437,24 @@ def _build_cpu(trace, bucket_mb, interference, ranks_per_node, per, weight, issu
     if comm is not None:
         info["comm_slowdown"] = float(np.median(comm[len(keep):])) if n_new else 0.0
     return t, new_ids, model_ns, info, cpu
+
+
+def _probe_alone_ns(probe: OverlapProbe, nbytes: np.ndarray, f: float,
+                    own_link: tuple[float, float] | None) -> np.ndarray:
+    """Alone time (ns) of new buckets of ``nbytes`` payload bytes on an undeclared link with
+    a calibration file: the longer of the probe's line and the link as the trace's own
+    buckets showed it (``own_link``: ``(alpha_ns, ns per bus byte)``, the plain trace's fit).
+
+    The probe times each size once after an idle link, so a token bucket's burst is in its
+    times (1 MiB in 1-3 ms on a 1600 Mbit/s link that paces it in 5), and its line through
+    two sizes (1 and 4 MiB) mixes saved tokens with paced bytes. A step's buckets follow one
+    another and drain the burst: they cannot beat the rate the link sustained for the trace's
+    own buckets during training. The probe adds what that rate does not show (a fixed cost
+    per transfer where it is slower)."""
+    t = probe.alone_ns(nbytes)
+    if own_link is None or not (own_link[1] > 0):
+        return t
+    return np.maximum(t, own_link[0] + nbytes * f * own_link[1])
 
 
 def _ran_concurrently(spans: dict, a_start: np.ndarray, end: np.ndarray) -> bool:
