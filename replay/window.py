@@ -44,7 +44,8 @@ from .gaps import HANDOFF_WINDOW_NS
 from .graph import BLOCKING_CALL_PATTERN, graph_from_arrays
 from .graph_arrays import _lexsort_small
 
-__all__ = ["Scope", "WINDOW_OPS", "window_cuts", "replay_windows", "windowed_replay"]
+__all__ = ["Scope", "WINDOW_OPS", "window_cuts", "window_of", "replay_windows", "replay_loop",
+           "windowed_replay", "assemble_run", "blocking_names"]
 
 #: ops per window (about 0.1 GB of graph and build temporaries each)
 WINDOW_OPS = 1_000_000
@@ -128,25 +129,12 @@ class _Run:
 
 def _run(trace: Trace) -> _Run:
     o = trace.ops
-    lanes = trace.lanes
     s = o["start_ns"].to_numpy()
-    d = o["dur_ns"].to_numpy()
     lane = o["lane"].to_numpy()
     kind = o["kind"].to_numpy()
-    rank = o["rank"].to_numpy()
-    coll = o["coll_id"].to_numpy()
     n = len(s)
-    lane_ids = lanes["lane"].to_numpy().astype(_I64)
-    size = int(max(lane_ids.max(initial=0), lane.max(initial=0))) + 1
-    dev_of = np.zeros(size, bool)
-    key_of = np.zeros(size, _I64)
-    first = np.unique(lane_ids, return_index=True)[1]  # the first row of a lane id wins
-    dev_of[lane_ids[first]] = lanes["lane_kind"].to_numpy()[first] != LaneKind.CPU_THREAD
-    key_of[lane_ids[first]] = lanes["device"].to_numpy().astype(_I64)[first]
-    host = ~dev_of[lane]
-    names = np.asarray(trace.strings, dtype=object)
-    bn = np.fromiter((bool(BLOCKING_CALL_PATTERN.search(x)) for x in names), bool, len(names))
-    blocking = (bn[o["name_id"].to_numpy()] if len(names) else np.zeros(n, bool)) \
+    bn = blocking_names(trace.strings)
+    blocking = (bn[o["name_id"].to_numpy()] if len(bn) else np.zeros(n, bool)) \
         & ((kind == OpKind.RUNTIME) | (kind == OpKind.CPU_OP))
     order = _lexsort_small((s, lane))  # lane order: measured start, ties by op id
     lane_prev = np.full(n, -1, _I32)
@@ -156,11 +144,33 @@ def _run(trace: Trace) -> _Run:
         lane_prev[order[1:][same]] = order[:-1][same]
         lane_next[order[:-1][same]] = order[1:][same]
     del order
+    return assemble_run(trace.lanes, s=s, d=o["dur_ns"].to_numpy(), rank=o["rank"].to_numpy(),
+                        lane=lane, kind=kind, coll=o["coll_id"].to_numpy(), blocking=blocking,
+                        lane_prev=lane_prev, lane_next=lane_next)
+
+
+def blocking_names(strings: list[str]) -> np.ndarray:
+    """Per string id: whether the name is a blocking host call's."""
+    names = np.asarray(strings, dtype=object)
+    return np.fromiter((bool(BLOCKING_CALL_PATTERN.search(x)) for x in names), bool,
+                       len(names))
+
+
+def assemble_run(lanes, *, s, d, rank, lane, kind, coll, blocking, lane_prev,
+                 lane_next) -> _Run:
+    """A :class:`_Run` from the per-op arrays (op-id order) and the lanes table."""
+    lane_ids = lanes["lane"].to_numpy().astype(_I64)
+    size = int(max(lane_ids.max(initial=0), lane.max(initial=0))) + 1
+    dev_of = np.zeros(size, bool)
+    key_of = np.zeros(size, _I64)
+    first = np.unique(lane_ids, return_index=True)[1]  # the first row of a lane id wins
+    dev_of[lane_ids[first]] = lanes["lane_kind"].to_numpy()[first] != LaneKind.CPU_THREAD
+    key_of[lane_ids[first]] = lanes["device"].to_numpy().astype(_I64)[first]
     worker_lane = np.bincount(lane, weights=coll < 0, minlength=size) == 0
     rank0 = int(rank.min())
     rmin = np.full(int(rank.max()) - rank0 + 1, _MAX, _I64)
     np.minimum.at(rmin, rank - rank0, s)
-    return _Run(s=s, d=d, rank=rank, lane=lane, kind=kind, coll=coll, host=host,
+    return _Run(s=s, d=d, rank=rank, lane=lane, kind=kind, coll=coll, host=~dev_of[lane],
                 blocking=blocking, lane_prev=lane_prev, lane_next=lane_next,
                 rank0=rank0, rank_origin=rmin, worker_lane=worker_lane,
                 dev_key_lane=key_of)
