@@ -53,6 +53,8 @@ __all__ = ["replay_store"]
 
 _I64 = np.int64
 _I32 = np.int32
+#: ops per batch of ranks of the step-window pass (one rank at least)
+_BATCH_OPS = 1 << 18
 #: ops columns the cheap pass reads (the op id places each row)
 _RUN_COLUMNS = ["op_id", "rank", "lane", "kind", "name_id", "start_ns", "dur_ns", "coll_id"]
 
@@ -132,6 +134,12 @@ def _read_run(root: Path, meta: dict[str, Any], lanes: pd.DataFrame, strings: li
     if not seen.all():
         return None
     del seen
+    # durations and collective ids in 4 bytes where they fit (the windows widen what they
+    # take): 8 bytes per op less over the whole run
+    if n and d.min() >= 0 and d.max() <= np.iinfo(_I32).max:
+        d = d.astype(_I32)
+    if n and coll.max() <= np.iinfo(_I32).max and coll.min() >= np.iinfo(_I32).min:
+        coll = coll.astype(_I32)
     if shared_lanes:
         from .graph_arrays import _lexsort_small
         order = _lexsort_small((s, lane))
@@ -208,6 +216,23 @@ class _SpillResults:
         return tuple(out)
 
 
+def release_freed() -> None:
+    """Hand the memory freed so far back to the system (glibc's heap, Arrow's pool): what
+    the windows freed would otherwise stay in the process under the step-window pass (at 8
+    ranks 0.44 GB of RSS after the windows of 0.25 GB live, and that pass's peak on top)."""
+    import ctypes
+    import ctypes.util
+
+    pa.default_memory_pool().release_unused()
+    name = ctypes.util.find_library("c")
+    try:
+        trim = getattr(ctypes.CDLL(name), "malloc_trim", None) if name else None
+    except OSError:
+        trim = None
+    if trim is not None:
+        trim(0)
+
+
 def replay_store(path: str | os.PathLike[str], *, ideal: bool = False,
                  window_ops: int = WINDOW_OPS, results: bool = False):
     """The identity replay of the rank-partitioned store at ``path`` a window at a time
@@ -269,6 +294,7 @@ def replay_store(path: str | os.PathLike[str], *, ideal: bool = False,
             return None
         identity = out["identity"]
         del r
+        release_freed()
         mem_meta = {k: v for k, v in meta.items() if k not in ("layout", "partitions")}
         mem_meta["schema_version"] = SCHEMA_VERSION
         w, unseen = _by_rank_batch(root, small, mem_meta, None if identity else res)
@@ -298,7 +324,7 @@ def _by_rank_batch(root: Path, small: dict[str, Any], meta: dict[str, Any], res)
     from .footprint import IDENTITY_COLUMNS
 
     parts, counts = [], []
-    for batch in rank_batches(root):
+    for batch in rank_batches(root, batch_rows=_BATCH_OPS):
         o = scan_ops(root, ranks=batch, columns=["op_id", *IDENTITY_COLUMNS])
         ids = o["op_id"].to_numpy()
         if len(ids) > 1 and (ids[1:] < ids[:-1]).any():
