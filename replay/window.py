@@ -47,12 +47,15 @@ from .graph_arrays import _lexsort_small
 __all__ = ["Scope", "WINDOW_OPS", "window_cuts", "window_of", "replay_windows", "replay_loop",
            "windowed_replay", "assemble_run", "blocking_names"]
 
-#: ops per window (about 0.1 GB of graph and build temporaries each)
-WINDOW_OPS = 1_000_000
+#: ops per window (about 0.2 GB of graph, build and simulation temporaries each: 0.22 GB of
+#: peak RSS over the run's arrays at 32 ranks of the scale bench, against 0.35 GB at 1 M)
+WINDOW_OPS = 500_000
 
 _I64 = np.int64
 _I32 = np.int32
 _MAX = np.iinfo(_I64).max
+#: ops per chunk of the passes over the whole run (their temporaries are a chunk's)
+_CHUNK = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -166,10 +169,14 @@ def assemble_run(lanes, *, s, d, rank, lane, kind, coll, blocking, lane_prev,
     first = np.unique(lane_ids, return_index=True)[1]  # the first row of a lane id wins
     dev_of[lane_ids[first]] = lanes["lane_kind"].to_numpy()[first] != LaneKind.CPU_THREAD
     key_of[lane_ids[first]] = lanes["device"].to_numpy().astype(_I64)[first]
-    worker_lane = np.bincount(lane, weights=coll < 0, minlength=size) == 0
+    busy = np.zeros(size, _I64)  # per lane: ops other than collectives
     rank0 = int(rank.min())
     rmin = np.full(int(rank.max()) - rank0 + 1, _MAX, _I64)
-    np.minimum.at(rmin, rank - rank0, s)
+    for a in range(0, len(s), _CHUNK):  # (temporaries of a chunk, not of the run)
+        b = a + _CHUNK
+        busy += np.bincount(lane[a:b][coll[a:b] < 0], minlength=size)
+        np.minimum.at(rmin, rank[a:b] - rank0, s[a:b])
+    worker_lane = busy == 0
     return _Run(s=s, d=d, rank=rank, lane=lane, kind=kind, coll=coll, host=~dev_of[lane],
                 blocking=blocking, lane_prev=lane_prev, lane_next=lane_next,
                 rank0=rank0, rank_origin=rmin, worker_lane=worker_lane,
@@ -286,12 +293,13 @@ def window_of(cuts: np.ndarray, s: np.ndarray) -> np.ndarray:
 
 
 def replay_loop(r: _Run, cuts: np.ndarray, win: np.ndarray, edges, results,
-                ideal: bool) -> dict[str, Any] | None:
+                ideal: bool, after_window=None) -> dict[str, Any] | None:
     """Replay the windows in turn: ``edges.bucket(k)`` gives the edges into window ``k``,
     ``results`` keeps each window's results (``put``) and gives those of earlier ops
     (``get``). Returns ``stats``, ``gaps``, ``windows``, ``graph_bytes`` and ``identity``
     (every op replayed at its measured start and end), or ``None`` (a window with a
-    dependency cycle)."""
+    dependency cycle). ``after_window()`` is called once each window's temporaries are
+    freed."""
     stats: dict[str, int] = {}
     ranks = np.flatnonzero(r.rank_origin != _MAX)  # (offsets from rank0)
     dl = np.zeros(len(ranks), _I64)
@@ -330,6 +338,8 @@ def replay_loop(r: _Run, cuts: np.ndarray, win: np.ndarray, edges, results,
         same = same and np.array_equal(st, r.s[own]) and np.array_equal(en - st, r.d[own])
         results.put(k, own, st, en, c)
         del gid, mine, st, en, cr, c, own
+        if after_window is not None:
+            after_window()
     hi = np.full(len(r.rank_origin), np.iinfo(_I64).min, _I64)
     np.maximum.at(hi, r.rank - r.rank0, r.s + r.d)
     return {"stats": stats,
@@ -350,13 +360,22 @@ def _window_graph(r: _Run, core: np.ndarray, win: np.ndarray, k: int, t0: int | 
     if t0 is not None:
         # host ops that may hand work over to a window op, and what follows them on
         # their lanes (whether their thread went idle after them)
-        near = np.flatnonzero((win < k) & r.host)
-        near = near[r.s[near] + r.d[near] >= t0 - HANDOFF_WINDOW_NS]
+        # (a chunk of the run at a time: the masks and indices are a chunk's)
+        near = []
+        for a in range(0, n, _CHUNK):
+            b = a + _CHUNK
+            m = (win[a:b] < k) & r.host[a:b]
+            m &= r.s[a:b] + r.d[a:b] >= t0 - HANDOFF_WINDOW_NS
+            near.append(np.flatnonzero(m) + a)
+        near = np.concatenate(near)
         if len(near):
             lane_lo = np.full(len(r.worker_lane), _MAX, _I64)
             np.minimum.at(lane_lo, r.lane[near], r.s[near])
-            cand = np.flatnonzero((win < k) & (r.s >= lane_lo.min()))
-            past[cand[r.s[cand] >= lane_lo[r.lane[cand]]]] = True
+            lo = lane_lo.min()
+            for a in range(0, n, _CHUNK):
+                b = a + _CHUNK
+                cand = np.flatnonzero((win[a:b] < k) & (r.s[a:b] >= lo)) + a
+                past[cand[r.s[cand] >= lane_lo[r.lane[cand]]]] = True
             del cand
         del near
         lp = r.lane_prev[core_ids]
@@ -370,7 +389,8 @@ def _window_graph(r: _Run, core: np.ndarray, win: np.ndarray, k: int, t0: int | 
         b = edges.bucket(j)
         m = need[b[1]]
         parts.append(tuple(x[m] for x in b))
-    ees, eed, eek, eel, eix = (np.concatenate(x) for x in zip(*parts, strict=True))
+    ees, eed, eek, eel, eix = parts[0] if len(parts) == 1 else (
+        np.concatenate(x) for x in zip(*parts, strict=True))
     del parts
     if len(eix) > 1 and (eix[1:] < eix[:-1]).any():
         o = np.argsort(eix, kind="stable")

@@ -86,11 +86,13 @@ def _read_run(root: Path, meta: dict[str, Any], lanes: pd.DataFrame, strings: li
     if n == 0:
         return None
     s = np.empty(n, _I64)
-    d = np.empty(n, _I64)
+    # durations and collective ids in 4 bytes while they fit (widened at the first value
+    # that does not; the windows widen what they take): 8 bytes per op less over the run
+    d = np.empty(n, _I32)
     rank = np.empty(n, _I32)
     lane = np.empty(n, _I32)
     kind = np.empty(n, np.int8)
-    coll = np.empty(n, _I64)
+    coll = np.empty(n, _I32)
     blocking = np.zeros(n, bool)
     seen = np.zeros(n, bool)
     lane_prev = np.full(n, -1, _I32)
@@ -111,11 +113,11 @@ def _read_run(root: Path, meta: dict[str, Any], lanes: pd.DataFrame, strings: li
         if len(ll) and ll.min() < 0:
             return None
         s[ids] = ls
-        d[ids] = _col(t, "dur_ns", _I64)
+        d = _put(d, ids, _col(t, "dur_ns", _I64))
         rank[ids] = _col(t, "rank", _I32)
         lane[ids] = ll
         kind[ids] = lk
-        coll[ids] = _col(t, "coll_id", _I64)
+        coll = _put(coll, ids, _col(t, "coll_id", _I64))
         if len(bn):
             blocking[ids] = bn[_col(t, "name_id", _I64)] \
                 & ((lk == OpKind.RUNTIME) | (lk == OpKind.CPU_OP))
@@ -134,12 +136,6 @@ def _read_run(root: Path, meta: dict[str, Any], lanes: pd.DataFrame, strings: li
     if not seen.all():
         return None
     del seen
-    # durations and collective ids in 4 bytes where they fit (the windows widen what they
-    # take): 8 bytes per op less over the whole run
-    if n and d.min() >= 0 and d.max() <= np.iinfo(_I32).max:
-        d = d.astype(_I32)
-    if n and coll.max() <= np.iinfo(_I32).max and coll.min() >= np.iinfo(_I32).min:
-        coll = coll.astype(_I32)
     if shared_lanes:
         from .graph_arrays import _lexsort_small
         order = _lexsort_small((s, lane))
@@ -151,6 +147,16 @@ def _read_run(root: Path, meta: dict[str, Any], lanes: pd.DataFrame, strings: li
         del order, same
     return assemble_run(lanes, s=s, d=d, rank=rank, lane=lane, kind=kind, coll=coll,
                         blocking=blocking, lane_prev=lane_prev, lane_next=lane_next)
+
+
+def _put(out: np.ndarray, ids: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """``out[ids] = v``, ``out`` widened to int64 first where ``v`` does not fit it."""
+    if out.dtype != _I64 and len(v):
+        info = np.iinfo(out.dtype)
+        if v.min() < info.min or v.max() > info.max:
+            out = out.astype(_I64)
+    out[ids] = v
+    return out
 
 
 class _SpillEdges:
@@ -180,10 +186,13 @@ class _SpillEdges:
         if self._hit is not None and self._hit[0] == k:
             return self._hit[1]
         parts = [np.load(f) for f in self.files[k]]
-        x = np.concatenate(parts, axis=1) if parts else np.zeros((5, 0), _I64)
+        x = (parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1)) if parts \
+            else np.zeros((5, 0), _I64)
         del parts
-        o = np.argsort(x[4], kind="stable")
-        out = (x[0][o], x[1][o], x[2][o].astype(np.int8), x[3][o], x[4][o])
+        ix = x[4]
+        if len(ix) > 1 and (ix[1:] < ix[:-1]).any():  # (a store whose edges carry _row)
+            x = x[:, np.argsort(ix, kind="stable")]
+        out = (x[0], x[1], x[2].astype(np.int8), x[3], x[4])
         self._hit = (k, out)
         return out
 
@@ -288,7 +297,9 @@ def replay_store(path: str | os.PathLike[str], *, ideal: bool = False,
                       _col(t, "lag_ns", _I64), ix, win)
             del t, ix
         res = _SpillResults(spill, win)
-        out = replay_loop(r, cuts, win, edges, res, ideal)
+        # (each window's temporaries handed back: the windows' peak is then one window's
+        # over the run's arrays, not one window's plus the heap the earlier ones left)
+        out = replay_loop(r, cuts, win, edges, res, ideal, after_window=release_freed)
         del edges
         if out is None:
             return None
