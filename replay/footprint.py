@@ -16,6 +16,9 @@ The figure is the sum of parts whose sizes follow from the row counts alone:
   (:mod:`replay.window`): one window's graph and temporaries (:data:`WINDOW_OPS` ops, its
   share of the edges), and the arrays the windows share (:data:`RUN_BYTES_PER_OP`,
   :data:`RUN_BYTES_PER_EDGE`: the results, lane links, window of each op, masks);
+* read from a rank-partitioned store a window at a time (:mod:`replay.window_store`: no
+  trace is loaded), the run's per-op arrays (:data:`STORE_RUN_BYTES_PER_OP`) and a window's
+  edges read back from disk (:data:`STORE_BYTES_PER_WINDOW_EDGE`) instead of the trace;
 * the building's temporaries at their peak (:data:`BUILD_BYTES_PER_OP`,
   :data:`BUILD_BYTES_PER_EDGE`: the per-op sort keys, masks and the CSR re-layout, measured
   with tracemalloc on a 32-rank store) and the interpreter with its libraries.
@@ -102,11 +105,12 @@ BUILD_BYTES_PER_EDGE = 24
 RUN_BYTES_PER_OP = 42
 RUN_BYTES_PER_EDGE = 2
 #: the same read from a rank-partitioned store a window at a time (:mod:`replay.window_store`:
-#: the trace is not loaded): per op of the run, the arrays the windows share (start,
-#: duration, collective 3 x 8; rank, lane, lane links 4 x 4; kind, flags 3; window 2) and a
+#: the trace is not loaded): per op of the run, the arrays the windows share (start 8;
+#: duration, collective, rank, lane, lane links 6 x 4; kind, flags 3; window 2) and a
 #: window's masks (6); per edge of a window, its spilled bucket read back and put in order
-#: (5 x 8, twice)
-STORE_RUN_BYTES_PER_OP = 51
+#: (5 x 8, twice). (43 since durations and collective ids are int32, set after seeing the
+#: scale bench's 0.84 GB at 128 ranks against 0.92 GB estimated with 51)
+STORE_RUN_BYTES_PER_OP = 43
 STORE_BYTES_PER_WINDOW_EDGE = 80
 
 #: the interpreter with numpy, pandas, pyarrow and numba's cached kernels loaded (0.22 GB
