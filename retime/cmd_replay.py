@@ -90,7 +90,9 @@ def replay_cmd(
 
     Without a scenario the replay reproduces the measured timeline (identity); --ideal
     drops the delays no dependency explains. With -o the replayed trace is written, so
-    `retime export OUT.retime --chrome t.json` shows the replayed timeline.
+    `retime export OUT.retime --chrome t.json` shows the replayed timeline. An identity
+    replay of a --layout rank store (without -o or --calibration) reads it a window at a
+    time and spills the edges and results to a temporary directory (TMPDIR).
     """
     import pandas as pd
 
