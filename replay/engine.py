@@ -202,7 +202,8 @@ class ReplayResult:
     the layout order and never pays for the mapping). Read-only once built; pickles (to Dask
     workers and back) keep whichever form the result holds. ``graph`` is None for a replay
     computed a window at a time (:mod:`replay.window`): ``meta["gaps"]`` then holds what the
-    whole graph's :func:`replay.gaps.gap_shares` gives.
+    whole graph's :func:`replay.gaps.gap_shares` gives; ``trace`` is None too for one read
+    from a store a window at a time (:mod:`replay.window_store`: ``step_windows`` given).
     """
 
     # _rc: what replay.whatif.prediction_range needs to compute the what-if's range later
@@ -210,7 +211,8 @@ class ReplayResult:
 
     def __init__(self, trace: Trace, graph: ReplayGraph | None, start_ns: np.ndarray | None = None,
                  end_ns: np.ndarray | None = None, crit_pred: np.ndarray | None = None,
-                 meta: dict[str, Any] | None = None, *, layout: tuple | None = None) -> None:
+                 meta: dict[str, Any] | None = None, *, layout: tuple | None = None,
+                 step_windows: pd.DataFrame | None = None) -> None:
         if layout is None and (start_ns is None or end_ns is None or crit_pred is None):
             raise TypeError("ReplayResult needs start_ns, end_ns and crit_pred")
         st = object.__setattr__
@@ -223,7 +225,9 @@ class ReplayResult:
         # ("f", start f64, end f64, crit i32 positions, base ns) from the contention path,
         # ("i", start i64, end i64, crit i64 positions, 0) from the fast path
         st(self, "_layout", layout if start_ns is None else None)
-        st(self, "_w", None)
+        # (a replay of a store computes its step windows a batch of ranks at a time:
+        # replay.window_store)
+        st(self, "_w", step_windows)
         st(self, "_rc", None)
 
     def __setattr__(self, name: str, value: Any) -> None:

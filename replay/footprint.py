@@ -16,6 +16,9 @@ The figure is the sum of parts whose sizes follow from the row counts alone:
   (:mod:`replay.window`): one window's graph and temporaries (:data:`WINDOW_OPS` ops, its
   share of the edges), and the arrays the windows share (:data:`RUN_BYTES_PER_OP`,
   :data:`RUN_BYTES_PER_EDGE`: the results, lane links, window of each op, masks);
+* read from a rank-partitioned store a window at a time (:mod:`replay.window_store`: no
+  trace is loaded), the run's per-op arrays (:data:`STORE_RUN_BYTES_PER_OP`) and a window's
+  edges read back from disk (:data:`STORE_BYTES_PER_WINDOW_EDGE`) instead of the trace;
 * the building's temporaries at their peak (:data:`BUILD_BYTES_PER_OP`,
   :data:`BUILD_BYTES_PER_EDGE`: the per-op sort keys, masks and the CSR re-layout, measured
   with tracemalloc on a 32-rank store) and the interpreter with its libraries.
@@ -101,6 +104,14 @@ BUILD_BYTES_PER_EDGE = 24
 #: (6); per edge two masks (the measured times and edges are the trace's own arrays)
 RUN_BYTES_PER_OP = 42
 RUN_BYTES_PER_EDGE = 2
+#: the same read from a rank-partitioned store a window at a time (:mod:`replay.window_store`:
+#: the trace is not loaded): per op of the run, the arrays the windows share (start 8;
+#: duration, collective, rank, lane, lane links 6 x 4; kind, flags 3; window 2) and a
+#: window's masks (6); per edge of a window, its spilled bucket read back and put in order
+#: (5 x 8, twice). (43 since durations and collective ids are int32, set after seeing the
+#: scale bench's 0.84 GB at 128 ranks against 0.92 GB estimated with 51)
+STORE_RUN_BYTES_PER_OP = 43
+STORE_BYTES_PER_WINDOW_EDGE = 80
 
 #: the interpreter with numpy, pandas, pyarrow and numba's cached kernels loaded (0.22 GB
 #: after the imports, ~0.08 GB more once the replay's kernels are loaded; set to 0.3 GB
@@ -125,14 +136,18 @@ class Footprint:
     columns: int = len(OPS_SCHEMA)
     #: the graph is built a window at a time (``graph_bytes``: one window's)
     windowed: bool = False
+    #: and read from the store a window at a time (``trace_bytes``: the run's arrays)
+    streamed: bool = False
 
     def line(self, available: int | None) -> str:
         """One line for stderr."""
         have = (f"; {available / 1e9:.1f} GB available" if available is not None else "")
         return (f"replay: {self.ops:,} ops, {self.edges:,} edges on {self.ranks} rank(s): needs "
-                f"about {self.peak_bytes / 1e9:.1f} GB (trace: {self.columns} of "
-                f"{len(OPS_SCHEMA)} ops columns, "
-                f"{self.trace_bytes / 1e9:.2f} GB, graph {self.graph_bytes / 1e9:.2f} GB"
+                f"about {self.peak_bytes / 1e9:.1f} GB (trace: "
+                + (f"read from the store a window at a time, {self.trace_bytes / 1e9:.2f} GB "
+                   "of per-op arrays" if self.streamed else
+                   f"{self.columns} of {len(OPS_SCHEMA)} ops columns, "
+                   f"{self.trace_bytes / 1e9:.2f} GB") + f", graph {self.graph_bytes / 1e9:.2f} GB"
                 + (" per window, replayed a window at a time" if self.windowed else
                    " whole") + ", building it and the interpreter the rest"
                 + ("" if not self.full else "; a what-if's policies add their own copies")
@@ -149,14 +164,16 @@ def _rows(path: Path, meta: dict, table: str) -> int:
 
 def footprint(path: str | os.PathLike[str], *, full: bool = False,
               columns: tuple[str, ...] | None = None,
-              memory: bool | None = None, windowed: bool = False) -> Footprint:
+              memory: bool | None = None, windowed: bool = False,
+              streamed: bool = False) -> Footprint:
     """The memory a replay of the store ``path`` needs, from its metadata alone.
 
     ``full``: a what-if or ``-o``, not an identity replay (:data:`IDENTITY_COLUMNS` and no
     memory table). With ``columns`` (a what-if's :func:`scenario_columns`, or the columns
     ``-o`` reads before the replay) only those ops columns, every annotation and no memory
     table (unless ``memory``: ``-o`` writes it) are read; without, the whole trace.
-    ``windowed``: the graph is built a window at a time (an identity replay without ``-o``).
+    ``windowed``: the graph is built a window at a time (an identity replay without ``-o``);
+    ``streamed``: and its windows are read from a rank-partitioned store (no trace loaded).
     """
     p = Path(path)
     meta = read_meta(p)
@@ -173,12 +190,16 @@ def footprint(path: str | os.PathLike[str], *, full: bool = False,
     we = (e * w) // max(n, 1)
     graph = w * GRAPH_BYTES_PER_OP + we * GRAPH_BYTES_PER_EDGE
     peak = BASE_BYTES + trace + graph + w * BUILD_BYTES_PER_OP + we * BUILD_BYTES_PER_EDGE
-    if windowed:
+    if windowed and streamed:  # no whole trace: the run's arrays and a window's edges
+        trace = n * STORE_RUN_BYTES_PER_OP + we * STORE_BYTES_PER_WINDOW_EDGE
+        peak = BASE_BYTES + trace + graph + w * BUILD_BYTES_PER_OP + we * BUILD_BYTES_PER_EDGE
+    elif windowed:
         peak += n * RUN_BYTES_PER_OP + e * RUN_BYTES_PER_EDGE
     ranks = meta.get("world_size") or len((meta.get("partitions") or {}).get("ops", {}))
     return Footprint(ops=n, edges=e, ranges=r, ranks=int(ranks or 0), trace_bytes=int(trace),
                      graph_bytes=int(graph), peak_bytes=int(peak), full=bool(full),
-                     columns=len(cols), windowed=bool(windowed))
+                     columns=len(cols), windowed=bool(windowed),
+                     streamed=bool(windowed and streamed))
 
 
 def available_bytes() -> int | None:
@@ -196,11 +217,12 @@ def available_bytes() -> int | None:
 
 def check_footprint(path: str | os.PathLike[str], *, full: bool = False,
                     columns: tuple[str, ...] | None = None, memory: bool | None = None,
-                    available: int | None = None, windowed: bool = False
-                    ) -> tuple[Footprint, str]:
+                    available: int | None = None, windowed: bool = False,
+                    streamed: bool = False) -> tuple[Footprint, str]:
     """(the footprint, its stderr line); raise :class:`ReplayError` when it exceeds the
     available memory (``available``, default :func:`available_bytes`)."""
-    fp = footprint(path, full=full, columns=columns, memory=memory, windowed=windowed)
+    fp = footprint(path, full=full, columns=columns, memory=memory, windowed=windowed,
+                   streamed=streamed)
     avail = available_bytes() if available is None else available
     if avail is not None and fp.peak_bytes > avail:
         raise ReplayError(

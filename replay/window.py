@@ -44,14 +44,18 @@ from .gaps import HANDOFF_WINDOW_NS
 from .graph import BLOCKING_CALL_PATTERN, graph_from_arrays
 from .graph_arrays import _lexsort_small
 
-__all__ = ["Scope", "WINDOW_OPS", "window_cuts", "replay_windows", "windowed_replay"]
+__all__ = ["Scope", "WINDOW_OPS", "window_cuts", "window_of", "replay_windows", "replay_loop",
+           "windowed_replay", "assemble_run", "blocking_names"]
 
-#: ops per window (about 0.1 GB of graph and build temporaries each)
-WINDOW_OPS = 1_000_000
+#: ops per window (about 0.2 GB of graph, build and simulation temporaries each: 0.22 GB of
+#: peak RSS over the run's arrays at 32 ranks of the scale bench, against 0.35 GB at 1 M)
+WINDOW_OPS = 500_000
 
 _I64 = np.int64
 _I32 = np.int32
 _MAX = np.iinfo(_I64).max
+#: ops per chunk of the passes over the whole run (their temporaries are a chunk's)
+_CHUNK = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -124,33 +128,16 @@ class _Run:
     rank_origin: np.ndarray  # per rank number - rank0: its first measured start
     worker_lane: np.ndarray  # per lane id: runs nothing but collectives
     dev_key_lane: np.ndarray  # per lane id: its device number
-    es: np.ndarray
-    ed: np.ndarray
-    ek: np.ndarray
-    el: np.ndarray
 
 
 def _run(trace: Trace) -> _Run:
     o = trace.ops
-    lanes = trace.lanes
     s = o["start_ns"].to_numpy()
-    d = o["dur_ns"].to_numpy()
     lane = o["lane"].to_numpy()
     kind = o["kind"].to_numpy()
-    rank = o["rank"].to_numpy()
-    coll = o["coll_id"].to_numpy()
     n = len(s)
-    lane_ids = lanes["lane"].to_numpy().astype(_I64)
-    size = int(max(lane_ids.max(initial=0), lane.max(initial=0))) + 1
-    dev_of = np.zeros(size, bool)
-    key_of = np.zeros(size, _I64)
-    first = np.unique(lane_ids, return_index=True)[1]  # the first row of a lane id wins
-    dev_of[lane_ids[first]] = lanes["lane_kind"].to_numpy()[first] != LaneKind.CPU_THREAD
-    key_of[lane_ids[first]] = lanes["device"].to_numpy().astype(_I64)[first]
-    host = ~dev_of[lane]
-    names = np.asarray(trace.strings, dtype=object)
-    bn = np.fromiter((bool(BLOCKING_CALL_PATTERN.search(x)) for x in names), bool, len(names))
-    blocking = (bn[o["name_id"].to_numpy()] if len(names) else np.zeros(n, bool)) \
+    bn = blocking_names(trace.strings)
+    blocking = (bn[o["name_id"].to_numpy()] if len(bn) else np.zeros(n, bool)) \
         & ((kind == OpKind.RUNTIME) | (kind == OpKind.CPU_OP))
     order = _lexsort_small((s, lane))  # lane order: measured start, ties by op id
     lane_prev = np.full(n, -1, _I32)
@@ -160,41 +147,106 @@ def _run(trace: Trace) -> _Run:
         lane_prev[order[1:][same]] = order[:-1][same]
         lane_next[order[:-1][same]] = order[1:][same]
     del order
-    worker_lane = np.bincount(lane, weights=coll < 0, minlength=size) == 0
+    return assemble_run(trace.lanes, s=s, d=o["dur_ns"].to_numpy(), rank=o["rank"].to_numpy(),
+                        lane=lane, kind=kind, coll=o["coll_id"].to_numpy(), blocking=blocking,
+                        lane_prev=lane_prev, lane_next=lane_next)
+
+
+def blocking_names(strings: list[str]) -> np.ndarray:
+    """Per string id: whether the name is a blocking host call's."""
+    names = np.asarray(strings, dtype=object)
+    return np.fromiter((bool(BLOCKING_CALL_PATTERN.search(x)) for x in names), bool,
+                       len(names))
+
+
+def assemble_run(lanes, *, s, d, rank, lane, kind, coll, blocking, lane_prev,
+                 lane_next) -> _Run:
+    """A :class:`_Run` from the per-op arrays (op-id order) and the lanes table."""
+    lane_ids = lanes["lane"].to_numpy().astype(_I64)
+    size = int(max(lane_ids.max(initial=0), lane.max(initial=0))) + 1
+    dev_of = np.zeros(size, bool)
+    key_of = np.zeros(size, _I64)
+    first = np.unique(lane_ids, return_index=True)[1]  # the first row of a lane id wins
+    dev_of[lane_ids[first]] = lanes["lane_kind"].to_numpy()[first] != LaneKind.CPU_THREAD
+    key_of[lane_ids[first]] = lanes["device"].to_numpy().astype(_I64)[first]
+    busy = np.zeros(size, _I64)  # per lane: ops other than collectives
     rank0 = int(rank.min())
     rmin = np.full(int(rank.max()) - rank0 + 1, _MAX, _I64)
-    np.minimum.at(rmin, rank - rank0, s)
-    edg = trace.edges
-    return _Run(s=s, d=d, rank=rank, lane=lane, kind=kind, coll=coll, host=host,
+    for a in range(0, len(s), _CHUNK):  # (temporaries of a chunk, not of the run)
+        b = a + _CHUNK
+        busy += np.bincount(lane[a:b][coll[a:b] < 0], minlength=size)
+        np.minimum.at(rmin, rank[a:b] - rank0, s[a:b])
+    worker_lane = busy == 0
+    return _Run(s=s, d=d, rank=rank, lane=lane, kind=kind, coll=coll, host=~dev_of[lane],
                 blocking=blocking, lane_prev=lane_prev, lane_next=lane_next,
                 rank0=rank0, rank_origin=rmin, worker_lane=worker_lane,
-                # the trace's own edge arrays (int64 already: no copies)
-                dev_key_lane=key_of, es=np.asarray(edg["src"].to_numpy(), _I64),
-                ed=np.asarray(edg["dst"].to_numpy(), _I64), ek=edg["kind"].to_numpy(),
-                el=edg["lag_ns"].to_numpy())
+                dev_key_lane=key_of)
 
 
-def _forbidden(r: _Run) -> tuple[np.ndarray, np.ndarray]:
-    """Intervals ``(lo, hi]`` of measured time no cut may fall in (see the module
-    docstring)."""
+def _edge_forbidden(r: _Run, es: np.ndarray, ed: np.ndarray,
+                    ek: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Intervals ``(lo, hi]`` (``hi > lo`` only) of measured time no cut may fall in, from
+    edges (``es``, ``ed``: op ids; ``ek``: kinds; any subset of the run's edges): a
+    recorded edge pointing back in start, a blocking call and the GPU ops that end it."""
     s = r.s
-    lo, hi = [s[r.ed]], [s[r.es]]  # recorded edges pointing back in start
-    sync = r.ek == EdgeKind.SYNC
-    y = r.lane_prev[r.ed[sync]].astype(_I64)
+    lo, hi = [s[ed]], [s[es]]
+    sync = ek == EdgeKind.SYNC
+    y = r.lane_prev[ed[sync]].astype(_I64)
     w = y >= 0
     w[w] &= r.blocking[y[w]]
-    lo.append(s[y[w]])  # a blocking call and the GPU ops that end it
-    hi.append(s[r.es[sync][w]])
+    lo.append(s[y[w]])
+    hi.append(s[es[sync][w]])
+    lo, hi = np.concatenate(lo), np.concatenate(hi)
+    keep = hi > lo
+    return lo[keep], hi[keep]
+
+
+def _coll_forbidden(r: _Run) -> tuple[np.ndarray, np.ndarray]:
+    """Intervals ``(lo, hi]`` spanning each collective's members' starts."""
+    s = r.s
     m = np.flatnonzero(r.coll >= 0)
-    if len(m):
-        _, inv = np.unique(r.coll[m], return_inverse=True)
-        cl = np.full(inv.max() + 1, _MAX, _I64)
-        ch = np.full(inv.max() + 1, np.iinfo(_I64).min, _I64)
-        np.minimum.at(cl, inv, s[m])
-        np.maximum.at(ch, inv, s[m])
-        lo.append(cl)
-        hi.append(ch)
-    return np.concatenate(lo), np.concatenate(hi)
+    if not len(m):
+        return np.zeros(0, _I64), np.zeros(0, _I64)
+    _, inv = np.unique(r.coll[m], return_inverse=True)
+    cl = np.full(inv.max() + 1, _MAX, _I64)
+    ch = np.full(inv.max() + 1, np.iinfo(_I64).min, _I64)
+    np.minimum.at(cl, inv, s[m])
+    np.maximum.at(ch, inv, s[m])
+    return cl, ch
+
+
+class _MemEdges:
+    """The run's edges grouped by their destination's window (in memory): ``bucket(k)``
+    gives ``(src, dst, kind, lag_ns, index)`` of the edges into window ``k``, in edge
+    order."""
+
+    def __init__(self, es, ed, ek, el, win: np.ndarray, windows: int) -> None:
+        w = win[ed]
+        self.order = np.argsort(w, kind="stable")
+        self.bounds = np.searchsorted(w[self.order], np.arange(windows + 1))
+        self.arrays = (es, ed, ek, el)
+
+    def bucket(self, k: int) -> tuple[np.ndarray, ...]:
+        ix = self.order[self.bounds[k]:self.bounds[k + 1]]
+        return (*(x[ix] for x in self.arrays), ix)
+
+
+class _MemResults:
+    """Per-op replayed start, end and critical predecessor (op-id order, in memory)."""
+
+    def __init__(self, n: int) -> None:
+        self.s = np.full(n, -1, _I64)
+        self.e = np.full(n, -1, _I64)
+        self.c = np.full(n, -1, _I64)
+
+    def put(self, k: int, ids: np.ndarray, s: np.ndarray, e: np.ndarray,
+            c: np.ndarray) -> None:
+        self.s[ids] = s
+        self.e[ids] = e
+        self.c[ids] = c
+
+    def get(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return self.s[ids], self.e[ids]
 
 
 def replay_windows(trace: Trace, *, ideal: bool = False,
@@ -218,24 +270,49 @@ def replay_windows(trace: Trace, *, ideal: bool = False,
                    or max(e["src"].max(), e["dst"].max()) >= n):
         return None  # dangling edges: likewise
     r = _run(trace)
-    cuts = window_cuts(r.s, *_forbidden(r), window_ops=window_ops)
-    # (int16: up to 32,767 windows, 3 * 10^10 ops at WINDOW_OPS)
-    win = np.searchsorted(cuts, r.s, side="right").astype(np.int16)
-    out_s = np.full(n, -1, _I64)
-    out_e = np.full(n, -1, _I64)
-    out_c = np.full(n, -1, _I64)
+    es = np.asarray(e["src"].to_numpy(), _I64)  # (the trace's own arrays: no copies)
+    ed = np.asarray(e["dst"].to_numpy(), _I64)
+    ek = e["kind"].to_numpy()
+    lo, hi = _edge_forbidden(r, es, ed, ek)
+    cl, ch = _coll_forbidden(r)
+    cuts = window_cuts(r.s, np.r_[lo, cl], np.r_[hi, ch], window_ops=window_ops)
+    del lo, hi, cl, ch
+    win = window_of(cuts, r.s)
+    res = _MemResults(n)
+    out = replay_loop(r, cuts, win, _MemEdges(es, ed, ek, e["lag_ns"].to_numpy(), win,
+                                              len(cuts) + 1), res, ideal)
+    if out is None:
+        return None
+    return {"start_ns": res.s, "end_ns": res.e, "crit_pred": res.c, "stats": out["stats"],
+            "gaps": out["gaps"], "windows": out["windows"], "graph_bytes": out["graph_bytes"]}
+
+
+def window_of(cuts: np.ndarray, s: np.ndarray) -> np.ndarray:
+    """Each op's window (int16: up to 32,767 windows, 3 * 10^10 ops at WINDOW_OPS)."""
+    return np.searchsorted(cuts, s, side="right").astype(np.int16)
+
+
+def replay_loop(r: _Run, cuts: np.ndarray, win: np.ndarray, edges, results,
+                ideal: bool, after_window=None) -> dict[str, Any] | None:
+    """Replay the windows in turn: ``edges.bucket(k)`` gives the edges into window ``k``,
+    ``results`` keeps each window's results (``put``) and gives those of earlier ops
+    (``get``). Returns ``stats``, ``gaps``, ``windows``, ``graph_bytes`` and ``identity``
+    (every op replayed at its measured start and end), or ``None`` (a window with a
+    dependency cycle). ``after_window()`` is called once each window's temporaries are
+    freed."""
     stats: dict[str, int] = {}
     ranks = np.flatnonzero(r.rank_origin != _MAX)  # (offsets from rank0)
     dl = np.zeros(len(ranks), _I64)
     wk = np.zeros(len(ranks), _I64)
     biggest = used = 0
+    same = True
     for k in range(len(cuts) + 1):
         core = win == k
         if not core.any():
             continue
         used += 1
         g, ids, pin = _window_graph(r, core, win, k, None if k == 0 else int(cuts[k - 1]),
-                                    ideal)
+                                    ideal, edges)
         if g is None:
             return None
         biggest = max(biggest, g.nbytes)
@@ -243,6 +320,7 @@ def replay_windows(trace: Trace, *, ideal: bool = False,
             stats[key] = stats.get(key, 0) + int(v)
         gid = ids[g.perm]  # op id per layout position
         mine = core[gid]
+        del core
         rk = np.searchsorted(ranks, r.rank[gid[mine]] - r.rank0)
         np.add.at(dl, rk, g.measured_delay_layout_ns[mine])
         pdst = np.repeat(np.arange(g.n_ops, dtype=_I32), np.diff(g.pred_ptr))
@@ -251,21 +329,26 @@ def replay_windows(trace: Trace, *, ideal: bool = False,
         np.add.at(wk, np.searchsorted(ranks, r.rank[gid[pdst[ho]]] - r.rank0),
                   g.pred_lag_ns[ho])
         del pdst, ho
-        st, en, cr = _simulate_pinned(g, pin, gid, out_s, out_e)
-        out_s[gid[mine]] = st[mine]
-        out_e[gid[mine]] = en[mine]
-        c = cr[mine]
-        out_c[gid[mine]] = np.where(c >= 0, gid[np.maximum(c, 0)], -1)
-        del g, gid, mine, st, en, cr, core
+        ps, pe = results.get(gid[pin])
+        st, en, cr = _simulate_pinned(g, pin, ps, pe)
+        del g
+        own = gid[mine]
+        st, en, c = st[mine], en[mine], cr[mine]
+        c = np.where(c >= 0, gid[np.maximum(c, 0)], -1)
+        same = same and np.array_equal(st, r.s[own]) and np.array_equal(en - st, r.d[own])
+        results.put(k, own, st, en, c)
+        del gid, mine, st, en, cr, c, own
+        if after_window is not None:
+            after_window()
     hi = np.full(len(r.rank_origin), np.iinfo(_I64).min, _I64)
     np.maximum.at(hi, r.rank - r.rank0, r.s + r.d)
-    return {"start_ns": out_s, "end_ns": out_e, "crit_pred": out_c, "stats": stats,
+    return {"stats": stats,
             "gaps": _gaps(ranks + r.rank0, r.rank_origin[ranks], hi[ranks], dl, wk, stats),
-            "windows": used, "graph_bytes": int(biggest)}
+            "windows": used, "graph_bytes": int(biggest), "identity": bool(same)}
 
 
 def _window_graph(r: _Run, core: np.ndarray, win: np.ndarray, k: int, t0: int | None,
-                  ideal: bool):
+                  ideal: bool, edges):
     """Window ``k``'s graph (ops starting in it plus its halo), the op ids of its ops
     (sorted) and, per layout position, whether the op is pinned (before the window)."""
     n = len(r.s)
@@ -277,13 +360,22 @@ def _window_graph(r: _Run, core: np.ndarray, win: np.ndarray, k: int, t0: int | 
     if t0 is not None:
         # host ops that may hand work over to a window op, and what follows them on
         # their lanes (whether their thread went idle after them)
-        near = np.flatnonzero((win < k) & r.host)
-        near = near[r.s[near] + r.d[near] >= t0 - HANDOFF_WINDOW_NS]
+        # (a chunk of the run at a time: the masks and indices are a chunk's)
+        near = []
+        for a in range(0, n, _CHUNK):
+            b = a + _CHUNK
+            m = (win[a:b] < k) & r.host[a:b]
+            m &= r.s[a:b] + r.d[a:b] >= t0 - HANDOFF_WINDOW_NS
+            near.append(np.flatnonzero(m) + a)
+        near = np.concatenate(near)
         if len(near):
             lane_lo = np.full(len(r.worker_lane), _MAX, _I64)
             np.minimum.at(lane_lo, r.lane[near], r.s[near])
-            cand = np.flatnonzero((win < k) & (r.s >= lane_lo.min()))
-            past[cand[r.s[cand] >= lane_lo[r.lane[cand]]]] = True
+            lo = lane_lo.min()
+            for a in range(0, n, _CHUNK):
+                b = a + _CHUNK
+                cand = np.flatnonzero((win[a:b] < k) & (r.s[a:b] >= lo)) + a
+                past[cand[r.s[cand] >= lane_lo[r.lane[cand]]]] = True
             del cand
         del near
         lp = r.lane_prev[core_ids]
@@ -291,15 +383,25 @@ def _window_graph(r: _Run, core: np.ndarray, win: np.ndarray, k: int, t0: int | 
         past[lp[win[lp] < k]] = True
     need = core.copy()
     need[look_ids] = True
-    sel = need[r.ed]
-    src = r.es[sel]
-    past[src[win[src] < k]] = True
+    # the edges into the window's ops and its look-ahead ops, in edge order
+    parts = [edges.bucket(k)]
+    for j in np.unique(win[look_ids]).tolist():
+        b = edges.bucket(j)
+        m = need[b[1]]
+        parts.append(tuple(x[m] for x in b))
+    ees, eed, eek, eel, eix = parts[0] if len(parts) == 1 else (
+        np.concatenate(x) for x in zip(*parts, strict=True))
+    del parts
+    if len(eix) > 1 and (eix[1:] < eix[:-1]).any():
+        o = np.argsort(eix, kind="stable")
+        ees, eed, eek, eel = ees[o], eed[o], eek[o], eel[o]
+    past[ees[win[ees] < k]] = True
     sub = need | past
     ids = np.flatnonzero(sub)
-    ke = sel & sub[r.es]
-    del sel, src, need
-    es = np.searchsorted(ids, r.es[ke])
-    ed = np.searchsorted(ids, r.ed[ke])
+    ke = sub[ees]
+    del need
+    es = np.searchsorted(ids, ees[ke])
+    ed = np.searchsorted(ids, eed[ke])
     mine = core[ids]
     coll = np.where(mine, r.coll[ids], -1)  # collectives lie whole in one window
     lane = r.lane[ids]
@@ -310,7 +412,7 @@ def _window_graph(r: _Run, core: np.ndarray, win: np.ndarray, k: int, t0: int | 
         g = graph_from_arrays(
             rank=r.rank[ids], lane=lane, kind=r.kind[ids], start_ns=r.s[ids],
             dur_ns=r.d[ids], coll_id=coll, edge_src=es, edge_dst=ed,
-            edge_kind=r.ek[ke], edge_lag_ns=r.el[ke], blocking=r.blocking[ids],
+            edge_kind=eek[ke], edge_lag_ns=eel[ke], blocking=r.blocking[ids],
             on_device=~host, device_key=r.rank[ids].astype(_I64) * 65536
             + r.dev_key_lane[lane], ideal=ideal, scope=scope)
     except ReplayError:  # a cycle, or a graph the whole build refuses with its own message
@@ -318,10 +420,11 @@ def _window_graph(r: _Run, core: np.ndarray, win: np.ndarray, k: int, t0: int | 
     return g, ids, past[ids][g.perm]
 
 
-def _simulate_pinned(g, pin: np.ndarray, gid: np.ndarray, out_s: np.ndarray,
-                     out_e: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Replay a window's graph with its pinned ops (per layout position) held at their
-    replayed times: no predecessors, ready at their start, their replayed duration."""
+def _simulate_pinned(g, pin: np.ndarray, pin_s: np.ndarray,
+                     pin_e: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Replay a window's graph with its pinned ops (per layout position; ``pin_s``,
+    ``pin_e``: their replayed start and end) held at their replayed times: no
+    predecessors, ready at their start, their replayed duration."""
     m = g.n_ops
     pdst = np.repeat(np.arange(m, dtype=_I32), np.diff(g.pred_ptr))
     kp = ~pin[pdst]
@@ -333,12 +436,11 @@ def _simulate_pinned(g, pin: np.ndarray, gid: np.ndarray, out_s: np.ndarray,
     np.cumsum(np.bincount(wdst[kw], minlength=m), out=wptr[1:])
     del pdst, wdst
     lp = np.where(pin, -1, g.lane_prev).astype(_I32)
-    p = gid[pin]
     origin = g.origin_ns.copy()
-    origin[pin] = out_s[p]
+    origin[pin] = pin_s
     delay = np.where(pin, 0, g.delay_ns).astype(_I64)
     dur = g.dur_ns.copy()
-    dur[pin] = out_e[p] - out_s[p]
+    dur[pin] = pin_e - pin_s
     a = np.ascontiguousarray
     st, en, cr = (np.empty(m, _I64) for _ in range(3))
     _fast_replay(a(g.order, _I32), a(g.coll_of, _I32), a(g.coll_ptr, _I32),

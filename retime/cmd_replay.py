@@ -90,7 +90,9 @@ def replay_cmd(
 
     Without a scenario the replay reproduces the measured timeline (identity); --ideal
     drops the delays no dependency explains. With -o the replayed trace is written, so
-    `retime export OUT.retime --chrome t.json` shows the replayed timeline.
+    `retime export OUT.retime --chrome t.json` shows the replayed timeline. An identity
+    replay of a --layout rank store (without -o or --calibration) reads it a window at a
+    time and spills the edges and results to a temporary directory (TMPDIR).
     """
     import pandas as pd
 
@@ -121,6 +123,7 @@ def replay_cmd(
     # replay the graph's and the step windows', a what-if those its keys (and the cluster's)
     # declare; -o adds the others afterwards. What it needs is said first (and refused when
     # the machine has less: replay/footprint.py)
+    from retime.collectors.store import store_layout
     from retime.collectors.trace import OPS_SCHEMA
     from retime.replay.footprint import IDENTITY_COLUMNS, check_footprint
     from retime.replay.projection import complete_ops, replay_columns
@@ -138,8 +141,11 @@ def replay_cmd(
     # an identity replay without -o runs a window of the run at a time (replay/window.py);
     # a what-if's policies and -o's written trace need the whole graph
     windowed = not whatif_run and output is None
+    # and, from a rank-partitioned store, reads its windows from the store without loading
+    # the trace (replay/window_store.py); a calibration is attached to a loaded trace
+    stream = windowed and light and cal is None and store_layout(trace_dir) == "rank"
     fp, need = check_footprint(trace_dir, full=not light, columns=cols, memory=memory,
-                               windowed=windowed)
+                               windowed=windowed, streamed=stream)
     if not json_out:
         say(need)
     skip = () if memory else ("memory",)
@@ -189,8 +195,14 @@ def replay_cmd(
             raise PolicyError(f"--cluster {cluster} sets {key}={ck.keys[key]}: {exc}") from exc
 
     from retime.replay import prediction_range
-    trace = load(cols)
-    result, ck, given, cal_lines = replay_of(trace)
+    result = trace = ck = given = cal_lines = None
+    if stream:  # read a window at a time from the store; None: load it (replay_store says when)
+        from retime.replay.window_store import replay_store
+        result = replay_store(trace_dir, ideal=ideal, **(
+            {} if window_ops is None else {"window_ops": window_ops}))
+    if result is None:
+        trace = load(cols)
+        result, ck, given, cal_lines = replay_of(trace)
     if "whatif" in result.meta:
         prediction_range(result)  # the range, before the summary and the saved trace
     filled: list[str] = []
@@ -238,10 +250,11 @@ def replay_cmd(
     from retime.analysis.coverage import unseen_notes, unseen_work_by_rank
     # (the measured step windows the replay computed serve them too: not computed twice)
     w = result.step_windows() if not whatif_run else None
-    s["notes"] = unseen_notes(unseen_work_by_rank(trace, None if w is None else pd.DataFrame({
-        "rank": w["rank"].to_numpy(), "step": w["step"].to_numpy(),
-        "start_ns": w["measured_start_ns"].to_numpy(),
-        "end_ns": w["measured_end_ns"].to_numpy()})))
+    s["notes"] = unseen_notes(result.meta["unseen"] if trace is None else unseen_work_by_rank(
+        trace, None if w is None else pd.DataFrame({
+            "rank": w["rank"].to_numpy(), "step": w["step"].to_numpy(),
+            "start_ns": w["measured_start_ns"].to_numpy(),
+            "end_ns": w["measured_end_ns"].to_numpy()})))
     del w
     if output is not None:
         s["output"] = str(output)

@@ -1,0 +1,399 @@
+"""An identity replay of a rank-partitioned store a window at a time, without loading the
+store (issue 30: replay memory bounded by one window, not by the run).
+
+:mod:`replay.window` replays a run a window of measured time at a time; this module feeds it
+from the store's rank files instead of a loaded :class:`collectors.trace.Trace`:
+
+* **a cheap pass over the ops**, a rank file at a time: only what the windows' graphs take
+  from the whole run stays in memory (measured start and duration, rank, lane, kind,
+  collective, a blocking-call flag and the lane links: 37 bytes per op, 0.36 GB at 128
+  ranks of the scale bench, against the 9 trace columns, the edges and the results the
+  in-memory path holds);
+* **the cut points** from the edges, read a rank file at a time (the forbidden intervals
+  only are kept), then the edges are spilled to disk grouped by their destination's window;
+* **each window's results** (replayed start, end, critical predecessor) are spilled to disk
+  as the window is done; a later window reads back only its pinned ops';
+* **the step windows and the unseen-work counts** (what ``retime replay`` prints besides
+  the graph's statistics) are computed a batch of ranks at a time from the store's ops and
+  ``ProfilerStep`` annotations, with the replayed times read back from the spilled results
+  only when they differ from the measured ones (``--ideal``).
+
+The spill goes to a temporary directory (``TMPDIR``), removed when the replay ends. The
+results equal the in-memory windowed replay's, which equal the whole graph's
+(``tests/test_replay_window.py``).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from retime.collectors.enums import OpKind
+from retime.collectors.errors import TraceFormatError
+
+from .window import (
+    WINDOW_OPS,
+    _coll_forbidden,
+    _edge_forbidden,
+    assemble_run,
+    blocking_names,
+    replay_loop,
+    window_cuts,
+    window_of,
+)
+
+__all__ = ["replay_store"]
+
+_I64 = np.int64
+_I32 = np.int32
+#: ops per batch of ranks of the step-window pass (one rank at least)
+_BATCH_OPS = 1 << 18
+#: ops columns the cheap pass reads (the op id places each row)
+_RUN_COLUMNS = ["op_id", "rank", "lane", "kind", "name_id", "start_ns", "dur_ns", "coll_id"]
+
+
+def _files(root: Path, meta: dict[str, Any], table: str) -> list[tuple[int, Path, int]]:
+    from retime.collectors.store import _part_files, _partitions
+    rows = _partitions(root, meta, table)
+    ranks = sorted(rows)
+    return [(r, f, rows[r]) for r, f in zip(ranks, _part_files(root, table, ranks),
+                                             strict=True)]
+
+
+def _read(f: Path, columns: list[str]) -> pa.Table:
+    try:
+        return pq.read_table(f, columns=columns)
+    except (OSError, pa.ArrowException) as exc:
+        raise TraceFormatError(f"{f}: unreadable Parquet ({exc}); re-ingest the trace") from exc
+
+
+def _schema(f: Path) -> pa.Schema:
+    try:
+        return pq.read_schema(f)
+    except (OSError, pa.ArrowException) as exc:
+        raise TraceFormatError(f"{f}: unreadable Parquet ({exc}); re-ingest the trace") from exc
+
+
+def _col(t: pa.Table, name: str, dtype) -> np.ndarray:
+    return np.asarray(t.column(name).to_numpy(), dtype)
+
+
+def _read_run(root: Path, meta: dict[str, Any], lanes: pd.DataFrame, strings: list[str]):
+    """The run's per-op arrays (op-id order) from the ops rank files, and the lane links;
+    ``None`` where the in-memory path must decide (op ids not dense, negative lanes)."""
+    files = _files(root, meta, "ops")
+    n = sum(k for _, _, k in files)
+    if n == 0:
+        return None
+    s = np.empty(n, _I64)
+    # durations and collective ids in 4 bytes while they fit (widened at the first value
+    # that does not; the windows widen what they take): 8 bytes per op less over the run
+    d = np.empty(n, _I32)
+    rank = np.empty(n, _I32)
+    lane = np.empty(n, _I32)
+    kind = np.empty(n, np.int8)
+    coll = np.empty(n, _I32)
+    blocking = np.zeros(n, bool)
+    seen = np.zeros(n, bool)
+    lane_prev = np.full(n, -1, _I32)
+    lane_next = np.full(n, -1, _I32)
+    bn = blocking_names(strings)
+    lane_file: dict[int, int] = {}
+    shared_lanes = False
+    for i, (_, f, rows) in enumerate(files):
+        t = _read(f, _RUN_COLUMNS)
+        ids = _col(t, "op_id", _I64)
+        if t.num_rows != rows or (len(ids) and (ids.min() < 0 or ids.max() >= n)) \
+                or seen[ids].any():
+            return None
+        seen[ids] = True
+        ls = _col(t, "start_ns", _I64)
+        ll = _col(t, "lane", _I32)
+        lk = _col(t, "kind", np.int8)
+        if len(ll) and ll.min() < 0:
+            return None
+        s[ids] = ls
+        d = _put(d, ids, _col(t, "dur_ns", _I64))
+        rank[ids] = _col(t, "rank", _I32)
+        lane[ids] = ll
+        kind[ids] = lk
+        coll = _put(coll, ids, _col(t, "coll_id", _I64))
+        if len(bn):
+            blocking[ids] = bn[_col(t, "name_id", _I64)] \
+                & ((lk == OpKind.RUNTIME) | (lk == OpKind.CPU_OP))
+        del t
+        # lane links within the file (lane order: measured start, ties by op id); a lane
+        # with ops in two files is linked over the whole run below
+        for x in np.unique(ll).tolist():
+            if lane_file.setdefault(x, i) != i:
+                shared_lanes = True
+        o = np.lexsort((ids, ls, ll))
+        same = ll[o[1:]] == ll[o[:-1]]
+        a, b = ids[o[:-1]][same], ids[o[1:]][same]
+        lane_prev[b] = a
+        lane_next[a] = b
+        del ids, ls, ll, lk, o, same, a, b
+    if not seen.all():
+        return None
+    del seen
+    if shared_lanes:
+        from .graph_arrays import _lexsort_small
+        order = _lexsort_small((s, lane))
+        lane_prev[:] = -1
+        lane_next[:] = -1
+        same = lane[order[1:]] == lane[order[:-1]]
+        lane_prev[order[1:][same]] = order[:-1][same]
+        lane_next[order[:-1][same]] = order[1:][same]
+        del order, same
+    return assemble_run(lanes, s=s, d=d, rank=rank, lane=lane, kind=kind, coll=coll,
+                        blocking=blocking, lane_prev=lane_prev, lane_next=lane_next)
+
+
+def _put(out: np.ndarray, ids: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """``out[ids] = v``, ``out`` widened to int64 first where ``v`` does not fit it."""
+    if out.dtype != _I64 and len(v):
+        info = np.iinfo(out.dtype)
+        if v.min() < info.min or v.max() > info.max:
+            out = out.astype(_I64)
+    out[ids] = v
+    return out
+
+
+class _SpillEdges:
+    """The run's edges spilled to disk grouped by their destination's window (one file per
+    window and rank file); ``bucket(k)`` as :class:`replay.window._MemEdges`'s."""
+
+    def __init__(self, spill: Path, windows: int) -> None:
+        self.dir = spill
+        self.files: list[list[Path]] = [[] for _ in range(windows)]
+        self._hit: tuple[int, tuple] | None = None
+
+    def add(self, i: int, es, ed, ek, el, ix, win: np.ndarray) -> None:
+        w = win[ed]
+        o = np.argsort(w, kind="stable")
+        w = w[o]
+        cut = np.flatnonzero(w[1:] != w[:-1]) + 1
+        for a, b in zip(np.r_[0, cut], np.r_[cut, len(w)], strict=True):
+            if b <= a:
+                continue
+            j = int(w[a])
+            f = self.dir / f"e{j}-{i}.npy"
+            sel = o[a:b]
+            np.save(f, np.stack([es[sel], ed[sel], ek[sel].astype(_I64), el[sel], ix[sel]]))
+            self.files[j].append(f)
+
+    def bucket(self, k: int) -> tuple[np.ndarray, ...]:
+        if self._hit is not None and self._hit[0] == k:
+            return self._hit[1]
+        parts = [np.load(f) for f in self.files[k]]
+        x = (parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1)) if parts \
+            else np.zeros((5, 0), _I64)
+        del parts
+        ix = x[4]
+        if len(ix) > 1 and (ix[1:] < ix[:-1]).any():  # (a store whose edges carry _row)
+            x = x[:, np.argsort(ix, kind="stable")]
+        out = (x[0], x[1], x[2].astype(np.int8), x[3], x[4])
+        self._hit = (k, out)
+        return out
+
+
+class _SpillResults:
+    """Each window's results spilled to disk (op ids ascending, start, end, critical
+    predecessor; int64); ``get`` reads back the ops asked for."""
+
+    def __init__(self, spill: Path, win: np.ndarray) -> None:
+        self.dir = spill
+        self.win = win
+
+    def put(self, k: int, ids, s, e, c) -> None:
+        o = np.argsort(ids, kind="stable")
+        np.save(self.dir / f"r{k}.npy", np.stack([ids[o], s[o], e[o], c[o]]).astype(_I64))
+
+    def get(self, ids: np.ndarray, crit: bool = False) -> tuple[np.ndarray, ...]:
+        ids = np.asarray(ids, _I64)
+        out = [np.empty(len(ids), _I64) for _ in range(3 if crit else 2)]
+        if not len(ids):
+            return tuple(out)
+        w = self.win[ids]
+        for j in np.unique(w).tolist():
+            at = np.flatnonzero(w == j)
+            x = np.load(self.dir / f"r{j}.npy", mmap_mode="r")
+            pos = np.searchsorted(x[0], ids[at])
+            for q, y in enumerate(out):
+                y[at] = x[1 + q][pos]
+            del x
+        return tuple(out)
+
+
+def release_freed() -> None:
+    """Hand the memory freed so far back to the system (glibc's heap, Arrow's pool): what
+    the windows freed would otherwise stay in the process under the step-window pass (at 8
+    ranks 0.44 GB of RSS after the windows of 0.25 GB live, and that pass's peak on top)."""
+    pa.default_memory_pool().release_unused()
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+@functools.cache
+def _malloc_trim():
+    """glibc's ``malloc_trim`` from the process's own symbols, or None. (Not
+    ``ctypes.util.find_library``: it forks ``ldconfig``, and a fork of a process holding a
+    large run counts its pages twice in the process tree's RSS for a moment: 1.32 GB
+    against 0.66 GB at 128 ranks in the scale bench.)"""
+    import ctypes
+
+    try:
+        return getattr(ctypes.CDLL(None), "malloc_trim", None)
+    except OSError:
+        return None
+
+
+def replay_store(path: str | os.PathLike[str], *, ideal: bool = False,
+                 window_ops: int = WINDOW_OPS, results: bool = False):
+    """The identity replay of the rank-partitioned store at ``path`` a window at a time
+    (see the module docstring), as a :class:`replay.engine.ReplayResult` with no trace and
+    no graph: ``summary()`` is the whole replay's; ``meta["unseen"]`` holds
+    :func:`analysis.coverage.unseen_work_by_rank`'s counts. The per-op results are kept
+    (``start_ns``, ``end_ns``, ``crit_pred``) only with ``results=True`` (tests); otherwise
+    those are empty.
+
+    ``None`` where this path does not apply and the caller loads the trace (a single-file
+    store, op ids that are not dense, negative lanes or dangling edges, a window with a
+    dependency cycle): the in-memory path decides those, with its own messages.
+    """
+    from retime.collectors.store import read_small_tables
+    from retime.collectors.trace import SCHEMA_VERSION
+
+    root = Path(path)
+    small = read_small_tables(root)
+    meta = small["meta"]
+    if meta.get("layout", "single") != "rank":
+        return None
+    r = _read_run(root, meta, small["lanes"], small["strings"])
+    if r is None:
+        return None
+    n = len(r.s)
+    edge_files = _files(root, meta, "edges")
+    has_row = bool(edge_files) and "_row" in _schema(edge_files[0][1]).names
+    ecols = ["src", "dst", "kind"] + (["_row"] if has_row else [])
+    lo, hi = [], []
+    for _, f, _ in edge_files:
+        t = _read(f, ecols[:3])
+        es, ed = _col(t, "src", _I64), _col(t, "dst", _I64)
+        if len(es) and (min(es.min(), ed.min()) < 0 or max(es.max(), ed.max()) >= n):
+            return None  # dangling edges: the whole build says so
+        a, b = _edge_forbidden(r, es, ed, _col(t, "kind", np.int8))
+        lo.append(a)
+        hi.append(b)
+        del t, es, ed
+    a, b = _coll_forbidden(r)
+    cuts = window_cuts(r.s, np.concatenate([*lo, a]), np.concatenate([*hi, b]),
+                       window_ops=window_ops)
+    del lo, hi, a, b
+    win = window_of(cuts, r.s)
+    spill = Path(tempfile.mkdtemp(prefix="retime-replay-"))
+    try:
+        edges = _SpillEdges(spill, len(cuts) + 1)
+        at = 0
+        for i, (_, f, rows) in enumerate(edge_files):
+            t = _read(f, ecols + ["lag_ns"])
+            ix = _col(t, "_row", _I64) if has_row else np.arange(at, at + rows, dtype=_I64)
+            at += rows
+            edges.add(i, _col(t, "src", _I64), _col(t, "dst", _I64), _col(t, "kind", np.int8),
+                      _col(t, "lag_ns", _I64), ix, win)
+            del t, ix
+        res = _SpillResults(spill, win)
+        # (each window's temporaries handed back: the windows' peak is then one window's
+        # over the run's arrays, not one window's plus the heap the earlier ones left)
+        out = replay_loop(r, cuts, win, edges, res, ideal, after_window=release_freed)
+        del edges
+        if out is None:
+            return None
+        identity = out["identity"]
+        del r
+        release_freed()
+        mem_meta = {k: v for k, v in meta.items() if k not in ("layout", "partitions")}
+        mem_meta["schema_version"] = SCHEMA_VERSION
+        w, unseen = _by_rank_batch(root, small, mem_meta, None if identity else res)
+        full = res.get(np.arange(n), crit=True) if results else None
+    finally:
+        shutil.rmtree(spill, ignore_errors=True)
+    from .engine import ReplayResult
+    rmeta: dict[str, Any] = {"mode": "fast", "ideal": bool(ideal), "scenario": [],
+                             "durations_modified": False}
+    rmeta.update(out["stats"])
+    rmeta.update(gaps=out["gaps"], windows=out["windows"], graph_bytes=out["graph_bytes"],
+                 unseen=unseen)
+    z = np.zeros(0, _I64)
+    s_, e_, c_ = full if full is not None else (z, z, z)
+    return ReplayResult(None, None, s_, e_, c_, meta=rmeta, step_windows=w)
+
+
+def _by_rank_batch(root: Path, small: dict[str, Any], meta: dict[str, Any], res):
+    """The step windows (measured and replayed, as :meth:`ReplayResult.step_windows`) and
+    the unseen-work counts, a batch of ranks at a time from the store; ``res`` (the spilled
+    results) where the replayed times differ from the measured ones."""
+    from retime.analysis.coverage import combine_unseen, unseen_work
+    from retime.collectors.steps import _empty, step_range_mask, step_windows
+    from retime.collectors.store import rank_batches, scan_ops, scan_table
+    from retime.collectors.trace import EDGES_SCHEMA, MEMORY_SCHEMA, OPS_SCHEMA, Trace, _frame
+
+    from .footprint import IDENTITY_COLUMNS
+
+    parts, counts = [], []
+    for batch in rank_batches(root, batch_rows=_BATCH_OPS):
+        o = scan_ops(root, ranks=batch, columns=["op_id", *IDENTITY_COLUMNS])
+        ids = o["op_id"].to_numpy()
+        if len(ids) > 1 and (ids[1:] < ids[:-1]).any():
+            o = o.take(np.argsort(ids, kind="stable")).reset_index(drop=True)
+            ids = o["op_id"].to_numpy()
+        ops = pd.DataFrame({c: np.ascontiguousarray(o[c].to_numpy(), OPS_SCHEMA[c][0])
+                            for c in OPS_SCHEMA if c in IDENTITY_COLUMNS}, copy=False)
+        del o
+        rg = scan_table(root, "ranges", ranks=batch)
+        if "_row" in rg.columns:
+            rg = rg.take(np.argsort(rg["_row"].to_numpy(), kind="stable")).drop(columns="_row")
+        rg = rg[step_range_mask(rg, small["strings"])].reset_index(drop=True)
+        sub = Trace(ops=ops, lanes=small["lanes"], edges=_frame(EDGES_SCHEMA, None, "edges"),
+                    ranges=rg, groups=small["groups"],
+                    memory=_frame(MEMORY_SCHEMA, None, "memory"), strings=small["strings"],
+                    meta=meta)
+        ms = ops["start_ns"].to_numpy()
+        me = ms + ops["dur_ns"].to_numpy()
+        mw = step_windows(sub, ms, me)
+        if res is None:
+            rw = mw
+        else:
+            rs, re_ = res.get(ids)
+            rw = step_windows(sub, rs, re_)
+        part = pd.DataFrame({
+            "rank": mw["rank"].to_numpy(), "step": mw["step"].to_numpy(),
+            "measured_start_ns": mw["start_ns"].to_numpy(),
+            "measured_end_ns": mw["end_ns"].to_numpy(),
+            "replayed_start_ns": rw["start_ns"].to_numpy(),
+            "replayed_end_ns": rw["end_ns"].to_numpy()})
+        parts.append(part)
+        counts.append(unseen_work(sub, pd.DataFrame({
+            "rank": mw["rank"].to_numpy(), "step": mw["step"].to_numpy(),
+            "start_ns": mw["start_ns"].to_numpy(), "end_ns": mw["end_ns"].to_numpy()})))
+        del sub, ops, rg, mw, rw, ms, me
+    w = pd.concat(parts, ignore_index=True) if parts else None
+    if w is None:
+        e = _empty()
+        w = pd.DataFrame({"rank": e["rank"].to_numpy(), "step": e["step"].to_numpy(),
+                          **{c: np.zeros(0, _I64) for c in (
+                              "measured_start_ns", "measured_end_ns", "replayed_start_ns",
+                              "replayed_end_ns")}})
+    w["measured_ns"] = w["measured_end_ns"] - w["measured_start_ns"]
+    w["replayed_ns"] = w["replayed_end_ns"] - w["replayed_start_ns"]
+    return w, combine_unseen(counts)
