@@ -113,6 +113,27 @@ def test_hand_built_collective_waits_for_last_arriver():
     assert by_kind.loc["COLLECTIVE", "time_ns"] == 100
 
 
+def test_arcs_between_members_are_not_counted_as_dropped():
+    # the collective of the test above, with explicit edges between its two members (both
+    # ways: they become arcs into the instance's own virtual node, never dependencies) and
+    # one arc backward in measured time (member 1 at 100 -> kernel A at 0): only that one
+    # is a dropped arc
+    t = Trace.build(
+        ops={"rank": [0, 0, 1, 1], "lane": [0, 0, 1, 1],
+             "kind": [int(OpKind.KERNEL), int(OpKind.COLLECTIVE)] * 2, "name_id": [0, 1, 0, 1],
+             "start_ns": [0, 100, 0, 400], "dur_ns": [100, 400, 400, 100],
+             "coll_id": [-1, 5, -1, 5], "comm_op": [0, 1, 0, 1]},
+        lanes={"lane": [0, 1], "rank": [0, 1], "lane_kind": [1, 1]},
+        strings=["gemm", "ncclKernel_AllReduce"],
+        edges={"src": [1, 3, 1], "dst": [3, 1, 0], "kind": [int(EdgeKind.COLLECTIVE)] * 2
+               + [int(EdgeKind.HOST_ORDER)], "lag_ns": [0, 0, 0]})
+    cp = critical_path(t)
+    assert cp.attrs["dropped_arcs"] == 1
+    assert cp.attrs["length_ns"] == 500
+    assert cp["op_id"].tolist()[0] == 2
+    assert cp["dur_ns"].tolist() == [400, 100]
+
+
 def test_blocking_sync_weighs_zero_and_device_op_is_critical():
     # host: launch (0..10), cudaStreamSynchronize (10..1000), next op (1000..1010)
     # device: kernel (20..990) launched by the first call; SYNC edge kernel -> next op
