@@ -49,10 +49,11 @@ def dependency_arcs(trace) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarr
     o = trace.ops
     n = len(o)
     e = trace.edges
-    src = [e["src"].to_numpy().astype(np.int64)]
-    dst = [e["dst"].to_numpy().astype(np.int64)]
-    w = [e["lag_ns"].to_numpy().astype(np.int64)]
-    k = [e["kind"].to_numpy().astype(np.int64)]
+    # no copy of a column that already is int64: the concatenation below copies once
+    src = [e["src"].to_numpy().astype(np.int64, copy=False)]
+    dst = [e["dst"].to_numpy().astype(np.int64, copy=False)]
+    w = [e["lag_ns"].to_numpy().astype(np.int64, copy=False)]
+    k = [e["kind"].to_numpy().astype(np.int64, copy=False)]
     if n > 1:
         lane = o["lane"].to_numpy()
         start = o["start_ns"].to_numpy()
@@ -95,7 +96,7 @@ def _from_trace(t):
     coll = o["coll_id"].to_numpy()
     key = start.copy()
     has = coll >= 0
-    n_virt = 0
+    n_virt = n_intra = 0
     if has.any():
         ids = np.flatnonzero(has)
         _, inv, cnt = unique(coll[ids], return_inverse=True, return_counts=True)
@@ -118,11 +119,12 @@ def _from_trace(t):
             # it weighs only the time after that arrival (the transfer)
             mend = start[ids] + o["dur_ns"].to_numpy()[ids]
             dur[ids] = np.maximum(mend - key[ids], 0)
-            # redirect arcs into members to their virtual node (drop intra-instance arcs)
+            # redirect arcs into members to their virtual node; an intra-instance arc then
+            # runs from a member back to its own virtual node, which sorts before every
+            # member (key <= the member's, priority 0): it is dropped below as backward
+            # and not counted (cheaper than copying every arc array without them)
             vd = vnode[dst]
-            intra = (vd >= 0) & (vnode[src] == vd)
-            src, dst, w, kd = src[~intra], dst[~intra], w[~intra], kd[~intra]
-            vd = vnode[dst]
+            n_intra = int(np.count_nonzero((vd >= 0) & (vnode[src] == vd)))
             dst = np.where(vd >= 0, vd, dst)
             src = np.concatenate([src, n + inv])
             dst = np.concatenate([dst, ids])
@@ -142,7 +144,7 @@ def _from_trace(t):
     pos = np.empty(n_all, np.int64)
     pos[topo] = np.arange(n_all)
     fwd = pos[src] < pos[dst]
-    dropped = int((~fwd).sum())
+    dropped = int(len(fwd) - np.count_nonzero(fwd)) - n_intra
     # the kept arcs by (dst, src) as one index into the arrays: each array the kernel reads
     # is gathered once (millions of arcs), and the kinds only at the path's arcs
     fi = np.flatnonzero(fwd)

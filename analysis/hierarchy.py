@@ -174,12 +174,9 @@ def hierarchy(x: Any, *, ranks: list[int] | None = None) -> pd.DataFrame:
     if len(lcalls):
         nd0 = node_of_call[lcalls]
         own = nd0 < 0
-        g = pd.DataFrame({"nd": nd0, "step": np.where(own, step[lcalls], 0),
-                          "phase": np.where(own, phase[lcalls], 0),
-                          "dur": dur[lcalls]}).groupby(["nd", "step", "phase"], sort=False)[
-            "dur"].agg(["size", "sum"]).reset_index()
-        for g_nd, g_st, g_ph, g_n, g_dur in zip(*(g[c].tolist() for c in g.columns),
-                                                strict=True):
+        g = _first_seen_groups([nd0, np.where(own, step[lcalls], 0),
+                                np.where(own, phase[lcalls], 0)], dur[lcalls])
+        for g_nd, g_st, g_ph, g_n, g_dur in zip(*g, strict=True):
             nd = int(g_nd) if g_nd >= 0 else ph_node(int(g_st), int(g_ph))
             add(launches, nd, int(g_n))
             add(launch_ns, nd, int(g_dur))
@@ -193,13 +190,9 @@ def hierarchy(x: Any, *, ranks: list[int] | None = None) -> pd.DataFrame:
     nd0 = np.where(lc >= 0, node_of_call[np.maximum(lc, 0)], -1)
     own = nd0 < 0  # below their step / phase (/ layer / module)
     by_layer = own & (lc < 0) & (not len(r))
-    keys = pd.DataFrame({
-        "nd": nd0, "step": np.where(own, step[gpu], 0), "phase": np.where(own, phase[gpu], 0),
-        "layer": np.where(by_layer, layer[gpu], -2), "name_id": nid[gpu]})
-    grp = keys.assign(dur=dur[gpu]).groupby(list(keys.columns), sort=False)["dur"].agg(
-        ["size", "sum"]).reset_index()
-    for g_nd, g_st, g_ph, g_ly, g_nm, g_n, g_dur in zip(
-            *(grp[c].tolist() for c in grp.columns), strict=True):
+    grp = _first_seen_groups([nd0, np.where(own, step[gpu], 0), np.where(own, phase[gpu], 0),
+                              np.where(by_layer, layer[gpu], -2), nid[gpu]], dur[gpu])
+    for g_nd, g_st, g_ph, g_ly, g_nm, g_n, g_dur in zip(*grp, strict=True):
         nd = int(g_nd)
         nm = str(names[g_nm])
         if nd < 0:
@@ -214,6 +207,34 @@ def hierarchy(x: Any, *, ranks: list[int] | None = None) -> pd.DataFrame:
         tree.count[k] += int(g_n)
         add(dev_excl, k, int(g_dur))
     return _frame(tree, dev_excl, host_excl, launches, launch_ns)
+
+
+def _first_seen_groups(keys: list[np.ndarray], val: np.ndarray) -> list[list[int]]:
+    """Rows grouped by the key columns ``keys``, groups in order of first appearance (as
+    ``groupby(sort=False)``): each key column's value per group, then the group's size and
+    its sum of ``val`` (int64), as lists. The keys are combined into one dense int64 code
+    and factorized once (a 5-key pandas groupby of 2 M rows took ~4x longer)."""
+    n = len(val)
+    code = np.zeros(n, np.int64)
+    span = 1
+    for k in keys:
+        _, inv = unique(k, return_inverse=True)
+        m = int(inv.max()) + 1 if n else 1
+        if span * m >= 1 << 62:  # more combinations than one int64 code holds
+            df = pd.DataFrame({f"k{i}": c for i, c in enumerate(keys)}).assign(v=val)
+            g = df.groupby([f"k{i}" for i in range(len(keys))], sort=False)["v"].agg(
+                ["size", "sum"]).reset_index()
+            return [g[c].tolist() for c in g.columns]
+        code = code * m + inv
+        span *= m
+    codes, _ = pd.factorize(code, sort=False)  # codes in order of first appearance
+    k = int(codes.max()) + 1 if n else 0
+    first = np.empty(k, np.int64)
+    first[codes[::-1]] = np.arange(n - 1, -1, -1)  # the last write is each group's first row
+    sums = np.zeros(k, np.int64)
+    np.add.at(sums, codes, np.asarray(val, np.int64))
+    return [np.asarray(c)[first].tolist() for c in keys] + [
+        np.bincount(codes, minlength=k).tolist(), sums.tolist()]
 
 
 def _host_instances(tree: _Tree, names: np.ndarray, ev_lane, ev_s, ev_e, ev_t, ev_c,

@@ -81,9 +81,10 @@ def bubbles(x: Any) -> pd.DataFrame:
     out["bubble_frac"] = out["bubble_ns"] / out["step_ns"].where(out["step_ns"] > 0)
     mb = o["microbatch"].to_numpy()
     mm = ok & (mb >= 0)
-    if mm.any():
-        nmb = pd.Series(mb[mm]).groupby(gidx[mm]).nunique()
-        out["microbatches"] = nmb.reindex(np.arange(n), fill_value=0).to_numpy()
+    if mm.any():  # distinct (window, micro-batch) pairs, counted per window
+        span = int(mb[mm].max()) + 1
+        pairs = unique(gidx[mm].astype(np.int64) * span + mb[mm].astype(np.int64))
+        out["microbatches"] = np.bincount(pairs // span, minlength=n)
     else:
         out["microbatches"] = 0
     sv = stages.to_numpy()

@@ -1,6 +1,7 @@
 """Benchmark: how long reports take to make (CPU seconds; printed, never asserted).
 
-    python bench/report.py [--repeat N] [--skip-large]
+    python bench/report.py [--repeat N] [--skip-large] [--skip-demo]
+                           [--baseline CHECKOUT] [--pairs P]
 
 1. The demo's two reports: the HTML and the PDF of the bundled DLRM trace's what-if
    (``hardware.host_speedup = 2``) against the measured trace, as ``retime demo`` writes
@@ -12,6 +13,10 @@
    1F1B, 16 micro-batches, full recompute, sequence parallel; 2.2 M ops), made by
    ``retime report`` in a fresh process, as a user runs it: CPU of the whole command
    (start-up, reading the store, analysis, figures, writing), HTML and PDF. Budget: 10 s.
+   With ``--baseline CHECKOUT`` (e.g. main's), the HTML report is made from each checkout
+   in turn, ``--pairs`` times alternating which goes first, on the same store: CPU (user +
+   system, and user alone: system time moves most with other load on a shared host) per
+   pair, the ratios and their medians.
 """
 
 from __future__ import annotations
@@ -68,9 +73,45 @@ def demo_reports(repeat: int, out: Path) -> None:
           f"{(out / 'dlrm.pdf').stat().st_size:,} bytes")
 
 
-def large_report(out: Path) -> None:
-    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-           "RETIME_PROGRESS": "0"}
+def _env(root: Path) -> dict[str, str]:
+    return {**os.environ, "RETIME_PROGRESS": "0",
+            "PYTHONPATH": str(root) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+
+
+def _children_ut() -> tuple[float, float]:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime, r.ru_stime
+
+
+def report_pairs(store: Path, out: Path, baseline: Path, pairs: int) -> None:
+    """The HTML report of ``store`` from this checkout and ``baseline`` in turn."""
+    got: dict[str, list[tuple[float, float]]] = {"ours": [], "baseline": []}
+    for k in range(pairs):
+        order = [("ours", ROOT), ("baseline", baseline)]
+        for name, root in (order if k % 2 == 0 else order[::-1]):
+            u0, s0 = _children_ut()
+            r = subprocess.run([sys.executable, "-m", "retime", "report", str(store), "-o",
+                                str(out / f"{name}-{k}.html"), "--force"], env=_env(root),
+                               cwd=root, capture_output=True, text=True)
+            u1, s1 = _children_ut()
+            if r.returncode:
+                raise SystemExit(f"{root}: report failed: {r.stderr.strip()[-500:]}")
+            got[name].append((u1 - u0, s1 - s0))
+    tot = {n: [u + s for u, s in v] for n, v in got.items()}
+    usr = {n: [u for u, _ in v] for n, v in got.items()}
+    for n in got:
+        print(f"  {n:<8} CPU {' '.join(f'{x:5.2f}' for x in tot[n])} s (user "
+              f"{' '.join(f'{x:5.2f}' for x in usr[n])} s)")
+    rt = [a / b for a, b in zip(tot["ours"], tot["baseline"], strict=True)]
+    ru = [a / b for a, b in zip(usr["ours"], usr["baseline"], strict=True)]
+    print(f"  ours / baseline per pair: CPU {' '.join(f'{x:.2f}' for x in rt)} (median "
+          f"{statistics.median(rt):.2f}), user {' '.join(f'{x:.2f}' for x in ru)} (median "
+          f"{statistics.median(ru):.2f}); median CPU ours {statistics.median(tot['ours']):.2f} "
+          f"s, baseline {statistics.median(tot['baseline']):.2f} s")
+
+
+def large_report(out: Path, baseline: Path | None = None, pairs: int = 3) -> None:
+    env = _env(ROOT)
     store = out / "l70.retime"
     synth = [sys.executable, "-m", "retime", "synth", "--model", "llama3-70b", "--hardware",
              "h100-sxm", "--tp", "8", "--pp", "4", "--dp", "4", "--global-batch", "64",
@@ -90,18 +131,28 @@ def large_report(out: Path) -> None:
             continue
         print(f"128-rank pipeline run (2.2 M ops) `retime report -o l70.{suffix}`: {cpu:.2f} s "
               f"CPU ({wall:.2f} s wall), whole command in a fresh process (budget 10 s)")
+    if baseline is not None:
+        print(f"128-rank pipeline run, HTML, against {baseline} ({pairs} interleaved pairs):")
+        report_pairs(store, out, baseline, pairs)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--skip-large", action="store_true", help="only the demo's reports")
+    ap.add_argument("--skip-demo", action="store_true", help="only the 128-rank report")
+    ap.add_argument("--baseline", type=Path, default=None,
+                    help="another checkout: its 128-rank report interleaved with ours")
+    ap.add_argument("--pairs", type=int, default=3)
     a = ap.parse_args()
+    if a.baseline is not None and not (a.baseline / "retime" / "__main__.py").is_file():
+        raise SystemExit(f"--baseline {a.baseline}: not a retime checkout")
     with tempfile.TemporaryDirectory() as d:
         out = Path(d)
-        demo_reports(max(a.repeat, 1), out)
+        if not a.skip_demo:
+            demo_reports(max(a.repeat, 1), out)
         if not a.skip_large:
-            large_report(out)
+            large_report(out, a.baseline.resolve() if a.baseline else None, max(a.pairs, 1))
 
 
 if __name__ == "__main__":

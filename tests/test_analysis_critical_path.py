@@ -91,17 +91,20 @@ def test_longest_path_matches_reference(seed):
     assert int(cp["dur_ns"].sum() + cp["wait_ns"].sum()) == length
 
 
-def test_hand_built_collective_waits_for_last_arriver():
+def _two_rank_allreduce(edges: dict | None = None) -> Trace:
     # rank 0: kernel A (0..100) then all-reduce member (100..500)
     # rank 1: kernel B (0..400) then all-reduce member (400..500): rank 1 arrives last.
-    t = Trace.build(
+    return Trace.build(
         ops={"rank": [0, 0, 1, 1], "lane": [0, 0, 1, 1],
              "kind": [int(OpKind.KERNEL), int(OpKind.COLLECTIVE)] * 2, "name_id": [0, 1, 0, 1],
              "start_ns": [0, 100, 0, 400], "dur_ns": [100, 400, 400, 100],
              "coll_id": [-1, 5, -1, 5], "comm_op": [0, 1, 0, 1]},
         lanes={"lane": [0, 1], "rank": [0, 1], "lane_kind": [1, 1]},
-        strings=["gemm", "ncclKernel_AllReduce"])
-    cp = critical_path(t)
+        strings=["gemm", "ncclKernel_AllReduce"], edges=edges)
+
+
+def test_hand_built_collective_waits_for_last_arriver():
+    cp = critical_path(_two_rank_allreduce())
     # path: B (400) then the member after the last arrival (transfer 100) = 500
     assert cp.attrs["length_ns"] == 500
     assert cp["op_id"].tolist()[0] == 2
@@ -111,6 +114,20 @@ def test_hand_built_collective_waits_for_last_arriver():
     by_kind = attribute_critical_path(cp, by="kind").set_index("kind")
     assert by_kind.loc["KERNEL", "time_ns"] == 400
     assert by_kind.loc["COLLECTIVE", "time_ns"] == 100
+
+
+def test_arcs_between_members_are_not_counted_as_dropped():
+    # the collective of the test above, with explicit edges between its two members (both
+    # ways: they become arcs into the instance's own virtual node, never dependencies) and
+    # one arc backward in measured time (member 1 at 100 -> kernel A at 0): only that one
+    # is a dropped arc
+    cp = critical_path(_two_rank_allreduce(
+        edges={"src": [1, 3, 1], "dst": [3, 1, 0], "kind": [int(EdgeKind.COLLECTIVE)] * 2
+               + [int(EdgeKind.HOST_ORDER)], "lag_ns": [0, 0, 0]}))
+    assert cp.attrs["dropped_arcs"] == 1
+    assert cp.attrs["length_ns"] == 500
+    assert cp["op_id"].tolist()[0] == 2
+    assert cp["dur_ns"].tolist() == [400, 100]
 
 
 def test_blocking_sync_weighs_zero_and_device_op_is_critical():
