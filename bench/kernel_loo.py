@@ -73,6 +73,10 @@ nothing new fitted). Latency-bound calls are left out of the calls the HBM effic
 fitted on (the bandwidth does not act on them; without that rule the H100 fold's streaming
 efficiency was fitted to 0.3 on the MI300X's batch norms: H100 rest fold 11.8% -> 237%).
 MI300X rest fold 35.0% -> 29.2%; the other folds and ``FITTED_CURVES`` are unchanged.
+Then (branch kernels6, also after seeing those rows) the passes take the kernels' own launch
+grid, ``ceil(N / ty) x ceil(H W / tf)`` steps with ``tf = getNumThreads(H W)`` (REFERENCES.md
+K27), not ``ceil(N H W / threads)``: MI300X rest fold 29.2% -> 26.8%; nothing fitted, the
+other folds unchanged.
 Tried and not adopted in the same round: when a path's tile fill does not move the training
 error by at least a point (the V100 fold's SIMT fill, fitted on H100 VGG-13's nine long FP32
 GEMMs, 3.0-3.2% over the whole grid), take the other path's fitted fill: V100 GEMM fold
