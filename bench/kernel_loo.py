@@ -1,6 +1,6 @@
 """Leave-one-trace-out kernel prediction on the shared GPU traces with recorded shapes.
 
-Run: ``python bench/kernel_loo.py [--json] [--no-interference]`` (10-60 s: it ingests the traces).
+Run: ``python bench/kernel_loo.py [--json] [--no-interference] [--worst N]`` (10-60 s: it ingests the traces).
 
 The cost layer prices every operator call with recorded shapes (``Input Dims``, torch.profiler
 ``record_shapes=True``) on the trace's own GPU profile, given the names of the kernels the
@@ -73,6 +73,10 @@ nothing new fitted). Latency-bound calls are left out of the calls the HBM effic
 fitted on (the bandwidth does not act on them; without that rule the H100 fold's streaming
 efficiency was fitted to 0.3 on the MI300X's batch norms: H100 rest fold 11.8% -> 237%).
 MI300X rest fold 35.0% -> 29.2%; the other folds and ``FITTED_CURVES`` are unchanged.
+Then (branch kernels6, also after seeing those rows) the passes take the kernels' own launch
+grid, ``ceil(N / ty) x ceil(H W / tf)`` steps with ``tf = getNumThreads(H W)`` (REFERENCES.md
+K27), not ``ceil(N H W / threads)``: MI300X rest fold 29.2% -> 26.8%; nothing fitted, the
+other folds unchanged.
 Tried and not adopted in the same round: when a path's tile fill does not move the training
 error by at least a point (the V100 fold's SIMT fill, fitted on H100 VGG-13's nine long FP32
 GEMMs, 3.0-3.2% over the whole grid), take the other path's fitted fill: V100 GEMM fold
@@ -279,6 +283,27 @@ def errors(gpu: str, calls: list[tuple], curves: Curves, cls: str,
     return np.asarray(out)
 
 
+def worst(gpu: str, calls: list[tuple], curves: Curves, cls: str, n: int) -> list[dict]:
+    """The ``n`` call shapes of class ``cls`` whose median (model + interference) / measured
+    - 1 over their instances is largest in size: operator, input shapes, first kernel name,
+    instances, median measured and modeled us."""
+    g = gpu_spec(gpu)
+    rows = []
+    for c, nm, dims, types, work, nk, meas, cut, _cut_lo in calls:
+        if c != cls:
+            continue
+        try:
+            m = price_op(g, nm, dims, types, work, curves, kernels=list(nk)).time_us
+        except (ValueError, ZeroDivisionError, IndexError, TypeError):
+            continue
+        e = [(m + u) / x - 1 for x, u in zip(meas, cut) if x > 0]
+        if e:
+            rows.append({"op": nm, "dims": dims, "kernel": nk[0] if nk else "",
+                         "calls": len(e), "measured_us": float(np.median(meas)),
+                         "model_us": float(m + np.median(cut)), "error": float(np.median(e))})
+    return sorted(rows, key=lambda r: -abs(r["error"]))[:n]
+
+
 #: parameters a class shares with the GEMMs' fit: convolutions run the same tile pipeline
 SHARED = {"conv": ("tile_fill_us", "tile_fill_tc_us")}
 
@@ -340,7 +365,7 @@ def lower_bound(entry: tuple) -> tuple:
     return gpu, [c[:7] + (c[8], c[8]) for c in calls], pairs, convs
 
 
-def run(interference: bool = True) -> dict:
+def run(interference: bool = True, n_worst: int = 0) -> dict:
     data = {n: collect(n, interference) for n in TRACES}
     out: dict = {"loo": {}, "default": {}, "all": {}, "conv_roles": {}}
     have = {cls: [n for n in TRACES if len(errors(*data[n][:2], DEFAULT_CURVES, cls))]
@@ -357,7 +382,8 @@ def run(interference: bool = True) -> dict:
             out["loo"].setdefault(held, {})[cls] = {
                 **stats(errors(*data[held][:2], cur, cls)), "params": p,
                 "trained_on": [n for n in have[cls] if n != held],
-                "large": stats(errors(*data[held][:2], cur, cls, large=True))}
+                "large": stats(errors(*data[held][:2], cur, cls, large=True)),
+                "worst": worst(*data[held][:2], cur, cls, n_worst) if n_worst else []}
             out["default"].setdefault(held, {})[cls] = stats(e0)
             if cls == "conv":
                 out["conv_roles"][held] = {
@@ -407,6 +433,11 @@ def _table(title: str, block: dict) -> None:
                 print(f"  {'':20} {'eff':5} {lg['calls']:>6} {lg['median']:>8.1%} "
                       f"{lg['p90']:>8.1%} {lg['bias']:>+8.1%}  (calls where the efficiencies "
                       "act: errors(large=True))")
+            for r in s.get("worst", []):
+                print(f"  {'':20} {'worst':5} {r['calls']:>6} {r['error']:>+8.1%}  "
+                      f"model {r['model_us']:.1f} / median measured {r['measured_us']:.1f} us  "
+                      f"{r['op']} "
+                      f"{r['dims']}  {r['kernel'][:60]}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -415,13 +446,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-interference", action="store_true",
                     help="predict each kernel as its price alone, without the slowdown the "
                          "replay charges where it overlapped NCCL / RCCL kernels (C12)")
+    ap.add_argument("--worst", type=int, default=0, metavar="N",
+                    help="under each held-out row, its N call shapes of largest median "
+                         "|error| (model / measured us, operator, shapes, first kernel)")
     args = ap.parse_args(argv)
+    if args.worst < 0:
+        print(f"kernel_loo: --worst {args.worst}: must be >= 0", file=sys.stderr)
+        return 2
     missing = [n for n, (p, _g) in TRACES.items() if not p.exists()]
     if missing:
         print(f"kernel_loo: shared traces not found: {', '.join(missing)} (under {SHARED})",
               file=sys.stderr)
         return 2
-    out = run(not args.no_interference)
+    out = run(not args.no_interference, args.worst)
     if args.json:
         print(json.dumps(out, default=float))
         return 0

@@ -35,6 +35,22 @@ def test_passes_and_threads_follow_the_kernels_and_the_platform():
     assert channel_pass_us(gpu_spec("h100-sxm"), 1, 600, 512, 1.0) == pytest.approx(2.0)
 
 
+def test_steps_follow_the_launch_grid_of_normalization_cuh():
+    # K27: threads(tf, max(1, MAX_BLOCK_SIZE / tf)), tf = getNumThreads(H W); a thread walks
+    # ceil(N / ty) batch rows x ceil(H W / tf) image strides, not ceil(N H W / threads)
+    from retime.collectors.costs.norms import block_shape, channel_steps
+
+    mi, h = gpu_spec("mi300x"), gpu_spec("h100-sxm")
+    assert block_shape(mi, 14 * 14) == (256, 1) and channel_steps(mi, 10, 196) == 10  # not 8
+    assert block_shape(mi, 28 * 28) == (256, 1) and channel_steps(mi, 10, 784) == 40  # not 31
+    assert block_shape(mi, 7 * 7) == (64, 4) and channel_steps(mi, 10, 49) == 3  # not 2
+    assert block_shape(h, 7 * 7) == (64, 8) and channel_steps(h, 10, 49) == 2  # not 1
+    assert block_shape(h, 100) == (128, 4) and channel_steps(h, 256, 100) == 64
+    assert channel_steps(mi, 10, 112 * 112) == 490  # ceil(12544 / 256) = 49 per row
+    # 256 channels of 10 x 14 x 14: one wave (304 CUs x 8 blocks), 10 steps x 0.2 us
+    assert channel_pass_us(mi, 10, 256, 196, 0.2) == pytest.approx(2.0)
+
+
 def test_few_channel_large_image_backward_is_latency_bound():
     x = [10, 64, 112, 112]
     dims, types = _bn_bwd(x)
@@ -47,9 +63,10 @@ def test_few_channel_large_image_backward_is_latency_bound():
     # 4 us launch floor; its bytes at the HBM rate take ~11 us
     assert c.time_us == pytest.approx(2 * 490 * 0.2 + 4.0)
     assert plain.time_us < 15 and c.bound == "latency" and "K22" in c.efficiency_source
-    # on an H100 the block holds 512 threads: half the steps, and a shorter floor
+    # on an H100 the block holds 512 threads: 10 rows x ceil(12544 / 512) = 250 steps (K27),
+    # and a shorter floor
     h = price_op(gpu_spec("h100-sxm"), name, dims, types, w, FITTED_CURVES, kernels=BWD)
-    assert h.time_us == pytest.approx(2 * 245 * 0.2 + 2.5)
+    assert h.time_us == pytest.approx(2 * 250 * 0.2 + 2.5)
 
 
 def test_many_channel_batch_norm_keeps_its_streaming_price():
