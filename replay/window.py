@@ -322,6 +322,12 @@ def replay_loop(r: _Run, cuts: np.ndarray, win: np.ndarray, edges, results,
         gid = ids[g.perm]  # op id per layout position
         mine = core[gid]
         del core
+        # the layout positions of the window's own ops in op-id order (``ids`` ascends:
+        # g.perm's inverse lists them so), as ``results.put`` keeps them: no sort there
+        inv = np.empty(g.n_ops, _I64)
+        inv[g.perm] = np.arange(g.n_ops)
+        q = inv[mine[inv]]
+        del inv
         rk = np.searchsorted(ranks, r.rank[gid[mine]] - r.rank0)
         np.add.at(dl, rk, g.measured_delay_layout_ns[mine])
         pdst = np.repeat(np.arange(g.n_ops, dtype=_I32), np.diff(g.pred_ptr))
@@ -333,12 +339,12 @@ def replay_loop(r: _Run, cuts: np.ndarray, win: np.ndarray, edges, results,
         ps, pe = results.get(gid[pin])
         st, en, cr = _simulate_pinned(g, pin, ps, pe)
         del g
-        own = gid[mine]
-        st, en, c = st[mine], en[mine], cr[mine]
+        own = gid[q]
+        st, en, c = st[q], en[q], cr[q]
         c = np.where(c >= 0, gid[np.maximum(c, 0)], -1)
         same = same and np.array_equal(st, r.s[own]) and np.array_equal(en - st, r.d[own])
         results.put(k, own, st, en, c)
-        del gid, mine, st, en, cr, c, own
+        del gid, mine, st, en, cr, c, own, q
         if after_window is not None:
             after_window()
     hi = np.full(len(r.rank_origin), np.iinfo(_I64).min, _I64)
