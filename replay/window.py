@@ -306,13 +306,14 @@ def replay_loop(r: _Run, cuts: np.ndarray, win: np.ndarray, edges, results,
     wk = np.zeros(len(ranks), _I64)
     biggest = used = 0
     same = True
+    handoff = _handoff_candidates(r, cuts, win)
     for k in range(len(cuts) + 1):
         core = win == k
         if not core.any():
             continue
         used += 1
         g, ids, pin = _window_graph(r, core, win, k, None if k == 0 else int(cuts[k - 1]),
-                                    ideal, edges)
+                                    ideal, edges, cuts, handoff)
         if g is None:
             return None
         biggest = max(biggest, g.nbytes)
@@ -321,6 +322,12 @@ def replay_loop(r: _Run, cuts: np.ndarray, win: np.ndarray, edges, results,
         gid = ids[g.perm]  # op id per layout position
         mine = core[gid]
         del core
+        # the layout positions of the window's own ops in op-id order (``ids`` ascends:
+        # g.perm's inverse lists them so), as ``results.put`` keeps them: no sort there
+        inv = np.empty(g.n_ops, _I64)
+        inv[g.perm] = np.arange(g.n_ops)
+        q = inv[mine[inv]]
+        del inv
         rk = np.searchsorted(ranks, r.rank[gid[mine]] - r.rank0)
         np.add.at(dl, rk, g.measured_delay_layout_ns[mine])
         pdst = np.repeat(np.arange(g.n_ops, dtype=_I32), np.diff(g.pred_ptr))
@@ -332,12 +339,12 @@ def replay_loop(r: _Run, cuts: np.ndarray, win: np.ndarray, edges, results,
         ps, pe = results.get(gid[pin])
         st, en, cr = _simulate_pinned(g, pin, ps, pe)
         del g
-        own = gid[mine]
-        st, en, c = st[mine], en[mine], cr[mine]
+        own = gid[q]
+        st, en, c = st[q], en[q], cr[q]
         c = np.where(c >= 0, gid[np.maximum(c, 0)], -1)
         same = same and np.array_equal(st, r.s[own]) and np.array_equal(en - st, r.d[own])
         results.put(k, own, st, en, c)
-        del gid, mine, st, en, cr, c, own
+        del gid, mine, st, en, cr, c, own, q
         if after_window is not None:
             after_window()
     hi = np.full(len(r.rank_origin), np.iinfo(_I64).min, _I64)
@@ -347,10 +354,28 @@ def replay_loop(r: _Run, cuts: np.ndarray, win: np.ndarray, edges, results,
             "windows": used, "graph_bytes": int(biggest), "identity": bool(same)}
 
 
+def _handoff_candidates(r: _Run, cuts: np.ndarray, win: np.ndarray):
+    """The host ops that may hand work over to an op of a later window (ending at most
+    :data:`HANDOFF_WINDOW_NS` before its cut), ascending, and per op the last window whose
+    cut it reaches: one pass over the run, not one per window (a chunk at a time)."""
+    ids, last = [], []
+    for a in range(0, len(r.s), _CHUNK):
+        b = a + _CHUNK
+        h = np.flatnonzero(r.host[a:b]) + a
+        # cut[j - 1] <= end + HANDOFF_WINDOW_NS for every window j up to this one
+        kk = np.searchsorted(cuts, r.s[h] + r.d[h] + HANDOFF_WINDOW_NS, side="right")
+        m = kk > win[h]
+        ids.append(h[m])
+        last.append(kk[m])
+        del h, kk, m
+    return np.concatenate(ids), np.concatenate(last)
+
+
 def _window_graph(r: _Run, core: np.ndarray, win: np.ndarray, k: int, t0: int | None,
-                  ideal: bool, edges):
+                  ideal: bool, edges, cuts: np.ndarray, handoff):
     """Window ``k``'s graph (ops starting in it plus its halo), the op ids of its ops
-    (sorted) and, per layout position, whether the op is pinned (before the window)."""
+    (sorted) and, per layout position, whether the op is pinned (before the window);
+    ``handoff``: :func:`_handoff_candidates`'s."""
     n = len(r.s)
     core_ids = np.flatnonzero(core)
     past = np.zeros(n, bool)
@@ -361,22 +386,22 @@ def _window_graph(r: _Run, core: np.ndarray, win: np.ndarray, k: int, t0: int | 
         # host ops that may hand work over to a window op, and what follows them on
         # their lanes (whether their thread went idle after them)
         # (a chunk of the run at a time: the masks and indices are a chunk's)
-        near = []
-        for a in range(0, n, _CHUNK):
-            b = a + _CHUNK
-            m = (win[a:b] < k) & r.host[a:b]
-            m &= r.s[a:b] + r.d[a:b] >= t0 - HANDOFF_WINDOW_NS
-            near.append(np.flatnonzero(m) + a)
-        near = np.concatenate(near)
+        # (from the run's handoff candidates, found once: an earlier window's host op that
+        # ends at most HANDOFF_WINDOW_NS before t0 is one whose last window is k or later)
+        h_ids, h_last = handoff
+        near = h_ids[(win[h_ids] < k) & (h_last >= k)]
         if len(near):
             lane_lo = np.full(len(r.worker_lane), _MAX, _I64)
             np.minimum.at(lane_lo, r.lane[near], r.s[near])
-            lo = lane_lo.min()
+            # ops starting at lo or later lie in lo's window or a later one: the scan reads
+            # the windows' numbers and only their ops' starts
+            j0 = int(np.searchsorted(cuts, lane_lo.min(), side="right"))
             for a in range(0, n, _CHUNK):
                 b = a + _CHUNK
-                cand = np.flatnonzero((win[a:b] < k) & (r.s[a:b] >= lo)) + a
+                w = win[a:b]
+                cand = np.flatnonzero((w >= j0) & (w < k)) + a
                 past[cand[r.s[cand] >= lane_lo[r.lane[cand]]]] = True
-            del cand
+            del cand, w
         del near
         lp = r.lane_prev[core_ids]
         lp = lp[lp >= 0]

@@ -215,8 +215,10 @@ class _SpillResults:
         self.win = win
 
     def put(self, k: int, ids, s, e, c) -> None:
-        o = np.argsort(ids, kind="stable")
-        np.save(self.dir / f"r{k}.npy", np.stack([ids[o], s[o], e[o], c[o]]).astype(_I64))
+        x = np.stack([ids, s, e, c], dtype=_I64)
+        if len(ids) > 1 and (ids[1:] < ids[:-1]).any():  # (replay_loop's come ascending)
+            x = x[:, np.argsort(ids, kind="stable")]
+        np.save(self.dir / f"r{k}.npy", x)
 
     def get(self, ids: np.ndarray, crit: bool = False) -> tuple[np.ndarray, ...]:
         ids = np.asarray(ids, _I64)
