@@ -123,15 +123,17 @@ def test_fcdp_halves_inter_node_allgather_bytes_exactly(zero3_job):
     # host link, is the bottleneck (the paper's setting): with the backward prefetch (the
     # next layer's gather beside this layer's backward) a gather stays hidden down to
     # 12.5 GB/s per GPU on this small model, and the saving grows as the network slows.
+    # (Since a ring fills its NVLink hops at the NVLink rate, the gathers hide down to lower
+    # rates: the saving is 3.8% at 3.125 GB/s and 18% at 1.5625 GB/s.)
     assert fc.step_time_ns == pytest.approx(z3.step_time_ns, rel=0.02)
     prev = 0.0
-    for gbps in (12.5, 6.25, 3.125):
+    for gbps in (12.5, 6.25, 3.125, 1.5625):
         slow = whatif(zero3_job, {"network.inter_node_gbps": gbps}).step_time_ns
         gain = 1 - whatif(zero3_job, {"network.inter_node_gbps": gbps,
                                       "cache.fcdp": True}).step_time_ns / slow
         assert gain >= prev  # the slower the network, the more the host cache saves
         prev = gain
-    assert prev > 0.05  # at 3.125 GB/s the exposed gathers it halves are worth > 5%
+    assert prev > 0.05  # at 1.5625 GB/s the exposed gathers it halves are worth > 5%
     keep = whatif(zero3_job, {"cache.keep_params": True})
     assert keep.meta["whatif"]["traffic"]["inter_node_allgather_bytes"] * 2 == b3
     assert keep.meta["whatif"]["memory"]["peak_memory_bytes"] > z3.meta["whatif"]["memory"]["peak_memory_bytes"]
