@@ -100,31 +100,31 @@ def _rate_pair(knob: str, lo: float, hi: float, same: dict | None = None,
                 {"network.inter_node_gbps": _gbps(lo), "topology.ranks_per_node": ranks_per_node})
 
 
+def _bucket_pair(knob: str, same: dict | None = None) -> Pair:
+    """A pair whose settings differ in DDP's bucket_cap_mb, 1 vs 50 MiB (the key counts 10^6
+    bytes); ``same``: the other knobs both settings change from the base alike."""
+    same = dict(same or {})
+    return Pair(knob, {**same, "bucket_cap_mb": 1.0}, {**same, "bucket_cap_mb": 50.0},
+                {"overlap.bucket_mb": round(50 * MIB_MB, 6)},
+                {"overlap.bucket_mb": round(1 * MIB_MB, 6)})
+
+
 def _pairs() -> dict[str, tuple[str, Pair]]:
     lo, hi = 400.0, 1600.0
     batch = {"mlp": (512, 1024), "transformer": (4, 8)}
     spec = {
         "bandwidth": lambda m: _rate_pair(
             "inter-host bandwidth (tbf rate of both veth ends, per direction)", lo, hi),
-        "bucket": lambda m: Pair(
-            "DDP bucket_cap_mb (MiB; the key counts 10^6 bytes)",
-            {"bucket_cap_mb": 1.0}, {"bucket_cap_mb": 50.0},
-            {"overlap.bucket_mb": round(50 * MIB_MB, 6)},
-            {"overlap.bucket_mb": round(1 * MIB_MB, 6)}),
-        "bucket-400mbit": lambda m: Pair(
-            "DDP bucket_cap_mb (MiB; the key counts 10^6 bytes) on the 400 Mbit/s link",
-            {"bucket_cap_mb": 1.0, "rate_mbit": lo}, {"bucket_cap_mb": 50.0, "rate_mbit": lo},
-            {"overlap.bucket_mb": round(50 * MIB_MB, 6)},
-            {"overlap.bucket_mb": round(1 * MIB_MB, 6)}),
+        "bucket": lambda m: _bucket_pair(
+            "DDP bucket_cap_mb (MiB; the key counts 10^6 bytes)"),
+        "bucket-400mbit": lambda m: _bucket_pair(
+            "DDP bucket_cap_mb (MiB; the key counts 10^6 bytes) on the 400 Mbit/s link", {"rate_mbit": lo}),
         # captured after the models were written (held out from their development): other
         # link rates, and bucket size on a third rate
         "bandwidth-200-800": lambda m: _rate_pair(
             "inter-host bandwidth at other rates (200 vs 800 Mbit/s per direction)", 200.0, 800.0),
-        "bucket-800mbit": lambda m: Pair(
-            "DDP bucket_cap_mb (MiB; the key counts 10^6 bytes) on an 800 Mbit/s link",
-            {"bucket_cap_mb": 1.0, "rate_mbit": 800.0}, {"bucket_cap_mb": 50.0, "rate_mbit": 800.0},
-            {"overlap.bucket_mb": round(50 * MIB_MB, 6)},
-            {"overlap.bucket_mb": round(1 * MIB_MB, 6)}),
+        "bucket-800mbit": lambda m: _bucket_pair(
+            "DDP bucket_cap_mb (MiB; the key counts 10^6 bytes) on an 800 Mbit/s link", {"rate_mbit": 800.0}),
         "dp": lambda m: Pair(
             "data-parallel ranks: 2 hosts x 1 rank vs 2 hosts x 2 ranks (a host's ranks share "
             "its core; per-rank batch fixed)",
@@ -177,11 +177,8 @@ def _pairs() -> dict[str, tuple[str, Pair]]:
     out["emb-bandwidth-500-2000"] = ("emb", _rate_pair(
         "inter-host bandwidth, 500 vs 2000 Mbit/s per direction (embedding-bag recommender)",
         500.0, 2000.0))
-    out["emb-bucket"] = ("emb", Pair(
-        "DDP bucket_cap_mb (MiB; the key counts 10^6 bytes) (embedding-bag recommender)",
-        {"bucket_cap_mb": 1.0}, {"bucket_cap_mb": 50.0},
-        {"overlap.bucket_mb": round(50 * MIB_MB, 6)},
-        {"overlap.bucket_mb": round(1 * MIB_MB, 6)}))
+    out["emb-bucket"] = ("emb", _bucket_pair(
+        "DDP bucket_cap_mb (MiB; the key counts 10^6 bytes) (embedding-bag recommender)"))
     dp = spec["dp"]("cnn")
     out["cnn-dp"] = ("cnn", Pair(f"{dp.knob} (conv net)", dp.a, dp.b, dp.a_to_b, dp.b_to_a))
     out["transformer-bandwidth-500-2000-burst2"] = ("transformer", _rate_pair(
@@ -196,11 +193,8 @@ def _pairs() -> dict[str, tuple[str, Pair]]:
     out["mlp-batch-32-16"] = ("mlp", Pair(
         "per-rank batch size at small batches, 32 vs 16", {"batch": 32}, {"batch": 16},
         {"parallel.micro_batch": 16}, {"parallel.micro_batch": 32}))
-    out["transformer-bucket-1000mbit"] = ("transformer", Pair(
-        "DDP bucket_cap_mb (MiB; the key counts 10^6 bytes) on a 1000 Mbit/s link",
-        {"bucket_cap_mb": 1.0, "rate_mbit": 1000.0}, {"bucket_cap_mb": 50.0, "rate_mbit": 1000.0},
-        {"overlap.bucket_mb": round(50 * MIB_MB, 6)},
-        {"overlap.bucket_mb": round(1 * MIB_MB, 6)}))
+    out["transformer-bucket-1000mbit"] = ("transformer", _bucket_pair(
+        "DDP bucket_cap_mb (MiB; the key counts 10^6 bytes) on a 1000 Mbit/s link", {"rate_mbit": 1000.0}))
     out["mlp-bandwidth-400-2000"] = ("mlp", _rate_pair(
         "inter-host bandwidth, 400 vs 2000 Mbit/s per direction", 400.0, 2000.0))
     out["emb-bandwidth-300-1000-burst-half"] = ("emb", _rate_pair(
@@ -247,12 +241,9 @@ def _pairs() -> dict[str, tuple[str, Pair]]:
     out["transformer-batch-16-4"] = ("transformer", Pair(
         "per-rank batch size 16 vs 4 (transformer)", {"batch": 16}, {"batch": 4},
         {"parallel.micro_batch": 4}, {"parallel.micro_batch": 16}))
-    out["emb-bucket-800mbit"] = ("emb", Pair(
+    out["emb-bucket-800mbit"] = ("emb", _bucket_pair(
         "DDP bucket_cap_mb (MiB; the key counts 10^6 bytes) on an 800 Mbit/s link "
-        "(embedding-bag recommender)",
-        {"bucket_cap_mb": 1.0, "rate_mbit": 800.0}, {"bucket_cap_mb": 50.0, "rate_mbit": 800.0},
-        {"overlap.bucket_mb": round(50 * MIB_MB, 6)},
-        {"overlap.bucket_mb": round(1 * MIB_MB, 6)}))
+        "(embedding-bag recommender)", {"rate_mbit": 800.0}))
     # a fourth, defined after emb-batch-32-8 and transformer-batch-16-4 were captured (before
     # its own capture, with no prediction run): the recommender's step did not move at 32 vs
     # 8 (59.6 vs 60.0 ms, its 10 MB all-reduce bounds it), so it judges a batch change
@@ -269,12 +260,9 @@ def _pairs() -> dict[str, tuple[str, Pair]]:
     out["mlp-bandwidth-250-1000-burst3"] = ("mlp", _rate_pair(
         "inter-host bandwidth, 250 vs 1000 Mbit/s, on a link whose token bucket is 3x the "
         "kit's (burst_x 3)", 250.0, 1000.0, {"burst_x": 3.0}))
-    out["mlp-bucket-2x2"] = ("mlp", Pair(
+    out["mlp-bucket-2x2"] = ("mlp", _bucket_pair(
         "DDP bucket_cap_mb (MiB; the key counts 10^6 bytes), 2 hosts x 2 ranks (a host's "
-        "ranks share its core)",
-        {"bucket_cap_mb": 1.0, "nproc_per_host": 2}, {"bucket_cap_mb": 50.0, "nproc_per_host": 2},
-        {"overlap.bucket_mb": round(50 * MIB_MB, 6)},
-        {"overlap.bucket_mb": round(1 * MIB_MB, 6)}))
+        "ranks share its core)", {"nproc_per_host": 2}))
     out["transformer-checkpoint-1200mbit"] = ("transformer", _on_link(
         spec["checkpoint"], 1200.0)("transformer"))
     out["cnn-host-speed-60"] = ("cnn", Pair(
