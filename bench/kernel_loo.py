@@ -250,6 +250,19 @@ def ratio_errors(gpu: str, pairs: list[tuple], curves: Curves) -> np.ndarray:
     return np.asarray(out)
 
 
+def _priced(g, calls: list[tuple], curves: Curves, cls: str):
+    """The calls of class ``cls`` that the model prices, each with its modeled us: (operator,
+    dims, types, work, kernels, measured us, interference us, model us)."""
+    for c, nm, dims, types, work, nk, meas, cut, _cut_lo in calls:
+        if c != cls:
+            continue
+        try:
+            m = price_op(g, nm, dims, types, work, curves, kernels=list(nk)).time_us
+        except (ValueError, ZeroDivisionError, IndexError, TypeError):
+            continue
+        yield nm, dims, types, work, nk, meas, cut, m
+
+
 def errors(gpu: str, calls: list[tuple], curves: Curves, cls: str,
            large: bool = False) -> np.ndarray:
     """(model + interference) / measured - 1 for every measured call of class ``cls``;
@@ -262,11 +275,8 @@ def errors(gpu: str, calls: list[tuple], curves: Curves, cls: str,
     bound: ``collectors/costs/norms.py``; the HBM efficiency does not act on them)."""
     g = gpu_spec(gpu)
     out = []
-    for c, nm, dims, types, work, nk, meas, cut, _cut_lo in calls:
-        if c != cls:
-            continue
+    for nm, dims, types, work, nk, meas, cut, m in _priced(g, calls, curves, cls):
         try:
-            m = price_op(g, nm, dims, types, work, curves, kernels=list(nk)).time_us
             if large:
                 d = price_op(g, nm, dims, types, work, DEFAULT_CURVES, kernels=list(nk))
                 if cls in ("gemm", "conv"):
@@ -287,15 +297,8 @@ def worst(gpu: str, calls: list[tuple], curves: Curves, cls: str, n: int) -> lis
     """The ``n`` call shapes of class ``cls`` whose median (model + interference) / measured
     - 1 over their instances is largest in size: operator, input shapes, first kernel name,
     instances, median measured and modeled us."""
-    g = gpu_spec(gpu)
     rows = []
-    for c, nm, dims, types, work, nk, meas, cut, _cut_lo in calls:
-        if c != cls:
-            continue
-        try:
-            m = price_op(g, nm, dims, types, work, curves, kernels=list(nk)).time_us
-        except (ValueError, ZeroDivisionError, IndexError, TypeError):
-            continue
+    for nm, dims, _types, _work, nk, meas, cut, m in _priced(gpu_spec(gpu), calls, curves, cls):
         e = [(m + u) / x - 1 for x, u in zip(meas, cut) if x > 0]
         if e:
             rows.append({"op": nm, "dims": dims, "kernel": nk[0] if nk else "",
