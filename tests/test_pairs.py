@@ -12,6 +12,7 @@ import gzip
 import importlib.util
 import json
 import math
+import shutil
 import statistics
 import subprocess
 import sys
@@ -342,23 +343,30 @@ def test_bench_pairs_json_rows():
     assert bad.returncode == 2 and "unknown pair" in json.loads(bad.stdout)["error"]
 
 
-@pytest.mark.skipif(not HAS_TORCH, reason='torch is not importable; install it with '
-                    'pip install "retime[torch]"')
-def test_job_runs_on_loopback_and_records_itself(tmp_path):
-    """examples/pairs/job.py without the emulated hosts: 2 ranks on loopback, a tiny MLP with
-    checkpointing; the job record and each trace's retimeCapture.job describe it."""
+#: how a rank of examples/pairs/job.py dies inside torch while its profiler stops (torch 2.13,
+#: CPU build, gloo): SIGSEGV, or ``MemoryError: std::bad_alloc`` raised by
+#: ``_disable_profiler``. Seen in CI runs and in 1 of 23 loopback runs of the emb job here;
+#: not in our code (the traceback ends in torch's profiler), cause not verified (torch's
+#: exporter also writes uninitialized bytes on these jobs: tests/test_capture.py).
+_TORCH_PROFILER_CRASH = ("terminated with signal SIGSEGV", "std::bad_alloc")
+
+
+def _run_job(out: Path, args: list[str]) -> tuple[int, str]:
+    """Run examples/pairs/job.py with 2 ranks on loopback (a free port, 1 settle step, 2 active
+    steps, 8 MB pre-touch) and return (exit code, stderr). A run whose rank died of a
+    :data:`_TORCH_PROFILER_CRASH` at profiler stop is run once more with a warning; a second
+    failure, or any other failure, is returned as it is (the caller asserts on it)."""
     import os
     import signal
     import socket
 
-    def run_job():
+    def once() -> tuple[int, str]:
         with socket.socket() as sock:  # a free port for the rendezvous
             sock.bind(("127.0.0.1", 0))
             port = sock.getsockname()[1]
         cmd = [sys.executable, str(ROOT / "examples" / "pairs" / "job.py"), "--out", str(out),
-               "--model", "mlp", "--hidden", "64", "--layers", "2", "--batch", "8",
-               "--nproc-per-host", "2", "--settle", "1", "--active", "2", "--pretouch-mb", "8",
-               "--checkpoint", "--master-port", str(port), "--extra", '{"rate_mbit": 0}']
+               *args, "--nproc-per-host", "2", "--settle", "1", "--active", "2",
+               "--pretouch-mb", "8", "--master-port", str(port)]
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 cwd=ROOT, start_new_session=True)
         try:
@@ -368,16 +376,23 @@ def test_job_runs_on_loopback_and_records_itself(tmp_path):
             raise
         return proc.returncode, err
 
+    rc, err = once()
+    if rc != 0 and "profiler_stop" in err and any(c in err for c in _TORCH_PROFILER_CRASH):
+        warnings.warn(f"a rank of the job crashed in torch's profiler; rerun: {err[-300:]}",
+                      stacklevel=2)
+        shutil.rmtree(out, ignore_errors=True)
+        rc, err = once()
+    return rc, err
+
+
+@pytest.mark.skipif(not HAS_TORCH, reason='torch is not importable; install it with '
+                    'pip install "retime[torch]"')
+def test_job_runs_on_loopback_and_records_itself(tmp_path):
+    """examples/pairs/job.py without the emulated hosts: 2 ranks on loopback, a tiny MLP with
+    checkpointing; the job record and each trace's retimeCapture.job describe it."""
     out = tmp_path / "cap"
-    rc, err = run_job()
-    if rc != 0 and "terminated with signal SIGSEGV" in err and "profiler_stop" in err:
-        # a rank dies of SIGSEGV inside torch while its profiler stops: seen in 2 of 3
-        # clean-clone CI dry runs, never in 20 runs in a warm checkout; cause not verified
-        # (torch 2.13's exporter also reads uninitialized memory on these jobs, see
-        # collectors/capture.py). One more run; a second failure, or any other, fails.
-        warnings.warn(f"a rank of the job crashed in torch's profiler (SIGSEGV); rerun: "
-                      f"{err[-300:]}", stacklevel=1)
-        rc, err = run_job()
+    rc, err = _run_job(out, ["--model", "mlp", "--hidden", "64", "--layers", "2", "--batch", "8",
+                             "--checkpoint", "--extra", '{"rate_mbit": 0}'])
     assert rc == 0, err[-3000:]
     rec = json.loads((tmp_path / "cap.job.json").read_text())
     assert rec["ddp_param_bytes"] == [64 * 64 * 4, 64 * 4] * 2 + [64 * 4, 4]
@@ -403,27 +418,11 @@ def test_recommender_job_all_reduces_its_dense_tables(tmp_path):
     """examples/pairs/job.py --model emb on loopback (2 ranks, small tables): every table's
     gradient is dense, so DDP's buckets carry all of them (closed form), and each step bags
     every table once."""
-    import os
-    import signal
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
     out = tmp_path / "cap"
     s = {"model": "emb", "tables": 3, "rows": 50, "dim": 8, "dense": 4, "bag": 2, "batch": 6}
-    cmd = [sys.executable, str(ROOT / "examples" / "pairs" / "job.py"), "--out", str(out),
-           "--model", "emb", "--tables", "3", "--rows", "50", "--dim", "8", "--dense", "4",
-           "--bag", "2", "--batch", "6", "--nproc-per-host", "2", "--settle", "1",
-           "--active", "2", "--pretouch-mb", "8", "--no-probe", "--master-port", str(port)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            cwd=ROOT, start_new_session=True)
-    try:
-        _, err = proc.communicate(timeout=300)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        raise
-    assert proc.returncode == 0, err[-3000:]
+    rc, err = _run_job(out, ["--model", "emb", "--tables", "3", "--rows", "50", "--dim", "8",
+                             "--dense", "4", "--bag", "2", "--batch", "6", "--no-probe"])
+    assert rc == 0, err[-3000:]
     rec = json.loads((tmp_path / "cap.job.json").read_text())
     assert sum(rec["ddp_param_bytes"]) == _param_bytes(s)
     assert rec["ddp_param_bytes"].count(50 * 8 * 4) == 3 and "layers" not in rec
