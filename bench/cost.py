@@ -34,8 +34,11 @@ A3 Mega, 2 x 8 H100 on GPUDirect-TCPXO) is a held-out series added after the las
 and scored once (REFERENCES.md C27); nothing was set or chosen on it. Last, the
 hard rule: no matmul the
 model prices (every shape of a grid from 256 to 65536 per dimension, and every published
-shape above) exceeds the GPU's published maximum achievable matmul TFLOP/s for that dtype;
-the exit status is 1 if one does.
+shape above) exceeds the GPU's published maximum achievable matmul TFLOP/s for that dtype,
+nor any published MAMF row of ``bench/data/kernel_published.toml`` (Stas Bekman's tables,
+REFERENCES.md K1 / K28 / K30, for every built-in profile they cover); the exit status is 1
+if one does. That file also holds K29's GEMM rows (cuBLAS on one H100, M = N = K = 2048 /
+4096 judged, 8192 fit), added and scored once for issue 32.
 """
 
 from __future__ import annotations
