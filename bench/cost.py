@@ -34,8 +34,11 @@ A3 Mega, 2 x 8 H100 on GPUDirect-TCPXO) is a held-out series added after the las
 and scored once (REFERENCES.md C27); nothing was set or chosen on it. Last, the
 hard rule: no matmul the
 model prices (every shape of a grid from 256 to 65536 per dimension, and every published
-shape above) exceeds the GPU's published maximum achievable matmul TFLOP/s for that dtype;
-the exit status is 1 if one does.
+shape above) exceeds the GPU's published maximum achievable matmul TFLOP/s for that dtype,
+nor any published MAMF row of ``bench/data/kernel_published.toml`` (Stas Bekman's tables,
+REFERENCES.md K1 / K28 / K30, for every built-in profile they cover); the exit status is 1
+if one does. That file also holds K29's GEMM rows (cuBLAS on one H100, M = N = K = 2048 /
+4096 judged, 8192 fit), added and scored once for issue 32.
 """
 
 from __future__ import annotations
@@ -54,6 +57,8 @@ from retime.collectors.costs.cluster import read_cluster
 from retime.collectors.costs.gpus import gpu_names, gpu_spec
 
 DATA = Path(__file__).with_name("data") / "cost_published.toml"
+#: matmul rows added for issue 32 (K28-K30): published MAMF per GPU / dtype, cuBLAS sweeps
+KDATA = DATA.with_name("kernel_published.toml")
 _CLUSTER_KEYS = ("gpu", "nodes", "gpus_per_node", "nvlink_domain", "nics_per_node", "nic_gbit",
                  "nvls", "net_fabric")
 #: the ceiling check's grid: powers of two and transformer-like sizes (hidden, FFN, TP shards)
@@ -162,6 +167,32 @@ def ceiling_check(extra: list[tuple[str, str, int, int, int]]) -> list[dict]:
     return out
 
 
+def mamf_check(tables: list[dict], extra: list[tuple[str, str, int, int, int]]) -> list[dict]:
+    """For every published maximum achievable matmul rate of a built-in GPU profile and dtype
+    (``[[mamf]]`` of :data:`KDATA`: Stas Bekman's tables, K1 / K28 / K30): the highest
+    TFLOP/s the model prices over :data:`_GRID` cubed and the ``extra`` shapes, against it,
+    and the ceiling the model used (``gpus.mamf``: published, derived or assumed)."""
+    known = set(gpu_names())
+    out, best_of = [], {}
+    for tab in tables:
+        for name, dtype, pub, note in tab["rows"]:
+            if name not in known:
+                continue
+            if (name, dtype) not in best_of:
+                g = gpu_spec(name)
+                shapes = [(m, n, k) for m in _GRID for n in _GRID for k in _GRID]
+                shapes += [(m, n, k) for gn, dt, m, n, k in extra if gn == name and dt == dtype]
+                best_of[(name, dtype)] = max(
+                    (K.matmul(g, m, n, k, 1, dtype).tflops, (m, n, k)) for m, n, k in shapes)
+            best, at = best_of[(name, dtype)]
+            out.append({"id": tab["id"], "table": tab["table"], "gpu": name, "dtype": dtype,
+                        "published": float(pub), "note": note, "max_predicted": best,
+                        "shape": "x".join(map(str, at)),
+                        "model_ceiling": gpu_spec(name).mamf(dtype),
+                        "above": best > float(pub) * (1 + 1e-9)})
+    return out
+
+
 def summarize(rows: list[dict]) -> dict:
     judged = [abs(r["error"]) for r in rows if r["role"] == "judge"]
     basis = "judge" if judged else "fit"
@@ -177,8 +208,9 @@ def run() -> dict:
         rows = collective_rows(s)
         out["collective"].append({"id": s["id"], "title": s["title"], "rows": rows,
                                   **summarize(rows)})
+    kdata = load(KDATA)
     extra = []
-    for s in data["gemm"]:
+    for s in data["gemm"] + kdata.get("gemm", []):
         rows = gemm_rows(s)
         out["gemm"].append({"id": s["id"], "title": s["title"], "rows": rows,
                             **summarize(rows)})
@@ -197,6 +229,7 @@ def run() -> dict:
         extra += [(g, s["dtype"], int(m), int(n), int(k)) for g in s["gpus"]
                   for m, k, n, *_ in s["rows"]]
     out["ceiling"] = ceiling_check(extra)
+    out["mamf"] = mamf_check(kdata.get("mamf", []), extra)
     return out
 
 
@@ -258,6 +291,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {c['gpu']:>10} {c['dtype']:<5} ceiling {c['ceiling']:>7.1f}  max predicted "
               f"{c['max_predicted']:>7.1f} at {c['shape']:<17} over {c['shapes']} shapes  "
               f"{'ABOVE THE CEILING' if c['above'] else 'ok'}")
+    print("\npublished maximum achievable matmul TFLOP/s (MAMF tables, K1 v1 / K28 v2 / K30 "
+          "later) vs the highest the model prices on that profile:")
+    for c in res["mamf"]:
+        bad += c["above"]
+        ceil, src = c["model_ceiling"]
+        print(f"  {c['id']:>4} {c['table']:<5} {c['gpu']:>10} {c['dtype']:<5} published "
+              f"{c['published']:>7.1f}  max predicted {c['max_predicted']:>7.1f} at "
+              f"{c['shape']:<17} (model ceiling {ceil:.1f}, {src})  "
+              f"{'ABOVE THE PUBLISHED MAMF' if c['above'] else 'ok'}")
     print("\nsummary (median / worst |error|, judged rows only):")
     for s in res["collective"] + res["gemm"] + res["same_shape"]:
         if s["basis"] == "judge":

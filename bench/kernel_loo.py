@@ -77,6 +77,15 @@ Then (branch kernels6, also after seeing those rows) the passes take the kernels
 grid, ``ceil(N / ty) x ceil(H W / tf)`` steps with ``tf = getNumThreads(H W)`` (REFERENCES.md
 K27), not ``ceil(N H W / threads)``: MI300X rest fold 29.2% -> 26.8%; nothing fitted, the
 other folds unchanged.
+Issue 32's ceiling round (branch kernels7), also after the held-out rows had been seen: the
+MI300X's bf16 matmul ceiling is the v2 (cache-flushed) MAMF table's 668.4 TFLOP/s, not the
+v1 table's 781.9 (REFERENCES.md K28: the model must stay below every published MAMF). MI300X
+GEMM fold 10.8% -> 8.8% (p90 61.2% -> 75.8%), convolution fold 19.4% -> 16.7%; GEMM median
+over traces 10.8% -> 8.8%, convolutions 12.4% -> 11.1%; the other folds' errors unchanged
+(their tensor-core fill, fitted on the MI300X's GEMMs, moved 2.5 -> 3.0 us, the grid's top,
+which moves none of their calls; ``FITTED_CURVES`` follows it). Nothing was fitted to a
+held-out row.
+
 Tried and not adopted in the same round: when a path's tile fill does not move the training
 error by at least a point (the V100 fold's SIMT fill, fitted on H100 VGG-13's nine long FP32
 GEMMs, 3.0-3.2% over the whole grid), take the other path's fitted fill: V100 GEMM fold

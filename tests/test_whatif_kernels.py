@@ -171,12 +171,13 @@ def test_mi300x_rocm_trace_to_mi250x_and_double_batch():
     sk = shaped_kernels(t)
     ok = base.dur_ns[sk.op_ids] > 0
     ratio = r.dur_ns[sk.op_ids][ok] / base.dur_ns[sk.op_ids][ok]
-    # one MI250X GCD is behind an MI300X in every ceiling (147 vs 782 bf16 TFLOP/s, K1;
+    # one MI250X GCD is behind an MI300X in every ceiling (147 vs 668 bf16 TFLOP/s, K1, K28;
     # 1.6 vs 5.3 TB/s) and launches no faster: no kernel gets faster, none beyond the
     # ratio of matmul ceilings (rounding to whole nanoseconds aside; a tiny GEMM may split
     # its reduction into more slices on the GCD, whose slower k-steps fill a tile in fewer
-    # of them: up to 2% faster)
-    assert (ratio > 0.98).all() and (ratio < 781.9 / 147.0 * 1.01).all()
+    # of them: the fc layer's 10 x 1000 x 2048 Tensile GEMM, 9.12 -> 8.50 us, 0.932, since the
+    # MI300X's ceiling is K28's 668.4 TFLOP/s; 0.988 at K1's 781.9)
+    assert (ratio > 0.93).all() and (ratio < 668.4 / 147.0 * 1.01).all()
     a = " ".join(r.meta["whatif"]["assumed"])
     assert "mi300x -> mi250x" in a and "without a recorded shape" in a
     assert r.step_time_ns > base.step_time_ns

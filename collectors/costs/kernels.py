@@ -147,10 +147,11 @@ DEFAULT_CURVES = Curves()
 #: replay charges where it overlapped NCCL / RCCL kernels (C12): a GEMM tile's fill (first
 #: operands in, result out) takes at most 1.5 us in a SIMT kernel (fitted on the FP32
 #: CUDA-core GEMM calls of the H100 and V100 traces: a latency shows in the small ones; it
-#: shortens k_half on a V100's CUDA cores) and 2.5 us in a tensor / matrix-core kernel
-#: (fitted on the MI300X bf16 GEMM calls; it leaves the profile's k_half on every GPU but the
-#: MI300X, where it is the same, and the published GEMM sweeps of bench/cost.py as they
-#: were); a convolution's weight-gradient pass sustains 0.6 of the rate the GEMM model gives
+#: shortens k_half on a V100's CUDA cores) and 3.0 us in a tensor / matrix-core kernel
+#: (fitted on the MI300X bf16 GEMM calls, the grid's top: 2.5 before its ceiling became the
+#: v2 MAMF table's 668.4 TFLOP/s, K28; at 3.0 it leaves the profile's k_half on every GPU's
+#: tensor path, the MI300X's included, and the published GEMM sweeps of bench/cost.py as
+#: they were); a convolution's weight-gradient pass sustains 0.6 of the rate the GEMM model gives
 #: its shape (fitted on the ratio of each backward call's weight- to data-gradient kernel
 #: time, REFERENCES.md K21); implicit-GEMM convolutions 0.96 of the GEMM model's rate
 #: (fitted on the calls whose FLOPs at the ceiling take at least half their price); library
@@ -159,7 +160,7 @@ DEFAULT_CURVES = Curves()
 #: HBM efficiency stays at its bound, 1.0; streaming kernels need 0.2 us of bytes in flight. In a ratio (new GPU / old GPU, new batch / old) most of this cancels; it matters
 #: where the bound moves. Held-out accuracy: bench/kernel_loo.py and the README's "Kernels"
 #: section
-FITTED_CURVES = Curves(tile_fill_us=1.5, tile_fill_tc_us=2.5, conv_eff=0.96, wgrad_eff=0.6,
+FITTED_CURVES = Curves(tile_fill_us=1.5, tile_fill_tc_us=3.0, conv_eff=0.96, wgrad_eff=0.6,
                        mem_latency_us=0.2,
                        source="fitted on 3 traces, bench/kernel_loo.py")
 
