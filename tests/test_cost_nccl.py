@@ -546,3 +546,24 @@ def test_held_out_a3_mega_series_is_judged_on_sixteen_ranks():
                    "the model's trees cannot; REFERENCES.md C27)")
 def test_held_out_a3_mega_series_within_the_issues_15_percent():
     assert max(abs(r["error"]) for r in _c27_rows()) < 0.15
+
+
+def _c28_series():
+    return [s for s in _series()["collective"] if s["id"] == "C28"]
+
+
+def test_held_out_b200_series_cover_four_collectives_on_one_and_two_nodes():
+    """C28 (held out, scored once before any model change): all_reduce, all_gather,
+    reduce_scatter and alltoall on 8 ranks (1 node) and 16 (2 nodes), 11 judged rows each,
+    1 MB - 1 GB; priced as the dgx-b200 preset."""
+    series = _c28_series()
+    got = sorted((s["collective"], s.get("nodes", 1)) for s in series)
+    want = sorted((c, n) for c in ("all_reduce", "all_gather", "reduce_scatter", "alltoall")
+                  for n in (1, 2))
+    assert got == want
+    for s in series:
+        rows = bench_module("cost").collective_rows(s)
+        assert [r["bytes"] for r in rows] == [2**p for p in range(20, 31)]
+        assert {r["role"] for r in rows} == {"judge"}
+        c = load_preset("dgx-b200").with_overrides(nodes=s.get("nodes", 1))
+        assert group_of(c).ranks == 8 * s.get("nodes", 1)
