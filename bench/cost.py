@@ -34,7 +34,9 @@ A3 Mega, 2 x 8 H100 on GPUDirect-TCPXO) is a held-out series added after the las
 and scored once (REFERENCES.md C27). C28 (an HGX B200 report: four collectives on 1 and 2
 nodes) and C29 (2 x 8 H200, one row) are held-out series scored once before any change
 (first scores in REFERENCES.md); the 2-node NVLS-tree network leg and fill (C30) were chosen
-**after seeing** them and C27. Last, the
+**after seeing** them and C27. C31 (2 x 8 A100 on 16 x 100 Gb/s RoCE, two 1 GB rows) was scored
+once after that; one ring channel per NIC below 25 GB/s (C32) was chosen **after seeing** it.
+Last, the
 hard rule: no matmul the
 model prices (every shape of a grid from 256 to 65536 per dimension, and every published
 shape above) exceeds the GPU's published maximum achievable matmul TFLOP/s for that dtype;

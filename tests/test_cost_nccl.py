@@ -601,3 +601,19 @@ def test_nvls_tree_network_leg_carries_s_on_two_domains_and_2s_on_more():
 def test_held_out_b200_two_node_all_reduce_within_the_issues_15_percent():
     s = next(s for s in _c28_series() if s["collective"] == "all_reduce" and s.get("nodes") == 2)
     assert max(abs(r["error"]) for r in bench_module("cost").collective_rows(s)) < 0.15
+
+
+def test_rings_on_nics_below_25_gbytes_take_one_channel_per_nic():
+    """NCCL doubles a ring into two channels only where a channel runs at 25 GB/s or more
+    (ncclTopoDupChannels, C32). 2 x 8 A100 with 16 x 100 Gb/s RoCE NICs (12.5 GB/s each):
+    16 rings, one channel per NIC, so all 16 NICs carry them: 16 x 12.5 x 0.95 = 190 GB/s per
+    node (two channels per NIC under A100's 24 would use 12 NICs: 142.5). With 8 x 200 Gb/s
+    (25 GB/s): two channels per NIC, 16 channels on the 8 NICs."""
+    assert P.DUP_MIN_GBPS.value == 25.0
+    slow = load_preset("dgx-a100").with_overrides(gpu="a100-40gb", nodes=2, nics_per_node=16,
+                                                   nic_gbit=100.0, net_fabric="roce")
+    L = nccl._links(slow, group_of(slow))
+    assert (L.channels, L.net_node) == pytest.approx((16, 16 * 12.5 * 0.95))
+    fast = load_preset("dgx-a100").with_overrides(nodes=2)
+    L = nccl._links(fast, group_of(fast))
+    assert (L.channels, L.net_node) == pytest.approx((16, 8 * 25.0 * 0.97))

@@ -241,10 +241,13 @@ def _links(c: Cluster, g: Group, measured: int | None = None) -> _Links:
     dom_nics = g.per_node * per_gpu_nics
     if g.nodes > 1 and not g.domain and c.nics_per_node:
         # rings leaving the domain are built per NIC (two channels each), not per NVLink;
-        # so at most channels / 2 of the domain's NICs carry them
+        # so at most channels / 2 of the domain's NICs carry them. NCCL doubles a ring into
+        # two channels only where a channel runs at 25 GB/s or more (ncclTopoDupChannels,
+        # C32): on slower NICs (a channel is at most one NIC) each NIC carries one channel
+        per_nic = 2.0 if c.nic_gbps >= P.DUP_MIN_GBPS.value else 1.0
         if not measured:
-            channels = max(2, min(channels, int(round(2 * dom_nics))))
-        dom_nics = min(dom_nics, channels / 2.0)
+            channels = max(2, min(channels, int(round(per_nic * dom_nics))))
+        dom_nics = min(dom_nics, channels / per_nic)
     # point-to-point traffic (alltoall, send/recv) leaves through the GPU's own NIC: a share
     # of one where GPUs share NICs, never more than one where a GPU has several (C4:
     # "Alltoall cannot aggregate the bandwidth of multiple NICs")
