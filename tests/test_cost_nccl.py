@@ -617,3 +617,20 @@ def test_rings_on_nics_below_25_gbytes_take_one_channel_per_nic():
     fast = load_preset("dgx-a100").with_overrides(nodes=2)
     L = nccl._links(fast, group_of(fast))
     assert (L.channels, L.net_node) == pytest.approx((16, 8 * 25.0 * 0.97))
+
+
+def test_held_out_h100_node_series_cover_four_collectives():
+    """C33 (held out, scored once): all_reduce, all_gather, reduce_scatter, alltoall on one
+    8 x H100 NVSwitch node, 11 judged rows each, 1 MB - 1 GB."""
+    series = [s for s in _series()["collective"] if s["id"] == "C33"]
+    assert sorted(s["collective"] for s in series) == sorted(
+        ("all_reduce", "all_gather", "reduce_scatter", "alltoall"))
+    for s in series:
+        rows = bench_module("cost").collective_rows(s)
+        assert [r["bytes"] for r in rows] == [2**p for p in range(20, 31)]
+        assert {r["role"] for r in rows} == {"judge"}
+        assert group_of(cost_cluster_of(s)).ranks == 8
+
+
+def cost_cluster_of(series):
+    return bench_module("cost").cluster_of(series)
