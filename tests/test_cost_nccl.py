@@ -634,3 +634,47 @@ def test_held_out_h100_node_series_cover_four_collectives():
 
 def cost_cluster_of(series):
     return bench_module("cost").cluster_of(series)
+
+
+def _held_out(sid: str, coll: str, nodes: int = 1) -> list[dict]:
+    s = next(s for s in _series()["collective"] if s["id"] == sid and s["collective"] == coll
+             and s.get("nodes", 1) == nodes)
+    return bench_module("cost").collective_rows(s)
+
+
+def _worst(rows: list[dict]) -> float:
+    return max(abs(r["error"]) for r in rows)
+
+
+def test_held_out_rows_within_the_issues_bars():
+    """Held-out rows the model meets the issue's bars on (all_reduce within 15% per size,
+    alltoall within 25%): C28's B200 node (all_reduce worst 14.7%, alltoall 16.8%), C29's
+    2 x 8 H200 1 GB row (+7.5%) and C31's 2 x 8 A100 1 GB rows (+8.1%, -1.1%)."""
+    assert _worst(_held_out("C28", "all_reduce")) < 0.15
+    assert _worst(_held_out("C28", "alltoall")) < 0.25
+    assert _worst(_held_out("C29", "all_reduce", 2)) < 0.15
+    for s in (s for s in _series()["collective"] if s["id"] == "C31"):
+        assert _worst(bench_module("cost").collective_rows(s)) < 0.15
+
+
+@pytest.mark.parametrize("sid, coll, nodes, bar", [
+    pytest.param("C28", "all_gather", 1, 0.15, marks=pytest.mark.xfail(strict=True, reason=(
+        "C28 B200 node all_gather worst 24.5% (16 / 32 MB -24.5 / -17.1%: NVLS for all_gather "
+        "on one node, not modelled; REFERENCES C28)"))),
+    pytest.param("C28", "reduce_scatter", 1, 0.15, marks=pytest.mark.xfail(strict=True, reason=(
+        "C28 B200 node reduce_scatter worst 39.5% (8 MB LL +39.5%, 16 MB -19.5%)"))),
+    pytest.param("C28", "all_gather", 2, 0.15, marks=pytest.mark.xfail(strict=True, reason=(
+        "C28 2 x 8 B200 all_gather worst 112.2% (the run's NICs at ~37.5 GB/s, REFERENCES C28)"))),
+    pytest.param("C28", "alltoall", 2, 0.25, marks=pytest.mark.xfail(strict=True, reason=(
+        "C28 2 x 8 B200 alltoall worst 113.7% (the run's 42 GB/s busbw, under half of 2 x NIC)"))),
+    pytest.param("C33", "all_reduce", 1, 0.15, marks=pytest.mark.xfail(strict=True, reason=(
+        "C33 H100 node all_reduce worst 29.8% (1 MB: the run's ~45 us floor, REFERENCES C33)"))),
+    pytest.param("C33", "all_gather", 1, 0.15, marks=pytest.mark.xfail(strict=True, reason=(
+        "C33 H100 node all_gather worst 79.5% (1-2 MB: the run's ~45 us floor; 8-16 MB -26%)"))),
+    pytest.param("C33", "reduce_scatter", 1, 0.15, marks=pytest.mark.xfail(strict=True, reason=(
+        "C33 H100 node reduce_scatter worst 66.1% (1-4 MB floor and LL, 16-32 MB -23%)"))),
+    pytest.param("C33", "alltoall", 1, 0.25, marks=pytest.mark.xfail(strict=True, reason=(
+        "C33 H100 node alltoall worst 103.1% (1-8 MB: the run's ~75 us floor)"))),
+])
+def test_held_out_known_misses(sid, coll, nodes, bar):
+    assert _worst(_held_out(sid, coll, nodes)) < bar
