@@ -36,6 +36,8 @@ nodes) and C29 (2 x 8 H200, one row) are held-out series scored once before any 
 (first scores in REFERENCES.md); the 2-node NVLS-tree network leg and fill (C30) were chosen
 **after seeing** them and C27. C31 (2 x 8 A100 on 16 x 100 Gb/s RoCE, two 1 GB rows) was scored
 once after that; one ring channel per NIC below 25 GB/s (C32) was chosen **after seeing** it.
+C33 (one 8 x H100 node, four collectives), C34 (2 x 8 H200 RoCE all_gather) and C35 (2 x 8
+B200 RoCE all_gather) are held-out series scored once after that; nothing changed on them.
 Last, the
 hard rule: no matmul the
 model prices (every shape of a grid from 256 to 65536 per dimension, and every published
