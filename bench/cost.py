@@ -31,7 +31,14 @@ and NVLS-tree now leaves each NVLink domain on one NIC per NVLS head (NCCL's NVL
 (-13.9 / -16.2% before; +8.2 / +5.5% after); it also moves C19's 2-rack all_reduce rows
 (median 90.1% -> 121.1%) and C25's 3-rack ones (-7.6 / -10.3% -> +16.1 / +12.8%). C27 (GCP
 A3 Mega, 2 x 8 H100 on GPUDirect-TCPXO) is a held-out series added after the last model change
-and scored once (REFERENCES.md C27); nothing was set or chosen on it. Last, the
+and scored once (REFERENCES.md C27). C28 (an HGX B200 report: four collectives on 1 and 2
+nodes) and C29 (2 x 8 H200, one row) are held-out series scored once before any change
+(first scores in REFERENCES.md); the 2-node NVLS-tree network leg and fill (C30) were chosen
+**after seeing** them and C27. C31 (2 x 8 A100 on 16 x 100 Gb/s RoCE, two 1 GB rows) was scored
+once after that; one ring channel per NIC below 25 GB/s (C32) was chosen **after seeing** it.
+C33 (one 8 x H100 node, four collectives), C34 (2 x 8 H200 RoCE all_gather) and C35 (2 x 8
+B200 RoCE all_gather) are held-out series scored once after that; nothing changed on them.
+Last, the
 hard rule: no matmul the
 model prices (every shape of a grid from 256 to 65536 per dimension, and every published
 shape above) exceeds the GPU's published maximum achievable matmul TFLOP/s for that dtype,

@@ -211,9 +211,10 @@ def _assumed_lines(c, rows, coll: str) -> list[str]:
     if c.nvlink_domain > c.gpus_per_node or doms > 1:
         out.append(f"ranks grouped by NVLink domain ({c.nvlink_domain} GPUs), not by node: "
                    f"{doms} domain(s); inside one the collective never touches a NIC, across "
-                   "domains rings / trees leave each on its NICs (two channels per NIC; "
-                   "NVLS-tree: one NIC per NVLS head, at most 32 heads; REFERENCES.md C16, "
-                   "C17, C25)")
+                   "domains rings / trees leave each on its NICs (two channels per NIC, one "
+                   "below 25 GB/s per NIC; NVLS-tree: one NIC per NVLS head, at most 32 heads, "
+                   "S per direction on 2 domains, 2S on more; REFERENCES.md C16, C17, C25, "
+                   "C30, C32)")
     if c.nodes > 1 and doms > 1:
         out.append(f"network {c.net_fabric}: {c.nics_per_node} x {c.nic_gbit:g} Gbit/s per node "
                    f"x {npar.value} ({npar.source}: {npar.ref})")

@@ -63,15 +63,18 @@ def test_halving_inter_node_bandwidth_costs_the_alpha_beta_amount(dp_job):
     inter_gbps = HW.nics * HW.nic_gbps / HW.gpus_per_node
     intra = HW.intra.gbps * HW.intra.bus_efficiency
 
-    def bus_us(net):
+    def bus_us(net, nic_gbps):
+        # two channels per NIC (16) where a NIC runs at 25 GB/s or more, else one (8):
+        # NCCL doubles a ring's channels only at >= 25 GB/s per channel (REFERENCES C32)
+        channels = 16 if nic_gbps >= 25.0 else 8
         slow = min(intra, net)
         w = ((n - 2) * slow / intra + 2 * slow / net) / n
-        inflight = n * 16 * 65536 * w
+        inflight = n * channels * 65536 * w
         moved = S + S * inflight / (S * S + inflight * inflight) ** 0.5
         return moved * 2 * (n - 1) / n / slow
 
-    expected = (bus_us(inter_gbps / 2 * HW.inter.bus_efficiency * per_node)
-                - bus_us(inter_gbps * HW.inter.bus_efficiency * per_node))
+    expected = (bus_us(inter_gbps / 2 * HW.inter.bus_efficiency * per_node, HW.nic_gbps / 2)
+                - bus_us(inter_gbps * HW.inter.bus_efficiency * per_node, HW.nic_gbps))
     from retime.collectors.costs import Group, cluster_from_hardware, collective_cost
     for hw in (HW, _with_inter(HW, inter_gbps / 2)):
         r = collective_cost(cluster_from_hardware(hw), "all_reduce", int(S),

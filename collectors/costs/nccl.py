@@ -241,10 +241,13 @@ def _links(c: Cluster, g: Group, measured: int | None = None) -> _Links:
     dom_nics = g.per_node * per_gpu_nics
     if g.nodes > 1 and not g.domain and c.nics_per_node:
         # rings leaving the domain are built per NIC (two channels each), not per NVLink;
-        # so at most channels / 2 of the domain's NICs carry them
+        # so at most channels / 2 of the domain's NICs carry them. NCCL doubles a ring into
+        # two channels only where a channel runs at 25 GB/s or more (ncclTopoDupChannels,
+        # C32): on slower NICs (a channel is at most one NIC) each NIC carries one channel
+        per_nic = 2.0 if c.nic_gbps >= P.DUP_MIN_GBPS.value else 1.0
         if not measured:
-            channels = max(2, min(channels, int(round(2 * dom_nics))))
-        dom_nics = min(dom_nics, channels / 2.0)
+            channels = max(2, min(channels, int(round(per_nic * dom_nics))))
+        dom_nics = min(dom_nics, channels / per_nic)
     # point-to-point traffic (alltoall, send/recv) leaves through the GPU's own NIC: a share
     # of one where GPUs share NICs, never more than one where a GPU has several (C4:
     # "Alltoall cannot aggregate the bandwidth of multiple NICs")
@@ -318,7 +321,11 @@ def _algbw(c: Cluster, g: Group, L: _Links, coll: Collective, a: Algo, p: Proto)
     if a == Algo.nvls:
         return nvls_algbw(c, g.per_node)
     if a == Algo.nvls_tree:  # NVLS inside each node, a tree of nodes over the heads' NICs
-        return min(nvls_algbw(c, g.per_node), nvls_tree_net(c, g) / 2.0 * P.TREE_EFF.value)
+        # each domain's network leg carries S per direction on 2 domains (each is the root of
+        # one of the two trees and a leaf of the other), 2S on more (NCCL's tuning.cc:
+        # ``nNodes <= 2 ? bwInter : bwInter/2``; REFERENCES.md C30)
+        legs = 1.0 if g.nodes <= 2 else 2.0
+        return min(nvls_algbw(c, g.per_node), nvls_tree_net(c, g) / legs * P.TREE_EFF.value)
     if a in (Algo.tree, Algo.collnet):
         # a double binary tree (or the switch's reduction tree) moves the buffer up and down
         # once: each link direction carries S, so algbw is half the bus rate (NCCL's .5)
@@ -436,6 +443,8 @@ def _fill_us(c: Cluster, g: Group, L: _Links, coll: Collective, a: Algo, p: Prot
         # NVLS moves NVLS_CHUNK per channel per rank of the domain in each step: that much is
         # in flight before the pipeline runs full (8 H100 x 16 x 128 KiB = 16 MiB)
         inflight = g.per_node * nvls_channels(c, g, measured) * P.NVLS_CHUNK_BYTES.value
+        if a == Algo.nvls_tree:  # the tree's pipeline spans every domain's heads (C30)
+            inflight *= g.nodes
         return P.NVLS_FILL.value * fill_bytes(nbytes, inflight) / (algbw * 1e3)
     inflight = g.ranks * L.channels * P.CHUNK_BYTES.value
     if a == Algo.ring:

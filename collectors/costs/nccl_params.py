@@ -14,7 +14,7 @@ __all__ = ["Param", "LINK_EFF", "NET_EFF", "NVLS_EFF", "BASE_LAT_US", "HOP_LAT_U
            "LL_MAX_BUSBW", "LL128_PER_CHANNEL", "CHANNELS", "CALL_US", "CHUNK_BYTES",
            "NVLS_FILL", "NVLS_CHUNK_BYTES", "LL_HALF_ARCHS", "P2P_EFF", "TREE_EFF",
            "NVLS_REF_RANKS", "NVLS_REF_HEADS", "NVLS_HEAD_US", "LL128_WALL_BASE_US",
-           "P2P_LL_THRESHOLD", "NVLS_MAX_ARITY", "UNCERTAINTY"]
+           "P2P_LL_THRESHOLD", "NVLS_MAX_ARITY", "DUP_MIN_GBPS", "UNCERTAINTY"]
 
 #: relative 1-sigma-ish half-width of the range a parameter of each source contributes
 UNCERTAINTY = {"published": 0.05, "fitted": 0.10, "assumed": 0.25, "stated": 0.10}
@@ -82,6 +82,8 @@ P2P_LL_THRESHOLD = Param(16384, "published", "C24: NCCL_P2P_LL_THRESHOLD 16384 b
 #: NIC)"; C25)
 NVLS_MAX_ARITY = Param(32, "published", "C25: NCCL_MAX_NVLS_ARITY 32 (NCCL > 2.20), "
                        "search.cc maxChannels = min(arity, GPUs)")
+#: a ring channel is doubled into two only at this per-channel rate or more (GB/s)
+DUP_MIN_GBPS = Param(25.0, "published", "C32: ncclTopoDupChannels, bwIntra < 25.0 -> no dup")
 #: tree bandwidth factor (NCCL's busBw * .92 for trees)
 TREE_EFF = Param(0.92, "published", "C0: tree busBw x 0.92")
 #: point-to-point (send/recv, alltoall) bandwidth / ring bus bandwidth on the same links
