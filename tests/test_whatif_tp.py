@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import KINETO, SHARED, ingest_cached
+from conftest import KINETO, ROOT, SHARED, ingest_cached
 
 from retime.collectors.costs.ops import op_cost
 from retime.collectors.enums import CommOp, OpKind
@@ -13,9 +13,13 @@ from retime.collectors.errors import PolicyError
 from retime.replay import prediction_range, replay, whatif
 from retime.replay.policies.kernel_cost import shaped_kernels
 from retime.replay.policies.nccl_trace import NcclPricer, measured_channels, trace_cluster
+from retime.replay.policies.tp_attention import cpu_calls
 from retime.replay.policies.tp_measured import dp_buckets, split_dims, tp_layout
 
 VGG = KINETO / "h100-vgg13" / "profiler_vgg13-iter41.json.gz"
+#: a real TP pair on CPU (examples/tp/capture_tp.py): two pre-norm transformer blocks,
+#: hidden 256, 8 heads of 32, 512 tokens (batch 4 x seq 128), at TP=1 and TP=2 over gloo
+TP_PAIR = ROOT / "traces" / "tp"
 F32 = 4
 
 
@@ -221,3 +225,94 @@ def test_cli_refuses_tp_in_one_line(tmp_path, capsys):
     # no result: stdout holds at most the memory estimate printed before loading
     assert all(ln.startswith("replay: ") for ln in cap.out.splitlines())
     assert "Traceback" not in cap.err
+
+
+# -- the real TP pair (traces/tp): TP=1 split by the what-if vs TP=2 as recorded -------------
+_WORK = ("aten::mm", "aten::addmm", "aten::_scaled_dot_product_flash_attention_for_cpu",
+         "aten::_scaled_dot_product_flash_attention_for_cpu_backward")
+
+
+def _raw(path):
+    """The raw Kineto file's GEMM and attention calls ((name, dims) in file order) and its
+    gloo all-reduces (bytes each), read with json alone."""
+    import gzip
+    import json
+    ev = [e for e in json.loads(gzip.decompress(path.read_bytes()))["traceEvents"]
+          if e.get("ph") == "X"]
+    calls = [(e["name"], json.dumps(e["args"]["Input Dims"])) for e in ev
+             if e.get("cat") == "cpu_op" and e["name"] in _WORK]
+    ars = [int(np.prod(e["args"]["Input Dims"][0])) * F32 for e in ev
+           if e["name"] == "gloo:all_reduce"]
+    return calls, ars
+
+
+def _flops(calls):
+    """2 m n k of every 2-D GEMM call (mm: [m, k] x [k, n]; addmm: bias, [m, k], [k, n])."""
+    import json
+    f = 0
+    for name, dims in calls:
+        d = [x for x in json.loads(dims) if x]
+        if name in ("aten::mm", "aten::addmm"):
+            (m, k), (_k, n) = d[-2], d[-1]
+            f += 2 * m * n * k
+    return f
+
+
+def test_real_tp_pair_tp2_graph_is_the_split_tp1_graph():
+    """``parallel.tp=2`` on the TP=1 capture rebuilds the TP=2 capture's graph: every GEMM
+    and attention call at its TP=2 shape (attention by heads 8 -> 4), FLOPs halved, and the
+    TP=2 run's all-reduces (count and bytes, forward and backward) on each rank."""
+    from collections import Counter
+    tp1 = ingest_cached(TP_PAIR / "tp1")
+    raw1, ars1 = _raw(TP_PAIR / "tp1" / "rank-0.pt.trace.json.gz")
+    assert ars1 == [] and len(raw1) == 2 * (4 + 1) + 2 * (8 + 1)  # per block: 4 linears
+    lay = tp_layout(tp1, 2)
+    c = cpu_calls(tp1)
+    assert len(lay.attention) == 2 and {b["heads"] for b in lay.attention} == {8}
+    assert [L["kind"] for L in lay.layers] == ["column", "row"] * 4
+    # every recorded call of TP=1 is split (4 linears x 3 GEMMs + 2 cores per block)
+    assert len(set(lay.calls.tolist())) == len(c.names) == len(raw1)
+    split = {int(x): split_dims(c.names[x], c.dims[x], a, 2) for x, a in zip(lay.calls,
+                                                                                lay.axis)}
+    import json
+    want = Counter((c.names[x], json.dumps(d)) for x, d in split.items())
+    for r in (0, 1):
+        raw2, ars2 = _raw(TP_PAIR / "tp2" / f"rank-{r}.pt.trace.json.gz")
+        assert Counter(raw2) == want
+        assert _flops(raw2) * 2 == _flops(raw1) == 2 * 2 * 512 * 256 * (768 + 256 + 2048) * 3
+        # TP all-reduces: as many, as large (512 x 256 fp32 each) as the TP=2 run's
+        assert sorted(b for _c, b, _p in lay.allreduces) == sorted(ars2)
+        assert len(ars2) == 8 and set(ars2) == {512 * 256 * F32}
+    tp2 = ingest_cached(TP_PAIR / "tp2")
+    k = tp2.ops["kind"].to_numpy()
+    ph = tp2.ops["phase"].to_numpy()[(k == OpKind.COLLECTIVE) & (tp2.ops["rank"] == 0)]
+    assert Counter(p for _c, _b, p in lay.allreduces) == {"forward": int((ph == 0).sum()),
+                                                          "backward": int((ph == 1).sum())}
+
+
+@pytest.mark.parametrize("name", ["aten::_scaled_dot_product_flash_attention",
+                                  "aten::_scaled_dot_product_efficient_attention",
+                                  "aten::_scaled_dot_product_flash_attention_backward"])
+@pytest.mark.parametrize("t", [2, 4, 8])
+def test_attention_split_by_heads_divides_the_flops_exactly(name, t):
+    q = [2, 16, 1024, 64]
+    dims = [q, q, q, [], []] if "backward" not in name else [q, q, q, q, q, [2, 16, 1024]]
+    types = ["c10::BFloat16"] * 5 + ["float"]
+    f0 = op_cost(name, dims, types)[0]
+    new = split_dims(name, dims, "h", t)
+    assert op_cost(name, new, types)[0] == f0 / t
+    # 4 b H s^2 d (x 2.5 backward) at H / t heads; every [b, H, ...] tensor loses its heads
+    assert f0 == 4.0 * 2 * 16 * 1024 * 1024 * 64 * (2.5 if "backward" in name else 1.0)
+    assert [d[1] for d in new if d] == [16 // t] * sum(1 for d in dims if d)
+
+
+def test_real_tp_pair_refusals():
+    tp1 = ingest_cached(TP_PAIR / "tp1")
+    # Megatron splits attention by heads: 8 heads do not split 3 ways
+    with pytest.raises(PolicyError, match=r"parallel.tp=3 .*8 heads of 32.* 3 does not "
+                                          r"divide 8"):
+        whatif(tp1, {"parallel.tp": 3})
+    # a CPU run: the layout is read, its re-timing is not modelled
+    with pytest.raises(PolicyError, match=r"parallel.tp=2 .*a CPU run .*8 linear layer\(s\), "
+                                          r"2 attention block\(s\)"):
+        whatif(tp1, {"parallel.tp": 2})

@@ -9,13 +9,22 @@ The trace must hold what Megatron's layout needs, read from its recorded shapes
   chain is split as Megatron-LM splits a transformer's MLP (Shoeybi et al. 2019, REFERENCES
   K23): layers in pairs, the first **column**-parallel (its ``N`` outputs split by ``t``), the
   second **row**-parallel (its ``K`` inputs split by ``t``); an odd chain's last layer, a
-  lone linear layer, a pair whose split width ``t`` does not divide, convolutions, attention
-  and the other kernels stay **replicated** (every TP rank runs them whole, at their
-  measured time);
+  lone linear layer, a pair whose split width ``t`` does not divide, convolutions and the
+  other kernels stay **replicated** (every TP rank runs them whole, at their measured time);
+* **attention blocks** (:mod:`.tp_attention`): a QKV projection (one linear of ``3 H d``
+  outputs, or ``q``, ``k``, ``v`` of ``H d`` each), an attention core with a ``[b, H, s, d]``
+  query (``scaled_dot_product_attention`` and its flash / efficient / cuDNN / CPU kernels'
+  operators) and the out-projection (``H d`` inputs) split as Megatron splits them by heads:
+  QKV column-parallel, the core (forward and backward) on ``H / t`` heads, the
+  out-projection row-parallel; ``t`` must divide ``H`` (refused otherwise). An attention
+  GEMM ends an MLP chain;
 * **the backward GEMMs** of each split layer, matched by shape: the input gradient
   (``M x N x K``) and the weight gradient (``N x M x K`` or ``K x M x N``), the layer's split
   dimension divided by ``t`` in each (so each split layer's FLOPs are exactly ``1/t`` of the
   measured ones);
+* on a trace without GPU kernels (a CPU run) the layout is read from its ``cpu_op`` shapes
+  (checked against a measured TP=2 run, ``traces/tp``), and the what-if is refused: host
+  GEMM re-timing and gloo all-reduces are not modelled;
 * **the TP all-reduces** Megatron adds per pair: the row layer's output (``M x N_row``
   elements) after its forward GEMM, and the column layer's input gradient (``M x K_col``)
   after its input-gradient GEMM (none when the trace has no input-gradient GEMM for it: the
@@ -73,9 +82,12 @@ class TpLayout:
 
     ``calls`` (int64): shaped-call indices (:class:`.kernel_cost.ShapedKernels`) split by
     ``t``; ``axis``: per split call, which of its GEMM dimensions (``m``/``k``/``n``) is
-    divided; ``layers``: per linear layer found, a dict (rank, m, k, n, kind: column / row /
-    replicated, why); ``allreduces``: (call index the all-reduce follows, bytes, phase name)
-    per TP all-reduce; ``gemm_calls``: every 2-D GEMM call of the trace.
+    divided (``h``: an attention core's heads); ``layers``: per linear layer found, a dict
+    (rank, m, k, n, kind: column / row / replicated, why, attn: its attention block's index
+    or None); ``allreduces``: (call index the all-reduce follows, bytes, phase name) per TP
+    all-reduce; ``gemm_calls``: every 2-D GEMM call of the trace; ``attention``: the
+    attention blocks (:func:`.tp_attention.attention_blocks`); ``device``: whether the calls
+    own GPU kernels (False: a CPU run, layout only).
     """
 
     t: int
@@ -84,6 +96,8 @@ class TpLayout:
     layers: tuple[dict, ...]
     allreduces: tuple[tuple[int, int, str], ...]
     gemm_calls: int
+    attention: tuple[dict, ...] = ()
+    device: bool = True
 
 
 def _mkn(name: str, dims: list, types: list) -> tuple[int, int, int] | None:
@@ -153,6 +167,9 @@ def split_dims(name: str, dims: list, axis: str, t: int) -> list:
     (``m``, ``k`` or ``n`` of ``C[m, n] = A[m, k] B[k, n]``) divided by ``t``: every operand
     extent that is that dimension (the bias of a column split too)."""
     from retime.collectors.costs.ops import base_name
+    if axis == "h":  # an attention core: its heads
+        from .tp_attention import split_heads
+        return split_heads(dims, t)
     b = base_name(name)
     new = [list(d) if isinstance(d, list) else d for d in dims]
     pos = [i for i, d in enumerate(new) if isinstance(d, list) and d]
@@ -222,95 +239,140 @@ def _tp_layout(trace: Trace, t: int) -> TpLayout:
     from retime.collectors.costs.ops import base_name
 
     from .kernel_cost import shaped_kernels
+    from .tp_attention import (
+        ATTN_FWD,
+        attention_backward,
+        attention_blocks,
+        cpu_calls,
+        gpu_calls,
+        has_device_ops,
+    )
     if t > MAX_TP:
         raise _refuse(t, f"a TP group larger than one node's {MAX_TP} GPUs would cross the "
                       "inter-node network, which this model does not place TP groups on")
     sk = shaped_kernels(trace)
-    if sk is None:
+    c = None
+    if sk is not None:
+        c = gpu_calls(trace, sk, *_call_times(trace, sk))
+    elif not has_device_ops(trace):
+        c = cpu_calls(trace)  # a CPU run: the layout from its cpu_op shapes
+    if c is None:
         raise _refuse(t, "it holds no operator shapes (record the trace with "
                       "torch.profiler's record_shapes=True) to split its GEMMs by")
-    first, phase = _call_times(trace, sk)
+    first, phase, es = c.first, c.phase, c.es
     mkn = [(_mkn(n, d, ty) if base_name(n) in _FWD_GEMM else None)
-           for n, d, ty in zip(sk.names, sk.dims, sk.types)]
-    es = [(_ES.get(w[2], 4) if w is not None else 4) for w in sk.work]
+           for n, d, ty in zip(c.names, c.dims, c.types)]
     gemm = np.asarray([x is not None for x in mkn])
     if not gemm.any():
         raise _refuse(t, "it holds no 2-D GEMM call (aten::addmm / linear / mm) with recorded "
                       "shapes: nothing a tensor-parallel layout splits")
+    attn = np.asarray([base_name(n) in ATTN_FWD for n in c.names])
     layers: list[dict] = []
     split_calls: list[int] = []
     axes: list[str] = []
     ars: list[tuple[int, int, str]] = []
-    for r in np.unique(sk.rank).tolist():
-        mine = gemm & (sk.rank == r)
-        fwd = np.flatnonzero(mine & (phase == Phase.FWD))
-        fwd = fwd[np.argsort(first[fwd], kind="stable")]
+    blocks_all: list[dict] = []
+    for r in np.unique(c.rank).tolist():
+        mine = gemm & (c.rank == r)
+        seq = np.flatnonzero((mine | attn) & (c.rank == r) & (phase == Phase.FWD))
+        seq = seq[np.argsort(first[seq], kind="stable")].tolist()
+        blocks = attention_blocks(c, seq, mkn, t)
+        blocks_all += blocks
+        role = {}
+        for bi, blk in enumerate(blocks):
+            for x in blk["qkv"]:
+                role[x] = ("column", bi)
+            role[blk["out"]] = ("row", bi)
+        # MLP chains among the other forward GEMMs; an attention GEMM ends a chain
         chains: list[list[int]] = []
-        for c in fwd.tolist():
-            m, k, _n = mkn[c]
-            last = mkn[chains[-1][-1]] if chains else None
+        for x in seq:
+            if mkn[x] is None:
+                continue
+            if x in role:
+                chains.append([])
+                continue
+            m, k, _n = mkn[x]
+            last = mkn[chains[-1][-1]] if chains and chains[-1] else None
             if last is not None and last[0] == m and last[2] == k:
-                chains[-1].append(c)
+                chains[-1].append(x)
             else:
-                chains.append([c])
-        base = len(layers)
+                chains.append([x])
+        kind_of: dict[int, tuple[str, str]] = {x: (k, "") for x, (k, _b) in role.items()}
         for ch in chains:
-            for i, c in enumerate(ch):
-                m, k, n = mkn[c]
-                kind, why = "replicated", "unpaired (a lone layer or an odd chain's last)"
-                if i % 2 == 0 and i + 1 < len(ch):
-                    kind = "column"
-                elif i % 2 == 1:
-                    kind = "row"
-                layers.append({"rank": int(r), "m": m, "k": k, "n": n, "kind": kind,
-                               "bias": _has_bias(sk.names[c], sk.dims[c]), "es": es[c],
-                               "why": why if kind == "replicated" else "", "fwd": c,
-                               "dgrad": None, "wgrad": None, "wrole": None})
+            for i, x in enumerate(ch):
+                kind = ("column" if i % 2 == 0 and i + 1 < len(ch) else
+                        "row" if i % 2 == 1 else "replicated")
+                kind_of[x] = (kind, "" if kind != "replicated" else
+                              "unpaired (a lone layer or an odd chain's last)")
             # a pair splits only where t divides its split widths (Megatron's rule)
             for i in range(0, len(ch) - 1, 2):
-                col, row = layers[base + i], layers[base + i + 1]
-                if col["n"] % t or row["k"] % t:
-                    for x in (col, row):
-                        x["kind"], x["why"] = "replicated", f"width {col['n']} not divisible by {t}"
-            base += len(ch)
-        # backward GEMMs by shape, latest forward layer first (backward runs in reverse)
-        mine_layers = [x for x in layers if x["rank"] == r]
-        bwd = np.flatnonzero(mine & (phase == Phase.BWD))
-        bwd = bwd[np.argsort(first[bwd], kind="stable")]
-        for c in bwd.tolist():
-            if base_name(sk.names[c]) not in _BWD_GEMM:
+                if mkn[ch[i]][2] % t or mkn[ch[i + 1]][1] % t:
+                    why = f"width {mkn[ch[i]][2]} not divisible by {t}"
+                    kind_of[ch[i]] = kind_of[ch[i + 1]] = ("replicated", why)
+        mine_layers = []
+        for x in seq:
+            if mkn[x] is None:
                 continue
-            got = mkn[c]
+            m, k, n = mkn[x]
+            kind, why = kind_of[x]
+            mine_layers.append({"rank": int(r), "m": m, "k": k, "n": n, "kind": kind,
+                                "bias": _has_bias(c.names[x], c.dims[x]), "es": es[x],
+                                "why": why, "fwd": x, "dgrad": None, "wgrad": None,
+                                "wrole": None, "attn": role.get(x, (None, None))[1],
+                                "ar": True})
+        layers += mine_layers
+        # backward GEMMs by shape, latest forward layer first (backward runs in reverse)
+        bwd = np.flatnonzero((c.rank == r) & (phase == Phase.BWD))
+        bwd = bwd[np.argsort(first[bwd], kind="stable")].tolist()
+        attention_backward(c, blocks, bwd)
+        for x in bwd:
+            if base_name(c.names[x]) not in _BWD_GEMM or mkn[x] is None:
+                continue
+            got = mkn[x]
             for L in reversed(mine_layers):
                 m, k, n = L["m"], L["k"], L["n"]
                 if L["dgrad"] is None and got == (m, n, k):
-                    L["dgrad"] = c
+                    L["dgrad"] = x
                     break
                 if L["wgrad"] is None and got in ((n, m, k), (k, m, n)):
-                    L["wgrad"], L["wrole"] = c, ("wgrad_nmk" if got == (n, m, k)
+                    L["wgrad"], L["wrole"] = x, ("wgrad_nmk" if got == (n, m, k)
                                                  else "wgrad_kmn")
                     break
+        for bi in range(len(blocks)):  # q, k, v: one all-reduce of the summed gradient
+            qkv = [L for L in mine_layers if L["attn"] == bi and L["kind"] == "column"]
+            if len(qkv) > 1:
+                last = max((L for L in qkv if L["dgrad"] is not None),
+                           key=lambda L: first[L["dgrad"]], default=None)
+                for L in qkv:
+                    L["ar"] = L is last
         for L in mine_layers:
             if L["kind"] == "replicated":
                 continue
-            for role, c in (("fwd", L["fwd"]), ("dgrad", L["dgrad"]), (L["wrole"], L["wgrad"])):
-                if c is not None:
-                    split_calls.append(c)
-                    axes.append(_AXIS[(role, L["kind"])])
+            for rl, x in (("fwd", L["fwd"]), ("dgrad", L["dgrad"]), (L["wrole"], L["wgrad"])):
+                if x is not None:
+                    split_calls.append(x)
+                    axes.append(_AXIS[(rl, L["kind"])])
             if L["kind"] == "column":
-                if L["dgrad"] is not None:
+                if L["dgrad"] is not None and L["ar"]:
                     ars.append((L["dgrad"], L["m"] * L["k"] * es[L["fwd"]], "backward"))
             else:
                 ars.append((L["fwd"], L["m"] * L["n"] * es[L["fwd"]], "forward"))
+        for blk in blocks:
+            for x in (blk["core"], blk["core_bwd"]):
+                if x is not None:
+                    split_calls.append(x)
+                    axes.append("h")
     if not split_calls:
         n_l = len(layers)
         raise _refuse(t, f"of its {n_l} linear layer(s) (2-D GEMMs of its forward) none forms "
                       "a column/row pair (two consecutive layers where the first's output "
                       "width is the second's input width over the same rows) that "
-                      f"{t} divides, and the trace records no other layout "
+                      f"{t} divides, no attention block (QKV projection, attention core, "
+                      "out-projection) is recognized, and the trace records no other layout "
                       "(meta['synth']['parallel'])")
     return TpLayout(t=t, calls=np.asarray(split_calls, np.int64), axis=tuple(axes),
-                    layers=tuple(layers), allreduces=tuple(ars), gemm_calls=int(gemm.sum()))
+                    layers=tuple(layers), allreduces=tuple(ars), gemm_calls=int(gemm.sum()),
+                    attention=tuple(blocks_all), device=c.device)
 
 
 def _split_ratio(trace: Trace, lay: TpLayout, dev: np.ndarray, flat: bool, hw
@@ -387,6 +449,18 @@ def _resize_dp(state: WhatIfState, lay: TpLayout, cost_bound: str | None) -> dic
                     f"keep it at {t}x the GPUs): {saved / 1e6:.3g} ms saved over the ranks"}
 
 
+def _attn_line(lay: TpLayout) -> str:
+    if not lay.attention:
+        return "no attention block recognized"
+    hs = sorted({b["heads"] for b in lay.attention})
+    fused = sum(len(b["qkv"]) == 1 for b in lay.attention)
+    bwd = sum(b["core_bwd"] is not None for b in lay.attention)
+    return (f"{len(lay.attention)} attention block(s): QKV {fused} fused, "
+            f"{len(lay.attention) - fused} as q, k, v; {'/'.join(map(str, hs))} -> "
+            f"{'/'.join(str(h // lay.t) for h in hs)} heads per rank in the attention core, "
+            f"{bwd} core backward call(s) matched")
+
+
 def _launches(trace: Trace) -> tuple[dict, float | None, int]:
     """((rank, correlation) -> op id of the runtime call that launched it, for device ops;
     the median duration (ns) of the calls that launched the trace's collective kernels, or
@@ -409,6 +483,12 @@ def scale_tp(state: WhatIfState, t: int, cost_bound: str | None = None) -> dict[
     from .nccl_trace import NcclPricer, measured_channels, trace_cluster
     tr = state.trace
     lay = tp_layout(tr, t)
+    if not lay.device:
+        raise _refuse(t, f"a CPU run (no GPU kernels): its layout is recognized ("
+                      f"{len(lay.layers)} linear layer(s), {len(lay.attention)} attention "
+                      "block(s); tests/test_whatif_tp.py checks it against a measured TP=2 "
+                      "run) but re-timing host GEMMs and pricing gloo all-reduces is not "
+                      "modelled")
     sk = shaped_kernels(tr)
     kind = tr.ops["kind"].to_numpy()
     dev = (kind == OpKind.KERNEL) | (kind == OpKind.MEMSET)
@@ -467,11 +547,13 @@ def scale_tp(state: WhatIfState, t: int, cost_bound: str | None = None) -> dict[
         f"parallel.tp 1 -> {t} on a measured trace (taken as TP=1: it names no tensor-parallel "
         f"group): {n_split} of its {len(lay.layers)} linear layer(s) split as Megatron-LM's "
         "column/row pairs (consecutive layers, first by output columns, second by input "
-        f"rows), found from the forward GEMMs' recorded shapes; their {info['split_calls']} "
-        f"forward/backward GEMM call(s) ({split_ns / g_ns if g_ns else 0:.1%} of GPU time, "
+        f"rows) or Megatron's attention split by heads ({_attn_line(lay)}), found from the "
+        f"forward's recorded shapes; their {info['split_calls']} forward/backward GEMM and "
+        "attention call(s) ({split_ns / g_ns if g_ns else 0:.1%} of GPU time, "
         f"FLOPs {info['flops_old'] / 1e9:.3g} -> {info['flops_new'] / 1e9:.3g} GFLOP) take "
         f"{how}; {n_rep} layer(s) stay replicated ({'; '.join(why_rep) or 'none'}), as do "
-        "convolutions, attention and every other kernel (their measured time on each TP rank)",
+        "convolutions, unrecognized attention and every other kernel (their measured time on "
+        "each TP rank)",
         bounds=None if flat else [{"hardware.kernel_pricing": "flat"}])
     state.assume(
         f"parallel.tp={t}: {len(lay.allreduces)} TP all-reduce(s) added ({ar_bytes / 1e6:.3g} "

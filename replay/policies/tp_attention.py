@@ -1,0 +1,215 @@
+"""Shaped operator calls and Megatron's attention split for ``parallel.tp`` (tp_measured).
+
+Two things :mod:`.tp_measured` needs besides the MLP chains:
+
+* :class:`Calls`: the trace's operator calls with recorded shapes, each with its rank, its
+  start and its phase, from either source: a GPU trace's shaped calls (the kernels each
+  launched, :func:`.kernel_cost.shaped_kernels`) or, on a trace without GPU kernels (a CPU
+  run), the innermost ``cpu_op`` events with ``Input Dims`` of the Kineto sources
+  (:func:`cpu_calls`). CPU calls carry no device ops: the layout is read from them, the
+  re-timing of CPU host gaps is not modelled (tp_measured refuses the what-if after
+  building the layout, naming it).
+* :func:`attention_blocks`: Megatron-LM's attention split (Shoeybi et al. 2019, REFERENCES
+  K23/K36) recognized from the forward's shapes: an attention core call (``aten::
+  scaled_dot_product_attention`` and its flash / efficient / cuDNN / CPU variants) with a
+  query ``[b, H, s, d]``, preceded by its QKV projection -- one linear of ``m = b s`` rows
+  and ``3 H d`` outputs (fused) or three of ``H d`` outputs each (``q``, ``k``, ``v``) --
+  and followed by the out-projection (``m`` rows, ``H d`` inputs). At TP=t the QKV
+  projection is column-parallel (``H / t`` heads per rank), the core runs ``H / t`` heads,
+  the out-projection is row-parallel with one all-reduce of its output (forward) and one of
+  the QKV input's gradient (backward). ``H % t != 0`` is refused.
+"""
+
+from __future__ import annotations
+
+import gzip
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import orjson
+
+from retime.collectors.enums import OpKind
+from retime.collectors.errors import PolicyError
+
+__all__ = ["Calls", "ATTN_FWD", "ATTN_BWD", "gpu_calls", "cpu_calls", "attention_blocks",
+           "split_heads", "heads_of"]
+
+#: attention cores (base names): the query is ``[b, H, s, d]`` (the cost layer's reading)
+ATTN_FWD = frozenset({"scaled_dot_product_attention", "_scaled_dot_product_flash_attention",
+                      "_scaled_dot_product_efficient_attention",
+                      "_scaled_dot_product_cudnn_attention", "_flash_attention_forward",
+                      "_efficient_attention_forward",
+                      "_scaled_dot_product_flash_attention_for_cpu"})
+ATTN_BWD = frozenset({"_scaled_dot_product_flash_attention_backward",
+                      "_scaled_dot_product_efficient_attention_backward",
+                      "_scaled_dot_product_cudnn_attention_backward",
+                      "_flash_attention_backward", "_efficient_attention_backward",
+                      "_scaled_dot_product_flash_attention_for_cpu_backward"})
+_GEMM = frozenset({"addmm", "linear", "mm"})
+_ES = {"float": 4, "double": 8, "c10::Half": 2, "c10::BFloat16": 2, "half": 2,
+       "bfloat16": 2, "c10::Float8_e4m3fn": 1, "c10::Float8_e5m2": 1}
+
+
+def _base(name: str) -> str:
+    return str(name).rsplit("::", 1)[-1]
+
+
+@dataclass(frozen=True)
+class Calls:
+    """Shaped operator calls: per call ``names``, ``dims``, ``types``, ``es`` (bytes per
+    element of its first tensor), and int64 arrays ``rank``, ``first`` (start, ns) and
+    ``phase`` (:class:`Phase`, -1 unknown). ``device``: whether the calls own GPU ops (the
+    indices are then :func:`.kernel_cost.shaped_kernels`' call indices)."""
+
+    names: list
+    dims: list
+    types: list
+    es: list
+    rank: np.ndarray
+    first: np.ndarray
+    phase: np.ndarray
+    device: bool
+
+
+def _es(types: list) -> int:
+    return next((_ES[t] for t in types if t in _ES), 4)
+
+
+def gpu_calls(trace, sk, first: np.ndarray, phase: np.ndarray) -> Calls:
+    """:class:`Calls` of a GPU trace's shaped calls ``sk`` (their first kernel's start and
+    phase given)."""
+    return Calls(list(sk.names), list(sk.dims), list(sk.types),
+                 [_es(t) for t in sk.types], np.asarray(sk.rank, np.int64),
+                 np.asarray(first, np.int64), np.asarray(phase, np.int64), True)
+
+
+def _wanted(name: str) -> bool:
+    b = _base(name)
+    return b in _GEMM or b in ATTN_FWD or b in ATTN_BWD
+
+
+def cpu_calls(trace) -> Calls | None:
+    """:class:`Calls` of a trace without GPU kernels: the innermost wanted ``cpu_op`` events
+    (2-D GEMMs, attention cores) with ``Input Dims`` of its Kineto sources; the phase of
+    each is the phase of the ingested ops inside its span on its rank (the first). None
+    when the trace records no Kineto sources or no such call."""
+    srcs = [s for s in (trace.meta.get("sources", []) if isinstance(trace.meta, dict) else [])
+            or [] if isinstance(s, dict) and s.get("format") == "kineto" and "rank" in s]
+    o = trace.ops
+    o_rank, o_st = o["rank"].to_numpy(), o["start_ns"].to_numpy()
+    o_ph = o["phase"].to_numpy()
+    o_cpu = o["kind"].to_numpy() == OpKind.CPU_OP
+    rows: list[tuple] = []
+    for s in srcs:
+        p = Path(s["path"])
+        if not p.is_file():
+            return None
+        raw = p.read_bytes()
+        doc = orjson.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)
+        base_ns = int(doc.get("baseTimeNanoseconds", 0) or 0)
+        ev = [e for e in doc.get("traceEvents", []) if isinstance(e, dict)
+              and e.get("ph") == "X" and e.get("cat") == "cpu_op"
+              and "Input Dims" in (e.get("args") or {}) and _wanted(e.get("name", ""))]
+        ev.sort(key=lambda e: (e.get("tid"), float(e["ts"]), -float(e.get("dur", 0))))
+        for i, e in enumerate(ev):
+            a, st = e["args"], float(e["ts"])
+            end = st + float(e.get("dur", 0))
+            nxt = ev[i + 1] if i + 1 < len(ev) else None
+            if (nxt is not None and nxt.get("tid") == e.get("tid")
+                    and float(nxt["ts"]) < end):
+                continue  # it encloses another wanted call: the inner one is the work
+            rows.append((int(s["rank"]), str(e["name"]), a.get("Input Dims") or [],
+                         a.get("Input type") or [], base_ns + int(round(st * 1e3)),
+                         base_ns + int(round(end * 1e3))))
+    if not rows:
+        return None
+    rank = np.asarray([r[0] for r in rows], np.int64)
+    first = np.asarray([r[4] for r in rows], np.int64)
+    phase = np.full(len(rows), -1, np.int64)
+    offs = trace.meta.get("clock_offsets_ns") if isinstance(trace.meta, dict) else None
+    for i, r in enumerate(rows):
+        sh = int((offs or {}).get(str(r[0]), 0) or 0) if isinstance(offs, dict) else 0
+        inside = np.flatnonzero(o_cpu & (o_rank == r[0]) & (o_st >= r[4] + sh) & (o_st < r[5] + sh))
+        if len(inside):
+            phase[i] = int(o_ph[inside[np.argmin(o_st[inside])]])
+    return Calls([r[1] for r in rows], [r[2] for r in rows], [r[3] for r in rows],
+                 [_es(r[3]) for r in rows], rank, first, phase, False)
+
+
+def has_device_ops(trace) -> bool:
+    k = trace.ops["kind"].to_numpy()
+    return bool(((k == OpKind.KERNEL) | (k == OpKind.MEMSET)).any())
+
+
+def heads_of(dims: list) -> tuple[int, int, int, int] | None:
+    """``(b, H, s, d)`` of an attention call's query (its first tensor), or None."""
+    q = next((d for d in dims if isinstance(d, list) and d), None)
+    return tuple(int(x) for x in q) if q is not None and len(q) == 4 else None
+
+
+def split_heads(dims: list, t: int) -> list:
+    """An attention call's ``dims`` with the heads (the second extent of every 4-D
+    ``[b, H, s, d]`` tensor and of the 3-D ``[b, H, s]`` log-sum-exp) divided by ``t``."""
+    q = heads_of(dims)
+    out = []
+    for d in dims:
+        if isinstance(d, list) and q is not None and len(d) in (3, 4) and d[0] == q[0] \
+                and d[1] == q[1]:
+            d = [d[0], d[1] // t, *d[2:]]
+        out.append(list(d) if isinstance(d, list) else d)
+    return out
+
+
+def attention_blocks(c: Calls, fwd: list[int], mkn: list, t: int) -> list[dict]:
+    """Megatron attention blocks among one rank's forward calls ``fwd`` (indices into
+    ``c`` in issue order; ``mkn``: per call its 2-D GEMM ``(m, k, n)`` or None): per block
+    ``qkv`` (1 or 3 call indices), ``core``, ``out``, ``heads``, ``m``, ``hd`` (``H d``).
+    Raises PolicyError when ``t`` does not divide a recognized block's heads."""
+    out: list[dict] = []
+    used: set[int] = set()
+    for i, a in enumerate(fwd):
+        if _base(c.names[a]) not in ATTN_FWD:
+            continue
+        q = heads_of(c.dims[a])
+        if q is None:
+            continue
+        b, heads, s, d = q
+        m, hd = b * s, heads * d
+        before = [x for x in fwd[:i] if mkn[x] is not None and x not in used]
+        qkv: list[int] = []
+        if before and mkn[before[-1]][0] == m and mkn[before[-1]][2] == 3 * hd:
+            qkv = [before[-1]]
+        elif len(before) >= 3 and all(mkn[x][0] == m and mkn[x][2] == hd
+                                      and mkn[x][1] == mkn[before[-1]][1]
+                                      for x in before[-3:]):
+            qkv = before[-3:]
+        after = [x for x in fwd[i + 1:] if mkn[x] is not None]
+        if not qkv or not after or mkn[after[0]][0] != m or mkn[after[0]][1] != hd:
+            continue
+        if heads % t:
+            raise PolicyError(
+                f"parallel.tp={t} on a measured trace: its attention block (QKV "
+                f"{'fused' if len(qkv) == 1 else 'as q, k, v'}, {heads} heads of {d}, rank "
+                f"{int(c.rank[a])}) splits by heads, and {t} does not divide {heads}; "
+                f"choose a degree that divides {heads}")
+        used.update(qkv + [after[0]])
+        out.append({"qkv": qkv, "core": a, "out": after[0], "heads": heads, "m": m,
+                    "hd": hd, "d": d})
+    return out
+
+
+def attention_backward(c: Calls, blocks: list[dict], bwd: list[int]) -> None:
+    """Match each block's core backward call (an :data:`ATTN_BWD` call whose query-shaped
+    first tensor is the forward's query; backward runs in reverse, latest block first):
+    sets ``block["core_bwd"]`` (None when not found)."""
+    for blk in blocks:
+        blk["core_bwd"] = None
+    for x in bwd:
+        if _base(c.names[x]) not in ATTN_BWD:
+            continue
+        q = heads_of(c.dims[x])
+        for blk in reversed(blocks):
+            if blk["core_bwd"] is None and heads_of(c.dims[blk["core"]]) == q:
+                blk["core_bwd"] = x
+                break
