@@ -316,3 +316,95 @@ def test_real_tp_pair_refusals():
     with pytest.raises(PolicyError, match=r"parallel.tp=2 .*a CPU run .*8 linear layer\(s\), "
                                           r"2 attention block\(s\)"):
         whatif(tp1, {"parallel.tp": 2})
+
+
+# -- attention on a GPU trace: a minimal Kineto file of one transformer block ----------------
+_BF = "c10::BFloat16"
+
+
+def _block_calls(qkv: str, m=2048, h=1024, f=4096, b=2, heads=16):
+    """(phase, name, dims) of one pre-norm block's GEMM / attention calls, forward then
+    backward in reverse, as PyTorch records them (bf16)."""
+    s, d = m // b, h // heads
+    q = [b, heads, s, d]
+    proj = ([("forward", "aten::addmm", [[3 * h], [m, h], [h, 3 * h], [], []])] if qkv == "fused"
+            else [("forward", "aten::addmm", [[h], [m, h], [h, h], [], []])] * 3)
+    fwd = proj + [
+        ("forward", "aten::_scaled_dot_product_flash_attention", [q, q, q, [], [], [], []]),
+        ("forward", "aten::mm", [[m, h], [h, h]]),
+        ("forward", "aten::addmm", [[f], [m, h], [h, f], [], []]),
+        ("forward", "aten::mm", [[m, f], [f, h]])]
+    n_qkv = 3 * h if qkv == "fused" else h
+    bwd = [("backward", "aten::mm", [[m, h], [h, f]]), ("backward", "aten::mm", [[h, m], [m, f]]),
+           ("backward", "aten::mm", [[m, f], [f, h]]), ("backward", "aten::mm", [[f, m], [m, h]]),
+           ("backward", "aten::mm", [[m, h], [h, h]]), ("backward", "aten::mm", [[h, m], [m, h]]),
+           ("backward", "aten::_scaled_dot_product_flash_attention_backward",
+            [q, q, q, q, q, [b, heads, s], [], [], [], [], []])]
+    bwd += [("backward", "aten::mm", [[m, n_qkv], [n_qkv, h]]),
+            ("backward", "aten::mm", [[n_qkv, m], [m, h]])] * (1 if qkv == "fused" else 3)
+    return fwd + bwd
+
+
+def _gpu_block_trace(path, qkv: str):
+    """A Kineto JSON of :func:`_block_calls` on an H100: each call one kernel, its time its
+    work at 300 TFLOP/s plus 5 us; host calls 20 us apart."""
+    import json
+    ev, t_cpu, t_gpu = [], 1000.0, 1000.0
+    spans = {}
+    for i, (ph, name, dims) in enumerate(_block_calls(qkv)):
+        types = [_BF if x else "Scalar" for x in dims]
+        dur = op_cost(name, dims, types)[0] / 300e12 * 1e6 + 5.0
+        t_gpu = max(t_gpu, t_cpu + 10) + 2
+        ev += [{"ph": "X", "cat": "cpu_op", "name": name, "pid": 1, "tid": 1, "ts": t_cpu,
+                "dur": 15, "args": {"External id": i + 1, "Input Dims": dims,
+                                    "Input type": types, "Concrete Inputs": [""] * len(dims)}},
+               {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1,
+                "tid": 1, "ts": t_cpu + 5, "dur": 5, "args": {"correlation": 100 + i}},
+               {"ph": "X", "cat": "kernel", "name": f"k_{name.split('::')[1]}_{i}", "pid": 0,
+                "tid": 7, "ts": t_gpu, "dur": dur, "args": {"correlation": 100 + i,
+                                                            "device": 0, "stream": 7}}]
+        lo, hi = spans.get(ph, (t_cpu, t_cpu))
+        spans[ph] = (min(lo, t_cpu - 1), t_cpu + 16)
+        t_cpu, t_gpu = t_cpu + 20, t_gpu + dur
+    ev += [{"ph": "X", "cat": "user_annotation", "name": ph, "pid": 1, "tid": 1, "ts": lo,
+            "dur": hi - lo} for ph, (lo, hi) in spans.items()]
+    ev.append({"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "pid": 1,
+               "tid": 1, "ts": 990.0, "dur": t_gpu - 980})
+    path.write_text(json.dumps({"schemaVersion": 1, "deviceProperties": [
+        {"id": 0, "name": "NVIDIA H100 80GB HBM3", "totalGlobalMem": 84929347584,
+         "computeMajor": 9, "computeMinor": 0, "numSms": 132}], "traceEvents": ev}))
+    return path
+
+
+@pytest.mark.parametrize("qkv", ["fused", "q, k, v"])
+def test_gpu_attention_block_splits_by_heads(tmp_path, qkv):
+    from retime.collectors.ingest import read
+    tr = read([_gpu_block_trace(tmp_path / "rank-0.pt.trace.json", qkv)])
+    lay = tp_layout(tr, 2)
+    assert [b["heads"] for b in lay.attention] == [16]
+    assert lay.attention[0]["core_bwd"] is not None
+    n = 1 if qkv == "fused" else 3
+    assert [L["kind"] for L in lay.layers] == ["column"] * n + ["row", "column", "row"]
+    # forward: the out-projection's and the MLP's outputs; backward: the QKV input's gradient
+    # (once, also for q, k, v) and the MLP input's: 2048 x 1024 bf16 each
+    assert sorted(p for _c, _b, p in lay.allreduces) == ["backward"] * 2 + ["forward"] * 2
+    assert {b for _c, b, _p in lay.allreduces} == {2048 * 1024 * 2}
+    base = replay(tr)
+    r = whatif(tr, {"parallel.tp": 2})
+    fx = r.meta["scenario"][0]["tp_effect"]
+    # every GEMM and both attention calls split: exactly half the block's FLOPs
+    assert fx["flops_new"] == fx["flops_old"] / 2
+    # three GEMMs per split layer (forward, input and weight gradient), two attention calls
+    assert fx["split_calls"] == (n + 3) * 3 + 2
+    names = np.asarray([str(x) for x in tr.names()])
+    core = np.flatnonzero(np.char.startswith(names, "k__scaled_dot"))
+    assert len(core) == 2
+    ratio = r.dur_ns[core] / base.dur_ns[core]
+    # half the heads: at least half the time, less than all of it
+    assert ((ratio >= 0.5) & (ratio < 0.8)).all()
+    a = " ".join(r.meta["whatif"]["assumed"])
+    assert (f"1 attention block(s): QKV {1 if n == 1 else 0} fused, {0 if n == 1 else 1} as "
+            "q, k, v; 16 -> 8 heads per rank") in a
+    assert f"{(n + 3) * 3 + 2} forward/backward GEMM and attention call(s) (100.0% of GPU" in a
+    with pytest.raises(PolicyError, match=r"16 heads of 64.* 3 does not divide 16"):
+        whatif(tr, {"parallel.tp": 3})

@@ -549,7 +549,7 @@ def scale_tp(state: WhatIfState, t: int, cost_bound: str | None = None) -> dict[
         "column/row pairs (consecutive layers, first by output columns, second by input "
         f"rows) or Megatron's attention split by heads ({_attn_line(lay)}), found from the "
         f"forward's recorded shapes; their {info['split_calls']} forward/backward GEMM and "
-        "attention call(s) ({split_ns / g_ns if g_ns else 0:.1%} of GPU time, "
+        f"attention call(s) ({split_ns / g_ns if g_ns else 0:.1%} of GPU time, "
         f"FLOPs {info['flops_old'] / 1e9:.3g} -> {info['flops_new'] / 1e9:.3g} GFLOP) take "
         f"{how}; {n_rep} layer(s) stay replicated ({'; '.join(why_rep) or 'none'}), as do "
         "convolutions, unrecognized attention and every other kernel (their measured time on "
