@@ -152,12 +152,13 @@ def replay_cmd(
 
     def load(columns):
         if columns is None:
-            return read_trace(trace_dir, skip=skip)
-        t = read_trace(trace_dir, columns=list(columns), fill_defaults=False, skip=skip)
-        if light:  # of the annotations, the step windows read only the ProfilerStep ones
+            t = read_trace(trace_dir, skip=skip)
+        else:
+            t = read_trace(trace_dir, columns=list(columns), fill_defaults=False, skip=skip)
+        if light and columns is not None:  # the step windows read only ProfilerStep ranges
             from retime.collectors.steps import step_range_mask
             t.ranges = t.ranges[step_range_mask(t.ranges, t.strings)].reset_index(drop=True)
-        if cal is not None:
+        if cal is not None:  # also on a whole load (what-ifs read it: parallel.tp on CPU)
             from retime.collectors.calibrate import attach
             t = attach(t, cal)
         return t

@@ -312,10 +312,60 @@ def test_real_tp_pair_refusals():
     with pytest.raises(PolicyError, match=r"parallel.tp=3 .*8 heads of 32.* 3 does not "
                                           r"divide 8"):
         whatif(tp1, {"parallel.tp": 3})
-    # a CPU run: the layout is read, its re-timing is not modelled
-    with pytest.raises(PolicyError, match=r"parallel.tp=2 .*a CPU run .*8 linear layer\(s\), "
-                                          r"2 attention block\(s\)"):
+    # a CPU run: its gloo all-reduces need a calibration of t ranks
+    with pytest.raises(PolicyError, match=r"parallel.tp=2 on a CPU run: .*no collective.*"
+                                          r"retime calibrate -n 2"):
         whatif(tp1, {"parallel.tp": 2})
+    from retime.collectors.calibrate import attach, read_calibration
+    cal = read_calibration(TP_PAIR / "cal-gloo-2.json")
+    with pytest.raises(PolicyError, match=r"measured 2 ranks, the TP group has 4"):
+        whatif(attach(tp1, cal), {"parallel.tp": 4})
+
+
+def _self_ns(path):
+    """Per innermost GEMM / attention call of the raw file: its span less its children's
+    (the host compute Kineto does not cover with an op), summed, in ns."""
+    import gzip
+    import json
+    ev = [e for e in json.loads(gzip.decompress(path.read_bytes()))["traceEvents"]
+          if e.get("ph") == "X" and e.get("cat") == "cpu_op"]
+    tot = 0.0
+    for e in ev:
+        if e["name"] not in _WORK:
+            continue
+        s, end = e["ts"], e["ts"] + e["dur"]
+        kids = sorted((k["ts"], k["ts"] + k["dur"]) for k in ev
+                      if k is not e and k["tid"] == e["tid"] and s <= k["ts"] < end)
+        covered, reach = 0.0, s
+        for a, b in kids:  # the union of the children's spans (they nest)
+            covered += max(0.0, min(b, end) - max(a, reach))
+            reach = max(reach, min(b, end))
+        tot += (e["dur"] - covered) * 1e3
+    return tot
+
+
+def test_real_tp_pair_cpu_step_retimed_from_host_gaps_and_calibrated_gloo():
+    """On the CPU run the split calls' host compute (their spans less their leaf ops) halves
+    and each TP all-reduce costs alpha + bytes / busbw of this machine's gloo calibration
+    (2 ranks: 2(t-1)/t = 1); the single-threaded step moves by exactly that."""
+    from retime.collectors.calibrate import attach, read_calibration
+    from retime.replay.policies.cluster_cal import sweep_fit
+    tp1 = ingest_cached(TP_PAIR / "tp1")
+    cal = read_calibration(TP_PAIR / "cal-gloo-2.json")
+    fit = sweep_fit(cal)
+    base = replay(tp1)
+    r = whatif(attach(tp1, cal), {"parallel.tp": 2})
+    fx = r.meta["scenario"][0]["tp_effect"]
+    half = _self_ns(TP_PAIR / "tp1" / "rank-0.pt.trace.json.gz") / 2
+    # nested calls (linear -> addmm) count once: only the innermost are in _WORK
+    assert fx["host_compute_saved_ns"] == pytest.approx(half, abs=200)
+    ar = 8 * (fit["alpha_us"] * 1e3 + 512 * 256 * F32 / fit["busbw_gbps"])
+    assert fx["tp_allreduces"] == 8 and fx["tp_allreduce_ns"] == pytest.approx(ar, abs=2)
+    assert base.step_time_ns - r.step_time_ns == pytest.approx(half - ar, rel=0.01)
+    lo, hi = prediction_range(r)
+    assert lo < r.step_time_ns < hi
+    a = " ".join(r.meta["whatif"]["assumed"])
+    assert "2 attention block(s) by heads" in a and "cal-gloo-2.json" in a
 
 
 # -- attention on a GPU trace: a minimal Kineto file of one transformer block ----------------
@@ -408,3 +458,17 @@ def test_gpu_attention_block_splits_by_heads(tmp_path, qkv):
     assert f"{(n + 3) * 3 + 2} forward/backward GEMM and attention call(s) (100.0% of GPU" in a
     with pytest.raises(PolicyError, match=r"16 heads of 64.* 3 does not divide 16"):
         whatif(tr, {"parallel.tp": 3})
+
+
+def test_cli_tp_on_the_cpu_run_reads_the_calibration(tmp_path, capsys):
+    """``retime replay TP1 --set parallel.tp=2 --calibration FILE``: the calibration reaches
+    the what-if on a whole (not windowed) load too."""
+    from retime.cli import run
+
+    d = tmp_path / "tp1.retime"
+    ingest_cached(TP_PAIR / "tp1").save(d)
+    capsys.readouterr()
+    assert run(["replay", str(d), "--set", "parallel.tp=2", "--calibration",
+                str(TP_PAIR / "cal-gloo-2.json")]) == 0
+    out = capsys.readouterr().out
+    assert "what-if" in out and "8 gloo all-reduce(s) of the TP group added (4.19 MB" in out

@@ -59,7 +59,8 @@ def _base(name: str) -> str:
 class Calls:
     """Shaped operator calls: per call ``names``, ``dims``, ``types``, ``es`` (bytes per
     element of its first tensor), and int64 arrays ``rank``, ``first`` (start, ns) and
-    ``phase`` (:class:`Phase`, -1 unknown). ``device``: whether the calls own GPU ops (the
+    ``phase`` (:class:`Phase`, -1 unknown); ``end`` (CPU calls: the end of each span, ns).
+    ``device``: whether the calls own GPU ops (the
     indices are then :func:`.kernel_cost.shaped_kernels`' call indices)."""
 
     names: list
@@ -70,6 +71,7 @@ class Calls:
     first: np.ndarray
     phase: np.ndarray
     device: bool
+    end: np.ndarray | None = None
 
 
 def _es(types: list) -> int:
@@ -134,7 +136,8 @@ def cpu_calls(trace) -> Calls | None:
         if len(inside):
             phase[i] = int(o_ph[inside[np.argmin(o_st[inside])]])
     return Calls([r[1] for r in rows], [r[2] for r in rows], [r[3] for r in rows],
-                 [_es(r[3]) for r in rows], rank, first, phase, False)
+                 [_es(r[3]) for r in rows], rank, first, phase, False,
+                 np.asarray([r[5] for r in rows], np.int64))
 
 
 def has_device_ops(trace) -> bool:

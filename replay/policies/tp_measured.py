@@ -483,12 +483,9 @@ def scale_tp(state: WhatIfState, t: int, cost_bound: str | None = None) -> dict[
     from .nccl_trace import NcclPricer, measured_channels, trace_cluster
     tr = state.trace
     lay = tp_layout(tr, t)
-    if not lay.device:
-        raise _refuse(t, f"a CPU run (no GPU kernels): its layout is recognized ("
-                      f"{len(lay.layers)} linear layer(s), {len(lay.attention)} attention "
-                      "block(s); tests/test_whatif_tp.py checks it against a measured TP=2 "
-                      "run) but re-timing host GEMMs and pricing gloo all-reduces is not "
-                      "modelled")
+    if not lay.device:  # a CPU run: host gaps and gloo (tp_cpu.py)
+        from .tp_cpu import scale_tp_cpu
+        return scale_tp_cpu(state, lay, t)
     sk = shaped_kernels(tr)
     kind = tr.ops["kind"].to_numpy()
     dev = (kind == OpKind.KERNEL) | (kind == OpKind.MEMSET)
