@@ -6,9 +6,8 @@ Two things :mod:`.tp_measured` needs besides the MLP chains:
   start and its phase, from either source: a GPU trace's shaped calls (the kernels each
   launched, :func:`.kernel_cost.shaped_kernels`) or, on a trace without GPU kernels (a CPU
   run), the innermost ``cpu_op`` events with ``Input Dims`` of the Kineto sources
-  (:func:`cpu_calls`). CPU calls carry no device ops: the layout is read from them, the
-  re-timing of CPU host gaps is not modelled (tp_measured refuses the what-if after
-  building the layout, naming it).
+  (:func:`cpu_calls`). CPU calls carry no device ops: the layout is read from them and
+  :mod:`.tp_cpu` re-times the host gaps inside their spans.
 * :func:`attention_blocks`: Megatron-LM's attention split (Shoeybi et al. 2019, REFERENCES
   K23/K36) recognized from the forward's shapes: an attention core call (``aten::
   scaled_dot_product_attention`` and its flash / efficient / cuDNN / CPU variants) with a

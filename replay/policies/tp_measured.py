@@ -23,8 +23,8 @@ The trace must hold what Megatron's layout needs, read from its recorded shapes
   dimension divided by ``t`` in each (so each split layer's FLOPs are exactly ``1/t`` of the
   measured ones);
 * on a trace without GPU kernels (a CPU run) the layout is read from its ``cpu_op`` shapes
-  (checked against a measured TP=2 run, ``traces/tp``), and the what-if is refused: host
-  GEMM re-timing and gloo all-reduces are not modelled;
+  (checked against a measured TP=2 run, ``traces/tp``) and re-timed by :mod:`.tp_cpu`
+  (host compute 1/t, gloo all-reduces from a calibration);
 * **the TP all-reduces** Megatron adds per pair: the row layer's output (``M x N_row``
   elements) after its forward GEMM, and the column layer's input gradient (``M x K_col``)
   after its input-gradient GEMM (none when the trace has no input-gradient GEMM for it: the
