@@ -372,15 +372,28 @@ def test_real_tp_pair_cpu_step_retimed_from_host_gaps_and_calibrated_gloo():
 _BF = "c10::BFloat16"
 
 
-def _block_calls(qkv: str, m=2048, h=1024, f=4096, b=2, heads=16):
+def _block_calls(qkv: str, m=2048, h=1024, f=4096, b=2, heads=16, core="sdpa"):
     """(phase, name, dims) of one pre-norm block's GEMM / attention calls, forward then
-    backward in reverse, as PyTorch records them (bf16)."""
+    backward in reverse, as PyTorch records them (bf16); ``core="bmm"``: eager attention
+    (``Q K^T``, softmax, ``P V`` as batched GEMMs over ``b H``)."""
     s, d = m // b, h // heads
     q = [b, heads, s, d]
+    bh = b * heads
+    sdpa_f = [("forward", "aten::_scaled_dot_product_flash_attention", [q, q, q, [], [], [], []])]
+    sdpa_b = [("backward", "aten::_scaled_dot_product_flash_attention_backward",
+               [q, q, q, q, q, [b, heads, s], [], [], [], [], []])]
+    if core == "bmm":
+        sdpa_f = [("forward", "aten::bmm", [[bh, s, d], [bh, d, s]]),
+                  ("forward", "aten::_softmax", [[b, heads, s, s], [], []]),
+                  ("forward", "aten::bmm", [[bh, s, s], [bh, s, d]])]
+        sdpa_b = [("backward", "aten::bmm", [[bh, s, d], [bh, d, s]]),
+                  ("backward", "aten::bmm", [[bh, s, s], [bh, s, d]]),
+                  ("backward", "aten::_softmax_backward_data", [[b, heads, s, s]] * 2 + [[]] * 2),
+                  ("backward", "aten::bmm", [[bh, s, s], [bh, s, d]]),
+                  ("backward", "aten::bmm", [[bh, s, s], [bh, s, d]])]
     proj = ([("forward", "aten::addmm", [[3 * h], [m, h], [h, 3 * h], [], []])] if qkv == "fused"
             else [("forward", "aten::addmm", [[h], [m, h], [h, h], [], []])] * 3)
-    fwd = proj + [
-        ("forward", "aten::_scaled_dot_product_flash_attention", [q, q, q, [], [], [], []]),
+    fwd = proj + sdpa_f + [
         ("forward", "aten::mm", [[m, h], [h, h]]),
         ("forward", "aten::addmm", [[f], [m, h], [h, f], [], []]),
         ("forward", "aten::mm", [[m, f], [f, h]])]
@@ -388,21 +401,22 @@ def _block_calls(qkv: str, m=2048, h=1024, f=4096, b=2, heads=16):
     bwd = [("backward", "aten::mm", [[m, h], [h, f]]), ("backward", "aten::mm", [[h, m], [m, f]]),
            ("backward", "aten::mm", [[m, f], [f, h]]), ("backward", "aten::mm", [[f, m], [m, h]]),
            ("backward", "aten::mm", [[m, h], [h, h]]), ("backward", "aten::mm", [[h, m], [m, h]]),
-           ("backward", "aten::_scaled_dot_product_flash_attention_backward",
-            [q, q, q, q, q, [b, heads, s], [], [], [], [], []])]
+           *sdpa_b]
     bwd += [("backward", "aten::mm", [[m, n_qkv], [n_qkv, h]]),
             ("backward", "aten::mm", [[n_qkv, m], [m, h]])] * (1 if qkv == "fused" else 3)
     return fwd + bwd
 
 
-def _gpu_block_trace(path, qkv: str):
+def _gpu_block_trace(path, qkv: str, core: str = "sdpa"):
     """A Kineto JSON of :func:`_block_calls` on an H100: each call one kernel, its time its
     work at 300 TFLOP/s plus 5 us; host calls 20 us apart."""
     import json
     ev, t_cpu, t_gpu = [], 1000.0, 1000.0
     spans = {}
-    for i, (ph, name, dims) in enumerate(_block_calls(qkv)):
+    for i, (ph, name, dims) in enumerate(_block_calls(qkv, core=core)):
         types = [_BF if x else "Scalar" for x in dims]
+        if "softmax" in name:
+            types = [_BF if x else "int" for x in dims]
         dur = op_cost(name, dims, types)[0] / 300e12 * 1e6 + 5.0
         t_gpu = max(t_gpu, t_cpu + 10) + 2
         ev += [{"ph": "X", "cat": "cpu_op", "name": name, "pid": 1, "tid": 1, "ts": t_cpu,
@@ -472,3 +486,36 @@ def test_cli_tp_on_the_cpu_run_reads_the_calibration(tmp_path, capsys):
                 str(TP_PAIR / "cal-gloo-2.json")]) == 0
     out = capsys.readouterr().out
     assert "what-if" in out and "8 gloo all-reduce(s) of the TP group added (4.19 MB" in out
+
+
+def test_gpu_eager_attention_splits_its_batched_gemms():
+    """Eager attention (``Q K^T`` and ``P V`` as ``aten::bmm`` over b H = 32): both batched
+    GEMMs and their four gradients run 16 of 32 batches at TP=2; the softmax stays whole."""
+    import tempfile
+    from pathlib import Path
+
+    from retime.collectors.ingest import read
+    with tempfile.TemporaryDirectory() as d:
+        tr = read([_gpu_block_trace(Path(d) / "rank-0.pt.trace.json", "fused", "bmm")])
+        lay = tp_layout(tr, 2)
+        (blk,) = lay.attention
+        assert (blk["axis"], blk["heads"], len(blk["core"]), len(blk["core_bwd"])) == \
+            ("b", 16, 2, 4)
+        sk = shaped_kernels(tr)
+        bmm = [x for x in lay.calls.tolist() if sk.names[x] == "aten::bmm"]
+        assert len(bmm) == 6
+        assert all(dd[0] == 16 for x in bmm
+                   for dd in split_dims(sk.names[x], sk.dims[x], "b", 2) if dd)
+        base = replay(tr)
+        r = whatif(tr, {"parallel.tp": 2})
+        fx = r.meta["scenario"][0]["tp_effect"]
+        assert fx["flops_new"] == fx["flops_old"] / 2 and fx["split_calls"] == 4 * 3 + 6
+        names = np.asarray([str(x) for x in tr.names()])
+        soft = np.flatnonzero(np.char.startswith(names, "k__softmax"))
+        kb = np.flatnonzero(np.char.startswith(names, "k_bmm"))
+        assert len(soft) == 2 and len(kb) == 6
+        np.testing.assert_array_equal(r.dur_ns[soft], base.dur_ns[soft])
+        ratio = r.dur_ns[kb] / base.dur_ns[kb]
+        assert ((ratio >= 0.5) & (ratio < 0.8)).all()
+        a = " ".join(r.meta["whatif"]["assumed"])
+        assert "1 of them as batched GEMMs" in a and "4 core backward call(s)" in a

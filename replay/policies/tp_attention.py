@@ -32,7 +32,7 @@ from retime.collectors.enums import OpKind
 from retime.collectors.errors import PolicyError
 
 __all__ = ["Calls", "ATTN_FWD", "ATTN_BWD", "gpu_calls", "cpu_calls", "attention_blocks",
-           "split_heads", "heads_of"]
+           "attention_backward", "split_heads", "split_batch", "heads_of", "is_core"]
 
 #: attention cores (base names): the query is ``[b, H, s, d]`` (the cost layer's reading)
 ATTN_FWD = frozenset({"scaled_dot_product_attention", "_scaled_dot_product_flash_attention",
@@ -46,6 +46,7 @@ ATTN_BWD = frozenset({"_scaled_dot_product_flash_attention_backward",
                       "_flash_attention_backward", "_efficient_attention_backward",
                       "_scaled_dot_product_flash_attention_for_cpu_backward"})
 _GEMM = frozenset({"addmm", "linear", "mm"})
+_BMM = frozenset({"bmm", "baddbmm"})
 _ES = {"float": 4, "double": 8, "c10::Half": 2, "c10::BFloat16": 2, "half": 2,
        "bfloat16": 2, "c10::Float8_e4m3fn": 1, "c10::Float8_e5m2": 1}
 
@@ -87,7 +88,7 @@ def gpu_calls(trace, sk, first: np.ndarray, phase: np.ndarray) -> Calls:
 
 def _wanted(name: str) -> bool:
     b = _base(name)
-    return b in _GEMM or b in ATTN_FWD or b in ATTN_BWD
+    return b in _GEMM or b in _BMM or b in ATTN_FWD or b in ATTN_BWD
 
 
 def cpu_calls(trace) -> Calls | None:
@@ -139,6 +140,11 @@ def cpu_calls(trace) -> Calls | None:
                  np.asarray([r[5] for r in rows], np.int64))
 
 
+def is_core(name: str) -> bool:
+    """Whether a call may be (part of) an attention core: SDPA-family or batched GEMM."""
+    return _base(name) in ATTN_FWD or _base(name) in _BMM
+
+
 def has_device_ops(trace) -> bool:
     k = trace.ops["kind"].to_numpy()
     return bool(((k == OpKind.KERNEL) | (k == OpKind.MEMSET)).any())
@@ -163,24 +169,63 @@ def split_heads(dims: list, t: int) -> list:
     return out
 
 
+def _bmm(c: Calls, x: int) -> tuple[int, int, int, int] | None:
+    """``(batch, m, n, k)`` of a 3-D batched GEMM call, else None."""
+    if _base(c.names[x]) not in _BMM:
+        return None
+    from retime.collectors.costs.ops import gemm_dims, tensors
+    try:
+        return tuple(int(v) for v in gemm_dims(_base(c.names[x]),
+                                               tensors(c.dims[x], c.types[x])))
+    except (IndexError, TypeError, ValueError):
+        return None
+
+
+def _core(c: Calls, fwd: list[int], i: int, mkn: list, used: set):
+    """The attention core starting at ``fwd[i]``: ``(calls, axis, (b or None, H or B, s,
+    d))`` for an SDPA-family call (axis ``h``) or a pair of batched GEMMs ``S = Q K^T``
+    ``[B, s, d] x [B, d, s2]`` then ``O = P V`` ``[B, s, s2] x [B, s2, d]`` (axis ``b``,
+    ``B = b H``), else None."""
+    a = fwd[i]
+    if _base(c.names[a]) in ATTN_FWD:
+        q = heads_of(c.dims[a])
+        return None if q is None else ([a], "h", q)
+    one = _bmm(c, a)
+    if one is None or a in used:
+        return None
+    nxt = next((x for x in fwd[i + 1:] if mkn[x] is None), None)
+    two = _bmm(c, nxt) if nxt is not None else None
+    bt, s, s2, d = one
+    if two is None or two != (bt, s, d, s2):
+        return None
+    return [a, nxt], "b", (None, bt, s, d)
+
+
 def attention_blocks(c: Calls, fwd: list[int], mkn: list, t: int) -> list[dict]:
     """Megatron attention blocks among one rank's forward calls ``fwd`` (indices into
     ``c`` in issue order; ``mkn``: per call its 2-D GEMM ``(m, k, n)`` or None): per block
-    ``qkv`` (1 or 3 call indices), ``core``, ``out``, ``heads``, ``m``, ``hd`` (``H d``).
-    Raises PolicyError when ``t`` does not divide a recognized block's heads."""
+    ``qkv`` (1 or 3 call indices), ``core`` (its forward calls), ``axis`` (``h``: split the
+    heads of an SDPA call, ``b``: the batch ``b H`` of batched GEMMs), ``out``, ``heads``,
+    ``m``, ``hd`` (``H d``). Raises PolicyError when ``t`` does not divide a recognized
+    block's heads."""
     out: list[dict] = []
     used: set[int] = set()
     for i, a in enumerate(fwd):
-        if _base(c.names[a]) not in ATTN_FWD:
+        got = _core(c, fwd, i, mkn, used)
+        if got is None:
             continue
-        q = heads_of(c.dims[a])
-        if q is None:
-            continue
-        b, heads, s, d = q
-        m, hd = b * s, heads * d
+        core, axis, (b, heads, s, d) = got
         before = [x for x in fwd[:i] if mkn[x] is not None and x not in used]
+        if not before:
+            continue
+        if b is None:  # batched GEMMs: B = b H, b from the projection's rows
+            m0 = mkn[before[-1]][0]
+            if m0 % s or heads % (m0 // s):
+                continue
+            b, heads = m0 // s, heads // (m0 // s)
+        m, hd = b * s, heads * d
         qkv: list[int] = []
-        if before and mkn[before[-1]][0] == m and mkn[before[-1]][2] == 3 * hd:
+        if mkn[before[-1]][0] == m and mkn[before[-1]][2] == 3 * hd:
             qkv = [before[-1]]
         elif len(before) >= 3 and all(mkn[x][0] == m and mkn[x][2] == hd
                                       and mkn[x][1] == mkn[before[-1]][1]
@@ -195,23 +240,37 @@ def attention_blocks(c: Calls, fwd: list[int], mkn: list, t: int) -> list[dict]:
                 f"{'fused' if len(qkv) == 1 else 'as q, k, v'}, {heads} heads of {d}, rank "
                 f"{int(c.rank[a])}) splits by heads, and {t} does not divide {heads}; "
                 f"choose a degree that divides {heads}")
-        used.update(qkv + [after[0]])
-        out.append({"qkv": qkv, "core": a, "out": after[0], "heads": heads, "m": m,
-                    "hd": hd, "d": d})
+        used.update(qkv + core + [after[0]])
+        out.append({"qkv": qkv, "core": core, "axis": axis, "out": after[0],
+                    "heads": heads, "m": m, "hd": hd, "d": d, "b": b, "s": s})
     return out
 
 
 def attention_backward(c: Calls, blocks: list[dict], bwd: list[int]) -> None:
-    """Match each block's core backward call (an :data:`ATTN_BWD` call whose query-shaped
-    first tensor is the forward's query; backward runs in reverse, latest block first):
-    sets ``block["core_bwd"]`` (None when not found)."""
+    """Match each block's core backward calls (backward runs in reverse: latest block
+    first): an :data:`ATTN_BWD` call whose query-shaped first tensor is the forward's query;
+    for a batched-GEMM core, the four batched GEMMs of its gradients (batch ``b H``, other
+    extents among ``s`` and ``d``). Sets ``block["core_bwd"]`` (a list, empty when none)."""
     for blk in blocks:
-        blk["core_bwd"] = None
+        blk["core_bwd"] = []
     for x in bwd:
-        if _base(c.names[x]) not in ATTN_BWD:
-            continue
-        q = heads_of(c.dims[x])
+        q = heads_of(c.dims[x]) if _base(c.names[x]) in ATTN_BWD else None
+        g = _bmm(c, x)
         for blk in reversed(blocks):
-            if blk["core_bwd"] is None and heads_of(c.dims[blk["core"]]) == q:
-                blk["core_bwd"] = x
+            if blk["axis"] == "h" and q is not None and len(blk["core_bwd"]) < 1 \
+                    and heads_of(c.dims[blk["core"][0]]) == q:
+                blk["core_bwd"].append(x)
                 break
+            if blk["axis"] == "b" and g is not None and len(blk["core_bwd"]) < 4 \
+                    and g[0] == blk["b"] * blk["heads"] \
+                    and set(g[1:]) <= {blk["s"], blk["d"]}:
+                blk["core_bwd"].append(x)
+                break
+
+
+def split_batch(dims: list, t: int) -> list:
+    """A batched GEMM call's ``dims`` with its batch ``b H`` (the first extent of every 3-D
+    operand) divided by ``t``: ``t`` ranks, ``H / t`` heads each."""
+    bt = next((d[0] for d in dims if isinstance(d, list) and len(d) == 3), None)
+    return [[d[0] // t, *d[1:]] if isinstance(d, list) and len(d) == 3 and d[0] == bt
+            else (list(d) if isinstance(d, list) else d) for d in dims]

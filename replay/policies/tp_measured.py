@@ -167,9 +167,9 @@ def split_dims(name: str, dims: list, axis: str, t: int) -> list:
     (``m``, ``k`` or ``n`` of ``C[m, n] = A[m, k] B[k, n]``) divided by ``t``: every operand
     extent that is that dimension (the bias of a column split too)."""
     from retime.collectors.costs.ops import base_name
-    if axis == "h":  # an attention core: its heads
-        from .tp_attention import split_heads
-        return split_heads(dims, t)
+    if axis in ("h", "b"):  # an attention core: its heads (SDPA) or batch b H (bmm)
+        from .tp_attention import split_batch, split_heads
+        return split_heads(dims, t) if axis == "h" else split_batch(dims, t)
     b = base_name(name)
     new = [list(d) if isinstance(d, list) else d for d in dims]
     pos = [i for i, d in enumerate(new) if isinstance(d, list) and d]
@@ -240,12 +240,12 @@ def _tp_layout(trace: Trace, t: int) -> TpLayout:
 
     from .kernel_cost import shaped_kernels
     from .tp_attention import (
-        ATTN_FWD,
         attention_backward,
         attention_blocks,
         cpu_calls,
         gpu_calls,
         has_device_ops,
+        is_core,
     )
     if t > MAX_TP:
         raise _refuse(t, f"a TP group larger than one node's {MAX_TP} GPUs would cross the "
@@ -266,7 +266,7 @@ def _tp_layout(trace: Trace, t: int) -> TpLayout:
     if not gemm.any():
         raise _refuse(t, "it holds no 2-D GEMM call (aten::addmm / linear / mm) with recorded "
                       "shapes: nothing a tensor-parallel layout splits")
-    attn = np.asarray([base_name(n) in ATTN_FWD for n in c.names])
+    attn = np.asarray([is_core(n) for n in c.names])
     layers: list[dict] = []
     split_calls: list[int] = []
     axes: list[str] = []
@@ -358,10 +358,9 @@ def _tp_layout(trace: Trace, t: int) -> TpLayout:
             else:
                 ars.append((L["fwd"], L["m"] * L["n"] * es[L["fwd"]], "forward"))
         for blk in blocks:
-            for x in (blk["core"], blk["core_bwd"]):
-                if x is not None:
-                    split_calls.append(x)
-                    axes.append("h")
+            for x in blk["core"] + blk["core_bwd"]:
+                split_calls.append(x)
+                axes.append(blk["axis"])
     if not split_calls:
         n_l = len(layers)
         raise _refuse(t, f"of its {n_l} linear layer(s) (2-D GEMMs of its forward) none forms "
@@ -454,10 +453,12 @@ def _attn_line(lay: TpLayout) -> str:
         return "no attention block recognized"
     hs = sorted({b["heads"] for b in lay.attention})
     fused = sum(len(b["qkv"]) == 1 for b in lay.attention)
-    bwd = sum(b["core_bwd"] is not None for b in lay.attention)
+    bwd = sum(len(b["core_bwd"]) for b in lay.attention)
+    bmm = sum(b["axis"] == "b" for b in lay.attention)
     return (f"{len(lay.attention)} attention block(s): QKV {fused} fused, "
             f"{len(lay.attention) - fused} as q, k, v; {'/'.join(map(str, hs))} -> "
             f"{'/'.join(str(h // lay.t) for h in hs)} heads per rank in the attention core, "
+            f"{bmm} of them as batched GEMMs (Q K^T, P V; softmax and masking replicated), "
             f"{bwd} core backward call(s) matched")
 
 
