@@ -519,3 +519,48 @@ def test_gpu_eager_attention_splits_its_batched_gemms():
         assert ((ratio >= 0.5) & (ratio < 0.8)).all()
         a = " ".join(r.meta["whatif"]["assumed"])
         assert "1 of them as batched GEMMs" in a and "4 core backward call(s)" in a
+
+
+def test_dlrm_tp_on_the_same_gpus_reprices_every_gradient_allreduce_for_fewer_replicas(
+        dlrm_trace):
+    """``parallel.tp=2`` with ``parallel.dp=4`` on the 8-rank DLRM: 4 replicas of a 2-GPU
+    TP group; each of the 16 gradient all-reduces (all DDP buckets of the MLPs) is priced
+    at its TP=2 bytes for 4 ranks instead of its measured bytes for 8, the 8 others at their
+    bytes for 4 ranks."""
+    from retime.replay.policies.base import ranks_per_node_of
+    from retime.replay.policies.nccl_trace import kernel_choice
+    dlrm = dlrm_trace
+    more = whatif(dlrm, {"parallel.tp": 2})
+    same = whatif(dlrm, {"parallel.tp": 2, "parallel.dp": 4})
+    fx = same.meta["scenario"][0]["tp_effect"]
+    assert fx["dp_ranks"] == 4 and fx["dp_buckets_resized"] == 16
+    lay = tp_layout(dlrm, 2)
+    buckets = dp_buckets(dlrm, lay)
+    c, _ = trace_cluster(dlrm, ranks_per_node=ranks_per_node_of(dlrm, None), world=8)
+    from retime.replay.graph import build_graph
+    g = build_graph(dlrm)
+    dur = g.by_op(g.dur_ns)  # the graph's durations (a collective's without its peer wait)
+    ar = int(CommOp.ALL_REDUCE)
+    saved = 0.0
+    o = dlrm.ops
+    grads = np.flatnonzero((o["kind"].to_numpy() == OpKind.COLLECTIVE)
+                           & (o["comm_op"].to_numpy() == ar))
+    # 16 MLP buckets and 8 others of 448 B (not linear layers': their bytes stay)
+    assert len(grads) == 24
+    p = NcclPricer(c, forced=kernel_choice(dlrm.names()[grads]),
+                   channels=measured_channels(dlrm))
+    sizes = {op: (old, new) for op, old, new in buckets}
+    for op in grads.tolist():
+        old, new = sizes.get(op, (int(o["bytes"].iat[op]),) * 2)
+        m8, m4 = p.time_ns(ar, old, 8), p.time_ns(ar, new, 4)
+        d = float(dur[op])
+        # the measured time less the model's saving, at least measured x the model's ratio
+        saved += d - max(d - (m8 - m4), d * m4 / m8)
+    assert fx["dp_saved_ns"] == pytest.approx(saved, abs=16)
+    assert fx["dp_saved_ns"] > more.meta["scenario"][0]["tp_effect"]["dp_saved_ns"]
+    assert same.step_time_ns <= more.step_time_ns
+    a = " ".join(same.meta["whatif"]["assumed"])
+    assert "from 8 to 4 ranks" in a and "4 replicas of a 2-GPU TP group" in a
+    with pytest.raises(PolicyError, match=r"parallel.tp=2 with parallel.dp=2 .* tp x dp = "
+                                          r"the trace's 8 ranks; set parallel.dp=4"):
+        whatif(dlrm, {"parallel.tp": 2, "parallel.dp": 2})

@@ -45,7 +45,8 @@ a lower bound either way, the c10d work around a launch is not in Kineto's runti
 GPUs (the per-replica batch and the data-parallel degree unchanged). Data-parallel gradient
 all-reduces whose bytes are exactly the linear layers' gradients (:func:`dp_buckets`) lose
 the NCCL model's saving on their smaller message; the others keep their measured time (an
-upper bound).
+upper bound). With ``parallel.dp`` too (``tp x dp`` = the trace's ranks: the same GPUs, fewer
+replicas; :mod:`.tp_dp`) every gradient all-reduce is re-priced for the smaller group.
 """
 
 from __future__ import annotations
@@ -61,7 +62,8 @@ from retime.collectors.trace import Trace
 
 from .base import WhatIfState, trace_memo
 
-__all__ = ["TpLayout", "tp_layout", "split_dims", "scale_tp", "MAX_TP"]
+__all__ = ["TpLayout", "tp_layout", "split_dims", "scale_tp", "same_gpus_dp", "dp_buckets",
+           "MAX_TP"]
 
 #: TP groups this model prices: one node's NVLink / xGMI domain (8 GPUs on the platforms
 #: :func:`.nccl_trace.trace_cluster` knows)
@@ -116,50 +118,17 @@ def _has_bias(name: str, dims: list) -> bool:
     return b == "addmm" or (b == "linear" and len(ts) > 2)
 
 
-def _params(L: dict, t: int) -> tuple[int, int]:
-    """(gradient elements of linear layer ``L`` per rank at TP=1, at TP=``t``): a column
-    layer holds 1/t of its weight and bias, a row layer 1/t of its weight and the whole
-    bias (Megatron adds it after the all-reduce), a replicated one all of both."""
-    w, b = L["k"] * L["n"], L["n"] if L["bias"] else 0
-    if L["kind"] == "column":
-        return w + b, (w + b) // t
-    if L["kind"] == "row":
-        return w + b, w // t + b
-    return w + b, w + b
-
-
 def dp_buckets(trace: Trace, lay: TpLayout) -> list[tuple[int, int, int]]:
-    """Data-parallel gradient all-reduces whose bytes are exactly the gradients of linear
-    layers of :func:`tp_layout`, in DDP's order (buckets fill in reverse order of the
-    layers' registration, here their forward order): ``(op id, bytes at TP=1, bytes at
-    TP=t)`` per such bucket. A bucket holding anything else (a convolution's, an
-    embedding's parameters) stops the match on its rank: its and the later buckets keep
-    their bytes (an empty list when none matches)."""
-    o = trace.ops
-    kind, rank = o["kind"].to_numpy(), o["rank"].to_numpy()
-    ar = np.flatnonzero((kind == OpKind.COLLECTIVE) & (o["comm_op"].to_numpy()
-                                                       == int(CommOp.ALL_REDUCE))
-                        & (o["phase"].to_numpy() == Phase.BWD))
-    nbytes, st = o["bytes"].to_numpy(), o["start_ns"].to_numpy()
-    out = []
-    for r in np.unique(rank[ar]).tolist():
-        mine = [L for L in lay.layers if L["rank"] == r][::-1]
-        ids = ar[rank[ar] == r]
-        ids = ids[np.argsort(st[ids], kind="stable")]
-        i = 0
-        for op in ids.tolist():
-            want, old, new, j = int(nbytes[op]), 0, 0, i
-            while j < len(mine) and old < want:
-                a, b = _params(mine[j], lay.t)
-                old, new, j = old + a * mine[j]["es"], new + b * mine[j]["es"], j + 1
-            if old == want:
-                out.append((op, want, new))
-                i = j
-            elif i < len(mine) and _params(mine[i], lay.t)[0] * mine[i]["es"] > want:
-                continue  # smaller than the next layer's gradient: another tensor's
-            else:
-                break
-    return out
+    """:func:`.tp_dp.dp_buckets` (the data-parallel buckets of the split layers)."""
+    from .tp_dp import dp_buckets as _b
+    return _b(trace, lay)
+
+
+def same_gpus_dp(trace: Trace, t: int, dp: int) -> int:
+    """:func:`.tp_dp.same_gpus_dp`: ``parallel.dp`` with ``parallel.tp`` on a measured
+    trace, checked."""
+    from .tp_dp import same_gpus_dp as _s
+    return _s(trace, t, dp)
 
 
 def split_dims(name: str, dims: list, axis: str, t: int) -> list:
@@ -401,53 +370,6 @@ def _split_ratio(trace: Trace, lay: TpLayout, dev: np.ndarray, flat: bool, hw
     return ids, ratio, info
 
 
-def _resize_dp(state: WhatIfState, lay: TpLayout, cost_bound: str | None) -> dict:
-    """The data-parallel gradient all-reduces at TP=t (:func:`dp_buckets`): each matched
-    bucket's time less what the NCCL model saves on its smaller message (on the trace's own
-    fabric and group, the algorithm its kernels name), never below the measured time x the
-    model's ratio (a wait for peers inside the measured time is kept)."""
-    from .base import ranks_per_node_of
-    from .nccl_trace import NcclPricer, kernel_choice, measured_channels, trace_cluster
-    tr = state.trace
-    b = dp_buckets(tr, lay)
-    t = lay.t
-    n_ar = int(((tr.ops["kind"].to_numpy() == OpKind.COLLECTIVE)
-                & (tr.ops["comm_op"].to_numpy() == int(CommOp.ALL_REDUCE))).sum())
-    if not b:
-        why = ("no gradient all-reduce in the trace" if not n_ar else
-               "none of its all-reduces holds exactly the linear layers' gradients")
-        return {"buckets": 0, "old": 0, "new": 0, "saved_ns": 0,
-                "line": f"parallel.tp={t}: data-parallel collectives keep their measured "
-                        f"times ({why}: the split layers' gradients, 1/{t} per rank after the "
-                        "change, cannot be placed in them)"}
-    ids = np.asarray([x[0] for x in b], np.int64)
-    world = max(int(tr.meta.get("world_size") or 0) if isinstance(tr.meta, dict) else 0,
-                int(tr.ops["rank"].max()) + 1)
-    rpn = ranks_per_node_of(tr, state.ranks_per_node)
-    cluster, src = trace_cluster(tr, ranks_per_node=rpn, world=world)
-    pricer = NcclPricer(cluster, forced=kernel_choice(tr.names()[ids]), bound=cost_bound,
-                        channels=measured_channels(tr))
-    d = state.dur
-    saved = 0.0
-    for op, old, new in b:
-        m_old = pricer.time_ns(int(CommOp.ALL_REDUCE), old, world)
-        m_new = pricer.time_ns(int(CommOp.ALL_REDUCE), new, world)
-        if m_old <= 0:
-            continue
-        x = max(d[op] - (m_old - m_new), d[op] * m_new / m_old)
-        saved += d[op] - x
-        d[op] = x
-    o_b, n_b = sum(x[1] for x in b), sum(x[2] for x in b)
-    return {"buckets": len(b), "old": o_b, "new": n_b, "saved_ns": round(saved),
-            "line": f"parallel.tp={t}: {len(b)} data-parallel gradient all-reduce(s) hold "
-                    "exactly the linear layers' gradients (DDP's buckets, in reverse layer "
-                    f"order): {o_b / 1e6:.3g} -> {n_b / 1e6:.3g} MB (column layers keep 1/{t} "
-                    f"of weight and bias, row layers 1/{t} of the weight and the whole bias), "
-                    f"each re-timed by the NCCL model's saving for {world} ranks on the "
-                    f"trace's fabric ({src['platform']}; the data-parallel group assumed to "
-                    f"keep it at {t}x the GPUs): {saved / 1e6:.3g} ms saved over the ranks"}
-
-
 def _attn_line(lay: TpLayout) -> str:
     if not lay.attention:
         return "no attention block recognized"
@@ -525,7 +447,8 @@ def scale_tp(state: WhatIfState, t: int, cost_bound: str | None = None) -> dict[
             d[h] += launch_ns
             host_ns += launch_ns
     ranks = max(1, len(np.unique(sk.rank)))
-    dp = _resize_dp(state, lay, cost_bound)
+    from .tp_dp import resize_dp
+    dp = resize_dp(state, lay, cost_bound)
     gemm = np.asarray([_mkn(n, dd, ty) is not None for n, dd, ty in
                        zip(sk.names, sk.dims, sk.types)])
     gemm_ns = float(dur0[sk.op_ids[gemm[sk.call_of]]].sum())
@@ -569,7 +492,8 @@ def scale_tp(state: WhatIfState, t: int, cost_bound: str | None = None) -> dict[
         bounds=None if cost_bound is not None or flat else [{"overlap.cost_bound": "high"}])
     state.assume(dp["line"], bounded=True)
     return {"tp": t, "split_layers": n_split, "dp_buckets_resized": dp["buckets"],
-            "dp_bytes_old": dp["old"], "dp_bytes_new": dp["new"], "dp_saved_ns": dp["saved_ns"], "replicated_layers": n_rep,
+            "dp_bytes_old": dp["old"], "dp_bytes_new": dp["new"], "dp_saved_ns": dp["saved_ns"],
+            "dp_ranks": dp["dp_ranks"], "replicated_layers": n_rep,
             "split_calls": info["split_calls"], "flops_old": info["flops_old"],
             "flops_new": info["flops_new"], "gemm_share": round(gemm_ns / g_ns, 4) if g_ns
             else 0.0, "split_share": round(split_ns / g_ns, 4) if g_ns else 0.0,
