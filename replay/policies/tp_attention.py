@@ -92,6 +92,15 @@ def _wanted(name: str) -> bool:
 
 
 def cpu_calls(trace) -> Calls | None:
+    """:func:`_cpu_calls`, memoized per trace (the Kineto files are read once)."""
+    from .base import trace_memo
+    memo = trace_memo(trace)
+    if "tp_cpu_calls" not in memo:
+        memo["tp_cpu_calls"] = _cpu_calls(trace)
+    return memo["tp_cpu_calls"]
+
+
+def _cpu_calls(trace) -> Calls | None:
     """:class:`Calls` of a trace without GPU kernels: the innermost wanted ``cpu_op`` events
     (2-D GEMMs, attention cores) with ``Input Dims`` of its Kineto sources; the phase of
     each is the phase of the ingested ops inside its span on its rank (the first). None
@@ -113,7 +122,7 @@ def cpu_calls(trace) -> Calls | None:
         ev = [e for e in doc.get("traceEvents", []) if isinstance(e, dict)
               and e.get("ph") == "X" and e.get("cat") == "cpu_op"
               and "Input Dims" in (e.get("args") or {}) and _wanted(e.get("name", ""))]
-        ev.sort(key=lambda e: (e.get("tid"), float(e["ts"]), -float(e.get("dur", 0))))
+        ev.sort(key=lambda e: (str(e.get("tid")), float(e["ts"]), -float(e.get("dur", 0))))
         for i, e in enumerate(ev):
             a, st = e["args"], float(e["ts"])
             end = st + float(e.get("dur", 0))
