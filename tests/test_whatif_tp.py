@@ -490,7 +490,8 @@ def test_cli_tp_on_the_cpu_run_reads_the_calibration(tmp_path, capsys):
 
 def test_gpu_eager_attention_splits_its_batched_gemms():
     """Eager attention (``Q K^T`` and ``P V`` as ``aten::bmm`` over b H = 32): both batched
-    GEMMs and their four gradients run 16 of 32 batches at TP=2; the softmax stays whole."""
+    GEMMs and their four gradients run 16 of 32 batches at TP=2, the softmax forward and
+    backward 8 of 16 heads."""
     import tempfile
     from pathlib import Path
 
@@ -499,8 +500,8 @@ def test_gpu_eager_attention_splits_its_batched_gemms():
         tr = read([_gpu_block_trace(Path(d) / "rank-0.pt.trace.json", "fused", "bmm")])
         lay = tp_layout(tr, 2)
         (blk,) = lay.attention
-        assert (blk["axis"], blk["heads"], len(blk["core"]), len(blk["core_bwd"])) == \
-            ("b", 16, 2, 4)
+        assert (blk["axis"], blk["heads"], blk["axes"], blk["axes_bwd"]) == \
+            ("b", 16, ["b", "h", "b"], ["b", "b", "h", "b", "b"])
         sk = shaped_kernels(tr)
         bmm = [x for x in lay.calls.tolist() if sk.names[x] == "aten::bmm"]
         assert len(bmm) == 6
@@ -509,16 +510,15 @@ def test_gpu_eager_attention_splits_its_batched_gemms():
         base = replay(tr)
         r = whatif(tr, {"parallel.tp": 2})
         fx = r.meta["scenario"][0]["tp_effect"]
-        assert fx["flops_new"] == fx["flops_old"] / 2 and fx["split_calls"] == 4 * 3 + 6
+        assert fx["flops_new"] == fx["flops_old"] / 2 and fx["split_calls"] == 4 * 3 + 8
         names = np.asarray([str(x) for x in tr.names()])
         soft = np.flatnonzero(np.char.startswith(names, "k__softmax"))
         kb = np.flatnonzero(np.char.startswith(names, "k_bmm"))
         assert len(soft) == 2 and len(kb) == 6
-        np.testing.assert_array_equal(r.dur_ns[soft], base.dur_ns[soft])
-        ratio = r.dur_ns[kb] / base.dur_ns[kb]
+        ratio = r.dur_ns[np.r_[kb, soft]] / base.dur_ns[np.r_[kb, soft]]
         assert ((ratio >= 0.5) & (ratio < 0.8)).all()
         a = " ".join(r.meta["whatif"]["assumed"])
-        assert "1 of them as batched GEMMs" in a and "4 core backward call(s)" in a
+        assert "1 of them as batched GEMMs" in a and "5 core backward call(s)" in a
 
 
 def test_dlrm_tp_on_the_same_gpus_reprices_every_gradient_allreduce_for_fewer_replicas(

@@ -47,6 +47,9 @@ ATTN_BWD = frozenset({"_scaled_dot_product_flash_attention_backward",
                       "_scaled_dot_product_flash_attention_for_cpu_backward"})
 _GEMM = frozenset({"addmm", "linear", "mm"})
 _BMM = frozenset({"bmm", "baddbmm"})
+#: the softmax over ``[b, H, s, s2]`` scores of eager attention (forward, backward)
+_SOFTMAX = frozenset({"_softmax", "softmax", "_safe_softmax", "_masked_softmax"})
+_SOFTMAX_BWD = frozenset({"_softmax_backward_data", "_masked_softmax_backward"})
 _ES = {"float": 4, "double": 8, "c10::Half": 2, "c10::BFloat16": 2, "half": 2,
        "bfloat16": 2, "c10::Float8_e4m3fn": 1, "c10::Float8_e5m2": 1}
 
@@ -88,7 +91,8 @@ def gpu_calls(trace, sk, first: np.ndarray, phase: np.ndarray) -> Calls:
 
 def _wanted(name: str) -> bool:
     b = _base(name)
-    return b in _GEMM or b in _BMM or b in ATTN_FWD or b in ATTN_BWD
+    return (b in _GEMM or b in _BMM or b in ATTN_FWD or b in ATTN_BWD or b in _SOFTMAX
+            or b in _SOFTMAX_BWD)
 
 
 def cpu_calls(trace) -> Calls | None:
@@ -150,8 +154,9 @@ def _cpu_calls(trace) -> Calls | None:
 
 
 def is_core(name: str) -> bool:
-    """Whether a call may be (part of) an attention core: SDPA-family or batched GEMM."""
-    return _base(name) in ATTN_FWD or _base(name) in _BMM
+    """Whether a call may be (part of) an attention core: SDPA-family, batched GEMM or
+    softmax."""
+    return _base(name) in ATTN_FWD or _base(name) in _BMM or _base(name) in _SOFTMAX
 
 
 def has_device_ops(trace) -> bool:
@@ -198,16 +203,28 @@ def _core(c: Calls, fwd: list[int], i: int, mkn: list, used: set):
     a = fwd[i]
     if _base(c.names[a]) in ATTN_FWD:
         q = heads_of(c.dims[a])
-        return None if q is None else ([a], "h", q)
+        return None if q is None else ([a], "h", (*q, q[2]))
     one = _bmm(c, a)
     if one is None or a in used:
         return None
-    nxt = next((x for x in fwd[i + 1:] if mkn[x] is None), None)
+    j = next((j for j in range(i + 1, len(fwd)) if mkn[fwd[j]] is not None
+              or _bmm(c, fwd[j]) is not None), None)
+    nxt = fwd[j] if j is not None else None
     two = _bmm(c, nxt) if nxt is not None else None
     bt, s, s2, d = one
     if two is None or two != (bt, s, d, s2):
         return None
-    return [a, nxt], "b", (None, bt, s, d)
+    soft = [x for x in fwd[i + 1:j] if _scores(c, x, bt, s, s2)]
+    return [a, *soft, nxt], "b", (None, bt, s, d, s2)
+
+
+def _scores(c: Calls, x: int, bt: int, s: int, s2: int) -> bool:
+    """Whether call ``x`` is a softmax (forward or backward) over ``[b, H, s, s2]`` scores
+    with ``b H = bt``."""
+    if _base(c.names[x]) not in _SOFTMAX | _SOFTMAX_BWD:
+        return False
+    q = heads_of(c.dims[x])
+    return q is not None and q[0] * q[1] == bt and q[2:] == (s, s2)
 
 
 def attention_blocks(c: Calls, fwd: list[int], mkn: list, t: int) -> list[dict]:
@@ -223,7 +240,7 @@ def attention_blocks(c: Calls, fwd: list[int], mkn: list, t: int) -> list[dict]:
         got = _core(c, fwd, i, mkn, used)
         if got is None:
             continue
-        core, axis, (b, heads, s, d) = got
+        core, axis, (b, heads, s, d, s2) = got
         before = [x for x in fwd[:i] if mkn[x] is not None and x not in used]
         if not before:
             continue
@@ -250,8 +267,9 @@ def attention_blocks(c: Calls, fwd: list[int], mkn: list, t: int) -> list[dict]:
                 f"{int(c.rank[a])}) splits by heads, and {t} does not divide {heads}; "
                 f"choose a degree that divides {heads}")
         used.update(qkv + core + [after[0]])
-        out.append({"qkv": qkv, "core": core, "axis": axis, "out": after[0],
-                    "heads": heads, "m": m, "hd": hd, "d": d, "b": b, "s": s})
+        axes = ["h" if _base(c.names[x]) in _SOFTMAX else axis for x in core]
+        out.append({"qkv": qkv, "core": core, "axis": axis, "axes": axes, "out": after[0],
+                    "heads": heads, "m": m, "hd": hd, "d": d, "b": b, "s": s, "s2": s2})
     return out
 
 
@@ -259,21 +277,30 @@ def attention_backward(c: Calls, blocks: list[dict], bwd: list[int]) -> None:
     """Match each block's core backward calls (backward runs in reverse: latest block
     first): an :data:`ATTN_BWD` call whose query-shaped first tensor is the forward's query;
     for a batched-GEMM core, the four batched GEMMs of its gradients (batch ``b H``, other
-    extents among ``s`` and ``d``). Sets ``block["core_bwd"]`` (a list, empty when none)."""
+    extents among ``s`` and ``d``) and its softmax's backward. Sets ``block["core_bwd"]``
+    (a list, empty when none) and ``block["axes_bwd"]`` (each one's split axis)."""
     for blk in blocks:
-        blk["core_bwd"] = []
+        blk["core_bwd"], blk["axes_bwd"] = [], []
     for x in bwd:
         q = heads_of(c.dims[x]) if _base(c.names[x]) in ATTN_BWD else None
         g = _bmm(c, x)
         for blk in reversed(blocks):
+            if blk["axis"] == "b" and _scores(c, x, blk["b"] * blk["heads"], blk["s"],
+                                              blk["s2"]) \
+                    and "h" not in blk["axes_bwd"]:
+                blk["core_bwd"].append(x)
+                blk["axes_bwd"].append("h")
+                break
             if blk["axis"] == "h" and q is not None and len(blk["core_bwd"]) < 1 \
                     and heads_of(c.dims[blk["core"][0]]) == q:
                 blk["core_bwd"].append(x)
+                blk["axes_bwd"].append("h")
                 break
-            if blk["axis"] == "b" and g is not None and len(blk["core_bwd"]) < 4 \
+            if blk["axis"] == "b" and g is not None and blk["axes_bwd"].count("b") < 4 \
                     and g[0] == blk["b"] * blk["heads"] \
-                    and set(g[1:]) <= {blk["s"], blk["d"]}:
+                    and set(g[1:]) <= {blk["s"], blk["s2"], blk["d"]}:
                 blk["core_bwd"].append(x)
+                blk["axes_bwd"].append("b")
                 break
 
 

@@ -327,9 +327,8 @@ def _tp_layout(trace: Trace, t: int) -> TpLayout:
             else:
                 ars.append((L["fwd"], L["m"] * L["n"] * es[L["fwd"]], "forward"))
         for blk in blocks:
-            for x in blk["core"] + blk["core_bwd"]:
-                split_calls.append(x)
-                axes.append(blk["axis"])
+            split_calls += blk["core"] + blk["core_bwd"]
+            axes += blk["axes"] + blk["axes_bwd"]
     if not split_calls:
         n_l = len(layers)
         raise _refuse(t, f"of its {n_l} linear layer(s) (2-D GEMMs of its forward) none forms "
@@ -380,7 +379,8 @@ def _attn_line(lay: TpLayout) -> str:
     return (f"{len(lay.attention)} attention block(s): QKV {fused} fused, "
             f"{len(lay.attention) - fused} as q, k, v; {'/'.join(map(str, hs))} -> "
             f"{'/'.join(str(h // lay.t) for h in hs)} heads per rank in the attention core, "
-            f"{bmm} of them as batched GEMMs (Q K^T, P V; softmax and masking replicated), "
+            f"{bmm} of them as batched GEMMs (Q K^T, softmax, P V; masking and dropout "
+            "replicated), "
             f"{bwd} core backward call(s) matched")
 
 
