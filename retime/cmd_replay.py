@@ -69,7 +69,8 @@ def replay_cmd(
         "--calibration", exists=True, dir_okay=False,
         help="A calibration file from `retime calibrate` (measured collective latency over "
              "sizes; how transfers share the CPU with compute): used where the trace alone "
-             "cannot tell. With --cluster it must have been measured on that cluster "
+             "cannot tell (parallel.tp on a CPU run prices its gloo all-reduces by it). "
+             "With --cluster it must have been measured on that cluster "
              "(`retime calibrate --cluster F`; another cluster's: exit 2), and its measured "
              "efficiency replaces the model's for the level it measured "
              "(network.intra_bus_efficiency / inter_bus_efficiency; --set wins; nccl "
