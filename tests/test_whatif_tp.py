@@ -564,3 +564,23 @@ def test_dlrm_tp_on_the_same_gpus_reprices_every_gradient_allreduce_for_fewer_re
     with pytest.raises(PolicyError, match=r"parallel.tp=2 with parallel.dp=2 .* tp x dp = "
                                           r"the trace's 8 ranks; set parallel.dp=4"):
         whatif(dlrm, {"parallel.tp": 2, "parallel.dp": 2})
+
+
+def test_cpu_ddp_transformer_keeps_its_dp_collectives_and_refuses_fewer_replicas():
+    """A 2-rank CPU DDP transformer (traces/pairs): parallel.tp=2 splits its layers, keeps
+    its gloo gradient all-reduces (said), and refuses the same-GPUs option on gloo."""
+    from retime.collectors.calibrate import attach, read_calibration
+    tr = attach(ingest_cached(ROOT / "traces" / "pairs" / "transformer-bandwidth" / "A"),
+                read_calibration(TP_PAIR / "cal-gloo-2.json"))
+    r = whatif(tr, {"parallel.tp": 2})
+    fx = r.meta["scenario"][0]["tp_effect"]
+    lay = tp_layout(tr, 2)
+    assert fx["split_layers"] == sum(L["kind"] != "replicated" for L in lay.layers) > 0
+    assert fx["attention_blocks"] == len(lay.attention) > 0
+    # nn.TransformerEncoderLayer(nhead=4) (examples/pairs/job.py): fused in-projection
+    assert {b["heads"] for b in lay.attention} == {4}
+    assert all(len(b["qkv"]) == 1 and b["core_bwd"] for b in lay.attention)
+    a = " ".join(r.meta["whatif"]["assumed"])
+    assert "data-parallel collective(s) keep their measured times" in a
+    with pytest.raises(PolicyError, match=r"parallel.tp=2 with parallel.dp on a CPU run"):
+        whatif(tr, {"parallel.tp": 2, "parallel.dp": 1})

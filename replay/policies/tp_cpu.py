@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from retime.collectors.enums import EdgeKind, OpKind
+from retime.collectors.enums import EdgeKind, OpKind, Phase
 from retime.collectors.errors import PolicyError
 
 from .base import WhatIfState
@@ -85,6 +85,9 @@ def _overlap(a: np.ndarray, b: np.ndarray, lane: np.ndarray, rank: np.ndarray,
 def scale_tp_cpu(state: WhatIfState, lay, t: int) -> dict[str, Any]:
     """Phase 2 of ``parallel.tp=t`` on a CPU run (module docstring)."""
     from .tp_attention import cpu_calls
+    if state.notes.get("tp_dp") is not None:
+        raise PolicyError(f"parallel.tp={t} with parallel.dp on a CPU run: fewer replicas' "
+                          "gloo gradient all-reduces are not modelled; leave parallel.dp out")
     alpha_ns, bw, src = _price(state, t)
     tr = state.trace
     c = cpu_calls(tr)
@@ -141,9 +144,11 @@ def scale_tp_cpu(state: WhatIfState, lay, t: int) -> dict[str, Any]:
         d[own[np.argmax(en[own])]] += x_ns
         ar_ns, ar_bytes, n_ar = ar_ns + x_ns, ar_bytes + int(nbytes), n_ar + 1
     ranks = max(1, len(np.unique(c.rank)))
+    n_split = sum(L["kind"] != "replicated" for L in lay.layers)
     state.assume(
-        f"parallel.tp 1 -> {t} on a CPU run: {len(lay.layers)} linear layer(s) split as "
-        f"Megatron's column/row layers, {len(lay.attention)} attention block(s) by heads; "
+        f"parallel.tp 1 -> {t} on a CPU run: {n_split} of its {len(lay.layers)} linear "
+        f"layer(s) split as Megatron's column/row layers ({len(lay.layers) - n_split} "
+        f"replicated), {len(lay.attention)} attention block(s) by heads; "
         f"the host compute inside their {len(calls)} GEMM / attention call(s) (the gaps "
         f"in their spans outside their leaf ops and nested operators) takes exactly 1/{t} "
         "of its measured time "
@@ -154,7 +159,12 @@ def scale_tp_cpu(state: WhatIfState, lay, t: int) -> dict[str, Any]:
         f" MB over {ranks} rank(s)), each alpha + 2(t-1)/t x bytes / busbw from {src}: "
         f"{ar_ns / 1e6:.3g} ms in all, blocking the thread after the call that feeds it "
         "(no wait for a slower peer: each rank stands for its TP group)", bounded=True)
-    return {"tp": t, "split_layers": len(lay.layers), "attention_blocks": len(lay.attention),
+    n_dp = int(((kind == OpKind.COLLECTIVE) & (o["phase"].to_numpy() == Phase.BWD)).sum())
+    if n_dp:
+        state.assume(f"parallel.tp={t} on a CPU run: its {n_dp} data-parallel collective(s) "
+                     "keep their measured times (the split layers' smaller gradients are "
+                     "not re-priced on gloo: an upper bound)")
+    return {"tp": t, "split_layers": n_split, "replicated_layers": len(lay.layers) - n_split, "attention_blocks": len(lay.attention),
             "split_calls": int(len(calls)), "host_compute_saved_ns": round(saved),
             "tp_allreduces": n_ar, "tp_allreduce_bytes": ar_bytes,
             "tp_allreduce_ns": round(ar_ns)}
