@@ -69,7 +69,8 @@ def replay_cmd(
         "--calibration", exists=True, dir_okay=False,
         help="A calibration file from `retime calibrate` (measured collective latency over "
              "sizes; how transfers share the CPU with compute): used where the trace alone "
-             "cannot tell. With --cluster it must have been measured on that cluster "
+             "cannot tell (parallel.tp on a CPU run prices its gloo all-reduces by it). "
+             "With --cluster it must have been measured on that cluster "
              "(`retime calibrate --cluster F`; another cluster's: exit 2), and its measured "
              "efficiency replaces the model's for the level it measured "
              "(network.intra_bus_efficiency / inter_bus_efficiency; --set wins; nccl "
@@ -152,12 +153,13 @@ def replay_cmd(
 
     def load(columns):
         if columns is None:
-            return read_trace(trace_dir, skip=skip)
-        t = read_trace(trace_dir, columns=list(columns), fill_defaults=False, skip=skip)
-        if light:  # of the annotations, the step windows read only the ProfilerStep ones
+            t = read_trace(trace_dir, skip=skip)
+        else:
+            t = read_trace(trace_dir, columns=list(columns), fill_defaults=False, skip=skip)
+        if light and columns is not None:  # the step windows read only ProfilerStep ranges
             from retime.collectors.steps import step_range_mask
             t.ranges = t.ranges[step_range_mask(t.ranges, t.strings)].reset_index(drop=True)
-        if cal is not None:
+        if cal is not None:  # also on a whole load (what-ifs read it: parallel.tp on CPU)
             from retime.collectors.calibrate import attach
             t = attach(t, cal)
         return t

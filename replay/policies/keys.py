@@ -115,7 +115,8 @@ KEYS: dict[str, KeyInfo] = {
                            "data-parallel degree (fixed per-rank batch)"),
     "parallel.tp": KeyInfo("ranks", "integer >= 1 (<= 8 on a measured trace)", "unchanged",
                            _SYNTH + "; kineto with recorded shapes: consecutive linear layers "
-                           "split as column/row pairs, TP all-reduces by the NCCL model",
+                           "split as column/row pairs, attention blocks by heads, TP "
+                           "all-reduces by the NCCL model (CPU runs: gloo from --calibration)",
                            "tensor-parallel degree"),
     "parallel.pp": KeyInfo("stages", "integer >= 1", "unchanged", _LAYOUT_M,
                            "pipeline-parallel degree"),

@@ -225,14 +225,20 @@ class Parallel(Policy):
             if "tp" in kw and not self._current_layout(state):
                 # a measured GPU trace without a layout: its linear layers split by shape
                 # (tp_measured.py), re-timed in phase 2
-                if set(kw) != {"tp"}:
+                if set(kw) - {"tp", "dp"}:
                     raise PolicyError(
-                        f"parallel.tp with parallel.{', parallel.'.join(sorted(set(kw) - {'tp'}))}"
+                        f"parallel.tp with parallel."
+                        f"{', parallel.'.join(sorted(set(kw) - {'tp', 'dp'}))}"
                         " on a measured trace without a layout: the TP split re-prices its "
                         "GEMMs in place; change one key per what-if")
                 if kw["tp"] > 1:
-                    from .tp_measured import tp_layout
+                    from .tp_measured import same_gpus_dp, tp_layout
                     tp_layout(state.trace, kw["tp"])  # refuse early, naming what is missing
+                    if "dp" in kw:  # the same GPUs: fewer data-parallel replicas
+                        state.notes["tp_dp"] = same_gpus_dp(state.trace, kw["tp"], kw["dp"])
+                elif "dp" in kw:
+                    raise PolicyError("parallel.dp with parallel.tp=1 on a measured trace: "
+                                      "set parallel.dp alone to change the replicas")
                 state.notes["tp"] = int(kw["tp"])
                 return
             state.notes["relayout"] = self._relayout_measured(state, kw)

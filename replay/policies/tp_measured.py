@@ -9,13 +9,22 @@ The trace must hold what Megatron's layout needs, read from its recorded shapes
   chain is split as Megatron-LM splits a transformer's MLP (Shoeybi et al. 2019, REFERENCES
   K23): layers in pairs, the first **column**-parallel (its ``N`` outputs split by ``t``), the
   second **row**-parallel (its ``K`` inputs split by ``t``); an odd chain's last layer, a
-  lone linear layer, a pair whose split width ``t`` does not divide, convolutions, attention
-  and the other kernels stay **replicated** (every TP rank runs them whole, at their
-  measured time);
+  lone linear layer, a pair whose split width ``t`` does not divide, convolutions and the
+  other kernels stay **replicated** (every TP rank runs them whole, at their measured time);
+* **attention blocks** (:mod:`.tp_attention`): a QKV projection (one linear of ``3 H d``
+  outputs, or ``q``, ``k``, ``v`` of ``H d`` each), an attention core with a ``[b, H, s, d]``
+  query (``scaled_dot_product_attention`` and its flash / efficient / cuDNN / CPU kernels'
+  operators) and the out-projection (``H d`` inputs) split as Megatron splits them by heads:
+  QKV column-parallel, the core (forward and backward) on ``H / t`` heads, the
+  out-projection row-parallel; ``t`` must divide ``H`` (refused otherwise). An attention
+  GEMM ends an MLP chain;
 * **the backward GEMMs** of each split layer, matched by shape: the input gradient
   (``M x N x K``) and the weight gradient (``N x M x K`` or ``K x M x N``), the layer's split
   dimension divided by ``t`` in each (so each split layer's FLOPs are exactly ``1/t`` of the
   measured ones);
+* on a trace without GPU kernels (a CPU run) the layout is read from its ``cpu_op`` shapes
+  (checked against a measured TP=2 run, ``traces/tp``) and re-timed by :mod:`.tp_cpu`
+  (host compute 1/t, gloo all-reduces from a calibration);
 * **the TP all-reduces** Megatron adds per pair: the row layer's output (``M x N_row``
   elements) after its forward GEMM, and the column layer's input gradient (``M x K_col``)
   after its input-gradient GEMM (none when the trace has no input-gradient GEMM for it: the
@@ -36,7 +45,8 @@ a lower bound either way, the c10d work around a launch is not in Kineto's runti
 GPUs (the per-replica batch and the data-parallel degree unchanged). Data-parallel gradient
 all-reduces whose bytes are exactly the linear layers' gradients (:func:`dp_buckets`) lose
 the NCCL model's saving on their smaller message; the others keep their measured time (an
-upper bound).
+upper bound). With ``parallel.dp`` too (``tp x dp`` = the trace's ranks: the same GPUs, fewer
+replicas; :mod:`.tp_dp`) every gradient all-reduce is re-priced for the smaller group.
 """
 
 from __future__ import annotations
@@ -52,7 +62,8 @@ from retime.collectors.trace import Trace
 
 from .base import WhatIfState, trace_memo
 
-__all__ = ["TpLayout", "tp_layout", "split_dims", "scale_tp", "MAX_TP"]
+__all__ = ["TpLayout", "tp_layout", "split_dims", "scale_tp", "same_gpus_dp", "dp_buckets",
+           "MAX_TP"]
 
 #: TP groups this model prices: one node's NVLink / xGMI domain (8 GPUs on the platforms
 #: :func:`.nccl_trace.trace_cluster` knows)
@@ -73,9 +84,12 @@ class TpLayout:
 
     ``calls`` (int64): shaped-call indices (:class:`.kernel_cost.ShapedKernels`) split by
     ``t``; ``axis``: per split call, which of its GEMM dimensions (``m``/``k``/``n``) is
-    divided; ``layers``: per linear layer found, a dict (rank, m, k, n, kind: column / row /
-    replicated, why); ``allreduces``: (call index the all-reduce follows, bytes, phase name)
-    per TP all-reduce; ``gemm_calls``: every 2-D GEMM call of the trace.
+    divided (``h``: an attention core's heads); ``layers``: per linear layer found, a dict
+    (rank, m, k, n, kind: column / row / replicated, why, attn: its attention block's index
+    or None); ``allreduces``: (call index the all-reduce follows, bytes, phase name) per TP
+    all-reduce; ``gemm_calls``: every 2-D GEMM call of the trace; ``attention``: the
+    attention blocks (:func:`.tp_attention.attention_blocks`); ``device``: whether the calls
+    own GPU kernels (False: a CPU run, layout only).
     """
 
     t: int
@@ -84,6 +98,8 @@ class TpLayout:
     layers: tuple[dict, ...]
     allreduces: tuple[tuple[int, int, str], ...]
     gemm_calls: int
+    attention: tuple[dict, ...] = ()
+    device: bool = True
 
 
 def _mkn(name: str, dims: list, types: list) -> tuple[int, int, int] | None:
@@ -102,50 +118,17 @@ def _has_bias(name: str, dims: list) -> bool:
     return b == "addmm" or (b == "linear" and len(ts) > 2)
 
 
-def _params(L: dict, t: int) -> tuple[int, int]:
-    """(gradient elements of linear layer ``L`` per rank at TP=1, at TP=``t``): a column
-    layer holds 1/t of its weight and bias, a row layer 1/t of its weight and the whole
-    bias (Megatron adds it after the all-reduce), a replicated one all of both."""
-    w, b = L["k"] * L["n"], L["n"] if L["bias"] else 0
-    if L["kind"] == "column":
-        return w + b, (w + b) // t
-    if L["kind"] == "row":
-        return w + b, w // t + b
-    return w + b, w + b
-
-
 def dp_buckets(trace: Trace, lay: TpLayout) -> list[tuple[int, int, int]]:
-    """Data-parallel gradient all-reduces whose bytes are exactly the gradients of linear
-    layers of :func:`tp_layout`, in DDP's order (buckets fill in reverse order of the
-    layers' registration, here their forward order): ``(op id, bytes at TP=1, bytes at
-    TP=t)`` per such bucket. A bucket holding anything else (a convolution's, an
-    embedding's parameters) stops the match on its rank: its and the later buckets keep
-    their bytes (an empty list when none matches)."""
-    o = trace.ops
-    kind, rank = o["kind"].to_numpy(), o["rank"].to_numpy()
-    ar = np.flatnonzero((kind == OpKind.COLLECTIVE) & (o["comm_op"].to_numpy()
-                                                       == int(CommOp.ALL_REDUCE))
-                        & (o["phase"].to_numpy() == Phase.BWD))
-    nbytes, st = o["bytes"].to_numpy(), o["start_ns"].to_numpy()
-    out = []
-    for r in np.unique(rank[ar]).tolist():
-        mine = [L for L in lay.layers if L["rank"] == r][::-1]
-        ids = ar[rank[ar] == r]
-        ids = ids[np.argsort(st[ids], kind="stable")]
-        i = 0
-        for op in ids.tolist():
-            want, old, new, j = int(nbytes[op]), 0, 0, i
-            while j < len(mine) and old < want:
-                a, b = _params(mine[j], lay.t)
-                old, new, j = old + a * mine[j]["es"], new + b * mine[j]["es"], j + 1
-            if old == want:
-                out.append((op, want, new))
-                i = j
-            elif i < len(mine) and _params(mine[i], lay.t)[0] * mine[i]["es"] > want:
-                continue  # smaller than the next layer's gradient: another tensor's
-            else:
-                break
-    return out
+    """:func:`.tp_dp.dp_buckets` (the data-parallel buckets of the split layers)."""
+    from .tp_dp import dp_buckets as _b
+    return _b(trace, lay)
+
+
+def same_gpus_dp(trace: Trace, t: int, dp: int) -> int:
+    """:func:`.tp_dp.same_gpus_dp`: ``parallel.dp`` with ``parallel.tp`` on a measured
+    trace, checked."""
+    from .tp_dp import same_gpus_dp as _s
+    return _s(trace, t, dp)
 
 
 def split_dims(name: str, dims: list, axis: str, t: int) -> list:
@@ -153,6 +136,9 @@ def split_dims(name: str, dims: list, axis: str, t: int) -> list:
     (``m``, ``k`` or ``n`` of ``C[m, n] = A[m, k] B[k, n]``) divided by ``t``: every operand
     extent that is that dimension (the bias of a column split too)."""
     from retime.collectors.costs.ops import base_name
+    if axis in ("h", "b"):  # an attention core: its heads (SDPA) or batch b H (bmm)
+        from .tp_attention import split_batch, split_heads
+        return split_heads(dims, t) if axis == "h" else split_batch(dims, t)
     b = base_name(name)
     new = [list(d) if isinstance(d, list) else d for d in dims]
     pos = [i for i, d in enumerate(new) if isinstance(d, list) and d]
@@ -222,95 +208,138 @@ def _tp_layout(trace: Trace, t: int) -> TpLayout:
     from retime.collectors.costs.ops import base_name
 
     from .kernel_cost import shaped_kernels
+    from .tp_attention import (
+        attention_backward,
+        attention_blocks,
+        cpu_calls,
+        gpu_calls,
+        has_device_ops,
+        is_core,
+    )
     if t > MAX_TP:
         raise _refuse(t, f"a TP group larger than one node's {MAX_TP} GPUs would cross the "
                       "inter-node network, which this model does not place TP groups on")
     sk = shaped_kernels(trace)
-    if sk is None:
+    c = None
+    if sk is not None:
+        c = gpu_calls(trace, sk, *_call_times(trace, sk))
+    elif not has_device_ops(trace):
+        c = cpu_calls(trace)  # a CPU run: the layout from its cpu_op shapes
+    if c is None:
         raise _refuse(t, "it holds no operator shapes (record the trace with "
                       "torch.profiler's record_shapes=True) to split its GEMMs by")
-    first, phase = _call_times(trace, sk)
+    first, phase, es = c.first, c.phase, c.es
     mkn = [(_mkn(n, d, ty) if base_name(n) in _FWD_GEMM else None)
-           for n, d, ty in zip(sk.names, sk.dims, sk.types)]
-    es = [(_ES.get(w[2], 4) if w is not None else 4) for w in sk.work]
+           for n, d, ty in zip(c.names, c.dims, c.types)]
     gemm = np.asarray([x is not None for x in mkn])
     if not gemm.any():
         raise _refuse(t, "it holds no 2-D GEMM call (aten::addmm / linear / mm) with recorded "
                       "shapes: nothing a tensor-parallel layout splits")
+    attn = np.asarray([is_core(n) for n in c.names])
     layers: list[dict] = []
     split_calls: list[int] = []
     axes: list[str] = []
     ars: list[tuple[int, int, str]] = []
-    for r in np.unique(sk.rank).tolist():
-        mine = gemm & (sk.rank == r)
-        fwd = np.flatnonzero(mine & (phase == Phase.FWD))
-        fwd = fwd[np.argsort(first[fwd], kind="stable")]
+    blocks_all: list[dict] = []
+    for r in np.unique(c.rank).tolist():
+        mine = gemm & (c.rank == r)
+        seq = np.flatnonzero((mine | attn) & (c.rank == r) & (phase == Phase.FWD))
+        seq = seq[np.argsort(first[seq], kind="stable")].tolist()
+        blocks = attention_blocks(c, seq, mkn, t)
+        blocks_all += blocks
+        role = {}
+        for bi, blk in enumerate(blocks):
+            for x in blk["qkv"]:
+                role[x] = ("column", bi)
+            role[blk["out"]] = ("row", bi)
+        # MLP chains among the other forward GEMMs; an attention GEMM ends a chain
         chains: list[list[int]] = []
-        for c in fwd.tolist():
-            m, k, _n = mkn[c]
-            last = mkn[chains[-1][-1]] if chains else None
+        for x in seq:
+            if mkn[x] is None:
+                continue
+            if x in role:
+                chains.append([])
+                continue
+            m, k, _n = mkn[x]
+            last = mkn[chains[-1][-1]] if chains and chains[-1] else None
             if last is not None and last[0] == m and last[2] == k:
-                chains[-1].append(c)
+                chains[-1].append(x)
             else:
-                chains.append([c])
-        base = len(layers)
+                chains.append([x])
+        kind_of: dict[int, tuple[str, str]] = {x: (k, "") for x, (k, _b) in role.items()}
         for ch in chains:
-            for i, c in enumerate(ch):
-                m, k, n = mkn[c]
-                kind, why = "replicated", "unpaired (a lone layer or an odd chain's last)"
-                if i % 2 == 0 and i + 1 < len(ch):
-                    kind = "column"
-                elif i % 2 == 1:
-                    kind = "row"
-                layers.append({"rank": int(r), "m": m, "k": k, "n": n, "kind": kind,
-                               "bias": _has_bias(sk.names[c], sk.dims[c]), "es": es[c],
-                               "why": why if kind == "replicated" else "", "fwd": c,
-                               "dgrad": None, "wgrad": None, "wrole": None})
+            for i, x in enumerate(ch):
+                kind = ("column" if i % 2 == 0 and i + 1 < len(ch) else
+                        "row" if i % 2 == 1 else "replicated")
+                kind_of[x] = (kind, "" if kind != "replicated" else
+                              "unpaired (a lone layer or an odd chain's last)")
             # a pair splits only where t divides its split widths (Megatron's rule)
             for i in range(0, len(ch) - 1, 2):
-                col, row = layers[base + i], layers[base + i + 1]
-                if col["n"] % t or row["k"] % t:
-                    for x in (col, row):
-                        x["kind"], x["why"] = "replicated", f"width {col['n']} not divisible by {t}"
-            base += len(ch)
-        # backward GEMMs by shape, latest forward layer first (backward runs in reverse)
-        mine_layers = [x for x in layers if x["rank"] == r]
-        bwd = np.flatnonzero(mine & (phase == Phase.BWD))
-        bwd = bwd[np.argsort(first[bwd], kind="stable")]
-        for c in bwd.tolist():
-            if base_name(sk.names[c]) not in _BWD_GEMM:
+                if mkn[ch[i]][2] % t or mkn[ch[i + 1]][1] % t:
+                    why = f"width {mkn[ch[i]][2]} not divisible by {t}"
+                    kind_of[ch[i]] = kind_of[ch[i + 1]] = ("replicated", why)
+        mine_layers = []
+        for x in seq:
+            if mkn[x] is None:
                 continue
-            got = mkn[c]
+            m, k, n = mkn[x]
+            kind, why = kind_of[x]
+            mine_layers.append({"rank": int(r), "m": m, "k": k, "n": n, "kind": kind,
+                                "bias": _has_bias(c.names[x], c.dims[x]), "es": es[x],
+                                "why": why, "fwd": x, "dgrad": None, "wgrad": None,
+                                "wrole": None, "attn": role.get(x, (None, None))[1],
+                                "ar": True})
+        layers += mine_layers
+        # backward GEMMs by shape, latest forward layer first (backward runs in reverse)
+        bwd = np.flatnonzero((c.rank == r) & (phase == Phase.BWD))
+        bwd = bwd[np.argsort(first[bwd], kind="stable")].tolist()
+        attention_backward(c, blocks, bwd)
+        for x in bwd:
+            if base_name(c.names[x]) not in _BWD_GEMM or mkn[x] is None:
+                continue
+            got = mkn[x]
             for L in reversed(mine_layers):
                 m, k, n = L["m"], L["k"], L["n"]
                 if L["dgrad"] is None and got == (m, n, k):
-                    L["dgrad"] = c
+                    L["dgrad"] = x
                     break
                 if L["wgrad"] is None and got in ((n, m, k), (k, m, n)):
-                    L["wgrad"], L["wrole"] = c, ("wgrad_nmk" if got == (n, m, k)
+                    L["wgrad"], L["wrole"] = x, ("wgrad_nmk" if got == (n, m, k)
                                                  else "wgrad_kmn")
                     break
+        for bi in range(len(blocks)):  # q, k, v: one all-reduce of the summed gradient
+            qkv = [L for L in mine_layers if L["attn"] == bi and L["kind"] == "column"]
+            if len(qkv) > 1:
+                last = max((L for L in qkv if L["dgrad"] is not None),
+                           key=lambda L: first[L["dgrad"]], default=None)
+                for L in qkv:
+                    L["ar"] = L is last
         for L in mine_layers:
             if L["kind"] == "replicated":
                 continue
-            for role, c in (("fwd", L["fwd"]), ("dgrad", L["dgrad"]), (L["wrole"], L["wgrad"])):
-                if c is not None:
-                    split_calls.append(c)
-                    axes.append(_AXIS[(role, L["kind"])])
+            for rl, x in (("fwd", L["fwd"]), ("dgrad", L["dgrad"]), (L["wrole"], L["wgrad"])):
+                if x is not None:
+                    split_calls.append(x)
+                    axes.append(_AXIS[(rl, L["kind"])])
             if L["kind"] == "column":
-                if L["dgrad"] is not None:
+                if L["dgrad"] is not None and L["ar"]:
                     ars.append((L["dgrad"], L["m"] * L["k"] * es[L["fwd"]], "backward"))
             else:
                 ars.append((L["fwd"], L["m"] * L["n"] * es[L["fwd"]], "forward"))
+        for blk in blocks:
+            split_calls += blk["core"] + blk["core_bwd"]
+            axes += blk["axes"] + blk["axes_bwd"]
     if not split_calls:
         n_l = len(layers)
         raise _refuse(t, f"of its {n_l} linear layer(s) (2-D GEMMs of its forward) none forms "
                       "a column/row pair (two consecutive layers where the first's output "
                       "width is the second's input width over the same rows) that "
-                      f"{t} divides, and the trace records no other layout "
+                      f"{t} divides, no attention block (QKV projection, attention core, "
+                      "out-projection) is recognized, and the trace records no other layout "
                       "(meta['synth']['parallel'])")
     return TpLayout(t=t, calls=np.asarray(split_calls, np.int64), axis=tuple(axes),
-                    layers=tuple(layers), allreduces=tuple(ars), gemm_calls=int(gemm.sum()))
+                    layers=tuple(layers), allreduces=tuple(ars), gemm_calls=int(gemm.sum()),
+                    attention=tuple(blocks_all), device=c.device)
 
 
 def _split_ratio(trace: Trace, lay: TpLayout, dev: np.ndarray, flat: bool, hw
@@ -340,51 +369,19 @@ def _split_ratio(trace: Trace, lay: TpLayout, dev: np.ndarray, flat: bool, hw
     return ids, ratio, info
 
 
-def _resize_dp(state: WhatIfState, lay: TpLayout, cost_bound: str | None) -> dict:
-    """The data-parallel gradient all-reduces at TP=t (:func:`dp_buckets`): each matched
-    bucket's time less what the NCCL model saves on its smaller message (on the trace's own
-    fabric and group, the algorithm its kernels name), never below the measured time x the
-    model's ratio (a wait for peers inside the measured time is kept)."""
-    from .base import ranks_per_node_of
-    from .nccl_trace import NcclPricer, kernel_choice, measured_channels, trace_cluster
-    tr = state.trace
-    b = dp_buckets(tr, lay)
-    t = lay.t
-    n_ar = int(((tr.ops["kind"].to_numpy() == OpKind.COLLECTIVE)
-                & (tr.ops["comm_op"].to_numpy() == int(CommOp.ALL_REDUCE))).sum())
-    if not b:
-        why = ("no gradient all-reduce in the trace" if not n_ar else
-               "none of its all-reduces holds exactly the linear layers' gradients")
-        return {"buckets": 0, "old": 0, "new": 0, "saved_ns": 0,
-                "line": f"parallel.tp={t}: data-parallel collectives keep their measured "
-                        f"times ({why}: the split layers' gradients, 1/{t} per rank after the "
-                        "change, cannot be placed in them)"}
-    ids = np.asarray([x[0] for x in b], np.int64)
-    world = max(int(tr.meta.get("world_size") or 0) if isinstance(tr.meta, dict) else 0,
-                int(tr.ops["rank"].max()) + 1)
-    rpn = ranks_per_node_of(tr, state.ranks_per_node)
-    cluster, src = trace_cluster(tr, ranks_per_node=rpn, world=world)
-    pricer = NcclPricer(cluster, forced=kernel_choice(tr.names()[ids]), bound=cost_bound,
-                        channels=measured_channels(tr))
-    d = state.dur
-    saved = 0.0
-    for op, old, new in b:
-        m_old = pricer.time_ns(int(CommOp.ALL_REDUCE), old, world)
-        m_new = pricer.time_ns(int(CommOp.ALL_REDUCE), new, world)
-        if m_old <= 0:
-            continue
-        x = max(d[op] - (m_old - m_new), d[op] * m_new / m_old)
-        saved += d[op] - x
-        d[op] = x
-    o_b, n_b = sum(x[1] for x in b), sum(x[2] for x in b)
-    return {"buckets": len(b), "old": o_b, "new": n_b, "saved_ns": round(saved),
-            "line": f"parallel.tp={t}: {len(b)} data-parallel gradient all-reduce(s) hold "
-                    "exactly the linear layers' gradients (DDP's buckets, in reverse layer "
-                    f"order): {o_b / 1e6:.3g} -> {n_b / 1e6:.3g} MB (column layers keep 1/{t} "
-                    f"of weight and bias, row layers 1/{t} of the weight and the whole bias), "
-                    f"each re-timed by the NCCL model's saving for {world} ranks on the "
-                    f"trace's fabric ({src['platform']}; the data-parallel group assumed to "
-                    f"keep it at {t}x the GPUs): {saved / 1e6:.3g} ms saved over the ranks"}
+def _attn_line(lay: TpLayout) -> str:
+    if not lay.attention:
+        return "no attention block recognized"
+    hs = sorted({b["heads"] for b in lay.attention})
+    fused = sum(len(b["qkv"]) == 1 for b in lay.attention)
+    bwd = sum(len(b["core_bwd"]) for b in lay.attention)
+    bmm = sum(b["axis"] == "b" for b in lay.attention)
+    return (f"{len(lay.attention)} attention block(s): QKV {fused} fused, "
+            f"{len(lay.attention) - fused} as q, k, v; {'/'.join(map(str, hs))} -> "
+            f"{'/'.join(str(h // lay.t) for h in hs)} heads per rank in the attention core, "
+            f"{bmm} of them as batched GEMMs (Q K^T, softmax, P V; masking and dropout "
+            "replicated), "
+            f"{bwd} core backward call(s) matched")
 
 
 def _launches(trace: Trace) -> tuple[dict, float | None, int]:
@@ -409,6 +406,9 @@ def scale_tp(state: WhatIfState, t: int, cost_bound: str | None = None) -> dict[
     from .nccl_trace import NcclPricer, measured_channels, trace_cluster
     tr = state.trace
     lay = tp_layout(tr, t)
+    if not lay.device:  # a CPU run: host gaps and gloo (tp_cpu.py)
+        from .tp_cpu import scale_tp_cpu
+        return scale_tp_cpu(state, lay, t)
     sk = shaped_kernels(tr)
     kind = tr.ops["kind"].to_numpy()
     dev = (kind == OpKind.KERNEL) | (kind == OpKind.MEMSET)
@@ -447,7 +447,8 @@ def scale_tp(state: WhatIfState, t: int, cost_bound: str | None = None) -> dict[
             d[h] += launch_ns
             host_ns += launch_ns
     ranks = max(1, len(np.unique(sk.rank)))
-    dp = _resize_dp(state, lay, cost_bound)
+    from .tp_dp import resize_dp
+    dp = resize_dp(state, lay, cost_bound)
     gemm = np.asarray([_mkn(n, dd, ty) is not None for n, dd, ty in
                        zip(sk.names, sk.dims, sk.types)])
     gemm_ns = float(dur0[sk.op_ids[gemm[sk.call_of]]].sum())
@@ -467,11 +468,13 @@ def scale_tp(state: WhatIfState, t: int, cost_bound: str | None = None) -> dict[
         f"parallel.tp 1 -> {t} on a measured trace (taken as TP=1: it names no tensor-parallel "
         f"group): {n_split} of its {len(lay.layers)} linear layer(s) split as Megatron-LM's "
         "column/row pairs (consecutive layers, first by output columns, second by input "
-        f"rows), found from the forward GEMMs' recorded shapes; their {info['split_calls']} "
-        f"forward/backward GEMM call(s) ({split_ns / g_ns if g_ns else 0:.1%} of GPU time, "
+        f"rows) or Megatron's attention split by heads ({_attn_line(lay)}), found from the "
+        f"forward's recorded shapes; their {info['split_calls']} forward/backward GEMM and "
+        f"attention call(s) ({split_ns / g_ns if g_ns else 0:.1%} of GPU time, "
         f"FLOPs {info['flops_old'] / 1e9:.3g} -> {info['flops_new'] / 1e9:.3g} GFLOP) take "
         f"{how}; {n_rep} layer(s) stay replicated ({'; '.join(why_rep) or 'none'}), as do "
-        "convolutions, attention and every other kernel (their measured time on each TP rank)",
+        "convolutions, unrecognized attention and every other kernel (their measured time on "
+        "each TP rank)",
         bounds=None if flat else [{"hardware.kernel_pricing": "flat"}])
     state.assume(
         f"parallel.tp={t}: {len(lay.allreduces)} TP all-reduce(s) added ({ar_bytes / 1e6:.3g} "
@@ -489,7 +492,8 @@ def scale_tp(state: WhatIfState, t: int, cost_bound: str | None = None) -> dict[
         bounds=None if cost_bound is not None or flat else [{"overlap.cost_bound": "high"}])
     state.assume(dp["line"], bounded=True)
     return {"tp": t, "split_layers": n_split, "dp_buckets_resized": dp["buckets"],
-            "dp_bytes_old": dp["old"], "dp_bytes_new": dp["new"], "dp_saved_ns": dp["saved_ns"], "replicated_layers": n_rep,
+            "dp_bytes_old": dp["old"], "dp_bytes_new": dp["new"], "dp_saved_ns": dp["saved_ns"],
+            "dp_ranks": dp["dp_ranks"], "replicated_layers": n_rep,
             "split_calls": info["split_calls"], "flops_old": info["flops_old"],
             "flops_new": info["flops_new"], "gemm_share": round(gemm_ns / g_ns, 4) if g_ns
             else 0.0, "split_share": round(split_ns / g_ns, 4) if g_ns else 0.0,
