@@ -147,6 +147,7 @@ from pathlib import Path
 
 import numpy as np
 
+from retime.collectors.enums import OpKind
 from retime.collectors.synth import read_hardware_file, resolve_model, synthesize
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -286,6 +287,11 @@ def command(opts: dict) -> str:
 def predict(opts: dict) -> dict:
     """``meta["synth"]`` of a row's run, as the command computes it (one representative rank
     per pipeline stage: ``expand="unique"``; the step time is the same)."""
+    return run(opts).meta["synth"]
+
+
+def run(opts: dict):
+    """The synthesized trace of a row's options (:func:`predict`)."""
     o = dict(opts)
     mc = resolve_model(o.pop("model"))
     seq = o.pop("seq", None)
@@ -298,7 +304,33 @@ def predict(opts: dict) -> dict:
     sl = o.pop("stage_layers", None)
     if sl is not None:
         o["stage_layers"] = tuple(int(x) for x in sl.split(","))
-    return synthesize(mc, hw, expand="unique", check_memory=False, **o).meta["synth"]
+    return synthesize(mc, hw, expand="unique", check_memory=False, **o)
+
+
+#: FLOPs per HBM byte from which a kernel counts as GEMM-like in :func:`parts`
+GEMM_INTENSITY = 50.0
+
+
+def parts(trace) -> dict[str, float]:
+    """Where the step of a row's first rank goes, in ms: ``attention`` (flash-attention
+    kernels, ring steps included), ``gemm`` (other kernels with at least
+    :data:`GEMM_INTENSITY` FLOPs per byte), ``other`` (the remaining compute-stream kernels:
+    memory-bound), ``idle`` (the step minus those three: compute waiting for communication
+    or the pipeline), ``comm`` (the summed time of the collectives and transfers in flight,
+    overlapped or not) and ``step``. Printed by ``--parts``."""
+    f = trace.ops_frame()
+    f = f[f["rank"] == f["rank"].min()]
+    comm = f["kind"].isin([int(OpKind.COLLECTIVE), int(OpKind.P2P)])
+    k = f[f["kind"] == int(OpKind.KERNEL)]
+    att = k["name"].astype(str).str.contains("flash")
+    dense = ~att & (k["flops"] >= GEMM_INTENSITY * k["bytes"].clip(lower=1))
+    ms = {"attention": k.loc[att, "dur_ns"].sum() / 1e6,
+          "gemm": k.loc[dense, "dur_ns"].sum() / 1e6,
+          "other": k.loc[~att & ~dense, "dur_ns"].sum() / 1e6,
+          "comm": f.loc[comm, "dur_ns"].sum() / 1e6,
+          "step": trace.meta["synth"]["step_time_ns"] / 1e6}
+    ms["idle"] = ms["step"] - ms["attention"] - ms["gemm"] - ms["other"]
+    return ms
 
 
 def figure(s: dict, unit: str) -> float:
@@ -313,6 +345,9 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="development rows only")
     ap.add_argument("--commands", action="store_true", help="print the commands only")
     ap.add_argument("--only", default="", help="rows whose id contains this text")
+    ap.add_argument("--parts", action="store_true",
+                    help="also print where each row's step goes (ms: attention, GEMM, other "
+                         "kernels, idle, communication in flight)")
     args = ap.parse_args()
     errs: dict[str, list[float]] = {"dev": [], "judge": []}
     for rid, src, hw, feat, pub, unit, role, opts in ROWS:
@@ -323,7 +358,8 @@ def main() -> None:
                   f"{'TFLOP/s' if unit == 'tflops' else 'tokens/s'} per GPU\n{command(opts)}")
             continue
         t0 = time.perf_counter()
-        s = predict(opts)
+        tr = run(opts)
+        s = tr.meta["synth"]
         pred = figure(s, unit)
         r = pred / pub
         errs[role].append(abs(r - 1))
@@ -332,6 +368,8 @@ def main() -> None:
               f"{s['peak_memory_bytes'] / 2**30:5.1f} GiB{' oom' if s['oom'] else '    '} "
               f"{role:5s} [{time.perf_counter() - t0:.0f}s]  {feat}")
         print(f"    {command(opts)}")
+        if args.parts:
+            print("    parts (ms): " + ", ".join(f"{k} {v:.0f}" for k, v in parts(tr).items()))
     if args.commands:
         return
     print()

@@ -299,3 +299,24 @@ def test_tensorwise_fp8_in_synth_is_slower_and_keeps_16_bit_inputs(tmp_path, cap
     assert run(args) == 2
     err = capsys.readouterr().err
     assert "--dtype fp8" in err and len(err.strip().splitlines()) == 1
+
+
+def test_recipe_bench_parts_split_the_step():
+    """``--parts`` counts exactly the flash-attention kernels as attention: on Table 1's
+    eager FSDP row (op-level checkpointing saves the attention output, so nothing is
+    recomputed) that is 32 layers of one causal forward and one backward kernel as the
+    cost layer prices them, and the four compute parts plus idle make the step."""
+    from retime.collectors.costs.kernels import flash_attention_gemms
+    from retime.collectors.synth.costs import _ceiling, _spec
+    bench = _bench()
+    opts = next(r for r in bench.ROWS if r[0] == "TT-T1 FSDP")[7]
+    tr = bench.run(opts)
+    p = bench.parts(tr)
+    hw = bench.read_hardware_file(ROOT / opts["hardware_file"])
+    one = sum(flash_attention_gemms(_spec(hw), 2, 32, 8192, 8192, 128, causal=True,
+                                    backward=bwd, ceiling=_ceiling(hw, "bf16")).time_us
+              for bwd in (False, True))
+    assert p["attention"] == pytest.approx(32 * one / 1e3, rel=1e-3)
+    assert p["attention"] + p["gemm"] + p["other"] + p["idle"] == pytest.approx(p["step"])
+    assert 0 < p["idle"] < 0.01 * p["step"]  # one node: FSDP's traffic hides but the first gather
+    assert p["comm"] > 0
