@@ -87,9 +87,25 @@ def test_attention_flops_causal_gqa_and_backward():
     assert q.flops == f.flops and q.bytes < f.bytes
     b = K.attention(g, 2, 32, 4096, 128, backward=True)
     assert b.flops == 2.5 * f.flops and b.tflops < f.tflops
-    # the published FlashAttention-2 rate at the published shape (batch 2, seq 8192, d 128)
-    pub = K.attention(g, 2, 16, 8192, 128)
-    assert pub.tflops == pytest.approx(327.9 * 8192 / (8192 + 256), rel=0.01)
+    # the published FlashAttention-2 figure is a forward + backward rate (K41: the
+    # flash-attention benchmark's "fwd + bwd", batch 2, seq 8192, hidden 2048): at that
+    # shape the two passes together take 3.5x the forward FLOPs at 327.9 TFLOP/s (K3)
+    f8, b8 = (K.attention(g, 2, 16, 8192, 128, backward=bw) for bw in (False, True))
+    assert 3.5 * f8.flops / ((f8.time_us + b8.time_us) * 1e6) == pytest.approx(327.9, rel=0.002)
+    # a causal mask computes its diagonal 128-row tiles whole: 32 key tiles at 4096 waste
+    # half of one per row of tiles (32 / 33 of the rate on half the FLOPs)
+    assert c.tflops / f.tflops == pytest.approx(32 / 33, rel=0.002)
+
+
+def test_attention_cross_lengths_and_value_width():
+    """Queries over a longer key range (context parallelism's local queries) and a value
+    width unlike the query/key width (latent attention): FLOPs 2 b h s_q s_k (d_qk + d_v),
+    and at equal shapes the same kernel as the square call."""
+    g = gpu_spec("h100-sxm")
+    x = K.attention(g, 1, 16, 2048, 192, seq_k=8192, v_dim=128, causal=True)
+    assert x.flops == 2 * 16 * 2048 * 8192 * (192 + 128) * 0.5
+    sq = K.attention(g, 1, 16, 4096, 128, seq_k=4096, v_dim=128)
+    assert sq.time_us == K.attention(g, 1, 16, 4096, 128).time_us
 
 
 def test_flash_backward_runs_at_the_published_fraction_of_the_forward_rate():
