@@ -31,7 +31,7 @@ from .gpus import DTYPE_BYTES, GpuSpec
 from .tiles import TILES, tile_utilization
 
 __all__ = ["OpCost", "Curves", "DEFAULT_CURVES", "FITTED_CURVES", "matmul", "grouped_matmul",
-           "conv2d", "implicit_gemm", "attention", "flash_attention_gemms", "streaming",
+           "conv2d", "implicit_gemm", "attention", "streaming",
            "memory_bound", "embedding", "optimizer_step", "tile_utilization", "TILES",
            "OPTIMIZER_BYTES", "LOWP_IN_BYTES", "QUANT_BYTES", "BLOCK_SCALE_US", "math_path",
            "FLASH_BWD_RATE", "FP8_SCALINGS", "TENSORWISE_CAST_BYTES"]
@@ -466,42 +466,6 @@ def attention(g: GpuSpec, batch: int, heads: int, seq: int, head_dim: int,
     rel = math.hypot(0.05 if g.flash_attn_tflops else 0.25, 0.15)
     return _finish("attention", g, flops, nbytes, flops / (rate * 1e6), src,
                    rate / g.peak_tflops(dtype), rel)
-
-
-def flash_attention_gemms(g: GpuSpec, batch: int, heads: int, seq_q: int, seq_k: int,
-                          qk_dim: int, v_dim: int | None = None, causal: bool = True,
-                          backward: bool = False, dtype: str = "bf16",
-                          ceiling: tuple[float, str] | None = None) -> OpCost:
-    """A fused flash-attention kernel priced as its GEMMs, the synthesizer's model: per
-    (sample, head) ``n_qk`` GEMMs ``[seq_q, seq_k]`` deep ``qk_dim`` and ``n_v`` deep
-    ``v_dim`` (forward 1 + 1; backward 3 + 2: recomputed scores, dP, dV, dQ, dK) batched
-    into one launch each, at ``ceiling`` (the synthesizer's sustained rate); a causal mask
-    halves time and FLOPs (bytes stay); the backward runs at :data:`FLASH_BWD_RATE` of the
-    forward's rate (its softmax recomputation and gradient accumulation are not GEMM work).
-    :func:`attention` is the other model (the GPU's published FlashAttention-2 rate), for
-    kernels of measured traces."""
-    vd = qk_dim if v_dim is None else v_dim
-    _positive(batch=batch, heads=heads, seq_q=seq_q, seq_k=seq_k, qk_dim=qk_dim, v_dim=vd)
-    n_qk, n_v = (3, 2) if backward else (1, 1)
-    if qk_dim == vd:
-        cs = [matmul(g, seq_q, seq_k, qk_dim, batch * heads * (n_qk + n_v), dtype,
-                     ceiling=ceiling)]
-    else:
-        cs = [matmul(g, seq_q, seq_k, qk_dim, batch * heads * n_qk, dtype, ceiling=ceiling),
-              matmul(g, seq_q, seq_k, vd, batch * heads * n_v, dtype, ceiling=ceiling)]
-    f = 0.5 if causal else 1.0
-    slow = 1.0 / FLASH_BWD_RATE if backward else 1.0
-    t = sum(c.time_us for c in cs) * f * slow
-    flops = sum(c.flops for c in cs) * f
-    nbytes = sum(c.bytes for c in cs)
-    lo = sum(c.range_us[0] for c in cs) * f * slow
-    hi = sum(c.range_us[1] for c in cs) * f * slow
-    c0 = cs[0]
-    return OpCost("flash_attention", g.name, t, (lo, hi), flops, nbytes, flops / (t * 1e6),
-                  nbytes / (t * 1e3), c0.bound, c0.efficiency * (1.0 / slow),
-                  f"{n_qk} + {n_v} batched GEMMs{' x causal 0.5' if causal else ''}"
-                  f"{f' / backward rate {FLASH_BWD_RATE} (K14)' if backward else ''}: "
-                  + c0.efficiency_source)
 
 
 def streaming(g: GpuSpec, elements: int, dtype: str = "bf16", reads: int = 1,
