@@ -2,8 +2,7 @@
 
 Run: ``python bench/synth_recipes.py`` (a few minutes on 2 cores; ``--quick`` for the
 development rows; ``--commands`` prints each row's command only; ``--parts`` adds where each
-row's step goes; ``--flash-published`` prices flash attention by the cost layer's published
-FlashAttention-2 model instead, a check, not the command's figures). For every published run
+row's step goes). For every published run
 it prints the source, the hardware, the layout and the recipe's features, the exact
 ``retime synth`` command the recipe maps to (the options state what the recipe states and
 nothing else: no per-row constant), the predicted and published tokens/s per GPU (model
@@ -138,12 +137,19 @@ fast alike at both scales, by causes not modeled (REFERENCES "Still missed"). Ju
 median 4.9% -> 5.7%, 20 -> 19 of 26 within 10%. (13) The optimizer step waits for the last
 FSDP reduce-scatter (it had started beside the embedding's): FSDP rows 0.0-0.3% slower,
 judged median 5.8%, dev rows 5.7% / 6.8% -> 5.4% / 6.6%.
+
+Sixth pass (issue #29 item 1, one cost layer; R8): flash-attention kernels are priced by
+the cost layer's one flash model (``kernels.attention``, the GPU's published FA2 rate,
+checked in ``bench/kernel_attention.py``) instead of as GEMMs at k = head dim (REFERENCES
+R50). Every flash row gets faster: judged median 5.8% -> 8.4%, worst 16.8% -> 36.9% (TT-T2
+CP8 1.17x -> 1.37x), within 10% 19 -> 15 of 26; dev rows 5.4% / 6.6% -> 9.1% / 9.8%. Kept:
+the kernel rate is the published one; the rows now show time the recipes lose outside it
+(REFERENCES "Still missed").
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import time
 from pathlib import Path
@@ -336,40 +342,6 @@ def parts(trace) -> dict[str, float]:
     return ms
 
 
-@contextlib.contextmanager
-def published_flash():
-    """Within the block, the synthesizer's flash-attention kernels are priced by the cost
-    layer's published FlashAttention-2 model (:func:`retime.collectors.costs.kernels.
-    attention`: the GPU's measured FA2 rate, costs REFERENCES K2-K5, 35% of peak where a
-    profile has none, with which the what-if engine prices measured flash kernels) instead
-    of as GEMMs at k = head dim (``flash_attention_gemms``, the command's pricing); FLOPs
-    and bytes unchanged, ring steps scaled by ``seq_q / seq_k``. Issue #29 item 1's
-    one-cost-layer check for attention (``--flash-published``); the bench's rows keep the
-    command's pricing."""
-    from retime.collectors.costs import kernels
-
-    gemms = kernels.flash_attention_gemms
-
-    def priced(g, batch, heads, seq_q, seq_k, qk_dim, v_dim=None, causal=True,
-               backward=False, dtype="bf16", ceiling=None):
-        c = gemms(g, batch, heads, seq_q, seq_k, qk_dim, v_dim, causal, backward, dtype,
-                  ceiling)
-        a = kernels.attention(g, batch, heads, seq_k, qk_dim, causal=causal,
-                              backward=backward, dtype=dtype)
-        vd = qk_dim if v_dim is None else v_dim
-        x = seq_q / seq_k * (qk_dim + vd) / (2 * qk_dim)
-        t = a.time_us * x
-        return dataclasses.replace(c, time_us=t, range_us=tuple(r * x for r in a.range_us),
-                                   tflops=c.flops / (t * 1e6), gbps=c.bytes / (t * 1e3),
-                                   efficiency_source=a.efficiency_source)
-
-    kernels.flash_attention_gemms = priced
-    try:
-        yield
-    finally:
-        kernels.flash_attention_gemms = gemms
-
-
 def figure(s: dict, unit: str) -> float:
     """Predicted tokens/s per GPU, or model TFLOP/s per GPU (MFU x the dtype's peak)."""
     if unit == "tflops":
@@ -382,18 +354,10 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="development rows only")
     ap.add_argument("--commands", action="store_true", help="print the commands only")
     ap.add_argument("--only", default="", help="rows whose id contains this text")
-    ap.add_argument("--flash-published", action="store_true",
-                    help="price flash attention by the cost layer's published "
-                         "FlashAttention-2 model instead of the command's GEMM model (a "
-                         "check, not the command's figures)")
     ap.add_argument("--parts", action="store_true",
                     help="also print where each row's step goes (ms: attention, GEMM, other "
                          "kernels, idle, communication in flight)")
     args = ap.parse_args()
-    if args.flash_published:
-        with published_flash():
-            _rows(args)
-        return
     _rows(args)
 
 

@@ -102,7 +102,8 @@ def op_cmd(
         "--training", help="matmul / bmm / attention: price as inside a training step, as "
         "`retime synth` does: the GPU's sustained training GEMM rate (the profile's "
         "gemm_max) instead of the single-GPU maximum; fp8 / fp4 GEMMs also quantize their "
-        "[m, k] input; attention as flash attention's batched GEMMs.")] = False,
+        "[m, k] input; attention is priced the same either way (the published "
+        "FlashAttention-2 rate, the one flash model).")] = False,
     fp8_scaling: Annotated[Fp8Scaling, typer.Option(
         "--fp8-scaling", help="matmul / bmm --training --dtype fp8: fused (default, "
         "Transformer Engine: the [m, k] input cast in one pass) or tensorwise (torchao "
@@ -151,9 +152,6 @@ def op_cmd(
                          quantize=dtype in K.QUANT_BYTES, scaling=fp8_scaling.value)
         else:
             r = K.matmul(g, m, n, k, batch or 1, dtype)
-    elif kv == "attention" and training:
-        r = K.flash_attention_gemms(g, batch, heads, seq, seq, head_dim, head_dim, causal,
-                                    backward, dtype, ceiling=g.training_ceiling(dtype))
     elif kv == "conv2d":
         # what a replay what-if charges for the same call of a trace: its implicit-GEMM
         # passes and layout kernels, on the fitted curves

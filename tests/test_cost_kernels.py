@@ -87,30 +87,36 @@ def test_attention_flops_causal_gqa_and_backward():
     assert q.flops == f.flops and q.bytes < f.bytes
     b = K.attention(g, 2, 32, 4096, 128, backward=True)
     assert b.flops == 2.5 * f.flops and b.tflops < f.tflops
-    # the published FlashAttention-2 rate at the published shape (batch 2, seq 8192, d 128)
-    pub = K.attention(g, 2, 16, 8192, 128)
-    assert pub.tflops == pytest.approx(327.9 * 8192 / (8192 + 256), rel=0.01)
+    # the published FlashAttention-2 figure is a forward + backward rate (K41: the
+    # flash-attention benchmark's "fwd + bwd", batch 2, seq 8192, hidden 2048): at that
+    # shape the two passes together take 3.5x the forward FLOPs at 327.9 TFLOP/s (K3)
+    f8, b8 = (K.attention(g, 2, 16, 8192, 128, backward=bw) for bw in (False, True))
+    assert 3.5 * f8.flops / ((f8.time_us + b8.time_us) * 1e6) == pytest.approx(327.9, rel=0.002)
+    # a causal mask computes its diagonal 128-row tiles whole: 32 key tiles at 4096 waste
+    # half of one per row of tiles (32 / 33 of the rate on half the FLOPs)
+    assert c.tflops / f.tflops == pytest.approx(32 / 33, rel=0.002)
+
+
+def test_attention_cross_lengths_and_value_width():
+    """Queries over a longer key range (context parallelism's local queries) and a value
+    width unlike the query/key width (latent attention): FLOPs 2 b h s_q s_k (d_qk + d_v),
+    and at equal shapes the same kernel as the square call."""
+    g = gpu_spec("h100-sxm")
+    x = K.attention(g, 1, 16, 2048, 192, seq_k=8192, v_dim=128, causal=True)
+    assert x.flops == 2 * 16 * 2048 * 8192 * (192 + 128) * 0.5
+    sq = K.attention(g, 1, 16, 4096, 128, seq_k=4096, v_dim=128)
+    assert sq.time_us == K.attention(g, 1, 16, 4096, 128).time_us
 
 
 def test_flash_backward_runs_at_the_published_fraction_of_the_forward_rate():
     """FA3 paper Figs. 5-6 (REFERENCES K14): a flash-attention backward sustains 322 / 370
-    of its forward's FLOP/s (FlashAttention-2, H100, head dim 128); both attention models
-    price it so (the GEMM-based one the synthesizer and `cost op --training` use, and the
-    published-rate one for measured kernels)."""
+    of its forward's FLOP/s (FlashAttention-2, H100, head dim 128); the one flash model
+    prices it so (measured kernels, the synthesizer and `cost op --training` alike)."""
     assert K.FLASH_BWD_RATE == pytest.approx(322 / 370, abs=0.002)
     g = gpu_spec("h100-sxm")
     f = K.attention(g, 1, 32, 8192, 128)
     b = K.attention(g, 1, 32, 8192, 128, backward=True)
     assert b.tflops / f.tflops == pytest.approx(K.FLASH_BWD_RATE, rel=1e-3)  # + launch floor
-    ceil = g.training_ceiling("bf16")
-    fg = K.flash_attention_gemms(g, 1, 32, 8192, 8192, 128, ceiling=ceil)
-    bg = K.flash_attention_gemms(g, 1, 32, 8192, 8192, 128, backward=True, ceiling=ceil)
-    assert bg.flops == pytest.approx(2.5 * fg.flops)
-    # the five backward GEMMs alone run at the forward's rate (same shape, many waves):
-    # the backward's time is theirs divided by the published rate
-    gemms = K.matmul(g, 8192, 8192, 128, 32 * 5, ceiling=ceil).time_us * 0.5
-    assert bg.time_us == pytest.approx(gemms / K.FLASH_BWD_RATE, rel=1e-9)
-    assert bg.tflops / fg.tflops == pytest.approx(K.FLASH_BWD_RATE, rel=0.02)
 
 
 def test_conv_is_an_implicit_gemm():
@@ -203,3 +209,27 @@ def test_no_priced_matmul_exceeds_the_published_ceiling():
     for c in checks:
         assert not c["above"] and c["max_predicted"] <= c["ceiling"], c
         assert c["max_predicted"] > 0.95 * c["ceiling"], c
+
+
+def _fa2_rate(g, s: int, d: int, causal: bool, backward: bool) -> float:
+    """The model's TFLOP/s at the FA3 paper's FlashAttention-2 benchmark shape (16k tokens,
+    hidden 2048)."""
+    return K.attention(g, 16384 // s, 2048 // d, s, d, causal=causal, backward=backward).tflops
+
+
+def test_attention_matches_published_fa2_on_h100_at_head_dim_128():
+    """FA3 paper Figs. 5-6 (REFERENCES K40), FlashAttention-2 on H100 SXM5, head dim 128,
+    sequence 16k: forward 370 (full) / 335 (causal), backward 322 TFLOP/s."""
+    g = gpu_spec("h100-sxm")
+    assert _fa2_rate(g, 16384, 128, False, False) == pytest.approx(370, rel=0.05)
+    assert _fa2_rate(g, 16384, 128, False, True) == pytest.approx(322, rel=0.05)
+    assert _fa2_rate(g, 16384, 128, True, False) == pytest.approx(335, rel=0.10)
+
+
+@pytest.mark.xfail(strict=True, reason="no head-dim term: FA2 at head dim 64 runs 324 / 299 "
+                   "TFLOP/s (full / causal, H100, 16k, K40), the model 368 / 365 (1.14x / "
+                   "1.22x): the anchor is a head-dim-128 figure")
+def test_attention_head_dim_64_on_h100():
+    g = gpu_spec("h100-sxm")
+    assert _fa2_rate(g, 16384, 64, False, False) == pytest.approx(324, rel=0.10)
+    assert _fa2_rate(g, 16384, 64, True, False) == pytest.approx(299, rel=0.10)

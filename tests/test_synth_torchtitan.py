@@ -306,35 +306,16 @@ def test_recipe_bench_parts_split_the_step():
     eager FSDP row (op-level checkpointing saves the attention output, so nothing is
     recomputed) that is 32 layers of one causal forward and one backward kernel as the
     cost layer prices them, and the four compute parts plus idle make the step."""
-    from retime.collectors.costs.kernels import flash_attention_gemms
-    from retime.collectors.synth.costs import _ceiling, _spec
+    from retime.collectors.costs.kernels import attention
+    from retime.collectors.synth.costs import _spec
     bench = _bench()
     opts = next(r for r in bench.ROWS if r[0] == "TT-T1 FSDP")[7]
     tr = bench.run(opts)
     p = bench.parts(tr)
     hw = bench.read_hardware_file(ROOT / opts["hardware_file"])
-    one = sum(flash_attention_gemms(_spec(hw), 2, 32, 8192, 8192, 128, causal=True,
-                                    backward=bwd, ceiling=_ceiling(hw, "bf16")).time_us
-              for bwd in (False, True))
+    one = sum(attention(_spec(hw), 2, 32, 8192, 128, kv_heads=8, causal=True,
+                        backward=bwd).time_us for bwd in (False, True))
     assert p["attention"] == pytest.approx(32 * one / 1e3, rel=1e-3)
     assert p["attention"] + p["gemm"] + p["other"] + p["idle"] == pytest.approx(p["step"])
     assert 0 < p["idle"] < 0.01 * p["step"]  # one node: FSDP's traffic hides but the first gather
     assert p["comm"] > 0
-
-
-def test_recipe_bench_flash_published_prices_attention_by_the_cost_layer():
-    """``--flash-published`` prices the same flash kernels by the cost layer's published
-    FlashAttention-2 model (``attention``) and restores the command's pricing after."""
-    from retime.collectors.costs.kernels import attention
-    from retime.collectors.synth.costs import _spec
-    bench = _bench()
-    opts = next(r for r in bench.ROWS if r[0] == "TT-T1 FSDP")[7]
-    before = bench.parts(bench.run(opts))
-    with bench.published_flash():
-        p = bench.parts(bench.run(opts))
-    hw = bench.read_hardware_file(ROOT / opts["hardware_file"])
-    one = sum(attention(_spec(hw), 2, 32, 8192, 128, causal=True, backward=bwd).time_us
-              for bwd in (False, True))
-    assert p["attention"] == pytest.approx(32 * one / 1e3, rel=1e-3)
-    assert p["gemm"] == pytest.approx(before["gemm"])
-    assert bench.parts(bench.run(opts))["attention"] == pytest.approx(before["attention"])

@@ -31,7 +31,7 @@ from .gpus import DTYPE_BYTES, GpuSpec
 from .tiles import TILES, tile_utilization
 
 __all__ = ["OpCost", "Curves", "DEFAULT_CURVES", "FITTED_CURVES", "matmul", "grouped_matmul",
-           "conv2d", "implicit_gemm", "attention", "flash_attention_gemms", "streaming",
+           "conv2d", "implicit_gemm", "attention", "streaming",
            "memory_bound", "embedding", "optimizer_step", "tile_utilization", "TILES",
            "OPTIMIZER_BYTES", "LOWP_IN_BYTES", "QUANT_BYTES", "BLOCK_SCALE_US", "math_path",
            "FLASH_BWD_RATE", "FP8_SCALINGS", "TENSORWISE_CAST_BYTES"]
@@ -39,6 +39,8 @@ __all__ = ["OpCost", "Curves", "DEFAULT_CURVES", "FITTED_CURVES", "matmul", "gro
 _K_HALF_REL = 0.25  # k_half is an assumed profile value
 _MEM_LATENCY_US = 0.6  # HBM load-to-use latency for the streaming size curve (assumed)
 _ATTN_S_HALF = 256.0  # sequence length at which attention reaches half its rate (assumed)
+_ATTN_TILE = 128  # FlashAttention-2's query/key tile rows: a causal mask's diagonal tiles (assumed)
+_ANCHOR_SEQ = 8192  # sequence of the published FlashAttention-2 figures (K2-K5, K41)
 #: a flash-attention backward's FLOP/s over its forward's at the same shape: FlashAttention-2
 #: on H100 SXM5, head dim 128, sequence 16k, 322 / 370 TFLOP/s (FA3 paper, Shah et al. 2024,
 #: arXiv 2407.08608, Figs. 5-6; cuDNN 516 / 595 and FlashAttention-3 561 / 648 give the same
@@ -412,72 +414,59 @@ def memory_bound(g: GpuSpec, kind: str, flops: float, nbytes: float,
     return _finish(kind, g, float(flops), float(nbytes), 0.0, "", 0.0, 0.0, curves)
 
 
+def _fb_per_fwd() -> float:
+    """A flash kernel's forward + backward FLOP/s over its forward's: 3.5x the forward FLOPs
+    over the forward's time plus the backward's (2.5x the FLOPs at ``FLASH_BWD_RATE``)."""
+    return 3.5 / (1.0 + 2.5 / FLASH_BWD_RATE)
+
+
 def attention(g: GpuSpec, batch: int, heads: int, seq: int, head_dim: int,
               kv_heads: int | None = None, causal: bool = False, backward: bool = False,
-              dtype: str = "bf16") -> OpCost:
-    """Fused (FlashAttention-style) attention over ``seq`` tokens; GQA when
-    ``kv_heads < heads`` (fewer K/V bytes, same FLOPs)."""
+              dtype: str = "bf16", seq_k: int | None = None,
+              v_dim: int | None = None) -> OpCost:
+    """Fused (FlashAttention-style) attention: ``seq`` queries over ``seq_k`` keys (default
+    ``seq``), query/key width ``head_dim`` and value width ``v_dim`` (default ``head_dim``);
+    GQA when ``kv_heads < heads`` (fewer K/V bytes, same FLOPs). The one flash-attention
+    model: what-ifs price measured flash kernels with it and the synthesizer its own.
+
+    Rate: the GPU's published FlashAttention-2 figure (K2-K5) is a forward + backward rate
+    at sequence 8192 (the flash-attention repository's benchmark, K41), converted to the
+    forward's rate with the backward at :data:`FLASH_BWD_RATE` (K14) and the sequence
+    curve at 8192; x the sequence curve at ``seq_k`` (s_half 256, assumed); a causal mask
+    computes its diagonal tiles whole: of ``n = seq_k / 128`` key tiles per query row of
+    tiles it wastes half of one, efficiency ``n / (n + 1)`` (FlashAttention-2's 128-row
+    tiles, assumed); the backward at :data:`FLASH_BWD_RATE` of the forward's rate."""
     kvh = heads if kv_heads is None else kv_heads
-    _positive(batch=batch, heads=heads, seq=seq, head_dim=head_dim, kv_heads=kvh)
+    sk = seq if seq_k is None else seq_k
+    vd = head_dim if v_dim is None else v_dim
+    _positive(batch=batch, heads=heads, seq=seq, head_dim=head_dim, kv_heads=kvh,
+              seq_k=sk, v_dim=vd)
     if heads % kvh:
         raise ConfigError(f"--kv-heads {kvh}: must divide --heads {heads}")
     eb = _eb(dtype)
-    flops = 4.0 * batch * heads * seq * seq * head_dim * (0.5 if causal else 1.0)
-    q_o = batch * seq * heads * head_dim * eb
-    k_v = batch * seq * kvh * head_dim * eb
-    nbytes = 2 * q_o + 2 * k_v  # read q, k, v; write o (+ small softmax statistics)
+    flops = 2.0 * batch * heads * seq * sk * (head_dim + vd) * (0.5 if causal else 1.0)
+    q_o = batch * seq * heads * (head_dim + vd) * eb
+    k_v = batch * sk * kvh * (head_dim + vd) * eb
+    nbytes = q_o + k_v  # read q, k, v; write o (+ small softmax statistics)
     if backward:
         flops *= 2.5
-        nbytes = 2 * nbytes + 2 * q_o + 2 * k_v  # read q,k,v,o,do; write dq,dk,dv
+        nbytes = 2 * nbytes + q_o + k_v  # read q,k,v,o,do; write dq,dk,dv
     if g.flash_attn_tflops > 0:
-        base, src0 = g.flash_attn_tflops, "published, K2-K5"
+        fwd = g.flash_attn_tflops / _fb_per_fwd() / (_ANCHOR_SEQ / (_ANCHOR_SEQ + _ATTN_S_HALF))
+        src0 = f"fwd {fwd:.1f} from the published fwd+bwd {g.flash_attn_tflops:.1f}, K2-K5, K41"
     else:
-        base, src0 = g.peak_tflops(dtype) * 0.35, "assumed 35% of peak"
-    curve = seq / (seq + _ATTN_S_HALF)
-    rate = base * curve * (FLASH_BWD_RATE if backward else 1.0)
+        fwd, src0 = g.peak_tflops(dtype) * 0.35, "assumed 35% of peak"
+    curve = sk / (sk + _ATTN_S_HALF)
+    n = sk / _ATTN_TILE
+    mask = n / (n + 1.0) if causal else 1.0
+    rate = fwd * curve * mask * (FLASH_BWD_RATE if backward else 1.0)
     rate = min(rate, g.mamf(dtype)[0])
-    src = (f"FlashAttention-2 {base:.1f} TFLOP/s ({src0}) x sequence curve {curve:.2f} "
-           f"(s_half 256, assumed)"
+    src = (f"FlashAttention-2 {src0} x sequence curve {curve:.2f} (s_half 256, assumed)"
+           f"{f' x causal tiles {mask:.3f} (128-row tiles, assumed)' if causal else ''}"
            f"{f' x backward {FLASH_BWD_RATE} (published, K14)' if backward else ''}")
     rel = math.hypot(0.05 if g.flash_attn_tflops else 0.25, 0.15)
     return _finish("attention", g, flops, nbytes, flops / (rate * 1e6), src,
                    rate / g.peak_tflops(dtype), rel)
-
-
-def flash_attention_gemms(g: GpuSpec, batch: int, heads: int, seq_q: int, seq_k: int,
-                          qk_dim: int, v_dim: int | None = None, causal: bool = True,
-                          backward: bool = False, dtype: str = "bf16",
-                          ceiling: tuple[float, str] | None = None) -> OpCost:
-    """A fused flash-attention kernel priced as its GEMMs, the synthesizer's model: per
-    (sample, head) ``n_qk`` GEMMs ``[seq_q, seq_k]`` deep ``qk_dim`` and ``n_v`` deep
-    ``v_dim`` (forward 1 + 1; backward 3 + 2: recomputed scores, dP, dV, dQ, dK) batched
-    into one launch each, at ``ceiling`` (the synthesizer's sustained rate); a causal mask
-    halves time and FLOPs (bytes stay); the backward runs at :data:`FLASH_BWD_RATE` of the
-    forward's rate (its softmax recomputation and gradient accumulation are not GEMM work).
-    :func:`attention` is the other model (the GPU's published FlashAttention-2 rate), for
-    kernels of measured traces."""
-    vd = qk_dim if v_dim is None else v_dim
-    _positive(batch=batch, heads=heads, seq_q=seq_q, seq_k=seq_k, qk_dim=qk_dim, v_dim=vd)
-    n_qk, n_v = (3, 2) if backward else (1, 1)
-    if qk_dim == vd:
-        cs = [matmul(g, seq_q, seq_k, qk_dim, batch * heads * (n_qk + n_v), dtype,
-                     ceiling=ceiling)]
-    else:
-        cs = [matmul(g, seq_q, seq_k, qk_dim, batch * heads * n_qk, dtype, ceiling=ceiling),
-              matmul(g, seq_q, seq_k, vd, batch * heads * n_v, dtype, ceiling=ceiling)]
-    f = 0.5 if causal else 1.0
-    slow = 1.0 / FLASH_BWD_RATE if backward else 1.0
-    t = sum(c.time_us for c in cs) * f * slow
-    flops = sum(c.flops for c in cs) * f
-    nbytes = sum(c.bytes for c in cs)
-    lo = sum(c.range_us[0] for c in cs) * f * slow
-    hi = sum(c.range_us[1] for c in cs) * f * slow
-    c0 = cs[0]
-    return OpCost("flash_attention", g.name, t, (lo, hi), flops, nbytes, flops / (t * 1e6),
-                  nbytes / (t * 1e3), c0.bound, c0.efficiency * (1.0 / slow),
-                  f"{n_qk} + {n_v} batched GEMMs{' x causal 0.5' if causal else ''}"
-                  f"{f' / backward rate {FLASH_BWD_RATE} (K14)' if backward else ''}: "
-                  + c0.efficiency_source)
 
 
 def streaming(g: GpuSpec, elements: int, dtype: str = "bf16", reads: int = 1,

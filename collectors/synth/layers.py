@@ -106,17 +106,17 @@ class _Ctx:
                           bytes=int(nbytes), comm_op=int(op), deps=deps)
 
 
-def _flash(x: _Ctx, n_qk: int, n_v: int) -> KernelCost:
-    """A causal flash-attention kernel of ``n_qk`` GEMMs with the query/key width and
-    ``n_v`` with the value width (forward 1 + 1, backward 3 + 2): the cost layer's
-    :func:`~retime.collectors.costs.kernels.flash_attention_gemms` at the synthesizer's
-    ceiling (``retime cost op attention --training`` prints the same)."""
-    from ..costs.kernels import flash_attention_gemms
-    from .costs import _ceiling, _spec
+def _flash(x: _Ctx, backward: bool) -> KernelCost:
+    """A causal flash kernel of this rank's ``s`` queries over the ``S`` keys they attend
+    to: the cost layer's one flash model (:func:`~retime.collectors.costs.kernels.
+    attention`, the GPU's published FA2 rate, as for measured kernels)."""
+    from ..costs.kernels import attention
+    from .costs import _spec
     m = x.m
-    c = flash_attention_gemms(_spec(x.hw), x.b, m.heads // x.t, x.s, x.S, m.qk_head_dim,
-                              m.v_head_dim, causal=True, backward=(n_qk, n_v) == (3, 2),
-                              dtype=x.adtype, ceiling=_ceiling(x.hw, x.adtype))
+    heads, kvh = m.heads // x.t, max(1, m.kv_heads // x.t)  # K/V heads (GQA) per TP rank
+    c = attention(_spec(x.hw), x.b, heads, x.s, m.qk_head_dim,
+                  kvh if heads % kvh == 0 else None, causal=True, backward=backward,
+                  dtype=x.adtype, seq_k=x.S, v_dim=m.v_head_dim)
     return KernelCost(int(round(c.time_us * 1e3)), c.flops, int(c.bytes))
 
 
@@ -133,7 +133,7 @@ def _attention_fwd(x: _Ctx, prefix: str = "") -> list[OpTemplate]:
     hd = m.head_dim
     ops: list[OpTemplate] = []
     if m.attention == "flash":
-        ops.append(_k(prefix + "attn.flash.fwd", _flash(x, 1, 1)))
+        ops.append(_k(prefix + "attn.flash.fwd", _flash(x, False)))
         return ops
     elems = x.b * heads * x.s * x.S
     ops.append(_k(prefix + "attn.scores.fwd", x.ga(x.s, x.S, hd, batch=x.b * heads)))
@@ -148,8 +148,8 @@ def _attention_bwd(x: _Ctx) -> list[OpTemplate]:
     m = x.m
     heads = m.heads // x.t
     hd = m.head_dim
-    if m.attention == "flash":  # 5 GEMMs: recomputed scores, dP, dV, dQ, dK
-        return [_k("attn.flash.bwd", _flash(x, 3, 2))]
+    if m.attention == "flash":  # recomputed scores, dP, dV, dQ, dK in one kernel
+        return [_k("attn.flash.bwd", _flash(x, True))]
     elems = x.b * heads * x.s * x.S
     ops = [_k("attn.context.bwd_dprobs", x.ga(x.s, x.S, hd, batch=x.b * heads)),
            _k("attn.context.bwd_dv", x.ga(x.S, hd, x.s, batch=x.b * heads))]

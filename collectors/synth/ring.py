@@ -38,7 +38,7 @@ backward each all-gather the expanded K/V once (``rotate_method = ALL_GATHER``,
 These counts are read off the source (``pytorch/pytorch``,
 ``torch/distributed/tensor/experimental/_attention.py``); the bytes are priced at the HBM
 rate by the cost layer's :func:`memory_bound`, the step kernels by
-:func:`~retime.collectors.costs.kernels.flash_attention_gemms`; nothing is fitted.
+:func:`~retime.collectors.costs.kernels.attention`; nothing is fitted.
 Megatron-LM's CP (Transformer Engine's ``AttnFuncWithCPAndKVP2P``) has the same per-step
 structure with fused correction kernels; the synthesizer's default (``cp_attention =
 "fused"``) prices one flash kernel over the whole key range for it (a lower bound).
@@ -66,15 +66,14 @@ def ring_merge_bytes(cp: int, out_elems: int, rows: int, kv_elems: int, q_elems:
 
 def _steps(x, backward: bool) -> tuple[KernelCost, KernelCost]:
     """Step 0 (causal ``s x s``) and one later step (``s x s/2``, no mask), priced by the
-    cost layer at the synthesizer's ceiling."""
-    from ..costs.kernels import flash_attention_gemms
-    from .costs import _ceiling, _spec
+    cost layer's flash model."""
+    from ..costs.kernels import attention
+    from .costs import _spec
     m = x.m
     out = []
     for sk, causal in ((x.s, True), (x.s // 2, False)):
-        c = flash_attention_gemms(_spec(x.hw), x.b, m.heads // x.t, x.s, sk, m.qk_head_dim,
-                                  m.v_head_dim, causal=causal, backward=backward,
-                                  dtype=x.adtype, ceiling=_ceiling(x.hw, x.adtype))
+        c = attention(_spec(x.hw), x.b, m.heads // x.t, x.s, m.qk_head_dim, causal=causal,
+                      backward=backward, dtype=x.adtype, seq_k=sk, v_dim=m.v_head_dim)
         out.append(KernelCost(int(round(c.time_us * 1e3)), c.flops, int(c.bytes)))
     return out[0], out[1]
 
