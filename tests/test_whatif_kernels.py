@@ -172,12 +172,12 @@ def test_mi300x_rocm_trace_to_mi250x_and_double_batch():
     ok = base.dur_ns[sk.op_ids] > 0
     ratio = r.dur_ns[sk.op_ids][ok] / base.dur_ns[sk.op_ids][ok]
     # one MI250X GCD is behind an MI300X in every ceiling (147 vs 668 bf16 TFLOP/s, K1, K28;
-    # 1.6 vs 5.3 TB/s) and launches no faster: no kernel gets faster, none beyond the
-    # ratio of matmul ceilings (rounding to whole nanoseconds aside; a tiny GEMM may split
-    # its reduction into more slices on the GCD, whose slower k-steps fill a tile in fewer
-    # of them: the fc layer's 10 x 1000 x 2048 Tensile GEMM, 9.12 -> 8.50 us, 0.932, since the
-    # MI300X's ceiling is K28's 668.4 TFLOP/s; 0.988 at K1's 781.9)
-    assert (ratio > 0.93).all() and (ratio < 668.4 / 147.0 * 1.01).all()
+    # 1.6 vs 5.3 TB/s) and launches no faster: none beyond the ratio of matmul ceilings, and
+    # every kernel but the tiny GEMMs of test_no_kernel_gets_faster_on_a_mi250x (a known
+    # miss) at least as slow (rounding to whole nanoseconds aside)
+    assert (ratio < 668.4 / 147.0 * 1.01).all()
+    big = base.dur_ns[sk.op_ids][ok] >= 20_000
+    assert big.sum() > 100 and (ratio[big] > 0.999).all()
     a = " ".join(r.meta["whatif"]["assumed"])
     assert "mi300x -> mi250x" in a and "without a recorded shape" in a
     assert r.step_time_ns > base.step_time_ns
@@ -188,6 +188,21 @@ def test_mi300x_rocm_trace_to_mi250x_and_double_batch():
     # than doubling the kernels' time
     assert 1.0 <= fx["ratio_median"] < 1.5 and fx["ratio_max"] <= 2.0 + 1e-9
 
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "known miss: a tiny GEMM may split its reduction into more slices on the MI250X GCD, "
+    "whose slower k-steps fill a tile in fewer of them: the fc layer's 10 x 1000 x 2048 "
+    "Tensile GEMM goes 9.12 -> 8.50 us (0.932x) since the MI300X ceiling is K28's 668.4 "
+    "TFLOP/s (0.988x at K1's 781.9); a slower GPU should never run a kernel faster"))
+def test_no_kernel_gets_faster_on_a_mi250x():
+    t = ingest_cached(KINETO / "mi300x-resnet-ddp")
+    base = replay(t)
+    r = whatif(t, {"hardware.gpu": "mi250x"})
+    sk = shaped_kernels(t)
+    ok = base.dur_ns[sk.op_ids] > 0
+    ratio = r.dur_ns[sk.op_ids][ok] / base.dur_ns[sk.op_ids][ok]
+    assert (ratio > 0.999).all(), f"fastest ratio {ratio.min():.3f}"
 
 def test_cli_replay_prints_the_pricing_and_its_range(vgg, tmp_path, capsys):
     import json
