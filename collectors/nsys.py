@@ -77,7 +77,7 @@ from .collectives import match_collectives
 from .devices import device_peaks
 from .enums import CommOp, LaneKind, OpKind
 from .errors import TraceFormatError
-from .nsys_comm import primitives_from_nvtx
+from .nsys_comm import primitives_from_nvtx, primitives_from_peers
 from .nsys_edges import nsys_edges
 from .nsys_sql import (  # noqa: F401 - missing_tables, REQUIRED_TABLES, EXPORT_COMMAND re-exported
     _COPY_KIND,
@@ -480,10 +480,18 @@ def _assemble(files: list[_File], strings: StringTable, ps: list[Path]) -> Trace
     nv_name = nv_ids[np.asarray([0] + [len(f.nv_names) for f in files]).cumsum()[
         nv["file"].to_numpy(np.int64)] + nv["ncode"].to_numpy(np.int64)] if len(nv) else nv_ids[:0]
     # a SendRecv kernel under nccl:all_to_all is an all-to-all (collectors/nsys_comm.py)
+    comm_before = gpu["comm_op"].to_numpy().copy()
     gpu["comm_op"], n_relabel = primitives_from_nvtx(
         gpu["comm_op"].to_numpy(), cmask, gpu["rank"].to_numpy(), gpu["corr"].to_numpy(), rt,
         nv["rank"].to_numpy(), nv["tid"].to_numpy(), nv["start"].to_numpy(),
         nv["end"].to_numpy(), nv_name, names)
+    # one whose launch call the export lacks: the primitive of its rank/stream/name peers
+    rkeys = pd.MultiIndex.from_arrays([rt["rank"].to_numpy(), rt["corr"].to_numpy()])
+    no_launch = ~pd.MultiIndex.from_arrays([gpu["rank"].to_numpy(),
+                                            gpu["corr"].to_numpy()]).isin(rkeys)
+    gpu["comm_op"], n_peer = primitives_from_peers(
+        gpu["comm_op"].to_numpy(), comm_before, cmask, no_launch,
+        gpu["rank"].to_numpy(), gpu["stream"].to_numpy(), gpu["name_id"].to_numpy())
     colls: dict[str, Any] = {"matched": 0, "unmatched": 0, "unmatched_reasons": {},
                              "ops_matched": 0, "ops_unmatched": 0}
     group_ids = np.full(ng, -1, np.int32)
@@ -536,7 +544,8 @@ def _assemble(files: list[_File], strings: StringTable, ps: list[Path]) -> Trace
         "devices": devices,
         "clock_offsets_ns": {str(p): o for p, o in zip(ps, offsets, strict=True)},
         "accounting": {str(f.path): f.acc for f in files},
-        "collectives": colls | {"primitive_from_nvtx": n_relabel},
+        "collectives": colls | {"primitive_from_nvtx": n_relabel,
+                                "primitive_from_peers": n_peer},
     }
     groups = ([{"group_id": 0, "name": "nccl:inferred-all-ranks", "ranks": all_ranks}]
               if cmask.any() else None)

@@ -9,6 +9,11 @@ collective primitive gives it: ``nccl:all_to_all`` -> ``ALL_TO_ALL``. Ranges tha
 point-to-point call (``nccl:send``) leave the kernel as it is (a send on one rank and a recv
 on the other are one transfer, which the name-based matching already pairs).
 
+A kernel whose launch call is not in the export (queued before the capture began: the first
+SendRecv of each rank of h100-2gpu-fastvideo) has no range to read. It takes the primitive
+that the ranges gave every other kernel of its name on its rank and stream, when they all
+agree (:func:`primitives_from_peers`); where they disagree or none got one it stays vague.
+
 An export holds no message sizes in the range names (PyTorch writes ``sizes = [[...]]``
 only under ``emit_nvtx(record_shapes=True)``, without the dtype; NCCL's own NVTX payloads
 are often exported empty), so bytes stay as the kernel row has them.
@@ -22,7 +27,7 @@ import pandas as pd
 from .collectives import comm_op_from_name
 from .enums import CommOp
 
-__all__ = ["primitives_from_nvtx", "COLLECTIVE_OPS"]
+__all__ = ["primitives_from_nvtx", "primitives_from_peers", "COLLECTIVE_OPS"]
 
 #: primitives a range may give (point-to-point ones are left to the kernel's name)
 COLLECTIVE_OPS = frozenset(int(c) for c in (
@@ -91,3 +96,32 @@ def primitives_from_nvtx(comm_op: np.ndarray, is_comm: np.ndarray, g_rank: np.nd
                 break
             k -= 1
     return out, changed
+
+
+def primitives_from_peers(comm_op: np.ndarray, comm_before: np.ndarray, is_comm: np.ndarray,
+                          no_launch: np.ndarray, rank: np.ndarray, stream: np.ndarray,
+                          name_id: np.ndarray) -> tuple[np.ndarray, int]:
+    """``comm_op`` with the communication kernels (``is_comm``) that were vague
+    (``comm_before``, before :func:`primitives_from_nvtx`) and whose launch call is missing
+    (``no_launch``) given the primitive of the other kernels of their (rank, stream, name)
+    that a range labelled, when those all got the same one; and how many changed. All arrays
+    are per kernel."""
+    out = np.asarray(comm_op).copy()
+    vague = np.asarray(is_comm, bool) & np.isin(comm_before, _VAGUE)
+    want = vague & np.asarray(no_launch, bool)
+    if not want.any():
+        return out, 0
+    labelled = vague & ~want & np.isin(out, list(COLLECTIVE_OPS))
+    if not labelled.any():
+        return out, 0
+    f = pd.DataFrame({"rank": np.asarray(rank)[labelled], "stream": np.asarray(stream)[labelled],
+                      "name": np.asarray(name_id)[labelled], "op": out[labelled]})
+    agg = f.groupby(["rank", "stream", "name"])["op"].agg(["min", "max"])
+    sole = agg[agg["min"] == agg["max"]]["min"]
+    wi = np.flatnonzero(want)
+    key = pd.MultiIndex.from_arrays([np.asarray(rank)[wi], np.asarray(stream)[wi],
+                                     np.asarray(name_id)[wi]])
+    got = sole.reindex(key).to_numpy()
+    hit = ~pd.isna(got)
+    out[wi[hit]] = got[hit].astype(out.dtype)
+    return out, int(hit.sum())

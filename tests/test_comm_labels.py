@@ -97,12 +97,46 @@ def test_nsys_sendrecv_under_an_all_to_all_range_is_an_all_to_all():
     n_all = con.execute("select count(*) from CUPTI_ACTIVITY_KIND_KERNEL k join StringIds n "
                         "on n.id = k.demangledName where n.value like "
                         "'ncclDevKernel_SendRecv%'").fetchone()[0]
+    # the rest have no launch call in the export (queued before the capture began); per
+    # process and stream, every SendRecv whose launch is there ran under nccl:all_to_all, so
+    # they take that label from their peers
+    q_orphan = ("select k.globalPid, k.streamId from CUPTI_ACTIVITY_KIND_KERNEL k "
+                "join StringIds n on n.id = k.demangledName "
+                "where n.value like 'ncclDevKernel_SendRecv%' and not exists (select 1 from "
+                "CUPTI_ACTIVITY_KIND_RUNTIME r where r.correlationId = k.correlationId "
+                "and r.globalTid / 16777216 = k.globalPid / 16777216)")
+    orphans = con.execute(q_orphan).fetchall()
+    launched = con.execute(
+        "select k.globalPid, k.streamId, count(*) from CUPTI_ACTIVITY_KIND_KERNEL k "
+        "join StringIds n on n.id = k.demangledName join CUPTI_ACTIVITY_KIND_RUNTIME r "
+        "on r.correlationId = k.correlationId and r.globalTid / 16777216 = k.globalPid / "
+        "16777216 where n.value like 'ncclDevKernel_SendRecv%' group by 1, 2").fetchall()
     con.close()
-    assert 0 < len(a2a_starts) < n_all
+    assert len(a2a_starts) == 64 and len(orphans) == 2 and n_all == 66
+    # every launched SendRecv of each orphan's (process, stream) is one of the all-to-alls
+    assert sum(c for _, _, c in launched) == len(a2a_starts)
+    assert {(p, st) for p, st in orphans} <= {(p, st) for p, st, _ in launched}
     t = ingest_cached(path)
     o = t.ops
     comm = o[o["kind"].isin([int(OpKind.COLLECTIVE), int(OpKind.P2P)])]
     a2a = comm[comm["comm_op"] == int(CommOp.ALL_TO_ALL)]
-    assert len(a2a) == len(a2a_starts)
-    assert (comm["comm_op"] != int(CommOp.ALL_TO_ALL)).sum() == n_all - len(a2a_starts)
+    assert len(a2a) == len(a2a_starts) + len(orphans) == n_all
     assert t.meta["collectives"]["primitive_from_nvtx"] == len(a2a_starts)
+    assert t.meta["collectives"]["primitive_from_peers"] == len(orphans)
+    # the orphans are the first SendRecv of each rank, paired as instance 0 of the all-to-alls
+    first = a2a.sort_values("start_ns").groupby("rank").head(1)
+    assert first["coll_id"].nunique() == 1 and len(first) == 2
+
+
+def test_nsys_orphan_kernel_keeps_its_label_when_peers_disagree():
+    """primitives_from_peers: a kernel without its launch call takes its (rank, stream, name)
+    peers' primitive only when they all got the same one from their ranges."""
+    from retime.collectors.nsys_comm import primitives_from_peers
+    sr, a2a, ar = int(CommOp.SEND_RECV), int(CommOp.ALL_TO_ALL), int(CommOp.ALL_REDUCE)
+    before = np.array([sr, sr, sr, sr, sr, sr], np.int8)
+    after = np.array([sr, a2a, a2a, sr, a2a, ar], np.int8)  # 0 and 3 had no launch call
+    no_launch = np.array([1, 0, 0, 1, 0, 0], bool)
+    rank = np.array([0, 0, 0, 1, 1, 1])
+    out, n = primitives_from_peers(after, before, np.ones(6, bool), no_launch, rank,
+                                   np.zeros(6, np.int64), np.zeros(6, np.int64))
+    assert n == 1 and out.tolist() == [a2a, a2a, a2a, sr, a2a, ar]

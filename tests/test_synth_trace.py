@@ -82,23 +82,89 @@ def test_collectives_share_coll_id_across_group(tr3d):
         assert len(g) == 4 and len(d) == 1
 
 
-def test_p2p_pairs_and_edges(tr3d):
+def test_p2p_pairs_share_one_instance(tr3d):
+    """A send and its receive are one two-member instance, as measured p2p pairs
+    (collectors/oplevel.py): one coll_id, each member starting when its rank is ready, no
+    send -> receive edge."""
     o = tr3d.ops
-    e = tr3d.edges
-    p2p = e[e["kind"] == int(EdgeKind.P2P)]
-    src = o.iloc[p2p["src"].to_numpy()]
-    dst = o.iloc[p2p["dst"].to_numpy()]
-    assert (src["comm_op"].to_numpy() == int(CommOp.SEND)).all()
-    assert (dst["comm_op"].to_numpy() == int(CommOp.RECV)).all()
-    assert np.array_equal(src["peer"].to_numpy(), dst["rank"].to_numpy())
-    assert np.array_equal(dst["peer"].to_numpy(), src["rank"].to_numpy())
-    assert np.array_equal(src["microbatch"].to_numpy(), dst["microbatch"].to_numpy())
+    p = o[o["kind"] == int(OpKind.P2P)]
+    assert (p["coll_id"] >= 0).all()
     # forward activations and backward gradients: 4 micro-batches x 2 directions x 4 replicas
-    assert len(p2p) == 4 * 2 * 4
+    assert p["coll_id"].nunique() == 4 * 2 * 4 == len(p) // 2
+    assert not (tr3d.edges["kind"] == int(EdgeKind.P2P)).any()
+    assert tr3d.meta["synth"]["p2p_pairs"] == "instances"
+    assert tr3d.meta["collectives"]["matched"] == int(o.loc[o["coll_id"] >= 0, "coll_id"]
+                                                      .nunique())
+    for _, g in p.groupby("coll_id"):
+        assert sorted(g["comm_op"]) == [int(CommOp.SEND), int(CommOp.RECV)]
+        snd = g[g["comm_op"] == int(CommOp.SEND)].iloc[0]
+        rcv = g[g["comm_op"] == int(CommOp.RECV)].iloc[0]
+        assert (snd["peer"], rcv["peer"]) == (rcv["rank"], snd["rank"])
+        assert snd["microbatch"] == rcv["microbatch"] and snd["phase"] == rcv["phase"]
+        # forward goes one stage down the pipeline, backward one stage up
+        assert rcv["stage"] - snd["stage"] == (1 if snd["phase"] == int(Phase.FWD) else -1)
+    # as measured kernels: each member starts when ready, the one that waited ends with the
+    # other, so after the later start every pair takes the same modeled transfer time (the
+    # same activations or gradients each way)
+    end = p["start_ns"] + p["dur_ns"]
+    tail = end - p.groupby("coll_id")["start_ns"].transform("max")
+    assert (tail.groupby([p["comm_op"], p["phase"]]).nunique() == 1).all()
+    assert (p.groupby("coll_id")["start_ns"].nunique() == 2).any()  # some member waited
+    # ... so the replay finds no unexplained delay on them (it did: one per pair)
+    from retime.replay.graph import build_graph
+    g = build_graph(tr3d)
+    delay = np.zeros(len(o), np.int64)
+    delay[g.perm] = g.measured_delay_layout_ns
+    assert not delay[p.index.to_numpy()].any()
     # every edge is respected by the timing
+    e = tr3d.edges
     end = _end(o)
     assert (o["start_ns"].to_numpy()[e["dst"].to_numpy()]
             >= end[e["src"].to_numpy()] + e["lag_ns"].to_numpy()).all()
+
+
+def test_p2p_pair_costs_and_the_receiver_waits_for_the_data():
+    """Two stages of 4 layers, send 700 ns, receive 50 ns once arrived: every pair's send
+    ends 700 ns after the later member's start and its receive 50 ns after the send; the
+    receiving stage's first forward starts when its receive ends, 750 ns after stage 0's
+    forward of micro-batch 0 (4 x 1,500 ns), not earlier (a receive that only started with
+    its send would let it go on before the data arrived)."""
+    from retime.collectors.synth import CommModel, build_trace, load_hardware
+    from retime.collectors.synth.builder import LayerTemplate, OpTemplate, StepTemplate
+    layer = LayerTemplate((OpTemplate("fwd", "compute", 1500),),
+                          (OpTemplate("bwd", "compute", 2500),))
+    tpl = StepTemplate(layers=(layer,) * 8, optimizer_kernels=(), p2p_bytes=1 << 20)
+    par = ParallelConfig(pp=2, global_batch=4)
+    t = build_trace(tpl, par, CommModel(load_hardware("a100-80gb"), par), p2p_ns=700,
+                    recv_ns=50)
+    o = t.ops
+    p = o[o["kind"] == int(OpKind.P2P)]
+    assert len(p) == 2 * 2 * 4 and (p.groupby("coll_id").size() == 2).all()
+    for _, g in p.groupby("coll_id"):
+        snd = g[g["comm_op"] == int(CommOp.SEND)].iloc[0]
+        rcv = g[g["comm_op"] == int(CommOp.RECV)].iloc[0]
+        both = max(snd["start_ns"], rcv["start_ns"])
+        assert snd["start_ns"] + snd["dur_ns"] - both == 700
+        assert rcv["start_ns"] + rcv["dur_ns"] - (snd["start_ns"] + snd["dur_ns"]) == 50
+    fwd1 = (o["rank"].to_numpy() == 1) & (np.asarray(t.names()) == "fwd")
+    assert int(o["start_ns"].to_numpy()[fwd1].min()) == 4 * 1500 + 700 + 50
+
+
+def test_dualpipe_p2p_falls_back_to_edges():
+    """DualPipe orders its two directions' sends and receives on one FIFO lane each way;
+    start-together pairs would deadlock, so each receive waits for its send (edge) and the
+    meta says so (pp=8 here; pp=2 and 4 order them consistently and pair as instances)."""
+    t = synthesize(SMALL, "a100-80gb", tp=1, pp=8, dp=1, global_batch=16, micro_batch=1,
+                   schedule="dualpipe")
+    o, e = t.ops, t.edges
+    p = o[o["kind"] == int(OpKind.P2P)]
+    assert t.meta["synth"]["p2p_pairs"] == "edges" and (p["coll_id"] == -1).all()
+    pe = e[e["kind"] == int(EdgeKind.P2P)]
+    assert 2 * len(pe) == len(p)
+    src, dst = o.iloc[pe["src"].to_numpy()], o.iloc[pe["dst"].to_numpy()]
+    assert (src["comm_op"].to_numpy() == int(CommOp.SEND)).all()
+    assert (dst["comm_op"].to_numpy() == int(CommOp.RECV)).all()
+    assert np.array_equal(src["peer"].to_numpy(), dst["rank"].to_numpy())
 
 
 def test_lanes_are_fifo_without_overlap(tr3d):
@@ -259,11 +325,15 @@ def test_random_configs_are_valid_traces():
         o, e = tr.ops, tr.edges
         end = _end(o)
         assert (o["start_ns"].to_numpy()[e["dst"].to_numpy()] >= end[e["src"].to_numpy()]).all()
-        c = o[o["coll_id"] >= 0].groupby("coll_id")
-        assert (c["start_ns"].nunique() == 1).all()
+        # collectives start together and span their group; a pipeline send/receive pair is
+        # two ranks of it (each member starts when ready, as measured ones)
+        p2p = o["kind"] == int(OpKind.P2P)
+        assert (o[(o["coll_id"] >= 0) & ~p2p].groupby("coll_id")["start_ns"].nunique() == 1).all()
+        c = o[(o["coll_id"] >= 0) & ~p2p].groupby("coll_id")
         size = {int(g): len(r) for g, r in zip(tr.groups["group_id"], tr.groups["ranks"])}
         assert np.array_equal(c.size().to_numpy(),
                               np.array([size[int(g)] for g in c["group_id"].first()]))
+        assert (o[p2p].groupby("coll_id").size() == 2).all() and (o.loc[p2p, "coll_id"] >= 0).all()
         assert tr.meta["synth"]["world_size"] == tp * pp * dp * cp
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from retime.collectors.enums import CommOp, OpKind
 from retime.collectors.errors import PolicyError
 from retime.collectors.ingest import read
 from retime.collectors.synth import (
@@ -73,6 +74,12 @@ def test_measured_templates_keep_measured_durations_and_p2p():
     assert [(o.name, o.lane, o.dur_ns) for o in got.layers[3].fwd] == [("fwd", "compute", 1500),
                                                                        ("tp.ar", "tp", 300)]
     assert info["p2p_ns"] == 700 and info["recv_ns"] == 50 and got.p2p_bytes == 1 << 20
+    # ... read as costs, not spans: a receive paired with its send starts when its rank is
+    # ready, so most receives here hold a wait (their spans' median is 17,950 ns = a forward
+    # or backward of 4 layers + transfer + receive)
+    o = t.ops
+    recv = o[(o["kind"] == int(OpKind.P2P)) & (o["comm_op"] == int(CommOp.RECV))]
+    assert (recv["coll_id"] >= 0).all() and int(recv["dur_ns"].median()) == 17_950
     same = whatif(t, {"parallel.schedule": "1f1b"})
     assert same.step_time_ns == whatif(t).step_time_ns  # unchanged layout: same step
     deeper = whatif(t, {"parallel.pp": 4})

@@ -451,8 +451,10 @@ def build_trace(template: StepTemplate, parallel: ParallelConfig | dict,
             if prev_gather >= 0:  # DeepSpeed's shards: one after the other
                 add_edges([prev_gather], [g])
             prev_gather = g
-    # pipeline p2p edges: the send of (dir, mb, vs) feeds the receive of the next virtual
-    # stage (forward) or the previous one (backward)
+    # pipeline p2p pairs: the send of (dir, mb, vs) and the receive of the next virtual stage
+    # (forward) or the previous one (backward) are one transfer, a two-member instance that
+    # starts together, as measured sends/receives pair (collectors/oplevel.py): no send ->
+    # receive edge, which would make the receiver pay the transfer a second time
     ps, pd_, rs, rd = [], [], [], []
     for (d, mb, vs), sid in send_id.items():
         peer_vs = layout.next_vs(vs) if d == 0 else layout.prev_vs(vs)
@@ -464,10 +466,13 @@ def build_trace(template: StepTemplate, parallel: ParallelConfig | dict,
             if post >= 0:  # blocking p2p: the transfer starts when the receiver calls
                 rs.append(post)
                 rd.append(sid)
-    add_edges(ps, pd_, EdgeKind.P2P)
     add_edges(rs, rd)
     rep, isrc, idst = pool.materialize()
     n = pool.n
+    pair = np.full(n, -1, np.int64)  # pair index of each send/receive (-1: not a pair)
+    pair[np.asarray(ps, np.int64)] = np.arange(len(ps))
+    pair[np.asarray(pd_, np.int64)] = np.arange(len(ps))
+    rep["p2p_pair"] = pair
     src = np.concatenate([isrc] + esrc)
     dst = np.concatenate([idst] + edst)
     kinds = np.concatenate([np.full(len(isrc), int(EdgeKind.DATA), np.int8)] + ekind)
@@ -477,17 +482,62 @@ def build_trace(template: StepTemplate, parallel: ParallelConfig | dict,
     group = np.full(n, -1, np.int64)
     group[emb_ops] = 0  # the cross-stage collectives among representatives
     group[mp_ops] = 1 if emb_ops else 0
-    start, done = _list_schedule(np.ascontiguousarray(rep["dur_ns"]), rep_lane, p * nl,
-                                 src, dst, lag, group)
+    paired = pair >= 0
+    group[paired] = int(bool(emb_ops)) + int(bool(mp_ops)) + pair[paired]
+    dur0 = np.ascontiguousarray(rep["dur_ns"])
+    dur = dur0.copy()
+    # a receive holds the transfer (its send's duration) and then its own cost: both members
+    # record the transfer, not a wait, and the receiver goes on once the data arrived
+    dur[np.asarray(pd_, np.int64)] += dur0[np.asarray(ps, np.int64)]
+    start, done = _list_schedule(dur, rep_lane, p * nl, src, dst, lag, group)
+    p2p_pairs = "instances" if len(ps) else "none"
+    if done != n and len(ps):
+        # a schedule whose FIFO send and receive lanes order the pairs inconsistently
+        # (DualPipe's two directions) would deadlock with start-together pairs: each
+        # receive waits for its send instead (sends/receives keep coll_id -1)
+        group[paired] = -1
+        rep["p2p_pair"] = np.full(n, -1, np.int64)
+        src = np.concatenate([src, np.asarray(ps, np.int64)])
+        dst = np.concatenate([dst, np.asarray(pd_, np.int64)])
+        kinds = np.concatenate([kinds, np.full(len(ps), int(EdgeKind.P2P), np.int8)])
+        lag = np.zeros(len(src), np.int64)
+        dur = dur0
+        start, done = _list_schedule(dur, rep_lane, p * nl, src, dst, lag, group)
+        p2p_pairs = "edges"
     if done != n:
         raise RuntimeError(f"synth builder produced a dependency cycle ({n - done} ops "
                            "unscheduled); this is a bug")
+    if p2p_pairs == "instances":
+        start, dur = _own_ready_starts(start, dur, rep_lane, src, dst, lag, paired)
     rep["start_ns"] = start
+    rep["dur_ns"] = dur
     meta = dict(meta or {})
     meta.setdefault("stage_layers", list(layout.counts))
+    meta["p2p_pairs"] = p2p_pairs
     with no_hugepages():
         return expand_ranks(rep, src, dst, kinds, parallel, strings, step, expand, max_ops,
                             meta)
+
+
+def _own_ready_starts(start, dur, lane, src, dst, lag, member) -> tuple[np.ndarray, np.ndarray]:
+    """Members of a send/receive pair as a measured trace records them (and as the replay
+    reads them, replay/graph.py): each starts when its rank is ready and ends where the
+    schedule ended it, so the one that waited holds its wait and the transfer after the later
+    start is each member's tail. The schedule started both at the later ready time."""
+    end = start + dur
+    ready = np.zeros(len(start), np.int64)
+    em = member[dst]
+    np.maximum.at(ready, dst[em], end[src[em]] + lag[em])
+    order = np.lexsort((np.arange(len(start)), lane))  # a lane runs its ops in index order
+    same = lane[order][1:] == lane[order][:-1]
+    prev = np.full(len(start), -1, np.int64)
+    prev[order[1:][same]] = order[:-1][same]
+    pm = member & (prev >= 0)
+    ready[pm] = np.maximum(ready[pm], end[prev[pm]])
+    # (one with no predecessor at all was ready at the step's start, 0; never after the
+    # schedule's start)
+    own = np.where(member, np.minimum(ready, start), start)
+    return own, np.where(member, end - own, dur)
 
 
 def _sync_edges(order, item_ids, calls, layout, sched, p, stage, add_edges, recv_post,

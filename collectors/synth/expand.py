@@ -156,6 +156,12 @@ def expand_ranks(rep: dict[str, np.ndarray], src: np.ndarray, dst: np.ndarray,
     coll_id = np.full((K, N), -1, np.int64)
     ci = np.flatnonzero(coll_base >= 0)
     coll_id[:, ci] = coll_base[ci][None, :] + key_k[:, cls[ci]]
+    # a pipeline send and its receive (same replica k, two stages) share one instance, after
+    # every collective's ids
+    pair = rep.get("p2p_pair")
+    if pair is not None:
+        pi = np.flatnonzero(pair >= 0)
+        coll_id[:, pi] = (int(is_coll.sum()) * W + pair[pi] * R)[None, :] + ks[:, None]
     group_id = np.full((K, N), -1, np.int32)
     gi = np.flatnonzero(gid_base >= 0)
     group_id[:, gi] = gid_base[gi][None, :] + gid_k[:, cls[gi]]
@@ -253,6 +259,8 @@ def expand_ranks(rep: dict[str, np.ndarray], src: np.ndarray, dst: np.ndarray,
     size_of_cls = np.array([1, P.tp, P.cp, P.dp * P.cp, 2, P.ep, G * P.cp, P.pp * P.tp])
     inst = (K // size_of_cls[cls[coll_base >= 0]]) if expand == "all" else np.ones(1)
     n_coll = int(inst.sum()) if expand == "all" else int(np.count_nonzero(coll_base >= 0))
+    if pair is not None and (pair >= 0).any():  # send/receive pairs: one instance per replica
+        n_coll += (int(pair.max()) + 1) * K
     m = {"source_format": "synth", "world_size": W, "synth": synth,
          "accounting": {"synth": {"events_read": 0, "kept": {"ops": int(N * K)}, "dropped": {}}},
          "collectives": {"matched": n_coll, "unmatched": 0}}

@@ -344,10 +344,16 @@ def _best_merge(state: WhatIfState) -> float:
 
 
 def serialize_edges(g) -> tuple[np.ndarray, np.ndarray]:
-    """Edges that forbid communication from overlapping compute on its device."""
+    """Edges that forbid communication from overlapping compute on its device.
+
+    A communication op sits between the compute ops around its measured start; a pipeline
+    send or receive paired with its peer (one ``coll_id``) around the pair's transfer start
+    (the later member's start), since one that started first spent the time until then
+    waiting for its peer, not transferring: placed at its own start, the compute it waited
+    through would wait for its peer in turn, a cycle when that compute feeds the peer."""
     dev = by_op(g, "device")
     res = by_op(g, "resource")
-    start = g.meas_start_ns
+    start = _p2p_transfer_starts(g)
     lane = g.lane
     on = dev >= 0
     comm = np.flatnonzero(on & (res == RES_COMM))
@@ -372,6 +378,22 @@ def serialize_edges(g) -> tuple[np.ndarray, np.ndarray]:
         dst.append(ops[pos[after]])
     return (np.concatenate(src).astype(np.int64) if src else np.zeros(0, np.int64),
             np.concatenate(dst).astype(np.int64) if dst else np.zeros(0, np.int64))
+
+
+def _p2p_transfer_starts(g) -> np.ndarray:
+    """Measured starts in op order, a paired point-to-point op's moved to its pair's later
+    member start."""
+    start = g.meas_start_ns
+    coll = by_op(g, "coll_of")
+    p2p = (np.asarray(g.trace.ops["kind"].to_numpy()) == int(OpKind.P2P)) & (coll >= 0)
+    if not p2p.any():
+        return start
+    idx = np.flatnonzero(p2p)
+    last = np.full(int(coll[idx].max()) + 1, np.iinfo(np.int64).min, np.int64)
+    np.maximum.at(last, coll[idx], start[idx])
+    out = np.array(start, np.int64, copy=True)
+    out[idx] = last[coll[idx]]
+    return out
 
 
 def _tp_ops(trace) -> np.ndarray:

@@ -322,8 +322,9 @@ def templates_from_trace(trace):
     """Per-layer op templates measured from an annotated trace (see the module docstring).
 
     Returns ``(StepTemplate, current parallel config dict, info)`` with ``info`` holding
-    ``p2p_ns``, ``recv_ns`` (median measured pipeline send / receive, None without a
-    pipeline) and ``hardware`` (the profile used for modeled communication).
+    ``p2p_ns``, ``recv_ns`` (median measured pipeline send / receive cost, not their spans,
+    see :func:`_p2p_costs_ns`; None without a pipeline) and ``hardware`` (the profile used
+    for modeled communication).
     """
     import numpy as np
 
@@ -423,6 +424,36 @@ def templates_from_trace(trace):
                              seq(is_head & (phase == int(Phase.BWD))), 0)
     tpl = StepTemplate(layers=tuple(layers), embed=embed, head=head, p2p_bytes=p2p_bytes,
                        optimizer_kernels=opt_kernels, name="measured")
-    info = {"p2p_ns": int(np.median(dur[send])) if send.any() else None,
-            "recv_ns": int(np.median(dur[recv])) if recv.any() else None, "hardware": hw}
+    p2p_ns, recv_ns = _p2p_costs_ns(o["coll_id"].to_numpy(), send, recv, start, dur)
+    info = {"p2p_ns": p2p_ns, "recv_ns": recv_ns, "hardware": hw}
     return tpl, par, info
+
+
+def _p2p_costs_ns(coll_id, send, recv, start, dur) -> tuple[int | None, int | None]:
+    """Median pipeline send cost (the transfer) and receive cost once the data arrived.
+
+    A send paired with its receive (one ``coll_id``, a rendezvous: each member starts when
+    its rank is ready, so the one that waited holds its wait) costs its end minus the later
+    member start, the receive its end minus the send's end; measured spans would count the
+    wait. An unpaired send / receive (``coll_id`` -1, a send -> receive edge) costs its
+    duration."""
+    import numpy as np
+
+    end = start + dur
+    s_cost = dur[send].astype(np.int64)
+    r_cost = dur[recv].astype(np.int64)
+    sc, rc = coll_id[send], coll_id[recv]
+    if (sc >= 0).any() and (rc >= 0).any():
+        si = np.flatnonzero(send)[sc >= 0]
+        order = np.argsort(coll_id[si], kind="stable")
+        si, keys = si[order], coll_id[si][order]
+        ri = np.flatnonzero(recv)
+        at = np.searchsorted(keys, rc).clip(0, len(keys) - 1)
+        hit = (rc >= 0) & (keys[at] == rc)
+        peer_s = si[at[hit]]  # the send of each paired receive
+        r_cost[hit] = end[ri[hit]] - end[peer_s]
+        both = np.maximum(start[ri[hit]], start[peer_s])
+        s_pos = np.searchsorted(np.flatnonzero(send), peer_s)
+        s_cost[s_pos] = end[peer_s] - both
+    return (int(np.median(s_cost)) if send.any() else None,
+            int(np.median(r_cost)) if recv.any() else None)
