@@ -393,6 +393,15 @@ def main() -> None:
                     ours[-1]["store_gb"] = tree_bytes(store) / 1e9
                 for r in ours + peer:
                     print(line(r, gb), flush=True)
+                for who, rs in (("ours", ours), ("baseline", peer)):
+                    if len(rs) > 1:  # the load moves walls run to run: medians, and its range
+                        wall = float(np.median([r["wall_s"] for r in rs]))
+                        print(f"  {who} ingest, median of {len(rs)}: wall {wall:.1f} s "
+                              f"({gb / wall:.2f} GB/s), CPU "
+                              f"{float(np.median([r['cpu_s'] for r in rs])):.1f} s, peak RSS "
+                              f"{float(np.median([r['rss_gb'] for r in rs])):.2f} GB; load "
+                              f"{min(r['load'] for r in rs):.1f}-{max(r['load'] for r in rs):.1f}",
+                              flush=True)
                 if peer:
                     ratio = [o["wall_s"] / p["wall_s"] for o, p in zip(ours, peer, strict=True)]
                     cpu = [o["cpu_s"] / p["cpu_s"] for o, p in zip(ours, peer, strict=True)]

@@ -4,10 +4,11 @@ Parses the largest shared Kineto trace (``shared/traces/kineto/v100-ddp-sgd``, o
 216k events), builds the per-rank tables the rank-wise ingest writes
 (:func:`collectors.rankwise.rank_tables`), and writes them ``--repeat`` times each way,
 alternating: ``collectors.trace.parquet_options`` (LZ4, no dictionary pages, delta-encoded
-integers, statistics only for the filtered columns), the previous options (the same with zstd
-and every column's statistics) and the former ones (zstd with dictionary pages). Prints the
-median write and read-back times and the bytes on disk per way, and checks that all read back
-equal.
+64-bit integers, statistics only for the filtered columns), the same with every integer column
+delta-encoded (as before), with zstd and every column's statistics (earlier) and the former
+options (zstd with dictionary pages). Prints the median write and read-back CPU times (this
+process's user + system time: on a shared host they move less with other load than wall
+times) and the bytes on disk per way, and checks that all read back equal.
 Figures are printed, never asserted.
 
     python bench/store_write.py [--repeat 7]
@@ -22,6 +23,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,7 +45,13 @@ def main() -> None:
     tables = rankwise.rank_tables(part, 0, plan)
     print("tables of one rank: " + ", ".join(f"{k} {t.num_rows:,} rows x {t.num_columns}"
                                              for k, t in tables.items()))
+
+    def delta_all(s):  # every integer column delta-encoded, the narrow ones too
+        ints = [f.name for f in s if pa.types.is_integer(f.type)]
+        return {**parquet_options(s), "column_encoding": dict.fromkeys(ints, "DELTA_BINARY_PACKED")}
+
     ways = {"store (parquet_options)": parquet_options,
+            "before (delta for all integers)": delta_all,
             "previous (zstd, all statistics)": lambda s: {
                 **parquet_options(s), "compression": "zstd", "write_statistics": True},
             "former (zstd, dictionaries)": lambda _s: {"compression": "zstd"}}
@@ -54,17 +62,17 @@ def main() -> None:
         for _ in range(a.repeat):
             for w, opts in ways.items():
                 files = {k: Path(d) / f"{k}-{len(res[w]['write'])}.parquet" for k in tables}
-                t0 = time.perf_counter()
+                t0 = time.process_time()
                 for k, t in tables.items():
                     pq.write_table(t, files[k], **opts(t.schema))
-                res[w]["write"].append(time.perf_counter() - t0)
-                t0 = time.perf_counter()
+                res[w]["write"].append(time.process_time() - t0)
+                t0 = time.process_time()
                 back[w] = {k: pq.read_table(f) for k, f in files.items()}
-                res[w]["read"].append(time.perf_counter() - t0)
+                res[w]["read"].append(time.process_time() - t0)
                 size[w] = sum(f.stat().st_size for f in files.values())
     for w in ways:
-        print(f"  {w:<28} write {1e3 * float(np.median(res[w]['write'])):6.1f} ms, read back "
-              f"{1e3 * float(np.median(res[w]['read'])):6.1f} ms (medians of {a.repeat}), "
+        print(f"  {w:<32} write {1e3 * float(np.median(res[w]['write'])):6.1f} ms, read back "
+              f"{1e3 * float(np.median(res[w]['read'])):6.1f} ms CPU (medians of {a.repeat}), "
               f"{size[w] / 1e6:.2f} MB on disk")
     a_, *others = ways
     for b_ in others:

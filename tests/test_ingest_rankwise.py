@@ -179,14 +179,15 @@ def test_dask_workers_spool_and_release(dlrm, tmp_path):
 @pytest.mark.parametrize("layout", ["single", "rank"])
 def test_store_files_use_the_store_encoding(tmp_path, layout):
     """Every Parquet file the ingest writes follows parquet_options(): LZ4, no dictionary
-    pages, integer columns delta-encoded, statistics for the filtered columns only (a writer
-    that bypassed it would differ here)."""
+    pages, 64-bit integer columns delta-encoded and the narrower ones plain, statistics for
+    the filtered columns only (a writer that bypassed it would differ here)."""
     import pyarrow.parquet as pq
 
     out = tmp_path / "e.retime"
     ingest(DLRM, out, layout=layout, jobs=2, progress=False)
     files = sorted(out.rglob("*.parquet"))
     assert len(files) >= 6
+    n_wide = n_narrow = 0
     for f in files:
         md = pq.ParquetFile(f).metadata
         schema = pq.read_schema(f)
@@ -199,14 +200,20 @@ def test_store_files_use_the_store_encoding(tmp_path, layout):
                 assert not {"PLAIN_DICTIONARY", "RLE_DICTIONARY"} & set(col.encodings), (
                     f, col.path_in_schema, col.encodings)
                 name = col.path_in_schema
-                if name in schema.names and pa_is_int(schema.field(name).type):
-                    assert "DELTA_BINARY_PACKED" in col.encodings, (f, name, col.encodings)
+                if name in schema.names and int_bits(schema.field(name).type):
+                    delta = "DELTA_BINARY_PACKED" in col.encodings
+                    assert delta == (int_bits(schema.field(name).type) == 64), (
+                        f, name, col.encodings)
+                    n_wide += delta
+                    n_narrow += not delta
+    assert n_wide and n_narrow  # both kinds of integer column were seen
 
 
-def pa_is_int(t) -> bool:
+def int_bits(t) -> int:
+    """Bit width of an integer Arrow type (0 for any other type)."""
     import pyarrow as pa
 
-    return pa.types.is_integer(t)
+    return t.bit_width if pa.types.is_integer(t) else 0
 
 
 def test_warm_scanner_loads_the_kernels_before_workers_fork(tmp_path, monkeypatch):
