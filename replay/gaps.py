@@ -25,11 +25,11 @@ from typing import Any
 import numpy as np
 
 from retime.collectors.arrays import unique
-from retime.collectors.enums import EdgeKind, OpKind
+from retime.collectors.enums import EdgeKind
 
 __all__ = ["WAKE_UP_NS", "HANDOFF_MIN_GAP_NS", "HANDOFF_WINDOW_NS", "handoff_edges",
            "with_handoff_edges", "classify_wait_gaps", "host_comm_masks",
-           "gap_shares", "work_per_step_ns", "work_swing_ns"]
+           "gap_shares"]
 
 #: how soon after what it waited for a thread resumes (a wake-up, scheduling): a gap that
 #: ends within this of a cross-thread dependency's end was a wait
@@ -229,85 +229,3 @@ def gap_shares(graph) -> dict[str, Any]:
     tot["handoff_edges"] = int(graph.stats.get("handoff_edges", 0))
     out["total"] = tot
     return out
-
-
-#: ops that are communication (the time a rank may only be waiting on)
-_COMM_KINDS = (int(OpKind.COLLECTIVE), int(OpKind.P2P))
-#: ops that are a rank's own work (runtime calls and stream waits are not: they can span a wait)
-_WORK_KINDS = (int(OpKind.KERNEL), int(OpKind.MEMCPY), int(OpKind.MEMSET), int(OpKind.CPU_OP),
-               int(OpKind.COMPUTE))
-
-
-def _union(s: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The union of intervals ``[s, e)`` as disjoint sorted intervals."""
-    if len(s) == 0:
-        return s, e
-    o = np.argsort(s, kind="stable")
-    s, ce = s[o], np.maximum.accumulate(e[o])
-    first = np.flatnonzero(np.r_[True, s[1:] > ce[:-1]])
-    return s[first], np.r_[ce[first[1:] - 1], ce[-1]]
-
-
-def work_per_step_ns(rank, kind, start, end, win_rank, win_start, win_end) -> np.ndarray:
-    """Per step window (``win_*``, one row per rank and step): the time the rank was not
-    only waiting on communication, ns (float64, one per window).
-
-    Waiting is the time one of the rank's collectives or p2p ops was in flight while none of
-    its own work ops (kernels, copies, CPU ops, op-level compute) ran: a DDP rank idle until
-    its all-reduce completes. The rest of the window is work, the profiled ops and the host
-    time between them the profiler did not cover. A what-if keeps that work as measured, so
-    how much it swings from step to step is what the target run can differ by in absolute
-    time whatever happens to the waiting (:func:`work_swing_ns`).
-    """
-    rank = np.asarray(rank)
-    kind = np.asarray(kind)
-    start = np.asarray(start, np.int64)
-    end = np.asarray(end, np.int64)
-    win_rank = np.asarray(win_rank)
-    out = (np.asarray(win_end, np.int64) - np.asarray(win_start, np.int64)).astype(np.float64)
-    is_c = np.isin(kind, _COMM_KINDS)
-    is_w = np.isin(kind, _WORK_KINDS)
-    order = np.argsort(rank, kind="stable")  # one pass over the ops, a slice per rank
-    ur, first = np.unique(rank[order], return_index=True)
-    bounds = np.r_[first, len(order)]
-    for i, r in enumerate(ur.tolist()):
-        sel = order[bounds[i]:bounds[i + 1]]
-        c = sel[is_c[sel]]
-        if not len(c):
-            continue
-        w = sel[is_w[sel]]
-        cs, ce = _union(start[c], end[c])
-        ws, we = _union(start[w], end[w])
-        t = np.r_[cs, ce, ws, we]
-        dc = np.r_[np.ones(len(cs)), -np.ones(len(ce)), np.zeros(2 * len(ws))]
-        dw = np.r_[np.zeros(2 * len(cs)), np.ones(len(ws)), -np.ones(len(we))]
-        o = np.argsort(t, kind="stable")
-        t, dc, dw = t[o], np.cumsum(dc[o]), np.cumsum(dw[o])
-        idle = (dc[:-1] > 0.5) & (dw[:-1] < 0.5)
-        a, b = t[:-1][idle], t[1:][idle]
-        for j in np.flatnonzero(win_rank == r).tolist():
-            s0, e0 = int(win_start[j]), int(win_end[j])
-            out[j] -= float(np.clip(np.minimum(b, e0) - np.maximum(a, s0), 0, None).sum())
-    return out
-
-
-def work_swing_ns(trace) -> float:
-    """Half the largest step-to-step range of one rank's work (:func:`work_per_step_ns`),
-    ns: how far the work a what-if keeps moved between the source trace's steps. 0 for a
-    trace with fewer than two steps per rank."""
-    from retime.collectors.steps import step_windows_by_rank
-
-    o = trace.ops
-    if len(o) == 0:
-        return 0.0
-    w = step_windows_by_rank(trace)
-    if len(w) == 0:
-        return 0.0
-    work = work_per_step_ns(o["rank"].to_numpy(), o["kind"].to_numpy(),
-                            o["start_ns"].to_numpy(),
-                            o["start_ns"].to_numpy() + o["dur_ns"].to_numpy(),
-                            w["rank"].to_numpy(), w["start_ns"].to_numpy(),
-                            w["end_ns"].to_numpy())
-    df = w[["rank"]].assign(work=work).groupby("rank")["work"]
-    swing = (df.max() - df.min()) / 2
-    return float(swing.max()) if len(swing) else 0.0

@@ -21,7 +21,6 @@ from retime.collectors.steps import step_windows_by_rank
 from retime.collectors.trace import Trace
 
 from .engine import ReplayResult, _simulate_layout
-from .gaps import work_swing_ns
 from .policies.base import (
     Policy,
     SynthSpec,
@@ -133,11 +132,7 @@ def step_range(trace: Trace, res: ReplayResult, alt: list[dict]) -> dict[str, An
     """The range of a what-if's step time (ns per step, slowest rank):
 
     * the measured step-to-step spread: half the source trace's per-step range (max - min
-      over its steps of the slowest rank's step), relative, around the prediction; at least
-      the swing of the work the what-if keeps, in absolute time (half the largest
-      step-to-step range of one rank's work, :func:`~replay.gaps.work_swing_ns`): a rank's
-      slow step is hidden in the source by its peers' waiting, and a what-if that takes the
-      waiting away (a faster link) leaves it exposed, a larger share of a shorter step;
+      over its steps of the slowest rank's step), relative, around the prediction;
     * the model: a share of the predicted change, :data:`MODEL_SHARE` (``assumed`` when the
       what-if printed an ``assumed:`` line), taken as a ratio: ``pred / f .. pred * f`` with
       ``f = (pred / measured step) ** share`` (a 5x speed-up is as uncertain as a 5x slow-down,
@@ -153,8 +148,6 @@ def step_range(trace: Trace, res: ReplayResult, alt: list[dict]) -> dict[str, An
     mean = (w["end_ns"] - w["start_ns"]).groupby(w["rank"]).mean() if len(w) else None
     base = float(mean.max()) if mean is not None else pred
     noise = float((per.max() - per.min()) / 2 / np.median(per)) if len(per) > 1 else 0.0
-    swing = work_swing_ns(trace)
-    spread = max(noise, swing / pred) if pred > 0 else noise
     # an assumption the range replays at its bounds is covered by them
     kind = ("assumed" if len(res.meta["whatif"].get("assumed", []))
             > int(res.meta["whatif"].get("bounded_assumptions", 0)) else "fitted")
@@ -162,15 +155,13 @@ def step_range(trace: Trace, res: ReplayResult, alt: list[dict]) -> dict[str, An
     # slow-down; the range never reaches zero): pred / f .. pred * f, f = (pred/base)^share
     f = float(np.exp(MODEL_SHARE[kind] * abs(np.log(pred / base)))) if pred > 0 and base > 0 \
         else 1.0
-    lo = pred * (1 - spread) / f
-    hi = pred * (1 + spread) * f
+    lo = pred * (1 - noise) / f
+    hi = pred * (1 + noise) * f
     bounds = [float(a["step_time_ns"]["per_step"]["replayed"]) for a in alt]
     for b in bounds:
-        nb = max(noise, swing / b) if b > 0 else noise
-        lo, hi = min(lo, b * (1 - nb)), max(hi, b * (1 + nb))
+        lo, hi = min(lo, b * (1 - noise)), max(hi, b * (1 + noise))
     return {"step_range_ns": [max(0.0, lo), hi], "baseline_per_step_ns": base,
-            "range": {"step_spread": noise, "work_swing_ns": swing,
-                      "model": kind, "model_share": MODEL_SHARE[kind],
+            "range": {"step_spread": noise, "model": kind, "model_share": MODEL_SHARE[kind],
                       "bounds_ns": bounds, "predicted_step_ns": pred}}
 
 

@@ -94,7 +94,7 @@ KNOWN: dict[tuple[str, str, str], str] = {
         "0.75 MB); the excess is work kept from the 250 Mbit/s source: its rank 1 worked "
         "32.1, 44.4 and 51.5 ms in its three steps (the kept 1000 Mbit/s capture's ranks "
         "31-36 ms), a slow stretch hidden there by its peer's wait for the link; measured, "
-        "not a gap misclassed, and inside the range since the work swing (44-82 ms)"),
+        "not a gap misclassed; outside its range (51-73 ms); not fixed"),
     ("mlp-bucket-2x2", "B", "A"): (
         "+11.8%: the bucket change barely moves the step (98.4 vs 99.4 ms medians) and the "
         "kept 50 MiB capture's step (110.4 ms) is 11% above its setting's median (spread "
