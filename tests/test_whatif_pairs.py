@@ -66,7 +66,11 @@ COVERED = ["mlp-bandwidth", "transformer-bandwidth", "mlp-dp", "transformer-dp",
            # scored once with the model as frozen: 6/8 within 10% (the two misses in KNOWN,
            # not fixed)
            "mlp-bandwidth-250-1000-burst3", "mlp-bucket-2x2", "transformer-checkpoint-1200mbit",
-           "cnn-host-speed-60"]
+           "cnn-host-speed-60",
+           # captured after the seventh freeze (441878b, FREEZE-7; pairs.json after_freeze
+           # 7), scored once with the model as frozen: 8/8 within 10%
+           "transformer-bandwidth-300-1200-burst1.5", "cnn-bandwidth-400-1600-2x2",
+           "transformer-batch-8-2-600mbit", "emb-ranks-per-host-1200mbit"]
 
 
 #: known misses on PLAIN traces (the kit's records stripped), each with its cause (strict:
