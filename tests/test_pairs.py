@@ -155,8 +155,11 @@ def test_freeze_batches_are_marked_and_scored_apart():
                              "transformer-batch-16-4"]
     assert sorted(by[6]) == ["cnn-host-speed-60", "mlp-bandwidth-250-1000-burst3",
                              "mlp-bucket-2x2", "transformer-checkpoint-1200mbit"]
-    assert len(set(labels.values())) == 7
-    for b in (2, 3, 4, 5, 6):
+    assert sorted(by[7]) == ["cnn-bandwidth-400-1600-2x2", "emb-ranks-per-host-1200mbit",
+                             "transformer-bandwidth-300-1200-burst1.5",
+                             "transformer-batch-8-2-600mbit"]
+    assert len(set(labels.values())) == 8
+    for b in (2, 3, 4, 5, 6, 7):
         commits = {INDEX[n]["frozen_commit"] for n in by[b]}
         assert len(commits) == 1 and len(next(iter(commits))) == 40
         assert next(iter(commits))[:7] in labels[b]
@@ -184,6 +187,13 @@ def test_freeze_batches_are_marked_and_scored_apart():
                          capture_output=True, text=True)
     if msg.returncode == 0:
         assert msg.stdout.startswith("FREEZE-6"), msg.stdout
+    # and the seventh's (the second FREEZE-7 commit: the first, 368afb3, held a range rule
+    # reverted before any batch-7 prediction was run)
+    frozen7 = INDEX["cnn-bandwidth-400-1600-2x2"]["frozen_commit"]
+    msg = subprocess.run(["git", "-C", str(ROOT), "log", "-1", "--format=%s", frozen7],
+                         capture_output=True, text=True)
+    if msg.returncode == 0:
+        assert msg.stdout.startswith("FREEZE-7"), msg.stdout
     # fixed after batch 2 (emb-bucket), batch 3 (mlp-batch-32-16) and batch 4
     # (emb-batch-64-16) were seen, and the calibrated re-bucketing after the calibrated rows
     # of emb-bucket-800mbit (batch 5) and transformer-bucket-1000mbit (batch 3) were seen:

@@ -269,6 +269,25 @@ def _pairs() -> dict[str, tuple[str, Pair]]:
         "host CPU speed: real-time runtime 9.5 ms vs 5.7 ms per 10 ms on every host (conv net)",
         {"speed_pct": 100.0}, {"speed_pct": 60.0},
         {"hardware.host_speedup": 0.6}, {"hardware.host_speedup": round(1 / 0.6, 6)}))
+    # the seventh batch, captured after the seventh freeze (FROZEN_7): the transformer on a
+    # rate pair it never ran (300 vs 1200 Mbit/s) with a token bucket no pair had (1.5x the
+    # kit's rule); the conv net with 2 ranks on each of 2 hosts under a rate change (only
+    # the transformer had a rate change at 2x2); the transformer's batch (8 vs 2, a batch
+    # no pair used) on a 600 Mbit/s link (a rate no pair used); ranks per host on the
+    # recommender (only the MLP and the transformer had it) on a 1200 Mbit/s link
+    out["transformer-bandwidth-300-1200-burst1.5"] = ("transformer", _rate_pair(
+        "inter-host bandwidth, 300 vs 1200 Mbit/s, on a link whose token bucket is 1.5x the "
+        "kit's (burst_x 1.5)", 300.0, 1200.0, {"burst_x": 1.5}))
+    out["cnn-bandwidth-400-1600-2x2"] = ("cnn", _rate_pair(
+        "inter-host bandwidth, 400 vs 1600 Mbit/s, 2 hosts x 2 ranks (a host's ranks share "
+        "its core; conv net)", lo, hi, {"nproc_per_host": 2}, ranks_per_node=2))
+    out["transformer-batch-8-2-600mbit"] = ("transformer", Pair(
+        "per-rank batch size 8 vs 2 on a 600 Mbit/s link (transformer)",
+        {"batch": 8, "rate_mbit": 600.0}, {"batch": 2, "rate_mbit": 600.0},
+        {"parallel.micro_batch": 2}, {"parallel.micro_batch": 8}))
+    rph = _on_link(spec["ranks-per-host"], 1200.0)("emb")
+    out["emb-ranks-per-host-1200mbit"] = ("emb", Pair(
+        f"{rph.knob} (embedding-bag recommender)", rph.a, rph.b, rph.a_to_b, rph.b_to_a))
     return out
 
 
@@ -289,6 +308,11 @@ FROZEN_5 = ("emb-batch-32-8", "transformer-batch-16-4", "emb-bucket-800mbit",
 #: the sixth batch, captured after the sixth freeze (pairs.json after_freeze: 6)
 FROZEN_6 = ("mlp-bandwidth-250-1000-burst3", "mlp-bucket-2x2", "transformer-checkpoint-1200mbit",
             "cnn-host-speed-60")
+#: the seventh batch, captured after the seventh freeze (pairs.json after_freeze: 7)
+FROZEN_7 = ("transformer-bandwidth-300-1200-burst1.5", "cnn-bandwidth-400-1600-2x2",
+            "transformer-batch-8-2-600mbit", "emb-ranks-per-host-1200mbit")
+#: the batches judged after a freeze with its commit (after_freeze 2, 3, ...)
+LATER = (FROZEN_2, FROZEN_3, FROZEN_4, FROZEN_5, FROZEN_6, FROZEN_7)
 
 
 def stated(pair: Pair, a: dict, b: dict) -> dict[str, dict]:
@@ -483,8 +507,7 @@ def run_pair(name: str, hosts: Hosts, args: argparse.Namespace) -> dict:
     rec_pair["change"] = round(rec_pair["median_ns"]["B"] / rec_pair["median_ns"]["A"] - 1, 4)
     if name in FROZEN:
         rec_pair["after_freeze"] = True
-    for batch, names in enumerate((FROZEN_2, FROZEN_3, FROZEN_4, FROZEN_5, FROZEN_6),
-                                   start=2):
+    for batch, names in enumerate(LATER, start=2):
         if name in names:
             rec_pair["after_freeze"] = batch
             rec_pair["frozen_commit"] = args.frozen_commit
@@ -565,7 +588,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--commit", action="store_true", help="git commit each pair when captured")
     p.add_argument("--list", action="store_true", help="print the pairs and exit")
     p.add_argument("--frozen-commit", default="",
-                   help="the frozen model's commit, recorded with the FROZEN_2 ... FROZEN_6 "
+                   help="the frozen model's commit, recorded with the FROZEN_2 ... FROZEN_7 "
                         "pairs")
     args = p.parse_args(argv)
     OUT = args.out.resolve()
@@ -574,8 +597,7 @@ def main(argv: list[str] | None = None) -> int:
         for n, (_m, pr) in PAIRS.items():
             print(f"{n:<28} {pr.knob}; A {pr.a} B {pr.b}; keys A->B {pr.a_to_b}")
         return 0
-    later = [n for n in names
-             if n in (*FROZEN_2, *FROZEN_3, *FROZEN_4, *FROZEN_5, *FROZEN_6)]
+    later = [n for n in names if any(n in b for b in LATER)]
     if later and not args.frozen_commit:
         print(f"capture: {', '.join(later)} are judged after a freeze; give the frozen "
               "model's commit with --frozen-commit SHA", file=sys.stderr)
