@@ -16,7 +16,8 @@
    With ``--baseline CHECKOUT`` (e.g. main's), the HTML report is made from each checkout
    in turn, ``--pairs`` times alternating which goes first, on the same store: CPU (user +
    system, and user alone: system time moves most with other load on a shared host) per
-   pair, the ratios and their medians.
+   pair, the ratios and their medians, and in how many pairs the two HTML reports and
+   their tables are byte for byte the same.
 """
 
 from __future__ import annotations
@@ -83,6 +84,17 @@ def _children_ut() -> tuple[float, float]:
     return r.ru_utime, r.ru_stime
 
 
+def _same_report(out: Path, a: str, b: str) -> bool:
+    """Whether the reports ``a`` and ``b`` in ``out`` (the HTML and its tables folder) are
+    byte for byte the same."""
+    if (out / f"{a}.html").read_bytes() != (out / f"{b}.html").read_bytes():
+        return False
+    ta, tb = out / f"{a}-tables", out / f"{b}-tables"
+    fa = sorted(f.name for f in ta.iterdir()) if ta.is_dir() else []
+    fb = sorted(f.name for f in tb.iterdir()) if tb.is_dir() else []
+    return fa == fb and all((ta / f).read_bytes() == (tb / f).read_bytes() for f in fa)
+
+
 def report_pairs(store: Path, out: Path, baseline: Path, pairs: int) -> None:
     """The HTML report of ``store`` from this checkout and ``baseline`` in turn."""
     got: dict[str, list[tuple[float, float]]] = {"ours": [], "baseline": []}
@@ -97,6 +109,8 @@ def report_pairs(store: Path, out: Path, baseline: Path, pairs: int) -> None:
             if r.returncode:
                 raise SystemExit(f"{root}: report failed: {r.stderr.strip()[-500:]}")
             got[name].append((u1 - u0, s1 - s0))
+    same = sum(_same_report(out, f"ours-{k}", f"baseline-{k}") for k in range(pairs))
+    print(f"  outputs: HTML and tables equal to the baseline's in {same} of {pairs} pair(s)")
     tot = {n: [u + s for u, s in v] for n, v in got.items()}
     usr = {n: [u for u, _ in v] for n, v in got.items()}
     for n in got:
