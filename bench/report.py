@@ -16,13 +16,15 @@
    With ``--baseline CHECKOUT`` (e.g. main's), the HTML report is made from each checkout
    in turn, ``--pairs`` times alternating which goes first, on the same store: CPU (user +
    system, and user alone: system time moves most with other load on a shared host) per
-   pair, the ratios and their medians.
+   pair, the ratios and their medians, and in how many pairs the two HTML reports and
+   their tables are byte for byte the same (but for the minute the page was made).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import resource
 import statistics
 import subprocess
@@ -83,20 +85,38 @@ def _children_ut() -> tuple[float, float]:
     return r.ru_utime, r.ru_stime
 
 
+def _same_report(a: Path, b: Path) -> bool:
+    """Whether the reports ``a`` and ``b`` (same file name, other folders: the page links its
+    tables folder by name) and their tables folders are byte for byte the same, but for the
+    minute the page says it was made at."""
+    stamp = re.compile(rb"\d{4}-\d\d-\d\d \d\d:\d\d UTC")
+    if stamp.sub(b"", a.read_bytes()) != stamp.sub(b"", b.read_bytes()):
+        return False
+    ta, tb = a.with_name(a.stem + "-tables"), b.with_name(b.stem + "-tables")
+    fa = sorted(f.name for f in ta.iterdir()) if ta.is_dir() else []
+    fb = sorted(f.name for f in tb.iterdir()) if tb.is_dir() else []
+    return fa == fb and all((ta / f).read_bytes() == (tb / f).read_bytes() for f in fa)
+
+
 def report_pairs(store: Path, out: Path, baseline: Path, pairs: int) -> None:
     """The HTML report of ``store`` from this checkout and ``baseline`` in turn."""
     got: dict[str, list[tuple[float, float]]] = {"ours": [], "baseline": []}
+    for name in got:
+        (out / name).mkdir(exist_ok=True)
     for k in range(pairs):
         order = [("ours", ROOT), ("baseline", baseline)]
         for name, root in (order if k % 2 == 0 else order[::-1]):
             u0, s0 = _children_ut()
             r = subprocess.run([sys.executable, "-m", "retime", "report", str(store), "-o",
-                                str(out / f"{name}-{k}.html"), "--force"], env=_env(root),
+                                str(out / name / f"r{k}.html"), "--force"], env=_env(root),
                                cwd=root, capture_output=True, text=True)
             u1, s1 = _children_ut()
             if r.returncode:
                 raise SystemExit(f"{root}: report failed: {r.stderr.strip()[-500:]}")
             got[name].append((u1 - u0, s1 - s0))
+    same = sum(_same_report(out / "ours" / f"r{k}.html", out / "baseline" / f"r{k}.html")
+               for k in range(pairs))
+    print(f"  outputs: HTML and tables equal to the baseline's in {same} of {pairs} pair(s)")
     tot = {n: [u + s for u, s in v] for n, v in got.items()}
     usr = {n: [u for u, _ in v] for n, v in got.items()}
     for n in got:

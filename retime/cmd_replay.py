@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from retime.cli import FORCE_HELP, app, check_output, emit_json, say
+from retime.cli import FORCE_HELP, app, check_output, emit_json, keep_freed_memory, say
 from retime.collectors.errors import PolicyError
 
 
@@ -200,6 +200,7 @@ def replay_cmd(
     result = trace = ck = given = cal_lines = None
     if stream:  # read a window at a time from the store; None: load it (replay_store says when)
         from retime.replay.window_store import replay_store
+        keep_freed_memory()  # (see window_store.replay_store: no page faults per window)
         result = replay_store(trace_dir, ideal=ideal, **(
             {} if window_ops is None else {"window_ops": window_ops}))
     if result is None:
