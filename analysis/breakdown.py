@@ -22,7 +22,8 @@ The parts, each a length in ns, are disjoint and cover ``W``::
 
 so ``compute + overlapped + exposed + memcpy + host_bound + idle == step_ns`` holds exactly
 in integer nanoseconds. ``gpu_busy_frac = |C ∪ M ∪ Y| / step_ns``. A rank without device
-lanes (CPU-only) uses its CPU ops as the device; its ``host_bound_ns`` is then 0.
+lanes (CPU-only) uses its CPU ops as the device; its ``host_bound_ns`` is then the time
+its enclosing ranges (Python functions, annotations) run outside every op: host work, not idle.
 """
 
 from __future__ import annotations
@@ -68,8 +69,8 @@ _STEP_RANGE_RE = r"^ProfilerStep#"
 
 
 def _host_ranges_in_windows(t, w: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Host ranges (on CPU threads of ranks with a device; step markers excluded) clipped
-    to every window of their rank: (window index, start, end) arrays."""
+    """Host ranges (on CPU threads; step markers excluded) clipped to every window of their
+    rank: (window index, start, end) arrays."""
     r = t.ranges
     z = np.zeros(0, np.int64)
     if len(r) == 0 or len(w) == 0:
@@ -79,9 +80,6 @@ def _host_ranges_in_windows(t, w: pd.DataFrame) -> tuple[np.ndarray, np.ndarray,
     names = np.asarray(t.strings, dtype=object)
     is_step = pd.Series(names).str.contains(_STEP_RANGE_RE, regex=True).to_numpy()
     keep = isin(r["lane"].to_numpy(), cpu_lanes) & ~is_step[r["name_id"].to_numpy()]
-    dev_ranks = unique(t.ops["rank"].to_numpy()[device_mask(t) & (
-        _lane_kind_of_ops(t) != int(LaneKind.CPU_THREAD))])
-    keep &= isin(r["rank"].to_numpy(), dev_ranks)
     if not keep.any():
         return z, z, z
     wr = w["rank"].to_numpy().astype(np.int64)

@@ -104,7 +104,11 @@ def _dominant(run: RunAnalysis) -> tuple[float, str]:
     amount = (f"{fmt_pct(share)} of the slowest rank's step ({_slowest_words(run)}, "
               f"{fmt_ns(parts[top])} per step)" if run.n_ranks > 1 else
               f"{fmt_pct(share)} of the step ({fmt_ns(parts[top])})")
-    if top == "host_bound_ns":
+    if top == "host_bound_ns" and cpu_only(run.t):
+        txt = (f"The job is host-bound: for {amount} the CPU runs Python and framework code "
+               "outside every operator; less Python per step (larger operators, fewer calls) "
+               "helps more than faster operators.")
+    elif top == "host_bound_ns":
         txt = (f"The job is host-bound: for {amount} the GPU waits while the CPU works (Python, "
                "framework, kernel launches); a faster host or fewer, larger kernels help more "
                "than a faster GPU.")

@@ -113,15 +113,15 @@ def test_breakdown_matches_plain_python_unions(path):
         M = [iv[i] for i in range(len(iv)) if dev[i] and kind[i] in (3, 4)]
         Y = [iv[i] for i in range(len(iv)) if dev[i] and kind[i] in (1, 2)]
         H = [iv[i] for i in range(len(iv)) if not dev[i] and kind[i] in (5, 6)]
-        if not cpu_only:  # enclosing host ranges count as host time (step markers do not)
-            rg = t.ranges
-            for ln, nid, s, e in zip(rg["lane"].tolist(), rg["name_id"].tolist(),
-                                     rg["start_ns"].tolist(), rg["end_ns"].tolist()):
-                if (lk[ln] == int(LaneKind.CPU_THREAD) and lane_rank[ln] == rank
-                        and not t.strings[nid].startswith("ProfilerStep#")):
-                    s, e = max(s, w0), min(e, w1)
-                    if e > s:
-                        H.append((s, e))
+        # enclosing host ranges count as host time (step markers do not), CPU-only too
+        rg = t.ranges
+        for ln, nid, s, e in zip(rg["lane"].tolist(), rg["name_id"].tolist(),
+                                 rg["start_ns"].tolist(), rg["end_ns"].tolist()):
+            if (lk[ln] == int(LaneKind.CPU_THREAD) and lane_rank[ln] == rank
+                    and not t.strings[nid].startswith("ProfilerStep#")):
+                s, e = max(s, w0), min(e, w1)
+                if e > s:
+                    H.append((s, e))
         u_c, u_m, u_cm = naive_union(C), naive_union(M), naive_union(C + M)
         row = bd.loc[rank]
         assert row["compute_ns"] == u_cm - u_m

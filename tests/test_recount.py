@@ -121,7 +121,10 @@ def recount_window(raw: dict, a: int, b: int) -> dict:
         leaves = leaf_host_ops(raw["host"])
         C = clip([(s, e) for _, code, _, s, e in leaves if code in (0, 1)])
         M = clip([(s, e) for _, code, _, s, e in leaves if code == 3])
-        Y, H = [], []
+        # Python and annotation time outside every op is host work, not idle
+        Y = []
+        H = clip([(s, e) for _, code, name, s, e in raw["host"]
+                  if code != 3 and not STEP.match(name)])
     u_c, u_m, u_cm = union(C), union(M), union(C + M)
     u_cmy = union(C + M + Y)
     u_all = union(C + M + Y + H)
