@@ -163,37 +163,15 @@ def test_freeze_batches_are_marked_and_scored_apart():
         commits = {INDEX[n]["frozen_commit"] for n in by[b]}
         assert len(commits) == 1 and len(next(iter(commits))) == 40
         assert next(iter(commits))[:7] in labels[b]
-    # the third freeze's commit is an ancestor of this tree, and its message says FREEZE-3
-    frozen3 = INDEX["mlp-batch-32-16"]["frozen_commit"]
-    msg = subprocess.run(["git", "-C", str(ROOT), "log", "-1", "--format=%s", frozen3],
-                         capture_output=True, text=True)
-    if msg.returncode == 0:  # a checkout without the git history cannot tell
-        assert msg.stdout.startswith("FREEZE-3"), msg.stdout
-    # the fourth freeze's commit too
-    frozen4 = INDEX["cnn-batch-32-8"]["frozen_commit"]
-    msg = subprocess.run(["git", "-C", str(ROOT), "log", "-1", "--format=%s", frozen4],
-                         capture_output=True, text=True)
-    if msg.returncode == 0:
-        assert msg.stdout.startswith("FREEZE-4"), msg.stdout
-    # and the fifth's
-    frozen5 = INDEX["emb-batch-32-8"]["frozen_commit"]
-    msg = subprocess.run(["git", "-C", str(ROOT), "log", "-1", "--format=%s", frozen5],
-                         capture_output=True, text=True)
-    if msg.returncode == 0:
-        assert msg.stdout.startswith("FREEZE-5"), msg.stdout
-    # and the sixth's
-    frozen6 = INDEX["mlp-bucket-2x2"]["frozen_commit"]
-    msg = subprocess.run(["git", "-C", str(ROOT), "log", "-1", "--format=%s", frozen6],
-                         capture_output=True, text=True)
-    if msg.returncode == 0:
-        assert msg.stdout.startswith("FREEZE-6"), msg.stdout
-    # and the seventh's (the second FREEZE-7 commit: the first, 368afb3, held a range rule
+    # batch b's freeze commit (b = 3..7) is an ancestor of this tree, and its message says
+    # FREEZE-b (batch 7's is the second FREEZE-7 commit: the first, 368afb3, held a range rule
     # reverted before any batch-7 prediction was run)
-    frozen7 = INDEX["cnn-bandwidth-400-1600-2x2"]["frozen_commit"]
-    msg = subprocess.run(["git", "-C", str(ROOT), "log", "-1", "--format=%s", frozen7],
-                         capture_output=True, text=True)
-    if msg.returncode == 0:
-        assert msg.stdout.startswith("FREEZE-7"), msg.stdout
+    for b in (3, 4, 5, 6, 7):
+        frozen = INDEX[by[b][0]]["frozen_commit"]
+        msg = subprocess.run(["git", "-C", str(ROOT), "log", "-1", "--format=%s", frozen],
+                             capture_output=True, text=True)
+        if msg.returncode == 0:  # a checkout without the git history cannot tell
+            assert msg.stdout.startswith(f"FREEZE-{b}"), (b, msg.stdout)
     # fixed after batch 2 (emb-bucket), batch 3 (mlp-batch-32-16) and batch 4
     # (emb-batch-64-16) were seen, and the calibrated re-bucketing after the calibrated rows
     # of emb-bucket-800mbit (batch 5) and transformer-bucket-1000mbit (batch 3) were seen:
