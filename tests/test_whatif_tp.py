@@ -372,16 +372,20 @@ def test_real_tp_pair_cpu_step_retimed_from_host_gaps_and_calibrated_gloo():
 _BF = "c10::BFloat16"
 
 
-def _block_calls(qkv: str, m=2048, h=1024, f=4096, b=2, heads=16, core="sdpa"):
+def _block_calls(qkv: str, m=2048, h=1024, f=4096, b=2, heads=16, core="sdpa", kv=None):
     """(phase, name, dims) of one pre-norm block's GEMM / attention calls, forward then
     backward in reverse, as PyTorch records them (bf16); ``core="bmm"``: eager attention
-    (``Q K^T``, softmax, ``P V`` as batched GEMMs over ``b H``)."""
+    (``Q K^T``, softmax, ``P V`` as batched GEMMs over ``b H``); ``kv``: grouped-query
+    attention's key / value heads (the k / v projections ``kv d`` wide, the SDPA key and
+    value ``[b, kv, s, d]``)."""
     s, d = m // b, h // heads
+    kv = kv or heads
     q = [b, heads, s, d]
+    k = [b, kv, s, d]
     bh = b * heads
-    sdpa_f = [("forward", "aten::_scaled_dot_product_flash_attention", [q, q, q, [], [], [], []])]
+    sdpa_f = [("forward", "aten::_scaled_dot_product_flash_attention", [q, k, k, [], [], [], []])]
     sdpa_b = [("backward", "aten::_scaled_dot_product_flash_attention_backward",
-               [q, q, q, q, q, [b, heads, s], [], [], [], [], []])]
+               [q, q, k, k, q, [b, heads, s], [], [], [], [], []])]
     if core == "bmm":
         sdpa_f = [("forward", "aten::bmm", [[bh, s, d], [bh, d, s]]),
                   ("forward", "aten::_softmax", [[b, heads, s, s], [], []]),
@@ -391,29 +395,29 @@ def _block_calls(qkv: str, m=2048, h=1024, f=4096, b=2, heads=16, core="sdpa"):
                   ("backward", "aten::_softmax_backward_data", [[b, heads, s, s]] * 2 + [[]] * 2),
                   ("backward", "aten::bmm", [[bh, s, s], [bh, s, d]]),
                   ("backward", "aten::bmm", [[bh, s, s], [bh, s, d]])]
-    proj = ([("forward", "aten::addmm", [[3 * h], [m, h], [h, 3 * h], [], []])] if qkv == "fused"
-            else [("forward", "aten::addmm", [[h], [m, h], [h, h], [], []])] * 3)
+    widths = [h + 2 * kv * d] if qkv == "fused" else [h, kv * d, kv * d]
+    proj = [("forward", "aten::addmm", [[n], [m, h], [h, n], [], []]) for n in widths]
     fwd = proj + sdpa_f + [
         ("forward", "aten::mm", [[m, h], [h, h]]),
         ("forward", "aten::addmm", [[f], [m, h], [h, f], [], []]),
         ("forward", "aten::mm", [[m, f], [f, h]])]
-    n_qkv = 3 * h if qkv == "fused" else h
     bwd = [("backward", "aten::mm", [[m, h], [h, f]]), ("backward", "aten::mm", [[h, m], [m, f]]),
            ("backward", "aten::mm", [[m, f], [f, h]]), ("backward", "aten::mm", [[f, m], [m, h]]),
            ("backward", "aten::mm", [[m, h], [h, h]]), ("backward", "aten::mm", [[h, m], [m, h]]),
            *sdpa_b]
-    bwd += [("backward", "aten::mm", [[m, n_qkv], [n_qkv, h]]),
-            ("backward", "aten::mm", [[n_qkv, m], [m, h]])] * (1 if qkv == "fused" else 3)
+    for n in reversed(widths):
+        bwd += [("backward", "aten::mm", [[m, n], [n, h]]),
+                ("backward", "aten::mm", [[n, m], [m, h]])]
     return fwd + bwd
 
 
-def _gpu_block_trace(path, qkv: str, core: str = "sdpa"):
+def _gpu_block_trace(path, qkv: str, core: str = "sdpa", kv=None):
     """A Kineto JSON of :func:`_block_calls` on an H100: each call one kernel, its time its
     work at 300 TFLOP/s plus 5 us; host calls 20 us apart."""
     import json
     ev, t_cpu, t_gpu = [], 1000.0, 1000.0
     spans = {}
-    for i, (ph, name, dims) in enumerate(_block_calls(qkv, core=core)):
+    for i, (ph, name, dims) in enumerate(_block_calls(qkv, core=core, kv=kv)):
         types = [_BF if x else "Scalar" for x in dims]
         if "softmax" in name:
             types = [_BF if x else "int" for x in dims]
@@ -472,6 +476,68 @@ def test_gpu_attention_block_splits_by_heads(tmp_path, qkv):
     assert f"{(n + 3) * 3 + 2} forward/backward GEMM and attention call(s) (100.0% of GPU" in a
     with pytest.raises(PolicyError, match=r"16 heads of 64.* 3 does not divide 16"):
         whatif(tr, {"parallel.tp": 3})
+
+
+@pytest.mark.parametrize("qkv", ["fused", "q, k, v"])
+def test_gpu_grouped_query_attention_splits_query_and_kv_heads(tmp_path, qkv):
+    """GQA (16 query heads, 4 key/value heads of 64; K36 with Megatron's query groups): at
+    TP=2 each rank runs 8 query and 2 key/value heads. Recount from the split shapes: every
+    GEMM and the core lose exactly half their FLOPs, the core's bytes are
+    ``2 (b H/t s d + 2 b H_kv/t s d + b H/t s d)`` (q, k, v read, the output written); a
+    degree that divides 16 but not 4 is refused in one line."""
+    from retime.collectors.ingest import read
+    b, H, kv, s, d, m, h = 2, 16, 4, 1024, 64, 2048, 1024
+    tr = read([_gpu_block_trace(tmp_path / "rank-0.pt.trace.json", qkv, kv=kv)])
+    lay = tp_layout(tr, 2)
+    (blk,) = lay.attention
+    assert (blk["heads"], blk["kv_heads"], len(blk["qkv"])) == (H, kv, 1 if qkv == "fused" else 3)
+    assert blk["core_bwd"]
+    n = len(blk["qkv"])
+    assert [L["kind"] for L in lay.layers] == ["column"] * n + ["row", "column", "row"]
+    widths = [h + 2 * kv * d] if n == 1 else [h, kv * d, kv * d]
+    assert [L["n"] for L in lay.layers[:n]] == widths
+    sk = shaped_kernels(tr)
+    split = {int(x): split_dims(sk.names[x], sk.dims[x], a, 2)
+             for x, a in zip(lay.calls, lay.axis)}
+    fwd = next(x for x in split if sk.names[x] == "aten::_scaled_dot_product_flash_attention")
+    bwd = next(x for x in split if sk.names[x].endswith("attention_backward"))
+    assert split[fwd][:3] == [[b, H // 2, s, d], [b, kv // 2, s, d], [b, kv // 2, s, d]]
+    assert split[bwd][:6] == [[b, H // 2, s, d]] * 2 + [[b, kv // 2, s, d]] * 2 + \
+        [[b, H // 2, s, d], [b, H // 2, s]]
+    f, by, _ = op_cost(sk.names[fwd], split[fwd], sk.types[fwd])
+    assert f == 4.0 * b * (H // 2) * s * s * d
+    assert by == 2.0 * (b * (H // 2) * s * d * 2 + 2 * b * (kv // 2) * s * d)
+    # the QKV projection: (H + 2 H_kv) d outputs, t-th of them per rank, 2 m h n per GEMM
+    qkv_flops = sum(op_cost(sk.names[x], split[x], sk.types[x])[0]
+                    for x in split if sk.names[x] in ("aten::addmm",)
+                    and any(L["fwd"] == x for L in lay.layers[:n]))
+    assert qkv_flops == 2.0 * m * h * (H + 2 * kv) * d / 2
+    r = whatif(tr, {"parallel.tp": 2})
+    fx = r.meta["scenario"][0]["tp_effect"]
+    assert fx["flops_new"] == fx["flops_old"] / 2
+    assert fx["split_calls"] == (n + 3) * 3 + 2
+    a = " ".join(r.meta["whatif"]["assumed"])
+    assert "16 -> 8 heads per rank in the attention core (grouped-query: 4 -> 2 key/value " \
+        "heads per rank" in a
+    assert whatif(tr, {"parallel.tp": 4}).meta["scenario"][0]["tp_effect"]["flops_new"] == \
+        fx["flops_old"] / 4
+    with pytest.raises(PolicyError, match=r"^parallel.tp=8 on a measured trace: its attention "
+                       r"block \(QKV .*16 heads of 64, 4 key/value heads, rank 0\) is "
+                       r"grouped-query.*num_query_groups divisible.* 8 does not divide 4; "
+                       r"choose a degree that divides 4$"):
+        tp_layout(tr, 8)
+
+
+def test_split_heads_of_a_gqa_call_keeps_an_unsplit_mask():
+    """An SDPA call with ``enable_gqa``: query 32 heads, key / value 8, a ``[b, 1, s, s]``
+    mask broadcast over heads; at t = 4: 8 and 2 heads, the mask untouched."""
+    from retime.replay.policies.tp_attention import kv_heads, split_heads
+    q, k, mask = [1, 32, 128, 128], [1, 8, 128, 128], [1, 1, 128, 128]
+    name = "aten::scaled_dot_product_attention"
+    dims = [q, k, k, mask, [], [], []]
+    assert kv_heads(name, dims) == 8
+    assert split_heads(dims, 4, 8)[:4] == [[1, 8, 128, 128], [1, 2, 128, 128],
+                                          [1, 2, 128, 128], mask]
 
 
 def test_cli_tp_on_the_cpu_run_reads_the_calibration(tmp_path, capsys):

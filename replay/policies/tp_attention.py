@@ -16,7 +16,10 @@ Two things :mod:`.tp_measured` needs besides the MLP chains:
   and followed by the out-projection (``m`` rows, ``H d`` inputs). At TP=t the QKV
   projection is column-parallel (``H / t`` heads per rank), the core runs ``H / t`` heads,
   the out-projection is row-parallel with one all-reduce of its output (forward) and one of
-  the QKV input's gradient (backward). ``H % t != 0`` is refused.
+  the QKV input's gradient (backward). ``H % t != 0`` is refused. Grouped-query attention
+  (``H_kv < H`` key / value heads: a fused projection of ``(H + 2 H_kv) d`` outputs, ``k``
+  and ``v`` linears of ``H_kv d``, an SDPA key of ``H_kv`` heads) splits the key / value
+  heads with their query groups, ``H_kv / t`` per rank; ``H_kv % t != 0`` is refused.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from retime.collectors.enums import OpKind
 from retime.collectors.errors import PolicyError
 
 __all__ = ["Calls", "ATTN_FWD", "ATTN_BWD", "gpu_calls", "cpu_calls", "attention_blocks",
-           "attention_backward", "split_heads", "split_batch", "heads_of", "is_core"]
+           "attention_backward", "split_heads", "kv_heads", "split_batch", "heads_of", "is_core"]
 
 #: attention cores (base names): the query is ``[b, H, s, d]`` (the cost layer's reading)
 ATTN_FWD = frozenset({"scaled_dot_product_attention", "_scaled_dot_product_flash_attention",
@@ -170,14 +173,31 @@ def heads_of(dims: list) -> tuple[int, int, int, int] | None:
     return tuple(int(x) for x in q) if q is not None and len(q) == 4 else None
 
 
-def split_heads(dims: list, t: int) -> list:
-    """An attention call's ``dims`` with the heads (the second extent of every 4-D
-    ``[b, H, s, d]`` tensor and of the 3-D ``[b, H, s]`` log-sum-exp) divided by ``t``."""
+def kv_heads(name: str, dims: list) -> int | None:
+    """The key's heads ``H_kv`` of an SDPA-family call: its key ``[b, H_kv, s2, d]`` is the
+    second operand forward (query, key, value, ..) and the third backward (grad_out, query,
+    key, ..); None when that operand is not 4-D or its heads do not divide the query's."""
     q = heads_of(dims)
+    i = 2 if _base(name) in ATTN_BWD else 1
+    k = dims[i] if i < len(dims) else None
+    if q is None or not isinstance(k, list) or len(k) != 4 or k[0] != q[0] or not k[1] \
+            or q[1] % int(k[1]):
+        return None
+    return int(k[1])
+
+
+def split_heads(dims: list, t: int, kv: int | None = None) -> list:
+    """An attention call's ``dims`` with the heads (the second extent of every 4-D
+    ``[b, H, s, d]`` tensor and of the 3-D ``[b, H, s]`` log-sum-exp) divided by ``t``;
+    with grouped-query attention (``kv``: the key / value heads ``H_kv < H``) the key's and
+    value's ``[b, H_kv, s2, d]`` too: each rank keeps ``H / t`` query heads and the
+    ``H_kv / t`` key / value heads of their groups."""
+    q = heads_of(dims)
+    hs = {q[1], kv} if q is not None and kv else {q[1]} if q is not None else set()
     out = []
     for d in dims:
-        if isinstance(d, list) and q is not None and len(d) in (3, 4) and d[0] == q[0] \
-                and d[1] == q[1]:
+        if isinstance(d, list) and q is not None and d and d[0] == q[0] and (
+                (len(d) in (3, 4) and d[1] == q[1]) or (len(d) == 4 and d[1] in hs)):
             d = [d[0], d[1] // t, *d[2:]]
         out.append(list(d) if isinstance(d, list) else d)
     return out
@@ -197,13 +217,13 @@ def _bmm(c: Calls, x: int) -> tuple[int, int, int, int] | None:
 
 def _core(c: Calls, fwd: list[int], i: int, mkn: list, used: set):
     """The attention core starting at ``fwd[i]``: ``(calls, axis, (b or None, H or B, s,
-    d))`` for an SDPA-family call (axis ``h``) or a pair of batched GEMMs ``S = Q K^T``
-    ``[B, s, d] x [B, d, s2]`` then ``O = P V`` ``[B, s, s2] x [B, s2, d]`` (axis ``b``,
-    ``B = b H``), else None."""
+    d, s2), H_kv or None)`` for an SDPA-family call (axis ``h``; ``H_kv``: its key's heads)
+    or a pair of batched GEMMs ``S = Q K^T`` ``[B, s, d] x [B, d, s2]`` then ``O = P V``
+    ``[B, s, s2] x [B, s2, d]`` (axis ``b``, ``B = b H``), else None."""
     a = fwd[i]
     if _base(c.names[a]) in ATTN_FWD:
         q = heads_of(c.dims[a])
-        return None if q is None else ([a], "h", (*q, q[2]))
+        return None if q is None else ([a], "h", (*q, q[2]), kv_heads(c.names[a], c.dims[a]))
     one = _bmm(c, a)
     if one is None or a in used:
         return None
@@ -215,7 +235,7 @@ def _core(c: Calls, fwd: list[int], i: int, mkn: list, used: set):
     if two is None or two != (bt, s, d, s2):
         return None
     soft = [x for x in fwd[i + 1:j] if _scores(c, x, bt, s, s2)]
-    return [a, *soft, nxt], "b", (None, bt, s, d, s2)
+    return [a, *soft, nxt], "b", (None, bt, s, d, s2), None
 
 
 def _scores(c: Calls, x: int, bt: int, s: int, s2: int) -> bool:
@@ -232,15 +252,15 @@ def attention_blocks(c: Calls, fwd: list[int], mkn: list, t: int) -> list[dict]:
     ``c`` in issue order; ``mkn``: per call its 2-D GEMM ``(m, k, n)`` or None): per block
     ``qkv`` (1 or 3 call indices), ``core`` (its forward calls), ``axis`` (``h``: split the
     heads of an SDPA call, ``b``: the batch ``b H`` of batched GEMMs), ``out``, ``heads``,
-    ``m``, ``hd`` (``H d``). Raises PolicyError when ``t`` does not divide a recognized
-    block's heads."""
+    ``kv_heads`` (``H_kv``, :func:`_projection`), ``m``, ``hd`` (``H d``). Raises
+    PolicyError when ``t`` does not divide a recognized block's heads or its ``H_kv``."""
     out: list[dict] = []
     used: set[int] = set()
     for i, a in enumerate(fwd):
         got = _core(c, fwd, i, mkn, used)
         if got is None:
             continue
-        core, axis, (b, heads, s, d, s2) = got
+        core, axis, (b, heads, s, d, s2), kvc = got
         before = [x for x in fwd[:i] if mkn[x] is not None and x not in used]
         if not before:
             continue
@@ -250,27 +270,53 @@ def attention_blocks(c: Calls, fwd: list[int], mkn: list, t: int) -> list[dict]:
                 continue
             b, heads = m0 // s, heads // (m0 // s)
         m, hd = b * s, heads * d
-        qkv: list[int] = []
-        if mkn[before[-1]][0] == m and mkn[before[-1]][2] == 3 * hd:
-            qkv = [before[-1]]
-        elif len(before) >= 3 and all(mkn[x][0] == m and mkn[x][2] == hd
-                                      and mkn[x][1] == mkn[before[-1]][1]
-                                      for x in before[-3:]):
-            qkv = before[-3:]
+        qkv, kv = _projection(mkn, before, m, heads, d, kvc)
         after = [x for x in fwd[i + 1:] if mkn[x] is not None]
         if not qkv or not after or mkn[after[0]][0] != m or mkn[after[0]][1] != hd:
             continue
+        what = (f"QKV {'fused' if len(qkv) == 1 else 'as q, k, v'}, {heads} heads of {d}"
+                + (f", {kv} key/value heads" if kv != heads else "")
+                + f", rank {int(c.rank[a])}")
         if heads % t:
             raise PolicyError(
-                f"parallel.tp={t} on a measured trace: its attention block (QKV "
-                f"{'fused' if len(qkv) == 1 else 'as q, k, v'}, {heads} heads of {d}, rank "
-                f"{int(c.rank[a])}) splits by heads, and {t} does not divide {heads}; "
-                f"choose a degree that divides {heads}")
+                f"parallel.tp={t} on a measured trace: its attention block ({what}) splits "
+                f"by heads, and {t} does not divide {heads}; choose a degree that divides "
+                f"{heads}")
+        if kv % t:
+            raise PolicyError(
+                f"parallel.tp={t} on a measured trace: its attention block ({what}) is "
+                f"grouped-query, whose key/value heads split with their query groups "
+                f"(Megatron requires num_query_groups divisible by the TP degree), and {t} "
+                f"does not divide {kv}; choose a degree that divides {kv}")
         used.update(qkv + core + [after[0]])
         axes = ["h" if _base(c.names[x]) in _SOFTMAX else axis for x in core]
         out.append({"qkv": qkv, "core": core, "axis": axis, "axes": axes, "out": after[0],
-                    "heads": heads, "m": m, "hd": hd, "d": d, "b": b, "s": s, "s2": s2})
+                    "heads": heads, "kv_heads": kv, "m": m, "hd": hd, "d": d, "b": b,
+                    "s": s, "s2": s2})
     return out
+
+
+def _projection(mkn: list, before: list[int], m: int, heads: int, d: int,
+                kvc: int | None) -> tuple[list[int], int]:
+    """``(QKV projection calls, H_kv)`` of the linear(s) just before a core of ``heads``
+    query heads of ``d`` over ``m`` rows: one fused linear of ``(H + 2 H_kv) d`` outputs or
+    three (``q``: ``H d``; ``k``, ``v``: ``H_kv d`` each) of one input width, ``H_kv``
+    dividing ``H`` (``H_kv = H``: multi-head; fewer: grouped-query, also when the core's key
+    was repeated to ``H`` heads before it); ``kvc``: the core's own key heads where it
+    records them (an SDPA call with ``enable_gqa``), which must then agree. ``([], H)``
+    when none fits."""
+    def ok(kv: int) -> bool:
+        return 0 < kv <= heads and heads % kv == 0 and kvc in (None, heads, kv)
+    last = mkn[before[-1]]
+    if last[0] == m and last[2] % d == 0 and (last[2] // d - heads) % 2 == 0 \
+            and ok((last[2] // d - heads) // 2):
+        return [before[-1]], (last[2] // d - heads) // 2
+    if len(before) >= 3:
+        q, k, v = (mkn[x] for x in before[-3:])
+        if all(x[0] == m and x[1] == last[1] for x in (q, k, v)) and q[2] == heads * d \
+                and k[2] == v[2] and k[2] % d == 0 and ok(k[2] // d):
+            return before[-3:], k[2] // d
+    return [], heads
 
 
 def attention_backward(c: Calls, blocks: list[dict], bwd: list[int]) -> None:

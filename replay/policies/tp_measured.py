@@ -137,8 +137,9 @@ def split_dims(name: str, dims: list, axis: str, t: int) -> list:
     extent that is that dimension (the bias of a column split too)."""
     from retime.collectors.costs.ops import base_name
     if axis in ("h", "b"):  # an attention core: its heads (SDPA) or batch b H (bmm)
-        from .tp_attention import split_batch, split_heads
-        return split_heads(dims, t) if axis == "h" else split_batch(dims, t)
+        from .tp_attention import kv_heads, split_batch, split_heads
+        return split_heads(dims, t, kv_heads(name, dims)) if axis == "h" \
+            else split_batch(dims, t)
     b = base_name(name)
     new = [list(d) if isinstance(d, list) else d for d in dims]
     pos = [i for i, d in enumerate(new) if isinstance(d, list) and d]
@@ -376,9 +377,15 @@ def _attn_line(lay: TpLayout) -> str:
     fused = sum(len(b["qkv"]) == 1 for b in lay.attention)
     bwd = sum(len(b["core_bwd"]) for b in lay.attention)
     bmm = sum(b["axis"] == "b" for b in lay.attention)
+    kvs = sorted({b.get("kv_heads", b["heads"]) for b in lay.attention
+                  if b.get("kv_heads", b["heads"]) != b["heads"]})
+    gqa = (f" (grouped-query: {'/'.join(map(str, kvs))} -> "
+           f"{'/'.join(str(h // lay.t) for h in kvs)} key/value heads per rank, each rank "
+           "keeping its query heads' groups)" if kvs else "")
     return (f"{len(lay.attention)} attention block(s): QKV {fused} fused, "
             f"{len(lay.attention) - fused} as q, k, v; {'/'.join(map(str, hs))} -> "
-            f"{'/'.join(str(h // lay.t) for h in hs)} heads per rank in the attention core, "
+            f"{'/'.join(str(h // lay.t) for h in hs)} heads per rank in the attention core"
+            f"{gqa}, "
             f"{bmm} of them as batched GEMMs (Q K^T, softmax, P V; masking and dropout "
             "replicated), "
             f"{bwd} core backward call(s) matched")
