@@ -75,6 +75,7 @@ from .nccl_rates import (
     nvls_algbw,
     nvls_channels,
     nvls_eff,
+    nvls_gather_algbw,
     nvls_heads,
     nvls_hop_us,
     nvls_tree_net,
@@ -84,8 +85,8 @@ from .nccl_rates import (
 
 __all__ = ["Collective", "Algo", "Proto", "CollectiveCost", "Group", "collective_cost",
            "bus_factor", "group_of", "alltoall_split_us", "efficiencies", "nvls_eff",
-           "nvls_algbw", "nvls_hop_us", "nvls_channels", "nvls_heads", "nvls_tree_net",
-           "fill_bytes", "p2p_channels", "p2p_ll_rate", "ring_fill_weight"]
+           "nvls_algbw", "nvls_gather_algbw", "nvls_hop_us", "nvls_channels", "nvls_heads",
+           "nvls_tree_net", "fill_bytes", "p2p_channels", "p2p_ll_rate", "ring_fill_weight"]
 
 
 _PROTO_IDX = {Proto.ll: 0, Proto.ll128: 1, Proto.simple: 2}
@@ -308,6 +309,10 @@ def _why_not(c: Cluster, g: Group, coll: Collective, want: Algo) -> str:
     if want == Algo.collnet and not c.sharp:
         return (f"--algo collnet: needs SHARP in-network reduction; cluster {c.name} has "
                 "sharp = false")
+    if coll in (Collective.all_gather, Collective.reduce_scatter) and want != Algo.ring:
+        return (f"--algo {want.value}: NCCL runs {coll.value} with ring, or with NVLS inside "
+                "one NVLink domain with NVLink SHARP (tree, NVLS-tree and CollNet are "
+                "all-reduce algorithms)")
     if coll != Collective.all_reduce and want != Algo.ring:
         return (f"--algo {want.value}: NCCL runs {coll.value} with the ring algorithm only "
                 "(alltoall and send/recv are point-to-point)")

@@ -17,8 +17,8 @@ from . import nccl_params as P
 from .cluster import Cluster
 
 __all__ = ["Collective", "Algo", "Proto", "Group", "bus_factor", "group_of", "efficiencies",
-           "nvls_eff", "nvls_algbw", "nvls_hop_us", "nvls_channels", "nvls_heads",
-           "nvls_tree_net", "p2p_channels", "p2p_ll_rate"]
+           "nvls_eff", "nvls_algbw", "nvls_gather_algbw", "nvls_hop_us", "nvls_channels",
+           "nvls_heads", "nvls_tree_net", "p2p_channels", "p2p_ll_rate"]
 
 
 class Collective(str, Enum):
@@ -123,6 +123,17 @@ def nvls_algbw(c: Cluster, k: int) -> float:
     return c.intra_gbps * nvls_eff(c).value * (k / (k + 1)) / (ref / (ref + 1))
 
 
+def nvls_gather_algbw(c: Cluster, k: int) -> float:
+    """NVLS all-gather / reduce-scatter algorithm bandwidth (GB/s; of the full gathered buffer
+    S) of ``k`` ranks in one NVLink domain (C39). An all-gather rank multicast-stores its S/k
+    once and the switch writes it into every GPU, so each GPU receives S; a reduce-scatter head
+    load-reduces its slice from every GPU, so each GPU sends S. Either way one direction of
+    each GPU's links carries S, where the all-reduce carries S (1 + 1/k) both ways
+    (:func:`nvls_algbw`): the same multicast link rate, ``(k + 1) / k`` times the all-reduce's
+    algorithm bandwidth. Nothing fitted: the rate is the all-reduce's (``NVLS_EFF``)."""
+    return nvls_algbw(c, k) * (k + 1) / k
+
+
 def nvls_hop_us(k: int) -> float:
     """NVLS per-step latency (us) of a domain of ``k`` ranks: NCCL's per-hop figure (C0, its
     8-GPU NVSwitch systems') moved by ``NVLS_HEAD_US`` per head more or fewer (C21: the
@@ -205,11 +216,13 @@ def _enabled(c: Cluster, g: Group, coll: Collective) -> list[tuple[Algo, Proto]]
                 out.append((Algo.nvls_tree, Proto.simple))
             if c.sharp:
                 out.append((Algo.collnet, Proto.simple))
-        if c.nvls and g.domain:
-            # NVLS inside one NVLink domain, also one spanning trays (MNNVL, e.g. NVL72): NCCL
-            # >= 2.25 counts an MNNVL clique as one node and enables NVLS there (C16; 2.19's
-            # "MNNVL: NVLS not yet supported" of C0 is gone)
-            out.append((Algo.nvls, Proto.simple))
+    if coll in (Collective.all_reduce, Collective.all_gather, Collective.reduce_scatter) \
+            and c.nvls and g.domain:
+        # NVLS inside one NVLink domain, also one spanning trays (MNNVL, e.g. NVL72): NCCL
+        # >= 2.25 counts an MNNVL clique as one node and enables NVLS there (C16; 2.19's
+        # "MNNVL: NVLS not yet supported" of C0 is gone). All-gather and reduce-scatter run
+        # NVLS too, on one node only (across nodes only with CollNet; C39)
+        out.append((Algo.nvls, Proto.simple))
     return out
 
 
@@ -249,7 +262,9 @@ def _algbw(c: Cluster, g: Group, L: _Links, coll: Collective, a: Algo, p: Proto)
     """Algorithm bandwidth (GB/s): bytes / time in the bandwidth-bound limit."""
     n = g.ranks
     if a == Algo.nvls:
-        return nvls_algbw(c, g.per_node)
+        if coll == Collective.all_reduce:
+            return nvls_algbw(c, g.per_node)
+        return nvls_gather_algbw(c, g.per_node)
     if a == Algo.nvls_tree:  # NVLS inside each node, a tree of nodes over the heads' NICs
         # each domain's network leg carries S per direction on 2 domains (each is the root of
         # one of the two trees and a leaf of the other), 2S on more (NCCL's tuning.cc:
