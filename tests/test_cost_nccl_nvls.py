@@ -66,3 +66,21 @@ def test_the_tuner_takes_nvls_for_mid_sizes_and_the_ring_for_large_ones_on_h100(
         assert (got[2**20].algorithm, got[2**20].protocol) == ("ring", "LL")
         assert got[2**21].algorithm == got[2**22].algorithm == "nvls"
         assert (got[2**30].algorithm, got[2**30].protocol) == ("ring", "Simple")
+
+
+def test_cli_prices_a_forced_nvls_all_gather_and_refuses_it_across_nodes(capsys):
+    """`retime cost collective all_gather --algo nvls` runs the same function (one JSON row
+    per size, algorithm nvls); across two nodes it is one line, exit 2, JSON under --json."""
+    import json
+
+    from retime.cli import run
+
+    argv = ["cost", "collective", "all_gather", "--preset", "dgx-h100", "--algo", "nvls",
+            "--sizes", "16M", "--json"]
+    assert run(argv) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    ref = collective_cost(load_preset("dgx-h100"), "all_gather", 2**24, algo="nvls")
+    assert [(r["algorithm"], r["time_us"]) for r in rows] == [("nvls", round(ref.time_us, 3))]
+    assert run(argv[:-1] + ["--nodes", "2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "NVLink domain" in err and "Traceback" not in err
