@@ -38,6 +38,9 @@ nodes) and C29 (2 x 8 H200, one row) are held-out series scored once before any 
 once after that; one ring channel per NIC below 25 GB/s (C32) was chosen **after seeing** it.
 C33 (one 8 x H100 node, four collectives), C34 (2 x 8 H200 RoCE all_gather) and C35 (2 x 8
 B200 RoCE all_gather) are held-out series scored once after that; nothing changed on them.
+NVLS all-gather / reduce-scatter inside one NVLink domain (REFERENCES.md C39, from NCCL's
+source) was looked for **after seeing** C28's and C33's one-node rows (C33 reduce_scatter
+median 17.4% -> 8.0%).
 Last, the
 hard rule: no matmul the
 model prices (every shape of a grid from 256 to 65536 per dimension, and every published
