@@ -83,9 +83,13 @@ class GpuSpec:
         """(TFLOP/s, source) a GEMM sustains inside a training step: the profile's
         ``gemm_max`` fraction of the dtype's peak (with its ``[power]`` scaling), set with
         the synthesizer's validation benches (:func:`collectors.synth.costs._ceiling` says
-        why it differs from :meth:`mamf`). ``retime cost op --training`` and the
-        synthesizer price with it."""
-        return self.peak_tflops(dtype) * self.hw.gemm_max_of(dtype), "fitted"
+        why it differs from :meth:`mamf`), never above :meth:`mamf` (a training step cannot
+        beat one GPU running one shape back to back: MI300X 784.4 -> 668.4 (K28), MI250X
+        147.5 -> 147.0 (K1), GB200 FP8 3000 -> 2906.9 and FP4 8000 -> 7627.6 (K5)).
+        ``retime cost op --training`` and the synthesizer price with it."""
+        fit = self.peak_tflops(dtype) * self.hw.gemm_max_of(dtype)
+        cap, src = self.mamf(dtype)
+        return (cap, src) if cap < fit else (fit, "fitted")
 
     def hbm_gbps(self) -> tuple[float, str]:
         """(achievable HBM bandwidth GB/s, source): published triad, else
