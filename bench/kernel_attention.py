@@ -27,6 +27,13 @@ A100 fwd+bwd 0.88x of K2, 16 of 32 grid rates inside K42's range; the synthesize
 (``k / (k + k_half)``: 0.25 at head dim 64 and 0.40 at 128 on A100) on every score tile,
 while a flash kernel keeps its accumulator on chip across the whole key loop. The
 synthesizer now prices flash attention with ``attention`` (one model).
+
+Head-dim term (K43, chosen after seeing the K40 rows: head dim 64 ran 1.14-1.22x too fast):
+a score costs ``2 (d_qk + d_v)`` tensor FLOPs plus one exponential on the special-function
+units (H100 3.9 T/s, A100 2.44), anchored at each profile's published head dim. H100 (K40)
+median 8.4% -> 2.9%, within 10% 23 -> 28 of 33, worst 22.2% -> 26.1% (head dim 64,
+non-causal, sequence 512: 0.74x, the assumed sequence curve); A100 K41 rows unchanged (the
+anchor); K42 range 30 -> 26 of 32 inside (A100 head dim 128 now 241 TFLOP/s, above 228).
 """
 
 from __future__ import annotations

@@ -34,7 +34,10 @@ class GpuSpec:
     ``mamf_tflops`` maps dtype -> published maximum achievable matmul TFLOP/s (a hard cap
     on any modeled GEMM); ``stream_gbps`` is the published HBM triad bandwidth (0 when
     none is published: the profile's ``memory`` efficiency is used, an assumption);
-    ``flash_attn_tflops`` the published FlashAttention-2 rate (bf16/fp16, long sequence).
+    ``flash_attn_tflops`` the published FlashAttention-2 rate (bf16/fp16, long sequence),
+    measured at head dim ``flash_attn_head_dim``; ``exp_tops`` the GPU's exponential
+    (special-function unit) throughput, tera-exponentials per second (0: not stated, no
+    head-dim term in :func:`~retime.collectors.costs.kernels.attention`).
     """
 
     hw: HardwareConfig
@@ -42,6 +45,8 @@ class GpuSpec:
     mamf_tflops: dict[str, float] = field(default_factory=dict)
     stream_gbps: float = 0.0
     flash_attn_tflops: float = 0.0
+    flash_attn_head_dim: int = 0
+    exp_tops: float = 0.0
 
     @property
     def name(self) -> str:
@@ -83,9 +88,13 @@ class GpuSpec:
         """(TFLOP/s, source) a GEMM sustains inside a training step: the profile's
         ``gemm_max`` fraction of the dtype's peak (with its ``[power]`` scaling), set with
         the synthesizer's validation benches (:func:`collectors.synth.costs._ceiling` says
-        why it differs from :meth:`mamf`). ``retime cost op --training`` and the
-        synthesizer price with it."""
-        return self.peak_tflops(dtype) * self.hw.gemm_max_of(dtype), "fitted"
+        why it differs from :meth:`mamf`), never above :meth:`mamf` (a training step cannot
+        beat one GPU running one shape back to back: MI300X 784.4 -> 668.4 (K28), MI250X
+        147.5 -> 147.0 (K1), GB200 FP8 3000 -> 2906.9 and FP4 8000 -> 7627.6 (K5)).
+        ``retime cost op --training`` and the synthesizer price with it."""
+        fit = self.peak_tflops(dtype) * self.hw.gemm_max_of(dtype)
+        cap, src = self.mamf(dtype)
+        return (cap, src) if cap < fit else (fit, "fitted")
 
     def hbm_gbps(self) -> tuple[float, str]:
         """(achievable HBM bandwidth GB/s, source): published triad, else
@@ -122,10 +131,15 @@ def _spec(hw: HardwareConfig) -> GpuSpec:
     if arch not in ARCHES:
         raise ConfigError(f"{hw.source}: arch={arch!r} is not one of {', '.join(ARCHES)}")
     pub = raw.get("published", {})
+    if float(pub.get("exp_tops", 0.0)) < 0 or int(pub.get("flash_attn_head_dim", 0)) < 0:
+        raise ConfigError(f"{hw.source}: [published] exp_tops and flash_attn_head_dim must be "
+                          ">= 0 (0: not stated)")
     mamf = {str(k): float(v) for k, v in pub.get("mamf_tflops", {}).items()}
     return GpuSpec(hw=hw, arch=arch, mamf_tflops=mamf,
                    stream_gbps=float(pub.get("stream_gbps", 0.0)),
-                   flash_attn_tflops=float(pub.get("flash_attn_tflops", 0.0)))
+                   flash_attn_tflops=float(pub.get("flash_attn_tflops", 0.0)),
+                   flash_attn_head_dim=int(pub.get("flash_attn_head_dim", 0)),
+                   exp_tops=float(pub.get("exp_tops", 0.0)))
 
 
 @cache

@@ -34,7 +34,7 @@ __all__ = ["OpCost", "Curves", "DEFAULT_CURVES", "FITTED_CURVES", "matmul", "gro
            "conv2d", "implicit_gemm", "attention", "streaming",
            "memory_bound", "embedding", "optimizer_step", "tile_utilization", "TILES",
            "OPTIMIZER_BYTES", "LOWP_IN_BYTES", "QUANT_BYTES", "BLOCK_SCALE_US", "math_path",
-           "FLASH_BWD_RATE", "FP8_SCALINGS", "TENSORWISE_CAST_BYTES"]
+           "FLASH_BWD_RATE", "FP8_SCALINGS", "TENSORWISE_CAST_BYTES", "head_dim_rates"]
 
 _K_HALF_REL = 0.25  # k_half is an assumed profile value
 _MEM_LATENCY_US = 0.6  # HBM load-to-use latency for the streaming size curve (assumed)
@@ -420,6 +420,32 @@ def _fb_per_fwd() -> float:
     return 3.5 / (1.0 + 2.5 / FLASH_BWD_RATE)
 
 
+def head_dim_rates(fwd_anchor: float, anchor_dim: int, exp_tops: float,
+                   dims: float) -> tuple[float, float]:
+    """(forward, backward) TFLOP/s of a flash kernel whose query/key and value widths sum to
+    ``dims``, from the forward rate ``fwd_anchor`` published at head dim ``anchor_dim``
+    (query = key = value width) on a GPU computing ``exp_tops`` tera-exponentials per second.
+
+    A score costs ``2 (d_qk + d_v)`` tensor-core FLOPs forward and one exponential on the
+    special-function units, serial with them in FlashAttention-2 (FA3 paper, arXiv
+    2407.08608, section 3: H100 SXM5 989 TFLOP/s of matmul, 3.9 T exponentials/s;
+    REFERENCES.md K43): ``t = 2 (d_qk + d_v) / R + 1 / E``; the anchor fixes ``R``. The
+    backward computes 2.5x the forward's FLOPs per score and recomputes the exponential
+    once: ``t_b = 5 (d_qk + d_v) / R_b + 1 / E``, ``R_b`` set so the backward runs at
+    :data:`FLASH_BWD_RATE` of the forward at the anchor (K14, measured at head dim 128)."""
+    t_exp = 1.0 / exp_tops  # ps per score (FLOPs / TFLOP/s = ps)
+    fa = 4.0 * anchor_dim
+    t_fa = fa / fwd_anchor
+    t_ba = 2.5 * t_fa / FLASH_BWD_RATE
+    if t_fa <= t_exp or t_ba <= t_exp:
+        raise ConfigError(f"[published] exp_tops={exp_tops}: its exponentials alone take longer "
+                          f"than the published flash rate's score time; check the profile")
+    r_f = fa / (t_fa - t_exp)
+    r_b = 2.5 * fa / (t_ba - t_exp)
+    f = 2.0 * dims
+    return f / (f / r_f + t_exp), 2.5 * f / (2.5 * f / r_b + t_exp)
+
+
 def attention(g: GpuSpec, batch: int, heads: int, seq: int, head_dim: int,
               kv_heads: int | None = None, causal: bool = False, backward: bool = False,
               dtype: str = "bf16", seq_k: int | None = None,
@@ -451,19 +477,31 @@ def attention(g: GpuSpec, batch: int, heads: int, seq: int, head_dim: int,
     if backward:
         flops *= 2.5
         nbytes = 2 * nbytes + q_o + k_v  # read q,k,v,o,do; write dq,dk,dv
+    hd_src = ""
     if g.flash_attn_tflops > 0:
         fwd = g.flash_attn_tflops / _fb_per_fwd() / (_ANCHOR_SEQ / (_ANCHOR_SEQ + _ATTN_S_HALF))
         src0 = f"fwd {fwd:.1f} from the published fwd+bwd {g.flash_attn_tflops:.1f}, K2-K5, K41"
+        pas = "bwd" if backward else "fwd"
+        if g.exp_tops > 0 and g.flash_attn_head_dim > 0:
+            fwd_d, bwd_d = head_dim_rates(fwd, g.flash_attn_head_dim, g.exp_tops,
+                                          head_dim + vd)
+            rate = bwd_d if backward else fwd_d
+            hd_src = (f" -> {pas} {rate:.1f} at head dims {head_dim}+{vd} (per score "
+                      f"2(d_qk + d_v) / R + 1 / E, E {g.exp_tops:g} T exp/s, anchor head dim "
+                      f"{g.flash_attn_head_dim}; K43)")
+        else:
+            rate = fwd * (FLASH_BWD_RATE if backward else 1.0)
     else:
         fwd, src0 = g.peak_tflops(dtype) * 0.35, "assumed 35% of peak"
+        rate = fwd * (FLASH_BWD_RATE if backward else 1.0)
     curve = sk / (sk + _ATTN_S_HALF)
     n = sk / _ATTN_TILE
     mask = n / (n + 1.0) if causal else 1.0
-    rate = fwd * curve * mask * (FLASH_BWD_RATE if backward else 1.0)
+    rate = rate * curve * mask
     rate = min(rate, g.mamf(dtype)[0])
-    src = (f"FlashAttention-2 {src0} x sequence curve {curve:.2f} (s_half 256, assumed)"
-           f"{f' x causal tiles {mask:.3f} (128-row tiles, assumed)' if causal else ''}"
-           f"{f' x backward {FLASH_BWD_RATE} (published, K14)' if backward else ''}")
+    src = (f"FlashAttention-2 {src0}{hd_src} x sequence curve {curve:.2f} (s_half 256, "
+           f"assumed){f' x causal tiles {mask:.3f} (128-row tiles, assumed)' if causal else ''}"
+           f"{f' x backward {FLASH_BWD_RATE} (published, K14)' if backward and not hd_src else ''}")
     rel = math.hypot(0.05 if g.flash_attn_tflops else 0.25, 0.15)
     return _finish("attention", g, flops, nbytes, flops / (rate * 1e6), src,
                    rate / g.peak_tflops(dtype), rel)

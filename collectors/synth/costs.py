@@ -83,15 +83,17 @@ def _spec(hw: HardwareConfig):
 
 def _ceiling(hw: HardwareConfig, dtype: str) -> tuple[float, str]:
     """The GEMM ceiling the synthesizer prices at: the profile's ``gemm_max`` of the dtype's
-    peak (A100: 0.79 x 312 = 246 TFLOP/s). Not the published single-GPU maximum
-    achievable matmul (K1: 267.9) that ``retime cost kernel`` uses: that one is measured on
-    one GPU running one shape back to back, while a training step runs eight GPUs at their
-    power limit with NCCL kernels sharing the SMs (the profile's ``[efficiency] gemm_max``,
-    set with the synthesizer's validation bench, bench/synth_validation.py). Everything else
-    about a GEMM (k depth, tiles and waves, split-K, alignment, HBM roofline) is the cost
-    layer's. Left different on purpose: K1 is 9% higher, and with it every Megatron row of
-    bench/synth_ranking.py and bench/synth_validation.py comes out too fast."""
-    return hw.peak_flops(dtype) / 1e12 * hw.gemm_max_of(dtype), "fitted"
+    peak (A100: 0.79 x 312 = 246 TFLOP/s), capped by the published single-GPU maximum
+    achievable matmul that ``retime cost kernel`` uses (K1: 267.9 on A100;
+    :meth:`~retime.collectors.costs.gpus.GpuSpec.training_ceiling`). The MAMF is measured
+    on one GPU running one shape back to back, while a training step runs eight GPUs at
+    their power limit with NCCL kernels sharing the SMs (the profile's ``[efficiency]
+    gemm_max``, set with the synthesizer's validation bench, bench/synth_validation.py), so
+    the fraction is usually the lower; where it is not (MI300X, MI250X, GB200 FP8 / FP4) the
+    published figure binds. Everything else about a GEMM (k depth, tiles and waves,
+    split-K, alignment, HBM roofline) is the cost layer's."""
+    hw.peak_flops(dtype)  # the synthesizer's own error when the GPU lacks the dtype
+    return _spec(hw).training_ceiling(dtype)
 
 
 def gemm(hw: HardwareConfig, dtype: str, m: int, n: int, k: int, batch: int = 1,
