@@ -25,8 +25,11 @@ Printed: each row's predicted and measured time, the error and the predicted vs 
 memory per GPU; per cluster the MAPE, the Spearman and Kendall (tau-b) rank correlations of
 predicted vs measured time per sequence (clusters of 2 or more timed rows; per sequence so
 rows at global batch 2016 and 2048 rank together), the regret of running the layout the
-model predicts fastest (its measured time per sequence over the best, minus 1) and the
-out-of-memory rows the model calls right; then the same over fit and judge rows apart.
+model predicts fastest (its measured time per sequence over the best, minus 1), the swapped
+pairs (two layouts the published table orders one way and the model the other; ties are
+not swaps) out of all pairs, and the out-of-memory rows the model calls right; then every
+swapped pair with both layouts' measured and predicted time per sequence; then the summary
+over fit and judge rows apart.
 
 The BLOOM rows are judge rows, but the framework facts they are run with (each with its source
 in collectors/synth/REFERENCES.md and in the CSV's header) were looked for after those rows had
@@ -81,6 +84,15 @@ def kendall(a, b) -> float:
     if n1 == 0 or n2 == 0:
         return float("nan")
     return float((da * db).sum() / np.sqrt(n1 * n2))
+
+
+def swapped_pairs(predicted, measured) -> list[tuple[int, int]]:
+    """Index pairs ``(i, j)``, ``i < j``, that the two sequences order strictly opposite ways
+    (a tie in either is not a swap): Kendall's discordant pairs."""
+    p, m = np.asarray(predicted, np.float64), np.asarray(measured, np.float64)
+    i, j = np.triu_indices(len(p), 1)
+    bad = np.sign(p[i] - p[j]) * np.sign(m[i] - m[j]) < 0
+    return list(zip(i[bad].tolist(), j[bad].tolist()))
 
 
 def regret(predicted, measured) -> float:
@@ -151,12 +163,16 @@ def _score(sel: list[dict]) -> dict:
     timed = [r for r in sel if r["measured_s"] is not None]
     out = {"rows": len(sel), "timed": len(timed),
            "mape": float(np.mean([abs(r["error"]) for r in timed])) if timed else None,
-           "spearman": None, "kendall": None, "regret": None}
+           "spearman": None, "kendall": None, "regret": None, "pairs": 0, "swapped": []}
     if len(timed) > 1:
         pred = [r["predicted_s"] / r["global_batch"] for r in timed]
         meas = [r["measured_s"] / r["global_batch"] for r in timed]
         out.update(spearman=spearman(pred, meas), kendall=kendall(pred, meas),
-                   regret=regret(pred, meas))
+                   regret=regret(pred, meas), pairs=len(timed) * (len(timed) - 1) // 2,
+                   swapped=[{"a": timed[i]["layout"], "b": timed[j]["layout"],
+                             "measured_ms": [1e3 * meas[i], 1e3 * meas[j]],
+                             "predicted_ms": [1e3 * pred[i], 1e3 * pred[j]]}
+                            for i, j in swapped_pairs(pred, meas)])
     oom = [r for r in sel if r["published_mem"] == "OOM"]
     fits = [r for r in timed if r["oom"]]
     out["oom_rows"] = len(oom)
@@ -193,6 +209,8 @@ def evaluate(runs: list[dict]) -> dict:
                "min_spearman": min((c["spearman"] for c in ranked
                                     if c["spearman"] == c["spearman"]), default=None),
                "max_regret": max((c["regret"] for c in ranked), default=None),
+               "pairs": sum(c["pairs"] for c in ranked),
+               "swapped": sum(len(c["swapped"]) for c in ranked),
                "by_role": {role: {"rows": len(sel := [r for r in timed if r["role"] == role]),
                                   "mape": float(np.mean([abs(r["error"]) for r in sel]))}
                            for role in ("fit", "judge") if any(r["role"] == role
@@ -224,20 +242,34 @@ def main(argv: list[str] | None = None) -> None:
               f"{r['predicted_mem_gib']:6.1f} GiB{' OOM' if r['oom'] else '    '} {pm:>9s}")
     print()
     print(f"{'cluster':16s} {'rows':>4s} {'MAPE':>6s} {'Spearman':>9s} {'Kendall':>8s} "
-          f"{'regret':>7s} {'OOM called':>10s} {'mem MAPE':>8s}")
+          f"{'regret':>7s} {'swapped':>8s} {'OOM called':>10s} {'mem MAPE':>8s}")
     for c, v in res["clusters"].items():
         oom = f"{v['oom_called']}/{v['oom_rows']}" if v["oom_rows"] else ""
+        sw = f"{len(v['swapped'])}/{v['pairs']}" if v["pairs"] else ""
         if v["fit_called_oom"]:
             oom += f" (+{v['fit_called_oom']} ran)"
         print(f"{c:16s} {v['timed']:4d} {_f(v['mape'], '5.1f', 100):>5s}% "
               f"{_f(v['spearman'], '+.2f'):>9s} {_f(v['kendall'], '+.2f'):>8s} "
-              f"{_f(v['regret'], '.1f', 100):>6s}% {oom:>10s} {_f(v['mem_mape'], '.0f', 100):>7s}%")
+              f"{_f(v['regret'], '.1f', 100):>6s}% "
+              f"{sw:>8s} "
+              f"{oom:>10s} {_f(v['mem_mape'], '.0f', 100):>7s}%")
+    swaps = [(c, w) for c, v in res["clusters"].items() for w in v["swapped"]]
+    if swaps:
+        print()
+        print("swapped pairs (the published table orders them one way, the model the other; "
+              "ms per sequence):")
+        print(f"{'cluster':16s} {'layout a':40s} {'layout b':40s} {'measured a/b':>15s} "
+              f"{'predicted a/b':>15s}")
+        for c, w in swaps:
+            (ma, mb), (pa, pb) = w["measured_ms"], w["predicted_ms"]
+            print(f"{c:16s} {w['a']:40s} {w['b']:40s} {ma:7.1f}/{mb:<7.1f} {pa:7.1f}/{pb:<7.1f}")
     s = res["summary"]
     print()
     print(f"{s['rows']} runs: mean |error| {100 * s['mean_abs_error']:.2f}%, worst "
           f"{100 * s['max_abs_error']:.2f}%; {s['clusters_ranked']} clusters ranked"
           + (f", lowest Spearman {s['min_spearman']:+.2f}, worst regret "
-             f"{100 * s['max_regret']:.1f}%" if s["clusters_ranked"] else ""))
+             f"{100 * s['max_regret']:.1f}%, {s['swapped']} of {s['pairs']} pairs swapped"
+             if s["clusters_ranked"] else ""))
     for role, v in s["by_role"].items():
         print(f"  {role:5s} rows: {v['rows']:3d}, MAPE {100 * v['mape']:.1f}%")
 

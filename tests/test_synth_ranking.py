@@ -38,6 +38,28 @@ def test_rank_statistics_match_hand_counts(bench):
     assert bench.regret([3.0, 1.0, 2.0], [10.0, 12.0, 11.0]) == pytest.approx(0.2)
 
 
+def test_swapped_pairs_match_a_hand_count(bench):
+    """Four layouts, measured 10 < 11 < 12 < 13 s; the model orders them 2, 1, 4, 3: swapped
+    by hand (1,2) and (3,4), the other four pairs agree. Ties are not swaps: (a, b) tied in
+    the prediction below is neither; (a, c) and (b, c) are swapped."""
+    assert bench.swapped_pairs([2.0, 1.0, 4.0, 3.0], [10.0, 11.0, 12.0, 13.0]) == [(0, 1), (2, 3)]
+    assert bench.swapped_pairs([1.0, 1.0, 0.5], [1.0, 2.0, 3.0]) == [(0, 2), (1, 2)]
+    assert bench.swapped_pairs([1.0, 2.0, 3.0], [1.0, 2.0, 3.0]) == []
+    # Kendall's tau-b without ties is (concordant - discordant) / pairs: 1 - 2 x swapped / 6
+    assert bench.kendall([2.0, 1.0, 4.0, 3.0], [10.0, 11.0, 12.0, 13.0]) == pytest.approx(
+        1 - 2 * 2 / 6)
+    # the bench's cluster score lists them with both layouts' figures per sequence
+    rows = [{"layout": f"l{i}", "global_batch": 2, "measured_s": m, "predicted_s": p,
+             "error": p / m - 1, "published_mem": None, "oom": False,
+             "predicted_mem_gib": 0.0}
+            for i, (p, m) in enumerate(((2.0, 10.0), (1.0, 11.0), (4.0, 12.0), (3.0, 13.0)))]
+    out = bench._score(rows)
+    assert out["pairs"] == 6
+    assert [(w["a"], w["b"]) for w in out["swapped"]] == [("l0", "l1"), ("l2", "l3")]
+    assert out["swapped"][0]["measured_ms"] == pytest.approx([5000.0, 5500.0])
+    assert out["swapped"][0]["predicted_ms"] == pytest.approx([1000.0, 500.0])
+
+
 def test_every_bench_cluster_is_one_job_on_one_machine(bench):
     for path in bench.DEFAULTS:
         rows = bench.read_runs(path)
