@@ -38,7 +38,7 @@ from ._util import as_trace, clip_to_windows, step_windows
 if TYPE_CHECKING:
     from retime.collectors.trace import Trace
 
-__all__ = ["unseen_work", "unseen_work_by_rank", "combine_unseen", "unseen_notes", "hides_gpu_work",
+__all__ = ["unseen_work", "unseen_work_by_rank", "queued_before_trace", "combine_unseen", "unseen_notes", "hides_gpu_work",
            "excludes_gpu_work", "COUNTS"]
 
 _LAUNCH = re.compile(r"launch", re.I)
@@ -137,11 +137,12 @@ def unseen_work(x: Any, windows: pd.DataFrame | None = None) -> dict[str, int]:
     out["without_launch_ops"] = int(nol.sum())
     out["without_launch_ns"] = int(dur[nol].sum())
     if nol.any():
-        first = pd.Series(s[launched]).groupby(rank[launched]).min()
-        f = first.reindex(rank[nol]).to_numpy(np.float64)
-        before = np.isnan(f) | (s[nol] < np.nan_to_num(f, nan=np.inf))
-        out["queued_before_trace_ops"] = int(before.sum())
-        out["queued_before_trace_ns"] = int(dur[nol][before].sum())
+        q = _queued_by_rank(rank, s, dur, nol, launched)
+        rec = _recorded_queue(t, rank)
+        if rec is not None:  # a replayed trace: the recording's count, not the replay's
+            q = rec
+        out["queued_before_trace_ops"] = int(sum(v[0] for v in q.values()))
+        out["queued_before_trace_ns"] = int(sum(v[1] for v in q.values()))
     w = step_windows(t) if windows is None else windows
     if len(w):
         _, _, cs, ce = clip_to_windows(t, gpu, w)
@@ -158,6 +159,64 @@ def unseen_work(x: Any, windows: pd.DataFrame | None = None) -> dict[str, int]:
     cap, n_cap = _in_capture(t, rt, no_op, hit, nid)
     out["captured_launches"] = int(cap.sum())
     out["captures"] = n_cap
+    return out
+
+
+def _queued_by_rank(rank: np.ndarray, s: np.ndarray, dur: np.ndarray, nol: np.ndarray,
+                    launched: np.ndarray) -> dict[int, tuple[int, int]]:
+    """Per rank: (ops, ns) of the GPU ops without a launch call (``nol``) that start before
+    the rank's first launched GPU op (all of them on a rank with none launched)."""
+    first = pd.Series(s[launched]).groupby(rank[launched]).min()
+    f = first.reindex(rank[nol]).to_numpy(np.float64)
+    before = np.isnan(f) | (s[nol] < np.nan_to_num(f, nan=np.inf))
+    r = rank[nol][before]
+    d = dur[nol][before]
+    return {int(k): (int((r == k).sum()), int(d[r == k].sum())) for k in unique(r).tolist()}
+
+
+def _recorded_queue(t, rank: np.ndarray) -> dict[int, tuple[int, int]] | None:
+    """The measured queue counts a replayed trace carries (``meta["queued_before_trace"]``,
+    written by :meth:`ReplayResult.to_trace`) for the ranks in ``rank``; None without."""
+    rec = t.meta.get("queued_before_trace") if isinstance(t.meta, dict) else None
+    if not isinstance(rec, dict) or "rank" not in rec:
+        return None
+    present = set(unique(rank).tolist())
+    return {int(r): (int(n), int(ns)) for r, n, ns in zip(rec["rank"], rec["ops"], rec["ns"])
+            if int(r) in present}
+
+
+def queued_before_trace(trace: Trace) -> dict[str, list[int]]:
+    """Per rank, the GPU ops without a launch call that ran before the rank's first
+    launched GPU op (queued before the trace started), as ``{"rank": [...], "ops": [...],
+    "ns": [...]}``: a fact of the recording, which a replay carries in its meta so that the
+    replayed trace's notes say what was measured (a what-if that moves launches earlier
+    does not make the backlog any less queued)."""
+    t = as_trace(trace)
+    o = t.ops
+    out: dict[str, list[int]] = {"rank": [], "ops": [], "ns": []}
+    if len(o) == 0 or not len(t.lanes):
+        return out
+    rank = o["rank"].to_numpy().astype(np.int64)
+    rec = _recorded_queue(t, rank)
+    if rec is None:
+        lk = np.full(int(t.lanes["lane"].max()) + 1, -1, np.int64)
+        lk[t.lanes["lane"].to_numpy()] = t.lanes["lane_kind"].to_numpy()
+        gpu = device_lane_mask(t) & (lk[o["lane"].to_numpy()] == int(LaneKind.GPU_STREAM))
+        rt = (o["kind"].to_numpy() == int(OpKind.RUNTIME)) & ~gpu
+        if not gpu.any() or not rt.any():
+            return out
+        corr = o["correlation"].to_numpy().astype(np.int64)
+        key = rank * (1 << 40) + corr
+        g_c = np.flatnonzero(gpu & (corr >= 0))
+        launched = np.zeros(len(o), bool)
+        launched[g_c[_member(unique(key[rt & (corr >= 0)]), key[g_c])]] = True
+        rec = _queued_by_rank(rank, o["start_ns"].to_numpy().astype(np.int64),
+                              o["dur_ns"].to_numpy().astype(np.int64), gpu & ~launched,
+                              launched)
+    for r in sorted(rec):
+        out["rank"].append(r)
+        out["ops"].append(rec[r][0])
+        out["ns"].append(rec[r][1])
     return out
 
 

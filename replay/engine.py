@@ -385,6 +385,10 @@ class ReplayResult:
         ops["dur_ns"] = self.end_ns - self.start_ns
         meta = copy.deepcopy(t.meta)
         meta["replay"] = {k: v for k, v in self.meta.items()}
+        # the backlog queued before the trace started is a fact of the recording: the
+        # replayed trace's notes say the measured count (analysis.coverage)
+        from retime.analysis.coverage import queued_before_trace
+        meta["queued_before_trace"] = queued_before_trace(t)
         # the replay's step windows travel with the replayed trace, so that analysis of it
         # (breakdown, report, analyze) uses the very windows step_times() reports
         w = self.step_windows()
