@@ -43,6 +43,13 @@ says); the FA2 paper's own A100 bars, which K42 summarizes, were not found in a 
 transcription. On A100 the anchor implies a flash matmul rate R of 305 TFLOP/s, above the
 A100's MAMF (267.9): the serial exponential (E 2.44 T/s, derived) overstates the
 exponentials' share on Ampere, whose warps overlap some of them with the tensor cores.
+
+Blackwell (K45: FlashAttention-4's abstract, B200 BF16 forward up to 1613 TFLOP/s, up to 1.3x
+over cuDNN 9.13), scored once before any change: the model gave B200 781 TFLOP/s at
+sequence 32k (0.48x of FA4, 0.63x of cuDNN's 1241; 35% of peak, assumed) and GB200 423
+(0.26x / 0.34x: K5 is FlashAttention-2, an Ampere-era kernel, on Blackwell). The Blackwell
+profiles now take cuDNN's 1241 as a forward rate (``[published] flash_fwd_tflops``; what
+Megatron-Bridge runs): 0.77x of FA4.
 """
 
 from __future__ import annotations
@@ -121,6 +128,25 @@ def a100_k44_rows() -> list[tuple[str, float, float]]:
             for c, b, sq, sk, kv, pub in A100_K44]
 
 
+#: K45: FlashAttention-4 (arXiv, "FlashAttention-4: Algorithm and Kernel Pipelining Co-Design
+#: for Asymmetric Hardware Scaling"), abstract: on B200, BF16, "up to 1613 TFLOPs/s (71%
+#: utilization)", "up to 1.3x speedup over cuDNN 9.13": forward, head dim 128, long sequence.
+B200_K45 = (("B200 fwd d128 FA4 max (K45)", 1613.0), ("B200 fwd d128 cuDNN 9.13 (K45, /1.3)",
+                                                      1613.0 / 1.3))
+
+
+def blackwell_rows() -> list[tuple[str, float, float]]:
+    """K45's B200 forward figures against the model's ``b200`` and ``gb200`` at sequence
+    32768 (batch 1, 16 heads of 128): before K45 was adopted these scored 0.48x / 0.62x
+    (b200: 35% of peak, assumed) and 0.26x / 0.34x (gb200: K5's FlashAttention-2 figure);
+    the profiles now take the cuDNN figure, so its row is fit, FA4's judged."""
+    out = []
+    for gpu in ("b200", "gb200"):
+        m = K.attention(gpu_spec(gpu), 1, 16, 32768, 128).tflops
+        out += [(f"{label} {gpu}", pub, m) for label, pub in B200_K45]
+    return out
+
+
 def report(name: str, rows: list[tuple[str, float, float]]) -> None:
     errs = [abs(m / p - 1) for _, p, m in rows]
     print(f"  {name}: {len(rows)} rows, median |err| {100 * statistics.median(errs):.1f}%, "
@@ -133,7 +159,8 @@ def main() -> None:
     h = h100_rows()
     a, grid = a100_rows()
     a44 = a100_k44_rows()
-    for label, p, m in h + a + a44:
+    bw = blackwell_rows()
+    for label, p, m in h + a + a44 + bw:
         print(f"  {label:<42} {p:6.1f} {m:6.1f}  {m / p:5.2f}")
     lo, hi = A100_RANGE
     inside = sum(lo <= r <= hi for r in grid)
@@ -143,6 +170,7 @@ def main() -> None:
     report("H100 (K40)", h)
     report("A100 (K41)", a)
     report("A100 head dim 128 (K44, held out)", a44)
+    report("Blackwell (K45; the cuDNN rows are the anchor)", bw)
 
 
 if __name__ == "__main__":
