@@ -34,6 +34,22 @@ units (H100 3.9 T/s, A100 2.44), anchored at each profile's published head dim. 
 median 8.4% -> 2.9%, within 10% 23 -> 28 of 33, worst 22.2% -> 26.1% (head dim 64,
 non-causal, sequence 512: 0.74x, the assumed sequence curve); A100 K41 rows unchanged (the
 anchor); K42 range 30 -> 26 of 32 inside (A100 head dim 128 now 241 TFLOP/s, above 228).
+
+A100 head dim 128 (K44: one A100's FlashAttention-2 forward, 10 rows; held out, scored once
+after the head-dim term, with and without it): without it median 6.2%, 8 of 10 within
+10%, worst 19.2%; with it median 25.1%, 2 of 10, worst 42.4% (the model 1.09-1.42x fast).
+Nothing was changed after. The source's clock was power-limited (~1200 of 1410 MHz, it
+says); the FA2 paper's own A100 bars, which K42 summarizes, were not found in a readable
+transcription. On A100 the anchor implies a flash matmul rate R of 305 TFLOP/s, above the
+A100's MAMF (267.9): the serial exponential (E 2.44 T/s, derived) overstates the
+exponentials' share on Ampere, whose warps overlap some of them with the tensor cores.
+
+Blackwell (K45: FlashAttention-4's abstract, B200 BF16 forward up to 1613 TFLOP/s, up to 1.3x
+over cuDNN 9.13), scored once before any change: the model gave B200 781 TFLOP/s at
+sequence 32k (0.48x of FA4, 0.63x of cuDNN's 1241; 35% of peak, assumed) and GB200 423
+(0.26x / 0.34x: K5 is FlashAttention-2, an Ampere-era kernel, on Blackwell). The Blackwell
+profiles now take cuDNN's 1241 as a forward rate (``[published] flash_fwd_tflops``; what
+Megatron-Bridge runs): 0.77x of FA4.
 """
 
 from __future__ import annotations
@@ -58,6 +74,15 @@ H100_FA2 = {
 }
 A100_FB_HD64_S8K = 179.5  # K41 (= K2): fwd + bwd, head dim 64, batch 2, seq 8192
 A100_RANGE = (0.50 * 312, 0.73 * 312)  # K42: FA2 paper, 50-73% of the A100's peak
+#: K44: FlashAttention-2 forward on one A100 (sm80; the page says its clock drops from 1410
+#: to ~1200 MHz under the power limit), 32 query heads, head dim 128 (from its FLOPs and
+#: times): (causal, batch, seq_q, seq_k, kv heads, TFLOP/s). Its causal 1024 x 4096 rows are
+#: left out (a causal mask over unequal lengths: the alignment is not stated)
+A100_K44 = ((False, 16, 1024, 1024, 32, 179.11), (False, 16, 1024, 1024, 8, 179.48),
+            (False, 4, 1024, 4096, 32, 179.89), (False, 4, 1024, 4096, 8, 182.60),
+            (False, 1, 4096, 4096, 32, 184.04), (False, 1, 4096, 4096, 8, 183.63),
+            (True, 16, 1024, 1024, 32, 143.70), (True, 16, 1024, 1024, 8, 140.59),
+            (True, 1, 4096, 4096, 32, 156.27), (True, 1, 4096, 4096, 8, 159.41))
 
 
 def rate(g, b: int, h: int, s: int, d: int, causal: bool, mode: str) -> float:
@@ -96,6 +121,32 @@ def a100_rows() -> tuple[list[tuple[str, float, float]], list[float]]:
     return rows, grid
 
 
+def a100_k44_rows() -> list[tuple[str, float, float]]:
+    g = gpu_spec("a100-80gb")
+    return [(f"A100 fwd d128 {'causal' if c else 'full  '} {b}x{sq}x{sk} kv{kv}",
+             pub, K.attention(g, b, 32, sq, 128, kv_heads=kv, causal=c, seq_k=sk).tflops)
+            for c, b, sq, sk, kv, pub in A100_K44]
+
+
+#: K45: FlashAttention-4 (arXiv, "FlashAttention-4: Algorithm and Kernel Pipelining Co-Design
+#: for Asymmetric Hardware Scaling"), abstract: on B200, BF16, "up to 1613 TFLOPs/s (71%
+#: utilization)", "up to 1.3x speedup over cuDNN 9.13": forward, head dim 128, long sequence.
+B200_K45 = (("B200 fwd d128 FA4 max (K45)", 1613.0), ("B200 fwd d128 cuDNN 9.13 (K45, /1.3)",
+                                                      1613.0 / 1.3))
+
+
+def blackwell_rows() -> list[tuple[str, float, float]]:
+    """K45's B200 forward figures against the model's ``b200`` and ``gb200`` at sequence
+    32768 (batch 1, 16 heads of 128): before K45 was adopted these scored 0.48x / 0.62x
+    (b200: 35% of peak, assumed) and 0.26x / 0.34x (gb200: K5's FlashAttention-2 figure);
+    the profiles now take the cuDNN figure, so its row is fit, FA4's judged."""
+    out = []
+    for gpu in ("b200", "gb200"):
+        m = K.attention(gpu_spec(gpu), 1, 16, 32768, 128).tflops
+        out += [(f"{label} {gpu}", pub, m) for label, pub in B200_K45]
+    return out
+
+
 def report(name: str, rows: list[tuple[str, float, float]]) -> None:
     errs = [abs(m / p - 1) for _, p, m in rows]
     print(f"  {name}: {len(rows)} rows, median |err| {100 * statistics.median(errs):.1f}%, "
@@ -107,7 +158,9 @@ def main() -> None:
     print("== cost layer (kernels.attention): TFLOP/s published / model / ratio")
     h = h100_rows()
     a, grid = a100_rows()
-    for label, p, m in h + a:
+    a44 = a100_k44_rows()
+    bw = blackwell_rows()
+    for label, p, m in h + a + a44 + bw:
         print(f"  {label:<42} {p:6.1f} {m:6.1f}  {m / p:5.2f}")
     lo, hi = A100_RANGE
     inside = sum(lo <= r <= hi for r in grid)
@@ -116,6 +169,8 @@ def main() -> None:
           f"{inside}/{len(grid)} inside")
     report("H100 (K40)", h)
     report("A100 (K41)", a)
+    report("A100 head dim 128 (K44, held out)", a44)
+    report("Blackwell (K45; the cuDNN rows are the anchor)", bw)
 
 
 if __name__ == "__main__":

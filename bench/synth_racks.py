@@ -47,6 +47,12 @@ Later, for the recipe bench (issue #29 item 4), the cost layer's flash-attention
 runs at 0.87 of its forward's rate (FA3 paper, costs REFERENCES K14; the GEMM-priced
 backward ran at the forward's rate): every row 1-2% slower, judged median 4.9% -> 4.0%,
 worst -7.1% -> -8.5% (GB300 405B FP8), still 10 of 10 within 15%.
+Then (issue #29, session 8): the training GEMM ceiling capped by the published MAMF (GB200
+FP8 3000 -> 2906.9, FP4 8000 -> 7627.6 TFLOP/s): judged worst -19.5% -> -20.6%, 9 -> 8 of 10
+within 15%; the Blackwell profiles' flash attention at cuDNN's B200 forward rate (costs
+REFERENCES K45, held out and scored once on its own rows; these rows had been seen):
+judged median 4.5% -> 4.6%, worst -20.6% -> +17.5%, 8 -> 9 of 10 within 15%; the dev rows
+(GB200 70B) -12.7 / -9.4 / -11.8% -> +14.7 / +17.7 / +24.9%.
 """
 
 from __future__ import annotations

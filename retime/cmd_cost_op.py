@@ -101,9 +101,10 @@ def op_cmd(
     training: Annotated[bool, typer.Option(
         "--training", help="matmul / bmm / attention: price as inside a training step, as "
         "`retime synth` does: the GPU's sustained training GEMM rate (the profile's "
-        "gemm_max) instead of the single-GPU maximum; fp8 / fp4 GEMMs also quantize their "
-        "[m, k] input; attention is priced the same either way (the published "
-        "FlashAttention-2 rate, the one flash model).")] = False,
+        "gemm_max, never above the published single-GPU maximum) instead of that maximum; "
+        "fp8 / fp4 GEMMs also quantize their [m, k] input; attention is priced the same "
+        "either way (the one flash model: the GPU's published flash-attention rate, with a "
+        "head-dim term where its exponential rate is known).")] = False,
     fp8_scaling: Annotated[Fp8Scaling, typer.Option(
         "--fp8-scaling", help="matmul / bmm --training --dtype fp8: fused (default, "
         "Transformer Engine: the [m, k] input cast in one pass) or tensorwise (torchao "

@@ -288,3 +288,19 @@ def test_attention_short_sequences_on_h100():
     g = gpu_spec("h100-sxm")
     assert _fa2_rate(g, 512, 64, False, False) == pytest.approx(282, rel=0.10)
     assert _fa2_rate(g, 512, 128, False, False) == pytest.approx(309, rel=0.10)
+
+
+@pytest.mark.parametrize("gpu", ["b200", "gb200", "b300", "gb300"])
+def test_blackwell_attention_prices_at_the_published_cudnn_forward(gpu):
+    """K45: cuDNN 9.13's B200 BF16 forward, 1613 / 1.3 TFLOP/s (FlashAttention-4's abstract),
+    is the Blackwell profiles' forward rate at long sequence (the curve s / (s + 256) at the
+    anchor's 32768 divided out): no longer K5's FlashAttention-2 figure (GB200, 0.34x) nor
+    35% of peak (B200, 0.63x); the backward at FLASH_BWD_RATE of it; below FA4's 1613."""
+    g = gpu_spec(gpu)
+    assert g.flash_fwd_tflops == pytest.approx(1613 / 1.3, abs=0.05)
+    s = 32768
+    f = K.attention(g, 1, 16, s, 128)
+    assert 4 * 16 * s * s * 128 / (f.time_us * 1e6) == pytest.approx(1240.8, rel=1e-3)
+    b = K.attention(g, 1, 16, s, 128, backward=True)
+    assert b.tflops / f.tflops == pytest.approx(K.FLASH_BWD_RATE, rel=1e-3)
+    assert f.tflops < 1613

@@ -37,7 +37,10 @@ class GpuSpec:
     ``flash_attn_tflops`` the published FlashAttention-2 rate (bf16/fp16, long sequence),
     measured at head dim ``flash_attn_head_dim``; ``exp_tops`` the GPU's exponential
     (special-function unit) throughput, tera-exponentials per second (0: not stated, no
-    head-dim term in :func:`~retime.collectors.costs.kernels.attention`).
+    head-dim term in :func:`~retime.collectors.costs.kernels.attention`);
+    ``flash_fwd_tflops`` a published *forward* rate of the attention kernel the GPU's
+    frameworks run (long sequence, head dim ``flash_attn_head_dim``; Blackwell: cuDNN, since
+    FlashAttention-2 is an Ampere-era kernel there), used instead of ``flash_attn_tflops``.
     """
 
     hw: HardwareConfig
@@ -47,6 +50,7 @@ class GpuSpec:
     flash_attn_tflops: float = 0.0
     flash_attn_head_dim: int = 0
     exp_tops: float = 0.0
+    flash_fwd_tflops: float = 0.0
 
     @property
     def name(self) -> str:
@@ -131,15 +135,17 @@ def _spec(hw: HardwareConfig) -> GpuSpec:
     if arch not in ARCHES:
         raise ConfigError(f"{hw.source}: arch={arch!r} is not one of {', '.join(ARCHES)}")
     pub = raw.get("published", {})
-    if float(pub.get("exp_tops", 0.0)) < 0 or int(pub.get("flash_attn_head_dim", 0)) < 0:
-        raise ConfigError(f"{hw.source}: [published] exp_tops and flash_attn_head_dim must be "
-                          ">= 0 (0: not stated)")
+    if float(pub.get("exp_tops", 0.0)) < 0 or int(pub.get("flash_attn_head_dim", 0)) < 0 \
+            or float(pub.get("flash_fwd_tflops", 0.0)) < 0:
+        raise ConfigError(f"{hw.source}: [published] exp_tops, flash_attn_head_dim and "
+                          "flash_fwd_tflops must be >= 0 (0: not stated)")
     mamf = {str(k): float(v) for k, v in pub.get("mamf_tflops", {}).items()}
     return GpuSpec(hw=hw, arch=arch, mamf_tflops=mamf,
                    stream_gbps=float(pub.get("stream_gbps", 0.0)),
                    flash_attn_tflops=float(pub.get("flash_attn_tflops", 0.0)),
                    flash_attn_head_dim=int(pub.get("flash_attn_head_dim", 0)),
-                   exp_tops=float(pub.get("exp_tops", 0.0)))
+                   exp_tops=float(pub.get("exp_tops", 0.0)),
+                   flash_fwd_tflops=float(pub.get("flash_fwd_tflops", 0.0)))
 
 
 @cache

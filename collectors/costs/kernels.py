@@ -41,6 +41,9 @@ _MEM_LATENCY_US = 0.6  # HBM load-to-use latency for the streaming size curve (a
 _ATTN_S_HALF = 256.0  # sequence length at which attention reaches half its rate (assumed)
 _ATTN_TILE = 128  # FlashAttention-2's query/key tile rows: a causal mask's diagonal tiles (assumed)
 _ANCHOR_SEQ = 8192  # sequence of the published FlashAttention-2 figures (K2-K5, K41)
+#: sequence of a published forward rate (``flash_fwd_tflops``): FA4's B200 grid's longest
+#: (K45; assumed: the paper's maxima are at its longest sequences; 1% from 8192 to 32768)
+_FWD_ANCHOR_SEQ = 32768
 #: a flash-attention backward's FLOP/s over its forward's at the same shape: FlashAttention-2
 #: on H100 SXM5, head dim 128, sequence 16k, 322 / 370 TFLOP/s (FA3 paper, Shah et al. 2024,
 #: arXiv 2407.08608, Figs. 5-6; cuDNN 516 / 595 and FlashAttention-3 561 / 648 give the same
@@ -478,9 +481,16 @@ def attention(g: GpuSpec, batch: int, heads: int, seq: int, head_dim: int,
         flops *= 2.5
         nbytes = 2 * nbytes + q_o + k_v  # read q,k,v,o,do; write dq,dk,dv
     hd_src = ""
-    if g.flash_attn_tflops > 0:
-        fwd = g.flash_attn_tflops / _fb_per_fwd() / (_ANCHOR_SEQ / (_ANCHOR_SEQ + _ATTN_S_HALF))
-        src0 = f"fwd {fwd:.1f} from the published fwd+bwd {g.flash_attn_tflops:.1f}, K2-K5, K41"
+    if g.flash_attn_tflops > 0 or g.flash_fwd_tflops > 0:
+        if g.flash_fwd_tflops > 0:
+            fwd = g.flash_fwd_tflops / (_FWD_ANCHOR_SEQ / (_FWD_ANCHOR_SEQ + _ATTN_S_HALF))
+            src0 = (f"fwd {fwd:.1f} from the published forward {g.flash_fwd_tflops:.1f} "
+                    "(Blackwell: cuDNN, K45)")
+        else:
+            fwd = g.flash_attn_tflops / _fb_per_fwd() / (
+                _ANCHOR_SEQ / (_ANCHOR_SEQ + _ATTN_S_HALF))
+            src0 = (f"fwd {fwd:.1f} from the published fwd+bwd {g.flash_attn_tflops:.1f}, "
+                    "K2-K5, K41")
         pas = "bwd" if backward else "fwd"
         if g.exp_tops > 0 and g.flash_attn_head_dim > 0:
             fwd_d, bwd_d = head_dim_rates(fwd, g.flash_attn_head_dim, g.exp_tops,
@@ -499,10 +509,11 @@ def attention(g: GpuSpec, batch: int, heads: int, seq: int, head_dim: int,
     mask = n / (n + 1.0) if causal else 1.0
     rate = rate * curve * mask
     rate = min(rate, g.mamf(dtype)[0])
-    src = (f"FlashAttention-2 {src0}{hd_src} x sequence curve {curve:.2f} (s_half 256, "
+    kern = "flash attention" if g.flash_fwd_tflops > 0 else "FlashAttention-2"
+    src = (f"{kern} {src0}{hd_src} x sequence curve {curve:.2f} (s_half 256, "
            f"assumed){f' x causal tiles {mask:.3f} (128-row tiles, assumed)' if causal else ''}"
            f"{f' x backward {FLASH_BWD_RATE} (published, K14)' if backward and not hd_src else ''}")
-    rel = math.hypot(0.05 if g.flash_attn_tflops else 0.25, 0.15)
+    rel = math.hypot(0.05 if g.flash_attn_tflops or g.flash_fwd_tflops else 0.25, 0.15)
     return _finish("attention", g, flops, nbytes, flops / (rate * 1e6), src,
                    rate / g.peak_tflops(dtype), rel)
 
