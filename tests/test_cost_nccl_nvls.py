@@ -84,6 +84,11 @@ def test_cli_prices_a_forced_nvls_all_gather_and_refuses_it_across_nodes(capsys)
     assert run(argv[:-1] + ["--nodes", "2"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "NVLink domain" in err and "Traceback" not in err
+    # the table's assumed: lines say which NVLS rate an all-gather used
+    assert run(argv[:-1]) == 0
+    nvls_line = [ln for ln in capsys.readouterr().out.splitlines()
+                 if ln.startswith("assumed: NVLS")]
+    assert len(nvls_line) == 1 and "(k+1)/k" in nvls_line[0] and "C39" in nvls_line[0]
 
 
 def test_held_out_gb200_two_rack_series_within_the_issues_15_percent():
