@@ -105,3 +105,19 @@ def test_held_out_gb200_two_rack_series_within_the_issues_15_percent():
     assert [r["bytes"] for r in rows] == [2**29, 2**30]
     assert {(r["algorithm"], r["role"]) for r in rows} == {("nvls_tree", "judge")}
     assert max(abs(r["error"]) for r in rows) < 0.15
+
+
+def test_held_out_h100_forced_ring_reduce_scatter_within_the_issues_15_percent():
+    """C42 (held out, scored once at deae612): one 8 x H100 node's reduce_scatter with the
+    ring forced (NVIDIA/nccl #1047), 128 MB - 1 GB, within the issue's 15% (worst -4.5%);
+    the ring's bus rate there is 450 x 0.82 = 369 GB/s before fill and latency, above every
+    published row (closed form: the rows climb towards it, 311 -> 349 GB/s)."""
+    from conftest import bench_module
+
+    bench = bench_module("cost")
+    s = next(s for s in bench.load()["collective"] if s["id"] == "C42")
+    rows = bench.collective_rows(s)
+    assert [r["bytes"] for r in rows] == [2**p for p in range(27, 31)]
+    assert {(r["algorithm"], r["protocol"]) for r in rows} == {("ring", "Simple")}
+    assert all(r["published"] < 450 * P.LINK_EFF["nvlink4"].value for r in rows)
+    assert max(abs(r["error"]) for r in rows) < 0.15
