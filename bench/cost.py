@@ -40,7 +40,10 @@ C33 (one 8 x H100 node, four collectives), C34 (2 x 8 H200 RoCE all_gather) and 
 B200 RoCE all_gather) are held-out series scored once after that; nothing changed on them.
 NVLS all-gather / reduce-scatter inside one NVLink domain (REFERENCES.md C39, from NCCL's
 source) was looked for **after seeing** C28's and C33's one-node rows (C33 reduce_scatter
-median 17.4% -> 8.0%).
+median 17.4% -> 8.0%). C41 (CoreWeave GB200 NVL72 over 2 racks, 512 MB / 1 GB) is a held-out
+series scored once after that (all_reduce, which C39 does not touch); nothing changed on it.
+C42 (one 8 x H100 node, reduce_scatter with the ring forced, NVIDIA/nccl #1047) and C43 (GKE A4,
+2 x 8 B200 RoCE all_gather, cluster-toolkit's expected output) likewise.
 Last, the
 hard rule: no matmul the
 model prices (every shape of a grid from 256 to 65536 per dimension, and every published

@@ -226,7 +226,10 @@ def _assumed_lines(c, rows, coll: str) -> list[str]:
                    f"domain; NVLS latency + {P.NVLS_HEAD_US.value:g} us per GPU of the domain "
                    f"beyond {P.NVLS_REF_HEADS} ({P.NVLS_HEAD_US.source}: {P.NVLS_HEAD_US.ref}; "
                    "REFERENCES.md C21); NVLS inside one NVLink domain, also one spanning trays "
-                   "(MNNVL)")
+                   "(MNNVL)"
+                   + ("; all-gather / reduce-scatter NVLS (one NVLink domain only) moves S one "
+                      "way at that link rate: x (k+1)/k of the all-reduce's (REFERENCES.md C39)"
+                      if coll in ("all_gather", "reduce_scatter") else ""))
     ll128 = (f"; a ring LL128 inside one NVLink domain pays LL's base, "
              f"{P.LL128_WALL_BASE_US.value:g} us, not the table's "
              f"{P.BASE_LAT_US['ring'][1]:g} (which still ranks; REFERENCES.md C22)"

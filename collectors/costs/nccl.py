@@ -35,6 +35,8 @@ Where this model departs from the tuner (it predicts wall-clock time, the tuner 
   measured on; the latency pays NVLS_HEAD_US per head beyond NCCL's 8 (each step's scatter and
   gather visit the heads in turn). NCCL's tuner ranks with its table's NVLS latency whatever
   k, so the choice of algorithm uses the table and only the predicted time pays the heads.
+  All-gather and reduce-scatter run NVLS too, inside one NVLink domain only: one direction of
+  each GPU's links carries the whole buffer, at the all-reduce's multicast rate (C39).
 
 Ranks are grouped by NVLink domain, not by host: NCCL treats a multi-node NVLink domain (the
 72 GPUs of a GB200 NVL72 rack) as one node and runs NVLS inside it; only traffic between
