@@ -281,6 +281,43 @@ def test_head_dim_term_closed_form():
     assert gpu_spec("gb300").exp_tops == 0
 
 
+def test_head_dim_term_matmul_rate_bounded_by_mamf():
+    """K46: the flash kernel's matmul rate R never exceeds the MAMF; where the anchor needs a
+    faster R (A100: K2's 179.5 at head dim 64 under 1 / E = 1 / 2.44 ps gives R = 305 >
+    267.9, K1) R = MAMF and only the anchor's time not covered by the matmuls at MAMF is
+    exponential: e = t_anchor - 4 d_anchor / MAMF per score (closed form, by hand)."""
+    fa, e, da, mamf = 204.9, 2.44, 64, 267.9
+    t_a, t_exp = 4 * da / fa, 1 / e
+    assert 4 * da / (t_a - t_exp) > mamf  # unbounded R would beat the best GEMM
+    exposed = t_a - 4 * da / mamf
+    assert 0 < exposed < t_exp  # part of the exponential hidden under the matmuls
+    f, _ = K.head_dim_rates(fa, da, e, 2 * da, mamf)
+    assert f == pytest.approx(fa, rel=1e-12)  # the anchor itself is kept
+    f128, _ = K.head_dim_rates(fa, da, e, 256, mamf)
+    assert f128 == pytest.approx(512 / (512 / mamf + exposed), rel=1e-12)
+    assert f128 < K.head_dim_rates(fa, da, e, 256)[0]  # slower than the unbounded term
+    # the backward's R_b (K14's 0.87 at the anchor) stays below the MAMF: unchanged
+    assert K.head_dim_rates(fa, da, e, 256, mamf)[1] == K.head_dim_rates(fa, da, e, 256)[1]
+    # an anchor at or above the MAMF: nothing left for the exponential (never negative)
+    assert K.head_dim_rates(300.0, da, e, 256, 250.0)[0] == pytest.approx(250.0, rel=1e-12)
+    # every profile with a head-dim term: R at or below its 16-bit MAMF, the A100 at it
+    for name in ("a100-80gb", "h100-sxm", "h200"):
+        g = gpu_spec(name)
+        a = K.attention(g, 1, 16, 1 << 20, g.flash_attn_head_dim)
+        fwd = a.tflops / ((1 << 20) / ((1 << 20) + 256))
+        r = 4 * g.flash_attn_head_dim / (4 * g.flash_attn_head_dim / fwd - 1 / g.exp_tops)
+        assert ("MAMF" in a.efficiency_source) == (r > K._mamf16(g)), name
+    assert K._mamf16(gpu_spec("a100-80gb")) == 267.9
+
+
+@pytest.mark.xfail(strict=True, reason="K44 (one A100, FA2 forward, head dim 128, 1 x 4096^2, "
+                   "non-causal): 184.0 TFLOP/s published, the model 218.0 (1.18x) even with "
+                   "the MAMF bound (K46; 230.1 before it, 192.9 without the head-dim term)")
+def test_attention_a100_head_dim_128_k44():
+    g = gpu_spec("a100-80gb")
+    assert K.attention(g, 1, 32, 4096, 128).tflops == pytest.approx(184.0, rel=0.10)
+
+
 @pytest.mark.xfail(strict=True, reason="short non-causal sequences: FA2 on H100 at s 512 runs "
                    "282 / 309 TFLOP/s (head dim 64 / 128, K40), the model 208 / 247 (0.74x / "
                    "0.80x): the sequence curve s / (s + 256) is assumed")

@@ -424,7 +424,7 @@ def _fb_per_fwd() -> float:
 
 
 def head_dim_rates(fwd_anchor: float, anchor_dim: int, exp_tops: float,
-                   dims: float) -> tuple[float, float]:
+                   dims: float, mamf: float = math.inf) -> tuple[float, float]:
     """(forward, backward) TFLOP/s of a flash kernel whose query/key and value widths sum to
     ``dims``, from the forward rate ``fwd_anchor`` published at head dim ``anchor_dim``
     (query = key = value width) on a GPU computing ``exp_tops`` tera-exponentials per second.
@@ -435,7 +435,17 @@ def head_dim_rates(fwd_anchor: float, anchor_dim: int, exp_tops: float,
     REFERENCES.md K43): ``t = 2 (d_qk + d_v) / R + 1 / E``; the anchor fixes ``R``. The
     backward computes 2.5x the forward's FLOPs per score and recomputes the exponential
     once: ``t_b = 5 (d_qk + d_v) / R_b + 1 / E``, ``R_b`` set so the backward runs at
-    :data:`FLASH_BWD_RATE` of the forward at the anchor (K14, measured at head dim 128)."""
+    :data:`FLASH_BWD_RATE` of the forward at the anchor (K14, measured at head dim 128).
+
+    Bound (K46): ``R`` and ``R_b`` never exceed ``mamf``, the GPU's 16-bit maximum
+    achievable matmul rate (K1: no matmul beats it, the two inside a flash kernel
+    included). Where the anchor would need a faster ``R``, the exponentials cannot all be
+    serial (they overlap the tensor-core work, as FA3's interleaved matmul and softmax
+    do): ``R = mamf`` and the exposed exponential time per score is only the anchor's time
+    not covered by the matmuls at ``mamf``, ``t_anchor - 4 d_anchor / mamf`` (at most
+    ``1 / E``, never negative); the overlap fraction ``1 - exposed E`` is derived from the
+    anchor, not fitted. A100 (K2 anchor at head dim 64): ``R`` 305 -> 267.9, 28% of
+    the exponential hidden."""
     t_exp = 1.0 / exp_tops  # ps per score (FLOPs / TFLOP/s = ps)
     fa = 4.0 * anchor_dim
     t_fa = fa / fwd_anchor
@@ -443,10 +453,26 @@ def head_dim_rates(fwd_anchor: float, anchor_dim: int, exp_tops: float,
     if t_fa <= t_exp or t_ba <= t_exp:
         raise ConfigError(f"[published] exp_tops={exp_tops}: its exponentials alone take longer "
                           f"than the published flash rate's score time; check the profile")
-    r_f = fa / (t_fa - t_exp)
-    r_b = 2.5 * fa / (t_ba - t_exp)
+    r_f, e_f = _bounded(fa, t_fa, t_exp, mamf)
+    r_b, e_b = _bounded(2.5 * fa, t_ba, t_exp, mamf)
     f = 2.0 * dims
-    return f / (f / r_f + t_exp), 2.5 * f / (2.5 * f / r_b + t_exp)
+    return f / (f / r_f + e_f), 2.5 * f / (2.5 * f / r_b + e_b)
+
+
+def _bounded(flops: float, t: float, t_exp: float, mamf: float) -> tuple[float, float]:
+    """(matmul TFLOP/s, exposed exponential ps per score) of a score of ``flops`` tensor
+    FLOPs taking ``t`` ps with an exponential of ``t_exp`` ps: all of the exponential
+    serial unless that needs a matmul rate above ``mamf`` (K46); then the matmuls at
+    ``mamf`` and only the rest of ``t`` exposed (never negative)."""
+    r = flops / (t - t_exp)
+    if r <= mamf:
+        return r, t_exp
+    return mamf, max(0.0, t - flops / mamf)
+
+
+def _mamf16(g: GpuSpec) -> float:
+    """The 16-bit matmul ceiling the published flash rates (16-bit) are bounded by (K46)."""
+    return g.mamf("bf16" if g.hw.peak_tflops.get("bf16") else "fp16")[0]
 
 
 def attention(g: GpuSpec, batch: int, heads: int, seq: int, head_dim: int,
@@ -494,11 +520,16 @@ def attention(g: GpuSpec, batch: int, heads: int, seq: int, head_dim: int,
         pas = "bwd" if backward else "fwd"
         if g.exp_tops > 0 and g.flash_attn_head_dim > 0:
             fwd_d, bwd_d = head_dim_rates(fwd, g.flash_attn_head_dim, g.exp_tops,
-                                          head_dim + vd)
+                                          head_dim + vd, _mamf16(g))
             rate = bwd_d if backward else fwd_d
+            t_a = 4.0 * g.flash_attn_head_dim / fwd * (2.5 / FLASH_BWD_RATE if backward else 1)
+            r_m, e_x = _bounded(4.0 * g.flash_attn_head_dim * (2.5 if backward else 1.0), t_a,
+                                1.0 / g.exp_tops, _mamf16(g))
+            cap = (f"; R capped at the 16-bit MAMF {r_m:.1f}, {e_x * g.exp_tops:.0%} of 1 / E "
+                   "exposed, K46" if e_x < 1.0 / g.exp_tops else "")
             hd_src = (f" -> {pas} {rate:.1f} at head dims {head_dim}+{vd} (per score "
                       f"2(d_qk + d_v) / R + 1 / E, E {g.exp_tops:g} T exp/s, anchor head dim "
-                      f"{g.flash_attn_head_dim}; K43)")
+                      f"{g.flash_attn_head_dim}; K43{cap})")
         else:
             rate = fwd * (FLASH_BWD_RATE if backward else 1.0)
     else:
