@@ -17,7 +17,8 @@ ran out of memory, a feasibility check); optional ``cp``, ``zero``, ``dtype`` (d
 ``zero_reduce`` (default ``reduce_scatter``, Megatron-LM's; ``reduce`` for DeepSpeed's ZeRO-1/2:
 one reduce per owner's slice of each 5e8-element bucket), ``p2p`` (default ``sync``,
 Megatron-LM's batched blocking call; ``serial`` for DeepSpeed's pipeline engine: send, then
-receive, two blocking calls), ``published_mem_gib`` (``OOM`` for a layout that did not fit) and ``role``: ``fit``
+receive, two blocking calls), ``grad_reduce_dtype`` (default ``auto``, Megatron-LM's rule:
+the 16-bit gradients of fp16 runs, fp32 for bf16 ones), ``published_mem_gib`` (``OOM`` for a layout that did not fit) and ``role``: ``fit``
 (the row shaped the model; the default for files without the column, whose rows were
 development points) or ``judge`` (set nothing). Lines starting with ``#`` are comments.
 
@@ -142,7 +143,8 @@ def predict(row: dict) -> dict:
               zero=int(get("zero", 0)), dtype=get("dtype", "fp16"), ep=int(get("ep", 1)),
               grad_accum_fusion=str(get("grad_accum_fusion", "true")).lower() == "true",
               launch_blocking_us=float(get("launch_blocking_us", 0.0)),
-              zero_reduce=get("zero_reduce", "reduce_scatter"), p2p=get("p2p", "sync"))
+              zero_reduce=get("zero_reduce", "reduce_scatter"), p2p=get("p2p", "sync"),
+              grad_reduce_dtype=get("grad_reduce_dtype", "auto"))
     s = synthesize(_model(row), _hardware(row), expand="unique", check_memory=False,
                    **kw).meta["synth"]
     return {"predicted_s": s["step_time_ns"] / 1e9, "mfu": s["mfu"], "oom": s["oom"],
