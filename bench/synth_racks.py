@@ -94,7 +94,10 @@ def predict(system: str, model: str, gpus: int, prec: str, gbs: int, mbs: int, f
               dtype=DTYPE[prec], sequence_parallel=tp > 1, grad_overlap=True,
               expand="unique", check_memory=False,
               # the recipes' TP communication overlap: on for FP8 / MXFP8, off for NVFP4
-              tp_comm_overlap=tp > 1 and prec != "NVFP4")
+              tp_comm_overlap=tp > 1 and prec != "NVFP4",
+              # the recipes reduce 16-bit gradients: set_llama3(1)_common_configs sets
+              # ddp.grad_reduce_in_fp32 = False (collectors/synth/REFERENCES.md R51)
+              grad_reduce_dtype="bf16")
     if fsdp:
         kw["fsdp"] = True
         kw["offload_layers"] = OFFLOAD.get(system, 0)

@@ -178,12 +178,15 @@ _H200 = dict(model="llama3-8b", hardware="h200", tp=1, pp=1, fsdp=True, fsdp_imp
              micro_batch=2, recompute="op", dtype="fp8", fp8_scaling="tensorwise")
 # R11 / R34: 8 model chunks of one layer per rank (126 layers + 2 = 16 ranks x 8), the
 # first chunk the embedding alone and the last the output and loss alone
+# R11 §3.3.2: "reduce-scatter gradients in FP32 across data parallel workers" (synth R51)
 _L405 = dict(model="llama3-405b", hardware="h100-sxm", tp=8, pp=16, zero=1,
              schedule="interleaved", chunks=8, p2p="async", micro_batch=1,
-             global_batch=2048, stage_layers="0" + ",1" * 126 + ",0")
+             global_batch=2048, stage_layers="0" + ",1" * 126 + ",0", grad_reduce_dtype="fp32")
+# R12 §3.3.3: gradients "retained in FP32" for accumulation (the reduce dtype is not stated
+# apart: the fp32 buffer is what is reduced; synth R51)
 _DS = dict(model="deepseek-v3", hardware_file=H800, tp=1, pp=16, dp=128, ep=64,
            global_batch=15360, micro_batch=1, dtype="fp8", schedule="dualpipe", zero=1,
-           recompute="selective")
+           recompute="selective", grad_reduce_dtype="fp32")
 
 ROWS = [
     ("TT-T1 FSDP", "R7 T1", "8 x H100 500W", "FSDP, eager, SAC op", 5762, "tok", "dev",
@@ -274,7 +277,7 @@ ROWS = [
 _FLAGS = ("model", "hardware", "hardware_file", "tp", "pp", "dp", "cp", "ep",
           "sequence_parallel", "tp_comm_overlap", "fsdp", "fsdp_impl", "zero", "schedule", "chunks",
           "stage_layers", "p2p", "global_batch", "micro_batch", "seq", "recompute", "dtype",
-          "fp8_scaling", "cp_attention", "eager", "compile_blocks")
+          "fp8_scaling", "cp_attention", "eager", "compile_blocks", "grad_reduce_dtype")
 
 
 def command(opts: dict) -> str:

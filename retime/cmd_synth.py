@@ -41,6 +41,13 @@ class FsdpReduceDtype(str, Enum):
     bf16 = "bf16"
 
 
+class GradReduceDtype(str, Enum):
+    auto = "auto"
+    fp32 = "fp32"
+    bf16 = "bf16"
+    fp16 = "fp16"
+
+
 class P2p(str, Enum):
     sync = "sync"
     async_ = "async"
@@ -186,6 +193,13 @@ def synth(
         "--fsdp-reduce-dtype", help="With --fsdp-impl fsdp2: dtype of the gradient "
         "reduce-scatter and accumulator; fp32 (default: torchtitan's "
         "--training.mixed_precision_reduce) or bf16.")] = FsdpReduceDtype.fp32,
+    grad_reduce_dtype: Annotated[GradReduceDtype, typer.Option(
+        "--grad-reduce-dtype", help="Dtype of the main gradients and of their data-parallel "
+        "reduction (all-reduce, ZeRO reduce-scatter or reduce; FSDP2 uses "
+        "--fsdp-reduce-dtype). auto (default): Megatron-LM's rule, fp32 for bf16 / fp8 / fp4 "
+        "runs (--bf16 sets --accumulate-allreduce-grads-in-fp32 unless "
+        "--grad-reduce-in-bf16), the 16-bit gradients for fp16 runs.")]
+        = GradReduceDtype.auto,
     schedule: Annotated[Schedule, typer.Option("--schedule", help="Pipeline schedule.")] = Schedule.one_f_one_b,
     chunks: Annotated[int, typer.Option("--chunks", min=1,
                                         help="Model chunks per pipeline rank (interleaved, bfs).")] = 1,
@@ -350,7 +364,7 @@ def synth(
         offload_layers=offload_layers,
         fp8_scaling=fp8_scaling.value, cp_attention=cp_attention.value,
         fsdp_impl=fsdp_impl.value, fsdp_reduce_dtype=fsdp_reduce_dtype.value,
-        nvlink_domain=nvlink_domain or 0,
+        grad_reduce_dtype=grad_reduce_dtype.value, nvlink_domain=nvlink_domain or 0,
         fp4_first_high=first_high, fp4_last_high=last_high,
         fp4_high_dtype=fp4_high_dtype.value, check_memory=check_memory)
     trace.save(output)

@@ -76,3 +76,32 @@ def test_hardware_file_subprocess(tmp_path, capsys):
     # the data-parallel all-reduce crosses nodes: a 10x slower NIC makes the step slower
     assert slow["step_time_ns"] > base["step_time_ns"]
     assert slow["hardware"] == "slow-net" and slow["world_size"] == 16
+
+
+def test_grad_reduce_dtype_prices_the_data_parallel_reduction(tmp_path, capsys):
+    """--grad-reduce-dtype (REFERENCES.md R51): a bf16 run reduces fp32 main gradients by
+    Megatron-LM's rule (auto), twice the bytes of --grad-reduce-dtype bf16 per bucket, and
+    holds 2 more bytes per local parameter; an fp16 run reduces its 16-bit gradients; a bad
+    value is one line, exit 2."""
+    def synth(*extra):
+        out = tmp_path / f"g{len(list(tmp_path.iterdir()))}.retime"
+        assert run(["synth", "--model", "gpt3-125m", "--hardware", "a100-80gb", "--tp", "1",
+                    "--pp", "1", "--dp", "4", "--global-batch", "4", "--micro-batch", "1",
+                    *extra, "-o", str(out), "--json"]) == 0
+        obj = json.loads(capsys.readouterr().out)
+        tr = read_trace(out)
+        sel = tr.names()[tr.ops.index.to_numpy()] == "dp.allreduce_grads"
+        obj["memory"] = tr.meta["synth"]["memory"]
+        return obj, int(tr.ops["bytes"].to_numpy()[sel & (tr.ops["rank"] == 0).to_numpy()].sum())
+    auto, b_auto = synth()
+    half, b_half = synth("--grad-reduce-dtype", "bf16")
+    fp16, b_fp16 = synth("--dtype", "fp16")
+    params = auto["memory"][0]["params"]
+    assert b_auto == 2 * b_half and b_half == b_fp16 >= 2 * params
+    assert auto["memory"][0]["grads_bytes"] - half["memory"][0]["grads_bytes"] == 2 * params
+    assert auto["step_time_ns"] > half["step_time_ns"]
+    rc = run(["synth", "--model", "gpt3-125m", "--hardware", "a100-80gb", *BASE,
+              "--grad-reduce-dtype", "fp8", "-o", str(tmp_path / "x.retime")])
+    assert rc == 2
+    err = capsys.readouterr().err.strip()
+    assert "--grad-reduce-dtype" in err and "\n" not in err and "Traceback" not in err

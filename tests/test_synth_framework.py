@@ -185,7 +185,8 @@ def test_deepspeed_zero1_reduces_each_owners_slice_and_gathers_in_shards():
     m = {"name": "gpt-h4096-l16", "hidden": 4096, "ffn": 16384, "heads": 32, "layers": 16,
          "seq": 1024, "vocab": 32000}
     kw = dict(expand="unique", check_memory=False, tp=1, pp=1, dp=2, global_batch=2,
-              micro_batch=1, recompute="none", dtype="bf16", zero=1)
+              micro_batch=1, recompute="none", dtype="bf16", zero=1,
+              grad_reduce_dtype="bf16")  # DeepSpeed reduces the 16-bit gradients
     rs = synthesize(m, "a100-80gb", **kw)
     ds = synthesize(m, "a100-80gb", zero_reduce="reduce", **kw)
     params = sum(resolve_model(m).layer_params(i) for i in range(16))

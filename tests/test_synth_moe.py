@@ -157,8 +157,9 @@ def test_expert_gradients_reduced_over_expert_data_parallel_group(moe_run):
     per_rank_expert = E // 2 * 3 * h * ef // 2  # E/ep experts, SwiGLU, sharded over tp=2
     sel = (o["rank"] == 0).to_numpy() & np.char.startswith(names.astype(str),
                                                            "dp.reduce_scatter_grads.experts")
-    # stage 0 holds one MoE layer; ZeRO-1 reduce-scatters 2-byte gradients
-    assert o["bytes"].to_numpy()[sel].sum() == 2 * per_rank_expert
+    # stage 0 holds one MoE layer; ZeRO-1 reduce-scatters 4-byte gradients (a bf16 run:
+    # fp32 main gradients by Megatron-LM's rule, REFERENCES.md R51)
+    assert o["bytes"].to_numpy()[sel].sum() == 4 * per_rank_expert
     # over the 2 ranks holding the same experts (dp / ep = 2), not the 4 data ranks
     assert (o[sel].groupby("coll_id").size().index.size == sel.sum())
     g = t.groups.set_index("group_id")["ranks"]

@@ -392,14 +392,20 @@ def test_fsdp_under_a_pipeline_gathers_once_and_reduces_after_the_last_backward(
 
 def test_pipelined_fsdp_memory_holds_the_stage_unsharded():
     """The memory model of FSDP under a pipeline keeps the stage's parameters gathered and
-    its gradients unsharded over the step: 2 + 2 bytes per parameter the stage holds, in
-    place of ZeRO-1's gradient bucket (the sharded states are ZeRO-3's: 2 / dp each)."""
+    its gradients unsharded over the step: 2 + 2 bytes per parameter the stage holds with
+    16-bit main gradients, 2 + 4 with fp32 ones (a bf16 run's default, Megatron-LM's rule,
+    R51), in place of ZeRO-1's gradient bucket (the sharded states are ZeRO-3's: 2 / dp
+    weights, 2 or 4 / dp gradients)."""
     kw = dict(tp=1, dp=4, pp=2, global_batch=32, micro_batch=1, check_memory=False)
-    mp = synthesize("gpt3-125m", "a100-80gb", fsdp=True, **kw).meta["synth"]["memory"][0]
+    mp = synthesize("gpt3-125m", "a100-80gb", fsdp=True, grad_reduce_dtype="bf16",
+                    **kw).meta["synth"]["memory"][0]
     m1 = synthesize("gpt3-125m", "a100-80gb", zero=1, **kw).meta["synth"]["memory"][0]
     n = mp["params"]
     assert mp["weights_bytes"] == 2 * n // 4 and mp["grads_bytes"] == 2 * n // 4
     assert mp["buffer_bytes"] - m1["buffer_bytes"] == 4 * n - int(40.0 * 1e6)
+    m32 = synthesize("gpt3-125m", "a100-80gb", fsdp=True, **kw).meta["synth"]["memory"][0]
+    assert m32["grads_bytes"] == 4 * n // 4
+    assert m32["buffer_bytes"] - m1["buffer_bytes"] == 6 * n - int(40.0 * 1e6)
     # PyTorch FSDP2 (torchtitan) accumulates in its reduce dtype: fp32 by default
     for dt, acc in (("fp32", 4), ("bf16", 2)):
         m2 = synthesize("gpt3-125m", "a100-80gb", fsdp=True, fsdp_impl="fsdp2",

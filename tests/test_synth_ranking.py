@@ -58,6 +58,9 @@ def test_swapped_pairs_match_a_hand_count(bench):
     assert [(w["a"], w["b"]) for w in out["swapped"]] == [("l0", "l1"), ("l2", "l3")]
     assert out["swapped"][0]["measured_ms"] == pytest.approx([5000.0, 5500.0])
     assert out["swapped"][0]["predicted_ms"] == pytest.approx([1000.0, 500.0])
+    # measured 10 vs 11 s: 10% apart, beyond the 2.8% spread of one layout's repeats
+    assert out["swapped"][0]["measured_gap"] == pytest.approx(0.1)
+    assert bench.NOISE == pytest.approx((113.54 - 110.42) / 110.42, abs=5e-4)
 
 
 def test_every_bench_cluster_is_one_job_on_one_machine(bench):

@@ -22,7 +22,7 @@ from retime.collectors.trace import Trace
 from retime.replay import build_graph, replay, whatif
 
 TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
-KW = dict(tp=1, pp=1, dp=16, global_batch=16, micro_batch=1)
+KW = dict(tp=1, pp=1, dp=16, global_batch=16, micro_batch=1, grad_reduce_dtype="bf16")
 
 
 def _measured(t: Trace) -> Trace:

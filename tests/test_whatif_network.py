@@ -26,7 +26,7 @@ def dp_job():
     """Comm-bound data parallelism over two DGX nodes: one gradient bucket after backward,
     so the all-reduce is fully exposed."""
     return synthesize("gpt3-125m", "a100-80gb", tp=1, pp=1, dp=16, global_batch=16,
-                      micro_batch=1, bucket_mb=300)
+                      micro_batch=1, bucket_mb=300, grad_reduce_dtype="bf16")
 
 
 @pytest.fixture(scope="module")

@@ -81,9 +81,9 @@ def test_serialize_on_a_real_ddp_trace_exposes_the_overlapped_communication():
 
 @pytest.fixture(scope="module")
 def dp_job():
-    # a DDP-style job: gradient buckets reduced during the backward (grad_overlap)
+    # a DDP-style job: 16-bit gradient buckets reduced during the backward (grad_overlap)
     return synthesize("gpt3-125m", "a100-80gb", tp=1, pp=1, dp=16, global_batch=16,
-                      micro_batch=1, grad_overlap=True)
+                      micro_batch=1, grad_overlap=True, grad_reduce_dtype="bf16")
 
 
 def test_mgwfbp_is_no_slower_than_wfbp_or_one_bucket(dp_job):

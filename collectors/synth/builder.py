@@ -237,7 +237,9 @@ def build_trace(template: StepTemplate, parallel: ParallelConfig | dict,
     merged: dict[tuple, tuple[Block, int, np.ndarray, np.ndarray]] = {}
     dp_group = parallel.dp * parallel.cp
     reduce_grads = zero < 3 or piped
-    bucket_params = parallel.bucket_mb * 1e6 / template.grad_bytes_per_param
+    # a bucket holds bucket_mb MB of the reduced gradients (fp32 main gradients: half the
+    # parameters of a 16-bit bucket)
+    bucket_params = parallel.bucket_mb * 1e6 / reduce_bytes_per_param(parallel, template)
     ds_reduce = zero in (1, 2) and parallel.zero_reduce == "reduce"
     sync_p2p = parallel.p2p in ("sync", "serial") and sched in SYNC_SCHEDULES and p > 1
     esrc: list[np.ndarray] = []
@@ -266,9 +268,9 @@ def build_trace(template: StepTemplate, parallel: ParallelConfig | dict,
             cname = "zero3.reduce_scatter_grads"
         if ds_reduce:  # DeepSpeed ZeRO-1/2: one reduce per owner's slice of each bucket
             op_kind, cname = CommOp.REDUCE, "dp.reduce_grads"
-        # FSDP2 reduce-scatters in its reduce_dtype (torchtitan: fp32; .fsdp)
-        gbytes = (reduce_bytes_per_param(parallel, template) if piped
-                  else template.grad_bytes_per_param)
+        # in the main gradients' dtype (Megatron-LM: fp32 unless fp16), FSDP2 in its
+        # reduce_dtype (torchtitan: fp32; .fsdp)
+        gbytes = reduce_bytes_per_param(parallel, template)
         for col, group, gk, name in ((1, "dp", 0, cname), (2, "edp", _EDP, cname + ".experts")):
             if comm.geometry[group].size <= 1:
                 continue
@@ -383,7 +385,8 @@ def build_trace(template: StepTemplate, parallel: ParallelConfig | dict,
                         add_edges, recv_post, serial=parallel.p2p == "serial")
         if p > 1 and template.tied_embedding_params and stage in (0, p - 1) \
                 and layout.chains == 1:
-            nbytes = int(template.tied_embedding_params * template.grad_bytes_per_param)
+            nbytes = int(template.tied_embedding_params
+                         * reduce_bytes_per_param(parallel, template))
             geo = comm.geometry_of(2, (p - 1) * parallel.dp * parallel.cp * parallel.tp)
             emb = pool.add_ops([(OpTemplate("pp.allreduce_embedding_grads", "dp",
                                             comm.collective_ns(CommOp.ALL_REDUCE, nbytes, geo),
@@ -416,6 +419,8 @@ def build_trace(template: StepTemplate, parallel: ParallelConfig | dict,
             + expert / (parallel.edp if zero >= 1 else 1)
         ops = []
         for kname, bpp in template.optimizer_kernels:
+            if kname == "optimizer.copy_grads" and reduce_bytes_per_param(parallel, template) == 4:
+                continue  # fp32 main gradients: the optimizer takes them as they are
             kc = streaming(hw, bpp * shard)
             ops.append((OpTemplate(kname, "compute", kc.dur_ns, bytes=kc.bytes,
                                    kind=int(OpKind.KERNEL)), int(Phase.OPT)))

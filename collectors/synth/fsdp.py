@@ -52,11 +52,12 @@ def fsdp2(parallel) -> bool:
 
 
 def reduce_bytes_per_param(parallel, tpl) -> int:
-    """Bytes per parameter of a ZeRO-3 gradient reduce-scatter: FSDP2's ``reduce_dtype``,
-    else the template's 16-bit gradients."""
+    """Bytes per parameter of a data-parallel gradient reduction: FSDP2's ``reduce_dtype``,
+    else the main gradients' (``ParallelConfig.grad_bytes``: Megatron-LM's fp32 for bf16 /
+    FP8 / FP4 runs, 16 bits for fp16 ones, or as ``grad_reduce_dtype`` states)."""
     if fsdp2(parallel):
         return REDUCE_DTYPES[parallel.fsdp_reduce_dtype]
-    return int(tpl.grad_bytes_per_param)
+    return int(parallel.grad_bytes)
 
 
 def copy_out(hw, tpl, params: int) -> OpTemplate:

@@ -30,8 +30,10 @@ With latent attention, ``selective`` recompute is DeepSeek-V3's: the norms and t
 up-projections are recomputed in the backward, so their outputs (norm outputs, per-head Q,
 K, V) are not kept.
 
-Model states use mixed-precision Adam: 2-byte weights, 2-byte gradients, 12 bytes of fp32
-master weights and moments per parameter (16 bytes; ZeRO-1 shards the 12, ZeRO-2 also the
+Model states use mixed-precision Adam: 2-byte weights, gradients in the main-gradient dtype
+(``ParallelConfig.grad_bytes``: 2 bytes for fp16 runs, 4 for bf16 / FP8 / FP4 ones under
+Megatron-LM's rule; FSDP2 runs 2), 12 bytes of fp32 master weights and moments per parameter
+(16 or 18 bytes; ZeRO-1 shards the 12, ZeRO-2 also the
 gradients, ZeRO-3/FSDP also the weights over the data-parallel ranks). Routed experts are
 held by ``1/ep`` of the ranks and their states shard over the expert-data-parallel group
 (``dp/ep * cp`` ranks). A MoE layer's MLP activations are those of its dispatched tokens on
@@ -137,6 +139,8 @@ def memory_per_stage(model: ModelConfig, parallel: ParallelConfig,
     dpg = P.dp * P.cp
     edp = P.edp
     z = P.zero_stage
+    from .fsdp import fsdp2
+    gb = 2 if fsdp2(P) else P.grad_bytes  # main gradients (Megatron-LM: fp32 unless fp16)
     if layout is None:
         layout = pipeline_layout(P, model.layers)
     weights_by_vs = chunk_activation_bytes(model, P, layout)
@@ -167,7 +171,7 @@ def memory_per_stage(model: ModelConfig, parallel: ParallelConfig,
         weights = 2 * (dense / (dpg if z >= 3 else 1) + expert / (edp if z >= 3 else 1))
         if P.dtype == "fp4":  # quantized weight copies of the FP4 layers (whole, not sharded)
             weights += 2 * 0.5625 * (dense + expert) * _fp4_share(model, P)
-        grads = 2 * (dense / (dpg if z >= 2 else 1) + expert / (edp if z >= 2 else 1))
+        grads = gb * (dense / (dpg if z >= 2 else 1) + expert / (edp if z >= 2 else 1))
         optim = 12 * (dense / (dpg if z >= 1 else 1) + expert / (edp if z >= 1 else 1))
         fixed = 0.0
         if P.recompute != "none":
@@ -186,7 +190,7 @@ def memory_per_stage(model: ModelConfig, parallel: ParallelConfig,
             # gradients accumulate unsharded until the last backward (builder.py, R13), in
             # FSDP2's reduce dtype (fp32 by default: .fsdp, R22)
             from .fsdp import accumulator_bytes_per_param, fsdp2
-            acc = accumulator_bytes_per_param(P) if fsdp2(P) else 2
+            acc = accumulator_bytes_per_param(P) if fsdp2(P) else gb
             buffers += (2 + acc) * (dense + expert)
         elif z >= 3 and (dpg > 1 or edp > 1):  # current + prefetched gathered layer
             buffers += 2 * 2 * (lp_dense + lp_expert)

@@ -18,7 +18,7 @@ from typing import Any
 from ..errors import ConfigError
 
 __all__ = ["ParallelConfig", "SCHEDULES", "RECOMPUTE", "DTYPES", "P2P", "STAGE_POLICIES",
-           "resolve_parallel", "FP4_HIGH"]
+           "resolve_parallel", "FP4_HIGH", "GRAD_REDUCE"]
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "bfs", "zb-h1", "dualpipe")
 P2P = ("sync", "async", "serial")
@@ -27,6 +27,8 @@ ZERO_REDUCE = ("reduce_scatter", "reduce")
 STAGE_POLICIES = ("even", "time", "memory")
 RECOMPUTE = ("none", "selective", "full", "op")
 DTYPES = ("bf16", "fp16", "fp8", "fp4")
+#: dtype of the data-parallel gradient reduction and main-gradient buffer (``grad_reduce_dtype``)
+GRAD_REDUCE = ("auto", "fp32", "bf16", "fp16")
 #: dtypes the linear layers FP4 runs keep out of FP4 (``fp4_high_dtype``)
 FP4_HIGH = ("bf16", "fp8")
 
@@ -157,6 +159,15 @@ class ParallelConfig:
     accumulated) in ``fsdp_reduce_dtype``, ``"fp32"`` by default (torchtitan's
     ``mixed_precision_reduce = "float32"``; :mod:`.fsdp`).
 
+    ``grad_reduce_dtype``: the dtype of the main-gradient buffer and of every data-parallel
+    gradient reduction (all-reduce, ZeRO reduce-scatter or reduce, the tied embedding's
+    all-reduce) other than FSDP2's (``fsdp_reduce_dtype``). ``"auto"`` is Megatron-LM's rule:
+    ``--bf16`` (which FP8 and FP4 runs also set) accumulates and all-reduces gradients in
+    fp32 unless ``--grad-reduce-in-bf16``; ``--fp16`` keeps them in fp16 unless
+    ``--accumulate-allreduce-grads-in-fp32`` (REFERENCES.md R51). An fp32 buffer costs 4 bytes
+    per parameter of memory and doubles the reduction's bytes; the optimizer then reads it
+    as its fp32 gradient without a copy.
+
     ``odc``: on ZeRO-3 / FSDP runs, parameter gathers and gradient reductions are on-demand
     point-to-point transfers (Wan et al. 2026) with one synchronization per step instead of
     one per layer. ``seq_imbalance`` is the most loaded data-parallel rank's work over the
@@ -203,6 +214,7 @@ class ParallelConfig:
     cp_attention: str = "fused"
     fsdp_impl: str = "megatron"
     fsdp_reduce_dtype: str = "fp32"
+    grad_reduce_dtype: str = "auto"
 
     def __post_init__(self) -> None:
         for f in ("tp", "pp", "dp", "cp", "chunks", "global_batch", "micro_batch", "ep"):
@@ -300,6 +312,10 @@ class ParallelConfig:
         if self.fsdp_reduce_dtype not in ("fp32", "bf16"):
             raise ConfigError(f"parallel config: fsdp_reduce_dtype={self.fsdp_reduce_dtype!r}; "
                               "use fp32 (torchtitan's mixed_precision_reduce default) or bf16")
+        if self.grad_reduce_dtype not in GRAD_REDUCE:
+            raise ConfigError(f"parallel config: grad_reduce_dtype={self.grad_reduce_dtype!r}; "
+                              f"use one of {', '.join(GRAD_REDUCE)} (auto: fp32 unless "
+                              "dtype is fp16, Megatron-LM's rule)")
         if self.cp_attention not in ("fused", "torch"):
             raise ConfigError(f"parallel config: cp_attention={self.cp_attention!r}; use fused "
                               "(one flash kernel per layer) or torch (PyTorch's ring "
@@ -355,6 +371,15 @@ class ParallelConfig:
     def virtual_stages(self) -> int:
         """Model chunks of one pipeline chain (``pp * chunks``)."""
         return self.pp * self.chunks
+
+    @property
+    def grad_bytes(self) -> int:
+        """Bytes per element of the main gradients and their data-parallel reduction
+        (``grad_reduce_dtype``; ``auto``: 2 for fp16 runs, else 4)."""
+        g = self.grad_reduce_dtype
+        if g == "auto":
+            return 2 if self.dtype == "fp16" else 4
+        return 4 if g == "fp32" else 2
 
     @property
     def edp(self) -> int:
