@@ -72,3 +72,24 @@ def test_replayed_store_says_the_recorded_queue(dlrm_whatif, capsys):
     assert run(["report", str(dlrm_whatif / "w.retime"), "--baseline",
                 str(dlrm_whatif / "m.retime"), "-o", str(out)]) == 0
     assert f"{q} of them ran before the first launched GPU op" in out.read_text()
+
+
+@pytest.mark.parametrize("argv", [["demo", "-o", "{f}"],
+                                  ["export", "{store}", "--chakra", "{f}", "--json"]])
+def test_a_file_where_an_output_folder_goes_is_named_as_in_the_way(dlrm_whatif, tmp_path,
+                                                                   capsys, argv):
+    """`export --chakra FILE` and `demo -o FILE` said "is a file, not a NAME.retime store;
+    ingest it first": the file is the output's place, not an input to ingest."""
+    f = tmp_path / "keep.json.gz"
+    raw = (DLRM / "worker0_step_12.1694128201545.pt.trace.json.gz").read_bytes()
+    f.write_bytes(raw)
+    capsys.readouterr()
+    a = [x.format(f=f, store=dlrm_whatif / "m.retime") for x in argv]
+    assert run(a) == 2
+    cap = capsys.readouterr()
+    line = cap.err.strip()
+    assert "\n" not in line and "Traceback" not in cap.err
+    assert "ingest it first" not in line and "is a file" in line and "folder" in line
+    assert f.read_bytes() == raw and sorted(tmp_path.iterdir()) == [f]
+    if "--json" in a:
+        assert json.loads(cap.out)["exit_code"] == 2
