@@ -157,11 +157,12 @@ def assemble_report(run: RunAnalysis, *, baseline: Any | None = None, title: str
     else:
         busy = float(run.bd["busy_ns"].sum() / max(run.bd["step_ns"].sum(), 1))
         if cpu_only(t):  # no GPU in the trace: its CPU ops stand for the device
-            headline.append(("Busy", fmt_pct(busy), "share of the step with any op running "
-                             "(a CPU-only trace: no GPU)"))
+            headline.append(("Busy", fmt_pct(busy), "share of the step with any op running"
+                             + (", all ranks" if run.n_ranks > 1 else "")
+                             + " (a CPU-only trace: no GPU)"))
         else:
             headline.append(("GPU busy", fmt_pct(busy), "share of the step with any GPU op "
-                             "running"))
+                             "running" + (", all ranks" if run.n_ranks > 1 else "")))
     unseen = run.unseen
     hidden = hides_gpu_work(unseen)
     if kind == "run" and len(run.bd):

@@ -6,12 +6,17 @@ the raw trace with gzip + json (or sqlite3) and plain Python, none of the reader
   same what-if (and the raw DLRM files) say 125: the queue is a fact of the recording, and
   the replayed store recounted it on the what-if's times (host 2x faster moves rank 1's
   first launched copy ahead of its recorded backlog).
+- `export --chakra FILE` / `demo -o FILE` called the file in the way a raw trace to ingest;
+- the report's "GPU busy" (over all ranks) read as the slowest rank's, beside a step time
+  and a largest part that are the slowest rank's: it now says "all ranks" (nsys FastVideo:
+  90.2% of both ranks' spans, rank 0 alone 91.3%, recounted from the SQLite export).
 """
 
 from __future__ import annotations
 
 import gzip
 import json
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -21,6 +26,7 @@ from retime.cli import run
 ROOT = Path(__file__).resolve().parents[1]
 TRACES = ROOT.parent / "shared" / "traces"
 DLRM = TRACES / "kineto" / "dlrm-v100-8rank"
+NSYS = TRACES / "nsys" / "h100-2gpu-fastvideo.sqlite"
 
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 
@@ -93,3 +99,44 @@ def test_a_file_where_an_output_folder_goes_is_named_as_in_the_way(dlrm_whatif, 
     assert f.read_bytes() == raw and sorted(tmp_path.iterdir()) == [f]
     if "--json" in a:
         assert json.loads(cap.out)["exit_code"] == 2
+
+
+def _union(iv: list[tuple[int, int]]) -> int:
+    iv = sorted(iv)
+    tot, (cs, ce) = 0, iv[0]
+    for a, b in iv[1:]:
+        if a > ce:
+            tot, cs, ce = tot + ce - cs, a, b
+        else:
+            ce = max(ce, b)
+    return tot + ce - cs
+
+
+def test_gpu_busy_headline_is_all_ranks_as_recounted_from_sqlite(tmp_path, capsys):
+    """Per process: its span (first to last CUDA activity or runtime call: the trace has no
+    steps, so one window per rank) and the union of its kernels, copies and memsets."""
+    c = sqlite3.connect(NSYS)
+    pid = "(globalPid / 16777216) % 16777216"
+    busy, span = {}, {}
+    for p in (144, 145):
+        iv = []
+        for t in ("KERNEL", "MEMCPY", "MEMSET"):
+            iv += c.execute(f"SELECT start, end FROM CUPTI_ACTIVITY_KIND_{t} WHERE {pid} = ?",
+                            (p,)).fetchall()
+        lo, hi = c.execute("SELECT min(start), max(end) FROM CUPTI_ACTIVITY_KIND_RUNTIME "
+                           "WHERE (globalTid / 16777216) % 16777216 = ?", (p,)).fetchone()
+        span[p] = max(hi, max(b for _, b in iv)) - min(lo, min(a for a, _ in iv))
+        busy[p] = _union(iv)
+    assert (span[144], busy[144]) == (299_873_237, 273_817_787)
+    assert (span[145], busy[145]) == (299_844_161, 267_275_916)
+    whole = sum(busy.values()) / sum(span.values())
+    assert f"{whole:.1%}" == "90.2%" and f"{busy[144] / span[144]:.1%}" == "91.3%"
+    store = tmp_path / "n.retime"
+    assert run(["ingest", str(NSYS), "-o", str(store)]) == 0
+    capsys.readouterr()
+    assert run(["report", str(store), "-o", str(tmp_path / "n.html"), "--json"]) == 0
+    head = {h["label"]: h for h in json.loads(capsys.readouterr().out)["headline"]}
+    assert head["GPU busy"]["value"] == "90.2%"
+    assert head["GPU busy"]["note"].endswith("all ranks")
+    assert head["Step time"]["value"] == "299.9 ms" and "slowest rank (0)" in \
+        head["Step time"]["note"]
