@@ -9,7 +9,11 @@ the raw trace with gzip + json (or sqlite3) and plain Python, none of the reader
 - `export --chakra FILE` / `demo -o FILE` called the file in the way a raw trace to ingest;
 - the report's "GPU busy" (over all ranks) read as the slowest rank's, beside a step time
   and a largest part that are the slowest rank's: it now says "all ranks" (nsys FastVideo:
-  90.2% of both ranks' spans, rank 0 alone 91.3%, recounted from the SQLite export).
+  90.2% of both ranks' spans, rank 0 alone 91.3%, recounted from the SQLite export);
+- `retime analyze` headed its output "step time mean 15.768 ms" on DLRM where the report,
+  `replay` and `compare` say 18.71 ms: its mean was over every (rank, step) row, theirs the
+  slowest rank's; it now leads with the slowest rank's (per step, then the mean) and names
+  the mean over ranks and steps as such.
 """
 
 from __future__ import annotations
@@ -140,3 +144,24 @@ def test_gpu_busy_headline_is_all_ranks_as_recounted_from_sqlite(tmp_path, capsy
     assert head["GPU busy"]["note"].endswith("all ranks")
     assert head["Step time"]["value"] == "299.9 ms" and "slowest rank (0)" in \
         head["Step time"]["note"]
+
+
+def test_analyze_leads_with_the_step_time_the_report_shows(dlrm_whatif, tmp_path, capsys):
+    store = dlrm_whatif / "m.retime"
+    capsys.readouterr()
+    assert run(["analyze", str(store), "--json"]) == 0
+    a = json.loads(capsys.readouterr().out)
+    rows = a["breakdown"]["rows"]
+    # one profiler step (ProfilerStep#10 in every raw file): the job's step is the slowest
+    # rank's window; the mean over the 8 ranks' windows is another, smaller figure
+    assert [j["step"] for j in a["job_steps"]] == [10] and len(rows) == 8
+    slowest = max(r["step_ns"] for r in rows)
+    assert a["step_time_ns"]["job_mean"] == slowest == 18_711_000
+    assert a["step_time_ns"]["mean"] == sum(r["step_ns"] for r in rows) / 8 == 15_767_875
+    assert run(["analyze", str(store)]) == 0
+    head = capsys.readouterr().out.splitlines()[0]
+    assert "step time 18.711 ms (mean of 1 step(s), slowest rank each)" in head
+    assert "mean over ranks and steps 15.768 ms" in head
+    assert run(["report", str(store), "-o", str(tmp_path / "r.html"), "--json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["headline"][0]["value"] == "18.71 ms"
