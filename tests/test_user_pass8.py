@@ -13,7 +13,11 @@ the raw trace with gzip + json (or sqlite3) and plain Python, none of the reader
 - `retime analyze` headed its output "step time mean 15.768 ms" on DLRM where the report,
   `replay` and `compare` say 18.71 ms: its mean was over every (rank, step) row, theirs the
   slowest rank's; it now leads with the slowest rank's (per step, then the mean) and names
-  the mean over ranks and steps as such.
+  the mean over ranks and steps as such;
+- `retime replay` of the nsys FastVideo export said "86.9% is host work ..., 16.8% is
+  unexplained delay; the rest, -3.6%, is the traced ops": gaps summed over threads and
+  streams that run side by side are no shares of the ranks' time; it now gives the amounts
+  and says why they add up to more (the ranks' 599.7 ms recounted from the SQLite export).
 """
 
 from __future__ import annotations
@@ -116,7 +120,14 @@ def _union(iv: list[tuple[int, int]]) -> int:
     return tot + ce - cs
 
 
-def test_gpu_busy_headline_is_all_ranks_as_recounted_from_sqlite(tmp_path, capsys):
+@pytest.fixture(scope="module")
+def nsys_store(tmp_path_factory):
+    store = tmp_path_factory.mktemp("u8n") / "n.retime"
+    assert run(["ingest", str(NSYS), "-o", str(store)]) == 0
+    return store
+
+
+def _nsys_spans_and_busy() -> tuple[dict[int, int], dict[int, int]]:
     """Per process: its span (first to last CUDA activity or runtime call: the trace has no
     steps, so one window per rank) and the union of its kernels, copies and memsets."""
     c = sqlite3.connect(NSYS)
@@ -131,14 +142,18 @@ def test_gpu_busy_headline_is_all_ranks_as_recounted_from_sqlite(tmp_path, capsy
                            "WHERE (globalTid / 16777216) % 16777216 = ?", (p,)).fetchone()
         span[p] = max(hi, max(b for _, b in iv)) - min(lo, min(a for a, _ in iv))
         busy[p] = _union(iv)
+    return span, busy
+
+
+def test_gpu_busy_headline_is_all_ranks_as_recounted_from_sqlite(nsys_store, tmp_path,
+                                                                 capsys):
+    span, busy = _nsys_spans_and_busy()
     assert (span[144], busy[144]) == (299_873_237, 273_817_787)
     assert (span[145], busy[145]) == (299_844_161, 267_275_916)
     whole = sum(busy.values()) / sum(span.values())
     assert f"{whole:.1%}" == "90.2%" and f"{busy[144] / span[144]:.1%}" == "91.3%"
-    store = tmp_path / "n.retime"
-    assert run(["ingest", str(NSYS), "-o", str(store)]) == 0
     capsys.readouterr()
-    assert run(["report", str(store), "-o", str(tmp_path / "n.html"), "--json"]) == 0
+    assert run(["report", str(nsys_store), "-o", str(tmp_path / "n.html"), "--json"]) == 0
     head = {h["label"]: h for h in json.loads(capsys.readouterr().out)["headline"]}
     assert head["GPU busy"]["value"] == "90.2%"
     assert head["GPU busy"]["note"].endswith("all ranks")
@@ -165,3 +180,18 @@ def test_analyze_leads_with_the_step_time_the_report_shows(dlrm_whatif, tmp_path
     assert run(["report", str(store), "-o", str(tmp_path / "r.html"), "--json"]) == 0
     rep = json.loads(capsys.readouterr().out)
     assert rep["headline"][0]["value"] == "18.71 ms"
+
+
+def test_replay_gap_amounts_are_not_negative_shares(nsys_store, capsys):
+    span, _ = _nsys_spans_and_busy()
+    capsys.readouterr()
+    assert run(["replay", str(nsys_store), "--json"]) == 0
+    g = json.loads(capsys.readouterr().out)["gaps"]["total"]
+    assert g["span_ns"] == sum(span.values()) == 599_717_398
+    assert g["host_work_ns"] + g["unexplained_ns"] > g["span_ns"]  # threads side by side
+    assert run(["replay", str(nsys_store)]) == 0
+    out = capsys.readouterr().out
+    assert "the rest, -" not in out and "% is host work" not in out
+    assert (f"host work the profiler did not cover {g['host_work_ns'] / 1e6:.1f} ms" in out
+            and f"unexplained delay {g['unexplained_ns'] / 1e6:.1f} ms" in out
+            and "more than the ranks' 599.7 ms" in out)
