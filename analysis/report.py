@@ -235,7 +235,12 @@ def assemble_report(run: RunAnalysis, *, baseline: Any | None = None, title: str
                 if scenario else "The replay" if kind == "whatif" else "This run")
         if kind == "comparison":
             what = "Against the baseline, this run"
-        ranked = [comparison_finding(base, run, what), *ranked]
+        first = comparison_finding(base, run, what)
+        if kind == "comparison" and base.n_ranks != run.n_ranks:
+            # as `retime compare` says it: two rank counts are rarely one job measured twice
+            first = (f"{first.rstrip('.')}; note: the runs hold {base.n_ranks} and "
+                     f"{run.n_ranks} rank(s): check that they are the same job.")
+        ranked = [first, *ranked]
     summary = [("Step time", fmt_ns(st)), ("MFU", fmt_pct(je["mfu"]) if je["mfu"] == je["mfu"]
                                            else "unknown (no flops in trace)"),
                ("HFU", fmt_pct(je["hfu"]) if je["hfu"] == je["hfu"] else "unknown"),

@@ -17,7 +17,9 @@ the raw trace with gzip + json (or sqlite3) and plain Python, none of the reader
 - `retime replay` of the nsys FastVideo export said "86.9% is host work ..., 16.8% is
   unexplained delay; the rest, -3.6%, is the traced ops": gaps summed over threads and
   streams that run side by side are no shares of the ranks' time; it now gives the amounts
-  and says why they add up to more (the ranks' 599.7 ms recounted from the SQLite export).
+  and says why they add up to more (the ranks' 599.7 ms recounted from the SQLite export);
+- `retime report RUN --baseline OTHER` of two different jobs (8 DLRM ranks, 2 FastVideo
+  ranks) compared them without the word `retime compare` gives: it now notes the rank counts.
 """
 
 from __future__ import annotations
@@ -195,3 +197,24 @@ def test_replay_gap_amounts_are_not_negative_shares(nsys_store, capsys):
     assert (f"host work the profiler did not cover {g['host_work_ns'] / 1e6:.1f} ms" in out
             and f"unexplained delay {g['unexplained_ns'] / 1e6:.1f} ms" in out
             and "more than the ranks' 599.7 ms" in out)
+
+
+def test_report_against_a_baseline_of_other_rank_count_says_so(dlrm_whatif, nsys_store,
+                                                               tmp_path, capsys):
+    n_dlrm = len({json.load(gzip.open(f))["distributedInfo"]["rank"]
+                  for f in DLRM.glob("*.json.gz")})
+    n_nsys = sqlite3.connect(NSYS).execute(
+        "SELECT count(DISTINCT globalPid) FROM CUPTI_ACTIVITY_KIND_KERNEL").fetchone()[0]
+    assert (n_dlrm, n_nsys) == (8, 2)
+    note = f"the runs hold {n_dlrm} and {n_nsys} rank(s): check that they are the same job"
+    capsys.readouterr()
+    assert run(["report", str(nsys_store), "--baseline", str(dlrm_whatif / "m.retime"),
+                "-o", str(tmp_path / "x.html"), "--json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert note in rep["findings"][0]
+    assert run(["compare", str(dlrm_whatif / "m.retime"), str(nsys_store)]) == 3
+    assert note in capsys.readouterr().out
+    # a what-if against its own measured run: same ranks, no note
+    assert run(["report", str(dlrm_whatif / "w.retime"), "--baseline",
+                str(dlrm_whatif / "m.retime"), "-o", str(tmp_path / "y.html"), "--json"]) == 0
+    assert "same job" not in json.loads(capsys.readouterr().out)["findings"][0]
