@@ -157,11 +157,12 @@ def assemble_report(run: RunAnalysis, *, baseline: Any | None = None, title: str
     else:
         busy = float(run.bd["busy_ns"].sum() / max(run.bd["step_ns"].sum(), 1))
         if cpu_only(t):  # no GPU in the trace: its CPU ops stand for the device
-            headline.append(("Busy", fmt_pct(busy), "share of the step with any op running "
-                             "(a CPU-only trace: no GPU)"))
+            headline.append(("Busy", fmt_pct(busy), "share of the step with any op running"
+                             + (", all ranks" if run.n_ranks > 1 else "")
+                             + " (a CPU-only trace: no GPU)"))
         else:
             headline.append(("GPU busy", fmt_pct(busy), "share of the step with any GPU op "
-                             "running"))
+                             "running" + (", all ranks" if run.n_ranks > 1 else "")))
     unseen = run.unseen
     hidden = hides_gpu_work(unseen)
     if kind == "run" and len(run.bd):
@@ -234,7 +235,12 @@ def assemble_report(run: RunAnalysis, *, baseline: Any | None = None, title: str
                 if scenario else "The replay" if kind == "whatif" else "This run")
         if kind == "comparison":
             what = "Against the baseline, this run"
-        ranked = [comparison_finding(base, run, what), *ranked]
+        first = comparison_finding(base, run, what)
+        if kind == "comparison" and base.n_ranks != run.n_ranks:
+            # as `retime compare` says it: two rank counts are rarely one job measured twice
+            first = (f"{first.rstrip('.')}; note: the runs hold {base.n_ranks} and "
+                     f"{run.n_ranks} rank(s): check that they are the same job.")
+        ranked = [first, *ranked]
     summary = [("Step time", fmt_ns(st)), ("MFU", fmt_pct(je["mfu"]) if je["mfu"] == je["mfu"]
                                            else "unknown (no flops in trace)"),
                ("HFU", fmt_pct(je["hfu"]) if je["hfu"] == je["hfu"] else "unknown"),

@@ -168,14 +168,22 @@ def _fail(msg: str, code: int, as_json: bool) -> int:
 
 
 def _raw_trace_given(msg: str) -> str | None:
-    """The line for a file given where a NAME.retime store is wanted (every folder-only
-    argument of the CLI is a store): most often a raw trace not yet ingested."""
+    """The line for a file given where a folder is wanted: where a NAME.retime store is
+    wanted (every folder-only argument of the CLI, and ``--trace``), most often a raw trace
+    not yet ingested; where an output folder is (``-o`` of demo and capture, ``--chakra``),
+    a file in the way."""
     import re
 
     m = re.search(r"(?:dir|[Dd]irectory) '(.+)' is a file", msg)
     if m is None:
         return None
     path = m.group(1)
+    # an output folder option (-o DIR of demo/capture, --chakra DIR) that names a file: the
+    # file is in the way of what the command writes, not a trace to ingest
+    opt = re.match(r"Invalid value for ('-[^']*'(?: / '-[^']*')*)", msg)
+    if opt is not None and "--trace" not in opt.group(1):
+        return (f"{opt.group(1).replace(chr(39), '')} {path}: is a file, and this command "
+                "writes a folder there; choose a folder path (a file is never replaced)")
     return (f"{path}: is a file, not a NAME.retime store; ingest it first "
             f"(`retime ingest {path} -o NAME.retime`) and pass NAME.retime")
 

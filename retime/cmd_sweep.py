@@ -49,6 +49,25 @@ def sweep_summary(df: pd.DataFrame, total: int) -> dict[str, Any]:
             "failed": int(df["error"].notna().sum()), "best": best}
 
 
+def _check_keys(grid: Path, scenarios: list[dict]) -> None:
+    """Refuse a grid naming a key no policy has before any scenario runs (each would fail
+    alike, after the trace is read and the workers started)."""
+    import dataclasses
+
+    from retime.replay.policies.scenario import TABLES
+
+    for key in dict.fromkeys(k for sc in scenarios for k in sc if k != "name"):
+        table, _, fld = key.partition(".")
+        if table not in TABLES:
+            raise RetimeError(f"{grid}: key {key!r}: unknown table {table!r}; tables: "
+                              f"{', '.join(TABLES)} (`retime keys` lists every key)")
+        names = [f.name for f in dataclasses.fields(TABLES[table])]
+        if fld not in names:
+            raise RetimeError(f"{grid}: key {key!r}: unknown field {fld!r} of [{table}]; "
+                              f"fields: {', '.join(names)} (`retime keys {table}` says what "
+                              "each does)")
+
+
 @app.command(name="sweep")
 def sweep_cmd(
     trace_dir: Annotated[Path, typer.Argument(help="A NAME.retime directory.", exists=True,
@@ -99,6 +118,7 @@ def sweep_cmd(
     from retime.replay.sweep import METRICS, SweepInterrupted, default_workers, read_grid, sweep
 
     scenarios = read_grid(grid)
+    _check_keys(grid, scenarios)
     cal = ref = cl = None
     if calibration is not None:
         from retime.collectors.calibrate import read_calibration

@@ -58,6 +58,11 @@ def test_sweep_subprocess(run_dir, tmp_path):
     ('[grid]\n"hardware.compute_speedup" = []\n', [], "empty list"),
     ('[grid]\n"hardware.compute_speedup" = [1]\n', ["--workers", "1", "--scheduler",
                                                     "tcp://127.0.0.1:1"], "exclude each other"),
+    # a key no policy has is the grid's error: refused before any scenario runs (was a row
+    # of errors per scenario; user pass 8)
+    ('[grid]\n"nosuch.key" = [1, 2]\n', ["--workers", "1"], "unknown table 'nosuch'"),
+    ('[grid]\n"hardware.gpu_speedup" = [1, 2]\n', ["--workers", "1"],
+     "unknown field 'gpu_speedup' of [hardware]"),
 ])
 def test_bad_input_exits_2_with_one_line(run_dir, tmp_path, capsys, grid_text, extra, needle):
     d, _ = run_dir
@@ -74,11 +79,11 @@ def test_bad_input_exits_2_with_one_line(run_dir, tmp_path, capsys, grid_text, e
 def test_every_scenario_failed_is_an_error_with_rows(run_dir, tmp_path, capsys):
     d, _ = run_dir
     grid = tmp_path / "g.toml"
-    grid.write_text('[grid]\n"nosuch.key" = [1, 2]\n')
+    grid.write_text('[grid]\n"parallel.tp" = [5, 7]\n')  # TP 5 and 7 divide no head count
     out = tmp_path / "s.parquet"
     rc = run(["sweep", str(d), "--grid", str(grid), "-o", str(out), "--workers", "1"])
     err = capsys.readouterr().err
-    assert rc == 2 and "every scenario failed" in err and "nosuch" in err
+    assert rc == 2 and "every scenario failed" in err and "tp" in err
     df = pd.read_parquet(out)
     assert len(df) == 2 and df["error"].notna().all()
 

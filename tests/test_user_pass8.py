@@ -6,12 +6,27 @@ the raw trace with gzip + json (or sqlite3) and plain Python, none of the reader
   same what-if (and the raw DLRM files) say 125: the queue is a fact of the recording, and
   the replayed store recounted it on the what-if's times (host 2x faster moves rank 1's
   first launched copy ahead of its recorded backlog).
+- `export --chakra FILE` / `demo -o FILE` called the file in the way a raw trace to ingest;
+- the report's "GPU busy" (over all ranks) read as the slowest rank's, beside a step time
+  and a largest part that are the slowest rank's: it now says "all ranks" (nsys FastVideo:
+  90.2% of both ranks' spans, rank 0 alone 91.3%, recounted from the SQLite export);
+- `retime analyze` headed its output "step time mean 15.768 ms" on DLRM where the report,
+  `replay` and `compare` say 18.71 ms: its mean was over every (rank, step) row, theirs the
+  slowest rank's; it now leads with the slowest rank's (per step, then the mean) and names
+  the mean over ranks and steps as such;
+- `retime replay` of the nsys FastVideo export said "86.9% is host work ..., 16.8% is
+  unexplained delay; the rest, -3.6%, is the traced ops": gaps summed over threads and
+  streams that run side by side are no shares of the ranks' time; it now gives the amounts
+  and says why they add up to more (the ranks' 599.7 ms recounted from the SQLite export);
+- `retime report RUN --baseline OTHER` of two different jobs (8 DLRM ranks, 2 FastVideo
+  ranks) compared them without the word `retime compare` gives: it now notes the rank counts.
 """
 
 from __future__ import annotations
 
 import gzip
 import json
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -21,6 +36,7 @@ from retime.cli import run
 ROOT = Path(__file__).resolve().parents[1]
 TRACES = ROOT.parent / "shared" / "traces"
 DLRM = TRACES / "kineto" / "dlrm-v100-8rank"
+NSYS = TRACES / "nsys" / "h100-2gpu-fastvideo.sqlite"
 
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 
@@ -72,3 +88,133 @@ def test_replayed_store_says_the_recorded_queue(dlrm_whatif, capsys):
     assert run(["report", str(dlrm_whatif / "w.retime"), "--baseline",
                 str(dlrm_whatif / "m.retime"), "-o", str(out)]) == 0
     assert f"{q} of them ran before the first launched GPU op" in out.read_text()
+
+
+@pytest.mark.parametrize("argv", [["demo", "-o", "{f}"],
+                                  ["export", "{store}", "--chakra", "{f}", "--json"]])
+def test_a_file_where_an_output_folder_goes_is_named_as_in_the_way(dlrm_whatif, tmp_path,
+                                                                   capsys, argv):
+    """`export --chakra FILE` and `demo -o FILE` said "is a file, not a NAME.retime store;
+    ingest it first": the file is the output's place, not an input to ingest."""
+    f = tmp_path / "keep.json.gz"
+    raw = (DLRM / "worker0_step_12.1694128201545.pt.trace.json.gz").read_bytes()
+    f.write_bytes(raw)
+    capsys.readouterr()
+    a = [x.format(f=f, store=dlrm_whatif / "m.retime") for x in argv]
+    assert run(a) == 2
+    cap = capsys.readouterr()
+    line = cap.err.strip()
+    assert "\n" not in line and "Traceback" not in cap.err
+    assert "ingest it first" not in line and "is a file" in line and "folder" in line
+    assert f.read_bytes() == raw and sorted(tmp_path.iterdir()) == [f]
+    if "--json" in a:
+        assert json.loads(cap.out)["exit_code"] == 2
+
+
+def _union(iv: list[tuple[int, int]]) -> int:
+    iv = sorted(iv)
+    tot, (cs, ce) = 0, iv[0]
+    for a, b in iv[1:]:
+        if a > ce:
+            tot, cs, ce = tot + ce - cs, a, b
+        else:
+            ce = max(ce, b)
+    return tot + ce - cs
+
+
+@pytest.fixture(scope="module")
+def nsys_store(tmp_path_factory):
+    store = tmp_path_factory.mktemp("u8n") / "n.retime"
+    assert run(["ingest", str(NSYS), "-o", str(store)]) == 0
+    return store
+
+
+def _nsys_spans_and_busy() -> tuple[dict[int, int], dict[int, int]]:
+    """Per process: its span (first to last CUDA activity or runtime call: the trace has no
+    steps, so one window per rank) and the union of its kernels, copies and memsets."""
+    c = sqlite3.connect(NSYS)
+    pid = "(globalPid / 16777216) % 16777216"
+    busy, span = {}, {}
+    for p in (144, 145):
+        iv = []
+        for t in ("KERNEL", "MEMCPY", "MEMSET"):
+            iv += c.execute(f"SELECT start, end FROM CUPTI_ACTIVITY_KIND_{t} WHERE {pid} = ?",
+                            (p,)).fetchall()
+        lo, hi = c.execute("SELECT min(start), max(end) FROM CUPTI_ACTIVITY_KIND_RUNTIME "
+                           "WHERE (globalTid / 16777216) % 16777216 = ?", (p,)).fetchone()
+        span[p] = max(hi, max(b for _, b in iv)) - min(lo, min(a for a, _ in iv))
+        busy[p] = _union(iv)
+    return span, busy
+
+
+def test_gpu_busy_headline_is_all_ranks_as_recounted_from_sqlite(nsys_store, tmp_path,
+                                                                 capsys):
+    span, busy = _nsys_spans_and_busy()
+    assert (span[144], busy[144]) == (299_873_237, 273_817_787)
+    assert (span[145], busy[145]) == (299_844_161, 267_275_916)
+    whole = sum(busy.values()) / sum(span.values())
+    assert f"{whole:.1%}" == "90.2%" and f"{busy[144] / span[144]:.1%}" == "91.3%"
+    capsys.readouterr()
+    assert run(["report", str(nsys_store), "-o", str(tmp_path / "n.html"), "--json"]) == 0
+    head = {h["label"]: h for h in json.loads(capsys.readouterr().out)["headline"]}
+    assert head["GPU busy"]["value"] == "90.2%"
+    assert head["GPU busy"]["note"].endswith("all ranks")
+    assert head["Step time"]["value"] == "299.9 ms" and "slowest rank (0)" in \
+        head["Step time"]["note"]
+
+
+def test_analyze_leads_with_the_step_time_the_report_shows(dlrm_whatif, tmp_path, capsys):
+    store = dlrm_whatif / "m.retime"
+    capsys.readouterr()
+    assert run(["analyze", str(store), "--json"]) == 0
+    a = json.loads(capsys.readouterr().out)
+    rows = a["breakdown"]["rows"]
+    # one profiler step (ProfilerStep#10 in every raw file): the job's step is the slowest
+    # rank's window; the mean over the 8 ranks' windows is another, smaller figure
+    assert [j["step"] for j in a["job_steps"]] == [10] and len(rows) == 8
+    slowest = max(r["step_ns"] for r in rows)
+    assert a["step_time_ns"]["job_mean"] == slowest == 18_711_000
+    assert a["step_time_ns"]["mean"] == sum(r["step_ns"] for r in rows) / 8 == 15_767_875
+    assert run(["analyze", str(store)]) == 0
+    head = capsys.readouterr().out.splitlines()[0]
+    assert "step time 18.711 ms (mean of 1 step(s), slowest rank each)" in head
+    assert "mean over ranks and steps 15.768 ms" in head
+    assert run(["report", str(store), "-o", str(tmp_path / "r.html"), "--json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["headline"][0]["value"] == "18.71 ms"
+
+
+def test_replay_gap_amounts_are_not_negative_shares(nsys_store, capsys):
+    span, _ = _nsys_spans_and_busy()
+    capsys.readouterr()
+    assert run(["replay", str(nsys_store), "--json"]) == 0
+    g = json.loads(capsys.readouterr().out)["gaps"]["total"]
+    assert g["span_ns"] == sum(span.values()) == 599_717_398
+    assert g["host_work_ns"] + g["unexplained_ns"] > g["span_ns"]  # threads side by side
+    assert run(["replay", str(nsys_store)]) == 0
+    out = capsys.readouterr().out
+    assert "the rest, -" not in out and "% is host work" not in out
+    assert (f"host work the profiler did not cover {g['host_work_ns'] / 1e6:.1f} ms" in out
+            and f"unexplained delay {g['unexplained_ns'] / 1e6:.1f} ms" in out
+            and "more than the ranks' 599.7 ms" in out)
+
+
+def test_report_against_a_baseline_of_other_rank_count_says_so(dlrm_whatif, nsys_store,
+                                                               tmp_path, capsys):
+    n_dlrm = len({json.load(gzip.open(f))["distributedInfo"]["rank"]
+                  for f in DLRM.glob("*.json.gz")})
+    n_nsys = sqlite3.connect(NSYS).execute(
+        "SELECT count(DISTINCT globalPid) FROM CUPTI_ACTIVITY_KIND_KERNEL").fetchone()[0]
+    assert (n_dlrm, n_nsys) == (8, 2)
+    note = f"the runs hold {n_dlrm} and {n_nsys} rank(s): check that they are the same job"
+    capsys.readouterr()
+    assert run(["report", str(nsys_store), "--baseline", str(dlrm_whatif / "m.retime"),
+                "-o", str(tmp_path / "x.html"), "--json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert note in rep["findings"][0]
+    assert run(["compare", str(dlrm_whatif / "m.retime"), str(nsys_store)]) == 3
+    assert note in capsys.readouterr().out
+    # a what-if against its own measured run: same ranks, no note
+    assert run(["report", str(dlrm_whatif / "w.retime"), "--baseline",
+                str(dlrm_whatif / "m.retime"), "-o", str(tmp_path / "y.html"), "--json"]) == 0
+    assert "same job" not in json.loads(capsys.readouterr().out)["findings"][0]
