@@ -60,8 +60,13 @@ _I32 = np.int32
 #: 2**18 ops made 43 at 128 ranks, each paying the step windows' per-batch work (6.9 of
 #: 43 s CPU under cProfile)
 _BATCH_OPS = 1 << 21
+#: the same, in the first pass (beside the run's per-op arrays: half the batch, so that its
+#: temporaries stay under the windows' peak)
+_STEP_BATCH_OPS = 1 << 20
 #: ops columns the cheap pass reads (the op id places each row)
 _RUN_COLUMNS = ["op_id", "rank", "lane", "kind", "name_id", "start_ns", "dur_ns", "coll_id"]
+#: what the step windows read besides (:data:`replay.footprint.IDENTITY_COLUMNS`)
+_STEP_EXTRA = ["step", "correlation"]
 
 
 def _files(root: Path, meta: dict[str, Any], table: str) -> list[tuple[int, Path, int]]:
@@ -90,9 +95,11 @@ def _col(t: pa.Table, name: str, dtype) -> np.ndarray:
     return np.asarray(t.column(name).to_numpy(), dtype)
 
 
-def _read_run(root: Path, meta: dict[str, Any], lanes: pd.DataFrame, strings: list[str]):
+def _read_run(root: Path, meta: dict[str, Any], lanes: pd.DataFrame, strings: list[str],
+              steps: _StepPass | None = None):
     """The run's per-op arrays (op-id order) from the ops rank files, and the lane links;
-    ``None`` where the in-memory path must decide (op ids not dense, negative lanes)."""
+    ``None`` where the in-memory path must decide (op ids not dense, negative lanes).
+    ``steps`` is handed each rank file's columns as they are read."""
     files = _files(root, meta, "ops")
     n = sum(k for _, _, k in files)
     if n == 0:
@@ -112,8 +119,8 @@ def _read_run(root: Path, meta: dict[str, Any], lanes: pd.DataFrame, strings: li
     bn = blocking_names(strings)
     lane_file: dict[int, int] = {}
     shared_lanes = False
-    for i, (_, f, rows) in enumerate(files):
-        t = _read(f, _RUN_COLUMNS)
+    for i, (rk, f, rows) in enumerate(files):
+        t = _read(f, _RUN_COLUMNS if steps is None else _RUN_COLUMNS + _STEP_EXTRA)
         ids = _col(t, "op_id", _I64)
         if t.num_rows != rows or (len(ids) and (ids.min() < 0 or ids.max() >= n)) \
                 or seen[ids].any():
@@ -133,6 +140,8 @@ def _read_run(root: Path, meta: dict[str, Any], lanes: pd.DataFrame, strings: li
         if len(bn):
             blocking[ids] = bn[_col(t, "name_id", _I64)] \
                 & ((lk == OpKind.RUNTIME) | (lk == OpKind.CPU_OP))
+        if steps is not None:
+            steps.add(rk, t)
         del t
         # lane links within the file (lane order: measured start, ties by op id); a lane
         # with ops in two files is linked over the whole run below
@@ -148,6 +157,8 @@ def _read_run(root: Path, meta: dict[str, Any], lanes: pd.DataFrame, strings: li
     if not seen.all():
         return None
     del seen
+    if steps is not None:
+        steps.finish()
     if shared_lanes:
         from .graph_arrays import _lexsort_small
         order = _lexsort_small((s, lane))
@@ -172,12 +183,21 @@ def _put(out: np.ndarray, ids: np.ndarray, v: np.ndarray) -> np.ndarray:
 
 
 class _SpillEdges:
-    """The run's edges spilled to disk grouped by their destination's window (one file per
-    window and rank file); ``bucket(k)`` as :class:`replay.window._MemEdges`'s."""
+    """The run's edges spilled to disk grouped by their destination's window: one file of
+    packed records per window (source, destination, kind, lag, edge row; ids in 4 bytes
+    where the run's fit: 21 bytes per edge, not 40), appended a rank file at a time through
+    a handle kept open per window (one file per window and rank file cost 2,580 opens and
+    0.4 GB of writes at 128 ranks); ``bucket(k)`` as :class:`replay.window._MemEdges`'s."""
 
-    def __init__(self, spill: Path, windows: int) -> None:
-        self.dir = spill
-        self.files: list[list[Path]] = [[] for _ in range(windows)]
+    #: windows beyond which a handle is opened for each write instead of kept open
+    OPEN_MAX = 256
+
+    def __init__(self, spill: Path, windows: int, n_ops: int, n_edges: int) -> None:
+        ids = "<i4" if n_ops < (1 << 31) else "<i8"
+        rows = "<i4" if n_edges < (1 << 31) else "<i8"
+        self.rec = np.dtype([("s", ids), ("d", ids), ("k", "i1"), ("l", "<i8"), ("x", rows)])
+        self.paths = [spill / f"e{j}.bin" for j in range(windows)]
+        self._fh: dict[int, Any] = {}
         self._hit: tuple[int, tuple] | None = None
 
     def add(self, i: int, es, ed, ek, el, ix, win: np.ndarray) -> None:
@@ -189,22 +209,35 @@ class _SpillEdges:
             if b <= a:
                 continue
             j = int(w[a])
-            f = self.dir / f"e{j}-{i}.npy"
             sel = o[a:b]
-            np.save(f, np.stack([es[sel], ed[sel], ek[sel].astype(_I64), el[sel], ix[sel]]))
-            self.files[j].append(f)
+            x = np.empty(len(sel), self.rec)
+            x["s"], x["d"], x["k"], x["l"], x["x"] = es[sel], ed[sel], ek[sel], el[sel], ix[sel]
+            f = self._fh.get(j)
+            if f is None:
+                f = open(self.paths[j], "ab")  # noqa: SIM115 (closed in done())
+                if len(self.paths) <= self.OPEN_MAX:
+                    self._fh[j] = f
+            x.tofile(f)
+            if len(self.paths) > self.OPEN_MAX:
+                f.close()
+
+    def done(self) -> None:
+        """Close the files (before the first ``bucket``)."""
+        for f in self._fh.values():
+            f.close()
+        self._fh.clear()
 
     def bucket(self, k: int) -> tuple[np.ndarray, ...]:
         if self._hit is not None and self._hit[0] == k:
             return self._hit[1]
-        parts = [np.load(f) for f in self.files[k]]
-        x = (parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1)) if parts \
-            else np.zeros((5, 0), _I64)
-        del parts
-        ix = x[4]
+        f = self.paths[k]
+        x = np.fromfile(f, self.rec) if f.is_file() else np.zeros(0, self.rec)
+        ix = x["x"]
         if len(ix) > 1 and (ix[1:] < ix[:-1]).any():  # (a store whose edges carry _row)
-            x = x[:, np.argsort(ix, kind="stable")]
-        out = (x[0], x[1], x[2].astype(np.int8), x[3], x[4])
+            x = x[np.argsort(ix, kind="stable")]
+        out = (x["s"].astype(_I64), x["d"].astype(_I64), x["k"].astype(np.int8),
+               x["l"].astype(_I64), x["x"].astype(_I64))
+        del x
         self._hit = (k, out)
         return out
 
@@ -284,7 +317,13 @@ def replay_store(path: str | os.PathLike[str], *, ideal: bool = False,
     meta = small["meta"]
     if meta.get("layout", "single") != "rank":
         return None
-    r = _read_run(root, meta, small["lanes"], small["strings"])
+    mem_meta = {k: v for k, v in meta.items() if k not in ("layout", "partitions")}
+    mem_meta["schema_version"] = SCHEMA_VERSION
+    # the measured step windows and unseen-work counts from the pass that reads the ops for
+    # the windows (an identity replay's replayed windows are the measured ones); a replay
+    # whose times differ (--ideal, or not identity after all) reads the ops again for them
+    steps = None if ideal else _StepPass(root, small, mem_meta)
+    r = _read_run(root, meta, small["lanes"], small["strings"], steps)
     if r is None:
         return None
     n = len(r.s)
@@ -308,15 +347,13 @@ def replay_store(path: str | os.PathLike[str], *, ideal: bool = False,
     win = window_of(cuts, r.s)
     spill = Path(tempfile.mkdtemp(prefix="retime-replay-"))
     try:
-        edges = _SpillEdges(spill, len(cuts) + 1)
-        at = 0
-        for i, (_, f, rows) in enumerate(edge_files):
-            t = _read(f, ecols + ["lag_ns"])
-            ix = _col(t, "_row", _I64) if has_row else np.arange(at, at + rows, dtype=_I64)
-            at += rows
-            edges.add(i, _col(t, "src", _I64), _col(t, "dst", _I64), _col(t, "kind", np.int8),
-                      _col(t, "lag_ns", _I64), ix, win)
-            del t, ix
+        # (edge rows in 4 bytes unless a store's own _row numbers them)
+        edges = _SpillEdges(spill, len(cuts) + 1, n,
+                            1 << 62 if has_row else sum(k for _, _, k in edge_files))
+        try:
+            _spill_edges(edges, edge_files, ecols, has_row, win)
+        finally:
+            edges.done()
         res = _SpillResults(spill, win)
         # (the windows' temporaries are not handed back to the system after each window: the
         # next window faulted them all in again, 898 K minor page faults at 128 ranks; kept,
@@ -329,9 +366,11 @@ def replay_store(path: str | os.PathLike[str], *, ideal: bool = False,
         identity = out["identity"]
         del r
         release_freed()
-        mem_meta = {k: v for k, v in meta.items() if k not in ("layout", "partitions")}
-        mem_meta["schema_version"] = SCHEMA_VERSION
-        w, unseen = _by_rank_batch(root, small, mem_meta, None if identity else res)
+        if identity and steps is not None:
+            w, unseen = steps.result()
+        else:
+            del steps
+            w, unseen = _by_rank_batch(root, small, mem_meta, None if identity else res)
         full = res.get(np.arange(n), crit=True) if results else None
     finally:
         shutil.rmtree(spill, ignore_errors=True)
@@ -346,54 +385,136 @@ def replay_store(path: str | os.PathLike[str], *, ideal: bool = False,
     return ReplayResult(None, None, s_, e_, c_, meta=rmeta, step_windows=w)
 
 
+def _spill_edges(edges: _SpillEdges, edge_files, ecols: list[str], has_row: bool,
+                 win: np.ndarray) -> None:
+    """The edges, a rank file at a time, into ``edges`` by their destination's window."""
+    at = 0
+    for i, (_, f, rows) in enumerate(edge_files):
+        t = _read(f, ecols + ["lag_ns"])
+        ix = _col(t, "_row", _I64) if has_row else np.arange(at, at + rows, dtype=_I64)
+        at += rows
+        edges.add(i, _col(t, "src", _I64), _col(t, "dst", _I64), _col(t, "kind", np.int8),
+                  _col(t, "lag_ns", _I64), ix, win)
+        del t, ix
+
+
+class _StepPass:
+    """The measured step windows and unseen-work counts of :func:`_by_rank_batch`, computed
+    from the first pass's rank files as they are read (the same batches of ranks), so that
+    an identity replay does not read the ops a second time."""
+
+    def __init__(self, root: Path, small: dict[str, Any], meta: dict[str, Any]) -> None:
+        from retime.collectors.store import rank_batches
+
+        self.root, self.small, self.meta = root, small, meta
+        self.last = {int(b[-1]): b for b in rank_batches(root, batch_rows=_STEP_BATCH_OPS)}
+        self.cols: list[dict[str, np.ndarray]] = []
+        self.ranks: list[int] = []
+        self.parts: list[pd.DataFrame] = []
+        self.counts: list[dict[str, int]] = []
+
+    def add(self, rank: int, t: pa.Table) -> None:
+        from retime.collectors.trace import OPS_SCHEMA
+
+        from .footprint import IDENTITY_COLUMNS
+
+        self.cols.append({c: _col(t, c, _I64 if c == "op_id" else OPS_SCHEMA[c][0])
+                          for c in ("op_id", *IDENTITY_COLUMNS)})
+        self.ranks.append(int(rank))
+        b = self.last.get(int(rank))
+        if b is not None:
+            self._flush(b)
+
+    def _flush(self, batch: np.ndarray) -> None:
+        cols = self.cols[0] if len(self.cols) == 1 else {
+            c: np.concatenate([x[c] for x in self.cols]) for c in self.cols[0]}
+        self.cols, self.ranks = [], []
+        part, count = _batch_windows(self.root, self.small, self.meta, batch, cols, None)
+        self.parts.append(part)
+        self.counts.append(count)
+
+    def finish(self) -> None:
+        if sum(len(x["op_id"]) for x in self.cols):  # (ranks after the last batch: none
+            self._flush(np.array(self.ranks, np.int64))  # with ops in the metadata)
+        self.cols, self.ranks = [], []
+
+    def result(self):
+        return _assemble(self.parts, self.counts)
+
+
+def _batch_windows(root: Path, small: dict[str, Any], meta: dict[str, Any], batch, cols,
+                   res):
+    """One batch of ranks' step windows (measured and replayed) and unseen-work counts;
+    ``cols``: the batch's ops columns (``op_id`` and :data:`IDENTITY_COLUMNS`) in store
+    order."""
+    from retime.analysis.coverage import unseen_work
+    from retime.collectors.steps import step_range_mask, step_windows
+    from retime.collectors.store import scan_table
+    from retime.collectors.trace import EDGES_SCHEMA, MEMORY_SCHEMA, OPS_SCHEMA, Trace, _frame
+
+    from .footprint import IDENTITY_COLUMNS
+
+    ids = cols["op_id"]
+    order = np.argsort(ids, kind="stable") if len(ids) > 1 and (ids[1:] < ids[:-1]).any() \
+        else None
+    if order is not None:
+        ids = ids[order]
+    ops = pd.DataFrame({c: np.ascontiguousarray(
+        cols[c] if order is None else cols[c][order], OPS_SCHEMA[c][0])
+        for c in OPS_SCHEMA if c in IDENTITY_COLUMNS}, copy=False)
+    del cols, order
+    rg = scan_table(root, "ranges", ranks=batch)
+    if "_row" in rg.columns:
+        rg = rg.take(np.argsort(rg["_row"].to_numpy(), kind="stable")).drop(columns="_row")
+    rg = rg[step_range_mask(rg, small["strings"])].reset_index(drop=True)
+    sub = Trace(ops=ops, lanes=small["lanes"], edges=_frame(EDGES_SCHEMA, None, "edges"),
+                ranges=rg, groups=small["groups"],
+                memory=_frame(MEMORY_SCHEMA, None, "memory"), strings=small["strings"],
+                meta=meta)
+    ms = ops["start_ns"].to_numpy()
+    me = ms + ops["dur_ns"].to_numpy()
+    mw = step_windows(sub, ms, me)
+    if res is None:
+        rw = mw
+    else:
+        rs, re_ = res.get(ids)
+        rw = step_windows(sub, rs, re_)
+    part = pd.DataFrame({
+        "rank": mw["rank"].to_numpy(), "step": mw["step"].to_numpy(),
+        "measured_start_ns": mw["start_ns"].to_numpy(),
+        "measured_end_ns": mw["end_ns"].to_numpy(),
+        "replayed_start_ns": rw["start_ns"].to_numpy(),
+        "replayed_end_ns": rw["end_ns"].to_numpy()})
+    count = unseen_work(sub, pd.DataFrame({
+        "rank": mw["rank"].to_numpy(), "step": mw["step"].to_numpy(),
+        "start_ns": mw["start_ns"].to_numpy(), "end_ns": mw["end_ns"].to_numpy()}))
+    return part, count
+
+
 def _by_rank_batch(root: Path, small: dict[str, Any], meta: dict[str, Any], res):
     """The step windows (measured and replayed, as :meth:`ReplayResult.step_windows`) and
     the unseen-work counts, a batch of ranks at a time from the store; ``res`` (the spilled
     results) where the replayed times differ from the measured ones."""
-    from retime.analysis.coverage import combine_unseen, unseen_work
-    from retime.collectors.steps import _empty, step_range_mask, step_windows
-    from retime.collectors.store import rank_batches, scan_ops, scan_table
-    from retime.collectors.trace import EDGES_SCHEMA, MEMORY_SCHEMA, OPS_SCHEMA, Trace, _frame
+    from retime.collectors.store import rank_batches, scan_ops
 
     from .footprint import IDENTITY_COLUMNS
 
     parts, counts = [], []
     for batch in rank_batches(root, batch_rows=_BATCH_OPS):
         o = scan_ops(root, ranks=batch, columns=["op_id", *IDENTITY_COLUMNS])
-        ids = o["op_id"].to_numpy()
-        if len(ids) > 1 and (ids[1:] < ids[:-1]).any():
-            o = o.take(np.argsort(ids, kind="stable")).reset_index(drop=True)
-            ids = o["op_id"].to_numpy()
-        ops = pd.DataFrame({c: np.ascontiguousarray(o[c].to_numpy(), OPS_SCHEMA[c][0])
-                            for c in OPS_SCHEMA if c in IDENTITY_COLUMNS}, copy=False)
+        cols = {c: o[c].to_numpy() for c in o.columns}
         del o
-        rg = scan_table(root, "ranges", ranks=batch)
-        if "_row" in rg.columns:
-            rg = rg.take(np.argsort(rg["_row"].to_numpy(), kind="stable")).drop(columns="_row")
-        rg = rg[step_range_mask(rg, small["strings"])].reset_index(drop=True)
-        sub = Trace(ops=ops, lanes=small["lanes"], edges=_frame(EDGES_SCHEMA, None, "edges"),
-                    ranges=rg, groups=small["groups"],
-                    memory=_frame(MEMORY_SCHEMA, None, "memory"), strings=small["strings"],
-                    meta=meta)
-        ms = ops["start_ns"].to_numpy()
-        me = ms + ops["dur_ns"].to_numpy()
-        mw = step_windows(sub, ms, me)
-        if res is None:
-            rw = mw
-        else:
-            rs, re_ = res.get(ids)
-            rw = step_windows(sub, rs, re_)
-        part = pd.DataFrame({
-            "rank": mw["rank"].to_numpy(), "step": mw["step"].to_numpy(),
-            "measured_start_ns": mw["start_ns"].to_numpy(),
-            "measured_end_ns": mw["end_ns"].to_numpy(),
-            "replayed_start_ns": rw["start_ns"].to_numpy(),
-            "replayed_end_ns": rw["end_ns"].to_numpy()})
+        part, count = _batch_windows(root, small, meta, batch, cols, res)
         parts.append(part)
-        counts.append(unseen_work(sub, pd.DataFrame({
-            "rank": mw["rank"].to_numpy(), "step": mw["step"].to_numpy(),
-            "start_ns": mw["start_ns"].to_numpy(), "end_ns": mw["end_ns"].to_numpy()})))
-        del sub, ops, rg, mw, rw, ms, me
+        counts.append(count)
+        del cols
+    return _assemble(parts, counts)
+
+
+def _assemble(parts: list[pd.DataFrame], counts: list[dict[str, int]]):
+    from retime.analysis.coverage import combine_unseen
+    from retime.collectors.steps import _empty
+
     w = pd.concat(parts, ignore_index=True) if parts else None
     if w is None:
         e = _empty()
