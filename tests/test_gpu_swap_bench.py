@@ -80,3 +80,22 @@ def test_v100_step_within_10_percent(k33):
 def test_v100_over_a100_ratio_within_10_percent(k33):
     (q,) = bench.ratios(k33[1])
     assert abs(q["predicted"] / q["published"] - 1.0) < 0.10
+
+
+def test_the_gpu_swap_says_its_host_times_were_measured_under_the_profiler(k33):
+    """The trace shows profile_memory (its [memory] events: recounted from the raw file) and
+    with_stack (Python-function ranges) were on: the hardware.gpu line says the kept host
+    times include the profiler's bookkeeping (an upper bound where the host bounds the step)."""
+    import gzip
+
+    import orjson
+    p, rs = k33
+    doc = orjson.loads(gzip.decompress((SHARED / p["trace"]).read_bytes()))
+    mem = sum(1 for e in doc["traceEvents"] if e.get("cat") == "cpu_instant_event"
+              and e.get("name") == "[memory]")
+    assert doc["profile_memory"] == 1 and doc["with_stack"] == 1 and mem == 464
+    for r in rs:
+        line = next(a for a in r["assumed"] if a.startswith("hardware.gpu: host (CPU)"))
+        m = re.search(r"profile_memory \((\d+) memory events\) and with_stack \((\d+) "
+                      r"Python-function ranges\) on: .* upper bound", line)
+        assert m and int(m.group(1)) == mem and int(m.group(2)) > 0, line
