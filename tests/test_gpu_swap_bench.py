@@ -99,3 +99,21 @@ def test_the_gpu_swap_says_its_host_times_were_measured_under_the_profiler(k33):
         m = re.search(r"profile_memory \((\d+) memory events\) and with_stack \((\d+) "
                       r"Python-function ranges\) on: .* upper bound", line)
         assert m and int(m.group(1)) == mem and int(m.group(2)) > 0, line
+
+
+def test_recording_floor_recounts_the_raw_file(k33):
+    """The bench's diagnosis of per-call recording: the metadata-only calls' median and the
+    aten:: call count, recounted from the raw Kineto file (every cpu_op, any depth)."""
+    import gzip
+
+    import numpy as np
+    import orjson
+    p, _rs = k33
+    doc = orjson.loads(gzip.decompress((SHARED / p["trace"]).read_bytes()))
+    ev = [e for e in doc["traceEvents"] if e.get("cat") == "cpu_op"]
+    meta = [e["dur"] for e in ev if e["name"] in bench.METADATA_OPS]
+    f = bench.recording_floor(ingest_cached(SHARED / p["trace"]))
+    assert f["meta_calls"] == len(meta) == 40
+    assert f["floor_us"] == pytest.approx(float(np.median(meta)))
+    assert f["calls"] == sum(e["name"].startswith("aten::") for e in ev) == 742
+    assert f["upper_ms"] == pytest.approx(f["floor_us"] * 742 / 1e3)
