@@ -74,3 +74,19 @@ def test_split_heads_of_a_gqa_call_keeps_an_unsplit_mask():
     assert kv_heads(name, dims) == 8
     assert split_heads(dims, 4, 8)[:4] == [[1, 8, 128, 128], [1, 2, 128, 128],
                                           [1, 2, 128, 128], mask]
+
+
+def test_eager_gqa_with_repeated_kv_reads_the_groups_from_the_projection(tmp_path):
+    """Eager attention after ``repeat_kv`` (the batched GEMMs over ``b H``, 16 heads) behind a
+    fused projection of ``(16 + 2 x 4) x 64`` outputs: 4 key/value heads, split 2 per rank
+    at TP=2 with the projection's columns; every split call exactly half its FLOPs."""
+    from retime.collectors.ingest import read
+    tr = read([_gpu_block_trace(tmp_path / "rank-0.pt.trace.json", "fused", "bmm", kv=4)])
+    lay = tp_layout(tr, 2)
+    (blk,) = lay.attention
+    assert (blk["axis"], blk["heads"], blk["kv_heads"]) == ("b", 16, 4)
+    assert lay.layers[0]["n"] == (16 + 2 * 4) * 64
+    fx = whatif(tr, {"parallel.tp": 2}).meta["scenario"][0]["tp_effect"]
+    assert fx["flops_new"] == fx["flops_old"] / 2
+    with pytest.raises(PolicyError, match=r"8 does not divide 4"):
+        tp_layout(tr, 8)
