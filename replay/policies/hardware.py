@@ -384,8 +384,9 @@ def profiler_note(trace) -> str:
     r = trace.ranges
     py = 0
     if r is not None and len(r):
-        names = np.asarray(trace.strings, dtype=object)[r["name_id"].to_numpy()]
-        py = int(sum(1 for n in names if _PYFRAME.search(str(n))))
+        ids, counts = np.unique(r["name_id"].to_numpy(), return_counts=True)
+        py = int(sum(c for i, c in zip(ids.tolist(), counts.tolist())
+                     if _PYFRAME.search(str(trace.strings[i]))))
     parts = ([f"profile_memory ({mem} memory events)"] if mem else []) + \
         ([f"with_stack ({py} Python-function ranges)"] if py else [])
     if not parts:
