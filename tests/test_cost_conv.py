@@ -235,3 +235,35 @@ def test_cost_op_conv2d_prints_what_a_whatif_charges(capsys):
     with pytest.raises(ConfigError, match="--dtype 'fp8'"):
         conv2d_call(g, 1, 8, 8, 8, 8, dtype="fp8")
     assert run([*argv[:-2], "--out-channels", "0"]) == 2
+
+
+def test_winograd_on_the_cuda_cores_is_2_25x_fewer_flops_and_never_slower():
+    """K34: a 3x3 stride-1 FP32 convolution on V100 (CUDA cores) takes the faster of the
+    implicit GEMM and Winograd F(2x2,3x3), whose GEMMs do 16 / 36 of the direct products; a
+    tf32 one on A100 (tensor cores), a stride-2 one and a 1x1 one are not Winograd's."""
+    from retime.collectors.costs.conv import winograd_eligible, winograd_gemm
+    for name, (m, n, k) in (("fprop", (1e5, 64, 576)), ("dgrad", (1e5, 64, 576)),
+                            ("wgrad", (64, 576, 1e5))):
+        wm, wn, wk = winograd_gemm(name, m, n, k)
+        assert 2 * m * n * k / (2 * wm * wn * wk) == pytest.approx(2.25)
+    f = [([12, 64, 56, 56], "float"), ([64, 64, 3, 3], "float")]
+    assert winograd_eligible("cudnn_convolution", f)
+    assert not winograd_eligible("cudnn_convolution", [f[0], ([64, 64, 1, 1], "float")])
+    b = [([12, 64, 28, 28], "float"), ([12, 64, 56, 56], "float"), ([64, 64, 3, 3], "float")]
+    assert not winograd_eligible("convolution_backward", b)  # stride 2
+    from retime.collectors.costs.conv import pass_costs
+    v, a = gpu_spec("v100-sxm2"), gpu_spec("a100-80gb")
+    bts = [([12, 64, 56, 56], "float"), ([12, 64, 56, 56], "float"), ([64, 64, 3, 3], "float")]
+    for base, ts in (("cudnn_convolution", f), ("convolution_backward", bts)):
+        fl = 2.0 * 12 * 64 * 64 * 9 * 56 * 56 * (2 if base == "convolution_backward" else 1)
+        w, _ = pass_costs(v, base, ts, fl, "fp32", 4, FITTED_CURVES)
+        d, _ = pass_costs(v, base, ts, fl, "fp32", 4, FITTED_CURVES, winograd=False)
+        assert [p for p, _ in w] == [p for p, _ in d]
+        for (_p, cw), (_q, cd) in zip(w, d):
+            assert cw.time_us <= cd.time_us
+            if cw.time_us < cd.time_us:
+                assert cw.flops == pytest.approx(cd.flops / 2.25)
+                assert cw.efficiency_source.startswith("Winograd F(2x2, 3x3)")
+        assert sum(c.time_us for _, c in w) < sum(c.time_us for _, c in d)
+        t, _ = pass_costs(a, base, ts, fl, "tf32", 4, FITTED_CURVES)
+        assert not any("Winograd" in c.efficiency_source for _, c in t)

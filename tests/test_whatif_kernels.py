@@ -104,7 +104,16 @@ def test_gpu_swap_refuses_what_the_trace_cannot_support(vgg):
     # V100 has no tf32 units: the fp32 trace's convolutions run on the CUDA cores there
     r = whatif(vgg, {"hardware.gpu": "v100-sxm2"})
     assert any("no tf32 units" in a for a in r.meta["whatif"]["assumed"])
-    assert r.step_time_ns > 10 * replay(vgg).step_time_ns
+    # closed-form floor: every convolution FLOP at Winograd's 2.25x fewer products (K34) at
+    # the V100's FP32 peak; and far slower than the H100 (TF32 tensor cores)
+    from retime.collectors.costs.gpus import gpu_spec
+    from retime.replay.policies.kernel_cost import shaped_kernels
+    sk = shaped_kernels(vgg)
+    conv = sum(w[0] for n, w in zip(sk.names, sk.work)
+               if w is not None and "conv" in n.split("::")[-1])
+    peak = gpu_spec("v100-sxm2").hw.peak_tflops["fp32"] * 1e12
+    assert conv > 3e13 and r.step_time_ns > conv / 2.25 / peak * 1e9
+    assert r.step_time_ns > 5 * replay(vgg).step_time_ns
 
 
 def test_dlrm_double_batch_keeps_host_time(dlrm):

@@ -36,7 +36,8 @@ from .gpus import DTYPE_BYTES, GpuSpec
 from .kernels import FITTED_CURVES, Curves, OpCost, conv_output, implicit_gemm, memory_bound
 
 __all__ = ["conv2d_call", "conv_passes", "kernel_pass", "kernel_role", "pass_costs",
-           "price_conv", "sum_costs"]
+           "price_conv", "sum_costs", "winograd_eligible", "winograd_gemm", "math_dtype",
+           "cuda_core_fp32"]
 
 _LAYOUT = re.compile(r"nchwtonhwc|nhwctonchw|transpose|nchw2cnhw|cnhw2nchw|castTensor",
                      re.IGNORECASE)
@@ -122,26 +123,85 @@ def sum_costs(kind: str, g: GpuSpec, parts: list[OpCost]) -> OpCost:
                   big.bound, big.efficiency, src)
 
 
+def math_dtype(g: GpuSpec, base: str, ts: list, dtype: str) -> str:
+    """The dtype a convolution's GEMMs run in on ``g``: tensor-core convolutions need input
+    channels in 16-byte vectors (multiples of 4 for tf32, 8 for 16-bit: NVIDIA's cuDNN / DL
+    performance guide, REFERENCES.md K8); an image input (3 channels) in tf32 runs on the
+    CUDA cores at the fp32 rate."""
+    cin = int(ts[1][0][1]) if base == "convolution_backward" else int(ts[0][0][1])
+    if dtype == "tf32" and (cin * 4) % 16 and "fp32" in g.hw.peak_tflops:
+        return "fp32"
+    return dtype
+
+
+def cuda_core_fp32(g: GpuSpec, dtype: str) -> bool:
+    """Whether a convolution in ``dtype`` (:func:`math_dtype`) runs on NVIDIA's CUDA cores
+    (FP32 without TF32: Volta, or ``allow_tf32`` off, or the image layer): its kernels read
+    the NCHW tensors themselves and cuDNN's Winograd algorithms compete (K34)."""
+    return dtype == "fp32" and g.arch in _CUDA_CORE_ARCHES
+
+
 def pass_costs(g: GpuSpec, base: str, ts: list, flops: float, dtype: str, eb: float,
-               curves: Curves, mains: int | None = None) -> tuple[list, list]:
+               curves: Curves, mains: int | None = None, winograd: bool = True
+               ) -> tuple[list, list]:
     """``([(pass, OpCost)], [activation elements])``: each implicit-GEMM pass of one
     convolution call priced on ``g`` (:func:`conv_passes`; ``mains``: the GEMM kernels the
     call launched, where the trace names them), and the activations its layout kernels
     move. A weight-gradient pass sustains ``curves.wgrad_eff`` of the rate the GEMM model
-    gives its shape (REFERENCES.md K7, K21)."""
+    gives its shape (REFERENCES.md K7, K21). On the CUDA cores (:func:`cuda_core_fp32`) a
+    3 x 3, stride-1 convolution (:func:`winograd_eligible`) takes the faster of the implicit
+    GEMM and Winograd F(2x2, 3x3) (:func:`winograd_gemm`, K34) per pass, as cuDNN picks the
+    fastest algorithm it has, unless ``winograd`` is False (the trace recorded which CUDA-core
+    kernels the library chose for this call: :func:`price_conv`)."""
     passes, acts = conv_passes(base, ts, flops, mains)
-    # tensor-core convolutions need input channels in 16-byte vectors (multiples of 4 for
-    # tf32, 8 for 16-bit: NVIDIA's cuDNN / DL performance guide, REFERENCES.md K8); an image
-    # input (3 channels) in tf32 runs on the CUDA cores at the fp32 rate
-    cin = int(ts[1][0][1]) if base == "convolution_backward" else int(ts[0][0][1])
-    if dtype == "tf32" and (cin * 4) % 16 and "fp32" in g.hw.peak_tflops:
-        dtype = "fp32"
+    dtype = math_dtype(g, base, ts, dtype)
+    wino = winograd and cuda_core_fp32(g, dtype) and winograd_eligible(base, ts)
     out = []
     for name, m, n, k, elems in passes:
         eff = curves.conv_eff * (curves.wgrad_eff if name == "wgrad" else 1.0)
-        out.append((name, implicit_gemm(g, max(m, 1.0), n, k, dtype, eb * elems, "conv",
-                                        curves=curves, eff=eff)))
+        c = implicit_gemm(g, max(m, 1.0), n, k, dtype, eb * elems, "conv", curves=curves,
+                          eff=eff)
+        if wino:
+            wm, wn, wk = winograd_gemm(name, max(m, 1.0), n, k)
+            w = implicit_gemm(g, wm, wn, wk, dtype, eb * elems, "conv", curves=curves, eff=eff)
+            if w.time_us < c.time_us:
+                c = dataclasses.replace(
+                    w, efficiency_source="Winograd F(2x2, 3x3) (2.25x fewer multiplies, "
+                    "REFERENCES.md K34): " + w.efficiency_source)
+        out.append((name, c))
     return out, acts
+
+
+#: NVIDIA architectures whose FP32 convolutions run on the CUDA cores, where cuDNN's
+#: Winograd algorithms compete with the implicit GEMM (REFERENCES.md K34)
+_CUDA_CORE_ARCHES = ("volta", "ampere", "hopper", "blackwell")
+
+
+def winograd_eligible(base: str, ts: list) -> bool:
+    """Whether a convolution call is one Winograd's minimal filtering F(2x2, 3x3) computes:
+    a 2-D 3 x 3 filter over all input channels (one group), stride 1 (the output keeps the
+    input's size: padding 1), read from its shapes."""
+    if base == "convolution_backward":
+        go, x, w = ts[0][0], ts[1][0], ts[2][0]
+        out, inp = go, x
+    else:
+        x, w = ts[0][0], ts[1][0]
+        out, inp = None, x
+    if len(w) != 4 or list(w[2:]) != [3, 3] or len(inp) != 4 or int(w[1]) != int(inp[1]):
+        return False
+    return out is None or list(out[2:]) == list(inp[2:])
+
+
+def winograd_gemm(name: str, m: float, n: float, k: float) -> tuple[float, float, float]:
+    """The GEMM work of one implicit-GEMM pass run as Winograd F(2x2, 3x3) (Lavin & Gray
+    2016, REFERENCES.md K34): each 2 x 2 output tile costs 4 x 4 = 16 products per channel
+    pair instead of 36, as 16 GEMMs over the tiles (a quarter of the output pixels), of
+    depth ``C`` (forward, data gradient: ``m -> 4 m``, ``k = 9 C -> C``) or over the 16
+    transformed filter taps (weight gradient: ``n = 9 C -> 16 C``, ``k = pixels / 4``):
+    2.25x fewer FLOPs; the transforms run on chip (the fused kernel): the bytes stay."""
+    if name == "wgrad":
+        return m, n * 16.0 / 9.0, max(k / 4.0, 1.0)
+    return 4.0 * m, n, max(k / 9.0, 1.0)
 
 
 def price_conv(g: GpuSpec, base: str, ts: list, flops: float, dtype: str, eb: float,
@@ -152,8 +212,20 @@ def price_conv(g: GpuSpec, base: str, ts: list, flops: float, dtype: str, eb: fl
     its activations, its other kernels as launch floors (module docstring). ``eb``: bytes
     per element of its tensors."""
     roles = None if kernels is None else [kernel_role(k) for k in kernels]
+    simt = cuda_core_fp32(g, math_dtype(g, base, ts, dtype))
+    # the trace names CUDA-core kernels (NCHW: no layout kernels) that are not Winograd's:
+    # the library chose another algorithm for this call on the CUDA cores (the H100 VGG-13
+    # image layer's ``nchwkcrs`` / ``wgrad_alg0``); keep it
+    chosen = roles is not None and "main" in roles and "layout" not in roles \
+        and not any("winograd" in k.lower() for k in kernels)
     priced, acts = pass_costs(g, base, ts, flops, dtype, eb, curves,
-                              None if roles is None else roles.count("main"))
+                              None if roles is None else roles.count("main"),
+                              winograd=not chosen)
+    if simt and roles is not None and "layout" in roles:
+        # layout kernels the trace recorded for a tensor-core path: a CUDA-core kernel reads
+        # the NCHW tensors themselves (the image layer above), so none run
+        kernels = [k for k, r in zip(kernels, roles) if r != "layout"]
+        roles = [r for r in roles if r != "layout"]
     passes = [p for p, _ in priced]
     parts = [c for _, c in priced]
     floor = g.hw.kernel_overhead_us

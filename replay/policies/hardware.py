@@ -32,6 +32,7 @@ a trace without GPU kernels is refused; the measured GPU must be recognisable fr
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -366,10 +367,36 @@ def _gpu_swap(h: Hardware, state: WhatIfState, cls: np.ndarray, f: np.ndarray) -
         state.assume(f"hardware.gpu: {note}")
     state.assume("hardware.gpu: host (CPU) ops, launch calls and the gaps between them keep "
                  "their measured times (a GPU change does not move the host); collectives "
-                 "keep their measured transfer times (network.* keys change the links)",
-                 bounded=True)
+                 "keep their measured transfer times (network.* keys change the links)"
+                 + profiler_note(state.trace), bounded=True)
     return {"from": old.name, "to": new.name, **sm, "fallback_kernels": n_fb,
             "fallback_share": round(fb_ns / float(dur[dev].sum()), 4), **modes}
+
+
+def profiler_note(trace) -> str:
+    """``; ...`` naming the profiler features the trace shows were on while it was recorded
+    (``profile_memory``: its memory events; ``with_stack``: Python-function ranges,
+    ``file.py(line): func``), whose per-event bookkeeping ran on the host and is in the
+    measured host times an unprofiled run does not pay (K33: the h100-vgg13 trace, recorded
+    with both and an execution-trace observer, on an A100 at batch 12); empty when none."""
+    o = trace.memory
+    mem = 0 if o is None else len(o)
+    r = trace.ranges
+    py = 0
+    if r is not None and len(r):
+        ids, counts = np.unique(r["name_id"].to_numpy(), return_counts=True)
+        py = int(sum(c for i, c in zip(ids.tolist(), counts.tolist())
+                     if _PYFRAME.search(str(trace.strings[i]))))
+    parts = ([f"profile_memory ({mem} memory events)"] if mem else []) + \
+        ([f"with_stack ({py} Python-function ranges)"] if py else [])
+    if not parts:
+        return ""
+    return (f"; the trace was recorded with torch.profiler's {' and '.join(parts)} on: its "
+            "host times include the profiler's per-event bookkeeping, which an unprofiled run "
+            "does not pay, so where the host bounds the new step it is an upper bound")
+
+
+_PYFRAME = re.compile(r"\.py\(\d+\): ")
 
 
 def _hold_floors(state: WhatIfState, cls: np.ndarray, dev: np.ndarray, shaped: np.ndarray,
