@@ -185,7 +185,8 @@ def synth(
     fsdp: Annotated[bool, typer.Option("--fsdp", help="FSDP (ZeRO-3, per-layer units).")] = False,
     fsdp_impl: Annotated[FsdpImpl, typer.Option(
         "--fsdp-impl", help="With --fsdp: megatron (default, Megatron-Core's FSDP: gathers "
-        "and reductions in the parameters' own buffers, 16-bit gradients) or fsdp2 (PyTorch "
+        "and reductions in the parameters' own buffers, gradients in --grad-reduce-dtype) or "
+        "fsdp2 (PyTorch "
         "FSDP2 as torchtitan runs it: all-gather copy-out and reduce-scatter copy-in on the "
         "compute stream, gradients reduced and accumulated in --fsdp-reduce-dtype).")]
         = FsdpImpl.megatron,

@@ -153,7 +153,8 @@ class ParallelConfig:
     eager merges (:mod:`.ring`).
 
     ``fsdp_impl`` (``fsdp``): ``"megatron"`` (default) gathers into and reduces from the
-    parameters' and gradients' own buffers (Megatron-Core's FSDP) in 16 bits; ``"fsdp2"`` is
+    parameters' and gradients' own buffers (Megatron-Core's FSDP), gradients in
+    ``grad_reduce_dtype``; ``"fsdp2"`` is
     PyTorch FSDP2 as torchtitan runs it: the all-gather copy-out and reduce-scatter copy-in
     run on the compute stream, gradients are reduce-scattered (and, under a pipeline,
     accumulated) in ``fsdp_reduce_dtype``, ``"fp32"`` by default (torchtitan's
