@@ -19,7 +19,10 @@ the raw trace with gzip + json (or sqlite3) and plain Python, none of the reader
   streams that run side by side are no shares of the ranks' time; it now gives the amounts
   and says why they add up to more (the ranks' 599.7 ms recounted from the SQLite export);
 - `retime report RUN --baseline OTHER` of two different jobs (8 DLRM ranks, 2 FastVideo
-  ranks) compared them without the word `retime compare` gives: it now notes the rank counts.
+  ranks) compared them without the word `retime compare` gives: it now notes the rank counts;
+- `retime sweep` of the 32-step Megatron trace said "best step time 55057.880 ms" and its
+  report "Fastest step 55.06 s": a row holds the replayed steps end to end; they are now
+  shown per step (1720.559 ms, `retime replay`'s figure for the same what-if).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from retime.cli import run
 ROOT = Path(__file__).resolve().parents[1]
 TRACES = ROOT.parent / "shared" / "traces"
 DLRM = TRACES / "kineto" / "dlrm-v100-8rank"
+MEGATRON = TRACES / "oplevel" / "megatron-ST-8rank"
 NSYS = TRACES / "nsys" / "h100-2gpu-fastvideo.sqlite"
 
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
@@ -218,3 +222,33 @@ def test_report_against_a_baseline_of_other_rank_count_says_so(dlrm_whatif, nsys
     assert run(["report", str(dlrm_whatif / "w.retime"), "--baseline",
                 str(dlrm_whatif / "m.retime"), "-o", str(tmp_path / "y.html"), "--json"]) == 0
     assert "same job" not in json.loads(capsys.readouterr().out)["findings"][0]
+
+
+def test_sweep_of_a_multi_step_trace_shows_times_per_step(tmp_path, capsys):
+    import pandas as pd
+    steps = pd.read_parquet(MEGATRON / "trace-ST.parquet")["step"].nunique()
+    assert steps == 32
+    store = tmp_path / "st.retime"
+    assert run(["ingest", str(MEGATRON), "-o", str(store)]) == 0
+    grid = tmp_path / "g.toml"
+    grid.write_text('[grid]\n"hardware.compute_speedup" = [1, 2]\n')
+    capsys.readouterr()
+    per_step = []
+    for v in (1, 2):
+        assert run(["replay", str(store), "--set", f"hardware.compute_speedup={v}",
+                    "--json"]) == 0
+        per_step.append(json.loads(capsys.readouterr().out)["step_time_ns"]["per_step"])
+    out = tmp_path / "s.parquet"
+    assert run(["sweep", str(store), "--grid", str(grid), "-o", str(out), "--workers",
+                "1"]) == 0
+    line = capsys.readouterr().out.splitlines()[1]
+    assert f"best step time {per_step[1]['replayed'] / 1e6:.3f} ms per step ({steps} steps" \
+        in line
+    df = pd.read_parquet(out)  # the rows keep the windows end to end, as documented
+    assert int(df["step_time_ns"].iloc[0]) / steps == pytest.approx(
+        per_step[0]["measured"], abs=1)
+    assert run(["report", str(out), "-o", str(tmp_path / "s.html"), "--json"]) == 0
+    head = {h["label"]: h["value"] for h in json.loads(capsys.readouterr().out)["headline"]}
+    assert head["Slowest step"] == "2.214 s" and head["Fastest step"] == "1.721 s"
+    assert (f"{per_step[0]['measured'] / 1e9:.3f}", f"{per_step[1]['replayed'] / 1e9:.3f}") \
+        == ("2.214", "1.721")
