@@ -22,7 +22,9 @@ the raw trace with gzip + json (or sqlite3) and plain Python, none of the reader
   ranks) compared them without the word `retime compare` gives: it now notes the rank counts;
 - `retime sweep` of the 32-step Megatron trace said "best step time 55057.880 ms" and its
   report "Fastest step 55.06 s": a row holds the replayed steps end to end; they are now
-  shown per step (1720.559 ms, `retime replay`'s figure for the same what-if).
+  shown per step (1720.559 ms, `retime replay`'s figure for the same what-if);
+- the CPU-only gloo rank's report headed its table column "GPU busy" and explained
+  host-bound as "the GPU idle while the CPU works" (there is no GPU): "Busy", in CPU terms.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TRACES = ROOT.parent / "shared" / "traces"
 DLRM = TRACES / "kineto" / "dlrm-v100-8rank"
 MEGATRON = TRACES / "oplevel" / "megatron-ST-8rank"
+GLOO = next((TRACES / "kineto" / "cpu-gloo-rank34").glob("*.json.gz"))
 NSYS = TRACES / "nsys" / "h100-2gpu-fastvideo.sqlite"
 
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
@@ -252,3 +255,27 @@ def test_sweep_of_a_multi_step_trace_shows_times_per_step(tmp_path, capsys):
     assert head["Slowest step"] == "2.214 s" and head["Fastest step"] == "1.721 s"
     assert (f"{per_step[0]['measured'] / 1e9:.3f}", f"{per_step[1]['replayed'] / 1e9:.3f}") \
         == ("2.214", "1.721")
+
+
+def test_cpu_only_report_says_busy_not_gpu_busy(tmp_path, capsys):
+    """The step is ProfilerStep#551; inside it only the two gloo all_reduce annotations of
+    the gloo threads run: their union over the step is the busy share."""
+    ev = json.load(gzip.open(GLOO))["traceEvents"]
+    step = next(e for e in ev if e.get("name", "").startswith("ProfilerStep#"))
+    s0, s1 = step["ts"], step["ts"] + step["dur"]
+    iv = [(max(e["ts"], s0), min(e["ts"] + e["dur"], s1)) for e in ev
+          if e.get("ph") == "X" and e is not step and e.get("cat") != "Trace"
+          and e["ts"] < s1 and e["ts"] + e["dur"] > s0]
+    assert len(iv) == 2 and not any(e.get("cat") in GPU_CATS for e in ev)
+    busy = _union([(round(a * 1000), round(b * 1000)) for a, b in iv]) / round(
+        step["dur"] * 1000)
+    store = tmp_path / "g.retime"
+    assert run(["ingest", str(GLOO), "-o", str(store)]) == 0
+    out = tmp_path / "g.html"
+    capsys.readouterr()
+    assert run(["report", str(store), "-o", str(out), "--json"]) == 0
+    head = {h["label"]: h["value"] for h in json.loads(capsys.readouterr().out)["headline"]}
+    assert head["Busy"] == f"{busy:.1%}" == "85.1%"
+    html = out.read_text()
+    assert '<th class="num">Busy</th>' in html
+    assert "GPU busy" not in html and "GPU idle while" not in html
