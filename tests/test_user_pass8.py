@@ -24,7 +24,10 @@ the raw trace with gzip + json (or sqlite3) and plain Python, none of the reader
   report "Fastest step 55.06 s": a row holds the replayed steps end to end; they are now
   shown per step (1720.559 ms, `retime replay`'s figure for the same what-if);
 - the CPU-only gloo rank's report headed its table column "GPU busy" and explained
-  host-bound as "the GPU idle while the CPU works" (there is no GPU): "Busy", in CPU terms.
+  host-bound as "the GPU idle while the CPU works" (there is no GPU): "Busy", in CPU terms;
+- `retime ingest` of DLRM's rank 0 and the V100 DDP trace's rank 1 (world sizes 8 and 2 in
+  their distributedInfo, recorded a year apart) wrote one 2-rank job of world size 8: files
+  of different world sizes are refused (one line, exit 2, nothing written).
 """
 
 from __future__ import annotations
@@ -279,3 +282,19 @@ def test_cpu_only_report_says_busy_not_gpu_busy(tmp_path, capsys):
     html = out.read_text()
     assert '<th class="num">Busy</th>' in html
     assert "GPU busy" not in html and "GPU idle while" not in html
+
+
+@pytest.mark.parametrize("extra", [[], ["--in-memory"]])
+def test_files_of_two_jobs_are_refused(tmp_path, capsys, extra):
+    a = DLRM / "worker0_step_12.1694128201545.pt.trace.json.gz"
+    b = TRACES / "kineto" / "v100-ddp-sgd" / "df_index_resolver.json.gz"
+    info = [json.load(gzip.open(f))["distributedInfo"] for f in (a, b)]
+    assert [(d["rank"], d["world_size"]) for d in info] == [(0, 8), (1, 2)]
+    out = tmp_path / "mix.retime"
+    capsys.readouterr()
+    assert run(["ingest", str(a), str(b), "-o", str(out), "--json", *extra]) == 2
+    cap = capsys.readouterr()
+    e = json.loads(cap.out)
+    assert "world size 8" in e["error"] and "world size 2" in e["error"]
+    assert "one run at a time" in e["hint"] and len(cap.err.strip().splitlines()) == 1
+    assert not out.exists() and list(tmp_path.iterdir()) == []
