@@ -27,7 +27,9 @@ the raw trace with gzip + json (or sqlite3) and plain Python, none of the reader
   host-bound as "the GPU idle while the CPU works" (there is no GPU): "Busy", in CPU terms;
 - `retime ingest` of DLRM's rank 0 and the V100 DDP trace's rank 1 (world sizes 8 and 2 in
   their distributedInfo, recorded a year apart) wrote one 2-rank job of world size 8: files
-  of different world sizes are refused (one line, exit 2, nothing written).
+  of different world sizes are refused (one line, exit 2, nothing written);
+- `analyze SWEEP.parquet` / `info REPORT.html` said "ingest it first (`retime ingest
+  REPORT.html ...`)": a report is no trace, a sweep table goes to `retime report`.
 """
 
 from __future__ import annotations
@@ -298,3 +300,19 @@ def test_files_of_two_jobs_are_refused(tmp_path, capsys, extra):
     assert "world size 8" in e["error"] and "world size 2" in e["error"]
     assert "one run at a time" in e["hint"] and len(cap.err.strip().splitlines()) == 1
     assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("name, needle", [
+    ("s.parquet", "a sweep table goes to `retime report"),
+    ("r.html", "a report or its table"),
+])
+def test_an_output_file_where_a_store_goes_is_not_sent_to_ingest(tmp_path, capsys, name,
+                                                                 needle):
+    f = tmp_path / name
+    f.write_bytes(b"x")
+    capsys.readouterr()
+    assert run(["analyze", str(f), "--json"]) == 2
+    cap = capsys.readouterr()
+    e = json.loads(cap.out)
+    assert needle in e["error"] + "; " + e["hint"]
+    assert f"retime ingest {f}" not in cap.err and len(cap.err.strip().splitlines()) == 1
