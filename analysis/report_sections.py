@@ -92,7 +92,8 @@ def section_breakdown(run: RunAnalysis, *, top: int) -> Section:
         labels = None if total == n else [f"{r} ({k})" if k > 1 else r for r, k in
                                           zip(folded["ranks"], folded["n"])]
         s.blocks.append(Fig("breakdown", "Mean step per rank, split into its parts (ms).",
-                            plots.plot_breakdown(folded, labels=labels, title="")))
+                            plots.plot_breakdown(folded, labels=labels, title="",
+                                                 cpu_only=cpu)))
     else:
         s.blocks.append(Fig("rank_part", "Rank x part: each part's share of the rank's mean "
                             "step (per-rank bars do not fit past "

@@ -41,6 +41,7 @@ from pathlib import Path
 
 import pytest
 
+from retime import load as retime_load
 from retime.cli import run
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -284,6 +285,15 @@ def test_cpu_only_report_says_busy_not_gpu_busy(tmp_path, capsys):
     html = out.read_text()
     assert '<th class="num">Busy</th>' in html
     assert "GPU busy" not in html and "GPU idle while" not in html
+    from retime.analysis import plots
+    from retime.analysis.breakdown import breakdown, summarize_breakdown
+    summ = summarize_breakdown(breakdown(retime_load(store)))
+    for cpu, want in ((True, "host-bound (host work outside ops)"),
+                      (False, "host-bound (GPU waits for CPU)")):
+        fig = plots.plot_breakdown(summ, cpu_only=cpu)
+        got = [t.get_text() for ax in fig.axes if ax.get_legend() for t in
+               ax.get_legend().get_texts()] or fig.axes[0].get_legend_handles_labels()[1]
+        assert want in got
 
 
 @pytest.mark.parametrize("extra", [[], ["--in-memory"]])
