@@ -43,10 +43,13 @@ def _boxes(left: np.ndarray, width: np.ndarray, y: np.ndarray, half: float) -> n
 
 
 def plot_breakdown(summary: pd.DataFrame, *, labels: list[str] | None = None,
-                   title: str = "Step time breakdown per rank") -> Figure:
+                   title: str = "Step time breakdown per rank", cpu_only: bool = False) -> Figure:
     """Stacked bars per rank (or per group of identical ranks, named by ``labels``) of the
-    mean step's parts (ms), from :func:`analysis.breakdown.summarize_breakdown`."""
+    mean step's parts (ms), from :func:`analysis.breakdown.summarize_breakdown`;
+    ``cpu_only``: a trace without GPU (host-bound is host work outside every op)."""
     from .plots_timeline import PART_COLORS, PART_LABELS, fixed_margins
+    if cpu_only:
+        PART_LABELS = {**PART_LABELS, "host_bound_ns": "host-bound (host work outside ops)"}
 
     names = labels if labels is not None else [str(r) for r in summary["rank"]]
     long = max((len(n) for n in names), default=1) > 3 or len(names) > 16

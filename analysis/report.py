@@ -303,7 +303,24 @@ def read_sweep(path: str | os.PathLike[str]) -> pd.DataFrame:
     if missing:
         raise RetimeError(f"{p}: not a sweep table (no column {', '.join(missing)}); pass a "
                           "SWEEP.parquet written by `retime sweep`")
+    # a row's times span every profiled step of the swept trace (its replayed windows end to
+    # end): shown per step, over the step count `retime sweep` keeps in the file's metadata
+    steps = _sweep_steps(pq.read_schema(p).metadata)
+    if steps > 1:
+        for c in ("step_time_ns", "step_time_lo_ns", "step_time_hi_ns", "exposed_comm_ns"):
+            if c in df.columns:
+                df[c] = (df[c].astype("Float64") / steps).round().astype("Int64")
+    df.attrs["steps"] = steps
     return df
+
+
+def _sweep_steps(meta: dict | None) -> int:
+    import json
+
+    try:
+        return max(int(json.loads((meta or {}).get(b"retime", b"{}")).get("steps", 1)), 1)
+    except (ValueError, TypeError, AttributeError):
+        return 1
 
 
 def build_sweep_report(df: pd.DataFrame, *, title: str = "retime sweep report",
@@ -341,7 +358,10 @@ def build_sweep_report(df: pd.DataFrame, *, title: str = "retime sweep report",
                                 "between its best and worst value).")
     if info["failed"]:
         findings.append(f"{info['failed']} scenario(s) failed; see the last section.")
+    n_steps = int(df.attrs.get("steps", 1))
     facts = [("Keys", ", ".join(keys) or "none"),
+             *([("Steps", f"{n_steps} profiled; times are per step (each scenario's replayed "
+                 "steps end to end, over their count)")] if n_steps > 1 else []),
              ("Metrics", ", ".join(c for c in ("step_time_ns", "tokens_per_s", "mfu",
                                                "peak_memory_bytes") if c in df
                                    and df[c].notna().any()))]

@@ -66,12 +66,19 @@ def section_breakdown(run: RunAnalysis, *, top: int) -> Section:
                            zip(folded["rank"], folded["ranks"])]
         folded["n"] = [stands.get(int(r), ("", int(k)))[1] for r, k in
                        zip(folded["rank"], folded["n"])]
+    cpu = cpu_only(run.t)
     s.blocks.append(
         "Each rank's step splits into disjoint parts that add up to its step time: compute "
         "with no communication running, communication hidden under compute, communication "
         "nothing hides (exposed), memory copies alone on the GPU, host-bound time (the GPU "
         "idle while the CPU works), and idle time (nothing runs on the rank). Means over "
-        f"{run.steps} step(s).")
+        f"{run.steps} step(s)." if not cpu else
+        "Each rank's step splits into disjoint parts that add up to its step time (a CPU-only "
+        "trace: its CPU ops stand for the device): compute with no communication running, "
+        "communication hidden under compute, communication nothing hides (exposed), "
+        "host-bound time (host work outside every op: Python, annotations), and idle time "
+        f"(nothing runs on the rank). Means over {run.steps} step(s).")
+    busy = Column("gpu_busy_frac", "Busy" if cpu else "GPU busy", "pct")
     n = len(folded)
     total = int(folded["n"].sum())
     if stands:
@@ -85,7 +92,8 @@ def section_breakdown(run: RunAnalysis, *, top: int) -> Section:
         labels = None if total == n else [f"{r} ({k})" if k > 1 else r for r, k in
                                           zip(folded["ranks"], folded["n"])]
         s.blocks.append(Fig("breakdown", "Mean step per rank, split into its parts (ms).",
-                            plots.plot_breakdown(folded, labels=labels, title="")))
+                            plots.plot_breakdown(folded, labels=labels, title="",
+                                                 cpu_only=cpu)))
     else:
         s.blocks.append(Fig("rank_part", "Rank x part: each part's share of the rank's mean "
                             "step (per-rank bars do not fit past "
@@ -95,25 +103,24 @@ def section_breakdown(run: RunAnalysis, *, top: int) -> Section:
     cols = [Column("ranks", "Rank(s)", "text")]
     if total > n:
         cols.append(Column("n", "Ranks", "count"))
-    cols += [Column("step_ns", "Step", "time"), *_PART_COLS,
-             Column("gpu_busy_frac", "GPU busy", "pct")]
+    cols += [Column("step_ns", "Step", "time"), *_PART_COLS, busy]
     full = b[["rank", "steps", "step_ns", *PARTS, "gpu_busy_frac"]]
     s.blocks.append(people_table(rows, cols, caption="Mean step per rank, slowest first",
                                  top=top, what="rank groups" if n < len(b) else "ranks",
                                  csv_name="breakdown_per_rank", csv_frame=full, same_unit=True))
     if run.steps > 1:
-        s.blocks.append(per_step_table(run, top=top))
+        s.blocks.append(per_step_table(run, top=top, busy=busy))
     return s
 
 
-def per_step_table(run: RunAnalysis, *, top: int):
+def per_step_table(run: RunAnalysis, *, top: int, busy: Column | None = None):
     """One row per step: its time (the slowest rank's window) and that rank's parts; the
     headline's step time is their mean and its spread their relative standard deviation."""
     bd = run.bd
     rows = bd.loc[bd.groupby("step")["step_ns"].idxmax()].sort_values("step")
     cols = [Column("step", "Step", "count"), Column("rank", "Slowest rank", "count"),
             Column("step_ns", "Step", "time"), *_PART_COLS,
-            Column("gpu_busy_frac", "GPU busy", "pct")]
+            busy or Column("gpu_busy_frac", "GPU busy", "pct")]
     return people_table(rows, cols, caption="Each step (the slowest rank's window)", top=top,
                         what="steps", cut_word="First", csv_name="breakdown_per_step",
                         csv_frame=bd[["rank", "step", "start_ns", "end_ns", "step_ns", *PARTS,

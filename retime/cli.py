@@ -184,6 +184,14 @@ def _raw_trace_given(msg: str) -> str | None:
     if opt is not None and "--trace" not in opt.group(1):
         return (f"{opt.group(1).replace(chr(39), '')} {path}: is a file, and this command "
                 "writes a folder there; choose a folder path (a file is never replaced)")
+    low = path.lower()
+    if low.endswith((".html", ".pdf", ".csv")):  # an output of retime report
+        return (f"{path}: is a file (a report or its table), not a NAME.retime store; pass "
+                "the NAME.retime the report was made from")
+    if low.endswith(".parquet"):  # `retime sweep` writes one; a store is a folder of them
+        return (f"{path}: is a file, not a NAME.retime store; a sweep table goes to `retime "
+                f"report {path} -o NAME.html`, a trace to `retime ingest` (an op-level "
+                "timeline: its folder) and then pass NAME.retime")
     return (f"{path}: is a file, not a NAME.retime store; ingest it first "
             f"(`retime ingest {path} -o NAME.retime`) and pass NAME.retime")
 

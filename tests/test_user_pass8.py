@@ -19,7 +19,17 @@ the raw trace with gzip + json (or sqlite3) and plain Python, none of the reader
   streams that run side by side are no shares of the ranks' time; it now gives the amounts
   and says why they add up to more (the ranks' 599.7 ms recounted from the SQLite export);
 - `retime report RUN --baseline OTHER` of two different jobs (8 DLRM ranks, 2 FastVideo
-  ranks) compared them without the word `retime compare` gives: it now notes the rank counts.
+  ranks) compared them without the word `retime compare` gives: it now notes the rank counts;
+- `retime sweep` of the 32-step Megatron trace said "best step time 55057.880 ms" and its
+  report "Fastest step 55.06 s": a row holds the replayed steps end to end; they are now
+  shown per step (1720.559 ms, `retime replay`'s figure for the same what-if);
+- the CPU-only gloo rank's report headed its table column "GPU busy" and explained
+  host-bound as "the GPU idle while the CPU works" (there is no GPU): "Busy", in CPU terms;
+- `retime ingest` of DLRM's rank 0 and the V100 DDP trace's rank 1 (world sizes 8 and 2 in
+  their distributedInfo, recorded a year apart) wrote one 2-rank job of world size 8: files
+  of different world sizes are refused (one line, exit 2, nothing written);
+- `analyze SWEEP.parquet` / `info REPORT.html` said "ingest it first (`retime ingest
+  REPORT.html ...`)": a report is no trace, a sweep table goes to `retime report`.
 """
 
 from __future__ import annotations
@@ -31,11 +41,14 @@ from pathlib import Path
 
 import pytest
 
+from retime import load as retime_load
 from retime.cli import run
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACES = ROOT.parent / "shared" / "traces"
 DLRM = TRACES / "kineto" / "dlrm-v100-8rank"
+MEGATRON = TRACES / "oplevel" / "megatron-ST-8rank"
+GLOO = next((TRACES / "kineto" / "cpu-gloo-rank34").glob("*.json.gz"))
 NSYS = TRACES / "nsys" / "h100-2gpu-fastvideo.sqlite"
 
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
@@ -218,3 +231,98 @@ def test_report_against_a_baseline_of_other_rank_count_says_so(dlrm_whatif, nsys
     assert run(["report", str(dlrm_whatif / "w.retime"), "--baseline",
                 str(dlrm_whatif / "m.retime"), "-o", str(tmp_path / "y.html"), "--json"]) == 0
     assert "same job" not in json.loads(capsys.readouterr().out)["findings"][0]
+
+
+def test_sweep_of_a_multi_step_trace_shows_times_per_step(tmp_path, capsys):
+    import pandas as pd
+    steps = pd.read_parquet(MEGATRON / "trace-ST.parquet")["step"].nunique()
+    assert steps == 32
+    store = tmp_path / "st.retime"
+    assert run(["ingest", str(MEGATRON), "-o", str(store)]) == 0
+    grid = tmp_path / "g.toml"
+    grid.write_text('[grid]\n"hardware.compute_speedup" = [1, 2]\n')
+    capsys.readouterr()
+    per_step = []
+    for v in (1, 2):
+        assert run(["replay", str(store), "--set", f"hardware.compute_speedup={v}",
+                    "--json"]) == 0
+        per_step.append(json.loads(capsys.readouterr().out)["step_time_ns"]["per_step"])
+    out = tmp_path / "s.parquet"
+    assert run(["sweep", str(store), "--grid", str(grid), "-o", str(out), "--workers",
+                "1"]) == 0
+    line = capsys.readouterr().out.splitlines()[1]
+    assert f"best step time {per_step[1]['replayed'] / 1e6:.3f} ms per step ({steps} steps" \
+        in line
+    df = pd.read_parquet(out)  # the rows keep the windows end to end, as documented
+    assert int(df["step_time_ns"].iloc[0]) / steps == pytest.approx(
+        per_step[0]["measured"], abs=1)
+    assert run(["report", str(out), "-o", str(tmp_path / "s.html"), "--json"]) == 0
+    head = {h["label"]: h["value"] for h in json.loads(capsys.readouterr().out)["headline"]}
+    assert head["Slowest step"] == "2.214 s" and head["Fastest step"] == "1.721 s"
+    assert (f"{per_step[0]['measured'] / 1e9:.3f}", f"{per_step[1]['replayed'] / 1e9:.3f}") \
+        == ("2.214", "1.721")
+
+
+def test_cpu_only_report_says_busy_not_gpu_busy(tmp_path, capsys):
+    """The step is ProfilerStep#551; inside it only the two gloo all_reduce annotations of
+    the gloo threads run: their union over the step is the busy share."""
+    ev = json.load(gzip.open(GLOO))["traceEvents"]
+    step = next(e for e in ev if e.get("name", "").startswith("ProfilerStep#"))
+    s0, s1 = step["ts"], step["ts"] + step["dur"]
+    iv = [(max(e["ts"], s0), min(e["ts"] + e["dur"], s1)) for e in ev
+          if e.get("ph") == "X" and e is not step and e.get("cat") != "Trace"
+          and e["ts"] < s1 and e["ts"] + e["dur"] > s0]
+    assert len(iv) == 2 and not any(e.get("cat") in GPU_CATS for e in ev)
+    busy = _union([(round(a * 1000), round(b * 1000)) for a, b in iv]) / round(
+        step["dur"] * 1000)
+    store = tmp_path / "g.retime"
+    assert run(["ingest", str(GLOO), "-o", str(store)]) == 0
+    out = tmp_path / "g.html"
+    capsys.readouterr()
+    assert run(["report", str(store), "-o", str(out), "--json"]) == 0
+    head = {h["label"]: h["value"] for h in json.loads(capsys.readouterr().out)["headline"]}
+    assert head["Busy"] == f"{busy:.1%}" == "85.1%"
+    html = out.read_text()
+    assert '<th class="num">Busy</th>' in html
+    assert "GPU busy" not in html and "GPU idle while" not in html
+    from retime.analysis import plots
+    from retime.analysis.breakdown import breakdown, summarize_breakdown
+    summ = summarize_breakdown(breakdown(retime_load(store)))
+    for cpu, want in ((True, "host-bound (host work outside ops)"),
+                      (False, "host-bound (GPU waits for CPU)")):
+        fig = plots.plot_breakdown(summ, cpu_only=cpu)
+        got = [t.get_text() for ax in fig.axes if ax.get_legend() for t in
+               ax.get_legend().get_texts()] or fig.axes[0].get_legend_handles_labels()[1]
+        assert want in got
+
+
+@pytest.mark.parametrize("extra", [[], ["--in-memory"]])
+def test_files_of_two_jobs_are_refused(tmp_path, capsys, extra):
+    a = DLRM / "worker0_step_12.1694128201545.pt.trace.json.gz"
+    b = TRACES / "kineto" / "v100-ddp-sgd" / "df_index_resolver.json.gz"
+    info = [json.load(gzip.open(f))["distributedInfo"] for f in (a, b)]
+    assert [(d["rank"], d["world_size"]) for d in info] == [(0, 8), (1, 2)]
+    out = tmp_path / "mix.retime"
+    capsys.readouterr()
+    assert run(["ingest", str(a), str(b), "-o", str(out), "--json", *extra]) == 2
+    cap = capsys.readouterr()
+    e = json.loads(cap.out)
+    assert "world size 8" in e["error"] and "world size 2" in e["error"]
+    assert "one run at a time" in e["hint"] and len(cap.err.strip().splitlines()) == 1
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("name, needle", [
+    ("s.parquet", "a sweep table goes to `retime report"),
+    ("r.html", "a report or its table"),
+])
+def test_an_output_file_where_a_store_goes_is_not_sent_to_ingest(tmp_path, capsys, name,
+                                                                 needle):
+    f = tmp_path / name
+    f.write_bytes(b"x")
+    capsys.readouterr()
+    assert run(["analyze", str(f), "--json"]) == 2
+    cap = capsys.readouterr()
+    e = json.loads(cap.out)
+    assert needle in e["error"] + "; " + e["hint"]
+    assert f"retime ingest {f}" not in cap.err and len(cap.err.strip().splitlines()) == 1

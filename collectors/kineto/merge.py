@@ -57,6 +57,14 @@ def merge_parts(parts: list[RankPart], skipped: dict[str, str] | None = None) ->
                 f"(rank taken from {p.rank_source}); ingest one run at a time, or rename the files "
                 "so each holds its rank (e.g. rank-3.json)")
         seen[p.rank] = p.path
+    # files that record different world sizes are two jobs, not the ranks of one
+    ws = [(p.world_size, p.path) for p in flat if p.world_size]
+    if ws and any(w != ws[0][0] for w, _ in ws):
+        other = next((w, f) for w, f in ws if w != ws[0][0])
+        raise TraceFormatError(
+            f"{ws[0][1]} (world size {ws[0][0]}) and {other[1]} (world size {other[0]}) record "
+            "different world sizes in distributedInfo: they are ranks of two jobs; ingest one "
+            "run at a time")
     flat.sort(key=lambda p: p.rank)
 
     strings = StringTable()
