@@ -44,6 +44,12 @@ median 17.4% -> 8.0%). C41 (CoreWeave GB200 NVL72 over 2 racks, 512 MB / 1 GB) i
 series scored once after that (all_reduce, which C39 does not touch); nothing changed on it.
 C42 (one 8 x H100 node, reduce_scatter with the ring forced, NVIDIA/nccl #1047) and C43 (GKE A4,
 2 x 8 B200 RoCE all_gather, cluster-toolkit's expected output) likewise.
+C44 / C45 (OCI's BM.GPU4.8 tutorial: one 8 x A100 node and 2 x 8 on RoCE, all_reduce) and C46
+(Azure NDm A100 v4 at 1 GB: all_gather, all_reduce, alltoall on 1 x 8, 2 x 8, 2 x 1) are held-out
+series scored once with the model of commit 947581f (helper N9), and C47 (OCI GB200 on 2 racks,
+all_reduce, oci-hpc-oke's README) and C48 (p4dn on EFA, 1-4 instances, all_reduce 1 GB,
+NVIDIA/nccl #527) and C49 (2 x p4d on EFA, all_reduce 1 MB - 1 GB, aws-efa-eks) and C50 (GKE A3 Mega:
+one H100 node's all_reduce, 2 x 8 over TCPXO all_gather) likewise; nothing changed on them.
 Last, the
 hard rule: no matmul the
 model prices (every shape of a grid from 256 to 65536 per dimension, and every published

@@ -204,3 +204,175 @@ def test_held_out_gke_a4_all_gather_is_sixteen_ranks_and_holds_from_256_mb():
     assert [r["bytes"] for r in rows] == [2**p for p in range(20, 31)]
     assert {r["role"] for r in rows} == {"judge"}
     assert max(abs(r["error"]) for r in rows if r["bytes"] >= 2**28) < 0.05
+
+
+def _series_of(sid: str, coll: str, nodes: int = 1, gpus_per_node: int | None = None) -> dict:
+    return next(s for s in _series()["collective"] if s["id"] == sid
+                and s["collective"] == coll and s.get("nodes", 1) == nodes
+                and s.get("gpus_per_node") == gpus_per_node)
+
+
+def test_held_out_oci_a100_series_rank_counts_from_their_own_rows():
+    """C44 / C45 (held out, scored once at 947581f): OCI's BM.GPU4.8 tutorial. The rank counts
+    are recounted from the source's 1 GB rows, all-reduce busbw / algbw = 2 (n - 1) / n:
+    230.08 / 131.48 -> 8 ranks (one node), 70.26 / 37.47 -> 16 (two nodes), as priced."""
+    assert round(2 / (2 - 230.08 / 131.48)) == 8
+    assert round(2 / (2 - 70.26 / 37.47)) == 16
+    cost = bench_module("cost")
+    for sid, n in (("C44", 8), ("C45", 16)):
+        s = next(s for s in _series()["collective"] if s["id"] == sid)
+        assert cost.cluster_of(s).world_size == n
+        rows = cost.collective_rows(s)
+        assert [r["bytes"] for r in rows] == [2**p for p in range(20, 31)]
+        assert {r["role"] for r in rows} == {"judge"}
+
+
+def test_held_out_a100_node_all_reduce_holds_from_16_mb():
+    """C44 (held out, scored once at 947581f): one 8 x A100-40GB node; its 16 MB - 1 GB rows
+    are within 15% (worst 64 MB -10.1%); the 1-8 MB rows are the known miss below."""
+    rows = bench_module("cost").collective_rows(_series_of("C44", "all_reduce"))
+    assert _worst([r for r in rows if r["bytes"] >= 2**24]) < 0.15
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "C44 OCI 8 x A100-40GB all_reduce, held out, scored once at 947581f: median 4.4%, worst "
+    "55.9% (1 / 2 / 4 / 8 MB +49.3 / +55.9 / +28.5 / +13.9%: the run pays ~77 us at 1 MB where "
+    "the model's ring LL charges ~51 us; REFERENCES C44)"))
+def test_held_out_a100_node_all_reduce_within_15_percent():
+    assert _worst(bench_module("cost").collective_rows(_series_of("C44", "all_reduce"))) < 0.15
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "C45 OCI 2 x 8 A100-40GB on 16 x 100 Gb/s RoCE all_reduce, held out, scored once at "
+    "947581f: median 133.6%, worst 536.8% (the run plateaus at ~71 GB/s busbw, 0.38 of C31's "
+    "190 on the same shape, and dips at 16 / 64 - 256 MB; REFERENCES C45)"))
+def test_held_out_oci_two_node_a100_all_reduce_within_15_percent():
+    s = next(s for s in _series()["collective"] if s["id"] == "C45")
+    assert _worst(bench_module("cost").collective_rows(s)) < 0.15
+
+
+def test_held_out_ndm_a100_v4_rows_within_the_issues_bars():
+    """C46 (held out, scored once at 947581f): Azure NDm A100 v4 at 1 GB, in-place. One node:
+    all_gather -9.6%, all_reduce -0.8%, alltoall -23.2%; 2 x 8 on 8 x 200 Gb/s HDR IB:
+    all_gather +6.6%, all_reduce +2.6%, alltoall +19.9% -- within 15% (25% for alltoall)."""
+    cost = bench_module("cost")
+    for nodes in (1, 2):
+        for coll, bar in (("all_gather", 0.15), ("all_reduce", 0.15), ("alltoall", 0.25)):
+            s = _series_of("C46", coll, nodes)
+            assert cost.cluster_of(s).world_size == 8 * nodes
+            assert _worst(cost.collective_rows(s)) < bar, (nodes, coll)
+
+
+@pytest.mark.parametrize("coll, bar", [
+    pytest.param("all_gather", 0.15, marks=pytest.mark.xfail(strict=True, reason=(
+        "C46 2 nodes x 1 A100, all_gather at 1 GB, scored once at 947581f: +52.9% (published "
+        "15.84 GB/s busbw, 0.65 of one 200 Gb/s NIC; REFERENCES C46)"))),
+    pytest.param("all_reduce", 0.15, marks=pytest.mark.xfail(strict=True, reason=(
+        "C46 2 nodes x 1 A100, all_reduce at 1 GB, scored once at 947581f: +29.8% (18.65)"))),
+    pytest.param("alltoall", 0.25, marks=pytest.mark.xfail(strict=True, reason=(
+        "C46 2 nodes x 1 A100, alltoall at 1 GB, scored once at 947581f: +56.5% (15.48)"))),
+])
+def test_held_out_ndm_a100_v4_one_gpu_per_node_misses(coll, bar):
+    s = _series_of("C46", coll, 2, gpus_per_node=1)
+    assert bench_module("cost").cluster_of(s).world_size == 2
+    assert _worst(bench_module("cost").collective_rows(s)) < bar
+
+
+def test_held_out_oci_gb200_two_racks_is_128_ranks():
+    """C47 (held out, scored once at 947581f): OCI's oci-hpc-oke README, 32 GB200 hosts on
+    two racks. The rank count is recounted from its 512 MB row, busbw / algbw = 411.01 /
+    207.12 = 2 (n - 1) / n: 128 ranks, as priced (32 hosts x 4 GPUs)."""
+    assert round(2 / (2 - 411.01 / 207.12)) == 128
+    s = next(s for s in _series()["collective"] if s["id"] == "C47")
+    assert bench_module("cost").cluster_of(s).world_size == 128
+    rows = bench_module("cost").collective_rows(s)
+    assert [r["bytes"] for r in rows] == [2**p for p in range(20, 31)]
+    assert {r["role"] for r in rows} == {"judge"}
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "C47 OCI GB200-v3.4 on 2 racks (128 GPUs) all_reduce, held out, scored once at 947581f: "
+    "median 108.2%, worst 212.6% (a ~180-290 us floor up to 8 MB, as C19's 2-rack rows, and "
+    "1 GB at 284.6 GB/s below its own 512 MB row; REFERENCES C47)"))
+def test_held_out_oci_gb200_two_racks_within_15_percent():
+    s = next(s for s in _series()["collective"] if s["id"] == "C47")
+    assert _worst(bench_module("cost").collective_rows(s)) < 0.15
+
+
+def _c48(nodes: int) -> dict:
+    return next(s for s in _series()["collective"] if s["id"] == "C48"
+                and s.get("nodes", 1) == nodes)
+
+
+def test_held_out_p4dn_one_node_row_within_15_percent():
+    """C48 (held out, scored once at 947581f): one p4dn.24xlarge (8 x A100-40GB), all_reduce at
+    1 GB: -0.5%."""
+    s = _c48(1)
+    assert bench_module("cost").cluster_of(s).world_size == 8
+    assert _worst(bench_module("cost").collective_rows(s)) < 0.15
+
+
+@pytest.mark.parametrize("nodes", [
+    pytest.param(2, marks=pytest.mark.xfail(strict=True, reason=(
+        "C48 2 x p4dn (4 x 100 Gb/s EFA) all_reduce 1 GB, scored once at 947581f: -30.3% (57.17 "
+        "published, above the NICs' ring bound: a 2-node tree, as C27 / C30; REFERENCES C48)"))),
+    pytest.param(3, marks=pytest.mark.xfail(strict=True, reason=(
+        "C48 3 x p4dn all_reduce 1 GB, scored once at 947581f: +25.1% (31.77 published)"))),
+    pytest.param(4, marks=pytest.mark.xfail(strict=True, reason=(
+        "C48 4 x p4dn all_reduce 1 GB, scored once at 947581f: +34.0% (29.61 published)"))),
+])
+def test_held_out_p4dn_efa_rows_within_15_percent(nodes):
+    s = _c48(nodes)
+    assert bench_module("cost").cluster_of(s).world_size == 8 * nodes
+    assert _worst(bench_module("cost").collective_rows(s)) < 0.15
+
+
+def test_held_out_p4d_efa_series_is_sixteen_ranks():
+    """C49 (held out, scored once at 947581f): aws-efa-eks's 2 x p4d.24xlarge all_reduce. The
+    rank count is recounted from its 1 GB row, busbw / algbw = 32.71 / 17.44 = 2 x 15/16."""
+    assert round(2 / (2 - 32.71 / 17.44)) == 16
+    s = next(s for s in _series()["collective"] if s["id"] == "C49")
+    assert bench_module("cost").cluster_of(s).world_size == 16
+    rows = bench_module("cost").collective_rows(s)
+    assert [r["bytes"] for r in rows] == [2**p for p in range(20, 31)]
+    assert {r["role"] for r in rows} == {"judge"}
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "C49 2 x p4d (4 x 100 Gb/s EFA, NCCL 2.8.3) all_reduce, held out, scored once at 947581f: "
+    "median 74.1%, worst 178.8% (a ~167 us floor at 8 B, 483 us at 1 MB; 1 GB +21.8%: the run "
+    "moves 32.7 GB/s busbw, 0.65 of the 4 NICs' 50 GB/s; REFERENCES C49)"))
+def test_held_out_p4d_efa_series_within_15_percent():
+    s = next(s for s in _series()["collective"] if s["id"] == "C49")
+    assert _worst(bench_module("cost").collective_rows(s)) < 0.15
+
+
+def _c50(nodes: int) -> dict:
+    return next(s for s in _series()["collective"] if s["id"] == "C50"
+                and s.get("nodes", 1) == nodes)
+
+
+def test_held_out_a3_mega_node_all_reduce_within_15_percent():
+    """C50 (held out, scored once at 947581f): one A3 Mega node (8 x H100), all_reduce with
+    one process driving 8 GPUs; busbw / algbw at 1 GB 466.26 / 266.43 = 2 x 7/8. Worst row
+    1 MB +9.7%."""
+    assert round(2 / (2 - 466.26 / 266.43)) == 8
+    assert _worst(bench_module("cost").collective_rows(_c50(1))) < 0.15
+
+
+def test_held_out_a3_mega_tcpxo_all_gather_holds_from_64_mb():
+    """C50 (held out, scored once at 947581f): 2 x 8 H100 over GPUDirect-TCPXO, all_gather;
+    16 ranks (183.13 / 195.34 = 15/16); 64 MB - 1 GB within 4.8%."""
+    assert round(1 / (1 - 183.13 / 195.34)) == 16
+    s = _c50(2)
+    assert bench_module("cost").cluster_of(s).world_size == 16
+    rows = bench_module("cost").collective_rows(s)
+    assert _worst([r for r in rows if r["bytes"] >= 2**26]) < 0.15
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "C50 2 x 8 H100 GPUDirect-TCPXO all_gather, held out, scored once at 947581f: median 4.4%, "
+    "worst 171.8% (1 / 4 / 16 MB +171.8 / +68.3 / +17.1%: TCPXO's ~110-145 us floor, as C27's; "
+    "REFERENCES C50)"))
+def test_held_out_a3_mega_tcpxo_all_gather_within_15_percent():
+    assert _worst(bench_module("cost").collective_rows(_c50(2))) < 0.15
