@@ -377,8 +377,8 @@ def profiler_note(trace) -> str:
     """``; ...`` naming the profiler features the trace shows were on while it was recorded
     (``profile_memory``: its memory events; ``with_stack``: Python-function ranges,
     ``file.py(line): func``), whose per-event bookkeeping ran on the host and is in the
-    measured host times an unprofiled run does not pay (K33: the h100-vgg13 trace, recorded
-    with both and an execution-trace observer, on an A100 at batch 12); empty when none."""
+    measured host times an unprofiled run does not pay (the h100-vgg13 trace was recorded
+    with both and an execution-trace observer); empty when none."""
     o = trace.memory
     mem = 0 if o is None else len(o)
     r = trace.ranges
