@@ -315,7 +315,8 @@ def _gpu_swap(h: Hardware, state: WhatIfState, cls: np.ndarray, f: np.ndarray) -
                      f"x{flat[2]:.2f} (HBM)", bounded=True)
         modes = _price_by_mode(h, state, cls, flat, old.name, new.name, None, set())
         return {"from": old.name, "to": new.name, "pricing": "flat", **modes}
-    kr = gpu_ratio(t, old.name, new.name, h.allow_tf32)
+    # parallel.micro_batch (applied first) changed the shapes: price the swap at them
+    kr = gpu_ratio(t, old.name, new.name, h.allow_tf32, state.notes.get("batch_dims"))
     if len(kr.op_ids):
         d = state.dur
         d[kr.op_ids] *= kr.ratio / flat[cls[kr.op_ids]]
