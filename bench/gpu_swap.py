@@ -1,17 +1,19 @@
-"""Held-out GPU swaps: a shared trace replayed on other GPUs against published step times.
+"""GPU swaps: a shared trace replayed on other GPUs, against published step times where a
+verifiable one exists.
 
 Run: ``python bench/gpu_swap.py [--json]`` (a few seconds: one ingest, one what-if per GPU).
 
 For each ``[[pair]]`` of ``bench/data/gpu_swap.toml`` the trace is ingested, its batch set to
-the one the published times were measured at (``parallel.micro_batch``) and its GPU changed
-(``hardware.gpu``), and the replayed step time is printed next to the published
-per-iteration time, with the error, the published and predicted time ratio between the
-pair's GPUs, and where the predicted step's time goes: the GPU's kernel time (sum of kernel
-and memset durations in the replay) and the rest (host issue time the kernels waited on).
+``batch`` (``parallel.micro_batch``) and its GPU changed (``hardware.gpu``) to each of ``gpus``,
+and the replayed step time is printed with where it goes: the GPU's kernel time (sum of kernel
+and memset durations in the replay) and the rest (host issue time the kernels waited on), and
+the predicted time ratio between the pair's GPUs. A pair's ``published`` per-iteration times
+(only from a source that can be re-read, REFERENCES.md) are printed next to the prediction with
+the error; a pair without one says "no verifiable published figure" and judges nothing (K33's
+figures were withdrawn: their source could not be re-found).
 It also prints, as a diagnosis only, the trace's evidence of per-call profiler recording on
 the host (:func:`recording_floor`): what its metadata-only ATen calls take.
-Nothing is fitted to the published figures: they are scored (REFERENCES.md K33; held out,
-scored once before any change). The issue's bar is 10% per step.
+Nothing is fitted to published figures. The issue's bar is 10% per step.
 """
 
 from __future__ import annotations
@@ -41,23 +43,27 @@ def _trace_path(p: dict) -> Path:
 
 
 def rows(p: dict, trace=None) -> list[dict]:
-    """One row per published GPU of pair ``p``: ``gpu``, ``published_ms``, ``predicted_ms``,
-    ``error`` (predicted / published - 1), ``kernel_ms`` (the replay's kernel and memset
-    time), ``other_ms`` (the rest of the step) and ``assumed`` (the what-if's lines)."""
+    """One row per GPU of pair ``p`` (``gpus``): ``gpu``, ``predicted_ms``, ``kernel_ms`` (the
+    replay's kernel and memset time), ``other_ms`` (the rest of the step), ``assumed`` (the
+    what-if's lines), and ``published_ms`` / ``error`` (predicted / published - 1): None where
+    the pair has no verifiable published figure for that GPU."""
     from retime.collectors.enums import OpKind
     from retime.collectors.ingest import read
     from retime.replay import whatif
     tr = trace if trace is not None else read([_trace_path(p)])
     kind = tr.ops["kind"].to_numpy()
     dev = (kind == OpKind.KERNEL) | (kind == OpKind.MEMSET)
+    published = {g: float(ms) for g, ms in p.get("published", [])}
     out = []
-    for gpu, ms in p["published"]:
+    for gpu in p["gpus"]:
         r = whatif(tr, {"parallel.micro_batch": int(p["batch"]), "hardware.gpu": gpu})
         pred = r.step_time_ns / 1e6
         k = float(np.asarray(r.dur_ns)[dev].sum()) / 1e6
+        ms = published.get(gpu)
         out.append({"id": p["id"], "gpu": gpu, "batch": int(p["batch"]),
-                    "published_ms": float(ms), "predicted_ms": pred,
-                    "error": pred / float(ms) - 1.0, "kernel_ms": k, "other_ms": pred - k,
+                    "published_ms": ms, "predicted_ms": pred,
+                    "error": None if ms is None else pred / ms - 1.0,
+                    "kernel_ms": k, "other_ms": pred - k,
                     "assumed": list(r.meta["whatif"]["assumed"])})
     return out
 
@@ -92,10 +98,11 @@ def recording_floor(trace) -> dict:
 
 
 def ratios(rs: list[dict]) -> list[dict]:
-    """Each later GPU's time over the first's, published and predicted."""
+    """Each later GPU's time over the first's, predicted, and published where both are."""
     a = rs[0]
     return [{"pair": f"{r['gpu']}/{a['gpu']}",
-             "published": r["published_ms"] / a["published_ms"],
+             "published": (None if r["published_ms"] is None or a["published_ms"] is None
+                           else r["published_ms"] / a["published_ms"]),
              "predicted": r["predicted_ms"] / a["predicted_ms"]} for r in rs[1:]]
 
 
@@ -109,21 +116,25 @@ def main(argv: list[str] | None = None) -> int:
         tr = read([_trace_path(p)])
         rs = rows(p, tr)
         report.append({"pair": p["id"], "model": p["model"], "rows": rs, "ratios": ratios(rs),
-                       "recording": recording_floor(tr)})
+                       "withdrawn": p.get("withdrawn"), "recording": recording_floor(tr)})
     if a.json:
         print(json.dumps(report, indent=1))
         return 0
     for rep in report:
         print(f"{rep['pair']} {rep['model']}")
+        if rep["withdrawn"]:
+            print(f"  {rep['withdrawn']}: predictions only, nothing is judged")
         print(f"  {'gpu':<11} {'batch':>5} {'published':>10} {'predicted':>10} {'error':>8} "
               f"{'kernels':>8} {'rest':>8}")
         for r in rep["rows"]:
-            print(f"  {r['gpu']:<11} {r['batch']:>5} {r['published_ms']:>8.2f}ms "
-                  f"{r['predicted_ms']:>8.2f}ms {r['error']:>+8.1%} {r['kernel_ms']:>6.2f}ms "
+            pub = "n/a" if r["published_ms"] is None else f"{r['published_ms']:.2f}ms"
+            err = "" if r["error"] is None else f"{r['error']:+.1%}"
+            print(f"  {r['gpu']:<11} {r['batch']:>5} {pub:>10} "
+                  f"{r['predicted_ms']:>8.2f}ms {err:>8} {r['kernel_ms']:>6.2f}ms "
                   f"{r['other_ms']:>6.2f}ms")
         for q in rep["ratios"]:
-            print(f"  ratio {q['pair']}: published {q['published']:.2f}, predicted "
-                  f"{q['predicted']:.2f}")
+            pub = "n/a" if q["published"] is None else f"{q['published']:.2f}"
+            print(f"  ratio {q['pair']}: published {pub}, predicted {q['predicted']:.2f}")
         f = rep["recording"]
         print(f"  host recording (diagnosis): {f['meta_calls']} metadata-only calls (view, "
               f"as_strided, ...) take a median {f['floor_us']:.1f} us under the profiler; "

@@ -56,6 +56,32 @@ def test_skinny_gemm_is_memory_bound_and_closed_form():
     assert r.time_us == pytest.approx(t, rel=1e-12)
 
 
+def test_fp32_small_n_gemm_streams_its_weight_once():
+    """K35: an FP32 GEMM with at most 16 rows (VGG-13's first classifier layer at batch 12:
+    a 25088 x 4096 weight, 411 MB) on NVIDIA's CUDA cores is priced as cuBLAS's small-N
+    kernel where that is memory-bound: the weight and activations once at the HBM triad
+    (closed form), not as 64+-row output tiles of padded FLOPs. 17 rows, a 16-bit (tensor
+    core) GEMM and a small call below the launch floor keep the tiled price."""
+    g = gpu_spec("a100-80gb")
+    m, n, k = 12, 4096, 25088
+    nbytes = 4 * (m * k + k * n + m * n)
+    bw, lat = 1700.0, 0.2  # published triad GB/s; FITTED_CURVES' bytes in flight (us)
+    t = nbytes / (bw * nbytes / (nbytes + bw * 1e3 * lat) * 1e3)
+    for mm, nn, kk in ((m, n, k), (n, m, k), (m, k, n)):  # forward, transposed, data grad
+        r = K.matmul(g, mm, nn, kk, dtype="fp32", curves=K.FITTED_CURVES)
+        assert r.bound == "memory" and r.bytes == nbytes
+        assert r.time_us == pytest.approx(t, rel=1e-12)
+        assert r.efficiency_source.startswith("small-N GEMV-based kernel (min(m, n) 12 <= 16")
+        # the useful FLOPs at the FP32 ceiling take less than the stream: memory-bound
+        assert r.flops / (g.mamf("fp32")[0] * 1e6) < t
+    tiled = K.matmul(g, 17, n, k, dtype="fp32", curves=K.FITTED_CURVES)
+    assert tiled.bound == "compute" and tiled.time_us > 4 * t
+    assert "small-N" not in K.matmul(g, m, n, k, dtype="bf16").efficiency_source
+    v = gpu_spec("v100-sxm2")  # a DLRM batch-16 linear: 1.1 MB, below the launch floor
+    assert "small-N" not in K.matmul(v, 16, 512, 512, dtype="fp32",
+                                     curves=K.FITTED_CURVES).efficiency_source
+
+
 def test_tiny_kernels_are_latency_bound():
     g = gpu_spec("b200")
     r = K.streaming(g, 1000, "bf16")

@@ -1,6 +1,7 @@
-"""bench/gpu_swap.py (issue 27, held-out GPU swaps): its plumbing, and the recorded misses
-against the published per-iteration times as strict xfails (no timing asserts: the published
-figures are measured on real GPUs, the predictions are deterministic replays)."""
+"""bench/gpu_swap.py (issue 27, GPU swaps): its plumbing. K33's published per-iteration times
+were withdrawn (their source could not be re-found): no test compares a prediction to them,
+and the bench says it has no verifiable published figure (no timing asserts: the predictions
+are deterministic replays)."""
 
 from __future__ import annotations
 
@@ -19,9 +20,9 @@ def k33():
     return p, bench.rows(p, tr)
 
 
-def test_the_pair_is_the_shared_trace_at_the_published_batch_and_gpus(k33):
-    """The trace's own batch is the one the toml states (its first convolution's input), the
-    published figures are the ones REFERENCES.md K33 cites."""
+def test_the_pair_is_the_shared_trace_and_holds_no_unverifiable_figure(k33):
+    """The trace's own batch is the one the toml states (its first convolution's input); K33
+    carries no published time (withdrawn in REFERENCES.md), so every row judges nothing."""
     import gzip
 
     import orjson
@@ -30,56 +31,45 @@ def test_the_pair_is_the_shared_trace_at_the_published_batch_and_gpus(k33):
     conv = next(e for e in doc["traceEvents"] if e.get("cat") == "cpu_op"
                 and e.get("name") == "aten::convolution")
     assert conv["args"]["Input Dims"][0] == [p["trace_batch"], 3, 224, 224]
+    assert "published" not in p and p["withdrawn"].startswith("no verifiable published figure")
     refs = (ROOT / "collectors" / "costs" / "REFERENCES.md").read_text()
     row = next(line for line in refs.splitlines() if line.startswith("| K33 |"))
-    for _gpu, ms in p["published"]:
-        assert f"{ms:.2f}" in row
+    assert "withdrawn" in row
     assert [r["gpu"] for r in rs] == ["a100-80gb", "v100-sxm2"]
+    assert all(r["published_ms"] is None and r["error"] is None for r in rs)
 
 
 def test_rows_are_the_whatif_of_the_batch_and_gpu(k33):
     p, rs = k33
     for r in rs:
-        assert r["batch"] == 12 and r["published_ms"] in (23.75, 54.15)
-        assert r["error"] == pytest.approx(r["predicted_ms"] / r["published_ms"] - 1.0)
+        assert r["batch"] == 12
         assert r["kernel_ms"] + r["other_ms"] == pytest.approx(r["predicted_ms"])
         assert 0 < r["kernel_ms"] <= r["predicted_ms"]
         a = " ".join(r["assumed"])
         assert re.search(r"micro_batch 512 -> 12", a), a[:300]
         assert r["gpu"] in a
     (q,) = bench.ratios(rs)
-    assert q["published"] == pytest.approx(54.15 / 23.75)
+    assert q["published"] is None
     assert q["predicted"] == pytest.approx(rs[1]["predicted_ms"] / rs[0]["predicted_ms"])
 
 
-def test_bench_prints_every_row(capsys):
+def test_a_published_figure_is_scored_when_a_pair_has_one(k33):
+    """The scoring path for a pair with a verifiable figure (a made-up one here: it checks the
+    arithmetic, not the model)."""
+    p, rs = k33
+    q = dict(p, published=[["a100-80gb", 2.0 * rs[0]["predicted_ms"]]])
+    a, v = bench.rows(q, ingest_cached(SHARED / p["trace"]))
+    assert a["published_ms"] == pytest.approx(2.0 * rs[0]["predicted_ms"])
+    assert a["error"] == pytest.approx(-0.5)
+    assert v["published_ms"] is None and v["error"] is None
+
+
+def test_bench_prints_every_row_and_says_nothing_is_judged(capsys):
     assert bench.main([]) == 0
     out = capsys.readouterr().out
     assert "a100-80gb" in out and "v100-sxm2" in out and "ratio v100-sxm2/a100-80gb" in out
-
-
-@pytest.mark.xfail(strict=True, reason="K33 scored once (held out): A100 predicted 62.87 ms vs "
-                   "published 23.75 (+164.7%): 33.3 ms of the step is the trace's profiled host "
-                   "issue time (record_shapes, with_stack, profile_memory and an execution-"
-                   "trace observer were on), the published time is unprofiled")
-def test_a100_step_within_10_percent(k33):
-    assert abs(k33[1][0]["error"]) < 0.10
-
-
-@pytest.mark.xfail(strict=True, reason="K33 V100: scored once (held out) 163.26 ms vs published "
-                   "54.15 (+201.5%), the FP32 3x3 convolutions priced as implicit GEMMs; with "
-                   "Winograd F(2x2,3x3) on the CUDA cores (K34, after seeing) 98.78 ms (+82.4%): "
-                   "81.7 ms of kernels")
-def test_v100_step_within_10_percent(k33):
-    assert abs(k33[1][1]["error"]) < 0.10
-
-
-@pytest.mark.xfail(strict=True, reason="K33: V100 / A100 time ratio published 2.28, predicted "
-                   "2.60 when scored, 1.57 with K34's Winograd (the A100's step is its profiled "
-                   "host time)")
-def test_v100_over_a100_ratio_within_10_percent(k33):
-    (q,) = bench.ratios(k33[1])
-    assert abs(q["predicted"] / q["published"] - 1.0) < 0.10
+    assert "no verifiable published figure" in out and "published n/a" in out
+    assert "23.75" not in out and "54.15" not in out
 
 
 def test_the_gpu_swap_says_its_host_times_were_measured_under_the_profiler(k33):

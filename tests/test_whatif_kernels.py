@@ -284,3 +284,32 @@ def test_double_batch_keeps_launch_bound_kernels_without_shapes(dlrm):
     np.testing.assert_array_equal(r.dur_ns[kept], base.dur_ns[kept])
     a = " ".join(r.meta["whatif"]["assumed"])
     assert "above their launch floor (3 us on v100-sxm2" in a
+
+
+def test_gpu_swap_after_a_batch_change_is_priced_at_the_new_shapes(vgg):
+    """parallel.micro_batch + hardware.gpu: the swap's ratio is the cost layer's at the
+    batch that runs. VGG-13's first classifier GEMM (forward, [b, 25088] x [25088, 4096],
+    FP32 on the CUDA cores) is compute-bound at the recorded batch 512 (A100 / H100 by
+    their FP32 rates, 3.4x) and memory-bound at 12 (its 411 MB weight at each GPU's HBM
+    triad, K35): measured x model(H100, 12) / model(H100, 512) x model(A100, 12) /
+    model(H100, 12), in closed form the measured time x the A100's stream over the H100's
+    batch-512 price."""
+    from retime.collectors.costs import kernels as K
+    names = _names(vgg)
+    k = vgg.ops["kind"].to_numpy() == OpKind.KERNEL
+    i = int(np.flatnonzero(k & np.asarray(["gemm_f32f32_f32f32_f32_tn_n_tilesize128x128x8"
+                                           in str(n) for n in names]))[0])
+    meas = float(vgg.ops["dur_ns"].iat[i])
+    assert meas == 2020e3  # the raw file's first FP32 tn GEMM: the fc1 forward, 2020 us
+    h, a = gpu_spec("h100-sxm"), gpu_spec("a100-80gb")
+    c = K.FITTED_CURVES
+    p = {(g.name, b): K.matmul(g, b, 4096, 25088, dtype="fp32", curves=c).time_us
+         for g in (h, a) for b in (12, 512)}
+    nbytes = 4 * (12 * 25088 + 25088 * 4096 + 12 * 4096)
+    assert p["a100-80gb", 12] == pytest.approx(nbytes / (1700.0 * 1e3), rel=1e-3)
+    r = whatif(vgg, {"parallel.micro_batch": 12, "hardware.gpu": "a100-80gb"})
+    both = float(np.asarray(r.dur_ns)[i])
+    assert both == pytest.approx(meas * p["a100-80gb", 12] / p["h100-sxm", 512], abs=1.0)  # ns
+    # not the recorded shapes' ratio (3.4x, compute-bound): that would be 2x slower
+    swap512 = p["a100-80gb", 512] / p["h100-sxm", 512]
+    assert swap512 > 3.0 and both < 0.6 * meas * p["h100-sxm", 12] / p["h100-sxm", 512] * swap512

@@ -319,6 +319,35 @@ def _serial(c: OpCost, g: GpuSpec, dtype: str, act_elems: float, quantize: bool,
                   tuple(parts))
 
 
+#: the largest small dimension (the batch rows of a linear layer) of an FP32 GEMM that cuBLAS
+#: runs as a GEMV-based "small N" kernel on NVIDIA's CUDA cores: the shared V100 DLRM trace's
+#: batch-16 FP32 linears launch ``gemmSN_TN_kernel<float, 128, 16, ...>`` /
+#: ``gemmSN_NN_kernel`` (REFERENCES.md K35)
+SMALL_N = 16
+
+
+def _small_n(g: GpuSpec, kind: str, m: float, n: float, dtype: str, flops: float,
+             nbytes: float, curves: Curves, ceiling: tuple[float, str] | None) -> OpCost | None:
+    """A SIMT GEMM with ``min(m, n) <= SMALL_N`` priced as the library's small-N kernel: it
+    streams the large operand once and does only the useful FLOPs (no output tile padded to
+    64+ rows), so its roofline is the HBM bytes against the useful FLOPs at the dtype's
+    ceiling (K35). Returned only where that roofline is memory-bound above the launch floor
+    (the stream bounds it); below, the kernel's own latency (a serial reduction the model
+    has no term for: the DLRM trace's small-N calls take 5-19 us) is not modeled and the
+    tiled price stands. None otherwise."""
+    if math_path(g, dtype) != "simt" or min(m, n) > SMALL_N:
+        return None
+    ceil_tf, ceil_src = g.mamf(dtype) if ceiling is None else ceiling
+    c = _finish(kind, g, flops, nbytes, flops / (ceil_tf * 1e6), "", 1.0, _REL[ceil_src],
+                curves)
+    if c.bound != "memory":
+        return None
+    return OpCost(c.kind, c.gpu, c.time_us, c.range_us, c.flops, c.bytes, c.tflops,
+                  c.gbps, c.bound, c.efficiency,
+                  f"small-N GEMV-based kernel (min(m, n) {int(min(m, n))} <= {SMALL_N}, K35): "
+                  + c.efficiency_source)
+
+
 def matmul(g: GpuSpec, m: int, n: int, k: int, batch: int = 1,
            dtype: str = "bf16", curves: Curves = DEFAULT_CURVES,
            ceiling: tuple[float, str] | None = None, quantize: bool = False,
@@ -337,8 +366,12 @@ def matmul(g: GpuSpec, m: int, n: int, k: int, batch: int = 1,
     out_eb = 2 if eb < 2 else eb
     nbytes = batch * (ib * (m * k + k * n) + out_eb * m * n)
     rate, src, rel = _gemm_rate(g, m, n, k, batch, dtype, curves, curves.gemm_eff, ceiling)
-    c = _finish("matmul" if batch == 1 else "bmm", g, flops, nbytes, flops / (rate * 1e6),
+    kind = "matmul" if batch == 1 else "bmm"
+    c = _finish(kind, g, flops, nbytes, flops / (rate * 1e6),
                 src, rate / g.peak_tflops(dtype), rel, curves)
+    sn = _small_n(g, kind, m, n, dtype, flops, nbytes, curves, ceiling)
+    if sn is not None and sn.time_us < c.time_us:
+        c = sn
     return _serial(c, g, dtype, float(batch) * m * k, quantize, curves, scaling,
                    float(batch) * k * n)
 

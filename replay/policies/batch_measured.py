@@ -247,6 +247,7 @@ def _scale_gpu_batch(state: WhatIfState, b: int, b2: int, gpu: np.ndarray) -> di
                "hardware.from_gpu does not apply here)")
     else:
         kr = batch_ratio(t, hw.name, b, b2, kern)
+        state.notes["batch_dims"] = (int(b), int(b2))  # hardware.gpu prices its swap at them
         if len(kr.op_ids):
             d[kr.op_ids] *= kr.ratio / f
         elif not why:

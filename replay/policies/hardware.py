@@ -315,7 +315,8 @@ def _gpu_swap(h: Hardware, state: WhatIfState, cls: np.ndarray, f: np.ndarray) -
                      f"x{flat[2]:.2f} (HBM)", bounded=True)
         modes = _price_by_mode(h, state, cls, flat, old.name, new.name, None, set())
         return {"from": old.name, "to": new.name, "pricing": "flat", **modes}
-    kr = gpu_ratio(t, old.name, new.name, h.allow_tf32)
+    # parallel.micro_batch (applied first) changed the shapes: price the swap at them
+    kr = gpu_ratio(t, old.name, new.name, h.allow_tf32, state.notes.get("batch_dims"))
     if len(kr.op_ids):
         d = state.dur
         d[kr.op_ids] *= kr.ratio / flat[cls[kr.op_ids]]
@@ -377,8 +378,8 @@ def profiler_note(trace) -> str:
     """``; ...`` naming the profiler features the trace shows were on while it was recorded
     (``profile_memory``: its memory events; ``with_stack``: Python-function ranges,
     ``file.py(line): func``), whose per-event bookkeeping ran on the host and is in the
-    measured host times an unprofiled run does not pay (K33: the h100-vgg13 trace, recorded
-    with both and an execution-trace observer, on an A100 at batch 12); empty when none."""
+    measured host times an unprofiled run does not pay (the h100-vgg13 trace was recorded
+    with both and an execution-trace observer); empty when none."""
     o = trace.memory
     mem = 0 if o is None else len(o)
     r = trace.ranges

@@ -201,16 +201,37 @@ def _spread(sk: ShapedKernels, calls: np.ndarray, old: tuple, new: tuple,
 
 
 def gpu_ratio(trace: Trace, old_name: str, new_name: str,
-              allow_tf32: bool | None = None) -> KernelRatio:
+              allow_tf32: bool | None = None,
+              batch: tuple[int, int] | None = None) -> KernelRatio:
     """Model ratio new / old for every shaped kernel of ``trace`` (GPU ``old_name`` ->
     ``new_name``, built-in profile names). ``allow_tf32`` (``hardware.allow_tf32``, None:
     PyTorch's defaults, as :func:`collectors.costs.ops.op_cost` prices: float GEMMs FP32,
-    float convolutions TF32) sets the math of FP32-operand calls on the new GPU."""
+    float convolutions TF32) sets the math of FP32-operand calls on the new GPU. ``batch``
+    ``(b, b2)``: both GPUs priced at the shapes of per-rank batch ``b2`` (``parallel.micro_batch``
+    changed it first: :func:`scaled_dims`), so the swap's ratio is the one of the shapes that
+    run, not of the recorded ones (a GEMM compute-bound at batch 512 can be memory-bound at
+    12, where the GPUs differ by their HBM, not their FLOP/s)."""
     memo = trace_memo(trace)
-    key = ("gpu_ratio", old_name, new_name, allow_tf32)
+    key = ("gpu_ratio", old_name, new_name, allow_tf32, batch)
     if key not in memo:  # a sweep asks the same swap of one trace many times
-        memo[key] = _gpu_ratio(trace, old_name, new_name, allow_tf32)
+        memo[key] = _gpu_ratio(trace, old_name, new_name, allow_tf32, batch)
     return memo[key]
+
+
+def _batch_shapes(sk: ShapedKernels, b: int, b2: int) -> tuple[list, list]:
+    """(dims, work) of every shaped call at per-rank batch ``b2`` instead of ``b``."""
+    from retime.collectors.costs.ops import op_cost
+    weights = _weight_shapes(sk)
+    dims, work = [], []
+    for c in range(len(sk.names)):
+        d = scaled_dims(sk.names[c], sk.dims[c], b, b2, weights)
+        try:
+            w = op_cost(sk.names[c], d, sk.types[c], sk.concrete[c])
+        except (RetimeError, ValueError, IndexError, ZeroDivisionError, TypeError):
+            w = None
+        dims.append(d)
+        work.append(w)
+    return dims, work
 
 
 def _measured_math(kernels: list[str] | None) -> str | None:
@@ -228,8 +249,8 @@ def _measured_math(kernels: list[str] | None) -> str | None:
     return "tf32" if seen.pop() == MathMode.TF32 else "fp32"
 
 
-def _tf32_work(sk: ShapedKernels, allow_tf32: bool | None, old_tf32: bool, new_tf32: bool
-               ) -> tuple[list | None, list | None, set]:
+def _tf32_work(sk: ShapedKernels, allow_tf32: bool | None, old_tf32: bool, new_tf32: bool,
+               base: list | None = None) -> tuple[list | None, list | None, set]:
     """(per call ``work`` on the measured GPU, on the new one -- None when unchanged --, the
     kinds of shaped calls with FP32 operands). A call's FP32-operand GEMM / convolution runs
     on the measured GPU in the math its kernels' names show (``op_cost``'s dtype -- PyTorch's
@@ -238,9 +259,10 @@ def _tf32_work(sk: ShapedKernels, allow_tf32: bool | None, old_tf32: bool, new_t
     TF32 units, else by ``op_cost``'s defaults (:mod:`.math_modes`)."""
     from retime.collectors.costs.ops import op_class
     kinds = set()
-    w_old, w_new = list(sk.work), list(sk.work)
+    base = sk.work if base is None else base  # the work at other shapes (``gpu_ratio``'s batch)
+    w_old, w_new = list(base), list(base)
     c_old = c_new = False
-    for j, (w, name) in enumerate(zip(sk.work, sk.names)):
+    for j, (w, name) in enumerate(zip(base, sk.names)):
         if w is None or w[2] not in ("fp32", "tf32"):
             continue
         c = op_class(name)
@@ -262,7 +284,8 @@ def _tf32_work(sk: ShapedKernels, allow_tf32: bool | None, old_tf32: bool, new_t
 
 
 def _gpu_ratio(trace: Trace, old_name: str, new_name: str,
-               allow_tf32: bool | None = None) -> KernelRatio:
+               allow_tf32: bool | None = None,
+               batch: tuple[int, int] | None = None) -> KernelRatio:
     from retime.collectors.costs.gpus import gpu_spec
     g_old, g_new = gpu_spec(old_name), gpu_spec(new_name)
     kind = trace.ops["kind"].to_numpy()
@@ -275,10 +298,13 @@ def _gpu_ratio(trace: Trace, old_name: str, new_name: str,
             "notes": notes})
     calls = np.arange(len(sk.names))
     from .math_modes import tf32_capable
+    dims = work = None
+    if batch is not None and batch[0] != batch[1]:
+        dims, work = _batch_shapes(sk, *batch)
     work_old, work_new, fp32_calls = _tf32_work(sk, allow_tf32, tf32_capable(g_old),
-                                                tf32_capable(g_new))
-    old_p = _prices(sk, g_old, calls, work=work_old)
-    new_p = _prices(sk, g_new, calls, work=work_new)
+                                                tf32_capable(g_new), work)
+    old_p = _prices(sk, g_old, calls, dims, work_old if work_old is not None else work)
+    new_p = _prices(sk, g_new, calls, dims, work_new if work_new is not None else work)
     old, new = old_p[0], new_p[0]
     dts = {w[2] for w in sk.work}
     for dt in sorted(dts):
