@@ -288,6 +288,31 @@ def _pairs() -> dict[str, tuple[str, Pair]]:
     rph = _on_link(spec["ranks-per-host"], 1200.0)("emb")
     out["emb-ranks-per-host-1200mbit"] = ("emb", Pair(
         f"{rph.knob} (embedding-bag recommender)", rph.a, rph.b, rph.a_to_b, rph.b_to_a))
+    # the eighth batch, captured after the eighth freeze (FROZEN_8): the conv net's DDP
+    # bucket (no bucket pair on it; its 1.0 MB of gradients fit one 1 MiB bucket, so 0.25 vs
+    # 25 MiB, a bucket no pair used) on a 500 Mbit/s link (no bucket pair at that rate); the
+    # recommender at a rate pair no pair used (700 vs 1400 Mbit/s) with 2 ranks on each of 2
+    # hosts (it never ran 2x2); checkpointing on the transformer at 2000 Mbit/s (no
+    # checkpoint pair at that rate); the MLP's per-rank batch 2048 vs 512 (a batch no MLP pair
+    # used; mlp-batch-32-16's step did not move, all-reduce bound, so small batches judge a
+    # batch change little) on a token bucket no batch pair had (burst_x 2 at 1600 Mbit/s)
+    out["cnn-bucket-0.25-25-500mbit"] = ("cnn", Pair(
+        "DDP bucket_cap_mb 0.25 vs 25 MiB (the key counts 10^6 bytes) on a 500 Mbit/s link "
+        "(conv net)", {"bucket_cap_mb": 0.25, "rate_mbit": 500.0},
+        {"bucket_cap_mb": 25.0, "rate_mbit": 500.0},
+        {"overlap.bucket_mb": round(25 * MIB_MB, 6)},
+        {"overlap.bucket_mb": round(0.25 * MIB_MB, 6)}))
+    out["emb-bandwidth-700-1400-2x2"] = ("emb", _rate_pair(
+        "inter-host bandwidth, 700 vs 1400 Mbit/s, 2 hosts x 2 ranks (a host's ranks share "
+        "its core; embedding-bag recommender)", 700.0, 1400.0, {"nproc_per_host": 2},
+        ranks_per_node=2))
+    out["transformer-checkpoint-2000mbit"] = ("transformer", _on_link(
+        spec["checkpoint"], 2000.0)("transformer"))
+    out["mlp-batch-2048-512-burst2"] = ("mlp", Pair(
+        "per-rank batch size 2048 vs 512 on a link whose token bucket is 2x the kit's "
+        "(burst_x 2, 1600 Mbit/s)", {"batch": 2048, "burst_x": 2.0},
+        {"batch": 512, "burst_x": 2.0},
+        {"parallel.micro_batch": 512}, {"parallel.micro_batch": 2048}))
     return out
 
 
@@ -311,8 +336,11 @@ FROZEN_6 = ("mlp-bandwidth-250-1000-burst3", "mlp-bucket-2x2", "transformer-chec
 #: the seventh batch, captured after the seventh freeze (pairs.json after_freeze: 7)
 FROZEN_7 = ("transformer-bandwidth-300-1200-burst1.5", "cnn-bandwidth-400-1600-2x2",
             "transformer-batch-8-2-600mbit", "emb-ranks-per-host-1200mbit")
+#: the eighth batch, captured after the eighth freeze (pairs.json after_freeze: 8)
+FROZEN_8 = ("cnn-bucket-0.25-25-500mbit", "emb-bandwidth-700-1400-2x2",
+            "transformer-checkpoint-2000mbit", "mlp-batch-2048-512-burst2")
 #: the batches judged after a freeze with its commit (after_freeze 2, 3, ...)
-LATER = (FROZEN_2, FROZEN_3, FROZEN_4, FROZEN_5, FROZEN_6, FROZEN_7)
+LATER = (FROZEN_2, FROZEN_3, FROZEN_4, FROZEN_5, FROZEN_6, FROZEN_7, FROZEN_8)
 
 
 def stated(pair: Pair, a: dict, b: dict) -> dict[str, dict]:
@@ -588,7 +616,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--commit", action="store_true", help="git commit each pair when captured")
     p.add_argument("--list", action="store_true", help="print the pairs and exit")
     p.add_argument("--frozen-commit", default="",
-                   help="the frozen model's commit, recorded with the FROZEN_2 ... FROZEN_7 "
+                   help="the frozen model's commit, recorded with the FROZEN_2 ... FROZEN_8 "
                         "pairs")
     args = p.parse_args(argv)
     OUT = args.out.resolve()
