@@ -30,11 +30,14 @@ With latent attention, ``selective`` recompute is DeepSeek-V3's: the norms and t
 up-projections are recomputed in the backward, so their outputs (norm outputs, per-head Q,
 K, V) are not kept.
 
-Model states use mixed-precision Adam: 2-byte weights, gradients in the main-gradient dtype
-(``ParallelConfig.grad_bytes``: 2 bytes for fp16 runs, 4 for bf16 / FP8 / FP4 ones under
-Megatron-LM's rule; FSDP2 runs 2), 12 bytes of fp32 master weights and moments per parameter
-(16 or 18 bytes; ZeRO-1 shards the 12, ZeRO-2 also the
-gradients, ZeRO-3/FSDP also the weights over the data-parallel ranks). Routed experts are
+Model states use mixed-precision Adam (:func:`state_bytes_per_param`): 2-byte weights,
+gradients in the main-gradient dtype (``ParallelConfig.grad_bytes``: 2 bytes for fp16 runs, 4
+for bf16 / FP8 / FP4 ones under Megatron-LM's rule; FSDP2 runs 2), 12 bytes of fp32 master
+weights and moments per parameter (16 or 18 bytes; ZeRO-1 shards the 12, ZeRO-2 also the
+gradients, ZeRO-3/FSDP also the weights over the data-parallel ranks). 16-bit main gradients
+are copied to fp32 for the optimizer step (Megatron-LM's ``main_grad.float()``, 4 bytes per
+parameter of the optimizer's shard, freed after the step): they count at the step, when the
+activations are gone, so they raise the peak only where they outgrow the activations. Routed experts are
 held by ``1/ep`` of the ranks and their states shard over the expert-data-parallel group
 (``dp/ep * cp`` ranks). A MoE layer's MLP activations are those of its dispatched tokens on
 the most loaded rank (:func:`collectors.synth.moe.moe_activation_bytes`); all-to-all send and
@@ -50,7 +53,25 @@ from .parallel import ParallelConfig
 from .schedule import BI, B, F, stage_order
 
 __all__ = ["layer_activation_bytes", "korthikanti_layer_bytes", "memory_per_stage",
-           "memory_timeline"]
+           "memory_timeline", "state_bytes_per_param"]
+
+
+def state_bytes_per_param(parallel: ParallelConfig) -> dict[str, int]:
+    """Model-state bytes per parameter before any data-parallel sharding.
+
+    ``weights`` (16-bit), ``grads`` (the main-gradient buffer: ``grad_bytes``, FSDP2 2),
+    ``optimizer`` (fp32 master weights + the two Adam moments: 12) and ``step_copy`` (the
+    fp32 copy of 16-bit main gradients the optimizer step makes, 4, or 0 when the buffer is
+    already fp32 or FSDP2 holds fp32 sharded gradients). With the distributed optimizer
+    (ZeRO-1) over ``d`` ranks a rank holds ``weights + grads + (optimizer + step_copy) / d``
+    at the step: NVIDIA/Megatron-LM ``docs/api-guide/dist_optimizer.md``'s table, 4 + 16/d
+    for fp16 gradients and 6 + 12/d for fp32 ones (20 and 18 without it; REFERENCES.md R53).
+    """
+    from .fsdp import fsdp2
+    f2 = fsdp2(parallel)
+    gb = 2 if f2 else parallel.grad_bytes
+    return {"weights": 2, "grads": gb, "optimizer": 12,
+            "step_copy": 4 if gb == 2 and not f2 else 0}
 
 
 def layer_activation_bytes(model: ModelConfig, parallel: ParallelConfig,
@@ -139,8 +160,8 @@ def memory_per_stage(model: ModelConfig, parallel: ParallelConfig,
     dpg = P.dp * P.cp
     edp = P.edp
     z = P.zero_stage
-    from .fsdp import fsdp2
-    gb = 2 if fsdp2(P) else P.grad_bytes  # main gradients (Megatron-LM: fp32 unless fp16)
+    sb = state_bytes_per_param(P)
+    gb = sb["grads"]  # main gradients (Megatron-LM: fp32 unless fp16)
     if layout is None:
         layout = pipeline_layout(P, model.layers)
     weights_by_vs = chunk_activation_bytes(model, P, layout)
@@ -172,7 +193,9 @@ def memory_per_stage(model: ModelConfig, parallel: ParallelConfig,
         if P.dtype == "fp4":  # quantized weight copies of the FP4 layers (whole, not sharded)
             weights += 2 * 0.5625 * (dense + expert) * _fp4_share(model, P)
         grads = gb * (dense / (dpg if z >= 2 else 1) + expert / (edp if z >= 2 else 1))
-        optim = 12 * (dense / (dpg if z >= 1 else 1) + expert / (edp if z >= 1 else 1))
+        opt_share = dense / (dpg if z >= 1 else 1) + expert / (edp if z >= 1 else 1)
+        optim = sb["optimizer"] * opt_share
+        step_copy = sb["step_copy"] * opt_share  # at the step, after the activations
         fixed = 0.0
         if P.recompute != "none":
             fixed += full_layer  # the layer being recomputed holds its full activations
@@ -198,7 +221,7 @@ def memory_per_stage(model: ModelConfig, parallel: ParallelConfig,
                 buffers += 4 * (dense / dpg + expert / edp)
         elif dpg > 1:
             buffers += int(P.bucket_mb * 1e6)
-        total = weights + grads + optim + peak + fixed + buffers
+        total = weights + grads + optim + max(peak + fixed, step_copy) + buffers
         out.append({
             "stage": stage,
             "params": int(dense + expert),
@@ -206,6 +229,7 @@ def memory_per_stage(model: ModelConfig, parallel: ParallelConfig,
             "weights_bytes": int(weights),
             "grads_bytes": int(grads),
             "optimizer_bytes": int(optim),
+            "step_copy_bytes": int(step_copy),
             "activation_bytes": int(peak + fixed),
             "dynamic_activation_bytes": int(peak),
             "activation_bytes_per_layer": int(act_layer),

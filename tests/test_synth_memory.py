@@ -1,0 +1,66 @@
+"""Model-state bytes per parameter of the synthesizer's memory model, against the closed
+forms of Megatron-LM's distributed-optimizer table (synth REFERENCES.md R53)."""
+
+from __future__ import annotations
+
+import pytest
+
+from retime.collectors.synth import synthesize
+from retime.collectors.synth.memory import state_bytes_per_param
+from retime.collectors.synth.parallel import ParallelConfig
+
+# (run dtype, --grad-reduce-dtype, main-gradient bytes): fp16 and bf16 gradients are 16-bit,
+# fp32 ones 4 bytes (auto: fp32 for bf16 runs, fp16 for fp16 runs)
+SETTINGS = [("fp16", "auto", 2), ("fp16", "fp32", 4), ("bf16", "bf16", 2),
+            ("bf16", "auto", 4), ("bf16", "fp32", 4), ("fp8", "auto", 4)]
+
+
+@pytest.mark.parametrize("dtype,grad,gb", SETTINGS)
+@pytest.mark.parametrize("d", [1, 2, 8, 64])
+def test_bytes_per_param_follow_megatrons_table(dtype, grad, gb, d):
+    """A rank at the optimizer step holds weights + grads + (master + moments + fp32 copy of
+    16-bit grads) / d: Megatron-LM's table, 20 (fp16 grads) and 18 (fp32 grads) bytes without
+    the distributed optimizer, 4 + 16/d and 6 + 12/d with it over d ranks."""
+    P = ParallelConfig(dtype=dtype, grad_reduce_dtype=grad, dp=d, global_batch=d,
+                       zero=1 if d > 1 else 0)
+    b = state_bytes_per_param(P)
+    assert b["grads"] == gb
+    per_param = b["weights"] + b["grads"] + (b["optimizer"] + b["step_copy"]) / d
+    expected = (4 + 16 / d) if gb == 2 else (6 + 12 / d)
+    assert per_param == pytest.approx(expected, rel=1e-12)
+    if d == 1:
+        assert per_param == (20 if gb == 2 else 18)
+    # while activations are alive (forward / backward) the copy does not exist yet
+    assert b["weights"] + b["grads"] + b["optimizer"] / d == gb + 2 + 12 / d
+
+
+def test_fsdp2_keeps_no_fp32_gradient_copy():
+    """FSDP2's reduce-scatter output is the fp32 sharded gradient the optimizer reads: 16-bit
+    unsharded gradients, no copy at the step."""
+    b = state_bytes_per_param(ParallelConfig(dp=4, global_batch=4, fsdp=True, fsdp_impl="fsdp2"))
+    assert (b["grads"], b["step_copy"]) == (2, 0)
+
+
+@pytest.mark.parametrize("model,tp,zero,copy_wins", [("gpt3-125m", 1, 0, False),
+                                                     ("megatron-22b", 8, 0, True),
+                                                     ("megatron-22b", 8, 1, True)])
+def test_stage_peak_counts_the_step_copy_only_past_the_activations(model, tp, zero, copy_wins):
+    """fp16 runs on 2 data-parallel ranks with full recompute: the fp32 gradient copy (4
+    bytes per parameter of the optimizer shard) replaces the activations in the peak where it
+    is larger (22B at TP 8: 2.75 G parameters per rank, 11 GB or 5.5 GB of copy against
+    about 2 GB of activations); bf16 runs (fp32 buffers) have none."""
+    kw = dict(tp=tp, pp=1, dp=2, zero=zero, global_batch=2, micro_batch=1,
+              recompute="full", check_memory=False)
+    m = synthesize(model, "a100-80gb", dtype="fp16", **kw).meta["synth"]["memory"][0]
+    n = m["params"]
+    d = 2 if zero else 1
+    assert m["step_copy_bytes"] == int(4 * n / d)
+    assert m["optimizer_bytes"] == int(12 * n / d)
+    assert (m["step_copy_bytes"] > m["activation_bytes"]) == copy_wins
+    static = m["weights_bytes"] + m["grads_bytes"] + m["optimizer_bytes"] + m["buffer_bytes"]
+    assert abs(m["total_bytes"] - static
+               - max(m["activation_bytes"], m["step_copy_bytes"])) <= 4
+    b = synthesize(model, "a100-80gb", dtype="bf16", **kw).meta["synth"]["memory"][0]
+    assert b["step_copy_bytes"] == 0
+    assert abs(b["total_bytes"] - b["weights_bytes"] - b["grads_bytes"] - b["optimizer_bytes"]
+               - b["buffer_bytes"] - b["activation_bytes"]) <= 4
