@@ -64,3 +64,32 @@ def test_stage_peak_counts_the_step_copy_only_past_the_activations(model, tp, ze
     assert b["step_copy_bytes"] == 0
     assert abs(b["total_bytes"] - b["weights_bytes"] - b["grads_bytes"] - b["optimizer_bytes"]
                - b["buffer_bytes"] - b["activation_bytes"]) <= 4
+
+
+@pytest.mark.parametrize("d", [1, 8])
+def test_bf16_moments_hold_8_optimizer_bytes_and_move_20_in_the_adam_step(d):
+    """DeepSeek-V3's bf16 Adam moments (R54): fp32 master 4 + two 2-byte moments = 8 bytes
+    per parameter (6 + 8/d with fp32 gradients and the distributed optimizer), and the fused
+    Adam step reads param, grad, m, v and writes param, m, v: 4 + 4 + 2 + 2 + 4 + 2 + 2 = 20
+    bytes per parameter of the shard instead of 28."""
+    kw = dict(dp=d, global_batch=d, zero=1 if d > 1 else 0)
+    b = state_bytes_per_param(ParallelConfig(moment_dtype="bf16", **kw))
+    assert b["optimizer"] == 8 and b["step_copy"] == 0
+    assert b["weights"] + b["grads"] + b["optimizer"] / d == 6 + 8 / d
+    runs = {}
+    for mdt in ("fp32", "bf16"):
+        tr = synthesize("gpt3-125m", "a100-80gb", tp=1, pp=1, micro_batch=1, moment_dtype=mdt,
+                        check_memory=False, **kw)
+        o = tr.ops.assign(name=tr.names())
+        step = o.loc[(o["rank"] == 0) & (o["name"] == "optimizer.adam_step"), "bytes"]
+        runs[mdt] = (int(step.sum()), tr.meta["synth"]["memory"][0])
+    n = runs["fp32"][1]["params"]
+    assert runs["bf16"][1]["optimizer_bytes"] == int(8 * n / d)
+    assert runs["fp32"][1]["optimizer_bytes"] == int(12 * n / d)
+    assert abs(runs["bf16"][0] * 28 - runs["fp32"][0] * 20) <= 28 * 20
+
+
+def test_moment_dtype_rejects_other_values():
+    from retime.collectors.synth.parallel import ConfigError
+    with pytest.raises(ConfigError, match="moment_dtype"):
+        ParallelConfig(moment_dtype="fp8")

@@ -33,11 +33,12 @@ K, V) are not kept.
 Model states use mixed-precision Adam (:func:`state_bytes_per_param`): 2-byte weights,
 gradients in the main-gradient dtype (``ParallelConfig.grad_bytes``: 2 bytes for fp16 runs, 4
 for bf16 / FP8 / FP4 ones under Megatron-LM's rule; FSDP2 runs 2), 12 bytes of fp32 master
-weights and moments per parameter (16 or 18 bytes; ZeRO-1 shards the 12, ZeRO-2 also the
-gradients, ZeRO-3/FSDP also the weights over the data-parallel ranks). 16-bit main gradients
-are copied to fp32 for the optimizer step (Megatron-LM's ``main_grad.float()``, 4 bytes per
-parameter of the optimizer's shard, freed after the step): they count at the step, when the
-activations are gone, so they raise the peak only where they outgrow the activations. Routed experts are
+weights and moments per parameter (8 with bf16 moments; 16 or 18 bytes in all; ZeRO-1 shards
+the 12, ZeRO-2 also the gradients, ZeRO-3/FSDP also the weights over the data-parallel
+ranks). 16-bit main gradients are copied to fp32 for the optimizer step (Megatron-LM's
+``main_grad.float()``, 4 bytes per parameter of the optimizer's shard, freed after the step):
+they count at the step, when the activations are gone, so they raise the peak only where they
+outgrow the activations. Routed experts are
 held by ``1/ep`` of the ranks and their states shard over the expert-data-parallel group
 (``dp/ep * cp`` ranks). A MoE layer's MLP activations are those of its dispatched tokens on
 the most loaded rank (:func:`collectors.synth.moe.moe_activation_bytes`); all-to-all send and
@@ -60,7 +61,8 @@ def state_bytes_per_param(parallel: ParallelConfig) -> dict[str, int]:
     """Model-state bytes per parameter before any data-parallel sharding.
 
     ``weights`` (16-bit), ``grads`` (the main-gradient buffer: ``grad_bytes``, FSDP2 2),
-    ``optimizer`` (fp32 master weights + the two Adam moments: 12) and ``step_copy`` (the
+    ``optimizer`` (fp32 master weights + the two Adam moments: 12, or 8 with bf16 moments,
+    ``moment_dtype``, REFERENCES.md R54) and ``step_copy`` (the
     fp32 copy of 16-bit main gradients the optimizer step makes, 4, or 0 when the buffer is
     already fp32 or FSDP2 holds fp32 sharded gradients). With the distributed optimizer
     (ZeRO-1) over ``d`` ranks a rank holds ``weights + grads + (optimizer + step_copy) / d``
@@ -70,7 +72,8 @@ def state_bytes_per_param(parallel: ParallelConfig) -> dict[str, int]:
     from .fsdp import fsdp2
     f2 = fsdp2(parallel)
     gb = 2 if f2 else parallel.grad_bytes
-    return {"weights": 2, "grads": gb, "optimizer": 12,
+    moments = 2 * (2 if parallel.moment_dtype == "bf16" else 4)
+    return {"weights": 2, "grads": gb, "optimizer": 4 + moments,
             "step_copy": 4 if gb == 2 and not f2 else 0}
 
 
