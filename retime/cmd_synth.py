@@ -216,7 +216,8 @@ def synth(
                                         help="Model chunks per pipeline rank (interleaved, bfs).")] = 1,
     recompute: Annotated[Recompute, typer.Option(
         "--recompute", help="Activation recompute: none; selective (Megatron-LM: the "
-        "attention core; DeepSeek's norms and MLA up-projections with latent attention); "
+        "attention core; DeepSeek's norms, MLA up-projections and routed experts' SwiGLU "
+        "output with latent attention); "
         "full (the whole layer); op (torchtitan's op-level selective checkpointing: every "
         "second matmul of a layer, its norms, rotary and SwiGLU products).")] = Recompute.none,
     dtype: Annotated[Dtype, typer.Option("--dtype", help="Compute dtype (fp8: FP8 GEMMs where "

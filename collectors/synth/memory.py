@@ -28,7 +28,8 @@ Activation offload (``offload_layers``): those layers keep nothing on the GPU be
 forward and backward; two layers' worth of staging buffers stay (:mod:`collectors.synth.offload`).
 With latent attention, ``selective`` recompute is DeepSeek-V3's: the norms and the MLA
 up-projections are recomputed in the backward, so their outputs (norm outputs, per-head Q,
-K, V) are not kept.
+K, V) are not kept, and the routed experts keep only their SwiGLU input (FP8 in FP8 runs;
+:func:`collectors.synth.moe.moe_activation_bytes`).
 
 Model states use mixed-precision Adam (:func:`state_bytes_per_param`): 2-byte weights,
 gradients in the main-gradient dtype (``ParallelConfig.grad_bytes``: 2 bytes for fp16 runs, 4
