@@ -41,25 +41,36 @@ def test_fsdp2_keeps_no_fp32_gradient_copy():
     assert (b["grads"], b["step_copy"]) == (2, 0)
 
 
-@pytest.mark.parametrize("model,tp,zero,copy_wins", [("gpt3-125m", 1, 0, False),
-                                                     ("megatron-22b", 8, 0, True),
-                                                     ("megatron-22b", 8, 1, True)])
-def test_stage_peak_counts_the_step_copy_only_past_the_activations(model, tp, zero, copy_wins):
-    """fp16 runs on 2 data-parallel ranks with full recompute: the fp32 gradient copy (4
-    bytes per parameter of the optimizer shard) replaces the activations in the peak where it
-    is larger (22B at TP 8: 2.75 G parameters per rank, 11 GB or 5.5 GB of copy against
-    about 2 GB of activations); bf16 runs (fp32 buffers) have none."""
+@pytest.mark.parametrize("model,tp,zero,rc,copy_wins", [
+    ("gpt3-125m", 1, 0, "none", False), ("gpt3-125m", 1, 0, "full", False),
+    ("megatron-22b", 8, 0, "full", True), ("megatron-22b", 8, 1, "full", True)])
+def test_stage_peak_counts_the_step_copy_only_past_the_activations(model, tp, zero, rc,
+                                                                   copy_wins):
+    """fp16 runs on 2 data-parallel ranks: the fp32 gradient copy (4 bytes per parameter of
+    the optimizer shard), made at the step after the backwards freed the micro-batches'
+    activations, replaces them in the peak where it is larger (full recompute; 22B at TP 8:
+    2.75 G parameters per rank, 11 GB or 5.5 GB of copy); bf16 runs (fp32 buffers) have
+    none."""
     kw = dict(tp=tp, pp=1, dp=2, zero=zero, global_batch=2, micro_batch=1,
-              recompute="full", check_memory=False)
+              recompute=rc, check_memory=False)
     m = synthesize(model, "a100-80gb", dtype="fp16", **kw).meta["synth"]["memory"][0]
     n = m["params"]
     d = 2 if zero else 1
     assert m["step_copy_bytes"] == int(4 * n / d)
     assert m["optimizer_bytes"] == int(12 * n / d)
-    assert (m["step_copy_bytes"] > m["activation_bytes"]) == copy_wins
+    act = m["activation_bytes"]  # freed by the last backward, before the step
+    assert (m["step_copy_bytes"] > act) == copy_wins
     static = m["weights_bytes"] + m["grads_bytes"] + m["optimizer_bytes"] + m["buffer_bytes"]
-    assert abs(m["total_bytes"] - static
-               - max(m["activation_bytes"], m["step_copy_bytes"])) <= 4
+    assert abs(m["total_bytes"] - static - max(act, m["step_copy_bytes"])) <= 4
+    # the allocator timeline: the copy arrives with the rank's first optimizer op and the
+    # timeline's maximum is the stage peak
+    tr = synthesize(model, "a100-80gb", dtype="fp16", **kw)
+    mt = tr.memory[tr.memory["rank"] == 0]
+    assert mt["allocated_bytes"].max() == m["total_bytes"]
+    o = tr.ops[(tr.ops["rank"] == 0) & (tr.ops["phase"] == 2)]
+    fixed = act - m["dynamic_activation_bytes"]  # recompute / logits buffers, freed by then
+    at = mt.loc[mt["bytes_delta"] == m["step_copy_bytes"] - fixed, "ts_ns"]
+    assert len(at) == 1 and int(at.iloc[0]) == int(o["start_ns"].min())
     b = synthesize(model, "a100-80gb", dtype="bf16", **kw).meta["synth"]["memory"][0]
     assert b["step_copy_bytes"] == 0
     assert abs(b["total_bytes"] - b["weights_bytes"] - b["grads_bytes"] - b["optimizer_bytes"]

@@ -225,6 +225,8 @@ def memory_per_stage(model: ModelConfig, parallel: ParallelConfig,
                 buffers += 4 * (dense / dpg + expert / edp)
         elif dpg > 1:
             buffers += int(P.bucket_mb * 1e6)
+        # the fp32 gradient copy is made at the optimizer step, after every backward freed
+        # its activations (and the recompute / logits buffers)
         total = weights + grads + optim + max(peak + fixed, step_copy) + buffers
         out.append({
             "stage": stage,
@@ -267,7 +269,10 @@ def memory_timeline(ops, parallel: ParallelConfig, mem: list[dict], chunk_act,
 
     Model states and buffers are allocated at the step start; each forward item allocates
     ``chunk_act[stage][chunk]`` bytes when its first compute op starts and its backward frees
-    them when its last compute op (not counting weight-gradient GEMMs, ``wgrad`` mask) ends.
+    them when its last compute op (not counting weight-gradient GEMMs, ``wgrad`` mask) ends;
+    the optimizer's fp32 gradient copy (``step_copy_bytes``) is allocated when the rank's
+    first optimizer op starts, when the fixed activation buffers (the recompute layer's, the
+    logits) are released, and kept to the step's end (freed by the next ``zero_grad``).
     ``ops`` are the representative ranks' ops (rank ``stage * R``); ``emitted`` the ranks of
     the trace, which get their representative's samples.
     """
@@ -295,17 +300,29 @@ def memory_timeline(ops, parallel: ParallelConfig, mem: list[dict], chunk_act,
     t0 = int(ops["start_ns"].min()) if len(ops) else 0
     stage_r = np.unique(np.concatenate([fwd["rank"].to_numpy(), bwd["rank"].to_numpy()])) \
         if len(g) else np.zeros(0, np.int64)
-    static = {r: mem[r // R]["total_bytes"] - mem[r // R]["dynamic_activation_bytes"]
-              for r in stage_r}
+    def _copy(r):
+        return mem[r // R].get("step_copy_bytes", 0)
+
+    def _fixed(r):
+        return mem[r // R]["activation_bytes"] - mem[r // R]["dynamic_activation_bytes"]
+    static = {r: mem[r // R]["total_bytes"] + _fixed(r)
+              - max(mem[r // R]["activation_bytes"], _copy(r)) for r in stage_r}
+    # the optimizer step's first op per representative rank (compute lane)
+    opt = (rank % R == 0) & (ops["lane"].to_numpy() % len(LANES) == 0) & (ph == 2)
+    opt_start = pd.Series(ops["start_ns"].to_numpy()[opt]).groupby(rank[opt]).min()
+    copy_r = [r for r in stage_r if _copy(r) and r in opt_start.index]
     ts = np.concatenate([np.full(len(stage_r), t0), fwd["start"].to_numpy(),
-                         bwd["end"].to_numpy()]).astype(np.int64)
-    rk = np.concatenate([stage_r, fwd["rank"].to_numpy(), bwd["rank"].to_numpy()])
+                         bwd["end"].to_numpy(),
+                         np.asarray([opt_start[r] for r in copy_r], np.int64)]).astype(np.int64)
+    rk = np.concatenate([stage_r, fwd["rank"].to_numpy(), bwd["rank"].to_numpy(),
+                         np.asarray(copy_r, np.int64)])
     wf = [chunk_act[r // R][c] for r, c in zip(fwd["rank"].to_numpy(),
                                                 fwd["chunk"].to_numpy(), strict=True)]
     wb = [chunk_act[r // R][c] for r, c in zip(bwd["rank"].to_numpy(),
                                                 bwd["chunk"].to_numpy(), strict=True)]
     delta = np.concatenate([np.asarray([static[r] for r in stage_r], np.int64),
-                            np.asarray(wf, np.int64), -np.asarray(wb, np.int64)])
+                            np.asarray(wf, np.int64), -np.asarray(wb, np.int64),
+                            np.asarray([_copy(r) - _fixed(r) for r in copy_r], np.int64)])
     # at equal times frees first: a backward ends exactly when the next forward starts on
     # the same stream, so its activations are released before the new ones are allocated
     order = np.lexsort((delta, ts, rk))
