@@ -183,10 +183,11 @@ _L405 = dict(model="llama3-405b", hardware="h100-sxm", tp=8, pp=16, zero=1,
              schedule="interleaved", chunks=8, p2p="async", micro_batch=1,
              global_batch=2048, stage_layers="0" + ",1" * 126 + ",0", grad_reduce_dtype="fp32")
 # R12 §3.3.3: gradients "retained in FP32" for accumulation (the reduce dtype is not stated
-# apart: the fp32 buffer is what is reduced; synth R51)
+# apart: the fp32 buffer is what is reduced; synth R51); "we adopt the BF16 data format
+# instead of FP32 to track the first and second moments in the AdamW optimizer" (synth R54)
 _DS = dict(model="deepseek-v3", hardware_file=H800, tp=1, pp=16, dp=128, ep=64,
            global_batch=15360, micro_batch=1, dtype="fp8", schedule="dualpipe", zero=1,
-           recompute="selective", grad_reduce_dtype="fp32")
+           recompute="selective", grad_reduce_dtype="fp32", moment_dtype="bf16")
 
 ROWS = [
     ("TT-T1 FSDP", "R7 T1", "8 x H100 500W", "FSDP, eager, SAC op", 5762, "tok", "dev",
@@ -277,7 +278,8 @@ ROWS = [
 _FLAGS = ("model", "hardware", "hardware_file", "tp", "pp", "dp", "cp", "ep",
           "sequence_parallel", "tp_comm_overlap", "fsdp", "fsdp_impl", "zero", "schedule", "chunks",
           "stage_layers", "p2p", "global_batch", "micro_batch", "seq", "recompute", "dtype",
-          "fp8_scaling", "cp_attention", "eager", "compile_blocks", "grad_reduce_dtype")
+          "fp8_scaling", "cp_attention", "eager", "compile_blocks", "grad_reduce_dtype",
+          "moment_dtype")
 
 
 def command(opts: dict) -> str:

@@ -41,6 +41,11 @@ class FsdpReduceDtype(str, Enum):
     bf16 = "bf16"
 
 
+class MomentDtype(str, Enum):
+    fp32 = "fp32"
+    bf16 = "bf16"
+
+
 class GradReduceDtype(str, Enum):
     auto = "auto"
     fp32 = "fp32"
@@ -201,12 +206,18 @@ def synth(
         "runs (--bf16 sets --accumulate-allreduce-grads-in-fp32 unless "
         "--grad-reduce-in-bf16), the 16-bit gradients for fp16 runs.")]
         = GradReduceDtype.auto,
+    moment_dtype: Annotated[MomentDtype, typer.Option(
+        "--moment-dtype", help="Dtype of Adam's two moments: fp32 (default, Megatron-LM's) or "
+        "bf16 (DeepSeek-V3's; Megatron-LM's --use-precision-aware-optimizer --exp-avg-dtype "
+        "bf16 --exp-avg-sq-dtype bf16): 8 instead of 12 optimizer bytes per parameter, fp32 "
+        "master weights kept.")] = MomentDtype.fp32,
     schedule: Annotated[Schedule, typer.Option("--schedule", help="Pipeline schedule.")] = Schedule.one_f_one_b,
     chunks: Annotated[int, typer.Option("--chunks", min=1,
                                         help="Model chunks per pipeline rank (interleaved, bfs).")] = 1,
     recompute: Annotated[Recompute, typer.Option(
         "--recompute", help="Activation recompute: none; selective (Megatron-LM: the "
-        "attention core; DeepSeek's norms and MLA up-projections with latent attention); "
+        "attention core; DeepSeek's norms, MLA up-projections and routed experts' SwiGLU "
+        "output with latent attention); "
         "full (the whole layer); op (torchtitan's op-level selective checkpointing: every "
         "second matmul of a layer, its norms, rotary and SwiGLU products).")] = Recompute.none,
     dtype: Annotated[Dtype, typer.Option("--dtype", help="Compute dtype (fp8: FP8 GEMMs where "
@@ -365,7 +376,8 @@ def synth(
         offload_layers=offload_layers,
         fp8_scaling=fp8_scaling.value, cp_attention=cp_attention.value,
         fsdp_impl=fsdp_impl.value, fsdp_reduce_dtype=fsdp_reduce_dtype.value,
-        grad_reduce_dtype=grad_reduce_dtype.value, nvlink_domain=nvlink_domain or 0,
+        grad_reduce_dtype=grad_reduce_dtype.value, moment_dtype=moment_dtype.value,
+        nvlink_domain=nvlink_domain or 0,
         fp4_first_high=first_high, fp4_last_high=last_high,
         fp4_high_dtype=fp4_high_dtype.value, check_memory=check_memory)
     trace.save(output)

@@ -105,3 +105,24 @@ def test_grad_reduce_dtype_prices_the_data_parallel_reduction(tmp_path, capsys):
     assert rc == 2
     err = capsys.readouterr().err.strip()
     assert "--grad-reduce-dtype" in err and "\n" not in err and "Traceback" not in err
+
+
+def test_moment_dtype_flag_shrinks_the_optimizer_states(tmp_path, capsys):
+    """``--moment-dtype bf16`` (DeepSeek-V3's Adam moments, synth R54): 8 optimizer bytes
+    per parameter instead of 12; any other value is one line, exit 2."""
+    mem = {}
+    for mdt in ("fp32", "bf16"):
+        out = tmp_path / f"{mdt}.retime"
+        assert run(["synth", "--model", "gpt3-125m", "--hardware", "a100-80gb", "--tp", "1",
+                    "--pp", "1", "--dp", "1", "--global-batch", "1", "--micro-batch", "1",
+                    "--moment-dtype", mdt, "-o", str(out), "--json"]) == 0
+        capsys.readouterr()
+        mem[mdt] = read_trace(out).meta["synth"]["memory"][0]
+    n = mem["fp32"]["params"]
+    assert (mem["fp32"]["optimizer_bytes"], mem["bf16"]["optimizer_bytes"]) == (12 * n, 8 * n)
+    assert mem["fp32"]["total_bytes"] - mem["bf16"]["total_bytes"] == 4 * n
+    rc = run(["synth", "--model", "gpt3-125m", "--hardware", "a100-80gb", *BASE,
+              "--moment-dtype", "fp8", "-o", str(tmp_path / "x.retime")])
+    assert rc == 2
+    err = capsys.readouterr().err.strip()
+    assert "--moment-dtype" in err and "\n" not in err and "Traceback" not in err

@@ -234,3 +234,28 @@ def test_moe_memory_counts_dispatch_buffers_and_phases(moe_run):
     disp = (o["rank"] == 0).to_numpy() & (names == "ep.dispatch")
     assert (o["phase"].to_numpy()[disp] == int(Phase.FWD)).all()
     assert math.isclose(s["moe"]["load"], 1.0)
+
+
+def test_deepseek_selective_keeps_the_fp8_swiglu_input_and_recomputes_its_output():
+    """DeepSeek-V3's recipe (report §3.3.3, synth R58): the routed experts cache the SwiGLU
+    input in FP8 and recompute the output in the backward. EP 64, one 4,096-token sequence
+    per rank, 8 of 256 experts per token, balanced: each expert gets 64 x 4096 x 8 / 256 =
+    8192 tokens, a rank's 4 experts M = 32768. Without recompute an FP8 run keeps the FC1
+    output in 2 bytes (2 x 2048 wide) and the SwiGLU output in 1 (2048 wide); with it the FC1
+    output in 1 byte and no SwiGLU output: 3 x M x 2048 bytes fewer per MoE layer."""
+    from retime.collectors.synth.moe import moe_activation_bytes
+    m = load_model("deepseek-v3")
+    kw = dict(tp=1, pp=1, dp=64, ep=64, global_batch=64, micro_batch=1, dtype="fp8")
+    keep = moe_activation_bytes(m, ParallelConfig(recompute="none", **kw))
+    redo = moe_activation_bytes(m, ParallelConfig(recompute="selective", **kw))
+    assert keep - redo == 3 * 32768 * 2048
+    names = {}
+    for rc in ("none", "selective"):
+        tr = synthesize(m, "h100-sxm", recompute=rc, expand="unique", check_memory=False, **kw)
+        r0 = (tr.ops["rank"] == 0).to_numpy()
+        names[rc] = tr.names()[tr.ops.index.to_numpy()][r0]
+    # one per MoE layer's backward (58 layers and the MTP module's)
+    n_moe = (names["selective"] == "moe.experts.fc2.bwd_dgrad").sum()
+    assert n_moe == sum(m.is_moe_layer(i) for i in range(m.layers)) + 1
+    assert (names["selective"] == "recompute.moe.experts.act.fwd").sum() == n_moe
+    assert (names["none"] == "recompute.moe.experts.act.fwd").sum() == 0

@@ -421,6 +421,8 @@ def build_trace(template: StepTemplate, parallel: ParallelConfig | dict,
         for kname, bpp in template.optimizer_kernels:
             if kname == "optimizer.copy_grads" and reduce_bytes_per_param(parallel, template) == 4:
                 continue  # fp32 main gradients: the optimizer takes them as they are
+            if kname == "optimizer.adam_step" and parallel.moment_dtype == "bf16":
+                bpp -= 8.0  # m and v read and written in 2 bytes instead of 4 (R54)
             kc = streaming(hw, bpp * shard)
             ops.append((OpTemplate(kname, "compute", kc.dur_ns, bytes=kc.bytes,
                                    kind=int(OpKind.KERNEL)), int(Phase.OPT)))

@@ -28,13 +28,18 @@ Activation offload (``offload_layers``): those layers keep nothing on the GPU be
 forward and backward; two layers' worth of staging buffers stay (:mod:`collectors.synth.offload`).
 With latent attention, ``selective`` recompute is DeepSeek-V3's: the norms and the MLA
 up-projections are recomputed in the backward, so their outputs (norm outputs, per-head Q,
-K, V) are not kept.
+K, V) are not kept, and the routed experts keep only their SwiGLU input (FP8 in FP8 runs;
+:func:`collectors.synth.moe.moe_activation_bytes`).
 
-Model states use mixed-precision Adam: 2-byte weights, gradients in the main-gradient dtype
-(``ParallelConfig.grad_bytes``: 2 bytes for fp16 runs, 4 for bf16 / FP8 / FP4 ones under
-Megatron-LM's rule; FSDP2 runs 2), 12 bytes of fp32 master weights and moments per parameter
-(16 or 18 bytes; ZeRO-1 shards the 12, ZeRO-2 also the
-gradients, ZeRO-3/FSDP also the weights over the data-parallel ranks). Routed experts are
+Model states use mixed-precision Adam (:func:`state_bytes_per_param`): 2-byte weights,
+gradients in the main-gradient dtype (``ParallelConfig.grad_bytes``: 2 bytes for fp16 runs, 4
+for bf16 / FP8 / FP4 ones under Megatron-LM's rule; FSDP2 runs 2), 12 bytes of fp32 master
+weights and moments per parameter (8 with bf16 moments; 16 or 18 bytes in all; ZeRO-1 shards
+the 12, ZeRO-2 also the gradients, ZeRO-3/FSDP also the weights over the data-parallel
+ranks). 16-bit main gradients are copied to fp32 for the optimizer step (Megatron-LM's
+``main_grad.float()``, 4 bytes per parameter of the optimizer's shard, freed after the step):
+they count at the step, when the activations are gone, so they raise the peak only where they
+outgrow the activations. Routed experts are
 held by ``1/ep`` of the ranks and their states shard over the expert-data-parallel group
 (``dp/ep * cp`` ranks). A MoE layer's MLP activations are those of its dispatched tokens on
 the most loaded rank (:func:`collectors.synth.moe.moe_activation_bytes`); all-to-all send and
@@ -50,7 +55,27 @@ from .parallel import ParallelConfig
 from .schedule import BI, B, F, stage_order
 
 __all__ = ["layer_activation_bytes", "korthikanti_layer_bytes", "memory_per_stage",
-           "memory_timeline"]
+           "memory_timeline", "state_bytes_per_param"]
+
+
+def state_bytes_per_param(parallel: ParallelConfig) -> dict[str, int]:
+    """Model-state bytes per parameter before any data-parallel sharding.
+
+    ``weights`` (16-bit), ``grads`` (the main-gradient buffer: ``grad_bytes``, FSDP2 2),
+    ``optimizer`` (fp32 master weights + the two Adam moments: 12, or 8 with bf16 moments,
+    ``moment_dtype``, REFERENCES.md R54) and ``step_copy`` (the
+    fp32 copy of 16-bit main gradients the optimizer step makes, 4, or 0 when the buffer is
+    already fp32 or FSDP2 holds fp32 sharded gradients). With the distributed optimizer
+    (ZeRO-1) over ``d`` ranks a rank holds ``weights + grads + (optimizer + step_copy) / d``
+    at the step: NVIDIA/Megatron-LM ``docs/api-guide/dist_optimizer.md``'s table, 4 + 16/d
+    for fp16 gradients and 6 + 12/d for fp32 ones (20 and 18 without it; REFERENCES.md R53).
+    """
+    from .fsdp import fsdp2
+    f2 = fsdp2(parallel)
+    gb = 2 if f2 else parallel.grad_bytes
+    moments = 2 * (2 if parallel.moment_dtype == "bf16" else 4)
+    return {"weights": 2, "grads": gb, "optimizer": 4 + moments,
+            "step_copy": 4 if gb == 2 and not f2 else 0}
 
 
 def layer_activation_bytes(model: ModelConfig, parallel: ParallelConfig,
@@ -139,8 +164,8 @@ def memory_per_stage(model: ModelConfig, parallel: ParallelConfig,
     dpg = P.dp * P.cp
     edp = P.edp
     z = P.zero_stage
-    from .fsdp import fsdp2
-    gb = 2 if fsdp2(P) else P.grad_bytes  # main gradients (Megatron-LM: fp32 unless fp16)
+    sb = state_bytes_per_param(P)
+    gb = sb["grads"]  # main gradients (Megatron-LM: fp32 unless fp16)
     if layout is None:
         layout = pipeline_layout(P, model.layers)
     weights_by_vs = chunk_activation_bytes(model, P, layout)
@@ -172,7 +197,9 @@ def memory_per_stage(model: ModelConfig, parallel: ParallelConfig,
         if P.dtype == "fp4":  # quantized weight copies of the FP4 layers (whole, not sharded)
             weights += 2 * 0.5625 * (dense + expert) * _fp4_share(model, P)
         grads = gb * (dense / (dpg if z >= 2 else 1) + expert / (edp if z >= 2 else 1))
-        optim = 12 * (dense / (dpg if z >= 1 else 1) + expert / (edp if z >= 1 else 1))
+        opt_share = dense / (dpg if z >= 1 else 1) + expert / (edp if z >= 1 else 1)
+        optim = sb["optimizer"] * opt_share
+        step_copy = sb["step_copy"] * opt_share  # at the step, after the activations
         fixed = 0.0
         if P.recompute != "none":
             fixed += full_layer  # the layer being recomputed holds its full activations
@@ -198,7 +225,9 @@ def memory_per_stage(model: ModelConfig, parallel: ParallelConfig,
                 buffers += 4 * (dense / dpg + expert / edp)
         elif dpg > 1:
             buffers += int(P.bucket_mb * 1e6)
-        total = weights + grads + optim + peak + fixed + buffers
+        # the fp32 gradient copy is made at the optimizer step, after every backward freed
+        # its activations (and the recompute / logits buffers)
+        total = weights + grads + optim + max(peak + fixed, step_copy) + buffers
         out.append({
             "stage": stage,
             "params": int(dense + expert),
@@ -206,6 +235,7 @@ def memory_per_stage(model: ModelConfig, parallel: ParallelConfig,
             "weights_bytes": int(weights),
             "grads_bytes": int(grads),
             "optimizer_bytes": int(optim),
+            "step_copy_bytes": int(step_copy),
             "activation_bytes": int(peak + fixed),
             "dynamic_activation_bytes": int(peak),
             "activation_bytes_per_layer": int(act_layer),
@@ -239,7 +269,10 @@ def memory_timeline(ops, parallel: ParallelConfig, mem: list[dict], chunk_act,
 
     Model states and buffers are allocated at the step start; each forward item allocates
     ``chunk_act[stage][chunk]`` bytes when its first compute op starts and its backward frees
-    them when its last compute op (not counting weight-gradient GEMMs, ``wgrad`` mask) ends.
+    them when its last compute op (not counting weight-gradient GEMMs, ``wgrad`` mask) ends;
+    the optimizer's fp32 gradient copy (``step_copy_bytes``) is allocated when the rank's
+    first optimizer op starts, when the fixed activation buffers (the recompute layer's, the
+    logits) are released, and kept to the step's end (freed by the next ``zero_grad``).
     ``ops`` are the representative ranks' ops (rank ``stage * R``); ``emitted`` the ranks of
     the trace, which get their representative's samples.
     """
@@ -267,17 +300,29 @@ def memory_timeline(ops, parallel: ParallelConfig, mem: list[dict], chunk_act,
     t0 = int(ops["start_ns"].min()) if len(ops) else 0
     stage_r = np.unique(np.concatenate([fwd["rank"].to_numpy(), bwd["rank"].to_numpy()])) \
         if len(g) else np.zeros(0, np.int64)
-    static = {r: mem[r // R]["total_bytes"] - mem[r // R]["dynamic_activation_bytes"]
-              for r in stage_r}
+    def _copy(r):
+        return mem[r // R].get("step_copy_bytes", 0)
+
+    def _fixed(r):
+        return mem[r // R]["activation_bytes"] - mem[r // R]["dynamic_activation_bytes"]
+    static = {r: mem[r // R]["total_bytes"] + _fixed(r)
+              - max(mem[r // R]["activation_bytes"], _copy(r)) for r in stage_r}
+    # the optimizer step's first op per representative rank (compute lane)
+    opt = (rank % R == 0) & (ops["lane"].to_numpy() % len(LANES) == 0) & (ph == 2)
+    opt_start = pd.Series(ops["start_ns"].to_numpy()[opt]).groupby(rank[opt]).min()
+    copy_r = [r for r in stage_r if _copy(r) and r in opt_start.index]
     ts = np.concatenate([np.full(len(stage_r), t0), fwd["start"].to_numpy(),
-                         bwd["end"].to_numpy()]).astype(np.int64)
-    rk = np.concatenate([stage_r, fwd["rank"].to_numpy(), bwd["rank"].to_numpy()])
+                         bwd["end"].to_numpy(),
+                         np.asarray([opt_start[r] for r in copy_r], np.int64)]).astype(np.int64)
+    rk = np.concatenate([stage_r, fwd["rank"].to_numpy(), bwd["rank"].to_numpy(),
+                         np.asarray(copy_r, np.int64)])
     wf = [chunk_act[r // R][c] for r, c in zip(fwd["rank"].to_numpy(),
                                                 fwd["chunk"].to_numpy(), strict=True)]
     wb = [chunk_act[r // R][c] for r, c in zip(bwd["rank"].to_numpy(),
                                                 bwd["chunk"].to_numpy(), strict=True)]
     delta = np.concatenate([np.asarray([static[r] for r in stage_r], np.int64),
-                            np.asarray(wf, np.int64), -np.asarray(wb, np.int64)])
+                            np.asarray(wf, np.int64), -np.asarray(wb, np.int64),
+                            np.asarray([_copy(r) - _fixed(r) for r in copy_r], np.int64)])
     # at equal times frees first: a backward ends exactly when the next forward starts on
     # the same stream, so its activations are released before the new ones are allocated
     order = np.lexsort((delta, ts, rk))

@@ -14,7 +14,10 @@ experts sharded over ``ep`` expert-parallel ranks and, inside an expert, over th
    in flight.
 
 Backward mirrors it: two more all-to-alls per layer (the combine's and the dispatch's
-gradients), the grouped GEMMs' input and weight gradients.
+gradients), the grouped GEMMs' input and weight gradients. With DeepSeek-V3's selective
+recompute (latent attention, ``recompute = "selective"``) the routed experts keep only the
+SwiGLU input, in FP8 in FP8 runs, and the backward recomputes the SwiGLU output before the
+FC2 gradients (report §3.3.3, synth REFERENCES.md R58); shared experts keep theirs.
 
 Load: ``n = tokens * top_k / experts`` tokens per expert on average. ``moe_imbalance`` ``r``
 is the most loaded expert's tokens over the mean; the slowest rank holds it and
@@ -199,6 +202,10 @@ def moe_bwd(x) -> list:
                                (-1,))
     if x.t > 1:
         tok = q.add(x.tp_coll("tp.allgather", CommOp.ALL_GATHER, x.act * M * h), (tok,))
+    if swiglu_recompute(m, x.par):  # the SwiGLU output again, from its cached input
+        eb = 1 if x.dtype == "fp8" else x.act
+        tok = q.add(_k("recompute.moe.experts.act.fwd", x.st(eb * M * f * (gate + 1),
+                                                              8.0 * M * f)), (tok,))
     fc2d = q.add(_k("moe.experts.fc2.bwd_dgrad", grouped_gemm(x.hw, x.dtype, ms, f, h)),
                  (tok,))
     w = [_k("moe.experts.fc2.bwd_wgrad", _grouped_wgrad(x, ms, h, f))]
@@ -241,6 +248,12 @@ def _grouped_wgrad(x, ms: list, n_out: int, k_in: int):
     return grouped_gemm(hw, x.dtype, [n_out] * len(ms), k_in, int(max(1, kbar)))
 
 
+def swiglu_recompute(model, parallel) -> bool:
+    """DeepSeek-V3's recipe (selective recompute with latent attention): the routed experts
+    cache the SwiGLU input (FP8 in FP8 runs) and recompute its output in the backward."""
+    return bool(model.mla and parallel.recompute == "selective" and model.gated_mlp)
+
+
 def moe_activation_bytes(model, parallel) -> float:
     """Activation bytes a MoE MLP keeps for its backward (slowest rank, one micro-batch),
     replacing the dense MLP's ``FC1 input + FC1 output + activation output``: the router's
@@ -254,7 +267,10 @@ def moe_activation_bytes(model, parallel) -> float:
     T = P.micro_batch * model.seq / P.cp
     lin = 1.0 if P.dtype == "fp8" else 2.0  # FP8 keeps the GEMM inputs in one byte
     out = 8.0 * ld["tokens"] * model.experts  # router logits + probabilities (fp32)
-    out += lin * M * model.hidden + 2.0 * M * f * gate + lin * M * f
+    if swiglu_recompute(model, P):  # DeepSeek-V3: the SwiGLU input only, in FP8 (R58)
+        out += lin * M * model.hidden + lin * M * f * gate
+    else:
+        out += lin * M * model.hidden + 2.0 * M * f * gate + lin * M * f
     if model.shared_experts:
         fs = model.shared_experts * model.expert_ffn / P.tp
         out += 2.0 * T * fs * gate + lin * T * fs

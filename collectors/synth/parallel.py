@@ -169,6 +169,12 @@ class ParallelConfig:
     per parameter of memory and doubles the reduction's bytes; the optimizer then reads it
     as its fp32 gradient without a copy.
 
+    ``moment_dtype``: the dtype of Adam's two moments, ``"fp32"`` (Megatron-LM's default) or
+    ``"bf16"`` (DeepSeek-V3's, report §3.3.3; Megatron-LM's ``--use-precision-aware-optimizer
+    --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16``): 4 + 2 x 2 instead of 4 + 2 x 4 optimizer
+    bytes per parameter (fp32 master weights kept), and 8 fewer bytes per parameter read and
+    written by the Adam step (REFERENCES.md R54).
+
     ``odc``: on ZeRO-3 / FSDP runs, parameter gathers and gradient reductions are on-demand
     point-to-point transfers (Wan et al. 2026) with one synchronization per step instead of
     one per layer. ``seq_imbalance`` is the most loaded data-parallel rank's work over the
@@ -216,6 +222,7 @@ class ParallelConfig:
     fsdp_impl: str = "megatron"
     fsdp_reduce_dtype: str = "fp32"
     grad_reduce_dtype: str = "auto"
+    moment_dtype: str = "fp32"
 
     def __post_init__(self) -> None:
         for f in ("tp", "pp", "dp", "cp", "chunks", "global_batch", "micro_batch", "ep"):
@@ -317,6 +324,9 @@ class ParallelConfig:
             raise ConfigError(f"parallel config: grad_reduce_dtype={self.grad_reduce_dtype!r}; "
                               f"use one of {', '.join(GRAD_REDUCE)} (auto: fp32 unless "
                               "dtype is fp16, Megatron-LM's rule)")
+        if self.moment_dtype not in ("fp32", "bf16"):
+            raise ConfigError(f"parallel config: moment_dtype={self.moment_dtype!r}; use fp32 "
+                              "(Adam's default) or bf16 (DeepSeek-V3's optimizer states)")
         if self.cp_attention not in ("fused", "torch"):
             raise ConfigError(f"parallel config: cp_attention={self.cp_attention!r}; use fused "
                               "(one flash kernel per layer) or torch (PyTorch's ring "
