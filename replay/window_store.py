@@ -243,20 +243,31 @@ class _SpillEdges:
 
 
 class _SpillResults:
-    """Each window's results spilled to disk (op ids ascending, start, end, critical
-    predecessor; int64); ``get`` reads back the ops asked for."""
+    """Each window's results spilled to disk, a file per column (op ids ascending, in 4
+    bytes where the run's fit; start, end; the critical predecessor only with ``crit``,
+    which only the tests' ``results=True`` reads back: 20 bytes per op written, not 32);
+    ``get`` reads back the ops asked for."""
 
-    def __init__(self, spill: Path, win: np.ndarray) -> None:
+    def __init__(self, spill: Path, win: np.ndarray, crit: bool = True) -> None:
         self.dir = spill
         self.win = win
+        self.crit = crit
+        self.ids = _I32 if len(win) < (1 << 31) else _I64
 
     def put(self, k: int, ids, s, e, c) -> None:
-        x = np.stack([ids, s, e, c], dtype=_I64)
+        cols = {"i": np.asarray(ids, self.ids), "s": np.asarray(s, _I64),
+                "e": np.asarray(e, _I64)}
+        if self.crit:
+            cols["c"] = np.asarray(c, _I64)
         if len(ids) > 1 and (ids[1:] < ids[:-1]).any():  # (replay_loop's come ascending)
-            x = x[:, np.argsort(ids, kind="stable")]
-        np.save(self.dir / f"r{k}.npy", x)
+            o = np.argsort(ids, kind="stable")
+            cols = {q: x[o] for q, x in cols.items()}
+        for q, x in cols.items():
+            np.save(self.dir / f"r{k}{q}.npy", x)
 
     def get(self, ids: np.ndarray, crit: bool = False) -> tuple[np.ndarray, ...]:
+        if crit and not self.crit:
+            raise ValueError("the critical predecessors were not kept")
         ids = np.asarray(ids, _I64)
         out = [np.empty(len(ids), _I64) for _ in range(3 if crit else 2)]
         if not len(ids):
@@ -264,11 +275,9 @@ class _SpillResults:
         w = self.win[ids]
         for j in np.unique(w).tolist():
             at = np.flatnonzero(w == j)
-            x = np.load(self.dir / f"r{j}.npy", mmap_mode="r")
-            pos = np.searchsorted(x[0], ids[at])
-            for q, y in enumerate(out):
-                y[at] = x[1 + q][pos]
-            del x
+            pos = np.searchsorted(np.load(self.dir / f"r{j}i.npy", mmap_mode="r"), ids[at])
+            for q, y in zip("sec", out):
+                y[at] = np.load(self.dir / f"r{j}{q}.npy", mmap_mode="r")[pos]
         return tuple(out)
 
 
@@ -354,7 +363,7 @@ def replay_store(path: str | os.PathLike[str], *, ideal: bool = False,
             _spill_edges(edges, edge_files, ecols, has_row, win)
         finally:
             edges.done()
-        res = _SpillResults(spill, win)
+        res = _SpillResults(spill, win, crit=results)
         # (the windows' temporaries are not handed back to the system after each window: the
         # next window faulted them all in again, 898 K minor page faults at 128 ranks; kept,
         # with the CLI's keep_freed_memory, 261 K, system time 14.6 -> 7.1 s, peak RSS 0.88
