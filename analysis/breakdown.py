@@ -4,7 +4,9 @@ For one rank and one step window ``W`` (:mod:`collectors.steps`: windows tile th
 timeline, so no time is counted in two steps) let, on the rank's device lanes,
 
 ``C`` = union of compute intervals (kernels, op-level compute),
-``M`` = union of communication intervals (collective and p2p kernels/ops),
+``M`` = union of communication intervals (collective and p2p kernels/ops; a matched
+point-to-point send or receive counts from the moment both sides have started: the part
+before its peer starts is waiting on the other stage, the pipeline bubble, not transfer),
 ``Y`` = union of memcpy/memset intervals, and on its CPU threads
 ``H`` = union of host ops, runtime calls and enclosing host ranges (operator and python
 time between leaf ops; ``ProfilerStep#`` markers excluded), every op clipped to ``W``
@@ -19,6 +21,7 @@ The parts, each a length in ns, are disjoint and cover ``W``::
     host_bound_ns       |H \\ (C ∪ M ∪ Y)|             device idle while the host is busy
                                                       (waiting for launches)
     idle_ns             |W \\ (C ∪ M ∪ Y ∪ H)|         nothing runs anywhere on the rank
+                                                      (or only a send/recv waits for its peer)
 
 so ``compute + overlapped + exposed + memcpy + host_bound + idle == step_ns`` holds exactly
 in integer nanoseconds. ``gpu_busy_frac = |C ∪ M ∪ Y| / step_ns``. A rank without device
@@ -34,7 +37,7 @@ import numpy as np
 import pandas as pd
 
 from retime.collectors.arrays import isin, unique
-from retime.collectors.enums import LaneKind
+from retime.collectors.enums import LaneKind, OpKind
 
 from ._kernels import _union_lens_coded
 from ._util import (
@@ -53,7 +56,7 @@ from ._util import (
     step_windows,
 )
 
-__all__ = ["breakdown", "summarize_breakdown", "PARTS"]
+__all__ = ["breakdown", "summarize_breakdown", "PARTS", "p2p_peer_starts"]
 
 #: the disjoint parts of a step, in display order
 PARTS = ("compute_ns", "overlapped_comm_ns", "exposed_comm_ns", "memcpy_ns",
@@ -93,7 +96,40 @@ def _host_ranges_in_windows(t, w: pd.DataFrame) -> tuple[np.ndarray, np.ndarray,
     return g, s, e
 
 
-def breakdown(x: Any, *, by: str = "step") -> pd.DataFrame:
+def p2p_peer_starts(ops: pd.DataFrame) -> pd.Series:
+    """Per ``coll_id`` of the point-to-point ops in ``ops``, the latest start among them
+    (a send and its receive share a ``coll_id``): data moves from then on."""
+    if "coll_id" not in ops.columns:
+        return pd.Series([], dtype=np.int64)
+    p2p = (ops["kind"].to_numpy() == int(OpKind.P2P)) & (ops["coll_id"].to_numpy() >= 0)
+    return (pd.Series(ops["start_ns"].to_numpy()[p2p].astype(np.int64))
+            .groupby(ops["coll_id"].to_numpy()[p2p]).max())
+
+
+def p2p_transfer_start(t: Any, later: pd.Series | None = None) -> np.ndarray:
+    """Every op's start, where a matched point-to-point op (a send and its receive share a
+    ``coll_id``) starts when the later of the two does (at most at its own end): before
+    that it waits for the other rank, the pipeline bubble, and moves no data. ``later``:
+    :func:`p2p_peer_starts` of every rank (a batch of ranks lacks its peers' ops)."""
+    o = t.ops
+    start = o["start_ns"].to_numpy().astype(np.int64)
+    if "coll_id" not in o.columns:
+        return start
+    p2p = (o["kind"].to_numpy() == int(OpKind.P2P)) & (o["coll_id"].to_numpy() >= 0)
+    if not p2p.any():
+        return start
+    if later is None:
+        later = p2p_peer_starts(o)
+    s = start[p2p]
+    peer = later.reindex(o["coll_id"].to_numpy()[p2p]).fillna(-1).to_numpy().astype(np.int64)
+    end = s + o["dur_ns"].to_numpy()[p2p].astype(np.int64)
+    out = start.copy()
+    out[p2p] = np.minimum(np.maximum(s, peer), end)
+    return out
+
+
+def breakdown(x: Any, *, by: str = "step", p2p_later: pd.Series | None = None
+              ) -> pd.DataFrame:
     """Per rank (and step) breakdown of the step time into disjoint parts.
 
     Parameters
@@ -114,10 +150,12 @@ def breakdown(x: Any, *, by: str = "step") -> pd.DataFrame:
         raise RetimeError(f"breakdown(by={by!r}): choose 'step' or 'rank'")
     t = as_trace(x)
     # a report asks for it from several sections: computed once per trace in a memo scope
+    if p2p_later is not None:
+        return _breakdown(t, by, p2p_later)
     return _memo(t, f"breakdown:{by}", lambda: _breakdown(t, by)).copy()
 
 
-def _breakdown(t: Any, by: str) -> pd.DataFrame:
+def _breakdown(t: Any, by: str, p2p_later: pd.Series | None = None) -> pd.DataFrame:
     o = t.ops
     kind = o["kind"].to_numpy()
     w = step_windows(t) if by == "step" else rank_windows(t)
@@ -134,7 +172,9 @@ def _breakdown(t: Any, by: str) -> pd.DataFrame:
     # windows it overlaps (once: the codes select pieces)
     code = (c.astype(np.int64) | (m.astype(np.int64) << 1) | (y.astype(np.int64) << 2)
             | (host.astype(np.int64) << 3))
-    idx, gidx, start, end = clip_to_windows(t, code != 0, w)
+    idx, gidx, start, end = clip_to_windows(
+        t, code != 0, w, start_ns=p2p_transfer_start(t, p2p_later),
+        end_ns=(o["start_ns"].to_numpy() + o["dur_ns"].to_numpy()).astype(np.int64))
     code = code[idx]
 
     # one sort by (window, start) of every piece; the host ranges (operator and python time

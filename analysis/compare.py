@@ -160,8 +160,8 @@ def verdict(a: Any, b: Any, *, threshold: float = 0.05) -> dict[str, Any]:
     else:
         c = (f"confidence {100 * conf:.0f}% (step-to-step spread {100 * spread:.1f}%, "
              f"{len(sa)} and {len(sb)} steps)")
-    line = (f"{what}: step time {100 * change:+.1f}% ({fmt_ns(ma)} -> {fmt_ns(mb)}), {side} the "
-            f"{100 * threshold:g}% threshold; {c}")
+    line = (f"{what}: step time {100 * change:+.1f}% ({fmt_ns(ma)} -> {fmt_ns(mb)}; each the "
+            f"mean of its steps' slowest rank), {side} the {100 * threshold:g}% threshold; {c}")
     # runs of different rank counts are rarely the same job measured twice: say so (the
     # verdict stands; a what-if of a new data-parallel size compares this way on purpose)
     na, nb = len(as_trace(a).ranks), len(as_trace(b).ranks)

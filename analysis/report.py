@@ -180,6 +180,8 @@ def assemble_report(run: RunAnalysis, *, baseline: Any | None = None, title: str
     facts = source_facts(base.t if (base is not None and kind == "whatif") else t,
                          world_size=t.world_size)
     steps_fact = (f"{run.steps} ({run.window.why} drawn)" if run.steps > 1 else
+                  "no step markers: the whole trace as one window"
+                  if run.steps == 1 and run.window.step < 0 else
                   "1" if run.steps == 1 else "none marked")
     facts.append(("Steps", steps_fact))
     facts.append(("Ops", f"{run.n_ops:,}" + (f" ({base.n_ops:,} in the {la} run)"

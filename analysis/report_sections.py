@@ -67,17 +67,19 @@ def section_breakdown(run: RunAnalysis, *, top: int) -> Section:
         folded["n"] = [stands.get(int(r), ("", int(k)))[1] for r, k in
                        zip(folded["rank"], folded["n"])]
     cpu = cpu_only(run.t)
+    over = ("No step markers: the whole trace as one window." if run.steps == 1
+            and run.window.step < 0 else f"Means over {run.steps} step(s).")
     s.blocks.append(
         "Each rank's step splits into disjoint parts that add up to its step time: compute "
         "with no communication running, communication hidden under compute, communication "
         "nothing hides (exposed), memory copies alone on the GPU, host-bound time (the GPU "
-        "idle while the CPU works), and idle time (nothing runs on the rank). Means over "
-        f"{run.steps} step(s)." if not cpu else
+        f"idle while the CPU works), and idle time (nothing runs on the rank). {over}"
+        if not cpu else
         "Each rank's step splits into disjoint parts that add up to its step time (a CPU-only "
         "trace: its CPU ops stand for the device): compute with no communication running, "
         "communication hidden under compute, communication nothing hides (exposed), "
         "host-bound time (host work outside every op: Python, annotations), and idle time "
-        f"(nothing runs on the rank). Means over {run.steps} step(s).")
+        f"(nothing runs on the rank). {over}")
     busy = Column("gpu_busy_frac", "Busy" if cpu else "GPU busy", "pct")
     n = len(folded)
     total = int(folded["n"].sum())

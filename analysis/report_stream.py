@@ -96,7 +96,7 @@ STREAM_REPORT_ABOVE_OPS = 2_000_000
 REPORT_BATCH_ROWS = 1 << 20
 #: ops columns of pass 1 (breakdown, kernels, flops, stages, micro-batches, signatures)
 _PASS1_COLS = ["rank", "lane", "kind", "name_id", "step", "start_ns", "dur_ns", "correlation",
-               "flops", "stage", "microbatch"]
+               "flops", "stage", "microbatch", "coll_id"]
 #: ops columns of the drawn step (step timeline, pipeline Gantt)
 _DRAWN_COLS = ["op_id", "rank", "lane", "kind", "name_id", "start_ns", "dur_ns", "step",
                "microbatch", "phase", "chunk"]
@@ -222,6 +222,8 @@ class StreamRunAnalysis(RunAnalysis):
         cols = _PASS1_COLS + (["op_id"] if rec is not None else [])
         recw = pd.DataFrame({k: np.asarray(rec[k], np.int64) for k in
                              ("rank", "step", "start_ns", "end_ns")}) if rec is not None else None
+        from .stream import p2p_later
+        later = p2p_later(self.path)
         for batch in batches:
             ops = scan_table(self.path, "ops", ranks=batch, columns=cols)
             meta = None
@@ -244,7 +246,7 @@ class StreamRunAnalysis(RunAnalysis):
                 self._all_delta &= bool((t.memory["allocated_bytes"].to_numpy() < 0).all())
             with memo_scope():  # a scope of its own: freed with the batch
                 sw.append(step_windows(t))
-                bd.append(breakdown(t))
+                bd.append(breakdown(t, p2p_later=later))
                 kp.append(_kernel_partial(t))
                 cp_.append(_class_partial(t))
                 fl.append(op_flops(t))

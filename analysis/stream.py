@@ -50,7 +50,17 @@ __all__ = ["rank_batches", "iter_rank_traces", "stream_step_times", "stream_brea
 _BATCH_ROWS = 1 << 21
 #: ops columns each streamed analysis reads
 _BREAKDOWN_COLS = ["rank", "lane", "kind", "name_id", "step", "start_ns", "dur_ns",
-                   "correlation"]  # correlation: launch waits of the first step's cut
+                   "correlation",  # correlation: launch waits of the first step's cut
+                   "coll_id"]  # coll_id: a send/recv's peer (its wait is no transfer)
+
+
+def p2p_later(path: str | os.PathLike[str]) -> pd.Series:
+    """:func:`analysis.breakdown.p2p_peer_starts` of every rank of a stored trace (one scan
+    of its point-to-point ops): a batch of ranks lacks the peers of its sends/receives."""
+    from .breakdown import p2p_peer_starts
+    return p2p_peer_starts(scan_table(Path(path), "ops", columns=["kind", "coll_id",
+                                                                  "start_ns"],
+                                      kinds=[int(OpKind.P2P)]))
 _KERNEL_COLS = ["rank", "lane", "kind", "name_id", "dur_ns"]
 _COMM_COLS = ["op_id", "rank", "kind", "coll_id", "comm_op", "group_id", "step", "bytes",
               "start_ns", "dur_ns"]
@@ -110,7 +120,8 @@ def stream_breakdown(path: str | os.PathLike[str], *, by: str = "step",
     (same rows, same values)."""
     if by not in ("step", "rank"):
         raise RetimeError(f"breakdown(by={by!r}): choose 'step' or 'rank'")
-    parts = [breakdown(t, by=by) for t in iter_rank_traces(
+    later = p2p_later(path)
+    parts = [breakdown(t, by=by, p2p_later=later) for t in iter_rank_traces(
         path, columns=_BREAKDOWN_COLS, ranges=True, batch_rows=batch_rows)]
     if not parts:
         from .breakdown import PARTS
@@ -261,12 +272,13 @@ def store_analysis(path: str | os.PathLike[str], *, stream: bool | None = None,
         # one pass over the rank batches for everything that is per rank
         sw, bd, kp, es, un = [], [], [], [], []
         cols = list(dict.fromkeys(_BREAKDOWN_COLS + _KERNEL_COLS))
+        later = p2p_later(path)
         for t in iter_rank_traces(path, columns=cols, ranges=True, batch_rows=batch_rows):
             # the batch's step windows once, not once per analysis (3 times: 10.7 of 23 s
             # CPU at 128 ranks); a scope per batch, so that it never holds an earlier one
             with memo_scope():
                 sw.append(step_windows(t))
-                bd.append(breakdown(t, by=by))
+                bd.append(breakdown(t, by=by, p2p_later=later))
                 kp.append(_kernel_partial(t))
                 es.append(empty_steps(t))
                 un.append(unseen_work(t))

@@ -38,14 +38,28 @@ def stragglers_cmd(
         say(f"{trace_dir}: dependency cycle(s) broken by relaxing {res['relaxed']['count']} "
             "cross-rank link(s) (see --json 'relaxed'; --strict refuses instead)")
     mean = {k: sum(v[k] for v in st.values()) / len(st) for k in ("measured", "simulated", "ideal")}
-    say(f"{trace_dir}: {len(st)} step(s); mean step time measured {mean['measured']:.4f} s, "
+    unmarked = list(st) == [-1] or list(st) == ["-1"]
+    count = ("no step markers: the whole trace as one window" if unmarked
+             else f"{len(st)} step(s)")
+    say(f"{trace_dir}: {count}; mean step time measured {mean['measured']:.4f} s, "
         f"simulated {mean['simulated']:.4f} s, ideal {mean['ideal']:.4f} s; slowdown "
-        f"{res['slowdown']:.4f}x")
+        f"{res['slowdown']:.4f}x (simulated / ideal)")
     longest = max(st, key=lambda k: st[k]["measured"])
-    say(f"  measured step = its first op start on any rank to its last end on any rank (the "
-        f"job's window; longest: step {longest}, {st[longest]['measured']:.4f} s). `retime "
-        "analyze`/`report` show each rank's own window instead, shorter where ranks start a "
-        "step apart")
+    say("  measured = the step as recorded, its first op start on any rank to its last end "
+        "on any rank (the job's window" + ("" if unmarked else
+                                          f"; longest: step {longest}, "
+                                          f"{st[longest]['measured']:.4f} s")
+        + "). `retime analyze`/`report` show each rank's own window instead, shorter where "
+        "ranks start a step apart")
+    gap = mean["measured"] - mean["simulated"]
+    say("  simulated = the same ops replayed from the step's measured start at their measured "
+        "durations (a collective at its transfer time: its end minus its last member's "
+        "start) with no unexplained delay (gaps no dependency explains dropped); measured - "
+        f"simulated = {gap * 1e3:.3f} ms of such delays and waits for late ranks")
+    say("  ideal = the same replay with every op at its ideal duration (the same op on the "
+        "other ranks: their median; op-level traces: compute at the mean, communication at "
+        "the median transfer time of its op type); each group below: the step with only "
+        "that group back at its measured durations, over ideal")
     for key, title in (("by_stage", "stage"), ("by_dp_rank", "DP rank"), ("by_optype", "op type")):
         top = list(res[key].items())[:8]
         more = len(res[key]) - len(top)

@@ -473,7 +473,8 @@ def test_gpu_attention_block_splits_by_heads(tmp_path, qkv):
     a = " ".join(r.meta["whatif"]["assumed"])
     assert (f"1 attention block(s): QKV {1 if n == 1 else 0} fused, {0 if n == 1 else 1} as "
             "q, k, v; 16 -> 8 heads per rank") in a
-    assert f"{(n + 3) * 3 + 2} forward/backward GEMM and attention call(s) (100.0% of GPU" in a
+    assert (f"{(n + 3) * 3 + 2} forward/backward GEMM and attention call(s) (100.0% of all "
+            "GPU time, 100.0% of the compute kernels'") in a
     with pytest.raises(PolicyError, match=r"16 heads of 64.* 3 does not divide 16"):
         whatif(tr, {"parallel.tp": 3})
 

@@ -56,11 +56,15 @@ from typing import Any
 
 import numpy as np
 
-from retime.collectors.enums import CommOp, OpKind, Phase
+from retime.collectors.enums import CommOp, LaneKind, OpKind, Phase
 from retime.collectors.errors import PolicyError
 from retime.collectors.trace import Trace
 
 from .base import WhatIfState, trace_memo
+
+#: the kinds of op a GPU lane runs (GPU time, for the shares the what-if states)
+_GPU_KINDS = [int(k) for k in (OpKind.KERNEL, OpKind.MEMCPY, OpKind.MEMSET, OpKind.COLLECTIVE,
+                               OpKind.P2P)]
 
 __all__ = ["TpLayout", "tp_layout", "split_dims", "scale_tp", "same_gpus_dp", "dp_buckets",
            "MAX_TP"]
@@ -461,6 +465,11 @@ def scale_tp(state: WhatIfState, t: int, cost_bound: str | None = None) -> dict[
     gemm_ns = float(dur0[sk.op_ids[gemm[sk.call_of]]].sum())
     split_ns = float(dur0[ids].sum())
     g_ns = float(dur0[dev].sum())
+    # every op on a GPU lane (NCCL kernels and copies too): what "GPU time" recounts to
+    lk = dict(zip(tr.lanes["lane"].tolist(), tr.lanes["lane_kind"].tolist()))
+    on_gpu = (np.asarray([lk.get(x, -1) for x in tr.ops["lane"].tolist()])
+              != int(LaneKind.CPU_THREAD)) & np.isin(kind, _GPU_KINDS)
+    all_ns = float(dur0[on_gpu].sum())
     n_rep = sum(L["kind"] == "replicated" for L in lay.layers)
     n_split = len(lay.layers) - n_rep
     why_rep = sorted({L["why"] for L in lay.layers if L["kind"] == "replicated"})
@@ -477,7 +486,8 @@ def scale_tp(state: WhatIfState, t: int, cost_bound: str | None = None) -> dict[
         "column/row pairs (consecutive layers, first by output columns, second by input "
         f"rows) or Megatron's attention split by heads ({_attn_line(lay)}), found from the "
         f"forward's recorded shapes; their {info['split_calls']} forward/backward GEMM and "
-        f"attention call(s) ({split_ns / g_ns if g_ns else 0:.1%} of GPU time, "
+        f"attention call(s) ({split_ns / all_ns if all_ns else 0:.1%} of all GPU time, "
+        f"{split_ns / g_ns if g_ns else 0:.1%} of the compute kernels' (no NCCL, no copies); "
         f"FLOPs {info['flops_old'] / 1e9:.3g} -> {info['flops_new'] / 1e9:.3g} GFLOP) take "
         f"{how}; {n_rep} layer(s) stay replicated ({'; '.join(why_rep) or 'none'}), as do "
         "convolutions, unrecognized attention and every other kernel (their measured time on "
@@ -504,6 +514,7 @@ def scale_tp(state: WhatIfState, t: int, cost_bound: str | None = None) -> dict[
             "split_calls": info["split_calls"], "flops_old": info["flops_old"],
             "flops_new": info["flops_new"], "gemm_share": round(gemm_ns / g_ns, 4) if g_ns
             else 0.0, "split_share": round(split_ns / g_ns, 4) if g_ns else 0.0,
+            "split_share_gpu": round(split_ns / all_ns, 4) if all_ns else 0.0,
             "gemm_saved_ns": round(saved_ns), "tp_allreduces": len(lay.allreduces),
             "tp_allreduce_bytes": ar_bytes, "tp_allreduce_ns": round(ar_ns),
             "tp_launch_host_ns": round(host_ns)}
