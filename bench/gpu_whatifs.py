@@ -9,7 +9,8 @@ For each shared GPU trace (kineto and nsys) it replays the identity and each wha
 NVLink / Infinity Fabric rate /4 and x4) and prints the step time before and after, where the
 replayed time goes (per rank: ``kern`` compute kernels, memsets and copies; ``comm``
 collective and p2p kernels; ``host`` CPU operators and runtime calls, the sum of their replayed
-durations, which a GPU change must leave alone) and the what-if's ``assumed:`` lines. A
+durations, which a GPU change must leave alone; ``wait`` the host's blocking
+``*Synchronize`` calls, which wait for the GPU and so move with it) and the what-if's ``assumed:`` lines. A
 refused what-if prints its one-line reason. ``checks`` flags what breaks physics by hand: a
 faster GPU (higher peak and HBM) replayed slower, a bigger batch replayed faster per step,
 host time moved by a GPU swap, a faster network replayed slower. It prints; nothing is
@@ -72,8 +73,10 @@ def breakdown(r) -> dict:
     kern = np.isin(kind, (OpKind.KERNEL, OpKind.MEMSET, OpKind.MEMCPY))
     comm = np.isin(kind, (OpKind.COLLECTIVE, OpKind.P2P))
     host = np.isin(kind, (OpKind.CPU_OP, OpKind.RUNTIME))
+    names = np.asarray(r.trace.strings, dtype=object)[ops["name_id"].to_numpy()].astype(str)
+    wait = host & (np.char.find(names, "ynchronize") >= 0)
     return {k: float(dur[m].sum()) / nr / 1e6 for k, m in
-            (("kern", kern), ("comm", comm), ("host", host))}
+            (("kern", kern), ("comm", comm), ("host", host & ~wait), ("wait", wait))}
 
 
 def _batch(trace) -> int | None:
@@ -160,7 +163,8 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(rep))
             continue
         print(f"{name} ({rep['gpu']}, batch {rep['batch']}): step {rep['step_ms']:.2f} ms "
-              f"kern {rep['kern']:.2f} comm {rep['comm']:.2f} host {rep['host']:.2f}")
+              f"kern {rep['kern']:.2f} comm {rep['comm']:.2f} host {rep['host']:.2f} "
+              f"wait {rep['wait']:.2f}")
         for r in rep["rows"]:
             kv = f"{r['key']}={r['value']:g}" if isinstance(r["value"], float) else \
                 f"{r['key']}={r['value']}"
@@ -169,7 +173,8 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             rng = "" if not r["range_ms"] else f" [{r['range_ms'][0]:.2f}-{r['range_ms'][1]:.2f}]"
             print(f"  {kv:<34} {rep['step_ms']:8.2f} -> {r['step_ms']:8.2f} ms{rng}  "
-                  f"kern {r['kern']:.2f} comm {r['comm']:.2f} host {r['host']:.2f}")
+                  f"kern {r['kern']:.2f} comm {r['comm']:.2f} host {r['host']:.2f} "
+                  f"wait {r['wait']:.2f}")
             for line in r["assumed"]:
                 print(f"      assumed: {line[:200]}")
         for c in rep["checks"]:
