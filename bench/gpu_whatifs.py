@@ -33,13 +33,17 @@ SHARED = ROOT.parent / "shared" / "traces"
 #: MI300X Infinity Fabric 7 x 64 = 448; datasheet figures, only to set the /4 and x4 values)
 TRACES = {
     "dlrm-v100-8rank": ("kineto/dlrm-v100-8rank", "v100-sxm2", 150.0),
-    "a100-ddp-nccl": ("kineto/a100-ddp-nccl/nccl_data.json.gz", "a100-80gb", 300.0),
+    "a100-ddp-nccl": ("kineto/a100-ddp-nccl/nccl_data.json.gz", "a100-40gb", 300.0),
     "v100-ddp-sgd": ("kineto/v100-ddp-sgd/df_index_resolver.json.gz", "v100-sxm2", 150.0),
     "mi300x-resnet-ddp": ("kineto/mi300x-resnet-ddp/resnet_act_checkpoint.json.gz", "mi300x",
                           448.0),
     "h100-vgg13": ("kineto/h100-vgg13/profiler_vgg13-iter41.json.gz", "h100-sxm", 450.0),
     "h100-2gpu-fastvideo": ("nsys/h100-2gpu-fastvideo.sqlite", "h100-sxm", 450.0),
 }
+
+#: traces whose file names no GPU (the nsys export has no TARGET_INFO_GPU table): the what-ifs
+#: on them pass ``hardware.from_gpu`` from the traces' README ("H100 class")
+FROM_GPU = {"h100-2gpu-fastvideo": "h100-sxm"}
 
 GPUS = ("v100-sxm2", "a100-80gb", "h100-sxm", "b200", "mi300x")
 
@@ -104,8 +108,11 @@ def run_trace(name: str) -> dict:
                 rows.append({"key": key, "value": val, "error": "trace batch unknown"})
                 continue
             val = b * 2 if val == "x2" else max(b // 2, 1)
+        sc = {key: val}
+        if key == "hardware.gpu" and name in FROM_GPU:
+            sc["hardware.from_gpu"] = FROM_GPU[name]
         try:
-            r = whatif(tr, {key: val})
+            r = whatif(tr, sc)
         except (PolicyError, ValueError) as e:
             rows.append({"key": key, "value": val, "error": str(e).splitlines()[0]})
             continue
