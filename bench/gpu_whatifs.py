@@ -83,12 +83,13 @@ def breakdown(r) -> dict:
             (("kern", kern), ("comm", comm), ("host", host & ~wait), ("wait", wait))}
 
 
-def _batch(trace) -> int | None:
+def _batch(trace) -> int | str:
+    """The trace's per-rank batch, or why it has none (the policy's own refusal)."""
     from retime.replay.policies.batch_measured import measured_batch
     try:
         return int(measured_batch(trace))
-    except Exception:  # noqa: BLE001 - a trace without a batch reads "unknown"
-        return None
+    except Exception as e:  # noqa: BLE001 - a trace without a batch prints the reason
+        return str(e).splitlines()[0] or type(e).__name__
 
 
 def run_trace(name: str) -> dict:
@@ -104,8 +105,8 @@ def run_trace(name: str) -> dict:
     for key, val in whatifs(name):
         if key == "parallel.micro_batch":
             b = _batch(tr)
-            if b is None:
-                rows.append({"key": key, "value": val, "error": "trace batch unknown"})
+            if isinstance(b, str):
+                rows.append({"key": key, "value": val, "error": b})
                 continue
             val = b * 2 if val == "x2" else max(b // 2, 1)
         sc = {key: val}
@@ -120,7 +121,8 @@ def run_trace(name: str) -> dict:
         rows.append({"key": key, "value": val, "step_ms": r.step_time_ns / 1e6,
                      "range_ms": [x / 1e6 for x in w.get("step_range_ns", [])] or None,
                      **breakdown(r), "assumed": list(w.get("assumed", []))})
-    return {"trace": name, "gpu": gpu, "batch": _batch(tr), "step_ms": base.step_time_ns / 1e6,
+    b = _batch(tr)
+    return {"trace": name, "gpu": gpu, "batch": b if isinstance(b, int) else None, "step_ms": base.step_time_ns / 1e6,
             **b0, "rows": rows, "checks": checks(gpu, b0, base.step_time_ns / 1e6, rows)}
 
 
