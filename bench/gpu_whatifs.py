@@ -12,7 +12,8 @@ collective and p2p kernels; ``host`` CPU operators and runtime calls, the sum of
 durations, which a GPU change must leave alone; ``wait`` the host's blocking
 ``*Synchronize`` calls, which wait for the GPU and so move with it) and the what-if's ``assumed:`` lines. A
 refused what-if prints its one-line reason. ``checks`` flags what breaks physics by hand: a
-faster GPU (higher peak and HBM) replayed slower, a bigger batch replayed faster per step,
+faster GPU (every FP32 / TF32 / FP16 / BF16 peak PyTorch can use and HBM at
+least the measured GPU's) replayed slower, a bigger batch replayed faster per step,
 host time moved by a GPU swap, a faster network replayed slower. It prints; nothing is
 asserted (the closed-form checks live in tests/).
 """
@@ -139,7 +140,7 @@ def checks(gpu: str, b0: dict, step0: float, rows: list[dict]) -> list[str]:
             s = gpu_spec(v)
             if abs(r["host"] - b0["host"]) > 1e-3 * max(b0["host"], 1e-9) + 1e-3:
                 out.append(f"{k}={v}: host {b0['host']:.2f} -> {r['host']:.2f} ms moved")
-            faster = _peak(s) >= _peak(s0) and _hbm(s) >= _hbm(s0)
+            faster = all(_peak(s, d) >= _peak(s0, d) for d in _DTYPES) and _hbm(s) >= _hbm(s0)
             if faster and r["step_ms"] > step0 * 1.001:
                 out.append(f"{k}={v}: faster GPU replayed slower {step0:.2f} -> "
                            f"{r['step_ms']:.2f} ms")
@@ -153,8 +154,19 @@ def checks(gpu: str, b0: dict, step0: float, rows: list[dict]) -> list[str]:
     return out
 
 
-def _peak(s) -> float:
-    return float(max(s.hw.peak_tflops.values()))
+_DTYPES = ("fp32", "tf32", "fp16", "bf16")
+
+
+def _peak(s, dtype: str) -> float:
+    """Datasheet peak of ``dtype`` on spec ``s`` as PyTorch can use it: TF32 is FP32 on a
+    GPU without TF32 units PyTorch's switches use (V100, AMD); a missing bf16 is fp16's."""
+    from retime.replay.policies.math_modes import tf32_capable
+    p = s.hw.peak_tflops
+    if dtype == "tf32" and not tf32_capable(s):
+        dtype = "fp32"
+    if dtype == "bf16" and dtype not in p:
+        dtype = "fp16"
+    return float(p.get(dtype, 0.0))
 
 
 def _hbm(s) -> float:
