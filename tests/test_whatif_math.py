@@ -247,3 +247,24 @@ def test_h100_tf32_convolutions_on_mi300x_price_at_its_fp32_peak():
     got = r.dur_ns[conv].sum() / base.dur_ns[conv].sum()
     assert got >= 0.9 * H100_TF32 / 163.4
     assert "run FP32 on mi300x" in " ".join(r.meta["whatif"]["assumed"])
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "known miss (issue 27 plausibility pass): small FP32 GEMMs are not monotone in their work; "
+    "DLRM's 16 x 128 x 256 mm prices at 9.83 us on MI300X against 8.98 us for 16 x 256 x 512 "
+    "(4x the FLOPs and bytes), and 16 x 64 x 64 at 5.79 us against 5.57 us for 16 x 128 x 256 on "
+    "a V100: the k-depth / tile-fill terms, not the work, set these latency-bound sizes"))
+def test_small_fp32_gemm_time_grows_with_its_work():
+    from retime.collectors.costs.gpus import gpu_spec
+    from retime.collectors.costs.ops import price_op
+    from retime.replay.policies.kernel_cost import KERNEL_CURVES
+
+    def t(g, k, n):
+        w = (2.0 * 16 * k * n, 4.0 * (16 * k + k * n + 16 * n), "fp32")
+        return price_op(gpu_spec(g), "aten::mm", [[16, k], [k, n]], ["float", "float"], w,
+                        KERNEL_CURVES, launches=1).time_us
+
+    for g in ("v100-sxm2", "mi300x"):
+        sizes = [(64, 64), (128, 256), (256, 512), (512, 1024)]
+        times = [t(g, k, n) for k, n in sizes]
+        assert times == sorted(times), (g, times)
