@@ -274,7 +274,10 @@ def _tf32_work(sk: ShapedKernels, allow_tf32: bool | None, old_tf32: bool, new_t
         if seen is not None and seen != w[2]:
             w_old[j] = (w[0], w[1], seen)
             c_old = True
-        if not new_tf32:
+        if not new_tf32:  # no TF32 units PyTorch uses there: FP32 operands run FP32
+            if w[2] == "tf32":  # (not at a TF32 peak the profile may list: MI300X's XF32)
+                w_new[j] = (w[0], w[1], "fp32")
+                c_new = True
             continue
         dt = ("tf32" if allow_tf32 else "fp32") if allow_tf32 is not None else (seen or w[2])
         if dt != w[2]:
