@@ -246,25 +246,6 @@ def keep_freed_memory() -> None:
     mallopt(m_trim_threshold, 1 << 30)
 
 
-def arrow_system_pool() -> None:
-    """Let pyarrow allocate through the C library's malloc instead of its own pool (mimalloc).
-
-    mimalloc maps and purges its own pages, which :func:`keep_freed_memory`'s settings do
-    not reach: reading the store of a synthesized 128-rank run (2.2 M ops) took 1.1-1.5 s of
-    system time with it, 0.25-0.29 s with the system pool (user time the same, the frames
-    equal); the whole `retime report` of that run 2.3-2.8 -> 1.7-1.8 s of system time.
-    ``ARROW_DEFAULT_MEMORY_POOL`` set by the user wins. Only in the command line's own
-    process (its :func:`main`), never in a test's or notebook's.
-    """
-    if not _PROCESS["own"] or os.environ.get("ARROW_DEFAULT_MEMORY_POOL"):
-        return
-    pa = sys.modules.get("pyarrow")
-    if pa is None:  # read when pyarrow makes its default pool: no import here
-        os.environ["ARROW_DEFAULT_MEMORY_POOL"] = "system"
-    else:
-        pa.set_memory_pool(pa.system_memory_pool())
-
-
 def skip_exit_collection() -> None:
     """Let this process end without the interpreter's last garbage collections.
 

@@ -10,15 +10,7 @@ from typing import Annotated
 
 import typer
 
-from retime.cli import (
-    FORCE_HELP,
-    app,
-    arrow_system_pool,
-    check_output,
-    emit_json,
-    keep_freed_memory,
-    say,
-)
+from retime.cli import FORCE_HELP, app, check_output, emit_json, keep_freed_memory, say
 from retime.collectors.errors import RetimeError
 
 #: exit code of `retime compare` when the candidate regressed beyond the threshold
@@ -104,7 +96,6 @@ def report(
     key = _source_key(source, baseline)
     _check_tables_dir(output, force, key)
     keep_freed_memory()
-    arrow_system_pool()
     from retime.analysis.report import (
         build_report,
         build_sweep_report,
