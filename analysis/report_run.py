@@ -219,10 +219,12 @@ def scenario_of(x: Any, t: Trace) -> list[tuple[str, str, str]]:
     measured trace or an identity replay."""
     meta = getattr(x, "meta", None) if not isinstance(x, Trace) else t.meta.get("replay")
     pols = (meta or {}).get("scenario") or []
-    try:
-        from retime.replay.policies.keys import KEYS
-    except ImportError:  # pragma: no cover - the replay package ships with analysis
-        KEYS = {}
+    KEYS: dict = {}
+    if pols:  # (importing the catalogue imports the replay package: 0.4 s; a run has none)
+        try:
+            from retime.replay.policies.keys import KEYS
+        except ImportError:  # pragma: no cover - the replay package ships with analysis
+            pass
     out = []
     for p in pols:
         if not isinstance(p, dict):

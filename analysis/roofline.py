@@ -62,7 +62,7 @@ def roofline_peaks(x: Any, hardware: Any = None) -> dict[str, Any]:
     else:
         syn = t.meta.get("synth") if isinstance(t.meta, dict) else None
         if isinstance(syn, dict) and isinstance(syn.get("hardware"), dict):
-            from retime.replay.policies.base import hardware_from_dict
+            from retime.collectors.synth.hardware import hardware_from_dict
             hw, src = hardware_from_dict(syn["hardware"]), "synthesized run"
         else:
             text = str(t.meta.get("devices", "")).lower()
