@@ -346,13 +346,16 @@ LATER = (FROZEN_2, FROZEN_3, FROZEN_4, FROZEN_5, FROZEN_6, FROZEN_7, FROZEN_8)
 def stated(pair: Pair, a: dict, b: dict) -> dict[str, dict]:
     """Cluster facts a user states for each direction (pairs.json ``stated``), never read from
     a trace: for a pair on the link's rate, the nominal rate of the link the source trace ran
-    on (``network.measured_inter_node_gbps``); where a setting runs 2 ranks on each of 2
+    on (``network.measured_inter_node_gbps``; also for a DDP bucket pair across hosts); where a setting runs 2 ranks on each of 2
     hosts, the one core each host gives the job (``topology.cores_per_node``)."""
     out: dict[str, dict] = {"A->B": {}, "B->A": {}}
     for d, src in (("A->B", a), ("B->A", b)):
         if any(s["nhosts"] > 1 and s["nproc_per_host"] > 1 for s in (a, b)):
             out[d]["topology.cores_per_node"] = 1
-        if a["rate_mbit"] != b["rate_mbit"]:
+        if a["rate_mbit"] != b["rate_mbit"] or (
+                "overlap.bucket_mb" in pair.a_to_b and src["nhosts"] > 1):
+            # a rate pair, or a re-bucketing whose new buckets may outgrow every transfer
+            # the trace's link fit saw (link_fit.bound_by_stated_rate)
             out[d]["network.measured_inter_node_gbps"] = _gbps(src["rate_mbit"])
     return {d: v for d, v in out.items() if v}
 
