@@ -49,7 +49,8 @@ changed). A sixth batch (``after_freeze: 6``, frozen at FREEZE-6, after the cali
 re-bucketing floor that ``emb-bucket-800mbit`` and ``transformer-bucket-1000mbit``'s calibrated
 rows shaped: both are ``shaped_after_freeze``) is scored apart as well, and so is a seventh
 (``after_freeze: 7``, frozen at the second FREEZE-7 commit, the model of FREEZE-6 unchanged),
-and an eighth (``after_freeze: 8``, frozen at FREEZE-8, main 7194928's model unchanged).
+an eighth (``after_freeze: 8``, frozen at FREEZE-8, main 7194928's model unchanged) and a
+ninth (``after_freeze: 9``, frozen at FREEZE-9, the range-only link bound added).
 
 Reads only the committed traces (no capture), so it runs anywhere::
 
@@ -301,7 +302,7 @@ def freeze_batch(spec: dict) -> int:
     """Which freeze a pair was captured after (pairs.json ``after_freeze``): 0 for the pairs
     that shaped the model, 1 for the first batch (``true``), 2 for the second, 3 for the
     third, 4 for the fourth, 5 for the fifth, 6 for the sixth, 7 for the seventh, 8 for the
-    eighth."""
+    eighth, 9 for the ninth."""
     return int(spec.get("after_freeze") or 0)
 
 
@@ -313,7 +314,7 @@ def _batch_label(batch: int, specs: list[dict]) -> str:
                 "after they were seen)")
     commits = sorted({str(s.get("frozen_commit", ""))[:7] for s in specs})
     nth = {2: "second", 3: "third", 4: "fourth", 5: "fifth", 6: "sixth",
-           7: "seventh", 8: "eighth"}.get(batch, f"#{batch}")
+           7: "seventh", 8: "eighth", 9: "ninth"}.get(batch, f"#{batch}")
     return f"batch {batch}, captured after the {nth} freeze ({', '.join(commits)})"
 
 

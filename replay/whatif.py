@@ -227,6 +227,8 @@ def _derived(state: WhatIfState) -> dict[str, Any]:
         out["shaped_link"] = state.notes["shaped_link"]
     if state.notes.get("assumed"):
         out["assumed"] = list(state.notes["assumed"])
+    if state.notes.get("unbounded"):  # extrapolations nothing stated bounds
+        out["unbounded"] = list(state.notes["unbounded"])
     if state.notes.get("bounded_assumptions"):
         out["bounded_assumptions"] = int(state.notes["bounded_assumptions"])
     if state.notes.get("range_variants"):

@@ -160,16 +160,18 @@ def test_freeze_batches_are_marked_and_scored_apart():
                              "transformer-batch-8-2-600mbit"]
     assert sorted(by[8]) == ["cnn-bucket-0.25-25-500mbit", "emb-bandwidth-700-1400-2x2",
                              "mlp-batch-2048-512-burst2", "transformer-checkpoint-2000mbit"]
-    assert len(set(labels.values())) == 9
-    for b in (2, 3, 4, 5, 6, 7, 8):
+    assert sorted(by[9]) == ["cnn-bucket-0.125-25-900mbit", "emb-batch-1024-256-burst2",
+                             "mlp-checkpoint-500mbit", "transformer-bandwidth-600-1800"]
+    assert len(set(labels.values())) == 10
+    for b in (2, 3, 4, 5, 6, 7, 8, 9):
         commits = {INDEX[n]["frozen_commit"] for n in by[b]}
         assert len(commits) == 1 and len(next(iter(commits))) == 40
         assert next(iter(commits))[:7] in labels[b]
-    # batch b's freeze commit (b = 3..8) is an ancestor of this tree, and its message says
+    # batch b's freeze commit (b = 3..9) is an ancestor of this tree, and its message says
     # FREEZE-b (batch 7's is the second FREEZE-7 commit: the first, 368afb3, held a range rule
     # reverted before any batch-7 prediction was run; batch 8's is an empty commit, the model
-    # of main 7194928 unchanged)
-    for b in (3, 4, 5, 6, 7, 8):
+    # of main 7194928 unchanged; batch 9's an empty commit over the range-only link bound)
+    for b in (3, 4, 5, 6, 7, 8, 9):
         frozen = INDEX[by[b][0]]["frozen_commit"]
         msg = subprocess.run(["git", "-C", str(ROOT), "log", "-1", "--format=%s", frozen],
                              capture_output=True, text=True)

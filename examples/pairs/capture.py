@@ -313,6 +313,27 @@ def _pairs() -> dict[str, tuple[str, Pair]]:
         "(burst_x 2, 1600 Mbit/s)", {"batch": 2048, "burst_x": 2.0},
         {"batch": 512, "burst_x": 2.0},
         {"parallel.micro_batch": 512}, {"parallel.micro_batch": 2048}))
+    # the ninth batch, captured after the ninth freeze (FROZEN_9, the range-only link bound):
+    # the conv net's DDP bucket at 0.125 vs 25 MiB (a bucket no pair used; its 332 KB conv
+    # weights each ride the link's 900 KB token bucket, so the small-bucket trace's fit
+    # beats the link, as batch 8's miss) on a 900 Mbit/s link (a rate no pair used); the
+    # transformer on a rate pair no pair used (600 vs 1800 Mbit/s); the recommender's batch
+    # 1024 vs 256 (a batch no pair used) on a 2x token bucket (no emb batch pair had one);
+    # checkpointing on the MLP at 500 Mbit/s (no checkpoint pair at that rate)
+    out["cnn-bucket-0.125-25-900mbit"] = ("cnn", Pair(
+        "DDP bucket_cap_mb 0.125 vs 25 MiB (the key counts 10^6 bytes) on a 900 Mbit/s link "
+        "(conv net)", {"bucket_cap_mb": 0.125, "rate_mbit": 900.0},
+        {"bucket_cap_mb": 25.0, "rate_mbit": 900.0},
+        {"overlap.bucket_mb": round(25 * MIB_MB, 6)},
+        {"overlap.bucket_mb": round(0.125 * MIB_MB, 6)}))
+    out["transformer-bandwidth-600-1800"] = ("transformer", _rate_pair(
+        "inter-host bandwidth, 600 vs 1800 Mbit/s per direction (transformer)", 600.0, 1800.0))
+    out["emb-batch-1024-256-burst2"] = ("emb", Pair(
+        "per-rank batch size 1024 vs 256 on a link whose token bucket is 2x the kit's "
+        "(burst_x 2, 1600 Mbit/s; embedding-bag recommender)", {"batch": 1024, "burst_x": 2.0},
+        {"batch": 256, "burst_x": 2.0},
+        {"parallel.micro_batch": 256}, {"parallel.micro_batch": 1024}))
+    out["mlp-checkpoint-500mbit"] = ("mlp", _on_link(spec["checkpoint"], 500.0)("mlp"))
     return out
 
 
@@ -339,20 +360,26 @@ FROZEN_7 = ("transformer-bandwidth-300-1200-burst1.5", "cnn-bandwidth-400-1600-2
 #: the eighth batch, captured after the eighth freeze (pairs.json after_freeze: 8)
 FROZEN_8 = ("cnn-bucket-0.25-25-500mbit", "emb-bandwidth-700-1400-2x2",
             "transformer-checkpoint-2000mbit", "mlp-batch-2048-512-burst2")
+#: the ninth batch, captured after the ninth freeze (pairs.json after_freeze: 9)
+FROZEN_9 = ("cnn-bucket-0.125-25-900mbit", "transformer-bandwidth-600-1800",
+            "emb-batch-1024-256-burst2", "mlp-checkpoint-500mbit")
 #: the batches judged after a freeze with its commit (after_freeze 2, 3, ...)
-LATER = (FROZEN_2, FROZEN_3, FROZEN_4, FROZEN_5, FROZEN_6, FROZEN_7, FROZEN_8)
+LATER = (FROZEN_2, FROZEN_3, FROZEN_4, FROZEN_5, FROZEN_6, FROZEN_7, FROZEN_8, FROZEN_9)
 
 
 def stated(pair: Pair, a: dict, b: dict) -> dict[str, dict]:
     """Cluster facts a user states for each direction (pairs.json ``stated``), never read from
     a trace: for a pair on the link's rate, the nominal rate of the link the source trace ran
-    on (``network.measured_inter_node_gbps``); where a setting runs 2 ranks on each of 2
+    on (``network.measured_inter_node_gbps``; also for a DDP bucket pair across hosts); where a setting runs 2 ranks on each of 2
     hosts, the one core each host gives the job (``topology.cores_per_node``)."""
     out: dict[str, dict] = {"A->B": {}, "B->A": {}}
     for d, src in (("A->B", a), ("B->A", b)):
         if any(s["nhosts"] > 1 and s["nproc_per_host"] > 1 for s in (a, b)):
             out[d]["topology.cores_per_node"] = 1
-        if a["rate_mbit"] != b["rate_mbit"]:
+        if a["rate_mbit"] != b["rate_mbit"] or (
+                "overlap.bucket_mb" in pair.a_to_b and src["nhosts"] > 1):
+            # a rate pair, or a re-bucketing whose new buckets may outgrow every transfer
+            # the trace's link fit saw (link_fit.bound_by_stated_rate)
             out[d]["network.measured_inter_node_gbps"] = _gbps(src["rate_mbit"])
     return {d: v for d, v in out.items() if v}
 
@@ -616,7 +643,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--commit", action="store_true", help="git commit each pair when captured")
     p.add_argument("--list", action="store_true", help="print the pairs and exit")
     p.add_argument("--frozen-commit", default="",
-                   help="the frozen model's commit, recorded with the FROZEN_2 ... FROZEN_8 "
+                   help="the frozen model's commit, recorded with the FROZEN_2 ... FROZEN_9 "
                         "pairs")
     args = p.parse_args(argv)
     OUT = args.out.resolve()

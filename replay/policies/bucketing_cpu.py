@@ -95,7 +95,7 @@ from .cpu_overlap import (
 )
 from .ddp_params import bucket_of, exact_sizes
 from .host_cpu import OverlapProbe, cpu_interference_of, ddp_ranges, overlap_probe
-from .link_fit import TCP_GOODPUT, bus_factor, shaped_link, spend_tokens
+from .link_fit import TCP_GOODPUT, bound_by_stated_rate, bus_factor, shaped_link, spend_tokens
 
 __all__ = ["rebucket_cpu", "CpuModel", "GLOO_STEP_US"]
 
@@ -141,8 +141,12 @@ def _cpu_lanes_only(trace: Trace, ids: np.ndarray) -> bool:
 
 
 def rebucket_cpu(trace: Trace, bucket_mb: float, interference: float | None,
-                 ranks_per_node: int | None = None, probe_bound: str | None = None):
+                 ranks_per_node: int | None = None, probe_bound: str | None = None,
+                 stated_gbps: float | None = None, link_bound: bool = False):
     """Re-bucket a CPU (gloo) DDP trace parameter by parameter (module docstring).
+    ``stated_gbps``: the user's nominal rate of the inter-host link (bytes per ns), which
+    bounds the bytes of a new bucket beyond the largest old one where ``link_bound`` (the
+    range's upper bound; plain traces only, :func:`link_fit.bound_by_stated_rate`).
 
     Returns ``(new trace, new op ids, modeled transfer ns, info, CpuModel)`` or None when the
     trace lacks what the model needs (collectives off CPU threads, no DDP reducer ranges,
@@ -229,13 +233,15 @@ def rebucket_cpu(trace: Trace, bucket_mb: float, interference: float | None,
     return _build_cpu(trace, bucket_mb, interference, ranks_per_node, per, weight, issue,
                       issue_of, floor_ns, a_start, is_ar, exact, source, probe,
                       fit_comm=probe is None and not given, probe_bound=probe_bound,
-                      own_link=own_link)
+                      own_link=own_link, stated_gbps=stated_gbps,
+                      link_bound=link_bound)
 
 
 def _build_cpu(trace, bucket_mb, interference, ranks_per_node, per, weight, issue, issue_of,
                floor_ns, a_start, is_ar, exact=None, source="copy times",
                probe: OverlapProbe | None = None, fit_comm: bool = False,
-               probe_bound: str | None = None, own_link: tuple[float, float] | None = None):
+               probe_bound: str | None = None, own_link: tuple[float, float] | None = None,
+               stated_gbps: float | None = None, link_bound: bool = False):
     o = trace.ops
     rank = o["rank"].to_numpy()
     lane = o["lane"].to_numpy()
@@ -385,6 +391,14 @@ def _build_cpu(trace, bucket_mb, interference, ranks_per_node, per, weight, issu
         credit = _new_credits(new_rows, alpha, inv_b, f, shaper)
     model_ns = np.asarray([alpha + max(row["bytes"] * f - c, 0.0) * inv_b
                            for row, c in zip(new_rows, credit, strict=True)])
+    bound = None
+    if shaper is None and probe is None and _crosses_hosts(trace):
+        # a plain trace's fit beyond its largest transfer: at most the stated link rate
+        bounded_ns, bound = bound_by_stated_rate(
+            np.asarray([row["bytes"] for row in new_rows], np.float64) * f, model_ns, alpha,
+            inv_b, float(nbytes[is_ar].max()) * f, stated_gbps)
+        if link_bound:
+            model_ns = bounded_ns
     if probe is not None and shaper is None:
         # no declared link: the calibration measured this cluster's all-reduce alone (the
         # link's own behaviour, e.g. a token bucket's burst, is in those times)
@@ -432,6 +446,8 @@ def _build_cpu(trace, bucket_mb, interference, ranks_per_node, per, weight, issu
                            "symmetric, from the host's copy rate")}
     if turns:
         info["turn_delay_ms"] = turn_ns / 1e6
+    if bound is not None:
+        info["link_bound"] = bound
     if comm_fit is not None:
         info.update(comm_fit)
     if comm is not None:

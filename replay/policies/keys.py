@@ -71,6 +71,8 @@ NEEDS: dict[str, str] = {
     "overlap.interference": "you: the fraction of ideal overlap (else the trace's estimate "
     "or the calibration's probe)",
     "overlap.probe_bound": "calibration: the overlap probe's repetitions",
+    "overlap.link_bound": "you: the nominal rate of the link the trace ran on "
+    "(network.measured_inter_node_gbps)",
     "overlap.sm_share": "trace: NCCL/RCCL kernels on GPU streams overlapping compute "
     "kernels, the GPU's name and SM count (the measured share: the NCCL kernels' launch "
     "grid, else the NCCL model's channels, assumed); published: C3's overlap fractions "
@@ -342,6 +344,11 @@ KEYS: dict[str, KeyInfo] = {
         "kineto/nsys NCCL traces with untraced ranks (with overlap.bucket_mb)",
         "how the wait for untraced ranks carries to new buckets; each alone is a bound of "
         "the range"),
+    "overlap.link_bound": KeyInfo(
+        "name", "stated", "the trace's link fit, extrapolated",
+        "kineto gloo traces with network.measured_inter_node_gbps stated",
+        "new buckets' bytes beyond the largest transfer the link fit saw move at the stated "
+        "link rate: the prediction range's upper bound"),
     # stragglers
     "stragglers.ideal": KeyInfo("flag", "true | false", "false", _ALL,
                                 "drop unexplained delays"),

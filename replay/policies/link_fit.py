@@ -30,7 +30,7 @@ from .base import by_op, ranks_per_node_of
 __all__ = ["LEVELS", "TCP_GOODPUT", "DEFAULT_BUS_EFFICIENCY", "DEFAULT_ALPHA_US",
            "IDENTIFIABLE_SIZE_RATIO", "MAX_ALPHA_SHARE", "bus_factor", "collective_table",
            "calibrate", "calibration_alpha_ns", "fit_alpha_beta", "shaped_link", "inferred_shaper",
-           "link_credits", "spend_tokens", "kit_burst_bytes"]
+           "link_credits", "spend_tokens", "kit_burst_bytes", "bound_by_stated_rate"]
 
 LEVELS = ("intra", "inter", "cross_dc")
 _LEVEL_KEY = {0: "intra_node_gbps", 1: "inter_node_gbps", 2: "cross_dc_gbps"}
@@ -409,3 +409,35 @@ def calibrate(trace: Trace, graph, tab: dict[str, np.ndarray] | None = None,
         if rests_on_partial:
             out[int(lv)]["partial"] = True
     return out
+
+
+def bound_by_stated_rate(bus_bytes: np.ndarray, model_ns: np.ndarray, alpha_ns: float,
+                         inv_b: float, seen_bytes: float, stated_gbps: float | None
+                         ) -> tuple[np.ndarray, dict[str, Any] | None]:
+    """Transfer times of ``bus_bytes`` above the largest transfer a fit saw
+    (``seen_bytes``), bounded by the link's stated nominal rate (GB/s: bytes per ns).
+
+    A fit on transfers all smaller than a new one cannot say what the link does beyond them:
+    on a token-bucket link (``tc tbf``, cloud burst credits) the fitted transfers may all
+    have ridden the bucket, and the fit's rate is the burst, not the link. Bytes beyond
+    what the fit saw move at most at the stated rate (as TCP goodput, :data:`TCP_GOODPUT`):
+    ``alpha + seen / B + (x - seen) / (R g)``, where that is slower than the fit. Without
+    a stated rate the fit is kept and the extrapolation is unbounded (reported). Returns
+    the times and what was done (None when no transfer exceeds what the fit saw)."""
+    x = np.asarray(bus_bytes, np.float64)
+    t = np.asarray(model_ns, np.float64).copy()
+    above = x > seen_bytes
+    if not above.any() or not seen_bytes > 0:
+        return t, None
+    info: dict[str, Any] = {"seen_mb": seen_bytes / 1e6, "largest_new_mb": float(x.max()) / 1e6,
+                            "fit_gbps": 1.0 / inv_b if inv_b > 0 else math.inf,
+                            "stated_gbps": stated_gbps, "bounded": False}
+    if stated_gbps is None or not stated_gbps > 0:
+        return t, info
+    paced = 1.0 / (float(stated_gbps) * TCP_GOODPUT)
+    if inv_b >= paced:  # the fit is no faster than the stated link: nothing to bound
+        return t, info
+    capped = alpha_ns + seen_bytes * inv_b + (x - seen_bytes) * paced
+    t[above] = np.maximum(t[above], capped[above])
+    info["bounded"] = True
+    return t, info

@@ -237,6 +237,8 @@ class Network(Policy):
 
     def configure(self, state: WhatIfState) -> None:
         if not state.is_synth:
+            if self.measured_inter_node_gbps is not None:  # overlap.bucket_mb's bound reads it
+                state.notes["stated_inter_node_gbps"] = float(self.measured_inter_node_gbps)
             if self.intra_node_gbps is not None:  # parallel.tp's TP all-reduces read it
                 state.notes["intra_node_gbps"] = float(self.intra_node_gbps)
             return
@@ -282,6 +284,13 @@ class Network(Policy):
 
     def apply(self, state: WhatIfState) -> None:
         if state.is_synth and self.algorithm is None:
+            state.applied.append(self.describe())
+            return
+        stated_only = {f.name for f in dataclasses.fields(self) if getattr(self, f.name)
+                       is not None} <= {"measured_intra_node_gbps", "measured_inter_node_gbps"}
+        if stated_only and "rebucket" in state.notes and "template" not in state.notes:
+            # only the links' stated rates, for overlap.bucket_mb's re-bucketing: nothing
+            # to re-time here
             state.applied.append(self.describe())
             return
         tab = collective_table(state.trace, state.graph, state.ranks_per_node,

@@ -104,6 +104,10 @@ class Overlap(Policy):
     #: lag as measured), "bytes" (the wait per step spread by bytes); default the smaller
     #: per bucket (:func:`.bucketing.rebucket`); each alone is a bound of the range
     peer_wait: str | None = None
+    #: a plain CPU trace's new buckets larger than any transfer its link fit saw: bytes
+    #: beyond it at the stated link rate ("stated": the prediction range's upper bound,
+    #: :func:`.link_fit.bound_by_stated_rate`); default the fit, extrapolated
+    link_bound: str | None = None
     table: ClassVar[str] = "overlap"
 
     def __post_init__(self) -> None:
@@ -116,6 +120,7 @@ class Overlap(Policy):
         check_choice("overlap", "probe_bound", self.probe_bound, ("low", "high"))
         check_fraction("overlap", "sm_share", self.sm_share)
         check_choice("overlap", "cost_bound", self.cost_bound, ("low", "high"))
+        check_choice("overlap", "link_bound", self.link_bound, ("stated",))
         check_choice("overlap", "peer_wait", self.peer_wait, ("bytes", "lag"))
         if self.sm_share is not None and self.interference is not None:
             raise PolicyError("overlap.sm_share and overlap.interference both set: sm_share "
@@ -161,9 +166,13 @@ class Overlap(Policy):
             # without a given overlap.interference the trace's own (bucketing_cpu)
             i = None if self.interference is None else 1.0 - self.interference
             cpu = rebucket_cpu(state.trace, self.bucket_mb, i, state.ranks_per_node,
-                               self.probe_bound)
+                               self.probe_bound, state.notes.get("stated_inter_node_gbps"),
+                               self.link_bound == "stated")
             if cpu is not None:
                 state.trace, ids, model_ns, info, state.notes["cpu_model"] = cpu
+                lb = info.get("link_bound")
+                if lb is not None and self.link_bound is None:
+                    _link_bound_line(state, lb)
                 fitted = "comm_slowdown_fit" in info
                 if fitted:
                     lo_i, hi_i = info["comm_slowdown_bounds"]
@@ -467,3 +476,21 @@ def _rewire_prefetch(trace, depth: int):
               memory=trace.memory, strings=trace.strings, meta=trace.meta)
     per_layer = float(np.median(o["bytes"].to_numpy()[gat]))
     return t, int(max(0, depth - 1) * per_layer)
+
+
+def _link_bound_line(state: WhatIfState, lb: dict) -> None:
+    """The ``assumed:`` line of new buckets larger than any transfer the trace's link fit
+    saw (:func:`link_fit.bound_by_stated_rate`)."""
+    head = (f"new buckets of up to {lb['largest_new_mb']:.3g} MB exceed the largest transfer "
+            f"the link fit saw ({lb['seen_mb']:.3g} MB, fitted {lb['fit_gbps']:.3g} GB/s)")
+    if lb["bounded"]:
+        # the fit beats the stated link: its transfers rode a token bucket whose burst is at
+        # least what they sent; how much more the trace cannot tell
+        state.assume(head + f", faster than the stated {lb['stated_gbps']:g} GB/s: a token "
+                     "bucket's burst, at least what the fit saw; the fit is extrapolated, the "
+                     "range's upper bound moves the bytes beyond it at the stated rate",
+                     bounded=True, bounds=[{"overlap.link_bound": "stated"}])
+    elif lb["stated_gbps"] is None:
+        state.notes.setdefault("unbounded", []).append(
+            head + "; extrapolated unbounded: set network.measured_inter_node_gbps (the "
+            "link's nominal rate) to bound it")
