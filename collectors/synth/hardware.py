@@ -350,10 +350,10 @@ def job_domain(hw: HardwareConfig, world: int, stated: int = 0) -> int:
 
 
 def hardware_from_dict(d: dict[str, Any]) -> HardwareConfig:
-    """A HardwareConfig from :meth:`HardwareConfig.to_dict` output (unknown keys ignored),
-    as ``replay.policies.base.hardware_from_dict`` makes it; here so that the report's
-    roofline reads a synthesized run's profile without importing the replay package
-    (0.17-0.4 s of the report's start-up)."""
+    """A HardwareConfig from :meth:`HardwareConfig.to_dict` output (unknown keys ignored).
+    The one reader (``replay.policies.base.hardware_from_dict`` calls it); it lives here so
+    that the report's roofline reads a synthesized run's profile without importing the replay
+    package (0.17-0.4 s of the report's start-up)."""
     import dataclasses
 
     hf = {f.name for f in dataclasses.fields(HardwareConfig)}

@@ -370,16 +370,10 @@ _SYNTH_CACHE_SIZE = 2
 
 
 def hardware_from_dict(d: dict[str, Any]):
-    """A HardwareConfig from ``HardwareConfig.to_dict()`` output (unknown keys ignored)."""
-    from retime.collectors.synth.hardware import HardwareConfig, LinkConfig
-    hf = {f.name for f in dataclasses.fields(HardwareConfig)}
-    lf = {f.name for f in dataclasses.fields(LinkConfig)}
-    hd = {k: v for k, v in d.items() if k in hf}
-    for k in ("intra", "inter", "cross_dc"):
-        if isinstance(hd.get(k), dict):
-            hd[k] = LinkConfig(**{a: b for a, b in hd[k].items() if a in lf})
-    hd.setdefault("cross_dc", None)
-    return HardwareConfig(**hd)
+    """A HardwareConfig from ``HardwareConfig.to_dict()`` output (unknown keys ignored): the
+    synthesizer's own reader (``collectors.synth.hardware.hardware_from_dict``)."""
+    from retime.collectors.synth.hardware import hardware_from_dict as _from_dict
+    return _from_dict(d)
 
 
 # ---------------------------------------------------------------------------- state
