@@ -157,7 +157,7 @@ def test_resynthesized_whatif_labels_its_per_rank_lines(tmp_path, capsys):
     capsys.readouterr()
     assert run(["replay", str(store), "--set", "network.intra_node_gbps=20"]) == 0
     out = capsys.readouterr().out.splitlines()
-    head = next(ln for ln in out if "step time (slowest rank" in ln)
+    head = next(ln for ln in out if "step time (the slowest rank's mean step)" in ln)
     assert f"measured {step_ns / 1e6:.3f} ms, what-if" in head
     ranks = [ln for ln in out if ln.startswith("  rank ")]
     assert len(ranks) == 2 and all(": re-synthesized " in ln for ln in ranks)
