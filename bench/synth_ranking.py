@@ -13,7 +13,8 @@ next to the CSV), ``tp``, ``pp``, ``dp``, ``micro_batch``, ``global_batch``, ``s
 ``chunks``, ``recompute``, ``sequence_parallel`` and ``measured_s`` (empty: a layout that
 ran out of memory, a feasibility check); optional ``cp``, ``zero``, ``dtype`` (default fp16),
 ``ep``, ``grad_accum_fusion`` (default true, Megatron-LM's; false for DeepSpeed's engine),
-``launch_blocking_us`` (default 0; host time per op under ``CUDA_LAUNCH_BLOCKING=1``),
+``tp_async_allreduce`` (default true, Megatron-LM's since late 2021; false: the
+backward's TP all-reduce after the weight gradient, the 2021 code), ``launch_blocking_us`` (default 0; host time per op under ``CUDA_LAUNCH_BLOCKING=1``),
 ``zero_reduce`` (default ``reduce_scatter``, Megatron-LM's; ``reduce`` for DeepSpeed's ZeRO-1/2:
 one reduce per owner's slice of each 5e8-element bucket), ``p2p`` (default ``sync``,
 Megatron-LM's batched blocking call; ``serial`` for DeepSpeed's pipeline engine: send, then
@@ -148,6 +149,7 @@ def predict(row: dict) -> dict:
               sequence_parallel=str(get("sequence_parallel", "false")).lower() == "true",
               zero=int(get("zero", 0)), dtype=get("dtype", "fp16"), ep=int(get("ep", 1)),
               grad_accum_fusion=str(get("grad_accum_fusion", "true")).lower() == "true",
+              tp_async_allreduce=str(get("tp_async_allreduce", "true")).lower() == "true",
               launch_blocking_us=float(get("launch_blocking_us", 0.0)),
               zero_reduce=get("zero_reduce", "reduce_scatter"), p2p=get("p2p", "sync"),
               grad_reduce_dtype=get("grad_reduce_dtype", "auto"))

@@ -268,6 +268,11 @@ def synth(
         help="Weight-gradient GEMMs accumulate into the fp32 main gradient (Megatron-LM's "
         "default); --no-grad-accum-fusion: autograd adds each micro-batch's 16-bit gradient "
         "into param.grad with a separate kernel (DeepSpeed's engine, plain PyTorch).")] = True,
+    tp_async_allreduce: Annotated[bool, typer.Option(
+        "--tp-async-allreduce/--no-tp-async-allreduce",
+        help="The backward's TP all-reduce runs beside the weight-gradient GEMM (Megatron-LM's "
+        "default since late 2021); --no-tp-async-allreduce: after it, alone (the 2021 code, "
+        "Megatron-DeepSpeed).")] = True,
     offload_layers: Annotated[int, typer.Option(
         "--offload-layers", min=0,
         help="Offload the activations of the first N layers to host memory over the "
@@ -371,6 +376,7 @@ def synth(
         stage_layers=parse_stage_layers(stage_layers), stage_slack=stage_slack,
         p2p=p2p.value, odc=odc, seq_imbalance=seq_imbalance, grad_overlap=grad_overlap,
         grad_accum_fusion=grad_accum_fusion, launch_blocking_us=launch_blocking_us,
+        tp_async_allreduce=tp_async_allreduce,
         zero_reduce=zero_reduce.value, eager=eager, compile_blocks=compile_blocks,
         tp_comm_overlap=tp_comm_overlap,
         offload_layers=offload_layers,

@@ -94,6 +94,46 @@ def test_selective_recompute_with_sp_beats_full_recompute(bench):
     assert full > 1.2 * sel
 
 
+def test_sc21_rows_pay_unfused_gradient_accumulation(bench):
+    """Narayanan et al. SC21 Table 1 rows ran a Megatron-LM without fused weight-gradient
+    accumulation (collectors/synth/REFERENCES.md R59): each micro-batch after the first adds
+    its 16-bit weight gradient into the accumulated one (read 2 + 2 bytes, write 2). Lower
+    bound from the row itself: 6 bytes x parameters per GPU x (micro-batches - 1) at the
+    A100's peak HBM rate (2,039 GB/s); the model streams it at its memory efficiency, so
+    the step grows by at least that much and by less than twice it."""
+    rows = [r for r in bench.read_runs(ROOT / "bench" / "data" / "megatron_a100_runs.csv")
+            if r["cluster"] == "n21-76b"]
+    (row,) = rows
+    assert row["grad_accum_fusion"] == "false"
+    unfused = bench.predict(row)["predicted_s"]
+    fused = bench.predict(dict(row, grad_accum_fusion="true"))["predicted_s"]
+    h, layers, tp, pp = 10240, 60, 8, 4
+    params = 12 * h * h * layers / (tp * pp)      # weights per GPU (76B / 32), embedding aside
+    micro = 1792 // (32 * 2)                       # 28 micro-batches per step
+    floor = 6 * params * (micro - 1) / 2039e9      # 0.21 s
+    assert floor < unfused - fused < 2 * floor
+
+
+def test_sc21_rows_run_the_tp_reduction_after_the_weight_gradient(bench):
+    """The SC21 code ran the backward's TP all-reduce in autograd after the linear's whole
+    backward (REFERENCES.md R60), so each column-parallel pair costs reduction + weight
+    gradient instead of the overlapped max + (1 - f) min: the step grows by f x the shorter
+    of each pair, which is positive and at most f (0.5, the profile's overlap efficiency)
+    times the rank's whole TP all-reduce time (forward and recompute reductions included)."""
+    (row,) = [r for r in bench.read_runs(ROOT / "bench" / "data" / "megatron_a100_runs.csv")
+              if r["cluster"] == "n21-39b"]
+    assert row["tp_async_allreduce"] == "false"
+    from retime.collectors.synth import synthesize
+    kw = dict(tp=8, pp=2, dp=32, micro_batch=4, global_batch=1536, recompute="full",
+              dtype="fp16", grad_accum_fusion=False)
+    metas = [synthesize(bench._model(row), "a100-80gb", expand="unique", check_memory=False,
+                        tp_async_allreduce=a, **kw).meta["synth"] for a in (True, False)]
+    assert metas[1]["parallel"]["tp_async_allreduce"] is False
+    delta = metas[1]["step_time_ns"] - metas[0]["step_time_ns"]
+    tp_ns = max(m["op_name_ns_stage0"]["tp.allreduce"] for m in metas)
+    assert 0 < delta <= 0.5 * tp_ns
+
+
 def test_bloom_pp2_is_slower_than_tp4_pp12(bench, bloom):
     """Measured 145.45 s (TP 8, PP 2, DP 24, mb 1) vs 110.48 s (TP 4, PP 12, DP 8, mb 2) at
     global batch 2016 vs 2048: 32% apart per sequence. What the run did (REFERENCES.md R3,

@@ -80,6 +80,8 @@ class _Ctx:
         # CUDA_LAUNCH_BLOCKING=1: a launch returns when its kernel or collective has
         # finished, so a collective issued "asynchronously" beside a GEMM still runs alone
         self.serial = par.launch_blocking_us > 0
+        # the backward's TP reduction after the weight gradient, not beside it (R60)
+        self.serial_tp = self.serial or not par.tp_async_allreduce
         self.w: list[OpTemplate] = []  # weight-gradient ops of the layer being built (split)
 
     def g(self, m: int, n: int, k: int, batch: int = 1) -> KernelCost:
@@ -233,7 +235,7 @@ def _mla_bwd(x: _Ctx) -> list[OpTemplate]:
         else:
             ops.append(red)
             ops += [OpTemplate(**{**o.__dict__,
-                                  "deps": (-2,) if i == 0 and not x.serial else (-1,)})
+                                  "deps": (-2,) if i == 0 and not x.serial_tp else (-1,)})
                     for i, o in enumerate(w)]
             ops.append(OpTemplate("tp.wait", "compute", 0, kind=_S, flops=0.0,
                                   deps=(-1, -1 - len(w))))
@@ -309,13 +311,15 @@ def _mlp_fwd(x: _Ctx, ffn: int, prefix: str = "", name: str = "mlp") -> list[OpT
     return ops
 
 
-def _overlap(x: _Ctx, comm: OpTemplate, comp: OpTemplate) -> tuple[OpTemplate, OpTemplate]:
+def _overlap(x: _Ctx, comm: OpTemplate, comp: OpTemplate,
+             serial: bool | None = None) -> tuple[OpTemplate, OpTemplate]:
     """A communication kernel running beside a compute kernel: both slow down because they
     share SMs and HBM. With ``f`` the fraction of the ideal overlap achieved (C3, Agrawal et
     al. 2024), the pair takes ``max + (1 - f) * min`` instead of ``max``; the longer op is
     stretched by ``(1 - f) * min``. Under synchronous launches (``x.serial``) the compute
-    op waits for the collective instead: the pair takes ``a + b``."""
-    if x.serial:
+    op waits for the collective instead: the pair takes ``a + b`` (``serial``: the same for
+    one pair, e.g. the backward's TP reduction without the asynchronous all-reduce)."""
+    if x.serial if serial is None else serial:
         return comm, replace(comp, deps=(-1,))
     f = x.hw.overlap_efficiency
     a, b = comm.dur_ns, comp.dur_ns
@@ -351,7 +355,7 @@ def _column_bwd(x: _Ctx, name: str, n_out: int, k_in: int) -> list[OpTemplate]:
     if x.t > 1:
         red, wg = _overlap(x, x.tp_coll(red_name, red_op, full),
                            _k(name + ".bwd_wgrad", x.g(n_out, k_in, T),
-                              deps=(-2, -3) if x.sp else (-2,)))
+                              deps=(-2, -3) if x.sp else (-2,)), x.serial_tp)
         ops += [red, wg]
         ops.append(OpTemplate("tp.wait", "compute", 0, kind=_S, flops=0.0, deps=(-1, -2)))
     else:
@@ -480,7 +484,7 @@ def _head(x: _Ctx, vocab_p: int) -> LayerTemplate:
     if x.t > 1 and not x.split:
         op = CommOp.REDUCE_SCATTER if x.sp else CommOp.ALL_REDUCE
         bwd += _overlap(x, x.tp_coll("tp.reduce_scatter" if x.sp else "tp.allreduce", op, full),
-                        _k("head.logits.bwd_wgrad", x.g(v, h, T), deps=(-2,)))
+                        _k("head.logits.bwd_wgrad", x.g(v, h, T), deps=(-2,)), x.serial_tp)
         bwd.append(OpTemplate("tp.wait", "compute", 0, kind=_S, flops=0.0, deps=(-1, -2)))
     else:
         if x.t > 1:

@@ -99,6 +99,14 @@ class ParallelConfig:
     adding the 16-bit gradient into the fp32 ``main_grad``: 10 bytes) is not this flag.
     Source: REFERENCES.md R2, R5.
 
+    ``tp_async_allreduce``: ``True`` is Megatron-LM's default since late 2021
+    (``--no-async-tensor-model-parallel-allreduce`` turns it off): the backward's TP
+    all-reduce of a column-parallel linear's input gradient is issued asynchronously beside
+    the weight-gradient GEMM. ``False`` is the earlier code (``copy_to_tensor_model_parallel_
+    region`` then ``F.linear``, as in the Megatron-LM of Narayanan et al. SC21 and its
+    Megatron-DeepSpeed fork): the reduction runs in autograd after the linear's whole
+    backward, alone. Source: REFERENCES.md R20, R60.
+
     ``offload_layers``: activation offload (Megatron-Core's ``cpu_offloading_num_layers``,
     Transformer Engine's CPU offload): the first ``offload_layers`` transformer layers copy
     the activations they keep for the backward to host memory over the hardware's host link
@@ -207,6 +215,7 @@ class ParallelConfig:
     seq_imbalance: float = 1.0
     grad_overlap: bool = False
     grad_accum_fusion: bool = True
+    tp_async_allreduce: bool = True
     launch_blocking_us: float = 0.0
     zero_reduce: str = "reduce_scatter"
     eager: bool = False
@@ -293,7 +302,7 @@ class ParallelConfig:
             raise ConfigError(f"parallel config: stage_layers={sl!r} must be a list of layer "
                               "counts >= 0, one per pipeline stage (or per model chunk)")
         for f in ("odc", "grad_overlap", "grad_accum_fusion", "sequence_parallel", "fsdp",
-                  "eager", "compile_blocks", "tp_comm_overlap"):
+                  "eager", "compile_blocks", "tp_comm_overlap", "tp_async_allreduce"):
             if not isinstance(getattr(self, f), bool):
                 raise ConfigError(f"parallel config: {f}={getattr(self, f)!r} must be true or "
                                   "false")
