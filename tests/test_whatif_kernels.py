@@ -199,11 +199,6 @@ def test_mi300x_rocm_trace_to_mi250x_and_double_batch():
 
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "known miss: a tiny GEMM may split its reduction into more slices on the MI250X GCD, "
-    "whose slower k-steps fill a tile in fewer of them: the fc layer's 10 x 1000 x 2048 "
-    "Tensile GEMM goes 9.12 -> 8.50 us (0.932x) since the MI300X ceiling is K28's 668.4 "
-    "TFLOP/s (0.988x at K1's 781.9); a slower GPU should never run a kernel faster"))
 def test_no_kernel_gets_faster_on_a_mi250x():
     t = ingest_cached(KINETO / "mi300x-resnet-ddp")
     base = replay(t)

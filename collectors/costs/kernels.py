@@ -24,10 +24,11 @@ where it came from and a range.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 from ..errors import ConfigError
-from .gpus import DTYPE_BYTES, GpuSpec
+from .attention import FLASH_BWD_RATE, _mamf16, attention, head_dim_rates  # noqa: F401 (re-exported)
+from .gpus import GpuSpec
+from .kbase import _REL, DEFAULT_CURVES, Curves, OpCost, _eb, _finish, _positive, math_path
 from .tiles import TILES, tile_utilization
 
 __all__ = ["OpCost", "Curves", "DEFAULT_CURVES", "FITTED_CURVES", "matmul", "grouped_matmul",
@@ -37,23 +38,9 @@ __all__ = ["OpCost", "Curves", "DEFAULT_CURVES", "FITTED_CURVES", "matmul", "gro
            "FLASH_BWD_RATE", "FP8_SCALINGS", "TENSORWISE_CAST_BYTES", "head_dim_rates"]
 
 _K_HALF_REL = 0.25  # k_half is an assumed profile value
-_MEM_LATENCY_US = 0.6  # HBM load-to-use latency for the streaming size curve (assumed)
-_ATTN_S_HALF = 256.0  # sequence length at which attention reaches half its rate (assumed)
-_ATTN_TILE = 128  # FlashAttention-2's query/key tile rows: a causal mask's diagonal tiles (assumed)
-_ANCHOR_SEQ = 8192  # sequence of the published FlashAttention-2 figures (K2-K5, K41)
-#: sequence of a published forward rate (``flash_fwd_tflops``): FA4's B200 grid's longest
-#: (K45; assumed: the paper's maxima are at its longest sequences; 1% from 8192 to 32768)
-_FWD_ANCHOR_SEQ = 32768
-#: a flash-attention backward's FLOP/s over its forward's at the same shape: FlashAttention-2
-#: on H100 SXM5, head dim 128, sequence 16k, 322 / 370 TFLOP/s (FA3 paper, Shah et al. 2024,
-#: arXiv 2407.08608, Figs. 5-6; cuDNN 516 / 595 and FlashAttention-3 561 / 648 give the same
-#: 0.87; REFERENCES.md K14). The backward's extra softmax recomputation and its dS / dQ
-#: accumulation (atomics in FA2) are not GEMM work, so it runs below the forward's rate.
-FLASH_BWD_RATE = 0.87
 #: optimizer-step HBM bytes per parameter beyond the gradient: (fp32 state read+written)
 OPTIMIZER_BYTES = {"adam": 4 * 6, "adamw": 4 * 6, "sgd": 4 * 4, "adafactor": 4 * 3}
 _OPT_FLOPS = {"adam": 12.0, "adamw": 14.0, "sgd": 3.0, "adafactor": 10.0}
-_REL = {"published": 0.05, "derived": 0.08, "fitted": 0.10, "assumed": 0.25}
 #: HBM bytes per input element a block-scaled GEMM reads: FP8 one byte; NVFP4 4 bits plus
 #: one E4M3 scale per 16 elements (REFERENCES.md "Hardware profiles", assumed layout)
 LOWP_IN_BYTES = {"fp8": 1.0, "fp4": 0.5625}
@@ -80,72 +67,6 @@ TENSORWISE_CAST_BYTES = 2.0 + 2.0 + 1.0
 BLOCK_SCALE_US = {"fp4": 4.12}
 
 
-@dataclass(frozen=True)
-class Curves:
-    """Efficiency-curve parameters per kernel class (all physical: an efficiency is a
-    fraction <= 1 of the published ceiling it multiplies). The defaults are the model as
-    documented above; ``bench/kernel_loo.py`` fits them on some traces and judges them on
-    another, and the replay what-ifs use the fitted ones (``KERNEL_CURVES``).
-
-    ``gemm_eff`` / ``conv_eff``: fraction of the modeled matmul rate (ceiling x k-depth x
-    tiles) a library GEMM / an implicit-GEMM convolution sustains; ``wgrad_eff``: the
-    further fraction a convolution's weight-gradient pass sustains (im2col-indexed operands,
-    split-K partial sums: :mod:`collectors.costs.conv`); ``mem_eff``: fraction of
-    the HBM triad bandwidth a streaming kernel sustains; ``mem_latency_us``: the bytes in
-    flight a streaming kernel needs, as microseconds of bandwidth (its size curve);
-    ``k_half_scale``: multiplies the profile's ``gemm_k_half``; ``tile_fill_us``: when
-    set (> 0), the most a GEMM tile's prologue / epilogue may take (the same on every GPU:
-    loading its first operands, writing its result): ``k_half`` is at most that time in
-    k-steps of a 128 x 128 tile at the GPU's per-SM ceiling for the dtype (0: the profile's
-    ``gemm_k_half`` x ``k_half_scale`` alone, what the synthesizer uses). One value per
-    math path (:func:`math_path`), since the two pipelines differ: ``tile_fill_us`` for
-    SIMT kernels (FP32 on NVIDIA's CUDA cores: CUTLASS's default SIMT GEMM is a 128 x 128 x 8
-    tile in a 2-stage pipeline, operands through registers), ``tile_fill_tc_us`` for
-    tensor / matrix-core kernels (16-bit, TF32, FP8; FP32 on AMD's matrix cores: a
-    128 x 256 x 64 tile in a 3-stage asynchronous-copy pipeline on SM80), REFERENCES.md K12.
-    """
-
-    gemm_eff: float = 1.0
-    conv_eff: float = 1.0
-    wgrad_eff: float = 1.0
-    mem_eff: float = 1.0
-    mem_latency_us: float = _MEM_LATENCY_US
-    k_half_scale: float = 1.0
-    tile_fill_us: float = 0.0
-    tile_fill_tc_us: float = 0.0
-    source: str = "assumed"
-
-    def __post_init__(self) -> None:
-        for f in ("gemm_eff", "conv_eff", "wgrad_eff", "mem_eff"):
-            v = getattr(self, f)
-            if not 0.0 < v <= 1.0:
-                raise ConfigError(f"Curves.{f}={v!r}: an efficiency must be in (0, 1]")
-        if self.mem_latency_us < 0 or self.k_half_scale <= 0 or self.tile_fill_us < 0 \
-                or self.tile_fill_tc_us < 0:
-            raise ConfigError(f"Curves: mem_latency_us={self.mem_latency_us!r}, "
-                              f"tile_fill_us={self.tile_fill_us!r} and tile_fill_tc_us="
-                              f"{self.tile_fill_tc_us!r} must be >= 0 and "
-                              f"k_half_scale={self.k_half_scale!r} > 0")
-
-    def tile_fill(self, path: str) -> float:
-        """The tile fill time (us, 0: none given) of math path ``path``
-        (:func:`math_path`)."""
-        return self.tile_fill_us if path == "simt" else self.tile_fill_tc_us
-
-
-#: NVIDIA generations: their FP32 GEMMs run on the CUDA cores (SIMT); AMD's CDNA matrix
-#: cores run FP32 GEMMs too (``v_mfma_f32_*_f32``)
-_SIMT_FP32_ARCHES = ("volta", "ampere", "hopper", "blackwell")
-
-
-def math_path(g: GpuSpec, dtype: str) -> str:
-    """``simt`` (FP32 on an NVIDIA GPU's CUDA cores) or ``tensor`` (tensor / matrix-core
-    kernels) for a GEMM in ``dtype`` on ``g``: the tile pipeline it runs
-    (:class:`Curves`)."""
-    return "simt" if dtype == "fp32" and g.arch in _SIMT_FP32_ARCHES else "tensor"
-
-
-DEFAULT_CURVES = Curves()
 #: efficiency curves the replay what-ifs and ``retime cost op --trace`` price with: the fit
 #: of bench/kernel_loo.py on all three shared GPU traces with shapes (H100 VGG-13, V100
 #: DLRM, MI300X ResNet), each kernel predicted as its price alone plus the slowdown the
@@ -170,74 +91,6 @@ FITTED_CURVES = Curves(tile_fill_us=1.5, tile_fill_tc_us=3.0, conv_eff=0.96, wgr
                        source="fitted on 3 traces, bench/kernel_loo.py")
 
 
-@dataclass(frozen=True)
-class OpCost:
-    """One priced kernel (times in us, rates in TFLOP/s and GB/s)."""
-
-    kind: str
-    gpu: str
-    time_us: float
-    range_us: tuple[float, float]
-    flops: float
-    bytes: float
-    tflops: float
-    gbps: float
-    bound: str  # "compute" | "memory" | "latency"
-    efficiency: float  # fraction of the dtype's datasheet peak (compute) or of HBM peak
-    efficiency_source: str
-    #: (role, us) per kind of kernel a call is priced as, where it runs several kinds
-    #: (convolutions: ``main`` GEMM passes, ``layout`` copies, ``aux`` launch floors)
-    parts: tuple = ()
-
-    def to_dict(self) -> dict:
-        return {"kind": self.kind, "gpu": self.gpu, "time_us": round(self.time_us, 3),
-                "range_us": [round(self.range_us[0], 3), round(self.range_us[1], 3)],
-                "flops": self.flops, "bytes": self.bytes, "tflops": round(self.tflops, 2),
-                "gbps": round(self.gbps, 1), "bound": self.bound,
-                "efficiency": round(self.efficiency, 4),
-                "efficiency_source": self.efficiency_source}
-
-
-def _eb(dtype: str) -> float:
-    eb = DTYPE_BYTES.get(dtype)
-    if eb is None:
-        raise ConfigError(f"--dtype {dtype!r}: choose one of {', '.join(DTYPE_BYTES)}")
-    return eb
-
-
-def _positive(**kw: float) -> None:
-    for k, v in kw.items():
-        if not (isinstance(v, int | float) and v > 0):
-            raise ConfigError(f"--{k.replace('_', '-')} {v!r}: must be a positive number")
-
-
-def _finish(kind: str, g: GpuSpec, flops: float, nbytes: float, t_comp: float,
-            comp_src: str, comp_eff: float, comp_rel: float,
-            curves: Curves = DEFAULT_CURVES) -> OpCost:
-    """Roofline: the slower of compute (us, plus the tile pipeline's ramp and tail, one
-    kernel overhead) and memory, floored by the launch/tail."""
-    if t_comp > 0:
-        t_comp += g.hw.kernel_overhead_us
-    bw, bw_src = g.hbm_gbps()
-    bw *= curves.mem_eff
-    lat = curves.mem_latency_us
-    bw_eff = bw * nbytes / (nbytes + bw * 1e3 * lat) if nbytes > 0 else bw
-    t_mem = nbytes / (bw_eff * 1e3) if nbytes > 0 else 0.0
-    floor = g.hw.kernel_overhead_us
-    t = max(t_comp, t_mem, floor)
-    if t == t_comp and t_comp > 0:
-        bound, eff, src, rel = "compute", comp_eff, comp_src, comp_rel
-    elif t == t_mem and t_mem > 0:
-        bound, eff = "memory", bw_eff / g.hw.hbm_gbps
-        src = (f"HBM {bw:.0f} GB/s ({bw_src}{', K2-K4' if bw_src == 'published' else ''}"
-               f"{'' if curves.mem_eff == 1 else f' x {curves.mem_eff:.2f} {curves.source}'}"
-               f") x size curve {bw_eff / bw:.2f} ({curves.source} {lat:g} us in flight)")
-        rel = math.hypot(_REL[bw_src], 0.10 if bw_eff / bw > 0.8 else 0.25)
-    else:
-        bound, eff, rel = "latency", 0.0, 0.5
-        src = f"launch + ramp/tail {floor} us (assumed, hardware profile)"
-    return OpCost(kind, g.name, t, (t * (1 - rel * 0.8), t * (1 + rel)), flops, nbytes,
-                  flops / (t * 1e6), nbytes / (t * 1e3), bound, eff, src)
 
 
 def _gemm_rate(g: GpuSpec, m: float, n: float, k: float, batch: int,
@@ -450,136 +303,6 @@ def memory_bound(g: GpuSpec, kind: str, flops: float, nbytes: float,
     return _finish(kind, g, float(flops), float(nbytes), 0.0, "", 0.0, 0.0, curves)
 
 
-def _fb_per_fwd() -> float:
-    """A flash kernel's forward + backward FLOP/s over its forward's: 3.5x the forward FLOPs
-    over the forward's time plus the backward's (2.5x the FLOPs at ``FLASH_BWD_RATE``)."""
-    return 3.5 / (1.0 + 2.5 / FLASH_BWD_RATE)
-
-
-def head_dim_rates(fwd_anchor: float, anchor_dim: int, exp_tops: float,
-                   dims: float, mamf: float = math.inf) -> tuple[float, float]:
-    """(forward, backward) TFLOP/s of a flash kernel whose query/key and value widths sum to
-    ``dims``, from the forward rate ``fwd_anchor`` published at head dim ``anchor_dim``
-    (query = key = value width) on a GPU computing ``exp_tops`` tera-exponentials per second.
-
-    A score costs ``2 (d_qk + d_v)`` tensor-core FLOPs forward and one exponential on the
-    special-function units, serial with them in FlashAttention-2 (FA3 paper, arXiv
-    2407.08608, section 3: H100 SXM5 989 TFLOP/s of matmul, 3.9 T exponentials/s;
-    REFERENCES.md K43): ``t = 2 (d_qk + d_v) / R + 1 / E``; the anchor fixes ``R``. The
-    backward computes 2.5x the forward's FLOPs per score and recomputes the exponential
-    once: ``t_b = 5 (d_qk + d_v) / R_b + 1 / E``, ``R_b`` set so the backward runs at
-    :data:`FLASH_BWD_RATE` of the forward at the anchor (K14, measured at head dim 128).
-
-    Bound (K46): ``R`` and ``R_b`` never exceed ``mamf``, the GPU's 16-bit maximum
-    achievable matmul rate (K1: no matmul beats it, the two inside a flash kernel
-    included). Where the anchor would need a faster ``R``, the exponentials cannot all be
-    serial (they overlap the tensor-core work, as FA3's interleaved matmul and softmax
-    do): ``R = mamf`` and the exposed exponential time per score is only the anchor's time
-    not covered by the matmuls at ``mamf``, ``t_anchor - 4 d_anchor / mamf`` (at most
-    ``1 / E``, never negative); the overlap fraction ``1 - exposed E`` is derived from the
-    anchor, not fitted. A100 (K2 anchor at head dim 64): ``R`` 305 -> 267.9, 28% of
-    the exponential hidden."""
-    t_exp = 1.0 / exp_tops  # ps per score (FLOPs / TFLOP/s = ps)
-    fa = 4.0 * anchor_dim
-    t_fa = fa / fwd_anchor
-    t_ba = 2.5 * t_fa / FLASH_BWD_RATE
-    if t_fa <= t_exp or t_ba <= t_exp:
-        raise ConfigError(f"[published] exp_tops={exp_tops}: its exponentials alone take longer "
-                          f"than the published flash rate's score time; check the profile")
-    r_f, e_f = _bounded(fa, t_fa, t_exp, mamf)
-    r_b, e_b = _bounded(2.5 * fa, t_ba, t_exp, mamf)
-    f = 2.0 * dims
-    return f / (f / r_f + e_f), 2.5 * f / (2.5 * f / r_b + e_b)
-
-
-def _bounded(flops: float, t: float, t_exp: float, mamf: float) -> tuple[float, float]:
-    """(matmul TFLOP/s, exposed exponential ps per score) of a score of ``flops`` tensor
-    FLOPs taking ``t`` ps with an exponential of ``t_exp`` ps: all of the exponential
-    serial unless that needs a matmul rate above ``mamf`` (K46); then the matmuls at
-    ``mamf`` and only the rest of ``t`` exposed (never negative)."""
-    r = flops / (t - t_exp)
-    if r <= mamf:
-        return r, t_exp
-    return mamf, max(0.0, t - flops / mamf)
-
-
-def _mamf16(g: GpuSpec) -> float:
-    """The 16-bit matmul ceiling the published flash rates (16-bit) are bounded by (K46)."""
-    return g.mamf("bf16" if g.hw.peak_tflops.get("bf16") else "fp16")[0]
-
-
-def attention(g: GpuSpec, batch: int, heads: int, seq: int, head_dim: int,
-              kv_heads: int | None = None, causal: bool = False, backward: bool = False,
-              dtype: str = "bf16", seq_k: int | None = None,
-              v_dim: int | None = None) -> OpCost:
-    """Fused (FlashAttention-style) attention: ``seq`` queries over ``seq_k`` keys (default
-    ``seq``), query/key width ``head_dim`` and value width ``v_dim`` (default ``head_dim``);
-    GQA when ``kv_heads < heads`` (fewer K/V bytes, same FLOPs). The one flash-attention
-    model: what-ifs price measured flash kernels with it and the synthesizer its own.
-
-    Rate: the GPU's published FlashAttention-2 figure (K2-K5) is a forward + backward rate
-    at sequence 8192 (the flash-attention repository's benchmark, K41), converted to the
-    forward's rate with the backward at :data:`FLASH_BWD_RATE` (K14) and the sequence
-    curve at 8192; x the sequence curve at ``seq_k`` (s_half 256, assumed); a causal mask
-    computes its diagonal tiles whole: of ``n = seq_k / 128`` key tiles per query row of
-    tiles it wastes half of one, efficiency ``n / (n + 1)`` (FlashAttention-2's 128-row
-    tiles, assumed); the backward at :data:`FLASH_BWD_RATE` of the forward's rate."""
-    kvh = heads if kv_heads is None else kv_heads
-    sk = seq if seq_k is None else seq_k
-    vd = head_dim if v_dim is None else v_dim
-    _positive(batch=batch, heads=heads, seq=seq, head_dim=head_dim, kv_heads=kvh,
-              seq_k=sk, v_dim=vd)
-    if heads % kvh:
-        raise ConfigError(f"--kv-heads {kvh}: must divide --heads {heads}")
-    eb = _eb(dtype)
-    flops = 2.0 * batch * heads * seq * sk * (head_dim + vd) * (0.5 if causal else 1.0)
-    q_o = batch * seq * heads * (head_dim + vd) * eb
-    k_v = batch * sk * kvh * (head_dim + vd) * eb
-    nbytes = q_o + k_v  # read q, k, v; write o (+ small softmax statistics)
-    if backward:
-        flops *= 2.5
-        nbytes = 2 * nbytes + q_o + k_v  # read q,k,v,o,do; write dq,dk,dv
-    hd_src = ""
-    if g.flash_attn_tflops > 0 or g.flash_fwd_tflops > 0:
-        if g.flash_fwd_tflops > 0:
-            fwd = g.flash_fwd_tflops / (_FWD_ANCHOR_SEQ / (_FWD_ANCHOR_SEQ + _ATTN_S_HALF))
-            src0 = (f"fwd {fwd:.1f} from the published forward {g.flash_fwd_tflops:.1f} "
-                    "(Blackwell: cuDNN, K45)")
-        else:
-            fwd = g.flash_attn_tflops / _fb_per_fwd() / (
-                _ANCHOR_SEQ / (_ANCHOR_SEQ + _ATTN_S_HALF))
-            src0 = (f"fwd {fwd:.1f} from the published fwd+bwd {g.flash_attn_tflops:.1f}, "
-                    "K2-K5, K41")
-        pas = "bwd" if backward else "fwd"
-        if g.exp_tops > 0 and g.flash_attn_head_dim > 0:
-            fwd_d, bwd_d = head_dim_rates(fwd, g.flash_attn_head_dim, g.exp_tops,
-                                          head_dim + vd, _mamf16(g))
-            rate = bwd_d if backward else fwd_d
-            t_a = 4.0 * g.flash_attn_head_dim / fwd * (2.5 / FLASH_BWD_RATE if backward else 1)
-            r_m, e_x = _bounded(4.0 * g.flash_attn_head_dim * (2.5 if backward else 1.0), t_a,
-                                1.0 / g.exp_tops, _mamf16(g))
-            cap = (f"; R capped at the 16-bit MAMF {r_m:.1f}, {e_x * g.exp_tops:.0%} of 1 / E "
-                   "exposed, K46" if e_x < 1.0 / g.exp_tops else "")
-            hd_src = (f" -> {pas} {rate:.1f} at head dims {head_dim}+{vd} (per score "
-                      f"2(d_qk + d_v) / R + 1 / E, E {g.exp_tops:g} T exp/s, anchor head dim "
-                      f"{g.flash_attn_head_dim}; K43{cap})")
-        else:
-            rate = fwd * (FLASH_BWD_RATE if backward else 1.0)
-    else:
-        fwd, src0 = g.peak_tflops(dtype) * 0.35, "assumed 35% of peak"
-        rate = fwd * (FLASH_BWD_RATE if backward else 1.0)
-    curve = sk / (sk + _ATTN_S_HALF)
-    n = sk / _ATTN_TILE
-    mask = n / (n + 1.0) if causal else 1.0
-    rate = rate * curve * mask
-    rate = min(rate, g.mamf(dtype)[0])
-    kern = "flash attention" if g.flash_fwd_tflops > 0 else "FlashAttention-2"
-    src = (f"{kern} {src0}{hd_src} x sequence curve {curve:.2f} (s_half 256, "
-           f"assumed){f' x causal tiles {mask:.3f} (128-row tiles, assumed)' if causal else ''}"
-           f"{f' x backward {FLASH_BWD_RATE} (published, K14)' if backward and not hd_src else ''}")
-    rel = math.hypot(0.05 if g.flash_attn_tflops or g.flash_fwd_tflops else 0.25, 0.15)
-    return _finish("attention", g, flops, nbytes, flops / (rate * 1e6), src,
-                   rate / g.peak_tflops(dtype), rel)
 
 
 def streaming(g: GpuSpec, elements: int, dtype: str = "bf16", reads: int = 1,

@@ -20,8 +20,9 @@ def tile_utilization(sm_count: int, ms: list[float], n: float, k: float = 0.0,
     intensity ``tm tn / (tm + tn)`` relative to 128 x 128's, assumed). When there is at least
     one full wave and the reduction is deep (``k >= 4 k_half``), the library can split the
     reduction over the idle SMs (split-K / stream-K): the last wave is then balanced at a
-    10% fix-up cost; with less than one wave of tiles it splits the reduction into as many
-    slices as fill the SMs (each at least ``2 k_half`` deep). With ``k = 0`` only the wave count is modeled (the synthesizer's use)."""
+    10% fix-up cost; with less than one wave of tiles it splits the reduction over the
+    idle SMs (slices at least ``2 k_half`` deep) where that is faster; the price never falls
+    as m, n or k grow. With ``k = 0`` only the wave count is modeled (the synthesizer's use)."""
     best = 0.0
     useful = sum(ms) * n
     if useful <= 0:
@@ -35,15 +36,20 @@ def tile_utilization(sm_count: int, ms: list[float], n: float, k: float = 0.0,
         if k > 0:
             if tiles >= sm_count and k >= 4 * k_half:
                 util = max(util, edge * 0.9)
-            elif tiles < sm_count and k >= 4 * k_half:
-                # too few output tiles to fill the SMs: split the reduction into s slices
-                # (cuBLAS split-K, CUTLASS stream-K) of at least 2 k_half each, reduced by a
-                # second pass (10%); each slice pays its own prologue
-                sl = min(sm_count // tiles, int(k // (2 * k_half)))
-                if sl >= 2:
-                    ks = k / sl
+            elif tiles < sm_count and k_half > 0:
+                # too few output tiles to fill the SMs: split the reduction into the
+                # ``sm_count // tiles`` slices the idle SMs take (cuBLAS split-K, CUTLASS
+                # stream-K), reduced by a second pass (10%), each slice at least 2 k_half
+                # deep and paying its own prologue. The slice depth is
+                # ``max(2 k_half, k / slices)``, never shrinking as k, m or n grow: the
+                # former whole number of slices of >= 2 k_half (and a k >= 4 k_half
+                # threshold) let a deeper or wider GEMM cost less (#27: MI300X FP32
+                # 16x128x256 9.83 us > 16x256x512 8.98 us)
+                sl = sm_count // tiles
+                ks = max(2 * k_half, k / sl)
+                if sl >= 2 and ks < k:
                     f = (ks / (ks + k_half)) / (k / (k + k_half))
-                    util = max(util, edge * tiles * sl / sm_count * 0.9 * f)
+                    util = max(util, edge * tiles * (k / ks) / sm_count * 0.9 * f)
             util *= min(1.0, (tm * tn / (tm + tn)) / 64.0)
         best = max(best, util)
     return best
