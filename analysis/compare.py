@@ -90,6 +90,16 @@ def step_times(x: Any) -> np.ndarray:
         np.zeros(0)
 
 
+def _shared_names(ta: Any, tb: Any) -> float:
+    """Share of op names found in both runs, of the run with fewer distinct names (1.0 when
+    either run has none)."""
+    def names(t: Any) -> set[str]:
+        ids = np.unique(np.asarray(t.ops["name_id"]))
+        return {t.strings[int(i)] for i in ids}
+    na, nb = names(ta), names(tb)
+    return len(na & nb) / min(len(na), len(nb)) if na and nb else 1.0
+
+
 def _phi(z: float) -> float:
     return 0.5 * (1.0 + math.erf(z / math.sqrt(2.0)))
 
@@ -158,15 +168,25 @@ def verdict(a: Any, b: Any, *, threshold: float = 0.05) -> dict[str, Any]:
     if conf is None:
         c = "confidence unknown (one step in each run: no step-to-step spread to judge noise)"
     else:
+        borrowed = (f"; the {'baseline' if len(sa) == 1 else 'candidate'}'s one step "
+                    "borrows it" if len(rel) == 1 else "")
         c = (f"confidence {100 * conf:.0f}% (step-to-step spread {100 * spread:.1f}%, "
-             f"{len(sa)} and {len(sb)} steps)")
+             f"{len(sa)} and {len(sb)} steps{borrowed})")
     line = (f"{what}: step time {100 * change:+.1f}% ({fmt_ns(ma)} -> {fmt_ns(mb)}; each the "
             f"mean of its steps' slowest rank), {side} the {100 * threshold:g}% threshold; {c}")
     # runs of different rank counts are rarely the same job measured twice: say so (the
     # verdict stands; a what-if of a new data-parallel size compares this way on purpose)
-    na, nb = len(as_trace(a).ranks), len(as_trace(b).ranks)
-    note = (f"the runs hold {na} and {nb} rank(s): check that they are the same job"
-            if na != nb else None)
+    ta, tb = as_trace(a), as_trace(b)
+    na, nb = len(ta.ranks), len(tb.ranks)
+    notes = [f"the runs hold {na} and {nb} rank(s): check that they are the same job"
+             ] if na != nb else []
+    # two unrelated jobs (a DLRM trace against a Megatron one) can hold the same rank count:
+    # runs of one job run (nearly) the same ops, so a small share of shared op names says so
+    shared = _shared_names(ta, tb)
+    if shared < 0.5:
+        notes.append(f"the runs share {100 * shared:.0f}% of their op names (of the run with "
+                     "fewer): they look like different jobs")
+    note = "; ".join(notes) or None
     if note:
         line += f"; note: {note}"
     return {"status": status, "change": change, "baseline_ns": ma, "candidate_ns": mb,

@@ -242,6 +242,13 @@ def assemble_report(run: RunAnalysis, *, baseline: Any | None = None, title: str
             # as `retime compare` says it: two rank counts are rarely one job measured twice
             first = (f"{first.rstrip('.')}; note: the runs hold {base.n_ranks} and "
                      f"{run.n_ranks} rank(s): check that they are the same job.")
+        if kind == "comparison":
+            from .compare import _shared_names
+            shared = _shared_names(base.t, run.t)
+            if shared < 0.5:
+                first = (f"{first.rstrip('.')}; note: the runs share {100 * shared:.0f}% of "
+                         "their op names (of the run with fewer): they look like different "
+                         "jobs.")
         ranked = [first, *ranked]
     summary = [("Step time", fmt_ns(st)), ("MFU", fmt_pct(je["mfu"]) if je["mfu"] == je["mfu"]
                                            else "unknown (no flops in trace)"),
