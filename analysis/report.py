@@ -169,7 +169,8 @@ def assemble_report(run: RunAnalysis, *, baseline: Any | None = None, title: str
         parts = run.slow_parts
         top_part = max(PARTS, key=lambda q: parts[q])
         headline.append(("Largest part", _SHORT_PART[top_part],
-                         f"{fmt_pct(parts[top_part] / st)} of the slowest rank's step" + (
+                         f"{fmt_pct(parts[top_part] / st)} of the slowest rank's "
+                         + ("trace" if (run.bd["step"] < 0).all() else "step") + (
                              "; not a conclusion: the GPU work of graph replays is not in "
                              "the trace" if hidden and top_part in ("host_bound_ns", "idle_ns")
                              else "")))

@@ -6,6 +6,10 @@ raw file with pandas / plain Python, none of the analysis code:
   the rank-count note could not fire. The runs share none of their op names (recounted from
   the raw files); compare (and a report with --baseline) now says what share they have and
   that they look like different jobs. The verdict and exit code stand (CI gates on them).
+- the nsys FastVideo report (no step marker) said "The step is compute-bound: ... fills
+  84.6% of the slowest rank's step (rank 0, 253.7 ms per step)": 253.7 ms is rank 0's
+  compute over the whole trace (recounted from the SQLite kernels), not a step's. It now
+  says "of the slowest rank's trace (rank 0, 253.7 ms; no step markers: ...)".
 - a run with one step against one of many read "confidence 100% (step-to-step spread 1.2%,
   3 and 1 steps)": the one-step run borrows the other's spread, now said.
 """
@@ -25,6 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TRACES = ROOT.parent / "shared" / "traces"
 DLRM = TRACES / "kineto" / "dlrm-v100-8rank"
 MEGATRON = TRACES / "oplevel" / "megatron-ST-8rank"
+NSYS = TRACES / "nsys" / "h100-2gpu-fastvideo.sqlite"
 A100 = TRACES / "kineto" / "a100-ddp-nccl" / "nccl_data.json.gz"
 
 
@@ -73,3 +78,40 @@ def test_compare_says_a_one_step_run_borrows_the_others_spread(stores, capsys):
     out = capsys.readouterr().out
     assert "3 and 1 steps; the candidate's one step borrows it)" in out
     assert "share 29% of their op names" in out  # a 1-rank CNN and DLRM: different jobs
+
+
+def _union(iv) -> int:
+    tot, cs, ce = 0, None, None
+    for s, e in sorted(iv):
+        if ce is None or s > ce:
+            if ce is not None:
+                tot += ce - cs
+            cs, ce = s, e
+        else:
+            ce = max(ce, e)
+    return tot + (ce - cs if ce is not None else 0)
+
+
+def test_nsys_findings_without_step_markers_say_trace_not_step(tmp_path, capsys):
+    import sqlite3
+    con = sqlite3.connect(NSYS)
+    rows = con.execute("SELECT k.deviceId, k.start, k.end, s.value FROM "
+                       "CUPTI_ACTIVITY_KIND_KERNEL k JOIN StringIds s ON "
+                       "s.id = coalesce(k.demangledName, k.shortName)").fetchall()
+    con.close()
+    c = [(a, b) for d, a, b, n in rows if d == 0 and "nccl" not in n.lower()]
+    m = [(a, b) for d, a, b, n in rows if d == 0 and "nccl" in n.lower()]
+    compute_alone = _union(c) - (_union(c) + _union(m) - _union(c + m))  # compute, no comm
+    assert f"{compute_alone / 1e6:.1f}" == "253.7"
+    store, out = tmp_path / "n.retime", tmp_path / "n.html"
+    assert run(["ingest", str(NSYS), "-o", str(store)]) == 0
+    capsys.readouterr()
+    assert run(["report", str(store), "-o", str(out), "--json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    first = rep["findings"][0]
+    assert first.startswith("The trace is compute-bound")
+    assert ("of the slowest rank's trace (rank 0, 253.7 ms; no step markers: the whole trace "
+            "as one window)") in first
+    assert "per step" not in first
+    largest = next(h for h in rep["headline"] if h["label"] == "Largest part")
+    assert largest["note"].endswith("of the slowest rank's trace")
