@@ -115,3 +115,28 @@ def test_nsys_findings_without_step_markers_say_trace_not_step(tmp_path, capsys)
     assert "per step" not in first
     largest = next(h for h in rep["headline"] if h["label"] == "Largest part")
     assert largest["note"].endswith("of the slowest rank's trace")
+
+
+def test_chakra_export_accounts_for_every_event(tmp_path, capsys):
+    """DLRM: the Chakra export said "wrote 8 Chakra ET file(s)" and nothing of the 8,017
+    enclosing host ranges it leaves out. Recount: each raw complete event (ph X, the
+    profiler's own 'Trace' span aside) is a node or a listed left-out range."""
+    from collections import Counter
+
+    from retime.collectors.chakra import read_chakra
+    cats: Counter = Counter()
+    for f in DLRM.glob("*.json.gz"):
+        cats.update(e.get("cat") for e in json.load(gzip.open(f))["traceEvents"]
+                    if e.get("ph") == "X")
+    n_x = sum(v for k, v in cats.items() if k != "Trace")
+    store, out = tmp_path / "d.retime", tmp_path / "et"
+    assert run(["ingest", str(DLRM), "-o", str(store)]) == 0
+    capsys.readouterr()
+    assert run(["export", str(store), "--chakra", str(out), "--json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    nodes = sum(sum(not n.name.startswith("retime:") for n in read_chakra(f)[1])
+                for f in rep["files"])
+    assert nodes == rep["ops"]
+    assert nodes + rep["left_out"]["enclosing_ranges"] == n_x == 19_781
+    assert run(["export", str(store), "--chakra", str(out), "--force"]) == 0
+    assert "left out 8,017 enclosing host ranges" in capsys.readouterr().out
