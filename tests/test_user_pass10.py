@@ -140,3 +140,14 @@ def test_chakra_export_accounts_for_every_event(tmp_path, capsys):
     assert nodes + rep["left_out"]["enclosing_ranges"] == n_x == 19_781
     assert run(["export", str(store), "--chakra", str(out), "--force"]) == 0
     assert "left out 8,017 enclosing host ranges" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("cmd", [["capture"], ["calibrate"], ["cost"], ["cost", "cluster"],
+                                 ["cost", "collective"], ["cost", "op"], ["compare"],
+                                 ["export"], ["info"]])
+def test_help_texts_print_no_markup_escapes(cmd, capsys):
+    """`retime capture --help` read `pip install "retime\\[torch]"`: a markup escape
+    printed as written (help is plain text)."""
+    assert run([*cmd, "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "Usage: retime" in out and "\\[" not in out
