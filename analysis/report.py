@@ -129,8 +129,11 @@ def assemble_report(run: RunAnalysis, *, baseline: Any | None = None, title: str
     # headline
     st = run.step_ns
     headline: list[tuple[str, str, str]] = []
+    no_markers = bool(len(run.bd)) and bool((run.bd["step"] < 0).all())
     steps_note = (f"mean of {run.steps} steps, slowest rank each" if run.steps > 1 else
                   f"slowest rank ({run.slowest_rank})" if run.n_ranks > 1 else "one step")
+    if no_markers:  # the whole trace as one window: a "step" the trace does not mark
+        steps_note += "; no step markers: the whole trace"
     if kind == "run":
         spread = run.step_spread
         headline.append(("Step time", fmt_ns(st), steps_note + (
@@ -161,7 +164,8 @@ def assemble_report(run: RunAnalysis, *, baseline: Any | None = None, title: str
                              + (", all ranks" if run.n_ranks > 1 else "")
                              + " (a CPU-only trace: no GPU)"))
         else:
-            headline.append(("GPU busy", fmt_pct(busy), "share of the step with any GPU op "
+            headline.append(("GPU busy", fmt_pct(busy), f"share of the "
+                             f"{'trace' if no_markers else 'step'} with any GPU op "
                              "running" + (", all ranks" if run.n_ranks > 1 else "")))
     unseen = run.unseen
     hidden = hides_gpu_work(unseen)
@@ -170,7 +174,7 @@ def assemble_report(run: RunAnalysis, *, baseline: Any | None = None, title: str
         top_part = max(PARTS, key=lambda q: parts[q])
         headline.append(("Largest part", _SHORT_PART[top_part],
                          f"{fmt_pct(parts[top_part] / st)} of the slowest rank's "
-                         + ("trace" if (run.bd["step"] < 0).all() else "step") + (
+                         + ("trace" if no_markers else "step") + (
                              "; not a conclusion: the GPU work of graph replays is not in "
                              "the trace" if hidden and top_part in ("host_bound_ns", "idle_ns")
                              else "")))

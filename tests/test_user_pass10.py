@@ -115,6 +115,9 @@ def test_nsys_findings_without_step_markers_say_trace_not_step(tmp_path, capsys)
     assert "per step" not in first
     largest = next(h for h in rep["headline"] if h["label"] == "Largest part")
     assert largest["note"].endswith("of the slowest rank's trace")
+    head = {h["label"]: h["note"] for h in rep["headline"]}
+    assert head["Step time"] == "slowest rank (0); no step markers: the whole trace"
+    assert head["GPU busy"] == "share of the trace with any GPU op running, all ranks"
 
 
 def test_chakra_export_accounts_for_every_event(tmp_path, capsys):
