@@ -165,11 +165,20 @@ def verdict(a: Any, b: Any, *, threshold: float = 0.05) -> dict[str, Any]:
             "unchanged": "NO SIGNIFICANT CHANGE"}[status]
     side = "over" if status != "unchanged" else "within"
     from .tables import fmt_ns
+    # a run without step markers is one window, the whole trace: say so where its "step" is
+    unmarked = [bool(len(t.ops)) and bool((np.asarray(t.ops["step"]) < 0).all())
+                for t in (as_trace(a), as_trace(b))]
+    one = ("one step in each run" if not any(unmarked) else
+           "no step markers in either run (each is one window, the whole trace)"
+           if all(unmarked) else
+           f"one step in each run (the {'baseline' if unmarked[0] else 'candidate'} has no "
+           "step markers: the whole trace)")
     if conf is None:
-        c = "confidence unknown (one step in each run: no step-to-step spread to judge noise)"
+        c = f"confidence unknown ({one}: no step-to-step spread to judge noise)"
     else:
-        borrowed = (f"; the {'baseline' if len(sa) == 1 else 'candidate'}'s one step "
-                    "borrows it" if len(rel) == 1 else "")
+        borrowed = (f"; the {'baseline' if len(sa) == 1 else 'candidate'}'s one "
+                    f"{'window' if unmarked[0 if len(sa) == 1 else 1] else 'step'} borrows it"
+                    if len(rel) == 1 else "")
         c = (f"confidence {100 * conf:.0f}% (step-to-step spread {100 * spread:.1f}%, "
              f"{len(sa)} and {len(sb)} steps{borrowed})")
     line = (f"{what}: step time {100 * change:+.1f}% ({fmt_ns(ma)} -> {fmt_ns(mb)}; each the "

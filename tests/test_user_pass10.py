@@ -154,3 +154,24 @@ def test_help_texts_print_no_markup_escapes(cmd, capsys):
     assert run([*cmd, "--help"]) == 0
     out = capsys.readouterr().out
     assert "Usage: retime" in out and "\\[" not in out
+
+
+def test_compare_of_runs_without_step_markers_says_so(tmp_path, capsys):
+    """The nsys FastVideo export against itself read "confidence unknown (one step in each
+    run: ...)": it has no step marker (none of its NVTX ranges names a step, recounted with
+    sqlite3), its one window is the whole trace."""
+    import sqlite3
+    con = sqlite3.connect(NSYS)
+    n_step = con.execute("SELECT count(*) FROM NVTX_EVENTS WHERE text LIKE '%step%' OR "
+                         "textId IN (SELECT id FROM StringIds WHERE value LIKE '%step%')"
+                         ).fetchone()[0]
+    con.close()
+    assert n_step == 0
+    store = tmp_path / "n.retime"
+    assert run(["ingest", str(NSYS), "-o", str(store)]) == 0
+    capsys.readouterr()
+    assert run(["compare", str(store), str(store)]) == 0
+    out = capsys.readouterr().out
+    assert ("confidence unknown (no step markers in either run (each is one window, the "
+            "whole trace): no step-to-step spread to judge noise)") in out
+    assert "one step in each run" not in out
