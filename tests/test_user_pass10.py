@@ -175,3 +175,24 @@ def test_compare_of_runs_without_step_markers_says_so(tmp_path, capsys):
     assert ("confidence unknown (no step markers in either run (each is one window, the "
             "whole trace): no step-to-step spread to judge noise)") in out
     assert "one step in each run" not in out
+
+
+def test_info_counts_the_steps_it_lists(stores, capsys):
+    """Megatron: `retime info` printed the first 20 of its 32 steps as if they were all;
+    the nsys export (no step marker) printed "steps: []"."""
+    st = sorted(int(x) for x in pd.read_parquet(MEGATRON / "trace-ST.parquet")["step"].unique())
+    assert len(st) == 32
+    capsys.readouterr()
+    assert run(["info", str(stores["meg"])]) == 0
+    out = capsys.readouterr().out
+    assert f"steps (32): {st[:10]} ... {st[-3:]}" in out
+
+
+def test_info_of_a_trace_without_step_markers_says_so(tmp_path, capsys):
+    store = tmp_path / "n.retime"
+    assert run(["ingest", str(NSYS), "-o", str(store)]) == 0
+    capsys.readouterr()
+    assert run(["info", str(store)]) == 0
+    out = capsys.readouterr().out
+    assert "steps: none marked (no step markers: the whole trace as one window)" in out
+    assert "steps: []" not in out
