@@ -191,6 +191,13 @@ def verdict(a: Any, b: Any, *, threshold: float = 0.05) -> dict[str, Any]:
              ] if na != nb else []
     # two unrelated jobs (a DLRM trace against a Megatron one) can hold the same rank count:
     # runs of one job run (nearly) the same ops, so a small share of shared op names says so
+    wa, wb = ta.world_size, tb.world_size
+    if na == nb and wa and wb and wa != wb:  # one rank of each, of jobs of different sizes
+        notes.append(f"the runs come from jobs of {wa} and {wb} rank(s): check that they are "
+                     "the same job")
+    ba, bb = (t.meta.get("backend") if isinstance(t.meta, dict) else None for t in (ta, tb))
+    if ba and bb and ba != bb:
+        notes.append(f"the runs communicate over {ba} and {bb}")
     shared = _shared_names(ta, tb)
     if shared < 0.5:
         notes.append(f"the runs share {100 * shared:.0f}% of their op names (of the run with "

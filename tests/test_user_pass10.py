@@ -196,3 +196,20 @@ def test_info_of_a_trace_without_step_markers_says_so(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "steps: none marked (no step markers: the whole trace as one window)" in out
     assert "steps: []" not in out
+
+
+def test_compare_of_one_rank_of_jobs_of_other_sizes_says_so(stores, tmp_path, capsys):
+    """A CPU gloo rank of a 300-rank job against an A100 NCCL rank of a 2-rank job: one
+    rank each, two op names in the gloo file of which one (aten::empty) is in both, so
+    neither note fired; "REGRESSION +5.9%" stood alone. The raw files' distributedInfo
+    (recounted with json) differ in world size and backend: both now noted."""
+    gloo = TRACES / "kineto" / "cpu-gloo-rank34"
+    di = [json.load(gzip.open(f))["distributedInfo"] for f in (next(gloo.glob("*.gz")), A100)]
+    assert [(d["world_size"], d["backend"]) for d in di] == [(300, "gloo"), (2, "nccl")]
+    store = tmp_path / "g.retime"
+    assert run(["ingest", str(gloo), "-o", str(store)]) == 0
+    capsys.readouterr()
+    assert run(["compare", str(store), str(stores["a100"]), "--json"]) == 3
+    v = json.loads(capsys.readouterr().out)
+    assert v["note"] == ("the runs come from jobs of 300 and 2 rank(s): check that they are "
+                         "the same job; the runs communicate over gloo and nccl")
