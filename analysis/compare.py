@@ -90,6 +90,16 @@ def step_times(x: Any) -> np.ndarray:
         np.zeros(0)
 
 
+def _shared_names(ta: Any, tb: Any) -> float:
+    """Share of op names found in both runs, of the run with fewer distinct names (1.0 when
+    either run has none)."""
+    def names(t: Any) -> set[str]:
+        ids = np.unique(np.asarray(t.ops["name_id"]))
+        return {t.strings[int(i)] for i in ids}
+    na, nb = names(ta), names(tb)
+    return len(na & nb) / min(len(na), len(nb)) if na and nb else 1.0
+
+
 def _phi(z: float) -> float:
     return 0.5 * (1.0 + math.erf(z / math.sqrt(2.0)))
 
@@ -155,18 +165,44 @@ def verdict(a: Any, b: Any, *, threshold: float = 0.05) -> dict[str, Any]:
             "unchanged": "NO SIGNIFICANT CHANGE"}[status]
     side = "over" if status != "unchanged" else "within"
     from .tables import fmt_ns
+    # a run without step markers is one window, the whole trace: say so where its "step" is
+    unmarked = [bool(len(t.ops)) and bool((np.asarray(t.ops["step"]) < 0).all())
+                for t in (as_trace(a), as_trace(b))]
+    one = ("one step in each run" if not any(unmarked) else
+           "no step markers in either run (each is one window, the whole trace)"
+           if all(unmarked) else
+           f"one step in each run (the {'baseline' if unmarked[0] else 'candidate'} has no "
+           "step markers: the whole trace)")
     if conf is None:
-        c = "confidence unknown (one step in each run: no step-to-step spread to judge noise)"
+        c = f"confidence unknown ({one}: no step-to-step spread to judge noise)"
     else:
+        borrowed = (f"; the {'baseline' if len(sa) == 1 else 'candidate'}'s one "
+                    f"{'window' if unmarked[0 if len(sa) == 1 else 1] else 'step'} borrows it"
+                    if len(rel) == 1 else "")
         c = (f"confidence {100 * conf:.0f}% (step-to-step spread {100 * spread:.1f}%, "
-             f"{len(sa)} and {len(sb)} steps)")
+             f"{len(sa)} and {len(sb)} steps{borrowed})")
     line = (f"{what}: step time {100 * change:+.1f}% ({fmt_ns(ma)} -> {fmt_ns(mb)}; each the "
             f"mean of its steps' slowest rank), {side} the {100 * threshold:g}% threshold; {c}")
     # runs of different rank counts are rarely the same job measured twice: say so (the
     # verdict stands; a what-if of a new data-parallel size compares this way on purpose)
-    na, nb = len(as_trace(a).ranks), len(as_trace(b).ranks)
-    note = (f"the runs hold {na} and {nb} rank(s): check that they are the same job"
-            if na != nb else None)
+    ta, tb = as_trace(a), as_trace(b)
+    na, nb = len(ta.ranks), len(tb.ranks)
+    notes = [f"the runs hold {na} and {nb} rank(s): check that they are the same job"
+             ] if na != nb else []
+    # two unrelated jobs (a DLRM trace against a Megatron one) can hold the same rank count:
+    # runs of one job run (nearly) the same ops, so a small share of shared op names says so
+    wa, wb = ta.world_size, tb.world_size
+    if na == nb and wa and wb and wa != wb:  # one rank of each, of jobs of different sizes
+        notes.append(f"the runs come from jobs of {wa} and {wb} rank(s): check that they are "
+                     "the same job")
+    ba, bb = (t.meta.get("backend") if isinstance(t.meta, dict) else None for t in (ta, tb))
+    if ba and bb and ba != bb:
+        notes.append(f"the runs communicate over {ba} and {bb}")
+    shared = _shared_names(ta, tb)
+    if shared < 0.5:
+        notes.append(f"the runs share {100 * shared:.0f}% of their op names (of the run with "
+                     "fewer): they look like different jobs")
+    note = "; ".join(notes) or None
     if note:
         line += f"; note: {note}"
     return {"status": status, "change": change, "baseline_ns": ma, "candidate_ns": mb,

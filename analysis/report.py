@@ -129,8 +129,11 @@ def assemble_report(run: RunAnalysis, *, baseline: Any | None = None, title: str
     # headline
     st = run.step_ns
     headline: list[tuple[str, str, str]] = []
+    no_markers = bool(len(run.bd)) and bool((run.bd["step"] < 0).all())
     steps_note = (f"mean of {run.steps} steps, slowest rank each" if run.steps > 1 else
                   f"slowest rank ({run.slowest_rank})" if run.n_ranks > 1 else "one step")
+    if no_markers:  # the whole trace as one window: a "step" the trace does not mark
+        steps_note += "; no step markers: the whole trace"
     if kind == "run":
         spread = run.step_spread
         headline.append(("Step time", fmt_ns(st), steps_note + (
@@ -161,7 +164,8 @@ def assemble_report(run: RunAnalysis, *, baseline: Any | None = None, title: str
                              + (", all ranks" if run.n_ranks > 1 else "")
                              + " (a CPU-only trace: no GPU)"))
         else:
-            headline.append(("GPU busy", fmt_pct(busy), "share of the step with any GPU op "
+            headline.append(("GPU busy", fmt_pct(busy), f"share of the "
+                             f"{'trace' if no_markers else 'step'} with any GPU op "
                              "running" + (", all ranks" if run.n_ranks > 1 else "")))
     unseen = run.unseen
     hidden = hides_gpu_work(unseen)
@@ -169,7 +173,8 @@ def assemble_report(run: RunAnalysis, *, baseline: Any | None = None, title: str
         parts = run.slow_parts
         top_part = max(PARTS, key=lambda q: parts[q])
         headline.append(("Largest part", _SHORT_PART[top_part],
-                         f"{fmt_pct(parts[top_part] / st)} of the slowest rank's step" + (
+                         f"{fmt_pct(parts[top_part] / st)} of the slowest rank's "
+                         + ("trace" if no_markers else "step") + (
                              "; not a conclusion: the GPU work of graph replays is not in "
                              "the trace" if hidden and top_part in ("host_bound_ns", "idle_ns")
                              else "")))
@@ -242,6 +247,13 @@ def assemble_report(run: RunAnalysis, *, baseline: Any | None = None, title: str
             # as `retime compare` says it: two rank counts are rarely one job measured twice
             first = (f"{first.rstrip('.')}; note: the runs hold {base.n_ranks} and "
                      f"{run.n_ranks} rank(s): check that they are the same job.")
+        if kind == "comparison":
+            from .compare import _shared_names
+            shared = _shared_names(base.t, run.t)
+            if shared < 0.5:
+                first = (f"{first.rstrip('.')}; note: the runs share {100 * shared:.0f}% of "
+                         "their op names (of the run with fewer): they look like different "
+                         "jobs.")
         ranked = [first, *ranked]
     summary = [("Step time", fmt_ns(st)), ("MFU", fmt_pct(je["mfu"]) if je["mfu"] == je["mfu"]
                                            else "unknown (no flops in trace)"),

@@ -101,9 +101,15 @@ def _dominant(run: RunAnalysis) -> tuple[float, str]:
     st = run.step_ns
     top = max(PARTS, key=lambda p: parts[p])
     share = parts[top] / st if st else 0.0
-    amount = (f"{fmt_pct(share)} of the slowest rank's step ({_slowest_words(run)}, "
-              f"{fmt_ns(parts[top])} per step)" if run.n_ranks > 1 else
-              f"{fmt_pct(share)} of the step ({fmt_ns(parts[top])})")
+    if len(run.bd) and (run.bd["step"] < 0).all():  # no step markers: one window, no "step"
+        amount = (f"{fmt_pct(share)} of the slowest rank's trace ({_slowest_words(run)}, "
+                  f"{fmt_ns(parts[top])}; no step markers: the whole trace as one window)"
+                  if run.n_ranks > 1 else f"{fmt_pct(share)} of the trace ({fmt_ns(parts[top])};"
+                  " no step markers: the whole trace as one window)")
+    else:
+        amount = (f"{fmt_pct(share)} of the slowest rank's step ({_slowest_words(run)}, "
+                  f"{fmt_ns(parts[top])} per step)" if run.n_ranks > 1 else
+                  f"{fmt_pct(share)} of the step ({fmt_ns(parts[top])})")
     if top == "host_bound_ns" and cpu_only(run.t):
         txt = (f"The job is host-bound: for {amount} the CPU runs Python and framework code "
                "outside every operator; less Python per step (larger operators, fewer calls) "
@@ -120,7 +126,8 @@ def _dominant(run: RunAnalysis) -> tuple[float, str]:
                "late collectives) or on work the trace does not show.")
     elif top == "compute_ns":
         dev = "CPU" if cpu_only(run.t) else "GPU"
-        txt = f"The step is compute-bound: {dev} compute with no communication running fills {amount}."
+        what = "The trace" if "no step markers" in amount else "The step"
+        txt = f"{what} is compute-bound: {dev} compute with no communication running fills {amount}."
     else:
         txt = f"{PART_WORDS[top].capitalize()} take {amount}."
     return share + 0.5, txt

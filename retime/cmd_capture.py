@@ -86,7 +86,7 @@ def capture(
 
     Every rank runs SCRIPT with torch.profiler on. A step ends at each optimizer.step(); with the default schedule (--wait 1 --warmup 1 --active 3) the 3rd to 5th steps are recorded. A script that opens `retime.collectors.capture.Capture(...)` itself keeps control: its own cap.step() marks win, and the arguments it leaves unset come from these options.
 
-    Traces go to OUTPUT/rank-R.pt.trace.json.gz (OUTPUT/cycle-K/ when --repeat is not 1) with rank, world size and process groups (distributedInfo) and input shapes recorded. Works on CPU (gloo) and GPU (NCCL); needs the torch extra (`pip install "retime\\[torch]"`). The script's own output is passed through (to stderr with --json).
+    Traces go to OUTPUT/rank-R.pt.trace.json.gz (OUTPUT/cycle-K/ when --repeat is not 1) with rank, world size and process groups (distributedInfo) and input shapes recorded. Works on CPU (gloo) and GPU (NCCL); needs the torch extra (`pip install "retime[torch]"`). The script's own output is passed through (to stderr with --json).
     """
     if importlib.util.find_spec("torch") is None:
         raise RetimeError('retime capture needs PyTorch, which is not installed here; '

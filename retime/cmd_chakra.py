@@ -18,9 +18,18 @@ def export_chakra(trace_dir: Path, chakra: Path | None, chrome: Path | None, *, 
 
     trace = read_trace(trace_dir)
     files = write_chakra(trace, chakra, overwrite=force)
+    # every op is a node; the enclosing host ranges (ProfilerStep#N, record_function / NVTX
+    # annotations, operators that call other operators: their leaf ops are the nodes) are
+    # not: say they were left out rather than drop them silently
+    n_ranges = int(len(trace.ranges))
+    left = ({"enclosing_ranges": n_ranges} if n_ranges else {})
     if json_out:
         emit_json({"output": str(chakra), "files": [str(f) for f in files],
-                   "ranks": len(files), "ops": int(trace.n_ops)})
+                   "ranks": len(files), "ops": int(trace.n_ops), "left_out": left})
     else:
         say(f"wrote {len(files)} Chakra ET file(s) to {chakra} (one per rank: "
-            f"{files[0].name} ...)")
+            f"{files[0].name} ...): {int(trace.n_ops):,} ops as nodes" +
+            (f"; left out {n_ranges:,} enclosing host ranges (ProfilerStep#, record_function "
+             "or NVTX annotations, operators that call other operators: their leaf ops are "
+             "the nodes; `retime export --chrome` keeps them)"
+             if n_ranges else ""))

@@ -230,7 +230,11 @@ def info(
         f"world size {s['world_size']}, ranks {s['ranks'][:16]}{' ...' if len(s['ranks']) > 16 else ''}")
     say(f"  ops {s['ops']} ({', '.join(f'{k}={v}' for k, v in s['ops_by_kind'].items())}); "
         f"edges {s['edges']}; ranges {s['ranges']}; groups {s['groups']}")
-    say(f"  lanes: {', '.join(f'{k}={v}' for k, v in s['lanes'].items())}; steps: {s['steps'][:20]}")
+    st = s["steps"]
+    steps_txt = (f" ({len(st)}): {st}" if 0 < len(st) <= 20 else
+                 f" ({len(st)}): {st[:10]} ... {st[-3:]}" if st else
+                 ": none marked (no step markers: the whole trace as one window)")
+    say(f"  lanes: {', '.join(f'{k}={v}' for k, v in s['lanes'].items())}; steps{steps_txt}")
     if s["empty_steps"]:
         say("  empty profiler steps (no ops; no command counts them): " + ", ".join(
             f"rank {r['rank']} step {r['step']} ({r['dur_ns'] / 1e3:.0f} us)"
