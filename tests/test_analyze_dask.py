@@ -69,3 +69,11 @@ def test_cli_analyze_scheduler(store, cluster, tmp_path):
                          text=True)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
     assert "--layout rank" in json.loads(bad.stdout)["hint"]
+
+
+def test_scheduler_with_no_stream_is_refused_before_connecting(store, capsys):
+    from retime.cli import run
+
+    assert run(["analyze", str(store[0]), "--no-stream", "--scheduler", "tcp://127.0.0.1:1",
+                "--json"]) == 2
+    assert "--scheduler" in json.loads(capsys.readouterr().out)["error"]
