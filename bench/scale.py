@@ -479,7 +479,9 @@ def main() -> None:
                 if len(ok) > 1:
                     ns = [n for n, _ in ok]
                     extra = (f", worker peak RSS "
-                             f"{exponent(ns, [r['worker_peak_gb'] for _, r in ok]):.2f}"
+                             f"{exponent(ns, [r['worker_peak_gb'] for _, r in ok]):.2f}, "
+                             f"workers' CPU "
+                             f"{exponent(ns, [r['worker_cpu_s'] for _, r in ok]):.2f}"
                              if "worker_peak_gb" in ok[0][1] else "")
                     print(f"  {label:<34} wall {exponent(ns, [r['wall_s'] for _, r in ok]):.2f}, "
                           f"CPU {exponent(ns, [r['cpu_s'] for _, r in ok]):.2f}, peak RSS "
