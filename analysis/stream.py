@@ -26,6 +26,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -223,6 +224,20 @@ def stream_rank_wait(path: str | os.PathLike[str]) -> pd.DataFrame:
     return rank_wait(_comm_trace(path)[0])
 
 
+#: the ops columns :func:`batch_partials` reads
+PARTIAL_COLS = list(dict.fromkeys(_BREAKDOWN_COLS + _KERNEL_COLS))
+
+
+def batch_partials(t: Trace, by: str, later: pd.Series) -> tuple[Any, ...]:
+    """The per-rank parts of :func:`store_analysis` for one batch of ranks: step windows,
+    breakdown, kernel partial, empty steps, unseen work (combined over batches there)."""
+    # the batch's step windows once, not once per analysis (3 times: 10.7 of 23 s CPU at
+    # 128 ranks); a scope per batch, so that it never holds an earlier one
+    with memo_scope():
+        return (step_windows(t), breakdown(t, by=by, p2p_later=later), _kernel_partial(t),
+                empty_steps(t), unseen_work(t))
+
+
 #: a single-file store with more ops than this is analyzed streamed by default
 STREAM_ABOVE_OPS = 10_000_000
 
@@ -238,7 +253,8 @@ def should_stream(path: str | os.PathLike[str]) -> bool:
 
 def store_analysis(path: str | os.PathLike[str], *, stream: bool | None = None,
                    by: str = "step", top: int = 20,
-                   batch_rows: int = _BATCH_ROWS) -> dict[str, pd.DataFrame]:
+                   batch_rows: int = _BATCH_ROWS,
+                   scheduler: Any = None) -> dict[str, pd.DataFrame]:
     """The standard analysis of a stored trace, streamed or in memory (same frames).
 
     Parameters
@@ -248,6 +264,8 @@ def store_analysis(path: str | os.PathLike[str], *, stream: bool | None = None,
         layout and size (None, :func:`should_stream`)
     by : breakdown per ``"step"`` or per ``"rank"``
     top : how many ops by total device time
+    scheduler : a Dask scheduler address or ``distributed.Client``: the per-rank parts run
+        on its workers, one task per rank (:mod:`analysis.stream_dask`); implies streaming
 
     Returns
     -------
@@ -266,23 +284,23 @@ def store_analysis(path: str | os.PathLike[str], *, stream: bool | None = None,
 
     if top < 1:
         raise RetimeError(f"top={top} must be >= 1")
+    if scheduler is not None:
+        stream = True
     if stream is None:
         stream = should_stream(path)
     if stream:
         # one pass over the rank batches for everything that is per rank
         sw, bd, kp, es, un = [], [], [], [], []
-        cols = list(dict.fromkeys(_BREAKDOWN_COLS + _KERNEL_COLS))
         later = p2p_later(path)
-        for t in iter_rank_traces(path, columns=cols, ranges=True, batch_rows=batch_rows):
-            # the batch's step windows once, not once per analysis (3 times: 10.7 of 23 s
-            # CPU at 128 ranks); a scope per batch, so that it never holds an earlier one
-            with memo_scope():
-                sw.append(step_windows(t))
-                bd.append(breakdown(t, by=by, p2p_later=later))
-                kp.append(_kernel_partial(t))
-                es.append(empty_steps(t))
-                un.append(unseen_work(t))
-            del t
+        if scheduler is not None:  # one Dask task per rank (analysis.stream_dask)
+            from .stream_dask import dask_partials
+            batches = dask_partials(path, scheduler, by=by, later=later)
+        else:
+            batches = (batch_partials(t, by, later) for t in iter_rank_traces(
+                path, columns=PARTIAL_COLS, ranges=True, batch_rows=batch_rows))
+        for parts in batches:
+            for acc, x in zip((sw, bd, kp, es, un), parts, strict=True):
+                acc.append(x)
         w = pd.concat(sw, ignore_index=True) if sw else stream_step_times(path)
         w["step_ns"] = w["end_ns"] - w["start_ns"]
         ks = _kernel_final(kp, _Small(Path(path)).strings, None)

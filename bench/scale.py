@@ -11,7 +11,8 @@ wall time, CPU time, GB/s of JSON and the peak RSS of the whole process tree (sa
 
 Peers in the same run: ``ingest`` streamed (the default) against ``--in-memory`` (parse
 every rank, merge the parts, save: the former path), ``ingest --scheduler`` on a local Dask
-cluster of 2 workers (each worker's peak and after-job RSS, and the workers' CPU), ``replay``/``report``
+cluster of 2 workers, then ``analyze --scheduler`` of its store on the same cluster (one task
+per rank; each worker's peak and after-job RSS, and the workers' CPU), ``replay``/``report``
 against ``analyze`` on the same store (with the memory ``replay`` said it would need before
 loading), and ``report`` (streamed by default on a rank store of
 more than 2 M ops, :mod:`analysis.report_stream`) against ``report --in-memory``. Figures are printed, never asserted. GB/s is JSON
@@ -252,11 +253,11 @@ def imported_from(root: Path) -> str:
                           env=env, cwd=root, capture_output=True, text=True).stdout.strip()
 
 
-def dask_ingest(src: Path, out: Path, workers: int = 2) -> dict:
-    """``retime ingest --scheduler`` on a LocalCluster of ``workers`` processes started
-    here: the command's own figures plus each worker's peak RSS during the job, its RSS
-    after it and the workers' CPU seconds during the job (the workers are sampled on their
-    own: they are not the command's children)."""
+def dask_rows(src: Path, out: Path, workers: int = 2) -> list[dict]:
+    """``retime ingest --scheduler`` then ``retime analyze --scheduler`` of its store on one
+    LocalCluster of ``workers`` processes started here: each command's own figures plus each
+    worker's peak RSS during it, its RSS after it and the workers' CPU seconds during it (the
+    workers are sampled on their own: they are not the command's children)."""
     import psutil
     from distributed import Client, LocalCluster
 
@@ -264,22 +265,29 @@ def dask_ingest(src: Path, out: Path, workers: int = 2) -> dict:
     os.environ["PYTHONPATH"] = str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
+    rows = []
     with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
                       dashboard_address=None) as lc, Client(lc, set_as_default=False) as c:
         pids = list(c.run(os.getpid).values())
         procs = [psutil.Process(p) for p in pids]
-        base = max(p.memory_info().rss for p in procs)
-        cpu0 = sum(sum(p.cpu_times()[:2]) for p in procs)
-        mons = [TreeRss(p) for p in pids]
-        r = run(["ingest", str(src), "-o", str(out), "--scheduler", lc.scheduler_address,
-                 "--force"], f"ingest --scheduler ({workers} workers)")
-        peaks = [m.stop() for m in mons]
-        r["worker_cpu_s"] = sum(sum(p.cpu_times()[:2]) for p in procs) - cpu0
-        time.sleep(1.0)
-        after = max(psutil.Process(p).memory_info().rss for p in pids)
-    r.update(worker_peak_gb=max(peaks) / 1e9, worker_after_gb=after / 1e9,
-             worker_base_gb=base / 1e9)
-    return r
+        for args, label in (
+                (["ingest", str(src), "-o", str(out), "--force"], "ingest"),
+                (["analyze", str(out), "--json"], "analyze")):
+            base = max(p.memory_info().rss for p in procs)
+            cpu0 = sum(sum(p.cpu_times()[:2]) for p in procs)
+            mons = [TreeRss(p) for p in pids]
+            r = run([*args, "--scheduler", lc.scheduler_address],
+                    f"{label} --scheduler ({workers} workers)")
+            peaks = [m.stop() for m in mons]
+            r["worker_cpu_s"] = sum(sum(p.cpu_times()[:2]) for p in procs) - cpu0
+            time.sleep(1.0)
+            after = max(p.memory_info().rss for p in procs)
+            r.update(worker_peak_gb=max(peaks) / 1e9, worker_after_gb=after / 1e9,
+                     worker_base_gb=base / 1e9)
+            rows.append(r)
+            if r.get("error"):
+                break
+    return rows
 
 
 def line(r: dict, gb: float | None = None) -> str:
@@ -421,7 +429,8 @@ def main() -> None:
                     store = mem
             if "dask" not in a.skip:
                 dk = base / f"dask-{n}.retime"
-                rows.append((dask_ingest(src, dk), gb))
+                dr = dask_rows(src, dk)
+                rows += [(r, gb if r["label"].startswith("ingest") else None) for r in dr]
                 shutil.rmtree(dk, ignore_errors=True)
             if a.keep is None:
                 shutil.rmtree(src, ignore_errors=True)
@@ -470,11 +479,18 @@ def main() -> None:
                 if len(ok) > 1:
                     ns = [n for n, _ in ok]
                     extra = (f", worker peak RSS "
-                             f"{exponent(ns, [r['worker_peak_gb'] for _, r in ok]):.2f}"
+                             f"{exponent(ns, [r['worker_peak_gb'] for _, r in ok]):.2f}, "
+                             f"workers' CPU "
+                             f"{exponent(ns, [r['worker_cpu_s'] for _, r in ok]):.2f}"
                              if "worker_peak_gb" in ok[0][1] else "")
                     print(f"  {label:<34} wall {exponent(ns, [r['wall_s'] for _, r in ok]):.2f}, "
                           f"CPU {exponent(ns, [r['cpu_s'] for _, r in ok]):.2f}, peak RSS "
                           f"{exponent(ns, [r['rss_gb'] for _, r in ok]):.2f}{extra}")
+        for label, xs in results.items():  # the Dask path's done-when: independent of N
+            if xs and "worker_peak_gb" in xs[0][1]:
+                print(f"  {label}: per-worker peak RSS by N: " + ", ".join(
+                    f"{n}: {r['worker_peak_gb']:.2f} GB (after {r['worker_after_gb']:.2f})"
+                    for n, r in xs if not r.get("error")))
     finally:
         shutil.rmtree(base, ignore_errors=True)
 

@@ -127,6 +127,13 @@ def _gather(client: Any, futs: list[Any], what: str, progress: bool | None) -> l
                             "path; put the traces on a filesystem every worker mounts at the "
                             "same path)") from exc
                     raise
+                except RuntimeError as exc:  # the scheduler could not unpickle the tasks
+                    if "deserializ" not in str(exc):
+                        raise
+                    raise TraceFormatError(
+                        f"the Dask scheduler cannot load retime's tasks ({what}): it or its "
+                        "workers import another retime (or none); start them in the "
+                        "environment of this client, with this retime importable") from exc
                 bar.advance()
     finally:
         client.cancel([f for f in futs if not f.done()])

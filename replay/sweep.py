@@ -259,6 +259,28 @@ def _run_on_dask(trace: Trace, run: ScenarioFn | None, i: int,
     return _evaluate(trace, run, i, scenario)
 
 
+def _release_dask_worker() -> int:
+    """On a Dask worker, once a sweep ends: forget its runs and cached graphs (a graph
+    holds its trace, so the shipped trace would outlive the sweep), put the heap settings
+    :func:`_keep_freed_memory` changed back to the nanny's and hand the freed memory back to
+    the system. Returns the worker's RSS in bytes afterwards (0 where it cannot tell)."""
+    from retime.collectors.distributed import _env_bytes, _trim_heap
+
+    from .policies.base import drop_run_caches
+
+    drop_run_caches()
+    if _WORKER.pop("dask_malloc", False):
+        try:
+            import ctypes
+
+            libc = ctypes.CDLL("libc.so.6")
+            libc.mallopt(-3, _env_bytes("MALLOC_MMAP_THRESHOLD_"))  # M_MMAP_THRESHOLD
+            libc.mallopt(-1, _env_bytes("MALLOC_TRIM_THRESHOLD_"))  # M_TRIM_THRESHOLD
+        except (OSError, AttributeError):  # pragma: no cover - not glibc
+            pass
+    return _trim_heap()
+
+
 def default_workers() -> int:
     """Cores this process may use (the CLI's default ``--workers``)."""
     try:
@@ -499,6 +521,10 @@ def _sweep_dask(tr: Trace, scs: list[dict], run: ScenarioFn | None, scheduler: A
             client.cancel(list(futs))
         if tfut is not None:
             tfut.release()  # the workers' copies of the trace go with the last reference
+        try:  # nor do their runs, graphs and freed heap stay behind
+            client.run(_release_dask_worker)
+        except Exception:  # noqa: BLE001 - a lost worker has nothing left to release
+            pass
         if own:
             client.close()
 

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from retime.cli import app, emit_json, say
+from retime.collectors.errors import RetimeError
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -129,6 +130,10 @@ def analyze_cmd(
     hardware: Annotated[str | None, typer.Option(
         "--hardware", help="With --by roofline: the GPU profile whose peaks to compare with "
                            "(default: the one the trace names).")] = None,
+    scheduler: Annotated[str | None, typer.Option(
+        "--scheduler", help="Run the per-rank analysis on a Dask cluster (tcp://host:8786), "
+                            "one task per rank of a rank-partitioned store; the workers must "
+                            "see the store at the same path.")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")] = False,
 ) -> None:
     """Step times, time breakdown (compute / overlapped and exposed communication / memcpy /
@@ -137,6 +142,9 @@ def analyze_cmd(
     A store of thousands of ranks (e.g. from `retime ingest --scheduler`) is analyzed a
     batch of ranks at a time, without loading it whole; the figures equal the in-memory ones.
     """
+    if scheduler is not None and (stream is False or by in (By.hierarchy, By.roofline)):
+        raise RetimeError("--scheduler runs the streamed per-step/per-rank analysis: drop "
+                          "--no-stream (and --by hierarchy/roofline) or drop --scheduler")
     if by in (By.hierarchy, By.roofline):
         from retime.cmd_hierarchy import analyze_hierarchy, analyze_roofline
         if by == By.hierarchy:
@@ -146,7 +154,8 @@ def analyze_cmd(
         return
     from retime.analysis.stream import store_analysis
 
-    res = store_analysis(trace_dir, stream=stream, by=by.value, top=top, batch_rows=batch_rows)
+    res = store_analysis(trace_dir, stream=stream, by=by.value, top=top, batch_rows=batch_rows,
+                         scheduler=scheduler)
     s = analysis_summary(res)
     if json_out:
         emit_json(s)

@@ -185,3 +185,22 @@ def test_ingest_on_dask_equals_local_ingest(cluster, dlrm, tmp_path, capsys):
               lc.scheduler_address])
     err = capsys.readouterr().err
     assert rc == 2 and "Kineto traces" in err and len(err.strip().splitlines()) == 1
+
+
+def worker_caches():
+    """On a worker: how many replay graphs and re-synthesized runs it still holds, and
+    whether the sweep's heap settings are still on."""
+    from retime.replay.policies.base import _GRAPH_CACHE, _SYNTH_CACHE
+    from retime.replay.sweep import _WORKER
+
+    return len(_GRAPH_CACHE), len(_SYNTH_CACHE), bool(_WORKER.get("dask_malloc"))
+
+
+def test_dask_sweep_leaves_nothing_on_the_workers(cluster, dlrm):
+    """The default policies cache each trace's graph (which holds the trace) on the worker:
+    once the sweep ends the workers forget them and the sweep's heap settings."""
+    lc, client = cluster
+    df = sweep(dlrm, [{"hardware.compute_speedup": c} for c in (1.0, 2.0, 4.0)],
+               scheduler=lc.scheduler_address)
+    assert df["error"].isna().all() and len(df) == 3
+    assert set(client.run(worker_caches).values()) == {(0, 0, False)}
