@@ -1,0 +1,249 @@
+"""Capture single-GPU training pairs on one NVIDIA GPU with plain ``torch.profiler``.
+
+Each configuration is one real training job (a GPT-style decoder, or a tiny one that is
+launch-bound, or an FP32 one), profiled the way a user would: ``record_shapes=True``, the
+default schedule markers (``ProfilerStep#N``), and ``with_stack=True`` only where the what-if
+needs Python frames (activation checkpointing). No retime records are written into the traces.
+Pairs differ in one knob: activation checkpointing, per-GPU batch, CUDA graphs, TF32.
+
+Run on the GPU machine:  python examples/gpu_pairs/capture.py OUTDIR [--only NAME,...]
+Writes OUTDIR/<config>/rep<k>.pt.trace.json.gz, OUTDIR/job.json (settings, GPU, torch, the
+unprofiled per-step times) and OUTDIR/micro.json (GEMM / attention / copy microbenchmarks).
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import shutil
+import sys
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+T0 = time.time()
+
+
+def log(msg: str) -> None:
+    print(f"[{time.time() - T0:6.1f}s] {msg}", flush=True)
+
+
+class Block(nn.Module):
+    def __init__(self, d: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.ln1 = nn.LayerNorm(d)
+        self.qkv = nn.Linear(d, 3 * d)
+        self.proj = nn.Linear(d, d)
+        self.ln2 = nn.LayerNorm(d)
+        self.fc1 = nn.Linear(d, 4 * d)
+        self.fc2 = nn.Linear(4 * d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).view(b, s, 3, self.heads, d // self.heads).permute(
+            2, 0, 3, 1, 4)
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(a.transpose(1, 2).reshape(b, s, d))
+        return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+
+
+class GPT(nn.Module):
+    def __init__(self, layers: int, d: int, heads: int, vocab: int, seq: int,
+                 ckpt: bool) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d)
+        self.pos = nn.Embedding(seq, d)
+        self.blocks = nn.ModuleList(Block(d, heads) for _ in range(layers))
+        self.ln = nn.LayerNorm(d)
+        self.head = nn.Linear(d, vocab, bias=False)
+        self.ckpt = ckpt
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        x = self.emb(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))
+        for blk in self.blocks:
+            x = checkpoint(blk, x, use_reentrant=False) if self.ckpt else blk(x)
+        return self.head(self.ln(x))
+
+
+MODELS = {
+    # name: layers, d_model, heads, vocab, seq
+    "gpt": (8, 1024, 16, 32768, 1024),
+    "tiny": (4, 256, 4, 8192, 128),
+    "fp32": (4, 1024, 16, 32768, 512),
+}
+
+# name: model, batch, checkpointing, cuda graph, dtype ("bf16" autocast | "fp32"), tf32, stack
+CONFIGS = {
+    "gpt-b8": ("gpt", 8, False, False, "bf16", False, True),
+    "gpt-b8-ckpt": ("gpt", 8, True, False, "bf16", False, True),
+    "gpt-b16": ("gpt", 16, False, False, "bf16", False, False),
+    "gpt-b2": ("gpt", 2, False, False, "bf16", False, False),
+    "gpt-b8-nostack": ("gpt", 8, False, False, "bf16", False, False),
+    "gpt-b8-graph": ("gpt", 8, False, True, "bf16", False, False),
+    "tiny-eager": ("tiny", 4, False, False, "bf16", False, False),
+    "tiny-graph": ("tiny", 4, False, True, "bf16", False, False),
+    "fp32-notf32": ("fp32", 4, False, False, "fp32", False, False),
+    "fp32-tf32": ("fp32", 4, False, False, "fp32", True, False),
+}
+
+
+def run_config(name: str, out: str, reps: int, active: int) -> dict:
+    mname, batch, ckpt, graph, dtype, tf32, stack = CONFIGS[name]
+    layers, d, heads, vocab, seq = MODELS[mname]
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.backends.cudnn.allow_tf32 = tf32
+    torch.manual_seed(0)
+    dev = "cuda"
+    model = GPT(layers, d, heads, vocab, seq, ckpt).to(dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True, capturable=True)
+    idx = torch.randint(0, vocab, (batch, seq), device=dev)
+    tgt = torch.randint(0, vocab, (batch, seq), device=dev)
+    amp = dtype == "bf16"
+
+    def step() -> None:
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp, cache_enabled=False):
+            logits = model(idx)
+            loss = F.cross_entropy(logits.view(-1, vocab).float(), tgt.view(-1))
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=not graph)
+
+    run = step
+    if graph:
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(3):
+                step()
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            step()
+        run = g.replay
+    for _ in range(5):
+        run()
+    torch.cuda.synchronize()
+    # unprofiled step times (CUDA events around each step)
+    ev = [torch.cuda.Event(enable_timing=True) for _ in range(11)]
+    ev[0].record()
+    for i in range(10):
+        run()
+        ev[i + 1].record()
+    torch.cuda.synchronize()
+    plain_ms = [ev[i].elapsed_time(ev[i + 1]) for i in range(10)]
+    os.makedirs(os.path.join(out, name), exist_ok=True)
+    files = []
+    for r in range(reps):
+        sched = torch.profiler.schedule(wait=1, warmup=1, active=active, repeat=1)
+        with torch.profiler.profile(
+                activities=[torch.profiler.ProfilerActivity.CPU,
+                            torch.profiler.ProfilerActivity.CUDA],
+                schedule=sched, record_shapes=True, with_stack=stack) as prof:
+            for _ in range(2 + active):
+                run()
+                prof.step()
+        torch.cuda.synchronize()
+        raw = os.path.join(out, name, f"rep{r + 1}.pt.trace.json")
+        prof.export_chrome_trace(raw)
+        with open(raw, "rb") as fi, gzip.open(raw + ".gz", "wb", compresslevel=6) as fo:
+            shutil.copyfileobj(fi, fo)
+        os.remove(raw)
+        files.append(f"{name}/rep{r + 1}.pt.trace.json.gz")
+    mem = torch.cuda.max_memory_allocated() / 2**30
+    torch.cuda.reset_peak_memory_stats()
+    del model, opt
+    torch.cuda.empty_cache()
+    info = {"model": mname, "layers": layers, "d_model": d, "heads": heads, "vocab": vocab,
+            "seq": seq, "batch": batch, "checkpointing": ckpt, "cuda_graph": graph,
+            "dtype": dtype, "allow_tf32": tf32, "with_stack": stack, "record_shapes": True,
+            "optimizer": "AdamW(foreach, capturable)", "active_steps": active,
+            "unprofiled_step_ms": plain_ms, "peak_mem_gib": mem, "files": files}
+    med = sorted(plain_ms)[5]
+    log(f"{name}: unprofiled median {med:.2f} ms, peak {mem:.1f} GiB, {len(files)} trace(s)")
+    return info
+
+
+def bench(fn, n: int = 20) -> float:
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(n):
+        fn()
+    b.record()
+    torch.cuda.synchronize()
+    return a.elapsed_time(b) / n * 1e3  # us
+
+
+def micro() -> dict:
+    rows = []
+    for dt, tn in ((torch.bfloat16, "bf16"), (torch.float32, "fp32")):
+        torch.backends.cuda.matmul.allow_tf32 = False
+        for (m, n, k) in ((256, 256, 256), (1024, 1024, 1024), (2048, 2048, 2048),
+                          (4096, 4096, 4096), (8192, 8192, 8192), (8192, 1024, 4096),
+                          (16384, 4096, 1024), (2048, 8192, 1024), (64, 4096, 4096),
+                          (8192, 32768, 1024)):
+            if tn == "fp32" and m * n * k > 4096 ** 3:
+                continue
+            a = torch.randn(m, k, device="cuda", dtype=dt)
+            b = torch.randn(k, n, device="cuda", dtype=dt)
+            us = bench(lambda: a @ b)
+            rows.append({"kind": "matmul", "m": m, "n": n, "k": k, "dtype": tn, "time_us": us,
+                         "tflops": 2 * m * n * k / us / 1e6})
+    for (bsz, h, s, hd) in ((8, 16, 1024, 64), (2, 16, 4096, 128), (16, 32, 512, 128)):
+        q, k, v = (torch.randn(bsz, h, s, hd, device="cuda", dtype=torch.bfloat16,
+                               requires_grad=True) for _ in range(3))
+        fwd = bench(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True))
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        go = torch.randn_like(o)
+        fb = bench(lambda: torch.autograd.grad(
+            F.scaled_dot_product_attention(q, k, v, is_causal=True), (q, k, v), go))
+        rows.append({"kind": "attention", "batch": bsz, "heads": h, "seq": s, "head_dim": hd,
+                     "causal": True, "dtype": "bf16", "fwd_us": fwd, "fwd_bwd_us": fb})
+    x = torch.empty(2**30 // 2, device="cuda", dtype=torch.bfloat16)
+    y = torch.empty_like(x)
+    us = bench(lambda: y.copy_(x))
+    rows.append({"kind": "copy", "bytes": 2 * x.numel() * 2, "time_us": us,
+                 "gbps": 2 * x.numel() * 2 / us / 1e3})
+    return {"rows": rows}
+
+
+def main() -> None:
+    out = sys.argv[1]
+    only = None
+    if "--only" in sys.argv:
+        only = sys.argv[sys.argv.index("--only") + 1].split(",")
+    os.makedirs(out, exist_ok=True)
+    p = torch.cuda.get_device_properties(0)
+    job = {"gpu": torch.cuda.get_device_name(0), "sms": p.multi_processor_count,
+           "memory_gib": p.total_memory / 2**30, "torch": torch.__version__,
+           "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(),
+           "configs": {}}
+    log(f"{job['gpu']} torch {job['torch']} cuda {job['cuda']}")
+    for name in CONFIGS:
+        if only and name not in only:
+            continue
+        try:
+            job["configs"][name] = run_config(name, out, reps=2, active=3)
+        except Exception as e:  # keep the other configurations
+            job["configs"][name] = {"error": repr(e)}
+            log(f"{name}: FAILED {e!r}")
+        with open(os.path.join(out, "job.json"), "w") as f:
+            json.dump(job, f, indent=1)
+    try:
+        mb = micro()
+        mb.update({"gpu": job["gpu"], "torch": job["torch"]})
+        with open(os.path.join(out, "micro.json"), "w") as f:
+            json.dump(mb, f, indent=1)
+        log(f"micro: {len(mb['rows'])} rows")
+    except Exception as e:
+        log(f"micro FAILED {e!r}")
+
+
+if __name__ == "__main__":
+    main()
