@@ -7,6 +7,7 @@ needs Python frames (activation checkpointing). No retime records are written in
 Pairs differ in one knob: activation checkpointing, per-GPU batch, CUDA graphs, TF32.
 
 Run on the GPU machine:  python examples/gpu_pairs/capture.py OUTDIR [--only NAME,...]
+(batch G1: no --only; batch G2: --only with the big-* and fp32big-* names)
 Writes OUTDIR/<config>/rep<k>.pt.trace.json.gz, OUTDIR/job.json (settings, GPU, torch, the
 unprofiled per-step times) and OUTDIR/micro.json (GEMM / attention / copy microbenchmarks).
 """
@@ -74,6 +75,9 @@ MODELS = {
     "gpt": (8, 1024, 16, 32768, 1024),
     "tiny": (4, 256, 4, 8192, 128),
     "fp32": (4, 1024, 16, 32768, 512),
+    # batch G2: GPU-bound under the profiler (GPU work per step well above the host's)
+    "big": (8, 2048, 16, 32768, 1024),
+    "fp32big": (4, 2048, 16, 32768, 1024),
 }
 
 # name: model, batch, checkpointing, cuda graph, dtype ("bf16" autocast | "fp32"), tf32, stack
@@ -88,6 +92,15 @@ CONFIGS = {
     "tiny-graph": ("tiny", 4, False, True, "bf16", False, False),
     "fp32-notf32": ("fp32", 4, False, False, "fp32", False, False),
     "fp32-tf32": ("fp32", 4, False, False, "fp32", True, False),
+    "big-b8": ("big", 8, False, False, "bf16", False, True),
+    "big-b8-ckpt": ("big", 8, True, False, "bf16", False, True),
+    "big-b8-nostack": ("big", 8, False, False, "bf16", False, False),
+    "big-b16": ("big", 16, False, False, "bf16", False, False),
+    "big-b4": ("big", 4, False, False, "bf16", False, False),
+    "big-b2": ("big", 2, False, False, "bf16", False, False),
+    "big-b8-graph": ("big", 8, False, True, "bf16", False, False),
+    "fp32big-notf32": ("fp32big", 8, False, False, "fp32", False, False),
+    "fp32big-tf32": ("fp32big", 8, False, False, "fp32", True, False),
 }
 
 
@@ -226,7 +239,7 @@ def main() -> None:
            "configs": {}}
     log(f"{job['gpu']} torch {job['torch']} cuda {job['cuda']}")
     for name in CONFIGS:
-        if only and name not in only:
+        if (only and name not in only) or (not only and name.startswith(("big", "fp32big"))):
             continue
         try:
             job["configs"][name] = run_config(name, out, reps=2, active=3)
