@@ -156,7 +156,33 @@ def predict(row: dict) -> dict:
     s = synthesize(_model(row), _hardware(row), expand="unique", check_memory=False,
                    **kw).meta["synth"]
     return {"predicted_s": s["step_time_ns"] / 1e9, "mfu": s["mfu"], "oom": s["oom"],
-            "predicted_mem_gib": s["peak_memory_bytes"] / 2**30}
+            "predicted_mem_gib": s["peak_memory_bytes"] / 2**30,
+            "terms": terms(s["op_name_ns_stage0"], s["step_time_ns"])}
+
+
+#: the terms that move a ranking (issue #29), each a test on an op name of the synthesized
+#: first stage; the first that matches takes the op. ``pipeline`` is what is left of the
+#: step: waiting in pipeline receives (bubble, blocking transfers) and idle time.
+TERMS = (("tp", lambda n: n.startswith(("tp.", "recompute.tp."))),
+         ("dp", lambda n: n.startswith(("dp.", "pp.allreduce")) or n.endswith("_allreduce")),
+         ("optimizer", lambda n: n.startswith("optimizer.")),
+         ("embed_logits", lambda n: n.startswith(("embed.", "head."))),
+         ("gemm", lambda n: any(k in n for k in (".qkv.", ".proj.", ".fc1.", ".fc2."))),
+         ("attention", lambda n: any(k in n for k in (".scores.", ".softmax.", ".context.",
+                                                      "attn.dropout.", ".flash."))),
+         ("elementwise", lambda n: not n.startswith("pp.")))
+
+
+def terms(by_name: dict[str, int], step_ns: int) -> dict[str, float]:
+    """Seconds per step of each term in ``TERMS`` on the first stage, ``pipeline`` the rest."""
+    out = dict.fromkeys([t for t, _ in TERMS], 0.0)
+    for name, ns in by_name.items():
+        for t, test in TERMS:
+            if test(name):
+                out[t] += ns / 1e9
+                break
+    out["pipeline"] = step_ns / 1e9 - sum(out.values())
+    return out
 
 
 def _layout(r: dict) -> str:
@@ -166,6 +192,19 @@ def _layout(r: dict) -> str:
             f" {r.get('recompute') or 'none'}"
             f"{' sp' if str(r.get('sequence_parallel')).lower() == 'true' else ''}"
             f"{' z' + r['zero'] if r.get('zero') not in (None, '', '0') else ''}")
+
+
+def _per_seq(r: dict) -> dict[str, float]:
+    return {t: 1e3 * v / r["global_batch"] for t, v in r["terms"].items()}
+
+
+def driver(w: dict) -> tuple[str, float]:
+    """The term whose predicted difference (ms per sequence) carries the swapped pair's
+    predicted order furthest: the largest difference with the sign of the predicted one."""
+    (pa, pb), (ta, tb) = w["predicted_ms"], w["terms_ms"]
+    sign = 1.0 if pa >= pb else -1.0
+    t = max(ta, key=lambda k: sign * (ta[k] - tb[k]))
+    return t, ta[t] - tb[t]
 
 
 def _score(sel: list[dict]) -> dict:
@@ -182,7 +221,8 @@ def _score(sel: list[dict]) -> dict:
                    swapped=[{"a": timed[i]["layout"], "b": timed[j]["layout"],
                              "measured_ms": [1e3 * meas[i], 1e3 * meas[j]],
                              "predicted_ms": [1e3 * pred[i], 1e3 * pred[j]],
-                             "measured_gap": max(meas[i], meas[j]) / min(meas[i], meas[j]) - 1}
+                             "measured_gap": max(meas[i], meas[j]) / min(meas[i], meas[j]) - 1,
+                             "terms_ms": [_per_seq(timed[i]), _per_seq(timed[j])]}
                             for i, j in swapped_pairs(pred, meas)])
     oom = [r for r in sel if r["published_mem"] == "OOM"]
     fits = [r for r in timed if r["oom"]]
@@ -239,6 +279,8 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("csv", nargs="*", default=[str(p) for p in DEFAULTS])
     ap.add_argument("--json", action="store_true", help="print one JSON object")
+    ap.add_argument("--terms", action="store_true",
+                    help="per swapped pair, each term's predicted ms per sequence (a - b)")
     args = ap.parse_args(argv)
     res = evaluate([r for path in args.csv for r in read_runs(path)])
     if args.json:
@@ -279,6 +321,19 @@ def main(argv: list[str] | None = None) -> None:
                   f"{100 * w['measured_gap']:5.1f}%{'' if w['measured_gap'] > NOISE else ' ~'}")
         print(f"(~: measured less than {100 * NOISE:.1f}% apart, the run-to-run spread of one "
               "published layout)")
+        if args.terms:
+            names = list(swaps[0][1]["terms_ms"][0])
+            print()
+            print("per swapped pair, predicted ms per sequence of a minus b by term (first "
+                  "stage; driver: the term that carries the predicted order furthest):")
+            print(f"{'layout a':32s} {'layout b':32s} {'meas':>6s} {'pred':>6s} "
+                  + " ".join(f"{n[:9]:>9s}" for n in names) + "  driver")
+            for _, w in swaps:
+                (ma, mb), (pa, pb) = w["measured_ms"], w["predicted_ms"]
+                ta, tb = w["terms_ms"]
+                t, d = driver(w)
+                print(f"{w['a'][:32]:32s} {w['b'][:32]:32s} {ma - mb:+6.1f} {pa - pb:+6.1f} "
+                      + " ".join(f"{ta[n] - tb[n]:+9.2f}" for n in names) + f"  {t} {d:+.1f}")
     s = res["summary"]
     print()
     print(f"{s['rows']} runs: mean |error| {100 * s['mean_abs_error']:.2f}%, worst "
