@@ -195,7 +195,7 @@ def _layout(r: dict) -> str:
 
 
 def _per_seq(r: dict) -> dict[str, float]:
-    return {t: 1e3 * v / r["global_batch"] for t, v in r["terms"].items()}
+    return {t: 1e3 * v / r["global_batch"] for t, v in r.get("terms", {}).items()}
 
 
 def driver(w: dict) -> tuple[str, float]:
@@ -321,7 +321,7 @@ def main(argv: list[str] | None = None) -> None:
                   f"{100 * w['measured_gap']:5.1f}%{'' if w['measured_gap'] > NOISE else ' ~'}")
         print(f"(~: measured less than {100 * NOISE:.1f}% apart, the run-to-run spread of one "
               "published layout)")
-        if args.terms:
+        if args.terms and swaps[0][1]["terms_ms"][0]:
             names = list(swaps[0][1]["terms_ms"][0])
             print()
             print("per swapped pair, predicted ms per sequence of a minus b by term (first "

@@ -63,6 +63,29 @@ def test_swapped_pairs_match_a_hand_count(bench):
     assert bench.NOISE == pytest.approx((113.54 - 110.42) / 110.42, abs=5e-4)
 
 
+def test_terms_split_the_step_and_name_the_term_behind_a_swap(bench):
+    """Each op of the first stage goes to one term by name; what the ops leave of the step is
+    the pipeline wait. A swapped pair's driver is the term whose difference carries the
+    predicted order furthest (here b is predicted faster, mostly by its pipeline wait)."""
+    by_name = {"tp.allreduce": 2e9, "recompute.tp.allreduce": 1e9, "dp.reduce_grads": 3e9,
+               "pp.allreduce_embedding_grads": 1e9, "optimizer.grad_norm_allreduce": 1e8,
+               "optimizer.adam_step": 5e8, "head.logits.fwd": 4e9, "embed.lookup.fwd": 1e9,
+               "mlp.fc1.fwd": 10e9, "recompute.attn.qkv.fwd": 6e9, "attn.scores.fwd": 2e9,
+               "attn.dropout.bwd": 1e9, "attn.norm.fwd": 1.5e9, "grad_accum": 0.5e9,
+               "pp.recv": 7e9, "pp.send": 1e9}
+    t = bench.terms(by_name, 50e9)
+    assert t == pytest.approx({"tp": 3.0, "dp": 4.1, "optimizer": 0.5, "embed_logits": 5.0,
+                               "gemm": 16.0, "attention": 3.0, "elementwise": 2.0,
+                               "pipeline": 16.4})
+    assert sum(t.values()) == pytest.approx(50.0)
+    w = {"predicted_ms": [60.0, 55.0],
+         "terms_ms": [{"tp": 5.0, "gemm": 30.0, "pipeline": 25.0},
+                      {"tp": 3.0, "gemm": 31.0, "pipeline": 21.0}]}
+    assert bench.driver(w) == ("pipeline", pytest.approx(4.0))
+    w["predicted_ms"] = [50.0, 55.0]
+    assert bench.driver(w) == ("gemm", pytest.approx(-1.0))
+
+
 def test_every_bench_cluster_is_one_job_on_one_machine(bench):
     for path in bench.DEFAULTS:
         rows = bench.read_runs(path)
