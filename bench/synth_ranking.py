@@ -23,6 +23,9 @@ the 16-bit gradients of fp16 runs, fp32 for bf16 ones), ``published_mem_gib`` (`
 (the row shaped the model; the default for files without the column, whose rows were
 development points) or ``judge`` (set nothing). Lines starting with ``#`` are comments.
 
+``--terms`` adds each row's predicted time per sequence split by term (``TERMS``) and, per
+swapped pair, each term's difference and the one that carries the predicted order.
+
 Printed: each row's predicted and measured time, the error and the predicted vs published
 memory per GPU; per cluster the MAPE, the Spearman and Kendall (tau-b) rank correlations of
 predicted vs measured time per sequence (clusters of 2 or more timed rows; per sequence so
@@ -162,7 +165,8 @@ def predict(row: dict) -> dict:
 
 #: the terms that move a ranking (issue #29), each a test on an op name of the synthesized
 #: first stage; the first that matches takes the op. ``pipeline`` is what is left of the
-#: step: waiting in pipeline receives (bubble, blocking transfers) and idle time.
+#: step: waiting in pipeline receives (bubble, blocking transfers) and idle time (negative
+#: where ops ran beside each other: overlapped TP or data-parallel traffic).
 TERMS = (("tp", lambda n: n.startswith(("tp.", "recompute.tp."))),
          ("dp", lambda n: n.startswith(("dp.", "pp.allreduce")) or n.endswith("_allreduce")),
          ("optimizer", lambda n: n.startswith("optimizer.")),
@@ -295,6 +299,18 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{r['cluster']:16s} {r['role']:5s} {r['layout']:40s} {r['predicted_s']:8.2f} s "
               f"{_f(r['measured_s'], '7.2f'):>7s} s {_f(r['error'], '+6.1f', 100):>6s}% "
               f"{r['predicted_mem_gib']:6.1f} GiB{' OOM' if r['oom'] else '    '} {pm:>9s}")
+    if args.terms:
+        names = list(res["rows"][0]["terms"])
+        print()
+        print("predicted ms per sequence by term (first stage) against measured:")
+        print(f"{'cluster':16s} {'layout':32s} {'meas':>6s} {'pred':>6s} "
+              + " ".join(f"{n[:9]:>9s}" for n in names))
+        for r in res["rows"]:
+            t = _per_seq(r)
+            meas = _f(r["measured_s"], ".1f", 1e3 / r["global_batch"])
+            print(f"{r['cluster'][:16]:16s} {r['layout'][:32]:32s} {meas:>6s} "
+                  f"{1e3 * r['predicted_s'] / r['global_batch']:6.1f} "
+                  + " ".join(f"{t[n]:9.2f}" for n in names))
     print()
     print(f"{'cluster':16s} {'rows':>4s} {'MAPE':>6s} {'Spearman':>9s} {'Kendall':>8s} "
           f"{'regret':>7s} {'swapped':>8s} {'OOM called':>10s} {'mem MAPE':>8s}")
