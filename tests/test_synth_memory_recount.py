@@ -1,0 +1,82 @@
+"""Llama 3 405B's memory per GPU counted by hand (issue 29 item 4, R11 / R34 layout: TP 8,
+PP 16, 8 one-layer chunks per rank, the first chunk the embedding alone, the last the output
+alone, ZeRO-1 over DP 64, fp32 main gradients, micro-batch 1 of 8,192 tokens, no recompute)
+against the synthesizer's memory model, term by term.
+
+The hand count (Korthikanti et al. 2022, generalized to GQA, SwiGLU, flash attention and no
+dropout; ``s`` tokens, ``h`` hidden, ``a`` heads, ``k`` the K/V width, ``f`` the MLP width,
+``t`` TP): per layer and micro-batch a rank keeps
+
+    8 s h                 two norm inputs, the QKV and FC1 inputs (2 bytes; / t with SP)
+    2 s (h + 2 k) / t     Q, K, V (flash attention's inputs)
+    2 s h / t             the attention output (the projection's input)
+    6 s f / t             the gate and up outputs, the SwiGLU product (FC2's input)
+    4 a s / t             flash attention's fp32 log-sum-exp
+
+and Megatron-LM's interleaved schedule keeps ``2 (p - r - 1) + (v - 1) p + 1`` chunk
+forwards in flight on rank ``r`` (each chunk one layer here). Model states: 2-byte weights,
+4-byte (fp32) main gradients, 12 bytes of master weights and moments over the 64 DP ranks.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from retime.collectors.synth import resolve_model, synthesize
+from retime.collectors.synth.memory import layer_activation_bytes
+from retime.collectors.synth.parallel import ParallelConfig
+
+S, H, A, K, FF, T, P, V, DP = 8192, 16384, 128, 8 * 128, 53248, 8, 16, 8, 64
+GIB = 2**30
+
+
+def hand_layer_bytes(sp: bool) -> int:
+    replicated = 8 * S * H / (T if sp else 1)
+    sharded = 2 * S * (H + 2 * K) + 2 * S * H + 6 * S * FF + 4 * A * S
+    return int(replicated + sharded / T)
+
+
+def _run(sp: bool) -> dict:
+    return synthesize("llama3-405b", "h100-sxm", tp=T, pp=P, dp=DP, zero=1,
+                      schedule="interleaved", chunks=V, p2p="async", micro_batch=1,
+                      global_batch=2048, stage_layers=(0,) + (1,) * 126 + (0,),
+                      grad_reduce_dtype="fp32", sequence_parallel=sp, expand="unique",
+                      check_memory=False).meta["synth"]
+
+
+@pytest.mark.parametrize("sp", [False, True])
+def test_layer_bytes_match_the_hand_count(sp):
+    mc = resolve_model("llama3-405b")
+    par = ParallelConfig(tp=T, pp=P, dp=DP, zero=1, schedule="interleaved", chunks=V,
+                         micro_batch=1, global_batch=2048, sequence_parallel=sp)
+    assert layer_activation_bytes(mc, par, layer=5) == pytest.approx(hand_layer_bytes(sp),
+                                                                     abs=1)
+    # without SP the replicated 8 s h (1.07 GB) is 73% of the layer's 1.47 GB
+    assert hand_layer_bytes(False) / 1e9 == pytest.approx(1.473, abs=1e-3)
+    assert hand_layer_bytes(True) / 1e9 == pytest.approx(0.533, abs=1e-3)
+
+
+@pytest.mark.parametrize("sp", [False, True])
+def test_stage_totals_match_the_hand_count(sp):
+    mem = _run(sp)["memory"]
+    layer = hand_layer_bytes(sp)
+    for r, m in enumerate(mem):
+        # Megatron-LM's interleaved warm-up (2 (p - r - 1) + (v - 1) p) plus the steady
+        # state's one more forward
+        assert m["in_flight_microbatches"] == 2 * (P - r - 1) + (V - 1) * P + 1
+        n = m["params"]
+        assert m["weights_bytes"] == pytest.approx(2 * n, abs=2)
+        assert m["grads_bytes"] == pytest.approx(4 * n, abs=2)
+        assert m["optimizer_bytes"] == pytest.approx(12 * n / DP, abs=2)
+        assert m["step_copy_bytes"] == 0  # fp32 main gradients: no copy at the step
+    # rank 1 holds 8 one-layer chunks and no embedding / output: every chunk forward in
+    # flight is one layer's activations
+    m = mem[1]
+    assert m["dynamic_activation_bytes"] == pytest.approx(141 * layer, rel=1e-6)
+    states = 2 * m["params"] + 4 * m["params"] + 12 * m["params"] / DP
+    assert m["total_bytes"] == pytest.approx(states + 141 * layer + m["buffer_bytes"],
+                                             rel=1e-6)
+    # 3.19 G parameters per rank: 18.4 GiB of model states, 2.5 GiB reserve + DDP bucket
+    assert states / GIB == pytest.approx(18.37, abs=0.02)
+    # the hand count: 214.3 GiB without SP, 90.9 GiB with it (80 GiB HBM)
+    assert m["total_bytes"] / GIB == pytest.approx(214.3 if not sp else 90.9, abs=0.1)
