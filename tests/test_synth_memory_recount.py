@@ -80,3 +80,23 @@ def test_stage_totals_match_the_hand_count(sp):
     assert states / GIB == pytest.approx(18.37, abs=0.02)
     # the hand count: 214.3 GiB without SP, 90.9 GiB with it (80 GiB HBM)
     assert m["total_bytes"] / GIB == pytest.approx(214.3 if not sp else 90.9, abs=0.1)
+
+
+@pytest.mark.parametrize("pp", [1, 2])
+def test_zero2_reduces_every_micro_batch(pp):
+    """ZeRO-2 holds only a shard of the gradients (memory: grads / DP), so each of the
+    ``m`` micro-batches' backwards reduces its gradients (DeepSpeed's
+    ``partition_gradients``, synth REFERENCES R46); ZeRO-1 accumulates the whole buffer and
+    reduces once. Not overlapped (the default), the reductions delay the next items."""
+    m = 4
+    kw = dict(tp=1, pp=pp, dp=2, global_batch=2 * m, micro_batch=1, check_memory=False)
+    out = {}
+    for z in (1, 2):
+        tr = synthesize("gpt3-125m", "a100-80gb", zero=z, **kw)
+        f = tr.ops_frame()
+        red = f["name"].astype(str).str.startswith("dp.reduce") & (f["rank"] == 0)
+        s = tr.meta["synth"]
+        out[z] = (int(red.sum()), s["step_time_ns"], s["memory"][0]["grads_bytes"])
+    assert out[2][0] == m * out[1][0]
+    assert out[2][1] > out[1][1]
+    assert out[2][2] == pytest.approx(out[1][2] / 2, abs=2)

@@ -241,6 +241,9 @@ def build_trace(template: StepTemplate, parallel: ParallelConfig | dict,
     # parameters of a 16-bit bucket)
     bucket_params = parallel.bucket_mb * 1e6 / reduce_bytes_per_param(parallel, template)
     ds_reduce = zero in (1, 2) and parallel.zero_reduce == "reduce"
+    # ZeRO-2 keeps only a shard of the gradients: every micro-batch's backward reduces
+    # them (DeepSpeed, without overlap_comm in the backward's hooks; REFERENCES.md R46)
+    per_mb = zero == 2
     sync_p2p = parallel.p2p in ("sync", "serial") and sched in SYNC_SCHEDULES and p > 1
     esrc: list[np.ndarray] = []
     edst: list[np.ndarray] = []
@@ -310,6 +313,7 @@ def build_trace(template: StepTemplate, parallel: ParallelConfig | dict,
                 last_grad[vs] = k
         sync_ops: list[int] = []
         deferred: list[tuple[list, int]] = []  # reductions waiting for the last backward
+        blocking: list[int] = []  # ZeRO-2 reductions the next item's compute waits for
         last_compute = -1
         last_scatter = -1
         # per item: (recv, send, exit, first compute) op ids, -1 none
@@ -360,21 +364,27 @@ def build_trace(template: StepTemplate, parallel: ParallelConfig | dict,
                     last_scatter = at(blk.last_scatter)
                 item_ids.append((at(blk.entry), at(blk.send), at(blk.exit),
                                  at(blk.first_compute)))
+                if blocking and blk.first_compute >= 0:
+                    add_edges(blocking, [at(blk.first_compute)] * len(blocking))
+                    blocking = []
             gblk, gbase = grad_blk
             if reduce_grads and dp_group > 1 and gblk.grad_ops and any(
-                    last_grad.get(ivs) == kk for kk, (_, ivs, _, _) in
+                    per_mb or last_grad.get(ivs) == kk for kk, (_, ivs, _, _) in
                     zip(range(k, k_next), parts, strict=True)):
                 for kk, (_, ivs, blk, mp) in zip(range(k, k_next), parts, strict=True):
-                    if last_grad.get(ivs) != kk or not blk.grad_ops:
+                    if not blk.grad_ops or not (per_mb or last_grad.get(ivs) == kk):
                         continue
                     gops = [((int(mp[i]) if mp is not None else i), dn, ex)
                             for i, dn, ex in blk.grad_ops]
+                    ex_ = blk.exit if mp is None else int(mp[blk.exit])
                     if piped:  # FSDP's post-backward, run once the whole backward is done
-                        ex_ = blk.exit if mp is None else int(mp[blk.exit])
                         sync_ops.extend(reduce_ops(gops, gbase, stage, after=gbase + ex_,
                                                    blk=gblk))
                     elif parallel.grad_overlap:
                         sync_ops.extend(reduce_ops(gops, gbase, stage))
+                    elif per_mb and last_grad.get(ivs) != kk:  # on the compute stream
+                        blocking = reduce_ops(gops, gbase, stage, after=gbase + ex_)
+                        sync_ops.extend(blocking)
                     else:
                         deferred.append((gops, gbase))
             k = k_next
