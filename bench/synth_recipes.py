@@ -49,8 +49,10 @@ batch 32 runs 8 micro-batches of 4 and Table 6's local batch 8 runs 8 of 1,
 interleaved schedule with asynchronous pipeline transfers, the first and last stage one
 layer fewer, which R11 says leaves the first model chunk the embedding alone and the last
 the output projection and loss alone: model chunks of one layer, 8 per rank (R34; was 2
-chunks of 4 layers, 3 on the first and last, an assumption), ZeRO-1 (Meta's
-FSDP shards optimizer states and gradients and gathers parameters once per step).
+chunks of 4 layers, 3 on the first and last, an assumption), ZeRO-2 with the reduction
+overlapped (R11: its FSDP "shards optimizer states and gradients", does not reshard the
+weights and reduces gradients asynchronously; was ZeRO-1), sequence parallelism (inferred:
+see the seventh pass).
 
 Roles. ``dev``: torchtitan Table 1 (8B on 8 GPUs), whose 1.66x miss led to the eager,
 op-level-checkpointing and 500 W profile changes; nothing was fitted to it (byte counts
@@ -145,6 +147,18 @@ R50). Every flash row gets faster: judged median 5.8% -> 8.4%, worst 16.8% -> 36
 CP8 1.17x -> 1.37x), within 10% 19 -> 15 of 26; dev rows 5.4% / 6.6% -> 9.1% / 9.8%. Kept:
 the kernel rate is the published one; the rows now show time the recipes lose outside it
 (REFERENCES "Still missed").
+
+Seventh pass (issue #29 item 4, helper SY2, after every row had been seen): Llama 3 405B's
+memory recounted by hand (``tests/test_synth_memory_recount.py``) matched the model's 214.3
+/ 196.2 GiB term by term, so the OOM came from the row, not a wrong term: (14) R11's FSDP
+shards the gradients (ZeRO-2, was ZeRO-1) and reduces them asynchronously
+(``--grad-overlap``); the synthesizer's ZeRO-2 now reduces every micro-batch's gradients
+as DeepSpeed's does (synth REFERENCES R46; before, it reduced once yet held only a shard);
+(15) ``--sequence-parallel``, **inferred, not stated**: without it one layer of one
+micro-batch keeps 1.47 GB on each TP rank and the 141 in flight alone need 193 GiB, which no
+80 GB GPU holds "without activation checkpointing" (R34). 8K / 16K GPUs 1.15x / 1.10x oom
+(214.3 / 196.2 GiB) -> 1.09x / 0.97x (79.2 / 72.4 GiB); judged median 8.7% -> 8.5%,
+within 10% 15 -> 17 of 26; every other row unchanged.
 """
 
 from __future__ import annotations
@@ -178,10 +192,15 @@ _H200 = dict(model="llama3-8b", hardware="h200", tp=1, pp=1, fsdp=True, fsdp_imp
              micro_batch=2, recompute="op", dtype="fp8", fp8_scaling="tensorwise")
 # R11 / R34: 8 model chunks of one layer per rank (126 layers + 2 = 16 ranks x 8), the
 # first chunk the embedding alone and the last the output and loss alone
-# R11 §3.3.2: "reduce-scatter gradients in FP32 across data parallel workers" (synth R51)
-_L405 = dict(model="llama3-405b", hardware="h100-sxm", tp=8, pp=16, zero=1,
-             schedule="interleaved", chunks=8, p2p="async", micro_batch=1,
-             global_batch=2048, stage_layers="0" + ",1" * 126 + ",0", grad_reduce_dtype="fp32")
+# R11 §3.3.2: "reduce-scatter gradients in FP32 across data parallel workers" (synth R51);
+# its FSDP "shards optimizer states and gradients" and does not reshard the weights (ZeRO-2:
+# every micro-batch's gradients reduced, R46), "asynchronously [...] reducing gradients"
+# (--grad-overlap); sequence parallelism is inferred, not stated: without it the activations
+# alone (193 GiB) cannot fit the 80 GB that R34 trained on "without activation checkpointing"
+_L405 = dict(model="llama3-405b", hardware="h100-sxm", tp=8, pp=16, zero=2, grad_overlap=True,
+             sequence_parallel=True, schedule="interleaved", chunks=8, p2p="async",
+             micro_batch=1, global_batch=2048, stage_layers="0" + ",1" * 126 + ",0",
+             grad_reduce_dtype="fp32")
 # R12 §3.3.3: gradients "retained in FP32" for accumulation (the reduce dtype is not stated
 # apart: the fp32 buffer is what is reduced; synth R51); "we adopt the BF16 data format
 # instead of FP32 to track the first and second moments in the AdamW optimizer" (synth R54)
@@ -279,7 +298,7 @@ _FLAGS = ("model", "hardware", "hardware_file", "tp", "pp", "dp", "cp", "ep",
           "sequence_parallel", "tp_comm_overlap", "fsdp", "fsdp_impl", "zero", "schedule", "chunks",
           "stage_layers", "p2p", "global_batch", "micro_batch", "seq", "recompute", "dtype",
           "fp8_scaling", "cp_attention", "eager", "compile_blocks", "grad_reduce_dtype",
-          "moment_dtype")
+          "moment_dtype", "grad_overlap")
 
 
 def command(opts: dict) -> str:

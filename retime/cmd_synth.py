@@ -261,8 +261,8 @@ def synth(
         "--seq-imbalance", min=1.0, help="Most loaded data-parallel rank's work over the mean "
         "(varying sequence lengths).")] = 1.0,
     grad_overlap: Annotated[bool, typer.Option(
-        "--grad-overlap", help="Reduce gradient buckets during the last backward (DDP); "
-        "default: after it, as Megatron-LM does.")] = False,
+        "--grad-overlap", help="Reduce gradient buckets during the last backward (DDP; "
+        "ZeRO-2: during every backward); default: after it, as Megatron-LM does.")] = False,
     grad_accum_fusion: Annotated[bool, typer.Option(
         "--grad-accum-fusion/--no-grad-accum-fusion",
         help="Weight-gradient GEMMs accumulate into the fp32 main gradient (Megatron-LM's "

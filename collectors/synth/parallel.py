@@ -88,6 +88,8 @@ class ParallelConfig:
     what ``overlap.bucket_mb`` / ``overlap.merge`` tune). ZeRO-3 / FSDP reduce-scatters
     always follow each layer's backward. Source of the default: Megatron-Core
     ``DistributedDataParallelConfig.overlap_grad_reduce = False`` (REFERENCES.md R2).
+    ZeRO-2 reduces in every micro-batch's backward (it keeps only its gradient shard; R46),
+    after each backward (the next item waits) or, with ``True``, as buckets complete.
 
     ``grad_accum_fusion``: ``True`` is Megatron-LM's default (``--no-gradient-accumulation-fusion``
     turns it off): each weight-gradient GEMM accumulates into the fp32 main gradient itself,
