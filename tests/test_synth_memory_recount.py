@@ -36,8 +36,8 @@ def hand_layer_bytes(sp: bool) -> int:
     return int(replicated + sharded / T)
 
 
-def _run(sp: bool) -> dict:
-    return synthesize("llama3-405b", "h100-sxm", tp=T, pp=P, dp=DP, zero=1,
+def _run(sp: bool, zero: int = 1) -> dict:
+    return synthesize("llama3-405b", "h100-sxm", tp=T, pp=P, dp=DP, zero=zero,
                       schedule="interleaved", chunks=V, p2p="async", micro_batch=1,
                       global_batch=2048, stage_layers=(0,) + (1,) * 126 + (0,),
                       grad_reduce_dtype="fp32", sequence_parallel=sp, expand="unique",
@@ -80,6 +80,19 @@ def test_stage_totals_match_the_hand_count(sp):
     assert states / GIB == pytest.approx(18.37, abs=0.02)
     # the hand count: 214.3 GiB without SP, 90.9 GiB with it (80 GiB HBM)
     assert m["total_bytes"] / GIB == pytest.approx(214.3 if not sp else 90.9, abs=0.1)
+
+
+def test_sharded_gradients_and_sp_fit():
+    """R11's FSDP shards the gradients too (ZeRO-2): 4 bytes / DP per parameter instead of 4;
+    with sequence parallelism rank 1 then holds 79.2 GiB, under the H100's 80."""
+    m = _run(True, zero=2)["memory"][1]
+    n = m["params"]
+    assert m["grads_bytes"] == pytest.approx(4 * n / DP, abs=2)
+    states = 2 * n + (4 + 12) * n / DP
+    assert m["total_bytes"] == pytest.approx(
+        states + 141 * hand_layer_bytes(True) + m["buffer_bytes"], rel=1e-6)
+    assert m["total_bytes"] / GIB == pytest.approx(79.2, abs=0.1)
+    assert not m["oom"]
 
 
 @pytest.mark.parametrize("pp", [1, 2])
