@@ -20,8 +20,13 @@ forwards in flight on rank ``r`` (each chunk one layer here). Model states: 2-by
 
 from __future__ import annotations
 
+import importlib.util
+import json
+from pathlib import Path
+
 import pytest
 
+from retime.cli import run
 from retime.collectors.synth import resolve_model, synthesize
 from retime.collectors.synth.memory import layer_activation_bytes
 from retime.collectors.synth.parallel import ParallelConfig
@@ -113,3 +118,22 @@ def test_zero2_reduces_every_micro_batch(pp):
     assert out[2][0] == m * out[1][0]
     assert out[2][1] > out[1][1]
     assert out[2][2] == pytest.approx(out[1][2] / 2, abs=2)
+
+
+def test_recipe_row_command_fits_and_matches(tmp_path, capsys):
+    """The Llama 3 405B 16K-GPU row of bench/synth_recipes.py: its printed command states
+    ZeRO-2, the overlapped reduction and SP, and gives the bench's step time and a peak
+    under the 80 GiB HBM."""
+    root = Path(__file__).resolve().parent.parent
+    spec = importlib.util.spec_from_file_location("synth_recipes",
+                                                  root / "bench" / "synth_recipes.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    opts = next(r for r in bench.ROWS if r[0] == "Llama3-405B 16K GPUs")[7]
+    cmd = bench.command(opts).split()[1:-3] + ["-o", str(tmp_path / "r.retime"), "--json"]
+    for flag in ("--zero", "--grad-overlap", "--sequence-parallel"):
+        assert flag in cmd
+    assert run(cmd) == 0
+    s = json.loads(capsys.readouterr().out)
+    assert s["step_time_ns"] == bench.predict(opts)["step_time_ns"]
+    assert not s["oom"] and s["peak_memory_bytes"] < 80 * GIB
