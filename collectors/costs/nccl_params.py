@@ -144,8 +144,10 @@ CHANNELS = {
     ("nvswitch", "ampere"): Param(24, "published", "C6: 24 channels on HGX A100"),
     ("nvswitch", "volta"): Param(8, "published", "C15: 4 NVLink rings on a DGX-1, each "
                                  "doubled into two channels"),
-    ("nvswitch", "hopper"): Param(32, "assumed", "NCCL on H100 NVSwitch"),
-    ("nvswitch", "blackwell"): Param(32, "assumed", "NCCL on NVLink5"),
+    ("nvswitch", "hopper"): Param(24, "published", "C52: NCCL log of one p5.48xlarge (8 x H100 "
+                                  "NVSwitch): 24 coll channels"),
+    ("nvswitch", "blackwell"): Param(32, "published", "C52: NCCL log of GB200 trays (NVLink5): "
+                                     "32 coll channels"),
     ("pcie", None): Param(4, "assumed", "PCIe rings"),
     ("xgmi", None): Param(16, "assumed", "RCCL rings on the xGMI mesh"),
 }
