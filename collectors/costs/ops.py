@@ -139,6 +139,10 @@ def op_cost(name: str, dims: list, types: list, concrete: list | None = None
         n = max(_numel(x) for x, _ in ts)
         if b in _NORM:
             return 8.0 * n, es * 2.0 * n, dt
+        if b == "native_layer_norm_backward":
+            # two kernels (PyTorch's CUDA layer norm): the input gradient reads dy and x and
+            # writes dx, GammaBetaBackward reads dy and x again
+            return 8.0 * n, es * 5.0 * n, dt
         if b in _NORM_BWD:
             return 8.0 * n, es * 3.0 * n, dt
         if b in _SOFTMAX:
