@@ -48,7 +48,7 @@ from .schema import (
     KNOWN_PH,
     NOARGS,
     RankPart,
-    rank_from_name,
+    rank_and_source_from_name,
 )
 
 __all__ = ["build_rank_part"]
@@ -100,8 +100,7 @@ def finish_part(path: Path, doc, loop: EventLoop) -> RankPart:
     rank = dist.rank if dist is not None and dist.rank is not None else None
     rank_source = "distributedInfo"
     if rank is None:
-        rank = rank_from_name(path)
-        rank_source = "file name"
+        rank, rank_source = rank_and_source_from_name(path)
     if rank is None:
         rank, rank_source = 0, "default (single file)"
 

@@ -190,12 +190,25 @@ CAT_CODE = {**{c: int(k) for c, k in GPU_CATS.items()},
              "user_annotation": C_ANNOT, "trace": C_TRACE}
 
 
+#: rank source of a rank read from a bare number before ``.trace.json`` (the last FILE_RANK
+#: pattern): it tells the files of one ingest apart, but a lone file's number is as often a
+#: repetition, iteration or timestamp (``rep1.pt.trace.json``), so a lone file keeps rank 0
+BARE_NUMBER_SOURCE = "file name (bare number)"
+
+
 def rank_from_name(path: Path) -> int | None:
-    for pat in FILE_RANK:
+    return rank_and_source_from_name(path)[0]
+
+
+def rank_and_source_from_name(path: Path) -> tuple[int | None, str]:
+    """The rank a file's name tells, and how: "file name" (rank-N, worker-N, _rN) or
+    :data:`BARE_NUMBER_SOURCE` (only a number before ``.trace.json``)."""
+    for i, pat in enumerate(FILE_RANK):
         m = pat.search(path.name)
         if m:
-            return int(m.group(1))
-    return None
+            return int(m.group(1)), ("file name" if i < len(FILE_RANK) - 1
+                                     else BARE_NUMBER_SOURCE)
+    return None, ""
 
 
 def as_str(x: Any) -> str:

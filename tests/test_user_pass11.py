@@ -1,0 +1,58 @@
+"""User pass 11: the real single-H200 traces of traces/gpu_pairs (plain torch.profiler), each
+finding checked against a recount of the raw file with plain Python, none of the analysis code:
+
+- a lone file named ``rep1.pt.trace.json.gz`` (no distributedInfo) was ingested as rank 1 of
+  a world of 2: the bare number before ``.pt.trace.json`` was read as a rank, and replay's
+  memory line said "on 2 rank(s)". A lone file whose name tells no rank (rank-N, worker-N,
+  _rN) is now rank 0 of 1; several files still tell their ranks apart by that number.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+from retime.cli import run
+
+ROOT = Path(__file__).resolve().parents[1]
+G1 = ROOT / "traces" / "gpu_pairs" / "g1"
+TINY_EAGER = G1 / "tiny-eager" / "rep1.pt.trace.json.gz"
+TINY_GRAPH = G1 / "tiny-graph" / "rep1.pt.trace.json.gz"
+
+
+def _doc(path: Path) -> dict:
+    return json.load(gzip.open(path))
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory):
+    d = tmp_path_factory.mktemp("u11")
+    out = {}
+    for k, src in (("eager", TINY_EAGER), ("graph", TINY_GRAPH)):
+        out[k] = d / f"{k}.retime"
+        assert run(["ingest", str(src), "-o", str(out[k])]) == 0
+    return out
+
+
+def test_lone_rep1_file_is_rank_0_of_1(stores):
+    doc = _doc(TINY_EAGER)
+    assert "distributedInfo" not in doc  # plain torch.profiler, one GPU
+    assert {e["pid"] for e in doc["traceEvents"] if e.get("cat") == "kernel"} == {0}
+    meta = json.loads((stores["eager"] / "meta.json").read_text())
+    assert meta["world_size"] == 1
+    (src,) = meta["sources"]
+    assert src["rank"] == 0
+    assert "not read as a rank" in src["rank_source"]
+    assert list(meta["accounting"].values())[0]["rank"] == 0
+
+
+def test_bare_numbers_still_tell_several_files_apart(tmp_path):
+    for r in (1, 2):
+        (tmp_path / f"host_{r}.pt.trace.json.gz").write_bytes(TINY_GRAPH.read_bytes())
+    out = tmp_path / "two.retime"
+    assert run(["ingest", str(tmp_path), "-o", str(out)]) == 0
+    meta = json.loads((out / "meta.json").read_text())
+    assert sorted(s["rank"] for s in meta["sources"]) == [1, 2]
