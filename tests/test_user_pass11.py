@@ -13,6 +13,7 @@ import gzip
 import json
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from retime.cli import run
@@ -47,6 +48,8 @@ def test_lone_rep1_file_is_rank_0_of_1(stores):
     assert src["rank"] == 0
     assert "not read as a rank" in src["rank_source"]
     assert list(meta["accounting"].values())[0]["rank"] == 0
+    for table in ("ops", "lanes", "ranges"):  # the tables too, not only the metadata
+        assert set(pd.read_parquet(stores["eager"] / f"{table}.parquet")["rank"]) == {0}
 
 
 def test_bare_numbers_still_tell_several_files_apart(tmp_path):
