@@ -5,6 +5,11 @@ finding checked against a recount of the raw file with plain Python, none of the
   a world of 2: the bare number before ``.pt.trace.json`` was read as a rank, and replay's
   memory line said "on 2 rank(s)". A lone file whose name tells no rank (rank-N, worker-N,
   _rN) is now rank 0 of 1; several files still tell their ranks apart by that number.
+- ``hardware.cuda_graphs`` on the CUDA-graph trace (tiny-graph, gpt-b8-graph: one
+  cudaGraphLaunch per step, no kernel launch) "captured" the graph launches again: the report
+  read "3 graph launches replace 3 kernel launches" and 39.9% of host-bound time removed, by
+  swapping a measured 2.1 ms cudaGraphLaunch for a modeled 10 us one. It is now refused, with
+  the reason: the trace already runs CUDA graphs.
 """
 
 from __future__ import annotations
@@ -59,3 +64,22 @@ def test_bare_numbers_still_tell_several_files_apart(tmp_path):
     assert run(["ingest", str(tmp_path), "-o", str(out)]) == 0
     meta = json.loads((out / "meta.json").read_text())
     assert sorted(s["rank"] for s in meta["sources"]) == [1, 2]
+
+
+def _runtime_calls(path: Path) -> list[dict]:
+    return [e for e in _doc(path)["traceEvents"] if e.get("cat") == "cuda_runtime"]
+
+
+def test_cuda_graph_whatif_on_a_graph_trace_is_refused(stores, capsys):
+    # tiny-graph replays one captured graph per step: its only launches are cudaGraphLaunch
+    calls = _runtime_calls(TINY_GRAPH)
+    assert sum(e["name"] == "cudaGraphLaunch" for e in calls) == 3
+    assert not any(e["name"] == "cudaLaunchKernel" for e in calls)
+    capsys.readouterr()
+    rc = run(["replay", str(stores["graph"]), "--set", "hardware.cuda_graphs=step", "--json"])
+    assert rc == 2
+    err = json.loads(capsys.readouterr().out)["error"]
+    assert "already runs CUDA graphs" in err and "all 3 of its launch calls" in err
+    # the eager run of the same model still gets the what-if
+    assert run(["replay", str(stores["eager"]), "--set", "hardware.cuda_graphs=step",
+                "--json"]) == 0
