@@ -84,6 +84,7 @@ def _host_section(x, t) -> Section | None:
         Column("rank", "Rank", "count"),
         Column("step", "Step", lambda v: "whole trace" if int(v) < 0 else f"{int(v):,}"),
         Column("launches", "Launches", "count"),
+        Column("gpu_ops", "GPU ops they start", "count"),
         Column("cpu_ns_per_launch", "CPU time per launch", "time"),
         Column("latency_p50_ns", "Launch-to-start latency, median", "time"),
         Column("launch_bound_frac", "GPU ops waiting on the host", "pct"),

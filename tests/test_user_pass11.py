@@ -10,6 +10,10 @@ finding checked against a recount of the raw file with plain Python, none of the
   read "3 graph launches replace 3 kernel launches" and 39.9% of host-bound time removed, by
   swapping a measured 2.1 ms cudaGraphLaunch for a modeled 10 us one. It is now refused, with
   the reason: the trace already runs CUDA graphs.
+- the report's "Launch overhead per rank and step" counted GPU ops as launches: on the graph
+  trace "Launches 964" per step where the raw file has one cudaGraphLaunch (2.12 ms), and
+  the summed launch-call time was 964 times that call. Launch calls are now counted once;
+  the GPU ops they start are their own column.
 """
 
 from __future__ import annotations
@@ -83,3 +87,24 @@ def test_cuda_graph_whatif_on_a_graph_trace_is_refused(stores, capsys):
     # the eager run of the same model still gets the what-if
     assert run(["replay", str(stores["eager"]), "--set", "hardware.cuda_graphs=step",
                 "--json"]) == 0
+
+
+def test_host_overhead_counts_a_graph_launch_once(stores):
+    from retime.analysis.host import host_overhead
+    from retime.collectors.trace import read_trace
+
+    doc = _doc(TINY_GRAPH)
+    ev = doc["traceEvents"]
+    steps = sorted((e["ts"], e["ts"] + e["dur"], int(e["name"].split("#")[1])) for e in ev
+                   if e.get("cat") == "user_annotation" and e["name"].startswith("ProfilerStep#"))
+    launches = [e for e in ev if e.get("name") == "cudaGraphLaunch"]
+    gpu = [e for e in ev if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    h = host_overhead(read_trace(stores["graph"])).set_index("step")
+    assert sorted(h.index) == [s for *_, s in steps] == [2, 3, 4]
+    for a, b, s in steps:
+        mine = [e for e in launches if a <= e["ts"] < b]
+        assert len(mine) == 1 and h.loc[s, "launches"] == 1
+        corr = mine[0]["args"]["correlation"]
+        assert h.loc[s, "gpu_ops"] == sum(g["args"]["correlation"] == corr for g in gpu) == 438
+        assert h.loc[s, "launch_call_ns"] == pytest.approx(mine[0]["dur"] * 1000, abs=1)
+        assert h.loc[s, "cpu_ns_per_launch"] == pytest.approx(mine[0]["dur"] * 1000, abs=1)
