@@ -14,6 +14,10 @@ finding checked against a recount of the raw file with plain Python, none of the
   trace "Launches 964" per step where the raw file has one cudaGraphLaunch (2.12 ms), and
   the summed launch-call time was 964 times that call. Launch calls are now counted once;
   the GPU ops they start are their own column.
+- the nsys FastVideo report (no step marker; the SQLite has no ProfilerStep/NVTX step range)
+  still read "Mean step per rank", "Step (ms)", "Waiting per step" and "CUDA-graph what-if
+  (summed over ranks and steps)" / "Step time, summed" of its one whole-trace window. They
+  now say "Whole trace".
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 G1 = ROOT / "traces" / "gpu_pairs" / "g1"
 TINY_EAGER = G1 / "tiny-eager" / "rep1.pt.trace.json.gz"
 TINY_GRAPH = G1 / "tiny-graph" / "rep1.pt.trace.json.gz"
+NSYS = ROOT.parent / "shared" / "traces" / "nsys" / "h100-2gpu-fastvideo.sqlite"
 
 
 def _doc(path: Path) -> dict:
@@ -108,3 +113,32 @@ def test_host_overhead_counts_a_graph_launch_once(stores):
         assert h.loc[s, "gpu_ops"] == sum(g["args"]["correlation"] == corr for g in gpu) == 438
         assert h.loc[s, "launch_call_ns"] == pytest.approx(mine[0]["dur"] * 1000, abs=1)
         assert h.loc[s, "cpu_ns_per_launch"] == pytest.approx(mine[0]["dur"] * 1000, abs=1)
+
+
+def _text(html_path: Path) -> str:
+    import html
+    import re
+    s = re.sub(r"<script.*?</script>|<style.*?</style>|<svg.*?</svg>", "",
+               html_path.read_text(), flags=re.S)
+    return html.unescape(re.sub(r"<[^>]+>", "\n", s))
+
+
+def test_report_of_a_trace_without_step_markers_says_whole_trace(tmp_path):
+    import sqlite3
+    con = sqlite3.connect(NSYS)
+    tables = {r[0] for r in con.execute("select name from sqlite_master where type='table'")}
+    if "NVTX_EVENTS" in tables:  # no step range among its NVTX ranges
+        names = [r[0] or "" for r in con.execute("select text from NVTX_EVENTS")]
+        assert not any("ProfilerStep" in n or "step" in n.lower() for n in names)
+    con.close()
+    store = tmp_path / "nsys.retime"
+    assert run(["ingest", str(NSYS), "-o", str(store)]) == 0
+    out = tmp_path / "nsys.html"
+    assert run(["report", str(store), "-o", str(out)]) == 0
+    text = _text(out)
+    assert "Whole trace per rank, slowest first" in text
+    assert "Waiting, whole trace" in text
+    assert "CUDA-graph what-if (whole trace, summed over ranks; no step markers)" in text
+    for stale in ("Mean step per rank", "Waiting per step", "summed over ranks and steps",
+                  "Step time, summed"):
+        assert stale not in text, stale
