@@ -329,3 +329,27 @@ def unseen_notes(u: dict[str, int], *, path: str = "whole trace") -> list[str]:
             "graph replays is not in the trace, so GPU busy, host-bound and idle shares "
             "understate the GPU and no conclusion is drawn from them.")
     return notes
+
+
+def stack_traced_files(meta: dict[str, Any]) -> list[str]:
+    """Source files recorded with ``torch.profiler(with_stack=True)`` (ingest notes it in
+    ``meta["accounting"]``): Python stack tracing slows the host while it records."""
+    acc = meta.get("accounting") if isinstance(meta, dict) else None
+    return sorted(str(k) for k, v in (acc or {}).items()
+                  if isinstance(v, dict) and v.get("with_stack"))
+
+
+def profiler_notes(meta: dict[str, Any], host_bound_frac: float | None) -> list[str]:
+    """A sentence when the trace was recorded with Python stack tracing (with_stack=True):
+    its host-bound time is then partly the profiler's, not the job's."""
+    files = stack_traced_files(meta)
+    if not files:
+        return []
+    n = len(acc) if (acc := meta.get("accounting")) else len(files)
+    hb = (f" ({100 * host_bound_frac:.1f}% of the time here)"
+          if host_bound_frac is not None and host_bound_frac == host_bound_frac else "")
+    who = "the trace was" if n == 1 else f"{len(files)} of its {n} files were"
+    return [f"{who} recorded with with_stack=True (the profiler "
+            "records the Python stack of every op): that slows the host while it records, so "
+            f"host-bound time{hb} is partly the profiler's, not the job's; record without "
+            "with_stack to measure the host"]

@@ -18,6 +18,11 @@ finding checked against a recount of the raw file with plain Python, none of the
   still read "Mean step per rank", "Step (ms)", "Waiting per step" and "CUDA-graph what-if
   (summed over ranks and steps)" / "Step time, summed" of its one whole-trace window. They
   now say "Whole trace".
+- gpt-b8 was recorded with with_stack=True: profiled step 58.1 ms against 27.2 ms unprofiled
+  (job.json), host_bound 54.5%; gpt-b8-nostack 28.9 ms. analyze said nothing of the profiler,
+  and compare read "IMPROVEMENT -50.3%" of gpt-b8 against gpt-b8-nostack with no word. Ingest
+  now keeps the file's with_stack flag; analyze notes that host-bound time is then partly the
+  profiler's, and compare notes that one run was recorded with it and the other without.
 """
 
 from __future__ import annotations
@@ -142,3 +147,38 @@ def test_report_of_a_trace_without_step_markers_says_whole_trace(tmp_path):
     for stale in ("Mean step per rank", "Waiting per step", "summed over ranks and steps",
                   "Step time, summed"):
         assert stale not in text, stale
+
+
+def _profiled_step_ms(path: Path) -> float:
+    ev = _doc(path)["traceEvents"]
+    d = [e["dur"] for e in ev if e.get("cat") == "user_annotation"
+         and str(e.get("name", "")).startswith("ProfilerStep#")]
+    return sum(d) / len(d) / 1000
+
+
+def test_with_stack_is_noted_by_analyze_and_compare(tmp_path, capsys):
+    import statistics
+    job = json.loads((G1 / "job.json").read_text())["configs"]
+    a, b = G1 / "gpt-b8" / "rep1.pt.trace.json.gz", G1 / "gpt-b8-nostack" / "rep1.pt.trace.json.gz"
+    assert (_doc(a).get("with_stack"), _doc(b).get("with_stack")) == (1, None)
+    assert job["gpt-b8"]["with_stack"] and not job["gpt-b8-nostack"]["with_stack"]
+    # the recount: with the stack the profiled step is about twice the unprofiled one
+    plain = statistics.median(job["gpt-b8"]["unprofiled_step_ms"])
+    assert _profiled_step_ms(a) > 1.8 * plain and _profiled_step_ms(b) < 1.2 * plain
+    sa, sb = tmp_path / "a.retime", tmp_path / "b.retime"
+    assert run(["ingest", str(a), "-o", str(sa)]) == 0
+    assert run(["ingest", str(b), "-o", str(sb)]) == 0
+    capsys.readouterr()
+    assert run(["analyze", str(sa), "--json"]) == 0
+    an = json.loads(capsys.readouterr().out)
+    hb = an["breakdown"]["total_frac"]["host_bound_frac"]
+    assert hb > 0.4
+    (note,) = [n for n in an["notes"] if "with_stack" in n]
+    assert f"{100 * hb:.1f}% of the time here" in note and "profiler's" in note
+    assert run(["analyze", str(sb), "--json"]) == 0
+    assert not any("with_stack" in n for n in json.loads(capsys.readouterr().out)["notes"])
+    run(["compare", str(sa), str(sb), "--json"])
+    v = json.loads(capsys.readouterr().out)
+    assert v["note"] and "baseline was recorded with with_stack=True" in v["note"]
+    run(["compare", str(sb), str(sb), "--json"])
+    assert json.loads(capsys.readouterr().out)["note"] is None

@@ -127,6 +127,7 @@ class TraceFile(msgspec.Struct, gc=False):
     retimeExport: dict[str, Any] | None = None
     retimeCapture: dict[str, Any] | None = None  # written by collectors.capture (see there)
     host_name: str | None = None  # written by newer torch.profiler and by collectors.capture
+    with_stack: Any = None  # torch.profiler(with_stack=True) writes 1 (Python stack tracing)
     schema: Any = None
     nodes: msgspec.Raw = msgspec.Raw(b"")
 
