@@ -32,6 +32,8 @@ finding checked against a recount of the raw file with plain Python, none of the
   breakdown defines as "nothing runs anywhere on the rank": it is 853 gaps under 100 us
   between recorded ops (9.55 ms; recounted from the raw events), the host between calls
   (Python, the profiler's own work). analyze now says so in a note (the breakdown is unchanged).
+- the G2 traces' CUPTI overhead records (big-b8-graph: 194 'Command Buffer Full', pid -1) were
+  dropped as "unsupported category 'overhead'"; the drop reason now says what they are.
 """
 
 from __future__ import annotations
@@ -243,3 +245,15 @@ def test_idle_made_of_short_gaps_between_ops_is_said_to_be_host_time(stores, cap
     (note,) = [x for x in an["notes"] if x.startswith("idle")]
     assert f"{n:,} gaps shorter than 100 us" in note and f"({tot / 1000:.2f} ms)" in note
     assert tot / 1000 > 0.5 * idle * an["breakdown"]["total_ns"]["step_ns"] / 1e6
+
+
+def test_cupti_overhead_records_are_dropped_by_name(tmp_path):
+    src = ROOT / "traces" / "gpu_pairs" / "g2" / "big-b8-graph" / "rep1.pt.trace.json.gz"
+    ov = [e for e in _doc(src)["traceEvents"] if e.get("cat") == "overhead"]
+    assert len(ov) == 194 and {e["name"] for e in ov} == {"Command Buffer Full"}
+    out = tmp_path / "g.retime"
+    assert run(["ingest", str(src), "-o", str(out)]) == 0
+    (acc,) = json.loads((out / "meta.json").read_text())["accounting"].values()
+    (reason,) = [k for k in acc["dropped"] if "overhead" in k]
+    assert acc["dropped"][reason] == 194
+    assert "unsupported" not in reason and "Command Buffer Full" in reason

@@ -48,6 +48,7 @@ from .schema import (
     KNOWN_PH,
     NOARGS,
     RankPart,
+    drop_cat_reason,
     rank_and_source_from_name,
 )
 
@@ -237,7 +238,7 @@ class EventLoop:
                         self.window = (i, t0, t0 + int(round(dur * 1000.0)))
                     kept["markers"] += 1
                     continue
-                dropped[f"unsupported category '{e.cat}'"] += 1
+                dropped[drop_cat_reason(e.cat)] += 1
             elif ph == "M":
                 if e.name in ("thread_name", "process_name", "process_labels") and e.args is not None:
                     key = (e.pid, e.tid if e.name == "thread_name" else None)

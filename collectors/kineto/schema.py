@@ -147,6 +147,17 @@ GPU_CATS = {"kernel": OpKind.KERNEL, "gpu_memcpy": OpKind.MEMCPY, "gpu_memset": 
              "memcpy": OpKind.MEMCPY, "memset": OpKind.MEMSET, "concurrent kernel": OpKind.KERNEL}
 RUNTIME_CATS = {"cuda_runtime", "cuda_driver", "runtime", "driver", "hip_runtime"}
 HOST_CATS = {"cpu_op", "operator", "python_function", "user_annotation", "cpu_instant_event"}
+#: drop reasons of X-event categories the reader knows it does not use (others: "unsupported
+#: category 'CAT'")
+DROP_CAT = {"overhead": "CUPTI/driver overhead records (e.g. 'Command Buffer Full': a launch "
+                        "waited for room in the driver's command buffer) are not used"}
+
+
+def drop_cat_reason(cat: str) -> str:
+    """The accounting's drop reason of an X event of category ``cat``."""
+    return DROP_CAT.get(str(cat).lower(), f"unsupported category '{cat}'")
+
+
 FILE_RANK = [re.compile(p) for p in (r"rank[-_]?(\d+)", r"worker[-_]?(\d+)", r"_r(\d+)[._]",
                                       r"(?:^|[^\d])(\d+)\.(?:pt\.)?trace\.json")]
 
