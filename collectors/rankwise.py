@@ -113,7 +113,7 @@ def plans(skel: Trace, skeletons: list[tuple[RankPart, list[int]]]
     op_off = lane_off = sk_off = 0
     for rank, i, j, p, n in subs:
         k = len(p.comm["op"])
-        out.append((rank, i, j, {"op_off": op_off, "lane_off": lane_off,
+        out.append((rank, i, j, {"rank": rank, "op_off": op_off, "lane_off": lane_off,
                                  "gmap": np.array([sid[s] for s in p.strings], dtype=np.int32),
                                  "coll_id": coll[sk_off:sk_off + k].copy(),
                                  "group_id": grp[sk_off:sk_off + k].copy()}))
@@ -128,6 +128,8 @@ def rank_tables(part: RankPart, sub: int, plan: dict[str, Any]) -> dict[str, pa.
     Arrow tables: the same columns :func:`merge_parts` builds for that rank."""
     p = flat(part)[sub]
     op_off, lane_off, gmap = plan["op_off"], plan["lane_off"], plan["gmap"]
+    # the rank merge_parts settled (a lone file's bare number is not a rank), not the part's
+    rank = plan.get("rank", p.rank)
     n = len(p.ops["start_ns"])
     ops: dict[str, Any] = {"op_id": np.arange(op_off, op_off + n, dtype=np.int64)}
     for k, v in p.ops.items():
@@ -136,7 +138,7 @@ def rank_tables(part: RankPart, sub: int, plan: dict[str, Any]) -> dict[str, pa.
         elif k == "name_id":
             v = gmap[v] if len(v) else v
         ops[k] = v
-    ops["rank"] = np.full(n, p.rank, np.int32)
+    ops["rank"] = np.full(n, rank, np.int32)
     comm_op = np.asarray(p.comm["op"], dtype=np.int64)
     coll_id = np.full(n, -1, np.int64)
     group_id = np.full(n, -1, np.int32)
@@ -145,11 +147,11 @@ def rank_tables(part: RankPart, sub: int, plan: dict[str, Any]) -> dict[str, pa.
     ops["coll_id"], ops["group_id"] = coll_id, group_id
     edges = {k: (v + op_off if k in ("src", "dst") else v) for k, v in p.edges.items()}
     nr = len(p.ranges["start_ns"])
-    ranges = {"rank": np.full(nr, p.rank, np.int32), "lane": p.ranges["lane"] + lane_off,
+    ranges = {"rank": np.full(nr, rank, np.int32), "lane": p.ranges["lane"] + lane_off,
               "name_id": gmap[p.ranges["name_id"]] if nr else p.ranges["name_id"],
               **{k: p.ranges[k] for k in ("start_ns", "end_ns", "depth")}}
     nm = len(p.memory["ts_ns"])
-    memory = {"rank": np.full(nm, p.rank, np.int32),
+    memory = {"rank": np.full(nm, rank, np.int32),
               **{k: p.memory[k] for k in ("device", "ts_ns", "bytes_delta", "allocated_bytes",
                                           "reserved_bytes")}}
     cols = {"ops": _columns(OPS_SCHEMA, ops, "ops", n=n),
@@ -165,7 +167,8 @@ def write_rank(part: RankPart, sub: int, plan: dict[str, Any], root: str) -> dic
     ``root``; rows written per table."""
     from .store import write_rank_tables
 
-    return write_rank_tables(root, flat(part)[sub].rank, rank_tables(part, sub, plan))
+    return write_rank_tables(root, plan.get("rank", flat(part)[sub].rank),
+                             rank_tables(part, sub, plan))
 
 
 # ---------------------------------------------------------------- local ingest
