@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import argparse
 import gzip
-import math
 import os
 import re
 import shutil
@@ -53,6 +52,7 @@ from pathlib import Path
 
 import numpy as np
 import orjson
+from scale_summary import exponent, summary
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT.parent / "shared" / "traces" / "kineto" / "v100-ddp-sgd" / "df_index_resolver.json.gz"
@@ -330,12 +330,6 @@ def whatif_rows(store: Path, baseline: Path | None) -> list[tuple[dict, None]]:
     return rows
 
 
-def exponent(xs: list[int], ys: list[float]) -> float:
-    """Least-squares slope of log(y) on log(N)."""
-    lx, ly = np.log(np.asarray(xs, float)), np.log(np.maximum(np.asarray(ys, float), 1e-9))
-    return float(np.polyfit(lx, ly, 1)[0]) if len(xs) > 1 else math.nan
-
-
 STEPS = ("ingest", "ingest-memory", "dask", "analyze", "replay", "whatif", "report",
          "report-memory")
 
@@ -367,6 +361,7 @@ def main() -> None:
         print(f"checkout {root}: runs {imported_from(root)}", flush=True)
     base = Path(tempfile.mkdtemp(prefix="retime-scale-", dir=a.workdir)).resolve()
     results: dict[str, list[tuple[int, dict]]] = {}
+    gb_of: dict[int, float] = {}
     try:
         for n in a.ranks:
             src = base / f"ranks-{n}"
@@ -376,7 +371,7 @@ def main() -> None:
                 src = a.keep / f"ranks-{n}"
             nbytes = (sum(f.stat().st_size for f in src.iterdir()) if kept
                       else generate(src, n))
-            gb = nbytes / 1e9
+            gb = gb_of[n] = nbytes / 1e9
             print(f"N = {n}: {gb:.2f} GB of JSON {'kept from before' if kept else 'generated'} "
                   f"in {time.perf_counter() - t0:.1f} s", flush=True)
             store = base / f"run-{n}.retime"
@@ -491,6 +486,8 @@ def main() -> None:
                 print(f"  {label}: per-worker peak RSS by N: " + ", ".join(
                     f"{n}: {r['worker_peak_gb']:.2f} GB (after {r['worker_after_gb']:.2f})"
                     for n, r in xs if not r.get("error")))
+        for ln in summary(results, gb_of):
+            print(ln, flush=True)
     finally:
         shutil.rmtree(base, ignore_errors=True)
 
