@@ -19,7 +19,7 @@ more than 2 M ops, :mod:`analysis.report_stream`) against ``report --in-memory``
 bytes per wall second of the whole command.
 
     python bench/scale.py [--ranks 8 32] [--jobs N] [--layout rank] [--workdir DIR]
-                          [--baseline CHECKOUT] [--repeat R] [--keep DIR]
+                          [--baseline CHECKOUT] [--repeat R] [--keep DIR] [--no-warm]
                           [--skip ingest-memory dask analyze replay whatif report
                                   report-memory]
 
@@ -330,6 +330,28 @@ def whatif_rows(store: Path, baseline: Path | None) -> list[tuple[dict, None]]:
     return rows
 
 
+def warm_up(base: Path, roots: list[Path], layout: str) -> None:
+    """Run each command once, untimed, on 2 generated ranks from every checkout: numba
+    caches its kernels next to their sources, so the first commands of a fresh checkout
+    compile them (the 8-rank replay and report paid 4-12 s of CPU for it in one run)."""
+    t0 = time.perf_counter()
+    src, store = base / "warm-ranks", base / "warm.retime"
+    generate(src, 2)
+    for root in roots:
+        for cmd in (["ingest", str(src), "-o", str(store), "--layout", layout, "--force"],
+                    ["analyze", str(store), "--json"], ["replay", str(store), "--json"],
+                    ["report", str(store), "-o", str(base / "warm.html"), "--force"],
+                    *([["report", str(store), "-o", str(base / "warm-s.html"), "--stream",
+                        "--force"]] if layout == "rank" else [])):
+            r = run(cmd, "warm-up", root=root)
+            if r.get("error"):
+                print(f"  warm-up {cmd[0]} ({root}): exit {r['rc']}: {r['error']}", flush=True)
+        shutil.rmtree(store, ignore_errors=True)
+    shutil.rmtree(src, ignore_errors=True)
+    print(f"warm-up (each command once on 2 ranks, untimed): {time.perf_counter() - t0:.1f} s",
+          flush=True)
+
+
 STEPS = ("ingest", "ingest-memory", "dask", "analyze", "replay", "whatif", "report",
          "report-memory")
 
@@ -348,6 +370,9 @@ def main() -> None:
     ap.add_argument("--skip", nargs="*", default=[], choices=STEPS)
     ap.add_argument("--workdir", type=Path, default=None,
                     help="where the rank files and stores go (default: a temporary folder)")
+    ap.add_argument("--no-warm", action="store_true",
+                    help="skip the untimed warm-up (every command once on 2 generated ranks, "
+                         "so that no timed run compiles numba kernels into a fresh checkout)")
     ap.add_argument("--keep", type=Path, default=None,
                     help="keep the generated rank files in KEEP/ranks-N (not deleted) and "
                          "reuse them when a later run finds them there")
@@ -360,6 +385,8 @@ def main() -> None:
     for root in (ROOT, a.baseline) if a.baseline else (ROOT,):
         print(f"checkout {root}: runs {imported_from(root)}", flush=True)
     base = Path(tempfile.mkdtemp(prefix="retime-scale-", dir=a.workdir)).resolve()
+    if not a.no_warm:
+        warm_up(base, [ROOT, a.baseline] if a.baseline else [ROOT], a.layout)
     results: dict[str, list[tuple[int, dict]]] = {}
     gb_of: dict[int, float] = {}
     try:
