@@ -15,8 +15,8 @@ The merged Trace of many ranks is never built. Three stages:
    ``group_id`` of its communication ops);
 3. **write** each rank (:func:`rank_tables`: its tables with global ids) from its spool file:
    one file per rank and table (``layout="rank"``, in ``jobs`` processes) or one row group per
-   rank appended to each table's Parquet file (``layout="single"``, in rank order), then
-   delete the spool file.
+   rank appended to each table's Parquet file (``layout="single"``, in rank order; with
+   ``jobs > 1`` a writer thread per table file), then delete the spool file.
 
 Peak memory: one part per process, plus the skeletons (communication ops only) and one
 rank's tables. :func:`collectors.trace.read_trace` of the store equals ``read(paths)``
