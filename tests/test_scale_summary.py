@@ -31,13 +31,21 @@ def test_table_judges_every_target():
     assert "0.64 GB/s wall" in row["ingest"] and "met on CPU only" in row["ingest"]
     # analyze: 16 s wall, 14 s CPU; 2.5 GB over the 2 GB limit; RSS exponent log(5)/log(16)
     assert "<= 15 s: wall 16.0 / CPU 14.0 s met on CPU only" in row["analyze"]
-    assert "2.50 GB NOT met" in row["analyze"] and "0.58 NOT met" in row["analyze"]
+    assert "2.50 GB NOT met" in row["analyze"] and "0.580 NOT met" in row["analyze"]
     # replay: 40 / 16 = 2.5x wall, 20 / 14 = 1.43x CPU
     assert "wall 2.50x / CPU 1.43x met on CPU only" in row["replay"]
     # time exponent on CPU: log(20)/log(16) = 1.08 met; report's 10x in 16x N: 0.83
-    assert "1.08 (1.33) met" in row["replay"]
+    assert "1.080 (1.33) met" in row["replay"]
     assert "<= 15 s: wall 10.0 / CPU 10.0 s met" in row["report"]
-    assert "0.00 met" in row["report"]  # flat memory
+    assert "0.000 met" in row["report"]  # flat memory
+
+
+def test_an_exponent_just_over_its_limit_is_not_met():
+    # 0.3045 rounds to 0.30 at 2 decimals: it must still read as over the limit
+    res = {"replay (identity)": [(8, _r(1.0, 1.0, 0.44)),
+                                 (128, _r(2.0, 2.0, 0.44 * 16 ** 0.3045))]}
+    row = {ln.split("|")[0].strip(): ln for ln in S.summary(res, {})[2:-1]}["replay"]
+    assert "0.304 NOT met" in row or "0.305 NOT met" in row
 
 
 def test_modes_not_run_and_no_128():
