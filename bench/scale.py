@@ -33,6 +33,12 @@ store written seconds earlier waits for its write-back (0.05-1.8 s measured on t
 host), which is not ingest work and which no ingest of a new store pays. The "floor" line is
 the physical limit of reading the same files (plain reads from the page cache, no
 parsing); "GB per CPU-s" divides by the CPU time of the whole process tree.
+
+Before any timed run, every command runs once, untimed, on 2 generated ranks from each
+checkout (``--no-warm`` skips it): numba caches its kernels beside their sources, so a fresh
+checkout's first commands would compile them inside the smallest N's timings. At the end,
+one summary table (bench/scale_summary.py): per mode (ingest, analyze, replay, report) wall
+/ CPU / peak RSS at each N, the growth exponents in N, and issue 30's targets met or not.
 """
 
 from __future__ import annotations
