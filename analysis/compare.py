@@ -202,6 +202,12 @@ def verdict(a: Any, b: Any, *, threshold: float = 0.05) -> dict[str, Any]:
     if shared < 0.5:
         notes.append(f"the runs share {100 * shared:.0f}% of their op names (of the run with "
                      "fewer): they look like different jobs")
+    from .coverage import stack_traced_files
+    sa_, sb_ = (bool(stack_traced_files(t.meta)) for t in (ta, tb))
+    if sa_ != sb_:
+        notes.append(f"the {'baseline' if sa_ else 'candidate'} was recorded with "
+                     "with_stack=True and the other without: Python stack tracing slows the "
+                     "host, so part of the change is the profiler's")
     note = "; ".join(notes) or None
     if note:
         line += f"; note: {note}"

@@ -8,7 +8,9 @@ another GPU. GEMMs by their ``m, n, k``; convolutions as implicit GEMMs; attenti
 FlashAttention's rate; everything else as a streaming kernel of its bytes; with the
 efficiency curves fitted on the shared traces (``FITTED_CURVES``, ``bench/kernel_loo.py``)
 and one launch floor per kernel the call launched: what ``hardware.gpu`` and
-``parallel.micro_batch`` charge on a measured trace.
+``parallel.micro_batch`` charge on a measured trace. An FP32-operand GEMM / convolution is
+priced in the math its kernels' names show (``tf32`` for ``*tf32f32*`` kernels) where the GPU
+has TF32 units, as ``hardware.gpu`` prices it on the measured GPU.
 """
 
 from __future__ import annotations
@@ -49,7 +51,15 @@ def op_check(x: Any, *, gpu: str | None = None, top: int = 10,
     kind = o["kind"].to_numpy()
     dev = np.isin(kind, [OpKind.KERNEL, OpKind.MEMSET, OpKind.COMPUTE])
     groups: dict[tuple, list] = {}
+    from retime.collectors.costs.ops import op_class
+    from retime.replay.policies.kernel_cost import _measured_math
+    from retime.replay.policies.math_modes import tf32_capable
+    own_tf32 = tf32_capable(g_own)
     for name, dims, types, c, d, kn in costed_ops(t, dev):
+        if own_tf32 and c[2] in ("fp32", "tf32") and op_class(name) in ("gemm", "conv"):
+            # FP32 operands run in the math the call's kernels show (TF32 tensor cores with
+            # allow_tf32), as hardware.gpu prices the same call on the measured GPU
+            c = (c[0], c[1], _measured_math(kn) or c[2])
         k = (name, str([x for x in dims if isinstance(x, list) and x]), c[2])
         e = groups.setdefault(k, [0, 0.0, dims, types, c[0], c[1], 0, kn])
         e[0] += 1

@@ -329,3 +329,75 @@ def unseen_notes(u: dict[str, int], *, path: str = "whole trace") -> list[str]:
             "graph replays is not in the trace, so GPU busy, host-bound and idle shares "
             "understate the GPU and no conclusion is drawn from them.")
     return notes
+
+
+def stack_traced_files(meta: dict[str, Any]) -> list[str]:
+    """Source files recorded with ``torch.profiler(with_stack=True)`` (ingest notes it in
+    ``meta["accounting"]``): Python stack tracing slows the host while it records."""
+    acc = meta.get("accounting") if isinstance(meta, dict) else None
+    return sorted(str(k) for k, v in (acc or {}).items()
+                  if isinstance(v, dict) and v.get("with_stack"))
+
+
+def profiler_notes(meta: dict[str, Any], host_bound_frac: float | None) -> list[str]:
+    """A sentence when the trace was recorded with Python stack tracing (with_stack=True):
+    its host-bound time is then partly the profiler's, not the job's."""
+    files = stack_traced_files(meta)
+    if not files:
+        return []
+    n = len(acc) if (acc := meta.get("accounting")) else len(files)
+    hb = (f" ({100 * host_bound_frac:.1f}% of the time here)"
+          if host_bound_frac is not None and host_bound_frac == host_bound_frac else "")
+    who = "the trace was" if n == 1 else f"{len(files)} of its {n} files were"
+    return [f"{who} recorded with with_stack=True (the profiler "
+            "records the Python stack of every op): that slows the host while it records, so "
+            f"host-bound time{hb} is partly the profiler's, not the job's; record without "
+            "with_stack to measure the host"]
+
+
+#: a gap between recorded ops shorter than this is the host between two calls (Python, the
+#: profiler's own per-op work), not a rank waiting on nothing
+SHORT_GAP_NS = 100_000
+
+
+def short_gaps(trace: Any) -> dict[str, int]:
+    """Idle time of a trace's step windows made of short gaps (< :data:`SHORT_GAP_NS`)
+    between recorded ops and ranges (``ProfilerStep#`` markers left out): count and total
+    ns, over every rank and step."""
+    from ._util import as_trace, op_ends_ns, step_windows
+    t = as_trace(trace)
+    o, r = t.ops, t.ranges
+    names = np.asarray(t.strings, dtype=object)
+    keep_r = np.fromiter((not str(names[i]).startswith("ProfilerStep#")
+                          for i in r["name_id"].to_numpy()), bool, count=len(r))
+    rank = np.r_[o["rank"].to_numpy(), r["rank"].to_numpy()[keep_r]]
+    s = np.r_[o["start_ns"].to_numpy(np.int64), r["start_ns"].to_numpy(np.int64)[keep_r]]
+    e = np.r_[op_ends_ns(t).astype(np.int64), r["end_ns"].to_numpy(np.int64)[keep_r]]
+    n = tot = 0
+    for w in step_windows(t).itertuples():
+        m = (rank == w.rank) & (e > w.start_ns) & (s < w.end_ns)
+        a, b = np.maximum(s[m], w.start_ns), np.minimum(e[m], w.end_ns)
+        if not len(a):
+            continue
+        i = np.argsort(a, kind="stable")
+        a, b = a[i], np.maximum.accumulate(b[i])
+        g = a[1:] - b[:-1]
+        g = g[(g > 0) & (g < SHORT_GAP_NS)]
+        n += len(g)
+        tot += int(g.sum())
+    return {"gaps": int(n), "ns": int(tot)}
+
+
+def idle_notes(trace: Any, idle_frac: float | None, total_ns: int) -> list[str]:
+    """A sentence when most of the breakdown's idle time is short gaps between recorded ops:
+    the host ran code the profiler did not record (Python between calls, its own work)."""
+    if not idle_frac or idle_frac < 0.02 or not total_ns:
+        return []
+    g = short_gaps(trace)
+    idle_ns = idle_frac * total_ns
+    if g["ns"] < 0.5 * idle_ns:
+        return []
+    return [f"idle ({100 * idle_frac:.1f}%) is mostly {g['gaps']:,} gaps shorter than "
+            f"{SHORT_GAP_NS // 1000} us between recorded ops ({_ms(g['ns'])}): time the "
+            "profiler recorded nothing, mostly the host between calls (Python, the profiler's "
+            "own per-op work), not a rank waiting on nothing"]

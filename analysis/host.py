@@ -113,8 +113,9 @@ def host_overhead(x: Any) -> pd.DataFrame:
 
     Returns
     -------
-    DataFrame with ``rank``, ``step``, ``step_ns``, ``launches``, ``launch_call_ns`` (total
-    time in launch calls), ``cpu_ns_per_launch`` (mean launch call), ``host_busy_ns`` and
+    DataFrame with ``rank``, ``step``, ``step_ns``, ``launches`` (launch calls linked to GPU
+    ops, each counted once), ``gpu_ops`` (the GPU ops they started: more than ``launches``
+    where a graph launch starts many), ``launch_call_ns`` (total time in launch calls), ``cpu_ns_per_launch`` (mean launch call), ``host_busy_ns`` and
     ``host_ns_per_launch`` (launching threads), ``latency_p50_ns`` / ``p90`` / ``p99``
     (launch-to-start), ``queue_p50_ns``, ``launch_bound_ops`` and ``launch_bound_frac``
     (share of launched GPU ops the device waited for), ``host_bound_ns`` and
@@ -127,7 +128,7 @@ def host_overhead(x: Any) -> pd.DataFrame:
     out = bd[["rank", "step", "step_ns", "host_bound_ns"]].copy()
     out["host_bound_frac"] = out["host_bound_ns"] / out["step_ns"].where(out["step_ns"] > 0)
     if len(lat) == 0:
-        for c in ("launches", "launch_call_ns", "launch_bound_ops", "host_busy_ns"):
+        for c in ("launches", "gpu_ops", "launch_call_ns", "launch_bound_ops", "host_busy_ns"):
             out[c] = 0
         for c in ("cpu_ns_per_launch", "host_ns_per_launch", "latency_p50_ns",
                   "latency_p90_ns", "latency_p99_ns", "queue_p50_ns", "launch_bound_frac"):
@@ -137,8 +138,12 @@ def host_overhead(x: Any) -> pd.DataFrame:
     # step already; ops outside every window are not counted)
     lat = lat.assign(call_ns=lat["launch_end_ns"] - lat["launch_start_ns"])
     g = lat.groupby(["rank", "step"], sort=True)
-    agg = g.agg(launches=("op_id", "size"), launch_call_ns=("call_ns", "sum"),
+    # one launch call may start many GPU ops (a cudaGraphLaunch: every node of the graph):
+    # launches and their call time count each call once
+    agg = g.agg(gpu_ops=("op_id", "size"), launches=("launch_op", "nunique"),
                 launch_bound_ops=("launch_bound", "sum"))
+    agg["launch_call_ns"] = (lat.drop_duplicates("launch_op")
+                             .groupby(["rank", "step"], sort=True)["call_ns"].sum())
     for p in _PCTS:
         agg[f"latency_p{p}_ns"] = g["latency_ns"].quantile(p / 100)
     agg["queue_p50_ns"] = g["queue_ns"].quantile(0.5)
@@ -147,14 +152,15 @@ def host_overhead(x: Any) -> pd.DataFrame:
     out = out.merge(agg, on=["rank", "step"], how="left").merge(busy, on=["rank", "step"],
                                                                  how="left")
     out["launches"] = out["launches"].fillna(0).astype(np.int64)
+    out["gpu_ops"] = out["gpu_ops"].fillna(0).astype(np.int64)
     out["launch_bound_ops"] = out["launch_bound_ops"].fillna(0).astype(np.int64)
     out["launch_call_ns"] = out["launch_call_ns"].fillna(0).astype(np.int64)
     out["host_busy_ns"] = out["host_busy_ns"].fillna(0).astype(np.int64)
     n = out["launches"].where(out["launches"] > 0)
     out["cpu_ns_per_launch"] = out["launch_call_ns"] / n
     out["host_ns_per_launch"] = out["host_busy_ns"] / n
-    out["launch_bound_frac"] = out["launch_bound_ops"] / n
-    cols = ["rank", "step", "step_ns", "launches", "launch_call_ns", "cpu_ns_per_launch",
+    out["launch_bound_frac"] = out["launch_bound_ops"] / out["gpu_ops"].where(out["gpu_ops"] > 0)
+    cols = ["rank", "step", "step_ns", "launches", "gpu_ops", "launch_call_ns", "cpu_ns_per_launch",
             "host_busy_ns", "host_ns_per_launch", "latency_p50_ns", "latency_p90_ns",
             "latency_p99_ns", "queue_p50_ns", "launch_bound_ops", "launch_bound_frac",
             "host_bound_ns", "host_bound_frac"]

@@ -51,7 +51,10 @@ def cuda_graph_whatif(x: Any) -> pd.DataFrame:
         rows.append({"scenario": f"cuda_graphs={mode}", "step_ns": int(b["step_ns"].sum()),
                      "host_bound_ns": int(b["host_bound_ns"].sum()),
                      "note": f"{eff.get('graphs', 0)} graph launches replace "
-                             f"{eff.get('captured_launches', 0)} kernel launches"})
+                             f"{eff.get('captured_launches', 0)} kernel launches"
+                             + ("; no step markers: the whole trace is one region, cut at "
+                                "host syncs" if "no step marks" in str(eff.get("regions", ""))
+                                else "")})
     df = pd.DataFrame(rows)
     base = df.loc[0, "host_bound_ns"]
     df["host_bound_removed_frac"] = [(base - v) / base if base and v is not None else None
@@ -84,6 +87,7 @@ def _host_section(x, t) -> Section | None:
         Column("rank", "Rank", "count"),
         Column("step", "Step", lambda v: "whole trace" if int(v) < 0 else f"{int(v):,}"),
         Column("launches", "Launches", "count"),
+        Column("gpu_ops", "GPU ops they start", "count"),
         Column("cpu_ns_per_launch", "CPU time per launch", "time"),
         Column("latency_p50_ns", "Launch-to-start latency, median", "time"),
         Column("launch_bound_frac", "GPU ops waiting on the host", "pct"),
@@ -102,12 +106,16 @@ def _host_section(x, t) -> Section | None:
                                                         "all ranks)"))
     if len(t.ops) <= _MAX_WHATIF_OPS:
         cg = cuda_graph_whatif(x)
+        nm = bool(len(h)) and bool((h["step"] < 0).all())  # no step markers
         s.blocks.append(people_table(cg, [
-            Column("scenario", "Scenario", "text"), Column("step_ns", "Step time, summed", "time"),
+            Column("scenario", "Scenario", "text"),
+            Column("step_ns", "Whole trace, summed" if nm else "Step time, summed", "time"),
             Column("host_bound_ns", "Host-bound time, summed", "time"),
             Column("host_bound_removed_frac", "Host-bound time removed", "pct"),
             Column("note", "Note", "text")],
-            caption="CUDA-graph what-if (summed over ranks and steps)"))
+            caption="CUDA-graph what-if (" + ("whole trace, summed over ranks; no step "
+                                              "markers" if nm else "summed over ranks and "
+                                              "steps") + ")"))
     s.blocks.append(Fig("launch_latency", "Launch-to-start latency of the GPU ops.",
                         dp.plot_launch_latency(lat)))
     return s

@@ -272,6 +272,27 @@ def explain_critical_path(run: RunAnalysis) -> tuple[list[str], pd.DataFrame, pd
     return paras, parts, where
 
 
+def _outside_steps_ns(run: RunAnalysis, cp: pd.DataFrame) -> int:
+    """Time of the path (each row's wait, then its op) before its rank's first step window
+    or after its last: the windows tile a rank's steps, so that time is in no step."""
+    from ._util import step_windows
+    w = step_windows(run.t)
+    w = w[w["step"] >= 0]
+    if not len(w) or not len(cp):
+        return 0
+    lo = w.groupby("rank")["start_ns"].min()
+    hi = w.groupby("rank")["end_ns"].max()
+    rk = cp["rank"].to_numpy()
+    a = cp["start_ns"].to_numpy(np.int64) - cp["wait_ns"].to_numpy(np.int64)
+    b = cp["start_ns"].to_numpy(np.int64) + cp["dur_ns"].to_numpy(np.int64)
+    first = lo.reindex(rk).to_numpy()
+    last = hi.reindex(rk).to_numpy()
+    ok = ~(np.isnan(first) | np.isnan(last))
+    before = np.clip(np.minimum(b, np.where(ok, first, 0)) - a, 0, None)
+    after = np.clip(b - np.maximum(a, np.where(ok, last, 0)), 0, None)
+    return int((before + after)[ok].sum())
+
+
 def _why_length(run: RunAnalysis, length: int) -> str:
     cp = run.cp
     one = bool(cp.attrs.get("scope"))  # a streamed report: one rank's own path
@@ -281,9 +302,16 @@ def _why_length(run: RunAnalysis, length: int) -> str:
     st = run.step_ns
     steps = run.steps
     if steps > 1:
+        # the part of the path before the first or after the last step window of its rank
+        # (GPU work queued before the trace started) is no step's: left out of "per step"
+        out = 0 if one else _outside_steps_ns(run, cp)
+        inner = length - out
         bits = [f"The path runs through all {steps} steps of the trace (span {fmt_ns(span)}), "
-                f"{fmt_ns(length)} in all: {fmt_ns(length / steps)} per step, "
-                f"{fmt_pct(length / steps / st) if st else 'n/a'} of the mean step "
+                f"{fmt_ns(length)} in all"
+                + (f", of which {fmt_ns(out)} lies outside every step (before the first or "
+                   "after the last)" if out > 0.01 * max(length, 1) else "")
+                + f": {fmt_ns(inner / steps)} per step, "
+                f"{fmt_pct(inner / steps / st) if st else 'n/a'} of the mean step "
                 f"({fmt_ns(st)}, the slowest rank's)."]
     else:
         bits = [f"The step takes {fmt_ns(st)} (the slowest rank's step); the path is "

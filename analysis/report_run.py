@@ -72,6 +72,11 @@ class RunAnalysis:
     def steps(self) -> int:
         return int(len(self.per_step))
 
+    @property
+    def no_markers(self) -> bool:
+        """The trace marks no step: its one window is the whole trace, not a step."""
+        return bool(len(self.bd)) and bool((self.bd["step"] < 0).all())
+
     @cached_property
     def slow_parts(self) -> pd.Series:
         """Mean over steps of the slowest rank's parts (sums to ``step_ns``)."""

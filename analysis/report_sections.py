@@ -67,16 +67,19 @@ def section_breakdown(run: RunAnalysis, *, top: int) -> Section:
         folded["n"] = [stands.get(int(r), ("", int(k)))[1] for r, k in
                        zip(folded["rank"], folded["n"])]
     cpu = cpu_only(run.t)
-    over = ("No step markers: the whole trace as one window." if run.steps == 1
-            and run.window.step < 0 else f"Means over {run.steps} step(s).")
+    nm = run.no_markers
+    over = ("No step markers: the whole trace as one window." if nm
+            else f"Means over {run.steps} step(s).")
+    mean_step = "Whole trace" if nm else "Mean step"
+    whole = "whole trace" if nm else "step"
     s.blocks.append(
-        "Each rank's step splits into disjoint parts that add up to its step time: compute "
+        f"Each rank's {whole} splits into disjoint parts that add up to its {whole} time: compute "
         "with no communication running, communication hidden under compute, communication "
         "nothing hides (exposed), memory copies alone on the GPU, host-bound time (the GPU "
         f"idle while the CPU works), and idle time (nothing runs on the rank). {over}"
         if not cpu else
-        "Each rank's step splits into disjoint parts that add up to its step time (a CPU-only "
-        "trace: its CPU ops stand for the device): compute with no communication running, "
+        f"Each rank's {whole} splits into disjoint parts that add up to its {whole} time (a "
+        "CPU-only trace: its CPU ops stand for the device): compute with no communication running, "
         "communication hidden under compute, communication nothing hides (exposed), "
         "host-bound time (host work outside every op: Python, annotations), and idle time "
         f"(nothing runs on the rank). {over}")
@@ -93,21 +96,21 @@ def section_breakdown(run: RunAnalysis, *, top: int) -> Section:
     if n <= MANY_RANKS:
         labels = None if total == n else [f"{r} ({k})" if k > 1 else r for r, k in
                                           zip(folded["ranks"], folded["n"])]
-        s.blocks.append(Fig("breakdown", "Mean step per rank, split into its parts (ms).",
+        s.blocks.append(Fig("breakdown", f"{mean_step} per rank, split into its parts (ms).",
                             plots.plot_breakdown(folded, labels=labels, title="",
                                                  cpu_only=cpu)))
     else:
-        s.blocks.append(Fig("rank_part", "Rank x part: each part's share of the rank's mean "
-                            "step (per-rank bars do not fit past "
+        s.blocks.append(Fig("rank_part", "Rank x part: each part's share of the rank's "
+                            f"{mean_step.lower()} (per-rank bars do not fit past "
                             f"{MANY_RANKS} ranks).",
                             plot_rank_part_heatmap(b)))
     rows = folded.sort_values("step_ns", ascending=False, kind="mergesort")
     cols = [Column("ranks", "Rank(s)", "text")]
     if total > n:
         cols.append(Column("n", "Ranks", "count"))
-    cols += [Column("step_ns", "Step", "time"), *_PART_COLS, busy]
+    cols += [Column("step_ns", "Whole trace" if nm else "Step", "time"), *_PART_COLS, busy]
     full = b[["rank", "steps", "step_ns", *PARTS, "gpu_busy_frac"]]
-    s.blocks.append(people_table(rows, cols, caption="Mean step per rank, slowest first",
+    s.blocks.append(people_table(rows, cols, caption=f"{mean_step} per rank, slowest first",
                                  top=top, what="rank groups" if n < len(b) else "ranks",
                                  csv_name="breakdown_per_rank", csv_frame=full, same_unit=True))
     if run.steps > 1:
@@ -353,7 +356,9 @@ def section_comm(run: RunAnalysis, *, top: int) -> Section | None:
                                           Column("late_rank", "Waits for rank", "count"),
                                           Column("comm_op", "In", "text"),
                                           Column("instances", "Times", "count"),
-                                          Column("per_step_ns", "Waiting per step", "time")],
+                                          Column("per_step_ns", "Waiting, whole trace"
+                                                 if run.no_markers else "Waiting per step",
+                                                 "time")],
                                      caption="Who waits for whom at collectives", top=top,
                                      what="pairs", csv_name="collective_waits"))
     sized = co[(co["bytes"] > 0) & co["busbw_gbps"].notna()]

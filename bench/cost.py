@@ -50,6 +50,10 @@ series scored once with the model of commit 947581f (helper N9), and C47 (OCI GB
 all_reduce, oci-hpc-oke's README) and C48 (p4dn on EFA, 1-4 instances, all_reduce 1 GB,
 NVIDIA/nccl #527) and C49 (2 x p4d on EFA, all_reduce 1 MB - 1 GB, aws-efa-eks) and C50 (GKE A3 Mega:
 one H100 node's all_reduce, 2 x 8 over TCPXO all_gather) likewise; nothing changed on them.
+NCCL's own model corrections (REFERENCES.md C51: the tree all-reduce bandwidth table at medium
+sizes, ring Simple latency x 1.4 across nodes) and Hopper's 24 collective channels (C52, an NCCL
+log; was an assumed 32) came later (helper NC), **after every row here had been seen**; nothing
+in them is fitted (C11, C33, C42, C45, C48, C49 and C31 / C46 moved; REFERENCES.md says how).
 Last, the
 hard rule: no matmul the
 model prices (every shape of a grid from 256 to 65536 per dimension, and every published

@@ -25,7 +25,7 @@ figures are the official post-freeze result, in traces/pairs/README.md).
 
 One fix was made after batch 2 had been seen: ``emb-bucket`` A -> B (-30.6% as frozen) replayed
 the one 10.0 MB bucket at 3.7 Gbit/s on a 1600 Mbit/s link, an intercept fitted on buckets
-that ran two at a time on gloo's two worker threads (``bucketing_cpu._fit_cpu``: transfers
+that ran two at a time on gloo's two worker threads (``gloo_fit._fit_cpu``: transfers
 that ran concurrently now give the link's aggregate rate). That pair is marked
 ``"shaped_after_freeze": true`` in pairs.json and is scored apart as well: batch 2 is printed
 whole (as the code now predicts it), then without the pairs that shaped the model after the

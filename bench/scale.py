@@ -19,7 +19,7 @@ more than 2 M ops, :mod:`analysis.report_stream`) against ``report --in-memory``
 bytes per wall second of the whole command.
 
     python bench/scale.py [--ranks 8 32] [--jobs N] [--layout rank] [--workdir DIR]
-                          [--baseline CHECKOUT] [--repeat R] [--keep DIR]
+                          [--baseline CHECKOUT] [--repeat R] [--keep DIR] [--no-warm]
                           [--skip ingest-memory dask analyze replay whatif report
                                   report-memory]
 
@@ -33,13 +33,18 @@ store written seconds earlier waits for its write-back (0.05-1.8 s measured on t
 host), which is not ingest work and which no ingest of a new store pays. The "floor" line is
 the physical limit of reading the same files (plain reads from the page cache, no
 parsing); "GB per CPU-s" divides by the CPU time of the whole process tree.
+
+Before any timed run, every command runs once, untimed, on 2 generated ranks from each
+checkout (``--no-warm`` skips it): numba caches its kernels beside their sources, so a fresh
+checkout's first commands would compile them inside the smallest N's timings. At the end,
+one summary table (bench/scale_summary.py): per mode (ingest, analyze, replay, report) wall
+/ CPU / peak RSS at each N, the growth exponents in N, and issue 30's targets met or not.
 """
 
 from __future__ import annotations
 
 import argparse
 import gzip
-import math
 import os
 import re
 import shutil
@@ -53,6 +58,7 @@ from pathlib import Path
 
 import numpy as np
 import orjson
+from scale_summary import exponent, summary
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT.parent / "shared" / "traces" / "kineto" / "v100-ddp-sgd" / "df_index_resolver.json.gz"
@@ -330,10 +336,26 @@ def whatif_rows(store: Path, baseline: Path | None) -> list[tuple[dict, None]]:
     return rows
 
 
-def exponent(xs: list[int], ys: list[float]) -> float:
-    """Least-squares slope of log(y) on log(N)."""
-    lx, ly = np.log(np.asarray(xs, float)), np.log(np.maximum(np.asarray(ys, float), 1e-9))
-    return float(np.polyfit(lx, ly, 1)[0]) if len(xs) > 1 else math.nan
+def warm_up(base: Path, roots: list[Path], layout: str) -> None:
+    """Run each command once, untimed, on 2 generated ranks from every checkout: numba
+    caches its kernels next to their sources, so the first commands of a fresh checkout
+    compile them (the 8-rank replay and report paid 4-12 s of CPU for it in one run)."""
+    t0 = time.perf_counter()
+    src, store = base / "warm-ranks", base / "warm.retime"
+    generate(src, 2)
+    for root in roots:
+        for cmd in (["ingest", str(src), "-o", str(store), "--layout", layout, "--force"],
+                    ["analyze", str(store), "--json"], ["replay", str(store), "--json"],
+                    ["report", str(store), "-o", str(base / "warm.html"), "--force"],
+                    *([["report", str(store), "-o", str(base / "warm-s.html"), "--stream",
+                        "--force"]] if layout == "rank" else [])):
+            r = run(cmd, "warm-up", root=root)
+            if r.get("error"):
+                print(f"  warm-up {cmd[0]} ({root}): exit {r['rc']}: {r['error']}", flush=True)
+        shutil.rmtree(store, ignore_errors=True)
+    shutil.rmtree(src, ignore_errors=True)
+    print(f"warm-up (each command once on 2 ranks, untimed): {time.perf_counter() - t0:.1f} s",
+          flush=True)
 
 
 STEPS = ("ingest", "ingest-memory", "dask", "analyze", "replay", "whatif", "report",
@@ -354,6 +376,9 @@ def main() -> None:
     ap.add_argument("--skip", nargs="*", default=[], choices=STEPS)
     ap.add_argument("--workdir", type=Path, default=None,
                     help="where the rank files and stores go (default: a temporary folder)")
+    ap.add_argument("--no-warm", action="store_true",
+                    help="skip the untimed warm-up (every command once on 2 generated ranks, "
+                         "so that no timed run compiles numba kernels into a fresh checkout)")
     ap.add_argument("--keep", type=Path, default=None,
                     help="keep the generated rank files in KEEP/ranks-N (not deleted) and "
                          "reuse them when a later run finds them there")
@@ -366,7 +391,10 @@ def main() -> None:
     for root in (ROOT, a.baseline) if a.baseline else (ROOT,):
         print(f"checkout {root}: runs {imported_from(root)}", flush=True)
     base = Path(tempfile.mkdtemp(prefix="retime-scale-", dir=a.workdir)).resolve()
+    if not a.no_warm:
+        warm_up(base, [ROOT, a.baseline] if a.baseline else [ROOT], a.layout)
     results: dict[str, list[tuple[int, dict]]] = {}
+    gb_of: dict[int, float] = {}
     try:
         for n in a.ranks:
             src = base / f"ranks-{n}"
@@ -376,7 +404,7 @@ def main() -> None:
                 src = a.keep / f"ranks-{n}"
             nbytes = (sum(f.stat().st_size for f in src.iterdir()) if kept
                       else generate(src, n))
-            gb = nbytes / 1e9
+            gb = gb_of[n] = nbytes / 1e9
             print(f"N = {n}: {gb:.2f} GB of JSON {'kept from before' if kept else 'generated'} "
                   f"in {time.perf_counter() - t0:.1f} s", flush=True)
             store = base / f"run-{n}.retime"
@@ -491,6 +519,8 @@ def main() -> None:
                 print(f"  {label}: per-worker peak RSS by N: " + ", ".join(
                     f"{n}: {r['worker_peak_gb']:.2f} GB (after {r['worker_after_gb']:.2f})"
                     for n, r in xs if not r.get("error")))
+        for ln in summary(results, gb_of):
+            print(ln, flush=True)
     finally:
         shutil.rmtree(base, ignore_errors=True)
 

@@ -64,7 +64,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from retime.replay import build_graph, simulate  # noqa: E402
-from retime.replay.graph import RES_COMM, RES_COMPUTE  # noqa: E402
+from retime.replay.graph_data import RES_COMM, RES_COMPUTE  # noqa: E402
 from retime.replay.sweep import scenario_metrics, sweep  # noqa: E402
 
 _GRAPH: dict = {}

@@ -15,8 +15,8 @@ The merged Trace of many ranks is never built. Three stages:
    ``group_id`` of its communication ops);
 3. **write** each rank (:func:`rank_tables`: its tables with global ids) from its spool file:
    one file per rank and table (``layout="rank"``, in ``jobs`` processes) or one row group per
-   rank appended to each table's Parquet file (``layout="single"``, in rank order), then
-   delete the spool file.
+   rank appended to each table's Parquet file (``layout="single"``, in rank order; with
+   ``jobs > 1`` a writer thread per table file), then delete the spool file.
 
 Peak memory: one part per process, plus the skeletons (communication ops only) and one
 rank's tables. :func:`collectors.trace.read_trace` of the store equals ``read(paths)``
@@ -31,7 +31,7 @@ import gc
 import os
 import pickle
 import shutil
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any
@@ -113,7 +113,7 @@ def plans(skel: Trace, skeletons: list[tuple[RankPart, list[int]]]
     op_off = lane_off = sk_off = 0
     for rank, i, j, p, n in subs:
         k = len(p.comm["op"])
-        out.append((rank, i, j, {"op_off": op_off, "lane_off": lane_off,
+        out.append((rank, i, j, {"rank": rank, "op_off": op_off, "lane_off": lane_off,
                                  "gmap": np.array([sid[s] for s in p.strings], dtype=np.int32),
                                  "coll_id": coll[sk_off:sk_off + k].copy(),
                                  "group_id": grp[sk_off:sk_off + k].copy()}))
@@ -128,6 +128,8 @@ def rank_tables(part: RankPart, sub: int, plan: dict[str, Any]) -> dict[str, pa.
     Arrow tables: the same columns :func:`merge_parts` builds for that rank."""
     p = flat(part)[sub]
     op_off, lane_off, gmap = plan["op_off"], plan["lane_off"], plan["gmap"]
+    # the rank merge_parts settled (a lone file's bare number is not a rank), not the part's
+    rank = plan.get("rank", p.rank)
     n = len(p.ops["start_ns"])
     ops: dict[str, Any] = {"op_id": np.arange(op_off, op_off + n, dtype=np.int64)}
     for k, v in p.ops.items():
@@ -136,7 +138,7 @@ def rank_tables(part: RankPart, sub: int, plan: dict[str, Any]) -> dict[str, pa.
         elif k == "name_id":
             v = gmap[v] if len(v) else v
         ops[k] = v
-    ops["rank"] = np.full(n, p.rank, np.int32)
+    ops["rank"] = np.full(n, rank, np.int32)
     comm_op = np.asarray(p.comm["op"], dtype=np.int64)
     coll_id = np.full(n, -1, np.int64)
     group_id = np.full(n, -1, np.int32)
@@ -145,11 +147,11 @@ def rank_tables(part: RankPart, sub: int, plan: dict[str, Any]) -> dict[str, pa.
     ops["coll_id"], ops["group_id"] = coll_id, group_id
     edges = {k: (v + op_off if k in ("src", "dst") else v) for k, v in p.edges.items()}
     nr = len(p.ranges["start_ns"])
-    ranges = {"rank": np.full(nr, p.rank, np.int32), "lane": p.ranges["lane"] + lane_off,
+    ranges = {"rank": np.full(nr, rank, np.int32), "lane": p.ranges["lane"] + lane_off,
               "name_id": gmap[p.ranges["name_id"]] if nr else p.ranges["name_id"],
               **{k: p.ranges[k] for k in ("start_ns", "end_ns", "depth")}}
     nm = len(p.memory["ts_ns"])
-    memory = {"rank": np.full(nm, p.rank, np.int32),
+    memory = {"rank": np.full(nm, rank, np.int32),
               **{k: p.memory[k] for k in ("device", "ts_ns", "bytes_delta", "allocated_bytes",
                                           "reserved_bytes")}}
     cols = {"ops": _columns(OPS_SCHEMA, ops, "ops", n=n),
@@ -165,7 +167,8 @@ def write_rank(part: RankPart, sub: int, plan: dict[str, Any], root: str) -> dic
     ``root``; rows written per table."""
     from .store import write_rank_tables
 
-    return write_rank_tables(root, flat(part)[sub].rank, rank_tables(part, sub, plan))
+    return write_rank_tables(root, plan.get("rank", flat(part)[sub].rank),
+                             rank_tables(part, sub, plan))
 
 
 # ---------------------------------------------------------------- local ingest
@@ -304,7 +307,7 @@ def ingest_kineto(paths: list[str | os.PathLike[str]], output: str | os.PathLike
             skel = merge_parts([s[0] for s in skels], skipped)
             plan = plans(skel, skels)
             rows = _write_all(tmp, layout, plan, spools, ex, progress,
-                              side=lambda: _write_small(tmp, skel))
+                              side=lambda: _write_small(tmp, skel), write_threads=jobs > 1)
             check_not_empty(files, sum(rows.get("ops", {}).values()), skel.meta)
         except BrokenProcessPool as exc:
             raise RetimeError(
@@ -339,10 +342,11 @@ def _write_small(tmp: Path, skel: Trace) -> None:
 
 
 def _write_all(tmp: Path, layout: str, plan: list, spools: list[str],
-               ex: ProcessPoolExecutor | None, progress: bool | None, side=None
-               ) -> dict[str, dict[str, int]]:
+               ex: ProcessPoolExecutor | None, progress: bool | None, side=None,
+               write_threads: bool = False) -> dict[str, dict[str, int]]:
     """Stage 3: every rank's tables into ``tmp``; rows per table and rank. ``side()`` runs
-    here too: while the workers write ranks (``layout="rank"`` with ``ex``), else first."""
+    here too: while the workers write ranks (``layout="rank"`` with ``ex``), else first.
+    ``write_threads`` (``layout="single"``): a writer thread per table file."""
     rows: dict[str, dict[str, int]] = {}
     if side is not None and not (layout == "rank" and ex):
         side()
@@ -367,7 +371,11 @@ def _write_all(tmp: Path, layout: str, plan: list, spools: list[str],
         return rows
     # single layout: one row group per rank appended in rank order, one part loaded at a
     # time (an exported file's sub-parts may interleave with other files' ranks: the part
-    # stays loaded until its last rank is written)
+    # stays loaded until its last rank is written). Each table's file has a writer thread of
+    # its own: pyarrow encodes without the GIL, so the four files' row groups encode side by
+    # side, and rank k+1's part is loaded and its tables built while rank k's are encoded
+    # (at most two ranks' tables alive). Each file gets the same row groups in the same
+    # order as a serial write: the files are byte-identical (tests/test_ingest_rankwise.py).
     last = {}
     for k, (_, i, _, _) in enumerate(plan):
         last[i] = k
@@ -376,23 +384,47 @@ def _write_all(tmp: Path, layout: str, plan: list, spools: list[str],
         schema = _empty_table(name).schema
         writers[name] = pq.ParquetWriter(tmp / f"{name}.parquet", schema,
                                          **parquet_options(schema))
+    threads = {name: ThreadPoolExecutor(1, thread_name_prefix=f"write-{name}")
+               for name in _SCHEMAS} if write_threads else None
+    prev = None  # the previous rank's row groups being written
     try:
         cur: dict[int, RankPart] = {}
         with progress_bar(len(plan), "writing ranks", progress) as bar:
             for k, (rank, i, j, pl) in enumerate(plan):
                 if i not in cur:
                     cur[i] = _load(spools[i])
+                tables = rank_tables(cur[i], j, pl)
+                if prev is not None:
+                    for fut in prev:
+                        fut.result()
+                    bar.advance()
+                futs = []
                 rw = {}
-                for name, tbl in rank_tables(cur[i], j, pl).items():
+                for name, tbl in tables.items():
                     rw[name] = tbl.num_rows
-                    if tbl.num_rows:
+                    if not tbl.num_rows:
+                        continue
+                    if threads is None:
                         writers[name].write_table(tbl)
+                    else:
+                        futs.append(threads[name].submit(writers[name].write_table, tbl))
                 count(rank, rw)
+                del tables
                 if last[i] == k:
                     del cur[i]
                     os.unlink(spools[i])
+                if threads is None:
+                    bar.advance()
+                else:
+                    prev = futs
+            if prev is not None:
+                for fut in prev:
+                    fut.result()
                 bar.advance()
     finally:
+        if threads is not None:
+            for t in threads.values():
+                t.shutdown(wait=True, cancel_futures=True)
         for w in writers.values():
             w.close()
     return rows

@@ -35,7 +35,8 @@ from ._fluid import _fluid_replay
 from ._kernels import _fast_replay, _to_op_order, _to_op_order_i64
 from ._succ import _fluid_consts, _succ_lists
 from .gaps import gap_shares
-from .graph import ReplayGraph, _check_durations, build_graph
+from .graph import build_graph
+from .graph_data import ReplayGraph, _check_durations
 
 __all__ = ["ContentionModel", "ReplayResult", "simulate", "replay"]
 

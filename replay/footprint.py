@@ -9,7 +9,7 @@ The figure is the sum of parts whose sizes follow from the row counts alone:
   bytes each) and, for a full load, the annotations (29 bytes each; an identity replay keeps
   only the ``ProfilerStep`` ones, a few per rank, once read) and the memory samples (read
   for ``-o``, which also reads the columns the replay left out once it has run);
-* the replay graph (:class:`replay.graph.ReplayGraph`): 79 bytes per op (int64 times and
+* the replay graph (:class:`replay.graph_data.ReplayGraph`): 79 bytes per op (int64 times and
   lags, int32 indices, int8/bool flags; ``rank``, ``lane`` and the measured times are the
   trace's own arrays) and 14 per kept edge (int32 source, int64 lag, int8 kind, bool);
 * an identity replay without ``-o`` builds it a window of the run at a time

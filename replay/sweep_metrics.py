@@ -18,7 +18,8 @@ from retime.collectors.steps import profiler_steps
 
 from ._metric_kernels import _block_slots, _metric_spans, _metric_spans_layout
 from .engine import ReplayResult
-from .graph import RES_COMPUTE, _dense_inverse, _lexsort_small
+from .graph_arrays import _dense_inverse, _lexsort_small
+from .graph_data import RES_COMPUTE
 
 __all__ = ["METRICS", "scenario_metrics"]
 

@@ -157,6 +157,19 @@ def analyze_cmd(
     res = store_analysis(trace_dir, stream=stream, by=by.value, top=top, batch_rows=batch_rows,
                          scheduler=scheduler)
     s = analysis_summary(res)
+    from pathlib import Path
+
+    from retime.analysis.coverage import profiler_notes
+    from retime.collectors.trace import read_meta
+    # a trace recorded with Python stack tracing: its host-bound share is partly the profiler's
+    s["notes"] = s["notes"] + profiler_notes(read_meta(Path(trace_dir)),
+                                             s["breakdown"]["total_frac"].get("host_bound_frac"))
+    idle = s["breakdown"]["total_frac"].get("idle_frac")
+    if s["mode"] != "stream" and idle and idle >= 0.02:  # what the idle time is made of
+        from retime.analysis.coverage import idle_notes
+        from retime.collectors.trace import read_trace
+        s["notes"] = s["notes"] + idle_notes(read_trace(Path(trace_dir)), idle,
+                                             s["breakdown"]["total_ns"]["step_ns"])
     if json_out:
         emit_json(s)
         return

@@ -12,6 +12,7 @@ from conftest import KINETO, ingest_cached
 
 from retime.cli import run
 from retime.collectors.costs import kernels as K
+from retime.collectors.costs import nccl_params as P
 from retime.collectors.costs.gpus import gpu_spec
 from retime.collectors.costs.ops import op_cost, price_op
 from retime.collectors.enums import CommOp
@@ -55,10 +56,10 @@ def test_measured_channels_change_what_depends_on_them():
     from retime.collectors.costs import collective_cost, load_preset
 
     h100 = load_preset("dgx-h100")
-    # LL128's per-channel ceiling (36.7 GB/s on Hopper) binds with 4 channels, not with 32
+    # LL128's per-channel ceiling (36.7 GB/s on Hopper) binds with 4 channels, not with 24
     few = collective_cost(h100, "all_reduce", 2**30, algo="ring", proto="LL128", channels=4)
     table = collective_cost(h100, "all_reduce", 2**30, algo="ring", proto="LL128")
-    assert table.channels == 32 and few.channels == 4
+    assert table.channels == P.CHANNELS[("nvswitch", "hopper")].value == 24 and few.channels == 4
     assert few.busbw_gbps < 4 * 36.7 < table.busbw_gbps
     assert any("measured" in s for s in few.sources)
     # NVLS: fewer channels, less data in flight, a shorter pipeline fill

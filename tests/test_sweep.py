@@ -18,7 +18,7 @@ from naive_steps import naive_rank_totals
 from retime.collectors.errors import PolicyError
 from retime.collectors.ingest import read
 from retime.replay import build_graph, simulate
-from retime.replay.graph import RES_COMM, RES_COMPUTE
+from retime.replay.graph_data import RES_COMM, RES_COMPUTE
 from retime.replay.sweep import (
     METRICS,
     SweepInterrupted,

@@ -18,7 +18,7 @@ distributed = pytest.importorskip("distributed")
 
 from retime.collectors.ingest import read  # noqa: E402
 from retime.replay import build_graph, simulate  # noqa: E402
-from retime.replay.graph import RES_COMM, RES_COMPUTE  # noqa: E402
+from retime.replay.graph_data import RES_COMM, RES_COMPUTE  # noqa: E402
 from retime.replay.sweep import sweep  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -20,7 +20,7 @@ from test_sweep_overhead import _union
 from retime.collectors.synth import synthesize
 from retime.replay import build_graph, simulate, whatif
 from retime.replay.engine import ContentionModel
-from retime.replay.graph import RES_COMM, RES_COMPUTE
+from retime.replay.graph_data import RES_COMM, RES_COMPUTE
 from retime.replay.policies import base
 from retime.replay.sweep import _split_groups, _steal, _work_order, scenario_metrics, sweep
 

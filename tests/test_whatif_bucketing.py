@@ -281,7 +281,7 @@ def test_gloo_bandwidth_fit_leaves_out_disturbed_steps(gloo_ddp):
     """Transfers of exactly ``a + S / B`` (2 ranks: bus factor 2 (n - 1) / n = 1) give back
     ``B``, also when one rank's step was descheduled (its transfers 5x as long): that step
     is left out, where the plain total would be 40% off (one of 10 rank-steps, 4 extra)."""
-    from retime.replay.policies.bucketing_cpu import GLOO_STEP_US, _fit_cpu
+    from retime.replay.policies.gloo_fit import GLOO_STEP_US, _fit_cpu
     o = gloo_ddp.ops
     nbytes = o["bytes"].to_numpy()
     is_ar = ((o["kind"] == 3) & (o["comm_op"] == 1) & (o["bytes"] > 0)).to_numpy()
@@ -358,7 +358,7 @@ def test_gloo_concurrent_transfers_fit_the_links_aggregate(gloo_ddp):
     ever ran; with ``concurrent`` the bandwidth is the aggregate, the bytes over the summed
     isolated time less a ring step's latency per transfer (closed form), and a transfer
     of all the bytes takes the time the link was busy with them."""
-    from retime.replay.policies.bucketing_cpu import GLOO_STEP_US, _fit_cpu
+    from retime.replay.policies.gloo_fit import GLOO_STEP_US, _fit_cpu
     o = gloo_ddp.ops
     is_ar = ((o["kind"] == 3) & (o["comm_op"] == 1) & (o["bytes"] > 0)).to_numpy()
     idx = np.flatnonzero(is_ar)
@@ -384,7 +384,7 @@ def test_gloo_concurrent_transfers_fit_the_links_aggregate(gloo_ddp):
 def test_concurrency_is_time_with_two_transfers_in_flight():
     """A rank's transfers ran concurrently when two were in flight for at least a tenth of
     the time its link was busy: back to back is not, two half-overlapping ones are."""
-    from retime.replay.policies.bucketing_cpu import CONCURRENT_SHARE, _ran_concurrently
+    from retime.replay.policies.gloo_fit import CONCURRENT_SHARE, _ran_concurrently
     end = np.asarray([10, 20, 30, 15, 40, 100], np.int64)
     start = np.asarray([0, 10, 20, 5, 20, 99], np.int64)
     back_to_back = {0: (np.asarray([0, 1, 2]), None, None)}

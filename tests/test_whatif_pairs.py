@@ -469,7 +469,7 @@ def test_rebucketed_transfer_is_not_faster_than_the_link_ran():
 def test_probe_alone_time_is_floored_by_the_links_own_rate():
     """Closed form: with a calibration file a new bucket's alone time is the longer of the
     probe's line ``a + b S`` and the trace's own link ``alpha + S f / B``."""
-    from retime.replay.policies.bucketing_cpu import _probe_alone_ns
+    from retime.replay.policies.gloo_fit import _probe_alone_ns
     from retime.replay.policies.host_cpu import OverlapProbe
 
     p = OverlapProbe(compute_slowdown=0.2, under=(20e6, 2.0), alone=(-3e6, 4.0),

@@ -202,13 +202,38 @@ def ring_fill_weight(g: Group, L: _Links) -> float:
     return ((g.ranks - net_hops) * slow / L.intra + net_hops * slow / L.net_node) / g.ranks
 
 
+def tree_correction(p: Proto, nbytes: float) -> float:
+    """NCCL's factor on a tree all-reduce's bandwidth at ``nbytes`` (C51): its table by
+    protocol and ``log2(nbytes >> 6)``, 64 B to 256 MiB; 1 outside."""
+    q = int(nbytes) >> 6
+    i = q.bit_length() - 1
+    return P.TREE_CORRECTION[_PROTO_IDX[p]][i] if 0 <= i < len(P.TREE_CORRECTION[0]) else 1.0
+
+
+def _net_lat_factor(c: Cluster, g: Group, L: _Links, coll: Collective, a: Algo, p: Proto,
+                    nbytes: float) -> float:
+    """NCCL's "plateau effect of ring" (C51): a ring Simple all-reduce leaving its NVLink
+    domain pays its latency x 1.4 (x 1.9 before Ampere) once a rank's share per channel is
+    64 bytes or more."""
+    if a != Algo.ring or p != Proto.simple or coll != Collective.all_reduce:
+        return 1.0
+    if g.nodes < 2 or g.domain or nbytes / (L.channels * g.ranks) < 64:
+        return 1.0
+    return 1.9 if c.spec.arch in ("volta", "pascal") else P.RING_NET_SIMPLE_LAT.value
+
+
 def _time(c, g, L, coll, a, p, nbytes, measured=None) -> tuple[float, float, float, float]:
-    """(tuner time, predicted time, latency, algbw) in us / GB/s."""
+    """(tuner time, predicted time, latency, algbw) in us / GB/s. NCCL's own corrections of
+    its model (``ncclTopoGetAlgoTime``, C51) apply to both: a tree all-reduce's bandwidth at
+    medium sizes, a ring Simple all-reduce's latency across nodes."""
     bw = _algbw(c, g, L, coll, a, p)
     if bw <= 0:
         return math.inf, math.inf, 0.0, 0.0
-    lat = _latency_us(c, g, coll, a, p)
-    t_tuner = _latency_us(c, g, coll, a, p, tuner=True) + nbytes / (bw * 1e3)
+    if a == Algo.tree and coll == Collective.all_reduce:
+        bw *= tree_correction(p, nbytes)
+    k = _net_lat_factor(c, g, L, coll, a, p, nbytes)
+    lat = _latency_us(c, g, coll, a, p) * k
+    t_tuner = _latency_us(c, g, coll, a, p, tuner=True) * k + nbytes / (bw * 1e3)
     t = P.CALL_US.value + lat + nbytes / (bw * 1e3) \
         + _fill_us(c, g, L, coll, a, p, nbytes, bw, measured)
     return t_tuner, t, lat, bw

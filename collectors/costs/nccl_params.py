@@ -14,7 +14,8 @@ __all__ = ["Param", "LINK_EFF", "NET_EFF", "NVLS_EFF", "BASE_LAT_US", "HOP_LAT_U
            "LL_MAX_BUSBW", "LL128_PER_CHANNEL", "CHANNELS", "CALL_US", "CHUNK_BYTES",
            "NVLS_FILL", "NVLS_CHUNK_BYTES", "LL_HALF_ARCHS", "P2P_EFF", "TREE_EFF",
            "NVLS_REF_RANKS", "NVLS_REF_HEADS", "NVLS_HEAD_US", "LL128_WALL_BASE_US",
-           "P2P_LL_THRESHOLD", "NVLS_MAX_ARITY", "DUP_MIN_GBPS", "UNCERTAINTY"]
+           "P2P_LL_THRESHOLD", "NVLS_MAX_ARITY", "DUP_MIN_GBPS", "UNCERTAINTY",
+           "TREE_CORRECTION", "RING_NET_SIMPLE_LAT"]
 
 #: relative 1-sigma-ish half-width of the range a parameter of each source contributes
 UNCERTAINTY = {"published": 0.05, "fitted": 0.10, "assumed": 0.25, "stated": 0.10}
@@ -86,6 +87,22 @@ NVLS_MAX_ARITY = Param(32, "published", "C25: NCCL_MAX_NVLS_ARITY 32 (NCCL > 2.2
 DUP_MIN_GBPS = Param(25.0, "published", "C32: ncclTopoDupChannels, bwIntra < 25.0 -> no dup")
 #: tree bandwidth factor (NCCL's busBw * .92 for trees)
 TREE_EFF = Param(0.92, "published", "C0: tree busBw x 0.92")
+#: NCCL's correction of the tree all-reduce bandwidth at medium sizes, per protocol (LL,
+#: LL128, Simple) and ``log2((bytes >> 6))`` from 0 (64 B) to 22 (256 MiB); no correction
+#: outside. ``ncclTopoGetAlgoTime`` multiplies the tree's bandwidth by it: "Trees are not
+#: perfectly sticking to the model for medium sizes" (C51; the same table since NCCL 2.5)
+TREE_CORRECTION = (
+    (1.0, 1.0, 1.0, 1.0, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8, .9, 1.0, 1.0,
+     1.0, 1.0),
+    (1.0, 1.0, 1.0, 1.0, 1.0, .9, .8, .8, .8, .7, .6, .6, .6, .6, .6, .6, .8, .9, .9, .9, .9,
+     1.0, 1.0),
+    (.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .6, .7, .8, .7, .7, .8, .9, .9),
+)
+#: "Plateau effect of ring": a ring Simple all-reduce across nodes pays its latency x 1.4
+#: (x 1.9 before compute capability 8.0) once each rank's share per channel is >= 64 bytes
+#: (``ncclTopoGetAlgoTime``, C51)
+RING_NET_SIMPLE_LAT = Param(1.4, "published", "C51: ncclTopoGetAlgoTime, ring Simple "
+                            "all-reduce on several nodes, lat *= 1.4 (1.9 before sm80)")
 #: point-to-point (send/recv, alltoall) bandwidth / ring bus bandwidth on the same links
 P2P_EFF = Param(0.84, "fitted", "C5: A100 sendrecv 195 GB/s vs all-reduce 231.6 GB/s")
 
@@ -127,8 +144,10 @@ CHANNELS = {
     ("nvswitch", "ampere"): Param(24, "published", "C6: 24 channels on HGX A100"),
     ("nvswitch", "volta"): Param(8, "published", "C15: 4 NVLink rings on a DGX-1, each "
                                  "doubled into two channels"),
-    ("nvswitch", "hopper"): Param(32, "assumed", "NCCL on H100 NVSwitch"),
-    ("nvswitch", "blackwell"): Param(32, "assumed", "NCCL on NVLink5"),
+    ("nvswitch", "hopper"): Param(24, "published", "C52: NCCL log of one p5.48xlarge (8 x H100 "
+                                  "NVSwitch): 24 coll channels"),
+    ("nvswitch", "blackwell"): Param(32, "published", "C52: NCCL log of GB200 trays (NVLink5): "
+                                     "32 coll channels"),
     ("pcie", None): Param(4, "assumed", "PCIe rings"),
     ("xgmi", None): Param(16, "assumed", "RCCL rings on the xGMI mesh"),
 }

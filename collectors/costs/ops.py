@@ -50,6 +50,17 @@ _ATTN_BWD = {"_scaled_dot_product_flash_attention_backward",
              "_scaled_dot_product_efficient_attention_backward",
              "_scaled_dot_product_cudnn_attention_backward", "_flash_attention_backward",
              "_efficient_attention_backward"}
+# where each attention operator's recorded ``Concrete Inputs`` hold ``is_causal`` (PyTorch's
+# schemas; the memory-efficient kernels' ``custom_mask_type``: 1 / 2 = causal from the top
+# left / bottom right); read on the G1 H200 traces for the sdpa / cudnn / efficient ones
+_CAUSAL_ARG = {"scaled_dot_product_attention": 5, "_scaled_dot_product_flash_attention": 4,
+               "_scaled_dot_product_efficient_attention": 6,
+               "_scaled_dot_product_cudnn_attention": 6, "_flash_attention_forward": 8,
+               "_efficient_attention_forward": 9,
+               "_scaled_dot_product_flash_attention_backward": 11,
+               "_scaled_dot_product_efficient_attention_backward": 11,
+               "_scaled_dot_product_cudnn_attention_backward": 14,
+               "_flash_attention_backward": 11, "_efficient_attention_backward": 14}
 _NORM = {"native_layer_norm", "native_batch_norm", "layer_norm", "batch_norm",
          "_batch_norm_impl_index", "native_group_norm", "rms_norm", "_fused_rms_norm"}
 _NORM_BWD = {"native_layer_norm_backward", "native_batch_norm_backward",
@@ -117,16 +128,21 @@ def op_cost(name: str, dims: list, types: list, concrete: list | None = None
         if b == "convolution_backward":
             return _conv_bwd(dims, ts, conc, es, dt)
         if b in _ATTN or b in _ATTN_BWD:
-            q, k = ts[0][0], ts[1][0]
+            q, k = _bhsd(b, ts[0][0]), _bhsd(b, ts[1][0])
             if len(q) != 4 or len(k) != 4:
                 return None
             bb, h, lq, d = q
             s = k[2]
             f = 4.0 * bb * h * lq * s * d * (2.5 if b in _ATTN_BWD else 1.0)
+            f *= 0.5 if _causal(b, conc) else 1.0  # a causal mask skips half the scores
             return f, es * float(sum(_numel(x) for x, _ in ts[:3]) + _numel(q)), dt
         n = max(_numel(x) for x, _ in ts)
         if b in _NORM:
             return 8.0 * n, es * 2.0 * n, dt
+        if b == "native_layer_norm_backward":
+            # two kernels (PyTorch's CUDA layer norm): the input gradient reads dy and x and
+            # writes dx, GammaBetaBackward reads dy and x again
+            return 8.0 * n, es * 5.0 * n, dt
         if b in _NORM_BWD:
             return 8.0 * n, es * 3.0 * n, dt
         if b in _SOFTMAX:
@@ -226,6 +242,24 @@ def tensors(dims, types) -> list[tuple[list, str]]:
 
 #: kernel classes of the cost layer's what-ifs and of bench/kernel_loo.py
 OP_CLASSES = ("gemm", "conv", "attention", "rest")
+
+
+def _bhsd(b: str, shape: list) -> list:
+    """An attention operand as (batch, heads, seq, head_dim): the sdpa-level operators take
+    that layout, the raw flash / memory-efficient kernels' operators (batch, seq, heads,
+    head_dim)."""
+    if b.startswith(("_flash_attention", "_efficient_attention")) and len(shape) == 4:
+        return [shape[0], shape[2], shape[1], shape[3]]
+    return shape
+
+
+def _causal(b: str, conc: list) -> bool:
+    """Whether an attention call's recorded arguments say its mask is causal."""
+    i = _CAUSAL_ARG.get(b)
+    if i is None or i >= len(conc):
+        return False
+    v = str(conc[i]).strip()
+    return v == "True" or (b.startswith("_efficient_attention") and v in ("1", "2"))
 
 
 def op_class(name: str) -> str:
@@ -341,10 +375,12 @@ def _price(g, name, dims, types, work, curves):
         bt, m, n, k = gemm_dims(b, ts)
         return K.matmul(g, m, n, k, bt, dtype, curves=curves)
     if b in _ATTN or b in _ATTN_BWD:
-        q, kk = ts[0][0], ts[1][0]
+        q, kk = _bhsd(b, ts[0][0]), _bhsd(b, ts[1][0])
+        # op_cost halved the FLOPs of a call whose recorded is_causal was True
+        full = 4.0 * q[0] * q[1] * q[2] * kk[2] * q[3] * (2.5 if b in _ATTN_BWD else 1.0)
         return K.attention(g, int(q[0]), int(q[1]), int(q[2]), int(q[3]),
                            kv_heads=int(kk[1]) if int(q[1]) % int(kk[1]) == 0 else None,
-                           backward=b in _ATTN_BWD, dtype=dtype)
+                           causal=flops < 0.75 * full, backward=b in _ATTN_BWD, dtype=dtype)
     return K.memory_bound(g, b, flops, max(nbytes, 1.0), curves=curves)
 
 

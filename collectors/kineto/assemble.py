@@ -225,6 +225,8 @@ def assemble(path, doc, rank, rank_source, strings, kept, dropped, tnames, G, H,
     acc = {"events_read": n_events, "kept": dict(kept), "dropped": dict(dropped),
            "rank": int(rank), "rank_source": rank_source,
            "gpu_ops_without_launch": n_unlaunched}
+    if doc.with_stack in (True, 1):  # Python stack tracing: the profiler slows the host
+        acc["with_stack"] = True
     return RankPart(
         path=str(path), rank=int(rank), rank_source=rank_source,
         world_size=dist.world_size if dist is not None else None,

@@ -48,7 +48,8 @@ from .schema import (
     KNOWN_PH,
     NOARGS,
     RankPart,
-    rank_from_name,
+    drop_cat_reason,
+    rank_and_source_from_name,
 )
 
 __all__ = ["build_rank_part"]
@@ -100,8 +101,7 @@ def finish_part(path: Path, doc, loop: EventLoop) -> RankPart:
     rank = dist.rank if dist is not None and dist.rank is not None else None
     rank_source = "distributedInfo"
     if rank is None:
-        rank = rank_from_name(path)
-        rank_source = "file name"
+        rank, rank_source = rank_and_source_from_name(path)
     if rank is None:
         rank, rank_source = 0, "default (single file)"
 
@@ -238,7 +238,7 @@ class EventLoop:
                         self.window = (i, t0, t0 + int(round(dur * 1000.0)))
                     kept["markers"] += 1
                     continue
-                dropped[f"unsupported category '{e.cat}'"] += 1
+                dropped[drop_cat_reason(e.cat)] += 1
             elif ph == "M":
                 if e.name in ("thread_name", "process_name", "process_labels") and e.args is not None:
                     key = (e.pid, e.tid if e.name == "thread_name" else None)

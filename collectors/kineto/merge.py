@@ -11,7 +11,7 @@ from ..devices import device_peaks
 from ..enums import OpKind
 from ..errors import TraceFormatError
 from ..trace import StringTable, Trace
-from .schema import RankPart
+from .schema import BARE_NUMBER_SOURCE, RankPart
 
 __all__ = ["merge_parts"]
 
@@ -49,6 +49,13 @@ def merge_parts(parts: list[RankPart], skipped: dict[str, str] | None = None) ->
         raise TraceFormatError(
             f"{', '.join(p.path for p in parts)}: a `retime export --chrome` file holds a whole "
             "run and its op ids: ingest it alone, not with other trace files")
+    if len(flat) == 1 and flat[0].rank_source == BARE_NUMBER_SOURCE:
+        # a lone file named e.g. rep1.pt.trace.json is one rank, not rank 1 of a world of 2
+        p = flat[0]
+        p.rank_source = (f"default (single file; the number {p.rank} in its name is not read "
+                         "as a rank)")
+        p.rank = 0
+        p.accounting.update(rank=0, rank_source=p.rank_source)
     seen: dict[int, str] = {}
     for p in flat:
         if p.rank in seen:

@@ -55,6 +55,7 @@ from .schema import (
     FILE_DECODER,
     Event,
     TraceFile,
+    drop_cat_reason,
 )
 
 __all__ = ["parse_fast", "BLOCK_BYTES", "scanner_cached"]
@@ -352,7 +353,7 @@ class _Reader:
         dr = np.flatnonzero(drop)
         if len(dr):
             for t in dr[np.argsort(cats.sid[dr], kind="stable")].tolist():
-                loop.dropped[f"unsupported category '{self.cats.names[cats.sid[t]]}'"] += int(drop[t])
+                loop.dropped[drop_cat_reason(self.cats.names[cats.sid[t]])] += int(drop[t])
         if g.shape[1] or h.shape[1] or gr.shape[1]:
             G = dict(dev=g[0], stream=g[1], kind=g[2].astype(np.int8), name=g[3].astype(np.int32),
                      start=g[4], dur=g[5], corr=g[6], ext=g[7], bytes=g[8], idx=g[9])

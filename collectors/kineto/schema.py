@@ -127,6 +127,7 @@ class TraceFile(msgspec.Struct, gc=False):
     retimeExport: dict[str, Any] | None = None
     retimeCapture: dict[str, Any] | None = None  # written by collectors.capture (see there)
     host_name: str | None = None  # written by newer torch.profiler and by collectors.capture
+    with_stack: Any = None  # torch.profiler(with_stack=True) writes 1 (Python stack tracing)
     schema: Any = None
     nodes: msgspec.Raw = msgspec.Raw(b"")
 
@@ -146,6 +147,17 @@ GPU_CATS = {"kernel": OpKind.KERNEL, "gpu_memcpy": OpKind.MEMCPY, "gpu_memset": 
              "memcpy": OpKind.MEMCPY, "memset": OpKind.MEMSET, "concurrent kernel": OpKind.KERNEL}
 RUNTIME_CATS = {"cuda_runtime", "cuda_driver", "runtime", "driver", "hip_runtime"}
 HOST_CATS = {"cpu_op", "operator", "python_function", "user_annotation", "cpu_instant_event"}
+#: drop reasons of X-event categories the reader knows it does not use (others: "unsupported
+#: category 'CAT'")
+DROP_CAT = {"overhead": "CUPTI/driver overhead records (e.g. 'Command Buffer Full': a launch "
+                        "waited for room in the driver's command buffer) are not used"}
+
+
+def drop_cat_reason(cat: str) -> str:
+    """The accounting's drop reason of an X event of category ``cat``."""
+    return DROP_CAT.get(str(cat).lower(), f"unsupported category '{cat}'")
+
+
 FILE_RANK = [re.compile(p) for p in (r"rank[-_]?(\d+)", r"worker[-_]?(\d+)", r"_r(\d+)[._]",
                                       r"(?:^|[^\d])(\d+)\.(?:pt\.)?trace\.json")]
 
@@ -190,12 +202,25 @@ CAT_CODE = {**{c: int(k) for c, k in GPU_CATS.items()},
              "user_annotation": C_ANNOT, "trace": C_TRACE}
 
 
+#: rank source of a rank read from a bare number before ``.trace.json`` (the last FILE_RANK
+#: pattern): it tells the files of one ingest apart, but a lone file's number is as often a
+#: repetition, iteration or timestamp (``rep1.pt.trace.json``), so a lone file keeps rank 0
+BARE_NUMBER_SOURCE = "file name (bare number)"
+
+
 def rank_from_name(path: Path) -> int | None:
-    for pat in FILE_RANK:
+    return rank_and_source_from_name(path)[0]
+
+
+def rank_and_source_from_name(path: Path) -> tuple[int | None, str]:
+    """The rank a file's name tells, and how: "file name" (rank-N, worker-N, _rN) or
+    :data:`BARE_NUMBER_SOURCE` (only a number before ``.trace.json``)."""
+    for i, pat in enumerate(FILE_RANK):
         m = pat.search(path.name)
         if m:
-            return int(m.group(1))
-    return None
+            return int(m.group(1)), ("file name" if i < len(FILE_RANK) - 1
+                                     else BARE_NUMBER_SOURCE)
+    return None, ""
 
 
 def as_str(x: Any) -> str:

@@ -55,7 +55,7 @@ column-parallel GEMM and the reduce-scatter after a row-parallel one are split i
 per-peer pieces, each overlapped with the GEMM on the piece already there
 (torchtitan's AsyncTP: ``fused_all_gather_matmul`` / ``fused_matmul_reduce_scatter`` on
 symmetric memory; Megatron-LM's ``--tp-comm-overlap`` with Transformer Engine's userbuffers,
-off by default). Priced as the synthesizer's other overlapped pairs (:func:`.layers._overlap`,
+off by default). Priced as the synthesizer's other overlapped pairs (:func:`.template_ctx._overlap`,
 the profile's ``overlap`` fraction C3): the pair takes the longer op plus ``1 - overlap`` of
 the shorter, and one piece of the collective (``1 / tp`` of it) stays exposed, since the
 first GEMM piece of a reduce-scatter (or the last of an all-gather) has nothing to hide
@@ -124,7 +124,7 @@ def eager_template(x, lt):
     products and loss priced as PyTorch eager runs them (:data:`EAGER`); with
     ``x.par.compile_blocks`` only the ops torchtitan's per-block ``torch.compile`` leaves
     eager (module docstring); unchanged otherwise. ``x`` is the layer builder's context
-    (:class:`~.layers._Ctx`)."""
+    (:class:`~.template_ctx._Ctx`)."""
     if not (x.par.eager or x.par.compile_blocks):
         return lt
     some = not x.par.eager
@@ -155,7 +155,7 @@ def op_recompute(x, layer: int) -> list:
     embedding, the attention output projection, the MLP's up projection (``w3``) and the
     SwiGLU product. Mixture-of-experts and latent-attention layers are not torchtitan Llama
     layers: they recompute nothing here."""
-    from .layers import _k, _norm
+    from .template_ctx import _k, _norm
     m, t, T, h = x.m, x.t, x.T, x.h
     if m.mla or m.is_moe_layer(layer):
         return []
@@ -190,7 +190,7 @@ def _overlap_seq(x, ops: tuple) -> tuple:
     run side by side (module docstring), joined by a zero-length wait; dependency offsets
     of the later ops are re-pointed past the inserted waits."""
     from .builder import OpTemplate
-    from .layers import _overlap
+    from .template_ctx import _overlap
     t = x.t
     AG, RS = int(CommOp.ALL_GATHER), int(CommOp.REDUCE_SCATTER)
     out: list = []  # (op, its index in ``ops`` or None when its offsets are new ones)

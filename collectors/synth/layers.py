@@ -14,10 +14,9 @@ Recompute: ``selective`` re-runs the attention core (scores, softmax, dropout) b
 backward; ``full`` re-runs the whole layer forward (including its TP communication) before
 the layer's backward.
 
-Multi-head latent attention (DeepSeek): low-rank Q (down, norm, up) and compressed KV
-(down to ``kv_lora_rank`` + a shared rotary key, norm, up to per-head K and V), the down
-projections replicated over TP ranks, the up projections column-parallel. Mixture-of-experts
-layers: :mod:`collectors.synth.moe`. FP8 (``dtype = "fp8"``): linear-layer GEMMs run at the
+The attention core and multi-head latent attention (DeepSeek):
+:mod:`collectors.synth.attention`; shapes and op constructors shared with it:
+:mod:`collectors.synth.template_ctx`. Mixture-of-experts layers: :mod:`collectors.synth.moe`. FP8 (``dtype = "fp8"``): linear-layer GEMMs run at the
 FP8 peak (with the quantization of their input); the attention core stays in BF16 (as in
 DeepSeek-V3's recipe). FP4 (``dtype = "fp4"``, NVFP4): the same for the linear layers of
 every transformer layer but the first / last ``fp4_first_high`` / ``fp4_last_high`` (in
@@ -31,222 +30,31 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from ..enums import CommOp, OpKind
+from ..enums import CommOp
+from .attention import (
+    _attention_bwd,
+    _attention_fwd,
+    _mla_bwd,
+    _mla_fwd,
+    _mla_recompute,
+    _torch_ring,
+)
 from .builder import LayerTemplate, OpTemplate, StepTemplate
-from .costs import CommModel, KernelCost, gemm, streaming
+from .costs import CommModel
 from .framework import eager_template, op_recompute, tp_overlap_template
 from .hardware import HardwareConfig
 from .models import ModelConfig
 from .parallel import ParallelConfig
 from .ring import ring_bwd_comm, ring_bwd_ops, ring_fwd_ops, ring_kv_bytes
-from .schedule import SPLIT_BACKWARD
+from .template_ctx import _C, _K, _S, _Ctx, _k, _norm, _overlap
 
 __all__ = ["padded_vocab", "model_template"]
-
-_K = int(OpKind.KERNEL)
-_C = int(OpKind.COLLECTIVE)
-_S = int(OpKind.SYNC)  # zero-length join of the compute stream with a comm stream
 
 
 def padded_vocab(model: ModelConfig, tp: int) -> int:
     """Vocabulary padded to a multiple of ``128 * tp`` (Megatron-LM's default)."""
     mult = 128 * tp
     return int(math.ceil(model.vocab / mult) * mult)
-
-
-def _k(name: str, cost: KernelCost, deps: tuple[int, ...] = (-1,)) -> OpTemplate:
-    return OpTemplate(name, "compute", cost.dur_ns, kind=_K, flops=cost.flops,
-                      bytes=cost.bytes, deps=deps)
-
-
-class _Ctx:
-    """Shapes and cost helpers shared by the template functions."""
-
-    def __init__(self, model: ModelConfig, hw: HardwareConfig, par: ParallelConfig,
-                 comm: CommModel) -> None:
-        self.m, self.hw, self.par, self.comm = model, hw, par, comm
-        self.dtype = par.dtype
-        self.t = par.tp
-        self.sp = par.sequence_parallel
-        self.b = par.micro_batch
-        self.s = model.seq // par.cp  # local sequence length
-        self.S = model.seq  # keys a local query attends to (full sequence)
-        self.T = self.b * self.s  # tokens per rank per micro-batch
-        self.Tn = self.T // self.t if self.sp else self.T  # tokens of norms / dropouts
-        self.h = model.hidden
-        self.act = 2  # activation element bytes (bf16/fp16)
-        self.adtype = "bf16" if par.dtype in ("fp8", "fp4") else par.dtype  # attention core
-        self.split = par.schedule in SPLIT_BACKWARD
-        # CUDA_LAUNCH_BLOCKING=1: a launch returns when its kernel or collective has
-        # finished, so a collective issued "asynchronously" beside a GEMM still runs alone
-        self.serial = par.launch_blocking_us > 0
-        # the backward's TP reduction after the weight gradient, not beside it (R60)
-        self.serial_tp = self.serial or not par.tp_async_allreduce
-        self.w: list[OpTemplate] = []  # weight-gradient ops of the layer being built (split)
-
-    def g(self, m: int, n: int, k: int, batch: int = 1) -> KernelCost:
-        """A linear layer's GEMM (FP8 when the run is FP8, cast as its recipe scales)."""
-        return gemm(self.hw, self.dtype, m, n, k, batch, self.par.fp8_scaling)
-
-    def ga(self, m: int, n: int, k: int, batch: int = 1) -> KernelCost:
-        """An attention-core GEMM (BF16 in FP8 runs)."""
-        return gemm(self.hw, self.adtype, m, n, k, batch)
-
-    def wgrad(self, ops: list[OpTemplate], *wops: OpTemplate) -> None:
-        """Weight-gradient ops: inline (``ops``) or, with a split backward, to ``self.w``."""
-        (self.w if self.split else ops).extend(wops)
-
-    def st(self, nbytes: float, flops: float = 0.0) -> KernelCost:
-        return streaming(self.hw, nbytes, flops)
-
-    def tp_coll(self, name: str, op: CommOp, nbytes: int, deps=(-1,)) -> OpTemplate:
-        return OpTemplate(name, "tp", self.comm.collective_ns(op, nbytes, "tp"), kind=_C,
-                          bytes=int(nbytes), comm_op=int(op), deps=deps)
-
-    def cp_coll(self, name: str, op: CommOp, nbytes: int, deps=(-1,)) -> OpTemplate:
-        return OpTemplate(name, "cp", self.comm.collective_ns(op, nbytes, "cp"), kind=_C,
-                          bytes=int(nbytes), comm_op=int(op), deps=deps)
-
-
-def _flash(x: _Ctx, backward: bool) -> KernelCost:
-    """A causal flash kernel of this rank's ``s`` queries over the ``S`` keys they attend
-    to: the cost layer's one flash model (:func:`~retime.collectors.costs.kernels.
-    attention`, the GPU's published FA2 rate, as for measured kernels)."""
-    from ..costs.kernels import attention
-    from .costs import _spec
-    m = x.m
-    heads, kvh = m.heads // x.t, max(1, m.kv_heads // x.t)  # K/V heads (GQA) per TP rank
-    c = attention(_spec(x.hw), x.b, heads, x.s, m.qk_head_dim,
-                  kvh if heads % kvh == 0 else None, causal=True, backward=backward,
-                  dtype=x.adtype, seq_k=x.S, v_dim=m.v_head_dim)
-    return KernelCost(int(round(c.time_us * 1e3)), c.flops, int(c.bytes))
-
-
-def _torch_ring(x: _Ctx) -> bool:
-    """PyTorch's ring attention (``cp_attention = "torch"``, module ``ring``) prices this
-    layer's CP attention step by step."""
-    return x.par.cp > 1 and x.par.cp_attention == "torch" and x.m.attention == "flash"
-
-
-def _attention_fwd(x: _Ctx, prefix: str = "") -> list[OpTemplate]:
-    """Attention core after QKV: scores, softmax, dropout, weighted sum (or flash)."""
-    m = x.m
-    heads = m.heads // x.t
-    hd = m.head_dim
-    ops: list[OpTemplate] = []
-    if m.attention == "flash":
-        ops.append(_k(prefix + "attn.flash.fwd", _flash(x, False)))
-        return ops
-    elems = x.b * heads * x.s * x.S
-    ops.append(_k(prefix + "attn.scores.fwd", x.ga(x.s, x.S, hd, batch=x.b * heads)))
-    ops.append(_k(prefix + "attn.softmax.fwd", x.st(2 * x.act * elems, 5.0 * elems)))
-    if m.dropout:
-        ops.append(_k(prefix + "attn.dropout.fwd", x.st((2 * x.act + 1) * elems)))
-    ops.append(_k(prefix + "attn.context.fwd", x.ga(x.s, hd, x.S, batch=x.b * heads)))
-    return ops
-
-
-def _attention_bwd(x: _Ctx) -> list[OpTemplate]:
-    m = x.m
-    heads = m.heads // x.t
-    hd = m.head_dim
-    if m.attention == "flash":  # recomputed scores, dP, dV, dQ, dK in one kernel
-        return [_k("attn.flash.bwd", _flash(x, True))]
-    elems = x.b * heads * x.s * x.S
-    ops = [_k("attn.context.bwd_dprobs", x.ga(x.s, x.S, hd, batch=x.b * heads)),
-           _k("attn.context.bwd_dv", x.ga(x.S, hd, x.s, batch=x.b * heads))]
-    if m.dropout:
-        ops.append(_k("attn.dropout.bwd", x.st((2 * x.act + 1) * elems)))
-    ops.append(_k("attn.softmax.bwd", x.st(3 * x.act * elems, 4.0 * elems)))
-    ops.append(_k("attn.scores.bwd_dq", x.ga(x.s, hd, x.S, batch=x.b * heads)))
-    ops.append(_k("attn.scores.bwd_dk", x.ga(x.S, hd, x.s, batch=x.b * heads)))
-    return ops
-
-
-def _mla_fwd(x: _Ctx, prefix: str) -> list[OpTemplate]:
-    """Multi-head latent attention's projections up to Q, K, V (and their rotary part)."""
-    m, T, h = x.m, x.T, x.h
-    a = m.heads // x.t
-    ops: list[OpTemplate] = []
-    if m.q_lora_rank:
-        r = m.q_lora_rank
-        ops += [_k(prefix + "attn.q_down.fwd", x.g(T, r, h)),
-                _k(prefix + "attn.q_norm.fwd", x.st(2 * x.act * T * r, 8.0 * T * r)),
-                _k(prefix + "attn.q_up.fwd", x.g(T, a * m.qk_head_dim, r))]
-    else:
-        ops.append(_k(prefix + "attn.q.fwd", x.g(T, a * m.qk_head_dim, h)))
-    r = m.kv_lora_rank
-    ops += [_k(prefix + "attn.kv_down.fwd", x.g(T, r + m.qk_rope_dim, h), deps=(-1 - len(ops),)),
-            _k(prefix + "attn.kv_norm.fwd", x.st(2 * x.act * T * r, 8.0 * T * r)),
-            _k(prefix + "attn.kv_up.fwd", x.g(T, a * (m.head_dim + m.v_head_dim), r)),
-            _k(prefix + "attn.rotary.fwd", x.st(2 * x.act * T * (a + 1) * m.qk_rope_dim),
-               deps=(-1, -4))]
-    return ops
-
-
-def _mla_recompute(x: _Ctx) -> list[OpTemplate]:
-    """DeepSeek-V3's selective recompute for latent attention: the attention norm, the latent
-    norms and the up-projections (and the rotary embedding) rerun before the attention
-    backward, from the kept input and latents."""
-    m, T = x.m, x.T
-    a = m.heads // x.t
-    ops = [_norm(x, "recompute.attn.norm.fwd")]
-    if m.q_lora_rank:
-        r = m.q_lora_rank
-        ops += [_k("recompute.attn.q_norm.fwd", x.st(2 * x.act * T * r, 8.0 * T * r)),
-                _k("recompute.attn.q_up.fwd", x.g(T, a * m.qk_head_dim, r))]
-    r = m.kv_lora_rank
-    ops += [_k("recompute.attn.kv_norm.fwd", x.st(2 * x.act * T * r, 8.0 * T * r)),
-            _k("recompute.attn.kv_up.fwd", x.g(T, a * (m.head_dim + m.v_head_dim), r)),
-            _k("recompute.attn.rotary.fwd", x.st(2 * x.act * T * (a + 1) * m.qk_rope_dim))]
-    return ops
-
-
-def _mla_bwd(x: _Ctx) -> list[OpTemplate]:
-    """Backward of :func:`_mla_fwd`: the up projections' and down projections' input and
-    weight gradients, then the TP reduction of the input gradient (beside the weight
-    gradients, or exposed with a split backward)."""
-    m, T, h = x.m, x.T, x.h
-    a = m.heads // x.t
-    r, rq = m.kv_lora_rank, m.q_lora_rank
-    kv_up = a * (m.head_dim + m.v_head_dim)
-    ops = [_k("attn.rotary.bwd", x.st(2 * x.act * T * (a + 1) * m.qk_rope_dim)),
-           _k("attn.kv_up.bwd_dgrad", x.g(T, r, kv_up)),
-           _k("attn.kv_norm.bwd", x.st(3 * x.act * T * r, 8.0 * T * r)),
-           _k("attn.kv_down.bwd_dgrad", x.g(T, h, r + m.qk_rope_dim))]
-    w = [_k("attn.kv_up.bwd_wgrad", x.g(kv_up, r, T)),
-         _k("attn.kv_down.bwd_wgrad", x.g(r + m.qk_rope_dim, h, T))]
-    if rq:
-        ops += [_k("attn.q_up.bwd_dgrad", x.g(T, rq, a * m.qk_head_dim)),
-                _k("attn.q_norm.bwd", x.st(3 * x.act * T * rq, 8.0 * T * rq)),
-                _k("attn.q_down.bwd_dgrad", x.g(T, h, rq))]
-        w += [_k("attn.q_up.bwd_wgrad", x.g(a * m.qk_head_dim, rq, T)),
-              _k("attn.q_down.bwd_wgrad", x.g(rq, h, T))]
-    else:
-        ops.append(_k("attn.q.bwd_dgrad", x.g(T, h, a * m.qk_head_dim)))
-        w.append(_k("attn.q.bwd_wgrad", x.g(a * m.qk_head_dim, h, T)))
-    if x.t > 1:
-        full = x.act * T * h
-        red = x.tp_coll("tp.reduce_scatter" if x.sp else "tp.allreduce",
-                        CommOp.REDUCE_SCATTER if x.sp else CommOp.ALL_REDUCE, full)
-        if x.split:
-            ops.append(red)
-            x.w.extend(w)
-        else:
-            ops.append(red)
-            ops += [OpTemplate(**{**o.__dict__,
-                                  "deps": (-2,) if i == 0 and not x.serial_tp else (-1,)})
-                    for i, o in enumerate(w)]
-            ops.append(OpTemplate("tp.wait", "compute", 0, kind=_S, flops=0.0,
-                                  deps=(-1, -1 - len(w))))
-    else:
-        x.wgrad(ops, *w)
-    return ops
-
-
-def _norm(x: _Ctx, name: str, bwd: bool = False) -> OpTemplate:
-    n = x.Tn * x.h
-    return _k(name, x.st((3 if bwd else 2) * x.act * n + (4 * n if bwd else 0), 8.0 * n))
 
 
 def _layer_fwd(x: _Ctx, layer: int, prefix: str = "") -> list[OpTemplate]:
@@ -309,23 +117,6 @@ def _mlp_fwd(x: _Ctx, ffn: int, prefix: str = "", name: str = "mlp") -> list[OpT
         ops.append(x.tp_coll(prefix + ("tp.reduce_scatter" if x.sp else "tp.allreduce"),
                              CommOp.REDUCE_SCATTER if x.sp else CommOp.ALL_REDUCE, full))
     return ops
-
-
-def _overlap(x: _Ctx, comm: OpTemplate, comp: OpTemplate,
-             serial: bool | None = None) -> tuple[OpTemplate, OpTemplate]:
-    """A communication kernel running beside a compute kernel: both slow down because they
-    share SMs and HBM. With ``f`` the fraction of the ideal overlap achieved (C3, Agrawal et
-    al. 2024), the pair takes ``max + (1 - f) * min`` instead of ``max``; the longer op is
-    stretched by ``(1 - f) * min``. Under synchronous launches (``x.serial``) the compute
-    op waits for the collective instead: the pair takes ``a + b`` (``serial``: the same for
-    one pair, e.g. the backward's TP reduction without the asynchronous all-reduce)."""
-    if x.serial if serial is None else serial:
-        return comm, replace(comp, deps=(-1,))
-    f = x.hw.overlap_efficiency
-    a, b = comm.dur_ns, comp.dur_ns
-    if a <= b:
-        return comm, OpTemplate(**{**comp.__dict__, "dur_ns": int(b + (1 - f) * a)})
-    return OpTemplate(**{**comm.__dict__, "dur_ns": int(a + (1 - f) * b)}), comp
 
 
 def _column_bwd(x: _Ctx, name: str, n_out: int, k_in: int) -> list[OpTemplate]:

@@ -139,7 +139,8 @@ class _Seq:
 
 def moe_fwd(x, prefix: str = "") -> list:
     """Ops of a MoE MLP's forward after its norm (see the module docstring)."""
-    from .layers import _k, _mlp_fwd
+    from .layers import _mlp_fwd
+    from .template_ctx import _k
     CommOp, _, _ = _ops()
     m, h = x.m, x.h
     ld = moe_load(m, x.par)
@@ -181,7 +182,8 @@ def moe_bwd(x) -> list:
     gradients (weight gradients beside the dispatch-gradient all-to-all, or in the split
     weight-gradient pass), dispatch-gradient all-to-all, router backward; the shared experts'
     backward beside the all-to-alls."""
-    from .layers import _k, _mlp_bwd
+    from .layers import _mlp_bwd
+    from .template_ctx import _k
     CommOp, _, _ = _ops()
     m, h = x.m, x.h
     ld = moe_load(m, x.par)

@@ -103,7 +103,7 @@ def dkv_rotation_bytes(x) -> int:
 
 
 def _ops(x, prefix: str, backward: bool) -> list:
-    from .layers import _k
+    from .template_ctx import _k
     cp = x.par.cp
     first, later = _steps(x, backward)
     d = "bwd" if backward else "fwd"

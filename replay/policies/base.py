@@ -35,7 +35,8 @@ from retime.collectors.trace import Trace
 
 from .._kernels import _layout_durations, _layout_durations_scaled, _scale_by_class
 from ..engine import ContentionModel
-from ..graph import ReplayGraph, build_graph
+from ..graph import build_graph
+from ..graph_data import ReplayGraph
 
 __all__ = ["Policy", "WhatIfState", "SynthSpec", "check_positive", "check_fraction",
            "check_choice", "check_int", "ranks_per_node_of", "node_span", "by_op", "layout_of",

@@ -43,7 +43,8 @@ from retime.collectors.trace import Trace
 
 from ..graph import build_graph
 from .base import by_op
-from .bucketing_cpu import GLOO_STEP_US, CpuModel, rebucket_cpu
+from .bucketing_cpu import CpuModel, rebucket_cpu
+from .gloo_fit import GLOO_STEP_US
 from .link_fit import DEFAULT_ALPHA_US, bus_factor, calibrate, collective_table
 
 __all__ = ["rebucket", "rebucket_cpu", "CpuModel", "GLOO_STEP_US"]

@@ -71,6 +71,8 @@ __all__ = ["GRAPH_MODES", "DEFAULT_GRAPH_LAUNCH_US", "DEFAULT_GRAPH_NODE_US",
            "METADATA_OPS", "check_graph_mode", "apply_cuda_graphs", "capture_plan"]
 
 GRAPH_MODES = ("step", "forward_backward")
+#: runtime calls that replay a captured graph (CUDA driver/runtime, HIP)
+_GRAPH_LAUNCH = re.compile(r"graphlaunch", re.I)
 #: host cost of one ``cudaGraphLaunch`` plus the framework's replay call (us)
 DEFAULT_GRAPH_LAUNCH_US = 10.0
 #: GPU front-end time per kernel node of a replayed graph (us)
@@ -153,6 +155,15 @@ def capture_plan(trace, mode: str) -> dict[str, Any]:
                           "linked to GPU ops (correlation ids), so it cannot tell which host "
                           "work only issues GPU work; record the run with the PyTorch "
                           "profiler (CPU and CUDA activities) or nsys with CUDA API tracing")
+    # a trace whose every launch is already a graph replay has no per-kernel launch work
+    glaunch = np.fromiter((bool(_GRAPH_LAUNCH.search(str(x))) for x in names), bool,
+                          count=len(names))[nid] & is_launch
+    if glaunch.sum() == is_launch.sum():
+        ran = int(np.isin(es[lmask], np.flatnonzero(glaunch)).sum())
+        raise PolicyError(f"hardware.cuda_graphs: the trace already runs CUDA graphs: all "
+                          f"{int(glaunch.sum()):,} of its launch calls are graph launches "
+                          f"(cudaGraphLaunch), running {ran:,} GPU ops; no per-kernel launch "
+                          "work is left to capture")
     # a launching thread must carry operator events or ranges, else its gaps are unknown
     r = trace.ranges
     r_lane = r["lane"].to_numpy().astype(np.int64)

@@ -35,7 +35,7 @@ from retime.collectors.errors import PolicyError
 from retime.collectors.intervals import interval_union
 
 from ..engine import ContentionModel
-from ..graph import RES_COMM, RES_COMPUTE
+from ..graph_data import RES_COMM, RES_COMPUTE
 from .base import WhatIfState, by_op, ranks_per_node_of
 
 __all__ = ["apply_sm_share", "measured_interference_ns", "measured_sm_share"]

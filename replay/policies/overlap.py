@@ -53,7 +53,7 @@ from retime.collectors.enums import OpKind
 from retime.collectors.errors import PolicyError
 
 from ..engine import ContentionModel
-from ..graph import RES_COMM, RES_COMPUTE
+from ..graph_data import RES_COMM, RES_COMPUTE
 from .base import (
     STRUCTURE_COLUMNS,
     Policy,

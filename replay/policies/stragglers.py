@@ -45,7 +45,8 @@ from retime.collectors.steps import job_step_windows, step_windows
 from retime.collectors.trace import Trace
 
 from ..engine import simulate
-from ..graph import ReplayGraph, build_graph
+from ..graph import build_graph
+from ..graph_data import ReplayGraph
 from .base import (
     Policy,
     WhatIfState,
