@@ -153,12 +153,12 @@ memory recounted by hand (``tests/test_synth_memory_recount.py``) matched the mo
 / 196.2 GiB term by term, so the OOM came from the row, not a wrong term: (14) R11's FSDP
 shards the gradients (ZeRO-2, was ZeRO-1) and reduces them asynchronously
 (``--grad-overlap``); the synthesizer's ZeRO-2 now reduces every micro-batch's gradients
-as DeepSpeed's does (synth REFERENCES R46; before, it reduced once yet held only a shard);
-(15) ``--sequence-parallel``, **inferred, not stated**: without it one layer of one
-micro-batch keeps 1.47 GB on each TP rank and the 141 in flight alone need 193 GiB, which no
-80 GB GPU holds "without activation checkpointing" (R34). 8K / 16K GPUs 1.15x / 1.10x oom
-(214.3 / 196.2 GiB) -> 1.09x / 0.97x (79.2 / 72.4 GiB); judged median 8.7% -> 8.5%,
-within 10% 15 -> 17 of 26; every other row unchanged.
+as DeepSpeed's does (synth REFERENCES R46; before, it reduced once yet held only a shard).
+Sequence parallelism would fit the rows in 80 GB (79.2 / 72.4 GiB, 1.09x / 0.97x) but R11
+does not state it, so the rows do not set it (the lead's review: a bench never invents an
+input): without it one layer of one micro-batch keeps 1.47 GB on each TP rank and the 141
+in flight need 193 GiB, and the rows say oom (202.6 / 184.4 GiB, 1.085x / 0.955x): an open
+contradiction between the memory model and a published run, not hidden.
 """
 
 from __future__ import annotations
@@ -195,10 +195,11 @@ _H200 = dict(model="llama3-8b", hardware="h200", tp=1, pp=1, fsdp=True, fsdp_imp
 # R11 §3.3.2: "reduce-scatter gradients in FP32 across data parallel workers" (synth R51);
 # its FSDP "shards optimizer states and gradients" and does not reshard the weights (ZeRO-2:
 # every micro-batch's gradients reduced, R46), "asynchronously [...] reducing gradients"
-# (--grad-overlap); sequence parallelism is inferred, not stated: without it the activations
-# alone (193 GiB) cannot fit the 80 GB that R34 trained on "without activation checkpointing"
+# (--grad-overlap). Sequence parallelism is not stated, so the row does not set it (a bench
+# never invents an input): the synthesizer then finds the activations alone (193 GiB) over
+# the 80 GB that R34 trained on "without activation checkpointing", and says oom
 _L405 = dict(model="llama3-405b", hardware="h100-sxm", tp=8, pp=16, zero=2, grad_overlap=True,
-             sequence_parallel=True, schedule="interleaved", chunks=8, p2p="async",
+             schedule="interleaved", chunks=8, p2p="async",
              micro_batch=1, global_batch=2048, stage_layers="0" + ",1" * 126 + ",0",
              grad_reduce_dtype="fp32")
 # R12 §3.3.3: gradients "retained in FP32" for accumulation (the reduce dtype is not stated

@@ -122,8 +122,8 @@ def test_zero2_reduces_every_micro_batch(pp):
 
 def test_recipe_row_command_fits_and_matches(tmp_path, capsys):
     """The Llama 3 405B 16K-GPU row of bench/synth_recipes.py: its printed command states
-    ZeRO-2, the overlapped reduction and SP, and gives the bench's step time and a peak
-    under the 80 GiB HBM."""
+    ZeRO-2 and the overlapped reduction (not SP: R11 does not state it), and gives the
+    bench's step time; without SP the activations do not fit 80 GiB, which the row shows."""
     root = Path(__file__).resolve().parent.parent
     spec = importlib.util.spec_from_file_location("synth_recipes",
                                                   root / "bench" / "synth_recipes.py")
@@ -131,9 +131,10 @@ def test_recipe_row_command_fits_and_matches(tmp_path, capsys):
     spec.loader.exec_module(bench)
     opts = next(r for r in bench.ROWS if r[0] == "Llama3-405B 16K GPUs")[7]
     cmd = bench.command(opts).split()[1:-3] + ["-o", str(tmp_path / "r.retime"), "--json"]
-    for flag in ("--zero", "--grad-overlap", "--sequence-parallel"):
+    for flag in ("--zero", "--grad-overlap"):
         assert flag in cmd
+    assert "--sequence-parallel" not in cmd
     assert run(cmd) == 0
     s = json.loads(capsys.readouterr().out)
     assert s["step_time_ns"] == bench.predict(opts)["step_time_ns"]
-    assert not s["oom"] and s["peak_memory_bytes"] < 80 * GIB
+    assert s["oom"] and s["peak_memory_bytes"] / GIB == pytest.approx(184.4, abs=0.2)
