@@ -8,7 +8,8 @@ The rows are ``traces/gpu_pairs/g{1,2}/micro.json``: one NVIDIA H200 (132 SMs), 
 (``examples/gpu_pairs/capture.py`` ``micro()``), two separate processes (the two reps). Each
 row is priced through the CLI on ``--gpu h200``: a matmul as ``cost op matmul --m --n --k
 --dtype`` (fp32 rows ran with TF32 off: ``--dtype fp32``), causal SDPA as ``cost op attention
---causal`` forward and forward + ``--backward`` (the fwd+bwd row), the 1 GiB bf16 device copy
+--causal --attn-kernel cudnn`` (the kernel family K47's run launched: cuDNN's sm90
+SDPA kernels) forward and forward + ``--backward`` (the fwd+bwd row), the 1 GiB bf16 device copy
 as ``cost op elementwise --elements N --reads 1 --writes 1`` (one read and one write stream).
 The error is predicted / measured - 1 against the mean of the two reps.
 
@@ -41,7 +42,7 @@ def _argv(row: dict, backward: bool = False) -> list[str]:
     if k == "attention":
         a = ["attention", "--batch", str(row["batch"]), "--heads", str(row["heads"]),
              "--seq", str(row["seq"]), "--head-dim", str(row["head_dim"]),
-             "--dtype", row["dtype"]]
+             "--dtype", row["dtype"], "--attn-kernel", "cudnn"]  # K47: cuDNN's sm90 kernels ran
         return a + (["--causal"] if row["causal"] else []) + (["--backward"] if backward else [])
     if k == "copy":
         # bytes counts the read and the write of a bf16 tensor

@@ -153,6 +153,22 @@ def blackwell_rows() -> list[tuple[str, float, float]]:
     return out
 
 
+#: K53: cuDNN's backward bars on H100 SXM5 (FA3 paper Fig. 6, non-causal; head dim 64
+#: transcribed for 512-2k only): judged rows of the ``cudnn`` family (K50's forward bars x
+#: K14's 0.87 + K52's two passes), held out, scored once
+H100_CUDNN_BWD = {128: (305, 408, 465, 499, 518, 516), 64: (266, 348, 395)}
+
+
+def cudnn_bwd_rows() -> list[tuple[str, float, float]]:
+    g = gpu_spec("h100-sxm")
+    out = []
+    for d, pubs in H100_CUDNN_BWD.items():
+        for s, pub in zip(SEQS, pubs):
+            c = K.attention(g, 16384 // s, 2048 // d, s, d, backward=True, kernel="cudnn")
+            out.append((f"H100 cuDNN bwd d{d} full   s{s:>5}", float(pub), c.tflops))
+    return out
+
+
 def report(name: str, rows: list[tuple[str, float, float]]) -> None:
     errs = [abs(m / p - 1) for _, p, m in rows]
     print(f"  {name}: {len(rows)} rows, median |err| {100 * statistics.median(errs):.1f}%, "
@@ -166,7 +182,8 @@ def main() -> None:
     a, grid = a100_rows()
     a44 = a100_k44_rows()
     bw = blackwell_rows()
-    for label, p, m in h + a + a44 + bw:
+    cb = cudnn_bwd_rows()
+    for label, p, m in h + a + a44 + bw + cb:
         print(f"  {label:<42} {p:6.1f} {m:6.1f}  {m / p:5.2f}")
     lo, hi = A100_RANGE
     inside = sum(lo <= r <= hi for r in grid)
@@ -177,6 +194,7 @@ def main() -> None:
     report("A100 (K41)", a)
     report("A100 head dim 128 (K44; bound K46 chosen after seeing it)", a44)
     report("Blackwell (K45; the cuDNN rows are the anchor)", bw)
+    report("H100 cuDNN backward (K53; held out, scored once)", cb)
 
 
 if __name__ == "__main__":

@@ -110,6 +110,11 @@ RULES: tuple[tuple[re.Pattern[str], KernelClass], ...] = (
     # attention
     (re.compile(r"flash|fmha|attention|_attn|attn_|sdpa|\bmha\b|xformers", _I),
      _C.ATTENTION),
+    # the streaming helpers of a flash backward (cuDNN: dot(dO, O) per row, the fp32 dQ
+    # accumulator's conversion; FlashAttention-2: flash_bwd_dot_do_o / convert_dq, caught above)
+    (re.compile(r"compute_dot_do_o|convert_dq_to_16bits", _I), _C.ATTENTION),
+    # PyTorch's embedding backward (EmbeddingBackwardKernel.cu): sort-and-segment kernels
+    (re.compile(r"compute_grad_weight|krn_partials?_|embedding_backward", _I), _C.EMBEDDING),
     # convolution (implicit GEMM included): before GEMM
     (re.compile(r"conv(?!ert)|winograd|implicit_?convolve|scudnn|hcudnn|xcudnn|\d{3,5}cudnn|fprop|dgrad|"
                 r"wgrad|\bigemm_(fwd|bwd|wrw)|MIOpenConv|naive_conv|cask_cudnn|cudnn::cnn|"

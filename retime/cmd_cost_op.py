@@ -110,6 +110,10 @@ def op_cmd(
         "Transformer Engine: the [m, k] input cast in one pass) or tensorwise (torchao "
         "Float8: both operands cast, each an amax pass then a cast pass), as `retime synth "
         "--fp8-scaling`.")] = Fp8Scaling.fused,
+    attn_kernel: Annotated[str, typer.Option(
+        "--attn-kernel", help="attention: the kernel family, flash2 (default: FlashAttention-2's "
+        "published rate) or cudnn (cuDNN's Hopper fused attention, what PyTorch's SDPA runs on "
+        "an H100 / H200; Hopper GPUs only).")] = "flash2",
     json_out: JsonOpt = False,
 ) -> None:
     """Price one kernel from its shape: time (us), FLOPs, bytes, achieved TFLOP/s and GB/s,
@@ -160,7 +164,8 @@ def op_cmd(
         r = conv2d_call(g, batch, in_channels, height, width, out_channels, kernel, stride,
                         padding, dtype, backward, channels_last)
     elif kv == "attention":
-        r = K.attention(g, batch, heads, seq, head_dim, kv_heads, causal, backward, dtype)
+        r = K.attention(g, batch, heads, seq, head_dim, kv_heads, causal, backward, dtype,
+                        kernel=attn_kernel)
     elif kv in ("norm", "elementwise"):
         r = K.streaming(g, elements, dtype, reads + (1 if kv == "norm" else 0), writes,
                         8.0 if kv == "norm" else 1.0, kv)

@@ -5,12 +5,14 @@ price measured flash kernels with it, the synthesizer its own). Re-exported by
 from __future__ import annotations
 
 import math
+import re
 
 from ..errors import ConfigError
 from .gpus import GpuSpec
 from .kbase import OpCost, _eb, _finish, _positive
 
-__all__ = ["attention", "head_dim_rates", "FLASH_BWD_RATE"]
+__all__ = ["attention", "head_dim_rates", "FLASH_BWD_RATE", "ATTN_KERNELS", "attn_kernel_family",
+           "cudnn_fwd_tflops"]
 
 _ATTN_S_HALF = 256.0  # sequence length at which attention reaches half its rate (assumed)
 _ATTN_TILE = 128  # FlashAttention-2's query/key tile rows: a causal mask's diagonal tiles (assumed)
@@ -24,6 +26,56 @@ _FWD_ANCHOR_SEQ = 32768
 #: 0.87; REFERENCES.md K14). The backward's extra softmax recomputation and its dS / dQ
 #: accumulation (atomics in FA2) are not GEMM work, so it runs below the forward's rate.
 FLASH_BWD_RATE = 0.87
+
+#: attention kernel families the model prices: ``flash2`` (FlashAttention-2, the published
+#: rates K2-K5 / K40-K46; the default) and ``cudnn`` (cuDNN's fused flash attention on Hopper,
+#: ``cudnn_generated_fort_native_sdpa_sm90_*``: what PyTorch's SDPA runs on an H100 / H200, K51)
+ATTN_KERNELS = ("flash2", "cudnn")
+#: cuDNN's bf16 attention forward TFLOP/s on H100 80GB SXM5 (FA3 paper, arXiv 2407.08608,
+#: Fig. 5, cuDNN's bars; REFERENCES.md K50): (head dim, causal) -> at sequences _CUDNN_SEQ
+#: (batch x sequence 16k, hidden 2048, causal FLOPs counted half)
+_CUDNN_SEQ = (512, 1024, 2048, 4096, 8192, 16384)
+_CUDNN_H100 = {(64, False): (335, 373, 395, 408, 412, 413),
+               (64, True): (225, 288, 334, 363, 379, 388),
+               (128, False): (497, 574, 617, 609, 600, 595),
+               (128, True): (315, 410, 484, 518, 529, 539)}
+_H100_MAMF16 = 792.1  # the GPU the K50 figures were measured on: H100 SXM's 16-bit MAMF (K1)
+_CUDNN_KERNEL = re.compile(r"fort_native_sdpa|cudnn\w*sdpa|sdpa_sm90", re.I)
+
+
+def attn_kernel_family(g: GpuSpec, kernels: list[str] | None) -> str:
+    """The attention kernel family a traced call's kernel names show: ``cudnn`` for cuDNN's
+    Hopper SDPA kernels on a Hopper GPU (K50's figures are Hopper's), else ``flash2``."""
+    if g.arch == "hopper" and kernels and any(_CUDNN_KERNEL.search(k) for k in kernels):
+        return "cudnn"
+    return "flash2"
+
+
+def cudnn_fwd_tflops(g: GpuSpec, head_dim: float, seq_k: int, causal: bool) -> float:
+    """cuDNN's Hopper forward TFLOP/s at this head dim (mean of the query/key and value
+    widths) and key sequence: K50's H100 bars, interpolated in log2(sequence) between 512 and
+    16k (flat beyond 16k; below 512 the 512 bar x the sequence curve ``s / (s + 256)``
+    relative to 512, assumed) and linearly in head dim between 64 and 128 (clamped outside:
+    no bar read for other head dims), x the GPU's 16-bit MAMF over H100 SXM's (same GH100
+    tensor cores: H200 1.003)."""
+    def at_dim(d: int) -> float:
+        ys = _CUDNN_H100[(d, bool(causal))]
+        if seq_k <= _CUDNN_SEQ[0]:
+            c = (seq_k / (seq_k + _ATTN_S_HALF)) / (512 / (512 + _ATTN_S_HALF))
+            return ys[0] * c
+        if seq_k >= _CUDNN_SEQ[-1]:
+            return ys[-1]
+        x = math.log2(seq_k)
+        for i in range(len(_CUDNN_SEQ) - 1):
+            x0, x1 = math.log2(_CUDNN_SEQ[i]), math.log2(_CUDNN_SEQ[i + 1])
+            if x <= x1:
+                return ys[i] + (ys[i + 1] - ys[i]) * (x - x0) / (x1 - x0)
+        return ys[-1]  # pragma: no cover
+
+    d = min(max(head_dim, 64.0), 128.0)
+    w = (d - 64.0) / 64.0
+    r = at_dim(64) * (1 - w) + at_dim(128) * w
+    return r * _mamf16(g) / _H100_MAMF16
 
 
 def _fb_per_fwd() -> float:
@@ -87,7 +139,7 @@ def _mamf16(g: GpuSpec) -> float:
 def attention(g: GpuSpec, batch: int, heads: int, seq: int, head_dim: int,
               kv_heads: int | None = None, causal: bool = False, backward: bool = False,
               dtype: str = "bf16", seq_k: int | None = None,
-              v_dim: int | None = None) -> OpCost:
+              v_dim: int | None = None, kernel: str = "flash2") -> OpCost:
     """Fused (FlashAttention-style) attention: ``seq`` queries over ``seq_k`` keys (default
     ``seq``), query/key width ``head_dim`` and value width ``v_dim`` (default ``head_dim``);
     GQA when ``kv_heads < heads`` (fewer K/V bytes, same FLOPs). The one flash-attention
@@ -99,7 +151,14 @@ def attention(g: GpuSpec, batch: int, heads: int, seq: int, head_dim: int,
     curve at 8192; x the sequence curve at ``seq_k`` (s_half 256, assumed); a causal mask
     computes its diagonal tiles whole: of ``n = seq_k / 128`` key tiles per query row of
     tiles it wastes half of one, efficiency ``n / (n + 1)`` (FlashAttention-2's 128-row
-    tiles, assumed); the backward at :data:`FLASH_BWD_RATE` of the forward's rate."""
+    tiles, assumed); the backward at :data:`FLASH_BWD_RATE` of the forward's rate.
+
+    ``kernel="cudnn"`` (Hopper only): cuDNN's fused attention, the forward at its published
+    H100 rate for this head dim, sequence and mask (:func:`cudnn_fwd_tflops`, K50; the
+    bars hold the sequence curve and the causal tiles), the backward at
+    :data:`FLASH_BWD_RATE` of it (K14: cuDNN 516 / 595) plus its two streaming passes
+    (K52): ``dot(dO, O)`` per row (read O and dO, write an fp32 row statistic) and the fp32
+    dQ accumulator's conversion (read 4 bytes, write ``dtype``), at the HBM rate."""
     kvh = heads if kv_heads is None else kv_heads
     sk = seq if seq_k is None else seq_k
     vd = head_dim if v_dim is None else v_dim
@@ -116,6 +175,11 @@ def attention(g: GpuSpec, batch: int, heads: int, seq: int, head_dim: int,
         flops *= 2.5
         nbytes = 2 * nbytes + q_o + k_v  # read q,k,v,o,do; write dq,dk,dv
     hd_src = ""
+    if kernel not in ATTN_KERNELS:
+        raise ConfigError(f"attention kernel {kernel!r}: choose one of {', '.join(ATTN_KERNELS)}")
+    if kernel == "cudnn":
+        return _cudnn(g, batch, heads, seq, sk, head_dim, vd, causal, backward, dtype, flops,
+                      nbytes)
     if g.flash_attn_tflops > 0 or g.flash_fwd_tflops > 0:
         if g.flash_fwd_tflops > 0:
             fwd = g.flash_fwd_tflops / (_FWD_ANCHOR_SEQ / (_FWD_ANCHOR_SEQ + _ATTN_S_HALF))
@@ -156,3 +220,29 @@ def attention(g: GpuSpec, batch: int, heads: int, seq: int, head_dim: int,
     rel = math.hypot(0.05 if g.flash_attn_tflops or g.flash_fwd_tflops else 0.25, 0.15)
     return _finish("attention", g, flops, nbytes, flops / (rate * 1e6), src,
                    rate / g.peak_tflops(dtype), rel)
+
+
+def _cudnn(g: GpuSpec, batch: int, heads: int, seq: int, sk: int, head_dim: int, vd: int,
+           causal: bool, backward: bool, dtype: str, flops: float, nbytes: float) -> OpCost:
+    """:func:`attention` for ``kernel="cudnn"`` (K50-K52)."""
+    if g.arch != "hopper":
+        raise ConfigError(f"attention kernel 'cudnn': its published rates (K50) are Hopper's; "
+                          f"{g.name} is {g.arch}: use the default kernel")
+    fwd = cudnn_fwd_tflops(g, (head_dim + vd) / 2.0, sk, causal)
+    rate = min(fwd * (FLASH_BWD_RATE if backward else 1.0), g.mamf(dtype)[0])
+    t = flops / (rate * 1e6)
+    src = (f"cuDNN Hopper fused attention: fwd {fwd:.1f} TFLOP/s (published H100 bars at head "
+           f"dim {(head_dim + vd) / 2:g}, seq {sk}, {'causal' if causal else 'full'}, K50; x "
+           f"16-bit MAMF / H100's)")
+    if backward:
+        eb = _eb(dtype)
+        rows = batch * heads * seq
+        extra = rows * vd * eb * 2 + rows * 4 + rows * head_dim * (4 + eb)
+        t_x = extra / (g.hbm_gbps()[0] * 1e3)
+        t += t_x
+        nbytes += extra
+        src += (f" x backward {FLASH_BWD_RATE} (K14) + dot(dO, O) and dQ-conversion passes "
+                f"{t_x:.1f} us at the HBM rate (K52)")
+    rel = math.hypot(0.05, 0.10)
+    return _finish("attention", g, flops, nbytes, t, src, flops / t / 1e6 / g.peak_tflops(dtype),
+                   rel)

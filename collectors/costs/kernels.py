@@ -26,7 +26,15 @@ from __future__ import annotations
 import math
 
 from ..errors import ConfigError
-from .attention import FLASH_BWD_RATE, _mamf16, attention, head_dim_rates  # noqa: F401 (re-exported)
+from .attention import (  # noqa: F401 (re-exported)
+    ATTN_KERNELS,
+    FLASH_BWD_RATE,
+    _mamf16,
+    attention,
+    attn_kernel_family,
+    cudnn_fwd_tflops,
+    head_dim_rates,
+)
 from .gpus import GpuSpec
 from .kbase import _REL, DEFAULT_CURVES, Curves, OpCost, _eb, _finish, _positive, math_path
 from .tiles import TILES, tile_utilization
@@ -35,7 +43,8 @@ __all__ = ["OpCost", "Curves", "DEFAULT_CURVES", "FITTED_CURVES", "matmul", "gro
            "conv2d", "implicit_gemm", "attention", "streaming",
            "memory_bound", "embedding", "optimizer_step", "tile_utilization", "TILES",
            "OPTIMIZER_BYTES", "LOWP_IN_BYTES", "QUANT_BYTES", "BLOCK_SCALE_US", "math_path",
-           "FLASH_BWD_RATE", "FP8_SCALINGS", "TENSORWISE_CAST_BYTES", "head_dim_rates"]
+           "FLASH_BWD_RATE", "FP8_SCALINGS", "TENSORWISE_CAST_BYTES", "head_dim_rates",
+           "ATTN_KERNELS", "attn_kernel_family", "cudnn_fwd_tflops"]
 
 _K_HALF_REL = 0.25  # k_half is an assumed profile value
 #: optimizer-step HBM bytes per parameter beyond the gradient: (fp32 state read+written)

@@ -313,7 +313,7 @@ def price_op(g, name: str, dims: list, types: list, work: tuple[float, float, st
         return price_conv(g, b, ts, flops, _gpu_dtype(g, dtype), _ES[ts[0][1]],
                           curves or K.DEFAULT_CURVES, kernels,
                           len(kernels) if kernels is not None else launches)
-    c = _price(g, name, dims, types, work, curves)
+    c = _price(g, name, dims, types, work, curves, kernels)
     c = _channel_blocks(g, b, dims, types, c, curves, kernels)
     n = len(kernels) if kernels is not None else launches
     extra = max(int(n) - 1, 0) * g.hw.kernel_overhead_us
@@ -363,7 +363,7 @@ def _gpu_dtype(g, dtype: str) -> str:
     return dtype
 
 
-def _price(g, name, dims, types, work, curves):
+def _price(g, name, dims, types, work, curves, kernels=None):
     from . import kernels as K
 
     curves = curves or K.DEFAULT_CURVES
@@ -380,7 +380,8 @@ def _price(g, name, dims, types, work, curves):
         full = 4.0 * q[0] * q[1] * q[2] * kk[2] * q[3] * (2.5 if b in _ATTN_BWD else 1.0)
         return K.attention(g, int(q[0]), int(q[1]), int(q[2]), int(q[3]),
                            kv_heads=int(kk[1]) if int(q[1]) % int(kk[1]) == 0 else None,
-                           causal=flops < 0.75 * full, backward=b in _ATTN_BWD, dtype=dtype)
+                           causal=flops < 0.75 * full, backward=b in _ATTN_BWD, dtype=dtype,
+                           kernel=K.attn_kernel_family(g, kernels))
     return K.memory_bound(g, b, flops, max(nbytes, 1.0), curves=curves)
 
 
