@@ -7,10 +7,12 @@ needs Python frames (activation checkpointing). No retime records are written in
 Pairs differ in one knob: activation checkpointing, per-GPU batch, CUDA graphs, TF32.
 
 Run on the GPU machine:  python examples/gpu_pairs/capture.py OUTDIR [--only NAME,...]
-(batch G1: no --only; batch G2: --only with the big-* and fp32big-* names)
+(batch G1: no --only; batch G2: --only with the big-* and fp32big-* names; batch G3: --only
+with its names and --micro-g3)
 Writes OUTDIR/<config>/rep<k>.pt.trace.json.gz, OUTDIR/job.json (settings, GPU, torch, the
 unprofiled per-step times) and OUTDIR/micro.json (GEMM / attention / copy microbenchmarks).
 """
+# ruff: noqa: B023  (each closure is timed by bench() in the iteration that defines it)
 from __future__ import annotations
 
 import gzip
@@ -78,6 +80,9 @@ MODELS = {
     # batch G2: GPU-bound under the profiler (GPU work per step well above the host's)
     "big": (8, 2048, 16, 32768, 1024),
     "fp32big": (4, 2048, 16, 32768, 1024),
+    # batch G3 (held-out test of FREEZE-11): another sequence length, an FP32 model of other shapes
+    "bigs512": (8, 2048, 16, 32768, 512),
+    "fp32mid": (6, 1536, 12, 32768, 512),
 }
 
 # name: model, batch, checkpointing, cuda graph, dtype ("bf16" autocast | "fp32"), tf32, stack
@@ -101,6 +106,15 @@ CONFIGS = {
     "big-b8-graph": ("big", 8, False, True, "bf16", False, False),
     "fp32big-notf32": ("fp32big", 8, False, False, "fp32", False, False),
     "fp32big-tf32": ("fp32big", 8, False, False, "fp32", True, False),
+    "big-s512-b8": ("bigs512", 8, False, False, "bf16", False, False),
+    "big-s512-b16": ("bigs512", 16, False, False, "bf16", False, False),
+    "big-s512-b8-stack": ("bigs512", 8, False, False, "bf16", False, True),
+    "big-s512-b8-ckpt": ("bigs512", 8, True, False, "bf16", False, True),
+    "big-b12": ("big", 12, False, False, "bf16", False, False),
+    "big-b32": ("big", 32, False, False, "bf16", False, False),
+    "fp32big-b16": ("fp32big", 16, False, False, "fp32", False, False),
+    "fp32mid-notf32": ("fp32mid", 8, False, False, "fp32", False, False),
+    "fp32mid-tf32": ("fp32mid", 8, False, False, "fp32", True, False),
 }
 
 
@@ -168,7 +182,7 @@ def run_config(name: str, out: str, reps: int, active: int) -> dict:
         files.append(f"{name}/rep{r + 1}.pt.trace.json.gz")
     mem = torch.cuda.max_memory_allocated() / 2**30
     torch.cuda.reset_peak_memory_stats()
-    del model, opt
+    model = opt = None  # free before the next configuration
     torch.cuda.empty_cache()
     info = {"model": mname, "layers": layers, "d_model": d, "heads": heads, "vocab": vocab,
             "seq": seq, "batch": batch, "checkpointing": ckpt, "cuda_graph": graph,
@@ -226,6 +240,57 @@ def micro() -> dict:
     return {"rows": rows}
 
 
+def micro_g3() -> dict:
+    """Batch G3's held-out kernel rows: shapes no earlier row or trace had."""
+    rows = []
+    torch.backends.cuda.matmul.allow_tf32 = False
+    for dt, tn, shapes in ((torch.bfloat16, "bf16", ((4096, 14336, 4096), (1024, 8192, 28672),
+                                                     (3072, 3072, 3072), (512, 512, 8192),
+                                                     (16384, 16384, 2048), (128, 8192, 8192))),
+                           (torch.float32, "fp32", ((3072, 3072, 3072), (4096, 1024, 4096),
+                                                    (512, 4096, 2048)))):
+        for (m, n, k) in shapes:
+            a = torch.randn(m, k, device="cuda", dtype=dt)
+            b = torch.randn(k, n, device="cuda", dtype=dt)
+            us = bench(lambda: a @ b)
+            rows.append({"kind": "matmul", "m": m, "n": n, "k": k, "dtype": tn, "time_us": us,
+                         "tflops": 2 * m * n * k / us / 1e6})
+    att = ((4, 16, 16, 2048, 128, True, torch.bfloat16), (1, 16, 16, 8192, 128, True, torch.bfloat16),
+           (8, 32, 32, 1024, 64, False, torch.bfloat16), (2, 32, 32, 4096, 64, True, torch.bfloat16),
+           (4, 16, 16, 2048, 96, True, torch.bfloat16), (16, 16, 16, 256, 128, True, torch.bfloat16),
+           (2, 32, 8, 4096, 128, True, torch.bfloat16), (1, 16, 16, 16384, 128, False, torch.bfloat16),
+           (8, 16, 16, 1024, 128, True, torch.float16), (2, 16, 16, 1536, 128, True, torch.bfloat16))
+    for (bsz, h, hkv, s_, hd, causal, dt) in att:
+        q = torch.randn(bsz, h, s_, hd, device="cuda", dtype=dt, requires_grad=True)
+        k, v = (torch.randn(bsz, hkv, s_, hd, device="cuda", dtype=dt, requires_grad=True)
+                for _ in range(2))
+        kw = {"is_causal": causal, "enable_gqa": hkv != h}
+        fwd = bench(lambda: F.scaled_dot_product_attention(q, k, v, **kw))
+        go = torch.randn_like(F.scaled_dot_product_attention(q, k, v, **kw))
+        fb = bench(lambda: torch.autograd.grad(
+            F.scaled_dot_product_attention(q, k, v, **kw), (q, k, v), go))
+        rows.append({"kind": "attention", "batch": bsz, "heads": h, "kv_heads": hkv, "seq": s_,
+                     "head_dim": hd, "causal": causal, "dtype": str(dt).split(".")[-1],
+                     "fwd_us": fwd, "fwd_bwd_us": fb})
+    x = torch.randn(8192, 8192, device="cuda")
+    y = torch.randn(8192, 8192, device="cuda")
+    rows.append({"kind": "add", "shape": [8192, 8192], "dtype": "fp32",
+                 "time_us": bench(lambda: x + y)})
+    g = torch.randn(16384, 8192, device="cuda", dtype=torch.bfloat16)
+    rows.append({"kind": "gelu", "shape": [16384, 8192], "dtype": "bf16",
+                 "time_us": bench(lambda: F.gelu(g))})
+    ln = nn.LayerNorm(2048).cuda()
+    xi = torch.randn(16384, 2048, device="cuda", requires_grad=True)
+    gy = torch.randn(16384, 2048, device="cuda")
+    rows.append({"kind": "layer_norm", "shape": [16384, 2048], "dtype": "fp32",
+                 "fwd_us": bench(lambda: ln(xi)),
+                 "fwd_bwd_us": bench(lambda: torch.autograd.grad(ln(xi), (xi,), gy))})
+    mm = torch.randn(65536, 4096, device="cuda", dtype=torch.bfloat16)
+    rows.append({"kind": "mul_scalar_inplace", "shape": [65536, 4096], "dtype": "bf16",
+                 "time_us": bench(lambda: mm.mul_(1.0001))})
+    return {"rows": rows}
+
+
 def main() -> None:
     out = sys.argv[1]
     only = None
@@ -239,7 +304,8 @@ def main() -> None:
            "configs": {}}
     log(f"{job['gpu']} torch {job['torch']} cuda {job['cuda']}")
     for name in CONFIGS:
-        if (only and name not in only) or (not only and name.startswith(("big", "fp32big"))):
+        if (only and name not in only) or (not only and name.startswith(("big", "fp32"))
+                                                       and name not in ("fp32-notf32", "fp32-tf32")):
             continue
         try:
             job["configs"][name] = run_config(name, out, reps=2, active=3)
@@ -249,7 +315,7 @@ def main() -> None:
         with open(os.path.join(out, "job.json"), "w") as f:
             json.dump(job, f, indent=1)
     try:
-        mb = micro()
+        mb = micro_g3() if "--micro-g3" in sys.argv else micro()
         mb.update({"gpu": job["gpu"], "torch": job["torch"]})
         with open(os.path.join(out, "micro.json"), "w") as f:
             json.dump(mb, f, indent=1)
