@@ -96,13 +96,15 @@ def test_capture_ingests_and_analyze_steps_equal_the_raw_recount(batch, config, 
     assert a["step_time_ns"]["slowest_rank_mean"] == pytest.approx(sum(got.values()) / 3)
 
 
-#: the held-out (FREEZE-10) predictions of one direction per knob, source rep1, in ms per step
-#: (traces/gpu_pairs/scores_frozen.json; a model change that moves one fails here, and the
-#: new value is an in-sample figure, not a held-out one)
+#: the predictions of one direction per knob, source rep1, in ms per step: the held-out
+#: (FREEZE-10) values of traces/gpu_pairs/scores_frozen.json, except where a later model
+#: change moved them (then an in-sample figure; the frozen one is in the comment). A model
+#: change that moves one fails here.
 PINNED = {("g1", "gpu-ckpt", "A->B"): 71.329557,
           ("g1", "gpu-graph-gpt", "A->B"): 27.121105,
           ("g2", "g2-ckpt", "A->B"): 79.028447,
-          ("g2", "g2-batch-16", "A->B"): 87.253183,
+          # FREEZE-10: 87.253183 (-24.5%); b*s rows rescaled (kernel_cost.token_rows)
+          ("g2", "g2-batch-16", "A->B"): 109.245427,
           ("g2", "g2-tf32", "A->B"): 146.747911}
 
 
@@ -142,3 +144,27 @@ def test_bench_prediction_is_the_number_the_cli_prints(tmp_path, capsys):
     assert got["predicted_ns"] / 1e6 == pytest.approx(
         _frozen_row("g1", "gpu-graph-tiny", "A->B")["predicted_ms"], rel=1e-9)
     assert "refused" in bench.replay(store, ["parallel.micro_batch=0"])
+
+
+def test_batch_folded_with_the_sequence_is_rescaled():
+    """A transformer's GEMMs run on ``[b*s, d]``: the rows (and a weight gradient's reduction)
+    of b*s become b2*s; parameters and other sizes keep theirs."""
+    import retime
+    from retime.replay.policies.kernel_cost import (
+        _weight_shapes,
+        scaled_dims,
+        shaped_kernels,
+        token_rows,
+    )
+
+    assert scaled_dims("aten::addmm", [[2048], [8192, 2048], [2048, 6144]], 8, 16, set(),
+                       8192) == [[2048], [16384, 2048], [2048, 6144]]
+    assert scaled_dims("aten::mm", [[2048, 8192], [8192, 6144]], 8, 4, set(), 8192) == \
+        [[2048, 4096], [4096, 6144]]
+    assert scaled_dims("aten::_log_softmax", [[8192, 32768]], 8, 2, set(), 8192) == \
+        [[2048, 32768]]
+    assert scaled_dims("aten::add_", [[8192, 2048]], 8, 2, {(8192, 2048)}, 8192) == \
+        [[8192, 2048]]  # a parameter of that shape keeps it
+    assert scaled_dims("aten::mm", [[8192, 2048]], 8, 16, set()) == [[8192, 2048]]
+    sk = shaped_kernels(retime.load(str(TRACES / "g2" / "big-b8-nostack" / "rep1.pt.trace.json.gz")))
+    assert token_rows(sk, 8, _weight_shapes(sk)) == 8 * 1024
