@@ -382,8 +382,9 @@ def _weight_shapes(sk: ShapedKernels) -> set:
 
 
 #: per-token ops whose activations are ``[b, s, ...]``: where the sequence length ``s`` is read
+#: (not relu / silu: a convolution net's ``[b, c, h, w]`` would read its channels as ``s``)
 _PER_TOKEN = {"native_layer_norm", "layer_norm", "linear", "gelu", "native_dropout", "dropout",
-              "rms_norm", "_fused_rms_norm", "silu", "relu", "embedding"}
+              "rms_norm", "_fused_rms_norm", "embedding"}
 
 
 def token_rows(sk: ShapedKernels, b: int, weights: set) -> int | None:
@@ -393,8 +394,8 @@ def token_rows(sk: ShapedKernels, b: int, weights: set) -> int | None:
     flattened to ``[b * s, d]`` (``linear`` on a 3-D input dispatches ``addmm`` / ``mm`` on
     the 2-D view; the backward's data and weight gradients, the loss's ``log_softmax`` and
     the bias gradients' ``sum`` likewise), so their rows are ``b * s``, not ``b``. ``s`` is
-    the most common second dimension of the per-token ops' inputs led by ``b`` (three or
-    more dimensions; ``embedding``'s ``[b, s]`` indices); None when none shows it."""
+    the most common second dimension of the per-token ops' ``[b, s, d]`` inputs (exactly
+    three dimensions; ``embedding``'s ``[b, s]`` indices); None when none shows it."""
     from retime.collectors.costs.ops import base_name
     seen: Counter = Counter()
     for name, dims in zip(sk.names, sk.dims):
@@ -406,7 +407,7 @@ def token_rows(sk: ShapedKernels, b: int, weights: set) -> int | None:
             ts = ts[1:2]
             ok = [t for t in ts if len(t) == 2 and t[0] == b]
         else:
-            ok = [t for t in ts[:1] if len(t) >= 3 and t[0] == b and tuple(t) not in weights]
+            ok = [t for t in ts[:1] if len(t) == 3 and t[0] == b and tuple(t) not in weights]
         for t in ok:
             if t[1] > 1:
                 seen[int(t[1])] += 1
