@@ -23,6 +23,7 @@ and the what-if says how many there are and what share of GPU time they hold.
 from __future__ import annotations
 
 import re
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -222,9 +223,10 @@ def _batch_shapes(sk: ShapedKernels, b: int, b2: int) -> tuple[list, list]:
     """(dims, work) of every shaped call at per-rank batch ``b2`` instead of ``b``."""
     from retime.collectors.costs.ops import op_cost
     weights = _weight_shapes(sk)
+    tokens = token_rows(sk, b, weights)
     dims, work = [], []
     for c in range(len(sk.names)):
-        d = scaled_dims(sk.names[c], sk.dims[c], b, b2, weights)
+        d = scaled_dims(sk.names[c], sk.dims[c], b, b2, weights, tokens)
         try:
             w = op_cost(sk.names[c], d, sk.types[c], sk.concrete[c])
         except (RetimeError, ValueError, IndexError, ZeroDivisionError, TypeError):
@@ -343,9 +345,10 @@ def batch_ratio(trace: Trace, gpu_name: str, b: int, b2: int, mask: np.ndarray) 
     owned[sk.call_of[mask[sk.op_ids]]] = True
     calls = np.flatnonzero(owned)
     weights = _weight_shapes(sk)
+    tokens = token_rows(sk, b, weights)
     dims2, work2 = [], []
     for c in calls.tolist():
-        d = scaled_dims(sk.names[c], sk.dims[c], b, b2, weights)
+        d = scaled_dims(sk.names[c], sk.dims[c], b, b2, weights, tokens)
         dims2.append(d)
         work2.append(op_cost(sk.names[c], d, sk.types[c], sk.concrete[c]))
     old_p = _prices(sk, g, calls)
@@ -378,24 +381,64 @@ def _weight_shapes(sk: ShapedKernels) -> set:
     return out
 
 
-def scaled_dims(name: str, dims: list, b: int, b2: int, weights: set) -> list:
+#: per-token ops whose activations are ``[b, s, ...]``: where the sequence length ``s`` is read
+#: (not relu / silu: a convolution net's ``[b, c, h, w]`` would read its channels as ``s``)
+_PER_TOKEN = {"native_layer_norm", "layer_norm", "linear", "gelu", "native_dropout", "dropout",
+              "rms_norm", "_fused_rms_norm", "embedding"}
+
+
+def token_rows(sk: ShapedKernels, b: int, weights: set) -> int | None:
+    """The rows ``b * s`` of an activation whose batch is folded with its sequence.
+
+    A transformer's per-token layers see ``[b, s, d]``, but its GEMMs run on the activation
+    flattened to ``[b * s, d]`` (``linear`` on a 3-D input dispatches ``addmm`` / ``mm`` on
+    the 2-D view; the backward's data and weight gradients, the loss's ``log_softmax`` and
+    the bias gradients' ``sum`` likewise), so their rows are ``b * s``, not ``b``. ``s`` is
+    the most common second dimension of the per-token ops' ``[b, s, d]`` inputs (exactly
+    three dimensions; ``embedding``'s ``[b, s]`` indices); None when none shows it."""
+    from retime.collectors.costs.ops import base_name
+    seen: Counter = Counter()
+    for name, dims in zip(sk.names, sk.dims):
+        base = base_name(name)
+        if base not in _PER_TOKEN:
+            continue
+        ts = [d for d in dims if isinstance(d, list) and d]
+        if base == "embedding":
+            ts = ts[1:2]
+            ok = [t for t in ts if len(t) == 2 and t[0] == b]
+        else:
+            ok = [t for t in ts[:1] if len(t) == 3 and t[0] == b and tuple(t) not in weights]
+        for t in ok:
+            if t[1] > 1:
+                seen[int(t[1])] += 1
+    return b * seen.most_common(1)[0][0] if seen else None
+
+
+def scaled_dims(name: str, dims: list, b: int, b2: int, weights: set,
+                tokens: int | None = None) -> list:
     """``dims`` of an operator call at per-rank batch ``b2`` instead of ``b``: the leading
     (batch) dimension of its activations. Convolutions: the input (and, backward, the
     output gradient); ``linear``: its input; ``mm``/``addmm``: the rows of A when A has
     ``b`` rows, else the reduction when it is ``b`` deep on both sides (a weight gradient,
     ``X^T dY``); ``bmm``: the batch of matrices; streaming ops: every tensor of two or
-    more dimensions led by ``b`` that is not a parameter (``weights``). A size equal to the
-    batch by coincidence is scaled too (the recorded shapes do not say which is which)."""
+    more dimensions led by ``b`` that is not a parameter (``weights``). ``tokens``
+    (:func:`token_rows`, ``b * s``): a leading dimension (or, for a weight gradient, a
+    reduction) of ``b * s`` rows is the batch folded with the sequence and becomes
+    ``b2 * s``. A size equal to the batch (or to ``b * s``) by coincidence is scaled too
+    (the recorded shapes do not say which is which)."""
     from retime.collectors.costs.ops import base_name
     base = base_name(name)
     new = [list(d) if isinstance(d, list) else d for d in dims]
     pos = [i for i, d in enumerate(new) if isinstance(d, list) and d]
+    rows = {b: b2}
+    if tokens and tokens != b and tokens % b == 0:
+        rows[tokens] = tokens // b * b2
 
     def lead(i: int) -> None:
         if i < len(pos):
             d = new[pos[i]]
-            if len(d) >= 2 and d[0] == b:
-                d[0] = b2
+            if len(d) >= 2 and d[0] in rows:
+                d[0] = rows[d[0]]
 
     if base in _CONV_FWD or base == "linear":
         lead(0)
@@ -410,15 +453,15 @@ def scaled_dims(name: str, dims: list, b: int, b2: int, weights: set) -> list:
         if base in ("bmm", "baddbmm"):
             if a[0] == b and c[0] == b:
                 a[0] = c[0] = b2
-        elif a[0] == b:
-            a[0] = b2
-        elif len(a) > 1 and a[1] == b and c[0] == b:
-            a[1] = c[0] = b2
+        elif a[0] in rows:
+            a[0] = rows[a[0]]
+        elif len(a) > 1 and a[1] in rows and c[0] == a[1]:
+            a[1] = c[0] = rows[a[1]]
     else:
         for i in pos:
             d = new[i]
-            if len(d) >= 2 and d[0] == b and tuple(d) not in weights:
-                d[0] = b2
+            if len(d) >= 2 and d[0] in rows and tuple(d) not in weights:
+                d[0] = rows[d[0]]
     return new
 
 
