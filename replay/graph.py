@@ -62,7 +62,10 @@ from .graph_order import CycleError, _node_of, _order_or_raise, choose_relaxatio
 __all__ = ["build_graph", "graph_from_arrays", "BLOCKING_CALL_PATTERN"]
 
 #: Host calls whose measured duration includes waiting for the GPU.
-BLOCKING_CALL_PATTERN = re.compile(r"(Synchronize|^(cuda|hip)Memcpy$|^(cuda|hip)Memcpy2D$)")
+#: ``run_backward`` (``loss.backward()`` as a Python frame) waits for the autograd engine's
+#: device threads (the ingest's SYNC edge from their last op: collectors.kineto.deps)
+BLOCKING_CALL_PATTERN = re.compile(r"(Synchronize|^(cuda|hip)Memcpy$|^(cuda|hip)Memcpy2D$"
+                                   r"|run_backward of torch\._C\._EngineBase)")
 
 _I64 = np.int64
 _I32 = np.int32

@@ -12,7 +12,7 @@ import pandas as pd
 
 from .._kernels import nest_intervals
 from ..enums import CommOp, EdgeKind, LaneKind, OpKind
-from .deps import attribute, comm_info, sync_edges
+from .deps import attribute, comm_info, engine_wait_edges, sync_edges
 from .gloo import gloo_edges
 from .schema import H_CPU, H_GLOO, H_RUNTIME, RankPart
 
@@ -179,6 +179,11 @@ def assemble(path, doc, rank, rank_source, strings, kept, dropped, tnames, G, H,
                                      strings, name_id, launch_of, G, g_lane_local)
     if len(sync_src):
         add(sync_src, sync_dst, EdgeKind.SYNC, np.minimum(start[sync_dst] - end[sync_src], 0))
+    # the autograd engine's wait: backward() returns when its device threads are done
+    ew_src, ew_dst = engine_wait_edges(np.asarray(strings.names, dtype=object), name_id, lane,
+                                       start, end, n_h)
+    if len(ew_src):
+        add(ew_src, ew_dst, EdgeKind.SYNC, np.minimum(start[ew_dst] - end[ew_src], 0))
 
     # CPU collectives (gloo): issuing call -> execution on a gloo thread -> the waiting op
     gsrc, gdst, gkind = gloo_edges(np.asarray(strings.names, dtype=object), kind, lane, start,

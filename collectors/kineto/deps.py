@@ -521,3 +521,30 @@ def _parse_ranks(s: str) -> list[int] | None:
         return [int(x) for x in v] if isinstance(v, list) else None
     except (msgspec.DecodeError, ValueError, TypeError):
         return None
+
+
+#: the autograd engine's blocking call: ``loss.backward()`` hands the graph to the engine's
+#: device threads and waits for them (recorded as a Python frame with ``with_stack=True``)
+ENGINE_WAIT = re.compile(r"run_backward of torch\._C\._EngineBase")
+
+
+def engine_wait_edges(names_arr, name_id, lane, start, end, n_h):
+    """``run_backward`` leaf ops -> (src, dst) SYNC edges: the last host op another thread ran
+    inside the call (the autograd device thread's last backward op) -> the op after the call
+    on its own thread, so the call ends when the engine's threads are done, not at its
+    measured end (a what-if that shortens or lengthens the backward moves it)."""
+    host = np.arange(n_h)
+    hit = np.fromiter((bool(ENGINE_WAIT.search(str(s))) for s in names_arr), bool,
+                      len(names_arr))
+    calls = host[hit[name_id[:n_h]]] if len(names_arr) else host[:0]
+    src, dst = [], []
+    for c in calls.tolist():
+        nxt = c + 1  # host ops are sorted by (lane, start)
+        if nxt >= n_h or lane[nxt] != lane[c]:
+            continue
+        inside = np.flatnonzero((lane[:n_h] != lane[c]) & (start[:n_h] >= start[c])
+                                & (end[:n_h] <= end[c]))
+        if len(inside):
+            src.append(int(inside[np.argmax(end[inside])]))
+            dst.append(nxt)
+    return np.asarray(src, np.int64), np.asarray(dst, np.int64)
