@@ -123,10 +123,18 @@ def recompute_full_kineto(state: WhatIfState) -> dict[str, Any]:
                 continue
             sel = sel[np.argsort(rs[sel])]
             layers_seen = max(layers_seen, len(sel))
+            # the recompute runs inside the backward, on the thread that runs the backward
+            # ops (the autograd engine's device thread on a GPU job, the forward's own thread
+            # on a CPU job): the host thread with the most backward host ops of this step
+            bh = np.flatnonzero(on_rank & (phase == Phase.BWD) & host_kind)
+            bwd_thread = None
+            if len(bh):
+                lv, lc = np.unique(lane[bh], return_counts=True)
+                bwd_thread = int(lv[np.argmax(lc)])
             # cost per layer and lane: the range on its thread, launched GPU work per stream
             costs: list[dict[int, float]] = []
             for k in sel.tolist():
-                c = {int(rl[k]): float(re_[k] - rs[k])}
+                c = {int(rl[k]) if bwd_thread is None else bwd_thread: float(re_[k] - rs[k])}
                 inside = on_rank & host_kind & (lane == rl[k]) & (start >= rs[k]) & (end <= re_[k])
                 ids = np.flatnonzero(inside)
                 if len(ids):
