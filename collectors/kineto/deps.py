@@ -532,7 +532,9 @@ def engine_wait_edges(names_arr, name_id, lane, start, end, n_h):
     """``run_backward`` leaf ops -> (src, dst) SYNC edges: the last host op another thread ran
     inside the call (the autograd device thread's last backward op) -> the op after the call
     on its own thread, so the call ends when the engine's threads are done, not at its
-    measured end (a what-if that shortens or lengthens the backward moves it)."""
+    measured end (a what-if that shortens or lengthens the backward moves it); and the op
+    before the call -> the first op those threads ran inside it (the engine starts its work
+    when the call is made, so a shorter forward starts the backward earlier)."""
     host = np.arange(n_h)
     hit = np.fromiter((bool(ENGINE_WAIT.search(str(s))) for s in names_arr), bool,
                       len(names_arr))
@@ -547,4 +549,7 @@ def engine_wait_edges(names_arr, name_id, lane, start, end, n_h):
         if len(inside):
             src.append(int(inside[np.argmax(end[inside])]))
             dst.append(nxt)
+            if c > 0 and lane[c - 1] == lane[c]:  # the engine starts when the call is made
+                src.append(c - 1)
+                dst.append(int(inside[np.argmin(start[inside])]))
     return np.asarray(src, np.int64), np.asarray(dst, np.int64)

@@ -190,18 +190,55 @@ def checkpoint_spans(trace) -> dict[str, Any]:
             s + frame["dur_ns"].to_numpy().astype(np.int64)
         parts.append((frame["rank"].to_numpy(), frame["lane"].to_numpy(), s, e, hook[nid] | rec[nid],
                       rec[nid]))
+    wrap = _wrapper_spans(trace, names)
     out: dict[str, Any] = {"spans": {}, "recompute": {}, "n_recompute": 0}
     for which, col in (("spans", 4), ("recompute", 5)):
-        rk = np.concatenate([p[0][p[col]] for p in parts])
-        ln = np.concatenate([p[1][p[col]] for p in parts])
-        s = np.concatenate([p[2][p[col]] for p in parts])
-        e = np.concatenate([p[3][p[col]] for p in parts])
+        rk = np.concatenate([p[0][p[col]] for p in parts] + ([wrap[0]] if col == 4 else []))
+        ln = np.concatenate([p[1][p[col]] for p in parts] + ([wrap[1]] if col == 4 else []))
+        s = np.concatenate([p[2][p[col]] for p in parts] + ([wrap[2]] if col == 4 else []))
+        e = np.concatenate([p[3][p[col]] for p in parts] + ([wrap[3]] if col == 4 else []))
         if which == "recompute":
             out["n_recompute"] = int(len(s))
         for key in sorted({(int(a), int(b)) for a, b in zip(rk, ln, strict=True)}):
             m = (rk == key[0]) & (ln == key[1])
             out[which][key] = interval_union(s[m], e[m])
     return out
+
+
+def _wrapper_spans(trace, names: np.ndarray) -> tuple[np.ndarray, ...]:
+    """The checkpoint's own frames around the checkpointed module's call: the time inside
+    ``torch/utils/checkpoint.py`` frames (the ``checkpoint`` call, its generator and context
+    managers) that is not inside an ``nn.Module`` range nested in them, on the threads where such a frame
+    contains a module range (a checkpointed plain function is left whole: its work is not
+    told apart from the wrapper's). Returns (rank, lane, start, end) arrays."""
+    r = trace.ranges
+    nid = r["name_id"].to_numpy()
+    ck = np.asarray(["torch/utils/checkpoint.py(" in str(x) for x in names], bool)
+    mod = np.asarray([bool(_MODULE.match(str(x))) for x in names], bool)
+    rk, ln = r["rank"].to_numpy(), r["lane"].to_numpy()
+    s, e = r["start_ns"].to_numpy().astype(np.int64), r["end_ns"].to_numpy().astype(np.int64)
+    out: list[list] = [[], [], [], []]
+    for key in sorted({(int(a), int(b)) for a, b in zip(rk[ck[nid]], ln[ck[nid]], strict=True)}):
+        on = (rk == key[0]) & (ln == key[1])
+        fs, fe = interval_union(s[on & ck[nid]], e[on & ck[nid]])
+        m = np.flatnonzero(on & mod[nid])  # module calls inside a checkpoint frame only
+        k = np.searchsorted(fs, s[m], side="right") - 1
+        m = m[(k >= 0) & (e[m] <= fe[np.maximum(k, 0)])]
+        ms, me = interval_union(s[m], e[m])
+        for a, b in zip(fs.tolist(), fe.tolist(), strict=True):
+            k0, k1 = np.searchsorted(me, a, side="right"), np.searchsorted(ms, b, side="left")
+            if k1 <= k0:
+                continue  # no module call inside: left whole
+            cur = a
+            for u, v in zip(ms[k0:k1].tolist(), me[k0:k1].tolist(), strict=True):
+                if u > cur:
+                    for j, x in enumerate((key[0], key[1], cur, u)):
+                        out[j].append(x)
+                cur = max(cur, v)
+            if cur < b:
+                for j, x in enumerate((key[0], key[1], cur, b)):
+                    out[j].append(x)
+    return tuple(np.asarray(x, np.int64) for x in out)
 
 
 def _covered(starts: np.ndarray, ends: np.ndarray, t: np.ndarray) -> np.ndarray:
