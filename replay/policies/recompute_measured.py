@@ -16,8 +16,9 @@ repeated sibling modules of one class (``Sequential_0`` .. ``Sequential_3``,
 ``TransformerEncoderLayer_0`` .. ``_5``) that cover the most forward time; the model's head,
 embedding and loss stay un-checkpointed, as in the usual per-layer checkpointing.
 
-Per step and rank, the recompute of layer ``k`` costs, on the host thread that ran its
-forward, the layer range's wall time (host work included: on a CPU job that is the compute),
+Per step and rank, the recompute of layer ``k`` costs, on the host thread that runs the
+backward (the autograd engine's device thread on a GPU job; the forward's own thread on a CPU
+job), the layer range's wall time (host work included: on a CPU job that is the compute),
 and on each GPU stream the GPU ops launched from inside the range. Each cost is added to the
 first backward op of that layer on that lane: the backward ops of a step run the layers in
 reverse order, so the step's backward ops on a lane are cut into as many consecutive groups
