@@ -37,7 +37,7 @@ def plot_launch_latency(lat: pd.DataFrame, *, title: str = "Launch-to-start late
 
     ns = np.maximum(lat["latency_ns"].to_numpy(dtype=float), 1.0)
     # the unit of the table beside it: ms once the median latency is a millisecond or more
-    unit, scale = ("ms", 1e6) if np.median(ns) >= 1e6 else ("us", 1e3)
+    unit, scale = ("ms", 1e6) if np.median(ns) >= 1e6 else ("µs", 1e3)
     x = ns / scale
     bins = np.logspace(np.log10(x.min()), np.log10(max(x.max(), x.min() * 1.01)), 40)
     lb = lat["launch_bound"].to_numpy(bool)
