@@ -43,10 +43,12 @@ def _boxes(left: np.ndarray, width: np.ndarray, y: np.ndarray, half: float) -> n
 
 
 def plot_breakdown(summary: pd.DataFrame, *, labels: list[str] | None = None,
-                   title: str = "Step time breakdown per rank", cpu_only: bool = False) -> Figure:
+                   title: str = "Step time breakdown per rank", cpu_only: bool = False,
+                   ylabel: str = "mean step time (ms)") -> Figure:
     """Stacked bars per rank (or per group of identical ranks, named by ``labels``) of the
     mean step's parts (ms), from :func:`analysis.breakdown.summarize_breakdown`;
-    ``cpu_only``: a trace without GPU (host-bound is host work outside every op)."""
+    ``cpu_only``: a trace without GPU (host-bound is host work outside every op); ``ylabel``
+    names the bars (a trace without step markers is one window, not a mean step)."""
     from .plots_timeline import PART_COLORS, PART_LABELS, fixed_margins
     if cpu_only:
         PART_LABELS = {**PART_LABELS, "host_bound_ns": "host-bound (host work outside ops)"}
@@ -69,7 +71,7 @@ def plot_breakdown(summary: pd.DataFrame, *, labels: list[str] | None = None,
     ax.set_xticks(x, names, fontsize=7, rotation=30 if long else 0, ha="right" if long else
                   "center")
     ax.set_xlabel("rank" if labels is None else "rank (identical ranks drawn once)", fontsize=8)
-    ax.set_ylabel("mean step time (ms)", fontsize=8)
+    ax.set_ylabel(ylabel, fontsize=8)
     ax.tick_params(axis="y", labelsize=7)
     ax.set_title(title, fontsize=9, loc="left")
     handles, labs = ax.get_legend_handles_labels()

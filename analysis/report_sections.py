@@ -98,7 +98,8 @@ def section_breakdown(run: RunAnalysis, *, top: int) -> Section:
                                           zip(folded["ranks"], folded["n"])]
         s.blocks.append(Fig("breakdown", f"{mean_step} per rank, split into its parts (ms).",
                             plots.plot_breakdown(folded, labels=labels, title="",
-                                                 cpu_only=cpu)))
+                                                 cpu_only=cpu, ylabel="whole trace (ms)" if nm
+                                                 else "mean step time (ms)")))
     else:
         s.blocks.append(Fig("rank_part", "Rank x part: each part's share of the rank's "
                             f"{mean_step.lower()} (per-rank bars do not fit past "
@@ -217,8 +218,11 @@ def section_timeline(run: RunAnalysis) -> Section:
         s.blocks.append(note)
     px = w.dur_ns / 1200.0
     seg = step_segments(run.t, w, rows, critical_op_ids=run.cp["op_id"].to_numpy(), px_ns=px)
-    s.blocks.append(Fig("timeline", f"Timeline of {w.why} ({len(rows)} row group(s)).",
-                        plot_step_timeline(seg, names, span_ns=w.dur_ns)))
+    groups = f"{len(rows)} row group" + ("s" if len(rows) != 1 else "")
+    s.blocks.append(Fig("timeline", f"Timeline of {w.why}; {groups}.",
+                        plot_step_timeline(seg, names, span_ns=w.dur_ns,
+                                           origin="trace start" if w.step < 0 else
+                                           "step start")))
     if run.n_stages > 1 and run.has_microbatches:
         st = run.stages.set_index("rank")["stage"]
         reps = []
@@ -458,6 +462,8 @@ def section_stragglers(run: RunAnalysis, *, top: int) -> Section | None:
     if run.streamed is not None:  # it replays the whole trace: not in a streamed report
         return None
     if not isinstance(run.x, Trace) or run.t.n_ops > _MAX_STRAGGLER_OPS or "replay" in run.t.meta:
+        return None
+    if run.n_ranks < 2:  # an op's ideal is its median over ranks: one rank is its own ideal
         return None
     try:
         from .stragglers import stragglers

@@ -433,3 +433,38 @@ def test_cpu_only_trace_is_not_described_as_a_gpu():
     # not "nothing runs": the verdict says so in CPU terms
     assert rep.findings[0].startswith("The job is host-bound") and \
         "the CPU runs Python and framework code outside every operator" in rep.findings[0]
+
+
+def _axis_labels(rep, key: str) -> tuple[str, str]:
+    fig = next(f for s in rep.sections for f in s.figures if f.key == key).figure
+    return fig.axes[0].get_xlabel(), fig.axes[0].get_ylabel()
+
+
+def test_single_rank_wording_and_no_stragglers_section(stores):
+    """One rank: the critical path "stays on rank 0" (no "1 rank(s)", no "1 times"), and
+    no stragglers what-if (an op's ideal is its median over ranks: all +0.0% on one rank)."""
+    one = stores[4]
+    rep = build_report(one)
+    keys = [s.key for s in rep.sections]
+    assert "stragglers" not in keys
+    cp = next(s for s in rep.sections if s.key == "critical_path")
+    text = " ".join(b for b in cp.blocks if isinstance(b, str))
+    assert "stays on rank 0" in text
+    assert "rank(s)" not in text and "pair(s)" not in text and " 1 times" not in text
+    assert not any("rank(s)" in f for f in rep.findings), rep.findings
+    # a step-marked trace: the axes read from the step start, per mean step
+    assert _axis_labels(rep, "timeline")[0].startswith("time from the step start")
+    assert _axis_labels(rep, "breakdown")[1] == "mean step time (ms)"
+
+
+def test_trace_without_step_markers_is_not_drawn_as_a_step(stores):
+    """No step markers: the whole trace is one window, and the plots say so (the timeline's
+    axis runs from the trace start, the bars are the whole trace, not a mean step)."""
+    one = stores[4]
+    ops = one.ops.assign(step=np.int64(-1) * np.ones(len(one.ops), np.int64))
+    t = dataclasses.replace(one, ops=ops, ranges=one.ranges.iloc[:0])
+    rep = build_report(t)
+    assert _axis_labels(rep, "timeline")[0].startswith("time from the trace start")
+    assert _axis_labels(rep, "breakdown")[1] == "whole trace (ms)"
+    cap = next(f for s in rep.sections for f in s.figures if f.key == "timeline").caption
+    assert "((" not in cap and ") (" not in cap and "(s)" not in cap, cap
