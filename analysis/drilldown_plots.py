@@ -151,9 +151,15 @@ def plot_roofline(ops: pd.DataFrame, peaks: dict, *, title: str = "Roofline per 
             spots.append([lx, ly, [name]])
         elif name not in near[2]:
             near[2].append(name)
+    llo, lhi = np.log10(lo), np.log10(hi)
     for lx, ly, names in spots:
-        ax.annotate(", ".join(names), (10 ** lx, 10 ** ly), textcoords="offset points",
-                    xytext=(5, 4), fontsize=6)
+        label = ", ".join(names[:2]) + (f" +{len(names) - 2} more" if len(names) > 2 else "")
+        # a spot in the right half of the plot is labelled to its left, and no label takes
+        # part in the layout: a long one would squeeze the axes into a strip
+        right = (lx - llo) / (lhi - llo) > 0.5
+        ax.annotate(label, (10 ** lx, 10 ** ly), textcoords="offset points",
+                    xytext=(-5 if right else 5, 4), ha="right" if right else "left",
+                    fontsize=6, annotation_clip=True, in_layout=False)
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("arithmetic intensity (FLOP / byte)")

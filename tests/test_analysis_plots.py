@@ -88,3 +88,28 @@ def test_memory_per_stage_of_a_modeled_run():
     if len(tl):  # a timeline: one step line per rank
         fig = P.plot_memory(tl, pm)
         assert len(fig.axes[0].lines) == tl["rank"].nunique()
+
+
+def test_roofline_labels_never_squeeze_the_axes():
+    """Five operators losing time at one spot near the roof's right end (a modeled run's
+    GEMMs): one short label ("+N more"), drawn to the left of the spot, and the axes keep
+    their width (a long label in the layout once squeezed them into a narrow strip)."""
+    import io
+
+    import pandas as pd
+
+    from retime.analysis.drilldown_plots import plot_roofline
+
+    n = 6
+    ops = pd.DataFrame({"op": [f"mlp.fc{i}.bwd_wgrad_long_name" for i in range(n)],
+                        "flops": [1e12] * n, "bytes": [2e9] * n, "intensity": [500.0] * n,
+                        "achieved_tflops": [600.0 + i for i in range(n)],
+                        "device_ns": [1e8 + i for i in range(n)],
+                        "gap_ns": [5e7 - i for i in range(n)]})
+    fig = plot_roofline(ops, {"peak_tflops": 989.0, "hbm_tbps": 3.35, "name": "h100"})
+    fig.savefig(io.BytesIO(), format="png")  # runs the layout
+    ax = fig.axes[0]
+    labels = list(ax.texts)
+    assert len(labels) == 1 and labels[0].get_text().endswith("+3 more")
+    assert labels[0].get_ha() == "right"
+    assert ax.get_position().width > 0.5
