@@ -37,3 +37,21 @@ def test_sections_are_left_out_where_an_analysis_cannot_run():
     assert "h100-sxm" in roof.blocks[0] and len(roof.tables) == 1 and len(roof.figures) == 1
     gloo = drilldown_sections(ingest_cached(KINETO / "cpu-gloo-rank34"))
     assert "Host overhead and CUDA graphs" not in [s.title for s in gloo]  # no launches
+
+
+def test_attribution_tree_leaves_structural_counts_blank():
+    """Step and phase nodes group instances but are none themselves: their Count cell is
+    blank, not "0" (which read as "nothing ran" beside 52 ms of device time); the root and
+    merged instances keep their numbers."""
+    t = ingest_cached(KINETO / "dlrm-v100-8rank")
+    tree = next(s for s in drilldown_sections(t) if s.title == "Attribution tree")
+    tab = tree.tables[0]
+    col = tab.header.index("Count")
+    level = tab.header.index("Level")
+    by_level = {}
+    for r in tab.rows:
+        by_level.setdefault(r[level], set()).add(r[col])
+    assert by_level["root"] == {"1"}
+    assert by_level["step"] == {""} and by_level["phase"] == {""}
+    assert "0" not in {r[col] for r in tab.rows}
+    assert all(c and c != "0" for c in by_level["annotation"])
