@@ -33,7 +33,12 @@ from retime.collectors.trace import Trace
 from ._util import as_trace, memo_scope
 from .breakdown import PARTS
 from .coverage import excludes_gpu_work, hides_gpu_work, unseen_notes
-from .report_compare import build_sweep_sections, comparison_finding, section_comparison
+from .report_compare import (
+    _METRIC_WORDS,
+    build_sweep_sections,
+    comparison_finding,
+    section_comparison,
+)
 from .report_findings import cpu_only
 from .report_findings import findings as run_findings
 from .report_model import Fig, Report, Section, now_utc
@@ -376,9 +381,10 @@ def build_sweep_report(df: pd.DataFrame, *, title: str = "retime sweep report",
     facts = [("Keys", ", ".join(keys) or "none"),
              *([("Steps", f"{n_steps} profiled; times are per step (each scenario's replayed "
                  "steps end to end, over their count)")] if n_steps > 1 else []),
-             ("Metrics", ", ".join(c for c in ("step_time_ns", "tokens_per_s", "mfu",
-                                               "peak_memory_bytes") if c in df
-                                   and df[c].notna().any()))]
+             # in words (the Parquet's column names stay in the CSV beside the report)
+             ("Metrics", ", ".join(_METRIC_WORDS[c][0] for c in ("step_time_ns", "tokens_per_s",
+                                                                 "mfu", "peak_memory_bytes")
+                                   if c in df and df[c].notna().any()) or "none")]
     summary = [("Scenarios", str(len(df))), ("Failed", str(info["failed"]))]
     if len(ok):
         summary.append(("Fastest step", fmt_ns(ok["step_time_ns"].min())))

@@ -196,7 +196,8 @@ def build_sweep_sections(df: pd.DataFrame, *, top: int) -> tuple[list[Section], 
             "oom": int(df["oom"].fillna(False).astype(bool).sum()) if "oom" in df else 0}
     secs: list[Section] = []
     s = Section("scenarios", "Scenarios")
-    s.blocks.append(f"{len(df):,} scenario(s) over {len(keys)} key(s): "
+    s.blocks.append(f"{len(df):,} scenario{'s' if len(df) != 1 else ''} over {len(keys)} "
+                    f"key{'s' if len(keys) != 1 else ''}: "
                     f"{', '.join(keys) or 'none'}; {info['failed']} failed, "
                     f"{info['oom']} run out of memory. Fastest first.")
     metric_cols = [c for c in _METRIC_WORDS if c in df.columns and df[c].notna().any()]

@@ -406,6 +406,9 @@ def test_sweep_report_pareto_and_sensitivity(tmp_path, capsys):
     from retime.analysis.sweep_plots import sensitivity
     sens = sensitivity(df, ["cache.recompute", "network.inter_node_gbps"])
     assert sens["key"].iloc[0] in obj["findings"][1]
+    # the facts name the metrics in words, not by their Parquet column names
+    assert "Step time" in html and "step_time_ns" not in html
+    assert "4 scenarios over 2 keys" in html and "(s)" not in html
 
 
 def test_render_html_escapes_names(dlrm):
