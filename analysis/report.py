@@ -54,7 +54,7 @@ from .report_sections import (
     section_stragglers,
     section_timeline,
 )
-from .tables import fmt_ns, fmt_pct
+from .tables import fmt_ns, fmt_pct, plural
 
 __all__ = ["Report", "Section", "Fig", "build_report", "assemble_report", "build_sweep_report",
            "read_sweep", "render_html", "write_html", "write_pdf", "write_report", "fmt_ns", "fmt_pct",
@@ -251,7 +251,7 @@ def assemble_report(run: RunAnalysis, *, baseline: Any | None = None, title: str
         if kind == "comparison" and base.n_ranks != run.n_ranks:
             # as `retime compare` says it: two rank counts are rarely one job measured twice
             first = (f"{first.rstrip('.')}; note: the runs hold {base.n_ranks} and "
-                     f"{run.n_ranks} rank(s): check that they are the same job.")
+                     f"{run.n_ranks} ranks: check that they are the same job.")
         if kind == "comparison":
             from .compare import _shared_names
             shared = _shared_names(base.t, run.t)
@@ -376,7 +376,7 @@ def build_sweep_report(df: pd.DataFrame, *, title: str = "retime sweep report",
                 findings.append(f"{s1['key']} matters least ({fmt_pct(s1['range_frac'])} "
                                 "between its best and worst value).")
     if info["failed"]:
-        findings.append(f"{info['failed']} scenario(s) failed; see the last section.")
+        findings.append(f"{plural(info['failed'], 'scenario')} failed; see the last section.")
     n_steps = int(df.attrs.get("steps", 1))
     facts = [("Keys", ", ".join(keys) or "none"),
              *([("Steps", f"{n_steps} profiled; times are per step (each scenario's replayed "

@@ -13,7 +13,7 @@ from .breakdown import PARTS
 from .report_findings import PART_WORDS
 from .report_model import Fig, Section
 from .report_run import RunAnalysis
-from .tables import Column, fmt_bytes, fmt_count, fmt_ns, fmt_pct, people_table
+from .tables import Column, fmt_bytes, fmt_count, fmt_ns, fmt_pct, people_table, plural
 
 __all__ = ["section_comparison", "waterfall_frame", "comparison_finding", "build_sweep_sections"]
 
@@ -151,7 +151,7 @@ def section_comparison(base: RunAnalysis, cand: RunAnalysis, *, labels: tuple[st
             s.blocks.append(Fig("rank_deltas", f"Change of each rank's mean step, {la} to {lb}.",
                                 plots.plot_rank_deltas(d, title="")))
         if len(common) < max(len(ta), len(tb)):
-            s.blocks.append(f"Only the {len(common):,} rank(s) present in both runs are compared "
+            s.blocks.append(f"Only the {plural(len(common), 'rank')} present in both runs are compared "
                             f"({la}: {len(ta):,} ranks, {lb}: {len(tb):,}).")
         order = d.reindex(d["delta_ns"].abs().sort_values(ascending=False,
                                                           kind="mergesort").index)

@@ -19,7 +19,7 @@ from .plots_timeline import (
 from .report_findings import cpu_only, explain_critical_path
 from .report_model import Fig, Section
 from .report_run import RunAnalysis
-from .tables import Column, fmt_ns, fmt_pct, people_table, ranks_label
+from .tables import Column, fmt_ns, fmt_pct, people_table, plural, ranks_label
 from .timeline import pipeline_blocks, step_segments
 
 __all__ = ["section_breakdown", "section_timeline", "section_critical_path", "section_kernels",
@@ -69,7 +69,7 @@ def section_breakdown(run: RunAnalysis, *, top: int) -> Section:
     cpu = cpu_only(run.t)
     nm = run.no_markers
     over = ("No step markers: the whole trace as one window." if nm
-            else f"Means over {run.steps} step(s).")
+            else f"Means over {plural(run.steps, 'step')}.")
     mean_step = "Whole trace" if nm else "Mean step"
     whole = "whole trace" if nm else "step"
     s.blocks.append(
@@ -91,7 +91,7 @@ def section_breakdown(run: RunAnalysis, *, top: int) -> Section:
                         f"one timeline, so {len(b)} representative ranks stand for all of them "
                         "(each row names the ranks it stands for).")
     elif n < len(b):
-        s.blocks.append(f"{len(b):,} ranks fall into {n} group(s) with identical breakdowns; "
+        s.blocks.append(f"{len(b):,} ranks fall into {plural(n, 'group')} with identical breakdowns; "
                         "each group is shown once.")
     if n <= MANY_RANKS:
         labels = None if total == n else [f"{r} ({k})" if k > 1 else r for r, k in
@@ -154,7 +154,7 @@ def _timeline_rows(run: RunAnalysis) -> tuple[pd.DataFrame, list[str], str]:
         if len(folded):
             n_all = int(groups["size"].sum())
             note = (f"Identical ranks are drawn once: {n_all:,} ranks fall into "
-                    f"{len(groups)} group(s) whose ops, durations and offsets in this step "
+                    f"{plural(len(groups), 'group')} whose ops, durations and offsets in this step "
                     f"are the same ({', '.join(names[:6])}{', …' if len(names) > 6 else ''}).")
         return rows.reset_index(drop=True), names, note
     b = run.bsum.set_index("rank")["step_ns"]

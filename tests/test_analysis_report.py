@@ -455,6 +455,11 @@ def test_single_rank_wording_and_no_stragglers_section(stores):
     assert "stays on rank 0" in text
     assert "rank(s)" not in text and "pair(s)" not in text and " 1 times" not in text
     assert not any("rank(s)" in f for f in rep.findings), rep.findings
+    # counts read as words: "Means over 1 step.", never "1 step(s)" anywhere in the prose
+    prose = [b for s in rep.sections for b in s.blocks if isinstance(b, str)] + rep.findings
+    prose += [f.caption for s in rep.sections for f in s.figures]
+    assert not [p for p in prose if "(s)" in p or "(es)" in p], prose
+    assert any("Means over 1 step." in p for p in prose)
     # a step-marked trace: the axes read from the step start, per mean step
     assert _axis_labels(rep, "timeline")[0].startswith("time from the step start")
     assert _axis_labels(rep, "breakdown")[1] == "mean step time (ms)"
