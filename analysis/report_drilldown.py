@@ -164,8 +164,11 @@ def _roofline_section(t) -> Section | None:
         "FLOPs and bytes from recorded shapes (or the synthesized run's kernels); gap = device "
         "time above the roof, the most a faster kernel could win. "
         f"Peaks: {pk['name']} ({pk['source']}), HBM {pk['hbm_tbps']:.2f} TB/s."])
+    # a synthesized run's kernels carry no recorded shapes: no column of blanks then
+    shapes = r["shapes"].fillna("").astype(str).str.strip().ne("").any() if "shapes" in r else False
     s.blocks.append(people_table(r, [
-        Column("op", "Operator", "name"), Column("shapes", "Shapes", "text"),
+        Column("op", "Operator", "name"),
+        *([Column("shapes", "Shapes", "text")] if shapes else []),
         Column("dtype", "Type", "text"), Column("count", "Count", "count"),
         Column("device_ns", "Device time", "time"),
         Column("achieved_tflops", "Achieved TFLOP/s", "num"),

@@ -55,3 +55,16 @@ def test_attribution_tree_leaves_structural_counts_blank():
     assert by_level["step"] == {""} and by_level["phase"] == {""}
     assert "0" not in {r[col] for r in tab.rows}
     assert all(c and c != "0" for c in by_level["annotation"])
+
+
+def test_roofline_table_has_no_blank_shapes_column_on_a_modeled_run():
+    """A synthesized run's kernels carry no recorded shapes: the roofline table leaves the
+    Shapes column out instead of showing it empty; a measured trace keeps it."""
+    import retime.collectors.synth as synth
+
+    t = synth.synthesize("gpt3-1.3b", "a100-80gb", tp=1, pp=1, dp=1, global_batch=1,
+                         micro_batch=1)
+    roof = next(s for s in drilldown_sections(t) if s.key == "roofline")
+    assert roof.tables[0].header[:2] == ["Operator", "Type"]
+    dl = drilldown_sections(ingest_cached(KINETO / "dlrm-v100-8rank"))
+    assert "Shapes" in next(s for s in dl if s.key == "roofline").tables[0].header
