@@ -151,7 +151,8 @@ def section_comparison(base: RunAnalysis, cand: RunAnalysis, *, labels: tuple[st
             s.blocks.append(Fig("rank_deltas", f"Change of each rank's mean step, {la} to {lb}.",
                                 plots.plot_rank_deltas(d, title="")))
         if len(common) < max(len(ta), len(tb)):
-            s.blocks.append(f"Only the {plural(len(common), 'rank')} present in both runs are compared "
+            s.blocks.append(f"Only {plural(len(common), 'rank')} present in both runs "
+                            f"{'is' if len(common) == 1 else 'are'} compared "
                             f"({la}: {len(ta):,} ranks, {lb}: {len(tb):,}).")
         order = d.reindex(d["delta_ns"].abs().sort_values(ascending=False,
                                                           kind="mergesort").index)

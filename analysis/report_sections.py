@@ -57,7 +57,7 @@ def fold_summary(bsum: pd.DataFrame) -> pd.DataFrame:
 
 
 def section_breakdown(run: RunAnalysis, *, top: int) -> Section:
-    s = Section("breakdown", "Where the step goes")
+    s = Section("breakdown", "Where the time goes" if run.no_markers else "Where the step goes")
     b = run.bsum
     folded = fold_summary(b)
     stands = run.stands_for
@@ -205,7 +205,8 @@ def _outside_window(t, w, ranks: np.ndarray) -> str:
 
 def section_timeline(run: RunAnalysis) -> Section:
     w = run.window
-    s = Section("timeline", "One step on the timeline")
+    s = Section("timeline", "One step on the timeline" if w.step >= 0 else
+                "The whole trace on the timeline")  # no step markers: no step to draw
     what = w.why[0].upper() + w.why[1:] if w.step < 0 else f"The whole of {w.why}"
     span = ("from the first op on any rank to the last" if w.step < 0 else
             "from the earliest rank's step start to the latest rank's step end")

@@ -286,7 +286,7 @@ def test_cli_report_with_baseline_json(stores, capsys):
     assert f"{(pb - pa) / pa:+.1%}" in html
     assert obj["findings"][0].startswith("Against the baseline, this run")
     # only rank 0 is in both runs, and the report says so
-    assert "Only the 1 rank(s) present in both runs are compared" in html
+    assert "Only 1 rank present in both runs is compared" in html
 
 
 def test_cli_report_subprocess_and_tables_beside_it(stores):
@@ -476,3 +476,6 @@ def test_trace_without_step_markers_is_not_drawn_as_a_step(stores):
     assert _axis_labels(rep, "breakdown")[1] == "whole trace (ms)"
     cap = next(f for s in rep.sections for f in s.figures if f.key == "timeline").caption
     assert "((" not in cap and ") (" not in cap and "(s)" not in cap, cap
+    titles = {s.key: s.title for s in rep.sections}
+    assert titles["timeline"] == "The whole trace on the timeline"
+    assert titles["breakdown"] == "Where the time goes"
