@@ -211,6 +211,10 @@ def assemble_report(run: RunAnalysis, *, baseline: Any | None = None, title: str
     if base is not None:
         secs.append(section_comparison(base, run, labels=(la, lb), top=top))
     secs.append(section_breakdown(run, top=top))
+    if kind == "whatif":  # the numbers from here on are the replay's, said where they start
+        secs[-1].blocks.insert(0, f"This section and the ones after it describe the {lb} run, "
+                                  f"not the {la} one (the first section puts the two side by "
+                                  "side).")
     secs.append(section_timeline(run))
     secs.append(section_critical_path(run, top=top))
     for sec in (section_kernels(run, top=top), section_comm(run, top=top),

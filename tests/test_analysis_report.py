@@ -250,6 +250,10 @@ def test_whatif_report_names_the_scenario_and_puts_both_steps_side_by_side(dlrm)
     assert "host (CPU) work" in rep.scenario[0][2]
     assert rep.findings[0].startswith("The what-if hardware.host_speedup = 2 shortens the step")
     assert rep.sections[0].key == "comparison"
+    # after the comparison the numbers are the what-if's, and the page says where that starts
+    assert rep.sections[1].key == "breakdown"
+    assert rep.sections[1].blocks[0].startswith("This section and the ones after it describe "
+                                                "the what-if run, not the measured one")
     # the waterfall adds up exactly: measured + changes == what-if
     wf = waterfall_frame(RunAnalysis(dlrm), RunAnalysis(w))
     assert wf.attrs["baseline_ns"] == pytest.approx(a)
