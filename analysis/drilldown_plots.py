@@ -42,7 +42,8 @@ def plot_launch_latency(lat: pd.DataFrame, *, title: str = "Launch-to-start late
     bins = np.logspace(np.log10(x.min()), np.log10(max(x.max(), x.min() * 1.01)), 40)
     lb = lat["launch_bound"].to_numpy(bool)
     ax.hist([x[lb], x[~lb]], bins=bins, stacked=True, color=["#DD8452", "#4C72B0"],
-            label=[f"launch-bound ({lb.sum():,})", f"queued ({(~lb).sum():,})"])
+            label=[f"launch-bound ({lb.sum():,})" if lb.any() else "_nolegend_",
+                   f"queued ({(~lb).sum():,})" if (~lb).any() else "_nolegend_"])
     ax.set_xscale("log")
     plain = FuncFormatter(lambda v, _: f"{v:g}")
     ax.xaxis.set_major_formatter(plain)

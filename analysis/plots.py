@@ -66,7 +66,9 @@ def plot_breakdown(summary: pd.DataFrame, *, labels: list[str] | None = None,
     bottom = np.zeros(len(summary))
     for p in PARTS:
         v = summary[p].to_numpy(dtype=float) / 1e6
-        ax.bar(x, v, bottom=bottom, color=PART_COLORS[p], label=PART_LABELS[p], width=0.75)
+        # a part no rank has (no communication on one GPU) stays out of the legend
+        ax.bar(x, v, bottom=bottom, color=PART_COLORS[p], width=0.75,
+               label=PART_LABELS[p] if (v > 0).any() else "_nolegend_")
         bottom += v
     ax.set_xticks(x, names, fontsize=7, rotation=30 if long else 0, ha="right" if long else
                   "center")

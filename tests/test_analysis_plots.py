@@ -31,6 +31,15 @@ def test_breakdown_bars_stack_the_parts():
     assert len(heights) == len(PARTS) * len(s)
     assert sum(heights) == pytest.approx(s["step_ns"].sum() / 1e6)
     assert heights[0] == pytest.approx(s["compute_ns"].iloc[0] / 1e6)
+    # the legend names only the parts some rank has: with no communication (one GPU) it
+    # lists no communication entry, and the bars still stack to the step
+    quiet = s.assign(overlapped_comm_ns=0, exposed_comm_ns=0)
+    ax = P.plot_breakdown(quiet).axes[0]
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    present = [p for p in PARTS if quiet[p].sum() > 0]
+    assert len(legend) == len(present) < len(PARTS)
+    assert legend and not any("communication" in t for t in legend)
+    assert len(ax.patches) == len(PARTS) * len(s)
 
 
 def test_timeline_draws_every_op_and_outlines_the_critical_path():
@@ -113,3 +122,21 @@ def test_roofline_labels_never_squeeze_the_axes():
     assert len(labels) == 1 and labels[0].get_text().endswith("+3 more")
     assert labels[0].get_ha() == "right"
     assert ax.get_position().width > 0.5
+
+
+def test_launch_latency_legend_leaves_out_an_empty_group():
+    """A trace whose GPU never waited for a launch (a CUDA-graph replay): the legend says
+    "queued (N)" and no "launch-bound (0)"; µs, not "us", on the axis."""
+    import pandas as pd
+
+    from retime.analysis.drilldown_plots import plot_launch_latency
+
+    lat = pd.DataFrame({"latency_ns": np.linspace(2e3, 90e3, 50),
+                        "launch_bound": np.zeros(50, bool)})
+    ax = plot_launch_latency(lat).axes[0]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["queued (50)"]
+    assert "(µs, log scale)" in ax.get_xlabel()
+    lat["launch_bound"] = np.arange(50) < 5
+    ax = plot_launch_latency(lat).axes[0]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["launch-bound (5)",
+                                                                   "queued (45)"]
