@@ -47,8 +47,11 @@ def plot_launch_latency(lat: pd.DataFrame, *, title: str = "Launch-to-start late
     ax.set_xscale("log")
     plain = FuncFormatter(lambda v, _: f"{v:g}")
     ax.xaxis.set_major_formatter(plain)
-    if x.max() < 10 * x.min():  # under a decade only minor ticks are labelled: plainly too
-        ax.xaxis.set_minor_formatter(plain)
+    if x.max() < 10 * x.min():  # under a decade only minor ticks are labelled: plainly too,
+        # 2, 3 and 5 of each decade only (0.9 beside 1 ran into it)
+        ax.xaxis.set_minor_formatter(FuncFormatter(
+            lambda v, _: f"{v:g}" if v > 0 and round(v / 10 ** np.floor(np.log10(v)), 6)
+            in (2.0, 3.0, 5.0) else ""))
     ax.set_xlabel(f"GPU op start - launch call start ({unit}, log scale)")
     ax.set_ylabel("GPU ops")
     ax.set_title(title)

@@ -140,3 +140,24 @@ def test_launch_latency_legend_leaves_out_an_empty_group():
     ax = plot_launch_latency(lat).axes[0]
     assert [t.get_text() for t in ax.get_legend().get_texts()] == ["launch-bound (5)",
                                                                    "queued (45)"]
+
+
+def test_launch_latency_minor_tick_labels_do_not_crowd():
+    """Latencies within a decade (0.3 to 3 ms): minor ticks are labelled at 2, 3 and 5 of a
+    decade only, so no "0.9" runs into the "1" beside it."""
+    import io
+
+    import pandas as pd
+
+    from retime.analysis.drilldown_plots import plot_launch_latency
+
+    lat = pd.DataFrame({"latency_ns": np.linspace(0.33e6, 3.2e6, 80),
+                        "launch_bound": np.arange(80) < 20})
+    fig = plot_launch_latency(lat)
+    fig.savefig(io.BytesIO(), format="png")
+    ax = fig.axes[0]
+    lo, hi = ax.get_xlim()
+    minor = {t.get_text() for t in ax.xaxis.get_minorticklabels()
+             if lo <= t.get_position()[0] <= hi and t.get_text()}
+    assert minor and minor <= {"0.2", "0.3", "0.5", "2", "3", "5"}, minor
+    assert "0.9" not in minor and "0.4" not in minor
