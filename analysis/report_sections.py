@@ -124,10 +124,13 @@ def per_step_table(run: RunAnalysis, *, top: int, busy: Column | None = None):
     headline's step time is their mean and its spread their relative standard deviation."""
     bd = run.bd
     rows = bd.loc[bd.groupby("step")["step_ns"].idxmax()].sort_values("step")
-    cols = [Column("step", "Step", "count"), Column("rank", "Slowest rank", "count"),
+    one = run.n_ranks == 1  # one rank: no "slowest rank" to name
+    cols = [Column("step", "Step", "count"),
+            *([] if one else [Column("rank", "Slowest rank", "count")]),
             Column("step_ns", "Step", "time"), *_PART_COLS,
             busy or Column("gpu_busy_frac", "GPU busy", "pct")]
-    return people_table(rows, cols, caption="Each step (the slowest rank's window)", top=top,
+    return people_table(rows, cols, caption="Each step" if one else
+                        "Each step (the slowest rank's window)", top=top,
                         what="steps", cut_word="First", csv_name="breakdown_per_step",
                         csv_frame=bd[["rank", "step", "start_ns", "end_ns", "step_ns", *PARTS,
                                       "gpu_busy_frac"]], same_unit=True)

@@ -483,3 +483,15 @@ def test_trace_without_step_markers_is_not_drawn_as_a_step(stores):
     titles = {s.key: s.title for s in rep.sections}
     assert titles["timeline"] == "The whole trace on the timeline"
     assert titles["breakdown"] == "Where the time goes"
+
+
+def test_one_gpu_several_steps_per_step_table_names_no_slowest_rank():
+    """A single-H200 trace of 3 steps (CUDA graphs): the per-step table has no "Slowest rank"
+    column (always 0 on one rank) and its caption no "slowest rank's window"."""
+    t = ingest_cached(ROOT / "traces" / "gpu_pairs" / "g1" / "tiny-graph" /
+                      "rep1.pt.trace.json.gz")
+    rep = build_report(t)
+    tab = next(tb for s in rep.sections for tb in s.tables if tb.caption.startswith("Each step"))
+    assert tab.caption == "Each step" and "Slowest rank" not in tab.header
+    assert len(tab.rows) == 3
+    assert "stragglers" not in [s.key for s in rep.sections]
