@@ -103,12 +103,14 @@ def plot_hierarchy(tree: pd.DataFrame, *, metric: str = "device_incl_ns", max_de
         boxes.append([(left, y - 0.45), (left + w, y - 0.45), (left + w, y + 0.45),
                       (left, y + 0.45)])
         colors.append(_LEVEL_COLORS.get(str(lev), "#CFCFCF"))
-        if w > 0.06:
-            labels.append((left + w / 2, y, str(name)[: max(4, int(w * 120))]))
+        if w > 0.06:  # about 120 characters of 7.5 pt across the axes; a cut name says so
+            room = max(4, int(w * 120))
+            nm = str(name)
+            labels.append((left + w / 2, y, nm if len(nm) <= room else nm[:room - 1] + "…"))
     ax.add_collection(PolyCollection(boxes, facecolors=colors, edgecolors="white",
                                      linewidths=0.4))
     for x, y, s in labels:
-        ax.text(x, y, s, ha="center", va="center", fontsize=6, clip_on=True)
+        ax.text(x, y, s, ha="center", va="center", fontsize=7.5, clip_on=True)
     ax.set_xlim(0, 1)
     depth = min(int(tree["depth"].max()), max_depth)
     ax.set_ylim(-depth - 0.6, 0.6)
@@ -118,7 +120,7 @@ def plot_hierarchy(tree: pd.DataFrame, *, metric: str = "device_incl_ns", max_de
     ax.set_title(title or f"Attribution tree ({metric.replace('_incl_ns', '')} time)")
     from matplotlib.patches import Patch
     seen = [lv for lv in _LEVEL_COLORS if lv in set(map(str, tree["level"]))]
-    ax.legend(handles=[Patch(color=_LEVEL_COLORS[lv], label=lv) for lv in seen], fontsize=6,
+    ax.legend(handles=[Patch(color=_LEVEL_COLORS[lv], label=lv) for lv in seen], fontsize=7,
               loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     return fig
 
