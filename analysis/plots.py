@@ -328,7 +328,9 @@ def plot_rank_deltas(deltas: pd.DataFrame, *, title: str = "Step time change per
     ax.tick_params(axis="y", labelsize=7)
     ax.set_title(title, fontsize=9, loc="left")
     from matplotlib.patches import Patch
-    fig.legend(handles=[Patch(color="#C44E52", label="slower"), Patch(color="#55A868",
-                                                                      label="faster")],
-               fontsize=7, frameon=False, loc="upper right", ncol=2)
+    # only the directions some rank took (every rank faster: no "slower" entry)
+    handles = [Patch(color=c, label=lab) for c, lab, has in
+               (("#C44E52", "slower", (d > 0).any()), ("#55A868", "faster", (d <= 0).any()))
+               if has]
+    fig.legend(handles=handles, fontsize=7, frameon=False, loc="upper right", ncol=2)
     return fig

@@ -161,3 +161,13 @@ def test_launch_latency_minor_tick_labels_do_not_crowd():
              if lo <= t.get_position()[0] <= hi and t.get_text()}
     assert minor and minor <= {"0.2", "0.3", "0.5", "2", "3", "5"}, minor
     assert "0.9" not in minor and "0.4" not in minor
+
+
+def test_rank_deltas_legend_names_only_the_directions_shown():
+    """Every rank faster (a what-if that helps all): the legend says "faster" only."""
+    import pandas as pd
+
+    fig = P.plot_rank_deltas(pd.DataFrame({"rank": [0, 1, 2], "delta_ns": [-5e6, -4e6, -1e6]}))
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == ["faster"]
+    fig = P.plot_rank_deltas(pd.DataFrame({"rank": [0, 1], "delta_ns": [2e6, -1e6]}))
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == ["slower", "faster"]
