@@ -111,7 +111,8 @@ def section_breakdown(run: RunAnalysis, *, top: int) -> Section:
         cols.append(Column("n", "Ranks", "count"))
     cols += [Column("step_ns", "Whole trace" if nm else "Step", "time"), *_PART_COLS, busy]
     full = b[["rank", "steps", "step_ns", *PARTS, "gpu_busy_frac"]]
-    s.blocks.append(people_table(rows, cols, caption=f"{mean_step} per rank, slowest first",
+    s.blocks.append(people_table(rows, cols, caption=f"{mean_step} per rank, slowest first"
+                                 if len(rows) > 1 else f"{mean_step}, split into its parts",
                                  top=top, what="rank groups" if n < len(b) else "ranks",
                                  csv_name="breakdown_per_rank", csv_frame=full, same_unit=True))
     if run.steps > 1:

@@ -493,5 +493,8 @@ def test_one_gpu_several_steps_per_step_table_names_no_slowest_rank():
     rep = build_report(t)
     tab = next(tb for s in rep.sections for tb in s.tables if tb.caption.startswith("Each step"))
     assert tab.caption == "Each step" and "Slowest rank" not in tab.header
+    captions = [tb.caption for s in rep.sections for tb in s.tables]
+    assert "Mean step, split into its parts" in captions
+    assert not any("slowest first" in c for c in captions), captions
     assert len(tab.rows) == 3
     assert "stragglers" not in [s.key for s in rep.sections]
