@@ -70,6 +70,10 @@ def plot_step_timeline(seg: pd.DataFrame, groups: list[str], *, span_ns: int,
     out. ``origin`` names where the x axis starts (``trace start`` without step markers).
     """
     unit, scale = time_axis(span_ns)
+    # boxes wholly outside the window (a host that ran ahead of its GPU) are not drawn, and a
+    # row with nothing else stays out: no empty "CPU" row named in the legend
+    if len(seg):
+        seg = seg[(seg["end_ns"].to_numpy() > 0) & (seg["start_ns"].to_numpy() < span_ns)]
     present = (seg[["row_group", "activity"]].drop_duplicates()
                .sort_values(["row_group", "activity"]).to_numpy() if len(seg)
                else np.zeros((0, 2), int))

@@ -171,3 +171,21 @@ def test_rank_deltas_legend_names_only_the_directions_shown():
     assert [t.get_text() for t in fig.legends[0].get_texts()] == ["faster"]
     fig = P.plot_rank_deltas(pd.DataFrame({"rank": [0, 1], "delta_ns": [2e6, -1e6]}))
     assert [t.get_text() for t in fig.legends[0].get_texts()] == ["slower", "faster"]
+
+
+def test_step_timeline_leaves_out_a_row_with_nothing_in_the_window():
+    """A CUDA-graph step: the host's graph launch ran before the step window (negative
+    times), so the CPU row would be empty; it is left out, and so is its legend entry."""
+    import pandas as pd
+
+    from retime.analysis.plots_timeline import plot_step_timeline
+
+    seg = pd.DataFrame({"row_group": [0, 0, 0], "activity": [0, 1, 1],
+                        "kind": ["host", "compute", "compute"],
+                        "start_ns": [-900_000, 0, 500_000], "end_ns": [-40_000, 400_000, 1_600_000],
+                        "critical": [False, True, False]})
+    ax = plot_step_timeline(seg, ["rank 0"], span_ns=1_676_000).axes[0]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["rank 0 · GPU"]
+    legend = ax.figure.legends[0] if ax.figure.legends else ax.get_legend()
+    labels = [t.get_text() for t in legend.get_texts()]
+    assert "GPU compute" in labels and not any("host" in t for t in labels)
