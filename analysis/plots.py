@@ -279,11 +279,16 @@ def plot_waterfall(steps: pd.DataFrame, *, labels: tuple[str, str] = ("baseline"
            color=["#C44E52" if v > 0 else "#55A868" for v in d])
     ax.bar(x[-1], cand, color="#4C72B0", width=0.6)
     span = max(abs(base), abs(cand), 1e-9)
+    # every label in the same decimals (the steps' 4 significant digits), an unchanged part
+    # reads "0": "+2.571", "-0.033", "0" beside "66.24" (not "+2.57", "-0.0332", "+0")
+    dec = 1 if span >= 100 else 2 if span >= 10 else 3
     for xi, lv, v in zip(x[1:-1], level, d):
-        ax.text(xi, max(lv, lv + v) + span * 0.015, f"{v:+.3g}", ha="center", va="bottom",
+        lab = f"{v:+.{dec}f}" if round(v, dec) != 0 else "0"
+        ax.text(xi, max(lv, lv + v) + span * 0.015, lab, ha="center", va="bottom",
                 fontsize=6.5)
-    ax.text(0, base + span * 0.015, f"{base:.4g}", ha="center", va="bottom", fontsize=6.5)
-    ax.text(x[-1], cand + span * 0.015, f"{cand:.4g}", ha="center", va="bottom", fontsize=6.5)
+    ax.text(0, base + span * 0.015, f"{base:.{dec}f}", ha="center", va="bottom", fontsize=6.5)
+    ax.text(x[-1], cand + span * 0.015, f"{cand:.{dec}f}", ha="center", va="bottom",
+            fontsize=6.5)
     names = [labels[0], *steps["part"].tolist(), labels[1]]
     ax.set_xticks(x, names, fontsize=7)
     ax.set_ylabel("step time (ms)", fontsize=8)
@@ -291,11 +296,12 @@ def plot_waterfall(steps: pd.DataFrame, *, labels: tuple[str, str] = ("baseline"
     ax.set_ylim(0, span * 1.12)
     ax.set_title(title, fontsize=9, loc="left")
     from matplotlib.patches import Patch
-    fig.legend(handles=[Patch(color="#7F7F7F", label=f"{labels[0]} step"),
-                        Patch(color="#C44E52", label="part grew"),
-                        Patch(color="#55A868", label="part shrank"),
-                        Patch(color="#4C72B0", label=f"{labels[1]} step")],
-               fontsize=7, frameon=False, loc="upper right", ncol=4)
+    handles = [Patch(color="#7F7F7F", label=f"{labels[0]} step"),
+               *([Patch(color="#C44E52", label="part grew")] if (d > 0).any() else []),
+               *([Patch(color="#55A868", label="part shrank")] if (d < 0).any() else []),
+               Patch(color="#4C72B0", label=f"{labels[1]} step")]
+    fig.legend(handles=handles, fontsize=7, frameon=False, loc="upper right",
+               ncol=len(handles))
     return fig
 
 

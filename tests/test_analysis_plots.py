@@ -189,3 +189,24 @@ def test_step_timeline_leaves_out_a_row_with_nothing_in_the_window():
     legend = ax.figure.legends[0] if ax.figure.legends else ax.get_legend()
     labels = [t.get_text() for t in legend.get_texts()]
     assert "GPU compute" in labels and not any("host" in t for t in labels)
+
+
+def test_waterfall_labels_share_their_decimals():
+    """Step 66.24 -> 68.06 ms (a CUDA-graph capture against eager): the labels read "+2.57",
+    "-0.03", "-0.72" and "0" beside "66.24" (once "+2.57", "-0.0332", "+0"), and the legend
+    names no "part grew" when nothing grew."""
+    import pandas as pd
+
+    steps = pd.DataFrame({"part": ["compute", "comm.", "copies", "host-bound"],
+                          "delta_ns": [2.571e6, 0.0, -0.0332e6, -0.7234e6],
+                          "color": ["", "", "", ""]})
+    steps.attrs.update(baseline_ns=66.24e6, candidate_ns=66.24e6 + steps["delta_ns"].sum())
+    fig = P.plot_waterfall(steps)
+    texts = [t.get_text() for t in fig.axes[0].texts]
+    assert texts == ["+2.57", "0", "-0.03", "-0.72", "66.24", "68.05"], texts
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert "part grew" in legend and "part shrank" in legend
+    shrink = steps.assign(delta_ns=[-1e6, 0.0, -2e6, 0.0])
+    shrink.attrs.update(baseline_ns=66.24e6, candidate_ns=63.24e6)
+    legend = [t.get_text() for t in P.plot_waterfall(shrink).legends[0].get_texts()]
+    assert legend == ["baseline step", "part shrank", "this run step"]
