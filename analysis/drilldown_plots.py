@@ -37,17 +37,21 @@ def plot_launch_latency(lat: pd.DataFrame, *, title: str = "Launch-to-start late
 
     ns = np.maximum(lat["latency_ns"].to_numpy(dtype=float), 1.0)
     # the unit of the table beside it: ms once the median latency is a millisecond or more
-    unit, scale = ("ms", 1e6) if np.median(ns) >= 1e6 else ("us", 1e3)
+    unit, scale = ("ms", 1e6) if np.median(ns) >= 1e6 else ("µs", 1e3)
     x = ns / scale
     bins = np.logspace(np.log10(x.min()), np.log10(max(x.max(), x.min() * 1.01)), 40)
     lb = lat["launch_bound"].to_numpy(bool)
     ax.hist([x[lb], x[~lb]], bins=bins, stacked=True, color=["#DD8452", "#4C72B0"],
-            label=[f"launch-bound ({lb.sum():,})", f"queued ({(~lb).sum():,})"])
+            label=[f"launch-bound ({lb.sum():,})" if lb.any() else "_nolegend_",
+                   f"queued ({(~lb).sum():,})" if (~lb).any() else "_nolegend_"])
     ax.set_xscale("log")
     plain = FuncFormatter(lambda v, _: f"{v:g}")
     ax.xaxis.set_major_formatter(plain)
-    if x.max() < 10 * x.min():  # under a decade only minor ticks are labelled: plainly too
-        ax.xaxis.set_minor_formatter(plain)
+    if x.max() < 10 * x.min():  # under a decade only minor ticks are labelled: plainly too,
+        # 2, 3 and 5 of each decade only (0.9 beside 1 ran into it)
+        ax.xaxis.set_minor_formatter(FuncFormatter(
+            lambda v, _: f"{v:g}" if v > 0 and round(v / 10 ** np.floor(np.log10(v)), 6)
+            in (2.0, 3.0, 5.0) else ""))
     ax.set_xlabel(f"GPU op start - launch call start ({unit}, log scale)")
     ax.set_ylabel("GPU ops")
     ax.set_title(title)
@@ -99,12 +103,14 @@ def plot_hierarchy(tree: pd.DataFrame, *, metric: str = "device_incl_ns", max_de
         boxes.append([(left, y - 0.45), (left + w, y - 0.45), (left + w, y + 0.45),
                       (left, y + 0.45)])
         colors.append(_LEVEL_COLORS.get(str(lev), "#CFCFCF"))
-        if w > 0.06:
-            labels.append((left + w / 2, y, str(name)[: max(4, int(w * 120))]))
+        if w > 0.06:  # about 120 characters of 7.5 pt across the axes; a cut name says so
+            room = max(4, int(w * 120))
+            nm = str(name)
+            labels.append((left + w / 2, y, nm if len(nm) <= room else nm[:room - 1] + "…"))
     ax.add_collection(PolyCollection(boxes, facecolors=colors, edgecolors="white",
                                      linewidths=0.4))
     for x, y, s in labels:
-        ax.text(x, y, s, ha="center", va="center", fontsize=6, clip_on=True)
+        ax.text(x, y, s, ha="center", va="center", fontsize=7.5, clip_on=True)
     ax.set_xlim(0, 1)
     depth = min(int(tree["depth"].max()), max_depth)
     ax.set_ylim(-depth - 0.6, 0.6)
@@ -114,7 +120,7 @@ def plot_hierarchy(tree: pd.DataFrame, *, metric: str = "device_incl_ns", max_de
     ax.set_title(title or f"Attribution tree ({metric.replace('_incl_ns', '')} time)")
     from matplotlib.patches import Patch
     seen = [lv for lv in _LEVEL_COLORS if lv in set(map(str, tree["level"]))]
-    ax.legend(handles=[Patch(color=_LEVEL_COLORS[lv], label=lv) for lv in seen], fontsize=6,
+    ax.legend(handles=[Patch(color=_LEVEL_COLORS[lv], label=lv) for lv in seen], fontsize=7,
               loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     return fig
 
@@ -151,9 +157,16 @@ def plot_roofline(ops: pd.DataFrame, peaks: dict, *, title: str = "Roofline per 
             spots.append([lx, ly, [name]])
         elif name not in near[2]:
             near[2].append(name)
+    llo, lhi = np.log10(lo), np.log10(hi)
     for lx, ly, names in spots:
-        ax.annotate(", ".join(names), (10 ** lx, 10 ** ly), textcoords="offset points",
-                    xytext=(5, 4), fontsize=6)
+        label = ", ".join(names[:2]) + (f" +{len(names) - 2} more" if len(names) > 2 else "")
+        # a label that would run past the right edge goes to the left of its spot (about
+        # 3.3 pt a character at 6 pt over some 340 pt of axes), and no label takes part in
+        # the layout: a long one would squeeze the axes into a strip
+        right = (lx - llo) / (lhi - llo) + 3.3 * len(label) / 340.0 > 0.97
+        ax.annotate(label, (10 ** lx, 10 ** ly), textcoords="offset points",
+                    xytext=(-5 if right else 5, 4), ha="right" if right else "left",
+                    fontsize=6, annotation_clip=True, in_layout=False)
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("arithmetic intensity (FLOP / byte)")

@@ -43,10 +43,12 @@ def _boxes(left: np.ndarray, width: np.ndarray, y: np.ndarray, half: float) -> n
 
 
 def plot_breakdown(summary: pd.DataFrame, *, labels: list[str] | None = None,
-                   title: str = "Step time breakdown per rank", cpu_only: bool = False) -> Figure:
+                   title: str = "Step time breakdown per rank", cpu_only: bool = False,
+                   ylabel: str = "mean step time (ms)") -> Figure:
     """Stacked bars per rank (or per group of identical ranks, named by ``labels``) of the
     mean step's parts (ms), from :func:`analysis.breakdown.summarize_breakdown`;
-    ``cpu_only``: a trace without GPU (host-bound is host work outside every op)."""
+    ``cpu_only``: a trace without GPU (host-bound is host work outside every op); ``ylabel``
+    names the bars (a trace without step markers is one window, not a mean step)."""
     from .plots_timeline import PART_COLORS, PART_LABELS, fixed_margins
     if cpu_only:
         PART_LABELS = {**PART_LABELS, "host_bound_ns": "host-bound (host work outside ops)"}
@@ -64,12 +66,14 @@ def plot_breakdown(summary: pd.DataFrame, *, labels: list[str] | None = None,
     bottom = np.zeros(len(summary))
     for p in PARTS:
         v = summary[p].to_numpy(dtype=float) / 1e6
-        ax.bar(x, v, bottom=bottom, color=PART_COLORS[p], label=PART_LABELS[p], width=0.75)
+        # a part no rank has (no communication on one GPU) stays out of the legend
+        ax.bar(x, v, bottom=bottom, color=PART_COLORS[p], width=0.75,
+               label=PART_LABELS[p] if (v > 0).any() else "_nolegend_")
         bottom += v
     ax.set_xticks(x, names, fontsize=7, rotation=30 if long else 0, ha="right" if long else
                   "center")
     ax.set_xlabel("rank" if labels is None else "rank (identical ranks drawn once)", fontsize=8)
-    ax.set_ylabel("mean step time (ms)", fontsize=8)
+    ax.set_ylabel(ylabel, fontsize=8)
     ax.tick_params(axis="y", labelsize=7)
     ax.set_title(title, fontsize=9, loc="left")
     handles, labs = ax.get_legend_handles_labels()
@@ -275,11 +279,16 @@ def plot_waterfall(steps: pd.DataFrame, *, labels: tuple[str, str] = ("baseline"
            color=["#C44E52" if v > 0 else "#55A868" for v in d])
     ax.bar(x[-1], cand, color="#4C72B0", width=0.6)
     span = max(abs(base), abs(cand), 1e-9)
+    # every label in the same decimals (the steps' 4 significant digits), an unchanged part
+    # reads "0": "+2.571", "-0.033", "0" beside "66.24" (not "+2.57", "-0.0332", "+0")
+    dec = 1 if span >= 100 else 2 if span >= 10 else 3
     for xi, lv, v in zip(x[1:-1], level, d):
-        ax.text(xi, max(lv, lv + v) + span * 0.015, f"{v:+.3g}", ha="center", va="bottom",
+        lab = f"{v:+.{dec}f}" if round(v, dec) != 0 else "0"
+        ax.text(xi, max(lv, lv + v) + span * 0.015, lab, ha="center", va="bottom",
                 fontsize=6.5)
-    ax.text(0, base + span * 0.015, f"{base:.4g}", ha="center", va="bottom", fontsize=6.5)
-    ax.text(x[-1], cand + span * 0.015, f"{cand:.4g}", ha="center", va="bottom", fontsize=6.5)
+    ax.text(0, base + span * 0.015, f"{base:.{dec}f}", ha="center", va="bottom", fontsize=6.5)
+    ax.text(x[-1], cand + span * 0.015, f"{cand:.{dec}f}", ha="center", va="bottom",
+            fontsize=6.5)
     names = [labels[0], *steps["part"].tolist(), labels[1]]
     ax.set_xticks(x, names, fontsize=7)
     ax.set_ylabel("step time (ms)", fontsize=8)
@@ -287,11 +296,12 @@ def plot_waterfall(steps: pd.DataFrame, *, labels: tuple[str, str] = ("baseline"
     ax.set_ylim(0, span * 1.12)
     ax.set_title(title, fontsize=9, loc="left")
     from matplotlib.patches import Patch
-    fig.legend(handles=[Patch(color="#7F7F7F", label=f"{labels[0]} step"),
-                        Patch(color="#C44E52", label="part grew"),
-                        Patch(color="#55A868", label="part shrank"),
-                        Patch(color="#4C72B0", label=f"{labels[1]} step")],
-               fontsize=7, frameon=False, loc="upper right", ncol=4)
+    handles = [Patch(color="#7F7F7F", label=f"{labels[0]} step"),
+               *([Patch(color="#C44E52", label="part grew")] if (d > 0).any() else []),
+               *([Patch(color="#55A868", label="part shrank")] if (d < 0).any() else []),
+               Patch(color="#4C72B0", label=f"{labels[1]} step")]
+    fig.legend(handles=handles, fontsize=7, frameon=False, loc="upper right",
+               ncol=len(handles))
     return fig
 
 
@@ -324,7 +334,9 @@ def plot_rank_deltas(deltas: pd.DataFrame, *, title: str = "Step time change per
     ax.tick_params(axis="y", labelsize=7)
     ax.set_title(title, fontsize=9, loc="left")
     from matplotlib.patches import Patch
-    fig.legend(handles=[Patch(color="#C44E52", label="slower"), Patch(color="#55A868",
-                                                                      label="faster")],
-               fontsize=7, frameon=False, loc="upper right", ncol=2)
+    # only the directions some rank took (every rank faster: no "slower" entry)
+    handles = [Patch(color=c, label=lab) for c, lab, has in
+               (("#C44E52", "slower", (d > 0).any()), ("#55A868", "faster", (d <= 0).any()))
+               if has]
+    fig.legend(handles=handles, fontsize=7, frameon=False, loc="upper right", ncol=2)
     return fig

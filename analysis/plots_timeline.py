@@ -62,14 +62,18 @@ def _label_in(labels: list[str], size: float = 7.0) -> float:
 
 
 def plot_step_timeline(seg: pd.DataFrame, groups: list[str], *, span_ns: int,
-                       title: str = "") -> Figure:
+                       title: str = "", origin: str = "step start") -> Figure:
     """One step, one row per (rank group, activity); critical-path boxes outlined.
 
     ``seg`` is :func:`analysis.timeline.step_segments`; ``groups[i]`` names row group ``i``
     (e.g. ``rank 3`` or ``ranks 0-31``). Rows of an activity a group never shows are left
-    out.
+    out. ``origin`` names where the x axis starts (``trace start`` without step markers).
     """
     unit, scale = time_axis(span_ns)
+    # boxes wholly outside the window (a host that ran ahead of its GPU) are not drawn, and a
+    # row with nothing else stays out: no empty "CPU" row named in the legend
+    if len(seg):
+        seg = seg[(seg["end_ns"].to_numpy() > 0) & (seg["start_ns"].to_numpy() < span_ns)]
     present = (seg[["row_group", "activity"]].drop_duplicates()
                .sort_values(["row_group", "activity"]).to_numpy() if len(seg)
                else np.zeros((0, 2), int))
@@ -99,7 +103,7 @@ def plot_step_timeline(seg: pd.DataFrame, groups: list[str], *, span_ns: int,
     ax.set_ylim(n - 0.5, -0.5)
     ax.set_yticks(np.arange(len(labels)), labels, fontsize=7)
     ax.tick_params(axis="x", labelsize=7)
-    ax.set_xlabel(f"time from the step start ({unit})", fontsize=8)
+    ax.set_xlabel(f"time from the {origin} ({unit})", fontsize=8)
     kinds_present = list(dict.fromkeys(seg["kind"].tolist())) if len(seg) else []
     handles = [Patch(facecolor=ACTIVITY_COLORS[k], label=_ACT_LABELS[k])
                for k in ("compute", "communication", "memcpy", "host") if k in kinds_present]

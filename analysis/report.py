@@ -33,7 +33,12 @@ from retime.collectors.trace import Trace
 from ._util import as_trace, memo_scope
 from .breakdown import PARTS
 from .coverage import excludes_gpu_work, hides_gpu_work, unseen_notes
-from .report_compare import build_sweep_sections, comparison_finding, section_comparison
+from .report_compare import (
+    _METRIC_WORDS,
+    build_sweep_sections,
+    comparison_finding,
+    section_comparison,
+)
 from .report_findings import cpu_only
 from .report_findings import findings as run_findings
 from .report_model import Fig, Report, Section, now_utc
@@ -49,7 +54,7 @@ from .report_sections import (
     section_stragglers,
     section_timeline,
 )
-from .tables import fmt_ns, fmt_pct
+from .tables import fmt_ns, fmt_pct, plural
 
 __all__ = ["Report", "Section", "Fig", "build_report", "assemble_report", "build_sweep_report",
            "read_sweep", "render_html", "write_html", "write_pdf", "write_report", "fmt_ns", "fmt_pct",
@@ -206,6 +211,10 @@ def assemble_report(run: RunAnalysis, *, baseline: Any | None = None, title: str
     if base is not None:
         secs.append(section_comparison(base, run, labels=(la, lb), top=top))
     secs.append(section_breakdown(run, top=top))
+    if kind == "whatif":  # the numbers from here on are the replay's, said where they start
+        secs[-1].blocks.insert(0, f"This section and the ones after it describe the {lb} run, "
+                                  f"not the {la} one (the first section puts the two side by "
+                                  "side).")
     secs.append(section_timeline(run))
     secs.append(section_critical_path(run, top=top))
     for sec in (section_kernels(run, top=top), section_comm(run, top=top),
@@ -246,7 +255,7 @@ def assemble_report(run: RunAnalysis, *, baseline: Any | None = None, title: str
         if kind == "comparison" and base.n_ranks != run.n_ranks:
             # as `retime compare` says it: two rank counts are rarely one job measured twice
             first = (f"{first.rstrip('.')}; note: the runs hold {base.n_ranks} and "
-                     f"{run.n_ranks} rank(s): check that they are the same job.")
+                     f"{run.n_ranks} ranks: check that they are the same job.")
         if kind == "comparison":
             from .compare import _shared_names
             shared = _shared_names(base.t, run.t)
@@ -371,14 +380,15 @@ def build_sweep_report(df: pd.DataFrame, *, title: str = "retime sweep report",
                 findings.append(f"{s1['key']} matters least ({fmt_pct(s1['range_frac'])} "
                                 "between its best and worst value).")
     if info["failed"]:
-        findings.append(f"{info['failed']} scenario(s) failed; see the last section.")
+        findings.append(f"{plural(info['failed'], 'scenario')} failed; see the last section.")
     n_steps = int(df.attrs.get("steps", 1))
     facts = [("Keys", ", ".join(keys) or "none"),
              *([("Steps", f"{n_steps} profiled; times are per step (each scenario's replayed "
                  "steps end to end, over their count)")] if n_steps > 1 else []),
-             ("Metrics", ", ".join(c for c in ("step_time_ns", "tokens_per_s", "mfu",
-                                               "peak_memory_bytes") if c in df
-                                   and df[c].notna().any()))]
+             # in words (the Parquet's column names stay in the CSV beside the report)
+             ("Metrics", ", ".join(_METRIC_WORDS[c][0] for c in ("step_time_ns", "tokens_per_s",
+                                                                 "mfu", "peak_memory_bytes")
+                                   if c in df and df[c].notna().any()) or "none")]
     summary = [("Scenarios", str(len(df))), ("Failed", str(info["failed"]))]
     if len(ok):
         summary.append(("Fastest step", fmt_ns(ok["step_time_ns"].min())))

@@ -13,7 +13,7 @@ from .breakdown import PARTS
 from .report_findings import PART_WORDS
 from .report_model import Fig, Section
 from .report_run import RunAnalysis
-from .tables import Column, fmt_bytes, fmt_count, fmt_ns, fmt_pct, people_table
+from .tables import Column, fmt_bytes, fmt_count, fmt_ns, fmt_pct, people_table, plural
 
 __all__ = ["section_comparison", "waterfall_frame", "comparison_finding", "build_sweep_sections"]
 
@@ -151,7 +151,8 @@ def section_comparison(base: RunAnalysis, cand: RunAnalysis, *, labels: tuple[st
             s.blocks.append(Fig("rank_deltas", f"Change of each rank's mean step, {la} to {lb}.",
                                 plots.plot_rank_deltas(d, title="")))
         if len(common) < max(len(ta), len(tb)):
-            s.blocks.append(f"Only the {len(common):,} rank(s) present in both runs are compared "
+            s.blocks.append(f"Only {plural(len(common), 'rank')} present in both runs "
+                            f"{'is' if len(common) == 1 else 'are'} compared "
                             f"({la}: {len(ta):,} ranks, {lb}: {len(tb):,}).")
         order = d.reindex(d["delta_ns"].abs().sort_values(ascending=False,
                                                           kind="mergesort").index)
@@ -196,7 +197,8 @@ def build_sweep_sections(df: pd.DataFrame, *, top: int) -> tuple[list[Section], 
             "oom": int(df["oom"].fillna(False).astype(bool).sum()) if "oom" in df else 0}
     secs: list[Section] = []
     s = Section("scenarios", "Scenarios")
-    s.blocks.append(f"{len(df):,} scenario(s) over {len(keys)} key(s): "
+    s.blocks.append(f"{len(df):,} scenario{'s' if len(df) != 1 else ''} over {len(keys)} "
+                    f"key{'s' if len(keys) != 1 else ''}: "
                     f"{', '.join(keys) or 'none'}; {info['failed']} failed, "
                     f"{info['oom']} run out of memory. Fastest first.")
     metric_cols = [c for c in _METRIC_WORDS if c in df.columns and df[c].notna().any()]

@@ -135,7 +135,7 @@ def _tree_section(t) -> Section | None:
     top = h[(h["depth"] <= 4) & (h["device_incl_ns"] >= 0.02 * max(h["device_incl_ns"].iloc[0], 1))]
     s.blocks.append(people_table(top, [
         Column("depth", "Depth", "count"), Column("level", "Level", "text"),
-        Column("path", "Path", "name"), Column("count", "Count", "count"),
+        Column("path", "Path", "name"), Column("count", "Count", _instances),
         Column("device_incl_ns", "Device time, inclusive", "time"),
         Column("host_incl_ns", "Host time, inclusive", "time"),
         Column("launches", "Launches", "count"), Column("launch_ns", "Launch time", "time")],
@@ -144,6 +144,12 @@ def _tree_section(t) -> Section | None:
     s.blocks.append(Fig("icicle", "Icicle of the attribution tree by device time.",
                         dp.plot_hierarchy(h)))
     return s
+
+
+def _instances(n) -> str:
+    """A node's merged instances; a step or phase node groups instances but is none itself
+    (its count is 0): left blank rather than read as "nothing ran"."""
+    return f"{int(n):,}" if n else ""
 
 
 def _roofline_section(t) -> Section | None:
@@ -158,8 +164,11 @@ def _roofline_section(t) -> Section | None:
         "FLOPs and bytes from recorded shapes (or the synthesized run's kernels); gap = device "
         "time above the roof, the most a faster kernel could win. "
         f"Peaks: {pk['name']} ({pk['source']}), HBM {pk['hbm_tbps']:.2f} TB/s."])
+    # a synthesized run's kernels carry no recorded shapes: no column of blanks then
+    shapes = r["shapes"].fillna("").astype(str).str.strip().ne("").any() if "shapes" in r else False
     s.blocks.append(people_table(r, [
-        Column("op", "Operator", "name"), Column("shapes", "Shapes", "text"),
+        Column("op", "Operator", "name"),
+        *([Column("shapes", "Shapes", "text")] if shapes else []),
         Column("dtype", "Type", "text"), Column("count", "Count", "count"),
         Column("device_ns", "Device time", "time"),
         Column("achieved_tflops", "Achieved TFLOP/s", "num"),

@@ -180,9 +180,10 @@ def findings(run: RunAnalysis) -> list[tuple[float, str]]:
             ranks = sorted(set(cp["rank"].tolist()))
             whose = "The slowest rank's own critical path" if cp.attrs.get("scope") else \
                 "The critical path"  # a streamed report's path is one rank's (said so)
+            where = (f"it stays on rank {ranks[0]}" if len(ranks) == 1 else
+                     f"it crosses {len(ranks)} ranks ({ranks_label(ranks, 4)})")
             out.append((0.25, f"{whose} ({fmt_ns(cp.attrs['length_ns'])}) is "
-                              f"{fmt_pct(p0['share'])} {p0['part']}; it crosses "
-                              f"{len(ranks)} rank(s) ({ranks_label(ranks, 4)})."))
+                              f"{fmt_pct(p0['share'])} {p0['part']}; {where}."))
     return out
 
 
@@ -260,16 +261,24 @@ def explain_critical_path(run: RunAnalysis) -> tuple[list[str], pd.DataFrame, pd
     if len(where) == 1:
         route = (f"It stays on rank {int(where['rank'].iloc[0])}'s "
                  f"{where['resource'].iloc[0]}")
+    elif len(ranks) == 1:
+        route = (f"It stays on rank {ranks[0]} and crosses {len(where)} of its resources, "
+                 f"moving between them {_times(hops)}")
     else:
-        route = (f"It crosses {len(ranks)} rank(s) ({ranks_label(ranks)}) and "
-                 f"{len(where)} rank/resource pair(s), moving between them {hops:,} times"
-                 + (f" ({rank_hops:,} between ranks)" if rank_hops else ""))
+        route = (f"It crosses {len(ranks)} ranks ({ranks_label(ranks)}) and "
+                 f"{len(where)} rank/resource pairs, moving between them {_times(hops)}"
+                 + (f" ({_times(rank_hops)} between ranks)" if rank_hops else ""))
     paras.append(f"The critical path is {src}: shorten anything on it and the run gets "
                  f"shorter; shorten anything else and it does not. It is {fmt_ns(length)} long "
                  f"and runs through {len(cp):,} ops. {route}. Its parts below add up to its "
                  "length.")
     paras.append(_why_length(run, length))
     return paras, parts, where
+
+
+def _times(n: int) -> str:
+    """``once``, ``twice``, ``3 times``."""
+    return {1: "once", 2: "twice"}.get(n, f"{n:,} times")
 
 
 def _outside_steps_ns(run: RunAnalysis, cp: pd.DataFrame) -> int:

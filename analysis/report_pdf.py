@@ -40,6 +40,26 @@ def _wrap(text: str, width: float, font: str, size: float) -> list[str]:
     return [fit_text(x, width, font, size) for x in out]
 
 
+_CELL_LINES = 3  # a text cell wraps to at most this many lines, the last one cut with "…"
+
+
+def _cell_lines(text: str, width: float) -> list[str]:
+    """A text cell wrapped to the column (a note or a scenario name is read whole, not cut
+    at one line), at most :data:`_CELL_LINES` lines."""
+    words = []
+    for w in str(text).split(" "):  # a word wider than the column breaks where it must
+        while text_width(w, "F1", _TAB) > width and len(w) > 1:
+            k = max(1, len(fit_text(w, width, "F1", _TAB)) - 1)  # the prefix before "…"
+            words.append(w[:k])
+            w = w[k:]
+        words.append(w)
+    lines = _wrap(" ".join(words), width, "F1", _TAB)
+    if len(lines) > _CELL_LINES:
+        rest = " ".join(lines[_CELL_LINES - 1:])
+        lines = lines[:_CELL_LINES - 1] + [fit_text(rest, width, "F1", _TAB)]
+    return lines
+
+
 class _Layout:
     def __init__(self, doc: PdfDoc, title: str) -> None:
         self.doc = doc
@@ -131,23 +151,26 @@ class _Layout:
         self.need(head_h + _ROW)
         draw_header()
         for i, r in enumerate(t.rows):
-            if self.y + _ROW > self.bottom:
+            cells = [[fit_text(r[j], widths[j] - 2 * pad, "F1", _TAB)] if t.numeric[j] else
+                     _cell_lines(r[j], widths[j] - 2 * pad) for j in range(n)]
+            row_h = _ROW * max(len(c) for c in cells)
+            if self.y + row_h > self.bottom:
                 self.new_page()
                 draw_header()
             if i % 2 == 1:
-                self.doc.rect(self.page, _M_L, self.y, sum(widths), _ROW,
+                self.doc.rect(self.page, _M_L, self.y, sum(widths), row_h,
                               fill=(0.972, 0.976, 0.984))
             x = _M_L
             for j in range(n):
-                cell = fit_text(r[j], widths[j] - 2 * pad, "F1", _TAB)
-                yy = self.y + _ROW - 2.8
-                if t.numeric[j]:
-                    self.doc.text(self.page, x + widths[j] - pad, yy, cell, size=_TAB,
-                                  align="right")
-                else:
-                    self.doc.text(self.page, x + pad, yy, cell, size=_TAB)
+                for k, cell in enumerate(cells[j]):
+                    yy = self.y + _ROW * (k + 1) - 2.8
+                    if t.numeric[j]:
+                        self.doc.text(self.page, x + widths[j] - pad, yy, cell, size=_TAB,
+                                      align="right")
+                    else:
+                        self.doc.text(self.page, x + pad, yy, cell, size=_TAB)
                 x += widths[j]
-            self.y += _ROW
+            self.y += row_h
         self.doc.line(self.page, _M_L, self.y, _M_L + sum(widths), self.y,
                       color=(0.7, 0.7, 0.7), width=0.5)
         self.y += 3

@@ -19,7 +19,7 @@ from .plots_timeline import (
 from .report_findings import cpu_only, explain_critical_path
 from .report_model import Fig, Section
 from .report_run import RunAnalysis
-from .tables import Column, fmt_ns, fmt_pct, people_table, ranks_label
+from .tables import Column, fmt_ns, fmt_pct, people_table, plural, ranks_label
 from .timeline import pipeline_blocks, step_segments
 
 __all__ = ["section_breakdown", "section_timeline", "section_critical_path", "section_kernels",
@@ -57,7 +57,7 @@ def fold_summary(bsum: pd.DataFrame) -> pd.DataFrame:
 
 
 def section_breakdown(run: RunAnalysis, *, top: int) -> Section:
-    s = Section("breakdown", "Where the step goes")
+    s = Section("breakdown", "Where the time goes" if run.no_markers else "Where the step goes")
     b = run.bsum
     folded = fold_summary(b)
     stands = run.stands_for
@@ -69,7 +69,7 @@ def section_breakdown(run: RunAnalysis, *, top: int) -> Section:
     cpu = cpu_only(run.t)
     nm = run.no_markers
     over = ("No step markers: the whole trace as one window." if nm
-            else f"Means over {run.steps} step(s).")
+            else f"Means over {plural(run.steps, 'step')}.")
     mean_step = "Whole trace" if nm else "Mean step"
     whole = "whole trace" if nm else "step"
     s.blocks.append(
@@ -91,14 +91,15 @@ def section_breakdown(run: RunAnalysis, *, top: int) -> Section:
                         f"one timeline, so {len(b)} representative ranks stand for all of them "
                         "(each row names the ranks it stands for).")
     elif n < len(b):
-        s.blocks.append(f"{len(b):,} ranks fall into {n} group(s) with identical breakdowns; "
+        s.blocks.append(f"{len(b):,} ranks fall into {plural(n, 'group')} with identical breakdowns; "
                         "each group is shown once.")
     if n <= MANY_RANKS:
         labels = None if total == n else [f"{r} ({k})" if k > 1 else r for r, k in
                                           zip(folded["ranks"], folded["n"])]
         s.blocks.append(Fig("breakdown", f"{mean_step} per rank, split into its parts (ms).",
                             plots.plot_breakdown(folded, labels=labels, title="",
-                                                 cpu_only=cpu)))
+                                                 cpu_only=cpu, ylabel="whole trace (ms)" if nm
+                                                 else "mean step time (ms)")))
     else:
         s.blocks.append(Fig("rank_part", "Rank x part: each part's share of the rank's "
                             f"{mean_step.lower()} (per-rank bars do not fit past "
@@ -110,7 +111,8 @@ def section_breakdown(run: RunAnalysis, *, top: int) -> Section:
         cols.append(Column("n", "Ranks", "count"))
     cols += [Column("step_ns", "Whole trace" if nm else "Step", "time"), *_PART_COLS, busy]
     full = b[["rank", "steps", "step_ns", *PARTS, "gpu_busy_frac"]]
-    s.blocks.append(people_table(rows, cols, caption=f"{mean_step} per rank, slowest first",
+    s.blocks.append(people_table(rows, cols, caption=f"{mean_step} per rank, slowest first"
+                                 if len(rows) > 1 else f"{mean_step}, split into its parts",
                                  top=top, what="rank groups" if n < len(b) else "ranks",
                                  csv_name="breakdown_per_rank", csv_frame=full, same_unit=True))
     if run.steps > 1:
@@ -123,10 +125,13 @@ def per_step_table(run: RunAnalysis, *, top: int, busy: Column | None = None):
     headline's step time is their mean and its spread their relative standard deviation."""
     bd = run.bd
     rows = bd.loc[bd.groupby("step")["step_ns"].idxmax()].sort_values("step")
-    cols = [Column("step", "Step", "count"), Column("rank", "Slowest rank", "count"),
+    one = run.n_ranks == 1  # one rank: no "slowest rank" to name
+    cols = [Column("step", "Step", "count"),
+            *([] if one else [Column("rank", "Slowest rank", "count")]),
             Column("step_ns", "Step", "time"), *_PART_COLS,
             busy or Column("gpu_busy_frac", "GPU busy", "pct")]
-    return people_table(rows, cols, caption="Each step (the slowest rank's window)", top=top,
+    return people_table(rows, cols, caption="Each step" if one else
+                        "Each step (the slowest rank's window)", top=top,
                         what="steps", cut_word="First", csv_name="breakdown_per_step",
                         csv_frame=bd[["rank", "step", "start_ns", "end_ns", "step_ns", *PARTS,
                                       "gpu_busy_frac"]], same_unit=True)
@@ -153,7 +158,7 @@ def _timeline_rows(run: RunAnalysis) -> tuple[pd.DataFrame, list[str], str]:
         if len(folded):
             n_all = int(groups["size"].sum())
             note = (f"Identical ranks are drawn once: {n_all:,} ranks fall into "
-                    f"{len(groups)} group(s) whose ops, durations and offsets in this step "
+                    f"{plural(len(groups), 'group')} whose ops, durations and offsets in this step "
                     f"are the same ({', '.join(names[:6])}{', …' if len(names) > 6 else ''}).")
         return rows.reset_index(drop=True), names, note
     b = run.bsum.set_index("rank")["step_ns"]
@@ -204,7 +209,8 @@ def _outside_window(t, w, ranks: np.ndarray) -> str:
 
 def section_timeline(run: RunAnalysis) -> Section:
     w = run.window
-    s = Section("timeline", "One step on the timeline")
+    s = Section("timeline", "One step on the timeline" if w.step >= 0 else
+                "The whole trace on the timeline")  # no step markers: no step to draw
     what = w.why[0].upper() + w.why[1:] if w.step < 0 else f"The whole of {w.why}"
     span = ("from the first op on any rank to the last" if w.step < 0 else
             "from the earliest rank's step start to the latest rank's step end")
@@ -217,8 +223,11 @@ def section_timeline(run: RunAnalysis) -> Section:
         s.blocks.append(note)
     px = w.dur_ns / 1200.0
     seg = step_segments(run.t, w, rows, critical_op_ids=run.cp["op_id"].to_numpy(), px_ns=px)
-    s.blocks.append(Fig("timeline", f"Timeline of {w.why} ({len(rows)} row group(s)).",
-                        plot_step_timeline(seg, names, span_ns=w.dur_ns)))
+    groups = f"{len(rows)} row group" + ("s" if len(rows) != 1 else "")
+    s.blocks.append(Fig("timeline", f"Timeline of {w.why}; {groups}.",
+                        plot_step_timeline(seg, names, span_ns=w.dur_ns,
+                                           origin="trace start" if w.step < 0 else
+                                           "step start")))
     if run.n_stages > 1 and run.has_microbatches:
         st = run.stages.set_index("rank")["stage"]
         reps = []
@@ -458,6 +467,8 @@ def section_stragglers(run: RunAnalysis, *, top: int) -> Section | None:
     if run.streamed is not None:  # it replays the whole trace: not in a streamed report
         return None
     if not isinstance(run.x, Trace) or run.t.n_ops > _MAX_STRAGGLER_OPS or "replay" in run.t.meta:
+        return None
+    if run.n_ranks < 2:  # an op's ideal is its median over ranks: one rank is its own ideal
         return None
     try:
         from .stragglers import stragglers

@@ -93,6 +93,11 @@ def fmt_count(n: Any) -> str:
     return "n/a" if _nan(n) else f"{int(n):,}"
 
 
+def plural(n: int, word: str) -> str:
+    """``1 step``, ``3 steps``, ``1,024 groups`` (a word whose plural adds an s)."""
+    return f"{int(n):,} {word}" + ("" if int(n) == 1 else "s")
+
+
 def ranks_label(ranks: Any, limit: int = 6) -> str:
     """Ranks as compact ranges: ``0-7, 16-23``; long lists end with the count."""
     r = sorted({int(x) for x in ranks})

@@ -31,6 +31,15 @@ def test_breakdown_bars_stack_the_parts():
     assert len(heights) == len(PARTS) * len(s)
     assert sum(heights) == pytest.approx(s["step_ns"].sum() / 1e6)
     assert heights[0] == pytest.approx(s["compute_ns"].iloc[0] / 1e6)
+    # the legend names only the parts some rank has: with no communication (one GPU) it
+    # lists no communication entry, and the bars still stack to the step
+    quiet = s.assign(overlapped_comm_ns=0, exposed_comm_ns=0)
+    ax = P.plot_breakdown(quiet).axes[0]
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    present = [p for p in PARTS if quiet[p].sum() > 0]
+    assert len(legend) == len(present) < len(PARTS)
+    assert legend and not any("communication" in t for t in legend)
+    assert len(ax.patches) == len(PARTS) * len(s)
 
 
 def test_timeline_draws_every_op_and_outlines_the_critical_path():
@@ -88,3 +97,116 @@ def test_memory_per_stage_of_a_modeled_run():
     if len(tl):  # a timeline: one step line per rank
         fig = P.plot_memory(tl, pm)
         assert len(fig.axes[0].lines) == tl["rank"].nunique()
+
+
+def test_roofline_labels_never_squeeze_the_axes():
+    """Five operators losing time at one spot near the roof's right end (a modeled run's
+    GEMMs): one short label ("+N more"), drawn to the left of the spot, and the axes keep
+    their width (a long label in the layout once squeezed them into a narrow strip)."""
+    import io
+
+    import pandas as pd
+
+    from retime.analysis.drilldown_plots import plot_roofline
+
+    n = 6
+    ops = pd.DataFrame({"op": [f"mlp.fc{i}.bwd_wgrad_long_name" for i in range(n)],
+                        "flops": [1e12] * n, "bytes": [2e9] * n, "intensity": [500.0] * n,
+                        "achieved_tflops": [600.0 + i for i in range(n)],
+                        "device_ns": [1e8 + i for i in range(n)],
+                        "gap_ns": [5e7 - i for i in range(n)]})
+    fig = plot_roofline(ops, {"peak_tflops": 989.0, "hbm_tbps": 3.35, "name": "h100"})
+    fig.savefig(io.BytesIO(), format="png")  # runs the layout
+    ax = fig.axes[0]
+    labels = list(ax.texts)
+    assert len(labels) == 1 and labels[0].get_text().endswith("+3 more")
+    assert labels[0].get_ha() == "right"
+    assert ax.get_position().width > 0.5
+
+
+def test_launch_latency_legend_leaves_out_an_empty_group():
+    """A trace whose GPU never waited for a launch (a CUDA-graph replay): the legend says
+    "queued (N)" and no "launch-bound (0)"; µs, not "us", on the axis."""
+    import pandas as pd
+
+    from retime.analysis.drilldown_plots import plot_launch_latency
+
+    lat = pd.DataFrame({"latency_ns": np.linspace(2e3, 90e3, 50),
+                        "launch_bound": np.zeros(50, bool)})
+    ax = plot_launch_latency(lat).axes[0]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["queued (50)"]
+    assert "(µs, log scale)" in ax.get_xlabel()
+    lat["launch_bound"] = np.arange(50) < 5
+    ax = plot_launch_latency(lat).axes[0]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["launch-bound (5)",
+                                                                   "queued (45)"]
+
+
+def test_launch_latency_minor_tick_labels_do_not_crowd():
+    """Latencies within a decade (0.3 to 3 ms): minor ticks are labelled at 2, 3 and 5 of a
+    decade only, so no "0.9" runs into the "1" beside it."""
+    import io
+
+    import pandas as pd
+
+    from retime.analysis.drilldown_plots import plot_launch_latency
+
+    lat = pd.DataFrame({"latency_ns": np.linspace(0.33e6, 3.2e6, 80),
+                        "launch_bound": np.arange(80) < 20})
+    fig = plot_launch_latency(lat)
+    fig.savefig(io.BytesIO(), format="png")
+    ax = fig.axes[0]
+    lo, hi = ax.get_xlim()
+    minor = {t.get_text() for t in ax.xaxis.get_minorticklabels()
+             if lo <= t.get_position()[0] <= hi and t.get_text()}
+    assert minor and minor <= {"0.2", "0.3", "0.5", "2", "3", "5"}, minor
+    assert "0.9" not in minor and "0.4" not in minor
+
+
+def test_rank_deltas_legend_names_only_the_directions_shown():
+    """Every rank faster (a what-if that helps all): the legend says "faster" only."""
+    import pandas as pd
+
+    fig = P.plot_rank_deltas(pd.DataFrame({"rank": [0, 1, 2], "delta_ns": [-5e6, -4e6, -1e6]}))
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == ["faster"]
+    fig = P.plot_rank_deltas(pd.DataFrame({"rank": [0, 1], "delta_ns": [2e6, -1e6]}))
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == ["slower", "faster"]
+
+
+def test_step_timeline_leaves_out_a_row_with_nothing_in_the_window():
+    """A CUDA-graph step: the host's graph launch ran before the step window (negative
+    times), so the CPU row would be empty; it is left out, and so is its legend entry."""
+    import pandas as pd
+
+    from retime.analysis.plots_timeline import plot_step_timeline
+
+    seg = pd.DataFrame({"row_group": [0, 0, 0], "activity": [0, 1, 1],
+                        "kind": ["host", "compute", "compute"],
+                        "start_ns": [-900_000, 0, 500_000], "end_ns": [-40_000, 400_000, 1_600_000],
+                        "critical": [False, True, False]})
+    ax = plot_step_timeline(seg, ["rank 0"], span_ns=1_676_000).axes[0]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["rank 0 · GPU"]
+    legend = ax.figure.legends[0] if ax.figure.legends else ax.get_legend()
+    labels = [t.get_text() for t in legend.get_texts()]
+    assert "GPU compute" in labels and not any("host" in t for t in labels)
+
+
+def test_waterfall_labels_share_their_decimals():
+    """Step 66.24 -> 68.06 ms (a CUDA-graph capture against eager): the labels read "+2.57",
+    "-0.03", "-0.72" and "0" beside "66.24" (once "+2.57", "-0.0332", "+0"), and the legend
+    names no "part grew" when nothing grew."""
+    import pandas as pd
+
+    steps = pd.DataFrame({"part": ["compute", "comm.", "copies", "host-bound"],
+                          "delta_ns": [2.571e6, 0.0, -0.0332e6, -0.7234e6],
+                          "color": ["", "", "", ""]})
+    steps.attrs.update(baseline_ns=66.24e6, candidate_ns=66.24e6 + steps["delta_ns"].sum())
+    fig = P.plot_waterfall(steps)
+    texts = [t.get_text() for t in fig.axes[0].texts]
+    assert texts == ["+2.57", "0", "-0.03", "-0.72", "66.24", "68.05"], texts
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert "part grew" in legend and "part shrank" in legend
+    shrink = steps.assign(delta_ns=[-1e6, 0.0, -2e6, 0.0])
+    shrink.attrs.update(baseline_ns=66.24e6, candidate_ns=63.24e6)
+    legend = [t.get_text() for t in P.plot_waterfall(shrink).legends[0].get_texts()]
+    assert legend == ["baseline step", "part shrank", "this run step"]

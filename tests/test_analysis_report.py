@@ -250,6 +250,10 @@ def test_whatif_report_names_the_scenario_and_puts_both_steps_side_by_side(dlrm)
     assert "host (CPU) work" in rep.scenario[0][2]
     assert rep.findings[0].startswith("The what-if hardware.host_speedup = 2 shortens the step")
     assert rep.sections[0].key == "comparison"
+    # after the comparison the numbers are the what-if's, and the page says where that starts
+    assert rep.sections[1].key == "breakdown"
+    assert rep.sections[1].blocks[0].startswith("This section and the ones after it describe "
+                                                "the what-if run, not the measured one")
     # the waterfall adds up exactly: measured + changes == what-if
     wf = waterfall_frame(RunAnalysis(dlrm), RunAnalysis(w))
     assert wf.attrs["baseline_ns"] == pytest.approx(a)
@@ -286,7 +290,7 @@ def test_cli_report_with_baseline_json(stores, capsys):
     assert f"{(pb - pa) / pa:+.1%}" in html
     assert obj["findings"][0].startswith("Against the baseline, this run")
     # only rank 0 is in both runs, and the report says so
-    assert "Only the 1 rank(s) present in both runs are compared" in html
+    assert "Only 1 rank present in both runs is compared" in html
 
 
 def test_cli_report_subprocess_and_tables_beside_it(stores):
@@ -406,6 +410,9 @@ def test_sweep_report_pareto_and_sensitivity(tmp_path, capsys):
     from retime.analysis.sweep_plots import sensitivity
     sens = sensitivity(df, ["cache.recompute", "network.inter_node_gbps"])
     assert sens["key"].iloc[0] in obj["findings"][1]
+    # the facts name the metrics in words, not by their Parquet column names
+    assert "Step time" in html and "step_time_ns" not in html
+    assert "4 scenarios over 2 keys" in html and "(s)" not in html
 
 
 def test_render_html_escapes_names(dlrm):
@@ -433,3 +440,61 @@ def test_cpu_only_trace_is_not_described_as_a_gpu():
     # not "nothing runs": the verdict says so in CPU terms
     assert rep.findings[0].startswith("The job is host-bound") and \
         "the CPU runs Python and framework code outside every operator" in rep.findings[0]
+
+
+def _axis_labels(rep, key: str) -> tuple[str, str]:
+    fig = next(f for s in rep.sections for f in s.figures if f.key == key).figure
+    return fig.axes[0].get_xlabel(), fig.axes[0].get_ylabel()
+
+
+def test_single_rank_wording_and_no_stragglers_section(stores):
+    """One rank: the critical path "stays on rank 0" (no "1 rank(s)", no "1 times"), and
+    no stragglers what-if (an op's ideal is its median over ranks: all +0.0% on one rank)."""
+    one = stores[4]
+    rep = build_report(one)
+    keys = [s.key for s in rep.sections]
+    assert "stragglers" not in keys
+    cp = next(s for s in rep.sections if s.key == "critical_path")
+    text = " ".join(b for b in cp.blocks if isinstance(b, str))
+    assert "stays on rank 0" in text
+    assert "rank(s)" not in text and "pair(s)" not in text and " 1 times" not in text
+    assert not any("rank(s)" in f for f in rep.findings), rep.findings
+    # counts read as words: "Means over 1 step.", never "1 step(s)" anywhere in the prose
+    prose = [b for s in rep.sections for b in s.blocks if isinstance(b, str)] + rep.findings
+    prose += [f.caption for s in rep.sections for f in s.figures]
+    assert not [p for p in prose if "(s)" in p or "(es)" in p], prose
+    assert any("Means over 1 step." in p for p in prose)
+    # a step-marked trace: the axes read from the step start, per mean step
+    assert _axis_labels(rep, "timeline")[0].startswith("time from the step start")
+    assert _axis_labels(rep, "breakdown")[1] == "mean step time (ms)"
+
+
+def test_trace_without_step_markers_is_not_drawn_as_a_step(stores):
+    """No step markers: the whole trace is one window, and the plots say so (the timeline's
+    axis runs from the trace start, the bars are the whole trace, not a mean step)."""
+    one = stores[4]
+    ops = one.ops.assign(step=np.int64(-1) * np.ones(len(one.ops), np.int64))
+    t = dataclasses.replace(one, ops=ops, ranges=one.ranges.iloc[:0])
+    rep = build_report(t)
+    assert _axis_labels(rep, "timeline")[0].startswith("time from the trace start")
+    assert _axis_labels(rep, "breakdown")[1] == "whole trace (ms)"
+    cap = next(f for s in rep.sections for f in s.figures if f.key == "timeline").caption
+    assert "((" not in cap and ") (" not in cap and "(s)" not in cap, cap
+    titles = {s.key: s.title for s in rep.sections}
+    assert titles["timeline"] == "The whole trace on the timeline"
+    assert titles["breakdown"] == "Where the time goes"
+
+
+def test_one_gpu_several_steps_per_step_table_names_no_slowest_rank():
+    """A single-H200 trace of 3 steps (CUDA graphs): the per-step table has no "Slowest rank"
+    column (always 0 on one rank) and its caption no "slowest rank's window"."""
+    t = ingest_cached(ROOT / "traces" / "gpu_pairs" / "g1" / "tiny-graph" /
+                      "rep1.pt.trace.json.gz")
+    rep = build_report(t)
+    tab = next(tb for s in rep.sections for tb in s.tables if tb.caption.startswith("Each step"))
+    assert tab.caption == "Each step" and "Slowest rank" not in tab.header
+    captions = [tb.caption for s in rep.sections for tb in s.tables]
+    assert "Mean step, split into its parts" in captions
+    assert not any("slowest first" in c for c in captions), captions
+    assert len(tab.rows) == 3
+    assert "stragglers" not in [s.key for s in rep.sections]
