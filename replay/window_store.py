@@ -6,7 +6,7 @@ from the store's rank files instead of a loaded :class:`collectors.trace.Trace`:
 
 * **a cheap pass over the ops**, a rank file at a time: only what the windows' graphs take
   from the whole run stays in memory (measured start and duration, rank, lane, kind,
-  collective, a blocking-call flag and the lane links: 37 bytes per op, 0.36 GB at 128
+  collective, a blocking-call flag and the lane links: 32 bytes per op, 0.31 GB at 128
   ranks of the scale bench, against the 9 trace columns, the edges and the results the
   in-memory path holds);
 * **the cut points** from the edges, read a rank file at a time (the forbidden intervals
