@@ -306,6 +306,7 @@ def replay_loop(r: _Run, cuts: np.ndarray, win: np.ndarray, edges, results,
     biggest = used = 0
     same = True
     handoff = _handoff_candidates(r, cuts, win)
+    scratch = np.zeros(len(r.s), bool)  # the one mask over the run, cleared after each window
     for k in range(len(cuts) + 1):
         # (the window's ops by their ids: no mask over the whole run per window)
         core_ids = np.flatnonzero(win == k)
@@ -314,7 +315,7 @@ def replay_loop(r: _Run, cuts: np.ndarray, win: np.ndarray, edges, results,
         used += 1
         g, ids, pin = _window_graph(r, core_ids, win, k,
                                     None if k == 0 else int(cuts[k - 1]), ideal, edges, cuts,
-                                    handoff)
+                                    handoff, scratch)
         del core_ids
         if g is None:
             return None
@@ -374,26 +375,18 @@ def _handoff_candidates(r: _Run, cuts: np.ndarray, win: np.ndarray):
     return np.concatenate(ids), np.concatenate(last)
 
 
-def _in_sorted(x: np.ndarray, sorted_ids: np.ndarray) -> np.ndarray:
-    """Whether each of ``x`` is in ``sorted_ids`` (ascending)."""
-    if not len(sorted_ids):
-        return np.zeros(len(x), bool)
-    pos = np.searchsorted(sorted_ids, x)
-    return sorted_ids[np.minimum(pos, len(sorted_ids) - 1)] == x
-
-
 def _window_graph(r: _Run, core_ids: np.ndarray, win: np.ndarray, k: int, t0: int | None,
-                  ideal: bool, edges, cuts: np.ndarray, handoff):
-    """Window ``k``'s graph (ops starting in it, ``core_ids`` ascending, plus its halo), the
-    op ids of its ops (sorted) and, per layout position, whether the op is pinned (before
-    the window); ``handoff``: :func:`_handoff_candidates`'s. The halo is gathered as ids,
-    never as masks over the whole run: its ops before the window are those with
-    ``win < k``, its look-ahead ops those with ``win > k``."""
+                  ideal: bool, edges, cuts: np.ndarray, handoff, sub: np.ndarray):
+    """Window ``k``'s graph (ops starting in it, ``core_ids``, plus its halo), the op ids of
+    its ops (sorted) and, per layout position, whether the op is pinned (before the window);
+    ``handoff``: :func:`_handoff_candidates`'s; ``sub``: a mask over the run, all False,
+    used and cleared again (the window's only one: its ops before the window are those
+    with ``win < k``, its look-ahead ops those with ``win > k``)."""
     n = len(r.s)
     past: list[np.ndarray] = []
     nxt = r.lane_next[core_ids]
     nxt = nxt[nxt >= 0]
-    look_ids = np.sort(nxt[win[nxt] > k]).astype(_I64)
+    look_ids = nxt[win[nxt] > k]
     del nxt
     if t0 is not None:
         # host ops that may hand work over to a window op, and what follows them on
@@ -422,9 +415,10 @@ def _window_graph(r: _Run, core_ids: np.ndarray, win: np.ndarray, k: int, t0: in
     # the edges into the window's ops and its look-ahead ops, in edge order (an edge into a
     # later window's bucket ends at a look-ahead op or at none of the window's graph)
     parts = [edges.bucket(k)]
-    for j in np.unique(win[look_ids]).tolist():
+    sub[look_ids] = True
+    for j in sorted(set(win[look_ids].tolist())):
         b = edges.bucket(j)
-        m = _in_sorted(b[1], look_ids)
+        m = sub[b[1]]
         parts.append(tuple(x[m] for x in b))
     ees, eed, eek, eel, eix = parts[0] if len(parts) == 1 else (
         np.concatenate(x) for x in zip(*parts, strict=True))
@@ -433,9 +427,13 @@ def _window_graph(r: _Run, core_ids: np.ndarray, win: np.ndarray, k: int, t0: in
         o = np.argsort(eix, kind="stable")
         ees, eed, eek, eel = ees[o], eed[o], eek[o], eel[o]
     past.append(ees[win[ees] < k])
-    ids = np.unique(np.concatenate([core_ids, look_ids, *past]))
+    sub[core_ids] = True
+    for x in past:
+        sub[x] = True
     del past, look_ids
-    ke = _in_sorted(ees, ids)
+    ids = np.flatnonzero(sub)
+    ke = sub[ees]
+    sub[ids] = False
     es = np.searchsorted(ids, ees[ke])
     ed = np.searchsorted(ids, eed[ke])
     wi = win[ids]
