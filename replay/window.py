@@ -120,7 +120,6 @@ class _Run:
     lane: np.ndarray
     kind: np.ndarray
     coll: np.ndarray
-    host: np.ndarray       # on a host (CPU thread) lane
     blocking: np.ndarray   # a blocking host call
     lane_prev: np.ndarray  # int32, -1 none
     lane_next: np.ndarray  # int32, -1 none
@@ -128,6 +127,7 @@ class _Run:
     rank_origin: np.ndarray  # per rank number - rank0: its first measured start
     worker_lane: np.ndarray  # per lane id: runs nothing but collectives
     dev_key_lane: np.ndarray  # per lane id: its device number
+    host_lane: np.ndarray  # per lane id: a host (CPU thread) lane (per op: host_lane[lane])
 
 
 def _run(trace: Trace) -> _Run:
@@ -177,10 +177,9 @@ def assemble_run(lanes, *, s, d, rank, lane, kind, coll, blocking, lane_prev,
         busy += np.bincount(lane[a:b][coll[a:b] < 0], minlength=size)
         np.minimum.at(rmin, rank[a:b] - rank0, s[a:b])
     worker_lane = busy == 0
-    return _Run(s=s, d=d, rank=rank, lane=lane, kind=kind, coll=coll, host=~dev_of[lane],
-                blocking=blocking, lane_prev=lane_prev, lane_next=lane_next,
-                rank0=rank0, rank_origin=rmin, worker_lane=worker_lane,
-                dev_key_lane=key_of)
+    return _Run(s=s, d=d, rank=rank, lane=lane, kind=kind, coll=coll, blocking=blocking,
+                lane_prev=lane_prev, lane_next=lane_next, rank0=rank0, rank_origin=rmin,
+                worker_lane=worker_lane, dev_key_lane=key_of, host_lane=~dev_of)
 
 
 def _edge_forbidden(r: _Run, es: np.ndarray, ed: np.ndarray,
@@ -307,21 +306,24 @@ def replay_loop(r: _Run, cuts: np.ndarray, win: np.ndarray, edges, results,
     biggest = used = 0
     same = True
     handoff = _handoff_candidates(r, cuts, win)
+    scratch = np.zeros(len(r.s), bool)  # the one mask over the run, cleared after each window
     for k in range(len(cuts) + 1):
-        core = win == k
-        if not core.any():
+        # (the window's ops by their ids: no mask over the whole run per window)
+        core_ids = np.flatnonzero(win == k)
+        if not len(core_ids):
             continue
         used += 1
-        g, ids, pin = _window_graph(r, core, win, k, None if k == 0 else int(cuts[k - 1]),
-                                    ideal, edges, cuts, handoff)
+        g, ids, pin = _window_graph(r, core_ids, win, k,
+                                    None if k == 0 else int(cuts[k - 1]), ideal, edges, cuts,
+                                    handoff, scratch)
+        del core_ids
         if g is None:
             return None
         biggest = max(biggest, g.nbytes)
         for key, v in g.stats.items():
             stats[key] = stats.get(key, 0) + int(v)
         gid = ids[g.perm]  # op id per layout position
-        mine = core[gid]
-        del core
+        mine = win[gid] == k
         # the layout positions of the window's own ops in op-id order (``ids`` ascends:
         # g.perm's inverse lists them so), as ``results.put`` keeps them: no sort there
         inv = np.empty(g.n_ops, _I64)
@@ -363,7 +365,7 @@ def _handoff_candidates(r: _Run, cuts: np.ndarray, win: np.ndarray):
     ids, last = [], []
     for a in range(0, len(r.s), _CHUNK):
         b = a + _CHUNK
-        h = np.flatnonzero(r.host[a:b]) + a
+        h = np.flatnonzero(r.host_lane[r.lane[a:b]]) + a
         # cut[j - 1] <= end + HANDOFF_WINDOW_NS for every window j up to this one
         kk = np.searchsorted(cuts, r.s[h] + r.d[h] + HANDOFF_WINDOW_NS, side="right")
         m = kk > win[h]
@@ -373,17 +375,19 @@ def _handoff_candidates(r: _Run, cuts: np.ndarray, win: np.ndarray):
     return np.concatenate(ids), np.concatenate(last)
 
 
-def _window_graph(r: _Run, core: np.ndarray, win: np.ndarray, k: int, t0: int | None,
-                  ideal: bool, edges, cuts: np.ndarray, handoff):
-    """Window ``k``'s graph (ops starting in it plus its halo), the op ids of its ops
-    (sorted) and, per layout position, whether the op is pinned (before the window);
-    ``handoff``: :func:`_handoff_candidates`'s."""
+def _window_graph(r: _Run, core_ids: np.ndarray, win: np.ndarray, k: int, t0: int | None,
+                  ideal: bool, edges, cuts: np.ndarray, handoff, sub: np.ndarray):
+    """Window ``k``'s graph (ops starting in it, ``core_ids``, plus its halo), the op ids of
+    its ops (sorted) and, per layout position, whether the op is pinned (before the window);
+    ``handoff``: :func:`_handoff_candidates`'s; ``sub``: a mask over the run, all False,
+    used and cleared again (the window's only one: its ops before the window are those
+    with ``win < k``, its look-ahead ops those with ``win > k``)."""
     n = len(r.s)
-    core_ids = np.flatnonzero(core)
-    past = np.zeros(n, bool)
+    past: list[np.ndarray] = []
     nxt = r.lane_next[core_ids]
     nxt = nxt[nxt >= 0]
     look_ids = nxt[win[nxt] > k]
+    del nxt
     if t0 is not None:
         # host ops that may hand work over to a window op, and what follows them on
         # their lanes (whether their thread went idle after them)
@@ -402,19 +406,19 @@ def _window_graph(r: _Run, core: np.ndarray, win: np.ndarray, k: int, t0: int | 
                 b = a + _CHUNK
                 w = win[a:b]
                 cand = np.flatnonzero((w >= j0) & (w < k)) + a
-                past[cand[r.s[cand] >= lane_lo[r.lane[cand]]]] = True
+                past.append(cand[r.s[cand] >= lane_lo[r.lane[cand]]])
             del cand, w
         del near
         lp = r.lane_prev[core_ids]
         lp = lp[lp >= 0]
-        past[lp[win[lp] < k]] = True
-    need = core.copy()
-    need[look_ids] = True
-    # the edges into the window's ops and its look-ahead ops, in edge order
+        past.append(lp[win[lp] < k].astype(_I64))
+    # the edges into the window's ops and its look-ahead ops, in edge order (an edge into a
+    # later window's bucket ends at a look-ahead op or at none of the window's graph)
     parts = [edges.bucket(k)]
-    for j in np.unique(win[look_ids]).tolist():
+    sub[look_ids] = True
+    for j in sorted(set(win[look_ids].tolist())):
         b = edges.bucket(j)
-        m = need[b[1]]
+        m = sub[b[1]]
         parts.append(tuple(x[m] for x in b))
     ees, eed, eek, eel, eix = parts[0] if len(parts) == 1 else (
         np.concatenate(x) for x in zip(*parts, strict=True))
@@ -422,29 +426,34 @@ def _window_graph(r: _Run, core: np.ndarray, win: np.ndarray, k: int, t0: int | 
     if len(eix) > 1 and (eix[1:] < eix[:-1]).any():
         o = np.argsort(eix, kind="stable")
         ees, eed, eek, eel = ees[o], eed[o], eek[o], eel[o]
-    past[ees[win[ees] < k]] = True
-    sub = need | past
+    past.append(ees[win[ees] < k])
+    sub[core_ids] = True
+    for x in past:
+        sub[x] = True
+    del past, look_ids
     ids = np.flatnonzero(sub)
     ke = sub[ees]
-    del need
+    sub[ids] = False
     es = np.searchsorted(ids, ees[ke])
     ed = np.searchsorted(ids, eed[ke])
-    mine = core[ids]
+    wi = win[ids]
+    mine = wi == k
     coll = np.where(mine, r.coll[ids], -1)  # collectives lie whole in one window
     lane = r.lane[ids]
-    host = r.host[ids]
-    scope = Scope(count=mine, origin=r.rank_origin[r.rank[ids] - r.rank0],
+    host = r.host_lane[lane]
+    rank = r.rank[ids]
+    scope = Scope(count=mine, origin=r.rank_origin[rank - r.rank0],
                   worker=r.worker_lane[lane] & host, host_coll=(r.coll[ids] >= 0) & host)
     try:
         g = graph_from_arrays(
-            rank=r.rank[ids], lane=lane, kind=r.kind[ids], start_ns=r.s[ids],
+            rank=rank, lane=lane, kind=r.kind[ids], start_ns=r.s[ids],
             dur_ns=r.d[ids], coll_id=coll, edge_src=es, edge_dst=ed,
             edge_kind=eek[ke], edge_lag_ns=eel[ke], blocking=r.blocking[ids],
-            on_device=~host, device_key=r.rank[ids].astype(_I64) * 65536
+            on_device=~host, device_key=rank.astype(_I64) * 65536
             + r.dev_key_lane[lane], ideal=ideal, scope=scope)
     except ReplayError:  # a cycle, or a graph the whole build refuses with its own message
         return None, None, None
-    return g, ids, past[ids][g.perm]
+    return g, ids, (wi < k)[g.perm]
 
 
 def _simulate_pinned(g, pin: np.ndarray, pin_s: np.ndarray,

@@ -112,3 +112,16 @@ def test_first_pass_step_windows_equal_a_second_read(tmp_path, name, monkeypatch
     pd.testing.assert_frame_equal(r.step_windows(), w)
     assert r.meta["unseen"] == unseen
     assert len(w["rank"].unique()) > 1
+
+
+def test_narrow_run_arrays_widen_when_a_value_does_not_fit():
+    # ranks and lanes are held in 2 bytes, durations and collectives in 4, while they fit
+    from retime.replay.window_store import _put
+
+    a = np.full(4, -1, np.int16)
+    a = _put(a, np.array([0, 2]), np.array([7, 32767]))
+    assert a.dtype == np.int16 and a.tolist() == [7, -1, 32767, -1]
+    a = _put(a, np.array([1, 3]), np.array([40000, -5]))
+    assert a.dtype == np.int64 and a.tolist() == [7, 40000, 32767, -5]
+    b = _put(np.zeros(2, np.int32), np.array([0, 1]), np.array([-(1 << 31) - 1, 3]))
+    assert b.dtype == np.int64 and b.tolist() == [-(1 << 31) - 1, 3]
