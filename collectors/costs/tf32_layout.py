@@ -12,6 +12,7 @@ call priced as TF32 on a Hopper GPU whose main GEMM kernel is ``nt`` is priced a
 :data:`NT_TF32_RATE` of the tile model's compute rate (K57: measured on one H200, fitted,
 in-sample). FP32 on the CUDA cores and 16-bit GEMMs are not moved; neither are ``nn`` / ``tn``
 TF32 GEMMs (one or no MN-major operand: within ~15% of the model on the same trace), nor
+GEMMs below the TF32 roofline ridge (memory-bound: the transpose overlaps the loads), nor
 other architectures (no measurement here).
 """
 
@@ -51,8 +52,17 @@ def tf32_layout(g, dtype: str, kernels: list[str] | None, c):
     if dtype != "tf32" or g.arch != "hopper" or c.bound != "compute" \
             or gemm_layout(kernels) != "nt":
         return c
-    f = 1.0 / NT_TF32_RATE
+    # only above the roofline's ridge (FLOPs per HBM byte at the tf32 ceiling): below it the
+    # kernel waits on memory and the operand transpose overlaps the loads (a 16-row GEMM
+    # with the tensor cores mostly idle); K57's GEMMs sit at ~600 FLOP/B, the ridge ~105
+    ridge = g.mamf("tf32")[0] * 1e12 / (g.hbm_gbps()[0] * 1e9)
+    if c.bytes <= 0 or c.flops / c.bytes < ridge:
+        return c
+    # the tile math alone runs slower: the launch floor and fixed latencies do not move
+    extra = c.flops / (c.tflops * 1e6) * (1.0 / NT_TF32_RATE - 1.0) if c.tflops > 0 else 0.0
+    t = c.time_us + extra
+    f = t / c.time_us
     return dataclasses.replace(
-        c, time_us=c.time_us * f, range_us=(c.range_us[0] * f, c.range_us[1] * f),
+        c, time_us=t, range_us=(c.range_us[0] * f, c.range_us[1] * f),
         tflops=c.tflops * NT_TF32_RATE, efficiency=c.efficiency * NT_TF32_RATE,
         efficiency_source=c.efficiency_source + f" x TF32 nt layout {NT_TF32_RATE:g} (K56, K57)")
