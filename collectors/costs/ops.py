@@ -314,6 +314,9 @@ def price_op(g, name: str, dims: list, types: list, work: tuple[float, float, st
                           curves or K.DEFAULT_CURVES, kernels,
                           len(kernels) if kernels is not None else launches)
     c = _price(g, name, dims, types, work, curves, kernels)
+    if b in _GEMM:  # Hopper TF32 with both operands MN-major: :mod:`.tf32_layout`
+        from .tf32_layout import tf32_layout
+        c = tf32_layout(g, _gpu_dtype(g, work[2]), kernels, c)
     c = _channel_blocks(g, b, dims, types, c, curves, kernels)
     n = len(kernels) if kernels is not None else launches
     extra = max(int(n) - 1, 0) * g.hw.kernel_overhead_us

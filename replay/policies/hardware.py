@@ -322,6 +322,7 @@ def _gpu_swap(h: Hardware, state: WhatIfState, cls: np.ndarray, f: np.ndarray) -
         d[kr.op_ids] *= kr.ratio / flat[cls[kr.op_ids]]
     modes = _price_by_mode(h, state, cls, flat, old.name, new.name, kr.op_ids,
                            set(kr.info.get("fp32_calls", ())))
+    twins = _price_twins(state, cls, kr, before, f)
     n_floor = _hold_floors(state, cls, dev, kr.op_ids, before, old, new)
     i = kr.info
     sm = summary(kr)
@@ -361,6 +362,11 @@ def _gpu_swap(h: Hardware, state: WhatIfState, cls: np.ndarray, f: np.ndarray) -
         state.assume(line)
     for line in modes.pop("lines", []):
         state.assume(line)
+    if twins[0]:
+        state.assume(f"hardware.gpu: {twins[0]} of those GEMM kernels ({twins[1]:.1%} of GPU "
+                     "time) share their kernel name with shaped ones: re-timed at their shaped "
+                     "namesakes' cost-layer ratio instead (duration-weighted mean; median "
+                     f"x{twins[2]:.2f})")
     tf = modes.pop("tf32_line", None)
     if tf is not None:
         state.assume(tf[0], bounded=True, bounds=tf[1] or None)
@@ -372,6 +378,25 @@ def _gpu_swap(h: Hardware, state: WhatIfState, cls: np.ndarray, f: np.ndarray) -
                  + profiler_note(state.trace), bounded=True)
     return {"from": old.name, "to": new.name, **sm, "fallback_kernels": n_fb,
             "fallback_share": round(fb_ns / float(dur[dev].sum()), 4), **modes}
+
+
+def _price_twins(state: WhatIfState, cls: np.ndarray, kr, before: np.ndarray,
+                 f: np.ndarray) -> tuple[int, float, float]:
+    """GEMM kernels without a recorded shape whose kernel name a shaped call's kernel has
+    (:func:`kernel_cost.twin_ratios`): re-timed at that ratio (times the class factor
+    ``f``) instead of their math mode's datasheet ratio. Returns (kernels, share of GPU
+    time, median ratio)."""
+    from .kernel_cost import twin_ratios
+    kind = state.kinds()
+    cand = (kind == OpKind.KERNEL) & (cls == 0)
+    cand[kr.op_ids] = False
+    ids, r = twin_ratios(state.trace, kr, cand)
+    if not len(ids):
+        return 0, 0.0, 1.0
+    state.dur[ids] = before[ids] * f[cls[ids]] * r
+    dur = state.trace.ops["dur_ns"].to_numpy()
+    gpu = float(dur[(kind == OpKind.KERNEL) | (kind == OpKind.MEMSET)].sum())
+    return int(len(ids)), float(dur[ids].sum()) / max(gpu, 1.0), float(np.median(r))
 
 
 def profiler_note(trace) -> str:

@@ -36,7 +36,7 @@ from retime.collectors.trace import Trace
 
 from .base import frozen, trace_memo
 
-__all__ = ["KERNEL_CURVES", "ShapedKernels", "shaped_kernels", "trace_gpu", "gpu_ratio",
+__all__ = ["KERNEL_CURVES", "ShapedKernels", "shaped_kernels", "trace_gpu", "gpu_ratio", "twin_ratios",
            "kernel_intensity",
            "batch_ratio", "KernelRatio", "describe_fallback", "floor_scaled"]
 
@@ -530,3 +530,27 @@ def kernel_intensity(trace: Trace, gpu) -> tuple[np.ndarray, np.ndarray, int]:
     ai[sk.op_ids] = per_call_ai[sk.call_of]
     ridge[sk.op_ids] = per_call_r[sk.call_of]
     return ai, ridge, len(sk.work)
+
+
+def twin_ratios(trace: Trace, kr: KernelRatio, cand: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(op ids, ratios) of the kernels in ``cand`` (a boolean mask: GEMM kernels no shaped
+    call owns) that share their kernel name with kernels the cost layer priced (``kr``):
+    each at the duration-weighted mean ratio of its shaped namesakes. The same kernel (the
+    same library, tile and layout, e.g. a step whose operators ran before the profiler
+    recorded them) moves as the cost layer moves its shaped runs, not by the datasheet ratio
+    of its math mode; a kernel without a shaped namesake keeps that ratio."""
+    if not len(kr.op_ids) or not cand.any():
+        return np.zeros(0, np.int64), np.zeros(0)
+    nid = trace.ops["name_id"].to_numpy()
+    dur = trace.ops["dur_ns"].to_numpy().astype(float)
+    w = dur[kr.op_ids]
+    names, inv = np.unique(nid[kr.op_ids], return_inverse=True)
+    tot = np.bincount(inv, weights=w, minlength=len(names))
+    acc = np.bincount(inv, weights=w * kr.ratio, minlength=len(names))
+    ok = tot > 0
+    names, mean = names[ok], acc[ok] / tot[ok]
+    ids = np.flatnonzero(cand)
+    pos = np.searchsorted(names, nid[ids])
+    pos = np.minimum(pos, max(len(names) - 1, 0))
+    hit = (len(names) > 0) & (names[pos] == nid[ids]) if len(names) else np.zeros(len(ids), bool)
+    return ids[hit].astype(np.int64), mean[pos[hit]]
