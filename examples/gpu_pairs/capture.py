@@ -83,6 +83,8 @@ MODELS = {
     # batch G3 (held-out test of FREEZE-11): another sequence length, an FP32 model of other shapes
     "bigs512": (8, 2048, 16, 32768, 512),
     "fp32mid": (6, 1536, 12, 32768, 512),
+    "fp32wide": (4, 3072, 24, 32768, 512),
+    "fp32deep": (8, 1024, 16, 32768, 2048),
 }
 
 # name: model, batch, checkpointing, cuda graph, dtype ("bf16" autocast | "fp32"), tf32, stack
@@ -115,6 +117,10 @@ CONFIGS = {
     "fp32big-b16": ("fp32big", 16, False, False, "fp32", False, False),
     "fp32mid-notf32": ("fp32mid", 8, False, False, "fp32", False, False),
     "fp32mid-tf32": ("fp32mid", 8, False, False, "fp32", True, False),
+    "fp32wide-notf32": ("fp32wide", 8, False, False, "fp32", False, False),
+    "fp32wide-tf32": ("fp32wide", 8, False, False, "fp32", True, False),
+    "fp32deep-notf32": ("fp32deep", 4, False, False, "fp32", False, False),
+    "fp32deep-tf32": ("fp32deep", 4, False, False, "fp32", True, False),
 }
 
 
