@@ -187,7 +187,7 @@ def verdict(a: Any, b: Any, *, threshold: float = 0.05) -> dict[str, Any]:
     # verdict stands; a what-if of a new data-parallel size compares this way on purpose)
     ta, tb = as_trace(a), as_trace(b)
     na, nb = len(ta.ranks), len(tb.ranks)
-    notes = [f"the runs hold {na} and {nb} rank(s): check that they are the same job"
+    notes = [f"the runs hold {na} and {nb} ranks: check that they are the same job"
              ] if na != nb else []
     # two unrelated jobs (a DLRM trace against a Megatron one) can hold the same rank count:
     # runs of one job run (nearly) the same ops, so a small share of shared op names says so

@@ -260,7 +260,7 @@ def test_compare_of_runs_with_different_rank_counts_says_so(tmp_path, capsys):
     assert run(["compare", str(a), str(b), "--json"]) == 3  # still the verdict CI gates on
     v = json.loads(capsys.readouterr().out)
     # DLRM and VGG13 are also different jobs: the op-name note follows (user pass 10)
-    assert v["note"].startswith("the runs hold 8 and 1 rank(s): check that they are the same "
+    assert v["note"].startswith("the runs hold 8 and 1 ranks: check that they are the same "
                                 "job; the runs share ")
     assert v["line"].endswith("; note: " + v["note"])
     assert run(["compare", str(a), str(a), "--json"]) == 0

@@ -90,7 +90,8 @@ def test_launch_latency_histogram_in_the_tables_unit(mi300x_store):
     assert ax.get_xlabel() == "GPU op start - launch call start (ms, log scale)"
     ax.figure.canvas.draw()
     labels = [t.get_text() for t in ax.get_xticklabels(minor=True) + ax.get_xticklabels()]
-    assert "25" in labels and "35" in labels and not any("times" in t for t in labels)
+    # plain labels in ms; minor ticks are labelled only where they do not crowd (user pass 11)
+    assert "20" in labels and "30" in labels and not any("times" in t for t in labels)
 
 
 def test_stragglers_text_says_how_many_groups_it_leaves_to_json(tmp_path, capsys):

@@ -219,7 +219,7 @@ def test_report_against_a_baseline_of_other_rank_count_says_so(dlrm_whatif, nsys
     n_nsys = sqlite3.connect(NSYS).execute(
         "SELECT count(DISTINCT globalPid) FROM CUPTI_ACTIVITY_KIND_KERNEL").fetchone()[0]
     assert (n_dlrm, n_nsys) == (8, 2)
-    note = f"the runs hold {n_dlrm} and {n_nsys} rank(s): check that they are the same job"
+    note = f"the runs hold {n_dlrm} and {n_nsys} ranks: check that they are the same job"
     capsys.readouterr()
     assert run(["report", str(nsys_store), "--baseline", str(dlrm_whatif / "m.retime"),
                 "-o", str(tmp_path / "x.html"), "--json"]) == 0
@@ -288,6 +288,9 @@ def test_cpu_only_report_says_busy_not_gpu_busy(tmp_path, capsys):
     from retime.analysis import plots
     from retime.analysis.breakdown import breakdown, summarize_breakdown
     summ = summarize_breakdown(breakdown(retime_load(store)))
+    # this run has no host-bound time, and a part no rank has stays out of the legend (user
+    # pass 11): give it some, to read the label the legend uses for it
+    summ = summ.assign(host_bound_ns=1e6)
     for cpu, want in ((True, "host-bound (host work outside ops)"),
                       (False, "host-bound (GPU waits for CPU)")):
         fig = plots.plot_breakdown(summ, cpu_only=cpu)
