@@ -54,13 +54,41 @@ class Block(nn.Module):
         return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
 
 
+class LlamaBlock(nn.Module):
+    """RMSNorm, grouped-query attention (kv heads = heads / 4), SwiGLU MLP, no biases."""
+
+    def __init__(self, d: int, heads: int) -> None:
+        super().__init__()
+        self.heads, self.kv = heads, heads // 4
+        hd = d // heads
+        self.n1, self.n2 = nn.RMSNorm(d), nn.RMSNorm(d)
+        self.q = nn.Linear(d, d, bias=False)
+        self.kvp = nn.Linear(d, 2 * self.kv * hd, bias=False)
+        self.o = nn.Linear(d, d, bias=False)
+        ff = int(8 * d / 3 / 256 + 1) * 256
+        self.gu = nn.Linear(d, 2 * ff, bias=False)
+        self.down = nn.Linear(ff, d, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, d = x.shape
+        hd = d // self.heads
+        h = self.n1(x)
+        q = self.q(h).view(b, s, self.heads, hd).transpose(1, 2)
+        k, v = self.kvp(h).view(b, s, 2, self.kv, hd).permute(2, 0, 3, 1, 4)
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        x = x + self.o(a.transpose(1, 2).reshape(b, s, d))
+        g, u = self.gu(self.n2(x)).chunk(2, dim=-1)
+        return x + self.down(F.silu(g) * u)
+
+
 class GPT(nn.Module):
     def __init__(self, layers: int, d: int, heads: int, vocab: int, seq: int,
-                 ckpt: bool) -> None:
+                 ckpt: bool, llama: bool = False) -> None:
         super().__init__()
         self.emb = nn.Embedding(vocab, d)
         self.pos = nn.Embedding(seq, d)
-        self.blocks = nn.ModuleList(Block(d, heads) for _ in range(layers))
+        blk = LlamaBlock if llama else Block
+        self.blocks = nn.ModuleList(blk(d, heads) for _ in range(layers))
         self.ln = nn.LayerNorm(d)
         self.head = nn.Linear(d, vocab, bias=False)
         self.ckpt = ckpt
@@ -85,6 +113,9 @@ MODELS = {
     "fp32mid": (6, 1536, 12, 32768, 512),
     "fp32wide": (4, 3072, 24, 32768, 512),
     "fp32deep": (8, 1024, 16, 32768, 2048),
+    # batch G4 (more held-out pairs for FREEZE-11): a Llama-style decoder, and ResNet-50
+    "llama": (8, 2048, 16, 32000, 1024),
+    "resnet50": (0, 0, 0, 1000, 224),
 }
 
 # name: model, batch, checkpointing, cuda graph, dtype ("bf16" autocast | "fp32"), tf32, stack
@@ -121,6 +152,15 @@ CONFIGS = {
     "fp32wide-tf32": ("fp32wide", 8, False, False, "fp32", True, False),
     "fp32deep-notf32": ("fp32deep", 4, False, False, "fp32", False, False),
     "fp32deep-tf32": ("fp32deep", 4, False, False, "fp32", True, False),
+    "llama-b4": ("llama", 4, False, False, "bf16", False, False),
+    "llama-b8": ("llama", 8, False, False, "bf16", False, False),
+    "llama-b4-stack": ("llama", 4, False, False, "bf16", False, True),
+    "llama-b4-ckpt": ("llama", 4, True, False, "bf16", False, True),
+    "r50-b64": ("resnet50", 64, False, False, "bf16", False, False),
+    "r50-b128": ("resnet50", 128, False, False, "bf16", False, False),
+    "r50-b64-graph": ("resnet50", 64, False, True, "bf16", False, False),
+    "r50fp32-notf32": ("resnet50", 64, False, False, "fp32", False, False),
+    "r50fp32-tf32": ("resnet50", 64, False, False, "fp32", True, False),
 }
 
 
@@ -131,10 +171,16 @@ def run_config(name: str, out: str, reps: int, active: int) -> dict:
     torch.backends.cudnn.allow_tf32 = tf32
     torch.manual_seed(0)
     dev = "cuda"
-    model = GPT(layers, d, heads, vocab, seq, ckpt).to(dev)
+    if mname == "resnet50":
+        import torchvision
+        model = torchvision.models.resnet50().to(dev)
+        idx = torch.randn(batch, 3, seq, seq, device=dev)
+        tgt = torch.randint(0, vocab, (batch,), device=dev)
+    else:
+        model = GPT(layers, d, heads, vocab, seq, ckpt, llama=mname == "llama").to(dev)
+        idx = torch.randint(0, vocab, (batch, seq), device=dev)
+        tgt = torch.randint(0, vocab, (batch, seq), device=dev)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True, capturable=True)
-    idx = torch.randint(0, vocab, (batch, seq), device=dev)
-    tgt = torch.randint(0, vocab, (batch, seq), device=dev)
     amp = dtype == "bf16"
 
     def step() -> None:
