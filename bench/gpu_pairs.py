@@ -1,7 +1,8 @@
-"""What-if fidelity on real single-GPU pairs (issues 26 and 27): GPU batches G1 and G2.
+"""What-if fidelity on real single-GPU pairs (issues 26 and 27): GPU batches G1, G2 and G3.
 
 Every pair in ``examples/gpu_pairs/pairs.json`` (``pairs`` = batch G1, ``pairs_g2`` = batch
-G2) is two configurations of ``examples/gpu_pairs/capture.py`` captured on one NVIDIA H200
+G2, ``pairs_g3`` = batch G3, captured after FREEZE-11 and summed apart: G1 and G2 shaped the
+model, G3 is held out) is two configurations of ``examples/gpu_pairs/capture.py`` captured on one NVIDIA H200
 with plain ``torch.profiler`` (``traces/gpu_pairs/<batch>/<config>/rep{1,2}.pt.trace.json.gz``,
 3 profiled steps each). For each pair and direction this goes **through the CLI** exactly as
 a user would:
@@ -21,7 +22,7 @@ timed steps each) against the predicted ratio. The profiled traces are what is s
 
 Reads only the committed traces (no GPU), so it runs anywhere::
 
-    python bench/gpu_pairs.py [--batch g1|g2] [--pair NAME] [--json]
+    python bench/gpu_pairs.py [--batch g1|g2|g3] [--pair NAME] [--json]
 """
 
 from __future__ import annotations
@@ -39,7 +40,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PAIRS_JSON = ROOT / "examples" / "gpu_pairs" / "pairs.json"
 TRACES = ROOT / "traces" / "gpu_pairs"
-BATCHES = {"g1": "pairs", "g2": "pairs_g2"}
+BATCHES = {"g1": "pairs", "g2": "pairs_g2", "g3": "pairs_g3"}
+#: the batches that shaped the model, summed together; later batches are summed apart
+IN_SAMPLE = ("g1", "g2")
 #: a what-if is "within" when |error| <= this
 WITHIN = 0.10
 #: a "change" worth predicting: the measured step moves by more than this
@@ -246,7 +249,7 @@ def print_table(rows: list[dict], summ: dict) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--batch", choices=sorted(BATCHES), action="append", default=None,
-                   help="only this batch (repeatable); default: g1 and g2")
+                   help="only this batch (repeatable); default: all (g1, g2, g3)")
     p.add_argument("--pair", action="append", default=None, help="only this pair (repeatable)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--save", metavar="FILE", default=None,
@@ -282,8 +285,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     groups = {f"batch {b.upper()}": [r for r in rows if r["batch"] == b] for b in batches}
-    if sum(bool(rs) for rs in groups.values()) > 1:
-        groups["G1 + G2"] = rows
+    if all(groups.get(f"batch {b.upper()}") for b in IN_SAMPLE):
+        groups["G1 + G2"] = [r for r in rows if r["batch"] in IN_SAMPLE]
     summ = {g: {"source rep1": summary(rs), "source rep2": summary(rs, "rep2_")}
             for g, rs in groups.items() if rs}
     drops = {f"{b}/{c}/rep{r}": d for (b, c, r), d in stores.dropped.items() if d}

@@ -1,8 +1,9 @@
-"""GPU pair batches G1 and G2 (issues 26 and 27): real single-H200 captures, plain torch.profiler.
+"""GPU pair batches G1, G2 and G3 (issues 26 and 27): real single-H200 captures, plain
+torch.profiler. G3 was captured after FREEZE-11 and scored once (traces/gpu_pairs/SCORES_G3.md).
 
 What is checked, on the committed traces (traces/gpu_pairs/):
 - every capture ingests; the only events ingest drops are Kineto's ``overhead`` category
-  (CUPTI's "Command Buffer Full" host stalls, G2 only), and it drops exactly as many as the
+  (CUPTI's "Command Buffer Full" host stalls, G2 and G3 only), and it drops exactly as many as the
   raw file holds;
 - each capture has 3 profiled steps, and the step times ``retime analyze`` prints equal (to
   5 us; 1-2 us apart on the two with_stack G1 captures) a recount from the raw JSON by
@@ -11,8 +12,9 @@ What is checked, on the committed traces (traces/gpu_pairs/):
   before the previous step ends; windows tile, so step N > first lasts ``E_N - E_{N-1}``);
 - the bench's prediction is the number ``retime replay --set ... --json`` prints;
 - the scores of one direction per knob are pinned (the held-out FREEZE-10 values of
-  traces/gpu_pairs/scores_frozen.json, or the in-sample value after a later fix), so a
-  model change that moves them is visible.
+  traces/gpu_pairs/scores_frozen.json, or the in-sample value after a later fix; G3's at
+  their held-out FREEZE-11 values of scores_g3_frozen.json), so a model change that moves
+  them is visible.
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ from retime.cli import run
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACES = ROOT / "traces" / "gpu_pairs"
-CONFIGS = [(b, c) for b in ("g1", "g2")
+BATCH_KEY = {"g1": "pairs", "g2": "pairs_g2", "g3": "pairs_g3"}
+CONFIGS = [(b, c) for b in ("g1", "g2", "g3")
            for c in sorted(json.loads((TRACES / b / "job.json").read_text())["configs"])]
 
 
@@ -111,11 +114,18 @@ PINNED = {("g1", "gpu-ckpt", "A->B"): 71.329557,
           # then 109.245427; moved by the H200 pricing changes of costs K47, K50-K52
           ("g2", "g2-batch-16", "A->B"): 109.185826,
           # FREEZE-10: 146.747911; 147.779525 after costs K47, K50-K52; then TF32 nt (K56, K57)
-          ("g2", "g2-tf32", "A->B"): 143.902844}
+          ("g2", "g2-tf32", "A->B"): 143.902844,
+          # G3, held-out (FREEZE-11, scores_g3_frozen.json); measured in the comment
+          ("g3", "g3-batch-12", "A->B"): 88.402705,  # measured 91.17 (-3.0%)
+          ("g3", "g3-batch-32", "B->A"): 151.286531,  # measured 117.78 (+28.4%, a miss)
+          ("g3", "g3-fp32-batch", "A->B"): 548.452590,  # measured 569.35 (-3.7%)
+          ("g3", "g3-ckpt-s512", "A->B"): 48.297730,  # measured 47.11 (+2.5%)
+          ("g3", "g3-tf32-wide", "A->B"): 195.845247}  # measured 74.23 (+163.8%, a miss)
 
 
 def _frozen_row(batch: str, pair: str, direction: str) -> dict:
-    rows = json.loads((TRACES / "scores_frozen.json").read_text())["rows"]
+    name = "scores_g3_frozen.json" if batch == "g3" else "scores_frozen.json"
+    rows = json.loads((TRACES / name).read_text())["rows"]
     return next(r for r in rows if (r["batch"], r["pair"], r["direction"]) == (batch, pair,
                                                                                   direction))
 
@@ -128,12 +138,30 @@ def test_prediction_is_pinned_at_its_scored_value(key):
 
     batch, pair, direction = key
     spec = json.loads((ROOT / "examples" / "gpu_pairs" / "pairs.json").read_text())
-    spec = spec["pairs" if batch == "g1" else "pairs_g2"][pair]
+    spec = spec[BATCH_KEY[batch]][pair]
     src = spec[direction.split("->")[0]]
     trace = retime.load(str(TRACES / batch / src / "rep1.pt.trace.json.gz"))
     res = whatif(trace, scenario_from_cli(None, list(spec["whatif"][direction])))
     pred_ms = res.summary()["step_time_ns"]["per_step"]["replayed"] / 1e6
     assert pred_ms == pytest.approx(PINNED[key], rel=1e-5)
+
+
+def test_g3_pins_are_the_held_out_scores():
+    """G3's pins are the numbers its one held-out run printed (SCORES_G3.md's rows)."""
+    for (batch, pair, direction), ms in PINNED.items():
+        if batch == "g3":
+            assert _frozen_row(batch, pair, direction)["predicted_ms"] == pytest.approx(ms,
+                                                                                      rel=1e-6)
+
+
+def test_bench_knows_batch_g3_and_sums_it_apart():
+    bench = _bench()
+    assert bench.BATCHES["g3"] == "pairs_g3" and "g3" not in bench.IN_SAMPLE
+    spec = json.loads((ROOT / "examples" / "gpu_pairs" / "pairs.json").read_text())["pairs_g3"]
+    job = json.loads((TRACES / "g3" / "job.json").read_text())["configs"]
+    for name, pair in spec.items():
+        if not name.startswith("_"):
+            assert pair["A"] in job and pair["B"] in job
 
 
 def test_bench_prediction_is_the_number_the_cli_prints(tmp_path, capsys):
