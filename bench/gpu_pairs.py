@@ -21,7 +21,10 @@ timed steps each) against the predicted ratio. The profiled traces are what is s
 
 Reads only the committed traces (no GPU), so it runs anywhere::
 
-    python bench/gpu_pairs.py [--batch g1|g2] [--pair NAME] [--json]
+    python bench/gpu_pairs.py [--batch g1|g2|g3|g4] [--pair NAME] [--json]
+
+(G3 = ``pairs_g3`` and G4 = ``pairs_g4`` were captured after FREEZE-11; they run only when
+named with ``--batch``.)
 """
 
 from __future__ import annotations
@@ -39,7 +42,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PAIRS_JSON = ROOT / "examples" / "gpu_pairs" / "pairs.json"
 TRACES = ROOT / "traces" / "gpu_pairs"
-BATCHES = {"g1": "pairs", "g2": "pairs_g2"}
+#: batch name -> key in pairs.json; its captures are in traces/gpu_pairs/<batch name>/
+BATCHES = {"g1": "pairs", "g2": "pairs_g2", "g3": "pairs_g3", "g4": "pairs_g4"}
+#: what runs without --batch (G3 and G4 are held-out batches, scored when asked for)
+DEFAULT_BATCHES = ["g1", "g2"]
 #: a what-if is "within" when |error| <= this
 WITHIN = 0.10
 #: a "change" worth predicting: the measured step moves by more than this
@@ -263,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
                  for b, k in BATCHES.items()}
     except (OSError, ValueError, KeyError) as exc:
         return fail(f"{PAIRS_JSON}: cannot read the pair index ({exc})")
-    batches = args.batch or list(BATCHES)
+    batches = args.batch or list(DEFAULT_BATCHES)
     known = {n for b in batches for n in specs[b]}
     unknown = [n for n in (args.pair or []) if n not in known]
     if unknown:
@@ -283,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(work, ignore_errors=True)
     groups = {f"batch {b.upper()}": [r for r in rows if r["batch"] == b] for b in batches}
     if sum(bool(rs) for rs in groups.values()) > 1:
-        groups["G1 + G2"] = rows
+        groups[" + ".join(b.upper() for b in batches)] = rows
     summ = {g: {"source rep1": summary(rs), "source rep2": summary(rs, "rep2_")}
             for g, rs in groups.items() if rs}
     drops = {f"{b}/{c}/rep{r}": d for (b, c, r), d in stores.dropped.items() if d}
