@@ -22,7 +22,10 @@ timed steps each) against the predicted ratio. The profiled traces are what is s
 
 Reads only the committed traces (no GPU), so it runs anywhere::
 
-    python bench/gpu_pairs.py [--batch g1|g2|g3] [--pair NAME] [--json]
+    python bench/gpu_pairs.py [--batch g1|g2|g3|g4] [--pair NAME] [--json]
+
+(G1 and G2 shaped the model; G3 = ``pairs_g3`` and G4 = ``pairs_g4`` were captured after
+FREEZE-11 and are summed apart from them.)
 """
 
 from __future__ import annotations
@@ -40,9 +43,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PAIRS_JSON = ROOT / "examples" / "gpu_pairs" / "pairs.json"
 TRACES = ROOT / "traces" / "gpu_pairs"
-BATCHES = {"g1": "pairs", "g2": "pairs_g2", "g3": "pairs_g3"}
+#: batch name -> key in pairs.json; its captures are in traces/gpu_pairs/<batch name>/
+BATCHES = {"g1": "pairs", "g2": "pairs_g2", "g3": "pairs_g3", "g4": "pairs_g4"}
 #: the batches that shaped the model, summed together; later batches are summed apart
 IN_SAMPLE = ("g1", "g2")
+#: captured after FREEZE-11 (held out from every change before it), summed together
+HELD_OUT = ("g3", "g4")
+#: what runs without --batch: every batch
+DEFAULT_BATCHES = list(BATCHES)
 #: a what-if is "within" when |error| <= this
 WITHIN = 0.10
 #: a "change" worth predicting: the measured step moves by more than this
@@ -249,7 +257,7 @@ def print_table(rows: list[dict], summ: dict) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--batch", choices=sorted(BATCHES), action="append", default=None,
-                   help="only this batch (repeatable); default: all (g1, g2, g3)")
+                   help="only this batch (repeatable); default: all (g1, g2, g3, g4)")
     p.add_argument("--pair", action="append", default=None, help="only this pair (repeatable)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--save", metavar="FILE", default=None,
@@ -266,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
                  for b, k in BATCHES.items()}
     except (OSError, ValueError, KeyError) as exc:
         return fail(f"{PAIRS_JSON}: cannot read the pair index ({exc})")
-    batches = args.batch or list(BATCHES)
+    batches = args.batch or list(DEFAULT_BATCHES)
     known = {n for b in batches for n in specs[b]}
     unknown = [n for n in (args.pair or []) if n not in known]
     if unknown:
@@ -285,8 +293,9 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     groups = {f"batch {b.upper()}": [r for r in rows if r["batch"] == b] for b in batches}
-    if all(groups.get(f"batch {b.upper()}") for b in IN_SAMPLE):
-        groups["G1 + G2"] = [r for r in rows if r["batch"] in IN_SAMPLE]
+    for name, group in (("G1 + G2", IN_SAMPLE), ("G3 + G4", HELD_OUT)):
+        if all(groups.get(f"batch {b.upper()}") for b in group):
+            groups[name] = [r for r in rows if r["batch"] in group]
     summ = {g: {"source rep1": summary(rs), "source rep2": summary(rs, "rep2_")}
             for g, rs in groups.items() if rs}
     drops = {f"{b}/{c}/rep{r}": d for (b, c, r), d in stores.dropped.items() if d}

@@ -15,6 +15,8 @@ What is checked, on the committed traces (traces/gpu_pairs/):
   traces/gpu_pairs/scores_frozen.json, or the in-sample value after a later fix; G3's at
   their held-out FREEZE-11 values of scores_g3_frozen.json), so a model change that moves
   them is visible.
+Batch G4 (captured after FREEZE-11, held-out) is checked the same way (ingest + recount of every
+configuration; one prediction per knob pinned at its held-out value, scores_g4_frozen.json).
 """
 
 from __future__ import annotations
@@ -202,3 +204,53 @@ def test_batch_folded_with_the_sequence_is_rescaled():
     assert scaled_dims("aten::mm", [[8192, 2048]], 8, 16, set()) == [[8192, 2048]]
     sk = shaped_kernels(retime.load(str(TRACES / "g2" / "big-b8-nostack" / "rep1.pt.trace.json.gz")))
     assert token_rows(sk, 8, _weight_shapes(sk)) == 8 * 1024
+
+
+# --- batch G4 (captured after FREEZE-11; held-out, scored once: traces/gpu_pairs/SCORES_G4.md) ---
+
+CONFIGS_G4 = sorted(json.loads((TRACES / "g4" / "job.json").read_text())["configs"])
+
+
+@pytest.mark.parametrize("config", CONFIGS_G4, ids=[f"g4-{c}" for c in CONFIGS_G4])
+def test_g4_capture_ingests_and_analyze_steps_equal_the_raw_recount(config, tmp_path, capsys):
+    test_capture_ingests_and_analyze_steps_equal_the_raw_recount("g4", config, tmp_path, capsys)
+
+
+#: one direction per G4 knob, source rep1, ms per step: the held-out FREEZE-11 values of
+#: traces/gpu_pairs/scores_g4_frozen.json (a model change that moves one fails here; the
+#: held-out figure stays in SCORES_G4.md)
+PINNED_G4 = {("g4-llama-batch", "A->B"): 57.038807,
+             ("g4-llama-ckpt", "A->B"): 46.833778,
+             ("g4-r50-batch", "A->B"): 55.872456,
+             ("g4-r50-graph", "A->B"): 30.287827,
+             ("g4-r50-tf32", "A->B"): 78.727455}
+
+
+def test_g4_pins_are_the_frozen_rows_and_the_bench_knows_g4():
+    bench = _bench()
+    assert bench.BATCHES["g4"] == "pairs_g4" and "g4" not in bench.DEFAULT_BATCHES
+    spec = json.loads((ROOT / "examples" / "gpu_pairs" / "pairs.json").read_text())["pairs_g4"]
+    pairs = {n: s for n, s in spec.items() if not n.startswith("_")}
+    for s in pairs.values():  # every source and target is a G4 capture
+        assert {s["A"], s["B"]} <= set(CONFIGS_G4)
+    assert {p for p, _ in PINNED_G4} == {n for n in pairs}  # one pin per knob
+    rows = json.loads((TRACES / "scores_g4_frozen.json").read_text())["rows"]
+    assert len(rows) == sum(len(s["whatif"]) for s in pairs.values()) == 9
+    for (pair, direction), ms in PINNED_G4.items():
+        row = next(r for r in rows if (r["pair"], r["direction"]) == (pair, direction))
+        assert row["batch"] == "g4" and row["predicted_ms"] == pytest.approx(ms, rel=1e-6)
+
+
+@pytest.mark.parametrize("key", sorted(PINNED_G4), ids=["-".join(k) for k in sorted(PINNED_G4)])
+def test_g4_prediction_is_pinned_at_its_held_out_value(key):
+    import retime
+    from retime.replay import whatif
+    from retime.replay.policies.scenario import scenario_from_cli
+
+    pair, direction = key
+    spec = json.loads((ROOT / "examples" / "gpu_pairs" / "pairs.json").read_text())["pairs_g4"][pair]
+    src = spec[direction.split("->")[0]]
+    trace = retime.load(str(TRACES / "g4" / src / "rep1.pt.trace.json.gz"))
+    res = whatif(trace, scenario_from_cli(None, list(spec["whatif"][direction])))
+    pred_ms = res.summary()["step_time_ns"]["per_step"]["replayed"] / 1e6
+    assert pred_ms == pytest.approx(PINNED_G4[key], rel=1e-5)
