@@ -44,13 +44,16 @@ ROOT = Path(__file__).resolve().parents[1]
 PAIRS_JSON = ROOT / "examples" / "gpu_pairs" / "pairs.json"
 TRACES = ROOT / "traces" / "gpu_pairs"
 #: batch name -> key in pairs.json; its captures are in traces/gpu_pairs/<batch name>/
-BATCHES = {"g1": "pairs", "g2": "pairs_g2", "g3": "pairs_g3", "g4": "pairs_g4"}
+BATCHES = {"g1": "pairs", "g2": "pairs_g2", "g3": "pairs_g3", "g4": "pairs_g4",
+           "g5": "pairs_g5"}
 #: the batches that shaped the model, summed together; later batches are summed apart
 IN_SAMPLE = ("g1", "g2")
 #: captured after FREEZE-11 (held out from every change before it), summed together
 HELD_OUT = ("g3", "g4")
-#: what runs without --batch: every batch
-DEFAULT_BATCHES = list(BATCHES)
+#: captured after FREEZE-12 (the launch-queue waits)
+HELD_OUT_12 = ("g5",)
+#: what runs without --batch: every batch whose captures are here
+DEFAULT_BATCHES = [b for b in BATCHES if (TRACES / b).is_dir()]
 #: a what-if is "within" when |error| <= this
 WITHIN = 0.10
 #: a "change" worth predicting: the measured step moves by more than this

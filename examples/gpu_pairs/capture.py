@@ -116,6 +116,8 @@ MODELS = {
     # batch G4 (more held-out pairs for FREEZE-11): a Llama-style decoder, and ResNet-50
     "llama": (8, 2048, 16, 32000, 1024),
     "resnet50": (0, 0, 0, 1000, 224),
+    # batch G5 (held-out test of FREEZE-12: launches blocked on a full queue)
+    "fp32g5": (6, 2560, 20, 32768, 512),
 }
 
 # name: model, batch, checkpointing, cuda graph, dtype ("bf16" autocast | "fp32"), tf32, stack
@@ -161,6 +163,11 @@ CONFIGS = {
     "r50-b64-graph": ("resnet50", 64, False, True, "bf16", False, False),
     "r50fp32-notf32": ("resnet50", 64, False, False, "fp32", False, False),
     "r50fp32-tf32": ("resnet50", 64, False, False, "fp32", True, False),
+    "fp32g5-notf32": ("fp32g5", 8, False, False, "fp32", False, False),
+    "fp32g5-tf32": ("fp32g5", 8, False, False, "fp32", True, False),
+    "big-s512-b32": ("bigs512", 32, False, False, "bf16", False, False),
+    "llamafp32-notf32": ("llama", 4, False, False, "fp32", False, False),
+    "llamafp32-tf32": ("llama", 4, False, False, "fp32", True, False),
 }
 
 
