@@ -58,6 +58,7 @@ from .gaps import classify_wait_gaps, host_comm_masks, with_handoff_edges
 from .graph_arrays import _csr, _dense_inverse, _lexsort_small
 from .graph_data import RES_COMM, RES_COMPUTE, ReplayGraph
 from .graph_order import CycleError, _node_of, _order_or_raise, choose_relaxations
+from .launch_queue import queue_waits
 
 __all__ = ["build_graph", "graph_from_arrays", "BLOCKING_CALL_PATTERN"]
 
@@ -282,6 +283,16 @@ def graph_from_arrays(*, rank, lane, kind, start_ns, dur_ns, coll_id=None, edge_
     w_src = es[wait_mask]
     w_dst = lane_prev[ed[wait_mask]].astype(_I64)
     del wait_mask
+    # launches blocked on a full launch queue wait for the op K launches earlier (issue 27)
+    q_src, q_dst, q_depth = queue_waits(s, end, es, ed, ek, np.asarray(on_device, bool)
+                                        if on_device is not None else np.zeros(n, bool),
+                                        np.asarray(device_key) if device_key is not None
+                                        else np.zeros(n, _I64))
+    if len(q_src):
+        w_src = np.concatenate([w_src, q_src])
+        w_dst = np.concatenate([w_dst, q_dst])
+        stats["queue_waits"] = int(len(q_src) if cnt is None else cnt[q_dst].sum())
+        stats["queue_depth"] = sorted(set(q_depth.values()))
     dur = d.copy()
     w_lag = np.zeros(len(w_src), _I64)
     if len(w_src):
