@@ -121,10 +121,17 @@ PINNED = {("g1", "gpu-ckpt", "A->B"): 71.329557,
           ("g2", "g2-tf32", "A->B"): 73.576563,
           # G3, held-out (FREEZE-11, scores_g3_frozen.json); measured in the comment
           ("g3", "g3-batch-12", "A->B"): 88.402705,  # measured 91.17 (-3.0%)
-          ("g3", "g3-batch-32", "B->A"): 151.286531,  # measured 117.78 (+28.4%, a miss)
+          # held-out FREEZE-11: 151.286531 (+28.4%, a miss); then the launch-queue waits
+          # (after FREEZE-11, so not held-out): +12.7%
+          ("g3", "g3-batch-32", "B->A"): 132.717144,  # measured 117.78
           ("g3", "g3-fp32-batch", "A->B"): 548.452590,  # measured 569.35 (-3.7%)
           ("g3", "g3-ckpt-s512", "A->B"): 48.297730,  # measured 47.11 (+2.5%)
-          ("g3", "g3-tf32-wide", "A->B"): 195.845247}  # measured 74.23 (+163.8%, a miss)
+          # held-out FREEZE-11: 195.845247 (+163.8%, a miss); then the launch-queue waits
+          # (not held-out): -36.5%, the TF32 speed-up no longer capped by the host's pace
+          ("g3", "g3-tf32-wide", "A->B"): 47.149368}  # measured 74.23
+#: G3's held-out (FREEZE-11) values where a later change moved the pin
+G3_FROZEN = {("g3", "g3-batch-32", "B->A"): 151.286531,
+             ("g3", "g3-tf32-wide", "A->B"): 195.845247}
 
 
 def _frozen_row(batch: str, pair: str, direction: str) -> dict:
@@ -151,9 +158,11 @@ def test_prediction_is_pinned_at_its_scored_value(key):
 
 
 def test_g3_pins_are_the_held_out_scores():
-    """G3's pins are the numbers its one held-out run printed (SCORES_G3.md's rows)."""
-    for (batch, pair, direction), ms in PINNED.items():
+    """G3's pins are the numbers its one held-out run printed (SCORES_G3.md's rows), or, where
+    a later change moved the pin, G3_FROZEN holds that number."""
+    for (batch, pair, direction), ms in {**PINNED, **G3_FROZEN}.items():
         if batch == "g3":
+            ms = G3_FROZEN.get((batch, pair, direction), ms)
             assert _frozen_row(batch, pair, direction)["predicted_ms"] == pytest.approx(ms,
                                                                                       rel=1e-6)
 
