@@ -295,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--commit", action="store_true", help="git commit each pair when captured")
     p.add_argument("--list", action="store_true", help="print the pairs and exit")
     p.add_argument("--frozen-commit", default="",
-                   help="the frozen model's commit, recorded with the FROZEN_2 ... FROZEN_9 "
+                   help="the frozen model's commit, recorded with the FROZEN_2 ... FROZEN_10 "
                         "pairs")
     args = p.parse_args(argv)
     OUT = args.out.resolve()

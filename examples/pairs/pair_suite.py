@@ -293,6 +293,35 @@ def _pairs() -> dict[str, tuple[str, Pair]]:
         {"batch": 256, "burst_x": 2.0},
         {"parallel.micro_batch": 256}, {"parallel.micro_batch": 1024}))
     out["mlp-checkpoint-500mbit"] = ("mlp", _on_link(spec["checkpoint"], 500.0)("mlp"))
+    # the tenth batch, captured after the tenth freeze (FROZEN_10, session 10; defined before
+    # the freeze and before any capture): small DDP buckets on a rate and a model no bucket
+    # pair had (the conv net at 0.5 vs 25 MiB on 1200 Mbit/s, whose 1.2 MB token bucket holds
+    # each small bucket; the MLP at 0.5 vs 25 MiB on 600 Mbit/s, whose 600 KB token bucket
+    # holds half of each 1 MiB weight gradient), a host speed no pair used (40%) on the
+    # transformer, the recommender on a rate pair it never ran (200 vs 800 Mbit/s), and a
+    # per-rank batch change with 2 ranks on each of 2 hosts (no batch pair ran 2x2)
+    out["cnn-bucket-0.5-25-1200mbit"] = ("cnn", Pair(
+        "DDP bucket_cap_mb 0.5 vs 25 MiB (the key counts 10^6 bytes) on a 1200 Mbit/s link "
+        "(conv net)", {"bucket_cap_mb": 0.5, "rate_mbit": 1200.0},
+        {"bucket_cap_mb": 25.0, "rate_mbit": 1200.0},
+        {"overlap.bucket_mb": round(25 * MIB_MB, 6)},
+        {"overlap.bucket_mb": round(0.5 * MIB_MB, 6)}))
+    out["mlp-bucket-0.5-25-600mbit"] = ("mlp", Pair(
+        "DDP bucket_cap_mb 0.5 vs 25 MiB (the key counts 10^6 bytes) on a 600 Mbit/s link",
+        {"bucket_cap_mb": 0.5, "rate_mbit": 600.0}, {"bucket_cap_mb": 25.0, "rate_mbit": 600.0},
+        {"overlap.bucket_mb": round(25 * MIB_MB, 6)},
+        {"overlap.bucket_mb": round(0.5 * MIB_MB, 6)}))
+    out["transformer-host-speed-40"] = ("transformer", Pair(
+        "host CPU speed: real-time runtime 9.5 ms vs 3.8 ms per 10 ms on every host "
+        "(transformer)", {"speed_pct": 100.0}, {"speed_pct": 40.0},
+        {"hardware.host_speedup": 0.4}, {"hardware.host_speedup": 2.5}))
+    out["emb-bandwidth-200-800"] = ("emb", _rate_pair(
+        "inter-host bandwidth, 200 vs 800 Mbit/s per direction (embedding-bag recommender)",
+        200.0, 800.0))
+    out["cnn-batch-64-16-2x2"] = ("cnn", Pair(
+        "per-rank batch size 64 vs 16, 2 hosts x 2 ranks (a host's ranks share its core; "
+        "conv net)", {"batch": 64, "nproc_per_host": 2}, {"batch": 16, "nproc_per_host": 2},
+        {"parallel.micro_batch": 16}, {"parallel.micro_batch": 64}))
     return out
 
 
@@ -322,8 +351,12 @@ FROZEN_8 = ("cnn-bucket-0.25-25-500mbit", "emb-bandwidth-700-1400-2x2",
 #: the ninth batch, captured after the ninth freeze (pairs.json after_freeze: 9)
 FROZEN_9 = ("cnn-bucket-0.125-25-900mbit", "transformer-bandwidth-600-1800",
             "emb-batch-1024-256-burst2", "mlp-checkpoint-500mbit")
+#: the tenth batch, captured after the tenth freeze (pairs.json after_freeze: 10)
+FROZEN_10 = ("cnn-bucket-0.5-25-1200mbit", "mlp-bucket-0.5-25-600mbit",
+             "transformer-host-speed-40", "emb-bandwidth-200-800", "cnn-batch-64-16-2x2")
 #: the batches judged after a freeze with its commit (after_freeze 2, 3, ...)
-LATER = (FROZEN_2, FROZEN_3, FROZEN_4, FROZEN_5, FROZEN_6, FROZEN_7, FROZEN_8, FROZEN_9)
+LATER = (FROZEN_2, FROZEN_3, FROZEN_4, FROZEN_5, FROZEN_6, FROZEN_7, FROZEN_8, FROZEN_9,
+         FROZEN_10)
 
 
 def stated(pair: Pair, a: dict, b: dict) -> dict[str, dict]:
